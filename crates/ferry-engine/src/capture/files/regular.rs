@@ -1,0 +1,50 @@
+//! Regular files (also deleted-while-open ones, whose content is kept),
+//! and character devices: the harmless ones by path, terminals flagged so
+//! restore can replace them.
+
+use super::FdInfo;
+use crate::error::{EngineError, Result};
+use ferry_image::FileKind;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+/// Deleted files larger than this are refused rather than copied.
+const MAX_DELETED_CONTENT: u64 = 1 << 30;
+
+const PLAIN_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+
+pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
+    let link = info.link.as_str();
+    if link.starts_with("/memfd:") {
+        return Err(info.unsupported("memfd files are not supported yet"));
+    }
+    if let Some(path) = link.strip_suffix(" (deleted)") {
+        let size = info.meta.len();
+        if size > MAX_DELETED_CONTENT {
+            return Err(info.unsupported(format!("deleted file of {size} bytes is too large to copy into the image")));
+        }
+        let file = std::fs::File::from(info.dup()?);
+        let mut content = vec![0u8; size as usize];
+        file.read_exact_at(&mut content, 0).map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
+        return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });
+    }
+    Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })
+}
+
+fn is_terminal(info: &FdInfo) -> Result<bool> {
+    let fd = info.dup()?;
+    // SAFETY: termios is plain data; TCGETS only writes into it.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is our own open descriptor and t is a valid out buffer.
+    Ok(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCGETS, &mut t) } == 0)
+}
+
+pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
+    if is_terminal(info)? {
+        return Ok(FileKind::Terminal { path: info.link.clone() });
+    }
+    if PLAIN_DEVICES.contains(&info.link.as_str()) {
+        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
+    }
+    Err(info.unsupported("this character device is not supported"))
+}

@@ -1,0 +1,24 @@
+//! timerfd: clock, remaining time, interval and unread expirations.
+
+use super::FdInfo;
+use crate::error::Result;
+use ferry_image::{FileKind, TimerFd};
+
+fn pair_ns(v: Option<&str>) -> u64 {
+    let v = v.unwrap_or("(0, 0)").trim_matches(|c| c == '(' || c == ')');
+    let mut it = v.split(',').map(|x| x.trim().parse::<u64>().unwrap_or(0));
+    let s = it.next().unwrap_or(0);
+    let ns = it.next().unwrap_or(0);
+    s.saturating_mul(1_000_000_000).saturating_add(ns)
+}
+
+pub fn capture(info: &FdInfo) -> Result<FileKind> {
+    let clockid = info.field("clockid").and_then(|v| v.parse().ok()).ok_or_else(|| info.unsupported("fdinfo has no clockid"))?;
+    Ok(FileKind::TimerFd(TimerFd {
+        clockid,
+        ticks: info.field("ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+        settime_flags: info.field("settime flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32,
+        value_ns: pair_ns(info.field("it_value")),
+        interval_ns: pair_ns(info.field("it_interval")),
+    }))
+}

@@ -1,0 +1,179 @@
+//! Memory: every mapping with its protection and flags, and the pages
+//! that must travel in the image.
+//!
+//! Which pages are stored depends on the mapping: anonymous memory keeps
+//! the pages that exist (present or swapped, not the shared zero page);
+//! private file mappings keep only pages that were written (they became
+//! anonymous copies); shared file mappings keep nothing, their data is in
+//! the file. PAGEMAP_SCAN finds those pages in one call per 512 regions.
+
+use crate::error::{EngineError, Result};
+use crate::procfs::{self, MapsEntry, Stat};
+use ferry_image::{vmflag, MmLayout, PageRun, PagesWriter, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE};
+use ferry_sys::pagemap::{self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
+use ferry_sys::vm::{self, RemoteRange};
+use std::os::unix::fs::FileExt;
+
+const FLAG_NAMES: &[(&str, u32)] = &[
+    ("gd", vmflag::GROWSDOWN),
+    ("dc", vmflag::DONTFORK),
+    ("dd", vmflag::DONTDUMP),
+    ("wf", vmflag::WIPEONFORK),
+    ("hg", vmflag::HUGEPAGE),
+    ("nh", vmflag::NOHUGEPAGE),
+    ("mg", vmflag::MERGEABLE),
+    ("mw", vmflag::MAYWRITE),
+    ("lo", vmflag::LOCKED),
+];
+
+fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
+    let what = || format!("mapping {:#x}-{:#x} ({})", m.start, m.end, if m.path.is_empty() { "anonymous" } else { &m.path });
+    let p = m.path.as_str();
+    Ok(match p {
+        "" | "[heap]" | "[stack]" => VmaBacking::Anonymous,
+        "[vdso]" => VmaBacking::Vdso,
+        "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
+        "[vsyscall]" => VmaBacking::Vsyscall,
+        _ if p.starts_with("[anon:") => VmaBacking::Anonymous,
+        "/dev/zero (deleted)" if m.shared() => VmaBacking::Anonymous,
+        _ if p.starts_with("[anon_shmem:") => VmaBacking::Anonymous,
+        _ if p.starts_with("/SYSV") => {
+            return Err(EngineError::unsupported(pid, what(), "SysV shared memory is not supported yet"))
+        }
+        _ if p.starts_with("/memfd:") => return Err(EngineError::unsupported(pid, what(), "memfd mappings are not supported yet")),
+        _ if p.ends_with(" (deleted)") => {
+            return Err(EngineError::unsupported(pid, what(), "the mapped file was deleted; mappings of deleted files are not supported yet"))
+        }
+        _ if p.starts_with('/') => VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode },
+        _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
+    })
+}
+
+/// Turns smaps entries into image mappings, refusing kinds we cannot restore.
+pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
+    smaps
+        .iter()
+        .map(|m| {
+            let mut prot = 0u8;
+            if m.perms[0] == b'r' {
+                prot |= PROT_READ;
+            }
+            if m.perms[1] == b'w' {
+                prot |= PROT_WRITE;
+            }
+            if m.perms[2] == b'x' {
+                prot |= PROT_EXEC;
+            }
+            let flags = FLAG_NAMES.iter().filter(|(n, _)| m.has_flag(n)).fold(0, |a, (_, f)| a | f);
+            Ok(Vma { start: m.start, end: m.end, prot, shared: m.shared(), flags, pgoff: m.offset, backing: backing(pid, m)? })
+        })
+        .collect()
+}
+
+fn page_filter(v: &Vma) -> Option<ScanFilter> {
+    match (&v.backing, v.shared) {
+        (VmaBacking::Anonymous, false) => {
+            Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
+        }
+        (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
+        (VmaBacking::File { .. }, false) => Some(ScanFilter {
+            required: 0,
+            inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
+            any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        }),
+        _ => None,
+    }
+}
+
+/// Largest run stored under one checksum; also the copy batch size.
+const MAX_RUN: u64 = 4 << 20;
+
+/// Copies the pages each mapping needs into pages.img.
+pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWriter) -> Result<Vec<PageRun>> {
+    let pm_path = format!("/proc/{pid}/pagemap");
+    let pagemap: std::os::fd::OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let mem_path = format!("/proc/{pid}/mem");
+    let mut mem: Option<std::fs::File> = None;
+    let mut runs = Vec::new();
+    let mut buf = vec![0u8; MAX_RUN as usize * 2];
+    // A batch: ranges read with one process_vm_readv and written with one write.
+    let mut batch: Vec<RemoteRange> = Vec::new();
+    let mut batch_bytes = 0usize;
+    let flush = |batch: &mut Vec<RemoteRange>, batch_bytes: &mut usize, buf: &mut [u8], runs: &mut Vec<PageRun>, out: &mut PagesWriter| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let n = vm::read_remote(pid, &mut buf[..*batch_bytes], batch)
+            .map_err(|e| EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e))?;
+        if n != *batch_bytes {
+            return Err(EngineError::kernel(pid, format!("short memory read near {:#x}", batch[0].addr), ferry_sys::SysError::new("process_vm_readv", libc::EFAULT)));
+        }
+        let mut off = 0usize;
+        let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
+        runs.extend(out.append_runs(&ranges, &buf[..*batch_bytes])?);
+        off += *batch_bytes;
+        let _ = off;
+        batch.clear();
+        *batch_bytes = 0;
+        Ok(())
+    };
+    for (v, m) in vmas.iter().zip(smaps) {
+        let Some(filter) = page_filter(v) else { continue };
+        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
+            .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
+        for (s, e) in ranges {
+            let mut a = s;
+            while a < e {
+                let len = (e - a).min(MAX_RUN);
+                if !m.readable() {
+                    // PROT_NONE memory: only /proc/PID/mem (FOLL_FORCE) reads it.
+                    flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
+                    let f = match &mem {
+                        Some(f) => f,
+                        None => mem.insert(std::fs::File::open(&mem_path).map_err(|e| EngineError::io(&mem_path, e))?),
+                    };
+                    let chunk = &mut buf[..len as usize];
+                    f.read_exact_at(chunk, a).map_err(|e| EngineError::io(format!("{mem_path} at {a:#x}"), e))?;
+                    runs.extend(out.append_runs(&[(a, len as usize)], chunk)?);
+                } else {
+                    if batch_bytes + len as usize > buf.len() || batch.len() == vm::MAX_IOV {
+                        flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
+                    }
+                    batch.push(RemoteRange { addr: a, len: len as usize });
+                    batch_bytes += len as usize;
+                }
+                a += len;
+            }
+        }
+    }
+    flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
+    Ok(runs)
+}
+
+/// The mm fields restore hands to PR_SET_MM_MAP.
+pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
+    let st = Stat::read(pid)?;
+    let auxv_path = format!("/proc/{pid}/auxv");
+    let auxv_bytes = std::fs::read(&auxv_path).map_err(|e| EngineError::io(&auxv_path, e))?;
+    let mut auxv: Vec<u64> = auxv_bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    // Keep up to and including AT_NULL.
+    if let Some(end) = auxv.chunks_exact(2).position(|p| p[0] == 0) {
+        auxv.truncate(end * 2 + 2);
+    }
+    let _ = procfs::read_string;
+    Ok(MmLayout {
+        start_code: st.field(26),
+        end_code: st.field(27),
+        start_stack: st.field(28),
+        start_data: st.field(45),
+        end_data: st.field(46),
+        start_brk: st.field(47),
+        brk,
+        arg_start: st.field(48),
+        arg_end: st.field(49),
+        env_start: st.field(50),
+        env_end: st.field(51),
+        auxv,
+    })
+}

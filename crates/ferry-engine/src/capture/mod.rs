@@ -1,0 +1,159 @@
+//! Capture: freeze a process, read every piece of its state, write the
+//! image, and only then (optionally) kill it.
+//!
+//! Each kind of kernel object has its own module; this file only orders
+//! them. Everything that may refuse a process (an unsupported fd or
+//! mapping) runs before anything is changed inside it.
+
+mod files;
+mod memory;
+mod process;
+mod signals;
+mod threads;
+mod timers;
+
+use crate::error::{EngineError, Result};
+use crate::freeze::Frozen;
+use crate::inject::{self, Remote, Scratch};
+use crate::procfs;
+use ferry_image::{ImageDir, Inventory, ProcessImage, FORMAT_VERSION};
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Default)]
+pub struct CaptureOptions {
+    /// Let the process run on after the capture instead of killing it.
+    pub leave_running: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct CaptureSummary {
+    pub pid: i32,
+    pub threads: usize,
+    pub mappings: usize,
+    pub fds: usize,
+    pub pages: u64,
+    pub image_bytes: u64,
+    pub frozen_ms: f64,
+    pub total_ms: f64,
+}
+
+/// What capture needs while the process is frozen.
+pub(crate) struct Ctx<'a> {
+    pub pid: i32,
+    pub frozen: &'a Frozen,
+    pub remote: Remote,
+    pub scratch: u64,
+}
+
+pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
+    let t0 = Instant::now();
+    if pid <= 0 {
+        return Err(EngineError::Gone { pid, what: "not a valid PID".into() });
+    }
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(EngineError::Gone { pid, what: "no such process".into() });
+    }
+    if pid == std::process::id() as i32 {
+        return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself"));
+    }
+    process::refuse_children(pid)?;
+    let frozen = Frozen::freeze(pid)?;
+    let t_frozen = Instant::now();
+
+    // Survey first: refuse what we cannot capture before touching anything.
+    let smaps = procfs::smaps(pid)?;
+    let vmas = memory::classify(pid, &smaps)?;
+    let (files, fds) = files::capture(pid, &frozen.pidfd)?;
+    let vdso = smaps
+        .iter()
+        .find(|m| m.path == "[vdso]")
+        .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+    let leader = pid;
+
+    let scratch = Scratch::map(&remote, leader)?;
+    let ctx = Ctx { pid, frozen: &frozen, remote, scratch: scratch.addr };
+    let injected = capture_injected(&ctx);
+    let unmapped = scratch.unmap(&ctx.remote, leader);
+    let (thread_images, signal_state, itimers, posix_timers, brk) = injected?;
+    unmapped?;
+
+    let dirh = ImageDir::new(dir);
+    let mut pages = dirh.create_pages()?;
+    let page_runs = memory::dump_pages(pid, &vmas, &smaps, &mut pages)?;
+    let pages_bytes = pages.finish()?;
+    let mut image = ProcessImage {
+        threads: thread_images,
+        vmas,
+        page_runs,
+        files,
+        fds,
+        signals: signal_state,
+        itimers,
+        posix_timers,
+        ..process::capture(pid)?
+    };
+    image.mm = memory::mm_layout(pid, brk)?;
+    image.signals.shared_pending = signals::shared_pending(pid)?;
+
+    let inventory = Inventory {
+        format_version: FORMAT_VERSION,
+        ferry_version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?.trim().to_string(),
+        arch: std::env::consts::ARCH.to_string(),
+        xsave_size: image.threads[0].xstate.len() as u32,
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        source_pid: pid,
+        pages_bytes,
+    };
+    dirh.write_meta(&inventory, &image)?;
+    verify_written(&dirh)?;
+
+    let summary = CaptureSummary {
+        pid,
+        threads: image.threads.len(),
+        mappings: image.vmas.len(),
+        fds: image.fds.len(),
+        pages: pages_bytes / 4096,
+        image_bytes: pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0),
+        frozen_ms: 0.0,
+        total_ms: 0.0,
+    };
+    if opts.leave_running {
+        frozen.release()?;
+    } else {
+        frozen.kill()?;
+    }
+    Ok(CaptureSummary {
+        frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
+        total_ms: t0.elapsed().as_secs_f64() * 1e3,
+        ..summary
+    })
+}
+
+type Injected = (Vec<ferry_image::ThreadImage>, ferry_image::SignalState, Vec<ferry_image::ITimer>, Vec<ferry_image::PosixTimer>, u64);
+
+/// Everything that needs syscalls run inside the process.
+fn capture_injected(ctx: &Ctx) -> Result<Injected> {
+    let threads = ctx.frozen.threads.iter().map(|t| threads::capture(ctx, t)).collect::<Result<Vec<_>>>()?;
+    let signal_state = signals::capture_actions(ctx)?;
+    let itimers = timers::capture_itimers(ctx)?;
+    let posix = timers::capture_posix(ctx)?;
+    let brk = ctx.remote.call(ctx.pid, "brk(0)", libc::SYS_brk, &[0])?;
+    Ok((threads, signal_state, itimers, posix, brk))
+}
+
+/// Reads the written image back and checks every checksum, so the process
+/// is only killed once a restorable image is on disk.
+fn verify_written(dir: &ImageDir) -> Result<()> {
+    let (inv, process) = dir.read_meta()?;
+    let f = dir.check_pages_file(&inv)?;
+    let map = ferry_sys::process::MappedFile::map(&f, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
+        .map_err(|e| EngineError::kernel(process.pid, "mapping pages.img for verification", e))?;
+    ImageDir::verify_runs(&process.page_runs, map.bytes())?;
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Per-thread state: registers, XSAVE area, signal mask, pending signals,
+//! alternate signal stack, rseq, robust futex list, clear_child_tid, name,
+//! and what is left of an interrupted sleep.
+
+use super::Ctx;
+use crate::error::{EngineError, Result};
+use crate::freeze::FrozenThread;
+use crate::procfs;
+use crate::syscall_restart;
+use ferry_image::{AltStack, RobustList, Rseq, ThreadImage};
+use ferry_sys::ptrace;
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
+}
+
+pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
+    let (pid, tid) = (ctx.pid, t.tid);
+    let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
+    let xstate = ptrace::get_xstate(tid).map_err(|e| kerr("reading XSAVE state", e))?;
+    let pending = ptrace::peek_siginfo(tid, false).map_err(|e| kerr("reading pending signals", e))?;
+    let rseq = ptrace::get_rseq_config(tid).map_err(|e| kerr("reading rseq configuration", e))?;
+    let (head, len) = ferry_sys::process::get_robust_list(tid).map_err(|e| kerr("reading robust futex list", e))?;
+
+    ctx.remote.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[0, ctx.scratch])?;
+    let ss = ctx.remote.read(ctx.scratch, 24)?;
+    let altstack = AltStack { sp: u64_at(&ss, 0), flags: u64_at(&ss, 8) as i32, size: u64_at(&ss, 16) };
+    ctx.remote.call(tid, "prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, ctx.scratch])?;
+    let clear_child_tid = u64_at(&ctx.remote.read(ctx.scratch, 8)?, 0);
+
+    let sleep_remaining_ns = match syscall_restart::sleep_request_ptr(&t.regs) {
+        Some((req, rem)) => {
+            let ts = ctx.remote.read(if rem != 0 { rem } else { req }, 16)?;
+            Some(u64_at(&ts, 0).saturating_mul(1_000_000_000).saturating_add(u64_at(&ts, 8)))
+        }
+        None => None,
+    };
+    Ok(ThreadImage {
+        tid,
+        comm: procfs::read_string(&format!("/proc/{pid}/task/{tid}/comm"))?.trim_end_matches('\n').to_string(),
+        regs: ferry_sys::process::regs_to_words(&t.regs),
+        xstate,
+        sigmask: t.sigmask,
+        pending: pending.iter().map(|s| s.to_vec()).collect(),
+        altstack,
+        rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
+            addr: rseq.rseq_abi_pointer,
+            len: rseq.rseq_abi_size,
+            signature: rseq.signature,
+        }),
+        robust_list: RobustList { head, len },
+        clear_child_tid,
+        sleep_remaining_ns,
+    })
+}

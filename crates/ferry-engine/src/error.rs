@@ -1,0 +1,43 @@
+use ferry_image::ImageError;
+use ferry_sys::SysError;
+
+/// Everything that can go wrong in capture or restore, with the object it
+/// happened to.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("pid {pid}: {what}: {source}")]
+    Kernel { pid: i32, what: String, source: SysError },
+    #[error("pid {pid} thread {tid}: {call} inside the process failed: {}", std::io::Error::from_raw_os_error(*errno))]
+    Remote { pid: i32, tid: i32, call: String, errno: i32 },
+    #[error("pid {pid}: cannot capture {object}: {reason}")]
+    Unsupported { pid: i32, object: String, reason: String },
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: unexpected content: {what}")]
+    Parse { path: String, what: String },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("pid {pid} is taken by a running process ({comm}); free it or restore into a new PID namespace")]
+    PidTaken { pid: i32, comm: String },
+    #[error("pid {pid}: {msg}")]
+    Restore { pid: i32, msg: String },
+    #[error("pid {pid}: process is gone ({what})")]
+    Gone { pid: i32, what: String },
+}
+
+impl EngineError {
+    pub fn kernel(pid: i32, what: impl Into<String>, source: SysError) -> Self {
+        EngineError::Kernel { pid, what: what.into(), source }
+    }
+    pub fn io(path: impl Into<String>, source: std::io::Error) -> Self {
+        EngineError::Io { path: path.into(), source }
+    }
+    pub fn unsupported(pid: i32, object: impl Into<String>, reason: impl Into<String>) -> Self {
+        EngineError::Unsupported { pid, object: object.into(), reason: reason.into() }
+    }
+    pub fn restore(pid: i32, msg: impl Into<String>) -> Self {
+        EngineError::Restore { pid, msg: msg.into() }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,0 +1,143 @@
+//! Stopping every thread of a process and letting it go again.
+//!
+//! Threads are seized with PTRACE_SEIZE and stopped with PTRACE_INTERRUPT,
+//! which leaves their signal state untouched. Until `release` or drop, the
+//! process stays stopped; dropping a `Frozen` puts every register set back
+//! and detaches, so a capture that fails halfway leaves the process running
+//! as before.
+
+use crate::error::{EngineError, Result};
+use crate::procfs;
+use crate::syscall_restart;
+use ferry_sys::ptrace::{self, WaitEvent};
+use ferry_sys::Regs;
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+
+pub struct FrozenThread {
+    pub tid: i32,
+    /// Registers as they were when the thread stopped.
+    pub regs: Regs,
+    pub sigmask: u64,
+}
+
+pub struct Frozen {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// Leader first.
+    pub threads: Vec<FrozenThread>,
+    released: bool,
+}
+
+const ALL_SIGNALS: u64 = !0;
+
+/// Waits until `tid` reports the stop caused by PTRACE_INTERRUPT. Signals
+/// that arrive first are delivered to the thread, not lost.
+fn wait_interrupt_stop(pid: i32, tid: i32) -> Result<()> {
+    loop {
+        match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("waiting for thread {tid} to stop"), e))? {
+            Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => return Ok(()),
+            Some((_, WaitEvent::Stopped { sig, .. })) => {
+                ptrace::cont(tid, sig).map_err(|e| EngineError::kernel(pid, format!("passing signal {sig} to thread {tid}"), e))?;
+            }
+            Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
+                return Err(EngineError::Gone { pid, what: format!("thread {tid} exited while being frozen") })
+            }
+            None => {}
+        }
+    }
+}
+
+impl Frozen {
+    /// Seizes and stops every thread of `pid`, including threads created
+    /// while this runs.
+    pub fn freeze(pid: i32) -> Result<Frozen> {
+        let pidfd = ferry_sys::pidfd::pidfd_open(pid).map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
+        let mut frozen = Frozen { pid, pidfd, threads: Vec::new(), released: false };
+        let mut seized: BTreeMap<i32, ()> = BTreeMap::new();
+        loop {
+            let mut new = false;
+            for tid in procfs::tids(pid)? {
+                if seized.contains_key(&tid) {
+                    continue;
+                }
+                match ptrace::seize(tid, 0) {
+                    Ok(()) => {}
+                    Err(e) if e.errno == libc::ESRCH => continue,
+                    Err(e) if e.errno == libc::EPERM && tid == pid => {
+                        return Err(EngineError::kernel(pid, "seizing the process (is it traced by someone else?)", e))
+                    }
+                    Err(e) => return Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e)),
+                }
+                seized.insert(tid, ());
+                new = true;
+                ptrace::interrupt(tid).map_err(|e| EngineError::kernel(pid, format!("interrupting thread {tid}"), e))?;
+                if let Err(e) = wait_interrupt_stop(pid, tid) {
+                    // Detach the ones already stopped via Drop.
+                    frozen.threads.retain(|t| t.tid != tid);
+                    return Err(e);
+                }
+                let regs = ptrace::get_regs(tid).map_err(|e| EngineError::kernel(pid, format!("reading registers of thread {tid}"), e))?;
+                let sigmask = ptrace::get_sigmask(tid).map_err(|e| EngineError::kernel(pid, format!("reading signal mask of thread {tid}"), e))?;
+                frozen.threads.push(FrozenThread { tid, regs, sigmask });
+            }
+            if !new {
+                break;
+            }
+        }
+        if frozen.threads.first().map(|t| t.tid) != Some(pid) {
+            return Err(EngineError::Gone { pid, what: "thread group leader not found".into() });
+        }
+        // Injected syscalls must not be cut short by signal delivery:
+        // block everything while we work; signals stay queued.
+        for t in &frozen.threads {
+            ptrace::set_sigmask(t.tid, ALL_SIGNALS).map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {}", t.tid), e))?;
+        }
+        Ok(frozen)
+    }
+
+    /// Lets the process run on from where it stopped.
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.detach_all()
+    }
+
+    /// Kills the process (after a successful capture) and waits for it to
+    /// be gone, so its resources (ports, files) are free for a restore.
+    pub fn kill(mut self) -> Result<()> {
+        self.released = true;
+        ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL).map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
+        for _ in 0..500 {
+            if ferry_sys::pidfd::wait_exit(&self.pidfd, 20).unwrap_or(true) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn detach_all(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for t in &self.threads {
+            let mut regs = t.regs;
+            syscall_restart::retry_interrupted_wait(&mut regs);
+            let r = ptrace::set_regs(t.tid, &regs)
+                .and_then(|_| ptrace::set_sigmask(t.tid, t.sigmask))
+                .and_then(|_| ptrace::detach(t.tid, 0));
+            if let Err(e) = r {
+                first_err.get_or_insert(EngineError::kernel(self.pid, format!("releasing thread {}", t.tid), e));
+            }
+        }
+        self.threads.clear();
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.detach_all() {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+}

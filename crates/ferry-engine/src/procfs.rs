@@ -1,0 +1,139 @@
+//! Parsers for the /proc files the engine reads. Each returns an error
+//! naming the file instead of panicking on content it does not expect.
+
+use crate::error::{EngineError, Result};
+use std::collections::HashMap;
+
+pub fn read_string(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))
+}
+
+pub fn read_link(path: &str) -> Result<String> {
+    std::fs::read_link(path).map(|p| p.to_string_lossy().into_owned()).map_err(|e| EngineError::io(path, e))
+}
+
+fn parse_err(path: &str, what: impl Into<String>) -> EngineError {
+    EngineError::Parse { path: path.to_string(), what: what.into() }
+}
+
+/// Thread ids of a process, leader first.
+pub fn tids(pid: i32) -> Result<Vec<i32>> {
+    let path = format!("/proc/{pid}/task");
+    let mut v: Vec<i32> = std::fs::read_dir(&path)
+        .map_err(|e| EngineError::io(&path, e))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort_unstable_by_key(|&t| (t != pid, t));
+    Ok(v)
+}
+
+/// One line of /proc/PID/smaps (or maps) with its VmFlags.
+#[derive(Debug, Clone)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub perms: [u8; 4],
+    pub offset: u64,
+    pub dev: u64,
+    pub inode: u64,
+    pub path: String,
+    pub vm_flags: Vec<String>,
+}
+
+impl MapsEntry {
+    pub fn readable(&self) -> bool {
+        self.perms[0] == b'r'
+    }
+    pub fn shared(&self) -> bool {
+        self.perms[3] == b's'
+    }
+    pub fn has_flag(&self, f: &str) -> bool {
+        self.vm_flags.iter().any(|x| x == f)
+    }
+}
+
+fn parse_maps_line(path: &str, line: &str) -> Result<MapsEntry> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next().unwrap_or_default();
+    let perms = it.next().unwrap_or_default();
+    let offset = it.next().unwrap_or_default();
+    let dev = it.next().unwrap_or_default();
+    let inode = it.next().unwrap_or_default();
+    let name = it.next().unwrap_or_default().trim_start().to_string();
+    let (s, e) = range.split_once('-').ok_or_else(|| parse_err(path, format!("bad range in {line:?}")))?;
+    let hex = |v: &str| u64::from_str_radix(v, 16).map_err(|_| parse_err(path, format!("bad number in {line:?}")));
+    let (maj, min) = dev.split_once(':').ok_or_else(|| parse_err(path, format!("bad device in {line:?}")))?;
+    let pb = perms.as_bytes();
+    if pb.len() != 4 {
+        return Err(parse_err(path, format!("bad permissions in {line:?}")));
+    }
+    Ok(MapsEntry {
+        start: hex(s)?,
+        end: hex(e)?,
+        perms: [pb[0], pb[1], pb[2], pb[3]],
+        offset: hex(offset)?,
+        dev: (hex(maj)? << 8) | hex(min)?,
+        inode: inode.parse().map_err(|_| parse_err(path, format!("bad inode in {line:?}")))?,
+        path: name,
+        vm_flags: Vec::new(),
+    })
+}
+
+fn is_maps_line(line: &str) -> bool {
+    line.split(' ').next().is_some_and(|r| r.contains('-') && r.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+}
+
+/// Parses /proc/PID/smaps, keeping only the range line and VmFlags.
+pub fn smaps(pid: i32) -> Result<Vec<MapsEntry>> {
+    let path = format!("/proc/{pid}/smaps");
+    let text = read_string(&path)?;
+    let mut out: Vec<MapsEntry> = Vec::new();
+    for line in text.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(last) = out.last_mut() {
+                last.vm_flags = flags.split_whitespace().map(str::to_string).collect();
+            }
+        } else if is_maps_line(line) {
+            out.push(parse_maps_line(&path, line)?);
+        }
+    }
+    Ok(out)
+}
+
+pub fn maps(pid: i32) -> Result<Vec<MapsEntry>> {
+    let path = format!("/proc/{pid}/maps");
+    read_string(&path)?.lines().map(|l| parse_maps_line(&path, l)).collect()
+}
+
+/// "Key:\tvalue" files (status, fdinfo, timers...).
+pub fn key_values(text: &str) -> HashMap<&str, &str> {
+    text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect()
+}
+
+/// Fields of /proc/PID/stat after the command name, 1-based as in proc(5).
+pub struct Stat {
+    fields: Vec<u64>,
+}
+
+impl Stat {
+    pub fn read(pid: i32) -> Result<Stat> {
+        let path = format!("/proc/{pid}/stat");
+        let text = read_string(&path)?;
+        let after = text.rfind(')').map(|i| &text[i + 2..]).ok_or_else(|| parse_err(&path, "no ')'"))?;
+        // Field 3 (state) is a letter; keep positions by mapping it to 0.
+        let fields = after.split_whitespace().map(|f| f.parse::<i64>().map(|v| v as u64).unwrap_or(0)).collect();
+        Ok(Stat { fields })
+    }
+    /// Field number `n` as listed in proc(5) (n >= 3).
+    pub fn field(&self, n: usize) -> u64 {
+        self.fields.get(n - 3).copied().unwrap_or(0)
+    }
+}
+
+pub fn parse_hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
+pub fn parse_octal(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.trim(), 8).ok()
+}

@@ -1,0 +1,141 @@
+//! An image directory: `meta.img` (header + inventory + process sections)
+//! and `pages.img` (header, then raw page data at page-aligned offsets so
+//! restore can map it and copy runs with one syscall each).
+
+use crate::container::{self, HEADER_LEN};
+use crate::error::ImageError;
+use crate::model::{Inventory, PageRun, ProcessImage};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const META_FILE: &str = "meta.img";
+pub const PAGES_FILE: &str = "pages.img";
+/// Page data starts one page into pages.img so it stays page-aligned.
+pub const PAGES_DATA_OFFSET: u64 = 4096;
+
+pub struct ImageDir {
+    pub path: PathBuf,
+}
+
+/// Appends page runs to pages.img and computes their checksums.
+pub struct PagesWriter {
+    file: File,
+    path: PathBuf,
+    offset: u64,
+}
+
+impl PagesWriter {
+    /// Appends one run's bytes; `start` is its address in the process.
+    pub fn append_run(&mut self, start: u64, data: &[u8]) -> Result<PageRun, ImageError> {
+        self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
+        let run = PageRun { start, pages: data.len() as u64 / 4096, offset: self.offset, checksum: container::checksum(data) };
+        self.offset += data.len() as u64;
+        Ok(run)
+    }
+
+    /// Appends several runs whose bytes are concatenated in `data`, with
+    /// one write; each run gets its own checksum.
+    pub fn append_runs(&mut self, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+        self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
+        let mut runs = Vec::with_capacity(ranges.len());
+        let mut off = 0usize;
+        for &(start, len) in ranges {
+            let chunk = &data[off..off + len];
+            runs.push(PageRun { start, pages: len as u64 / 4096, offset: self.offset + off as u64, checksum: container::checksum(chunk) });
+            off += len;
+        }
+        self.offset += data.len() as u64;
+        Ok(runs)
+    }
+
+    pub fn bytes_written(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn finish(self) -> Result<u64, ImageError> {
+        self.file.sync_all().map_err(|e| ImageError::io(&self.path, e))?;
+        Ok(self.offset)
+    }
+}
+
+impl ImageDir {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ImageDir { path: path.into() }
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Creates the directory (if needed) and starts pages.img.
+    pub fn create_pages(&self) -> Result<PagesWriter, ImageError> {
+        std::fs::create_dir_all(&self.path).map_err(|e| ImageError::io(&self.path, e))?;
+        let path = self.file(PAGES_FILE);
+        let mut file = File::create(&path).map_err(|e| ImageError::io(&path, e))?;
+        let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
+        header[..HEADER_LEN].copy_from_slice(&container::file_header(0));
+        file.write_all(&header).map_err(|e| ImageError::io(&path, e))?;
+        Ok(PagesWriter { file, path, offset: 0 })
+    }
+
+    /// Writes meta.img atomically (temp file + rename) and syncs it.
+    pub fn write_meta(&self, inv: &Inventory, process: &ProcessImage) -> Result<(), ImageError> {
+        let bytes = container::encode_meta(inv, process)?;
+        let tmp = self.file("meta.img.tmp");
+        let fin = self.file(META_FILE);
+        let mut f = File::create(&tmp).map_err(|e| ImageError::io(&tmp, e))?;
+        f.write_all(&bytes).map_err(|e| ImageError::io(&tmp, e))?;
+        f.sync_all().map_err(|e| ImageError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &fin).map_err(|e| ImageError::io(&fin, e))?;
+        Ok(())
+    }
+
+    /// Reads, checks and decodes meta.img.
+    pub fn read_meta(&self) -> Result<(Inventory, ProcessImage), ImageError> {
+        let path = self.file(META_FILE);
+        let mut bytes = Vec::new();
+        File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| ImageError::io(&path, e))?;
+        container::decode_meta(&bytes)
+    }
+
+    pub fn pages_path(&self) -> PathBuf {
+        self.file(PAGES_FILE)
+    }
+
+    /// Checks pages.img's header and size against the inventory.
+    pub fn check_pages_file(&self, inv: &Inventory) -> Result<File, ImageError> {
+        let path = self.pages_path();
+        let mut f = File::open(&path).map_err(|e| ImageError::io(&path, e))?;
+        let mut header = [0u8; HEADER_LEN];
+        f.read_exact(&mut header).map_err(|_| ImageError::Truncated("pages.img has no header".into()))?;
+        container::check_file_header(&header, PAGES_FILE)?;
+        let len = f.metadata().map_err(|e| ImageError::io(&path, e))?.len();
+        if len != PAGES_DATA_OFFSET + inv.pages_bytes {
+            return Err(ImageError::Truncated(format!(
+                "pages.img holds {} bytes of page data, inventory says {}",
+                len.saturating_sub(PAGES_DATA_OFFSET),
+                inv.pages_bytes
+            )));
+        }
+        Ok(f)
+    }
+
+    /// Verifies every page run's checksum against `data` (pages.img's
+    /// data area).
+    pub fn verify_runs(runs: &[PageRun], data: &[u8]) -> Result<(), ImageError> {
+        for r in runs {
+            let s = r.offset as usize;
+            let e = s + (r.pages * 4096) as usize;
+            let chunk = data.get(s..e).ok_or_else(|| ImageError::Truncated(format!("page run at {:#x}", r.start)))?;
+            if container::checksum(chunk) != r.checksum {
+                return Err(ImageError::Checksum { what: format!("pages at {:#x} ({} pages)", r.start, r.pages) });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn exists(path: &Path) -> bool {
+        path.join(META_FILE).exists()
+    }
+}

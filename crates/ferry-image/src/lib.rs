@@ -1,0 +1,17 @@
+//! ferry's checkpoint image: what is stored ([`model`]), how it is framed
+//! into checksummed sections ([`container`]), how the sections sit in an
+//! image directory ([`dir`]), and what a well-formed image must satisfy
+//! before anything is restored from it ([`validate`]).
+//!
+//! The layout is documented in docs/image-format.md.
+
+pub mod container;
+pub mod dir;
+pub mod error;
+pub mod model;
+pub mod validate;
+
+pub use container::{decode_meta, encode_meta, FORMAT_VERSION};
+pub use dir::{ImageDir, PagesWriter};
+pub use error::ImageError;
+pub use model::*;

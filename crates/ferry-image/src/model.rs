@@ -1,0 +1,284 @@
+//! What a checkpoint image holds. Plain data, serialised with postcard;
+//! everything the engine needs to rebuild the process and nothing that
+//! only makes sense inside the capturing ferry process.
+
+use serde::{Deserialize, Serialize};
+
+/// Facts about the image and the machine it was taken on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Inventory {
+    pub format_version: u32,
+    pub ferry_version: String,
+    pub kernel_release: String,
+    pub arch: String,
+    /// Size of the XSAVE area on the capturing CPU; restore needs the same.
+    pub xsave_size: u32,
+    pub created_unix_ms: u64,
+    pub source_pid: i32,
+    /// Total bytes of page data in pages.img (after its header).
+    pub pages_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessImage {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub comm: String,
+    pub exe: String,
+    pub cwd: String,
+    pub umask: u32,
+    pub personality: u32,
+    pub no_new_privs: bool,
+    pub creds: Creds,
+    pub rlimits: Vec<Rlimit>,
+    /// The thread group leader comes first.
+    pub threads: Vec<ThreadImage>,
+    pub mm: MmLayout,
+    pub vmas: Vec<Vma>,
+    pub page_runs: Vec<PageRun>,
+    pub files: Vec<OpenFile>,
+    pub fds: Vec<FdSlot>,
+    pub signals: SignalState,
+    pub itimers: Vec<ITimer>,
+    pub posix_timers: Vec<PosixTimer>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Creds {
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
+    pub groups: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Rlimit {
+    pub resource: u32,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ThreadImage {
+    pub tid: i32,
+    pub comm: String,
+    /// `struct user_regs_struct` as 27 u64 words, in kernel order.
+    pub regs: Vec<u64>,
+    /// The XSAVE area as PTRACE_GETREGSET(NT_X86_XSTATE) returned it.
+    pub xstate: Vec<u8>,
+    pub sigmask: u64,
+    /// Signals pending for this thread only (raw 128-byte siginfo each).
+    pub pending: Vec<Vec<u8>>,
+    pub altstack: AltStack,
+    pub rseq: Option<Rseq>,
+    pub robust_list: RobustList,
+    pub clear_child_tid: u64,
+    /// If the thread was inside a sleep when captured: what is left of it.
+    pub sleep_remaining_ns: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct AltStack {
+    pub sp: u64,
+    pub flags: i32,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Rseq {
+    pub addr: u64,
+    pub len: u32,
+    pub signature: u32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct RobustList {
+    pub head: u64,
+    pub len: u64,
+}
+
+/// The mm_struct fields that PR_SET_MM_MAP restores.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct MmLayout {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    /// The auxiliary vector as (type, value) words, AT_NULL included.
+    pub auxv: Vec<u64>,
+}
+
+pub const PROT_READ: u8 = 1;
+pub const PROT_WRITE: u8 = 2;
+pub const PROT_EXEC: u8 = 4;
+
+/// Per-mapping kernel flags (from smaps VmFlags) that restore re-applies.
+pub mod vmflag {
+    pub const GROWSDOWN: u32 = 1 << 0;
+    pub const DONTFORK: u32 = 1 << 1;
+    pub const DONTDUMP: u32 = 1 << 2;
+    pub const WIPEONFORK: u32 = 1 << 3;
+    pub const HUGEPAGE: u32 = 1 << 4;
+    pub const NOHUGEPAGE: u32 = 1 << 5;
+    pub const MERGEABLE: u32 = 1 << 6;
+    pub const MAYWRITE: u32 = 1 << 7;
+    pub const LOCKED: u32 = 1 << 8;
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    pub prot: u8,
+    pub shared: bool,
+    pub flags: u32,
+    pub pgoff: u64,
+    pub backing: VmaBacking,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum VmaBacking {
+    /// Anonymous memory (private, or shared between no one else but us).
+    Anonymous,
+    /// A mapping of a file that still exists at `path`.
+    File { path: String, dev: u64, ino: u64 },
+    /// Kernel-provided mappings; restore moves the running kernel's own.
+    Vdso,
+    Vvar { name: String },
+    Vsyscall,
+}
+
+/// A run of consecutive pages stored in pages.img.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct PageRun {
+    pub start: u64,
+    pub pages: u64,
+    /// Byte offset of the run's data in pages.img's data area.
+    pub offset: u64,
+    pub checksum: u64,
+}
+
+/// One fd number of the process, pointing at an open file description.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct FdSlot {
+    pub fd: i32,
+    /// Index into `ProcessImage::files`. Several fds may share one.
+    pub file: u32,
+    pub cloexec: bool,
+}
+
+/// An open file description: what it is, its status flags and offset.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OpenFile {
+    /// O_* status flags (access mode, O_APPEND, O_NONBLOCK, ...).
+    pub flags: i32,
+    pub pos: i64,
+    pub kind: FileKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum FileKind {
+    Regular { path: String, size: u64 },
+    /// A regular file unlinked while open; its content travels in the image.
+    Deleted { path: String, mode: u32, content: Vec<u8> },
+    Directory { path: String },
+    CharDevice { path: String, rdev: u64 },
+    /// A terminal: replaced at restore by a file the user chooses.
+    Terminal { path: String },
+    Pipe(PipeEnd),
+    Fifo { path: String, pipe: PipeEnd },
+    EventFd { count: u64, semaphore: bool },
+    TimerFd(TimerFd),
+    SignalFd { mask: u64 },
+    Epoll { entries: Vec<EpollEntry> },
+    InetSocket(InetSocket),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PipeEnd {
+    /// The pipe's inode: both ends of one pipe carry the same id.
+    pub id: u64,
+    pub write_end: bool,
+    pub capacity: u32,
+    /// Unread bytes; stored once, on the read end.
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TimerFd {
+    pub clockid: i32,
+    pub value_ns: u64,
+    pub interval_ns: u64,
+    pub ticks: u64,
+    pub settime_flags: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EpollEntry {
+    pub fd: i32,
+    pub events: u32,
+    pub data: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InetSocket {
+    pub family: i32,
+    pub sock_type: i32,
+    pub protocol: i32,
+    pub addr: Vec<u8>,
+    pub port: u16,
+    /// Some(backlog) for a listening TCP socket.
+    pub listen_backlog: Option<i32>,
+    pub options: Vec<SockOpt>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct SockOpt {
+    pub level: i32,
+    pub name: i32,
+    pub value: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct SignalState {
+    /// Index i holds signal i + 1.
+    pub actions: Vec<SigAction>,
+    /// Signals pending for the whole process (raw siginfo each).
+    pub shared_pending: Vec<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct SigAction {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct ITimer {
+    pub which: i32,
+    pub interval_us: u64,
+    pub value_us: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PosixTimer {
+    pub id: i32,
+    pub clockid: i32,
+    pub notify: i32,
+    pub signo: i32,
+    pub notify_tid: i32,
+    pub sigev_value: u64,
+    pub value_ns: u64,
+    pub interval_ns: u64,
+    pub overrun: i32,
+}

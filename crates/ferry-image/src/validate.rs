@@ -1,0 +1,119 @@
+//! Checks an image must pass before restore touches anything: every
+//! address, size and count in range and consistent with the others. The
+//! engine can then trust the image's shape; the kernel still has the last
+//! word on the values.
+
+use crate::error::ImageError;
+use crate::model::*;
+
+/// Highest user address on x86_64 with 4-level paging.
+pub const USER_ADDR_END: u64 = 0x7fff_ffff_f000;
+pub const MAX_THREADS: usize = 32768;
+pub const MAX_FDS: i32 = 1 << 20;
+pub const MAX_XSTATE: usize = 16384;
+pub const REGS_WORDS: usize = 27;
+
+fn bad(msg: String) -> Result<(), ImageError> {
+    Err(ImageError::Invalid(msg))
+}
+
+pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
+    if inv.format_version != crate::FORMAT_VERSION {
+        return Err(ImageError::Version { found: inv.format_version, supported: crate::FORMAT_VERSION });
+    }
+    if p.pid <= 0 || p.pid > 4_194_304 {
+        return bad(format!("pid {} out of range", p.pid));
+    }
+    if p.threads.is_empty() || p.threads.len() > MAX_THREADS {
+        return bad(format!("{} threads", p.threads.len()));
+    }
+    if p.threads[0].tid != p.pid {
+        return bad(format!("first thread {} is not the leader {}", p.threads[0].tid, p.pid));
+    }
+    let mut tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
+    tids.sort_unstable();
+    if tids.windows(2).any(|w| w[0] == w[1]) || tids.iter().any(|&t| t <= 0 || t > 4_194_304) {
+        return bad("thread ids repeat or are out of range".into());
+    }
+    for t in &p.threads {
+        if t.regs.len() != REGS_WORDS {
+            return bad(format!("thread {}: {} register words, expected {REGS_WORDS}", t.tid, t.regs.len()));
+        }
+        if t.xstate.len() < 576 || t.xstate.len() > MAX_XSTATE {
+            return bad(format!("thread {}: xstate of {} bytes", t.tid, t.xstate.len()));
+        }
+        if t.pending.iter().any(|s| s.len() != 128) {
+            return bad(format!("thread {}: malformed pending siginfo", t.tid));
+        }
+    }
+    let mut prev_end = 0u64;
+    for v in &p.vmas {
+        let aligned = v.start % 4096 == 0 && v.end % 4096 == 0;
+        let special = matches!(v.backing, VmaBacking::Vsyscall);
+        if !aligned || v.start >= v.end || v.start < prev_end || (!special && v.end > USER_ADDR_END) {
+            return bad(format!("mapping {:#x}-{:#x} is misaligned, empty, overlapping or out of range", v.start, v.end));
+        }
+        prev_end = v.end;
+    }
+    let mut data_end = 0u64;
+    let mut vi = 0usize;
+    let mut prev_run_end = 0u64;
+    for r in &p.page_runs {
+        let len = r.pages.checked_mul(4096).ok_or_else(|| ImageError::Invalid("page run length overflows".into()))?;
+        let end = r.start.checked_add(len).ok_or_else(|| ImageError::Invalid("page run end overflows".into()))?;
+        if r.pages == 0 || r.start % 4096 != 0 || r.offset % 4096 != 0 || r.start < prev_run_end {
+            return bad(format!("page run at {:#x} is empty, misaligned or out of order", r.start));
+        }
+        prev_run_end = end;
+        while vi < p.vmas.len() && p.vmas[vi].end <= r.start {
+            vi += 1;
+        }
+        match p.vmas.get(vi) {
+            Some(v) if v.start <= r.start && end <= v.end => {}
+            _ => return bad(format!("page run {:#x}-{:#x} lies outside every mapping", r.start, end)),
+        }
+        let run_data_end = r.offset.checked_add(len).ok_or_else(|| ImageError::Invalid("page offset overflows".into()))?;
+        if run_data_end > inv.pages_bytes {
+            return bad(format!("page run at {:#x} points past the end of page data", r.start));
+        }
+        data_end = data_end.max(run_data_end);
+    }
+    let _ = data_end;
+    let mut fds: Vec<i32> = Vec::with_capacity(p.fds.len());
+    for s in &p.fds {
+        if s.fd < 0 || s.fd >= MAX_FDS {
+            return bad(format!("fd {} out of range", s.fd));
+        }
+        if s.file as usize >= p.files.len() {
+            return bad(format!("fd {} refers to missing file {}", s.fd, s.file));
+        }
+        fds.push(s.fd);
+    }
+    fds.sort_unstable();
+    if fds.windows(2).any(|w| w[0] == w[1]) {
+        return bad("an fd number appears twice".into());
+    }
+    for f in &p.files {
+        if let FileKind::Epoll { entries } = &f.kind {
+            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err()) {
+                return bad("epoll entry refers to an fd the process does not have".into());
+            }
+        }
+        if let FileKind::InetSocket(s) = &f.kind {
+            let want = if s.family == 2 { 4 } else { 16 };
+            if s.addr.len() != want {
+                return bad("socket address of wrong length".into());
+            }
+        }
+    }
+    if p.signals.actions.len() != 64 {
+        return bad(format!("{} signal actions, expected 64", p.signals.actions.len()));
+    }
+    if p.signals.shared_pending.iter().any(|s| s.len() != 128) {
+        return bad("malformed pending siginfo".into());
+    }
+    if p.mm.auxv.len() % 2 != 0 || p.mm.auxv.len() > 512 {
+        return bad("malformed auxiliary vector".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! Small fd-level calls the engine needs on descriptors it owns or took
+//! from a target (fcntl, ioctl queries, tee, kcmp).
+
+use crate::{check, last_error, SysResult};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+pub fn fcntl_getfl(fd: BorrowedFd<'_>) -> SysResult<i32> {
+    // SAFETY: F_GETFL takes no pointer argument.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 { Err(last_error("fcntl(F_GETFL)")) } else { Ok(r) }
+}
+
+pub fn fcntl_int(fd: RawFd, cmd: i32, arg: libc::c_long, name: &'static str) -> SysResult<i32> {
+    // SAFETY: the commands used with this helper take an integer argument.
+    let r = unsafe { libc::fcntl(fd, cmd, arg) };
+    if r < 0 { Err(last_error(name)) } else { Ok(r) }
+}
+
+/// Duplicates pipe content from `from` into `to` without consuming it.
+pub fn tee(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
+    // SAFETY: tee takes two fds and plain integers.
+    let r = unsafe { libc::tee(from, to, len, libc::SPLICE_F_NONBLOCK) };
+    if r < 0 { Err(last_error("tee")) } else { Ok(r as usize) }
+}
+
+pub fn pipe2(flags: i32) -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds points to two writable ints.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), flags) };
+    if r < 0 {
+        return Err(last_error("pipe2"));
+    }
+    // SAFETY: the kernel just returned these two new descriptors to us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Bytes waiting in a pipe or socket receive queue (FIONREAD).
+pub fn bytes_readable(fd: RawFd) -> SysResult<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if r < 0 { Err(last_error("ioctl(FIONREAD)")) } else { Ok(n as usize) }
+}
+
+pub const KCMP_FILE: i32 = 0;
+
+/// Whether two fds of two processes refer to the same open file description.
+pub fn kcmp_same_file(pid1: i32, pid2: i32, fd1: RawFd, fd2: RawFd) -> SysResult<bool> {
+    // SAFETY: kcmp with KCMP_FILE takes only integers.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_ulong, fd2 as libc::c_ulong) };
+    Ok(check("kcmp", r)? == 0)
+}
+
+pub fn set_timerfd_ticks(fd: RawFd, ticks: u64) -> SysResult<()> {
+    // TFD_IOC_SET_TICKS = _IOW('T', 0, u64)
+    const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
+    // SAFETY: the ioctl reads one u64 from the pointer.
+    let r = unsafe { libc::ioctl(fd, TFD_IOC_SET_TICKS as _, &ticks) };
+    if r < 0 { Err(last_error("ioctl(TFD_IOC_SET_TICKS)")) } else { Ok(()) }
+}
+
+/// Wraps a raw descriptor returned by the kernel.
+///
+/// # Safety
+/// `fd` must be an open descriptor that nothing else owns.
+pub unsafe fn own(fd: RawFd) -> OwnedFd {
+    // SAFETY: guaranteed by the caller.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}

@@ -1,0 +1,37 @@
+//! Thin, typed wrappers over the Linux interfaces ferry's engine uses.
+//!
+//! Every `unsafe` block of the project that talks to the kernel lives in this
+//! crate, each with a SAFETY note. Callers get `Result<_, SysError>` values
+//! that name the syscall and the errno, so the engine can add the object
+//! (PID, fd, address) the call was about.
+
+pub mod clone;
+pub mod error;
+pub mod fd;
+pub mod pagemap;
+pub mod pidfd;
+pub mod process;
+pub mod ptrace;
+pub mod vm;
+
+pub use error::{SysError, SysResult};
+
+/// x86_64 general-purpose registers as the kernel's ptrace interface
+/// exposes them (`struct user_regs_struct`).
+pub type Regs = libc::user_regs_struct;
+
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Returns the calling thread's errno as a `SysError` for `call`.
+pub(crate) fn last_error(call: &'static str) -> SysError {
+    SysError::new(call, std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+/// Converts a raw `syscall(2)` style return value into a result.
+pub(crate) fn check(call: &'static str, ret: libc::c_long) -> SysResult<libc::c_long> {
+    if ret < 0 {
+        Err(last_error(call))
+    } else {
+        Ok(ret)
+    }
+}

@@ -1,0 +1,98 @@
+//! Per-process queries that take another process's PID directly.
+
+use crate::{check, last_error, Regs, SysResult};
+
+pub fn get_robust_list(tid: i32) -> SysResult<(u64, u64)> {
+    let mut head: u64 = 0;
+    let mut len: usize = 0;
+    // SAFETY: both out pointers are valid for the sizes the kernel writes.
+    check("get_robust_list", unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head, &mut len) })?;
+    Ok((head, len as u64))
+}
+
+pub fn get_rlimit(pid: i32, resource: u32) -> SysResult<(u64, u64)> {
+    let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: new limit NULL (read only), old points to a valid struct.
+    let r = unsafe { libc::prlimit64(pid, resource as _, std::ptr::null(), &mut old) };
+    if r < 0 {
+        return Err(last_error("prlimit64(get)"));
+    }
+    Ok((old.rlim_cur, old.rlim_max))
+}
+
+pub fn set_rlimit(pid: i32, resource: u32, soft: u64, hard: u64) -> SysResult<()> {
+    let new = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: new points to a valid struct; old is NULL.
+    let r = unsafe { libc::prlimit64(pid, resource as _, &new, std::ptr::null_mut()) };
+    if r < 0 {
+        return Err(last_error("prlimit64(set)"));
+    }
+    Ok(())
+}
+
+/// `struct user_regs_struct` field order, as stored in images.
+pub fn regs_to_words(r: &Regs) -> Vec<u64> {
+    vec![
+        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx, r.rsi, r.rdi, r.orig_rax,
+        r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds, r.es, r.fs, r.gs,
+    ]
+}
+
+/// Inverse of [`regs_to_words`]; `w` must hold 27 words.
+pub fn words_to_regs(w: &[u64]) -> Option<Regs> {
+    if w.len() != 27 {
+        return None;
+    }
+    // SAFETY: plain integers; all-zero is a valid value.
+    let mut r: Regs = unsafe { std::mem::zeroed() };
+    let fields = [
+        &mut r.r15, &mut r.r14, &mut r.r13, &mut r.r12, &mut r.rbp, &mut r.rbx, &mut r.r11, &mut r.r10, &mut r.r9,
+        &mut r.r8, &mut r.rax, &mut r.rcx, &mut r.rdx, &mut r.rsi, &mut r.rdi, &mut r.orig_rax, &mut r.rip, &mut r.cs,
+        &mut r.eflags, &mut r.rsp, &mut r.ss, &mut r.fs_base, &mut r.gs_base, &mut r.ds, &mut r.es, &mut r.fs, &mut r.gs,
+    ];
+    for (f, v) in fields.into_iter().zip(w) {
+        *f = *v;
+    }
+    Some(r)
+}
+
+/// Maps a file read-only into our address space (used for pages.img).
+pub struct MappedFile {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl MappedFile {
+    pub fn map(fd: &std::fs::File, offset: u64, len: usize) -> SysResult<MappedFile> {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Ok(MappedFile { ptr: std::ptr::null_mut(), len: 0 });
+        }
+        // SAFETY: a fresh shared read-only mapping of an open file; the
+        // kernel picks the address.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), offset as i64) };
+        if p == libc::MAP_FAILED {
+            return Err(last_error("mmap(pages.img)"));
+        }
+        Ok(MappedFile { ptr: p, len })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: ptr/len describe our live read-only mapping. The file is
+        // ferry's own image; a concurrent truncation would SIGBUS, which
+        // the image's owner controls.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmapping exactly the mapping we created.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
