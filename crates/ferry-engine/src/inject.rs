@@ -40,6 +40,9 @@ impl Remote {
         regs.rax = nr as u64;
         regs.orig_rax = u64::MAX;
         regs.rip = self.syscall_ip;
+        // No stack is needed by a syscall; a zero rsp also keeps
+        // sigaltstack() from thinking the thread runs on its alt stack.
+        regs.rsp = 0;
         let slots = [&mut regs.rdi, &mut regs.rsi, &mut regs.rdx, &mut regs.r10, &mut regs.r8, &mut regs.r9];
         for (slot, &a) in slots.into_iter().zip(args) {
             *slot = a;

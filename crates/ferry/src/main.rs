@@ -1,1 +1,149 @@
-fn main(){}
+//! ferry: checkpoint and restore live Linux processes.
+
+mod inspect;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "Checkpoint a running process to an image and restore it, with the same PID, memory, threads, files and sockets.")]
+struct Cli {
+    /// Log what the engine does (also FERRY_LOG=debug).
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Freeze a process, write its complete state to an image directory,
+    /// then kill it (or let it run on with --leave-running). If anything
+    /// cannot be captured, the process keeps running untouched.
+    Checkpoint {
+        /// Process to capture (all its threads are captured).
+        #[arg(long)]
+        pid: i32,
+        /// Directory to write the image to (created if missing).
+        #[arg(long)]
+        images: PathBuf,
+        /// Keep the process running after the image is written.
+        #[arg(long)]
+        leave_running: bool,
+    },
+    /// Recreate a process from an image, with its old PID and TIDs. Without
+    /// --detach, ferry stays its parent, forwards SIGINT/SIGTERM/SIGHUP to
+    /// it and exits with its exit status (128+N if killed by signal N).
+    Restore {
+        /// Image directory written by `ferry checkpoint`.
+        #[arg(long)]
+        images: PathBuf,
+        /// Exit once the process runs; it is re-parented to init (or the
+        /// nearest child subreaper).
+        #[arg(long)]
+        detach: bool,
+        /// Write the restored PID to this file once the process runs.
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+        /// File that replaces descriptors which were terminals (a process
+        /// cannot get its old terminal back). Created if missing.
+        #[arg(long, default_value = "/dev/null")]
+        tty_to: String,
+    },
+    /// Show what an image holds; checks every checksum first.
+    Inspect {
+        /// Image directory.
+        dir: PathBuf,
+        /// Print the full image metadata as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn wait_for(pid: i32) -> Result<i32> {
+    CHILD.store(pid, Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing a handler that only calls kill().
+        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+    }
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e).context(format!("waiting for restored process {pid}"));
+        }
+        if libc::WIFEXITED(status) {
+            return Ok(libc::WEXITSTATUS(status));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Ok(128 + libc::WTERMSIG(status));
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Cmd::Checkpoint { pid, images, leave_running } => {
+            let opts = ferry_engine::capture::CaptureOptions { leave_running };
+            let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
+            println!(
+                "checkpointed pid {} ({} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; process {}",
+                s.pid,
+                s.threads,
+                s.mappings,
+                s.fds,
+                s.pages,
+                s.image_bytes as f64 / (1 << 20) as f64,
+                s.total_ms,
+                if leave_running { "left running" } else { "killed" }
+            );
+            Ok(0)
+        }
+        Cmd::Restore { images, detach, pidfile, tty_to } => {
+            let opts = ferry_engine::restore::RestoreOptions { tty_to };
+            let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
+            if let Some(p) = &pidfile {
+                std::fs::write(p, format!("{}\n", r.pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
+            }
+            eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
+            if detach {
+                return Ok(0);
+            }
+            wait_for(r.pid)
+        }
+        Cmd::Inspect { dir, json } => {
+            inspect::show(&dir, json)?;
+            Ok(0)
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = if cli.verbose { "debug".to_string() } else { std::env::var("FERRY_LOG").unwrap_or_else(|_| "warn".into()) };
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(tracing_subscriber::EnvFilter::new(filter)).without_time().init();
+    match run(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("ferry: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,46 @@
+# ferry — developer entry points. Everything that needs system packages runs
+# scripts/install-deps.sh first (idempotent, apt-get only).
+#
+#   make deps    install build/test dependencies (gcc, python3, redis, memcached, ...)
+#   make build   cargo build --release
+#   make demo    checkpoint + restore a live TCP server (scripts/demo.sh, needs root)
+#   make test    the full test suite, as CI runs it (.ci/run; needs root)
+#   make bench   checkpoint/restore timings and image sizes (bench/run.sh, needs root)
+#   make fuzz    run the fuzz targets for a while (needs cargo-fuzz and nightly)
+#   make clean   remove build outputs
+
+CARGO     ?= cargo
+FUZZ_TIME ?= 60
+
+.PHONY: all deps build demo test bench fuzz clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+build:
+	$(CARGO) build --release
+
+demo: deps
+	bash scripts/demo.sh
+
+test: deps
+	$(CARGO) build --release
+	$(CARGO) test --release --workspace -- --test-threads=2
+
+bench: deps
+	bash bench/run.sh
+
+fuzz:
+	@if [ ! -d fuzz ]; then echo "make fuzz: no fuzz/ directory in this checkout"; exit 1; fi
+	@if ! $(CARGO) fuzz --version >/dev/null 2>&1; then \
+	  echo "make fuzz: cargo-fuzz is missing: 'cargo install cargo-fuzz' (needs a nightly toolchain)"; exit 1; fi
+	cd fuzz && for t in $$($(CARGO) fuzz list); do \
+	  echo "== fuzzing $$t for $(FUZZ_TIME) s"; \
+	  $(CARGO) fuzz run "$$t" -- -max_total_time=$(FUZZ_TIME) || exit 1; \
+	done
+
+clean:
+	$(CARGO) clean
+	rm -rf target/c

@@ -1,0 +1,60 @@
+//! TCP listeners and UDP sockets: options, bind, listen.
+
+use super::{errno_err, owned};
+use crate::error::Result;
+use ferry_image::InetSocket;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+fn setopt(fd: i32, level: i32, name: i32, value: i32) -> i32 {
+    // SAFETY: value is a live int of the size passed.
+    unsafe { libc::setsockopt(fd, level, name, &value as *const i32 as *const libc::c_void, 4) }
+}
+
+pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
+    // SAFETY: integer arguments.
+    let sock = owned(pid, unsafe { libc::socket(s.family, s.sock_type | libc::SOCK_CLOEXEC, s.protocol) }, || "creating a socket".into())?;
+    let fd = sock.as_raw_fd();
+    for o in &s.options {
+        if setopt(fd, o.level, o.name, o.value) < 0 {
+            return Err(errno_err(pid, format!("setting socket option {}/{} to {}", o.level, o.name, o.value)));
+        }
+    }
+    let had_reuse = s.options.iter().any(|o| o.level == libc::SOL_SOCKET && o.name == libc::SO_REUSEADDR);
+    // Connections the old process closed may linger in TIME_WAIT on this
+    // port; bind through them, then put the option back as it was.
+    setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = if s.family == libc::AF_INET {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in.
+        let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_port = s.port.to_be();
+        sin.sin_addr.s_addr = u32::from_ne_bytes([s.addr[0], s.addr[1], s.addr[2], s.addr[3]]);
+        std::mem::size_of::<libc::sockaddr_in>()
+    } else {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
+        let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+        sin6.sin6_family = libc::AF_INET6 as u16;
+        sin6.sin6_port = s.port.to_be();
+        sin6.sin6_addr.s6_addr.copy_from_slice(&s.addr[..16]);
+        std::mem::size_of::<libc::sockaddr_in6>()
+    };
+    let unbound = s.port == 0 && s.addr.iter().all(|&b| b == 0);
+    if !unbound {
+        // SAFETY: ss holds a valid address of `len` bytes.
+        if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, len as u32) } < 0 {
+            return Err(errno_err(pid, format!("binding socket to port {}", s.port)));
+        }
+    }
+    if !had_reuse {
+        setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 0);
+    }
+    if let Some(backlog) = s.listen_backlog {
+        // SAFETY: integer arguments.
+        if unsafe { libc::listen(fd, backlog) } < 0 {
+            return Err(errno_err(pid, format!("listening on port {}", s.port)));
+        }
+    }
+    Ok(sock)
+}

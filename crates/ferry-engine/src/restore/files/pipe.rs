@@ -1,0 +1,52 @@
+//! Pipes (both ends made by one pipe2, unread bytes written back) and
+//! FIFOs (reopened by path, with a temporary O_RDWR open holding the
+//! bytes until the real ends exist).
+
+use super::{owned, Builder};
+use crate::error::{EngineError, Result};
+use ferry_image::PipeEnd;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+fn refill(pid: i32, w: &OwnedFd, cap: u32, data: &[u8]) -> Result<()> {
+    let raw = w.as_raw_fd();
+    if cap > 0 {
+        let _ = ferry_sys::fd::fcntl_int(raw, libc::F_SETPIPE_SZ, cap as libc::c_long, "fcntl(F_SETPIPE_SZ)");
+    }
+    if !data.is_empty() {
+        let f = std::fs::File::from(w.try_clone().map_err(|e| EngineError::io("pipe", e))?);
+        (&f).write_all(data).map_err(|e| EngineError::io(format!("refilling pipe (pid {pid})"), e))?;
+    }
+    Ok(())
+}
+
+pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
+    let pid = b.pid;
+    if !b.pipes.contains_key(&end.id) {
+        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+        b.pipes.insert(end.id, (Some(r), Some(w)));
+    }
+    let ends = b.pipes.get_mut(&end.id).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
+    if let Some(w) = &ends.1 {
+        refill(pid, w, end.capacity, &end.data)?;
+    }
+    let taken = if end.write_end { ends.1.take() } else { ends.0.take() };
+    taken.ok_or_else(|| EngineError::restore(pid, format!("pipe {} has two {} ends", end.id, if end.write_end { "write" } else { "read" })))
+}
+
+pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Result<OwnedFd> {
+    let pid = b.pid;
+    let c = std::ffi::CString::new(path).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))?;
+    if !b.fifo_keepers.contains_key(&end.id) {
+        // SAFETY: valid path; O_RDWR on a FIFO never blocks.
+        let k = owned(pid, unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) }, || format!("opening FIFO {path}"))?;
+        b.fifo_keepers.insert(end.id, k);
+    }
+    if let Some(k) = b.fifo_keepers.get(&end.id) {
+        refill(pid, k, end.capacity, &end.data)?;
+    }
+    let acc = flags & libc::O_ACCMODE;
+    // SAFETY: valid path; the keeper is both reader and writer, so this
+    // open does not block.
+    owned(pid, unsafe { libc::open(c.as_ptr(), acc | libc::O_CLOEXEC | libc::O_NONBLOCK) }, || format!("opening FIFO {path}"))
+}

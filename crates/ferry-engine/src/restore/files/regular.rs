@@ -1,0 +1,75 @@
+//! Regular files (reopened by path at their offset), files deleted while
+//! open (recreated from the image, then unlinked again), directories,
+//! plain character devices, and terminals (replaced by `--tty-to`).
+
+use super::{errno_err, owned, Builder};
+use crate::error::{EngineError, Result};
+use ferry_image::{FileKind, OpenFile};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+const OPEN_MASK: i32 = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
+
+fn cpath(pid: i32, p: &str) -> Result<CString> {
+    CString::new(p).map_err(|_| EngineError::restore(pid, format!("path {p:?} contains a NUL byte")))
+}
+
+fn open_path(pid: i32, path: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
+    let c = cpath(pid, path)?;
+    // SAFETY: c is a valid NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    owned(pid, fd, || format!("opening {path}"))
+}
+
+fn seek(pid: i32, fd: &OwnedFd, pos: i64, path: &str) -> Result<()> {
+    if pos != 0 {
+        // SAFETY: plain integer arguments.
+        if unsafe { libc::lseek(fd.as_raw_fd(), pos, libc::SEEK_SET) } < 0 {
+            return Err(errno_err(pid, format!("seeking {path} to {pos}")));
+        }
+    }
+    Ok(())
+}
+
+fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32) -> Result<OwnedFd> {
+    let mut name = path.to_string();
+    let mut n = 0;
+    let rw = loop {
+        match open_path(pid, &name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode) {
+            Ok(fd) => break fd,
+            Err(e) if n < 100 => {
+                let _ = e;
+                n += 1;
+                name = format!("{path}.ferry-{pid}-{n}");
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let file = std::fs::File::from(rw);
+    use std::io::Write;
+    (&file).write_all(content).map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
+    let fd = open_path(pid, &format!("/proc/self/fd/{}", file.as_raw_fd()), flags & OPEN_MASK, 0);
+    let c = cpath(pid, &name)?;
+    // SAFETY: valid path.
+    unsafe { libc::unlink(c.as_ptr()) };
+    fd
+}
+
+pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
+    let pid = b.pid;
+    let flags = f.flags & OPEN_MASK;
+    let (fd, path) = match &f.kind {
+        FileKind::Regular { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
+        FileKind::Deleted { path, mode, content } => (recreate_deleted(pid, path, *mode, content, flags)?, path.as_str()),
+        FileKind::Directory { path } => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
+        FileKind::CharDevice { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
+        FileKind::Terminal { .. } => {
+            let acc = f.flags & libc::O_ACCMODE;
+            let extra = if acc == libc::O_RDONLY { 0 } else { libc::O_CREAT | libc::O_APPEND };
+            return open_path(pid, b.tty_to, acc | extra, 0o644);
+        }
+        _ => return Err(EngineError::restore(pid, "not a path-based file")),
+    };
+    seek(pid, &fd, f.pos, path)?;
+    Ok(fd)
+}

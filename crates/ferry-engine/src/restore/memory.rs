@@ -1,0 +1,201 @@
+//! Memory: clear the forked address space, put the kernel's vDSO where the
+//! image had it, map every mapping at its address, copy the stored pages
+//! in, then set final protections and the mm layout (brk, stack, args,
+//! auxv, exe) with PR_SET_MM_MAP.
+
+use super::Session;
+use crate::error::{EngineError, Result};
+use crate::procfs;
+use ferry_image::{vmflag, PageRun, Vma, VmaBacking, PROT_WRITE};
+use ferry_sys::vm::{self, RemoteRange};
+
+const MAP_FIXED_NOREPLACE: u64 = 0x100000;
+
+fn is_special(path: &str) -> bool {
+    matches!(path, "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]")
+}
+
+/// Unmaps everything the fork brought along except the kernel's own
+/// mappings (vDSO, vvar), which we keep and move.
+pub fn clear_address_space(s: &mut Session) -> Result<()> {
+    let maps = procfs::maps(s.pid)?;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for m in maps.iter().filter(|m| !is_special(&m.path)) {
+        match ranges.last_mut() {
+            Some(last) if last.1 == m.start => last.1 = m.end,
+            _ => ranges.push((m.start, m.end)),
+        }
+    }
+    for (a, e) in ranges {
+        s.call("munmap", libc::SYS_munmap, &[a, e - a])?;
+    }
+    Ok(())
+}
+
+/// Moves this kernel's vDSO and vvar pages to where the image had them.
+pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
+    let pid = s.pid;
+    let cur: Vec<(String, u64, u64)> = procfs::maps(pid)?
+        .into_iter()
+        .filter(|m| is_special(&m.path) && m.path != "[vsyscall]")
+        .map(|m| (m.path, m.start, m.end))
+        .collect();
+    let want: Vec<(String, u64, u64)> = vmas
+        .iter()
+        .filter_map(|v| match &v.backing {
+            VmaBacking::Vdso => Some(("[vdso]".to_string(), v.start, v.end)),
+            VmaBacking::Vvar { name } => Some((name.clone(), v.start, v.end)),
+            _ => None,
+        })
+        .collect();
+    let layout = |l: &[(String, u64, u64)]| l.iter().map(|(n, a, e)| (n.clone(), e - a)).collect::<Vec<_>>();
+    if layout(&cur) != layout(&want) {
+        return Err(EngineError::restore(
+            pid,
+            format!("the image's vDSO layout {:?} differs from this kernel's {:?}; restore on a machine with the same kernel", layout(&want), layout(&cur)),
+        ));
+    }
+    if cur.iter().zip(&want).all(|(c, w)| c.1 == w.1) {
+        return Ok(());
+    }
+    let cur_lo = cur.iter().map(|c| c.1).min().unwrap_or(0);
+    let cur_hi = cur.iter().map(|c| c.2).max().unwrap_or(0);
+    let want_lo = want.iter().map(|c| c.1).min().unwrap_or(0);
+    let want_hi = want.iter().map(|c| c.2).max().unwrap_or(0);
+    let vdso_old = cur.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
+    let vdso_new = want.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
+    let syscall_off = s.remote.syscall_ip - vdso_old;
+    let mremap = |s: &mut Session, from: u64, len: u64, to: u64| {
+        s.call("mremap(vdso)", libc::SYS_mremap, &[from, len, len, (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, to])
+    };
+    // Go through a parking spot when old and new places overlap.
+    let overlap = cur_lo < want_hi && want_lo < cur_hi;
+    let mut now: Vec<u64> = cur.iter().map(|c| c.1).collect();
+    if overlap {
+        let park = 0x1000_0000_0000u64;
+        for (i, c) in cur.iter().enumerate() {
+            let to = park + (c.1 - cur_lo);
+            mremap(s, now[i], c.2 - c.1, to)?;
+            if c.0 == "[vdso]" {
+                s.remote.syscall_ip = to + syscall_off;
+            }
+            now[i] = to;
+        }
+    }
+    for (i, c) in cur.iter().enumerate() {
+        mremap(s, now[i], c.2 - c.1, want[i].1)?;
+        if c.0 == "[vdso]" {
+            s.remote.syscall_ip = vdso_new + syscall_off;
+        }
+    }
+    Ok(())
+}
+
+fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
+    let i = runs.partition_point(|r| r.start < v.start);
+    runs.get(i).is_some_and(|r| r.start < v.end)
+}
+
+/// Maps every mapping of the image (writable first where pages must be
+/// copied in). Returns the protections to set once pages are in.
+pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u64, u64, u8)>> {
+    let mut reprotect = Vec::new();
+    for v in vmas {
+        let fd: i64 = match &v.backing {
+            VmaBacking::Vdso | VmaBacking::Vvar { .. } | VmaBacking::Vsyscall => continue,
+            VmaBacking::Anonymous => -1,
+            VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
+        };
+        let mut prot = v.prot;
+        if has_pages(v, runs) && prot & PROT_WRITE == 0 {
+            prot |= PROT_WRITE | ferry_image::PROT_READ;
+            reprotect.push((v.start, v.end - v.start, v.prot));
+        }
+        let mut flags = MAP_FIXED_NOREPLACE | if v.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
+        if fd < 0 {
+            flags |= libc::MAP_ANONYMOUS as u64;
+        }
+        if v.flags & vmflag::GROWSDOWN != 0 {
+            flags |= libc::MAP_GROWSDOWN as u64;
+        }
+        let pgoff = if fd < 0 { 0 } else { v.pgoff };
+        let got = s.call(
+            &format!("mmap({:#x}-{:#x})", v.start, v.end),
+            libc::SYS_mmap,
+            &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff],
+        )?;
+        if got != v.start {
+            return Err(EngineError::restore(s.pid, format!("mapping {:#x} landed at {got:#x}", v.start)));
+        }
+        for (bit, advice) in [
+            (vmflag::DONTFORK, libc::MADV_DONTFORK),
+            (vmflag::DONTDUMP, libc::MADV_DONTDUMP),
+            (vmflag::WIPEONFORK, libc::MADV_WIPEONFORK),
+            (vmflag::HUGEPAGE, libc::MADV_HUGEPAGE),
+            (vmflag::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
+            (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
+        ] {
+            if v.flags & bit != 0 {
+                s.call("madvise", libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64])?;
+            }
+        }
+    }
+    Ok(reprotect)
+}
+
+pub fn needs_rw(v: &Vma) -> bool {
+    v.shared && (v.prot & PROT_WRITE != 0 || v.flags & vmflag::MAYWRITE != 0)
+}
+
+/// Copies every stored page into place: runs stored back to back go out
+/// in one process_vm_writev of up to 1024 ranges.
+pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
+    let mut i = 0;
+    while i < runs.len() {
+        let first = runs[i].offset as usize;
+        let mut end = first;
+        let mut remote = Vec::new();
+        while i < runs.len() && remote.len() < vm::MAX_IOV && runs[i].offset as usize == end {
+            let len = (runs[i].pages * 4096) as usize;
+            remote.push(RemoteRange { addr: runs[i].start, len });
+            end += len;
+            i += 1;
+        }
+        let n = vm::write_remote(pid, &data[first..end], &remote)
+            .map_err(|e| EngineError::kernel(pid, format!("writing pages at {:#x}", remote[0].addr), e))?;
+        if n != end - first {
+            return Err(EngineError::restore(pid, format!("short page write at {:#x}", remote[0].addr)));
+        }
+    }
+    Ok(())
+}
+
+pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
+    for &(a, len, prot) in list {
+        s.call("mprotect", libc::SYS_mprotect, &[a, len, prot as u64])?;
+    }
+    Ok(())
+}
+
+/// PR_SET_MM_MAP: code/data/brk/stack/arg/env boundaries, auxv, exe.
+pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
+    let mm = &s.image.mm;
+    let mut buf: Vec<u8> = Vec::with_capacity(104);
+    for v in [
+        mm.start_code, mm.end_code, mm.start_data, mm.end_data, mm.start_brk, mm.brk, mm.start_stack, mm.arg_start, mm.arg_end,
+        mm.env_start, mm.env_end,
+    ] {
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+    let auxv_addr = s.scratch + 512;
+    buf.extend_from_slice(&auxv_addr.to_le_bytes());
+    buf.extend_from_slice(&((mm.auxv.len() * 8) as u32).to_le_bytes());
+    buf.extend_from_slice(&(exe_fd.map_or(u32::MAX, |f| f as u32)).to_le_bytes());
+    let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_le_bytes()).collect();
+    s.remote.write(s.scratch, &buf)?;
+    s.remote.write(auxv_addr, &auxv)?;
+    const PR_SET_MM: u64 = 35;
+    const PR_SET_MM_MAP: u64 = 14;
+    s.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.scratch, buf.len() as u64, 0])?;
+    Ok(())
+}

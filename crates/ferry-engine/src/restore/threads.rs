@@ -1,0 +1,107 @@
+//! Threads: created with their old TIDs (clone3 + set_tid injected into
+//! the leader), then each gets its robust list, rseq area, alternate
+//! signal stack, clear_child_tid, name, and finally registers, XSAVE state
+//! and signal mask.
+
+use super::Session;
+use crate::error::{EngineError, Result};
+use crate::syscall_restart;
+use ferry_image::ThreadImage;
+use ferry_sys::ptrace::{self, WaitEvent};
+
+const THREAD_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
+const RSEQ_FLAG_UNREGISTER: u64 = 1;
+const PR_SET_NAME: u64 = 15;
+
+pub fn block_signals(pid: i32, tid: i32) -> Result<()> {
+    ptrace::set_sigmask(tid, !0).map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {tid}"), e))
+}
+
+/// The fork inherited ferry's own rseq registration; it points into
+/// memory that is about to disappear.
+pub fn drop_inherited_rseq(s: &mut Session) -> Result<()> {
+    let conf = ptrace::get_rseq_config(s.pid).map_err(|e| EngineError::kernel(s.pid, "reading rseq configuration", e))?;
+    if conf.rseq_abi_pointer != 0 {
+        s.call("rseq(unregister)", libc::SYS_rseq, &[conf.rseq_abi_pointer, conf.rseq_abi_size as u64, RSEQ_FLAG_UNREGISTER, conf.signature as u64])?;
+    }
+    Ok(())
+}
+
+/// Creates every thread but the leader; returns their TIDs.
+pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
+    let pid = s.pid;
+    let mut tids = Vec::new();
+    for t in &s.image.threads[1..] {
+        let tid_at = s.scratch + 256;
+        let mut args = ferry_sys::clone::CloneArgs { flags: THREAD_FLAGS, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
+        args.exit_signal = 0;
+        let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        s.remote.write(s.scratch, &bytes)?;
+        s.remote.write(tid_at, &t.tid.to_le_bytes())?;
+        let r = s.remote.raw(pid, libc::SYS_clone3, &[s.scratch, bytes.len() as u64])?;
+        if r == -(libc::EEXIST as i64) {
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+            return Err(EngineError::PidTaken { pid: t.tid, comm });
+        }
+        if r < 0 {
+            return Err(EngineError::Remote { pid, tid: pid, call: format!("clone3(thread {})", t.tid), errno: (-r) as i32 });
+        }
+        let new = r as i32;
+        loop {
+            match ptrace::wait_tid(new, 0).map_err(|e| EngineError::kernel(pid, format!("waiting for new thread {new}"), e))? {
+                Some((_, WaitEvent::Stopped { .. })) => break,
+                Some(other) => return Err(EngineError::restore(pid, format!("new thread {new}: {other:?}"))),
+                None => {}
+            }
+        }
+        block_signals(pid, new)?;
+        tids.push(new);
+    }
+    Ok(tids)
+}
+
+pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
+    let tid = t.tid;
+    let r = &s.remote;
+    if t.robust_list.head != 0 {
+        r.call(tid, "set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len])?;
+    }
+    if let Some(rs) = &t.rseq {
+        r.call(tid, "rseq", libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64])?;
+    }
+    let flags = if t.altstack.flags & libc::SS_DISABLE != 0 { libc::SS_DISABLE } else { t.altstack.flags & !libc::SS_ONSTACK };
+    let mut ss = Vec::with_capacity(24);
+    ss.extend_from_slice(&t.altstack.sp.to_le_bytes());
+    ss.extend_from_slice(&(flags as u64).to_le_bytes());
+    ss.extend_from_slice(&t.altstack.size.to_le_bytes());
+    r.write(s.scratch, &ss)?;
+    r.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[s.scratch, 0])?;
+    r.call(tid, "set_tid_address", libc::SYS_set_tid_address, &[t.clear_child_tid])?;
+    let mut name = t.comm.as_bytes().to_vec();
+    name.truncate(15);
+    name.push(0);
+    r.write(s.scratch, &name)?;
+    r.call(tid, "prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, s.scratch])?;
+    // An interrupted relative sleep resumes with the time it had left.
+    if let (Some(ns), Some(regs)) = (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs)) {
+        if let Some((req, _)) = syscall_restart::sleep_request_ptr(&regs) {
+            let mut ts = Vec::with_capacity(16);
+            ts.extend_from_slice(&(ns / 1_000_000_000).to_le_bytes());
+            ts.extend_from_slice(&(ns % 1_000_000_000).to_le_bytes());
+            r.write(req, &ts)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn set_final_registers(pid: i32, t: &ThreadImage) -> Result<()> {
+    let tid = t.tid;
+    let mut regs = ferry_sys::process::words_to_regs(&t.regs).ok_or_else(|| EngineError::restore(pid, format!("thread {tid}: bad register set")))?;
+    syscall_restart::restart_after_restore(&mut regs);
+    let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
+    ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
+    ptrace::set_xstate(tid, &t.xstate).map_err(|e| kerr("setting XSAVE state", e))?;
+    ptrace::set_sigmask(tid, t.sigmask).map_err(|e| kerr("setting signal mask", e))?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Install what ferry's build, demo, tests and benchmarks need, via apt-get only.
+#
+# Idempotent: packages already present are left alone, and apt-get is not run
+# at all when nothing is missing. Debian's redis-server and memcached packages
+# would start system services on install (on the default ports); we prevent
+# that with a temporary policy-rc.d and stop/disable them afterwards anyway, so
+# tests can start their own instances on their own ports.
+#
+# The Rust toolchain is only checked, never downloaded: Debian bookworm's cargo
+# is older than the workspace's rust-version, so install rustup/cargo yourself.
+set -euo pipefail
+
+log() { printf '[install-deps] %s\n' "$*"; }
+warn() { printf '[install-deps] WARNING: %s\n' "$*" >&2; }
+
+# package -> reason (kept as a plain list so the order is stable)
+PACKAGES=(
+  build-essential   # gcc, make, libc headers: examples/, bench/, tests
+  pkg-config
+  python3           # Debian's /usr/bin/python3, used by tests and the demo
+  procps            # ps, pgrep (diagnostics)
+  iproute2          # ss (diagnostics of listening sockets)
+  redis-server      # real-program test + benchmark (multi-threaded)
+  redis-tools       # redis-cli
+  memcached         # real-program test (multi-threaded)
+  hyperfine         # optional, handy for ad-hoc timing
+  ca-certificates
+)
+SERVICES=(redis-server memcached)
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO=(sudo -n)
+  else
+    SUDO=(__none__)
+  fi
+fi
+
+run_root() {
+  if [ "${SUDO[0]:-}" = "__none__" ]; then
+    return 1
+  fi
+  "${SUDO[@]}" "$@"
+}
+
+is_installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'
+}
+
+stop_and_disable_services() {
+  for svc in "${SERVICES[@]}"; do
+    [ -e "/etc/init.d/$svc" ] || [ -e "/lib/systemd/system/$svc.service" ] || continue
+    # systemd (only when it is actually PID 1)
+    if command -v systemctl >/dev/null 2>&1; then
+      if [ -d /run/systemd/system ]; then
+        run_root systemctl stop "$svc" >/dev/null 2>&1 || true
+      fi
+      # 'disable' only edits unit symlinks, so it also works without systemd
+      # running; skip it when already disabled to keep re-runs quiet.
+      if [ "$(systemctl is-enabled "$svc" 2>/dev/null || true)" = enabled ]; then
+        run_root systemctl disable "$svc" >/dev/null 2>&1 || true
+      fi
+    fi
+    # SysV init scripts (containers, no systemd)
+    if command -v service >/dev/null 2>&1 && [ -e "/etc/init.d/$svc" ]; then
+      run_root service "$svc" stop >/dev/null 2>&1 || true
+    fi
+    if command -v update-rc.d >/dev/null 2>&1 && [ -e "/etc/init.d/$svc" ]; then
+      run_root update-rc.d "$svc" disable >/dev/null 2>&1 || true
+    fi
+  done
+  # Anything still running from the distribution's service config (default
+  # ports 6379 / 11211, run as the packages' system users) is a leftover of a
+  # service start: stop it by PID. We never touch instances run by root, which
+  # are the ones our own tests start.
+  local pid user
+  for user in redis memcache; do
+    for pid in $(pgrep -u "$user" 2>/dev/null || true); do
+      log "stopping leftover system service process $pid (user $user)"
+      run_root kill "$pid" 2>/dev/null || true
+    done
+  done
+}
+
+# --- Rust toolchain -----------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "$HOME/.cargo/bin" /root/.cargo/bin; do
+    if [ -x "$d/cargo" ]; then
+      warn "cargo is not on PATH but exists in $d; add it: export PATH=\"$d:\$PATH\""
+      break
+    fi
+  done
+  cat >&2 <<'EOF'
+[install-deps] ERROR: cargo (the Rust toolchain) was not found on PATH.
+[install-deps]   ferry needs Rust >= 1.80 (see rust-version in Cargo.toml).
+[install-deps]   Debian bookworm's own 'cargo' package is too old; install a
+[install-deps]   current toolchain with rustup and re-run this script.
+EOF
+  exit 1
+fi
+log "cargo: $(cargo --version)"
+
+# --- Debian packages ----------------------------------------------------------
+if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+  warn "not a Debian-like system (no dpkg/apt-get); install manually: ${PACKAGES[*]}"
+  exit 0
+fi
+
+MISSING=()
+for p in "${PACKAGES[@]}"; do
+  is_installed "$p" || MISSING+=("$p")
+done
+
+if [ "${#MISSING[@]}" -eq 0 ]; then
+  log "all packages present: ${PACKAGES[*]}"
+else
+  log "missing packages: ${MISSING[*]}"
+  if [ "${SUDO[0]:-}" = "__none__" ]; then
+    warn "not root and no passwordless sudo: cannot install ${MISSING[*]}."
+    warn "tests that need those programs will be skipped."
+    exit 0
+  fi
+
+  # Keep maintainer scripts from starting services during installation.
+  CREATED_POLICY=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    run_root sh -c 'printf "#!/bin/sh\nexit 101\n" > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d'
+    CREATED_POLICY=1
+  fi
+  cleanup_policy() {
+    if [ "$CREATED_POLICY" = 1 ]; then
+      run_root rm -f /usr/sbin/policy-rc.d || true
+    fi
+  }
+  trap cleanup_policy EXIT
+
+  export DEBIAN_FRONTEND=noninteractive
+  APT_OPTS=(-y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+  # Refresh the package lists at most once per run, and only when needed.
+  if ! run_root apt-get install "${APT_OPTS[@]}" --no-install-recommends "${MISSING[@]}"; then
+    log "apt-get install failed; refreshing package lists and retrying"
+    run_root apt-get update -q
+    run_root apt-get install "${APT_OPTS[@]}" --no-install-recommends "${MISSING[@]}"
+  fi
+  cleanup_policy
+  trap - EXIT
+fi
+
+stop_and_disable_services
+
+for tool in gcc python3 redis-server redis-cli memcached; do
+  if command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/bin/$tool" ]; then
+    :
+  else
+    warn "$tool still not found after installation"
+  fi
+done
+log "done"
