@@ -8,11 +8,15 @@
  */
 #include "ferry_test.h"
 
+#ifndef SS_AUTODISARM
+#define SS_AUTODISARM (1U << 31)
+#endif
+
 #define MSZ (64 * 1024)
 #define TSZ (32 * 1024)
 
 static char *mstack, *tstack;
-static __thread volatile char *h_local;
+static __thread volatile uintptr_t h_local;
 static __thread volatile int h_flags, h_ran;
 static pthread_barrier_t bar;
 static stack_t t_before, t_after;
@@ -24,7 +28,7 @@ static void on_usr1(int sig)
 	char here;
 	stack_t cur;
 	sigaltstack(NULL, &cur);
-	h_local = &here;
+	h_local = (uintptr_t)&here;
 	h_flags = cur.ss_flags;
 	h_ran = 1;
 }
@@ -40,7 +44,7 @@ static void *thr(void *arg)
 	pthread_barrier_wait(&bar);
 	sigaltstack(NULL, &t_after);
 	raise(SIGUSR1);
-	t_onstack = h_ran && h_local >= tstack && h_local < tstack + TSZ;
+	t_onstack = h_ran && h_local >= (uintptr_t)tstack && h_local < (uintptr_t)(tstack + TSZ);
 	t_flags_ok = (h_flags & SS_ONSTACK) != 0 || (h_flags & SS_AUTODISARM) != 0;
 	return NULL;
 }
@@ -72,7 +76,7 @@ int main(void)
 		 m_after.ss_sp, m_after.ss_size, m_after.ss_flags);
 	raise(SIGUSR1);
 	FT_CHECK(h_ran, "main handler did not run");
-	FT_CHECK(h_local >= mstack && h_local < mstack + MSZ, "main handler ran at %p, not on altstack %p",
+	FT_CHECK(h_local >= (uintptr_t)mstack && h_local < (uintptr_t)(mstack + MSZ), "main handler ran at %p, not on altstack %p",
 		 (void *)h_local, mstack);
 	FT_CHECK(h_flags & SS_ONSTACK, "main: SS_ONSTACK not reported inside the handler");
 	pthread_barrier_wait(&bar);

@@ -177,6 +177,9 @@ impl Run {
         // session and process group, so its image refers to none of ours.
         unsafe {
             cmd.pre_exec(|| {
+                // Only stdin/stdout/stderr: a descriptor inherited from
+                // whatever runs the tests would become part of the image.
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                 if libc::setsid() < 0 {
                     return Err(io::Error::last_os_error());
                 }
