@@ -190,15 +190,15 @@ start_program() {
   CHECK_CMD=""
   case "$name" in
     tiny)
-      setsid target/c/tiny >"$logf" 2>&1 </dev/null &
+      scripts/isolated.sh target/c/tiny >"$logf" 2>&1 </dev/null &
       PROG_PID=$!
       wait_log "$logf" READY 10 ;;
     heap100)
-      setsid target/c/heap100 >"$logf" 2>&1 </dev/null &
+      scripts/isolated.sh target/c/heap100 >"$logf" 2>&1 </dev/null &
       PROG_PID=$!
       wait_log "$logf" READY 30 ;;
     redis)
-      setsid /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --io-threads 2 \
+      scripts/isolated.sh /usr/bin/redis-server --port "$port" --bind 127.0.0.1 --io-threads 2 \
         --save '' --appendonly no --daemonize no --dir "$WORK" \
         --enable-debug-command local >"$logf" 2>&1 </dev/null &
       PROG_PID=$!

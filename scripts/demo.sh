@@ -76,15 +76,7 @@ step "Starting the server (port 0 = any free port)"
 # setsid: the server gets its own session and process group, so its image does
 # not refer to this shell's. Without job control the background child is not a
 # group leader, so setsid(1) runs it in place and \$! is the server's PID.
-(
-  # Only stdin/stdout/stderr go to the server: a descriptor leaked from
-  # whatever started this script (often a pipe) would be part of its state.
-  for fd in /proc/$BASHPID/fd/*; do
-    fd=${fd##*/}
-    if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
-  done
-  exec setsid "$SERVER_BIN" 0 >"$LOG" 2>&1 </dev/null
-) &
+"$REPO/scripts/isolated.sh" "$SERVER_BIN" 0 >"$LOG" 2>&1 </dev/null &
 SERVER_PID=$!
 for _ in $(seq 100); do
   grep -q 'listening on' "$LOG" 2>/dev/null && break

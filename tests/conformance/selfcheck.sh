@@ -10,6 +10,10 @@
 #   tests/conformance/selfcheck.sh            # all programs
 #   tests/conformance/selfcheck.sh -k         # keep the temp dir
 #   tests/conformance/selfcheck.sh fd_epoll thread_accept
+#
+# SELFCHECK_HOOK="cmd args" runs `cmd args PID` between READY and SIGUSR2
+# (e.g. a tool that freezes and thaws the process with ptrace), so the
+# programs can be exercised against a stop without a full checkpoint.
 set -u
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -55,6 +59,10 @@ for src in "${progs[@]}"; do
 		if ! kill -0 "$pid" 2>/dev/null; then break; fi
 		sleep 0.01
 	done
+	if [ "$ready" = 1 ] && [ -n "${SELFCHECK_HOOK:-}" ]; then
+		# shellcheck disable=SC2086
+		$SELFCHECK_HOOK "$pid" >>"$tmp/run/$name.hook" 2>&1 || echo "    hook failed: $(tail -1 "$tmp/run/$name.hook")"
+	fi
 	if [ "$ready" = 1 ]; then kill -USR2 "$pid"; fi
 	rc=""
 	for _ in $(seq 1 3000); do

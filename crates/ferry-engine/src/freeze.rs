@@ -107,6 +107,17 @@ impl Frozen {
     pub fn kill(mut self) -> Result<()> {
         self.released = true;
         ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL).map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
+        // Traced threads stay zombies until their tracer (us) reaps them,
+        // and the process does not finish exiting before they are gone.
+        for t in &self.threads {
+            loop {
+                match ptrace::wait_tid(t.tid, 0) {
+                    Ok(Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_)))) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+        self.threads.clear();
         for _ in 0..500 {
             if ferry_sys::pidfd::wait_exit(&self.pidfd, 20).unwrap_or(true) {
                 break;

@@ -49,6 +49,28 @@ impl PagesWriter {
         Ok(runs)
     }
 
+    /// Writes runs at a given offset of the data area (for writers that
+    /// fill pages.img from several threads). Call `set_data_len` with the
+    /// final size once all are written.
+    pub fn write_runs_at(&self, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(data, PAGES_DATA_OFFSET + data_offset).map_err(|e| ImageError::io(&self.path, e))?;
+        let mut runs = Vec::with_capacity(ranges.len());
+        let mut off = 0usize;
+        for &(start, len) in ranges {
+            let chunk = &data[off..off + len];
+            runs.push(PageRun { start, pages: len as u64 / 4096, offset: data_offset + off as u64, checksum: container::checksum(chunk) });
+            off += len;
+        }
+        Ok(runs)
+    }
+
+    pub fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
+        self.file.set_len(PAGES_DATA_OFFSET + len).map_err(|e| ImageError::io(&self.path, e))?;
+        self.offset = len;
+        Ok(())
+    }
+
     pub fn bytes_written(&self) -> u64 {
         self.offset
     }

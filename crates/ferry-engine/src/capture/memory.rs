@@ -88,36 +88,24 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
 /// Largest run stored under one checksum; also the copy batch size.
 const MAX_RUN: u64 = 4 << 20;
 
-/// Copies the pages each mapping needs into pages.img.
+/// A piece of memory to store: at most MAX_RUN bytes inside one mapping.
+#[derive(Clone, Copy)]
+struct Piece {
+    addr: u64,
+    len: usize,
+    /// Offset in pages.img's data area.
+    offset: u64,
+    /// PROT_NONE memory is read through /proc/PID/mem (FOLL_FORCE).
+    readable: bool,
+}
+
+/// Copies the pages each mapping needs into pages.img. Page copying is
+/// bound by page allocation in the kernel, so it is split over threads.
 pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWriter) -> Result<Vec<PageRun>> {
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pagemap: std::os::fd::OwnedFd =
-        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
-    let mem_path = format!("/proc/{pid}/mem");
-    let mut mem: Option<std::fs::File> = None;
-    let mut runs = Vec::new();
-    let mut buf = vec![0u8; MAX_RUN as usize * 2];
-    // A batch: ranges read with one process_vm_readv and written with one write.
-    let mut batch: Vec<RemoteRange> = Vec::new();
-    let mut batch_bytes = 0usize;
-    let flush = |batch: &mut Vec<RemoteRange>, batch_bytes: &mut usize, buf: &mut [u8], runs: &mut Vec<PageRun>, out: &mut PagesWriter| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let n = vm::read_remote(pid, &mut buf[..*batch_bytes], batch)
-            .map_err(|e| EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e))?;
-        if n != *batch_bytes {
-            return Err(EngineError::kernel(pid, format!("short memory read near {:#x}", batch[0].addr), ferry_sys::SysError::new("process_vm_readv", libc::EFAULT)));
-        }
-        let mut off = 0usize;
-        let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
-        runs.extend(out.append_runs(&ranges, &buf[..*batch_bytes])?);
-        off += *batch_bytes;
-        let _ = off;
-        batch.clear();
-        *batch_bytes = 0;
-        Ok(())
-    };
+    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let mut pieces = Vec::new();
+    let mut total = 0u64;
     for (v, m) in vmas.iter().zip(smaps) {
         let Some(filter) = page_filter(v) else { continue };
         let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
@@ -126,28 +114,70 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
-                if !m.readable() {
-                    // PROT_NONE memory: only /proc/PID/mem (FOLL_FORCE) reads it.
-                    flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
-                    let f = match &mem {
-                        Some(f) => f,
-                        None => mem.insert(std::fs::File::open(&mem_path).map_err(|e| EngineError::io(&mem_path, e))?),
-                    };
-                    let chunk = &mut buf[..len as usize];
-                    f.read_exact_at(chunk, a).map_err(|e| EngineError::io(format!("{mem_path} at {a:#x}"), e))?;
-                    runs.extend(out.append_runs(&[(a, len as usize)], chunk)?);
-                } else {
-                    if batch_bytes + len as usize > buf.len() || batch.len() == vm::MAX_IOV {
-                        flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
-                    }
-                    batch.push(RemoteRange { addr: a, len: len as usize });
-                    batch_bytes += len as usize;
-                }
+                pieces.push(Piece { addr: a, len: len as usize, offset: total, readable: m.readable() });
+                total += len;
                 a += len;
             }
         }
     }
-    flush(&mut batch, &mut batch_bytes, &mut buf, &mut runs, out)?;
+    let workers = if total < (16 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(4) };
+    let per = total / workers as u64 + 1;
+    let mut parts: Vec<&[Piece]> = Vec::new();
+    let mut rest: &[Piece] = &pieces;
+    for w in 0..workers {
+        let limit = per * (w as u64 + 1);
+        let k = if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
+        let (a, b) = rest.split_at(k);
+        parts.push(a);
+        rest = b;
+    }
+    let writer: &PagesWriter = out;
+    let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))).collect()
+    });
+    let mut runs = Vec::with_capacity(pieces.len());
+    for r in results {
+        runs.extend(r?);
+    }
+    out.set_data_len(total)?;
+    Ok(runs)
+}
+
+fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter) -> Result<Vec<PageRun>> {
+    let mut runs = Vec::with_capacity(pieces.len());
+    let mut buf = vec![0u8; MAX_RUN as usize * 2];
+    let mem_path = format!("/proc/{pid}/mem");
+    let mut mem: Option<std::fs::File> = None;
+    let mut i = 0;
+    while i < pieces.len() {
+        let first = pieces[i];
+        if !first.readable {
+            let f = match &mem {
+                Some(f) => f,
+                None => mem.insert(std::fs::File::open(&mem_path).map_err(|e| EngineError::io(&mem_path, e))?),
+            };
+            let chunk = &mut buf[..first.len];
+            f.read_exact_at(chunk, first.addr).map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
+            runs.extend(out.write_runs_at(first.offset, &[(first.addr, first.len)], chunk)?);
+            i += 1;
+            continue;
+        }
+        let mut batch: Vec<RemoteRange> = Vec::new();
+        let mut bytes = 0usize;
+        while i < pieces.len() && pieces[i].readable && batch.len() < vm::MAX_IOV && bytes + pieces[i].len <= buf.len() {
+            batch.push(RemoteRange { addr: pieces[i].addr, len: pieces[i].len });
+            bytes += pieces[i].len;
+            i += 1;
+        }
+        let n = vm::read_remote(pid, &mut buf[..bytes], &batch)
+            .map_err(|e| EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e))?;
+        if n != bytes {
+            return Err(EngineError::kernel(pid, format!("short memory read near {:#x}", batch[0].addr), ferry_sys::SysError::new("process_vm_readv", libc::EFAULT)));
+        }
+        let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
+        runs.extend(out.write_runs_at(first.offset, &ranges, &buf[..bytes])?);
+    }
     Ok(runs)
 }
 

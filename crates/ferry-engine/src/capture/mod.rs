@@ -58,8 +58,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself"));
     }
     process::refuse_children(pid)?;
+    let mut ph = crate::phases::Phases::start("checkpoint");
     let frozen = Frozen::freeze(pid)?;
     let t_frozen = Instant::now();
+    ph.mark("freeze");
 
     // Survey first: refuse what we cannot capture before touching anything.
     let smaps = procfs::smaps(pid)?;
@@ -71,6 +73,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
     let leader = pid;
+    ph.mark("survey");
 
     let scratch = Scratch::map(&remote, leader)?;
     let ctx = Ctx { pid, frozen: &frozen, remote, scratch: scratch.addr };
@@ -78,11 +81,13 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let unmapped = scratch.unmap(&ctx.remote, leader);
     let (thread_images, signal_state, itimers, posix_timers, brk) = injected?;
     unmapped?;
+    ph.mark("injected syscalls");
 
     let dirh = ImageDir::new(dir);
     let mut pages = dirh.create_pages()?;
     let page_runs = memory::dump_pages(pid, &vmas, &smaps, &mut pages)?;
     let pages_bytes = pages.finish()?;
+    ph.mark("pages");
     let mut image = ProcessImage {
         threads: thread_images,
         vmas,
@@ -111,7 +116,9 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         pages_bytes,
     };
     dirh.write_meta(&inventory, &image)?;
+    ph.mark("metadata");
     verify_written(&dirh)?;
+    ph.mark("verify");
 
     let summary = CaptureSummary {
         pid,
@@ -128,6 +135,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     } else {
         frozen.kill()?;
     }
+    ph.mark(if opts.leave_running { "release" } else { "kill" });
     Ok(CaptureSummary {
         frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,

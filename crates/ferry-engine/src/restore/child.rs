@@ -51,6 +51,17 @@ fn setup(plan: &ChildPlan) -> Result<()> {
         libc::umask(img.umask as libc::mode_t);
         libc::personality(img.personality as libc::c_ulong);
     }
+    // Drop what the fork inherited from ferry: its signal handlers and its
+    // alternate signal stack. The image's own come back later.
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: resetting a disposition to SIG_DFL.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+    // SAFETY: disabling our alternate stack; no old value requested.
+    unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
     std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?;
     close_all_but(&plan.keep);
     super::files::build_fd_table(img, plan.tty_to, plan.temp_base)?;

@@ -148,8 +148,34 @@ pub fn needs_rw(v: &Vma) -> bool {
 }
 
 /// Copies every stored page into place: runs stored back to back go out
-/// in one process_vm_writev of up to 1024 ranges.
+/// in one process_vm_writev of up to 1024 ranges. Faulting in the target's
+/// pages dominates, so large images are written from several threads.
 pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
+    let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
+    let workers = if total < (16 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(4) };
+    let per = total / workers as u64 + 1;
+    let mut parts = Vec::new();
+    let mut rest = runs;
+    let mut done = 0u64;
+    for w in 0..workers {
+        let mut k = 0;
+        let mut bytes = 0u64;
+        while k < rest.len() && (w + 1 == workers || done + bytes < per * (w as u64 + 1)) {
+            bytes += rest[k].pages * 4096;
+            k += 1;
+        }
+        let (a, b) = rest.split_at(k);
+        parts.push(a);
+        rest = b;
+        done += bytes;
+    }
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || write_runs(pid, part, data))).collect();
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked"))))
+    })
+}
+
+fn write_runs(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
     let mut i = 0;
     while i < runs.len() {
         let first = runs[i].offset as usize;

@@ -120,6 +120,7 @@ impl Drop for ChildGuard {
 
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
+    let mut ph = crate::phases::Phases::start("restore");
     let dirh = ImageDir::new(dir);
     let (inv, image) = dirh.read_meta()?;
     let pages_file = dirh.check_pages_file(&inv)?;
@@ -127,6 +128,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
         .map_err(|e| EngineError::kernel(image.pid, "mapping pages.img", e))?;
     ImageDir::verify_runs(&image.page_runs, pages.bytes())?;
     let pid = image.pid;
+    ph.mark("read+verify image");
     for t in &image.threads {
         if let Some(comm) = pid_owner(t.tid) {
             return Err(EngineError::PidTaken { pid: t.tid, comm });
@@ -174,11 +176,12 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     }
     // The child has its own copies now.
     drop(staged_owned);
+    ph.mark("fork+fd table");
 
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut s = Session { pid, image: &image, remote, scratch: 0, staging };
-    run_injected(&mut s, &pages, exe_fd)?;
+    run_injected(&mut s, &pages, exe_fd, &mut ph)?;
     guard.1 = true;
     Ok(Restored { pid, threads: image.threads.len(), total_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
@@ -192,7 +195,7 @@ fn ferry_sys_self_vdso() -> Result<(u64, u64)> {
         .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
 }
 
-fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd: Option<RawFd>) -> Result<()> {
+fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd: Option<RawFd>, ph: &mut crate::phases::Phases) -> Result<()> {
     let pid = s.pid;
     let image = s.image;
     threads::block_signals(pid, pid)?;
@@ -206,15 +209,20 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     threads::drop_inherited_rseq(s)?;
     memory::clear_address_space(s)?;
     memory::place_vdso(s, &image.vmas)?;
+    ph.mark("clear address space");
     let reprotect = memory::map_all(s, &image.vmas, &image.page_runs)?;
+    ph.mark("map");
     memory::write_pages(pid, &image.page_runs, pages.bytes())?;
+    ph.mark("write pages");
     memory::reprotect(s, &reprotect)?;
     let scratch = Scratch::map(&s.remote, pid)?;
     s.scratch = scratch.addr;
     memory::set_mm(s, exe_fd)?;
     signals::restore_actions(s)?;
+    // The leader first, so new threads inherit its name.
+    threads::restore_thread_state(s, &image.threads[0])?;
     let tids = threads::create_threads(s)?;
-    for t in &image.threads {
+    for t in &image.threads[1..] {
         threads::restore_thread_state(s, t)?;
     }
     timers::restore_itimers(s)?;
@@ -227,6 +235,7 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;
     }
+    ph.mark("threads, signals, timers");
     for tid in std::iter::once(pid).chain(tids) {
         ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(pid, format!("releasing thread {tid}"), e))?;
     }

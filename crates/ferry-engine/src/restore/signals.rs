@@ -8,7 +8,8 @@ use crate::error::Result;
 pub fn restore_actions(s: &mut Session) -> Result<()> {
     for (i, a) in s.image.signals.actions.iter().enumerate() {
         let sig = i as u64 + 1;
-        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 {
+        // The child reset every disposition to default before stopping.
+        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 || (a.handler == 0 && a.flags == 0 && a.mask == 0) {
             continue;
         }
         let bytes: Vec<u8> = [a.handler, a.flags, a.restorer, a.mask].iter().flat_map(|w| w.to_le_bytes()).collect();

@@ -70,19 +70,27 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
     if let Some(rs) = &t.rseq {
         r.call(tid, "rseq", libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64])?;
     }
-    let flags = if t.altstack.flags & libc::SS_DISABLE != 0 { libc::SS_DISABLE } else { t.altstack.flags & !libc::SS_ONSTACK };
-    let mut ss = Vec::with_capacity(24);
-    ss.extend_from_slice(&t.altstack.sp.to_le_bytes());
-    ss.extend_from_slice(&(flags as u64).to_le_bytes());
-    ss.extend_from_slice(&t.altstack.size.to_le_bytes());
-    r.write(s.scratch, &ss)?;
-    r.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[s.scratch, 0])?;
-    r.call(tid, "set_tid_address", libc::SYS_set_tid_address, &[t.clear_child_tid])?;
-    let mut name = t.comm.as_bytes().to_vec();
-    name.truncate(15);
-    name.push(0);
-    r.write(s.scratch, &name)?;
-    r.call(tid, "prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, s.scratch])?;
+    // A new thread (and the child, which reset it) starts with no
+    // alternate stack, no clear_child_tid and the leader's name.
+    if t.altstack.flags & libc::SS_DISABLE == 0 {
+        let mut ss = Vec::with_capacity(24);
+        ss.extend_from_slice(&t.altstack.sp.to_le_bytes());
+        ss.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as u64).to_le_bytes());
+        ss.extend_from_slice(&t.altstack.size.to_le_bytes());
+        r.write(s.scratch, &ss)?;
+        r.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[s.scratch, 0])?;
+    }
+    if t.clear_child_tid != 0 {
+        r.call(tid, "set_tid_address", libc::SYS_set_tid_address, &[t.clear_child_tid])?;
+    }
+    let current = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.pid)).unwrap_or_default();
+    if current.trim_end_matches('\n') != t.comm {
+        let mut name = t.comm.as_bytes().to_vec();
+        name.truncate(15);
+        name.push(0);
+        r.write(s.scratch, &name)?;
+        r.call(tid, "prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, s.scratch])?;
+    }
     // An interrupted relative sleep resumes with the time it had left.
     if let (Some(ns), Some(regs)) = (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs)) {
         if let Some((req, _)) = syscall_restart::sleep_request_ptr(&regs) {

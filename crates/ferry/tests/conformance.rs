@@ -1,0 +1,477 @@
+//! Conformance suite: every C program in `tests/conformance/` is run,
+//! checkpointed with `ferry checkpoint` while it waits for SIGUSR2, restored
+//! with `ferry restore`, woken with SIGUSR2, and must then print `PASS`.
+//!
+//! Protocol of a program (see tests/conformance/README.md): it prints
+//! `READY` once its state is set up, blocks in `sigwaitinfo(SIGUSR2)`, and
+//! after the signal checks its state, printing `FAIL: ...` for every
+//! mismatch and `PASS` at the end (exit 0).
+//!
+//! Needs root (ptrace, same-PID restore). When not root every test prints a
+//! message and returns. Set `FERRY_CONFORMANCE_KEEP=1` to keep each test's
+//! directory (images, log, ferry's output) for debugging.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(20);
+const REAP_TIMEOUT: Duration = Duration::from_secs(10);
+const PIDFILE_TIMEOUT: Duration = Duration::from_secs(10);
+const RESTORE_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(10);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance")
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Compiles `tests/conformance/<name>.c` into CARGO_TARGET_TMPDIR and
+/// returns the binary path.
+fn compile(name: &str) -> PathBuf {
+    let src_dir = source_dir();
+    let src = src_dir.join(format!("{name}.c"));
+    assert!(src.exists(), "missing conformance source {}", src.display());
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
+    fs::create_dir_all(&out_dir).expect("create conformance build dir");
+    let bin = out_dir.join(name);
+    // Build under a unique name and rename, so concurrent runs never see a
+    // half-written binary.
+    let tmp = out_dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    let out = Command::new("gcc")
+        .args(["-O1", "-g", "-pthread", "-Wall"])
+        .arg("-I")
+        .arg(&src_dir)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("{name}: cannot run gcc: {e}"));
+    if !out.status.success() {
+        let _ = fs::remove_file(&tmp);
+        panic!(
+            "{name}: compilation failed ({})\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    fs::rename(&tmp, &bin).expect("rename compiled binary");
+    bin
+}
+
+fn read_lossy(path: &Path) -> String {
+    let mut s = Vec::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_end(&mut s);
+    }
+    String::from_utf8_lossy(&s).into_owned()
+}
+
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+fn kill(pid: i32, sig: i32) -> bool {
+    // SAFETY: plain kill(2) on a pid we started (or restored).
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Waits for `child` to exit, at most `timeout`.
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        sleep(POLL);
+    }
+}
+
+/// Makes the child start with only fds 0-2: cargo hands its jobserver pipe
+/// (without O_CLOEXEC) to test binaries, and a stray pipe end would both
+/// leak into the program and confuse the checkpoint.
+fn only_stdio(cmd: &mut Command) -> &mut Command {
+    // SAFETY: the closure only calls close_range(2), which is
+    // async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        })
+    }
+}
+
+fn describe(st: &ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => format!("{st}"),
+    }
+}
+
+/// One test run: its directories and every process it started. Dropping it
+/// kills (SIGKILL, by PID) and reaps whatever is still running and removes
+/// the directory.
+struct Run {
+    name: &'static str,
+    base: PathBuf,
+    work: PathBuf,
+    images: PathBuf,
+    log: PathBuf,
+    pidfile: PathBuf,
+    program: Option<Child>,
+    program_reaped: bool,
+    restore: Option<Child>,
+    restored_pid: Option<i32>,
+}
+
+impl Run {
+    fn new(name: &'static str) -> Run {
+        let base = std::env::temp_dir().join(format!(
+            "ferry-conformance-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = fs::remove_dir_all(&base);
+        let work = base.join("work");
+        let images = base.join("images");
+        fs::create_dir_all(&work).expect("create work dir");
+        fs::create_dir_all(&images).expect("create images dir");
+        Run {
+            name,
+            log: base.join("program.log"),
+            pidfile: base.join("restored.pid"),
+            base,
+            work,
+            images,
+            program: None,
+            program_reaped: false,
+            restore: None,
+            restored_pid: None,
+        }
+    }
+
+    fn open_log(&self) -> File {
+        OpenOptions::new()
+            .write(true)
+            .append(true)
+            .create(true)
+            .open(&self.log)
+            .expect("open log")
+    }
+
+    /// Panics with everything useful to understand a failure.
+    fn fail(&self, stage: &str, msg: &str) -> ! {
+        panic!(
+            "conformance program `{}` failed at {stage}: {msg}\n\
+             --- program log ({}) ---\n{}\n\
+             --- ferry checkpoint stderr ---\n{}\n\
+             --- ferry restore stderr ---\n{}\n\
+             --- end ---",
+            self.name,
+            self.log.display(),
+            read_lossy(&self.log),
+            read_lossy(&self.base.join("checkpoint.err")),
+            read_lossy(&self.base.join("restore.err")),
+        )
+    }
+
+    fn execute(&mut self, bin: &Path) {
+        // 1. start the program
+        let log = self.open_log();
+        let child = only_stdio(&mut Command::new(bin))
+            .current_dir(&self.work)
+            .env("FERRY_TEST_DIR", &self.work)
+            .env("FERRY_EXPECT_RESTORE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("dup log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| self.fail("start", &format!("cannot spawn: {e}")));
+        let pid = child.id() as i32;
+        self.program = Some(child);
+
+        // 2. wait for READY
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if has_line(&read_lossy(&self.log), "READY") {
+                break;
+            }
+            if let Ok(Some(st)) = self.program.as_mut().unwrap().try_wait() {
+                self.program_reaped = true;
+                self.fail("startup", &format!("exited before READY ({})", describe(&st)));
+            }
+            if Instant::now() >= deadline {
+                self.fail("startup", "no READY within 10 s");
+            }
+            sleep(POLL);
+        }
+
+        // 3. checkpoint (kills the program)
+        let mut ckpt = only_stdio(&mut Command::new(FERRY))
+            .arg("checkpoint")
+            .arg("--pid")
+            .arg(pid.to_string())
+            .arg("--images")
+            .arg(&self.images)
+            .stdin(Stdio::null())
+            .stdout(File::create(self.base.join("checkpoint.out")).expect("ckpt out"))
+            .stderr(File::create(self.base.join("checkpoint.err")).expect("ckpt err"))
+            .spawn()
+            .unwrap_or_else(|e| self.fail("checkpoint", &format!("cannot spawn ferry: {e}")));
+        let st = match wait_timeout(&mut ckpt, CHECKPOINT_TIMEOUT) {
+            Some(st) => st,
+            None => {
+                let _ = ckpt.kill();
+                let _ = ckpt.wait();
+                self.fail("checkpoint", "ferry checkpoint did not finish within 20 s");
+            }
+        };
+        if !st.success() {
+            self.fail("checkpoint", &format!("ferry checkpoint failed ({})", describe(&st)));
+        }
+
+        // 4. reap the original process so that its PID is free again
+        match wait_timeout(self.program.as_mut().unwrap(), REAP_TIMEOUT) {
+            Some(st) => {
+                self.program_reaped = true;
+                if st.signal() != Some(libc::SIGKILL) {
+                    self.fail(
+                        "checkpoint",
+                        &format!("original process ended with {} instead of SIGKILL", describe(&st)),
+                    );
+                }
+            }
+            None => self.fail("checkpoint", "ferry checkpoint succeeded but the process is still alive"),
+        }
+
+        // 5. restore
+        let restore = only_stdio(&mut Command::new(FERRY))
+            .arg("restore")
+            .arg("--images")
+            .arg(&self.images)
+            .arg("--pidfile")
+            .arg(&self.pidfile)
+            .stdin(Stdio::null())
+            .stdout(File::create(self.base.join("restore.out")).expect("restore out"))
+            .stderr(File::create(self.base.join("restore.err")).expect("restore err"))
+            .spawn()
+            .unwrap_or_else(|e| self.fail("restore", &format!("cannot spawn ferry: {e}")));
+        self.restore = Some(restore);
+
+        // 6. wait for the pidfile
+        let deadline = Instant::now() + PIDFILE_TIMEOUT;
+        let restored_pid = loop {
+            let text = read_lossy(&self.pidfile);
+            if text.ends_with('\n') {
+                match text.trim().parse::<i32>() {
+                    Ok(p) if p > 0 => break p,
+                    _ => self.fail("restore", &format!("bad pidfile content {text:?}")),
+                }
+            }
+            if let Ok(Some(st)) = self.restore.as_mut().unwrap().try_wait() {
+                self.fail(
+                    "restore",
+                    &format!("ferry restore exited ({}) before writing the pidfile", describe(&st)),
+                );
+            }
+            if Instant::now() >= deadline {
+                self.fail("restore", "no pidfile within 10 s");
+            }
+            sleep(POLL);
+        };
+        self.restored_pid = Some(restored_pid);
+        if restored_pid != pid {
+            self.fail("restore", &format!("restored with pid {restored_pid}, expected the same pid {pid}"));
+        }
+
+        // 7. wake the program up
+        if !kill(restored_pid, libc::SIGUSR2) {
+            self.fail(
+                "wakeup",
+                &format!("kill({restored_pid}, SIGUSR2): {}", std::io::Error::last_os_error()),
+            );
+        }
+
+        // 8. wait for it to finish its checks
+        let st = match wait_timeout(self.restore.as_mut().unwrap(), RESTORE_EXIT_TIMEOUT) {
+            Some(st) => st,
+            None => self.fail("check", "ferry restore did not exit within 30 s after SIGUSR2"),
+        };
+        self.restore = None; // reaped
+        let log = read_lossy(&self.log);
+        if !st.success() {
+            self.fail("check", &format!("ferry restore ended with {}", describe(&st)));
+        }
+        if log.contains("FAIL") {
+            self.fail("check", "the program reported FAIL");
+        }
+        if !has_line(&log, "PASS") {
+            self.fail("check", "the program did not print PASS");
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // The restored process is a child of `ferry restore`: kill it only
+        // while ferry restore is still running (so the PID cannot have been
+        // reused yet), then ferry restore itself.
+        if let Some(mut r) = self.restore.take() {
+            if let Ok(None) = r.try_wait() {
+                if let Some(pid) = self.restored_pid {
+                    kill(pid, libc::SIGKILL);
+                }
+                if wait_timeout(&mut r, Duration::from_secs(5)).is_none() {
+                    let _ = r.kill();
+                    let _ = r.wait();
+                }
+            }
+        }
+        if let Some(mut c) = self.program.take() {
+            if !self.program_reaped {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if std::env::var_os("FERRY_CONFORMANCE_KEEP").is_some() {
+            eprintln!("{}: kept {}", self.name, self.base.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.base);
+        }
+    }
+}
+
+fn run_program(name: &'static str) {
+    if !is_root() {
+        eprintln!("skipping conformance test {name}: needs root (euid != 0)");
+        return;
+    }
+    let bin = compile(name);
+    let mut run = Run::new(name);
+    run.execute(&bin);
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        const PROGRAMS: &[&str] = &[$(stringify!($name)),*];
+        $(
+            #[test]
+            fn $name() {
+                run_program(stringify!($name));
+            }
+        )*
+    };
+}
+
+conformance! {
+    // threads
+    threads_8_writers,
+    regs_gp_spin,
+    regs_gp_syscall,
+    fpu_sse_x87,
+    fpu_avx_regs,
+    fpu_avx512_regs,
+    fsbase_tls,
+    thread_sigmask,
+    tids_kept,
+    thread_nanosleep,
+    main_nanosleep,
+    thread_read_pipe,
+    thread_write_pipe_full,
+    thread_epoll_wait,
+    thread_accept,
+    thread_futex_condwait,
+    thread_futex_raw,
+    thread_ppoll_sigmask,
+    thread_exit_join,
+    // memory
+    mem_anon_private,
+    mem_1g_sparse,
+    mem_file_private,
+    mem_file_shared,
+    mem_anon_shared,
+    mem_shared_alias,
+    mem_heap_brk,
+    mem_stack_deep,
+    mem_vdso,
+    mem_mprotect,
+    mem_memfd,
+    // file descriptors
+    fd_regular_append,
+    fd_dir,
+    fd_deleted_file,
+    fd_dev_nodes,
+    fd_flags,
+    fd_dup_shared_offset,
+    fd_pipe_unread,
+    fd_fifo_unread,
+    fd_eventfd,
+    fd_timerfd,
+    fd_signalfd,
+    fd_epoll,
+    fd_tty_stdin,
+    sock_tcp_listen,
+    sock_udp_bound,
+    sock_unix_pair,
+    sock_unix_listen,
+    sock_tcp_established,
+    // signals
+    sig_sigaction_flags,
+    sig_pending,
+    sig_altstack,
+    sig_itimer_alarm,
+    // process
+    proc_cwd,
+    proc_umask,
+    proc_rlimits,
+    proc_itimers_virt_prof,
+    proc_posix_timers,
+    proc_names,
+    proc_robust_list,
+    proc_rseq,
+    proc_personality,
+    proc_no_new_privs,
+    proc_prctl_misc,
+    proc_cmdline_auxv,
+}
+
+/// Every `tests/conformance/*.c` must be listed above (and vice versa).
+#[test]
+fn all_programs_registered() {
+    let mut on_disk: Vec<String> = fs::read_dir(source_dir())
+        .expect("read tests/conformance")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension()? == "c").then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = PROGRAMS.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "tests/conformance/*.c and the conformance! list differ");
+}
