@@ -1,17 +1,16 @@
 /*
  * fd_epoll: one epoll instance with: pipe A read end (EPOLLIN, data 0x1111),
  * eventfd E (EPOLLIN|EPOLLET, data 0x2222), pipe B write end (EPOLLOUT, data
- * 0x3333, always ready), socketpair end S (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT,
- * data 0x4444). Nothing but B is ready at checkpoint time. After restore:
+ * 0x3333, always ready), pipe C read end S (EPOLLIN|EPOLLONESHOT, data
+ * 0x4444). Nothing but B is ready at checkpoint time. After restore:
  * fdinfo tfd/events/data lines unchanged; epoll_wait(0) reports only B;
  * after writing A and E it reports A, E, B with the right data; a second
- * wait reports A and B but not E (edge-triggered); S fires once after the
- * peer writes and not again (one-shot) until re-armed with EPOLL_CTL_MOD.
+ * wait reports A and B but not E (edge-triggered); S fires once after its
+ * write end is written and not again (one-shot) until re-armed with EPOLL_CTL_MOD.
  */
 #include "ferry_test.h"
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 
 static int ep;
 
@@ -32,27 +31,42 @@ static unsigned wait_mask(unsigned *evA)
 	return m;
 }
 
+/* "tfd: N events: X data: Y" entries of the epoll fdinfo, sorted (the
+ * kernel lists them in an order that depends on struct file addresses). */
 static int tfd_lines(int fd, char *out, size_t n)
 {
 	char path[64], buf[8192];
+	char ent[16][128];
+	int ne = 0;
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
 	if (ft_read_file(path, buf, sizeof(buf)) < 0)
 		return -1;
-	out[0] = 0;
 	char *line = buf;
 	while (line && *line) {
 		char *nl = strchr(line, '\n');
 		if (nl)
 			*nl = 0;
-		if (strncmp(line, "tfd:", 4) == 0) {
-			/* keep "tfd: N events: X data: Y", drop pos/ino/sdev */
+		if (strncmp(line, "tfd:", 4) == 0 && ne < 16) {
 			char *cut = strstr(line, " pos:");
 			if (cut)
 				*cut = 0;
-			strncat(out, line, n - strlen(out) - 2);
-			strcat(out, ";");
+			strncpy(ent[ne], line, sizeof(ent[0]) - 1);
+			ent[ne++][sizeof(ent[0]) - 1] = 0;
 		}
 		line = nl ? nl + 1 : NULL;
+	}
+	for (int i = 0; i < ne; i++)
+		for (int k = i + 1; k < ne; k++)
+			if (strcmp(ent[k], ent[i]) < 0) {
+				char t[128];
+				memcpy(t, ent[i], sizeof(t));
+				memcpy(ent[i], ent[k], sizeof(t));
+				memcpy(ent[k], t, sizeof(t));
+			}
+	out[0] = 0;
+	for (int i = 0; i < ne; i++) {
+		strncat(out, ent[i], n - strlen(out) - 2);
+		strcat(out, ";");
 	}
 	return 0;
 }
@@ -63,7 +77,7 @@ int main(void)
 	int pa[2], pb[2], sp[2];
 	FT_SYS(pipe(pa));
 	FT_SYS(pipe(pb));
-	FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sp));
+	FT_SYS(pipe(sp));
 	int e = (int)FT_SYS(eventfd(0, EFD_NONBLOCK));
 	ep = (int)FT_SYS(epoll_create1(0));
 	struct epoll_event ev;
@@ -76,7 +90,7 @@ int main(void)
 	ev.events = EPOLLOUT;
 	ev.data.u64 = 0x3333;
 	FT_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, pb[1], &ev));
-	ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+	ev.events = EPOLLIN | EPOLLONESHOT;
 	ev.data.u64 = 0x4444;
 	FT_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, sp[0], &ev));
 	char before[2048], after[2048];

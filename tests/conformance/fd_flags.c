@@ -1,7 +1,7 @@
 /*
  * fd_flags: fds with assorted status and descriptor flags: a file opened
  * O_RDONLY|O_NONBLOCK, a file opened O_CLOEXEC, a pipe2(O_NONBLOCK|
- * O_CLOEXEC), a socketpair with SOCK_NONBLOCK|SOCK_CLOEXEC, a file whose
+ * O_CLOEXEC), an eventfd with EFD_NONBLOCK|EFD_CLOEXEC, a file whose
  * O_APPEND|O_NONBLOCK were set later with F_SETFL, a file whose FD_CLOEXEC
  * was cleared later, F_DUPFD_CLOEXEC copies at fd >= 100 and a dup2 to fd
  * 1000, leaving gaps. After restore: exactly the same set of open fd
@@ -9,7 +9,7 @@
  */
 #include "ferry_test.h"
 #include <dirent.h>
-#include <sys/socket.h>
+#include <sys/eventfd.h>
 
 #define MAXFD 1024
 
@@ -37,8 +37,7 @@ int main(void)
 	FT_SYS(open("x.txt", O_RDONLY | O_CLOEXEC));
 	int p[2];
 	FT_SYS(pipe2(p, O_NONBLOCK | O_CLOEXEC));
-	int sp[2];
-	FT_SYS(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp));
+	FT_SYS(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 	int later = (int)FT_SYS(open("x.txt", O_WRONLY));
 	FT_SYS(fcntl(later, F_SETFL, O_APPEND | O_NONBLOCK));
 	int cleared = (int)FT_SYS(open("x.txt", O_RDWR | O_CLOEXEC));

@@ -109,7 +109,9 @@ impl Frozen {
         ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL).map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
         // Traced threads stay zombies until their tracer (us) reaps them,
         // and the process does not finish exiting before they are gone.
-        for t in &self.threads {
+        // Other threads first: the leader's exit is reported only after
+        // every other thread of the group is reaped.
+        for t in self.threads.iter().rev() {
             loop {
                 match ptrace::wait_tid(t.tid, 0) {
                     Ok(Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_)))) | Err(_) => break,
