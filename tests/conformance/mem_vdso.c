@@ -3,7 +3,7 @@
  * (getauxval(AT_SYSINFO_EHDR) == [vdso] start in /proc/self/maps, same as
  * before), [vvar] exists, the vDSO code is byte-identical, and the clocks
  * read through it (clock_gettime MONOTONIC/REALTIME/BOOTTIME, gettimeofday,
- * time) agree with the raw syscalls within 50 ms and did not go backwards.
+ * time) agree with the raw syscalls within 0.5 s and did not go backwards.
  */
 #include "ferry_test.h"
 #include <sys/auxv.h>
@@ -55,7 +55,7 @@ int main(void)
 	for (unsigned i = 0; i < sizeof(clocks) / sizeof(clocks[0]); i++) {
 		double v = ft_clock(clocks[i].c);
 		double r = raw_clock(clocks[i].c);
-		FT_CHECK(r - v >= -0.001 && r - v < 0.05, "clock %s: vdso %.6f vs syscall %.6f", clocks[i].n, v,
+		FT_CHECK(r - v >= -0.001 && r - v < 0.5, "clock %s: vdso %.6f vs syscall %.6f", clocks[i].n, v,
 			 r);
 	}
 	double mono1 = ft_clock(CLOCK_MONOTONIC);
@@ -66,7 +66,7 @@ int main(void)
 	struct timeval tv, rtv;
 	gettimeofday(&tv, NULL);
 	syscall(SYS_gettimeofday, &rtv, NULL);
-	FT_CHECK(ft_tv2d(&rtv) - ft_tv2d(&tv) >= -0.001 && ft_tv2d(&rtv) - ft_tv2d(&tv) < 0.05,
+	FT_CHECK(ft_tv2d(&rtv) - ft_tv2d(&tv) >= -0.001 && ft_tv2d(&rtv) - ft_tv2d(&tv) < 0.5,
 		 "gettimeofday vdso %.6f vs syscall %.6f", ft_tv2d(&tv), ft_tv2d(&rtv));
 	time_t t = time(NULL);
 	FT_CHECK(labs((long)(t - (time_t)real1)) <= 1, "time() %ld vs %.0f", (long)t, real1);

@@ -4,7 +4,7 @@
  * one-shot 4 s; B CLOCK_MONOTONIC SIGEV_NONE periodic 250 ms; C
  * CLOCK_REALTIME SIGEV_SIGNAL disarmed; D CLOCK_MONOTONIC SIGEV_THREAD_ID to
  * thread T, SIGRTMIN+3, periodic 300 ms. After restore: /proc/self/timers
- * is identical (ids, signals, notify targets, clocks); A is still armed (or
+ * has the same records (ids, signals, notify targets, clocks); A is still armed (or
  * already fired), B's interval is exactly 250 ms, C is disarmed; A's signal
  * arrives no earlier than 4 s after arming with si_code SI_TIMER, value 42
  * and si_timerid = A's id; T receives D's signal with D's timer id.
@@ -19,6 +19,42 @@ static pthread_barrier_t bar;
 static pid_t ttid;
 static int d_id;
 static int t_got, t_timerid, t_code;
+
+/* /proc/self/timers with its per-timer records sorted (the kernel lists
+ * them in an order that depends on creation/hash order). */
+static void timers_sorted(char *out, size_t n)
+{
+	char buf[8192];
+	char rec[16][256];
+	int nr = 0;
+	out[0] = 0;
+	if (ft_read_file("/proc/self/timers", buf, sizeof(buf)) < 0)
+		return;
+	char *line = buf;
+	while (line && *line) {
+		char *nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		if (strncmp(line, "ID:", 3) == 0 && nr < 16)
+			rec[nr++][0] = 0;
+		if (nr > 0 && strlen(rec[nr - 1]) + strlen(line) + 3 < sizeof(rec[0])) {
+			strcat(rec[nr - 1], line);
+			strcat(rec[nr - 1], "\n");
+		}
+		line = nl ? nl + 1 : NULL;
+	}
+	for (int i = 0; i < nr; i++)
+		for (int k = i + 1; k < nr; k++)
+			if (strcmp(rec[k], rec[i]) < 0) {
+				char t[256];
+				memcpy(t, rec[i], sizeof(t));
+				memcpy(rec[i], rec[k], sizeof(t));
+				memcpy(rec[k], t, sizeof(t));
+			}
+	for (int i = 0; i < nr; i++)
+		if (strlen(out) + strlen(rec[i]) + 1 < n)
+			strcat(out, rec[i]);
+}
 
 static int kid(timer_t t)
 {
@@ -80,12 +116,12 @@ int main(void)
 	FT_SYS(timer_settime(b, 0, &sb, NULL));
 	FT_SYS(timer_settime(d, 0, &sd, NULL));
 	static char timers_before[8192], timers_after[8192];
-	ft_read_file("/proc/self/timers", timers_before, sizeof(timers_before));
+	timers_sorted(timers_before, sizeof(timers_before));
 
 	ft_ready();
 	ft_wait_restored();
 
-	ft_read_file("/proc/self/timers", timers_after, sizeof(timers_after));
+	timers_sorted(timers_after, sizeof(timers_after));
 	FT_CHECK(strcmp(timers_before, timers_after) == 0, "/proc/self/timers differs:\n--before--\n%s--after--\n%s",
 		 timers_before, timers_after);
 	struct itimerspec g;

@@ -93,19 +93,124 @@ impl Remote {
     }
 }
 
-/// A private anonymous mapping in the process for syscall arguments.
+/// Machine code that runs a table of syscalls in one go and stops on
+/// int3: one ptrace round trip for any number of calls instead of one per
+/// call. On entry rbx points at the table, r12 holds the entry count.
+/// Each 64-byte entry is `nr, a0..a5, result`.
+///
+/// ```text
+/// loop: mov rax,[rbx]      ; mov rdi,[rbx+8] ; mov rsi,[rbx+16]
+///       mov rdx,[rbx+24]   ; mov r10,[rbx+32]; mov r8,[rbx+40]
+///       mov r9,[rbx+48]    ; syscall         ; mov [rbx+56],rax
+///       add rbx,64         ; dec r12         ; jnz loop
+///       int3
+/// ```
+const BATCH_CODE: &[u8] = &[
+    0x48, 0x8b, 0x03, 0x48, 0x8b, 0x7b, 0x08, 0x48, 0x8b, 0x73, 0x10, 0x48, 0x8b, 0x53, 0x18, 0x4c, 0x8b, 0x53, 0x20, 0x4c,
+    0x8b, 0x43, 0x28, 0x4c, 0x8b, 0x4b, 0x30, 0x0f, 0x05, 0x48, 0x89, 0x43, 0x38, 0x48, 0x83, 0xc3, 0x40, 0x49, 0xff, 0xcc,
+    0x75, 0xd6, 0xcc,
+];
+
+/// One syscall of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    pub nr: i64,
+    pub args: [u64; 6],
+}
+
+impl Call {
+    pub fn new(nr: i64, a: &[u64]) -> Call {
+        let mut args = [0u64; 6];
+        args[..a.len()].copy_from_slice(a);
+        Call { nr, args }
+    }
+}
+
+/// A private anonymous mapping in the process for syscall arguments and
+/// the batch code. Layout: code at 0, call table at TABLE, data at DATA.
 pub struct Scratch {
     pub addr: u64,
     pub len: u64,
 }
 
 pub const SCRATCH_LEN: u64 = 64 * 1024;
+const TABLE: u64 = 0x1000;
+const MAX_BATCH: usize = 256;
+/// Start of the area callers may use for syscall arguments.
+pub const SCRATCH_DATA: u64 = TABLE + (MAX_BATCH as u64) * 64;
+
+impl Remote {
+    /// Runs `calls` in thread `tid` with one round trip, through the batch
+    /// code in `scratch`. Returns each call's raw result.
+    pub fn batch(&self, tid: i32, scratch: u64, calls: &[Call]) -> Result<Vec<i64>> {
+        let mut results = Vec::with_capacity(calls.len());
+        for chunk in calls.chunks(MAX_BATCH) {
+            results.extend(self.batch_chunk(tid, scratch, chunk)?);
+        }
+        Ok(results)
+    }
+
+    fn batch_chunk(&self, tid: i32, scratch: u64, calls: &[Call]) -> Result<Vec<i64>> {
+        let pid = self.pid;
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
+        let mut table = Vec::with_capacity(calls.len() * 64);
+        for c in calls {
+            table.extend_from_slice(&(c.nr as u64).to_le_bytes());
+            for a in c.args {
+                table.extend_from_slice(&a.to_le_bytes());
+            }
+            table.extend_from_slice(&0u64.to_le_bytes());
+        }
+        self.write(scratch + TABLE, &table)?;
+        let saved = ptrace::get_regs(tid).map_err(|e| kerr("reading registers", e))?;
+        let mut regs = saved;
+        regs.rip = scratch;
+        regs.rbx = scratch + TABLE;
+        regs.r12 = calls.len() as u64;
+        regs.orig_rax = u64::MAX;
+        regs.rsp = 0;
+        ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
+        ptrace::cont(tid, 0).map_err(|e| kerr("running batch", e))?;
+        loop {
+            match ptrace::wait_tid(tid, 0).map_err(|e| kerr("waiting", e))? {
+                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => break,
+                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE => {
+                    ptrace::cont(tid, 0).map_err(|e| kerr("running batch", e))?;
+                }
+                Some((_, WaitEvent::Stopped { sig, event })) => {
+                    let rip = ptrace::get_regs(tid).map(|r| r.rip).unwrap_or(0);
+                    let _ = ptrace::set_regs(tid, &saved);
+                    return Err(EngineError::restore(pid, format!("thread {tid}: unexpected stop (signal {sig}, event {event}) at {rip:#x} in injected code")));
+                }
+                Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
+                    return Err(EngineError::Gone { pid, what: format!("thread {tid} died in injected code") })
+                }
+                None => {}
+            }
+        }
+        ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
+        let out = self.read(scratch + TABLE, table.len())?;
+        Ok(out.chunks_exact(64).map(|e| i64::from_le_bytes(e[56..64].try_into().expect("8 bytes"))).collect())
+    }
+}
+
+/// Turns a raw batch result into an error naming the call.
+pub fn check(pid: i32, tid: i32, call: &str, r: i64) -> Result<u64> {
+    if (-4095..0).contains(&r) {
+        return Err(EngineError::Remote { pid, tid, call: call.to_string(), errno: (-r) as i32 });
+    }
+    Ok(r as u64)
+}
 
 impl Scratch {
     pub fn map(remote: &Remote, tid: i32) -> Result<Scratch> {
-        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
         let addr = remote.call(tid, "mmap(scratch)", libc::SYS_mmap, &[0, SCRATCH_LEN, prot, flags, u64::MAX, 0])?;
+        remote.write(addr, BATCH_CODE)?;
         Ok(Scratch { addr, len: SCRATCH_LEN })
     }
 

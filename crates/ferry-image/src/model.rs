@@ -43,6 +43,15 @@ pub struct ProcessImage {
     pub signals: SignalState,
     pub itimers: Vec<ITimer>,
     pub posix_timers: Vec<PosixTimer>,
+    pub misc: ProcessMisc,
+}
+
+/// prctl-level process attributes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessMisc {
+    pub dumpable: u32,
+    pub thp_disable: bool,
+    pub child_subreaper: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -74,6 +83,7 @@ pub struct ThreadImage {
     pub rseq: Option<Rseq>,
     pub robust_list: RobustList,
     pub clear_child_tid: u64,
+    pub timer_slack_ns: u64,
     /// If the thread was inside a sleep when captured: what is left of it.
     pub sleep_remaining_ns: Option<u64>,
 }
@@ -131,6 +141,7 @@ pub mod vmflag {
     pub const MERGEABLE: u32 = 1 << 6;
     pub const MAYWRITE: u32 = 1 << 7;
     pub const LOCKED: u32 = 1 << 8;
+    pub const NORESERVE: u32 = 1 << 9;
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -148,6 +159,9 @@ pub struct Vma {
 pub enum VmaBacking {
     /// Anonymous memory (private, or shared between no one else but us).
     Anonymous,
+    /// Anonymous shared memory; mappings with the same `id` (the kernel's
+    /// shmem inode) show the same pages.
+    SharedAnon { id: u64 },
     /// A mapping of a file that still exists at `path`.
     File { path: String, dev: u64, ino: u64 },
     /// Kernel-provided mappings; restore moves the running kernel's own.
@@ -210,6 +224,8 @@ pub struct PipeEnd {
     pub capacity: u32,
     /// Unread bytes; stored once, on the read end.
     pub data: Vec<u8>,
+    /// The other end was closed (by everyone): restore leaves it closed.
+    pub peer_closed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -240,11 +256,12 @@ pub struct InetSocket {
     pub options: Vec<SockOpt>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SockOpt {
     pub level: i32,
     pub name: i32,
-    pub value: i32,
+    /// The option's value exactly as getsockopt returned it.
+    pub value: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

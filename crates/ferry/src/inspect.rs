@@ -34,6 +34,7 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         );
         let what = match &v.backing {
             VmaBacking::Anonymous => "[anonymous]".to_string(),
+            VmaBacking::SharedAnon { id } => format!("[shared anonymous {id}]"),
             VmaBacking::File { path, .. } => path.clone(),
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),

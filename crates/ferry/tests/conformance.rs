@@ -124,6 +124,13 @@ fn only_stdio(cmd: &mut Command) -> &mut Command {
     }
 }
 
+/// Parent PID of `pid` from /proc/<pid>/stat.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(1)?.parse().ok()
+}
+
 fn describe(st: &ExitStatus) -> String {
     match (st.code(), st.signal()) {
         (Some(c), _) => format!("exit code {c}"),
@@ -145,6 +152,7 @@ struct Run {
     program: Option<Child>,
     program_reaped: bool,
     restore: Option<Child>,
+    original_pid: Option<i32>,
     restored_pid: Option<i32>,
 }
 
@@ -170,13 +178,13 @@ impl Run {
             program: None,
             program_reaped: false,
             restore: None,
+            original_pid: None,
             restored_pid: None,
         }
     }
 
     fn open_log(&self) -> File {
         OpenOptions::new()
-            .write(true)
             .append(true)
             .create(true)
             .open(&self.log)
@@ -213,6 +221,7 @@ impl Run {
             .unwrap_or_else(|e| self.fail("start", &format!("cannot spawn: {e}")));
         let pid = child.id() as i32;
         self.program = Some(child);
+        self.original_pid = Some(pid);
 
         // 2. wait for READY
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -342,8 +351,14 @@ impl Drop for Run {
         // reused yet), then ferry restore itself.
         if let Some(mut r) = self.restore.take() {
             if let Ok(None) = r.try_wait() {
-                if let Some(pid) = self.restored_pid {
-                    kill(pid, libc::SIGKILL);
+                // Before the pidfile exists, the (half-)restored process can
+                // only be recognised as a child of ferry restore carrying the
+                // original PID.
+                let candidate = self.restored_pid.or(self.original_pid);
+                if let Some(pid) = candidate {
+                    if self.restored_pid.is_some() || parent_of(pid) == Some(r.id() as i32) {
+                        kill(pid, libc::SIGKILL);
+                    }
                 }
                 if wait_timeout(&mut r, Duration::from_secs(5)).is_none() {
                     let _ = r.kill();

@@ -24,6 +24,7 @@ const FLAG_NAMES: &[(&str, u32)] = &[
     ("mg", vmflag::MERGEABLE),
     ("mw", vmflag::MAYWRITE),
     ("lo", vmflag::LOCKED),
+    ("nr", vmflag::NORESERVE),
 ];
 
 fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
@@ -35,8 +36,8 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
         "[vsyscall]" => VmaBacking::Vsyscall,
         _ if p.starts_with("[anon:") => VmaBacking::Anonymous,
-        "/dev/zero (deleted)" if m.shared() => VmaBacking::Anonymous,
-        _ if p.starts_with("[anon_shmem:") => VmaBacking::Anonymous,
+        "/dev/zero (deleted)" if m.shared() => VmaBacking::SharedAnon { id: m.inode },
+        _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") => {
             return Err(EngineError::unsupported(pid, what(), "SysV shared memory is not supported yet"))
         }
@@ -75,7 +76,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
         (VmaBacking::Anonymous, false) => {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
         }
-        (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
+        (VmaBacking::Anonymous | VmaBacking::SharedAnon { .. }, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
         (VmaBacking::File { .. }, false) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,

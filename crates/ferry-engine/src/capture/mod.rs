@@ -43,7 +43,10 @@ pub(crate) struct Ctx<'a> {
     pub pid: i32,
     pub frozen: &'a Frozen,
     pub remote: Remote,
+    /// The scratch mapping (batch code and call table)...
     pub scratch: u64,
+    /// ...and its part free for syscall arguments and results.
+    pub data: u64,
 }
 
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
@@ -76,10 +79,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     ph.mark("survey");
 
     let scratch = Scratch::map(&remote, leader)?;
-    let ctx = Ctx { pid, frozen: &frozen, remote, scratch: scratch.addr };
+    let ctx = Ctx { pid, frozen: &frozen, remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
     let injected = capture_injected(&ctx);
     let unmapped = scratch.unmap(&ctx.remote, leader);
-    let (thread_images, signal_state, itimers, posix_timers, brk) = injected?;
+    let (thread_images, signal_state, itimers, posix_timers, (brk, misc)) = injected?;
     unmapped?;
     ph.mark("injected syscalls");
 
@@ -97,6 +100,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         signals: signal_state,
         itimers,
         posix_timers,
+        misc,
         ..process::capture(pid)?
     };
     image.mm = memory::mm_layout(pid, brk)?;
@@ -143,7 +147,13 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     })
 }
 
-type Injected = (Vec<ferry_image::ThreadImage>, ferry_image::SignalState, Vec<ferry_image::ITimer>, Vec<ferry_image::PosixTimer>, u64);
+type Injected = (
+    Vec<ferry_image::ThreadImage>,
+    ferry_image::SignalState,
+    Vec<ferry_image::ITimer>,
+    Vec<ferry_image::PosixTimer>,
+    (u64, ferry_image::ProcessMisc),
+);
 
 /// Everything that needs syscalls run inside the process.
 fn capture_injected(ctx: &Ctx) -> Result<Injected> {
@@ -151,8 +161,8 @@ fn capture_injected(ctx: &Ctx) -> Result<Injected> {
     let signal_state = signals::capture_actions(ctx)?;
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;
-    let brk = ctx.remote.call(ctx.pid, "brk(0)", libc::SYS_brk, &[0])?;
-    Ok((threads, signal_state, itimers, posix, brk))
+    let brk_misc = process::capture_injected(ctx)?;
+    Ok((threads, signal_state, itimers, posix, brk_misc))
 }
 
 /// Reads the written image back and checks every checksum, so the process

@@ -3,7 +3,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::{self, key_values, Stat};
-use ferry_image::{Creds, MmLayout, ProcessImage, Rlimit, SignalState};
+use crate::inject::{check, Call};
+use ferry_image::{Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
 
 /// A single process is captured; children would be left behind.
 pub fn refuse_children(pid: i32) -> Result<()> {
@@ -63,5 +64,26 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         signals: SignalState::default(),
         itimers: Vec::new(),
         posix_timers: Vec::new(),
+        misc: ProcessMisc::default(),
     })
+}
+
+/// brk and the prctl attributes only the process itself can read.
+pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
+    const PR_GET_DUMPABLE: u64 = 3;
+    const PR_GET_CHILD_SUBREAPER: u64 = 37;
+    const PR_GET_THP_DISABLE: u64 = 42;
+    let calls = [
+        Call::new(libc::SYS_brk, &[0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_DUMPABLE]),
+        Call::new(libc::SYS_prctl, &[PR_GET_THP_DISABLE]),
+        Call::new(libc::SYS_prctl, &[PR_GET_CHILD_SUBREAPER, ctx.data]),
+    ];
+    let r = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
+    let brk = check(ctx.pid, ctx.pid, "brk", r[0])?;
+    let dumpable = check(ctx.pid, ctx.pid, "prctl(PR_GET_DUMPABLE)", r[1])? as u32;
+    let thp_disable = check(ctx.pid, ctx.pid, "prctl(PR_GET_THP_DISABLE)", r[2])? != 0;
+    check(ctx.pid, ctx.pid, "prctl(PR_GET_CHILD_SUBREAPER)", r[3])?;
+    let child_subreaper = ctx.remote.read(ctx.data, 4)?.iter().any(|&b| b != 0);
+    Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper }))
 }

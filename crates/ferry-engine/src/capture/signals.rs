@@ -1,33 +1,22 @@
-//! Signal dispositions (sigaction of all 64 signals) and signals pending
-//! for the whole process.
+//! Signal dispositions (sigaction of all 64 signals, read in one injected
+//! batch) and signals pending for the whole process.
 
 use super::Ctx;
 use crate::error::{EngineError, Result};
-use crate::procfs;
+use crate::inject::{check, Call};
 use ferry_image::{SigAction, SignalState};
 use ferry_sys::ptrace;
 
-/// Reads every signal's disposition. Only signals the process catches
-/// (and SIGCHLD, whose flags matter even when not caught) need the
-/// injected rt_sigaction; /proc tells which are ignored or default.
 pub fn capture_actions(ctx: &Ctx) -> Result<SignalState> {
-    let status = procfs::read_string(&format!("/proc/{}/status", ctx.pid))?;
-    let kv = procfs::key_values(&status);
-    let mask = |k: &str| kv.get(k).and_then(|v| procfs::parse_hex(v)).unwrap_or(!0);
-    let (caught, ignored) = (mask("SigCgt"), mask("SigIgn"));
-    let mut actions = Vec::with_capacity(64);
-    for sig in 1..=64u64 {
-        let bit = 1u64 << (sig - 1);
-        if caught & bit == 0 && sig != libc::SIGCHLD as u64 {
-            let handler = if ignored & bit != 0 { 1 } else { 0 };
-            actions.push(SigAction { handler, ..Default::default() });
-            continue;
-        }
-        ctx.remote.call(ctx.pid, &format!("rt_sigaction({sig})"), libc::SYS_rt_sigaction, &[sig, 0, ctx.scratch, 8])?;
-        let b = ctx.remote.read(ctx.scratch, 32)?;
-        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        actions.push(SigAction { handler: w(0), flags: w(1), restorer: w(2), mask: w(3) });
+    let out = ctx.data;
+    let calls: Vec<Call> = (1..=64u64).map(|sig| Call::new(libc::SYS_rt_sigaction, &[sig, 0, out + (sig - 1) * 32, 8])).collect();
+    let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
+    for (i, r) in results.iter().enumerate() {
+        check(ctx.pid, ctx.pid, &format!("rt_sigaction({})", i + 1), *r)?;
     }
+    let b = ctx.remote.read(out, 64 * 32)?;
+    let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let actions = (0..64).map(|s| SigAction { handler: w(s * 4), flags: w(s * 4 + 1), restorer: w(s * 4 + 2), mask: w(s * 4 + 3) }).collect();
     Ok(SignalState { actions, shared_pending: Vec::new() })
 }
 

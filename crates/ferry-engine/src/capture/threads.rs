@@ -5,12 +5,14 @@
 use super::Ctx;
 use crate::error::{EngineError, Result};
 use crate::freeze::FrozenThread;
+use crate::inject::{check, Call};
 use crate::procfs;
 use crate::syscall_restart;
 use ferry_image::{AltStack, RobustList, Rseq, ThreadImage};
 use ferry_sys::ptrace;
 
 const PR_GET_TID_ADDRESS: u64 = 40;
+const PR_GET_TIMERSLACK: u64 = 30;
 
 fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
@@ -24,11 +26,18 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     let rseq = ptrace::get_rseq_config(tid).map_err(|e| kerr("reading rseq configuration", e))?;
     let (head, len) = ferry_sys::process::get_robust_list(tid).map_err(|e| kerr("reading robust futex list", e))?;
 
-    ctx.remote.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[0, ctx.scratch])?;
-    let ss = ctx.remote.read(ctx.scratch, 24)?;
-    let altstack = AltStack { sp: u64_at(&ss, 0), flags: u64_at(&ss, 8) as i32, size: u64_at(&ss, 16) };
-    ctx.remote.call(tid, "prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, ctx.scratch])?;
-    let clear_child_tid = u64_at(&ctx.remote.read(ctx.scratch, 8)?, 0);
+    let calls = [
+        Call::new(libc::SYS_sigaltstack, &[0, ctx.data]),
+        Call::new(libc::SYS_prctl, &[PR_GET_TID_ADDRESS, ctx.data + 32]),
+        Call::new(libc::SYS_prctl, &[PR_GET_TIMERSLACK]),
+    ];
+    let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;
+    check(pid, tid, "sigaltstack", r[0])?;
+    check(pid, tid, "prctl(PR_GET_TID_ADDRESS)", r[1])?;
+    let timer_slack_ns = check(pid, tid, "prctl(PR_GET_TIMERSLACK)", r[2])?;
+    let out = ctx.remote.read(ctx.data, 40)?;
+    let altstack = AltStack { sp: u64_at(&out, 0), flags: u64_at(&out, 8) as i32, size: u64_at(&out, 16) };
+    let clear_child_tid = u64_at(&out, 32);
 
     let sleep_remaining_ns = match syscall_restart::sleep_request_ptr(&t.regs) {
         Some((req, rem)) => {
@@ -52,6 +61,7 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
         }),
         robust_list: RobustList { head, len },
         clear_child_tid,
+        timer_slack_ns,
         sleep_remaining_ns,
     })
 }

@@ -1,7 +1,9 @@
-//! Interval timers (setitimer) and POSIX timers (timer_create).
+//! Interval timers (setitimer) and POSIX timers (timer_create), read in
+//! injected batches.
 
 use super::Ctx;
 use crate::error::Result;
+use crate::inject::{check, Call};
 use crate::procfs;
 use ferry_image::{ITimer, PosixTimer};
 
@@ -10,25 +12,35 @@ fn words(b: &[u8]) -> Vec<u64> {
 }
 
 pub fn capture_itimers(ctx: &Ctx) -> Result<Vec<ITimer>> {
-    let mut out = Vec::new();
-    for which in 0..3u64 {
-        ctx.remote.call(ctx.pid, "getitimer", libc::SYS_getitimer, &[which, ctx.scratch])?;
-        let w = words(&ctx.remote.read(ctx.scratch, 32)?);
-        let t = ITimer { which: which as i32, interval_us: w[0] * 1_000_000 + w[1], value_us: w[2] * 1_000_000 + w[3] };
-        if t.value_us != 0 || t.interval_us != 0 {
-            out.push(t);
-        }
+    let calls: Vec<Call> = (0..3u64).map(|w| Call::new(libc::SYS_getitimer, &[w, ctx.data + w * 32])).collect();
+    for r in ctx.remote.batch(ctx.pid, ctx.scratch, &calls)? {
+        check(ctx.pid, ctx.pid, "getitimer", r)?;
     }
-    Ok(out)
+    let w = words(&ctx.remote.read(ctx.data, 96)?);
+    Ok((0..3)
+        .map(|i| ITimer { which: i as i32, interval_us: w[i * 4] * 1_000_000 + w[i * 4 + 1], value_us: w[i * 4 + 2] * 1_000_000 + w[i * 4 + 3] })
+        .filter(|t| t.value_us != 0 || t.interval_us != 0)
+        .collect())
 }
 
 pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
     let path = format!("/proc/{}/timers", ctx.pid);
     let text = procfs::read_string(&path)?;
-    let mut out = Vec::new();
-    for block in text.split("ID:").skip(1) {
+    let mut timers = Vec::new();
+    // Blocks start with an "ID:" line ("ClockID:" also contains "ID:").
+    let mut blocks: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("ID:") {
+            blocks.push(String::new());
+        }
+        if let Some(b) = blocks.last_mut() {
+            b.push_str(line);
+            b.push('\n');
+        }
+    }
+    for block in &blocks {
         let kv = procfs::key_values(block);
-        let id: i32 = block.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or(-1);
+        let id: i32 = kv.get("ID").and_then(|v| v.parse().ok()).unwrap_or(-1);
         let (signo, value) = kv.get("signal").and_then(|s| s.split_once('/')).unwrap_or(("0", "0"));
         let notify_s = kv.get("notify").copied().unwrap_or("signal/pid.0");
         let (how, who) = notify_s.split_once('/').unwrap_or(("signal", "pid.0"));
@@ -38,21 +50,39 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
             _ => libc::SIGEV_SIGNAL,
         };
         let (kind, num) = who.split_once('.').unwrap_or(("pid", "0"));
-        let notify = if kind == "tid" { base | libc::SIGEV_THREAD_ID } else { base };
-        ctx.remote.call(ctx.pid, &format!("timer_gettime({id})"), libc::SYS_timer_gettime, &[id as u64, ctx.scratch])?;
-        let w = words(&ctx.remote.read(ctx.scratch, 32)?);
-        let overrun = ctx.remote.call(ctx.pid, "timer_getoverrun", libc::SYS_timer_getoverrun, &[id as u64])? as i32;
-        out.push(PosixTimer {
+        timers.push(PosixTimer {
             id,
             clockid: kv.get("ClockID").and_then(|v| v.parse().ok()).unwrap_or(0),
-            notify,
+            notify: if kind == "tid" { base | libc::SIGEV_THREAD_ID } else { base },
             signo: signo.trim().parse().unwrap_or(0),
             notify_tid: num.parse().unwrap_or(0),
             sigev_value: procfs::parse_hex(value).unwrap_or(0),
-            interval_ns: w[0] * 1_000_000_000 + w[1],
-            value_ns: w[2] * 1_000_000_000 + w[3],
-            overrun,
+            interval_ns: 0,
+            value_ns: 0,
+            overrun: 0,
         });
+    }
+    let calls: Vec<Call> = timers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            [Call::new(libc::SYS_timer_gettime, &[t.id as u64, ctx.data + i as u64 * 32]), Call::new(libc::SYS_timer_getoverrun, &[t.id as u64])]
+        })
+        .collect();
+    let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
+    let raw = ctx.remote.read(ctx.data, timers.len() * 32)?;
+    let mut out = Vec::new();
+    for (i, mut t) in timers.into_iter().enumerate() {
+        // A timer deleted just before the freeze can linger in /proc.
+        if results[i * 2] == -(libc::EINVAL as i64) {
+            continue;
+        }
+        check(ctx.pid, ctx.pid, &format!("timer_gettime({})", t.id), results[i * 2])?;
+        let w = words(&raw[i * 32..i * 32 + 32]);
+        t.interval_ns = w[0] * 1_000_000_000 + w[1];
+        t.value_ns = w[2] * 1_000_000_000 + w[3];
+        t.overrun = results[i * 2 + 1].max(0) as i32;
+        out.push(t);
     }
     Ok(out)
 }

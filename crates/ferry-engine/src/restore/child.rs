@@ -53,10 +53,13 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     }
     // Drop what the fork inherited from ferry: its signal handlers and its
     // alternate signal stack. The image's own come back later.
+    // The raw syscall with an all-zero action: glibc's signal() would add
+    // its own flags and mask.
+    let dfl = [0u64; 4];
     for sig in 1..=64 {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: resetting a disposition to SIG_DFL.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+            // SAFETY: dfl is a valid 32-byte kernel sigaction (SIG_DFL).
+            unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize) };
         }
     }
     let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };

@@ -100,10 +100,28 @@ fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
 /// copied in). Returns the protections to set once pages are in.
 pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u64, u64, u8)>> {
     let mut reprotect = Vec::new();
+    // Shared anonymous memory seen through several mappings: the first
+    // mapping creates it, the others alias it with mremap(old_size = 0).
+    let mut shm_primary: std::collections::HashMap<u64, &Vma> = std::collections::HashMap::new();
     for v in vmas {
         let fd: i64 = match &v.backing {
             VmaBacking::Vdso | VmaBacking::Vvar { .. } | VmaBacking::Vsyscall => continue,
             VmaBacking::Anonymous => -1,
+            VmaBacking::SharedAnon { id } => match shm_primary.get(id) {
+                None => {
+                    shm_primary.insert(*id, v);
+                    -1
+                }
+                Some(p) => {
+                    let src = (p.start + v.pgoff).checked_sub(p.pgoff).unwrap_or(p.start);
+                    let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+                    s.call(&format!("mremap(alias {:#x})", v.start), libc::SYS_mremap, &[src, 0, v.end - v.start, flags, v.start])?;
+                    if v.prot != p.prot {
+                        reprotect.push((v.start, v.end - v.start, v.prot));
+                    }
+                    continue;
+                }
+            },
             VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
         };
         let mut prot = v.prot;
@@ -117,6 +135,9 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
         }
         if v.flags & vmflag::GROWSDOWN != 0 {
             flags |= libc::MAP_GROWSDOWN as u64;
+        }
+        if v.flags & vmflag::NORESERVE != 0 {
+            flags |= libc::MAP_NORESERVE as u64;
         }
         let pgoff = if fd < 0 { 0 } else { v.pgoff };
         let got = s.call(
@@ -213,15 +234,15 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     ] {
         buf.extend_from_slice(&v.to_le_bytes());
     }
-    let auxv_addr = s.scratch + 512;
+    let auxv_addr = s.data + 512;
     buf.extend_from_slice(&auxv_addr.to_le_bytes());
     buf.extend_from_slice(&((mm.auxv.len() * 8) as u32).to_le_bytes());
     buf.extend_from_slice(&(exe_fd.map_or(u32::MAX, |f| f as u32)).to_le_bytes());
     let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_le_bytes()).collect();
-    s.remote.write(s.scratch, &buf)?;
+    s.remote.write(s.data, &buf)?;
     s.remote.write(auxv_addr, &auxv)?;
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    s.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.scratch, buf.len() as u64, 0])?;
+    s.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0])?;
     Ok(())
 }

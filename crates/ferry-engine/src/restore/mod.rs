@@ -53,7 +53,10 @@ pub(crate) struct Session<'a> {
     pub pid: i32,
     pub image: &'a ProcessImage,
     pub remote: Remote,
+    /// The scratch mapping (batch code and call table) and its part free
+    /// for syscall arguments.
     pub scratch: u64,
+    pub data: u64,
     /// Descriptors opened by ferry before the fork, present in the child
     /// under the same numbers: files to map and the executable.
     staging: HashMap<(String, bool), RawFd>,
@@ -109,10 +112,16 @@ struct ChildGuard(i32, bool);
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         if !self.1 {
-            // SAFETY: killing and reaping our own child by PID.
+            // SAFETY: killing our own child by PID, then reaping it and
+            // its traced threads (they must go before the leader).
             unsafe {
                 libc::kill(self.0, libc::SIGKILL);
-                libc::waitpid(self.0, std::ptr::null_mut(), libc::__WALL);
+                loop {
+                    let r = libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL);
+                    if r == self.0 || r < 0 {
+                        break;
+                    }
+                }
             }
         }
     }
@@ -180,7 +189,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
-    let mut s = Session { pid, image: &image, remote, scratch: 0, staging };
+    let mut s = Session { pid, image: &image, remote, scratch: 0, data: 0, staging };
     run_injected(&mut s, &pages, exe_fd, &mut ph)?;
     guard.1 = true;
     Ok(Restored { pid, threads: image.threads.len(), total_ms: t0.elapsed().as_secs_f64() * 1e3 })
@@ -217,17 +226,26 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     memory::reprotect(s, &reprotect)?;
     let scratch = Scratch::map(&s.remote, pid)?;
     s.scratch = scratch.addr;
+    s.data = scratch.addr + inject::SCRATCH_DATA;
     memory::set_mm(s, exe_fd)?;
+    ph.mark("memory::set_mm");
     signals::restore_actions(s)?;
+    ph.mark("signals::restore_actions");
     // The leader first, so new threads inherit its name.
     threads::restore_thread_state(s, &image.threads[0])?;
     let tids = threads::create_threads(s)?;
+    ph.mark("threads::create_threads");
     for t in &image.threads[1..] {
         threads::restore_thread_state(s, t)?;
     }
     timers::restore_itimers(s)?;
+    ph.mark("timers::restore_itimers");
     timers::restore_posix(s)?;
+    ph.mark("timers::restore_posix");
+    process::restore_misc(s)?;
+    ph.mark("process::restore_misc");
     signals::queue_pending(s)?;
+    ph.mark("signals::queue_pending");
     s.call("close_range(staging)", libc::SYS_close_range, &[(image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64, u32::MAX as u64, 0])?;
     process::restore_creds(s)?;
     scratch.unmap(&s.remote, pid)?;

@@ -5,6 +5,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
+use crate::inject::{check, Call};
 use crate::syscall_restart;
 use ferry_image::ThreadImage;
 use ferry_sys::ptrace::{self, WaitEvent};
@@ -12,6 +13,7 @@ use ferry_sys::ptrace::{self, WaitEvent};
 const THREAD_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
 const PR_SET_NAME: u64 = 15;
+const PR_SET_TIMERSLACK: u64 = 29;
 
 pub fn block_signals(pid: i32, tid: i32) -> Result<()> {
     ptrace::set_sigmask(tid, !0).map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {tid}"), e))
@@ -32,14 +34,14 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
     let pid = s.pid;
     let mut tids = Vec::new();
     for t in &s.image.threads[1..] {
-        let tid_at = s.scratch + 256;
+        let tid_at = s.data + 256;
         let mut args = ferry_sys::clone::CloneArgs { flags: THREAD_FLAGS, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
         args.exit_signal = 0;
         let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        s.remote.write(s.scratch, &bytes)?;
+        s.remote.write(s.data, &bytes)?;
         s.remote.write(tid_at, &t.tid.to_le_bytes())?;
-        let r = s.remote.raw(pid, libc::SYS_clone3, &[s.scratch, bytes.len() as u64])?;
+        let r = s.remote.raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
         if r == -(libc::EEXIST as i64) {
             let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "unknown".into());
             return Err(EngineError::PidTaken { pid: t.tid, comm });
@@ -61,35 +63,45 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
     Ok(tids)
 }
 
+/// Per-thread kernel state, set from inside the thread in one batch.
 pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
     let tid = t.tid;
-    let r = &s.remote;
+    let mut calls: Vec<(&str, Call)> = Vec::new();
+    let mut data = Vec::new();
     if t.robust_list.head != 0 {
-        r.call(tid, "set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len])?;
+        calls.push(("set_robust_list", Call::new(libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len])));
     }
     if let Some(rs) = &t.rseq {
-        r.call(tid, "rseq", libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64])?;
+        calls.push(("rseq", Call::new(libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64])));
     }
     // A new thread (and the child, which reset it) starts with no
     // alternate stack, no clear_child_tid and the leader's name.
     if t.altstack.flags & libc::SS_DISABLE == 0 {
-        let mut ss = Vec::with_capacity(24);
-        ss.extend_from_slice(&t.altstack.sp.to_le_bytes());
-        ss.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as u64).to_le_bytes());
-        ss.extend_from_slice(&t.altstack.size.to_le_bytes());
-        r.write(s.scratch, &ss)?;
-        r.call(tid, "sigaltstack", libc::SYS_sigaltstack, &[s.scratch, 0])?;
+        let at = s.data + data.len() as u64;
+        data.extend_from_slice(&t.altstack.sp.to_le_bytes());
+        data.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as u64).to_le_bytes());
+        data.extend_from_slice(&t.altstack.size.to_le_bytes());
+        calls.push(("sigaltstack", Call::new(libc::SYS_sigaltstack, &[at, 0])));
     }
     if t.clear_child_tid != 0 {
-        r.call(tid, "set_tid_address", libc::SYS_set_tid_address, &[t.clear_child_tid])?;
+        calls.push(("set_tid_address", Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid])));
+    }
+    if t.timer_slack_ns != 0 {
+        calls.push(("prctl(PR_SET_TIMERSLACK)", Call::new(libc::SYS_prctl, &[PR_SET_TIMERSLACK, t.timer_slack_ns])));
     }
     let current = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.pid)).unwrap_or_default();
     if current.trim_end_matches('\n') != t.comm {
+        let at = s.data + data.len() as u64;
         let mut name = t.comm.as_bytes().to_vec();
         name.truncate(15);
-        name.push(0);
-        r.write(s.scratch, &name)?;
-        r.call(tid, "prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, s.scratch])?;
+        name.resize(16, 0);
+        data.extend_from_slice(&name);
+        calls.push(("prctl(PR_SET_NAME)", Call::new(libc::SYS_prctl, &[PR_SET_NAME, at])));
+    }
+    s.remote.write(s.data, &data)?;
+    let only: Vec<Call> = calls.iter().map(|c| c.1).collect();
+    for ((name, _), r) in calls.iter().zip(s.remote.batch(tid, s.scratch, &only)?) {
+        check(s.pid, tid, name, r)?;
     }
     // An interrupted relative sleep resumes with the time it had left.
     if let (Some(ns), Some(regs)) = (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs)) {
@@ -97,7 +109,7 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
             let mut ts = Vec::with_capacity(16);
             ts.extend_from_slice(&(ns / 1_000_000_000).to_le_bytes());
             ts.extend_from_slice(&(ns % 1_000_000_000).to_le_bytes());
-            r.write(req, &ts)?;
+            s.remote.write(req, &ts)?;
         }
     }
     Ok(())

@@ -16,8 +16,8 @@ pub fn restore_itimers(s: &mut Session) -> Result<()> {
             continue;
         }
         let b = le(&[t.interval_us / 1_000_000, t.interval_us % 1_000_000, t.value_us / 1_000_000, t.value_us % 1_000_000]);
-        s.remote.write(s.scratch, &b)?;
-        s.call("setitimer", libc::SYS_setitimer, &[t.which as u64, s.scratch, 0])?;
+        s.remote.write(s.data, &b)?;
+        s.call("setitimer", libc::SYS_setitimer, &[t.which as u64, s.data, 0])?;
     }
     Ok(())
 }
@@ -33,17 +33,17 @@ pub fn restore_posix(s: &mut Session) -> Result<()> {
         ev[8..12].copy_from_slice(&t.signo.to_le_bytes());
         ev[12..16].copy_from_slice(&t.notify.to_le_bytes());
         ev[16..20].copy_from_slice(&t.notify_tid.to_le_bytes());
-        s.remote.write(s.scratch, &ev)?;
-        s.remote.write(s.scratch + 64, &t.id.to_le_bytes())?;
-        s.call("timer_create", libc::SYS_timer_create, &[t.clockid as u64, s.scratch, s.scratch + 64])?;
-        let got = i32::from_le_bytes(s.remote.read(s.scratch + 64, 4)?.try_into().unwrap_or([0; 4]));
+        s.remote.write(s.data, &ev)?;
+        s.remote.write(s.data + 64, &t.id.to_le_bytes())?;
+        s.call("timer_create", libc::SYS_timer_create, &[t.clockid as u64, s.data, s.data + 64])?;
+        let got = i32::from_le_bytes(s.remote.read(s.data + 64, 4)?.try_into().unwrap_or([0; 4]));
         if got != t.id {
             return Err(EngineError::restore(s.pid, format!("POSIX timer {} came back as {got}{}", t.id, if by_id { "" } else { " (kernel lacks PR_TIMER_CREATE_RESTORE_IDS)" })));
         }
         if t.value_ns > 0 {
             let spec = le(&[t.interval_ns / 1_000_000_000, t.interval_ns % 1_000_000_000, t.value_ns / 1_000_000_000, t.value_ns % 1_000_000_000]);
-            s.remote.write(s.scratch + 128, &spec)?;
-            s.call("timer_settime", libc::SYS_timer_settime, &[t.id as u64, 0, s.scratch + 128, 0])?;
+            s.remote.write(s.data + 128, &spec)?;
+            s.call("timer_settime", libc::SYS_timer_settime, &[t.id as u64, 0, s.data + 128, 0])?;
         }
     }
     if by_id {

@@ -49,19 +49,56 @@ fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
     (r == 0).then_some(ti)
 }
 
-/// Options restore re-applies (only non-zero values are stored, except
-/// IPV6_V6ONLY whose default depends on a sysctl).
-const OPTIONS: &[(i32, i32)] = &[
-    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
-    (libc::SOL_SOCKET, libc::SO_REUSEPORT),
-    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
-    (libc::SOL_SOCKET, libc::SO_BROADCAST),
-    (libc::SOL_SOCKET, libc::SO_PRIORITY),
-    (libc::SOL_SOCKET, libc::SO_MARK),
-    (libc::IPPROTO_IP, libc::IP_FREEBIND),
-    (libc::IPPROTO_IP, libc::IP_TRANSPARENT),
-];
-const TCP_OPTIONS: &[(i32, i32)] = &[(libc::IPPROTO_TCP, libc::TCP_NODELAY), (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT)];
+fn getsockopt_bytes(fd: RawFd, level: i32, name: i32) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: buf/len describe a writable buffer.
+    let r = unsafe { libc::getsockopt(fd, level, name, buf.as_mut_ptr().cast(), &mut len) };
+    (r == 0).then(|| buf[..len as usize].to_vec())
+}
+
+fn sysctl_int(path: &str, field: usize) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().nth(field)?.parse().ok()
+}
+
+/// Options restore re-applies, with the value they have when nobody set
+/// them (None: all zero bytes). Buffer sizes are compared with the sysctl
+/// defaults, so autotuned buffers stay autotuned.
+fn option_defaults(family: i32, tcp: bool) -> Vec<(i32, i32, Option<i32>)> {
+    let (rmem, wmem) = if tcp {
+        (sysctl_int("/proc/sys/net/ipv4/tcp_rmem", 1), sysctl_int("/proc/sys/net/ipv4/tcp_wmem", 1))
+    } else {
+        (sysctl_int("/proc/sys/net/core/rmem_default", 0), sysctl_int("/proc/sys/net/core/wmem_default", 0))
+    };
+    let mut v = vec![
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR, None),
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT, None),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, None),
+        (libc::SOL_SOCKET, libc::SO_BROADCAST, None),
+        (libc::SOL_SOCKET, libc::SO_PRIORITY, None),
+        (libc::SOL_SOCKET, libc::SO_MARK, None),
+        (libc::SOL_SOCKET, libc::SO_OOBINLINE, None),
+        (libc::SOL_SOCKET, libc::SO_LINGER, None),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO, None),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO, None),
+        (libc::SOL_SOCKET, libc::SO_RCVLOWAT, Some(1)),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF, rmem.map(|m| m.max(2304))),
+        (libc::SOL_SOCKET, libc::SO_SNDBUF, wmem.map(|m| m.max(4608))),
+    ];
+    if family == libc::AF_INET {
+        v.push((libc::IPPROTO_IP, libc::IP_TOS, None));
+        v.push((libc::IPPROTO_IP, libc::IP_TTL, sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0)));
+        v.push((libc::IPPROTO_IP, libc::IP_FREEBIND, None));
+        v.push((libc::IPPROTO_IP, libc::IP_TRANSPARENT, None));
+    } else {
+        v.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Some(-1)));
+    }
+    if tcp {
+        v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, None));
+        v.push((libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, None));
+    }
+    v
+}
 
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let sock = info.dup()?;
@@ -111,18 +148,15 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         }
     }
     let mut options = Vec::new();
-    for &(level, name) in OPTIONS.iter().chain(if tcp { TCP_OPTIONS } else { &[] }) {
-        if level == libc::IPPROTO_IP && family != libc::AF_INET {
-            continue;
+    for (level, name, default) in option_defaults(family, tcp) {
+        let Some(value) = getsockopt_bytes(fd, level, name) else { continue };
+        let is_default = match default {
+            None => value.iter().all(|&b| b == 0),
+            Some(d) => value.len() == 4 && i32::from_ne_bytes([value[0], value[1], value[2], value[3]]) == d,
+        };
+        if !is_default {
+            options.push(SockOpt { level, name, value });
         }
-        match getsockopt_int(fd, level, name) {
-            Some(v) if v != 0 => options.push(SockOpt { level, name, value: v }),
-            _ => {}
-        }
-    }
-    if family == libc::AF_INET6 {
-        let v = getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY).unwrap_or(0);
-        options.push(SockOpt { level: libc::IPPROTO_IPV6, name: libc::IPV6_V6ONLY, value: v });
     }
     Ok(FileKind::InetSocket(InetSocket { family, sock_type, protocol, addr, port, listen_backlog, options }))
 }

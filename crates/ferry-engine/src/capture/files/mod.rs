@@ -116,7 +116,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd) -> Result<(Vec<OpenFile>, Vec<FdSlot>)
         };
         slots.push(FdSlot { fd, file, cloexec });
     }
-    pipe::check_both_ends_present(pid, &files, &slots)?;
+    pipe::check_both_ends_present(pid, &mut files, &slots)?;
     epoll::check_targets(pid, &files, &slots)?;
     Ok((files, slots))
 }

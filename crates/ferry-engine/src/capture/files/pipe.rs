@@ -35,7 +35,7 @@ fn unread_data(info: &FdInfo) -> Result<(u32, Vec<u8>)> {
 fn end(info: &FdInfo) -> Result<PipeEnd> {
     let flags = info.field("flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32;
     let (capacity, data) = unread_data(info)?;
-    Ok(PipeEnd { id: info.meta.ino(), write_end: flags & libc::O_ACCMODE == libc::O_WRONLY, capacity, data })
+    Ok(PipeEnd { id: info.meta.ino(), write_end: flags & libc::O_ACCMODE == libc::O_WRONLY, capacity, data, peer_closed: false })
 }
 
 pub fn capture_pipe(info: &FdInfo) -> Result<FileKind> {
@@ -48,18 +48,45 @@ pub fn capture_fifo(info: &FdInfo) -> Result<FileKind> {
 
 /// A pipe whose other end lives in another process cannot be restored
 /// alone: refuse it by name.
-pub fn check_both_ends_present(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<()> {
-    for (i, f) in files.iter().enumerate() {
-        let FileKind::Pipe(p) = &f.kind else { continue };
-        let other = files.iter().any(|g| matches!(&g.kind, FileKind::Pipe(q) if q.id == p.id && q.write_end != p.write_end));
-        if !other {
+/// alone: refuse it by name. If no process holds the other end, it was
+/// closed, and restore closes it too.
+pub fn check_both_ends_present(pid: i32, files: &mut [OpenFile], slots: &[FdSlot]) -> Result<()> {
+    for i in 0..files.len() {
+        let FileKind::Pipe(p) = &files[i].kind else { continue };
+        let (id, write_end) = (p.id, p.write_end);
+        let other = files.iter().any(|g| matches!(&g.kind, FileKind::Pipe(q) if q.id == id && q.write_end != write_end));
+        if other {
+            continue;
+        }
+        if let Some(holder) = other_holder(pid, id) {
             let fd = slots.iter().find(|s| s.file as usize == i).map_or(-1, |s| s.fd);
             return Err(EngineError::unsupported(
                 pid,
-                format!("fd {fd} (pipe:[{}])", p.id),
-                format!("its {} end belongs to another process", if p.write_end { "read" } else { "write" }),
+                format!("fd {fd} (pipe:[{id}])"),
+                format!("its {} end is held by process {holder}", if write_end { "read" } else { "write" }),
             ));
+        }
+        if let FileKind::Pipe(p) = &mut files[i].kind {
+            p.peer_closed = true;
         }
     }
     Ok(())
+}
+
+/// Another process with an fd on pipe `id`, if any.
+fn other_holder(pid: i32, id: u64) -> Option<i32> {
+    let want = format!("pipe:[{id}]");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(other) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if other == pid || other == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{other}/fd")) else { continue };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
+                return Some(other);
+            }
+        }
+    }
+    None
 }

@@ -6,8 +6,16 @@ use ferry_image::InetSocket;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 fn setopt(fd: i32, level: i32, name: i32, value: i32) -> i32 {
-    // SAFETY: value is a live int of the size passed.
-    unsafe { libc::setsockopt(fd, level, name, &value as *const i32 as *const libc::c_void, 4) }
+    setopt_bytes(fd, level, name, &value.to_ne_bytes())
+}
+
+fn setopt_bytes(fd: i32, level: i32, name: i32, value: &[u8]) -> i32 {
+    // SAFETY: value is a live buffer of the length passed.
+    unsafe { libc::setsockopt(fd, level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) }
+}
+
+fn int_of(v: &[u8]) -> i32 {
+    v.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
@@ -15,11 +23,18 @@ pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
     let sock = owned(pid, unsafe { libc::socket(s.family, s.sock_type | libc::SOCK_CLOEXEC, s.protocol) }, || "creating a socket".into())?;
     let fd = sock.as_raw_fd();
     for o in &s.options {
-        if setopt(fd, o.level, o.name, o.value) < 0 {
-            return Err(errno_err(pid, format!("setting socket option {}/{} to {}", o.level, o.name, o.value)));
+        // The kernel doubles buffer sizes it is given and reports the
+        // doubled value: hand back half.
+        let r = if o.level == libc::SOL_SOCKET && (o.name == libc::SO_RCVBUF || o.name == libc::SO_SNDBUF) {
+            setopt(fd, o.level, o.name, int_of(&o.value) / 2)
+        } else {
+            setopt_bytes(fd, o.level, o.name, &o.value)
+        };
+        if r < 0 {
+            return Err(errno_err(pid, format!("setting socket option {}/{} to {:?}", o.level, o.name, o.value)));
         }
     }
-    let had_reuse = s.options.iter().any(|o| o.level == libc::SOL_SOCKET && o.name == libc::SO_REUSEADDR);
+    let had_reuse = s.options.iter().any(|o| o.level == libc::SOL_SOCKET && o.name == libc::SO_REUSEADDR && int_of(&o.value) != 0);
     // Connections the old process closed may linger in TIME_WAIT on this
     // port; bind through them, then put the option back as it was.
     setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);

@@ -31,6 +31,10 @@ pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
         refill(pid, w, end.capacity, &end.data)?;
     }
     let taken = if end.write_end { ends.1.take() } else { ends.0.take() };
+    if end.peer_closed {
+        let peer = if end.write_end { ends.0.take() } else { ends.1.take() };
+        drop(peer);
+    }
     taken.ok_or_else(|| EngineError::restore(pid, format!("pipe {} has two {} ends", end.id, if end.write_end { "write" } else { "read" })))
 }
 
