@@ -190,6 +190,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
                 port: 8080,
                 listen_backlog: Some(128),
                 options: vec![SockOpt { level: 1, name: 2, value: 1i32.to_le_bytes().to_vec() }],
+                peer: None,
             }),
         },
         OpenFile { flags: 2, pos: 0, kind: FileKind::EventFd { count: 3, semaphore: false } },
@@ -214,6 +215,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
                 port: 53,
                 listen_backlog: None,
                 options: vec![],
+                peer: Some((vec![0; 15].into_iter().chain([1]).collect(), 5353)),
             }),
         },
     ];
@@ -385,6 +387,9 @@ pub fn assert_invariants(inv: &Inventory, p: &ProcessImage) {
         }
         if let FileKind::InetSocket(s) = &f.kind {
             assert_eq!(s.addr.len(), if s.family == 2 { 4 } else { 16 }, "accepted socket address of wrong length");
+            if let Some((peer, _)) = &s.peer {
+                assert_eq!(peer.len(), s.addr.len(), "accepted socket peer address of wrong length");
+            }
         }
     }
     assert_eq!(p.signals.actions.len(), 64);
@@ -640,7 +645,11 @@ fn mutate_model(inv: &mut Inventory, p: &mut ProcessImage, r: &mut Bytes) {
                         FileKind::InetSocket(s) => {
                             s.family = [2, 10, 1, -1][r.u8() as usize % 4];
                             let n = r.u8() as usize % 20;
-                            s.addr.resize(n, 0);
+                            if r.u8() % 2 == 0 {
+                                s.addr.resize(n, 0);
+                            } else {
+                                s.peer = if n == 19 { None } else { Some((vec![0; n], 1)) };
+                            }
                         }
                         _ => {}
                     }

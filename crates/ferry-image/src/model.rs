@@ -253,6 +253,8 @@ pub struct InetSocket {
     pub port: u16,
     /// Some(backlog) for a listening TCP socket.
     pub listen_backlog: Option<i32>,
+    /// A connected UDP socket's peer (address bytes, port).
+    pub peer: Option<(Vec<u8>, u16)>,
     pub options: Vec<SockOpt>,
 }
 

@@ -101,7 +101,7 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
         }
         if let FileKind::InetSocket(s) = &f.kind {
             let want = if s.family == 2 { 4 } else { 16 };
-            if s.addr.len() != want {
+            if s.addr.len() != want || s.peer.as_ref().is_some_and(|(a, _)| a.len() != want) {
                 return bad("socket address of wrong length".into());
             }
         }

@@ -122,14 +122,14 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     if !tcp && !udp {
         return Err(info.unsupported("only TCP and UDP sockets are supported"));
     }
-    if let Some((paddr, pport)) = sockaddr(fd, true) {
-        let what = if tcp { "established TCP connection" } else { "connected UDP socket" };
+    let peer = sockaddr(fd, true);
+    if let (true, Some((paddr, pport))) = (tcp, &peer) {
         let peer = if paddr.len() == 4 {
             format!("{}.{}.{}.{}:{pport}", paddr[0], paddr[1], paddr[2], paddr[3])
         } else {
             format!("[{}]:{pport}", std::net::Ipv6Addr::from(<[u8; 16]>::try_from(paddr.as_slice()).unwrap_or([0; 16])))
         };
-        return Err(info.unsupported(format!("{what} to {peer} (connection migration comes with TCP repair support)")));
+        return Err(info.unsupported(format!("established TCP connection to {peer} (live TCP connections are not supported yet)")));
     }
     let mut listen_backlog = None;
     if tcp && getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1) {
@@ -158,5 +158,5 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
             options.push(SockOpt { level, name, value });
         }
     }
-    Ok(FileKind::InetSocket(InetSocket { family, sock_type, protocol, addr, port, listen_backlog, options }))
+    Ok(FileKind::InetSocket(InetSocket { family, sock_type, protocol, addr, port, listen_backlog, peer, options }))
 }

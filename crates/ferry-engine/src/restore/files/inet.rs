@@ -38,23 +38,7 @@ pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
     // Connections the old process closed may linger in TIME_WAIT on this
     // port; bind through them, then put the option back as it was.
     setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
-    // SAFETY: sockaddr_storage is plain data.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = if s.family == libc::AF_INET {
-        // SAFETY: sockaddr_storage is large enough for sockaddr_in.
-        let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_port = s.port.to_be();
-        sin.sin_addr.s_addr = u32::from_ne_bytes([s.addr[0], s.addr[1], s.addr[2], s.addr[3]]);
-        std::mem::size_of::<libc::sockaddr_in>()
-    } else {
-        // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
-        let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
-        sin6.sin6_family = libc::AF_INET6 as u16;
-        sin6.sin6_port = s.port.to_be();
-        sin6.sin6_addr.s6_addr.copy_from_slice(&s.addr[..16]);
-        std::mem::size_of::<libc::sockaddr_in6>()
-    };
+    let (ss, len) = to_sockaddr(s.family, &s.addr, s.port);
     let unbound = s.port == 0 && s.addr.iter().all(|&b| b == 0);
     if !unbound {
         // SAFETY: ss holds a valid address of `len` bytes.
@@ -65,6 +49,13 @@ pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
     if !had_reuse {
         setopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 0);
     }
+    if let Some((paddr, pport)) = &s.peer {
+        let (ps, plen) = to_sockaddr(s.family, paddr, *pport);
+        // SAFETY: ps holds a valid address of `plen` bytes.
+        if unsafe { libc::connect(fd, &ps as *const _ as *const libc::sockaddr, plen as u32) } < 0 {
+            return Err(errno_err(pid, format!("connecting UDP socket to port {pport}")));
+        }
+    }
     if let Some(backlog) = s.listen_backlog {
         // SAFETY: integer arguments.
         if unsafe { libc::listen(fd, backlog) } < 0 {
@@ -72,4 +63,25 @@ pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
         }
     }
     Ok(sock)
+}
+
+fn to_sockaddr(family: i32, addr: &[u8], port: u16) -> (libc::sockaddr_storage, usize) {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = if family == libc::AF_INET {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in.
+        let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_port = port.to_be();
+        sin.sin_addr.s_addr = u32::from_ne_bytes([addr[0], addr[1], addr[2], addr[3]]);
+        std::mem::size_of::<libc::sockaddr_in>()
+    } else {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
+        let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+        sin6.sin6_family = libc::AF_INET6 as u16;
+        sin6.sin6_port = port.to_be();
+        sin6.sin6_addr.s6_addr.copy_from_slice(&addr[..16]);
+        std::mem::size_of::<libc::sockaddr_in6>()
+    };
+    (ss, len)
 }
