@@ -9,9 +9,11 @@ pub mod container;
 pub mod dir;
 pub mod error;
 pub mod model;
+pub mod stream;
 pub mod validate;
 
 pub use container::{decode_meta, encode_meta, FORMAT_VERSION};
 pub use dir::{ImageDir, PagesWriter};
 pub use error::ImageError;
 pub use model::*;
+pub use stream::{dir_to_stream, read_stream, write_stream};

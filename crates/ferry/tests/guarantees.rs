@@ -1,0 +1,269 @@
+//! What ferry promises around a checkpoint, tested on real processes:
+//! refusal of what it cannot capture (naming the object, process unharmed),
+//! --leave-running, a taken PID at restore, and damaged images rejected
+//! before anything is restored. Programs live in tests/guarantees/ and
+//! tests/conformance/ and follow the conformance protocol (READY, then
+//! SIGUSR2, then PASS/FAIL).
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A temp dir and the processes of one test; dropping it kills (by the
+/// PIDs we started) and reaps them, and removes the dir.
+struct Case {
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Case {
+    fn new(name: &str) -> Case {
+        let dir = std::env::temp_dir().join(format!("ferry-guarantee-{name}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst)));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("temp dir");
+        Case { dir, children: Vec::new() }
+    }
+
+    fn compile(&self, src: &str) -> PathBuf {
+        let out = self.dir.join("prog");
+        let st = Command::new("gcc")
+            .args(["-O1", "-g", "-pthread", "-o"])
+            .arg(&out)
+            .arg(repo().join(src))
+            .status()
+            .expect("gcc");
+        assert!(st.success(), "compiling {src} failed");
+        out
+    }
+
+    /// Starts `prog` in its own session with only stdio open; waits for READY.
+    fn start(&mut self, prog: &Path) -> i32 {
+        let log = fs::File::create(self.dir.join("program.log")).expect("log");
+        let mut cmd = Command::new(prog);
+        cmd.current_dir(&self.dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn");
+        let pid = child.id() as i32;
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains("READY") {
+            assert!(Instant::now() < deadline, "program never printed READY: {}", self.log());
+            sleep(Duration::from_millis(10));
+        }
+        pid
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("program.log")).unwrap_or_default()
+    }
+
+    fn images(&self) -> PathBuf {
+        self.dir.join("images")
+    }
+
+    fn ferry(&self, args: &[&str]) -> Output {
+        Command::new(FERRY).args(args).output().expect("run ferry")
+    }
+
+    fn checkpoint(&self, pid: i32, extra: &[&str]) -> Output {
+        let images = self.images();
+        let mut args = vec!["checkpoint", "--pid"];
+        let pid_s = pid.to_string();
+        args.push(&pid_s);
+        args.push("--images");
+        args.push(images.to_str().expect("utf-8 path"));
+        args.extend_from_slice(extra);
+        self.ferry(&args)
+    }
+
+    /// Sends SIGUSR2 to our child `idx` and waits for it to exit; returns its exit code.
+    fn finish_child(&mut self, idx: usize) -> i32 {
+        let pid = self.children[idx].id() as i32;
+        // SAFETY: signalling a process we started.
+        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.children[idx].try_wait().expect("wait") {
+                return st.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "program did not finish: {}", self.log());
+            sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Checkpoint must fail naming `what`, leave no image behind, and the
+/// program must go on and pass its own checks.
+fn assert_refused(src: &str, what: &[&str]) {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
+    let prog = c.compile(src);
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "checkpoint of {src} should have been refused");
+    for w in what {
+        assert!(err.contains(w), "refusal of {src} should mention {w:?}: {err}");
+    }
+    assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");
+    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
+#[test]
+fn refuses_child_process_and_leaves_it_running() {
+    assert_refused("tests/guarantees/child_process.c", &["child process", "process trees are not supported"]);
+}
+
+#[test]
+fn refuses_inotify_and_leaves_it_running() {
+    assert_refused("tests/guarantees/inotify_fd.c", &["fd 3", "inotify"]);
+}
+
+#[test]
+fn refuses_established_tcp_and_leaves_it_running() {
+    assert_refused("tests/conformance/sock_tcp_established.c", &["established TCP connection to 127.0.0.1:"]);
+}
+
+#[test]
+fn leave_running_keeps_the_process_and_image_restores_later() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("leave-running");
+    let prog = c.compile("tests/conformance/threads_8_writers.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &["--leave-running"]);
+    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
+    // SAFETY: probing a process we started.
+    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "process died despite --leave-running");
+
+    // Its PID is still taken: restore must say so and create nothing.
+    let images = c.images();
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
+
+    assert_eq!(c.finish_child(0), 0, "original failed after --leave-running: {}", c.log());
+    // Now the image restores the process as it was at the checkpoint.
+    fs::write(c.dir.join("program.log"), "").expect("truncate log");
+    let pidfile = c.dir.join("pid");
+    let restore = Command::new(FERRY)
+        .args(["restore", "--images", images.to_str().expect("utf-8"), "--pidfile", pidfile.to_str().expect("utf-8")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() {
+        assert!(Instant::now() < deadline, "restore did not finish");
+        sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling the process we restored.
+    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    let code = c.children[1].wait().expect("wait restore").code();
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
+fn checkpointed_image(c: &mut Case) -> i32 {
+    let prog = c.compile("tests/conformance/mem_anon_private.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    c.children[0].wait().expect("reap");
+    pid
+}
+
+fn assert_restore_rejected(c: &Case, pid: i32, what: &str) {
+    let images = c.images();
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    assert!(!r.status.success(), "restore of a damaged image succeeded");
+    assert!(stderr(&r).contains(what), "expected {what:?} in: {}", stderr(&r));
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a damaged image left a process behind");
+    let i = c.ferry(&["inspect", images.to_str().expect("utf-8")]);
+    assert!(!i.status.success(), "inspect accepted a damaged image");
+}
+
+#[test]
+fn corrupted_page_data_is_rejected_before_restore() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("corrupt-pages");
+    let pid = checkpointed_image(&mut c);
+    let pages = c.images().join("pages.img");
+    let mut data = fs::read(&pages).expect("pages");
+    let last = data.len() - 100;
+    data[last] ^= 0xff;
+    fs::write(&pages, data).expect("write");
+    assert_restore_rejected(&c, pid, "checksum mismatch");
+}
+
+#[test]
+fn truncated_metadata_is_rejected_before_restore() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("truncated-meta");
+    let pid = checkpointed_image(&mut c);
+    let meta = c.images().join("meta.img");
+    let data = fs::read(&meta).expect("meta");
+    fs::write(&meta, &data[..data.len() / 2]).expect("write");
+    assert_restore_rejected(&c, pid, "truncated");
+}
+
+#[test]
+fn bad_arguments_give_one_line_errors() {
+    let c = Case::new("bad-args");
+    let o = c.ferry(&["checkpoint", "--pid", "999999999", "--images", c.dir.join("x").to_str().expect("utf-8")]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no such process"), "{}", stderr(&o));
+    let o = c.ferry(&["restore", "--images", "/nonexistent/ferry-image"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.starts_with("ferry: error:") && e.contains("meta.img") && e.trim().lines().count() == 1, "{e}");
+    let o = c.ferry(&["inspect", "/nonexistent/ferry-image"]);
+    assert!(!o.status.success());
+}
