@@ -20,3 +20,9 @@ pub mod restore;
 pub mod syscall_restart;
 
 pub use error::{EngineError, Result};
+
+/// Threads used for bulk page work (copying, hashing): the CPUs we may
+/// run on, at most 4.
+pub fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+}

@@ -157,6 +157,31 @@ impl ImageDir {
         Ok(())
     }
 
+    /// [`verify_runs`](Self::verify_runs) split over `threads` threads:
+    /// hashing large images is bound by memory bandwidth per core.
+    pub fn verify_runs_parallel(runs: &[PageRun], data: &[u8], threads: usize) -> Result<(), ImageError> {
+        let total: u64 = runs.iter().map(|r| r.pages).sum();
+        if threads <= 1 || total < 4096 {
+            return Self::verify_runs(runs, data);
+        }
+        let per = total / threads as u64 + 1;
+        let mut parts = Vec::new();
+        let (mut start, mut acc) = (0usize, 0u64);
+        for (i, r) in runs.iter().enumerate() {
+            acc += r.pages;
+            if acc >= per {
+                parts.push(&runs[start..=i]);
+                start = i + 1;
+                acc = 0;
+            }
+        }
+        parts.push(&runs[start..]);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = parts.into_iter().map(|p| sc.spawn(move || Self::verify_runs(p, data))).collect();
+            hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(ImageError::Invalid("verification thread panicked".into()))))
+        })
+    }
+
     pub fn exists(path: &Path) -> bool {
         path.join(META_FILE).exists()
     }

@@ -121,7 +121,7 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
             }
         }
     }
-    let workers = if total < (16 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(4) };
+    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
     let per = total / workers as u64 + 1;
     let mut parts: Vec<&[Piece]> = Vec::new();
     let mut rest: &[Piece] = &pieces;

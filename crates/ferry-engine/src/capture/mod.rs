@@ -172,6 +172,6 @@ fn verify_written(dir: &ImageDir) -> Result<()> {
     let f = dir.check_pages_file(&inv)?;
     let map = ferry_sys::process::MappedFile::map(&f, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
         .map_err(|e| EngineError::kernel(process.pid, "mapping pages.img for verification", e))?;
-    ImageDir::verify_runs(&process.page_runs, map.bytes())?;
+    ImageDir::verify_runs_parallel(&process.page_runs, map.bytes(), crate::worker_threads())?;
     Ok(())
 }

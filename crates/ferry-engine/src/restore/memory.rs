@@ -173,7 +173,7 @@ pub fn needs_rw(v: &Vma) -> bool {
 /// pages dominates, so large images are written from several threads.
 pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
-    let workers = if total < (16 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(4) };
+    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
     let per = total / workers as u64 + 1;
     let mut parts = Vec::new();
     let mut rest = runs;

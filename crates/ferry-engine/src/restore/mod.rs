@@ -135,7 +135,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let pages_file = dirh.check_pages_file(&inv)?;
     let pages = ferry_sys::process::MappedFile::map(&pages_file, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
         .map_err(|e| EngineError::kernel(image.pid, "mapping pages.img", e))?;
-    ImageDir::verify_runs(&image.page_runs, pages.bytes())?;
+    ImageDir::verify_runs_parallel(&image.page_runs, pages.bytes(), crate::worker_threads())?;
     let pid = image.pid;
     ph.mark("read+verify image");
     for t in &image.threads {
