@@ -44,6 +44,20 @@ pub struct ProcessImage {
     pub itimers: Vec<ITimer>,
     pub posix_timers: Vec<PosixTimer>,
     pub misc: ProcessMisc,
+    /// memfd files the process maps or has open, with their content.
+    pub memfds: Vec<MemfdObject>,
+}
+
+/// A memfd (anonymous file): name, size, seals and the parts that hold data.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MemfdObject {
+    /// The memfd's inode: fds and mappings of one memfd share it.
+    pub id: u64,
+    pub name: String,
+    pub size: u64,
+    pub seals: i32,
+    /// (offset, bytes) of every data extent; holes are not stored.
+    pub extents: Vec<(u64, Vec<u8>)>,
 }
 
 /// prctl-level process attributes.
@@ -162,6 +176,8 @@ pub enum VmaBacking {
     /// Anonymous shared memory; mappings with the same `id` (the kernel's
     /// shmem inode) show the same pages.
     SharedAnon { id: u64 },
+    /// A mapping of a memfd in `ProcessImage::memfds`.
+    Memfd { id: u64 },
     /// A mapping of a file that still exists at `path`.
     File { path: String, dev: u64, ino: u64 },
     /// Kernel-provided mappings; restore moves the running kernel's own.
@@ -207,6 +223,8 @@ pub enum FileKind {
     CharDevice { path: String, rdev: u64 },
     /// A terminal: replaced at restore by a file the user chooses.
     Terminal { path: String },
+    /// A memfd in `ProcessImage::memfds`.
+    Memfd { id: u64 },
     Pipe(PipeEnd),
     Fifo { path: String, pipe: PipeEnd },
     EventFd { count: u64, semaphore: bool },

@@ -24,7 +24,7 @@
 use crate::container::{
     self, check_file_header, section_header_raw, SectionKind, HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN,
 };
-use crate::dir::{ImageDir, PAGES_DATA_OFFSET};
+use crate::dir::{ImageDir, META_FILE, PAGES_DATA_OFFSET};
 use crate::error::ImageError;
 use crate::model::{Inventory, ProcessImage};
 use crate::validate::validate;
@@ -199,6 +199,14 @@ fn next_section<R: Read>(r: &mut R, index: usize) -> Result<(u64, u64), ImageErr
 /// directory only looks like an image once it is complete.
 fn materialise(dir: &Path, inv: &Inventory, process: &ProcessImage, pages: &[u8]) -> Result<(), ImageError> {
     let image = ImageDir::new(dir);
+    // If `dir` already holds an image, stop it looking like one before its
+    // pages.img is replaced: old metadata must never meet new page data.
+    let old_meta = dir.join(META_FILE);
+    match std::fs::remove_file(&old_meta) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(ImageError::io(&old_meta, e)),
+    }
     let mut writer = image.create_pages()?;
     // No ranges: the data area is copied as is; the runs already point into it.
     writer.append_runs(&[], pages)?;

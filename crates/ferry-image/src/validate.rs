@@ -106,6 +106,17 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
             }
         }
     }
+    for m in &p.memfds {
+        if m.extents.iter().any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > m.size)) {
+            return bad(format!("memfd {} has data beyond its size", m.name));
+        }
+    }
+    let has_memfd = |id: &u64| p.memfds.iter().any(|m| m.id == *id);
+    if p.vmas.iter().any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
+        || p.files.iter().any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
+    {
+        return bad("a mapping or fd refers to a memfd the image does not hold".into());
+    }
     if p.signals.actions.len() != 64 {
         return bad(format!("{} signal actions, expected 64", p.signals.actions.len()));
     }

@@ -35,6 +35,7 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         let what = match &v.backing {
             VmaBacking::Anonymous => "[anonymous]".to_string(),
             VmaBacking::SharedAnon { id } => format!("[shared anonymous {id}]"),
+            VmaBacking::Memfd { id } => format!("memfd {}", memfd_name(&p, *id)),
             VmaBacking::File { path, .. } => path.clone(),
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),
@@ -52,6 +53,7 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
             FileKind::Directory { path } => format!("directory {path}"),
             FileKind::CharDevice { path, .. } => format!("device {path}"),
             FileKind::Terminal { path } => format!("terminal {path} (replaced at restore)"),
+            FileKind::Memfd { id } => format!("memfd {}", memfd_name(&p, *id)),
             FileKind::Pipe(e) => format!("pipe {} {} end, {} bytes queued", e.id, if e.write_end { "write" } else { "read" }, e.data.len()),
             FileKind::Fifo { path, pipe } => format!("fifo {path}, {} bytes queued", pipe.data.len()),
             FileKind::EventFd { count, semaphore } => format!("eventfd count {count}{}", if *semaphore { " (semaphore)" } else { "" }),
@@ -70,6 +72,10 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
     let handled = p.signals.actions.iter().filter(|a| a.handler > 1).count();
     println!("signals: {handled} handlers, {} pending for the process", p.signals.shared_pending.len());
     println!("timers: {} interval timers, {} POSIX timers", p.itimers.len(), p.posix_timers.len());
+    for m in &p.memfds {
+        let stored: usize = m.extents.iter().map(|(_, d)| d.len()).sum();
+        println!("memfd {:?}: {} bytes, {} stored, seals {:#x}", m.name, m.size, stored, m.seals);
+    }
     Ok(())
 }
 
@@ -78,4 +84,8 @@ fn ferry_sys_map(f: &std::fs::File, len: u64) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; len as usize];
     f.read_exact_at(&mut buf, ferry_image::dir::PAGES_DATA_OFFSET).context("reading pages.img")?;
     Ok(buf)
+}
+
+fn memfd_name(p: &ferry_image::ProcessImage, id: u64) -> String {
+    p.memfds.iter().find(|m| m.id == id).map_or_else(|| format!("#{id}"), |m| format!("{:?}", m.name))
 }

@@ -41,7 +41,7 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("/SYSV") => {
             return Err(EngineError::unsupported(pid, what(), "SysV shared memory is not supported yet"))
         }
-        _ if p.starts_with("/memfd:") => return Err(EngineError::unsupported(pid, what(), "memfd mappings are not supported yet")),
+        _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
         _ if p.ends_with(" (deleted)") => {
             return Err(EngineError::unsupported(pid, what(), "the mapped file was deleted; mappings of deleted files are not supported yet"))
         }
@@ -77,7 +77,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
         }
         (VmaBacking::Anonymous | VmaBacking::SharedAnon { .. }, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
-        (VmaBacking::File { .. }, false) => Some(ScanFilter {
+        (VmaBacking::File { .. } | VmaBacking::Memfd { .. }, false) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
             any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,

@@ -6,6 +6,7 @@
 //! mapping) runs before anything is changed inside it.
 
 mod files;
+mod memfd;
 mod memory;
 mod process;
 mod signals;
@@ -70,6 +71,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds) = files::capture(pid, &frozen.pidfd)?;
+    let memfds = memfd::capture(pid, &frozen.pidfd, &files, &fds, &vmas, &smaps)?;
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")
@@ -101,6 +103,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         itimers,
         posix_timers,
         misc,
+        memfds,
         ..process::capture(pid)?
     };
     image.mm = memory::mm_layout(pid, brk)?;

@@ -65,6 +65,7 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         itimers: Vec::new(),
         posix_timers: Vec::new(),
         misc: ProcessMisc::default(),
+        memfds: Vec::new(),
     })
 }
 

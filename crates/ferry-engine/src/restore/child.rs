@@ -19,6 +19,7 @@ pub struct ChildPlan<'a> {
     pub keep: Vec<RawFd>,
     /// Lowest fd number above every fd of the image.
     pub temp_base: RawFd,
+    pub memfds: std::collections::HashMap<u64, RawFd>,
     pub go: OwnedFd,
     pub status: OwnedFd,
 }
@@ -67,7 +68,7 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
     std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?;
     close_all_but(&plan.keep);
-    super::files::build_fd_table(img, plan.tty_to, plan.temp_base)?;
+    super::files::build_fd_table(img, plan.tty_to, plan.temp_base, &plan.memfds)?;
     if img.no_new_privs {
         // SAFETY: integer arguments.
         unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };

@@ -123,6 +123,7 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
                 }
             },
             VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
+            VmaBacking::Memfd { id } => s.staging_fd(&memfd_key(*id), true)? as i64,
         };
         let mut prot = v.prot;
         if has_pages(v, runs) && prot & PROT_WRITE == 0 {
@@ -162,6 +163,11 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
         }
     }
     Ok(reprotect)
+}
+
+/// Staging key of a memfd: memfds are recreated by ferry before the fork.
+pub fn memfd_key(id: u64) -> String {
+    format!("memfd:{id}")
 }
 
 pub fn needs_rw(v: &Vma) -> bool {

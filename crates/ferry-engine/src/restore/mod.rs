@@ -85,6 +85,26 @@ fn pid_owner(pid: i32) -> Option<String> {
 fn stage_files(image: &ProcessImage, temp_base: RawFd) -> Result<(HashMap<(String, bool), RawFd>, Vec<OwnedFd>, Option<RawFd>)> {
     let mut map = HashMap::new();
     let mut owned = Vec::new();
+    for m in &image.memfds {
+        let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
+        // SAFETY: name is NUL-terminated; flags are plain integers.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if raw < 0 {
+            return Err(files::errno_err(image.pid, format!("recreating memfd {}", m.name)));
+        }
+        // SAFETY: raw is a new descriptor we own.
+        let f = std::fs::File::from(unsafe { ferry_sys::fd::own(raw) });
+        f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
+        for (off, data) in &m.extents {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(data, *off).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
+        }
+        let fd = ferry_sys::fd::fcntl_int(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
+            .map_err(|e| EngineError::kernel(image.pid, "staging a memfd", e))?;
+        // SAFETY: fd is a new descriptor we own.
+        owned.push(unsafe { ferry_sys::fd::own(fd) });
+        map.insert((memory::memfd_key(m.id), true), fd);
+    }
     let mut open = |path: &str, rw: bool, what: String| -> Result<RawFd> {
         if let Some(fd) = map.get(&(path.to_string(), rw)) {
             return Ok(*fd);
@@ -161,7 +181,10 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     // background logging), so the child may run ordinary Rust code.
     let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
     let child_pid = match forked {
-        Ok(0) => child::run(child::ChildPlan { image: &image, tty_to: &opts.tty_to, keep, temp_base, go: go_r, status: st_w }),
+        Ok(0) => {
+            let memfds = image.memfds.iter().filter_map(|m| staging.get(&(memory::memfd_key(m.id), true)).map(|fd| (m.id, *fd))).collect();
+            child::run(child::ChildPlan { image: &image, tty_to: &opts.tty_to, keep, temp_base, memfds, go: go_r, status: st_w })
+        }
         Ok(p) => p,
         Err(e) if e.errno == libc::EEXIST => {
             return Err(EngineError::PidTaken { pid, comm: pid_owner(pid).unwrap_or_else(|| "unknown".into()) })
@@ -183,14 +206,23 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
         Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => {}
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
-    // The child has its own copies now.
-    drop(staged_owned);
+    // The child has its own copies now; memfds stay open here until their
+    // seals can be applied, after every mapping exists.
+    let memfd_fds: Vec<(i32, RawFd)> =
+        image.memfds.iter().filter_map(|m| staging.get(&(memory::memfd_key(m.id), true)).map(|fd| (m.seals, *fd))).collect();
     ph.mark("fork+fd table");
 
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut s = Session { pid, image: &image, remote, scratch: 0, data: 0, staging };
     run_injected(&mut s, &pages, exe_fd, &mut ph)?;
+    for (seals, fd) in memfd_fds {
+        // SAFETY: F_ADD_SEALS with an integer on our own descriptor.
+        if seals != 0 && unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(files::errno_err(pid, format!("sealing a memfd with {seals:#x}")));
+        }
+    }
+    drop(staged_owned);
     guard.1 = true;
     Ok(Restored { pid, threads: image.threads.len(), total_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }

@@ -16,7 +16,7 @@ const PLAIN_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/ra
 pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
     let link = info.link.as_str();
     if link.starts_with("/memfd:") {
-        return Err(info.unsupported("memfd files are not supported yet"));
+        return Ok(FileKind::Memfd { id: info.meta.ino() });
     }
     if let Some(path) = link.strip_suffix(" (deleted)") {
         let size = info.meta.len();

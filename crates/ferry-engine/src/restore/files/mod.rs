@@ -23,6 +23,8 @@ pub(crate) struct Builder<'a> {
     pub pipes: HashMap<u64, (Option<OwnedFd>, Option<OwnedFd>)>,
     /// O_RDWR opens that keep FIFO contents alive until every end exists.
     pub fifo_keepers: HashMap<u64, OwnedFd>,
+    /// memfds recreated by ferry before the fork, by id.
+    pub memfds: &'a HashMap<u64, RawFd>,
 }
 
 pub(crate) fn errno_err(pid: i32, what: String) -> EngineError {
@@ -46,6 +48,10 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::Regular { .. } | FileKind::Deleted { .. } | FileKind::Directory { .. } | FileKind::CharDevice { .. } | FileKind::Terminal { .. } => {
             regular::open(b, f)?
         }
+        FileKind::Memfd { id } => {
+            let fd = b.memfds.get(id).copied().ok_or_else(|| EngineError::restore(b.pid, format!("memfd {id} was not staged")))?;
+            regular::reopen(b.pid, fd, f)?
+        }
         FileKind::Pipe(end) => pipe::open_pipe_end(b, end)?,
         FileKind::Fifo { path, pipe } => pipe::open_fifo(b, path, pipe, f.flags)?,
         FileKind::EventFd { count, semaphore } => eventfd::create(b.pid, *count, *semaphore)?,
@@ -66,9 +72,9 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
 /// Creates every open file description and installs it under each fd
 /// number it had. Temporary descriptors are kept at or above `temp_base`
 /// (above every fd the image uses) so they cannot collide with them.
-pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd) -> Result<()> {
+pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<()> {
     let pid = image.pid;
-    let mut b = Builder { pid, tty_to, pipes: HashMap::new(), fifo_keepers: HashMap::new() };
+    let mut b = Builder { pid, tty_to, pipes: HashMap::new(), fifo_keepers: HashMap::new(), memfds };
     let mut temps: Vec<OwnedFd> = Vec::with_capacity(image.files.len());
     for f in &image.files {
         let fd = build_one(&mut b, f)?;

@@ -55,6 +55,15 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
     fd
 }
 
+/// A new open file description of what `fd` refers to, with `f`'s flags
+/// and offset (opening /proc/self/fd/N reopens the file itself).
+pub fn reopen(pid: i32, fd: i32, f: &OpenFile) -> Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{fd}");
+    let new = open_path(pid, &path, f.flags & OPEN_MASK, 0)?;
+    seek(pid, &new, f.pos, &path)?;
+    Ok(new)
+}
+
 pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let pid = b.pid;
     let flags = f.flags & OPEN_MASK;

@@ -1,0 +1,70 @@
+//! memfd files: anonymous files that a process maps or holds open. They
+//! exist nowhere else, so their content travels in the image (only the
+//! extents that hold data: holes are found with SEEK_DATA/SEEK_HOLE).
+
+use crate::error::{EngineError, Result};
+use crate::procfs::MapsEntry;
+use ferry_image::{FdSlot, FileKind, MemfdObject, OpenFile, Vma, VmaBacking};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+/// memfd content larger than this is refused rather than copied.
+const MAX_MEMFD: u64 = 4 << 30;
+
+/// "/memfd:NAME (deleted)" -> NAME.
+pub fn name_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/memfd:").map(|n| n.strip_suffix(" (deleted)").unwrap_or(n))
+}
+
+fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) -> Result<MemfdObject> {
+    let what = || format!("memfd {name} (pid {pid})");
+    let size = file.metadata().map_err(|e| EngineError::io(what(), e))?.len();
+    if size > MAX_MEMFD {
+        return Err(EngineError::unsupported(pid, what(), format!("{size} bytes is too large to copy into the image")));
+    }
+    // SAFETY: F_GET_SEALS takes no pointer.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) }.max(0);
+    let mut extents = Vec::new();
+    let mut off = 0u64;
+    while off < size {
+        // SAFETY: lseek with integer arguments on our own descriptor.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), off as i64, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: only a hole is left
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) }.max(data) as u64;
+        let end = hole.min(size);
+        let mut buf = vec![0u8; (end - data as u64) as usize];
+        file.read_exact_at(&mut buf, data as u64).map_err(|e| EngineError::io(what(), e))?;
+        extents.push((data as u64, buf));
+        off = end;
+    }
+    Ok(MemfdObject { id, name: name.to_string(), size, seals, extents })
+}
+
+/// Reads every memfd the fds or mappings refer to: through one of the
+/// process's fds when it has one, else through /proc/PID/map_files.
+pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
+    let mut out: Vec<MemfdObject> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let FileKind::Memfd { id } = f.kind else { continue };
+        if out.iter().any(|m| m.id == id) {
+            continue;
+        }
+        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
+        let link = crate::procfs::read_link(&format!("/proc/{pid}/fd/{}", slot.fd))?;
+        let fd = ferry_sys::pidfd::pidfd_getfd(pidfd, slot.fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {}", slot.fd), e))?;
+        out.push(read_object(pid, id, name_of(&link).unwrap_or(""), std::fs::File::from(fd))?);
+    }
+    for (v, m) in vmas.iter().zip(smaps) {
+        let VmaBacking::Memfd { id } = v.backing else { continue };
+        if out.iter().any(|o| o.id == id) {
+            continue;
+        }
+        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        out.push(read_object(pid, id, name_of(&m.path).unwrap_or(""), file)?);
+    }
+    Ok(out)
+}

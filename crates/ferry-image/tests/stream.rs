@@ -1,0 +1,679 @@
+//! An image as one byte stream: round trips through memory, a real socket
+//! and image directories, and every kind of broken stream rejected with a
+//! sensible error (never a panic, a huge allocation or a hang).
+
+use ferry_image::container::{self, checksum, encode_meta, MAX_SECTION_LEN, SECTION_HEADER_LEN};
+use ferry_image::dir::{META_FILE, PAGES_FILE};
+use ferry_image::model::*;
+use ferry_image::stream::{dir_to_stream, is_stream_error, read_stream, write_stream};
+use ferry_image::{ImageDir, ImageError, FORMAT_VERSION};
+use std::io::{Cursor, Read, Write};
+use std::path::{Path, PathBuf};
+
+const PID: i32 = 777;
+const PAGE: usize = 4096;
+
+// ---------------------------------------------------------------- fixture
+
+fn thread(tid: i32) -> ThreadImage {
+    ThreadImage {
+        tid,
+        comm: "streamed".into(),
+        regs: (0..27).collect(),
+        xstate: vec![0xa5; 576],
+        sigmask: 0,
+        pending: vec![],
+        altstack: AltStack::default(),
+        rseq: None,
+        robust_list: RobustList::default(),
+        clear_child_tid: 0,
+        timer_slack_ns: 50_000,
+        sleep_remaining_ns: None,
+    }
+}
+
+fn anon(start: u64, end: u64) -> Vma {
+    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Anonymous }
+}
+
+/// Page data that is different on every page (so misplaced runs show).
+fn fill_pages(npages: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..npages * PAGE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A valid image with `npages` (>= 2) pages of data in two runs: the first
+/// run (lower address) is stored *after* the second in the data area, so
+/// offsets and addresses do not go the same way.
+fn image(npages: usize) -> (Inventory, ProcessImage, Vec<u8>) {
+    assert!(npages >= 2);
+    let pages = fill_pages(npages);
+    let low_pages = npages - 1;
+    let heap = 0x60_0000u64;
+    let stack_top = 0x7ffd_0002_0000u64;
+    let low_off = PAGE; // the single high page sits at offset 0
+    let runs = vec![
+        PageRun {
+            start: heap,
+            pages: low_pages as u64,
+            offset: low_off as u64,
+            checksum: checksum(&pages[low_off..low_off + low_pages * PAGE]),
+        },
+        PageRun { start: stack_top - PAGE as u64, pages: 1, offset: 0, checksum: checksum(&pages[..PAGE]) },
+    ];
+    let inv = Inventory {
+        format_version: FORMAT_VERSION,
+        ferry_version: "0.1.0".into(),
+        kernel_release: "6.1.0".into(),
+        arch: "x86_64".into(),
+        xsave_size: 576,
+        created_unix_ms: 1_700_000_000_000,
+        source_pid: PID,
+        pages_bytes: pages.len() as u64,
+    };
+    let p = ProcessImage {
+        pid: PID,
+        ppid: 1,
+        pgid: PID,
+        sid: PID,
+        comm: "streamed".into(),
+        exe: "/usr/bin/streamed".into(),
+        cwd: "/".into(),
+        umask: 0o022,
+        personality: 0,
+        no_new_privs: false,
+        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000] },
+        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
+        threads: vec![thread(PID), thread(PID + 1)],
+        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
+        vmas: vec![
+            Vma {
+                start: 0x40_0000,
+                end: 0x40_1000,
+                prot: PROT_READ | PROT_EXEC,
+                shared: false,
+                flags: 0,
+                pgoff: 0,
+                backing: VmaBacking::File { path: "/usr/bin/streamed".into(), dev: 1, ino: 2 },
+            },
+            anon(heap, heap + (low_pages + 3) as u64 * PAGE as u64),
+            anon(stack_top - 0x20000, stack_top),
+        ],
+        page_runs: runs,
+        files: vec![OpenFile { flags: 0, pos: 0, kind: FileKind::EventFd { count: 3, semaphore: false } }],
+        fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
+        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
+        itimers: vec![],
+        posix_timers: vec![],
+        misc: ProcessMisc::default(),
+        memfds: vec![],
+    };
+    ferry_image::validate::validate(&inv, &p).expect("fixture is valid");
+    (inv, p, pages)
+}
+
+fn stream_of(inv: &Inventory, p: &ProcessImage, pages: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let n = write_stream(&mut out, inv, p, pages).expect("write_stream");
+    assert_eq!(n, out.len() as u64);
+    out
+}
+
+// ------------------------------------------------- raw section surgery
+
+/// A stream taken apart: the 16-byte header and (kind, payload) sections.
+struct Raw {
+    header: Vec<u8>,
+    sections: Vec<(u32, Vec<u8>)>,
+}
+
+fn split(stream: &[u8]) -> Raw {
+    let header = stream[..16].to_vec();
+    let mut rest = &stream[16..];
+    let mut sections = Vec::new();
+    while !rest.is_empty() {
+        let kind = u32::from_le_bytes(rest[0..4].try_into().unwrap());
+        let len = u64::from_le_bytes(rest[8..16].try_into().unwrap()) as usize;
+        sections.push((kind, rest[SECTION_HEADER_LEN..SECTION_HEADER_LEN + len].to_vec()));
+        rest = &rest[SECTION_HEADER_LEN + len..];
+    }
+    Raw { header, sections }
+}
+
+fn section_bytes(kind: u32, len: u64, sum: u64) -> [u8; SECTION_HEADER_LEN] {
+    let mut h = [0u8; SECTION_HEADER_LEN];
+    h[..4].copy_from_slice(&kind.to_le_bytes());
+    h[8..16].copy_from_slice(&len.to_le_bytes());
+    h[16..24].copy_from_slice(&sum.to_le_bytes());
+    h
+}
+
+/// Puts sections back together with correct lengths and checksums.
+fn join(header: &[u8], sections: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut out = header.to_vec();
+    for (kind, payload) in sections {
+        out.extend_from_slice(&section_bytes(*kind, payload.len() as u64, checksum(payload)));
+        out.extend_from_slice(payload);
+    }
+    out
+}
+
+/// Offsets where each section header starts, and the stream's end.
+fn boundaries(stream: &[u8]) -> Vec<usize> {
+    let raw = split(stream);
+    let mut at = 16;
+    let mut b = vec![at];
+    for (_, payload) in &raw.sections {
+        at += SECTION_HEADER_LEN + payload.len();
+        b.push(at);
+    }
+    b
+}
+
+const INV: u32 = 1;
+const PROC: u32 = 2;
+const PAGES: u32 = 3;
+
+fn read(bytes: &[u8]) -> Result<(Inventory, ProcessImage, Vec<u8>), ImageError> {
+    read_stream(&mut Cursor::new(bytes), None)
+}
+
+fn expect_err(bytes: &[u8]) -> ImageError {
+    match read(bytes) {
+        Ok(_) => panic!("stream of {} bytes was accepted", bytes.len()),
+        Err(e) => e,
+    }
+}
+
+// ------------------------------------------------------ temp directories
+
+/// A unique directory under the system temp dir, removed when dropped
+/// (also when the test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "ferry-stream-test-{}-{tag}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes an image directory with ImageDir's own API (not via streams).
+fn write_dir(dir: &Path, inv: &Inventory, p: &ProcessImage, pages: &[u8]) {
+    let image = ImageDir::new(dir);
+    let mut w = image.create_pages().unwrap();
+    w.append_runs(&[], pages).unwrap();
+    assert_eq!(w.finish().unwrap(), pages.len() as u64);
+    image.write_meta(inv, p).unwrap();
+}
+
+// ------------------------------------------------------------ round trips
+
+#[test]
+fn stream_is_meta_then_pages_section() {
+    let (inv, p, pages) = image(3);
+    let s = stream_of(&inv, &p, &pages);
+    let meta = encode_meta(&inv, &p).unwrap();
+    assert_eq!(&s[..meta.len()], &meta[..], "metadata framed exactly as encode_meta");
+    let ph = &s[meta.len()..meta.len() + SECTION_HEADER_LEN];
+    assert_eq!(ph, &container::section_header(container::SectionKind::Pages, &pages)[..]);
+    assert_eq!(&s[meta.len() + SECTION_HEADER_LEN..], &pages[..]);
+}
+
+#[test]
+fn round_trip_through_memory() {
+    let (inv, p, pages) = image(5);
+    let s = stream_of(&inv, &p, &pages);
+    let (inv2, p2, pages2) = read(&s).unwrap();
+    assert_eq!(inv2, inv);
+    assert_eq!(p2, p);
+    assert_eq!(pages2, pages);
+}
+
+#[test]
+fn round_trip_without_pages() {
+    let (mut inv, mut p, _) = image(2);
+    inv.pages_bytes = 0;
+    p.page_runs.clear();
+    let s = stream_of(&inv, &p, &[]);
+    let (inv2, p2, pages2) = read(&s).unwrap();
+    assert_eq!((inv2, p2), (inv, p));
+    assert!(pages2.is_empty());
+}
+
+#[test]
+fn reader_stops_exactly_at_the_end_of_the_image() {
+    let (inv, p, pages) = image(2);
+    let mut s = stream_of(&inv, &p, &pages);
+    let len = s.len();
+    s.extend_from_slice(b"next message");
+    let mut c = Cursor::new(&s[..]);
+    read_stream(&mut c, None).unwrap();
+    assert_eq!(c.position() as usize, len);
+    // Two images back to back on one stream.
+    let mut two = stream_of(&inv, &p, &pages);
+    two.extend(stream_of(&inv, &p, &pages));
+    let mut c = Cursor::new(&two[..]);
+    read_stream(&mut c, None).unwrap();
+    read_stream(&mut c, None).unwrap();
+    assert_eq!(c.position() as usize, two.len());
+}
+
+/// Hands out a few bytes at a time and is sometimes interrupted, like a
+/// slow socket.
+struct Trickle<'a> {
+    data: &'a [u8],
+    calls: usize,
+}
+
+impl Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.calls += 1;
+        if self.calls.is_multiple_of(7) {
+            return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "signal"));
+        }
+        let n = (self.calls % 13 + 1).min(buf.len()).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn round_trip_with_short_and_interrupted_reads() {
+    let (inv, p, pages) = image(3);
+    let s = stream_of(&inv, &p, &pages);
+    let (inv2, p2, pages2) = read_stream(&mut Trickle { data: &s, calls: 0 }, None).unwrap();
+    assert_eq!((inv2, p2, pages2), (inv, p, pages));
+}
+
+#[test]
+fn round_trip_through_a_socket() {
+    use std::os::unix::net::UnixStream;
+    // 8 MiB of pages: far more than the socket buffer, so both sides block
+    // and the reader sees many partial reads.
+    let (inv, p, pages) = image(2048);
+    let (mut tx, mut rx) = UnixStream::pair().unwrap();
+    let (inv_w, p_w, pages_w) = (inv.clone(), p.clone(), pages.clone());
+    let writer = std::thread::spawn(move || {
+        let a = write_stream(&mut tx, &inv_w, &p_w, &pages_w).unwrap();
+        // A second image on the same connection.
+        let b = write_stream(&mut tx, &inv_w, &p_w, &pages_w[..]).unwrap();
+        a + b
+    });
+    let first = read_stream(&mut rx, None);
+    let second = read_stream(&mut rx, None);
+    let sent = writer.join().unwrap();
+    let (inv2, p2, pages2) = first.unwrap();
+    assert_eq!(inv2, inv);
+    assert_eq!(p2, p);
+    assert!(pages2 == pages);
+    assert!(second.unwrap().2 == pages);
+    assert_eq!(sent, 2 * stream_of(&inv, &p, &pages).len() as u64);
+    // Nothing left over: the writer's end was dropped with its thread.
+    let mut rest = Vec::new();
+    rx.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
+
+#[test]
+fn socket_closed_mid_image_is_truncated() {
+    use std::os::unix::net::UnixStream;
+    let (inv, p, pages) = image(64);
+    let s = stream_of(&inv, &p, &pages);
+    let (mut tx, mut rx) = UnixStream::pair().unwrap();
+    let cut = s.len() - 5000;
+    let writer = std::thread::spawn(move || {
+        tx.write_all(&s[..cut]).unwrap();
+        // tx dropped here: the reader sees EOF in the middle of the pages.
+    });
+    let e = read_stream(&mut rx, None).unwrap_err();
+    writer.join().unwrap();
+    assert!(matches!(e, ImageError::Truncated(_)), "{e:?}");
+}
+
+#[test]
+fn dir_to_stream_to_dir() {
+    let (inv, p, pages) = image(9);
+    let a = TempDir::new("src");
+    let b = TempDir::new("dst");
+    let b_img = b.path().join("image"); // does not exist yet: read_stream creates it
+    write_dir(a.path(), &inv, &p, &pages);
+
+    let mut s = Vec::new();
+    let n = dir_to_stream(a.path(), &mut s).unwrap();
+    assert_eq!(n, s.len() as u64);
+    assert_eq!(s, stream_of(&inv, &p, &pages), "a directory streams to the same bytes as write_stream");
+
+    let (inv2, p2, pages2) = read_stream(&mut Cursor::new(&s), Some(&b_img)).unwrap();
+    assert_eq!((&inv2, &p2, &pages2), (&inv, &p, &pages));
+
+    // The new directory is byte for byte what ImageDir wrote, and reads back.
+    for f in [META_FILE, PAGES_FILE] {
+        let x = std::fs::read(a.path().join(f)).unwrap();
+        let y = std::fs::read(b_img.join(f)).unwrap();
+        assert!(x == y, "{f} differs");
+    }
+    assert!(!b_img.join("meta.img.tmp").exists());
+    let received = ImageDir::new(&b_img);
+    assert!(ImageDir::exists(&b_img));
+    let (inv3, p3) = received.read_meta().unwrap();
+    assert_eq!((&inv3, &p3), (&inv, &p));
+    received.check_pages_file(&inv3).unwrap();
+    let on_disk = std::fs::read(received.pages_path()).unwrap();
+    ImageDir::verify_runs(&p3.page_runs, &on_disk[4096..]).unwrap();
+
+    // Receiving into a directory that already holds a (different) image
+    // replaces it completely.
+    let (inv4, p4, pages4) = image(4);
+    let s4 = stream_of(&inv4, &p4, &pages4);
+    read_stream(&mut Cursor::new(&s4), Some(&b_img)).unwrap();
+    assert_eq!(ImageDir::new(&b_img).read_meta().unwrap(), (inv4.clone(), p4.clone()));
+    let mut s5 = Vec::new();
+    dir_to_stream(&b_img, &mut s5).unwrap();
+    assert!(s5 == s4);
+    read_stream(&mut Cursor::new(&s), Some(&b_img)).unwrap();
+
+    // And back out again: identical stream.
+    let mut s2 = Vec::new();
+    dir_to_stream(&b_img, &mut s2).unwrap();
+    assert!(s2 == s);
+}
+
+#[test]
+fn dir_to_stream_refuses_a_broken_directory() {
+    let (inv, p, pages) = image(3);
+    let d = TempDir::new("broken");
+    write_dir(d.path(), &inv, &p, &pages);
+    // pages.img one page short of what the inventory says.
+    let pf = d.path().join(PAGES_FILE);
+    let f = std::fs::OpenOptions::new().write(true).open(&pf).unwrap();
+    f.set_len((4096 + pages.len() - PAGE) as u64).unwrap();
+    let mut out = Vec::new();
+    let e = dir_to_stream(d.path(), &mut out).unwrap_err();
+    assert!(matches!(e, ImageError::Truncated(_)), "{e:?}");
+    assert!(out.is_empty(), "nothing sent for a broken image");
+    // No directory at all.
+    let e = dir_to_stream(&d.path().join("missing"), &mut out).unwrap_err();
+    assert!(matches!(e, ImageError::Io { .. }), "{e:?}");
+    assert!(!is_stream_error(&e));
+}
+
+#[test]
+fn rejected_stream_leaves_no_directory() {
+    let (inv, p, pages) = image(3);
+    let mut s = stream_of(&inv, &p, &pages);
+    let last = s.len() - 1;
+    s[last] ^= 1;
+    let d = TempDir::new("rejected");
+    let target = d.path().join("image");
+    let e = read_stream(&mut Cursor::new(&s), Some(&target)).unwrap_err();
+    assert!(matches!(e, ImageError::Checksum { .. }), "{e:?}");
+    assert!(!target.exists());
+}
+
+#[test]
+fn write_errors_are_stream_io_errors() {
+    struct Broken;
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "peer went away"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (inv, p, pages) = image(2);
+    let e = write_stream(&mut Broken, &inv, &p, &pages).unwrap_err();
+    assert!(is_stream_error(&e), "{e:?}");
+}
+
+#[test]
+fn write_stream_refuses_page_data_of_the_wrong_size() {
+    let (inv, p, pages) = image(3);
+    let mut out = Vec::new();
+    let e = write_stream(&mut out, &inv, &p, &pages[..pages.len() - 1]).unwrap_err();
+    assert!(matches!(e, ImageError::Invalid(_)), "{e:?}");
+    assert!(out.is_empty());
+}
+
+// ------------------------------------------------------------- rejections
+
+#[test]
+fn truncated_at_every_section_boundary() {
+    let (inv, p, pages) = image(3);
+    let s = stream_of(&inv, &p, &pages);
+    let b = boundaries(&s);
+    assert_eq!(b.len(), 4);
+    let mut cuts = vec![0, 8, 15];
+    for &x in &b[..3] {
+        cuts.extend([x, x + 1, x + SECTION_HEADER_LEN - 1, x + SECTION_HEADER_LEN]);
+    }
+    cuts.extend([b[3] - 1, b[2] + SECTION_HEADER_LEN + pages.len() / 2]);
+    for cut in cuts {
+        let e = expect_err(&s[..cut]);
+        assert!(matches!(e, ImageError::Truncated(_)), "cut at {cut}: {e:?}");
+    }
+}
+
+#[test]
+fn truncated_anywhere() {
+    let (inv, p, pages) = image(3);
+    let s = stream_of(&inv, &p, &pages);
+    let meta_end = boundaries(&s)[2] + SECTION_HEADER_LEN;
+    // Every byte of the metadata, then every 61st byte of page data.
+    for cut in (0..meta_end).chain((meta_end..s.len()).step_by(61)) {
+        let e = expect_err(&s[..cut]);
+        assert!(matches!(e, ImageError::Truncated(_)), "cut at {cut}: {e:?}");
+    }
+}
+
+#[test]
+fn flipped_byte_in_each_section() {
+    let (inv, p, pages) = image(3);
+    let s = stream_of(&inv, &p, &pages);
+    let b = boundaries(&s);
+    let names = ["inventory", "process", "pages"];
+    for i in 0..3 {
+        let payload_start = b[i] + SECTION_HEADER_LEN;
+        let payload_len = b[i + 1] - payload_start;
+        // First, middle and last byte of the payload.
+        for at in [payload_start, payload_start + payload_len / 2, b[i + 1] - 1] {
+            let mut bad = s.clone();
+            bad[at] ^= 0x40;
+            match expect_err(&bad) {
+                ImageError::Checksum { what } => assert!(what.contains(names[i]), "{what}"),
+                e => panic!("flip at {at} in {}: {e:?}", names[i]),
+            }
+        }
+        // The checksum field itself.
+        let mut bad = s.clone();
+        bad[b[i] + 17] ^= 1;
+        assert!(matches!(expect_err(&bad), ImageError::Checksum { .. }));
+        // The kind field: unknown kind.
+        let mut bad = s.clone();
+        bad[b[i]] = 0x7f;
+        assert!(matches!(expect_err(&bad), ImageError::Invalid(_)));
+    }
+    let mut bad = s.clone();
+    bad[0] ^= 1;
+    assert!(matches!(expect_err(&bad), ImageError::BadMagic(_)));
+    let mut bad = s.clone();
+    bad[8] = 99;
+    assert!(matches!(expect_err(&bad), ImageError::Version { found: 99, .. }));
+}
+
+#[test]
+fn corrupt_page_run_with_matching_section_checksum() {
+    // The sender computed the section checksum over already-corrupt data:
+    // only the run's own checksum can catch it.
+    let (inv, p, pages) = image(3);
+    let mut raw = split(&stream_of(&inv, &p, &pages));
+    raw.sections[2].1[PAGE + 100] ^= 0xff; // inside the low run
+    match expect_err(&join(&raw.header, &raw.sections)) {
+        ImageError::Checksum { what } => assert!(what.contains("pages at 0x600000"), "{what}"),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn pages_section_length_must_match_inventory() {
+    let (inv, p, pages) = image(3);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    // Longer (a whole extra page) and shorter (one byte less).
+    let mut longer = raw.sections.clone();
+    longer[2].1.extend_from_slice(&[0u8; PAGE]);
+    let mut shorter = raw.sections.clone();
+    shorter[2].1.pop();
+    for (what, sections) in [("longer", longer), ("shorter", shorter)] {
+        match expect_err(&join(&raw.header, &sections)) {
+            ImageError::Invalid(m) => assert!(m.contains("inventory says"), "{what}: {m}"),
+            e => panic!("{what}: {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn duplicate_sections() {
+    let (inv, p, pages) = image(2);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
+    for (what, sections) in [
+        ("process", vec![i.clone(), pr.clone(), pr.clone(), pg.clone()]),
+        ("inventory", vec![i.clone(), i.clone(), pr.clone(), pg.clone()]),
+        ("inventory", vec![i.clone(), pr.clone(), i.clone(), pg.clone()]),
+    ] {
+        match expect_err(&join(&raw.header, &sections)) {
+            ImageError::Invalid(m) => assert!(m.contains(&format!("duplicate {what}")), "{m}"),
+            e => panic!("{e:?}"),
+        }
+    }
+}
+
+#[test]
+fn sections_out_of_order() {
+    let (inv, p, pages) = image(2);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
+    for sections in [
+        vec![pr.clone(), i.clone(), pg.clone()],
+        vec![i.clone(), pg.clone(), pr.clone()],
+        vec![pg.clone(), i.clone(), pr.clone()],
+        vec![pg.clone()],
+    ] {
+        let e = expect_err(&join(&raw.header, &sections));
+        assert!(matches!(e, ImageError::Invalid(_)), "{e:?}");
+    }
+    // Missing the pages section altogether: the stream just ends.
+    let e = expect_err(&join(&raw.header, &[i, pr]));
+    assert!(matches!(e, ImageError::Truncated(_)), "{e:?}");
+}
+
+#[test]
+fn unknown_section_kind() {
+    let (inv, p, pages) = image(2);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    let mut sections = raw.sections.clone();
+    sections.insert(1, (9, vec![1, 2, 3]));
+    let e = expect_err(&join(&raw.header, &sections));
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 9")), "{e:?}");
+}
+
+#[test]
+fn hostile_metadata_lengths() {
+    let (inv, p, pages) = image(2);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    let inv_payload = &raw.sections[0].1;
+    // Above the limit: refused before reading anything.
+    let mut s = raw.header.clone();
+    s.extend_from_slice(&section_bytes(INV, MAX_SECTION_LEN + 1, 0));
+    s.extend_from_slice(inv_payload);
+    assert!(matches!(expect_err(&s), ImageError::Invalid(_)));
+    let mut s = raw.header.clone();
+    s.extend_from_slice(&section_bytes(INV, u64::MAX, 0));
+    assert!(matches!(expect_err(&s), ImageError::Invalid(_)));
+    // At the limit but with only a few bytes behind it: truncated, and
+    // quickly (the reader must not allocate the claimed gigabyte).
+    let mut s = raw.header.clone();
+    s.extend_from_slice(&section_bytes(INV, MAX_SECTION_LEN, 0));
+    s.extend_from_slice(inv_payload);
+    assert!(matches!(expect_err(&s), ImageError::Truncated(_)));
+    // Same for the process section.
+    let mut s = join(&raw.header, &raw.sections[..1]);
+    s.extend_from_slice(&section_bytes(PROC, MAX_SECTION_LEN, 0));
+    s.extend_from_slice(&[0u8; 100]);
+    assert!(matches!(expect_err(&s), ImageError::Truncated(_)));
+}
+
+#[test]
+fn hostile_page_data_length() {
+    // The inventory claims a terabyte (or everything) of pages and the
+    // pages section agrees, but only a little data follows: the reader must
+    // report truncation without trying to allocate the claimed size.
+    let (mut inv, p, pages) = image(2);
+    for claim in [1u64 << 40, !4095u64, u64::MAX] {
+        inv.pages_bytes = claim;
+        let meta = encode_meta(&inv, &p).unwrap();
+        let mut s = meta.clone();
+        s.extend_from_slice(&section_bytes(PAGES, claim, 0));
+        s.extend_from_slice(&pages);
+        s.extend_from_slice(&vec![0u8; 1 << 20]);
+        let e = expect_err(&s);
+        assert!(matches!(e, ImageError::Truncated(_)), "{claim:#x}: {e:?}");
+    }
+}
+
+#[test]
+fn invalid_metadata_is_rejected_before_page_data() {
+    let (inv, mut p, pages) = image(3);
+    p.pid = 0; // validate() refuses this
+    let raw = split(&stream_of(&inv, &p, &pages));
+    let s = join(&raw.header, &raw.sections);
+    let mut c = Cursor::new(&s[..]);
+    let e = read_stream(&mut c, None).unwrap_err();
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("pid")), "{e:?}");
+    // Nothing of the pages section was consumed.
+    assert_eq!(c.position() as usize, boundaries(&s)[2]);
+
+    // A page run pointing past the page data is also metadata-invalid.
+    let (inv, mut p, pages) = image(3);
+    p.page_runs[1].offset = inv.pages_bytes;
+    let s = stream_of(&inv, &p, &pages);
+    assert!(matches!(expect_err(&s), ImageError::Invalid(_)));
+}
+
+#[test]
+fn undecodable_metadata() {
+    let (inv, p, pages) = image(2);
+    let raw = split(&stream_of(&inv, &p, &pages));
+    for which in [0usize, 1] {
+        let mut sections = raw.sections.clone();
+        sections[which].1 = vec![0xff; 7]; // correct checksum, garbage inside
+        let e = expect_err(&join(&raw.header, &sections));
+        assert!(matches!(e, ImageError::Decode { .. }), "{e:?}");
+    }
+}
