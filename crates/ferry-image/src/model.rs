@@ -232,6 +232,25 @@ pub enum FileKind {
     SignalFd { mask: u64 },
     Epoll { entries: Vec<EpollEntry> },
     InetSocket(InetSocket),
+    UnixSocket(UnixSocket),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UnixSocket {
+    /// The socket's inode; a connected peer refers to it.
+    pub ino: u64,
+    pub sock_type: i32,
+    /// sun_path bytes as bound (empty: unnamed; leading NUL: abstract).
+    pub name: Vec<u8>,
+    pub listen_backlog: Option<i32>,
+    /// Inode of the connected peer, which is in the same process.
+    pub peer: Option<u64>,
+    /// Messages waiting in its receive queue (one entry per datagram; a
+    /// stream socket's bytes in one entry).
+    pub queued: Vec<Vec<u8>>,
+    pub passcred: bool,
+    /// shutdown(2) state: 1 = reading shut down, 2 = writing shut down.
+    pub shutdown: u8,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

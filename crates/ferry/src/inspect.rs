@@ -53,6 +53,13 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
             FileKind::Directory { path } => format!("directory {path}"),
             FileKind::CharDevice { path, .. } => format!("device {path}"),
             FileKind::Terminal { path } => format!("terminal {path} (replaced at restore)"),
+            FileKind::UnixSocket(u) => format!(
+                "unix socket {}{}{}{}",
+                if u.name.is_empty() { "(unnamed)".to_string() } else { String::from_utf8_lossy(&u.name).replace('\0', "@") },
+                u.peer.map(|p| format!(" connected to socket {p}")).unwrap_or_default(),
+                u.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
+                if u.queued.is_empty() { String::new() } else { format!(", {} queued messages", u.queued.len()) }
+            ),
             FileKind::Memfd { id } => format!("memfd {}", memfd_name(&p, *id)),
             FileKind::Pipe(e) => format!("pipe {} {} end, {} bytes queued", e.id, if e.write_end { "write" } else { "read" }, e.data.len()),
             FileKind::Fifo { path, pipe } => format!("fifo {path}, {} bytes queued", pipe.data.len()),

@@ -455,7 +455,6 @@ conformance! {
     sock_udp_connected,
     sock_unix_pair,
     sock_unix_listen,
-    sock_tcp_established,
     // signals
     sig_sigaction_flags,
     sig_pending,

@@ -163,7 +163,7 @@ fn refuses_inotify_and_leaves_it_running() {
 
 #[test]
 fn refuses_established_tcp_and_leaves_it_running() {
-    assert_refused("tests/conformance/sock_tcp_established.c", &["established TCP connection to 127.0.0.1:"]);
+    assert_refused("tests/guarantees/tcp_established.c", &["established TCP connection to 127.0.0.1:"]);
 }
 
 #[test]

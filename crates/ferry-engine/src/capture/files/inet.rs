@@ -108,7 +108,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let protocol = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL).unwrap_or(-1);
     let family_name = match family {
         libc::AF_INET | libc::AF_INET6 => "",
-        libc::AF_UNIX => "unix sockets are not supported yet",
+        libc::AF_UNIX => return super::unix::capture(info, sock_type),
         libc::AF_NETLINK => "netlink sockets are not supported yet",
         libc::AF_PACKET => "packet sockets are not supported yet",
         _ => "this socket family is not supported",

@@ -9,6 +9,7 @@ mod pipe;
 mod regular;
 mod signalfd;
 mod timerfd;
+mod unix;
 
 use crate::error::{EngineError, Result};
 use crate::procfs;

@@ -9,6 +9,7 @@ mod pipe;
 mod regular;
 mod signalfd;
 mod timerfd;
+mod unix;
 
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, OpenFile, ProcessImage};
@@ -23,8 +24,25 @@ pub(crate) struct Builder<'a> {
     pub pipes: HashMap<u64, (Option<OwnedFd>, Option<OwnedFd>)>,
     /// O_RDWR opens that keep FIFO contents alive until every end exists.
     pub fifo_keepers: HashMap<u64, OwnedFd>,
+    /// Ends of unix socket pairs made but not yet placed, by inode.
+    pub unix_pending: HashMap<u64, OwnedFd>,
+    /// A descriptor of every unix pair end, by inode, to refill queues.
+    pub unix_peers: HashMap<u64, OwnedFd>,
     /// memfds recreated by ferry before the fork, by id.
     pub memfds: &'a HashMap<u64, RawFd>,
+    /// Lowest fd number above every fd of the image.
+    pub temp_base: RawFd,
+}
+
+impl Builder<'_> {
+    /// Moves a descriptor the builder keeps across placements above every
+    /// image fd number, so installing the fd table cannot clobber it (and
+    /// closing it later cannot close an installed fd).
+    pub fn keep(&self, fd: OwnedFd) -> Result<OwnedFd> {
+        let high = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, self.temp_base as libc::c_long, "fcntl(F_DUPFD)")
+            .map_err(|e| EngineError::kernel(self.pid, "moving a kept fd out of the way", e))?;
+        owned(self.pid, high, String::new)
+    }
 }
 
 pub(crate) fn errno_err(pid: i32, what: String) -> EngineError {
@@ -59,6 +77,7 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::SignalFd { mask } => signalfd::create(b.pid, *mask)?,
         FileKind::Epoll { .. } => epoll::create(b.pid)?,
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
+        FileKind::UnixSocket(s) => unix::create(b, s)?,
     };
     let cur = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
     let want = (cur & !SETFL_MASK) | (f.flags & SETFL_MASK);
@@ -74,7 +93,7 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
 /// (above every fd the image uses) so they cannot collide with them.
 pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<()> {
     let pid = image.pid;
-    let mut b = Builder { pid, tty_to, pipes: HashMap::new(), fifo_keepers: HashMap::new(), memfds };
+    let mut b = Builder { pid, tty_to, pipes: HashMap::new(), fifo_keepers: HashMap::new(), unix_pending: HashMap::new(), unix_peers: HashMap::new(), memfds, temp_base };
     let mut temps: Vec<OwnedFd> = Vec::with_capacity(image.files.len());
     for f in &image.files {
         let fd = build_one(&mut b, f)?;
@@ -95,6 +114,22 @@ pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd, memf
         if let FileKind::Epoll { entries } = &f.kind {
             let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
             epoll::register(pid, slot.fd, entries)?;
+        }
+    }
+    // Shutdowns last: queued data had to be sent through both ends first.
+    for (i, f) in image.files.iter().enumerate() {
+        if let FileKind::UnixSocket(u) = &f.kind {
+            let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
+            let how = match u.shutdown & 3 {
+                1 => libc::SHUT_RD,
+                2 => libc::SHUT_WR,
+                3 => libc::SHUT_RDWR,
+                _ => continue,
+            };
+            // SAFETY: integer arguments on an fd we just installed.
+            if unsafe { libc::shutdown(slot.fd, how) } < 0 {
+                return Err(errno_err(pid, format!("shutting down unix socket fd {}", slot.fd)));
+            }
         }
     }
     drop(b);

@@ -24,6 +24,7 @@ pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
     let pid = b.pid;
     if !b.pipes.contains_key(&end.id) {
         let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+        let (r, w) = (b.keep(r)?, b.keep(w)?);
         b.pipes.insert(end.id, (Some(r), Some(w)));
     }
     let ends = b.pipes.get_mut(&end.id).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
@@ -44,6 +45,7 @@ pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Resu
     if !b.fifo_keepers.contains_key(&end.id) {
         // SAFETY: valid path; O_RDWR on a FIFO never blocks.
         let k = owned(pid, unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) }, || format!("opening FIFO {path}"))?;
+        let k = b.keep(k)?;
         b.fifo_keepers.insert(end.id, k);
     }
     if let Some(k) = b.fifo_keepers.get(&end.id) {

@@ -1,11 +1,11 @@
 /*
- * sock_tcp_established: an established TCP connection over 127.0.0.1 with
+ * tcp_established (used by the guarantee tests as a refusal case until TCP repair lands): an established TCP connection over 127.0.0.1 with
  * both ends in the process (client with TCP_NODELAY), and unread data in
  * both directions ("hello" client->server, "world!" server->client). After
  * restore (needs TCP repair in the engine): same local/peer addresses on
  * both ends, the queued data is read exactly, and new data flows both ways.
  */
-#include "ferry_test.h"
+#include "../conformance/ferry_test.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

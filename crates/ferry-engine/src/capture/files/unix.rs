@@ -1,0 +1,131 @@
+//! Unix sockets whose peer is in the same process (socketpair, or both
+//! ends of a local connection), and bound or listening ones, with the
+//! messages waiting in their receive queues. A peer in another process is
+//! refused by name.
+
+use super::FdInfo;
+use crate::error::{EngineError, Result};
+use ferry_image::{FileKind, UnixSocket};
+use ferry_sys::sockdiag::UnixDiag;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+
+const TCP_LISTEN: u8 = 10;
+
+fn name_of(fd: RawFd) -> Vec<u8> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: sun/len describe a writable sockaddr_un.
+    if unsafe { libc::getsockname(fd, &mut sun as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+        return Vec::new();
+    }
+    let n = (len as usize).saturating_sub(2).min(sun.sun_path.len());
+    let mut name: Vec<u8> = sun.sun_path[..n].iter().map(|&c| c as u8).collect();
+    if name.first() != Some(&0) {
+        while name.last() == Some(&0) {
+            name.pop();
+        }
+    }
+    name
+}
+
+/// Reads every queued message without consuming it: SO_PEEK_OFF moves the
+/// peek position past each one.
+fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
+    let set_peek = |v: i32| {
+        // SAFETY: an int option.
+        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &v as *const i32 as *const libc::c_void, 4) }
+    };
+    if set_peek(0) != 0 {
+        return Err(info.unsupported("cannot peek at its queued data (SO_PEEK_OFF)"));
+    }
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut ctrl = [0u8; 256];
+    let result = loop {
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain data; pointers below stay valid for the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl.as_mut_ptr().cast();
+        msg.msg_controllen = ctrl.len();
+        // SAFETY: msg points at live buffers.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            break Ok(());
+        }
+        if msg.msg_controllen > 0 {
+            // Descriptors in flight were just installed into ferry; close them.
+            // SAFETY: walking the control buffer the kernel filled.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c) as *const i32;
+                        let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                        for i in 0..count {
+                            libc::close(*data.add(i));
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            break Err(info.unsupported("its queue holds file descriptors or credentials in flight"));
+        }
+        if n == 0 && stream {
+            break Ok(());
+        }
+        let data = buf[..n as usize].to_vec();
+        match (stream, out.last_mut()) {
+            (true, Some(last)) => last.extend_from_slice(&data),
+            _ => out.push(data),
+        }
+        if out.len() > 100_000 {
+            break Err(info.unsupported("too many queued messages"));
+        }
+    };
+    set_peek(-1);
+    result.map(|_| out)
+}
+
+pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
+    let ino = info.meta.ino();
+    let table = ferry_sys::sockdiag::unix_sockets().map_err(|e| EngineError::kernel(info.pid, "listing unix sockets (sock_diag)", e))?;
+    let me: UnixDiag = table
+        .iter()
+        .find(|d| d.ino as u64 == ino)
+        .cloned()
+        .ok_or_else(|| info.unsupported("unix socket not found in this network namespace's socket table"))?;
+    let sock = info.dup()?;
+    let fd = sock.as_raw_fd();
+    let name = name_of(fd);
+    let mut listen_backlog = None;
+    if me.state == TCP_LISTEN {
+        if me.rqueue > 0 {
+            return Err(info.unsupported(format!("{} connections wait in its accept queue", me.rqueue)));
+        }
+        listen_backlog = Some(me.wqueue as i32);
+    }
+    let peer = (me.peer != 0).then_some(me.peer as u64);
+    if let Some(p) = peer {
+        let in_process = std::fs::read_dir(format!("/proc/{}/fd", info.pid))
+            .map(|rd| rd.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == format!("socket:[{p}]").as_str())))
+            .unwrap_or(false);
+        let peer_d = table.iter().find(|d| d.ino as u64 == p);
+        if !in_process {
+            let pname = peer_d.map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@")).unwrap_or_default();
+            return Err(info.unsupported(format!("connected to a unix socket outside the process ({pname}); process trees and external unix peers are not supported yet")));
+        }
+        if peer_d.map(|d| d.peer as u64) != Some(ino) {
+            return Err(info.unsupported("one-way connected unix datagram socket"));
+        }
+    }
+    let queued = if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM)? } else { Vec::new() };
+    let mut passcred: i32 = 0;
+    let mut len = 4 as libc::socklen_t;
+    // SAFETY: an int option into a live int.
+    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, &mut passcred as *mut i32 as *mut libc::c_void, &mut len) };
+    Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred: passcred != 0, shutdown: me.shutdown }))
+}
