@@ -158,6 +158,15 @@ pub fn sample() -> (Inventory, ProcessImage) {
             pgoff: 0,
             backing: VmaBacking::Anonymous,
         },
+        Vma {
+            start: 0x7f00_1000_0000,
+            end: 0x7f00_1000_2000,
+            prot: PROT_READ | PROT_EXEC,
+            shared: true,
+            flags: 0,
+            pgoff: 0,
+            backing: VmaBacking::Memfd { id: 91 },
+        },
         Vma { start: 0x7ffd_1000_0000, end: 0x7ffd_1000_4000, prot: PROT_READ, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Vvar { name: "[vvar]".into() } },
         Vma { start: 0x7ffd_1000_4000, end: 0x7ffd_1000_6000, prot: PROT_READ | PROT_EXEC, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Vdso },
         Vma { start: 0xffff_ffff_ff60_0000, end: 0xffff_ffff_ff60_1000, prot: PROT_EXEC, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Vsyscall },
@@ -219,6 +228,22 @@ pub fn sample() -> (Inventory, ProcessImage) {
             }),
         },
     ];
+    let mut files = files;
+    files.push(OpenFile { flags: 2, pos: 0, kind: FileKind::Memfd { id: 91 } });
+    files.push(OpenFile {
+        flags: 2,
+        pos: 0,
+        kind: FileKind::UnixSocket(UnixSocket {
+            ino: 501,
+            sock_type: 1,
+            name: b"\0ferry".to_vec(),
+            listen_backlog: None,
+            peer: Some(502),
+            queued: vec![b"queued".to_vec()],
+            passcred: false,
+            shutdown: 0,
+        }),
+    });
     let fd = |fd: i32, file: u32| FdSlot { fd, file, cloexec: fd > 2 };
     let fds = vec![
         fd(0, 0),
@@ -236,6 +261,8 @@ pub fn sample() -> (Inventory, ProcessImage) {
         fd(12, 11),
         fd(13, 12),
         fd(14, 13),
+        fd(15, 14),
+        fd(16, 15),
     ];
     let mut actions = vec![SigAction::default(); 64];
     actions[1] = SigAction { handler: 0x401020, flags: 0x0400_0000, restorer: 0x401080, mask: 0 };
@@ -285,6 +312,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
             overrun: 0,
         }],
         misc: ProcessMisc { dumpable: 1, ..Default::default() },
+        memfds: vec![MemfdObject { id: 91, name: "memfd:jit".into(), size: 8192, seals: 0, extents: vec![(4096, b"code".to_vec())] }],
     };
     (inv, p)
 }

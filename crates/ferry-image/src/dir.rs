@@ -147,9 +147,11 @@ impl ImageDir {
     /// data area).
     pub fn verify_runs(runs: &[PageRun], data: &[u8]) -> Result<(), ImageError> {
         for r in runs {
-            let s = r.offset as usize;
-            let e = s + (r.pages * 4096) as usize;
-            let chunk = data.get(s..e).ok_or_else(|| ImageError::Truncated(format!("page run at {:#x}", r.start)))?;
+            let bad = || ImageError::Truncated(format!("page run at {:#x}", r.start));
+            let s = usize::try_from(r.offset).map_err(|_| bad())?;
+            let len = r.pages.checked_mul(4096).and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
+            let e = s.checked_add(len).ok_or_else(bad)?;
+            let chunk = data.get(s..e).ok_or_else(bad)?;
             if container::checksum(chunk) != r.checksum {
                 return Err(ImageError::Checksum { what: format!("pages at {:#x} ({} pages)", r.start, r.pages) });
             }
@@ -160,7 +162,7 @@ impl ImageDir {
     /// [`verify_runs`](Self::verify_runs) split over `threads` threads:
     /// hashing large images is bound by memory bandwidth per core.
     pub fn verify_runs_parallel(runs: &[PageRun], data: &[u8], threads: usize) -> Result<(), ImageError> {
-        let total: u64 = runs.iter().map(|r| r.pages).sum();
+        let total: u64 = runs.iter().fold(0u64, |a, r| a.saturating_add(r.pages));
         if threads <= 1 || total < 4096 {
             return Self::verify_runs(runs, data);
         }
@@ -168,7 +170,7 @@ impl ImageDir {
         let mut parts = Vec::new();
         let (mut start, mut acc) = (0usize, 0u64);
         for (i, r) in runs.iter().enumerate() {
-            acc += r.pages;
+            acc = acc.saturating_add(r.pages);
             if acc >= per {
                 parts.push(&runs[start..=i]);
                 start = i + 1;

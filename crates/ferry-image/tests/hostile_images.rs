@@ -116,6 +116,7 @@ fn valid() -> (Inventory, ProcessImage) {
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
+        memfds: vec![],
     };
     (inv, p)
 }
@@ -566,10 +567,9 @@ fn verify_runs_rejects_bad_page_data() {
 // them (release) the length wraps and a run claiming 2^52 pages "verifies"
 // against zero bytes. Callers in this workspace validate the image first
 // (decode_meta rejects such runs), so these only bite direct callers.
-// Ignored until ferry-image is fixed; run with `-- --ignored`.
+// Regression tests for the overflow the fuzzer found in verify_runs.
 
 #[test]
-#[ignore = "ferry-image bug: ImageDir::verify_runs overflows on huge page runs (fuzz/artifacts-found/verify_runs-*)"]
 fn verify_runs_huge_page_count_is_an_error() {
     let run = PageRun { start: 0x600000, pages: 1 << 52, offset: 0, checksum: container::checksum(&[]) };
     assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
@@ -578,7 +578,6 @@ fn verify_runs_huge_page_count_is_an_error() {
 }
 
 #[test]
-#[ignore = "ferry-image bug: ImageDir::verify_runs overflows on huge page runs (fuzz/artifacts-found/verify_runs-*)"]
 fn verify_runs_huge_offset_is_an_error() {
     let run = PageRun { start: 0x600000, pages: 1, offset: u64::MAX - 4095, checksum: 0 };
     assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
