@@ -214,6 +214,16 @@ impl Scratch {
         Ok(Scratch { addr, len: SCRATCH_LEN })
     }
 
+    /// Maps the scratch area at `addr` exactly (MAP_FIXED_NOREPLACE).
+    pub fn map_at(remote: &Remote, tid: i32, addr: u64) -> Result<Scratch> {
+        const MAP_FIXED_NOREPLACE: u64 = 0x100000;
+        let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | MAP_FIXED_NOREPLACE;
+        let got = remote.call(tid, "mmap(scratch)", libc::SYS_mmap, &[addr, SCRATCH_LEN, prot, flags, u64::MAX, 0])?;
+        remote.write(got, BATCH_CODE)?;
+        Ok(Scratch { addr: got, len: SCRATCH_LEN })
+    }
+
     pub fn unmap(self, remote: &Remote, tid: i32) -> Result<()> {
         remote.call(tid, "munmap(scratch)", libc::SYS_munmap, &[self.addr, self.len])?;
         Ok(())

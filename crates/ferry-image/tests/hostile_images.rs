@@ -562,12 +562,11 @@ fn verify_runs_rejects_bad_page_data() {
     assert!(matches!(ImageDir::verify_runs(&runs, &data), Err(ImageError::Truncated(_))));
 }
 
-// verify_runs computes `offset + pages * 4096` unchecked (src/dir.rs): with
-// overflow checks (debug builds, cargo fuzz) a hostile run panics; without
-// them (release) the length wraps and a run claiming 2^52 pages "verifies"
-// against zero bytes. Callers in this workspace validate the image first
-// (decode_meta rejects such runs), so these only bite direct callers.
-// Regression tests for the overflow the fuzzer found in verify_runs.
+// Regression tests for the overflow the fuzzer found in verify_runs
+// (fuzz/artifacts-found/verify_runs-*): it computed `offset + pages * 4096`
+// unchecked, so with overflow checks (debug builds, cargo fuzz) a hostile
+// run panicked, and without them (release) the length wrapped and a run
+// claiming 2^52 pages "verified" against zero bytes.
 
 #[test]
 fn verify_runs_huge_page_count_is_an_error() {

@@ -5,6 +5,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
+use crate::inject::Call;
 use crate::procfs;
 use ferry_image::{vmflag, PageRun, Vma, VmaBacking, PROT_WRITE};
 use ferry_sys::vm::{self, RemoteRange};
@@ -20,16 +21,38 @@ fn is_special(path: &str) -> bool {
 pub fn clear_address_space(s: &mut Session) -> Result<()> {
     let maps = procfs::maps(s.pid)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for m in maps.iter().filter(|m| !is_special(&m.path)) {
+    let scratch = s.scratch;
+    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
         match ranges.last_mut() {
             Some(last) if last.1 == m.start => last.1 = m.end,
             _ => ranges.push((m.start, m.end)),
         }
     }
-    for (a, e) in ranges {
-        s.call("munmap", libc::SYS_munmap, &[a, e - a])?;
-    }
+    let calls: Vec<(String, Call)> = ranges.iter().map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a]))).collect();
+    s.run(s.pid, &calls)?;
     Ok(())
+}
+
+/// Lowest gap of `len` bytes (plus a guard page each side) above 256 MiB
+/// that neither the image nor the process's current mappings use.
+pub fn free_gap(pid: i32, vmas: &[Vma], len: u64) -> Result<u64> {
+    let mut used: Vec<(u64, u64)> = vmas.iter().map(|v| (v.start, v.end)).collect();
+    used.extend(procfs::maps(pid)?.iter().map(|m| (m.start, m.end)));
+    used.sort_unstable();
+    let mut cand = 0x1000_0000u64;
+    for (a, e) in used {
+        if e + 4096 <= cand {
+            continue;
+        }
+        if a >= cand + len + 4096 {
+            break;
+        }
+        cand = (e + 4096).max(cand);
+    }
+    if cand + len >= ferry_image::validate::USER_ADDR_END {
+        return Err(EngineError::restore(pid, "no free address range for the restore scratch area"));
+    }
+    Ok(cand)
 }
 
 /// Moves this kernel's vDSO and vvar pages to where the image had them.
@@ -66,7 +89,8 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
     let vdso_new = want.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
     let syscall_off = s.remote.syscall_ip - vdso_old;
     let mremap = |s: &mut Session, from: u64, len: u64, to: u64| {
-        s.call("mremap(vdso)", libc::SYS_mremap, &[from, len, len, (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64, to])
+        let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+        s.run(s.pid, &[(format!("mremap({from:#x} -> {to:#x})"), Call::new(libc::SYS_mremap, &[from, len, len, flags, to]))])
     };
     // Go through a parking spot when old and new places overlap.
     let overlap = cur_lo < want_hi && want_lo < cur_hi;
@@ -100,6 +124,7 @@ fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
 /// copied in). Returns the protections to set once pages are in.
 pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u64, u64, u8)>> {
     let mut reprotect = Vec::new();
+    let mut calls: Vec<(String, Call)> = Vec::new();
     // Shared anonymous memory seen through several mappings: the first
     // mapping creates it, the others alias it with mremap(old_size = 0).
     let mut shm_primary: std::collections::HashMap<u64, &Vma> = std::collections::HashMap::new();
@@ -115,7 +140,7 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
                 Some(p) => {
                     let src = (p.start + v.pgoff).checked_sub(p.pgoff).unwrap_or(p.start);
                     let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-                    s.call(&format!("mremap(alias {:#x})", v.start), libc::SYS_mremap, &[src, 0, v.end - v.start, flags, v.start])?;
+                    calls.push((format!("mremap(alias {:#x})", v.start), Call::new(libc::SYS_mremap, &[src, 0, v.end - v.start, flags, v.start])));
                     if v.prot != p.prot {
                         reprotect.push((v.start, v.end - v.start, v.prot));
                     }
@@ -141,14 +166,10 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
             flags |= libc::MAP_NORESERVE as u64;
         }
         let pgoff = if fd < 0 { 0 } else { v.pgoff };
-        let got = s.call(
-            &format!("mmap({:#x}-{:#x})", v.start, v.end),
-            libc::SYS_mmap,
-            &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff],
-        )?;
-        if got != v.start {
-            return Err(EngineError::restore(s.pid, format!("mapping {:#x} landed at {got:#x}", v.start)));
-        }
+        calls.push((
+            format!("mmap({:#x}-{:#x})", v.start, v.end),
+            Call::new(libc::SYS_mmap, &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff]),
+        ));
         for (bit, advice) in [
             (vmflag::DONTFORK, libc::MADV_DONTFORK),
             (vmflag::DONTDUMP, libc::MADV_DONTDUMP),
@@ -158,10 +179,12 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
             (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
         ] {
             if v.flags & bit != 0 {
-                s.call("madvise", libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64])?;
+                calls.push((format!("madvise({:#x}, {advice})", v.start), Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64])));
             }
         }
     }
+    // MAP_FIXED_NOREPLACE: a mapping that lands anywhere else fails with EEXIST.
+    s.run(s.pid, &calls)?;
     Ok(reprotect)
 }
 
@@ -224,9 +247,9 @@ fn write_runs(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
 }
 
 pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
-    for &(a, len, prot) in list {
-        s.call("mprotect", libc::SYS_mprotect, &[a, len, prot as u64])?;
-    }
+    let calls: Vec<(String, Call)> =
+        list.iter().map(|&(a, len, prot)| (format!("mprotect({a:#x})"), Call::new(libc::SYS_mprotect, &[a, len, prot as u64]))).collect();
+    s.run(s.pid, &calls)?;
     Ok(())
 }
 
@@ -249,6 +272,7 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     s.remote.write(auxv_addr, &auxv)?;
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    s.call("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0])?;
+    let call = Call::new(libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0]);
+    s.run(s.pid, &[("prctl(PR_SET_MM_MAP)".into(), call)])?;
     Ok(())
 }

@@ -68,6 +68,14 @@ impl Session<'_> {
         self.remote.call(self.pid, name, nr, args)
     }
 
+    /// Runs named calls in thread `tid` as one batch; the first failure
+    /// becomes an error naming its call.
+    pub fn run(&mut self, tid: i32, calls: &[(String, inject::Call)]) -> Result<Vec<u64>> {
+        let only: Vec<inject::Call> = calls.iter().map(|c| c.1).collect();
+        let results = self.remote.batch(tid, self.scratch, &only)?;
+        calls.iter().zip(results).map(|((name, _), r)| inject::check(self.pid, tid, name, r)).collect()
+    }
+
     pub fn staging_fd(&self, path: &str, rw: bool) -> Result<RawFd> {
         self.staging
             .get(&(path.to_string(), rw))
@@ -248,6 +256,13 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
         ));
     }
     threads::drop_inherited_rseq(s)?;
+    // The scratch area goes where neither the image nor the forked copy
+    // of ferry has anything, so it survives the whole memory swap and all
+    // later work runs as batches from it.
+    let at = memory::free_gap(s.pid, &image.vmas, inject::SCRATCH_LEN)?;
+    let scratch = Scratch::map_at(&s.remote, pid, at)?;
+    s.scratch = scratch.addr;
+    s.data = scratch.addr + inject::SCRATCH_DATA;
     memory::clear_address_space(s)?;
     memory::place_vdso(s, &image.vmas)?;
     ph.mark("clear address space");
@@ -256,9 +271,6 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     memory::write_pages(pid, &image.page_runs, pages.bytes())?;
     ph.mark("write pages");
     memory::reprotect(s, &reprotect)?;
-    let scratch = Scratch::map(&s.remote, pid)?;
-    s.scratch = scratch.addr;
-    s.data = scratch.addr + inject::SCRATCH_DATA;
     memory::set_mm(s, exe_fd)?;
     ph.mark("memory::set_mm");
     signals::restore_actions(s)?;
@@ -278,7 +290,8 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     ph.mark("process::restore_misc");
     signals::queue_pending(s)?;
     ph.mark("signals::queue_pending");
-    s.call("close_range(staging)", libc::SYS_close_range, &[(image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64, u32::MAX as u64, 0])?;
+    let first_staged = (image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64;
+    s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[first_staged, u32::MAX as u64, 0]))])?;
     process::restore_creds(s)?;
     scratch.unmap(&s.remote, pid)?;
     process::restore_limits(pid, image)?;
