@@ -119,10 +119,10 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Restore { images, detach, pidfile, tty_to } => {
             let opts = ferry_engine::restore::RestoreOptions { tty_to };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
+            eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
             if let Some(p) = &pidfile {
                 std::fs::write(p, format!("{}\n", r.pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
             }
-            eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
             if detach {
                 return Ok(0);
             }
