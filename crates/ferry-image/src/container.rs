@@ -115,33 +115,33 @@ pub fn encode_meta(inventory: &Inventory, process: &ProcessImage) -> Result<Vec<
     Ok(out)
 }
 
+/// Decodes one section payload; leftover bytes inside it are an error.
+pub fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8], kind: &'static str) -> Result<T, ImageError> {
+    let (value, left) = postcard::take_from_bytes::<T>(payload).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })?;
+    if !left.is_empty() {
+        return Err(ImageError::Decode { kind, reason: format!("{} trailing bytes", left.len()) });
+    }
+    Ok(value)
+}
+
 /// Decodes and checks the metadata file. Never panics on any input.
 pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, ProcessImage), ImageError> {
     check_file_header(bytes, "meta.img")?;
-    let mut rest = &bytes[HEADER_LEN..];
-    let mut inventory = None;
-    let mut process = None;
-    while !rest.is_empty() {
-        let (kind, payload, r) = read_section(rest)?;
-        rest = r;
-        match kind {
-            SectionKind::Inventory => {
-                inventory = Some(
-                    postcard::from_bytes::<Inventory>(payload)
-                        .map_err(|e| ImageError::Decode { kind: "inventory", reason: e.to_string() })?,
-                )
-            }
-            SectionKind::Process => {
-                process = Some(
-                    postcard::from_bytes::<ProcessImage>(payload)
-                        .map_err(|e| ImageError::Decode { kind: "process", reason: e.to_string() })?,
-                )
-            }
-            SectionKind::Pages => return Err(ImageError::Invalid("pages section inside meta.img".into())),
-        }
+    let rest = &bytes[HEADER_LEN..];
+    // Exactly two sections, in this order, and nothing after them.
+    let (kind, payload, rest) = read_section(rest)?;
+    if kind != SectionKind::Inventory {
+        return Err(ImageError::Invalid(format!("{} section where the inventory was expected", kind.name())));
     }
-    let inventory = inventory.ok_or_else(|| ImageError::Invalid("no inventory section".into()))?;
-    let process = process.ok_or_else(|| ImageError::Invalid("no process section".into()))?;
+    let inventory: Inventory = decode_payload(payload, "inventory")?;
+    let (kind, payload, rest) = read_section(rest)?;
+    if kind != SectionKind::Process {
+        return Err(ImageError::Invalid(format!("{} section where the process section was expected", kind.name())));
+    }
+    let process: ProcessImage = decode_payload(payload, "process")?;
+    if !rest.is_empty() {
+        return Err(ImageError::Invalid(format!("{} unexpected bytes after the process section", rest.len())));
+    }
     crate::validate::validate(&inventory, &process)?;
     Ok((inventory, process))
 }

@@ -93,6 +93,12 @@ impl ImageDir {
     /// Creates the directory (if needed) and starts pages.img.
     pub fn create_pages(&self) -> Result<PagesWriter, ImageError> {
         std::fs::create_dir_all(&self.path).map_err(|e| ImageError::io(&self.path, e))?;
+        // An older image here stops being an image before its pages change.
+        let old_meta = self.file(META_FILE);
+        match std::fs::remove_file(&old_meta) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(ImageError::io(&old_meta, e)),
+            _ => {}
+        }
         let path = self.file(PAGES_FILE);
         let mut file = File::create(&path).map_err(|e| ImageError::io(&path, e))?;
         let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
@@ -110,6 +116,8 @@ impl ImageDir {
         f.write_all(&bytes).map_err(|e| ImageError::io(&tmp, e))?;
         f.sync_all().map_err(|e| ImageError::io(&tmp, e))?;
         std::fs::rename(&tmp, &fin).map_err(|e| ImageError::io(&fin, e))?;
+        // The rename itself must reach the disk too.
+        File::open(&self.path).and_then(|d| d.sync_all()).map_err(|e| ImageError::io(&self.path, e))?;
         Ok(())
     }
 
