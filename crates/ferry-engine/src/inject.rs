@@ -49,24 +49,35 @@ impl Remote {
         }
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::single_step(tid, 0).map_err(|e| kerr("single-stepping", e))?;
-        loop {
-            match ptrace::wait_tid(tid, 0).map_err(|e| kerr("waiting", e))? {
-                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => break,
-                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE => {
-                    ptrace::single_step(tid, 0).map_err(|e| kerr("single-stepping", e))?;
-                }
-                Some((_, WaitEvent::Stopped { sig, event })) => {
-                    return Err(EngineError::restore(pid, format!("thread {tid}: unexpected stop (signal {sig}, event {event}) in injected syscall {nr}")))
-                }
-                Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
-                    return Err(EngineError::Gone { pid, what: format!("thread {tid} died in injected syscall {nr}") })
-                }
-                None => {}
-            }
+        if let Err(e) = self.wait_trap(tid, |t| ptrace::single_step(t, 0), &format!("injected syscall {nr}")) {
+            let _ = ptrace::set_regs(tid, &saved);
+            return Err(e);
         }
         let ret = ptrace::get_regs(tid).map_err(|e| kerr("reading result", e))?.rax as i64;
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
         Ok(ret)
+    }
+
+    /// Waits for the SIGTRAP that ends injected work (single-step trap or
+    /// the batch's int3), resuming with `resume` across clone events.
+    fn wait_trap(&self, tid: i32, resume: impl Fn(i32) -> ferry_sys::SysResult<()>, what: &str) -> Result<()> {
+        let pid = self.pid;
+        loop {
+            match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))? {
+                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => return Ok(()),
+                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE => {
+                    resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
+                }
+                Some((_, WaitEvent::Stopped { sig, event })) => {
+                    let rip = ptrace::get_regs(tid).map(|r| r.rip).unwrap_or(0);
+                    return Err(EngineError::restore(pid, format!("thread {tid}: unexpected stop (signal {sig}, event {event}) at {rip:#x} in {what}")));
+                }
+                Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
+                    return Err(EngineError::Gone { pid, what: format!("thread {tid} died in {what}") })
+                }
+                None => {}
+            }
+        }
     }
 
     /// Like [`raw`](Self::raw), but a negative result becomes an error
@@ -174,22 +185,9 @@ impl Remote {
         regs.rsp = 0;
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::cont(tid, 0).map_err(|e| kerr("running batch", e))?;
-        loop {
-            match ptrace::wait_tid(tid, 0).map_err(|e| kerr("waiting", e))? {
-                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => break,
-                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE => {
-                    ptrace::cont(tid, 0).map_err(|e| kerr("running batch", e))?;
-                }
-                Some((_, WaitEvent::Stopped { sig, event })) => {
-                    let rip = ptrace::get_regs(tid).map(|r| r.rip).unwrap_or(0);
-                    let _ = ptrace::set_regs(tid, &saved);
-                    return Err(EngineError::restore(pid, format!("thread {tid}: unexpected stop (signal {sig}, event {event}) at {rip:#x} in injected code")));
-                }
-                Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
-                    return Err(EngineError::Gone { pid, what: format!("thread {tid} died in injected code") })
-                }
-                None => {}
-            }
+        if let Err(e) = self.wait_trap(tid, |t| ptrace::cont(t, 0), "injected code") {
+            let _ = ptrace::set_regs(tid, &saved);
+            return Err(e);
         }
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
         let out = self.read(scratch + TABLE, table.len())?;

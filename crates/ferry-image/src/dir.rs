@@ -37,14 +37,7 @@ impl PagesWriter {
     /// Appends several runs whose bytes are concatenated in `data`, with
     /// one write; each run gets its own checksum.
     pub fn append_runs(&mut self, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
-        self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
-        let mut runs = Vec::with_capacity(ranges.len());
-        let mut off = 0usize;
-        for &(start, len) in ranges {
-            let chunk = &data[off..off + len];
-            runs.push(PageRun { start, pages: len as u64 / 4096, offset: self.offset + off as u64, checksum: container::checksum(chunk) });
-            off += len;
-        }
+        let runs = self.write_runs_at(self.offset, ranges, data)?;
         self.offset += data.len() as u64;
         Ok(runs)
     }
