@@ -21,6 +21,29 @@ pub mod syscall_restart;
 
 pub use error::{EngineError, Result};
 
+/// Reports (bytes done, bytes total) of page copying; called from the
+/// copying threads, so it must be cheap and thread-safe.
+pub type ProgressFn = std::sync::Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Shared byte counter behind a [`ProgressFn`].
+pub(crate) struct ProgressCounter<'a> {
+    report: Option<&'a ProgressFn>,
+    done: std::sync::atomic::AtomicU64,
+    total: u64,
+}
+
+impl<'a> ProgressCounter<'a> {
+    pub fn new(report: Option<&'a ProgressFn>, total: u64) -> Self {
+        ProgressCounter { report, done: std::sync::atomic::AtomicU64::new(0), total }
+    }
+    pub fn add(&self, bytes: u64) {
+        if let Some(r) = self.report {
+            let done = self.done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+            r(done, self.total);
+        }
+    }
+}
+
 /// Threads used for bulk page work (copying, hashing): the CPUs we may
 /// run on, at most 4.
 pub fn worker_threads() -> usize {

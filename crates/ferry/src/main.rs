@@ -1,6 +1,7 @@
 //! ferry: checkpoint and restore live Linux processes.
 
 mod inspect;
+mod progress;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -101,7 +102,7 @@ fn wait_for(pid: i32) -> Result<i32> {
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Checkpoint { pid, images, leave_running } => {
-            let opts = ferry_engine::capture::CaptureOptions { leave_running };
+            let opts = ferry_engine::capture::CaptureOptions { leave_running, progress: progress::bar("copying memory") };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
                 "checkpointed pid {} ({} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; process {}",
@@ -117,7 +118,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Restore { images, detach, pidfile, tty_to } => {
-            let opts = ferry_engine::restore::RestoreOptions { tty_to };
+            let opts = ferry_engine::restore::RestoreOptions { tty_to, progress: progress::bar("restoring memory") };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
             if let Some(p) = &pidfile {

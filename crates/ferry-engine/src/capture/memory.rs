@@ -102,7 +102,7 @@ struct Piece {
 
 /// Copies the pages each mapping needs into pages.img. Page copying is
 /// bound by page allocation in the kernel, so it is split over threads.
-pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWriter) -> Result<Vec<PageRun>> {
+pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWriter, progress: Option<&crate::ProgressFn>) -> Result<Vec<PageRun>> {
     let pm_path = format!("/proc/{pid}/pagemap");
     let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut pieces = Vec::new();
@@ -133,8 +133,10 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
         rest = b;
     }
     let writer: &PagesWriter = out;
+    let counter = crate::ProgressCounter::new(progress, total);
+    let counter = &counter;
     let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer))).collect();
+        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer, counter))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))).collect()
     });
     let mut runs = Vec::with_capacity(pieces.len());
@@ -145,7 +147,7 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
     Ok(runs)
 }
 
-fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter) -> Result<Vec<PageRun>> {
+fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {
     let mut runs = Vec::with_capacity(pieces.len());
     let mut buf = vec![0u8; MAX_RUN as usize * 2];
     let mem_path = format!("/proc/{pid}/mem");
@@ -161,6 +163,7 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter) -> Result<Vec<Page
             let chunk = &mut buf[..first.len];
             f.read_exact_at(chunk, first.addr).map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
             runs.extend(out.write_runs_at(first.offset, &[(first.addr, first.len)], chunk)?);
+            progress.add(first.len as u64);
             i += 1;
             continue;
         }
@@ -178,6 +181,7 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter) -> Result<Vec<Page
         }
         let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
         runs.extend(out.write_runs_at(first.offset, &ranges, &buf[..bytes])?);
+        progress.add(bytes as u64);
     }
     Ok(runs)
 }

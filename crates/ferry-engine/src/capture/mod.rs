@@ -21,10 +21,12 @@ use ferry_image::{ImageDir, Inventory, ProcessImage, FORMAT_VERSION};
 use std::path::Path;
 use std::time::Instant;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct CaptureOptions {
     /// Let the process run on after the capture instead of killing it.
     pub leave_running: bool,
+    /// Called as page data is copied (bytes done, bytes total).
+    pub progress: Option<crate::ProgressFn>,
 }
 
 #[derive(Debug, Clone)]
@@ -90,7 +92,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
 
     let dirh = ImageDir::new(dir);
     let mut pages = dirh.create_pages()?;
-    let page_runs = memory::dump_pages(pid, &vmas, &smaps, &mut pages)?;
+    let page_runs = memory::dump_pages(pid, &vmas, &smaps, &mut pages, opts.progress.as_ref())?;
     let pages_bytes = pages.finish()?;
     ph.mark("pages");
     let mut image = ProcessImage {

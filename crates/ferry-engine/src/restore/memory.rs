@@ -200,7 +200,7 @@ pub fn needs_rw(v: &Vma) -> bool {
 /// Copies every stored page into place: runs stored back to back go out
 /// in one process_vm_writev of up to 1024 ranges. Faulting in the target's
 /// pages dominates, so large images are written from several threads.
-pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
+pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8], progress: Option<&crate::ProgressFn>) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
     let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
     let per = total / workers as u64 + 1;
@@ -219,13 +219,15 @@ pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
         rest = b;
         done += bytes;
     }
+    let counter = crate::ProgressCounter::new(progress, total);
+    let counter = &counter;
     std::thread::scope(|sc| {
-        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || write_runs(pid, part, data))).collect();
+        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || write_runs(pid, part, data, counter))).collect();
         handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked"))))
     })
 }
 
-fn write_runs(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
+fn write_runs(pid: i32, runs: &[PageRun], data: &[u8], progress: &crate::ProgressCounter) -> Result<()> {
     let mut i = 0;
     while i < runs.len() {
         let first = runs[i].offset as usize;
@@ -242,6 +244,7 @@ fn write_runs(pid: i32, runs: &[PageRun], data: &[u8]) -> Result<()> {
         if n != end - first {
             return Err(EngineError::restore(pid, format!("short page write at {:#x}", remote[0].addr)));
         }
+        progress.add(n as u64);
     }
     Ok(())
 }

@@ -29,15 +29,17 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Instant;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RestoreOptions {
     /// Where fds that were terminals point after restore.
     pub tty_to: String,
+    /// Called as page data is copied in (bytes done, bytes total).
+    pub progress: Option<crate::ProgressFn>,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into() }
+        RestoreOptions { tty_to: "/dev/null".into(), progress: None }
     }
 }
 
@@ -223,7 +225,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut s = Session { pid, image: &image, remote, scratch: 0, data: 0, staging };
-    run_injected(&mut s, &pages, exe_fd, &mut ph)?;
+    run_injected(&mut s, &pages, exe_fd, opts.progress.as_ref(), &mut ph)?;
     for (seals, fd) in memfd_fds {
         // SAFETY: F_ADD_SEALS with an integer on our own descriptor.
         if seals != 0 && unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
@@ -244,7 +246,13 @@ fn ferry_sys_self_vdso() -> Result<(u64, u64)> {
         .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
 }
 
-fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd: Option<RawFd>, ph: &mut crate::phases::Phases) -> Result<()> {
+fn run_injected(
+    s: &mut Session,
+    pages: &ferry_sys::process::MappedFile,
+    exe_fd: Option<RawFd>,
+    progress: Option<&crate::ProgressFn>,
+    ph: &mut crate::phases::Phases,
+) -> Result<()> {
     let pid = s.pid;
     let image = s.image;
     threads::block_signals(pid, pid)?;
@@ -268,7 +276,7 @@ fn run_injected(s: &mut Session, pages: &ferry_sys::process::MappedFile, exe_fd:
     ph.mark("clear address space");
     let reprotect = memory::map_all(s, &image.vmas, &image.page_runs)?;
     ph.mark("map");
-    memory::write_pages(pid, &image.page_runs, pages.bytes())?;
+    memory::write_pages(pid, &image.page_runs, pages.bytes(), progress)?;
     ph.mark("write pages");
     memory::reprotect(s, &reprotect)?;
     memory::set_mm(s, exe_fd)?;
