@@ -123,7 +123,7 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
     if p.signals.shared_pending.iter().any(|s| s.len() != 128) {
         return bad("malformed pending siginfo".into());
     }
-    if p.mm.auxv.len() % 2 != 0 || p.mm.auxv.len() > 512 {
+    if !p.mm.auxv.len().is_multiple_of(2) || p.mm.auxv.len() > 512 {
         return bad("malformed auxiliary vector".into());
     }
     Ok(())

@@ -61,7 +61,7 @@ pub(crate) struct Session<'a> {
     pub data: u64,
     /// Descriptors opened by ferry before the fork, present in the child
     /// under the same numbers: files to map and the executable.
-    staging: HashMap<(String, bool), RawFd>,
+    staging: StagingMap,
 }
 
 impl Session<'_> {
@@ -90,9 +90,12 @@ fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
+/// Staged descriptors by (path or memfd key, opened read-write).
+type StagingMap = HashMap<(String, bool), RawFd>;
+
 /// Opens the files that mappings need (and the executable) above
 /// `temp_base`, so the child inherits them under known numbers.
-fn stage_files(image: &ProcessImage, temp_base: RawFd) -> Result<(HashMap<(String, bool), RawFd>, Vec<OwnedFd>, Option<RawFd>)> {
+fn stage_files(image: &ProcessImage, temp_base: RawFd) -> Result<(StagingMap, Vec<OwnedFd>, Option<RawFd>)> {
     let mut map = HashMap::new();
     let mut owned = Vec::new();
     for m in &image.memfds {
