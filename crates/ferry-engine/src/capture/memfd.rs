@@ -5,7 +5,7 @@
 use crate::error::{EngineError, Result};
 use crate::procfs::MapsEntry;
 use ferry_image::{FdSlot, FileKind, MemfdObject, OpenFile, Vma, VmaBacking};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 /// memfd content larger than this is refused rather than copied.
@@ -45,7 +45,7 @@ fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) -> Result<Mem
 
 /// Reads every memfd the fds or mappings refer to: through one of the
 /// process's fds when it has one, else through /proc/PID/map_files.
-pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
+pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
     let mut out: Vec<MemfdObject> = Vec::new();
     for (i, f) in files.iter().enumerate() {
         let FileKind::Memfd { id } = f.kind else { continue };
@@ -53,9 +53,12 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], 
             continue;
         }
         let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
-        let link = crate::procfs::read_link(&format!("/proc/{pid}/fd/{}", slot.fd))?;
-        let fd = ferry_sys::pidfd::pidfd_getfd(pidfd, slot.fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {}", slot.fd), e))?;
-        out.push(read_object(pid, id, name_of(&link).unwrap_or(""), std::fs::File::from(fd))?);
+        let path = format!("/proc/{pid}/fd/{}", slot.fd);
+        let link = crate::procfs::read_link(&path)?;
+        // A fresh open file description: seeking through it to find data
+        // extents leaves the process's own file offset alone.
+        let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        out.push(read_object(pid, id, name_of(&link).unwrap_or(""), file)?);
     }
     for (v, m) in vmas.iter().zip(smaps) {
         let VmaBacking::Memfd { id } = v.backing else { continue };

@@ -73,7 +73,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds) = files::capture(pid, &frozen.pidfd)?;
-    let memfds = memfd::capture(pid, &frozen.pidfd, &files, &fds, &vmas, &smaps)?;
+    let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")

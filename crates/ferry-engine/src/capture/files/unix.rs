@@ -37,6 +37,11 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
         // SAFETY: an int option.
         unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &v as *const i32 as *const libc::c_void, 4) }
     };
+    // Put back whatever peek offset the process itself had set.
+    let mut saved: i32 = -1;
+    let mut slen = 4 as libc::socklen_t;
+    // SAFETY: an int option into a live int.
+    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &mut saved as *mut i32 as *mut libc::c_void, &mut slen) };
     if set_peek(0) != 0 {
         return Err(info.unsupported("cannot peek at its queued data (SO_PEEK_OFF)"));
     }
@@ -86,7 +91,7 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
             break Err(info.unsupported("too many queued messages"));
         }
     };
-    set_peek(-1);
+    set_peek(saved);
     result.map(|_| out)
 }
 
