@@ -5,14 +5,14 @@ use ferry_sys::SysError;
 /// happened to.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("pid {pid}: {what}: {source}")]
-    Kernel { pid: i32, what: String, source: SysError },
+    #[error("pid {pid}: {what}: {err}")]
+    Kernel { pid: i32, what: String, err: SysError },
     #[error("pid {pid} thread {tid}: {call} inside the process failed: {}", std::io::Error::from_raw_os_error(*errno))]
     Remote { pid: i32, tid: i32, call: String, errno: i32 },
     #[error("pid {pid}: cannot capture {object}: {reason}")]
     Unsupported { pid: i32, object: String, reason: String },
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("{path}: {err}")]
+    Io { path: String, err: std::io::Error },
     #[error("{path}: unexpected content: {what}")]
     Parse { path: String, what: String },
     #[error(transparent)]
@@ -27,10 +27,10 @@ pub enum EngineError {
 
 impl EngineError {
     pub fn kernel(pid: i32, what: impl Into<String>, source: SysError) -> Self {
-        EngineError::Kernel { pid, what: what.into(), source }
+        EngineError::Kernel { pid, what: what.into(), err: source }
     }
     pub fn io(path: impl Into<String>, source: std::io::Error) -> Self {
-        EngineError::Io { path: path.into(), source }
+        EngineError::Io { path: path.into(), err: source }
     }
     pub fn unsupported(pid: i32, object: impl Into<String>, reason: impl Into<String>) -> Self {
         EngineError::Unsupported { pid, object: object.into(), reason: reason.into() }

@@ -58,6 +58,25 @@ impl PagesWriter {
         Ok(runs)
     }
 
+    /// Reads back what `write_runs_at` wrote and checks it against the
+    /// runs' checksums: the bytes in the file, not only the ones we sent,
+    /// are what a restore will see.
+    pub fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
+        use std::os::unix::fs::FileExt;
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else { return Ok(()) };
+        let len = (last.offset + last.pages * 4096 - first.offset) as usize;
+        let buf = scratch.get_mut(..len).ok_or_else(|| ImageError::Invalid("read-back buffer too small".into()))?;
+        self.file.read_exact_at(buf, PAGES_DATA_OFFSET + first.offset).map_err(|e| ImageError::io(&self.path, e))?;
+        for r in runs {
+            let s = (r.offset - first.offset) as usize;
+            let chunk = &buf[s..s + (r.pages * 4096) as usize];
+            if container::checksum(chunk) != r.checksum {
+                return Err(ImageError::Checksum { what: format!("pages at {:#x} as written to {}", r.start, self.path.display()) });
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
         self.file.set_len(PAGES_DATA_OFFSET + len).map_err(|e| ImageError::io(&self.path, e))?;
         self.offset = len;
@@ -93,7 +112,13 @@ impl ImageDir {
             _ => {}
         }
         let path = self.file(PAGES_FILE);
-        let mut file = File::create(&path).map_err(|e| ImageError::io(&path, e))?;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| ImageError::io(&path, e))?;
         let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
         header[..HEADER_LEN].copy_from_slice(&container::file_header(0));
         file.write_all(&header).map_err(|e| ImageError::io(&path, e))?;

@@ -3,8 +3,8 @@ use std::path::PathBuf;
 /// Why an image could not be written or was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("not a ferry image (bad magic in {0})")]
     BadMagic(String),
     #[error("image format version {found} is not supported (this ferry reads version {supported})")]
@@ -21,6 +21,6 @@ pub enum ImageError {
 
 impl ImageError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ImageError::Io { path: path.into(), source }
+        ImageError::Io { path: path.into(), err: source }
     }
 }

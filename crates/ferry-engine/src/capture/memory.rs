@@ -150,6 +150,7 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
 fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {
     let mut runs = Vec::with_capacity(pieces.len());
     let mut buf = vec![0u8; MAX_RUN as usize * 2];
+    let mut readback = vec![0u8; MAX_RUN as usize * 2];
     let mem_path = format!("/proc/{pid}/mem");
     let mut mem: Option<std::fs::File> = None;
     let mut i = 0;
@@ -162,7 +163,9 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
             };
             let chunk = &mut buf[..first.len];
             f.read_exact_at(chunk, first.addr).map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
-            runs.extend(out.write_runs_at(first.offset, &[(first.addr, first.len)], chunk)?);
+            let new = out.write_runs_at(first.offset, &[(first.addr, first.len)], chunk)?;
+            out.verify_written(&new, &mut readback)?;
+            runs.extend(new);
             progress.add(first.len as u64);
             i += 1;
             continue;
@@ -180,7 +183,11 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
             return Err(EngineError::kernel(pid, format!("short memory read near {:#x}", batch[0].addr), ferry_sys::SysError::new("process_vm_readv", libc::EFAULT)));
         }
         let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
-        runs.extend(out.write_runs_at(first.offset, &ranges, &buf[..bytes])?);
+        // Read each batch back while it is still in cache: the image is
+        // verified on disk before the process may be killed.
+        let new = out.write_runs_at(first.offset, &ranges, &buf[..bytes])?;
+        out.verify_written(&new, &mut readback)?;
+        runs.extend(new);
         progress.add(bytes as u64);
     }
     Ok(runs)
