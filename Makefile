@@ -38,7 +38,8 @@ fuzz:
 	  echo "make fuzz: cargo-fuzz is missing: 'cargo install cargo-fuzz' (needs a nightly toolchain)"; exit 1; fi
 	cd fuzz && for t in $$($(CARGO) fuzz list); do \
 	  echo "== fuzzing $$t for $(FUZZ_TIME) s"; \
-	  $(CARGO) fuzz run "$$t" -- -max_total_time=$(FUZZ_TIME) || exit 1; \
+	  mkdir -p corpus/"$$t"; \
+	  $(CARGO) fuzz run "$$t" corpus/"$$t" seeds/"$$t" -- -max_total_time=$(FUZZ_TIME) -timeout=10 -malloc_limit_mb=256 || exit 1; \
 	done
 
 clean:

@@ -111,7 +111,9 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
             return bad(format!("memfd {} has data beyond its size", m.name));
         }
     }
-    let has_memfd = |id: &u64| p.memfds.iter().any(|m| m.id == *id);
+    let mut memfd_ids: Vec<u64> = p.memfds.iter().map(|m| m.id).collect();
+    memfd_ids.sort_unstable();
+    let has_memfd = |id: &u64| memfd_ids.binary_search(id).is_ok();
     if p.vmas.iter().any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
         || p.files.iter().any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
     {

@@ -582,14 +582,10 @@ fn verify_runs_huge_offset_is_an_error() {
     assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
 }
 
-// validate.rs checks every memfd reference (files and mappings) with a linear
-// search over `memfds`, so an image with M memfds and F references costs
-// M * F: a 1.3 MB meta.img (100k of each) takes ~9 s in a release build, and
-// the 1 GiB section cap allows far worse. Found while reviewing what the
-// fuzzer cannot reach with small inputs. Ignored until validate is fixed;
-// run with `cargo test -p ferry-image --release -- --ignored`.
+// Regression test: validate once checked every memfd reference (files and
+// mappings) with a linear search over `memfds`, so M memfds and F references
+// cost M * F (a 1.3 MB meta.img with 100k of each took ~9 s).
 #[test]
-#[ignore = "ferry-image bug: validate's memfd reference check is quadratic (hostile image hangs the reader)"]
 fn memfd_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut p) = valid();
