@@ -45,7 +45,10 @@ impl<'a> ProgressCounter<'a> {
 }
 
 /// Threads used for bulk page work (copying, hashing): the CPUs we may
-/// run on, at most 4.
+/// run on, at most 4, or FERRY_COPY_THREADS if set (1 to 64).
 pub fn worker_threads() -> usize {
+    if let Some(n) = std::env::var("FERRY_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
+        return n.clamp(1, 64);
+    }
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
 }

@@ -87,7 +87,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
 }
 
 /// Largest run stored under one checksum; also the copy batch size.
-const MAX_RUN: u64 = 4 << 20;
+const MAX_RUN: u64 = 256 << 10;
 
 /// A piece of memory to store: at most MAX_RUN bytes inside one mapping.
 #[derive(Clone, Copy)]
@@ -177,6 +177,7 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
             bytes += pieces[i].len;
             i += 1;
         }
+        let t0 = std::time::Instant::now();
         let n = vm::read_remote(pid, &mut buf[..bytes], &batch)
             .map_err(|e| EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e))?;
         if n != bytes {
@@ -185,8 +186,17 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
         let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
         // Read each batch back while it is still in cache: the image is
         // verified on disk before the process may be killed.
+        let t1 = std::time::Instant::now();
         let new = out.write_runs_at(first.offset, &ranges, &buf[..bytes])?;
+        let t2 = std::time::Instant::now();
         out.verify_written(&new, &mut readback)?;
+        let t3 = std::time::Instant::now();
+        tracing::trace!(
+            "batch {bytes} B: read {:?} write+hash {:?} read back+check {:?}",
+            t1 - t0,
+            t2 - t1,
+            t3 - t2
+        );
         runs.extend(new);
         progress.add(bytes as u64);
     }
