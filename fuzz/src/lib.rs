@@ -112,6 +112,7 @@ fn thread(tid: i32) -> ThreadImage {
         robust_list: RobustList { head: 0x7ffd_0001_0040, len: 24 },
         clear_child_tid: 0,
         timer_slack_ns: 50_000,
+        sched: Default::default(),
         sleep_remaining_ns: if tid == SAMPLE_PID { None } else { Some(5_000_000) },
     }
 }

@@ -98,8 +98,19 @@ pub struct ThreadImage {
     pub robust_list: RobustList,
     pub clear_child_tid: u64,
     pub timer_slack_ns: u64,
+    pub sched: Sched,
     /// If the thread was inside a sleep when captured: what is left of it.
     pub sleep_remaining_ns: Option<u64>,
+}
+
+/// Scheduling policy, real-time priority, nice value and CPU affinity.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Sched {
+    pub policy: i32,
+    pub rt_priority: i32,
+    pub nice: i32,
+    /// CPU mask words (bit n of word w: CPU 64 * w + n).
+    pub cpus: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]

@@ -42,6 +42,9 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
         if t.xstate.len() < 576 || t.xstate.len() > MAX_XSTATE {
             return bad(format!("thread {}: xstate of {} bytes", t.tid, t.xstate.len()));
         }
+        if t.sched.cpus.len() > 128 {
+            return bad(format!("thread {}: CPU mask of {} words", t.tid, t.sched.cpus.len()));
+        }
         if t.pending.iter().any(|s| s.len() != 128) {
             return bad(format!("thread {}: malformed pending siginfo", t.tid));
         }

@@ -28,6 +28,7 @@ fn thread(tid: i32) -> ThreadImage {
         robust_list: RobustList::default(),
         clear_child_tid: 0,
         timer_slack_ns: 50_000,
+        sched: Default::default(),
         sleep_remaining_ns: None,
     }
 }

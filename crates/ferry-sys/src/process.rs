@@ -96,3 +96,55 @@ impl Drop for MappedFile {
         }
     }
 }
+
+/// A thread's scheduling: policy, real-time priority, nice value, CPU mask.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sched {
+    pub policy: i32,
+    pub rt_priority: i32,
+    pub nice: i32,
+    pub cpus: Vec<u64>,
+}
+
+pub fn get_sched(tid: i32) -> SysResult<Sched> {
+    // SAFETY: integer argument.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy < 0 {
+        return Err(last_error("sched_getscheduler"));
+    }
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: param is a valid out pointer.
+    if unsafe { libc::sched_getparam(tid, &mut param) } < 0 {
+        return Err(last_error("sched_getparam"));
+    }
+    // getpriority can legitimately return -1: clear errno first.
+    // SAFETY: errno location is thread-local and always valid.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: integer arguments.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+    // SAFETY: as above.
+    if nice == -1 && unsafe { *libc::__errno_location() } != 0 {
+        return Err(last_error("getpriority"));
+    }
+    let mut cpus = vec![0u64; 16];
+    // SAFETY: cpus is a writable buffer of the given byte length.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getaffinity, tid, cpus.len() * 8, cpus.as_mut_ptr()) };
+    let n = check("sched_getaffinity", r)? as usize;
+    cpus.truncate(n / 8);
+    Ok(Sched { policy, rt_priority: param.sched_priority, nice, cpus })
+}
+
+pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
+    // SAFETY: the mask buffer is live for the given byte length.
+    check("sched_setaffinity", unsafe { libc::syscall(libc::SYS_sched_setaffinity, tid, s.cpus.len() * 8, s.cpus.as_ptr()) })?;
+    // SAFETY: integer arguments.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, s.nice) } < 0 {
+        return Err(last_error("setpriority"));
+    }
+    let param = libc::sched_param { sched_priority: s.rt_priority };
+    // SAFETY: param is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(tid, s.policy, &param) } < 0 {
+        return Err(last_error("sched_setscheduler"));
+    }
+    Ok(())
+}

@@ -464,6 +464,7 @@ conformance! {
     proc_cwd,
     proc_umask,
     proc_rlimits,
+    proc_sched_affinity,
     proc_itimers_virt_prof,
     proc_posix_timers,
     proc_names,

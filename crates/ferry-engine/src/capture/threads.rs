@@ -8,7 +8,7 @@ use crate::freeze::FrozenThread;
 use crate::inject::{check, Call};
 use crate::procfs;
 use crate::syscall_restart;
-use ferry_image::{AltStack, RobustList, Rseq, ThreadImage};
+use ferry_image::{AltStack, RobustList, Rseq, Sched, ThreadImage};
 use ferry_sys::ptrace;
 
 const PR_GET_TID_ADDRESS: u64 = 40;
@@ -25,6 +25,8 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     let pending = ptrace::peek_siginfo(tid, false).map_err(|e| kerr("reading pending signals", e))?;
     let rseq = ptrace::get_rseq_config(tid).map_err(|e| kerr("reading rseq configuration", e))?;
     let (head, len) = ferry_sys::process::get_robust_list(tid).map_err(|e| kerr("reading robust futex list", e))?;
+    let s = ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
+    let sched = Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
 
     let calls = [
         Call::new(libc::SYS_sigaltstack, &[0, ctx.data]),
@@ -62,6 +64,7 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
         robust_list: RobustList { head, len },
         clear_child_tid,
         timer_slack_ns,
+        sched,
         sleep_remaining_ns,
     })
 }

@@ -123,5 +123,8 @@ pub fn set_final_registers(pid: i32, t: &ThreadImage) -> Result<()> {
     ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
     ptrace::set_xstate(tid, &t.xstate).map_err(|e| kerr("setting XSAVE state", e))?;
     ptrace::set_sigmask(tid, t.sigmask).map_err(|e| kerr("setting signal mask", e))?;
+    let s = &t.sched;
+    let sched = ferry_sys::process::Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus.clone() };
+    ferry_sys::process::set_sched(tid, &sched).map_err(|e| kerr("setting scheduling attributes", e))?;
     Ok(())
 }
