@@ -66,6 +66,7 @@ pub struct ProcessMisc {
     pub dumpable: u32,
     pub thp_disable: bool,
     pub child_subreaper: bool,
+    pub oom_score_adj: i32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

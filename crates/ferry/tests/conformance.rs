@@ -463,6 +463,7 @@ conformance! {
     // process
     proc_cwd,
     proc_umask,
+    proc_oom_score_adj,
     proc_rlimits,
     proc_sched_affinity,
     proc_itimers_virt_prof,

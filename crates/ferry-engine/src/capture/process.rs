@@ -86,5 +86,6 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
     let thp_disable = check(ctx.pid, ctx.pid, "prctl(PR_GET_THP_DISABLE)", r[2])? != 0;
     check(ctx.pid, ctx.pid, "prctl(PR_GET_CHILD_SUBREAPER)", r[3])?;
     let child_subreaper = ctx.remote.read(ctx.data, 4)?.iter().any(|&b| b != 0);
-    Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper }))
+    let oom_score_adj = procfs::read_string(&format!("/proc/{}/oom_score_adj", ctx.pid))?.trim().parse().unwrap_or(0);
+    Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper, oom_score_adj }))
 }

@@ -29,6 +29,8 @@ pub fn restore_misc(s: &mut Session) -> Result<()> {
     for (name, v) in ["prctl(PR_SET_DUMPABLE)", "prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
         check(s.pid, s.pid, name, v)?;
     }
+    let path = format!("/proc/{}/oom_score_adj", s.pid);
+    std::fs::write(&path, m.oom_score_adj.to_string()).map_err(|e| EngineError::io(&path, e))?;
     Ok(())
 }
 
