@@ -58,7 +58,6 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
         }
         prev_end = v.end;
     }
-    let mut data_end = 0u64;
     let mut vi = 0usize;
     let mut prev_run_end = 0u64;
     for r in &p.page_runs {
@@ -79,9 +78,7 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
         if run_data_end > inv.pages_bytes {
             return bad(format!("page run at {:#x} points past the end of page data", r.start));
         }
-        data_end = data_end.max(run_data_end);
     }
-    let _ = data_end;
     let mut fds: Vec<i32> = Vec::with_capacity(p.fds.len());
     for s in &p.fds {
         if s.fd < 0 || s.fd >= MAX_FDS {

@@ -8,7 +8,7 @@
 //! the file. PAGEMAP_SCAN finds those pages in one call per 512 regions.
 
 use crate::error::{EngineError, Result};
-use crate::procfs::{self, MapsEntry, Stat};
+use crate::procfs::{MapsEntry, Stat};
 use ferry_image::{vmflag, MmLayout, PageRun, PagesWriter, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE};
 use ferry_sys::pagemap::{self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
 use ferry_sys::vm::{self, RemoteRange};
@@ -213,7 +213,6 @@ pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
     if let Some(end) = auxv.chunks_exact(2).position(|p| p[0] == 0) {
         auxv.truncate(end * 2 + 2);
     }
-    let _ = procfs::read_string;
     Ok(MmLayout {
         start_code: st.field(26),
         end_code: st.field(27),

@@ -37,8 +37,9 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
     let rw = loop {
         match open_path(pid, &name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode) {
             Ok(fd) => break fd,
-            Err(e) if n < 100 => {
-                let _ = e;
+            // The path is taken again (a new file was created there since):
+            // recreate the deleted file under a neighbouring name.
+            Err(_) if n < 100 => {
                 n += 1;
                 name = format!("{path}.ferry-{pid}-{n}");
             }
