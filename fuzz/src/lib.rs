@@ -278,7 +278,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000, 27] },
+        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000, 27], caps: Default::default() },
         rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(SAMPLE_PID), thread(SAMPLE_PID + 1)],
         mm: MmLayout {

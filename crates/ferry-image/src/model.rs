@@ -74,6 +74,17 @@ pub struct Creds {
     pub uids: [u32; 4],
     pub gids: [u32; 4],
     pub groups: Vec<u32>,
+    pub caps: Caps,
+}
+
+/// Capability sets as bit masks (bit n: capability n).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct Caps {
+    pub inheritable: u64,
+    pub permitted: u64,
+    pub effective: u64,
+    pub bounding: u64,
+    pub ambient: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

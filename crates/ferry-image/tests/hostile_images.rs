@@ -63,7 +63,7 @@ fn valid() -> (Inventory, ProcessImage) {
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds { uids: [0; 4], gids: [0; 4], groups: vec![] },
+        creds: Creds { uids: [0; 4], gids: [0; 4], groups: vec![], caps: Default::default() },
         rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(PID), thread(PID + 1)],
         mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },

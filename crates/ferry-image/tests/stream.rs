@@ -90,7 +90,7 @@ fn image(npages: usize) -> (Inventory, ProcessImage, Vec<u8>) {
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000] },
+        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000], caps: Default::default() },
         rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(PID), thread(PID + 1)],
         mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },

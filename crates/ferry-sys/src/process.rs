@@ -10,16 +10,6 @@ pub fn get_robust_list(tid: i32) -> SysResult<(u64, u64)> {
     Ok((head, len as u64))
 }
 
-pub fn get_rlimit(pid: i32, resource: u32) -> SysResult<(u64, u64)> {
-    let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: new limit NULL (read only), old points to a valid struct.
-    let r = unsafe { libc::prlimit64(pid, resource as _, std::ptr::null(), &mut old) };
-    if r < 0 {
-        return Err(last_error("prlimit64(get)"));
-    }
-    Ok((old.rlim_cur, old.rlim_max))
-}
-
 pub fn set_rlimit(pid: i32, resource: u32, soft: u64, hard: u64) -> SysResult<()> {
     let new = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
     // SAFETY: new points to a valid struct; old is NULL.

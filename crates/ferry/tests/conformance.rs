@@ -461,6 +461,7 @@ conformance! {
     sig_altstack,
     sig_itimer_alarm,
     // process
+    proc_creds_caps,
     proc_cwd,
     proc_umask,
     proc_oom_score_adj,

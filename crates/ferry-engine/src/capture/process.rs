@@ -4,7 +4,7 @@
 use crate::error::{EngineError, Result};
 use crate::procfs::{self, key_values, Stat};
 use crate::inject::{check, Call};
-use ferry_image::{Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
+use ferry_image::{Caps, Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
 
 /// A single process is captured; children would be left behind.
 pub fn refuse_children(pid: i32) -> Result<()> {
@@ -22,6 +22,10 @@ fn ids(v: Option<&&str>) -> Vec<u32> {
     v.map(|s| s.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default()
 }
 
+fn cap(v: Option<&&str>) -> u64 {
+    v.and_then(|s| procfs::parse_hex(s)).unwrap_or(0)
+}
+
 fn four(v: Vec<u32>) -> [u32; 4] {
     let mut a = [0u32; 4];
     for (d, s) in a.iter_mut().zip(v) {
@@ -30,17 +34,31 @@ fn four(v: Vec<u32>) -> [u32; 4] {
     a
 }
 
+/// Resource limits from /proc/PID/limits, which lists them in resource
+/// order. prlimit(2) on another process would need CAP_SYS_RESOURCE when
+/// the process runs under another user.
+fn rlimits(pid: i32) -> Result<Vec<Rlimit>> {
+    let path = format!("/proc/{pid}/limits");
+    let text = procfs::read_string(&path)?;
+    let value = |v: &str| if v == "unlimited" { Some(u64::MAX) } else { v.parse().ok() };
+    let mut out = Vec::new();
+    for (resource, line) in text.lines().skip(1).enumerate() {
+        // "Max open files            1024                 1048576              files"
+        let cols: Vec<&str> = line.get(26..).unwrap_or("").split_whitespace().collect();
+        match (cols.first().and_then(|v| value(v)), cols.get(1).and_then(|v| value(v))) {
+            (Some(soft), Some(hard)) => out.push(Rlimit { resource: resource as u32, soft, hard }),
+            _ => return Err(EngineError::Parse { path: path.clone(), what: format!("limit line {line:?}") }),
+        }
+    }
+    Ok(out)
+}
+
 pub fn capture(pid: i32) -> Result<ProcessImage> {
     let status_path = format!("/proc/{pid}/status");
     let status_text = procfs::read_string(&status_path)?;
     let status = key_values(&status_text);
     let stat = Stat::read(pid)?;
-    let mut rlimits = Vec::new();
-    for resource in 0..16u32 {
-        let (soft, hard) = ferry_sys::process::get_rlimit(pid, resource)
-            .map_err(|e| EngineError::kernel(pid, format!("reading rlimit {resource}"), e))?;
-        rlimits.push(Rlimit { resource, soft, hard });
-    }
+    let rlimits = rlimits(pid)?;
     let personality = procfs::read_string(&format!("/proc/{pid}/personality"))?;
     Ok(ProcessImage {
         pid,
@@ -53,7 +71,18 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         umask: status.get("Umask").and_then(|v| procfs::parse_octal(v)).unwrap_or(0o022) as u32,
         personality: procfs::parse_hex(&personality).unwrap_or(0) as u32,
         no_new_privs: status.get("NoNewPrivs").is_some_and(|v| *v == "1"),
-        creds: Creds { uids: four(ids(status.get("Uid"))), gids: four(ids(status.get("Gid"))), groups: ids(status.get("Groups")) },
+        creds: Creds {
+            uids: four(ids(status.get("Uid"))),
+            gids: four(ids(status.get("Gid"))),
+            groups: ids(status.get("Groups")),
+            caps: Caps {
+                inheritable: cap(status.get("CapInh")),
+                permitted: cap(status.get("CapPrm")),
+                effective: cap(status.get("CapEff")),
+                bounding: cap(status.get("CapBnd")),
+                ambient: cap(status.get("CapAmb")),
+            },
+        },
         rlimits,
         threads: Vec::new(),
         mm: MmLayout::default(),

@@ -303,9 +303,12 @@ fn run_injected(
     ph.mark("signals::queue_pending");
     let first_staged = (image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64;
     s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[first_staged, u32::MAX as u64, 0]))])?;
-    process::restore_creds(s)?;
-    scratch.unmap(&s.remote, pid)?;
+    // Limits while the process still has ferry's user (a process of
+    // another user would need CAP_SYS_RESOURCE), credentials last.
     process::restore_limits(pid, image)?;
+    let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
+    process::restore_creds(s, &all_tids)?;
+    scratch.unmap(&s.remote, pid)?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;
     }
