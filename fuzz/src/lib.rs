@@ -178,13 +178,14 @@ pub fn sample() -> (Inventory, ProcessImage) {
     ];
     let pipe = |write_end: bool, data: &[u8]| PipeEnd { id: 77, write_end, capacity: 65536, data: data.to_vec(), peer_closed: false };
     let files = vec![
-        OpenFile { flags: 2, pos: 0, kind: FileKind::Terminal { path: "/dev/pts/3".into() } },
-        OpenFile { flags: 1 | 1024, pos: 10, kind: FileKind::Regular { path: "/tmp/log".into(), size: 10 } },
-        OpenFile { flags: 0, pos: 0, kind: FileKind::Pipe(pipe(false, b"hello")) },
-        OpenFile { flags: 1, pos: 0, kind: FileKind::Pipe(pipe(true, b"")) },
+        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::Terminal { path: "/dev/pts/3".into() } },
+        OpenFile { flags: 1 | 1024, pos: 10, locks: vec![], kind: FileKind::Regular { path: "/tmp/log".into(), size: 10 } },
+        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false, b"hello")) },
+        OpenFile { flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true, b"")) },
         OpenFile {
             flags: 0,
             pos: 0,
+            locks: vec![],
             kind: FileKind::Epoll {
                 entries: vec![EpollEntry { fd: 3, events: 1, data: 3 }, EpollEntry { fd: 6, events: 1 | 4, data: 6 }],
             },
@@ -192,6 +193,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
         OpenFile {
             flags: 2 | 2048,
             pos: 0,
+            locks: vec![],
             kind: FileKind::InetSocket(InetSocket {
                 family: 2,
                 sock_type: 1,
@@ -203,20 +205,22 @@ pub fn sample() -> (Inventory, ProcessImage) {
                 peer: None,
             }),
         },
-        OpenFile { flags: 2, pos: 0, kind: FileKind::EventFd { count: 3, semaphore: false } },
+        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } },
         OpenFile {
             flags: 0,
             pos: 0,
+            locks: vec![],
             kind: FileKind::TimerFd(TimerFd { clockid: 1, value_ns: 1_000_000, interval_ns: 0, ticks: 0, settime_flags: 0 }),
         },
-        OpenFile { flags: 0, pos: 0, kind: FileKind::SignalFd { mask: 1 << 9 } },
-        OpenFile { flags: 2, pos: 4, kind: FileKind::Deleted { path: "/tmp/gone".into(), mode: 0o600, content: b"data".to_vec() } },
-        OpenFile { flags: 0, pos: 0, kind: FileKind::Directory { path: "/".into() } },
-        OpenFile { flags: 2, pos: 0, kind: FileKind::CharDevice { path: "/dev/null".into(), rdev: 0x103 } },
-        OpenFile { flags: 0, pos: 0, kind: FileKind::Fifo { path: "/tmp/fifo".into(), pipe: PipeEnd { id: 78, write_end: false, capacity: 4096, data: vec![], peer_closed: true } } },
+        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::SignalFd { mask: 1 << 9 } },
+        OpenFile { flags: 2, pos: 4, locks: vec![], kind: FileKind::Deleted { path: "/tmp/gone".into(), mode: 0o600, content: b"data".to_vec() } },
+        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Directory { path: "/".into() } },
+        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::CharDevice { path: "/dev/null".into(), rdev: 0x103 } },
+        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Fifo { path: "/tmp/fifo".into(), pipe: PipeEnd { id: 78, write_end: false, capacity: 4096, data: vec![], peer_closed: true } } },
         OpenFile {
             flags: 2,
             pos: 0,
+            locks: vec![],
             kind: FileKind::InetSocket(InetSocket {
                 family: 10,
                 sock_type: 2,
@@ -230,10 +234,11 @@ pub fn sample() -> (Inventory, ProcessImage) {
         },
     ];
     let mut files = files;
-    files.push(OpenFile { flags: 2, pos: 0, kind: FileKind::Memfd { id: 91 } });
+    files.push(OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::Memfd { id: 91 } });
     files.push(OpenFile {
         flags: 2,
         pos: 0,
+        locks: vec![],
         kind: FileKind::UnixSocket(UnixSocket {
             ino: 501,
             sock_type: 1,

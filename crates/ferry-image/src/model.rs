@@ -235,6 +235,27 @@ pub struct OpenFile {
     pub flags: i32,
     pub pos: i64,
     pub kind: FileKind,
+    /// Locks the process holds through this file.
+    pub locks: Vec<FileLock>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub enum LockKind {
+    /// flock(2): belongs to the open file description.
+    Flock,
+    /// fcntl(F_SETLK): belongs to the process.
+    Posix,
+    /// fcntl(F_OFD_SETLK): belongs to the open file description.
+    Ofd,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct FileLock {
+    pub kind: LockKind,
+    pub write: bool,
+    pub start: u64,
+    /// Last byte locked; None: to the end of the file.
+    pub end: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -85,11 +85,12 @@ fn valid() -> (Inventory, ProcessImage) {
             PageRun { start: 0x7ffd_0001_f000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
         ],
         files: vec![
-            OpenFile { flags: 0, pos: 0, kind: FileKind::Pipe(pipe(false)) },
-            OpenFile { flags: 1, pos: 0, kind: FileKind::Pipe(pipe(true)) },
+            OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false)) },
+            OpenFile { flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true)) },
             OpenFile {
                 flags: 2,
                 pos: 0,
+                locks: vec![],
                 kind: FileKind::InetSocket(InetSocket {
                     family: 2,
                     sock_type: 1,
@@ -104,6 +105,7 @@ fn valid() -> (Inventory, ProcessImage) {
             OpenFile {
                 flags: 0,
                 pos: 0,
+                locks: vec![],
                 kind: FileKind::Epoll { entries: vec![EpollEntry { fd: 3, events: 1, data: 3 }, EpollEntry { fd: 5, events: 1, data: 5 }] },
             },
         ],
@@ -591,7 +593,7 @@ fn memfd_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut p) = valid();
     p.memfds = (0..n).map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] }).collect();
-    p.files.extend((0..n).map(|_| OpenFile { flags: 0, pos: 0, kind: FileKind::Memfd { id: n - 1 } }));
+    p.files.extend((0..n).map(|_| OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Memfd { id: n - 1 } }));
     let bytes = encode_meta(&inv, &p).unwrap();
     let t = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");

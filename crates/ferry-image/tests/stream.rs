@@ -108,7 +108,7 @@ fn image(npages: usize) -> (Inventory, ProcessImage, Vec<u8>) {
             anon(stack_top - 0x20000, stack_top),
         ],
         page_runs: runs,
-        files: vec![OpenFile { flags: 0, pos: 0, kind: FileKind::EventFd { count: 3, semaphore: false } }],
+        files: vec![OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } }],
         fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
         signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
         itimers: vec![],

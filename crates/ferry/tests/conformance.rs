@@ -441,6 +441,7 @@ conformance! {
     fd_deleted_file,
     fd_dev_nodes,
     fd_flags,
+    fd_locks,
     fd_dup_shared_offset,
     fd_pipe_unread,
     fd_pipe_half_closed,

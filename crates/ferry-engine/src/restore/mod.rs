@@ -303,6 +303,11 @@ fn run_injected(
     ph.mark("signals::queue_pending");
     let first_staged = (image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64;
     s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[first_staged, u32::MAX as u64, 0]))])?;
+    let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
+    if !lock_calls.is_empty() {
+        s.remote.write(s.data, &lock_args)?;
+        s.run(pid, &lock_calls)?;
+    }
     // Limits while the process still has ferry's user (a process of
     // another user would need CAP_SYS_RESOURCE), credentials last.
     process::restore_limits(pid, image)?;

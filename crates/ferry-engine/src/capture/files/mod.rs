@@ -5,6 +5,7 @@
 mod epoll;
 mod eventfd;
 mod inet;
+mod locks;
 mod pipe;
 mod regular;
 mod signalfd;
@@ -109,7 +110,8 @@ pub fn capture(pid: i32, pidfd: &OwnedFd) -> Result<(Vec<OpenFile>, Vec<FdSlot>)
             Some(idx) => idx,
             None => {
                 let kind = capture_kind(&info)?;
-                files.push(OpenFile { flags: flags & !libc::O_CLOEXEC, pos, kind });
+                let locks = locks::parse(&info)?;
+                files.push(OpenFile { flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
                 let idx = (files.len() - 1) as u32;
                 seen.push((dev, ino, idx, fd));
                 idx

@@ -5,6 +5,7 @@
 mod epoll;
 mod eventfd;
 mod inet;
+pub(crate) mod locks;
 mod pipe;
 mod regular;
 mod signalfd;
@@ -114,6 +115,14 @@ pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd, memf
         if let FileKind::Epoll { entries } = &f.kind {
             let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
             epoll::register(pid, slot.fd, entries)?;
+        }
+    }
+    for (i, f) in image.files.iter().enumerate() {
+        if f.locks.is_empty() {
+            continue;
+        }
+        if let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) {
+            locks::take(pid, slot.fd, &f.locks)?;
         }
     }
     // Shutdowns last: queued data had to be sent through both ends first.

@@ -1,0 +1,69 @@
+//! File locks, taken again by the new process on its installed fds. The
+//! old process must be gone: a lock it still holds makes restore fail.
+//! flock and OFD locks belong to the open file description and are taken
+//! here, in the child. POSIX record locks belong to the process and die
+//! with the close of *any* fd of the file, so they are taken last, after
+//! ferry's temporary descriptors are closed ([`posix_lock_calls`]).
+
+use super::errno_err;
+use crate::error::Result;
+use ferry_image::{FileLock, LockKind};
+
+pub fn take(pid: i32, fd: i32, locks: &[FileLock]) -> Result<()> {
+    for l in locks.iter().filter(|l| l.kind != LockKind::Posix) {
+        let ok = match l.kind {
+            LockKind::Flock => {
+                let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH };
+                // SAFETY: integer arguments on an installed fd.
+                unsafe { libc::flock(fd, op | libc::LOCK_NB) == 0 }
+            }
+            LockKind::Posix | LockKind::Ofd => {
+                // SAFETY: flock is plain data.
+                let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+                fl.l_type = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
+                fl.l_whence = libc::SEEK_SET as i16;
+                fl.l_start = l.start as i64;
+                fl.l_len = l.end.map_or(0, |e| (e + 1 - l.start) as i64);
+                let cmd = if l.kind == LockKind::Posix { libc::F_SETLK } else { libc::F_OFD_SETLK };
+                // SAFETY: fl is a valid struct flock.
+                unsafe { libc::fcntl(fd, cmd, &fl) == 0 }
+            }
+        };
+        if !ok {
+            return Err(errno_err(pid, format!("taking a {:?} lock on fd {fd} (bytes {}..{:?})", l.kind, l.start, l.end)));
+        }
+    }
+    Ok(())
+}
+
+/// struct flock as F_SETLK reads it (x86_64 layout).
+fn flock_bytes(l: &FileLock) -> Vec<u8> {
+    let mut b = Vec::with_capacity(32);
+    let ty = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(&(libc::SEEK_SET as i16).to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    b.extend_from_slice(&(l.start as i64).to_le_bytes());
+    b.extend_from_slice(&l.end.map_or(0i64, |e| (e + 1 - l.start) as i64).to_le_bytes());
+    b.extend_from_slice(&[0u8; 8]);
+    b
+}
+
+/// The injected fcntl(F_SETLK) calls for every POSIX lock of the image,
+/// with their struct flock arguments laid out from `data`.
+pub fn posix_lock_calls(image: &ferry_image::ProcessImage, data: u64) -> (Vec<(String, crate::inject::Call)>, Vec<u8>) {
+    let mut calls = Vec::new();
+    let mut args = Vec::new();
+    for (i, f) in image.files.iter().enumerate() {
+        let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
+        for l in f.locks.iter().filter(|l| l.kind == LockKind::Posix) {
+            let at = data + args.len() as u64;
+            args.extend(flock_bytes(l));
+            calls.push((
+                format!("fcntl(fd {}, F_SETLK, bytes {}..{:?})", slot.fd, l.start, l.end),
+                crate::inject::Call::new(libc::SYS_fcntl, &[slot.fd as u64, libc::F_SETLK as u64, at]),
+            ));
+        }
+    }
+    (calls, args)
+}
