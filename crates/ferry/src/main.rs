@@ -53,6 +53,18 @@ enum Cmd {
         #[arg(long, default_value = "/dev/null")]
         tty_to: String,
     },
+    /// Write an image directory to standard output as one byte stream
+    /// (the form used to move an image over a socket or pipe).
+    Send {
+        /// Image directory.
+        dir: PathBuf,
+    },
+    /// Read an image stream from standard input, check every checksum, and
+    /// write it as an image directory.
+    Receive {
+        /// Image directory to create.
+        dir: PathBuf,
+    },
     /// Show what an image holds; checks every checksum first.
     Inspect {
         /// Image directory.
@@ -128,6 +140,22 @@ fn run(cli: Cli) -> Result<i32> {
                 return Ok(0);
             }
             wait_for(r.pid)
+        }
+        Cmd::Send { dir } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+            let n = ferry_image::dir_to_stream(&dir, &mut out).with_context(|| format!("sending {}", dir.display()))?;
+            std::io::Write::flush(&mut out).context("writing to standard output")?;
+            eprintln!("sent {} ({n} bytes)", dir.display());
+            Ok(0)
+        }
+        Cmd::Receive { dir } => {
+            let stdin = std::io::stdin();
+            let mut input = std::io::BufReader::with_capacity(1 << 20, stdin.lock());
+            let (_, process, pages) =
+                ferry_image::read_stream(&mut input, Some(&dir)).with_context(|| format!("receiving into {}", dir.display()))?;
+            eprintln!("received pid {} ({} bytes of pages) into {}", process.pid, pages.len(), dir.display());
+            Ok(0)
         }
         Cmd::Inspect { dir, json } => {
             inspect::show(&dir, json)?;

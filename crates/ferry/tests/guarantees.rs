@@ -267,3 +267,57 @@ fn bad_arguments_give_one_line_errors() {
     let o = c.ferry(&["inspect", "/nonexistent/ferry-image"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn image_travels_as_one_stream_and_restores() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("stream");
+    let prog = c.compile("tests/conformance/threads_8_writers.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    c.children[0].wait().expect("reap");
+    // ferry send DIR | ferry receive DIR2, through a real pipe.
+    let received = c.dir.join("received");
+    let mut send = Command::new(FERRY).arg("send").arg(c.images()).stdout(Stdio::piped()).spawn().expect("send");
+    let pipe = send.stdout.take().expect("pipe");
+    let recv = Command::new(FERRY).arg("receive").arg(&received).stdin(pipe).output().expect("receive");
+    assert!(send.wait().expect("send").success());
+    assert!(recv.status.success(), "receive failed: {}", stderr(&recv));
+    // A damaged stream is refused and leaves no image behind.
+    let mut bytes = Command::new(FERRY).arg("send").arg(c.images()).output().expect("send").stdout;
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x55;
+    let bad_dir = c.dir.join("bad");
+    let mut bad = Command::new(FERRY).arg("receive").arg(&bad_dir).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("receive");
+    {
+        use std::io::Write;
+        let _ = bad.stdin.take().expect("stdin").write_all(&bytes);
+    }
+    let bad_out = bad.wait_with_output().expect("receive");
+    assert!(!bad_out.status.success(), "a damaged stream was accepted");
+    assert!(!bad_dir.join("meta.img").exists(), "a damaged stream left an image");
+
+    fs::write(c.dir.join("program.log"), "").expect("truncate log");
+    let pidfile = c.dir.join("pid");
+    let restore = Command::new(FERRY)
+        .arg("restore")
+        .arg("--images")
+        .arg(&received)
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() {
+        assert!(Instant::now() < deadline, "restore from the received image did not finish");
+        sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling the process we restored.
+    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    let code = c.children[1].wait().expect("wait restore").code();
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}
