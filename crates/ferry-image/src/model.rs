@@ -267,6 +267,10 @@ pub enum FileKind {
     CharDevice { path: String, rdev: u64 },
     /// A terminal: replaced at restore by a file the user chooses.
     Terminal { path: String },
+    /// A pipe or socket on fd 0-2 leading out of the process (to a
+    /// supervisor or log collector), recorded with --external-stdio: like
+    /// a terminal, replaced at restore by the file the user chooses.
+    ExternalStdio { what: String },
     /// A memfd in `ProcessImage::memfds`.
     Memfd { id: u64 },
     Pipe(PipeEnd),

@@ -53,6 +53,7 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
             FileKind::Directory { path } => format!("directory {path}"),
             FileKind::CharDevice { path, .. } => format!("device {path}"),
             FileKind::Terminal { path } => format!("terminal {path} (replaced at restore)"),
+            FileKind::ExternalStdio { what } => format!("{what} leading out of the process (replaced at restore)"),
             FileKind::UnixSocket(u) => format!(
                 "unix socket {}{}{}{}",
                 if u.name.is_empty() { "(unnamed)".to_string() } else { String::from_utf8_lossy(&u.name).replace('\0', "@") },

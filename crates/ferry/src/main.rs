@@ -33,6 +33,12 @@ enum Cmd {
         /// Keep the process running after the image is written.
         #[arg(long)]
         leave_running: bool,
+        /// A pipe or socket on stdin/stdout/stderr that leads to another
+        /// process (a supervisor, a log collector) is recorded as external
+        /// and replaced at restore by the --tty-to file, instead of
+        /// refusing the checkpoint.
+        #[arg(long)]
+        external_stdio: bool,
     },
     /// Recreate a process from an image, with its old PID and TIDs. Without
     /// --detach, ferry stays its parent, forwards SIGINT/SIGTERM/SIGHUP to
@@ -49,7 +55,8 @@ enum Cmd {
         #[arg(long)]
         pidfile: Option<PathBuf>,
         /// File that replaces descriptors which were terminals (a process
-        /// cannot get its old terminal back). Created if missing.
+        /// cannot get its old terminal back), and stdio recorded with
+        /// `checkpoint --external-stdio`. Created if missing.
         #[arg(long, default_value = "/dev/null")]
         tty_to: String,
     },
@@ -113,8 +120,8 @@ fn wait_for(pid: i32) -> Result<i32> {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
-        Cmd::Checkpoint { pid, images, leave_running } => {
-            let opts = ferry_engine::capture::CaptureOptions { leave_running, progress: progress::bar("copying memory") };
+        Cmd::Checkpoint { pid, images, leave_running, external_stdio } => {
+            let opts = ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory") };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
                 "checkpointed pid {} ({} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; process {}",

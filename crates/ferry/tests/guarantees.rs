@@ -321,3 +321,76 @@ fn image_travels_as_one_stream_and_restores() {
     let code = c.children[1].wait().expect("wait restore").code();
     assert_eq!(code, Some(0), "restored program failed: {}", c.log());
 }
+
+#[test]
+fn stdout_piped_to_another_process_is_refused_or_replaced() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("external-stdio");
+    let prog = c.compile("tests/conformance/mem_anon_private.c");
+    let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
+    let mut cmd = Command::new(&prog);
+    cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let pid = child.id() as i32;
+    let mut pipe = child.stdout.take().expect("stdout pipe");
+    c.children.push(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if seen.windows(5).any(|w| w == b"READY") {
+                let _ = tx.send(());
+            }
+        }
+        drop(pipe);
+    });
+    rx.recv_timeout(Duration::from_secs(10)).expect("program never printed READY on its pipe");
+
+    let refused = c.checkpoint(pid, &[]);
+    assert!(!refused.status.success(), "a stdout pipe to another process was captured silently");
+    assert!(stderr(&refused).contains("fd 1 (pipe:"), "{}", stderr(&refused));
+
+    let out = c.checkpoint(pid, &["--external-stdio"]);
+    assert!(out.status.success(), "checkpoint --external-stdio failed: {}", stderr(&out));
+    c.children[0].wait().expect("reap");
+    let replacement = c.dir.join("stdout-after-restore");
+    let pidfile = c.dir.join("pid");
+    let restore = Command::new(FERRY)
+        .arg("restore")
+        .arg("--images")
+        .arg(c.images())
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .arg("--tty-to")
+        .arg(&replacement)
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() {
+        assert!(Instant::now() < deadline, "restore did not finish");
+        sleep(Duration::from_millis(5));
+    }
+    // SAFETY: signalling the process we restored.
+    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    let code = c.children[1].wait().expect("wait restore").code();
+    let written = fs::read_to_string(&replacement).unwrap_or_default();
+    assert_eq!(code, Some(0), "restored program failed: {written}");
+    assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
+}

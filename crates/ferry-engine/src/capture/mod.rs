@@ -25,6 +25,9 @@ use std::time::Instant;
 pub struct CaptureOptions {
     /// Let the process run on after the capture instead of killing it.
     pub leave_running: bool,
+    /// Record pipes and sockets on fds 0-2 that lead to another process as
+    /// external (replaced at restore) instead of refusing them.
+    pub external_stdio: bool,
     /// Called as page data is copied (bytes done, bytes total).
     pub progress: Option<crate::ProgressFn>,
 }
@@ -72,7 +75,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     // Survey first: refuse what we cannot capture before touching anything.
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds) = files::capture(pid, &frozen.pidfd)?;
+    let (files, fds) = files::capture(pid, &frozen.pidfd, opts.external_stdio)?;
     let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     let vdso = smaps
         .iter()

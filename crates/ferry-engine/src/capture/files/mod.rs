@@ -77,9 +77,22 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
     Err(info.unsupported("this kind of file is not supported yet"))
 }
 
+/// Whether a pipe or socket leads to another process: no other fd of this
+/// process refers to the same pipe (its other end) or to the socket's peer.
+fn leads_out(pid: i32, info: &FdInfo) -> bool {
+    if info.link.starts_with("pipe:") {
+        let ends = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|rd| rd.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == info.link.as_str())).count())
+            .unwrap_or(0);
+        // Both ends of one pipe show the same inode.
+        return ends < 2;
+    }
+    true
+}
+
 /// Captures all fds of `pid`. Returns the open file descriptions and the
 /// fd table pointing into them.
-pub fn capture(pid: i32, pidfd: &OwnedFd) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
+pub fn capture(pid: i32, pidfd: &OwnedFd, external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -109,7 +122,12 @@ pub fn capture(pid: i32, pidfd: &OwnedFd) -> Result<(Vec<OpenFile>, Vec<FdSlot>)
         let file = match shared_with {
             Some(idx) => idx,
             None => {
-                let kind = capture_kind(&info)?;
+                let stdio_link = fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+                let kind = if external_stdio && stdio_link && leads_out(pid, &info) {
+                    FileKind::ExternalStdio { what: info.link.clone() }
+                } else {
+                    capture_kind(&info)?
+                };
                 let locks = locks::parse(&info)?;
                 files.push(OpenFile { flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
                 let idx = (files.len() - 1) as u32;

@@ -64,7 +64,8 @@ const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc
 
 fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let fd = match &f.kind {
-        FileKind::Regular { .. } | FileKind::Deleted { .. } | FileKind::Directory { .. } | FileKind::CharDevice { .. } | FileKind::Terminal { .. } => {
+        FileKind::Regular { .. } | FileKind::Deleted { .. } | FileKind::Directory { .. } | FileKind::CharDevice { .. } | FileKind::Terminal { .. }
+        | FileKind::ExternalStdio { .. } => {
             regular::open(b, f)?
         }
         FileKind::Memfd { id } => {

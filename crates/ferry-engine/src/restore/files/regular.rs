@@ -73,7 +73,7 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::Deleted { path, mode, content } => (recreate_deleted(pid, path, *mode, content, flags)?, path.as_str()),
         FileKind::Directory { path } => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
         FileKind::CharDevice { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
-        FileKind::Terminal { .. } => {
+        FileKind::Terminal { .. } | FileKind::ExternalStdio { .. } => {
             let acc = f.flags & libc::O_ACCMODE;
             let extra = if acc == libc::O_RDONLY { 0 } else { libc::O_CREAT | libc::O_APPEND };
             return open_path(pid, b.tty_to, acc | extra, 0o644);
