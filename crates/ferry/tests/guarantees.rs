@@ -113,6 +113,33 @@ impl Case {
             sleep(Duration::from_millis(10));
         }
     }
+
+    /// Restores from `images` (plus `extra` args) as a child of the test,
+    /// waits for the process to run, lets it check itself (SIGUSR2) and
+    /// returns ferry restore's exit code, which is the program's.
+    fn restore_and_finish(&mut self, pid: i32, images: &Path, extra: &[&str]) -> Option<i32> {
+        let pidfile = self.dir.join("pid");
+        let _ = fs::remove_file(&pidfile);
+        let restore = Command::new(FERRY)
+            .arg("restore")
+            .arg("--images")
+            .arg(images)
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .args(extra)
+            .spawn()
+            .expect("spawn restore");
+        self.children.push(restore);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pidfile.exists() {
+            assert!(Instant::now() < deadline, "restore from {} did not finish", images.display());
+            sleep(Duration::from_millis(5));
+        }
+        // SAFETY: signalling the process we restored.
+        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        let last = self.children.len() - 1;
+        self.children[last].wait().expect("wait restore").code()
+    }
 }
 
 impl Drop for Case {
@@ -188,21 +215,7 @@ fn leave_running_keeps_the_process_and_image_restores_later() {
     assert_eq!(c.finish_child(0), 0, "original failed after --leave-running: {}", c.log());
     // Now the image restores the process as it was at the checkpoint.
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
-    let pidfile = c.dir.join("pid");
-    let restore = Command::new(FERRY)
-        .args(["restore", "--images", images.to_str().expect("utf-8"), "--pidfile", pidfile.to_str().expect("utf-8")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn restore");
-    c.children.push(restore);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pidfile.exists() {
-        assert!(Instant::now() < deadline, "restore did not finish");
-        sleep(Duration::from_millis(5));
-    }
-    // SAFETY: signalling the process we restored.
-    unsafe { libc::kill(pid, libc::SIGUSR2) };
-    let code = c.children[1].wait().expect("wait restore").code();
+    let code = c.restore_and_finish(pid, &images, &[]);
     assert_eq!(code, Some(0), "restored program failed: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
@@ -301,24 +314,7 @@ fn image_travels_as_one_stream_and_restores() {
     assert!(!bad_dir.join("meta.img").exists(), "a damaged stream left an image");
 
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
-    let pidfile = c.dir.join("pid");
-    let restore = Command::new(FERRY)
-        .arg("restore")
-        .arg("--images")
-        .arg(&received)
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .spawn()
-        .expect("spawn restore");
-    c.children.push(restore);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pidfile.exists() {
-        assert!(Instant::now() < deadline, "restore from the received image did not finish");
-        sleep(Duration::from_millis(5));
-    }
-    // SAFETY: signalling the process we restored.
-    unsafe { libc::kill(pid, libc::SIGUSR2) };
-    let code = c.children[1].wait().expect("wait restore").code();
+    let code = c.restore_and_finish(pid, &received, &[]);
     assert_eq!(code, Some(0), "restored program failed: {}", c.log());
 }
 
@@ -370,26 +366,8 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     assert!(out.status.success(), "checkpoint --external-stdio failed: {}", stderr(&out));
     c.children[0].wait().expect("reap");
     let replacement = c.dir.join("stdout-after-restore");
-    let pidfile = c.dir.join("pid");
-    let restore = Command::new(FERRY)
-        .arg("restore")
-        .arg("--images")
-        .arg(c.images())
-        .arg("--pidfile")
-        .arg(&pidfile)
-        .arg("--tty-to")
-        .arg(&replacement)
-        .spawn()
-        .expect("spawn restore");
-    c.children.push(restore);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pidfile.exists() {
-        assert!(Instant::now() < deadline, "restore did not finish");
-        sleep(Duration::from_millis(5));
-    }
-    // SAFETY: signalling the process we restored.
-    unsafe { libc::kill(pid, libc::SIGUSR2) };
-    let code = c.children[1].wait().expect("wait restore").code();
+    let images = c.images();
+    let code = c.restore_and_finish(pid, &images, &["--tty-to", replacement.to_str().expect("utf-8")]);
     let written = fs::read_to_string(&replacement).unwrap_or_default();
     assert_eq!(code, Some(0), "restored program failed: {written}");
     assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
