@@ -59,6 +59,11 @@ enum Cmd {
         /// `checkpoint --external-stdio`. Created if missing.
         #[arg(long, default_value = "/dev/null")]
         tty_to: String,
+        /// Restore into this network namespace: a name from `ip netns`
+        /// (/run/netns/NAME) or a path such as /proc/PID/ns/net. Its
+        /// sockets are bound there.
+        #[arg(long)]
+        netns: Option<String>,
     },
     /// Write an image directory to standard output as one byte stream
     /// (the form used to move an image over a socket or pipe).
@@ -136,8 +141,9 @@ fn run(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Restore { images, detach, pidfile, tty_to } => {
-            let opts = ferry_engine::restore::RestoreOptions { tty_to, progress: progress::bar("restoring memory") };
+        Cmd::Restore { images, detach, pidfile, tty_to, netns } => {
+            let netns = netns.map(|n| if n.contains('/') { PathBuf::from(n) } else { PathBuf::from("/run/netns").join(n) });
+            let opts = ferry_engine::restore::RestoreOptions { tty_to, netns, progress: progress::bar("restoring memory") };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
             if let Some(p) = &pidfile {

@@ -372,3 +372,81 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     assert_eq!(code, Some(0), "restored program failed: {written}");
     assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
 }
+
+/// A network namespace made for one test, deleted on drop.
+struct NetNs(String);
+
+impl NetNs {
+    fn new(tag: &str) -> Option<NetNs> {
+        let name = format!("ferry-{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let ok = Command::new("ip").args(["netns", "add", &name]).status().map(|s| s.success()).unwrap_or(false);
+        if !ok {
+            return None;
+        }
+        let ns = NetNs(name);
+        let up = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
+        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
+        Some(ns)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+    }
+}
+
+fn inode(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}
+
+#[test]
+fn restore_into_a_named_network_namespace() {
+    if !is_root() {
+        return;
+    }
+    let Some(ns) = NetNs::new("restore") else {
+        eprintln!("skipped: `ip netns add` is not available");
+        return;
+    };
+    let mut c = Case::new("netns");
+    let prog = c.compile("tests/conformance/sock_tcp_listen.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    c.children[0].wait().expect("reap");
+    fs::write(c.dir.join("program.log"), "").expect("truncate log");
+
+    let images = c.images();
+    let pidfile = c.dir.join("pid");
+    let restore = Command::new(FERRY)
+        .arg("restore")
+        .arg("--images")
+        .arg(&images)
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .args(["--netns", &ns.0])
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() {
+        assert!(Instant::now() < deadline, "restore into {} did not finish", ns.0);
+        sleep(Duration::from_millis(5));
+    }
+    // The restored process lives in the namespace: its listener was bound
+    // there (the program connects to it over the namespace's loopback).
+    assert_eq!(inode(&format!("/proc/{pid}/ns/net")), inode(&format!("/run/netns/{}", ns.0)), "not in the namespace");
+    assert_ne!(inode(&format!("/proc/{pid}/ns/net")), inode("/proc/self/ns/net"));
+    // SAFETY: signalling the process we restored.
+    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    let code = c.children[1].wait().expect("wait restore").code();
+    assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+
+    // A namespace that does not exist is a clear error.
+    let o = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--netns", "ferry-no-such-netns", "--detach"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("network namespace /run/netns/ferry-no-such-netns"), "{}", stderr(&o));
+}

@@ -20,6 +20,8 @@ pub struct ChildPlan<'a> {
     /// Lowest fd number above every fd of the image.
     pub temp_base: RawFd,
     pub memfds: std::collections::HashMap<u64, RawFd>,
+    /// A network namespace to join before any socket is made.
+    pub netns: Option<RawFd>,
     pub go: OwnedFd,
     pub status: OwnedFd,
 }
@@ -42,6 +44,12 @@ fn close_all_but(keep: &[RawFd]) {
 fn setup(plan: &ChildPlan) -> Result<()> {
     let img = plan.image;
     let pid = img.pid;
+    if let Some(ns) = plan.netns {
+        // SAFETY: ns is an open namespace file; setns only reads it.
+        if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
+            return Err(super::files::errno_err(pid, "joining the network namespace".into()));
+        }
+    }
     // SAFETY: plain process-attribute syscalls on ourselves.
     unsafe {
         if img.sid == pid {

@@ -33,13 +33,16 @@ use std::time::Instant;
 pub struct RestoreOptions {
     /// Where fds that were terminals point after restore.
     pub tty_to: String,
+    /// Network namespace to restore into (a file such as /run/netns/NAME
+    /// or /proc/PID/ns/net); None: ferry's own.
+    pub netns: Option<std::path::PathBuf>,
     /// Called as page data is copied in (bytes done, bytes total).
     pub progress: Option<crate::ProgressFn>,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into(), progress: None }
+        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None }
     }
 }
 
@@ -189,6 +192,18 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let st_w = unsafe { ferry_sys::fd::own(st_w_high) };
     let mut keep: Vec<RawFd> = staging.values().copied().collect();
     keep.push(st_w.as_raw_fd());
+    let netns = match &opts.netns {
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|e| EngineError::io(format!("network namespace {}", path.display()), e))?;
+            let fd = ferry_sys::fd::fcntl_int(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
+                .map_err(|e| EngineError::kernel(pid, "staging the network namespace", e))?;
+            keep.push(fd);
+            // SAFETY: fd is a new descriptor we own.
+            Some(unsafe { ferry_sys::fd::own(fd) })
+        }
+        None => None,
+    };
+    let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
 
     // SAFETY: ferry is single-threaded here (no thread pools, no
     // background logging), so the child may run ordinary Rust code.
@@ -196,7 +211,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let child_pid = match forked {
         Ok(0) => {
             let memfds = image.memfds.iter().filter_map(|m| staging.get(&(memory::memfd_key(m.id), true)).map(|fd| (m.id, *fd))).collect();
-            child::run(child::ChildPlan { image: &image, tty_to: &opts.tty_to, keep, temp_base, memfds, go: go_r, status: st_w })
+            child::run(child::ChildPlan { image: &image, tty_to: &opts.tty_to, keep, temp_base, memfds, netns: netns_fd, go: go_r, status: st_w })
         }
         Ok(p) => p,
         Err(e) if e.errno == libc::EEXIST => {
