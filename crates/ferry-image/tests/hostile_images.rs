@@ -85,9 +85,10 @@ fn valid() -> (Inventory, ProcessImage) {
             PageRun { start: 0x7ffd_0001_f000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
         ],
         files: vec![
-            OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false)) },
-            OpenFile { flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true)) },
+            OpenFile { id: 101, flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false)) },
+            OpenFile { id: 102, flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true)) },
             OpenFile {
+                id: 103,
                 flags: 2,
                 pos: 0,
                 locks: vec![],
@@ -103,6 +104,7 @@ fn valid() -> (Inventory, ProcessImage) {
                 }),
             },
             OpenFile {
+                id: 104,
                 flags: 0,
                 pos: 0,
                 locks: vec![],
@@ -120,20 +122,22 @@ fn valid() -> (Inventory, ProcessImage) {
         posix_timers: vec![],
         misc: ProcessMisc::default(),
         memfds: vec![],
+        inherited: vec![],
+        root: None,
     };
     (inv, p)
 }
 
 fn valid_meta() -> Vec<u8> {
     let (inv, p) = valid();
-    encode_meta(&inv, &p).expect("encode valid image")
+    encode_meta(&inv, &TreeImage::single(p)).expect("encode valid image")
 }
 
-/// The postcard payloads (inventory, process) of an encoded meta file.
+/// The postcard payloads (inventory, process tree) of an encoded meta file.
 fn payloads(meta: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let (k1, inv, rest) = container::read_section(&meta[HEADER_LEN..]).expect("inventory section");
-    let (k2, proc_, rest) = container::read_section(rest).expect("process section");
-    assert_eq!((k1, k2, rest.len()), (SectionKind::Inventory, SectionKind::Process, 0));
+    let (k2, proc_, rest) = container::read_section(rest).expect("process tree section");
+    assert_eq!((k1, k2, rest.len()), (SectionKind::Inventory, SectionKind::Tree, 0));
     (inv.to_vec(), proc_.to_vec())
 }
 
@@ -158,13 +162,19 @@ fn reject(bytes: &[u8]) -> ImageError {
     }
 }
 
-/// Encodes a mutated model and expects decode_meta to reject it as invalid.
-fn reject_model(inv: &Inventory, p: &ProcessImage) -> String {
-    let bytes = encode_meta(inv, p).expect("encode");
+/// Encodes a mutated tree and expects decode_meta to reject it as invalid.
+fn reject_tree(inv: &Inventory, t: &TreeImage) -> String {
+    let bytes = encode_meta(inv, t).expect("encode");
     match reject(&bytes) {
         ImageError::Invalid(msg) => msg,
         e => panic!("expected ImageError::Invalid, got {e:?}"),
     }
+}
+
+/// Encodes a mutated process (as a tree of one) and expects decode_meta to
+/// reject it as invalid.
+fn reject_model(inv: &Inventory, p: &ProcessImage) -> String {
+    reject_tree(inv, &TreeImage::single(p.clone()))
 }
 
 /// Appends `v` as a postcard varint (LEB128).
@@ -181,10 +191,12 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
 #[test]
 fn valid_image_round_trips() {
     let (inv, p) = valid();
-    let (inv2, p2) = decode_meta(&valid_meta()).expect("valid image must decode");
+    let (inv2, t2) = decode_meta(&valid_meta()).expect("valid image must decode");
     assert_eq!(inv2, inv);
-    assert_eq!(p2, p);
-    ImageDir::verify_runs(&p2.page_runs, &pages_data()).expect("valid pages verify");
+    assert_eq!(t2.processes.len(), 1);
+    assert_eq!(t2.root(), Some(&p));
+    assert_eq!(t2, TreeImage::single(p));
+    ImageDir::verify_runs(&t2.processes[0].page_runs, &pages_data()).expect("valid pages verify");
 }
 
 #[test]
@@ -201,7 +213,7 @@ fn every_truncation_is_rejected() {
     for n in 0..meta.len() {
         match reject(&meta[..n]) {
             ImageError::Truncated(_) => {}
-            // Cut exactly between sections: no process section.
+            // Cut exactly between sections: no process tree section.
             ImageError::Invalid(msg) => assert!(msg.contains("no "), "prefix {n}: {msg}"),
             e => panic!("prefix of {n} bytes: unexpected {e:?}"),
         }
@@ -232,7 +244,7 @@ fn wrong_version() {
 fn wrong_version_in_inventory() {
     let (mut inv, p) = valid();
     inv.format_version = FORMAT_VERSION + 7;
-    let bytes = encode_meta(&inv, &p).unwrap();
+    let bytes = encode_meta(&inv, &TreeImage::single(p)).unwrap();
     assert!(matches!(reject(&bytes), ImageError::Version { .. }));
 }
 
@@ -240,7 +252,7 @@ fn wrong_version_in_inventory() {
 fn section_length_larger_than_input() {
     let meta = valid_meta();
     let (inv, _) = payloads(&meta);
-    // The process section claims one byte more than is there.
+    // The process tree section claims one byte more than is there.
     let proc_hdr = HEADER_LEN + SECTION_HEADER_LEN + inv.len();
     let mut m = meta.clone();
     let len = u64::from_le_bytes(m[proc_hdr + 8..proc_hdr + 16].try_into().unwrap());
@@ -259,7 +271,7 @@ fn section_length_larger_than_input() {
 #[test]
 fn checksum_mismatch() {
     let meta = valid_meta();
-    // A flipped payload byte in the last (process) section.
+    // A flipped payload byte in the last (process tree) section.
     let mut m = meta.clone();
     let last = m.len() - 1;
     m[last] ^= 0x40;
@@ -282,18 +294,18 @@ fn unknown_missing_and_misplaced_sections() {
     let mut m = meta.clone();
     m[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&99u32.to_le_bytes());
     assert!(matches!(reject(&m), ImageError::Invalid(_)));
-    // Only a header, or no process section: the image ends too early.
+    // Only a header, or no process tree section: the image ends too early.
     assert!(matches!(reject(&file_header(0)), ImageError::Truncated(_)));
     assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv)])), ImageError::Truncated(_)));
     // Missing inventory.
-    assert!(matches!(reject(&frame(&[(SectionKind::Process, &proc_)])), ImageError::Invalid(_)));
+    assert!(matches!(reject(&frame(&[(SectionKind::Tree, &proc_)])), ImageError::Invalid(_)));
     // A pages section has no place in meta.img.
     assert!(matches!(
-        reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Pages, &[]), (SectionKind::Process, &proc_)])),
+        reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Pages, &[]), (SectionKind::Tree, &proc_)])),
         ImageError::Invalid(_)
     ));
     // Payloads swapped between the sections: postcard decode error.
-    match reject(&frame(&[(SectionKind::Inventory, &proc_), (SectionKind::Process, &inv)])) {
+    match reject(&frame(&[(SectionKind::Inventory, &proc_), (SectionKind::Tree, &inv)])) {
         ImageError::Decode { .. } | ImageError::Invalid(_) | ImageError::Version { .. } => {}
         e => panic!("unexpected {e:?}"),
     }
@@ -308,9 +320,9 @@ fn undecodable_payloads() {
     let meta = valid_meta();
     let (inv, proc_) = payloads(&meta);
     // Empty and cut payloads, with correct framing and checksums.
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &[]), (SectionKind::Process, &proc_)])), ImageError::Decode { kind: "inventory", .. }));
+    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &[]), (SectionKind::Tree, &proc_)])), ImageError::Decode { kind: "inventory", .. }));
     for cut in [0, 1, proc_.len() / 2, proc_.len() - 1] {
-        match reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Process, &proc_[..cut])])) {
+        match reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_[..cut])])) {
             ImageError::Decode { kind: "process", .. } => {}
             e => panic!("cut at {cut}: unexpected {e:?}"),
         }
@@ -319,7 +331,7 @@ fn undecodable_payloads() {
     // cannot be placed precisely without a schema, but an all-0xff payload
     // is garbage for every field type.
     let garbage = vec![0xffu8; 200];
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Process, &garbage)])), ImageError::Decode { .. }));
+    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &garbage)])), ImageError::Decode { .. }));
 }
 
 #[test]
@@ -328,10 +340,13 @@ fn absurd_counts() {
     let (inv_ok, _) = payloads(&meta);
     let (_, p) = valid();
 
-    // The process payload up to (not including) `rlimits`: postcard encodes
-    // a struct as its fields in order, so a tuple of the leading fields gives
-    // the same bytes.
-    let prefix = postcard::to_stdvec(&(
+    // The tree payload up to (not including) the first process's
+    // `rlimits`: the `processes` count (1), then the process's leading
+    // fields. Postcard encodes a struct as its fields in order, so a tuple
+    // of the leading fields gives the same bytes.
+    let mut prefix = Vec::new();
+    varint(&mut prefix, 1);
+    prefix.extend(postcard::to_stdvec(&(
         p.pid,
         p.ppid,
         p.pgid,
@@ -344,14 +359,14 @@ fn absurd_counts() {
         p.no_new_privs,
         &p.creds,
     ))
-    .unwrap();
+    .unwrap());
     for count in [1u64 << 32, 1 << 40, u64::MAX >> 1, u64::MAX] {
         // Huge rlimits count with nothing behind it.
         let mut payload = prefix.clone();
         varint(&mut payload, count);
         payload.extend_from_slice(&[7, 1, 1]);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Process, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
             "rlimits count {count}"
         );
         // Huge threads count (after an empty rlimits vector).
@@ -359,7 +374,7 @@ fn absurd_counts() {
         varint(&mut payload, 0);
         varint(&mut payload, count);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Process, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
             "threads count {count}"
         );
         // One thread whose xstate claims `count` bytes.
@@ -371,7 +386,7 @@ fn absurd_counts() {
         varint(&mut payload, count); // xstate length
         payload.extend_from_slice(&[0u8; 32]);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Process, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
             "xstate length {count}"
         );
         // A huge string length in the inventory (ferry_version).
@@ -380,14 +395,71 @@ fn absurd_counts() {
         inv.extend_from_slice(b"0.1.0");
         let (_, proc_ok) = payloads(&meta);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Process, &proc_ok)])), ImageError::Decode { kind: "inventory", .. }),
+            matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_ok)])), ImageError::Decode { kind: "inventory", .. }),
             "string length {count}"
         );
     }
     // A varint longer than any u64.
     let mut payload = prefix;
     payload.extend_from_slice(&[0xff; 12]);
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Process, &payload)])), ImageError::Decode { .. }));
+    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { .. }));
+}
+
+/// Absurd counts in the tree-level vectors (processes, zombies, shared
+/// memory objects, SysV segments and their extents, inherited mappings):
+/// a decode error, no huge allocation.
+#[test]
+fn absurd_tree_counts() {
+    let meta = valid_meta();
+    let (inv_ok, _) = payloads(&meta);
+    let (_, t) = valid_tree();
+    let (_, p) = valid();
+    let single = postcard::to_stdvec(&TreeImage::single(p)).unwrap();
+    // [processes count = 1] process [inherited = 0] [root = None] [0 zombies] [0 shm] [0 sysv]
+    assert_eq!(&single[single.len() - 5..], &[0, 0, 0, 0, 0]);
+    let process_up_to_inherited = &single[..single.len() - 5];
+    let rejects = |payload: &[u8], what: &str| {
+        match reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, payload)])) {
+            ImageError::Decode { kind: "process", .. } => {}
+            e => panic!("{what}: unexpected {e:?}"),
+        }
+    };
+    for count in [1u64 << 32, 1 << 40, u64::MAX >> 1, u64::MAX] {
+        let mut payload = Vec::new();
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[0u8; 32]);
+        rejects(&payload, &format!("processes count {count}"));
+
+        let mut payload = postcard::to_stdvec(&t.processes).unwrap();
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[1, 2, 3]);
+        rejects(&payload, &format!("zombies count {count}"));
+
+        let mut payload = postcard::to_stdvec(&(&t.processes, &t.zombies)).unwrap();
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[1, 2, 3]);
+        rejects(&payload, &format!("shared_anon count {count}"));
+
+        let mut payload = postcard::to_stdvec(&(&t.processes, &t.zombies, &t.shared_anon)).unwrap();
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[1, 2, 3]);
+        rejects(&payload, &format!("sysv_shm count {count}"));
+
+        // One SysV segment whose extents vector claims `count` entries.
+        let s = &t.sysv_shm[0];
+        let mut payload = postcard::to_stdvec(&(&t.processes, &t.zombies, &t.shared_anon)).unwrap();
+        varint(&mut payload, 1);
+        payload.extend(postcard::to_stdvec(&(s.id, s.key, s.size, s.mode, s.uid, s.gid)).unwrap());
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[0u8; 16]);
+        rejects(&payload, &format!("sysv extents count {count}"));
+
+        // The process's `inherited` vector claims `count` entries.
+        let mut payload = process_up_to_inherited.to_vec();
+        varint(&mut payload, count);
+        payload.extend_from_slice(&[0u8; 16]);
+        rejects(&payload, &format!("inherited count {count}"));
+    }
 }
 
 #[test]
@@ -593,11 +665,401 @@ fn memfd_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut p) = valid();
     p.memfds = (0..n).map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] }).collect();
-    p.files.extend((0..n).map(|_| OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Memfd { id: n - 1 } }));
-    let bytes = encode_meta(&inv, &p).unwrap();
+    p.files.extend((0..n).map(|i| OpenFile { id: 1000 + i, flags: 0, pos: 0, locks: vec![], kind: FileKind::Memfd { id: n - 1 } }));
+    let bytes = encode_meta(&inv, &TreeImage::single(p)).unwrap();
     let t = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");
     // Linear: about a second even in a debug build; quadratic: 1e10
     // comparisons.
     assert!(t.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), t.elapsed());
+}
+
+// ---------------------------------------------------------------------------
+// Process trees
+
+const CHILD: i32 = PID + 100;
+const GRANDCHILD: i32 = PID + 200;
+const ZOMBIE: i32 = PID + 300;
+const SHM_ANON: u64 = 0x5151;
+const SYSV_ID: i32 = 32769;
+
+fn shared(start: u64, end: u64, backing: VmaBacking) -> Vma {
+    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: true, flags: 0, pgoff: 0, backing }
+}
+
+/// A valid tree: the process of `valid()` (which also maps an anonymous
+/// shared region and a SysV segment), its child (inherits the heap, shares
+/// its first page with the parent, and all its open files), a grandchild
+/// (detached the SysV segment, chrooted, inherits the stack), two zombies
+/// (one the root's, one the child's), the shared memory object and the
+/// SysV segment.
+fn valid_tree() -> (Inventory, TreeImage) {
+    let (inv, mut root) = valid();
+    let pages = pages_data();
+    // Between the heap (0x600000-0x602000) and the stack (0x7ffd...).
+    root.vmas.insert(2, shared(0x7f00_0000_0000, 0x7f00_0000_2000, VmaBacking::SharedAnon { id: SHM_ANON }));
+    root.vmas.insert(3, shared(0x7f00_1000_0000, 0x7f00_1000_4000, VmaBacking::SysvShm { id: SYSV_ID }));
+
+    let mut child = root.clone();
+    child.pid = CHILD;
+    child.ppid = PID;
+    child.comm = "victim-child".into();
+    child.threads = vec![thread(CHILD)];
+    // The first heap page is still shared with the parent; the second was
+    // written by the child and is stored for it.
+    child.inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 1)] }];
+    child.page_runs = vec![
+        PageRun { start: 0x601000, pages: 1, offset: 4096, checksum: container::checksum(&pages[4096..8192]) },
+        PageRun { start: 0x7ffd_0001_f000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
+    ];
+
+    let mut grandchild = child.clone();
+    grandchild.pid = GRANDCHILD;
+    grandchild.ppid = CHILD;
+    grandchild.comm = "victim-grandchild".into();
+    grandchild.threads = vec![thread(GRANDCHILD), thread(GRANDCHILD + 1)];
+    grandchild.vmas.retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. })); // shmdt
+    grandchild.inherited = vec![InheritedVma { start: 0x7ffd_0000_0000, end: 0x7ffd_0002_0000, shared_pages: vec![(0x7ffd_0001_f000, 1)] }];
+    grandchild.page_runs = vec![PageRun { start: 0x600000, pages: 2, offset: 0, checksum: container::checksum(&pages[..8192]) }];
+    grandchild.root = Some("/srv/jail".into());
+
+    let t = TreeImage {
+        processes: vec![root, child, grandchild],
+        zombies: vec![
+            Zombie { pid: ZOMBIE, ppid: CHILD, pgid: PID, sid: PID, wait_status: 3 << 8 },
+            Zombie { pid: ZOMBIE + 1, ppid: PID, pgid: PID, sid: PID, wait_status: 9 },
+        ],
+        shared_anon: vec![MemfdObject {
+            id: SHM_ANON,
+            name: "/dev/zero (deleted)".into(),
+            size: 8192,
+            seals: 0,
+            extents: vec![(0, b"shared".to_vec()), (4096, vec![7; 4096])],
+        }],
+        sysv_shm: vec![SysvShm { id: SYSV_ID, key: 0x1234, size: 16384, mode: 0o600, uid: 0, gid: 0, extents: vec![(8192, b"sysv".to_vec())] }],
+    };
+    (inv, t)
+}
+
+#[test]
+fn valid_tree_round_trips() {
+    let (inv, t) = valid_tree();
+    ferry_image::validate::validate(&inv, &t).expect("the tree fixture is valid");
+    let bytes = encode_meta(&inv, &t).unwrap();
+    let (inv2, t2) = decode_meta(&bytes).expect("a valid tree must decode");
+    assert_eq!(inv2, inv);
+    assert_eq!(t2, t);
+    assert_eq!(t2.root().map(|p| p.pid), Some(PID));
+    assert_eq!(t2.processes.iter().map(|p| (p.pid, p.ppid)).collect::<Vec<_>>(), [(PID, 1), (CHILD, PID), (GRANDCHILD, CHILD)]);
+    assert_eq!(t2.processes[2].root.as_deref(), Some("/srv/jail"));
+    // The open file descriptions the child inherited keep their ids.
+    assert_eq!(t2.processes[1].files.iter().map(|f| f.id).collect::<Vec<_>>(), t2.processes[0].files.iter().map(|f| f.id).collect::<Vec<_>>());
+    for p in &t2.processes {
+        ImageDir::verify_runs(&p.page_runs, &pages_data()).expect("every process's pages verify");
+    }
+    // Every truncation of the tree is rejected too.
+    for n in (0..bytes.len()).step_by(7) {
+        reject(&bytes[..n]);
+    }
+}
+
+#[test]
+fn empty_tree() {
+    let (inv, _) = valid();
+    reject_tree(&inv, &TreeImage::default());
+    // Zombies alone are not a tree.
+    let (inv, mut t) = valid_tree();
+    t.processes.clear();
+    reject_tree(&inv, &t);
+}
+
+#[test]
+fn too_many_processes() {
+    let (inv, p) = valid();
+    let max = ferry_image::validate::MAX_PROCESSES;
+    let zombie = |i: usize| Zombie { pid: 100_000 + i as i32, ppid: PID, pgid: PID, sid: PID, wait_status: 0 };
+    // One process and MAX_PROCESSES - 1 zombies: at the limit, accepted.
+    let mut t = TreeImage::single(p);
+    t.zombies = (0..max - 1).map(zombie).collect();
+    decode_meta(&encode_meta(&inv, &t).unwrap()).expect("a tree at the process limit");
+    // One more: refused.
+    t.zombies.push(zombie(max));
+    assert!(reject_tree(&inv, &t).contains("processes"));
+}
+
+#[test]
+fn child_before_its_parent() {
+    // Grandchild before its parent (the child).
+    let (inv, mut t) = valid_tree();
+    t.processes.swap(1, 2);
+    assert!(reject_tree(&inv, &t).contains("before its parent"));
+
+    // A child whose parent is not in the tree at all.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].ppid = 999;
+    assert!(reject_tree(&inv, &t).contains("before its parent"));
+
+    // A process that is its own parent.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].ppid = GRANDCHILD;
+    assert!(reject_tree(&inv, &t).contains("before its parent"));
+
+    // The root after its child (the child comes first, as the root).
+    let (inv, mut t) = valid_tree();
+    t.processes.swap(0, 1);
+    reject_tree(&inv, &t);
+    let (inv, mut t) = valid_tree();
+    t.processes[1].inherited.clear();
+    t.processes.swap(0, 1);
+    assert!(reject_tree(&inv, &t).contains("before its parent"));
+
+    // A zombie cannot be the parent of a live process.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].ppid = ZOMBIE;
+    assert!(reject_tree(&inv, &t).contains("before its parent"));
+}
+
+#[test]
+fn duplicate_pid_across_processes() {
+    // The grandchild has its parent's pid.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].pid = CHILD;
+    t.processes[2].threads[0].tid = CHILD;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // Two siblings with the same pid.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].ppid = PID;
+    t.processes[2].pid = CHILD;
+    t.processes[2].threads[0].tid = CHILD;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // A thread of one process with the tid of another process's thread.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].threads[1].tid = PID + 1;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // A thread with the pid of another process.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].threads[1].tid = CHILD;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // A zombie with the pid of a live process, or of a thread.
+    let (inv, mut t) = valid_tree();
+    t.zombies[0].pid = GRANDCHILD;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+    let (inv, mut t) = valid_tree();
+    t.zombies[0].pid = GRANDCHILD + 1;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // Two zombies with one pid.
+    let (inv, mut t) = valid_tree();
+    t.zombies[1].pid = ZOMBIE;
+    assert!(reject_tree(&inv, &t).contains("repeat"));
+
+    // A zombie pid out of range.
+    for pid in [0, -1, 4_194_305, i32::MAX] {
+        let (inv, mut t) = valid_tree();
+        t.zombies[0].pid = pid;
+        reject_tree(&inv, &t);
+    }
+}
+
+#[test]
+fn zombie_whose_parent_is_missing() {
+    let (inv, mut t) = valid_tree();
+    t.zombies[0].ppid = 999;
+    assert!(reject_tree(&inv, &t).contains("no parent"));
+
+    // A zombie's parent must be a live process, not another zombie.
+    let (inv, mut t) = valid_tree();
+    t.zombies[1].ppid = ZOMBIE;
+    assert!(reject_tree(&inv, &t).contains("no parent"));
+
+    // The root's parent is not in the tree either.
+    let (inv, mut t) = valid_tree();
+    t.zombies[0].ppid = 1;
+    assert!(reject_tree(&inv, &t).contains("no parent"));
+}
+
+#[test]
+fn mapping_of_missing_shared_memory() {
+    // A shared anonymous mapping whose object is not in the tree.
+    let (inv, mut t) = valid_tree();
+    t.processes[0].vmas[2].backing = VmaBacking::SharedAnon { id: SHM_ANON + 1 };
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    let (inv, mut t) = valid_tree();
+    t.shared_anon.clear();
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    // ... in a process other than the root.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].vmas[2].backing = VmaBacking::SharedAnon { id: 0 };
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    // A memfd is not a shared anonymous object (nor the other way round).
+    let (inv, mut t) = valid_tree();
+    t.processes[1].memfds.push(MemfdObject { id: 77, name: "memfd:x".into(), size: 0, seals: 0, extents: vec![] });
+    t.processes[1].vmas[2].backing = VmaBacking::SharedAnon { id: 77 };
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    let (inv, mut t) = valid_tree();
+    t.processes[1].vmas[2].backing = VmaBacking::Memfd { id: SHM_ANON };
+    assert!(reject_tree(&inv, &t).contains("memfd"));
+
+    // A SysV mapping whose segment is not in the tree.
+    let (inv, mut t) = valid_tree();
+    t.processes[1].vmas[3].backing = VmaBacking::SysvShm { id: SYSV_ID + 1 };
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm.clear();
+    assert!(reject_tree(&inv, &t).contains("does not hold"));
+    for id in [0, -1, i32::MAX] {
+        let (inv, mut t) = valid_tree();
+        t.processes[0].vmas[3].backing = VmaBacking::SysvShm { id };
+        assert!(reject_tree(&inv, &t).contains("does not hold"));
+    }
+}
+
+#[test]
+fn shared_memory_data_beyond_its_size() {
+    // Anonymous shared memory: the last extent runs one byte past the end.
+    let (inv, mut t) = valid_tree();
+    t.shared_anon[0].size = 8191;
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    let (inv, mut t) = valid_tree();
+    t.shared_anon[0].extents.push((8190, vec![1, 2, 3]));
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    // Offset + length overflows.
+    let (inv, mut t) = valid_tree();
+    t.shared_anon[0].extents.push((u64::MAX, vec![1]));
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    // An object no mapping refers to is still checked.
+    let (inv, mut t) = valid_tree();
+    t.shared_anon.push(MemfdObject { id: 1, name: String::new(), size: 0, seals: 0, extents: vec![(0, vec![0])] });
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+
+    // SysV segments.
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm[0].size = 8192 + 3;
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm[0].extents.push((16383, vec![1, 2]));
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm[0].extents.push((u64::MAX - 1, vec![1, 2, 3]));
+    assert!(reject_tree(&inv, &t).contains("beyond its size"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm[0].size = 0;
+    assert!(reject_tree(&inv, &t).contains("SysV segment"));
+
+    // Exactly up to the size is fine.
+    let (inv, mut t) = valid_tree();
+    t.sysv_shm[0].extents.push((16380, vec![1, 2, 3, 4]));
+    t.shared_anon[0].extents.push((8192, vec![]));
+    decode_meta(&encode_meta(&inv, &t).unwrap()).expect("extents that end at the size");
+}
+
+#[test]
+fn inherited_mapping_that_is_not_a_mapping() {
+    // Bounds that match no mapping: one page longer, one page shorter, or
+    // shifted.
+    for (start, end) in [(0x600000, 0x603000), (0x600000, 0x601000), (0x601000, 0x602000), (0x5ff000, 0x602000)] {
+        let (inv, mut t) = valid_tree();
+        t.processes[1].inherited[0].start = start;
+        t.processes[1].inherited[0].end = end;
+        assert!(reject_tree(&inv, &t).contains("not one of its mappings"), "{start:#x}-{end:#x}");
+    }
+    // A mapping the parent has but this process does not (the grandchild
+    // detached the SysV segment).
+    let (inv, mut t) = valid_tree();
+    t.processes[2].inherited.push(InheritedVma { start: 0x7f00_1000_0000, end: 0x7f00_1000_4000, shared_pages: vec![] });
+    assert!(reject_tree(&inv, &t).contains("not one of its mappings"));
+    // No mappings at all.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].vmas.clear();
+    t.processes[2].page_runs.clear();
+    assert!(reject_tree(&inv, &t).contains("not one of its mappings"));
+}
+
+#[test]
+fn inherited_mapping_on_the_root() {
+    // The root has no parent to inherit from, even for a mapping it has.
+    let (inv, mut t) = valid_tree();
+    t.processes[0].inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![] }];
+    assert!(reject_tree(&inv, &t).contains("root process cannot inherit"));
+    // A tree of one.
+    let (inv, mut p) = valid();
+    p.inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 2)] }];
+    assert!(reject_model(&inv, &p).contains("root process cannot inherit"));
+}
+
+#[test]
+fn every_process_of_the_tree_is_checked() {
+    // The per-process checks apply to every process, not only the root.
+    let (inv, mut t) = valid_tree();
+    t.processes[2].fds[0].file = 99;
+    assert!(reject_tree(&inv, &t).contains("missing file"));
+    let (inv, mut t) = valid_tree();
+    t.processes[1].page_runs[1].offset = inv.pages_bytes;
+    assert!(reject_tree(&inv, &t).contains("past the end"));
+    let (inv, mut t) = valid_tree();
+    t.processes[2].threads.clear();
+    reject_tree(&inv, &t);
+    let (inv, mut t) = valid_tree();
+    t.processes[1].vmas.swap(0, 1);
+    reject_tree(&inv, &t);
+    let (inv, mut t) = valid_tree();
+    t.processes[2].pid = 0;
+    t.processes[2].threads[0].tid = 0;
+    reject_tree(&inv, &t);
+    let (inv, mut t) = valid_tree();
+    t.processes[1].vmas[1].backing = VmaBacking::Memfd { id: 5 };
+    assert!(reject_tree(&inv, &t).contains("memfd"));
+}
+
+// The same shape as the memfd regression above, for the tree-level
+// references: every shared-memory mapping and every inherited mapping is
+// looked up among the tree's objects / the process's mappings. With a
+// linear search per reference, N references to N objects cost N * N.
+// validate.rs (format v2) does exactly that (`t.shared_anon.iter().any`,
+// `t.sysv_shm.iter().any`, `p.vmas.iter().any` per inherited mapping):
+// these 2.6-3.4 MB images take ~8-10 s to decode in a release build and
+// ~50 s in a debug build, and read_stream runs validate before any page
+// data arrives. Ignored until validate.rs sorts the ids once and looks
+// them up (as it does for memfds); run with
+// `cargo test -p ferry-image --release -- --ignored linear_time`.
+
+#[test]
+#[ignore = "validate.rs checks these references in quadratic time (see above)"]
+fn shared_memory_references_are_checked_in_linear_time() {
+    let n = 100_000u64;
+    let (inv, mut t) = valid_tree();
+    t.shared_anon = (0..n).map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] }).collect();
+    t.sysv_shm = (0..n as i32).map(|id| SysvShm { id, key: 0, size: 0, mode: 0, uid: 0, gid: 0, extents: vec![] }).collect();
+    let p = &mut t.processes[2];
+    p.vmas.retain(|v| !matches!(v.backing, VmaBacking::SharedAnon { .. }));
+    let base = 0x1000_0000u64;
+    let refs = (0..n).map(|i| {
+        let backing = if i % 2 == 0 { VmaBacking::SharedAnon { id: n - 1 } } else { VmaBacking::SysvShm { id: n as i32 - 1 } };
+        shared(base + i * 8192, base + i * 8192 + 4096, backing)
+    });
+    p.vmas.splice(2..2, refs); // between the heap and the stack
+    let bytes = encode_meta(&inv, &t).unwrap();
+    let start = std::time::Instant::now();
+    decode_meta(&bytes).expect("a valid image");
+    assert!(start.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), start.elapsed());
+}
+
+#[test]
+#[ignore = "validate.rs checks these references in quadratic time (see above)"]
+fn inherited_mappings_are_checked_in_linear_time() {
+    let n = 100_000u64;
+    let (inv, mut t) = valid_tree();
+    let p = &mut t.processes[1];
+    let base = 0x1000_0000u64;
+    p.vmas.splice(2..2, (0..n).map(|i| anon(base + i * 8192, base + i * 8192 + 4096))); // between the heap and the shared mappings
+    let last = n - 1;
+    p.inherited = (0..n).map(|_| InheritedVma { start: base + last * 8192, end: base + last * 8192 + 4096, shared_pages: vec![] }).collect();
+    let bytes = encode_meta(&inv, &t).unwrap();
+    let start = std::time::Instant::now();
+    decode_meta(&bytes).expect("a valid image");
+    assert!(start.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), start.elapsed());
 }

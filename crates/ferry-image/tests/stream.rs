@@ -50,10 +50,10 @@ fn fill_pages(npages: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A valid image with `npages` (>= 2) pages of data in two runs: the first
+/// A valid image of one process with `npages` (>= 2) pages of data in two runs: the first
 /// run (lower address) is stored *after* the second in the data area, so
 /// offsets and addresses do not go the same way.
-fn image(npages: usize) -> (Inventory, ProcessImage, Vec<u8>) {
+fn image(npages: usize) -> (Inventory, TreeImage, Vec<u8>) {
     assert!(npages >= 2);
     let pages = fill_pages(npages);
     let low_pages = npages - 1;
@@ -108,21 +108,24 @@ fn image(npages: usize) -> (Inventory, ProcessImage, Vec<u8>) {
             anon(stack_top - 0x20000, stack_top),
         ],
         page_runs: runs,
-        files: vec![OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } }],
+        files: vec![OpenFile { id: 1, flags: 0, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } }],
         fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
         signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
         memfds: vec![],
+        inherited: vec![],
+        root: None,
     };
-    ferry_image::validate::validate(&inv, &p).expect("fixture is valid");
-    (inv, p, pages)
+    let t = TreeImage::single(p);
+    ferry_image::validate::validate(&inv, &t).expect("fixture is valid");
+    (inv, t, pages)
 }
 
-fn stream_of(inv: &Inventory, p: &ProcessImage, pages: &[u8]) -> Vec<u8> {
+fn stream_of(inv: &Inventory, t: &TreeImage, pages: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    let n = write_stream(&mut out, inv, p, pages).expect("write_stream");
+    let n = write_stream(&mut out, inv, t, pages).expect("write_stream");
     assert_eq!(n, out.len() as u64);
     out
 }
@@ -179,10 +182,10 @@ fn boundaries(stream: &[u8]) -> Vec<usize> {
 }
 
 const INV: u32 = 1;
-const PROC: u32 = 2;
+const TREE: u32 = 2;
 const PAGES: u32 = 3;
 
-fn read(bytes: &[u8]) -> Result<(Inventory, ProcessImage, Vec<u8>), ImageError> {
+fn read(bytes: &[u8]) -> Result<(Inventory, TreeImage, Vec<u8>), ImageError> {
     read_stream(&mut Cursor::new(bytes), None)
 }
 
@@ -224,21 +227,21 @@ impl Drop for TempDir {
 }
 
 /// Writes an image directory with ImageDir's own API (not via streams).
-fn write_dir(dir: &Path, inv: &Inventory, p: &ProcessImage, pages: &[u8]) {
+fn write_dir(dir: &Path, inv: &Inventory, t: &TreeImage, pages: &[u8]) {
     let image = ImageDir::new(dir);
     let mut w = image.create_pages().unwrap();
     w.append_runs(&[], pages).unwrap();
     assert_eq!(w.finish().unwrap(), pages.len() as u64);
-    image.write_meta(inv, p).unwrap();
+    image.write_meta(inv, t).unwrap();
 }
 
 // ------------------------------------------------------------ round trips
 
 #[test]
 fn stream_is_meta_then_pages_section() {
-    let (inv, p, pages) = image(3);
-    let s = stream_of(&inv, &p, &pages);
-    let meta = encode_meta(&inv, &p).unwrap();
+    let (inv, t, pages) = image(3);
+    let s = stream_of(&inv, &t, &pages);
+    let meta = encode_meta(&inv, &t).unwrap();
     assert_eq!(&s[..meta.len()], &meta[..], "metadata framed exactly as encode_meta");
     let ph = &s[meta.len()..meta.len() + SECTION_HEADER_LEN];
     assert_eq!(ph, &container::section_header(container::SectionKind::Pages, &pages)[..]);
@@ -247,37 +250,37 @@ fn stream_is_meta_then_pages_section() {
 
 #[test]
 fn round_trip_through_memory() {
-    let (inv, p, pages) = image(5);
-    let s = stream_of(&inv, &p, &pages);
-    let (inv2, p2, pages2) = read(&s).unwrap();
+    let (inv, t, pages) = image(5);
+    let s = stream_of(&inv, &t, &pages);
+    let (inv2, t2, pages2) = read(&s).unwrap();
     assert_eq!(inv2, inv);
-    assert_eq!(p2, p);
+    assert_eq!(t2, t);
     assert_eq!(pages2, pages);
 }
 
 #[test]
 fn round_trip_without_pages() {
-    let (mut inv, mut p, _) = image(2);
+    let (mut inv, mut t, _) = image(2);
     inv.pages_bytes = 0;
-    p.page_runs.clear();
-    let s = stream_of(&inv, &p, &[]);
-    let (inv2, p2, pages2) = read(&s).unwrap();
-    assert_eq!((inv2, p2), (inv, p));
+    t.processes[0].page_runs.clear();
+    let s = stream_of(&inv, &t, &[]);
+    let (inv2, t2, pages2) = read(&s).unwrap();
+    assert_eq!((inv2, t2), (inv, t));
     assert!(pages2.is_empty());
 }
 
 #[test]
 fn reader_stops_exactly_at_the_end_of_the_image() {
-    let (inv, p, pages) = image(2);
-    let mut s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(2);
+    let mut s = stream_of(&inv, &t, &pages);
     let len = s.len();
     s.extend_from_slice(b"next message");
     let mut c = Cursor::new(&s[..]);
     read_stream(&mut c, None).unwrap();
     assert_eq!(c.position() as usize, len);
     // Two images back to back on one stream.
-    let mut two = stream_of(&inv, &p, &pages);
-    two.extend(stream_of(&inv, &p, &pages));
+    let mut two = stream_of(&inv, &t, &pages);
+    two.extend(stream_of(&inv, &t, &pages));
     let mut c = Cursor::new(&two[..]);
     read_stream(&mut c, None).unwrap();
     read_stream(&mut c, None).unwrap();
@@ -306,10 +309,10 @@ impl Read for Trickle<'_> {
 
 #[test]
 fn round_trip_with_short_and_interrupted_reads() {
-    let (inv, p, pages) = image(3);
-    let s = stream_of(&inv, &p, &pages);
-    let (inv2, p2, pages2) = read_stream(&mut Trickle { data: &s, calls: 0 }, None).unwrap();
-    assert_eq!((inv2, p2, pages2), (inv, p, pages));
+    let (inv, t, pages) = image(3);
+    let s = stream_of(&inv, &t, &pages);
+    let (inv2, t2, pages2) = read_stream(&mut Trickle { data: &s, calls: 0 }, None).unwrap();
+    assert_eq!((inv2, t2, pages2), (inv, t, pages));
 }
 
 #[test]
@@ -317,24 +320,24 @@ fn round_trip_through_a_socket() {
     use std::os::unix::net::UnixStream;
     // 8 MiB of pages: far more than the socket buffer, so both sides block
     // and the reader sees many partial reads.
-    let (inv, p, pages) = image(2048);
+    let (inv, t, pages) = image(2048);
     let (mut tx, mut rx) = UnixStream::pair().unwrap();
-    let (inv_w, p_w, pages_w) = (inv.clone(), p.clone(), pages.clone());
+    let (inv_w, t_w, pages_w) = (inv.clone(), t.clone(), pages.clone());
     let writer = std::thread::spawn(move || {
-        let a = write_stream(&mut tx, &inv_w, &p_w, &pages_w).unwrap();
+        let a = write_stream(&mut tx, &inv_w, &t_w, &pages_w).unwrap();
         // A second image on the same connection.
-        let b = write_stream(&mut tx, &inv_w, &p_w, &pages_w[..]).unwrap();
+        let b = write_stream(&mut tx, &inv_w, &t_w, &pages_w[..]).unwrap();
         a + b
     });
     let first = read_stream(&mut rx, None);
     let second = read_stream(&mut rx, None);
     let sent = writer.join().unwrap();
-    let (inv2, p2, pages2) = first.unwrap();
+    let (inv2, t2, pages2) = first.unwrap();
     assert_eq!(inv2, inv);
-    assert_eq!(p2, p);
+    assert_eq!(t2, t);
     assert!(pages2 == pages);
     assert!(second.unwrap().2 == pages);
-    assert_eq!(sent, 2 * stream_of(&inv, &p, &pages).len() as u64);
+    assert_eq!(sent, 2 * stream_of(&inv, &t, &pages).len() as u64);
     // Nothing left over: the writer's end was dropped with its thread.
     let mut rest = Vec::new();
     rx.read_to_end(&mut rest).unwrap();
@@ -344,8 +347,8 @@ fn round_trip_through_a_socket() {
 #[test]
 fn socket_closed_mid_image_is_truncated() {
     use std::os::unix::net::UnixStream;
-    let (inv, p, pages) = image(64);
-    let s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(64);
+    let s = stream_of(&inv, &t, &pages);
     let (mut tx, mut rx) = UnixStream::pair().unwrap();
     let cut = s.len() - 5000;
     let writer = std::thread::spawn(move || {
@@ -359,19 +362,19 @@ fn socket_closed_mid_image_is_truncated() {
 
 #[test]
 fn dir_to_stream_to_dir() {
-    let (inv, p, pages) = image(9);
+    let (inv, t, pages) = image(9);
     let a = TempDir::new("src");
     let b = TempDir::new("dst");
     let b_img = b.path().join("image"); // does not exist yet: read_stream creates it
-    write_dir(a.path(), &inv, &p, &pages);
+    write_dir(a.path(), &inv, &t, &pages);
 
     let mut s = Vec::new();
     let n = dir_to_stream(a.path(), &mut s).unwrap();
     assert_eq!(n, s.len() as u64);
-    assert_eq!(s, stream_of(&inv, &p, &pages), "a directory streams to the same bytes as write_stream");
+    assert_eq!(s, stream_of(&inv, &t, &pages), "a directory streams to the same bytes as write_stream");
 
-    let (inv2, p2, pages2) = read_stream(&mut Cursor::new(&s), Some(&b_img)).unwrap();
-    assert_eq!((&inv2, &p2, &pages2), (&inv, &p, &pages));
+    let (inv2, t2, pages2) = read_stream(&mut Cursor::new(&s), Some(&b_img)).unwrap();
+    assert_eq!((&inv2, &t2, &pages2), (&inv, &t, &pages));
 
     // The new directory is byte for byte what ImageDir wrote, and reads back.
     for f in [META_FILE, PAGES_FILE] {
@@ -382,18 +385,18 @@ fn dir_to_stream_to_dir() {
     assert!(!b_img.join("meta.img.tmp").exists());
     let received = ImageDir::new(&b_img);
     assert!(ImageDir::exists(&b_img));
-    let (inv3, p3) = received.read_meta().unwrap();
-    assert_eq!((&inv3, &p3), (&inv, &p));
+    let (inv3, t3) = received.read_meta().unwrap();
+    assert_eq!((&inv3, &t3), (&inv, &t));
     received.check_pages_file(&inv3).unwrap();
     let on_disk = std::fs::read(received.pages_path()).unwrap();
-    ImageDir::verify_runs(&p3.page_runs, &on_disk[4096..]).unwrap();
+    ImageDir::verify_runs(&t3.processes[0].page_runs, &on_disk[4096..]).unwrap();
 
     // Receiving into a directory that already holds a (different) image
     // replaces it completely.
-    let (inv4, p4, pages4) = image(4);
-    let s4 = stream_of(&inv4, &p4, &pages4);
+    let (inv4, t4, pages4) = image(4);
+    let s4 = stream_of(&inv4, &t4, &pages4);
     read_stream(&mut Cursor::new(&s4), Some(&b_img)).unwrap();
-    assert_eq!(ImageDir::new(&b_img).read_meta().unwrap(), (inv4.clone(), p4.clone()));
+    assert_eq!(ImageDir::new(&b_img).read_meta().unwrap(), (inv4.clone(), t4.clone()));
     let mut s5 = Vec::new();
     dir_to_stream(&b_img, &mut s5).unwrap();
     assert!(s5 == s4);
@@ -407,9 +410,9 @@ fn dir_to_stream_to_dir() {
 
 #[test]
 fn dir_to_stream_refuses_a_broken_directory() {
-    let (inv, p, pages) = image(3);
+    let (inv, t, pages) = image(3);
     let d = TempDir::new("broken");
-    write_dir(d.path(), &inv, &p, &pages);
+    write_dir(d.path(), &inv, &t, &pages);
     // pages.img one page short of what the inventory says.
     let pf = d.path().join(PAGES_FILE);
     let f = std::fs::OpenOptions::new().write(true).open(&pf).unwrap();
@@ -426,8 +429,8 @@ fn dir_to_stream_refuses_a_broken_directory() {
 
 #[test]
 fn rejected_stream_leaves_no_directory() {
-    let (inv, p, pages) = image(3);
-    let mut s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(3);
+    let mut s = stream_of(&inv, &t, &pages);
     let last = s.len() - 1;
     s[last] ^= 1;
     let d = TempDir::new("rejected");
@@ -448,16 +451,16 @@ fn write_errors_are_stream_io_errors() {
             Ok(())
         }
     }
-    let (inv, p, pages) = image(2);
-    let e = write_stream(&mut Broken, &inv, &p, &pages).unwrap_err();
+    let (inv, t, pages) = image(2);
+    let e = write_stream(&mut Broken, &inv, &t, &pages).unwrap_err();
     assert!(is_stream_error(&e), "{e:?}");
 }
 
 #[test]
 fn write_stream_refuses_page_data_of_the_wrong_size() {
-    let (inv, p, pages) = image(3);
+    let (inv, t, pages) = image(3);
     let mut out = Vec::new();
-    let e = write_stream(&mut out, &inv, &p, &pages[..pages.len() - 1]).unwrap_err();
+    let e = write_stream(&mut out, &inv, &t, &pages[..pages.len() - 1]).unwrap_err();
     assert!(matches!(e, ImageError::Invalid(_)), "{e:?}");
     assert!(out.is_empty());
 }
@@ -466,8 +469,8 @@ fn write_stream_refuses_page_data_of_the_wrong_size() {
 
 #[test]
 fn truncated_at_every_section_boundary() {
-    let (inv, p, pages) = image(3);
-    let s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(3);
+    let s = stream_of(&inv, &t, &pages);
     let b = boundaries(&s);
     assert_eq!(b.len(), 4);
     let mut cuts = vec![0, 8, 15];
@@ -483,8 +486,8 @@ fn truncated_at_every_section_boundary() {
 
 #[test]
 fn truncated_anywhere() {
-    let (inv, p, pages) = image(3);
-    let s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(3);
+    let s = stream_of(&inv, &t, &pages);
     let meta_end = boundaries(&s)[2] + SECTION_HEADER_LEN;
     // Every byte of the metadata, then every 61st byte of page data.
     for cut in (0..meta_end).chain((meta_end..s.len()).step_by(61)) {
@@ -495,10 +498,10 @@ fn truncated_anywhere() {
 
 #[test]
 fn flipped_byte_in_each_section() {
-    let (inv, p, pages) = image(3);
-    let s = stream_of(&inv, &p, &pages);
+    let (inv, t, pages) = image(3);
+    let s = stream_of(&inv, &t, &pages);
     let b = boundaries(&s);
-    let names = ["inventory", "process", "pages"];
+    let names = ["inventory", "process tree", "pages"];
     for i in 0..3 {
         let payload_start = b[i] + SECTION_HEADER_LEN;
         let payload_len = b[i + 1] - payload_start;
@@ -532,8 +535,8 @@ fn flipped_byte_in_each_section() {
 fn corrupt_page_run_with_matching_section_checksum() {
     // The sender computed the section checksum over already-corrupt data:
     // only the run's own checksum can catch it.
-    let (inv, p, pages) = image(3);
-    let mut raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(3);
+    let mut raw = split(&stream_of(&inv, &t, &pages));
     raw.sections[2].1[PAGE + 100] ^= 0xff; // inside the low run
     match expect_err(&join(&raw.header, &raw.sections)) {
         ImageError::Checksum { what } => assert!(what.contains("pages at 0x600000"), "{what}"),
@@ -543,8 +546,8 @@ fn corrupt_page_run_with_matching_section_checksum() {
 
 #[test]
 fn pages_section_length_must_match_inventory() {
-    let (inv, p, pages) = image(3);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(3);
+    let raw = split(&stream_of(&inv, &t, &pages));
     // Longer (a whole extra page) and shorter (one byte less).
     let mut longer = raw.sections.clone();
     longer[2].1.extend_from_slice(&[0u8; PAGE]);
@@ -560,11 +563,11 @@ fn pages_section_length_must_match_inventory() {
 
 #[test]
 fn duplicate_sections() {
-    let (inv, p, pages) = image(2);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(2);
+    let raw = split(&stream_of(&inv, &t, &pages));
     let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
     for (what, sections) in [
-        ("process", vec![i.clone(), pr.clone(), pr.clone(), pg.clone()]),
+        ("process tree", vec![i.clone(), pr.clone(), pr.clone(), pg.clone()]),
         ("inventory", vec![i.clone(), i.clone(), pr.clone(), pg.clone()]),
         ("inventory", vec![i.clone(), pr.clone(), i.clone(), pg.clone()]),
     ] {
@@ -577,8 +580,8 @@ fn duplicate_sections() {
 
 #[test]
 fn sections_out_of_order() {
-    let (inv, p, pages) = image(2);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(2);
+    let raw = split(&stream_of(&inv, &t, &pages));
     let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
     for sections in [
         vec![pr.clone(), i.clone(), pg.clone()],
@@ -596,8 +599,8 @@ fn sections_out_of_order() {
 
 #[test]
 fn unknown_section_kind() {
-    let (inv, p, pages) = image(2);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(2);
+    let raw = split(&stream_of(&inv, &t, &pages));
     let mut sections = raw.sections.clone();
     sections.insert(1, (9, vec![1, 2, 3]));
     let e = expect_err(&join(&raw.header, &sections));
@@ -606,8 +609,8 @@ fn unknown_section_kind() {
 
 #[test]
 fn hostile_metadata_lengths() {
-    let (inv, p, pages) = image(2);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(2);
+    let raw = split(&stream_of(&inv, &t, &pages));
     let inv_payload = &raw.sections[0].1;
     // Above the limit: refused before reading anything.
     let mut s = raw.header.clone();
@@ -623,9 +626,9 @@ fn hostile_metadata_lengths() {
     s.extend_from_slice(&section_bytes(INV, MAX_SECTION_LEN, 0));
     s.extend_from_slice(inv_payload);
     assert!(matches!(expect_err(&s), ImageError::Truncated(_)));
-    // Same for the process section.
+    // Same for the process tree section.
     let mut s = join(&raw.header, &raw.sections[..1]);
-    s.extend_from_slice(&section_bytes(PROC, MAX_SECTION_LEN, 0));
+    s.extend_from_slice(&section_bytes(TREE, MAX_SECTION_LEN, 0));
     s.extend_from_slice(&[0u8; 100]);
     assert!(matches!(expect_err(&s), ImageError::Truncated(_)));
 }
@@ -635,10 +638,10 @@ fn hostile_page_data_length() {
     // The inventory claims a terabyte (or everything) of pages and the
     // pages section agrees, but only a little data follows: the reader must
     // report truncation without trying to allocate the claimed size.
-    let (mut inv, p, pages) = image(2);
+    let (mut inv, t, pages) = image(2);
     for claim in [1u64 << 40, !4095u64, u64::MAX] {
         inv.pages_bytes = claim;
-        let meta = encode_meta(&inv, &p).unwrap();
+        let meta = encode_meta(&inv, &t).unwrap();
         let mut s = meta.clone();
         s.extend_from_slice(&section_bytes(PAGES, claim, 0));
         s.extend_from_slice(&pages);
@@ -650,9 +653,9 @@ fn hostile_page_data_length() {
 
 #[test]
 fn invalid_metadata_is_rejected_before_page_data() {
-    let (inv, mut p, pages) = image(3);
-    p.pid = 0; // validate() refuses this
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, mut t, pages) = image(3);
+    t.processes[0].pid = 0; // validate() refuses this
+    let raw = split(&stream_of(&inv, &t, &pages));
     let s = join(&raw.header, &raw.sections);
     let mut c = Cursor::new(&s[..]);
     let e = read_stream(&mut c, None).unwrap_err();
@@ -661,20 +664,168 @@ fn invalid_metadata_is_rejected_before_page_data() {
     assert_eq!(c.position() as usize, boundaries(&s)[2]);
 
     // A page run pointing past the page data is also metadata-invalid.
-    let (inv, mut p, pages) = image(3);
-    p.page_runs[1].offset = inv.pages_bytes;
-    let s = stream_of(&inv, &p, &pages);
+    let (inv, mut t, pages) = image(3);
+    t.processes[0].page_runs[1].offset = inv.pages_bytes;
+    let s = stream_of(&inv, &t, &pages);
     assert!(matches!(expect_err(&s), ImageError::Invalid(_)));
 }
 
 #[test]
 fn undecodable_metadata() {
-    let (inv, p, pages) = image(2);
-    let raw = split(&stream_of(&inv, &p, &pages));
+    let (inv, t, pages) = image(2);
+    let raw = split(&stream_of(&inv, &t, &pages));
     for which in [0usize, 1] {
         let mut sections = raw.sections.clone();
         sections[which].1 = vec![0xff; 7]; // correct checksum, garbage inside
         let e = expect_err(&join(&raw.header, &sections));
         assert!(matches!(e, ImageError::Decode { .. }), "{e:?}");
+    }
+}
+
+// ------------------------------------------------------- process trees
+
+const CHILD: i32 = PID + 100;
+const GRANDCHILD: i32 = PID + 200;
+const SHM_ANON: u64 = 0x5151;
+const SYSV_ID: i32 = 65538;
+
+/// A valid tree of three processes with five pages of data: the root of
+/// `image(3)` (pages 0-2; it also maps an anonymous shared region and a
+/// SysV segment), a child that inherited the heap and stores one page of
+/// its own (page 3), a grandchild that inherited the stack, detached the
+/// SysV segment and stores one page (page 4); two zombies, the shared
+/// memory object and the SysV segment.
+fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
+    let (mut inv, t, _) = image(3);
+    let pages = fill_pages(5);
+    inv.pages_bytes = pages.len() as u64;
+    let mut root = t.processes.into_iter().next().unwrap();
+    let shared = |start: u64, pages: u64, backing| Vma { start, end: start + pages * PAGE as u64, prot: PROT_READ | PROT_WRITE, shared: true, flags: 0, pgoff: 0, backing };
+    root.vmas.insert(2, shared(0x7f00_0000_0000, 2, VmaBacking::SharedAnon { id: SHM_ANON }));
+    root.vmas.insert(3, shared(0x7f00_1000_0000, 4, VmaBacking::SysvShm { id: SYSV_ID }));
+    let heap = root.vmas[1].clone();
+    let stack = root.vmas[4].clone();
+    let run = |start: u64, page: usize| PageRun { start, pages: 1, offset: (page * PAGE) as u64, checksum: checksum(&pages[page * PAGE..(page + 1) * PAGE]) };
+
+    let mut child = root.clone();
+    child.pid = CHILD;
+    child.ppid = PID;
+    child.comm = "child".into();
+    child.threads = vec![thread(CHILD)];
+    child.inherited = vec![InheritedVma { start: heap.start, end: heap.end, shared_pages: vec![(heap.start, 1)] }];
+    child.page_runs = vec![run(heap.start + PAGE as u64, 3)];
+
+    let mut grandchild = child.clone();
+    grandchild.pid = GRANDCHILD;
+    grandchild.ppid = CHILD;
+    grandchild.comm = "grandchild".into();
+    grandchild.threads = vec![thread(GRANDCHILD), thread(GRANDCHILD + 1), thread(GRANDCHILD + 2)];
+    grandchild.vmas.retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. }));
+    grandchild.inherited = vec![InheritedVma { start: stack.start, end: stack.end, shared_pages: vec![] }];
+    grandchild.page_runs = vec![run(stack.end - PAGE as u64, 4)];
+    grandchild.root = Some("/jail".into());
+
+    let t = TreeImage {
+        processes: vec![root, child, grandchild],
+        zombies: vec![
+            Zombie { pid: PID + 300, ppid: PID, pgid: PID, sid: PID, wait_status: 7 << 8 },
+            Zombie { pid: PID + 301, ppid: GRANDCHILD, pgid: PID, sid: PID, wait_status: 15 },
+        ],
+        shared_anon: vec![MemfdObject { id: SHM_ANON, name: "/dev/zero (deleted)".into(), size: 2 * PAGE as u64, seals: 0, extents: vec![(0, b"both see this".to_vec())] }],
+        sysv_shm: vec![SysvShm { id: SYSV_ID, key: 0x00c0_ffee, size: 4 * PAGE as u64, mode: 0o640, uid: 1000, gid: 1000, extents: vec![(PAGE as u64, vec![0x5a; 100])] }],
+    };
+    ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
+    (inv, t, pages)
+}
+
+#[test]
+fn tree_round_trips_through_memory_and_a_slow_reader() {
+    let (inv, t, pages) = tree_image();
+    let s = stream_of(&inv, &t, &pages);
+    assert_eq!(&s[..encode_meta(&inv, &t).unwrap().len()], &encode_meta(&inv, &t).unwrap()[..]);
+    let (inv2, t2, pages2) = read(&s).unwrap();
+    assert_eq!((&inv2, &t2, &pages2), (&inv, &t, &pages));
+    assert_eq!(t2.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [PID, CHILD, GRANDCHILD]);
+    assert_eq!(t2.zombies.len(), 2);
+    assert_eq!(t2.shared_anon[0].extents[0].1, b"both see this");
+    assert_eq!(t2.sysv_shm[0].key, 0x00c0_ffee);
+    let (inv3, t3, pages3) = read_stream(&mut Trickle { data: &s, calls: 0 }, None).unwrap();
+    assert_eq!((inv3, t3, pages3), (inv, t, pages));
+}
+
+#[test]
+fn tree_dir_to_stream_to_dir() {
+    let (inv, t, pages) = tree_image();
+    let a = TempDir::new("tree-src");
+    let b = TempDir::new("tree-dst");
+    let b_img = b.path().join("image");
+    write_dir(a.path(), &inv, &t, &pages);
+    assert_eq!(ImageDir::new(a.path()).read_meta().unwrap(), (inv.clone(), t.clone()));
+
+    let mut s = Vec::new();
+    dir_to_stream(a.path(), &mut s).unwrap();
+    assert!(s == stream_of(&inv, &t, &pages));
+    let (inv2, t2, _) = read_stream(&mut Cursor::new(&s), Some(&b_img)).unwrap();
+    assert_eq!((&inv2, &t2), (&inv, &t));
+    let received = ImageDir::new(&b_img);
+    assert_eq!(received.read_meta().unwrap(), (inv.clone(), t.clone()));
+    let on_disk = std::fs::read(received.pages_path()).unwrap();
+    for p in &t.processes {
+        ImageDir::verify_runs(&p.page_runs, &on_disk[4096..]).unwrap();
+    }
+    for f in [META_FILE, PAGES_FILE] {
+        assert!(std::fs::read(a.path().join(f)).unwrap() == std::fs::read(b_img.join(f)).unwrap(), "{f} differs");
+    }
+}
+
+#[test]
+fn tree_corrupt_page_of_a_child_is_caught() {
+    // Only the grandchild's run covers page 4: read_stream must verify the
+    // runs of every process, not only the root's.
+    let (inv, t, pages) = tree_image();
+    let mut raw = split(&stream_of(&inv, &t, &pages));
+    raw.sections[2].1[4 * PAGE + 7] ^= 1;
+    let d = TempDir::new("tree-corrupt");
+    let target = d.path().join("image");
+    match read_stream(&mut Cursor::new(join(&raw.header, &raw.sections)), Some(&target)) {
+        Err(ImageError::Checksum { what }) => assert!(what.contains("pages at 0x7ffd0001f000"), "{what}"),
+        r => panic!("{:?}", r.map(|_| ())),
+    }
+    assert!(!target.exists());
+    // The child's page (3) likewise.
+    let mut raw = split(&stream_of(&inv, &t, &pages));
+    raw.sections[2].1[3 * PAGE] ^= 1;
+    match expect_err(&join(&raw.header, &raw.sections)) {
+        ImageError::Checksum { what } => assert!(what.contains("pages at 0x601000"), "{what}"),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn invalid_tree_is_rejected_before_page_data() {
+    let (inv, t, pages) = tree_image();
+    let mut bad = Vec::new();
+    // Child before its parent.
+    let mut x = t.clone();
+    x.processes.swap(1, 2);
+    bad.push((x, "before its parent"));
+    // A zombie whose parent is not in the tree.
+    let mut x = t.clone();
+    x.zombies[1].ppid = 4242;
+    bad.push((x, "no parent"));
+    // A mapping of a SysV segment the image does not hold.
+    let mut x = t.clone();
+    x.sysv_shm.clear();
+    bad.push((x, "does not hold"));
+    // Two processes with one pid.
+    let mut x = t.clone();
+    x.processes[2].threads[2].tid = CHILD;
+    bad.push((x, "repeat"));
+    for (x, want) in bad {
+        let s = stream_of(&inv, &x, &pages);
+        let mut c = Cursor::new(&s[..]);
+        let e = read_stream(&mut c, None).unwrap_err();
+        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
+        assert_eq!(c.position() as usize, boundaries(&s)[2], "{want}: page data was read");
     }
 }
