@@ -15,6 +15,8 @@
  * If FERRY_EXPECT_RESTORE=1 is in the environment (the cargo harness sets it),
  * ft_finish() also fails unless the process really was restored (the start
  * time of the thread-group leader in /proc/self/stat changed).
+ *
+ * Process trees (tree_*.c): see "process trees" at the end of this file.
  */
 #ifndef FERRY_TEST_H
 #define FERRY_TEST_H
@@ -34,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +46,9 @@ static int ft_failures FT_UNUSED;
 static unsigned long long ft_start_ticks FT_UNUSED;
 static int ft_expect_restore FT_UNUSED;
 static int ft_ready_done FT_UNUSED;
+/* ft_set_cleanup(): run by ft_die() and the safety alarm, in that process only */
+static void (*ft_cleanup_fn)(void) FT_UNUSED;
+static pid_t ft_cleanup_pid FT_UNUSED;
 
 /* ---- output ------------------------------------------------------------ */
 
@@ -97,6 +103,16 @@ static FT_UNUSED __attribute__((format(printf, 1, 2))) void ft_log(const char *f
 	va_end(ap);
 }
 
+/* Runs (once) the function registered with ft_set_cleanup, if this process registered it. */
+static FT_UNUSED void ft_run_cleanup(void)
+{
+	void (*fn)(void) = ft_cleanup_fn;
+	if (fn && getpid() == ft_cleanup_pid) {
+		ft_cleanup_fn = NULL;
+		fn();
+	}
+}
+
 /* Setup error: the test cannot run at all. */
 static FT_UNUSED __attribute__((format(printf, 1, 2), noreturn)) void ft_die(const char *fmt, ...)
 {
@@ -104,6 +120,7 @@ static FT_UNUSED __attribute__((format(printf, 1, 2), noreturn)) void ft_die(con
 	va_start(ap, fmt);
 	ft_vprint("FAIL: setup: ", fmt, ap);
 	va_end(ap);
+	ft_run_cleanup();
 	_exit(1);
 }
 
@@ -500,6 +517,237 @@ static FT_UNUSED int ft_finish(void)
 		return 0;
 	}
 	return 1;
+}
+
+/* ---- process trees ------------------------------------------------------- */
+/*
+ * Programs that test a process tree (tree_*.c) follow the same protocol for
+ * the root (the PID the harness starts, checkpoints and signals), plus:
+ *
+ *   root: ft_tree_begin()          after ft_init, before the first fork
+ *         ft_fork()                for every child (children fork grandchildren
+ *                                  with ft_fork too)
+ *   each descendant, setup done:   ft_child_ready()  (reports to the root)
+ *         ft_child_wait_go()       sigwaitinfo(SIGUSR2): its parent's "go"
+ *         ... checks, ft_fail("child ...") per mismatch ...
+ *         ft_child_exit()          exit status 0 only if nothing failed
+ *   root: ft_tree_wait_ready(n)    until n descendants called ft_child_ready
+ *                                  and every copy of the report pipe is closed
+ *         ft_ready(); ft_tree_wait_restored();
+ *         ft_go(pid) per child, ft_reap(pid) per child (FAIL unless exit 0)
+ *         return ft_finish();
+ *
+ * The report pipe is closed everywhere before READY, so it is never part of
+ * the checkpointed state. Safety alarms (default SIGALRM action: the process
+ * dies): FT_TREE_SETUP_S during setup (root and children), FT_TREE_GO_S
+ * while a descendant waits for its go (spans checkpoint and restore, so that
+ * an orphaned tree goes away by itself), FT_TREE_CHECK_S (descendants) and
+ * FT_TREE_ROOT_CHECK_S (root, a bit longer so that a hung child is reported
+ * by the root) once the checks run. The root has no alarm pending at READY.
+ *
+ * A descendant's ft_child_exit() also fails, when FERRY_EXPECT_RESTORE=1, if
+ * its own start time (field 22 of /proc/self/stat) did not change since
+ * ft_child_ready(), i.e. it was not restored.
+ */
+#define FT_TREE_SETUP_S 10
+#define FT_TREE_GO_S 30
+#define FT_TREE_CHECK_S 10
+#define FT_TREE_ROOT_CHECK_S 15
+
+static int ft_tree_pipe[2] FT_UNUSED = { -1, -1 };
+
+/* Root, before the first fork: the report pipe and the setup alarm. */
+static FT_UNUSED void ft_tree_begin(void)
+{
+	if (pipe2(ft_tree_pipe, O_CLOEXEC) != 0)
+		ft_die("pipe2 (tree report pipe): %s", strerror(errno));
+	alarm(FT_TREE_SETUP_S);
+}
+
+/*
+ * fork() that dies on failure. In the child: no failures counted yet (its
+ * exit status is its own), not "ready", and its own setup alarm (alarms are
+ * not inherited).
+ */
+static FT_UNUSED pid_t ft_fork(void)
+{
+	pid_t p = fork();
+	if (p < 0)
+		ft_die("fork: %s", strerror(errno));
+	if (p == 0) {
+		ft_failures = 0;
+		ft_ready_done = 0;
+		ft_start_ticks = 0;
+		alarm(FT_TREE_SETUP_S);
+	}
+	return p;
+}
+
+/*
+ * Descendant, once its state is set up: records its start time, arms the
+ * go alarm, writes one byte on the report pipe and closes both its ends.
+ */
+static FT_UNUSED void ft_child_ready(void)
+{
+	ft_start_ticks = ft_proc_start_ticks();
+	ft_ready_done = 1;
+	alarm(FT_TREE_GO_S);
+	if (ft_tree_pipe[0] >= 0)
+		close(ft_tree_pipe[0]);
+	ft_tree_pipe[0] = -1;
+	if (ft_tree_pipe[1] < 0)
+		ft_die("ft_child_ready: report pipe already closed (ft_child_ready called twice?)");
+	ft_write_all(ft_tree_pipe[1], "r", 1);
+	close(ft_tree_pipe[1]);
+	ft_tree_pipe[1] = -1;
+}
+
+/*
+ * Root: waits until n descendants have reported with ft_child_ready() and
+ * every copy of the report pipe's write end is closed (EOF), then closes
+ * the read end and cancels the setup alarm. Dies if fewer reported (a
+ * descendant died during setup).
+ */
+static FT_UNUSED void ft_tree_wait_ready(int n)
+{
+	close(ft_tree_pipe[1]);
+	ft_tree_pipe[1] = -1;
+	int got = 0;
+	for (;;) {
+		char c[16];
+		ssize_t r = read(ft_tree_pipe[0], c, sizeof(c));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			ft_die("read (tree report pipe): %s", strerror(errno));
+		if (r == 0)
+			break;
+		got += (int)r;
+	}
+	close(ft_tree_pipe[0]);
+	ft_tree_pipe[0] = -1;
+	if (got != n)
+		ft_die("%d of %d descendants reported ready (one died during setup?)", got, n);
+	alarm(0);
+}
+
+/* Root: ft_wait_restored(), then the alarm for the checks. */
+static FT_UNUSED pid_t ft_tree_wait_restored(void)
+{
+	pid_t from = ft_wait_restored();
+	alarm(FT_TREE_ROOT_CHECK_S);
+	return from;
+}
+
+/* Descendant: waits for its parent's go (SIGUSR2), then the check alarm. */
+static FT_UNUSED pid_t ft_child_wait_go(void)
+{
+	pid_t from = ft_wait_restored();
+	alarm(FT_TREE_CHECK_S);
+	return from;
+}
+
+/* Parent: the go for one child (SIGUSR2). */
+static FT_UNUSED void ft_go(pid_t pid, const char *who)
+{
+	if (kill(pid, SIGUSR2) != 0)
+		ft_fail("kill(%s pid %d, SIGUSR2): %s", who, (int)pid, strerror(errno));
+}
+
+/*
+ * Parent: reaps child pid and fails unless it exited with status 0.
+ * Returns the wait status, or -1 if waitpid failed.
+ */
+static FT_UNUSED int ft_reap(pid_t pid, const char *who)
+{
+	int st = 0;
+	pid_t r;
+	do
+		r = waitpid(pid, &st, 0);
+	while (r < 0 && errno == EINTR);
+	if (r != pid) {
+		ft_fail("waitpid(%s pid %d): %s", who, (int)pid, r < 0 ? strerror(errno) : "wrong pid");
+		return -1;
+	}
+	if (WIFEXITED(st) && WEXITSTATUS(st) != 0)
+		ft_fail("%s (pid %d) exited with status %d", who, (int)pid, WEXITSTATUS(st));
+	else if (WIFSIGNALED(st))
+		ft_fail("%s (pid %d) killed by signal %d%s", who, (int)pid, WTERMSIG(st),
+			WTERMSIG(st) == SIGALRM ? " (its safety alarm: it hung)" : "");
+	else if (!WIFEXITED(st))
+		ft_fail("%s (pid %d): unexpected wait status 0x%x", who, (int)pid, st);
+	return st;
+}
+
+/*
+ * Descendant: the end. Adds the restore check (FERRY_EXPECT_RESTORE=1) and
+ * exits with 0 if nothing failed in this process, 1 otherwise.
+ */
+static FT_UNUSED __attribute__((noreturn)) void ft_child_exit(const char *who)
+{
+	if (ft_expect_restore && !ft_restored())
+		ft_fail("%s (pid %d): FERRY_EXPECT_RESTORE=1 but it was not restored (start time unchanged)",
+			who, (int)getpid());
+	_exit(__atomic_load_n(&ft_failures, __ATOMIC_SEQ_CST) ? 1 : 0);
+}
+
+static FT_UNUSED void ft_cleanup_on_alarm(int sig)
+{
+	if (getpid() == ft_cleanup_pid) {
+		static const char msg[] = "FAIL: safety alarm: the process hung (cleanup done)\n";
+		ft_run_cleanup();
+		ft_write_all(1, msg, sizeof(msg) - 1);
+		_exit(1);
+	}
+	/* a forked child inherited the handler: die of SIGALRM as usual */
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/*
+ * Registers fn (removing SysV objects, shm_unlink...) to be run by ft_die()
+ * and by a safety alarm (SIGALRM) in this process only (not in children
+ * forked later, which inherit the handler but die of SIGALRM as usual). The
+ * program also calls ft_run_cleanup() itself at the end.
+ */
+static FT_UNUSED void ft_set_cleanup(void (*fn)(void))
+{
+	ft_cleanup_pid = getpid();
+	ft_cleanup_fn = fn;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = ft_cleanup_on_alarm;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGALRM, &sa, NULL) != 0)
+		ft_die("sigaction(SIGALRM): %s", strerror(errno));
+}
+
+/* Sorted list of the children of this process (/proc/self/task/<pid>/children); count or -1. */
+static FT_UNUSED int ft_children(pid_t *out, int max)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/children", (int)getpid());
+	if (ft_read_file(path, buf, sizeof(buf)) < 0)
+		return -1;
+	int n = 0;
+	char *p = buf;
+	while (*p && n < max) {
+		char *e;
+		long v = strtol(p, &e, 10);
+		if (e == p)
+			break;
+		out[n++] = (pid_t)v;
+		p = e;
+		while (*p == ' ' || *p == '\n')
+			p++;
+	}
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+			pid_t t = out[j];
+			out[j] = out[j - 1];
+			out[j - 1] = t;
+		}
+	return n;
 }
 
 #endif /* FERRY_TEST_H */
