@@ -477,6 +477,10 @@ conformance! {
     proc_no_new_privs,
     proc_prctl_misc,
     proc_cmdline_auxv,
+    // process trees
+    tree_basic,
+    tree_zombie,
+    tree_pgrp_signal,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
