@@ -479,6 +479,10 @@ conformance! {
     proc_cmdline_auxv,
     // process trees
     tree_basic,
+    tree_pipe_between,
+    tree_shared_fd_offset,
+    tree_unix_pair,
+    tree_scm_rights,
     tree_zombie,
     tree_pgrp_signal,
 }
