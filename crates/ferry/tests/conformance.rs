@@ -490,6 +490,8 @@ conformance! {
     tree_cow_memory,
     tree_scm_rights,
     tree_zombie,
+    tree_sysv_sem,
+    tree_sysv_msg,
     tree_pgrp_signal,
 }
 
