@@ -334,3 +334,4 @@ mkdir -p "$(dirname "$OUT_MD")"
 cp "$WORK/table.md" "$OUT_MD"
 cat "$WORK/table.md"
 log "written to ${OUT_MD#"$REPO"/}"
+bash "$REPO/bench/trees.sh"   # process trees: docs/benchmarks-trees-latest.md

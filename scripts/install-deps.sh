@@ -2,10 +2,14 @@
 # Install what ferry's build, demo, tests and benchmarks need, via apt-get only.
 #
 # Idempotent: packages already present are left alone, and apt-get is not run
-# at all when nothing is missing. Debian's redis-server and memcached packages
-# would start system services on install (on the default ports); we prevent
-# that with a temporary policy-rc.d and stop/disable them afterwards anyway, so
-# tests can start their own instances on their own ports.
+# at all when nothing is missing. Debian's redis-server, memcached, nginx and
+# postgresql packages would start system services on install (on the default
+# ports); we prevent that with a temporary policy-rc.d and stop/disable them
+# afterwards anyway, so tests can start their own instances on their own ports.
+# postgresql-common would also create a default cluster "15/main" on first
+# install; a drop-in in /etc/postgresql-common/createcluster.d/ turns that off
+# (see configure_version in /usr/share/postgresql-common/maintscripts-functions),
+# and a main cluster that appears during our install anyway is dropped.
 #
 # The Rust toolchain is only checked, never downloaded: Debian bookworm's cargo
 # is older than the workspace's rust-version, so install rustup/cargo yourself.
@@ -26,8 +30,14 @@ PACKAGES=(
   memcached         # real-program test (multi-threaded)
   hyperfine         # optional, handy for ad-hoc timing
   ca-certificates
+  nginx             # real-tree test + tree benchmark (master + workers); in bookworm
+                    # 'nginx' itself ships /usr/sbin/nginx, nginx-light/-core only add modules
+  postgresql-15     # real-tree test (postmaster + background processes)
+  postgresql-client-15  # psql
 )
-SERVICES=(redis-server memcached)
+SERVICES=(redis-server memcached nginx postgresql)
+PG_VERSION=15
+PG_NO_MAIN_CLUSTER=/etc/postgresql-common/createcluster.d/ferry-no-main-cluster.conf
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -82,6 +92,42 @@ stop_and_disable_services() {
       run_root kill "$pid" 2>/dev/null || true
     done
   done
+  # nginx and postgres are keyed on the system instance's own files, not on a
+  # user: our tests run nginx as root (workers as nobody) and postgres as user
+  # postgres, always with their pidfiles and data in a temporary directory.
+  # nginx: only the master named in Debian's default pidfile /run/nginx.pid.
+  local f
+  if [ -s /run/nginx.pid ]; then
+    pid="$(tr -dc '0-9' </run/nginx.pid)"
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = nginx ]; then
+      log "stopping leftover system nginx master $pid (/run/nginx.pid)"
+      run_root kill -QUIT "$pid" 2>/dev/null || true
+    fi
+  fi
+  # postgres: only clusters registered with postgresql-common (/etc/postgresql),
+  # through their pidfiles in /var/run/postgresql (external_pid_file) or their
+  # data directory under /var/lib/postgresql. Fast shutdown (SIGINT).
+  for f in /var/run/postgresql/*.pid /var/lib/postgresql/*/*/postmaster.pid; do
+    [ -s "$f" ] || continue
+    pid="$(head -n1 "$f" | tr -dc '0-9')"
+    [ -n "$pid" ] || continue
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+      postgres|postmaster)
+        log "stopping leftover system postgres $pid ($f)"
+        run_root kill -INT "$pid" 2>/dev/null || true ;;
+    esac
+  done
+}
+
+# Keep postgresql-common from creating the default cluster on first install:
+# configure_version() reads create_main_cluster with pg_conftool from
+# createcluster.conf, which includes createcluster.d/*.conf. A drop-in file
+# there leaves the packaged (ucf-managed) createcluster.conf alone.
+prevent_pg_main_cluster() {
+  [ -e "$PG_NO_MAIN_CLUSTER" ] && return 0
+  run_root mkdir -p "$(dirname "$PG_NO_MAIN_CLUSTER")"
+  printf '%s\n' '# written by ferry scripts/install-deps.sh: no default cluster on install' \
+    'create_main_cluster = false' | run_root tee "$PG_NO_MAIN_CLUSTER" >/dev/null
 }
 
 # --- Rust toolchain -----------------------------------------------------------
@@ -136,7 +182,15 @@ else
   }
   trap cleanup_policy EXIT
 
+  # A default postgres cluster that did not exist before this install must not
+  # exist after it either (in case the drop-in was not honoured).
+  HAD_PG_MAIN=0
+  [ -e "/etc/postgresql/$PG_VERSION/main" ] && HAD_PG_MAIN=1
+  prevent_pg_main_cluster
+
   export DEBIAN_FRONTEND=noninteractive
+  # ucf (postgresql-common's createcluster.conf): keep existing files.
+  export UCF_FORCE_CONFFOLD=1
   APT_OPTS=(-y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
   # Refresh the package lists at most once per run, and only when needed.
   if ! run_root apt-get install "${APT_OPTS[@]}" --no-install-recommends "${MISSING[@]}"; then
@@ -146,12 +200,16 @@ else
   fi
   cleanup_policy
   trap - EXIT
+  if [ "$HAD_PG_MAIN" = 0 ] && [ -e "/etc/postgresql/$PG_VERSION/main" ] && command -v pg_dropcluster >/dev/null 2>&1; then
+    log "dropping the default postgres cluster $PG_VERSION/main created by the install"
+    run_root pg_dropcluster --stop "$PG_VERSION" main || warn "pg_dropcluster $PG_VERSION main failed"
+  fi
 fi
 
 stop_and_disable_services
 
-for tool in gcc python3 redis-server redis-cli memcached; do
-  if command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/bin/$tool" ]; then
+for tool in gcc python3 redis-server redis-cli memcached nginx psql /usr/lib/postgresql/$PG_VERSION/bin/postgres; do
+  if command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/bin/$tool" ] || [ -x "/usr/sbin/$tool" ]; then
     :
   else
     warn "$tool still not found after installation"
