@@ -81,7 +81,8 @@ impl<'a> Bytes<'a> {
             2 => -(self.u8() as i32),
             3 => i32::MAX - self.u8() as i32,
             4 => 4_194_304 + (self.u8() as i32) - 128,
-            _ => 1234 + (self.u8() as i32 % 4),
+            // The pids and tids of the sample tree, and their neighbours.
+            _ => SAMPLE_PID + [0, 1, 2, 10, 11, 20, 21][self.u8() as usize % 7],
         }
     }
 }
@@ -90,10 +91,17 @@ impl<'a> Bytes<'a> {
 // A small, valid image built in code.
 
 pub const SAMPLE_PID: i32 = 1234;
+/// The root's child in the sample tree.
+pub const SAMPLE_CHILD: i32 = SAMPLE_PID + 10;
+/// The child's unreaped child.
+pub const SAMPLE_ZOMBIE: i32 = SAMPLE_PID + 20;
+pub const SAMPLE_SHARED_ANON: u64 = 5;
+pub const SAMPLE_SYSV: i32 = 98310;
 
-/// Page data for the sample image's runs (`pages_bytes` = its length).
+/// Page data for the sample image's runs (`pages_bytes` = its length):
+/// pages 0-2 belong to the root, page 3 to the child.
 pub fn sample_pages() -> Vec<u8> {
-    (0..3 * 4096u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect()
+    (0..4 * 4096u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect()
 }
 
 fn thread(tid: i32) -> ThreadImage {
@@ -117,8 +125,13 @@ fn thread(tid: i32) -> ThreadImage {
     }
 }
 
-/// A valid inventory + process image touching every model type.
-pub fn sample() -> (Inventory, ProcessImage) {
+/// A valid inventory + process tree touching every model type: the root
+/// (two threads, mappings of every backing kind, every `FileKind`), its
+/// child (forked: shares the root's open files, inherits two mappings and
+/// some of their pages, stores one page of its own, chrooted), a zombie of
+/// the child's, the anonymous shared memory object and a SysV segment
+/// both processes map.
+pub fn sample() -> (Inventory, TreeImage) {
     let pages = sample_pages();
     let inv = Inventory {
         format_version: FORMAT_VERSION,
@@ -148,7 +161,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
             shared: true,
             flags: vmflag::NORESERVE,
             pgoff: 0,
-            backing: VmaBacking::SharedAnon { id: 5 },
+            backing: VmaBacking::SharedAnon { id: SAMPLE_SHARED_ANON },
         },
         Vma {
             start: 0x7f00_1000_0000,
@@ -158,6 +171,15 @@ pub fn sample() -> (Inventory, ProcessImage) {
             flags: 0,
             pgoff: 0,
             backing: VmaBacking::Memfd { id: 91 },
+        },
+        Vma {
+            start: 0x7f00_2000_0000,
+            end: 0x7f00_2000_4000,
+            prot: PROT_READ | PROT_WRITE,
+            shared: true,
+            flags: 0,
+            pgoff: 0,
+            backing: VmaBacking::SysvShm { id: SAMPLE_SYSV },
         },
         Vma {
             start: 0x7ffd_0000_0000,
@@ -174,15 +196,16 @@ pub fn sample() -> (Inventory, ProcessImage) {
     ];
     let page_runs = vec![
         PageRun { start: 0x600000, pages: 2, offset: 0, checksum: container::checksum(&pages[..8192]) },
-        PageRun { start: 0x7ffd_0002_0000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
+        PageRun { start: 0x7ffd_0002_0000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..12288]) },
     ];
     let pipe = |write_end: bool, data: &[u8]| PipeEnd { id: 77, write_end, capacity: 65536, data: data.to_vec(), peer_closed: false };
     let files = vec![
-        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::Terminal { path: "/dev/pts/3".into() } },
-        OpenFile { flags: 1 | 1024, pos: 10, locks: vec![], kind: FileKind::Regular { path: "/tmp/log".into(), size: 10 } },
-        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false, b"hello")) },
-        OpenFile { flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true, b"")) },
+        OpenFile { id: 1, flags: 2, pos: 0, locks: vec![], kind: FileKind::Terminal { path: "/dev/pts/3".into() } },
+        OpenFile { id: 2, flags: 1 | 1024, pos: 10, locks: vec![], kind: FileKind::Regular { path: "/tmp/log".into(), size: 10 } },
+        OpenFile { id: 3, flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false, b"hello")) },
+        OpenFile { id: 4, flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true, b"")) },
         OpenFile {
+            id: 5,
             flags: 0,
             pos: 0,
             locks: vec![],
@@ -191,6 +214,7 @@ pub fn sample() -> (Inventory, ProcessImage) {
             },
         },
         OpenFile {
+            id: 6,
             flags: 2 | 2048,
             pos: 0,
             locks: vec![],
@@ -205,19 +229,21 @@ pub fn sample() -> (Inventory, ProcessImage) {
                 peer: None,
             }),
         },
-        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } },
+        OpenFile { id: 7, flags: 2, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } },
         OpenFile {
+            id: 8,
             flags: 0,
             pos: 0,
             locks: vec![],
             kind: FileKind::TimerFd(TimerFd { clockid: 1, value_ns: 1_000_000, interval_ns: 0, ticks: 0, settime_flags: 0 }),
         },
-        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::SignalFd { mask: 1 << 9 } },
-        OpenFile { flags: 2, pos: 4, locks: vec![], kind: FileKind::Deleted { path: "/tmp/gone".into(), mode: 0o600, content: b"data".to_vec() } },
-        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Directory { path: "/".into() } },
-        OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::CharDevice { path: "/dev/null".into(), rdev: 0x103 } },
-        OpenFile { flags: 0, pos: 0, locks: vec![], kind: FileKind::Fifo { path: "/tmp/fifo".into(), pipe: PipeEnd { id: 78, write_end: false, capacity: 4096, data: vec![], peer_closed: true } } },
+        OpenFile { id: 9, flags: 0, pos: 0, locks: vec![], kind: FileKind::SignalFd { mask: 1 << 9 } },
+        OpenFile { id: 10, flags: 2, pos: 4, locks: vec![], kind: FileKind::Deleted { path: "/tmp/gone".into(), mode: 0o600, content: b"data".to_vec() } },
+        OpenFile { id: 11, flags: 0, pos: 0, locks: vec![], kind: FileKind::Directory { path: "/".into() } },
+        OpenFile { id: 12, flags: 2, pos: 0, locks: vec![], kind: FileKind::CharDevice { path: "/dev/null".into(), rdev: 0x103 } },
+        OpenFile { id: 13, flags: 0, pos: 0, locks: vec![], kind: FileKind::Fifo { path: "/tmp/fifo".into(), pipe: PipeEnd { id: 78, write_end: false, capacity: 4096, data: vec![], peer_closed: true } } },
         OpenFile {
+            id: 14,
             flags: 2,
             pos: 0,
             locks: vec![],
@@ -234,8 +260,9 @@ pub fn sample() -> (Inventory, ProcessImage) {
         },
     ];
     let mut files = files;
-    files.push(OpenFile { flags: 2, pos: 0, locks: vec![], kind: FileKind::Memfd { id: 91 } });
+    files.push(OpenFile { id: 15, flags: 2, pos: 0, locks: vec![], kind: FileKind::Memfd { id: 91 } });
     files.push(OpenFile {
+        id: 16,
         flags: 2,
         pos: 0,
         locks: vec![],
@@ -319,19 +346,53 @@ pub fn sample() -> (Inventory, ProcessImage) {
         }],
         misc: ProcessMisc { dumpable: 1, ..Default::default() },
         memfds: vec![MemfdObject { id: 91, name: "memfd:jit".into(), size: 8192, seals: 0, extents: vec![(4096, b"code".to_vec())] }],
+        inherited: vec![],
+        root: None,
     };
-    (inv, p)
+
+    // The child: forked from the root, so the same mappings and the same
+    // open file descriptions (same ids); the first heap page and the top
+    // stack page are still shared with the parent, the second heap page
+    // was written by the child and is stored for it (page 3).
+    let mut child = p.clone();
+    child.pid = SAMPLE_CHILD;
+    child.ppid = SAMPLE_PID;
+    child.comm = "sample-child".into();
+    child.threads = vec![thread(SAMPLE_CHILD)];
+    child.inherited = vec![
+        InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 1)] },
+        InheritedVma { start: 0x7ffd_0000_0000, end: 0x7ffd_0002_1000, shared_pages: vec![(0x7ffd_0002_0000, 1)] },
+    ];
+    child.page_runs = vec![PageRun { start: 0x601000, pages: 1, offset: 12288, checksum: container::checksum(&pages[12288..]) }];
+    child.signals.shared_pending.clear();
+    child.itimers.clear();
+    child.posix_timers.clear();
+    child.root = Some("/srv/sample".into());
+
+    let t = TreeImage {
+        processes: vec![p, child],
+        zombies: vec![Zombie { pid: SAMPLE_ZOMBIE, ppid: SAMPLE_CHILD, pgid: SAMPLE_PID, sid: SAMPLE_PID, wait_status: 1 << 8 }],
+        shared_anon: vec![MemfdObject {
+            id: SAMPLE_SHARED_ANON,
+            name: "/dev/zero (deleted)".into(),
+            size: 8192,
+            seals: 0,
+            extents: vec![(0, b"shared".to_vec())],
+        }],
+        sysv_shm: vec![SysvShm { id: SAMPLE_SYSV, key: 0x5eed, size: 16384, mode: 0o600, uid: 1000, gid: 1000, extents: vec![(4096, b"segment".to_vec())] }],
+    };
+    (inv, t)
 }
 
 /// The sample image encoded as meta.img.
 pub fn sample_meta() -> Vec<u8> {
-    let (inv, p) = sample();
-    encode_meta(&inv, &p).expect("encode sample")
+    let (inv, t) = sample();
+    encode_meta(&inv, &t).expect("encode sample")
 }
 
 struct Cached {
     inv: Inventory,
-    p: ProcessImage,
+    t: TreeImage,
     inv_payload: Vec<u8>,
     proc_payload: Vec<u8>,
 }
@@ -341,16 +402,16 @@ struct Cached {
 fn cached() -> &'static Cached {
     static C: std::sync::OnceLock<Cached> = std::sync::OnceLock::new();
     C.get_or_init(|| {
-        let (inv, p) = sample();
+        let (inv, t) = sample();
         let (inv_payload, proc_payload) = payloads(&sample_meta());
-        Cached { inv, p, inv_payload, proc_payload }
+        Cached { inv, t, inv_payload, proc_payload }
     })
 }
 
-/// The postcard payloads (inventory, process) of an encoded meta file.
+/// The postcard payloads (inventory, process tree) of an encoded meta file.
 pub fn payloads(meta: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let (_, inv, rest) = container::read_section(&meta[HEADER_LEN..]).expect("inventory section");
-    let (_, proc_, _) = container::read_section(rest).expect("process section");
+    let (_, proc_, _) = container::read_section(rest).expect("process tree section");
     (inv.to_vec(), proc_.to_vec())
 }
 
@@ -368,10 +429,65 @@ pub fn frame(sections: &[(SectionKind, &[u8])]) -> Vec<u8> {
 // ---------------------------------------------------------------------------
 // Properties of accepted images.
 
-/// What `validate` promises about an image it accepts, checked
+fn assert_extents_fit(what: &str, size: u64, extents: &[(u64, Vec<u8>)]) {
+    for (off, d) in extents {
+        let end = off.checked_add(d.len() as u64).unwrap_or_else(|| panic!("accepted {what} with an extent whose end overflows"));
+        assert!(end <= size, "accepted {what} with data at {off}..{end} beyond its size {size}");
+    }
+}
+
+/// What `validate` promises about a tree it accepts, checked
 /// independently (checked arithmetic, no shortcuts).
-pub fn assert_invariants(inv: &Inventory, p: &ProcessImage) {
+pub fn assert_invariants(inv: &Inventory, t: &TreeImage) {
     assert_eq!(inv.format_version, FORMAT_VERSION, "accepted wrong inventory format_version");
+    assert!(!t.processes.is_empty(), "accepted a tree without processes");
+    assert!(t.processes.len() + t.zombies.len() <= validate::MAX_PROCESSES, "accepted {} processes and {} zombies", t.processes.len(), t.zombies.len());
+    for (i, p) in t.processes.iter().enumerate() {
+        if i == 0 {
+            assert!(p.inherited.is_empty(), "accepted a root that inherits mappings");
+        } else {
+            assert!(t.processes[..i].iter().any(|q| q.pid == p.ppid), "accepted process {} before its parent {}", p.pid, p.ppid);
+            for v in &p.inherited {
+                assert!(
+                    p.vmas.iter().any(|w| w.start == v.start && w.end == v.end),
+                    "accepted inherited mapping {:#x}-{:#x} that process {} does not have",
+                    v.start,
+                    v.end,
+                    p.pid
+                );
+            }
+        }
+        assert_process_invariants(inv, p);
+    }
+    // Every pid and tid of the tree, zombies included, appears once.
+    let mut ids: Vec<i32> = t.processes.iter().flat_map(|p| p.threads.iter().map(|th| th.tid)).chain(t.zombies.iter().map(|z| z.pid)).collect();
+    let all = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all, "accepted a pid or tid repeated across the tree");
+    assert!(ids.iter().all(|&id| id > 0 && id <= 4_194_304), "accepted a pid or tid out of range");
+    for z in &t.zombies {
+        assert!(t.processes.iter().any(|p| p.pid == z.ppid), "accepted zombie {} whose parent {} is not a live process of the tree", z.pid, z.ppid);
+    }
+    for m in &t.shared_anon {
+        assert_extents_fit("shared memory", m.size, &m.extents);
+    }
+    for s in &t.sysv_shm {
+        assert_extents_fit("SysV segment", s.size, &s.extents);
+    }
+    for p in &t.processes {
+        for v in &p.vmas {
+            match &v.backing {
+                VmaBacking::SharedAnon { id } => assert!(t.shared_anon.iter().any(|m| m.id == *id), "accepted mapping of missing shared memory {id}"),
+                VmaBacking::SysvShm { id } => assert!(t.sysv_shm.iter().any(|s| s.id == *id), "accepted mapping of missing SysV segment {id}"),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// What `validate` promises about each process of a tree it accepts.
+pub fn assert_process_invariants(inv: &Inventory, p: &ProcessImage) {
     assert!(p.pid > 0 && p.pid <= 4_194_304, "accepted pid {}", p.pid);
     assert!(!p.threads.is_empty() && p.threads.len() <= validate::MAX_THREADS, "accepted {} threads", p.threads.len());
     assert_eq!(p.threads[0].tid, p.pid, "accepted non-leader first thread");
@@ -429,35 +545,52 @@ pub fn assert_invariants(inv: &Inventory, p: &ProcessImage) {
     assert_eq!(p.signals.actions.len(), 64);
     assert!(p.signals.shared_pending.iter().all(|s| s.len() == 128));
     assert!(p.mm.auxv.len() % 2 == 0 && p.mm.auxv.len() <= 512);
+    for m in &p.memfds {
+        assert_extents_fit("memfd", m.size, &m.extents);
+    }
+    let has_memfd = |id: &u64| p.memfds.iter().any(|m| m.id == *id);
+    for v in &p.vmas {
+        if let VmaBacking::Memfd { id } = &v.backing {
+            assert!(has_memfd(id), "accepted mapping of missing memfd {id}");
+        }
+    }
+    for f in &p.files {
+        if let FileKind::Memfd { id } = &f.kind {
+            assert!(has_memfd(id), "accepted fd of missing memfd {id}");
+        }
+    }
 }
 
 /// Everything that must hold for an image `decode_meta` accepted.
-pub fn check_accepted(inv: &Inventory, p: &ProcessImage) {
-    assert_invariants(inv, p);
+pub fn check_accepted(inv: &Inventory, t: &TreeImage) {
+    assert_invariants(inv, t);
     // Re-encoding an accepted image round-trips.
-    let bytes = encode_meta(inv, p).expect("encoding an accepted image failed");
+    let bytes = encode_meta(inv, t).expect("encoding an accepted image failed");
     match decode(&bytes) {
-        Ok((inv2, p2)) => {
+        Ok((inv2, t2)) => {
             assert!(inv2 == *inv, "inventory does not round-trip");
-            assert!(p2 == *p, "process image does not round-trip");
+            assert!(t2 == *t, "process tree does not round-trip");
         }
         Err(e) => panic!("re-encoded accepted image rejected: {e}"),
     }
     // Restore hands verify_runs a pages.img data area of exactly
-    // pages_bytes; a validated image's runs must all fit in it.
+    // pages_bytes; the runs of every process of a validated image must
+    // fit in it.
     if inv.pages_bytes <= MAX_CHECK_PAGES_BYTES {
         let data = vec![0u8; inv.pages_bytes as usize];
-        match ImageDir::verify_runs(&p.page_runs, &data) {
-            Ok(()) | Err(ImageError::Checksum { .. }) => {}
-            Err(e) => panic!("validated image's page runs do not fit pages_bytes: {e}"),
+        for p in &t.processes {
+            match ImageDir::verify_runs(&p.page_runs, &data) {
+                Ok(()) | Err(ImageError::Checksum { .. }) => {}
+                Err(e) => panic!("validated image's page runs (process {}) do not fit pages_bytes: {e}", p.pid),
+            }
         }
     }
 }
 
 fn decode_and_check(bytes: &[u8]) -> Result<(), ImageError> {
     match decode(bytes) {
-        Ok((inv, p)) => {
-            check_accepted(&inv, &p);
+        Ok((inv, t)) => {
+            check_accepted(&inv, &t);
             Ok(())
         }
         Err(e) => {
@@ -548,15 +681,30 @@ fn pick<T>(v: &mut [T], r: &mut Bytes) -> Option<usize> {
     }
 }
 
-/// Field-level edits of a valid model; the result always passes postcard,
-/// so these reach every check in validate.rs.
-fn mutate_model(inv: &mut Inventory, p: &mut ProcessImage, r: &mut Bytes) {
+/// Number of `mutate_model` operations: 0-23 edit the current process
+/// (and the inventory), 24-33 the tree.
+const MODEL_OPS: u8 = 34;
+
+/// Field-level edits of a valid tree; the result always passes postcard,
+/// so these reach every check in validate.rs. Process-level edits apply to
+/// the current process: the root at first, op 24 picks another.
+fn mutate_model(inv: &mut Inventory, t: &mut TreeImage, r: &mut Bytes) {
     const XSTATE_LENS: [usize; 6] = [0, 575, 576, 1024, validate::MAX_XSTATE, validate::MAX_XSTATE + 1];
+    let mut cur = 0usize;
+    let mut bulk_done = false;
     for _ in 0..32 {
         if r.is_empty() {
             break;
         }
-        match r.u8() % 24 {
+        let op = r.u8() % MODEL_OPS;
+        if op >= 24 {
+            mutate_tree(t, op, &mut cur, &mut bulk_done, r);
+            continue;
+        }
+        let Some(p) = t.processes.get_mut(cur) else {
+            continue;
+        };
+        match op {
             0 => p.pid = r.interesting_i32(),
             1 => {
                 if let Some(i) = pick(&mut p.threads, r) {
@@ -711,6 +859,231 @@ fn mutate_model(inv: &mut Inventory, p: &mut ProcessImage, r: &mut Bytes) {
     }
 }
 
+/// A SysV segment id near the sample's, or anything.
+fn sysv_id(r: &mut Bytes) -> i32 {
+    if r.u8() % 2 == 0 {
+        SAMPLE_SYSV + (r.u8() % 3) as i32 - 1
+    } else {
+        r.interesting_i32()
+    }
+}
+
+fn extent(r: &mut Bytes) -> (u64, Vec<u8>) {
+    let off = if r.u8() % 2 == 0 { r.u16() as u64 } else { r.interesting_u64() };
+    (off, vec![0xab; r.u8() as usize % 64])
+}
+
+/// Tree-level edits (ops 24-33 of `mutate_model`): which process is
+/// current, parents and order, zombies, shared memory objects, inherited
+/// mappings, shared-memory mappings, open file ids and roots.
+fn mutate_tree(t: &mut TreeImage, op: u8, cur: &mut usize, bulk_done: &mut bool, r: &mut Bytes) {
+    match op {
+        24 => *cur = r.u8() as usize % t.processes.len().max(1),
+        25 => {
+            let ppid = r.interesting_i32();
+            if let Some(p) = t.processes.get_mut(*cur) {
+                p.ppid = ppid;
+            }
+        }
+        26 => match r.u8() % 4 {
+            0 => {
+                if let (Some(i), Some(j)) = (pick(&mut t.processes, r), pick(&mut t.processes, r)) {
+                    t.processes.swap(i, j);
+                }
+            }
+            1 => {
+                if let Some(i) = pick(&mut t.processes, r) {
+                    t.processes.remove(i);
+                }
+            }
+            2 => {
+                // Fork process i: a child with one thread and a new pid.
+                let pid = r.interesting_i32();
+                if let Some(i) = pick(&mut t.processes, r) {
+                    if t.processes.len() < 16 {
+                        let mut c = t.processes[i].clone();
+                        c.ppid = c.pid;
+                        c.pid = pid;
+                        c.threads.truncate(1);
+                        if let Some(th) = c.threads.first_mut() {
+                            th.tid = pid;
+                        }
+                        let at = (i + 1 + r.u8() as usize % 3).min(t.processes.len());
+                        t.processes.insert(at, c);
+                    }
+                }
+            }
+            _ => {
+                // The root last, its first child first.
+                let n = 1.min(t.processes.len());
+                t.processes.rotate_left(n);
+            }
+        },
+        27 => match r.u8() % 4 {
+            0 => {
+                let (pid, ppid) = (r.interesting_i32(), r.interesting_i32());
+                if t.zombies.len() < 64 {
+                    t.zombies.push(Zombie { pid, ppid, pgid: SAMPLE_PID, sid: SAMPLE_PID, wait_status: r.u8() as i32 });
+                }
+            }
+            1 => {
+                if let Some(i) = pick(&mut t.zombies, r) {
+                    t.zombies[i].pid = r.interesting_i32();
+                }
+            }
+            2 => {
+                if let Some(i) = pick(&mut t.zombies, r) {
+                    t.zombies[i].ppid = r.interesting_i32();
+                }
+            }
+            _ => {
+                if let Some(i) = pick(&mut t.zombies, r) {
+                    t.zombies.remove(i);
+                }
+            }
+        },
+        28 => match r.u8() % 5 {
+            0 => {
+                let id = r.u8() as u64 % 8;
+                let size = r.interesting_u64();
+                if t.shared_anon.len() < 16 {
+                    t.shared_anon.push(MemfdObject { id, name: String::new(), size, seals: 0, extents: vec![] });
+                }
+            }
+            1 => {
+                if let Some(i) = pick(&mut t.shared_anon, r) {
+                    t.shared_anon[i].id = r.u8() as u64 % 8;
+                }
+            }
+            2 => {
+                if let Some(i) = pick(&mut t.shared_anon, r) {
+                    t.shared_anon[i].size = r.interesting_u64();
+                }
+            }
+            3 => {
+                if let Some(i) = pick(&mut t.shared_anon, r) {
+                    let e = extent(r);
+                    t.shared_anon[i].extents.push(e);
+                }
+            }
+            _ => {
+                if let Some(i) = pick(&mut t.shared_anon, r) {
+                    t.shared_anon.remove(i);
+                }
+            }
+        },
+        29 => match r.u8() % 5 {
+            0 => {
+                let (id, size) = (sysv_id(r), r.interesting_u64());
+                if t.sysv_shm.len() < 16 {
+                    t.sysv_shm.push(SysvShm { id, key: 0, size, mode: 0o600, uid: 0, gid: 0, extents: vec![] });
+                }
+            }
+            1 => {
+                if let Some(i) = pick(&mut t.sysv_shm, r) {
+                    t.sysv_shm[i].id = sysv_id(r);
+                }
+            }
+            2 => {
+                if let Some(i) = pick(&mut t.sysv_shm, r) {
+                    t.sysv_shm[i].size = r.interesting_u64();
+                }
+            }
+            3 => {
+                if let Some(i) = pick(&mut t.sysv_shm, r) {
+                    let e = extent(r);
+                    t.sysv_shm[i].extents.push(e);
+                }
+            }
+            _ => {
+                if let Some(i) = pick(&mut t.sysv_shm, r) {
+                    t.sysv_shm.remove(i);
+                }
+            }
+        },
+        30 => {
+            let Some(p) = t.processes.get_mut(*cur) else { return };
+            match r.u8() % 5 {
+                0 => {
+                    // Inherit one of the process's own mappings (valid
+                    // unless this is the root).
+                    if let Some(i) = pick(&mut p.vmas, r) {
+                        if p.inherited.len() < 64 {
+                            p.inherited.push(InheritedVma { start: p.vmas[i].start, end: p.vmas[i].end, shared_pages: vec![] });
+                        }
+                    }
+                }
+                1 => {
+                    let (start, end) = (r.interesting_u64(), r.interesting_u64());
+                    if p.inherited.len() < 64 {
+                        p.inherited.push(InheritedVma { start, end, shared_pages: vec![] });
+                    }
+                }
+                2 => {
+                    if let Some(i) = pick(&mut p.inherited, r) {
+                        if r.u8() % 2 == 0 {
+                            p.inherited[i].start = r.interesting_u64();
+                        } else {
+                            p.inherited[i].end = r.interesting_u64();
+                        }
+                    }
+                }
+                3 => {
+                    if let Some(i) = pick(&mut p.inherited, r) {
+                        let run = (r.interesting_u64(), r.interesting_u64());
+                        p.inherited[i].shared_pages.push(run);
+                    }
+                }
+                _ => {
+                    if let Some(i) = pick(&mut p.inherited, r) {
+                        p.inherited.remove(i);
+                    }
+                }
+            }
+        }
+        31 => {
+            let Some(p) = t.processes.get_mut(*cur) else { return };
+            if let Some(i) = pick(&mut p.vmas, r) {
+                p.vmas[i].backing = match r.u8() % 4 {
+                    0 => VmaBacking::SharedAnon { id: r.u8() as u64 % 8 },
+                    1 => VmaBacking::SysvShm { id: sysv_id(r) },
+                    2 => VmaBacking::SharedAnon { id: SAMPLE_SHARED_ANON },
+                    _ => VmaBacking::SysvShm { id: SAMPLE_SYSV },
+                };
+            }
+        }
+        32 => {
+            let Some(p) = t.processes.get_mut(*cur) else { return };
+            // Fields validate leaves alone: they must still round-trip.
+            match r.u8() % 3 {
+                0 => {
+                    if let Some(i) = pick(&mut p.files, r) {
+                        p.files[i].id = r.interesting_u64();
+                    }
+                }
+                1 => p.root = None,
+                _ => p.root = Some(String::from_utf8_lossy(&[r.u8(), r.u8(), r.u8()]).into_owned()),
+            }
+        }
+        _ => {
+            // Zombies up to the process limit, one below, at or one above
+            // it. Tens of thousands of entries, which slow every check
+            // down: only with a zero gate byte, and once per input.
+            let (gate, delta) = (r.u8(), r.u8() as usize % 3);
+            if gate == 0 && !*bulk_done {
+                *bulk_done = true;
+                let ppid = t.processes.first().map_or(1, |p| p.pid);
+                let target = (validate::MAX_PROCESSES + delta).saturating_sub(1 + t.processes.len());
+                let first = t.zombies.len();
+                while t.zombies.len() < target {
+                    let pid = 3_000_000 + (t.zombies.len() - first) as i32;
+                    t.zombies.push(Zombie { pid, ppid, pgid: ppid, sid: ppid, wait_status: 0 });
+                }
+            }
+        }
+    }
+}
+
 pub fn decode_meta_valid_frame(data: &[u8]) {
     let mut r = Bytes::new(data);
     let mode = r.u8();
@@ -720,19 +1093,19 @@ pub fn decode_meta_valid_frame(data: &[u8]) {
         // Fuzz bytes are the process payload; the inventory is valid.
         0 => {
             let rest = r.rest();
-            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, inv_ok), (SectionKind::Process, rest)])), false);
+            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, inv_ok), (SectionKind::Tree, rest)])), false);
         }
         // Fuzz bytes are the inventory payload; the process is valid.
         1 => {
             let rest = r.rest();
-            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, rest), (SectionKind::Process, proc_ok)])), false);
+            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, rest), (SectionKind::Tree, proc_ok)])), false);
         }
         // Both payloads from fuzz bytes, split at a fuzzed point.
         2 => {
             let split = r.u16() as usize;
             let rest = r.rest();
             let (a, b) = rest.split_at(split.min(rest.len()));
-            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, a), (SectionKind::Process, b)])), false);
+            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, a), (SectionKind::Tree, b)])), false);
         }
         // Section order/duplication/missing sections, with valid or
         // fuzzed payloads.
@@ -741,7 +1114,7 @@ pub fn decode_meta_valid_frame(data: &[u8]) {
             let mut owned: Vec<(SectionKind, Vec<u8>)> = Vec::new();
             for _ in 0..n {
                 let sel = r.u8();
-                let kind = [SectionKind::Inventory, SectionKind::Process, SectionKind::Pages][sel as usize % 3];
+                let kind = [SectionKind::Inventory, SectionKind::Tree, SectionKind::Pages][sel as usize % 3];
                 let payload = match (sel / 3) % 3 {
                     0 => inv_ok.clone(),
                     1 => proc_ok.clone(),
@@ -767,20 +1140,20 @@ pub fn decode_meta_valid_frame(data: &[u8]) {
             if which != 0 {
                 mutate_bytes(&mut proc_, &mut r);
             }
-            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Process, &proc_)])), false);
+            assert_not_framing_error(decode_and_check(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_)])), false);
         }
         // Field edits of the model, encoded with encode_meta: decode must
         // accept exactly what validate accepts.
         _ => {
-            let (mut inv, mut p) = (c.inv.clone(), c.p.clone());
-            mutate_model(&mut inv, &mut p, &mut r);
-            let bytes = encode_meta(&inv, &p).expect("encode_meta failed on a well-typed model");
-            let want = validate::validate(&inv, &p);
+            let (mut inv, mut t) = (c.inv.clone(), c.t.clone());
+            mutate_model(&mut inv, &mut t, &mut r);
+            let bytes = encode_meta(&inv, &t).expect("encode_meta failed on a well-typed model");
+            let want = validate::validate(&inv, &t);
             let got = decode(&bytes);
             match (&want, &got) {
-                (Ok(()), Ok((inv2, p2))) => {
-                    assert!(*inv2 == inv && *p2 == p, "decode changed the image");
-                    check_accepted(inv2, p2);
+                (Ok(()), Ok((inv2, t2))) => {
+                    assert!(*inv2 == inv && *t2 == t, "decode changed the image");
+                    check_accepted(inv2, t2);
                 }
                 (Err(_), Err(e)) => {
                     assert!(matches!(e, ImageError::Invalid(_) | ImageError::Version { .. }), "unexpected error kind: {e}");
@@ -914,20 +1287,20 @@ pub fn read_stream(data: &[u8]) {
     let chunk_sel = r.u8();
     if chunk_sel == 0xff {
         let c = cached();
-        let (mut inv, mut p) = (c.inv.clone(), c.p.clone());
-        mutate_model(&mut inv, &mut p, &mut r);
+        let (mut inv, mut t) = (c.inv.clone(), c.t.clone());
+        mutate_model(&mut inv, &mut t, &mut r);
         if inv.pages_bytes > MAX_CHECK_PAGES_BYTES {
             return;
         }
         let mut pages = sample_pages();
         pages.resize(inv.pages_bytes as usize, 0);
         let mut stream = Vec::new();
-        ferry_image::write_stream(&mut stream, &inv, &p, &pages).expect("write_stream to a Vec");
-        let want = validate::validate(&inv, &p).and_then(|()| ImageDir::verify_runs(&p.page_runs, &pages));
+        ferry_image::write_stream(&mut stream, &inv, &t, &pages).expect("write_stream to a Vec");
+        let want = validate::validate(&inv, &t).and_then(|()| t.processes.iter().try_for_each(|p| ImageDir::verify_runs(&p.page_runs, &pages)));
         let got = ferry_image::read_stream(&mut stream.as_slice(), None);
         match (want, got) {
-            (Ok(()), Ok((inv2, p2, pages2))) => {
-                assert!(inv2 == inv && p2 == p && pages2 == pages, "read_stream changed the image");
+            (Ok(()), Ok((inv2, t2, pages2))) => {
+                assert!(inv2 == inv && t2 == t && pages2 == pages, "read_stream changed the image");
             }
             (Err(_), Err(_)) => {}
             (Ok(()), Err(e)) => panic!("valid stream rejected: {e}"),
@@ -940,15 +1313,17 @@ pub fn read_stream(data: &[u8]) {
     let chunk = if chunk_sel == 0 { usize::MAX } else { chunk_sel as usize };
     let mut reader = ChunkedReader { data: stream, pos: 0, chunk, interrupt_every, calls: 0 };
     match ferry_image::read_stream(&mut reader, None) {
-        Ok((inv, p, pages)) => {
-            check_accepted(&inv, &p);
+        Ok((inv, t, pages)) => {
+            check_accepted(&inv, &t);
             assert_eq!(pages.len() as u64, inv.pages_bytes);
-            ImageDir::verify_runs(&p.page_runs, &pages).expect("accepted stream's page runs do not verify");
+            for p in &t.processes {
+                ImageDir::verify_runs(&p.page_runs, &pages).expect("accepted stream's page runs do not verify");
+            }
             // The stream is self-delimiting: exactly the image was consumed,
             // and its metadata part is a meta.img that decode_meta accepts
             // as the same image.
             let (_, _, rest) = container::read_section(&stream[HEADER_LEN..]).expect("accepted stream: inventory section");
-            let (_, _, rest) = container::read_section(rest).expect("accepted stream: process section");
+            let (_, _, rest) = container::read_section(rest).expect("accepted stream: process tree section");
             let meta_len = stream.len() - rest.len();
             assert_eq!(
                 reader.pos as u64,
@@ -956,7 +1331,7 @@ pub fn read_stream(data: &[u8]) {
                 "read_stream consumed the wrong number of bytes"
             );
             match decode(&stream[..meta_len]) {
-                Ok((inv2, p2)) => assert!(inv2 == inv && p2 == p, "read_stream and decode_meta disagree on the image"),
+                Ok((inv2, t2)) => assert!(inv2 == inv && t2 == t, "read_stream and decode_meta disagree on the image"),
                 Err(e) => panic!("read_stream accepted metadata that decode_meta rejects: {e}"),
             }
         }
@@ -1002,7 +1377,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             bad_sum[last] ^= 1;
             out.push(("bad-checksum".into(), bad_sum));
             let mut huge = meta[..HEADER_LEN].to_vec();
-            huge.extend_from_slice(&container::section_header_raw(SectionKind::Process, u64::MAX, 0));
+            huge.extend_from_slice(&container::section_header_raw(SectionKind::Tree, u64::MAX, 0));
             out.push(("huge-section-len".into(), huge));
             out.push(("empty".into(), vec![]));
         }
@@ -1023,6 +1398,19 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             out.push(("mode4-absurd-count".into(), vec![4, 1, 5, 60, 0, 9, 5, 200, 1, 9]));
             out.push(("mode5-model-edits".into(), vec![5, 7, 1, 3, 4, 12, 0, 2, 1, 16, 3, 0]));
             out.push(("mode5-overlap".into(), vec![5, 9, 3, 20, 7, 40, 0, 1]));
+            // Tree-level edits (ops 24-33).
+            out.push(("mode5-swap-root-and-child".into(), vec![5, 26, 0, 0, 1]));
+            // Fork the child (pid 200), then swap it with its parent.
+            out.push(("mode5-child-before-parent".into(), vec![5, 26, 2, 1, 200, 1, 0, 26, 0, 1, 2]));
+            out.push(("mode5-zombie-orphan".into(), vec![5, 27, 2, 0, 1, 99]));
+            out.push(("mode5-inherit-on-root".into(), vec![5, 30, 0, 1]));
+            out.push(("mode5-missing-sysv".into(), vec![5, 31, 2, 1, 5]));
+            out.push(("mode5-child-inherits".into(), vec![5, 24, 1, 30, 1, 3, 9, 3, 7, 30, 3, 0, 4, 2, 1, 1]));
+            out.push(("mode5-fork".into(), vec![5, 26, 2, 4, 200, 1, 0, 24, 2, 31, 1, 0]));
+            out.push(("mode5-shm-extents".into(), vec![5, 28, 3, 0, 1, 0x10, 0x20, 9, 29, 2, 0, 1, 3]));
+            // Not seeded: op 33's trees at the process limit (`[5, 33, 0,
+            // 1]`, `[5, 33, 0, 2]`, see the tests) are so slow to check that
+            // starting from them costs the fuzzers 40% of their executions.
         }
         "read_stream" => {
             let stream = sample_stream();
@@ -1036,6 +1424,8 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             s.extend_from_slice(&stream[..stream.len() - 100]);
             out.push(("truncated-pages".into(), s));
             out.push(("model-edits".into(), vec![0xff, 16, 3, 0, 12, 0, 1, 2]));
+            out.push(("model-edits-child-pages".into(), vec![0xff, 24, 1, 13, 0, 3, 2]));
+            out.push(("model-edits-tree".into(), vec![0xff, 26, 2, 1, 10, 1, 27, 0, 5, 4, 5, 1, 28, 4, 0]));
         }
         "verify_runs" => {
             out.push(("ok-two-runs".into(), vec![4, 1, 0, 7, 2, 0, 0, 1, 1, 0, 2, 1, 1, 1]));
@@ -1058,11 +1448,46 @@ mod tests {
 
     #[test]
     fn sample_is_valid() {
-        let (inv, p) = sample();
-        let (inv2, p2) = decode(&sample_meta()).expect("sample image must decode");
-        assert!(inv2 == inv && p2 == p);
-        check_accepted(&inv2, &p2);
-        ImageDir::verify_runs(&p.page_runs, &sample_pages()).expect("sample pages verify");
+        let (inv, t) = sample();
+        assert_eq!(t.processes.len(), 2);
+        let (inv2, t2) = decode(&sample_meta()).expect("sample image must decode");
+        assert!(inv2 == inv && t2 == t);
+        check_accepted(&inv2, &t2);
+        for p in &t.processes {
+            ImageDir::verify_runs(&p.page_runs, &sample_pages()).expect("sample pages verify");
+        }
+    }
+
+    /// The tree-level model-edit seeds reach the check they are named after.
+    #[test]
+    fn tree_seeds_reach_their_checks() {
+        let mut seeds = seeds("decode_meta_valid_frame");
+        seeds.push(("mode5-process-limit".into(), vec![5, 33, 0, 1]));
+        seeds.push(("mode5-process-limit-exceeded".into(), vec![5, 33, 0, 2]));
+        let verdict = |name: &str| {
+            let (_, bytes) = seeds.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no seed {name}"));
+            assert_eq!(bytes[0] % 6, 5, "{name} is not a model-edit seed");
+            let (mut inv, mut t) = sample();
+            mutate_model(&mut inv, &mut t, &mut Bytes::new(&bytes[1..]));
+            validate::validate(&inv, &t).map_err(|e| e.to_string())
+        };
+        for (name, want) in [
+            ("mode5-swap-root-and-child", "root process cannot inherit"),
+            ("mode5-child-before-parent", "before its parent"),
+            ("mode5-zombie-orphan", "no parent"),
+            ("mode5-inherit-on-root", "root process cannot inherit"),
+            ("mode5-missing-sysv", "does not hold"),
+            ("mode5-process-limit-exceeded", "processes"),
+        ] {
+            match verdict(name) {
+                Err(e) => assert!(e.contains(want), "{name}: {e}"),
+                Ok(()) => panic!("{name}: accepted"),
+            }
+        }
+        for name in ["mode5-child-inherits", "mode5-fork", "mode5-shm-extents", "mode5-process-limit"] {
+            let _ = verdict(name);
+        }
+        verdict("mode5-process-limit").expect("a tree at the process limit");
     }
 
     #[test]
