@@ -1,29 +1,104 @@
-//! `ferry inspect`: a readable (or JSON) view of an image.
+//! `ferry inspect`: a readable (or JSON) view of an image: the process
+//! tree, one block per process (parents before children), then the
+//! zombies and the shared memory the processes share.
 
 use anyhow::{Context, Result};
-use ferry_image::{FileKind, ImageDir, VmaBacking};
+use ferry_image::{FileKind, ImageDir, Inventory, ProcessImage, TreeImage, VmaBacking, Zombie};
+use std::collections::HashMap;
 use std::path::Path;
 
 pub fn show(dir: &Path, json: bool) -> Result<()> {
     let d = ImageDir::new(dir);
-    let (inv, p) = d.read_meta().with_context(|| format!("reading image {}", dir.display()))?;
+    let (inv, tree) = d.read_meta().with_context(|| format!("reading image {}", dir.display()))?;
     let f = d.check_pages_file(&inv)?;
     let map = ferry_sys_map(&f, inv.pages_bytes)?;
-    ImageDir::verify_runs(&p.page_runs, &map)?;
+    for p in &tree.processes {
+        ImageDir::verify_runs(&p.page_runs, &map).with_context(|| format!("checking the pages of process {}", p.pid))?;
+    }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "inventory": inv, "process": p }))?);
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "inventory": inv, "tree": tree }))?);
         return Ok(());
     }
+    show_text(dir, &inv, &tree);
+    Ok(())
+}
+
+fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
     println!("image {} (format v{}, ferry {}, kernel {}, {})", dir.display(), inv.format_version, inv.ferry_version, inv.kernel_release, inv.arch);
-    println!("process {} \"{}\" exe {} cwd {}", p.pid, p.comm, p.exe, p.cwd);
+    println!(
+        "process tree: {} processes, {} zombies, {} shared memory objects, {} SysV segments; {} pages stored ({:.1} MiB)",
+        tree.processes.len(),
+        tree.zombies.len(),
+        tree.shared_anon.len(),
+        tree.sysv_shm.len(),
+        inv.pages_bytes / 4096,
+        inv.pages_bytes as f64 / 1048576.0
+    );
+    // Which processes hold each open file description (by its id).
+    let mut holders: HashMap<u64, Vec<i32>> = HashMap::new();
+    for p in &tree.processes {
+        for f in &p.files {
+            let pids = holders.entry(f.id).or_default();
+            if !pids.contains(&p.pid) {
+                pids.push(p.pid);
+            }
+        }
+    }
+    for p in &tree.processes {
+        println!();
+        show_process(tree, p, &holders);
+    }
+    if !tree.zombies.is_empty() {
+        println!();
+        println!("zombies ({}):", tree.zombies.len());
+        for z in &tree.zombies {
+            println!("  pid {:>7} ppid {} pgid {} sid {}  {}", z.pid, z.ppid, z.pgid, z.sid, exit_status(z));
+        }
+    }
+    if !tree.shared_anon.is_empty() {
+        println!();
+        println!("shared anonymous memory ({}):", tree.shared_anon.len());
+        for m in &tree.shared_anon {
+            let users = mapped_by(tree, |b| matches!(b, VmaBacking::SharedAnon { id } if *id == m.id));
+            println!("  {} {:?}: {} bytes, {} stored, mapped by {}", m.id, m.name, m.size, stored(&m.extents), users);
+        }
+    }
+    if !tree.sysv_shm.is_empty() {
+        println!();
+        println!("SysV shared memory segments ({}):", tree.sysv_shm.len());
+        for s in &tree.sysv_shm {
+            let users = mapped_by(tree, |b| matches!(b, VmaBacking::SysvShm { id } if *id == s.id));
+            println!(
+                "  id {} key {:#x}: {} bytes, mode {:03o} uid {} gid {}, {} stored, attached by {}",
+                s.id,
+                s.key,
+                s.size,
+                s.mode,
+                s.uid,
+                s.gid,
+                stored(&s.extents),
+                users
+            );
+        }
+    }
+}
+
+fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
+    let is_root = tree.root().is_some_and(|r| r.pid == p.pid);
+    println!("process {} \"{}\" exe {} cwd {}{}", p.pid, p.comm, p.exe, p.cwd, if is_root { " (root of the tree)" } else { "" });
     println!("  ppid {} pgid {} sid {} umask {:03o} uid {} gid {}", p.ppid, p.pgid, p.sid, p.umask, p.creds.uids[0], p.creds.gids[0]);
+    if let Some(root) = &p.root {
+        println!("  root directory {root}");
+    }
     println!("threads ({}):", p.threads.len());
     for t in &p.threads {
         let in_call = t.regs.get(15).copied().unwrap_or(u64::MAX) as i64;
         let call = if in_call >= 0 { format!(" in syscall {in_call}") } else { String::new() };
         println!("  tid {:>7} {:<16} rip {:#x} sigmask {:#x}{}", t.tid, t.comm, t.regs.get(16).copied().unwrap_or(0), t.sigmask, call);
     }
-    println!("mappings ({}), {} pages stored ({:.1} MiB):", p.vmas.len(), inv.pages_bytes / 4096, inv.pages_bytes as f64 / 1048576.0);
+    let pages: u64 = p.page_runs.iter().map(|r| r.pages).sum();
+    let inherited = if p.inherited.is_empty() { String::new() } else { format!(", {} inherited from the parent", p.inherited.len()) };
+    println!("mappings ({}{inherited}), {} pages stored ({:.1} MiB):", p.vmas.len(), pages, pages as f64 * 4096.0 / 1048576.0);
     for v in &p.vmas {
         let prot = format!(
             "{}{}{}{}",
@@ -35,18 +110,32 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
         let what = match &v.backing {
             VmaBacking::Anonymous => "[anonymous]".to_string(),
             VmaBacking::SharedAnon { id } => format!("[shared anonymous {id}]"),
-            VmaBacking::Memfd { id } => format!("memfd {}", memfd_name(&p, *id)),
+            VmaBacking::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
+            VmaBacking::SysvShm { id } => match tree.sysv_shm.iter().find(|s| s.id == *id) {
+                Some(s) => format!("[SysV segment {id} key {:#x}]", s.key),
+                None => format!("[SysV segment {id}]"),
+            },
             VmaBacking::File { path, .. } => path.clone(),
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),
             VmaBacking::Vsyscall => "[vsyscall]".into(),
         };
         let stored: u64 = p.page_runs.iter().filter(|r| r.start >= v.start && r.start < v.end).map(|r| r.pages).sum();
-        println!("  {:#014x}-{:#014x} {} {:>8} pages stored  {}", v.start, v.end, prot, stored, what);
+        let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {
+            Some(i) => {
+                let shared: u64 = i.shared_pages.iter().map(|&(_, n)| n).sum();
+                format!("  (inherited, {shared} pages shared with the parent)")
+            }
+            None => String::new(),
+        };
+        println!("  {:#014x}-{:#014x} {} {:>8} pages stored  {}{}", v.start, v.end, prot, stored, what, inherited);
     }
     println!("fds ({}):", p.fds.len());
     for s in &p.fds {
-        let f = &p.files[s.file as usize];
+        let Some(f) = p.files.get(s.file as usize) else {
+            println!("  {:>4} (missing open file {})", s.fd, s.file);
+            continue;
+        };
         let what = match &f.kind {
             FileKind::Regular { path, .. } => format!("file {path}"),
             FileKind::Deleted { path, content, .. } => format!("deleted file {path} ({} bytes kept)", content.len()),
@@ -61,7 +150,7 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
                 u.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
                 if u.queued.is_empty() { String::new() } else { format!(", {} queued messages", u.queued.len()) }
             ),
-            FileKind::Memfd { id } => format!("memfd {}", memfd_name(&p, *id)),
+            FileKind::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
             FileKind::Pipe(e) => format!("pipe {} {} end, {} bytes queued", e.id, if e.write_end { "write" } else { "read" }, e.data.len()),
             FileKind::Fifo { path, pipe } => format!("fifo {path}, {} bytes queued", pipe.data.len()),
             FileKind::EventFd { count, semaphore } => format!("eventfd count {count}{}", if *semaphore { " (semaphore)" } else { "" }),
@@ -75,16 +164,42 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
                 s.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default()
             ),
         };
-        println!("  {:>4} flags {:#o} pos {}{}  {}", s.fd, f.flags, f.pos, if s.cloexec { " cloexec" } else { "" }, what);
+        let others: Vec<String> = holders.get(&f.id).into_iter().flatten().filter(|&&pid| pid != p.pid).map(|pid| pid.to_string()).collect();
+        let shared = if others.is_empty() { String::new() } else { format!(" (shared with {})", others.join(", ")) };
+        println!("  {:>4} flags {:#o} pos {}{}  {}{}", s.fd, f.flags, f.pos, if s.cloexec { " cloexec" } else { "" }, what, shared);
     }
     let handled = p.signals.actions.iter().filter(|a| a.handler > 1).count();
     println!("signals: {handled} handlers, {} pending for the process", p.signals.shared_pending.len());
     println!("timers: {} interval timers, {} POSIX timers", p.itimers.len(), p.posix_timers.len());
     for m in &p.memfds {
-        let stored: usize = m.extents.iter().map(|(_, d)| d.len()).sum();
-        println!("memfd {:?}: {} bytes, {} stored, seals {:#x}", m.name, m.size, stored, m.seals);
+        println!("memfd {:?}: {} bytes, {} stored, seals {:#x}", m.name, m.size, stored(&m.extents), m.seals);
     }
-    Ok(())
+}
+
+/// A zombie's wait(2) status in words.
+fn exit_status(z: &Zombie) -> String {
+    let st = z.wait_status;
+    if libc::WIFEXITED(st) {
+        format!("exited with status {}", libc::WEXITSTATUS(st))
+    } else if libc::WIFSIGNALED(st) {
+        format!("killed by signal {}{}", libc::WTERMSIG(st), if libc::WCOREDUMP(st) { " (core dumped)" } else { "" })
+    } else {
+        format!("wait status {st:#x}")
+    }
+}
+
+/// The pids of the processes with a mapping `is` matches, for display.
+fn mapped_by(tree: &TreeImage, is: impl Fn(&VmaBacking) -> bool) -> String {
+    let pids: Vec<String> = tree.processes.iter().filter(|p| p.vmas.iter().any(|v| is(&v.backing))).map(|p| p.pid.to_string()).collect();
+    if pids.is_empty() {
+        "no process".into()
+    } else {
+        format!("{} {}", if pids.len() == 1 { "process" } else { "processes" }, pids.join(", "))
+    }
+}
+
+fn stored(extents: &[(u64, Vec<u8>)]) -> usize {
+    extents.iter().map(|(_, d)| d.len()).sum()
 }
 
 fn ferry_sys_map(f: &std::fs::File, len: u64) -> Result<Vec<u8>> {
@@ -94,6 +209,6 @@ fn ferry_sys_map(f: &std::fs::File, len: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn memfd_name(p: &ferry_image::ProcessImage, id: u64) -> String {
+fn memfd_name(p: &ProcessImage, id: u64) -> String {
     p.memfds.iter().find(|m| m.id == id).map_or_else(|| format!("#{id}"), |m| format!("{:?}", m.name))
 }
