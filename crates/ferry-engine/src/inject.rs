@@ -11,6 +11,7 @@ use crate::error::{EngineError, Result};
 use ferry_sys::ptrace::{self, WaitEvent};
 use ferry_sys::vm::{self, RemoteRange};
 
+#[derive(Clone, Copy)]
 pub struct Remote {
     pub pid: i32,
     /// Address of a `syscall` instruction in the process.
@@ -65,7 +66,7 @@ impl Remote {
         loop {
             match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))? {
                 Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => return Ok(()),
-                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE => {
+                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE || event == ptrace::PTRACE_EVENT_FORK => {
                     resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
                 }
                 Some((_, WaitEvent::Stopped { sig, event })) => {

@@ -4,10 +4,10 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{Inventory, ProcessImage};
+use crate::model::{Inventory, TreeImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 16;
 pub const SECTION_HEADER_LEN: usize = 24;
 /// Metadata larger than this is refused: a hostile length cannot make the
@@ -18,7 +18,7 @@ pub const MAX_SECTION_LEN: u64 = 1 << 30;
 #[repr(u32)]
 pub enum SectionKind {
     Inventory = 1,
-    Process = 2,
+    Tree = 2,
     Pages = 3,
 }
 
@@ -26,14 +26,14 @@ impl SectionKind {
     pub fn name(self) -> &'static str {
         match self {
             SectionKind::Inventory => "inventory",
-            SectionKind::Process => "process",
+            SectionKind::Tree => "process tree",
             SectionKind::Pages => "pages",
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
         match v {
             1 => Some(SectionKind::Inventory),
-            2 => Some(SectionKind::Process),
+            2 => Some(SectionKind::Tree),
             3 => Some(SectionKind::Pages),
             _ => None,
         }
@@ -103,14 +103,14 @@ pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageEr
 }
 
 /// Encodes the metadata file: header, inventory section, process section.
-pub fn encode_meta(inventory: &Inventory, process: &ProcessImage) -> Result<Vec<u8>, ImageError> {
+pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>, ImageError> {
     let inv = postcard::to_stdvec(inventory).map_err(|e| ImageError::Decode { kind: "inventory", reason: e.to_string() })?;
     let proc_ = postcard::to_stdvec(process).map_err(|e| ImageError::Decode { kind: "process", reason: e.to_string() })?;
     let mut out = Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len());
     out.extend_from_slice(&file_header(0));
     out.extend_from_slice(&section_header(SectionKind::Inventory, &inv));
     out.extend_from_slice(&inv);
-    out.extend_from_slice(&section_header(SectionKind::Process, &proc_));
+    out.extend_from_slice(&section_header(SectionKind::Tree, &proc_));
     out.extend_from_slice(&proc_);
     Ok(out)
 }
@@ -125,7 +125,7 @@ pub fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8], kind: &'st
 }
 
 /// Decodes and checks the metadata file. Never panics on any input.
-pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, ProcessImage), ImageError> {
+pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, TreeImage), ImageError> {
     check_file_header(bytes, "meta.img")?;
     let rest = &bytes[HEADER_LEN..];
     // Exactly two sections, in this order, and nothing after them.
@@ -135,12 +135,12 @@ pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, ProcessImage), ImageError
     }
     let inventory: Inventory = decode_payload(payload, "inventory")?;
     let (kind, payload, rest) = read_section(rest)?;
-    if kind != SectionKind::Process {
-        return Err(ImageError::Invalid(format!("{} section where the process section was expected", kind.name())));
+    if kind != SectionKind::Tree {
+        return Err(ImageError::Invalid(format!("{} section where the process tree section was expected", kind.name())));
     }
-    let process: ProcessImage = decode_payload(payload, "process")?;
+    let process: TreeImage = decode_payload(payload, "process")?;
     if !rest.is_empty() {
-        return Err(ImageError::Invalid(format!("{} unexpected bytes after the process section", rest.len())));
+        return Err(ImageError::Invalid(format!("{} unexpected bytes after the process tree section", rest.len())));
     }
     crate::validate::validate(&inventory, &process)?;
     Ok((inventory, process))

@@ -4,7 +4,7 @@
 
 use crate::container::{self, HEADER_LEN};
 use crate::error::ImageError;
-use crate::model::{Inventory, PageRun, ProcessImage};
+use crate::model::{Inventory, PageRun, TreeImage};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -126,7 +126,7 @@ impl ImageDir {
     }
 
     /// Writes meta.img atomically (temp file + rename) and syncs it.
-    pub fn write_meta(&self, inv: &Inventory, process: &ProcessImage) -> Result<(), ImageError> {
+    pub fn write_meta(&self, inv: &Inventory, process: &TreeImage) -> Result<(), ImageError> {
         let bytes = container::encode_meta(inv, process)?;
         let tmp = self.file("meta.img.tmp");
         let fin = self.file(META_FILE);
@@ -140,7 +140,7 @@ impl ImageDir {
     }
 
     /// Reads, checks and decodes meta.img.
-    pub fn read_meta(&self) -> Result<(Inventory, ProcessImage), ImageError> {
+    pub fn read_meta(&self) -> Result<(Inventory, TreeImage), ImageError> {
         let path = self.file(META_FILE);
         let mut bytes = Vec::new();
         File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| ImageError::io(&path, e))?;

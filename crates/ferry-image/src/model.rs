@@ -19,6 +19,68 @@ pub struct Inventory {
     pub pages_bytes: u64,
 }
 
+/// A whole process tree: every process of it, and the kernel objects its
+/// processes share (shared memory segments live here, not in a process).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct TreeImage {
+    /// Parents come before their children; the first is the tree's root.
+    pub processes: Vec<ProcessImage>,
+    /// Children that had exited but were not yet reaped by their parent.
+    pub zombies: Vec<Zombie>,
+    /// Anonymous shared memory (MAP_SHARED | MAP_ANONYMOUS), by shmem
+    /// inode, with its content; `VmaBacking::SharedAnon` refers to it.
+    pub shared_anon: Vec<MemfdObject>,
+    /// SysV shared memory segments some process of the tree has attached.
+    pub sysv_shm: Vec<SysvShm>,
+}
+
+impl TreeImage {
+    /// A tree of one process.
+    pub fn single(p: ProcessImage) -> TreeImage {
+        TreeImage { processes: vec![p], ..Default::default() }
+    }
+    pub fn root(&self) -> Option<&ProcessImage> {
+        self.processes.first()
+    }
+}
+
+/// An exited child its parent had not reaped yet.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct Zombie {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    /// The exit status as wait(2) reports it (exit code << 8, or signal).
+    pub wait_status: i32,
+}
+
+/// A SysV shared memory segment (shmget), recreated under the same id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SysvShm {
+    pub id: i32,
+    pub key: i32,
+    pub size: u64,
+    /// Permission bits (the low 9 bits of shm_perm.mode).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// (offset, bytes) of every data extent; holes are not stored.
+    pub extents: Vec<(u64, Vec<u8>)>,
+}
+
+/// A private mapping a child inherited from its parent over fork, with
+/// the pages it still shares with the parent (copy-on-write, not yet
+/// written by either). Restore forks the child from its restored parent
+/// and keeps these pages shared instead of copying them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InheritedVma {
+    pub start: u64,
+    pub end: u64,
+    /// (first page address, page count) runs shared with the parent.
+    pub shared_pages: Vec<(u64, u64)>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProcessImage {
     pub pid: i32,
@@ -46,6 +108,11 @@ pub struct ProcessImage {
     pub misc: ProcessMisc,
     /// memfd files the process maps or has open, with their content.
     pub memfds: Vec<MemfdObject>,
+    /// Mappings inherited from the parent (empty for the root); each is
+    /// also in `vmas`.
+    pub inherited: Vec<InheritedVma>,
+    /// The root directory if it is not "/" (chroot).
+    pub root: Option<String>,
 }
 
 /// A memfd (anonymous file): name, size, seals and the parts that hold data.
@@ -196,11 +263,14 @@ pub struct Vma {
 pub enum VmaBacking {
     /// Anonymous memory (private, or shared between no one else but us).
     Anonymous,
-    /// Anonymous shared memory; mappings with the same `id` (the kernel's
-    /// shmem inode) show the same pages.
+    /// Anonymous shared memory in `TreeImage::shared_anon`; mappings with
+    /// the same `id` (the kernel's shmem inode) show the same pages, in
+    /// one process or several.
     SharedAnon { id: u64 },
     /// A mapping of a memfd in `ProcessImage::memfds`.
     Memfd { id: u64 },
+    /// An attached SysV shared memory segment in `TreeImage::sysv_shm`.
+    SysvShm { id: i32 },
     /// A mapping of a file that still exists at `path`.
     File { path: String, dev: u64, ino: u64 },
     /// Kernel-provided mappings; restore moves the running kernel's own.
@@ -231,6 +301,10 @@ pub struct FdSlot {
 /// An open file description: what it is, its status flags and offset.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OpenFile {
+    /// Unique in the tree: fds of several processes that share one open
+    /// file description (inherited over fork, or passed with SCM_RIGHTS)
+    /// carry the same id, and restore creates it once.
+    pub id: u64,
     /// O_* status flags (access mode, O_APPEND, O_NONBLOCK, ...).
     pub flags: i32,
     pub pos: i64,
@@ -291,7 +365,7 @@ pub struct UnixSocket {
     /// sun_path bytes as bound (empty: unnamed; leading NUL: abstract).
     pub name: Vec<u8>,
     pub listen_backlog: Option<i32>,
-    /// Inode of the connected peer, which is in the same process.
+    /// Inode of the connected peer, held by a process of the tree.
     pub peer: Option<u64>,
     /// Messages waiting in its receive queue (one entry per datagram; a
     /// stream socket's bytes in one entry).

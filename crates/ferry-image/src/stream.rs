@@ -26,7 +26,7 @@ use crate::container::{
 };
 use crate::dir::{ImageDir, META_FILE, PAGES_DATA_OFFSET};
 use crate::error::ImageError;
-use crate::model::{Inventory, ProcessImage};
+use crate::model::{Inventory, TreeImage};
 use crate::validate::validate;
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -43,7 +43,7 @@ const MIN_GROW: usize = 64 * 1024;
 const COPY_CHUNK: usize = 4 << 20;
 
 /// The sections of a stream, in the only order a stream may hold them.
-const ORDER: [SectionKind; 3] = [SectionKind::Inventory, SectionKind::Process, SectionKind::Pages];
+const ORDER: [SectionKind; 3] = [SectionKind::Inventory, SectionKind::Tree, SectionKind::Pages];
 
 fn stream_err(e: std::io::Error) -> ImageError {
     ImageError::io(STREAM_NAME, e)
@@ -53,7 +53,7 @@ fn stream_err(e: std::io::Error) -> ImageError {
 /// frames it, then a pages section holding `pages` (which must be
 /// `inv.pages_bytes` long) written with one `write_all`. Flushes `w` and
 /// returns the number of bytes written.
-pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &ProcessImage, pages: &[u8]) -> Result<u64, ImageError> {
+pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &TreeImage, pages: &[u8]) -> Result<u64, ImageError> {
     if pages.len() as u64 != inv.pages_bytes {
         return Err(ImageError::Invalid(format!(
             "{} bytes of page data given, inventory says {}",
@@ -135,7 +135,7 @@ fn read_file_exact(file: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Res
 /// and returns it with its page data area. Reads exactly the image's
 /// bytes. With `dir`, the image is also written there as an image
 /// directory (pages.img, then meta.img) once it has passed every check.
-pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory, ProcessImage, Vec<u8>), ImageError> {
+pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory, TreeImage, Vec<u8>), ImageError> {
     let mut header = [0u8; HEADER_LEN];
     read_fixed(r, &mut header, "stream header")?;
     check_file_header(&header, "stream")?;
@@ -146,8 +146,8 @@ pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory,
         .map_err(|e| ImageError::Decode { kind: "inventory", reason: e.to_string() })?;
 
     let (len, sum) = next_section(r, 1)?;
-    let payload = read_metadata(r, SectionKind::Process, len, sum)?;
-    let process = postcard::from_bytes::<ProcessImage>(&payload)
+    let payload = read_metadata(r, SectionKind::Tree, len, sum)?;
+    let process = postcard::from_bytes::<TreeImage>(&payload)
         .map_err(|e| ImageError::Decode { kind: "process", reason: e.to_string() })?;
     drop(payload);
     // Reject bad metadata before receiving any page data.
@@ -164,7 +164,9 @@ pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory,
     if got != sum {
         return Err(ImageError::Checksum { what: "pages section".into() });
     }
-    ImageDir::verify_runs(&process.page_runs, &pages)?;
+    for p in &process.processes {
+        ImageDir::verify_runs(&p.page_runs, &pages)?;
+    }
 
     if let Some(dir) = dir {
         materialise(dir, &inventory, &process, &pages)?;
@@ -197,7 +199,7 @@ fn next_section<R: Read>(r: &mut R, index: usize) -> Result<(u64, u64), ImageErr
 /// Writes a checked image as an image directory, in the layout ImageDir
 /// gives it: pages.img first, then meta.img (atomically), so the
 /// directory only looks like an image once it is complete.
-fn materialise(dir: &Path, inv: &Inventory, process: &ProcessImage, pages: &[u8]) -> Result<(), ImageError> {
+fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, pages: &[u8]) -> Result<(), ImageError> {
     let image = ImageDir::new(dir);
     // If `dir` already holds an image, stop it looking like one before its
     // pages.img is replaced: old metadata must never meet new page data.

@@ -17,10 +17,71 @@ fn bad(msg: String) -> Result<(), ImageError> {
     Err(ImageError::Invalid(msg))
 }
 
-pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
+pub const MAX_PROCESSES: usize = 32768;
+
+fn check_extents(what: &str, size: u64, extents: &[(u64, Vec<u8>)]) -> Result<(), ImageError> {
+    if extents.iter().any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > size)) {
+        return bad(format!("{what} has data beyond its size"));
+    }
+    Ok(())
+}
+
+/// The whole tree: every process, and the relations between them.
+pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     if inv.format_version != crate::FORMAT_VERSION {
         return Err(ImageError::Version { found: inv.format_version, supported: crate::FORMAT_VERSION });
     }
+    if t.processes.is_empty() || t.processes.len() + t.zombies.len() > MAX_PROCESSES {
+        return bad(format!("{} processes", t.processes.len()));
+    }
+    let mut seen: Vec<i32> = Vec::with_capacity(t.processes.len());
+    for (i, p) in t.processes.iter().enumerate() {
+        // Parents first: restore forks each child from its parent.
+        if i > 0 && !seen.contains(&p.ppid) {
+            return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
+        }
+        if i > 0 && p.inherited.iter().any(|v| !p.vmas.iter().any(|w| w.start == v.start && w.end == v.end)) {
+            return bad(format!("process {}: an inherited mapping is not one of its mappings", p.pid));
+        }
+        if i == 0 && !p.inherited.is_empty() {
+            return bad("the root process cannot inherit mappings".into());
+        }
+        validate_process(inv, p)?;
+        seen.push(p.pid);
+    }
+    let mut ids: Vec<i32> = t.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).collect();
+    for z in &t.zombies {
+        if !seen.contains(&z.ppid) {
+            return bad(format!("zombie {} has no parent in the tree", z.pid));
+        }
+        ids.push(z.pid);
+    }
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) || ids.iter().any(|&t| t <= 0 || t > 4_194_304) {
+        return bad("process or thread ids repeat or are out of range".into());
+    }
+    for m in &t.shared_anon {
+        check_extents("shared memory", m.size, &m.extents)?;
+    }
+    for s in &t.sysv_shm {
+        check_extents(&format!("SysV segment {}", s.id), s.size, &s.extents)?;
+    }
+    for p in &t.processes {
+        for v in &p.vmas {
+            let missing = match &v.backing {
+                VmaBacking::SharedAnon { id } => !t.shared_anon.iter().any(|m| m.id == *id),
+                VmaBacking::SysvShm { id } => !t.sysv_shm.iter().any(|s| s.id == *id),
+                _ => false,
+            };
+            if missing {
+                return bad(format!("process {}: mapping {:#x} refers to shared memory the image does not hold", p.pid, v.start));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
     if p.pid <= 0 || p.pid > 4_194_304 {
         return bad(format!("pid {} out of range", p.pid));
     }
@@ -107,9 +168,7 @@ pub fn validate(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
         }
     }
     for m in &p.memfds {
-        if m.extents.iter().any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > m.size)) {
-            return bad(format!("memfd {} has data beyond its size", m.name));
-        }
+        check_extents(&format!("memfd {}", m.name), m.size, &m.extents)?;
     }
     let mut memfd_ids: Vec<u64> = p.memfds.iter().map(|m| m.id).collect();
     memfd_ids.sort_unstable();

@@ -11,8 +11,10 @@ pub const PTRACE_GET_RSEQ_CONFIGURATION: u32 = 0x420f;
 pub const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
 pub const NT_X86_XSTATE: usize = 0x202;
 
+pub const PTRACE_O_TRACEFORK: u64 = 1 << 1;
 pub const PTRACE_O_TRACECLONE: u64 = 1 << 3;
 pub const PTRACE_O_EXITKILL: u64 = 1 << 20;
+pub const PTRACE_EVENT_FORK: i32 = 1;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
 pub const PTRACE_EVENT_STOP: i32 = 128;
 

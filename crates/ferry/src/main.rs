@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 #[derive(Parser)]
-#[command(name = "ferry", version, about = "Checkpoint a running process to an image and restore it, with the same PID, memory, threads, files and sockets.")]
+#[command(name = "ferry", version, about = "Checkpoint a running process tree to an image and restore it, with the same PIDs, memory, threads, files, sockets and shared memory.")]
 struct Cli {
     /// Log what the engine does (also FERRY_LOG=debug).
     #[arg(short, long, global = true)]
@@ -20,11 +20,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Freeze a process, write its complete state to an image directory,
-    /// then kill it (or let it run on with --leave-running). If anything
-    /// cannot be captured, the process keeps running untouched.
+    /// Freeze a process and all its descendants, write their complete
+    /// state to an image directory, then kill them (or let them run on
+    /// with --leave-running). If anything cannot be captured, every
+    /// process keeps running untouched.
     Checkpoint {
-        /// Process to capture (all its threads are captured).
+        /// Root of the tree to capture: this process, its threads and all
+        /// its descendants.
         #[arg(long)]
         pid: i32,
         /// Directory to write the image to (created if missing).
@@ -40,9 +42,10 @@ enum Cmd {
         #[arg(long)]
         external_stdio: bool,
     },
-    /// Recreate a process from an image, with its old PID and TIDs. Without
-    /// --detach, ferry stays its parent, forwards SIGINT/SIGTERM/SIGHUP to
-    /// it and exits with its exit status (128+N if killed by signal N).
+    /// Recreate a process tree from an image, with its old PIDs and TIDs,
+    /// parent links, sessions and process groups. Without --detach, ferry
+    /// stays the root's parent, forwards SIGINT/SIGTERM/SIGHUP to it and
+    /// exits with its exit status (128+N if killed by signal N).
     Restore {
         /// Image directory written by `ferry checkpoint`.
         #[arg(long)]
@@ -129,15 +132,16 @@ fn run(cli: Cli) -> Result<i32> {
             let opts = ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory") };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
-                "checkpointed pid {} ({} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; process {}",
+                "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}",
                 s.pid,
+                s.processes,
                 s.threads,
                 s.mappings,
                 s.fds,
                 s.pages,
                 s.image_bytes as f64 / (1 << 20) as f64,
                 s.total_ms,
-                if leave_running { "left running" } else { "killed" }
+                if leave_running { "left running" } else { "tree killed" }
             );
             Ok(0)
         }
@@ -145,7 +149,7 @@ fn run(cli: Cli) -> Result<i32> {
             let netns = netns.map(|n| if n.contains('/') { PathBuf::from(n) } else { PathBuf::from("/run/netns").join(n) });
             let opts = ferry_engine::restore::RestoreOptions { tty_to, netns, progress: progress::bar("restoring memory") };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
-            eprintln!("restored pid {} ({} threads) in {:.1} ms", r.pid, r.threads, r.total_ms);
+            eprintln!("restored pid {} ({} processes, {} threads) in {:.1} ms", r.pid, r.processes, r.threads, r.total_ms);
             if let Some(p) = &pidfile {
                 std::fs::write(p, format!("{}\n", r.pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
             }
@@ -165,9 +169,10 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Receive { dir } => {
             let stdin = std::io::stdin();
             let mut input = std::io::BufReader::with_capacity(1 << 20, stdin.lock());
-            let (_, process, pages) =
+            let (_, tree, pages) =
                 ferry_image::read_stream(&mut input, Some(&dir)).with_context(|| format!("receiving into {}", dir.display()))?;
-            eprintln!("received pid {} ({} bytes of pages) into {}", process.pid, pages.len(), dir.display());
+            let root = tree.root().map_or(0, |p| p.pid);
+            eprintln!("received pid {root} ({} processes, {} bytes of pages) into {}", tree.processes.len(), pages.len(), dir.display());
             Ok(0)
         }
         Cmd::Inspect { dir, json } => {

@@ -16,7 +16,7 @@ pub fn name_of(path: &str) -> Option<&str> {
     path.strip_prefix("/memfd:").map(|n| n.strip_suffix(" (deleted)").unwrap_or(n))
 }
 
-fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) -> Result<MemfdObject> {
+pub(crate) fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) -> Result<MemfdObject> {
     let what = || format!("memfd {name} (pid {pid})");
     let size = file.metadata().map_err(|e| EngineError::io(what(), e))?.len();
     if size > MAX_MEMFD {

@@ -38,9 +38,7 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("[anon:") => VmaBacking::Anonymous,
         "/dev/zero (deleted)" if m.shared() => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
-        _ if p.starts_with("/SYSV") => {
-            return Err(EngineError::unsupported(pid, what(), "SysV shared memory is not supported yet"))
-        }
+        _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
         _ if p.ends_with(" (deleted)") => {
             return Err(EngineError::unsupported(pid, what(), "the mapped file was deleted; mappings of deleted files are not supported yet"))
@@ -76,7 +74,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
         (VmaBacking::Anonymous, false) => {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
         }
-        (VmaBacking::Anonymous | VmaBacking::SharedAnon { .. }, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
+        (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
         (VmaBacking::File { .. } | VmaBacking::Memfd { .. }, false) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
@@ -100,9 +98,46 @@ struct Piece {
     readable: bool,
 }
 
-/// Copies the pages each mapping needs into pages.img. Page copying is
-/// bound by page allocation in the kernel, so it is split over threads.
-pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWriter, progress: Option<&crate::ProgressFn>) -> Result<Vec<PageRun>> {
+/// Removes the page runs `skip` (sorted, (address, pages)) from `ranges`.
+fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    if skip.is_empty() {
+        return ranges;
+    }
+    let mut out = Vec::with_capacity(ranges.len());
+    for (mut s, e) in ranges {
+        let mut k = skip.partition_point(|&(a, n)| a + n * 4096 <= s);
+        while s < e {
+            match skip.get(k) {
+                Some(&(a, n)) if a < e => {
+                    if a > s {
+                        out.push((s, a));
+                    }
+                    s = s.max(a + n * 4096);
+                    k += 1;
+                }
+                _ => {
+                    out.push((s, e));
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Copies the pages each mapping needs into pages.img, after what is
+/// already there, leaving out `skip` (pages shared with the parent, which
+/// the restored child inherits). Page copying is bound by page allocation
+/// in the kernel, so it is split over threads.
+pub fn dump_pages(
+    pid: i32,
+    vmas: &[Vma],
+    smaps: &[MapsEntry],
+    skip: &[(u64, u64)],
+    out: &mut PagesWriter,
+    progress: Option<&crate::ProgressFn>,
+) -> Result<Vec<PageRun>> {
+    let base = out.bytes_written();
     let pm_path = format!("/proc/{pid}/pagemap");
     let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut pieces = Vec::new();
@@ -111,11 +146,11 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
         let Some(filter) = page_filter(v) else { continue };
         let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
             .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
-        for (s, e) in ranges {
+        for (s, e) in subtract(ranges, skip) {
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: total, readable: m.readable() });
+                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() });
                 total += len;
                 a += len;
             }
@@ -126,7 +161,7 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
     let mut parts: Vec<&[Piece]> = Vec::new();
     let mut rest: &[Piece] = &pieces;
     for w in 0..workers {
-        let limit = per * (w as u64 + 1);
+        let limit = base + per * (w as u64 + 1);
         let k = if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
         let (a, b) = rest.split_at(k);
         parts.push(a);
@@ -143,7 +178,7 @@ pub fn dump_pages(pid: i32, vmas: &[Vma], smaps: &[MapsEntry], out: &mut PagesWr
     for r in results {
         runs.extend(r?);
     }
-    out.set_data_len(total)?;
+    out.set_data_len(base + total)?;
     Ok(runs)
 }
 
@@ -227,4 +262,56 @@ pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
         env_end: st.field(51),
         auxv,
     })
+}
+
+/// Whether the child's mapping `c` came from the parent's `p` over fork:
+/// same place, same kind of memory, and not dropped from children.
+fn same_origin(c: &Vma, p: &Vma) -> bool {
+    let same_backing = match (&c.backing, &p.backing) {
+        (VmaBacking::Anonymous, VmaBacking::Anonymous) => true,
+        (VmaBacking::File { dev: d1, ino: i1, .. }, VmaBacking::File { dev: d2, ino: i2, .. }) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
+        (VmaBacking::Memfd { id: a }, VmaBacking::Memfd { id: b }) => a == b && c.pgoff == p.pgoff,
+        _ => false,
+    };
+    same_backing && c.start == p.start && c.end == p.end && !c.shared && !p.shared && p.flags & (vmflag::DONTFORK | vmflag::WIPEONFORK) == 0
+}
+
+fn pagemap_entries(pid: i32, file: &std::fs::File, start: u64, end: u64) -> Result<Vec<u64>> {
+    let n = ((end - start) / 4096) as usize;
+    let mut buf = vec![0u8; n * 8];
+    file.read_exact_at(&mut buf, start / 4096 * 8).map_err(|e| EngineError::io(format!("/proc/{pid}/pagemap at {start:#x}"), e))?;
+    Ok(buf.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
+/// The child's private mappings that still share pages with the parent
+/// (copy-on-write since fork): same physical page at the same address in
+/// both, as /proc/PID/pagemap shows to root.
+pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vma]) -> Result<Vec<ferry_image::InheritedVma>> {
+    const PRESENT: u64 = 1 << 63;
+    const PFN: u64 = (1 << 55) - 1;
+    let open = |pid: i32| {
+        let path = format!("/proc/{pid}/pagemap");
+        std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))
+    };
+    let (cpm, ppm) = (open(child)?, open(parent)?);
+    let mut out = Vec::new();
+    for c in cvmas {
+        let Some(_p) = pvmas.iter().find(|p| same_origin(c, p)) else { continue };
+        let ce = pagemap_entries(child, &cpm, c.start, c.end)?;
+        let pe = pagemap_entries(parent, &ppm, c.start, c.end)?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (i, (a, b)) in ce.iter().zip(&pe).enumerate() {
+            let shared = a & PRESENT != 0 && b & PRESENT != 0 && a & PFN != 0 && a & PFN == b & PFN;
+            if !shared {
+                continue;
+            }
+            let addr = c.start + i as u64 * 4096;
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n * 4096 == addr => *n += 1,
+                _ => runs.push((addr, 1)),
+            }
+        }
+        out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
+    }
+    Ok(out)
 }

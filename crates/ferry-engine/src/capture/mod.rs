@@ -10,14 +10,16 @@ mod memfd;
 mod memory;
 mod process;
 mod signals;
+mod shm;
 mod threads;
 mod timers;
+pub(crate) mod tree;
 
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote, Scratch};
 use crate::procfs;
-use ferry_image::{ImageDir, Inventory, ProcessImage, FORMAT_VERSION};
+use ferry_image::{ImageDir, Inventory, ProcessImage, TreeImage, FORMAT_VERSION};
 use std::path::Path;
 use std::time::Instant;
 
@@ -35,6 +37,7 @@ pub struct CaptureOptions {
 #[derive(Debug, Clone)]
 pub struct CaptureSummary {
     pub pid: i32,
+    pub processes: usize,
     pub threads: usize,
     pub mappings: usize,
     pub fds: usize,
@@ -55,6 +58,31 @@ pub(crate) struct Ctx<'a> {
     pub data: u64,
 }
 
+/// What the survey of one frozen process found, before anything in it
+/// was changed.
+struct Survey {
+    smaps: Vec<procfs::MapsEntry>,
+    vmas: Vec<ferry_image::Vma>,
+    files: Vec<ferry_image::OpenFile>,
+    fds: Vec<ferry_image::FdSlot>,
+    memfds: Vec<ferry_image::MemfdObject>,
+    remote: Remote,
+}
+
+fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
+    let smaps = procfs::smaps(pid)?;
+    let vmas = memory::classify(pid, &smaps)?;
+    let (files, fds) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    let vdso = smaps
+        .iter()
+        .find(|m| m.path == "[vdso]")
+        .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+    Ok(Survey { smaps, vmas, files, fds, memfds, remote })
+}
+
+/// Checkpoints `pid` and all its descendants as one image.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
     let t0 = Instant::now();
     if pid <= 0 {
@@ -63,63 +91,82 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     if !Path::new(&format!("/proc/{pid}")).exists() {
         return Err(EngineError::Gone { pid, what: "no such process".into() });
     }
-    if pid == std::process::id() as i32 {
-        return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself"));
+    let me = std::process::id() as i32;
+    if pid == me || is_ancestor(pid, me) {
+        return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself or a tree it runs in"));
     }
-    process::refuse_children(pid)?;
     let mut ph = crate::phases::Phases::start("checkpoint");
-    let frozen = Frozen::freeze(pid)?;
+    let tree = tree::FrozenTree::freeze(pid)?;
     let t_frozen = Instant::now();
+    let pids = tree.pids();
     ph.mark("freeze");
 
     // Survey first: refuse what we cannot capture before touching anything.
-    let smaps = procfs::smaps(pid)?;
-    let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds) = files::capture(pid, &frozen.pidfd, opts.external_stdio)?;
-    let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
-    let vdso = smaps
-        .iter()
-        .find(|m| m.path == "[vdso]")
-        .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    let leader = pid;
+    let mut surveys = Vec::with_capacity(tree.procs.len());
+    for p in &tree.procs {
+        surveys.push(survey(p.frozen.pid, &p.frozen, &pids, opts)?);
+    }
+    {
+        let mut pf: Vec<files::ProcessFiles> =
+            surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
+        files::link_tree(&mut pf, &pids)?;
+    }
+    let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> =
+        surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
+    let shared_anon = shm::capture_shared_anon(&views)?;
+    let sysv_shm = shm::capture_sysv(&views)?;
     ph.mark("survey");
 
-    let scratch = Scratch::map(&remote, leader)?;
-    let ctx = Ctx { pid, frozen: &frozen, remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
-    let injected = capture_injected(&ctx);
-    let unmapped = scratch.unmap(&ctx.remote, leader);
-    let (thread_images, signal_state, itimers, posix_timers, (brk, misc)) = injected?;
-    unmapped?;
+    let mut images = Vec::with_capacity(surveys.len());
+    for (p, sv) in tree.procs.iter().zip(&surveys) {
+        images.push(capture_process_injected(&p.frozen, sv)?);
+    }
     ph.mark("injected syscalls");
 
     let dirh = ImageDir::new(dir);
     let mut pages = dirh.create_pages()?;
-    let page_runs = memory::dump_pages(pid, &vmas, &smaps, &mut pages, opts.progress.as_ref())?;
+    let mut processes = Vec::with_capacity(surveys.len());
+    for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
+        let pid = p.frozen.pid;
+        let parent = (i > 0).then(|| pids.iter().position(|&q| q == p.ppid)).flatten();
+        let inherited = match parent {
+            Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes_vmas(&processes, k))?,
+            None => Vec::new(),
+        };
+        let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
+        skip.sort_unstable();
+        let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, &mut pages, opts.progress.as_ref())?;
+        let (threads, signals, itimers, posix_timers, (brk, misc)) = injected;
+        let mut image = ProcessImage {
+            threads,
+            vmas: sv.vmas,
+            page_runs,
+            files: sv.files,
+            fds: sv.fds,
+            signals,
+            itimers,
+            posix_timers,
+            misc,
+            memfds: sv.memfds,
+            inherited,
+            ..process::capture(pid)?
+        };
+        image.ppid = p.ppid;
+        image.mm = memory::mm_layout(pid, brk)?;
+        image.signals.shared_pending = signals::shared_pending(pid)?;
+        processes.push(image);
+    }
     let pages_bytes = pages.finish()?;
     ph.mark("pages");
-    let mut image = ProcessImage {
-        threads: thread_images,
-        vmas,
-        page_runs,
-        files,
-        fds,
-        signals: signal_state,
-        itimers,
-        posix_timers,
-        misc,
-        memfds,
-        ..process::capture(pid)?
-    };
-    image.mm = memory::mm_layout(pid, brk)?;
-    image.signals.shared_pending = signals::shared_pending(pid)?;
+    let tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm };
 
+    let root = &tree_image.processes[0];
     let inventory = Inventory {
         format_version: FORMAT_VERSION,
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
         kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?.trim().to_string(),
         arch: std::env::consts::ARCH.to_string(),
-        xsave_size: image.threads[0].xstate.len() as u32,
+        xsave_size: root.threads[0].xstate.len() as u32,
         created_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -127,32 +174,74 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         source_pid: pid,
         pages_bytes,
     };
-    dirh.write_meta(&inventory, &image)?;
+    dirh.write_meta(&inventory, &tree_image)?;
     ph.mark("metadata");
     verify_written(&dirh)?;
     ph.mark("verify");
 
     let summary = CaptureSummary {
         pid,
-        threads: image.threads.len(),
-        mappings: image.vmas.len(),
-        fds: image.fds.len(),
+        processes: tree_image.processes.len(),
+        threads: tree_image.processes.iter().map(|p| p.threads.len()).sum(),
+        mappings: tree_image.processes.iter().map(|p| p.vmas.len()).sum(),
+        fds: tree_image.processes.iter().map(|p| p.fds.len()).sum(),
         pages: pages_bytes / 4096,
         image_bytes: pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0),
         frozen_ms: 0.0,
         total_ms: 0.0,
     };
-    if opts.leave_running {
-        frozen.release()?;
+    let killed = if opts.leave_running {
+        tree.release()?;
+        Vec::new()
     } else {
-        frozen.kill()?;
-    }
+        let pids = tree.kill()?;
+        shm::remove_sysv(&tree_image.sysv_shm);
+        pids
+    };
     ph.mark(if opts.leave_running { "release" } else { "kill" });
-    Ok(CaptureSummary {
-        frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
-        total_ms: t0.elapsed().as_secs_f64() * 1e3,
-        ..summary
-    })
+    let summary = CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: t0.elapsed().as_secs_f64() * 1e3, ..summary };
+    // Orphaned processes of the tree are reaped by init, which may take a
+    // moment; a restore right after this needs their PIDs free. Not part
+    // of the capture's own time.
+    if !tree::wait_reaped(&killed, std::time::Duration::from_secs(10)) {
+        tracing::warn!("some PIDs of the tree were not reaped within 10 s");
+    }
+    ph.mark("PIDs reaped");
+    Ok(summary)
+}
+
+fn processes_vmas(done: &[ProcessImage], k: usize) -> Vec<ferry_image::Vma> {
+    done.get(k).map(|p| p.vmas.clone()).unwrap_or_default()
+}
+
+/// Whether `pid` is an ancestor of `of`.
+fn is_ancestor(pid: i32, of: i32) -> bool {
+    let mut cur = of;
+    for _ in 0..4096 {
+        let Ok(st) = crate::procfs::Stat::read(cur) else { return false };
+        let ppid = st.field(4) as i32;
+        if ppid == pid {
+            return true;
+        }
+        if ppid <= 1 {
+            return false;
+        }
+        cur = ppid;
+    }
+    false
+}
+
+/// Runs the injected part of the capture inside one frozen process, from
+/// a scratch mapping that is removed again afterwards.
+fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
+    let pid = frozen.pid;
+    let scratch = Scratch::map(&sv.remote, pid)?;
+    let ctx = Ctx { pid, frozen, remote: sv.remote.clone(), scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
+    let injected = capture_injected(&ctx);
+    let unmapped = scratch.unmap(&ctx.remote, pid);
+    let injected = injected?;
+    unmapped?;
+    Ok(injected)
 }
 
 type Injected = (
@@ -176,7 +265,7 @@ fn capture_injected(ctx: &Ctx) -> Result<Injected> {
 /// Reads the metadata back and checks the page file against it. Page data
 /// was already read back and checked batch by batch as it was written.
 fn verify_written(dir: &ImageDir) -> Result<()> {
-    let (inv, _process) = dir.read_meta()?;
+    let (inv, _tree) = dir.read_meta()?;
     dir.check_pages_file(&inv)?;
     Ok(())
 }

@@ -6,18 +6,6 @@ use crate::procfs::{self, key_values, Stat};
 use crate::inject::{check, Call};
 use ferry_image::{Caps, Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
 
-/// A single process is captured; children would be left behind.
-pub fn refuse_children(pid: i32) -> Result<()> {
-    for tid in procfs::tids(pid)? {
-        let path = format!("/proc/{pid}/task/{tid}/children");
-        let kids = procfs::read_string(&path).unwrap_or_default();
-        if let Some(child) = kids.split_whitespace().next() {
-            return Err(EngineError::unsupported(pid, format!("child process {child}"), "process trees are not supported yet"));
-        }
-    }
-    Ok(())
-}
-
 fn ids(v: Option<&&str>) -> Vec<u32> {
     v.map(|s| s.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default()
 }
@@ -95,6 +83,8 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         posix_timers: Vec::new(),
         misc: ProcessMisc::default(),
         memfds: Vec::new(),
+        inherited: Vec::new(),
+        root: Some(procfs::read_link(&format!("/proc/{pid}/root"))?).filter(|r| r != "/"),
     })
 }
 

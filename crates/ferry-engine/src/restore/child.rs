@@ -1,7 +1,9 @@
-//! The first part of a restore, run by the new process itself right after
-//! it was forked with its old PID: session, umask, personality, cwd and
-//! the whole fd table. Then it stops itself and ferry takes over with
-//! ptrace for memory, threads and the rest.
+//! The first part of a restore, run by the tree's root itself right after
+//! it was forked from ferry with its old PID: network namespace, session,
+//! umask, personality, root and working directory, and an fd table that
+//! holds only ferry's staged descriptors. Then it stops itself and ferry
+//! takes over with ptrace for its fd table, memory, children, threads and
+//! the rest.
 //!
 //! ferry is single-threaded when it forks, so ordinary Rust code
 //! (allocation included) is safe here.
@@ -13,13 +15,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 pub struct ChildPlan<'a> {
     pub image: &'a ProcessImage,
-    pub tty_to: &'a str,
-    /// Descriptors that must survive into the stopped child (staging fds
-    /// for file mappings, the status pipe).
+    /// Descriptors that must survive into the stopped child (everything
+    /// staged, the status pipe).
     pub keep: Vec<RawFd>,
-    /// Lowest fd number above every fd of the image.
-    pub temp_base: RawFd,
-    pub memfds: std::collections::HashMap<u64, RawFd>,
     /// A network namespace to join before any socket is made.
     pub netns: Option<RawFd>,
     pub go: OwnedFd,
@@ -74,9 +72,12 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
     // SAFETY: disabling our alternate stack; no old value requested.
     unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+    // The directory first: its path is as seen from ferry's root.
     std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?;
+    if let Some(root) = &img.root {
+        std::os::unix::fs::chroot(root).map_err(|e| EngineError::io(format!("chroot to {root}"), e))?;
+    }
     close_all_but(&plan.keep);
-    super::files::build_fd_table(img, plan.tty_to, plan.temp_base, &plan.memfds)?;
     if img.no_new_privs {
         // SAFETY: integer arguments.
         unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };

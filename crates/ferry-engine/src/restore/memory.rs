@@ -17,15 +17,23 @@ fn is_special(path: &str) -> bool {
 }
 
 /// Unmaps everything the fork brought along except the kernel's own
-/// mappings (vDSO, vvar), which we keep and move.
-pub fn clear_address_space(s: &mut Session) -> Result<()> {
+/// mappings (vDSO, vvar), which we keep and move, and the `keep` ranges
+/// (sorted): mappings a child inherited from its parent and keeps.
+pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
     let maps = procfs::maps(s.pid)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
     for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
-        match ranges.last_mut() {
-            Some(last) if last.1 == m.start => last.1 = m.end,
-            _ => ranges.push((m.start, m.end)),
+        // The parts of m outside every kept range.
+        let mut a = m.start;
+        for &(ks, ke) in keep.iter().filter(|&&(ks, ke)| ks < m.end && ke > m.start) {
+            if ks > a {
+                push_range(&mut ranges, a, ks);
+            }
+            a = a.max(ke);
+        }
+        if a < m.end {
+            push_range(&mut ranges, a, m.end);
         }
     }
     let calls: Vec<(String, Call)> = ranges.iter().map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a]))).collect();
@@ -33,10 +41,17 @@ pub fn clear_address_space(s: &mut Session) -> Result<()> {
     Ok(())
 }
 
+fn push_range(ranges: &mut Vec<(u64, u64)>, a: u64, e: u64) {
+    match ranges.last_mut() {
+        Some(last) if last.1 == a => last.1 = e,
+        _ => ranges.push((a, e)),
+    }
+}
+
 /// Lowest gap of `len` bytes (plus a guard page each side) above 256 MiB
 /// that neither the image nor the process's current mappings use.
-pub fn free_gap(pid: i32, vmas: &[Vma], len: u64) -> Result<u64> {
-    let mut used: Vec<(u64, u64)> = vmas.iter().map(|v| (v.start, v.end)).collect();
+pub fn free_gap<'v>(pid: i32, vmas: impl Iterator<Item = &'v Vma>, len: u64) -> Result<u64> {
+    let mut used: Vec<(u64, u64)> = vmas.map(|v| (v.start, v.end)).collect();
     used.extend(procfs::maps(pid)?.iter().map(|m| (m.start, m.end)));
     used.sort_unstable();
     let mut cand = 0x1000_0000u64;
@@ -120,33 +135,36 @@ fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
     runs.get(i).is_some_and(|r| r.start < v.end)
 }
 
-/// Maps every mapping of the image (writable first where pages must be
-/// copied in). Returns the protections to set once pages are in.
-pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u64, u64, u8)>> {
+/// Maps every mapping of the image but those in `inherited` (sorted
+/// ranges a forked child already has), writable first where pages must
+/// be copied in. Returns the protections to set once pages are in.
+pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u64, u64)]) -> Result<Vec<(u64, u64, u8)>> {
     let mut reprotect = Vec::new();
     let mut calls: Vec<(String, Call)> = Vec::new();
-    // Shared anonymous memory seen through several mappings: the first
-    // mapping creates it, the others alias it with mremap(old_size = 0).
-    let mut shm_primary: std::collections::HashMap<u64, &Vma> = std::collections::HashMap::new();
     for v in vmas {
+        if inherited.binary_search(&(v.start, v.end)).is_ok() {
+            continue;
+        }
         let fd: i64 = match &v.backing {
             VmaBacking::Vdso | VmaBacking::Vvar { .. } | VmaBacking::Vsyscall => continue,
             VmaBacking::Anonymous => -1,
-            VmaBacking::SharedAnon { id } => match shm_primary.get(id) {
-                None => {
-                    shm_primary.insert(*id, v);
-                    -1
-                }
-                Some(p) => {
-                    let src = (p.start + v.pgoff).checked_sub(p.pgoff).unwrap_or(p.start);
-                    let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-                    calls.push((format!("mremap(alias {:#x})", v.start), Call::new(libc::SYS_mremap, &[src, 0, v.end - v.start, flags, v.start])));
-                    if v.prot != p.prot {
-                        reprotect.push((v.start, v.end - v.start, v.prot));
+            VmaBacking::SharedAnon { id } => s.staging_fd(&shmem_key(*id), true)? as i64,
+            VmaBacking::SysvShm { id } => {
+                // shmat maps the whole segment at the address; the image's
+                // protection of each part is set afterwards.
+                if v.pgoff == 0 {
+                    let mut flags = SHM_REMAP;
+                    if v.prot & PROT_WRITE == 0 {
+                        flags |= libc::SHM_RDONLY as u64;
                     }
-                    continue;
+                    if v.prot & ferry_image::PROT_EXEC != 0 {
+                        flags |= SHM_EXEC;
+                    }
+                    calls.push((format!("shmat(segment {id} at {:#x})", v.start), Call::new(libc::SYS_shmat, &[*id as u64, v.start, flags])));
                 }
-            },
+                reprotect.push((v.start, v.end - v.start, v.prot));
+                continue;
+            }
             VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
             VmaBacking::Memfd { id } => s.staging_fd(&memfd_key(*id), true)? as i64,
         };
@@ -188,9 +206,49 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun]) -> Result<Vec<(u
     Ok(reprotect)
 }
 
+const SHM_REMAP: u64 = 0o40000;
+const SHM_EXEC: u64 = 0o100000;
+
 /// Staging key of a memfd: memfds are recreated by ferry before the fork.
 pub fn memfd_key(id: u64) -> String {
     format!("memfd:{id}")
+}
+
+/// Staging key of an anonymous shared memory object.
+pub fn shmem_key(id: u64) -> String {
+    format!("shmem:{id}")
+}
+
+/// Prepares the private mappings a forked child inherited from its
+/// parent: pages it does not share with the parent are dropped (zero or
+/// file content again; its own copies come from the image next), and the
+/// child's protection is set, writable first where pages go in. Returns
+/// the protections to set once pages are in.
+pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, u64, u8)>> {
+    let mut calls: Vec<(String, Call)> = Vec::new();
+    let mut reprotect = Vec::new();
+    for iv in &s.image.inherited {
+        let Some(v) = s.image.vmas.iter().find(|v| v.start == iv.start && v.end == iv.end) else { continue };
+        let mut a = iv.start;
+        let drop_range = |from: u64, to: u64, calls: &mut Vec<(String, Call)>| {
+            if to > from {
+                calls.push((format!("madvise({from:#x}, MADV_DONTNEED)"), Call::new(libc::SYS_madvise, &[from, to - from, libc::MADV_DONTNEED as u64])));
+            }
+        };
+        for &(start, pages) in &iv.shared_pages {
+            drop_range(a, start, &mut calls);
+            a = start + pages * 4096;
+        }
+        drop_range(a, iv.end, &mut calls);
+        let mut prot = v.prot;
+        if has_pages(v, runs) && prot & PROT_WRITE == 0 {
+            prot |= PROT_WRITE | ferry_image::PROT_READ;
+            reprotect.push((v.start, v.end - v.start, v.prot));
+        }
+        calls.push((format!("mprotect({:#x})", v.start), Call::new(libc::SYS_mprotect, &[v.start, v.end - v.start, prot as u64])));
+    }
+    s.run(s.pid, &calls)?;
+    Ok(reprotect)
 }
 
 pub fn needs_rw(v: &Vma) -> bool {

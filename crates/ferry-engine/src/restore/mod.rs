@@ -1,28 +1,36 @@
-//! Restore: rebuild a process from an image under its old PID.
+//! Restore: rebuild a process tree from an image under its old PIDs.
 //!
 //! 1. The image is read and every checksum verified before anything else.
-//! 2. ferry forks a child with the old PID (clone3 + set_tid). The child
-//!    sets up its session, cwd and fd table itself ([`child`]) and stops.
-//! 3. ferry drives the stopped child with ptrace and injected syscalls:
-//!    it swaps the address space for the image's ([`memory`]), recreates
-//!    the threads with their TIDs ([`threads`]), then signals, timers and
-//!    limits ([`signals`], [`timers`], [`process`]).
-//! 4. Every thread gets its registers, FPU state and signal mask back and
-//!    is released. Any failure before that kills the child: a process is
-//!    either fully restored or not there at all.
+//! 2. ferry creates every shared object once in its own process
+//!    ([`staging`], [`files`]): open file descriptions, memfds, shared
+//!    memory, SysV segments, files to map.
+//! 3. ferry forks the root with its old PID (clone3 + set_tid); the root
+//!    sets up its session and directory itself ([`child`]) and stops.
+//! 4. ferry drives the stopped process with ptrace and injected syscalls:
+//!    fd table, then its address space ([`memory`]); then each child is
+//!    forked from its restored parent ([`fork`]), keeping the pages they
+//!    shared, and set up the same way; zombies are forked and exit.
+//! 5. In every process: threads with their TIDs ([`threads`]), signals,
+//!    timers, limits, credentials ([`signals`], [`timers`], [`process`]),
+//!    and finally registers, FPU state and signal masks; then all are
+//!    released. Any failure before that kills every process made: a tree
+//!    is either fully restored or not there at all.
 
 mod child;
 mod files;
+mod fork;
 mod memory;
 mod process;
 mod signals;
+mod staging;
 mod threads;
 mod timers;
 
 use crate::error::{EngineError, Result};
 use crate::inject::{self, Remote, Scratch};
-use ferry_image::{ImageDir, ProcessImage, VmaBacking};
+use ferry_image::{ImageDir, ProcessImage, TreeImage};
 use ferry_sys::ptrace::{self, WaitEvent};
+use staging::StagingMap;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -49,11 +57,12 @@ impl Default for RestoreOptions {
 #[derive(Debug, Clone)]
 pub struct Restored {
     pub pid: i32,
+    pub processes: usize,
     pub threads: usize,
     pub total_ms: f64,
 }
 
-/// The restore in progress, driven from ferry.
+/// The restore of one process in progress, driven from ferry.
 pub(crate) struct Session<'a> {
     pub pid: i32,
     pub image: &'a ProcessImage,
@@ -62,9 +71,9 @@ pub(crate) struct Session<'a> {
     /// for syscall arguments.
     pub scratch: u64,
     pub data: u64,
-    /// Descriptors opened by ferry before the fork, present in the child
-    /// under the same numbers: files to map and the executable.
-    staging: StagingMap,
+    /// Descriptors opened by ferry before the fork, present in every
+    /// process under the same numbers: files to map, memfds, shared memory.
+    staging: &'a StagingMap,
 }
 
 impl Session<'_> {
@@ -93,136 +102,145 @@ fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
-/// Staged descriptors by (path or memfd key, opened read-write).
-type StagingMap = HashMap<(String, bool), RawFd>;
-
-/// Opens the files that mappings need (and the executable) above
-/// `temp_base`, so the child inherits them under known numbers.
-fn stage_files(image: &ProcessImage, temp_base: RawFd) -> Result<(StagingMap, Vec<OwnedFd>, Option<RawFd>)> {
-    let mut map = HashMap::new();
-    let mut owned = Vec::new();
-    for m in &image.memfds {
-        let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
-        // SAFETY: name is NUL-terminated; flags are plain integers.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(files::errno_err(image.pid, format!("recreating memfd {}", m.name)));
-        }
-        // SAFETY: raw is a new descriptor we own.
-        let f = std::fs::File::from(unsafe { ferry_sys::fd::own(raw) });
-        f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
-        for (off, data) in &m.extents {
-            use std::os::unix::fs::FileExt;
-            f.write_all_at(data, *off).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
-        }
-        let fd = ferry_sys::fd::fcntl_int(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-            .map_err(|e| EngineError::kernel(image.pid, "staging a memfd", e))?;
-        // SAFETY: fd is a new descriptor we own.
-        owned.push(unsafe { ferry_sys::fd::own(fd) });
-        map.insert((memory::memfd_key(m.id), true), fd);
-    }
-    let mut open = |path: &str, rw: bool, what: String| -> Result<RawFd> {
-        if let Some(fd) = map.get(&(path.to_string(), rw)) {
-            return Ok(*fd);
-        }
-        let f = std::fs::OpenOptions::new().read(true).write(rw).open(path).map_err(|e| EngineError::io(format!("{what} {path}"), e))?;
-        let fd = ferry_sys::fd::fcntl_int(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-            .map_err(|e| EngineError::kernel(image.pid, "staging a file", e))?;
-        // SAFETY: fd is a new descriptor we own.
-        owned.push(unsafe { ferry_sys::fd::own(fd) });
-        map.insert((path.to_string(), rw), fd);
-        Ok(fd)
-    };
-    for v in &image.vmas {
-        if let VmaBacking::File { path, .. } = &v.backing {
-            open(path, memory::needs_rw(v), format!("file mapped at {:#x}:", v.start))?;
-        }
-    }
-    let exe = open(&image.exe, false, "executable".into()).ok();
-    Ok((map, owned, exe))
+fn pid_is_zombie(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z")
 }
 
-/// Kills the half-built child unless disarmed.
-struct ChildGuard(i32, bool);
+/// Kills every process made so far unless disarmed, and reaps what ferry
+/// must reap (its child, the root, and every traced process).
+struct TreeGuard {
+    pids: Vec<i32>,
+    disarmed: bool,
+}
 
-impl Drop for ChildGuard {
+impl Drop for TreeGuard {
     fn drop(&mut self) {
-        if !self.1 {
-            // SAFETY: killing our own child by PID, then reaping it and
-            // its traced threads (they must go before the leader).
-            unsafe {
-                libc::kill(self.0, libc::SIGKILL);
-                loop {
-                    let r = libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL);
-                    if r == self.0 || r < 0 {
-                        break;
-                    }
+        if self.disarmed || self.pids.is_empty() {
+            return;
+        }
+        // SAFETY: killing processes this restore created, by PID, then
+        // reaping them (traced threads must go before their leader).
+        unsafe {
+            for &pid in self.pids.iter().rev() {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            for _ in 0..100_000 {
+                if libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL) < 0 {
+                    break;
                 }
             }
         }
     }
 }
 
+/// Lets ferry hold as many descriptors as its hard limit allows: a tree's
+/// staged files all live in ferry at once.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid rlimit to fill and then pass back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd> {
+    let high = ferry_sys::fd::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
+        .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
+    // SAFETY: high is a new descriptor we own.
+    Ok(unsafe { ferry_sys::fd::own(high) })
+}
+
+/// Runs `f` with ferry in network namespace `ns` (if any), then returns
+/// to its own: sockets made meanwhile belong to `ns`.
+fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let Some(ns) = ns else { return f() };
+    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
+    // SAFETY: ns is an open namespace file.
+    if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
+        return Err(files::errno_err(pid, "joining the network namespace".into()));
+    }
+    let r = f();
+    // SAFETY: own is ferry's original namespace.
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(files::errno_err(pid, "returning to ferry's network namespace".into()));
+    }
+    r
+}
+
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
     let mut ph = crate::phases::Phases::start("restore");
     let dirh = ImageDir::new(dir);
-    let (inv, image) = dirh.read_meta()?;
+    let (inv, tree) = dirh.read_meta()?;
     let pages_file = dirh.check_pages_file(&inv)?;
+    let root = tree.root().ok_or_else(|| EngineError::restore(inv.source_pid, "image holds no process"))?;
+    let pid = root.pid;
     let pages = ferry_sys::process::MappedFile::map(&pages_file, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
-        .map_err(|e| EngineError::kernel(image.pid, "mapping pages.img", e))?;
-    ImageDir::verify_runs_parallel(&image.page_runs, pages.bytes(), crate::worker_threads())?;
-    let pid = image.pid;
+        .map_err(|e| EngineError::kernel(pid, "mapping pages.img", e))?;
+    let all_runs: Vec<ferry_image::PageRun> = tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
+    ImageDir::verify_runs_parallel(&all_runs, pages.bytes(), crate::worker_threads())?;
+    drop(all_runs);
     ph.mark("read+verify image");
-    for t in &image.threads {
-        if let Some(comm) = pid_owner(t.tid) {
-            return Err(EngineError::PidTaken { pid: t.tid, comm });
+    let ids = tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid));
+    for id in ids {
+        // A zombie of the checkpointed tree that init has not reaped yet
+        // frees its PID in a moment.
+        if pid_is_zombie(id) {
+            crate::capture::tree::wait_reaped(&[id], std::time::Duration::from_secs(5));
+        }
+        if let Some(comm) = pid_owner(id) {
+            return Err(EngineError::PidTaken { pid: id, comm });
         }
     }
+    raise_fd_limit();
 
-    let max_fd = image.fds.iter().map(|s| s.fd).max().unwrap_or(2).max(2);
+    let max_fd = tree.processes.iter().flat_map(|p| p.fds.iter().map(|s| s.fd)).max().unwrap_or(2).max(2);
     let temp_base = max_fd + 1;
-    let (staging, staged_owned, exe_fd) = stage_files(&image, temp_base)?;
-    let (go_r, go_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
-    let (st_r, st_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
-    let st_w_high = ferry_sys::fd::fcntl_int(st_w.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-        .map_err(|e| EngineError::kernel(pid, "staging the status pipe", e))?;
-    drop(st_w);
-    // SAFETY: new descriptor owned by us.
-    let st_w = unsafe { ferry_sys::fd::own(st_w_high) };
-    let mut keep: Vec<RawFd> = staging.values().copied().collect();
-    keep.push(st_w.as_raw_fd());
     let netns = match &opts.netns {
         Some(path) => {
             let f = std::fs::File::open(path).map_err(|e| EngineError::io(format!("network namespace {}", path.display()), e))?;
-            let fd = ferry_sys::fd::fcntl_int(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-                .map_err(|e| EngineError::kernel(pid, "staging the network namespace", e))?;
-            keep.push(fd);
-            // SAFETY: fd is a new descriptor we own.
-            Some(unsafe { ferry_sys::fd::own(fd) })
+            Some(lift_fd(pid, f.as_raw_fd(), temp_base, "the network namespace")?)
         }
         None => None,
     };
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
+    let mut sysv = staging::SysvSegments::create(&tree)?;
+    let staging = staging::stage(&tree, temp_base)?;
+    let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
+    let staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
+    let staged_raw: HashMap<u64, RawFd> = staged_files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
+    ph.mark("stage files");
+
+    let (go_r, go_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+    let (st_r, st_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+    let st_w = {
+        let low = st_w;
+        lift_fd(pid, low.as_raw_fd(), temp_base, "the status pipe")?
+    };
+    let mut keep: Vec<RawFd> = staging.keep_fds();
+    keep.extend(staged_raw.values().copied());
+    keep.push(st_w.as_raw_fd());
+    keep.extend(netns_fd);
 
     // SAFETY: ferry is single-threaded here (no thread pools, no
     // background logging), so the child may run ordinary Rust code.
     let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
     let child_pid = match forked {
-        Ok(0) => {
-            let memfds = image.memfds.iter().filter_map(|m| staging.get(&(memory::memfd_key(m.id), true)).map(|fd| (m.id, *fd))).collect();
-            child::run(child::ChildPlan { image: &image, tty_to: &opts.tty_to, keep, temp_base, memfds, netns: netns_fd, go: go_r, status: st_w })
-        }
+        Ok(0) => child::run(child::ChildPlan { image: root, keep, netns: netns_fd, go: go_r, status: st_w }),
         Ok(p) => p,
         Err(e) if e.errno == libc::EEXIST => {
             return Err(EngineError::PidTaken { pid, comm: pid_owner(pid).unwrap_or_else(|| "unknown".into()) })
         }
         Err(e) => return Err(EngineError::kernel(pid, "creating the process with its PID", e)),
     };
-    let mut guard = ChildGuard(child_pid, false);
+    let mut guard = TreeGuard { pids: vec![child_pid], disarmed: false };
     drop(st_w);
     drop(go_r);
-    ptrace::seize(child_pid, ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_EXITKILL)
+    ptrace::seize(child_pid, ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL)
         .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
     std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
@@ -234,25 +252,79 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
         Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => {}
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
-    // The child has its own copies now; memfds stay open here until their
-    // seals can be applied, after every mapping exists.
-    let memfd_fds: Vec<(i32, RawFd)> =
-        image.memfds.iter().filter_map(|m| staging.get(&(memory::memfd_key(m.id), true)).map(|fd| (m.seals, *fd))).collect();
-    ph.mark("fork+fd table");
+    ph.mark("fork root");
 
+    // Phase 1, parents before children: fd table and memory, then fork.
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
-    let mut s = Session { pid, image: &image, remote, scratch: 0, data: 0, staging };
-    run_injected(&mut s, &pages, exe_fd, opts.progress.as_ref(), &mut ph)?;
-    for (seals, fd) in memfd_fds {
+    let mut sessions: Vec<Session> = Vec::with_capacity(tree.processes.len());
+    let mut epolls = std::collections::HashSet::new();
+    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
+    prepare_root(&mut s, &tree)?;
+    install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+    memory::clear_address_space(&mut s, &[])?;
+    memory::place_vdso(&mut s, &root.vmas)?;
+    let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
+    memory::write_pages(pid, &root.page_runs, pages.bytes(), opts.progress.as_ref())?;
+    memory::reprotect(&mut s, &reprotect)?;
+    sessions.push(s);
+    ph.mark("root: files+memory");
+    for img in &tree.processes[1..] {
+        let k = sessions
+            .iter()
+            .position(|p| p.pid == img.ppid)
+            .ok_or_else(|| EngineError::restore(img.pid, format!("parent {} not restored", img.ppid)))?;
+        let child = fork::fork_from(&mut sessions[k], img.pid)?;
+        guard.pids.push(child);
+        let parent = &sessions[k];
+        let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
+        let parent_image = parent.image;
+        fork::setup_identity(&mut s, parent_image)?;
+        install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+        let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
+        kept.sort_unstable();
+        memory::clear_address_space(&mut s, &kept)?;
+        memory::place_vdso(&mut s, &img.vmas)?;
+        let mut reprotect = memory::map_all(&mut s, &img.vmas, &img.page_runs, &kept)?;
+        reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
+        memory::write_pages(img.pid, &img.page_runs, pages.bytes(), opts.progress.as_ref())?;
+        memory::reprotect(&mut s, &reprotect)?;
+        sessions.push(s);
+    }
+    for z in &tree.zombies {
+        let k = sessions.iter().position(|p| p.pid == z.ppid).ok_or_else(|| EngineError::restore(z.pid, "zombie's parent not restored"))?;
+        fork::make_zombie(&mut sessions[k], z)?;
+    }
+    sysv.remove_destroyed();
+    ph.mark("children: fork+files+memory");
+
+    // Phase 2, every process: the rest of its state, then release.
+    let mut all_tids: Vec<Vec<i32>> = Vec::with_capacity(sessions.len());
+    for s in sessions.iter_mut() {
+        let exe_fd = staging.exes.get(&s.pid).copied();
+        let tids = finish_process(s, exe_fd, temp_base)?;
+        guard.pids.extend(tids.iter().copied());
+        all_tids.push(tids);
+    }
+    ph.mark("threads, signals, timers, creds");
+    for (id, (fd, seals)) in &staging.memfds {
         // SAFETY: F_ADD_SEALS with an integer on our own descriptor.
-        if seals != 0 && unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(files::errno_err(pid, format!("sealing a memfd with {seals:#x}")));
+        if *seals != 0 && unsafe { libc::fcntl(*fd, libc::F_ADD_SEALS, *seals) } < 0 {
+            return Err(files::errno_err(pid, format!("sealing memfd {id} with {seals:#x}")));
         }
     }
-    drop(staged_owned);
-    guard.1 = true;
-    Ok(Restored { pid, threads: image.threads.len(), total_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    // Children first, so a parent never runs while its child is still held.
+    for (s, tids) in sessions.iter().zip(&all_tids).rev() {
+        for &tid in std::iter::once(&s.pid).chain(tids) {
+            ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(s.pid, format!("releasing thread {tid}"), e))?;
+        }
+    }
+    guard.disarmed = true;
+    sysv.keep = true;
+    drop(staged_files);
+    drop(staging);
+    let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+    Ok(Restored { pid, processes: tree.processes.len(), threads, total_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
 fn ferry_sys_self_vdso() -> Result<(u64, u64)> {
@@ -264,60 +336,65 @@ fn ferry_sys_self_vdso() -> Result<(u64, u64)> {
         .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
 }
 
-fn run_injected(
-    s: &mut Session,
-    pages: &ferry_sys::process::MappedFile,
-    exe_fd: Option<RawFd>,
-    progress: Option<&crate::ProgressFn>,
-    ph: &mut crate::phases::Phases,
-) -> Result<()> {
+/// The root still runs ferry's forked copy: check the CPU, drop its rseq
+/// registration and place the scratch area where no process of the tree
+/// has anything, so every forked child inherits it at a free address.
+fn prepare_root(s: &mut Session, tree: &TreeImage) -> Result<()> {
     let pid = s.pid;
-    let image = s.image;
     threads::block_signals(pid, pid)?;
     let xs = ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
-    if xs.len() != image.threads[0].xstate.len() {
-        return Err(EngineError::restore(
-            pid,
-            format!("image has a {}-byte XSAVE area, this CPU {} bytes: restore on the same kind of CPU", image.threads[0].xstate.len(), xs.len()),
-        ));
+    let want = s.image.threads[0].xstate.len();
+    if xs.len() != want {
+        return Err(EngineError::restore(pid, format!("image has a {want}-byte XSAVE area, this CPU {} bytes: restore on the same kind of CPU", xs.len())));
     }
     threads::drop_inherited_rseq(s)?;
-    // The scratch area goes where neither the image nor the forked copy
-    // of ferry has anything, so it survives the whole memory swap and all
-    // later work runs as batches from it.
-    let at = memory::free_gap(s.pid, &image.vmas, inject::SCRATCH_LEN)?;
+    let at = memory::free_gap(pid, tree.processes.iter().flat_map(|p| p.vmas.iter()), inject::SCRATCH_LEN)?;
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
     s.scratch = scratch.addr;
     s.data = scratch.addr + inject::SCRATCH_DATA;
-    memory::clear_address_space(s)?;
-    memory::place_vdso(s, &image.vmas)?;
-    ph.mark("clear address space");
-    let reprotect = memory::map_all(s, &image.vmas, &image.page_runs)?;
-    ph.mark("map");
-    memory::write_pages(pid, &image.page_runs, pages.bytes(), progress)?;
-    ph.mark("write pages");
-    memory::reprotect(s, &reprotect)?;
+    Ok(())
+}
+
+fn install_files(s: &mut Session, staged: &HashMap<u64, RawFd>, temp_base: RawFd, epolls: &mut std::collections::HashSet<u64>) -> Result<()> {
+    let calls = files::install_calls(s.image, staged, temp_base)?;
+    s.run(s.pid, &calls)?;
+    let (calls, data) = files::epoll_calls(s.image, s.data, epolls);
+    for (chunk_calls, chunk_data) in calls.chunks(512).zip(data.chunks(512 * 12)) {
+        s.remote.write(s.data, chunk_data)?;
+        // Each chunk's structs start at s.data again.
+        let first = chunk_calls[0].1.args[3];
+        let rebased: Vec<(String, inject::Call)> = chunk_calls
+            .iter()
+            .map(|(n, c)| {
+                let mut c = *c;
+                c.args[3] = s.data + (c.args[3] - first);
+                (n.clone(), c)
+            })
+            .collect();
+        s.run(s.pid, &rebased)?;
+    }
+    Ok(())
+}
+
+/// Everything after memory: mm layout, signal handlers, threads and their
+/// state, timers, pending signals, locks, limits, credentials, registers.
+/// Returns the TIDs of the threads it created.
+fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> Result<Vec<i32>> {
+    let pid = s.pid;
+    let image = s.image;
     memory::set_mm(s, exe_fd)?;
-    ph.mark("memory::set_mm");
     signals::restore_actions(s)?;
-    ph.mark("signals::restore_actions");
     // The leader first, so new threads inherit its name.
     threads::restore_thread_state(s, &image.threads[0])?;
     let tids = threads::create_threads(s)?;
-    ph.mark("threads::create_threads");
     for t in &image.threads[1..] {
         threads::restore_thread_state(s, t)?;
     }
     timers::restore_itimers(s)?;
-    ph.mark("timers::restore_itimers");
     timers::restore_posix(s)?;
-    ph.mark("timers::restore_posix");
     process::restore_misc(s)?;
-    ph.mark("process::restore_misc");
     signals::queue_pending(s)?;
-    ph.mark("signals::queue_pending");
-    let first_staged = (image.fds.iter().map(|f| f.fd).max().unwrap_or(2).max(2) + 1) as u64;
-    s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[first_staged, u32::MAX as u64, 0]))])?;
+    s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
     let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
     if !lock_calls.is_empty() {
         s.remote.write(s.data, &lock_args)?;
@@ -328,13 +405,9 @@ fn run_injected(
     process::restore_limits(pid, image)?;
     let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
     process::restore_creds(s, &all_tids)?;
-    scratch.unmap(&s.remote, pid)?;
+    s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;
     }
-    ph.mark("threads, signals, timers");
-    for tid in std::iter::once(pid).chain(tids) {
-        ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(pid, format!("releasing thread {tid}"), e))?;
-    }
-    Ok(())
+    Ok(tids)
 }

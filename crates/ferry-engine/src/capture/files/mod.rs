@@ -28,6 +28,8 @@ pub(crate) struct FdInfo<'a> {
     pub fdinfo: String,
     pub meta: std::fs::Metadata,
     pub pidfd: &'a OwnedFd,
+    /// Every process of the tree being captured.
+    pub tree: &'a [i32],
 }
 
 impl FdInfo<'_> {
@@ -77,22 +79,31 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
     Err(info.unsupported("this kind of file is not supported yet"))
 }
 
-/// Whether a pipe or socket leads to another process: no other fd of this
-/// process refers to the same pipe (its other end) or to the socket's peer.
-fn leads_out(pid: i32, info: &FdInfo) -> bool {
+/// How many fds of the tree's processes point at `link` (e.g. "pipe:[123]").
+pub(crate) fn holders_in_tree(tree: &[i32], link: &str) -> usize {
+    tree.iter()
+        .map(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|rd| rd.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link)).count())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Whether a pipe or socket on a standard fd leads out of the tree: no
+/// other fd of the tree refers to the same pipe (its other end).
+fn leads_out(info: &FdInfo) -> bool {
     if info.link.starts_with("pipe:") {
-        let ends = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|rd| rd.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == info.link.as_str())).count())
-            .unwrap_or(0);
         // Both ends of one pipe show the same inode.
-        return ends < 2;
+        return holders_in_tree(info.tree, &info.link) < 2;
     }
     true
 }
 
 /// Captures all fds of `pid`. Returns the open file descriptions and the
-/// fd table pointing into them.
-pub fn capture(pid: i32, pidfd: &OwnedFd, external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
+/// fd table pointing into them. Descriptions get ids unique in this
+/// process; [`link_tree`] makes them unique in the tree.
+pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -107,7 +118,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, external_stdio: bool) -> Result<(Vec<O
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let meta = std::fs::metadata(format!("{dir}/{fd}")).map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-        let info = FdInfo { pid, fd, link, fdinfo, meta, pidfd };
+        let info = FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree };
         let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
         let cloexec = flags & libc::O_CLOEXEC != 0;
@@ -123,13 +134,13 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, external_stdio: bool) -> Result<(Vec<O
             Some(idx) => idx,
             None => {
                 let stdio_link = fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
-                let kind = if external_stdio && stdio_link && leads_out(pid, &info) {
+                let kind = if external_stdio && stdio_link && leads_out(&info) {
                     FileKind::ExternalStdio { what: info.link.clone() }
                 } else {
                     capture_kind(&info)?
                 };
                 let locks = locks::parse(&info)?;
-                files.push(OpenFile { flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
+                files.push(OpenFile { id: files.len() as u64, flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
                 let idx = (files.len() - 1) as u32;
                 seen.push((dev, ino, idx, fd));
                 idx
@@ -137,7 +148,58 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, external_stdio: bool) -> Result<(Vec<O
         };
         slots.push(FdSlot { fd, file, cloexec });
     }
-    pipe::check_both_ends_present(pid, &mut files, &slots)?;
     epoll::check_targets(pid, &files, &slots)?;
     Ok((files, slots))
+}
+
+/// One process's captured fd table, for the tree-wide passes.
+pub struct ProcessFiles<'a> {
+    pub pid: i32,
+    pub files: &'a mut Vec<OpenFile>,
+    pub fds: &'a [FdSlot],
+}
+
+/// Gives every open file description an id unique in the tree, the same
+/// id where processes share one description (kcmp says so), then checks
+/// what only the whole tree can tell: pipes and unix sockets whose other
+/// end must be inside the tree.
+pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
+    // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
+    let mut seen: std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>> = std::collections::HashMap::new();
+    let mut next_id = 0u64;
+    for p in procs.iter_mut() {
+        for (i, f) in p.files.iter_mut().enumerate() {
+            let Some(slot) = p.fds.iter().find(|s| s.file as usize == i) else { continue };
+            let path = format!("/proc/{}/fd/{}", p.pid, slot.fd);
+            let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
+            let key = (meta.dev(), meta.ino());
+            let same = seen.get(&key).and_then(|c| {
+                c.iter()
+                    .find(|&&(op, ofd, _)| op != p.pid && ferry_sys::fd::kcmp_same_file(p.pid, op, slot.fd, ofd).unwrap_or(false))
+                    .map(|c| c.2)
+            });
+            f.id = match same {
+                Some(id) => id,
+                None => {
+                    next_id += 1;
+                    seen.entry(key).or_default().push((p.pid, slot.fd, next_id));
+                    next_id
+                }
+            };
+        }
+    }
+    let all: Vec<(i32, &OpenFile, i32)> = procs
+        .iter()
+        .flat_map(|p| p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, p.fds.iter().find(|s| s.file as usize == i).map_or(-1, |s| s.fd))))
+        .collect();
+    let closed = pipe::check_tree(&all, tree)?;
+    unix::check_tree(&all)?;
+    for p in procs.iter_mut() {
+        for f in p.files.iter_mut() {
+            if let FileKind::Pipe(end) = &mut f.kind {
+                end.peer_closed = closed.contains(&(end.id, end.write_end));
+            }
+        }
+    }
+    Ok(())
 }

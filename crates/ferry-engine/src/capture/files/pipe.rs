@@ -3,7 +3,7 @@
 
 use super::FdInfo;
 use crate::error::{EngineError, Result};
-use ferry_image::{FdSlot, FileKind, OpenFile, PipeEnd};
+use ferry_image::{FileKind, OpenFile, PipeEnd};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -46,39 +46,36 @@ pub fn capture_fifo(info: &FdInfo) -> Result<FileKind> {
     Ok(FileKind::Fifo { path: info.link.clone(), pipe: end(info)? })
 }
 
-/// A pipe whose other end lives in another process cannot be restored
-/// alone: refuse it by name.
-/// alone: refuse it by name. If no process holds the other end, it was
-/// closed, and restore closes it too.
-pub fn check_both_ends_present(pid: i32, files: &mut [OpenFile], slots: &[FdSlot]) -> Result<()> {
-    for i in 0..files.len() {
-        let FileKind::Pipe(p) = &files[i].kind else { continue };
-        let (id, write_end) = (p.id, p.write_end);
-        let other = files.iter().any(|g| matches!(&g.kind, FileKind::Pipe(q) if q.id == id && q.write_end != write_end));
+/// Every pipe end in the tree needs its other end in the tree too, or
+/// nowhere (closed by everyone): returns the ends whose peer was closed,
+/// as (pipe id, is write end). A peer held by a process outside the tree
+/// is refused by name.
+pub fn check_tree(all: &[(i32, &OpenFile, i32)], tree: &[i32]) -> Result<Vec<(u64, bool)>> {
+    let mut closed = Vec::new();
+    for &(pid, f, fd) in all {
+        let FileKind::Pipe(p) = &f.kind else { continue };
+        let other = all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::Pipe(q) if q.id == p.id && q.write_end != p.write_end));
         if other {
             continue;
         }
-        if let Some(holder) = other_holder(pid, id) {
-            let fd = slots.iter().find(|s| s.file as usize == i).map_or(-1, |s| s.fd);
+        if let Some(holder) = other_holder(tree, p.id) {
             return Err(EngineError::unsupported(
                 pid,
-                format!("fd {fd} (pipe:[{id}])"),
-                format!("its {} end is held by process {holder}", if write_end { "read" } else { "write" }),
+                format!("fd {fd} (pipe:[{}])", p.id),
+                format!("its {} end is held by process {holder}, outside the tree", if p.write_end { "read" } else { "write" }),
             ));
         }
-        if let FileKind::Pipe(p) = &mut files[i].kind {
-            p.peer_closed = true;
-        }
+        closed.push((p.id, p.write_end));
     }
-    Ok(())
+    Ok(closed)
 }
 
-/// Another process with an fd on pipe `id`, if any.
-fn other_holder(pid: i32, id: u64) -> Option<i32> {
+/// A process outside `tree` with an fd on pipe `id`, if any.
+fn other_holder(tree: &[i32], id: u64) -> Option<i32> {
     let want = format!("pipe:[{id}]");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(other) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        if other == pid || other == std::process::id() as i32 {
+        if tree.contains(&other) || other == std::process::id() as i32 {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{other}/fd")) else { continue };

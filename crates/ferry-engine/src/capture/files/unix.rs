@@ -115,13 +115,11 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     }
     let peer = (me.peer != 0).then_some(me.peer as u64);
     if let Some(p) = peer {
-        let in_process = std::fs::read_dir(format!("/proc/{}/fd", info.pid))
-            .map(|rd| rd.flatten().any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == format!("socket:[{p}]").as_str())))
-            .unwrap_or(false);
+        let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
         let peer_d = table.iter().find(|d| d.ino as u64 == p);
-        if !in_process {
+        if !in_tree {
             let pname = peer_d.map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@")).unwrap_or_default();
-            return Err(info.unsupported(format!("connected to a unix socket outside the process ({pname}); process trees and external unix peers are not supported yet")));
+            return Err(info.unsupported(format!("connected to a unix socket outside the process tree ({pname}); external unix peers are not supported yet")));
         }
         if peer_d.map(|d| d.peer as u64) != Some(ino) {
             return Err(info.unsupported("one-way connected unix datagram socket"));
@@ -133,4 +131,17 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     // SAFETY: an int option into a live int.
     unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, &mut passcred as *mut i32 as *mut libc::c_void, &mut len) };
     Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred: passcred != 0, shutdown: me.shutdown }))
+}
+
+/// Both ends of every connected pair must be restorable: the peer must be
+/// one of the tree's sockets.
+pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
+    for &(pid, f, fd) in all {
+        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        let Some(peer) = u.peer else { continue };
+        if !all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(v) if v.ino == peer)) {
+            return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "its peer is not an fd of any process of the tree"));
+        }
+    }
+    Ok(())
 }

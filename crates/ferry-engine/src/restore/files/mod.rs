@@ -1,6 +1,9 @@
-//! Rebuilding the fd table. Runs inside the new process (before it is
-//! stopped for the rest of the restore), so every descriptor is created
-//! directly in its final owner. One module per kind of file.
+//! Rebuilding the fd tables of a tree. ferry creates every open file
+//! description once ([`stage_open_files`]), in its own process, above
+//! every fd number the image uses; processes forked later inherit them,
+//! and each process's table is then installed with injected dup3 calls
+//! ([`install_calls`]). Descriptions shared between processes stay shared
+//! that way. One module per kind of file.
 
 mod epoll;
 mod eventfd;
@@ -13,7 +16,8 @@ mod timerfd;
 mod unix;
 
 use crate::error::{EngineError, Result};
-use ferry_image::{FileKind, OpenFile, ProcessImage};
+use crate::inject::Call;
+use ferry_image::{FileKind, OpenFile, ProcessImage, TreeImage};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -23,6 +27,8 @@ pub(crate) struct Builder<'a> {
     pub tty_to: &'a str,
     /// Both ends of pipes created so far, by pipe id.
     pub pipes: HashMap<u64, (Option<OwnedFd>, Option<OwnedFd>)>,
+    /// A write end of every pipe, to refill it whichever end comes first.
+    pub pipe_writers: HashMap<u64, OwnedFd>,
     /// O_RDWR opens that keep FIFO contents alive until every end exists.
     pub fifo_keepers: HashMap<u64, OwnedFd>,
     /// Ends of unix socket pairs made but not yet placed, by inode.
@@ -90,59 +96,104 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Creates every open file description and installs it under each fd
-/// number it had. Temporary descriptors are kept at or above `temp_base`
-/// (above every fd the image uses) so they cannot collide with them.
-pub fn build_fd_table(image: &ProcessImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<()> {
-    let pid = image.pid;
-    let mut b = Builder { pid, tty_to, pipes: HashMap::new(), fifo_keepers: HashMap::new(), unix_pending: HashMap::new(), unix_peers: HashMap::new(), memfds, temp_base };
-    let mut temps: Vec<OwnedFd> = Vec::with_capacity(image.files.len());
-    for f in &image.files {
-        let fd = build_one(&mut b, f)?;
-        let high = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-            .map_err(|e| EngineError::kernel(pid, "moving a new fd out of the way", e))?;
-        temps.push(owned(pid, high, String::new)?);
-    }
-    for slot in &image.fds {
-        let src = temps[slot.file as usize].as_raw_fd();
-        let flags = if slot.cloexec { libc::O_CLOEXEC } else { 0 };
-        // SAFETY: dup3 onto the slot's number; nothing of ours lives there
-        // (our own descriptors are all >= temp_base).
-        if unsafe { libc::dup3(src, slot.fd, flags) } < 0 {
-            return Err(errno_err(pid, format!("installing fd {}", slot.fd)));
-        }
-    }
-    for (i, f) in image.files.iter().enumerate() {
-        if let FileKind::Epoll { entries } = &f.kind {
-            let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
-            epoll::register(pid, slot.fd, entries)?;
-        }
-    }
-    for (i, f) in image.files.iter().enumerate() {
-        if f.locks.is_empty() {
-            continue;
-        }
-        if let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) {
-            locks::take(pid, slot.fd, &f.locks)?;
-        }
-    }
-    // Shutdowns last: queued data had to be sent through both ends first.
-    for (i, f) in image.files.iter().enumerate() {
-        if let FileKind::UnixSocket(u) = &f.kind {
-            let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
-            let how = match u.shutdown & 3 {
-                1 => libc::SHUT_RD,
-                2 => libc::SHUT_WR,
-                3 => libc::SHUT_RDWR,
-                _ => continue,
-            };
-            // SAFETY: integer arguments on an fd we just installed.
-            if unsafe { libc::shutdown(slot.fd, how) } < 0 {
-                return Err(errno_err(pid, format!("shutting down unix socket fd {}", slot.fd)));
+/// Creates every open file description of the tree once, in ferry, at
+/// or above `temp_base`; returns them by description id. Each process's
+/// descriptions are made in its working directory (relative unix socket
+/// names), in the network namespace ferry is in at the time.
+pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<HashMap<u64, OwnedFd>> {
+    let root_pid = tree.processes.first().map_or(0, |p| p.pid);
+    let mut b = Builder {
+        pid: root_pid,
+        tty_to,
+        pipes: HashMap::new(),
+        pipe_writers: HashMap::new(),
+        fifo_keepers: HashMap::new(),
+        unix_pending: HashMap::new(),
+        unix_peers: HashMap::new(),
+        memfds,
+        temp_base,
+    };
+    let back = std::env::current_dir().ok();
+    let mut staged: HashMap<u64, OwnedFd> = HashMap::new();
+    let result = (|| {
+        for p in &tree.processes {
+            b.pid = p.pid;
+            if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
+                std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
+            }
+            for f in &p.files {
+                if staged.contains_key(&f.id) {
+                    continue;
+                }
+                let fd = build_one(&mut b, f)?;
+                let high = b.keep(fd)?;
+                locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
+                staged.insert(f.id, high);
             }
         }
+        // Shutdowns last: queued data had to be sent through both ends first.
+        for p in &tree.processes {
+            for f in &p.files {
+                let FileKind::UnixSocket(u) = &f.kind else { continue };
+                let how = match u.shutdown & 3 {
+                    1 => libc::SHUT_RD,
+                    2 => libc::SHUT_WR,
+                    3 => libc::SHUT_RDWR,
+                    _ => continue,
+                };
+                let Some(fd) = staged.get(&f.id) else { continue };
+                // SAFETY: integer arguments on a socket we own.
+                if unsafe { libc::shutdown(fd.as_raw_fd(), how) } < 0 {
+                    return Err(errno_err(p.pid, format!("shutting down unix socket {}", u.ino)));
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Some(dir) = back {
+        let _ = std::env::set_current_dir(dir);
     }
+    result?;
     drop(b);
-    drop(temps);
-    Ok(())
+    Ok(staged)
+}
+
+/// The injected calls that give a process its fd table: everything below
+/// `temp_base` closed (a forked child starts with its parent's table),
+/// then each fd dup3'ed from its staged description.
+pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_base: RawFd) -> Result<Vec<(String, Call)>> {
+    let mut calls = vec![("close_range(inherited fds)".to_string(), Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]))];
+    for slot in &image.fds {
+        let f = &image.files[slot.file as usize];
+        let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
+        let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+        calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));
+    }
+    Ok(calls)
+}
+
+/// epoll_ctl calls that fill the epoll instances this process holds and
+/// no earlier process registered (`done` collects description ids); the
+/// event structs go at `data`.
+pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections::HashSet<u64>) -> (Vec<(String, Call)>, Vec<u8>) {
+    let mut calls = Vec::new();
+    let mut bytes = Vec::new();
+    for (i, f) in image.files.iter().enumerate() {
+        let FileKind::Epoll { entries } = &f.kind else { continue };
+        if !done.insert(f.id) {
+            continue;
+        }
+        let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
+        for e in entries {
+            let at = data + bytes.len() as u64;
+            // struct epoll_event is packed on x86_64: u32 events, u64 data.
+            bytes.extend_from_slice(&e.events.to_le_bytes());
+            bytes.extend_from_slice(&e.data.to_le_bytes());
+            calls.push((
+                format!("epoll_ctl(epoll fd {}, add fd {})", slot.fd, e.fd),
+                Call::new(libc::SYS_epoll_ctl, &[slot.fd as u64, libc::EPOLL_CTL_ADD as u64, e.fd as u64, at]),
+            ));
+        }
+    }
+    (calls, bytes)
 }

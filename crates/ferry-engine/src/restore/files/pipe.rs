@@ -27,10 +27,15 @@ pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
         let (r, w) = (b.keep(r)?, b.keep(w)?);
         b.pipes.insert(end.id, (Some(r), Some(w)));
     }
-    let ends = b.pipes.get_mut(&end.id).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
-    if let Some(w) = &ends.1 {
+    if !b.pipe_writers.contains_key(&end.id) {
+        let w = b.pipes.get(&end.id).and_then(|e| e.1.as_ref()).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
+        let keeper = b.keep(w.try_clone().map_err(|e| EngineError::io("pipe", e))?)?;
+        b.pipe_writers.insert(end.id, keeper);
+    }
+    if let Some(w) = b.pipe_writers.get(&end.id) {
         refill(pid, w, end.capacity, &end.data)?;
     }
+    let ends = b.pipes.get_mut(&end.id).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
     let taken = if end.write_end { ends.1.take() } else { ends.0.take() };
     if end.peer_closed {
         let peer = if end.write_end { ends.0.take() } else { ends.1.take() };

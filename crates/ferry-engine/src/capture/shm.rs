@@ -1,0 +1,82 @@
+//! Shared memory between processes: anonymous shared mappings (the
+//! kernel's shmem files behind MAP_SHARED | MAP_ANONYMOUS) and SysV
+//! segments. Each object is stored once for the whole tree, with the
+//! extents that hold data, read through /proc/PID/map_files.
+
+use crate::error::{EngineError, Result};
+use crate::procfs::{self, MapsEntry};
+use ferry_image::{MemfdObject, SysvShm, VmaBacking, Vma};
+
+fn open_mapping(pid: i32, m: &MapsEntry) -> Result<std::fs::File> {
+    let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+    std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))
+}
+
+/// Every anonymous shared memory object any process maps, once.
+pub fn capture_shared_anon(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<MemfdObject>> {
+    let mut out: Vec<MemfdObject> = Vec::new();
+    for &(pid, vmas, smaps) in procs {
+        for (v, m) in vmas.iter().zip(smaps) {
+            let VmaBacking::SharedAnon { id } = v.backing else { continue };
+            if out.iter().any(|o| o.id == id) {
+                continue;
+            }
+            out.push(super::memfd::read_object(pid, id, "", open_mapping(pid, m)?)?);
+        }
+    }
+    Ok(out)
+}
+
+/// One line of /proc/sysvipc/shm for segment `id`.
+struct SegmentInfo {
+    key: i32,
+    mode: u32,
+    size: u64,
+    uid: u32,
+    gid: u32,
+}
+
+fn segment_info(id: i32) -> Result<SegmentInfo> {
+    let path = "/proc/sysvipc/shm";
+    let text = procfs::read_string(path)?;
+    for line in text.lines().skip(1) {
+        // key shmid perms size cpid lpid nattch uid gid cuid cgid ...
+        let c: Vec<&str> = line.split_whitespace().collect();
+        if c.len() < 11 || c[1].parse::<i32>().ok() != Some(id) {
+            continue;
+        }
+        let num = |i: usize| c[i].parse::<i64>().map_err(|_| EngineError::Parse { path: path.into(), what: format!("column {i} of {line:?}") });
+        return Ok(SegmentInfo { key: num(0)? as i32, mode: u32::from_str_radix(c[2], 8).unwrap_or(num(2)? as u32) & 0o777, size: num(3)? as u64, uid: num(7)? as u32, gid: num(8)? as u32 });
+    }
+    Err(EngineError::Parse { path: path.into(), what: format!("no SysV segment {id}") })
+}
+
+/// Every SysV segment any process has attached, once, with its key,
+/// permissions and content.
+pub fn capture_sysv(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<SysvShm>> {
+    let mut out: Vec<SysvShm> = Vec::new();
+    for &(pid, vmas, smaps) in procs {
+        for (v, m) in vmas.iter().zip(smaps) {
+            let VmaBacking::SysvShm { id } = v.backing else { continue };
+            if out.iter().any(|o| o.id == id) {
+                continue;
+            }
+            let info = segment_info(id)?;
+            if v.pgoff != 0 || v.end - v.start < info.size.div_ceil(4096) * 4096 {
+                return Err(EngineError::unsupported(pid, format!("SysV segment {id} at {:#x}", v.start), "only partly attached"));
+            }
+            let obj = super::memfd::read_object(pid, id as u64, "", open_mapping(pid, m)?)?;
+            out.push(SysvShm { id, key: info.key, size: info.size, mode: info.mode, uid: info.uid, gid: info.gid, extents: obj.extents });
+        }
+    }
+    Ok(out)
+}
+
+/// Removes captured segments once the tree that used them is gone: the
+/// image holds them now, and restore recreates them under the same ids.
+pub fn remove_sysv(segments: &[SysvShm]) {
+    for s in segments {
+        // SAFETY: IPC_RMID takes no buffer.
+        unsafe { libc::shmctl(s.id, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
+}

@@ -1,0 +1,128 @@
+//! Forking the tree: every process but the root is forked from its
+//! restored parent with an injected clone3 (set_tid picks its PID), after
+//! the parent's memory is in place, so private pages the two still shared
+//! at checkpoint time are shared again (copy-on-write) instead of copied.
+//! The child then gets its session, process group, directory and fd table
+//! from injected calls, and zombies are forked and made to exit.
+
+use super::Session;
+use crate::error::{EngineError, Result};
+use crate::inject::Call;
+use ferry_image::{ProcessImage, Zombie};
+use ferry_sys::ptrace::{self, WaitEvent};
+
+/// Forks `pid` from the process of `parent` (which must be stopped and
+/// single-threaded). Returns once the child is in its first ptrace stop.
+pub fn fork_from(parent: &mut Session, pid: i32) -> Result<i32> {
+    let tid_at = parent.data + 256;
+    let args = ferry_sys::clone::CloneArgs { exit_signal: libc::SIGCHLD as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
+    let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    parent.remote.write(parent.data, &bytes)?;
+    parent.remote.write(tid_at, &pid.to_le_bytes())?;
+    let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64])?;
+    if r == -(libc::EEXIST as i64) {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+        return Err(EngineError::PidTaken { pid, comm });
+    }
+    if r < 0 {
+        return Err(EngineError::Remote { pid: parent.pid, tid: parent.pid, call: format!("clone3(child {pid})"), errno: (-r) as i32 });
+    }
+    let child = r as i32;
+    loop {
+        match ptrace::wait_tid(child, 0).map_err(|e| EngineError::kernel(pid, "waiting for the forked process", e))? {
+            Some((_, WaitEvent::Stopped { .. })) => break,
+            Some(other) => return Err(EngineError::restore(pid, format!("forked process: {other:?}"))),
+            None => {}
+        }
+    }
+    ptrace::set_sigmask(child, !0).map_err(|e| EngineError::kernel(pid, "blocking signals", e))?;
+    Ok(child)
+}
+
+/// Session, process group, umask, personality, root and working
+/// directory of a forked child, from inside it.
+pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
+    let img = s.image;
+    let pid = img.pid;
+    let mut calls: Vec<(String, Call)> = Vec::new();
+    if img.sid == pid {
+        calls.push(("setsid".into(), Call::new(libc::SYS_setsid, &[])));
+    } else if img.sid != parent.sid {
+        return Err(EngineError::restore(pid, format!("its session {} is neither its own nor its parent's ({})", img.sid, parent.sid)));
+    } else if img.pgid != parent.pgid {
+        let to = if img.pgid == pid { 0 } else { img.pgid as u64 };
+        calls.push((format!("setpgid(0, {})", img.pgid), Call::new(libc::SYS_setpgid, &[0, to])));
+    }
+    calls.push(("umask".into(), Call::new(libc::SYS_umask, &[img.umask as u64])));
+    if img.personality != parent.personality {
+        calls.push(("personality".into(), Call::new(libc::SYS_personality, &[img.personality as u64])));
+    }
+    let mut data = Vec::new();
+    let path_arg = |p: &str, data: &mut Vec<u8>| {
+        let at = s.data + data.len() as u64;
+        data.extend_from_slice(p.as_bytes());
+        data.push(0);
+        at
+    };
+    // The directory first: its path is as seen from ferry's root.
+    let at = path_arg(&img.cwd, &mut data);
+    calls.push((format!("chdir({})", img.cwd), Call::new(libc::SYS_chdir, &[at])));
+    if img.root != parent.root {
+        let root = img.root.clone().unwrap_or_else(|| "/".into());
+        let at = path_arg(&root, &mut data);
+        calls.push((format!("chroot({root})"), Call::new(libc::SYS_chroot, &[at])));
+    }
+    if img.no_new_privs && !parent.no_new_privs {
+        calls.push(("prctl(PR_SET_NO_NEW_PRIVS)".into(), Call::new(libc::SYS_prctl, &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0])));
+    }
+    s.remote.write(s.data, &data)?;
+    s.run(pid, &calls)?;
+    Ok(())
+}
+
+/// Forks zombie `z` from its parent and lets it exit with its old status,
+/// so the parent can reap it as it would have. The SIGCHLD this sends the
+/// parent is taken back: the parent's pending signals come from the image.
+pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
+    let child = fork_from(parent, z.pid)?;
+    let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
+    // No core file for a zombie that died of a signal.
+    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE as u32, 0, 0);
+    let sig = z.wait_status & 0x7f;
+    if sig == 0 {
+        let mut regs = ptrace::get_regs(child).map_err(|e| kerr("reading registers", e))?;
+        regs.rax = libc::SYS_exit_group as u64;
+        regs.orig_rax = u64::MAX;
+        regs.rdi = ((z.wait_status >> 8) & 0xff) as u64;
+        regs.rip = parent.remote.syscall_ip;
+        ptrace::set_regs(child, &regs).map_err(|e| kerr("setting registers", e))?;
+        ptrace::set_sigmask(child, !0).map_err(|e| kerr("blocking signals", e))?;
+        ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
+    } else {
+        ptrace::set_sigmask(child, 0).map_err(|e| kerr("unblocking signals", e))?;
+        ptrace::detach(child, sig).map_err(|e| kerr("releasing with its signal", e))?;
+    }
+    // The zombie is the parent's to reap; wait until it is one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", z.pid)).unwrap_or_default();
+        if stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z") {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(EngineError::restore(z.pid, "zombie did not exit"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // rt_sigtimedwait({SIGCHLD}, NULL, {0, 0}): take the SIGCHLD back.
+    let mask = 1u64 << (libc::SIGCHLD - 1);
+    let mut data = mask.to_le_bytes().to_vec();
+    data.extend_from_slice(&[0u8; 16]);
+    parent.remote.write(parent.data, &data)?;
+    let r = parent.remote.raw(parent.pid, libc::SYS_rt_sigtimedwait, &[parent.data, 0, parent.data + 8, 8])?;
+    if r < 0 && r != -(libc::EAGAIN as i64) {
+        return Err(EngineError::Remote { pid: parent.pid, tid: parent.pid, call: "rt_sigtimedwait(SIGCHLD)".into(), errno: (-r) as i32 });
+    }
+    Ok(())
+}

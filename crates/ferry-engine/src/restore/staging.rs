@@ -1,0 +1,223 @@
+//! Objects ferry creates in its own process before the tree is forked, so
+//! every restored process inherits them under known fd numbers (all at or
+//! above `temp_base`, above every fd an image uses): files to map,
+//! executables, memfds, anonymous shared memory, and SysV segments (which
+//! need no fd: they are recreated under their old ids).
+
+use super::memory;
+use crate::error::{EngineError, Result};
+use ferry_image::{MemfdObject, SysvShm, TreeImage, VmaBacking};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileExt;
+
+/// Staged descriptors by (path or object key, opened read-write).
+pub type StagingMap = HashMap<(String, bool), RawFd>;
+
+pub struct Staging {
+    pub map: StagingMap,
+    /// Executable of each process, by pid.
+    pub exes: HashMap<i32, RawFd>,
+    /// memfds by id, with the seals to apply once every mapping exists.
+    pub memfds: HashMap<u64, (RawFd, i32)>,
+    owned: Vec<OwnedFd>,
+    temp_base: RawFd,
+}
+
+fn errno_err(pid: i32, what: String) -> EngineError {
+    super::files::errno_err(pid, what)
+}
+
+impl Staging {
+    fn lift(&mut self, pid: i32, fd: OwnedFd, what: &str) -> Result<RawFd> {
+        let high = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, self.temp_base as libc::c_long, "fcntl(F_DUPFD)")
+            .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
+        // SAFETY: high is a new descriptor we own.
+        self.owned.push(unsafe { ferry_sys::fd::own(high) });
+        Ok(high)
+    }
+
+    fn open(&mut self, pid: i32, path: &str, rw: bool, what: String) -> Result<RawFd> {
+        if let Some(fd) = self.map.get(&(path.to_string(), rw)) {
+            return Ok(*fd);
+        }
+        let f = std::fs::OpenOptions::new().read(true).write(rw).open(path).map_err(|e| EngineError::io(format!("pid {pid}: {what} {path}"), e))?;
+        let fd = self.lift(pid, f.into(), "a file")?;
+        self.map.insert((path.to_string(), rw), fd);
+        Ok(fd)
+    }
+
+    /// Keeps the staged descriptors of the parent ferry process open until
+    /// the restore ends (memfd seals are applied then).
+    pub fn keep_fds(&self) -> Vec<RawFd> {
+        self.owned.iter().map(|f| f.as_raw_fd()).collect()
+    }
+}
+
+fn fill(pid: i32, file: &std::fs::File, what: &str, extents: &[(u64, Vec<u8>)]) -> Result<()> {
+    for (off, data) in extents {
+        file.write_all_at(data, *off).map_err(|e| EngineError::io(format!("pid {pid}: {what}"), e))?;
+    }
+    Ok(())
+}
+
+fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
+    let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
+    // SAFETY: name is NUL-terminated; flags are plain integers.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(errno_err(pid, format!("recreating memfd {}", m.name)));
+    }
+    // SAFETY: raw is a new descriptor we own.
+    let f = std::fs::File::from(unsafe { ferry_sys::fd::own(raw) });
+    f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
+    fill(pid, &f, &format!("memfd {}", m.name), &m.extents)?;
+    Ok(f.into())
+}
+
+/// A real anonymous shared memory object (the kernel's "/dev/zero"
+/// shmem file, as MAP_SHARED | MAP_ANONYMOUS makes), reached through
+/// /proc/self/map_files so it can be mapped by fd in every process.
+fn new_shared_anon(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
+    let len = m.size.max(4096).div_ceil(4096) * 4096;
+    // SAFETY: a fresh shared anonymous mapping; no existing memory is touched.
+    let addr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(errno_err(pid, format!("creating shared memory of {len} bytes")));
+    }
+    let path = format!("/proc/self/map_files/{:x}-{:x}", addr as u64, addr as u64 + len);
+    let opened = std::fs::OpenOptions::new().read(true).write(true).open(&path);
+    // SAFETY: unmapping the mapping made above; the object lives on in the fd.
+    unsafe { libc::munmap(addr, len as usize) };
+    let f = opened.map_err(|e| EngineError::io(&path, e))?;
+    fill(pid, &f, "shared memory", &m.extents)?;
+    Ok(f.into())
+}
+
+const SHM_DEST: u32 = 0o1000;
+
+/// Recreates a SysV segment under its old id (via shm_next_id), with its
+/// key, owner, permissions and content.
+fn new_sysv(pid: i32, s: &SysvShm) -> Result<()> {
+    std::fs::write("/proc/sys/kernel/shm_next_id", s.id.to_string()).map_err(|e| EngineError::io("/proc/sys/kernel/shm_next_id", e))?;
+    // SAFETY: integer arguments.
+    let got = unsafe { libc::shmget(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32) };
+    let _ = std::fs::write("/proc/sys/kernel/shm_next_id", "-1");
+    if got < 0 {
+        return Err(errno_err(pid, format!("recreating SysV segment {} (key {:#x}); is a segment with that key or id still there?", s.id, s.key)));
+    }
+    if got != s.id {
+        // SAFETY: removing the segment we just made.
+        unsafe { libc::shmctl(got, libc::IPC_RMID, std::ptr::null_mut()) };
+        return Err(EngineError::restore(pid, format!("SysV segment {} came back as {got}: id {} is taken", s.id, s.id)));
+    }
+    let result = (|| {
+        // SAFETY: attaching the new segment anywhere in ferry to fill it.
+        let at = unsafe { libc::shmat(got, std::ptr::null(), 0) };
+        if at as isize == -1 {
+            return Err(errno_err(pid, format!("attaching SysV segment {got}")));
+        }
+        for (off, data) in &s.extents {
+            // SAFETY: extents were validated to lie within the segment's size.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (at as *mut u8).add(*off as usize), data.len()) };
+        }
+        // SAFETY: detaching what we attached.
+        unsafe { libc::shmdt(at) };
+        // SAFETY: shmid_ds is plain data, filled by IPC_STAT.
+        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: ds is a valid shmid_ds.
+        if unsafe { libc::shmctl(got, libc::IPC_STAT, &mut ds) } == 0 {
+            ds.shm_perm.uid = s.uid;
+            ds.shm_perm.gid = s.gid;
+            ds.shm_perm.mode = (s.mode & 0o777) as _;
+            // SAFETY: as above.
+            if unsafe { libc::shmctl(got, libc::IPC_SET, &mut ds) } < 0 {
+                return Err(errno_err(pid, format!("setting owner of SysV segment {got}")));
+            }
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // SAFETY: removing the half-made segment.
+        unsafe { libc::shmctl(got, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
+    result
+}
+
+/// The SysV segments this restore made; removed again on drop unless
+/// the restore succeeded.
+pub struct SysvSegments {
+    ids: Vec<i32>,
+    destroyed: Vec<i32>,
+    pub keep: bool,
+}
+
+impl SysvSegments {
+    /// Recreates every segment of the tree.
+    pub fn create(tree: &TreeImage) -> Result<SysvSegments> {
+        let root = tree.processes.first().map_or(0, |p| p.pid);
+        let mut made = SysvSegments { ids: Vec::new(), destroyed: Vec::new(), keep: false };
+        for s in &tree.sysv_shm {
+            new_sysv(root, s)?;
+            made.ids.push(s.id);
+            if s.mode & SHM_DEST != 0 {
+                made.destroyed.push(s.id);
+            }
+        }
+        Ok(made)
+    }
+
+    /// Segments that were marked for removal are removed again once every
+    /// process has attached them.
+    pub fn remove_destroyed(&self) {
+        for &id in &self.destroyed {
+            // SAFETY: IPC_RMID takes no buffer.
+            unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+        }
+    }
+}
+
+impl Drop for SysvSegments {
+    fn drop(&mut self) {
+        if !self.keep {
+            for &id in &self.ids {
+                // SAFETY: removing a segment this restore created.
+                unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+            }
+        }
+    }
+}
+
+pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
+    let mut st = Staging { map: HashMap::new(), exes: HashMap::new(), memfds: HashMap::new(), owned: Vec::new(), temp_base };
+    let root = tree.processes.first().map_or(0, |p| p.pid);
+    for p in &tree.processes {
+        for m in &p.memfds {
+            if st.memfds.contains_key(&m.id) {
+                continue;
+            }
+            let fd = new_memfd(p.pid, m)?;
+            let fd = st.lift(p.pid, fd, "a memfd")?;
+            st.memfds.insert(m.id, (fd, m.seals));
+            st.map.insert((memory::memfd_key(m.id), true), fd);
+        }
+    }
+    for m in &tree.shared_anon {
+        let fd = new_shared_anon(root, m)?;
+        let fd = st.lift(root, fd, "shared memory")?;
+        st.map.insert((memory::shmem_key(m.id), true), fd);
+    }
+    for p in &tree.processes {
+        for v in &p.vmas {
+            if let VmaBacking::File { path, .. } = &v.backing {
+                st.open(p.pid, path, memory::needs_rw(v), format!("file mapped at {:#x}:", v.start))?;
+            }
+        }
+        if let Ok(fd) = st.open(p.pid, &p.exe, false, "executable".into()) {
+            st.exes.insert(p.pid, fd);
+        }
+    }
+    Ok(st)
+}
