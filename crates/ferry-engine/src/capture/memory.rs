@@ -94,7 +94,8 @@ struct Piece {
     len: usize,
     /// Offset in pages.img's data area.
     offset: u64,
-    /// PROT_NONE memory is read through /proc/PID/mem (FOLL_FORCE).
+    /// Read with process_vm_readv; otherwise through /proc/PID/mem (for
+    /// PROT_NONE memory, which needs FOLL_FORCE, and to keep pages shared).
     readable: bool,
 }
 
@@ -129,11 +130,18 @@ fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// already there, leaving out `skip` (pages shared with the parent, which
 /// the restored child inherits). Page copying is bound by page allocation
 /// in the kernel, so it is split over threads.
+///
+/// With `keep_shared`, memory is read through /proc/PID/mem only:
+/// process_vm_readv pins pages, and pinning an anonymous page that is
+/// shared copy-on-write with another process makes the kernel give the
+/// target its own copy (FAULT_FLAG_UNSHARE), which would both use memory
+/// and hide the sharing from the parent/child comparison.
 pub fn dump_pages(
     pid: i32,
     vmas: &[Vma],
     smaps: &[MapsEntry],
     skip: &[(u64, u64)],
+    keep_shared: bool,
     out: &mut PagesWriter,
     progress: Option<&crate::ProgressFn>,
 ) -> Result<Vec<PageRun>> {
@@ -150,7 +158,7 @@ pub fn dump_pages(
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() });
+                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() && !keep_shared });
                 total += len;
                 a += len;
             }

@@ -135,7 +135,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         };
         let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
         skip.sort_unstable();
-        let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, &mut pages, opts.progress.as_ref())?;
+        let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, pids.len() > 1, &mut pages, opts.progress.as_ref())?;
         let (threads, signals, itimers, posix_timers, (brk, misc)) = injected;
         let mut image = ProcessImage {
             threads,

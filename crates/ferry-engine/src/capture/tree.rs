@@ -102,10 +102,11 @@ impl FrozenTree {
     }
 
     /// Kills every process of the tree (children first) and waits until
-    /// each has exited; returns their PIDs (see [`wait_reaped`]).
+    /// each has exited. Returns the PIDs that init (or a subreaper) reaps:
+    /// all but the root's, which its own parent reaps (see [`wait_reaped`]).
     pub fn kill(self) -> Result<Vec<i32>> {
         let mut first = None;
-        let pids = self.pids();
+        let pids: Vec<i32> = self.pids().into_iter().skip(1).collect();
         for p in self.procs.into_iter().rev() {
             if let Err(e) = p.frozen.kill() {
                 first.get_or_insert(e);
