@@ -190,23 +190,16 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         frozen_ms: 0.0,
         total_ms: 0.0,
     };
-    let killed = if opts.leave_running {
+    if opts.leave_running {
         tree.release()?;
-        Vec::new()
     } else {
-        let pids = tree.kill()?;
+        tree.kill()?;
         shm::remove_sysv(&tree_image.sysv_shm);
-        pids
-    };
-    ph.mark(if opts.leave_running { "release" } else { "kill" });
-    let summary = CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: t0.elapsed().as_secs_f64() * 1e3, ..summary };
-    // Orphaned processes of the tree are reaped by init, which may take a
-    // moment; a restore right after this needs their PIDs free. Not part
-    // of the capture's own time.
-    if !tree::wait_reaped(&killed, std::time::Duration::from_secs(10)) {
-        tracing::warn!("some PIDs of the tree were not reaped within 10 s");
     }
-    ph.mark("PIDs reaped");
+    ph.mark(if opts.leave_running { "release" } else { "kill" });
+    // Killed processes stay zombies until their parent (or, for orphans,
+    // init or a subreaper) reaps them; restore waits for their PIDs.
+    let summary = CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: t0.elapsed().as_secs_f64() * 1e3, ..summary };
     Ok(summary)
 }
 
