@@ -34,20 +34,34 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     if t.processes.is_empty() || t.processes.len() + t.zombies.len() > MAX_PROCESSES {
         return bad(format!("{} processes", t.processes.len()));
     }
-    let mut seen: Vec<i32> = Vec::with_capacity(t.processes.len());
+    // Every lookup below goes through a sorted list or a set: a hostile
+    // image must not make validation quadratic.
+    let mut seen: std::collections::HashSet<i32> = std::collections::HashSet::with_capacity(t.processes.len());
     for (i, p) in t.processes.iter().enumerate() {
         // Parents first: restore forks each child from its parent.
         if i > 0 && !seen.contains(&p.ppid) {
             return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
         }
-        if i > 0 && p.inherited.iter().any(|v| !p.vmas.iter().any(|w| w.start == v.start && w.end == v.end)) {
-            return bad(format!("process {}: an inherited mapping is not one of its mappings", p.pid));
-        }
         if i == 0 && !p.inherited.is_empty() {
             return bad("the root process cannot inherit mappings".into());
         }
         validate_process(inv, p)?;
-        seen.push(p.pid);
+        // vmas are sorted and non-overlapping (checked above).
+        for v in &p.inherited {
+            let k = p.vmas.partition_point(|w| w.start < v.start);
+            if p.vmas.get(k).is_none_or(|w| w.start != v.start || w.end != v.end) {
+                return bad(format!("process {}: an inherited mapping is not one of its mappings", p.pid));
+            }
+            let mut prev = v.start;
+            for &(a, n) in &v.shared_pages {
+                let end = n.checked_mul(4096).and_then(|l| a.checked_add(l));
+                if a % 4096 != 0 || n == 0 || a < prev || end.is_none_or(|e| e > v.end) {
+                    return bad(format!("process {}: shared pages at {a:#x} lie outside their inherited mapping or out of order", p.pid));
+                }
+                prev = end.unwrap_or(v.end);
+            }
+        }
+        seen.insert(p.pid);
     }
     let mut ids: Vec<i32> = t.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).collect();
     for z in &t.zombies {
@@ -66,11 +80,18 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     for s in &t.sysv_shm {
         check_extents(&format!("SysV segment {}", s.id), s.size, &s.extents)?;
     }
+    let mut anon_ids: Vec<u64> = t.shared_anon.iter().map(|m| m.id).collect();
+    anon_ids.sort_unstable();
+    let mut sysv_ids: Vec<i32> = t.sysv_shm.iter().map(|s| s.id).collect();
+    sysv_ids.sort_unstable();
+    if anon_ids.windows(2).any(|w| w[0] == w[1]) || sysv_ids.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a shared memory object appears twice".into());
+    }
     for p in &t.processes {
         for v in &p.vmas {
             let missing = match &v.backing {
-                VmaBacking::SharedAnon { id } => !t.shared_anon.iter().any(|m| m.id == *id),
-                VmaBacking::SysvShm { id } => !t.sysv_shm.iter().any(|s| s.id == *id),
+                VmaBacking::SharedAnon { id } => anon_ids.binary_search(id).is_err(),
+                VmaBacking::SysvShm { id } => sysv_ids.binary_search(id).is_err(),
                 _ => false,
             };
             if missing {

@@ -1028,7 +1028,6 @@ fn every_process_of_the_tree_is_checked() {
 // `cargo test -p ferry-image --release -- --ignored linear_time`.
 
 #[test]
-#[ignore = "validate.rs checks these references in quadratic time (see above)"]
 fn shared_memory_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut t) = valid_tree();
@@ -1049,7 +1048,6 @@ fn shared_memory_references_are_checked_in_linear_time() {
 }
 
 #[test]
-#[ignore = "validate.rs checks these references in quadratic time (see above)"]
 fn inherited_mappings_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut t) = valid_tree();
