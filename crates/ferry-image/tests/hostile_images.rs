@@ -1019,13 +1019,9 @@ fn every_process_of_the_tree_is_checked() {
 // references: every shared-memory mapping and every inherited mapping is
 // looked up among the tree's objects / the process's mappings. With a
 // linear search per reference, N references to N objects cost N * N.
-// validate.rs (format v2) does exactly that (`t.shared_anon.iter().any`,
-// `t.sysv_shm.iter().any`, `p.vmas.iter().any` per inherited mapping):
-// these 2.6-3.4 MB images take ~8-10 s to decode in a release build and
-// ~50 s in a debug build, and read_stream runs validate before any page
-// data arrives. Ignored until validate.rs sorts the ids once and looks
-// them up (as it does for memfds); run with
-// `cargo test -p ferry-image --release -- --ignored linear_time`.
+// validate.rs sorts the ids once and looks them up; these 2.6-3.4 MB
+// images would take ~8-10 s to decode with a linear search per reference
+// (read_stream runs validate before any page data arrives).
 
 #[test]
 fn shared_memory_references_are_checked_in_linear_time() {
