@@ -179,8 +179,8 @@ fn assert_refused(src: &str, what: &[&str]) {
 }
 
 #[test]
-fn refuses_child_process_and_leaves_it_running() {
-    assert_refused("tests/guarantees/child_process.c", &["child process", "process trees are not supported"]);
+fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
+    assert_refused("tests/guarantees/child_unsupported.c", &["inotify", "not supported"]);
 }
 
 #[test]
