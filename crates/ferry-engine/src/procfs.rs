@@ -16,6 +16,13 @@ fn parse_err(path: &str, what: impl Into<String>) -> EngineError {
     EngineError::Parse { path: path.to_string(), what: what.into() }
 }
 
+/// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), if the
+/// process exists.
+pub fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
 /// Thread ids of a process, leader first.
 pub fn tids(pid: i32) -> Result<Vec<i32>> {
     let path = format!("/proc/{pid}/task");

@@ -304,7 +304,9 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
     let (cpm, ppm) = (open(child)?, open(parent)?);
     let mut out = Vec::new();
     for c in cvmas {
-        let Some(_p) = pvmas.iter().find(|p| same_origin(c, p)) else { continue };
+        if !pvmas.iter().any(|p| same_origin(c, p)) {
+            continue;
+        }
         let ce = pagemap_entries(child, &cpm, c.start, c.end)?;
         let pe = pagemap_entries(parent, &ppm, c.start, c.end)?;
         let mut runs: Vec<(u64, u64)> = Vec::new();

@@ -125,12 +125,12 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
 
     let dirh = ImageDir::new(dir);
     let mut pages = dirh.create_pages()?;
-    let mut processes = Vec::with_capacity(surveys.len());
+    let mut processes: Vec<ProcessImage> = Vec::with_capacity(surveys.len());
     for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
         let pid = p.frozen.pid;
         let parent = (i > 0).then(|| pids.iter().position(|&q| q == p.ppid)).flatten();
         let inherited = match parent {
-            Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes_vmas(&processes, k))?,
+            Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes[k].vmas)?,
             None => Vec::new(),
         };
         let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
@@ -201,10 +201,6 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     // init or a subreaper) reaps them; restore waits for their PIDs.
     let summary = CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: t0.elapsed().as_secs_f64() * 1e3, ..summary };
     Ok(summary)
-}
-
-fn processes_vmas(done: &[ProcessImage], k: usize) -> Vec<ferry_image::Vma> {
-    done.get(k).map(|p| p.vmas.clone()).unwrap_or_default()
 }
 
 /// Whether `pid` is an ancestor of `of`.

@@ -32,12 +32,6 @@ fn children_of(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
-/// 'Z' when the process has exited and waits to be reaped.
-fn state_of(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.get(stat.rfind(')')? + 2..)?.chars().next()
-}
-
 fn zombie(pid: i32, ppid: i32) -> Result<Zombie> {
     let st = Stat::read(pid)?;
     // Field 52 is the exit status in wait(2) form.
@@ -58,7 +52,7 @@ impl FrozenTree {
                     if tree.procs.iter().any(|p| p.frozen.pid == child) || tree.zombies.iter().any(|z| z.pid == child) {
                         continue;
                     }
-                    if state_of(child) == Some('Z') {
+                    if procfs::state(child) == Some('Z') {
                         tree.zombies.push(zombie(child, parent)?);
                         continue;
                     }
@@ -66,8 +60,8 @@ impl FrozenTree {
                         Ok(f) => f,
                         // Exited between listing and freezing: it is a
                         // zombie now, or already reaped.
-                        Err(EngineError::Gone { .. }) if state_of(child).is_none_or(|s| s == 'Z') => {
-                            if state_of(child) == Some('Z') {
+                        Err(EngineError::Gone { .. }) if procfs::state(child).is_none_or(|s| s == 'Z') => {
+                            if procfs::state(child) == Some('Z') {
                                 tree.zombies.push(zombie(child, parent)?);
                             }
                             continue;

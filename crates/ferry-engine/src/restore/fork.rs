@@ -106,8 +106,7 @@ pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
     // The zombie is the parent's to reap; wait until it is one.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", z.pid)).unwrap_or_default();
-        if stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z") {
+        if crate::procfs::state(z.pid) == Some('Z') {
             break;
         }
         if std::time::Instant::now() > deadline {

@@ -102,11 +102,6 @@ fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
-fn pid_is_zombie(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z")
-}
-
 /// Kills every process made so far unless disarmed, and reaps what ferry
 /// must reap (its child, the root, and every traced process).
 struct TreeGuard {
@@ -189,7 +184,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     for id in ids {
         // A zombie of the checkpointed tree that init has not reaped yet
         // frees its PID in a moment.
-        if pid_is_zombie(id) {
+        if crate::procfs::state(id) == Some('Z') {
             crate::capture::tree::wait_reaped(&[id], std::time::Duration::from_secs(5));
         }
         if let Some(comm) = pid_owner(id) {
