@@ -32,6 +32,14 @@ pub struct TreeImage {
     pub shared_anon: Vec<MemfdObject>,
     /// SysV shared memory segments some process of the tree has attached.
     pub sysv_shm: Vec<SysvShm>,
+    /// SysV semaphore sets the tree used.
+    pub sysv_sem: Vec<SysvSem>,
+    /// SysV message queues the tree used, with their messages.
+    pub sysv_msg: Vec<SysvMsgQueue>,
+    /// The tree ran in a PID namespace of its own (not the capturing
+    /// ferry's): every PID here is as that namespace saw it, and restore
+    /// makes a new PID namespace for it.
+    pub own_pid_namespace: bool,
 }
 
 impl TreeImage {
@@ -67,6 +75,32 @@ pub struct SysvShm {
     pub gid: u32,
     /// (offset, bytes) of every data extent; holes are not stored.
     pub extents: Vec<(u64, Vec<u8>)>,
+}
+
+/// A SysV semaphore set (semget), recreated under the same id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SysvSem {
+    pub id: i32,
+    pub key: i32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The value of every semaphore of the set, in order.
+    pub values: Vec<u16>,
+}
+
+/// A SysV message queue (msgget), recreated under the same id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SysvMsgQueue {
+    pub id: i32,
+    pub key: i32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The queue's byte limit (msg_qbytes).
+    pub max_bytes: u64,
+    /// Queued messages, oldest first: (type, text).
+    pub messages: Vec<(i64, Vec<u8>)>,
 }
 
 /// A private mapping a child inherited from its parent over fork, with

@@ -87,6 +87,25 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     if anon_ids.windows(2).any(|w| w[0] == w[1]) || sysv_ids.windows(2).any(|w| w[0] == w[1]) {
         return bad("a shared memory object appears twice".into());
     }
+    let mut sem_ids: Vec<i32> = t.sysv_sem.iter().map(|s| s.id).collect();
+    sem_ids.sort_unstable();
+    let mut msg_ids: Vec<i32> = t.sysv_msg.iter().map(|q| q.id).collect();
+    msg_ids.sort_unstable();
+    if sem_ids.windows(2).any(|w| w[0] == w[1]) || msg_ids.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a SysV semaphore set or message queue appears twice".into());
+    }
+    for s in &t.sysv_sem {
+        // SEMMSL's ceiling and SEMVMX, as the kernel enforces them.
+        if s.id < 0 || s.values.is_empty() || s.values.len() > 32_000 || s.values.iter().any(|&v| v > 32_767) {
+            return bad(format!("SysV semaphore set {}: bad id, size or value", s.id));
+        }
+    }
+    for q in &t.sysv_msg {
+        let bytes: u64 = q.messages.iter().map(|(_, m)| m.len() as u64).sum();
+        if q.id < 0 || q.messages.iter().any(|(ty, _)| *ty <= 0) || bytes > q.max_bytes.max(1 << 30) {
+            return bad(format!("SysV message queue {}: bad id, message type or size", q.id));
+        }
+    }
     for p in &t.processes {
         for v in &p.vmas {
             let missing = match &v.backing {

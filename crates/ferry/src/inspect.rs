@@ -26,14 +26,26 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
 fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
     println!("image {} (format v{}, ferry {}, kernel {}, {})", dir.display(), inv.format_version, inv.ferry_version, inv.kernel_release, inv.arch);
     println!(
-        "process tree: {} processes, {} zombies, {} shared memory objects, {} SysV segments; {} pages stored ({:.1} MiB)",
+        "process tree: {} processes, {} zombies, {} shared memory objects, {} SysV segments, {} semaphore sets, {} message queues; {} pages stored ({:.1} MiB)",
         tree.processes.len(),
         tree.zombies.len(),
         tree.shared_anon.len(),
         tree.sysv_shm.len(),
+        tree.sysv_sem.len(),
+        tree.sysv_msg.len(),
         inv.pages_bytes / 4096,
         inv.pages_bytes as f64 / 1048576.0
     );
+    if tree.own_pid_namespace {
+        println!("PIDs are those of the tree's own PID namespace; restore makes a new PID namespace for it");
+    }
+    for s in &tree.sysv_sem {
+        println!("semaphore set {} key {:#x} mode {:o} values {:?}", s.id, s.key, s.mode, s.values);
+    }
+    for q in &tree.sysv_msg {
+        let bytes: usize = q.messages.iter().map(|(_, m)| m.len()).sum();
+        println!("message queue {} key {:#x} mode {:o}: {} messages, {bytes} bytes", q.id, q.key, q.mode, q.messages.len());
+    }
     // Which processes hold each open file description (by its id).
     let mut holders: HashMap<u64, Vec<i32>> = HashMap::new();
     for p in &tree.processes {

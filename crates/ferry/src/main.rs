@@ -54,7 +54,8 @@ enum Cmd {
         /// nearest child subreaper).
         #[arg(long)]
         detach: bool,
-        /// Write the restored PID to this file once the process runs.
+        /// Write the restored root's PID (as seen from here, also with
+        /// --new-pid-ns) to this file once the process runs.
         #[arg(long)]
         pidfile: Option<PathBuf>,
         /// File that replaces descriptors which were terminals (a process
@@ -67,6 +68,14 @@ enum Cmd {
         /// sockets are bound there.
         #[arg(long)]
         netns: Option<String>,
+        /// Restore into a new PID namespace, so the tree's PIDs can never
+        /// be taken: inside it every process has its old PID, a small
+        /// `ferry-init` is PID 1 and the tree's root is its child, and
+        /// /proc shows the namespace. Without --detach, ferry waits for
+        /// that init, which exits with the root's status. An image of a
+        /// tree that ran in its own PID namespace is always restored so.
+        #[arg(long)]
+        new_pid_ns: bool,
     },
     /// Write an image directory to standard output as one byte stream
     /// (the form used to move an image over a socket or pipe).
@@ -145,18 +154,30 @@ fn run(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Restore { images, detach, pidfile, tty_to, netns } => {
+        Cmd::Restore { images, detach, pidfile, tty_to, netns, new_pid_ns } => {
             let netns = netns.map(|n| if n.contains('/') { PathBuf::from(n) } else { PathBuf::from("/run/netns").join(n) });
-            let opts = ferry_engine::restore::RestoreOptions { tty_to, netns, progress: progress::bar("restoring memory") };
+            let opts = ferry_engine::restore::RestoreOptions {
+                tty_to,
+                netns,
+                progress: progress::bar("restoring memory"),
+                new_pid_ns,
+                ..Default::default()
+            };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
-            eprintln!("restored pid {} ({} processes, {} threads) in {:.1} ms", r.pid, r.processes, r.threads, r.total_ms);
+            match r.init_pid {
+                Some(init) => eprintln!(
+                    "restored pid {} ({} processes, {} threads) in {:.1} ms, in a new PID namespace: pid {} from here, its init is pid {init}",
+                    r.pid, r.processes, r.threads, r.total_ms, r.host_pid
+                ),
+                None => eprintln!("restored pid {} ({} processes, {} threads) in {:.1} ms", r.pid, r.processes, r.threads, r.total_ms),
+            }
             if let Some(p) = &pidfile {
-                std::fs::write(p, format!("{}\n", r.pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
+                std::fs::write(p, format!("{}\n", r.host_pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
             }
             if detach {
                 return Ok(0);
             }
-            wait_for(r.pid)
+            wait_for(r.init_pid.unwrap_or(r.pid))
         }
         Cmd::Send { dir } => {
             let stdout = std::io::stdout();

@@ -8,6 +8,7 @@
 mod files;
 mod memfd;
 mod memory;
+mod namespaces;
 mod process;
 mod signals;
 mod shm;
@@ -100,6 +101,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let t_frozen = Instant::now();
     let pids = tree.pids();
     ph.mark("freeze");
+    namespaces::check_mounts(&pids)?;
+    let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
+    let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
+    let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
 
     // Survey first: refuse what we cannot capture before touching anything.
     let mut surveys = Vec::with_capacity(tree.procs.len());
@@ -158,7 +163,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     }
     let pages_bytes = pages.finish()?;
     ph.mark("pages");
-    let tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm };
+    let mut tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, ..Default::default() };
+    if let Some(view) = &pid_view {
+        namespaces::translate(&mut tree_image, view);
+    }
 
     let root = &tree_image.processes[0];
     let inventory = Inventory {

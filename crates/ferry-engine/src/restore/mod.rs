@@ -20,6 +20,7 @@ mod child;
 mod files;
 mod fork;
 mod memory;
+mod pidns;
 mod process;
 mod signals;
 mod staging;
@@ -46,17 +47,28 @@ pub struct RestoreOptions {
     pub netns: Option<std::path::PathBuf>,
     /// Called as page data is copied in (bytes done, bytes total).
     pub progress: Option<crate::ProgressFn>,
+    /// Restore into a fresh PID namespace (see [`pidns`]), so the tree's
+    /// PIDs cannot be taken. Implied by an image of a tree that ran in its
+    /// own PID namespace.
+    pub new_pid_ns: bool,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None }
+        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None, new_pid_ns: false }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Restored {
+    /// The root's PID as the tree sees it (the image's).
     pub pid: i32,
+    /// The root's PID as ferry sees it: differs from `pid` in a new PID
+    /// namespace.
+    pub host_pid: i32,
+    /// The PID namespace's init, ferry's child, which exits with the
+    /// root's status; None when restored into ferry's namespace.
+    pub init_pid: Option<i32>,
     pub processes: usize,
     pub threads: usize,
     pub total_ms: f64,
@@ -168,9 +180,17 @@ fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Re
 
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
+    let (inv, tree) = ImageDir::new(dir).read_meta()?;
+    if opts.new_pid_ns || tree.own_pid_namespace {
+        return pidns::restore(dir, opts, inv, tree, t0);
+    }
+    restore_image(dir, opts, inv, tree, t0)
+}
+
+/// Restores a decoded image into the PID namespace ferry is in.
+fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
     let mut ph = crate::phases::Phases::start("restore");
     let dirh = ImageDir::new(dir);
-    let (inv, tree) = dirh.read_meta()?;
     let pages_file = dirh.check_pages_file(&inv)?;
     let root = tree.root().ok_or_else(|| EngineError::restore(inv.source_pid, "image holds no process"))?;
     let pid = root.pid;
@@ -319,7 +339,7 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     drop(staged_files);
     drop(staging);
     let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
-    Ok(Restored { pid, processes: tree.processes.len(), threads, total_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    Ok(Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
 fn ferry_sys_self_vdso() -> Result<(u64, u64)> {

@@ -1,0 +1,176 @@
+//! Which PID and mount namespaces the tree lives in.
+//!
+//! A tree in ferry's own PID namespace is recorded with the PIDs ferry
+//! sees. A tree in a PID namespace of its own (one that `restore
+//! --new-pid-ns` made, or a container's) is recorded with the PIDs its
+//! processes see, so that it comes back with those; the namespace's init
+//! itself stays behind (restore provides a new one).
+//!
+//! ferry resolves every path of the tree (files, cwd, executables) in its
+//! own mount namespace, so a tree in another mount namespace is accepted
+//! only if that namespace has the same mounts as ferry's, /proc aside
+//! (a PID namespace comes with its own /proc).
+
+use crate::error::{EngineError, Result};
+use crate::procfs;
+use ferry_image::TreeImage;
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::fs::MetadataExt;
+
+fn ns_inode(pid: i32, kind: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/ns/{kind}");
+    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
+}
+
+/// The PIDs of a task in every PID namespace it belongs to, outermost
+/// first (the NSpid line of /proc/PID/status).
+fn ns_pids(pid: i32, tid: i32) -> Result<Vec<i32>> {
+    let path = format!("/proc/{pid}/task/{tid}/status");
+    let text = procfs::read_string(&path)?;
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .ok_or_else(|| EngineError::Parse { path: path.clone(), what: "no NSpid line".into() })?;
+    let ids: Vec<i32> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    if ids.is_empty() {
+        return Err(EngineError::Parse { path, what: "empty NSpid line".into() });
+    }
+    Ok(ids)
+}
+
+/// PIDs as ferry sees them mapped to PIDs as the tree sees them.
+pub struct PidView {
+    inner: HashMap<i32, i32>,
+}
+
+impl PidView {
+    /// Ids of processes outside the tree that the tree cannot see (its
+    /// namespace's parent side) read as 0, as getppid()/getsid() give them.
+    fn inner(&self, host: i32) -> i32 {
+        if let Some(&v) = self.inner.get(&host) {
+            return v;
+        }
+        match ns_pids(host, host) {
+            Ok(ids) if ids.len() >= 2 => ids[ids.len() - 1],
+            _ => 0,
+        }
+    }
+}
+
+/// Returns None for a tree in ferry's PID namespace, else the view of
+/// the tree's own namespace. `tasks` lists (pid, tids) of every process,
+/// the root first; `zombies` their unreaped children.
+pub fn pid_view(tasks: &[(i32, Vec<i32>)], zombies: &[i32]) -> Result<Option<PidView>> {
+    let root = tasks[0].0;
+    let ours = ns_inode(std::process::id() as i32, "pid")?;
+    let theirs = ns_inode(root, "pid")?;
+    if ours == theirs {
+        for (pid, _) in &tasks[1..] {
+            if ns_inode(*pid, "pid")? != ours {
+                return Err(EngineError::unsupported(*pid, "the PID namespace", "a child is in a PID namespace of its own, its parent is not"));
+            }
+        }
+        return Ok(None);
+    }
+    let mut inner = HashMap::new();
+    let depth = ns_pids(root, root)?.len();
+    for (pid, tids) in tasks {
+        if ns_inode(*pid, "pid")? != theirs {
+            return Err(EngineError::unsupported(*pid, "the PID namespace", "processes of the tree are in different PID namespaces"));
+        }
+        for &tid in tids {
+            let ids = ns_pids(*pid, tid)?;
+            if ids.len() != depth {
+                return Err(EngineError::unsupported(*pid, "the PID namespace", "processes of the tree are in different PID namespaces"));
+            }
+            inner.insert(tid, ids[ids.len() - 1]);
+        }
+    }
+    for &z in zombies {
+        let ids = ns_pids(z, z)?;
+        inner.insert(z, ids[ids.len() - 1]);
+    }
+    if inner.get(&root) == Some(&1) {
+        return Err(EngineError::unsupported(
+            root,
+            "the PID namespace",
+            "the root is PID 1 (init) of its namespace; checkpoint the process below it instead, restore gives it a new init",
+        ));
+    }
+    Ok(Some(PidView { inner }))
+}
+
+/// Rewrites every PID of the image as the tree's namespace sees it.
+pub fn translate(image: &mut TreeImage, view: &PidView) {
+    for p in &mut image.processes {
+        for id in [&mut p.pid, &mut p.ppid, &mut p.pgid, &mut p.sid] {
+            *id = view.inner(*id);
+        }
+        for t in &mut p.threads {
+            t.tid = view.inner(t.tid);
+        }
+        for timer in &mut p.posix_timers {
+            if timer.notify_tid > 0 {
+                timer.notify_tid = view.inner(timer.notify_tid);
+            }
+        }
+    }
+    for z in &mut image.zombies {
+        for id in [&mut z.pid, &mut z.ppid, &mut z.pgid, &mut z.sid] {
+            *id = view.inner(*id);
+        }
+    }
+    image.own_pid_namespace = true;
+}
+
+/// (mount point, root within the filesystem, device, type) of every
+/// mount that names files.
+fn mounts(pid: i32) -> Result<BTreeSet<(String, String, String, String)>> {
+    let path = format!("/proc/{pid}/mountinfo");
+    let text = procfs::read_string(&path)?;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = f.iter().position(|&x| x == "-") else {
+            return Err(EngineError::Parse { path, what: format!("mountinfo line without separator: {line}") });
+        };
+        if f.len() < 5 || f.len() < sep + 2 {
+            return Err(EngineError::Parse { path, what: format!("short mountinfo line: {line}") });
+        }
+        let point = f[4];
+        // /proc comes with the PID namespace; namespace handles (nsfs,
+        // `ip netns` names) come and go on the host and name no file the
+        // tree uses.
+        let under = |dir: &str| point == dir || point.strip_prefix(dir).is_some_and(|r| r.starts_with('/'));
+        if under("/proc") || under("/run/netns") || f[sep + 1] == "nsfs" {
+            continue;
+        }
+        out.insert((point.to_string(), f[3].to_string(), f[2].to_string(), f[sep + 1].to_string()));
+    }
+    Ok(out)
+}
+
+/// Refuses a tree whose mount namespace would make its paths mean
+/// something else in ferry's.
+pub fn check_mounts(pids: &[i32]) -> Result<()> {
+    let me = std::process::id() as i32;
+    let ours = ns_inode(me, "mnt")?;
+    let mut checked = None;
+    for &pid in pids {
+        let theirs = ns_inode(pid, "mnt")?;
+        if theirs == ours || checked == Some(theirs) {
+            continue;
+        }
+        let (a, b) = (mounts(me)?, mounts(pid)?);
+        if let Some(m) = b.symmetric_difference(&a).next() {
+            let side = if b.contains(m) { "only in the tree's" } else { "only in ferry's" };
+            return Err(EngineError::unsupported(
+                pid,
+                "the mount namespace",
+                format!("its mounts differ from ferry's ({} is {side}); ferry restores paths in its own mount namespace", m.0),
+            ));
+        }
+        checked = Some(theirs);
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! Restore into a fresh PID namespace, so the tree's PIDs never collide
+//! with processes already running on this host.
+//!
+//! ferry forks a helper into a new PID namespace and a new mount
+//! namespace. The helper is PID 1 there: it mounts a /proc of the new
+//! namespace (so a restored process finds itself under /proc/<getpid()>),
+//! runs the ordinary restore, in which every PID is the image's own, and
+//! reports the result to ferry over a pipe. Then it stays as the
+//! namespace's init: it reaps orphans, forwards SIGTERM/SIGINT/SIGHUP/
+//! SIGQUIT/SIGUSR1/SIGUSR2 to the tree's root, and exits with the root's
+//! status once nothing is left. The mount namespace is a copy of ferry's,
+//! slave to it, so every other mount is seen as before.
+
+use super::{RestoreOptions, Restored};
+use crate::error::{EngineError, Result};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use ferry_image::{Inventory, TreeImage};
+use std::path::Path;
+use std::time::Instant;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The tree's root as the init sees it, for signal forwarding.
+static ROOT: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let root = ROOT.load(Ordering::Relaxed);
+    if root > 0 {
+        // SAFETY: kill is async-signal-safe; root is our child.
+        unsafe { libc::kill(root, sig) };
+    }
+}
+
+pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
+    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(0, "creating a pipe", e))?;
+    let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
+    // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
+    // code, as the root child of a plain restore does.
+    let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
+        Ok(0) => {
+            drop(rd);
+            run_init(std::fs::File::from(wr), || super::restore_image(dir, opts, inv, tree, t0))
+        }
+        Ok(p) => p,
+        Err(e) => return Err(EngineError::kernel(0, "creating a PID namespace", e)),
+    };
+    drop(wr);
+    let mut report = String::new();
+    let read = std::fs::File::from(rd).read_to_string(&mut report);
+    let parsed = read.ok().and_then(|_| parse_report(&report));
+    let Some(Ok(mut r)) = parsed else {
+        // SAFETY: the helper is our child; it has exited or is killed and
+        // reaped here so nothing is left behind.
+        unsafe {
+            libc::kill(init, libc::SIGKILL);
+            libc::waitpid(init, std::ptr::null_mut(), 0);
+        }
+        let msg = match parsed {
+            Some(Err(msg)) => msg,
+            _ => format!("the PID namespace helper {init} ended without a report"),
+        };
+        return Err(EngineError::restore(0, msg));
+    };
+    r.host_pid = root_seen_from_here(init)?;
+    r.init_pid = Some(init);
+    Ok(r)
+}
+
+/// The helper's only child is the tree's root.
+fn root_seen_from_here(init: i32) -> Result<i32> {
+    let path = format!("/proc/{init}/task/{init}/children");
+    let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(path.clone(), e))?;
+    text.split_whitespace()
+        .find_map(|c| c.parse::<i32>().ok())
+        .ok_or_else(|| EngineError::restore(0, format!("the PID namespace init {init} has no child")))
+}
+
+fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
+    if let Some(msg) = text.strip_prefix("err ") {
+        return Some(Err(msg.to_string()));
+    }
+    let mut f = text.strip_prefix("ok ")?.split_whitespace();
+    let pid = f.next()?.parse().ok()?;
+    let processes = f.next()?.parse().ok()?;
+    let threads = f.next()?.parse().ok()?;
+    let total_ms = f.next()?.parse().ok()?;
+    Some(Ok(Restored { pid, host_pid: pid, init_pid: None, processes, threads, total_ms }))
+}
+
+/// Runs in the helper: PID 1 of the new namespace. Never returns.
+fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored>) -> ! {
+    let outcome = mount_own_proc().and_then(|()| restore());
+    let root = match outcome {
+        Ok(r) => {
+            let _ = write!(report, "ok {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
+            r.pid
+        }
+        Err(e) => {
+            let _ = write!(report, "err {e}");
+            // SAFETY: _exit skips the parent's atexit handlers.
+            unsafe { libc::_exit(1) }
+        }
+    };
+    drop(report);
+    be_init(root)
+}
+
+fn mount_own_proc() -> Result<()> {
+    let none = c"none";
+    // SAFETY: mount with static C strings; the mount namespace is ours.
+    unsafe {
+        // Slave, so nothing mounted here reaches ferry's namespace while
+        // mounts made there still show up here.
+        if libc::mount(none.as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) < 0 {
+            return Err(super::files::errno_err(0, "making / a slave mount in the new mount namespace".into()));
+        }
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) < 0 {
+            return Err(super::files::errno_err(0, "mounting /proc for the new PID namespace".into()));
+        }
+    }
+    Ok(())
+}
+
+/// The namespace's init: drop everything ferry held, reap, forward.
+fn be_init(root: i32) -> ! {
+    ROOT.store(root, Ordering::Relaxed);
+    // SAFETY: plain process-attribute calls on ourselves; the handler only
+    // calls kill().
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"ferry-init".as_ptr() as libc::c_ulong, 0, 0, 0);
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::signal(sig, forward as *const () as libc::sighandler_t);
+        }
+    }
+    // ferry's standard streams may be a pipe someone reads to its end:
+    // the init must not hold them open for the tree's lifetime.
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            // SAFETY: replacing our own standard descriptors.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    // SAFETY: closing every other descriptor of this process.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0) };
+    let mut code = 0;
+    loop {
+        let mut status = 0;
+        // SAFETY: reaping our own children (the root and adopted orphans).
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break;
+        }
+        if r == root {
+            code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+        }
+    }
+    // SAFETY: as above.
+    unsafe { libc::_exit(code) }
+}
