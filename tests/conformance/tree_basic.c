@@ -5,7 +5,7 @@
  *   child 2: forks grandchild 2 (stays in the root's group and session)
  *   child 3: setpgid(0, 0) (own group, in the root's session)
  * Every process records getpid/getppid/getpgid/getsid before READY and
- * checks them after restore (the root's ppid is not checked: its parent is
+ * checks them (and that /proc/self is getpid()) after restore (the root's ppid is not checked: its parent is
  * then ferry restore). Each parent also checks its children's pgid/sid as
  * seen from outside and its /proc/self/task/<pid>/children list.
  * Grandchildren report to their parent, which propagates a failure.
@@ -37,6 +37,13 @@ static void check_ids(const char *who, const struct ids *b, int check_ppid)
 		FT_CHECK(a.ppid == b->ppid, "%s: getppid %d, expected %d", who, (int)a.ppid, (int)b->ppid);
 	FT_CHECK(a.pgid == b->pgid, "%s: getpgid %d, expected %d", who, (int)a.pgid, (int)b->pgid);
 	FT_CHECK(a.sid == b->sid, "%s: getsid %d, expected %d", who, (int)a.sid, (int)b->sid);
+	/* /proc must show the PID namespace the process is in (restore
+	 * --new-pid-ns mounts one for its namespace). */
+	char self[32] = "";
+	ssize_t n = readlink("/proc/self", self, sizeof(self) - 1);
+	if (n > 0)
+		self[n] = 0;
+	FT_CHECK(n > 0 && atoi(self) == a.pid, "%s: /proc/self is %s, getpid %d", who, self, (int)a.pid);
 }
 
 /* Expected ids of a child as seen by its parent. */

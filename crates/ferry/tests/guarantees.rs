@@ -30,6 +30,8 @@ fn repo() -> PathBuf {
 struct Case {
     dir: PathBuf,
     children: Vec<Child>,
+    /// Other processes this test made (a PID namespace's init): killed.
+    pids: Vec<i32>,
 }
 
 impl Case {
@@ -37,7 +39,7 @@ impl Case {
         let dir = std::env::temp_dir().join(format!("ferry-guarantee-{name}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst)));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("temp dir");
-        Case { dir, children: Vec::new() }
+        Case { dir, children: Vec::new(), pids: Vec::new() }
     }
 
     fn compile(&self, src: &str) -> PathBuf {
@@ -144,6 +146,13 @@ impl Case {
 
 impl Drop for Case {
     fn drop(&mut self) {
+        for &pid in &self.pids {
+            // SAFETY: a namespace init this test's restore made (its tree
+            // goes with it); a reaped one is a harmless ESRCH.
+            if comm(pid) == "ferry-init" {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -449,4 +458,109 @@ fn restore_into_a_named_network_namespace() {
     let o = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--netns", "ferry-no-such-netns", "--detach"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("network namespace /run/netns/ferry-no-such-netns"), "{}", stderr(&o));
+}
+
+/// The PID of `pid` in the innermost PID namespace it is in.
+fn innermost_pid(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `ferry restore` of `images` as a child of the test (index returned),
+/// and the restored root's PID as the test sees it (from --pidfile).
+fn spawn_restore(c: &mut Case, images: &Path, tag: &str, extra: &[&str]) -> (usize, i32) {
+    let pidfile = c.dir.join(format!("pid-{tag}"));
+    let restore = Command::new(FERRY)
+        .arg("restore")
+        .arg("--images")
+        .arg(images)
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .args(extra)
+        .stderr(fs::File::create(c.dir.join(format!("restore-{tag}.err"))).expect("stderr file"))
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let idx = c.children.len() - 1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = fs::read_to_string(&pidfile).unwrap_or_default();
+        if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.parse::<i32>().ok()) {
+            // The tree's init goes when the test ends, with the tree.
+            if let Some(init) = parent_of(pid).filter(|&p| p != c.children[idx].id() as i32) {
+                c.pids.push(init);
+            }
+            return (idx, pid);
+        }
+        if let Ok(Some(st)) = c.children[idx].try_wait() {
+            panic!("restore {tag} ended with {st}: {}", fs::read_to_string(c.dir.join(format!("restore-{tag}.err"))).unwrap_or_default());
+        }
+        assert!(Instant::now() < deadline, "restore {tag} wrote no pidfile");
+        sleep(Duration::from_millis(5));
+    }
+}
+
+fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
+#[test]
+fn taken_pids_restore_into_a_new_pid_namespace() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("new-pid-ns");
+    let prog = c.compile("tests/conformance/tree_basic.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &["--leave-running"]);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    let images = c.images();
+    let images_s = images.to_str().expect("utf-8");
+
+    // The original still runs, so its PIDs are taken.
+    let r = c.ferry(&["restore", "--images", images_s, "--detach"]);
+    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
+
+    // Two copies at once, each in its own namespace under its old PIDs.
+    let (a_idx, a) = spawn_restore(&mut c, &images, "a", &["--new-pid-ns"]);
+    let (b_idx, b) = spawn_restore(&mut c, &images, "b", &["--new-pid-ns"]);
+    for host in [a, b] {
+        assert_ne!(host, pid);
+        assert_eq!(innermost_pid(host), Some(pid), "root {host} does not have its old PID inside its namespace");
+        let init = parent_of(host).expect("root has a parent");
+        assert_eq!(comm(init), "ferry-init");
+        assert_eq!(innermost_pid(init), Some(1), "ferry-init is not PID 1 of the namespace");
+    }
+
+    // A tree in its own namespace is checkpointed with the PIDs it sees,
+    // and comes back in a new namespace without being asked.
+    let images2 = c.dir.join("images2");
+    let out = c.ferry(&["checkpoint", "--pid", &a.to_string(), "--images", images2.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "checkpoint of the tree in its namespace failed: {}", stderr(&out));
+    assert_eq!(c.children[a_idx].wait().expect("wait").code(), Some(128 + libc::SIGKILL), "init did not report the killed root");
+    let inspect = c.ferry(&["inspect", images2.to_str().expect("utf-8")]);
+    assert!(String::from_utf8_lossy(&inspect.stdout).contains("own PID namespace"), "{}", String::from_utf8_lossy(&inspect.stdout));
+    let (c_idx, again) = spawn_restore(&mut c, &images2, "c", &[]);
+    assert_eq!(innermost_pid(again), Some(pid));
+    let init_c = parent_of(again).expect("parent");
+    assert_eq!(comm(init_c), "ferry-init");
+
+    // Each copy checks its ids (and /proc/self) and exits 0; ferry restore
+    // exits with the root's status, through the namespace's init.
+    for (idx, host) in [(b_idx, b), (c_idx, again)] {
+        // SAFETY: signalling a process this test restored.
+        unsafe { libc::kill(host, libc::SIGUSR2) };
+        let code = c.children[idx].wait().expect("wait restore").code();
+        assert_eq!(code, Some(0), "restored copy failed its checks: {}", c.log());
+    }
+    assert_eq!(c.finish_child(0), 0, "the original failed: {}", c.log());
+    // Every namespace's init went with its tree (ferry restore reaped it).
+    for &init in &c.pids {
+        assert_ne!(comm(init), "ferry-init", "ferry-init {init} outlived its tree");
+    }
 }
