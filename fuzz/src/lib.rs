@@ -380,6 +380,9 @@ pub fn sample() -> (Inventory, TreeImage) {
             extents: vec![(0, b"shared".to_vec())],
         }],
         sysv_shm: vec![SysvShm { id: SAMPLE_SYSV, key: 0x5eed, size: 16384, mode: 0o600, uid: 1000, gid: 1000, extents: vec![(4096, b"segment".to_vec())] }],
+        sysv_sem: vec![SysvSem { id: 3, key: 0x5eee, mode: 0o600, uid: 1000, gid: 1000, values: vec![4, 0] }],
+        sysv_msg: vec![SysvMsgQueue { id: 4, key: 0, mode: 0o600, uid: 1000, gid: 1000, max_bytes: 16384, messages: vec![(3, b"message".to_vec())] }],
+        own_pid_namespace: false,
     };
     (inv, t)
 }

@@ -102,7 +102,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     }
     for q in &t.sysv_msg {
         let bytes: u64 = q.messages.iter().map(|(_, m)| m.len() as u64).sum();
-        if q.id < 0 || q.messages.iter().any(|(ty, _)| *ty <= 0) || bytes > q.max_bytes.max(1 << 30) {
+        if q.id < 0 || q.messages.iter().any(|(ty, _)| *ty <= 0) || bytes > q.max_bytes {
             return bad(format!("SysV message queue {}: bad id, message type or size", q.id));
         }
     }

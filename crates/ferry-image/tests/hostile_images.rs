@@ -737,6 +737,9 @@ fn valid_tree() -> (Inventory, TreeImage) {
             extents: vec![(0, b"shared".to_vec()), (4096, vec![7; 4096])],
         }],
         sysv_shm: vec![SysvShm { id: SYSV_ID, key: 0x1234, size: 16384, mode: 0o600, uid: 0, gid: 0, extents: vec![(8192, b"sysv".to_vec())] }],
+        sysv_sem: vec![SysvSem { id: 7, key: 0x55, mode: 0o600, uid: 0, gid: 0, values: vec![5, 0, 2] }],
+        sysv_msg: vec![SysvMsgQueue { id: 9, key: 0, mode: 0o600, uid: 0, gid: 0, max_bytes: 16384, messages: vec![(1, b"one".to_vec()), (5, vec![9; 3000])] }],
+        own_pid_namespace: false,
     };
     (inv, t)
 }
@@ -1056,4 +1059,31 @@ fn inherited_mappings_are_checked_in_linear_time() {
     let start = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");
     assert!(start.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), start.elapsed());
+}
+
+#[test]
+fn bad_sysv_semaphores_and_queues() {
+    let (inv, t) = valid_tree();
+    assert_eq!(decode_meta(&encode_meta(&inv, &t).unwrap()).expect("valid").1.sysv_msg[0].messages.len(), 2);
+    // A semaphore value above SEMVMX, an empty set, a repeated id.
+    let (inv, mut t) = valid_tree();
+    t.sysv_sem[0].values[1] = 40_000;
+    assert!(reject_tree(&inv, &t).contains("semaphore set 7"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_sem[0].values.clear();
+    assert!(reject_tree(&inv, &t).contains("semaphore set 7"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_sem.push(t.sysv_sem[0].clone());
+    assert!(reject_tree(&inv, &t).contains("appears twice"));
+    // A message of type 0 (msgsnd refuses it), more bytes than the queue
+    // holds, a repeated queue.
+    let (inv, mut t) = valid_tree();
+    t.sysv_msg[0].messages[0].0 = 0;
+    assert!(reject_tree(&inv, &t).contains("message queue 9"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_msg[0].max_bytes = 3002;
+    assert!(reject_tree(&inv, &t).contains("message queue 9"));
+    let (inv, mut t) = valid_tree();
+    t.sysv_msg.push(t.sysv_msg[0].clone());
+    assert!(reject_tree(&inv, &t).contains("appears twice"));
 }

@@ -733,6 +733,9 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         ],
         shared_anon: vec![MemfdObject { id: SHM_ANON, name: "/dev/zero (deleted)".into(), size: 2 * PAGE as u64, seals: 0, extents: vec![(0, b"both see this".to_vec())] }],
         sysv_shm: vec![SysvShm { id: SYSV_ID, key: 0x00c0_ffee, size: 4 * PAGE as u64, mode: 0o640, uid: 1000, gid: 1000, extents: vec![(PAGE as u64, vec![0x5a; 100])] }],
+        sysv_sem: vec![SysvSem { id: 11, key: 0x77, mode: 0o640, uid: 1000, gid: 1000, values: vec![1; 64] }],
+        sysv_msg: vec![SysvMsgQueue { id: 12, key: 0x78, mode: 0o600, uid: 1000, gid: 1000, max_bytes: 16384, messages: vec![(2, b"queued".to_vec())] }],
+        own_pid_namespace: true,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

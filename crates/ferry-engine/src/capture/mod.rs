@@ -12,6 +12,7 @@ mod namespaces;
 mod process;
 mod signals;
 mod shm;
+mod sysv_ipc;
 mod threads;
 mod timers;
 pub(crate) mod tree;
@@ -102,6 +103,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let pids = tree.pids();
     ph.mark("freeze");
     namespaces::check_mounts(&pids)?;
+    namespaces::check_ipc(&pids)?;
     let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
@@ -120,6 +122,8 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&views)?;
     let sysv_shm = shm::capture_sysv(&views)?;
+    let sysv_sem = sysv_ipc::capture_sem(&pids)?;
+    let sysv_msg = sysv_ipc::capture_msg(&pids)?;
     ph.mark("survey");
 
     let mut images = Vec::with_capacity(surveys.len());
@@ -163,7 +167,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     }
     let pages_bytes = pages.finish()?;
     ph.mark("pages");
-    let mut tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, ..Default::default() };
+    let mut tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, sysv_sem, sysv_msg, ..Default::default() };
     if let Some(view) = &pid_view {
         namespaces::translate(&mut tree_image, view);
     }
@@ -203,6 +207,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     } else {
         tree.kill()?;
         shm::remove_sysv(&tree_image.sysv_shm);
+        sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
     }
     ph.mark(if opts.leave_running { "release" } else { "kill" });
     // Killed processes stay zombies until their parent (or, for orphans,

@@ -1,4 +1,4 @@
-//! Which PID and mount namespaces the tree lives in.
+//! Which PID, mount and IPC namespaces the tree lives in.
 //!
 //! A tree in ferry's own PID namespace is recorded with the PIDs ferry
 //! sees. A tree in a PID namespace of its own (one that `restore
@@ -171,6 +171,18 @@ pub fn check_mounts(pids: &[i32]) -> Result<()> {
             ));
         }
         checked = Some(theirs);
+    }
+    Ok(())
+}
+
+/// Refuses a tree in another IPC namespace: its SysV objects are read
+/// (and recreated) in ferry's.
+pub fn check_ipc(pids: &[i32]) -> Result<()> {
+    let ours = ns_inode(std::process::id() as i32, "ipc")?;
+    for &pid in pids {
+        if ns_inode(pid, "ipc")? != ours {
+            return Err(EngineError::unsupported(pid, "the IPC namespace", "it is not ferry's; SysV IPC objects are captured in ferry's namespace"));
+        }
     }
     Ok(())
 }

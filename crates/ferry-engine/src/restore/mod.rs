@@ -24,6 +24,7 @@ mod pidns;
 mod process;
 mod signals;
 mod staging;
+mod sysv_ipc;
 mod threads;
 mod timers;
 
@@ -224,6 +225,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     };
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
     let mut sysv = staging::SysvSegments::create(&tree)?;
+    let mut sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
     let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
     let staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
@@ -336,6 +338,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     guard.disarmed = true;
     sysv.keep = true;
+    sysv_ipc.keep = true;
     drop(staged_files);
     drop(staging);
     let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
