@@ -238,7 +238,7 @@ fn is_ancestor(pid: i32, of: i32) -> bool {
 fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
     let pid = frozen.pid;
     let scratch = Scratch::map(&sv.remote, pid)?;
-    let ctx = Ctx { pid, frozen, remote: sv.remote.clone(), scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
+    let ctx = Ctx { pid, frozen, remote: sv.remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
     let injected = capture_injected(&ctx);
     let unmapped = scratch.unmap(&ctx.remote, pid);
     let injected = injected?;

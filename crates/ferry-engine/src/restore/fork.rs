@@ -88,7 +88,7 @@ pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
     let child = fork_from(parent, z.pid)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
     // No core file for a zombie that died of a signal.
-    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE as u32, 0, 0);
+    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
     let sig = z.wait_status & 0x7f;
     if sig == 0 {
         let mut regs = ptrace::get_regs(child).map_err(|e| kerr("reading registers", e))?;

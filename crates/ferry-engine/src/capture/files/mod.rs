@@ -165,7 +165,8 @@ pub struct ProcessFiles<'a> {
 /// end must be inside the tree.
 pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
     // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
-    let mut seen: std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>> = std::collections::HashMap::new();
+    type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
+    let mut seen: Holders = std::collections::HashMap::new();
     let mut next_id = 0u64;
     for p in procs.iter_mut() {
         for (i, f) in p.files.iter_mut().enumerate() {
