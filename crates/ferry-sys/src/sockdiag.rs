@@ -2,7 +2,7 @@
 //! about a socket, such as the inode of a unix socket's peer.
 
 use crate::{last_error, SysResult};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 1;
@@ -40,15 +40,67 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_ne_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
 
-/// Every unix socket of the caller's network namespace.
-pub fn unix_sockets() -> SysResult<Vec<UnixDiag>> {
+/// SIOCGSKNS from <linux/sockios.h>: an fd for a socket's network namespace.
+const SIOCGSKNS: libc::c_ulong = 0x894C;
+
+fn diag_socket() -> SysResult<OwnedFd> {
     // SAFETY: plain socket(2).
     let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
     if raw < 0 {
         return Err(last_error("socket(NETLINK_SOCK_DIAG)"));
     }
     // SAFETY: raw is a new descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A sock_diag socket of the network namespace `sock` belongs to: the
+/// calling thread joins that namespace just long enough to make it.
+fn diag_socket_beside(sock: BorrowedFd) -> SysResult<OwnedFd> {
+    // SAFETY: SIOCGSKNS takes no argument and returns a new fd.
+    let ns = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) };
+    if ns < 0 {
+        return Err(last_error("ioctl(SIOCGSKNS)"));
+    }
+    // SAFETY: ns is a new descriptor we own.
+    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0)))?;
+    let same = match (std::fs::metadata("/proc/thread-self/ns/net"), ns_inode(&ns)) {
+        (Ok(m), Some(ino)) => std::os::unix::fs::MetadataExt::ino(&m) == ino,
+        _ => false,
+    };
+    if same {
+        return diag_socket();
+    }
+    // SAFETY: ns is a network namespace fd.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("setns(socket's network namespace)"));
+    }
+    let made = diag_socket();
+    // SAFETY: own is the thread's original namespace.
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("setns(back to ferry's network namespace)"));
+    }
+    made
+}
+
+fn ns_inode(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: st is plain data filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is a valid stat buffer.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
+}
+
+/// Every unix socket of the caller's network namespace.
+pub fn unix_sockets() -> SysResult<Vec<UnixDiag>> {
+    unix_sockets_from(diag_socket()?)
+}
+
+/// Every unix socket of the network namespace `sock` (a socket) is in.
+pub fn unix_sockets_beside(sock: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
+    unix_sockets_from(diag_socket_beside(sock)?)
+}
+
+fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
     let mut req = Vec::with_capacity(40);
     req.extend_from_slice(&40u32.to_ne_bytes());
     req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());

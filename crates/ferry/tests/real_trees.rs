@@ -415,10 +415,24 @@ impl TreeGuard {
     /// Starts `program args` through scripts/isolated.sh (new session, only
     /// fds 0-2), stdin from /dev/null, stdout and stderr to `log`.
     fn start(&mut self, cwd: &Path, log: &Path, program: &str, args: &[&str]) -> ProcId {
+        self.start_via(&[], cwd, log, program, args)
+    }
+
+    /// As `start`, run through `wrapper` (such as `ip netns exec NAME`),
+    /// which must exec its command (the PID stays).
+    fn start_via(&mut self, wrapper: &[&str], cwd: &Path, log: &Path, program: &str, args: &[&str]) -> ProcId {
         assert!(self.root_child.is_none(), "[{}] a tree is already running", self.name);
         let out = File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let err = out.try_clone().expect("dup log fd");
-        let child = Command::new("/bin/bash")
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg("/bin/bash");
+                c
+            }
+            None => Command::new("/bin/bash"),
+        };
+        let child = cmd
             .arg(isolated_sh())
             .arg(program)
             .args(args)
@@ -765,7 +779,11 @@ fn http_get(port: u16, path: &str) -> io::Result<(u16, Vec<u8>)> {
 
 /// Connections (not listening, not TIME_WAIT/CLOSE) on `port` in /proc/net/tcp.
 fn open_connections(port: u16) -> Vec<String> {
-    let text = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    open_connections_in("/proc/net/tcp", port)
+}
+
+fn open_connections_in(table: &str, port: u16) -> Vec<String> {
+    let text = fs::read_to_string(table).unwrap_or_default();
     let port_hex = format!("{port:04X}");
     text.lines()
         .skip(1)
@@ -809,6 +827,68 @@ fn static_content() -> Vec<u8> {
     v
 }
 
+/// An nginx master with 2 workers serving `www/ferry.txt` on
+/// 127.0.0.1:PORT, everything (config, logs, temp dirs) inside `dir`.
+struct NginxSite {
+    content: Vec<u8>,
+    log: PathBuf,
+    access: PathBuf,
+    prefix: String,
+    conf: String,
+    err_log: String,
+}
+
+impl NginxSite {
+    fn new(dir: &Path, port: u16) -> NginxSite {
+        let www = dir.join("www");
+        fs::create_dir_all(&www).expect("create www dir");
+        fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
+        let content = static_content();
+        fs::write(www.join("ferry.txt"), &content).expect("write static file");
+        fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644)).expect("chmod static file");
+        let d = path_str(dir);
+        let conf = format!(
+            "# ferry real_trees test: everything inside {d}\n\
+             daemon off;\n\
+             master_process on;\n\
+             worker_processes 2;\n\
+             user nobody nogroup;\n\
+             pid {d}/nginx.pid;\n\
+             error_log {d}/error.log notice;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n\
+               access_log {d}/access.log;\n\
+               client_body_temp_path {d}/client_body;\n\
+               proxy_temp_path {d}/proxy;\n\
+               fastcgi_temp_path {d}/fastcgi;\n\
+               uwsgi_temp_path {d}/uwsgi;\n\
+               scgi_temp_path {d}/scgi;\n\
+               types {{ text/plain txt; }}\n\
+               default_type application/octet-stream;\n\
+               server {{\n\
+                 listen 127.0.0.1:{port};\n\
+                 root {d}/www;\n\
+                 location / {{ }}\n\
+               }}\n\
+             }}\n"
+        );
+        let conf_path = dir.join("nginx.conf");
+        fs::write(&conf_path, conf).expect("write nginx.conf");
+        NginxSite {
+            content,
+            log: dir.join("nginx.stdio.log"),
+            access: dir.join("access.log"),
+            prefix: format!("{d}/"),
+            conf: path_str(&conf_path).to_string(),
+            err_log: format!("{d}/error.log"),
+        }
+    }
+
+    fn args(&self) -> Vec<&str> {
+        vec!["-p", &self.prefix, "-c", &self.conf, "-e", &self.err_log]
+    }
+}
+
 #[test]
 fn nginx_master_and_workers_serve_after_restore() {
     const TEST: &str = "nginx";
@@ -819,51 +899,10 @@ fn nginx_master_and_workers_serve_after_restore() {
     let tmp = TempDir::new(TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
-    let www = dir.join("www");
-    fs::create_dir_all(&www).expect("create www dir");
-    fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
-    let content = static_content();
-    fs::write(www.join("ferry.txt"), &content).expect("write static file");
-    fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644)).expect("chmod static file");
     let port = free_port();
-    let d = path_str(dir);
-    let conf = format!(
-        "# ferry real_trees test: everything inside {d}\n\
-         daemon off;\n\
-         master_process on;\n\
-         worker_processes 2;\n\
-         user nobody nogroup;\n\
-         pid {d}/nginx.pid;\n\
-         error_log {d}/error.log notice;\n\
-         events {{ worker_connections 64; }}\n\
-         http {{\n\
-           access_log {d}/access.log;\n\
-           client_body_temp_path {d}/client_body;\n\
-           proxy_temp_path {d}/proxy;\n\
-           fastcgi_temp_path {d}/fastcgi;\n\
-           uwsgi_temp_path {d}/uwsgi;\n\
-           scgi_temp_path {d}/scgi;\n\
-           types {{ text/plain txt; }}\n\
-           default_type application/octet-stream;\n\
-           server {{\n\
-             listen 127.0.0.1:{port};\n\
-             root {d}/www;\n\
-             location / {{ }}\n\
-           }}\n\
-         }}\n"
-    );
-    let conf_path = dir.join("nginx.conf");
-    fs::write(&conf_path, conf).expect("write nginx.conf");
-    let log = dir.join("nginx.stdio.log");
-    let access = dir.join("access.log");
-    let prefix = format!("{d}/");
-    let err_log = format!("{d}/error.log");
-    let master = guard.start(
-        dir,
-        &log,
-        NGINX,
-        &["-p", &prefix, "-c", path_str(&conf_path), "-e", &err_log],
-    );
+    let site = NginxSite::new(dir, port);
+    let master = guard.start(dir, &site.log, NGINX, &site.args());
+    let (content, access, log) = (site.content.clone(), site.access.clone(), site.log.clone());
 
     // Ready: serves the file, and both workers are up.
     let deadline = Instant::now() + START_TIMEOUT;
@@ -977,6 +1016,157 @@ fn nginx_master_and_workers_serve_after_restore() {
         );
     }
     assert!(port_closed(port), "[{TEST}] port {port} still open after nginx stopped");
+}
+
+/// A network namespace made for one test (`ip netns add`, loopback up),
+/// deleted on drop.
+struct NetNs(String);
+
+impl NetNs {
+    fn new(tag: &str) -> Option<NetNs> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("ferry-rt-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+        let ok = Command::new("ip").args(["netns", "add", &name]).status().map(|s| s.success()).unwrap_or(false);
+        if !ok {
+            return None;
+        }
+        let ns = NetNs(name);
+        let up = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
+        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
+        Some(ns)
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+
+    /// Runs `f` on a thread that has joined this namespace: its sockets
+    /// live there.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = self.path();
+        std::thread::spawn(move || {
+            let ns = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            // SAFETY: setns on this thread only, with an open nsfs file.
+            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns({path}): {}", io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("namespace thread panicked")
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+    }
+}
+
+fn inode(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}
+
+/// The PID of `pid` in the innermost PID namespace it is in.
+fn innermost_pid(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+/// Connections on `port` that `pid`'s network namespace holds (not
+/// listening, not closing).
+fn open_connections_of(pid: i32, port: u16) -> Vec<String> {
+    open_connections_in(&format!("/proc/{pid}/net/tcp"), port)
+}
+
+#[test]
+fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
+    const TEST: &str = "nginx-netns";
+    if !prerequisites(TEST, &[NGINX]) {
+        return;
+    }
+    let (Some(from), Some(to)) = (NetNs::new("from"), NetNs::new("to")) else {
+        eprintln!("[{TEST}] skipped: `ip netns add` is not available");
+        return;
+    };
+    let tmp = TempDir::new(TEST);
+    let mut guard = TreeGuard::new(TEST);
+    let dir = tmp.path();
+    let port = free_port();
+    let site = NginxSite::new(dir, port);
+    let content = site.content.clone();
+    let master = guard.start_via(&["ip", "netns", "exec", &from.0], dir, &site.log, NGINX, &site.args());
+
+    let deadline = Instant::now() + START_TIMEOUT;
+    let before = loop {
+        guard.assert_root_alive(&site.log);
+        let procs = guard.snapshot(&master);
+        let want = content.clone();
+        let served = from.run(move || matches!(http_get(port, "/ferry.txt"), Ok((200, ref body)) if *body == want));
+        if served && procs.len() == 3 {
+            break procs;
+        }
+        assert!(Instant::now() < deadline, "[{TEST}] nginx not ready in {}:\n{}", from.0, describe_tree(&procs));
+        sleep(Duration::from_millis(50));
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !open_connections_of(master.pid, port).is_empty() {
+        assert!(Instant::now() < deadline, "[{TEST}] connections stay open in {}", from.0);
+        sleep(Duration::from_millis(20));
+    }
+    let images = dir.join("images");
+    checkpoint_tree(&mut guard, dir, &images, &master, &before);
+
+    // Into the other namespace, and a PID namespace of its own.
+    let pidfile = dir.join("restored.pid");
+    let run = ferry(
+        TEST,
+        dir,
+        "restore",
+        &["restore", "--images", path_str(&images), "--detach", "--pidfile", path_str(&pidfile), "--netns", &to.0, "--new-pid-ns"],
+    );
+    let host_root: Option<i32> = fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse().ok());
+    let init = host_root.and_then(read_stat).map(|s| s.ppid);
+    if let Some(init) = init.and_then(|p| read_stat(p).map(|s| ProcId { pid: p, start: s.start })) {
+        // Killing the init ends its whole namespace.
+        guard.roots.push(init);
+        guard.snapshot(&init);
+    }
+    assert!(run.status.success(), "[{TEST}] restore failed ({}):\n{}", describe(run.status), run.out.trim());
+    eprintln!("[{TEST}] restore: {}; ferry said: {}", timing(&run), run.out.trim());
+    let host_root = host_root.expect("pidfile names the root");
+    let init_pid = init.expect("the root has a parent");
+    assert_eq!(read_stat(init_pid).map(|s| s.comm), Some("ferry-init".to_string()), "[{TEST}] the root's parent is not ferry-init");
+    let after = tree(host_root);
+    assert_eq!(after.len(), 3, "[{TEST}] restored tree:\n{}", describe_tree(&after));
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(innermost_pid(new.id.pid), Some(old.id.pid), "[{TEST}] {} lost its PID inside the namespace", new.cmdline);
+        assert_eq!(inode(&format!("/proc/{}/ns/net", new.id.pid)), inode(&to.path()), "[{TEST}] {} is not in {}", new.cmdline, to.0);
+        assert_eq!(new.uid, old.uid, "[{TEST}] {} changed user", new.cmdline);
+    }
+
+    for i in 0..20 {
+        let got = to.run(move || http_get(port, "/ferry.txt"));
+        let (st, body) = got.unwrap_or_else(|e| panic!("[{TEST}] GET {i} in {} after restore: {e}", to.0));
+        assert!(st == 200 && body == content, "[{TEST}] GET {i}: status {st}, {} bytes", body.len());
+    }
+    // The old namespace no longer has the server.
+    let old = from.run(move || http_get(port, "/ferry.txt"));
+    assert!(old.is_err(), "[{TEST}] {} still serves after the move", from.0);
+
+    // SIGQUIT to the init is forwarded to the master: a graceful stop of
+    // the whole tree, and the init exits with the master's status.
+    let init_id = ProcId { pid: init_pid, start: read_stat(init_pid).map(|s| s.start).unwrap_or(0) };
+    let ids: Vec<ProcId> = std::iter::once(init_id).chain(after.iter().map(|p| p.id)).collect();
+    signal(&init_id, libc::SIGQUIT);
+    match wait_gone(&ids, EXIT_TIMEOUT) {
+        Ok(statuses) => {
+            if let Some(st) = statuses.get(&init_pid) {
+                assert!(st.success(), "[{TEST}] ferry-init exited with {}", describe(*st));
+            }
+        }
+        Err(left) => panic!("[{TEST}] still running after SIGQUIT to ferry-init: {left:?}"),
+    }
 }
 
 // ---------------------------------------------------------------------------

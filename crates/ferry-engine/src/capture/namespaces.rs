@@ -138,11 +138,12 @@ fn mounts(pid: i32) -> Result<BTreeSet<(String, String, String, String)>> {
             return Err(EngineError::Parse { path, what: format!("short mountinfo line: {line}") });
         }
         let point = f[4];
-        // /proc comes with the PID namespace; namespace handles (nsfs,
-        // `ip netns` names) come and go on the host and name no file the
-        // tree uses.
+        // /proc comes with the PID namespace and /sys with the network
+        // namespace (`ip netns exec` mounts a sysfs of its own); namespace
+        // handles (nsfs, `ip netns` names) come and go on the host. None of
+        // them moves a file the tree uses elsewhere.
         let under = |dir: &str| point == dir || point.strip_prefix(dir).is_some_and(|r| r.starts_with('/'));
-        if under("/proc") || under("/run/netns") || f[sep + 1] == "nsfs" {
+        if under("/proc") || under("/sys") || under("/run/netns") || f[sep + 1] == "nsfs" {
             continue;
         }
         out.insert((point.to_string(), f[3].to_string(), f[2].to_string(), f[sep + 1].to_string()));

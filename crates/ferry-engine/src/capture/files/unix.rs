@@ -97,13 +97,15 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
 
 pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let ino = info.meta.ino();
-    let table = ferry_sys::sockdiag::unix_sockets().map_err(|e| EngineError::kernel(info.pid, "listing unix sockets (sock_diag)", e))?;
+    let sock = info.dup()?;
+    // The socket's own network namespace: the tree may live in another.
+    let table = ferry_sys::sockdiag::unix_sockets_beside(std::os::fd::AsFd::as_fd(&sock))
+        .map_err(|e| EngineError::kernel(info.pid, "listing unix sockets (sock_diag)", e))?;
     let me: UnixDiag = table
         .iter()
         .find(|d| d.ino as u64 == ino)
         .cloned()
-        .ok_or_else(|| info.unsupported("unix socket not found in this network namespace's socket table"))?;
-    let sock = info.dup()?;
+        .ok_or_else(|| info.unsupported("unix socket not found in its network namespace's socket table"))?;
     let fd = sock.as_raw_fd();
     let name = name_of(fd);
     let mut listen_backlog = None;
