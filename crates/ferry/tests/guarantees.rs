@@ -5,6 +5,9 @@
 //! tests/conformance/ and follow the conformance protocol (READY, then
 //! SIGUSR2, then PASS/FAIL).
 
+mod common;
+
+use common::{inode, innermost_pid, NetNs};
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -382,34 +385,6 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
 }
 
-/// A network namespace made for one test, deleted on drop.
-struct NetNs(String);
-
-impl NetNs {
-    fn new(tag: &str) -> Option<NetNs> {
-        let name = format!("ferry-{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().map(|s| s.success()).unwrap_or(false);
-        if !ok {
-            return None;
-        }
-        let ns = NetNs(name);
-        let up = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
-        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
-        Some(ns)
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
-    }
-}
-
-fn inode(path: &str) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
-}
-
 #[test]
 fn restore_into_a_named_network_namespace() {
     if !is_root() {
@@ -458,12 +433,6 @@ fn restore_into_a_named_network_namespace() {
     let o = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--netns", "ferry-no-such-netns", "--detach"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("network namespace /run/netns/ferry-no-such-netns"), "{}", stderr(&o));
-}
-
-/// The PID of `pid` in the innermost PID namespace it is in.
-fn innermost_pid(pid: i32) -> Option<i32> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

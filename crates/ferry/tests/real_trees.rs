@@ -39,6 +39,9 @@
 //! reaps everything, removes SysV shared memory and /dev/shm files left by its
 //! postgres, and removes its temporary directory, also when the test fails.
 
+mod common;
+
+use common::{inode, innermost_pid, NetNs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -1016,61 +1019,6 @@ fn nginx_master_and_workers_serve_after_restore() {
         );
     }
     assert!(port_closed(port), "[{TEST}] port {port} still open after nginx stopped");
-}
-
-/// A network namespace made for one test (`ip netns add`, loopback up),
-/// deleted on drop.
-struct NetNs(String);
-
-impl NetNs {
-    fn new(tag: &str) -> Option<NetNs> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("ferry-rt-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().map(|s| s.success()).unwrap_or(false);
-        if !ok {
-            return None;
-        }
-        let ns = NetNs(name);
-        let up = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
-        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
-        Some(ns)
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-
-    /// Runs `f` on a thread that has joined this namespace: its sockets
-    /// live there.
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = self.path();
-        std::thread::spawn(move || {
-            let ns = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: setns on this thread only, with an open nsfs file.
-            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns({path}): {}", io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
-    }
-}
-
-fn inode(path: &str) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
-}
-
-/// The PID of `pid` in the innermost PID namespace it is in.
-fn innermost_pid(pid: i32) -> Option<i32> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// Connections on `port` that `pid`'s network namespace holds (not
