@@ -17,12 +17,16 @@ pub enum EngineError {
     Parse { path: String, what: String },
     #[error(transparent)]
     Image(#[from] ImageError),
-    #[error("pid {pid} is taken by a running process ({comm}); free it or restore into a new PID namespace")]
+    #[error("pid {pid} is taken by a running process ({comm}); free it or restore with --new-pid-ns")]
     PidTaken { pid: i32, comm: String },
     #[error("pid {pid}: {msg}")]
     Restore { pid: i32, msg: String },
     #[error("pid {pid}: process is gone ({what})")]
     Gone { pid: i32, what: String },
+    /// What failed inside the helper of a restore into a new PID
+    /// namespace, as the helper described it.
+    #[error("in the new PID namespace: {0}")]
+    InNewPidNs(String),
 }
 
 impl EngineError {

@@ -32,17 +32,18 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
-    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(0, "creating a pipe", e))?;
+    let root = tree.root().map_or(0, |p| p.pid);
+    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
     let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
     // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
     // code, as the root child of a plain restore does.
     let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
         Ok(0) => {
             drop(rd);
-            run_init(std::fs::File::from(wr), || super::restore_image(dir, opts, inv, tree, t0))
+            run_init(std::fs::File::from(wr), || mount_own_proc(root).and_then(|()| super::restore_image(dir, opts, inv, tree, t0)))
         }
         Ok(p) => p,
-        Err(e) => return Err(EngineError::kernel(0, "creating a PID namespace", e)),
+        Err(e) => return Err(EngineError::kernel(root, "creating a PID namespace", e)),
     };
     drop(wr);
     let mut report = String::new();
@@ -57,22 +58,33 @@ pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: T
         }
         let msg = match parsed {
             Some(Err(msg)) => msg,
-            _ => format!("the PID namespace helper {init} ended without a report"),
+            _ => format!("its helper (pid {init}) ended without a report"),
         };
-        return Err(EngineError::restore(0, msg));
+        return Err(EngineError::InNewPidNs(msg));
     };
-    r.host_pid = root_seen_from_here(init)?;
+    r.host_pid = match root_seen_from_here(root, init) {
+        Ok(pid) => pid,
+        Err(e) => {
+            // SAFETY: our child, the namespace's init: killing it ends the
+            // tree it holds; then it is reaped.
+            unsafe {
+                libc::kill(init, libc::SIGKILL);
+                libc::waitpid(init, std::ptr::null_mut(), 0);
+            }
+            return Err(e);
+        }
+    };
     r.init_pid = Some(init);
     Ok(r)
 }
 
 /// The helper's only child is the tree's root.
-fn root_seen_from_here(init: i32) -> Result<i32> {
+fn root_seen_from_here(root: i32, init: i32) -> Result<i32> {
     let path = format!("/proc/{init}/task/{init}/children");
     let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(path.clone(), e))?;
     text.split_whitespace()
         .find_map(|c| c.parse::<i32>().ok())
-        .ok_or_else(|| EngineError::restore(0, format!("the PID namespace init {init} has no child")))
+        .ok_or_else(|| EngineError::restore(root, format!("the PID namespace's init {init} has no child")))
 }
 
 fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
@@ -89,7 +101,7 @@ fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
 
 /// Runs in the helper: PID 1 of the new namespace. Never returns.
 fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored>) -> ! {
-    let outcome = mount_own_proc().and_then(|()| restore());
+    let outcome = restore();
     let root = match outcome {
         Ok(r) => {
             let _ = write!(report, "ok {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
@@ -105,18 +117,18 @@ fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored
     be_init(root)
 }
 
-fn mount_own_proc() -> Result<()> {
+fn mount_own_proc(root: i32) -> Result<()> {
     let none = c"none";
     // SAFETY: mount with static C strings; the mount namespace is ours.
     unsafe {
         // Slave, so nothing mounted here reaches ferry's namespace while
         // mounts made there still show up here.
         if libc::mount(none.as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) < 0 {
-            return Err(super::files::errno_err(0, "making / a slave mount in the new mount namespace".into()));
+            return Err(super::files::errno_err(root, "making / a slave mount in the new mount namespace".into()));
         }
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) < 0 {
-            return Err(super::files::errno_err(0, "mounting /proc for the new PID namespace".into()));
+            return Err(super::files::errno_err(root, "mounting /proc for the new PID namespace".into()));
         }
     }
     Ok(())
