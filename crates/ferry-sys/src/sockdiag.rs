@@ -53,25 +53,37 @@ fn diag_socket() -> SysResult<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// A sock_diag socket of the network namespace `sock` belongs to: the
-/// calling thread joins that namespace just long enough to make it.
-fn diag_socket_beside(sock: BorrowedFd) -> SysResult<OwnedFd> {
+/// The network namespace a socket belongs to, as an nsfs descriptor.
+pub fn socket_netns(sock: BorrowedFd) -> SysResult<OwnedFd> {
     // SAFETY: SIOCGSKNS takes no argument and returns a new fd.
     let ns = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) };
     if ns < 0 {
         return Err(last_error("ioctl(SIOCGSKNS)"));
     }
     // SAFETY: ns is a new descriptor we own.
-    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
+}
+
+/// The inode of a namespace (or any) descriptor: its identity.
+pub fn inode_of(fd: BorrowedFd) -> SysResult<u64> {
+    // SAFETY: st is plain data filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is a valid stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(last_error("fstat"));
+    }
+    Ok(st.st_ino)
+}
+
+/// A sock_diag socket of network namespace `ns`: the calling thread
+/// joins it just long enough to make the socket, which then answers for
+/// that namespace.
+fn diag_socket_in(ns: BorrowedFd) -> SysResult<OwnedFd> {
     let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0)))?;
-    let same = match (std::fs::metadata("/proc/thread-self/ns/net"), ns_inode(&ns)) {
-        (Ok(m), Some(ino)) => std::os::unix::fs::MetadataExt::ino(&m) == ino,
-        _ => false,
-    };
-    if same {
+    if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
         return diag_socket();
     }
-    // SAFETY: ns is a network namespace fd.
+    // SAFETY: ns is a network namespace fd; only this thread moves.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
         return Err(last_error("setns(socket's network namespace)"));
     }
@@ -83,21 +95,9 @@ fn diag_socket_beside(sock: BorrowedFd) -> SysResult<OwnedFd> {
     made
 }
 
-fn ns_inode(fd: &OwnedFd) -> Option<u64> {
-    // SAFETY: st is plain data filled by fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is open; st is a valid stat buffer.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
-}
-
-/// Every unix socket of the caller's network namespace.
-pub fn unix_sockets() -> SysResult<Vec<UnixDiag>> {
-    unix_sockets_from(diag_socket()?)
-}
-
-/// Every unix socket of the network namespace `sock` (a socket) is in.
-pub fn unix_sockets_beside(sock: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
-    unix_sockets_from(diag_socket_beside(sock)?)
+/// Every unix socket of network namespace `ns` (an nsfs descriptor).
+pub fn unix_sockets_in(ns: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
+    unix_sockets_from(diag_socket_in(ns)?)
 }
 
 fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {

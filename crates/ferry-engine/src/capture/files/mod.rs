@@ -30,6 +30,7 @@ pub(crate) struct FdInfo<'a> {
     pub pidfd: &'a OwnedFd,
     /// Every process of the tree being captured.
     pub tree: &'a [i32],
+    pub unix_tables: &'a unix::UnixTables,
 }
 
 impl FdInfo<'_> {
@@ -114,11 +115,12 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     let mut slots: Vec<FdSlot> = Vec::new();
     // (dev, ino, file index, a representative fd) for sharing detection.
     let mut seen: Vec<(u64, u64, u32, i32)> = Vec::new();
+    let unix_tables = unix::UnixTables::default();
     for fd in fds {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let meta = std::fs::metadata(format!("{dir}/{fd}")).map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-        let info = FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree };
+        let info = FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables };
         let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
         let cloexec = flags & libc::O_CLOEXEC != 0;

@@ -7,7 +7,7 @@ use super::FdInfo;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, UnixSocket};
 use ferry_sys::sockdiag::UnixDiag;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
 const TCP_LISTEN: u8 = 10;
@@ -95,12 +95,30 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
     result.map(|_| out)
 }
 
+/// The sock_diag unix tables read while capturing one process, by
+/// network namespace: one dump serves all its sockets. A socket is looked
+/// up in its own namespace, as the tree may live in another than ferry's.
+#[derive(Default)]
+pub struct UnixTables(std::cell::RefCell<std::collections::HashMap<u64, std::rc::Rc<Vec<UnixDiag>>>>);
+
+impl UnixTables {
+    fn of(&self, pid: i32, sock: &OwnedFd) -> Result<std::rc::Rc<Vec<UnixDiag>>> {
+        let err = |e| EngineError::kernel(pid, "listing unix sockets (sock_diag)", e);
+        let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).map_err(err)?;
+        let ino = ferry_sys::sockdiag::inode_of(ns.as_fd()).map_err(err)?;
+        if let Some(t) = self.0.borrow().get(&ino) {
+            return Ok(t.clone());
+        }
+        let table = std::rc::Rc::new(ferry_sys::sockdiag::unix_sockets_in(ns.as_fd()).map_err(err)?);
+        self.0.borrow_mut().insert(ino, table.clone());
+        Ok(table)
+    }
+}
+
 pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let ino = info.meta.ino();
     let sock = info.dup()?;
-    // The socket's own network namespace: the tree may live in another.
-    let table = ferry_sys::sockdiag::unix_sockets_beside(std::os::fd::AsFd::as_fd(&sock))
-        .map_err(|e| EngineError::kernel(info.pid, "listing unix sockets (sock_diag)", e))?;
+    let table = info.unix_tables.of(info.pid, &sock)?;
     let me: UnixDiag = table
         .iter()
         .find(|d| d.ino as u64 == ino)
