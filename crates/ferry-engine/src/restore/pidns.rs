@@ -46,34 +46,28 @@ pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: T
         Err(e) => return Err(EngineError::kernel(root, "creating a PID namespace", e)),
     };
     drop(wr);
-    let mut report = String::new();
-    let read = std::fs::File::from(rd).read_to_string(&mut report);
-    let parsed = read.ok().and_then(|_| parse_report(&report));
-    let Some(Ok(mut r)) = parsed else {
-        // SAFETY: the helper is our child; it has exited or is killed and
-        // reaped here so nothing is left behind.
+    let outcome = helper_outcome(std::fs::File::from(rd), root, init);
+    if outcome.is_err() {
+        // SAFETY: the helper is our child and the namespace's init: killing
+        // it ends whatever it made; then it is reaped.
         unsafe {
             libc::kill(init, libc::SIGKILL);
             libc::waitpid(init, std::ptr::null_mut(), 0);
         }
-        let msg = match parsed {
-            Some(Err(msg)) => msg,
-            _ => format!("its helper (pid {init}) ended without a report"),
-        };
-        return Err(EngineError::InNewPidNs(msg));
+    }
+    outcome
+}
+
+/// Reads the helper's report to its end and finds the root from here.
+fn helper_outcome(mut pipe: std::fs::File, root: i32, init: i32) -> Result<Restored> {
+    let mut report = String::new();
+    let parsed = pipe.read_to_string(&mut report).ok().and_then(|_| parse_report(&report));
+    let mut r = match parsed {
+        Some(Ok(r)) => r,
+        Some(Err(msg)) => return Err(EngineError::InNewPidNs(msg)),
+        None => return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report"))),
     };
-    r.host_pid = match root_seen_from_here(root, init) {
-        Ok(pid) => pid,
-        Err(e) => {
-            // SAFETY: our child, the namespace's init: killing it ends the
-            // tree it holds; then it is reaped.
-            unsafe {
-                libc::kill(init, libc::SIGKILL);
-                libc::waitpid(init, std::ptr::null_mut(), 0);
-            }
-            return Err(e);
-        }
-    };
+    r.host_pid = root_seen_from_here(root, init)?;
     r.init_pid = Some(init);
     Ok(r)
 }
