@@ -4,7 +4,7 @@
 //! extents that hold data, read through /proc/PID/map_files.
 
 use crate::error::{EngineError, Result};
-use crate::procfs::{self, MapsEntry};
+use crate::procfs::MapsEntry;
 use ferry_image::{MemfdObject, SysvShm, VmaBacking, Vma};
 
 fn open_mapping(pid: i32, m: &MapsEntry) -> Result<std::fs::File> {
@@ -37,18 +37,20 @@ struct SegmentInfo {
 }
 
 fn segment_info(id: i32) -> Result<SegmentInfo> {
+    use super::sysv_ipc::{column, mode, table};
     let path = "/proc/sysvipc/shm";
-    let text = procfs::read_string(path)?;
-    for line in text.lines().skip(1) {
-        // key shmid perms size cpid lpid nattch uid gid cuid cgid ...
-        let c: Vec<&str> = line.split_whitespace().collect();
-        if c.len() < 11 || c[1].parse::<i32>().ok() != Some(id) {
-            continue;
-        }
-        let num = |i: usize| c[i].parse::<i64>().map_err(|_| EngineError::Parse { path: path.into(), what: format!("column {i} of {line:?}") });
-        return Ok(SegmentInfo { key: num(0)? as i32, mode: u32::from_str_radix(c[2], 8).unwrap_or(num(2)? as u32) & 0o777, size: num(3)? as u64, uid: num(7)? as u32, gid: num(8)? as u32 });
-    }
-    Err(EngineError::Parse { path: path.into(), what: format!("no SysV segment {id}") })
+    // key shmid perms size cpid lpid nattch uid gid cuid cgid ...
+    let row = table(path)?
+        .into_iter()
+        .find(|row| row.get(1).and_then(|v| v.parse::<i32>().ok()) == Some(id))
+        .ok_or_else(|| EngineError::Parse { path: path.into(), what: format!("no SysV segment {id}") })?;
+    Ok(SegmentInfo {
+        key: column::<i64>(path, &row, 0)? as i32,
+        mode: mode(path, &row)?,
+        size: column(path, &row, 3)?,
+        uid: column(path, &row, 7)?,
+        gid: column(path, &row, 8)?,
+    })
 }
 
 /// Every SysV segment any process has attached, once, with its key,

@@ -17,20 +17,22 @@ use std::collections::HashSet;
 const MSG_COPY: i32 = 0o40000;
 
 /// The rows of a /proc/sysvipc table, split into columns (header skipped).
-fn table(path: &str) -> Result<Vec<Vec<String>>> {
+pub(super) fn table(path: &str) -> Result<Vec<Vec<String>>> {
     let text = procfs::read_string(path)?;
     Ok(text.lines().skip(1).map(|l| l.split_whitespace().map(str::to_string).collect()).collect())
 }
 
-fn column<T: std::str::FromStr>(path: &str, row: &[String], i: usize) -> Result<T> {
+pub(super) fn column<T: std::str::FromStr>(path: &str, row: &[String], i: usize) -> Result<T> {
     row.get(i)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| EngineError::Parse { path: path.into(), what: format!("column {i} of {row:?}") })
 }
 
-fn mode(path: &str, row: &[String]) -> Result<u32> {
+/// The mode (column 2, octal) of a /proc/sysvipc row: permission bits
+/// and, for a segment, SHM_DEST (0o1000) once it is marked for removal.
+pub(super) fn mode(path: &str, row: &[String]) -> Result<u32> {
     let v = row.get(2).ok_or_else(|| EngineError::Parse { path: path.into(), what: format!("no mode in {row:?}") })?;
-    u32::from_str_radix(v, 8).map(|m| m & 0o777).map_err(|_| EngineError::Parse { path: path.into(), what: format!("mode {v:?}") })
+    u32::from_str_radix(v, 8).map(|m| m & 0o1777).map_err(|_| EngineError::Parse { path: path.into(), what: format!("mode {v:?}") })
 }
 
 fn ipc_err(pid: i32, call: &'static str, what: String) -> EngineError {
@@ -60,7 +62,7 @@ pub fn capture_sem(tree: &[i32]) -> Result<Vec<SysvSem>> {
         if unsafe { libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr()) } < 0 {
             return Err(ipc_err(root, "semctl(GETALL)", format!("reading the values of semaphore set {id}")));
         }
-        out.push(SysvSem { id, key, mode: mode(path, &row)?, uid: column(path, &row, 4)?, gid: column(path, &row, 5)?, values });
+        out.push(SysvSem { id, key, mode: mode(path, &row)? & 0o777, uid: column(path, &row, 4)?, gid: column(path, &row, 5)?, values });
     }
     Ok(out)
 }
@@ -100,7 +102,7 @@ pub fn capture_msg(tree: &[i32]) -> Result<Vec<SysvMsgQueue>> {
         out.push(SysvMsgQueue {
             id,
             key,
-            mode: mode(path, &row)?,
+            mode: mode(path, &row)? & 0o777,
             uid: column(path, &row, 7)?,
             gid: column(path, &row, 8)?,
             max_bytes: ds.msg_qbytes as u64,

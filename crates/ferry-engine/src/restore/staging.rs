@@ -101,18 +101,13 @@ const SHM_DEST: u32 = 0o1000;
 /// Recreates a SysV segment under its old id (via shm_next_id), with its
 /// key, owner, permissions and content.
 fn new_sysv(pid: i32, s: &SysvShm) -> Result<()> {
-    std::fs::write("/proc/sys/kernel/shm_next_id", s.id.to_string()).map_err(|e| EngineError::io("/proc/sys/kernel/shm_next_id", e))?;
+    let what = format!("SysV segment {} (key {:#x})", s.id, s.key);
     // SAFETY: integer arguments.
-    let got = unsafe { libc::shmget(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32) };
-    let _ = std::fs::write("/proc/sys/kernel/shm_next_id", "-1");
-    if got < 0 {
-        return Err(errno_err(pid, format!("recreating SysV segment {} (key {:#x}); is a segment with that key or id still there?", s.id, s.key)));
-    }
-    if got != s.id {
-        // SAFETY: removing the segment we just made.
-        unsafe { libc::shmctl(got, libc::IPC_RMID, std::ptr::null_mut()) };
-        return Err(EngineError::restore(pid, format!("SysV segment {} came back as {got}: id {} is taken", s.id, s.id)));
-    }
+    let create = || unsafe { libc::shmget(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32) };
+    // SAFETY: IPC_RMID takes no buffer.
+    let remove = |id| unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()); };
+    super::sysv_ipc::create_with_id(pid, "/proc/sys/kernel/shm_next_id", s.id, &what, create, remove)?;
+    let got = s.id;
     let result = (|| {
         // SAFETY: attaching the new segment anywhere in ferry to fill it.
         let at = unsafe { libc::shmat(got, std::ptr::null(), 0) };

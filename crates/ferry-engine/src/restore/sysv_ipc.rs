@@ -8,9 +8,9 @@ use super::files::errno_err;
 use crate::error::{EngineError, Result};
 use ferry_image::{SysvMsgQueue, SysvSem, TreeImage};
 
-/// Creates an object with `create` while `next_id_file` asks for `id`,
-/// and checks that the kernel gave that id.
-fn create_with_id(pid: i32, next_id_file: &str, id: i32, what: &str, create: impl FnOnce() -> i32, remove: impl Fn(i32)) -> Result<()> {
+/// Creates a SysV object with `create` while `next_id_file` (shm_, sem_
+/// or msg_next_id) asks for `id`, and checks that the kernel gave that id.
+pub(super) fn create_with_id(pid: i32, next_id_file: &str, id: i32, what: &str, create: impl FnOnce() -> i32, remove: impl Fn(i32)) -> Result<()> {
     std::fs::write(next_id_file, id.to_string()).map_err(|e| EngineError::io(next_id_file, e))?;
     let got = create();
     let _ = std::fs::write(next_id_file, "-1");
