@@ -11,6 +11,8 @@
  * size, mode, key and nattch (2) unchanged; each attachment is at the same
  * address with the shmid as its inode in /proc/self/maps; contents intact;
  * writes by the root are seen by the child and the other way round.
+ * Seg 2 is IPC_RMID'd just before READY and must still be marked for
+ * removal (SHM_DEST) after restore, the others not.
  * Everything is IPC_RMID'd at the end, and by ft_die/the safety alarm.
  *
  * Synchronisation: report pipe before READY; after restore the root checks
@@ -149,6 +151,9 @@ int main(void)
 	ft_tree_wait_ready(1);
 	if (ft_check_fill(ra[2], PG, 12) >= 0)
 		ft_die("seg 3 content written by the child not visible in the root");
+	/* seg 2 is marked for removal while both still use it (the usual
+	 * "private segment that goes away with its users" idiom) */
+	FT_SYS(shmctl(ids[1], IPC_RMID, NULL));
 
 	ft_ready();
 	ft_tree_wait_restored();
@@ -167,6 +172,8 @@ int main(void)
 		FT_EQ(d.shm_perm.mode & 0777, seg_mode[i], what);
 		snprintf(what, sizeof(what), "seg %d key", i + 1);
 		FT_EQ(d.shm_perm.__key, i == 0 ? key1 : IPC_PRIVATE, what);
+		FT_CHECK(!!(d.shm_perm.mode & SHM_DEST) == (i == 1), "seg %d: SHM_DEST is %s after restore", i + 1,
+			 d.shm_perm.mode & SHM_DEST ? "set" : "clear");
 		snprintf(what, sizeof(what), "seg %d nattch (root and child)", i + 1);
 		FT_EQ(d.shm_nattch, 2, what);
 		ft_log("seg %d: id %d cpid %d (was %d) lpid %d (was %d)", i + 1, ids[i], (int)d.shm_cpid,
