@@ -335,3 +335,4 @@ cp "$WORK/table.md" "$OUT_MD"
 cat "$WORK/table.md"
 log "written to ${OUT_MD#"$REPO"/}"
 bash "$REPO/bench/trees.sh"   # process trees: docs/benchmarks-trees-latest.md
+bash "$REPO/bench/pidns.sh"   # --new-pid-ns restore cost: docs/benchmarks-pidns-latest.md
