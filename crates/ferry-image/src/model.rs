@@ -40,6 +40,9 @@ pub struct TreeImage {
     /// ferry's): every PID here is as that namespace saw it, and restore
     /// makes a new PID namespace for it.
     pub own_pid_namespace: bool,
+    /// The network lock holding the tree's TCP connections frozen, if it
+    /// had any.
+    pub network_lock: Option<NetworkLockRef>,
 }
 
 impl TreeImage {
@@ -446,9 +449,67 @@ pub struct InetSocket {
     pub port: u16,
     /// Some(backlog) for a listening TCP socket.
     pub listen_backlog: Option<i32>,
-    /// A connected UDP socket's peer (address bytes, port).
+    /// The peer of a connected UDP socket or an established TCP
+    /// connection (address bytes, port).
     pub peer: Option<(Vec<u8>, u16)>,
     pub options: Vec<SockOpt>,
+    /// An established TCP connection's state, read in TCP repair mode.
+    pub connection: Option<TcpConnection>,
+}
+
+/// What TCP repair mode reads from an established connection and needs to
+/// rebuild it without the peer noticing.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct TcpConnection {
+    /// TCP state (1 = ESTABLISHED) as TCP_INFO reports it.
+    pub state: u8,
+    /// Sequence number of the first byte of `send_queue` (snd_una).
+    pub send_seq: u32,
+    /// Data sent but not acknowledged, then data not sent yet.
+    pub send_queue: Vec<u8>,
+    /// How many bytes at the end of `send_queue` were never sent.
+    pub unsent: u32,
+    /// Sequence number of the first byte of `recv_queue`.
+    pub recv_seq: u32,
+    /// Data received and acknowledged but not read by the application.
+    pub recv_queue: Vec<u8>,
+    /// The MSS clamp (TCP_MAXSEG in repair mode).
+    pub mss_clamp: u32,
+    /// Window scale shifts, or None when window scaling is off.
+    pub snd_wscale: Option<u8>,
+    pub rcv_wscale: u8,
+    pub sack: bool,
+    pub timestamps: bool,
+    /// The connection's TCP timestamp clock (TCP_TIMESTAMP), restored so
+    /// the peer sees it run on monotonically.
+    pub timestamp: u32,
+    pub window: TcpWindow,
+    /// Buffer sizes at capture (SO_SNDBUF/SO_RCVBUF as getsockopt reports
+    /// them) and which of them the application fixed (SO_BUF_LOCK bits);
+    /// unfixed sizes stay auto-tuned after restore.
+    pub sndbuf: i32,
+    pub rcvbuf: i32,
+    pub buf_lock: i32,
+}
+
+/// `struct tcp_repair_window`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct TcpWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+/// The network lock that froze the tree's TCP connections at checkpoint;
+/// restore thaws it once the connections exist again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NetworkLockRef {
+    /// "ebpf", "nftables" or "iptables".
+    pub method: String,
+    /// The lock's name (`ferry network-lock --status` lists it).
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -13,6 +13,7 @@ pub mod pidfd;
 pub mod process;
 pub mod ptrace;
 pub mod sockdiag;
+pub mod socket;
 pub mod vm;
 
 pub use error::{SysError, SysResult};

@@ -126,6 +126,20 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let sysv_msg = sysv_ipc::capture_msg(&pids)?;
     ph.mark("survey");
 
+    // Established TCP connections: frozen on the network, then read in
+    // repair mode, which stays on until the tree is killed.
+    let established = {
+        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
+            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        files::tcp::established(&views)
+    };
+    let (repaired, states) = files::tcp::capture(&established, |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd))?;
+    {
+        let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();
+        files::tcp::store(&established, states, &mut files_of);
+    }
+    ph.mark("tcp connections");
+
     let mut images = Vec::with_capacity(surveys.len());
     for (p, sv) in tree.procs.iter().zip(&surveys) {
         images.push(capture_process_injected(&p.frozen, sv)?);
@@ -203,8 +217,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         total_ms: 0.0,
     };
     if opts.leave_running {
+        drop(repaired);
         tree.release()?;
     } else {
+        repaired.keep_in_repair();
         tree.kill()?;
         shm::remove_sysv(&tree_image.sysv_shm);
         sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);

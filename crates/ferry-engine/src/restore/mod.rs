@@ -330,6 +330,10 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
             return Err(files::errno_err(pid, format!("sealing memfd {id} with {seals:#x}")));
         }
     }
+    // The connections come alive only now, with every process that owns
+    // one in place and still stopped.
+    let _connections = files::tcp::finish(&tree, &staged_files, || Ok(()))?;
+    ph.mark("tcp connections");
     // Children first, so a parent never runs while its child is still held.
     for (s, tids) in sessions.iter().zip(&all_tids).rev() {
         for &tid in std::iter::once(&s.pid).chain(tids) {

@@ -1,103 +1,177 @@
-//! IPv4/IPv6 sockets: listening TCP and bound UDP sockets, with their
-//! address, backlog and options. Established connections, connected UDP
-//! sockets and sockets with queued data are refused by name.
+//! IPv4/IPv6 sockets: TCP sockets (unconnected, listening, established)
+//! and UDP sockets, with their address, backlog and every option the
+//! application changed. An established connection's TCP state is read
+//! later, under the network lock (`tcp.rs`); half-closed connections,
+//! listeners with connections waiting to be accepted and UDP sockets with
+//! queued datagrams are refused by name.
 
 use super::FdInfo;
 use crate::error::Result;
 use ferry_image::{FileKind, InetSocket, SockOpt};
+use ferry_sys::socket;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 
 fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> Option<i32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: v/len are valid out buffers for an int option.
-    let r = unsafe { libc::getsockopt(fd, level, name, &mut v as *mut _ as *mut libc::c_void, &mut len) };
-    (r == 0).then_some(v)
-}
-
-fn sockaddr(fd: RawFd, peer: bool) -> Option<(Vec<u8>, u16)> {
-    // SAFETY: sockaddr_storage is plain data.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    let p = &mut ss as *mut _ as *mut libc::sockaddr;
-    // SAFETY: ss/len describe a buffer large enough for any address.
-    let r = unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } };
-    if r != 0 {
-        return None;
-    }
-    match ss.ss_family as i32 {
-        libc::AF_INET => {
-            // SAFETY: the kernel filled a sockaddr_in.
-            let sin = unsafe { &*(&ss as *const _ as *const libc::sockaddr_in) };
-            Some((sin.sin_addr.s_addr.to_ne_bytes().to_vec(), u16::from_be(sin.sin_port)))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the kernel filled a sockaddr_in6.
-            let sin6 = unsafe { &*(&ss as *const _ as *const libc::sockaddr_in6) };
-            Some((sin6.sin6_addr.s6_addr.to_vec(), u16::from_be(sin6.sin6_port)))
-        }
-        _ => None,
-    }
-}
-
-fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
-    // SAFETY: tcp_info is plain data.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: ti/len are a valid out buffer.
-    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti as *mut _ as *mut libc::c_void, &mut len) };
-    (r == 0).then_some(ti)
+    socket::getsockopt_int(fd, level, name).ok()
 }
 
 fn getsockopt_bytes(fd: RawFd, level: i32, name: i32) -> Option<Vec<u8>> {
-    let mut buf = [0u8; 64];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: buf/len describe a writable buffer.
-    let r = unsafe { libc::getsockopt(fd, level, name, buf.as_mut_ptr().cast(), &mut len) };
-    (r == 0).then(|| buf[..len as usize].to_vec())
+    socket::getsockopt_bytes(fd, level, name, 64).ok()
+}
+
+fn addr_bytes(a: &SocketAddr) -> Vec<u8> {
+    match a.ip() {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
 }
 
 fn sysctl_int(path: &str, field: usize) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.split_whitespace().nth(field)?.parse().ok()
 }
 
-/// Options restore re-applies, with the value they have when nobody set
-/// them (None: all zero bytes). Buffer sizes are compared with the sysctl
-/// defaults, so autotuned buffers stay autotuned.
-fn option_defaults(family: i32, tcp: bool) -> Vec<(i32, i32, Option<i32>)> {
-    let (rmem, wmem) = if tcp {
-        (sysctl_int("/proc/sys/net/ipv4/tcp_rmem", 1), sysctl_int("/proc/sys/net/ipv4/tcp_wmem", 1))
-    } else {
-        (sysctl_int("/proc/sys/net/core/rmem_default", 0), sysctl_int("/proc/sys/net/core/wmem_default", 0))
-    };
+const SO_BUF_LOCK: i32 = ferry_sys::socket::SO_BUF_LOCK;
+const SOCK_SNDBUF_LOCK: i32 = 1;
+const SOCK_RCVBUF_LOCK: i32 = 2;
+
+/// TCP states as TCP_INFO reports them.
+pub(crate) const TCP_ESTABLISHED: u8 = 1;
+const TCP_CLOSE: u8 = 7;
+const TCP_LISTEN: u8 = 10;
+
+pub(crate) fn tcp_state_name(state: u8) -> &'static str {
+    match state {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        _ => "unknown",
+    }
+}
+
+/// The value an option has when nobody set it.
+#[derive(Clone)]
+enum Default_ {
+    /// All zero bytes.
+    Zero,
+    /// This integer.
+    Int(i32),
+    /// This string (NUL padding ignored).
+    Text(String),
+    /// Unknown here: capture only what we can compare; never recorded.
+    Unknown,
+}
+
+fn sysctl_text(path: &str) -> Option<String> {
+    Some(std::fs::read_to_string(path).ok()?.trim().to_string())
+}
+
+/// Options restore re-applies when they differ from their default, in
+/// the order restore sets them. Buffer sizes are only recorded when the
+/// application fixed them (SO_BUF_LOCK), so auto-tuned buffers stay
+/// auto-tuned after restore.
+fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    let int = |v: Option<i32>| v.map_or(Unknown, Int);
     let mut v = vec![
-        (libc::SOL_SOCKET, libc::SO_REUSEADDR, None),
-        (libc::SOL_SOCKET, libc::SO_REUSEPORT, None),
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, None),
-        (libc::SOL_SOCKET, libc::SO_BROADCAST, None),
-        (libc::SOL_SOCKET, libc::SO_PRIORITY, None),
-        (libc::SOL_SOCKET, libc::SO_MARK, None),
-        (libc::SOL_SOCKET, libc::SO_OOBINLINE, None),
-        (libc::SOL_SOCKET, libc::SO_LINGER, None),
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO, None),
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO, None),
-        (libc::SOL_SOCKET, libc::SO_RCVLOWAT, Some(1)),
-        (libc::SOL_SOCKET, libc::SO_RCVBUF, rmem.map(|m| m.max(2304))),
-        (libc::SOL_SOCKET, libc::SO_SNDBUF, wmem.map(|m| m.max(4608))),
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR, Zero),
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT, Zero),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, Zero),
+        (libc::SOL_SOCKET, libc::SO_BROADCAST, Zero),
+        (libc::SOL_SOCKET, libc::SO_MARK, Zero),
+        (libc::SOL_SOCKET, libc::SO_OOBINLINE, Zero),
+        (libc::SOL_SOCKET, libc::SO_LINGER, Zero),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO, Zero),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO, Zero),
+        (libc::SOL_SOCKET, libc::SO_RCVLOWAT, Int(1)),
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMP, Zero),
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, Zero),
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, Zero),
     ];
     if family == libc::AF_INET {
-        v.push((libc::IPPROTO_IP, libc::IP_TOS, None));
-        v.push((libc::IPPROTO_IP, libc::IP_TTL, sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0)));
-        v.push((libc::IPPROTO_IP, libc::IP_FREEBIND, None));
-        v.push((libc::IPPROTO_IP, libc::IP_TRANSPARENT, None));
+        v.push((libc::IPPROTO_IP, libc::IP_TOS, Zero));
+        v.push((libc::IPPROTO_IP, libc::IP_TTL, int(sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0))));
+        v.push((libc::IPPROTO_IP, libc::IP_FREEBIND, Zero));
+        v.push((libc::IPPROTO_IP, libc::IP_TRANSPARENT, Zero));
+        v.push((libc::IPPROTO_IP, libc::IP_PKTINFO, Zero));
+        v.push((libc::IPPROTO_IP, libc::IP_RECVTOS, Zero));
+        v.push((libc::IPPROTO_IP, libc::IP_RECVERR, Zero));
+        let pmtu = if sysctl_int("/proc/sys/net/ipv4/ip_no_pmtu_disc", 0) == Some(0) { Int(libc::IP_PMTUDISC_WANT) } else { Unknown };
+        v.push((libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, pmtu));
     } else {
-        v.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Some(-1)));
+        v.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Int(-1)));
+        v.push((libc::IPPROTO_IPV6, libc::IPV6_TCLASS, Zero));
+        v.push((libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, Zero));
+        v.push((libc::IPPROTO_IPV6, libc::IPV6_RECVERR, Zero));
     }
     if tcp {
-        v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, None));
-        v.push((libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, None));
+        let ka = |f: &str| int(sysctl_int(&format!("/proc/sys/net/ipv4/{f}"), 0));
+        v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, Zero));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ka("tcp_keepalive_time")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, ka("tcp_keepalive_intvl")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPCNT, ka("tcp_keepalive_probes")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_SYNCNT, ka("tcp_syn_retries")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_LINGER2, ka("tcp_fin_timeout")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, Zero));
+        v.push((libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, Zero));
+        // 0 means "the sysctl default" here.
+        v.push((libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, Zero));
+        v.push((libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, Zero));
+        v.push((libc::IPPROTO_TCP, libc::TCP_FASTOPEN, Zero));
+        let cc = sysctl_text("/proc/sys/net/ipv4/tcp_congestion_control").map_or(Unknown, Text);
+        v.push((libc::IPPROTO_TCP, libc::TCP_CONGESTION, cc));
+        if state == TCP_CLOSE || state == TCP_LISTEN {
+            // The MSS the application asked for; a connection's own MSS
+            // is part of its repair state instead.
+            v.push((libc::IPPROTO_TCP, libc::TCP_MAXSEG, Int(536)));
+        }
+        // Cork last: restore sets it after the send queue is refilled.
+        v.push((libc::IPPROTO_TCP, libc::TCP_CORK, Zero));
     }
+    // After IP_TOS, which may change it.
+    v.push((libc::SOL_SOCKET, libc::SO_PRIORITY, Zero));
     v
+}
+
+fn is_default(value: &[u8], default: &Default_) -> bool {
+    match default {
+        Default_::Zero => value.iter().all(|&b| b == 0),
+        Default_::Int(d) => value.len() == 4 && i32::from_ne_bytes([value[0], value[1], value[2], value[3]]) == *d,
+        Default_::Text(t) => {
+            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            &value[..end] == t.as_bytes()
+        }
+        Default_::Unknown => true,
+    }
+}
+
+/// Every option of the socket that differs from its default, plus the
+/// buffer sizes the application fixed.
+fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt> {
+    let mut options = Vec::new();
+    let buf_lock = getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK).unwrap_or(0);
+    for (name, bit) in [(libc::SO_SNDBUF, SOCK_SNDBUF_LOCK), (libc::SO_RCVBUF, SOCK_RCVBUF_LOCK)] {
+        if buf_lock & bit != 0 {
+            if let Some(value) = getsockopt_bytes(fd, libc::SOL_SOCKET, name) {
+                options.push(SockOpt { level: libc::SOL_SOCKET, name, value });
+            }
+        }
+    }
+    for (level, name, default) in option_defaults(family, tcp, state) {
+        let Some(value) = getsockopt_bytes(fd, level, name) else { continue };
+        if !is_default(&value, &default) {
+            options.push(SockOpt { level, name, value });
+        }
+    }
+    options
 }
 
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
@@ -116,30 +190,40 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     if !family_name.is_empty() {
         return Err(info.unsupported(family_name));
     }
-    let (addr, port) = sockaddr(fd, false).ok_or_else(|| info.unsupported("cannot read the socket's address"))?;
+    let local = socket::address(fd, false)
+        .ok()
+        .flatten()
+        .ok_or_else(|| info.unsupported("cannot read the socket's address"))?;
     let tcp = sock_type == libc::SOCK_STREAM && protocol == libc::IPPROTO_TCP;
     let udp = sock_type == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP;
     if !tcp && !udp {
         return Err(info.unsupported("only TCP and UDP sockets are supported"));
     }
-    let peer = sockaddr(fd, true);
-    if let (true, Some((paddr, pport))) = (tcp, &peer) {
-        let peer = if paddr.len() == 4 {
-            format!("{}.{}.{}.{}:{pport}", paddr[0], paddr[1], paddr[2], paddr[3])
-        } else {
-            format!("[{}]:{pport}", std::net::Ipv6Addr::from(<[u8; 16]>::try_from(paddr.as_slice()).unwrap_or([0; 16])))
-        };
-        return Err(info.unsupported(format!("established TCP connection to {peer} (live TCP connections are not supported yet)")));
-    }
+    let peer = socket::address(fd, true).ok().flatten();
+    let mut state = TCP_CLOSE;
     let mut listen_backlog = None;
-    if tcp && getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1) {
-        let ti = tcp_info(fd).ok_or_else(|| info.unsupported("cannot read TCP_INFO"))?;
-        // For a listener the kernel reports the accept queue in
-        // tcpi_unacked and its limit (the listen backlog) in tcpi_sacked.
-        if ti.tcpi_unacked > 0 {
-            return Err(info.unsupported(format!("{} connections wait in its accept queue", ti.tcpi_unacked)));
+    if tcp {
+        let ti = socket::tcp_info(fd).map_err(|_| info.unsupported("cannot read TCP_INFO"))?;
+        state = ti.tcpi_state;
+        match state {
+            TCP_LISTEN => {
+                // For a listener the kernel reports the accept queue in
+                // tcpi_unacked and its limit (the listen backlog) in
+                // tcpi_sacked.
+                if ti.tcpi_unacked > 0 {
+                    return Err(info.unsupported(format!("{} connections wait in its accept queue", ti.tcpi_unacked)));
+                }
+                listen_backlog = Some(ti.tcpi_sacked as i32);
+            }
+            TCP_ESTABLISHED | TCP_CLOSE => {}
+            other => {
+                let to = peer.map(|p| format!(" to {p}")).unwrap_or_default();
+                return Err(info.unsupported(format!(
+                    "TCP connection{to} in state {} (only established connections can be restored)",
+                    tcp_state_name(other)
+                )));
+            }
         }
-        listen_backlog = Some(ti.tcpi_sacked as i32);
     }
     if udp {
         let queued = ferry_sys::fd::bytes_readable(fd).unwrap_or(0);
@@ -147,16 +231,19 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
             return Err(info.unsupported(format!("{queued} bytes of datagrams are queued")));
         }
     }
-    let mut options = Vec::new();
-    for (level, name, default) in option_defaults(family, tcp) {
-        let Some(value) = getsockopt_bytes(fd, level, name) else { continue };
-        let is_default = match default {
-            None => value.iter().all(|&b| b == 0),
-            Some(d) => value.len() == 4 && i32::from_ne_bytes([value[0], value[1], value[2], value[3]]) == d,
-        };
-        if !is_default {
-            options.push(SockOpt { level, name, value });
-        }
-    }
-    Ok(FileKind::InetSocket(InetSocket { family, sock_type, protocol, addr, port, listen_backlog, peer, options }))
+    // A TCP socket that was reset or closed by its peer keeps no peer.
+    let peer = if tcp && state != TCP_ESTABLISHED { None } else { peer };
+    let options = changed_options(fd, family, tcp, state);
+    Ok(FileKind::InetSocket(InetSocket {
+        family,
+        sock_type,
+        protocol,
+        addr: addr_bytes(&local),
+        port: local.port(),
+        listen_backlog,
+        peer: peer.map(|p| (addr_bytes(&p), p.port())),
+        options,
+        // Filled by the connection phase, under the network lock.
+        connection: None,
+    }))
 }

@@ -4,11 +4,12 @@
 
 mod epoll;
 mod eventfd;
-mod inet;
+pub(crate) mod inet;
 mod locks;
 mod pipe;
 mod regular;
 mod signalfd;
+pub(crate) mod tcp;
 mod timerfd;
 mod unix;
 

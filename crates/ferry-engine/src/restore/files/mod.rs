@@ -12,6 +12,7 @@ pub(crate) mod locks;
 mod pipe;
 mod regular;
 mod signalfd;
+pub(crate) mod tcp;
 mod timerfd;
 mod unix;
 

@@ -1,0 +1,199 @@
+//! Established TCP connections, read in TCP repair mode: sequence numbers,
+//! both queues, negotiated options, window, timestamp clock, buffer sizes.
+//!
+//! Runs after the survey, once the network lock holds the connections
+//! still: repair mode is switched on through ferry's duplicate of each
+//! socket and stays on until the process is killed, so that closing the
+//! socket sends nothing to the peer. If the checkpoint fails or the tree
+//! is left running, [`Repaired`] switches it off again on drop.
+
+use crate::error::{EngineError, Result};
+use ferry_image::{FileKind, OpenFile, TcpConnection, TcpWindow};
+use ferry_sys::socket;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// One established connection of the tree: where it is and its 4-tuple.
+#[derive(Debug, Clone)]
+pub struct Established {
+    pub pid: i32,
+    pub fd: i32,
+    /// Index of the process (in the tree's order) and of the file in its table.
+    pub proc_index: usize,
+    pub file_index: usize,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+fn socket_addr(bytes: &[u8], port: u16) -> Option<SocketAddr> {
+    let ip = match bytes.len() {
+        4 => IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3])),
+        16 => {
+            let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            // A v4-mapped address is the IPv4 connection it carries.
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// The established TCP connections of the tree, each open file
+/// description once (descriptions are already linked across the tree).
+pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<Established> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (proc_index, (pid, files, fds)) in procs.iter().enumerate() {
+        for (file_index, f) in files.iter().enumerate() {
+            let FileKind::InetSocket(s) = &f.kind else { continue };
+            if s.sock_type != libc::SOCK_STREAM {
+                continue;
+            }
+            let Some((paddr, pport)) = &s.peer else { continue };
+            if !seen.insert(f.id) {
+                continue;
+            }
+            let Some(slot) = fds.iter().find(|s| s.file as usize == file_index) else { continue };
+            let (Some(local), Some(remote)) = (socket_addr(&s.addr, s.port), socket_addr(paddr, *pport)) else { continue };
+            out.push(Established { pid: *pid, fd: slot.fd, proc_index, file_index, local, remote });
+        }
+    }
+    out
+}
+
+/// Sockets ferry switched into repair mode. Dropping this switches them
+/// back, unless [`Repaired::keep_in_repair`] said their process dies.
+pub struct Repaired {
+    socks: Vec<(i32, i32, OwnedFd)>,
+    keep: bool,
+}
+
+impl Repaired {
+    /// The processes are about to be killed: leave repair mode on, so that
+    /// closing the sockets sends neither FIN nor RST.
+    pub fn keep_in_repair(mut self) {
+        self.keep = true;
+    }
+    pub fn len(&self) -> usize {
+        self.socks.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.socks.is_empty()
+    }
+}
+
+impl Drop for Repaired {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        for (pid, fd, sock) in &self.socks {
+            // Leaving repair mode sends a window probe, which makes the
+            // peer tell us its window again.
+            if let Err(e) = socket::set_repair(sock.as_raw_fd(), 0) {
+                tracing::error!("pid {pid} fd {fd}: could not leave TCP repair mode: {e}");
+            }
+        }
+    }
+}
+
+fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
+    EngineError::kernel(c.pid, format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote), e)
+}
+
+/// Switches every connection into repair mode and reads its state.
+/// `pidfd_of(pid)` gives the pidfd of a process of the tree.
+pub fn capture<'a>(conns: &[Established], pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>) -> Result<(Repaired, Vec<TcpConnection>)> {
+    let mut repaired = Repaired { socks: Vec::with_capacity(conns.len()), keep: false };
+    let mut states = Vec::with_capacity(conns.len());
+    for c in conns {
+        let pidfd = pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))?;
+        let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd).map_err(|e| kernel(c, "duplicating the socket", e))?;
+        socket::set_repair(sock.as_raw_fd(), 1).map_err(|e| kernel(c, "entering repair mode", e))?;
+        let fd = sock.as_raw_fd();
+        repaired.socks.push((c.pid, c.fd, sock));
+        states.push(read_connection(c, fd)?);
+    }
+    Ok((repaired, states))
+}
+
+fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
+    let k = |what: &'static str| move |e| kernel(c, what, e);
+    let ti = socket::tcp_info(fd).map_err(k("reading TCP_INFO"))?;
+    if ti.tcpi_state != super::inet::TCP_ESTABLISHED {
+        return Err(EngineError::unsupported(
+            c.pid,
+            format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote),
+            format!("the connection went to state {} during the checkpoint", super::inet::tcp_state_name(ti.tcpi_state)),
+        ));
+    }
+    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).map_err(k("selecting the receive queue"))?;
+    let rcv_nxt = socket::queue_seq(fd).map_err(k("reading the receive sequence"))?;
+    let inq = socket::inq(fd).map_err(k("reading the receive queue length"))?;
+    let recv_queue = socket::peek_queue(fd, inq as usize).map_err(k("reading the receive queue"))?;
+    socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
+    let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
+    let outq = socket::outq(fd).map_err(k("reading the send queue length"))?;
+    let unsent = socket::outq_unsent(fd).map_err(k("reading the unsent length"))?;
+    let send_queue = socket::peek_queue(fd, outq as usize).map_err(k("reading the send queue"))?;
+    socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
+    if recv_queue.len() != inq as usize || send_queue.len() != outq as usize {
+        return Err(EngineError::restore(
+            c.pid,
+            format!(
+                "fd {}: TCP queues changed while being read ({} of {} received bytes, {} of {} sent bytes)",
+                c.fd,
+                recv_queue.len(),
+                inq,
+                send_queue.len(),
+                outq
+            ),
+        ));
+    }
+    let mss_clamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG).map_err(k("reading the MSS"))? as u32;
+    let timestamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP).map_err(k("reading TCP_TIMESTAMP"))? as u32;
+    let w = socket::repair_window(fd).map_err(k("reading the window"))?;
+    let sndbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).map_err(k("reading SO_SNDBUF"))?;
+    let rcvbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(k("reading SO_RCVBUF"))?;
+    let buf_lock = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK).map_err(k("reading SO_BUF_LOCK"))?;
+    const TCPI_OPT_TIMESTAMPS: u8 = 1;
+    const TCPI_OPT_SACK: u8 = 2;
+    const TCPI_OPT_WSCALE: u8 = 4;
+    let wscale = ti.tcpi_snd_rcv_wscale;
+    Ok(TcpConnection {
+        state: ti.tcpi_state,
+        send_seq: write_seq.wrapping_sub(outq),
+        send_queue,
+        unsent,
+        recv_seq: rcv_nxt.wrapping_sub(inq),
+        recv_queue,
+        mss_clamp,
+        snd_wscale: (ti.tcpi_options & TCPI_OPT_WSCALE != 0).then_some(wscale & 0xf),
+        rcv_wscale: wscale >> 4,
+        sack: ti.tcpi_options & TCPI_OPT_SACK != 0,
+        timestamps: ti.tcpi_options & TCPI_OPT_TIMESTAMPS != 0,
+        timestamp,
+        window: TcpWindow { snd_wl1: w.snd_wl1, snd_wnd: w.snd_wnd, max_window: w.max_window, rcv_wnd: w.rcv_wnd, rcv_wup: w.rcv_wup },
+        sndbuf,
+        rcvbuf,
+        buf_lock,
+    })
+}
+
+/// Puts each captured state into its socket's open file description,
+/// in every process that shares it.
+pub fn store(conns: &[Established], states: Vec<TcpConnection>, files_of: &mut [&mut Vec<OpenFile>]) {
+    let mut by_id = std::collections::HashMap::new();
+    for (c, state) in conns.iter().zip(states) {
+        if let Some(f) = files_of.get(c.proc_index).and_then(|f| f.get(c.file_index)) {
+            by_id.insert(f.id, state);
+        }
+    }
+    for files in files_of.iter_mut() {
+        for f in files.iter_mut() {
+            if let (FileKind::InetSocket(s), Some(state)) = (&mut f.kind, by_id.get(&f.id)) {
+                s.connection = Some(state.clone());
+            }
+        }
+    }
+}
