@@ -1,0 +1,439 @@
+//! Established TCP connections across checkpoint and restore, checked byte
+//! for byte in both directions.
+//!
+//! A server (`tests/tcp/tcp_hold_server.c`) runs in test host A (a network
+//! namespace made by the test); N clients run in this test process, in test
+//! host B (another namespace, joined by a veth pair) or on A's loopback.
+//! Each connection has data in flight both ways at the checkpoint: the
+//! client's bytes wait unread in the server's receive queue, the server's
+//! wait unacknowledged and unsent in its send queue, and the client keeps
+//! pushing more while the network lock holds its packets. The server is
+//! checkpointed (which kills it), restored into A, and then every byte of
+//! both streams is checked; no client may see a reset, a lost, duplicated
+//! or reordered byte.
+//!
+//! Each test makes its own namespaces (unique names), removes them on drop,
+//! kills only the processes it started, and checks that no network lock is
+//! left behind.
+
+mod common;
+
+use common::NetNs;
+use std::fs::{self, File};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const POLL: Duration = Duration::from_millis(10);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Compiles tests/tcp/tcp_hold_server.c once per test process.
+fn server_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-{}", std::process::id()));
+            fs::create_dir_all(&dir).expect("build dir");
+            let bin = dir.join("tcp_hold_server");
+            let out = Command::new("gcc")
+                .args(["-O1", "-g", "-Wall", "-o"])
+                .arg(&bin)
+                .arg(repo().join("tests/tcp/tcp_hold_server.c"))
+                .output()
+                .expect("run gcc");
+            assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+            bin
+        })
+        .clone()
+}
+
+/// Two test hosts on one veth link: A (the server's) and B (the clients').
+struct Hosts {
+    a: NetNs,
+    b: NetNs,
+}
+
+const A_V4: &str = "192.0.2.1";
+const B_V4: &str = "192.0.2.2";
+const A_V6: &str = "fd00:f3::1";
+const B_V6: &str = "fd00:f3::2";
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("run ip");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+impl Hosts {
+    fn new(tag: &str) -> Hosts {
+        let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
+        let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
+        ip(&["-n", &a.0, "link", "add", "fa", "type", "veth", "peer", "name", "fb", "netns", &b.0]);
+        for (ns, dev, v4, v6) in [(&a, "fa", A_V4, A_V6), (&b, "fb", B_V4, B_V6)] {
+            ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
+            ip(&["-n", &ns.0, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
+            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        }
+        Hosts { a, b }
+    }
+}
+
+/// The server process; killed (by PID) and reaped on drop.
+struct Server {
+    child: Option<Child>,
+    log: PathBuf,
+    pid: i32,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn read_lossy(p: &Path) -> String {
+    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}
+
+fn wait_line(log: &Path, line: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !read_lossy(log).lines().any(|l| l == line) {
+        assert!(Instant::now() < deadline, "no {line} within {timeout:?}; log:\n{}", read_lossy(log));
+        sleep(POLL);
+    }
+}
+
+fn start_server(netns: &str, dir: &Path, addr: &str, port: u16, n: usize, client_bytes: usize, server_bytes: usize) -> Server {
+    let log = dir.join("server.log");
+    let logf = File::create(&log).expect("server log");
+    let ns = File::open(format!("/run/netns/{netns}")).expect("open netns");
+    let nsfd = std::os::fd::AsRawFd::as_raw_fd(&ns);
+    let mut cmd = Command::new(server_binary());
+    cmd.args([addr, &port.to_string(), &n.to_string(), &client_bytes.to_string(), &server_bytes.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(logf.try_clone().expect("dup log")))
+        .stderr(Stdio::from(logf));
+    // SAFETY: only setns, setsid and close_range (async-signal-safe)
+    // between fork and exec; the namespace fd stays open in the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(nsfd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setsid();
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("start server");
+    let pid = child.id() as i32;
+    let server = Server { child: Some(child), log, pid };
+    wait_line(&server.log, "LISTENING", Duration::from_secs(10));
+    server
+}
+
+/// The byte at `i` of stream `seed` (the same pattern as ferry_test.h).
+fn pat(seed: u64, i: usize) -> u8 {
+    let w = i as u64 / 8;
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15).wrapping_add(w.wrapping_mul(0xBF58476D1CE4E5B9)).wrapping_add(0x1234567);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0x94D049BB133111EB);
+    x ^= x >> 29;
+    (x >> (8 * (i % 8))) as u8
+}
+
+struct ClientConn {
+    id: u32,
+    s: TcpStream,
+    sent: usize,
+    got: usize,
+    eof: bool,
+    shut: bool,
+    error: Option<String>,
+}
+
+impl ClientConn {
+    fn push(&mut self, limit: usize) {
+        let mut buf = vec![0u8; 16384];
+        while self.sent < limit && self.error.is_none() {
+            let n = buf.len().min(limit - self.sent);
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = pat(2 * self.id as u64, self.sent + k);
+            }
+            match self.s.write(&buf[..n]) {
+                Ok(0) => break,
+                Ok(w) => self.sent += w,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => self.error = Some(format!("conn {}: write after {} bytes: {e}", self.id, self.sent)),
+            }
+        }
+    }
+    fn pull(&mut self, server_bytes: usize) {
+        let mut buf = vec![0u8; 65536];
+        while !self.eof && self.error.is_none() {
+            match self.s.read(&mut buf) {
+                Ok(0) => {
+                    if self.got != server_bytes {
+                        self.error = Some(format!("conn {}: EOF after {} of {server_bytes} bytes", self.id, self.got));
+                    }
+                    self.eof = true;
+                }
+                Ok(r) => {
+                    if let Some(k) = (0..r).find(|&k| buf[k] != pat(2 * self.id as u64 + 1, self.got + k)) {
+                        self.error = Some(format!("conn {}: byte {} differs", self.id, self.got + k));
+                    }
+                    self.got += r;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => self.error = Some(format!("conn {}: read after {} bytes: {e}", self.id, self.got)),
+            }
+        }
+    }
+}
+
+/// The clients' side, run on a thread that joined the clients' network
+/// namespace (None: stay in the test's own).
+struct Load {
+    n: usize,
+    to: SocketAddr,
+    client_bytes: usize,
+    server_bytes: usize,
+}
+
+/// Result of the clients' run: errors, one line each.
+type Outcome = Vec<String>;
+
+fn run_clients(netns: Option<String>, load: Load, ready: mpsc::Sender<()>, go: mpsc::Receiver<()>) -> std::thread::JoinHandle<Outcome> {
+    std::thread::spawn(move || {
+        if let Some(ns) = netns {
+            let f = File::open(format!("/run/netns/{ns}")).expect("open netns");
+            // SAFETY: setns on this thread only, with an open nsfs file.
+            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        }
+        let mut conns = Vec::with_capacity(load.n);
+        for id in 0..load.n as u32 {
+            let mut s = match TcpStream::connect_timeout(&load.to, Duration::from_secs(10)) {
+                Ok(s) => s,
+                Err(e) => return vec![format!("connect {id}: {e}")],
+            };
+            if let Err(e) = s.write_all(&id.to_ne_bytes()) {
+                return vec![format!("conn {id}: sending the id: {e}")];
+            }
+            s.set_nonblocking(true).expect("nonblocking");
+            conns.push(ClientConn { id, s, sent: 0, got: 0, eof: false, shut: false, error: None });
+        }
+        // First half of every client stream, as far as the server's
+        // receive queue and our send queue take it.
+        let half = load.client_bytes / 2;
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let before: usize = conns.iter().map(|c| c.sent).sum();
+            conns.iter_mut().for_each(|c| c.push(half));
+            let after: usize = conns.iter().map(|c| c.sent).sum();
+            if after == before || Instant::now() > until {
+                break;
+            }
+        }
+        let _ = ready.send(());
+        // Keep pushing while the server is frozen, checkpointed and
+        // restored: these packets meet the network lock.
+        loop {
+            match go.try_recv() {
+                Ok(()) | Err(mpsc::TryRecvError::Disconnected) => break,
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            conns.iter_mut().for_each(|c| c.push(half + 4096));
+            sleep(Duration::from_millis(2));
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline && conns.iter().any(|c| c.error.is_none() && !(c.eof && c.shut)) {
+            let mut progress = false;
+            for c in conns.iter_mut() {
+                let (got, sent) = (c.got, c.sent);
+                c.pull(load.server_bytes);
+                c.push(load.client_bytes);
+                if c.sent == load.client_bytes && !c.shut && c.error.is_none() {
+                    if let Err(e) = c.s.shutdown(Shutdown::Write) {
+                        c.error = Some(format!("conn {}: shutdown: {e}", c.id));
+                    }
+                    c.shut = true;
+                }
+                progress |= c.got != got || c.sent != sent;
+            }
+            if !progress {
+                sleep(Duration::from_millis(1));
+            }
+        }
+        let mut errors: Vec<String> = conns.iter().filter_map(|c| c.error.clone()).collect();
+        let unfinished = conns.iter().filter(|c| c.error.is_none() && !(c.eof && c.shut)).count();
+        if unfinished > 0 {
+            errors.push(format!("{unfinished} connections did not finish within 90 s"));
+        }
+        errors
+    })
+}
+
+fn ferry(args: &[&str], out: &Path) -> ExitStatus {
+    let mut cmd = Command::new(FERRY);
+    cmd.args(args).stdin(Stdio::null()).stdout(File::create(out.with_extension("out")).expect("out")).stderr(File::create(out).expect("err"));
+    // SAFETY: close_range only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    cmd.status().expect("run ferry")
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!("ferry-tcp-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("FERRY_TCP_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Checkpoints the server holding `n` connections from clients in B (or
+/// on A's loopback) and restores it into A; asserts every byte arrived.
+fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str) {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    let hosts = Hosts::new(tag);
+    let dir = TempDir(temp_dir(tag));
+    let (client_bytes, server_bytes) = if n > 500 { (48 << 10, 48 << 10) } else { (1 << 20, 1 << 20) };
+    let (listen, target) = match (v6, loopback) {
+        (false, false) => (A_V4, A_V4),
+        (true, false) => (A_V6, A_V6),
+        (false, true) => ("127.0.0.1", "127.0.0.1"),
+        (true, true) => ("::1", "::1"),
+    };
+    let port = 7000 + (std::process::id() % 1000) as u16;
+    let mut server = start_server(&hosts.a.0, &dir.0, listen, port, n, client_bytes, server_bytes);
+    let to: SocketAddr = format!("{}:{port}", if v6 { format!("[{target}]") } else { target.to_string() }).parse().expect("address");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    let client_ns = if loopback { hosts.a.0.clone() } else { hosts.b.0.clone() };
+    let clients = run_clients(Some(client_ns), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx);
+    ready_rx.recv_timeout(Duration::from_secs(120)).expect("clients ready");
+    wait_line(&server.log, "READY", Duration::from_secs(60));
+
+    let images = dir.0.join("images");
+    let pid = server.pid.to_string();
+    let images_s = images.to_string_lossy().to_string();
+    let t = Instant::now();
+    let st = ferry(&["checkpoint", "--pid", &pid, "--images", &images_s, "--network-lock", lock], &dir.0.join("checkpoint.err"));
+    assert!(st.success(), "checkpoint failed: {}", read_lossy(&dir.0.join("checkpoint.err")));
+    let checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut child = server.child.take().expect("server child");
+    let st = child.wait().expect("reap server");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "server ended with {st:?}");
+
+    let pidfile = dir.0.join("pid");
+    let t = Instant::now();
+    let mut restore = Command::new(FERRY);
+    restore
+        .args(["restore", "--images", &images_s, "--netns", &hosts.a.0, "--pidfile"])
+        .arg(&pidfile)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.0.join("restore.err")).expect("restore err"));
+    // SAFETY: close_range only, between fork and exec.
+    unsafe {
+        restore.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let restore = restore.spawn().expect("spawn restore");
+    server.child = Some(restore);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !read_lossy(&pidfile).ends_with('\n') {
+        if let Some(st) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("restore exited with {st:?}: {}", read_lossy(&dir.0.join("restore.err")));
+        }
+        assert!(Instant::now() < deadline, "no pidfile within 60 s");
+        sleep(POLL);
+    }
+    let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    // SAFETY: signalling the restored server, our grandchild, by PID.
+    unsafe { libc::kill(server.pid, libc::SIGUSR2) };
+    let _ = go_tx.send(());
+    let errors = clients.join().expect("client thread");
+    let st = server.child.as_mut().expect("restore").wait().expect("wait restore");
+    server.child = None;
+    let log = read_lossy(&server.log);
+    eprintln!("{tag}: {n} connections, checkpoint {checkpoint_ms:.1} ms, restore {restore_ms:.1} ms (commands, debug timing)");
+    assert!(errors.is_empty(), "{} client errors, first: {:?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}\n{}", read_lossy(&dir.0.join("restore.err")));
+    assert_no_lock_left();
+}
+
+fn assert_no_lock_left() {
+    let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("ferry network-lock");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("no network locks"), "a network lock was left:\n{text}");
+}
+
+#[test]
+fn one_connection_from_another_host() {
+    connections_survive("t1", 1, false, false, "ebpf");
+}
+
+#[test]
+fn hundred_connections_from_another_host() {
+    connections_survive("t100", 100, false, false, "ebpf");
+}
+
+#[test]
+fn two_thousand_connections_from_another_host() {
+    connections_survive("t2k", 2000, false, false, "ebpf");
+}
+
+#[test]
+fn ipv6_connections_from_another_host() {
+    connections_survive("t6", 50, true, false, "ebpf");
+}
+
+#[test]
+fn loopback_connections_outside_the_tree() {
+    connections_survive("tlo", 100, false, true, "ebpf");
+}
+
+#[test]
+fn connections_survive_with_the_nftables_lock() {
+    connections_survive("tnft", 100, false, false, "nftables");
+}
+
+#[test]
+fn connections_survive_with_the_iptables_lock() {
+    connections_survive("tipt", 100, false, false, "iptables");
+}
