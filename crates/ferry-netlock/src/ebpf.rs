@@ -80,7 +80,11 @@ pub(crate) fn freeze(lock: &str, netns_path: Option<&Path>, netns_desc: &str, tu
     std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io { lock: lock.to_string(), what: "creating pin directory", path: pins.clone(), source })?;
 
     let max_entries = u32::try_from(tuples.len().max(1)).unwrap_or(u32::MAX);
+    // The program needs no CO-RE relocation: btf(None) skips it. (aya
+    // 0.13's EbpfLoader::new() still reads and parses the kernel's BTF,
+    // /sys/kernel/btf/vmlinux, about 19 ms of the fixed cost.)
     let mut bpf = aya::EbpfLoader::new()
+        .btf(None)
         .set_max_entries("frozen", max_entries)
         .load(OBJECT)
         .map_err(|source| NetlockError::BpfLoad { lock: lock.to_string(), source: Box::new(source) })?;
