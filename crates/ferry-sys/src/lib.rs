@@ -5,9 +5,11 @@
 //! that name the syscall and the errno, so the engine can add the object
 //! (PID, fd, address) the call was about.
 
+pub mod bpf;
 pub mod clone;
 pub mod error;
 pub mod fd;
+pub mod netns;
 pub mod pagemap;
 pub mod pidfd;
 pub mod process;

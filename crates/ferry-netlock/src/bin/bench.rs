@@ -1,0 +1,112 @@
+//! Freeze and thaw cost of each network-lock method as a function of the
+//! number of tuples. Run by bench/netlock.sh (as root):
+//!
+//!     ferry-netlock-bench [--reps R] [--methods ebpf,nftables,iptables] [--sizes 0,100,...]
+//!
+//! Works in a scratch network namespace it creates (`ip netns add
+//! ferry-nl-bench-<pid>`) and deletes; tuples are synthetic (192.0.2.0/24 ->
+//! 198.51.100.0/24, documentation ranges). Prints a Markdown table of the
+//! median over R runs.
+
+use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::time::Instant;
+
+struct ScratchNetns(String);
+
+impl ScratchNetns {
+    fn create() -> Result<ScratchNetns, String> {
+        let name = format!("ferry-nl-bench-{}", std::process::id());
+        let ok = Command::new("ip").args(["netns", "add", &name]).status().map_err(|e| format!("ip netns add: {e}"))?;
+        if !ok.success() {
+            return Err(format!("ip netns add {name} failed"));
+        }
+        let ns = ScratchNetns(name);
+        let _ = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
+        Ok(ns)
+    }
+}
+
+impl Drop for ScratchNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn synthetic(n: usize) -> Vec<Tuple> {
+    (0..n)
+        .map(|i| Tuple {
+            local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + (i % 250) as u8)), 10_000 + (i / 250) as u16),
+            remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1 + (i % 200) as u8)), 40_000 + (i % 20_000) as u16),
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn arg_list(args: &[String], flag: &str) -> Option<String> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let reps: usize = arg_list(&args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(5).clamp(1, 100);
+    let methods: Vec<Method> = arg_list(&args, "--methods")
+        .unwrap_or_else(|| "ebpf,nftables,iptables".into())
+        .split(',')
+        .filter_map(|m| m.parse().map_err(|e| eprintln!("{e}")).ok())
+        .collect();
+    let sizes: Vec<usize> = arg_list(&args, "--sizes")
+        .unwrap_or_else(|| "0,100,500,1000,2000,5000,10000".into())
+        .split(',')
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let ns = match ScratchNetns::create() {
+        Ok(ns) => ns,
+        Err(e) => {
+            eprintln!("ferry-netlock-bench: {e} (needs root and iproute2)");
+            std::process::exit(1);
+        }
+    };
+    let netns = Netns::Path(format!("/run/netns/{}", ns.0).into());
+    ferry_netlock::release_stale();
+    println!("| method | N | freeze (ms) | thaw (ms) |");
+    println!("|---|---:|---:|---:|");
+    let mut failed = false;
+    for method in &methods {
+        for &n in &sizes {
+            let tuples = synthetic(n);
+            let (mut freezes, mut thaws) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                let start = Instant::now();
+                let lock = match NetworkLock::freeze(*method, &netns, &tuples, "bench") {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("{method} N={n}: {e}");
+                        failed = true;
+                        break;
+                    }
+                };
+                freezes.push(start.elapsed().as_secs_f64() * 1e3);
+                let start = Instant::now();
+                if let Err(e) = lock.thaw() {
+                    eprintln!("{method} N={n}: {e}");
+                    failed = true;
+                    break;
+                }
+                thaws.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            if !freezes.is_empty() && !thaws.is_empty() {
+                println!("| {method} | {n} | {:.2} | {:.2} |", median(freezes), median(thaws));
+            }
+        }
+    }
+    drop(ns);
+    if failed {
+        std::process::exit(1);
+    }
+}

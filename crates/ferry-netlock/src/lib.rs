@@ -1,0 +1,450 @@
+//! ferry's network lock: while TCP connections are captured and re-created,
+//! every packet of those connections is dropped, in both directions, so the
+//! stack never answers one with a reset and the peer simply retransmits.
+//!
+//! A lock covers a set of 4-tuples in one network namespace and costs about
+//! the same for 1 and for 10,000 tuples: the tuples go into one kernel
+//! object (a BPF hash map, an nftables set, an iptables chain) in one call.
+//!
+//! # Methods
+//!
+//! * [`Method::Ebpf`] (default): a tcx program on ingress and egress of every
+//!   interface of the namespace (loopback included) looks each TCP packet's
+//!   4-tuple up in a BPF hash map filled with one `BPF_MAP_UPDATE_BATCH`.
+//!   The map and the links are pinned under `/sys/fs/bpf/ferry/<name>/`.
+//! * [`Method::Nftables`]: table `inet ferry_<name>`, sets of concatenated
+//!   4-tuples, input/output chains; one `nft -f -` transaction.
+//! * [`Method::Iptables`]: chain `FERRY_<name>` (per family) jumped to from
+//!   INPUT and OUTPUT; one `iptables-restore --noflush` batch.
+//!
+//! # Lifetime
+//!
+//! A lock outlives the process that made it: checkpoint freezes and hands
+//! the lock over, a later restore adopts and thaws it. Every lock has a record
+//! in `/run/ferry/locks/<name>/record.json` (0600) with its method, namespace,
+//! state (`owned` by a running process, or `handed-over`), owner PID and start
+//! time, number of tuples and creation time. A lock whose owner died while it
+//! was `owned` is stale: [`release_stale`] removes it completely.
+//!
+//! ```no_run
+//! use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
+//! # fn demo(tuples: &[Tuple]) -> Result<(), ferry_netlock::NetlockError> {
+//! ferry_netlock::release_stale();                 // start of every ferry run
+//! let lock = NetworkLock::freeze(Method::Ebpf, &Netns::Current, tuples, "ckpt")?;
+//! // ... capture the connections ...
+//! let name = lock.hand_over();                    // stays after exit; store `name` in the image
+//! // later, in another process:
+//! let lock = NetworkLock::adopt(&name)?;
+//! // ... re-create the connections ...
+//! lock.thaw()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # API
+//!
+//! ```text
+//! pub enum Method { Ebpf, Nftables, Iptables }            // FromStr / Display: "ebpf" "nftables" "iptables"
+//! pub struct Tuple { pub local: SocketAddr, pub remote: SocketAddr }
+//! pub enum Netns { Current, Path(PathBuf) }
+//! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>
+//! NetworkLock::name(&self) -> &str
+//! NetworkLock::thaw(self) -> Result<(), NetlockError>
+//! NetworkLock::hand_over(self) -> String
+//! NetworkLock::adopt(name: &str) -> Result<NetworkLock, NetlockError>
+//! impl Drop for NetworkLock                                // thaws unless handed over; errors logged
+//! status() -> Vec<LockStatus>
+//! release(name: &str) -> Result<(), NetlockError>
+//! release_stale() -> Vec<String>
+//! ```
+
+mod ebpf;
+mod error;
+mod iptables;
+mod netns;
+mod nft;
+mod record;
+
+pub use error::NetlockError;
+pub use netns::Netns;
+pub use record::{LockState, Owner, LOCKS_DIR};
+
+use record::{NetnsRecord, Record};
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// How packets are dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    #[default]
+    Ebpf,
+    Nftables,
+    Iptables,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Ebpf => "ebpf",
+            Method::Nftables => "nftables",
+            Method::Iptables => "iptables",
+        })
+    }
+}
+
+impl std::str::FromStr for Method {
+    type Err = NetlockError;
+    fn from_str(s: &str) -> Result<Method, NetlockError> {
+        match s {
+            "ebpf" => Ok(Method::Ebpf),
+            "nftables" => Ok(Method::Nftables),
+            "iptables" => Ok(Method::Iptables),
+            other => Err(NetlockError::BadMethod(other.to_string())),
+        }
+    }
+}
+
+/// One TCP connection as seen from the locked namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tuple {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+impl std::fmt::Display for Tuple {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} <-> {}", self.local, self.remote)
+    }
+}
+
+/// What `status()` reports about one lock.
+#[derive(Debug, Clone)]
+pub struct LockStatus {
+    pub name: String,
+    /// None when the record is missing or unreadable.
+    pub method: Option<Method>,
+    pub state: Option<LockState>,
+    pub owner: Option<Owner>,
+    pub purpose: String,
+    pub tuples: usize,
+    pub age: std::time::Duration,
+    pub netns: String,
+    /// Its owner died while owning it: `release_stale()` would remove it.
+    pub stale: bool,
+}
+
+/// A lock this process owns. Dropped without `hand_over`, it is thawed.
+#[derive(Debug)]
+pub struct NetworkLock {
+    /// None once thawed or handed over.
+    record: Option<Record>,
+    name: String,
+}
+
+/// Record directories with no record yet are a freeze in progress for this
+/// long; older ones were left by a crash.
+const RECORDLESS_GRACE_MS: u64 = 10_000;
+
+static NEXT_LOCK: AtomicU32 = AtomicU32::new(0);
+
+/// Names are used in nft table names and iptables chain names (at most 28
+/// characters with the `FERRY_` prefix), hence short and [a-z0-9_].
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 22 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// An IPv4-mapped IPv6 address is IPv4 on the wire.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), addr.port()),
+            None => addr,
+        },
+        IpAddr::V4(_) => addr,
+    }
+}
+
+fn canonical_tuples(lock: &str, tuples: &[Tuple]) -> Result<Vec<Tuple>, NetlockError> {
+    tuples
+        .iter()
+        .map(|t| {
+            let c = Tuple { local: canonical(t.local), remote: canonical(t.remote) };
+            if c.local.is_ipv4() != c.remote.is_ipv4() {
+                return Err(NetlockError::InvalidTuple { lock: lock.to_string(), tuple: t.to_string(), why: "local and remote address families differ" });
+            }
+            Ok(c)
+        })
+        .collect()
+}
+
+impl NetworkLock {
+    /// Drops every packet of `tuples` in namespace `netns` until thawed.
+    /// `purpose` (e.g. "ckpt") starts the generated name, for humans.
+    pub fn freeze(method: Method, netns: &Netns, tuples: &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError> {
+        let (name, dir) = new_lock_dir(purpose)?;
+        let tuples = match canonical_tuples(&name, tuples) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        let ns_path = netns.path();
+        let mut record = Record {
+            name: name.clone(),
+            method,
+            state: LockState::Owned,
+            owner: Owner::current(),
+            purpose: purpose.to_string(),
+            tuples: tuples.len(),
+            tuples_v6: tuples.iter().filter(|t| t.local.is_ipv6()).count(),
+            created_unix_ms: record::now_unix_ms(),
+            netns: NetnsRecord { requested: netns.describe(), inode: 0, enter_path: None, bind_mounted: false },
+        };
+        // From here on every failure goes through release_record, which
+        // undoes whatever part exists.
+        let result = (|| {
+            record.netns.inode = netns::inode(&name, &ns_path)?;
+            if method != Method::Ebpf {
+                // nftables/iptables objects are removed from inside the
+                // namespace, possibly by a later process: keep a path to it.
+                if ns_path.starts_with("/run/netns") {
+                    record.netns.enter_path = Some(ns_path.clone());
+                } else {
+                    let target = dir.join("netns");
+                    record.netns.enter_path = Some(target.clone());
+                    record.netns.bind_mounted = true;
+                }
+            }
+            record::write(&record)?;
+            if record.netns.bind_mounted {
+                if let Some(target) = &record.netns.enter_path {
+                    std::fs::File::create(target).map_err(|source| NetlockError::Io { lock: name.clone(), what: "creating", path: target.clone(), source })?;
+                    ferry_sys::netns::bind_mount(&ns_path, target)
+                        .map_err(|source| NetlockError::Sys { lock: name.clone(), what: format!("bind-mounting {} on {}", ns_path.display(), target.display()), source })?;
+                }
+            }
+            let enter = match netns {
+                Netns::Current => None,
+                Netns::Path(p) => Some(p.as_path()),
+            };
+            match method {
+                Method::Ebpf => ebpf::freeze(&name, enter, &record.netns.requested, &tuples),
+                Method::Nftables => nft::freeze(&name, enter, &tuples),
+                Method::Iptables => iptables::freeze(&name, enter, &tuples),
+            }
+        })();
+        match result {
+            Ok(()) => {
+                tracing::debug!(lock = %name, %method, tuples = tuples.len(), "network lock frozen");
+                Ok(NetworkLock { record: Some(record), name })
+            }
+            Err(e) => {
+                if let Err(cleanup) = release_record(&record) {
+                    tracing::error!(lock = %name, "undoing a failed freeze: {cleanup}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Releases the lock now: packets of its tuples flow again.
+    pub fn thaw(mut self) -> Result<(), NetlockError> {
+        match self.record.take() {
+            Some(record) => release_record(&record),
+            None => Err(NetlockError::AlreadyReleased { lock: self.name.clone() }),
+        }
+    }
+
+    /// Keeps the lock after this process exits (state `handed-over`, never
+    /// stale) and returns its name, for a later [`NetworkLock::adopt`].
+    /// If the record cannot be rewritten the lock stays `owned` and will be
+    /// found stale once this process exits (the error is logged).
+    pub fn hand_over(mut self) -> String {
+        if let Some(mut record) = self.record.take() {
+            record.state = LockState::HandedOver;
+            record.owner = None;
+            if let Err(e) = record::write(&record) {
+                tracing::error!(lock = %self.name, "handing over: {e}");
+            }
+        }
+        self.name.clone()
+    }
+
+    /// Takes ownership of a lock that was handed over (or whose owner died)
+    /// in this process. Refused while another live process owns it.
+    pub fn adopt(name: &str) -> Result<NetworkLock, NetlockError> {
+        if !valid_name(name) {
+            return Err(NetlockError::BadName(name.to_string()));
+        }
+        let Some(mut record) = record::read(name)? else {
+            return Err(NetlockError::NotFound(name.to_string()));
+        };
+        if let (LockState::Owned, Some(owner)) = (record.state, record.owner) {
+            if owner.is_alive() && owner.pid != std::process::id() as i32 {
+                return Err(NetlockError::Busy { lock: name.to_string(), pid: owner.pid });
+            }
+        }
+        record.state = LockState::Owned;
+        record.owner = Owner::current();
+        record::write(&record)?;
+        Ok(NetworkLock { record: Some(record), name: name.to_string() })
+    }
+}
+
+impl Drop for NetworkLock {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            if let Err(e) = release_record(&record) {
+                tracing::error!(lock = %self.name, "thawing on drop: {e}");
+            }
+        }
+    }
+}
+
+/// Creates a fresh record directory named `<purpose>_<pid>_<n>`.
+fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockError> {
+    let prefix: String = purpose.chars().filter(|c| c.is_ascii_alphanumeric()).take(6).collect::<String>().to_ascii_lowercase();
+    let prefix = if prefix.is_empty() { "lock".to_string() } else { prefix };
+    let pid = std::process::id();
+    // Bounded: a name is taken only if a record with it exists already.
+    for _ in 0..1000 {
+        let n = NEXT_LOCK.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}_{pid}_{n}");
+        match record::create_dir(&name) {
+            Ok(dir) => return Ok((name, dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(NetlockError::Io { lock: name.clone(), what: "creating record directory", path: record::lock_dir(&name), source }),
+        }
+    }
+    Err(NetlockError::Io { lock: prefix, what: "finding a free name under", path: LOCKS_DIR.into(), source: std::io::ErrorKind::AlreadyExists.into() })
+}
+
+/// Removes everything of a lock: its kernel objects, the namespace bind
+/// mount, the record directory. Every step tolerates a missing piece.
+fn release_record(record: &Record) -> Result<(), NetlockError> {
+    let name = &record.name;
+    let enter = record.netns.enter_path.as_deref();
+    let netns_reachable = enter.is_some_and(|p| p.exists());
+    match record.method {
+        Method::Ebpf => ebpf::release(name)?,
+        // Without a way into the namespace (it is gone, and with it the
+        // table or chains), there is nothing left to delete.
+        Method::Nftables if netns_reachable => nft::release(name, enter)?,
+        Method::Iptables if netns_reachable => iptables::release(name, enter, record.tuples_v6 > 0)?,
+        Method::Nftables | Method::Iptables => {}
+    }
+    remove_record_dir(name, record.netns.bind_mounted)
+}
+
+fn remove_record_dir(name: &str, bind_mounted: bool) -> Result<(), NetlockError> {
+    let dir = record::lock_dir(name);
+    let netns_file = dir.join("netns");
+    if bind_mounted || netns_file.exists() {
+        // EINVAL: not a mount point (never mounted or already unmounted).
+        match ferry_sys::netns::unmount(&netns_file) {
+            Ok(()) => {}
+            Err(e) if e.errno == libc::EINVAL || e.errno == libc::ENOENT => {}
+            Err(source) => return Err(NetlockError::Sys { lock: name.to_string(), what: format!("unmounting {}", netns_file.display()), source }),
+        }
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(NetlockError::Io { lock: name.to_string(), what: "removing record directory", path: dir, source }),
+    }
+}
+
+/// Every lock on this machine, sorted by name.
+pub fn status() -> Vec<LockStatus> {
+    let now = record::now_unix_ms();
+    record::list_names()
+        .into_iter()
+        .map(|name| match record::read(&name) {
+            Ok(Some(r)) => LockStatus {
+                stale: r.is_stale(),
+                method: Some(r.method),
+                state: Some(r.state),
+                owner: r.owner,
+                purpose: r.purpose.clone(),
+                tuples: r.tuples,
+                age: std::time::Duration::from_millis(now.saturating_sub(r.created_unix_ms)),
+                netns: r.netns.requested.clone(),
+                name,
+            },
+            _ => {
+                let age = record::dir_age_ms(&name).unwrap_or(0);
+                LockStatus {
+                    stale: age > RECORDLESS_GRACE_MS,
+                    method: None,
+                    state: None,
+                    owner: None,
+                    purpose: String::new(),
+                    tuples: 0,
+                    age: std::time::Duration::from_millis(age),
+                    netns: String::new(),
+                    name,
+                }
+            }
+        })
+        .collect()
+}
+
+/// Releases the named lock whoever holds it (an operator's decision).
+pub fn release(name: &str) -> Result<(), NetlockError> {
+    if !valid_name(name) {
+        return Err(NetlockError::BadName(name.to_string()));
+    }
+    match record::read(name)? {
+        Some(record) => release_record(&record),
+        None => release_recordless(name),
+    }
+}
+
+/// A record directory without a record: its creator died before writing
+/// it, so at most the directory (and a pin directory) exists.
+fn release_recordless(name: &str) -> Result<(), NetlockError> {
+    ebpf::release(name)?;
+    remove_record_dir(name, false)
+}
+
+/// Removes every lock whose owner died while owning it and returns their
+/// names. One read_dir when there are no locks at all.
+pub fn release_stale() -> Vec<String> {
+    let mut released = Vec::new();
+    for name in record::list_names() {
+        let result = match record::read(&name) {
+            Ok(Some(record)) if record.is_stale() => release_record(&record),
+            Ok(Some(_)) => continue,
+            Ok(None) if record::dir_age_ms(&name).unwrap_or(0) > RECORDLESS_GRACE_MS => release_recordless(&name),
+            Ok(None) => continue,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(lock = %name, "released stale network lock");
+                released.push(name);
+            }
+            Err(e) => tracing::warn!(lock = %name, "releasing stale network lock: {e}"),
+        }
+    }
+    released
+}
+
+/// True when nothing of lock `name` is left (record, pins); for tests and
+/// diagnostics. nftables/iptables objects live in a namespace and are
+/// checked by the caller there.
+pub fn is_gone(name: &str) -> bool {
+    !record::lock_dir(name).exists() && !ebpf::pin_dir(name).exists()
+}
+
+/// The nftables table and iptables chain names of lock `name`.
+pub fn kernel_object_names(name: &str) -> (String, String) {
+    (nft::table(name), iptables::chain(name))
+}
+

@@ -1,0 +1,174 @@
+//! The persistent record of a lock: /run/ferry/locks/<name>/record.json.
+//!
+//! The record is written before any kernel object is created, so a process
+//! killed half-way through a freeze still leaves something that names what
+//! may need removing; release tolerates every missing piece.
+
+use crate::{Method, NetlockError};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Root of every lock's record directory. /run is a tmpfs: records vanish
+/// at reboot, together with the kernel objects they describe.
+pub const LOCKS_DIR: &str = "/run/ferry/locks";
+const RECORD_FILE: &str = "record.json";
+
+/// Who holds a lock right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockState {
+    /// A running ferry process owns it; if that process dies, the lock is stale.
+    Owned,
+    /// Kept on purpose after its creator exited (e.g. a checkpoint image
+    /// waiting for restore); never stale, released by adopt + thaw or by hand.
+    HandedOver,
+}
+
+impl std::fmt::Display for LockState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LockState::Owned => "owned",
+            LockState::HandedOver => "handed-over",
+        })
+    }
+}
+
+/// A process identity that survives PID reuse: PID plus its start time in
+/// clock ticks since boot (field 22 of /proc/PID/stat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl Owner {
+    pub fn current() -> Option<Owner> {
+        let pid = std::process::id() as i32;
+        Some(Owner { pid, start_time: process_start_time(pid)? })
+    }
+
+    /// True while the very process that took the lock is running.
+    pub fn is_alive(&self) -> bool {
+        process_start_time(self.pid) == Some(self.start_time)
+    }
+}
+
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: the
+    // fields after it start after the last ')'. starttime is field 22, the
+    // 20th after the name.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let state = after_name.split_whitespace().next()?;
+    if state == "Z" || state == "X" {
+        return None; // a zombie owns nothing any more
+    }
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// How the lock's network namespace can be reached by a later process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetnsRecord {
+    /// What the caller asked for: "current" or the path it gave.
+    pub requested: String,
+    /// Inode of the namespace's nsfs file (what `ip netns identify` and
+    /// `ls -l /proc/PID/ns/net` show), for humans.
+    pub inode: u64,
+    /// Path a later process opens to enter the namespace (nftables and
+    /// iptables release); None for eBPF, whose release only unpins.
+    pub enter_path: Option<PathBuf>,
+    /// enter_path is a bind mount of the nsfs file made for this lock, to be
+    /// unmounted on release.
+    pub bind_mounted: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub name: String,
+    pub method: Method,
+    pub state: LockState,
+    /// Set while `state` is Owned.
+    pub owner: Option<Owner>,
+    pub purpose: String,
+    pub tuples: usize,
+    /// Tuples of each family (iptables keeps one chain per family).
+    pub tuples_v6: usize,
+    pub created_unix_ms: u64,
+    pub netns: NetnsRecord,
+}
+
+impl Record {
+    pub fn is_stale(&self) -> bool {
+        self.state == LockState::Owned && !self.owner.is_some_and(|o| o.is_alive())
+    }
+}
+
+pub fn lock_dir(name: &str) -> PathBuf {
+    Path::new(LOCKS_DIR).join(name)
+}
+
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Creates the lock's record directory (0700), failing if it exists.
+pub fn create_dir(name: &str) -> Result<PathBuf, std::io::Error> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(LOCKS_DIR)?;
+    let dir = lock_dir(name);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Writes the record atomically (temporary file + rename), mode 0600.
+pub fn write(record: &Record) -> Result<(), NetlockError> {
+    let dir = lock_dir(&record.name);
+    let tmp = dir.join("record.json.tmp");
+    let path = dir.join(RECORD_FILE);
+    let io = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| NetlockError::Io { lock: record.name.clone(), what, path, source }
+    };
+    let json = serde_json::to_vec_pretty(record).map_err(|source| NetlockError::Record { lock: record.name.clone(), path: path.clone(), source })?;
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io("creating", &tmp))?;
+    file.write_all(&json).map_err(io("writing", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))?;
+    Ok(())
+}
+
+/// Reads a lock's record; Ok(None) when the directory exists without one
+/// (its creator died between mkdir and the first write).
+pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
+    let dir = lock_dir(name);
+    let path = dir.join(RECORD_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|source| NetlockError::Record { lock: name.to_string(), path, source }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if dir.is_dir() {
+                Ok(None)
+            } else {
+                Err(NetlockError::NotFound(name.to_string()))
+            }
+        }
+        Err(source) => Err(NetlockError::Io { lock: name.to_string(), what: "reading", path, source }),
+    }
+}
+
+/// Names of every lock directory, sorted; empty when there are none (one
+/// failed read_dir, which keeps `release_stale` cheap).
+pub fn list_names() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(LOCKS_DIR) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> =
+        entries.filter_map(|e| e.ok()).filter(|e| e.path().is_dir()).filter_map(|e| e.file_name().into_string().ok()).collect();
+    names.sort();
+    names
+}
+
+/// Time the record directory was created (for record-less directories).
+pub fn dir_age_ms(name: &str) -> Option<u64> {
+    let modified = std::fs::metadata(lock_dir(name)).ok()?.modified().ok()?;
+    modified.elapsed().ok().map(|d| d.as_millis() as u64)
+}

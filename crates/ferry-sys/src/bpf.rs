@@ -1,0 +1,76 @@
+//! The one bpf(2) command ferry needs that aya does not wrap:
+//! `BPF_MAP_UPDATE_BATCH`, which inserts many elements into a map with a
+//! single system call (the network lock fills its map of frozen 4-tuples with
+//! it, so that freezing 10,000 connections costs one syscall, not 10,000).
+
+use crate::{last_error, SysResult};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// `BPF_MAP_UPDATE_BATCH` from include/uapi/linux/bpf.h (Linux 5.6+).
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+/// `BPF_ANY`: create the element or overwrite it.
+const BPF_ANY: u64 = 0;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// A type whose values can be handed to the kernel as a map key or value:
+/// plain bytes with no padding, whose size is the map's key or value size.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]` (or a primitive/array of primitives)
+/// without padding bytes, valid for any bit pattern the kernel may copy back.
+pub unsafe trait MapPod: Copy {}
+
+// SAFETY: primitive integers and arrays of them have no padding.
+unsafe impl MapPod for u8 {}
+// SAFETY: as above.
+unsafe impl MapPod for u32 {}
+// SAFETY: as above.
+unsafe impl MapPod for u64 {}
+// SAFETY: arrays of padding-free types are padding-free.
+unsafe impl<T: MapPod, const N: usize> MapPod for [T; N] {}
+
+/// Inserts `keys[i] -> values[i]` for every i into the map behind `map` with
+/// one `BPF_MAP_UPDATE_BATCH` call (flag `BPF_ANY`). `K` and `V` must have
+/// exactly the map's key and value sizes. Returns how many elements the
+/// kernel inserted; on failure the error names the call, and elements before
+/// the failing one may already be in the map.
+pub fn map_update_batch<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> SysResult<u32> {
+    if keys.len() != values.len() || u32::try_from(keys.len()).is_err() {
+        return Err(crate::SysError::new("BPF_MAP_UPDATE_BATCH (keys and values differ in number)", libc::EINVAL));
+    }
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: keys.len() as u32,
+        map_fd: map.as_raw_fd() as u32,
+        elem_flags: BPF_ANY,
+        ..Default::default()
+    };
+    // SAFETY: attr is a properly initialised `bpf_attr.batch`; keys and values
+    // point to `count` elements each that stay borrowed for the whole call; the
+    // kernel only reads them (MapPod guarantees no padding), and writes back
+    // nothing but attr.count, which lives on our stack.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>())
+    };
+    if ret < 0 {
+        return Err(last_error("bpf(BPF_MAP_UPDATE_BATCH)"));
+    }
+    Ok(attr.count)
+}

@@ -1,0 +1,100 @@
+//! Network namespace and mount helpers for the network lock: entering a
+//! namespace on the calling thread, listing its interfaces, keeping an nsfs
+//! file reachable with a bind mount, and mounting bpffs.
+
+use crate::{last_error, SysResult};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// `BPF_FS_MAGIC` from include/uapi/linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+fn c_path(path: &Path, call: &'static str) -> SysResult<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| crate::SysError::new(call, libc::EINVAL))
+}
+
+/// Moves the calling thread (only it) into the network namespace `ns` (an
+/// open nsfs file such as /proc/PID/ns/net or /run/netns/NAME).
+pub fn enter_net_namespace(ns: BorrowedFd<'_>) -> SysResult<()> {
+    // SAFETY: setns only reads the descriptor; CLONE_NEWNET affects the
+    // calling thread alone and is allowed in a multi-threaded process.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("setns(CLONE_NEWNET)"));
+    }
+    Ok(())
+}
+
+/// Every network interface (index, name) of the calling thread's network
+/// namespace, as `if_nameindex(3)` reports it (over netlink, so it follows
+/// the thread's namespace, unlike /sys/class/net).
+pub fn interfaces() -> SysResult<Vec<(u32, String)>> {
+    // SAFETY: if_nameindex has no preconditions; it returns NULL on error.
+    let list = unsafe { libc::if_nameindex() };
+    if list.is_null() {
+        return Err(last_error("if_nameindex"));
+    }
+    let mut out = Vec::new();
+    let mut entry = list;
+    // SAFETY: the array is terminated by an entry with index 0 and a NULL
+    // name; every name before it is a valid NUL-terminated string. The loop
+    // stops at the terminator, and the array is freed once, after the loop.
+    unsafe {
+        while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
+            out.push(((*entry).if_index, CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned()));
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    Ok(out)
+}
+
+/// Bind-mounts `source` (e.g. /proc/PID/ns/net) onto the existing file
+/// `target`, which then keeps the namespace alive and enterable after the
+/// process it belongs to is gone.
+pub fn bind_mount(source: &Path, target: &Path) -> SysResult<()> {
+    let src = c_path(source, "mount(MS_BIND)")?;
+    let dst = c_path(target, "mount(MS_BIND)")?;
+    // SAFETY: both paths are NUL-terminated strings that outlive the call;
+    // fstype and data are NULL, which MS_BIND allows.
+    if unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) } < 0 {
+        return Err(last_error("mount(MS_BIND)"));
+    }
+    Ok(())
+}
+
+/// Lazily unmounts whatever is mounted on `target` (MNT_DETACH).
+pub fn unmount(target: &Path) -> SysResult<()> {
+    let dst = c_path(target, "umount2")?;
+    // SAFETY: dst is a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(dst.as_ptr(), libc::MNT_DETACH) } < 0 {
+        return Err(last_error("umount2"));
+    }
+    Ok(())
+}
+
+/// True when `path` is on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> SysResult<bool> {
+    let p = c_path(path, "statfs")?;
+    // SAFETY: statfs writes into the zeroed struct we own; p outlives the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    if unsafe { libc::statfs(p.as_ptr(), &mut st) } < 0 {
+        return Err(last_error("statfs"));
+    }
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Mounts a bpf filesystem (mode 0700) on the existing directory `path`.
+pub fn mount_bpffs(path: &Path) -> SysResult<()> {
+    let dst = c_path(path, "mount(bpf)")?;
+    // SAFETY: all strings are NUL-terminated literals or dst, alive for the call.
+    let r = unsafe {
+        libc::mount(c"bpf".as_ptr(), dst.as_ptr(), c"bpf".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, c"mode=0700".as_ptr().cast())
+    };
+    if r < 0 {
+        return Err(last_error("mount(bpf)"));
+    }
+    Ok(())
+}
