@@ -27,6 +27,9 @@ pub enum EngineError {
     /// namespace, as the helper described it.
     #[error("in the new PID namespace: {0}")]
     InNewPidNs(String),
+    /// The network lock that holds TCP connections still.
+    #[error("network lock: {0}")]
+    NetworkLock(#[from] ferry_netlock::NetlockError),
 }
 
 impl EngineError {

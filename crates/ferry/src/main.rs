@@ -41,6 +41,13 @@ enum Cmd {
         /// refusing the checkpoint.
         #[arg(long)]
         external_stdio: bool,
+        /// How established TCP connections are held still while they are
+        /// captured and until `ferry restore` re-creates them: one eBPF
+        /// program with a map of the connections (ebpf), one nftables set
+        /// (nftables), or an iptables chain (iptables). The lock stays in
+        /// place after the checkpoint; restore releases it.
+        #[arg(long, default_value = "ebpf", value_parser = ["ebpf", "nftables", "iptables"])]
+        network_lock: String,
     },
     /// Recreate a process tree from an image, with its old PIDs and TIDs,
     /// parent links, sessions and process groups. Without --detach, ferry
@@ -136,9 +143,16 @@ fn wait_for(pid: i32) -> Result<i32> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
+    // A lock left by a ferry that died while holding it (not one handed
+    // over to an image waiting for restore) must not outlive it.
+    for name in ferry_netlock::release_stale() {
+        eprintln!("ferry: released stale network lock {name}");
+    }
     match cli.cmd {
-        Cmd::Checkpoint { pid, images, leave_running, external_stdio } => {
-            let opts = ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory") };
+        Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
+            let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
+            let opts =
+                ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory"), network_lock };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
                 "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}",

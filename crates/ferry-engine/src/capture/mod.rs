@@ -9,6 +9,7 @@ mod files;
 mod memfd;
 mod memory;
 mod namespaces;
+mod network;
 mod process;
 mod signals;
 mod shm;
@@ -34,6 +35,8 @@ pub struct CaptureOptions {
     pub external_stdio: bool,
     /// Called as page data is copied (bytes done, bytes total).
     pub progress: Option<crate::ProgressFn>,
+    /// How established TCP connections are held still on the network.
+    pub network_lock: ferry_netlock::Method,
 }
 
 #[derive(Debug, Clone)]
@@ -133,6 +136,8 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
             surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
         files::tcp::established(&views)
     };
+    let lock = network::freeze(&established, opts.network_lock)?;
+    ph.mark("network freeze");
     let (repaired, states) = files::tcp::capture(&established, |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd))?;
     {
         let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();
@@ -181,7 +186,9 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     }
     let pages_bytes = pages.finish()?;
     ph.mark("pages");
-    let mut tree_image = TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, sysv_sem, sysv_msg, ..Default::default() };
+    let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef { method: opts.network_lock.to_string(), name: l.name().to_string() });
+    let mut tree_image =
+        TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, sysv_sem, sysv_msg, network_lock, ..Default::default() };
     if let Some(view) = &pid_view {
         namespaces::translate(&mut tree_image, view);
     }
@@ -217,11 +224,19 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         total_ms: 0.0,
     };
     if opts.leave_running {
+        // Connections first leave repair mode, then their packets flow.
         drop(repaired);
+        if let Some(lock) = lock {
+            lock.thaw()?;
+        }
         tree.release()?;
     } else {
         repaired.keep_in_repair();
         tree.kill()?;
+        // Restore thaws it, once the connections exist again.
+        if let Some(lock) = lock {
+            lock.hand_over();
+        }
         shm::remove_sysv(&tree_image.sysv_shm);
         sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
     }

@@ -224,6 +224,9 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         None => None,
     };
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
+    // Owned by this restore from now on: a failure thaws it (the
+    // connections are gone then), success thaws it once they exist again.
+    let mut lock = adopt_network_lock(&tree);
     let mut sysv = staging::SysvSegments::create(&tree)?;
     let mut sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
@@ -332,7 +335,10 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     // The connections come alive only now, with every process that owns
     // one in place and still stopped.
-    let _connections = files::tcp::finish(&tree, &staged_files, || Ok(()))?;
+    files::tcp::finish(&tree, &staged_files, || match lock.take() {
+        Some(l) => Ok(l.thaw()?),
+        None => Ok(()),
+    })?;
     ph.mark("tcp connections");
     // Children first, so a parent never runs while its child is still held.
     for (s, tids) in sessions.iter().zip(&all_tids).rev() {
@@ -347,6 +353,20 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     drop(staging);
     let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
     Ok(Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: t0.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// Takes over the network lock the checkpoint left for this image. A
+/// lock that is gone (released by hand, or the machine restarted) is no
+/// reason to fail: the connections are rebuilt all the same.
+fn adopt_network_lock(tree: &TreeImage) -> Option<ferry_netlock::NetworkLock> {
+    let r = tree.network_lock.as_ref()?;
+    match ferry_netlock::NetworkLock::adopt(&r.name) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!("network lock {} ({}) of the image: {e}; restoring without it", r.name, r.method);
+            None
+        }
+    }
 }
 
 fn ferry_sys_self_vdso() -> Result<(u64, u64)> {

@@ -74,12 +74,6 @@ impl Repaired {
     pub fn keep_in_repair(mut self) {
         self.keep = true;
     }
-    pub fn len(&self) -> usize {
-        self.socks.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.socks.is_empty()
-    }
 }
 
 impl Drop for Repaired {
