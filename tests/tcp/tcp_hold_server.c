@@ -23,6 +23,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 struct conn {
@@ -116,6 +117,8 @@ int main(int argc, char **argv)
 			ft_die("bad address %s", argv[1]);
 		sl = sizeof(*a);
 	}
+	struct rlimit rl = { 65536, 65536 };
+	setrlimit(RLIMIT_NOFILE, &rl);
 	int one = 1;
 	int l = (int)FT_SYS(socket(fam, SOCK_STREAM, 0));
 	FT_SYS(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)));

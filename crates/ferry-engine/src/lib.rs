@@ -13,6 +13,7 @@
 pub mod capture;
 pub mod error;
 pub mod freeze;
+pub mod guard;
 pub mod inject;
 pub mod phases;
 pub mod procfs;

@@ -17,13 +17,28 @@ impl Phases {
 
     pub fn mark(&mut self, phase: &str) {
         let now = Instant::now();
+        // The wall clock lets a benchmark line up the phases of a
+        // checkpoint and a restore run by two processes.
+        let unix_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
         tracing::debug!(
-            "{} {:<22} {:>8.3} ms (total {:>8.3} ms)",
+            "{} {:<22} {:>8.3} ms (total {:>8.3} ms) at {unix_us}",
             self.op,
             phase,
             (now - self.last).as_secs_f64() * 1e3,
             (now - self.start).as_secs_f64() * 1e3
         );
         self.last = now;
+        stall_if_asked(self.op, phase);
+    }
+}
+
+/// Fault injection for tests: `FERRY_FAULT_STALL_AFTER=OP:PHASE` (e.g.
+/// `checkpoint:tcp connections`) makes ferry print a line and sleep for
+/// two minutes right after that phase, so a test can kill it there.
+fn stall_if_asked(op: &str, phase: &str) {
+    let Some(want) = std::env::var_os("FERRY_FAULT_STALL_AFTER") else { return };
+    if want.to_string_lossy() == format!("{op}:{phase}") {
+        eprintln!("ferry: stalling after {op} phase '{phase}' (FERRY_FAULT_STALL_AFTER)");
+        std::thread::sleep(std::time::Duration::from_secs(120));
     }
 }

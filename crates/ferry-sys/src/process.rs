@@ -140,3 +140,40 @@ pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Waits for child `pid` to exit (retrying on EINTR); errors are ignored.
+pub fn wait_child(pid: i32) {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// Makes a freshly forked helper independent of the command that forked
+/// it: a session of its own, stdio on /dev/null (so it does not hold the
+/// caller's pipes open), every other descriptor but `keep` closed.
+pub fn detach_from_caller(keep: i32) {
+    // SAFETY: setsid, open, dup2 and close_range take plain arguments.
+    unsafe {
+        libc::setsid();
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                if fd != keep {
+                    libc::dup2(null, fd);
+                }
+            }
+            if null > 2 && null != keep {
+                libc::close(null);
+            }
+        }
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (keep.max(2) + 1) as u32, u32::MAX, 0u32);
+    }
+}

@@ -172,3 +172,35 @@ pub fn wait_tid(tid: i32, flags: i32) -> SysResult<Option<(i32, WaitEvent)>> {
     };
     Ok(Some((r, ev)))
 }
+
+/// Gives a running thread that ferry no longer traces its signal mask
+/// back: seize it, stop it, set the mask, let it go. Retries the seize
+/// for up to a second, since a dying tracer's threads are detached only
+/// after its files are closed. Best effort: failures are ignored.
+pub fn put_back_sigmask(tid: i32, mask: u64) {
+    for _ in 0..200 {
+        match seize(tid, 0) {
+            Ok(()) => break,
+            Err(e) if e.errno == libc::EPERM => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(_) => return,
+        }
+    }
+    if interrupt(tid).is_err() {
+        let _ = detach(tid, 0);
+        return;
+    }
+    loop {
+        match wait_tid(tid, 0) {
+            Ok(Some((_, WaitEvent::Stopped { event: PTRACE_EVENT_STOP, .. }))) => break,
+            // A signal stop: let the signal through and wait on.
+            Ok(Some((_, WaitEvent::Stopped { sig, .. }))) => {
+                if cont(tid, sig).is_err() {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+    let _ = set_sigmask(tid, mask);
+    let _ = detach(tid, 0);
+}

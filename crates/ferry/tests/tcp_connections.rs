@@ -437,3 +437,96 @@ fn connections_survive_with_the_nftables_lock() {
 fn connections_survive_with_the_iptables_lock() {
     connections_survive("tipt", 100, false, false, "iptables");
 }
+
+fn sig_blocked(pid: i32) -> Vec<String> {
+    let mut masks = Vec::new();
+    if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            let status = read_lossy(&t.path().join("status"));
+            masks.extend(status.lines().filter(|l| l.starts_with("SigBlk:")).map(String::from));
+        }
+    }
+    masks.sort();
+    masks
+}
+
+/// ferry is SIGKILLed in the middle of a checkpoint, after the network
+/// lock froze the connections and repair mode took them: the checkpoint
+/// guard puts everything back, the server goes on with every connection
+/// and no lock is left.
+#[test]
+fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    let tag = "tkill";
+    let n = 20;
+    let hosts = Hosts::new(tag);
+    let dir = TempDir(temp_dir(tag));
+    let (client_bytes, server_bytes) = (256 << 10, 256 << 10);
+    let port = 7000 + (std::process::id() % 1000) as u16;
+    let mut server = start_server(&hosts.a.0, &dir.0, A_V4, port, n, client_bytes, server_bytes);
+    let to: SocketAddr = format!("{A_V4}:{port}").parse().expect("address");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    let clients = run_clients(Some(hosts.b.0.clone()), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx);
+    ready_rx.recv_timeout(Duration::from_secs(60)).expect("clients ready");
+    wait_line(&server.log, "READY", Duration::from_secs(30));
+    let masks_before = sig_blocked(server.pid);
+
+    let err = dir.0.join("checkpoint.err");
+    let mut ckpt = Command::new(FERRY);
+    ckpt.args(["checkpoint", "--pid", &server.pid.to_string(), "--images"])
+        .arg(dir.0.join("images"))
+        .env("FERRY_FAULT_STALL_AFTER", "checkpoint:tcp connections")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err).expect("err"));
+    // SAFETY: close_range only, between fork and exec.
+    unsafe {
+        ckpt.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let mut ckpt = ckpt.spawn().expect("spawn ferry");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !read_lossy(&err).contains("stalling after") {
+        assert!(ckpt.try_wait().ok().flatten().is_none(), "ferry ended early: {}", read_lossy(&err));
+        assert!(Instant::now() < deadline, "ferry never reached the stall point");
+        sleep(POLL);
+    }
+    // Frozen now: signals blocked, connections in repair mode, lock set.
+    assert_ne!(sig_blocked(server.pid), masks_before, "the server should be frozen now");
+    let status = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("status");
+    assert!(!String::from_utf8_lossy(&status.stdout).contains("no network locks"), "the lock should be held now");
+    ckpt.kill().expect("kill ferry");
+    let _ = ckpt.wait();
+
+    // The guard puts the masks back and releases the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sig_blocked(server.pid) != masks_before {
+        assert!(Instant::now() < deadline, "signal masks not restored: {:?} vs {:?}", sig_blocked(server.pid), masks_before);
+        sleep(POLL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("status");
+        if String::from_utf8_lossy(&out.stdout).contains("no network locks") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lock left behind:\n{}", String::from_utf8_lossy(&out.stdout));
+        sleep(POLL);
+    }
+    // The original server, never killed, finishes every connection.
+    // SAFETY: signalling our own child by PID.
+    unsafe { libc::kill(server.pid, libc::SIGUSR2) };
+    let _ = go_tx.send(());
+    let errors = clients.join().expect("client thread");
+    let st = server.child.as_mut().expect("server").wait().expect("wait server");
+    server.child = None;
+    let log = read_lossy(&server.log);
+    assert!(errors.is_empty(), "{} client errors, first: {:?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
+}

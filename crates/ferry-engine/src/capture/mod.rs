@@ -101,7 +101,12 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself or a tree it runs in"));
     }
     let mut ph = crate::phases::Phases::start("checkpoint");
+    // Declared first so it is dropped last, after every cleanup below ran.
+    let mut guard = crate::guard::Guard::start()?;
     let tree = tree::FrozenTree::freeze(pid)?;
+    for t in tree.procs.iter().flat_map(|p| p.frozen.threads.iter()) {
+        guard.mask(t.tid, t.sigmask);
+    }
     let t_frozen = Instant::now();
     let pids = tree.pids();
     ph.mark("freeze");
@@ -137,8 +142,15 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         files::tcp::established(&views)
     };
     let lock = network::freeze(&established, opts.network_lock)?;
+    if let Some(l) = &lock {
+        guard.lock(l.name());
+    }
     ph.mark("network freeze");
-    let (repaired, states) = files::tcp::capture(&established, |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd))?;
+    let (repaired, states) = files::tcp::capture(
+        &established,
+        |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
+        |pid, fd| guard.repair(pid, fd),
+    )?;
     {
         let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();
         files::tcp::store(&established, states, &mut files_of);
@@ -231,6 +243,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         }
         tree.release()?;
     } else {
+        guard.killed();
         repaired.keep_in_repair();
         tree.kill()?;
         // Restore thaws it, once the connections exist again.

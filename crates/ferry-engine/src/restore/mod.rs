@@ -335,11 +335,14 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     // The connections come alive only now, with every process that owns
     // one in place and still stopped.
-    files::tcp::finish(&tree, &staged_files, || match lock.take() {
-        Some(l) => Ok(l.thaw()?),
-        None => Ok(()),
-    })?;
-    ph.mark("tcp connections");
+    let rebuilt = files::tcp::leave_repair(&tree, &staged_files)?;
+    ph.mark("tcp repair off");
+    if let Some(l) = lock.take() {
+        l.thaw()?;
+    }
+    ph.mark("network thaw");
+    files::tcp::resend(&rebuilt)?;
+    ph.mark("tcp resend");
     // Children first, so a parent never runs while its child is still held.
     for (s, tids) in sessions.iter().zip(&all_tids).rev() {
         for &tid in std::iter::once(&s.pid).chain(tids) {

@@ -97,12 +97,19 @@ fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
 
 /// Switches every connection into repair mode and reads its state.
 /// `pidfd_of(pid)` gives the pidfd of a process of the tree.
-pub fn capture<'a>(conns: &[Established], pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>) -> Result<(Repaired, Vec<TcpConnection>)> {
+/// `repairing(pid, fd)` hears of each socket just before it enters
+/// repair mode (the checkpoint guard undoes that if ferry dies).
+pub fn capture<'a>(
+    conns: &[Established],
+    pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>,
+    mut repairing: impl FnMut(i32, i32),
+) -> Result<(Repaired, Vec<TcpConnection>)> {
     let mut repaired = Repaired { socks: Vec::with_capacity(conns.len()), keep: false };
     let mut states = Vec::with_capacity(conns.len());
     for c in conns {
         let pidfd = pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))?;
         let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd).map_err(|e| kernel(c, "duplicating the socket", e))?;
+        repairing(c.pid, c.fd);
         socket::set_repair(sock.as_raw_fd(), 1).map_err(|e| kernel(c, "entering repair mode", e))?;
         let fd = sock.as_raw_fd();
         repaired.socks.push((c.pid, c.fd, sock));

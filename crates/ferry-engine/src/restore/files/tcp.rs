@@ -1,11 +1,11 @@
 //! Established TCP connections, rebuilt in repair mode: the socket is
 //! bound and "connected" without a handshake, given the sequence numbers,
 //! negotiated options, timestamp clock, window and unread data the image
-//! recorded. It stays in repair mode (silent) until [`finish`], which
-//! runs once every process of the tree exists: repair mode off, the
-//! network lock thawed, then the send queue written again so the peer
-//! gets unacknowledged data at once instead of after a retransmission
-//! timeout (it drops what it already has).
+//! recorded. It stays in repair mode (silent) until every process of the
+//! tree exists; then [`leave_repair`], the network lock is thawed, and
+//! [`resend`] writes the send queue again so the peer gets unacknowledged
+//! data at once instead of after a retransmission timeout (it drops what
+//! it already has).
 
 use super::inet::{address, apply_option, is_opt};
 use crate::error::{EngineError, Result};
@@ -123,19 +123,29 @@ fn connections<'a>(tree: &'a TreeImage, staged: &HashMap<u64, OwnedFd>) -> Vec<(
     out
 }
 
-/// Brings the rebuilt connections to life: leaves repair mode, lets
-/// `thaw` release the network lock, writes the send queues again, then
-/// applies what had to wait (buffer lock bits, cork, SO_REUSEADDR).
-pub fn finish(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>, thaw: impl FnOnce() -> Result<()>) -> Result<usize> {
+/// The rebuilt connections of the tree, ready to come alive.
+pub struct Rebuilt<'a> {
+    conns: Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)>,
+}
+
+/// Leaves repair mode on every rebuilt connection. Still silent: the
+/// network lock holds their packets until it is thawed.
+pub fn leave_repair<'a>(tree: &'a TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<Rebuilt<'a>> {
     let conns = connections(tree, staged);
     for (pid, s, _, fd) in &conns {
         // No window probe now: the lock would drop it; the queued data
-        // written below makes the peer answer anyway.
+        // written by `resend` makes the peer answer anyway.
         socket::set_repair(*fd, socket::TCP_REPAIR_OFF_NO_WP)
             .map_err(|e| EngineError::kernel(*pid, format!("TCP port {}: leaving repair mode", s.port), e))?;
     }
-    thaw()?;
-    for (pid, s, c, fd) in &conns {
+    Ok(Rebuilt { conns })
+}
+
+/// After the thaw: writes the send queues again (the peer drops what it
+/// already had), then applies what had to wait (buffer lock bits, cork,
+/// not-sent low-water mark, SO_REUSEADDR).
+pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
+    for (pid, s, c, fd) in &rebuilt.conns {
         let k = |step: &'static str| move |e| EngineError::kernel(*pid, format!("TCP port {}: {step}", s.port), e);
         socket::send_all(*fd, &c.send_queue, QUEUE_TIMEOUT_MS).map_err(k("writing the send queue"))?;
         socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock).map_err(k("restoring SO_BUF_LOCK"))?;
@@ -148,5 +158,5 @@ pub fn finish(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>, thaw: impl FnOnc
             apply_option(*pid, *fd, o)?;
         }
     }
-    Ok(conns.len())
+    Ok(())
 }

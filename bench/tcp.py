@@ -1,0 +1,256 @@
+#!/usr/bin/python3
+"""Pause of a checkpoint + restore of a server holding N established TCP
+connections, for each network lock method.
+
+Two test hosts (network namespaces A and B on one veth link) are made for
+every run. tests/tcp/tcp_hold_server runs in A, tests/tcp/tcp_hold_client
+opens N connections to it from B, and each connection has unread data in
+both directions. The server is checkpointed (`ferry --verbose checkpoint
+--network-lock M`), then restored into A (`ferry --verbose restore`);
+afterwards both programs check every byte and every connection, so a run
+only counts when all N connections survived.
+
+The phase lines of --verbose carry the wall clock, so the pause is measured
+from the moment the lock starts to freeze (checkpoint) to the moment it is
+thawed (restore), and split into:
+  freeze    installing the lock (one map update / one nft transaction / one
+            iptables-restore)
+  capture   from the frozen network to the end of `ferry checkpoint`
+            (repair-mode capture, memory, image, kill)
+  restore   from the start of `ferry restore` to the thaw
+  thaw      releasing the lock
+(the gap between the two commands, here the time to start `ferry restore`,
+is in the pause but not in a part).
+
+Usage: bench/tcp.py [--n 0,100,...] [--methods ebpf,nftables,iptables]
+                    [--runs 3] [--out docs/benchmarks-tcp-latest.md]
+Needs root. Writes a markdown table and a PNG plot (python3-matplotlib).
+"""
+
+import argparse
+import ctypes
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FERRY = os.environ.get("FERRY_BIN", os.path.join(REPO, "target/release/ferry"))
+PHASE = re.compile(r"(checkpoint|restore) (.+?)\s+([0-9.]+) ms \(total\s+([0-9.]+) ms\) at (\d+)")
+CLIENT_BYTES = 4096
+SERVER_BYTES = 4096
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def build(work):
+    bins = {}
+    for name in ("tcp_hold_server", "tcp_hold_client"):
+        out = os.path.join(work, name)
+        sh("gcc", "-O2", "-g", "-Wall", "-o", out, os.path.join(REPO, "tests/tcp", name + ".c"))
+        bins[name] = out
+    return bins
+
+
+class Hosts:
+    """Namespaces A and B on one veth link; removed by close()."""
+
+    def __init__(self, tag):
+        self.a = f"ferry-bt-{os.getpid()}-{tag}-a"
+        self.b = f"ferry-bt-{os.getpid()}-{tag}-b"
+        sh("ip", "netns", "add", self.a)
+        sh("ip", "netns", "add", self.b)
+        sh("ip", "-n", self.a, "link", "add", "fa", "type", "veth", "peer", "name", "fb", "netns", self.b)
+        for ns, dev, addr in ((self.a, "fa", "192.0.2.1/24"), (self.b, "fb", "192.0.2.2/24")):
+            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def close(self):
+        for ns in (self.a, self.b):
+            sh("ip", "netns", "delete", ns, check=False)
+
+
+def wait_for(path, word, proc, timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with open(path) as f:
+                if any(line.strip() == word for line in f):
+                    return
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{path}: exited before {word}: {open(path).read()}")
+        time.sleep(0.01)
+    raise RuntimeError(f"{path}: no {word} within {timeout} s")
+
+
+def in_netns(ns):
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def pre():
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), "setns")
+        os.setsid()
+    return pre, fd
+
+
+def phases(text):
+    out = {}
+    for m in PHASE.finditer(text):
+        # (phase ms, wall clock at its end in us, wall clock at the command's start in us)
+        at = int(m.group(5))
+        out[(m.group(1), m.group(2).strip())] = (float(m.group(3)), at, at - float(m.group(4)) * 1e3)
+    return out
+
+
+def one_run(bins, n, method, work):
+    hosts = Hosts(f"{method[:3]}{n}")
+    procs = []
+    try:
+        port = "7100"
+        slog, clog = os.path.join(work, "server.log"), os.path.join(work, "client.log")
+        pre, fd = in_netns(hosts.a)
+        server = subprocess.Popen([bins["tcp_hold_server"], "192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)],
+                                  stdin=subprocess.DEVNULL, stdout=open(slog, "w"), stderr=subprocess.STDOUT,
+                                  preexec_fn=pre, close_fds=True)
+        os.close(fd)
+        procs.append(server)
+        wait_for(slog, "LISTENING", server, 10)
+        pre, fd = in_netns(hosts.b)
+        client = subprocess.Popen([bins["tcp_hold_client"], "192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)],
+                                  stdin=subprocess.DEVNULL, stdout=open(clog, "w"), stderr=subprocess.STDOUT,
+                                  preexec_fn=pre, close_fds=True)
+        os.close(fd)
+        procs.append(client)
+        wait_for(clog, "READY", client, 120)
+        wait_for(slog, "READY", server, 120)
+        images = os.path.join(work, "images")
+        ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ck_end = time.time_ns() // 1000
+        if ck.returncode != 0:
+            raise RuntimeError(f"checkpoint failed: {ck.stderr}")
+        server.wait()
+        procs.remove(server)
+        pidfile = os.path.join(work, "pid")
+        if os.path.exists(pidfile):
+            os.unlink(pidfile)
+        restore = subprocess.Popen([FERRY, "--verbose", "restore", "--images", images, "--netns", hosts.a, "--pidfile", pidfile],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(restore)
+        end = time.time() + 60
+        while not (os.path.exists(pidfile) and open(pidfile).read().endswith("\n")):
+            if restore.poll() is not None or time.time() > end:
+                raise RuntimeError(f"restore failed: {restore.stderr.read()}")
+            time.sleep(0.001)
+        pid = int(open(pidfile).read())
+        os.kill(pid, signal.SIGUSR2)
+        client.send_signal(signal.SIGUSR2)
+        client.wait(timeout=180)
+        _, rs_err = restore.communicate(timeout=180)
+        procs.clear()
+        slog_text, clog_text = open(slog).read(), open(clog).read()
+        if restore.returncode != 0 or "PASS" not in slog_text.split() or client.returncode != 0:
+            raise RuntimeError(f"connections did not survive: server {restore.returncode}: {slog_text[-500:]} client: {clog_text[-500:]}")
+        cp, rp = phases(ck.stderr), phases(rs_err)
+        row = {"n": n, "method": method}
+        # The lock starts to freeze right after the survey; with no
+        # connection there is no lock, and the pause runs to the end of
+        # the restore's connection phase.
+        start_us = cp[("checkpoint", "survey")][1]
+        if n == 0:
+            row.update(freeze=0.0, thaw=0.0)
+            thaw_end_us = rp[("restore", "tcp resend")][1]
+        else:
+            row["freeze"] = cp[("checkpoint", "network freeze")][0]
+            row["thaw"] = rp[("restore", "network thaw")][0]
+            thaw_end_us = rp[("restore", "network thaw")][1]
+        restore_start_us = min(v[2] for v in rp.values())
+        row["capture"] = (ck_end - start_us) / 1e3 - row["freeze"]
+        row["restore"] = (thaw_end_us - restore_start_us) / 1e3 - row["thaw"]
+        row["pause"] = (thaw_end_us - start_us) / 1e3
+        return row
+    finally:
+        for p in procs:
+            try:
+                p.kill()
+                p.wait(timeout=10)
+            except Exception:
+                pass
+        hosts.close()
+        subprocess.run([FERRY, "network-lock", "--release-stale"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", default="0,100,500,1000,2000,5000,10000")
+    ap.add_argument("--methods", default="ebpf,nftables,iptables")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-tcp-latest.md"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench/tcp.py: needs root")
+    ns = [int(x) for x in args.n.split(",")]
+    methods = args.methods.split(",")
+    work = tempfile.mkdtemp(prefix="ferry-bench-tcp-")
+    bins = build(work)
+    results = []
+    for method in methods:
+        for n in ns:
+            runs = []
+            for _ in range(args.runs):
+                runs.append(one_run(bins, n, method, work))
+            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw")}
+            med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
+            results.append(med)
+            print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
+                  f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f} (ms, median of {len(runs)})", flush=True)
+    subprocess.run(["rm", "-rf", work])
+    lines = [
+        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
+                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    with open(args.out, "w") as f:
+        f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs} -->\n")
+        f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, "
+                f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "
+                f"byte for byte afterwards.\n\n{table}\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for method in methods:
+            rs = [r for r in results if r["method"] == method]
+            ax.plot([r["n"] for r in rs], [r["pause"] for r in rs], marker="o", label=f"{method}: pause")
+            ax.plot([r["n"] for r in rs], [r["freeze"] + r["thaw"] for r in rs], linestyle="--", marker=".", label=f"{method}: freeze + thaw")
+        ax.set_xlabel("established connections")
+        ax.set_ylabel("ms")
+        ax.set_title("ferry: pause of checkpoint + restore vs connections")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        png = os.path.splitext(args.out)[0] + ".png"
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+        print(f"plot: {png}")
+    except ImportError:
+        print("python3-matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    main()

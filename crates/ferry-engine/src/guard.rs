@@ -1,0 +1,164 @@
+//! The checkpoint guard: a small process, forked by ferry before it
+//! touches the tree, that puts the service back if ferry dies in the
+//! middle (SIGKILL, a crash, the OOM killer).
+//!
+//! While ferry works it tells the guard, one line at a time over a pipe,
+//! what it changed: each thread's signal mask before it was blocked
+//! (`mask TID HEX`), each socket put into TCP repair mode (`repair PID
+//! FD`), the network lock (`lock NAME`), and when the tree is about to be
+//! killed (`killed`). ferry ends every normal run, success or error, with
+//! `done` (its own cleanup ran); the guard then just exits. If the pipe
+//! closes without `done`, ferry died, and the guard:
+//! - takes every repaired socket out of repair mode (through a duplicate
+//!   taken with pidfd_getfd), so the connections run again;
+//! - releases the network lock, or, when the tree was already being
+//!   killed, hands it over to the image as a finished checkpoint would;
+//! - seizes each thread again and gives it back its signal mask.
+//!
+//! The guard lives in a session of its own, so a signal meant for ferry's
+//! terminal or process group does not reach it.
+
+use crate::error::{EngineError, Result};
+use std::io::{BufRead, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// ferry's end of the guard: dropping it ends the guard's watch.
+pub struct Guard {
+    pid: i32,
+    pipe: Option<std::fs::File>,
+}
+
+impl Guard {
+    /// Forks the guard. ferry must be single-threaded here.
+    pub fn start() -> Result<Guard> {
+        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
+        // SAFETY: the capture has not started any thread yet; the child
+        // only runs `watch`, which makes its own file descriptors.
+        let pid = unsafe { ferry_sys::clone::fork_into_namespaces(0) }.map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
+        if pid == 0 {
+            drop(w);
+            watch(r);
+        }
+        drop(r);
+        Ok(Guard { pid, pipe: Some(std::fs::File::from(w)) })
+    }
+
+    fn say(&mut self, line: &str) {
+        // A guard that is gone cannot help; the checkpoint goes on.
+        if let Some(p) = &mut self.pipe {
+            if p.write_all(line.as_bytes()).is_err() {
+                self.pipe = None;
+            }
+        }
+    }
+
+    pub fn mask(&mut self, tid: i32, mask: u64) {
+        self.say(&format!("mask {tid} {mask:x}\n"));
+    }
+    pub fn repair(&mut self, pid: i32, fd: i32) {
+        self.say(&format!("repair {pid} {fd}\n"));
+    }
+    pub fn lock(&mut self, name: &str) {
+        self.say(&format!("lock {name}\n"));
+    }
+    /// The tree is being killed: from here a lost ferry means a finished
+    /// checkpoint whose lock must wait for the restore.
+    pub fn killed(&mut self) {
+        self.say("killed\n");
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.say("done\n");
+        self.pipe = None;
+        ferry_sys::process::wait_child(self.pid);
+    }
+}
+
+#[derive(Default)]
+struct Plan {
+    masks: Vec<(i32, u64)>,
+    repaired: Vec<(i32, i32)>,
+    lock: Option<String>,
+    killed: bool,
+    done: bool,
+}
+
+fn parse(plan: &mut Plan, line: &str) {
+    let mut w = line.split_whitespace();
+    match (w.next(), w.next(), w.next()) {
+        (Some("mask"), Some(tid), Some(mask)) => {
+            if let (Ok(t), Ok(m)) = (tid.parse(), u64::from_str_radix(mask, 16)) {
+                plan.masks.push((t, m));
+            }
+        }
+        (Some("repair"), Some(pid), Some(fd)) => {
+            if let (Ok(p), Ok(f)) = (pid.parse(), fd.parse()) {
+                plan.repaired.push((p, f));
+            }
+        }
+        (Some("lock"), Some(name), None) => plan.lock = Some(name.to_string()),
+        (Some("killed"), None, None) => plan.killed = true,
+        (Some("done"), None, None) => plan.done = true,
+        _ => {}
+    }
+}
+
+/// The guard process: read until ferry says done or disappears.
+fn watch(pipe: OwnedFd) -> ! {
+    ferry_sys::process::detach_from_caller(pipe.as_raw_fd());
+    let mut plan = Plan::default();
+    let reader = std::io::BufReader::new(std::fs::File::from(pipe));
+    for line in reader.lines() {
+        let Ok(line) = line else { break };
+        parse(&mut plan, &line);
+        if plan.done {
+            break;
+        }
+    }
+    if !plan.done {
+        recover(&plan);
+    }
+    std::process::exit(0)
+}
+
+fn recover(plan: &Plan) {
+    for &(pid, fd) in &plan.repaired {
+        let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { continue };
+        if let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) {
+            let _ = ferry_sys::socket::set_repair(sock.as_raw_fd(), 0);
+        }
+    }
+    if let Some(name) = &plan.lock {
+        if plan.killed {
+            if let Ok(lock) = ferry_netlock::NetworkLock::adopt(name) {
+                lock.hand_over();
+            }
+        } else {
+            let _ = ferry_netlock::release(name);
+        }
+    }
+    for &(tid, mask) in &plan.masks {
+        ferry_sys::ptrace::put_back_sigmask(tid, mask);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_protocol_and_ignores_garbage() {
+        let mut p = Plan::default();
+        for l in ["mask 12 fffe", "repair 12 7", "lock ckpt_1_2", "bogus", "mask x y", "killed"] {
+            parse(&mut p, l);
+        }
+        assert_eq!(p.masks, vec![(12, 0xfffe)]);
+        assert_eq!(p.repaired, vec![(12, 7)]);
+        assert_eq!(p.lock.as_deref(), Some("ckpt_1_2"));
+        assert!(p.killed && !p.done);
+        parse(&mut p, "done");
+        assert!(p.done);
+    }
+}

@@ -1,0 +1,157 @@
+/*
+ * tcp_hold_client ADDR PORT N CLIENT_BYTES SERVER_BYTES
+ *
+ * The other end of tcp_hold_server: opens N connections, sends each one's
+ * id and the first half of its stream (seed 2*id) as far as the queues
+ * take it, prints READY and waits for SIGUSR2 (the server is checkpointed
+ * and restored meanwhile). Then it reads the server's stream (seed 2*id+1)
+ * to EOF, checking every byte, writes the rest of its own and shuts down.
+ * Prints PASS and exits 0 when every connection completed without a
+ * reset or a wrong byte; otherwise FAIL lines (the first 20) and a count.
+ */
+#include "../conformance/ferry_test.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+struct conn {
+	int fd;
+	uint32_t id;
+	size_t got, sent;
+	int eof, shut, failed;
+};
+
+static size_t client_bytes, server_bytes;
+static int reported;
+
+static unsigned char pat(uint64_t seed, size_t i)
+{
+	return (unsigned char)(ft_pat(seed, i / 8) >> (8 * (i % 8)));
+}
+
+static void fail(struct conn *c, const char *fmt, const char *what)
+{
+	c->failed = 1;
+	if (reported++ < 20)
+		ft_fail(fmt, c->id, what);
+	else
+		__atomic_add_fetch(&ft_failures, 1, __ATOMIC_SEQ_CST);
+}
+
+static void push(struct conn *c, size_t limit)
+{
+	unsigned char buf[16384];
+	while (c->sent < limit && !c->failed) {
+		size_t n = sizeof(buf) < limit - c->sent ? sizeof(buf) : limit - c->sent;
+		for (size_t i = 0; i < n; i++)
+			buf[i] = pat(2 * (uint64_t)c->id, c->sent + i);
+		ssize_t w = send(c->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w <= 0) {
+			if (w < 0 && errno != EAGAIN)
+				fail(c, "conn %u: send: %s", strerror(errno));
+			return;
+		}
+		c->sent += (size_t)w;
+	}
+}
+
+static void pull(struct conn *c)
+{
+	unsigned char buf[65536];
+	while (!c->eof && !c->failed) {
+		ssize_t r = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (r == 0) {
+			c->eof = 1;
+			if (c->got != server_bytes)
+				fail(c, "conn %u: %s", "early EOF");
+			return;
+		}
+		if (r < 0) {
+			if (errno != EAGAIN)
+				fail(c, "conn %u: recv: %s", strerror(errno));
+			return;
+		}
+		for (ssize_t i = 0; i < r; i++)
+			if (buf[i] != pat(2 * (uint64_t)c->id + 1, c->got + (size_t)i)) {
+				fail(c, "conn %u: %s", "a byte differs");
+				return;
+			}
+		c->got += (size_t)r;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	ft_init();
+	if (argc != 6)
+		ft_die("usage: tcp_hold_client ADDR PORT N CLIENT_BYTES SERVER_BYTES");
+	int n = atoi(argv[3]);
+	client_bytes = strtoull(argv[4], NULL, 10);
+	server_bytes = strtoull(argv[5], NULL, 10);
+	struct rlimit rl = { 65536, 65536 };
+	setrlimit(RLIMIT_NOFILE, &rl);
+	struct sockaddr_storage ss = { 0 };
+	socklen_t sl;
+	int fam = strchr(argv[1], ':') ? AF_INET6 : AF_INET;
+	if (fam == AF_INET) {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+		a->sin_family = AF_INET;
+		a->sin_port = htons((uint16_t)atoi(argv[2]));
+		inet_pton(AF_INET, argv[1], &a->sin_addr);
+		sl = sizeof(*a);
+	} else {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons((uint16_t)atoi(argv[2]));
+		inet_pton(AF_INET6, argv[1], &a->sin6_addr);
+		sl = sizeof(*a);
+	}
+	struct conn *conns = calloc((size_t)n + 1, sizeof(*conns));
+	if (!conns)
+		ft_die("calloc");
+	for (int i = 0; i < n; i++) {
+		int fd = (int)FT_SYS(socket(fam, SOCK_STREAM, 0));
+		if (connect(fd, (struct sockaddr *)&ss, sl) != 0)
+			ft_die("connect %d: %s", i, strerror(errno));
+		uint32_t id = (uint32_t)i;
+		if (send(fd, &id, sizeof(id), 0) != sizeof(id))
+			ft_die("send id %d: %s", i, strerror(errno));
+		conns[i] = (struct conn){ .fd = fd, .id = id };
+		push(&conns[i], client_bytes / 2);
+	}
+	ft_ready();
+	ft_wait_restored();
+	double t0 = ft_mono(), deadline = t0 + 120;
+	int done = 0;
+	while (done < n && ft_mono() < deadline) {
+		done = 0;
+		int progress = 0;
+		for (int i = 0; i < n; i++) {
+			struct conn *c = &conns[i];
+			if (c->failed || (c->eof && c->shut)) {
+				done++;
+				continue;
+			}
+			size_t g = c->got, s = c->sent;
+			pull(c);
+			push(c, client_bytes);
+			if (c->sent == client_bytes && !c->shut && !c->failed) {
+				shutdown(c->fd, SHUT_WR);
+				c->shut = 1;
+			}
+			progress |= g != c->got || s != c->sent;
+		}
+		if (!progress)
+			ft_sleep_ms(1);
+	}
+	int ok = 0;
+	for (int i = 0; i < n; i++)
+		ok += !conns[i].failed && conns[i].eof && conns[i].shut;
+	ft_log("# %d of %d connections complete in %.1f ms", ok, n, (ft_mono() - t0) * 1e3);
+	if (ok != n)
+		ft_fail("%d connections failed or did not finish", n - ok);
+	return ft_finish();
+}
