@@ -1,6 +1,7 @@
 //! ferry: checkpoint and restore live Linux processes.
 
 mod inspect;
+mod netlock_cmd;
 mod progress;
 
 use anyhow::{Context, Result};
@@ -97,6 +98,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Show or release network locks: the packet filters that hold the TCP
+    /// connections of a checkpoint frozen until they are restored.
+    NetworkLock(netlock_cmd::NetworkLockArgs),
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -136,6 +140,12 @@ fn wait_for(pid: i32) -> Result<i32> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
+    // A network lock whose ferry died while holding it would drop those
+    // connections' packets forever; one read_dir when there is none.
+    // `network-lock` itself leaves them, so --status can show them.
+    if !matches!(cli.cmd, Cmd::NetworkLock(_)) {
+        ferry_netlock::release_stale();
+    }
     match cli.cmd {
         Cmd::Checkpoint { pid, images, leave_running, external_stdio } => {
             let opts = ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory") };
@@ -199,6 +209,7 @@ fn run(cli: Cli) -> Result<i32> {
             inspect::show(&dir, json)?;
             Ok(0)
         }
+        Cmd::NetworkLock(args) => netlock_cmd::run(args),
     }
 }
 
