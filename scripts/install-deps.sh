@@ -34,6 +34,12 @@ PACKAGES=(
                     # 'nginx' itself ships /usr/sbin/nginx, nginx-light/-core only add modules
   postgresql-15     # real-tree test (postmaster + background processes)
   postgresql-client-15  # psql
+  clang             # compiles the network lock's BPF program (crates/ferry-netlock/build.rs)
+  llvm              # llvm-objdump/llvm-strip for inspecting that BPF object
+  libbpf-dev        # <bpf/bpf_helpers.h> for the BPF program
+  bpftool           # inspecting pinned network-lock maps and links (diagnostics)
+  iptables          # network lock, --network-lock iptables (and its tests)
+  nftables          # network lock, --network-lock nftables (and its tests)
 )
 SERVICES=(redis-server memcached nginx postgresql)
 PG_VERSION=15

@@ -191,11 +191,22 @@ impl NetworkLock {
             }
         };
         let ns_path = netns.path();
+        // Without an owner identity the record would look stale at once and
+        // another ferry run could release a lock still in use.
+        let Some(owner) = Owner::current() else {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(NetlockError::Io {
+                lock: name,
+                what: "reading own start time from",
+                path: "/proc/self/stat".into(),
+                source: std::io::ErrorKind::InvalidData.into(),
+            });
+        };
         let mut record = Record {
             name: name.clone(),
             method,
             state: LockState::Owned,
-            owner: Owner::current(),
+            owner: Some(owner),
             purpose: purpose.to_string(),
             tuples: tuples.len(),
             tuples_v6: tuples.iter().filter(|t| t.local.is_ipv6()).count(),

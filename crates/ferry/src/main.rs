@@ -1,6 +1,7 @@
 //! ferry: checkpoint and restore live Linux processes.
 
 mod inspect;
+mod netlock_cmd;
 mod progress;
 
 use anyhow::{Context, Result};
@@ -104,6 +105,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Show or release network locks: the packet filters that hold the TCP
+    /// connections of a checkpoint frozen until they are restored.
+    NetworkLock(netlock_cmd::NetworkLockArgs),
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -143,10 +147,13 @@ fn wait_for(pid: i32) -> Result<i32> {
 }
 
 fn run(cli: Cli) -> Result<i32> {
-    // A lock left by a ferry that died while holding it (not one handed
-    // over to an image waiting for restore) must not outlive it.
-    for name in ferry_netlock::release_stale() {
-        eprintln!("ferry: released stale network lock {name}");
+    // A network lock whose ferry died while holding it would drop those
+    // connections' packets forever; one read_dir when there is none.
+    // `network-lock` itself leaves them, so --status can show them.
+    if !matches!(cli.cmd, Cmd::NetworkLock(_)) {
+        for name in ferry_netlock::release_stale() {
+            eprintln!("ferry: released stale network lock {name}");
+        }
     }
     match cli.cmd {
         Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
@@ -213,6 +220,7 @@ fn run(cli: Cli) -> Result<i32> {
             inspect::show(&dir, json)?;
             Ok(0)
         }
+        Cmd::NetworkLock(args) => netlock_cmd::run(args),
     }
 }
 

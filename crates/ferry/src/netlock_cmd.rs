@@ -1,0 +1,92 @@
+//! `ferry network-lock`: show and release the network locks that keep
+//! packets of checkpointed TCP connections from reaching the stack.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("action").required(true).args(["status", "release", "all", "release_stale"])))]
+pub struct NetworkLockArgs {
+    /// List every network lock: name, method, state (owned by a running
+    /// ferry, or handed-over to an image waiting for restore), owner PID,
+    /// number of frozen connections, age. Stale locks (owner died while
+    /// owning them) are marked.
+    #[arg(long)]
+    status: bool,
+    /// Release this lock now, whoever holds it: its connections' packets
+    /// flow again. A handed-over lock released so cannot be restored
+    /// without resets.
+    #[arg(long, value_name = "NAME")]
+    release: Option<String>,
+    /// Release every network lock.
+    #[arg(long)]
+    all: bool,
+    /// Release only the stale locks, those whose owner died while owning
+    /// them (ferry does this at the start of every run).
+    #[arg(long)]
+    release_stale: bool,
+}
+
+fn human_age(age: std::time::Duration) -> String {
+    let s = age.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+fn print_status() {
+    let locks = ferry_netlock::status();
+    if locks.is_empty() {
+        println!("no network locks");
+        return;
+    }
+    println!("{:<24} {:<9} {:<12} {:<8} {:>7} {:>7}  NETNS", "NAME", "METHOD", "STATE", "OWNER", "TUPLES", "AGE");
+    for lock in locks {
+        let method = lock.method.map_or("?".to_string(), |m| m.to_string());
+        let mut state = lock.state.map_or("incomplete".to_string(), |s| s.to_string());
+        if lock.stale {
+            state.push_str(" STALE");
+        }
+        let owner = lock.owner.map_or("-".to_string(), |o| o.pid.to_string());
+        println!("{:<24} {:<9} {:<12} {:<8} {:>7} {:>7}  {}", lock.name, method, state, owner, lock.tuples, human_age(lock.age), lock.netns);
+    }
+}
+
+pub fn run(args: NetworkLockArgs) -> Result<i32> {
+    if args.status {
+        print_status();
+        return Ok(0);
+    }
+    if args.release_stale {
+        let released = ferry_netlock::release_stale();
+        if released.is_empty() {
+            println!("no stale network locks");
+        }
+        for name in released {
+            println!("released stale network lock {name}");
+        }
+        return Ok(0);
+    }
+    let names: Vec<String> = match (&args.release, args.all) {
+        (Some(name), false) => vec![name.clone()],
+        (None, true) => ferry_netlock::status().into_iter().map(|s| s.name).collect(),
+        _ => bail!("use --release NAME or --all"),
+    };
+    let mut failed = 0;
+    for name in &names {
+        match ferry_netlock::release(name).with_context(|| format!("releasing network lock {name}")) {
+            Ok(()) => println!("released network lock {name}"),
+            Err(e) => {
+                eprintln!("ferry: error: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if names.is_empty() {
+        println!("no network locks");
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
