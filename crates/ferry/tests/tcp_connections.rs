@@ -353,6 +353,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     let st = ferry(&["checkpoint", "--pid", &pid, "--images", &images_s, "--network-lock", lock], &dir.0.join("checkpoint.err"));
     assert!(st.success(), "checkpoint failed: {}", read_lossy(&dir.0.join("checkpoint.err")));
     let checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
+    let lock = image_lock(&images_s);
+    assert!(lock.is_some(), "the image names no network lock");
     let mut child = server.child.take().expect("server child");
     let st = child.wait().expect("reap server");
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "server ended with {st:?}");
@@ -394,13 +396,38 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     eprintln!("{tag}: {n} connections, checkpoint {checkpoint_ms:.1} ms, restore {restore_ms:.1} ms (commands, debug timing)");
     assert!(errors.is_empty(), "{} client errors, first: {:?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
     assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}\n{}", read_lossy(&dir.0.join("restore.err")));
-    assert_no_lock_left();
+    if let Some(name) = lock {
+        assert_lock_gone(&name);
+    }
 }
 
-fn assert_no_lock_left() {
+/// (name, owner) of every network lock `ferry network-lock --status`
+/// lists. Other tests run in parallel, so tests look at their own lock.
+fn locks() -> Vec<(String, String)> {
     let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("ferry network-lock");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("no network locks"), "a network lock was left:\n{text}");
+    assert!(out.status.success(), "ferry network-lock --status failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let name = w.next()?.to_string();
+            let owner = w.nth(2).unwrap_or("-").to_string();
+            Some((name, owner))
+        })
+        .collect()
+}
+
+/// The network lock an image refers to.
+fn image_lock(images: &str) -> Option<String> {
+    let out = Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    v["tree"]["network_lock"]["name"].as_str().map(String::from)
+}
+
+fn assert_lock_gone(name: &str) {
+    let left = locks();
+    assert!(!left.iter().any(|(n, _)| n == name), "network lock {name} was left behind: {left:?}");
 }
 
 #[test]
@@ -499,8 +526,9 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     }
     // Frozen now: signals blocked, connections in repair mode, lock set.
     assert_ne!(sig_blocked(server.pid), masks_before, "the server should be frozen now");
-    let status = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("status");
-    assert!(!String::from_utf8_lossy(&status.stdout).contains("no network locks"), "the lock should be held now");
+    let ferry_pid = ckpt.id().to_string();
+    let lock = locks().into_iter().find(|(_, owner)| *owner == ferry_pid).map(|(n, _)| n);
+    let lock = lock.unwrap_or_else(|| panic!("no network lock owned by ferry {ferry_pid}: {:?}", locks()));
     ckpt.kill().expect("kill ferry");
     let _ = ckpt.wait();
 
@@ -511,12 +539,8 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
         sleep(POLL);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("status");
-        if String::from_utf8_lossy(&out.stdout).contains("no network locks") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "lock left behind:\n{}", String::from_utf8_lossy(&out.stdout));
+    while locks().iter().any(|(n, _)| *n == lock) {
+        assert!(Instant::now() < deadline, "lock {lock} left behind: {:?}", locks());
         sleep(POLL);
     }
     // The original server, never killed, finishes every connection.
