@@ -147,7 +147,7 @@ pub struct Scratch {
 
 pub const SCRATCH_LEN: u64 = 64 * 1024;
 const TABLE: u64 = 0x1000;
-const MAX_BATCH: usize = 256;
+pub const MAX_BATCH: usize = 256;
 /// Start of the area callers may use for syscall arguments.
 pub const SCRATCH_DATA: u64 = TABLE + (MAX_BATCH as u64) * 64;
 

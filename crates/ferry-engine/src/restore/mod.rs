@@ -273,6 +273,11 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
     ph.mark("fork root");
+    // Established connections are made now, after the fork, so that they
+    // need no fd numbers in the range the tree inherits: a tree with
+    // 10,000 connections would not fit under the fd limit twice.
+    let connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
+    ph.mark("tcp connections rebuilt");
 
     // Phase 1, parents before children: fd table and memory, then fork.
     let vdso = ferry_sys_self_vdso()?;
@@ -281,7 +286,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     let mut epolls = std::collections::HashSet::new();
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
-    install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+    install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
     memory::clear_address_space(&mut s, &[])?;
     memory::place_vdso(&mut s, &root.vmas)?;
     let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
@@ -300,7 +305,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
-        install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+        install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
         kept.sort_unstable();
         memory::clear_address_space(&mut s, &kept)?;
@@ -335,7 +340,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     // The connections come alive only now, with every process that owns
     // one in place and still stopped.
-    let rebuilt = files::tcp::leave_repair(&tree, &staged_files)?;
+    let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
     ph.mark("tcp repair off");
     if let Some(l) = lock.take() {
         l.thaw()?;
@@ -400,9 +405,16 @@ fn prepare_root(s: &mut Session, tree: &TreeImage) -> Result<()> {
     Ok(())
 }
 
-fn install_files(s: &mut Session, staged: &HashMap<u64, RawFd>, temp_base: RawFd, epolls: &mut std::collections::HashSet<u64>) -> Result<()> {
+fn install_files(
+    s: &mut Session,
+    staged: &HashMap<u64, RawFd>,
+    connections: &HashMap<u64, OwnedFd>,
+    temp_base: RawFd,
+    epolls: &mut std::collections::HashSet<u64>,
+) -> Result<()> {
     let calls = files::install_calls(s.image, staged, temp_base)?;
     s.run(s.pid, &calls)?;
+    files::tcp::install(s, connections, temp_base)?;
     let (calls, data) = files::epoll_calls(s.image, s.data, epolls);
     for (chunk_calls, chunk_data) in calls.chunks(512).zip(data.chunks(512 * 12)) {
         s.remote.write(s.data, chunk_data)?;

@@ -88,13 +88,20 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
         FileKind::UnixSocket(s) => unix::create(b, s)?,
     };
+    set_status_flags(b.pid, &fd, f.flags)?;
+    Ok(fd)
+}
+
+/// Gives a new description the file status flags (O_NONBLOCK, O_APPEND...)
+/// the image recorded.
+pub(crate) fn set_status_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()> {
     let cur = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
-    let want = (cur & !SETFL_MASK) | (f.flags & SETFL_MASK);
+    let want = (cur & !SETFL_MASK) | (flags & SETFL_MASK);
     if want != cur {
         ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_SETFL, want as libc::c_long, "fcntl(F_SETFL)")
-            .map_err(|e| EngineError::kernel(b.pid, "setting file status flags", e))?;
+            .map_err(|e| EngineError::kernel(pid, "setting file status flags", e))?;
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Creates every open file description of the tree once, in ferry, at
@@ -123,7 +130,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                 std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
             }
             for f in &p.files {
-                if staged.contains_key(&f.id) {
+                if staged.contains_key(&f.id) || tcp::is_connection(f) {
                     continue;
                 }
                 let fd = build_one(&mut b, f)?;
@@ -166,6 +173,10 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
     let mut calls = vec![("close_range(inherited fds)".to_string(), Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]))];
     for slot in &image.fds {
         let f = &image.files[slot.file as usize];
+        if tcp::is_connection(f) {
+            // Pulled in afterwards (tcp::install).
+            continue;
+        }
         let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
         let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
         calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));

@@ -9,6 +9,7 @@
 
 use super::inet::{address, apply_option, is_opt};
 use crate::error::{EngineError, Result};
+use crate::inject::Call;
 use ferry_image::{FileKind, InetSocket, TcpConnection, TreeImage};
 use ferry_sys::socket;
 use std::collections::HashMap;
@@ -105,6 +106,87 @@ fn set_window(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<()> {
     }
 }
 
+/// Whether an open file is an established connection: those are made
+/// after the fork, in ferry only, and pulled into their processes by
+/// [`install`] instead of being inherited.
+pub fn is_connection(f: &ferry_image::OpenFile) -> bool {
+    matches!(&f.kind, FileKind::InetSocket(s) if s.connection.is_some())
+}
+
+/// Rebuilds every established connection of the tree once, in ferry, in
+/// the network namespace ferry is in; by open file description id.
+pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
+    let mut out = HashMap::new();
+    for p in &tree.processes {
+        for f in &p.files {
+            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let Some(c) = &s.connection else { continue };
+            if out.contains_key(&f.id) {
+                continue;
+            }
+            let fd = create(p.pid, s, c)?;
+            super::set_status_flags(p.pid, &fd, f.flags)?;
+            out.insert(f.id, fd);
+        }
+    }
+    Ok(out)
+}
+
+/// Puts this process's connections at their fd numbers: the process
+/// takes each socket from ferry with an injected pidfd_getfd, in batches.
+/// pidfd_getfd returns the lowest free number, so the slots are filled in
+/// ascending order with every lower free number held by a placeholder;
+/// each result is checked against the slot it must land on.
+pub fn install(s: &mut crate::restore::Session, conns: &HashMap<u64, OwnedFd>, temp_base: RawFd) -> Result<()> {
+    let image = s.image;
+    let mut slots: Vec<(i32, RawFd, bool)> = image
+        .fds
+        .iter()
+        .filter_map(|slot| {
+            let f = &image.files[slot.file as usize];
+            let src = conns.get(&f.id)?;
+            Some((slot.fd, src.as_raw_fd(), slot.cloexec))
+        })
+        .collect();
+    if slots.is_empty() {
+        return Ok(());
+    }
+    slots.sort_unstable();
+    let pid = s.pid;
+    let me = std::process::id() as u64;
+    let p0 = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
+    let pidfd = s.call("fcntl(F_DUPFD_CLOEXEC, pidfd of ferry)", libc::SYS_fcntl, &[p0, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64])?;
+    s.call("close(pidfd of ferry)", libc::SYS_close, &[p0])?;
+    let used: std::collections::HashSet<i32> = image.fds.iter().map(|f| f.fd).collect();
+    let highest = slots.last().map_or(0, |x| x.0);
+    let gaps: Vec<i32> = (0..highest).filter(|n| !used.contains(n)).collect();
+    let mut calls: Vec<(String, Call)> =
+        gaps.iter().map(|&g| (format!("dup3(placeholder at fd {g})"), Call::new(libc::SYS_dup3, &[pidfd, g as u64, libc::O_CLOEXEC as u64]))).collect();
+    let mut expect: Vec<Option<i32>> = vec![None; calls.len()];
+    for &(fd, src, cloexec) in &slots {
+        calls.push((format!("pidfd_getfd(TCP connection for fd {fd})"), Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0])));
+        expect.push(Some(fd));
+        if !cloexec {
+            calls.push((format!("fcntl(fd {fd}, F_SETFD, 0)"), Call::new(libc::SYS_fcntl, &[fd as u64, libc::F_SETFD as u64, 0])));
+            expect.push(None);
+        }
+    }
+    calls.extend(gaps.iter().map(|&g| (format!("close(placeholder at fd {g})"), Call::new(libc::SYS_close, &[g as u64]))));
+    calls.push(("close(pidfd of ferry)".into(), Call::new(libc::SYS_close, &[pidfd])));
+    expect.resize(calls.len(), None);
+    for (chunk, want) in calls.chunks(crate::inject::MAX_BATCH).zip(expect.chunks(crate::inject::MAX_BATCH)) {
+        let got = s.run(pid, chunk)?;
+        for ((name, _), (r, w)) in chunk.iter().zip(got.iter().zip(want)) {
+            if let Some(w) = w {
+                if *r != *w as u64 {
+                    return Err(EngineError::restore(pid, format!("{name} landed on fd {r}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every established connection of the image with ferry's descriptor of
 /// its rebuilt socket, each once.
 fn connections<'a>(tree: &'a TreeImage, staged: &HashMap<u64, OwnedFd>) -> Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)> {
@@ -130,8 +212,8 @@ pub struct Rebuilt<'a> {
 
 /// Leaves repair mode on every rebuilt connection. Still silent: the
 /// network lock holds their packets until it is thawed.
-pub fn leave_repair<'a>(tree: &'a TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<Rebuilt<'a>> {
-    let conns = connections(tree, staged);
+pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> Result<Rebuilt<'a>> {
+    let conns = connections(tree, conns);
     for (pid, s, _, fd) in &conns {
         // No window probe now: the lock would drop it; the queued data
         // written by `resend` makes the peer answer anyway.
