@@ -205,6 +205,9 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             if s.addr.len() != want || s.peer.as_ref().is_some_and(|(a, _)| a.len() != want) {
                 return bad("socket address of wrong length".into());
             }
+            if let Some(c) = &s.connection {
+                check_tcp_connection(s, c).map_err(|why| ImageError::Invalid(format!("pid {}: TCP connection on port {}: {why}", p.pid, s.port)))?;
+            }
         }
     }
     for m in &p.memfds {
@@ -226,6 +229,38 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     }
     if !p.mm.auxv.len().is_multiple_of(2) || p.mm.auxv.len() > 512 {
         return bad("malformed auxiliary vector".into());
+    }
+    Ok(())
+}
+
+/// An established connection's state must describe a connection the
+/// kernel can be given: a stream socket with a peer, window scales and
+/// MSS in the ranges TCP allows, buffer sizes that hold the queues.
+fn check_tcp_connection(s: &crate::InetSocket, c: &crate::TcpConnection) -> std::result::Result<(), String> {
+    if s.sock_type != 1 || !(s.family == 2 || s.family == 10) {
+        return Err("only IPv4/IPv6 stream sockets carry a connection".into());
+    }
+    if s.peer.is_none() {
+        return Err("no peer address".into());
+    }
+    if c.unsent as usize > c.send_queue.len() {
+        return Err(format!("{} unsent bytes in a send queue of {}", c.unsent, c.send_queue.len()));
+    }
+    if c.snd_wscale.is_some_and(|w| w > 14) || c.rcv_wscale > 14 {
+        return Err("window scale above 14".into());
+    }
+    if c.mss_clamp == 0 || c.mss_clamp > 65535 {
+        return Err(format!("MSS {}", c.mss_clamp));
+    }
+    const MAX_BUF: i32 = 1 << 30;
+    if !(0..=MAX_BUF).contains(&c.sndbuf) || !(0..=MAX_BUF).contains(&c.rcvbuf) {
+        return Err(format!("buffer sizes {} / {}", c.sndbuf, c.rcvbuf));
+    }
+    if c.send_queue.len() > MAX_BUF as usize || c.recv_queue.len() > MAX_BUF as usize {
+        return Err("queue larger than any socket buffer".into());
+    }
+    if c.buf_lock & !3 != 0 {
+        return Err(format!("SO_BUF_LOCK bits {:#x}", c.buf_lock));
     }
     Ok(())
 }

@@ -39,6 +39,9 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
     if tree.own_pid_namespace {
         println!("PIDs are those of the tree's own PID namespace; restore makes a new PID namespace for it");
     }
+    if let Some(l) = &tree.network_lock {
+        println!("TCP connections held by network lock {} ({}); restore releases it", l.name, l.method);
+    }
     for s in &tree.sysv_sem {
         println!("semaphore set {} key {:#x} mode {:o} values {:?}", s.id, s.key, s.mode, s.values);
     }
@@ -170,10 +173,21 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
             FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
             FileKind::InetSocket(s) => format!(
-                "{} socket port {}{}",
+                "{} socket port {}{}{}",
                 if s.sock_type == 1 { "tcp" } else { "udp" },
                 s.port,
-                s.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default()
+                s.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
+                s.connection
+                    .as_ref()
+                    .map(|c| format!(
+                        " established to port {}, {} bytes to read, {} bytes to send ({} never sent), mss {}",
+                        s.peer.as_ref().map_or(0, |p| p.1),
+                        c.recv_queue.len(),
+                        c.send_queue.len(),
+                        c.unsent,
+                        c.mss_clamp
+                    ))
+                    .unwrap_or_default()
             ),
         };
         let others: Vec<String> = holders.get(&f.id).into_iter().flatten().filter(|&&pid| pid != p.pid).map(|pid| pid.to_string()).collect();

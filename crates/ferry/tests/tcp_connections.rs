@@ -220,7 +220,24 @@ struct Load {
 /// Result of the clients' run: errors, one line each.
 type Outcome = Vec<String>;
 
-fn run_clients(netns: Option<String>, load: Load, ready: mpsc::Sender<()>, go: mpsc::Receiver<()>) -> std::thread::JoinHandle<Outcome> {
+/// `ss -tin` in each namespace, for a failure message.
+fn socket_states(namespaces: &[String]) -> String {
+    namespaces
+        .iter()
+        .map(|ns| {
+            let out = Command::new("ip").args(["netns", "exec", ns, "ss", "-tin"]).output();
+            format!("--- ss -tin in {ns}:\n{}", out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default())
+        })
+        .collect()
+}
+
+fn run_clients(
+    netns: Option<String>,
+    load: Load,
+    ready: mpsc::Sender<()>,
+    go: mpsc::Receiver<()>,
+    diagnose: Vec<String>,
+) -> std::thread::JoinHandle<Outcome> {
     std::thread::spawn(move || {
         if let Some(ns) = netns {
             let f = File::open(format!("/run/netns/{ns}")).expect("open netns");
@@ -264,7 +281,18 @@ fn run_clients(netns: Option<String>, load: Load, ready: mpsc::Sender<()>, go: m
             sleep(Duration::from_millis(2));
         }
         let deadline = Instant::now() + Duration::from_secs(90);
+        let mut last_progress = Instant::now();
+        let mut stall_report = None;
         while Instant::now() < deadline && conns.iter().any(|c| c.error.is_none() && !(c.eof && c.shut)) {
+            if stall_report.is_none() && last_progress.elapsed() > Duration::from_secs(10) {
+                let stuck: Vec<String> = conns
+                    .iter()
+                    .filter(|c| c.error.is_none() && !(c.eof && c.shut))
+                    .take(5)
+                    .map(|c| format!("conn {} got {} sent {} eof {} shut {}", c.id, c.got, c.sent, c.eof, c.shut))
+                    .collect();
+                stall_report = Some(format!("no progress for 10 s: {stuck:?}\n{}", socket_states(&diagnose)));
+            }
             let mut progress = false;
             for c in conns.iter_mut() {
                 let (got, sent) = (c.got, c.sent);
@@ -278,11 +306,16 @@ fn run_clients(netns: Option<String>, load: Load, ready: mpsc::Sender<()>, go: m
                 }
                 progress |= c.got != got || c.sent != sent;
             }
-            if !progress {
+            if progress {
+                last_progress = Instant::now();
+            } else {
                 sleep(Duration::from_millis(1));
             }
         }
         let mut errors: Vec<String> = conns.iter().filter_map(|c| c.error.clone()).collect();
+        if let Some(r) = stall_report {
+            errors.insert(0, r);
+        }
         let unfinished = conns.iter().filter(|c| c.error.is_none() && !(c.eof && c.shut)).count();
         if unfinished > 0 {
             errors.push(format!("{unfinished} connections did not finish within 90 s"));
@@ -342,7 +375,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
     let client_ns = if loopback { hosts.a.0.clone() } else { hosts.b.0.clone() };
-    let clients = run_clients(Some(client_ns), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx);
+    let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
+    let clients = run_clients(Some(client_ns), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx, diagnose);
     ready_rx.recv_timeout(Duration::from_secs(120)).expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(60));
 
@@ -394,7 +428,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     server.child = None;
     let log = read_lossy(&server.log);
     eprintln!("{tag}: {n} connections, checkpoint {checkpoint_ms:.1} ms, restore {restore_ms:.1} ms (commands, debug timing)");
-    assert!(errors.is_empty(), "{} client errors, first: {:?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(errors.is_empty(), "{} client errors, first: {:#?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
     assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}\n{}", read_lossy(&dir.0.join("restore.err")));
     if let Some(name) = lock {
         assert_lock_gone(&name);
@@ -497,7 +531,8 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let to: SocketAddr = format!("{A_V4}:{port}").parse().expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
-    let clients = run_clients(Some(hosts.b.0.clone()), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx);
+    let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
+    let clients = run_clients(Some(hosts.b.0.clone()), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx, diagnose);
     ready_rx.recv_timeout(Duration::from_secs(60)).expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(30));
     let masks_before = sig_blocked(server.pid);
@@ -551,6 +586,6 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let st = server.child.as_mut().expect("server").wait().expect("wait server");
     server.child = None;
     let log = read_lossy(&server.log);
-    assert!(errors.is_empty(), "{} client errors, first: {:?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(errors.is_empty(), "{} client errors, first: {:#?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
     assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
 }
