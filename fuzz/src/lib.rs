@@ -227,6 +227,7 @@ pub fn sample() -> (Inventory, TreeImage) {
                 listen_backlog: Some(128),
                 options: vec![SockOpt { level: 1, name: 2, value: 1i32.to_le_bytes().to_vec() }],
                 peer: None,
+                connection: None,
             }),
         },
         OpenFile { id: 7, flags: 2, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } },
@@ -256,6 +257,7 @@ pub fn sample() -> (Inventory, TreeImage) {
                 listen_backlog: None,
                 options: vec![],
                 peer: Some((vec![0; 15].into_iter().chain([1]).collect(), 5353)),
+                connection: None,
             }),
         },
     ];

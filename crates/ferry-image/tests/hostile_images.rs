@@ -101,6 +101,7 @@ fn valid() -> (Inventory, ProcessImage) {
                     listen_backlog: Some(16),
                     options: vec![],
                     peer: None,
+                    connection: None,
                 }),
             },
             OpenFile {
@@ -740,6 +741,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
         sysv_sem: vec![SysvSem { id: 7, key: 0x55, mode: 0o600, uid: 0, gid: 0, values: vec![5, 0, 2] }],
         sysv_msg: vec![SysvMsgQueue { id: 9, key: 0, mode: 0o600, uid: 0, gid: 0, max_bytes: 16384, messages: vec![(1, b"one".to_vec()), (5, vec![9; 3000])] }],
         own_pid_namespace: false,
+        network_lock: None,
     };
     (inv, t)
 }
@@ -1086,4 +1088,76 @@ fn bad_sysv_semaphores_and_queues() {
     let (inv, mut t) = valid_tree();
     t.sysv_msg.push(t.sysv_msg[0].clone());
     assert!(reject_tree(&inv, &t).contains("appears twice"));
+}
+
+/// An established connection of the valid fixture (fd 103 turned from a
+/// listener into a connection), for the TCP state checks.
+fn with_connection(c: TcpConnection) -> (Inventory, ProcessImage) {
+    let (inv, mut p) = valid();
+    for f in p.files.iter_mut() {
+        if let FileKind::InetSocket(s) = &mut f.kind {
+            s.listen_backlog = None;
+            s.peer = Some((vec![127, 0, 0, 2], 40000));
+            s.connection = Some(c.clone());
+        }
+    }
+    (inv, p)
+}
+
+fn good_connection() -> TcpConnection {
+    TcpConnection {
+        state: 1,
+        send_seq: 1000,
+        send_queue: vec![1; 300],
+        unsent: 100,
+        recv_seq: 5000,
+        recv_queue: vec![2; 50],
+        mss_clamp: 1460,
+        snd_wscale: Some(7),
+        rcv_wscale: 7,
+        sack: true,
+        timestamps: true,
+        timestamp: 123,
+        window: TcpWindow { snd_wl1: 5000, snd_wnd: 65535, max_window: 65535, rcv_wnd: 65535, rcv_wup: 5000 },
+        sndbuf: 87040,
+        rcvbuf: 131072,
+        buf_lock: 0,
+    }
+}
+
+#[test]
+fn tcp_connection_state_is_checked() {
+    let (inv, p) = with_connection(good_connection());
+    let bytes = encode_meta(&inv, &TreeImage::single(p)).expect("encode");
+    ferry_image::decode_meta(&bytes).expect("a sane connection is accepted");
+
+    let bad: Vec<(&str, TcpConnection)> = vec![
+        ("unsent", TcpConnection { unsent: 301, ..good_connection() }),
+        ("window scale", TcpConnection { snd_wscale: Some(15), ..good_connection() }),
+        ("window scale", TcpConnection { rcv_wscale: 200, ..good_connection() }),
+        ("MSS", TcpConnection { mss_clamp: 0, ..good_connection() }),
+        ("MSS", TcpConnection { mss_clamp: 70000, ..good_connection() }),
+        ("buffer sizes", TcpConnection { sndbuf: -1, ..good_connection() }),
+        ("SO_BUF_LOCK", TcpConnection { buf_lock: 8, ..good_connection() }),
+    ];
+    for (want, c) in bad {
+        let (inv, p) = with_connection(c);
+        let msg = reject_model(&inv, &p);
+        assert!(msg.contains(want) && msg.contains("TCP connection"), "{want}: {msg}");
+    }
+    // A connection without a peer, or on a datagram socket.
+    let (inv, mut p) = with_connection(good_connection());
+    for f in p.files.iter_mut() {
+        if let FileKind::InetSocket(s) = &mut f.kind {
+            s.peer = None;
+        }
+    }
+    assert!(reject_model(&inv, &p).contains("no peer"));
+    let (inv, mut p) = with_connection(good_connection());
+    for f in p.files.iter_mut() {
+        if let FileKind::InetSocket(s) = &mut f.kind {
+            s.sock_type = 2;
+        }
+    }
+    assert!(reject_model(&inv, &p).contains("stream sockets"));
 }

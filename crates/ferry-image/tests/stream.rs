@@ -736,6 +736,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         sysv_sem: vec![SysvSem { id: 11, key: 0x77, mode: 0o640, uid: 1000, gid: 1000, values: vec![1; 64] }],
         sysv_msg: vec![SysvMsgQueue { id: 12, key: 0x78, mode: 0o600, uid: 1000, gid: 1000, max_bytes: 16384, messages: vec![(2, b"queued".to_vec())] }],
         own_pid_namespace: true,
+        network_lock: Some(NetworkLockRef { method: "ebpf".into(), name: "ckpt_1_0".into() }),
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)
