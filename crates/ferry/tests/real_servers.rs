@@ -314,6 +314,31 @@ fn image_lock(images: &str) -> Option<String> {
     v["tree"]["network_lock"]["name"].as_str().map(String::from)
 }
 
+/// (connections, with unread bytes, with unacknowledged or unsent bytes)
+/// of the established TCP connections in an image.
+fn image_queues(images: &str) -> (usize, usize, usize) {
+    let out = Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    fn walk(v: &serde_json::Value, r: &mut (usize, usize, usize)) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(c) = m.get("connection").filter(|c| c.is_object()) {
+                    let len = |k: &str| c[k].as_array().map(Vec::len).unwrap_or(0);
+                    r.0 += 1;
+                    r.1 += (len("recv_queue") > 0) as usize;
+                    r.2 += (len("send_queue") > 0) as usize;
+                }
+                m.values().for_each(|x| walk(x, r));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, r)),
+            _ => {}
+        }
+    }
+    let mut r = (0, 0, 0);
+    walk(&v, &mut r);
+    r
+}
+
 /// Remote ends of the ESTABLISHED connections on local port `port` in the
 /// TCP table of `pid`'s network namespace.
 fn established_peers(pid: i32, port: u16) -> Vec<SocketAddr> {
@@ -430,11 +455,13 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 29)
 }
 
-/// The value connection `conn` writes at position `i` of round `seq`:
-/// 24 to 423 bytes, different for every (conn, seq, i).
+/// The value connection `conn` writes at position `i` of round `seq`,
+/// different for every (conn, seq, i): 24 to 423 bytes, and 4 to 32 kB on
+/// every tenth connection (whose replies then fill the client's receive
+/// window and wait in the server's send queue).
 fn value(conn: usize, seq: u64, i: usize) -> Vec<u8> {
     let mut h = mix((conn as u64) << 40 ^ seq << 8 ^ i as u64);
-    let len = 24 + (h % 400) as usize;
+    let len = if conn % 10 == 5 { 4096 + (h % 28672) as usize } else { 24 + (h % 400) as usize };
     let mut v = format!("c{conn}s{seq}i{i}-").into_bytes();
     while v.len() < len {
         h = mix(h);
@@ -671,8 +698,33 @@ impl Drop for Driver {
     }
 }
 
+/// Every tenth connection is a slow reader: a small receive buffer, and
+/// it starts reading a reply only 400 ms after sending the request, so the
+/// server's replies wait in its send queue, also while it is frozen and
+/// when the network lock comes (ferry freezes the tree first and locks the
+/// network some 50-200 ms later: by then a fast reader has taken every
+/// byte the kernel could still send).
+const SLOW_READ: Duration = Duration::from_millis(400);
+
+fn slow(conn: usize) -> bool {
+    conn % 10 == 5
+}
+
+/// Rounds a connection must complete before the checkpoint and after the
+/// restore.
+fn rounds_needed(conn: usize, after_restore: bool) -> u64 {
+    match (slow(conn), after_restore) {
+        (true, false) => 1,
+        (true, true) => 2,
+        (false, false) => 3,
+        (false, true) => 5,
+    }
+}
+
 struct Conn {
     s: TcpStream,
+    /// A slow reader: reads nothing before this.
+    read_after: Option<Instant>,
     out: Vec<u8>,
     off: usize,
     check: Checker,
@@ -690,8 +742,17 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             Ok(s) => {
                 s.set_nodelay(true).expect("nodelay");
                 s.set_nonblocking(true).expect("nonblocking");
+                if slow(id) {
+                    let size: libc::c_int = 8192;
+                    // SAFETY: setsockopt on our own socket with an int.
+                    let r = unsafe {
+                        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &size as *const _ as *const libc::c_void, 4)
+                    };
+                    assert_eq!(r, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+                }
                 let (out, exp) = proto.round(id, 0);
-                conns.push(Conn { s, out, off: 0, check: Checker::new(exp), seq: 0, error: None, finished: false });
+                let read_after = slow(id).then(|| Instant::now() + SLOW_READ);
+                conns.push(Conn { s, read_after, out, off: 0, check: Checker::new(exp), seq: 0, error: None, finished: false });
             }
             Err(e) => {
                 errors.push(format!("conn {id}: connect: {e}"));
@@ -720,7 +781,8 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             .iter()
             .map(|&i| {
                 let c = &conns[i];
-                let mut events = libc::POLLIN;
+                let reading = c.read_after.map(|t| Instant::now() >= t).unwrap_or(true);
+                let mut events = if reading { libc::POLLIN } else { 0 };
                 if c.off < c.out.len() {
                     events |= libc::POLLOUT;
                 }
@@ -728,7 +790,7 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             })
             .collect();
         // SAFETY: fds is a valid array of fds.len() pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5) };
         if r < 0 {
             let e = std::io::Error::last_os_error();
             assert_eq!(e.kind(), ErrorKind::Interrupted, "poll: {e}");
@@ -751,7 +813,10 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                     Err(e) => c.error = Some(ctx(&format!("write: {e}"))),
                 }
             }
-            // Read and check what came.
+            // Read and check what came (a slow reader: not yet).
+            if c.read_after.map(|t| Instant::now() < t).unwrap_or(false) {
+                continue;
+            }
             while c.error.is_none() && !c.finished {
                 match c.s.read(&mut buf) {
                     Ok(0) => c.error = Some(ctx(&format!("EOF after {} bytes of the reply", c.check.pos))),
@@ -773,6 +838,7 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                             c.out = out;
                             c.off = 0;
                             c.check = Checker::new(exp);
+                            c.read_after = slow(id).then(|| Instant::now() + SLOW_READ);
                             while c.off < c.out.len() && c.error.is_none() {
                                 match c.s.write(&c.out[c.off..]) {
                                     Ok(w) if w > 0 => c.off += w,
@@ -856,11 +922,12 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let driver = Driver::start(&hosts.b, to, case.conns, case.proto.clone());
     let t_load = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while driver.rounds().iter().any(|&r| r < 3) {
+    let warm = |r: &[u64]| (0..r.len()).filter(|&i| r[i] < rounds_needed(i, false)).count();
+    while warm(&driver.rounds()) > 0 {
         assert!(
             Instant::now() < deadline && !driver.thread.as_ref().unwrap().is_finished(),
-            "[{name}] load did not start on every connection: {:?}",
-            driver.rounds().iter().filter(|&&r| r < 3).count()
+            "[{name}] load did not start on {} connections",
+            warm(&driver.rounds())
         );
         sleep(POLL);
     }
@@ -878,6 +945,10 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     eprintln!("[{name}] ferry checkpoint: {}", out.trim());
     let lock = image_lock(path_str(&images));
     assert!(lock.is_some(), "[{name}] the image names no network lock");
+    let (held, unread, unsent) = image_queues(path_str(&images));
+    eprintln!("[{name}] image: {held} TCP connections, {unread} with unread request bytes, {unsent} with unacknowledged or unsent reply bytes");
+    assert_eq!(held, case.conns, "[{name}] connections in the image");
+    assert!(unread > 0 && unsent > 0, "[{name}] no data in flight in one direction at the checkpoint");
     let mut child = svc.original.take().expect("server child");
     let st = wait_child(&mut child, Duration::from_secs(10)).unwrap_or_else(|| {
         svc.original = Some(child);
@@ -929,14 +1000,17 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
 
     // Every connection goes on: several more rounds each, at least 1.5 s.
     let t_after = Instant::now();
-    let mut all_moved = None;
+    let (mut fast_moved, mut all_moved) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let now = driver.rounds();
+        if fast_moved.is_none() && (0..now.len()).all(|i| slow(i) || now[i] > at_restore[i]) {
+            fast_moved = Some(t_after.elapsed());
+        }
         if all_moved.is_none() && now.iter().zip(&at_restore).all(|(n, r)| n > r) {
             all_moved = Some(t_after.elapsed());
         }
-        if t_after.elapsed() >= Duration::from_millis(1500) && now.iter().zip(&at_restore).all(|(n, r)| *n >= r + 5) {
+        if t_after.elapsed() >= Duration::from_millis(1500) && (0..now.len()).all(|i| now[i] >= at_restore[i] + rounds_needed(i, true)) {
             break;
         }
         if Instant::now() > deadline || driver.thread.as_ref().unwrap().is_finished() {
@@ -953,7 +1027,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let (r_ck, r_ck_end, r_rs, r_end) = (sum(&at_checkpoint), sum(&after_checkpoint), sum(&at_restore), sum(&result.rounds));
     eprintln!(
         "[{name}] {} connections: {} requests before the checkpoint ({} rounds in {load_s:.1} s), {} during checkpoint, {} between checkpoint and restore, {} after restore (in {after_s:.1} s); \
-         checkpoint {:.1} ms wall, restore {:.1} ms wall (to pidfile); every connection answered again {:.1} ms after restore; reconnects 0; errors {}",
+         checkpoint {:.1} ms wall, restore {:.1} ms wall (to pidfile); first reply after restore on every fast connection within {:.1} ms, on every connection (slow readers included) within {:.1} ms; reconnects 0; errors {}",
         case.conns,
         r_ck * per,
         r_ck,
@@ -962,6 +1036,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         (r_end - r_rs) * per,
         checkpoint_wall.as_secs_f64() * 1e3,
         restore_wall.as_secs_f64() * 1e3,
+        fast_moved.map(|d| d.as_secs_f64() * 1e3).unwrap_or(f64::NAN),
         all_moved.map(|d| d.as_secs_f64() * 1e3).unwrap_or(f64::NAN),
         result.errors.len(),
     );
@@ -972,10 +1047,10 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         &result.errors[..result.errors.len().min(5)],
         read_lossy(&err)
     );
-    let stuck: Vec<usize> = (0..case.conns).filter(|&i| result.rounds[i] < at_restore[i] + 5).collect();
+    let stuck: Vec<usize> = (0..case.conns).filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true)).collect();
     assert!(
         stuck.is_empty(),
-        "[{name}] {} connections made fewer than 5 rounds after the restore (first: conn {} with {} rounds, {} at restore)",
+        "[{name}] {} connections made too few rounds after the restore (first: conn {} with {} rounds, {} at restore)",
         stuck.len(),
         stuck[0],
         result.rounds[stuck[0]],
