@@ -699,12 +699,12 @@ impl Drop for Driver {
 }
 
 /// Every tenth connection is a slow reader: a small receive buffer, and
-/// it starts reading a reply only 400 ms after sending the request, so the
+/// it starts reading a reply only 1 s after sending the request, so the
 /// server's replies wait in its send queue, also while it is frozen and
 /// when the network lock comes (ferry freezes the tree first and locks the
-/// network some 50-200 ms later: by then a fast reader has taken every
+/// network some 100-500 ms later: by then a fast reader has taken every
 /// byte the kernel could still send).
-const SLOW_READ: Duration = Duration::from_millis(400);
+const SLOW_READ: Duration = Duration::from_millis(1000);
 
 fn slow(conn: usize) -> bool {
     conn % 10 == 5
@@ -715,7 +715,7 @@ fn slow(conn: usize) -> bool {
 fn rounds_needed(conn: usize, after_restore: bool) -> u64 {
     match (slow(conn), after_restore) {
         (true, false) => 1,
-        (true, true) => 2,
+        (true, true) => 1,
         (false, false) => 3,
         (false, true) => 5,
     }
