@@ -882,8 +882,8 @@ struct Case<'a> {
 /// ferry's own time from its summary line ("... in 12.3 ms ...").
 fn engine_ms(text: &str) -> f64 {
     text.lines()
-        .filter_map(|l| l.split_once(" in ")?.1.split_once(" ms").and_then(|(n, _)| n.trim().parse().ok()))
-        .last()
+        .rev()
+        .find_map(|l| l.split_once(" in ")?.1.split_once(" ms").and_then(|(n, _)| n.trim().parse().ok()))
         .unwrap_or(f64::NAN)
 }
 
