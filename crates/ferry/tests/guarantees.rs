@@ -201,8 +201,31 @@ fn refuses_inotify_and_leaves_it_running() {
 }
 
 #[test]
-fn refuses_established_tcp_and_leaves_it_running() {
-    assert_refused("tests/guarantees/tcp_established.c", &["established TCP connection to 127.0.0.1:"]);
+fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
+    assert_refused("tests/guarantees/tcp_half_closed.c", &["TCP connection to 127.0.0.1:", "in state", "only established connections"]);
+}
+
+/// `--leave-running` with established connections: repair mode is left
+/// and the network lock thawed, so every connection goes on working in
+/// the original, with its data and options (the program checks them).
+#[test]
+fn leave_running_keeps_tcp_connections_working() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("leave-running-tcp");
+    let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &["--leave-running"]);
+    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
+    let images = c.images();
+    let meta = c.ferry(&["inspect", "--json", images.to_str().expect("utf-8")]);
+    let v: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("inspect json");
+    let lock = v["tree"]["network_lock"]["name"].as_str().expect("the image names its network lock").to_string();
+    let status = c.ferry(&["network-lock", "--status"]);
+    assert!(!String::from_utf8_lossy(&status.stdout).contains(&lock), "lock {lock} not thawed after --leave-running");
+    assert_eq!(c.finish_child(0), 0, "connections broken after --leave-running: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
 #[test]
