@@ -336,3 +336,5 @@ cat "$WORK/table.md"
 log "written to ${OUT_MD#"$REPO"/}"
 bash "$REPO/bench/trees.sh"   # process trees: docs/benchmarks-trees-latest.md
 bash "$REPO/bench/pidns.sh"   # --new-pid-ns restore cost: docs/benchmarks-pidns-latest.md
+bash "$REPO/bench/netlock.sh" # network lock freeze/thaw per method and N: docs/benchmarks-netlock-latest.md
+/usr/bin/python3 "$REPO/bench/tcp.py"  # pause against established connections: docs/benchmarks-tcp-latest.md (+ .png)
