@@ -162,6 +162,8 @@ def one_run(bins, n, method, work):
         slog_text, clog_text = open(slog).read(), open(clog).read()
         if restore.returncode != 0 or "PASS" not in slog_text.split() or client.returncode != 0:
             raise RuntimeError(f"connections did not survive: server {restore.returncode}: {slog_text[-500:]} client: {clog_text[-500:]}")
+        if os.environ.get("BENCH_TCP_PHASES"):
+            print("".join(l + "\n" for l in (ck.stderr + rs_err).splitlines() if "phases" in l), file=sys.stderr)
         cp, rp = phases(ck.stderr), phases(rs_err)
         row = {"n": n, "method": method}
         # The lock starts to freeze right after the survey; with no

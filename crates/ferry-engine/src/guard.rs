@@ -55,8 +55,9 @@ impl Guard {
     pub fn mask(&mut self, tid: i32, mask: u64) {
         self.say(&format!("mask {tid} {mask:x}\n"));
     }
-    pub fn repair(&mut self, pid: i32, fd: i32) {
-        self.say(&format!("repair {pid} {fd}\n"));
+    /// `reuse`: the socket's SO_REUSEADDR, which leaving repair mode clears.
+    pub fn repair(&mut self, pid: i32, fd: i32, reuse: bool) {
+        self.say(&format!("repair {pid} {fd} {}\n", reuse as u8));
     }
     pub fn lock(&mut self, name: &str) {
         self.say(&format!("lock {name}\n"));
@@ -79,7 +80,7 @@ impl Drop for Guard {
 #[derive(Default)]
 struct Plan {
     masks: Vec<(i32, u64)>,
-    repaired: Vec<(i32, i32)>,
+    repaired: Vec<(i32, i32, bool)>,
     lock: Option<String>,
     killed: bool,
     done: bool,
@@ -95,7 +96,7 @@ fn parse(plan: &mut Plan, line: &str) {
         }
         (Some("repair"), Some(pid), Some(fd)) => {
             if let (Ok(p), Ok(f)) = (pid.parse(), fd.parse()) {
-                plan.repaired.push((p, f));
+                plan.repaired.push((p, f, w.next() == Some("1")));
             }
         }
         (Some("lock"), Some(name), None) => plan.lock = Some(name.to_string()),
@@ -124,10 +125,10 @@ fn watch(pipe: OwnedFd) -> ! {
 }
 
 fn recover(plan: &Plan) {
-    for &(pid, fd) in &plan.repaired {
+    for &(pid, fd, reuse) in &plan.repaired {
         let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { continue };
         if let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) {
-            let _ = ferry_sys::socket::set_repair(sock.as_raw_fd(), 0);
+            let _ = crate::capture::leave_repair(sock.as_raw_fd(), reuse);
         }
     }
     if let Some(name) = &plan.lock {
@@ -151,11 +152,11 @@ mod tests {
     #[test]
     fn parses_the_protocol_and_ignores_garbage() {
         let mut p = Plan::default();
-        for l in ["mask 12 fffe", "repair 12 7", "lock ckpt_1_2", "bogus", "mask x y", "killed"] {
+        for l in ["mask 12 fffe", "repair 12 7 1", "repair 12 8 0", "lock ckpt_1_2", "bogus", "mask x y", "killed"] {
             parse(&mut p, l);
         }
         assert_eq!(p.masks, vec![(12, 0xfffe)]);
-        assert_eq!(p.repaired, vec![(12, 7)]);
+        assert_eq!(p.repaired, vec![(12, 7, true), (12, 8, false)]);
         assert_eq!(p.lock.as_deref(), Some("ckpt_1_2"));
         assert!(p.killed && !p.done);
         parse(&mut p, "done");

@@ -14,6 +14,7 @@ pub mod capture;
 pub mod error;
 pub mod freeze;
 pub mod guard;
+pub(crate) mod parallel;
 pub mod inject;
 pub mod phases;
 pub mod procfs;

@@ -18,6 +18,8 @@ mod threads;
 mod timers;
 pub(crate) mod tree;
 
+pub(crate) use files::tcp::leave_repair;
+
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote, Scratch};
@@ -149,7 +151,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let (repaired, states) = files::tcp::capture(
         &established,
         |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
-        |pid, fd| guard.repair(pid, fd),
+        |pid, fd, reuse| guard.repair(pid, fd, reuse),
     )?;
     {
         let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();

@@ -58,7 +58,7 @@ pub(crate) fn tcp_state_name(state: u8) -> &'static str {
 }
 
 /// The value an option has when nobody set it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 enum Default_ {
     /// All zero bytes.
     Zero,
@@ -153,6 +153,16 @@ fn is_default(value: &[u8], default: &Default_) -> bool {
     }
 }
 
+/// The option tables, read from /proc/sys once per ferry run rather than
+/// once per socket (a server may hold 10,000 of them).
+fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Default_)] {
+    use std::sync::OnceLock;
+    static TABLES: [OnceLock<Vec<(i32, i32, Default_)>>; 6] = [const { OnceLock::new() }; 6];
+    let closed_or_listening = state == TCP_CLOSE || state == TCP_LISTEN;
+    let i = (family == libc::AF_INET) as usize * 3 + if !tcp { 0 } else if closed_or_listening { 1 } else { 2 };
+    TABLES[i].get_or_init(|| option_defaults(family, tcp, state))
+}
+
 /// Every option of the socket that differs from its default, plus the
 /// buffer sizes the application fixed.
 fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt> {
@@ -165,10 +175,10 @@ fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt>
             }
         }
     }
-    for (level, name, default) in option_defaults(family, tcp, state) {
-        let Some(value) = getsockopt_bytes(fd, level, name) else { continue };
-        if !is_default(&value, &default) {
-            options.push(SockOpt { level, name, value });
+    for (level, name, default) in defaults_for(family, tcp, state) {
+        let Some(value) = getsockopt_bytes(fd, *level, *name) else { continue };
+        if !is_default(&value, default) {
+            options.push(SockOpt { level: *level, name: *name, value });
         }
     }
     options

@@ -114,8 +114,8 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     fds.sort_unstable();
     let mut files: Vec<OpenFile> = Vec::new();
     let mut slots: Vec<FdSlot> = Vec::new();
-    // (dev, ino, file index, a representative fd) for sharing detection.
-    let mut seen: Vec<(u64, u64, u32, i32)> = Vec::new();
+    // (dev, ino) -> (file index, a representative fd), for sharing detection.
+    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> = std::collections::HashMap::new();
     let unix_tables = unix::UnixTables::default();
     for fd in fds {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
@@ -127,8 +127,8 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
         let cloexec = flags & libc::O_CLOEXEC != 0;
         let (dev, ino) = (info.meta.dev(), info.meta.ino());
         let mut shared_with = None;
-        for &(d, i, idx, other) in &seen {
-            if d == dev && i == ino && ferry_sys::fd::kcmp_same_file(pid, pid, fd, other).unwrap_or(false) {
+        for &(idx, other) in seen.get(&(dev, ino)).into_iter().flatten() {
+            if ferry_sys::fd::kcmp_same_file(pid, pid, fd, other).unwrap_or(false) {
                 shared_with = Some(idx);
                 break;
             }
@@ -145,7 +145,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
                 let locks = locks::parse(&info)?;
                 files.push(OpenFile { id: files.len() as u64, flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
                 let idx = (files.len() - 1) as u32;
-                seen.push((dev, ino, idx, fd));
+                seen.entry((dev, ino)).or_default().push((idx, fd));
                 idx
             }
         };
@@ -153,6 +153,16 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     }
     epoll::check_targets(pid, &files, &slots)?;
     Ok((files, slots))
+}
+
+/// The lowest fd number that points at each file of a table, by file
+/// index (a linear pass: a server may hold 10,000 descriptors).
+pub(crate) fn first_fd_of_each_file(fds: &[FdSlot]) -> std::collections::HashMap<u32, i32> {
+    let mut m = std::collections::HashMap::with_capacity(fds.len());
+    for s in fds {
+        m.entry(s.file).and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd)).or_insert(s.fd);
+    }
+    m
 }
 
 /// One process's captured fd table, for the tree-wide passes.
@@ -172,8 +182,10 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
     let mut seen: Holders = std::collections::HashMap::new();
     let mut next_id = 0u64;
     for p in procs.iter_mut() {
+        let first_fd = first_fd_of_each_file(p.fds);
         for (i, f) in p.files.iter_mut().enumerate() {
-            let Some(slot) = p.fds.iter().find(|s| s.file as usize == i) else { continue };
+            let Some(&fd) = first_fd.get(&(i as u32)) else { continue };
+            let slot = FdSlot { fd, file: i as u32, cloexec: false };
             let path = format!("/proc/{}/fd/{}", p.pid, slot.fd);
             let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
             let key = (meta.dev(), meta.ino());
@@ -194,7 +206,10 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
     }
     let all: Vec<(i32, &OpenFile, i32)> = procs
         .iter()
-        .flat_map(|p| p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, p.fds.iter().find(|s| s.file as usize == i).map_or(-1, |s| s.fd))))
+        .flat_map(|p| {
+            let first_fd = first_fd_of_each_file(p.fds);
+            p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, first_fd.get(&(i as u32)).copied().unwrap_or(-1)))
+        })
         .collect();
     let closed = pipe::check_tree(&all, tree)?;
     unix::check_tree(&all)?;

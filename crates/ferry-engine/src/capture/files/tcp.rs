@@ -44,6 +44,7 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for (proc_index, (pid, files, fds)) in procs.iter().enumerate() {
+        let first_fd = super::first_fd_of_each_file(fds);
         for (file_index, f) in files.iter().enumerate() {
             let FileKind::InetSocket(s) = &f.kind else { continue };
             if s.sock_type != libc::SOCK_STREAM {
@@ -53,18 +54,29 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
             if !seen.insert(f.id) {
                 continue;
             }
-            let Some(slot) = fds.iter().find(|s| s.file as usize == file_index) else { continue };
+            let Some(&fd) = first_fd.get(&(file_index as u32)) else { continue };
             let (Some(local), Some(remote)) = (socket_addr(&s.addr, s.port), socket_addr(paddr, *pport)) else { continue };
-            out.push(Established { pid: *pid, fd: slot.fd, proc_index, file_index, local, remote });
+            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote });
         }
     }
     out
 }
 
+/// One socket ferry took from the tree, and whether it is in repair
+/// mode now.
+struct Held {
+    pid: i32,
+    fd: i32,
+    sock: OwnedFd,
+    /// SO_REUSEADDR as the application had it: leaving repair mode resets it.
+    reuse: bool,
+    in_repair: std::sync::atomic::AtomicBool,
+}
+
 /// Sockets ferry switched into repair mode. Dropping this switches them
 /// back, unless [`Repaired::keep_in_repair`] said their process dies.
 pub struct Repaired {
-    socks: Vec<(i32, i32, OwnedFd)>,
+    socks: Vec<Held>,
     keep: bool,
 }
 
@@ -76,16 +88,28 @@ impl Repaired {
     }
 }
 
+/// Takes a socket out of repair mode and gives it back SO_REUSEADDR, which
+/// leaving repair mode clears. Leaving sends a window probe, which makes
+/// the peer tell us its window again.
+pub fn leave_repair(fd: RawFd, reuse: bool) -> ferry_sys::SysResult<()> {
+    socket::set_repair(fd, 0)?;
+    if reuse {
+        socket::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    }
+    Ok(())
+}
+
 impl Drop for Repaired {
     fn drop(&mut self) {
         if self.keep {
             return;
         }
-        for (pid, fd, sock) in &self.socks {
-            // Leaving repair mode sends a window probe, which makes the
-            // peer tell us its window again.
-            if let Err(e) = socket::set_repair(sock.as_raw_fd(), 0) {
-                tracing::error!("pid {pid} fd {fd}: could not leave TCP repair mode: {e}");
+        for h in &self.socks {
+            if !h.in_repair.load(std::sync::atomic::Ordering::Acquire) {
+                continue;
+            }
+            if let Err(e) = leave_repair(h.sock.as_raw_fd(), h.reuse) {
+                tracing::error!("pid {} fd {}: could not leave TCP repair mode: {e}", h.pid, h.fd);
             }
         }
     }
@@ -95,26 +119,30 @@ fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
     EngineError::kernel(c.pid, format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote), e)
 }
 
-/// Switches every connection into repair mode and reads its state.
-/// `pidfd_of(pid)` gives the pidfd of a process of the tree.
-/// `repairing(pid, fd)` hears of each socket just before it enters
-/// repair mode (the checkpoint guard undoes that if ferry dies).
+/// Switches every connection into repair mode and reads its state, on
+/// the worker threads. `pidfd_of(pid)` gives the pidfd of a process of
+/// the tree; `repairing(pid, fd, reuse)` hears of each socket before it
+/// enters repair mode (the checkpoint guard undoes that if ferry dies).
 pub fn capture<'a>(
     conns: &[Established],
     pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>,
-    mut repairing: impl FnMut(i32, i32),
+    mut repairing: impl FnMut(i32, i32, bool),
 ) -> Result<(Repaired, Vec<TcpConnection>)> {
     let mut repaired = Repaired { socks: Vec::with_capacity(conns.len()), keep: false };
-    let mut states = Vec::with_capacity(conns.len());
     for c in conns {
         let pidfd = pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))?;
         let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd).map_err(|e| kernel(c, "duplicating the socket", e))?;
-        repairing(c.pid, c.fd);
-        socket::set_repair(sock.as_raw_fd(), 1).map_err(|e| kernel(c, "entering repair mode", e))?;
-        let fd = sock.as_raw_fd();
-        repaired.socks.push((c.pid, c.fd, sock));
-        states.push(read_connection(c, fd)?);
+        let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| kernel(c, "reading SO_REUSEADDR", e))? != 0;
+        repairing(c.pid, c.fd, reuse);
+        repaired.socks.push(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() });
     }
+    let work: Vec<(&Established, &Held)> = conns.iter().zip(&repaired.socks).collect();
+    let states = crate::parallel::map(&work, |(c, h)| {
+        let fd = h.sock.as_raw_fd();
+        socket::set_repair(fd, 1).map_err(|e| kernel(c, "entering repair mode", e))?;
+        h.in_repair.store(true, std::sync::atomic::Ordering::Release);
+        read_connection(c, fd)
+    })?;
     Ok((repaired, states))
 }
 
