@@ -146,3 +146,59 @@ pub fn obj_get(path: &std::path::Path) -> SysResult<std::os::fd::OwnedFd> {
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
+
+/// The values of a `BPF_F_MMAPABLE` array map, mapped shared and writable
+/// into this process: writes are seen by BPF programs at once, with no
+/// syscall. Unmapped on drop (the map lives on while pinned or open).
+#[derive(Debug)]
+pub struct MappedArray {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; moving the
+// owner to another thread is fine (no thread-local state), and `&mut self`
+// is required for writes, so Rust's aliasing rules hold within the process.
+unsafe impl Send for MappedArray {}
+
+impl MappedArray {
+    /// Maps the first `len` bytes (rounded up to pages by the kernel) of the
+    /// array map behind `map`, which must have been created with
+    /// `BPF_F_MMAPABLE` and hold at least `len` bytes of values.
+    pub fn map(map: BorrowedFd<'_>, len: usize) -> SysResult<MappedArray> {
+        if len == 0 {
+            return Err(crate::SysError::new("mmap of a BPF array (empty)", libc::EINVAL));
+        }
+        // SAFETY: a fresh shared mapping at an address the kernel picks, of a
+        // BPF map fd; it aliases no Rust object. MAP_POPULATE pre-faults it.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, map.as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_error("mmap of a BPF array"));
+        }
+        Ok(MappedArray { ptr: ptr.cast(), len })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr..ptr+len is mapped readable and writable for the life
+        // of self; &mut self gives exclusive access within this process
+        // (BPF programs only read it).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above, shared access.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; no slice borrowed
+        // from it can outlive self.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
