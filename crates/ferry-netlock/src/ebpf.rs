@@ -376,3 +376,12 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
         Err(source) => Err(NetlockError::Io { lock: lock.to_string(), what: "removing pin directory", path: pins, source }),
     }
 }
+
+/// Home slot of a tuple in the table (tests force the overflow path with it).
+pub(crate) fn table_home(tuple: &Tuple) -> u32 {
+    let t = Tuple { local: crate::canonical(tuple.local), remote: crate::canonical(tuple.remote) };
+    table_hash(&key(&t).to_bytes()) & (TABLE_SLOTS - 1)
+}
+
+/// Slots a key may occupy from its home before it overflows.
+pub(crate) const PROBES: u32 = TABLE_PROBES;

@@ -645,6 +645,13 @@ pub fn is_gone(name: &str) -> bool {
     !record::lock_dir(name).exists() && !ebpf::pin_dir(name).exists()
 }
 
+/// For tests: the eBPF table's home slot of `tuple` and how many slots a
+/// key may use from there before it goes to the overflow map.
+#[doc(hidden)]
+pub fn ebpf_table_home(tuple: &Tuple) -> (u32, u32) {
+    (ebpf::table_home(tuple), ebpf::PROBES)
+}
+
 /// The nftables table and iptables chain names of lock `name`.
 pub fn kernel_object_names(name: &str) -> (String, String) {
     (nft::table(name), iptables::chain(name))
