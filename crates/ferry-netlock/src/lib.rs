@@ -2,41 +2,72 @@
 //! every packet of those connections is dropped, in both directions, so the
 //! stack never answers one with a reset and the peer simply retransmits.
 //!
-//! A lock covers a set of 4-tuples in one network namespace and costs about
-//! the same for 1 and for 10,000 tuples: the tuples go into one kernel
-//! object (a BPF hash map, an nftables set, an iptables chain) in one call.
+//! A lock covers a set of 4-tuples in one network namespace. The tuples go
+//! into one kernel object (a BPF table written through memory, an nftables
+//! set, an iptables chain) in one step.
+//!
+//! # Phases
+//!
+//! The lock's life is split so that only a cheap part falls inside the
+//! service's pause:
+//!
+//! * [`NetworkLock::prepare`], before the pause: everything slow (eBPF: load
+//!   the program, create the maps, attach to every interface, pin); drops
+//!   nothing.
+//! * [`NetworkLock::engage`], start of the pause: the tuples go in and
+//!   dropping starts (eBPF: ~0.5 ms for 10,000 tuples, no syscall per tuple).
+//! * [`NetworkLock::disengage`], end of the pause: dropping stops (eBPF: one
+//!   bpf syscall); the lock still exists.
+//! * [`NetworkLock::thaw`], after the pause: everything is removed.
+//!
+//! [`NetworkLock::freeze`] is prepare + engage in one call.
+//!
+//! A tuple whose remote is `0.0.0.0:0` or `[::]:0`
+//! ([`Tuple::new_connections_to`]) is a wildcard: it drops only incoming SYNs
+//! without ACK to its local address and port (new connection attempts to a
+//! listener); established connections to that port need their own tuples.
 //!
 //! # Methods
 //!
 //! * [`Method::Ebpf`] (default): a tcx program on ingress and egress of every
-//!   interface of the namespace (loopback included) looks each TCP packet's
-//!   4-tuple up in a BPF hash map filled with one `BPF_MAP_UPDATE_BATCH`.
-//!   The map and the links are pinned under `/sys/fs/bpf/ferry/<name>/`.
+//!   interface of the namespace (loopback included). It does nothing while
+//!   the one-element array `active` is 0; when it is 1 it drops every TCP
+//!   packet whose 4-tuple is in `table`, an open-addressing hash table that
+//!   user space writes straight into the map's memory (`BPF_F_MMAPABLE`),
+//!   with a `BPF_F_NO_PREALLOC` hash map for the rare tuple the table has no
+//!   room for. Maps and links are pinned under `/sys/fs/bpf/ferry/<name>/`.
 //! * [`Method::Nftables`]: table `inet ferry_<name>`, sets of concatenated
-//!   4-tuples, input/output chains; one `nft -f -` transaction.
+//!   4-tuples, input/output chains; one `nft -f -` transaction at engage,
+//!   deleted at disengage.
 //! * [`Method::Iptables`]: chain `FERRY_<name>` (per family) jumped to from
-//!   INPUT and OUTPUT; one `iptables-restore --noflush` batch.
+//!   INPUT and OUTPUT; one `iptables-restore --noflush` batch at engage,
+//!   removed at disengage.
 //!
 //! # Lifetime
 //!
-//! A lock outlives the process that made it: checkpoint freezes and hands
-//! the lock over, a later restore adopts and thaws it. Every lock has a record
-//! in `/run/ferry/locks/<name>/record.json` (0600) with its method, namespace,
-//! state (`owned` by a running process, or `handed-over`), owner PID and start
-//! time, number of tuples and creation time. A lock whose owner died while it
-//! was `owned` is stale: [`release_stale`] removes it completely.
+//! A lock outlives the process that made it: checkpoint prepares, engages
+//! and hands the lock over, a later restore adopts, disengages and thaws it.
+//! Every lock has a record in `/run/ferry/locks/<name>/` (0600): `record.json`
+//! with its method, namespace, state (`owned` by a running process, or
+//! `handed-over`), owner PID and start time, number of tuples and creation
+//! time, and `phase` (prepared / engaged / disengaged, rewritten in place
+//! with one pwrite). A lock whose owner died while it was `owned`, in any
+//! phase, is stale: [`release_stale`] removes it completely.
 //!
 //! ```no_run
 //! use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
 //! # fn demo(tuples: &[Tuple]) -> Result<(), ferry_netlock::NetlockError> {
 //! ferry_netlock::release_stale();                 // start of every ferry run
-//! let lock = NetworkLock::freeze(Method::Ebpf, &Netns::Current, tuples, "ckpt")?;
+//! let mut lock = NetworkLock::prepare(Method::Ebpf, &Netns::Current, "ckpt")?;
+//! // ... freeze the service (the pause starts) ...
+//! lock.engage(tuples)?;
 //! // ... capture the connections ...
 //! let name = lock.hand_over();                    // stays after exit; store `name` in the image
 //! // later, in another process:
-//! let lock = NetworkLock::adopt(&name)?;
+//! let mut lock = NetworkLock::adopt(&name)?;
 //! // ... re-create the connections ...
-//! lock.thaw()?;
+//! lock.disengage()?;                              // the pause ends
+//! lock.thaw()?;                                   // off the critical path
 //! # Ok(()) }
 //! ```
 //!
@@ -45,16 +76,23 @@
 //! ```text
 //! pub enum Method { Ebpf, Nftables, Iptables }            // FromStr / Display: "ebpf" "nftables" "iptables"
 //! pub struct Tuple { pub local: SocketAddr, pub remote: SocketAddr }
+//! Tuple::new_connections_to(local) -> Tuple               // wildcard; Tuple::is_wildcard(&self)
 //! pub enum Netns { Current, Path(PathBuf) }
-//! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>
+//! pub enum Phase { Prepared, Engaged, Disengaged }
+//! NetworkLock::prepare(Method, &Netns, purpose: &str) -> Result<NetworkLock, NetlockError>
+//! NetworkLock::engage(&mut self, &[Tuple]) -> Result<(), NetlockError>      // once, on a prepared lock
+//! NetworkLock::disengage(&mut self) -> Result<(), NetlockError>
+//! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>  // prepare + engage
+//! NetworkLock::thaw(self) -> Result<(), NetlockError>     // disengage if needed, detach, unpin, remove the record
 //! NetworkLock::name(&self) -> &str
-//! NetworkLock::thaw(self) -> Result<(), NetlockError>
+//! NetworkLock::phase(&self) -> Option<Phase>
 //! NetworkLock::hand_over(self) -> String
 //! NetworkLock::adopt(name: &str) -> Result<NetworkLock, NetlockError>
 //! impl Drop for NetworkLock                                // thaws unless handed over; errors logged
-//! status() -> Vec<LockStatus>
+//! status() -> Vec<LockStatus>                              // LockStatus.phase
 //! release(name: &str) -> Result<(), NetlockError>
 //! release_stale() -> Vec<String>
+//! MAX_TUPLES                                               // eBPF capacity (2^20)
 //! ```
 
 mod ebpf;

@@ -161,7 +161,9 @@ fn read_exact_within(stream: &mut TcpStream, len: usize, limit: Duration) -> Vec
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            // EINTR: a read with SO_RCVTIMEO is not restarted after a stop
+            // signal (ptrace or SIGSTOP/SIGCONT from elsewhere on the machine).
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => panic!("read: {e}"),
         }
     }
@@ -193,7 +195,7 @@ fn frozen_connection(method: Method, link: Link, v6: bool) {
         let mut buf = [0u8; 4096];
         match server.read(&mut buf) {
             Ok(n) => panic!("{method}/{link:?}: {n} bytes arrived through the lock"),
-            Err(e) => assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "read: {e}"),
+            Err(e) => assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted), "read: {e}"),
         }
     }
     // The server's own data must not leave either.
