@@ -2,8 +2,17 @@
 //
 // ferry's network lock: a tcx program attached to ingress and egress of every
 // interface of a network namespace. It drops every TCP packet whose 4-tuple is
-// in the `frozen` hash map and lets everything else through (TCX_NEXT, so any
+// is locked (see `table` below) and lets everything else through (TCX_NEXT, so any
 // other tcx program after it still runs).
+//
+// The programs are attached long before they are needed (prepare) and do
+// nothing until user space sets `active[0]` to 1 (engage); setting it back to
+// 0 (disengage) is one map update, with no detach on the critical path.
+//
+// Wildcard entries: a key whose remote address and port are all zero stands
+// for "new connections to local": at ingress, a TCP segment with SYN set and
+// ACK clear whose exact key is not in the map is looked up again with the
+// remote side zeroed. Nothing else is ever matched against a wildcard.
 //
 // The key is always written from the point of view of the locked namespace:
 // {local address, local port, remote address, remote port}. At ingress the
@@ -36,18 +45,59 @@ struct tuple_key {
 	__be16 remote_port;
 };
 
+// The tuples live in `table`, an open-addressing hash table that user space
+// builds directly in the map's memory (BPF_F_MMAPABLE: a memcpy, no syscall,
+// so engage costs the same for 10 and 10,000 tuples). A key sits in one of
+// the TABLE_PROBES slots starting at table_hash(key) & (TABLE_SLOTS - 1);
+// an empty slot (family 0) ends the search. A key whose TABLE_PROBES slots
+// were all taken goes to the `frozen` hash map instead (one batch update;
+// normally empty), which is looked up only when every probed slot was full.
+// Must match TABLE_SLOTS, TABLE_PROBES and table_hash in src/ebpf.rs.
+#define TABLE_SLOTS (1 << 16)
+#define TABLE_PROBES 8
+
+#ifndef BPF_F_MMAPABLE
+#define BPF_F_MMAPABLE (1U << 10)
+#endif
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TABLE_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct tuple_key);
+} table SEC(".maps");
+
+// Overflow of `table`. Elements are allocated on insert
+// (BPF_F_NO_PREALLOC), so the large max_entries costs only the buckets.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1); // set to the number of tuples at load time
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct tuple_key);
 	__type(value, __u8);
 } frozen SEC(".maps");
 
+// active[0] != 0: drop what `frozen` matches; 0: let everything through.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} active SEC(".maps");
+
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+
 // Fills `key` from the packet, swapping source and destination when the packet
-// enters the namespace. Returns 0 when the packet is TCP over IPv4 or IPv6.
-static __always_inline int packet_key(struct __sk_buff *skb, int ingress, struct tuple_key *key)
+// enters the namespace, and `*flags` with the TCP flags byte. Returns 0 when
+// the packet is TCP over IPv4 or IPv6.
+static __always_inline int packet_key(struct __sk_buff *skb, int ingress, struct tuple_key *key, __u8 *flags)
 {
 	__u8 *src, *dst;
+	// Source port, destination port, sequence, acknowledgement, data
+	// offset, flags: the first 14 bytes of the TCP header.
+	__u8 tcp[14];
 	__be16 ports[2];
 	__u32 l4_offset;
 
@@ -93,21 +143,79 @@ static __always_inline int packet_key(struct __sk_buff *skb, int ingress, struct
 	} else {
 		return -1;
 	}
-	if (bpf_skb_load_bytes_relative(skb, l4_offset, ports, sizeof(ports), BPF_HDR_START_NET))
+	if (bpf_skb_load_bytes_relative(skb, l4_offset, tcp, sizeof(tcp), BPF_HDR_START_NET))
 		return -1;
+	__builtin_memcpy(ports, tcp, sizeof(ports));
+	*flags = tcp[13];
 	key->local_port = ingress ? ports[1] : ports[0];
 	key->remote_port = ingress ? ports[0] : ports[1];
 	return 0;
 }
 
+// A 32-bit mix of the key's ten words (murmur3-style); see table_hash in
+// src/ebpf.rs.
+static __always_inline __u32 table_hash(const struct tuple_key *key)
+{
+	const __u32 *w = (const __u32 *)key;
+	__u32 h = 0x9e3779b9;
+
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*key) / 4); i++) {
+		h ^= w[i];
+		h *= 0x85ebca6b;
+		h ^= h >> 13;
+	}
+	h ^= h >> 16;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline int same_key(const struct tuple_key *a, const struct tuple_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+// 1 when `key` is locked.
+static __always_inline int locked(const struct tuple_key *key)
+{
+	__u32 home = table_hash(key);
+
+	for (__u32 i = 0; i < TABLE_PROBES; i++) {
+		__u32 slot = (home + i) & (TABLE_SLOTS - 1);
+		struct tuple_key *entry = bpf_map_lookup_elem(&table, &slot);
+
+		if (!entry || entry->family == 0)
+			return 0;
+		if (same_key(entry, key))
+			return 1;
+	}
+	return bpf_map_lookup_elem(&frozen, key) != 0;
+}
+
 static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 {
-	struct tuple_key key = {};
+	struct tuple_key key __attribute__((aligned(8))) = {};
+	__u32 zero = 0;
+	__u32 *on;
+	__u8 flags = 0;
 
-	if (packet_key(skb, ingress, &key))
+	on = bpf_map_lookup_elem(&active, &zero);
+	if (!on || !*on)
 		return TCX_NEXT;
-	if (bpf_map_lookup_elem(&frozen, &key))
+	if (packet_key(skb, ingress, &key, &flags))
+		return TCX_NEXT;
+	if (locked(&key))
 		return TCX_DROP;
+	// A connection attempt to a frozen listener: SYN without ACK, coming in.
+	if (ingress && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		__builtin_memset(key.remote_addr, 0, sizeof(key.remote_addr));
+		key.remote_port = 0;
+		if (locked(&key))
+			return TCX_DROP;
+	}
 	return TCX_NEXT;
 }
 

@@ -43,6 +43,12 @@ pub enum NetlockError {
     #[error("network lock {lock}: invalid tuple {tuple}: {why}")]
     InvalidTuple { lock: String, tuple: String, why: &'static str },
 
+    #[error("network lock {lock}: {count} tuples, more than the {max} the eBPF map holds")]
+    TooManyTuples { lock: String, count: usize, max: usize },
+
+    #[error("network lock {lock}: cannot {action} a lock that is {phase}")]
+    WrongPhase { lock: String, action: &'static str, phase: crate::Phase },
+
     #[error("no network lock named {0:?}")]
     NotFound(String),
 

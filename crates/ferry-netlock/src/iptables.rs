@@ -1,5 +1,6 @@
 //! iptables method: one chain FERRY_<name> per family holding two DROP rules
-//! per tuple (one per direction), jumped to first from INPUT and OUTPUT;
+//! per tuple (one per direction; one SYN-only rule per wildcard), jumped to
+//! first from INPUT and OUTPUT;
 //! created with one `iptables-restore --noflush` batch (ip6tables-restore
 //! for IPv6 tuples) and removed with one.
 
@@ -19,11 +20,18 @@ fn tools(v6: bool) -> (&'static str, &'static str) {
     }
 }
 
-pub(crate) fn freeze_batch(lock: &str, tuples: &[Tuple]) -> String {
+pub(crate) fn engage_batch(lock: &str, tuples: &[Tuple]) -> String {
     let chain = chain(lock);
     let mut s = format!("*filter\n:{chain} - [0:0]\n");
     for t in tuples {
         let (l, lp, r, rp) = (t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port());
+        if t.is_wildcard() {
+            // New connection attempts to the listener: SYN set, ACK clear.
+            // (In OUTPUT this only matches a SYN from the namespace to its
+            // own listener, which is dropped there instead of at INPUT.)
+            let _ = writeln!(s, "-A {chain} -p tcp -d {l} --dport {lp} --tcp-flags SYN,ACK SYN -j DROP");
+            continue;
+        }
         // Incoming: remote -> local. Outgoing: local -> remote.
         let _ = writeln!(s, "-A {chain} -p tcp -s {r} --sport {rp} -d {l} --dport {lp} -j DROP");
         let _ = writeln!(s, "-A {chain} -p tcp -s {l} --sport {lp} -d {r} --dport {rp} -j DROP");
@@ -33,12 +41,12 @@ pub(crate) fn freeze_batch(lock: &str, tuples: &[Tuple]) -> String {
 }
 
 /// Creates the IPv4 chain (always) and the IPv6 chain (when there are IPv6
-/// tuples). On error the caller releases whatever was made.
-pub(crate) fn freeze(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
+/// tuples). On error the caller removes whatever was made.
+pub(crate) fn engage(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
     let (v6, v4): (Vec<Tuple>, Vec<Tuple>) = tuples.iter().copied().partition(|t| t.local.is_ipv6());
-    netns::run_command(lock, netns_path, tools(false).0, &["-w", "5", "--noflush"], &freeze_batch(lock, &v4))?;
+    netns::run_command(lock, netns_path, tools(false).0, &["-w", "5", "--noflush"], &engage_batch(lock, &v4))?;
     if !v6.is_empty() {
-        netns::run_command(lock, netns_path, tools(true).0, &["-w", "5", "--noflush"], &freeze_batch(lock, &v6))?;
+        netns::run_command(lock, netns_path, tools(true).0, &["-w", "5", "--noflush"], &engage_batch(lock, &v6))?;
     }
     Ok(())
 }

@@ -2,41 +2,72 @@
 //! every packet of those connections is dropped, in both directions, so the
 //! stack never answers one with a reset and the peer simply retransmits.
 //!
-//! A lock covers a set of 4-tuples in one network namespace and costs about
-//! the same for 1 and for 10,000 tuples: the tuples go into one kernel
-//! object (a BPF hash map, an nftables set, an iptables chain) in one call.
+//! A lock covers a set of 4-tuples in one network namespace. The tuples go
+//! into one kernel object (a BPF table written through memory, an nftables
+//! set, an iptables chain) in one step.
+//!
+//! # Phases
+//!
+//! The lock's life is split so that only a cheap part falls inside the
+//! service's pause:
+//!
+//! * [`NetworkLock::prepare`], before the pause: everything slow (eBPF: load
+//!   the program, create the maps, attach to every interface, pin); drops
+//!   nothing.
+//! * [`NetworkLock::engage`], start of the pause: the tuples go in and
+//!   dropping starts (eBPF: ~0.5 ms for 10,000 tuples, no syscall per tuple).
+//! * [`NetworkLock::disengage`], end of the pause: dropping stops (eBPF: one
+//!   bpf syscall); the lock still exists.
+//! * [`NetworkLock::thaw`], after the pause: everything is removed.
+//!
+//! [`NetworkLock::freeze`] is prepare + engage in one call.
+//!
+//! A tuple whose remote is `0.0.0.0:0` or `[::]:0`
+//! ([`Tuple::new_connections_to`]) is a wildcard: it drops only incoming SYNs
+//! without ACK to its local address and port (new connection attempts to a
+//! listener); established connections to that port need their own tuples.
 //!
 //! # Methods
 //!
 //! * [`Method::Ebpf`] (default): a tcx program on ingress and egress of every
-//!   interface of the namespace (loopback included) looks each TCP packet's
-//!   4-tuple up in a BPF hash map filled with one `BPF_MAP_UPDATE_BATCH`.
-//!   The map and the links are pinned under `/sys/fs/bpf/ferry/<name>/`.
+//!   interface of the namespace (loopback included). It does nothing while
+//!   the one-element array `active` is 0; when it is 1 it drops every TCP
+//!   packet whose 4-tuple is in `table`, an open-addressing hash table that
+//!   user space writes straight into the map's memory (`BPF_F_MMAPABLE`),
+//!   with a `BPF_F_NO_PREALLOC` hash map for the rare tuple the table has no
+//!   room for. Maps and links are pinned under `/sys/fs/bpf/ferry/<name>/`.
 //! * [`Method::Nftables`]: table `inet ferry_<name>`, sets of concatenated
-//!   4-tuples, input/output chains; one `nft -f -` transaction.
+//!   4-tuples, input/output chains; one `nft -f -` transaction at engage,
+//!   deleted at disengage.
 //! * [`Method::Iptables`]: chain `FERRY_<name>` (per family) jumped to from
-//!   INPUT and OUTPUT; one `iptables-restore --noflush` batch.
+//!   INPUT and OUTPUT; one `iptables-restore --noflush` batch at engage,
+//!   removed at disengage.
 //!
 //! # Lifetime
 //!
-//! A lock outlives the process that made it: checkpoint freezes and hands
-//! the lock over, a later restore adopts and thaws it. Every lock has a record
-//! in `/run/ferry/locks/<name>/record.json` (0600) with its method, namespace,
-//! state (`owned` by a running process, or `handed-over`), owner PID and start
-//! time, number of tuples and creation time. A lock whose owner died while it
-//! was `owned` is stale: [`release_stale`] removes it completely.
+//! A lock outlives the process that made it: checkpoint prepares, engages
+//! and hands the lock over, a later restore adopts, disengages and thaws it.
+//! Every lock has a record in `/run/ferry/locks/<name>/` (0600): `record.json`
+//! with its method, namespace, state (`owned` by a running process, or
+//! `handed-over`), owner PID and start time, number of tuples and creation
+//! time, and `phase` (prepared / engaged / disengaged, rewritten in place
+//! with one pwrite). A lock whose owner died while it was `owned`, in any
+//! phase, is stale: [`release_stale`] removes it completely.
 //!
 //! ```no_run
 //! use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
 //! # fn demo(tuples: &[Tuple]) -> Result<(), ferry_netlock::NetlockError> {
 //! ferry_netlock::release_stale();                 // start of every ferry run
-//! let lock = NetworkLock::freeze(Method::Ebpf, &Netns::Current, tuples, "ckpt")?;
+//! let mut lock = NetworkLock::prepare(Method::Ebpf, &Netns::Current, "ckpt")?;
+//! // ... freeze the service (the pause starts) ...
+//! lock.engage(tuples)?;
 //! // ... capture the connections ...
 //! let name = lock.hand_over();                    // stays after exit; store `name` in the image
 //! // later, in another process:
-//! let lock = NetworkLock::adopt(&name)?;
+//! let mut lock = NetworkLock::adopt(&name)?;
 //! // ... re-create the connections ...
-//! lock.thaw()?;
+//! lock.disengage()?;                              // the pause ends
+//! lock.thaw()?;                                   // off the critical path
 //! # Ok(()) }
 //! ```
 //!
@@ -45,16 +76,23 @@
 //! ```text
 //! pub enum Method { Ebpf, Nftables, Iptables }            // FromStr / Display: "ebpf" "nftables" "iptables"
 //! pub struct Tuple { pub local: SocketAddr, pub remote: SocketAddr }
+//! Tuple::new_connections_to(local) -> Tuple               // wildcard; Tuple::is_wildcard(&self)
 //! pub enum Netns { Current, Path(PathBuf) }
-//! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>
+//! pub enum Phase { Prepared, Engaged, Disengaged }
+//! NetworkLock::prepare(Method, &Netns, purpose: &str) -> Result<NetworkLock, NetlockError>
+//! NetworkLock::engage(&mut self, &[Tuple]) -> Result<(), NetlockError>      // once, on a prepared lock
+//! NetworkLock::disengage(&mut self) -> Result<(), NetlockError>
+//! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>  // prepare + engage
+//! NetworkLock::thaw(self) -> Result<(), NetlockError>     // disengage if needed, detach, unpin, remove the record
 //! NetworkLock::name(&self) -> &str
-//! NetworkLock::thaw(self) -> Result<(), NetlockError>
+//! NetworkLock::phase(&self) -> Option<Phase>
 //! NetworkLock::hand_over(self) -> String
 //! NetworkLock::adopt(name: &str) -> Result<NetworkLock, NetlockError>
 //! impl Drop for NetworkLock                                // thaws unless handed over; errors logged
-//! status() -> Vec<LockStatus>
+//! status() -> Vec<LockStatus>                              // LockStatus.phase
 //! release(name: &str) -> Result<(), NetlockError>
 //! release_stale() -> Vec<String>
+//! MAX_TUPLES                                               // eBPF capacity (2^20)
 //! ```
 
 mod ebpf;
@@ -66,7 +104,8 @@ mod record;
 
 pub use error::NetlockError;
 pub use netns::Netns;
-pub use record::{LockState, Owner, LOCKS_DIR};
+pub use ebpf::MAX_TUPLES;
+pub use record::{LockState, Owner, Phase, LOCKS_DIR};
 
 use record::{NetnsRecord, Record};
 use serde::{Deserialize, Serialize};
@@ -112,6 +151,24 @@ pub struct Tuple {
     pub remote: SocketAddr,
 }
 
+impl Tuple {
+    /// A wildcard: new connection attempts to `local` (incoming SYN without
+    /// ACK), whatever their source. Established connections to the same
+    /// port are not affected (lock them with their own exact tuples).
+    pub fn new_connections_to(local: SocketAddr) -> Tuple {
+        let remote = match local {
+            SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0),
+            SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0),
+        };
+        Tuple { local, remote }
+    }
+
+    /// The remote side is `0.0.0.0:0` or `[::]:0`.
+    pub fn is_wildcard(&self) -> bool {
+        self.remote.ip().is_unspecified() && self.remote.port() == 0
+    }
+}
+
 impl std::fmt::Display for Tuple {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} <-> {}", self.local, self.remote)
@@ -125,6 +182,8 @@ pub struct LockStatus {
     /// None when the record is missing or unreadable.
     pub method: Option<Method>,
     pub state: Option<LockState>,
+    /// Prepared, engaged or disengaged.
+    pub phase: Option<Phase>,
     pub owner: Option<Owner>,
     pub purpose: String,
     pub tuples: usize,
@@ -140,6 +199,10 @@ pub struct NetworkLock {
     /// None once thawed or handed over.
     record: Option<Record>,
     name: String,
+    /// eBPF: the maps' fds, open from prepare or adopt on.
+    ebpf: Option<ebpf::Handles>,
+    /// The record's phase file, open for one-pwrite updates.
+    phase_file: Option<std::fs::File>,
 }
 
 /// Record directories with no record yet are a freeze in progress for this
@@ -155,7 +218,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// An IPv4-mapped IPv6 address is IPv4 on the wire.
-fn canonical(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => SocketAddr::new(IpAddr::V4(v4), addr.port()),
@@ -166,30 +229,49 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
 }
 
 fn canonical_tuples(lock: &str, tuples: &[Tuple]) -> Result<Vec<Tuple>, NetlockError> {
-    tuples
-        .iter()
-        .map(|t| {
+    tuples.iter().map(|t| canonical_tuple(lock, t)).collect()
+}
+
+/// Checks every tuple without copying them; returns how many are IPv6.
+fn validate_tuples(lock: &str, tuples: &[Tuple]) -> Result<usize, NetlockError> {
+    let mut v6 = 0;
+    for t in tuples {
+        if canonical_tuple(lock, t)?.local.is_ipv6() {
+            v6 += 1;
+        }
+    }
+    Ok(v6)
+}
+
+fn canonical_tuple(lock: &str, t: &Tuple) -> Result<Tuple, NetlockError> {
+    {
+        {
             let c = Tuple { local: canonical(t.local), remote: canonical(t.remote) };
+            let invalid = |why| Err(NetlockError::InvalidTuple { lock: lock.to_string(), tuple: t.to_string(), why });
             if c.local.is_ipv4() != c.remote.is_ipv4() {
-                return Err(NetlockError::InvalidTuple { lock: lock.to_string(), tuple: t.to_string(), why: "local and remote address families differ" });
+                return invalid("local and remote address families differ");
+            }
+            if c.local.ip().is_unspecified() || c.local.port() == 0 {
+                return invalid("the local address and port must be given");
+            }
+            if c.remote.ip().is_unspecified() != (c.remote.port() == 0) {
+                return invalid("a wildcard has both remote address and port unspecified (0.0.0.0:0 or [::]:0), a connection neither");
             }
             Ok(c)
-        })
-        .collect()
+        }
+    }
 }
 
 impl NetworkLock {
-    /// Drops every packet of `tuples` in namespace `netns` until thawed.
-    /// `purpose` (e.g. "ckpt") starts the generated name, for humans.
-    pub fn freeze(method: Method, netns: &Netns, tuples: &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError> {
+    /// Everything slow, done before the service is frozen; drops nothing yet.
+    /// eBPF: loads the program, creates the empty tuple map (room for
+    /// [`MAX_TUPLES`]) and the switch (off), attaches ingress and egress of
+    /// every interface of `netns`, pins it all. nftables/iptables: only the
+    /// record (and a way back into the namespace); their objects are made by
+    /// [`NetworkLock::engage`]. `purpose` (e.g. "ckpt") starts the generated
+    /// name, for humans.
+    pub fn prepare(method: Method, netns: &Netns, purpose: &str) -> Result<NetworkLock, NetlockError> {
         let (name, dir) = new_lock_dir(purpose)?;
-        let tuples = match canonical_tuples(&name, tuples) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(e);
-            }
-        };
         let ns_path = netns.path();
         // Without an owner identity the record would look stale at once and
         // another ferry run could release a lock still in use.
@@ -206,10 +288,11 @@ impl NetworkLock {
             name: name.clone(),
             method,
             state: LockState::Owned,
+            phase: Phase::Prepared,
             owner: Some(owner),
             purpose: purpose.to_string(),
-            tuples: tuples.len(),
-            tuples_v6: tuples.iter().filter(|t| t.local.is_ipv6()).count(),
+            tuples: 0,
+            tuples_v6: 0,
             created_unix_ms: record::now_unix_ms(),
             netns: NetnsRecord { requested: netns.describe(), inode: 0, enter_path: None, bind_mounted: false },
         };
@@ -218,8 +301,8 @@ impl NetworkLock {
         let result = (|| {
             record.netns.inode = netns::inode(&name, &ns_path)?;
             if method != Method::Ebpf {
-                // nftables/iptables objects are removed from inside the
-                // namespace, possibly by a later process: keep a path to it.
+                // nftables/iptables objects are made and removed from inside
+                // the namespace, possibly by a later process: keep a path to it.
                 if ns_path.starts_with("/run/netns") {
                     record.netns.enter_path = Some(ns_path.clone());
                 } else {
@@ -229,6 +312,8 @@ impl NetworkLock {
                 }
             }
             record::write(&record)?;
+            let phase_file = record::open_phase(&name)?;
+            record::write_phase(&name, &phase_file, Phase::Prepared)?;
             if record.netns.bind_mounted {
                 if let Some(target) = &record.netns.enter_path {
                     std::fs::File::create(target).map_err(|source| NetlockError::Io { lock: name.clone(), what: "creating", path: target.clone(), source })?;
@@ -236,36 +321,153 @@ impl NetworkLock {
                         .map_err(|source| NetlockError::Sys { lock: name.clone(), what: format!("bind-mounting {} on {}", ns_path.display(), target.display()), source })?;
                 }
             }
-            let enter = match netns {
-                Netns::Current => None,
-                Netns::Path(p) => Some(p.as_path()),
-            };
             match method {
-                Method::Ebpf => ebpf::freeze(&name, enter, &record.netns.requested, &tuples),
-                Method::Nftables => nft::freeze(&name, enter, &tuples),
-                Method::Iptables => iptables::freeze(&name, enter, &tuples),
+                Method::Ebpf => {
+                    let enter = match netns {
+                        Netns::Current => None,
+                        Netns::Path(p) => Some(p.as_path()),
+                    };
+                    Ok((Some(ebpf::prepare(&name, enter, &record.netns.requested)?), phase_file))
+                }
+                Method::Nftables | Method::Iptables => Ok((None, phase_file)),
             }
         })();
         match result {
-            Ok(()) => {
-                tracing::debug!(lock = %name, %method, tuples = tuples.len(), "network lock frozen");
-                Ok(NetworkLock { record: Some(record), name })
+            Ok((ebpf, phase_file)) => {
+                tracing::debug!(lock = %name, %method, "network lock prepared");
+                Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
             }
             Err(e) => {
                 if let Err(cleanup) = release_record(&record) {
-                    tracing::error!(lock = %name, "undoing a failed freeze: {cleanup}");
+                    tracing::error!(lock = %name, "undoing a failed prepare: {cleanup}");
                 }
                 Err(e)
             }
         }
     }
 
+    /// Starts dropping every packet of `tuples` (the start of the pause).
+    /// A tuple whose remote is `0.0.0.0:0` or `[::]:0` is a wildcard: it
+    /// drops only new connection attempts (incoming SYN without ACK) to its
+    /// local address and port. eBPF: one `BPF_MAP_UPDATE_BATCH` and one
+    /// update of the switch; nftables/iptables: their one transaction.
+    /// Allowed once, on a prepared lock.
+    pub fn engage(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
+        let name = self.name.as_str();
+        let Some(record) = self.record.as_mut() else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.phase != Phase::Prepared {
+            return Err(NetlockError::WrongPhase { lock: name.to_string(), action: "engage", phase: record.phase });
+        }
+        let Some(phase_file) = &self.phase_file else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        match record.method {
+            Method::Ebpf => {
+                let tuples_v6 = validate_tuples(name, tuples)?;
+                let Some(handles) = &mut self.ebpf else {
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                };
+                let overflow = ebpf::fill(name, handles, tuples)?;
+                if overflow > 0 {
+                    tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
+                }
+                // Recorded before the switch: the record never claims less
+                // than is in force. (record.json's counts are not rewritten
+                // here: the eBPF release does not need them.)
+                record::write_phase(name, phase_file, Phase::Engaged)?;
+                record.phase = Phase::Engaged;
+                record.tuples = tuples.len();
+                record.tuples_v6 = tuples_v6;
+                ebpf::set_active(name, handles, true)?;
+            }
+            Method::Nftables | Method::Iptables => {
+                let tuples = canonical_tuples(name, tuples)?;
+                let enter = record.netns.enter_path.clone();
+                let previous = record.clone();
+                record.tuples = tuples.len();
+                record.tuples_v6 = tuples.iter().filter(|t| t.local.is_ipv6()).count();
+                record.phase = Phase::Engaged;
+                // Counts first: the iptables release needs to know about IPv6.
+                record::write(record)?;
+                record::write_phase(name, phase_file, Phase::Engaged)?;
+                let enter = enter.as_deref();
+                let made = if record.method == Method::Nftables { nft::engage(name, enter, &tuples) } else { iptables::engage(name, enter, &tuples) };
+                if let Err(e) = made {
+                    // Back to prepared: remove whatever part was made.
+                    let undone = remove_objects(record).and_then(|()| record::write(&previous)).and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
+                    match undone {
+                        Ok(()) => *record = previous,
+                        Err(cleanup) => tracing::error!(lock = %name, "undoing a failed engage: {cleanup}"),
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        tracing::debug!(lock = %name, method = %record.method, tuples = record.tuples, "network lock engaged");
+        Ok(())
+    }
+
+    /// Stops dropping (the end of the pause); the lock (record, pins, links)
+    /// stays until [`NetworkLock::thaw`]. eBPF: one update of the switch (a
+    /// single bpf syscall), done even when the record says prepared or
+    /// disengaged (an engage killed half-way); nftables/iptables: removes
+    /// their objects. Also works on an adopted lock.
+    pub fn disengage(&mut self) -> Result<(), NetlockError> {
+        let name = self.name.as_str();
+        let Some(record) = self.record.as_mut() else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        match record.method {
+            Method::Ebpf => {
+                let Some(handles) = &self.ebpf else {
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                };
+                ebpf::set_active(name, handles, false)?;
+            }
+            Method::Nftables | Method::Iptables => {
+                if record.phase != Phase::Engaged {
+                    return Ok(());
+                }
+                remove_objects(record)?;
+            }
+        }
+        if record.phase == Phase::Engaged {
+            let Some(phase_file) = &self.phase_file else {
+                return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            };
+            record::write_phase(name, phase_file, Phase::Disengaged)?;
+            record.phase = Phase::Disengaged;
+        }
+        tracing::debug!(lock = %name, "network lock disengaged");
+        Ok(())
+    }
+
+    /// `prepare` then `engage`: the whole cost inside the caller's window.
+    /// On error nothing is left behind.
+    pub fn freeze(method: Method, netns: &Netns, tuples: &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError> {
+        let mut lock = NetworkLock::prepare(method, netns, purpose)?;
+        // Dropping `lock` on error releases it.
+        lock.engage(tuples)?;
+        Ok(lock)
+    }
+
+    /// The lock's phase as this process knows it (None once released).
+    pub fn phase(&self) -> Option<Phase> {
+        self.record.as_ref().map(|r| r.phase)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// Releases the lock now: packets of its tuples flow again.
+    /// Full release: disengages if needed, then detaches, unpins, removes
+    /// the objects and the record. Off the critical path (tens of ms with
+    /// eBPF: one tcx detach per link).
     pub fn thaw(mut self) -> Result<(), NetlockError> {
+        self.ebpf = None;
+        self.phase_file = None;
         match self.record.take() {
             Some(record) => release_record(&record),
             None => Err(NetlockError::AlreadyReleased { lock: self.name.clone() }),
@@ -277,6 +479,8 @@ impl NetworkLock {
     /// If the record cannot be rewritten the lock stays `owned` and will be
     /// found stale once this process exits (the error is logged).
     pub fn hand_over(mut self) -> String {
+        self.ebpf = None;
+        self.phase_file = None;
         if let Some(mut record) = self.record.take() {
             record.state = LockState::HandedOver;
             record.owner = None;
@@ -301,15 +505,24 @@ impl NetworkLock {
                 return Err(NetlockError::Busy { lock: name.to_string(), pid: owner.pid });
             }
         }
+        // The maps are opened now so that disengage is one syscall.
+        let ebpf = match record.method {
+            Method::Ebpf => Some(ebpf::open(name)?),
+            Method::Nftables | Method::Iptables => None,
+        };
+        let phase_file = record::open_phase(name)?;
         record.state = LockState::Owned;
         record.owner = Owner::current();
         record::write(&record)?;
-        Ok(NetworkLock { record: Some(record), name: name.to_string() })
+        record::write_phase(name, &phase_file, record.phase)?;
+        Ok(NetworkLock { record: Some(record), name: name.to_string(), ebpf, phase_file: Some(phase_file) })
     }
 }
 
 impl Drop for NetworkLock {
     fn drop(&mut self) {
+        self.ebpf = None;
+        self.phase_file = None;
         if let Some(record) = self.record.take() {
             if let Err(e) = release_record(&record) {
                 tracing::error!(lock = %self.name, "thawing on drop: {e}");
@@ -338,19 +551,33 @@ fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockEr
 
 /// Removes everything of a lock: its kernel objects, the namespace bind
 /// mount, the record directory. Every step tolerates a missing piece.
+/// Works in every phase and from any process (eBPF: through the pins).
 fn release_record(record: &Record) -> Result<(), NetlockError> {
-    let name = &record.name;
-    let enter = record.netns.enter_path.as_deref();
-    let netns_reachable = enter.is_some_and(|p| p.exists());
     match record.method {
-        Method::Ebpf => ebpf::release(name)?,
-        // Without a way into the namespace (it is gone, and with it the
-        // table or chains), there is nothing left to delete.
-        Method::Nftables if netns_reachable => nft::release(name, enter)?,
-        Method::Iptables if netns_reachable => iptables::release(name, enter, record.tuples_v6 > 0)?,
+        // The switch goes off first, then links and maps are unpinned.
+        Method::Ebpf => ebpf::release(&record.name)?,
+        // Prepared: nothing was made (the record says engaged before
+        // anything is); disengaged: already removed.
+        Method::Nftables | Method::Iptables if record.phase == Phase::Engaged => remove_objects(record)?,
         Method::Nftables | Method::Iptables => {}
     }
-    remove_record_dir(name, record.netns.bind_mounted)
+    remove_record_dir(&record.name, record.netns.bind_mounted)
+}
+
+/// nftables/iptables: deletes the table or chains, tolerating missing ones.
+fn remove_objects(record: &Record) -> Result<(), NetlockError> {
+    let name = &record.name;
+    let enter = record.netns.enter_path.as_deref();
+    // Without a way into the namespace (it is gone, and with it the table or
+    // chains), there is nothing left to delete.
+    if !enter.is_some_and(|p| p.exists()) {
+        return Ok(());
+    }
+    match record.method {
+        Method::Nftables => nft::release(name, enter),
+        Method::Iptables => iptables::release(name, enter, record.tuples_v6 > 0),
+        Method::Ebpf => Ok(()),
+    }
 }
 
 fn remove_record_dir(name: &str, bind_mounted: bool) -> Result<(), NetlockError> {
@@ -381,6 +608,7 @@ pub fn status() -> Vec<LockStatus> {
                 stale: r.is_stale(),
                 method: Some(r.method),
                 state: Some(r.state),
+                phase: Some(r.phase),
                 owner: r.owner,
                 purpose: r.purpose.clone(),
                 tuples: r.tuples,
@@ -394,6 +622,7 @@ pub fn status() -> Vec<LockStatus> {
                     stale: age > RECORDLESS_GRACE_MS,
                     method: None,
                     state: None,
+                    phase: None,
                     owner: None,
                     purpose: String::new(),
                     tuples: 0,
@@ -452,6 +681,13 @@ pub fn release_stale() -> Vec<String> {
 /// checked by the caller there.
 pub fn is_gone(name: &str) -> bool {
     !record::lock_dir(name).exists() && !ebpf::pin_dir(name).exists()
+}
+
+/// For tests: the eBPF table's home slot of `tuple` and how many slots a
+/// key may use from there before it goes to the overflow map.
+#[doc(hidden)]
+pub fn ebpf_table_home(tuple: &Tuple) -> (u32, u32) {
+    (ebpf::table_home(tuple), ebpf::PROBES)
 }
 
 /// The nftables table and iptables chain names of lock `name`.

@@ -1,6 +1,7 @@
 //! nftables method: one table `inet ferry_<name>` with a set of concatenated
-//! 4-tuples per family and input/output chains that drop matches, created in
-//! one `nft -f -` transaction and deleted in one.
+//! 4-tuples per family (and one of local address . port per family for
+//! wildcards) and input/output chains that drop matches, created in one
+//! `nft -f -` transaction (engage) and deleted in one (disengage).
 
 use crate::{netns, NetlockError, Tuple};
 use std::fmt::Write;
@@ -11,18 +12,25 @@ pub(crate) fn table(lock: &str) -> String {
 }
 
 /// The transaction that creates the table, its sets (with every element)
-/// and chains. Sets are keyed local address . local port . remote address
-/// . remote port; the input chain builds that key from (daddr, dport,
-/// saddr, sport), the output chain from (saddr, sport, daddr, dport).
-pub(crate) fn freeze_script(lock: &str, tuples: &[Tuple]) -> String {
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
+/// and chains. Connection sets are keyed local address . local port . remote
+/// address . remote port; the input chain builds that key from (daddr,
+/// dport, saddr, sport), the output chain from (saddr, sport, daddr, dport).
+/// Wildcards (remote unspecified, port 0) go to the `listen_*` sets, keyed
+/// local address . local port, matched only by incoming SYN-without-ACK.
+pub(crate) fn engage_script(lock: &str, tuples: &[Tuple]) -> String {
+    let (mut v4, mut v6, mut l4, mut l6) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for t in tuples {
-        let element = format!("{} . {} . {} . {}", t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port());
-        if t.local.is_ipv4() {
-            v4.push(element);
+        let wildcard = t.is_wildcard();
+        let element = if wildcard {
+            format!("{} . {}", t.local.ip(), t.local.port())
         } else {
-            v6.push(element);
+            format!("{} . {} . {} . {}", t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port())
+        };
+        match (t.local.is_ipv4(), wildcard) {
+            (true, false) => v4.push(element),
+            (false, false) => v6.push(element),
+            (true, true) => l4.push(element),
+            (false, true) => l6.push(element),
         }
     }
     let elements = |list: &[String]| if list.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", list.join(", ")) };
@@ -32,23 +40,29 @@ pub(crate) fn freeze_script(lock: &str, tuples: &[Tuple]) -> String {
         "table inet {table} {{\n\
          \tset frozen_v4 {{\n\t\ttype ipv4_addr . inet_service . ipv4_addr . inet_service\n{e4}\t}}\n\
          \tset frozen_v6 {{\n\t\ttype ipv6_addr . inet_service . ipv6_addr . inet_service\n{e6}\t}}\n\
+         \tset listen_v4 {{\n\t\ttype ipv4_addr . inet_service\n{l4}\t}}\n\
+         \tset listen_v6 {{\n\t\ttype ipv6_addr . inet_service\n{l6}\t}}\n\
          \tchain input {{\n\t\ttype filter hook input priority -300; policy accept;\n\
          \t\tip daddr . tcp dport . ip saddr . tcp sport @frozen_v4 drop\n\
-         \t\tip6 daddr . tcp dport . ip6 saddr . tcp sport @frozen_v6 drop\n\t}}\n\
+         \t\tip6 daddr . tcp dport . ip6 saddr . tcp sport @frozen_v6 drop\n\
+         \t\ttcp flags & (syn | ack) == syn ip daddr . tcp dport @listen_v4 drop\n\
+         \t\ttcp flags & (syn | ack) == syn ip6 daddr . tcp dport @listen_v6 drop\n\t}}\n\
          \tchain output {{\n\t\ttype filter hook output priority -300; policy accept;\n\
          \t\tip saddr . tcp sport . ip daddr . tcp dport @frozen_v4 drop\n\
          \t\tip6 saddr . tcp sport . ip6 daddr . tcp dport @frozen_v6 drop\n\t}}\n}}\n",
         table = table(lock),
         e4 = elements(&v4),
         e6 = elements(&v6),
+        l4 = elements(&l4),
+        l6 = elements(&l6),
     );
     s
 }
 
-pub(crate) fn freeze(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
+pub(crate) fn engage(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
     // `add table` first: the transaction fails instead of merging into a
     // table of the same name that somehow exists already.
-    let script = format!("add table inet {}\n{}", table(lock), freeze_script(lock, tuples));
+    let script = format!("add table inet {}\n{}", table(lock), engage_script(lock, tuples));
     netns::run_command(lock, netns_path, "nft", &["-f", "-"], &script)
 }
 

@@ -14,6 +14,11 @@ use std::path::{Path, PathBuf};
 /// at reboot, together with the kernel objects they describe.
 pub const LOCKS_DIR: &str = "/run/ferry/locks";
 const RECORD_FILE: &str = "record.json";
+/// The phase, apart from record.json so that engage and disengage change it
+/// with one pwrite(2) of a fixed-size word on a file kept open (a rewrite of
+/// record.json plus rename costs ~0.2 ms here). Overrides record.json's
+/// `phase` when present.
+const PHASE_FILE: &str = "phase";
 
 /// Who holds a lock right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +36,65 @@ impl std::fmt::Display for LockState {
         f.write_str(match self {
             LockState::Owned => "owned",
             LockState::HandedOver => "handed-over",
+        })
+    }
+}
+
+/// How far a lock has gone; independent of who holds it ([`LockState`]).
+/// Written before the kernel state changes on the way in (engage) and after
+/// it on the way out (disengage), so the record never claims less than is
+/// in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Objects exist (eBPF: program attached, switch off); nothing is dropped.
+    Prepared,
+    /// Packets of the tuples are dropped (records of older ferry versions,
+    /// which had no phase, were always engaged).
+    #[default]
+    Engaged,
+    /// Dropping stopped; the lock still exists until thawed.
+    Disengaged,
+}
+
+impl Phase {
+    /// Fixed-width (11 bytes) form for the phase file.
+    fn word(self) -> &'static [u8; 11] {
+        match self {
+            Phase::Prepared => b"prepared  \n",
+            Phase::Engaged => b"engaged   \n",
+            Phase::Disengaged => b"disengaged\n",
+        }
+    }
+
+    fn from_word(word: &str) -> Option<Phase> {
+        match word.trim() {
+            "prepared" => Some(Phase::Prepared),
+            "engaged" => Some(Phase::Engaged),
+            "disengaged" => Some(Phase::Disengaged),
+            _ => None,
+        }
+    }
+}
+
+/// Opens (creating, 0600) the phase file of lock `name` for `write_phase`.
+pub fn open_phase(name: &str) -> Result<std::fs::File, NetlockError> {
+    let path = lock_dir(name).join(PHASE_FILE);
+    std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path).map_err(|source| NetlockError::Io { lock: name.to_string(), what: "opening", path, source })
+}
+
+/// Overwrites the phase file in place: one pwrite(2).
+pub fn write_phase(name: &str, file: &std::fs::File, phase: Phase) -> Result<(), NetlockError> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(phase.word(), 0).map_err(|source| NetlockError::Io { lock: name.to_string(), what: "writing", path: lock_dir(name).join(PHASE_FILE), source })
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Prepared => "prepared",
+            Phase::Engaged => "engaged",
+            Phase::Disengaged => "disengaged",
         })
     }
 }
@@ -89,9 +153,12 @@ pub struct Record {
     pub name: String,
     pub method: Method,
     pub state: LockState,
+    #[serde(default)]
+    pub phase: Phase,
     /// Set while `state` is Owned.
     pub owner: Option<Owner>,
     pub purpose: String,
+    /// Tuples given to engage (0 before), wildcards included.
     pub tuples: usize,
     /// Tuples of each family (iptables keeps one chain per family).
     pub tuples_v6: usize,
@@ -143,7 +210,13 @@ pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
     let dir = lock_dir(name);
     let path = dir.join(RECORD_FILE);
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|source| NetlockError::Record { lock: name.to_string(), path, source }),
+        Ok(bytes) => {
+            let mut record: Record = serde_json::from_slice(&bytes).map_err(|source| NetlockError::Record { lock: name.to_string(), path, source })?;
+            if let Some(phase) = std::fs::read_to_string(dir.join(PHASE_FILE)).ok().as_deref().and_then(Phase::from_word) {
+                record.phase = phase;
+            }
+            Ok(Some(record))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if dir.is_dir() {
                 Ok(None)

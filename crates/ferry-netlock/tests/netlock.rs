@@ -5,7 +5,7 @@
 //! `Lab` removes namespaces, locks and helper processes on drop, also when a
 //! test fails.
 
-use ferry_netlock::{LockState, Method, Netns, NetworkLock, Tuple};
+use ferry_netlock::{LockState, Method, Netns, NetworkLock, Phase, Tuple};
 use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -161,7 +161,9 @@ fn read_exact_within(stream: &mut TcpStream, len: usize, limit: Duration) -> Vec
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            // EINTR: a read with SO_RCVTIMEO is not restarted after a stop
+            // signal (ptrace or SIGSTOP/SIGCONT from elsewhere on the machine).
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => panic!("read: {e}"),
         }
     }
@@ -193,7 +195,7 @@ fn frozen_connection(method: Method, link: Link, v6: bool) {
         let mut buf = [0u8; 4096];
         match server.read(&mut buf) {
             Ok(n) => panic!("{method}/{link:?}: {n} bytes arrived through the lock"),
-            Err(e) => assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "read: {e}"),
+            Err(e) => assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted), "read: {e}"),
         }
     }
     // The server's own data must not leave either.
@@ -323,8 +325,9 @@ fn helper_lock_name(child: &mut Child) -> String {
 }
 
 /// Not a test by itself: the body of helper processes (does nothing unless
-/// FERRY_NL_TEST_HELPER is set). "freeze METHOD NETNS_PATH": freeze, print
-/// the name, wait to be killed (at most 60 s). "adopt NAME": adopt and thaw.
+/// FERRY_NL_TEST_HELPER is set). "freeze METHOD NETNS_PATH PHASE": prepare
+/// (then engage, then disengage, up to PHASE), print the name, wait to be
+/// killed (at most 60 s). "adopt NAME": adopt, disengage and thaw.
 #[test]
 fn helper_entry() {
     let Ok(spec) = std::env::var(HELPER_ENV) else {
@@ -332,9 +335,18 @@ fn helper_entry() {
     };
     let words: Vec<&str> = spec.split_whitespace().collect();
     match words.as_slice() {
-        ["freeze", method, path] => {
+        ["freeze", method, path, phase] => {
             let method: Method = method.parse().expect("method");
-            match NetworkLock::freeze(method, &Netns::Path(path.into()), &synthetic(100), "killme") {
+            let made = NetworkLock::prepare(method, &Netns::Path(path.into()), "killme").and_then(|mut lock| {
+                if *phase != "prepared" {
+                    lock.engage(&synthetic(100))?;
+                }
+                if *phase == "disengaged" {
+                    lock.disengage()?;
+                }
+                Ok(lock)
+            });
+            match made {
                 Ok(lock) => {
                     println!("LOCK {}", lock.name());
                     std::io::stdout().flush().expect("flush");
@@ -345,8 +357,11 @@ fn helper_entry() {
             }
         }
         ["adopt", name] => {
-            let lock = NetworkLock::adopt(name).expect("adopt");
+            // What restore does: adopt, disengage (end of the pause), thaw.
+            let mut lock = NetworkLock::adopt(name).expect("adopt");
             assert_eq!(ferry_netlock::status().iter().find(|s| s.name == *name).and_then(|s| s.owner).map(|o| o.pid), Some(std::process::id() as i32));
+            lock.disengage().expect("disengage adopted lock");
+            assert_eq!(ferry_netlock::status().iter().find(|s| s.name == *name).and_then(|s| s.phase), Some(Phase::Disengaged));
             lock.thaw().expect("thaw adopted lock");
             println!("LOCK {name}");
         }
@@ -361,6 +376,7 @@ fn handover_then_adopt(method: Method) {
     lab.locks.push(name.clone());
     let st = ferry_netlock::status().into_iter().find(|s| s.name == name).expect("handed-over lock in status");
     assert_eq!(st.state, Some(LockState::HandedOver));
+    assert_eq!(st.phase, Some(Phase::Engaged));
     assert_eq!(st.method, Some(method));
     assert_eq!(st.tuples, 10);
     assert!(!st.stale, "a handed-over lock is never stale");
@@ -394,7 +410,7 @@ fn handover_adopt_iptables() {
 /// release_stale removes everything. The namespace is given as
 /// /proc/PID/ns/net of a process that dies too, so the lock must have kept
 /// its own way into it (a bind mount) for nftables and iptables.
-fn killed_owner(method: Method) {
+fn killed_owner(method: Method, phase: &str) {
     let mut lab = Lab::new();
     let holder = Command::new("ip").args(["netns", "exec", &lab.a, "sleep", "60"]).spawn().expect("spawn namespace holder");
     let holder_pid = holder.id();
@@ -409,11 +425,12 @@ fn killed_owner(method: Method) {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    let mut owner = spawn_helper(&format!("freeze {method} {ns_path}"));
+    let mut owner = spawn_helper(&format!("freeze {method} {ns_path} {phase}"));
     let name = helper_lock_name(&mut owner);
     lab.locks.push(name.clone());
     let before = ferry_netlock::status().into_iter().find(|s| s.name == name).expect("lock in status");
     assert!(!before.stale, "lock of a live owner reported stale");
+    assert_eq!(before.phase.map(|p| p.to_string()).as_deref(), Some(phase));
     assert_eq!(before.owner.map(|o| o.pid), Some(owner.id() as i32));
 
     owner.kill().expect("SIGKILL owner");
@@ -432,17 +449,37 @@ fn killed_owner(method: Method) {
 #[test]
 fn killed_owner_ebpf() {
     require_root!();
-    killed_owner(Method::Ebpf);
+    killed_owner(Method::Ebpf, "engaged");
+}
+#[test]
+fn killed_owner_ebpf_prepared() {
+    require_root!();
+    killed_owner(Method::Ebpf, "prepared");
+}
+#[test]
+fn killed_owner_ebpf_disengaged() {
+    require_root!();
+    killed_owner(Method::Ebpf, "disengaged");
 }
 #[test]
 fn killed_owner_nftables() {
     require_root!();
-    killed_owner(Method::Nftables);
+    killed_owner(Method::Nftables, "engaged");
+}
+#[test]
+fn killed_owner_nftables_prepared() {
+    require_root!();
+    killed_owner(Method::Nftables, "prepared");
 }
 #[test]
 fn killed_owner_iptables() {
     require_root!();
-    killed_owner(Method::Iptables);
+    killed_owner(Method::Iptables, "engaged");
+}
+#[test]
+fn killed_owner_iptables_disengaged() {
+    require_root!();
+    killed_owner(Method::Iptables, "disengaged");
 }
 
 #[test]
@@ -468,6 +505,194 @@ fn freeze_cost_is_flat_in_tuples() {
     println!("ebpf freeze+thaw (median of 3, veth + lo): N=1 {:.2} ms, N=10000 {:.2} ms", one.as_secs_f64() * 1e3, many.as_secs_f64() * 1e3);
     assert!(many < one + Duration::from_millis(50), "10,000 tuples cost {many:?} vs {one:?} for one");
     drop(lab);
+}
+
+fn phase_of(name: &str) -> Option<Phase> {
+    ferry_netlock::status().into_iter().find(|s| s.name == name).and_then(|s| s.phase)
+}
+
+/// Data sent now by `from` reaches `to` within `limit`.
+fn flows(from: &mut TcpStream, to: &mut TcpStream, data: &[u8], limit: Duration) -> bool {
+    from.write_all(data).expect("write");
+    read_exact_within(to, data.len(), limit) == data
+}
+
+/// Prepare drops nothing; engage drops the tuple; disengage lets the held
+/// data through while the lock still exists; thaw removes it.
+fn phases(method: Method) {
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let mut lock = NetworkLock::prepare(method, &Lab::path(&lab.a), "phases").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    assert_eq!(phase_of(&name), Some(Phase::Prepared));
+    assert!(flows(&mut client, &mut server, b"prepared-in", Duration::from_secs(5)), "{method}: prepared lock dropped incoming data");
+    assert!(flows(&mut server, &mut client, b"prepared-out", Duration::from_secs(5)), "{method}: prepared lock dropped outgoing data");
+
+    lock.engage(&[tuple_of(&server)]).expect("engage");
+    assert_eq!(phase_of(&name), Some(Phase::Engaged));
+    assert!(lock.engage(&[]).is_err(), "{method}: a second engage was accepted");
+    client.write_all(b"held").expect("write while engaged");
+    assert!(read_exact_within(&mut server, 4, Duration::from_millis(300)).is_empty(), "{method}: data passed an engaged lock");
+
+    lock.disengage().expect("disengage");
+    assert_eq!(phase_of(&name), Some(Phase::Disengaged));
+    assert_eq!(lock.phase(), Some(Phase::Disengaged));
+    assert!(!ferry_netlock::is_gone(&name), "{method}: disengage removed the lock");
+    // The retransmission of the held bytes arrives, and new data flows.
+    assert_eq!(read_exact_within(&mut server, 4, Duration::from_secs(10)), b"held", "{method}: held data lost after disengage");
+    assert!(flows(&mut server, &mut client, b"after", Duration::from_secs(5)), "{method}: disengaged lock still drops");
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
+}
+
+#[test]
+fn phases_ebpf() {
+    require_root!();
+    phases(Method::Ebpf);
+}
+#[test]
+fn phases_nftables() {
+    require_root!();
+    phases(Method::Nftables);
+}
+#[test]
+fn phases_iptables() {
+    require_root!();
+    phases(Method::Iptables);
+}
+
+/// A wildcard entry for the listener: new connections do not complete
+/// while engaged, an established connection to the same port (not locked)
+/// keeps working, and after disengage a connect succeeds.
+fn wildcard(method: Method, v6: bool) {
+    let mut lab = Lab::new();
+    let (listener, mut server, mut client, client_ns) = connect(&lab, Link::Veth, v6);
+    let client_ns = client_ns.to_string();
+    let target = listener.local_addr().expect("addr");
+    let mut lock = NetworkLock::prepare(method, &Lab::path(&lab.a), "wild").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    lock.engage(&[Tuple::new_connections_to(target)]).expect("engage");
+
+    // std's connect_timeout is a non-blocking connect + poll.
+    let attempt = Lab::in_ns(&client_ns, || TcpStream::connect_timeout(&target, Duration::from_millis(400)));
+    assert!(attempt.is_err(), "{method}: a new connection completed through the wildcard");
+    listener.set_nonblocking(true).expect("nonblocking");
+    assert!(listener.accept().is_err(), "{method}: the listener got a connection");
+    assert!(flows(&mut client, &mut server, b"established-in", Duration::from_secs(5)), "{method}: wildcard dropped an established connection");
+    assert!(flows(&mut server, &mut client, b"established-out", Duration::from_secs(5)), "{method}: wildcard dropped an established connection");
+
+    lock.disengage().expect("disengage");
+    let fresh = Lab::in_ns(&client_ns, || TcpStream::connect_timeout(&target, Duration::from_secs(5)));
+    assert!(fresh.is_ok(), "{method}: connect after disengage failed: {:?}", fresh.err());
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
+}
+
+#[test]
+fn wildcard_ebpf() {
+    require_root!();
+    wildcard(Method::Ebpf, false);
+}
+#[test]
+fn wildcard_ebpf_ipv6() {
+    require_root!();
+    wildcard(Method::Ebpf, true);
+}
+#[test]
+fn wildcard_nftables() {
+    require_root!();
+    wildcard(Method::Nftables, false);
+}
+#[test]
+fn wildcard_iptables() {
+    require_root!();
+    wildcard(Method::Iptables, false);
+}
+
+/// The pause a service sees: engage + disengage with 10,000 tuples.
+#[test]
+fn engage_disengage_is_fast() {
+    require_root!();
+    let lab = Lab::new();
+    let tuples = synthetic(10_000);
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "fast").expect("prepare");
+        let start = Instant::now();
+        lock.engage(&tuples).expect("engage");
+        let engaged = start.elapsed();
+        lock.disengage().expect("disengage");
+        let total = start.elapsed();
+        let name = lock.name().to_string();
+        lock.thaw().expect("thaw");
+        lab.assert_gone(&name);
+        runs.push((total, engaged, total - engaged));
+    }
+    runs.sort();
+    let (total, engage, disengage) = runs[1];
+    println!(
+        "ebpf N=10000 (median of 3): engage {:.3} ms, disengage {:.3} ms, engage+disengage {:.3} ms",
+        engage.as_secs_f64() * 1e3,
+        disengage.as_secs_f64() * 1e3,
+        total.as_secs_f64() * 1e3
+    );
+    assert!(total < Duration::from_millis(5), "engage+disengage of 10,000 tuples took {total:?}");
+}
+
+/// The connection's key finds its probe window full of other tuples (they
+/// come first, with the same home slot) and goes to the overflow map: it
+/// must be dropped all the same.
+#[test]
+fn ebpf_overflow_map() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let real = tuple_of(&server);
+    let (home, probes) = ferry_netlock::ebpf_table_home(&real);
+    let mut tuples: Vec<Tuple> = Vec::new();
+    // Bounded search over synthetic tuples for `probes` with the same home.
+    'search: for a in 1..=250u8 {
+        for port in 1..=u16::MAX {
+            let t = Tuple { local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, a)), port), remote: "198.51.100.9:443".parse().expect("addr") };
+            if ferry_netlock::ebpf_table_home(&t).0 == home {
+                tuples.push(t);
+                if tuples.len() == probes as usize {
+                    break 'search;
+                }
+            }
+        }
+    }
+    assert_eq!(tuples.len(), probes as usize, "not enough colliding tuples found");
+    tuples.push(real);
+    let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "ovfl").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    lock.engage(&tuples).expect("engage");
+    client.write_all(b"held").expect("write");
+    assert!(read_exact_within(&mut server, 4, Duration::from_millis(300)).is_empty(), "an overflowed tuple was not dropped");
+    lock.disengage().expect("disengage");
+    assert_eq!(read_exact_within(&mut server, 4, Duration::from_secs(10)), b"held");
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
+}
+
+#[test]
+fn invalid_tuples_are_refused() {
+    require_root!();
+    let mut lab = Lab::new();
+    let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "bad").expect("prepare");
+    lab.locks.push(lock.name().to_string());
+    let local: SocketAddr = "192.0.2.1:80".parse().expect("addr");
+    for remote in ["0.0.0.0:5", "198.51.100.1:0"] {
+        let err = lock.engage(&[Tuple { local, remote: remote.parse().expect("addr") }]).expect_err("half wildcard accepted");
+        assert!(err.to_string().contains(lock.name()), "error does not name the lock: {err}");
+    }
+    assert_eq!(lock.phase(), Some(Phase::Prepared));
+    let name = lock.name().to_string();
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
 }
 
 #[test]

@@ -74,3 +74,131 @@ pub fn map_update_batch<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, keys: &[K], v
     }
     Ok(attr.count)
 }
+
+/// `BPF_MAP_UPDATE_ELEM` and `BPF_OBJ_GET` from include/uapi/linux/bpf.h.
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_OBJ_GET: libc::c_long = 7;
+
+/// The `map_*_elem` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The `obj_pin`/`obj_get` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    pad: u32,
+}
+
+/// Sets `key -> value` in the map behind `map` with one
+/// `BPF_MAP_UPDATE_ELEM` call (flag `BPF_ANY`). `K` and `V` must have exactly
+/// the map's key and value sizes.
+pub fn map_update_elem<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, key: &K, value: &V) -> SysResult<()> {
+    let mut attr = ElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: key as *const K as u64,
+        value: value as *const V as u64,
+        flags: BPF_ANY,
+        ..Default::default()
+    };
+    // SAFETY: attr is a properly initialised `bpf_attr` for map element
+    // commands; key and value point to live, padding-free (MapPod) values
+    // borrowed for the whole call, which the kernel only reads.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_ELEM, &mut attr as *mut ElemAttr, std::mem::size_of::<ElemAttr>())
+    };
+    if ret < 0 {
+        return Err(last_error("bpf(BPF_MAP_UPDATE_ELEM)"));
+    }
+    Ok(())
+}
+
+/// Opens a pinned BPF object (map, program, link) from its bpffs path with
+/// `BPF_OBJ_GET`; the fd is close-on-exec.
+pub fn obj_get(path: &std::path::Path) -> SysResult<std::os::fd::OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return Err(crate::SysError::new("BPF_OBJ_GET (path contains a NUL byte)", libc::EINVAL));
+    };
+    let mut attr = ObjAttr { pathname: cpath.as_ptr() as u64, ..Default::default() };
+    // SAFETY: attr is a properly initialised `bpf_attr.obj_get` (bpf_fd and
+    // file_flags 0, path_fd 0 and unused without BPF_F_PATH_FD); pathname
+    // points to a NUL-terminated string that outlives the call.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, &mut attr as *mut ObjAttr, std::mem::size_of::<ObjAttr>()) };
+    if ret < 0 {
+        return Err(last_error("bpf(BPF_OBJ_GET)"));
+    }
+    let Ok(fd) = i32::try_from(ret) else {
+        return Err(crate::SysError::new("BPF_OBJ_GET (fd out of range)", libc::EBADF));
+    };
+    use std::os::fd::FromRawFd;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The values of a `BPF_F_MMAPABLE` array map, mapped shared and writable
+/// into this process: writes are seen by BPF programs at once, with no
+/// syscall. Unmapped on drop (the map lives on while pinned or open).
+#[derive(Debug)]
+pub struct MappedArray {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; moving the
+// owner to another thread is fine (no thread-local state), and `&mut self`
+// is required for writes, so Rust's aliasing rules hold within the process.
+unsafe impl Send for MappedArray {}
+
+impl MappedArray {
+    /// Maps the first `len` bytes (rounded up to pages by the kernel) of the
+    /// array map behind `map`, which must have been created with
+    /// `BPF_F_MMAPABLE` and hold at least `len` bytes of values.
+    pub fn map(map: BorrowedFd<'_>, len: usize) -> SysResult<MappedArray> {
+        if len == 0 {
+            return Err(crate::SysError::new("mmap of a BPF array (empty)", libc::EINVAL));
+        }
+        // SAFETY: a fresh shared mapping at an address the kernel picks, of a
+        // BPF map fd; it aliases no Rust object. MAP_POPULATE pre-faults it.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, map.as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_error("mmap of a BPF array"));
+        }
+        Ok(MappedArray { ptr: ptr.cast(), len })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr..ptr+len is mapped readable and writable for the life
+        // of self; &mut self gives exclusive access within this process
+        // (BPF programs only read it).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above, shared access.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; no slice borrowed
+        // from it can outlive self.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}

@@ -8,7 +8,9 @@ use clap::Args;
 #[command(group(clap::ArgGroup::new("action").required(true).args(["status", "release", "all", "release_stale"])))]
 pub struct NetworkLockArgs {
     /// List every network lock: name, method, state (owned by a running
-    /// ferry, or handed-over to an image waiting for restore), owner PID,
+    /// ferry, or handed-over to an image waiting for restore), phase
+    /// (prepared: nothing dropped yet; engaged: dropping; disengaged:
+    /// dropping stopped, not yet released), owner PID,
     /// number of frozen connections, age. Stale locks (owner died while
     /// owning them) are marked.
     #[arg(long)]
@@ -43,15 +45,16 @@ fn print_status() {
         println!("no network locks");
         return;
     }
-    println!("{:<24} {:<9} {:<12} {:<8} {:>7} {:>7}  NETNS", "NAME", "METHOD", "STATE", "OWNER", "TUPLES", "AGE");
+    println!("{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  NETNS", "NAME", "METHOD", "STATE", "PHASE", "OWNER", "TUPLES", "AGE");
     for lock in locks {
         let method = lock.method.map_or("?".to_string(), |m| m.to_string());
         let mut state = lock.state.map_or("incomplete".to_string(), |s| s.to_string());
         if lock.stale {
             state.push_str(" STALE");
         }
+        let phase = lock.phase.map_or("?".to_string(), |p| p.to_string());
         let owner = lock.owner.map_or("-".to_string(), |o| o.pid.to_string());
-        println!("{:<24} {:<9} {:<12} {:<8} {:>7} {:>7}  {}", lock.name, method, state, owner, lock.tuples, human_age(lock.age), lock.netns);
+        println!("{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  {}", lock.name, method, state, phase, owner, lock.tuples, human_age(lock.age), lock.netns);
     }
 }
 

@@ -1,5 +1,5 @@
-//! Freeze and thaw cost of each network-lock method as a function of the
-//! number of tuples. Run by bench/netlock.sh (as root):
+//! Cost of each phase of a network lock (prepare, engage, disengage, thaw)
+//! per method as a function of the number of tuples. Run by bench/netlock.sh (as root):
 //!
 //!     ferry-netlock-bench [--reps R] [--methods ebpf,nftables,iptables] [--sizes 0,100,...]
 //!
@@ -43,6 +43,28 @@ fn synthetic(n: usize) -> Vec<Tuple> {
         .collect()
 }
 
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// One lock's life; returns prepare, engage, disengage, thaw and
+/// engage + disengage in milliseconds.
+fn one_run(method: Method, netns: &Netns, tuples: &[Tuple]) -> Result<[f64; 5], ferry_netlock::NetlockError> {
+    let start = Instant::now();
+    let mut lock = NetworkLock::prepare(method, netns, "bench")?;
+    let prepare = ms(start);
+    let start = Instant::now();
+    lock.engage(tuples)?;
+    let engage = ms(start);
+    let start = Instant::now();
+    lock.disengage()?;
+    let disengage = ms(start);
+    let start = Instant::now();
+    lock.thaw()?;
+    let thaw = ms(start);
+    Ok([prepare, engage, disengage, thaw, engage + disengage])
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -74,34 +96,31 @@ fn main() {
     };
     let netns = Netns::Path(format!("/run/netns/{}", ns.0).into());
     ferry_netlock::release_stale();
-    println!("| method | N | freeze (ms) | thaw (ms) |");
-    println!("|---|---:|---:|---:|");
+    println!("| method | N | prepare (ms) | engage (ms) | disengage (ms) | thaw (ms) | engage + disengage (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut failed = false;
     for method in &methods {
         for &n in &sizes {
             let tuples = synthetic(n);
-            let (mut freezes, mut thaws) = (Vec::new(), Vec::new());
+            // prepare, engage, disengage, thaw, engage + disengage
+            let mut cols: [Vec<f64>; 5] = Default::default();
             for _ in 0..reps {
-                let start = Instant::now();
-                let lock = match NetworkLock::freeze(*method, &netns, &tuples, "bench") {
-                    Ok(l) => l,
+                match one_run(*method, &netns, &tuples) {
+                    Ok(times) => {
+                        for (col, t) in cols.iter_mut().zip(times) {
+                            col.push(t);
+                        }
+                    }
                     Err(e) => {
                         eprintln!("{method} N={n}: {e}");
                         failed = true;
                         break;
                     }
-                };
-                freezes.push(start.elapsed().as_secs_f64() * 1e3);
-                let start = Instant::now();
-                if let Err(e) = lock.thaw() {
-                    eprintln!("{method} N={n}: {e}");
-                    failed = true;
-                    break;
                 }
-                thaws.push(start.elapsed().as_secs_f64() * 1e3);
             }
-            if !freezes.is_empty() && !thaws.is_empty() {
-                println!("| {method} | {n} | {:.2} | {:.2} |", median(freezes), median(thaws));
+            if !cols[0].is_empty() {
+                let [p, e, d, t, ed] = cols.map(median);
+                println!("| {method} | {n} | {p:.2} | {e:.3} | {d:.3} | {t:.2} | {ed:.3} |");
             }
         }
     }
