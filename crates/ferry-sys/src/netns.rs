@@ -98,3 +98,38 @@ pub fn mount_bpffs(path: &Path) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Every IPv4 and IPv6 address configured in the calling thread's network
+/// namespace (getifaddrs(3), which asks over netlink).
+pub fn addresses() -> SysResult<Vec<std::net::IpAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: list is a valid out pointer; freed with freeifaddrs below.
+    if unsafe { libc::getifaddrs(&mut list) } < 0 {
+        return Err(last_error("getifaddrs"));
+    }
+    let mut out = Vec::new();
+    let mut entry = list;
+    // SAFETY: a NULL-terminated linked list from getifaddrs; each ifa_addr
+    // is NULL or points to a sockaddr of the family it names.
+    unsafe {
+        while !entry.is_null() {
+            let a = (*entry).ifa_addr;
+            if !a.is_null() {
+                match (*a).sa_family as i32 {
+                    libc::AF_INET => {
+                        let sin = &*(a as *const libc::sockaddr_in);
+                        out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a as *const libc::sockaddr_in6);
+                        out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            entry = (*entry).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    Ok(out)
+}

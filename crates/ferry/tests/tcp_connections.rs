@@ -440,14 +440,16 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
 fn locks() -> Vec<(String, String)> {
     let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("ferry network-lock");
     assert!(out.status.success(), "ferry network-lock --status failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip(1)
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else { return Vec::new() };
+    let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else { return Vec::new() };
+    lines
         .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            let name = w.next()?.to_string();
-            let owner = w.nth(2).unwrap_or("-").to_string();
-            Some((name, owner))
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // A stale lock's state carries a second word.
+            let shift = usize::from(w.contains(&"STALE"));
+            Some((w.first()?.to_string(), w.get(owner_col + shift).unwrap_or(&"-").to_string()))
         })
         .collect()
 }
@@ -552,20 +554,21 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
             Ok(())
         });
     }
-    let mut ckpt = ckpt.spawn().expect("spawn ferry");
+    // Killed and reaped on drop too, so a failed assertion leaves no
+    // stalled ferry behind.
+    let mut ckpt = Server { child: Some(ckpt.spawn().expect("spawn ferry")), log: err.clone(), pid: 0 };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !read_lossy(&err).contains("stalling after") {
-        assert!(ckpt.try_wait().ok().flatten().is_none(), "ferry ended early: {}", read_lossy(&err));
+        assert!(ckpt.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).is_none(), "ferry ended early: {}", read_lossy(&err));
         assert!(Instant::now() < deadline, "ferry never reached the stall point");
         sleep(POLL);
     }
     // Frozen now: signals blocked, connections in repair mode, lock set.
     assert_ne!(sig_blocked(server.pid), masks_before, "the server should be frozen now");
-    let ferry_pid = ckpt.id().to_string();
+    let ferry_pid = ckpt.child.as_ref().map(|c| c.id()).unwrap_or(0).to_string();
     let lock = locks().into_iter().find(|(_, owner)| *owner == ferry_pid).map(|(n, _)| n);
     let lock = lock.unwrap_or_else(|| panic!("no network lock owned by ferry {ferry_pid}: {:?}", locks()));
-    ckpt.kill().expect("kill ferry");
-    let _ = ckpt.wait();
+    drop(ckpt); // SIGKILL, by PID
 
     // The guard puts the masks back and releases the lock.
     let deadline = Instant::now() + Duration::from_secs(10);

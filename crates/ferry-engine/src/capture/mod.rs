@@ -105,6 +105,12 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
+    // The slow part of the network lock, while the tree still runs.
+    let prepared = network::prepare(pid, opts.network_lock)?;
+    if let Some(l) = &prepared {
+        guard.lock(l.name());
+    }
+    ph.mark("network lock prepared");
     let tree = tree::FrozenTree::freeze(pid)?;
     for t in tree.procs.iter().flat_map(|p| p.frozen.threads.iter()) {
         guard.mask(t.tid, t.sigmask);
@@ -143,11 +149,19 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
             surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
         files::tcp::established(&views)
     };
-    let lock = network::freeze(&established, opts.network_lock)?;
+    let lock = {
+        let procs: Vec<(i32, &[ferry_image::OpenFile])> = surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice())).collect();
+        network::engage(prepared, &established, &procs, opts.network_lock)?
+    };
     if let Some(l) = &lock {
         guard.lock(l.name());
     }
     ph.mark("network freeze");
+    {
+        let procs: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
+            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        network::check_accept_queues(&procs, |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd))?;
+    }
     let (repaired, states) = files::tcp::capture(
         &established,
         |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),

@@ -1,13 +1,22 @@
-//! Freezing the tree's TCP connections on the network before they are
-//! read: one network lock (see ferry-netlock) over every established
-//! connection's 4-tuple, in the network namespace the tree lives in. From
-//! here until restore thaws it, no packet of those connections reaches
-//! the stack (which would answer with a reset once the socket is gone)
-//! and none leaves.
+//! Holding the tree's TCP traffic still while it is captured: one network
+//! lock (see ferry-netlock) in the network namespace the tree lives in.
+//!
+//! The lock is *prepared* before the tree is frozen (for the eBPF method
+//! that is the slow part: loading and attaching the program), and
+//! *engaged* once the survey knows the connections: one call that starts
+//! dropping every packet of each established connection's 4-tuple and
+//! every new connection attempt (SYN) to the tree's listeners. From then
+//! until restore disengages it, no packet of those connections reaches the
+//! stack (which would answer with a reset once the socket is gone), none
+//! leaves, and a client that tries to connect retries its SYN later and
+//! reaches the restored listener.
 
 use super::files::tcp::Established;
 use crate::error::{EngineError, Result};
+use ferry_image::{FileKind, OpenFile};
 use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
 fn netns_inode(pid: i32) -> Result<u64> {
@@ -15,20 +24,179 @@ fn netns_inode(pid: i32) -> Result<u64> {
     std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
 }
 
-/// Locks every connection of `conns`; None when there are none.
-pub fn freeze(conns: &[Established], method: Method) -> Result<Option<NetworkLock>> {
-    let Some(first) = conns.first() else { return Ok(None) };
-    let ns = netns_inode(first.pid)?;
+fn netns_of(pid: i32) -> Netns {
+    Netns::Path(format!("/proc/{pid}/ns/net").into())
+}
+
+/// Socket inodes of `pid` and its descendants, read from /proc without
+/// stopping anything.
+fn tree_socket_inodes(root: i32) -> std::collections::HashSet<u64> {
+    let mut inodes = std::collections::HashSet::new();
+    let mut todo = vec![root];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) || seen.len() > 100_000 {
+            continue;
+        }
+        if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for e in rd.flatten() {
+                let Ok(l) = std::fs::read_link(e.path()) else { continue };
+                let l = l.to_string_lossy();
+                if let Some(ino) = l.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')).and_then(|n| n.parse().ok()) {
+                    inodes.insert(ino);
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in rd.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+            }
+        }
+    }
+    inodes
+}
+
+/// Whether the tree holds a TCP socket that a lock would cover (listening
+/// or established), from /proc/ROOT/net/tcp{,6}.
+fn tree_has_tcp(root: i32) -> bool {
+    let inodes = tree_socket_inodes(root);
+    if inodes.is_empty() {
+        return false;
+    }
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{root}/net/{f}"))
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                Some((*w.get(3)?, w.get(9)?.parse::<u64>().ok()?))
+            })
+            // 01 ESTABLISHED, 0A LISTEN.
+            .any(|(state, ino)| (state == "01" || state == "0A") && inodes.contains(&ino))
+    })
+}
+
+/// Prepares a lock before the tree is frozen, when the tree has TCP
+/// sockets it could apply to; None otherwise.
+pub fn prepare(root: i32, method: Method) -> Result<Option<NetworkLock>> {
+    if !tree_has_tcp(root) {
+        return Ok(None);
+    }
+    Ok(Some(NetworkLock::prepare(method, &netns_of(root), "ckpt")?))
+}
+
+/// The local addresses a listener bound to `local` accepts connections
+/// on: itself, or every address of the namespace for a wildcard bind.
+fn listener_addresses(pid: i32, local: SocketAddr) -> Result<Vec<SocketAddr>> {
+    if !local.ip().is_unspecified() {
+        return Ok(vec![local]);
+    }
+    let ns_path = format!("/proc/{pid}/ns/net");
+    let ns = std::fs::File::open(&ns_path).map_err(|e| EngineError::io(&ns_path, e))?;
+    let addrs = std::thread::scope(|s| {
+        s.spawn(|| {
+            ferry_sys::netns::enter_net_namespace(ns.as_fd())?;
+            ferry_sys::netns::addresses()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(ferry_sys::SysError::new("getifaddrs", libc::EIO)))
+    })
+    .map_err(|e| EngineError::kernel(pid, "listing the addresses of the network namespace", e))?;
+    let v6 = local.is_ipv6();
+    Ok(addrs
+        .into_iter()
+        // An IPv6 wildcard listener also takes IPv4 unless V6ONLY; locking
+        // both families is harmless.
+        .filter(|a| v6 || a.is_ipv4())
+        .filter(|a| !matches!(a, IpAddr::V6(v6a) if v6a.segments()[0] & 0xffc0 == 0xfe80))
+        .map(|a| SocketAddr::new(a, local.port()))
+        .collect())
+}
+
+/// New connection attempts to every listening TCP socket of the tree.
+fn listener_tuples(procs: &[(i32, &[OpenFile])]) -> Result<Vec<Tuple>> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (pid, files) in procs {
+        for f in files.iter() {
+            let FileKind::InetSocket(s) = &f.kind else { continue };
+            if s.listen_backlog.is_none() || !seen.insert(f.id) {
+                continue;
+            }
+            let ip: IpAddr = match s.addr.len() {
+                4 => IpAddr::from(<[u8; 4]>::try_from(s.addr.as_slice()).unwrap_or([0; 4])),
+                _ => IpAddr::from(<[u8; 16]>::try_from(s.addr.as_slice()).unwrap_or([0; 16])),
+            };
+            for local in listener_addresses(*pid, SocketAddr::new(ip, s.port))? {
+                out.push(Tuple::new_connections_to(local));
+            }
+        }
+    }
+    out.sort_unstable_by_key(|t| t.local);
+    out.dedup();
+    Ok(out)
+}
+
+/// Starts holding every established connection and every listener of the
+/// tree still. `prepared` is the lock made before the freeze; without one
+/// (no TCP socket was seen then), one is made now. None when the tree has
+/// neither connections nor listeners.
+pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i32, &[OpenFile])], method: Method) -> Result<Option<NetworkLock>> {
+    let Some(first_pid) = conns.first().map(|c| c.pid).or_else(|| procs.first().map(|p| p.0)) else { return Ok(prepared) };
+    let ns = netns_inode(first_pid)?;
     for c in conns {
-        if c.pid != first.pid && netns_inode(c.pid)? != ns {
+        if c.pid != first_pid && netns_inode(c.pid)? != ns {
             return Err(EngineError::unsupported(
                 c.pid,
                 format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote),
-                format!("its process is in another network namespace than pid {} (one network namespace per tree)", first.pid),
+                format!("its process is in another network namespace than pid {first_pid} (one network namespace per tree)"),
             ));
         }
     }
-    let tuples: Vec<Tuple> = conns.iter().map(|c| Tuple { local: c.local, remote: c.remote }).collect();
-    let netns = Netns::Path(format!("/proc/{}/ns/net", first.pid).into());
-    Ok(Some(NetworkLock::freeze(method, &netns, &tuples, "ckpt")?))
+    let mut tuples: Vec<Tuple> = conns.iter().map(|c| Tuple { local: c.local, remote: c.remote }).collect();
+    tuples.extend(listener_tuples(procs)?);
+    if tuples.is_empty() {
+        if let Some(lock) = prepared {
+            lock.thaw()?;
+        }
+        return Ok(None);
+    }
+    match prepared {
+        Some(mut lock) => {
+            lock.engage(&tuples)?;
+            Ok(Some(lock))
+        }
+        None => Ok(Some(NetworkLock::freeze(method, &netns_of(first_pid), &tuples, "ckpt")?)),
+    }
+}
+
+/// Listeners must have had an empty accept queue since the survey: a
+/// connection that completed its handshake before the lock engaged would
+/// be lost with the listener. Refuses by name (the checkpoint is undone
+/// and can simply be tried again).
+pub fn check_accept_queues<'a>(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])], pidfd_of: impl Fn(i32) -> Option<&'a std::os::fd::OwnedFd>) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    for (pid, files, fds) in procs {
+        let first_fd = super::files::first_fd_of_each_file(fds);
+        for (i, f) in files.iter().enumerate() {
+            let FileKind::InetSocket(s) = &f.kind else { continue };
+            if s.listen_backlog.is_none() {
+                continue;
+            }
+            let (Some(&fd), Some(pidfd)) = (first_fd.get(&(i as u32)), pidfd_of(*pid)) else { continue };
+            let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(*pid, format!("duplicating fd {fd}"), e))?;
+            let ti = ferry_sys::socket::tcp_info(sock.as_raw_fd()).map_err(|e| EngineError::kernel(*pid, format!("fd {fd}: reading TCP_INFO"), e))?;
+            // A listener's accept queue length is in tcpi_unacked.
+            if ti.tcpi_unacked > 0 {
+                return Err(EngineError::unsupported(
+                    *pid,
+                    format!("fd {fd} (TCP listener on port {})", s.port),
+                    format!("{} connections arrived in its accept queue during the checkpoint; try again", ti.tcpi_unacked),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -342,8 +342,10 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     // one in place and still stopped.
     let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
     ph.mark("tcp repair off");
-    if let Some(l) = lock.take() {
-        l.thaw()?;
+    // The end of the network pause: one map update for the eBPF lock. The
+    // lock itself is taken down after the tree runs.
+    if let Some(l) = lock.as_mut() {
+        l.disengage()?;
     }
     ph.mark("network thaw");
     files::tcp::resend(&rebuilt)?;
@@ -355,6 +357,12 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         }
     }
     guard.disarmed = true;
+    if let Some(l) = lock.take() {
+        if let Err(e) = l.thaw() {
+            tracing::warn!("taking the network lock down: {e}");
+        }
+    }
+    ph.mark("network lock removed");
     sysv.keep = true;
     sysv_ipc.keep = true;
     drop(staged_files);
