@@ -41,6 +41,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = os.environ.get("FERRY_BIN", os.path.join(REPO, "target/release/ferry"))
 PHASE = re.compile(r"(checkpoint|restore) (.+?)\s+([0-9.]+) ms \(total\s+([0-9.]+) ms\) at (\d+)")
+IMAGES_ROOT = tempfile.mkdtemp(prefix="ferry-bench-tcp-", dir="/dev/shm")
 CLIENT_BYTES = 4096
 SERVER_BYTES = 4096
 
@@ -134,7 +135,8 @@ def one_run(bins, n, method, work):
         procs.append(client)
         wait_for(clog, "READY", client, 120)
         wait_for(slog, "READY", server, 120)
-        images = os.path.join(work, "images")
+        # Images on tmpfs, as in the CRIU baseline.
+        images = os.path.join(IMAGES_ROOT, "images")
         ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ck_end = time.time_ns() // 1000
@@ -217,7 +219,7 @@ def main():
             results.append(med)
             print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
                   f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f} (ms, median of {len(runs)})", flush=True)
-    subprocess.run(["rm", "-rf", work])
+    subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
         "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -229,7 +231,7 @@ def main():
     print(table)
     with open(args.out, "w") as f:
         f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs} -->\n")
-        f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, "
+        f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, images on tmpfs, "
                 f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "
                 f"byte for byte afterwards.\n\n{table}\n")
     try:

@@ -465,13 +465,16 @@ pub struct TcpConnection {
     pub state: u8,
     /// Sequence number of the first byte of `send_queue` (snd_una).
     pub send_seq: u32,
-    /// Data sent but not acknowledged, then data not sent yet.
+    /// Data sent but not acknowledged, then data not sent yet. (Stored as
+    /// one byte string: a busy server's queues run to many megabytes.)
+    #[serde(with = "serde_bytes")]
     pub send_queue: Vec<u8>,
     /// How many bytes at the end of `send_queue` were never sent.
     pub unsent: u32,
     /// Sequence number of the first byte of `recv_queue`.
     pub recv_seq: u32,
     /// Data received and acknowledged but not read by the application.
+    #[serde(with = "serde_bytes")]
     pub recv_queue: Vec<u8>,
     /// The MSS clamp (TCP_MAXSEG in repair mode).
     pub mss_clamp: u32,

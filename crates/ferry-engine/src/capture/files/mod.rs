@@ -105,6 +105,11 @@ fn leads_out(info: &FdInfo) -> bool {
 /// Captures all fds of `pid`. Returns the open file descriptions and the
 /// fd table pointing into them. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree.
+///
+/// Three passes, so that a process with 10,000 sockets is read on every
+/// worker thread: what each fd is (parallel), which fds share a
+/// description (kcmp, in order), and the capture of each description
+/// (parallel; errors are reported for the lowest fd).
 pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
@@ -112,45 +117,51 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     fds.sort_unstable();
-    let mut files: Vec<OpenFile> = Vec::new();
-    let mut slots: Vec<FdSlot> = Vec::new();
-    // (dev, ino) -> (file index, a representative fd), for sharing detection.
-    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> = std::collections::HashMap::new();
     let unix_tables = unix::UnixTables::default();
-    for fd in fds {
+    let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let meta = std::fs::metadata(format!("{dir}/{fd}")).map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-        let info = FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables };
+        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
+    })?;
+
+    // (dev, ino) -> (file index, a representative fd), for sharing detection.
+    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> = std::collections::HashMap::new();
+    let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
+    let mut unique: Vec<&FdInfo> = Vec::new();
+    for info in &infos {
         let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
-        let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
-        let cloexec = flags & libc::O_CLOEXEC != 0;
         let (dev, ino) = (info.meta.dev(), info.meta.ino());
         let mut shared_with = None;
         for &(idx, other) in seen.get(&(dev, ino)).into_iter().flatten() {
-            if ferry_sys::fd::kcmp_same_file(pid, pid, fd, other).unwrap_or(false) {
+            if ferry_sys::fd::kcmp_same_file(pid, pid, info.fd, other).unwrap_or(false) {
                 shared_with = Some(idx);
                 break;
             }
         }
-        let file = match shared_with {
-            Some(idx) => idx,
-            None => {
-                let stdio_link = fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
-                let kind = if external_stdio && stdio_link && leads_out(&info) {
-                    FileKind::ExternalStdio { what: info.link.clone() }
-                } else {
-                    capture_kind(&info)?
-                };
-                let locks = locks::parse(&info)?;
-                files.push(OpenFile { id: files.len() as u64, flags: flags & !libc::O_CLOEXEC, pos, kind, locks });
-                let idx = (files.len() - 1) as u32;
-                seen.entry((dev, ino)).or_default().push((idx, fd));
-                idx
-            }
-        };
-        slots.push(FdSlot { fd, file, cloexec });
+        let file = shared_with.unwrap_or_else(|| {
+            let idx = unique.len() as u32;
+            unique.push(info);
+            seen.entry((dev, ino)).or_default().push((idx, info.fd));
+            idx
+        });
+        slots.push(FdSlot { fd: info.fd, file, cloexec: flags & libc::O_CLOEXEC != 0 });
     }
+
+    let files = crate::parallel::map(&unique, |info| {
+        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+        let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
+        let stdio_link = info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+        let kind = if external_stdio && stdio_link && leads_out(info) {
+            FileKind::ExternalStdio { what: info.link.clone() }
+        } else {
+            capture_kind(info)?
+        };
+        let locks = locks::parse(info)?;
+        Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
+    })?;
+    let files: Vec<OpenFile> =
+        files.into_iter().enumerate().map(|(i, (flags, pos, kind, locks))| OpenFile { id: i as u64, flags, pos, kind, locks }).collect();
     epoll::check_targets(pid, &files, &slots)?;
     Ok((files, slots))
 }

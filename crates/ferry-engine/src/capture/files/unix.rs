@@ -98,19 +98,22 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
 /// The sock_diag unix tables read while capturing one process, by
 /// network namespace: one dump serves all its sockets. A socket is looked
 /// up in its own namespace, as the tree may live in another than ferry's.
+/// Shared by the threads that capture one process's descriptors.
 #[derive(Default)]
-pub struct UnixTables(std::cell::RefCell<std::collections::HashMap<u64, std::rc::Rc<Vec<UnixDiag>>>>);
+pub struct UnixTables(std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<Vec<UnixDiag>>>>);
 
 impl UnixTables {
-    fn of(&self, pid: i32, sock: &OwnedFd) -> Result<std::rc::Rc<Vec<UnixDiag>>> {
+    fn of(&self, pid: i32, sock: &OwnedFd) -> Result<std::sync::Arc<Vec<UnixDiag>>> {
         let err = |e| EngineError::kernel(pid, "listing unix sockets (sock_diag)", e);
         let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).map_err(err)?;
         let ino = ferry_sys::sockdiag::inode_of(ns.as_fd()).map_err(err)?;
-        if let Some(t) = self.0.borrow().get(&ino) {
+        // Held while dumping, so two threads never dump the same table.
+        let mut tables = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(t) = tables.get(&ino) {
             return Ok(t.clone());
         }
-        let table = std::rc::Rc::new(ferry_sys::sockdiag::unix_sockets_in(ns.as_fd()).map_err(err)?);
-        self.0.borrow_mut().insert(ino, table.clone());
+        let table = std::sync::Arc::new(ferry_sys::sockdiag::unix_sockets_in(ns.as_fd()).map_err(err)?);
+        tables.insert(ino, table.clone());
         Ok(table)
     }
 }

@@ -116,20 +116,24 @@ pub fn is_connection(f: &ferry_image::OpenFile) -> bool {
 /// Rebuilds every established connection of the tree once, in ferry, in
 /// the network namespace ferry is in; by open file description id.
 pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
-    let mut out = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo: Vec<(i32, &ferry_image::OpenFile, &InetSocket, &TcpConnection)> = Vec::new();
     for p in &tree.processes {
         for f in &p.files {
             let FileKind::InetSocket(s) = &f.kind else { continue };
             let Some(c) = &s.connection else { continue };
-            if out.contains_key(&f.id) {
-                continue;
+            if seen.insert(f.id) {
+                todo.push((p.pid, f, s, c));
             }
-            let fd = create(p.pid, s, c)?;
-            super::set_status_flags(p.pid, &fd, f.flags)?;
-            out.insert(f.id, fd);
         }
     }
-    Ok(out)
+    // Worker threads inherit the network namespace ferry is in now.
+    let made = crate::parallel::map(&todo, |(pid, f, s, c)| {
+        let fd = create(*pid, s, c)?;
+        super::set_status_flags(*pid, &fd, f.flags)?;
+        Ok((f.id, fd))
+    })?;
+    Ok(made.into_iter().collect())
 }
 
 /// Puts this process's connections at their fd numbers: the process
