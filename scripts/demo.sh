@@ -103,7 +103,15 @@ BEFORE_HEARTBEAT="$(send_cmd HEARTBEAT)"
 say "state before: counter=$BEFORE_COUNTER greeting=$BEFORE_GREETING answer=$BEFORE_ANSWER heartbeat=$BEFORE_HEARTBEAT"
 [ "$BEFORE_COUNTER" = 7 ] || fail "unexpected counter value '$BEFORE_COUNTER' before checkpoint"
 
-step "Checkpointing PID $SERVER_PID into $IMAGES"
+step "Opening a client connection that stays open across the checkpoint"
+exec {KEEP}<>"/dev/tcp/127.0.0.1/$PORT" || fail "cannot connect to the server"
+printf 'INCR\n' >&"$KEEP"
+IFS= read -r -t 5 KEEP_BEFORE <&"$KEEP" || fail "no reply on the kept connection"
+KEEP_BEFORE="${KEEP_BEFORE%$'\r'}"
+say "INCR on the kept connection -> $KEEP_BEFORE (the connection is now established; ferry will freeze it)"
+BEFORE_COUNTER="$(send_cmd GET)"
+
+step "Checkpointing PID $SERVER_PID into $IMAGES (a network lock holds the open connection until restore rebuilds it)"
 # The block's stderr goes to a file: bash reports the killed background job
 # ("Killed ...") there instead of in the narrative; ferry's own errors and
 # fail() still reach the terminal through fd 4.
@@ -154,18 +162,25 @@ AFTER_GREETING="$(send_cmd 'GET greeting' || true)"
 AFTER_ANSWER="$(send_cmd 'GET answer' || true)"
 AFTER_HEARTBEAT="$(send_cmd HEARTBEAT || true)"
 AFTER_INCR="$(send_cmd INCR || true)"
+# The connection opened before the checkpoint, never closed: same socket.
+KEEP_AFTER=""
+printf 'INCR\n' >&"$KEEP" 2>/dev/null && IFS= read -r -t 5 KEEP_AFTER <&"$KEEP"
+KEEP_AFTER="${KEEP_AFTER%$'\r'}"
+exec {KEEP}>&-
 printf '\n    %-10s %-14s %-14s\n' "" "before" "after"
 printf '    %-10s %-14s %-14s\n' counter "$BEFORE_COUNTER" "$AFTER_COUNTER"
 printf '    %-10s %-14s %-14s\n' greeting "$BEFORE_GREETING" "$AFTER_GREETING"
 printf '    %-10s %-14s %-14s\n' answer "$BEFORE_ANSWER" "$AFTER_ANSWER"
 printf '    %-10s %-14s %-14s\n' heartbeat "$BEFORE_HEARTBEAT" "$AFTER_HEARTBEAT"
 say "INCR after restore -> $AFTER_INCR"
+say "INCR on the connection kept open across checkpoint and restore -> ${KEEP_AFTER:-(no reply)}"
 
 OK=1
 [ "$AFTER_COUNTER" = "$BEFORE_COUNTER" ] || { say "MISMATCH: counter"; OK=0; }
 [ "$AFTER_GREETING" = "$BEFORE_GREETING" ] || { say "MISMATCH: greeting"; OK=0; }
 [ "$AFTER_ANSWER" = "$BEFORE_ANSWER" ] || { say "MISMATCH: answer"; OK=0; }
 [ "$AFTER_INCR" = "$((BEFORE_COUNTER + 1))" ] || { say "MISMATCH: INCR after restore"; OK=0; }
+[ "$KEEP_AFTER" = "$((BEFORE_COUNTER + 2))" ] || { say "MISMATCH: the kept TCP connection did not survive"; OK=0; }
 if [[ "$AFTER_HEARTBEAT" =~ ^[0-9]+$ ]] && [ "$AFTER_HEARTBEAT" -gt "$BEFORE_HEARTBEAT" ]; then
   say "the heartbeat thread kept ticking after restore"
 else
@@ -188,7 +203,7 @@ say "ferry restore exited with $STATUS (143 = 128 + SIGTERM, the server's fate)"
 
 echo
 if [ "$OK" = 1 ]; then
-  bold "DEMO OK: the server's in-memory state survived checkpoint, kill and restore."
+  bold "DEMO OK: the server's in-memory state and its open client connection survived checkpoint, kill and restore."
 else
   fail "the server's state did not survive (see the table above)"
 fi
