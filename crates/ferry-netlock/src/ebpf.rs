@@ -34,9 +34,8 @@ struct TupleKey {
     remote_port: [u8; 2],
 }
 
-// SAFETY: repr(C), every field a byte array, 1+3+16+16+2+2 = 40 bytes with
-// alignment 1: no padding; any bit pattern is valid.
-unsafe impl ferry_sys::bpf::MapPod for TupleKey {}
+// Keys reach the kernel as their 40 bytes (`to_bytes`), a plain byte
+// array, so this crate needs no unsafe code of its own.
 
 fn addr_bytes(ip: IpAddr) -> (u8, [u8; 16]) {
     let mut out = [0u8; 16];
@@ -133,17 +132,6 @@ impl TupleKey {
     }
 }
 
-impl TupleKey {
-    fn from_bytes(b: &[u8; KEY_LEN]) -> TupleKey {
-        let mut k = TupleKey { family: b[0], pad: [0; 3], local_addr: [0; 16], remote_addr: [0; 16], local_port: [0; 2], remote_port: [0; 2] };
-        k.pad.copy_from_slice(&b[1..4]);
-        k.local_addr.copy_from_slice(&b[4..20]);
-        k.remote_addr.copy_from_slice(&b[20..36]);
-        k.local_port.copy_from_slice(&b[36..38]);
-        k.remote_port.copy_from_slice(&b[38..40]);
-        k
-    }
-}
 
 /// table_hash() of netlock.bpf.c: the key's ten 32-bit words in host order
 /// (BPF runs in the host's byte order), mixed murmur3-style.
@@ -292,7 +280,7 @@ pub(crate) fn fill(lock: &str, handles: &mut Handles, tuples: &[Tuple]) -> Resul
         *bucket += 1;
     }
 
-    let mut overflow: Vec<TupleKey> = Vec::new();
+    let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
     for &i in order.iter() {
         let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else { continue };
         let mut placed = false;
@@ -310,7 +298,7 @@ pub(crate) fn fill(lock: &str, handles: &mut Handles, tuples: &[Tuple]) -> Resul
             }
         }
         if !placed {
-            overflow.push(TupleKey::from_bytes(bytes));
+            overflow.push(*bytes);
         }
     }
     if overflow.len() > MAX_TUPLES as usize {
