@@ -20,7 +20,10 @@ thawed (restore), and split into:
   restore   from the start of `ferry restore` to the thaw
   thaw      releasing the lock
 (the gap between the two commands, here the time to start `ferry restore`,
-is in the pause but not in a part).
+is in the pause but not in a part). "service stopped" runs from the moment
+the server's threads are frozen to the end of the restore's connection
+phase: it adds the survey of every descriptor, which happens before the
+lock engages.
 
 Usage: bench/tcp.py [--n 0,100,...] [--methods ebpf,nftables,iptables]
                     [--runs 3] [--out docs/benchmarks-tcp-latest.md]
@@ -183,6 +186,10 @@ def one_run(bins, n, method, work):
         row["capture"] = (ck_end - start_us) / 1e3 - row["freeze"]
         row["restore"] = (thaw_end_us - restore_start_us) / 1e3 - row["thaw"]
         row["pause"] = (thaw_end_us - start_us) / 1e3
+        # The service's own pause: from the moment its threads stop to the
+        # end of the restore's connection phase (it runs right after).
+        frozen_us = cp[("checkpoint", "freeze")][1] - cp[("checkpoint", "freeze")][0] * 1e3
+        row["service"] = (rp[("restore", "tcp resend")][1] - frozen_us) / 1e3
         return row
     finally:
         for p in procs:
@@ -214,19 +221,19 @@ def main():
             runs = []
             for _ in range(args.runs):
                 runs.append(one_run(bins, n, method, work))
-            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw")}
+            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service")}
             med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
             results.append(med)
             print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
                   f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f} (ms, median of {len(runs)})", flush=True)
     subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
-        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
-                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} |")
+                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} |")
     table = "\n".join(lines)
     print(table)
     with open(args.out, "w") as f:
@@ -243,6 +250,10 @@ def main():
             rs = [r for r in results if r["method"] == method]
             ax.plot([r["n"] for r in rs], [r["pause"] for r in rs], marker="o", label=f"{method}: pause")
             ax.plot([r["n"] for r in rs], [r["freeze"] + r["thaw"] for r in rs], linestyle="--", marker=".", label=f"{method}: freeze + thaw")
+        # CRIU 4.2 on this machine kind (../shared/criu-baseline.md), dump +
+        # restore commands with its unsafe no-lock mode: the reference.
+        criu = [(0, 29 + 24), (100, 36 + 27), (500, 49 + 35), (1000, 60 + 37), (2000, 91 + 57), (5000, 213 + 108), (10000, 604 + 173)]
+        ax.plot([c[0] for c in criu], [c[1] for c in criu], color="gray", linestyle=":", marker="x", label="CRIU 4.2, no lock (dump + restore)")
         ax.set_xlabel("established connections")
         ax.set_ylabel("ms")
         ax.set_title("ferry: pause of checkpoint + restore vs connections")
