@@ -23,7 +23,9 @@ thawed (restore), and split into:
 is in the pause but not in a part). "service stopped" runs from the moment
 the server's threads are frozen to the end of the restore's connection
 phase: it adds the survey of every descriptor, which happens before the
-lock engages.
+lock engages. "both commands" is the wall time of `ferry checkpoint` (launch
+to exit) plus `ferry restore` (launch to pidfile), as CRIU's baseline is
+measured.
 
 Usage: bench/tcp.py [--n 0,100,...] [--methods ebpf,nftables,iptables]
                     [--runs 3] [--out docs/benchmarks-tcp-latest.md]
@@ -140,9 +142,11 @@ def one_run(bins, n, method, work):
         wait_for(slog, "READY", server, 120)
         # Images on tmpfs, as in the CRIU baseline.
         images = os.path.join(IMAGES_ROOT, "images")
+        ck_start = time.time()
         ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ck_end = time.time_ns() // 1000
+        ck_wall = time.time() - ck_start
         if ck.returncode != 0:
             raise RuntimeError(f"checkpoint failed: {ck.stderr}")
         server.wait()
@@ -150,6 +154,7 @@ def one_run(bins, n, method, work):
         pidfile = os.path.join(work, "pid")
         if os.path.exists(pidfile):
             os.unlink(pidfile)
+        rs_start = time.time()
         restore = subprocess.Popen([FERRY, "--verbose", "restore", "--images", images, "--netns", hosts.a, "--pidfile", pidfile],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(restore)
@@ -158,6 +163,7 @@ def one_run(bins, n, method, work):
             if restore.poll() is not None or time.time() > end:
                 raise RuntimeError(f"restore failed: {restore.stderr.read()}")
             time.sleep(0.001)
+        rs_wall = time.time() - rs_start
         pid = int(open(pidfile).read())
         os.kill(pid, signal.SIGUSR2)
         client.send_signal(signal.SIGUSR2)
@@ -186,6 +192,9 @@ def one_run(bins, n, method, work):
         row["capture"] = (ck_end - start_us) / 1e3 - row["freeze"]
         row["restore"] = (thaw_end_us - restore_start_us) / 1e3 - row["thaw"]
         row["pause"] = (thaw_end_us - start_us) / 1e3
+        # Whole commands, as CRIU's baseline is measured: checkpoint from
+        # launch to exit, restore from launch to the pidfile.
+        row["commands"] = (ck_wall + rs_wall) * 1e3
         # The service's own pause: from the moment its threads stop to the
         # end of the restore's connection phase (it runs right after).
         frozen_us = cp[("checkpoint", "freeze")][1] - cp[("checkpoint", "freeze")][0] * 1e3
@@ -221,19 +230,19 @@ def main():
             runs = []
             for _ in range(args.runs):
                 runs.append(one_run(bins, n, method, work))
-            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service")}
+            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands")}
             med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
             results.append(med)
             print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
                   f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f} (ms, median of {len(runs)})", flush=True)
     subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
-        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
-                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} |")
+                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} | {r['commands']:.1f} |")
     table = "\n".join(lines)
     print(table)
     with open(args.out, "w") as f:

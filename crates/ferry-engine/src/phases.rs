@@ -11,8 +11,12 @@ pub struct Phases {
 
 impl Phases {
     pub fn start(op: &'static str) -> Phases {
-        let now = Instant::now();
-        Phases { op, start: now, last: now }
+        Phases::start_at(op, Instant::now())
+    }
+
+    /// Phases counted from `start`, an instant taken earlier.
+    pub fn start_at(op: &'static str, start: Instant) -> Phases {
+        Phases { op, start, last: start }
     }
 
     pub fn mark(&mut self, phase: &str) {

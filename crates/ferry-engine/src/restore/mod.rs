@@ -190,7 +190,8 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 
 /// Restores a decoded image into the PID namespace ferry is in.
 fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
-    let mut ph = crate::phases::Phases::start("restore");
+    // From the start of the restore: reading and decoding the image counts.
+    let mut ph = crate::phases::Phases::start_at("restore", t0);
     let dirh = ImageDir::new(dir);
     let pages_file = dirh.check_pages_file(&inv)?;
     let root = tree.root().ok_or_else(|| EngineError::restore(inv.source_pid, "image holds no process"))?;
