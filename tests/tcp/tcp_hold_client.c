@@ -9,7 +9,7 @@
  * Prints PASS and exits 0 when every connection completed without a
  * reset or a wrong byte; otherwise FAIL lines (the first 20) and a count.
  */
-#include "../conformance/ferry_test.h"
+#include "tcp_stream.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,11 +26,6 @@ struct conn {
 
 static size_t client_bytes, server_bytes;
 static int reported;
-
-static unsigned char pat(uint64_t seed, size_t i)
-{
-	return (unsigned char)(ft_pat(seed, i / 8) >> (8 * (i % 8)));
-}
 
 static void fail(struct conn *c, const char *fmt, const char *what)
 {
@@ -91,24 +86,10 @@ int main(int argc, char **argv)
 	int n = atoi(argv[3]);
 	client_bytes = strtoull(argv[4], NULL, 10);
 	server_bytes = strtoull(argv[5], NULL, 10);
-	struct rlimit rl = { 65536, 65536 };
-	setrlimit(RLIMIT_NOFILE, &rl);
-	struct sockaddr_storage ss = { 0 };
+	raise_fd_limit();
+	struct sockaddr_storage ss;
 	socklen_t sl;
-	int fam = strchr(argv[1], ':') ? AF_INET6 : AF_INET;
-	if (fam == AF_INET) {
-		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-		a->sin_family = AF_INET;
-		a->sin_port = htons((uint16_t)atoi(argv[2]));
-		inet_pton(AF_INET, argv[1], &a->sin_addr);
-		sl = sizeof(*a);
-	} else {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-		a->sin6_family = AF_INET6;
-		a->sin6_port = htons((uint16_t)atoi(argv[2]));
-		inet_pton(AF_INET6, argv[1], &a->sin6_addr);
-		sl = sizeof(*a);
-	}
+	int fam = parse_addr(argv[1], argv[2], &ss, &sl);
 	struct conn *conns = calloc((size_t)n + 1, sizeof(*conns));
 	if (!conns)
 		ft_die("calloc");

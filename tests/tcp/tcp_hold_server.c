@@ -17,7 +17,7 @@
  * N connections delivered exactly CLIENT_BYTES and an EOF, without any
  * error; otherwise FAIL lines and exit 1. Gives up after 120 s.
  */
-#include "../conformance/ferry_test.h"
+#include "tcp_stream.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -32,11 +32,6 @@ struct conn {
 	size_t got, sent;
 	int eof, shut, failed;
 };
-
-static unsigned char pat(uint64_t seed, size_t i)
-{
-	return (unsigned char)(ft_pat(seed, i / 8) >> (8 * (i % 8)));
-}
 
 static size_t server_bytes, client_bytes;
 
@@ -99,26 +94,10 @@ int main(int argc, char **argv)
 	int n = atoi(argv[3]);
 	client_bytes = strtoull(argv[4], NULL, 10);
 	server_bytes = strtoull(argv[5], NULL, 10);
-	struct sockaddr_storage ss = { 0 };
+	struct sockaddr_storage ss;
 	socklen_t sl;
-	int fam = strchr(argv[1], ':') ? AF_INET6 : AF_INET;
-	if (fam == AF_INET) {
-		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-		a->sin_family = AF_INET;
-		a->sin_port = htons((uint16_t)atoi(argv[2]));
-		if (inet_pton(AF_INET, argv[1], &a->sin_addr) != 1)
-			ft_die("bad address %s", argv[1]);
-		sl = sizeof(*a);
-	} else {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-		a->sin6_family = AF_INET6;
-		a->sin6_port = htons((uint16_t)atoi(argv[2]));
-		if (inet_pton(AF_INET6, argv[1], &a->sin6_addr) != 1)
-			ft_die("bad address %s", argv[1]);
-		sl = sizeof(*a);
-	}
-	struct rlimit rl = { 65536, 65536 };
-	setrlimit(RLIMIT_NOFILE, &rl);
+	int fam = parse_addr(argv[1], argv[2], &ss, &sl);
+	raise_fd_limit();
 	int one = 1;
 	int l = (int)FT_SYS(socket(fam, SOCK_STREAM, 0));
 	FT_SYS(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)));

@@ -30,7 +30,7 @@
 
 mod common;
 
-use common::NetNs;
+use common::{image_lock, network_locks, spawn_in_netns, NetNs, TestHosts, A_V4};
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -48,8 +48,6 @@ const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const REDIS: &str = "/usr/bin/redis-server";
 const MEMCACHED: &str = "/usr/bin/memcached";
 const NGINX: &str = "/usr/sbin/nginx";
-const A_V4: &str = "192.0.2.1";
-const B_V4: &str = "192.0.2.2";
 const POLL: Duration = Duration::from_millis(10);
 /// The longest any driver runs, whatever happens.
 const DRIVER_LIMIT: Duration = Duration::from_secs(60);
@@ -103,29 +101,7 @@ impl Drop for TempDir {
     }
 }
 
-/// Two test hosts on one veth link: A (the server's) and B (the clients').
-struct Hosts {
-    a: NetNs,
-    b: NetNs,
-}
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
-impl Hosts {
-    fn new(tag: &str) -> Hosts {
-        let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
-        let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
-        ip(&["-n", &a.0, "link", "add", "sa", "type", "veth", "peer", "name", "sb", "netns", &b.0]);
-        for (ns, dev, v4) in [(&a, "sa", A_V4), (&b, "sb", B_V4)] {
-            ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
-            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
-        }
-        Hosts { a, b }
-    }
-}
+type Hosts = TestHosts;
 
 // ---------------------------------------------------------------------------
 // Processes, by PID and start time
@@ -237,33 +213,8 @@ impl Drop for Service {
     }
 }
 
-/// Starts program in network namespace ns, in a new session, with only
-/// fds 0-2 (stdin /dev/null, stdout and stderr to log).
 fn start_in(ns: &NetNs, cwd: &Path, log: &Path, program: &str, args: &[&str]) -> Child {
-    let logf = File::create(log).expect("server log");
-    let nsf = File::open(ns.path()).expect("open netns");
-    let nsfd = nsf.as_raw_fd();
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(logf.try_clone().expect("dup log")))
-        .stderr(Stdio::from(logf));
-    // SAFETY: only setns, setsid and close_range (async-signal-safe)
-    // between fork and exec; the namespace fd stays open in the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(nsfd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::setsid();
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {program}: {e}"));
-    drop(nsf);
-    child
+    spawn_in_netns(ns, cwd, log, Path::new(program), args)
 }
 
 /// `ferry ARGS`, bounded; returns status, stdout+stderr and wall time.
@@ -292,26 +243,8 @@ fn ferry(dir: &Path, tag: &str, args: &[&str]) -> (ExitStatus, String, Duration)
     (st, read_lossy(&out), t.elapsed())
 }
 
-/// (name, owner) of every network lock `ferry network-lock --status` lists.
 fn locks() -> Vec<(String, String)> {
-    let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("ferry network-lock");
-    assert!(out.status.success(), "ferry network-lock --status failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            let name = w.next()?.to_string();
-            let owner = w.nth(2).unwrap_or("-").to_string();
-            Some((name, owner))
-        })
-        .collect()
-}
-
-fn image_lock(images: &str) -> Option<String> {
-    let out = Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
-    v["tree"]["network_lock"]["name"].as_str().map(String::from)
+    network_locks(FERRY)
 }
 
 /// (connections, with unread bytes, with unacknowledged or unsent bytes)
@@ -951,7 +884,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let after_checkpoint = driver.rounds();
     assert!(st.success(), "[{name}] ferry checkpoint failed ({st:?}):\n{out}");
     eprintln!("[{name}] ferry checkpoint: {}", out.trim());
-    let lock = image_lock(path_str(&images));
+    let lock = image_lock(FERRY, path_str(&images));
     assert!(lock.is_some(), "[{name}] the image names no network lock");
     let (held, unread, unsent) = image_queues(path_str(&images));
     eprintln!("[{name}] image: {held} TCP connections, {unread} with unread request bytes, {unsent} with unacknowledged or unsent reply bytes");

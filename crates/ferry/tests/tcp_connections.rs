@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::NetNs;
+use common::{image_lock, network_locks, spawn_in_netns, TestHosts, A_V4, A_V6};
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -62,35 +62,7 @@ fn server_binary() -> PathBuf {
         .clone()
 }
 
-/// Two test hosts on one veth link: A (the server's) and B (the clients').
-struct Hosts {
-    a: NetNs,
-    b: NetNs,
-}
-
-const A_V4: &str = "192.0.2.1";
-const B_V4: &str = "192.0.2.2";
-const A_V6: &str = "fd00:f3::1";
-const B_V6: &str = "fd00:f3::2";
-
-fn ip(args: &[&str]) {
-    let st = Command::new("ip").args(args).status().expect("run ip");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
-impl Hosts {
-    fn new(tag: &str) -> Hosts {
-        let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
-        let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
-        ip(&["-n", &a.0, "link", "add", "fa", "type", "veth", "peer", "name", "fb", "netns", &b.0]);
-        for (ns, dev, v4, v6) in [(&a, "fa", A_V4, A_V6), (&b, "fb", B_V4, B_V6)] {
-            ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
-            ip(&["-n", &ns.0, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
-            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
-        }
-        Hosts { a, b }
-    }
-}
+type Hosts = TestHosts;
 
 /// The server process; killed (by PID) and reaped on drop.
 struct Server {
@@ -120,29 +92,11 @@ fn wait_line(log: &Path, line: &str, timeout: Duration) {
     }
 }
 
-fn start_server(netns: &str, dir: &Path, addr: &str, port: u16, n: usize, client_bytes: usize, server_bytes: usize) -> Server {
+fn start_server(netns: &common::NetNs, dir: &Path, addr: &str, port: u16, n: usize, client_bytes: usize, server_bytes: usize) -> Server {
     let log = dir.join("server.log");
-    let logf = File::create(&log).expect("server log");
-    let ns = File::open(format!("/run/netns/{netns}")).expect("open netns");
-    let nsfd = std::os::fd::AsRawFd::as_raw_fd(&ns);
-    let mut cmd = Command::new(server_binary());
-    cmd.args([addr, &port.to_string(), &n.to_string(), &client_bytes.to_string(), &server_bytes.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(logf.try_clone().expect("dup log")))
-        .stderr(Stdio::from(logf));
-    // SAFETY: only setns, setsid and close_range (async-signal-safe)
-    // between fork and exec; the namespace fd stays open in the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(nsfd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::setsid();
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().expect("start server");
+    let args = [addr.to_string(), port.to_string(), n.to_string(), client_bytes.to_string(), server_bytes.to_string()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let child = spawn_in_netns(netns, dir, &log, &server_binary(), &args);
     let pid = child.id() as i32;
     let server = Server { child: Some(child), log, pid };
     wait_line(&server.log, "LISTENING", Duration::from_secs(10));
@@ -370,7 +324,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
         (true, true) => ("::1", "::1"),
     };
     let port = 7000 + (std::process::id() % 1000) as u16;
-    let mut server = start_server(&hosts.a.0, &dir.0, listen, port, n, client_bytes, server_bytes);
+    let mut server = start_server(&hosts.a, &dir.0, listen, port, n, client_bytes, server_bytes);
     let to: SocketAddr = format!("{}:{port}", if v6 { format!("[{target}]") } else { target.to_string() }).parse().expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
@@ -387,7 +341,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     let st = ferry(&["checkpoint", "--pid", &pid, "--images", &images_s, "--network-lock", lock], &dir.0.join("checkpoint.err"));
     assert!(st.success(), "checkpoint failed: {}", read_lossy(&dir.0.join("checkpoint.err")));
     let checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
-    let lock = image_lock(&images_s);
+    let lock = image_lock(FERRY, &images_s);
     assert!(lock.is_some(), "the image names no network lock");
     let mut child = server.child.take().expect("server child");
     let st = child.wait().expect("reap server");
@@ -435,30 +389,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     }
 }
 
-/// (name, owner) of every network lock `ferry network-lock --status`
-/// lists. Other tests run in parallel, so tests look at their own lock.
 fn locks() -> Vec<(String, String)> {
-    let out = Command::new(FERRY).args(["network-lock", "--status"]).output().expect("ferry network-lock");
-    assert!(out.status.success(), "ferry network-lock --status failed");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut lines = text.lines();
-    let Some(header) = lines.next() else { return Vec::new() };
-    let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else { return Vec::new() };
-    lines
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            // A stale lock's state carries a second word.
-            let shift = usize::from(w.contains(&"STALE"));
-            Some((w.first()?.to_string(), w.get(owner_col + shift).unwrap_or(&"-").to_string()))
-        })
-        .collect()
-}
-
-/// The network lock an image refers to.
-fn image_lock(images: &str) -> Option<String> {
-    let out = Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
-    v["tree"]["network_lock"]["name"].as_str().map(String::from)
+    network_locks(FERRY)
 }
 
 fn assert_lock_gone(name: &str) {
@@ -529,7 +461,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let dir = TempDir(temp_dir(tag));
     let (client_bytes, server_bytes) = (256 << 10, 256 << 10);
     let port = 7000 + (std::process::id() % 1000) as u16;
-    let mut server = start_server(&hosts.a.0, &dir.0, A_V4, port, n, client_bytes, server_bytes);
+    let mut server = start_server(&hosts.a, &dir.0, A_V4, port, n, client_bytes, server_bytes);
     let to: SocketAddr = format!("{A_V4}:{port}").parse().expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();

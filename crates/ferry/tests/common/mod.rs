@@ -64,3 +64,88 @@ pub fn innermost_pid(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
+
+/// Two test hosts, A and B, on one veth link, each a network namespace
+/// made for one test: A has `a_v4`/`a_v6`, B `b_v4`/`b_v6`. Removed on drop.
+pub struct TestHosts {
+    pub a: NetNs,
+    pub b: NetNs,
+}
+
+pub const A_V4: &str = "192.0.2.1";
+pub const B_V4: &str = "192.0.2.2";
+pub const A_V6: &str = "fd00:f3::1";
+pub const B_V6: &str = "fd00:f3::2";
+
+fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("run ip");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+impl TestHosts {
+    pub fn new(tag: &str) -> TestHosts {
+        let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
+        let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
+        ip(&["-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0]);
+        for (ns, dev, v4, v6) in [(&a, "va", A_V4, A_V6), (&b, "vb", B_V4, B_V6)] {
+            ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
+            ip(&["-n", &ns.0, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
+            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        }
+        TestHosts { a, b }
+    }
+}
+
+/// Starts `program` in network namespace `ns`, in a new session, with only
+/// fds 0-2 (stdin /dev/null, stdout and stderr to `log`).
+pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, program: &std::path::Path, args: &[&str]) -> std::process::Child {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let logf = File::create(log).expect("program log");
+    let nsf = File::open(ns.path()).expect("open netns");
+    let nsfd = nsf.as_raw_fd();
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::from(logf.try_clone().expect("dup log"))).stderr(Stdio::from(logf));
+    // SAFETY: only setns, setsid and close_range (async-signal-safe)
+    // between fork and exec; the namespace fd stays open in the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(nsfd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setsid();
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+    drop(nsf);
+    child
+}
+
+/// (name, owner) of every network lock `ferry network-lock --status`
+/// lists. Tests run in parallel, so a test looks at its own lock only.
+pub fn network_locks(ferry: &str) -> Vec<(String, String)> {
+    let out = Command::new(ferry).args(["network-lock", "--status"]).output().expect("ferry network-lock");
+    assert!(out.status.success(), "ferry network-lock --status failed");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else { return Vec::new() };
+    let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else { return Vec::new() };
+    lines
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // A stale lock's state carries a second word.
+            let shift = usize::from(w.contains(&"STALE"));
+            Some((w.first()?.to_string(), w.get(owner_col + shift).unwrap_or(&"-").to_string()))
+        })
+        .collect()
+}
+
+/// The network lock an image refers to.
+pub fn image_lock(ferry: &str, images: &str) -> Option<String> {
+    let out = Command::new(ferry).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    v["tree"]["network_lock"]["name"].as_str().map(String::from)
+}
