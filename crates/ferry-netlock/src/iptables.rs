@@ -23,6 +23,14 @@ fn tools(v6: bool) -> (&'static str, &'static str) {
 pub(crate) fn engage_batch(lock: &str, tuples: &[Tuple]) -> String {
     let chain = chain(lock);
     let mut s = format!("*filter\n:{chain} - [0:0]\n");
+    s.push_str(&rules(&chain, tuples));
+    let _ = write!(s, "-I INPUT 1 -j {chain}\n-I OUTPUT 1 -j {chain}\nCOMMIT\n");
+    s
+}
+
+/// The rules that drop `tuples`, appended to the lock's chain.
+fn rules(chain: &str, tuples: &[Tuple]) -> String {
+    let mut s = String::new();
     for t in tuples {
         let (l, lp, r, rp) = (t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port());
         if t.is_wildcard() {
@@ -36,8 +44,23 @@ pub(crate) fn engage_batch(lock: &str, tuples: &[Tuple]) -> String {
         let _ = writeln!(s, "-A {chain} -p tcp -s {r} --sport {rp} -d {l} --dport {lp} -j DROP");
         let _ = writeln!(s, "-A {chain} -p tcp -s {l} --sport {lp} -d {r} --dport {rp} -j DROP");
     }
-    let _ = write!(s, "-I INPUT 1 -j {chain}\n-I OUTPUT 1 -j {chain}\nCOMMIT\n");
     s
+}
+
+/// Appends rules for `tuples` to the existing chains; the IPv6 chain is
+/// made (with its jumps) if the lock had no IPv6 tuple so far.
+pub(crate) fn extend(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple], had_v6: bool) -> Result<(), NetlockError> {
+    let chain = chain(lock);
+    let (v6, v4): (Vec<Tuple>, Vec<Tuple>) = tuples.iter().copied().partition(|t| t.local.is_ipv6());
+    if !v4.is_empty() {
+        let batch = format!("*filter\n{}COMMIT\n", rules(&chain, &v4));
+        netns::run_command(lock, netns_path, tools(false).0, &["-w", "5", "--noflush"], &batch)?;
+    }
+    if !v6.is_empty() {
+        let batch = if had_v6 { format!("*filter\n{}COMMIT\n", rules(&chain, &v6)) } else { engage_batch(lock, &v6) };
+        netns::run_command(lock, netns_path, tools(true).0, &["-w", "5", "--noflush"], &batch)?;
+    }
+    Ok(())
 }
 
 /// Creates the IPv4 chain (always) and the IPv6 chain (when there are IPv6

@@ -409,6 +409,55 @@ impl NetworkLock {
         Ok(())
     }
 
+    /// Adds `tuples` to an engaged lock: their packets are dropped from
+    /// now on too, the ones already there stay dropped. Lets a checkpoint
+    /// hold new connection attempts to its listeners first (while the
+    /// service still runs and empties its accept queues) and add the
+    /// established connections once the service is frozen. eBPF: the
+    /// tuples are written into the table (no syscall unless some overflow);
+    /// nftables: one `add element` transaction; iptables: one batch of
+    /// rules appended to the lock's chain.
+    pub fn extend(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
+        let name = self.name.as_str();
+        let Some(record) = self.record.as_mut() else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.phase != Phase::Engaged {
+            return Err(NetlockError::WrongPhase { lock: name.to_string(), action: "extend", phase: record.phase });
+        }
+        if tuples.is_empty() {
+            return Ok(());
+        }
+        let tuples_v6 = validate_tuples(name, tuples)?;
+        match record.method {
+            Method::Ebpf => {
+                let Some(handles) = &mut self.ebpf else {
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                };
+                ebpf::fill(name, handles, tuples)?;
+                record.tuples += tuples.len();
+                record.tuples_v6 += tuples_v6;
+            }
+            Method::Nftables | Method::Iptables => {
+                let tuples = canonical_tuples(name, tuples)?;
+                let had_v6 = record.tuples_v6 > 0;
+                // Counts first: the iptables release needs to know about IPv6.
+                record.tuples += tuples.len();
+                record.tuples_v6 += tuples_v6;
+                record::write(record)?;
+                let enter = record.netns.enter_path.clone();
+                let enter = enter.as_deref();
+                if record.method == Method::Nftables {
+                    nft::extend(name, enter, &tuples)?;
+                } else {
+                    iptables::extend(name, enter, &tuples, had_v6)?;
+                }
+            }
+        }
+        tracing::debug!(lock = %name, added = tuples.len(), tuples = record.tuples, "network lock extended");
+        Ok(())
+    }
+
     /// Stops dropping (the end of the pause); the lock (record, pins, links)
     /// stays until [`NetworkLock::thaw`]. eBPF: one update of the switch (a
     /// single bpf syscall), done even when the record says prepared or

@@ -74,3 +74,30 @@ pub(crate) fn release(lock: &str, netns_path: Option<&Path>) -> Result<(), Netlo
         other => other,
     }
 }
+
+/// `add element` statements that put `tuples` into the sets of an existing
+/// table, in one transaction.
+pub(crate) fn extend_script(lock: &str, tuples: &[Tuple]) -> String {
+    let mut sets: [(&str, Vec<String>); 4] = [("frozen_v4", vec![]), ("frozen_v6", vec![]), ("listen_v4", vec![]), ("listen_v6", vec![])];
+    for t in tuples {
+        let wildcard = t.is_wildcard();
+        let element = if wildcard {
+            format!("{} . {}", t.local.ip(), t.local.port())
+        } else {
+            format!("{} . {} . {} . {}", t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port())
+        };
+        let i = usize::from(!t.local.is_ipv4()) + 2 * usize::from(wildcard);
+        sets[i].1.push(element);
+    }
+    let mut s = String::new();
+    for (set, elements) in &sets {
+        if !elements.is_empty() {
+            let _ = writeln!(s, "add element inet {} {set} {{ {} }}", table(lock), elements.join(", "));
+        }
+    }
+    s
+}
+
+pub(crate) fn extend(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
+    netns::run_command(lock, netns_path, "nft", &["-f", "-"], &extend_script(lock, tuples))
+}

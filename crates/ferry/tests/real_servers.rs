@@ -533,6 +533,60 @@ fn exchange(to: SocketAddr, rounds: &[(Vec<u8>, Expect)]) -> Result<(), String> 
     Ok(())
 }
 
+/// New clients arriving during the checkpoint and restore: each connects
+/// (waiting for its SYN to be retried while the network lock holds the
+/// listener), does one round and closes. None may fail.
+struct Churn {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Churn {
+    fn start(ns: &NetNs, to: SocketAddr, proto: Arc<dyn Proto>) -> Churn {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ns_path = ns.path();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let f = File::open(&ns_path).expect("open netns");
+            // SAFETY: setns on this thread only, with an open nsfs file.
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
+            let (mut done, mut errors) = (0, Vec::new());
+            let until = Instant::now() + DRIVER_LIMIT;
+            while !flag.load(Ordering::Relaxed) && Instant::now() < until {
+                let round = proto.round(2_000_000 + done, 0);
+                let r = (|| {
+                    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(15)).map_err(|e| format!("connect: {e}"))?;
+                    s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+                    s.write_all(&round.0).map_err(|e| format!("write: {e}"))?;
+                    let mut c = Checker::new(round.1.clone());
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = s.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+                        if n == 0 {
+                            return Err("EOF".to_string());
+                        }
+                        if c.feed(&buf[..n])? {
+                            return Ok(());
+                        }
+                    }
+                })();
+                if let Err(e) = r {
+                    errors.push(format!("new connection {done}: {e}"));
+                }
+                done += 1;
+                sleep(Duration::from_millis(20));
+            }
+            (done, errors)
+        });
+        Churn { stop, thread }
+    }
+
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("churn thread")
+    }
+}
+
 /// Rounds that write (or read back) `keys` pre-checkpoint keys, 100 a round.
 fn pre_keys(kv: &dyn Kv, read: bool, keys: usize) -> Vec<(Vec<u8>, Expect)> {
     (0..keys)
@@ -876,7 +930,10 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let locals = driver.shared.locals.lock().unwrap().clone();
     assert_eq!(locals.len(), case.conns);
 
-    // Checkpoint (kills the server) while the load runs.
+    // Checkpoint (kills the server) while the load runs and new clients
+    // keep arriving.
+    let churn = Churn::start(&hosts.b, to, case.proto.clone());
+    sleep(Duration::from_millis(100));
     let images = dir.join("images");
     let at_checkpoint = driver.rounds();
     let load_s = t_load.elapsed().as_secs_f64();
@@ -966,6 +1023,10 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let missing: Vec<&SocketAddr> = locals.iter().filter(|l| !peers.contains(l)).collect();
     let after_s = t_after.elapsed().as_secs_f64();
     let result = driver.finish();
+    let (new_clients, churn_errors) = churn.finish();
+    eprintln!("[{name}] {new_clients} new connections during checkpoint and restore, {} failed", churn_errors.len());
+    assert!(churn_errors.is_empty(), "[{name}] new clients failed: {churn_errors:#?}");
+    assert!(new_clients >= 3, "[{name}] only {new_clients} new connections were tried");
     let per = case.proto.per_round();
     let (r_ck, r_ck_end, r_rs, r_end) = (sum(&at_checkpoint), sum(&after_checkpoint), sum(&at_restore), sum(&result.rounds));
     eprintln!(

@@ -106,7 +106,8 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
     // The slow part of the network lock, while the tree still runs.
-    let prepared = network::prepare(pid, opts.network_lock)?;
+    let scan = network::scan(pid);
+    let prepared = network::prepare(pid, &scan, opts.network_lock)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());
     }

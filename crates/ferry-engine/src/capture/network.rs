@@ -2,14 +2,15 @@
 //! lock (see ferry-netlock) in the network namespace the tree lives in.
 //!
 //! The lock is *prepared* before the tree is frozen (for the eBPF method
-//! that is the slow part: loading and attaching the program), and
-//! *engaged* once the survey knows the connections: one call that starts
-//! dropping every packet of each established connection's 4-tuple and
-//! every new connection attempt (SYN) to the tree's listeners. From then
-//! until restore disengages it, no packet of those connections reaches the
-//! stack (which would answer with a reset once the socket is gone), none
-//! leaves, and a client that tries to connect retries its SYN later and
-//! reaches the restored listener.
+//! that is the slow part: loading and attaching the program) and at once
+//! starts dropping new connection attempts (SYN) to the tree's listeners,
+//! while the service still runs: it accepts what its accept queues hold,
+//! handshakes under way complete, and no new one starts (a client retries
+//! its SYN later and reaches the restored listener). Once the tree is
+//! frozen and surveyed, the lock is *extended* with the 4-tuple of every
+//! established connection: from then until restore disengages it, no
+//! packet of those connections reaches the stack (which would answer with
+//! a reset once the socket is gone), and none leaves.
 
 use super::files::tcp::Established;
 use crate::error::{EngineError, Result};
@@ -57,34 +58,105 @@ fn tree_socket_inodes(root: i32) -> std::collections::HashSet<u64> {
     inodes
 }
 
-/// Whether the tree holds a TCP socket that a lock would cover (listening
-/// or established), from /proc/ROOT/net/tcp{,6}.
-fn tree_has_tcp(root: i32) -> bool {
+/// One TCP socket of the tree as /proc/PID/net/tcp{,6} shows it.
+struct ProcTcp {
+    local: SocketAddr,
+    state: u8,
+    /// For a listener: connections waiting in its accept queue.
+    rx_queue: u64,
+    inode: u64,
+}
+
+/// "0100007F:1F90" (IPv4) or the 32-digit IPv6 form: each 32-bit word in
+/// the kernel's byte order.
+fn proc_addr(field: &str) -> Option<SocketAddr> {
+    let (addr, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..addr.len()).step_by(8) {
+        let word = u32::from_str_radix(addr.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(bytes.as_slice()).ok()?),
+        16 => IpAddr::from(<[u8; 16]>::try_from(bytes.as_slice()).ok()?),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Every TCP socket of the network namespace of `pid`.
+fn proc_tcp(pid: i32) -> Vec<ProcTcp> {
+    let mut out = Vec::new();
+    for f in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let (Some(local), Some(state), Some(queues), Some(inode)) = (w.get(1).and_then(|a| proc_addr(a)), w.get(3), w.get(4), w.get(9)) else { continue };
+            let rx_queue = queues.split_once(':').and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok()).unwrap_or(0);
+            let (Ok(state), Ok(inode)) = (u8::from_str_radix(state, 16), inode.parse()) else { continue };
+            out.push(ProcTcp { local, state, rx_queue, inode });
+        }
+    }
+    out
+}
+
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_SYN_RECV: u8 = 3;
+const TCP_LISTEN: u8 = 10;
+
+/// What the tree holds before it is frozen: whether it has TCP sockets a
+/// lock would cover, and the local addresses of its listeners.
+pub struct Scan {
+    has_tcp: bool,
+    listeners: Vec<SocketAddr>,
+}
+
+pub fn scan(root: i32) -> Scan {
     let inodes = tree_socket_inodes(root);
     if inodes.is_empty() {
-        return false;
+        return Scan { has_tcp: false, listeners: Vec::new() };
     }
-    ["tcp", "tcp6"].iter().any(|f| {
-        std::fs::read_to_string(format!("/proc/{root}/net/{f}"))
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .filter_map(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                Some((*w.get(3)?, w.get(9)?.parse::<u64>().ok()?))
-            })
-            // 01 ESTABLISHED, 0A LISTEN.
-            .any(|(state, ino)| (state == "01" || state == "0A") && inodes.contains(&ino))
-    })
+    let mine: Vec<ProcTcp> = proc_tcp(root).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
+    Scan {
+        has_tcp: mine.iter().any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
+        listeners: mine.iter().filter(|t| t.state == TCP_LISTEN).map(|t| t.local).collect(),
+    }
 }
 
 /// Prepares a lock before the tree is frozen, when the tree has TCP
-/// sockets it could apply to; None otherwise.
-pub fn prepare(root: i32, method: Method) -> Result<Option<NetworkLock>> {
-    if !tree_has_tcp(root) {
+/// sockets it could apply to, and starts holding new connection attempts
+/// to its listeners right away; then waits (at most a second) while the
+/// still running service accepts what its accept queues hold and the
+/// handshakes under way complete. None when the tree has no TCP socket.
+pub fn prepare(root: i32, scan: &Scan, method: Method) -> Result<Option<NetworkLock>> {
+    if !scan.has_tcp {
         return Ok(None);
     }
-    Ok(Some(NetworkLock::prepare(method, &netns_of(root), "ckpt")?))
+    let mut lock = NetworkLock::prepare(method, &netns_of(root), "ckpt")?;
+    if scan.listeners.is_empty() {
+        return Ok(Some(lock));
+    }
+    let mut tuples = Vec::new();
+    for &l in &scan.listeners {
+        tuples.extend(listener_addresses(root, l)?.into_iter().map(Tuple::new_connections_to));
+    }
+    tuples.sort_unstable_by_key(|t| t.local);
+    tuples.dedup();
+    lock.engage(&tuples)?;
+    let ports: std::collections::HashSet<u16> = scan.listeners.iter().map(|l| l.port()).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let pending = proc_tcp(root)
+            .iter()
+            .filter(|t| ports.contains(&t.local.port()))
+            .any(|t| (t.state == TCP_LISTEN && t.rx_queue > 0) || t.state == TCP_SYN_RECV);
+        if !pending || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    Ok(Some(lock))
 }
 
 /// The local addresses a listener bound to `local` accepts connections
@@ -163,9 +235,16 @@ pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i3
         }
         return Ok(None);
     }
+    // (Listener wildcards again: one may have appeared since the scan.)
     match prepared {
         Some(mut lock) => {
-            lock.engage(&tuples)?;
+            if lock.phase() == Some(ferry_netlock::Phase::Engaged) {
+                // Listeners are held already; a wildcard added twice is
+                // harmless.
+                lock.extend(&tuples)?;
+            } else {
+                lock.engage(&tuples)?;
+            }
             Ok(Some(lock))
         }
         None => Ok(Some(NetworkLock::freeze(method, &netns_of(first_pid), &tuples, "ckpt")?)),
@@ -199,4 +278,20 @@ pub fn check_accept_queues<'a>(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_proc_net_tcp_addresses() {
+        assert_eq!(proc_addr("0100007F:1F90"), Some("127.0.0.1:8080".parse().expect("addr")));
+        assert_eq!(proc_addr("0102000C:0050"), Some("12.0.2.1:80".parse().expect("addr")));
+        assert_eq!(proc_addr("00000000000000000000000001000000:1F90"), Some("[::1]:8080".parse().expect("addr")));
+        assert_eq!(proc_addr("0000000000000000FFFF00000100007F:0016"), Some("[::ffff:127.0.0.1]:22".parse().expect("addr")));
+        assert_eq!(proc_addr("zz:1"), None);
+        assert_eq!(proc_addr("0100007F"), None);
+        assert_eq!(proc_addr("0100007F:99999"), None);
+    }
 }
