@@ -374,13 +374,15 @@ impl NetworkLock {
                     tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
                 }
                 // Recorded before the switch: the record never claims less
-                // than is in force. (record.json's counts are not rewritten
-                // here: the eBPF release does not need them.)
+                // than is in force.
                 record::write_phase(name, phase_file, Phase::Engaged)?;
                 record.phase = Phase::Engaged;
                 record.tuples = tuples.len();
                 record.tuples_v6 = tuples_v6;
                 ebpf::set_active(name, handles, true)?;
+                // The counts are for `status` only: written once dropping
+                // has begun, not before.
+                record::write(record)?;
             }
             Method::Nftables | Method::Iptables => {
                 let tuples = canonical_tuples(name, tuples)?;
@@ -437,6 +439,7 @@ impl NetworkLock {
                 ebpf::fill(name, handles, tuples)?;
                 record.tuples += tuples.len();
                 record.tuples_v6 += tuples_v6;
+                record::write(record)?;
             }
             Method::Nftables | Method::Iptables => {
                 let tuples = canonical_tuples(name, tuples)?;

@@ -703,3 +703,54 @@ fn method_names_round_trip() {
     assert!("pf".parse::<Method>().is_err());
     assert_eq!(Method::default(), Method::Ebpf);
 }
+
+/// A lock engaged with the listener's wildcard, then extended with one
+/// established connection: from then on the connection is held too (its
+/// data does not arrive), another connection is not, and after thaw
+/// everything arrives.
+fn extended_lock(method: Method) {
+    let mut lab = Lab::new();
+    let (listener, mut server, mut client, client_ns) = connect(&lab, Link::Veth, false);
+    let client_ns = client_ns.to_string();
+    let target = listener.local_addr().expect("addr");
+    let other_client = Lab::in_ns(&client_ns, || TcpStream::connect_timeout(&target, Duration::from_secs(5)).expect("connect other"));
+    let (mut other_server, _) = listener.accept().expect("accept other");
+    let mut lock = NetworkLock::prepare(method, &Lab::path(&lab.a), "test").expect("prepare");
+    lab.locks.push(lock.name().to_string());
+    lock.engage(&[Tuple::new_connections_to(target)]).expect("engage");
+    // Not yet held: the connection still works.
+    client.write_all(b"before").expect("write");
+    assert_eq!(read_exact_within(&mut server, 6, Duration::from_secs(5)), b"before", "{method}: held before extend");
+    lock.extend(&[tuple_of(&server)]).expect("extend");
+    assert_eq!(ferry_netlock::status().iter().find(|s| s.name == lock.name()).map(|s| s.tuples), Some(2), "{method}: tuple count");
+    client.write_all(b"during").expect("write");
+    assert!(read_exact_within(&mut server, 6, Duration::from_millis(300)).is_empty(), "{method}: data arrived through the extended lock");
+    let mut other_client = other_client;
+    other_client.write_all(b"ping").expect("other write");
+    assert_eq!(read_exact_within(&mut other_server, 4, Duration::from_secs(5)), b"ping", "{method}: other connection blocked");
+    let name = lock.name().to_string();
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
+    assert_eq!(read_exact_within(&mut server, 6, Duration::from_secs(15)), b"during", "{method}: data lost");
+}
+
+#[test]
+fn extend_ebpf() {
+    if is_root() {
+        extended_lock(Method::Ebpf);
+    }
+}
+
+#[test]
+fn extend_nftables() {
+    if is_root() {
+        extended_lock(Method::Nftables);
+    }
+}
+
+#[test]
+fn extend_iptables() {
+    if is_root() {
+        extended_lock(Method::Iptables);
+    }
+}
