@@ -348,6 +348,7 @@ pub fn sample() -> (Inventory, TreeImage) {
         memfds: vec![MemfdObject { id: 91, name: "memfd:jit".into(), size: 8192, seals: 0, extents: vec![(4096, b"code".to_vec())] }],
         inherited: vec![],
         root: None,
+        fidelity: Default::default(),
     };
 
     // The child: forked from the root, so the same mappings and the same

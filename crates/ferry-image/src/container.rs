@@ -7,7 +7,7 @@ use crate::error::ImageError;
 use crate::model::{Inventory, TreeImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 pub const HEADER_LEN: usize = 16;
 pub const SECTION_HEADER_LEN: usize = 24;
 /// Metadata larger than this is refused: a hostile length cannot make the

@@ -147,6 +147,80 @@ pub struct ProcessImage {
     pub inherited: Vec<InheritedVma>,
     /// The root directory if it is not "/" (chroot).
     pub root: Option<String>,
+    /// State added in format 4 (seccomp, parent-death signal, fd owners,
+    /// inode owners, job-control stop...), kept apart from the older
+    /// fields.
+    pub fidelity: Fidelity,
+}
+
+/// Process state recorded since format 4. Per-thread and per-file parts
+/// refer to threads by TID and to files by their index in
+/// `ProcessImage::files`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Fidelity {
+    /// Every distinct seccomp filter of the process's threads.
+    pub seccomp_filters: Vec<SeccompFilter>,
+    /// Per-thread state, one entry per thread of `threads`, same order.
+    pub threads: Vec<ThreadFidelity>,
+    /// Owners and signals of fds set with F_SETOWN / F_SETOWN_EX / F_SETSIG.
+    pub file_owners: Vec<FileOwner>,
+    /// Mode and owner of inodes restore creates (deleted files, memfds).
+    pub inode_attrs: Vec<InodeAttrs>,
+    /// The process was stopped by a job-control signal (SIGSTOP and
+    /// friends) and comes back stopped.
+    pub stopped: bool,
+    /// prctl(PR_GET_SECUREBITS), including SECBIT_KEEP_CAPS.
+    pub securebits: u32,
+}
+
+/// One seccomp filter: classic BPF, each `struct sock_filter` packed in a
+/// u64 as in memory (code u16, jt u8, jf u8, k u32 little-endian).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SeccompFilter {
+    pub insns: Vec<u64>,
+    /// Installed with SECCOMP_FILTER_FLAG_LOG.
+    pub log: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ThreadFidelity {
+    pub tid: i32,
+    /// 0 none, 1 strict, 2 filter (the Seccomp: field of status).
+    pub seccomp_mode: u8,
+    /// The thread's filters as indices into `Fidelity::seccomp_filters`,
+    /// oldest first (the order they are installed in again).
+    pub seccomp: Vec<u32>,
+    /// prctl(PR_GET_PDEATHSIG).
+    pub pdeathsig: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct FileOwner {
+    /// Index into `ProcessImage::files`.
+    pub file: u32,
+    /// F_OWNER_TID (0), F_OWNER_PID (1) or F_OWNER_PGRP (2); 0 with
+    /// `owner` 0 means no owner.
+    pub owner_type: i32,
+    pub owner: i32,
+    /// F_GETSIG (0: SIGIO).
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub enum InodeOf {
+    /// A file of `ProcessImage::files` (by index) that restore recreates.
+    File(u32),
+    /// A memfd of `ProcessImage::memfds` (by id).
+    Memfd(u64),
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct InodeAttrs {
+    pub of: InodeOf,
+    /// Permission bits (07777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A memfd (anonymous file): name, size, seals and the parts that hold data.

@@ -227,5 +227,51 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if !p.mm.auxv.len().is_multiple_of(2) || p.mm.auxv.len() > 512 {
         return bad("malformed auxiliary vector".into());
     }
+    validate_fidelity(p, &tids, &has_memfd)
+}
+
+/// The kernel's limit on one classic BPF program (BPF_MAXINSNS).
+pub const MAX_SECCOMP_INSNS: usize = 4096;
+/// Filters per thread: the kernel caps the chain at MAX_INSNS_PER_PATH
+/// (32768) instructions, at least 1 each.
+pub const MAX_SECCOMP_CHAIN: usize = 32768;
+
+/// Format-4 state: every reference points at something the image holds.
+fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&u64) -> bool) -> Result<(), ImageError> {
+    let f = &p.fidelity;
+    if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
+        return bad("seccomp filter with no or too many instructions".into());
+    }
+    if f.threads.len() > p.threads.len() {
+        return bad("more seccomp/thread entries than threads".into());
+    }
+    for t in &f.threads {
+        if sorted_tids.binary_search(&t.tid).is_err() {
+            return bad(format!("per-thread state for thread {} the process does not have", t.tid));
+        }
+        if t.seccomp_mode > 2 || (t.seccomp_mode != 2 && !t.seccomp.is_empty()) || (t.seccomp_mode == 2 && t.seccomp.is_empty()) {
+            return bad(format!("thread {}: seccomp mode {} with {} filters", t.tid, t.seccomp_mode, t.seccomp.len()));
+        }
+        if t.seccomp.len() > MAX_SECCOMP_CHAIN || t.seccomp.iter().any(|&i| i as usize >= f.seccomp_filters.len()) {
+            return bad(format!("thread {}: seccomp filter index out of range", t.tid));
+        }
+        if !(0..=64).contains(&t.pdeathsig) {
+            return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
+        }
+    }
+    for o in &f.file_owners {
+        if o.file as usize >= p.files.len() || !(0..=2).contains(&o.owner_type) || !(0..=64).contains(&o.signal) {
+            return bad(format!("fd owner entry for file {} is malformed", o.file));
+        }
+    }
+    for a in &f.inode_attrs {
+        let ok = match a.of {
+            InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| matches!(f.kind, FileKind::Deleted { .. })),
+            InodeOf::Memfd(id) => has_memfd(&id),
+        };
+        if !ok || a.mode > 0o7777 {
+            return bad("inode attributes for an object the image does not recreate".into());
+        }
+    }
     Ok(())
 }

@@ -124,6 +124,7 @@ fn valid() -> (Inventory, ProcessImage) {
         memfds: vec![],
         inherited: vec![],
         root: None,
+        fidelity: Default::default(),
     };
     (inv, p)
 }

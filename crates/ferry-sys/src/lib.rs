@@ -12,6 +12,7 @@ pub mod pagemap;
 pub mod pidfd;
 pub mod process;
 pub mod ptrace;
+pub mod seccomp;
 pub mod sockdiag;
 pub mod vm;
 
