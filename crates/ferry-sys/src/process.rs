@@ -140,3 +140,9 @@ pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// kill(2).
+pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
+    // SAFETY: integer arguments.
+    if unsafe { libc::kill(pid, sig) } < 0 { Err(crate::last_error("kill")) } else { Ok(()) }
+}

@@ -21,7 +21,8 @@ pub fn set_options(tid: i32, options: u64) -> SysResult<()> {
     crate::check("ptrace(PTRACE_SETOPTIONS)", r).map(drop)
 }
 
-/// Filter `index` of stopped traced thread `tid` (0: the newest) as
+/// Filter `index` of stopped traced thread `tid` (0: the oldest, the
+/// first installed) as
 /// classic BPF instructions, each `struct sock_filter` packed in a u64
 /// exactly as in memory (code u16, jt u8, jf u8, k u32).
 pub fn get_filter(tid: i32, index: u64) -> SysResult<Vec<u64>> {

@@ -9,7 +9,9 @@ mod files;
 mod memfd;
 mod memory;
 mod namespaces;
+mod prctl;
 mod process;
+mod seccomp;
 mod signals;
 mod shm;
 mod sysv_ipc;
@@ -69,19 +71,30 @@ struct Survey {
     fds: Vec<ferry_image::FdSlot>,
     memfds: Vec<ferry_image::MemfdObject>,
     remote: Remote,
+    /// Format-4 state found from outside (seccomp, fd owners, inode
+    /// attributes, stop state); the per-thread prctl part is added by the
+    /// injected capture.
+    fidelity: ferry_image::Fidelity,
+    seccomp_threads: Vec<seccomp::ThreadSeccomp>,
 }
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
-    let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
+    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
+    let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
+    prctl::check_thread_creds(pid, &tids)?;
+    let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
+    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, ..Default::default() };
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")
         .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey { smaps, vmas, files, fds, memfds, remote })
+    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads })
 }
 
 /// Checkpoints `pid` and all its descendants as one image.
@@ -145,7 +158,19 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
         skip.sort_unstable();
         let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, pids.len() > 1, &mut pages, opts.progress.as_ref())?;
-        let (threads, signals, itimers, posix_timers, (brk, misc)) = injected;
+        let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) = injected;
+        let mut fidelity = sv.fidelity;
+        fidelity.securebits = securebits;
+        fidelity.threads = sv
+            .seccomp_threads
+            .iter()
+            .map(|(tid, mode, chain)| ferry_image::ThreadFidelity {
+                tid: *tid,
+                seccomp_mode: *mode,
+                seccomp: chain.clone(),
+                pdeathsig: deathsigs.iter().find(|d| d.0 == *tid).map_or(0, |d| d.1),
+            })
+            .collect();
         let mut image = ProcessImage {
             threads,
             vmas: sv.vmas,
@@ -158,6 +183,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
             misc,
             memfds: sv.memfds,
             inherited,
+            fidelity,
             ..process::capture(pid)?
         };
         image.ppid = p.ppid;
@@ -252,6 +278,7 @@ type Injected = (
     Vec<ferry_image::ITimer>,
     Vec<ferry_image::PosixTimer>,
     (u64, ferry_image::ProcessMisc),
+    (Vec<(i32, i32)>, u32),
 );
 
 /// Everything that needs syscalls run inside the process.
@@ -261,7 +288,8 @@ fn capture_injected(ctx: &Ctx) -> Result<Injected> {
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;
     let brk_misc = process::capture_injected(ctx)?;
-    Ok((threads, signal_state, itimers, posix, brk_misc))
+    let prctl = prctl::capture_injected(ctx)?;
+    Ok((threads, signal_state, itimers, posix, brk_misc, prctl))
 }
 
 /// Reads the metadata back and checks the page file against it. Page data

@@ -114,6 +114,14 @@ pub fn translate(image: &mut TreeImage, view: &PidView) {
                 timer.notify_tid = view.inner(timer.notify_tid);
             }
         }
+        for t in &mut p.fidelity.threads {
+            t.tid = view.inner(t.tid);
+        }
+        for o in &mut p.fidelity.file_owners {
+            if o.owner > 0 {
+                o.owner = view.inner(o.owner);
+            }
+        }
     }
     for z in &mut image.zombies {
         for id in [&mut z.pid, &mut z.ppid, &mut z.pgid, &mut z.sid] {

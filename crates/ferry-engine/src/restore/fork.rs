@@ -100,8 +100,13 @@ pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
         ptrace::set_sigmask(child, !0).map_err(|e| kerr("blocking signals", e))?;
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     } else {
+        // PTRACE_DETACH's signal only counts from a signal-delivery stop,
+        // which this is not: queue the signal, then let the child go. It
+        // takes the signal before running anything (its handlers are all
+        // SIG_DFL since the fork reset them).
         ptrace::set_sigmask(child, 0).map_err(|e| kerr("unblocking signals", e))?;
-        ptrace::detach(child, sig).map_err(|e| kerr("releasing with its signal", e))?;
+        ferry_sys::process::kill(child, sig).map_err(|e| kerr("sending its signal", e))?;
+        ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     }
     // The zombie is the parent's to reap; wait until it is one.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

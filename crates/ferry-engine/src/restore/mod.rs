@@ -21,7 +21,9 @@ mod files;
 mod fork;
 mod memory;
 mod pidns;
+mod prctl;
 mod process;
+mod seccomp;
 mod signals;
 mod staging;
 mod sysv_ipc;
@@ -333,6 +335,12 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     // Children first, so a parent never runs while its child is still held.
     for (s, tids) in sessions.iter().zip(&all_tids).rev() {
+        if s.image.fidelity.stopped {
+            // Queued while every thread is still held: the process takes
+            // it on its way out of the ptrace stop, before running any
+            // instruction of its own, and enters the job-control stop.
+            ferry_sys::process::kill(s.pid, libc::SIGSTOP).map_err(|e| EngineError::kernel(s.pid, "stopping it again (SIGSTOP)", e))?;
+        }
         for &tid in std::iter::once(&s.pid).chain(tids) {
             ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(s.pid, format!("releasing thread {tid}"), e))?;
         }
@@ -409,6 +417,7 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> R
     for t in &image.threads[1..] {
         threads::restore_thread_state(s, t)?;
     }
+    files::owner::restore(s)?;
     timers::restore_itimers(s)?;
     timers::restore_posix(s)?;
     process::restore_misc(s)?;
@@ -423,7 +432,11 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> R
     // another user would need CAP_SYS_RESOURCE), credentials last.
     process::restore_limits(pid, image)?;
     let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
+    // seccomp while the process still has root's capabilities; suspended
+    // for ferry's remaining injected calls until the threads are released.
+    seccomp::install(s, &all_tids)?;
     process::restore_creds(s, &all_tids)?;
+    prctl::restore_pdeathsig(s)?;
     s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;

@@ -195,6 +195,12 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
             }
             let fd = new_memfd(p.pid, m)?;
             let fd = st.lift(p.pid, fd, "a memfd")?;
+            // Mode and owner as fchmod/fchown left them (memfd_create
+            // makes it 0777, owned by ferry).
+            if let Some(a) = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::Memfd(m.id)) {
+                ferry_sys::fd::set_mode_owner(fd, a.mode, a.uid, a.gid)
+                    .map_err(|e| EngineError::kernel(p.pid, format!("giving memfd {} mode {:o} and owner {}:{}", m.name, a.mode, a.uid, a.gid), e))?;
+            }
             st.memfds.insert(m.id, (fd, m.seals));
             st.map.insert((memory::memfd_key(m.id), true), fd);
         }

@@ -6,6 +6,7 @@ mod epoll;
 mod eventfd;
 mod inet;
 mod locks;
+pub(crate) mod owner;
 mod pipe;
 mod regular;
 mod signalfd;

@@ -9,6 +9,7 @@ mod epoll;
 mod eventfd;
 mod inet;
 pub(crate) mod locks;
+pub(crate) mod owner;
 mod pipe;
 mod regular;
 mod signalfd;
@@ -121,12 +122,17 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
                 std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
             }
-            for f in &p.files {
+            for (i, f) in p.files.iter().enumerate() {
                 if staged.contains_key(&f.id) {
                     continue;
                 }
                 let fd = build_one(&mut b, f)?;
                 let high = b.keep(fd)?;
+                let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
+                if let Some(a) = attrs {
+                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid)
+                        .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
+                }
                 locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
                 staged.insert(f.id, high);
             }
