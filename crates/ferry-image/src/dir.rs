@@ -155,7 +155,7 @@ impl ImageDir {
     /// symbolic links.
     pub fn check_private(&self) -> Result<(), ImageError> {
         use std::os::unix::fs::MetadataExt;
-        for (path, what) in [(self.path.clone(), "image directory"), (self.file(META_FILE), META_FILE), (self.pages_path(), PAGES_FILE)] {
+        for (path, what) in [(self.file(META_FILE), META_FILE), (self.pages_path(), PAGES_FILE), (self.path.clone(), "image directory")] {
             let m = std::fs::symlink_metadata(&path).map_err(|e| ImageError::io(&path, e))?;
             let why = if m.file_type().is_symlink() {
                 Some("is a symbolic link".to_string())

@@ -1088,3 +1088,94 @@ fn bad_sysv_semaphores_and_queues() {
     t.sysv_msg.push(t.sysv_msg[0].clone());
     assert!(reject_tree(&inv, &t).contains("appears twice"));
 }
+
+/// A valid image with format-4 state: two threads under seccomp (one
+/// filter shared), a parent-death signal, an fd owner, inode attributes.
+fn valid_fidelity() -> (Inventory, ProcessImage) {
+    let (inv, mut p) = valid();
+    let tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
+    p.fidelity = Fidelity {
+        seccomp_filters: vec![
+            SeccompFilter { insns: vec![0x7fff_0000_0000_0006], log: false },
+            SeccompFilter { insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006], log: true },
+        ],
+        threads: tids.iter().map(|&tid| ThreadFidelity { tid, seccomp_mode: 2, seccomp: vec![0, 1], pdeathsig: 10 }).collect(),
+        file_owners: vec![FileOwner { file: 0, owner_type: 1, owner: PID, signal: 35 }],
+        inode_attrs: vec![],
+        stopped: true,
+        securebits: 0x10,
+    };
+    (inv, p)
+}
+
+#[test]
+fn fidelity_state_round_trips() {
+    let (inv, p) = valid_fidelity();
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    let (_, t) = decode_meta(&bytes).expect("a valid format-4 image decodes");
+    assert_eq!(t.processes[0].fidelity, p.fidelity);
+}
+
+#[test]
+fn malformed_fidelity_state_is_rejected() {
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.seccomp_filters[0].insns.clear();
+    assert!(reject_model(&inv, &p).contains("seccomp filter"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.seccomp_filters[0].insns = vec![6; 4097];
+    assert!(reject_model(&inv, &p).contains("seccomp filter"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp = vec![0, 2];
+    assert!(reject_model(&inv, &p).contains("index out of range"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp = vec![u32::MAX];
+    assert!(reject_model(&inv, &p).contains("index out of range"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[1].seccomp_mode = 1; // strict with filters
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp.clear(); // filter mode without filters
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp_mode = 7;
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].tid = 999_999;
+    assert!(reject_model(&inv, &p).contains("does not have"));
+
+    let (inv, mut p) = valid_fidelity();
+    let extra = p.fidelity.threads[0].clone();
+    p.fidelity.threads.push(extra);
+    assert!(reject_model(&inv, &p).contains("more seccomp/thread entries"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].pdeathsig = 65;
+    assert!(reject_model(&inv, &p).contains("parent-death signal"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].file = p.files.len() as u32;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].owner_type = 3;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].signal = -1;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::Memfd(12345), mode: 0o600, uid: 0, gid: 0 });
+    assert!(reject_model(&inv, &p).contains("inode attributes"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::File(0), mode: 0o600, uid: 0, gid: 0 }); // not a deleted file
+    assert!(reject_model(&inv, &p).contains("inode attributes"));
+}

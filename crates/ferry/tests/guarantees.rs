@@ -533,3 +533,55 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
         assert_ne!(comm(init), "ferry-init", "ferry-init {init} outlived its tree");
     }
 }
+
+#[test]
+fn refuses_a_seccomp_user_notification_filter_and_leaves_it_confined() {
+    assert_refused("tests/guarantees/seccomp_user_notif.c", &["seccomp filters of thread", "SECCOMP_RET_USER_NOTIF"]);
+}
+
+#[test]
+fn refuses_an_fd_owned_by_a_process_outside_the_tree() {
+    assert_refused("tests/guarantees/fd_owner_outside.c", &["fd 3", "F_SETOWN owner", "outside the checkpointed tree"]);
+}
+
+#[test]
+fn refuses_threads_with_different_credentials() {
+    assert_refused("tests/guarantees/thread_creds_differ.c", &["thread", "Uid", "per-thread credentials"]);
+}
+
+/// Images are private (0700 directory, 0600 files) and restore refuses an
+/// image a non-root user could have changed, naming the file and why.
+#[test]
+fn images_are_private_and_writable_images_are_refused() {
+    if !is_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = Case::new("image-perms");
+    let pid = checkpointed_image(&mut c);
+    let images = c.images();
+    let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+    assert_eq!(mode(&images), 0o700, "image directory mode");
+    assert_eq!(mode(&images.join("meta.img")), 0o600, "meta.img mode");
+    assert_eq!(mode(&images.join("pages.img")), 0o600, "pages.img mode");
+    let set = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).expect("chmod");
+    let refused = |what: &str| {
+        let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+        let e = stderr(&r);
+        assert!(!r.status.success(), "restore of an unsafe image succeeded");
+        assert!(e.contains(what) && e.trim().lines().count() == 1, "expected {what:?} in one line: {e}");
+        assert!(!Path::new(&format!("/proc/{pid}")).exists() || comm(pid) != "mem_anon_private", "an unsafe image was restored");
+    };
+    set(&images, 0o777);
+    refused("image directory");
+    set(&images, 0o700);
+    set(&images.join("pages.img"), 0o620);
+    refused("pages.img");
+    set(&images.join("pages.img"), 0o600);
+    std::os::unix::fs::chown(images.join("meta.img"), Some(65534), None).expect("chown");
+    refused("owned by uid 65534");
+    std::os::unix::fs::chown(images.join("meta.img"), Some(0), None).expect("chown");
+    // Private again: it restores.
+    let code = c.restore_and_finish(pid, &images, &[]);
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}

@@ -29,7 +29,12 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], 
         let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
         let fd = slot.fd;
         let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
-        let (owner_type, owner) = ferry_sys::fd::get_owner_ex(dup.as_raw_fd()).map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e))?;
+        let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup.as_raw_fd()) {
+            Ok(o) => o,
+            // O_PATH descriptors have no owner (fcntl says EBADF).
+            Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => continue,
+            Err(e) => return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e)),
+        };
         let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)").map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
         if owner == 0 && signal == 0 {
             continue;
