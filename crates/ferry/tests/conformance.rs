@@ -505,6 +505,7 @@ conformance! {
     fd_deleted_owner,
     fd_pipe_full,
     tree_stopped,
+    mem_mlock,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -59,8 +59,13 @@ impl Case {
 
     /// Starts `prog` in its own session with only stdio open; waits for READY.
     fn start(&mut self, prog: &Path) -> i32 {
+        self.start_args(prog, &[])
+    }
+
+    fn start_args(&mut self, prog: &Path, args: &[&str]) -> i32 {
         let log = fs::File::create(self.dir.join("program.log")).expect("log");
         let mut cmd = Command::new(prog);
+        cmd.args(args);
         cmd.current_dir(&self.dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
@@ -171,13 +176,17 @@ fn stderr(o: &Output) -> String {
 /// Checkpoint must fail naming `what`, leave no image behind, and the
 /// program must go on and pass its own checks.
 fn assert_refused(src: &str, what: &[&str]) {
+    assert_refused_args(src, &[], what)
+}
+
+fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
     let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
     let prog = c.compile(src);
-    let pid = c.start(&prog);
+    let pid = c.start_args(&prog, args);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
     assert!(!out.status.success(), "checkpoint of {src} should have been refused");
@@ -584,4 +593,54 @@ fn images_are_private_and_writable_images_are_refused() {
     // Private again: it restores.
     let code = c.restore_and_finish(pid, &images, &[]);
     assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}
+
+/// tests/guarantees/refusals.c in one of its modes.
+fn refused_mode(mode: &str, what: &[&str]) {
+    assert_refused_args("tests/guarantees/refusals.c", &[mode], what);
+}
+
+#[test]
+fn refuses_mlockall_future() {
+    refused_mode("mlockall", &["memory locking", "MCL_FUTURE"]);
+}
+
+#[test]
+fn refuses_another_uts_namespace() {
+    refused_mode("uts", &["UTS namespace"]);
+}
+
+#[test]
+fn refuses_a_faulting_time_stamp_counter() {
+    refused_mode("tsc", &["PR_SET_TSC"]);
+}
+
+#[test]
+fn refuses_a_proc_file_of_a_tree_process() {
+    refused_mode("proc_child", &["fd 3", "/proc file of process", "of the tree"]);
+}
+
+#[test]
+fn refuses_a_shared_fd_table_without_clone_thread() {
+    refused_mode("clone_files", &["fd table", "CLONE_FILES"]);
+}
+
+#[test]
+fn refuses_epoll_watching_a_closed_fd_number() {
+    refused_mode("epoll_closed", &["epoll"]);
+}
+
+#[test]
+fn refuses_a_mapping_of_a_deleted_file() {
+    refused_mode("deleted_map", &["mapped.tmp", "deleted"]);
+}
+
+#[test]
+fn refuses_a_unix_listener_with_pending_connections() {
+    refused_mode("unix_pending", &["fd 3", "accept queue"]);
+}
+
+#[test]
+fn refuses_scm_rights_in_flight() {
+    refused_mode("scm_rights", &["fd 4"]);
 }

@@ -35,7 +35,9 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         "[vdso]" => VmaBacking::Vdso,
         "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
         "[vsyscall]" => VmaBacking::Vsyscall,
-        _ if p.starts_with("[anon:") => VmaBacking::Anonymous,
+        _ if p.starts_with("[anon:") => {
+            return Err(EngineError::unsupported(pid, what(), "a named anonymous mapping (PR_SET_VMA_ANON_NAME); the name is not restored"))
+        }
         "/dev/zero (deleted)" if m.shared() => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
@@ -324,4 +326,16 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
         out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
     }
     Ok(out)
+}
+
+/// mlockall(MCL_FUTURE) shows nowhere in /proc but in the mappings made
+/// after it: ferry's scratch mapping, just made, comes out locked. Future
+/// locking is not restored, so such a process is refused. (Locked
+/// mappings themselves are recorded, VmFlags "lo", and locked again.)
+pub fn check_mlock_future(pid: i32, scratch: u64) -> Result<()> {
+    let smaps = crate::procfs::smaps(pid)?;
+    if smaps.iter().any(|m| m.start == scratch && m.has_flag("lo")) {
+        return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
+    }
+    Ok(())
 }

@@ -12,6 +12,7 @@ mod namespaces;
 mod prctl;
 mod process;
 mod seccomp;
+mod sharing;
 mod signals;
 mod shm;
 mod sysv_ipc;
@@ -117,6 +118,9 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     ph.mark("freeze");
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
+    namespaces::check_others(&pids)?;
+    namespaces::check_cgroups(&pids)?;
+    sharing::check(&pids)?;
     let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
@@ -265,7 +269,7 @@ fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
     let pid = frozen.pid;
     let scratch = Scratch::map(&sv.remote, pid)?;
     let ctx = Ctx { pid, frozen, remote: sv.remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
-    let injected = capture_injected(&ctx);
+    let injected = memory::check_mlock_future(pid, scratch.addr).and_then(|()| capture_injected(&ctx));
     let unmapped = scratch.unmap(&ctx.remote, pid);
     let injected = injected?;
     unmapped?;
@@ -288,6 +292,7 @@ fn capture_injected(ctx: &Ctx) -> Result<Injected> {
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;
     let brk_misc = process::capture_injected(ctx)?;
+    prctl::check_unrestored(ctx)?;
     let prctl = prctl::capture_injected(ctx)?;
     Ok((threads, signal_state, itimers, posix, brk_misc, prctl))
 }

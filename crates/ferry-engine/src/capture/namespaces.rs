@@ -195,3 +195,40 @@ pub fn check_ipc(pids: &[i32]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Namespaces ferry cannot make again: a tree in a user, UTS, time or
+/// cgroup namespace other than ferry's is refused (restore would put it
+/// in ferry's, with another hostname, clock offsets, id mapping or
+/// cgroup root).
+pub fn check_others(pids: &[i32]) -> Result<()> {
+    let me = std::process::id() as i32;
+    for (kind, name) in [("user", "user"), ("uts", "UTS"), ("time", "time"), ("time_for_children", "time (for children)"), ("cgroup", "cgroup")] {
+        let Ok(ours) = ns_inode(me, kind) else { continue };
+        for &pid in pids {
+            if ns_inode(pid, kind)? != ours {
+                return Err(EngineError::unsupported(pid, format!("the {name} namespace"), "it is not ferry's; ferry restores into its own and cannot make this one again"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cgroup membership is not restored (a restored process joins ferry's
+/// cgroups): a process in cgroups other than ferry's is refused, naming
+/// the hierarchy.
+pub fn check_cgroups(pids: &[i32]) -> Result<()> {
+    let ours = procfs::read_string("/proc/self/cgroup")?;
+    for &pid in pids {
+        let theirs = procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
+        if let Some(line) = theirs.lines().find(|l| !ours.lines().any(|o| o == *l)) {
+            let mine = line.split(':').take(2).collect::<Vec<_>>().join(":");
+            let ferry_line = ours.lines().find(|o| o.starts_with(&format!("{mine}:"))).unwrap_or("none");
+            return Err(EngineError::unsupported(
+                pid,
+                "its cgroup membership",
+                format!("it is in {line:?}, ferry in {ferry_line:?}; restored processes join ferry's cgroups"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -30,6 +30,86 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(Vec<(i32, i32)>, u32)> {
     Ok((deathsigs, securebits))
 }
 
+/// Per-thread attributes ferry does not restore, with the value every
+/// thread must have: (name, getter calls, acceptable). A thread with
+/// another value is refused by name. The speculation controls are
+/// compared with ferry's own (their default depends on the kernel's
+/// mitigation mode).
+const PR_GET_TSC: u64 = 25;
+const PR_TSC_ENABLE: u64 = 1;
+const PR_MCE_KILL_GET: u64 = 34;
+const PR_MCE_KILL_DEFAULT: u64 = 2;
+const PR_GET_SPECULATION_CTRL: u64 = 52;
+const PR_GET_IO_FLUSHER: u64 = 58;
+const PR_GET_MDWE: u64 = 66;
+const PR_GET_MEMORY_MERGE: u64 = 68;
+const ARCH_GET_CPUID: u64 = 0x1011;
+const ARCH_SHSTK_STATUS: u64 = 0x5005;
+
+fn own_speculation(which: u64) -> i64 {
+    // SAFETY: integer arguments, reads ferry's own setting.
+    unsafe { libc::prctl(PR_GET_SPECULATION_CTRL as i32, which, 0, 0, 0) as i64 }
+}
+
+/// Refuses a thread with a prctl/arch_prctl attribute ferry does not
+/// restore set away from its default: PR_SET_TSC, PR_MCE_KILL,
+/// PR_SET_SPECULATION_CTRL, PR_SET_IO_FLUSHER, PR_SET_MDWE,
+/// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks.
+pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
+    for t in &ctx.frozen.threads {
+        let calls = [
+            Call::new(libc::SYS_prctl, &[PR_GET_TSC, ctx.data]),
+            Call::new(libc::SYS_prctl, &[PR_MCE_KILL_GET, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 1, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 2, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_IO_FLUSHER, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_MDWE, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_MEMORY_MERGE, 0, 0, 0, 0]),
+            Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
+            Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
+        ];
+        let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
+        let b = ctx.remote.read(ctx.data, 16)?;
+        let tsc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
+        let shstk = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+        let refuse = |what: &str, why: String| Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why));
+        // Seccomp strict mode turns the counter off itself (and gets it
+        // back with the mode).
+        let strict = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid)).is_ok_and(|s| key_values(&s).get("Seccomp") == Some(&"1"));
+        if r[0] >= 0 && tsc != PR_TSC_ENABLE && !strict {
+            return refuse("PR_SET_TSC", format!("reading the time stamp counter is set to fault (PR_GET_TSC {tsc}); not restored"));
+        }
+        if r[1] >= 0 && r[1] as u64 != PR_MCE_KILL_DEFAULT {
+            return refuse("PR_MCE_KILL", format!("its memory-error kill policy is {} (not the default); not restored", r[1]));
+        }
+        for (k, which) in [(2usize, 0u64), (3, 1), (4, 2)] {
+            if r[k] >= 0 && r[k] != own_speculation(which) {
+                return refuse(
+                    "PR_SET_SPECULATION_CTRL",
+                    format!("speculation control {which} is {:#x}, ferry's {:#x}; not restored", r[k], own_speculation(which)),
+                );
+            }
+        }
+        if r[5] > 0 {
+            return refuse("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into());
+        }
+        if r[6] > 0 {
+            return refuse("PR_SET_MDWE", format!("memory-deny-write-execute is on ({:#x}); not restored", r[6]));
+        }
+        if r[7] > 0 {
+            return refuse("PR_SET_MEMORY_MERGE", "KSM merging is on for the whole process; not restored".into());
+        }
+        if r[8] == 0 {
+            return refuse("ARCH_SET_CPUID", "the cpuid instruction is set to fault; not restored".into());
+        }
+        if r[9] >= 0 && shstk != 0 {
+            return refuse("shadow stack", format!("x86 shadow stack features {shstk:#x} are enabled; not restored"));
+        }
+    }
+    Ok(())
+}
+
 /// Credentials are per thread; restore gives every thread the leader's.
 /// A thread whose ids, groups or capabilities differ is refused by name.
 pub fn check_thread_creds(pid: i32, tids: &[i32]) -> Result<()> {

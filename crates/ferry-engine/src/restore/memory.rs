@@ -314,6 +314,21 @@ pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
     Ok(())
 }
 
+/// Locks again the mappings that were locked (mlock, mlockall(MCL_CURRENT);
+/// VmFlags "lo"), once their pages are in. Done while the process still
+/// has root's CAP_IPC_LOCK; RLIMIT_MEMLOCK is set afterwards.
+pub fn relock(s: &mut Session, vmas: &[ferry_image::Vma]) -> Result<()> {
+    let calls: Vec<(String, Call)> = vmas
+        .iter()
+        .filter(|v| v.flags & ferry_image::vmflag::LOCKED != 0)
+        .map(|v| (format!("mlock({:#x}-{:#x})", v.start, v.end), Call::new(libc::SYS_mlock, &[v.start, v.end - v.start])))
+        .collect();
+    if !calls.is_empty() {
+        s.run(s.pid, &calls)?;
+    }
+    Ok(())
+}
+
 /// PR_SET_MM_MAP: code/data/brk/stack/arg/env boundaries, auxv, exe.
 pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     let mm = &s.image.mm;

@@ -287,6 +287,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
     memory::write_pages(pid, &root.page_runs, pages.bytes(), opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
+    memory::relock(&mut s, &root.vmas)?;
     sessions.push(s);
     ph.mark("root: files+memory");
     for img in &tree.processes[1..] {
@@ -309,6 +310,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
         memory::write_pages(img.pid, &img.page_runs, pages.bytes(), opts.progress.as_ref())?;
         memory::reprotect(&mut s, &reprotect)?;
+        memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
     }
     for z in &tree.zombies {

@@ -28,7 +28,19 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
         file.read_exact_at(&mut content, 0).map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
         return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });
     }
+    if let Some(pid) = proc_pid_of(link) {
+        let whose = if info.tree.contains(&pid) { format!("process {pid} of the tree") } else { format!("process {pid}, outside the tree") };
+        return Err(info.unsupported(format!(
+            "a /proc file of {whose}; such a file belongs to that process's incarnation and cannot be reopened for the restored one"
+        )));
+    }
     Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })
+}
+
+/// "/proc/123/stat" -> 123 (also /proc/123/task/...).
+fn proc_pid_of(link: &str) -> Option<i32> {
+    let rest = link.strip_prefix("/proc/")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 fn is_terminal(info: &FdInfo) -> Result<bool> {
