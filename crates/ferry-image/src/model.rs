@@ -171,6 +171,9 @@ pub struct Fidelity {
     pub stopped: bool,
     /// prctl(PR_GET_SECUREBITS), including SECBIT_KEEP_CAPS.
     pub securebits: u32,
+    /// The signal the parent gets when this process ends (clone's
+    /// exit_signal, field 38 of stat; SIGCHLD for fork).
+    pub exit_signal: i32,
 }
 
 /// One seccomp filter: classic BPF, each `struct sock_filter` packed in a

@@ -242,6 +242,9 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
     if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
         return bad("seccomp filter with no or too many instructions".into());
     }
+    if !(0..=64).contains(&f.exit_signal) {
+        return bad(format!("exit signal {}", f.exit_signal));
+    }
     if f.threads.len() > p.threads.len() {
         return bad("more seccomp/thread entries than threads".into());
     }

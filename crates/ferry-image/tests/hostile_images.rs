@@ -1104,6 +1104,7 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
         inode_attrs: vec![],
         stopped: true,
         securebits: 0x10,
+        exit_signal: 17,
     };
     (inv, p)
 }
@@ -1154,6 +1155,10 @@ fn malformed_fidelity_state_is_rejected() {
     let extra = p.fidelity.threads[0].clone();
     p.fidelity.threads.push(extra);
     assert!(reject_model(&inv, &p).contains("more seccomp/thread entries"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.exit_signal = 99;
+    assert!(reject_model(&inv, &p).contains("exit signal"));
 
     let (inv, mut p) = valid_fidelity();
     p.fidelity.threads[0].pdeathsig = 65;

@@ -172,3 +172,12 @@ pub fn wait_tid(tid: i32, flags: i32) -> SysResult<Option<(i32, WaitEvent)>> {
     };
     Ok(Some((r, ev)))
 }
+
+/// PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG: the thread's syscall user
+/// dispatch mode (0: off), selector, offset and length.
+pub fn get_syscall_user_dispatch(tid: i32) -> SysResult<[u64; 4]> {
+    const PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG: u32 = 0x4211;
+    let mut cfg = [0u64; 4];
+    req(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG, tid, std::mem::size_of_val(&cfg), cfg.as_mut_ptr() as usize, "ptrace(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG)")?;
+    Ok(cfg)
+}

@@ -198,6 +198,9 @@ fn show_fidelity(p: &ProcessImage) {
         "credentials: uid {:?} gid {:?} (real, effective, saved, filesystem), groups {:?}, securebits {:#x}",
         c.uids, c.gids, c.groups, f.securebits
     );
+    if f.exit_signal != libc::SIGCHLD {
+        println!("exit signal to its parent: {}", f.exit_signal);
+    }
     if f.stopped {
         println!("stopped by a job-control signal: restored stopped");
     }

@@ -506,6 +506,7 @@ conformance! {
     fd_pipe_full,
     tree_stopped,
     mem_mlock,
+    tree_exit_signal,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

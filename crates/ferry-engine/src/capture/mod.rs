@@ -165,6 +165,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) = injected;
         let mut fidelity = sv.fidelity;
         fidelity.securebits = securebits;
+        fidelity.exit_signal = crate::procfs::Stat::read(pid)?.field(38) as i32;
         fidelity.threads = sv
             .seccomp_threads
             .iter()

@@ -45,6 +45,8 @@ const PR_GET_MDWE: u64 = 66;
 const PR_GET_MEMORY_MERGE: u64 = 68;
 const ARCH_GET_CPUID: u64 = 0x1011;
 const ARCH_SHSTK_STATUS: u64 = 0x5005;
+const PR_SCHED_CORE: u64 = 62;
+const PR_SCHED_CORE_GET: u64 = 0;
 
 fn own_speculation(which: u64) -> i64 {
     // SAFETY: integer arguments, reads ferry's own setting.
@@ -54,7 +56,8 @@ fn own_speculation(which: u64) -> i64 {
 /// Refuses a thread with a prctl/arch_prctl attribute ferry does not
 /// restore set away from its default: PR_SET_TSC, PR_MCE_KILL,
 /// PR_SET_SPECULATION_CTRL, PR_SET_IO_FLUSHER, PR_SET_MDWE,
-/// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks.
+/// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks, a NUMA memory
+/// policy, a core-scheduling cookie, syscall user dispatch.
 pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
     for t in &ctx.frozen.threads {
         let calls = [
@@ -68,9 +71,14 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
             Call::new(libc::SYS_prctl, &[PR_GET_MEMORY_MERGE, 0, 0, 0, 0]),
             Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
             Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
+            Call::new(libc::SYS_get_mempolicy, &[ctx.data + 16, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
         ];
+        ctx.remote.write(ctx.data, &[0u8; 32])?;
         let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
-        let b = ctx.remote.read(ctx.data, 16)?;
+        let b = ctx.remote.read(ctx.data, 32)?;
+        let mempolicy = i32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+        let core_cookie = u64::from_le_bytes(b[24..32].try_into().unwrap_or([0; 8]));
         let tsc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
         let shstk = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
         let refuse = |what: &str, why: String| Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why));
@@ -105,6 +113,17 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
         }
         if r[9] >= 0 && shstk != 0 {
             return refuse("shadow stack", format!("x86 shadow stack features {shstk:#x} are enabled; not restored"));
+        }
+        if r[10] >= 0 && mempolicy != 0 {
+            return refuse("NUMA memory policy", format!("set_mempolicy mode {mempolicy} (not MPOL_DEFAULT); not restored"));
+        }
+        if r[11] >= 0 && core_cookie != 0 {
+            return refuse("PR_SCHED_CORE", format!("core scheduling cookie {core_cookie:#x}; not restored"));
+        }
+        if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
+            if sud[0] != 0 {
+                return refuse("PR_SET_SYSCALL_USER_DISPATCH", format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]));
+            }
         }
     }
     Ok(())

@@ -295,7 +295,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
             .iter()
             .position(|p| p.pid == img.ppid)
             .ok_or_else(|| EngineError::restore(img.pid, format!("parent {} not restored", img.ppid)))?;
-        let child = fork::fork_from(&mut sessions[k], img.pid)?;
+        let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal)?;
         guard.pids.push(child);
         let parent = &sessions[k];
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
