@@ -466,6 +466,17 @@ pub enum FileKind {
     Epoll { entries: Vec<EpollEntry> },
     InetSocket(InetSocket),
     UnixSocket(UnixSocket),
+    /// An inotify instance with its watches (format 4). Queued events are
+    /// refused at checkpoint, so there are none.
+    Inotify { watches: Vec<InotifyWatch> },
+}
+
+/// One inotify watch: its descriptor, the watched path, its event mask.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    pub path: String,
+    pub mask: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -1184,3 +1184,17 @@ fn malformed_fidelity_state_is_rejected() {
     p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::File(0), mode: 0o600, uid: 0, gid: 0 }); // not a deleted file
     assert!(reject_model(&inv, &p).contains("inode attributes"));
 }
+
+#[test]
+fn malformed_inotify_watches_are_rejected() {
+    let w = |wd: i32| InotifyWatch { wd, path: "/tmp".into(), mask: 0x100 };
+    let (inv, mut p) = valid();
+    p.files[0].kind = FileKind::Inotify { watches: vec![w(1), w(3)] };
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&bytes).expect("ordered watches decode");
+    for bad in [vec![w(3), w(1)], vec![w(2), w(2)], vec![w(0)], vec![w(-5), w(1)]] {
+        let (inv, mut p) = valid();
+        p.files[0].kind = FileKind::Inotify { watches: bad };
+        assert!(reject_model(&inv, &p).contains("inotify"));
+    }
+}

@@ -106,3 +106,18 @@ pub fn set_mode_owner(fd: RawFd, mode: u32, uid: u32, gid: u32) -> SysResult<()>
     }
     Ok(())
 }
+
+/// open_by_handle_at: opens (O_PATH) the file a file handle names, on the
+/// filesystem of `mount_fd`. Needs CAP_DAC_READ_SEARCH.
+pub fn open_by_handle(mount_fd: RawFd, handle_type: i32, handle: &[u8]) -> SysResult<OwnedFd> {
+    // struct file_handle { unsigned int handle_bytes; int handle_type; unsigned char f_handle[]; }
+    let mut buf = Vec::with_capacity(8 + handle.len());
+    buf.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
+    buf.extend_from_slice(&handle_type.to_ne_bytes());
+    buf.extend_from_slice(handle);
+    // SAFETY: buf is a complete struct file_handle of the size it declares.
+    let r = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount_fd, buf.as_mut_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    let fd = check("open_by_handle_at", r)?;
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}

@@ -169,6 +169,11 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             FileKind::TimerFd(t) => format!("timerfd clock {} value {} ns interval {} ns", t.clockid, t.value_ns, t.interval_ns),
             FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
             FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
+            FileKind::Inotify { watches } => format!(
+                "inotify with {} watches: {}",
+                watches.len(),
+                watches.iter().map(|w| format!("{} {} mask {:#x}", w.wd, w.path, w.mask)).collect::<Vec<_>>().join(", ")
+            ),
             FileKind::InetSocket(s) => format!(
                 "{} socket port {}{}",
                 if s.sock_type == 1 { "tcp" } else { "udp" },

@@ -507,6 +507,7 @@ conformance! {
     tree_stopped,
     mem_mlock,
     tree_exit_signal,
+    fd_inotify,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

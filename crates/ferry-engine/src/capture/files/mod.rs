@@ -5,6 +5,7 @@
 mod epoll;
 mod eventfd;
 mod inet;
+mod inotify;
 mod locks;
 pub(crate) mod owner;
 mod pipe;
@@ -63,6 +64,7 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
             "[timerfd]" => timerfd::capture(info),
             "[signalfd]" => signalfd::capture(info),
             "[eventpoll]" => epoll::capture(info),
+            "inotify" => inotify::capture(info),
             _ => Err(info.unsupported(format!("{kind} descriptors are not supported yet"))),
         };
     }

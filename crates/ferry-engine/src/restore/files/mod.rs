@@ -8,6 +8,7 @@
 mod epoll;
 mod eventfd;
 mod inet;
+mod inotify;
 pub(crate) mod locks;
 pub(crate) mod owner;
 mod pipe;
@@ -87,6 +88,7 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::Epoll { .. } => epoll::create(b.pid)?,
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
         FileKind::UnixSocket(s) => unix::create(b, s)?,
+        FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
     };
     let cur = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
     let want = (cur & !SETFL_MASK) | (f.flags & SETFL_MASK);
