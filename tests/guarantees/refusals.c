@@ -49,7 +49,6 @@ int main(int argc, char **argv)
 	ft_set_cleanup(end_child);
 	const char *mode = argc > 1 ? argv[1] : "";
 	int fd = -1, fd2 = -1;
-	char *mem = NULL;
 	if (strcmp(mode, "mlockall") == 0) {
 		FT_SYS(mlockall(MCL_FUTURE));
 	} else if (strcmp(mode, "uts") == 0) {
@@ -75,15 +74,6 @@ int main(int argc, char **argv)
 		close(p[0]);
 		FT_SYS(write(p[1], "x", 1));
 		fd = e;
-	} else if (strcmp(mode, "deleted_map") == 0) {
-		int f = (int)FT_SYS(open("mapped.tmp", O_RDWR | O_CREAT | O_TRUNC, 0600));
-		FT_SYS(ftruncate(f, 4096));
-		mem = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
-		if (mem == MAP_FAILED)
-			ft_die("mmap");
-		strcpy(mem, "kept");
-		close(f);
-		FT_SYS(unlink("mapped.tmp"));
 	} else if (strcmp(mode, "unix_pending") == 0) {
 		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
 		struct sockaddr_un a = { .sun_family = AF_UNIX };
@@ -133,8 +123,6 @@ int main(int argc, char **argv)
 		struct epoll_event ev;
 		FT_EQ(epoll_wait(fd, &ev, 1, 0), 1, "epoll entry of the closed fd number still reports");
 		(void)fd2;
-	} else if (strcmp(mode, "deleted_map") == 0) {
-		FT_CHECK(strcmp(mem, "kept") == 0, "mapping content");
 	} else if (strcmp(mode, "unix_pending") == 0) {
 		int a = accept(fd, NULL, NULL);
 		FT_CHECK(a >= 0, "pending connection gone: %s", strerror(errno));

@@ -174,6 +174,9 @@ pub struct Fidelity {
     /// The signal the parent gets when this process ends (clone's
     /// exit_signal, field 38 of stat; SIGCHLD for fork).
     pub exit_signal: i32,
+    /// Mapped files deleted since they were mapped, with their content:
+    /// `name` is the path they had, `seals` holds their mode bits.
+    pub deleted_files: Vec<MemfdObject>,
 }
 
 /// One seccomp filter: classic BPF, each `struct sock_filter` packed in a
@@ -388,6 +391,10 @@ pub enum VmaBacking {
     Vdso,
     Vvar { name: String },
     Vsyscall,
+    /// A mapping of a file deleted since it was mapped (format 4): its
+    /// content is in `Fidelity::deleted_files` under the same id (the
+    /// file's inode); restore recreates the file, maps it and deletes it.
+    DeletedFile { id: u64 },
 }
 
 /// A run of consecutive pages stored in pages.img.

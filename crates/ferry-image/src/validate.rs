@@ -247,6 +247,12 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
     if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
         return bad("seccomp filter with no or too many instructions".into());
     }
+    for d in &f.deleted_files {
+        check_extents(&format!("deleted file {}", d.name), d.size, &d.extents)?;
+    }
+    if p.vmas.iter().any(|v| matches!(v.backing, VmaBacking::DeletedFile { id } if !f.deleted_files.iter().any(|d| d.id == id))) {
+        return bad("a mapping refers to a deleted file the image does not hold".into());
+    }
     if !(0..=64).contains(&f.exit_signal) {
         return bad(format!("exit signal {}", f.exit_signal));
     }

@@ -1105,6 +1105,7 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
         stopped: true,
         securebits: 0x10,
         exit_signal: 17,
+        deleted_files: vec![],
     };
     (inv, p)
 }

@@ -131,6 +131,10 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),
             VmaBacking::Vsyscall => "[vsyscall]".into(),
+            VmaBacking::DeletedFile { id } => match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
+                Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
+                None => format!("[deleted file {id}]"),
+            },
         };
         let stored: u64 = p.page_runs.iter().filter(|r| r.start >= v.start && r.start < v.end).map(|r| r.pages).sum();
         let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {

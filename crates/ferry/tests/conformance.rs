@@ -508,6 +508,7 @@ conformance! {
     mem_mlock,
     tree_exit_signal,
     fd_inotify,
+    mem_deleted_file,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -630,10 +630,6 @@ fn refuses_epoll_watching_a_closed_fd_number() {
     refused_mode("epoll_closed", &["epoll"]);
 }
 
-#[test]
-fn refuses_a_mapping_of_a_deleted_file() {
-    refused_mode("deleted_map", &["mapped.tmp", "deleted"]);
-}
 
 #[test]
 fn refuses_a_unix_listener_with_pending_connections() {

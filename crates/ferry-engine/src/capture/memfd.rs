@@ -82,3 +82,24 @@ pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], sma
     }
     Ok((out, attrs))
 }
+
+/// Mapped files deleted since they were mapped (a replaced library, a
+/// temp file): their content, read through /proc/PID/map_files, goes into
+/// the image like a memfd's, with the path they had and their mode.
+pub fn capture_deleted_files(pid: i32, vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
+    let mut out: Vec<MemfdObject> = Vec::new();
+    for (v, m) in vmas.iter().zip(smaps) {
+        let VmaBacking::DeletedFile { id } = v.backing else { continue };
+        if out.iter().any(|o| o.id == id) {
+            continue;
+        }
+        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        let mode = file.metadata().map_err(|e| EngineError::io(&path, e))?.mode() & 0o7777;
+        let name = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
+        let mut obj = read_object(pid, id, name, file)?;
+        obj.seals = mode as i32;
+        out.push(obj);
+    }
+    Ok(out)
+}

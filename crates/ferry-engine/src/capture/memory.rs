@@ -42,9 +42,10 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
-        _ if p.ends_with(" (deleted)") => {
-            return Err(EngineError::unsupported(pid, what(), "the mapped file was deleted; mappings of deleted files are not supported yet"))
+        _ if p.starts_with("/anon_hugepage") || m.has_flag("ht") => {
+            return Err(EngineError::unsupported(pid, what(), "hugetlb mappings are not supported"))
         }
+        _ if p.ends_with(" (deleted)") && p.starts_with('/') => VmaBacking::DeletedFile { id: m.inode },
         _ if p.starts_with('/') => VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode },
         _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
     })
@@ -77,7 +78,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
         }
         (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
-        (VmaBacking::File { .. } | VmaBacking::Memfd { .. }, false) => Some(ScanFilter {
+        (VmaBacking::File { .. } | VmaBacking::Memfd { .. } | VmaBacking::DeletedFile { .. }, false) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
             any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
@@ -281,6 +282,7 @@ fn same_origin(c: &Vma, p: &Vma) -> bool {
         (VmaBacking::Anonymous, VmaBacking::Anonymous) => true,
         (VmaBacking::File { dev: d1, ino: i1, .. }, VmaBacking::File { dev: d2, ino: i2, .. }) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
         (VmaBacking::Memfd { id: a }, VmaBacking::Memfd { id: b }) => a == b && c.pgoff == p.pgoff,
+        (VmaBacking::DeletedFile { id: a }, VmaBacking::DeletedFile { id: b }) => a == b && c.pgoff == p.pgoff,
         _ => false,
     };
     same_backing && c.start == p.start && c.end == p.end && !c.shared && !p.shared && p.flags & (vmflag::DONTFORK | vmflag::WIPEONFORK) == 0

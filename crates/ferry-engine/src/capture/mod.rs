@@ -89,7 +89,8 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
-    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, ..Default::default() };
+    let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
+    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, deleted_files, ..Default::default() };
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")

@@ -167,6 +167,7 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
             }
             VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
             VmaBacking::Memfd { id } => s.staging_fd(&memfd_key(*id), true)? as i64,
+            VmaBacking::DeletedFile { id } => s.staging_fd(&deleted_key(*id), true)? as i64,
         };
         let mut prot = v.prot;
         if has_pages(v, runs) && prot & PROT_WRITE == 0 {
@@ -210,6 +211,11 @@ const SHM_REMAP: u64 = 0o40000;
 const SHM_EXEC: u64 = 0o100000;
 
 /// Staging key of a memfd: memfds are recreated by ferry before the fork.
+/// Staging key of a recreated deleted file (by its old inode).
+pub fn deleted_key(id: u64) -> String {
+    format!("deleted file {id}")
+}
+
 pub fn memfd_key(id: u64) -> String {
     format!("memfd:{id}")
 }
