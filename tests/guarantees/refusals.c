@@ -61,9 +61,8 @@ int main(int argc, char **argv)
 		char path[64];
 		snprintf(path, sizeof(path), "/proc/%d/stat", (int)child);
 		fd = (int)FT_SYS(open(path, O_RDONLY));
-	} else if (strcmp(mode, "clone_files") == 0) {
-		fd = (int)FT_SYS(open("/dev/null", O_RDONLY));
-		start_child(CLONE_FILES);
+	} else if (strcmp(mode, "clone_fs") == 0) {
+		start_child(CLONE_FS);
 	} else if (strcmp(mode, "epoll_closed") == 0) {
 		int e = (int)FT_SYS(epoll_create1(0));
 		int p[2];
@@ -117,8 +116,11 @@ int main(int argc, char **argv)
 	} else if (strcmp(mode, "proc_child") == 0) {
 		char buf[256];
 		FT_CHECK(pread(fd, buf, sizeof(buf), 0) > 0, "reading /proc/CHILD/stat: %s", strerror(errno));
-	} else if (strcmp(mode, "clone_files") == 0) {
-		FT_CHECK(fcntl(fd, F_GETFD) >= 0, "shared fd gone");
+	} else if (strcmp(mode, "clone_fs") == 0) {
+		FT_SYS(umask(0027));
+		char path[64], buf[4096];
+		snprintf(path, sizeof(path), "/proc/%d/status", (int)child);
+		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "Umask:\t0027"), "child no longer shares the umask (fs information)");
 	} else if (strcmp(mode, "epoll_closed") == 0) {
 		struct epoll_event ev;
 		FT_EQ(epoll_wait(fd, &ev, 1, 0), 1, "epoll entry of the closed fd number still reports");

@@ -177,6 +177,9 @@ pub struct Fidelity {
     /// Mapped files deleted since they were mapped, with their content:
     /// `name` is the path they had, `seals` holds their mode bits.
     pub deleted_files: Vec<MemfdObject>,
+    /// The process shares its parent's fd table (clone with CLONE_FILES,
+    /// without CLONE_THREAD): restore forks it with CLONE_FILES.
+    pub shares_files_with_parent: bool,
 }
 
 /// One seccomp filter: classic BPF, each `struct sock_filter` packed in a

@@ -42,6 +42,9 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         if i > 0 && !seen.contains(&p.ppid) {
             return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
         }
+        if i == 0 && p.fidelity.shares_files_with_parent {
+            return bad("the root process cannot share its parent's fd table".into());
+        }
         if i == 0 && !p.inherited.is_empty() {
             return bad("the root process cannot inherit mappings".into());
         }

@@ -1106,6 +1106,7 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
         securebits: 0x10,
         exit_signal: 17,
         deleted_files: vec![],
+        shares_files_with_parent: false,
     };
     (inv, p)
 }

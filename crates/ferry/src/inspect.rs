@@ -210,6 +210,9 @@ fn show_fidelity(p: &ProcessImage) {
     if f.exit_signal != libc::SIGCHLD {
         println!("exit signal to its parent: {}", f.exit_signal);
     }
+    if f.shares_files_with_parent {
+        println!("shares its parent's fd table (CLONE_FILES)");
+    }
     if f.stopped {
         println!("stopped by a job-control signal: restored stopped");
     }

@@ -509,6 +509,7 @@ conformance! {
     tree_exit_signal,
     fd_inotify,
     mem_deleted_file,
+    tree_clone_files,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -621,8 +621,8 @@ fn refuses_a_proc_file_of_a_tree_process() {
 }
 
 #[test]
-fn refuses_a_shared_fd_table_without_clone_thread() {
-    refused_mode("clone_files", &["fd table", "CLONE_FILES"]);
+fn refuses_shared_fs_information_without_clone_thread() {
+    refused_mode("clone_fs", &["working directory, root and umask", "CLONE_FS"]);
 }
 
 #[test]

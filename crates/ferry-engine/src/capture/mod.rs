@@ -121,7 +121,8 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;
     namespaces::check_cgroups(&pids)?;
-    sharing::check(&pids)?;
+    let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
+    let share_files = sharing::check(&pids, &ppids)?;
     let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
@@ -167,6 +168,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let mut fidelity = sv.fidelity;
         fidelity.securebits = securebits;
         fidelity.exit_signal = crate::procfs::Stat::read(pid)?.field(38) as i32;
+        fidelity.shares_files_with_parent = share_files.contains(&pid);
         fidelity.threads = sv
             .seccomp_threads
             .iter()

@@ -13,9 +13,9 @@ use ferry_sys::ptrace::{self, WaitEvent};
 
 /// Forks `pid` from the process of `parent` (which must be stopped and
 /// single-threaded). Returns once the child is in its first ptrace stop.
-pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32) -> Result<i32> {
+pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -> Result<i32> {
     let tid_at = parent.data + 256;
-    let args = ferry_sys::clone::CloneArgs { exit_signal: exit_signal as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
+    let args = ferry_sys::clone::CloneArgs { flags, exit_signal: exit_signal as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
     let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     parent.remote.write(parent.data, &bytes)?;
@@ -85,7 +85,7 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
 /// so the parent can reap it as it would have. The SIGCHLD this sends the
 /// parent is taken back: the parent's pending signals come from the image.
 pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
-    let child = fork_from(parent, z.pid, libc::SIGCHLD)?;
+    let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
     // No core file for a zombie that died of a signal.
     let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);

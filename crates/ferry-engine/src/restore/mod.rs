@@ -295,13 +295,18 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
             .iter()
             .position(|p| p.pid == img.ppid)
             .ok_or_else(|| EngineError::restore(img.pid, format!("parent {} not restored", img.ppid)))?;
-        let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal)?;
+        // A child that shared its parent's fd table gets it again: forked
+        // with CLONE_FILES from the parent, whose table is complete.
+        let share = img.fidelity.shares_files_with_parent;
+        let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal, if share { libc::CLONE_FILES as u64 } else { 0 })?;
         guard.pids.push(child);
         let parent = &sessions[k];
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
-        install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+        if !share {
+            install_files(&mut s, &staged_raw, temp_base, &mut epolls)?;
+        }
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
         kept.sort_unstable();
         memory::clear_address_space(&mut s, &kept)?;
@@ -322,9 +327,15 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
 
     // Phase 2, every process: the rest of its state, then release.
     let mut all_tids: Vec<Vec<i32>> = Vec::with_capacity(sessions.len());
+    // A process whose fd table a child shares (CLONE_FILES) leaves the
+    // staged descriptors to that child, which finishes later and closes
+    // them for both.
+    let table_shared_by_child: std::collections::HashSet<i32> =
+        tree.processes.iter().filter(|p| p.fidelity.shares_files_with_parent).map(|p| p.ppid).collect();
     for s in sessions.iter_mut() {
         let exe_fd = staging.exes.get(&s.pid).copied();
-        let tids = finish_process(s, exe_fd, temp_base)?;
+        let close_staging = !table_shared_by_child.contains(&s.pid);
+        let tids = finish_process(s, exe_fd, temp_base, close_staging)?;
         guard.pids.extend(tids.iter().copied());
         all_tids.push(tids);
     }
@@ -408,7 +419,7 @@ fn install_files(s: &mut Session, staged: &HashMap<u64, RawFd>, temp_base: RawFd
 /// Everything after memory: mm layout, signal handlers, threads and their
 /// state, timers, pending signals, locks, limits, credentials, registers.
 /// Returns the TIDs of the threads it created.
-fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> Result<Vec<i32>> {
+fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, close_staging: bool) -> Result<Vec<i32>> {
     let pid = s.pid;
     let image = s.image;
     memory::set_mm(s, exe_fd)?;
@@ -424,7 +435,9 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> R
     timers::restore_posix(s)?;
     process::restore_misc(s)?;
     signals::queue_pending(s)?;
-    s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
+    if close_staging {
+        s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
+    }
     let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
     if !lock_calls.is_empty() {
         s.remote.write(s.data, &lock_args)?;
