@@ -56,10 +56,9 @@ int main(int argc, char **argv)
 		FT_SYS(sethostname("ferry-uts-test", 14));
 	} else if (strcmp(mode, "tsc") == 0) {
 		FT_SYS(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
-	} else if (strcmp(mode, "proc_child") == 0) {
-		start_child(0);
+	} else if (strcmp(mode, "proc_outside") == 0) {
 		char path[64];
-		snprintf(path, sizeof(path), "/proc/%d/stat", (int)child);
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)getppid());
 		fd = (int)FT_SYS(open(path, O_RDONLY));
 	} else if (strcmp(mode, "clone_fs") == 0) {
 		start_child(CLONE_FS);
@@ -113,9 +112,9 @@ int main(int argc, char **argv)
 		int v = 0;
 		prctl(PR_GET_TSC, &v, 0, 0, 0);
 		FT_EQ(v, PR_TSC_SIGSEGV, "PR_GET_TSC");
-	} else if (strcmp(mode, "proc_child") == 0) {
+	} else if (strcmp(mode, "proc_outside") == 0) {
 		char buf[256];
-		FT_CHECK(pread(fd, buf, sizeof(buf), 0) > 0, "reading /proc/CHILD/stat: %s", strerror(errno));
+		FT_CHECK(pread(fd, buf, sizeof(buf), 0) > 0, "reading /proc/PARENT/stat: %s", strerror(errno));
 	} else if (strcmp(mode, "clone_fs") == 0) {
 		FT_SYS(umask(0027));
 		char path[64], buf[4096];

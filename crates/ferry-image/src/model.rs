@@ -479,6 +479,10 @@ pub enum FileKind {
     /// An inotify instance with its watches (format 4). Queued events are
     /// refused at checkpoint, so there are none.
     Inotify { watches: Vec<InotifyWatch> },
+    /// A file under /proc/PID/ of a process of the tree (format 4): it
+    /// only exists once that process does, so restore opens it from
+    /// inside the holder after every process of the tree was made.
+    ProcFile { path: String },
 }
 
 /// One inotify watch: its descriptor, the watched path, its event mask.

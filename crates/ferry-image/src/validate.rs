@@ -203,6 +203,11 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
                 return bad("epoll entry refers to an fd the process does not have".into());
             }
         }
+        if let FileKind::ProcFile { path } = &f.kind {
+            if !path.starts_with("/proc/") || path.contains("/../") {
+                return bad(format!("/proc file {path:?} is not under /proc"));
+            }
+        }
         if let FileKind::Inotify { watches } = &f.kind {
             if watches.len() > 1 << 20 || watches.windows(2).any(|w| w[0].wd >= w[1].wd) || watches.first().is_some_and(|w| w.wd <= 0) {
                 return bad("inotify watches out of order, repeated or with a descriptor below 1".into());

@@ -173,6 +173,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             FileKind::TimerFd(t) => format!("timerfd clock {} value {} ns interval {} ns", t.clockid, t.value_ns, t.interval_ns),
             FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
             FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
+            FileKind::ProcFile { path } => format!("{path} (a /proc file of the tree, opened again by the process)"),
             FileKind::Inotify { watches } => format!(
                 "inotify with {} watches: {}",
                 watches.len(),

@@ -510,6 +510,7 @@ conformance! {
     fd_inotify,
     mem_deleted_file,
     tree_clone_files,
+    tree_proc_file,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

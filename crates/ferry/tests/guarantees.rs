@@ -616,8 +616,8 @@ fn refuses_a_faulting_time_stamp_counter() {
 }
 
 #[test]
-fn refuses_a_proc_file_of_a_tree_process() {
-    refused_mode("proc_child", &["fd 3", "/proc file of process", "of the tree"]);
+fn refuses_a_proc_file_of_a_process_outside_the_tree() {
+    refused_mode("proc_outside", &["fd 3", "/proc file of process", "outside the tree"]);
 }
 
 #[test]

@@ -117,6 +117,15 @@ pub fn translate(image: &mut TreeImage, view: &PidView) {
         for t in &mut p.fidelity.threads {
             t.tid = view.inner(t.tid);
         }
+        for f in &mut p.files {
+            if let ferry_image::FileKind::ProcFile { path } = &mut f.kind {
+                let rest = path.trim_start_matches("/proc/");
+                let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+                if let Ok(id) = id.parse::<i32>() {
+                    *path = format!("/proc/{}/{tail}", view.inner(id));
+                }
+            }
+        }
         for o in &mut p.fidelity.file_owners {
             if o.owner > 0 {
                 o.owner = view.inner(o.owner);

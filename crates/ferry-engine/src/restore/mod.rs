@@ -423,6 +423,7 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, clos
     let pid = s.pid;
     let image = s.image;
     memory::set_mm(s, exe_fd)?;
+    files::proc_file::open_all(s)?;
     signals::restore_actions(s)?;
     // The leader first, so new threads inherit its name.
     threads::restore_thread_state(s, &image.threads[0])?;

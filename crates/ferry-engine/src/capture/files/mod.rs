@@ -198,6 +198,11 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
         .iter()
         .flat_map(|p| p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, p.fds.iter().find(|s| s.file as usize == i).map_or(-1, |s| s.fd))))
         .collect();
+    for (i, &(pid, f, fd)) in all.iter().enumerate() {
+        if matches!(f.kind, FileKind::ProcFile { .. }) && all[i + 1..].iter().any(|&(q, g, _)| q != pid && g.id == f.id) {
+            return Err(EngineError::unsupported(pid, format!("fd {fd}"), "a /proc file description shared with another process of the tree; it would be opened once per process"));
+        }
+    }
     let closed = pipe::check_tree(&all, tree)?;
     unix::check_tree(&all)?;
     for p in procs.iter_mut() {

@@ -29,9 +29,11 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
         return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });
     }
     if let Some(pid) = proc_pid_of(link) {
-        let whose = if info.tree.contains(&pid) { format!("process {pid} of the tree") } else { format!("process {pid}, outside the tree") };
+        if info.tree.contains(&pid) {
+            return Ok(FileKind::ProcFile { path: link.to_string() });
+        }
         return Err(info.unsupported(format!(
-            "a /proc file of {whose}; such a file belongs to that process's incarnation and cannot be reopened for the restored one"
+            "a /proc file of process {pid}, outside the tree; after restore that PID could be anyone"
         )));
     }
     Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })

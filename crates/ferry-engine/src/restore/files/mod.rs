@@ -12,6 +12,7 @@ mod inotify;
 pub(crate) mod locks;
 pub(crate) mod owner;
 mod pipe;
+pub(crate) mod proc_file;
 mod regular;
 mod signalfd;
 mod timerfd;
@@ -89,6 +90,7 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
         FileKind::UnixSocket(s) => unix::create(b, s)?,
         FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
+        FileKind::ProcFile { .. } => return Err(EngineError::restore(b.pid, "a /proc file is opened by its process, not staged")),
     };
     let cur = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
     let want = (cur & !SETFL_MASK) | (f.flags & SETFL_MASK);
@@ -125,7 +127,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                 std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
             }
             for (i, f) in p.files.iter().enumerate() {
-                if staged.contains_key(&f.id) {
+                if staged.contains_key(&f.id) || matches!(f.kind, FileKind::ProcFile { .. }) {
                     continue;
                 }
                 let fd = build_one(&mut b, f)?;
@@ -173,6 +175,9 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
     let mut calls = vec![("close_range(inherited fds)".to_string(), Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]))];
     for slot in &image.fds {
         let f = &image.files[slot.file as usize];
+        if matches!(f.kind, FileKind::ProcFile { .. }) {
+            continue; // opened later by `proc_file::open_all`
+        }
         let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
         let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
         calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));
