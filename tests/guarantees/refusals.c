@@ -62,16 +62,6 @@ int main(int argc, char **argv)
 		fd = (int)FT_SYS(open(path, O_RDONLY));
 	} else if (strcmp(mode, "clone_fs") == 0) {
 		start_child(CLONE_FS);
-	} else if (strcmp(mode, "epoll_closed") == 0) {
-		int e = (int)FT_SYS(epoll_create1(0));
-		int p[2];
-		FT_SYS(pipe(p));
-		struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 7 };
-		FT_SYS(epoll_ctl(e, EPOLL_CTL_ADD, p[0], &ev));
-		fd2 = (int)FT_SYS(dup(p[0]));
-		close(p[0]);
-		FT_SYS(write(p[1], "x", 1));
-		fd = e;
 	} else if (strcmp(mode, "unix_pending") == 0) {
 		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
 		struct sockaddr_un a = { .sun_family = AF_UNIX };
@@ -120,10 +110,6 @@ int main(int argc, char **argv)
 		char path[64], buf[4096];
 		snprintf(path, sizeof(path), "/proc/%d/status", (int)child);
 		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "Umask:\t0027"), "child no longer shares the umask (fs information)");
-	} else if (strcmp(mode, "epoll_closed") == 0) {
-		struct epoll_event ev;
-		FT_EQ(epoll_wait(fd, &ev, 1, 0), 1, "epoll entry of the closed fd number still reports");
-		(void)fd2;
 	} else if (strcmp(mode, "unix_pending") == 0) {
 		int a = accept(fd, NULL, NULL);
 		FT_CHECK(a >= 0, "pending connection gone: %s", strerror(errno));

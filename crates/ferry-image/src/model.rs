@@ -180,6 +180,20 @@ pub struct Fidelity {
     /// The process shares its parent's fd table (clone with CLONE_FILES,
     /// without CLONE_THREAD): restore forks it with CLONE_FILES.
     pub shares_files_with_parent: bool,
+    /// epoll entries whose fd number no longer (or no longer only) names
+    /// the watched file: the file is the open file description `target`
+    /// (an `OpenFile::id` of the tree), kept alive by another fd.
+    pub epoll_targets: Vec<EpollTarget>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EpollTarget {
+    /// Index of the epoll instance in `ProcessImage::files`.
+    pub epoll_file: u32,
+    /// The fd number the entry is keyed by (`EpollEntry::fd`).
+    pub fd: i32,
+    /// The watched open file description.
+    pub target: u64,
 }
 
 /// One seccomp filter: classic BPF, each `struct sock_filter` packed in a

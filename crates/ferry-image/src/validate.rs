@@ -197,9 +197,11 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return bad("an fd number appears twice".into());
     }
-    for f in &p.files {
+    let retargets: std::collections::HashSet<(u32, i32)> = p.fidelity.epoll_targets.iter().map(|t| (t.epoll_file, t.fd)).collect();
+    for (fi, f) in p.files.iter().enumerate() {
         if let FileKind::Epoll { entries } = &f.kind {
-            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err()) {
+            let retargeted = |fd: i32| retargets.contains(&(fi as u32, fd));
+            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd)) {
                 return bad("epoll entry refers to an fd the process does not have".into());
             }
         }
@@ -279,6 +281,24 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
         }
         if !(0..=64).contains(&t.pdeathsig) {
             return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
+        }
+    }
+    if f.epoll_targets.len() > p.files.iter().map(|g| if let FileKind::Epoll { entries } = &g.kind { entries.len() } else { 0 }).sum::<usize>() {
+        return bad("more epoll targets than epoll entries".into());
+    }
+    let entry_keys: std::collections::HashSet<(u32, i32)> = p
+        .files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| match &g.kind {
+            FileKind::Epoll { entries } => entries.iter().map(|e| (i as u32, e.fd)).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for t in &f.epoll_targets {
+        let ok = entry_keys.contains(&(t.epoll_file, t.fd));
+        if !ok || t.fd < 0 || t.fd >= MAX_FDS {
+            return bad(format!("epoll target for fd {} is not an entry of an epoll instance", t.fd));
         }
     }
     for o in &f.file_owners {

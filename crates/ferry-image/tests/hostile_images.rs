@@ -1107,6 +1107,7 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
         exit_signal: 17,
         deleted_files: vec![],
         shares_files_with_parent: false,
+        epoll_targets: vec![],
     };
     (inv, p)
 }

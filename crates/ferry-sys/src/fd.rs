@@ -121,3 +121,14 @@ pub fn open_by_handle(mount_fd: RawFd, handle_type: i32, handle: &[u8]) -> SysRe
     // SAFETY: a new descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
+
+/// kcmp(KCMP_EPOLL_TFD): whether fd `fd1` of `pid1` is the file that the
+/// epoll instance `epfd` of `pid2` watches under fd number `tfd`.
+pub fn kcmp_epoll_target(pid1: i32, fd1: RawFd, pid2: i32, epfd: RawFd, tfd: RawFd) -> SysResult<bool> {
+    const KCMP_EPOLL_TFD: i32 = 7;
+    // struct kcmp_epoll_slot { __u32 efd; __u32 tfd; __u32 toff; }
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+    // SAFETY: the kernel reads one struct kcmp_epoll_slot from the pointer.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_EPOLL_TFD, fd1 as libc::c_ulong, slot.as_ptr() as libc::c_ulong) };
+    Ok(check("kcmp(KCMP_EPOLL_TFD)", r)? == 0)
+}

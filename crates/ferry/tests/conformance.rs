@@ -511,6 +511,7 @@ conformance! {
     mem_deleted_file,
     tree_clone_files,
     tree_proc_file,
+    fd_epoll_closed,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -625,10 +625,6 @@ fn refuses_shared_fs_information_without_clone_thread() {
     refused_mode("clone_fs", &["working directory, root and umask", "CLONE_FS"]);
 }
 
-#[test]
-fn refuses_epoll_watching_a_closed_fd_number() {
-    refused_mode("epoll_closed", &["epoll"]);
-}
 
 
 #[test]

@@ -137,6 +137,14 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
             surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
         files::link_tree(&mut pf, &pids)?;
     }
+    {
+        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
+            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        let targets = files::epoll::resolve_targets(&views)?;
+        for (s, t) in surveys.iter_mut().zip(targets) {
+            s.fidelity.epoll_targets = t;
+        }
+    }
     let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> =
         surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&views)?;

@@ -217,7 +217,15 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     raise_fd_limit();
 
-    let max_fd = tree.processes.iter().flat_map(|p| p.fds.iter().map(|s| s.fd)).max().unwrap_or(2).max(2);
+    // Above every fd number of the image, also those only epoll entries
+    // still name (they are reused briefly to register those entries).
+    let max_fd = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|s| s.fd).chain(p.fidelity.epoll_targets.iter().map(|t| t.fd)))
+        .max()
+        .unwrap_or(2)
+        .max(2);
     let temp_base = max_fd + 1;
     let netns = match &opts.netns {
         Some(path) => {
@@ -396,6 +404,11 @@ fn prepare_root(s: &mut Session, tree: &TreeImage) -> Result<()> {
 }
 
 fn install_files(s: &mut Session, staged: &HashMap<u64, RawFd>, temp_base: RawFd, epolls: &mut std::collections::HashSet<u64>) -> Result<()> {
+    let (calls, data) = files::epoll_target_calls(s.image, staged, s.data, epolls)?;
+    if !calls.is_empty() {
+        s.remote.write(s.data, &data)?;
+        s.run(s.pid, &calls)?;
+    }
     let calls = files::install_calls(s.image, staged, temp_base)?;
     s.run(s.pid, &calls)?;
     let (calls, data) = files::epoll_calls(s.image, s.data, epolls);

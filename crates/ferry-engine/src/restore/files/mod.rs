@@ -197,7 +197,7 @@ pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections:
             continue;
         }
         let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
-        for e in entries {
+        for e in entries.iter().filter(|e| !image.fidelity.epoll_targets.iter().any(|t| t.epoll_file as usize == i && t.fd == e.fd)) {
             let at = data + bytes.len() as u64;
             // struct epoll_event is packed on x86_64: u32 events, u64 data.
             bytes.extend_from_slice(&e.events.to_le_bytes());
@@ -209,4 +209,33 @@ pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections:
         }
     }
     (calls, bytes)
+}
+
+/// epoll entries whose fd number no longer names the watched file (see
+/// `Fidelity::epoll_targets`): the file is put on that number just long
+/// enough to register it, through the staged epoll description, before
+/// the process's own fd table is installed over it. Returns the calls
+/// and their event structs (at `data`). Marks nothing in `done`: the
+/// regular entries are registered later by `epoll_calls`.
+pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, data: u64, done: &std::collections::HashSet<u64>) -> Result<(Vec<(String, Call)>, Vec<u8>)> {
+    let mut calls = Vec::new();
+    let mut bytes = Vec::new();
+    for t in &image.fidelity.epoll_targets {
+        let ep = &image.files[t.epoll_file as usize];
+        if done.contains(&ep.id) {
+            continue;
+        }
+        let FileKind::Epoll { entries } = &ep.kind else { continue };
+        let Some(e) = entries.iter().find(|e| e.fd == t.fd) else { continue };
+        let miss = |what: &str| EngineError::restore(image.pid, format!("epoll entry for fd {}: {what} was not staged", t.fd));
+        let src = *staged.get(&t.target).ok_or_else(|| miss("the watched file"))?;
+        let epfd = *staged.get(&ep.id).ok_or_else(|| miss("the epoll instance"))?;
+        let at = data + bytes.len() as u64;
+        bytes.extend_from_slice(&e.events.to_le_bytes());
+        bytes.extend_from_slice(&e.data.to_le_bytes());
+        calls.push((format!("dup3(watched file -> fd {})", t.fd), Call::new(libc::SYS_dup3, &[src as u64, t.fd as u64, 0])));
+        calls.push((format!("epoll_ctl(add fd {} whose number was closed)", t.fd), Call::new(libc::SYS_epoll_ctl, &[epfd as u64, libc::EPOLL_CTL_ADD as u64, t.fd as u64, at])));
+        calls.push((format!("close(fd {})", t.fd), Call::new(libc::SYS_close, &[t.fd as u64])));
+    }
+    Ok((calls, bytes))
 }
