@@ -3,7 +3,8 @@
  * until write() gives EAGAIN. After restore the same bytes read back, in
  * order, the pipe's size is unchanged, and then it is empty. The same for
  * a pipe grown to 1 MiB and one shrunk to one page (F_SETPIPE_SZ), filled
- * with 1000-byte writes.
+ * with 1000-byte writes, and a default pipe whose non-blocking write end
+ * has the lower fd number.
  */
 #include "ferry_test.h"
 
@@ -15,9 +16,16 @@ struct fp {
 	long total;
 };
 
-static void fill(struct fp *f, int size, int chunk)
+static void fill(struct fp *f, int size, int chunk, int write_end_first)
 {
 	FT_SYS(pipe2(f->p, O_NONBLOCK));
+	if (write_end_first) {
+		/* the read end moves above the write end: restore meets the
+		 * (non-blocking) write end first */
+		int r = (int)FT_SYS(dup(f->p[0]));
+		close(f->p[0]);
+		f->p[0] = r;
+	}
 	if (size)
 		FT_SYS(fcntl(f->p[1], F_SETPIPE_SZ, size));
 	f->cap = (int)FT_SYS(fcntl(f->p[1], F_GETPIPE_SZ));
@@ -55,10 +63,11 @@ int main(void)
 	ft_init();
 	for (int i = 0; i < (int)sizeof(buf); i++)
 		buf[i] = (unsigned char)(i * 7 + i / 251);
-	struct fp a, b, c;
-	fill(&a, 0, 4096);
-	fill(&b, 1 << 20, 1000);
-	fill(&c, 4096, 1000);
+	struct fp a, b, c, d;
+	fill(&a, 0, 4096, 0);
+	fill(&b, 1 << 20, 1000, 0);
+	fill(&c, 4096, 1000, 0);
+	fill(&d, 0, 4096, 1);
 
 	ft_ready();
 	ft_wait_restored();
@@ -66,5 +75,6 @@ int main(void)
 	check(&a, "default pipe");
 	check(&b, "1 MiB pipe");
 	check(&c, "one-page pipe");
+	check(&d, "pipe with its write end first");
 	return ft_finish();
 }
