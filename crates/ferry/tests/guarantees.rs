@@ -636,3 +636,41 @@ fn refuses_a_unix_listener_with_pending_connections() {
 fn refuses_scm_rights_in_flight() {
     refused_mode("scm_rights", &["fd 4"]);
 }
+
+/// A process moved into another cgroup than ferry's (here a child of the
+/// v1 "pids" hierarchy) is refused, naming its cgroup membership; it is
+/// moved back and the cgroup removed afterwards, also on failure.
+#[test]
+fn refuses_a_process_in_another_cgroup() {
+    if !is_root() {
+        return;
+    }
+    let root = Path::new("/sys/fs/cgroup/pids");
+    if !root.join("cgroup.procs").exists() {
+        eprintln!("skipped: no cgroup v1 pids hierarchy");
+        return;
+    }
+    struct Cg(PathBuf, PathBuf, i32);
+    impl Drop for Cg {
+        fn drop(&mut self) {
+            let _ = fs::write(self.1.join("cgroup.procs"), self.2.to_string());
+            let _ = fs::remove_dir(&self.0);
+        }
+    }
+    let mut c = Case::new("cgroup");
+    let prog = c.compile("tests/guarantees/refusals.c");
+    let pid = c.start_args(&prog, &["plain"]);
+    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let orig = own.lines().find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string())).unwrap_or_else(|| "/".into());
+    let dir = root.join(format!("ferry-guarantee-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("mkdir cgroup");
+    let _cg = Cg(dir.clone(), root.join(orig.trim_start_matches('/')), pid);
+    fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    let out = c.checkpoint(pid, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "checkpoint of a process in another cgroup should be refused");
+    assert!(err.contains("cgroup membership") && err.contains("ferry-guarantee-"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+}
