@@ -211,13 +211,16 @@ pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections:
     (calls, bytes)
 }
 
+/// Injected calls with the argument bytes they point into.
+pub type CallsAndData = (Vec<(String, Call)>, Vec<u8>);
+
 /// epoll entries whose fd number no longer names the watched file (see
 /// `Fidelity::epoll_targets`): the file is put on that number just long
 /// enough to register it, through the staged epoll description, before
 /// the process's own fd table is installed over it. Returns the calls
 /// and their event structs (at `data`). Marks nothing in `done`: the
 /// regular entries are registered later by `epoll_calls`.
-pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, data: u64, done: &std::collections::HashSet<u64>) -> Result<(Vec<(String, Call)>, Vec<u8>)> {
+pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, data: u64, done: &std::collections::HashSet<u64>) -> Result<CallsAndData> {
     let mut calls = Vec::new();
     let mut bytes = Vec::new();
     for t in &image.fidelity.epoll_targets {
