@@ -184,6 +184,21 @@ pub struct Fidelity {
     /// the watched file: the file is the open file description `target`
     /// (an `OpenFile::id` of the tree), kept alive by another fd.
     pub epoll_targets: Vec<EpollTarget>,
+    /// Unix sockets that had connected to a listener of the tree and
+    /// waited in its accept queue (no data sent yet): restore connects
+    /// them again, in queue order.
+    pub unix_connects: Vec<UnixConnect>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct UnixConnect {
+    /// Index of the connecting socket in `ProcessImage::files` (a
+    /// `UnixSocket` without a peer).
+    pub file: u32,
+    /// Inode of the listening socket (`UnixSocket::ino` in the tree).
+    pub listener: u64,
+    /// Place in the listener's accept queue, 0 = accepted first.
+    pub position: u32,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

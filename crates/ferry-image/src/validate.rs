@@ -301,6 +301,11 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
             return bad(format!("epoll target for fd {} is not an entry of an epoll instance", t.fd));
         }
     }
+    for u in &f.unix_connects {
+        if !p.files.get(u.file as usize).is_some_and(|g| matches!(&g.kind, FileKind::UnixSocket(s) if s.peer.is_none() && s.listen_backlog.is_none())) {
+            return bad(format!("pending unix connection for file {} that is not an unconnected unix socket", u.file));
+        }
+    }
     for o in &f.file_owners {
         if o.file as usize >= p.files.len() || !(0..=2).contains(&o.owner_type) || !(0..=64).contains(&o.signal) {
             return bad(format!("fd owner entry for file {} is malformed", o.file));

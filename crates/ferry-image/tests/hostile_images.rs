@@ -1108,6 +1108,7 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
         deleted_files: vec![],
         shares_files_with_parent: false,
         epoll_targets: vec![],
+        unix_connects: vec![],
     };
     (inv, p)
 }

@@ -512,6 +512,7 @@ conformance! {
     tree_clone_files,
     tree_proc_file,
     fd_epoll_closed,
+    sock_unix_pending,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -628,8 +628,8 @@ fn refuses_shared_fs_information_without_clone_thread() {
 
 
 #[test]
-fn refuses_a_unix_listener_with_pending_connections() {
-    refused_mode("unix_pending", &["fd 3", "accept queue"]);
+fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
+    refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
 #[test]
@@ -673,4 +673,14 @@ fn refuses_a_process_in_another_cgroup() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+}
+
+#[test]
+fn refuses_two_pending_unix_connections_on_one_listener() {
+    refused_mode("unix_two_pending", &["fd 3", "2 connections wait in its accept queue", "order"]);
+}
+
+#[test]
+fn refuses_a_unix_connection_whose_peer_was_closed() {
+    refused_mode("unix_dead_peer", &["fd 3", "its peer was closed"]);
 }

@@ -77,12 +77,14 @@ struct Survey {
     /// injected capture.
     fidelity: ferry_image::Fidelity,
     seccomp_threads: Vec<seccomp::ThreadSeccomp>,
+    /// Files (indices) of unix listeners with one connection waiting.
+    pending_listeners: Vec<u32>,
 }
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let (files, fds, (unix_connects, pending_listeners)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
     let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
@@ -90,13 +92,13 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     prctl::check_thread_creds(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
     let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
-    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, deleted_files, ..Default::default() };
+    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, deleted_files, unix_connects, ..Default::default() };
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")
         .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads })
+    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners })
 }
 
 /// Checkpoints `pid` and all its descendants as one image.
@@ -136,6 +138,17 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let mut pf: Vec<files::ProcessFiles> =
             surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
         files::link_tree(&mut pf, &pids)?;
+    }
+    // A listener's waiting connection must be one of the tree's sockets.
+    for (s, &pid) in surveys.iter().zip(&pids) {
+        for &l in &s.pending_listeners {
+            let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else { continue };
+            let clients = surveys.iter().flat_map(|t| t.fidelity.unix_connects.iter()).filter(|c| c.listener == u.ino).count();
+            if clients != 1 {
+                let fd = s.fds.iter().find(|x| x.file == l).map_or(-1, |x| x.fd);
+                return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "the connection waiting in its accept queue comes from outside the process tree"));
+            }
+        }
     }
     {
         let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =

@@ -107,7 +107,11 @@ fn leads_out(info: &FdInfo) -> bool {
 /// Captures all fds of `pid`. Returns the open file descriptions and the
 /// fd table pointing into them. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree.
-pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
+/// Pending unix connections (clients waiting in an accept queue) and the
+/// files of listeners with one waiting.
+pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>);
+
+pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -119,6 +123,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     // (dev, ino, file index, a representative fd) for sharing detection.
     let mut seen: Vec<(u64, u64, u32, i32)> = Vec::new();
     let unix_tables = unix::UnixTables::default();
+    let mut pending_listeners: Vec<u32> = Vec::new();
     for fd in fds {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
@@ -153,7 +158,20 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
         };
         slots.push(FdSlot { fd, file, cloexec });
     }
-    Ok((files, slots))
+    for l in unix_tables.take_listeners_with_pending() {
+        if let Some(i) = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l)) {
+            pending_listeners.push(i as u32);
+        }
+    }
+    let connects = unix_tables
+        .take_pending()
+        .into_iter()
+        .filter_map(|(client, listener, position)| {
+            let file = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
+            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
+        })
+        .collect();
+    Ok((files, slots, (connects, pending_listeners)))
 }
 
 /// One process's captured fd table, for the tree-wide passes.

@@ -141,6 +141,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                 staged.insert(f.id, high);
             }
         }
+        unix::connect_pending(tree, &staged)?;
         // Shutdowns last: queued data had to be sent through both ends first.
         for p in &tree.processes {
             for f in &p.files {
