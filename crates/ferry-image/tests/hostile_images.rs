@@ -1202,3 +1202,42 @@ fn malformed_inotify_watches_are_rejected() {
         assert!(reject_model(&inv, &p).contains("inotify"));
     }
 }
+
+#[test]
+fn format4_references_are_checked() {
+    // An epoll entry for an fd the process lacks is valid only with a target.
+    let (inv, mut p) = valid();
+    p.files[3].kind = FileKind::Epoll { entries: vec![EpollEntry { fd: 77, events: 1, data: 0 }] };
+    assert!(reject_model(&inv, &p).contains("epoll entry"));
+    p.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 77, target: 101 });
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&bytes).expect("an entry with a target decodes");
+    let mut q = p.clone();
+    q.fidelity.epoll_targets[0].epoll_file = 0; // not an epoll instance
+    assert!(reject_model(&inv, &q).contains("epoll"));
+    let mut q = p.clone();
+    q.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 78, target: 101 }); // more targets than entries
+    assert!(reject_model(&inv, &q).contains("epoll target"));
+
+    // A pending unix connection must name an unconnected unix socket.
+    let (inv, mut p) = valid();
+    p.fidelity.unix_connects.push(UnixConnect { file: 0, listener: 9, position: 0 });
+    assert!(reject_model(&inv, &p).contains("pending unix connection"));
+
+    // A deleted mapped file must be in the image, with data inside its size.
+    let (inv, mut p) = valid();
+    p.vmas[0].backing = VmaBacking::DeletedFile { id: 5 };
+    assert!(reject_model(&inv, &p).contains("deleted file"));
+    p.fidelity.deleted_files.push(MemfdObject { id: 5, name: "/lib/x.so".into(), size: 4, seals: 0o644, extents: vec![(2, vec![0; 3])] });
+    assert!(reject_model(&inv, &p).contains("beyond its size"));
+
+    // A /proc file must be under /proc.
+    let (inv, mut p) = valid();
+    p.files[0].kind = FileKind::ProcFile { path: "/etc/shadow".into() };
+    assert!(reject_model(&inv, &p).contains("/proc"));
+
+    // The root cannot share a parent's fd table.
+    let (inv, mut p) = valid();
+    p.fidelity.shares_files_with_parent = true;
+    assert!(reject_model(&inv, &p).contains("fd table"));
+}
