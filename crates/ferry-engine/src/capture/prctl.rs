@@ -84,15 +84,22 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
         let refuse = |what: &str, why: String| Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why));
         // Seccomp strict mode turns the counter off itself (and gets it
         // back with the mode).
-        let strict = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid)).is_ok_and(|s| key_values(&s).get("Seccomp") == Some(&"1"));
+        let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid))
+            .map(|s| key_values(&s).get("Seccomp").map(|v| v.to_string()).unwrap_or_default())
+            .unwrap_or_default();
+        let strict = seccomp_mode == "1";
         if r[0] >= 0 && tsc != PR_TSC_ENABLE && !strict {
             return refuse("PR_SET_TSC", format!("reading the time stamp counter is set to fault (PR_GET_TSC {tsc}); not restored"));
         }
         if r[1] >= 0 && r[1] as u64 != PR_MCE_KILL_DEFAULT {
             return refuse("PR_MCE_KILL", format!("its memory-error kill policy is {} (not the default); not restored", r[1]));
         }
+        // With spec_store_bypass_disable=seccomp the kernel itself
+        // force-disables speculation for seccomp'd threads; reinstalling
+        // the filters does the same again.
+        let under_seccomp = seccomp_mode == "1" || seccomp_mode == "2";
         for (k, which) in [(2usize, 0u64), (3, 1), (4, 2)] {
-            if r[k] >= 0 && r[k] != own_speculation(which) {
+            if r[k] >= 0 && r[k] != own_speculation(which) && !under_seccomp {
                 return refuse(
                     "PR_SET_SPECULATION_CTRL",
                     format!("speculation control {which} is {:#x}, ferry's {:#x}; not restored", r[k], own_speculation(which)),
