@@ -90,8 +90,13 @@ int main(void)
 	ft_status_field(0, "SigQ", sigq, sizeof(sigq));
 	FT_CHECK(strcmp(shd, shd_before) == 0, "ShdPnd %s -> %s", shd_before, shd);
 	FT_CHECK(strcmp(mp, main_pnd_before) == 0, "main SigPnd %s -> %s", main_pnd_before, mp);
-	/* SigQ is "queued/limit": compare the queued count only */
-	FT_CHECK(atoi(sigq) == atoi(sigq_before), "SigQ %s -> %s", sigq_before, sigq);
+	/*
+	 * SigQ is "queued/limit" for the whole user (root), not this process:
+	 * any other root process with queued signals (other tests running in
+	 * parallel) moves it. Logged only; the queue itself is checked below.
+	 */
+	if (atoi(sigq) != atoi(sigq_before))
+		ft_log("SigQ %s -> %s (per-user count)", sigq_before, sigq);
 	sigset_t pend;
 	sigpending(&pend);
 	FT_CHECK(sigismember(&pend, SIGUSR1) && sigismember(&pend, SIGRTMIN + 2), "sigpending lacks shared signals");

@@ -1,11 +1,11 @@
 /*
  * child_unsupported: a tree whose child holds something ferry cannot
- * capture (an inotify descriptor). Checkpoint must refuse, naming the
+ * capture (a userfaultfd descriptor). Checkpoint must refuse, naming the
  * child and the object, and leave the whole tree running: the child still
  * answers after the refusal and the program PASSes.
  */
 #include "../conformance/ferry_test.h"
-#include <sys/inotify.h>
+#include <linux/userfaultfd.h>
 #include <sys/wait.h>
 
 int main(void)
@@ -15,7 +15,7 @@ int main(void)
 	FT_CHECK(pipe(up) == 0 && pipe(down) == 0, "pipe failed");
 	pid_t child = fork();
 	if (child == 0) {
-		int in = inotify_init1(IN_CLOEXEC);
+		int in = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
 		char c = in >= 0 ? 'r' : 'x';
 		if (write(up[1], &c, 1) != 1)
 			_exit(2);
@@ -26,7 +26,7 @@ int main(void)
 	}
 	FT_CHECK(child > 0, "fork failed");
 	char c = 0;
-	FT_CHECK(read(up[0], &c, 1) == 1 && c == 'r', "child could not set up inotify");
+	FT_CHECK(read(up[0], &c, 1) == 1 && c == 'r', "child could not set up userfaultfd");
 	ft_ready();
 	ft_wait_restored();
 	c = 'e';

@@ -26,6 +26,9 @@ pub struct Frozen {
     pub pidfd: OwnedFd,
     /// Leader first.
     pub threads: Vec<FrozenThread>,
+    /// The process was in a job-control stop (SIGSTOP, SIGTSTP...) when
+    /// ferry seized it; detaching leaves it stopped.
+    pub stopped: bool,
     released: bool,
 }
 
@@ -53,7 +56,8 @@ impl Frozen {
     /// while this runs.
     pub fn freeze(pid: i32) -> Result<Frozen> {
         let pidfd = ferry_sys::pidfd::pidfd_open(pid).map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
-        let mut frozen = Frozen { pid, pidfd, threads: Vec::new(), released: false };
+        let stopped = procfs::state(pid) == Some('T');
+        let mut frozen = Frozen { pid, pidfd, threads: Vec::new(), stopped, released: false };
         let mut seized: BTreeMap<i32, ()> = BTreeMap::new();
         loop {
             let mut new = false;
@@ -61,7 +65,15 @@ impl Frozen {
                 if seized.contains_key(&tid) {
                     continue;
                 }
-                match ptrace::seize(tid, 0) {
+                // Seccomp must not act on the syscalls ferry injects (a
+                // strict-mode thread would be killed by the first mmap).
+                // Not allowed when ferry itself runs under seccomp:
+                // filters are then found and refused by capture.
+                let attached = match ptrace::seize(tid, ferry_sys::seccomp::PTRACE_O_SUSPEND_SECCOMP) {
+                    Err(e) if e.errno == libc::EPERM || e.errno == libc::EINVAL => ptrace::seize(tid, 0),
+                    r => r,
+                };
+                match attached {
                     Ok(()) => {}
                     Err(e) if e.errno == libc::ESRCH => continue,
                     Err(e) if e.errno == libc::EPERM && tid == pid => {

@@ -63,10 +63,18 @@ impl Remote {
     /// the batch's int3), resuming with `resume` across clone events.
     fn wait_trap(&self, tid: i32, resume: impl Fn(i32) -> ferry_sys::SysResult<()>, what: &str) -> Result<()> {
         let pid = self.pid;
+        let mut interrupts = 0;
         loop {
             match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))? {
                 Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => return Ok(()),
                 Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE || event == ptrace::PTRACE_EVENT_FORK => {
+                    resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
+                }
+                // A thread seized in a job-control stop reports the stop
+                // once more (the PTRACE_INTERRUPT trap queued while it was
+                // already stopped) the first time it is resumed.
+                Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) if interrupts < 4 => {
+                    interrupts += 1;
                     resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
                 }
                 Some((_, WaitEvent::Stopped { sig, event })) => {

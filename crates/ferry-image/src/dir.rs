@@ -102,9 +102,13 @@ impl ImageDir {
         self.path.join(name)
     }
 
-    /// Creates the directory (if needed) and starts pages.img.
+    /// Creates the directory (if needed) and starts pages.img. The image
+    /// holds the process's whole memory (its keys and passwords too): the
+    /// directory is made 0700 and its files 0600.
     pub fn create_pages(&self) -> Result<PagesWriter, ImageError> {
-        std::fs::create_dir_all(&self.path).map_err(|e| ImageError::io(&self.path, e))?;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.path).map_err(|e| ImageError::io(&self.path, e))?;
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700)).map_err(|e| ImageError::io(&self.path, e))?;
         // An older image here stops being an image before its pages change.
         let old_meta = self.file(META_FILE);
         match std::fs::remove_file(&old_meta) {
@@ -117,8 +121,11 @@ impl ImageDir {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| ImageError::io(&path, e))?;
+        // An existing file keeps its mode through open(O_TRUNC).
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| ImageError::io(&path, e))?;
         let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
         header[..HEADER_LEN].copy_from_slice(&container::file_header(0));
         file.write_all(&header).map_err(|e| ImageError::io(&path, e))?;
@@ -130,12 +137,42 @@ impl ImageDir {
         let bytes = container::encode_meta(inv, process)?;
         let tmp = self.file("meta.img.tmp");
         let fin = self.file(META_FILE);
-        let mut f = File::create(&tmp).map_err(|e| ImageError::io(&tmp, e))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(|e| ImageError::io(&tmp, e))?;
         f.write_all(&bytes).map_err(|e| ImageError::io(&tmp, e))?;
         f.sync_all().map_err(|e| ImageError::io(&tmp, e))?;
         std::fs::rename(&tmp, &fin).map_err(|e| ImageError::io(&fin, e))?;
         // The rename itself must reach the disk too.
         File::open(&self.path).and_then(|d| d.sync_all()).map_err(|e| ImageError::io(&self.path, e))?;
+        Ok(())
+    }
+
+    /// Refuses an image that a user other than root could have changed:
+    /// the image decides the memory, files and credentials of the
+    /// processes a restore creates. The directory, meta.img and pages.img
+    /// must be owned by root, not writable by group or others, and not
+    /// symbolic links.
+    pub fn check_private(&self) -> Result<(), ImageError> {
+        use std::os::unix::fs::MetadataExt;
+        for (path, what) in [(self.file(META_FILE), META_FILE), (self.pages_path(), PAGES_FILE), (self.path.clone(), "image directory")] {
+            let m = std::fs::symlink_metadata(&path).map_err(|e| ImageError::io(&path, e))?;
+            let why = if m.file_type().is_symlink() {
+                Some("is a symbolic link".to_string())
+            } else if m.uid() != 0 {
+                Some(format!("is owned by uid {}, not root", m.uid()))
+            } else if m.mode() & 0o022 != 0 {
+                Some(format!("is writable by {} (mode {:o})", if m.mode() & 0o002 != 0 { "every user" } else { "its group" }, m.mode() & 0o7777))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(ImageError::Unsafe(format!(
+                    "{what} {} {why}: a user other than root could have changed the image, and restore would run what it says as root",
+                    path.display()
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -17,6 +17,8 @@ pub enum ImageError {
     Decode { kind: &'static str, reason: String },
     #[error("invalid image: {0}")]
     Invalid(String),
+    #[error("refusing the image: {0}")]
+    Unsafe(String),
 }
 
 impl ImageError {

@@ -150,6 +150,118 @@ pub struct ProcessImage {
     pub inherited: Vec<InheritedVma>,
     /// The root directory if it is not "/" (chroot).
     pub root: Option<String>,
+    /// State added in format 4 (seccomp, parent-death signal, fd owners,
+    /// inode owners, job-control stop...), kept apart from the older
+    /// fields.
+    pub fidelity: Fidelity,
+}
+
+/// Process state recorded since format 4. Per-thread and per-file parts
+/// refer to threads by TID and to files by their index in
+/// `ProcessImage::files`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Fidelity {
+    /// Every distinct seccomp filter of the process's threads.
+    pub seccomp_filters: Vec<SeccompFilter>,
+    /// Per-thread state, one entry per thread of `threads`, same order.
+    pub threads: Vec<ThreadFidelity>,
+    /// Owners and signals of fds set with F_SETOWN / F_SETOWN_EX / F_SETSIG.
+    pub file_owners: Vec<FileOwner>,
+    /// Mode and owner of inodes restore creates (deleted files, memfds).
+    pub inode_attrs: Vec<InodeAttrs>,
+    /// The process was stopped by a job-control signal (SIGSTOP and
+    /// friends) and comes back stopped.
+    pub stopped: bool,
+    /// prctl(PR_GET_SECUREBITS), including SECBIT_KEEP_CAPS.
+    pub securebits: u32,
+    /// The signal the parent gets when this process ends (clone's
+    /// exit_signal, field 38 of stat; SIGCHLD for fork).
+    pub exit_signal: i32,
+    /// Mapped files deleted since they were mapped, with their content:
+    /// `name` is the path they had, `seals` holds their mode bits.
+    pub deleted_files: Vec<MemfdObject>,
+    /// The process shares its parent's fd table (clone with CLONE_FILES,
+    /// without CLONE_THREAD): restore forks it with CLONE_FILES.
+    pub shares_files_with_parent: bool,
+    /// epoll entries whose fd number no longer (or no longer only) names
+    /// the watched file: the file is the open file description `target`
+    /// (an `OpenFile::id` of the tree), kept alive by another fd.
+    pub epoll_targets: Vec<EpollTarget>,
+    /// Unix sockets that had connected to a listener of the tree and
+    /// waited in its accept queue (no data sent yet): restore connects
+    /// them again, in queue order.
+    pub unix_connects: Vec<UnixConnect>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct UnixConnect {
+    /// Index of the connecting socket in `ProcessImage::files` (a
+    /// `UnixSocket` without a peer).
+    pub file: u32,
+    /// Inode of the listening socket (`UnixSocket::ino` in the tree).
+    pub listener: u64,
+    /// Place in the listener's accept queue, 0 = accepted first.
+    pub position: u32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EpollTarget {
+    /// Index of the epoll instance in `ProcessImage::files`.
+    pub epoll_file: u32,
+    /// The fd number the entry is keyed by (`EpollEntry::fd`).
+    pub fd: i32,
+    /// The watched open file description.
+    pub target: u64,
+}
+
+/// One seccomp filter: classic BPF, each `struct sock_filter` packed in a
+/// u64 as in memory (code u16, jt u8, jf u8, k u32 little-endian).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SeccompFilter {
+    pub insns: Vec<u64>,
+    /// Installed with SECCOMP_FILTER_FLAG_LOG.
+    pub log: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ThreadFidelity {
+    pub tid: i32,
+    /// 0 none, 1 strict, 2 filter (the Seccomp: field of status).
+    pub seccomp_mode: u8,
+    /// The thread's filters as indices into `Fidelity::seccomp_filters`,
+    /// oldest first (the order they are installed in again).
+    pub seccomp: Vec<u32>,
+    /// prctl(PR_GET_PDEATHSIG).
+    pub pdeathsig: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct FileOwner {
+    /// Index into `ProcessImage::files`.
+    pub file: u32,
+    /// F_OWNER_TID (0), F_OWNER_PID (1) or F_OWNER_PGRP (2); 0 with
+    /// `owner` 0 means no owner.
+    pub owner_type: i32,
+    pub owner: i32,
+    /// F_GETSIG (0: SIGIO).
+    pub signal: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub enum InodeOf {
+    /// A file of `ProcessImage::files` (by index) that restore recreates.
+    File(u32),
+    /// A memfd of `ProcessImage::memfds` (by id).
+    Memfd(u64),
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct InodeAttrs {
+    pub of: InodeOf,
+    /// Permission bits (07777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A memfd (anonymous file): name, size, seals and the parts that hold data.
@@ -314,6 +426,10 @@ pub enum VmaBacking {
     Vdso,
     Vvar { name: String },
     Vsyscall,
+    /// A mapping of a file deleted since it was mapped (format 4): its
+    /// content is in `Fidelity::deleted_files` under the same id (the
+    /// file's inode); restore recreates the file, maps it and deletes it.
+    DeletedFile { id: u64 },
 }
 
 /// A run of consecutive pages stored in pages.img.
@@ -392,6 +508,21 @@ pub enum FileKind {
     Epoll { entries: Vec<EpollEntry> },
     InetSocket(InetSocket),
     UnixSocket(UnixSocket),
+    /// An inotify instance with its watches (format 4). Queued events are
+    /// refused at checkpoint, so there are none.
+    Inotify { watches: Vec<InotifyWatch> },
+    /// A file under /proc/PID/ of a process of the tree (format 4): it
+    /// only exists once that process does, so restore opens it from
+    /// inside the holder after every process of the tree was made.
+    ProcFile { path: String },
+}
+
+/// One inotify watch: its descriptor, the watched path, its event mask.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    pub path: String,
+    pub mask: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -42,6 +42,9 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         if i > 0 && !seen.contains(&p.ppid) {
             return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
         }
+        if i == 0 && p.fidelity.shares_files_with_parent {
+            return bad("the root process cannot share its parent's fd table".into());
+        }
         if i == 0 && !p.inherited.is_empty() {
             return bad("the root process cannot inherit mappings".into());
         }
@@ -194,10 +197,22 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return bad("an fd number appears twice".into());
     }
-    for f in &p.files {
+    let retargets: std::collections::HashSet<(u32, i32)> = p.fidelity.epoll_targets.iter().map(|t| (t.epoll_file, t.fd)).collect();
+    for (fi, f) in p.files.iter().enumerate() {
         if let FileKind::Epoll { entries } = &f.kind {
-            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err()) {
+            let retargeted = |fd: i32| retargets.contains(&(fi as u32, fd));
+            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd)) {
                 return bad("epoll entry refers to an fd the process does not have".into());
+            }
+        }
+        if let FileKind::ProcFile { path } = &f.kind {
+            if !path.starts_with("/proc/") || path.contains("/../") {
+                return bad(format!("/proc file {path:?} is not under /proc"));
+            }
+        }
+        if let FileKind::Inotify { watches } = &f.kind {
+            if watches.len() > 1 << 20 || watches.windows(2).any(|w| w[0].wd >= w[1].wd) || watches.first().is_some_and(|w| w.wd <= 0) {
+                return bad("inotify watches out of order, repeated or with a descriptor below 1".into());
             }
         }
         if let FileKind::InetSocket(s) = &f.kind {
@@ -229,6 +244,84 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     }
     if !p.mm.auxv.len().is_multiple_of(2) || p.mm.auxv.len() > 512 {
         return bad("malformed auxiliary vector".into());
+    }
+    validate_fidelity(p, &tids, &has_memfd)
+}
+
+/// The kernel's limit on one classic BPF program (BPF_MAXINSNS).
+pub const MAX_SECCOMP_INSNS: usize = 4096;
+/// Filters per thread: the kernel caps the chain at MAX_INSNS_PER_PATH
+/// (32768) instructions, at least 1 each.
+pub const MAX_SECCOMP_CHAIN: usize = 32768;
+
+/// Format-4 state: every reference points at something the image holds.
+fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&u64) -> bool) -> Result<(), ImageError> {
+    let f = &p.fidelity;
+    if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
+        return bad("seccomp filter with no or too many instructions".into());
+    }
+    for d in &f.deleted_files {
+        check_extents(&format!("deleted file {}", d.name), d.size, &d.extents)?;
+    }
+    if p.vmas.iter().any(|v| matches!(v.backing, VmaBacking::DeletedFile { id } if !f.deleted_files.iter().any(|d| d.id == id))) {
+        return bad("a mapping refers to a deleted file the image does not hold".into());
+    }
+    if !(0..=64).contains(&f.exit_signal) {
+        return bad(format!("exit signal {}", f.exit_signal));
+    }
+    if f.threads.len() > p.threads.len() {
+        return bad("more seccomp/thread entries than threads".into());
+    }
+    for t in &f.threads {
+        if sorted_tids.binary_search(&t.tid).is_err() {
+            return bad(format!("per-thread state for thread {} the process does not have", t.tid));
+        }
+        if t.seccomp_mode > 2 || (t.seccomp_mode != 2 && !t.seccomp.is_empty()) || (t.seccomp_mode == 2 && t.seccomp.is_empty()) {
+            return bad(format!("thread {}: seccomp mode {} with {} filters", t.tid, t.seccomp_mode, t.seccomp.len()));
+        }
+        if t.seccomp.len() > MAX_SECCOMP_CHAIN || t.seccomp.iter().any(|&i| i as usize >= f.seccomp_filters.len()) {
+            return bad(format!("thread {}: seccomp filter index out of range", t.tid));
+        }
+        if !(0..=64).contains(&t.pdeathsig) {
+            return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
+        }
+    }
+    if f.epoll_targets.len() > p.files.iter().map(|g| if let FileKind::Epoll { entries } = &g.kind { entries.len() } else { 0 }).sum::<usize>() {
+        return bad("more epoll targets than epoll entries".into());
+    }
+    let entry_keys: std::collections::HashSet<(u32, i32)> = p
+        .files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| match &g.kind {
+            FileKind::Epoll { entries } => entries.iter().map(|e| (i as u32, e.fd)).collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for t in &f.epoll_targets {
+        let ok = entry_keys.contains(&(t.epoll_file, t.fd));
+        if !ok || t.fd < 0 || t.fd >= MAX_FDS {
+            return bad(format!("epoll target for fd {} is not an entry of an epoll instance", t.fd));
+        }
+    }
+    for u in &f.unix_connects {
+        if !p.files.get(u.file as usize).is_some_and(|g| matches!(&g.kind, FileKind::UnixSocket(s) if s.peer.is_none() && s.listen_backlog.is_none())) {
+            return bad(format!("pending unix connection for file {} that is not an unconnected unix socket", u.file));
+        }
+    }
+    for o in &f.file_owners {
+        if o.file as usize >= p.files.len() || !(0..=2).contains(&o.owner_type) || !(0..=64).contains(&o.signal) {
+            return bad(format!("fd owner entry for file {} is malformed", o.file));
+        }
+    }
+    for a in &f.inode_attrs {
+        let ok = match a.of {
+            InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| matches!(f.kind, FileKind::Deleted { .. })),
+            InodeOf::Memfd(id) => has_memfd(&id),
+        };
+        if !ok || a.mode > 0o7777 {
+            return bad("inode attributes for an object the image does not recreate".into());
+        }
     }
     Ok(())
 }

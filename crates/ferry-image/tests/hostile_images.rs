@@ -125,6 +125,7 @@ fn valid() -> (Inventory, ProcessImage) {
         memfds: vec![],
         inherited: vec![],
         root: None,
+        fidelity: Default::default(),
     };
     (inv, p)
 }
@@ -1088,6 +1089,159 @@ fn bad_sysv_semaphores_and_queues() {
     let (inv, mut t) = valid_tree();
     t.sysv_msg.push(t.sysv_msg[0].clone());
     assert!(reject_tree(&inv, &t).contains("appears twice"));
+}
+
+/// A valid image with format-4 state: two threads under seccomp (one
+/// filter shared), a parent-death signal, an fd owner, inode attributes.
+fn valid_fidelity() -> (Inventory, ProcessImage) {
+    let (inv, mut p) = valid();
+    let tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
+    p.fidelity = Fidelity {
+        seccomp_filters: vec![
+            SeccompFilter { insns: vec![0x7fff_0000_0000_0006], log: false },
+            SeccompFilter { insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006], log: true },
+        ],
+        threads: tids.iter().map(|&tid| ThreadFidelity { tid, seccomp_mode: 2, seccomp: vec![0, 1], pdeathsig: 10 }).collect(),
+        file_owners: vec![FileOwner { file: 0, owner_type: 1, owner: PID, signal: 35 }],
+        inode_attrs: vec![],
+        stopped: true,
+        securebits: 0x10,
+        exit_signal: 17,
+        deleted_files: vec![],
+        shares_files_with_parent: false,
+        epoll_targets: vec![],
+        unix_connects: vec![],
+    };
+    (inv, p)
+}
+
+#[test]
+fn fidelity_state_round_trips() {
+    let (inv, p) = valid_fidelity();
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    let (_, t) = decode_meta(&bytes).expect("a valid format-4 image decodes");
+    assert_eq!(t.processes[0].fidelity, p.fidelity);
+}
+
+#[test]
+fn malformed_fidelity_state_is_rejected() {
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.seccomp_filters[0].insns.clear();
+    assert!(reject_model(&inv, &p).contains("seccomp filter"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.seccomp_filters[0].insns = vec![6; 4097];
+    assert!(reject_model(&inv, &p).contains("seccomp filter"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp = vec![0, 2];
+    assert!(reject_model(&inv, &p).contains("index out of range"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp = vec![u32::MAX];
+    assert!(reject_model(&inv, &p).contains("index out of range"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[1].seccomp_mode = 1; // strict with filters
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp.clear(); // filter mode without filters
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].seccomp_mode = 7;
+    assert!(reject_model(&inv, &p).contains("seccomp mode"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].tid = 999_999;
+    assert!(reject_model(&inv, &p).contains("does not have"));
+
+    let (inv, mut p) = valid_fidelity();
+    let extra = p.fidelity.threads[0].clone();
+    p.fidelity.threads.push(extra);
+    assert!(reject_model(&inv, &p).contains("more seccomp/thread entries"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.exit_signal = 99;
+    assert!(reject_model(&inv, &p).contains("exit signal"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.threads[0].pdeathsig = 65;
+    assert!(reject_model(&inv, &p).contains("parent-death signal"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].file = p.files.len() as u32;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].owner_type = 3;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.file_owners[0].signal = -1;
+    assert!(reject_model(&inv, &p).contains("fd owner"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::Memfd(12345), mode: 0o600, uid: 0, gid: 0 });
+    assert!(reject_model(&inv, &p).contains("inode attributes"));
+
+    let (inv, mut p) = valid_fidelity();
+    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::File(0), mode: 0o600, uid: 0, gid: 0 }); // not a deleted file
+    assert!(reject_model(&inv, &p).contains("inode attributes"));
+}
+
+#[test]
+fn malformed_inotify_watches_are_rejected() {
+    let w = |wd: i32| InotifyWatch { wd, path: "/tmp".into(), mask: 0x100 };
+    let (inv, mut p) = valid();
+    p.files[0].kind = FileKind::Inotify { watches: vec![w(1), w(3)] };
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&bytes).expect("ordered watches decode");
+    for bad in [vec![w(3), w(1)], vec![w(2), w(2)], vec![w(0)], vec![w(-5), w(1)]] {
+        let (inv, mut p) = valid();
+        p.files[0].kind = FileKind::Inotify { watches: bad };
+        assert!(reject_model(&inv, &p).contains("inotify"));
+    }
+}
+
+#[test]
+fn format4_references_are_checked() {
+    // An epoll entry for an fd the process lacks is valid only with a target.
+    let (inv, mut p) = valid();
+    p.files[3].kind = FileKind::Epoll { entries: vec![EpollEntry { fd: 77, events: 1, data: 0 }] };
+    assert!(reject_model(&inv, &p).contains("epoll entry"));
+    p.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 77, target: 101 });
+    let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&bytes).expect("an entry with a target decodes");
+    let mut q = p.clone();
+    q.fidelity.epoll_targets[0].epoll_file = 0; // not an epoll instance
+    assert!(reject_model(&inv, &q).contains("epoll"));
+    let mut q = p.clone();
+    q.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 78, target: 101 }); // more targets than entries
+    assert!(reject_model(&inv, &q).contains("epoll target"));
+
+    // A pending unix connection must name an unconnected unix socket.
+    let (inv, mut p) = valid();
+    p.fidelity.unix_connects.push(UnixConnect { file: 0, listener: 9, position: 0 });
+    assert!(reject_model(&inv, &p).contains("pending unix connection"));
+
+    // A deleted mapped file must be in the image, with data inside its size.
+    let (inv, mut p) = valid();
+    p.vmas[0].backing = VmaBacking::DeletedFile { id: 5 };
+    assert!(reject_model(&inv, &p).contains("deleted file"));
+    p.fidelity.deleted_files.push(MemfdObject { id: 5, name: "/lib/x.so".into(), size: 4, seals: 0o644, extents: vec![(2, vec![0; 3])] });
+    assert!(reject_model(&inv, &p).contains("beyond its size"));
+
+    // A /proc file must be under /proc.
+    let (inv, mut p) = valid();
+    p.files[0].kind = FileKind::ProcFile { path: "/etc/shadow".into() };
+    assert!(reject_model(&inv, &p).contains("/proc"));
+
+    // The root cannot share a parent's fd table.
+    let (inv, mut p) = valid();
+    p.fidelity.shares_files_with_parent = true;
+    assert!(reject_model(&inv, &p).contains("fd table"));
 }
 
 /// An established connection of the valid fixture (fd 103 turned from a

@@ -117,6 +117,7 @@ fn image(npages: usize) -> (Inventory, TreeImage, Vec<u8>) {
         memfds: vec![],
         inherited: vec![],
         root: None,
+        fidelity: Default::default(),
     };
     let t = TreeImage::single(p);
     ferry_image::validate::validate(&inv, &t).expect("fixture is valid");

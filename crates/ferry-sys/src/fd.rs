@@ -67,3 +67,68 @@ pub unsafe fn own(fd: RawFd) -> OwnedFd {
     // SAFETY: guaranteed by the caller.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
+
+/// F_GETOWN_EX: (owner type, owner id) of an open file description
+/// (F_OWNER_TID 0, F_OWNER_PID 1, F_OWNER_PGRP 2).
+pub fn get_owner_ex(fd: RawFd) -> SysResult<(i32, i32)> {
+    const F_GETOWN_EX: i32 = 16;
+    // struct f_owner_ex { int type; pid_t pid; }
+    let mut o = [0i32; 2];
+    // SAFETY: F_GETOWN_EX fills one struct f_owner_ex (two ints).
+    let r = unsafe { libc::fcntl(fd, F_GETOWN_EX, o.as_mut_ptr()) };
+    if r < 0 { Err(last_error("fcntl(F_GETOWN_EX)")) } else { Ok((o[0], o[1])) }
+}
+
+/// timerfd_gettime: (value, interval) in ns. On a periodic timer that
+/// expired unread, the kernel also counts the missed expirations into the
+/// ticks a read (or fdinfo) reports and re-arms it: nothing is consumed.
+pub fn timerfd_gettime(fd: RawFd) -> SysResult<(u64, u64)> {
+    let mut t = libc::itimerspec { it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 }, it_value: libc::timespec { tv_sec: 0, tv_nsec: 0 } };
+    // SAFETY: t is a valid itimerspec to fill.
+    let r = unsafe { libc::timerfd_gettime(fd, &mut t) };
+    if r < 0 {
+        return Err(last_error("timerfd_gettime"));
+    }
+    let ns = |ts: libc::timespec| (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64);
+    Ok((ns(t.it_value), ns(t.it_interval)))
+}
+
+/// fchmod + fchown of an open file (mode: the 07777 bits).
+pub fn set_mode_owner(fd: RawFd, mode: u32, uid: u32, gid: u32) -> SysResult<()> {
+    // SAFETY: integer arguments on a descriptor the caller holds.
+    if unsafe { libc::fchown(fd, uid, gid) } < 0 {
+        return Err(last_error("fchown"));
+    }
+    // After fchown, which clears set-user-ID and set-group-ID bits.
+    // SAFETY: as above.
+    if unsafe { libc::fchmod(fd, mode as libc::mode_t) } < 0 {
+        return Err(last_error("fchmod"));
+    }
+    Ok(())
+}
+
+/// open_by_handle_at: opens (O_PATH) the file a file handle names, on the
+/// filesystem of `mount_fd`. Needs CAP_DAC_READ_SEARCH.
+pub fn open_by_handle(mount_fd: RawFd, handle_type: i32, handle: &[u8]) -> SysResult<OwnedFd> {
+    // struct file_handle { unsigned int handle_bytes; int handle_type; unsigned char f_handle[]; }
+    let mut buf = Vec::with_capacity(8 + handle.len());
+    buf.extend_from_slice(&(handle.len() as u32).to_ne_bytes());
+    buf.extend_from_slice(&handle_type.to_ne_bytes());
+    buf.extend_from_slice(handle);
+    // SAFETY: buf is a complete struct file_handle of the size it declares.
+    let r = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount_fd, buf.as_mut_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    let fd = check("open_by_handle_at", r)?;
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// kcmp(KCMP_EPOLL_TFD): whether fd `fd1` of `pid1` is the file that the
+/// epoll instance `epfd` of `pid2` watches under fd number `tfd`.
+pub fn kcmp_epoll_target(pid1: i32, fd1: RawFd, pid2: i32, epfd: RawFd, tfd: RawFd) -> SysResult<bool> {
+    const KCMP_EPOLL_TFD: i32 = 7;
+    // struct kcmp_epoll_slot { __u32 efd; __u32 tfd; __u32 toff; }
+    let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
+    // SAFETY: the kernel reads one struct kcmp_epoll_slot from the pointer.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_EPOLL_TFD, fd1 as libc::c_ulong, slot.as_ptr() as libc::c_ulong) };
+    Ok(check("kcmp(KCMP_EPOLL_TFD)", r)? == 0)
+}

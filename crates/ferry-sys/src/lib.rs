@@ -14,6 +14,7 @@ pub mod pagemap;
 pub mod pidfd;
 pub mod process;
 pub mod ptrace;
+pub mod seccomp;
 pub mod sockdiag;
 pub mod socket;
 pub mod vm;

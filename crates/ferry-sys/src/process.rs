@@ -177,3 +177,22 @@ pub fn detach_from_caller(keep: i32) {
         libc::syscall(libc::SYS_close_range, (keep.max(2) + 1) as u32, u32::MAX, 0u32);
     }
 }
+
+/// kill(2).
+pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
+    // SAFETY: integer arguments.
+    if unsafe { libc::kill(pid, sig) } < 0 { Err(crate::last_error("kill")) } else { Ok(()) }
+}
+
+/// kcmp(2) kinds that compare a whole resource of two processes.
+pub const KCMP_VM: i32 = 1;
+pub const KCMP_FILES: i32 = 2;
+pub const KCMP_FS: i32 = 3;
+pub const KCMP_SIGHAND: i32 = 4;
+
+/// Whether two processes share the resource `kind` (KCMP_VM, KCMP_FILES...).
+pub fn kcmp_shared(pid1: i32, pid2: i32, kind: i32) -> SysResult<bool> {
+    // SAFETY: kcmp with these kinds takes only integers.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    Ok(crate::check("kcmp", r)? == 0)
+}

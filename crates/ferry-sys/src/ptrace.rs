@@ -204,3 +204,12 @@ pub fn put_back_sigmask(tid: i32, mask: u64) {
     let _ = set_sigmask(tid, mask);
     let _ = detach(tid, 0);
 }
+
+/// PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG: the thread's syscall user
+/// dispatch mode (0: off), selector, offset and length.
+pub fn get_syscall_user_dispatch(tid: i32) -> SysResult<[u64; 4]> {
+    const PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG: u32 = 0x4211;
+    let mut cfg = [0u64; 4];
+    req(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG, tid, std::mem::size_of_val(&cfg), cfg.as_mut_ptr() as usize, "ptrace(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG)")?;
+    Ok(cfg)
+}

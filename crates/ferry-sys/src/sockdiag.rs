@@ -11,6 +11,8 @@ const NLMSG_DONE: u16 = 3;
 const NLMSG_ERROR: u16 = 2;
 const UDIAG_SHOW_NAME: u32 = 1;
 const UDIAG_SHOW_PEER: u32 = 4;
+const UDIAG_SHOW_ICONS: u32 = 8;
+const UNIX_DIAG_ICONS: u16 = 3;
 const UDIAG_SHOW_RQLEN: u32 = 0x10;
 const UNIX_DIAG_NAME: u16 = 0;
 const UNIX_DIAG_PEER: u16 = 2;
@@ -31,6 +33,9 @@ pub struct UnixDiag {
     pub wqueue: u32,
     /// sk_shutdown bits: 1 = receive side shut down, 2 = send side.
     pub shutdown: u8,
+    /// For a listener: the inodes of the connections waiting in its
+    /// accept queue, oldest first.
+    pub icons: Vec<u32>,
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -110,7 +115,7 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
     req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN).to_ne_bytes());
+    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS).to_ne_bytes());
     req.extend_from_slice(&[0u8; 8]);
     // SAFETY: req is a live buffer of the given length.
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
@@ -157,6 +162,7 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
                             d.wqueue = u32_at(val, 4);
                         }
                         UNIX_DIAG_SHUTDOWN if !val.is_empty() => d.shutdown = val[0],
+                        UNIX_DIAG_ICONS => d.icons = val.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
                         _ => {}
                     }
                     a += (alen + 3) & !3;

@@ -134,6 +134,10 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),
             VmaBacking::Vsyscall => "[vsyscall]".into(),
+            VmaBacking::DeletedFile { id } => match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
+                Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
+                None => format!("[deleted file {id}]"),
+            },
         };
         let stored: u64 = p.page_runs.iter().filter(|r| r.start >= v.start && r.start < v.end).map(|r| r.pages).sum();
         let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {
@@ -172,6 +176,12 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             FileKind::TimerFd(t) => format!("timerfd clock {} value {} ns interval {} ns", t.clockid, t.value_ns, t.interval_ns),
             FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
             FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
+            FileKind::ProcFile { path } => format!("{path} (a /proc file of the tree, opened again by the process)"),
+            FileKind::Inotify { watches } => format!(
+                "inotify with {} watches: {}",
+                watches.len(),
+                watches.iter().map(|w| format!("{} {} mask {:#x}", w.wd, w.path, w.mask)).collect::<Vec<_>>().join(", ")
+            ),
             FileKind::InetSocket(s) => format!(
                 "{} socket port {}{}{}",
                 if s.sock_type == 1 { "tcp" } else { "udp" },
@@ -199,6 +209,52 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
     println!("timers: {} interval timers, {} POSIX timers", p.itimers.len(), p.posix_timers.len());
     for m in &p.memfds {
         println!("memfd {:?}: {} bytes, {} stored, seals {:#x}", m.name, m.size, stored(&m.extents), m.seals);
+    }
+    show_fidelity(p);
+}
+
+/// The format-4 part: seccomp, credentials details, parent-death
+/// signals, fd owners, inode attributes, job-control stop.
+fn show_fidelity(p: &ProcessImage) {
+    let f = &p.fidelity;
+    let c = &p.creds;
+    println!(
+        "credentials: uid {:?} gid {:?} (real, effective, saved, filesystem), groups {:?}, securebits {:#x}",
+        c.uids, c.gids, c.groups, f.securebits
+    );
+    if f.exit_signal != libc::SIGCHLD {
+        println!("exit signal to its parent: {}", f.exit_signal);
+    }
+    if f.shares_files_with_parent {
+        println!("shares its parent's fd table (CLONE_FILES)");
+    }
+    if f.stopped {
+        println!("stopped by a job-control signal: restored stopped");
+    }
+    for t in &f.threads {
+        let mode = match t.seccomp_mode {
+            0 => "none".to_string(),
+            1 => "strict".to_string(),
+            _ => format!("filter ({} filters: {})", t.seccomp.len(), t.seccomp.iter().map(|i| format!("#{i}")).collect::<Vec<_>>().join(" ")),
+        };
+        if t.seccomp_mode != 0 || t.pdeathsig != 0 {
+            println!("thread {}: seccomp {mode}, parent-death signal {}", t.tid, t.pdeathsig);
+        }
+    }
+    for (i, sf) in f.seccomp_filters.iter().enumerate() {
+        println!("seccomp filter #{i}: {} instructions{}", sf.insns.len(), if sf.log { ", SECCOMP_FILTER_FLAG_LOG" } else { "" });
+    }
+    for o in &f.file_owners {
+        let fds: Vec<String> = p.fds.iter().filter(|s| s.file == o.file).map(|s| s.fd.to_string()).collect();
+        let kind = ["thread", "process", "process group"].get(o.owner_type as usize).copied().unwrap_or("?");
+        println!("fd {}: owner {kind} {}, signal {}", fds.join(","), o.owner, if o.signal == 0 { "SIGIO".to_string() } else { o.signal.to_string() });
+    }
+    for a in &f.inode_attrs {
+        let what = match a.of {
+            ferry_image::InodeOf::File(i) => format!("recreated file (open file {i})"),
+            ferry_image::InodeOf::Memfd(id) => format!("memfd {id}"),
+        };
+        println!("{what}: mode {:04o} owner {}:{}", a.mode, a.uid, a.gid);
     }
 }
 

@@ -494,6 +494,26 @@ conformance! {
     tree_sysv_sem,
     tree_sysv_msg,
     tree_pgrp_signal,
+    // fidelity (issue 9)
+    proc_seccomp_filter,
+    tree_seccomp_strict,
+    proc_fsuid,
+    tree_pdeathsig,
+    fd_async_owner,
+    tree_zombie_signaled,
+    fd_timerfd_state,
+    fd_memfd_mode,
+    fd_deleted_owner,
+    fd_pipe_full,
+    tree_stopped,
+    mem_mlock,
+    tree_exit_signal,
+    fd_inotify,
+    mem_deleted_file,
+    tree_clone_files,
+    tree_proc_file,
+    fd_epoll_closed,
+    sock_unix_pending,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

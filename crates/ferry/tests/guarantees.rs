@@ -59,8 +59,13 @@ impl Case {
 
     /// Starts `prog` in its own session with only stdio open; waits for READY.
     fn start(&mut self, prog: &Path) -> i32 {
+        self.start_args(prog, &[])
+    }
+
+    fn start_args(&mut self, prog: &Path, args: &[&str]) -> i32 {
         let log = fs::File::create(self.dir.join("program.log")).expect("log");
         let mut cmd = Command::new(prog);
+        cmd.args(args);
         cmd.current_dir(&self.dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
@@ -171,13 +176,17 @@ fn stderr(o: &Output) -> String {
 /// Checkpoint must fail naming `what`, leave no image behind, and the
 /// program must go on and pass its own checks.
 fn assert_refused(src: &str, what: &[&str]) {
+    assert_refused_args(src, &[], what)
+}
+
+fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
     let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
     let prog = c.compile(src);
-    let pid = c.start(&prog);
+    let pid = c.start_args(&prog, args);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
     assert!(!out.status.success(), "checkpoint of {src} should have been refused");
@@ -192,12 +201,12 @@ fn assert_refused(src: &str, what: &[&str]) {
 
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
-    assert_refused("tests/guarantees/child_unsupported.c", &["inotify", "not supported"]);
+    assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);
 }
 
 #[test]
 fn refuses_inotify_and_leaves_it_running() {
-    assert_refused("tests/guarantees/inotify_fd.c", &["fd 3", "inotify"]);
+    assert_refused("tests/guarantees/inotify_fd.c", &["fd 3", "inotify events are queued"]);
 }
 
 #[test]
@@ -555,4 +564,146 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
     for &init in &c.pids {
         assert_ne!(comm(init), "ferry-init", "ferry-init {init} outlived its tree");
     }
+}
+
+#[test]
+fn refuses_a_seccomp_user_notification_filter_and_leaves_it_confined() {
+    assert_refused("tests/guarantees/seccomp_user_notif.c", &["seccomp filters of thread", "SECCOMP_RET_USER_NOTIF"]);
+}
+
+#[test]
+fn refuses_an_fd_owned_by_a_process_outside_the_tree() {
+    assert_refused("tests/guarantees/fd_owner_outside.c", &["fd 3", "F_SETOWN owner", "outside the checkpointed tree"]);
+}
+
+#[test]
+fn refuses_threads_with_different_credentials() {
+    assert_refused("tests/guarantees/thread_creds_differ.c", &["thread", "Uid", "per-thread credentials"]);
+}
+
+/// Images are private (0700 directory, 0600 files) and restore refuses an
+/// image a non-root user could have changed, naming the file and why.
+#[test]
+fn images_are_private_and_writable_images_are_refused() {
+    if !is_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mut c = Case::new("image-perms");
+    let pid = checkpointed_image(&mut c);
+    let images = c.images();
+    let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+    assert_eq!(mode(&images), 0o700, "image directory mode");
+    assert_eq!(mode(&images.join("meta.img")), 0o600, "meta.img mode");
+    assert_eq!(mode(&images.join("pages.img")), 0o600, "pages.img mode");
+    let set = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).expect("chmod");
+    let refused = |what: &str| {
+        let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+        let e = stderr(&r);
+        assert!(!r.status.success(), "restore of an unsafe image succeeded");
+        assert!(e.contains(what) && e.trim().lines().count() == 1, "expected {what:?} in one line: {e}");
+        assert!(!Path::new(&format!("/proc/{pid}")).exists() || comm(pid) != "mem_anon_private", "an unsafe image was restored");
+    };
+    set(&images, 0o777);
+    refused("image directory");
+    set(&images, 0o700);
+    set(&images.join("pages.img"), 0o620);
+    refused("pages.img");
+    set(&images.join("pages.img"), 0o600);
+    std::os::unix::fs::chown(images.join("meta.img"), Some(65534), None).expect("chown");
+    refused("owned by uid 65534");
+    std::os::unix::fs::chown(images.join("meta.img"), Some(0), None).expect("chown");
+    // Private again: it restores.
+    let code = c.restore_and_finish(pid, &images, &[]);
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}
+
+/// tests/guarantees/refusals.c in one of its modes.
+fn refused_mode(mode: &str, what: &[&str]) {
+    assert_refused_args("tests/guarantees/refusals.c", &[mode], what);
+}
+
+#[test]
+fn refuses_mlockall_future() {
+    refused_mode("mlockall", &["memory locking", "MCL_FUTURE"]);
+}
+
+#[test]
+fn refuses_another_uts_namespace() {
+    refused_mode("uts", &["UTS namespace"]);
+}
+
+#[test]
+fn refuses_a_faulting_time_stamp_counter() {
+    refused_mode("tsc", &["PR_SET_TSC"]);
+}
+
+#[test]
+fn refuses_a_proc_file_of_a_process_outside_the_tree() {
+    refused_mode("proc_outside", &["fd 3", "/proc file of process", "outside the tree"]);
+}
+
+#[test]
+fn refuses_shared_fs_information_without_clone_thread() {
+    refused_mode("clone_fs", &["working directory, root and umask", "CLONE_FS"]);
+}
+
+
+
+#[test]
+fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
+    refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
+}
+
+#[test]
+fn refuses_scm_rights_in_flight() {
+    refused_mode("scm_rights", &["fd 4"]);
+}
+
+/// A process moved into another cgroup than ferry's (here a child of the
+/// v1 "pids" hierarchy) is refused, naming its cgroup membership; it is
+/// moved back and the cgroup removed afterwards, also on failure.
+#[test]
+fn refuses_a_process_in_another_cgroup() {
+    if !is_root() {
+        return;
+    }
+    let root = Path::new("/sys/fs/cgroup/pids");
+    if !root.join("cgroup.procs").exists() {
+        eprintln!("skipped: no cgroup v1 pids hierarchy");
+        return;
+    }
+    struct Cg(PathBuf, PathBuf, i32);
+    impl Drop for Cg {
+        fn drop(&mut self) {
+            let _ = fs::write(self.1.join("cgroup.procs"), self.2.to_string());
+            let _ = fs::remove_dir(&self.0);
+        }
+    }
+    let mut c = Case::new("cgroup");
+    let prog = c.compile("tests/guarantees/refusals.c");
+    let pid = c.start_args(&prog, &["plain"]);
+    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let orig = own.lines().find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string())).unwrap_or_else(|| "/".into());
+    let dir = root.join(format!("ferry-guarantee-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("mkdir cgroup");
+    let _cg = Cg(dir.clone(), root.join(orig.trim_start_matches('/')), pid);
+    fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    let out = c.checkpoint(pid, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "checkpoint of a process in another cgroup should be refused");
+    assert!(err.contains("cgroup membership") && err.contains("ferry-guarantee-"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+}
+
+#[test]
+fn refuses_two_pending_unix_connections_on_one_listener() {
+    refused_mode("unix_two_pending", &["fd 3", "2 connections wait in its accept queue", "order"]);
+}
+
+#[test]
+fn refuses_a_unix_connection_whose_peer_was_closed() {
+    refused_mode("unix_dead_peer", &["fd 3", "its peer was closed"]);
 }

@@ -4,7 +4,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::MapsEntry;
-use ferry_image::{FdSlot, FileKind, MemfdObject, OpenFile, Vma, VmaBacking};
+use ferry_image::{FdSlot, FileKind, InodeAttrs, InodeOf, MemfdObject, OpenFile, Vma, VmaBacking};
+use std::os::unix::fs::MetadataExt;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
@@ -43,10 +44,18 @@ pub(crate) fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) ->
     Ok(MemfdObject { id, name: name.to_string(), size, seals, extents })
 }
 
+/// The memfd's mode and owner (fchmod/fchown may have changed them).
+fn attrs_of(pid: i32, id: u64, file: &std::fs::File) -> Result<InodeAttrs> {
+    let m = file.metadata().map_err(|e| EngineError::io(format!("memfd {id} (pid {pid})"), e))?;
+    Ok(InodeAttrs { of: InodeOf::Memfd(id), mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid() })
+}
+
 /// Reads every memfd the fds or mappings refer to: through one of the
 /// process's fds when it has one, else through /proc/PID/map_files.
-pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
+/// Returns them with their modes and owners.
+pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], smaps: &[MapsEntry]) -> Result<(Vec<MemfdObject>, Vec<InodeAttrs>)> {
     let mut out: Vec<MemfdObject> = Vec::new();
+    let mut attrs = Vec::new();
     for (i, f) in files.iter().enumerate() {
         let FileKind::Memfd { id } = f.kind else { continue };
         if out.iter().any(|m| m.id == id) {
@@ -58,6 +67,7 @@ pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], sma
         // A fresh open file description: seeking through it to find data
         // extents leaves the process's own file offset alone.
         let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        attrs.push(attrs_of(pid, id, &file)?);
         out.push(read_object(pid, id, name_of(&link).unwrap_or(""), file)?);
     }
     for (v, m) in vmas.iter().zip(smaps) {
@@ -67,7 +77,29 @@ pub fn capture(pid: i32, files: &[OpenFile], slots: &[FdSlot], vmas: &[Vma], sma
         }
         let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
         let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        attrs.push(attrs_of(pid, id, &file)?);
         out.push(read_object(pid, id, name_of(&m.path).unwrap_or(""), file)?);
+    }
+    Ok((out, attrs))
+}
+
+/// Mapped files deleted since they were mapped (a replaced library, a
+/// temp file): their content, read through /proc/PID/map_files, goes into
+/// the image like a memfd's, with the path they had and their mode.
+pub fn capture_deleted_files(pid: i32, vmas: &[Vma], smaps: &[MapsEntry]) -> Result<Vec<MemfdObject>> {
+    let mut out: Vec<MemfdObject> = Vec::new();
+    for (v, m) in vmas.iter().zip(smaps) {
+        let VmaBacking::DeletedFile { id } = v.backing else { continue };
+        if out.iter().any(|o| o.id == id) {
+            continue;
+        }
+        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        let mode = file.metadata().map_err(|e| EngineError::io(&path, e))?.mode() & 0o7777;
+        let name = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
+        let mut obj = read_object(pid, id, name, file)?;
+        obj.seals = mode as i32;
+        out.push(obj);
     }
     Ok(out)
 }

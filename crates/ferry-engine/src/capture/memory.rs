@@ -35,14 +35,17 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         "[vdso]" => VmaBacking::Vdso,
         "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
         "[vsyscall]" => VmaBacking::Vsyscall,
-        _ if p.starts_with("[anon:") => VmaBacking::Anonymous,
+        _ if p.starts_with("[anon:") => {
+            return Err(EngineError::unsupported(pid, what(), "a named anonymous mapping (PR_SET_VMA_ANON_NAME); the name is not restored"))
+        }
         "/dev/zero (deleted)" if m.shared() => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
-        _ if p.ends_with(" (deleted)") => {
-            return Err(EngineError::unsupported(pid, what(), "the mapped file was deleted; mappings of deleted files are not supported yet"))
+        _ if p.starts_with("/anon_hugepage") || m.has_flag("ht") => {
+            return Err(EngineError::unsupported(pid, what(), "hugetlb mappings are not supported"))
         }
+        _ if p.ends_with(" (deleted)") && p.starts_with('/') => VmaBacking::DeletedFile { id: m.inode },
         _ if p.starts_with('/') => VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode },
         _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
     })
@@ -75,7 +78,7 @@ fn page_filter(v: &Vma) -> Option<ScanFilter> {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
         }
         (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
-        (VmaBacking::File { .. } | VmaBacking::Memfd { .. }, false) => Some(ScanFilter {
+        (VmaBacking::File { .. } | VmaBacking::Memfd { .. } | VmaBacking::DeletedFile { .. }, false) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
             any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
@@ -279,6 +282,7 @@ fn same_origin(c: &Vma, p: &Vma) -> bool {
         (VmaBacking::Anonymous, VmaBacking::Anonymous) => true,
         (VmaBacking::File { dev: d1, ino: i1, .. }, VmaBacking::File { dev: d2, ino: i2, .. }) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
         (VmaBacking::Memfd { id: a }, VmaBacking::Memfd { id: b }) => a == b && c.pgoff == p.pgoff,
+        (VmaBacking::DeletedFile { id: a }, VmaBacking::DeletedFile { id: b }) => a == b && c.pgoff == p.pgoff,
         _ => false,
     };
     same_backing && c.start == p.start && c.end == p.end && !c.shared && !p.shared && p.flags & (vmflag::DONTFORK | vmflag::WIPEONFORK) == 0
@@ -324,4 +328,16 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
         out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
     }
     Ok(out)
+}
+
+/// mlockall(MCL_FUTURE) shows nowhere in /proc but in the mappings made
+/// after it: ferry's scratch mapping, just made, comes out locked. Future
+/// locking is not restored, so such a process is refused. (Locked
+/// mappings themselves are recorded, VmFlags "lo", and locked again.)
+pub fn check_mlock_future(pid: i32, scratch: u64) -> Result<()> {
+    let smaps = crate::procfs::smaps(pid)?;
+    if smaps.iter().any(|m| m.start == scratch && m.has_flag("lo")) {
+        return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
+    }
+    Ok(())
 }

@@ -10,7 +10,10 @@ mod memfd;
 mod memory;
 mod namespaces;
 mod network;
+mod prctl;
 mod process;
+mod seccomp;
+mod sharing;
 mod signals;
 mod shm;
 mod sysv_ipc;
@@ -74,19 +77,33 @@ struct Survey {
     fds: Vec<ferry_image::FdSlot>,
     memfds: Vec<ferry_image::MemfdObject>,
     remote: Remote,
+    /// Format-4 state found from outside (seccomp, fd owners, inode
+    /// attributes, stop state); the per-thread prctl part is added by the
+    /// injected capture.
+    fidelity: ferry_image::Fidelity,
+    seccomp_threads: Vec<seccomp::ThreadSeccomp>,
+    /// Files (indices) of unix listeners with one connection waiting.
+    pending_listeners: Vec<u32>,
 }
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
-    let memfds = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    let (files, fds, (unix_connects, pending_listeners)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
+    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
+    let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
+    prctl::check_thread_creds(pid, &tids)?;
+    let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
+    let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
+    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, deleted_files, unix_connects, ..Default::default() };
     let vdso = smaps
         .iter()
         .find(|m| m.path == "[vdso]")
         .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey { smaps, vmas, files, fds, memfds, remote })
+    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners })
 }
 
 /// Checkpoints `pid` and all its descendants as one image.
@@ -121,6 +138,10 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     ph.mark("freeze");
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
+    namespaces::check_others(&pids)?;
+    namespaces::check_cgroups(&pids)?;
+    let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
+    let share_files = sharing::check(&pids, &ppids)?;
     let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
@@ -134,6 +155,25 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let mut pf: Vec<files::ProcessFiles> =
             surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
         files::link_tree(&mut pf, &pids)?;
+    }
+    // A listener's waiting connection must be one of the tree's sockets.
+    for (s, &pid) in surveys.iter().zip(&pids) {
+        for &l in &s.pending_listeners {
+            let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else { continue };
+            let clients = surveys.iter().flat_map(|t| t.fidelity.unix_connects.iter()).filter(|c| c.listener == u.ino).count();
+            if clients != 1 {
+                let fd = s.fds.iter().find(|x| x.file == l).map_or(-1, |x| x.fd);
+                return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "the connection waiting in its accept queue comes from outside the process tree"));
+            }
+        }
+    }
+    {
+        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
+            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        let targets = files::epoll::resolve_targets(&views)?;
+        for (s, t) in surveys.iter_mut().zip(targets) {
+            s.fidelity.epoll_targets = t;
+        }
     }
     let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> =
         surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
@@ -193,7 +233,21 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
         skip.sort_unstable();
         let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, pids.len() > 1, &mut pages, opts.progress.as_ref())?;
-        let (threads, signals, itimers, posix_timers, (brk, misc)) = injected;
+        let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) = injected;
+        let mut fidelity = sv.fidelity;
+        fidelity.securebits = securebits;
+        fidelity.exit_signal = crate::procfs::Stat::read(pid)?.field(38) as i32;
+        fidelity.shares_files_with_parent = share_files.contains(&pid);
+        fidelity.threads = sv
+            .seccomp_threads
+            .iter()
+            .map(|(tid, mode, chain)| ferry_image::ThreadFidelity {
+                tid: *tid,
+                seccomp_mode: *mode,
+                seccomp: chain.clone(),
+                pdeathsig: deathsigs.iter().find(|d| d.0 == *tid).map_or(0, |d| d.1),
+            })
+            .collect();
         let mut image = ProcessImage {
             threads,
             vmas: sv.vmas,
@@ -206,6 +260,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
             misc,
             memfds: sv.memfds,
             inherited,
+            fidelity,
             ..process::capture(pid)?
         };
         image.ppid = p.ppid;
@@ -300,7 +355,7 @@ fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
     let pid = frozen.pid;
     let scratch = Scratch::map(&sv.remote, pid)?;
     let ctx = Ctx { pid, frozen, remote: sv.remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
-    let injected = capture_injected(&ctx);
+    let injected = memory::check_mlock_future(pid, scratch.addr).and_then(|()| capture_injected(&ctx));
     let unmapped = scratch.unmap(&ctx.remote, pid);
     let injected = injected?;
     unmapped?;
@@ -313,6 +368,7 @@ type Injected = (
     Vec<ferry_image::ITimer>,
     Vec<ferry_image::PosixTimer>,
     (u64, ferry_image::ProcessMisc),
+    (Vec<(i32, i32)>, u32),
 );
 
 /// Everything that needs syscalls run inside the process.
@@ -322,7 +378,9 @@ fn capture_injected(ctx: &Ctx) -> Result<Injected> {
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;
     let brk_misc = process::capture_injected(ctx)?;
-    Ok((threads, signal_state, itimers, posix, brk_misc))
+    prctl::check_unrestored(ctx)?;
+    let prctl = prctl::capture_injected(ctx)?;
+    Ok((threads, signal_state, itimers, posix, brk_misc, prctl))
 }
 
 /// Reads the metadata back and checks the page file against it. Page data

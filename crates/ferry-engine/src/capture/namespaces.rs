@@ -114,6 +114,23 @@ pub fn translate(image: &mut TreeImage, view: &PidView) {
                 timer.notify_tid = view.inner(timer.notify_tid);
             }
         }
+        for t in &mut p.fidelity.threads {
+            t.tid = view.inner(t.tid);
+        }
+        for f in &mut p.files {
+            if let ferry_image::FileKind::ProcFile { path } = &mut f.kind {
+                let rest = path.trim_start_matches("/proc/");
+                let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+                if let Ok(id) = id.parse::<i32>() {
+                    *path = format!("/proc/{}/{tail}", view.inner(id));
+                }
+            }
+        }
+        for o in &mut p.fidelity.file_owners {
+            if o.owner > 0 {
+                o.owner = view.inner(o.owner);
+            }
+        }
     }
     for z in &mut image.zombies {
         for id in [&mut z.pid, &mut z.ppid, &mut z.pgid, &mut z.sid] {
@@ -183,6 +200,43 @@ pub fn check_ipc(pids: &[i32]) -> Result<()> {
     for &pid in pids {
         if ns_inode(pid, "ipc")? != ours {
             return Err(EngineError::unsupported(pid, "the IPC namespace", "it is not ferry's; SysV IPC objects are captured in ferry's namespace"));
+        }
+    }
+    Ok(())
+}
+
+/// Namespaces ferry cannot make again: a tree in a user, UTS, time or
+/// cgroup namespace other than ferry's is refused (restore would put it
+/// in ferry's, with another hostname, clock offsets, id mapping or
+/// cgroup root).
+pub fn check_others(pids: &[i32]) -> Result<()> {
+    let me = std::process::id() as i32;
+    for (kind, name) in [("user", "user"), ("uts", "UTS"), ("time", "time"), ("time_for_children", "time (for children)"), ("cgroup", "cgroup")] {
+        let Ok(ours) = ns_inode(me, kind) else { continue };
+        for &pid in pids {
+            if ns_inode(pid, kind)? != ours {
+                return Err(EngineError::unsupported(pid, format!("the {name} namespace"), "it is not ferry's; ferry restores into its own and cannot make this one again"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cgroup membership is not restored (a restored process joins ferry's
+/// cgroups): a process in cgroups other than ferry's is refused, naming
+/// the hierarchy.
+pub fn check_cgroups(pids: &[i32]) -> Result<()> {
+    let ours = procfs::read_string("/proc/self/cgroup")?;
+    for &pid in pids {
+        let theirs = procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
+        if let Some(line) = theirs.lines().find(|l| !ours.lines().any(|o| o == *l)) {
+            let mine = line.split(':').take(2).collect::<Vec<_>>().join(":");
+            let ferry_line = ours.lines().find(|o| o.starts_with(&format!("{mine}:"))).unwrap_or("none");
+            return Err(EngineError::unsupported(
+                pid,
+                "its cgroup membership",
+                format!("it is in {line:?}, ferry in {ferry_line:?}; restored processes join ferry's cgroups"),
+            ));
         }
     }
     Ok(())

@@ -85,6 +85,7 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         memfds: Vec::new(),
         inherited: Vec::new(),
         root: Some(procfs::read_link(&format!("/proc/{pid}/root"))?).filter(|r| r != "/"),
+        fidelity: Default::default(),
     })
 }
 

@@ -13,9 +13,9 @@ use ferry_sys::ptrace::{self, WaitEvent};
 
 /// Forks `pid` from the process of `parent` (which must be stopped and
 /// single-threaded). Returns once the child is in its first ptrace stop.
-pub fn fork_from(parent: &mut Session, pid: i32) -> Result<i32> {
+pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -> Result<i32> {
     let tid_at = parent.data + 256;
-    let args = ferry_sys::clone::CloneArgs { exit_signal: libc::SIGCHLD as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
+    let args = ferry_sys::clone::CloneArgs { flags, exit_signal: exit_signal as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
     let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     parent.remote.write(parent.data, &bytes)?;
@@ -85,7 +85,7 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
 /// so the parent can reap it as it would have. The SIGCHLD this sends the
 /// parent is taken back: the parent's pending signals come from the image.
 pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
-    let child = fork_from(parent, z.pid)?;
+    let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
     // No core file for a zombie that died of a signal.
     let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
@@ -100,8 +100,13 @@ pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
         ptrace::set_sigmask(child, !0).map_err(|e| kerr("blocking signals", e))?;
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     } else {
+        // PTRACE_DETACH's signal only counts from a signal-delivery stop,
+        // which this is not: queue the signal, then let the child go. It
+        // takes the signal before running anything (its handlers are all
+        // SIG_DFL since the fork reset them).
         ptrace::set_sigmask(child, 0).map_err(|e| kerr("unblocking signals", e))?;
-        ptrace::detach(child, sig).map_err(|e| kerr("releasing with its signal", e))?;
+        ferry_sys::process::kill(child, sig).map_err(|e| kerr("sending its signal", e))?;
+        ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     }
     // The zombie is the parent's to reap; wait until it is one.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -167,6 +167,7 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
             }
             VmaBacking::File { path, .. } => s.staging_fd(path, needs_rw(v))? as i64,
             VmaBacking::Memfd { id } => s.staging_fd(&memfd_key(*id), true)? as i64,
+            VmaBacking::DeletedFile { id } => s.staging_fd(&deleted_key(*id), true)? as i64,
         };
         let mut prot = v.prot;
         if has_pages(v, runs) && prot & PROT_WRITE == 0 {
@@ -210,6 +211,11 @@ const SHM_REMAP: u64 = 0o40000;
 const SHM_EXEC: u64 = 0o100000;
 
 /// Staging key of a memfd: memfds are recreated by ferry before the fork.
+/// Staging key of a recreated deleted file (by its old inode).
+pub fn deleted_key(id: u64) -> String {
+    format!("deleted file {id}")
+}
+
 pub fn memfd_key(id: u64) -> String {
     format!("memfd:{id}")
 }
@@ -311,6 +317,21 @@ pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
     let calls: Vec<(String, Call)> =
         list.iter().map(|&(a, len, prot)| (format!("mprotect({a:#x})"), Call::new(libc::SYS_mprotect, &[a, len, prot as u64]))).collect();
     s.run(s.pid, &calls)?;
+    Ok(())
+}
+
+/// Locks again the mappings that were locked (mlock, mlockall(MCL_CURRENT);
+/// VmFlags "lo"), once their pages are in. Done while the process still
+/// has root's CAP_IPC_LOCK; RLIMIT_MEMLOCK is set afterwards.
+pub fn relock(s: &mut Session, vmas: &[ferry_image::Vma]) -> Result<()> {
+    let calls: Vec<(String, Call)> = vmas
+        .iter()
+        .filter(|v| v.flags & ferry_image::vmflag::LOCKED != 0)
+        .map(|v| (format!("mlock({:#x}-{:#x})", v.start, v.end), Call::new(libc::SYS_mlock, &[v.start, v.end - v.start])))
+        .collect();
+    if !calls.is_empty() {
+        s.run(s.pid, &calls)?;
+    }
     Ok(())
 }
 

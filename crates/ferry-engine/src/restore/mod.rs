@@ -21,7 +21,9 @@ mod files;
 mod fork;
 mod memory;
 mod pidns;
+mod prctl;
 mod process;
+mod seccomp;
 mod signals;
 mod staging;
 mod sysv_ipc;
@@ -181,6 +183,7 @@ fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Re
 
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
+    ImageDir::new(dir).check_private()?;
     let (inv, tree) = ImageDir::new(dir).read_meta()?;
     if opts.new_pid_ns || tree.own_pid_namespace {
         return pidns::restore(dir, opts, inv, tree, t0);
@@ -215,7 +218,15 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     }
     raise_fd_limit();
 
-    let max_fd = tree.processes.iter().flat_map(|p| p.fds.iter().map(|s| s.fd)).max().unwrap_or(2).max(2);
+    // Above every fd number of the image, also those only epoll entries
+    // still name (they are reused briefly to register those entries).
+    let max_fd = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|s| s.fd).chain(p.fidelity.epoll_targets.iter().map(|t| t.fd)))
+        .max()
+        .unwrap_or(2)
+        .max(2);
     let temp_base = max_fd + 1;
     let netns = match &opts.netns {
         Some(path) => {
@@ -293,6 +304,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
     memory::write_pages(pid, &root.page_runs, pages.bytes(), opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
+    memory::relock(&mut s, &root.vmas)?;
     sessions.push(s);
     ph.mark("root: files+memory");
     for img in &tree.processes[1..] {
@@ -300,13 +312,18 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
             .iter()
             .position(|p| p.pid == img.ppid)
             .ok_or_else(|| EngineError::restore(img.pid, format!("parent {} not restored", img.ppid)))?;
-        let child = fork::fork_from(&mut sessions[k], img.pid)?;
+        // A child that shared its parent's fd table gets it again: forked
+        // with CLONE_FILES from the parent, whose table is complete.
+        let share = img.fidelity.shares_files_with_parent;
+        let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal, if share { libc::CLONE_FILES as u64 } else { 0 })?;
         guard.pids.push(child);
         let parent = &sessions[k];
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
-        install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
+        if !share {
+            install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
+        }
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
         kept.sort_unstable();
         memory::clear_address_space(&mut s, &kept)?;
@@ -315,6 +332,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
         memory::write_pages(img.pid, &img.page_runs, pages.bytes(), opts.progress.as_ref())?;
         memory::reprotect(&mut s, &reprotect)?;
+        memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
     }
     for z in &tree.zombies {
@@ -326,9 +344,15 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
 
     // Phase 2, every process: the rest of its state, then release.
     let mut all_tids: Vec<Vec<i32>> = Vec::with_capacity(sessions.len());
+    // A process whose fd table a child shares (CLONE_FILES) leaves the
+    // staged descriptors to that child, which finishes later and closes
+    // them for both.
+    let table_shared_by_child: std::collections::HashSet<i32> =
+        tree.processes.iter().filter(|p| p.fidelity.shares_files_with_parent).map(|p| p.ppid).collect();
     for s in sessions.iter_mut() {
         let exe_fd = staging.exes.get(&s.pid).copied();
-        let tids = finish_process(s, exe_fd, temp_base)?;
+        let close_staging = !table_shared_by_child.contains(&s.pid);
+        let tids = finish_process(s, exe_fd, temp_base, close_staging)?;
         guard.pids.extend(tids.iter().copied());
         all_tids.push(tids);
     }
@@ -353,6 +377,12 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     ph.mark("tcp resend");
     // Children first, so a parent never runs while its child is still held.
     for (s, tids) in sessions.iter().zip(&all_tids).rev() {
+        if s.image.fidelity.stopped {
+            // Queued while every thread is still held: the process takes
+            // it on its way out of the ptrace stop, before running any
+            // instruction of its own, and enters the job-control stop.
+            ferry_sys::process::kill(s.pid, libc::SIGSTOP).map_err(|e| EngineError::kernel(s.pid, "stopping it again (SIGSTOP)", e))?;
+        }
         for &tid in std::iter::once(&s.pid).chain(tids) {
             ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(s.pid, format!("releasing thread {tid}"), e))?;
         }
@@ -421,6 +451,11 @@ fn install_files(
     temp_base: RawFd,
     epolls: &mut std::collections::HashSet<u64>,
 ) -> Result<()> {
+    let (calls, data) = files::epoll_target_calls(s.image, staged, s.data, epolls)?;
+    if !calls.is_empty() {
+        s.remote.write(s.data, &data)?;
+        s.run(s.pid, &calls)?;
+    }
     let calls = files::install_calls(s.image, staged, temp_base)?;
     s.run(s.pid, &calls)?;
     files::tcp::install(s, connections, temp_base)?;
@@ -445,10 +480,11 @@ fn install_files(
 /// Everything after memory: mm layout, signal handlers, threads and their
 /// state, timers, pending signals, locks, limits, credentials, registers.
 /// Returns the TIDs of the threads it created.
-fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> Result<Vec<i32>> {
+fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, close_staging: bool) -> Result<Vec<i32>> {
     let pid = s.pid;
     let image = s.image;
     memory::set_mm(s, exe_fd)?;
+    files::proc_file::open_all(s)?;
     signals::restore_actions(s)?;
     // The leader first, so new threads inherit its name.
     threads::restore_thread_state(s, &image.threads[0])?;
@@ -456,11 +492,14 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> R
     for t in &image.threads[1..] {
         threads::restore_thread_state(s, t)?;
     }
+    files::owner::restore(s)?;
     timers::restore_itimers(s)?;
     timers::restore_posix(s)?;
     process::restore_misc(s)?;
     signals::queue_pending(s)?;
-    s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
+    if close_staging {
+        s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
+    }
     let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
     if !lock_calls.is_empty() {
         s.remote.write(s.data, &lock_args)?;
@@ -470,7 +509,11 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd) -> R
     // another user would need CAP_SYS_RESOURCE), credentials last.
     process::restore_limits(pid, image)?;
     let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
+    // seccomp while the process still has root's capabilities; suspended
+    // for ferry's remaining injected calls until the threads are released.
+    seccomp::install(s, &all_tids)?;
     process::restore_creds(s, &all_tids)?;
+    prctl::restore_pdeathsig(s)?;
     s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;

@@ -34,56 +34,87 @@ pub fn restore_misc(s: &mut Session) -> Result<()> {
     Ok(())
 }
 
-/// User and group ids, supplementary groups and capability sets, set in
-/// every thread (credentials are per thread; the raw syscalls change only
-/// the caller). Skipped when the process had all of root's powers, which
-/// the restored process has already.
+/// User and group ids (real, effective, saved and filesystem),
+/// supplementary groups, capability sets and securebits, set in every
+/// thread (credentials are per thread; the raw syscalls change only the
+/// caller). Skipped when the process had all of root's powers, which the
+/// restored process has already.
+///
+/// Order, in each thread, starting as root with every capability:
+/// bounding-set drops; SECBIT_NO_SETUID_FIXUP, so the id changes keep the
+/// capabilities the later steps need; groups, gids, uids; the filesystem
+/// ids (setresuid resets them to the effective ones); a first capset
+/// that sets the inheritable set with everything still permitted and
+/// effective; ambient raises (they need the capability permitted and
+/// inheritable); the image's securebits (needs CAP_SETPCAP); the final
+/// capset, which only lowers.
 pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
-    const PR_SET_KEEPCAPS: u64 = 8;
     const PR_CAPBSET_DROP: u64 = 24;
+    const PR_SET_SECUREBITS: u64 = 28;
+    const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
     const PR_CAP_AMBIENT: u64 = 47;
     const PR_CAP_AMBIENT_RAISE: u64 = 2;
     const CAPABILITY_V3: u32 = 0x2008_0522;
     let c = s.image.creds.clone();
+    let securebits = s.image.fidelity.securebits;
     let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(40);
     let all: u64 = if last_cap >= 63 { !0 } else { (1u64 << (last_cap + 1)) - 1 };
     let full = |m: u64| m & all == all;
     let caps = c.caps;
-    if c.uids == [0; 4] && c.gids == [0; 4] && full(caps.permitted) && full(caps.effective) && full(caps.bounding) && caps.ambient == 0 {
+    if c.uids == [0; 4] && c.gids == [0; 4] && full(caps.permitted) && full(caps.effective) && full(caps.bounding) && caps.ambient == 0 && securebits == 0 {
         return Ok(());
     }
-    // Argument area: groups at 0, capset header at 4096, capset data after it.
-    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-    let mut capset = Vec::new();
-    capset.extend_from_slice(&CAPABILITY_V3.to_le_bytes());
-    capset.extend_from_slice(&0i32.to_le_bytes());
-    // struct __user_cap_data_struct[2]: {effective, permitted, inheritable} for bits 0-31, then 32-63.
-    for shift in [0u32, 32] {
-        for set in [caps.effective, caps.permitted, caps.inheritable] {
-            capset.extend_from_slice(&((set >> shift) as u32).to_le_bytes());
+    // struct __user_cap_header_struct + __user_cap_data_struct[2]:
+    // {effective, permitted, inheritable} for bits 0-31, then 32-63.
+    let capset = |e: u64, p: u64, i: u64| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&CAPABILITY_V3.to_le_bytes());
+        v.extend_from_slice(&0i32.to_le_bytes());
+        for shift in [0u32, 32] {
+            for set in [e, p, i] {
+                v.extend_from_slice(&((set >> shift) as u32).to_le_bytes());
+            }
         }
-    }
+        v
+    };
+    // Argument area: groups at 0, first capset at 4096, final one at 4096 + 64.
+    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
     s.remote.write(s.data, &groups)?;
-    s.remote.write(s.data + 4096, &capset)?;
+    // What the restored process has now (ferry's own sets, which may be
+    // less than every capability).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).map_err(|e| EngineError::io(format!("/proc/{}/status", s.pid), e))?;
+    let now_permitted = status.lines().find_map(|l| l.strip_prefix("CapPrm:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(all);
+    s.remote.write(s.data + 4096, &capset(now_permitted, now_permitted, caps.inheritable))?;
+    s.remote.write(s.data + 4096 + 64, &capset(caps.effective, caps.permitted, caps.inheritable))?;
     let mut calls: Vec<(String, Call)> = Vec::new();
     for cap in 0..=u64::from(last_cap) {
         if caps.bounding & (1 << cap) == 0 {
             calls.push((format!("prctl(PR_CAPBSET_DROP, {cap})"), Call::new(libc::SYS_prctl, &[PR_CAPBSET_DROP, cap])));
         }
     }
-    calls.push(("prctl(PR_SET_KEEPCAPS)".into(), Call::new(libc::SYS_prctl, &[PR_SET_KEEPCAPS, 1])));
+    calls.push(("prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)".into(), Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP])));
     calls.push(("setgroups".into(), Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, s.data])));
     calls.push(("setresgid".into(), Call::new(libc::SYS_setresgid, &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64])));
     calls.push(("setresuid".into(), Call::new(libc::SYS_setresuid, &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64])));
-    calls.push(("capset".into(), Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8])));
-    calls.push(("prctl(PR_SET_KEEPCAPS, 0)".into(), Call::new(libc::SYS_prctl, &[PR_SET_KEEPCAPS, 0])));
+    // setfs[ug]id return the previous id, never an error.
+    calls.push(("setfsgid".into(), Call::new(libc::SYS_setfsgid, &[c.gids[3] as u64])));
+    calls.push(("setfsuid".into(), Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64])));
+    calls.push(("capset(inheritable)".into(), Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8])));
     for cap in 0..=u64::from(last_cap) {
         if caps.ambient & (1 << cap) != 0 {
             calls.push((format!("raising ambient capability {cap}"), Call::new(libc::SYS_prctl, &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap])));
         }
     }
+    calls.push((format!("prctl(PR_SET_SECUREBITS, {securebits:#x})"), Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, u64::from(securebits)])));
+    calls.push(("capset".into(), Call::new(libc::SYS_capset, &[s.data + 4096 + 64, s.data + 4096 + 64 + 8])));
     for &tid in tids {
         s.run(tid, &calls)?;
+    }
+    // setfsuid cannot fail loudly: check what it did.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).unwrap_or_default();
+    let fs_of = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().nth(3)).and_then(|v| v.parse::<u32>().ok());
+    if fs_of("Uid:") != Some(c.uids[3]) || fs_of("Gid:") != Some(c.gids[3]) {
+        return Err(EngineError::restore(s.pid, format!("filesystem uid/gid could not be set to {}/{}", c.uids[3], c.gids[3])));
     }
     Ok(())
 }

@@ -61,6 +61,33 @@ fn fill(pid: i32, file: &std::fs::File, what: &str, extents: &[(u64, Vec<u8>)]) 
     Ok(())
 }
 
+/// A mapped file that had been deleted: created again at its old path
+/// (or next to it when that is taken) with its content and mode, opened,
+/// and deleted again, so the mapping shows "PATH (deleted)" as before.
+fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = d.name.clone();
+    let mut n = 0;
+    let f = loop {
+        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&name) {
+            Ok(f) => break f,
+            Err(_) if n < 100 => {
+                n += 1;
+                name = format!("{}.ferry-{pid}-{n}", d.name);
+            }
+            Err(e) => return Err(EngineError::io(format!("pid {pid}: recreating deleted mapped file {}", d.name), e)),
+        }
+    };
+    let done = (|| {
+        f.set_len(d.size).map_err(|e| EngineError::io(format!("deleted mapped file {name}"), e))?;
+        fill(pid, &f, &format!("deleted mapped file {name}"), &d.extents)?;
+        ferry_sys::fd::set_mode_owner(f.as_raw_fd(), d.seals as u32 & 0o7777, 0, 0).map_err(|e| EngineError::kernel(pid, format!("mode of {name}"), e))
+    })();
+    let _ = std::fs::remove_file(&name);
+    done?;
+    Ok(f.into())
+}
+
 fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
     // SAFETY: name is NUL-terminated; flags are plain integers.
@@ -195,8 +222,25 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
             }
             let fd = new_memfd(p.pid, m)?;
             let fd = st.lift(p.pid, fd, "a memfd")?;
+            // Mode and owner as fchmod/fchown left them (memfd_create
+            // makes it 0777, owned by ferry).
+            if let Some(a) = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::Memfd(m.id)) {
+                ferry_sys::fd::set_mode_owner(fd, a.mode, a.uid, a.gid)
+                    .map_err(|e| EngineError::kernel(p.pid, format!("giving memfd {} mode {:o} and owner {}:{}", m.name, a.mode, a.uid, a.gid), e))?;
+            }
             st.memfds.insert(m.id, (fd, m.seals));
             st.map.insert((memory::memfd_key(m.id), true), fd);
+        }
+    }
+    for p in &tree.processes {
+        for d in &p.fidelity.deleted_files {
+            let key = (memory::deleted_key(d.id), true);
+            if st.map.contains_key(&key) {
+                continue;
+            }
+            let fd = recreate_deleted(p.pid, d)?;
+            let fd = st.lift(p.pid, fd, "a deleted file")?;
+            st.map.insert(key, fd);
         }
     }
     for m in &tree.shared_anon {

@@ -2,7 +2,7 @@
 
 use super::FdInfo;
 use crate::error::{EngineError, Result};
-use ferry_image::{EpollEntry, FdSlot, FileKind, OpenFile};
+use ferry_image::{EpollEntry, EpollTarget, FdSlot, FileKind, OpenFile};
 
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let mut entries = Vec::new();
@@ -27,16 +27,40 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     Ok(FileKind::Epoll { entries })
 }
 
-/// An epoll entry whose fd number was closed (the file lives on through a
-/// dup) cannot be re-registered under that number.
-pub fn check_targets(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<()> {
-    for f in files {
-        let FileKind::Epoll { entries } = &f.kind else { continue };
-        for e in entries {
-            if !slots.iter().any(|s| s.fd == e.fd) {
-                return Err(EngineError::unsupported(pid, format!("epoll entry for fd {}", e.fd), "that fd was closed while still registered"));
+/// The kernel keys an epoll entry by file and fd number, and keeps it
+/// when that fd number is closed (or reused for another file) as long as
+/// the file lives on elsewhere. For every entry whose fd number does not
+/// (or no longer) name the watched file in the epoll's holder, the file
+/// is looked up among every fd of the tree with kcmp(KCMP_EPOLL_TFD) and
+/// recorded as a target by open file description id; restore registers
+/// it under the old number. A file no process of the tree holds is
+/// refused. Returns the targets of each process, in `procs` order.
+pub fn resolve_targets(procs: &[(i32, &[OpenFile], &[FdSlot])]) -> Result<Vec<Vec<EpollTarget>>> {
+    let mut out = Vec::with_capacity(procs.len());
+    for &(pid, files, slots) in procs {
+        let mut targets = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            let FileKind::Epoll { entries } = &f.kind else { continue };
+            let Some(epfd) = slots.iter().find(|s| s.file as usize == i).map(|s| s.fd) else { continue };
+            for e in entries {
+                let same = |q: i32, fd: i32| ferry_sys::fd::kcmp_epoll_target(q, fd, pid, epfd, e.fd).unwrap_or(false);
+                if slots.iter().any(|s| s.fd == e.fd) && same(pid, e.fd) {
+                    continue;
+                }
+                let found = procs.iter().find_map(|&(q, qfiles, qslots)| qslots.iter().find(|s| same(q, s.fd)).map(|s| qfiles[s.file as usize].id));
+                match found {
+                    Some(target) => targets.push(EpollTarget { epoll_file: i as u32, fd: e.fd, target }),
+                    None => {
+                        return Err(EngineError::unsupported(
+                            pid,
+                            format!("epoll fd {epfd}, entry for fd {}", e.fd),
+                            "that fd number was closed and no process of the tree holds the watched file any more",
+                        ))
+                    }
+                }
             }
         }
+        out.push(targets);
     }
-    Ok(())
+    Ok(out)
 }

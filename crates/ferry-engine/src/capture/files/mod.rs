@@ -2,10 +2,12 @@
 //! points at (dup'ed fds share one), and what that description is. One
 //! module per kind of file.
 
-mod epoll;
+pub(crate) mod epoll;
 mod eventfd;
 pub(crate) mod inet;
+mod inotify;
 mod locks;
+pub(crate) mod owner;
 mod pipe;
 mod regular;
 mod signalfd;
@@ -63,6 +65,7 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
             "[timerfd]" => timerfd::capture(info),
             "[signalfd]" => signalfd::capture(info),
             "[eventpoll]" => epoll::capture(info),
+            "inotify" => inotify::capture(info),
             _ => Err(info.unsupported(format!("{kind} descriptors are not supported yet"))),
         };
     }
@@ -110,7 +113,12 @@ fn leads_out(info: &FdInfo) -> bool {
 /// worker thread: what each fd is (parallel), which fds share a
 /// description (kcmp, in order), and the capture of each description
 /// (parallel; errors are reported for the lowest fd).
-pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>)> {
+///
+/// Also returns the pending unix connections (clients waiting in an accept
+/// queue) and the files of listeners with one waiting.
+pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>);
+
+pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -118,6 +126,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
+    let mut pending_listeners: Vec<u32> = Vec::new();
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
@@ -162,8 +171,20 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     })?;
     let files: Vec<OpenFile> =
         files.into_iter().enumerate().map(|(i, (flags, pos, kind, locks))| OpenFile { id: i as u64, flags, pos, kind, locks }).collect();
-    epoll::check_targets(pid, &files, &slots)?;
-    Ok((files, slots))
+    for l in unix_tables.take_listeners_with_pending() {
+        if let Some(i) = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l)) {
+            pending_listeners.push(i as u32);
+        }
+    }
+    let connects = unix_tables
+        .take_pending()
+        .into_iter()
+        .filter_map(|(client, listener, position)| {
+            let file = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
+            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
+        })
+        .collect();
+    Ok((files, slots, (connects, pending_listeners)))
 }
 
 /// The lowest fd number that points at each file of a table, by file
@@ -222,6 +243,11 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
             p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, first_fd.get(&(i as u32)).copied().unwrap_or(-1)))
         })
         .collect();
+    for (i, &(pid, f, fd)) in all.iter().enumerate() {
+        if matches!(f.kind, FileKind::ProcFile { .. }) && all[i + 1..].iter().any(|&(q, g, _)| q != pid && g.id == f.id) {
+            return Err(EngineError::unsupported(pid, format!("fd {fd}"), "a /proc file description shared with another process of the tree; it would be opened once per process"));
+        }
+    }
     let closed = pipe::check_tree(&all, tree)?;
     unix::check_tree(&all)?;
     for p in procs.iter_mut() {

@@ -28,7 +28,21 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
         file.read_exact_at(&mut content, 0).map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
         return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });
     }
+    if let Some(pid) = proc_pid_of(link) {
+        if info.tree.contains(&pid) {
+            return Ok(FileKind::ProcFile { path: link.to_string() });
+        }
+        return Err(info.unsupported(format!(
+            "a /proc file of process {pid}, outside the tree; after restore that PID could be anyone"
+        )));
+    }
     Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })
+}
+
+/// "/proc/123/stat" -> 123 (also /proc/123/task/...).
+fn proc_pid_of(link: &str) -> Option<i32> {
+    let rest = link.strip_prefix("/proc/")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 fn is_terminal(info: &FdInfo) -> Result<bool> {

@@ -12,7 +12,18 @@ fn pair_ns(v: Option<&str>) -> u64 {
     s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
+/// A periodic timer that expired while nobody read it shows it_value 0
+/// and one tick in fdinfo until someone looks: timerfd_gettime on ferry's
+/// duplicate (same file) counts the missed expirations into the ticks and
+/// re-arms it, as the process's next read or gettime would. Nothing is
+/// consumed. fdinfo is read again afterwards.
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
+    let dup = info.dup()?;
+    ferry_sys::fd::timerfd_gettime(std::os::fd::AsRawFd::as_raw_fd(&dup))
+        .map_err(|e| crate::error::EngineError::kernel(info.pid, format!("fd {}: reading timerfd", info.fd), e))?;
+    let text = crate::procfs::read_string(&format!("/proc/{}/fdinfo/{}", info.pid, info.fd))?;
+    let fresh = FdInfo { fdinfo: text, meta: info.meta.clone(), link: info.link.clone(), ..*info };
+    let info = &fresh;
     let clockid = info.field("clockid").and_then(|v| v.parse().ok()).ok_or_else(|| info.unsupported("fdinfo has no clockid"))?;
     Ok(FileKind::TimerFd(TimerFd {
         clockid,

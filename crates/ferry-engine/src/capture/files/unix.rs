@@ -11,6 +11,26 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
 const TCP_LISTEN: u8 = 10;
+const TCP_ESTABLISHED: u8 = 1;
+
+/// getpeername of a unix socket: the name of what it connected to.
+fn peer_name_of(fd: RawFd) -> Vec<u8> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: sun/len describe a writable sockaddr_un.
+    if unsafe { libc::getpeername(fd, &mut sun as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+        return Vec::new();
+    }
+    let n = (len as usize).saturating_sub(2).min(sun.sun_path.len());
+    let mut name: Vec<u8> = sun.sun_path[..n].iter().map(|&c| c as u8).collect();
+    if name.first() != Some(&0) {
+        while name.last() == Some(&0) {
+            name.pop();
+        }
+    }
+    name
+}
 
 fn name_of(fd: RawFd) -> Vec<u8> {
     // SAFETY: sockaddr_un is plain data.
@@ -100,15 +120,33 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
 /// up in its own namespace, as the tree may live in another than ferry's.
 /// Shared by the threads that capture one process's descriptors.
 #[derive(Default)]
-pub struct UnixTables(std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<Vec<UnixDiag>>>>);
+pub struct UnixTables(
+    std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<Vec<UnixDiag>>>>,
+    std::sync::Mutex<Vec<(u64, u64, u32)>>,
+    std::sync::Mutex<Vec<u64>>,
+);
+
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 impl UnixTables {
+    /// (client inode, listener inode, queue position) of every socket
+    /// found waiting in a listener's accept queue.
+    pub fn take_pending(&self) -> Vec<(u64, u64, u32)> {
+        std::mem::take(&mut *locked(&self.1))
+    }
+    /// Inodes of the listeners found with one connection waiting.
+    pub fn take_listeners_with_pending(&self) -> Vec<u64> {
+        std::mem::take(&mut *locked(&self.2))
+    }
+
     fn of(&self, pid: i32, sock: &OwnedFd) -> Result<std::sync::Arc<Vec<UnixDiag>>> {
         let err = |e| EngineError::kernel(pid, "listing unix sockets (sock_diag)", e);
         let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).map_err(err)?;
         let ino = ferry_sys::sockdiag::inode_of(ns.as_fd()).map_err(err)?;
         // Held while dumping, so two threads never dump the same table.
-        let mut tables = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut tables = locked(&self.0);
         if let Some(t) = tables.get(&ino) {
             return Ok(t.clone());
         }
@@ -131,12 +169,58 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let name = name_of(fd);
     let mut listen_backlog = None;
     if me.state == TCP_LISTEN {
-        if me.rqueue > 0 {
-            return Err(info.unsupported(format!("{} connections wait in its accept queue", me.rqueue)));
+        if me.rqueue > 1 {
+            // The kernel shows no order for them (their sockets have no
+            // inode before accept), and accept order is state.
+            return Err(info.unsupported(format!("{} connections wait in its accept queue; their order cannot be read (one is restored)", me.rqueue)));
+        }
+        if me.rqueue == 1 {
+            if name.is_empty() {
+                return Err(info.unsupported("a connection waits in the accept queue of this unnamed listener"));
+            }
+            // Checked against the tree's pending clients in `check_tree`.
+            locked(&info.unix_tables.2).push(ino);
         }
         listen_backlog = Some(me.wqueue as i32);
     }
     let peer = (me.peer != 0).then_some(me.peer as u64);
+    // A connected stream socket whose peer was closed: the kernel shuts it
+    // down and its peer has no inode any more. Restoring it unconnected
+    // would turn EOF and EPIPE into ENOTCONN.
+    if me.state == TCP_ESTABLISHED && me.peer == 0 && me.shutdown == 3 && sock_type != libc::SOCK_DGRAM {
+        return Err(info.unsupported("its peer was closed (reads give EOF, writes EPIPE); such a connection is not restored yet"));
+    }
+    // A connected stream socket whose peer has no inode and which is not
+    // shut down (a dead peer shuts it down) waits in a listener's accept
+    // queue: its peer is the embryo socket accept() will return.
+    if me.state == TCP_ESTABLISHED && me.peer == 0 && me.shutdown == 0 && sock_type != libc::SOCK_DGRAM {
+        let pname = peer_name_of(fd);
+        // sock_diag gives a path name with its terminating NUL.
+        let norm = |n: &[u8]| -> Vec<u8> {
+            let mut n = n.to_vec();
+            if n.first() != Some(&0) {
+                while n.last() == Some(&0) {
+                    n.pop();
+                }
+            }
+            n
+        };
+        let listener = table.iter().find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm(&l.name) == pname);
+        let lname = String::from_utf8_lossy(&pname).replace('\0', "@");
+        let Some(listener) = listener else {
+            return Err(info.unsupported(format!("connected to {lname}, whose socket cannot be found")));
+        };
+        if super::holders_in_tree(info.tree, &format!("socket:[{}]", listener.ino)) == 0 {
+            return Err(info.unsupported(format!("waits in the accept queue of {lname}, a unix listener outside the process tree")));
+        }
+        if me.wqueue > 0 || me.rqueue > 0 {
+            return Err(info.unsupported(format!(
+                "waits in the accept queue of {lname} and data was sent before accept ({} bytes of send buffer, {} queued to read); data in flight to a connection not yet accepted is not restored",
+                me.wqueue, me.rqueue
+            )));
+        }
+        locked(&info.unix_tables.1).push((ino, listener.ino as u64, 0));
+    }
     if let Some(p) = peer {
         let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
         let peer_d = table.iter().find(|d| d.ino as u64 == p);

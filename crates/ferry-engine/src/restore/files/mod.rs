@@ -8,8 +8,11 @@
 mod epoll;
 mod eventfd;
 mod inet;
+mod inotify;
 pub(crate) mod locks;
+pub(crate) mod owner;
 mod pipe;
+pub(crate) mod proc_file;
 mod regular;
 mod signalfd;
 pub(crate) mod tcp;
@@ -87,6 +90,8 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::Epoll { .. } => epoll::create(b.pid)?,
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
         FileKind::UnixSocket(s) => unix::create(b, s)?,
+        FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
+        FileKind::ProcFile { .. } => return Err(EngineError::restore(b.pid, "a /proc file is opened by its process, not staged")),
     };
     set_status_flags(b.pid, &fd, f.flags)?;
     Ok(fd)
@@ -129,16 +134,22 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
                 std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
             }
-            for f in &p.files {
-                if staged.contains_key(&f.id) || tcp::is_connection(f) {
+            for (i, f) in p.files.iter().enumerate() {
+                if staged.contains_key(&f.id) || tcp::is_connection(f) || matches!(f.kind, FileKind::ProcFile { .. }) {
                     continue;
                 }
                 let fd = build_one(&mut b, f)?;
                 let high = b.keep(fd)?;
+                let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
+                if let Some(a) = attrs {
+                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid)
+                        .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
+                }
                 locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
                 staged.insert(f.id, high);
             }
         }
+        unix::connect_pending(tree, &staged)?;
         // Shutdowns last: queued data had to be sent through both ends first.
         for p in &tree.processes {
             for f in &p.files {
@@ -177,6 +188,9 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
             // Pulled in afterwards (tcp::install).
             continue;
         }
+        if matches!(f.kind, FileKind::ProcFile { .. }) {
+            continue; // opened later by `proc_file::open_all`
+        }
         let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
         let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
         calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));
@@ -196,7 +210,7 @@ pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections:
             continue;
         }
         let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
-        for e in entries {
+        for e in entries.iter().filter(|e| !image.fidelity.epoll_targets.iter().any(|t| t.epoll_file as usize == i && t.fd == e.fd)) {
             let at = data + bytes.len() as u64;
             // struct epoll_event is packed on x86_64: u32 events, u64 data.
             bytes.extend_from_slice(&e.events.to_le_bytes());
@@ -208,4 +222,36 @@ pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections:
         }
     }
     (calls, bytes)
+}
+
+/// Injected calls with the argument bytes they point into.
+pub type CallsAndData = (Vec<(String, Call)>, Vec<u8>);
+
+/// epoll entries whose fd number no longer names the watched file (see
+/// `Fidelity::epoll_targets`): the file is put on that number just long
+/// enough to register it, through the staged epoll description, before
+/// the process's own fd table is installed over it. Returns the calls
+/// and their event structs (at `data`). Marks nothing in `done`: the
+/// regular entries are registered later by `epoll_calls`.
+pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, data: u64, done: &std::collections::HashSet<u64>) -> Result<CallsAndData> {
+    let mut calls = Vec::new();
+    let mut bytes = Vec::new();
+    for t in &image.fidelity.epoll_targets {
+        let ep = &image.files[t.epoll_file as usize];
+        if done.contains(&ep.id) {
+            continue;
+        }
+        let FileKind::Epoll { entries } = &ep.kind else { continue };
+        let Some(e) = entries.iter().find(|e| e.fd == t.fd) else { continue };
+        let miss = |what: &str| EngineError::restore(image.pid, format!("epoll entry for fd {}: {what} was not staged", t.fd));
+        let src = *staged.get(&t.target).ok_or_else(|| miss("the watched file"))?;
+        let epfd = *staged.get(&ep.id).ok_or_else(|| miss("the epoll instance"))?;
+        let at = data + bytes.len() as u64;
+        bytes.extend_from_slice(&e.events.to_le_bytes());
+        bytes.extend_from_slice(&e.data.to_le_bytes());
+        calls.push((format!("dup3(watched file -> fd {})", t.fd), Call::new(libc::SYS_dup3, &[src as u64, t.fd as u64, 0])));
+        calls.push((format!("epoll_ctl(add fd {} whose number was closed)", t.fd), Call::new(libc::SYS_epoll_ctl, &[epfd as u64, libc::EPOLL_CTL_ADD as u64, t.fd as u64, at])));
+        calls.push((format!("close(fd {})", t.fd), Call::new(libc::SYS_close, &[t.fd as u64])));
+    }
+    Ok((calls, bytes))
 }

@@ -12,11 +12,12 @@ fn ts(ns: u64) -> libc::timespec {
 pub fn create(pid: i32, t: &TimerFd) -> Result<OwnedFd> {
     // SAFETY: integer arguments.
     let fd = owned(pid, unsafe { libc::timerfd_create(t.clockid, libc::TFD_CLOEXEC) }, || format!("creating a timerfd on clock {}", t.clockid))?;
-    if t.value_ns > 0 {
+    // A disarmed timer keeps the flags of its last settime too.
+    if t.value_ns > 0 || t.settime_flags != 0 {
         // fdinfo reports the time left; an absolute timer is re-armed at
         // now + that, on its own clock, keeping its TFD_TIMER_ABSTIME flag.
         let mut value = t.value_ns;
-        if t.settime_flags & libc::TFD_TIMER_ABSTIME != 0 {
+        if value > 0 && t.settime_flags & libc::TFD_TIMER_ABSTIME != 0 {
             let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
             // SAFETY: now is a valid out pointer.
             unsafe { libc::clock_gettime(t.clockid, &mut now) };

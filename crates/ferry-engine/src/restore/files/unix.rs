@@ -99,3 +99,54 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
     }
     Ok(sock)
 }
+
+/// Sockets that waited in a listener's accept queue connect to it again,
+/// queue position by queue position, once every socket of the tree is
+/// made (`Fidelity::unix_connects`). A path name is resolved in the
+/// listener's process's directory.
+pub fn connect_pending(tree: &ferry_image::TreeImage, staged: &std::collections::HashMap<u64, OwnedFd>) -> Result<()> {
+    use ferry_image::FileKind;
+    let mut all: Vec<(u64, u32, i32, u64)> = Vec::new();
+    for p in &tree.processes {
+        for c in &p.fidelity.unix_connects {
+            let f = p.files.get(c.file as usize).ok_or_else(|| EngineError::restore(p.pid, "pending unix connection of a missing file"))?;
+            all.push((c.listener, c.position, p.pid, f.id));
+        }
+    }
+    all.sort_unstable();
+    for (listener, _, pid, id) in all {
+        let (lp, name) = tree
+            .processes
+            .iter()
+            .find_map(|p| p.files.iter().find_map(|f| match &f.kind {
+                FileKind::UnixSocket(u) if u.ino == listener => Some((p, u.name.clone())),
+                _ => None,
+            }))
+            .ok_or_else(|| EngineError::restore(pid, format!("the listener socket:[{listener}] a pending connection waits on is not in the image")))?;
+        let sock = staged.get(&id).ok_or_else(|| EngineError::restore(pid, "pending unix connection was not staged"))?;
+        // SAFETY: sockaddr_un is plain data.
+        let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        sun.sun_family = libc::AF_UNIX as u16;
+        if name.is_empty() || name.len() >= sun.sun_path.len() {
+            return Err(EngineError::restore(pid, "pending unix connection to a listener without a usable name"));
+        }
+        for (d, s) in sun.sun_path.iter_mut().zip(&name) {
+            *d = *s as libc::c_char;
+        }
+        let back = std::env::current_dir().ok();
+        if name[0] != 0 {
+            std::env::set_current_dir(&lp.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", lp.pid, lp.cwd), e))?;
+        }
+        let len = 2 + name.len() + usize::from(name[0] != 0);
+        // SAFETY: sun holds a valid address of `len` bytes; the socket is ours.
+        let r = unsafe { libc::connect(sock.as_raw_fd(), &sun as *const _ as *const libc::sockaddr, len as u32) };
+        let err = (r < 0).then(|| errno_err(pid, format!("connecting again to unix listener {:?} (pending connection)", String::from_utf8_lossy(&name).replace('\0', "@"))));
+        if let Some(dir) = back {
+            let _ = std::env::set_current_dir(dir);
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! The owner and signal of an open file description, for signal-driven
+//! I/O (F_SETOWN / F_SETOWN_EX / F_SETSIG with O_ASYNC): read with
+//! F_GETOWN_EX and F_GETSIG on ferry's own duplicate, which shares the
+//! description. An owner outside the checkpointed tree is refused: after
+//! restore its PID could be anyone.
+
+use crate::error::{EngineError, Result};
+use ferry_image::{FdSlot, FileOwner, OpenFile};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+const F_OWNER_TID: i32 = 0;
+const F_GETSIG: i32 = 11;
+const F_OWNER_PGRP: i32 = 2;
+
+fn in_tree(tree: &[i32], owner_type: i32, id: i32) -> bool {
+    match owner_type {
+        F_OWNER_TID => tree.iter().any(|p| std::path::Path::new(&format!("/proc/{p}/task/{id}")).exists()),
+        F_OWNER_PGRP => tree.iter().any(|&p| crate::procfs::Stat::read(p).is_ok_and(|s| s.field(5) as i32 == id)),
+        _ => tree.contains(&id),
+    }
+}
+
+pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], tree: &[i32]) -> Result<Vec<FileOwner>> {
+    let mut out = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if matches!(f.kind, ferry_image::FileKind::ExternalStdio { .. } | ferry_image::FileKind::Terminal { .. }) {
+            continue;
+        }
+        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
+        let fd = slot.fd;
+        let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
+        let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup.as_raw_fd()) {
+            Ok(o) => o,
+            // O_PATH descriptors have no owner (fcntl says EBADF).
+            Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => continue,
+            Err(e) => return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e)),
+        };
+        let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)").map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
+        if owner == 0 && signal == 0 {
+            continue;
+        }
+        if owner != 0 && !in_tree(tree, owner_type, owner) {
+            let kind = ["thread", "process", "process group"].get(owner_type as usize).copied().unwrap_or("owner");
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {fd}"),
+                format!("its F_SETOWN owner ({kind} {owner}) is outside the checkpointed tree; after restore that id could belong to anyone"),
+            ));
+        }
+        out.push(FileOwner { file: i as u32, owner_type, owner, signal });
+    }
+    Ok(out)
+}
+
+/// Mode and owner of every deleted file restore recreates.
+pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<Vec<ferry_image::InodeAttrs>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        if !matches!(f.kind, ferry_image::FileKind::Deleted { .. }) {
+            continue;
+        }
+        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
+        let path = format!("/proc/{pid}/fd/{}", slot.fd);
+        let m = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
+        out.push(ferry_image::InodeAttrs { of: ferry_image::InodeOf::File(i as u32), mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid() });
+    }
+    Ok(out)
+}

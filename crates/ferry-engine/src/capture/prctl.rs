@@ -1,0 +1,160 @@
+//! prctl attributes recorded since format 4: each thread's parent-death
+//! signal (PR_GET_PDEATHSIG, readable only from inside the thread) and
+//! the securebits; and a check that every thread has the leader's
+//! credentials (restore gives all threads the same ones).
+
+use crate::error::{EngineError, Result};
+use crate::inject::{check, Call};
+use crate::procfs::{self, key_values};
+
+const PR_GET_PDEATHSIG: u64 = 2;
+const PR_GET_SECUREBITS: u64 = 27;
+
+/// (tid, parent-death signal) of every thread, and the securebits.
+pub fn capture_injected(ctx: &super::Ctx) -> Result<(Vec<(i32, i32)>, u32)> {
+    let mut deathsigs = Vec::with_capacity(ctx.frozen.threads.len());
+    let mut securebits = 0;
+    for t in &ctx.frozen.threads {
+        let mut calls = vec![Call::new(libc::SYS_prctl, &[PR_GET_PDEATHSIG, ctx.data])];
+        if t.tid == ctx.pid {
+            calls.push(Call::new(libc::SYS_prctl, &[PR_GET_SECUREBITS]));
+        }
+        let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
+        check(ctx.pid, t.tid, "prctl(PR_GET_PDEATHSIG)", r[0])?;
+        if t.tid == ctx.pid {
+            securebits = check(ctx.pid, t.tid, "prctl(PR_GET_SECUREBITS)", r[1])? as u32;
+        }
+        let b = ctx.remote.read(ctx.data, 4)?;
+        deathsigs.push((t.tid, i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    }
+    Ok((deathsigs, securebits))
+}
+
+/// Per-thread attributes ferry does not restore, with the value every
+/// thread must have: (name, getter calls, acceptable). A thread with
+/// another value is refused by name. The speculation controls are
+/// compared with ferry's own (their default depends on the kernel's
+/// mitigation mode).
+const PR_GET_TSC: u64 = 25;
+const PR_TSC_ENABLE: u64 = 1;
+const PR_MCE_KILL_GET: u64 = 34;
+const PR_MCE_KILL_DEFAULT: u64 = 2;
+const PR_GET_SPECULATION_CTRL: u64 = 52;
+const PR_GET_IO_FLUSHER: u64 = 58;
+const PR_GET_MDWE: u64 = 66;
+const PR_GET_MEMORY_MERGE: u64 = 68;
+const ARCH_GET_CPUID: u64 = 0x1011;
+const ARCH_SHSTK_STATUS: u64 = 0x5005;
+const PR_SCHED_CORE: u64 = 62;
+const PR_SCHED_CORE_GET: u64 = 0;
+
+fn own_speculation(which: u64) -> i64 {
+    // SAFETY: integer arguments, reads ferry's own setting.
+    unsafe { libc::prctl(PR_GET_SPECULATION_CTRL as i32, which, 0, 0, 0) as i64 }
+}
+
+/// Refuses a thread with a prctl/arch_prctl attribute ferry does not
+/// restore set away from its default: PR_SET_TSC, PR_MCE_KILL,
+/// PR_SET_SPECULATION_CTRL, PR_SET_IO_FLUSHER, PR_SET_MDWE,
+/// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks, a NUMA memory
+/// policy, a core-scheduling cookie, syscall user dispatch.
+pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
+    for t in &ctx.frozen.threads {
+        let calls = [
+            Call::new(libc::SYS_prctl, &[PR_GET_TSC, ctx.data]),
+            Call::new(libc::SYS_prctl, &[PR_MCE_KILL_GET, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 1, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 2, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_IO_FLUSHER, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_MDWE, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_GET_MEMORY_MERGE, 0, 0, 0, 0]),
+            Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
+            Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
+            Call::new(libc::SYS_get_mempolicy, &[ctx.data + 16, 0, 0, 0, 0]),
+            Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
+        ];
+        ctx.remote.write(ctx.data, &[0u8; 32])?;
+        let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
+        let b = ctx.remote.read(ctx.data, 32)?;
+        let mempolicy = i32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+        let core_cookie = u64::from_le_bytes(b[24..32].try_into().unwrap_or([0; 8]));
+        let tsc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
+        let shstk = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
+        let refuse = |what: &str, why: String| Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why));
+        // Seccomp strict mode turns the counter off itself (and gets it
+        // back with the mode).
+        let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid))
+            .map(|s| key_values(&s).get("Seccomp").map(|v| v.to_string()).unwrap_or_default())
+            .unwrap_or_default();
+        let strict = seccomp_mode == "1";
+        if r[0] >= 0 && tsc != PR_TSC_ENABLE && !strict {
+            return refuse("PR_SET_TSC", format!("reading the time stamp counter is set to fault (PR_GET_TSC {tsc}); not restored"));
+        }
+        if r[1] >= 0 && r[1] as u64 != PR_MCE_KILL_DEFAULT {
+            return refuse("PR_MCE_KILL", format!("its memory-error kill policy is {} (not the default); not restored", r[1]));
+        }
+        // With spec_store_bypass_disable=seccomp the kernel itself
+        // force-disables speculation for seccomp'd threads; reinstalling
+        // the filters does the same again.
+        let under_seccomp = seccomp_mode == "1" || seccomp_mode == "2";
+        for (k, which) in [(2usize, 0u64), (3, 1), (4, 2)] {
+            if r[k] >= 0 && r[k] != own_speculation(which) && !under_seccomp {
+                return refuse(
+                    "PR_SET_SPECULATION_CTRL",
+                    format!("speculation control {which} is {:#x}, ferry's {:#x}; not restored", r[k], own_speculation(which)),
+                );
+            }
+        }
+        if r[5] > 0 {
+            return refuse("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into());
+        }
+        if r[6] > 0 {
+            return refuse("PR_SET_MDWE", format!("memory-deny-write-execute is on ({:#x}); not restored", r[6]));
+        }
+        if r[7] > 0 {
+            return refuse("PR_SET_MEMORY_MERGE", "KSM merging is on for the whole process; not restored".into());
+        }
+        if r[8] == 0 {
+            return refuse("ARCH_SET_CPUID", "the cpuid instruction is set to fault; not restored".into());
+        }
+        if r[9] >= 0 && shstk != 0 {
+            return refuse("shadow stack", format!("x86 shadow stack features {shstk:#x} are enabled; not restored"));
+        }
+        if r[10] >= 0 && mempolicy != 0 {
+            return refuse("NUMA memory policy", format!("set_mempolicy mode {mempolicy} (not MPOL_DEFAULT); not restored"));
+        }
+        if r[11] >= 0 && core_cookie != 0 {
+            return refuse("PR_SCHED_CORE", format!("core scheduling cookie {core_cookie:#x}; not restored"));
+        }
+        if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
+            if sud[0] != 0 {
+                return refuse("PR_SET_SYSCALL_USER_DISPATCH", format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Credentials are per thread; restore gives every thread the leader's.
+/// A thread whose ids, groups or capabilities differ is refused by name.
+pub fn check_thread_creds(pid: i32, tids: &[i32]) -> Result<()> {
+    const KEYS: [&str; 8] = ["Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
+    let read = |tid: i32| -> Result<Vec<String>> {
+        let text = procfs::read_string(&format!("/proc/{pid}/task/{tid}/status"))?;
+        let kv = key_values(&text);
+        Ok(KEYS.iter().map(|k| kv.get(k).map(|v| v.split_whitespace().collect::<Vec<_>>().join(" ")).unwrap_or_default()).collect())
+    };
+    let leader = read(pid)?;
+    for &tid in tids.iter().filter(|&&t| t != pid) {
+        let mine = read(tid)?;
+        if let Some(k) = (0..KEYS.len()).find(|&k| mine[k] != leader[k]) {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("thread {tid}"),
+                format!("its {} ({}) differs from the thread group leader's ({}); per-thread credentials are not supported", KEYS[k], mine[k], leader[k]),
+            ));
+        }
+    }
+    Ok(())
+}

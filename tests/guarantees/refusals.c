@@ -1,0 +1,151 @@
+/*
+ * refusals MODE: one program per state ferry refuses at checkpoint (the
+ * guarantees test runs it with each MODE). It sets the state up, prints
+ * READY, and after SIGUSR2 checks that the refused checkpoint left that
+ * state exactly as it was. Children (for modes that need a second
+ * process) wait in pause() and are killed and reaped at the end.
+ */
+#define _GNU_SOURCE
+#include "../conformance/ferry_test.h"
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <stddef.h>
+
+static pid_t child = -1;
+
+static int child_fn(void *arg)
+{
+	(void)arg;
+	alarm(60);
+	for (;;)
+		pause();
+	return 0;
+}
+
+static void start_child(int clone_flags)
+{
+	static char stack[65536] __attribute__((aligned(16)));
+	child = clone(child_fn, stack + sizeof(stack), clone_flags | SIGCHLD, NULL);
+	if (child < 0)
+		ft_die("clone: %s", strerror(errno));
+}
+
+static void end_child(void)
+{
+	if (child > 0) {
+		kill(child, SIGKILL);
+		waitpid(child, NULL, __WALL);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	ft_init();
+	ft_set_cleanup(end_child);
+	const char *mode = argc > 1 ? argv[1] : "";
+	int fd = -1, fd2 = -1;
+	if (strcmp(mode, "plain") == 0) {
+		/* nothing: the test changes the process from outside (cgroups) */
+	} else if (strcmp(mode, "mlockall") == 0) {
+		FT_SYS(mlockall(MCL_FUTURE));
+	} else if (strcmp(mode, "uts") == 0) {
+		FT_SYS(unshare(CLONE_NEWUTS));
+		FT_SYS(sethostname("ferry-uts-test", 14));
+	} else if (strcmp(mode, "tsc") == 0) {
+		FT_SYS(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
+	} else if (strcmp(mode, "proc_outside") == 0) {
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)getppid());
+		fd = (int)FT_SYS(open(path, O_RDONLY));
+	} else if (strcmp(mode, "clone_fs") == 0) {
+		start_child(CLONE_FS);
+	} else if (strcmp(mode, "unix_pending") == 0) {
+		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		strcpy(a.sun_path + 1, "ferry-guarantee-pending");
+		socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.sun_path + 1));
+		FT_SYS(bind(fd, (struct sockaddr *)&a, len));
+		FT_SYS(listen(fd, 4));
+		fd2 = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
+		FT_SYS(connect(fd2, (struct sockaddr *)&a, len));
+		FT_SYS(write(fd2, "early", 5)); /* sent before accept */
+	} else if (strcmp(mode, "unix_two_pending") == 0) {
+		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		strcpy(a.sun_path + 1, "ferry-guarantee-two");
+		socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.sun_path + 1));
+		FT_SYS(bind(fd, (struct sockaddr *)&a, len));
+		FT_SYS(listen(fd, 4));
+		for (int i = 0; i < 2; i++) {
+			int c = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
+			FT_SYS(connect(c, (struct sockaddr *)&a, len));
+		}
+	} else if (strcmp(mode, "unix_dead_peer") == 0) {
+		int sv[2];
+		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+		close(sv[1]);
+		fd = sv[0];
+	} else if (strcmp(mode, "scm_rights") == 0) {
+		int sv[2];
+		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+		int passed = (int)FT_SYS(open("/dev/null", O_RDONLY));
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		memset(cbuf, 0, sizeof(cbuf));
+		struct iovec iov = { .iov_base = "m", .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &passed, sizeof(int));
+		FT_SYS(sendmsg(sv[0], &m, 0));
+		close(passed);
+		fd = sv[1];
+	} else {
+		ft_die("unknown mode '%s'", mode);
+	}
+
+	ft_ready();
+	ft_wait_restored();
+
+	if (strcmp(mode, "uts") == 0) {
+		struct utsname u;
+		uname(&u);
+		FT_CHECK(strcmp(u.nodename, "ferry-uts-test") == 0, "hostname '%s'", u.nodename);
+	} else if (strcmp(mode, "tsc") == 0) {
+		int v = 0;
+		prctl(PR_GET_TSC, &v, 0, 0, 0);
+		FT_EQ(v, PR_TSC_SIGSEGV, "PR_GET_TSC");
+	} else if (strcmp(mode, "proc_outside") == 0) {
+		char buf[256];
+		FT_CHECK(pread(fd, buf, sizeof(buf), 0) > 0, "reading /proc/PARENT/stat: %s", strerror(errno));
+	} else if (strcmp(mode, "clone_fs") == 0) {
+		FT_SYS(umask(0027));
+		char path[64], buf[4096];
+		snprintf(path, sizeof(path), "/proc/%d/status", (int)child);
+		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "Umask:\t0027"), "child no longer shares the umask (fs information)");
+	} else if (strcmp(mode, "unix_pending") == 0) {
+		int a = accept(fd, NULL, NULL);
+		FT_CHECK(a >= 0, "pending connection gone: %s", strerror(errno));
+		char b[8] = "";
+		FT_CHECK(a >= 0 && read(a, b, 5) == 5 && memcmp(b, "early", 5) == 0, "data sent before accept lost");
+	} else if (strcmp(mode, "unix_two_pending") == 0) {
+		FT_CHECK(accept(fd, NULL, NULL) >= 0 && accept(fd, NULL, NULL) >= 0, "pending connections gone: %s", strerror(errno));
+	} else if (strcmp(mode, "unix_dead_peer") == 0) {
+		char b;
+		FT_EQ(read(fd, &b, 1), 0, "EOF from the socket whose peer was closed");
+	} else if (strcmp(mode, "scm_rights") == 0) {
+		char cbuf[CMSG_SPACE(sizeof(int))], b;
+		struct iovec iov = { .iov_base = &b, .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		FT_EQ(recvmsg(fd, &m, MSG_DONTWAIT), 1, "message in flight");
+		FT_CHECK(CMSG_FIRSTHDR(&m) && CMSG_FIRSTHDR(&m)->cmsg_type == SCM_RIGHTS, "no SCM_RIGHTS");
+	}
+	end_child();
+	return ft_finish();
+}
