@@ -295,6 +295,7 @@ impl NetworkLock {
             tuples_v6: 0,
             created_unix_ms: record::now_unix_ms(),
             netns: NetnsRecord { requested: netns.describe(), inode: 0, enter_path: None, bind_mounted: false },
+            waits_for: None,
         };
         // From here on every failure goes through release_record, which
         // undoes whatever part exists.
@@ -530,12 +531,20 @@ impl NetworkLock {
     /// stale) and returns its name, for a later [`NetworkLock::adopt`].
     /// If the record cannot be rewritten the lock stays `owned` and will be
     /// found stale once this process exits (the error is logged).
-    pub fn hand_over(mut self) -> String {
+    pub fn hand_over(self) -> String {
+        self.hand_over_to(None)
+    }
+
+    /// Like [`NetworkLock::hand_over`], for the image `waits_for` (a file
+    /// of it): once that file is gone, the lock counts as stale and the
+    /// next `release_stale` removes it.
+    pub fn hand_over_to(mut self, waits_for: Option<&std::path::Path>) -> String {
         self.ebpf = None;
         self.phase_file = None;
         if let Some(mut record) = self.record.take() {
             record.state = LockState::HandedOver;
             record.owner = None;
+            record.waits_for = waits_for.map(|p| p.to_path_buf());
             if let Err(e) = record::write(&record) {
                 tracing::error!(lock = %self.name, "handing over: {e}");
             }

@@ -164,11 +164,20 @@ pub struct Record {
     pub tuples_v6: usize,
     pub created_unix_ms: u64,
     pub netns: NetnsRecord,
+    /// The image a handed-over lock waits for: once that file is gone,
+    /// no restore can come and the lock is stale.
+    #[serde(default)]
+    pub waits_for: Option<PathBuf>,
 }
 
 impl Record {
+    /// Owned by a process that died, or handed over to an image that is
+    /// gone.
     pub fn is_stale(&self) -> bool {
-        self.state == LockState::Owned && !self.owner.is_some_and(|o| o.is_alive())
+        match self.state {
+            LockState::Owned => !self.owner.is_some_and(|o| o.is_alive()),
+            LockState::HandedOver => self.waits_for.as_ref().is_some_and(|f| !f.exists()),
+        }
     }
 }
 

@@ -754,3 +754,25 @@ fn extend_iptables() {
         extended_lock(Method::Iptables);
     }
 }
+
+/// A lock handed over to an image waits for it; once the image is gone no
+/// restore can come, and the next `release_stale` removes the lock.
+#[test]
+fn lock_of_a_deleted_image_is_stale() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = Lab::new();
+    let image = std::env::temp_dir().join(format!("ferry-nl-image-{}", std::process::id()));
+    std::fs::write(&image, b"meta").expect("image file");
+    let lock = NetworkLock::freeze(Method::Ebpf, &Lab::path(&lab.a), &synthetic(3), "test").expect("freeze");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    lock.hand_over_to(Some(&image));
+    assert!(!ferry_netlock::release_stale().contains(&name), "released while its image exists");
+    assert!(ferry_netlock::status().iter().any(|s| s.name == name && !s.stale));
+    std::fs::remove_file(&image).expect("remove image");
+    assert!(ferry_netlock::status().iter().any(|s| s.name == name && s.stale), "not stale without its image");
+    assert!(ferry_netlock::release_stale().contains(&name), "not released once its image is gone");
+    lab.assert_gone(&name);
+}

@@ -318,9 +318,11 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         guard.killed();
         repaired.keep_in_repair();
         tree.kill()?;
-        // Restore thaws it, once the connections exist again.
+        // Restore thaws it, once the connections exist again; if the
+        // image is deleted first, the next ferry run removes it.
         if let Some(lock) = lock {
-            lock.hand_over();
+            let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            lock.hand_over_to(Some(&image.join(ferry_image::dir::META_FILE)));
         }
         shm::remove_sysv(&tree_image.sysv_shm);
         sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
