@@ -55,9 +55,14 @@ impl Guard {
     pub fn mask(&mut self, tid: i32, mask: u64) {
         self.say(&format!("mask {tid} {mask:x}\n"));
     }
-    /// `reuse`: the socket's SO_REUSEADDR, which leaving repair mode clears.
-    pub fn repair(&mut self, pid: i32, fd: i32, reuse: bool) {
-        self.say(&format!("repair {pid} {fd} {}\n", reuse as u8));
+    /// Sockets about to enter repair mode, as (pid, fd, SO_REUSEADDR):
+    /// leaving repair mode clears SO_REUSEADDR. One write for all of them.
+    pub fn repair(&mut self, socks: &[(i32, i32, bool)]) {
+        let mut lines = String::with_capacity(socks.len() * 24);
+        for (pid, fd, reuse) in socks {
+            lines.push_str(&format!("repair {pid} {fd} {}\n", *reuse as u8));
+        }
+        self.say(&lines);
     }
     pub fn lock(&mut self, name: &str) {
         self.say(&format!("lock {name}\n"));

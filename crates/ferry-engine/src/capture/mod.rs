@@ -206,7 +206,7 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     let (repaired, states) = files::tcp::capture(
         &established,
         |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
-        |pid, fd, reuse| guard.repair(pid, fd, reuse),
+        |socks| guard.repair(socks),
     )?;
     {
         let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();

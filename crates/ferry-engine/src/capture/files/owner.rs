@@ -21,23 +21,26 @@ fn in_tree(tree: &[i32], owner_type: i32, id: i32) -> bool {
 }
 
 pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], tree: &[i32]) -> Result<Vec<FileOwner>> {
-    let mut out = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        if matches!(f.kind, ferry_image::FileKind::ExternalStdio { .. } | ferry_image::FileKind::Terminal { .. }) {
-            continue;
-        }
-        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
-        let fd = slot.fd;
+    // One lookup table and the worker threads: a server may hold 10,000
+    // descriptors, and this runs while it is frozen.
+    let first_fd = super::first_fd_of_each_file(slots);
+    let todo: Vec<(usize, &OpenFile, i32)> = files
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !matches!(f.kind, ferry_image::FileKind::ExternalStdio { .. } | ferry_image::FileKind::Terminal { .. }))
+        .filter_map(|(i, f)| Some((i, f, *first_fd.get(&(i as u32))?)))
+        .collect();
+    let found = crate::parallel::map(&todo, |&(i, f, fd)| {
         let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
         let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup.as_raw_fd()) {
             Ok(o) => o,
             // O_PATH descriptors have no owner (fcntl says EBADF).
-            Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => continue,
+            Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => return Ok(None),
             Err(e) => return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e)),
         };
         let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)").map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
         if owner == 0 && signal == 0 {
-            continue;
+            return Ok(None);
         }
         if owner != 0 && !in_tree(tree, owner_type, owner) {
             let kind = ["thread", "process", "process group"].get(owner_type as usize).copied().unwrap_or("owner");
@@ -47,9 +50,9 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], 
                 format!("its F_SETOWN owner ({kind} {owner}) is outside the checkpointed tree; after restore that id could belong to anyone"),
             ));
         }
-        out.push(FileOwner { file: i as u32, owner_type, owner, signal });
-    }
-    Ok(out)
+        Ok(Some(FileOwner { file: i as u32, owner_type, owner, signal }))
+    })?;
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// Mode and owner of every deleted file restore recreates.

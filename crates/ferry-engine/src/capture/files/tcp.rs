@@ -121,21 +121,25 @@ fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
 
 /// Switches every connection into repair mode and reads its state, on
 /// the worker threads. `pidfd_of(pid)` gives the pidfd of a process of
-/// the tree; `repairing(pid, fd, reuse)` hears of each socket before it
-/// enters repair mode (the checkpoint guard undoes that if ferry dies).
+/// the tree; `repairing` hears of every socket (pid, fd, SO_REUSEADDR)
+/// before any enters repair mode (the checkpoint guard undoes that if
+/// ferry dies).
 pub fn capture<'a>(
     conns: &[Established],
     pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>,
-    mut repairing: impl FnMut(i32, i32, bool),
+    repairing: impl FnOnce(&[(i32, i32, bool)]),
 ) -> Result<(Repaired, Vec<TcpConnection>)> {
-    let mut repaired = Repaired { socks: Vec::with_capacity(conns.len()), keep: false };
-    for c in conns {
-        let pidfd = pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))?;
+    let pidfds: Vec<&OwnedFd> =
+        conns.iter().map(|c| pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))).collect::<Result<_>>()?;
+    let work: Vec<(&Established, &OwnedFd)> = conns.iter().zip(pidfds).collect();
+    let socks = crate::parallel::map(&work, |(c, pidfd)| {
         let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd).map_err(|e| kernel(c, "duplicating the socket", e))?;
         let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| kernel(c, "reading SO_REUSEADDR", e))? != 0;
-        repairing(c.pid, c.fd, reuse);
-        repaired.socks.push(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() });
-    }
+        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() })
+    })?;
+    // The guard hears of every socket before any enters repair mode.
+    repairing(&socks.iter().map(|h| (h.pid, h.fd, h.reuse)).collect::<Vec<_>>());
+    let repaired = Repaired { socks, keep: false };
     let work: Vec<(&Established, &Held)> = conns.iter().zip(&repaired.socks).collect();
     let states = crate::parallel::map(&work, |(c, h)| {
         let fd = h.sock.as_raw_fd();
