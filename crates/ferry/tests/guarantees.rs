@@ -655,9 +655,11 @@ fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
     refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
+/// A descriptor in flight that no process of the tree holds any more
+/// (the sender closed it after sendmsg) is refused by name.
 #[test]
 fn refuses_scm_rights_in_flight() {
-    refused_mode("scm_rights", &["fd 4"]);
+    refused_mode("scm_rights", &["fd 4", "/dev/null", "held by no process of the tree"]);
 }
 
 /// A process moved into another cgroup than ferry's (here a child of the
