@@ -701,11 +701,6 @@ fn refuses_a_process_in_another_cgroup() {
 }
 
 #[test]
-fn refuses_two_pending_unix_connections_on_one_listener() {
-    refused_mode("unix_two_pending", &["fd 3", "2 connections wait in its accept queue", "order"]);
-}
-
-#[test]
 fn refuses_a_unix_connection_whose_peer_was_closed() {
     refused_mode("unix_dead_peer", &["fd 3", "its peer was closed"]);
 }

@@ -197,14 +197,12 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let name = name_of(fd);
     let mut listen_backlog = None;
     if me.state == TCP_LISTEN {
-        if me.rqueue > 1 {
-            // The kernel shows no order for them (their sockets have no
-            // inode before accept), and accept order is state.
-            return Err(info.unsupported(format!("{} connections wait in its accept queue; their order cannot be read (one is restored)", me.rqueue)));
-        }
-        if me.rqueue == 1 {
+        if me.rqueue > 0 {
             if name.is_empty() {
                 return Err(info.unsupported("a connection waits in the accept queue of this unnamed listener"));
+            }
+            if me.icons.len() != me.rqueue as usize || me.icons.contains(&0) {
+                return Err(info.unsupported(format!("{} connections wait in its accept queue and sock_diag does not name each client", me.rqueue)));
             }
             // Checked against the tree's pending clients in `check_tree`.
             locked(&info.unix_tables.2).push(ino);
@@ -247,7 +245,11 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
                 me.wqueue, me.rqueue
             )));
         }
-        locked(&info.unix_tables.1).push((ino, listener.ino as u64, 0));
+        // sock_diag lists a listener's waiting clients in accept order.
+        let Some(position) = listener.icons.iter().position(|&c| c as u64 == ino) else {
+            return Err(info.unsupported(format!("waits in the accept queue of {lname}, which does not list it")));
+        };
+        locked(&info.unix_tables.1).push((ino, listener.ino as u64, position as u32));
     }
     if let Some(p) = peer {
         let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
