@@ -74,17 +74,6 @@ int main(int argc, char **argv)
 		fd2 = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
 		FT_SYS(connect(fd2, (struct sockaddr *)&a, len));
 		FT_SYS(write(fd2, "early", 5)); /* sent before accept */
-	} else if (strcmp(mode, "unix_two_pending") == 0) {
-		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
-		struct sockaddr_un a = { .sun_family = AF_UNIX };
-		strcpy(a.sun_path + 1, "ferry-guarantee-two");
-		socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.sun_path + 1));
-		FT_SYS(bind(fd, (struct sockaddr *)&a, len));
-		FT_SYS(listen(fd, 4));
-		for (int i = 0; i < 2; i++) {
-			int c = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
-			FT_SYS(connect(c, (struct sockaddr *)&a, len));
-		}
 	} else if (strcmp(mode, "unix_dead_peer") == 0) {
 		int sv[2];
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
@@ -134,8 +123,6 @@ int main(int argc, char **argv)
 		FT_CHECK(a >= 0, "pending connection gone: %s", strerror(errno));
 		char b[8] = "";
 		FT_CHECK(a >= 0 && read(a, b, 5) == 5 && memcmp(b, "early", 5) == 0, "data sent before accept lost");
-	} else if (strcmp(mode, "unix_two_pending") == 0) {
-		FT_CHECK(accept(fd, NULL, NULL) >= 0 && accept(fd, NULL, NULL) >= 0, "pending connections gone: %s", strerror(errno));
 	} else if (strcmp(mode, "unix_dead_peer") == 0) {
 		char b;
 		FT_EQ(read(fd, &b, 1), 0, "EOF from the socket whose peer was closed");

@@ -541,6 +541,40 @@ pub struct UnixSocket {
     pub passcred: bool,
     /// shutdown(2) state: 1 = reading shut down, 2 = writing shut down.
     pub shutdown: u8,
+    /// Ancillary data of queued messages (SCM_RIGHTS, SCM_CREDENTIALS),
+    /// in queue order. A stream socket's queue is then split in `queued`
+    /// where the kernel keeps messages apart (each message with
+    /// descriptors ends a read; credentials that differ too). Restore
+    /// sends the whole queue again once every process exists.
+    pub in_flight: Vec<UnixInFlight>,
+}
+
+/// The ancillary data one queued unix message carries.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UnixInFlight {
+    /// Index of the message in `UnixSocket::queued`.
+    pub message: u32,
+    /// Descriptors passed with SCM_RIGHTS, in order: each is the open
+    /// file description an fd of a process of the tree holds.
+    pub fds: Vec<PassedFd>,
+    /// SCM_CREDENTIALS as the receiver reads them (its SO_PASSCRED is on).
+    pub creds: Option<UnixCreds>,
+}
+
+/// An fd of a process of the tree: `pid` (a process of the image), `fd`
+/// (one of its fd numbers).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct PassedFd {
+    pub pid: i32,
+    pub fd: i32,
+}
+
+/// Sender credentials of a unix message; `pid` is a process of the image.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct UnixCreds {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

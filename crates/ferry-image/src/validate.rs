@@ -121,6 +121,36 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             }
         }
     }
+    validate_unix_in_flight(t, &seen)
+}
+
+/// SCM_RIGHTS and SCM_CREDENTIALS of queued unix messages: each names a
+/// queued message, in order; passed descriptors are fds of processes of
+/// the tree, credentials name one of its processes.
+fn validate_unix_in_flight(t: &TreeImage, pids: &std::collections::HashSet<i32>) -> Result<(), ImageError> {
+    let mut fds: Option<std::collections::HashSet<(i32, i32)>> = None;
+    for p in &t.processes {
+        for f in &p.files {
+            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            let mut prev: Option<u32> = None;
+            for m in &u.in_flight {
+                if m.message as usize >= u.queued.len() || prev.is_some_and(|q| q >= m.message) {
+                    return bad(format!("process {}: unix socket {}: ancillary data for a message it does not queue, or out of order", p.pid, u.ino));
+                }
+                prev = Some(m.message);
+                if u.peer.is_none() || m.fds.len() > 253 || (m.fds.is_empty() && m.creds.is_none()) {
+                    return bad(format!("process {}: unix socket {}: malformed ancillary data", p.pid, u.ino));
+                }
+                if m.creds.is_some_and(|c| !pids.contains(&c.pid)) {
+                    return bad(format!("process {}: unix socket {}: credentials of a process not in the tree", p.pid, u.ino));
+                }
+                let all = fds.get_or_insert_with(|| t.processes.iter().flat_map(|q| q.fds.iter().map(move |s| (q.pid, s.fd))).collect());
+                if m.fds.iter().any(|d| !all.contains(&(d.pid, d.fd))) {
+                    return bad(format!("process {}: unix socket {}: a descriptor in flight is not an fd of the tree", p.pid, u.ino));
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1226,6 +1226,37 @@ fn format4_references_are_checked() {
     p.fidelity.unix_connects.push(UnixConnect { file: 0, listener: 9, position: 0 });
     assert!(reject_model(&inv, &p).contains("pending unix connection"));
 
+    // Ancillary data of a queued unix message names a queued message of a
+    // connected socket, fds of the tree and a process of the tree.
+    let (inv, mut p) = valid();
+    let pid = p.pid;
+    let fd0 = p.fds[0].fd;
+    p.files[0].kind = FileKind::UnixSocket(UnixSocket {
+        ino: 7,
+        sock_type: libc_sock_stream(),
+        name: vec![],
+        listen_backlog: None,
+        peer: Some(7),
+        queued: vec![b"m".to_vec()],
+        passcred: true,
+        shutdown: 0,
+        in_flight: vec![UnixInFlight { message: 0, fds: vec![PassedFd { pid, fd: fd0 }], creds: Some(UnixCreds { pid, uid: 0, gid: 0 }) }],
+    });
+    let ok = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&ok).expect("valid ancillary data decodes");
+    let with = |f: &dyn Fn(&mut UnixInFlight)| {
+        let mut q = p.clone();
+        if let FileKind::UnixSocket(u) = &mut q.files[0].kind {
+            f(&mut u.in_flight[0]);
+        }
+        q
+    };
+    assert!(reject_model(&inv, &with(&|m| m.message = 1)).contains("ancillary data for a message"));
+    assert!(reject_model(&inv, &with(&|m| m.fds[0].fd = 999)).contains("descriptor in flight"));
+    assert!(reject_model(&inv, &with(&|m| m.fds[0].pid = pid + 1)).contains("descriptor in flight"));
+    assert!(reject_model(&inv, &with(&|m| m.creds = Some(UnixCreds { pid: pid + 1, uid: 0, gid: 0 }))).contains("credentials"));
+    assert!(reject_model(&inv, &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254])).contains("malformed ancillary"));
+
     // A deleted mapped file must be in the image, with data inside its size.
     let (inv, mut p) = valid();
     p.vmas[0].backing = VmaBacking::DeletedFile { id: 5 };
@@ -1314,4 +1345,8 @@ fn tcp_connection_state_is_checked() {
         }
     }
     assert!(reject_model(&inv, &p).contains("stream sockets"));
+}
+
+fn libc_sock_stream() -> i32 {
+    1 // SOCK_STREAM
 }

@@ -17,6 +17,7 @@ pub mod ptrace;
 pub mod seccomp;
 pub mod sockdiag;
 pub mod socket;
+pub mod unix;
 pub mod vm;
 
 pub use error::{SysError, SysResult};

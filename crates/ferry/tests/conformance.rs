@@ -514,6 +514,8 @@ conformance! {
     tree_proc_file,
     fd_epoll_closed,
     sock_unix_pending,
+    tree_scm_in_flight,
+    sock_unix_pending_order,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

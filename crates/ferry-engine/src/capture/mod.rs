@@ -160,8 +160,11 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     for (s, &pid) in surveys.iter().zip(&pids) {
         for &l in &s.pending_listeners {
             let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else { continue };
-            let clients = surveys.iter().flat_map(|t| t.fidelity.unix_connects.iter()).filter(|c| c.listener == u.ino).count();
-            if clients != 1 {
+            let mut positions: Vec<u32> =
+                surveys.iter().flat_map(|t| t.fidelity.unix_connects.iter()).filter(|c| c.listener == u.ino).map(|c| c.position).collect();
+            positions.sort_unstable();
+            // Every waiting client, each at its own place (0, 1, 2...).
+            if positions.is_empty() || positions.iter().enumerate().any(|(i, &p)| p != i as u32) {
                 let fd = s.fds.iter().find(|x| x.file == l).map_or(-1, |x| x.fd);
                 return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "the connection waiting in its accept queue comes from outside the process tree"));
             }

@@ -125,6 +125,16 @@ pub fn translate(image: &mut TreeImage, view: &PidView) {
                     *path = format!("/proc/{}/{tail}", view.inner(id));
                 }
             }
+            if let ferry_image::FileKind::UnixSocket(u) = &mut f.kind {
+                for m in &mut u.in_flight {
+                    for d in &mut m.fds {
+                        d.pid = view.inner(d.pid);
+                    }
+                    if let Some(c) = &mut m.creds {
+                        c.pid = view.inner(c.pid);
+                    }
+                }
+            }
         }
         for o in &mut p.fidelity.file_owners {
             if o.owner > 0 {

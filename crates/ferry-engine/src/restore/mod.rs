@@ -340,6 +340,8 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         fork::make_zombie(&mut sessions[k], z)?;
     }
     sysv.remove_destroyed();
+    // Credentials in flight name processes of the tree: they exist now.
+    files::send_unix_in_flight(&tree, &staged_files)?;
     ph.mark("children: fork+files+memory");
 
     // Phase 2, every process: the rest of its state, then release.

@@ -5,7 +5,7 @@
 
 use super::FdInfo;
 use crate::error::{EngineError, Result};
-use ferry_image::{FileKind, UnixSocket};
+use ferry_image::{FileKind, PassedFd, UnixCreds, UnixInFlight, UnixSocket};
 use ferry_sys::sockdiag::UnixDiag;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
@@ -50,69 +50,97 @@ fn name_of(fd: RawFd) -> Vec<u8> {
     name
 }
 
+/// The fd of a process of the tree that holds the open file description
+/// `mine` (an fd of ferry's), found with kcmp.
+fn holder_of(tree: &[i32], mine: RawFd) -> Option<PassedFd> {
+    let me = std::process::id() as i32;
+    for &q in tree {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{q}/fd")) else { continue };
+        let mut fds: Vec<i32> = dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
+        fds.sort_unstable();
+        if let Some(fd) = fds.into_iter().find(|&fd| ferry_sys::fd::kcmp_same_file(me, q, mine, fd).unwrap_or(false)) {
+            return Some(PassedFd { pid: q, fd });
+        }
+    }
+    None
+}
+
 /// Reads every queued message without consuming it: SO_PEEK_OFF moves the
-/// peek position past each one.
-fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool) -> Result<Vec<Vec<u8>>> {
-    let set_peek = |v: i32| {
-        // SAFETY: an int option.
-        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &v as *const i32 as *const libc::c_void, 4) }
-    };
+/// peek position past each one. Descriptors in flight (SCM_RIGHTS) are
+/// installed into ferry by the peek; each is looked up among the tree's
+/// fds and closed again. Credentials are read when the socket has
+/// SO_PASSCRED on (its reader sees them). Returns the messages (a stream
+/// socket's bytes split only where ancillary data sits) and their
+/// ancillary data.
+fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<(Vec<Vec<u8>>, Vec<UnixInFlight>)> {
+    use ferry_sys::socket::{getsockopt_int, setsockopt_int};
     // Put back whatever peek offset the process itself had set.
-    let mut saved: i32 = -1;
-    let mut slen = 4 as libc::socklen_t;
-    // SAFETY: an int option into a live int.
-    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &mut saved as *mut i32 as *mut libc::c_void, &mut slen) };
-    if set_peek(0) != 0 {
+    let saved = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0).is_err() {
         return Err(info.unsupported("cannot peek at its queued data (SO_PEEK_OFF)"));
     }
     let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut in_flight: Vec<UnixInFlight> = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
-    let mut ctrl = [0u8; 256];
     let result = loop {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: msghdr is plain data; pointers below stay valid for the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctrl.as_mut_ptr().cast();
-        msg.msg_controllen = ctrl.len();
-        // SAFETY: msg points at live buffers.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
+        let msg = match ferry_sys::unix::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Ok(Some(m)) => m,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(EngineError::kernel(info.pid, format!("fd {}: peeking at its queued messages", info.fd), e)),
+        };
+        if msg.truncated {
+            break Err(info.unsupported("a queued message carries more ancillary data than one recvmsg returns"));
+        }
+        if msg.len == 0 && stream && msg.fds.is_empty() {
             break Ok(());
         }
-        if msg.msg_controllen > 0 {
-            // Descriptors in flight were just installed into ferry; close them.
-            // SAFETY: walking the control buffer the kernel filled.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&msg);
-                while !c.is_null() {
-                    if (*c).cmsg_type == libc::SCM_RIGHTS {
-                        let data = libc::CMSG_DATA(c) as *const i32;
-                        let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                        for i in 0..count {
-                            libc::close(*data.add(i));
-                        }
-                    }
-                    c = libc::CMSG_NXTHDR(&msg, c);
+        let creds = match msg.creds.filter(|_| passcred) {
+            None => None,
+            Some(c) if c.pid == 0 => {
+                break Err(info.unsupported("a queued message carries no sender credentials (or those of a process ferry cannot see) while SO_PASSCRED is on"))
+            }
+            Some(c) if !info.tree.contains(&c.pid) => {
+                break Err(info.unsupported(format!(
+                    "a queued message carries the credentials of pid {} (uid {}, gid {}), a process outside the tree",
+                    c.pid, c.uid, c.gid
+                )))
+            }
+            Some(c) => Some(UnixCreds { pid: c.pid, uid: c.uid, gid: c.gid }),
+        };
+        let mut fds = Vec::with_capacity(msg.fds.len());
+        let mut missing = None;
+        for f in &msg.fds {
+            match holder_of(info.tree, f.as_raw_fd()) {
+                Some(h) => fds.push(h),
+                None => {
+                    let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).map(|l| l.display().to_string()).unwrap_or_default();
+                    missing = Some(link);
+                    break;
                 }
             }
-            break Err(info.unsupported("its queue holds file descriptors or credentials in flight"));
         }
-        if n == 0 && stream {
-            break Ok(());
+        drop(msg.fds);
+        if let Some(link) = missing {
+            break Err(info.unsupported(format!(
+                "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree"
+            )));
         }
-        let data = buf[..n as usize].to_vec();
-        match (stream, out.last_mut()) {
+        let data = buf[..msg.len].to_vec();
+        let plain = fds.is_empty() && creds.is_none();
+        let last_plain = in_flight.last().is_none_or(|m| m.message as usize + 1 < out.len());
+        match (stream && plain && last_plain, out.last_mut()) {
             (true, Some(last)) => last.extend_from_slice(&data),
             _ => out.push(data),
+        }
+        if !plain {
+            in_flight.push(UnixInFlight { message: (out.len() - 1) as u32, fds, creds });
         }
         if out.len() > 100_000 {
             break Err(info.unsupported("too many queued messages"));
         }
     };
-    set_peek(saved);
-    result.map(|_| out)
+    let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, saved);
+    result.map(|_| (out, in_flight))
 }
 
 /// The sock_diag unix tables read while capturing one process, by
@@ -169,14 +197,12 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let name = name_of(fd);
     let mut listen_backlog = None;
     if me.state == TCP_LISTEN {
-        if me.rqueue > 1 {
-            // The kernel shows no order for them (their sockets have no
-            // inode before accept), and accept order is state.
-            return Err(info.unsupported(format!("{} connections wait in its accept queue; their order cannot be read (one is restored)", me.rqueue)));
-        }
-        if me.rqueue == 1 {
+        if me.rqueue > 0 {
             if name.is_empty() {
                 return Err(info.unsupported("a connection waits in the accept queue of this unnamed listener"));
+            }
+            if me.icons.len() != me.rqueue as usize || me.icons.contains(&0) {
+                return Err(info.unsupported(format!("{} connections wait in its accept queue and sock_diag does not name each client", me.rqueue)));
             }
             // Checked against the tree's pending clients in `check_tree`.
             locked(&info.unix_tables.2).push(ino);
@@ -219,7 +245,11 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
                 me.wqueue, me.rqueue
             )));
         }
-        locked(&info.unix_tables.1).push((ino, listener.ino as u64, 0));
+        // sock_diag lists a listener's waiting clients in accept order.
+        let Some(position) = listener.icons.iter().position(|&c| c as u64 == ino) else {
+            return Err(info.unsupported(format!("waits in the accept queue of {lname}, which does not list it")));
+        };
+        locked(&info.unix_tables.1).push((ino, listener.ino as u64, position as u32));
     }
     if let Some(p) = peer {
         let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
@@ -232,12 +262,12 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             return Err(info.unsupported("one-way connected unix datagram socket"));
         }
     }
-    let queued = if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM)? } else { Vec::new() };
-    let mut passcred: i32 = 0;
-    let mut len = 4 as libc::socklen_t;
-    // SAFETY: an int option into a live int.
-    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PASSCRED, &mut passcred as *mut i32 as *mut libc::c_void, &mut len) };
-    Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred: passcred != 0, shutdown: me.shutdown }))
+    let passcred = ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
+        .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e))?
+        != 0;
+    let (queued, in_flight) =
+        if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)? } else { (Vec::new(), Vec::new()) };
+    Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred, shutdown: me.shutdown, in_flight }))
 }
 
 /// Both ends of every connected pair must be restorable: the peer must be

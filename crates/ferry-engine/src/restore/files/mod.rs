@@ -154,6 +154,9 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
         for p in &tree.processes {
             for f in &p.files {
                 let FileKind::UnixSocket(u) = &f.kind else { continue };
+                if unix::deferred(tree, u) {
+                    continue; // after `send_in_flight`
+                }
                 let how = match u.shutdown & 3 {
                     1 => libc::SHUT_RD,
                     2 => libc::SHUT_WR,
@@ -175,6 +178,12 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
     result?;
     drop(b);
     Ok(staged)
+}
+
+/// Sends the unix queues that hold descriptors or credentials in flight,
+/// once every process of the tree exists.
+pub fn send_unix_in_flight(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
+    unix::send_in_flight(tree, staged)
 }
 
 /// The injected calls that give a process its fd table: everything below

@@ -93,7 +93,9 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
         // SAFETY: an int option from a live int.
         unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, &one as *const i32 as *const libc::c_void, 4) };
     }
-    if !s.queued.is_empty() {
+    // A queue with descriptors or credentials in flight is sent once
+    // every process exists (`send_in_flight`).
+    if !s.queued.is_empty() && s.in_flight.is_empty() {
         let peer = s.peer.and_then(|p| b.unix_peers.get(&p)).ok_or_else(|| EngineError::restore(pid, "queued data on an unconnected unix socket"))?;
         send_all(pid, peer, &s.queued, stream)?;
     }
@@ -146,6 +148,83 @@ pub fn connect_pending(tree: &ferry_image::TreeImage, staged: &std::collections:
         }
         if let Some(e) = err {
             return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Whether the unix socket `u` or its peer has a queue that
+/// `send_in_flight` sends (its shutdown waits until then).
+pub fn deferred(tree: &ferry_image::TreeImage, u: &UnixSocket) -> bool {
+    use ferry_image::FileKind;
+    !u.in_flight.is_empty()
+        || u.peer.is_some_and(|peer| {
+            tree.processes.iter().flat_map(|p| &p.files).any(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == peer && !v.in_flight.is_empty()))
+        })
+}
+
+/// Queues holding descriptors (SCM_RIGHTS) or credentials
+/// (SCM_CREDENTIALS) in flight are sent again now that every process of
+/// the tree exists (credentials name a live process) and every file is
+/// staged (descriptors are ferry's staged ones): message by message from
+/// the peer, in order, with their ancillary data; then the shutdowns of
+/// those sockets.
+pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::HashMap<u64, OwnedFd>) -> Result<()> {
+    use ferry_image::FileKind;
+    let mut done = std::collections::HashSet::new();
+    let file_of = |pid: i32, fd: i32| -> Option<u64> {
+        let p = tree.processes.iter().find(|p| p.pid == pid)?;
+        let slot = p.fds.iter().find(|s| s.fd == fd)?;
+        p.files.get(slot.file as usize).map(|f| f.id)
+    };
+    let id_of_ino = |ino: u64| tree.processes.iter().flat_map(|p| &p.files).find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino)).map(|f| f.id);
+    for p in &tree.processes {
+        for f in &p.files {
+            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            if u.in_flight.is_empty() || !done.insert(f.id) {
+                continue;
+            }
+            let pid = p.pid;
+            let from = u
+                .peer
+                .and_then(id_of_ino)
+                .and_then(|id| staged.get(&id))
+                .ok_or_else(|| EngineError::restore(pid, format!("unix socket {}: its peer was not staged to send its queue", u.ino)))?;
+            for (i, m) in u.queued.iter().enumerate() {
+                let anc = u.in_flight.iter().find(|a| a.message as usize == i);
+                let mut fds = Vec::new();
+                for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
+                    let fd = file_of(d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
+                        EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
+                    })?;
+                    fds.push(fd.as_raw_fd());
+                }
+                let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds { pid: c.pid, uid: c.uid, gid: c.gid });
+                let what = || format!("unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})", u.ino, m.len(), fds.len(), creds);
+                let mut off = ferry_sys::unix::send(from.as_raw_fd(), m, &fds, creds, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                    .map_err(|e| EngineError::kernel(pid, what(), e))?;
+                // The rest of a long stream message goes without descriptors, as the kernel sent it.
+                while off < m.len() && u.sock_type == libc::SOCK_STREAM {
+                    off += ferry_sys::unix::send(from.as_raw_fd(), &m[off..], &[], creds, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                        .map_err(|e| EngineError::kernel(pid, what(), e))?;
+                }
+            }
+        }
+    }
+    for p in &tree.processes {
+        for f in &p.files {
+            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            if !deferred(tree, u) {
+                continue;
+            }
+            let how = match u.shutdown & 3 {
+                1 => libc::SHUT_RD,
+                2 => libc::SHUT_WR,
+                3 => libc::SHUT_RDWR,
+                _ => continue,
+            };
+            let Some(fd) = staged.get(&f.id) else { continue };
+            ferry_sys::socket::shutdown(fd.as_raw_fd(), how).map_err(|e| EngineError::kernel(p.pid, format!("shutting down unix socket {}", u.ino), e))?;
         }
     }
     Ok(())
