@@ -233,6 +233,12 @@ pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> R
 pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
     for (pid, s, c, fd) in &rebuilt.conns {
         let k = |step: &'static str| move |e| EngineError::kernel(*pid, format!("TCP port {}: {step}", s.port), e);
+        // A window probe now that the lock lets it through (leaving repair
+        // mode sends one): the peer answers with its current window. A peer
+        // whose own zero-window probes met the lock has backed off for
+        // seconds and would otherwise wait that long to learn our window.
+        socket::set_repair(*fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
+        socket::set_repair(*fd, 0).map_err(k("sending a window probe"))?;
         socket::send_all(*fd, &c.send_queue, QUEUE_TIMEOUT_MS).map_err(k("writing the send queue"))?;
         socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock).map_err(k("restoring SO_BUF_LOCK"))?;
         for o in s.options.iter().filter(|o| deferred(o)) {
