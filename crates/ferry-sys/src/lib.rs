@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod clone;
 pub mod error;
 pub mod fd;
+pub mod inotify;
 pub mod netns;
 pub mod pagemap;
 pub mod pidfd;

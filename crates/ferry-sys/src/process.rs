@@ -196,3 +196,10 @@ pub fn kcmp_shared(pid1: i32, pid2: i32, kind: i32) -> SysResult<bool> {
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
     Ok(crate::check("kcmp", r)? == 0)
 }
+
+/// prctl(2) for a getter whose answer is the return value (e.g.
+/// PR_GET_SPECULATION_CTRL); a negative value means -1 and errno.
+pub fn prctl_get(option: i32, arg: u64) -> i64 {
+    // SAFETY: integer arguments; getters only read the caller's setting.
+    unsafe { libc::prctl(option, arg, 0, 0, 0) as i64 }
+}

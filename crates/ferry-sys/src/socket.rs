@@ -297,3 +297,45 @@ pub fn accept(fd: RawFd) -> SysResult<Option<OwnedFd>> {
     // SAFETY: a new descriptor nobody else owns.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(r) }))
 }
+
+/// The `sun_path` bytes of a unix socket's own name (getsockname) or of
+/// what it is connected to (getpeername): empty for an unnamed socket, a
+/// leading NUL for an abstract name, no trailing NULs for a path.
+pub fn unix_name(fd: RawFd, peer: bool) -> SysResult<Vec<u8>> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let p = &mut sun as *mut _ as *mut libc::sockaddr;
+    // SAFETY: sun/len describe a writable sockaddr_un.
+    let r = unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } };
+    if r != 0 {
+        return Err(last_error(if peer { "getpeername" } else { "getsockname" }));
+    }
+    let n = (len as usize).saturating_sub(2).min(sun.sun_path.len());
+    let mut name: Vec<u8> = sun.sun_path[..n].iter().map(|&c| c as u8).collect();
+    if name.first() != Some(&0) {
+        while name.last() == Some(&0) {
+            name.pop();
+        }
+    }
+    Ok(name)
+}
+
+/// connect(2) of a unix socket to `name` (`sun_path` bytes: a path,
+/// relative to the current directory, or a leading NUL for an abstract
+/// name).
+pub fn unix_connect(fd: RawFd, name: &[u8]) -> SysResult<()> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sun.sun_family = libc::AF_UNIX as u16;
+    if name.is_empty() || name.len() >= sun.sun_path.len() {
+        return Err(crate::SysError::new("connect (unix name too long or empty)", libc::EINVAL));
+    }
+    for (d, s) in sun.sun_path.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = 2 + name.len() + usize::from(name[0] != 0);
+    // SAFETY: sun holds a valid address of `len` bytes.
+    let r = unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len as libc::socklen_t) };
+    if r < 0 { Err(last_error("connect")) } else { Ok(()) }
+}

@@ -49,8 +49,7 @@ const PR_SCHED_CORE: u64 = 62;
 const PR_SCHED_CORE_GET: u64 = 0;
 
 fn own_speculation(which: u64) -> i64 {
-    // SAFETY: integer arguments, reads ferry's own setting.
-    unsafe { libc::prctl(PR_GET_SPECULATION_CTRL as i32, which, 0, 0, 0) as i64 }
+    ferry_sys::process::prctl_get(PR_GET_SPECULATION_CTRL as i32, which)
 }
 
 /// Refuses a thread with a prctl/arch_prctl attribute ferry does not

@@ -15,39 +15,11 @@ const TCP_ESTABLISHED: u8 = 1;
 
 /// getpeername of a unix socket: the name of what it connected to.
 fn peer_name_of(fd: RawFd) -> Vec<u8> {
-    // SAFETY: sockaddr_un is plain data.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: sun/len describe a writable sockaddr_un.
-    if unsafe { libc::getpeername(fd, &mut sun as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
-        return Vec::new();
-    }
-    let n = (len as usize).saturating_sub(2).min(sun.sun_path.len());
-    let mut name: Vec<u8> = sun.sun_path[..n].iter().map(|&c| c as u8).collect();
-    if name.first() != Some(&0) {
-        while name.last() == Some(&0) {
-            name.pop();
-        }
-    }
-    name
+    ferry_sys::socket::unix_name(fd, true).unwrap_or_default()
 }
 
 fn name_of(fd: RawFd) -> Vec<u8> {
-    // SAFETY: sockaddr_un is plain data.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: sun/len describe a writable sockaddr_un.
-    if unsafe { libc::getsockname(fd, &mut sun as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
-        return Vec::new();
-    }
-    let n = (len as usize).saturating_sub(2).min(sun.sun_path.len());
-    let mut name: Vec<u8> = sun.sun_path[..n].iter().map(|&c| c as u8).collect();
-    if name.first() != Some(&0) {
-        while name.last() == Some(&0) {
-            name.pop();
-        }
-    }
-    name
+    ferry_sys::socket::unix_name(fd, false).unwrap_or_default()
 }
 
 /// The fd of a process of the tree that holds the open file description

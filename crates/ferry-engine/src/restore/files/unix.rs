@@ -126,23 +126,16 @@ pub fn connect_pending(tree: &ferry_image::TreeImage, staged: &std::collections:
             }))
             .ok_or_else(|| EngineError::restore(pid, format!("the listener socket:[{listener}] a pending connection waits on is not in the image")))?;
         let sock = staged.get(&id).ok_or_else(|| EngineError::restore(pid, "pending unix connection was not staged"))?;
-        // SAFETY: sockaddr_un is plain data.
-        let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        sun.sun_family = libc::AF_UNIX as u16;
-        if name.is_empty() || name.len() >= sun.sun_path.len() {
+        if name.is_empty() {
             return Err(EngineError::restore(pid, "pending unix connection to a listener without a usable name"));
-        }
-        for (d, s) in sun.sun_path.iter_mut().zip(&name) {
-            *d = *s as libc::c_char;
         }
         let back = std::env::current_dir().ok();
         if name[0] != 0 {
             std::env::set_current_dir(&lp.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", lp.pid, lp.cwd), e))?;
         }
-        let len = 2 + name.len() + usize::from(name[0] != 0);
-        // SAFETY: sun holds a valid address of `len` bytes; the socket is ours.
-        let r = unsafe { libc::connect(sock.as_raw_fd(), &sun as *const _ as *const libc::sockaddr, len as u32) };
-        let err = (r < 0).then(|| errno_err(pid, format!("connecting again to unix listener {:?} (pending connection)", String::from_utf8_lossy(&name).replace('\0', "@"))));
+        let err = ferry_sys::socket::unix_connect(sock.as_raw_fd(), &name).err().map(|e| {
+            EngineError::kernel(pid, format!("connecting again to unix listener {:?} (pending connection)", String::from_utf8_lossy(&name).replace('\0', "@")), e)
+        });
         if let Some(dir) = back {
             let _ = std::env::set_current_dir(dir);
         }
