@@ -110,6 +110,16 @@ def in_netns(ns):
     return pre, fd
 
 
+def start_in(ns, argv, log):
+    """Starts argv in network namespace ns, in a new session, output to log."""
+    pre, fd = in_netns(ns)
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                preexec_fn=pre, close_fds=True)
+    finally:
+        os.close(fd)
+
+
 def phases(text):
     out = {}
     for m in PHASE.finditer(text):
@@ -125,18 +135,11 @@ def one_run(bins, n, method, work):
     try:
         port = "7100"
         slog, clog = os.path.join(work, "server.log"), os.path.join(work, "client.log")
-        pre, fd = in_netns(hosts.a)
-        server = subprocess.Popen([bins["tcp_hold_server"], "192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)],
-                                  stdin=subprocess.DEVNULL, stdout=open(slog, "w"), stderr=subprocess.STDOUT,
-                                  preexec_fn=pre, close_fds=True)
-        os.close(fd)
+        args = ["192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)]
+        server = start_in(hosts.a, [bins["tcp_hold_server"]] + args, slog)
         procs.append(server)
         wait_for(slog, "LISTENING", server, 10)
-        pre, fd = in_netns(hosts.b)
-        client = subprocess.Popen([bins["tcp_hold_client"], "192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)],
-                                  stdin=subprocess.DEVNULL, stdout=open(clog, "w"), stderr=subprocess.STDOUT,
-                                  preexec_fn=pre, close_fds=True)
-        os.close(fd)
+        client = start_in(hosts.b, [bins["tcp_hold_client"]] + args, clog)
         procs.append(client)
         wait_for(clog, "READY", client, 120)
         wait_for(slog, "READY", server, 120)
