@@ -956,7 +956,9 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     assert!(lock.is_some(), "[{name}] the image names no network lock");
     let (held, unread, unsent) = image_queues(path_str(&images));
     eprintln!("[{name}] image: {held} TCP connections, {unread} with unread request bytes, {unsent} with unacknowledged or unsent reply bytes");
-    assert_eq!(held, case.conns, "[{name}] connections in the image");
+    // A new client caught between accept and its reply is in the image
+    // too (and must finish its round after restore, like the others).
+    assert!(held >= case.conns, "[{name}] only {held} connections in the image, the load has {}", case.conns);
     // Requests in flight are certain under this load; replies in flight
     // depend on timing (the slow readers), so they are only reported.
     assert!(unread > 0, "[{name}] no request in flight at the checkpoint");
