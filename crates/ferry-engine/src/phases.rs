@@ -7,6 +7,7 @@ pub struct Phases {
     op: &'static str,
     start: Instant,
     last: Instant,
+    done: Vec<(String, f64)>,
 }
 
 impl Phases {
@@ -16,7 +17,7 @@ impl Phases {
 
     /// Phases counted from `start`, an instant taken earlier.
     pub fn start_at(op: &'static str, start: Instant) -> Phases {
-        Phases { op, start, last: start }
+        Phases { op, start, last: start, done: Vec::new() }
     }
 
     pub fn mark(&mut self, phase: &str) {
@@ -31,8 +32,18 @@ impl Phases {
             (now - self.last).as_secs_f64() * 1e3,
             (now - self.start).as_secs_f64() * 1e3
         );
+        self.done.push((phase.to_string(), (now - self.last).as_secs_f64() * 1e3));
         self.last = now;
         stall_if_asked(self.op, phase);
+    }
+
+    /// Every phase marked so far with its duration in ms, in order.
+    pub fn done(&self) -> &[(String, f64)] {
+        &self.done
+    }
+
+    pub fn started(&self) -> Instant {
+        self.start
     }
 }
 

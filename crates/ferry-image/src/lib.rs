@@ -9,6 +9,7 @@ pub mod container;
 pub mod dir;
 pub mod error;
 pub mod model;
+pub mod sink;
 pub mod stream;
 pub mod validate;
 
@@ -16,4 +17,5 @@ pub use container::{decode_meta, encode_meta, FORMAT_VERSION};
 pub use dir::{ImageDir, PagesWriter};
 pub use error::ImageError;
 pub use model::*;
+pub use sink::PageSink;
 pub use stream::{dir_to_stream, read_stream, write_stream};

@@ -182,6 +182,7 @@ fn run(cli: Cli) -> Result<i32> {
                 netns,
                 progress: progress::bar("restoring memory"),
                 new_pid_ns,
+                adopt_lock: None,
             };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             match r.init_pid {

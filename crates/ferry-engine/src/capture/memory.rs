@@ -9,7 +9,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::{MapsEntry, Stat};
-use ferry_image::{vmflag, MmLayout, PageRun, PagesWriter, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE};
+use ferry_image::{vmflag, MmLayout, PageRun, PageSink, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE};
 use ferry_sys::pagemap::{self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
 use ferry_sys::vm::{self, RemoteRange};
 use std::os::unix::fs::FileExt;
@@ -144,20 +144,24 @@ pub fn dump_pages(
     vmas: &[Vma],
     smaps: &[MapsEntry],
     skip: &[(u64, u64)],
+    held: &[(u64, u64)],
     keep_shared: bool,
-    out: &mut PagesWriter,
+    out: &mut dyn PageSink,
     progress: Option<&crate::ProgressFn>,
-) -> Result<Vec<PageRun>> {
-    let base = out.bytes_written();
+) -> Result<(Vec<PageRun>, Vec<(u64, u64)>)> {
+    let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
     let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut pieces = Vec::new();
+    let mut in_parent = Vec::new();
     let mut total = 0u64;
     for (v, m) in vmas.iter().zip(smaps) {
         let Some(filter) = page_filter(v) else { continue };
         let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
             .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
-        for (s, e) in subtract(ranges, skip) {
+        let wanted = subtract(ranges, skip);
+        in_parent.extend(intersect(&wanted, held));
+        for (s, e) in subtract(wanted, held) {
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
@@ -178,7 +182,7 @@ pub fn dump_pages(
         parts.push(a);
         rest = b;
     }
-    let writer: &PagesWriter = out;
+    let writer: &dyn PageSink = out;
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
     let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
@@ -190,10 +194,33 @@ pub fn dump_pages(
         runs.extend(r?);
     }
     out.set_data_len(base + total)?;
-    Ok(runs)
+    Ok((runs, in_parent))
 }
 
-fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {
+/// The parts of `ranges` ((start, end) byte ranges) inside the runs
+/// `keep` (sorted, (address, pages)), as (address, pages).
+fn intersect(ranges: &[(u64, u64)], keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    if keep.is_empty() {
+        return out;
+    }
+    for &(s, e) in ranges {
+        let mut k = keep.partition_point(|&(a, n)| a + n * 4096 <= s);
+        while let Some(&(a, n)) = keep.get(k) {
+            if a >= e {
+                break;
+            }
+            let (lo, hi) = (s.max(a), e.min(a + n * 4096));
+            if lo < hi {
+                out.push((lo, (hi - lo) / 4096));
+            }
+            k += 1;
+        }
+    }
+    out
+}
+
+fn copy_pieces(pid: i32, pieces: &[Piece], out: &dyn PageSink, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {
     let mut runs = Vec::with_capacity(pieces.len());
     let mut buf = vec![0u8; MAX_RUN as usize * 2];
     let mut readback = vec![0u8; MAX_RUN as usize * 2];
@@ -209,7 +236,7 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
             };
             let chunk = &mut buf[..first.len];
             f.read_exact_at(chunk, first.addr).map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
-            let new = out.write_runs_at(first.offset, &[(first.addr, first.len)], chunk)?;
+            let new = out.write_runs_at(pid, first.offset, &[(first.addr, first.len)], chunk)?;
             out.verify_written(&new, &mut readback)?;
             runs.extend(new);
             progress.add(first.len as u64);
@@ -233,7 +260,7 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &PagesWriter, progress: &crate::
         // Read each batch back while it is still in cache: the image is
         // verified on disk before the process may be killed.
         let t1 = std::time::Instant::now();
-        let new = out.write_runs_at(first.offset, &ranges, &buf[..bytes])?;
+        let new = out.write_runs_at(pid, first.offset, &ranges, &buf[..bytes])?;
         let t2 = std::time::Instant::now();
         out.verify_written(&new, &mut readback)?;
         let t3 = std::time::Instant::now();
@@ -340,4 +367,24 @@ pub fn check_mlock_future(pid: i32, scratch: u64) -> Result<()> {
         return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{intersect, subtract};
+    const P: u64 = 4096;
+
+    #[test]
+    fn held_pages_split_into_parent_and_sent() {
+        let ranges = vec![(0, 10 * P), (20 * P, 30 * P)];
+        let held = [(2 * P, 3), (8 * P, 14), (25 * P, 100)];
+        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 5)]);
+        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P)]);
+    }
+
+    #[test]
+    fn nothing_held_sends_everything() {
+        assert!(intersect(&[(0, 4 * P)], &[]).is_empty());
+        assert_eq!(subtract(vec![(0, 4 * P)], &[]), vec![(0, 4 * P)]);
+    }
 }

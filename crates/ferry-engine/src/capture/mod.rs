@@ -28,6 +28,8 @@ use crate::freeze::Frozen;
 use crate::inject::{self, Remote, Scratch};
 use crate::procfs;
 use ferry_image::{ImageDir, Inventory, ProcessImage, TreeImage, FORMAT_VERSION};
+use ferry_image::PageSink;
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -106,9 +108,30 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners })
 }
 
-/// Checkpoints `pid` and all its descendants as one image.
+/// Checkpoints `pid` and all its descendants as one image directory.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
-    let t0 = Instant::now();
+    let dirh = ImageDir::new(dir);
+    check_capturable(pid)?;
+    let mut pages = dirh.create_pages()?;
+    let mut captured = capture(pid, &mut pages, opts, None)?;
+    let pages_bytes = pages.finish()?;
+    dirh.write_meta(&captured.inventory, &captured.tree)?;
+    captured.phases.mark("metadata");
+    verify_written(&dirh)?;
+    captured.phases.mark("verify");
+    let image_bytes = pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0);
+    let summary = if opts.leave_running {
+        captured.resume()?
+    } else {
+        let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))?
+    };
+    Ok(CaptureSummary { image_bytes, ..summary })
+}
+
+/// The refusals that need nothing frozen: a PID that is not there, or
+/// ferry itself.
+fn check_capturable(pid: i32) -> Result<()> {
     if pid <= 0 {
         return Err(EngineError::Gone { pid, what: "not a valid PID".into() });
     }
@@ -119,6 +142,100 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     if pid == me || is_ancestor(pid, me) {
         return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself or a tree it runs in"));
     }
+    Ok(())
+}
+
+/// What a caller that captures in rounds (pre-copy) adds to a capture.
+pub trait CaptureHooks {
+    /// Called once the tree is frozen, before any page is copied: for
+    /// each process, the pages (sorted (address, pages) runs) whose
+    /// current content the receiver already holds. Those pages are not
+    /// copied again; the capture lists them as the parent's.
+    fn held_pages(&mut self, pids: &[i32]) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
+}
+
+/// What the network lock becomes once the captured tree is killed.
+pub enum LockAfterKill {
+    /// Kept for a restore from the image at this path (meta.img); the
+    /// next ferry run removes it if the image is deleted first.
+    HandOverTo(std::path::PathBuf),
+    /// Taken down: the connections live on elsewhere already.
+    Release,
+}
+
+/// A frozen tree whose state has been captured: its metadata here, its
+/// pages in the sink. Nothing has been changed that resuming does not
+/// undo: dropping it (or [`Captured::resume`]) lets the tree run on as if
+/// nothing happened; [`Captured::kill`] ends it, once the image is safe.
+pub struct Captured {
+    pub inventory: Inventory,
+    pub tree: TreeImage,
+    /// Per process, the pages present at capture that were not copied
+    /// because the receiver holds them (see [`CaptureHooks`]).
+    pub parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
+    pub phases: crate::phases::Phases,
+    summary: CaptureSummary,
+    t_frozen: Instant,
+    repaired: files::tcp::Repaired,
+    lock: Option<ferry_netlock::NetworkLock>,
+    frozen: tree::FrozenTree,
+    // Last, so it is dropped after every other cleanup ran.
+    guard: crate::guard::Guard,
+}
+
+impl Captured {
+    /// The tree's PIDs as ferry sees them, root first.
+    pub fn pids(&self) -> Vec<i32> {
+        self.frozen.pids()
+    }
+
+    /// Lets the tree run on: connections leave repair mode, then their
+    /// packets flow again, then every thread continues.
+    pub fn resume(self) -> Result<CaptureSummary> {
+        let Captured { mut phases, summary, t_frozen, repaired, lock, frozen, guard, .. } = self;
+        drop(repaired);
+        if let Some(lock) = lock {
+            lock.thaw()?;
+        }
+        frozen.release()?;
+        phases.mark("release");
+        drop(guard);
+        Ok(CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: phases.started().elapsed().as_secs_f64() * 1e3, ..summary })
+    }
+
+    /// Ends the tree: its connections stay in repair mode (closing them
+    /// sends nothing), SysV objects it owned are removed.
+    pub fn kill(self, after: LockAfterKill) -> Result<CaptureSummary> {
+        let Captured { tree: tree_image, mut phases, summary, t_frozen, repaired, lock, frozen, mut guard, .. } = self;
+        guard.killed();
+        repaired.keep_in_repair();
+        frozen.kill()?;
+        if let Some(lock) = lock {
+            match after {
+                // Restore thaws it, once the connections exist again.
+                LockAfterKill::HandOverTo(meta) => {
+                    lock.hand_over_to(Some(&meta));
+                }
+                LockAfterKill::Release => lock.thaw()?,
+            }
+        }
+        shm::remove_sysv(&tree_image.sysv_shm);
+        sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
+        phases.mark("kill");
+        drop(guard);
+        // Killed processes stay zombies until their parent (or, for
+        // orphans, init or a subreaper) reaps them; restore waits for
+        // their PIDs.
+        Ok(CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: phases.started().elapsed().as_secs_f64() * 1e3, ..summary })
+    }
+}
+
+/// Freezes `pid` and all its descendants and captures them: metadata
+/// returned, pages written to `sink`. The tree stays frozen in the
+/// returned [`Captured`] until the caller kills or resumes it; on error
+/// it runs on untouched.
+pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hooks: Option<&mut dyn CaptureHooks>) -> Result<Captured> {
+    check_capturable(pid)?;
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
@@ -223,8 +340,11 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     }
     ph.mark("injected syscalls");
 
-    let dirh = ImageDir::new(dir);
-    let mut pages = dirh.create_pages()?;
+    let held: HashMap<i32, Vec<(u64, u64)>> = match hooks.as_mut() {
+        Some(h) => h.held_pages(&pids)?,
+        None => HashMap::new(),
+    };
+    let mut parent_pages = Vec::new();
     let mut processes: Vec<ProcessImage> = Vec::with_capacity(surveys.len());
     for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
         let pid = p.frozen.pid;
@@ -235,7 +355,12 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         };
         let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
         skip.sort_unstable();
-        let page_runs = memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, pids.len() > 1, &mut pages, opts.progress.as_ref())?;
+        let held_here = held.get(&pid).map_or(&[][..], |h| h.as_slice());
+        let (page_runs, in_parent) =
+            memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, held_here, pids.len() > 1, sink, opts.progress.as_ref())?;
+        if !in_parent.is_empty() {
+            parent_pages.push((pid, in_parent));
+        }
         let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) = injected;
         let mut fidelity = sv.fidelity;
         fidelity.securebits = securebits;
@@ -271,13 +396,16 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         image.signals.shared_pending = signals::shared_pending(pid)?;
         processes.push(image);
     }
-    let pages_bytes = pages.finish()?;
+    let pages_bytes = sink.data_len();
     ph.mark("pages");
     let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef { method: opts.network_lock.to_string(), name: l.name().to_string() });
     let mut tree_image =
         TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, sysv_sem, sysv_msg, network_lock, ..Default::default() };
     if let Some(view) = &pid_view {
         namespaces::translate(&mut tree_image, view);
+        for (pid, _) in parent_pages.iter_mut() {
+            *pid = view.inner(*pid);
+        }
     }
 
     let root = &tree_image.processes[0];
@@ -294,11 +422,6 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         source_pid: pid,
         pages_bytes,
     };
-    dirh.write_meta(&inventory, &tree_image)?;
-    ph.mark("metadata");
-    verify_written(&dirh)?;
-    ph.mark("verify");
-
     let summary = CaptureSummary {
         pid,
         processes: tree_image.processes.len(),
@@ -306,35 +429,11 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
         mappings: tree_image.processes.iter().map(|p| p.vmas.len()).sum(),
         fds: tree_image.processes.iter().map(|p| p.fds.len()).sum(),
         pages: pages_bytes / 4096,
-        image_bytes: pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0),
+        image_bytes: pages_bytes,
         frozen_ms: 0.0,
         total_ms: 0.0,
     };
-    if opts.leave_running {
-        // Connections first leave repair mode, then their packets flow.
-        drop(repaired);
-        if let Some(lock) = lock {
-            lock.thaw()?;
-        }
-        tree.release()?;
-    } else {
-        guard.killed();
-        repaired.keep_in_repair();
-        tree.kill()?;
-        // Restore thaws it, once the connections exist again; if the
-        // image is deleted first, the next ferry run removes it.
-        if let Some(lock) = lock {
-            let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-            lock.hand_over_to(Some(&image.join(ferry_image::dir::META_FILE)));
-        }
-        shm::remove_sysv(&tree_image.sysv_shm);
-        sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
-    }
-    ph.mark(if opts.leave_running { "release" } else { "kill" });
-    // Killed processes stay zombies until their parent (or, for orphans,
-    // init or a subreaper) reaps them; restore waits for their PIDs.
-    let summary = CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: t0.elapsed().as_secs_f64() * 1e3, ..summary };
-    Ok(summary)
+    Ok(Captured { inventory, tree: tree_image, parent_pages, phases: ph, summary, t_frozen, repaired, lock, frozen: tree, guard })
 }
 
 /// Whether `pid` is an ancestor of `of`.

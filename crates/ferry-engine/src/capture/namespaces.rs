@@ -46,7 +46,7 @@ pub struct PidView {
 impl PidView {
     /// Ids of processes outside the tree that the tree cannot see (its
     /// namespace's parent side) read as 0, as getppid()/getsid() give them.
-    fn inner(&self, host: i32) -> i32 {
+    pub fn inner(&self, host: i32) -> i32 {
         if let Some(&v) = self.inner.get(&host) {
             return v;
         }

@@ -21,6 +21,7 @@ mod files;
 mod fork;
 mod memory;
 mod pidns;
+pub use pidns::{restore_held as restore_held_in_new_pid_ns, HeldInNamespace};
 mod prctl;
 mod process;
 mod seccomp;
@@ -54,11 +55,15 @@ pub struct RestoreOptions {
     /// PIDs cannot be taken. Implied by an image of a tree that ran in its
     /// own PID namespace.
     pub new_pid_ns: bool,
+    /// A network lock prepared on this host for the image's connections
+    /// (by name), taken over instead of the one the image names: a
+    /// migrated tree's lock was set up by the destination.
+    pub adopt_lock: Option<String>,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None, new_pid_ns: false }
+        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None, new_pid_ns: false, adopt_lock: None }
     }
 }
 
@@ -191,19 +196,102 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     restore_image(dir, opts, inv, tree, t0)
 }
 
-/// Restores a decoded image into the PID namespace ferry is in.
+/// Restores a decoded image directory into the PID namespace ferry is in.
 fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
-    // From the start of the restore: reading and decoding the image counts.
-    let mut ph = crate::phases::Phases::start_at("restore", t0);
     let dirh = ImageDir::new(dir);
     let pages_file = dirh.check_pages_file(&inv)?;
-    let root = tree.root().ok_or_else(|| EngineError::restore(inv.source_pid, "image holds no process"))?;
-    let pid = root.pid;
+    let pid = tree.root().map_or(inv.source_pid, |p| p.pid);
     let pages = ferry_sys::process::MappedFile::map(&pages_file, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
         .map_err(|e| EngineError::kernel(pid, "mapping pages.img", e))?;
     let all_runs: Vec<ferry_image::PageRun> = tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
     ImageDir::verify_runs_parallel(&all_runs, pages.bytes(), crate::worker_threads())?;
     drop(all_runs);
+    restore_held(tree, pages.bytes(), opts, t0)?.release()
+}
+
+/// A restored tree, complete and still stopped under ptrace, its
+/// connections in repair mode behind the network lock: nothing of it has
+/// run yet. [`Held::release`] lets it run; dropping it kills every process
+/// of it, so the service runs in one place only.
+pub struct Held {
+    pid: i32,
+    tree: TreeImage,
+    connections: HashMap<u64, OwnedFd>,
+    lock: Option<ferry_netlock::NetworkLock>,
+    /// (pid, its other threads, whether it was in a job-control stop),
+    /// parents before children.
+    procs: Vec<(i32, Vec<i32>, bool)>,
+    sysv: staging::SysvSegments,
+    sysv_ipc: sysv_ipc::SysvIpc,
+    staged_files: HashMap<u64, OwnedFd>,
+    staging: staging::Staging,
+    phases: crate::phases::Phases,
+    guard: TreeGuard,
+}
+
+impl Held {
+    /// The root's PID (the image's).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn phases(&self) -> &crate::phases::Phases {
+        &self.phases
+    }
+
+    /// Brings the connections alive and lets every process run.
+    pub fn release(self) -> Result<Restored> {
+        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, mut guard } = self;
+        let ph = &mut phases;
+        // The connections come alive only now, with every process that
+        // owns one in place and still stopped.
+        let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
+        ph.mark("tcp repair off");
+        // The end of the network pause: one map update for the eBPF lock.
+        // The lock itself is taken down after the tree runs.
+        if let Some(l) = lock.as_mut() {
+            l.disengage()?;
+        }
+        ph.mark("network thaw");
+        files::tcp::resend(&rebuilt)?;
+        ph.mark("tcp resend");
+        // Children first, so a parent never runs while its child is still held.
+        for (p, tids, stopped) in procs.iter().rev() {
+            if *stopped {
+                // Queued while every thread is still held: the process takes
+                // it on its way out of the ptrace stop, before running any
+                // instruction of its own, and enters the job-control stop.
+                ferry_sys::process::kill(*p, libc::SIGSTOP).map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
+            }
+            for &tid in std::iter::once(p).chain(tids) {
+                ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
+            }
+        }
+        guard.disarmed = true;
+        if let Some(l) = lock.take() {
+            if let Err(e) = l.thaw() {
+                tracing::warn!("taking the network lock down: {e}");
+            }
+        }
+        ph.mark("network lock removed");
+        sysv.keep = true;
+        sysv_ipc.keep = true;
+        drop(staged_files);
+        drop(staging);
+        drop(connections);
+        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+        Ok(Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: phases.started().elapsed().as_secs_f64() * 1e3 })
+    }
+}
+
+/// Rebuilds the tree of a decoded image, whose page data area is `pages`
+/// (already verified by the caller), in the PID namespace ferry is in,
+/// and holds it stopped.
+pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: Instant) -> Result<Held> {
+    // From the start of the restore: reading and decoding the image counts.
+    let mut ph = crate::phases::Phases::start_at("restore", t0);
+    let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
+    let pid = root.pid;
     ph.mark("read+verify image");
     let ids = tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid));
     for id in ids {
@@ -238,9 +326,12 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
     // Owned by this restore from now on: a failure thaws it (the
     // connections are gone then), success thaws it once they exist again.
-    let mut lock = adopt_network_lock(&tree);
-    let mut sysv = staging::SysvSegments::create(&tree)?;
-    let mut sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
+    let lock = match &opts.adopt_lock {
+        Some(name) => Some(ferry_netlock::NetworkLock::adopt(name).map_err(|e| EngineError::restore(pid, format!("network lock {name}: {e}")))?),
+        None => adopt_network_lock(&tree),
+    };
+    let sysv = staging::SysvSegments::create(&tree)?;
+    let sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
     let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
     let staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
@@ -302,7 +393,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     memory::clear_address_space(&mut s, &[])?;
     memory::place_vdso(&mut s, &root.vmas)?;
     let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
-    memory::write_pages(pid, &root.page_runs, pages.bytes(), opts.progress.as_ref())?;
+    memory::write_pages(pid, &root.page_runs, pages, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
     sessions.push(s);
@@ -330,7 +421,7 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
         memory::place_vdso(&mut s, &img.vmas)?;
         let mut reprotect = memory::map_all(&mut s, &img.vmas, &img.page_runs, &kept)?;
         reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
-        memory::write_pages(img.pid, &img.page_runs, pages.bytes(), opts.progress.as_ref())?;
+        memory::write_pages(img.pid, &img.page_runs, pages, opts.progress.as_ref())?;
         memory::reprotect(&mut s, &reprotect)?;
         memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
@@ -365,43 +456,10 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
             return Err(files::errno_err(pid, format!("sealing memfd {id} with {seals:#x}")));
         }
     }
-    // The connections come alive only now, with every process that owns
-    // one in place and still stopped.
-    let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
-    ph.mark("tcp repair off");
-    // The end of the network pause: one map update for the eBPF lock. The
-    // lock itself is taken down after the tree runs.
-    if let Some(l) = lock.as_mut() {
-        l.disengage()?;
-    }
-    ph.mark("network thaw");
-    files::tcp::resend(&rebuilt)?;
-    ph.mark("tcp resend");
-    // Children first, so a parent never runs while its child is still held.
-    for (s, tids) in sessions.iter().zip(&all_tids).rev() {
-        if s.image.fidelity.stopped {
-            // Queued while every thread is still held: the process takes
-            // it on its way out of the ptrace stop, before running any
-            // instruction of its own, and enters the job-control stop.
-            ferry_sys::process::kill(s.pid, libc::SIGSTOP).map_err(|e| EngineError::kernel(s.pid, "stopping it again (SIGSTOP)", e))?;
-        }
-        for &tid in std::iter::once(&s.pid).chain(tids) {
-            ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(s.pid, format!("releasing thread {tid}"), e))?;
-        }
-    }
-    guard.disarmed = true;
-    if let Some(l) = lock.take() {
-        if let Err(e) = l.thaw() {
-            tracing::warn!("taking the network lock down: {e}");
-        }
-    }
-    ph.mark("network lock removed");
-    sysv.keep = true;
-    sysv_ipc.keep = true;
-    drop(staged_files);
-    drop(staging);
-    let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
-    Ok(Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    let procs: Vec<(i32, Vec<i32>, bool)> =
+        sessions.iter().zip(all_tids).map(|(s, tids)| (s.pid, tids, s.image.fidelity.stopped)).collect();
+    drop(sessions);
+    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, guard })
 }
 
 /// Takes over the network lock the checkpoint left for this image. A

@@ -58,6 +58,148 @@ pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: T
     outcome
 }
 
+/// A tree restored into a new PID namespace and held there, stopped:
+/// the namespace's init (the helper) waits for one byte from ferry,
+/// `c` to let the tree run, anything else (or ferry gone) to kill it.
+pub struct HeldInNamespace {
+    init: i32,
+    root: i32,
+    report: std::io::BufReader<std::fs::File>,
+    commit: Option<std::fs::File>,
+    /// The restore's phases in the helper, as (name, ms).
+    pub phases: Vec<(String, f64)>,
+}
+
+impl HeldInNamespace {
+    /// The namespace's init, as ferry sees it.
+    pub fn init_pid(&self) -> i32 {
+        self.init
+    }
+
+    /// Lets the tree run; returns once the helper has released every
+    /// process, with the time that took (its phases in `phases`).
+    pub fn release(mut self) -> Result<Restored> {
+        use std::io::BufRead;
+        let Some(mut commit) = self.commit.take() else { return Err(EngineError::InNewPidNs("released twice".into())) };
+        commit.write_all(b"c").map_err(|e| EngineError::io(format!("restore helper {} (commit pipe)", self.init), e))?;
+        drop(commit);
+        let mut line = String::new();
+        self.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {} (report pipe)", self.init), e))?;
+        let line = line.trim_end();
+        let mut r = match line.strip_prefix("released ") {
+            Some(rest) => parse_report(&format!("ok {rest}")),
+            None => parse_report(line),
+        };
+        let r = match r.take() {
+            Some(Ok(mut r)) => {
+                r.host_pid = root_seen_from_here(self.root, self.init)?;
+                r.init_pid = Some(self.init);
+                r
+            }
+            Some(Err(msg)) => return Err(EngineError::InNewPidNs(msg)),
+            None => return Err(EngineError::InNewPidNs(format!("its helper (pid {}) ended while releasing the tree", self.init))),
+        };
+        // From now on the helper is the namespace's init and outlives us.
+        self.init = 0;
+        Ok(r)
+    }
+}
+
+impl Drop for HeldInNamespace {
+    fn drop(&mut self) {
+        if self.init > 0 {
+            // SAFETY: the helper is our child and the namespace's init:
+            // killing it ends every process of the held tree.
+            unsafe {
+                libc::kill(self.init, libc::SIGKILL);
+                libc::waitpid(self.init, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// Restores a decoded image whose page data area is `pages` (verified by
+/// the caller) into a new PID namespace, and holds it there stopped.
+pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: Instant) -> Result<HeldInNamespace> {
+    use std::io::BufRead;
+    let root = tree.root().map_or(0, |p| p.pid);
+    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
+    let (crd, cwr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
+    let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
+    // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
+    // code, as the root child of a plain restore does.
+    let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
+        Ok(0) => {
+            drop(rd);
+            drop(cwr);
+            hold_as_init(std::fs::File::from(wr), std::fs::File::from(crd), || {
+                mount_own_proc(root).and_then(|()| super::restore_held(tree, pages, opts, t0))
+            })
+        }
+        Ok(p) => p,
+        Err(e) => return Err(EngineError::kernel(root, "creating a PID namespace", e)),
+    };
+    drop(wr);
+    drop(crd);
+    let mut held = HeldInNamespace {
+        init,
+        root,
+        report: std::io::BufReader::new(std::fs::File::from(rd)),
+        commit: Some(std::fs::File::from(cwr)),
+        phases: Vec::new(),
+    };
+    let mut line = String::new();
+    held.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
+    let line = line.trim_end();
+    if let Some(msg) = line.strip_prefix("err ") {
+        return Err(EngineError::InNewPidNs(msg.to_string()));
+    }
+    let Some(phases) = line.strip_prefix("held") else {
+        return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report")));
+    };
+    held.phases = phases
+        .split_whitespace()
+        .filter_map(|kv| kv.rsplit_once('='))
+        .filter_map(|(k, v)| Some((k.replace('_', " "), v.parse().ok()?)))
+        .collect();
+    Ok(held)
+}
+
+/// Runs in the helper of [`restore_held`]: PID 1 of the new namespace.
+/// Never returns.
+fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: impl FnOnce() -> Result<super::Held>) -> ! {
+    let held = match restore() {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = writeln!(report, "err {e}");
+            // SAFETY: _exit skips the parent's atexit handlers.
+            unsafe { libc::_exit(1) }
+        }
+    };
+    let phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
+    let _ = writeln!(report, "held {}", phases.join(" "));
+    let mut go = [0u8; 1];
+    if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
+        // Dropping the held tree kills it: the service stays where it was.
+        drop(held);
+        // SAFETY: as above.
+        unsafe { libc::_exit(1) }
+    }
+    let root = held.pid();
+    match held.release() {
+        Ok(r) => {
+            let _ = writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
+        }
+        Err(e) => {
+            let _ = writeln!(report, "err {e}");
+            // SAFETY: as above; the helper's exit ends the namespace.
+            unsafe { libc::_exit(1) }
+        }
+    }
+    drop(report);
+    be_init(root)
+}
+
 /// Reads the helper's report to its end and finds the root from here.
 fn helper_outcome(mut pipe: std::fs::File, root: i32, init: i32) -> Result<Restored> {
     let mut report = String::new();

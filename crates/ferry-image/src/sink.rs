@@ -1,0 +1,40 @@
+//! Where captured page data goes: the one interface the engine's page
+//! copy writes through, so a checkpoint can fill an image directory's
+//! pages.img or stream its pages straight to a peer with the same code.
+
+use crate::error::ImageError;
+use crate::model::PageRun;
+
+/// A destination for page data. Runs are placed at offsets of one data
+/// area, handed out by the caller from [`PageSink::data_len`]; several
+/// threads may write runs of different offsets at once.
+pub trait PageSink: Sync {
+    /// Bytes of page data placed so far: the offset the next run gets.
+    fn data_len(&self) -> u64;
+    /// Stores the runs `ranges` (address, length) of process `pid`, whose
+    /// bytes are concatenated in `data`, at `data_offset`; returns them as
+    /// page runs with their checksums.
+    fn write_runs_at(&self, pid: i32, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError>;
+    /// Checks what was stored against the runs' checksums, where stored
+    /// bytes can be read back (a file); a stream has nothing to re-read.
+    fn verify_written(&self, _runs: &[PageRun], _scratch: &mut [u8]) -> Result<(), ImageError> {
+        Ok(())
+    }
+    /// The data area now ends at `len`.
+    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError>;
+}
+
+impl PageSink for crate::dir::PagesWriter {
+    fn data_len(&self) -> u64 {
+        self.bytes_written()
+    }
+    fn write_runs_at(&self, _pid: i32, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+        crate::dir::PagesWriter::write_runs_at(self, data_offset, ranges, data)
+    }
+    fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
+        crate::dir::PagesWriter::verify_written(self, runs, scratch)
+    }
+    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
+        crate::dir::PagesWriter::set_data_len(self, len)
+    }
+}
