@@ -171,28 +171,7 @@ pub fn dump_pages(
             }
         }
     }
-    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
-    let per = total / workers as u64 + 1;
-    let mut parts: Vec<&[Piece]> = Vec::new();
-    let mut rest: &[Piece] = &pieces;
-    for w in 0..workers {
-        let limit = base + per * (w as u64 + 1);
-        let k = if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
-        let (a, b) = rest.split_at(k);
-        parts.push(a);
-        rest = b;
-    }
-    let writer: &dyn PageSink = out;
-    let counter = crate::ProgressCounter::new(progress, total);
-    let counter = &counter;
-    let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer, counter))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))).collect()
-    });
-    let mut runs = Vec::with_capacity(pieces.len());
-    for r in results {
-        runs.extend(r?);
-    }
+    let runs = copy_all(pid, &pieces, base, total, out, progress)?;
     out.set_data_len(base + total)?;
     Ok((runs, in_parent))
 }
@@ -218,6 +197,81 @@ fn intersect(ranges: &[(u64, u64)], keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// Copies `pieces` (consecutive offsets from `base`, `total` bytes) into
+/// the sink, split over threads.
+fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<PageRun>> {
+    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
+    let per = total / workers as u64 + 1;
+    let mut parts: Vec<&[Piece]> = Vec::new();
+    let mut rest: &[Piece] = pieces;
+    for w in 0..workers {
+        let limit = base + per * (w as u64 + 1);
+        let k = if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
+        let (a, b) = rest.split_at(k);
+        parts.push(a);
+        rest = b;
+    }
+    let writer: &dyn PageSink = out;
+    let counter = crate::ProgressCounter::new(progress, total);
+    let counter = &counter;
+    let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer, counter))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))).collect()
+    });
+    let mut runs = Vec::with_capacity(pieces.len());
+    for r in results {
+        runs.extend(r?);
+    }
+    Ok(runs)
+}
+
+/// Copies the present pages of a process, which may be running, that lie
+/// inside `only` (sorted (start, end) byte ranges; None: all the memory a
+/// checkpoint stores) into the sink. Returns the (start, end) ranges
+/// copied. Pre-copy uses this for its rounds; pages written meanwhile are
+/// caught by dirty tracking and copied again.
+pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<(u64, u64)>> {
+    let smaps = crate::procfs::smaps(pid)?;
+    let vmas = classify(pid, &smaps)?;
+    let base = out.data_len();
+    let pm_path = format!("/proc/{pid}/pagemap");
+    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let mut pieces = Vec::new();
+    let mut copied = Vec::new();
+    let mut total = 0u64;
+    for (v, m) in vmas.iter().zip(&smaps) {
+        let Some(filter) = page_filter(v) else { continue };
+        if let Some(only) = only {
+            let k = only.partition_point(|&(_, e)| e <= v.start);
+            if only.get(k).map_or(true, |&(s, _)| s >= v.end) {
+                continue;
+            }
+        }
+        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
+            .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
+        let ranges = match only {
+            Some(only) => {
+                let keep: Vec<(u64, u64)> = only.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect();
+                intersect(&ranges, &keep).into_iter().map(|(a, n)| (a, a + n * 4096)).collect()
+            }
+            None => ranges,
+        };
+        for (s, e) in ranges {
+            copied.push((s, e));
+            let mut a = s;
+            while a < e {
+                let len = (e - a).min(MAX_RUN);
+                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() });
+                total += len;
+                a += len;
+            }
+        }
+    }
+    copy_all(pid, &pieces, base, total, out, progress)?;
+    out.set_data_len(base + total)?;
+    Ok(copied)
 }
 
 fn copy_pieces(pid: i32, pieces: &[Piece], out: &dyn PageSink, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {

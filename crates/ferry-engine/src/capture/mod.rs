@@ -22,6 +22,7 @@ mod timers;
 pub(crate) mod tree;
 
 pub(crate) use files::tcp::leave_repair;
+pub use memory::copy_present;
 
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;

@@ -1,0 +1,228 @@
+//! The destination side of a migration (run by ferryd for each
+//! connection), as named phases: hello → pages into the store, round
+//! after round → image → network lock and address → restore, held →
+//! Ready → on Commit: release, announce → Running.
+//!
+//! Anything short of Commit (an error, the source gone, a timeout) kills
+//! what was restored and takes the address and the lock back down: the
+//! service stays at the source.
+
+use crate::address;
+use crate::error::{MigrateError, Result};
+use crate::page_store::PageStore;
+use crate::protocol::{self, Msg, Welcome};
+use ferry_image::{FileKind, TreeImage};
+use ferry_netlock::{Method, NetworkLock, Tuple};
+use ferry_transport::Channel;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+pub struct DestinationConfig {
+    /// The interface a moved service address goes on.
+    pub interface: Option<u32>,
+    /// How long to wait for the source between messages.
+    pub timeout: Duration,
+    pub network_lock: Method,
+}
+
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub pid: i32,
+    pub host_pid: i32,
+    pub page_bytes: u64,
+    pub phases: Vec<(String, f64)>,
+}
+
+/// Serves one migration on an accepted, authenticated channel.
+pub fn serve(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
+    let r = serve_inner(ch, cfg);
+    if let Err(e) = &r {
+        // Best effort: the source learns why, if it still listens.
+        let _ = protocol::send(ch, &Msg::Failed { error: e.to_string() });
+    }
+    r
+}
+
+fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
+    ch.set_timeout(Some(cfg.timeout))?;
+    let mut ph = ferry_engine::phases::Phases::start("destination");
+    let hello = protocol::expect(ch, &["Hello"])?;
+    let Msg::Hello(hello) = hello.msg else { unreachable!("expect checked the kind") };
+    if let Err(reason) = check_hello(&hello, cfg) {
+        protocol::send(ch, &Msg::Refused { reason: reason.clone() })?;
+        return Err(MigrateError::Refused(reason));
+    }
+    let interface = cfg.interface.map(|i| format!("ifindex {i}"));
+    protocol::send(
+        ch,
+        &Msg::Welcome(Welcome {
+            ferry_version: env!("CARGO_PKG_VERSION").to_string(),
+            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+            interface,
+        }),
+    )?;
+    ph.mark("hello");
+
+    let mut store = PageStore::new()?;
+    let (meta, host_pids, parent_pages) = loop {
+        let r = protocol::recv(ch)?;
+        match r.msg {
+            Msg::Pages { pid, ref ranges } => store.insert(pid, ranges, r.data())?,
+            Msg::RoundDone { round, .. } => ph.mark(&format!("round {round} received")),
+            Msg::Image { meta, host_pids, parent_pages } => break (meta, host_pids, parent_pages),
+            Msg::Abort { reason } => return Err(MigrateError::Aborted(reason)),
+            m => return Err(MigrateError::Protocol(format!("unexpected {} while receiving pages", m.name()))),
+        }
+    };
+    let t0 = Instant::now();
+    ph.mark("final pages + image received");
+    let (_inv, mut tree) = ferry_image::decode_meta(&meta)?;
+    drop(meta);
+    if host_pids.len() != tree.processes.len() {
+        return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
+    }
+    for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
+        let mut runs: Vec<(u64, u64)> = p.page_runs.iter().map(|r| (r.start, r.pages)).collect();
+        if let Some((_, parent)) = parent_pages.iter().find(|(pid, _)| *pid == host) {
+            runs.extend_from_slice(parent);
+        }
+        runs.sort_unstable();
+        p.page_runs = store.runs_for(host, &runs)?;
+    }
+    // This host's lock and address, not the source's.
+    tree.network_lock = None;
+    ph.mark("page runs resolved");
+
+    let tuples = held_tuples(&tree);
+    let lock_name = if tuples.is_empty() {
+        None
+    } else {
+        let lock = NetworkLock::freeze(cfg.network_lock, &ferry_netlock::Netns::Current, &tuples, "migrate")?;
+        Some(lock.hand_over())
+    };
+    let lock_guard = LockByName(lock_name.clone());
+    ph.mark("network lock");
+    let placed = match hello.address {
+        Some((addr, prefix)) => {
+            let ifindex = cfg.interface.ok_or_else(|| MigrateError::Invalid("this ferryd has no interface for service addresses".into()))?;
+            Some(address::place(ifindex, addr, prefix)?)
+        }
+        None => None,
+    };
+    ph.mark("address on");
+
+    let pages = store.map()?;
+    let opts = ferry_engine::restore::RestoreOptions { adopt_lock: lock_name, ..Default::default() };
+    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t0)?;
+    let mut phases: Vec<(String, f64)> = ph.done().to_vec();
+    phases.extend(held.phases.iter().cloned());
+    ph.mark("restored (held)");
+    protocol::send(ch, &Msg::Ready { phases: held.phases.clone() })?;
+
+    let go = protocol::recv(ch);
+    match go.map(|r| r.msg) {
+        Ok(Msg::Commit) => {}
+        Ok(m) => return Err(MigrateError::Aborted(format!("the source sent {} instead of Commit", m.name()))),
+        Err(e) => return Err(MigrateError::Aborted(format!("no commit from the source: {e}"))),
+    }
+    let t_release = Instant::now();
+    let restored = held.release()?;
+    // The lock went with the released tree; the address stays.
+    lock_guard.forget();
+    let mut release_phases = vec![("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3)];
+    if let Some(p) = placed {
+        let t = Instant::now();
+        if let Err(e) = p.announce_and_keep() {
+            tracing::warn!("{e}");
+        }
+        release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
+    }
+    ph.mark("released");
+    protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
+    phases.extend(release_phases);
+    Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
+}
+
+/// Releases a handed-over lock by name unless the restored tree took it.
+struct LockByName(Option<String>);
+
+impl LockByName {
+    fn forget(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for LockByName {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            if let Err(e) = ferry_netlock::release(&name) {
+                tracing::warn!("releasing network lock {name}: {e}");
+            }
+        }
+    }
+}
+
+fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Result<(), String> {
+    if h.protocol != protocol::PROTOCOL_VERSION {
+        return Err(format!("migration protocol {} (this ferryd speaks {})", h.protocol, protocol::PROTOCOL_VERSION));
+    }
+    let (major, minor) = crate::FORMAT;
+    if h.format.0 != major || h.format.1 > minor {
+        return Err(format!(
+            "the source writes image format {}.{}, this ferryd reads {major}.0 to {major}.{minor}: upgrade ferry here",
+            h.format.0, h.format.1
+        ));
+    }
+    if h.arch != std::env::consts::ARCH {
+        return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
+    }
+    if h.lazy {
+        return Err("post-copy (--lazy) is not supported by this ferryd".into());
+    }
+    if h.address.is_some() && cfg.interface.is_none() {
+        return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());
+    }
+    Ok(())
+}
+
+fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
+        16 => {
+            let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+        }
+        _ => None,
+    }
+}
+
+/// What the lock holds here until the tree is released: the tree's
+/// established connections, and new connection attempts to its listeners
+/// (a SYN answered by no listener would be refused).
+fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
+    let mut out = Vec::new();
+    for p in &tree.processes {
+        for f in &p.files {
+            let FileKind::InetSocket(s) = &f.kind else { continue };
+            if s.sock_type != libc::SOCK_STREAM {
+                continue;
+            }
+            let Some(local_ip) = ip_of(&s.addr) else { continue };
+            let local = SocketAddr::new(local_ip, s.port);
+            if s.listen_backlog.is_some() {
+                if !local_ip.is_unspecified() && !local_ip.is_loopback() {
+                    out.push(Tuple::new_connections_to(local));
+                }
+                continue;
+            }
+            if let (Some(_), Some((peer, port))) = (&s.connection, &s.peer) {
+                if let Some(remote) = ip_of(peer) {
+                    out.push(Tuple { local, remote: SocketAddr::new(remote, *port) });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|t| (t.local, t.remote));
+    out.dedup_by_key(|t| (t.local, t.remote));
+    out
+}

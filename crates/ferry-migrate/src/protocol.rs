@@ -1,0 +1,193 @@
+//! The messages two agents exchange during a migration, over one
+//! [`ferry_transport::Channel`].
+//!
+//! Every channel message is `[u32 LE header length][postcard header][data]`:
+//! the header is a [`Msg`], the data the raw bytes some messages carry
+//! (page contents), so pages need no copy into the header's encoding.
+//!
+//! ```text
+//! source                                 destination
+//!   Hello ------------------------------->  checks versions, arch, address
+//!         <-------------------------------  Welcome | Refused
+//!   Pages (round 0: all memory) ------->    into the page store
+//!   Pages (round n: pages written since)    ...
+//!   [freeze] Pages (final dirty pages)
+//!   Image (metadata, parent pages) ----->   lock, address, restore (held)
+//!         <-------------------------------  Ready | Failed
+//!   Commit ------------------------------>  release the tree, announce
+//!         <-------------------------------  Running | Failed
+//!   [kill the source's copy]
+//! ```
+//!
+//! The source aborts by closing the connection (or sending Abort); the
+//! destination then kills whatever it restored. Post-copy adds
+//! PageRequest (destination to source) and Pages answering them.
+
+use crate::error::{MigrateError, Result};
+use ferry_transport::Channel;
+use serde::{Deserialize, Serialize};
+
+/// Bumped when a message changes meaning; two agents must agree on it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Hello {
+    pub protocol: u32,
+    pub ferry_version: String,
+    /// Image format (major, minor) the source writes.
+    pub format: (u32, u32),
+    pub arch: String,
+    pub kernel_release: String,
+    pub migration_id: u64,
+    /// Post-copy: resume at the destination before the memory is there.
+    pub lazy: bool,
+    /// The service address that moves with the process: (address, prefix).
+    pub address: Option<(std::net::IpAddr, u8)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Welcome {
+    pub ferry_version: String,
+    pub kernel_release: String,
+    /// The interface the service address will be put on.
+    pub interface: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum Msg {
+    Hello(Hello),
+    Welcome(Welcome),
+    Refused { reason: String },
+    /// Page contents of process `pid` (as the source sees it): `ranges`
+    /// are (address, bytes), their bytes concatenated in the data.
+    Pages { pid: i32, ranges: Vec<(u64, u64)> },
+    /// A pre-copy round is complete.
+    RoundDone { round: u32, bytes: u64 },
+    /// The frozen tree's metadata (meta.img bytes); `host_pids` are the
+    /// PIDs its processes had on the source (as Pages named them), in
+    /// image order; `parent_pages` the pages the destination already
+    /// holds from earlier rounds, per source PID, as (address, pages).
+    Image {
+        #[serde(with = "serde_bytes")]
+        meta: Vec<u8>,
+        host_pids: Vec<i32>,
+        parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
+    },
+    /// The tree is restored and held stopped; the restore's phases in ms.
+    Ready { phases: Vec<(String, f64)> },
+    Commit,
+    /// The tree runs at the destination, as `host_pid` there.
+    Running { pid: i32, host_pid: i32, phases: Vec<(String, f64)> },
+    Failed { error: String },
+    Abort { reason: String },
+    /// Post-copy: the destination needs these pages now.
+    PageRequest { pid: i32, addr: u64, pages: u32 },
+    /// Post-copy: every page has been sent.
+    PagesDone,
+}
+
+impl Msg {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello(_) => "Hello",
+            Msg::Welcome(_) => "Welcome",
+            Msg::Refused { .. } => "Refused",
+            Msg::Pages { .. } => "Pages",
+            Msg::RoundDone { .. } => "RoundDone",
+            Msg::Image { .. } => "Image",
+            Msg::Ready { .. } => "Ready",
+            Msg::Commit => "Commit",
+            Msg::Running { .. } => "Running",
+            Msg::Failed { .. } => "Failed",
+            Msg::Abort { .. } => "Abort",
+            Msg::PageRequest { .. } => "PageRequest",
+            Msg::PagesDone => "PagesDone",
+        }
+    }
+}
+
+/// The header of a message, encoded with its length in front.
+pub fn encode_header(msg: &Msg) -> Result<Vec<u8>> {
+    let body = postcard::to_allocvec(msg).map_err(|e| MigrateError::Protocol(format!("encoding {}: {e}", msg.name())))?;
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Splits a received channel message into its header and its data.
+pub fn decode(bytes: &[u8]) -> Result<(Msg, &[u8])> {
+    let len = bytes.get(..4).ok_or_else(|| MigrateError::Protocol(format!("message of {} bytes has no header", bytes.len())))?;
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    let body = bytes.get(4..4 + len).ok_or_else(|| MigrateError::Protocol(format!("header of {len} bytes in a message of {}", bytes.len())))?;
+    let msg: Msg = postcard::from_bytes(body).map_err(|e| MigrateError::Protocol(format!("undecodable message: {e}")))?;
+    Ok((msg, &bytes[4 + len..]))
+}
+
+pub fn send(ch: &mut Channel, msg: &Msg) -> Result<()> {
+    let head = encode_header(msg)?;
+    ch.send(&head)?;
+    Ok(())
+}
+
+pub fn send_with_data(ch: &mut Channel, msg: &Msg, data: &[u8]) -> Result<()> {
+    let head = encode_header(msg)?;
+    ch.send_parts(&[&head, data])?;
+    Ok(())
+}
+
+/// Receives one message; its data (if any) stays in the returned buffer
+/// after `data_start`.
+pub struct Received {
+    pub msg: Msg,
+    pub buf: Vec<u8>,
+    pub data_start: usize,
+}
+
+impl Received {
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.data_start..]
+    }
+}
+
+pub fn recv(ch: &mut Channel) -> Result<Received> {
+    let buf = ch.recv()?;
+    let (msg, data) = decode(&buf)?;
+    let data_start = buf.len() - data.len();
+    Ok(Received { msg, buf, data_start })
+}
+
+/// Receives one message that must be one of those `expect` names; a
+/// Failed or Refused from the peer becomes that error.
+pub fn expect(ch: &mut Channel, expect: &[&str]) -> Result<Received> {
+    let r = recv(ch)?;
+    match &r.msg {
+        m if expect.contains(&m.name()) => Ok(r),
+        Msg::Failed { error } => Err(MigrateError::DestinationFailed(error.clone())),
+        Msg::Refused { reason } => Err(MigrateError::Refused(reason.clone())),
+        Msg::Abort { reason } => Err(MigrateError::Aborted(reason.clone())),
+        m => Err(MigrateError::Protocol(format!("expected {} from the peer, got {}", expect.join(" or "), m.name()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_and_data_round_trip() {
+        let msg = Msg::Pages { pid: 7, ranges: vec![(0x1000, 8192)] };
+        let mut wire = encode_header(&msg).unwrap();
+        wire.extend_from_slice(&[1u8; 8192]);
+        let (back, data) = decode(&wire).unwrap();
+        assert_eq!(back, msg);
+        assert_eq!(data.len(), 8192);
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bad in [&[][..], &[1, 0], &[200, 0, 0, 0, 1], &[3, 0, 0, 0, 0xff, 0xff, 0xff]] {
+            assert!(decode(bad).is_err());
+        }
+    }
+}

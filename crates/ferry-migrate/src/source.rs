@@ -1,0 +1,198 @@
+//! The source side of a migration, as a pipeline of named phases:
+//! connect → pre-copy rounds → freeze and capture (final pages streamed)
+//! → address off → image sent → destination restores and holds → commit
+//! → destination runs → source's copy killed.
+//!
+//! Until the destination reports the tree running, every failure puts
+//! the source back as it was: the address returns, the connections leave
+//! repair mode, the lock thaws, the tree runs on. The service runs in one
+//! place at every moment.
+
+use crate::error::{MigrateError, Result};
+use crate::precopy::{Decision, Precopy, Round, RoundPolicy};
+use crate::protocol::{self, Hello, Msg};
+use crate::stream_sink::StreamSink;
+use crate::{address, Progress};
+use ferry_engine::capture::{CaptureHooks, CaptureOptions, LockAfterKill};
+use ferry_transport::{Channel, Key, Mode};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+pub struct MigrateOptions {
+    pub pid: i32,
+    pub to: SocketAddr,
+    pub key: Key,
+    pub mode: Mode,
+    /// The service address that moves with the process, with its prefix.
+    pub address: Option<(IpAddr, u8)>,
+    pub lazy: bool,
+    pub precopy: bool,
+    pub policy: RoundPolicy,
+    /// For every step that waits on the destination.
+    pub timeout: Duration,
+    pub network_lock: ferry_netlock::Method,
+    pub progress: Progress,
+}
+
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    pub pid: i32,
+    /// The root's PID at the destination, as its tree sees it, and as the
+    /// destination's agent sees it.
+    pub dest_pid: i32,
+    pub dest_host_pid: i32,
+    /// From the freeze at the source to the destination's report that
+    /// the tree runs.
+    pub pause_ms: f64,
+    pub total_ms: f64,
+    /// Bytes on the wire (after encryption and framing).
+    pub bytes_sent: u64,
+    /// Page bytes sent during the freeze.
+    pub final_page_bytes: u64,
+    pub rounds: Vec<Round>,
+    pub precopy_stop: Option<Decision>,
+    /// The source's phases and the destination's restore phases, in ms.
+    pub source_phases: Vec<(String, f64)>,
+    pub dest_phases: Vec<(String, f64)>,
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_le_bytes(b) ^ std::process::id() as u64
+}
+
+pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
+    let t0 = Instant::now();
+    let mut phases: Vec<(String, f64)> = Vec::new();
+    let mut mark = {
+        let mut last = Instant::now();
+        move |phases: &mut Vec<(String, f64)>, name: &str| {
+            let now = Instant::now();
+            phases.push((name.to_string(), (now - last).as_secs_f64() * 1e3));
+            last = now;
+        }
+    };
+    if let Some((addr, _)) = o.address {
+        address::locate(addr)?;
+    }
+    if !std::path::Path::new(&format!("/proc/{}", o.pid)).exists() {
+        return Err(MigrateError::Invalid(format!("pid {}: no such process", o.pid)));
+    }
+    (o.progress)(&format!("connecting to {}", o.to));
+    let stream = TcpStream::connect_timeout(&o.to, o.timeout)
+        .map_err(|e| MigrateError::Invalid(format!("connecting to ferryd at {}: {e}", o.to)))?;
+    let _ = stream.set_nodelay(true);
+    let mut ch = Channel::connect(stream, &o.key, o.mode)?;
+    ch.set_timeout(Some(o.timeout))?;
+    let (major, minor) = crate::FORMAT;
+    let hello = Hello {
+        protocol: protocol::PROTOCOL_VERSION,
+        ferry_version: env!("CARGO_PKG_VERSION").to_string(),
+        format: (major, minor),
+        arch: std::env::consts::ARCH.to_string(),
+        kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        migration_id: random_id(),
+        lazy: o.lazy,
+        address: o.address,
+    };
+    protocol::send(&mut ch, &Msg::Hello(hello))?;
+    protocol::expect(&mut ch, &["Welcome"])?;
+    mark(&mut phases, "connect");
+
+    let mut precopy = if o.precopy && !o.lazy {
+        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s))?;
+        mark(&mut phases, "pre-copy");
+        Some(p)
+    } else {
+        None
+    };
+
+    (o.progress)("freezing");
+    let t_freeze = Instant::now();
+    let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
+    let (captured, final_page_bytes) = {
+        let mut sink = StreamSink::new(&mut ch);
+        let hooks = precopy.as_mut().map(|p| p as &mut dyn CaptureHooks);
+        let c = ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks)?;
+        (c, sink.page_bytes())
+    };
+    // The tracker's userfaultfd goes before the tree runs anywhere again.
+    let (rounds, precopy_stop) = match precopy.take() {
+        Some(p) => (p.rounds.clone(), p.stopped_because),
+        None => (Vec::new(), None),
+    };
+    mark(&mut phases, "freeze+capture");
+
+    let mut taken: Option<address::Taken> = None;
+    let mut commit_sent = false;
+    let outcome = (|| -> Result<(i32, i32, Vec<(String, f64)>)> {
+        if let Some((addr, prefix)) = o.address {
+            taken = Some(address::take(addr, prefix)?);
+            mark(&mut phases, "address off");
+        }
+        let meta = ferry_image::encode_meta(&captured.inventory, &captured.tree)?;
+        let msg = Msg::Image { meta, host_pids: captured.pids(), parent_pages: captured.parent_pages.clone() };
+        protocol::send(&mut ch, &msg)?;
+        mark(&mut phases, "image sent");
+        (o.progress)("restoring at the destination");
+        let ready = protocol::expect(&mut ch, &["Ready"])?;
+        let Msg::Ready { phases: mut dest_phases } = ready.msg else { unreachable!("expect checked the kind") };
+        mark(&mut phases, "destination restore");
+        protocol::send(&mut ch, &Msg::Commit)?;
+        commit_sent = true;
+        let running = protocol::expect(&mut ch, &["Running"])?;
+        let Msg::Running { pid, host_pid, phases: release } = running.msg else { unreachable!("expect checked the kind") };
+        dest_phases.extend(release);
+        mark(&mut phases, "destination release");
+        Ok((pid, host_pid, dest_phases))
+    })();
+    let pause_ms = t_freeze.elapsed().as_secs_f64() * 1e3;
+    match outcome {
+        Ok((dest_pid, dest_host_pid, dest_phases)) => {
+            if let Some(t) = taken {
+                t.keep_off();
+            }
+            captured.kill(LockAfterKill::Release)?;
+            mark(&mut phases, "source killed");
+            Ok(MigrationReport {
+                pid: o.pid,
+                dest_pid,
+                dest_host_pid,
+                pause_ms,
+                total_ms: t0.elapsed().as_secs_f64() * 1e3,
+                bytes_sent: ch.bytes_sent(),
+                final_page_bytes,
+                rounds,
+                precopy_stop,
+                source_phases: phases,
+                dest_phases,
+            })
+        }
+        Err(e) if commit_sent => {
+            // The destination may have released the tree: running it here
+            // as well would put the service in two places. It is kept,
+            // stopped, for the operator to decide.
+            let pids = captured.pids();
+            for &p in &pids {
+                let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+            }
+            if let Some(t) = taken {
+                t.keep_off();
+            }
+            let _ = captured.resume();
+            Err(MigrateError::Aborted(format!(
+                "{e}; the destination did not confirm that the service runs there. The source's copy is kept stopped (pid {}): kill it if the service runs at {}, or `kill -CONT` it and put the address back if not",
+                o.pid, o.to
+            )))
+        }
+        Err(e) => {
+            ch.shutdown();
+            drop(taken);
+            captured.resume()?;
+            Err(e)
+        }
+    }
+}
