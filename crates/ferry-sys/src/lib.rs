@@ -5,6 +5,8 @@
 //! that name the syscall and the errno, so the engine can add the object
 //! (PID, fd, address) the call was about.
 
+pub mod address;
+pub mod announce;
 pub mod bpf;
 pub mod clone;
 pub mod error;
@@ -15,6 +17,7 @@ pub mod pagemap;
 pub mod pidfd;
 pub mod process;
 pub mod ptrace;
+mod rtnl;
 pub mod seccomp;
 pub mod sockdiag;
 pub mod socket;
