@@ -203,3 +203,32 @@ pub fn prctl_get(option: i32, arg: u64) -> i64 {
     // SAFETY: integer arguments; getters only read the caller's setting.
     unsafe { libc::prctl(option, arg, 0, 0, 0) as i64 }
 }
+
+/// Makes the caller the child subreaper of its descendants: orphans below
+/// it are re-parented to it rather than to PID 1.
+pub fn set_child_subreaper() -> SysResult<()> {
+    // SAFETY: prctl with integer arguments on the calling process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
+        return Err(last_error("prctl(PR_SET_CHILD_SUBREAPER)"));
+    }
+    Ok(())
+}
+
+/// Waits for any child to end and reaps it: Some((pid, exit code or
+/// 128+signal)), or None when there is no child at all.
+pub fn wait_any() -> SysResult<Option<(i32, i32)>> {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r >= 0 {
+            let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+            return Ok(Some((r, code)));
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ECHILD) => return Ok(None),
+            _ => return Err(last_error("waitpid(-1)")),
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! ferry: checkpoint and restore live Linux processes.
 
 mod inspect;
+mod migrate_cmd;
 mod netlock_cmd;
 mod progress;
 
@@ -108,6 +109,18 @@ enum Cmd {
     /// Show or release network locks: the packet filters that hold the TCP
     /// connections of a checkpoint frozen until they are restored.
     NetworkLock(netlock_cmd::NetworkLockArgs),
+    /// Write a new shared key for ferryd and `ferry migrate` (mode 0600;
+    /// copy it to every host over a trusted channel).
+    Keygen {
+        /// Key file to create; an existing file is never overwritten.
+        file: PathBuf,
+    },
+    /// Move a running process tree to the host where `ferryd` listens:
+    /// its memory is copied while it runs (pre-copy), then it is frozen,
+    /// the rest is sent, and it runs on at the destination with its
+    /// connections. The source is killed only once the destination reports
+    /// the tree running; on any failure it runs on here.
+    Migrate(migrate_cmd::MigrateArgs),
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -222,6 +235,12 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::NetworkLock(args) => netlock_cmd::run(args),
+        Cmd::Keygen { file } => {
+            ferry_transport::Key::write_new(&file).with_context(|| format!("writing key file {}", file.display()))?;
+            eprintln!("wrote a new key to {} (mode 0600): copy it to every host that migrates with this one", file.display());
+            Ok(0)
+        }
+        Cmd::Migrate(args) => migrate_cmd::run(args),
     }
 }
 

@@ -1,0 +1,103 @@
+//! `ferry migrate`: the source side of a live migration.
+
+use anyhow::{Context, Result};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct MigrateArgs {
+    /// Root of the process tree to move.
+    #[arg(long)]
+    pid: i32,
+    /// The destination's ferryd, IP:PORT.
+    #[arg(long)]
+    to: SocketAddr,
+    /// Shared key file (`ferry keygen`), the same as ferryd's.
+    #[arg(long)]
+    key: PathBuf,
+    /// Service address that moves with the process, IP/PREFIX: taken off
+    /// this host during the freeze, put on the destination's interface and
+    /// announced there (gratuitous ARP / unsolicited neighbour advertisement).
+    #[arg(long, value_parser = parse_address)]
+    address: Option<(IpAddr, u8)>,
+    /// Post-copy: resume at the destination at once and fetch memory on
+    /// demand (for services that write memory faster than the link).
+    #[arg(long)]
+    lazy: bool,
+    /// Stop-and-copy: no pre-copy rounds, all memory sent in the freeze.
+    #[arg(long)]
+    no_precopy: bool,
+    /// Integrity-checked but unencrypted stream, for a trusted link.
+    #[arg(long)]
+    insecure: bool,
+    /// Seconds to wait for the destination at each step.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Freeze once the memory written since the last pre-copy round is at
+    /// most this many MiB.
+    #[arg(long, default_value_t = 4)]
+    converge_mib: u64,
+    /// Write the migration's report (pause, phases, rounds, bytes) as JSON.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
+    let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
+    let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
+    let prefix: u8 = prefix.parse().map_err(|e| format!("prefix {prefix}: {e}"))?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    if prefix > max {
+        return Err(format!("prefix /{prefix} is longer than {max}"));
+    }
+    Ok((ip, prefix))
+}
+
+pub fn run(a: MigrateArgs) -> Result<i32> {
+    let key = ferry_transport::Key::load(&a.key).with_context(|| format!("key file {}", a.key.display()))?;
+    let opts = ferry_migrate::MigrateOptions {
+        pid: a.pid,
+        to: a.to,
+        key,
+        mode: if a.insecure { ferry_transport::Mode::Insecure } else { ferry_transport::Mode::Encrypted },
+        address: a.address,
+        lazy: a.lazy,
+        precopy: !a.no_precopy,
+        policy: ferry_migrate::precopy::RoundPolicy { stop_below: a.converge_mib << 20, ..Default::default() },
+        timeout: Duration::from_secs(a.timeout),
+        network_lock: ferry_netlock::Method::Ebpf,
+        progress: Box::new(|s: &str| eprintln!("ferry: {s}")),
+    };
+    let r = ferry_migrate::migrate(&opts).with_context(|| format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to))?;
+    let parts: Vec<String> = r.source_phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
+    println!(
+        "migrated pid {} to {} (pid {} there, {} from its agent): pause {:.1} ms, {:.1} MiB sent, total {:.1} ms, {} pre-copy rounds; phases (ms): {}",
+        r.pid,
+        a.to,
+        r.dest_pid,
+        r.dest_host_pid,
+        r.pause_ms,
+        r.bytes_sent as f64 / 1048576.0,
+        r.total_ms,
+        r.rounds.len(),
+        parts.join(", ")
+    );
+    if let Some(path) = &a.report {
+        let json = serde_json::json!({
+            "pid": r.pid,
+            "dest_pid": r.dest_pid,
+            "dest_host_pid": r.dest_host_pid,
+            "pause_ms": r.pause_ms,
+            "total_ms": r.total_ms,
+            "bytes_sent": r.bytes_sent,
+            "final_page_bytes": r.final_page_bytes,
+            "rounds": r.rounds.iter().map(|x| serde_json::json!({"bytes": x.bytes, "ms": x.ms, "dirty_after": x.dirty_after})).collect::<Vec<_>>(),
+            "precopy_stop": r.precopy_stop.map(|d| format!("{d:?}")),
+            "source_phases": r.source_phases,
+            "dest_phases": r.dest_phases,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}
