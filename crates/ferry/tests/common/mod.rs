@@ -4,6 +4,8 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::fs::{self, File};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
