@@ -18,6 +18,7 @@ pub mod ptrace;
 pub mod seccomp;
 pub mod sockdiag;
 pub mod socket;
+pub mod uffd;
 pub mod unix;
 pub mod vm;
 
