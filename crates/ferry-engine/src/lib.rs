@@ -8,9 +8,11 @@
 //!   of kernel object.
 //! * [`restore`] rebuilds a process from an image, with the same module
 //!   split.
+//! * [`dirty`] tracks which pages of a running tree are written (pre-copy).
 //! * [`procfs`] parses the /proc files both sides read.
 
 pub mod capture;
+pub mod dirty;
 pub mod error;
 pub mod freeze;
 pub mod guard;

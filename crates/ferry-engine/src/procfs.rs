@@ -109,7 +109,13 @@ pub fn smaps(pid: i32) -> Result<Vec<MapsEntry>> {
 
 pub fn maps(pid: i32) -> Result<Vec<MapsEntry>> {
     let path = format!("/proc/{pid}/maps");
-    read_string(&path)?.lines().map(|l| parse_maps_line(&path, l)).collect()
+    parse_maps(&path, &read_string(&path)?)
+}
+
+/// Parses the text of a maps file read some other way (`path` names it
+/// in errors).
+pub fn parse_maps(path: &str, text: &str) -> Result<Vec<MapsEntry>> {
+    text.lines().map(|l| parse_maps_line(path, l)).collect()
 }
 
 /// "Key:\tvalue" files (status, fdinfo, timers...).

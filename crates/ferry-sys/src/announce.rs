@@ -178,3 +178,27 @@ pub fn announce(ifindex: u32, addr: IpAddr) -> SysResult<()> {
         IpAddr::V6(a) => unsolicited_na(ifindex, a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arp_frames_are_gratuitous_in_both_forms() {
+        let mac = [2, 0, 0, 0, 0, 9];
+        let addr = Ipv4Addr::new(10, 1, 2, 100);
+        for op in [ARPOP_REQUEST, ARPOP_REPLY] {
+            let f = arp_frame(op, mac, addr);
+            assert_eq!(f.len(), 42, "Ethernet header + ARP for IPv4");
+            assert_eq!(&f[0..6], &[0xff; 6], "broadcast");
+            assert_eq!(&f[6..12], &mac);
+            assert_eq!(&f[12..14], &[0x08, 0x06]);
+            assert_eq!(&f[20..22], &op.to_be_bytes());
+            assert_eq!(&f[22..28], &mac, "sender MAC");
+            assert_eq!(&f[28..32], &addr.octets(), "sender IP");
+            assert_eq!(&f[38..42], &addr.octets(), "target IP = sender IP");
+        }
+        // Linux takes a gratuitous reply only with target MAC = sender MAC.
+        assert_eq!(&arp_frame(ARPOP_REPLY, mac, addr)[32..38], &mac);
+    }
+}

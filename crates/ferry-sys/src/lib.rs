@@ -21,6 +21,7 @@ mod rtnl;
 pub mod seccomp;
 pub mod sockdiag;
 pub mod socket;
+pub mod uffd;
 pub mod unix;
 pub mod vm;
 

@@ -92,3 +92,66 @@ pub fn scan(pagemap: &OwnedFd, start: u64, end: u64, filter: ScanFilter) -> SysR
     }
     Ok(out)
 }
+
+/// PAGEMAP_SCAN flag: write-protect every page reported (userfaultfd
+/// WP_ASYNC ranges only), atomically with the scan.
+pub const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+/// PAGEMAP_SCAN flag: fail with EPERM instead of skipping a mapping that
+/// is not registered for async write-protection.
+pub const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+/// Regions per PAGEMAP_SCAN call of [`collect_written`]. Written pages
+/// come in runs; 512 regions of 24 bytes cover most rounds in one call.
+const WRITTEN_VEC_LEN: usize = 512;
+
+/// Appends to `out` the `[start, end)` runs of pages in `[start, end)`
+/// written since they were last protected, and protects them again in the
+/// same walk (PM_SCAN_WP_MATCHING), so a write that lands after its page
+/// was reported shows up in the next call. Every mapping of the range
+/// must be registered with a WP_ASYNC userfaultfd: one that is not (a
+/// mapping made there since) fails the call with EPERM, after earlier
+/// mappings of the range were already scanned and protected again (their
+/// pages are then not returned: the caller must treat the whole range as
+/// written). Holes (unmapped parts) are skipped.
+pub fn collect_written(pagemap: &OwnedFd, start: u64, end: u64, out: &mut Vec<(u64, u64)>) -> SysResult<()> {
+    let mut regions = [PageRegion::default(); WRITTEN_VEC_LEN];
+    let mut cur = start;
+    while cur < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            start: cur,
+            end,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: WRITTEN_VEC_LEN as u64,
+            category_mask: PAGE_IS_WRITTEN,
+            return_mask: PAGE_IS_WRITTEN,
+            ..Default::default()
+        };
+        // SAFETY: arg is a correctly sized pm_scan_arg and `vec` points to
+        // WRITTEN_VEC_LEN writable page_region entries.
+        let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+        if n < 0 {
+            return Err(last_error("ioctl(PAGEMAP_SCAN, WP_MATCHING)"));
+        }
+        let n = n as usize;
+        for r in &regions[..n] {
+            match out.last_mut() {
+                Some(last) if last.1 == r.start => last.1 = r.end,
+                _ => out.push((r.start, r.end)),
+            }
+        }
+        // A vector that came back short means the walk reached `end`. On
+        // 6.18 walk_end is stale once a scan has produced more than 512
+        // regions, so it is trusted only when the vector is full (the walk
+        // stopped for room, before the page it names, which was neither
+        // reported nor protected); even then it must not fall behind the
+        // last region reported, or lie beyond `end`.
+        if n < WRITTEN_VEC_LEN {
+            break;
+        }
+        let last_end = regions[WRITTEN_VEC_LEN - 1].end;
+        cur = if arg.walk_end >= last_end && arg.walk_end <= end { arg.walk_end } else { last_end };
+    }
+    Ok(())
+}

@@ -238,3 +238,22 @@ pub(crate) fn attrs(payload: &[u8], header_len: usize) -> Vec<(u16, &[u8])> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_are_padded_and_read_back() {
+        let mut m = Msg::new(RTM_NEWADDR, NLM_F_REQUEST, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        m.attr(2, &[10, 0, 0, 1]);
+        m.attr(3, b"eth0\0"); // 5 bytes: padded to 8
+        m.attr(8, &2u32.to_ne_bytes());
+        let bytes = m.finish(7);
+        assert_eq!(u32_at(&bytes, 0) as usize, bytes.len());
+        assert_eq!(bytes.len() % 4, 0);
+        assert_eq!(u32_at(&bytes, 8), 7);
+        let got = attrs(&bytes[NLMSG_HDRLEN..], 8);
+        assert_eq!(got, vec![(2, &[10u8, 0, 0, 1][..]), (3, &b"eth0\0"[..]), (8, &2u32.to_ne_bytes()[..])]);
+    }
+}

@@ -72,7 +72,9 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
         .collect()
 }
 
-fn page_filter(v: &Vma) -> Option<ScanFilter> {
+/// Which pages of mapping `v` a checkpoint stores (None: none, its data
+/// is elsewhere). Dirty tracking (`crate::dirty`) follows the same rule.
+pub(crate) fn page_filter(v: &Vma) -> Option<ScanFilter> {
     match (&v.backing, v.shared) {
         (VmaBacking::Anonymous, false) => {
             Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })

@@ -7,7 +7,7 @@
 
 mod files;
 mod memfd;
-mod memory;
+pub(crate) mod memory;
 mod namespaces;
 mod network;
 mod prctl;
