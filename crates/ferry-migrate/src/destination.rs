@@ -62,6 +62,11 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         }),
     )?;
     ph.mark("hello");
+    // Loading and attaching the lock's program takes tens of ms: done now,
+    // while the service still runs at the source; engaged with the
+    // image's connections later.
+    let mut lock = Some(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?);
+    ph.mark("network lock prepared");
 
     let mut store = PageStore::new()?;
     let (meta, host_pids, parent_pages) = loop {
@@ -94,11 +99,16 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("page runs resolved");
 
     let tuples = held_tuples(&tree);
-    let lock_name = if tuples.is_empty() {
-        None
-    } else {
-        let lock = NetworkLock::freeze(cfg.network_lock, &ferry_netlock::Netns::Current, &tuples, "migrate")?;
-        Some(lock.hand_over())
+    let lock_name = match lock.take() {
+        Some(mut l) if !tuples.is_empty() => {
+            l.engage(&tuples)?;
+            Some(l.hand_over())
+        }
+        Some(l) => {
+            l.thaw()?;
+            None
+        }
+        None => None,
     };
     let lock_guard = LockByName(lock_name.clone());
     ph.mark("network lock");

@@ -111,7 +111,6 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     };
 
     (o.progress)("freezing");
-    let t_freeze = Instant::now();
     let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
     let (captured, final_page_bytes) = {
         let mut sink = StreamSink::new(&mut ch);
@@ -124,6 +123,8 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         Some(p) => (p.rounds.clone(), p.stopped_because),
         None => (Vec::new(), None),
     };
+    let frozen_at = captured.frozen_at();
+    phases.extend(captured.phases.done().iter().map(|(n, ms)| (format!("capture: {n}"), *ms)));
     mark(&mut phases, "freeze+capture");
 
     let mut taken: Option<address::Taken> = None;
@@ -149,7 +150,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         mark(&mut phases, "destination release");
         Ok((pid, host_pid, dest_phases))
     })();
-    let pause_ms = t_freeze.elapsed().as_secs_f64() * 1e3;
+    let pause_ms = frozen_at.elapsed().as_secs_f64() * 1e3;
     match outcome {
         Ok((dest_pid, dest_host_pid, dest_phases)) => {
             if let Some(t) = taken {

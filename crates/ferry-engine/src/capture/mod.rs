@@ -185,6 +185,11 @@ pub struct Captured {
 }
 
 impl Captured {
+    /// When the freeze began: the start of the service's pause.
+    pub fn frozen_at(&self) -> Instant {
+        self.t_frozen
+    }
+
     /// The tree's PIDs as ferry sees them, root first.
     pub fn pids(&self) -> Vec<i32> {
         self.frozen.pids()
@@ -247,11 +252,12 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         guard.lock(l.name());
     }
     ph.mark("network lock prepared");
+    // The pause starts with the first thread seized.
+    let t_frozen = Instant::now();
     let tree = tree::FrozenTree::freeze(pid)?;
     for t in tree.procs.iter().flat_map(|p| p.frozen.threads.iter()) {
         guard.mask(t.tid, t.sigmask);
     }
-    let t_frozen = Instant::now();
     let pids = tree.pids();
     ph.mark("freeze");
     namespaces::check_mounts(&pids)?;

@@ -241,6 +241,13 @@ impl Held {
 
     /// Brings the connections alive and lets every process run.
     pub fn release(self) -> Result<Restored> {
+        self.release_then(|_| ())
+    }
+
+    /// Like [`Held::release`], calling `running` as soon as every process
+    /// runs, before the network lock and the staging are taken down (a
+    /// migration reports the service running at that moment).
+    pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
         let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, mut guard } = self;
         let ph = &mut phases;
         // The connections come alive only now, with every process that
@@ -268,6 +275,10 @@ impl Held {
             }
         }
         guard.disarmed = true;
+        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+        let restored =
+            Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: ph.started().elapsed().as_secs_f64() * 1e3 };
+        running(&restored);
         if let Some(l) = lock.take() {
             if let Err(e) = l.thaw() {
                 tracing::warn!("taking the network lock down: {e}");
@@ -279,8 +290,7 @@ impl Held {
         drop(staged_files);
         drop(staging);
         drop(connections);
-        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
-        Ok(Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: phases.started().elapsed().as_secs_f64() * 1e3 })
+        Ok(restored)
     }
 }
 

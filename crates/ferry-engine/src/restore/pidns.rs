@@ -186,10 +186,11 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
         unsafe { libc::_exit(1) }
     }
     let root = held.pid();
-    match held.release() {
-        Ok(r) => {
-            let _ = writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
-        }
+    // Reported as soon as the tree runs; the lock comes down after.
+    match held.release_then(|r| {
+        let _ = writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
+    }) {
+        Ok(_) => {}
         Err(e) => {
             let _ = writeln!(report, "err {e}");
             // SAFETY: as above; the helper's exit ends the namespace.
