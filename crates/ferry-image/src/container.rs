@@ -4,22 +4,71 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{Inventory, TreeImage};
+use crate::model::{Incremental, Inventory, TreeImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
-pub const FORMAT_VERSION: u32 = 4;
+/// The major format version this build reads and writes. An image of
+/// another major version is refused.
+pub const FORMAT_MAJOR: u32 = 4;
+/// The newest minor format version this build reads, and the one it
+/// writes. Images of the same major and this or an older minor are read;
+/// a newer minor is refused. See "Versions and compatibility" in
+/// docs/image-format.md for what a minor version may change.
+///
+/// 4.0: the format as it was before minor versions existed.
+/// 4.1: the optional `Incremental` section.
+pub const FORMAT_MINOR: u16 = 1;
+/// The major version, under its old name: the file header's version word
+/// and `Inventory::format_version` hold it.
+pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
+/// The minor version sits in the upper 16 bits of the header's flags word
+/// (which format 4.0 always wrote as 0, so 4.0 headers read as minor 0).
+pub const MINOR_SHIFT: u32 = 16;
+/// Header flag bits (the low 16 bits of the flags word) this build knows.
+/// None are defined; any other bit set in an image of a minor this build
+/// knows is an error.
+pub const KNOWN_HEADER_FLAGS: u16 = 0;
 pub const HEADER_LEN: usize = 16;
 pub const SECTION_HEADER_LEN: usize = 24;
 /// Metadata larger than this is refused: a hostile length cannot make the
 /// reader allocate without bound.
 pub const MAX_SECTION_LEN: u64 = 1 << 30;
 
+/// An image format version, `major.minor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FormatVersion {
+    pub major: u32,
+    pub minor: u16,
+}
+
+impl FormatVersion {
+    /// What this build writes (and the newest it reads).
+    pub const CURRENT: FormatVersion = FormatVersion { major: FORMAT_MAJOR, minor: FORMAT_MINOR };
+}
+
+impl std::fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// A checked file header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileHeader {
+    pub version: FormatVersion,
+    /// The low 16 bits of the flags word (none defined yet).
+    pub flags: u16,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum SectionKind {
     Inventory = 1,
     Tree = 2,
+    /// Page data; only in the stream form.
     Pages = 3,
+    /// Format 4.1: which pages of the image are in its parent image.
+    Incremental = 4,
 }
 
 impl SectionKind {
@@ -28,15 +77,93 @@ impl SectionKind {
             SectionKind::Inventory => "inventory",
             SectionKind::Tree => "process tree",
             SectionKind::Pages => "pages",
+            SectionKind::Incremental => "incremental",
         }
     }
-    fn from_u32(v: u32) -> Option<Self> {
+    /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
+    pub fn since_minor(self) -> u16 {
+        match self {
+            SectionKind::Inventory | SectionKind::Tree | SectionKind::Pages => 0,
+            SectionKind::Incremental => 1,
+        }
+    }
+    pub fn from_u32(v: u32) -> Option<Self> {
         match v {
             1 => Some(SectionKind::Inventory),
             2 => Some(SectionKind::Tree),
             3 => Some(SectionKind::Pages),
+            4 => Some(SectionKind::Incremental),
             _ => None,
         }
+    }
+}
+
+/// The sections of meta.img, in order; `true` marks an optional one.
+/// Optional sections come after the process tree section, each at most
+/// once, in this order.
+pub const META_SECTIONS: &[(SectionKind, bool)] =
+    &[(SectionKind::Inventory, false), (SectionKind::Tree, false), (SectionKind::Incremental, true)];
+
+/// The sections of a stream: meta.img's, then the page data.
+pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
+    (SectionKind::Inventory, false),
+    (SectionKind::Tree, false),
+    (SectionKind::Incremental, true),
+    (SectionKind::Pages, false),
+];
+
+/// Enforces a section order (one of [`META_SECTIONS`], [`STREAM_SECTIONS`])
+/// on sections as they are read: a known kind, at most once, in order,
+/// none skipped unless optional, and none newer than the image's minor
+/// version.
+#[derive(Debug)]
+pub struct SectionOrder {
+    order: &'static [(SectionKind, bool)],
+    next: usize,
+    version: FormatVersion,
+    what: &'static str,
+}
+
+impl SectionOrder {
+    /// `what` names the container in messages ("meta.img", "stream").
+    pub fn new(order: &'static [(SectionKind, bool)], version: FormatVersion, what: &'static str) -> Self {
+        SectionOrder { order, next: 0, version, what }
+    }
+
+    /// Accepts the next section's raw kind, or says why it cannot come here.
+    pub fn accept(&mut self, kind_raw: u32) -> Result<SectionKind, ImageError> {
+        let what = self.what;
+        let kind = SectionKind::from_u32(kind_raw)
+            .ok_or_else(|| ImageError::Invalid(format!("unknown section kind {kind_raw} in {what}")))?;
+        if kind.since_minor() > self.version.minor {
+            return Err(ImageError::Invalid(format!(
+                "{} section in {what} of image format {}, which has no such section (it came with {}.{})",
+                kind.name(),
+                self.version,
+                self.version.major,
+                kind.since_minor()
+            )));
+        }
+        let Some(pos) = self.order.iter().position(|(k, _)| *k == kind) else {
+            return Err(ImageError::Invalid(format!("{} section does not belong in {what}", kind.name())));
+        };
+        if pos < self.next {
+            return Err(ImageError::Invalid(format!("duplicate {} section in {what}", kind.name())));
+        }
+        if let Some((missing, _)) = self.order[self.next..pos].iter().find(|(_, optional)| !optional) {
+            return Err(ImageError::Invalid(format!(
+                "{} section where the {} section was expected in {what}",
+                kind.name(),
+                missing.name()
+            )));
+        }
+        self.next = pos + 1;
+        Ok(kind)
+    }
+
+    /// Whether every section that must come has come.
+    pub fn complete(&self) -> bool {
+        self.order[self.next..].iter().all(|(_, optional)| *optional)
     }
 }
 
@@ -44,26 +171,56 @@ pub fn checksum(data: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(data)
 }
 
-pub fn file_header(flags: u32) -> [u8; HEADER_LEN] {
+/// The 16-byte file header of this build's format ([`FormatVersion::CURRENT`]).
+pub fn file_header(flags: u16) -> [u8; HEADER_LEN] {
+    file_header_for(FormatVersion::CURRENT, flags)
+}
+
+/// A file header claiming `version` (for tests and tools that must write
+/// another version's header): magic, major as u32, then the flags word
+/// `minor << 16 | flags`, all little-endian.
+pub fn file_header_for(version: FormatVersion, flags: u16) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&flags.to_le_bytes());
+    h[8..12].copy_from_slice(&version.major.to_le_bytes());
+    let word = (u32::from(version.minor) << MINOR_SHIFT) | u32::from(flags);
+    h[12..16].copy_from_slice(&word.to_le_bytes());
     h
 }
 
-pub fn check_file_header(bytes: &[u8], what: &str) -> Result<u32, ImageError> {
-    if bytes.len() < HEADER_LEN {
+/// Checks a file header: magic, the major version (must be
+/// [`FORMAT_MAJOR`]), the minor (at most [`FORMAT_MINOR`]) and the flags
+/// (only [`KNOWN_HEADER_FLAGS`]). `what` names the file in messages.
+pub fn read_file_header(bytes: &[u8], what: &str) -> Result<FileHeader, ImageError> {
+    let Some(h) = bytes.get(..HEADER_LEN) else {
         return Err(ImageError::Truncated(format!("{what}: header is {} bytes, need {HEADER_LEN}", bytes.len())));
-    }
-    if &bytes[..8] != MAGIC {
+    };
+    if &h[..8] != MAGIC {
         return Err(ImageError::BadMagic(what.to_string()));
     }
-    let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if version != FORMAT_VERSION {
-        return Err(ImageError::Version { found: version, supported: FORMAT_VERSION });
+    let major = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+    if major != FORMAT_MAJOR {
+        // Another major may keep its minor elsewhere: report the major only.
+        return Err(ImageError::Version { found: major, supported: FORMAT_MAJOR });
     }
-    Ok(u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]))
+    let word = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+    let minor = (word >> MINOR_SHIFT) as u16;
+    let flags = (word & 0xffff) as u16;
+    if minor > FORMAT_MINOR {
+        return Err(ImageError::NewerMinor { major, found: minor, supported: FORMAT_MINOR });
+    }
+    if flags & !KNOWN_HEADER_FLAGS != 0 {
+        return Err(ImageError::Invalid(format!(
+            "{what}: header flags {flags:#06x} unknown in image format {major}.{minor}"
+        )));
+    }
+    Ok(FileHeader { version: FormatVersion { major, minor }, flags })
+}
+
+/// [`read_file_header`], returning only the flags (the low 16 bits of
+/// the flags word).
+pub fn check_file_header(bytes: &[u8], what: &str) -> Result<u32, ImageError> {
+    read_file_header(bytes, what).map(|h| u32::from(h.flags))
 }
 
 pub fn section_header(kind: SectionKind, payload: &[u8]) -> [u8; SECTION_HEADER_LEN] {
@@ -81,37 +238,72 @@ pub fn section_header_raw(kind: SectionKind, len: u64, sum: u64) -> [u8; SECTION
 /// Reads one section from `bytes`, checking its checksum. Returns the kind,
 /// the payload and the rest of the input.
 pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageError> {
-    if bytes.len() < SECTION_HEADER_LEN {
-        return Err(ImageError::Truncated(format!("section header needs {SECTION_HEADER_LEN} bytes, {} left", bytes.len())));
-    }
-    let kind_raw = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-    let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-    let sum = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    let (kind_raw, payload, rest) = read_section_raw(bytes)?;
     let kind = SectionKind::from_u32(kind_raw).ok_or_else(|| ImageError::Invalid(format!("unknown section kind {kind_raw}")))?;
+    Ok((kind, payload, rest))
+}
+
+/// [`read_section`] for a kind this build may not know: the kind is
+/// returned as is, and the length and checksum are still checked.
+fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
+    let Some((h, rest)) = bytes.split_first_chunk::<SECTION_HEADER_LEN>() else {
+        return Err(ImageError::Truncated(format!("section header needs {SECTION_HEADER_LEN} bytes, {} left", bytes.len())));
+    };
+    let kind_raw = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+    let reserved = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    let len = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+    let sum = u64::from_le_bytes([h[16], h[17], h[18], h[19], h[20], h[21], h[22], h[23]]);
+    let name = SectionKind::from_u32(kind_raw).map_or_else(|| format!("kind-{kind_raw}"), |k| k.name().to_string());
+    check_reserved(&name, reserved)?;
     if len > MAX_SECTION_LEN {
-        return Err(ImageError::Invalid(format!("{} section claims {len} bytes", kind.name())));
+        return Err(ImageError::Invalid(format!("{name} section claims {len} bytes")));
     }
-    let rest = &bytes[SECTION_HEADER_LEN..];
     if (rest.len() as u64) < len {
-        return Err(ImageError::Truncated(format!("{} section claims {len} bytes, {} present", kind.name(), rest.len())));
+        return Err(ImageError::Truncated(format!("{name} section claims {len} bytes, {} present", rest.len())));
     }
     let (payload, rest) = rest.split_at(len as usize);
     if checksum(payload) != sum {
-        return Err(ImageError::Checksum { what: format!("{} section", kind.name()) });
+        return Err(ImageError::Checksum { what: format!("{name} section") });
     }
-    Ok((kind, payload, rest))
+    Ok((kind_raw, payload, rest))
+}
+
+/// The section header's `reserved` word: 0 in every format this build
+/// knows (a later minor may give it a meaning).
+pub fn check_reserved(section: &str, reserved: u32) -> Result<(), ImageError> {
+    if reserved != 0 {
+        return Err(ImageError::Invalid(format!("{section} section header: reserved word is {reserved:#x}, not 0")));
+    }
+    Ok(())
+}
+
+fn encode<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<Vec<u8>, ImageError> {
+    postcard::to_stdvec(value).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
 }
 
 /// Encodes the metadata file: header, inventory section, process section.
 pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>, ImageError> {
-    let inv = postcard::to_stdvec(inventory).map_err(|e| ImageError::Decode { kind: "inventory", reason: e.to_string() })?;
-    let proc_ = postcard::to_stdvec(process).map_err(|e| ImageError::Decode { kind: "process", reason: e.to_string() })?;
-    let mut out = Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len());
+    encode_meta_with(inventory, process, None)
+}
+
+/// Encodes the metadata file of an image that may be incremental: header,
+/// inventory section, process section, then (with `Some`) the
+/// `Incremental` section. The header says [`FormatVersion::CURRENT`].
+pub fn encode_meta_with(inventory: &Inventory, process: &TreeImage, incremental: Option<&Incremental>) -> Result<Vec<u8>, ImageError> {
+    let inv = encode(inventory, "inventory")?;
+    let proc_ = encode(process, "process")?;
+    let inc = incremental.map(|i| encode(i, "incremental")).transpose()?;
+    let inc_len = inc.as_ref().map_or(0, |b| SECTION_HEADER_LEN + b.len());
+    let mut out = Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len() + inc_len);
     out.extend_from_slice(&file_header(0));
     out.extend_from_slice(&section_header(SectionKind::Inventory, &inv));
     out.extend_from_slice(&inv);
     out.extend_from_slice(&section_header(SectionKind::Tree, &proc_));
     out.extend_from_slice(&proc_);
+    if let Some(inc) = &inc {
+        out.extend_from_slice(&section_header(SectionKind::Incremental, inc));
+        out.extend_from_slice(inc);
+    }
     Ok(out)
 }
 
@@ -125,23 +317,64 @@ pub fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8], kind: &'st
 }
 
 /// Decodes and checks the metadata file. Never panics on any input.
+///
+/// An incremental image is accepted (its `Incremental` section is checked,
+/// then dropped): callers that restore must use [`decode_meta_full`] or
+/// `ImageDir::read_meta_complete` and refuse an incremental image they
+/// cannot pair with its parent.
 pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, TreeImage), ImageError> {
-    check_file_header(bytes, "meta.img")?;
-    let rest = &bytes[HEADER_LEN..];
-    // Exactly two sections, in this order, and nothing after them.
-    let (kind, payload, rest) = read_section(rest)?;
-    if kind != SectionKind::Inventory {
-        return Err(ImageError::Invalid(format!("{} section where the inventory was expected", kind.name())));
+    decode_meta_full(bytes).map(|(inv, tree, _)| (inv, tree))
+}
+
+/// Decodes and checks the metadata file, with its `Incremental` section
+/// (`None`: the image holds every page itself). Never panics on any input.
+pub fn decode_meta_full(bytes: &[u8]) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+    decode_meta_versioned(bytes).map(|(_, inv, tree, inc)| (inv, tree, inc))
+}
+
+/// [`decode_meta_full`], also returning the format version the image's
+/// header claims.
+pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, TreeImage, Option<Incremental>), ImageError> {
+    let header = read_file_header(bytes, "meta.img")?;
+    let mut order = SectionOrder::new(META_SECTIONS, header.version, "meta.img");
+    let mut rest = &bytes[HEADER_LEN..];
+    let mut inventory: Option<Inventory> = None;
+    let mut process: Option<TreeImage> = None;
+    let mut incremental: Option<Incremental> = None;
+    // The inventory and the process tree, then optional sections, each at
+    // most once and in order, and nothing after them.
+    while !rest.is_empty() || inventory.is_none() || process.is_none() {
+        let (kind_raw, payload, r) = match read_section_raw(rest) {
+            // What follows the required sections is not a whole section.
+            Err(ImageError::Truncated(why)) if order.complete() => {
+                return Err(ImageError::Invalid(format!("{} unexpected bytes after the last section ({why})", rest.len())))
+            }
+            other => other?,
+        };
+        rest = r;
+        match order.accept(kind_raw)? {
+            SectionKind::Inventory => inventory = Some(decode_payload(payload, "inventory")?),
+            SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
+            SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
+            // META_SECTIONS does not hold it: `accept` refused it.
+            SectionKind::Pages => return Err(ImageError::Invalid("pages section does not belong in meta.img".into())),
+        }
     }
-    let inventory: Inventory = decode_payload(payload, "inventory")?;
-    let (kind, payload, rest) = read_section(rest)?;
-    if kind != SectionKind::Tree {
-        return Err(ImageError::Invalid(format!("{} section where the process tree section was expected", kind.name())));
-    }
-    let process: TreeImage = decode_payload(payload, "process")?;
-    if !rest.is_empty() {
-        return Err(ImageError::Invalid(format!("{} unexpected bytes after the process tree section", rest.len())));
-    }
+    let (Some(inventory), Some(process)) = (inventory, process) else {
+        return Err(ImageError::Truncated("meta.img lacks the inventory or the process tree section".into()));
+    };
     crate::validate::validate(&inventory, &process)?;
-    Ok((inventory, process))
+    if let Some(inc) = &incremental {
+        crate::validate::validate_incremental(&process, inc)?;
+    }
+    Ok((header.version, inventory, process, incremental))
+}
+
+/// The error a restore without the image's parent must give for an
+/// incremental image; `Ok` for an image that holds all its pages.
+pub fn require_complete(incremental: Option<&Incremental>) -> Result<(), ImageError> {
+    match incremental {
+        None => Ok(()),
+        Some(i) => Err(ImageError::NeedsParent { parent_id: i.parent_id }),
+    }
 }

@@ -4,7 +4,7 @@
 
 use crate::container::{self, HEADER_LEN};
 use crate::error::ImageError;
-use crate::model::{Inventory, PageRun, TreeImage};
+use crate::model::{Incremental, Inventory, PageRun, TreeImage};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -134,7 +134,14 @@ impl ImageDir {
 
     /// Writes meta.img atomically (temp file + rename) and syncs it.
     pub fn write_meta(&self, inv: &Inventory, process: &TreeImage) -> Result<(), ImageError> {
-        let bytes = container::encode_meta(inv, process)?;
+        self.write_meta_with(inv, process, None)
+    }
+
+    /// [`write_meta`](Self::write_meta) for an image that may be
+    /// incremental: with `Some`, meta.img also holds the `Incremental`
+    /// section.
+    pub fn write_meta_with(&self, inv: &Inventory, process: &TreeImage, incremental: Option<&Incremental>) -> Result<(), ImageError> {
+        let bytes = container::encode_meta_with(inv, process, incremental)?;
         let tmp = self.file("meta.img.tmp");
         let fin = self.file(META_FILE);
         use std::os::unix::fs::OpenOptionsExt;
@@ -176,12 +183,40 @@ impl ImageDir {
         Ok(())
     }
 
-    /// Reads, checks and decodes meta.img.
+    /// Reads, checks and decodes meta.img. An incremental image is read
+    /// too, without saying so: a restore must use
+    /// [`read_meta_complete`](Self::read_meta_complete) or
+    /// [`read_meta_full`](Self::read_meta_full).
     pub fn read_meta(&self) -> Result<(Inventory, TreeImage), ImageError> {
+        self.read_meta_full().map(|(inv, tree, _)| (inv, tree))
+    }
+
+    /// Reads, checks and decodes meta.img, with its `Incremental` section
+    /// (`None`: the image holds every page itself).
+    pub fn read_meta_full(&self) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+        container::decode_meta_full(&self.read_meta_bytes()?)
+    }
+
+    /// [`read_meta`](Self::read_meta) for a restore from this directory
+    /// alone: an incremental image is refused
+    /// ([`ImageError::NeedsParent`]).
+    pub fn read_meta_complete(&self) -> Result<(Inventory, TreeImage), ImageError> {
+        let (inv, tree, inc) = self.read_meta_full()?;
+        container::require_complete(inc.as_ref())?;
+        Ok((inv, tree))
+    }
+
+    /// The format version meta.img's header claims, once the whole file
+    /// has been checked.
+    pub fn read_version(&self) -> Result<container::FormatVersion, ImageError> {
+        container::decode_meta_versioned(&self.read_meta_bytes()?).map(|(v, ..)| v)
+    }
+
+    fn read_meta_bytes(&self) -> Result<Vec<u8>, ImageError> {
         let path = self.file(META_FILE);
         let mut bytes = Vec::new();
         File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| ImageError::io(&path, e))?;
-        container::decode_meta(&bytes)
+        Ok(bytes)
     }
 
     pub fn pages_path(&self) -> PathBuf {

@@ -7,8 +7,17 @@ pub enum ImageError {
     Io { path: PathBuf, err: std::io::Error },
     #[error("not a ferry image (bad magic in {0})")]
     BadMagic(String),
-    #[error("image format version {found} is not supported (this ferry reads version {supported})")]
+    /// Another major version (in the file header or the inventory).
+    #[error("image format {found} is not readable by this build (reads {supported}.x)")]
     Version { found: u32, supported: u32 },
+    /// The same major version, but a newer minor than this build knows:
+    /// the image may hold sections this build cannot interpret.
+    #[error("image format {major}.{found} is newer than this ferry build reads ({major}.{supported}): upgrade ferry on this host")]
+    NewerMinor { major: u32, found: u16, supported: u16 },
+    /// The image is incremental: some of its pages are in its parent, and
+    /// restoring it alone would give the process wrong memory.
+    #[error("image is incremental (parent id {parent_id}); restore needs its parent")]
+    NeedsParent { parent_id: u64 },
     #[error("image truncated: {0}")]
     Truncated(String),
     #[error("checksum mismatch in {what}: image is corrupted")]

@@ -13,9 +13,12 @@ pub mod sink;
 pub mod stream;
 pub mod validate;
 
-pub use container::{decode_meta, encode_meta, FORMAT_VERSION};
+pub use container::{
+    decode_meta, decode_meta_full, encode_meta, encode_meta_with, require_complete, FormatVersion, FORMAT_MAJOR, FORMAT_MINOR,
+    FORMAT_VERSION,
+};
 pub use dir::{ImageDir, PagesWriter};
 pub use error::ImageError;
 pub use model::*;
 pub use sink::PageSink;
-pub use stream::{dir_to_stream, read_stream, write_stream};
+pub use stream::{dir_to_stream, read_stream, read_stream_full, write_stream, write_stream_with};

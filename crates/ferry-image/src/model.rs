@@ -55,6 +55,38 @@ impl TreeImage {
     }
 }
 
+/// Format 4.1, in the optional `Incremental` section: the image is one
+/// round of a pre-copy migration and holds only the pages written since
+/// the previous round; the other pages the processes had are in its
+/// parent (the earlier rounds). An image without this section holds all
+/// its pages. Restoring an incremental image needs its parent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incremental {
+    /// Identifies the parent (e.g. the migration id or the parent image's id).
+    pub parent_id: u64,
+    /// At most one entry per process.
+    pub parent_pages: Vec<ParentPages>,
+}
+
+/// Pages present when the image was taken whose bytes are not in this
+/// image but in its parent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentPages {
+    /// A process of the tree.
+    pub pid: i32,
+    /// Sorted, non-overlapping (start address, number of 4 KiB pages);
+    /// each inside one of the process's mappings and outside its own
+    /// page runs.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl Incremental {
+    /// Number of pages that are in the parent (saturating).
+    pub fn parent_page_count(&self) -> u64 {
+        self.parent_pages.iter().flat_map(|p| p.ranges.iter()).fold(0u64, |a, &(_, n)| a.saturating_add(n))
+    }
+}
+
 /// An exited child its parent had not reaped yet.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Zombie {

@@ -5,8 +5,11 @@
 //! data area of pages.img (without its 4096-byte header):
 //!
 //! ```text
-//! header[16] | inventory section | process section | pages section
+//! header[16] | inventory section | process section | [incremental section] | pages section
 //! ```
+//!
+//! The incremental section (format 4.1) is there only for an incremental
+//! image, exactly as in meta.img.
 //!
 //! The pages section's checksum is the xxh3 of the whole page area; every
 //! page run still carries its own checksum, and the reader checks both.
@@ -22,12 +25,13 @@
 //! length costs the sender as many bytes as it makes the reader allocate.
 
 use crate::container::{
-    self, check_file_header, section_header_raw, SectionKind, HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN,
+    self, decode_payload, read_file_header, section_header_raw, SectionKind, SectionOrder, HEADER_LEN, MAX_SECTION_LEN,
+    SECTION_HEADER_LEN, STREAM_SECTIONS,
 };
 use crate::dir::{ImageDir, META_FILE, PAGES_DATA_OFFSET};
 use crate::error::ImageError;
-use crate::model::{Inventory, TreeImage};
-use crate::validate::validate;
+use crate::model::{Incremental, Inventory, TreeImage};
+use crate::validate::{validate, validate_incremental};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3;
@@ -42,9 +46,6 @@ const MIN_GROW: usize = 64 * 1024;
 /// Chunk size for streaming page data out of pages.img.
 const COPY_CHUNK: usize = 4 << 20;
 
-/// The sections of a stream, in the only order a stream may hold them.
-const ORDER: [SectionKind; 3] = [SectionKind::Inventory, SectionKind::Tree, SectionKind::Pages];
-
 fn stream_err(e: std::io::Error) -> ImageError {
     ImageError::io(STREAM_NAME, e)
 }
@@ -54,6 +55,19 @@ fn stream_err(e: std::io::Error) -> ImageError {
 /// `inv.pages_bytes` long) written with one `write_all`. Flushes `w` and
 /// returns the number of bytes written.
 pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &TreeImage, pages: &[u8]) -> Result<u64, ImageError> {
+    write_stream_with(w, inv, process, None, pages)
+}
+
+/// [`write_stream`] for an image that may be incremental: with `Some`,
+/// the stream carries the `Incremental` section between the process
+/// section and the pages.
+pub fn write_stream_with<W: Write>(
+    w: &mut W,
+    inv: &Inventory,
+    process: &TreeImage,
+    incremental: Option<&Incremental>,
+    pages: &[u8],
+) -> Result<u64, ImageError> {
     if pages.len() as u64 != inv.pages_bytes {
         return Err(ImageError::Invalid(format!(
             "{} bytes of page data given, inventory says {}",
@@ -61,7 +75,7 @@ pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &TreeImage, p
             inv.pages_bytes
         )));
     }
-    let mut head = container::encode_meta(inv, process)?;
+    let mut head = container::encode_meta_with(inv, process, incremental)?;
     head.extend_from_slice(&section_header_raw(SectionKind::Pages, inv.pages_bytes, container::checksum(pages)));
     w.write_all(&head).map_err(stream_err)?;
     w.write_all(pages).map_err(stream_err)?;
@@ -73,10 +87,11 @@ pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &TreeImage, p
 /// streamed from pages.img in large chunks rather than loaded whole; its
 /// checksum is computed in a first pass (the section header precedes the
 /// data) and checked again while copying, so an image that changes
-/// underneath is reported here as well as rejected by the reader.
+/// underneath is reported here as well as rejected by the reader. An
+/// incremental image is sent with its `Incremental` section.
 pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError> {
     let image = ImageDir::new(dir);
-    let (inv, process) = image.read_meta()?;
+    let (inv, process, incremental) = image.read_meta_full()?;
     let mut file = image.check_pages_file(&inv)?;
     let path = image.pages_path();
     let len = usize::try_from(inv.pages_bytes)
@@ -86,7 +101,7 @@ pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError>
     // Pass 1: checksum of the page area, for the section header.
     let sum = hash_file_range(&mut file, &path, inv.pages_bytes, &mut buf)?;
 
-    let mut head = container::encode_meta(&inv, &process)?;
+    let mut head = container::encode_meta_with(&inv, &process, incremental.as_ref())?;
     head.extend_from_slice(&section_header_raw(SectionKind::Pages, inv.pages_bytes, sum));
     w.write_all(&head).map_err(stream_err)?;
 
@@ -134,26 +149,54 @@ fn read_file_exact(file: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Res
 /// Reads one image from `r`, checking everything (see the module docs),
 /// and returns it with its page data area. Reads exactly the image's
 /// bytes. With `dir`, the image is also written there as an image
-/// directory (pages.img, then meta.img) once it has passed every check.
+/// directory (pages.img, then meta.img) once it has passed every check;
+/// an incremental image keeps its `Incremental` section there.
+///
+/// An incremental image is returned without saying so: a caller that
+/// restores from the returned values must use [`read_stream_full`].
 pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory, TreeImage, Vec<u8>), ImageError> {
+    read_stream_full(r, dir).map(|(inv, tree, _, pages)| (inv, tree, pages))
+}
+
+/// [`read_stream`], also returning the image's `Incremental` section
+/// (`None`: the image holds every page itself).
+#[allow(clippy::type_complexity)]
+pub fn read_stream_full<R: Read>(
+    r: &mut R,
+    dir: Option<&Path>,
+) -> Result<(Inventory, TreeImage, Option<Incremental>, Vec<u8>), ImageError> {
     let mut header = [0u8; HEADER_LEN];
     read_fixed(r, &mut header, "stream header")?;
-    check_file_header(&header, "stream")?;
+    let version = read_file_header(&header, "stream")?.version;
+    let mut order = SectionOrder::new(STREAM_SECTIONS, version, "stream");
 
-    let (len, sum) = next_section(r, 0)?;
+    let (len, sum) = next_section(r, &mut order, SectionKind::Inventory)?;
     let payload = read_metadata(r, SectionKind::Inventory, len, sum)?;
-    let inventory = postcard::from_bytes::<Inventory>(&payload)
-        .map_err(|e| ImageError::Decode { kind: "inventory", reason: e.to_string() })?;
+    let inventory: Inventory = decode_payload(&payload, "inventory")?;
 
-    let (len, sum) = next_section(r, 1)?;
+    let (len, sum) = next_section(r, &mut order, SectionKind::Tree)?;
     let payload = read_metadata(r, SectionKind::Tree, len, sum)?;
-    let process = postcard::from_bytes::<TreeImage>(&payload)
-        .map_err(|e| ImageError::Decode { kind: "process", reason: e.to_string() })?;
+    let process: TreeImage = decode_payload(&payload, "process")?;
     drop(payload);
     // Reject bad metadata before receiving any page data.
     validate(&inventory, &process)?;
 
-    let (len, sum) = next_section(r, 2)?;
+    // Optional sections, then the pages.
+    let mut incremental: Option<Incremental> = None;
+    let (len, sum) = loop {
+        let (kind, len, sum) = section_header(r, &mut order, "pages")?;
+        match kind {
+            SectionKind::Incremental => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                let inc: Incremental = decode_payload(&payload, "incremental")?;
+                validate_incremental(&process, &inc)?;
+                incremental = Some(inc);
+            }
+            SectionKind::Pages => break (len, sum),
+            // `order` accepts nothing else after the process section.
+            other => return Err(ImageError::Invalid(format!("{} section where the pages section was expected in stream", other.name()))),
+        }
+    };
     if len != inventory.pages_bytes {
         return Err(ImageError::Invalid(format!(
             "pages section holds {len} bytes, inventory says {}",
@@ -169,37 +212,41 @@ pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory,
     }
 
     if let Some(dir) = dir {
-        materialise(dir, &inventory, &process, &pages)?;
+        materialise(dir, &inventory, &process, incremental.as_ref(), &pages)?;
     }
-    Ok((inventory, process, pages))
+    Ok((inventory, process, incremental, pages))
 }
 
-/// Reads the header of section number `index` of [`ORDER`] and returns its
-/// length and checksum, refusing unknown kinds, repeats and reordering.
-fn next_section<R: Read>(r: &mut R, index: usize) -> Result<(u64, u64), ImageError> {
-    let expected = ORDER[index];
+/// Reads a section header that must be of kind `expected`; returns its
+/// length and checksum.
+fn next_section<R: Read>(r: &mut R, order: &mut SectionOrder, expected: SectionKind) -> Result<(u64, u64), ImageError> {
+    let (kind, len, sum) = section_header(r, order, expected.name())?;
+    if kind != expected {
+        // Only reachable if an optional section could precede `expected`.
+        return Err(ImageError::Invalid(format!("{} section where the {} section was expected in stream", kind.name(), expected.name())));
+    }
+    Ok((len, sum))
+}
+
+/// Reads the next section header and checks its kind against `order`
+/// (unknown kinds, repeats, reordering and kinds newer than the image's
+/// minor version are refused). `expected` names it in truncation errors.
+fn section_header<R: Read>(r: &mut R, order: &mut SectionOrder, expected: &str) -> Result<(SectionKind, u64, u64), ImageError> {
     let mut sh = [0u8; SECTION_HEADER_LEN];
-    read_fixed(r, &mut sh, &format!("{} section header", expected.name()))?;
-    let [k0, k1, k2, k3, _, _, _, _, l0, l1, l2, l3, l4, l5, l6, l7, s0, s1, s2, s3, s4, s5, s6, s7] = sh;
+    read_fixed(r, &mut sh, &format!("{expected} section header"))?;
+    let [k0, k1, k2, k3, r0, r1, r2, r3, l0, l1, l2, l3, l4, l5, l6, l7, s0, s1, s2, s3, s4, s5, s6, s7] = sh;
     let kind_raw = u32::from_le_bytes([k0, k1, k2, k3]);
     let len = u64::from_le_bytes([l0, l1, l2, l3, l4, l5, l6, l7]);
     let sum = u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]);
-    match ORDER.iter().position(|k| *k as u32 == kind_raw) {
-        None => Err(ImageError::Invalid(format!("unknown section kind {kind_raw} in stream"))),
-        Some(pos) if pos == index => Ok((len, sum)),
-        Some(pos) if pos < index => Err(ImageError::Invalid(format!("duplicate {} section in stream", ORDER[pos].name()))),
-        Some(pos) => Err(ImageError::Invalid(format!(
-            "{} section where the {} section was expected",
-            ORDER[pos].name(),
-            expected.name()
-        ))),
-    }
+    let kind = order.accept(kind_raw)?;
+    container::check_reserved(kind.name(), u32::from_le_bytes([r0, r1, r2, r3]))?;
+    Ok((kind, len, sum))
 }
 
 /// Writes a checked image as an image directory, in the layout ImageDir
 /// gives it: pages.img first, then meta.img (atomically), so the
 /// directory only looks like an image once it is complete.
-fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, pages: &[u8]) -> Result<(), ImageError> {
+fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, incremental: Option<&Incremental>, pages: &[u8]) -> Result<(), ImageError> {
     let image = ImageDir::new(dir);
     // If `dir` already holds an image, stop it looking like one before its
     // pages.img is replaced: old metadata must never meet new page data.
@@ -216,7 +263,7 @@ fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, pages: &[u8]) -
     if written != inv.pages_bytes {
         return Err(ImageError::Invalid(format!("wrote {written} bytes of page data, inventory says {}", inv.pages_bytes)));
     }
-    image.write_meta(inv, process)
+    image.write_meta_with(inv, process, incremental)
 }
 
 /// Reads a metadata section's payload and checks its length and checksum.

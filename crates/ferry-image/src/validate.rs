@@ -28,8 +28,10 @@ fn check_extents(what: &str, size: u64, extents: &[(u64, Vec<u8>)]) -> Result<()
 
 /// The whole tree: every process, and the relations between them.
 pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
-    if inv.format_version != crate::FORMAT_VERSION {
-        return Err(ImageError::Version { found: inv.format_version, supported: crate::FORMAT_VERSION });
+    // The inventory holds the major version only (the minor is in the
+    // file header).
+    if inv.format_version != crate::FORMAT_MAJOR {
+        return Err(ImageError::Version { found: inv.format_version, supported: crate::FORMAT_MAJOR });
     }
     if t.processes.is_empty() || t.processes.len() + t.zombies.len() > MAX_PROCESSES {
         return bad(format!("{} processes", t.processes.len()));
@@ -122,6 +124,54 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         }
     }
     validate_unix_in_flight(t, &seen)
+}
+
+/// An `Incremental` section against the tree it belongs to (which
+/// [`validate`] has accepted): every entry names a process of the tree,
+/// once; its ranges are page-aligned, non-empty, sorted and
+/// non-overlapping, with no overflow; each lies inside one mapping of that
+/// process and overlaps none of its page runs (a page is either in this
+/// image or in the parent, never both). Linear in the number of ranges,
+/// mappings and runs.
+pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), ImageError> {
+    let by_pid: std::collections::HashMap<i32, &ProcessImage> = t.processes.iter().map(|p| (p.pid, p)).collect();
+    let mut seen: std::collections::HashSet<i32> = std::collections::HashSet::with_capacity(inc.parent_pages.len().min(by_pid.len()));
+    for pp in &inc.parent_pages {
+        let Some(p) = by_pid.get(&pp.pid) else {
+            return bad(format!("incremental section: parent pages for pid {}, which is not a process of the tree", pp.pid));
+        };
+        if !seen.insert(pp.pid) {
+            return bad(format!("incremental section: parent pages for pid {} listed twice", pp.pid));
+        }
+        let (mut vi, mut ri, mut prev_end) = (0usize, 0usize, 0u64);
+        for &(start, pages) in &pp.ranges {
+            let at = || format!("incremental section: pid {}: parent pages at {start:#x} ({pages} pages)", pp.pid);
+            if pages == 0 || start % 4096 != 0 {
+                return bad(format!("{} are empty or misaligned", at()));
+            }
+            let Some(end) = pages.checked_mul(4096).and_then(|l| start.checked_add(l)) else {
+                return bad(format!("{}: the range overflows", at()));
+            };
+            if start < prev_end {
+                return bad(format!("{} are out of order or overlap the range before", at()));
+            }
+            prev_end = end;
+            while p.vmas.get(vi).is_some_and(|v| v.end <= start) {
+                vi += 1;
+            }
+            if !p.vmas.get(vi).is_some_and(|v| v.start <= start && end <= v.end) {
+                return bad(format!("{} lie outside every mapping of the process", at()));
+            }
+            let run_end = |r: &PageRun| r.start.saturating_add(r.pages.saturating_mul(4096));
+            while p.page_runs.get(ri).is_some_and(|r| run_end(r) <= start) {
+                ri += 1;
+            }
+            if let Some(r) = p.page_runs.get(ri).filter(|r| r.start < end) {
+                return bad(format!("{} overlap the page run at {:#x} this image holds", at(), r.start));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// SCM_RIGHTS and SCM_CREDENTIALS of queued unix messages: each names a

@@ -312,6 +312,46 @@ fn truncated_metadata_is_rejected_before_restore() {
 }
 
 #[test]
+fn incremental_image_is_not_restored_without_its_parent() {
+    if !is_root() {
+        return;
+    }
+    let mut c = Case::new("incremental");
+    let pid = checkpointed_image(&mut c);
+    // Make the image say that one page of the root process, which it does
+    // not hold, is in a parent image.
+    let image = ferry_image::ImageDir::new(c.images());
+    let (inv, tree, none) = image.read_meta_full().expect("read the image");
+    assert!(none.is_none(), "a checkpoint is not incremental");
+    let root = &tree.processes[0];
+    let in_a_run = |a: u64| root.page_runs.iter().any(|r| a >= r.start && a < r.start + r.pages * 4096);
+    let page = root
+        .vmas
+        .iter()
+        .flat_map(|v| (v.start..v.end).step_by(4096))
+        .find(|&a| !in_a_run(a))
+        .expect("a mapped page the image does not hold");
+    let inc = ferry_image::Incremental {
+        parent_id: 77,
+        parent_pages: vec![ferry_image::ParentPages { pid: root.pid, ranges: vec![(page, 1)] }],
+    };
+    image.write_meta_with(&inv, &tree, Some(&inc)).expect("write the incremental image");
+    let images = c.images();
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    if r.status.success() {
+        // SAFETY: the process this test's restore made, detached.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(!r.status.success(), "restore of an incremental image without its parent succeeded");
+    assert!(
+        stderr(&r).contains("image is incremental (parent id 77); restore needs its parent"),
+        "{}",
+        stderr(&r)
+    );
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "an incremental image left a process behind");
+}
+
+#[test]
 fn bad_arguments_give_one_line_errors() {
     let c = Case::new("bad-args");
     let o = c.ferry(&["checkpoint", "--pid", "999999999", "--images", c.dir.join("x").to_str().expect("utf-8")]);

@@ -189,7 +189,9 @@ fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Re
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
     ImageDir::new(dir).check_private()?;
-    let (inv, tree) = ImageDir::new(dir).read_meta()?;
+    // An incremental image (pre-copy migration) is refused: its other
+    // pages are in its parent.
+    let (inv, tree) = ImageDir::new(dir).read_meta_complete()?;
     if opts.new_pid_ns || tree.own_pid_namespace {
         return pidns::restore(dir, opts, inv, tree, t0);
     }
