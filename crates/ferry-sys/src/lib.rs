@@ -5,19 +5,24 @@
 //! that name the syscall and the errno, so the engine can add the object
 //! (PID, fd, address) the call was about.
 
+pub mod anonfd;
 pub mod bpf;
 pub mod clone;
+pub mod epoll;
 pub mod error;
 pub mod fd;
 pub mod inotify;
+pub mod lock;
 pub mod netns;
 pub mod pagemap;
 pub mod pidfd;
 pub mod process;
 pub mod ptrace;
 pub mod seccomp;
+pub mod signal;
 pub mod sockdiag;
 pub mod socket;
+pub mod sysv;
 pub mod unix;
 pub mod vm;
 
