@@ -1,7 +1,9 @@
 //! Small fd-level calls the engine needs on descriptors it owns or took
-//! from a target (fcntl, ioctl queries, tee, kcmp).
+//! from a target (open, fcntl, lseek, ioctl queries, tee, kcmp), and
+//! memfds with their seals.
 
 use crate::{check, last_error, SysResult};
+use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub fn fcntl_getfl(fd: BorrowedFd<'_>) -> SysResult<i32> {
@@ -51,14 +53,6 @@ pub fn kcmp_same_file(pid1: i32, pid2: i32, fd1: RawFd, fd2: RawFd) -> SysResult
     Ok(check("kcmp", r)? == 0)
 }
 
-pub fn set_timerfd_ticks(fd: RawFd, ticks: u64) -> SysResult<()> {
-    // TFD_IOC_SET_TICKS = _IOW('T', 0, u64)
-    const TFD_IOC_SET_TICKS: libc::c_ulong = 0x4008_5400;
-    // SAFETY: the ioctl reads one u64 from the pointer.
-    let r = unsafe { libc::ioctl(fd, TFD_IOC_SET_TICKS as _, &ticks) };
-    if r < 0 { Err(last_error("ioctl(TFD_IOC_SET_TICKS)")) } else { Ok(()) }
-}
-
 /// Wraps a raw descriptor returned by the kernel.
 ///
 /// # Safety
@@ -77,20 +71,6 @@ pub fn get_owner_ex(fd: RawFd) -> SysResult<(i32, i32)> {
     // SAFETY: F_GETOWN_EX fills one struct f_owner_ex (two ints).
     let r = unsafe { libc::fcntl(fd, F_GETOWN_EX, o.as_mut_ptr()) };
     if r < 0 { Err(last_error("fcntl(F_GETOWN_EX)")) } else { Ok((o[0], o[1])) }
-}
-
-/// timerfd_gettime: (value, interval) in ns. On a periodic timer that
-/// expired unread, the kernel also counts the missed expirations into the
-/// ticks a read (or fdinfo) reports and re-arms it: nothing is consumed.
-pub fn timerfd_gettime(fd: RawFd) -> SysResult<(u64, u64)> {
-    let mut t = libc::itimerspec { it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 }, it_value: libc::timespec { tv_sec: 0, tv_nsec: 0 } };
-    // SAFETY: t is a valid itimerspec to fill.
-    let r = unsafe { libc::timerfd_gettime(fd, &mut t) };
-    if r < 0 {
-        return Err(last_error("timerfd_gettime"));
-    }
-    let ns = |ts: libc::timespec| (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64);
-    Ok((ns(t.it_value), ns(t.it_interval)))
 }
 
 /// fchmod + fchown of an open file (mode: the 07777 bits).
@@ -131,4 +111,57 @@ pub fn kcmp_epoll_target(pid1: i32, fd1: RawFd, pid2: i32, epfd: RawFd, tfd: Raw
     // SAFETY: the kernel reads one struct kcmp_epoll_slot from the pointer.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_EPOLL_TFD, fd1 as libc::c_ulong, slot.as_ptr() as libc::c_ulong) };
     Ok(check("kcmp(KCMP_EPOLL_TFD)", r)? == 0)
+}
+
+/// open(2) with O_CLOEXEC added to `flags`; `mode` matters with O_CREAT.
+pub fn open(path: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
+    // SAFETY: path is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(last_error("open"));
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// fcntl(F_DUPFD_CLOEXEC): a duplicate of `fd` at the lowest free number
+/// at or above `min`.
+pub fn dup_above(fd: RawFd, min: RawFd) -> SysResult<OwnedFd> {
+    let high = fcntl_int(fd, libc::F_DUPFD_CLOEXEC, min as libc::c_long, "fcntl(F_DUPFD)")?;
+    // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// lseek(2); returns the new offset.
+pub fn lseek(fd: RawFd, offset: i64, whence: i32) -> SysResult<i64> {
+    // SAFETY: integer arguments.
+    let r = unsafe { libc::lseek(fd, offset, whence) };
+    if r < 0 { Err(last_error("lseek")) } else { Ok(r) }
+}
+
+/// close_range(2) of every descriptor from `first` to `last` inclusive.
+/// Closes descriptors without regard to who owns them: only for a
+/// freshly forked process that is dropping what it inherited.
+pub fn close_range(first: u32, last: u32) -> SysResult<()> {
+    // SAFETY: integer arguments.
+    check("close_range", unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) }).map(drop)
+}
+
+/// memfd_create(2).
+pub fn memfd_create(name: &CStr, flags: u32) -> SysResult<OwnedFd> {
+    // SAFETY: name is NUL-terminated; flags are plain integers.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(last_error("memfd_create"));
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// fcntl(F_GET_SEALS): the F_SEAL_* bits of a memfd (EINVAL for a file
+/// that does not support sealing).
+pub fn get_seals(fd: RawFd) -> SysResult<i32> {
+    // SAFETY: F_GET_SEALS takes no argument.
+    let r = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if r < 0 { Err(last_error("fcntl(F_GET_SEALS)")) } else { Ok(r) }
 }

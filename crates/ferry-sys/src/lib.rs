@@ -7,11 +7,14 @@
 
 pub mod address;
 pub mod announce;
+pub mod anonfd;
 pub mod bpf;
 pub mod clone;
+pub mod epoll;
 pub mod error;
 pub mod fd;
 pub mod inotify;
+pub mod lock;
 pub mod netns;
 pub mod pagemap;
 pub mod pidfd;
@@ -19,9 +22,11 @@ pub mod process;
 pub mod ptrace;
 mod rtnl;
 pub mod seccomp;
+pub mod signal;
 pub mod sockdiag;
 pub mod socket;
 pub mod uffd;
+pub mod sysv;
 pub mod unix;
 pub mod vm;
 

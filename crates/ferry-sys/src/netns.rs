@@ -4,7 +4,7 @@
 
 use crate::{last_error, SysResult};
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -18,9 +18,15 @@ fn c_path(path: &Path, call: &'static str) -> SysResult<CString> {
 /// Moves the calling thread (only it) into the network namespace `ns` (an
 /// open nsfs file such as /proc/PID/ns/net or /run/netns/NAME).
 pub fn enter_net_namespace(ns: BorrowedFd<'_>) -> SysResult<()> {
+    enter_net_namespace_fd(ns.as_raw_fd())
+}
+
+/// [`enter_net_namespace`] for a descriptor number the caller holds open
+/// (e.g. one inherited across fork).
+pub fn enter_net_namespace_fd(ns: RawFd) -> SysResult<()> {
     // SAFETY: setns only reads the descriptor; CLONE_NEWNET affects the
     // calling thread alone and is allowed in a multi-threaded process.
-    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+    if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
         return Err(last_error("setns(CLONE_NEWNET)"));
     }
     Ok(())

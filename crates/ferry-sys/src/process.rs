@@ -232,3 +232,84 @@ pub fn wait_any() -> SysResult<Option<(i32, i32)>> {
         }
     }
 }
+
+/// setsid(2): the caller leads a new session (and process group).
+pub fn setsid() -> SysResult<i32> {
+    // SAFETY: no arguments.
+    let r = unsafe { libc::setsid() };
+    if r < 0 { Err(last_error("setsid")) } else { Ok(r) }
+}
+
+/// setpgid(2); 0 for either argument means the caller.
+pub fn setpgid(pid: i32, pgid: i32) -> SysResult<()> {
+    // SAFETY: integer arguments.
+    if unsafe { libc::setpgid(pid, pgid) } < 0 { Err(last_error("setpgid")) } else { Ok(()) }
+}
+
+/// umask(2): sets the caller's file creation mask, returns the old one.
+pub fn umask(mask: u32) -> u32 {
+    // SAFETY: integer argument; umask cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// personality(2): sets the caller's execution domain, returns the old one.
+pub fn set_personality(persona: u64) -> SysResult<i32> {
+    // SAFETY: integer argument.
+    let r = unsafe { libc::personality(persona as libc::c_ulong) };
+    if r < 0 { Err(last_error("personality")) } else { Ok(r) }
+}
+
+/// prctl(PR_SET_NO_NEW_PRIVS, 1): execve can no longer grant privileges
+/// to the caller (irreversible).
+pub fn set_no_new_privs() -> SysResult<()> {
+    // SAFETY: integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 { Err(last_error("prctl(PR_SET_NO_NEW_PRIVS)")) } else { Ok(()) }
+}
+
+/// _exit(2): ends the process at once, without atexit handlers or
+/// flushing stdio (which belong to the parent in a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions and does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// A shared anonymous mapping (MAP_SHARED | MAP_ANONYMOUS) of our own,
+/// unmapped on drop. The shmem object behind it can be opened through
+/// /proc/self/map_files/START-END and outlives the mapping in that fd.
+pub struct SharedAnon {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl SharedAnon {
+    pub fn map(len: usize) -> SysResult<SharedAnon> {
+        // SAFETY: a fresh shared anonymous mapping at an address the
+        // kernel picks; no existing memory is touched.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(last_error("mmap(MAP_SHARED | MAP_ANONYMOUS)"));
+        }
+        Ok(SharedAnon { ptr: p, len })
+    }
+
+    /// First address of the mapping.
+    pub fn start(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for SharedAnon {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`; nothing
+        // borrows its memory (the type hands out no references to it).
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}

@@ -321,21 +321,50 @@ pub fn unix_name(fd: RawFd, peer: bool) -> SysResult<Vec<u8>> {
     Ok(name)
 }
 
-/// connect(2) of a unix socket to `name` (`sun_path` bytes: a path,
-/// relative to the current directory, or a leading NUL for an abstract
-/// name).
-pub fn unix_connect(fd: RawFd, name: &[u8]) -> SysResult<()> {
+/// Longest `sun_path` of a unix socket name (its NUL terminator included).
+pub const UNIX_PATH_MAX: usize = 108;
+
+/// The sockaddr_un for `sun_path` bytes `name` (a path, or a leading NUL
+/// for an abstract name) and its length.
+fn unix_addr(name: &[u8], call: &'static str) -> SysResult<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data.
     let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sun.sun_family = libc::AF_UNIX as u16;
     if name.is_empty() || name.len() >= sun.sun_path.len() {
-        return Err(crate::SysError::new("connect (unix name too long or empty)", libc::EINVAL));
+        return Err(crate::SysError::new(call, libc::EINVAL));
     }
     for (d, s) in sun.sun_path.iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
     let len = 2 + name.len() + usize::from(name[0] != 0);
+    Ok((sun, len as libc::socklen_t))
+}
+
+/// connect(2) of a unix socket to `name` (`sun_path` bytes: a path,
+/// relative to the current directory, or a leading NUL for an abstract
+/// name).
+pub fn unix_connect(fd: RawFd, name: &[u8]) -> SysResult<()> {
+    let (sun, len) = unix_addr(name, "connect (unix name too long or empty)")?;
     // SAFETY: sun holds a valid address of `len` bytes.
-    let r = unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len as libc::socklen_t) };
+    let r = unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) };
     if r < 0 { Err(last_error("connect")) } else { Ok(()) }
+}
+
+/// bind(2) of a unix socket to `name` (as for [`unix_connect`]).
+pub fn unix_bind(fd: RawFd, name: &[u8]) -> SysResult<()> {
+    let (sun, len) = unix_addr(name, "bind (unix name too long or empty)")?;
+    // SAFETY: sun holds a valid address of `len` bytes.
+    let r = unsafe { libc::bind(fd, &sun as *const _ as *const libc::sockaddr, len) };
+    if r < 0 { Err(last_error("bind")) } else { Ok(()) }
+}
+
+/// socketpair(2) of two connected sockets (close-on-exec).
+pub fn socketpair(family: i32, sock_type: i32) -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut sv = [0i32; 2];
+    // SAFETY: sv has room for the two descriptors the kernel writes.
+    if unsafe { libc::socketpair(family, sock_type | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } < 0 {
+        return Err(last_error("socketpair"));
+    }
+    // SAFETY: the kernel just returned these two new descriptors to us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) })
 }

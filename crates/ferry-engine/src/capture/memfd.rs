@@ -5,6 +5,7 @@
 use crate::error::{EngineError, Result};
 use crate::procfs::MapsEntry;
 use ferry_image::{FdSlot, FileKind, InodeAttrs, InodeOf, MemfdObject, OpenFile, Vma, VmaBacking};
+use ferry_sys::fd;
 use std::os::unix::fs::MetadataExt;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -23,18 +24,14 @@ pub(crate) fn read_object(pid: i32, id: u64, name: &str, file: std::fs::File) ->
     if size > MAX_MEMFD {
         return Err(EngineError::unsupported(pid, what(), format!("{size} bytes is too large to copy into the image")));
     }
-    // SAFETY: F_GET_SEALS takes no pointer.
-    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) }.max(0);
+    let seals = fd::get_seals(file.as_raw_fd()).unwrap_or(0);
     let mut extents = Vec::new();
     let mut off = 0u64;
     while off < size {
-        // SAFETY: lseek with integer arguments on our own descriptor.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), off as i64, libc::SEEK_DATA) };
-        if data < 0 {
+        let Ok(data) = fd::lseek(file.as_raw_fd(), off as i64, libc::SEEK_DATA) else {
             break; // ENXIO: only a hole is left
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) }.max(data) as u64;
+        };
+        let hole = fd::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE).unwrap_or(-1).max(data) as u64;
         let end = hole.min(size);
         let mut buf = vec![0u8; (end - data as u64) as usize];
         file.read_exact_at(&mut buf, data as u64).map_err(|e| EngineError::io(what(), e))?;

@@ -78,7 +78,6 @@ pub fn capture_sysv(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<SysvShm
 /// image holds them now, and restore recreates them under the same ids.
 pub fn remove_sysv(segments: &[SysvShm]) {
     for s in segments {
-        // SAFETY: IPC_RMID takes no buffer.
-        unsafe { libc::shmctl(s.id, libc::IPC_RMID, std::ptr::null_mut()) };
+        let _ = ferry_sys::sysv::shm_remove(s.id);
     }
 }

@@ -11,10 +11,8 @@
 use crate::error::{EngineError, Result};
 use crate::procfs;
 use ferry_image::{SysvMsgQueue, SysvSem};
+use ferry_sys::sysv;
 use std::collections::HashSet;
-
-/// MSG_COPY from <linux/msg.h>: read the message at an index, keep it.
-const MSG_COPY: i32 = 0o40000;
 
 /// The rows of a /proc/sysvipc table, split into columns (header skipped).
 pub(super) fn table(path: &str) -> Result<Vec<Vec<String>>> {
@@ -35,11 +33,6 @@ pub(super) fn mode(path: &str, row: &[String]) -> Result<u32> {
     u32::from_str_radix(v, 8).map(|m| m & 0o1777).map_err(|_| EngineError::Parse { path: path.into(), what: format!("mode {v:?}") })
 }
 
-fn ipc_err(pid: i32, call: &'static str, what: String) -> EngineError {
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    EngineError::kernel(pid, what, ferry_sys::SysError::new(call, errno))
-}
-
 /// Every semaphore set whose last operation came from the tree.
 pub fn capture_sem(tree: &[i32]) -> Result<Vec<SysvSem>> {
     let path = "/proc/sysvipc/sem";
@@ -49,19 +42,11 @@ pub fn capture_sem(tree: &[i32]) -> Result<Vec<SysvSem>> {
     // key semid perms nsems uid gid cuid cgid otime ctime
     for row in table(path)? {
         let (key, id, nsems): (i32, i32, usize) = (column::<i64>(path, &row, 0)? as i32, column(path, &row, 1)?, column(path, &row, 3)?);
-        let used = (0..nsems).any(|i| {
-            // SAFETY: GETPID takes no buffer argument.
-            let last = unsafe { libc::semctl(id, i as i32, libc::GETPID) };
-            ours.contains(&last)
-        });
+        let used = (0..nsems).any(|i| sysv::sem_last_pid(id, i as i32).is_ok_and(|last| ours.contains(&last)));
         if !used {
             continue;
         }
-        let mut values = vec![0u16; nsems];
-        // SAFETY: GETALL writes nsems unsigned shorts into values.
-        if unsafe { libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr()) } < 0 {
-            return Err(ipc_err(root, "semctl(GETALL)", format!("reading the values of semaphore set {id}")));
-        }
+        let values = sysv::sem_values(id).map_err(|e| EngineError::kernel(root, format!("reading the values of semaphore set {id}"), e))?;
         out.push(SysvSem { id, key, mode: mode(path, &row)? & 0o777, uid: column(path, &row, 4)?, gid: column(path, &row, 5)?, values });
     }
     Ok(out)
@@ -82,22 +67,13 @@ pub fn capture_msg(tree: &[i32]) -> Result<Vec<SysvMsgQueue>> {
             continue;
         }
         let (key, id, count): (i32, i32, usize) = (column::<i64>(path, &row, 0)? as i32, column(path, &row, 1)?, column(path, &row, 4)?);
-        // SAFETY: msqid_ds is plain data, filled by IPC_STAT.
-        let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: ds is a valid msqid_ds.
-        if unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) } < 0 {
-            return Err(ipc_err(root, "msgctl(IPC_STAT)", format!("reading message queue {id}")));
-        }
+        let ds = sysv::msg_stat(id).map_err(|e| EngineError::kernel(root, format!("reading message queue {id}"), e))?;
         let mut buf = vec![0u8; 8 + max_msg];
         let mut messages = Vec::with_capacity(count);
         for i in 0..count {
-            // SAFETY: buf holds a long (the type) and max_msg bytes of text.
-            let n = unsafe { libc::msgrcv(id, buf.as_mut_ptr().cast(), max_msg, i as libc::c_long, libc::IPC_NOWAIT | MSG_COPY) };
-            if n < 0 {
-                return Err(ipc_err(root, "msgrcv(MSG_COPY)", format!("copying message {i} of queue {id} (msgrcv MSG_COPY)")));
-            }
-            let mtype = i64::from_ne_bytes(buf[..8].try_into().unwrap_or([0; 8]));
-            messages.push((mtype, buf[8..8 + n as usize].to_vec()));
+            let (mtype, text) = sysv::msg_copy(id, i, &mut buf)
+                .map_err(|e| EngineError::kernel(root, format!("copying message {i} of queue {id} (msgrcv MSG_COPY)"), e))?;
+            messages.push((mtype, text.to_vec()));
         }
         out.push(SysvMsgQueue {
             id,
@@ -116,11 +92,9 @@ pub fn capture_msg(tree: &[i32]) -> Result<Vec<SysvMsgQueue>> {
 /// now, and restore recreates it under the same ids.
 pub fn remove(sems: &[SysvSem], queues: &[SysvMsgQueue]) {
     for s in sems {
-        // SAFETY: IPC_RMID takes no buffer.
-        unsafe { libc::semctl(s.id, 0, libc::IPC_RMID) };
+        let _ = sysv::sem_remove(s.id);
     }
     for q in queues {
-        // SAFETY: IPC_RMID takes no buffer.
-        unsafe { libc::msgctl(q.id, libc::IPC_RMID, std::ptr::null_mut()) };
+        let _ = sysv::msg_remove(q.id);
     }
 }

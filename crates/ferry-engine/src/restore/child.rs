@@ -11,7 +11,8 @@
 use crate::error::{EngineError, Result};
 use ferry_image::ProcessImage;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use ferry_sys::process;
+use std::os::fd::{OwnedFd, RawFd};
 
 pub struct ChildPlan<'a> {
     pub image: &'a ProcessImage,
@@ -28,50 +29,37 @@ fn close_all_but(keep: &[RawFd]) {
     let mut keep = keep.to_vec();
     keep.sort_unstable();
     let mut from: u32 = 0;
+    // Closing descriptors of this (forked) process only.
     for &k in &keep {
         if (k as u32) > from {
-            // SAFETY: closing descriptors of this (forked) process only.
-            unsafe { libc::syscall(libc::SYS_close_range, from, k as u32 - 1, 0) };
+            let _ = ferry_sys::fd::close_range(from, k as u32 - 1);
         }
         from = k as u32 + 1;
     }
-    // SAFETY: as above.
-    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
+    let _ = ferry_sys::fd::close_range(from, u32::MAX);
 }
 
 fn setup(plan: &ChildPlan) -> Result<()> {
     let img = plan.image;
     let pid = img.pid;
     if let Some(ns) = plan.netns {
-        // SAFETY: ns is an open namespace file; setns only reads it.
-        if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
-            return Err(super::files::errno_err(pid, "joining the network namespace".into()));
-        }
+        ferry_sys::netns::enter_net_namespace_fd(ns).map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
     }
-    // SAFETY: plain process-attribute syscalls on ourselves.
-    unsafe {
-        if img.sid == pid {
-            libc::setsid();
-        } else if img.pgid == pid {
-            libc::setpgid(0, 0);
-        }
-        libc::umask(img.umask as libc::mode_t);
-        libc::personality(img.personality as libc::c_ulong);
+    if img.sid == pid {
+        let _ = process::setsid();
+    } else if img.pgid == pid {
+        let _ = process::setpgid(0, 0);
     }
+    process::umask(img.umask);
+    let _ = process::set_personality(img.personality as u64);
     // Drop what the fork inherited from ferry: its signal handlers and its
     // alternate signal stack. The image's own come back later.
-    // The raw syscall with an all-zero action: glibc's signal() would add
-    // its own flags and mask.
-    let dfl = [0u64; 4];
     for sig in 1..=64 {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: dfl is a valid 32-byte kernel sigaction (SIG_DFL).
-            unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize) };
+            let _ = ferry_sys::signal::reset_to_default(sig);
         }
     }
-    let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
-    // SAFETY: disabling our alternate stack; no old value requested.
-    unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+    let _ = ferry_sys::signal::disable_altstack();
     // The directory first: its path is as seen from ferry's root.
     std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?;
     if let Some(root) = &img.root {
@@ -79,8 +67,7 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     }
     close_all_but(&plan.keep);
     if img.no_new_privs {
-        // SAFETY: integer arguments.
-        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        let _ = process::set_no_new_privs();
     }
     Ok(())
 }
@@ -90,13 +77,12 @@ fn setup(plan: &ChildPlan) -> Result<()> {
 pub fn run(plan: ChildPlan) -> ! {
     let mut byte = [0u8; 1];
     let _ = std::fs::File::from(plan.go.try_clone().unwrap_or_else(|_| exit(3))).read(&mut byte);
-    let status_fd = plan.status.as_raw_fd();
     match setup(&plan) {
         Ok(()) => {
-            // SAFETY: closing our copy of the status pipe signals success.
-            unsafe { libc::close(status_fd) };
-            // SAFETY: stop ourselves; the tracer sees the stop and takes over.
-            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+            // Closing our copy of the status pipe signals success.
+            drop(plan.status);
+            // Stop ourselves; the tracer sees the stop and takes over.
+            let _ = process::kill(std::process::id() as i32, libc::SIGSTOP);
             exit(4)
         }
         Err(e) => {
@@ -107,8 +93,7 @@ pub fn run(plan: ChildPlan) -> ! {
     }
 }
 
+/// _exit: skips the atexit handlers that belong to the parent ferry process.
 fn exit(code: i32) -> ! {
-    // SAFETY: _exit is always safe to call; it skips atexit handlers that
-    // belong to the parent ferry process.
-    unsafe { libc::_exit(code) }
+    process::exit_now(code)
 }

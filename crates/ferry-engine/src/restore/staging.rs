@@ -7,6 +7,7 @@
 use super::memory;
 use crate::error::{EngineError, Result};
 use ferry_image::{MemfdObject, SysvShm, TreeImage, VmaBacking};
+use ferry_sys::sysv;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
@@ -24,17 +25,12 @@ pub struct Staging {
     temp_base: RawFd,
 }
 
-fn errno_err(pid: i32, what: String) -> EngineError {
-    super::files::errno_err(pid, what)
-}
-
 impl Staging {
     fn lift(&mut self, pid: i32, fd: OwnedFd, what: &str) -> Result<RawFd> {
-        let high = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, self.temp_base as libc::c_long, "fcntl(F_DUPFD)")
-            .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
-        // SAFETY: high is a new descriptor we own.
-        self.owned.push(unsafe { ferry_sys::fd::own(high) });
-        Ok(high)
+        let high = ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base).map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
+        let raw = high.as_raw_fd();
+        self.owned.push(high);
+        Ok(raw)
     }
 
     fn open(&mut self, pid: i32, path: &str, rw: bool, what: String) -> Result<RawFd> {
@@ -90,13 +86,9 @@ fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
 
 fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
-    // SAFETY: name is NUL-terminated; flags are plain integers.
-    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if raw < 0 {
-        return Err(errno_err(pid, format!("recreating memfd {}", m.name)));
-    }
-    // SAFETY: raw is a new descriptor we own.
-    let f = std::fs::File::from(unsafe { ferry_sys::fd::own(raw) });
+    let fd = ferry_sys::fd::memfd_create(&name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        .map_err(|e| EngineError::kernel(pid, format!("recreating memfd {}", m.name), e))?;
+    let f = std::fs::File::from(fd);
     f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
     fill(pid, &f, &format!("memfd {}", m.name), &m.extents)?;
     Ok(f.into())
@@ -107,17 +99,11 @@ fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
 /// /proc/self/map_files so it can be mapped by fd in every process.
 fn new_shared_anon(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let len = m.size.max(4096).div_ceil(4096) * 4096;
-    // SAFETY: a fresh shared anonymous mapping; no existing memory is touched.
-    let addr = unsafe {
-        libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(errno_err(pid, format!("creating shared memory of {len} bytes")));
-    }
-    let path = format!("/proc/self/map_files/{:x}-{:x}", addr as u64, addr as u64 + len);
+    let mapping = ferry_sys::process::SharedAnon::map(len as usize).map_err(|e| EngineError::kernel(pid, format!("creating shared memory of {len} bytes"), e))?;
+    let path = format!("/proc/self/map_files/{:x}-{:x}", mapping.start(), mapping.start() + len);
     let opened = std::fs::OpenOptions::new().read(true).write(true).open(&path);
-    // SAFETY: unmapping the mapping made above; the object lives on in the fd.
-    unsafe { libc::munmap(addr, len as usize) };
+    // Unmapped; the object lives on in the fd.
+    drop(mapping);
     let f = opened.map_err(|e| EngineError::io(&path, e))?;
     fill(pid, &f, "shared memory", &m.extents)?;
     Ok(f.into())
@@ -129,41 +115,35 @@ const SHM_DEST: u32 = 0o1000;
 /// key, owner, permissions and content.
 fn new_sysv(pid: i32, s: &SysvShm) -> Result<()> {
     let what = format!("SysV segment {} (key {:#x})", s.id, s.key);
-    // SAFETY: integer arguments.
-    let create = || unsafe { libc::shmget(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32) };
-    // SAFETY: IPC_RMID takes no buffer.
-    let remove = |id| unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()); };
+    let create = || sysv::shm_get(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32);
+    let remove = |id| {
+        let _ = sysv::shm_remove(id);
+    };
     super::sysv_ipc::create_with_id(pid, "/proc/sys/kernel/shm_next_id", s.id, &what, create, remove)?;
     let got = s.id;
     let result = (|| {
-        // SAFETY: attaching the new segment anywhere in ferry to fill it.
-        let at = unsafe { libc::shmat(got, std::ptr::null(), 0) };
-        if at as isize == -1 {
-            return Err(errno_err(pid, format!("attaching SysV segment {got}")));
-        }
+        let mut at = sysv::ShmAttachment::attach(got).map_err(|e| EngineError::kernel(pid, format!("attaching SysV segment {got}"), e))?;
+        let seg = at.bytes_mut();
+        let size = seg.len();
         for (off, data) in &s.extents {
-            // SAFETY: extents were validated to lie within the segment's size.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (at as *mut u8).add(*off as usize), data.len()) };
+            // Extents were validated to lie within the segment's size.
+            let dst = usize::try_from(*off).ok().and_then(|o| seg.get_mut(o..o.checked_add(data.len())?)).ok_or_else(|| {
+                EngineError::restore(pid, format!("SysV segment {got}: {} bytes at offset {off} do not fit in {size} bytes", data.len()))
+            })?;
+            dst.copy_from_slice(data);
         }
-        // SAFETY: detaching what we attached.
-        unsafe { libc::shmdt(at) };
-        // SAFETY: shmid_ds is plain data, filled by IPC_STAT.
-        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: ds is a valid shmid_ds.
-        if unsafe { libc::shmctl(got, libc::IPC_STAT, &mut ds) } == 0 {
+        drop(at);
+        if let Ok(mut ds) = sysv::shm_stat(got) {
             ds.shm_perm.uid = s.uid;
             ds.shm_perm.gid = s.gid;
             ds.shm_perm.mode = (s.mode & 0o777) as _;
-            // SAFETY: as above.
-            if unsafe { libc::shmctl(got, libc::IPC_SET, &mut ds) } < 0 {
-                return Err(errno_err(pid, format!("setting owner of SysV segment {got}")));
-            }
+            sysv::shm_set(got, &ds).map_err(|e| EngineError::kernel(pid, format!("setting owner of SysV segment {got}"), e))?;
         }
         Ok(())
     })();
     if result.is_err() {
-        // SAFETY: removing the half-made segment.
-        unsafe { libc::shmctl(got, libc::IPC_RMID, std::ptr::null_mut()) };
+        // Removing the half-made segment.
+        let _ = sysv::shm_remove(got);
     }
     result
 }
@@ -195,8 +175,7 @@ impl SysvSegments {
     /// process has attached them.
     pub fn remove_destroyed(&self) {
         for &id in &self.destroyed {
-            // SAFETY: IPC_RMID takes no buffer.
-            unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+            let _ = sysv::shm_remove(id);
         }
     }
 }
@@ -205,8 +184,8 @@ impl Drop for SysvSegments {
     fn drop(&mut self) {
         if !self.keep {
             for &id in &self.ids {
-                // SAFETY: removing a segment this restore created.
-                unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+                // Removing a segment this restore created.
+                let _ = sysv::shm_remove(id);
             }
         }
     }

@@ -5,7 +5,6 @@
 use super::FdInfo;
 use crate::error::{EngineError, Result};
 use ferry_image::FileKind;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 /// Deleted files larger than this are refused rather than copied.
@@ -45,12 +44,10 @@ fn proc_pid_of(link: &str) -> Option<i32> {
     rest.split('/').next()?.parse().ok()
 }
 
+/// Whether the fd is a terminal (ioctl(TCGETS) succeeds, as isatty asks).
 fn is_terminal(info: &FdInfo) -> Result<bool> {
-    let fd = info.dup()?;
-    // SAFETY: termios is plain data; TCGETS only writes into it.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is our own open descriptor and t is a valid out buffer.
-    Ok(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TCGETS, &mut t) } == 0)
+    use std::io::IsTerminal;
+    Ok(info.dup()?.is_terminal())
 }
 
 pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {

@@ -19,7 +19,7 @@ fn pair_ns(v: Option<&str>) -> u64 {
 /// consumed. fdinfo is read again afterwards.
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let dup = info.dup()?;
-    ferry_sys::fd::timerfd_gettime(std::os::fd::AsRawFd::as_raw_fd(&dup))
+    ferry_sys::anonfd::timerfd_gettime(std::os::fd::AsRawFd::as_raw_fd(&dup))
         .map_err(|e| crate::error::EngineError::kernel(info.pid, format!("fd {}: reading timerfd", info.fd), e))?;
     let text = crate::procfs::read_string(&format!("/proc/{}/fdinfo/{}", info.pid, info.fd))?;
     let fresh = FdInfo { fdinfo: text, meta: info.meta.clone(), link: info.link.clone(), ..*info };

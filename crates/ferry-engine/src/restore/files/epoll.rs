@@ -2,12 +2,10 @@
 //! the owning process once its fds are in place under their final numbers
 //! (the kernel keys an entry by file and fd number), see `epoll_calls`.
 
-use super::owned;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use std::os::fd::OwnedFd;
 
 pub fn create(pid: i32) -> Result<OwnedFd> {
-    // SAFETY: integer argument.
-    owned(pid, unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) }, || "creating an epoll instance".into())
+    ferry_sys::epoll::create(libc::EPOLL_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating an epoll instance", e))
 }
 

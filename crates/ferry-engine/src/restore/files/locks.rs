@@ -5,33 +5,19 @@
 //! with the close of *any* fd of the file, so they are taken last, after
 //! ferry's temporary descriptors are closed ([`posix_lock_calls`]).
 
-use super::errno_err;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use ferry_image::{FileLock, LockKind};
 
 pub fn take(pid: i32, fd: i32, locks: &[FileLock]) -> Result<()> {
     for l in locks.iter().filter(|l| l.kind != LockKind::Posix) {
-        let ok = match l.kind {
-            LockKind::Flock => {
-                let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH };
-                // SAFETY: integer arguments on an installed fd.
-                unsafe { libc::flock(fd, op | libc::LOCK_NB) == 0 }
-            }
+        let taken = match l.kind {
+            LockKind::Flock => ferry_sys::lock::flock(fd, l.write),
             LockKind::Posix | LockKind::Ofd => {
-                // SAFETY: flock is plain data.
-                let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-                fl.l_type = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
-                fl.l_whence = libc::SEEK_SET as i16;
-                fl.l_start = l.start as i64;
-                fl.l_len = l.end.map_or(0, |e| (e + 1 - l.start) as i64);
-                let cmd = if l.kind == LockKind::Posix { libc::F_SETLK } else { libc::F_OFD_SETLK };
-                // SAFETY: fl is a valid struct flock.
-                unsafe { libc::fcntl(fd, cmd, &fl) == 0 }
+                let len = l.end.map_or(0, |e| (e + 1 - l.start) as i64);
+                ferry_sys::lock::set_record_lock(fd, l.kind == LockKind::Ofd, l.write, l.start as i64, len)
             }
         };
-        if !ok {
-            return Err(errno_err(pid, format!("taking a {:?} lock on fd {fd} (bytes {}..{:?})", l.kind, l.start, l.end)));
-        }
+        taken.map_err(|e| EngineError::kernel(pid, format!("taking a {:?} lock on fd {fd} (bytes {}..{:?})", l.kind, l.start, l.end), e))?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::error::{EngineError, Result};
 use crate::inject::Call;
 use ferry_image::{FileKind, OpenFile, ProcessImage, TreeImage};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// What building one file may need from the others.
 pub(crate) struct Builder<'a> {
@@ -50,24 +50,13 @@ impl Builder<'_> {
     /// image fd number, so installing the fd table cannot clobber it (and
     /// closing it later cannot close an installed fd).
     pub fn keep(&self, fd: OwnedFd) -> Result<OwnedFd> {
-        let high = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, self.temp_base as libc::c_long, "fcntl(F_DUPFD)")
-            .map_err(|e| EngineError::kernel(self.pid, "moving a kept fd out of the way", e))?;
-        owned(self.pid, high, String::new)
+        ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base).map_err(|e| EngineError::kernel(self.pid, "moving a kept fd out of the way", e))
     }
 }
 
 pub(crate) fn errno_err(pid: i32, what: String) -> EngineError {
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     EngineError::kernel(pid, what, ferry_sys::SysError::new("restore", errno))
-}
-
-/// Takes ownership of a raw fd returned by libc, or reports `what`.
-pub(crate) fn owned(pid: i32, fd: RawFd, what: impl FnOnce() -> String) -> Result<OwnedFd> {
-    if fd < 0 {
-        return Err(errno_err(pid, what()));
-    }
-    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
@@ -128,7 +117,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
     };
     let back = std::env::current_dir().ok();
     let mut staged: HashMap<u64, OwnedFd> = HashMap::new();
-    let result = (|| {
+    let result: Result<()> = (|| {
         for p in &tree.processes {
             b.pid = p.pid;
             if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
@@ -164,10 +153,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                     _ => continue,
                 };
                 let Some(fd) = staged.get(&f.id) else { continue };
-                // SAFETY: integer arguments on a socket we own.
-                if unsafe { libc::shutdown(fd.as_raw_fd(), how) } < 0 {
-                    return Err(errno_err(p.pid, format!("shutting down unix socket {}", u.ino)));
-                }
+                ferry_sys::socket::shutdown(fd.as_raw_fd(), how).map_err(|e| EngineError::kernel(p.pid, format!("shutting down unix socket {}", u.ino), e))?;
             }
         }
         Ok(())

@@ -2,7 +2,7 @@
 //! FIFOs (reopened by path, with a temporary O_RDWR open holding the
 //! bytes until the real ends exist).
 
-use super::{owned, Builder};
+use super::Builder;
 use crate::error::{EngineError, Result};
 use ferry_image::PipeEnd;
 use std::io::Write;
@@ -48,8 +48,8 @@ pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Resu
     let pid = b.pid;
     let c = std::ffi::CString::new(path).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))?;
     if !b.fifo_keepers.contains_key(&end.id) {
-        // SAFETY: valid path; O_RDWR on a FIFO never blocks.
-        let k = owned(pid, unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) }, || format!("opening FIFO {path}"))?;
+        // O_RDWR on a FIFO never blocks.
+        let k = ferry_sys::fd::open(&c, libc::O_RDWR, 0).map_err(|e| EngineError::kernel(pid, format!("opening FIFO {path}"), e))?;
         let k = b.keep(k)?;
         b.fifo_keepers.insert(end.id, k);
     }
@@ -57,7 +57,6 @@ pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Resu
         refill(pid, k, end.capacity, &end.data)?;
     }
     let acc = flags & libc::O_ACCMODE;
-    // SAFETY: valid path; the keeper is both reader and writer, so this
-    // open does not block.
-    owned(pid, unsafe { libc::open(c.as_ptr(), acc | libc::O_CLOEXEC | libc::O_NONBLOCK) }, || format!("opening FIFO {path}"))
+    // The keeper is both reader and writer, so this open does not block.
+    ferry_sys::fd::open(&c, acc | libc::O_NONBLOCK, 0).map_err(|e| EngineError::kernel(pid, format!("opening FIFO {path}"), e))
 }

@@ -2,7 +2,7 @@
 //! open (recreated from the image, then unlinked again), directories,
 //! plain character devices, and terminals (replaced by `--tty-to`).
 
-use super::{errno_err, owned, Builder};
+use super::Builder;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, OpenFile};
 use std::ffi::CString;
@@ -16,17 +16,12 @@ fn cpath(pid: i32, p: &str) -> Result<CString> {
 
 fn open_path(pid: i32, path: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
     let c = cpath(pid, path)?;
-    // SAFETY: c is a valid NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
-    owned(pid, fd, || format!("opening {path}"))
+    ferry_sys::fd::open(&c, flags, mode).map_err(|e| EngineError::kernel(pid, format!("opening {path}"), e))
 }
 
 fn seek(pid: i32, fd: &OwnedFd, pos: i64, path: &str) -> Result<()> {
     if pos != 0 {
-        // SAFETY: plain integer arguments.
-        if unsafe { libc::lseek(fd.as_raw_fd(), pos, libc::SEEK_SET) } < 0 {
-            return Err(errno_err(pid, format!("seeking {path} to {pos}")));
-        }
+        ferry_sys::fd::lseek(fd.as_raw_fd(), pos, libc::SEEK_SET).map_err(|e| EngineError::kernel(pid, format!("seeking {path} to {pos}"), e))?;
     }
     Ok(())
 }
@@ -50,9 +45,7 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
     use std::io::Write;
     (&file).write_all(content).map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
     let fd = open_path(pid, &format!("/proc/self/fd/{}", file.as_raw_fd()), flags & OPEN_MASK, 0);
-    let c = cpath(pid, &name)?;
-    // SAFETY: valid path.
-    unsafe { libc::unlink(c.as_ptr()) };
+    let _ = std::fs::remove_file(&name);
     fd
 }
 

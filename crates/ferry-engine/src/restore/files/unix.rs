@@ -3,7 +3,7 @@
 //! socket is bound to its name again (a stale socket file left by the old
 //! process is removed first) and listens if it did.
 
-use super::{errno_err, owned, Builder};
+use super::Builder;
 use crate::error::{EngineError, Result};
 use ferry_image::UnixSocket;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -17,12 +17,9 @@ fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<
     for m in msgs {
         let mut off = 0;
         loop {
-            // SAFETY: sending from a live buffer.
-            let n = unsafe { libc::send(from.as_raw_fd(), m[off..].as_ptr().cast(), m.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-            if n < 0 {
-                return Err(errno_err(pid, format!("refilling a unix socket queue ({} bytes)", m.len())));
-            }
-            off += n as usize;
+            let n = ferry_sys::unix::send(from.as_raw_fd(), &m[off..], &[], None, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                .map_err(|e| EngineError::kernel(pid, format!("refilling a unix socket queue ({} bytes)", m.len()), e))?;
+            off += n;
             if !stream || off >= m.len() {
                 break;
             }
@@ -32,14 +29,8 @@ fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<
 }
 
 fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
-    // SAFETY: sockaddr_un is plain data.
-    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    sun.sun_family = libc::AF_UNIX as u16;
-    if name.len() >= sun.sun_path.len() {
+    if name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
         return Err(EngineError::restore(pid, "unix socket name too long"));
-    }
-    for (d, s) in sun.sun_path.iter_mut().zip(name) {
-        *d = *s as libc::c_char;
     }
     if name.first() != Some(&0) {
         let path = String::from_utf8_lossy(name).into_owned();
@@ -47,12 +38,7 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
             let _ = std::fs::remove_file(&path);
         }
     }
-    let len = 2 + name.len() + usize::from(name.first() != Some(&0));
-    // SAFETY: sun holds a valid address of `len` bytes.
-    if unsafe { libc::bind(fd.as_raw_fd(), &sun as *const _ as *const libc::sockaddr, len as u32) } < 0 {
-        return Err(errno_err(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name))));
-    }
-    Ok(())
+    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))
 }
 
 pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
@@ -62,36 +48,27 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
         if let Some(mine) = b.unix_pending.remove(&s.ino) {
             mine
         } else {
-            let mut sv = [0i32; 2];
-            // SAFETY: sv has room for two descriptors.
-            if unsafe { libc::socketpair(libc::AF_UNIX, s.sock_type | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } < 0 {
-                return Err(errno_err(pid, "creating a unix socket pair".into()));
-            }
-            let mine = b.keep(owned(pid, sv[0], String::new)?)?;
-            let theirs = b.keep(owned(pid, sv[1], String::new)?)?;
+            let (mine, theirs) =
+                ferry_sys::socket::socketpair(libc::AF_UNIX, s.sock_type).map_err(|e| EngineError::kernel(pid, "creating a unix socket pair", e))?;
+            let mine = b.keep(mine)?;
+            let theirs = b.keep(theirs)?;
             b.unix_peers.insert(peer, b.keep(dup(pid, &theirs)?)?);
             b.unix_peers.insert(s.ino, b.keep(dup(pid, &mine)?)?);
             b.unix_pending.insert(peer, theirs);
             mine
         }
     } else {
-        // SAFETY: plain socket(2).
-        let sock = owned(pid, unsafe { libc::socket(libc::AF_UNIX, s.sock_type | libc::SOCK_CLOEXEC, 0) }, || "creating a unix socket".into())?;
+        let sock = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0).map_err(|e| EngineError::kernel(pid, "creating a unix socket", e))?;
         if !s.name.is_empty() {
             bind_name(pid, &sock, &s.name)?;
         }
         if let Some(backlog) = s.listen_backlog {
-            // SAFETY: integer arguments.
-            if unsafe { libc::listen(sock.as_raw_fd(), backlog) } < 0 {
-                return Err(errno_err(pid, "listening on a unix socket".into()));
-            }
+            ferry_sys::socket::listen(sock.as_raw_fd(), backlog).map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))?;
         }
         sock
     };
     if s.passcred {
-        let one: i32 = 1;
-        // SAFETY: an int option from a live int.
-        unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, &one as *const i32 as *const libc::c_void, 4) };
+        let _ = ferry_sys::socket::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
     }
     // A queue with descriptors or credentials in flight is sent once
     // every process exists (`send_in_flight`).
