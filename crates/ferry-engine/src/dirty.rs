@@ -65,6 +65,10 @@ struct Tracked {
     ranges: Vec<(u64, u64)>,
 }
 
+/// A collect() result: per tracked pid, sorted merged `[start, end)` byte
+/// ranges.
+pub type DirtyRanges = Vec<(i32, Vec<(u64, u64)>)>;
+
 /// Tracks which pages of a process tree are written; see the module
 /// documentation.
 pub struct DirtyTracker {
@@ -312,6 +316,7 @@ impl DirtyTracker {
     /// [`collect`](Self::collect); copy the whole memory once after this
     /// returns.
     pub fn attach(root: i32) -> Result<DirtyTracker> {
+        let t0 = std::time::Instant::now();
         let tree = FrozenTree::freeze(root)?;
         let mut procs = Vec::with_capacity(tree.procs.len());
         let mut failed = None;
@@ -327,6 +332,7 @@ impl DirtyTracker {
         // The tree runs on in any case; the fds taken so far close with
         // `procs` on an error.
         let released = tree.release();
+        tracing::debug!("dirty tracking: tree of {root} frozen for {:.3} ms", t0.elapsed().as_secs_f64() * 1e3);
         if let Some(e) = failed {
             return Err(e);
         }
@@ -364,7 +370,7 @@ impl DirtyTracker {
     /// ptrace-frozen. After an error the tracker's view is incomplete
     /// (some processes were already re-protected): drop it and start over
     /// with a full copy.
-    pub fn collect(&mut self) -> Result<Vec<(i32, Vec<(u64, u64)>)>> {
+    pub fn collect(&mut self) -> Result<DirtyRanges> {
         let mut out = Vec::with_capacity(self.procs.len());
         let mut gone = Vec::new();
         for (i, t) in self.procs.iter_mut().enumerate() {
