@@ -208,6 +208,21 @@ fn exactly_the_written_pages_are_reported() {
     assert_eq!(pages_in(of(&r, t.pid), b, b + 8 * PG), Vec::<u64>::new(), "B is tracked now");
     assert_eq!(t.cmd("check"), "ok");
 
+    // A mapping made over a tracked one at the very same place is not
+    // registered: reported whole (all 16 pages present), then tracked.
+    // A, right before C, is scanned in the same call, which stops at C:
+    // its written pages are reported all the same, exactly.
+    t.cmd("w 999");
+    t.cmd("remap");
+    let r = tracker.collect().expect("collect after remap");
+    assert_eq!(pages_in(of(&r, t.pid), t.c, t.c + 16 * PG), (0..16).collect::<Vec<_>>(), "C mapped anew");
+    assert_eq!(pages_in(of(&r, t.pid), t.a, t.a + t.na * PG), (0..t.na).filter(|p| p % 999 == 0).collect::<Vec<_>>(), "A before C");
+    assert!(uw_flags(t.pid, t.c).1, "C mapped anew is not registered");
+    t.cmd("cpage 5");
+    let r = tracker.collect().expect("collect");
+    assert_eq!(pages_in(of(&r, t.pid), t.c, t.c + 16 * PG), vec![5]);
+    assert_eq!(t.cmd("check"), "ok");
+
     drop(tracker);
     assert!(!uw_flags(t.pid, t.a).0, "VmFlags still show uw after the tracker was dropped");
     t.cmd("w 5");

@@ -8,6 +8,8 @@
  *   w K        write every K-th page of A (pages p % K == 0)    -> ok
  *   mmap N     map a new region B of N pages and write them all -> B=<hex>
  *   read OFF N read(/dev/zero) into pages OFF..OFF+N of C        -> ok
+ *   remap      map C anew at the same address (MAP_FIXED), fill with 0xAA -> ok
+ *   cpage I    write page I of C with 0xAA                       -> ok
  *   check      verify A, B and C against what was written        -> ok | bad ...
  *   cw K       the child writes pages p % K == 3 of its A       -> ok
  *   cc         the child verifies its A                          -> ok | bad
@@ -80,8 +82,12 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], 0, 10) : 64;
     int tree = argc > 2 && strcmp(argv[2], "tree") == 0;
     na = mib * 256;
-    A = mmap(0, na * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    C = mmap(0, NC * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* C directly after A, a mapping of its own (executable too), so both
+     * are scanned in one call and a remap of C stops that call after A. */
+    A = mmap(0, (na + NC) * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (A == MAP_FAILED) return 1;
+    C = A + na * PG;
+    if (mprotect(C, NC * PG, PROT_READ | PROT_WRITE | PROT_EXEC)) return 1;
     gen = calloc(na, 1);
     if (A == MAP_FAILED || C == MAP_FAILED || !gen) return 1;
     for (size_t p = 0; p < na; p++) memset(A + p * PG, val(p), PG);
@@ -115,6 +121,14 @@ int main(int argc, char **argv) {
             close(fd);
             for (size_t i = x; i < x + y; i++) cread[i] = 1;
             reply(n == (ssize_t)(y * PG) ? "ok" : "bad read");
+        } else if (strncmp(line, "remap", 5) == 0) {
+            if (mmap(C, NC * PG, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != C) { reply("bad remap"); continue; }
+            memset(C, 0xAA, NC * PG);
+            memset(cread, 0, sizeof cread);
+            reply("ok");
+        } else if (sscanf(line, "cpage %zu", &x) == 1 && x < NC) {
+            memset(C + x * PG, 0xAA, PG);
+            reply("ok");
         } else if (strncmp(line, "check", 5) == 0) {
             int r = check_a();
             if (r) { snprintf(out, sizeof out, "bad A page %d", -1 - r); reply(out); continue; }
