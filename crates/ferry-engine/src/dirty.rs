@@ -22,9 +22,10 @@
 //! stack growth, mremap), so it is registered and protected now and its
 //! present pages are reported whole; ranges no longer mapped are
 //! forgotten. A new mapping that replaced a tracked one at the very same
-//! place (munmap + mmap) is not registered either; the scan then fails
-//! with EPERM (PM_SCAN_CHECK_WPASYNC) and that run of mappings is treated
-//! as new. Pages only discarded (MADV_DONTNEED, MADV_FREE, a hole punched
+//! place (mmap MAP_FIXED, munmap + mmap) is not registered either; the
+//! scan stops there with EPERM (PM_SCAN_CHECK_WPASYNC), having returned
+//! what it found before it, and the rest of the run is scanned mapping by
+//! mapping, the unregistered ones being new. Pages only discarded (MADV_DONTNEED, MADV_FREE, a hole punched
 //! in a file) are not writes and are not reported.
 
 use crate::capture::memory::{classify, page_filter};
@@ -64,6 +65,10 @@ struct Tracked {
     /// previous call.
     ranges: Vec<(u64, u64)>,
 }
+
+/// A collect() result: per tracked pid, sorted merged `[start, end)` byte
+/// ranges.
+pub type DirtyRanges = Vec<(i32, Vec<(u64, u64)>)>;
 
 /// Tracks which pages of a process tree are written; see the module
 /// documentation.
@@ -283,10 +288,25 @@ impl Tracked {
                 match pagemap::collect_written(&self.pagemap, start, end, &mut out) {
                     Ok(()) => tracked.extend(run.iter().map(|a| (a.start, a.end))),
                     // A mapping made where a tracked one was (not
-                    // registered): the pages scanned before it were
-                    // protected again without being returned, so the whole
-                    // run counts as new.
-                    Err(e) if e.errno == libc::EPERM => self.add_new(run, report, &mut out, &mut tracked)?,
+                    // registered) stopped the scan; what came before it is
+                    // in `out`. Go on mapping by mapping: those already
+                    // scanned report nothing more, the unregistered ones
+                    // fail again and are new.
+                    Err(e) if e.errno == libc::EPERM => {
+                        for a in run {
+                            match pagemap::collect_written(&self.pagemap, a.start, a.end, &mut out) {
+                                Ok(()) => tracked.push((a.start, a.end)),
+                                Err(e) if e.errno == libc::EPERM => self.add_new(std::slice::from_ref(a), report, &mut out, &mut tracked)?,
+                                Err(e) => {
+                                    return Err(self.gone_or(EngineError::kernel(
+                                        self.pid,
+                                        format!("collecting written pages of {:#x}-{:#x}", a.start, a.end),
+                                        e,
+                                    )))
+                                }
+                            }
+                        }
+                    }
                     Err(e) => {
                         return Err(self.gone_or(EngineError::kernel(self.pid, format!("collecting written pages of {start:#x}-{end:#x}"), e)))
                     }
@@ -312,6 +332,7 @@ impl DirtyTracker {
     /// [`collect`](Self::collect); copy the whole memory once after this
     /// returns.
     pub fn attach(root: i32) -> Result<DirtyTracker> {
+        let t0 = std::time::Instant::now();
         let tree = FrozenTree::freeze(root)?;
         let mut procs = Vec::with_capacity(tree.procs.len());
         let mut failed = None;
@@ -327,6 +348,7 @@ impl DirtyTracker {
         // The tree runs on in any case; the fds taken so far close with
         // `procs` on an error.
         let released = tree.release();
+        tracing::debug!("dirty tracking: tree of {root} frozen for {:.3} ms", t0.elapsed().as_secs_f64() * 1e3);
         if let Some(e) = failed {
             return Err(e);
         }
@@ -364,7 +386,7 @@ impl DirtyTracker {
     /// ptrace-frozen. After an error the tracker's view is incomplete
     /// (some processes were already re-protected): drop it and start over
     /// with a full copy.
-    pub fn collect(&mut self) -> Result<Vec<(i32, Vec<(u64, u64)>)>> {
+    pub fn collect(&mut self) -> Result<DirtyRanges> {
         let mut out = Vec::with_capacity(self.procs.len());
         let mut gone = Vec::new();
         for (i, t) in self.procs.iter_mut().enumerate() {

@@ -109,14 +109,14 @@ const WRITTEN_VEC_LEN: usize = 512;
 /// same walk (PM_SCAN_WP_MATCHING), so a write that lands after its page
 /// was reported shows up in the next call. Every mapping of the range
 /// must be registered with a WP_ASYNC userfaultfd: one that is not (a
-/// mapping made there since) fails the call with EPERM, after earlier
-/// mappings of the range were already scanned and protected again (their
-/// pages are then not returned: the caller must treat the whole range as
-/// written). Holes (unmapped parts) are skipped.
+/// mapping made there since) fails the call with EPERM, once the mappings
+/// before it were scanned and protected again; their written pages are in
+/// `out` all the same. Holes (unmapped parts) are skipped.
 pub fn collect_written(pagemap: &OwnedFd, start: u64, end: u64, out: &mut Vec<(u64, u64)>) -> SysResult<()> {
     let mut regions = [PageRegion::default(); WRITTEN_VEC_LEN];
     let mut cur = start;
     while cur < end {
+        regions.fill(PageRegion::default());
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
             flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
@@ -132,7 +132,18 @@ pub fn collect_written(pagemap: &OwnedFd, start: u64, end: u64, out: &mut Vec<(u
         // WRITTEN_VEC_LEN writable page_region entries.
         let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
         if n < 0 {
-            return Err(last_error("ioctl(PAGEMAP_SCAN, WP_MATCHING)"));
+            let err = last_error("ioctl(PAGEMAP_SCAN, WP_MATCHING)");
+            // A failed call still copied out the regions it found (and
+            // protected again) before the mapping that stopped it, but
+            // does not say how many: the vector was zeroed, so they are
+            // the leading non-empty entries.
+            for r in regions.iter().take_while(|r| r.end > r.start) {
+                match out.last_mut() {
+                    Some(last) if last.1 == r.start => last.1 = r.end,
+                    _ => out.push((r.start, r.end)),
+                }
+            }
+            return Err(err);
         }
         let n = n as usize;
         for r in &regions[..n] {
