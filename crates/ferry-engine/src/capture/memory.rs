@@ -231,8 +231,8 @@ fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn Pag
 
 /// Copies the present pages of a process, which may be running, that lie
 /// inside `only` (sorted (start, end) byte ranges; None: all the memory a
-/// checkpoint stores) into the sink. Returns the (start, end) ranges
-/// copied. Pre-copy uses this for its rounds; pages written meanwhile are
+/// checkpoint stores) into the sink, shared mappings left out. Returns
+/// the (start, end) ranges copied. Pre-copy uses this for its rounds; pages written meanwhile are
 /// caught by dirty tracking and copied again.
 pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<(u64, u64)>> {
     let smaps = crate::procfs::smaps(pid)?;
@@ -244,6 +244,11 @@ pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSin
     let mut copied = Vec::new();
     let mut total = 0u64;
     for (v, m) in vmas.iter().zip(&smaps) {
+        // Shared memory is not write-tracked (dirty.rs): it is copied in
+        // the freeze only.
+        if v.shared {
+            continue;
+        }
         let Some(filter) = page_filter(v) else { continue };
         if let Some(only) = only {
             let k = only.partition_point(|&(_, e)| e <= v.start);
