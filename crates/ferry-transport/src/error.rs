@@ -4,7 +4,7 @@ use std::path::PathBuf;
 /// file or the peer it is about.
 #[derive(thiserror::Error, Debug)]
 pub enum TransportError {
-    #[error("key file {path}: {reason}")]
+    #[error("key file {path} {reason}", path = path.display())]
     KeyFile { path: PathBuf, reason: String },
     #[error("cannot generate a key: the OS random number generator failed: {reason}")]
     Random { reason: String },

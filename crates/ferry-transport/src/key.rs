@@ -49,7 +49,7 @@ impl Key {
                 std::io::ErrorKind::AlreadyExists => {
                     err("already exists; refusing to overwrite it (remove it first to replace the key)".into())
                 }
-                _ => err(format!("cannot create it: {e}")),
+                _ => err(format!("cannot be created: {e}")),
             })?;
         let mut text = key.to_hex();
         text.push('\n');
@@ -59,7 +59,7 @@ impl Key {
             // A half-written key file would be refused by load() anyway; remove
             // it so that the next write_new is not refused as "already exists".
             let _ = std::fs::remove_file(path);
-            return Err(err(format!("cannot write it: {e}")));
+            return Err(err(format!("could not be written: {e}")));
         }
         Ok(key)
     }
@@ -69,10 +69,10 @@ impl Key {
     /// may read or write: the key is what keeps a process image secret.
     pub fn load(path: &Path) -> Result<Key, TransportError> {
         let err = |reason: String| TransportError::KeyFile { path: path.to_path_buf(), reason };
-        let file = File::open(path).map_err(|e| err(format!("cannot open it: {e}")))?;
+        let file = File::open(path).map_err(|e| err(format!("cannot be opened: {e}")))?;
         // The mode is read from the open file, not the path, so the file
         // checked is the one read.
-        let meta = file.metadata().map_err(|e| err(format!("cannot stat it: {e}")))?;
+        let meta = file.metadata().map_err(|e| err(format!("cannot be examined: {e}")))?;
         if !meta.is_file() {
             return Err(err("is not a regular file".into()));
         }
@@ -82,7 +82,7 @@ impl Key {
             return Err(err(format!("is {who} by group or others (mode {mode:04o}): chmod 600 it")));
         }
         let mut text = Vec::with_capacity(MAX_KEY_FILE as usize);
-        file.take(MAX_KEY_FILE + 1).read_to_end(&mut text).map_err(|e| err(format!("cannot read it: {e}")))?;
+        file.take(MAX_KEY_FILE + 1).read_to_end(&mut text).map_err(|e| err(format!("cannot be read: {e}")))?;
         let parsed = parse_hex_key(&text);
         text.zeroize();
         parsed.map(Key).map_err(err)
