@@ -11,7 +11,10 @@ pub enum TransportError {
     #[error("handshake with {peer} refused: {reason}")]
     Handshake { peer: String, reason: String },
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("peer closed the connection")]
     Closed,
     #[error("stream from {peer} is corrupt: {reason}")]
@@ -28,7 +31,9 @@ impl TransportError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         let what = what.into();
         match source.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => TransportError::Timeout { what },
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                TransportError::Timeout { what }
+            }
             _ => TransportError::Io { what, source },
         }
     }

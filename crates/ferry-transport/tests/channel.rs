@@ -40,7 +40,9 @@ fn connect(addr: SocketAddr, key: &Key, mode: Mode) -> Result<Channel, Transport
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
+        .collect()
 }
 
 fn echo_server(ch: Result<Channel, TransportError>) -> Mode {
@@ -120,7 +122,8 @@ fn split_halves_from_two_threads() {
         let (mut tx, mut rx) = ch.split().unwrap();
         let sender = thread::spawn(move || {
             for i in 0..N {
-                tx.send_parts(&[&msg(me, i)[..5], &msg(me, i)[5..]]).unwrap();
+                tx.send_parts(&[&msg(me, i)[..5], &msg(me, i)[5..]])
+                    .unwrap();
             }
             tx
         });
@@ -161,7 +164,10 @@ fn wrong_key_refused_on_both_sides() {
         });
         let r = connect(addr, &Key::generate().unwrap(), mode);
         assert_handshake_refused(r, "initiator", "does not hold the same key");
-        assert!(h.join().unwrap().is_none(), "the responder accepted a stranger");
+        assert!(
+            h.join().unwrap().is_none(),
+            "the responder accepted a stranger"
+        );
     }
 }
 
@@ -231,7 +237,10 @@ fn flipped_byte_after_handshake_is_corrupt_in_both_modes() {
             let _ = ch.send(&pattern(1 << 20, 5));
             match h.join().unwrap() {
                 Err(e @ TransportError::Corrupt { .. }) => {
-                    assert!(e.to_string().contains("message 1 failed authentication"), "{e}")
+                    assert!(
+                        e.to_string().contains("message 1 failed authentication"),
+                        "{e}"
+                    )
                 }
                 other => panic!("{mode:?} flip at {at}: {other:?}"),
             }
@@ -251,7 +260,10 @@ fn tampered_handshake_is_refused() {
         let (paddr, ph) = proxy(addr, flip_at(at));
         let r = connect(paddr, &key, Mode::Encrypted);
         let server = h.join().unwrap();
-        assert!(matches!(server, Err(TransportError::Handshake { .. })), "flip at {at}: responder got {server:?}");
+        assert!(
+            matches!(server, Err(TransportError::Handshake { .. })),
+            "flip at {at}: responder got {server:?}"
+        );
         if at != 60 {
             // The confirmation is the initiator's last word: only the
             // responder can see it was tampered with.
@@ -284,7 +296,9 @@ fn truncated_stream_is_an_error_not_a_hang() {
         let (first, second) = h.join().unwrap();
         assert_eq!(first.unwrap(), b"one");
         match second {
-            Err(e @ TransportError::Corrupt { .. }) => assert!(e.to_string().contains("truncated"), "{e}"),
+            Err(e @ TransportError::Corrupt { .. }) => {
+                assert!(e.to_string().contains("truncated"), "{e}")
+            }
             other => panic!("{mode:?}: {other:?}"),
         }
         assert!(start.elapsed() < T);
@@ -323,7 +337,8 @@ fn garbage_or_silent_initiator_is_refused() {
         let h = thread::spawn(move || {
             let (s, _) = l.accept().unwrap();
             // A caller's own timeout wins over the default handshake timeout.
-            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
             let start = Instant::now();
             (Channel::accept(s, &k), start.elapsed())
         });
@@ -339,10 +354,18 @@ fn garbage_or_silent_initiator_is_refused() {
     let mut junk = vec![1u8, 1, 0, 48];
     junk.extend(pattern(48, 3));
     raw.write_all(&junk).unwrap();
-    assert_handshake_refused(h.join().unwrap().map(|_| unreachable!()), "responder", "failed authentication");
+    assert_handshake_refused(
+        h.join().unwrap().map(|_| unreachable!()),
+        "responder",
+        "failed authentication",
+    );
     let mut answer = [0u8; 2];
     raw.read_exact(&mut answer).unwrap();
-    assert_eq!(answer, [1, 0xf2], "the responder tells the initiator its key was refused");
+    assert_eq!(
+        answer,
+        [1, 0xf2],
+        "the responder tells the initiator its key was refused"
+    );
 }
 
 #[test]
@@ -361,9 +384,14 @@ fn garbage_or_silent_responder_is_refused() {
             thread::sleep(Duration::from_secs(2));
         });
         let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
         let start = Instant::now();
-        assert_handshake_refused(Channel::connect(s, &key, Mode::Encrypted), "initiator", expect);
+        assert_handshake_refused(
+            Channel::connect(s, &key, Mode::Encrypted),
+            "initiator",
+            expect,
+        );
         assert!(start.elapsed() < Duration::from_secs(2));
         h.join().unwrap();
     }
@@ -381,7 +409,8 @@ fn replayed_first_message_is_refused() {
         first
     });
     let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     assert!(Channel::connect(s, &key, Mode::Encrypted).is_err());
     let first = recorder.join().unwrap();
 
@@ -396,7 +425,11 @@ fn replayed_first_message_is_refused() {
     let mut fake = vec![0u8, 29];
     fake.extend(pattern(29, 8));
     raw.write_all(&fake).unwrap();
-    assert_handshake_refused(h.join().unwrap().map(|_| unreachable!()), "responder", "key confirmation");
+    assert_handshake_refused(
+        h.join().unwrap().map(|_| unreachable!()),
+        "responder",
+        "key confirmation",
+    );
 }
 
 #[test]
@@ -411,7 +444,9 @@ fn timeout_then_resume_and_too_large() {
     });
     let mut ch = connect(addr, &key, Mode::Encrypted).unwrap();
     let too_big = vec![0u8; MAX_MESSAGE + 1];
-    assert!(matches!(ch.send(&too_big), Err(TransportError::TooLarge { len }) if len == MAX_MESSAGE as u64 + 1));
+    assert!(
+        matches!(ch.send(&too_big), Err(TransportError::TooLarge { len }) if len == MAX_MESSAGE as u64 + 1)
+    );
     assert!(matches!(
         ch.send_parts(&[&too_big[..MAX_MESSAGE], b"x"]),
         Err(TransportError::TooLarge { .. })
@@ -419,7 +454,10 @@ fn timeout_then_resume_and_too_large() {
     thread::sleep(Duration::from_millis(600));
     ch.send(b"after the timeout").unwrap();
     let (first, second) = h.join().unwrap();
-    assert!(matches!(first, Err(TransportError::Timeout { .. })), "{first:?}");
+    assert!(
+        matches!(first, Err(TransportError::Timeout { .. })),
+        "{first:?}"
+    );
     assert_eq!(second.unwrap(), b"after the timeout");
 }
 
@@ -441,23 +479,42 @@ fn key_file_write_load_and_refusals() {
     assert_eq!(text.len(), 65);
     assert!(text.ends_with('\n') && text[..64].bytes().all(|c| c.is_ascii_hexdigit()));
     assert_eq!(Key::load(&path).unwrap(), key);
-    assert!(!format!("{key:?}").contains(&text[..8]), "Debug shows the key");
+    assert!(
+        !format!("{key:?}").contains(&text[..8]),
+        "Debug shows the key"
+    );
 
     let again = Key::write_new(&path).unwrap_err().to_string();
-    assert!(again.contains("already exists") && again.contains(path.to_str().unwrap()), "{again}");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "existing key overwritten");
+    assert!(
+        again.contains("already exists") && again.contains(path.to_str().unwrap()),
+        "{again}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        text,
+        "existing key overwritten"
+    );
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = Key::load(&path).unwrap_err().to_string();
-    assert!(e.contains("readable by group or others (mode 0644): chmod 600"), "{e}");
+    assert!(
+        e.contains("readable by group or others (mode 0644): chmod 600"),
+        "{e}"
+    );
     assert!(e.contains(path.to_str().unwrap()), "{e}");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
-    assert!(Key::load(&path).unwrap_err().to_string().contains("writable"));
+    assert!(Key::load(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("writable"));
 
     let bad: [(&str, &str); 4] = [
         ("abc\n", "holds 4 characters"),
         (&"a".repeat(66), "holds 66 characters"),
-        (&format!("{}g\n", "a".repeat(63)), "offset 63 is not a hex digit"),
+        (
+            &format!("{}g\n", "a".repeat(63)),
+            "offset 63 is not a hex digit",
+        ),
         ("", "holds 0 characters"),
     ];
     for (content, expect) in bad {
@@ -478,10 +535,39 @@ fn key_file_write_load_and_refusals() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+const TOTAL: usize = 256 << 20;
+const CHUNK: usize = 4 << 20;
+
+/// Plain TCP over the same loopback, for scale: the channel cannot beat it.
+fn raw_tcp_mb_per_s() -> f64 {
+    let (l, addr) = listener();
+    let h = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 4 * 65537];
+        let mut got = 0;
+        while got < TOTAL {
+            got += s.read(&mut buf).unwrap();
+        }
+        s.write_all(b"k").unwrap();
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let data = pattern(CHUNK, 11);
+    let start = Instant::now();
+    for _ in 0..TOTAL / CHUNK {
+        s.write_all(&data).unwrap();
+    }
+    s.read_exact(&mut [0u8]).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    h.join().unwrap();
+    TOTAL as f64 / secs / 1e6
+}
+
 #[test]
 fn throughput_256_mib() {
-    const TOTAL: usize = 256 << 20;
-    const CHUNK: usize = 4 << 20;
+    println!(
+        "throughput raw TCP (no channel): {:.0} MB/s",
+        raw_tcp_mb_per_s()
+    );
     for mode in [Mode::Encrypted, Mode::Insecure] {
         let key = Key::generate().unwrap();
         let (addr, h) = serve(key.clone(), |ch| {
