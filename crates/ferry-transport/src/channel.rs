@@ -35,6 +35,9 @@ const MAX_HANDSHAKE_MESSAGE: usize = 256;
 /// Several frames per write()/read() so that a big message costs few
 /// syscalls, small enough to stay in cache between sealing and sending.
 const IO_BUF: usize = 4 * (2 + MAX_FRAME);
+/// How long a refusing responder waits for the initiator to read its answer
+/// and close: short, since a stranger may never close.
+const REFUSAL_DRAIN: Duration = Duration::from_millis(200);
 
 /// A connected, authenticated channel. Messages go both ways; a message is
 /// received whole or not at all.
@@ -42,6 +45,33 @@ pub struct Channel {
     send: SendHalf,
     recv: RecvHalf,
     mode: Mode,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("peer", &self.send.peer)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for SendHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendHalf")
+            .field("peer", &self.peer)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for RecvHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvHalf")
+            .field("peer", &self.peer)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The sending half of a [`Channel::split`] channel.
@@ -197,6 +227,26 @@ impl Handshake<'_> {
             .map_err(|e| self.io_refusal(doing, e))?;
         self.received += buf.len() as u64;
         Ok(())
+    }
+
+    /// Tells the initiator why it is refused. The rest of what it sent is
+    /// read and dropped first: closing a socket with unread bytes sends a
+    /// reset, which can destroy the answer before the initiator reads it.
+    fn answer_refusal(&mut self, code: u8) {
+        if self.stream.write_all(&[PROTOCOL_VERSION, code]).is_err() {
+            return;
+        }
+        let _ = self.stream.shutdown(Shutdown::Write);
+        if self.stream.set_read_timeout(Some(REFUSAL_DRAIN)).is_err() {
+            return;
+        }
+        let mut sink = [0u8; 1024];
+        for _ in 0..16 {
+            match self.stream.read(&mut sink) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Reads one length-prefixed handshake message.
@@ -418,7 +468,7 @@ impl Channel {
         let first = hs.read_message("waiting for handshake message 1")?;
         let mut payload = [0u8; MAX_HANDSHAKE_MESSAGE];
         if noise.read_message(&first, &mut payload).is_err() {
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_KEY], "refusing the peer's key");
+            hs.answer_refusal(REFUSED_KEY);
             return Err(hs.refuse(
                 "handshake message 1 failed authentication: the peer does not hold the same key, or is not a ferry agent",
             ));

@@ -325,8 +325,9 @@ fn clean_close_between_messages_is_closed() {
 #[test]
 fn garbage_or_silent_initiator_is_refused() {
     let key = Key::generate().unwrap();
-    let cases: [(&[u8], &str); 4] = [
+    let cases: [(&[u8], &str); 5] = [
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "protocol version 71"),
+        (&[1, 9, 0, 48], "unknown mode 0x09"),
         (&[1, 1, 0, 48, 1, 2, 3], "timed out"),
         (&[1, 1, 0, 48], "timed out"),
         (b"", "timed out"),
@@ -347,6 +348,15 @@ fn garbage_or_silent_initiator_is_refused() {
         let (r, took) = h.join().unwrap();
         assert_handshake_refused(r, "responder", expect);
         assert!(took < Duration::from_secs(3), "took {took:?}");
+        if bytes.starts_with(b"GET") {
+            let mut answer = [0u8; 2];
+            raw.read_exact(&mut answer).unwrap();
+            assert_eq!(
+                answer,
+                [1, 0xf0],
+                "the responder tells which version it speaks"
+            );
+        }
     }
     // Random bytes shaped like a first message: the tag does not verify.
     let (addr, h) = serve(key.clone(), |ch| ch.map(|_| ()));
@@ -381,7 +391,9 @@ fn garbage_or_silent_responder_is_refused() {
         let h = thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
             s.write_all(bytes).unwrap();
-            thread::sleep(Duration::from_secs(2));
+            // Stay connected until the initiator gives up and closes.
+            s.set_read_timeout(Some(T)).unwrap();
+            while matches!(s.read(&mut [0u8; 256]), Ok(n) if n > 0) {}
         });
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300)))
