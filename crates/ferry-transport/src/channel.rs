@@ -35,6 +35,9 @@ const MAX_HANDSHAKE_MESSAGE: usize = 256;
 /// Several frames per write()/read() so that a big message costs few
 /// syscalls, small enough to stay in cache between sealing and sending.
 const IO_BUF: usize = 4 * (2 + MAX_FRAME);
+/// How long a refusing responder waits for the initiator to read its answer
+/// and close: short, since a stranger may never close.
+const REFUSAL_DRAIN: Duration = Duration::from_millis(200);
 
 /// A connected, authenticated channel. Messages go both ways; a message is
 /// received whole or not at all.
@@ -42,6 +45,33 @@ pub struct Channel {
     send: SendHalf,
     recv: RecvHalf,
     mode: Mode,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("peer", &self.send.peer)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for SendHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendHalf")
+            .field("peer", &self.peer)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for RecvHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvHalf")
+            .field("peer", &self.peer)
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The sending half of a [`Channel::split`] channel.
@@ -118,7 +148,10 @@ impl Sealer {
                 let expected = mac(key, frame, payload);
                 // No early exit: the time taken must not tell a forger how
                 // many tag bytes it got right.
-                let diff = expected.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+                let diff = expected
+                    .iter()
+                    .zip(tag)
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b));
                 if diff != 0 {
                     return None;
                 }
@@ -160,7 +193,10 @@ struct Handshake<'a> {
 
 impl Handshake<'_> {
     fn refuse(&self, reason: impl Into<String>) -> TransportError {
-        TransportError::Handshake { peer: peer_name(self.peer), reason: reason.into() }
+        TransportError::Handshake {
+            peer: peer_name(self.peer),
+            reason: reason.into(),
+        }
     }
 
     fn io_refusal(&self, doing: &str, e: std::io::Error) -> TransportError {
@@ -178,15 +214,39 @@ impl Handshake<'_> {
     }
 
     fn write(&mut self, bytes: &[u8], doing: &str) -> Result<(), TransportError> {
-        self.stream.write_all(bytes).map_err(|e| self.io_refusal(doing, e))?;
+        self.stream
+            .write_all(bytes)
+            .map_err(|e| self.io_refusal(doing, e))?;
         self.sent += bytes.len() as u64;
         Ok(())
     }
 
     fn read_exact(&mut self, buf: &mut [u8], doing: &str) -> Result<(), TransportError> {
-        self.stream.read_exact(buf).map_err(|e| self.io_refusal(doing, e))?;
+        self.stream
+            .read_exact(buf)
+            .map_err(|e| self.io_refusal(doing, e))?;
         self.received += buf.len() as u64;
         Ok(())
+    }
+
+    /// Tells the initiator why it is refused. The rest of what it sent is
+    /// read and dropped first: closing a socket with unread bytes sends a
+    /// reset, which can destroy the answer before the initiator reads it.
+    fn answer_refusal(&mut self, code: u8) {
+        if self.stream.write_all(&[PROTOCOL_VERSION, code]).is_err() {
+            return;
+        }
+        let _ = self.stream.shutdown(Shutdown::Write);
+        if self.stream.set_read_timeout(Some(REFUSAL_DRAIN)).is_err() {
+            return;
+        }
+        let mut sink = [0u8; 1024];
+        for _ in 0..16 {
+            match self.stream.read(&mut sink) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Reads one length-prefixed handshake message.
@@ -220,9 +280,11 @@ fn noise_builder<'a>(
     prologue: &'a [u8],
     hs: &Handshake<'_>,
 ) -> Result<snow::Builder<'a>, TransportError> {
-    let params = NOISE_PARAMS
-        .parse()
-        .map_err(|e| hs.refuse(format!("Noise parameters {NOISE_PARAMS} not supported: {e}")))?;
+    let params = NOISE_PARAMS.parse().map_err(|e| {
+        hs.refuse(format!(
+            "Noise parameters {NOISE_PARAMS} not supported: {e}"
+        ))
+    })?;
     snow::Builder::new(params)
         .psk(0, psk)
         .and_then(|b| b.prologue(prologue))
@@ -238,23 +300,36 @@ struct TimeoutGuard {
 
 impl TimeoutGuard {
     fn new(stream: &TcpStream, peer: Option<SocketAddr>) -> Result<TimeoutGuard, TransportError> {
-        let what = || format!("setting the handshake timeout on the connection with {}", peer_name(peer));
-        let current = stream.read_timeout().map_err(|e| TransportError::io(what(), e))?;
+        let what = || {
+            format!(
+                "setting the handshake timeout on the connection with {}",
+                peer_name(peer)
+            )
+        };
+        let current = stream
+            .read_timeout()
+            .map_err(|e| TransportError::io(what(), e))?;
         let restore = current.is_none();
         if restore {
             for set in [TcpStream::set_read_timeout, TcpStream::set_write_timeout] {
                 set(stream, Some(HANDSHAKE_TIMEOUT)).map_err(|e| TransportError::io(what(), e))?;
             }
         }
-        let stream = stream.try_clone().map_err(|e| TransportError::io(what(), e))?;
+        let stream = stream
+            .try_clone()
+            .map_err(|e| TransportError::io(what(), e))?;
         Ok(TimeoutGuard { stream, restore })
     }
 
     fn finish(self) -> Result<(), TransportError> {
         if self.restore {
             let what = "removing the handshake timeout";
-            self.stream.set_read_timeout(None).map_err(|e| TransportError::io(what, e))?;
-            self.stream.set_write_timeout(None).map_err(|e| TransportError::io(what, e))?;
+            self.stream
+                .set_read_timeout(None)
+                .map_err(|e| TransportError::io(what, e))?;
+            self.stream
+                .set_write_timeout(None)
+                .map_err(|e| TransportError::io(what, e))?;
         }
         Ok(())
     }
@@ -262,13 +337,28 @@ impl TimeoutGuard {
 
 impl Channel {
     /// Initiator side. The mode is bound into the handshake (prologue), so a
-    /// man in the middle cannot downgrade it.
-    pub fn connect(mut stream: TcpStream, key: &Key, mode: Mode) -> Result<Channel, TransportError> {
+    /// man in the middle cannot downgrade it. Each handshake read and write
+    /// waits at most [`HANDSHAKE_TIMEOUT`], or the stream's own read timeout
+    /// if the caller set one; a timeout the caller set is kept afterwards,
+    /// otherwise the channel starts with none (see [`Channel::set_timeout`]).
+    /// Returns when the initiator has verified that the responder holds the
+    /// key; a responder that refuses the key confirmation is seen at the
+    /// first `recv`, as `Closed`.
+    pub fn connect(
+        mut stream: TcpStream,
+        key: &Key,
+        mode: Mode,
+    ) -> Result<Channel, TransportError> {
         let peer = stream.peer_addr().ok();
         let guard = TimeoutGuard::new(&stream, peer)?;
         let psk = derive_psk(key);
         let prologue = prologue(mode);
-        let mut hs = Handshake { stream: &mut stream, peer, sent: 0, received: 0 };
+        let mut hs = Handshake {
+            stream: &mut stream,
+            peer,
+            sent: 0,
+            received: 0,
+        };
         let mut noise = noise_builder(&psk, &prologue, &hs)?
             .build_initiator()
             .map_err(|e| hs.refuse(format!("cannot start the Noise handshake: {e}")))?;
@@ -277,7 +367,10 @@ impl Channel {
         let n = noise
             .write_message(&[], &mut msg)
             .map_err(|e| hs.refuse(format!("cannot write handshake message 1: {e}")))?;
-        hs.write(&framed(&[PROTOCOL_VERSION, mode.to_byte()], &msg[..n]), "sending handshake message 1")?;
+        hs.write(
+            &framed(&[PROTOCOL_VERSION, mode.to_byte()], &msg[..n]),
+            "sending handshake message 1",
+        )?;
 
         let mut answer = [0u8; 2];
         hs.read_exact(&mut answer, "waiting for the handshake answer")?;
@@ -294,10 +387,18 @@ impl Channel {
                     "the peer refused our handshake: it does not hold the same key".to_string(),
                 ))
             }
-            REFUSED_MODE => return Err(hs.refuse(format!("the peer does not accept mode {mode:?}"))),
-            REFUSED_VERSION => return Err(hs.refuse("the peer refused our protocol version".to_string())),
+            REFUSED_MODE => {
+                return Err(hs.refuse(format!("the peer does not accept mode {mode:?}")))
+            }
+            REFUSED_VERSION => {
+                return Err(hs.refuse("the peer refused our protocol version".to_string()))
+            }
             b if b == mode.to_byte() => {}
-            b => return Err(hs.refuse(format!("the peer answered with unknown code {b:#04x}: not a ferry agent"))),
+            b => {
+                return Err(hs.refuse(format!(
+                    "the peer answered with unknown code {b:#04x}: not a ferry agent"
+                )))
+            }
         }
         let reply = hs.read_message("waiting for handshake message 2")?;
         let mut payload = [0u8; MAX_HANDSHAKE_MESSAGE];
@@ -319,19 +420,31 @@ impl Channel {
         Channel::new(stream, peer, mode, true, state, &hash, sent, received)
     }
 
-    /// Responder side: accepts the mode the initiator asked for.
+    /// Responder side: accepts the mode the initiator asked for (a caller
+    /// that requires encryption checks [`Channel::mode`] and drops the
+    /// channel). Returns only after the initiator proved it holds the key,
+    /// so nothing is ever received from a stranger. Timeouts as for
+    /// [`Channel::connect`].
     pub fn accept(mut stream: TcpStream, key: &Key) -> Result<Channel, TransportError> {
         let peer = stream.peer_addr().ok();
         let guard = TimeoutGuard::new(&stream, peer)?;
         let psk = derive_psk(key);
-        let mut hs = Handshake { stream: &mut stream, peer, sent: 0, received: 0 };
+        let mut hs = Handshake {
+            stream: &mut stream,
+            peer,
+            sent: 0,
+            received: 0,
+        };
 
         let mut hello = [0u8; 2];
         hs.read_exact(&mut hello, "waiting for the peer's protocol version")?;
         if hello[0] != PROTOCOL_VERSION {
             // Best effort: the peer learns which version we speak; we refuse
             // whether or not it hears it.
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_VERSION], "refusing the peer's version");
+            let _ = hs.write(
+                &[PROTOCOL_VERSION, REFUSED_VERSION],
+                "refusing the peer's version",
+            );
             return Err(hs.refuse(format!(
                 "the peer sent protocol version {}, this ferry speaks version {PROTOCOL_VERSION}: \
                  it runs another ferry version, or is not a ferry agent",
@@ -339,8 +452,14 @@ impl Channel {
             )));
         }
         let Some(mode) = Mode::from_byte(hello[1]) else {
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_MODE], "refusing the peer's mode");
-            return Err(hs.refuse(format!("the peer asked for unknown mode {:#04x}: not a ferry agent", hello[1])));
+            let _ = hs.write(
+                &[PROTOCOL_VERSION, REFUSED_MODE],
+                "refusing the peer's mode",
+            );
+            return Err(hs.refuse(format!(
+                "the peer asked for unknown mode {:#04x}: not a ferry agent",
+                hello[1]
+            )));
         };
         let prologue = prologue(mode);
         let mut noise = noise_builder(&psk, &prologue, &hs)?
@@ -349,7 +468,7 @@ impl Channel {
         let first = hs.read_message("waiting for handshake message 1")?;
         let mut payload = [0u8; MAX_HANDSHAKE_MESSAGE];
         if noise.read_message(&first, &mut payload).is_err() {
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_KEY], "refusing the peer's key");
+            hs.answer_refusal(REFUSED_KEY);
             return Err(hs.refuse(
                 "handshake message 1 failed authentication: the peer does not hold the same key, or is not a ferry agent",
             ));
@@ -358,7 +477,10 @@ impl Channel {
         let n = noise
             .write_message(&[], &mut msg)
             .map_err(|e| hs.refuse(format!("cannot write handshake message 2: {e}")))?;
-        hs.write(&framed(&[PROTOCOL_VERSION, mode.to_byte()], &msg[..n]), "sending handshake message 2")?;
+        hs.write(
+            &framed(&[PROTOCOL_VERSION, mode.to_byte()], &msg[..n]),
+            "sending handshake message 2",
+        )?;
         let hash = noise.get_handshake_hash().to_vec();
         let state = noise
             .into_stateless_transport_mode()
@@ -368,12 +490,10 @@ impl Channel {
         let mut plain = [0u8; MAX_HANDSHAKE_MESSAGE];
         match state.read_message(0, &confirm, &mut plain) {
             Ok(n) if &plain[..n] == CONFIRM => {}
-            _ => {
-                return Err(hs.refuse(
-                    "the key confirmation failed authentication: the peer does not hold the same key \
+            _ => return Err(hs.refuse(
+                "the key confirmation failed authentication: the peer does not hold the same key \
                      (a replayed handshake?)",
-                ))
-            }
+            )),
         }
         let (sent, received) = (hs.sent, hs.received);
         guard.finish()?;
@@ -394,8 +514,12 @@ impl Channel {
         let what = || format!("setting up the connection with {}", peer_name(peer));
         // Messages are written whole, so Nagle's algorithm could only delay
         // the last frame of each (a post-copy page request waits on it).
-        stream.set_nodelay(true).map_err(|e| TransportError::io(what(), e))?;
-        let recv_stream = stream.try_clone().map_err(|e| TransportError::io(what(), e))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| TransportError::io(what(), e))?;
+        let recv_stream = stream
+            .try_clone()
+            .map_err(|e| TransportError::io(what(), e))?;
         let (sealer, opener) = match mode {
             Mode::Encrypted => {
                 let state = Arc::new(state);
@@ -519,7 +643,9 @@ impl<'a> Parts<'a> {
     fn copy_into(&mut self, out: &mut Vec<u8>, mut n: usize) {
         while n > 0 {
             self.skip_empty();
-            let Some(part) = self.parts.get(self.index) else { return };
+            let Some(part) = self.parts.get(self.index) else {
+                return;
+            };
             let take = n.min(part.len() - self.offset);
             out.extend_from_slice(&part[self.offset..self.offset + take]);
             self.offset += take;
@@ -528,7 +654,11 @@ impl<'a> Parts<'a> {
     }
 
     fn skip_empty(&mut self) {
-        while self.parts.get(self.index).is_some_and(|p| self.offset >= p.len()) {
+        while self
+            .parts
+            .get(self.index)
+            .is_some_and(|p| self.offset >= p.len())
+        {
             self.index += 1;
             self.offset = 0;
         }
@@ -565,7 +695,11 @@ impl SendHalf {
     }
 
     fn send_message(&mut self, parts: &[&[u8]], total: usize) -> Result<(), TransportError> {
-        let mut parts = Parts { parts, index: 0, offset: 0 };
+        let mut parts = Parts {
+            parts,
+            index: 0,
+            offset: 0,
+        };
         let mut gather = std::mem::take(&mut self.gather);
         gather.clear();
         gather.extend_from_slice(&(total as u32).to_be_bytes());
@@ -598,10 +732,18 @@ impl SendHalf {
             self.flush()?;
         }
         let body = &mut self.buf[self.used + 2..self.used + need];
-        let n = self.sealer.seal(self.frame, payload, body).map_err(|e| TransportError::Io {
-            what: format!("sealing frame {} of message {} to {}", self.frame, self.messages + 1, peer_name(self.peer)),
-            source: std::io::Error::other(e.to_string()),
-        })?;
+        let n = self
+            .sealer
+            .seal(self.frame, payload, body)
+            .map_err(|e| TransportError::Io {
+                what: format!(
+                    "sealing frame {} of message {} to {}",
+                    self.frame,
+                    self.messages + 1,
+                    peer_name(self.peer)
+                ),
+                source: std::io::Error::other(e.to_string()),
+            })?;
         self.buf[self.used..self.used + 2].copy_from_slice(&(n as u16).to_be_bytes());
         self.used += 2 + n;
         self.frame += 1;
@@ -611,7 +753,14 @@ impl SendHalf {
     fn flush(&mut self) -> Result<(), TransportError> {
         let data = &self.buf[..self.used];
         self.stream.write_all(data).map_err(|e| {
-            TransportError::io(format!("sending message {} to {}", self.messages + 1, peer_name(self.peer)), e)
+            TransportError::io(
+                format!(
+                    "sending message {} to {}",
+                    self.messages + 1,
+                    peer_name(self.peer)
+                ),
+                e,
+            )
         })?;
         self.bytes += self.used as u64;
         self.used = 0;
@@ -626,9 +775,12 @@ impl SendHalf {
     /// Write timeout on the socket (shared with the other half's socket
     /// handle, but the other half only uses the read timeout).
     pub fn set_timeout(&self, t: Option<Duration>) -> Result<(), TransportError> {
-        self.stream
-            .set_write_timeout(t)
-            .map_err(|e| TransportError::io(format!("setting the write timeout for {}", peer_name(self.peer)), e))
+        self.stream.set_write_timeout(t).map_err(|e| {
+            TransportError::io(
+                format!("setting the write timeout for {}", peer_name(self.peer)),
+                e,
+            )
+        })
     }
 
     pub fn peer(&self) -> Option<SocketAddr> {
@@ -672,7 +824,10 @@ impl RecvHalf {
     }
 
     fn corrupt(&self, reason: String) -> TransportError {
-        TransportError::Corrupt { peer: peer_name(self.peer), reason }
+        TransportError::Corrupt {
+            peer: peer_name(self.peer),
+            reason,
+        }
     }
 
     fn recv_message(&mut self) -> Result<Vec<u8>, TransportError> {
@@ -681,11 +836,14 @@ impl RecvHalf {
             Some(p) => p,
             None => {
                 let body = self.next_frame(true)?;
-                let n = self.opener.open(self.frame, &self.buf[body], &mut self.scratch).ok_or_else(|| {
-                    self.corrupt(format!(
+                let n = self
+                    .opener
+                    .open(self.frame, &self.buf[body], &mut self.scratch)
+                    .ok_or_else(|| {
+                        self.corrupt(format!(
                         "message {message} failed authentication: stream corrupted or tampered with"
                     ))
-                })?;
+                    })?;
                 self.frame += 1;
                 let plain = &self.scratch[..n];
                 let Some((len, data)) = plain.split_first_chunk::<LEN_PREFIX>() else {
@@ -728,11 +886,14 @@ impl RecvHalf {
                 )));
             }
             partial.msg.resize(got + body.len(), 0);
-            let n = self.opener.open(self.frame, &self.buf[body], &mut partial.msg[got..]).ok_or_else(|| {
-                self.corrupt(format!(
+            let n = self
+                .opener
+                .open(self.frame, &self.buf[body], &mut partial.msg[got..])
+                .ok_or_else(|| {
+                    self.corrupt(format!(
                     "message {message} failed authentication: stream corrupted or tampered with"
                 ))
-            })?;
+                })?;
             partial.msg.truncate(got + n);
             self.frame += 1;
         }
@@ -743,11 +904,17 @@ impl RecvHalf {
     /// The byte range in `buf` of the next frame's body, reading until it is
     /// all there. A frame is consumed only when it is whole, so a timeout
     /// loses nothing.
-    fn next_frame(&mut self, at_message_start: bool) -> Result<std::ops::Range<usize>, TransportError> {
+    fn next_frame(
+        &mut self,
+        at_message_start: bool,
+    ) -> Result<std::ops::Range<usize>, TransportError> {
         loop {
             let avail = self.end - self.start;
             if avail >= 2 {
-                let len = usize::from(u16::from_be_bytes([self.buf[self.start], self.buf[self.start + 1]]));
+                let len = usize::from(u16::from_be_bytes([
+                    self.buf[self.start],
+                    self.buf[self.start + 1],
+                ]));
                 if len < TAG_LEN || (at_message_start && len < TAG_LEN + LEN_PREFIX) {
                     return Err(self.corrupt(format!(
                         "message {} frame {} is {len} bytes, too short to be a frame",
@@ -771,7 +938,11 @@ impl RecvHalf {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     return Err(TransportError::io(
-                        format!("receiving message {} from {}", self.messages + 1, peer_name(self.peer)),
+                        format!(
+                            "receiving message {} from {}",
+                            self.messages + 1,
+                            peer_name(self.peer)
+                        ),
                         e,
                     ))
                 }
@@ -797,9 +968,12 @@ impl RecvHalf {
 
     /// Read timeout on the socket; `None` waits forever.
     pub fn set_timeout(&self, t: Option<Duration>) -> Result<(), TransportError> {
-        self.stream
-            .set_read_timeout(t)
-            .map_err(|e| TransportError::io(format!("setting the read timeout for {}", peer_name(self.peer)), e))
+        self.stream.set_read_timeout(t).map_err(|e| {
+            TransportError::io(
+                format!("setting the read timeout for {}", peer_name(self.peer)),
+                e,
+            )
+        })
     }
 
     pub fn peer(&self) -> Option<SocketAddr> {

@@ -4,14 +4,17 @@ use std::path::PathBuf;
 /// file or the peer it is about.
 #[derive(thiserror::Error, Debug)]
 pub enum TransportError {
-    #[error("key file {path}: {reason}")]
+    #[error("key file {path} {reason}", path = path.display())]
     KeyFile { path: PathBuf, reason: String },
     #[error("cannot generate a key: the OS random number generator failed: {reason}")]
     Random { reason: String },
     #[error("handshake with {peer} refused: {reason}")]
     Handshake { peer: String, reason: String },
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("peer closed the connection")]
     Closed,
     #[error("stream from {peer} is corrupt: {reason}")]
@@ -28,7 +31,9 @@ impl TransportError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         let what = what.into();
         match source.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => TransportError::Timeout { what },
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                TransportError::Timeout { what }
+            }
             _ => TransportError::Io { what, source },
         }
     }

@@ -24,7 +24,9 @@ impl Key {
     /// A new random key from the OS random number generator.
     pub fn generate() -> Result<Key, TransportError> {
         let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| TransportError::Random { reason: e.to_string() })?;
+        getrandom::fill(&mut bytes).map_err(|e| TransportError::Random {
+            reason: e.to_string(),
+        })?;
         Ok(Key(bytes))
     }
 
@@ -38,7 +40,10 @@ impl Key {
     /// 0600. Refuses to overwrite an existing file, since that would lock
     /// out every agent still holding the old key.
     pub fn write_new(path: &Path) -> Result<Key, TransportError> {
-        let err = |reason: String| TransportError::KeyFile { path: path.to_path_buf(), reason };
+        let err = |reason: String| TransportError::KeyFile {
+            path: path.to_path_buf(),
+            reason,
+        };
         let key = Key::generate()?;
         let mut file = OpenOptions::new()
             .write(true)
@@ -46,20 +51,23 @@ impl Key {
             .mode(0o600)
             .open(path)
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => {
-                    err("already exists; refusing to overwrite it (remove it first to replace the key)".into())
-                }
-                _ => err(format!("cannot create it: {e}")),
+                std::io::ErrorKind::AlreadyExists => err(
+                    "already exists; refusing to overwrite it (remove it first to replace the key)"
+                        .into(),
+                ),
+                _ => err(format!("cannot be created: {e}")),
             })?;
         let mut text = key.to_hex();
         text.push('\n');
-        let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());
+        let written = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_all());
         text.zeroize();
         if let Err(e) = written {
             // A half-written key file would be refused by load() anyway; remove
             // it so that the next write_new is not refused as "already exists".
             let _ = std::fs::remove_file(path);
-            return Err(err(format!("cannot write it: {e}")));
+            return Err(err(format!("could not be written: {e}")));
         }
         Ok(key)
     }
@@ -68,21 +76,34 @@ impl Key {
     /// digits, an optional line ending). Refuses a file that group or others
     /// may read or write: the key is what keeps a process image secret.
     pub fn load(path: &Path) -> Result<Key, TransportError> {
-        let err = |reason: String| TransportError::KeyFile { path: path.to_path_buf(), reason };
-        let file = File::open(path).map_err(|e| err(format!("cannot open it: {e}")))?;
+        let err = |reason: String| TransportError::KeyFile {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file = File::open(path).map_err(|e| err(format!("cannot be opened: {e}")))?;
         // The mode is read from the open file, not the path, so the file
         // checked is the one read.
-        let meta = file.metadata().map_err(|e| err(format!("cannot stat it: {e}")))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| err(format!("cannot be examined: {e}")))?;
         if !meta.is_file() {
             return Err(err("is not a regular file".into()));
         }
         let mode = meta.mode() & 0o7777;
         if mode & 0o077 != 0 {
-            let who = if mode & 0o044 != 0 { "readable" } else { "writable" };
-            return Err(err(format!("is {who} by group or others (mode {mode:04o}): chmod 600 it")));
+            let who = if mode & 0o044 != 0 {
+                "readable"
+            } else {
+                "writable"
+            };
+            return Err(err(format!(
+                "is {who} by group or others (mode {mode:04o}): chmod 600 it"
+            )));
         }
         let mut text = Vec::with_capacity(MAX_KEY_FILE as usize);
-        file.take(MAX_KEY_FILE + 1).read_to_end(&mut text).map_err(|e| err(format!("cannot read it: {e}")))?;
+        file.take(MAX_KEY_FILE + 1)
+            .read_to_end(&mut text)
+            .map_err(|e| err(format!("cannot be read: {e}")))?;
         let parsed = parse_hex_key(&text);
         text.zeroize();
         parsed.map(Key).map_err(err)
@@ -144,7 +165,11 @@ impl std::fmt::Debug for Key {
 // where two keys differ.
 impl PartialEq for Key {
     fn eq(&self, other: &Key) -> bool {
-        self.0.iter().zip(other.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 }
 
