@@ -37,7 +37,7 @@ Parts (--parts):
 Usage: bench/migrate.py [--parts mem,conns,ab] [--sizes 16,64,256,1024,4096]
          [--workloads idle,hot10-16,hot10,seed] [--modes stop,pre,post]
          [--runs 3] [--conns 0,100,1000,5000,10000] [--conn-runs 3]
-         [--concurrency 1,4,16,64] [--ab-seconds 20] [--insecure]
+         [--concurrency 1,4,16,64,256] [--ab-seconds 20] [--insecure]
          [--wait-load 1.5 --wait-max 1800] [--out docs/benchmarks-migrate-latest.md]
 Needs root, target/release/ferry and ferryd (`cargo build --release`), gcc,
 nginx, ab (apache2-utils) and python3-matplotlib for the plots.
@@ -419,7 +419,7 @@ def part_mem(cl, bins, work, args, res):
             log(note)
             res["notes"].append(note)
             continue
-        if mib >= 512 and mib not in warmed:
+        if mib >= args.cold_from and mib not in warmed:
             # One migration before the warm-up: the VM may not back this
             # memory yet (kernel-facts.md). Reported apart.
             r = guarded(mem_run, {"workload": "idle", "mib": mib, "mode": "pre"}, cl, bins, work, "idle", mib, "pre", args.insecure)
@@ -526,6 +526,7 @@ def part_conns(cl, bins, work, args, res):
             s["pauses"] = [r["pause"] for r in ok]
             med = sorted(ok, key=lambda r: r["pause"])[len(ok) // 2]
             s["phases"] = med["report"]["source_phases"]
+            s["dest_phases"] = med["report"]["dest_phases"]
         res["conns"].append(s)
 
 
@@ -704,7 +705,7 @@ def write_markdown(res, args, out, started, ended):
         L.append("Workloads (bench/migrate_mem.c): " + "; ".join(f"*{k}*: {v[0]}" for k, v in WORKLOADS.items()) + ".")
         if res["mem_cold"]:
             L.append("")
-            L.append("First migration of each size of 512 MiB and more, before the VM's memory was warmed up "
+            L.append(f"First migration of each size of {args.cold_from} MiB and more, before the VM's memory was warmed up "
                      "(idle workload, pre-copy; one run each; the machine had been up for a while, so part of its memory "
                      "may have been backed already):")
             L.append("")
@@ -724,7 +725,9 @@ def write_markdown(res, args, out, started, ended):
             for s in big:
                 parts = ", ".join(f"{n} {ms:.1f}" for n, ms in s["phases"])
                 rounds = ", ".join(f"{r['bytes'] / 2**20:.1f} MiB in {r['ms']:.0f} ms" for r in s["round_list"])
-                L.append(f"- {s['workload']}, {MODES[s['mode']][0]}: {parts}" + (f"; rounds: {rounds}" if rounds else ""))
+                dparts = ", ".join(f"{n} {ms:.1f}" for n, ms in s["dest_phases"])
+                L.append(f"- {s['workload']}, {MODES[s['mode']][0]}: {parts}" + (f"; rounds: {rounds}" if rounds else "")
+                         + f"; destination restore: {dparts}")
     if res["conns"]:
         L.append("")
         L.append("## Pause against established connections")
@@ -743,6 +746,13 @@ def write_markdown(res, args, out, started, ended):
                          f"{s['broken']} | {s['runs']}{failed} | {rng(s['loads'])} |")
             else:
                 L.append(f"| {s['n']:,} | failed | | | | {s['broken']} | {s['runs']}{failed} | {rng(s['loads'])} |")
+        top = [s for s in res["conns"] if "phases" in s]
+        if top:
+            s = top[-1]
+            L.append("")
+            L.append(f"Source phases of the median run at {s['n']:,} connections (ms): "
+                     + ", ".join(f"{n} {ms:.1f}" for n, ms in s["phases"]) + "; destination restore: "
+                     + ", ".join(f"{n} {ms:.1f}" for n, ms in s["dest_phases"]))
     if res["ab"]:
         L.append("")
         L.append("## nginx under ApacheBench, with and without a migration")
@@ -852,13 +862,16 @@ def main():
     ap.add_argument("--workloads", default="idle,hot10-16,hot10,seed")
     ap.add_argument("--modes", default="stop,pre,post")
     ap.add_argument("--runs", type=int, default=3, help="runs per memory configuration (1 at 4 GiB and more)")
+    ap.add_argument("--cold-from", type=int, default=512,
+                    help="MiB: from this size on, one run before warming the VM's memory up, reported apart")
     ap.add_argument("--conns", default="0,100,1000,5000,10000")
     ap.add_argument("--conn-runs", type=int, default=3)
-    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--concurrency", default="1,4,16,64,256")
     ap.add_argument("--ab-seconds", type=int, default=20)
     ap.add_argument("--insecure", action="store_true", help="pass --insecure to ferry migrate")
     ap.add_argument("--wait-load", type=float, default=None, help="before each part, wait until the 1-min load is below this")
     ap.add_argument("--wait-max", type=int, default=1800, help="seconds to wait for --wait-load at most")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs of ferryd, servers, clients, ab)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-migrate-latest.md"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -875,6 +888,9 @@ def main():
     # SIGTERM/SIGHUP end us like Ctrl-C: through the finally below.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    # Ctrl-C, also when started in the background of a script (which
+    # would otherwise leave SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     work = tempfile.mkdtemp(prefix="ferry-bench-migrate-")
     os.chmod(work, 0o755)  # nginx's workers (nobody) read their files in here
     cl = None
@@ -898,11 +914,18 @@ def main():
         write_markdown(res, args, args.out, started, ended)
         plots(res, args.out)
     finally:
+        # The cleanup is bounded; a second signal must not cut it short.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        log("cleaning up")
         if cl is not None:
             cl.close()
         for p in list(STARTED):
             reap(p)
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
