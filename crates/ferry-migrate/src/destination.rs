@@ -69,27 +69,31 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("network lock prepared");
 
     let mut store = PageStore::new()?;
-    let (meta, host_pids, parent_pages) = loop {
+    let (meta, host_pids) = loop {
         let r = protocol::recv(ch)?;
         match r.msg {
             Msg::Pages { pid, ref ranges } => store.insert(pid, ranges, r.data())?,
             Msg::RoundDone { round, .. } => ph.mark(&format!("round {round} received")),
-            Msg::Image { meta, host_pids, parent_pages } => break (meta, host_pids, parent_pages),
+            Msg::Image { meta, host_pids } => break (meta, host_pids),
             Msg::Abort { reason } => return Err(MigrateError::Aborted(reason)),
             m => return Err(MigrateError::Protocol(format!("unexpected {} while receiving pages", m.name()))),
         }
     };
-    let t0 = Instant::now();
     ph.mark("final pages + image received");
-    let (_inv, mut tree) = ferry_image::decode_meta(&meta)?;
+    // Decoded, checked and validated like any image, the parent's page
+    // ranges included.
+    let (_inv, mut tree, incremental) = ferry_image::decode_meta_full(&meta)?;
     drop(meta);
     if host_pids.len() != tree.processes.len() {
         return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
     }
+    let parent_pages = incremental.map(|i| i.parent_pages).unwrap_or_default();
     for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
         let mut runs: Vec<(u64, u64)> = p.page_runs.iter().map(|r| (r.start, r.pages)).collect();
-        if let Some((_, parent)) = parent_pages.iter().find(|(pid, _)| *pid == host) {
-            runs.extend_from_slice(parent);
+        // The parent is this migration's earlier rounds, kept in the store
+        // under the PIDs the source sees.
+        if let Some(parent) = parent_pages.iter().find(|pp| pp.pid == p.pid) {
+            runs.extend_from_slice(&parent.ranges);
         }
         runs.sort_unstable();
         p.page_runs = store.runs_for(host, &runs)?;
@@ -99,13 +103,16 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("page runs resolved");
 
     let tuples = held_tuples(&tree);
+    let mut unneeded_lock = None;
     let lock_name = match lock.take() {
         Some(mut l) if !tuples.is_empty() => {
             l.engage(&tuples)?;
             Some(l.hand_over())
         }
+        // No connection to hold: taken down after the release, where its
+        // tens of ms do not count in the pause.
         Some(l) => {
-            l.thaw()?;
+            unneeded_lock = Some(l);
             None
         }
         None => None,
@@ -123,11 +130,11 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
 
     let pages = store.map()?;
     let opts = ferry_engine::restore::RestoreOptions { adopt_lock: lock_name, ..Default::default() };
-    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t0)?;
+    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now())?;
     let mut phases: Vec<(String, f64)> = ph.done().to_vec();
     phases.extend(held.phases.iter().cloned());
     ph.mark("restored (held)");
-    protocol::send(ch, &Msg::Ready { phases: held.phases.clone() })?;
+    protocol::send(ch, &Msg::Ready { phases: phases.clone() })?;
 
     let go = protocol::recv(ch);
     match go.map(|r| r.msg) {
@@ -150,6 +157,9 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("released");
     protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
     phases.extend(release_phases);
+    if let Some(l) = unneeded_lock {
+        l.thaw()?;
+    }
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
 }
 

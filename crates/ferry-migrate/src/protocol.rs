@@ -63,15 +63,14 @@ pub enum Msg {
     Pages { pid: i32, ranges: Vec<(u64, u64)> },
     /// A pre-copy round is complete.
     RoundDone { round: u32, bytes: u64 },
-    /// The frozen tree's metadata (meta.img bytes); `host_pids` are the
-    /// PIDs its processes had on the source (as Pages named them), in
-    /// image order; `parent_pages` the pages the destination already
-    /// holds from earlier rounds, per source PID, as (address, pages).
+    /// The frozen tree's metadata (meta.img bytes, an incremental image
+    /// when pre-copy rounds ran: its parent is the pages the destination
+    /// holds from them); `host_pids` are the PIDs its processes had on the
+    /// source (as Pages named them), in image order.
     Image {
         #[serde(with = "serde_bytes")]
         meta: Vec<u8>,
         host_pids: Vec<i32>,
-        parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
     },
     /// The tree is restored and held stopped; the restore's phases in ms.
     Ready { phases: Vec<(String, f64)> },

@@ -88,13 +88,14 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     let mut ch = Channel::connect(stream, &o.key, o.mode)?;
     ch.set_timeout(Some(o.timeout))?;
     let (major, minor) = crate::FORMAT;
+    let migration_id = random_id();
     let hello = Hello {
         protocol: protocol::PROTOCOL_VERSION,
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
         format: (major, minor),
         arch: std::env::consts::ARCH.to_string(),
         kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        migration_id: random_id(),
+        migration_id,
         lazy: o.lazy,
         address: o.address,
     };
@@ -134,8 +135,12 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             taken = Some(address::take(addr, prefix)?);
             mark(&mut phases, "address off");
         }
-        let meta = ferry_image::encode_meta(&captured.inventory, &captured.tree)?;
-        let msg = Msg::Image { meta, host_pids: captured.pids(), parent_pages: captured.parent_pages.clone() };
+        let incremental = (!captured.parent_pages.is_empty()).then(|| ferry_image::Incremental {
+            parent_id: migration_id,
+            parent_pages: captured.parent_pages.iter().map(|(pid, ranges)| ferry_image::ParentPages { pid: *pid, ranges: ranges.clone() }).collect(),
+        });
+        let meta = ferry_image::encode_meta_with(&captured.inventory, &captured.tree, incremental.as_ref())?;
+        let msg = Msg::Image { meta, host_pids: captured.pids() };
         protocol::send(&mut ch, &msg)?;
         mark(&mut phases, "image sent");
         (o.progress)("restoring at the destination");

@@ -172,7 +172,8 @@ pub struct Captured {
     pub inventory: Inventory,
     pub tree: TreeImage,
     /// Per process, the pages present at capture that were not copied
-    /// because the receiver holds them (see [`CaptureHooks`]).
+    /// because the receiver holds them (see [`CaptureHooks`]), under the
+    /// PIDs the image gives the processes.
     pub parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
     pub phases: crate::phases::Phases,
     summary: CaptureSummary,
