@@ -147,16 +147,19 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     // The lock went with the released tree; the address stays.
     lock_guard.forget();
     let mut release_phases = vec![("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3)];
+    let mut announce_socket = None;
     if let Some(p) = placed {
         let t = Instant::now();
-        if let Err(e) = p.announce_and_keep() {
-            tracing::warn!("{e}");
+        match p.announce_and_keep() {
+            Ok(sock) => announce_socket = sock,
+            Err(e) => tracing::warn!("{e}"),
         }
         release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
     }
     ph.mark("released");
     protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
     phases.extend(release_phases);
+    drop(announce_socket);
     if let Some(l) = unneeded_lock {
         l.thaw()?;
     }

@@ -439,8 +439,8 @@ mod tests {
     fn held_pages_split_into_parent_and_sent() {
         let ranges = vec![(0, 10 * P), (20 * P, 30 * P)];
         let held = [(2 * P, 3), (8 * P, 14), (25 * P, 100)];
-        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 5)]);
-        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P)]);
+        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]);
+        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]);
     }
 
     #[test]
