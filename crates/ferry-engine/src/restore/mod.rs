@@ -59,11 +59,24 @@ pub struct RestoreOptions {
     /// (by name), taken over instead of the one the image names: a
     /// migrated tree's lock was set up by the destination.
     pub adopt_lock: Option<String>,
+    /// Memory of ferry's own placed where the root has its pages (see
+    /// ferry_sys::placed): the root inherits it over fork for the
+    /// mappings its image lists as `inherited`, and ferry drops its copy
+    /// right after. Only for a restore in a process forked from the
+    /// regions' owner (restore_held_in_new_pid_ns's helper).
+    pub placed_for_root: ferry_sys::placed::InheritedRegions,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None, new_pid_ns: false, adopt_lock: None }
+        RestoreOptions {
+            tty_to: "/dev/null".into(),
+            netns: None,
+            progress: None,
+            new_pid_ns: false,
+            adopt_lock: None,
+            placed_for_root: Default::default(),
+        }
     }
 }
 
@@ -388,6 +401,11 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
     ph.mark("fork root");
+    // The root has its copies of the placed pages now; ferry's go, so that
+    // the root's pages are its own (no copy-on-write fault per page later).
+    if !opts.placed_for_root.is_empty() {
+        opts.placed_for_root.clone().unmap().map_err(|e| EngineError::kernel(pid, "dropping ferry's copy of the placed pages", e))?;
+    }
     // Established connections are made now, after the fork, so that they
     // need no fd numbers in the range the tree inherits: a tree with
     // 10,000 connections would not fit under the fd limit twice.
@@ -402,9 +420,16 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
     install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
-    memory::clear_address_space(&mut s, &[])?;
+    // Mappings whose pages the root inherited from ferry (a migration
+    // placed them at their addresses) are kept like a child's.
+    let mut kept: Vec<(u64, u64)> = root.inherited.iter().map(|v| (v.start, v.end)).collect();
+    kept.sort_unstable();
+    memory::clear_address_space(&mut s, &kept)?;
     memory::place_vdso(&mut s, &root.vmas)?;
-    let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
+    let mut reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &kept)?;
+    if !kept.is_empty() {
+        reprotect.extend(memory::prepare_inherited(&mut s, &root.page_runs)?);
+    }
     memory::write_pages(pid, &root.page_runs, pages, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
