@@ -86,10 +86,16 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     if host_pids.len() != tree.processes.len() {
         return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
     }
+    // Post-copy: (image PID, source PID, pages still at the source).
+    let mut lazy: Vec<(i32, i32, Vec<(u64, u64)>)> = Vec::new();
     for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
         let mut runs: Vec<(u64, u64)> = p.page_runs.iter().map(|r| (r.start, r.pages)).collect();
         if let Some((_, parent)) = parent_pages.iter().find(|(pid, _)| *pid == host) {
-            runs.extend_from_slice(parent);
+            if hello.lazy {
+                lazy.push((p.pid, host, parent.clone()));
+            } else {
+                runs.extend_from_slice(parent);
+            }
         }
         runs.sort_unstable();
         p.page_runs = store.runs_for(host, &runs)?;
@@ -122,8 +128,16 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("address on");
 
     let pages = store.map()?;
-    let opts = ferry_engine::restore::RestoreOptions { adopt_lock: lock_name, ..Default::default() };
-    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t0)?;
+    let opts = ferry_engine::restore::RestoreOptions {
+        adopt_lock: lock_name,
+        lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+        ..Default::default()
+    };
+    let mut held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t0)?;
+    let uffds = std::mem::take(&mut held.uffds);
+    if lazy.iter().any(|(_, _, r)| !r.is_empty()) && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count() {
+        return Err(MigrateError::Invalid(format!("post-copy: the restore registered {} userfaultfd(s) for {} process(es) with lazy pages", uffds.len(), lazy.len())));
+    }
     let mut phases: Vec<(String, f64)> = ph.done().to_vec();
     phases.extend(held.phases.iter().cloned());
     ph.mark("restored (held)");
@@ -150,6 +164,19 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("released");
     protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
     phases.extend(release_phases);
+    if hello.lazy {
+        let r = crate::pager::run(ch, uffds, &lazy, restored.init_pid, restored.pid)?;
+        eprintln!(
+            "ferryd: post-copy of pid {}: {:.1} MiB in {:.0} ms, {} faults, {} page requests, {} zero pages",
+            restored.pid,
+            r.bytes as f64 / 1048576.0,
+            r.ms,
+            r.faults,
+            r.requests,
+            r.zero_pages
+        );
+        phases.push(("post-copy".to_string(), r.ms));
+    }
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
 }
 
@@ -185,9 +212,6 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
     }
     if h.arch != std::env::consts::ARCH {
         return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
-    }
-    if h.lazy {
-        return Err("post-copy (--lazy) is not supported by this ferryd".into());
     }
     if h.address.is_some() && cfg.interface.is_none() {
         return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());

@@ -196,6 +196,7 @@ fn run(cli: Cli) -> Result<i32> {
                 progress: progress::bar("restoring memory"),
                 new_pid_ns,
                 adopt_lock: None,
+                lazy: Vec::new(),
             };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             match r.init_pid {
