@@ -8,7 +8,8 @@
 //! the freeze as usual: locked mappings (the restore's mlock would fault
 //! every page in before anything can serve it) and the pages holding a
 //! thread's rseq area (the kernel writes it on the restored thread's
-//! first return to user mode, still inside the restore).
+//! first return to user mode, still inside the restore), and the main
+//! stack (GROWSDOWN; the restore touches it, and it is small).
 
 use crate::capture::memory::{classify, page_filter};
 use crate::error::{EngineError, Result};
@@ -40,7 +41,7 @@ pub fn lazy_pages(pid: i32) -> Result<Vec<(u64, u64)>> {
     let pm: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut out: Vec<(u64, u64)> = Vec::new();
     for v in &vmas {
-        if !matches!(v.backing, VmaBacking::Anonymous) || v.shared || v.flags & vmflag::LOCKED != 0 {
+        if !matches!(v.backing, VmaBacking::Anonymous) || v.shared || v.flags & (vmflag::LOCKED | vmflag::GROWSDOWN) != 0 {
             continue;
         }
         let Some(filter) = page_filter(v) else { continue };
