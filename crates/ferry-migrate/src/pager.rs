@@ -265,11 +265,11 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
     report.zero_pages = zero.load(Ordering::Relaxed);
     if let Err(e) = outcome {
         // Threads of the tree may be waiting for pages that will never come.
-        tracing::error!("post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
-        eprintln!("ferryd: post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
         if let Some(init) = init {
             let _ = ferry_sys::process::kill(init, libc::SIGKILL);
         }
+        tracing::error!("post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
+        eprintln!("ferryd: post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
         drop(state);
         return Err(MigrateError::Aborted(format!("post-copy of pid {root}: {e}; the tree was killed at the destination")));
     }

@@ -177,6 +177,11 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             // pages; it is killed once they are all at the destination.
             let postcopy = match &lazy {
                 Some(l) => {
+                    // Should this process die during the transfer, ptrace lets
+                    // go of the tree: a queued SIGSTOP keeps it from running here.
+                    for p in captured.pids() {
+                        let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+                    }
                     (o.progress)(&format!("running at the destination; post-copy of {:.1} MiB", l.bytes() as f64 / 1048576.0));
                     let pushed = crate::postcopy::push(&mut ch, &l.lazy, o.timeout, &*o.progress);
                     mark(&mut phases, "post-copy");

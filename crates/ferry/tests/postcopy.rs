@@ -287,3 +287,53 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
     assert!(counts[1] > counts[0], "the writer stopped counting at the destination: {counts:?}");
     pair.signal_b(dest, "-KILL");
 }
+
+#[test]
+fn source_lost_during_postcopy_kills_the_destination_tree() {
+    use std::io::{BufRead, BufReader};
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let pair = Pair::new();
+    let (pid, _out) = pair.start("check", 1024);
+    let to = format!("{}:7070", pair.host("b").ip);
+    let mut child = pair
+        .host("a")
+        .command(&[FERRY, "migrate", "--pid", &pid.to_string(), "--to", &to, "--key", pair.key.to_str().expect("utf-8"), "--lazy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ferry migrate");
+    let (ferry_root, _) = pair.host("a").wait_spawned_pid(&child);
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    loop {
+        let line = lines.next().expect("ferry migrate ended before post-copy").expect("read stderr");
+        if line.contains("post-copy of") {
+            break;
+        }
+    }
+    // The source goes away in the middle of the transfer.
+    // SAFETY: kill by PID of the ferry process this test started.
+    unsafe { libc::kill(ferry_root, libc::SIGKILL) };
+    let _ = child.wait();
+    let log = pair.dir.join("ferryd-b.log");
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("the service is lost") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the destination did not give up the tree: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing of the tree is left in host b but ferryd and its workers.
+    let ps = pair.host("b").command(&["ps", "-e", "-o", "comm="]).output().expect("ps");
+    let names = String::from_utf8_lossy(&ps.stdout).into_owned();
+    assert!(!names.lines().any(|l| l.trim() == "memprog"), "the tree still runs at the destination: {names}");
+    // The source's copy does not run again either (kept stopped).
+    let st = fs::read_to_string(format!("/proc/{}/stat", pair.host("a").root_pid(pid).expect("source copy"))).unwrap_or_default();
+    let state = st.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+    assert!(state == "T" || state == "t", "the source's copy runs again (state {state})");
+    println!("source lost mid-transfer: the destination killed the tree, the source's copy stays stopped");
+}
