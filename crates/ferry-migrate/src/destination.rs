@@ -88,12 +88,18 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
     }
     let parent_pages = incremental.map(|i| i.parent_pages).unwrap_or_default();
+    // Post-copy: (image PID, source PID, pages still at the source).
+    let mut lazy: Vec<(i32, i32, Vec<(u64, u64)>)> = Vec::new();
     for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
         let mut runs: Vec<(u64, u64)> = p.page_runs.iter().map(|r| (r.start, r.pages)).collect();
         // The parent is this migration's earlier rounds, kept in the store
-        // under the PIDs the source sees.
+        // under the PIDs the source sees (or, post-copy, still at the source).
         if let Some(parent) = parent_pages.iter().find(|pp| pp.pid == p.pid) {
-            runs.extend_from_slice(&parent.ranges);
+            if hello.lazy {
+                lazy.push((p.pid, host, parent.ranges.clone()));
+            } else {
+                runs.extend_from_slice(&parent.ranges);
+            }
         }
         runs.sort_unstable();
         p.page_runs = store.runs_for(host, &runs)?;
@@ -129,8 +135,16 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("address on");
 
     let pages = store.map()?;
-    let opts = ferry_engine::restore::RestoreOptions { adopt_lock: lock_name, ..Default::default() };
-    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now())?;
+    let opts = ferry_engine::restore::RestoreOptions {
+        adopt_lock: lock_name,
+        lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+        ..Default::default()
+    };
+    let mut held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now())?;
+    let uffds = std::mem::take(&mut held.uffds);
+    if lazy.iter().any(|(_, _, r)| !r.is_empty()) && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count() {
+        return Err(MigrateError::Invalid(format!("post-copy: the restore registered {} userfaultfd(s) for {} process(es) with lazy pages", uffds.len(), lazy.len())));
+    }
     let mut phases: Vec<(String, f64)> = ph.done().to_vec();
     phases.extend(held.phases.iter().cloned());
     ph.mark("restored (held)");
@@ -162,6 +176,19 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     drop(announce_socket);
     if let Some(l) = unneeded_lock {
         l.thaw()?;
+    }
+    if hello.lazy {
+        let r = crate::pager::run(ch, uffds, &lazy, restored.init_pid, restored.pid)?;
+        eprintln!(
+            "ferryd: post-copy of pid {}: {:.1} MiB in {:.0} ms, {} faults, {} page requests, {} zero pages",
+            restored.pid,
+            r.bytes as f64 / 1048576.0,
+            r.ms,
+            r.faults,
+            r.requests,
+            r.zero_pages
+        );
+        phases.push(("post-copy".to_string(), r.ms));
     }
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
 }
@@ -198,9 +225,6 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
     }
     if h.arch != std::env::consts::ARCH {
         return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
-    }
-    if h.lazy {
-        return Err("post-copy (--lazy) is not supported by this ferryd".into());
     }
     if h.address.is_some() && cfg.interface.is_none() {
         return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());

@@ -12,6 +12,8 @@ pub mod address;
 pub mod destination;
 pub mod error;
 pub mod page_store;
+pub mod pager;
+pub mod postcopy;
 pub mod precopy;
 pub mod protocol;
 pub mod ranges;

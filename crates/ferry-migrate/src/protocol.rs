@@ -149,6 +149,21 @@ impl Received {
     }
 }
 
+/// [`send_with_data`] on the sending half of a split channel (post-copy).
+pub fn send_half(tx: &mut ferry_transport::SendHalf, msg: &Msg, data: &[u8]) -> Result<()> {
+    let head = encode_header(msg)?;
+    tx.send_parts(&[&head, data])?;
+    Ok(())
+}
+
+/// [`recv`] on the receiving half of a split channel (post-copy).
+pub fn recv_half(rx: &mut ferry_transport::RecvHalf) -> Result<Received> {
+    let buf = rx.recv()?;
+    let (msg, data) = decode(&buf)?;
+    let data_start = buf.len() - data.len();
+    Ok(Received { msg, buf, data_start })
+}
+
 pub fn recv(ch: &mut Channel) -> Result<Received> {
     let buf = ch.recv()?;
     let (msg, data) = decode(&buf)?;

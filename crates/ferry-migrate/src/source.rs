@@ -54,6 +54,15 @@ pub struct MigrationReport {
     /// The source's phases and the destination's restore phases, in ms.
     pub source_phases: Vec<(String, f64)>,
     pub dest_phases: Vec<(String, f64)>,
+    /// Post-copy: what was left behind in the freeze and sent afterwards.
+    pub postcopy: Option<PostcopyReport>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PostcopyReport {
+    /// Bytes of pages the freeze left at the source.
+    pub lazy_bytes: u64,
+    pub push: crate::postcopy::PushReport,
 }
 
 fn random_id() -> u64 {
@@ -80,6 +89,9 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     }
     if !std::path::Path::new(&format!("/proc/{}", o.pid)).exists() {
         return Err(MigrateError::Invalid(format!("pid {}: no such process", o.pid)));
+    }
+    if o.lazy {
+        crate::postcopy::check_single_process(o.pid)?;
     }
     (o.progress)(&format!("connecting to {}", o.to));
     let stream = TcpStream::connect_timeout(&o.to, o.timeout)
@@ -113,9 +125,14 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
 
     (o.progress)("freezing");
     let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
+    let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
     let (captured, final_page_bytes) = {
         let mut sink = StreamSink::new(&mut ch);
-        let hooks = precopy.as_mut().map(|p| p as &mut dyn CaptureHooks);
+        let hooks = match (precopy.as_mut(), lazy.as_mut()) {
+            (Some(p), _) => Some(p as &mut dyn CaptureHooks),
+            (None, Some(l)) => Some(l as &mut dyn CaptureHooks),
+            (None, None) => None,
+        };
         let c = ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks)?;
         (c, sink.page_bytes())
     };
@@ -161,6 +178,31 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             if let Some(t) = taken {
                 t.keep_off();
             }
+            // Post-copy: the frozen copy holds the only copy of the lazy
+            // pages; it is killed once they are all at the destination.
+            let postcopy = match &lazy {
+                Some(l) => {
+                    // Should this process die during the transfer, ptrace lets
+                    // go of the tree: a queued SIGSTOP keeps it from running here.
+                    for p in captured.pids() {
+                        let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+                    }
+                    (o.progress)(&format!("running at the destination; post-copy of {:.1} MiB", l.bytes() as f64 / 1048576.0));
+                    let pushed = crate::postcopy::push(&mut ch, &l.lazy, o.timeout, &*o.progress);
+                    mark(&mut phases, "post-copy");
+                    match pushed {
+                        Ok(push) => Some(PostcopyReport { lazy_bytes: l.bytes(), push }),
+                        Err(e) => {
+                            let _ = captured.kill(LockAfterKill::Release);
+                            return Err(MigrateError::Aborted(format!(
+                                "{e}; the tree had resumed at {} before all its memory was there: the destination kills it, and the source's copy was killed (post-copy cannot roll back): the service is lost",
+                                o.to
+                            )));
+                        }
+                    }
+                }
+                None => None,
+            };
             captured.kill(LockAfterKill::Release)?;
             mark(&mut phases, "source killed");
             Ok(MigrationReport {
@@ -175,6 +217,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
                 precopy_stop,
                 source_phases: phases,
                 dest_phases,
+                postcopy,
             })
         }
         Err(e) if commit_sent => {

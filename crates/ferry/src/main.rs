@@ -197,6 +197,7 @@ fn run(cli: Cli) -> Result<i32> {
                 new_pid_ns,
                 adopt_lock: None,
                 placed_for_root: Default::default(),
+                lazy: Vec::new(),
             };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             match r.init_pid {

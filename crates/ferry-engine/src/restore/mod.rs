@@ -19,6 +19,7 @@
 mod child;
 mod files;
 mod fork;
+mod lazy;
 mod memory;
 mod pidns;
 pub use pidns::{restore_held as restore_held_in_new_pid_ns, HeldInNamespace};
@@ -65,6 +66,11 @@ pub struct RestoreOptions {
     /// right after. Only for a restore in a process forked from the
     /// regions' owner (restore_held_in_new_pid_ns's helper).
     pub placed_for_root: ferry_sys::placed::InheritedRegions,
+    /// Post-copy: per image PID, the pages ((address, pages) runs, sorted)
+    /// that are not in the page data but fetched on first touch; their
+    /// mappings are registered with a userfaultfd ([`Held::lazy_uffds`]).
+    /// Single-process trees only.
+    pub lazy: Vec<(i32, Vec<(u64, u64)>)>,
 }
 
 impl Default for RestoreOptions {
@@ -76,6 +82,7 @@ impl Default for RestoreOptions {
             new_pid_ns: false,
             adopt_lock: None,
             placed_for_root: Default::default(),
+            lazy: Vec::new(),
         }
     }
 }
@@ -241,6 +248,8 @@ pub struct Held {
     staged_files: HashMap<u64, OwnedFd>,
     staging: staging::Staging,
     phases: crate::phases::Phases,
+    /// Post-copy: (image PID, its userfaultfd) of processes with lazy pages.
+    uffds: Vec<(i32, OwnedFd)>,
     guard: TreeGuard,
 }
 
@@ -254,6 +263,12 @@ impl Held {
         &self.phases
     }
 
+    /// Post-copy: (image PID, descriptor in this process) of each
+    /// userfaultfd whose registered mappings wait for their pages.
+    pub fn lazy_uffds(&self) -> Vec<(i32, RawFd)> {
+        self.uffds.iter().map(|(p, f)| (*p, f.as_raw_fd())).collect()
+    }
+
     /// Brings the connections alive and lets every process run.
     pub fn release(self) -> Result<Restored> {
         self.release_then(|_| ())
@@ -263,7 +278,7 @@ impl Held {
     /// runs, before the network lock and the staging are taken down (a
     /// migration reports the service running at that moment).
     pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
-        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, mut guard } = self;
+        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, uffds, mut guard } = self;
         let ph = &mut phases;
         // The connections come alive only now, with every process that
         // owns one in place and still stopped.
@@ -305,6 +320,8 @@ impl Held {
         drop(staged_files);
         drop(staging);
         drop(connections);
+        // The caller took its own copies (the migration's pager).
+        drop(uffds);
         Ok(restored)
     }
 }
@@ -433,6 +450,13 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     memory::write_pages(pid, &root.page_runs, pages, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
+    let mut lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])> = Vec::new();
+    if let Some((_, runs)) = opts.lazy.iter().find(|(p, r)| *p == pid && !r.is_empty()) {
+        if tree.processes.len() > 1 {
+            return Err(EngineError::restore(pid, "post-copy (lazy) restore of a tree of several processes is not supported"));
+        }
+        lazy_uffds.push((pid, lazy::take_uffd(&mut s)?, runs.as_slice()));
+    }
     sessions.push(s);
     ph.mark("root: files+memory");
     for img in &tree.processes[1..] {
@@ -496,7 +520,16 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let procs: Vec<(i32, Vec<i32>, bool)> =
         sessions.iter().zip(all_tids).map(|(s, tids)| (s.pid, tids, s.image.fidelity.stopped)).collect();
     drop(sessions);
-    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, guard })
+    let mut uffds = Vec::with_capacity(lazy_uffds.len());
+    for (p, fd, runs) in lazy_uffds {
+        let vmas = tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
+        lazy::register(p, &fd, vmas, runs)?;
+        uffds.push((p, fd));
+    }
+    if !uffds.is_empty() {
+        ph.mark("lazy memory registered");
+    }
+    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, uffds, guard })
 }
 
 /// Takes over the network lock the checkpoint left for this image. A

@@ -68,6 +68,9 @@ pub struct HeldInNamespace {
     commit: Option<std::fs::File>,
     /// The restore's phases in the helper, as (name, ms).
     pub phases: Vec<(String, f64)>,
+    /// Post-copy: (image PID, our copy of its userfaultfd), taken from
+    /// the helper; the helper closes its own copies when it releases.
+    pub uffds: Vec<(i32, std::os::fd::OwnedFd)>,
 }
 
 impl HeldInNamespace {
@@ -147,6 +150,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         report: std::io::BufReader::new(std::fs::File::from(rd)),
         commit: Some(std::fs::File::from(cwr)),
         phases: Vec::new(),
+        uffds: Vec::new(),
     };
     let mut line = String::new();
     held.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
@@ -157,6 +161,13 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let Some(phases) = line.strip_prefix("held") else {
         return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report")));
     };
+    for (p, fd) in phases.split_whitespace().filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':')) {
+        let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else { continue };
+        let taken = ferry_sys::pidfd::pidfd_open(init)
+            .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd))
+            .map_err(|e| EngineError::kernel(p, format!("taking its userfaultfd from the restore helper {init}"), e))?;
+        held.uffds.push((p, taken));
+    }
     held.phases = phases
         .split_whitespace()
         .filter_map(|kv| kv.rsplit_once('='))
@@ -176,7 +187,8 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
             unsafe { libc::_exit(1) }
         }
     };
-    let phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
+    let mut phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
+    phases.extend(held.lazy_uffds().iter().map(|(p, fd)| format!("uffd={p}:{fd}")));
     let _ = writeln!(report, "held {}", phases.join(" "));
     let mut go = [0u8; 1];
     if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
