@@ -50,6 +50,18 @@ fn innermost(pid: i32) -> Option<i32> {
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
+/// Every PID of `pid`, from the root namespace's to the innermost one's.
+fn nspids(pid: i32) -> Option<Vec<i32>> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|l| l.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+}
+
+/// The start time (clock ticks since boot) in a /proc/PID/stat file.
+fn start_time(stat_path: &str) -> Option<u64> {
+    let stat = fs::read_to_string(stat_path).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// A host's PID 1: the `unshare` process (root namespace, our child) and
 /// the init it forked, which is PID 1 inside.
 struct Init {
@@ -194,13 +206,26 @@ impl Host {
         }
     }
 
-    /// The root-namespace PID of the process that is `inner` inside the host.
+    /// The root-namespace PID of the process that is `inner` inside the
+    /// host, also when it is in a PID namespace nested in the host's (as a
+    /// tree ferryd restored is): its NSpid entry at the host's level is
+    /// `inner`, and its start time is that of `inner` in the host's /proc.
     pub fn root_pid(&self, inner: i32) -> Option<i32> {
-        let ns = pid_ns_of(self.init_pid())?;
+        let init = self.init_pid();
+        let ns = pid_ns_of(init)?;
+        let level = nspids(init)?.len().checked_sub(1)?;
+        let start = start_time(&format!("/proc/{init}/root/proc/{inner}/stat"));
         fs::read_dir("/proc")
             .ok()?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .find(|&p| innermost(p) == Some(inner) && pid_ns_of(p).as_deref() == Some(ns.as_str()))
+            .find(|&p| {
+                if innermost(p) == Some(inner) && pid_ns_of(p).as_deref() == Some(ns.as_str()) {
+                    return true;
+                }
+                start.is_some()
+                    && nspids(p).is_some_and(|v| v.len() > level + 1 && v[level] == inner)
+                    && start_time(&format!("/proc/{p}/stat")) == start
+            })
     }
 
     /// The MAC of the host's interface (`ifname`).
