@@ -1,6 +1,6 @@
 //! Test hosts for migration tests: each host is a network namespace plus,
-//! once its init is started, a PID and mount namespace of its own with its
-//! own /proc, as a second machine would be. The hosts share one bridge,
+//! once its init is started, a PID, mount and IPC (SysV) namespace of its
+//! own with its own /proc, as a second machine would be. The hosts share one bridge,
 //! which lives in a network namespace of its own so that nothing of a
 //! cluster is ever in the root namespace and clusters of parallel tests
 //! cannot meet.
@@ -116,7 +116,7 @@ impl Host {
         // `ip netns exec` execs unshare in place (no fork), so the child
         // we hold is unshare; --kill-child makes the init die with it.
         let mut unshare = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child", "--"])
             .args(argv)
             .stdin(Stdio::null())
             .spawn()
@@ -168,13 +168,13 @@ impl Host {
         self.init.lock().expect("init lock").as_ref().map(|i| i.pid).unwrap_or_else(|| panic!("host {} has no init (start_init first)", self.name))
     }
 
-    /// A command to run inside the host: network, PID and mount namespaces
-    /// of its init (`nsenter -t INIT -n -p -m --`). nsenter forks to enter
+    /// A command to run inside the host: network, PID, mount and IPC
+    /// namespaces of its init (`nsenter -t INIT -n -p -m -i --`). nsenter forks to enter
     /// the PID namespace; see the module comment for what that means for
     /// the `Child` and `spawned_pid` for the real process's PID.
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "--"]).args(argv);
+        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "-i", "--"]).args(argv);
         cmd
     }
 
