@@ -585,13 +585,14 @@ struct KeptClient {
     lines: mpsc::Receiver<String>,
 }
 
-const KEPT_CLIENT: &str = "import socket,sys\n\
-s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=30)\n\
-f=s.makefile('rb')\n\
-print('connected',flush=True)\n\
-for line in sys.stdin:\n\
-    s.sendall(line.strip().encode()+b'\\r\\n')\n\
-    print(f.readline().decode().strip(),flush=True)\n";
+const KEPT_CLIENT: &str = r#"import socket,sys
+s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=30)
+f=s.makefile('rb')
+print('connected',flush=True)
+for line in sys.stdin:
+    s.sendall(line.strip().encode()+b'\r\n')
+    print(f.readline().decode().strip(),flush=True)
+"#;
 
 impl KeptClient {
     fn open(env: &Env, svc: &str) -> KeptClient {
@@ -897,26 +898,27 @@ fn fault_link_cut_mid_migration() {
 
 /// Forwards one connection c:port → b's agent, flipping one byte of the
 /// source's stream at offset 100000.
-const CORRUPTING_PROXY: &str = "import socket,sys,threading\n\
-l=socket.socket(); l.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); l.bind((sys.argv[1],int(sys.argv[2]))); l.listen(1)\n\
-print('listening',flush=True)\n\
-a,_=l.accept(); b=socket.create_connection((sys.argv[3],int(sys.argv[4])))\n\
-def pump(src,dst,flip):\n\
-    n=0\n\
-    while True:\n\
-        try: d=src.recv(65536)\n\
-        except OSError: d=b''\n\
-        if not d: break\n\
-        if flip is not None and n<=flip<n+len(d):\n\
-            d=bytearray(d); d[flip-n]^=0x5a; d=bytes(d); print('flipped',flush=True)\n\
-        n+=len(d)\n\
-        try: dst.sendall(d)\n\
-        except OSError: break\n\
-    for s in (src,dst):\n\
-        try: s.shutdown(socket.SHUT_RDWR)\n\
-        except OSError: pass\n\
-t=threading.Thread(target=pump,args=(b,a,None),daemon=True); t.start()\n\
-pump(a,b,100000); t.join(10)\n";
+const CORRUPTING_PROXY: &str = r#"import socket,sys,threading
+l=socket.socket(); l.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); l.bind((sys.argv[1],int(sys.argv[2]))); l.listen(1)
+print('listening',flush=True)
+a,_=l.accept(); b=socket.create_connection((sys.argv[3],int(sys.argv[4])))
+def pump(src,dst,flip):
+    n=0
+    while True:
+        try: d=src.recv(65536)
+        except OSError: d=b''
+        if not d: break
+        if flip is not None and n<=flip<n+len(d):
+            d=bytearray(d); d[flip-n]^=0x5a; d=bytes(d); print('flipped',flush=True)
+        n+=len(d)
+        try: dst.sendall(d)
+        except OSError: break
+    for s in (src,dst):
+        try: s.shutdown(socket.SHUT_RDWR)
+        except OSError: pass
+t=threading.Thread(target=pump,args=(b,a,None),daemon=True); t.start()
+pump(a,b,100000); t.join(10)
+"#;
 
 #[test]
 fn fault_corrupted_stream() {
@@ -967,14 +969,15 @@ fn fault_restore_fails_at_destination() {
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
 }
 
-const GARBAGE_CLIENT: &str = "import socket,sys,os\n\
-s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=20)\n\
-s.sendall(os.urandom(4096)+b'GET / HTTP/1.0\\r\\n\\r\\n'+bytes(range(256))*64)\n\
-try:\n\
-    while s.recv(65536): pass\n\
-    print('closed')\n\
-except ConnectionResetError: print('closed')\n\
-except socket.timeout: print('still open')\n";
+const GARBAGE_CLIENT: &str = r#"import socket,sys,os
+s=socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=20)
+s.sendall(os.urandom(4096)+b'GET / HTTP/1.0\r\n\r\n'+bytes(range(256))*64)
+try:
+    while s.recv(65536): pass
+    print('closed')
+except ConnectionResetError: print('closed')
+except socket.timeout: print('still open')
+"#;
 
 #[test]
 fn fault_unauthenticated_peers_are_refused() {
