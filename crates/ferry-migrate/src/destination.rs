@@ -11,7 +11,7 @@ use crate::address;
 use crate::error::{MigrateError, Result};
 use crate::page_store::PageStore;
 use crate::protocol::{self, Msg, Welcome};
-use ferry_image::{FileKind, TreeImage};
+use ferry_image::{FileKind, PageRun, TreeImage, Vma};
 use ferry_netlock::{Method, NetworkLock, Tuple};
 use ferry_transport::Channel;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -102,7 +102,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
             }
         }
         runs.sort_unstable();
-        p.page_runs = store.runs_for(host, &runs)?;
+        p.page_runs = split_at_mappings(store.runs_for(host, &runs)?, &p.vmas);
     }
     // This host's lock and address, not the source's.
     tree.network_lock = None;
@@ -193,6 +193,36 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
 }
 
+/// `runs` cut where a mapping ends. The store joins pages adjacent in
+/// memory and in the store into one run, also across two mappings (a
+/// read-write page next to a read-only one, both sent in the same round);
+/// the restore makes a mapping writable for its pages only when a run
+/// starts in it, and an image's runs must each lie in one mapping.
+fn split_at_mappings(runs: Vec<PageRun>, vmas: &[Vma]) -> Vec<PageRun> {
+    const PAGE: u64 = 4096;
+    let mut out = Vec::with_capacity(runs.len());
+    let mut vi = 0;
+    for mut r in runs {
+        loop {
+            while vi < vmas.len() && vmas[vi].end <= r.start {
+                vi += 1;
+            }
+            match vmas.get(vi) {
+                Some(v) if v.start <= r.start && v.end < r.start + r.pages * PAGE => {
+                    let n = (v.end - r.start) / PAGE;
+                    out.push(PageRun { start: r.start, pages: n, offset: r.offset, checksum: 0 });
+                    r = PageRun { start: v.end, pages: r.pages - n, offset: r.offset + n * PAGE, checksum: 0 };
+                }
+                _ => {
+                    out.push(r);
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Releases a handed-over lock by name unless the restored tree took it.
 struct LockByName(Option<String>);
 
@@ -272,4 +302,18 @@ fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
     out.sort_by_key(|t| (t.local, t.remote));
     out.dedup_by_key(|t| (t.local, t.remote));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_cut_at_mapping_ends() {
+        let vma = |start: u64, end: u64| Vma { start, end, prot: 3, shared: false, flags: 0, pgoff: 0, backing: ferry_image::VmaBacking::Anonymous };
+        let vmas = [vma(0x1000, 0x3000), vma(0x3000, 0x4000), vma(0x4000, 0x8000)];
+        let run = |start: u64, pages: u64, offset: u64| PageRun { start, pages, offset, checksum: 0 };
+        let out = split_at_mappings(vec![run(0x2000, 4, 0), run(0x7000, 1, 0x8000)], &vmas);
+        assert_eq!(out, vec![run(0x2000, 1, 0), run(0x3000, 1, 0x1000), run(0x4000, 2, 0x2000), run(0x7000, 1, 0x8000)]);
+    }
 }
