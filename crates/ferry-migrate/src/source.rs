@@ -116,7 +116,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     mark(&mut phases, "connect");
 
     let mut precopy = if o.precopy && !o.lazy {
-        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s))?;
+        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s)).map_err(|e| peer_reason(&mut ch, e))?;
         mark(&mut phases, "pre-copy");
         Some(p)
     } else {
@@ -126,16 +126,16 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     (o.progress)("freezing");
     let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
     let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
-    let (captured, final_page_bytes) = {
+    let captured = {
         let mut sink = StreamSink::new(&mut ch);
         let hooks = match (precopy.as_mut(), lazy.as_mut()) {
             (Some(p), _) => Some(p as &mut dyn CaptureHooks),
             (None, Some(l)) => Some(l as &mut dyn CaptureHooks),
             (None, None) => None,
         };
-        let c = ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks)?;
-        (c, sink.page_bytes())
+        ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks).map(|c| (c, sink.page_bytes()))
     };
+    let (captured, final_page_bytes) = captured.map_err(|e| peer_reason(&mut ch, e.into()))?;
     // The tracker's userfaultfd goes before the tree runs anywhere again.
     let (rounds, precopy_stop) = match precopy.take() {
         Some(p) => (p.rounds.clone(), p.stopped_because),
@@ -238,10 +238,34 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             )))
         }
         Err(e) => {
+            let e = peer_reason(&mut ch, e);
             ch.shutdown();
             drop(taken);
             captured.resume()?;
             Err(e)
         }
     }
+}
+
+/// When sending failed, the destination has usually said why before it
+/// closed the connection (a corrupted message, a failed restore): that
+/// reason is the error to report, not our broken pipe.
+fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
+    if !matches!(e, MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)) {
+        return e;
+    }
+    if ch.set_timeout(Some(Duration::from_secs(1))).is_err() {
+        return e;
+    }
+    for _ in 0..8 {
+        match protocol::recv(ch) {
+            Ok(r) => match r.msg {
+                Msg::Failed { error } => return MigrateError::DestinationFailed(format!("{error} (here: {e})")),
+                Msg::Refused { reason } => return MigrateError::Refused(reason),
+                _ => continue,
+            },
+            Err(_) => break,
+        }
+    }
+    e
 }

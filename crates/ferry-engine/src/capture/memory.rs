@@ -234,7 +234,17 @@ fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn Pag
 /// checkpoint stores) into the sink, shared mappings left out. Returns
 /// the (start, end) ranges copied. Pre-copy uses this for its rounds; pages written meanwhile are
 /// caught by dirty tracking and copied again.
-pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<(u64, u64)>> {
+///
+/// With `keep_shared` (a tree of several processes), memory is read
+/// through /proc/PID/mem only, as in [`dump_pages`]: process_vm_readv
+/// would break the copy-on-write sharing between parent and child.
+pub fn copy_present(
+    pid: i32,
+    only: Option<&[(u64, u64)]>,
+    keep_shared: bool,
+    out: &mut dyn PageSink,
+    progress: Option<&crate::ProgressFn>,
+) -> Result<Vec<(u64, u64)>> {
     let smaps = crate::procfs::smaps(pid)?;
     let vmas = classify(pid, &smaps)?;
     let base = out.data_len();
@@ -270,7 +280,7 @@ pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSin
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() });
+                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() && !keep_shared });
                 total += len;
                 a += len;
             }
