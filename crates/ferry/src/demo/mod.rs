@@ -28,6 +28,13 @@ pub struct DemoArgs {
     /// Client connections, each kept open for the whole demo.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     clients: u32,
+    /// Stop-and-copy: pass --no-precopy to every `ferry migrate`.
+    #[arg(long)]
+    no_precopy: bool,
+    /// Copy the demo's logs (ferryd, redis, each `ferry migrate` and its
+    /// JSON report) into this directory before the demo removes its own.
+    #[arg(long, value_name = "DIR")]
+    keep_logs: Option<PathBuf>,
 }
 
 /// redis's port on the service address.
@@ -129,6 +136,20 @@ impl Drop for TempDir {
     }
 }
 
+/// Copies the *.log and *.json files of `from` into `to` (created).
+fn copy_logs(from: &Path, to: &Path) -> Result<usize> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    let mut n = 0;
+    for e in std::fs::read_dir(from)?.flatten() {
+        let p = e.path();
+        if matches!(p.extension().and_then(|x| x.to_str()), Some("log" | "json")) {
+            std::fs::copy(&p, to.join(e.file_name())).with_context(|| format!("copying {}", p.display()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Sleeps `d` while refreshing the spinner; fails when interrupted.
 fn pause(ui: &Ui, d: Duration, load: Option<&load::Load>) -> Result<()> {
     let until = Instant::now() + d;
@@ -140,6 +161,26 @@ fn pause(ui: &Ui, d: Duration, load: Option<&load::Load>) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// Marks every descriptor above stderr close-on-exec. Whatever the demo
+/// inherited (a pipe of the shell or of a CI runner) must not reach
+/// ferryd or redis: a descriptor the service shares with a process
+/// outside its tree cannot be migrated.
+fn no_inherited_fds() {
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets FD_CLOEXEC.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    if r == 0 {
+        return;
+    }
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    for fd in fds.into_iter().filter(|&fd| fd > 2) {
+        // SAFETY: F_SETFD on a descriptor number; a closed one fails harmlessly.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
 
 fn find_in_path(program: &str) -> Option<PathBuf> {
@@ -167,6 +208,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         find_in_path(tool).ok_or_else(|| anyhow!("{tool} not found: install iproute2 and util-linux"))?;
     }
     install_signal_handlers();
+    no_inherited_fds();
 
     let mut ui = Ui::new();
     println!(
@@ -182,6 +224,12 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     let outcome = run_demo(&args, &mut ui, &exe, &ferryd, &redis, &tmp.0, &mut lab);
 
     ui.step("cleaning up");
+    if let Some(dir) = &args.keep_logs {
+        match copy_logs(&tmp.0, dir) {
+            Ok(n) => ui.say(&format!("copied {n} logs and reports to {}", dir.display())),
+            Err(e) => ui.say(&format!("could not copy the logs to {}: {e:#}", dir.display())),
+        }
+    }
     let mut made = 0;
     let mut left = Vec::new();
     let tag = lab.as_ref().map(|l| l.tag.clone());
@@ -257,7 +305,7 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
         let to = 1 - at;
         let (from_name, to_name) = (lab.hosts[at].name.clone(), lab.hosts[to].name.clone());
         ui.step(&format!("migrating {}/{}: {from_name} → {to_name} (redis pid {pid} in {from_name})", k + 1, args.migrations));
-        let m = migrate(ui, lab, exe, &key, at, to, pid, svc, tmp, k, &load)?;
+        let m = migrate(ui, lab, exe, &key, at, to, pid, svc, tmp, k, &load, args.no_precopy)?;
         ui.say(&format!(
             "pause {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
             m.pause_ms,
@@ -267,6 +315,9 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
             load.done(),
             load.failed()
         ));
+        if let Some(e) = load.counters.first_error.lock().unwrap_or_else(|p| p.into_inner()).as_deref() {
+            ui.say(&format!("first client error: {e}"));
+        }
         pid = m.dest_host_pid;
         at = to;
         migrations.push(m);
@@ -360,6 +411,7 @@ fn migrate(
     tmp: &Path,
     k: usize,
     load: &load::Load,
+    no_precopy: bool,
 ) -> Result<report::Migration> {
     let report = tmp.join(format!("migration-{}.json", k + 1));
     let log = tmp.join(format!("migration-{}.log", k + 1));
@@ -371,6 +423,7 @@ fn migrate(
         .arg(key)
         .args(["--address", &format!("{svc}/24"), "--report"])
         .arg(&report)
+        .args(no_precopy.then_some("--no-precopy"))
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
