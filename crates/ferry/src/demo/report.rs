@@ -52,7 +52,10 @@ impl Migration {
             to: to.to_string(),
             dest_host_pid,
             pause_ms: v["pause_ms"].as_f64().unwrap_or(0.0),
-            capture_ms: phase(&v, "source_phases", "freeze+capture"),
+            // "freeze+capture" runs from the previous step's end and so
+            // includes preparing the network lock, which happens before
+            // the first thread is seized.
+            capture_ms: (phase(&v, "source_phases", "freeze+capture") - phase(&v, "source_phases", "capture: network lock prepared")).max(0.0),
             address_ms: phase(&v, "source_phases", "address off"),
             send_ms: phase(&v, "source_phases", "image sent"),
             restore_ms: phase(&v, "source_phases", "destination restore"),
