@@ -361,12 +361,7 @@ const NOT_MIGRATABLE: &[(&str, &str)] = &[
 
 /// Programs migrated with `--no-precopy` because of open bugs of the
 /// pre-copy (remove an entry when its bug is fixed):
-const PRECOPY_BUGS: &[(&str, &str)] = &[
-    ("main_nanosleep", "attaching the dirty tracker (a ptrace freeze with injected userfaultfd()) makes a sleep at the source return EINTR"),
-    ("thread_nanosleep", "as main_nanosleep"),
-    ("thread_futex_raw", "as main_nanosleep (a FUTEX_WAIT with timeout returns EINTR)"),
-    ("tree_cow_memory", "pre-copy sends each process's pages on its own: copy-on-write sharing between parent and children is lost"),
-];
+const PRECOPY_BUGS: &[(&str, &str)] = &[];
 
 struct Failure {
     name: String,
