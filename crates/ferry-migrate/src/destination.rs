@@ -69,11 +69,15 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("network lock prepared");
 
     let mut store = PageStore::new()?;
+    if !hello.lazy {
+        store.place_pages_of(hello.root_pid);
+    }
     let (meta, host_pids) = loop {
         let r = protocol::recv(ch)?;
         match r.msg {
             Msg::Pages { pid, ref ranges } => store.insert(pid, ranges, r.data())?,
             Msg::RoundDone { round, .. } => ph.mark(&format!("round {round} received")),
+            Msg::Layout { pid, ref mappings } => store.reserve(pid, mappings),
             Msg::Image { meta, host_pids } => break (meta, host_pids),
             Msg::Abort { reason } => return Err(MigrateError::Aborted(reason)),
             m => return Err(MigrateError::Protocol(format!("unexpected {} while receiving pages", m.name()))),
@@ -88,6 +92,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
     }
     let parent_pages = incremental.map(|i| i.parent_pages).unwrap_or_default();
+    let mut placed_bytes = 0;
     // Post-copy: (image PID, source PID, pages still at the source).
     let mut lazy: Vec<(i32, i32, Vec<(u64, u64)>)> = Vec::new();
     for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
@@ -102,8 +107,17 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
             }
         }
         runs.sort_unstable();
-        p.page_runs = split_at_mappings(store.runs_for(host, &runs)?, &p.vmas);
+        if host == hello.root_pid && !hello.lazy {
+            // The root inherits its placed pages; the rest comes from the file.
+            let root = store.settle_root(host, &p.vmas, &runs, (p.mm.start_brk, p.mm.brk))?;
+            placed_bytes = root.placed_bytes;
+            p.inherited = root.inherited;
+            p.page_runs = split_at_mappings(root.runs, &p.vmas);
+        } else {
+            p.page_runs = split_at_mappings(store.runs_for(host, &runs)?, &p.vmas);
+        }
     }
+    tracing::debug!("{placed_bytes} bytes of the root's pages are inherited, not copied");
     // This host's lock and address, not the source's.
     tree.network_lock = None;
     ph.mark("page runs resolved");
@@ -138,9 +152,13 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     let opts = ferry_engine::restore::RestoreOptions {
         adopt_lock: lock_name,
         lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+        placed_for_root: store.placed_regions(),
         ..Default::default()
     };
-    let mut held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now())?;
+    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now());
+    // The root has its own copies of the placed pages now (or failed).
+    store.drop_placed();
+    let mut held = held?;
     let uffds = std::mem::take(&mut held.uffds);
     if lazy.iter().any(|(_, _, r)| !r.is_empty()) && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count() {
         return Err(MigrateError::Invalid(format!("post-copy: the restore registered {} userfaultfd(s) for {} process(es) with lazy pages", uffds.len(), lazy.len())));

@@ -39,6 +39,8 @@ pub struct Hello {
     pub arch: String,
     pub kernel_release: String,
     pub migration_id: u64,
+    /// The tree's root as the source sees it (as Pages messages name it).
+    pub root_pid: i32,
     /// Post-copy: resume at the destination before the memory is there.
     pub lazy: bool,
     /// The service address that moves with the process: (address, prefix).
@@ -61,6 +63,11 @@ pub enum Msg {
     /// Page contents of process `pid` (as the source sees it): `ranges`
     /// are (address, bytes), their bytes concatenated in the data.
     Pages { pid: i32, ranges: Vec<(u64, u64)> },
+    /// The private anonymous mappings (start, end) of process `pid` as the
+    /// source saw them before sending its pages: the destination reserves
+    /// each as one placed region, so the restored root can inherit it as
+    /// one mapping.
+    Layout { pid: i32, mappings: Vec<(u64, u64)> },
     /// A pre-copy round is complete.
     RoundDone { round: u32, bytes: u64 },
     /// The frozen tree's metadata (meta.img bytes, an incremental image
@@ -93,6 +100,7 @@ impl Msg {
             Msg::Refused { .. } => "Refused",
             Msg::Pages { .. } => "Pages",
             Msg::RoundDone { .. } => "RoundDone",
+            Msg::Layout { .. } => "Layout",
             Msg::Image { .. } => "Image",
             Msg::Ready { .. } => "Ready",
             Msg::Commit => "Commit",

@@ -108,6 +108,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         arch: std::env::consts::ARCH.to_string(),
         kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
         migration_id,
+        root_pid: o.pid,
         lazy: o.lazy,
         address: o.address,
     };
@@ -115,6 +116,9 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     protocol::expect(&mut ch, &["Welcome"])?;
     mark(&mut phases, "connect");
 
+    if !o.lazy {
+        send_layout(&mut ch, o.pid)?;
+    }
     let mut precopy = if o.precopy && !o.lazy {
         let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s)).map_err(|e| peer_reason(&mut ch, e))?;
         mark(&mut phases, "pre-copy");
@@ -268,4 +272,17 @@ fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
         }
     }
     e
+}
+
+/// Tells the destination where the root's private anonymous mappings are
+/// (see Msg::Layout). Read while the tree runs: a mapping that changes
+/// before the freeze only costs the destination a copy of its pages.
+fn send_layout(ch: &mut Channel, pid: i32) -> Result<()> {
+    let maps = ferry_engine::procfs::maps(pid)?;
+    let mappings: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path.is_empty() && m.perms[3] == b'p' && m.perms[0] == b'r' && m.perms[1] == b'w')
+        .map(|m| (m.start, m.end))
+        .collect();
+    protocol::send(ch, &Msg::Layout { pid, mappings })
 }

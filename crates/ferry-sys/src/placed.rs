@@ -20,7 +20,9 @@ impl PlacedRegion {
         if addr % 4096 != 0 || len == 0 || len % 4096 != 0 {
             return Err(SysError::new("mmap(MAP_FIXED_NOREPLACE)", libc::EINVAL));
         }
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE;
+        // No MAP_NORESERVE: a process inheriting the mapping must see the
+        // flags an ordinary anonymous mapping has.
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so
         // no memory in use is touched; the new range belongs to us alone.
         let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
