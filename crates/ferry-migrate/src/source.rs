@@ -140,8 +140,11 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks).map(|c| (c, sink.page_bytes()))
     };
     let (captured, final_page_bytes) = captured.map_err(|e| peer_reason(&mut ch, e.into()))?;
-    // The tracker's userfaultfd goes before the tree runs anywhere again.
-    let (rounds, precopy_stop) = match precopy.take() {
+    // The tracker stays registered until the outcome is known: closing
+    // its userfaultfd makes the kernel walk every tracked page table (tens
+    // of ms per GiB), which must not count in the pause. It goes before
+    // the tree runs here again, or once it is killed.
+    let (rounds, precopy_stop) = match precopy.as_ref() {
         Some(p) => (p.rounds.clone(), p.stopped_because),
         None => (Vec::new(), None),
     };
@@ -208,6 +211,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
                 None => None,
             };
             captured.kill(LockAfterKill::Release)?;
+            drop(precopy);
             mark(&mut phases, "source killed");
             Ok(MigrationReport {
                 pid: o.pid,
@@ -235,6 +239,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             if let Some(t) = taken {
                 t.keep_off();
             }
+            drop(precopy);
             let _ = captured.resume();
             Err(MigrateError::Aborted(format!(
                 "{e}; the destination did not confirm that the service runs there. The source's copy is kept stopped (pid {}): kill it if the service runs at {}, or `kill -CONT` it and put the address back if not",
@@ -245,6 +250,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             let e = peer_reason(&mut ch, e);
             ch.shutdown();
             drop(taken);
+            drop(precopy);
             captured.resume()?;
             Err(e)
         }

@@ -428,13 +428,22 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
     Ok(out)
 }
 
+/// Locked memory of a process (VmLck in /proc/PID/status), in kB.
+pub fn locked_kb(pid: i32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = crate::procfs::read_string(&path)?;
+    Ok(crate::procfs::key_values(&text).get("VmLck").and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0))
+}
+
 /// mlockall(MCL_FUTURE) shows nowhere in /proc but in the mappings made
-/// after it: ferry's scratch mapping, just made, comes out locked. Future
-/// locking is not restored, so such a process is refused. (Locked
+/// after it: ferry's scratch mapping, just made, comes out locked, and the
+/// process's locked memory grows by it (`locked_before` was read before
+/// the scratch mapping; the process is frozen, nothing else locks).
+/// Future locking is not restored, so such a process is refused. (Locked
 /// mappings themselves are recorded, VmFlags "lo", and locked again.)
-pub fn check_mlock_future(pid: i32, scratch: u64) -> Result<()> {
-    let smaps = crate::procfs::smaps(pid)?;
-    if smaps.iter().any(|m| m.start == scratch && m.has_flag("lo")) {
+/// Reading VmLck costs nothing; smaps would walk every page again.
+pub fn check_mlock_future(pid: i32, locked_before: u64) -> Result<()> {
+    if locked_kb(pid)? > locked_before {
         return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
     }
     Ok(())

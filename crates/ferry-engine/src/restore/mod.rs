@@ -250,6 +250,10 @@ pub struct Held {
     phases: crate::phases::Phases,
     /// Post-copy: (image PID, its userfaultfd) of processes with lazy pages.
     uffds: Vec<(i32, OwnedFd)>,
+    /// ferry's copies of the pages the root inherited: dropped once the
+    /// tree runs, so that its pages are its own (no copy per page on
+    /// write) without the unmapping counting in the pause.
+    placed: ferry_sys::placed::InheritedRegions,
     guard: TreeGuard,
 }
 
@@ -278,7 +282,7 @@ impl Held {
     /// runs, before the network lock and the staging are taken down (a
     /// migration reports the service running at that moment).
     pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
-        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, uffds, mut guard } = self;
+        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, uffds, placed, mut guard } = self;
         let ph = &mut phases;
         // The connections come alive only now, with every process that
         // owns one in place and still stopped.
@@ -309,6 +313,11 @@ impl Held {
         let restored =
             Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: ph.started().elapsed().as_secs_f64() * 1e3 };
         running(&restored);
+        if !placed.is_empty() {
+            if let Err(e) = placed.unmap() {
+                tracing::warn!("dropping ferry's copy of the placed pages: {e}");
+            }
+        }
         if let Some(l) = lock.take() {
             if let Err(e) = l.thaw() {
                 tracing::warn!("taking the network lock down: {e}");
@@ -418,11 +427,6 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
     ph.mark("fork root");
-    // The root has its copies of the placed pages now; ferry's go, so that
-    // the root's pages are its own (no copy-on-write fault per page later).
-    if !opts.placed_for_root.is_empty() {
-        opts.placed_for_root.clone().unmap().map_err(|e| EngineError::kernel(pid, "dropping ferry's copy of the placed pages", e))?;
-    }
     // Established connections are made now, after the fork, so that they
     // need no fd numbers in the range the tree inherits: a tree with
     // 10,000 connections would not fit under the fd limit twice.
@@ -529,7 +533,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     if !uffds.is_empty() {
         ph.mark("lazy memory registered");
     }
-    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, uffds, guard })
+    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, uffds, placed: opts.placed_for_root.clone(), guard })
 }
 
 /// Takes over the network lock the checkpoint left for this image. A
