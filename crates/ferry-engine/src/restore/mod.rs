@@ -154,16 +154,14 @@ impl Drop for TreeGuard {
         if self.disarmed || self.pids.is_empty() {
             return;
         }
-        // SAFETY: killing processes this restore created, by PID, then
-        // reaping them (traced threads must go before their leader).
-        unsafe {
-            for &pid in self.pids.iter().rev() {
-                libc::kill(pid, libc::SIGKILL);
-            }
-            for _ in 0..100_000 {
-                if libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL) < 0 {
-                    break;
-                }
+        // Killing processes this restore created, by PID, then reaping
+        // them (traced threads must go before their leader).
+        for &pid in self.pids.iter().rev() {
+            let _ = ferry_sys::process::kill(pid, libc::SIGKILL);
+        }
+        for _ in 0..100_000 {
+            if !ferry_sys::process::reap_any_thread() {
+                break;
             }
         }
     }
@@ -172,21 +170,11 @@ impl Drop for TreeGuard {
 /// Lets ferry hold as many descriptors as its hard limit allows: a tree's
 /// staged files all live in ferry at once.
 fn raise_fd_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: r is a valid rlimit to fill and then pass back.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
+    ferry_sys::process::raise_nofile_limit();
 }
 
 fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd> {
-    let high = ferry_sys::fd::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-        .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
-    // SAFETY: high is a new descriptor we own.
-    Ok(unsafe { ferry_sys::fd::own(high) })
+    ferry_sys::fd::dup_above(fd, temp_base).map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))
 }
 
 /// Runs `f` with ferry in network namespace `ns` (if any), then returns
@@ -194,15 +182,9 @@ fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd>
 fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let Some(ns) = ns else { return f() };
     let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
-    // SAFETY: ns is an open namespace file.
-    if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
-        return Err(files::errno_err(pid, "joining the network namespace".into()));
-    }
+    ferry_sys::netns::enter_net_namespace_fd(ns).map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
     let r = f();
-    // SAFETY: own is ferry's original namespace.
-    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(files::errno_err(pid, "returning to ferry's network namespace".into()));
-    }
+    ferry_sys::netns::enter_net_namespace_fd(own.as_raw_fd()).map_err(|e| EngineError::kernel(pid, "returning to ferry's network namespace", e))?;
     r
 }
 
@@ -516,9 +498,9 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     }
     ph.mark("threads, signals, timers, creds");
     for (id, (fd, seals)) in &staging.memfds {
-        // SAFETY: F_ADD_SEALS with an integer on our own descriptor.
-        if *seals != 0 && unsafe { libc::fcntl(*fd, libc::F_ADD_SEALS, *seals) } < 0 {
-            return Err(files::errno_err(pid, format!("sealing memfd {id} with {seals:#x}")));
+        if *seals != 0 {
+            ferry_sys::fd::fcntl_int(*fd, libc::F_ADD_SEALS, *seals as libc::c_long, "fcntl(F_ADD_SEALS)")
+                .map_err(|e| EngineError::kernel(pid, format!("sealing memfd {id} with {seals:#x}"), e))?;
         }
     }
     let procs: Vec<(i32, Vec<i32>, bool)> =
