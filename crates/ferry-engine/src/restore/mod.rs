@@ -433,7 +433,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     if !kept.is_empty() {
         reprotect.extend(memory::prepare_inherited(&mut s, &root.page_runs)?);
     }
-    memory::write_pages(pid, &root.page_runs, pages, opts.progress.as_ref())?;
+    memory::write_pages_in(&mut s, &root.page_runs, pages, &kept, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
     let mut lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])> = Vec::new();
@@ -468,7 +468,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         memory::place_vdso(&mut s, &img.vmas)?;
         let mut reprotect = memory::map_all(&mut s, &img.vmas, &img.page_runs, &kept)?;
         reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
-        memory::write_pages(img.pid, &img.page_runs, pages, opts.progress.as_ref())?;
+        memory::write_pages_in(&mut s, &img.page_runs, pages, &kept, opts.progress.as_ref())?;
         memory::reprotect(&mut s, &reprotect)?;
         memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
