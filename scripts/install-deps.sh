@@ -40,6 +40,8 @@ PACKAGES=(
   bpftool           # inspecting pinned network-lock maps and links (diagnostics)
   iptables          # network lock, --network-lock iptables (and its tests)
   nftables          # network lock, --network-lock nftables (and its tests)
+  apache2-utils     # ab (ApacheBench): nginx under load during a migration (bench/migrate.py)
+  python3-matplotlib  # the benchmarks' PNG plots (bench/tcp.py, bench/migrate.py)
 )
 SERVICES=(redis-server memcached nginx postgresql)
 PG_VERSION=15
