@@ -3,7 +3,9 @@
 #
 #   make deps    install build/test dependencies (gcc, python3, redis, memcached, ...)
 #   make build   cargo build --release
-#   make demo    checkpoint + restore a live TCP server (scripts/demo.sh, needs root)
+#   make demo    live migration: `ferry demo` moves redis between two test hosts
+#                under client load (scripts/demo.sh, needs root; DEMO_ARGS=... for options)
+#   make demo-checkpoint  checkpoint + restore a live TCP server (scripts/demo-checkpoint.sh)
 #   make test    the full test suite, as CI runs it (.ci/run; needs root)
 #   make bench   checkpoint/restore timings and image sizes (bench/run.sh, needs root)
 #   make fuzz    run the fuzz targets for a while (needs cargo-fuzz and nightly)
@@ -12,7 +14,7 @@
 CARGO     ?= cargo
 FUZZ_TIME ?= 60
 
-.PHONY: all deps build demo test bench fuzz clean
+.PHONY: all deps build demo demo-checkpoint test bench fuzz clean
 
 all: build
 
@@ -24,6 +26,9 @@ build:
 
 demo: deps
 	bash scripts/demo.sh
+
+demo-checkpoint: deps
+	bash scripts/demo-checkpoint.sh
 
 test: deps
 	$(CARGO) build --release

@@ -3,6 +3,9 @@
 
 usage: bench/phases.py PROGRAM [RUNS]    (as root, from the repository root)
 
+With more than one run, a last table gives each phase's median (and
+min-max) over the runs, and the engine totals of checkpoint and restore.
+
 PROGRAM is a binary that prints READY on stdout once its state is set up
 (bench/tiny.c, bench/heap100.c built by bench/run.sh into target/c/).
 Images go to /dev/shm. FERRY_COPY_THREADS and other FERRY_* variables are
@@ -12,6 +15,9 @@ and kills and reaps it by PID.
 """
 import ctypes
 import os
+import re
+import resource
+import statistics
 import shutil
 import signal
 import subprocess
@@ -19,7 +25,38 @@ import sys
 import tempfile
 import time
 
-FERRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "ferry")
+PHASE = re.compile(r"phases: (checkpoint|restore) (.*?)\s+([0-9.]+) ms \(total\s+([0-9.]+) ms\)")
+
+
+def record(text, runs_phases):
+    """Adds this output's phase durations and totals to runs_phases."""
+    totals = {}
+    for m in PHASE.finditer(text):
+        op, name, ms, total = m.group(1), m.group(2).strip(), float(m.group(3)), float(m.group(4))
+        runs_phases.setdefault(f"{op}: {name}", []).append(ms)
+        totals[op] = total
+    for op, total in totals.items():
+        runs_phases.setdefault(f"{op} TOTAL (engine)", []).append(total)
+
+
+def cpu_ms():
+    """CPU time (user + system) used so far by reaped children."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (u.ru_utime + u.ru_stime) * 1e3
+
+
+def summary(runs_phases):
+    print("median over %d runs (min-max), ms:" % max(len(v) for v in runs_phases.values()))
+    both = []
+    for name, v in runs_phases.items():
+        print(f"  {name:<55} {statistics.median(v):8.1f}  ({min(v):.1f}-{max(v):.1f})")
+    c, r = runs_phases.get("checkpoint TOTAL (engine)"), runs_phases.get("restore TOTAL (engine)")
+    if c and r and len(c) == len(r):
+        both = [a + b for a, b in zip(c, r)]
+        print(f"  {'checkpoint + restore (engine)':<55} {statistics.median(both):8.1f}  ({min(both):.1f}-{max(both):.1f})")
+
+
+FERRY = os.environ.get("FERRY_BIN") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "ferry")
 
 
 def main():
@@ -31,6 +68,7 @@ def main():
     work = tempfile.mkdtemp(prefix="ferry-phases-", dir="/dev/shm")
     log = os.path.join(work, "program.log")
     images = os.path.join(work, "images")
+    runs_phases = {}
     try:
         for _ in range(runs):
             with open(log, "w") as out:
@@ -42,16 +80,22 @@ def main():
                     sys.exit("program never printed READY")
                 time.sleep(0.01)
             shutil.rmtree(images, ignore_errors=True)
+            c0 = cpu_ms()
             r = subprocess.run([FERRY, "checkpoint", "--pid", str(p.pid), "--images", images],
                                env=env, capture_output=True, text=True)
+            runs_phases.setdefault("checkpoint CPU (user+sys of ferry)", []).append(cpu_ms() - c0)
             print(r.stderr.strip())
+            record(r.stderr, runs_phases)
             if r.returncode:
                 p.kill()
                 p.wait()
                 sys.exit("checkpoint failed")
             p.wait()
+            c0 = cpu_ms()
             r = subprocess.run([FERRY, "restore", "--images", images, "--detach"], env=env, capture_output=True, text=True)
+            runs_phases.setdefault("restore CPU (user+sys of ferry)", []).append(cpu_ms() - c0)
             print(r.stderr.strip())
+            record(r.stderr, runs_phases)
             time.sleep(0.2)
             try:
                 os.kill(p.pid, signal.SIGKILL)
@@ -59,6 +103,8 @@ def main():
             except (ProcessLookupError, ChildProcessError):
                 pass
             print()
+        if runs > 1:
+            summary(runs_phases)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

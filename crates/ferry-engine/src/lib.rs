@@ -18,6 +18,7 @@ pub mod freeze;
 pub mod guard;
 pub(crate) mod parallel;
 pub mod inject;
+pub mod lazy;
 pub mod phases;
 pub mod procfs;
 pub mod restore;

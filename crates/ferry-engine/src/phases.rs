@@ -48,12 +48,15 @@ impl Phases {
 }
 
 /// Fault injection for tests: `FERRY_FAULT_STALL_AFTER=OP:PHASE` (e.g.
-/// `checkpoint:tcp connections`) makes ferry print a line and sleep for
-/// two minutes right after that phase, so a test can kill it there.
+/// `checkpoint:tcp connections`) makes ferry print a line and sleep right
+/// after that phase, so a test can kill it or cut its link there: for two
+/// minutes, or `FERRY_FAULT_STALL_SECS` seconds (a test that wants the
+/// stalled side to carry on and handle the fault itself).
 fn stall_if_asked(op: &str, phase: &str) {
     let Some(want) = std::env::var_os("FERRY_FAULT_STALL_AFTER") else { return };
     if want.to_string_lossy() == format!("{op}:{phase}") {
-        eprintln!("ferry: stalling after {op} phase '{phase}' (FERRY_FAULT_STALL_AFTER)");
-        std::thread::sleep(std::time::Duration::from_secs(120));
+        let secs = std::env::var("FERRY_FAULT_STALL_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+        eprintln!("ferry: stalling after {op} phase '{phase}' for {secs} s (FERRY_FAULT_STALL_AFTER)");
+        std::thread::sleep(std::time::Duration::from_secs(secs));
     }
 }

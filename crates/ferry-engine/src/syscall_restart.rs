@@ -40,12 +40,28 @@ fn point_back_at_syscall(regs: &mut Regs, nr: i64) {
 }
 
 /// For a process that goes on running where it was stopped: undo the
-/// EINTR our stop caused. The kernel restarts the -ERESTART* cases itself.
+/// EINTR our stop caused. The kernel restarts most -ERESTART* cases
+/// itself; -ERESTART_RESTARTBLOCK it would resume through
+/// restart_syscall, whose saved state (the sleep's end) no later
+/// checkpoint can see: a thread checkpointed in restart_syscall could
+/// only get EINTR on restore. So the call is issued again instead, a
+/// sleep with the remaining time the kernel wrote to its `rem`.
 pub fn retry_interrupted_wait(regs: &mut Regs) {
-    if let Some(nr) = in_syscall(regs) {
-        if regs.rax as i64 == EINTR && EINTR_ON_STOP.contains(&nr) {
-            point_back_at_syscall(regs, nr);
+    let Some(nr) = in_syscall(regs) else { return };
+    let ret = regs.rax as i64;
+    if ret == EINTR && EINTR_ON_STOP.contains(&nr) {
+        point_back_at_syscall(regs, nr);
+    } else if ret == ERESTART_RESTARTBLOCK {
+        if let Some((_, rem)) = sleep_request_ptr(regs) {
+            if rem != 0 {
+                if nr == SYS_NANOSLEEP {
+                    regs.rdi = rem;
+                } else {
+                    regs.rdx = rem;
+                }
+            }
         }
+        point_back_at_syscall(regs, nr);
     }
 }
 
@@ -77,5 +93,46 @@ pub fn sleep_request_ptr(regs: &Regs) -> Option<(u64, u64)> {
         Some((regs.rdx, regs.r10))
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(nr: i64, ret: i64) -> Regs {
+        let mut r: Regs = zeroed();
+        r.orig_rax = nr as u64;
+        r.rax = ret as u64;
+        r.rip = 0x1002;
+        r
+    }
+
+    fn zeroed() -> Regs {
+        ferry_sys::process::words_to_regs(&[0u64; 27]).expect("27 words make a register set")
+    }
+
+    #[test]
+    fn an_interrupted_sleep_is_issued_again_with_its_remaining_time() {
+        let mut r = regs(SYS_NANOSLEEP, ERESTART_RESTARTBLOCK);
+        r.rdi = 0x7000;
+        r.rsi = 0x7010;
+        retry_interrupted_wait(&mut r);
+        assert_eq!((r.rax as i64, r.rip, r.rdi), (SYS_NANOSLEEP, 0x1000, 0x7010));
+        let mut r = regs(SYS_CLOCK_NANOSLEEP, ERESTART_RESTARTBLOCK);
+        r.rdx = 0x8000;
+        r.r10 = 0;
+        retry_interrupted_wait(&mut r);
+        assert_eq!((r.rax as i64, r.rip, r.rdx), (SYS_CLOCK_NANOSLEEP, 0x1000, 0x8000));
+    }
+
+    #[test]
+    fn other_restarts_are_left_to_the_kernel() {
+        let mut r = regs(libc::SYS_read, ERESTARTSYS);
+        retry_interrupted_wait(&mut r);
+        assert_eq!((r.rax as i64, r.rip), (ERESTARTSYS, 0x1002));
+        let mut r = regs(libc::SYS_futex, ERESTART_RESTARTBLOCK);
+        retry_interrupted_wait(&mut r);
+        assert_eq!((r.rax as i64, r.rip), (libc::SYS_futex, 0x1000));
     }
 }

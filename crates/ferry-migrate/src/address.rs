@@ -70,10 +70,13 @@ pub fn place(ifindex: u32, addr: IpAddr, prefix: u8) -> Result<Placed> {
 }
 
 impl Placed {
-    /// The service runs here: tell the link.
-    pub fn announce_and_keep(mut self) -> Result<()> {
+    /// The service runs here: tell the link. The returned socket is best
+    /// closed once the pause is over (closing it is slow, see
+    /// ferry_sys::announce).
+    pub fn announce_and_keep(mut self) -> Result<Option<std::os::fd::OwnedFd>> {
         self.kept = true;
-        ferry_sys::announce::announce(self.ifindex, self.addr).map_err(|e| MigrateError::sys(format!("announcing address {}", self.addr), e))
+        ferry_sys::announce::announce_keep_socket(self.ifindex, self.addr)
+            .map_err(|e| MigrateError::sys(format!("announcing address {}", self.addr), e))
     }
 }
 

@@ -11,7 +11,7 @@ use crate::address;
 use crate::error::{MigrateError, Result};
 use crate::page_store::PageStore;
 use crate::protocol::{self, Msg, Welcome};
-use ferry_image::{FileKind, TreeImage};
+use ferry_image::{FileKind, PageRun, TreeImage, Vma};
 use ferry_netlock::{Method, NetworkLock, Tuple};
 use ferry_transport::Channel;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -69,43 +69,70 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("network lock prepared");
 
     let mut store = PageStore::new()?;
-    let (meta, host_pids, parent_pages) = loop {
+    if !hello.lazy {
+        store.place_pages_of(hello.root_pid);
+    }
+    let (meta, host_pids) = loop {
         let r = protocol::recv(ch)?;
         match r.msg {
             Msg::Pages { pid, ref ranges } => store.insert(pid, ranges, r.data())?,
             Msg::RoundDone { round, .. } => ph.mark(&format!("round {round} received")),
-            Msg::Image { meta, host_pids, parent_pages } => break (meta, host_pids, parent_pages),
+            Msg::Layout { pid, ref mappings } => store.reserve(pid, mappings),
+            Msg::Image { meta, host_pids } => break (meta, host_pids),
             Msg::Abort { reason } => return Err(MigrateError::Aborted(reason)),
             m => return Err(MigrateError::Protocol(format!("unexpected {} while receiving pages", m.name()))),
         }
     };
-    let t0 = Instant::now();
     ph.mark("final pages + image received");
-    let (_inv, mut tree) = ferry_image::decode_meta(&meta)?;
+    // Decoded, checked and validated like any image, the parent's page
+    // ranges included.
+    let (_inv, mut tree, incremental) = ferry_image::decode_meta_full(&meta)?;
     drop(meta);
     if host_pids.len() != tree.processes.len() {
         return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
     }
+    let parent_pages = incremental.map(|i| i.parent_pages).unwrap_or_default();
+    let mut placed_bytes = 0;
+    // Post-copy: (image PID, source PID, pages still at the source).
+    let mut lazy: Vec<(i32, i32, Vec<(u64, u64)>)> = Vec::new();
     for (p, &host) in tree.processes.iter_mut().zip(&host_pids) {
         let mut runs: Vec<(u64, u64)> = p.page_runs.iter().map(|r| (r.start, r.pages)).collect();
-        if let Some((_, parent)) = parent_pages.iter().find(|(pid, _)| *pid == host) {
-            runs.extend_from_slice(parent);
+        // The parent is this migration's earlier rounds, kept in the store
+        // under the PIDs the source sees (or, post-copy, still at the source).
+        if let Some(parent) = parent_pages.iter().find(|pp| pp.pid == p.pid) {
+            if hello.lazy {
+                lazy.push((p.pid, host, parent.ranges.clone()));
+            } else {
+                runs.extend_from_slice(&parent.ranges);
+            }
         }
         runs.sort_unstable();
-        p.page_runs = store.runs_for(host, &runs)?;
+        if host == hello.root_pid && !hello.lazy {
+            // The root inherits its placed pages; the rest comes from the file.
+            let root = store.settle_root(host, &p.vmas, &runs, (p.mm.start_brk, p.mm.brk))?;
+            placed_bytes = root.placed_bytes;
+            p.inherited = root.inherited;
+            p.page_runs = split_at_mappings(root.runs, &p.vmas);
+        } else {
+            p.page_runs = split_at_mappings(store.runs_for(host, &runs)?, &p.vmas);
+        }
     }
+    tracing::debug!("{placed_bytes} bytes of the root's pages are inherited, not copied");
     // This host's lock and address, not the source's.
     tree.network_lock = None;
     ph.mark("page runs resolved");
 
     let tuples = held_tuples(&tree);
+    let mut unneeded_lock = None;
     let lock_name = match lock.take() {
         Some(mut l) if !tuples.is_empty() => {
             l.engage(&tuples)?;
             Some(l.hand_over())
         }
+        // No connection to hold: taken down after the release, where its
+        // tens of ms do not count in the pause.
         Some(l) => {
-            l.thaw()?;
+            unneeded_lock = Some(l);
             None
         }
         None => None,
@@ -122,12 +149,24 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("address on");
 
     let pages = store.map()?;
-    let opts = ferry_engine::restore::RestoreOptions { adopt_lock: lock_name, ..Default::default() };
-    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t0)?;
+    let opts = ferry_engine::restore::RestoreOptions {
+        adopt_lock: lock_name,
+        lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+        placed_for_root: store.placed_regions(),
+        ..Default::default()
+    };
+    let held = ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, Instant::now());
+    // The root has its own copies of the placed pages now (or failed).
+    store.drop_placed();
+    let mut held = held?;
+    let uffds = std::mem::take(&mut held.uffds);
+    if lazy.iter().any(|(_, _, r)| !r.is_empty()) && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count() {
+        return Err(MigrateError::Invalid(format!("post-copy: the restore registered {} userfaultfd(s) for {} process(es) with lazy pages", uffds.len(), lazy.len())));
+    }
     let mut phases: Vec<(String, f64)> = ph.done().to_vec();
     phases.extend(held.phases.iter().cloned());
     ph.mark("restored (held)");
-    protocol::send(ch, &Msg::Ready { phases: held.phases.clone() })?;
+    protocol::send(ch, &Msg::Ready { phases: phases.clone() })?;
 
     let go = protocol::recv(ch);
     match go.map(|r| r.msg) {
@@ -140,17 +179,66 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     // The lock went with the released tree; the address stays.
     lock_guard.forget();
     let mut release_phases = vec![("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3)];
+    let mut announce_socket = None;
     if let Some(p) = placed {
         let t = Instant::now();
-        if let Err(e) = p.announce_and_keep() {
-            tracing::warn!("{e}");
+        match p.announce_and_keep() {
+            Ok(sock) => announce_socket = sock,
+            Err(e) => tracing::warn!("{e}"),
         }
         release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
     }
     ph.mark("released");
     protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
     phases.extend(release_phases);
+    drop(announce_socket);
+    if let Some(l) = unneeded_lock {
+        l.thaw()?;
+    }
+    if hello.lazy {
+        let r = crate::pager::run(ch, uffds, &lazy, restored.init_pid, restored.pid)?;
+        eprintln!(
+            "ferryd: post-copy of pid {}: {:.1} MiB in {:.0} ms, {} faults, {} page requests, {} zero pages",
+            restored.pid,
+            r.bytes as f64 / 1048576.0,
+            r.ms,
+            r.faults,
+            r.requests,
+            r.zero_pages
+        );
+        phases.push(("post-copy".to_string(), r.ms));
+    }
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
+}
+
+/// `runs` cut where a mapping ends. The store joins pages adjacent in
+/// memory and in the store into one run, also across two mappings (a
+/// read-write page next to a read-only one, both sent in the same round);
+/// the restore makes a mapping writable for its pages only when a run
+/// starts in it, and an image's runs must each lie in one mapping.
+fn split_at_mappings(runs: Vec<PageRun>, vmas: &[Vma]) -> Vec<PageRun> {
+    const PAGE: u64 = 4096;
+    let mut out = Vec::with_capacity(runs.len());
+    let mut vi = 0;
+    for mut r in runs {
+        loop {
+            while vi < vmas.len() && vmas[vi].end <= r.start {
+                vi += 1;
+            }
+            match vmas.get(vi) {
+                Some(v) if v.start <= r.start && v.end < r.start + r.pages * PAGE => {
+                    let n = (v.end - r.start) / PAGE;
+                    out.push(PageRun { start: r.start, pages: n, offset: r.offset, checksum: 0 });
+                    r = PageRun { start: v.end, pages: r.pages - n, offset: r.offset + n * PAGE, checksum: 0 };
+                }
+                _ => {
+                    out.push(r);
+                    break;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Releases a handed-over lock by name unless the restored tree took it.
@@ -185,9 +273,6 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
     }
     if h.arch != std::env::consts::ARCH {
         return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
-    }
-    if h.lazy {
-        return Err("post-copy (--lazy) is not supported by this ferryd".into());
     }
     if h.address.is_some() && cfg.interface.is_none() {
         return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());
@@ -235,4 +320,18 @@ fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
     out.sort_by_key(|t| (t.local, t.remote));
     out.dedup_by_key(|t| (t.local, t.remote));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_cut_at_mapping_ends() {
+        let vma = |start: u64, end: u64| Vma { start, end, prot: 3, shared: false, flags: 0, pgoff: 0, backing: ferry_image::VmaBacking::Anonymous };
+        let vmas = [vma(0x1000, 0x3000), vma(0x3000, 0x4000), vma(0x4000, 0x8000)];
+        let run = |start: u64, pages: u64, offset: u64| PageRun { start, pages, offset, checksum: 0 };
+        let out = split_at_mappings(vec![run(0x2000, 4, 0), run(0x7000, 1, 0x8000)], &vmas);
+        assert_eq!(out, vec![run(0x2000, 1, 0), run(0x3000, 1, 0x1000), run(0x4000, 2, 0x2000), run(0x7000, 1, 0x8000)]);
+    }
 }

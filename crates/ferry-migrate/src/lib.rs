@@ -12,6 +12,8 @@ pub mod address;
 pub mod destination;
 pub mod error;
 pub mod page_store;
+pub mod pager;
+pub mod postcopy;
 pub mod precopy;
 pub mod protocol;
 pub mod ranges;
@@ -25,4 +27,4 @@ pub use source::{migrate, MigrateOptions, MigrationReport};
 pub type Progress = Box<dyn Fn(&str) + Send + Sync>;
 
 /// The image format (major, minor) this build writes and reads.
-pub const FORMAT: (u32, u32) = (ferry_image::FORMAT_VERSION, 0);
+pub const FORMAT: (u32, u32) = (ferry_image::FORMAT_MAJOR, ferry_image::FORMAT_MINOR as u32);

@@ -115,10 +115,11 @@ impl Precopy {
     }
 
     fn copy_round(&mut self, ch: &mut Channel, pids: &[i32], only: Option<&RangeSet>) -> Result<u64> {
+        let keep_shared = self.tracker.pids().len() > 1;
         let mut sink = StreamSink::new(ch);
         for &pid in pids {
             let only_ranges = only.map(|o| o.ranges());
-            match ferry_engine::capture::copy_present(pid, only_ranges, &mut sink, None) {
+            match ferry_engine::capture::copy_present(pid, only_ranges, keep_shared, &mut sink, None) {
                 Ok(sent) => {
                     let sent = RangeSet::from_ranges(sent);
                     let h = self.held.entry(pid).or_default();

@@ -39,6 +39,8 @@ pub struct Hello {
     pub arch: String,
     pub kernel_release: String,
     pub migration_id: u64,
+    /// The tree's root as the source sees it (as Pages messages name it).
+    pub root_pid: i32,
     /// Post-copy: resume at the destination before the memory is there.
     pub lazy: bool,
     /// The service address that moves with the process: (address, prefix).
@@ -61,17 +63,21 @@ pub enum Msg {
     /// Page contents of process `pid` (as the source sees it): `ranges`
     /// are (address, bytes), their bytes concatenated in the data.
     Pages { pid: i32, ranges: Vec<(u64, u64)> },
+    /// The private anonymous mappings (start, end) of process `pid` as the
+    /// source saw them before sending its pages: the destination reserves
+    /// each as one placed region, so the restored root can inherit it as
+    /// one mapping.
+    Layout { pid: i32, mappings: Vec<(u64, u64)> },
     /// A pre-copy round is complete.
     RoundDone { round: u32, bytes: u64 },
-    /// The frozen tree's metadata (meta.img bytes); `host_pids` are the
-    /// PIDs its processes had on the source (as Pages named them), in
-    /// image order; `parent_pages` the pages the destination already
-    /// holds from earlier rounds, per source PID, as (address, pages).
+    /// The frozen tree's metadata (meta.img bytes, an incremental image
+    /// when pre-copy rounds ran: its parent is the pages the destination
+    /// holds from them); `host_pids` are the PIDs its processes had on the
+    /// source (as Pages named them), in image order.
     Image {
         #[serde(with = "serde_bytes")]
         meta: Vec<u8>,
         host_pids: Vec<i32>,
-        parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
     },
     /// The tree is restored and held stopped; the restore's phases in ms.
     Ready { phases: Vec<(String, f64)> },
@@ -94,6 +100,7 @@ impl Msg {
             Msg::Refused { .. } => "Refused",
             Msg::Pages { .. } => "Pages",
             Msg::RoundDone { .. } => "RoundDone",
+            Msg::Layout { .. } => "Layout",
             Msg::Image { .. } => "Image",
             Msg::Ready { .. } => "Ready",
             Msg::Commit => "Commit",
@@ -148,6 +155,21 @@ impl Received {
     pub fn data(&self) -> &[u8] {
         &self.buf[self.data_start..]
     }
+}
+
+/// [`send_with_data`] on the sending half of a split channel (post-copy).
+pub fn send_half(tx: &mut ferry_transport::SendHalf, msg: &Msg, data: &[u8]) -> Result<()> {
+    let head = encode_header(msg)?;
+    tx.send_parts(&[&head, data])?;
+    Ok(())
+}
+
+/// [`recv`] on the receiving half of a split channel (post-copy).
+pub fn recv_half(rx: &mut ferry_transport::RecvHalf) -> Result<Received> {
+    let buf = rx.recv()?;
+    let (msg, data) = decode(&buf)?;
+    let data_start = buf.len() - data.len();
+    Ok(Received { msg, buf, data_start })
 }
 
 pub fn recv(ch: &mut Channel) -> Result<Received> {

@@ -54,6 +54,15 @@ pub struct MigrationReport {
     /// The source's phases and the destination's restore phases, in ms.
     pub source_phases: Vec<(String, f64)>,
     pub dest_phases: Vec<(String, f64)>,
+    /// Post-copy: what was left behind in the freeze and sent afterwards.
+    pub postcopy: Option<PostcopyReport>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PostcopyReport {
+    /// Bytes of pages the freeze left at the source.
+    pub lazy_bytes: u64,
+    pub push: crate::postcopy::PushReport,
 }
 
 fn random_id() -> u64 {
@@ -81,6 +90,9 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     if !std::path::Path::new(&format!("/proc/{}", o.pid)).exists() {
         return Err(MigrateError::Invalid(format!("pid {}: no such process", o.pid)));
     }
+    if o.lazy {
+        crate::postcopy::check_single_process(o.pid)?;
+    }
     (o.progress)(&format!("connecting to {}", o.to));
     let stream = TcpStream::connect_timeout(&o.to, o.timeout)
         .map_err(|e| MigrateError::Invalid(format!("connecting to ferryd at {}: {e}", o.to)))?;
@@ -88,13 +100,15 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     let mut ch = Channel::connect(stream, &o.key, o.mode)?;
     ch.set_timeout(Some(o.timeout))?;
     let (major, minor) = crate::FORMAT;
+    let migration_id = random_id();
     let hello = Hello {
         protocol: protocol::PROTOCOL_VERSION,
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
         format: (major, minor),
         arch: std::env::consts::ARCH.to_string(),
         kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        migration_id: random_id(),
+        migration_id,
+        root_pid: o.pid,
         lazy: o.lazy,
         address: o.address,
     };
@@ -102,8 +116,11 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     protocol::expect(&mut ch, &["Welcome"])?;
     mark(&mut phases, "connect");
 
+    if !o.lazy {
+        send_layout(&mut ch, o.pid)?;
+    }
     let mut precopy = if o.precopy && !o.lazy {
-        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s))?;
+        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s)).map_err(|e| peer_reason(&mut ch, e))?;
         mark(&mut phases, "pre-copy");
         Some(p)
     } else {
@@ -112,14 +129,22 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
 
     (o.progress)("freezing");
     let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
-    let (captured, final_page_bytes) = {
+    let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
+    let captured = {
         let mut sink = StreamSink::new(&mut ch);
-        let hooks = precopy.as_mut().map(|p| p as &mut dyn CaptureHooks);
-        let c = ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks)?;
-        (c, sink.page_bytes())
+        let hooks = match (precopy.as_mut(), lazy.as_mut()) {
+            (Some(p), _) => Some(p as &mut dyn CaptureHooks),
+            (None, Some(l)) => Some(l as &mut dyn CaptureHooks),
+            (None, None) => None,
+        };
+        ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks).map(|c| (c, sink.page_bytes()))
     };
-    // The tracker's userfaultfd goes before the tree runs anywhere again.
-    let (rounds, precopy_stop) = match precopy.take() {
+    let (captured, final_page_bytes) = captured.map_err(|e| peer_reason(&mut ch, e.into()))?;
+    // The tracker stays registered until the outcome is known: closing
+    // its userfaultfd makes the kernel walk every tracked page table (tens
+    // of ms per GiB), which must not count in the pause. It goes before
+    // the tree runs here again, or once it is killed.
+    let (rounds, precopy_stop) = match precopy.as_ref() {
         Some(p) => (p.rounds.clone(), p.stopped_because),
         None => (Vec::new(), None),
     };
@@ -134,8 +159,12 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             taken = Some(address::take(addr, prefix)?);
             mark(&mut phases, "address off");
         }
-        let meta = ferry_image::encode_meta(&captured.inventory, &captured.tree)?;
-        let msg = Msg::Image { meta, host_pids: captured.pids(), parent_pages: captured.parent_pages.clone() };
+        let incremental = (!captured.parent_pages.is_empty()).then(|| ferry_image::Incremental {
+            parent_id: migration_id,
+            parent_pages: captured.parent_pages.iter().map(|(pid, ranges)| ferry_image::ParentPages { pid: *pid, ranges: ranges.clone() }).collect(),
+        });
+        let meta = ferry_image::encode_meta_with(&captured.inventory, &captured.tree, incremental.as_ref())?;
+        let msg = Msg::Image { meta, host_pids: captured.pids() };
         protocol::send(&mut ch, &msg)?;
         mark(&mut phases, "image sent");
         (o.progress)("restoring at the destination");
@@ -156,7 +185,33 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             if let Some(t) = taken {
                 t.keep_off();
             }
+            // Post-copy: the frozen copy holds the only copy of the lazy
+            // pages; it is killed once they are all at the destination.
+            let postcopy = match &lazy {
+                Some(l) => {
+                    // Should this process die during the transfer, ptrace lets
+                    // go of the tree: a queued SIGSTOP keeps it from running here.
+                    for p in captured.pids() {
+                        let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+                    }
+                    (o.progress)(&format!("running at the destination; post-copy of {:.1} MiB", l.bytes() as f64 / 1048576.0));
+                    let pushed = crate::postcopy::push(&mut ch, &l.lazy, o.timeout, &*o.progress);
+                    mark(&mut phases, "post-copy");
+                    match pushed {
+                        Ok(push) => Some(PostcopyReport { lazy_bytes: l.bytes(), push }),
+                        Err(e) => {
+                            let _ = captured.kill(LockAfterKill::Release);
+                            return Err(MigrateError::Aborted(format!(
+                                "{e}; the tree had resumed at {} before all its memory was there: the destination kills it, and the source's copy was killed (post-copy cannot roll back): the service is lost",
+                                o.to
+                            )));
+                        }
+                    }
+                }
+                None => None,
+            };
             captured.kill(LockAfterKill::Release)?;
+            drop(precopy);
             mark(&mut phases, "source killed");
             Ok(MigrationReport {
                 pid: o.pid,
@@ -170,6 +225,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
                 precopy_stop,
                 source_phases: phases,
                 dest_phases,
+                postcopy,
             })
         }
         Err(e) if commit_sent => {
@@ -183,6 +239,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             if let Some(t) = taken {
                 t.keep_off();
             }
+            drop(precopy);
             let _ = captured.resume();
             Err(MigrateError::Aborted(format!(
                 "{e}; the destination did not confirm that the service runs there. The source's copy is kept stopped (pid {}): kill it if the service runs at {}, or `kill -CONT` it and put the address back if not",
@@ -190,10 +247,48 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             )))
         }
         Err(e) => {
+            let e = peer_reason(&mut ch, e);
             ch.shutdown();
             drop(taken);
+            drop(precopy);
             captured.resume()?;
             Err(e)
         }
     }
+}
+
+/// When sending failed, the destination has usually said why before it
+/// closed the connection (a corrupted message, a failed restore): that
+/// reason is the error to report, not our broken pipe.
+fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
+    if !matches!(e, MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)) {
+        return e;
+    }
+    if ch.set_timeout(Some(Duration::from_secs(1))).is_err() {
+        return e;
+    }
+    for _ in 0..8 {
+        match protocol::recv(ch) {
+            Ok(r) => match r.msg {
+                Msg::Failed { error } => return MigrateError::DestinationFailed(format!("{error} (here: {e})")),
+                Msg::Refused { reason } => return MigrateError::Refused(reason),
+                _ => continue,
+            },
+            Err(_) => break,
+        }
+    }
+    e
+}
+
+/// Tells the destination where the root's private anonymous mappings are
+/// (see Msg::Layout). Read while the tree runs: a mapping that changes
+/// before the freeze only costs the destination a copy of its pages.
+fn send_layout(ch: &mut Channel, pid: i32) -> Result<()> {
+    let maps = ferry_engine::procfs::maps(pid)?;
+    let mappings: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path.is_empty() && m.perms[3] == b'p' && m.perms[0] == b'r' && m.perms[1] == b'w')
+        .map(|m| (m.start, m.end))
+        .collect();
+    protocol::send(ch, &Msg::Layout { pid, mappings })
 }

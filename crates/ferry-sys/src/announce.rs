@@ -72,6 +72,13 @@ fn arp_frame(op: u16, mac: [u8; 6], addr: Ipv4Addr) -> Vec<u8> {
 /// both forms (a request, then a reply), since some hosts and switches
 /// heed only one of them.
 pub fn gratuitous_arp(ifindex: u32, addr: Ipv4Addr) -> SysResult<()> {
+    gratuitous_arp_keep_socket(ifindex, addr).map(drop)
+}
+
+/// [`gratuitous_arp`], returning the packet socket instead of closing
+/// it: closing a packet socket waits for an RCU grace period (tens of ms
+/// on a busy machine), which a caller timing a pause can do afterwards.
+pub fn gratuitous_arp_keep_socket(ifindex: u32, addr: Ipv4Addr) -> SysResult<OwnedFd> {
     const CALL: &str = "sendto(AF_PACKET, gratuitous ARP)";
     let mac = ethernet_mac(ifindex, CALL)?;
     // Protocol 0: the socket only sends, so it receives no copy of traffic.
@@ -101,7 +108,7 @@ pub fn gratuitous_arp(ifindex: u32, addr: Ipv4Addr) -> SysResult<()> {
             return Err(last_error(CALL));
         }
     }
-    Ok(())
+    Ok(sock)
 }
 
 fn set_int_opt(sock: &OwnedFd, level: i32, name: i32, value: i32, call: &'static str) -> SysResult<()> {
@@ -172,6 +179,15 @@ pub fn unsolicited_na(ifindex: u32, addr: Ipv6Addr) -> SysResult<()> {
 
 /// Announces `addr` on interface `ifindex`: a gratuitous ARP for IPv4, an
 /// unsolicited neighbour advertisement for IPv6.
+/// [`announce`], handing back the socket it used (if closing it may be
+/// slow) for the caller to close later.
+pub fn announce_keep_socket(ifindex: u32, addr: IpAddr) -> SysResult<Option<OwnedFd>> {
+    match addr {
+        IpAddr::V4(a) => gratuitous_arp_keep_socket(ifindex, a).map(Some),
+        IpAddr::V6(a) => unsolicited_na(ifindex, a).map(|()| None),
+    }
+}
+
 pub fn announce(ifindex: u32, addr: IpAddr) -> SysResult<()> {
     match addr {
         IpAddr::V4(a) => gratuitous_arp(ifindex, a),

@@ -165,3 +165,12 @@ pub fn get_seals(fd: RawFd) -> SysResult<i32> {
     let r = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
     if r < 0 { Err(last_error("fcntl(F_GET_SEALS)")) } else { Ok(r) }
 }
+
+/// dup2(2): `new` becomes a copy of `old`.
+pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
+    // SAFETY: integer arguments; `new` is replaced, as the caller asks.
+    if unsafe { libc::dup2(old, new) } < 0 {
+        return Err(last_error("dup2"));
+    }
+    Ok(())
+}

@@ -18,6 +18,7 @@ pub mod lock;
 pub mod netns;
 pub mod pagemap;
 pub mod pidfd;
+pub mod placed;
 pub mod process;
 pub mod ptrace;
 mod rtnl;

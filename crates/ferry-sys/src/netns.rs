@@ -139,3 +139,19 @@ pub fn addresses() -> SysResult<Vec<std::net::IpAddr>> {
     }
     Ok(out)
 }
+
+/// In a fresh mount namespace: makes every mount a slave of the parent
+/// namespace (mounts made here stay here, the parent's still show up),
+/// then mounts a /proc of the caller's PID namespace over /proc.
+pub fn mount_own_proc() -> SysResult<()> {
+    // SAFETY: mount(2) with static NUL-terminated strings.
+    if unsafe { libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) } < 0 {
+        return Err(last_error("mount(/, MS_REC | MS_SLAVE)"));
+    }
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: as above.
+    if unsafe { libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) } < 0 {
+        return Err(last_error("mount(proc, /proc)"));
+    }
+    Ok(())
+}

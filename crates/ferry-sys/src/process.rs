@@ -313,3 +313,47 @@ impl Drop for SharedAnon {
         unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
+
+/// Waits for child `pid` (any state change that ends it), retrying on
+/// EINTR: Some(exit code or 128+signal), None when it is not our child.
+pub fn wait_pid(pid: i32) -> Option<i32> {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r >= 0 {
+            return Some(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) });
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
+        }
+    }
+}
+
+/// Reaps any child or traced thread that has ended (waitpid(-1, __WALL)),
+/// blocking; false once there is none left to wait for.
+pub fn reap_any_thread() -> bool {
+    // SAFETY: no status wanted; reaping is all this does.
+    unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL) >= 0 }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit.
+pub fn raise_nofile_limit() {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid rlimit to fill and then pass back.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// Sets the calling thread's name (PR_SET_NAME, at most 15 bytes used).
+pub fn set_name(name: &std::ffi::CStr) -> SysResult<()> {
+    // SAFETY: name is a NUL-terminated string the kernel only reads.
+    if unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) } < 0 {
+        return Err(last_error("prctl(PR_SET_NAME)"));
+    }
+    Ok(())
+}

@@ -24,3 +24,14 @@ pub fn disable_altstack() -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Installs `handler` for `sig` (plain signal(2) semantics). The handler
+/// must be async-signal-safe; only `kill`-style forwarding is used here.
+pub fn set_handler(sig: i32, handler: extern "C" fn(libc::c_int)) -> SysResult<()> {
+    // SAFETY: installing a function pointer as the handler; what it does
+    // when it runs is the caller's promise (documented above).
+    if unsafe { libc::signal(sig, handler as *const () as libc::sighandler_t) } == libc::SIG_ERR {
+        return Err(last_error("signal"));
+    }
+    Ok(())
+}

@@ -243,3 +243,32 @@ pub fn read_msg(fd: BorrowedFd<'_>) -> SysResult<Option<Msg>> {
         event => Msg::Other { event, args: [word(0), word(1), word(2)] },
     }))
 }
+
+/// Takes ownership of the userfaultfd a UFFD_EVENT_FORK message names
+/// (`args[0]`): the kernel installed it in the reader's fd table.
+pub fn own_event_fd(raw: u64) -> SysResult<OwnedFd> {
+    let fd = RawFd::try_from(raw).map_err(|_| crate::SysError::new("UFFD_EVENT_FORK", libc::EBADF))?;
+    // SAFETY: F_GETFD only checks that the descriptor is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(last_error("fcntl(userfaultfd of a fork)"));
+    }
+    // SAFETY: the kernel made this descriptor for us with the event; nothing
+    // else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits up to `timeout_ms` (-1: forever) until one of `fds` is readable
+/// (or hung up); returns, per fd, whether it is.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> SysResult<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds.iter().map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: p is a valid array of p.len() pollfd structs.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = last_error("poll(userfaultfd)");
+        if e.errno == libc::EINTR {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(e);
+    }
+    Ok(p.iter().map(|x| x.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0).collect())
+}

@@ -612,6 +612,12 @@ impl Channel {
         Ok((self.send, self.recv))
     }
 
+    /// Both halves borrowed, for two scoped threads, when the channel
+    /// is used whole again afterwards.
+    pub fn halves(&mut self) -> (&mut SendHalf, &mut RecvHalf) {
+        (&mut self.send, &mut self.recv)
+    }
+
     /// Shuts the TCP connection down both ways, so that the peer and any
     /// thread blocked on this connection see it end (used to abort).
     pub fn shutdown(&self) {

@@ -1,5 +1,6 @@
 //! ferry: checkpoint and restore live Linux processes.
 
+mod demo;
 mod inspect;
 mod migrate_cmd;
 mod netlock_cmd;
@@ -121,6 +122,13 @@ enum Cmd {
     /// connections. The source is killed only once the destination reports
     /// the tree running; on any failure it runs on here.
     Migrate(migrate_cmd::MigrateArgs),
+    /// Live migration on this machine: two test hosts and a client host
+    /// (network + PID + mount namespaces on one bridge) with ferryd in
+    /// each host, redis-server moved back and forth between them while
+    /// clients keep their connections open and count every request; then
+    /// a report, and everything it made is removed. Needs root and
+    /// redis-server.
+    Demo(demo::DemoArgs),
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -196,6 +204,8 @@ fn run(cli: Cli) -> Result<i32> {
                 progress: progress::bar("restoring memory"),
                 new_pid_ns,
                 adopt_lock: None,
+                placed_for_root: Default::default(),
+                lazy: Vec::new(),
             };
             let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
             match r.init_pid {
@@ -241,6 +251,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Migrate(args) => migrate_cmd::run(args),
+        Cmd::Demo(args) => demo::run(args),
     }
 }
 

@@ -21,8 +21,15 @@ pub struct MigrateArgs {
     /// announced there (gratuitous ARP / unsolicited neighbour advertisement).
     #[arg(long, value_parser = parse_address)]
     address: Option<(IpAddr, u8)>,
-    /// Post-copy: resume at the destination at once and fetch memory on
-    /// demand (for services that write memory faster than the link).
+    /// Post-copy: resume at the destination at once, without the memory
+    /// of the process (private anonymous pages), which follows on demand
+    /// (each page fetched on its first touch) and in the background. The
+    /// pause does not depend on memory size: for services that write
+    /// memory faster than the link carries it. Trade-off: from the resume
+    /// until the last page arrives the service lives in two places, and
+    /// if either host or the link fails then, the service is LOST (the
+    /// destination kills its incomplete copy; nothing can roll back).
+    /// Single-process trees only.
     #[arg(long)]
     lazy: bool,
     /// Stop-and-copy: no pre-copy rounds, all memory sent in the freeze.
@@ -83,6 +90,15 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
         r.rounds.len(),
         parts.join(", ")
     );
+    if let Some(p) = &r.postcopy {
+        println!(
+            "post-copy: {:.1} MiB left behind in the freeze, sent in {:.0} ms after the resume ({} page requests served, {} pages)",
+            p.lazy_bytes as f64 / 1048576.0,
+            p.push.ms,
+            p.push.requests,
+            p.push.requested_pages
+        );
+    }
     if let Some(path) = &a.report {
         let json = serde_json::json!({
             "pid": r.pid,
@@ -96,6 +112,13 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
             "precopy_stop": r.precopy_stop.map(|d| format!("{d:?}")),
             "source_phases": r.source_phases,
             "dest_phases": r.dest_phases,
+            "postcopy": r.postcopy.as_ref().map(|p| serde_json::json!({
+                "lazy_bytes": p.lazy_bytes,
+                "ms": p.push.ms,
+                "bytes": p.push.bytes,
+                "requests": p.push.requests,
+                "requested_pages": p.push.requested_pages,
+            })),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&json)?).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -11,6 +11,9 @@
 //! message and returns. Set `FERRY_CONFORMANCE_KEEP=1` to keep each test's
 //! directory (images, log, ferry's output) for debugging.
 
+mod common;
+
+use common::conformance::compile;
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -31,50 +34,9 @@ const POLL: Duration = Duration::from_millis(10);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance")
-}
-
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// Compiles `tests/conformance/<name>.c` into CARGO_TARGET_TMPDIR and
-/// returns the binary path.
-fn compile(name: &str) -> PathBuf {
-    let src_dir = source_dir();
-    let src = src_dir.join(format!("{name}.c"));
-    assert!(src.exists(), "missing conformance source {}", src.display());
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("conformance");
-    fs::create_dir_all(&out_dir).expect("create conformance build dir");
-    let bin = out_dir.join(name);
-    // Build under a unique name and rename, so concurrent runs never see a
-    // half-written binary.
-    let tmp = out_dir.join(format!(
-        ".{name}.{}.{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::SeqCst)
-    ));
-    let out = Command::new("gcc")
-        .args(["-O1", "-g", "-pthread", "-Wall"])
-        .arg("-I")
-        .arg(&src_dir)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&src)
-        .output()
-        .unwrap_or_else(|e| panic!("{name}: cannot run gcc: {e}"));
-    if !out.status.success() {
-        let _ = fs::remove_file(&tmp);
-        panic!(
-            "{name}: compilation failed ({})\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    fs::rename(&tmp, &bin).expect("rename compiled binary");
-    bin
 }
 
 fn read_lossy(path: &Path) -> String {
@@ -521,15 +483,7 @@ conformance! {
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
 #[test]
 fn all_programs_registered() {
-    let mut on_disk: Vec<String> = fs::read_dir(source_dir())
-        .expect("read tests/conformance")
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let p = e.path();
-            (p.extension()? == "c").then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
-        })
-        .collect();
-    on_disk.sort();
+    let on_disk = common::conformance::programs();
     let mut listed: Vec<String> = PROGRAMS.iter().map(|s| s.to_string()).collect();
     listed.sort();
     assert_eq!(on_disk, listed, "tests/conformance/*.c and the conformance! list differ");

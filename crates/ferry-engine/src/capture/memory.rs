@@ -234,7 +234,17 @@ fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn Pag
 /// checkpoint stores) into the sink, shared mappings left out. Returns
 /// the (start, end) ranges copied. Pre-copy uses this for its rounds; pages written meanwhile are
 /// caught by dirty tracking and copied again.
-pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<(u64, u64)>> {
+///
+/// With `keep_shared` (a tree of several processes), memory is read
+/// through /proc/PID/mem only, as in [`dump_pages`]: process_vm_readv
+/// would break the copy-on-write sharing between parent and child.
+pub fn copy_present(
+    pid: i32,
+    only: Option<&[(u64, u64)]>,
+    keep_shared: bool,
+    out: &mut dyn PageSink,
+    progress: Option<&crate::ProgressFn>,
+) -> Result<Vec<(u64, u64)>> {
     let smaps = crate::procfs::smaps(pid)?;
     let vmas = classify(pid, &smaps)?;
     let base = out.data_len();
@@ -270,7 +280,7 @@ pub fn copy_present(pid: i32, only: Option<&[(u64, u64)]>, out: &mut dyn PageSin
             let mut a = s;
             while a < e {
                 let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() });
+                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() && !keep_shared });
                 total += len;
                 a += len;
             }
@@ -418,13 +428,22 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
     Ok(out)
 }
 
+/// Locked memory of a process (VmLck in /proc/PID/status), in kB.
+pub fn locked_kb(pid: i32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = crate::procfs::read_string(&path)?;
+    Ok(crate::procfs::key_values(&text).get("VmLck").and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0))
+}
+
 /// mlockall(MCL_FUTURE) shows nowhere in /proc but in the mappings made
-/// after it: ferry's scratch mapping, just made, comes out locked. Future
-/// locking is not restored, so such a process is refused. (Locked
+/// after it: ferry's scratch mapping, just made, comes out locked, and the
+/// process's locked memory grows by it (`locked_before` was read before
+/// the scratch mapping; the process is frozen, nothing else locks).
+/// Future locking is not restored, so such a process is refused. (Locked
 /// mappings themselves are recorded, VmFlags "lo", and locked again.)
-pub fn check_mlock_future(pid: i32, scratch: u64) -> Result<()> {
-    let smaps = crate::procfs::smaps(pid)?;
-    if smaps.iter().any(|m| m.start == scratch && m.has_flag("lo")) {
+/// Reading VmLck costs nothing; smaps would walk every page again.
+pub fn check_mlock_future(pid: i32, locked_before: u64) -> Result<()> {
+    if locked_kb(pid)? > locked_before {
         return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
     }
     Ok(())
@@ -439,8 +458,8 @@ mod tests {
     fn held_pages_split_into_parent_and_sent() {
         let ranges = vec![(0, 10 * P), (20 * P, 30 * P)];
         let held = [(2 * P, 3), (8 * P, 14), (25 * P, 100)];
-        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 5)]);
-        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P)]);
+        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]);
+        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]);
     }
 
     #[test]

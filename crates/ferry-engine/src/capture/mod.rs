@@ -172,7 +172,8 @@ pub struct Captured {
     pub inventory: Inventory,
     pub tree: TreeImage,
     /// Per process, the pages present at capture that were not copied
-    /// because the receiver holds them (see [`CaptureHooks`]).
+    /// because the receiver holds them (see [`CaptureHooks`]), under the
+    /// PIDs the image gives the processes.
     pub parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
     pub phases: crate::phases::Phases,
     summary: CaptureSummary,
@@ -464,9 +465,10 @@ fn is_ancestor(pid: i32, of: i32) -> bool {
 /// a scratch mapping that is removed again afterwards.
 fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
     let pid = frozen.pid;
+    let locked_before = memory::locked_kb(pid)?;
     let scratch = Scratch::map(&sv.remote, pid)?;
     let ctx = Ctx { pid, frozen, remote: sv.remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
-    let injected = memory::check_mlock_future(pid, scratch.addr).and_then(|()| capture_injected(&ctx));
+    let injected = memory::check_mlock_future(pid, locked_before).and_then(|()| capture_injected(&ctx));
     let unmapped = scratch.unmap(&ctx.remote, pid);
     let injected = injected?;
     unmapped?;

@@ -19,6 +19,7 @@
 mod child;
 mod files;
 mod fork;
+mod lazy;
 mod memory;
 mod pidns;
 pub use pidns::{restore_held as restore_held_in_new_pid_ns, HeldInNamespace};
@@ -59,11 +60,30 @@ pub struct RestoreOptions {
     /// (by name), taken over instead of the one the image names: a
     /// migrated tree's lock was set up by the destination.
     pub adopt_lock: Option<String>,
+    /// Memory of ferry's own placed where the root has its pages (see
+    /// ferry_sys::placed): the root inherits it over fork for the
+    /// mappings its image lists as `inherited`, and ferry drops its copy
+    /// right after. Only for a restore in a process forked from the
+    /// regions' owner (restore_held_in_new_pid_ns's helper).
+    pub placed_for_root: ferry_sys::placed::InheritedRegions,
+    /// Post-copy: per image PID, the pages ((address, pages) runs, sorted)
+    /// that are not in the page data but fetched on first touch; their
+    /// mappings are registered with a userfaultfd ([`Held::lazy_uffds`]).
+    /// Single-process trees only.
+    pub lazy: Vec<(i32, Vec<(u64, u64)>)>,
 }
 
 impl Default for RestoreOptions {
     fn default() -> Self {
-        RestoreOptions { tty_to: "/dev/null".into(), netns: None, progress: None, new_pid_ns: false, adopt_lock: None }
+        RestoreOptions {
+            tty_to: "/dev/null".into(),
+            netns: None,
+            progress: None,
+            new_pid_ns: false,
+            adopt_lock: None,
+            placed_for_root: Default::default(),
+            lazy: Vec::new(),
+        }
     }
 }
 
@@ -134,16 +154,14 @@ impl Drop for TreeGuard {
         if self.disarmed || self.pids.is_empty() {
             return;
         }
-        // SAFETY: killing processes this restore created, by PID, then
-        // reaping them (traced threads must go before their leader).
-        unsafe {
-            for &pid in self.pids.iter().rev() {
-                libc::kill(pid, libc::SIGKILL);
-            }
-            for _ in 0..100_000 {
-                if libc::waitpid(-1, std::ptr::null_mut(), libc::__WALL) < 0 {
-                    break;
-                }
+        // Killing processes this restore created, by PID, then reaping
+        // them (traced threads must go before their leader).
+        for &pid in self.pids.iter().rev() {
+            let _ = ferry_sys::process::kill(pid, libc::SIGKILL);
+        }
+        for _ in 0..100_000 {
+            if !ferry_sys::process::reap_any_thread() {
+                break;
             }
         }
     }
@@ -152,21 +170,11 @@ impl Drop for TreeGuard {
 /// Lets ferry hold as many descriptors as its hard limit allows: a tree's
 /// staged files all live in ferry at once.
 fn raise_fd_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: r is a valid rlimit to fill and then pass back.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
+    ferry_sys::process::raise_nofile_limit();
 }
 
 fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd> {
-    let high = ferry_sys::fd::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, temp_base as libc::c_long, "fcntl(F_DUPFD)")
-        .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
-    // SAFETY: high is a new descriptor we own.
-    Ok(unsafe { ferry_sys::fd::own(high) })
+    ferry_sys::fd::dup_above(fd, temp_base).map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))
 }
 
 /// Runs `f` with ferry in network namespace `ns` (if any), then returns
@@ -174,15 +182,9 @@ fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd>
 fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let Some(ns) = ns else { return f() };
     let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
-    // SAFETY: ns is an open namespace file.
-    if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } < 0 {
-        return Err(files::errno_err(pid, "joining the network namespace".into()));
-    }
+    ferry_sys::netns::enter_net_namespace_fd(ns).map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
     let r = f();
-    // SAFETY: own is ferry's original namespace.
-    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(files::errno_err(pid, "returning to ferry's network namespace".into()));
-    }
+    ferry_sys::netns::enter_net_namespace_fd(own.as_raw_fd()).map_err(|e| EngineError::kernel(pid, "returning to ferry's network namespace", e))?;
     r
 }
 
@@ -228,6 +230,12 @@ pub struct Held {
     staged_files: HashMap<u64, OwnedFd>,
     staging: staging::Staging,
     phases: crate::phases::Phases,
+    /// Post-copy: (image PID, its userfaultfd) of processes with lazy pages.
+    uffds: Vec<(i32, OwnedFd)>,
+    /// ferry's copies of the pages the root inherited: dropped once the
+    /// tree runs, so that its pages are its own (no copy per page on
+    /// write) without the unmapping counting in the pause.
+    placed: ferry_sys::placed::InheritedRegions,
     guard: TreeGuard,
 }
 
@@ -241,6 +249,12 @@ impl Held {
         &self.phases
     }
 
+    /// Post-copy: (image PID, descriptor in this process) of each
+    /// userfaultfd whose registered mappings wait for their pages.
+    pub fn lazy_uffds(&self) -> Vec<(i32, RawFd)> {
+        self.uffds.iter().map(|(p, f)| (*p, f.as_raw_fd())).collect()
+    }
+
     /// Brings the connections alive and lets every process run.
     pub fn release(self) -> Result<Restored> {
         self.release_then(|_| ())
@@ -250,7 +264,7 @@ impl Held {
     /// runs, before the network lock and the staging are taken down (a
     /// migration reports the service running at that moment).
     pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
-        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, mut guard } = self;
+        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, uffds, placed, mut guard } = self;
         let ph = &mut phases;
         // The connections come alive only now, with every process that
         // owns one in place and still stopped.
@@ -281,6 +295,11 @@ impl Held {
         let restored =
             Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: ph.started().elapsed().as_secs_f64() * 1e3 };
         running(&restored);
+        if !placed.is_empty() {
+            if let Err(e) = placed.unmap() {
+                tracing::warn!("dropping ferry's copy of the placed pages: {e}");
+            }
+        }
         if let Some(l) = lock.take() {
             if let Err(e) = l.thaw() {
                 tracing::warn!("taking the network lock down: {e}");
@@ -292,6 +311,8 @@ impl Held {
         drop(staged_files);
         drop(staging);
         drop(connections);
+        // The caller took its own copies (the migration's pager).
+        drop(uffds);
         Ok(restored)
     }
 }
@@ -402,12 +423,26 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
     install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
-    memory::clear_address_space(&mut s, &[])?;
+    // Mappings whose pages the root inherited from ferry (a migration
+    // placed them at their addresses) are kept like a child's.
+    let mut kept: Vec<(u64, u64)> = root.inherited.iter().map(|v| (v.start, v.end)).collect();
+    kept.sort_unstable();
+    memory::clear_address_space(&mut s, &kept)?;
     memory::place_vdso(&mut s, &root.vmas)?;
-    let reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &[])?;
-    memory::write_pages(pid, &root.page_runs, pages, opts.progress.as_ref())?;
+    let mut reprotect = memory::map_all(&mut s, &root.vmas, &root.page_runs, &kept)?;
+    if !kept.is_empty() {
+        reprotect.extend(memory::prepare_inherited(&mut s, &root.page_runs)?);
+    }
+    memory::write_pages_in(&mut s, &root.page_runs, pages, &kept, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
+    let mut lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])> = Vec::new();
+    if let Some((_, runs)) = opts.lazy.iter().find(|(p, r)| *p == pid && !r.is_empty()) {
+        if tree.processes.len() > 1 {
+            return Err(EngineError::restore(pid, "post-copy (lazy) restore of a tree of several processes is not supported"));
+        }
+        lazy_uffds.push((pid, lazy::take_uffd(&mut s)?, runs.as_slice()));
+    }
     sessions.push(s);
     ph.mark("root: files+memory");
     for img in &tree.processes[1..] {
@@ -433,7 +468,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         memory::place_vdso(&mut s, &img.vmas)?;
         let mut reprotect = memory::map_all(&mut s, &img.vmas, &img.page_runs, &kept)?;
         reprotect.extend(memory::prepare_inherited(&mut s, &img.page_runs)?);
-        memory::write_pages(img.pid, &img.page_runs, pages, opts.progress.as_ref())?;
+        memory::write_pages_in(&mut s, &img.page_runs, pages, &kept, opts.progress.as_ref())?;
         memory::reprotect(&mut s, &reprotect)?;
         memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
@@ -463,15 +498,24 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     }
     ph.mark("threads, signals, timers, creds");
     for (id, (fd, seals)) in &staging.memfds {
-        // SAFETY: F_ADD_SEALS with an integer on our own descriptor.
-        if *seals != 0 && unsafe { libc::fcntl(*fd, libc::F_ADD_SEALS, *seals) } < 0 {
-            return Err(files::errno_err(pid, format!("sealing memfd {id} with {seals:#x}")));
+        if *seals != 0 {
+            ferry_sys::fd::fcntl_int(*fd, libc::F_ADD_SEALS, *seals as libc::c_long, "fcntl(F_ADD_SEALS)")
+                .map_err(|e| EngineError::kernel(pid, format!("sealing memfd {id} with {seals:#x}"), e))?;
         }
     }
     let procs: Vec<(i32, Vec<i32>, bool)> =
         sessions.iter().zip(all_tids).map(|(s, tids)| (s.pid, tids, s.image.fidelity.stopped)).collect();
     drop(sessions);
-    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, guard })
+    let mut uffds = Vec::with_capacity(lazy_uffds.len());
+    for (p, fd, runs) in lazy_uffds {
+        let vmas = tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
+        lazy::register(p, &fd, vmas, runs)?;
+        uffds.push((p, fd));
+    }
+    if !uffds.is_empty() {
+        ph.mark("lazy memory registered");
+    }
+    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, uffds, placed: opts.placed_for_root.clone(), guard })
 }
 
 /// Takes over the network lock the checkpoint left for this image. A

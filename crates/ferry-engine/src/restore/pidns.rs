@@ -26,8 +26,8 @@ static ROOT: AtomicI32 = AtomicI32::new(0);
 extern "C" fn forward(sig: libc::c_int) {
     let root = ROOT.load(Ordering::Relaxed);
     if root > 0 {
-        // SAFETY: kill is async-signal-safe; root is our child.
-        unsafe { libc::kill(root, sig) };
+        // kill is async-signal-safe; root is our child.
+        let _ = ferry_sys::process::kill(root, sig);
     }
 }
 
@@ -48,12 +48,10 @@ pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: T
     drop(wr);
     let outcome = helper_outcome(std::fs::File::from(rd), root, init);
     if outcome.is_err() {
-        // SAFETY: the helper is our child and the namespace's init: killing
-        // it ends whatever it made; then it is reaped.
-        unsafe {
-            libc::kill(init, libc::SIGKILL);
-            libc::waitpid(init, std::ptr::null_mut(), 0);
-        }
+        // The helper is our child and the namespace's init: killing it
+        // ends whatever it made; then it is reaped.
+        let _ = ferry_sys::process::kill(init, libc::SIGKILL);
+        ferry_sys::process::wait_pid(init);
     }
     outcome
 }
@@ -68,6 +66,9 @@ pub struct HeldInNamespace {
     commit: Option<std::fs::File>,
     /// The restore's phases in the helper, as (name, ms).
     pub phases: Vec<(String, f64)>,
+    /// Post-copy: (image PID, our copy of its userfaultfd), taken from
+    /// the helper; the helper closes its own copies when it releases.
+    pub uffds: Vec<(i32, std::os::fd::OwnedFd)>,
 }
 
 impl HeldInNamespace {
@@ -108,12 +109,10 @@ impl HeldInNamespace {
 impl Drop for HeldInNamespace {
     fn drop(&mut self) {
         if self.init > 0 {
-            // SAFETY: the helper is our child and the namespace's init:
-            // killing it ends every process of the held tree.
-            unsafe {
-                libc::kill(self.init, libc::SIGKILL);
-                libc::waitpid(self.init, std::ptr::null_mut(), 0);
-            }
+            // The helper is our child and the namespace's init: killing
+            // it ends every process of the held tree.
+            let _ = ferry_sys::process::kill(self.init, libc::SIGKILL);
+            ferry_sys::process::wait_pid(self.init);
         }
     }
 }
@@ -147,6 +146,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         report: std::io::BufReader::new(std::fs::File::from(rd)),
         commit: Some(std::fs::File::from(cwr)),
         phases: Vec::new(),
+        uffds: Vec::new(),
     };
     let mut line = String::new();
     held.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
@@ -157,6 +157,13 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let Some(phases) = line.strip_prefix("held") else {
         return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report")));
     };
+    for (p, fd) in phases.split_whitespace().filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':')) {
+        let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else { continue };
+        let taken = ferry_sys::pidfd::pidfd_open(init)
+            .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd))
+            .map_err(|e| EngineError::kernel(p, format!("taking its userfaultfd from the restore helper {init}"), e))?;
+        held.uffds.push((p, taken));
+    }
     held.phases = phases
         .split_whitespace()
         .filter_map(|kv| kv.rsplit_once('='))
@@ -172,18 +179,18 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
         Ok(h) => h,
         Err(e) => {
             let _ = writeln!(report, "err {e}");
-            // SAFETY: _exit skips the parent's atexit handlers.
-            unsafe { libc::_exit(1) }
+            // _exit: the parent's atexit handlers must not run here.
+            ferry_sys::process::exit_now(1)
         }
     };
-    let phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
+    let mut phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
+    phases.extend(held.lazy_uffds().iter().map(|(p, fd)| format!("uffd={p}:{fd}")));
     let _ = writeln!(report, "held {}", phases.join(" "));
     let mut go = [0u8; 1];
     if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
         // Dropping the held tree kills it: the service stays where it was.
         drop(held);
-        // SAFETY: as above.
-        unsafe { libc::_exit(1) }
+        ferry_sys::process::exit_now(1)
     }
     let root = held.pid();
     // Reported as soon as the tree runs; the lock comes down after.
@@ -193,8 +200,8 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
         Ok(_) => {}
         Err(e) => {
             let _ = writeln!(report, "err {e}");
-            // SAFETY: as above; the helper's exit ends the namespace.
-            unsafe { libc::_exit(1) }
+            // The helper's exit ends the namespace.
+            ferry_sys::process::exit_now(1)
         }
     }
     drop(report);
@@ -246,8 +253,8 @@ fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored
         }
         Err(e) => {
             let _ = write!(report, "err {e}");
-            // SAFETY: _exit skips the parent's atexit handlers.
-            unsafe { libc::_exit(1) }
+            // _exit: the parent's atexit handlers must not run here.
+            ferry_sys::process::exit_now(1)
         }
     };
     drop(report);
@@ -255,58 +262,32 @@ fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored
 }
 
 fn mount_own_proc(root: i32) -> Result<()> {
-    let none = c"none";
-    // SAFETY: mount with static C strings; the mount namespace is ours.
-    unsafe {
-        // Slave, so nothing mounted here reaches ferry's namespace while
-        // mounts made there still show up here.
-        if libc::mount(none.as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) < 0 {
-            return Err(super::files::errno_err(root, "making / a slave mount in the new mount namespace".into()));
-        }
-        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        if libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) < 0 {
-            return Err(super::files::errno_err(root, "mounting /proc for the new PID namespace".into()));
-        }
-    }
-    Ok(())
+    // Slave, so nothing mounted here reaches ferry's namespace while mounts
+    // made there still show up here.
+    ferry_sys::netns::mount_own_proc().map_err(|e| EngineError::kernel(root, "mounting /proc for the new PID namespace", e))
 }
 
 /// The namespace's init: drop everything ferry held, reap, forward.
 fn be_init(root: i32) -> ! {
     ROOT.store(root, Ordering::Relaxed);
-    // SAFETY: plain process-attribute calls on ourselves; the handler only
-    // calls kill().
-    unsafe {
-        libc::prctl(libc::PR_SET_NAME, c"ferry-init".as_ptr() as libc::c_ulong, 0, 0, 0);
-        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
-            libc::signal(sig, forward as *const () as libc::sighandler_t);
-        }
+    let _ = ferry_sys::process::set_name(c"ferry-init");
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+        let _ = ferry_sys::signal::set_handler(sig, forward);
     }
     // ferry's standard streams may be a pipe someone reads to its end:
     // the init must not hold them open for the tree's lifetime.
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         for fd in 0..3 {
-            // SAFETY: replacing our own standard descriptors.
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            let _ = ferry_sys::fd::dup2(null.as_raw_fd(), fd);
         }
     }
-    // SAFETY: closing every other descriptor of this process.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0) };
+    let _ = ferry_sys::fd::close_range(3, u32::MAX);
     let mut code = 0;
-    loop {
-        let mut status = 0;
-        // SAFETY: reaping our own children (the root and adopted orphans).
-        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if r < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            break;
-        }
-        if r == root {
-            code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    // Reaping our own children (the root and adopted orphans).
+    while let Ok(Some((pid, status))) = ferry_sys::process::wait_any() {
+        if pid == root {
+            code = status;
         }
     }
-    // SAFETY: as above.
-    unsafe { libc::_exit(code) }
+    ferry_sys::process::exit_now(code)
 }

@@ -1,6 +1,6 @@
 //! Test hosts for migration tests: each host is a network namespace plus,
-//! once its init is started, a PID and mount namespace of its own with its
-//! own /proc, as a second machine would be. The hosts share one bridge,
+//! once its init is started, a PID, mount and IPC (SysV) namespace of its
+//! own with its own /proc, as a second machine would be. The hosts share one bridge,
 //! which lives in a network namespace of its own so that nothing of a
 //! cluster is ever in the root namespace and clusters of parallel tests
 //! cannot meet.
@@ -48,6 +48,18 @@ fn pid_ns_of(pid: i32) -> Option<String> {
 fn innermost(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+/// Every PID of `pid`, from the root namespace's to the innermost one's.
+fn nspids(pid: i32) -> Option<Vec<i32>> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|l| l.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+}
+
+/// The start time (clock ticks since boot) in a /proc/PID/stat file.
+fn start_time(stat_path: &str) -> Option<u64> {
+    let stat = fs::read_to_string(stat_path).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A host's PID 1: the `unshare` process (root namespace, our child) and
@@ -104,7 +116,7 @@ impl Host {
         // `ip netns exec` execs unshare in place (no fork), so the child
         // we hold is unshare; --kill-child makes the init die with it.
         let mut unshare = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child", "--"])
             .args(argv)
             .stdin(Stdio::null())
             .spawn()
@@ -156,13 +168,13 @@ impl Host {
         self.init.lock().expect("init lock").as_ref().map(|i| i.pid).unwrap_or_else(|| panic!("host {} has no init (start_init first)", self.name))
     }
 
-    /// A command to run inside the host: network, PID and mount namespaces
-    /// of its init (`nsenter -t INIT -n -p -m --`). nsenter forks to enter
+    /// A command to run inside the host: network, PID, mount and IPC
+    /// namespaces of its init (`nsenter -t INIT -n -p -m -i --`). nsenter forks to enter
     /// the PID namespace; see the module comment for what that means for
     /// the `Child` and `spawned_pid` for the real process's PID.
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "--"]).args(argv);
+        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "-i", "--"]).args(argv);
         cmd
     }
 
@@ -194,13 +206,26 @@ impl Host {
         }
     }
 
-    /// The root-namespace PID of the process that is `inner` inside the host.
+    /// The root-namespace PID of the process that is `inner` inside the
+    /// host, also when it is in a PID namespace nested in the host's (as a
+    /// tree ferryd restored is): its NSpid entry at the host's level is
+    /// `inner`, and its start time is that of `inner` in the host's /proc.
     pub fn root_pid(&self, inner: i32) -> Option<i32> {
-        let ns = pid_ns_of(self.init_pid())?;
+        let init = self.init_pid();
+        let ns = pid_ns_of(init)?;
+        let level = nspids(init)?.len().checked_sub(1)?;
+        let start = start_time(&format!("/proc/{init}/root/proc/{inner}/stat"));
         fs::read_dir("/proc")
             .ok()?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .find(|&p| innermost(p) == Some(inner) && pid_ns_of(p).as_deref() == Some(ns.as_str()))
+            .find(|&p| {
+                if innermost(p) == Some(inner) && pid_ns_of(p).as_deref() == Some(ns.as_str()) {
+                    return true;
+                }
+                start.is_some()
+                    && nspids(p).is_some_and(|v| v.len() > level + 1 && v[level] == inner)
+                    && start_time(&format!("/proc/{p}/stat")) == start
+            })
     }
 
     /// The MAC of the host's interface (`ifname`).

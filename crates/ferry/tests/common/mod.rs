@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod conformance;
 
 use std::fs::{self, File};
 use std::process::Command;
@@ -131,7 +132,11 @@ pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, 
 pub fn network_locks(ferry: &str) -> Vec<(String, String)> {
     let out = Command::new(ferry).args(["network-lock", "--status"]).output().expect("ferry network-lock");
     assert!(out.status.success(), "ferry network-lock --status failed");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    parse_network_locks(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// (name, owner) of every lock in the output of `ferry network-lock --status`.
+pub fn parse_network_locks(text: &str) -> Vec<(String, String)> {
     let mut lines = text.lines();
     let Some(header) = lines.next() else { return Vec::new() };
     let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else { return Vec::new() };

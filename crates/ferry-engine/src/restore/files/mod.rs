@@ -54,11 +54,6 @@ impl Builder<'_> {
     }
 }
 
-pub(crate) fn errno_err(pid: i32, what: String) -> EngineError {
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    EngineError::kernel(pid, what, ferry_sys::SysError::new("restore", errno))
-}
-
 const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
 fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {

@@ -1,0 +1,265 @@
+//! Post-copy (`ferry migrate --lazy`), the source's side.
+//!
+//! The freeze sends no private anonymous page ([`LazyHooks`] lists them
+//! all as held by the destination): the pause does not depend on memory
+//! size. Once the destination reports the tree running, [`push`] serves
+//! the destination's PageRequests first (a thread of the restored tree is
+//! waiting on each) and streams every other lazy page in the background,
+//! then sends PagesDone and waits for the destination's PagesDone (every
+//! page installed). Only then is the source's frozen copy, which held the
+//! only copy of those pages, killed. It never runs again here.
+
+use crate::error::{MigrateError, Result};
+use crate::protocol::{self, Msg};
+use ferry_transport::Channel;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::unix::fs::FileExt;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+/// Pages per background message: small enough that a request waits for
+/// at most one such message on the wire.
+const CHUNK_PAGES: u64 = 32;
+
+/// The capture hook of a lazy migration: every present private anonymous
+/// page of each process stays behind (see [`ferry_engine::lazy`]).
+#[derive(Default)]
+pub struct LazyHooks {
+    /// Per source PID, the pages left behind, as sorted (address, pages).
+    pub lazy: HashMap<i32, Vec<(u64, u64)>>,
+}
+
+impl LazyHooks {
+    pub fn bytes(&self) -> u64 {
+        self.lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum()
+    }
+}
+
+impl ferry_engine::capture::CaptureHooks for LazyHooks {
+    fn held_pages(&mut self, pids: &[i32]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+        if pids.len() > 1 {
+            return Err(ferry_engine::EngineError::unsupported(
+                pids[0],
+                "the process tree",
+                format!("post-copy (--lazy) moves a single process; this tree has {} (use pre-copy)", pids.len()),
+            ));
+        }
+        for &pid in pids {
+            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid)?);
+        }
+        Ok(self.lazy.clone())
+    }
+}
+
+/// Refuses a lazy migration of a tree of several processes before
+/// anything is frozen (the capture hook checks again, frozen).
+pub fn check_single_process(pid: i32) -> Result<()> {
+    let mut children = 0;
+    for tid in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| MigrateError::Invalid(format!("pid {pid}: reading its threads: {e}")))? {
+        let Ok(tid) = tid else { continue };
+        let path = tid.path().join("children");
+        children += std::fs::read_to_string(&path).unwrap_or_default().split_whitespace().count();
+    }
+    if children > 0 {
+        return Err(MigrateError::Invalid(format!(
+            "pid {pid} has {children} child process(es): post-copy (--lazy) moves a single process for now; migrate this tree without --lazy"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PushReport {
+    pub ms: f64,
+    pub bytes: u64,
+    /// Requests served (pages a thread at the destination waited for).
+    pub requests: u64,
+    pub requested_pages: u64,
+}
+
+struct Proc {
+    pid: i32,
+    mem: std::fs::File,
+    runs: Vec<(u64, u64)>,
+    sent: HashSet<u64>,
+}
+
+impl Proc {
+    /// The unsent lazy pages of [addr, addr + pages), as (address, bytes)
+    /// ranges, marked sent.
+    fn take(&mut self, addr: u64, pages: u64) -> Vec<(u64, u64)> {
+        let end = addr.saturating_add(pages * PAGE);
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut k = self.runs.partition_point(|&(a, n)| a + n * PAGE <= addr);
+        while let Some(&(a, n)) = self.runs.get(k) {
+            if a >= end {
+                break;
+            }
+            let (lo, hi) = (a.max(addr), (a + n * PAGE).min(end));
+            let mut p = lo;
+            while p < hi {
+                if self.sent.insert(p) {
+                    match out.last_mut() {
+                        Some(r) if r.0 + r.1 == p => r.1 += PAGE,
+                        _ => out.push((p, PAGE)),
+                    }
+                }
+                p += PAGE;
+            }
+            k += 1;
+        }
+        out
+    }
+
+    fn read(&self, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        let mut buf = vec![0u8; total as usize];
+        let mut off = 0usize;
+        for &(a, len) in ranges {
+            self.mem
+                .read_exact_at(&mut buf[off..off + len as usize], a)
+                .map_err(|e| MigrateError::Invalid(format!("pid {}: reading its pages at {a:#x}: {e}", self.pid)))?;
+            off += len as usize;
+        }
+        Ok(buf)
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    requests: VecDeque<(i32, u64, u32)>,
+    /// The receiver ended: Ok on the destination's PagesDone.
+    ended: Option<std::result::Result<(), String>>,
+}
+
+/// Sends every lazy page of the frozen processes `lazy` (source PID to
+/// runs), requested ones first; returns once the destination confirmed
+/// that all are installed.
+pub fn push(ch: &mut Channel, lazy: &HashMap<i32, Vec<(u64, u64)>>, timeout: Duration, progress: &(dyn Fn(&str) + Send + Sync)) -> Result<PushReport> {
+    let t0 = Instant::now();
+    let mut procs = Vec::new();
+    for (&pid, runs) in lazy {
+        let path = format!("/proc/{pid}/mem");
+        let mem = std::fs::File::open(&path).map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
+        procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
+    }
+    let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
+    let shared = Mutex::new(Shared::default());
+    let cv = Condvar::new();
+    let mut report = PushReport::default();
+    let (tx, rx) = ch.halves();
+    let outcome = std::thread::scope(|sc| {
+        let receiver = sc.spawn(|| {
+            let end = loop {
+                match protocol::recv_half(rx).map(|r| r.msg) {
+                    Ok(Msg::PageRequest { pid, addr, pages }) => {
+                        if let Ok(mut s) = shared.lock() {
+                            s.requests.push_back((pid, addr, pages));
+                        }
+                        cv.notify_one();
+                    }
+                    Ok(Msg::PagesDone) => break Ok(()),
+                    Ok(Msg::Failed { error }) => break Err(format!("the destination failed: {error}")),
+                    Ok(m) => break Err(format!("unexpected {} during post-copy", m.name())),
+                    Err(e) => break Err(e.to_string()),
+                }
+            };
+            if let Ok(mut s) = shared.lock() {
+                s.ended = Some(end);
+            }
+            cv.notify_one();
+        });
+        let sent = (|| -> Result<()> {
+            let mut cursor = (0usize, 0usize, 0u64);
+            let mut last_note = Instant::now();
+            loop {
+                let (req, ended) = {
+                    let mut s = shared.lock().map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
+                    (s.requests.pop_front(), s.ended.clone())
+                };
+                if let Some(Err(e)) = ended {
+                    return Err(MigrateError::Aborted(format!("post-copy: {e}")));
+                }
+                if let Some((pid, addr, pages)) = req {
+                    let Some(p) = procs.iter_mut().find(|p| p.pid == pid) else { continue };
+                    let ranges = p.take(addr & !(PAGE - 1), u64::from(pages.min(1024)));
+                    report.requests += 1;
+                    if !ranges.is_empty() {
+                        let data = p.read(&ranges)?;
+                        report.requested_pages += data.len() as u64 / PAGE;
+                        report.bytes += data.len() as u64;
+                        protocol::send_half(tx, &Msg::Pages { pid, ranges }, &data)?;
+                    }
+                    continue;
+                }
+                // Background: the next unsent pages in address order.
+                while cursor.0 < procs.len() && cursor.1 >= procs[cursor.0].runs.len() {
+                    cursor = (cursor.0 + 1, 0, 0);
+                }
+                let k = cursor.0;
+                if k >= procs.len() {
+                    break;
+                }
+                let p = &mut procs[k];
+                let (a, n) = p.runs[cursor.1];
+                let take = CHUNK_PAGES.min(n - cursor.2);
+                let ranges = p.take(a + cursor.2 * PAGE, take);
+                cursor.2 += take;
+                if cursor.2 >= n {
+                    cursor = (k, cursor.1 + 1, 0);
+                }
+                if ranges.is_empty() {
+                    continue;
+                }
+                let p = &procs[k];
+                let data = p.read(&ranges)?;
+                report.bytes += data.len() as u64;
+                protocol::send_half(tx, &Msg::Pages { pid: p.pid, ranges }, &data)?;
+                if last_note.elapsed() > Duration::from_secs(1) {
+                    last_note = Instant::now();
+                    progress(&format!("post-copy: {:.0} of {:.0} MiB sent", report.bytes as f64 / 1048576.0, total as f64 / 1048576.0));
+                }
+            }
+            protocol::send_half(tx, &Msg::PagesDone, &[])?;
+            // Wait for the destination to install the last pages.
+            let deadline = Instant::now() + timeout;
+            let mut s = shared.lock().map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
+            while s.ended.is_none() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(MigrateError::Aborted("post-copy: the destination did not confirm the last pages".into()));
+                }
+                s = cv.wait_timeout(s, left).map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?.0;
+            }
+            match s.ended.clone() {
+                Some(Err(e)) => Err(MigrateError::Aborted(format!("post-copy: {e}"))),
+                _ => Ok(()),
+            }
+        })();
+        if sent.is_err() {
+            // Unblocks the receiver.
+            tx.shutdown();
+        }
+        let _ = receiver.join();
+        sent
+    });
+    outcome?;
+    report.ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_returns_each_lazy_page_once() {
+        let mem = std::fs::File::open("/dev/null").unwrap();
+        let mut p = Proc { pid: 1, mem, runs: vec![(0x10000, 4), (0x20000, 2)], sent: HashSet::new() };
+        assert_eq!(p.take(0x11000, 2), vec![(0x11000, 2 * PAGE)]);
+        assert_eq!(p.take(0x10000, 16), vec![(0x10000, PAGE), (0x13000, PAGE)]);
+        assert_eq!(p.take(0x0, 64), vec![(0x20000, 2 * PAGE)]);
+        assert!(p.take(0x10000, 0x100).is_empty());
+    }
+}

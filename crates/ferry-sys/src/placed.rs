@@ -1,0 +1,110 @@
+//! Private anonymous memory of ferry's own, placed at the address a
+//! restored process will have it, so that the process can inherit it
+//! over fork instead of having every page copied in during the pause.
+
+use crate::{last_error, SysError, SysResult};
+
+/// Private anonymous read-write memory at a fixed address, unmapped on
+/// drop. It hands out no references into itself: its bytes are only
+/// ever copied in, so unmapping it never invalidates a Rust reference.
+#[derive(Debug)]
+pub struct PlacedRegion {
+    addr: u64,
+    len: usize,
+}
+
+impl PlacedRegion {
+    /// Maps `len` bytes at exactly `addr`; EEXIST when any mapping of
+    /// ours is in the way.
+    pub fn map(addr: u64, len: usize) -> SysResult<PlacedRegion> {
+        if addr % 4096 != 0 || len == 0 || len % 4096 != 0 {
+            return Err(SysError::new("mmap(MAP_FIXED_NOREPLACE)", libc::EINVAL));
+        }
+        // No MAP_NORESERVE: a process inheriting the mapping must see the
+        // flags an ordinary anonymous mapping has.
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so
+        // no memory in use is touched; the new range belongs to us alone.
+        let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(last_error("mmap(MAP_FIXED_NOREPLACE)"));
+        }
+        if p as u64 != addr {
+            // A kernel that ignores the flag places it elsewhere.
+            // SAFETY: unmapping the mapping just made.
+            unsafe { libc::munmap(p, len) };
+            return Err(SysError::new("mmap(MAP_FIXED_NOREPLACE)", libc::EEXIST));
+        }
+        Ok(PlacedRegion { addr, len })
+    }
+
+    pub fn start(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn end(&self) -> u64 {
+        self.addr + self.len as u64
+    }
+
+    /// Copies `data` in at byte `offset` of the region.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> SysResult<()> {
+        if offset.checked_add(data.len()).map_or(true, |e| e > self.len) {
+            return Err(SysError::new("PlacedRegion::write", libc::EINVAL));
+        }
+        // SAFETY: the destination lies inside our live read-write mapping
+        // (checked above) and cannot overlap `data`, which Rust owns
+        // elsewhere; no reference into the region exists.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.addr as usize + offset) as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes out of the region at byte `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> SysResult<()> {
+        if offset.checked_add(out.len()).map_or(true, |e| e > self.len) {
+            return Err(SysError::new("PlacedRegion::read", libc::EINVAL));
+        }
+        // SAFETY: the source lies inside our live mapping (checked above)
+        // and `out` is Rust memory elsewhere.
+        unsafe { std::ptr::copy_nonoverlapping((self.addr as usize + offset) as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// The ranges of `regions`, for a process forked from this one to
+    /// drop its inherited copies with [`InheritedRegions::unmap`].
+    pub fn inherited(regions: &[&PlacedRegion]) -> InheritedRegions {
+        InheritedRegions(regions.iter().map(|r| (r.addr, r.len)).collect())
+    }
+}
+
+impl Drop for PlacedRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly our own mapping; nothing references it.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The ranges of placed regions as a forked child of their owner sees
+/// them: its own copies, which no Rust value of the child owns.
+#[derive(Debug, Clone, Default)]
+pub struct InheritedRegions(Vec<(u64, usize)>);
+
+impl InheritedRegions {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Unmaps the inherited copies. Only meaningful in a process forked
+    /// after the regions were made; in their owner it would leave the
+    /// PlacedRegions dangling, so it consumes the value.
+    pub fn unmap(self) -> SysResult<()> {
+        for (addr, len) in self.0 {
+            // SAFETY: these ranges were placed regions of an ancestor,
+            // which hands out no references into them: no Rust reference
+            // in this process points there.
+            if unsafe { libc::munmap(addr as *mut libc::c_void, len) } < 0 {
+                return Err(last_error("munmap(inherited placed region)"));
+            }
+        }
+        Ok(())
+    }
+}
