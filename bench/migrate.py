@@ -386,6 +386,11 @@ def mem_run(cl, bins, work, workload, mib, mode, insecure):
             return row
         row.update(pause=rep["pause_ms"], total=rep["total_ms"], sent=rep["bytes_sent"], rounds=len(rep["rounds"]),
                    stop=rep.get("precopy_stop") or "-", report=rep)
+        pc = rep.get("postcopy")
+        if pc:
+            # Post-copy: memory left at the source in the freeze and the time
+            # after the resume until its last page had arrived.
+            row.update(lazy=pc["lazy_bytes"], push_ms=pc["ms"], requests=pc["requests"])
         # The copy at the destination checks all of its memory.
         size_before = os.path.getsize(logpath)
         cl.signal_in_b(rep["dest_host_pid"])
@@ -449,7 +454,9 @@ def fmt_mem(r):
     if "error" in r:
         return "FAILED: " + r["error"]
     return (f"pause {r['pause']:.1f} ms, total {r['total']:.1f} ms, {r['sent'] / 2**20:.1f} MiB sent, "
-            f"{r['rounds']} rounds ({r['stop']}), {r.get('verified', '?')}, load {r['load']:.2f}")
+            f"{r['rounds']} rounds ({r['stop']}), "
+            + (f"post-copy {r['lazy'] / 2**20:.1f} MiB in {r['push_ms']:.0f} ms after the resume, " if "push_ms" in r else "")
+            + f"{r.get('verified', '?')}, load {r['load']:.2f}")
 
 
 def summarise_mem(rows):
@@ -462,6 +469,10 @@ def summarise_mem(rows):
         for k in ("pause", "total", "sent", "rounds"):
             s[k] = statistics.median(r[k] for r in ok)
         s["pauses"] = [r["pause"] for r in ok]
+        if all("push_ms" in r for r in ok):
+            s["push_ms"] = statistics.median(r["push_ms"] for r in ok)
+            s["lazy"] = statistics.median(r["lazy"] for r in ok)
+            s["requests"] = statistics.median(r["requests"] for r in ok)
         s["stop"] = ", ".join(sorted({r["stop"] for r in ok}))
         s["verified"] = "all OK" if all(r.get("verified") == "OK" for r in ok) else "; ".join(r.get("verified", "?") for r in ok)
         med = sorted(ok, key=lambda r: r["pause"])[len(ok) // 2]
@@ -689,18 +700,21 @@ def write_markdown(res, args, out, started, ended):
         L.append("")
         L.append("Median of the runs (one run at 4 GiB); memory checked by the migrated program afterwards (\"verified\").")
         L.append("")
-        L.append("| workload | memory | mode | pause (ms) | pause min-max | total (ms) | sent (MiB) | pre-copy rounds | pre-copy ended | runs | verified | load |")
-        L.append("|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|---|")
+        L.append("| workload | memory | mode | pause (ms) | pause min-max | total (ms) | sent (MiB) | pre-copy rounds | pre-copy ended "
+                 "| post-copy: last page after resume (ms) | runs | verified | load |")
+        L.append("|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|---|")
         for s in res["mem"]:
             name = f"{s['workload']}"
             load = rng(s["loads"])
             if "pause" not in s:
-                L.append(f"| {name} | {s['mib']} MiB | {MODES[s['mode']][0]} | failed | | | | | | {s['runs']} | {'; '.join(s['errors'])} | {load} |")
+                L.append(f"| {name} | {s['mib']} MiB | {MODES[s['mode']][0]} | failed | | | | | | | {s['runs']} | {'; '.join(s['errors'])} | {load} |")
                 continue
             failed = f" ({s['failed']} failed: {'; '.join(s['errors'])})" if s["failed"] else ""
             L.append(f"| {name} | {s['mib']} MiB | {MODES[s['mode']][0]} | {s['pause']:.1f} | {rng(s['pauses'])} | {s['total']:.1f} | "
-                     f"{s['sent'] / 2**20:.1f} | {s['rounds'] if s['mode'] != 'stop' else '-'} | "
-                     f"{s['stop'] if s['mode'] != 'stop' else '-'} | {s['runs']}{failed} | {s['verified']} | {load} |")
+                     f"{s['sent'] / 2**20:.1f} | {s['rounds'] if s['mode'] == 'pre' else '-'} | "
+                     f"{s['stop'] if s['mode'] == 'pre' else '-'} | "
+                     f"{'%.0f (%.1f MiB, %d requests)' % (s['push_ms'], s['lazy'] / 2**20, s['requests']) if 'push_ms' in s else '-'} | "
+                     f"{s['runs']}{failed} | {s['verified']} | {load} |")
         L.append("")
         L.append("Workloads (bench/migrate_mem.c): " + "; ".join(f"*{k}*: {v[0]}" for k, v in WORKLOADS.items()) + ".")
         if res["mem_cold"]:
