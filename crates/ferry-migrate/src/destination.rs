@@ -52,6 +52,12 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         protocol::send(ch, &Msg::Refused { reason: reason.clone() })?;
         return Err(MigrateError::Refused(reason));
     }
+    // Loading and attaching the lock's program takes tens of ms: done
+    // before the source is welcomed, so it never falls in the freeze (a
+    // stop-and-copy or post-copy source freezes right after Welcome);
+    // engaged with the image's connections later.
+    let mut lock = Some(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?);
+    ph.mark("network lock prepared");
     let interface = cfg.interface.map(|i| format!("ifindex {i}"));
     protocol::send(
         ch,
@@ -62,11 +68,6 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         }),
     )?;
     ph.mark("hello");
-    // Loading and attaching the lock's program takes tens of ms: done now,
-    // while the service still runs at the source; engaged with the
-    // image's connections later.
-    let mut lock = Some(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?);
-    ph.mark("network lock prepared");
 
     let mut store = PageStore::new()?;
     if !hello.lazy {

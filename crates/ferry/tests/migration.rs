@@ -701,7 +701,9 @@ fn redis_under_load_migrates_there_and_back() {
 
     let (bout, berr) = (env.dir.0.join("bench.out"), env.dir.0.join("bench.err"));
     let mut bench = spawn_logged(
-        env.host("c").command(&["timeout", "-s", "KILL", "150", "redis-benchmark", "-h", &svc, "-p", REDIS_PORT, "-c", "20", "-n", "300000", "-P", "4", "-t", "set,get", "-r", "10000", "-q"]),
+        // Looping (-l) for a fixed time, so that the load spans both
+        // migrations however fast this machine is; SIGINT ends it cleanly.
+        env.host("c").command(&["timeout", "-s", "INT", "14", "redis-benchmark", "-h", &svc, "-p", REDIS_PORT, "-c", "20", "-n", "100000", "-P", "4", "-t", "set,get", "-r", "10000", "-l", "-q"]),
         &bout,
         &berr,
     );
@@ -722,9 +724,10 @@ fn redis_under_load_migrates_there_and_back() {
         back.pause_ms(),
         back.took.as_secs_f64() * 1e3
     );
-    let st = wait_timeout(&mut bench, Duration::from_secs(160)).expect("redis-benchmark did not end");
+    let st = wait_timeout(&mut bench, Duration::from_secs(60)).expect("redis-benchmark did not end");
     let (o, e) = (read_lossy(&bout), read_lossy(&berr));
-    assert!(st.success(), "redis-benchmark failed ({}):\n{o}\n{e}", describe(&st));
+    // timeout(1) exits 124 when it had to stop the loop, as intended.
+    assert!(st.success() || st.code() == Some(124), "redis-benchmark failed ({}):\n{o}\n{e}", describe(&st));
     assert!(!o.contains("Error") && !e.contains("Error"), "redis-benchmark saw errors:\n{o}\n{e}");
     for t in ["SET: ", "GET: "] {
         assert!(o.lines().flat_map(|l| l.split('\r')).any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")), "no {t} result:\n{o}");
@@ -787,9 +790,11 @@ fn nginx_under_load_migrates_there_and_back() {
     let ready = wait_for(Duration::from_secs(15), || run_in(env.host("c"), 10, &["ab", "-n", "1", &url]).stdout.contains("Complete requests:      1"));
     assert!(ready, "nginx does not serve:\n{}\n{}", read_lossy(&log), read_lossy(&env.dir.0.join("error.log")));
 
-    let n = 30000;
+    // A fixed time (-t) rather than a count, so that the load spans both
+    // migrations however fast this machine is (-n after -t lifts ab's
+    // default cap of 50,000 requests).
     let (bout, berr) = (env.dir.0.join("ab.out"), env.dir.0.join("ab.err"));
-    let mut ab = spawn_logged(env.host("c").command(&["timeout", "-s", "KILL", "150", "ab", "-n", &n.to_string(), "-c", "10", "-s", "20", &url]), &bout, &berr);
+    let mut ab = spawn_logged(env.host("c").command(&["timeout", "-s", "KILL", "150", "ab", "-t", "12", "-n", "10000000", "-c", "10", "-s", "20", &url]), &bout, &berr);
     std::thread::sleep(Duration::from_millis(1000));
     assert!(matches!(ab.try_wait(), Ok(None)), "ab ended before the migrations:\n{}\n{}", read_lossy(&bout), read_lossy(&berr));
     let there = env.migrate("a", nginx.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
@@ -802,7 +807,8 @@ fn nginx_under_load_migrates_there_and_back() {
     let st = wait_timeout(&mut ab, Duration::from_secs(160)).expect("ab did not end");
     let (o, e) = (read_lossy(&bout), read_lossy(&berr));
     assert!(st.success(), "ab failed ({}):\n{o}\n{e}", describe(&st));
-    assert!(o.contains(&format!("Complete requests:      {n}")), "not every request completed:\n{o}\n{e}");
+    let complete: u64 = o.lines().find_map(|l| l.strip_prefix("Complete requests:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    assert!(complete > 1000, "ab completed only {complete} requests:\n{o}\n{e}");
     assert!(o.contains("Failed requests:        0"), "failed requests:\n{o}");
     assert!(!o.contains("Non-2xx responses"), "non-2xx responses:\n{o}");
     assert!(o.contains(&format!("Document Length:        {} bytes", body.len())), "{o}");

@@ -104,6 +104,18 @@ struct Piece {
     readable: bool,
 }
 
+/// Appends the range (start, end) as pieces of at most MAX_RUN bytes at
+/// consecutive offsets after `base + *total`.
+fn cut_into_pieces(pieces: &mut Vec<Piece>, total: &mut u64, base: u64, (s, e): (u64, u64), readable: bool) {
+    let mut a = s;
+    while a < e {
+        let len = (e - a).min(MAX_RUN);
+        pieces.push(Piece { addr: a, len: len as usize, offset: base + *total, readable });
+        *total += len;
+        a += len;
+    }
+}
+
 /// Removes the page runs `skip` (sorted, (address, pages)) from `ranges`.
 fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
     if skip.is_empty() {
@@ -164,13 +176,7 @@ pub fn dump_pages(
         let wanted = subtract(ranges, skip);
         in_parent.extend(intersect(&wanted, held));
         for (s, e) in subtract(wanted, held) {
-            let mut a = s;
-            while a < e {
-                let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() && !keep_shared });
-                total += len;
-                a += len;
-            }
+            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
         }
     }
     let runs = copy_all(pid, &pieces, base, total, out, progress)?;
@@ -277,13 +283,7 @@ pub fn copy_present(
         };
         for (s, e) in ranges {
             copied.push((s, e));
-            let mut a = s;
-            while a < e {
-                let len = (e - a).min(MAX_RUN);
-                pieces.push(Piece { addr: a, len: len as usize, offset: base + total, readable: m.readable() && !keep_shared });
-                total += len;
-                a += len;
-            }
+            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
         }
     }
     copy_all(pid, &pieces, base, total, out, progress)?;

@@ -408,22 +408,7 @@ fn copy_runs(pid: i32, fd: std::os::fd::BorrowedFd<'_>, runs: &[PageRun], data: 
 pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8], progress: Option<&crate::ProgressFn>) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
     let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
-    let per = total / workers as u64 + 1;
-    let mut parts = Vec::new();
-    let mut rest = runs;
-    let mut done = 0u64;
-    for w in 0..workers {
-        let mut k = 0;
-        let mut bytes = 0u64;
-        while k < rest.len() && (w + 1 == workers || done + bytes < per * (w as u64 + 1)) {
-            bytes += rest[k].pages * 4096;
-            k += 1;
-        }
-        let (a, b) = rest.split_at(k);
-        parts.push(a);
-        rest = b;
-        done += bytes;
-    }
+    let parts = split_runs(runs, workers);
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
     std::thread::scope(|sc| {
