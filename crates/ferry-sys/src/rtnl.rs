@@ -133,23 +133,44 @@ pub(crate) fn request(msg: Msg, call: &'static str) -> SysResult<()> {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = recv(&sock, &mut buf, call)?;
-        let mut off = 0;
-        while off + NLMSG_HDRLEN <= n {
-            let len = u32_at(&buf, off) as usize;
-            if len < NLMSG_HDRLEN || off + len > n {
-                return Err(SysError::new(call, libc::EBADMSG));
-            }
-            let ty = u16_at(&buf, off + 4);
-            let mseq = u32_at(&buf, off + 8);
-            if ty == NLMSG_ERROR && mseq == seq {
-                return match error_of(&buf[off + NLMSG_HDRLEN..off + len]) {
+        for m in messages(&buf[..n], call) {
+            let m = m?;
+            if m.ty == NLMSG_ERROR && m.seq == seq {
+                return match error_of(m.payload) {
                     0 => Ok(()),
                     errno => Err(SysError::new(call, errno)),
                 };
             }
-            off += align4(len);
         }
     }
+}
+
+/// One netlink message of a received buffer.
+struct Message<'a> {
+    ty: u16,
+    flags: u16,
+    seq: u32,
+    payload: &'a [u8],
+}
+
+/// The messages of a received buffer, in order; a length that does not
+/// fit is EBADMSG (and ends the walk).
+fn messages<'a>(buf: &'a [u8], call: &'static str) -> impl Iterator<Item = SysResult<Message<'a>>> + 'a {
+    let mut off = 0usize;
+    let mut broken = false;
+    std::iter::from_fn(move || {
+        if broken || off + NLMSG_HDRLEN > buf.len() {
+            return None;
+        }
+        let len = u32_at(buf, off) as usize;
+        if len < NLMSG_HDRLEN || off + len > buf.len() {
+            broken = true;
+            return Some(Err(SysError::new(call, libc::EBADMSG)));
+        }
+        let m = Message { ty: u16_at(buf, off + 4), flags: u16_at(buf, off + 6), seq: u32_at(buf, off + 8), payload: &buf[off + NLMSG_HDRLEN..off + len] };
+        off += align4(len);
+        Some(Ok(m))
+    })
 }
 
 /// Sends a dump request (or a plain get) and hands the family payload of
@@ -178,17 +199,8 @@ fn dump_once(msg: Msg, want: u16, call: &'static str, out: &mut Vec<Vec<u8>>) ->
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = recv(&sock, &mut buf, call)?;
-        let mut off = 0;
-        while off + NLMSG_HDRLEN <= n {
-            let len = u32_at(&buf, off) as usize;
-            if len < NLMSG_HDRLEN || off + len > n {
-                return Err(SysError::new(call, libc::EBADMSG));
-            }
-            let ty = u16_at(&buf, off + 4);
-            let flags = u16_at(&buf, off + 6);
-            let mseq = u32_at(&buf, off + 8);
-            let payload = &buf[off + NLMSG_HDRLEN..off + len];
-            off += align4(len);
+        for m in messages(&buf[..n], call) {
+            let Message { ty, flags, seq: mseq, payload } = m?;
             if mseq != seq {
                 continue;
             }
