@@ -34,6 +34,10 @@ Parts (--parts):
   ab     nginx (master + 1 worker) in a on the service address, `ab -t T -c C`
          from c; the migration runs at T/2 s; the same without a migration.
 
+Diagnostics: BENCH_MIGRATE_TW=1 logs the TIME-WAIT sockets of each host
+before each connections run; --keep keeps the logs (ferryd, servers,
+clients, ab) in the work directory.
+
 Usage: bench/migrate.py [--parts mem,conns,ab] [--sizes 16,64,256,1024,4096]
          [--workloads idle,hot10-16,hot10,seed] [--modes stop,pre,post]
          [--runs 3] [--conns 0,100,1000,5000,10000] [--conn-runs 3]
@@ -497,6 +501,12 @@ def conn_run(cl, bins, work, n, insecure):
                         str(ECHO_RATE)], clog)
         wait_line(clog, r"^READY", client, 180)
         time.sleep(2)
+        if os.environ.get("BENCH_MIGRATE_TW"):
+            # Diagnostics: sockets left in TIME-WAIT by earlier runs in the hosts' namespaces.
+            tw = {h.name: len(sh("ip", "netns", "exec", h.netns, "ss", "-tanH", "state", "time-wait").stdout.splitlines())
+                  for h in (cl.a, cl.b, cl.c)}
+            log(f"TIME-WAIT sockets before the migration: {tw}")
+            log("in b: " + sh("ip", "netns", "exec", cl.b.netns, "ss", "-tanH", "state", "time-wait").stdout.strip().replace("\n", " / "))
         rep, out, err, rc = cl.migrate(pid, ["--address", f"{cl.service}/24"] + (["--insecure"] if insecure else []),
                                        os.path.join(work, "report.json"))
         if rep is None:
@@ -825,8 +835,11 @@ def plots(res, out):
                 ax.text(17, 10.5, "10 ms goal (small idle)", fontsize=7, color="gray")
                 ax.text(17, 52, "50 ms goal (1 GiB, pre-copy, converging)", fontsize=7, color="gray")
             ax.set_xscale("log", base=2)
+            sizes = sorted({s["mib"] for s in rows})
+            ax.set_xticks(sizes)
+            ax.set_xticklabels([f"{m // 1024} GiB" if m >= 1024 else f"{m} MiB" for m in sizes])
             ax.set_yscale("log")
-            ax.set_xlabel("memory written by the program (MiB)")
+            ax.set_xlabel("memory written by the program")
             ax.set_ylabel(ylabel)
             ax.set_title(f"ferry migrate between two test hosts: {suffix} vs memory size")
             ax.grid(True, which="both", alpha=0.3)
