@@ -174,3 +174,21 @@ pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Marks every descriptor from `first` up close-on-exec
+/// (close_range(CLOSE_RANGE_CLOEXEC)), falling back to F_SETFD on each
+/// open descriptor when the kernel lacks the flag.
+pub fn set_cloexec_from(first: RawFd) {
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only FD_CLOEXEC set.
+    if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, CLOSE_RANGE_CLOEXEC) } == 0 {
+        return;
+    }
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    for fd in fds.into_iter().filter(|&fd| fd >= first) {
+        // SAFETY: F_SETFD on a descriptor number; a closed one fails harmlessly.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}

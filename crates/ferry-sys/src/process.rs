@@ -357,3 +357,9 @@ pub fn set_name(name: &std::ffi::CStr) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Whether the caller runs as root (effective UID 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

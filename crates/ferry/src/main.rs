@@ -136,35 +136,17 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::Relaxed);
     if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
+        // kill is async-signal-safe.
+        let _ = ferry_sys::process::kill(pid, sig);
     }
 }
 
 fn wait_for(pid: i32) -> Result<i32> {
     CHILD.store(pid, Ordering::Relaxed);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installing a handler that only calls kill().
-        unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+        ferry_sys::signal::set_handler(sig, forward).map_err(|e| anyhow::anyhow!("forwarding signal {sig}: {e}"))?;
     }
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(e).context(format!("waiting for restored process {pid}"));
-        }
-        if libc::WIFEXITED(status) {
-            return Ok(libc::WEXITSTATUS(status));
-        }
-        if libc::WIFSIGNALED(status) {
-            return Ok(128 + libc::WTERMSIG(status));
-        }
-    }
+    ferry_sys::process::wait_pid(pid).ok_or_else(|| anyhow::anyhow!("waiting for restored process {pid}: not our child"))
 }
 
 fn run(cli: Cli) -> Result<i32> {

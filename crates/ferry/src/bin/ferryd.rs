@@ -125,7 +125,7 @@ fn worker(args: &Args) -> Result<()> {
     let stream = TcpStream::from(fd);
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
-    let mut ch = match ferry_transport::Channel::accept(stream, &key) {
+    let ch = match ferry_transport::Channel::accept(stream, &key) {
         Ok(ch) => ch,
         Err(e) => bail!("refused {peer}: {e}"),
     };
@@ -134,7 +134,7 @@ fn worker(args: &Args) -> Result<()> {
         timeout: Duration::from_secs(args.timeout),
         network_lock: ferry_netlock::Method::Ebpf,
     };
-    match ferry_migrate::destination::serve(&mut ch, &cfg) {
+    match ferry_migrate::destination::serve(ch, &cfg) {
         Ok(s) => {
             let restore: f64 = s.phases.iter().map(|p| p.1).sum();
             eprintln!(

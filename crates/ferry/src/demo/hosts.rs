@@ -150,8 +150,8 @@ impl Host {
     fn stop(&mut self) {
         if let Some(mut init) = self.init.take() {
             if init.pid > 0 && matches!(init.unshare.try_wait(), Ok(None)) {
-                // SAFETY: plain kill(2) of the host init we started.
-                unsafe { libc::kill(init.pid, libc::SIGKILL) };
+                // The host init we started.
+                let _ = ferry_sys::process::kill(init.pid, libc::SIGKILL);
             }
             reap(&mut init.unshare, Duration::from_secs(10));
         }

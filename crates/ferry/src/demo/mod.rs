@@ -62,8 +62,8 @@ pub fn interrupted() -> bool {
 
 fn install_signal_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        // The handler only stores to an atomic.
+        let _ = ferry_sys::signal::set_handler(sig, on_signal);
     }
 }
 
@@ -168,19 +168,7 @@ fn pause(ui: &Ui, d: Duration, load: Option<&load::Load>) -> Result<()> {
 /// ferryd or redis: a descriptor the service shares with a process
 /// outside its tree cannot be migrated.
 fn no_inherited_fds() {
-    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets FD_CLOEXEC.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if r == 0 {
-        return;
-    }
-    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default();
-    for fd in fds.into_iter().filter(|&fd| fd > 2) {
-        // SAFETY: F_SETFD on a descriptor number; a closed one fails harmlessly.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+    ferry_sys::fd::set_cloexec_from(3);
 }
 
 fn find_in_path(program: &str) -> Option<PathBuf> {
@@ -194,8 +182,7 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
 }
 
 pub fn run(args: DemoArgs) -> Result<i32> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !ferry_sys::process::is_root() {
         bail!("ferry demo needs root (network and PID namespaces, ptrace); run it as root");
     }
     let exe = std::env::current_exe().context("finding ferry's own executable")?;
