@@ -194,14 +194,6 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     // An incremental image (pre-copy migration) is refused: its other
     // pages are in its parent.
     let (inv, tree) = ImageDir::new(dir).read_meta_complete()?;
-    if opts.new_pid_ns || tree.own_pid_namespace {
-        return pidns::restore(dir, opts, inv, tree, t0);
-    }
-    restore_image(dir, opts, inv, tree, t0)
-}
-
-/// Restores a decoded image directory into the PID namespace ferry is in.
-fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
     let dirh = ImageDir::new(dir);
     let pages_file = dirh.check_pages_file(&inv)?;
     let pid = tree.root().map_or(inv.source_pid, |p| p.pid);
@@ -210,6 +202,9 @@ fn restore_image(dir: &Path, opts: &RestoreOptions, inv: ferry_image::Inventory,
     let all_runs: Vec<ferry_image::PageRun> = tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
     ImageDir::verify_runs_parallel(&all_runs, pages.bytes(), crate::worker_threads())?;
     drop(all_runs);
+    if opts.new_pid_ns || tree.own_pid_namespace {
+        return pidns::restore_held(tree, pages.bytes(), opts, t0)?.release();
+    }
     restore_held(tree, pages.bytes(), opts, t0)?.release()
 }
 

@@ -15,8 +15,7 @@ use super::{RestoreOptions, Restored};
 use crate::error::{EngineError, Result};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use ferry_image::{Inventory, TreeImage};
-use std::path::Path;
+use ferry_image::TreeImage;
 use std::time::Instant;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -29,31 +28,6 @@ extern "C" fn forward(sig: libc::c_int) {
         // kill is async-signal-safe; root is our child.
         let _ = ferry_sys::process::kill(root, sig);
     }
-}
-
-pub(super) fn restore(dir: &Path, opts: &RestoreOptions, inv: Inventory, tree: TreeImage, t0: Instant) -> Result<Restored> {
-    let root = tree.root().map_or(0, |p| p.pid);
-    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
-    let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
-    // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
-    // code, as the root child of a plain restore does.
-    let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
-        Ok(0) => {
-            drop(rd);
-            run_init(std::fs::File::from(wr), || mount_own_proc(root).and_then(|()| super::restore_image(dir, opts, inv, tree, t0)))
-        }
-        Ok(p) => p,
-        Err(e) => return Err(EngineError::kernel(root, "creating a PID namespace", e)),
-    };
-    drop(wr);
-    let outcome = helper_outcome(std::fs::File::from(rd), root, init);
-    if outcome.is_err() {
-        // The helper is our child and the namespace's init: killing it
-        // ends whatever it made; then it is reaped.
-        let _ = ferry_sys::process::kill(init, libc::SIGKILL);
-        ferry_sys::process::wait_pid(init);
-    }
-    outcome
 }
 
 /// A tree restored into a new PID namespace and held there, stopped:
@@ -87,11 +61,7 @@ impl HeldInNamespace {
         let mut line = String::new();
         self.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {} (report pipe)", self.init), e))?;
         let line = line.trim_end();
-        let mut r = match line.strip_prefix("released ") {
-            Some(rest) => parse_report(&format!("ok {rest}")),
-            None => parse_report(line),
-        };
-        let r = match r.take() {
+        let r = match parse_report(line) {
             Some(Ok(mut r)) => {
                 r.host_pid = root_seen_from_here(self.root, self.init)?;
                 r.init_pid = Some(self.init);
@@ -208,20 +178,6 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
     be_init(root)
 }
 
-/// Reads the helper's report to its end and finds the root from here.
-fn helper_outcome(mut pipe: std::fs::File, root: i32, init: i32) -> Result<Restored> {
-    let mut report = String::new();
-    let parsed = pipe.read_to_string(&mut report).ok().and_then(|_| parse_report(&report));
-    let mut r = match parsed {
-        Some(Ok(r)) => r,
-        Some(Err(msg)) => return Err(EngineError::InNewPidNs(msg)),
-        None => return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report"))),
-    };
-    r.host_pid = root_seen_from_here(root, init)?;
-    r.init_pid = Some(init);
-    Ok(r)
-}
-
 /// The helper's only child is the tree's root.
 fn root_seen_from_here(root: i32, init: i32) -> Result<i32> {
     let path = format!("/proc/{init}/task/{init}/children");
@@ -235,30 +191,12 @@ fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
     if let Some(msg) = text.strip_prefix("err ") {
         return Some(Err(msg.to_string()));
     }
-    let mut f = text.strip_prefix("ok ")?.split_whitespace();
+    let mut f = text.strip_prefix("released ")?.split_whitespace();
     let pid = f.next()?.parse().ok()?;
     let processes = f.next()?.parse().ok()?;
     let threads = f.next()?.parse().ok()?;
     let total_ms = f.next()?.parse().ok()?;
     Some(Ok(Restored { pid, host_pid: pid, init_pid: None, processes, threads, total_ms }))
-}
-
-/// Runs in the helper: PID 1 of the new namespace. Never returns.
-fn run_init(mut report: std::fs::File, restore: impl FnOnce() -> Result<Restored>) -> ! {
-    let outcome = restore();
-    let root = match outcome {
-        Ok(r) => {
-            let _ = write!(report, "ok {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
-            r.pid
-        }
-        Err(e) => {
-            let _ = write!(report, "err {e}");
-            // _exit: the parent's atexit handlers must not run here.
-            ferry_sys::process::exit_now(1)
-        }
-    };
-    drop(report);
-    be_init(root)
 }
 
 fn mount_own_proc(root: i32) -> Result<()> {

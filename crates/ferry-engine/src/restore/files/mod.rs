@@ -134,24 +134,8 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             }
         }
         unix::connect_pending(tree, &staged)?;
-        // Shutdowns last: queued data had to be sent through both ends first.
-        for p in &tree.processes {
-            for f in &p.files {
-                let FileKind::UnixSocket(u) = &f.kind else { continue };
-                if unix::deferred(tree, u) {
-                    continue; // after `send_in_flight`
-                }
-                let how = match u.shutdown & 3 {
-                    1 => libc::SHUT_RD,
-                    2 => libc::SHUT_WR,
-                    3 => libc::SHUT_RDWR,
-                    _ => continue,
-                };
-                let Some(fd) = staged.get(&f.id) else { continue };
-                ferry_sys::socket::shutdown(fd.as_raw_fd(), how).map_err(|e| EngineError::kernel(p.pid, format!("shutting down unix socket {}", u.ino), e))?;
-            }
-        }
-        Ok(())
+        // The deferred ones after `send_in_flight`.
+        unix::shut_down(tree, &staged, false)
     })();
     if let Some(dir) = back {
         let _ = std::env::set_current_dir(dir);

@@ -5,7 +5,8 @@
 
 use super::Builder;
 use crate::error::{EngineError, Result};
-use ferry_image::UnixSocket;
+use ferry_image::{FileKind, TreeImage, UnixSocket};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 
@@ -181,10 +182,17 @@ pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::
             }
         }
     }
+    shut_down(tree, staged, true)
+}
+
+/// Shuts down the unix sockets whose image says so: those whose queues
+/// are sent after the fork (`deferred`), or all the others. Shutdowns come
+/// last because queued data has to go through both ends first.
+pub fn shut_down(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>, deferred_ones: bool) -> Result<()> {
     for p in &tree.processes {
         for f in &p.files {
             let FileKind::UnixSocket(u) = &f.kind else { continue };
-            if !deferred(tree, u) {
+            if deferred(tree, u) != deferred_ones {
                 continue;
             }
             let how = match u.shutdown & 3 {
