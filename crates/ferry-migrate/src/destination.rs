@@ -34,11 +34,13 @@ pub struct Served {
 }
 
 /// Serves one migration on an accepted, authenticated channel.
-pub fn serve(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
-    let r = serve_inner(ch, cfg);
+pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Served> {
+    let r = serve_inner(&mut ch, cfg);
     if let Err(e) = &r {
-        // Best effort: the source learns why, if it still listens.
-        let _ = protocol::send(ch, &Msg::Failed { error: e.to_string() });
+        // Best effort: the source learns why, if it still listens; what it
+        // still sends is drained so that the report is not lost to a reset.
+        let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
+        ch.close_after_report(std::time::Duration::from_secs(3));
     }
     r
 }

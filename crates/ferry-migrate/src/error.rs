@@ -4,14 +4,16 @@ use thiserror::Error;
 /// service is now.
 #[derive(Debug, Error)]
 pub enum MigrateError {
+    // The wrapped errors' own messages are the whole story: they are not
+    // also reported as a `source`, which would print them twice.
     #[error("{0}")]
-    Engine(#[from] ferry_engine::EngineError),
+    Engine(ferry_engine::EngineError),
     #[error("{0}")]
-    Image(#[from] ferry_image::ImageError),
+    Image(ferry_image::ImageError),
     #[error("connection to the other host: {0}")]
-    Transport(#[from] ferry_transport::TransportError),
+    Transport(ferry_transport::TransportError),
     #[error("network lock: {0}")]
-    Netlock(#[from] ferry_netlock::NetlockError),
+    Netlock(ferry_netlock::NetlockError),
     #[error("{what}: {errno}")]
     Sys { what: String, errno: ferry_sys::SysError },
     #[error("the destination refused the migration: {0}")]
@@ -24,6 +26,30 @@ pub enum MigrateError {
     Aborted(String),
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<ferry_engine::EngineError> for MigrateError {
+    fn from(e: ferry_engine::EngineError) -> Self {
+        MigrateError::Engine(e)
+    }
+}
+
+impl From<ferry_image::ImageError> for MigrateError {
+    fn from(e: ferry_image::ImageError) -> Self {
+        MigrateError::Image(e)
+    }
+}
+
+impl From<ferry_transport::TransportError> for MigrateError {
+    fn from(e: ferry_transport::TransportError) -> Self {
+        MigrateError::Transport(e)
+    }
+}
+
+impl From<ferry_netlock::NetlockError> for MigrateError {
+    fn from(e: ferry_netlock::NetlockError) -> Self {
+        MigrateError::Netlock(e)
+    }
 }
 
 impl MigrateError {

@@ -623,6 +623,27 @@ impl Channel {
     pub fn shutdown(&self) {
         self.send.shutdown();
     }
+
+    /// Ends the channel after a failure this side has just reported to
+    /// the peer: stops sending, then reads and drops whatever the peer
+    /// still sends, until it closes or `at_most` has passed. Closing a
+    /// socket with unread bytes sends a reset, which would destroy the
+    /// report before the peer reads it.
+    pub fn close_after_report(self, at_most: Duration) {
+        let mut stream = self.recv.stream;
+        let _ = stream.shutdown(Shutdown::Write);
+        let deadline = std::time::Instant::now() + at_most;
+        let mut sink = vec![0u8; 64 * 1024];
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+                return;
+            }
+            match stream.read(&mut sink) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
 }
 
 fn derive_psk(key: &Key) -> Zeroizing<[u8; 32]> {
@@ -679,7 +700,7 @@ impl SendHalf {
         if let Some(reason) = &self.broken {
             return Err(TransportError::Io {
                 what: format!("sending to {}", peer_name(self.peer)),
-                source: std::io::Error::new(
+                error: std::io::Error::new(
                     std::io::ErrorKind::BrokenPipe,
                     format!("an earlier send failed ({reason})"),
                 ),
@@ -748,7 +769,7 @@ impl SendHalf {
                     self.messages + 1,
                     peer_name(self.peer)
                 ),
-                source: std::io::Error::other(e.to_string()),
+                error: std::io::Error::other(e.to_string()),
             })?;
         self.buf[self.used..self.used + 2].copy_from_slice(&(n as u16).to_be_bytes());
         self.used += 2 + n;

@@ -10,10 +10,12 @@ pub enum TransportError {
     Random { reason: String },
     #[error("handshake with {peer} refused: {reason}")]
     Handshake { peer: String, reason: String },
-    #[error("{what}: {source}")]
+    // Not a `source`: the message already carries it, and an error chain
+    // printer would repeat it.
+    #[error("{what}: {error}")]
     Io {
         what: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("peer closed the connection")]
     Closed,
@@ -34,7 +36,7 @@ impl TransportError {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                 TransportError::Timeout { what }
             }
-            _ => TransportError::Io { what, source },
+            _ => TransportError::Io { what, error: source },
         }
     }
 }
