@@ -146,7 +146,12 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
 /// Never returns.
 fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: impl FnOnce() -> Result<super::Held>) -> ! {
     let held = match restore() {
-        Ok(h) => h,
+        // The namespace's init from before anyone is told the tree exists:
+        // from then on it is the root's parent and may be signalled.
+        Ok(h) => {
+            take_init_role(h.pid());
+            h
+        }
         Err(e) => {
             let _ = writeln!(report, "err {e}");
             // _exit: the parent's atexit handlers must not run here.
@@ -205,13 +210,20 @@ fn mount_own_proc(root: i32) -> Result<()> {
     ferry_sys::netns::mount_own_proc().map_err(|e| EngineError::kernel(root, "mounting /proc for the new PID namespace", e))
 }
 
-/// The namespace's init: drop everything ferry held, reap, forward.
-fn be_init(root: i32) -> ! {
+/// Named `ferry-init`, forwarding the signals a service's init passes on
+/// to `root` (a signal sent to a namespace's init from outside is
+/// dropped unless it has a handler).
+fn take_init_role(root: i32) {
     ROOT.store(root, Ordering::Relaxed);
     let _ = ferry_sys::process::set_name(c"ferry-init");
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
         let _ = ferry_sys::signal::set_handler(sig, forward);
     }
+}
+
+/// The namespace's init (see [`take_init_role`]): drop everything ferry
+/// held, reap.
+fn be_init(root: i32) -> ! {
     // ferry's standard streams may be a pipe someone reads to its end:
     // the init must not hold them open for the tree's lifetime.
     if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
