@@ -467,6 +467,7 @@ conformance! {
     fd_memfd_mode,
     fd_deleted_owner,
     fd_pipe_full,
+    fd_pipe_reopened,
     tree_stopped,
     mem_mlock,
     tree_exit_signal,

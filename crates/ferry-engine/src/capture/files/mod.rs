@@ -257,5 +257,24 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
             }
         }
     }
+    keep_pipe_data_once(procs);
     Ok(())
+}
+
+/// A pipe opened again through /proc/PID/fd has several read
+/// descriptions, and each one's capture copied the same unread bytes:
+/// only the first description keeps them, so restore writes them once.
+fn keep_pipe_data_once(procs: &mut [ProcessFiles]) {
+    let mut holder: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for p in procs.iter_mut() {
+        for f in p.files.iter_mut() {
+            let (FileKind::Pipe(end) | FileKind::Fifo { pipe: end, .. }) = &mut f.kind else { continue };
+            if end.data.is_empty() {
+                continue;
+            }
+            if *holder.entry(end.id).or_insert(f.id) != f.id {
+                end.data = Vec::new();
+            }
+        }
+    }
 }

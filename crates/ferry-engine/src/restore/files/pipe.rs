@@ -41,7 +41,30 @@ pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
         let peer = if end.write_end { ends.0.take() } else { ends.1.take() };
         drop(peer);
     }
-    taken.ok_or_else(|| EngineError::restore(pid, format!("pipe {} has two {} ends", end.id, if end.write_end { "write" } else { "read" })))
+    match taken {
+        Some(fd) => Ok(fd),
+        None => reopen(b, end),
+    }
+}
+
+/// A further open file description of a pipe whose end of this kind
+/// already exists (the process opened /proc/self/fd/N again): opened the
+/// same way, through the kept write end. A write-only open waits for a
+/// reader, so a temporary one is held while it is made.
+fn reopen(b: &Builder, end: &PipeEnd) -> Result<OwnedFd> {
+    let pid = b.pid;
+    let keeper = b.pipe_writers.get(&end.id).ok_or_else(|| EngineError::restore(pid, format!("pipe {} has no kept write end", end.id)))?;
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", keeper.as_raw_fd())).map_err(|_| EngineError::restore(pid, "pipe path"))?;
+    let open = |flags: i32| {
+        ferry_sys::fd::open(&path, flags | libc::O_CLOEXEC | libc::O_NONBLOCK, 0)
+            .map_err(|e| EngineError::kernel(pid, format!("opening pipe {} again for {}", end.id, if end.write_end { "writing" } else { "reading" }), e))
+    };
+    if end.write_end {
+        let _reader = open(libc::O_RDONLY)?;
+        open(libc::O_WRONLY)
+    } else {
+        open(libc::O_RDONLY)
+    }
 }
 
 pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Result<OwnedFd> {
