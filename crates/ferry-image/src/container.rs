@@ -4,7 +4,7 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{Incremental, Inventory, TreeImage};
+use crate::model::{CgroupImage, Incremental, Inventory, TreeImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
 /// The major format version this build reads and writes. An image of
@@ -17,7 +17,8 @@ pub const FORMAT_MAJOR: u32 = 4;
 ///
 /// 4.0: the format as it was before minor versions existed.
 /// 4.1: the optional `Incremental` section.
-pub const FORMAT_MINOR: u16 = 1;
+/// 4.2: the optional `Cgroups` section.
+pub const FORMAT_MINOR: u16 = 2;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -69,6 +70,8 @@ pub enum SectionKind {
     Pages = 3,
     /// Format 4.1: which pages of the image are in its parent image.
     Incremental = 4,
+    /// Format 4.2: the cgroups of the tree's processes.
+    Cgroups = 5,
 }
 
 impl SectionKind {
@@ -78,6 +81,7 @@ impl SectionKind {
             SectionKind::Tree => "process tree",
             SectionKind::Pages => "pages",
             SectionKind::Incremental => "incremental",
+            SectionKind::Cgroups => "cgroups",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -85,6 +89,7 @@ impl SectionKind {
         match self {
             SectionKind::Inventory | SectionKind::Tree | SectionKind::Pages => 0,
             SectionKind::Incremental => 1,
+            SectionKind::Cgroups => 2,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -93,6 +98,7 @@ impl SectionKind {
             2 => Some(SectionKind::Tree),
             3 => Some(SectionKind::Pages),
             4 => Some(SectionKind::Incremental),
+            5 => Some(SectionKind::Cgroups),
             _ => None,
         }
     }
@@ -101,14 +107,19 @@ impl SectionKind {
 /// The sections of meta.img, in order; `true` marks an optional one.
 /// Optional sections come after the process tree section, each at most
 /// once, in this order.
-pub const META_SECTIONS: &[(SectionKind, bool)] =
-    &[(SectionKind::Inventory, false), (SectionKind::Tree, false), (SectionKind::Incremental, true)];
+pub const META_SECTIONS: &[(SectionKind, bool)] = &[
+    (SectionKind::Inventory, false),
+    (SectionKind::Tree, false),
+    (SectionKind::Incremental, true),
+    (SectionKind::Cgroups, true),
+];
 
 /// The sections of a stream: meta.img's, then the page data.
 pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Inventory, false),
     (SectionKind::Tree, false),
     (SectionKind::Incremental, true),
+    (SectionKind::Cgroups, true),
     (SectionKind::Pages, false),
 ];
 
@@ -304,6 +315,11 @@ pub fn encode_meta_with(inventory: &Inventory, process: &TreeImage, incremental:
         out.extend_from_slice(&section_header(SectionKind::Incremental, inc));
         out.extend_from_slice(inc);
     }
+    if let Some(cg) = &process.cgroups {
+        let cg = encode(cg, "cgroups")?;
+        out.extend_from_slice(&section_header(SectionKind::Cgroups, &cg));
+        out.extend_from_slice(&cg);
+    }
     Ok(out)
 }
 
@@ -341,6 +357,7 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
     let mut inventory: Option<Inventory> = None;
     let mut process: Option<TreeImage> = None;
     let mut incremental: Option<Incremental> = None;
+    let mut cgroups: Option<CgroupImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -356,13 +373,15 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
             SectionKind::Inventory => inventory = Some(decode_payload(payload, "inventory")?),
             SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
+            SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => return Err(ImageError::Invalid("pages section does not belong in meta.img".into())),
         }
     }
-    let (Some(inventory), Some(process)) = (inventory, process) else {
+    let (Some(inventory), Some(mut process)) = (inventory, process) else {
         return Err(ImageError::Truncated("meta.img lacks the inventory or the process tree section".into()));
     };
+    process.cgroups = cgroups;
     crate::validate::validate(&inventory, &process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

@@ -43,6 +43,41 @@ pub struct TreeImage {
     /// The network lock holding the tree's TCP connections frozen, if it
     /// had any.
     pub network_lock: Option<NetworkLockRef>,
+    /// Format 4.2: the cgroups each process was in. Not part of the
+    /// process tree section (postcard is positional, and an older minor
+    /// must still decode): the container writes and reads it as the
+    /// optional `Cgroups` section. `None` for images older than 4.2,
+    /// whose processes were in the cgroups of the ferry that took them.
+    #[serde(skip)]
+    pub cgroups: Option<CgroupImage>,
+}
+
+/// Format 4.2, in the optional `Cgroups` section: cgroup membership,
+/// one entry per process of the tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupImage {
+    pub processes: Vec<ProcessCgroups>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessCgroups {
+    /// A process of the tree (every thread is in the same cgroups).
+    pub pid: i32,
+    /// One entry per hierarchy, as /proc/PID/cgroup lists them.
+    pub memberships: Vec<CgroupMembership>,
+}
+
+/// One line of /proc/PID/cgroup. Hierarchy ids are local to a host, so
+/// restore finds the hierarchy by its controllers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMembership {
+    /// The hierarchy id (0 for the cgroup v2 hierarchy).
+    pub hierarchy: u32,
+    /// Comma-separated controllers of a v1 hierarchy ("memory",
+    /// "cpu,cpuacct", "name=systemd"); empty for v2.
+    pub controllers: String,
+    /// The cgroup, from the hierarchy's root ("/" or "/a/b").
+    pub path: String,
 }
 
 impl TreeImage {

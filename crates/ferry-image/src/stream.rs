@@ -183,6 +183,7 @@ pub fn read_stream_full<R: Read>(
 
     // Optional sections, then the pages.
     let mut incremental: Option<Incremental> = None;
+    let mut process = process;
     let (len, sum) = loop {
         let (kind, len, sum) = section_header(r, &mut order, "pages")?;
         match kind {
@@ -191,6 +192,11 @@ pub fn read_stream_full<R: Read>(
                 let inc: Incremental = decode_payload(&payload, "incremental")?;
                 validate_incremental(&process, &inc)?;
                 incremental = Some(inc);
+            }
+            SectionKind::Cgroups => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.cgroups = Some(decode_payload(&payload, "cgroups")?);
+                crate::validate::validate_cgroups(&process)?;
             }
             SectionKind::Pages => break (len, sum),
             // `order` accepts nothing else after the process section.

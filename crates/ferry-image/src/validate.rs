@@ -123,7 +123,41 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             }
         }
     }
-    validate_unix_in_flight(t, &seen)
+    validate_unix_in_flight(t, &seen)?;
+    validate_cgroups(t)
+}
+
+/// The `Cgroups` section: restore writes PIDs into files under each
+/// recorded path, so a path must stay inside its hierarchy (absolute, no
+/// `.` or `..` component, no NUL or newline), and every entry must name
+/// a process of the tree, once.
+pub fn validate_cgroups(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(cg) = &t.cgroups else { return Ok(()) };
+    let pids: std::collections::HashSet<i32> = t.processes.iter().map(|p| p.pid).collect();
+    let mut seen = std::collections::HashSet::with_capacity(cg.processes.len().min(pids.len()));
+    for p in &cg.processes {
+        if !pids.contains(&p.pid) {
+            return bad(format!("cgroups section: pid {} is not a process of the tree", p.pid));
+        }
+        if !seen.insert(p.pid) {
+            return bad(format!("cgroups section: pid {} listed twice", p.pid));
+        }
+        if p.memberships.len() > 64 {
+            return bad(format!("cgroups section: pid {} is in {} hierarchies", p.pid, p.memberships.len()));
+        }
+        for m in &p.memberships {
+            let path_ok = m.path.starts_with('/')
+                && m.path.len() <= 4096
+                && !m.path.contains(['\0', '\n'])
+                && m.path.split('/').all(|c| c != "." && c != "..");
+            let controllers_ok = m.controllers.len() <= 256
+                && m.controllers.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | '=' | '-' | '.'));
+            if !path_ok || !controllers_ok {
+                return bad(format!("cgroups section: pid {}: bad cgroup {:?}:{:?}", p.pid, m.controllers, m.path));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An `Incremental` section against the tree it belongs to (which

@@ -743,8 +743,46 @@ fn valid_tree() -> (Inventory, TreeImage) {
         sysv_msg: vec![SysvMsgQueue { id: 9, key: 0, mode: 0o600, uid: 0, gid: 0, max_bytes: 16384, messages: vec![(1, b"one".to_vec()), (5, vec![9; 3000])] }],
         own_pid_namespace: false,
         network_lock: None,
+        cgroups: Some(CgroupImage {
+            processes: vec![
+                ProcessCgroups {
+                    pid: PID,
+                    memberships: vec![
+                        CgroupMembership { hierarchy: 4, controllers: "memory".into(), path: "/svc".into() },
+                        CgroupMembership { hierarchy: 1, controllers: "name=systemd".into(), path: "/system.slice/svc.service".into() },
+                        CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/system.slice/svc.service".into() },
+                    ],
+                },
+                ProcessCgroups { pid: CHILD, memberships: vec![CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/".into() }] },
+            ],
+        }),
     };
     (inv, t)
+}
+
+/// The cgroups section decides where restore writes PIDs: a path that
+/// leaves its hierarchy, or an entry for a process outside the tree, is
+/// refused.
+#[test]
+fn hostile_cgroups_are_rejected() {
+    let (inv, t) = valid_tree();
+    let with = |f: &dyn Fn(&mut CgroupImage)| {
+        let mut t = t.clone();
+        f(t.cgroups.as_mut().expect("fixture has cgroups"));
+        reject_tree(&inv, &t)
+    };
+    for path in ["/../etc", "/a/../../b", "relative", "", "/a/./b", "/a\nb", "/a\0b"] {
+        let msg = with(&|c| c.processes[0].memberships[0].path = path.into());
+        assert!(msg.contains("bad cgroup"), "{path:?}: {msg}");
+    }
+    let msg = with(&|c| c.processes[0].memberships[0].controllers = "memory/../x".into());
+    assert!(msg.contains("bad cgroup"), "{msg}");
+    let msg = with(&|c| c.processes[1].pid = 3_999_999);
+    assert!(msg.contains("not a process of the tree"), "{msg}");
+    let msg = with(&|c| c.processes[1].pid = PID);
+    assert!(msg.contains("listed twice"), "{msg}");
+    let msg = with(&|c| c.processes[0].memberships = vec![CgroupMembership::default(); 65]);
+    assert!(msg.contains("hierarchies"), "{msg}");
 }
 
 #[test]

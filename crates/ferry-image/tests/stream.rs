@@ -738,6 +738,12 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         sysv_msg: vec![SysvMsgQueue { id: 12, key: 0x78, mode: 0o600, uid: 1000, gid: 1000, max_bytes: 16384, messages: vec![(2, b"queued".to_vec())] }],
         own_pid_namespace: true,
         network_lock: Some(NetworkLockRef { method: "ebpf".into(), name: "ckpt_1_0".into() }),
+        cgroups: Some(CgroupImage {
+            processes: vec![ProcessCgroups {
+                pid: GRANDCHILD,
+                memberships: vec![CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/jailed".into() }],
+            }],
+        }),
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)
@@ -789,7 +795,7 @@ fn tree_corrupt_page_of_a_child_is_caught() {
     // runs of every process, not only the root's.
     let (inv, t, pages) = tree_image();
     let mut raw = split(&stream_of(&inv, &t, &pages));
-    raw.sections[2].1[4 * PAGE + 7] ^= 1;
+    raw.sections.last_mut().expect("pages").1[4 * PAGE + 7] ^= 1;
     let d = TempDir::new("tree-corrupt");
     let target = d.path().join("image");
     match read_stream(&mut Cursor::new(join(&raw.header, &raw.sections)), Some(&target)) {
@@ -799,7 +805,7 @@ fn tree_corrupt_page_of_a_child_is_caught() {
     assert!(!target.exists());
     // The child's page (3) likewise.
     let mut raw = split(&stream_of(&inv, &t, &pages));
-    raw.sections[2].1[3 * PAGE] ^= 1;
+    raw.sections.last_mut().expect("pages").1[3 * PAGE] ^= 1;
     match expect_err(&join(&raw.header, &raw.sections)) {
         ImageError::Checksum { what } => assert!(what.contains("pages at 0x601000"), "{what}"),
         e => panic!("{e:?}"),

@@ -702,39 +702,147 @@ fn refuses_scm_rights_in_flight() {
     refused_mode("scm_rights", &["fd 4", "/dev/null", "held by no process of the tree"]);
 }
 
-/// A process moved into another cgroup than ferry's (here a child of the
-/// v1 "pids" hierarchy) is refused, naming its cgroup membership; it is
-/// moved back and the cgroup removed afterwards, also on failure.
+/// Cgroups made for one test under the hierarchies mounted here; removed
+/// on drop (their processes moved back to the hierarchy's root first).
+struct TestCgroups {
+    made: Vec<(PathBuf, PathBuf)>,
+}
+
+impl TestCgroups {
+    /// The mounted hierarchies this test can use: (what, mount point) for
+    /// the v1 memory and pids hierarchies and the v2 one.
+    fn hierarchies() -> Vec<(&'static str, PathBuf)> {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut out = Vec::new();
+        for line in info.lines() {
+            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let l: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            if l.len() < 5 || r.len() < 3 || l[3] != "/" {
+                continue;
+            }
+            let what = match (r[0], r[2].split(',').any(|o| o == "memory"), r[2].split(',').any(|o| o == "pids")) {
+                ("cgroup2", _, _) => "cgroup2",
+                ("cgroup", true, _) => "memory",
+                ("cgroup", _, true) => "pids",
+                _ => continue,
+            };
+            if !out.iter().any(|(w, _)| *w == what) {
+                out.push((what, PathBuf::from(l[4])));
+            }
+        }
+        out
+    }
+
+    fn new() -> TestCgroups {
+        TestCgroups { made: Vec::new() }
+    }
+
+    /// A new cgroup under the hierarchy mounted at `root`.
+    fn make(&mut self, root: &Path) -> PathBuf {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = root.join(format!("ferry-guarantee-cg-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        self.made.push((dir.clone(), root.to_path_buf()));
+        dir
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for (dir, root) in self.made.iter().rev() {
+            for pid in fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines() {
+                let _ = fs::write(root.join("cgroup.procs"), pid);
+            }
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+/// A process in cgroups other than ferry's (v1 memory and pids, and v2,
+/// as far as they are mounted) comes back in the same cgroups, with its
+/// memory charged to its own memory cgroup.
 #[test]
-fn refuses_a_process_in_another_cgroup() {
+fn cgroup_membership_is_restored() {
     if !is_root() {
         return;
     }
-    let root = Path::new("/sys/fs/cgroup/pids");
-    if !root.join("cgroup.procs").exists() {
-        eprintln!("skipped: no cgroup v1 pids hierarchy");
+    let hierarchies = TestCgroups::hierarchies();
+    if hierarchies.is_empty() {
+        eprintln!("skipped: no cgroup hierarchy mounted");
         return;
     }
-    struct Cg(PathBuf, PathBuf, i32);
-    impl Drop for Cg {
-        fn drop(&mut self) {
-            let _ = fs::write(self.1.join("cgroup.procs"), self.2.to_string());
-            let _ = fs::remove_dir(&self.0);
-        }
-    }
+    let mut cgroups = TestCgroups::new();
+    let dirs: Vec<(&str, PathBuf)> = hierarchies.iter().map(|(what, root)| (*what, cgroups.make(root))).collect();
+    let memory = dirs
+        .iter()
+        .find(|(w, d)| *w == "memory" || (*w == "cgroup2" && d.join("memory.current").exists()))
+        .map(|(_, d)| d.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "-".into());
+    let mut args = vec![memory, "-".to_string()];
+    args.extend(dirs.iter().map(|(_, d)| d.to_string_lossy().into_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut c = Case::new("cgroup");
-    let prog = c.compile("tests/guarantees/refusals.c");
-    let pid = c.start_args(&prog, &["plain"]);
-    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
-    let orig = own.lines().find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string())).unwrap_or_else(|| "/".into());
-    let dir = root.join(format!("ferry-guarantee-{}", std::process::id()));
-    fs::create_dir_all(&dir).expect("mkdir cgroup");
-    let _cg = Cg(dir.clone(), root.join(orig.trim_start_matches('/')), pid);
-    fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    let prog = c.compile("tests/guarantees/cgroup_member.c");
+    let pid = c.start_args(&prog, &args);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    assert_eq!(c.finish_child(0), -1, "the checkpointed program was not killed");
+    let images = c.images();
+    assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restored program failed: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
+/// Restore into a cgroup that no longer exists is refused, naming it; no
+/// process is left.
+#[test]
+fn restore_refuses_a_cgroup_that_does_not_exist() {
+    if !is_root() {
+        return;
+    }
+    let Some((_, root)) = TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "cgroup2") else {
+        eprintln!("skipped: no pids or cgroup2 hierarchy mounted");
+        return;
+    };
+    let mut cgroups = TestCgroups::new();
+    let dir = cgroups.make(&root);
+    let mut c = Case::new("cgroup-gone");
+    let prog = c.compile("tests/guarantees/cgroup_member.c");
+    let pid = c.start_args(&prog, &["-", "-", dir.to_str().expect("utf-8 path")]);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    c.finish_child(0);
+    fs::remove_dir(&dir).expect("remove the emptied cgroup");
+    let out = c.ferry(&["restore", "--images", c.images().to_str().expect("utf-8 path")]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "restore into a missing cgroup should fail");
+    let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
+    assert!(err.contains(name) && err.contains("does not exist on this host"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the failed restore left pid {pid} behind");
+}
+
+/// A thread moved alone into a v1 cgroup is refused by name at
+/// checkpoint; the process runs on unharmed.
+#[test]
+fn refuses_a_thread_in_a_cgroup_of_its_own() {
+    if !is_root() {
+        return;
+    }
+    let Some((_, root)) = TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "memory") else {
+        eprintln!("skipped: no cgroup v1 hierarchy mounted");
+        return;
+    };
+    let mut cgroups = TestCgroups::new();
+    let dir = cgroups.make(&root);
+    let mut c = Case::new("cgroup-thread");
+    let prog = c.compile("tests/guarantees/cgroup_member.c");
+    let pid = c.start_args(&prog, &["-", dir.to_str().expect("utf-8 path")]);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "checkpoint of a process in another cgroup should be refused");
-    assert!(err.contains("cgroup membership") && err.contains("ferry-guarantee-"), "{err}");
+    assert!(!out.status.success(), "checkpoint of a thread in its own cgroup should be refused");
+    let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
+    assert!(err.contains("cgroup membership") && err.contains("thread") && err.contains(name), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());

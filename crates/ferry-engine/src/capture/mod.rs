@@ -5,6 +5,8 @@
 //! them. Everything that may refuse a process (an unsupported fd or
 //! mapping) runs before anything is changed inside it.
 
+mod cgroups;
+pub(crate) use cgroups::parse as cgroups_parse;
 mod files;
 mod memfd;
 pub(crate) mod memory;
@@ -264,12 +266,12 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;
-    namespaces::check_cgroups(&pids)?;
     let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
     let share_files = sharing::check(&pids, &ppids)?;
     let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
+    let cgroups = cgroups::capture(&tasks)?;
 
     // Survey first: refuse what we cannot capture before touching anything.
     let mut surveys = Vec::with_capacity(tree.procs.len());
@@ -407,9 +409,21 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     let pages_bytes = sink.data_len();
     ph.mark("pages");
     let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef { method: opts.network_lock.to_string(), name: l.name().to_string() });
-    let mut tree_image =
-        TreeImage { processes, zombies: tree.zombies.clone(), shared_anon, sysv_shm, sysv_sem, sysv_msg, network_lock, ..Default::default() };
+    let mut tree_image = TreeImage {
+        processes,
+        zombies: tree.zombies.clone(),
+        shared_anon,
+        sysv_shm,
+        sysv_sem,
+        sysv_msg,
+        network_lock,
+        cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
+        ..Default::default()
+    };
     if let Some(view) = &pid_view {
+        for c in tree_image.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
+            c.pid = view.inner(c.pid);
+        }
         namespaces::translate(&mut tree_image, view);
         for (pid, _) in parent_pages.iter_mut() {
             *pid = view.inner(*pid);

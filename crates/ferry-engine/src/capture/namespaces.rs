@@ -231,23 +231,3 @@ pub fn check_others(pids: &[i32]) -> Result<()> {
     }
     Ok(())
 }
-
-/// Cgroup membership is not restored (a restored process joins ferry's
-/// cgroups): a process in cgroups other than ferry's is refused, naming
-/// the hierarchy.
-pub fn check_cgroups(pids: &[i32]) -> Result<()> {
-    let ours = procfs::read_string("/proc/self/cgroup")?;
-    for &pid in pids {
-        let theirs = procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
-        if let Some(line) = theirs.lines().find(|l| !ours.lines().any(|o| o == *l)) {
-            let mine = line.split(':').take(2).collect::<Vec<_>>().join(":");
-            let ferry_line = ours.lines().find(|o| o.starts_with(&format!("{mine}:"))).unwrap_or("none");
-            return Err(EngineError::unsupported(
-                pid,
-                "its cgroup membership",
-                format!("it is in {line:?}, ferry in {ferry_line:?}; restored processes join ferry's cgroups"),
-            ));
-        }
-    }
-    Ok(())
-}

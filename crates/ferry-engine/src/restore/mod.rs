@@ -16,6 +16,7 @@
 //!    released. Any failure before that kills every process made: a tree
 //!    is either fully restored or not there at all.
 
+mod cgroups;
 mod child;
 mod files;
 mod fork;
@@ -403,6 +404,17 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => {}
         other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
     }
+    let hierarchies = match &tree.cgroups {
+        Some(_) => cgroups::mounted(&crate::procfs::read_string("/proc/self/mountinfo")?),
+        None => Vec::new(),
+    };
+    let join_cgroups = |pid: i32| -> Result<()> {
+        match tree.cgroups.as_ref().and_then(|c| c.processes.iter().find(|p| p.pid == pid)) {
+            Some(recorded) => cgroups::join(pid, recorded, &hierarchies),
+            None => Ok(()),
+        }
+    };
+    join_cgroups(pid)?;
     ph.mark("fork root");
     // Established connections are made now, after the fork, so that they
     // need no fd numbers in the range the tree inherits: a tree with
@@ -450,6 +462,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         let share = img.fidelity.shares_files_with_parent;
         let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal, if share { libc::CLONE_FILES as u64 } else { 0 })?;
         guard.pids.push(child);
+        join_cgroups(img.pid)?;
         let parent = &sessions[k];
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
