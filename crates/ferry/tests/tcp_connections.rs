@@ -199,7 +199,8 @@ fn socket_states(namespaces: &[String]) -> String {
 }
 
 /// How much of each client stream the server leaves unread before the
-/// checkpoint: well inside the default 128 KiB receive buffer.
+/// checkpoint, and how much more at most comes while it is frozen:
+/// together well inside the default 128 KiB receive buffer.
 const UNREAD_CLIENT_BYTES: usize = 32 << 10;
 
 fn run_clients(
@@ -245,14 +246,18 @@ fn run_clients(
             }
         }
         let _ = ready.send(());
-        // Keep pushing while the server is frozen, checkpointed and
-        // restored: these packets meet the network lock.
+        // Keep pushing, a little at a time, while the server is frozen,
+        // checkpointed and restored: these packets meet the network lock.
+        // At most another UNREAD_CLIENT_BYTES, so the server's receive
+        // queue still holds all of it.
+        let mut target = half;
         loop {
             match go.try_recv() {
                 Ok(()) | Err(mpsc::TryRecvError::Disconnected) => break,
                 Err(mpsc::TryRecvError::Empty) => {}
             }
-            conns.iter_mut().for_each(|c| c.push(half + 4096));
+            target = (target + 256).min(half + UNREAD_CLIENT_BYTES);
+            conns.iter_mut().for_each(|c| c.push(target));
             sleep(Duration::from_millis(2));
         }
         let deadline = Instant::now() + Duration::from_secs(90);
