@@ -250,13 +250,15 @@ fn run_clients(
         // checkpointed and restored: these packets meet the network lock.
         // At most another UNREAD_CLIENT_BYTES, so the server's receive
         // queue still holds all of it.
+        // A quarter of the stream stays for after the restore.
+        let frozen_limit = (half + UNREAD_CLIENT_BYTES).min(load.client_bytes - load.client_bytes / 4).max(half);
         let mut target = half;
         loop {
             match go.try_recv() {
                 Ok(()) | Err(mpsc::TryRecvError::Disconnected) => break,
                 Err(mpsc::TryRecvError::Empty) => {}
             }
-            target = (target + 256).min(half + UNREAD_CLIENT_BYTES);
+            target = (target + 256).min(frozen_limit);
             conns.iter_mut().for_each(|c| c.push(target));
             sleep(Duration::from_millis(2));
         }
