@@ -481,6 +481,7 @@ conformance! {
     sock_unix_pending_order,
     // zdtm gaps
     fd_fifo_deleted,
+    sock_unix_unconnected,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
