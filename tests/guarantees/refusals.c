@@ -43,6 +43,24 @@ static void end_child(void)
 	}
 }
 
+static socklen_t path_addr(const char *name, struct sockaddr_un *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	snprintf(a->sun_path, sizeof(a->sun_path), "%s", name);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(name) + 1);
+}
+
+/* A unix listener bound to a path name in the working directory. */
+static int path_listener(const char *name)
+{
+	struct sockaddr_un a;
+	int s = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0));
+	FT_SYS(bind(s, (struct sockaddr *)&a, path_addr(name, &a)));
+	FT_SYS(listen(s, 4));
+	return s;
+}
+
 int main(int argc, char **argv)
 {
 	ft_init();
@@ -79,6 +97,16 @@ int main(int argc, char **argv)
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
 		close(sv[1]);
 		fd = sv[0];
+	} else if (strcmp(mode, "unix_unlinked") == 0) {
+		/* zdtm deleted_unix_sock: the listener's file is unlinked */
+		fd = path_listener("gone.sock");
+		FT_SYS(unlink("gone.sock"));
+	} else if (strcmp(mode, "unix_replaced") == 0) {
+		/* zdtm del_standalone_un: fd 3's file is renamed back over fd 4's */
+		fd = path_listener("b.sock");
+		FT_SYS(rename("b.sock", "tmp.sock"));
+		fd2 = path_listener("b.sock");
+		FT_SYS(rename("tmp.sock", "b.sock"));
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		int sv[2];
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
@@ -126,6 +154,15 @@ int main(int argc, char **argv)
 	} else if (strcmp(mode, "unix_dead_peer") == 0) {
 		char b;
 		FT_EQ(read(fd, &b, 1), 0, "EOF from the socket whose peer was closed");
+	} else if (strcmp(mode, "unix_unlinked") == 0) {
+		struct stat st;
+		FT_CHECK(lstat("gone.sock", &st) != 0 && errno == ENOENT, "gone.sock exists again");
+	} else if (strcmp(mode, "unix_replaced") == 0) {
+		struct sockaddr_un a;
+		int cl = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
+		FT_CHECK(connect(cl, (struct sockaddr *)&a, path_addr("b.sock", &a)) == 0, "connect to b.sock: %s", strerror(errno));
+		FT_CHECK(accept(fd, NULL, NULL) >= 0, "the listener named by b.sock did not get the connection");
+		FT_CHECK(accept(fd2, NULL, NULL) < 0, "the listener whose file was replaced got the connection");
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		char cbuf[CMSG_SPACE(sizeof(int))], b;
 		struct iovec iov = { .iov_base = &b, .iov_len = 1 };

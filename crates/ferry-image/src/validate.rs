@@ -430,7 +430,12 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
     }
     for a in &f.inode_attrs {
         let ok = match a.of {
-            InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| matches!(f.kind, FileKind::Deleted { .. })),
+            InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| match &f.kind {
+                FileKind::Deleted { .. } => true,
+                // A FIFO unlinked while open is made again too.
+                FileKind::Fifo { path, .. } => path.ends_with(" (deleted)"),
+                _ => false,
+            }),
             InodeOf::Memfd(id) => has_memfd(&id),
         };
         if !ok || a.mode > 0o7777 {

@@ -139,6 +139,13 @@ pub fn lseek(fd: RawFd, offset: i64, whence: i32) -> SysResult<i64> {
     if r < 0 { Err(last_error("lseek")) } else { Ok(r) }
 }
 
+/// mkfifo(3): a FIFO at `path` with `mode` (less the umask).
+pub fn mkfifo(path: &CStr, mode: u32) -> SysResult<()> {
+    // SAFETY: path is a valid NUL-terminated string that outlives the call.
+    let r = unsafe { libc::mkfifo(path.as_ptr(), mode as libc::mode_t) };
+    if r < 0 { Err(last_error("mkfifo")) } else { Ok(()) }
+}
+
 /// close_range(2) of every descriptor from `first` to `last` inclusive.
 /// Closes descriptors without regard to who owns them: only for a
 /// freshly forked process that is dropping what it inherited.

@@ -10,6 +10,8 @@ const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_ERROR: u16 = 2;
 const UDIAG_SHOW_NAME: u32 = 1;
+const UDIAG_SHOW_VFS: u32 = 2;
+const UNIX_DIAG_VFS: u16 = 1;
 const UDIAG_SHOW_PEER: u32 = 4;
 const UDIAG_SHOW_ICONS: u32 = 8;
 const UNIX_DIAG_ICONS: u16 = 3;
@@ -36,6 +38,9 @@ pub struct UnixDiag {
     /// For a listener: the inodes of the connections waiting in its
     /// accept queue, oldest first.
     pub icons: Vec<u32>,
+    /// For a socket bound to a path: the inode and device (the kernel's
+    /// encoding, major << 20 | minor) of the socket file bind created.
+    pub vfs: Option<(u32, u32)>,
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -115,7 +120,7 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
     req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS).to_ne_bytes());
+    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_VFS | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS).to_ne_bytes());
     req.extend_from_slice(&[0u8; 8]);
     // SAFETY: req is a live buffer of the given length.
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
@@ -156,6 +161,7 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
                     let val = &msg[a + 4..a + alen];
                     match aty {
                         UNIX_DIAG_NAME => d.name = val.to_vec(),
+                        UNIX_DIAG_VFS if val.len() >= 8 => d.vfs = Some((u32_at(val, 0), u32_at(val, 4))),
                         UNIX_DIAG_PEER if val.len() >= 4 => d.peer = u32_at(val, 0),
                         UNIX_DIAG_RQLEN if val.len() >= 8 => {
                             d.rqueue = u32_at(val, 0);

@@ -479,6 +479,9 @@ conformance! {
     sock_unix_pending,
     tree_scm_in_flight,
     sock_unix_pending_order,
+    // zdtm gaps
+    fd_fifo_deleted,
+    sock_unix_unconnected,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

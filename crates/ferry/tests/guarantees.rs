@@ -852,3 +852,17 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
 fn refuses_a_unix_connection_whose_peer_was_closed() {
     refused_mode("unix_dead_peer", &["fd 3", "its peer was closed"]);
 }
+
+/// zdtm deleted_unix_sock: binding it again at restore would make the
+/// unlinked socket file reappear.
+#[test]
+fn refuses_a_unix_listener_whose_file_was_unlinked() {
+    refused_mode("unix_unlinked", &["fd 3", "gone.sock", "no longer names this socket"]);
+}
+
+/// zdtm del_standalone_un: two listeners bound to one path, the path names
+/// the first; binding both again would give it to whichever came last.
+#[test]
+fn refuses_a_unix_listener_whose_file_was_replaced() {
+    refused_mode("unix_replaced", &["fd 4", "b.sock", "no longer names this socket"]);
+}

@@ -55,12 +55,18 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], 
     Ok(found.into_iter().flatten().collect())
 }
 
-/// Mode and owner of every deleted file restore recreates.
+/// Mode and owner of every deleted file (or FIFO) restore recreates.
 pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<Vec<ferry_image::InodeAttrs>> {
+    use ferry_image::FileKind;
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        if !matches!(f.kind, ferry_image::FileKind::Deleted { .. }) {
+        let deleted = match &f.kind {
+            FileKind::Deleted { .. } => true,
+            FileKind::Fifo { path, .. } => path.ends_with(" (deleted)"),
+            _ => false,
+        };
+        if !deleted {
             continue;
         }
         let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };

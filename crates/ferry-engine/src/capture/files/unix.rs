@@ -167,6 +167,10 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         .ok_or_else(|| info.unsupported("unix socket not found in its network namespace's socket table"))?;
     let fd = sock.as_raw_fd();
     let name = name_of(fd);
+    // Only a socket without a peer is bound again (a connected one is remade with socketpair).
+    if me.peer == 0 {
+        check_bound_path(info, &name, me.vfs)?;
+    }
     let mut listen_backlog = None;
     if me.state == TCP_LISTEN {
         if me.rqueue > 0 {
@@ -240,6 +244,34 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let (queued, in_flight) =
         if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)? } else { (Vec::new(), Vec::new()) };
     Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred, shutdown: me.shutdown, in_flight }))
+}
+
+/// A socket bound to a path is bound to it again at restore, which makes
+/// a socket file there: refused when the path no longer names this
+/// socket's file (unlinked, replaced by another socket's, or a relative
+/// name bound in another working directory), since the restored tree
+/// would then find a socket where it had none, or the wrong one.
+fn check_bound_path(info: &FdInfo, name: &[u8], vfs: Option<(u32, u32)>) -> Result<()> {
+    if name.is_empty() || name[0] == 0 {
+        return Ok(());
+    }
+    let Some((ino, kdev)) = vfs else { return Ok(()) };
+    use std::os::unix::ffi::OsStrExt;
+    let rel = std::path::Path::new(std::ffi::OsStr::from_bytes(name));
+    // Resolved as the process sees it: its root, and its cwd for a relative name.
+    let base = if rel.is_absolute() { format!("/proc/{}/root", info.pid) } else { format!("/proc/{}/cwd", info.pid) };
+    let seen = std::path::Path::new(&base).join(rel.strip_prefix("/").unwrap_or(rel));
+    let path = rel.display();
+    let same = std::fs::symlink_metadata(&seen).is_ok_and(|m| {
+        let (major, minor) = (kdev >> 20, kdev & 0xfffff);
+        m.ino() == u64::from(ino) && libc::major(m.dev()) == major && libc::minor(m.dev()) == minor
+    });
+    if same {
+        return Ok(());
+    }
+    Err(info.unsupported(format!(
+        "bound to {path}, which no longer names this socket (its file was unlinked or replaced, or the name is relative to another directory); restoring it would bind a new socket file there"
+    )))
 }
 
 /// Both ends of every connected pair must be restorable: the peer must be

@@ -1,6 +1,7 @@
 //! Pipes (both ends made by one pipe2, unread bytes written back) and
 //! FIFOs (reopened by path, with a temporary O_RDWR open holding the
-//! bytes until the real ends exist).
+//! bytes until the real ends exist; one unlinked while open is made again
+//! and unlinked).
 
 use super::Builder;
 use crate::error::{EngineError, Result};
@@ -67,18 +68,47 @@ fn reopen(b: &Builder, end: &PipeEnd) -> Result<OwnedFd> {
     }
 }
 
+/// A FIFO that was unlinked while open ("PATH (deleted)"): made again
+/// under its old name (or a neighbouring one if that is taken), opened
+/// O_RDWR, and unlinked at once. The mode is put back later from the
+/// image's inode attributes.
+fn recreate_deleted_fifo(pid: i32, path: &str) -> Result<OwnedFd> {
+    let cpath = |p: &str| std::ffi::CString::new(p).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"));
+    let mut name = path.to_string();
+    for n in 1..=100 {
+        match ferry_sys::fd::mkfifo(&cpath(&name)?, 0o600) {
+            Ok(()) => break,
+            // Something lives under the old name now: use a neighbour.
+            Err(e) if e.errno == libc::EEXIST && n < 100 => name = format!("{path}.ferry-{pid}-{n}"),
+            Err(e) => return Err(EngineError::kernel(pid, format!("recreating deleted FIFO {name}"), e)),
+        }
+    }
+    let c = cpath(&name)?;
+    let fd = ferry_sys::fd::open(&c, libc::O_RDWR, 0).map_err(|e| EngineError::kernel(pid, format!("opening recreated FIFO {name}"), e));
+    std::fs::remove_file(&name).map_err(|e| EngineError::io(format!("pid {pid}: unlinking recreated FIFO {name}"), e))?;
+    fd
+}
+
 pub fn open_fifo(b: &mut Builder, path: &str, end: &PipeEnd, flags: i32) -> Result<OwnedFd> {
     let pid = b.pid;
-    let c = std::ffi::CString::new(path).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))?;
+    let deleted = path.strip_suffix(" (deleted)");
     if !b.fifo_keepers.contains_key(&end.id) {
-        // O_RDWR on a FIFO never blocks.
-        let k = ferry_sys::fd::open(&c, libc::O_RDWR, 0).map_err(|e| EngineError::kernel(pid, format!("opening FIFO {path}"), e))?;
+        let k = match deleted {
+            Some(p) => recreate_deleted_fifo(pid, p)?,
+            None => {
+                let c = std::ffi::CString::new(path).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))?;
+                // O_RDWR on a FIFO never blocks.
+                ferry_sys::fd::open(&c, libc::O_RDWR, 0).map_err(|e| EngineError::kernel(pid, format!("opening FIFO {path}"), e))?
+            }
+        };
         let k = b.keep(k)?;
         b.fifo_keepers.insert(end.id, k);
     }
-    if let Some(k) = b.fifo_keepers.get(&end.id) {
-        refill(pid, k, end.capacity, &end.data)?;
-    }
+    let k = b.fifo_keepers.get(&end.id).ok_or_else(|| EngineError::restore(pid, "FIFO keeper vanished"))?;
+    refill(pid, k, end.capacity, &end.data)?;
+    // A deleted FIFO has no name left: every end is opened through the keeper.
+    let open_path = if deleted.is_some() { format!("/proc/self/fd/{}", k.as_raw_fd()) } else { path.to_string() };
+    let c = std::ffi::CString::new(open_path).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))?;
     let acc = flags & libc::O_ACCMODE;
     // The keeper is both reader and writer, so this open does not block.
     ferry_sys::fd::open(&c, acc | libc::O_NONBLOCK, 0).map_err(|e| EngineError::kernel(pid, format!("opening FIFO {path}"), e))
