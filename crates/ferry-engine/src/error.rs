@@ -11,6 +11,10 @@ pub enum EngineError {
     Remote { pid: i32, tid: i32, call: String, errno: i32 },
     #[error("pid {pid}: cannot capture {object}: {reason}")]
     Unsupported { pid: i32, object: String, reason: String },
+    /// A state that passes by itself (a connection closing or waiting
+    /// to be accepted): the checkpoint was undone and may be tried again.
+    #[error("pid {pid}: cannot capture {object} now: {reason} (a passing state: the service runs on untouched; try again)")]
+    Transient { pid: i32, object: String, reason: String },
     #[error("{path}: {err}")]
     Io { path: String, err: std::io::Error },
     #[error("{path}: unexpected content: {what}")]
@@ -44,6 +48,13 @@ impl EngineError {
     }
     pub fn restore(pid: i32, msg: impl Into<String>) -> Self {
         EngineError::Restore { pid, msg: msg.into() }
+    }
+    pub fn transient(pid: i32, object: impl Into<String>, reason: impl Into<String>) -> Self {
+        EngineError::Transient { pid, object: object.into(), reason: reason.into() }
+    }
+    /// Whether the same checkpoint may succeed if tried again shortly.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, EngineError::Transient { .. })
     }
 }
 

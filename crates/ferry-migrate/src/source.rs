@@ -130,15 +130,26 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     (o.progress)("freezing");
     let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
     let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
-    let captured = {
-        let mut sink = StreamSink::new(&mut ch);
-        let hooks = match (precopy.as_mut(), lazy.as_mut()) {
-            (Some(p), _) => Some(p as &mut dyn CaptureHooks),
-            (None, Some(l)) => Some(l as &mut dyn CaptureHooks),
-            (None, None) => None,
-        };
-        ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks).map(|c| (c, sink.page_bytes()))
-    };
+    // A refusal for a passing state (a connection closing, a client
+    // between handshake and accept) comes before any page is sent: the
+    // tree runs on, and the capture is tried again.
+    let captured = ferry_engine::capture::retry_transient(
+        || {
+            let mut sink = StreamSink::new(&mut ch);
+            let hooks = match (precopy.as_mut(), lazy.as_mut()) {
+                (Some(p), _) => Some(p as &mut dyn CaptureHooks),
+                (None, Some(l)) => Some(l as &mut dyn CaptureHooks),
+                (None, None) => None,
+            };
+            match ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks) {
+                Ok(c) => Ok((c, sink.page_bytes())),
+                // Pages already on their way: not a clean retry.
+                Err(e) if e.is_transient() && sink.page_bytes() > 0 => Err(ferry_engine::EngineError::restore(o.pid, e.to_string())),
+                Err(e) => Err(e),
+            }
+        },
+        |n, e| (o.progress)(&format!("freeze attempt {n} refused, trying again: {e}")),
+    );
     let (captured, final_page_bytes) = captured.map_err(|e| peer_reason(&mut ch, e.into()))?;
     // The tracker stays registered until the outcome is known: closing
     // its userfaultfd makes the kernel walk every tracked page table (tens

@@ -111,13 +111,41 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners })
 }
 
+/// How many times a capture refused for a passing state (see
+/// [`EngineError::Transient`]) is tried in all, and how long the service
+/// runs between two tries.
+pub const TRANSIENT_ATTEMPTS: u32 = 5;
+pub const TRANSIENT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Runs `attempt` until it succeeds, fails for good, or has been refused
+/// for a passing state [`TRANSIENT_ATTEMPTS`] times (then that refusal is
+/// the error). `retrying` hears of each refusal that is tried again.
+pub fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>, mut retrying: impl FnMut(u32, &EngineError)) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        match attempt() {
+            Err(e) if e.is_transient() && tries < TRANSIENT_ATTEMPTS => {
+                retrying(tries, &e);
+                std::thread::sleep(TRANSIENT_PAUSE);
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Checkpoints `pid` and all its descendants as one image directory.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
     let dirh = ImageDir::new(dir);
     check_capturable(pid)?;
-    let mut pages = dirh.create_pages()?;
-    let mut captured = capture(pid, &mut pages, opts, None)?;
-    let pages_bytes = pages.finish()?;
+    let (mut captured, pages_bytes) = retry_transient(
+        || {
+            let mut pages = dirh.create_pages()?;
+            let captured = capture(pid, &mut pages, opts, None)?;
+            Ok((captured, pages.finish()?))
+        },
+        |n, e| tracing::info!("checkpoint attempt {n} refused, trying again: {e}"),
+    )?;
     dirh.write_meta(&captured.inventory, &captured.tree)?;
     captured.phases.mark("metadata");
     verify_written(&dirh)?;
@@ -516,4 +544,49 @@ fn verify_written(dir: &ImageDir) -> Result<()> {
     let (inv, _tree) = dir.read_meta()?;
     dir.check_pages_file(&inv)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passing_states_are_tried_again_and_other_errors_are_not() {
+        let mut calls = 0;
+        let r: Result<u32> = retry_transient(
+            || {
+                calls += 1;
+                if calls < 3 {
+                    Err(EngineError::transient(1, "fd 3", "closing"))
+                } else {
+                    Ok(7)
+                }
+            },
+            |_, _| {},
+        );
+        assert_eq!(r.ok(), Some(7));
+        assert_eq!(calls, 3);
+
+        let mut calls = 0;
+        let r: Result<u32> = retry_transient(
+            || {
+                calls += 1;
+                Err(EngineError::transient(1, "fd 3", "closing"))
+            },
+            |_, _| {},
+        );
+        assert!(r.is_err_and(|e| e.is_transient()));
+        assert_eq!(calls, TRANSIENT_ATTEMPTS);
+
+        let mut calls = 0;
+        let r: Result<u32> = retry_transient(
+            || {
+                calls += 1;
+                Err(EngineError::unsupported(1, "fd 3", "never"))
+            },
+            |_, _| {},
+        );
+        assert!(r.is_err_and(|e| !e.is_transient()));
+        assert_eq!(calls, 1);
+    }
 }

@@ -269,10 +269,10 @@ pub fn check_accept_queues<'a>(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot
             let ti = ferry_sys::socket::tcp_info(sock.as_raw_fd()).map_err(|e| EngineError::kernel(*pid, format!("fd {fd}: reading TCP_INFO"), e))?;
             // A listener's accept queue length is in tcpi_unacked.
             if ti.tcpi_unacked > 0 {
-                return Err(EngineError::unsupported(
+                return Err(EngineError::transient(
                     *pid,
                     format!("fd {fd} (TCP listener on port {})", s.port),
-                    format!("{} connections arrived in its accept queue during the checkpoint; try again", ti.tcpi_unacked),
+                    format!("{} connections arrived in its accept queue during the checkpoint", ti.tcpi_unacked),
                 ));
             }
         }

@@ -221,14 +221,16 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
                 // tcpi_unacked and its limit (the listen backlog) in
                 // tcpi_sacked.
                 if ti.tcpi_unacked > 0 {
-                    return Err(info.unsupported(format!("{} connections wait in its accept queue", ti.tcpi_unacked)));
+                    return Err(info.busy(format!("{} connections wait in its accept queue", ti.tcpi_unacked)));
                 }
                 listen_backlog = Some(ti.tcpi_sacked as i32);
             }
             TCP_ESTABLISHED | TCP_CLOSE => {}
             other => {
                 let to = peer.map(|p| format!(" to {p}")).unwrap_or_default();
-                return Err(info.unsupported(format!(
+                // Opening and closing states move on by themselves (the
+                // service closes a connection its client closed).
+                return Err(info.busy(format!(
                     "TCP connection{to} in state {} (only established connections can be restored)",
                     tcp_state_name(other)
                 )));

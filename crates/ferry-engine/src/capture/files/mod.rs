@@ -40,6 +40,11 @@ impl FdInfo<'_> {
     pub fn unsupported(&self, reason: impl Into<String>) -> EngineError {
         EngineError::unsupported(self.pid, format!("fd {} ({})", self.fd, self.link), reason)
     }
+    /// A refusal for a state that passes by itself (see
+    /// [`EngineError::Transient`]).
+    pub fn busy(&self, reason: impl Into<String>) -> EngineError {
+        EngineError::transient(self.pid, format!("fd {} ({})", self.fd, self.link), reason)
+    }
     /// Our own duplicate of the fd (pidfd_getfd).
     pub fn dup(&self) -> Result<OwnedFd> {
         ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd).map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))

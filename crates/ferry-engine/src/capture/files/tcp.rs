@@ -154,7 +154,7 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     let k = |what: &'static str| move |e| kernel(c, what, e);
     let ti = socket::tcp_info(fd).map_err(k("reading TCP_INFO"))?;
     if ti.tcpi_state != super::inet::TCP_ESTABLISHED {
-        return Err(EngineError::unsupported(
+        return Err(EngineError::transient(
             c.pid,
             format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote),
             format!("the connection went to state {} during the checkpoint", super::inet::tcp_state_name(ti.tcpi_state)),
