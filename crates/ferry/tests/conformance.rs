@@ -479,6 +479,7 @@ conformance! {
     sock_unix_pending,
     tree_scm_in_flight,
     sock_unix_pending_order,
+    proc_seccomp_tsync,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
