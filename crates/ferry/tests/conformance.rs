@@ -480,6 +480,7 @@ conformance! {
     tree_scm_in_flight,
     sock_unix_pending_order,
     proc_seccomp_tsync,
+    tree_seccomp_kill,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
