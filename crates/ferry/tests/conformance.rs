@@ -481,6 +481,7 @@ conformance! {
     sock_unix_pending_order,
     proc_seccomp_tsync,
     tree_seccomp_kill,
+    sock_opts_unbound,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
