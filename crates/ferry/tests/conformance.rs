@@ -482,6 +482,7 @@ conformance! {
     proc_seccomp_tsync,
     tree_seccomp_kill,
     sock_opts_unbound,
+    fd_deleted_sparse,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
