@@ -482,6 +482,10 @@ conformance! {
     // zdtm gaps
     fd_fifo_deleted,
     sock_unix_unconnected,
+    proc_seccomp_tsync,
+    tree_seccomp_kill,
+    sock_opts_unbound,
+    fd_deleted_sparse,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -617,6 +617,11 @@ fn refuses_an_fd_owned_by_a_process_outside_the_tree() {
 }
 
 #[test]
+fn refuses_a_unix_socket_with_passsec_and_leaves_it_running() {
+    assert_refused("tests/guarantees/unix_passsec.c", &["fd 3", "SO_PASSSEC"]);
+}
+
+#[test]
 fn refuses_threads_with_different_credentials() {
     assert_refused("tests/guarantees/thread_creds_differ.c", &["thread", "Uid", "per-thread credentials"]);
 }

@@ -938,13 +938,15 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let at_checkpoint = driver.rounds();
     let load_s = t_load.elapsed().as_secs_f64();
     // A connection that completes its handshake in the instant before the
-    // lock holds the listener lands in the accept queue, and ferry refuses
-    // (naming it, the service untouched) and says to try again: do so.
+    // lock holds the listener lands in the accept queue, or one a churn
+    // client just closed waits for the server to close it: ferry tries
+    // again itself a few times, then refuses (naming it, the service
+    // untouched) and says to try again: do so.
     let mut attempt = 0;
     let (st, out, checkpoint_wall) = loop {
         let r = ferry(dir, "checkpoint", &["checkpoint", "--pid", &root.to_string(), "--images", path_str(&images)]);
         attempt += 1;
-        if r.0.success() || !r.1.contains("accept queue") || attempt == 3 {
+        if r.0.success() || !r.1.contains("try again") || attempt == 3 {
             break r;
         }
         eprintln!("[{name}] checkpoint refused, trying again: {}", r.1.trim());

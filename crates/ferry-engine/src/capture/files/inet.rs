@@ -88,6 +88,8 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
         (libc::SOL_SOCKET, libc::SO_BROADCAST, Zero),
         (libc::SOL_SOCKET, libc::SO_MARK, Zero),
         (libc::SOL_SOCKET, libc::SO_OOBINLINE, Zero),
+        (libc::SOL_SOCKET, libc::SO_DONTROUTE, Zero),
+        (libc::SOL_SOCKET, libc::SO_NO_CHECK, Zero),
         (libc::SOL_SOCKET, libc::SO_LINGER, Zero),
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO, Zero),
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO, Zero),

@@ -22,7 +22,15 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
         if size > MAX_DELETED_CONTENT {
             return Err(info.unsupported(format!("deleted file of {size} bytes is too large to copy into the image")));
         }
-        let file = std::fs::File::from(info.dup()?);
+        // A write-only descriptor cannot be read: open the file again for
+        // reading through /proc (that works for a deleted file too).
+        let write_only = info.field("flags").and_then(|f| u32::from_str_radix(f, 8).ok()).is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32);
+        let file = if write_only {
+            let proc_path = format!("/proc/{}/fd/{}", info.pid, info.fd);
+            std::fs::File::open(&proc_path).map_err(|e| EngineError::io(format!("fd {} ({link}): opening {proc_path} to read the deleted file", info.fd), e))?
+        } else {
+            std::fs::File::from(info.dup()?)
+        };
         let mut content = vec![0u8; size as usize];
         file.read_exact_at(&mut content, 0).map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
         return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });

@@ -238,6 +238,11 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             return Err(info.unsupported("one-way connected unix datagram socket"));
         }
     }
+    // The image keeps no options of a unix socket besides SO_PASSCRED: one
+    // that asks for security labels would come back without it, silently.
+    if ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSSEC).is_ok_and(|v| v != 0) {
+        return Err(info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)"));
+    }
     let passcred = ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
         .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e))?
         != 0;

@@ -42,8 +42,17 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
         }
     };
     let file = std::fs::File::from(rw);
-    use std::io::Write;
-    (&file).write_all(content).map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
+    // Only blocks with data are written, then the size set: all-zero
+    // blocks stay holes, so a sparse file does not come back dense (the
+    // content reads the same either way).
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4096;
+    for (i, block) in content.chunks(BLOCK).enumerate() {
+        if block.iter().any(|&b| b != 0) {
+            file.write_all_at(block, (i * BLOCK) as u64).map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
+        }
+    }
+    file.set_len(content.len() as u64).map_err(|e| EngineError::io(format!("setting the size of recreated deleted file {name}"), e))?;
     let fd = open_path(pid, &format!("/proc/self/fd/{}", file.as_raw_fd()), flags & OPEN_MASK, 0);
     let _ = std::fs::remove_file(&name);
     fd
