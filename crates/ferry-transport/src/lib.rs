@@ -70,8 +70,12 @@ pub use channel::{Channel, RecvHalf, SendHalf};
 pub use error::TransportError;
 pub use key::Key;
 
-/// Largest message `send` accepts and `recv` will receive.
-pub const MAX_MESSAGE: usize = 64 << 20;
+/// Largest message `send` accepts and `recv` will receive: an image's
+/// metadata travels as one message, and its process tree section may be
+/// up to 1 GiB (it holds, for instance, the content of deleted files the
+/// tree keeps open), so a little more than that. `recv` grows its buffer
+/// with the bytes that arrive, not with the announced length.
+pub const MAX_MESSAGE: usize = (1 << 30) + (64 << 20);
 
 /// The protocol version sent before the handshake.
 pub const PROTOCOL_VERSION: u8 = 1;
