@@ -637,6 +637,7 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, clos
     // for ferry's remaining injected calls until the threads are released.
     seccomp::install(s, &all_tids)?;
     process::restore_creds(s, &all_tids)?;
+    process::restore_dumpable(s)?;
     prctl::restore_pdeathsig(s)?;
     s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {

@@ -14,23 +14,32 @@ pub fn restore_limits(pid: i32, image: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-/// Dumpable, THP-disable and child-subreaper, in one batch.
+/// THP-disable and child-subreaper, in one batch. Dumpable comes after
+/// the credentials: see restore_dumpable.
 pub fn restore_misc(s: &mut Session) -> Result<()> {
-    const PR_SET_DUMPABLE: u64 = 4;
     const PR_SET_CHILD_SUBREAPER: u64 = 36;
     const PR_SET_THP_DISABLE: u64 = 41;
     let m = s.image.misc;
     let calls = [
-        Call::new(libc::SYS_prctl, &[PR_SET_DUMPABLE, m.dumpable as u64]),
         Call::new(libc::SYS_prctl, &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0]),
         Call::new(libc::SYS_prctl, &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64]),
     ];
     let r = s.remote.batch(s.pid, s.scratch, &calls)?;
-    for (name, v) in ["prctl(PR_SET_DUMPABLE)", "prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
+    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
         check(s.pid, s.pid, name, v)?;
     }
     let path = format!("/proc/{}/oom_score_adj", s.pid);
     std::fs::write(&path, m.oom_score_adj.to_string()).map_err(|e| EngineError::io(&path, e))?;
+    Ok(())
+}
+
+/// The dumpable flag, after restore_creds: the kernel resets it to
+/// /proc/sys/fs/suid_dumpable whenever an effective or filesystem id
+/// changes, so a process of another user that had set it back to 1 came
+/// back non-dumpable when it was set first.
+pub fn restore_dumpable(s: &mut Session) -> Result<()> {
+    const PR_SET_DUMPABLE: u64 = 4;
+    s.call("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[PR_SET_DUMPABLE, s.image.misc.dumpable as u64])?;
     Ok(())
 }
 
