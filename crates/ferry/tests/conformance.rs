@@ -487,6 +487,7 @@ conformance! {
     sock_opts_unbound,
     fd_deleted_sparse,
     proc_dumpable_setuid,
+    tree_caps_ambient,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
