@@ -488,6 +488,7 @@ conformance! {
     fd_deleted_sparse,
     proc_dumpable_setuid,
     tree_caps_ambient,
+    tree_zombie_pgid,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -84,6 +84,38 @@ impl FrozenTree {
         self.procs.iter().map(|p| p.frozen.pid).collect()
     }
 
+    /// Refuses a zombie whose session or process group a restore cannot
+    /// give it: it is forked from its parent and calls setsid() or
+    /// setpgid() before it exits, so its session must be its own or its
+    /// parent's, and its group its own or one a live process of the tree
+    /// is in (setpgid joins only an existing group; the group of a leader
+    /// that was reaped has nobody left to join).
+    pub fn check_zombie_groups(&self) -> Result<()> {
+        let mut ids = Vec::with_capacity(self.procs.len());
+        for p in &self.procs {
+            let st = Stat::read(p.frozen.pid)?;
+            ids.push((p.frozen.pid, st.field(5) as i32, st.field(6) as i32));
+        }
+        for z in &self.zombies {
+            let parent_sid = ids.iter().find(|(pid, _, _)| *pid == z.ppid).map(|&(_, _, sid)| sid);
+            if z.sid != z.pid && Some(z.sid) != parent_sid {
+                return Err(EngineError::unsupported(
+                    z.ppid,
+                    format!("zombie child {}", z.pid),
+                    format!("its session {} is neither its own nor its parent's, and a restored process can only start its own", z.sid),
+                ));
+            }
+            if z.pgid != z.pid && !ids.iter().any(|&(_, pgid, _)| pgid == z.pgid) {
+                return Err(EngineError::unsupported(
+                    z.ppid,
+                    format!("zombie child {}", z.pid),
+                    format!("its process group {} has no live process of the tree in it, so a restored process could not join it", z.pgid),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Lets every process run on.
     pub fn release(self) -> Result<()> {
         let mut first = None;

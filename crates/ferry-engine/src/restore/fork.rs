@@ -87,6 +87,18 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
 pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
+    // Its own session or process group, or the group of a live process,
+    // before it exits: waitpid(-pgid) and kill(-pgid) find zombies by
+    // group (the checkpoint refused any other case).
+    let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
+    if z.sid == z.pid {
+        own.call(child, "setsid", libc::SYS_setsid, &[])?;
+    } else if z.sid != parent.image.sid {
+        return Err(EngineError::restore(z.pid, format!("zombie: its session {} is neither its own nor its parent's ({})", z.sid, parent.image.sid)));
+    } else if z.pgid != parent.image.pgid {
+        let to = if z.pgid == z.pid { 0 } else { z.pgid as u64 };
+        own.call(child, &format!("setpgid(0, {})", z.pgid), libc::SYS_setpgid, &[0, to])?;
+    }
     // No core file for a zombie that died of a signal.
     let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
     let sig = z.wait_status & 0x7f;
