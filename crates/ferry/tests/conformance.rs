@@ -489,6 +489,7 @@ conformance! {
     proc_dumpable_setuid,
     tree_caps_ambient,
     tree_zombie_pgid,
+    tree_pgid_later_sibling,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -291,7 +291,7 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     }
     let pids = tree.pids();
     ph.mark("freeze");
-    tree.check_zombie_groups()?;
+    tree.check_groups()?;
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;

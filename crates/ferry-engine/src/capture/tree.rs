@@ -84,33 +84,30 @@ impl FrozenTree {
         self.procs.iter().map(|p| p.frozen.pid).collect()
     }
 
-    /// Refuses a zombie whose session or process group a restore cannot
-    /// give it: it is forked from its parent and calls setsid() or
-    /// setpgid() before it exits, so its session must be its own or its
-    /// parent's, and its group its own or one a live process of the tree
-    /// is in (setpgid joins only an existing group; the group of a leader
-    /// that was reaped has nobody left to join).
-    pub fn check_zombie_groups(&self) -> Result<()> {
-        let mut ids = Vec::with_capacity(self.procs.len());
+    /// Refuses a process or zombie whose session or process group a
+    /// restore cannot give it. Each is forked from its restored parent,
+    /// so its session must be its own (setsid) or its parent's; its group
+    /// its own, its parent's (inherited), or one whose leader is in the
+    /// tree (setpgid joins only an existing group, and the group of a
+    /// leader that was reaped has nobody left to create it). The root
+    /// keeps the session and group it is restored in.
+    pub fn check_groups(&self) -> Result<()> {
+        // (pid, ppid, pgid, sid) of every live process, then every zombie.
+        let mut ids = Vec::with_capacity(self.procs.len() + self.zombies.len());
         for p in &self.procs {
             let st = Stat::read(p.frozen.pid)?;
-            ids.push((p.frozen.pid, st.field(5) as i32, st.field(6) as i32));
+            ids.push((p.frozen.pid, p.ppid, st.field(5) as i32, st.field(6) as i32));
         }
-        for z in &self.zombies {
-            let parent_sid = ids.iter().find(|(pid, _, _)| *pid == z.ppid).map(|&(_, _, sid)| sid);
-            if z.sid != z.pid && Some(z.sid) != parent_sid {
-                return Err(EngineError::unsupported(
-                    z.ppid,
-                    format!("zombie child {}", z.pid),
-                    format!("its session {} is neither its own nor its parent's, and a restored process can only start its own", z.sid),
-                ));
+        ids.extend(self.zombies.iter().map(|z| (z.pid, z.ppid, z.pgid, z.sid)));
+        for (i, &(pid, ppid, pgid, sid)) in ids.iter().enumerate().skip(1) {
+            let object = if i < self.procs.len() { format!("process {pid}") } else { format!("zombie child {pid}") };
+            let refuse = |reason: String| Err(EngineError::unsupported(ppid, object.clone(), reason));
+            let Some(&(_, _, parent_pgid, parent_sid)) = ids.iter().find(|p| p.0 == ppid) else { continue };
+            if sid != pid && sid != parent_sid {
+                return refuse(format!("its session {sid} is neither its own nor its parent's ({parent_sid}), and a restored process can only start its own"));
             }
-            if z.pgid != z.pid && !ids.iter().any(|&(_, pgid, _)| pgid == z.pgid) {
-                return Err(EngineError::unsupported(
-                    z.ppid,
-                    format!("zombie child {}", z.pid),
-                    format!("its process group {} has no live process of the tree in it, so a restored process could not join it", z.pgid),
-                ));
+            if pgid != pid && pgid != parent_pgid && !ids.iter().any(|p| p.0 == pgid) {
+                return refuse(format!("its process group {pgid} is not its parent's and its leader is not in the tree, so a restored process could not join it"));
             }
         }
         Ok(())

@@ -50,10 +50,11 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         calls.push(("setsid".into(), Call::new(libc::SYS_setsid, &[])));
     } else if img.sid != parent.sid {
         return Err(EngineError::restore(pid, format!("its session {} is neither its own nor its parent's ({})", img.sid, parent.sid)));
-    } else if img.pgid != parent.pgid {
-        let to = if img.pgid == pid { 0 } else { img.pgid as u64 };
-        calls.push((format!("setpgid(0, {})", img.pgid), Call::new(libc::SYS_setpgid, &[0, to])));
+    } else if img.pgid == pid {
+        calls.push(("setpgid(0, 0)".into(), Call::new(libc::SYS_setpgid, &[0, 0])));
     }
+    // Joining another process's group waits for join_group: its leader
+    // may be forked later (a sibling, a zombie).
     calls.push(("umask".into(), Call::new(libc::SYS_umask, &[img.umask as u64])));
     if img.personality != parent.personality {
         calls.push(("personality".into(), Call::new(libc::SYS_personality, &[img.personality as u64])));
@@ -81,21 +82,33 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
+/// Moves a process into the group of another process of the tree, once
+/// every process and zombie exists (see setup_identity). Also for a
+/// group its parent was moved into: the fork gave it the parent's group
+/// of before the move.
+pub fn join_group(s: &mut Session) -> Result<()> {
+    let pgid = s.image.pgid;
+    s.call(&format!("setpgid(0, {pgid})"), libc::SYS_setpgid, &[0, pgid as u64])?;
+    Ok(())
+}
+
 /// Forks zombie `z` from its parent and lets it exit with its old status,
 /// so the parent can reap it as it would have. The SIGCHLD this sends the
 /// parent is taken back: the parent's pending signals come from the image.
-pub fn make_zombie(parent: &mut Session, z: &Zombie) -> Result<()> {
+/// `leaders`: the processes and zombies of the tree that lead their own
+/// group; zombies that lead one must be made before those that join it.
+pub fn make_zombie(parent: &mut Session, z: &Zombie, leaders: &std::collections::HashSet<i32>) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
-    // Its own session or process group, or the group of a live process,
-    // before it exits: waitpid(-pgid) and kill(-pgid) find zombies by
-    // group (the checkpoint refused any other case).
+    // Its own session or process group, or the group of another process
+    // of the tree, before it exits: waitpid(-pgid) and kill(-pgid) find
+    // zombies by group (the checkpoint refused any other case).
     let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
     if z.sid == z.pid {
         own.call(child, "setsid", libc::SYS_setsid, &[])?;
     } else if z.sid != parent.image.sid {
         return Err(EngineError::restore(z.pid, format!("zombie: its session {} is neither its own nor its parent's ({})", z.sid, parent.image.sid)));
-    } else if z.pgid != parent.image.pgid {
+    } else if z.pgid == z.pid || leaders.contains(&z.pgid) {
         let to = if z.pgid == z.pid { 0 } else { z.pgid as u64 };
         own.call(child, &format!("setpgid(0, {})", z.pgid), libc::SYS_setpgid, &[0, to])?;
     }

@@ -481,9 +481,24 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         memory::relock(&mut s, &img.vmas)?;
         sessions.push(s);
     }
-    for z in &tree.zombies {
+    // Group leaders exist now, but for zombies: those that lead a group
+    // first, then the zombies and processes that join one.
+    let leaders: std::collections::HashSet<i32> = tree
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.pgid))
+        .chain(tree.zombies.iter().map(|z| (z.pid, z.pgid)))
+        .filter(|(pid, pgid)| pid == pgid)
+        .map(|(pid, _)| pid)
+        .collect();
+    let mut zombies: Vec<&ferry_image::Zombie> = tree.zombies.iter().collect();
+    zombies.sort_by_key(|z| z.pgid != z.pid);
+    for z in zombies {
         let k = sessions.iter().position(|p| p.pid == z.ppid).ok_or_else(|| EngineError::restore(z.pid, "zombie's parent not restored"))?;
-        fork::make_zombie(&mut sessions[k], z)?;
+        fork::make_zombie(&mut sessions[k], z, &leaders)?;
+    }
+    for s in sessions.iter_mut().filter(|s| s.image.pgid != s.pid && leaders.contains(&s.image.pgid)) {
+        fork::join_group(s)?;
     }
     sysv.remove_destroyed();
     // Credentials in flight name processes of the tree: they exist now.
