@@ -486,6 +486,9 @@ conformance! {
     tree_seccomp_kill,
     sock_opts_unbound,
     fd_deleted_sparse,
+    proc_cwd_deleted,
+    fd_deleted_dev,
+    fd_deleted_two_opens,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
