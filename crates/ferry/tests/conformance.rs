@@ -488,7 +488,6 @@ conformance! {
     fd_deleted_sparse,
     proc_cwd_deleted,
     fd_deleted_dev,
-    fd_deleted_two_opens,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

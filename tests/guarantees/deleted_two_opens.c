@@ -1,13 +1,14 @@
 /*
- * fd_deleted_two_opens: one file opened twice (two open file descriptions:
+ * deleted_two_opens: one file opened twice (two open file descriptions:
  * O_WRONLY under its name, O_RDONLY under a hard link), then both names
  * unlinked and 1000 bytes written through the first fd (zdtm
- * unlink_fstat02). After restore both fds are still one inode (same
- * st_dev/st_ino, nlink 0), the size is 1000 through both, each keeps its
- * own offset and access mode, and a write through one is read through the
- * other.
+ * unlink_fstat02). Restore would recreate each description's file on its
+ * own (two inodes where there was one), so checkpoint must refuse it by fd
+ * and leave the process unharmed: both fds still one inode (nlink 0), size
+ * 1000 through both, own offsets and access modes, and a write through one
+ * is read through the other.
  */
-#include "ferry_test.h"
+#include "../conformance/ferry_test.h"
 
 int main(void)
 {
