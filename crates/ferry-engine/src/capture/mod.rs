@@ -7,7 +7,7 @@
 
 mod cgroups;
 pub(crate) use cgroups::parse as cgroups_parse;
-mod files;
+pub(crate) mod files;
 mod memfd;
 pub(crate) mod memory;
 mod namespaces;

@@ -52,6 +52,12 @@ fn proc_pid_of(link: &str) -> Option<i32> {
     rest.split('/').next()?.parse().ok()
 }
 
+/// Whether `rdev` is one of the devices of PLAIN_DEVICES (mem driver,
+/// major 1: null 3, zero 5, full 7, random 8, urandom 9).
+pub(crate) fn is_plain_device(rdev: u64) -> bool {
+    libc::major(rdev as libc::dev_t) == 1 && [3, 5, 7, 8, 9].contains(&libc::minor(rdev as libc::dev_t))
+}
+
 /// Whether the fd is a terminal (ioctl(TCGETS) succeeds, as isatty asks).
 fn is_terminal(info: &FdInfo) -> Result<bool> {
     use std::io::IsTerminal;
@@ -63,6 +69,13 @@ pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
         return Ok(FileKind::Terminal { path: info.link.clone() });
     }
     if PLAIN_DEVICES.contains(&info.link.as_str()) {
+        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
+    }
+    // A node of one of those devices made elsewhere with mknod and unlinked
+    // while open (zdtm deleted_dev): restore makes a node again under the
+    // old name, opens it and unlinks it; its mode and owner go with the
+    // deleted files' (owner::deleted_attrs).
+    if info.link.ends_with(" (deleted)") && is_plain_device(info.meta.rdev()) {
         return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
     }
     Err(info.unsupported("this character device is not supported"))
