@@ -64,7 +64,7 @@ pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<V
     for (i, f) in files.iter().enumerate() {
         let deleted = match &f.kind {
             FileKind::Deleted { .. } => true,
-            FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } => path.ends_with(" (deleted)"),
+            FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } | FileKind::Directory { path } => path.ends_with(" (deleted)"),
             _ => false,
         };
         if !deleted {
