@@ -80,3 +80,24 @@ pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
     }
     Err(info.unsupported("this character device is not supported"))
 }
+
+/// A deleted file held both by an fd and by a shared mapping of the
+/// process: restore recreates the fd's file and the mapping's file each on
+/// its own, so writes through one would no longer reach the other (they
+/// did, silently, before). Refused by fd until they are recreated as one.
+pub fn check_deleted_mapped(pid: i32, files: &[ferry_image::OpenFile], fds: &[ferry_image::FdSlot], vmas: &[ferry_image::Vma]) -> Result<()> {
+    use ferry_image::VmaBacking;
+    for slot in fds {
+        let Some(FileKind::Deleted { path, .. }) = files.get(slot.file as usize).map(|f| &f.kind) else { continue };
+        let proc_path = format!("/proc/{pid}/fd/{}", slot.fd);
+        let ino = std::fs::metadata(&proc_path).map_err(|e| EngineError::io(&proc_path, e))?.ino();
+        if let Some(v) = vmas.iter().find(|v| v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == ino)) {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {} ({path} (deleted))", slot.fd),
+                format!("a deleted file also mapped shared at {:#x}; restore would make the fd and the mapping two separate files", v.start),
+            ));
+        }
+    }
+    Ok(())
+}
