@@ -432,8 +432,8 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
         let ok = match a.of {
             InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| match &f.kind {
                 FileKind::Deleted { .. } => true,
-                // A FIFO unlinked while open is made again too.
-                FileKind::Fifo { path, .. } => path.ends_with(" (deleted)"),
+                // A FIFO, device node or directory removed while open is made again too.
+                FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } | FileKind::Directory { path } => path.ends_with(" (deleted)"),
                 _ => false,
             }),
             InodeOf::Memfd(id) => has_memfd(&id),

@@ -139,6 +139,14 @@ pub fn lseek(fd: RawFd, offset: i64, whence: i32) -> SysResult<i64> {
     if r < 0 { Err(last_error("lseek")) } else { Ok(r) }
 }
 
+/// mknod(2) of a character device node at `path`: `mode` permission bits
+/// (less the umask), device number `rdev`.
+pub fn mknod_char(path: &CStr, mode: u32, rdev: u64) -> SysResult<()> {
+    // SAFETY: path is a valid NUL-terminated string that outlives the call.
+    let r = unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | (mode & 0o7777) as libc::mode_t, rdev as libc::dev_t) };
+    if r < 0 { Err(last_error("mknod")) } else { Ok(()) }
+}
+
 /// mkfifo(3): a FIFO at `path` with `mode` (less the umask).
 pub fn mkfifo(path: &CStr, mode: u32) -> SysResult<()> {
     // SAFETY: path is a valid NUL-terminated string that outlives the call.

@@ -490,6 +490,8 @@ conformance! {
     tree_caps_ambient,
     tree_zombie_pgid,
     tree_pgid_later_sibling,
+    proc_cwd_deleted,
+    fd_deleted_dev,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -210,6 +210,16 @@ fn refuses_inotify_and_leaves_it_running() {
 }
 
 #[test]
+fn refuses_one_deleted_file_in_two_descriptions_and_leaves_it_running() {
+    assert_refused("tests/guarantees/deleted_two_opens.c", &["twice", "(deleted)", "another open file description"]);
+}
+
+#[test]
+fn refuses_a_deleted_file_held_by_an_fd_and_a_shared_mapping_and_leaves_it_running() {
+    assert_refused("tests/guarantees/deleted_fd_and_shared_map.c", &["fd 3", "mapped (deleted)", "mapped shared"]);
+}
+
+#[test]
 fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
     assert_refused("tests/guarantees/tcp_half_closed.c", &["TCP connection to 127.0.0.1:", "in state", "only established connections"]);
 }

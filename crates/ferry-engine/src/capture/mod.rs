@@ -7,7 +7,7 @@
 
 mod cgroups;
 pub(crate) use cgroups::parse as cgroups_parse;
-mod files;
+pub(crate) mod files;
 mod memfd;
 pub(crate) mod memory;
 mod namespaces;
@@ -95,6 +95,7 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds, (unix_connects, pending_listeners)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
     let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;

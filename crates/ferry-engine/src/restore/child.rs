@@ -61,7 +61,16 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     }
     let _ = ferry_sys::signal::disable_altstack();
     // The directory first: its path is as seen from ferry's root.
-    std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?;
+    // A removed one is made again to enter it, and removed again.
+    match img.cwd.strip_suffix(" (deleted)") {
+        Some(old) => {
+            let dir = super::files::regular::make_deleted_dir(pid, old)?;
+            let entered = std::env::set_current_dir(&dir).map_err(|e| EngineError::io(format!("changing directory to {dir} (the removed cwd)"), e));
+            std::fs::remove_dir(&dir).map_err(|e| EngineError::io(format!("removing the remade cwd {dir} again"), e))?;
+            entered?;
+        }
+        None => std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?,
+    }
     if let Some(root) = &img.root {
         std::os::unix::fs::chroot(root).map_err(|e| EngineError::io(format!("chroot to {root}"), e))?;
     }

@@ -66,9 +66,15 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         data.push(0);
         at
     };
-    // The directory first: its path is as seen from ferry's root.
-    let at = path_arg(&img.cwd, &mut data);
-    calls.push((format!("chdir({})", img.cwd), Call::new(libc::SYS_chdir, &[at])));
+    // The directory first: its path is as seen from ferry's root. A
+    // removed one is made again for the chdir and removed right after.
+    let removed_cwd = match img.cwd.strip_suffix(" (deleted)") {
+        Some(old) => Some(super::files::regular::make_deleted_dir(pid, old)?),
+        None => None,
+    };
+    let cwd = removed_cwd.as_deref().unwrap_or(&img.cwd);
+    let at = path_arg(cwd, &mut data);
+    calls.push((format!("chdir({cwd})"), Call::new(libc::SYS_chdir, &[at])));
     if img.root != parent.root {
         let root = img.root.clone().unwrap_or_else(|| "/".into());
         let at = path_arg(&root, &mut data);
@@ -77,8 +83,11 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     if img.no_new_privs && !parent.no_new_privs {
         calls.push(("prctl(PR_SET_NO_NEW_PRIVS)".into(), Call::new(libc::SYS_prctl, &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0])));
     }
-    s.remote.write(s.data, &data)?;
-    s.run(pid, &calls)?;
+    let ran = s.remote.write(s.data, &data).and_then(|()| s.run(pid, &calls));
+    if let Some(dir) = &removed_cwd {
+        std::fs::remove_dir(dir).map_err(|e| EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e))?;
+    }
+    ran?;
     Ok(())
 }
 

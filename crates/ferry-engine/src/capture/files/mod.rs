@@ -10,6 +10,7 @@ mod locks;
 pub(crate) mod owner;
 mod pipe;
 mod regular;
+pub(crate) use regular::{check_deleted_mapped, is_plain_device};
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
@@ -217,6 +218,11 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
     // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
     type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
     let mut seen: Holders = std::collections::HashMap::new();
+    // Deleted files by (dev, ino): the description id and fd first seen.
+    // Restore recreates each description's file on its own, so two
+    // descriptions of one deleted file (two open() calls, or two hard
+    // links both unlinked) would come back as two files: refused.
+    let mut deleted: std::collections::HashMap<(u64, u64), (i32, i32, u64)> = std::collections::HashMap::new();
     let mut next_id = 0u64;
     for p in procs.iter_mut() {
         let first_fd = first_fd_of_each_file(p.fds);
@@ -239,6 +245,16 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
                     next_id
                 }
             };
+            if let FileKind::Deleted { path: name, .. } = &f.kind {
+                let &mut (op, ofd, oid) = deleted.entry(key).or_insert((p.pid, slot.fd, f.id));
+                if oid != f.id {
+                    return Err(EngineError::unsupported(
+                        p.pid,
+                        format!("fd {} ({name} (deleted))", slot.fd),
+                        format!("a deleted file also open in another open file description (pid {op} fd {ofd}); restore would make two separate files of it"),
+                    ));
+                }
+            }
         }
     }
     let all: Vec<(i32, &OpenFile, i32)> = procs

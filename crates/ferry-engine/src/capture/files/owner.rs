@@ -55,7 +55,8 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], 
     Ok(found.into_iter().flatten().collect())
 }
 
-/// Mode and owner of every deleted file (or FIFO) restore recreates.
+/// Mode and owner of every deleted file (or FIFO, or device node) restore
+/// recreates.
 pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<Vec<ferry_image::InodeAttrs>> {
     use ferry_image::FileKind;
     use std::os::unix::fs::MetadataExt;
@@ -63,7 +64,7 @@ pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<V
     for (i, f) in files.iter().enumerate() {
         let deleted = match &f.kind {
             FileKind::Deleted { .. } => true,
-            FileKind::Fifo { path, .. } => path.ends_with(" (deleted)"),
+            FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } | FileKind::Directory { path } => path.ends_with(" (deleted)"),
             _ => false,
         };
         if !deleted {

@@ -52,6 +52,12 @@ fn proc_pid_of(link: &str) -> Option<i32> {
     rest.split('/').next()?.parse().ok()
 }
 
+/// Whether `rdev` is one of the devices of PLAIN_DEVICES (mem driver,
+/// major 1: null 3, zero 5, full 7, random 8, urandom 9).
+pub(crate) fn is_plain_device(rdev: u64) -> bool {
+    libc::major(rdev as libc::dev_t) == 1 && [3, 5, 7, 8, 9].contains(&libc::minor(rdev as libc::dev_t))
+}
+
 /// Whether the fd is a terminal (ioctl(TCGETS) succeeds, as isatty asks).
 fn is_terminal(info: &FdInfo) -> Result<bool> {
     use std::io::IsTerminal;
@@ -65,5 +71,33 @@ pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
     if PLAIN_DEVICES.contains(&info.link.as_str()) {
         return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
     }
+    // A node of one of those devices made elsewhere with mknod and unlinked
+    // while open (zdtm deleted_dev): restore makes a node again under the
+    // old name, opens it and unlinks it; its mode and owner go with the
+    // deleted files' (owner::deleted_attrs).
+    if info.link.ends_with(" (deleted)") && is_plain_device(info.meta.rdev()) {
+        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
+    }
     Err(info.unsupported("this character device is not supported"))
+}
+
+/// A deleted file held both by an fd and by a shared mapping of the
+/// process: restore recreates the fd's file and the mapping's file each on
+/// its own, so writes through one would no longer reach the other (they
+/// did, silently, before). Refused by fd until they are recreated as one.
+pub fn check_deleted_mapped(pid: i32, files: &[ferry_image::OpenFile], fds: &[ferry_image::FdSlot], vmas: &[ferry_image::Vma]) -> Result<()> {
+    use ferry_image::VmaBacking;
+    for slot in fds {
+        let Some(FileKind::Deleted { path, .. }) = files.get(slot.file as usize).map(|f| &f.kind) else { continue };
+        let proc_path = format!("/proc/{pid}/fd/{}", slot.fd);
+        let ino = std::fs::metadata(&proc_path).map_err(|e| EngineError::io(&proc_path, e))?.ino();
+        if let Some(v) = vmas.iter().find(|v| v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == ino)) {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {} ({path} (deleted))", slot.fd),
+                format!("a deleted file also mapped shared at {:#x}; restore would make the fd and the mapping two separate files", v.start),
+            ));
+        }
+    }
+    Ok(())
 }

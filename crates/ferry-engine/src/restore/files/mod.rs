@@ -13,7 +13,7 @@ pub(crate) mod locks;
 pub(crate) mod owner;
 mod pipe;
 pub(crate) mod proc_file;
-mod regular;
+pub(crate) mod regular;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
@@ -168,6 +168,15 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
         let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
         let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
         calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));
+    }
+    // A removed cwd was made again on its own at fork time; when the
+    // process also holds that directory open, the two were one inode
+    // (zdtm cwd02): enter the open one instead.
+    if image.cwd.ends_with(" (deleted)") {
+        let same = image.fds.iter().find(|s| matches!(&image.files[s.file as usize].kind, FileKind::Directory { path } if *path == image.cwd));
+        if let Some(slot) = same {
+            calls.push((format!("fchdir(fd {}, the removed cwd)", slot.fd), Call::new(libc::SYS_fchdir, &[slot.fd as u64])));
+        }
     }
     Ok(calls)
 }

@@ -7,6 +7,7 @@ use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, OpenFile};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 
 const OPEN_MASK: i32 = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
 
@@ -58,6 +59,52 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
     fd
 }
 
+/// Makes an empty directory (mode 0700) for a directory that was removed
+/// while open or while a process's cwd, at its old path (or a neighbouring
+/// name if that is taken again), and returns the name made. The caller
+/// opens or enters it, then removes it, so it shows "PATH (deleted)" as
+/// before. A removed directory is always empty, so nothing else is lost.
+pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<String> {
+    let mut name = path.to_string();
+    let mut n = 0;
+    loop {
+        match std::fs::DirBuilder::new().mode(0o700).create(&name) {
+            Ok(()) => return Ok(name),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => {
+                n += 1;
+                name = format!("{path}.ferry-{pid}-{n}");
+            }
+            Err(e) => return Err(EngineError::io(format!("pid {pid}: making removed directory {name} again"), e)),
+        }
+    }
+}
+
+/// A device node unlinked while open: made again with mknod under its old
+/// name (or a neighbouring one if that is taken), opened, unlinked. Only
+/// the devices checkpoint accepts (null, zero, full, random, urandom): an
+/// image cannot make ferry create a node of any other device. Mode and
+/// owner are set afterwards from the image's inode attributes.
+fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<OwnedFd> {
+    if !crate::capture::files::is_plain_device(rdev) {
+        return Err(EngineError::restore(pid, format!("deleted device node {path}: device {}:{} is not one ferry recreates", libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t))));
+    }
+    let mut name = path.to_string();
+    let mut n = 0;
+    loop {
+        match ferry_sys::fd::mknod_char(&cpath(pid, &name)?, 0o600, rdev) {
+            Ok(()) => break,
+            Err(e) if e.errno == libc::EEXIST && n < 100 => {
+                n += 1;
+                name = format!("{path}.ferry-{pid}-{n}");
+            }
+            Err(e) => return Err(EngineError::kernel(pid, format!("making device node {name} again"), e)),
+        }
+    }
+    let fd = open_path(pid, &name, flags, 0);
+    let _ = std::fs::remove_file(&name);
+    fd
+}
+
 /// A new open file description of what `fd` refers to, with `f`'s flags
 /// and offset (opening /proc/self/fd/N reopens the file itself).
 pub fn reopen(pid: i32, fd: i32, f: &OpenFile) -> Result<OwnedFd> {
@@ -73,8 +120,21 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let (fd, path) = match &f.kind {
         FileKind::Regular { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
         FileKind::Deleted { path, mode, content } => (recreate_deleted(pid, path, *mode, content, flags)?, path.as_str()),
-        FileKind::Directory { path } => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
-        FileKind::CharDevice { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
+        FileKind::Directory { path } => match path.strip_suffix(" (deleted)") {
+            // A directory removed while open (zdtm cwd02): made again,
+            // opened, removed; mode and owner come from inode attributes.
+            Some(old) => {
+                let name = make_deleted_dir(pid, old)?;
+                let fd = open_path(pid, &name, flags | libc::O_DIRECTORY, 0);
+                let _ = std::fs::remove_dir(&name);
+                (fd?, path.as_str())
+            }
+            None => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
+        },
+        FileKind::CharDevice { path, rdev } => match path.strip_suffix(" (deleted)") {
+            Some(old) => (recreate_deleted_node(pid, old, *rdev, flags)?, path.as_str()),
+            None => (open_path(pid, path, flags, 0)?, path.as_str()),
+        },
         FileKind::Terminal { .. } | FileKind::ExternalStdio { .. } => {
             let acc = f.flags & libc::O_ACCMODE;
             let extra = if acc == libc::O_RDONLY { 0 } else { libc::O_CREAT | libc::O_APPEND };
