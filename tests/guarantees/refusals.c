@@ -71,6 +71,16 @@ int main(int argc, char **argv)
 		/* nothing: the test changes the process from outside (cgroups) */
 	} else if (strcmp(mode, "mlockall") == 0) {
 		FT_SYS(mlockall(MCL_FUTURE));
+	} else if (strcmp(mode, "sched_deadline") == 0) {
+		/* struct sched_attr: size, policy, flags, nice, priority,
+		 * runtime, deadline, period */
+		uint64_t attr[7] = { 0 };
+		((uint32_t *)attr)[0] = 48;
+		((uint32_t *)attr)[1] = 6; /* SCHED_DEADLINE */
+		attr[3] = 1000000;   /* runtime 1 ms */
+		attr[4] = 50000000;  /* deadline 50 ms */
+		attr[5] = 100000000; /* period 100 ms */
+		FT_SYS(syscall(SYS_sched_setattr, 0, attr, 0));
 	} else if (strcmp(mode, "uts") == 0) {
 		FT_SYS(unshare(CLONE_NEWUTS));
 		FT_SYS(sethostname("ferry-uts-test", 14));
@@ -130,7 +140,9 @@ int main(int argc, char **argv)
 	ft_ready();
 	ft_wait_restored();
 
-	if (strcmp(mode, "uts") == 0) {
+	if (strcmp(mode, "sched_deadline") == 0) {
+		FT_EQ(sched_getscheduler(0), 6, "scheduling policy (SCHED_DEADLINE)");
+	} else if (strcmp(mode, "uts") == 0) {
 		struct utsname u;
 		uname(&u);
 		FT_CHECK(strcmp(u.nodename, "ferry-uts-test") == 0, "hostname '%s'", u.nodename);

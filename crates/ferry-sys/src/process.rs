@@ -126,6 +126,42 @@ pub fn get_sched(tid: i32) -> SysResult<Sched> {
     Ok(Sched { policy, rt_priority: param.sched_priority, nice, cpus })
 }
 
+/// What sched_getattr(2) adds to [`Sched`]: the deadline parameters and
+/// the utilization clamps a thread asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SchedExtra {
+    pub policy: u32,
+    pub flags: u64,
+    pub runtime: u64,
+    pub deadline: u64,
+    pub period: u64,
+    /// 0 and 1024 unless the thread set clamps (both 0 on a kernel
+    /// without utilization clamping, which reports the shorter struct).
+    pub util_min: u32,
+    pub util_max: u32,
+}
+
+pub const SCHED_DEADLINE: u32 = 6;
+
+pub fn get_sched_extra(tid: i32) -> SysResult<SchedExtra> {
+    // struct sched_attr as of SCHED_ATTR_SIZE_VER1 (56 bytes).
+    let mut attr = [0u8; 56];
+    // SAFETY: attr is a writable buffer of the size passed.
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, attr.as_mut_ptr(), attr.len() as u32, 0u32) };
+    check("sched_getattr", r)?;
+    let u32_at = |o: usize| u32::from_ne_bytes([attr[o], attr[o + 1], attr[o + 2], attr[o + 3]]);
+    let u64_at = |o: usize| u64::from(u32_at(o)) | u64::from(u32_at(o + 4)) << 32;
+    Ok(SchedExtra {
+        policy: u32_at(4),
+        flags: u64_at(8),
+        runtime: u64_at(24),
+        deadline: u64_at(32),
+        period: u64_at(40),
+        util_min: u32_at(48),
+        util_max: u32_at(52),
+    })
+}
+
 pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     // SAFETY: the mask buffer is live for the given byte length.
     check("sched_setaffinity", unsafe { libc::syscall(libc::SYS_sched_setaffinity, tid, s.cpus.len() * 8, s.cpus.as_ptr()) })?;

@@ -684,6 +684,11 @@ fn refuses_mlockall_future() {
 }
 
 #[test]
+fn refuses_sched_deadline() {
+    refused_mode("sched_deadline", &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"]);
+}
+
+#[test]
 fn refuses_another_uts_namespace() {
     refused_mode("uts", &["UTS namespace"]);
 }

@@ -27,6 +27,7 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     let (head, len) = ferry_sys::process::get_robust_list(tid).map_err(|e| kerr("reading robust futex list", e))?;
     let s = ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
     let sched = Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
+    check_sched_extra(pid, tid)?;
 
     let calls = [
         Call::new(libc::SYS_sigaltstack, &[0, ctx.data]),
@@ -67,4 +68,27 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
         sched,
         sleep_remaining_ns,
     })
+}
+
+/// Scheduling state the image has no place for: a SCHED_DEADLINE thread
+/// (runtime, deadline, period) and utilization clamps are refused by name
+/// rather than lost.
+fn check_sched_extra(pid: i32, tid: i32) -> Result<()> {
+    let x = ferry_sys::process::get_sched_extra(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: reading scheduling attributes"), e))?;
+    if x.policy == ferry_sys::process::SCHED_DEADLINE {
+        return Err(EngineError::unsupported(
+            pid,
+            format!("thread {tid}'s scheduling"),
+            format!("SCHED_DEADLINE (runtime {} ns, deadline {} ns, period {} ns) is not restored", x.runtime, x.deadline, x.period),
+        ));
+    }
+    let clamped = x.util_min != 0 || (x.util_max != 0 && x.util_max != 1024);
+    if clamped {
+        return Err(EngineError::unsupported(
+            pid,
+            format!("thread {tid}'s scheduling"),
+            format!("utilization clamps (min {}, max {} of 1024) are not restored", x.util_min, x.util_max),
+        ));
+    }
+    Ok(())
 }
