@@ -486,6 +486,7 @@ conformance! {
     tree_seccomp_kill,
     sock_opts_unbound,
     fd_deleted_sparse,
+    sock_unix_accepted_names,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
