@@ -487,6 +487,7 @@ conformance! {
     sock_opts_unbound,
     fd_deleted_sparse,
     sock_unix_accepted_names,
+    sock_unix_dgram_names,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

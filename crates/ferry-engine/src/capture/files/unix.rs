@@ -250,9 +250,25 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             let pname = peer_d.map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@")).unwrap_or_default();
             return Err(info.unsupported(format!("connected to a unix socket outside the process tree ({pname}); external unix peers are not supported yet")));
         }
+        // Connected one way (its peer is not connected to it, only
+        // possible for datagrams): restore connects it to the peer's name
+        // again, so the peer needs one.
         if peer_d.map(|d| d.peer as u64) != Some(ino) {
-            return Err(info.unsupported("one-way connected unix datagram socket"));
+            let pname = peer_d.map(|d| norm_name(&d.name)).unwrap_or_default();
+            if sock_type != libc::SOCK_DGRAM || pname.is_empty() {
+                return Err(info.unsupported(format!("connected one way to socket:[{p}], which has no name to connect to again")));
+            }
         }
+    }
+    // Datagrams queued on a socket that is not one end of a pair came
+    // from senders the image does not record (any socket that sent to its
+    // name); restore refills a queue only from the peer of a pair.
+    let pair = peer.is_some_and(|p| table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
+    if me.rqueue > 0 && listen_backlog.is_none() && !pair {
+        return Err(info.unsupported(format!(
+            "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
+            me.rqueue
+        )));
     }
     // The image keeps no options of a unix socket besides SO_PASSCRED: one
     // that asks for security labels would come back without it, silently.

@@ -135,6 +135,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             }
         }
         unix::connect_pending(tree, &staged)?;
+        unix::connect_one_way(tree, &staged)?;
         // The deferred ones after `send_in_flight`.
         unix::shut_down(tree, &staged, false)
     })();

@@ -69,7 +69,8 @@ pub(crate) enum Remake {
 /// tree. Both named and neither (or both) named like a listener: which end
 /// connected is unknown, and guessing would bind the wrong name to a
 /// client (and possibly a path): an error, refused at checkpoint already.
-/// Datagram pairs stay socketpairs.
+/// Datagram sockets are not remade this way: their names are their own
+/// bindings (`datagram_socket`).
 pub(crate) fn remake_of(a: &UnixSocket, b: &UnixSocket, listener_named: impl Fn(&[u8]) -> bool) -> std::result::Result<Remake, String> {
     if a.sock_type == libc::SOCK_DGRAM {
         return Ok(Remake::Pair);
@@ -167,7 +168,10 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
             if b.unix_pending.contains_key(&a.ino) {
                 continue;
             }
-            // A one-way peer (datagram) is not a pair.
+            if a.sock_type == libc::SOCK_DGRAM {
+                datagram_socket(b, &socks, pa, a, peer)?;
+                continue;
+            }
             let Some(&(pb, bs)) = socks.iter().find(|(_, u)| u.ino == peer && u.peer == Some(a.ino)) else { continue };
             let listener_named = |n: &[u8]| socks.iter().any(|(_, u)| u.listen_backlog.is_some() && u.sock_type == a.sock_type && u.name == n);
             let how = remake_of(a, bs, listener_named).map_err(|why| EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino)))?;
@@ -179,6 +183,90 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
             b.unix_peers.insert(s.ino, b.keep(dup(ps.pid, &sfd)?)?);
             b.unix_pending.insert(c.ino, cfd);
             b.unix_pending.insert(s.ino, sfd);
+        }
+        Ok(())
+    })();
+    if let Some(dir) = back {
+        let _ = std::env::set_current_dir(dir);
+    }
+    result
+}
+
+/// A connected datagram socket `a` (and its peer, if they are a pair).
+/// Its name is its own binding, so it is bound again: a pair is made
+/// with socketpair and each named end bound (before any queued message
+/// is sent again, so that the receiver sees the sender's name); a socket
+/// connected to itself is bound and connects to its own name; one
+/// connected one way (its peer is not connected to it) is bound here and
+/// connects to its peer's name once every socket is bound
+/// ([`connect_one_way`]).
+fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixSocket)], pa: &ferry_image::ProcessImage, a: &UnixSocket, peer: u64) -> Result<()> {
+    let new_socket = |pid: i32| ferry_sys::socket::socket(libc::AF_UNIX, a.sock_type, 0).map_err(|e| EngineError::kernel(pid, format!("creating unix socket {}", a.ino), e));
+    let bind = |p: &ferry_image::ProcessImage, fd: &OwnedFd, u: &UnixSocket| -> Result<()> {
+        if u.name.is_empty() {
+            return Ok(());
+        }
+        chdir_for(p, &u.name)?;
+        bind_name(p.pid, fd, &u.name)
+    };
+    if peer == a.ino {
+        let fd = new_socket(pa.pid)?;
+        bind(pa, &fd, a)?;
+        ferry_sys::socket::unix_connect(fd.as_raw_fd(), &a.name)
+            .map_err(|e| EngineError::kernel(pa.pid, format!("connecting unix socket {} to its own name {}", a.ino, show(&a.name)), e))?;
+        let fd = b.keep(fd)?;
+        b.unix_peers.insert(a.ino, b.keep(dup(pa.pid, &fd)?)?);
+        b.unix_pending.insert(a.ino, fd);
+        return Ok(());
+    }
+    match socks.iter().find(|(_, u)| u.ino == peer) {
+        Some(&(pb, bs)) if bs.peer == Some(a.ino) => {
+            if a.name.is_empty() && bs.name.is_empty() {
+                return Ok(()); // a plain socketpair, made by `create`
+            }
+            let (fa, fb) = ferry_sys::socket::socketpair(libc::AF_UNIX, a.sock_type).map_err(|e| EngineError::kernel(pa.pid, "creating a unix socket pair", e))?;
+            bind(pa, &fa, a)?;
+            bind(pb, &fb, bs)?;
+            let (fa, fb) = (b.keep(fa)?, b.keep(fb)?);
+            b.unix_peers.insert(a.ino, b.keep(dup(pa.pid, &fa)?)?);
+            b.unix_peers.insert(bs.ino, b.keep(dup(pb.pid, &fb)?)?);
+            b.unix_pending.insert(a.ino, fa);
+            b.unix_pending.insert(bs.ino, fb);
+        }
+        _ => {
+            let fd = new_socket(pa.pid)?;
+            bind(pa, &fd, a)?;
+            b.unix_pending.insert(a.ino, b.keep(fd)?);
+        }
+    }
+    Ok(())
+}
+
+/// Datagram sockets connected one way (to a peer that is not connected
+/// to them) connect to their peer's name, now that every socket is bound.
+/// A path is resolved in the directory of the peer's process.
+pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
+    let all: Vec<(&ferry_image::ProcessImage, &ferry_image::OpenFile, &UnixSocket)> = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.files.iter().filter_map(move |f| if let FileKind::UnixSocket(u) = &f.kind { Some((p, f, u)) } else { None }))
+        .collect();
+    let back = std::env::current_dir().ok();
+    let result = (|| {
+        for &(p, f, a) in &all {
+            let Some(peer) = a.peer.filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM) else { continue };
+            let Some(&(pb, _, bs)) = all.iter().find(|(_, _, u)| u.ino == peer) else { continue };
+            if bs.peer == Some(a.ino) {
+                continue;
+            }
+            let fd = staged.get(&f.id).ok_or_else(|| EngineError::restore(p.pid, format!("unix socket {} was not staged", a.ino)))?;
+            if bs.name.is_empty() {
+                return Err(EngineError::restore(p.pid, format!("unix socket {} is connected one way to socket {}, which has no name", a.ino, bs.ino)));
+            }
+            chdir_for(pb, &bs.name)?;
+            ferry_sys::socket::unix_connect(fd.as_raw_fd(), &bs.name).map_err(|e| {
+                EngineError::kernel(p.pid, format!("connecting unix datagram socket {} again to {} (socket {})", a.ino, show(&bs.name), bs.ino), e)
+            })?;
         }
         Ok(())
     })();
