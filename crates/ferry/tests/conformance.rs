@@ -488,6 +488,7 @@ conformance! {
     fd_deleted_sparse,
     sock_unix_accepted_names,
     sock_unix_dgram_names,
+    sock_unix_file_mode,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -37,13 +37,30 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
     if name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
         return Err(EngineError::restore(pid, "unix socket name too long"));
     }
+    // The old process's socket file still there (a restore on the same
+    // host) gives the new one its mode and owner: bind makes it with
+    // ferry's umask and owner. The image does not record them, so a
+    // restore elsewhere gets those defaults.
+    let mut stale = None;
     if name.first() != Some(&0) {
-        let path = String::from_utf8_lossy(name).into_owned();
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = std::fs::remove_file(&path);
+        let path = Path::new(std::ffi::OsStr::from_bytes(name));
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if m.file_type().is_socket() {
+                let _ = std::fs::remove_file(path);
+                stale = Some(m);
+            }
         }
     }
-    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))
+    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))?;
+    if let Some(m) = stale {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let path = Path::new(std::ffi::OsStr::from_bytes(name));
+        std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid()))
+            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} owner {}:{}", path.display(), m.uid(), m.gid()), e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode() & 0o7777))
+            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} mode {:o}", path.display(), m.mode() & 0o7777), e))?;
+    }
+    Ok(())
 }
 
 /// How the connection between two unix sockets of the image, each the
