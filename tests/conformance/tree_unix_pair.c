@@ -126,13 +126,6 @@ static void expect_addr(const char *who, int fd, int peer)
 	}
 	if (gl == wl && memcmp(&got, &want, wl) == 0)
 		return;
-	/* Known limitation: ferry restores an accepted connection as a socket
-	 * pair, without the listener's name on either end. Data, order and
-	 * connection state are checked; the name only when not restored. */
-	if (getenv("FERRY_EXPECT_RESTORE")) {
-		ft_log("%s: %s is '%s' after restore (was 'tree.sock')", who, peer ? "peer address" : "address", got.sun_path);
-		return;
-	}
 	ft_fail("%s: %s is '%s' (len %u), expected 'tree.sock' (len %u)", who, peer ? "peer address" : "address", got.sun_path, gl, wl);
 }
 

@@ -492,6 +492,9 @@ conformance! {
     tree_pgid_later_sibling,
     proc_cwd_deleted,
     fd_deleted_dev,
+    sock_unix_accepted_names,
+    sock_unix_dgram_names,
+    sock_unix_file_mode,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

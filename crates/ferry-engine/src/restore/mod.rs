@@ -18,7 +18,7 @@
 
 mod cgroups;
 mod child;
-mod files;
+pub(crate) mod files;
 mod fork;
 mod lazy;
 mod memory;

@@ -22,6 +22,18 @@ fn name_of(fd: RawFd) -> Vec<u8> {
     ferry_sys::socket::unix_name(fd, false).unwrap_or_default()
 }
 
+/// A name as sock_diag gives it, as getsockname does: sock_diag gives a
+/// path name with its terminating NUL.
+fn norm_name(n: &[u8]) -> Vec<u8> {
+    let mut n = n.to_vec();
+    if n.first() != Some(&0) {
+        while n.last() == Some(&0) {
+            n.pop();
+        }
+    }
+    n
+}
+
 /// The fd of a process of the tree that holds the open file description
 /// `mine` (an fd of ferry's), found with kcmp.
 fn holder_of(tree: &[i32], mine: RawFd) -> Option<PassedFd> {
@@ -167,8 +179,22 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         .ok_or_else(|| info.unsupported("unix socket not found in its network namespace's socket table"))?;
     let fd = sock.as_raw_fd();
     let name = name_of(fd);
-    // Only a socket without a peer is bound again (a connected one is remade with socketpair).
-    if me.peer == 0 {
+    // A socket without a peer is bound again, and so is the client end of
+    // a connection (it binds before connecting to its peer's name, see
+    // restore's `Remake`). The accepted end is not: it shares its
+    // listener's name and socket file, made again by the listener if it
+    // is still in the tree. The accepted end is the one named like a
+    // listener of the tree, or the only named one.
+    let accepted_end = me.peer != 0
+        && sock_type != libc::SOCK_DGRAM
+        && (peer_name_of(fd).is_empty()
+            || table.iter().any(|l| {
+                l.state == TCP_LISTEN
+                    && l.sock_type as i32 == sock_type
+                    && norm_name(&l.name) == name
+                    && super::holders_in_tree(info.tree, &format!("socket:[{}]", l.ino)) > 0
+            }));
+    if !accepted_end {
         check_bound_path(info, &name, me.vfs)?;
     }
     let mut listen_backlog = None;
@@ -197,17 +223,7 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     // queue: its peer is the embryo socket accept() will return.
     if me.state == TCP_ESTABLISHED && me.peer == 0 && me.shutdown == 0 && sock_type != libc::SOCK_DGRAM {
         let pname = peer_name_of(fd);
-        // sock_diag gives a path name with its terminating NUL.
-        let norm = |n: &[u8]| -> Vec<u8> {
-            let mut n = n.to_vec();
-            if n.first() != Some(&0) {
-                while n.last() == Some(&0) {
-                    n.pop();
-                }
-            }
-            n
-        };
-        let listener = table.iter().find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm(&l.name) == pname);
+        let listener = table.iter().find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm_name(&l.name) == pname);
         let lname = String::from_utf8_lossy(&pname).replace('\0', "@");
         let Some(listener) = listener else {
             return Err(info.unsupported(format!("connected to {lname}, whose socket cannot be found")));
@@ -234,9 +250,25 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             let pname = peer_d.map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@")).unwrap_or_default();
             return Err(info.unsupported(format!("connected to a unix socket outside the process tree ({pname}); external unix peers are not supported yet")));
         }
+        // Connected one way (its peer is not connected to it, only
+        // possible for datagrams): restore connects it to the peer's name
+        // again, so the peer needs one.
         if peer_d.map(|d| d.peer as u64) != Some(ino) {
-            return Err(info.unsupported("one-way connected unix datagram socket"));
+            let pname = peer_d.map(|d| norm_name(&d.name)).unwrap_or_default();
+            if sock_type != libc::SOCK_DGRAM || pname.is_empty() {
+                return Err(info.unsupported(format!("connected one way to socket:[{p}], which has no name to connect to again")));
+            }
         }
+    }
+    // Datagrams queued on a socket that is not one end of a pair came
+    // from senders the image does not record (any socket that sent to its
+    // name); restore refills a queue only from the peer of a pair.
+    let pair = peer.is_some_and(|p| table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
+    if me.rqueue > 0 && listen_backlog.is_none() && !pair {
+        return Err(info.unsupported(format!(
+            "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
+            me.rqueue
+        )));
     }
     // The image keeps no options of a unix socket besides SO_PASSCRED: one
     // that asks for security labels would come back without it, silently.
@@ -285,8 +317,20 @@ pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
     for &(pid, f, fd) in all {
         let FileKind::UnixSocket(u) = &f.kind else { continue };
         let Some(peer) = u.peer else { continue };
-        if !all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(v) if v.ino == peer)) {
+        let Some(v) = all.iter().find_map(|(_, g, _)| match &g.kind {
+            FileKind::UnixSocket(v) if v.ino == peer => Some(v),
+            _ => None,
+        }) else {
             return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "its peer is not an fd of any process of the tree"));
+        };
+        // Restore must know which end connected (the same rule it uses).
+        if v.peer == Some(u.ino) {
+            let listener_named = |n: &[u8]| {
+                all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(l) if l.listen_backlog.is_some() && l.sock_type == u.sock_type && l.name == n))
+            };
+            if let Err(why) = crate::restore::files::unix::remake_of(u, v, listener_named) {
+                return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), why));
+            }
         }
     }
     Ok(())

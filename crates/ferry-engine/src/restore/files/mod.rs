@@ -17,7 +17,7 @@ pub(crate) mod regular;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
-mod unix;
+pub(crate) mod unix;
 
 use crate::error::{EngineError, Result};
 use crate::inject::Call;
@@ -113,6 +113,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
     let back = std::env::current_dir().ok();
     let mut staged: HashMap<u64, OwnedFd> = HashMap::new();
     let result: Result<()> = (|| {
+        unix::connect_named(&mut b, tree)?;
         for p in &tree.processes {
             b.pid = p.pid;
             if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
@@ -134,6 +135,7 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             }
         }
         unix::connect_pending(tree, &staged)?;
+        unix::connect_one_way(tree, &staged)?;
         // The deferred ones after `send_in_flight`.
         unix::shut_down(tree, &staged, false)
     })();

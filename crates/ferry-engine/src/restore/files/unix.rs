@@ -1,14 +1,18 @@
-//! Unix sockets: a connected pair is remade with socketpair(2) and each
-//! end's queued messages are sent again from the other end; a bound
-//! socket is bound to its name again (a stale socket file left by the old
-//! process is removed first) and listens if it did.
+//! Unix sockets: a connected pair is remade with socketpair(2), or, when
+//! an end has a name (a connection accept()ed from a named listener, or a
+//! bound client), by connecting to a temporary listener at that name
+//! ([`connect_named`]); each end's queued messages are sent again from the
+//! other end; a bound socket is bound to its name again (a stale socket
+//! file left by the old process is removed first) and listens if it did.
 
 use super::Builder;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, TreeImage, UnixSocket};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
 
 fn dup(pid: i32, fd: &OwnedFd) -> Result<OwnedFd> {
     fd.try_clone().map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
@@ -33,13 +37,296 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
     if name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
         return Err(EngineError::restore(pid, "unix socket name too long"));
     }
+    // The old process's socket file still there (a restore on the same
+    // host) gives the new one its mode and owner: bind makes it with
+    // ferry's umask and owner. The image does not record them, so a
+    // restore elsewhere gets those defaults.
+    let mut stale = None;
     if name.first() != Some(&0) {
-        let path = String::from_utf8_lossy(name).into_owned();
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = std::fs::remove_file(&path);
+        let path = Path::new(std::ffi::OsStr::from_bytes(name));
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if m.file_type().is_socket() {
+                let _ = std::fs::remove_file(path);
+                stale = Some(m);
+            }
         }
     }
-    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))
+    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))?;
+    if let Some(m) = stale {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let path = Path::new(std::ffi::OsStr::from_bytes(name));
+        std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid()))
+            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} owner {}:{}", path.display(), m.uid(), m.gid()), e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode() & 0o7777))
+            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} mode {:o}", path.display(), m.mode() & 0o7777), e))?;
+    }
+    Ok(())
+}
+
+/// How the connection between two unix sockets of the image, each the
+/// other's peer, is made again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Remake {
+    /// socketpair(2): neither end has a name, as socketpair leaves them.
+    Pair,
+    /// One end (the client) connects to a temporary listener bound at the
+    /// other end's name, which accepts the other end: the accepted end then
+    /// has that name (getsockname) and the client has it as its peer's
+    /// (getpeername), as after the original connect/accept. A client with
+    /// a name of its own is bound to it first.
+    Connect { client_is_a: bool },
+}
+
+/// How the connected pair `a`, `b` is made again. `listener_named(name)`
+/// says whether a listener of the tree (of their type) is bound at `name`.
+/// An accepted end always has a name (its listener's, a listener can only
+/// be named); the client has one only if it was bound (or autobound, with
+/// SO_PASSCRED): so the only named end is the accepted one, and when both
+/// are named the accepted end is the one named like a listener of the
+/// tree. Both named and neither (or both) named like a listener: which end
+/// connected is unknown, and guessing would bind the wrong name to a
+/// client (and possibly a path): an error, refused at checkpoint already.
+/// Datagram sockets are not remade this way: their names are their own
+/// bindings (`datagram_socket`).
+pub(crate) fn remake_of(a: &UnixSocket, b: &UnixSocket, listener_named: impl Fn(&[u8]) -> bool) -> std::result::Result<Remake, String> {
+    if a.sock_type == libc::SOCK_DGRAM {
+        return Ok(Remake::Pair);
+    }
+    match (a.name.is_empty(), b.name.is_empty()) {
+        (true, true) => Ok(Remake::Pair),
+        (true, false) => Ok(Remake::Connect { client_is_a: true }),
+        (false, true) => Ok(Remake::Connect { client_is_a: false }),
+        (false, false) => match (listener_named(&a.name), listener_named(&b.name)) {
+            (false, true) => Ok(Remake::Connect { client_is_a: true }),
+            (true, false) => Ok(Remake::Connect { client_is_a: false }),
+            _ => Err(format!(
+                "both ends of this connection are bound ({} and {}) and not exactly one is named like a listener of the tree, so which end connected (and whose name is its own binding) is unknown",
+                show(&a.name),
+                show(&b.name)
+            )),
+        },
+    }
+}
+
+/// A unix name for messages: an abstract name's leading NUL as '@'.
+pub(crate) fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).replace('\0', "@")
+}
+
+/// Whatever the path `name` (relative to the current directory) names
+/// is renamed aside while a temporary listener is bound there, and put
+/// back afterwards; the temporary socket file is removed. The kernel only
+/// binds a free name, and a stale socket file (or anything else the path
+/// names now) must come back as it was.
+struct TempPath {
+    path: PathBuf,
+    aside: Option<PathBuf>,
+    bound: bool,
+}
+
+impl TempPath {
+    fn take(pid: i32, name: &[u8]) -> Result<TempPath> {
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(name));
+        let mut t = TempPath { path, aside: None, bound: false };
+        if std::fs::symlink_metadata(&t.path).is_ok() {
+            let file = t.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            let aside = t.path.with_file_name(format!(".{file}.ferry-aside-{}", std::process::id()));
+            std::fs::rename(&t.path, &aside)
+                .map_err(|e| EngineError::io(format!("pid {pid}: moving {} aside to bind a temporary listener there", t.path.display()), e))?;
+            t.aside = Some(aside);
+        }
+        Ok(t)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.put_back()
+    }
+
+    fn put_back(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.bound) {
+            std::fs::remove_file(&self.path).map_err(|e| EngineError::io(format!("removing the temporary listener's socket file {}", self.path.display()), e))?;
+        }
+        if let Some(aside) = self.aside.take() {
+            std::fs::rename(&aside, &self.path).map_err(|e| EngineError::io(format!("putting {} back (it was moved to {})", self.path.display(), aside.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        // On an error path: the error being returned says more.
+        let _ = self.put_back();
+    }
+}
+
+/// Connections of the tree made with connect() to a named listener and
+/// accept() are made the same way again (see [`Remake`]), before any
+/// other file of the tree: the real listener (if it is still in the tree)
+/// does not hold the name yet. Both ends wait in `unix_pending` for
+/// [`create`]. A path is resolved in the directory of the process holding
+/// the end named by it.
+pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
+    let mut socks: Vec<(&ferry_image::ProcessImage, &UnixSocket)> = Vec::new();
+    let mut seen = HashSet::new();
+    for p in &tree.processes {
+        for f in &p.files {
+            if let FileKind::UnixSocket(u) = &f.kind {
+                if seen.insert(u.ino) {
+                    socks.push((p, u));
+                }
+            }
+        }
+    }
+    let back = std::env::current_dir().ok();
+    let result = (|| {
+        for &(pa, a) in &socks {
+            let Some(peer) = a.peer else { continue };
+            if b.unix_pending.contains_key(&a.ino) {
+                continue;
+            }
+            if a.sock_type == libc::SOCK_DGRAM {
+                datagram_socket(b, &socks, pa, a, peer)?;
+                continue;
+            }
+            let Some(&(pb, bs)) = socks.iter().find(|(_, u)| u.ino == peer && u.peer == Some(a.ino)) else { continue };
+            let listener_named = |n: &[u8]| socks.iter().any(|(_, u)| u.listen_backlog.is_some() && u.sock_type == a.sock_type && u.name == n);
+            let how = remake_of(a, bs, listener_named).map_err(|why| EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino)))?;
+            let Remake::Connect { client_is_a } = how else { continue };
+            let ((pc, c), (ps, s)) = if client_is_a { ((pa, a), (pb, bs)) } else { ((pb, bs), (pa, a)) };
+            let (cfd, sfd) = connect_through_name(pc, c, ps, s)?;
+            let (cfd, sfd) = (b.keep(cfd)?, b.keep(sfd)?);
+            b.unix_peers.insert(c.ino, b.keep(dup(pc.pid, &cfd)?)?);
+            b.unix_peers.insert(s.ino, b.keep(dup(ps.pid, &sfd)?)?);
+            b.unix_pending.insert(c.ino, cfd);
+            b.unix_pending.insert(s.ino, sfd);
+        }
+        Ok(())
+    })();
+    if let Some(dir) = back {
+        let _ = std::env::set_current_dir(dir);
+    }
+    result
+}
+
+/// A connected datagram socket `a` (and its peer, if they are a pair).
+/// Its name is its own binding, so it is bound again: a pair is made
+/// with socketpair and each named end bound (before any queued message
+/// is sent again, so that the receiver sees the sender's name); a socket
+/// connected to itself is bound and connects to its own name; one
+/// connected one way (its peer is not connected to it) is bound here and
+/// connects to its peer's name once every socket is bound
+/// ([`connect_one_way`]).
+fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixSocket)], pa: &ferry_image::ProcessImage, a: &UnixSocket, peer: u64) -> Result<()> {
+    let new_socket = |pid: i32| ferry_sys::socket::socket(libc::AF_UNIX, a.sock_type, 0).map_err(|e| EngineError::kernel(pid, format!("creating unix socket {}", a.ino), e));
+    let bind = |p: &ferry_image::ProcessImage, fd: &OwnedFd, u: &UnixSocket| -> Result<()> {
+        if u.name.is_empty() {
+            return Ok(());
+        }
+        chdir_for(p, &u.name)?;
+        bind_name(p.pid, fd, &u.name)
+    };
+    if peer == a.ino {
+        let fd = new_socket(pa.pid)?;
+        bind(pa, &fd, a)?;
+        ferry_sys::socket::unix_connect(fd.as_raw_fd(), &a.name)
+            .map_err(|e| EngineError::kernel(pa.pid, format!("connecting unix socket {} to its own name {}", a.ino, show(&a.name)), e))?;
+        let fd = b.keep(fd)?;
+        b.unix_peers.insert(a.ino, b.keep(dup(pa.pid, &fd)?)?);
+        b.unix_pending.insert(a.ino, fd);
+        return Ok(());
+    }
+    match socks.iter().find(|(_, u)| u.ino == peer) {
+        Some(&(pb, bs)) if bs.peer == Some(a.ino) => {
+            if a.name.is_empty() && bs.name.is_empty() {
+                return Ok(()); // a plain socketpair, made by `create`
+            }
+            let (fa, fb) = ferry_sys::socket::socketpair(libc::AF_UNIX, a.sock_type).map_err(|e| EngineError::kernel(pa.pid, "creating a unix socket pair", e))?;
+            bind(pa, &fa, a)?;
+            bind(pb, &fb, bs)?;
+            let (fa, fb) = (b.keep(fa)?, b.keep(fb)?);
+            b.unix_peers.insert(a.ino, b.keep(dup(pa.pid, &fa)?)?);
+            b.unix_peers.insert(bs.ino, b.keep(dup(pb.pid, &fb)?)?);
+            b.unix_pending.insert(a.ino, fa);
+            b.unix_pending.insert(bs.ino, fb);
+        }
+        _ => {
+            let fd = new_socket(pa.pid)?;
+            bind(pa, &fd, a)?;
+            b.unix_pending.insert(a.ino, b.keep(fd)?);
+        }
+    }
+    Ok(())
+}
+
+/// Datagram sockets connected one way (to a peer that is not connected
+/// to them) connect to their peer's name, now that every socket is bound.
+/// A path is resolved in the directory of the peer's process.
+pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
+    let all: Vec<(&ferry_image::ProcessImage, &ferry_image::OpenFile, &UnixSocket)> = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.files.iter().filter_map(move |f| if let FileKind::UnixSocket(u) = &f.kind { Some((p, f, u)) } else { None }))
+        .collect();
+    let back = std::env::current_dir().ok();
+    let result = (|| {
+        for &(p, f, a) in &all {
+            let Some(peer) = a.peer.filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM) else { continue };
+            let Some(&(pb, _, bs)) = all.iter().find(|(_, _, u)| u.ino == peer) else { continue };
+            if bs.peer == Some(a.ino) {
+                continue;
+            }
+            let fd = staged.get(&f.id).ok_or_else(|| EngineError::restore(p.pid, format!("unix socket {} was not staged", a.ino)))?;
+            if bs.name.is_empty() {
+                return Err(EngineError::restore(p.pid, format!("unix socket {} is connected one way to socket {}, which has no name", a.ino, bs.ino)));
+            }
+            chdir_for(pb, &bs.name)?;
+            ferry_sys::socket::unix_connect(fd.as_raw_fd(), &bs.name).map_err(|e| {
+                EngineError::kernel(p.pid, format!("connecting unix datagram socket {} again to {} (socket {})", a.ino, show(&bs.name), bs.ino), e)
+            })?;
+        }
+        Ok(())
+    })();
+    if let Some(dir) = back {
+        let _ = std::env::set_current_dir(dir);
+    }
+    result
+}
+
+fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
+    if name.first().is_some_and(|&c| c != 0) && !Path::new(std::ffi::OsStr::from_bytes(name)).is_absolute() {
+        std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
+    }
+    Ok(())
+}
+
+/// The client `c` (bound to its own name if it had one) connected to a
+/// temporary listener at `s`'s name, and the end that listener accepted.
+fn connect_through_name(pc: &ferry_image::ProcessImage, c: &UnixSocket, ps: &ferry_image::ProcessImage, s: &UnixSocket) -> Result<(OwnedFd, OwnedFd)> {
+    let what = || format!("remaking the unix connection between socket {} and socket {} named {}", c.ino, s.ino, show(&s.name));
+    let client = ferry_sys::socket::socket(libc::AF_UNIX, c.sock_type, 0).map_err(|e| EngineError::kernel(pc.pid, what(), e))?;
+    if !c.name.is_empty() {
+        chdir_for(pc, &c.name)?;
+        bind_name(pc.pid, &client, &c.name)?;
+    }
+    chdir_for(ps, &s.name)?;
+    let mut temp_path = if s.name.first() == Some(&0) { None } else { Some(TempPath::take(ps.pid, &s.name)?) };
+    let listener = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0).map_err(|e| EngineError::kernel(ps.pid, what(), e))?;
+    ferry_sys::socket::unix_bind(listener.as_raw_fd(), &s.name)
+        .map_err(|e| EngineError::kernel(ps.pid, format!("{}: binding a temporary listener at that name", what()), e))?;
+    if let Some(t) = temp_path.as_mut() {
+        t.bound = true;
+    }
+    ferry_sys::socket::listen(listener.as_raw_fd(), 1).map_err(|e| EngineError::kernel(ps.pid, format!("{}: listening", what()), e))?;
+    ferry_sys::socket::unix_connect(client.as_raw_fd(), &s.name).map_err(|e| EngineError::kernel(pc.pid, format!("{}: connecting", what()), e))?;
+    let accepted = ferry_sys::socket::accept(listener.as_raw_fd())
+        .map_err(|e| EngineError::kernel(ps.pid, format!("{}: accepting", what()), e))?
+        .ok_or_else(|| EngineError::restore(ps.pid, format!("{}: the connection did not reach the temporary listener", what())))?;
+    drop(listener);
+    if let Some(t) = temp_path {
+        t.finish()?;
+    }
+    Ok((client, accepted))
 }
 
 pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
