@@ -363,7 +363,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
     let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
-    let staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
+    let mut staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
     let staged_raw: HashMap<u64, RawFd> = staged_files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
     ph.mark("stage files");
 
@@ -419,7 +419,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // Established connections are made now, after the fork, so that they
     // need no fd numbers in the range the tree inherits: a tree with
     // 10,000 connections would not fit under the fd limit twice.
-    let connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
+    let mut connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
     ph.mark("tcp connections rebuilt");
 
     // Phase 1, parents before children: fd table and memory, then fork.
@@ -429,7 +429,6 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let mut epolls = std::collections::HashSet::new();
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
-    install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
     // Mappings whose pages the root inherited from ferry (a migration
     // placed them at their addresses) are kept like a child's.
     let mut kept: Vec<(u64, u64)> = root.inherited.iter().map(|v| (v.start, v.end)).collect();
@@ -467,9 +466,6 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
-        if !share {
-            install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
-        }
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
         kept.sort_unstable();
         memory::clear_address_space(&mut s, &kept)?;
@@ -501,6 +497,26 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         fork::join_group(s)?;
     }
     sysv.remove_destroyed();
+    // fd tables come once every process exists: unix sockets of an image
+    // that records SO_PEERCRED are made now, by the processes it names,
+    // and any process may hold them. Until then every process has only
+    // the descriptors it inherited (staged ones, above temp_base).
+    if files::unix_made_late(&tree) {
+        let late = in_netns(pid, netns_fd, || files::make_unix_late(&tree, &mut sessions, &opts.tty_to, temp_base))?;
+        for (id, fd) in late {
+            let lent = fd.try_clone().map_err(|e| EngineError::io("duplicating a unix socket", e))?;
+            connections.insert(id, lent);
+            staged_files.insert(id, fd);
+        }
+    }
+    let unix_late = files::unix_made_late(&tree);
+    for s in sessions.iter_mut() {
+        // A child that shares its parent's table (CLONE_FILES) has it
+        // from the parent's install.
+        if !s.image.fidelity.shares_files_with_parent || s.pid == pid {
+            install_files(s, &staged_raw, &connections, temp_base, &mut epolls, unix_late)?;
+        }
+    }
     // Credentials in flight name processes of the tree: they exist now.
     files::send_unix_in_flight(&tree, &staged_files)?;
     ph.mark("children: fork+files+memory");
@@ -589,13 +605,14 @@ fn install_files(
     connections: &HashMap<u64, OwnedFd>,
     temp_base: RawFd,
     epolls: &mut std::collections::HashSet<u64>,
+    unix_late: bool,
 ) -> Result<()> {
     let (calls, data) = files::epoll_target_calls(s.image, staged, s.data, epolls)?;
     if !calls.is_empty() {
         s.remote.write(s.data, &data)?;
         s.run(s.pid, &calls)?;
     }
-    let calls = files::install_calls(s.image, staged, temp_base)?;
+    let calls = files::install_calls(s.image, staged, temp_base, unix_late)?;
     s.run(s.pid, &calls)?;
     files::tcp::install(s, connections, temp_base)?;
     let (calls, data) = files::epoll_calls(s.image, s.data, epolls);
