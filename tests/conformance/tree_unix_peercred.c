@@ -1,17 +1,21 @@
 /*
  * tree_unix_peercred: SO_PEERCRED of connected unix sockets names the
- * process (and its effective uid and gid) that made the connection; a
- * server that checks its clients' credentials relies on it. Set up:
+ * process (and its effective uid and gid) that made the connection, and
+ * SO_PEERGROUPS its supplementary groups; a server that checks its
+ * clients' credentials relies on them. Set up:
  *   - a STREAM socketpair made by the root (uid 0) before the fork; the
  *     child holds one end;
  *   - a SEQPACKET socketpair made by the root while its effective ids
- *     were uid 1000 / gid 2000 (setresgid/setresuid keeping the saved
- *     ids at 0, then back to 0); the child holds one end;
+ *     were uid 1000 / gid 2000 and its groups 4000, 4001 (setresgid/
+ *     setresuid keeping the saved ids at 0, then back to 0 and its own
+ *     groups); the child holds one end;
  *   - a STREAM connection the child made, after dropping to uid 1001 /
- *     gid 3001 for good, to a listener of the root bound to an abstract
+ *     gid 3001 / groups 5000 for good, to a listener of the root bound to an abstract
  *     name; the root accepted it. The accepted end names the child as
  *     uid 1001, the child's end names the root (the listener's creator).
- * Every end's SO_PEERCRED (pid, uid, gid) is recorded at setup and
+ * The listener's own SO_PEERCRED (its listen() call: the root) is
+ * checked too, and so is a connection made to it after restore.
+ * Every end's SO_PEERCRED (pid, uid, gid) and SO_PEERGROUPS are recorded at setup and
  * checked against the expected values, and after restore must be
  * identical; a message queued at checkpoint time on each connection is
  * read after restore, and new messages go both ways.
@@ -44,6 +48,29 @@ static void expect_cred(const char *who, struct ucred got, pid_t pid, uid_t uid,
 		 who, (int)got.pid, got.uid, got.gid, (int)pid, uid, gid);
 }
 
+struct groups {
+	int n;
+	gid_t g[64];
+};
+
+static struct groups groups_of(const char *who, int fd)
+{
+	struct groups r = { -1, { 0 } };
+	socklen_t l = sizeof(r.g);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, r.g, &l) != 0)
+		ft_fail("%s: SO_PEERGROUPS: %s", who, strerror(errno));
+	else
+		r.n = (int)(l / sizeof(gid_t));
+	return r;
+}
+
+static void expect_groups(const char *who, struct groups got, struct groups want)
+{
+	FT_CHECK(got.n == want.n && memcmp(got.g, want.g, (size_t)(want.n > 0 ? want.n : 0) * sizeof(gid_t)) == 0,
+		 "%s: SO_PEERGROUPS has %d groups (first %u), expected %d (first %u)", who, got.n, got.n > 0 ? got.g[0] : 0, want.n,
+		 want.n > 0 ? want.g[0] : 0);
+}
+
 static void send_msg(const char *who, int fd, const char *s)
 {
 	ssize_t w = send(fd, s, strlen(s), MSG_NOSIGNAL);
@@ -73,13 +100,21 @@ int main(void)
 	ft_tree_begin();
 	pid_t root = getpid();
 	int sp1[2], sp2[2];
+	struct groups own;
+	own.n = getgroups(64, own.g);
+	FT_SYS(own.n);
 	FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sp1));
-	/* Made as uid 1000 / gid 2000, the saved ids staying 0 to switch back. */
+	/* Made as uid 1000 / gid 2000 / groups 4000, 4001, the saved ids
+	 * staying 0 to switch back. */
+	struct groups dropped = { 2, { 4000, 4001 } };
+	FT_SYS(setgroups((size_t)dropped.n, dropped.g));
 	FT_SYS(setresgid(-1, DROP_GID, 0));
 	FT_SYS(setresuid(-1, DROP_UID, 0));
 	FT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp2));
 	FT_SYS(setresuid(0, 0, 0));
 	FT_SYS(setresgid(0, 0, 0));
+	FT_SYS(setgroups((size_t)own.n, own.g));
+	struct groups childs = { 1, { 5000 } };
 	struct sockaddr_un la;
 	socklen_t ll = abstract_addr(&la);
 	int lst = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -93,7 +128,7 @@ int main(void)
 		close(sp2[0]);
 		close(lst);
 		/* Another user for good: the connection it makes names it. */
-		FT_SYS(setgroups(0, NULL));
+		FT_SYS(setgroups((size_t)childs.n, childs.g));
 		FT_SYS(setresgid(CHILD_GID, CHILD_GID, CHILD_GID));
 		FT_SYS(setresuid(CHILD_UID, CHILD_UID, CHILD_UID));
 		int c = socket(AF_UNIX, SOCK_STREAM, 0);
@@ -104,14 +139,21 @@ int main(void)
 		expect_cred("child before checkpoint: pair end", before[0], root, 0, 0);
 		expect_cred("child before checkpoint: pair made as uid 1000", before[1], root, DROP_UID, DROP_GID);
 		expect_cred("child before checkpoint: connected client (listener's creator)", before[2], root, 0, 0);
+		struct groups gbefore[3] = { groups_of("child: pair end", sp1[1]), groups_of("child: pair made as uid 1000", sp2[1]),
+					     groups_of("child: connected client", c) };
+		expect_groups("child before checkpoint: pair end", gbefore[0], own);
+		expect_groups("child before checkpoint: pair made as uid 1000", gbefore[1], dropped);
+		expect_groups("child before checkpoint: connected client", gbefore[2], own);
 		send_msg("child: queue on the connection", c, "queued-up");
 		ft_child_ready();
 		ft_child_wait_go();
 		struct ucred after[3] = { peer_of("child: pair end", sp1[1]), peer_of("child: pair made as uid 1000", sp2[1]),
 					  peer_of("child: connected client", c) };
 		const char *what[3] = { "child: pair end", "child: pair made as uid 1000", "child: connected client" };
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < 3; i++) {
 			expect_cred(what[i], after[i], before[i].pid, before[i].uid, before[i].gid);
+			expect_groups(what[i], groups_of(what[i], i == 0 ? sp1[1] : i == 1 ? sp2[1] : c), gbefore[i]);
+		}
 		expect_msg("child: queued on the pair", sp1[1], "queued-1");
 		expect_msg("child: queued on the uid 1000 pair", sp2[1], "queued-2");
 		expect_msg("child: queued on the connection", c, "queued-3");
@@ -124,11 +166,18 @@ int main(void)
 	close(sp2[1]);
 	int acc = accept(lst, NULL, NULL);
 	FT_SYS(acc);
+	struct ucred lbefore = peer_of("root: listener", lst);
+	expect_cred("root before checkpoint: listener", lbefore, root, 0, 0);
 	struct ucred before[3] = { peer_of("root: pair end", sp1[0]), peer_of("root: pair made as uid 1000", sp2[0]),
 				   peer_of("root: accepted connection", acc) };
 	expect_cred("root before checkpoint: pair end", before[0], root, 0, 0);
 	expect_cred("root before checkpoint: pair made as uid 1000", before[1], root, DROP_UID, DROP_GID);
 	expect_cred("root before checkpoint: accepted connection (the connecting child)", before[2], child, CHILD_UID, CHILD_GID);
+	struct groups gbefore[3] = { groups_of("root: pair end", sp1[0]), groups_of("root: pair made as uid 1000", sp2[0]),
+				     groups_of("root: accepted connection", acc) };
+	expect_groups("root before checkpoint: pair end", gbefore[0], own);
+	expect_groups("root before checkpoint: pair made as uid 1000", gbefore[1], dropped);
+	expect_groups("root before checkpoint: accepted connection", gbefore[2], childs);
 	send_msg("root: queue on the pair", sp1[0], "queued-1");
 	send_msg("root: queue on the uid 1000 pair", sp2[0], "queued-2");
 	send_msg("root: queue on the connection", acc, "queued-3");
@@ -139,8 +188,16 @@ int main(void)
 	struct ucred after[3] = { peer_of("root: pair end", sp1[0]), peer_of("root: pair made as uid 1000", sp2[0]),
 				  peer_of("root: accepted connection", acc) };
 	const char *what[3] = { "root: pair end", "root: pair made as uid 1000", "root: accepted connection" };
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 3; i++) {
 		expect_cred(what[i], after[i], before[i].pid, before[i].uid, before[i].gid);
+		expect_groups(what[i], groups_of(what[i], i == 0 ? sp1[0] : i == 1 ? sp2[0] : acc), gbefore[i]);
+	}
+	struct ucred lafter = peer_of("root: listener", lst);
+	expect_cred("root: listener", lafter, lbefore.pid, lbefore.uid, lbefore.gid);
+	int late = socket(AF_UNIX, SOCK_STREAM, 0);
+	FT_SYS(late);
+	FT_CHECK(connect(late, (struct sockaddr *)&la, ll) == 0, "connect to the listener after restore: %s", strerror(errno));
+	expect_cred("root: client connected after restore (the listener's creator)", peer_of("root: late client", late), root, 0, 0);
 	expect_msg("root: queued on the connection", acc, "queued-up");
 	ft_go(child, "child");
 	expect_msg("root: pair", sp1[0], "pong-1");

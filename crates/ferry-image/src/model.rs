@@ -65,11 +65,12 @@ pub struct UnixPeersImage {
     pub sockets: Vec<UnixPeerCred>,
 }
 
-/// SO_PEERCRED of one connected unix socket of the tree: the process
-/// that made the connection (for an accepted end, the one that called
-/// connect; for a client, the one that called listen; for both ends of
-/// a socketpair, its caller) with its effective uid and gid then.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// SO_PEERCRED of one connected (or listening) unix socket of the tree:
+/// the process that made the connection (for an accepted end, the one
+/// that called connect; for a client, the one that called listen on its
+/// listener; for both ends of a socketpair, its caller; for a listener,
+/// the one that called listen) with its effective uid and gid then.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnixPeerCred {
     /// `UnixSocket::ino` of a socket of the tree.
     pub ino: u64,
@@ -77,6 +78,8 @@ pub struct UnixPeerCred {
     pub pid: i32,
     pub uid: u32,
     pub gid: u32,
+    /// SO_PEERGROUPS: that process's supplementary groups then.
+    pub groups: Vec<u32>,
 }
 
 /// Format 4.2, in the optional `Cgroups` section: cgroup membership,

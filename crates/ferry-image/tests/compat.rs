@@ -338,7 +338,7 @@ fn with_unix_peers(mut t: TreeImage) -> TreeImage {
         shutdown: 0,
         in_flight: vec![],
     });
-    t.unix_peers = Some(UnixPeersImage { sockets: vec![UnixPeerCred { ino: 77, pid, uid: 1000, gid: 100 }] });
+    t.unix_peers = Some(UnixPeersImage { sockets: vec![UnixPeerCred { ino: 77, pid, uid: 1000, gid: 100, groups: vec![100, 27] }] });
     t
 }
 

@@ -289,15 +289,23 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     // (checked against the tree in `check_peer_creds`). A socket that
     // connect() never gave credentials (a datagram socket connected by
     // name) reads pid 0 and ids -1, and so does the one restore makes.
-    if peer.is_some() {
+    // A listener's are those of its listen() call, which every client
+    // connecting later gets: kept when that process is in the tree (a
+    // daemon's listener made by a parent that has exited is listened on
+    // by ferry, see docs/coverage.md).
+    let listener = listen_backlog.is_some();
+    if peer.is_some() || listener {
         let b = ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, 12)
             .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e))?;
         let word = |i: usize| b.get(i..i + 4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
         let (Some(pid), Some(uid), Some(gid)) = (word(0), word(4), word(8)) else {
             return Err(info.unsupported(format!("SO_PEERCRED gave {} bytes", b.len())));
         };
-        if pid != 0 {
-            locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred { ino, pid: pid as i32, uid, gid });
+        if listener && !info.tree.contains(&(pid as i32)) {
+            // Not recorded: see above.
+        } else if pid != 0 {
+            let groups = peer_groups(info, fd)?;
+            locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred { ino, pid: pid as i32, uid, gid, groups });
         } else if uid != u32::MAX || gid != u32::MAX {
             return Err(info.unsupported(format!(
                 "SO_PEERCRED names a process outside ferry's PID namespace (uid {uid}, gid {gid}); the connection cannot be made again by it"
@@ -307,6 +315,20 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let (queued, in_flight) =
         if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)? } else { (Vec::new(), Vec::new()) };
     Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred, shutdown: me.shutdown, in_flight }))
+}
+
+/// SO_PEERGROUPS: the supplementary groups of the process SO_PEERCRED
+/// names, at the time it made the connection.
+fn peer_groups(info: &FdInfo, fd: RawFd) -> Result<Vec<u32>> {
+    let max = ferry_image::validate::MAX_PEER_GROUPS;
+    let b = match ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERGROUPS, 4 * max) {
+        Ok(b) => b,
+        Err(e) if e.errno == libc::ERANGE => {
+            return Err(info.unsupported(format!("SO_PEERGROUPS lists more than {max} supplementary groups, more than restore gives a process for one call")))
+        }
+        Err(e) => return Err(EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERGROUPS", info.fd), e)),
+    };
+    Ok(b.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect())
 }
 
 /// A socket bound to a path is bound to it again at restore, which makes
@@ -381,8 +403,8 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
             continue;
         };
         let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
-        if pair && peer != u.ino && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..*c }) {
-            let other = cred_of(peer).map_or("none".to_string(), |o| format!("pid {} uid {} gid {}", o.pid, o.uid, o.gid));
+        if pair && peer != u.ino && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() }) {
+            let other = cred_of(peer).map_or("none".to_string(), |o| format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups));
             return Err(EngineError::unsupported(
                 pid,
                 what(),

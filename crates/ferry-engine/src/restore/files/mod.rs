@@ -175,7 +175,7 @@ pub fn unix_made_late(tree: &TreeImage) -> bool {
 /// ferry's descriptors (above `temp_base`) by description id; processes
 /// take theirs with pidfd_getfd (`tcp::install`).
 pub(crate) fn make_unix_late(tree: &TreeImage, sessions: &mut [crate::restore::Session], tty_to: &str, temp_base: RawFd) -> Result<HashMap<u64, OwnedFd>> {
-    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, *c)).collect();
+    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, c.clone())).collect();
     let mut inj = unix_late::Late { sessions, creds };
     let memfds = HashMap::new();
     let mut b = Builder {

@@ -9,12 +9,13 @@
 //! ones ([`super::unix`]), except that those three calls run injected in
 //! the recorded process, its effective uid and gid switched to the
 //! recorded ones for that call (setresuid/setresgid leave the real and
-//! saved ids at 0, so it switches back). ferry keeps a descriptor of
+//! saved ids at 0, so it switches back), and its supplementary groups
+//! (SO_PEERGROUPS) too. ferry keeps a descriptor of
 //! every socket; the processes take theirs with pidfd_getfd like TCP
 //! connections (`tcp::install`).
 
 use crate::error::{EngineError, Result};
-use crate::inject::Call;
+use crate::inject::{self, Call};
 use crate::restore::Session;
 use ferry_image::UnixPeerCred;
 use std::collections::HashMap;
@@ -42,6 +43,23 @@ pub(crate) struct Late<'s, 'a> {
 }
 
 const NO_CHANGE: u64 = u32::MAX as u64;
+/// Where the supplementary groups go in the data area, after the call's
+/// own argument (a sockaddr_un at most).
+const GROUPS_AT: u64 = 256;
+
+/// The supplementary groups `pid` has now (the "Groups:" line of its
+/// status file).
+fn groups_of(pid: i32) -> Result<Vec<u32>> {
+    let status = crate::procfs::read_string(&format!("/proc/{pid}/status"))?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap_or("");
+    line.split_whitespace()
+        .map(|g| g.parse::<u32>().map_err(|_| EngineError::restore(pid, format!("unreadable Groups: line in its status: {line:?}"))))
+        .collect()
+}
+
+fn group_bytes(groups: &[u32]) -> Vec<u8> {
+    groups.iter().flat_map(|g| g.to_ne_bytes()).collect()
+}
 
 impl<'a> Late<'_, 'a> {
     fn session(&mut self, pid: i32) -> Result<&mut Session<'a>> {
@@ -53,17 +71,49 @@ impl<'a> Late<'_, 'a> {
     /// Runs `call` (its arguments pointing at `data`, written at the
     /// session's data area) in `c.pid` with its effective ids switched to
     /// `c.uid`/`c.gid` around it; returns the call's result.
-    fn run_as(&mut self, c: UnixPeerCred, what: &str, data: &[u8], call: impl FnOnce(u64) -> Call) -> Result<u64> {
+    fn run_as(&mut self, c: &UnixPeerCred, what: &str, data: &[u8], call: impl FnOnce(u64) -> Call) -> Result<u64> {
+        let now = groups_of(c.pid)?;
         let s = self.session(c.pid)?;
         let pid = s.pid;
+        if data.len() as u64 > GROUPS_AT {
+            return Err(EngineError::restore(pid, format!("{what}: {} bytes of arguments", data.len())));
+        }
         if !data.is_empty() {
             s.remote.write(s.data, data)?;
         }
         let call = call(s.data);
-        // The process still has ferry's ids (0) here: its own come last
-        // (`process::restore_creds`). The gid first, while the uid is 0
-        // (CAP_SETGID); back in the opposite order.
+        // The process still has ferry's ids (0) and groups here: its own
+        // come last (`process::restore_creds`). Groups and gid first,
+        // while the uid is 0 (CAP_SETGID); back in the opposite order.
         let mut calls = Vec::new();
+        let switch_groups = c.groups != now;
+        if switch_groups {
+            let room = (inject::SCRATCH_LEN - inject::SCRATCH_DATA - GROUPS_AT) as usize / 4;
+            if c.groups.len() + now.len() > room {
+                return Err(EngineError::restore(pid, format!("{what}: {} + {} supplementary groups do not fit the scratch area", c.groups.len(), now.len())));
+            }
+            let mine = s.data + GROUPS_AT;
+            let back = mine + 4 * c.groups.len() as u64;
+            let mut bytes = group_bytes(&c.groups);
+            bytes.extend(group_bytes(&now));
+            s.remote.write(mine, &bytes)?;
+            calls.push((format!("setgroups({:?})", c.groups), Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, mine])));
+            // Pushed last, below.
+            let restore = (format!("setgroups({now:?})"), Call::new(libc::SYS_setgroups, &[now.len() as u64, back]));
+            return self.run_switched(c, pid, what, call, calls, Some(restore));
+        }
+        self.run_switched(c, pid, what, call, calls, None)
+    }
+
+    fn run_switched(
+        &mut self,
+        c: &UnixPeerCred,
+        pid: i32,
+        what: &str,
+        call: Call,
+        mut calls: Vec<(String, Call)>,
+        groups_back: Option<(String, Call)>,
+    ) -> Result<u64> {
         if c.gid != 0 {
             calls.push((format!("setresgid(-1, {}, -1)", c.gid), Call::new(libc::SYS_setresgid, &[NO_CHANGE, c.gid as u64, NO_CHANGE])));
         }
@@ -78,6 +128,8 @@ impl<'a> Late<'_, 'a> {
         if c.gid != 0 {
             calls.push(("setresgid(-1, 0, -1)".into(), Call::new(libc::SYS_setresgid, &[NO_CHANGE, 0, NO_CHANGE])));
         }
+        calls.extend(groups_back);
+        let s = self.session(pid)?;
         let r = s.run(pid, &calls)?;
         r.get(at).copied().ok_or_else(|| EngineError::restore(pid, format!("{what}: no result")))
     }
@@ -115,13 +167,13 @@ fn sockaddr(pid: i32, name: &[u8]) -> Result<(Vec<u8>, u64)> {
 
 impl Inject for Late<'_, '_> {
     fn cred(&self, ino: u64) -> Option<UnixPeerCred> {
-        self.creds.get(&ino).copied()
+        self.creds.get(&ino).cloned()
     }
 
     fn socketpair(&mut self, c: UnixPeerCred, sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
         let what = format!("socketpair(AF_UNIX, {sock_type}) as uid {} gid {}", c.uid, c.gid);
         let ty = (sock_type | libc::SOCK_CLOEXEC) as u64;
-        self.run_as(c, &what, &[0u8; 8], |at| Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at]))?;
+        self.run_as(&c, &what, &[0u8; 8], |at| Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at]))?;
         let s = self.session(c.pid)?;
         let sv = s.remote.read(s.data, 8)?;
         let fds = [i32::from_ne_bytes([sv[0], sv[1], sv[2], sv[3]]), i32::from_ne_bytes([sv[4], sv[5], sv[6], sv[7]])];
@@ -137,7 +189,7 @@ impl Inject for Late<'_, '_> {
     fn listen(&mut self, c: UnixPeerCred, fd: &OwnedFd, backlog: i32) -> Result<()> {
         let there = self.lend(c.pid, fd.as_raw_fd())?;
         let what = format!("listen(unix socket, {backlog}) as uid {} gid {}", c.uid, c.gid);
-        let r = self.run_as(c, &what, &[], |_| Call::new(libc::SYS_listen, &[there, backlog as u32 as u64]));
+        let r = self.run_as(&c, &what, &[], |_| Call::new(libc::SYS_listen, &[there, backlog as u32 as u64]));
         self.close_in(c.pid, there)?;
         r.map(|_| ())
     }
@@ -146,7 +198,7 @@ impl Inject for Late<'_, '_> {
         let (addr, len) = sockaddr(c.pid, name)?;
         let there = self.lend(c.pid, fd.as_raw_fd())?;
         let what = format!("connect(unix socket, {}) as uid {} gid {}", super::unix::show(name), c.uid, c.gid);
-        let r = self.run_as(c, &what, &addr, |at| Call::new(libc::SYS_connect, &[there, at, len]));
+        let r = self.run_as(&c, &what, &addr, |at| Call::new(libc::SYS_connect, &[there, at, len]));
         self.close_in(c.pid, there)?;
         r.map(|_| ())
     }
