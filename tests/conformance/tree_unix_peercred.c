@@ -13,6 +13,10 @@
  *     gid 3001 / groups 5000 for good, to a listener of the root bound to an abstract
  *     name; the root accepted it. The accepted end names the child as
  *     uid 1001, the child's end names the root (the listener's creator).
+ * The root's end of the first pair is also watched by an epoll instance
+ * through an fd number closed since (epoll keys the entry by that
+ * number), and the accepted connection by its own number: after restore
+ * the entries report the child's messages.
  * The listener's own SO_PEERCRED (its listen() call: the root) is
  * checked too, and so is a connection made to it after restore.
  * Every end's SO_PEERCRED (pid, uid, gid) and SO_PEERGROUPS are recorded at setup and
@@ -25,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <grp.h>
+#include <sys/epoll.h>
 
 #define DROP_UID 1000
 #define DROP_GID 2000
@@ -178,6 +183,15 @@ int main(void)
 	expect_groups("root before checkpoint: pair end", gbefore[0], own);
 	expect_groups("root before checkpoint: pair made as uid 1000", gbefore[1], dropped);
 	expect_groups("root before checkpoint: accepted connection", gbefore[2], childs);
+	int ep = epoll_create1(0);
+	FT_SYS(ep);
+	int gone = dup(sp1[0]);
+	FT_SYS(gone);
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 0x5eedULL };
+	FT_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, gone, &ev));
+	close(gone);
+	struct epoll_event ev2 = { .events = EPOLLIN, .data.u64 = 0xacceULL };
+	FT_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, acc, &ev2));
 	send_msg("root: queue on the pair", sp1[0], "queued-1");
 	send_msg("root: queue on the uid 1000 pair", sp2[0], "queued-2");
 	send_msg("root: queue on the connection", acc, "queued-3");
@@ -198,8 +212,15 @@ int main(void)
 	FT_SYS(late);
 	FT_CHECK(connect(late, (struct sockaddr *)&la, ll) == 0, "connect to the listener after restore: %s", strerror(errno));
 	expect_cred("root: client connected after restore (the listener's creator)", peer_of("root: late client", late), root, 0, 0);
+	struct epoll_event first = { 0, { 0 } };
+	FT_CHECK(epoll_wait(ep, &first, 1, 0) == 1 && first.data.u64 == 0xacceULL && (first.events & EPOLLIN),
+		 "epoll entry of the accepted connection (queued bytes): events %#x data %#llx", first.events,
+		 (unsigned long long)first.data.u64);
 	expect_msg("root: queued on the connection", acc, "queued-up");
 	ft_go(child, "child");
+	struct epoll_event got = { 0, { 0 } };
+	FT_CHECK(epoll_wait(ep, &got, 1, 5000) == 1 && got.data.u64 == 0x5eedULL && (got.events & EPOLLIN),
+		 "epoll entry of the pair end (by a closed fd number): events %#x data %#llx", got.events, (unsigned long long)got.data.u64);
 	expect_msg("root: pair", sp1[0], "pong-1");
 	expect_msg("root: uid 1000 pair", sp2[0], "pong-2");
 	expect_msg("root: connection", acc, "pong-3");

@@ -422,7 +422,8 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let mut connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
     ph.mark("tcp connections rebuilt");
 
-    // Phase 1, parents before children: fd table and memory, then fork.
+    // Phase 1, parents before children: memory, then fork; the fd tables
+    // once every process exists (below).
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut sessions: Vec<Session> = Vec::with_capacity(tree.processes.len());
@@ -607,11 +608,36 @@ fn install_files(
     epolls: &mut std::collections::HashSet<u64>,
     unix_late: bool,
 ) -> Result<()> {
-    let (calls, data) = files::epoll_target_calls(s.image, staged, s.data, epolls)?;
+    // An epoll entry whose fd number no longer names its file is
+    // registered through a descriptor of that file in the process: a
+    // file the process did not inherit (a connection, a unix socket of
+    // `make_unix_late`) is lent to it above temp_base for that.
+    let lent: Vec<(u64, RawFd)> = s
+        .image
+        .fidelity
+        .epoll_targets
+        .iter()
+        .filter(|t| !staged.contains_key(&t.target))
+        .filter_map(|t| connections.get(&t.target).map(|fd| (t.target, fd.as_raw_fd())))
+        .collect();
+    let mut with_lent;
+    let mut targets = staged;
+    if !lent.is_empty() {
+        with_lent = staged.clone();
+        for (id, fd) in lent {
+            if let std::collections::hash_map::Entry::Vacant(e) = with_lent.entry(id) {
+                e.insert(lend_above(s, fd, temp_base)?);
+            }
+        }
+        targets = &with_lent;
+    }
+    let (calls, data) = files::epoll_target_calls(s.image, targets, s.data, epolls)?;
     if !calls.is_empty() {
         s.remote.write(s.data, &data)?;
         s.run(s.pid, &calls)?;
     }
+    // The lent descriptors above temp_base go with the staging ones
+    // (`finish_process`).
     let calls = files::install_calls(s.image, staged, temp_base, unix_late)?;
     s.run(s.pid, &calls)?;
     files::tcp::install(s, connections, temp_base)?;
@@ -631,6 +657,19 @@ fn install_files(
         s.run(s.pid, &rebased)?;
     }
     Ok(())
+}
+
+/// Gives the process its own descriptor of ferry's `fd`, at or above
+/// `temp_base` (close-on-exec); returns its number there.
+fn lend_above(s: &mut Session, fd: RawFd, temp_base: RawFd) -> Result<RawFd> {
+    let me = std::process::id() as u64;
+    let pidfd = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
+    let got = s.call("pidfd_getfd(a file an epoll entry watches)", libc::SYS_pidfd_getfd, &[pidfd, fd as u64, 0]);
+    s.call("close(pidfd of ferry)", libc::SYS_close, &[pidfd])?;
+    let got = got?;
+    let high = s.call("fcntl(F_DUPFD_CLOEXEC, above temp_base)", libc::SYS_fcntl, &[got, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64]);
+    s.call("close(lent file)", libc::SYS_close, &[got])?;
+    Ok(high? as RawFd)
 }
 
 /// Everything after memory: mm layout, signal handlers, threads and their

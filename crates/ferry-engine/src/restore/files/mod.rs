@@ -3,7 +3,10 @@
 //! every fd number the image uses; processes forked later inherit them,
 //! and each process's table is then installed with injected dup3 calls
 //! ([`install_calls`]). Descriptions shared between processes stay shared
-//! that way. One module per kind of file.
+//! that way. Established TCP connections, and the unix sockets of an image
+//! that records SO_PEERCRED ([`make_unix_late`]), are made after the fork
+//! and taken by each process with pidfd_getfd (`tcp::install`). One module
+//! per kind of file.
 
 mod epoll;
 mod eventfd;
