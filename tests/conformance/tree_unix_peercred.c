@@ -76,6 +76,27 @@ static void expect_groups(const char *who, struct groups got, struct groups want
 		 want.n > 0 ? want.g[0] : 0);
 }
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* SO_PEERPIDFD (Linux 6.5+) names the same process: the pid its fdinfo shows. */
+static void expect_pidfd(const char *who, int fd, pid_t want)
+{
+	int pfd = -1;
+	socklen_t l = sizeof(pfd);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &l) != 0) {
+		if (errno == ENOPROTOOPT)
+			return;
+		ft_fail("%s: SO_PEERPIDFD: %s", who, strerror(errno));
+		return;
+	}
+	char v[32] = "";
+	FT_CHECK(ft_fdinfo_field(pfd, "Pid", v, sizeof(v)) == 0 && atoi(v) == (int)want, "%s: SO_PEERPIDFD names pid '%s', expected %d", who, v,
+		 (int)want);
+	close(pfd);
+}
+
 static void send_msg(const char *who, int fd, const char *s)
 {
 	ssize_t w = send(fd, s, strlen(s), MSG_NOSIGNAL);
@@ -206,6 +227,8 @@ int main(void)
 		expect_cred(what[i], after[i], before[i].pid, before[i].uid, before[i].gid);
 		expect_groups(what[i], groups_of(what[i], i == 0 ? sp1[0] : i == 1 ? sp2[0] : acc), gbefore[i]);
 	}
+	expect_pidfd("root: pair end", sp1[0], root);
+	expect_pidfd("root: accepted connection", acc, child);
 	struct ucred lafter = peer_of("root: listener", lst);
 	expect_cred("root: listener", lafter, lbefore.pid, lbefore.uid, lbefore.gid);
 	int late = socket(AF_UNIX, SOCK_STREAM, 0);

@@ -353,7 +353,7 @@ fn connect_through_name(
         t.bound = true;
     }
     listen(inj.as_deref_mut(), ps.pid, c.ino, &listener, 1)?;
-    match inj.as_deref_mut().and_then(|i| i.cred(s.ino).map(|k| (i, k))) {
+    match inj.and_then(|i| i.cred(s.ino).map(|k| (i, k))) {
         Some((inj, k)) => {
             // Resolved in the connecting process's directory: the path
             // is made absolute from the directory ferry bound it in.
