@@ -133,6 +133,44 @@ int main(int argc, char **argv)
 		FT_SYS(sendmsg(sv[0], &m, 0));
 		close(passed);
 		fd = sv[1];
+	} else if (strcmp(mode, "unix_peer_exited") == 0) {
+		/* A socketpair made by a child that has exited since: its
+		 * SO_PEERCRED names that pid, which no process of the tree has. */
+		int t[2], got[2];
+		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, t));
+		pid_t maker = fork();
+		if (maker == 0) {
+			int sv[2];
+			char cbuf[CMSG_SPACE(2 * sizeof(int))];
+			memset(cbuf, 0, sizeof(cbuf));
+			struct iovec iov = { .iov_base = "m", .iov_len = 1 };
+			struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+			struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+			if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+				_exit(1);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+			memcpy(CMSG_DATA(c), sv, 2 * sizeof(int));
+			_exit(sendmsg(t[1], &m, 0) == 1 ? 0 : 1);
+		}
+		FT_SYS(maker);
+		char cbuf[CMSG_SPACE(2 * sizeof(int))], b;
+		struct iovec iov = { .iov_base = &b, .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		FT_EQ(recvmsg(t[0], &m, 0), 1, "the pair from the child");
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int)))
+			ft_die("no pair received");
+		memcpy(got, CMSG_DATA(c), sizeof(got));
+		FT_SYS(waitpid(maker, NULL, 0));
+		close(t[0]);
+		close(t[1]);
+		/* At fds 3 and 4, for the refusal's message. */
+		fd = (int)FT_SYS(dup2(got[0], 3));
+		fd2 = (int)FT_SYS(dup2(got[1], 4));
+		close(got[0]);
+		close(got[1]);
 	} else {
 		ft_die("unknown mode '%s'", mode);
 	}
@@ -175,6 +213,11 @@ int main(int argc, char **argv)
 		FT_CHECK(connect(cl, (struct sockaddr *)&a, path_addr("b.sock", &a)) == 0, "connect to b.sock: %s", strerror(errno));
 		FT_CHECK(accept(fd, NULL, NULL) >= 0, "the listener named by b.sock did not get the connection");
 		FT_CHECK(accept(fd2, NULL, NULL) < 0, "the listener whose file was replaced got the connection");
+	} else if (strcmp(mode, "unix_peer_exited") == 0) {
+		char b = 0;
+		FT_EQ(write(fd, "x", 1), 1, "write on the pair made by the exited child");
+		FT_EQ(read(fd2, &b, 1), 1, "read on its other end");
+		FT_CHECK(b == 'x', "the pair does not carry data any more");
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		char cbuf[CMSG_SPACE(sizeof(int))], b;
 		struct iovec iov = { .iov_base = &b, .iov_len = 1 };

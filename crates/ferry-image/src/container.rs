@@ -4,7 +4,7 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{CgroupImage, Incremental, Inventory, TreeImage};
+use crate::model::{CgroupImage, Incremental, Inventory, TreeImage, UnixPeersImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
 /// The major format version this build reads and writes. An image of
@@ -18,7 +18,8 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.0: the format as it was before minor versions existed.
 /// 4.1: the optional `Incremental` section.
 /// 4.2: the optional `Cgroups` section.
-pub const FORMAT_MINOR: u16 = 2;
+/// 4.3: the optional `UnixPeers` section.
+pub const FORMAT_MINOR: u16 = 3;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -72,6 +73,8 @@ pub enum SectionKind {
     Incremental = 4,
     /// Format 4.2: the cgroups of the tree's processes.
     Cgroups = 5,
+    /// Format 4.3: SO_PEERCRED of the tree's connected unix sockets.
+    UnixPeers = 6,
 }
 
 impl SectionKind {
@@ -82,6 +85,7 @@ impl SectionKind {
             SectionKind::Pages => "pages",
             SectionKind::Incremental => "incremental",
             SectionKind::Cgroups => "cgroups",
+            SectionKind::UnixPeers => "unix peers",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -90,6 +94,7 @@ impl SectionKind {
             SectionKind::Inventory | SectionKind::Tree | SectionKind::Pages => 0,
             SectionKind::Incremental => 1,
             SectionKind::Cgroups => 2,
+            SectionKind::UnixPeers => 3,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -99,6 +104,7 @@ impl SectionKind {
             3 => Some(SectionKind::Pages),
             4 => Some(SectionKind::Incremental),
             5 => Some(SectionKind::Cgroups),
+            6 => Some(SectionKind::UnixPeers),
             _ => None,
         }
     }
@@ -112,6 +118,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Tree, false),
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
+    (SectionKind::UnixPeers, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -120,6 +127,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Tree, false),
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
+    (SectionKind::UnixPeers, true),
     (SectionKind::Pages, false),
 ];
 
@@ -320,6 +328,11 @@ pub fn encode_meta_with(inventory: &Inventory, process: &TreeImage, incremental:
         out.extend_from_slice(&section_header(SectionKind::Cgroups, &cg));
         out.extend_from_slice(&cg);
     }
+    if let Some(up) = &process.unix_peers {
+        let up = encode(up, "unix peers")?;
+        out.extend_from_slice(&section_header(SectionKind::UnixPeers, &up));
+        out.extend_from_slice(&up);
+    }
     Ok(out)
 }
 
@@ -358,6 +371,7 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
     let mut process: Option<TreeImage> = None;
     let mut incremental: Option<Incremental> = None;
     let mut cgroups: Option<CgroupImage> = None;
+    let mut unix_peers: Option<UnixPeersImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -374,6 +388,7 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
             SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
             SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
+            SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => return Err(ImageError::Invalid("pages section does not belong in meta.img".into())),
         }
@@ -382,6 +397,7 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
         return Err(ImageError::Truncated("meta.img lacks the inventory or the process tree section".into()));
     };
     process.cgroups = cgroups;
+    process.unix_peers = unix_peers;
     crate::validate::validate(&inventory, &process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

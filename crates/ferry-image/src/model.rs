@@ -50,6 +50,36 @@ pub struct TreeImage {
     /// whose processes were in the cgroups of the ferry that took them.
     #[serde(skip)]
     pub cgroups: Option<CgroupImage>,
+    /// Format 4.3: what SO_PEERCRED said on each connected unix socket of
+    /// the tree, in the optional `UnixPeers` section (outside the tree
+    /// section for the reason `cgroups` is). `None` for older images,
+    /// whose connections restore makes in ferry (SO_PEERCRED then names
+    /// the restoring ferry and root).
+    #[serde(skip)]
+    pub unix_peers: Option<UnixPeersImage>,
+}
+
+/// Format 4.3, in the optional `UnixPeers` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixPeersImage {
+    pub sockets: Vec<UnixPeerCred>,
+}
+
+/// SO_PEERCRED of one connected (or listening) unix socket of the tree:
+/// the process that made the connection (for an accepted end, the one
+/// that called connect; for a client, the one that called listen on its
+/// listener; for both ends of a socketpair, its caller; for a listener,
+/// the one that called listen) with its effective uid and gid then.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixPeerCred {
+    /// `UnixSocket::ino` of a socket of the tree.
+    pub ino: u64,
+    /// A process of the tree, as the tree sees its PID.
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// SO_PEERGROUPS: that process's supplementary groups then.
+    pub groups: Vec<u32>,
 }
 
 /// Format 4.2, in the optional `Cgroups` section: cgroup membership,

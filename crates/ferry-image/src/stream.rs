@@ -198,6 +198,11 @@ pub fn read_stream_full<R: Read>(
                 process.cgroups = Some(decode_payload(&payload, "cgroups")?);
                 crate::validate::validate_cgroups(&process)?;
             }
+            SectionKind::UnixPeers => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.unix_peers = Some(decode_payload(&payload, "unix peers")?);
+                crate::validate::validate_unix_peers(&process)?;
+            }
             SectionKind::Pages => break (len, sum),
             // `order` accepts nothing else after the process section.
             other => return Err(ImageError::Invalid(format!("{} section where the pages section was expected in stream", other.name()))),

@@ -124,7 +124,46 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         }
     }
     validate_unix_in_flight(t, &seen)?;
-    validate_cgroups(t)
+    validate_cgroups(t)?;
+    validate_unix_peers(t)
+}
+
+/// The `UnixPeers` section: restore makes each listed connection (or
+/// listen() call) in the process named, with the uid and gid given, so every entry must name a
+/// connected or listening unix socket of the tree (once) and a process of the tree,
+/// and ids must be real ones: -1 would mean "unchanged" to setresuid.
+/// Supplementary groups restore can give a process for one call (they
+/// travel through its scratch area); NGROUPS_MAX is 65536.
+pub const MAX_PEER_GROUPS: usize = 4096;
+
+pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(up) = &t.unix_peers else { return Ok(()) };
+    let pids: std::collections::HashSet<i32> = t.processes.iter().map(|p| p.pid).collect();
+    let connected: std::collections::HashSet<u64> = t
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| match &f.kind {
+            FileKind::UnixSocket(u) if u.peer.is_some() || u.listen_backlog.is_some() => Some(u.ino),
+            _ => None,
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::with_capacity(up.sockets.len().min(connected.len()));
+    for c in &up.sockets {
+        if !connected.contains(&c.ino) {
+            return bad(format!("unix peers section: socket {} is not a connected or listening unix socket of the tree", c.ino));
+        }
+        if !seen.insert(c.ino) {
+            return bad(format!("unix peers section: socket {} listed twice", c.ino));
+        }
+        if !pids.contains(&c.pid) {
+            return bad(format!("unix peers section: socket {}: peer pid {} is not a process of the tree", c.ino, c.pid));
+        }
+        if c.uid == u32::MAX || c.gid == u32::MAX || c.groups.len() > MAX_PEER_GROUPS || c.groups.contains(&u32::MAX) {
+            return bad(format!("unix peers section: socket {}: bad uid {}, gid {} or groups ({} of them)", c.ino, c.uid, c.gid, c.groups.len()));
+        }
+    }
+    Ok(())
 }
 
 /// The `Cgroups` section: restore writes PIDs into files under each

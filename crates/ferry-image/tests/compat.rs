@@ -103,14 +103,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_2() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 2));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.2");
+fn this_build_is_4_3() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 3));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.3");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 2 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 2, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 2));
+    // Major 4, then the flags word with minor 3 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 3, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 3));
 }
 
 #[test]
@@ -130,11 +130,11 @@ fn format_4_0_fixture_directory_is_read() {
     for p in &t.processes {
         ImageDir::verify_runs(&p.page_runs, &data[4096..]).unwrap();
     }
-    // And it streams: the stream says 4.2 (this build writes its own
+    // And it streams: the stream says 4.3 (this build writes its own
     // version), and reads back as the same image.
     let mut s = Vec::new();
     dir_to_stream(&fixture_dir(), &mut s).unwrap();
-    assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 2));
+    assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 3));
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
 
@@ -165,12 +165,12 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 #[test]
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
-    let want = "image format 4.3 is newer than this ferry build reads (4.2): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 3));
+    let want = "image format 4.4 is newer than this ferry build reads (4.3): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 4));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 3, supported: 2 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 4, supported: 3 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 3));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 4));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
@@ -181,7 +181,7 @@ fn newer_minor_is_refused_with_upgrade_message() {
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 3))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 4))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -236,7 +236,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 6, 99, u32::MAX] {
+        for kind in [0u32, 7, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -251,25 +251,25 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 6;
+    bad[meta.len()] = 7;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
-    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 6")), "{e:?}");
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 7")), "{e:?}");
 }
 
 // --------------------------------------------------------- round trips
 
 #[test]
-fn round_trip_4_2_without_optional_sections() {
+fn round_trip_4_3_without_optional_sections() {
     let (inv, t, pages) = model();
     let meta = encode_meta_with(&inv, &t, None).unwrap();
     assert_eq!(meta, encode_meta(&inv, &t).unwrap());
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 2), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), None));
     let d = TempDir::new("rt-plain");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
     assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
     assert_eq!(image.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
-    assert_eq!(image.read_version().unwrap(), v(4, 2));
+    assert_eq!(image.read_version().unwrap(), v(4, 3));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv.clone(), t.clone(), None, pages.clone()));
@@ -294,7 +294,7 @@ fn round_trip_4_2_with_cgroups_and_incremental() {
     let inc = incremental();
     for inc in [None, Some(&inc)] {
         let meta = encode_meta_with(&inv, &t, inc).unwrap();
-        assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 2), inv.clone(), t.clone(), inc.cloned()));
+        assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), inc.cloned()));
         let d = TempDir::new("rt-cgroups");
         write_dir(&d.0, &inv, &t, inc, &pages);
         assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), inc.cloned()));
@@ -320,6 +320,61 @@ fn cgroups_section_is_refused_in_a_4_1_image() {
     let (inv, t, _) = model();
     let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 1));
     assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 1), inv, t, None));
+}
+
+/// The model with its root's first file a unix socket connected to
+/// itself, and that socket's SO_PEERCRED recorded.
+fn with_unix_peers(mut t: TreeImage) -> TreeImage {
+    let root = &mut t.processes[0];
+    let pid = root.pid;
+    root.files[0].kind = FileKind::UnixSocket(UnixSocket {
+        ino: 77,
+        sock_type: 1,
+        name: vec![],
+        listen_backlog: None,
+        peer: Some(77),
+        queued: vec![],
+        passcred: false,
+        shutdown: 0,
+        in_flight: vec![],
+    });
+    t.unix_peers = Some(UnixPeersImage { sockets: vec![UnixPeerCred { ino: 77, pid, uid: 1000, gid: 100, groups: vec![100, 27] }] });
+    t
+}
+
+#[test]
+fn round_trip_4_3_with_unix_peers_cgroups_and_incremental() {
+    let (inv, t, pages) = model();
+    let t = with_unix_peers(with_cgroups(t));
+    let inc = incremental();
+    for inc in [None, Some(&inc)] {
+        let meta = encode_meta_with(&inv, &t, inc).unwrap();
+        assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), inc.cloned()));
+        let d = TempDir::new("rt-unix-peers");
+        write_dir(&d.0, &inv, &t, inc, &pages);
+        assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), inc.cloned()));
+        let s = stream_of(&inv, &t, inc, &pages);
+        assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv.clone(), t.clone(), inc.cloned(), pages.clone()));
+        let mut s2 = Vec::new();
+        dir_to_stream(&d.0, &mut s2).unwrap();
+        assert_eq!(s2, s);
+    }
+}
+
+#[test]
+fn unix_peers_section_is_refused_in_a_4_2_image() {
+    let (inv, t, pages) = model();
+    let t = with_unix_peers(t);
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 2));
+    let e = decode_meta(&meta).unwrap_err();
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unix peers section") && m.contains("format 4.2")), "{e:?}");
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 2));
+    let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unix peers section") && m.contains("format 4.2")), "{e:?}");
+    // Without it a 4.2 image reads, with no peers recorded.
+    let (inv, t, _) = model();
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 2));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 2), inv, t, None));
 }
 
 #[test]

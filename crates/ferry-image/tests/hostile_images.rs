@@ -756,6 +756,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
                 ProcessCgroups { pid: CHILD, memberships: vec![CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/".into() }] },
             ],
         }),
+        unix_peers: None,
     };
     (inv, t)
 }
@@ -1294,6 +1295,28 @@ fn format4_references_are_checked() {
     assert!(reject_model(&inv, &with(&|m| m.fds[0].pid = pid + 1)).contains("descriptor in flight"));
     assert!(reject_model(&inv, &with(&|m| m.creds = Some(UnixCreds { pid: pid + 1, uid: 0, gid: 0 }))).contains("credentials"));
     assert!(reject_model(&inv, &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254])).contains("malformed ancillary"));
+
+    // The unix peers section (format 4.3) names connected unix sockets of
+    // the tree, each once, processes of the tree and real ids.
+    let peers = |list: Vec<UnixPeerCred>| {
+        let mut t = TreeImage::single(p.clone());
+        t.unix_peers = Some(UnixPeersImage { sockets: list });
+        t
+    };
+    let good = UnixPeerCred { ino: 7, pid, uid: 1000, gid: 1000, groups: vec![1000, 27] };
+    let ok = encode_meta(&inv, &peers(vec![good.clone()])).expect("encode");
+    assert_eq!(decode_meta(&ok).expect("valid unix peers decode").1.unix_peers, Some(UnixPeersImage { sockets: vec![good.clone()] }));
+    let reject_tree = |t: &TreeImage| match decode_meta(&encode_meta(&inv, t).expect("encode")) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted {:?}", t.unix_peers),
+    };
+    assert!(reject_tree(&peers(vec![UnixPeerCred { ino: 8, ..good.clone() }])).contains("not a connected or listening unix socket"));
+    assert!(reject_tree(&peers(vec![good.clone(), good.clone()])).contains("listed twice"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { pid: pid + 1, ..good.clone() }])).contains("not a process of the tree"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { uid: u32::MAX, ..good.clone() }])).contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { gid: u32::MAX, ..good.clone() }])).contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![u32::MAX], ..good.clone() }])).contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![5; 4097], ..good.clone() }])).contains("4097 of them"));
 
     // A deleted mapped file must be in the image, with data inside its size.
     let (inv, mut p) = valid();

@@ -744,6 +744,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
                 memberships: vec![CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/jailed".into() }],
             }],
         }),
+        unix_peers: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

@@ -445,6 +445,7 @@ conformance! {
     tree_pipe_between,
     tree_shared_fd_offset,
     tree_unix_pair,
+    tree_unix_peercred,
     tree_shared_anon,
     tree_sysv_shm,
     tree_posix_shm,

@@ -711,6 +711,11 @@ fn refuses_shared_fs_information_without_clone_thread() {
 
 
 #[test]
+fn refuses_a_unix_pair_made_by_a_process_that_exited() {
+    refused_mode("unix_peer_exited", &["fd 3", "SO_PEERCRED names pid", "not a process of the tree"]);
+}
+
+#[test]
 fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
     refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }

@@ -89,12 +89,14 @@ struct Survey {
     seccomp_threads: Vec<seccomp::ThreadSeccomp>,
     /// Files (indices) of unix listeners with one connection waiting.
     pending_listeners: Vec<u32>,
+    /// SO_PEERCRED of its connected unix sockets (host pids).
+    unix_creds: Vec<ferry_image::UnixPeerCred>,
 }
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
     let smaps = procfs::smaps(pid)?;
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds, (unix_connects, pending_listeners)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let (files, fds, (unix_connects, pending_listeners, unix_creds)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -109,7 +111,7 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
         .find(|m| m.path == "[vdso]")
         .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners })
+    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners, unix_creds })
 }
 
 /// How many times a capture refused for a passing state (see
@@ -308,10 +310,14 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     for p in &tree.procs {
         surveys.push(survey(p.frozen.pid, &p.frozen, &pids, opts)?);
     }
+    // A socket shared by several processes was read once by each.
+    let mut unix_creds: Vec<ferry_image::UnixPeerCred> = surveys.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
+    unix_creds.sort_unstable_by_key(|c| c.ino);
+    unix_creds.dedup_by_key(|c| c.ino);
     {
         let mut pf: Vec<files::ProcessFiles> =
             surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
-        files::link_tree(&mut pf, &pids)?;
+        files::link_tree(&mut pf, &pids, &unix_creds)?;
     }
     // A listener's waiting connection must be one of the tree's sockets.
     for (s, &pid) in surveys.iter().zip(&pids) {
@@ -448,9 +454,13 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         sysv_msg,
         network_lock,
         cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
+        unix_peers: Some(ferry_image::UnixPeersImage { sockets: unix_creds }),
         ..Default::default()
     };
     if let Some(view) = &pid_view {
+        for c in tree_image.unix_peers.iter_mut().flat_map(|u| u.sockets.iter_mut()) {
+            c.pid = view.inner(c.pid);
+        }
         for c in tree_image.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
             c.pid = view.inner(c.pid);
         }

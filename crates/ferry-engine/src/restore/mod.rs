@@ -363,7 +363,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
     let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
-    let staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
+    let mut staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
     let staged_raw: HashMap<u64, RawFd> = staged_files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
     ph.mark("stage files");
 
@@ -419,17 +419,17 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // Established connections are made now, after the fork, so that they
     // need no fd numbers in the range the tree inherits: a tree with
     // 10,000 connections would not fit under the fd limit twice.
-    let connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
+    let mut connections = in_netns(pid, netns_fd, || files::tcp::create_all(&tree))?;
     ph.mark("tcp connections rebuilt");
 
-    // Phase 1, parents before children: fd table and memory, then fork.
+    // Phase 1, parents before children: memory, then fork; the fd tables
+    // once every process exists (below).
     let vdso = ferry_sys_self_vdso()?;
     let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut sessions: Vec<Session> = Vec::with_capacity(tree.processes.len());
     let mut epolls = std::collections::HashSet::new();
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
-    install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
     // Mappings whose pages the root inherited from ferry (a migration
     // placed them at their addresses) are kept like a child's.
     let mut kept: Vec<(u64, u64)> = root.inherited.iter().map(|v| (v.start, v.end)).collect();
@@ -467,9 +467,6 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
-        if !share {
-            install_files(&mut s, &staged_raw, &connections, temp_base, &mut epolls)?;
-        }
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
         kept.sort_unstable();
         memory::clear_address_space(&mut s, &kept)?;
@@ -501,6 +498,26 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         fork::join_group(s)?;
     }
     sysv.remove_destroyed();
+    // fd tables come once every process exists: unix sockets of an image
+    // that records SO_PEERCRED are made now, by the processes it names,
+    // and any process may hold them. Until then every process has only
+    // the descriptors it inherited (staged ones, above temp_base).
+    if files::unix_made_late(&tree) {
+        let late = in_netns(pid, netns_fd, || files::make_unix_late(&tree, &mut sessions, &opts.tty_to, temp_base))?;
+        for (id, fd) in late {
+            let lent = fd.try_clone().map_err(|e| EngineError::io("duplicating a unix socket", e))?;
+            connections.insert(id, lent);
+            staged_files.insert(id, fd);
+        }
+    }
+    let unix_late = files::unix_made_late(&tree);
+    for s in sessions.iter_mut() {
+        // A child that shares its parent's table (CLONE_FILES) has it
+        // from the parent's install.
+        if !s.image.fidelity.shares_files_with_parent || s.pid == pid {
+            install_files(s, &staged_raw, &connections, temp_base, &mut epolls, unix_late)?;
+        }
+    }
     // Credentials in flight name processes of the tree: they exist now.
     files::send_unix_in_flight(&tree, &staged_files)?;
     ph.mark("children: fork+files+memory");
@@ -589,13 +606,39 @@ fn install_files(
     connections: &HashMap<u64, OwnedFd>,
     temp_base: RawFd,
     epolls: &mut std::collections::HashSet<u64>,
+    unix_late: bool,
 ) -> Result<()> {
-    let (calls, data) = files::epoll_target_calls(s.image, staged, s.data, epolls)?;
+    // An epoll entry whose fd number no longer names its file is
+    // registered through a descriptor of that file in the process: a
+    // file the process did not inherit (a connection, a unix socket of
+    // `make_unix_late`) is lent to it above temp_base for that.
+    let lent: Vec<(u64, RawFd)> = s
+        .image
+        .fidelity
+        .epoll_targets
+        .iter()
+        .filter(|t| !staged.contains_key(&t.target))
+        .filter_map(|t| connections.get(&t.target).map(|fd| (t.target, fd.as_raw_fd())))
+        .collect();
+    let mut with_lent;
+    let mut targets = staged;
+    if !lent.is_empty() {
+        with_lent = staged.clone();
+        for (id, fd) in lent {
+            if let std::collections::hash_map::Entry::Vacant(e) = with_lent.entry(id) {
+                e.insert(lend_above(s, fd, temp_base)?);
+            }
+        }
+        targets = &with_lent;
+    }
+    let (calls, data) = files::epoll_target_calls(s.image, targets, s.data, epolls)?;
     if !calls.is_empty() {
         s.remote.write(s.data, &data)?;
         s.run(s.pid, &calls)?;
     }
-    let calls = files::install_calls(s.image, staged, temp_base)?;
+    // The lent descriptors above temp_base go with the staging ones
+    // (`finish_process`).
+    let calls = files::install_calls(s.image, staged, temp_base, unix_late)?;
     s.run(s.pid, &calls)?;
     files::tcp::install(s, connections, temp_base)?;
     let (calls, data) = files::epoll_calls(s.image, s.data, epolls);
@@ -614,6 +657,19 @@ fn install_files(
         s.run(s.pid, &rebased)?;
     }
     Ok(())
+}
+
+/// Gives the process its own descriptor of ferry's `fd`, at or above
+/// `temp_base` (close-on-exec); returns its number there.
+fn lend_above(s: &mut Session, fd: RawFd, temp_base: RawFd) -> Result<RawFd> {
+    let me = std::process::id() as u64;
+    let pidfd = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
+    let got = s.call("pidfd_getfd(a file an epoll entry watches)", libc::SYS_pidfd_getfd, &[pidfd, fd as u64, 0]);
+    s.call("close(pidfd of ferry)", libc::SYS_close, &[pidfd])?;
+    let got = got?;
+    let high = s.call("fcntl(F_DUPFD_CLOEXEC, above temp_base)", libc::SYS_fcntl, &[got, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64]);
+    s.call("close(lent file)", libc::SYS_close, &[got])?;
+    Ok(high? as RawFd)
 }
 
 /// Everything after memory: mm layout, signal handlers, threads and their

@@ -121,8 +121,9 @@ fn leads_out(info: &FdInfo) -> bool {
 /// (parallel; errors are reported for the lowest fd).
 ///
 /// Also returns the pending unix connections (clients waiting in an accept
-/// queue) and the files of listeners with one waiting.
-pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>);
+/// queue), the files of listeners with one waiting and SO_PEERCRED of
+/// the connected unix sockets.
+pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>, Vec<ferry_image::UnixPeerCred>);
 
 pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
     let dir = format!("/proc/{pid}/fd");
@@ -190,7 +191,7 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
             Some(ferry_image::UnixConnect { file: file as u32, listener, position })
         })
         .collect();
-    Ok((files, slots, (connects, pending_listeners)))
+    Ok((files, slots, (connects, pending_listeners, unix_tables.take_peer_creds())))
 }
 
 /// The lowest fd number that points at each file of a table, by file
@@ -214,7 +215,7 @@ pub struct ProcessFiles<'a> {
 /// id where processes share one description (kcmp says so), then checks
 /// what only the whole tree can tell: pipes and unix sockets whose other
 /// end must be inside the tree.
-pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
+pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32], unix_creds: &[ferry_image::UnixPeerCred]) -> Result<()> {
     // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
     type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
     let mut seen: Holders = std::collections::HashMap::new();
@@ -271,6 +272,7 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32]) -> Result<()> {
     }
     let closed = pipe::check_tree(&all, tree)?;
     unix::check_tree(&all)?;
+    unix::check_peer_creds(&all, unix_creds, tree)?;
     for p in procs.iter_mut() {
         for f in p.files.iter_mut() {
             if let FileKind::Pipe(end) = &mut f.kind {

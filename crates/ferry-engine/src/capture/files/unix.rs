@@ -136,6 +136,7 @@ pub struct UnixTables(
     std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<Vec<UnixDiag>>>>,
     std::sync::Mutex<Vec<(u64, u64, u32)>>,
     std::sync::Mutex<Vec<u64>>,
+    std::sync::Mutex<Vec<ferry_image::UnixPeerCred>>,
 );
 
 fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -147,6 +148,11 @@ impl UnixTables {
     /// found waiting in a listener's accept queue.
     pub fn take_pending(&self) -> Vec<(u64, u64, u32)> {
         std::mem::take(&mut *locked(&self.1))
+    }
+    /// SO_PEERCRED of every connected socket found (pids as ferry sees
+    /// them).
+    pub fn take_peer_creds(&self) -> Vec<ferry_image::UnixPeerCred> {
+        std::mem::take(&mut *locked(&self.3))
     }
     /// Inodes of the listeners found with one connection waiting.
     pub fn take_listeners_with_pending(&self) -> Vec<u64> {
@@ -278,9 +284,51 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let passcred = ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
         .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e))?
         != 0;
+    // Who made the connection, as getsockopt(SO_PEERCRED) tells the
+    // program: restore makes it again in that process with those ids
+    // (checked against the tree in `check_peer_creds`). A socket that
+    // connect() never gave credentials (a datagram socket connected by
+    // name) reads pid 0 and ids -1, and so does the one restore makes.
+    // A listener's are those of its listen() call, which every client
+    // connecting later gets: kept when that process is in the tree (a
+    // daemon's listener made by a parent that has exited is listened on
+    // by ferry, see docs/coverage.md).
+    let listener = listen_backlog.is_some();
+    if peer.is_some() || listener {
+        let b = ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, 12)
+            .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e))?;
+        let word = |i: usize| b.get(i..i + 4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
+        let (Some(pid), Some(uid), Some(gid)) = (word(0), word(4), word(8)) else {
+            return Err(info.unsupported(format!("SO_PEERCRED gave {} bytes", b.len())));
+        };
+        if listener && !info.tree.contains(&(pid as i32)) {
+            // Not recorded: see above.
+        } else if pid != 0 {
+            let groups = peer_groups(info, fd)?;
+            locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred { ino, pid: pid as i32, uid, gid, groups });
+        } else if uid != u32::MAX || gid != u32::MAX {
+            return Err(info.unsupported(format!(
+                "SO_PEERCRED names a process outside ferry's PID namespace (uid {uid}, gid {gid}); the connection cannot be made again by it"
+            )));
+        }
+    }
     let (queued, in_flight) =
         if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)? } else { (Vec::new(), Vec::new()) };
     Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred, shutdown: me.shutdown, in_flight }))
+}
+
+/// SO_PEERGROUPS: the supplementary groups of the process SO_PEERCRED
+/// names, at the time it made the connection.
+fn peer_groups(info: &FdInfo, fd: RawFd) -> Result<Vec<u32>> {
+    let max = ferry_image::validate::MAX_PEER_GROUPS;
+    let b = match ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERGROUPS, 4 * max) {
+        Ok(b) => b,
+        Err(e) if e.errno == libc::ERANGE => {
+            return Err(info.unsupported(format!("SO_PEERGROUPS lists more than {max} supplementary groups, more than restore gives a process for one call")))
+        }
+        Err(e) => return Err(EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERGROUPS", info.fd), e)),
+    };
+    Ok(b.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect())
 }
 
 /// A socket bound to a path is bound to it again at restore, which makes
@@ -309,6 +357,65 @@ fn check_bound_path(info: &FdInfo, name: &[u8], vfs: Option<(u32, u32)>) -> Resu
     Err(info.unsupported(format!(
         "bound to {path}, which no longer names this socket (its file was unlinked or replaced, or the name is relative to another directory); restoring it would bind a new socket file there"
     )))
+}
+
+/// Restore makes each connection again in the process SO_PEERCRED names,
+/// with the uid and gid it gives (see restore's `unix::late`): that
+/// process must be one of the tree (`tree`, host pids); both ends of a
+/// socketpair (made by one call) must name the same one. `creds` holds
+/// host pids; `all` is every (pid, file, lowest fd) of the tree.
+pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[ferry_image::UnixPeerCred], tree: &[i32]) -> Result<()> {
+    let cred_of = |ino: u64| creds.iter().find(|c| c.ino == ino);
+    for &(pid, f, fd) in all {
+        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        let what = || format!("fd {fd} (socket:[{}])", u.ino);
+        let Some(c) = cred_of(u.ino) else {
+            // Two datagram sockets connected to each other by name have no
+            // credentials; restore makes a datagram pair with socketpair(),
+            // which would give them some.
+            let mutual = u.peer.is_some_and(|p| {
+                p != u.ino && all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(v) if v.ino == p && v.peer == Some(u.ino)))
+            });
+            if mutual && u.sock_type == libc::SOCK_DGRAM && u.peer.and_then(cred_of).is_none() {
+                return Err(EngineError::unsupported(
+                    pid,
+                    what(),
+                    "a datagram socket connected by name to a socket connected back to it: restore remakes such a pair with socketpair(), and SO_PEERCRED would then name a process where it named none",
+                ));
+            }
+            continue;
+        };
+        if !tree.contains(&c.pid) {
+            return Err(EngineError::unsupported(
+                pid,
+                what(),
+                format!(
+                    "SO_PEERCRED names pid {} (uid {}, gid {}), which is not a process of the tree (it made this connection and has exited, or is outside the tree); the connection cannot be made again by it",
+                    c.pid, c.uid, c.gid
+                ),
+            ));
+        }
+        let Some(peer) = u.peer else { continue };
+        let Some(v) = all.iter().find_map(|(_, g, _)| match &g.kind {
+            FileKind::UnixSocket(v) if v.ino == peer && v.peer == Some(u.ino) => Some(v),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
+        if pair && peer != u.ino && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() }) {
+            let other = cred_of(peer).map_or("none".to_string(), |o| format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups));
+            return Err(EngineError::unsupported(
+                pid,
+                what(),
+                format!(
+                    "SO_PEERCRED says pid {} uid {} gid {}, its peer socket:[{peer}] says {other}: a socket pair is remade by one socketpair() call, which gives both ends one process",
+                    c.pid, c.uid, c.gid
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Both ends of every connected pair must be restorable: the peer must be

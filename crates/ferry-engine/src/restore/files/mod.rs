@@ -3,7 +3,10 @@
 //! every fd number the image uses; processes forked later inherit them,
 //! and each process's table is then installed with injected dup3 calls
 //! ([`install_calls`]). Descriptions shared between processes stay shared
-//! that way. One module per kind of file.
+//! that way. Established TCP connections, and the unix sockets of an image
+//! that records SO_PEERCRED ([`make_unix_late`]), are made after the fork
+//! and taken by each process with pidfd_getfd (`tcp::install`). One module
+//! per kind of file.
 
 mod epoll;
 mod eventfd;
@@ -18,6 +21,7 @@ mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
 pub(crate) mod unix;
+pub(crate) mod unix_late;
 
 use crate::error::{EngineError, Result};
 use crate::inject::Call;
@@ -43,6 +47,9 @@ pub(crate) struct Builder<'a> {
     pub memfds: &'a HashMap<u64, RawFd>,
     /// Lowest fd number above every fd of the image.
     pub temp_base: RawFd,
+    /// Runs the calls that give unix sockets their SO_PEERCRED in the
+    /// recorded processes (`unix_late`); None: ferry makes them.
+    pub inject: Option<&'a mut dyn unix_late::Inject>,
 }
 
 impl Builder<'_> {
@@ -109,11 +116,15 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
         unix_peers: HashMap::new(),
         memfds,
         temp_base,
+        inject: None,
     };
     let back = std::env::current_dir().ok();
     let mut staged: HashMap<u64, OwnedFd> = HashMap::new();
+    let late = unix_made_late(tree);
     let result: Result<()> = (|| {
-        unix::connect_named(&mut b, tree)?;
+        if !late {
+            unix::connect_named(&mut b, tree)?;
+        }
         for p in &tree.processes {
             b.pid = p.pid;
             if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
@@ -122,6 +133,9 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
             for (i, f) in p.files.iter().enumerate() {
                 if staged.contains_key(&f.id) || tcp::is_connection(f) || matches!(f.kind, FileKind::ProcFile { .. }) {
                     continue;
+                }
+                if late && matches!(f.kind, FileKind::UnixSocket(_)) {
+                    continue; // made by `make_unix_late`
                 }
                 let fd = build_one(&mut b, f)?;
                 let high = b.keep(fd)?;
@@ -133,6 +147,9 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                 locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
                 staged.insert(f.id, high);
             }
+        }
+        if late {
+            return Ok(());
         }
         unix::connect_pending(tree, &staged)?;
         unix::connect_one_way(tree, &staged)?;
@@ -147,6 +164,70 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
     Ok(staged)
 }
 
+/// Whether the tree's unix sockets are made once every process exists
+/// ([`make_unix_late`]) rather than staged before the fork: when the
+/// image records their SO_PEERCRED (format 4.3), which only the
+/// recorded processes can give them.
+pub fn unix_made_late(tree: &TreeImage) -> bool {
+    tree.unix_peers.is_some()
+}
+
+/// Makes every unix socket of the tree, as [`stage_open_files`] would,
+/// now that every process exists: socketpair(), listen() and connect()
+/// run in the processes SO_PEERCRED names (see `unix_late`). Returns
+/// ferry's descriptors (above `temp_base`) by description id; processes
+/// take theirs with pidfd_getfd (`tcp::install`).
+pub(crate) fn make_unix_late(tree: &TreeImage, sessions: &mut [crate::restore::Session], tty_to: &str, temp_base: RawFd) -> Result<HashMap<u64, OwnedFd>> {
+    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, c.clone())).collect();
+    let mut inj = unix_late::Late { sessions, creds };
+    let memfds = HashMap::new();
+    let mut b = Builder {
+        pid: tree.processes.first().map_or(0, |p| p.pid),
+        tty_to,
+        pipes: HashMap::new(),
+        pipe_writers: HashMap::new(),
+        fifo_keepers: HashMap::new(),
+        unix_pending: HashMap::new(),
+        unix_peers: HashMap::new(),
+        memfds: &memfds,
+        temp_base,
+        inject: Some(&mut inj),
+    };
+    let back = std::env::current_dir().ok();
+    let mut made: HashMap<u64, OwnedFd> = HashMap::new();
+    let result: Result<()> = (|| {
+        unix::connect_named(&mut b, tree)?;
+        for p in &tree.processes {
+            b.pid = p.pid;
+            if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
+                std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
+            }
+            for (i, f) in p.files.iter().enumerate() {
+                if made.contains_key(&f.id) || !matches!(f.kind, FileKind::UnixSocket(_)) {
+                    continue;
+                }
+                let fd = build_one(&mut b, f)?;
+                let high = b.keep(fd)?;
+                let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
+                if let Some(a) = attrs {
+                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid)
+                        .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
+                }
+                made.insert(f.id, high);
+            }
+        }
+        unix::connect_pending(tree, &made)?;
+        unix::connect_one_way(tree, &made)?;
+        unix::shut_down(tree, &made, false)
+    })();
+    if let Some(dir) = back {
+        let _ = std::env::set_current_dir(dir);
+    }
+    result?;
+    drop(b);
+    Ok(made)
+}
+
 /// Sends the unix queues that hold descriptors or credentials in flight,
 /// once every process of the tree exists.
 pub fn send_unix_in_flight(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
@@ -156,12 +237,13 @@ pub fn send_unix_in_flight(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> 
 /// The injected calls that give a process its fd table: everything below
 /// `temp_base` closed (a forked child starts with its parent's table),
 /// then each fd dup3'ed from its staged description.
-pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_base: RawFd) -> Result<Vec<(String, Call)>> {
+pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_base: RawFd, unix_late: bool) -> Result<Vec<(String, Call)>> {
     let mut calls = vec![("close_range(inherited fds)".to_string(), Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]))];
     for slot in &image.fds {
         let f = &image.files[slot.file as usize];
-        if tcp::is_connection(f) {
-            // Pulled in afterwards (tcp::install).
+        if tcp::is_connection(f) || (unix_late && matches!(f.kind, FileKind::UnixSocket(_))) {
+            // Pulled in afterwards (tcp::install), as are unix sockets
+            // made once every process exists (`make_unix_late`).
             continue;
         }
         if matches!(f.kind, FileKind::ProcFile { .. }) {

@@ -136,7 +136,8 @@ pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
     Ok(made.into_iter().collect())
 }
 
-/// Puts this process's connections at their fd numbers: the process
+/// Puts this process's connections (and unix sockets made after the
+/// fork, `make_unix_late`: `conns` holds both) at their fd numbers: the process
 /// takes each socket from ferry with an injected pidfd_getfd, in batches.
 /// pidfd_getfd returns the lowest free number, so the slots are filled in
 /// ascending order with every lower free number held by a placeholder;
@@ -168,7 +169,7 @@ pub fn install(s: &mut crate::restore::Session, conns: &HashMap<u64, OwnedFd>, t
         gaps.iter().map(|&g| (format!("dup3(placeholder at fd {g})"), Call::new(libc::SYS_dup3, &[pidfd, g as u64, libc::O_CLOEXEC as u64]))).collect();
     let mut expect: Vec<Option<i32>> = vec![None; calls.len()];
     for &(fd, src, cloexec) in &slots {
-        calls.push((format!("pidfd_getfd(TCP connection for fd {fd})"), Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0])));
+        calls.push((format!("pidfd_getfd(socket for fd {fd})"), Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0])));
         expect.push(Some(fd));
         if !cloexec {
             calls.push((format!("fcntl(fd {fd}, F_SETFD, 0)"), Call::new(libc::SYS_fcntl, &[fd as u64, libc::F_SETFD as u64, 0])));

@@ -5,6 +5,7 @@
 //! other end; a bound socket is bound to its name again (a stale socket
 //! file left by the old process is removed first) and listens if it did.
 
+use super::unix_late::Inject;
 use super::Builder;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, TreeImage, UnixSocket};
@@ -16,6 +17,28 @@ use std::path::{Path, PathBuf};
 
 fn dup(pid: i32, fd: &OwnedFd) -> Result<OwnedFd> {
     fd.try_clone().map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
+}
+
+/// A connected pair, made by the process its SO_PEERCRED names when the
+/// image records one (`unix_late`), else by ferry.
+fn pair(b: &mut Builder, pid: i32, ino: u64, sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
+    if let Some(inj) = b.inject.as_deref_mut() {
+        if let Some(c) = inj.cred(ino) {
+            return inj.socketpair(c, sock_type);
+        }
+    }
+    ferry_sys::socket::socketpair(libc::AF_UNIX, sock_type).map_err(|e| EngineError::kernel(pid, "creating a unix socket pair", e))
+}
+
+/// listen(2) by the process the listener's SO_PEERCRED names, if the
+/// image records it (connections made to it later name that process).
+fn listen(inj: Option<&mut (dyn Inject + '_)>, pid: i32, ino: u64, fd: &OwnedFd, backlog: i32) -> Result<()> {
+    if let Some(inj) = inj {
+        if let Some(c) = inj.cred(ino) {
+            return inj.listen(c, fd, backlog);
+        }
+    }
+    ferry_sys::socket::listen(fd.as_raw_fd(), backlog).map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))
 }
 
 fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<()> {
@@ -194,7 +217,7 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
             let how = remake_of(a, bs, listener_named).map_err(|why| EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino)))?;
             let Remake::Connect { client_is_a } = how else { continue };
             let ((pc, c), (ps, s)) = if client_is_a { ((pa, a), (pb, bs)) } else { ((pb, bs), (pa, a)) };
-            let (cfd, sfd) = connect_through_name(pc, c, ps, s)?;
+            let (cfd, sfd) = connect_through_name(b.inject.as_deref_mut(), pc, c, ps, s)?;
             let (cfd, sfd) = (b.keep(cfd)?, b.keep(sfd)?);
             b.unix_peers.insert(c.ino, b.keep(dup(pc.pid, &cfd)?)?);
             b.unix_peers.insert(s.ino, b.keep(dup(ps.pid, &sfd)?)?);
@@ -241,7 +264,7 @@ fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixS
             if a.name.is_empty() && bs.name.is_empty() {
                 return Ok(()); // a plain socketpair, made by `create`
             }
-            let (fa, fb) = ferry_sys::socket::socketpair(libc::AF_UNIX, a.sock_type).map_err(|e| EngineError::kernel(pa.pid, "creating a unix socket pair", e))?;
+            let (fa, fb) = pair(b, pa.pid, a.ino, a.sock_type)?;
             bind(pa, &fa, a)?;
             bind(pb, &fb, bs)?;
             let (fa, fb) = (b.keep(fa)?, b.keep(fb)?);
@@ -302,7 +325,19 @@ fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
 
 /// The client `c` (bound to its own name if it had one) connected to a
 /// temporary listener at `s`'s name, and the end that listener accepted.
-fn connect_through_name(pc: &ferry_image::ProcessImage, c: &UnixSocket, ps: &ferry_image::ProcessImage, s: &UnixSocket) -> Result<(OwnedFd, OwnedFd)> {
+///
+/// With `inj` and credentials recorded, the listener listens in the
+/// process the client's SO_PEERCRED names (the kernel copies the
+/// listener's credentials to the client) and the client connects from
+/// the one the accepted end's names (the kernel gives the accepted end
+/// the connecting task's).
+fn connect_through_name(
+    mut inj: Option<&mut (dyn Inject + '_)>,
+    pc: &ferry_image::ProcessImage,
+    c: &UnixSocket,
+    ps: &ferry_image::ProcessImage,
+    s: &UnixSocket,
+) -> Result<(OwnedFd, OwnedFd)> {
     let what = || format!("remaking the unix connection between socket {} and socket {} named {}", c.ino, s.ino, show(&s.name));
     let client = ferry_sys::socket::socket(libc::AF_UNIX, c.sock_type, 0).map_err(|e| EngineError::kernel(pc.pid, what(), e))?;
     if !c.name.is_empty() {
@@ -317,8 +352,22 @@ fn connect_through_name(pc: &ferry_image::ProcessImage, c: &UnixSocket, ps: &fer
     if let Some(t) = temp_path.as_mut() {
         t.bound = true;
     }
-    ferry_sys::socket::listen(listener.as_raw_fd(), 1).map_err(|e| EngineError::kernel(ps.pid, format!("{}: listening", what()), e))?;
-    ferry_sys::socket::unix_connect(client.as_raw_fd(), &s.name).map_err(|e| EngineError::kernel(pc.pid, format!("{}: connecting", what()), e))?;
+    listen(inj.as_deref_mut(), ps.pid, c.ino, &listener, 1)?;
+    match inj.and_then(|i| i.cred(s.ino).map(|k| (i, k))) {
+        Some((inj, k)) => {
+            // Resolved in the connecting process's directory: the path
+            // is made absolute from the directory ferry bound it in.
+            let mut name = s.name.clone();
+            if name.first().is_some_and(|&x| x != 0 && x != 47) {
+                let mut abs = ps.cwd.as_bytes().to_vec();
+                abs.push(47);
+                abs.extend_from_slice(&s.name);
+                name = abs;
+            }
+            inj.connect(k, &client, &name)?;
+        }
+        None => ferry_sys::socket::unix_connect(client.as_raw_fd(), &s.name).map_err(|e| EngineError::kernel(pc.pid, format!("{}: connecting", what()), e))?,
+    }
     let accepted = ferry_sys::socket::accept(listener.as_raw_fd())
         .map_err(|e| EngineError::kernel(ps.pid, format!("{}: accepting", what()), e))?
         .ok_or_else(|| EngineError::restore(ps.pid, format!("{}: the connection did not reach the temporary listener", what())))?;
@@ -336,8 +385,7 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
         if let Some(mine) = b.unix_pending.remove(&s.ino) {
             mine
         } else {
-            let (mine, theirs) =
-                ferry_sys::socket::socketpair(libc::AF_UNIX, s.sock_type).map_err(|e| EngineError::kernel(pid, "creating a unix socket pair", e))?;
+            let (mine, theirs) = pair(b, pid, s.ino, s.sock_type)?;
             let mine = b.keep(mine)?;
             let theirs = b.keep(theirs)?;
             b.unix_peers.insert(peer, b.keep(dup(pid, &theirs)?)?);
@@ -351,7 +399,7 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
             bind_name(pid, &sock, &s.name)?;
         }
         if let Some(backlog) = s.listen_backlog {
-            ferry_sys::socket::listen(sock.as_raw_fd(), backlog).map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))?;
+            listen(b.inject.as_deref_mut(), pid, s.ino, &sock, backlog)?;
         }
         sock
     };
