@@ -843,9 +843,13 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
         }
     }
     errors.extend(conns.iter().filter_map(|c| c.error.clone()));
-    let unfinished = conns.iter().filter(|c| c.error.is_none() && !c.finished).count();
-    if unfinished > 0 {
-        errors.push(format!("{unfinished} connections did not finish their last round (driver stopped or timed out)"));
+    let unfinished: Vec<u16> = conns.iter().filter(|c| c.error.is_none() && !c.finished).filter_map(|c| c.s.local_addr().ok().map(|a| a.port())).collect();
+    if !unfinished.is_empty() {
+        errors.push(format!(
+            "{} connections did not finish their last round (driver stopped or timed out); client ports {:?}",
+            unfinished.len(),
+            &unfinished[..unfinished.len().min(5)]
+        ));
     }
     DriverResult { errors, rounds: sh.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect() }
 }
@@ -1068,10 +1072,11 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     );
     assert!(
         result.errors.is_empty(),
-        "[{name}] {} client errors, first: {:#?}\nrestore:\n{}",
+        "[{name}] {} client errors, first: {:#?}\nrestore:\n{}\n{}",
         result.errors.len(),
         &result.errors[..result.errors.len().min(5)],
-        read_lossy(&err)
+        read_lossy(&err),
+        tcp_diagnostics(&[&hosts.a.0, &hosts.b.0])
     );
     let stuck: Vec<usize> = (0..case.conns).filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true)).collect();
     assert!(
@@ -1240,4 +1245,25 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
         &hosts,
         &dir.0,
     );
+}
+
+/// For a failure report: each host's TCP sockets in detail and its
+/// nonzero TCP drop counters (why segments were refused: PAWS, window,
+/// memory...).
+fn tcp_diagnostics(namespaces: &[&str]) -> String {
+    let run = |ns: &str, args: &[&str]| {
+        Command::new("ip").args(["netns", "exec", ns]).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    };
+    namespaces
+        .iter()
+        .map(|ns| {
+            let counters: Vec<String> = run(ns, &["nstat", "-az"])
+                .lines()
+                .filter(|l| l.starts_with("TcpExt") && l.split_whitespace().nth(1).is_some_and(|v| v != "0"))
+                .map(str::to_string)
+                .collect();
+            let sockets: String = run(ns, &["ss", "-tin"]).lines().take(400).collect::<Vec<_>>().join("\n");
+            format!("--- {ns}: nonzero TcpExt counters:\n{}\n--- {ns}: ss -tin (first 400 lines):\n{sockets}\n", counters.join("\n"))
+        })
+        .collect()
 }
