@@ -52,7 +52,23 @@ pub(crate) struct Builder<'a> {
     pub inject: Option<&'a mut dyn unix_late::Inject>,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    /// A builder for `tree` with nothing made yet.
+    fn new(tree: &TreeImage, tty_to: &'a str, memfds: &'a HashMap<u64, RawFd>, temp_base: RawFd, inject: Option<&'a mut dyn unix_late::Inject>) -> Self {
+        Builder {
+            pid: tree.processes.first().map_or(0, |p| p.pid),
+            tty_to,
+            pipes: HashMap::new(),
+            pipe_writers: HashMap::new(),
+            fifo_keepers: HashMap::new(),
+            unix_pending: HashMap::new(),
+            unix_peers: HashMap::new(),
+            memfds,
+            temp_base,
+            inject,
+        }
+    }
+
     /// Moves a descriptor the builder keeps across placements above every
     /// image fd number, so installing the fd table cannot clobber it (and
     /// closing it later cannot close an installed fd).
@@ -105,25 +121,31 @@ pub(crate) fn set_status_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()>
 /// descriptions are made in its working directory (relative unix socket
 /// names), in the network namespace ferry is in at the time.
 pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<HashMap<u64, OwnedFd>> {
-    let root_pid = tree.processes.first().map_or(0, |p| p.pid);
-    let mut b = Builder {
-        pid: root_pid,
-        tty_to,
-        pipes: HashMap::new(),
-        pipe_writers: HashMap::new(),
-        fifo_keepers: HashMap::new(),
-        unix_pending: HashMap::new(),
-        unix_peers: HashMap::new(),
-        memfds,
-        temp_base,
-        inject: None,
-    };
-    let back = std::env::current_dir().ok();
-    let mut staged: HashMap<u64, OwnedFd> = HashMap::new();
+    let mut b = Builder::new(tree, tty_to, memfds, temp_base, None);
     let late = unix_made_late(tree);
+    // Unix sockets of an image that records SO_PEERCRED are made later,
+    // by `make_unix_late`; established TCP connections after the fork.
+    let staged = build_all(&mut b, tree, !late, |f| {
+        !(tcp::is_connection(f) || matches!(f.kind, FileKind::ProcFile { .. }) || (late && matches!(f.kind, FileKind::UnixSocket(_))))
+    })?;
+    drop(b);
+    Ok(staged)
+}
+
+/// Builds every open file description of the tree that `wanted` accepts,
+/// once, above `b.temp_base`: each process's in its working directory
+/// (relative unix socket names), with the mode, owner and locks its
+/// inode had. With `unix_sockets` (this call makes them), accepted unix
+/// connections are remade first, before any listener takes its name, and
+/// afterwards the sockets the tree had waiting or connected one way are
+/// connected and what was shut down is shut down (the deferred ones
+/// after `send_in_flight`).
+fn build_all(b: &mut Builder, tree: &TreeImage, unix_sockets: bool, wanted: impl Fn(&OpenFile) -> bool) -> Result<HashMap<u64, OwnedFd>> {
+    let back = std::env::current_dir().ok();
+    let mut made: HashMap<u64, OwnedFd> = HashMap::new();
     let result: Result<()> = (|| {
-        if !late {
-            unix::connect_named(&mut b, tree)?;
+        if unix_sockets {
+            unix::connect_named(b, tree)?;
         }
         for p in &tree.processes {
             b.pid = p.pid;
@@ -131,13 +153,10 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                 std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
             }
             for (i, f) in p.files.iter().enumerate() {
-                if staged.contains_key(&f.id) || tcp::is_connection(f) || matches!(f.kind, FileKind::ProcFile { .. }) {
+                if made.contains_key(&f.id) || !wanted(f) {
                     continue;
                 }
-                if late && matches!(f.kind, FileKind::UnixSocket(_)) {
-                    continue; // made by `make_unix_late`
-                }
-                let fd = build_one(&mut b, f)?;
+                let fd = build_one(b, f)?;
                 let high = b.keep(fd)?;
                 let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
                 if let Some(a) = attrs {
@@ -145,23 +164,21 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
                         .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
                 }
                 locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
-                staged.insert(f.id, high);
+                made.insert(f.id, high);
             }
         }
-        if late {
+        if !unix_sockets {
             return Ok(());
         }
-        unix::connect_pending(tree, &staged)?;
-        unix::connect_one_way(tree, &staged)?;
-        // The deferred ones after `send_in_flight`.
-        unix::shut_down(tree, &staged, false)
+        unix::connect_pending(tree, &made)?;
+        unix::connect_one_way(tree, &made)?;
+        unix::shut_down(tree, &made, false)
     })();
     if let Some(dir) = back {
         let _ = std::env::set_current_dir(dir);
     }
     result?;
-    drop(b);
-    Ok(staged)
+    Ok(made)
 }
 
 /// Whether the tree's unix sockets are made once every process exists
@@ -181,49 +198,8 @@ pub(crate) fn make_unix_late(tree: &TreeImage, sessions: &mut [crate::restore::S
     let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, c.clone())).collect();
     let mut inj = unix_late::Late { sessions, creds };
     let memfds = HashMap::new();
-    let mut b = Builder {
-        pid: tree.processes.first().map_or(0, |p| p.pid),
-        tty_to,
-        pipes: HashMap::new(),
-        pipe_writers: HashMap::new(),
-        fifo_keepers: HashMap::new(),
-        unix_pending: HashMap::new(),
-        unix_peers: HashMap::new(),
-        memfds: &memfds,
-        temp_base,
-        inject: Some(&mut inj),
-    };
-    let back = std::env::current_dir().ok();
-    let mut made: HashMap<u64, OwnedFd> = HashMap::new();
-    let result: Result<()> = (|| {
-        unix::connect_named(&mut b, tree)?;
-        for p in &tree.processes {
-            b.pid = p.pid;
-            if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
-                std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
-            }
-            for (i, f) in p.files.iter().enumerate() {
-                if made.contains_key(&f.id) || !matches!(f.kind, FileKind::UnixSocket(_)) {
-                    continue;
-                }
-                let fd = build_one(&mut b, f)?;
-                let high = b.keep(fd)?;
-                let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
-                if let Some(a) = attrs {
-                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid)
-                        .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
-                }
-                made.insert(f.id, high);
-            }
-        }
-        unix::connect_pending(tree, &made)?;
-        unix::connect_one_way(tree, &made)?;
-        unix::shut_down(tree, &made, false)
-    })();
-    if let Some(dir) = back {
-        let _ = std::env::set_current_dir(dir);
-    }
-    result?;
+    let mut b = Builder::new(tree, tty_to, &memfds, temp_base, Some(&mut inj));
+    let made = build_all(&mut b, tree, true, |f| matches!(f.kind, FileKind::UnixSocket(_)))?;
     drop(b);
     Ok(made)
 }
