@@ -3,9 +3,18 @@
 //! negotiated options, timestamp clock, window and unread data the image
 //! recorded. It stays in repair mode (silent) until every process of the
 //! tree exists; then [`leave_repair`], the network lock is thawed, and
-//! [`resend`] writes the send queue again so the peer gets unacknowledged
-//! data at once instead of after a retransmission timeout (it drops what
-//! it already has).
+//! [`resend`] writes the rest of the send queue again so the peer gets
+//! the most recently sent data at once instead of after a retransmission
+//! timeout (it drops what it already has).
+//!
+//! Only the tail of what had been sent is sent again as new data: the
+//! peer may have received (and acknowledged, to a lock that dropped the
+//! ACK) everything up to what the old socket sent, and the kernel drops
+//! an ACK beyond what the rebuilt socket has sent together with any data
+//! it carries. So the older part of the sent data goes back in repair
+//! mode as already sent (the rebuilt socket's send sequence then covers
+//! every ACK the peer can send), and only as much as the socket's first
+//! flight carries is sent again.
 
 use super::inet::{address, apply_option, is_opt};
 use crate::error::{EngineError, Result};
@@ -83,9 +92,27 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
         socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).map_err(k("selecting the receive queue"))?;
         socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS).map_err(k("refilling the receive queue"))?;
     }
+    let head = already_sent_head(fd, c).map_err(k("reading the congestion window"))?;
+    if head > 0 {
+        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
+        socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS).map_err(k("putting back data already sent"))?;
+    }
     socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
     set_window(fd, c).map_err(k("restoring the window"))?;
     Ok(sock)
+}
+
+/// How much of the send queue goes back in repair mode as already sent:
+/// what the old socket had sent, less what the rebuilt socket's first
+/// flight (its congestion window of full segments) sends again at once.
+fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize> {
+    let sent = c.send_queue.len().saturating_sub(c.unsent as usize);
+    if sent == 0 {
+        return Ok(0);
+    }
+    let ti = socket::tcp_info(fd)?;
+    let first_flight = (ti.tcpi_snd_cwnd as usize).max(1).saturating_mul((ti.tcpi_snd_mss as usize).max(536));
+    Ok(sent.saturating_sub(first_flight))
 }
 
 /// The kernel refuses a window whose last update lies beyond what it has
@@ -239,8 +266,14 @@ pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
         // whose own zero-window probes met the lock has backed off for
         // seconds and would otherwise wait that long to learn our window.
         socket::set_repair(*fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
+        // What `create` put back as already sent ends where the send
+        // queue's sequence is now.
+        socket::set_repair_queue(*fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
+        let write_seq = socket::queue_seq(*fd).map_err(k("reading the send sequence"))?;
+        socket::set_repair_queue(*fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
         socket::set_repair(*fd, 0).map_err(k("sending a window probe"))?;
-        socket::send_all(*fd, &c.send_queue, QUEUE_TIMEOUT_MS).map_err(k("writing the send queue"))?;
+        let head = (write_seq.wrapping_sub(c.send_seq) as usize).min(c.send_queue.len());
+        socket::send_all(*fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS).map_err(k("writing the send queue"))?;
         socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock).map_err(k("restoring SO_BUF_LOCK"))?;
         for o in s.options.iter().filter(|o| deferred(o)) {
             if is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF) || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF) {
