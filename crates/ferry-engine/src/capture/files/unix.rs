@@ -365,7 +365,19 @@ fn check_bound_path(info: &FdInfo, name: &[u8], vfs: Option<(u32, u32)>) -> Resu
 /// socketpair (made by one call) must name the same one. `creds` holds
 /// host pids; `all` is every (pid, file, lowest fd) of the tree.
 pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[ferry_image::UnixPeerCred], tree: &[i32]) -> Result<()> {
-    let cred_of = |ino: u64| creds.iter().find(|c| c.ino == ino);
+    // By inode, once: this runs while the tree is frozen, and a server
+    // may hold thousands of unix sockets.
+    let by_ino: std::collections::HashMap<u64, &ferry_image::UnixPeerCred> = creds.iter().map(|c| (c.ino, c)).collect();
+    let cred_of = |ino: u64| by_ino.get(&ino).copied();
+    let sockets: std::collections::HashMap<u64, &UnixSocket> = all
+        .iter()
+        .filter_map(|(_, g, _)| match &g.kind {
+            FileKind::UnixSocket(v) => Some((v.ino, v)),
+            _ => None,
+        })
+        .collect();
+    // The socket `u` is connected to, when that one is connected back.
+    let connected_back = |u: &UnixSocket| u.peer.and_then(|p| sockets.get(&p).copied()).filter(|v| v.peer == Some(u.ino));
     for &(pid, f, fd) in all {
         let FileKind::UnixSocket(u) = &f.kind else { continue };
         let what = || format!("fd {fd} (socket:[{}])", u.ino);
@@ -373,9 +385,7 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
             // Two datagram sockets connected to each other by name have no
             // credentials; restore makes a datagram pair with socketpair(),
             // which would give them some.
-            let mutual = u.peer.is_some_and(|p| {
-                p != u.ino && all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(v) if v.ino == p && v.peer == Some(u.ino)))
-            });
+            let mutual = u.peer.is_some_and(|p| p != u.ino) && connected_back(u).is_some();
             if mutual && u.sock_type == libc::SOCK_DGRAM && u.peer.and_then(cred_of).is_none() {
                 return Err(EngineError::unsupported(
                     pid,
@@ -396,12 +406,7 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
             ));
         }
         let Some(peer) = u.peer else { continue };
-        let Some(v) = all.iter().find_map(|(_, g, _)| match &g.kind {
-            FileKind::UnixSocket(v) if v.ino == peer && v.peer == Some(u.ino) => Some(v),
-            _ => None,
-        }) else {
-            continue;
-        };
+        let Some(v) = connected_back(u) else { continue };
         let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
         if pair && peer != u.ino && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() }) {
             let other = cred_of(peer).map_or("none".to_string(), |o| format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups));

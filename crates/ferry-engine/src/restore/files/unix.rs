@@ -201,6 +201,11 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
             }
         }
     }
+    // Looked up by inode and by listener name rather than by scanning:
+    // a tree may hold thousands of unix sockets.
+    let by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> = socks.iter().map(|&(p, u)| (u.ino, (p, u))).collect();
+    let listeners: std::collections::HashSet<(i32, &[u8])> =
+        socks.iter().filter(|(_, u)| u.listen_backlog.is_some()).map(|(_, u)| (u.sock_type, u.name.as_slice())).collect();
     let back = std::env::current_dir().ok();
     let result = (|| {
         for &(pa, a) in &socks {
@@ -212,8 +217,8 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
                 datagram_socket(b, &socks, pa, a, peer)?;
                 continue;
             }
-            let Some(&(pb, bs)) = socks.iter().find(|(_, u)| u.ino == peer && u.peer == Some(a.ino)) else { continue };
-            let listener_named = |n: &[u8]| socks.iter().any(|(_, u)| u.listen_backlog.is_some() && u.sock_type == a.sock_type && u.name == n);
+            let Some(&(pb, bs)) = by_ino.get(&peer).filter(|(_, u)| u.peer == Some(a.ino)) else { continue };
+            let listener_named = |n: &[u8]| listeners.contains(&(a.sock_type, n));
             let how = remake_of(a, bs, listener_named).map_err(|why| EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino)))?;
             let Remake::Connect { client_is_a } = how else { continue };
             let ((pc, c), (ps, s)) = if client_is_a { ((pa, a), (pb, bs)) } else { ((pb, bs), (pa, a)) };
@@ -291,11 +296,16 @@ pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Resu
         .iter()
         .flat_map(|p| p.files.iter().filter_map(move |f| if let FileKind::UnixSocket(u) = &f.kind { Some((p, f, u)) } else { None }))
         .collect();
+    // The first process that holds each socket, as a scan would find it.
+    let mut by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> = HashMap::with_capacity(all.len());
+    for &(p, _, u) in &all {
+        by_ino.entry(u.ino).or_insert((p, u));
+    }
     let back = std::env::current_dir().ok();
     let result = (|| {
         for &(p, f, a) in &all {
             let Some(peer) = a.peer.filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM) else { continue };
-            let Some(&(pb, _, bs)) = all.iter().find(|(_, _, u)| u.ino == peer) else { continue };
+            let Some(&(pb, bs)) = by_ino.get(&peer) else { continue };
             if bs.peer == Some(a.ino) {
                 continue;
             }
