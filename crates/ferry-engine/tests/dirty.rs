@@ -80,6 +80,11 @@ impl Target {
         output.read_line(&mut line).expect("READY line");
         assert!(line.starts_with("READY"), "unexpected {line:?}");
         let pid = child.id() as i32;
+        let child_pid = field(&line, "CHILD=") as i32;
+        wait_blocked_in_read(pid);
+        if child_pid > 0 {
+            wait_blocked_in_read(child_pid);
+        }
         Target {
             child,
             input,
@@ -88,7 +93,7 @@ impl Target {
             a: field(&line, "A="),
             na: field(&line, "NA="),
             c: field(&line, "C="),
-            child_pid: field(&line, "CHILD=") as i32,
+            child_pid,
             bin,
         }
     }
@@ -99,7 +104,28 @@ impl Target {
         let mut line = String::new();
         self.output.read_line(&mut line).expect("reply");
         assert!(!line.starts_with("bad") && !line.is_empty(), "{c}: {line:?}");
+        wait_blocked_in_read(self.pid);
+        if self.child_pid > 0 {
+            wait_blocked_in_read(self.child_pid);
+        }
         line.trim().to_string()
+    }
+}
+
+/// Waits until `pid` sleeps in read(2), its idle state. A process that has
+/// replied (or been forked) still runs a few instructions before that, and
+/// their stack and libc writes would be reported as written pages: under
+/// load that tail can come after the tracker's next collect.
+fn wait_blocked_in_read(pid: i32) {
+    let path = format!("/proc/{pid}/syscall");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = std::fs::read_to_string(&path).unwrap_or_default();
+        if now.starts_with("0 ") {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "pid {pid} never blocked in read: {path} says {now:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
