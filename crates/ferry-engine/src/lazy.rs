@@ -11,19 +11,18 @@
 //! first return to user mode, still inside the restore), and the main
 //! stack (GROWSDOWN; the restore touches it, and it is small).
 
-use crate::capture::memory::{classify, page_filter};
+use crate::capture::memory::page_filter;
 use crate::error::{EngineError, Result};
 use crate::procfs;
-use ferry_image::{vmflag, VmaBacking};
+use ferry_image::{vmflag, Vma, VmaBacking};
 use ferry_sys::pagemap;
 
 const PAGE: u64 = 4096;
 
 /// The pages of `pid` (frozen, traced by the calling thread) that may be
-/// fetched lazily, as sorted (address, pages) runs.
-pub fn lazy_pages(pid: i32) -> Result<Vec<(u64, u64)>> {
-    let smaps = procfs::smaps(pid)?;
-    let vmas = classify(pid, &smaps)?;
+/// fetched lazily, as sorted (address, pages) runs; `vmas` are its
+/// mappings as the survey of the frozen process classified them.
+pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
     let mut eager: Vec<u64> = Vec::new();
     for tid in procfs::tids(pid)? {
         let conf = ferry_sys::ptrace::get_rseq_config(tid).map_err(|e| EngineError::kernel(pid, format!("reading rseq configuration of thread {tid}"), e))?;
@@ -40,7 +39,7 @@ pub fn lazy_pages(pid: i32) -> Result<Vec<(u64, u64)>> {
     let pm_path = format!("/proc/{pid}/pagemap");
     let pm: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for v in &vmas {
+    for v in vmas {
         if !matches!(v.backing, VmaBacking::Anonymous) || v.shared || v.flags & (vmflag::LOCKED | vmflag::GROWSDOWN) != 0 {
             continue;
         }

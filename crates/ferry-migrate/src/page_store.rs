@@ -267,10 +267,10 @@ impl PageStore {
         PlacedRegion::inherited(&regions)
     }
 
-    /// Drops the placed regions (after the restore, whose root has its
-    /// own copies now).
-    pub fn drop_placed(&mut self) {
-        self.placed.clear();
+    /// Takes the placed regions out of the store (after the restore, whose
+    /// root has its own copies now), for the caller to drop.
+    pub fn take_placed(&mut self) -> Vec<PlacedRegion> {
+        std::mem::take(&mut self.placed).into_values().collect()
     }
 
     fn slot_for(&mut self, pid: i32, addr: u64) -> u64 {

@@ -37,16 +37,16 @@ impl LazyHooks {
 }
 
 impl ferry_engine::capture::CaptureHooks for LazyHooks {
-    fn held_pages(&mut self, pids: &[i32]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
-        if pids.len() > 1 {
+    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+        if procs.len() > 1 {
             return Err(ferry_engine::EngineError::unsupported(
-                pids[0],
+                procs[0].0,
                 "the process tree",
-                format!("post-copy (--lazy) moves a single process; this tree has {} (use pre-copy)", pids.len()),
+                format!("post-copy (--lazy) moves a single process; this tree has {} (use pre-copy)", procs.len()),
             ));
         }
-        for &pid in pids {
-            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid)?);
+        for &(pid, vmas) in procs {
+            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
         }
         Ok(self.lazy.clone())
     }

@@ -3,7 +3,7 @@
 //! left is small enough for the short final round in the freeze, or stops
 //! shrinking.
 
-use crate::error::Result;
+use crate::error::{MigrateError, Result};
 use crate::protocol::{self, Msg};
 use crate::ranges::RangeSet;
 use crate::stream_sink::StreamSink;
@@ -137,8 +137,18 @@ impl Precopy {
         Ok(sink.page_bytes())
     }
 
+    /// Ends a round once the destination has stored all of it: a round
+    /// counts until its pages are at the destination, not until they are
+    /// in the socket buffers (the next collect, and the freeze, come after).
     fn finish_round(&mut self, ch: &mut Channel, bytes: u64, t: Instant) -> Result<()> {
-        protocol::send(ch, &Msg::RoundDone { round: self.rounds.len() as u32, bytes })?;
+        let round = self.rounds.len() as u32;
+        protocol::send(ch, &Msg::RoundDone { round, bytes })?;
+        let stored = protocol::expect(ch, &["RoundStored"])?;
+        match stored.msg {
+            Msg::RoundStored { round: r } if r == round => {}
+            Msg::RoundStored { round: r } => return Err(MigrateError::Protocol(format!("the destination acknowledged round {r} after round {round}"))),
+            m => return Err(MigrateError::Protocol(format!("expected RoundStored after round {round}, got {}", m.name()))),
+        }
         self.rounds.push(Round { bytes, ms: t.elapsed().as_secs_f64() * 1e3, dirty_after: 0 });
         Ok(())
     }
@@ -148,10 +158,10 @@ impl Precopy {
 /// collected, and what the destination still holds unchanged is not sent
 /// again.
 impl ferry_engine::capture::CaptureHooks for Precopy {
-    fn held_pages(&mut self, pids: &[i32]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
         let dirty = self.tracker.collect()?;
         let mut out = HashMap::new();
-        for &pid in pids {
+        for &(pid, _) in procs {
             let Some(held) = self.held.get(&pid) else { continue };
             let written = dirty.iter().find(|(p, _)| *p == pid).map(|(_, r)| RangeSet::from_ranges(r.clone())).unwrap_or_default();
             out.insert(pid, held.minus(&written).as_page_runs());

@@ -10,6 +10,8 @@
 //!   Hello ------------------------------->  checks versions, arch, address
 //!         <-------------------------------  Welcome | Refused
 //!   Pages (round 0: all memory) ------->    into the page store
+//!   RoundDone --------------------------->
+//!         <-------------------------------  RoundStored (all of it stored)
 //!   Pages (round n: pages written since)    ...
 //!   [freeze] Pages (final dirty pages)
 //!   Image (metadata, parent pages) ----->   lock, address, restore (held)
@@ -28,7 +30,8 @@ use ferry_transport::Channel;
 use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes meaning; two agents must agree on it.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: the destination answers each RoundDone with RoundStored.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Hello {
@@ -70,6 +73,11 @@ pub enum Msg {
     Layout { pid: i32, mappings: Vec<(u64, u64)> },
     /// A pre-copy round is complete.
     RoundDone { round: u32, bytes: u64 },
+    /// The destination has stored every page of pre-copy round `round`.
+    /// The source waits for it before it looks at what was written
+    /// meanwhile (and before it freezes): pages still on their way would
+    /// otherwise be stored inside the pause.
+    RoundStored { round: u32 },
     /// The frozen tree's metadata (meta.img bytes, an incremental image
     /// when pre-copy rounds ran: its parent is the pages the destination
     /// holds from them); `host_pids` are the PIDs its processes had on the
@@ -100,6 +108,7 @@ impl Msg {
             Msg::Refused { .. } => "Refused",
             Msg::Pages { .. } => "Pages",
             Msg::RoundDone { .. } => "RoundDone",
+            Msg::RoundStored { .. } => "RoundStored",
             Msg::Layout { .. } => "Layout",
             Msg::Image { .. } => "Image",
             Msg::Ready { .. } => "Ready",

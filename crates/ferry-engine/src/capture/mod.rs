@@ -184,8 +184,10 @@ pub trait CaptureHooks {
     /// Called once the tree is frozen, before any page is copied: for
     /// each process, the pages (sorted (address, pages) runs) whose
     /// current content the receiver already holds. Those pages are not
-    /// copied again; the capture lists them as the parent's.
-    fn held_pages(&mut self, pids: &[i32]) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
+    /// copied again; the capture lists them as the parent's. `procs` gives
+    /// each process's PID and the mappings the survey of the frozen tree
+    /// found (reading them again would walk every page table once more).
+    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
 }
 
 /// What the network lock becomes once the captured tree is killed.
@@ -387,7 +389,10 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     ph.mark("injected syscalls");
 
     let held: HashMap<i32, Vec<(u64, u64)>> = match hooks.as_mut() {
-        Some(h) => h.held_pages(&pids)?,
+        Some(h) => {
+            let procs: Vec<(i32, &[ferry_image::Vma])> = pids.iter().zip(&surveys).map(|(&pid, s)| (pid, s.vmas.as_slice())).collect();
+            h.held_pages(&procs)?
+        }
         None => HashMap::new(),
     };
     let mut parent_pages = Vec::new();
