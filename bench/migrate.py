@@ -66,6 +66,7 @@ FERRY = os.environ.get("FERRY_BIN", os.path.join(REPO, "target/release/ferry"))
 FERRYD = os.environ.get("FERRYD_BIN", os.path.join(REPO, "target/release/ferryd"))
 NGINX = "/usr/sbin/nginx"
 PORT = 7070          # ferryd
+SOURCE_PID_BASE = 5000  # --source-pid-base
 ECHO_PORT = 7100
 ECHO_RATE = 2000     # messages/s in total, all connections together
 MODES = {"stop": ("stop-and-copy", ["--no-precopy"]), "pre": ("pre-copy", []), "post": ("post-copy", ["--lazy"])}
@@ -215,6 +216,16 @@ class Host:
         """argv inside the host; returns the nsenter Popen (it forks the
         process and waits for it)."""
         return spawn(self.enter() + argv, logpath)
+
+    def spawn_service(self, argv, logpath):
+        """Like spawn, for the service to migrate: with --source-pid-base,
+        its PIDs start above that number, as on a host that has run for a
+        while, rather than right after ferryd's own, where they collide
+        with the PID of b's worker (b then restores in a new PID namespace
+        under a helper, one more fork of the memory)."""
+        if SOURCE_PID_BASE > 0:
+            sh(*self.enter(), "sh", "-c", f"echo {SOURCE_PID_BASE} > /proc/sys/kernel/ns_last_pid")
+        return self.spawn(argv, logpath)
 
     def ip_cmd(self, *args, check=True):
         return sh("ip", "-n", self.netns, *args, check=check)
@@ -376,7 +387,7 @@ def mem_run(cl, bins, work, workload, mib, mode, insecure):
     cl.fresh()
     logpath = os.path.join(work, f"mem-{workload}-{mib}-{mode}.log")
     argv = [bins["migrate_mem"]] + [a.format(mib=mib) for a in WORKLOADS[workload][1]]
-    proc = cl.a.spawn(argv, logpath)
+    proc = cl.a.spawn_service(argv, logpath)
     row = {"workload": workload, "mib": mib, "mode": mode, "load": la}
     try:
         pid = int(wait_line(logpath, r"^READY (\d+)", proc, 60 + mib / 50).group(1))
@@ -492,7 +503,7 @@ def conn_run(cl, bins, work, n, insecure):
     la = load1()
     cl.fresh(service=True)
     slog, clog = os.path.join(work, f"echo-server-{n}.log"), os.path.join(work, f"echo-client-{n}.log")
-    server = cl.a.spawn([bins["migrate_echo_server"], cl.service, str(ECHO_PORT)], slog)
+    server = cl.a.spawn_service([bins["migrate_echo_server"], cl.service, str(ECHO_PORT)], slog)
     client = None
     row = {"n": n, "load": la}
     try:
@@ -610,7 +621,7 @@ def ab_run(cl, work, conc, seconds, migrate, insecure):
     with open(conf, "w") as f:
         f.write(NGINX_CONF.format(d=d, addr=cl.service))
     nlog = os.path.join(work, "nginx.log")
-    nginx = cl.a.spawn([NGINX, "-c", conf, "-p", d + "/"], nlog)
+    nginx = cl.a.spawn_service([NGINX, "-c", conf, "-p", d + "/"], nlog)
     ab = None
     row = {"c": conc, "migrate": migrate, "load": la}
     try:
@@ -898,9 +909,13 @@ def main():
     ap.add_argument("--insecure", action="store_true", help="pass --insecure to ferry migrate")
     ap.add_argument("--wait-load", type=float, default=None, help="before each part, wait until the 1-min load is below this")
     ap.add_argument("--wait-max", type=int, default=1800, help="seconds to wait for --wait-load at most")
+    ap.add_argument("--source-pid-base", type=int, default=5000,
+                    help="the service on host a gets PIDs above this (0: right after ferryd's, colliding with b's worker)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs of ferryd, servers, clients, ab)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-migrate-latest.md"))
     args = ap.parse_args()
+    global SOURCE_PID_BASE
+    SOURCE_PID_BASE = args.source_pid_base
     if os.geteuid() != 0:
         sys.exit("bench/migrate.py: needs root")
     for b in (FERRY, FERRYD):

@@ -408,6 +408,12 @@ fn conformance_programs_migrate_between_hosts() {
     let env = Env::new("conf", &["a", "b"]);
     env.start_ferryd("a", &[], &[]);
     env.start_ferryd("b", &[], &[]);
+    // The programs' PIDs are then free in b, as between two real hosts:
+    // each is restored in b's own PID namespace (without this, a fresh
+    // a's PIDs are those of b's workers, and each restore takes a new
+    // namespace under a helper; a_pid_taken_at_the_destination... tests
+    // that path).
+    env.host("a").set_next_pid(5000);
     let mut bins = std::collections::HashMap::new();
     for (n, bin) in rx.iter() {
         bins.insert(n, bin);
@@ -438,6 +444,7 @@ fn conformance_programs_migrate_between_hosts() {
                 // Whatever the program left (in a, in b) goes with fresh hosts.
                 env.start_ferryd("a", &[], &[]);
                 env.start_ferryd("b", &[], &[]);
+                env.host("a").set_next_pid(5000);
             }
         }
     }
@@ -1022,4 +1029,71 @@ fn fault_unauthenticated_peers_are_refused() {
     counter += 1;
     assert_eq!(client.ask("INCR kept"), format!(":{counter}"), "{TEST}: the kept connection after the migration");
     assert!(addresses(b).contains(&addr) && !addresses(env.host("a")).contains(&addr));
+}
+
+// ---------------------------------------------------------------------------
+// Where the destination restores: its own PID namespace, or a new one
+
+/// The parent of `pid` (root namespace) and that parent's name.
+fn parent_of(pid: i32) -> Option<(i32, String)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ppid: i32 = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?;
+    let comm = fs::read_to_string(format!("/proc/{ppid}/comm")).ok()?;
+    Some((ppid, comm.trim().to_string()))
+}
+
+#[test]
+fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
+    const TEST: &str = "pid-namespaces";
+    if !have(TEST, &["sleep"]) {
+        return;
+    }
+    let env = Env::new("pidns", &["a", "b"]);
+    env.start_ferryd("a", &[], &[]);
+    env.start_ferryd("b", &[], &[]);
+    let (a, b) = (env.host("a"), env.host("b"));
+    let b_ns = common::cluster::pid_ns_of(b.init_pid()).expect("b's PID namespace");
+    for taken in [false, true] {
+        let base = if taken { 7000 } else { 6000 };
+        let want = base + 1;
+        let mut occupant = None;
+        if taken {
+            b.set_next_pid(base);
+            let log = env.dir.0.join("occupant.log");
+            let o = start_in(b, &["sleep", "600"], &env.dir.0, &log, &[]);
+            assert_eq!(o.inner, want, "{TEST}: the occupant in b did not get PID {want}");
+            occupant = Some(o);
+        }
+        a.set_next_pid(base);
+        let log = env.dir.0.join(format!("sleep-{taken}.log"));
+        let mut p = start_in(a, &["sleep", "600"], &env.dir.0, &log, &[]);
+        assert_eq!(p.inner, want, "{TEST}: the service in a did not get PID {want}");
+        let m = env.migrate("a", p.inner, env.agent("b"), &[]);
+        assert!(m.ok(), "{TEST} (PID taken in b: {taken}): {}", m.out.show());
+        assert!(wait_timeout(&mut p.nsenter, Duration::from_secs(10)).is_some(), "{TEST}: the source's copy still runs");
+        let host_pid = m.dest_host_pid();
+        let root = b.root_pid(host_pid).unwrap_or_else(|| panic!("{TEST}: no process {host_pid} in b"));
+        assert_eq!(common::cluster::innermost(root), Some(want), "{TEST}: the restored process does not have its PID {want}");
+        let ns = common::cluster::pid_ns_of(root).expect("the restored process's PID namespace");
+        if taken {
+            // In a new namespace, under the helper that is its init there.
+            assert_ne!(host_pid, want, "{TEST}: b reports the restored process as {want}, the occupant's PID");
+            assert_ne!(ns, b_ns, "{TEST}: restored in b's own PID namespace although {want} is taken there");
+            let parent = parent_of(root).map(|p| p.1);
+            assert_eq!(parent.as_deref(), Some("ferry-init"), "{TEST}: the restored process's parent");
+        } else {
+            assert_eq!(host_pid, want, "{TEST}: b reports the restored process as {host_pid}");
+            assert_eq!(ns, b_ns, "{TEST}: restored in a new PID namespace although every PID was free in b");
+            // Its parent, the worker that restored it, exits; ferryd
+            // (b's init, the child subreaper) adopts it.
+            let adopted = wait_for(Duration::from_secs(10), || parent_of(root).is_some_and(|(ppid, _)| ppid == b.init_pid()));
+            assert!(adopted, "{TEST}: the restored process's parent is {:?}, not b's ferryd", parent_of(root));
+        }
+        assert!(alive(root) && state(root) != Some('t'), "{TEST}: the restored process is not running ({:?})", state(root));
+        kill(root, libc::SIGKILL);
+        if let Some(mut o) = occupant {
+            kill(o.root, libc::SIGKILL);
+            let _ = wait_timeout(&mut o.nsenter, Duration::from_secs(5));
+        }
+    }
 }

@@ -139,6 +139,13 @@ impl Session<'_> {
     }
 }
 
+/// Whether every PID and thread ID the tree needs is free in ferry's PID
+/// namespace right now (a restore there would not meet a taken one).
+pub fn pids_free_here(tree: &TreeImage) -> bool {
+    let mut ids = tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid));
+    ids.all(|id| pid_owner(id).is_none())
+}
+
 fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }

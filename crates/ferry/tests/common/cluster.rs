@@ -40,12 +40,12 @@ fn children_of(pid: u32) -> Vec<i32> {
 }
 
 /// The PID namespace of `pid` ("pid:[inode]"), None when it is gone.
-fn pid_ns_of(pid: i32) -> Option<String> {
+pub fn pid_ns_of(pid: i32) -> Option<String> {
     fs::read_link(format!("/proc/{pid}/ns/pid")).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The PID of `pid` in the innermost PID namespace it is in.
-fn innermost(pid: i32) -> Option<i32> {
+pub fn innermost(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
@@ -176,6 +176,18 @@ impl Host {
         let mut cmd = Command::new("nsenter");
         cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "-i", "--"]).args(argv);
         cmd
+    }
+
+    /// Makes the next process started in the host get a PID above `last`
+    /// (the host's ns_last_pid), as on a host that has run for a while: a
+    /// fresh host's PIDs come right after its init's, and two fresh hosts
+    /// hand out the same ones.
+    pub fn set_next_pid(&self, last: i32) {
+        let st = self
+            .command(&["sh", "-c", &format!("echo {last} > /proc/sys/kernel/ns_last_pid")])
+            .status()
+            .unwrap_or_else(|e| panic!("set ns_last_pid in host {}: {e}", self.name));
+        assert!(st.success(), "set ns_last_pid in host {}: {st}", self.name);
     }
 
     /// A command in the host's network namespace only (`ip netns exec`),
