@@ -244,14 +244,17 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
 /// of the page tables of every placed page (~20 ms per GiB in the pause).
 /// Only when every PID of the tree is free here, the tree did not have a
 /// PID namespace of its own, the root's threads have no parent-death
-/// signal (their parent, this worker, exits after the migration, and the
-/// root then belongs to ferryd, the child subreaper), and not post-copy
+/// signal and the root exits with SIGCHLD (their parent, this worker,
+/// exits after the migration, and the root then belongs to ferryd, the
+/// child subreaper), and not post-copy
 /// (whose pager needs the tree in a namespace it can wait on).
 fn restore_here(tree: &TreeImage, lazy: bool) -> bool {
     let Some(root) = tree.root() else { return false };
     !lazy
         && !tree.own_pid_namespace
         && root.fidelity.threads.iter().all(|t| t.pdeathsig == 0)
+        // Adoption resets the exit signal to SIGCHLD.
+        && root.fidelity.exit_signal == libc::SIGCHLD
         && ferry_engine::restore::pids_free_here(tree)
 }
 
