@@ -1076,7 +1076,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         result.errors.len(),
         &result.errors[..result.errors.len().min(5)],
         read_lossy(&err),
-        tcp_diagnostics(&[&hosts.a.0, &hosts.b.0])
+        common::tcp_diagnostics(&[&hosts.a.0, &hosts.b.0])
     );
     let stuck: Vec<usize> = (0..case.conns).filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true)).collect();
     assert!(
@@ -1247,23 +1247,3 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
     );
 }
 
-/// For a failure report: each host's TCP sockets in detail and its
-/// nonzero TCP drop counters (why segments were refused: PAWS, window,
-/// memory...).
-fn tcp_diagnostics(namespaces: &[&str]) -> String {
-    let run = |ns: &str, args: &[&str]| {
-        Command::new("ip").args(["netns", "exec", ns]).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
-    };
-    namespaces
-        .iter()
-        .map(|ns| {
-            let counters: Vec<String> = run(ns, &["nstat", "-az"])
-                .lines()
-                .filter(|l| l.starts_with("TcpExt") && l.split_whitespace().nth(1).is_some_and(|v| v != "0"))
-                .map(str::to_string)
-                .collect();
-            let sockets: String = run(ns, &["ss", "-tin"]).lines().take(400).collect::<Vec<_>>().join("\n");
-            format!("--- {ns}: nonzero TcpExt counters:\n{}\n--- {ns}: ss -tin (first 400 lines):\n{sockets}\n", counters.join("\n"))
-        })
-        .collect()
-}

@@ -174,29 +174,6 @@ struct Load {
 /// Result of the clients' run: errors, one line each.
 type Outcome = Vec<String>;
 
-/// `ss -tin` in each namespace, for a failure message.
-fn socket_states(namespaces: &[String]) -> String {
-    namespaces
-        .iter()
-        .map(|ns| {
-            let out = Command::new("ip").args(["netns", "exec", ns, "ss", "-tin"]).output();
-            // Why segments were dropped (PAWS, out of window, memory...).
-            let counters = Command::new("ip").args(["netns", "exec", ns, "nstat", "-az"]).output();
-            let counters: String = counters
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| l.split_whitespace().nth(1).is_some_and(|v| v != "0"))
-                .filter(|l| l.starts_with("TcpExt") || l.starts_with("TcpRetrans") || l.starts_with("TcpInErrs"))
-                .collect::<Vec<_>>()
-                .join("\n");
-            format!(
-                "--- ss -tin in {ns}:\n{}--- nonzero TCP counters in {ns}:\n{counters}\n",
-                out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
-            )
-        })
-        .collect()
-}
 
 /// How much of each client stream the server leaves unread before the
 /// checkpoint, and how much more at most comes while it is frozen:
@@ -273,7 +250,7 @@ fn run_clients(
                     .take(5)
                     .map(|c| format!("conn {} got {} sent {} eof {} shut {}", c.id, c.got, c.sent, c.eof, c.shut))
                     .collect();
-                stall_report = Some(format!("no progress for 10 s: {stuck:?}\n{}", socket_states(&diagnose)));
+                stall_report = Some(format!("no progress for 10 s: {stuck:?}\n{}", common::tcp_diagnostics(&diagnose.iter().map(String::as_str).collect::<Vec<_>>())));
             }
             let mut progress = false;
             for c in conns.iter_mut() {

@@ -156,3 +156,43 @@ pub fn image_lock(ferry: &str, images: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
     v["tree"]["network_lock"]["name"].as_str().map(String::from)
 }
+
+/// For a failure report: each network namespace's TCP sockets in detail
+/// (`ss -tinm`: timers, windows, and the socket's own drop count `d` in
+/// skmem) and its nonzero TCP counters (why segments were refused: PAWS,
+/// window, memory...), read from its /proc/net/netstat and /proc/net/snmp
+/// (nstat keeps a history file shared by every namespace, which mixes
+/// one namespace's counters into another's report).
+pub fn tcp_diagnostics(namespaces: &[&str]) -> String {
+    let run = |ns: &str, args: &[&str]| {
+        Command::new("ip").args(["netns", "exec", ns]).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    };
+    namespaces
+        .iter()
+        .map(|ns| {
+            let counters = nonzero_tcp_counters(&run(ns, &["cat", "/proc/net/netstat", "/proc/net/snmp"]));
+            let sockets: String = run(ns, &["ss", "-tinm"]).lines().take(400).collect::<Vec<_>>().join("\n");
+            format!("--- {ns}: nonzero TCP counters:\n{}\n--- {ns}: ss -tinm (first 400 lines):\n{sockets}\n", counters.join("\n"))
+        })
+        .collect()
+}
+
+/// The nonzero counters of the TcpExt and Tcp lines of /proc/net/netstat
+/// and /proc/net/snmp text (each a header line of names, then a line of
+/// values), as "TcpExtName value".
+pub fn nonzero_tcp_counters(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for pair in lines.windows(2) {
+        let (Some((kind, names)), Some((kind2, values))) = (pair[0].split_once(':'), pair[1].split_once(':')) else { continue };
+        if kind != kind2 || !(kind == "TcpExt" || kind == "Tcp") || names.trim_start().starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if v != "0" && !v.is_empty() {
+                out.push(format!("{kind}{n} {v}"));
+            }
+        }
+    }
+    out
+}
