@@ -11,6 +11,7 @@
 //! * [`dirty`] tracks which pages of a running tree are written (pre-copy).
 //! * [`procfs`] parses the /proc files both sides read.
 
+pub mod btf;
 pub mod capture;
 pub mod dirty;
 pub mod error;

@@ -127,8 +127,13 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         None
     };
 
+    // Read the mappings' flags once now, while the tree runs, so that the
+    // freeze can read them without walking every page table again (see
+    // ferry_engine::capture::vma_flags).
+    let presurveyed = ferry_engine::capture::vma_flags::presurvey_tree(o.pid);
+    mark(&mut phases, "presurvey");
     (o.progress)("freezing");
-    let copts = CaptureOptions { network_lock: o.network_lock, ..Default::default() };
+    let copts = CaptureOptions { network_lock: o.network_lock, presurveyed, ..Default::default() };
     let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
     // A refusal for a passing state (a connection closing, a client
     // between handshake and accept) comes before any page is sent: the

@@ -30,6 +30,7 @@ pub mod uffd;
 pub mod sysv;
 pub mod unix;
 pub mod vm;
+pub mod vma_iter;
 
 pub use error::{SysError, SysResult};
 

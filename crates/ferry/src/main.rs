@@ -162,7 +162,7 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
             let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
             let opts =
-                ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory"), network_lock };
+                ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory"), network_lock, ..Default::default() };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
                 "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}",

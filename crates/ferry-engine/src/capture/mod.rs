@@ -21,6 +21,7 @@ mod shm;
 mod sysv_ipc;
 mod threads;
 mod timers;
+pub mod vma_flags;
 pub(crate) mod tree;
 
 pub(crate) use files::tcp::leave_repair;
@@ -47,6 +48,9 @@ pub struct CaptureOptions {
     pub progress: Option<crate::ProgressFn>,
     /// How established TCP connections are held still on the network.
     pub network_lock: ferry_netlock::Method,
+    /// Processes presurveyed while they ran ([`vma_flags::presurvey`]):
+    /// their mappings' flags may be read in the freeze without smaps.
+    pub presurveyed: HashMap<i32, vma_flags::Presurveyed>,
 }
 
 #[derive(Debug, Clone)]
@@ -94,7 +98,8 @@ struct Survey {
 }
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
-    let smaps = procfs::smaps(pid)?;
+    let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
+    tracing::debug!("pid {pid}: mappings read {}", if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" });
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds, (unix_connects, pending_listeners, unix_creds)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;

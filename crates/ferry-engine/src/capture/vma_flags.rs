@@ -1,0 +1,296 @@
+//! The mappings of a frozen process with their VmFlags, without walking
+//! its page tables when that can be proven exact.
+//!
+//! /proc/PID/smaps is the only file that shows a mapping's flags (dd, wf,
+//! lo, hg...), and reading it walks every present page (~15 ms per GiB),
+//! inside the freeze. A BPF task_vma iterator (`ferry_sys::vma_iter`)
+//! reads each mapping's raw `vm_flags` in microseconds; /proc/PID/maps
+//! gives the rest of each line without a page walk. What is left is
+//! turning raw bits into the mnemonics smaps prints, and that table is
+//! the kernel's, so it is *checked* before it is trusted:
+//!
+//! - [`presurvey`], while the process still runs (a migration does it
+//!   before the freeze): raw flags, smaps, raw flags again. If the two raw
+//!   reads agree, every mapping's smaps flags must equal the table applied
+//!   to its raw flags; a mismatch (a flag changed during the read, or a
+//!   table that is wrong for this kernel) makes the presurvey void. The
+//!   bits seen set in a mapping that matched are *validated*.
+//! - [`frozen_smaps`], in the freeze: raw flags and /proc/PID/maps. Used
+//!   only if every mapping matches one of the raw reads one to one and
+//!   every bit set is validated; anything else (a bit never seen, an
+//!   unknown bit, a mapping the iterator does not see) reads smaps.
+//!
+//! So a wrong table can only cost speed, never a flag.
+
+use crate::error::Result;
+use crate::procfs::{self, MapsEntry};
+use ferry_sys::vma_iter::{IterLayout, RawVma, VmaIterProgram};
+use std::sync::OnceLock;
+
+/// Bit number of `vm_flags` and the mnemonic smaps prints for it
+/// (fs/proc/task_mmu.c, show_smap_vma_flags), in the order smaps prints
+/// them. Only bits below 32, whose meaning has not moved in years; a
+/// mapping with a higher bit set is read from smaps.
+const MNEMONICS: [(u32, &str); 31] = [
+    (0, "rd"),
+    (1, "wr"),
+    (2, "ex"),
+    (3, "sh"),
+    (4, "mr"),
+    (5, "mw"),
+    (6, "me"),
+    (7, "ms"),
+    (8, "gd"),
+    (9, "um"),
+    (10, "pf"),
+    (12, "uw"),
+    (13, "lo"),
+    (14, "io"),
+    (15, "sr"),
+    (16, "rr"),
+    (17, "dc"),
+    (18, "de"),
+    (19, "lf"),
+    (20, "ac"),
+    (21, "nr"),
+    (22, "ht"),
+    (23, "sf"),
+    (24, "ar"),
+    (25, "wf"),
+    (26, "dd"),
+    (27, "sd"),
+    (28, "mm"),
+    (29, "hg"),
+    (30, "nh"),
+    (31, "mg"),
+];
+
+/// The bits [`MNEMONICS`] names.
+fn known_bits() -> u64 {
+    MNEMONICS.iter().fold(0, |m, (b, _)| m | 1 << b)
+}
+
+/// The smaps mnemonics of raw `flags`; None if a bit is not in the table.
+fn mnemonics(flags: u64) -> Option<Vec<String>> {
+    if flags & !known_bits() != 0 {
+        return None;
+    }
+    Some(MNEMONICS.iter().filter(|(b, _)| flags & 1 << b != 0).map(|(_, m)| m.to_string()).collect())
+}
+
+/// What a presurvey of one process proved.
+#[derive(Debug, Clone, Default)]
+pub struct Presurveyed {
+    /// Bits whose mnemonics were seen to match smaps.
+    validated: u64,
+    /// Mappings outside the process's address space tree ([vsyscall]),
+    /// which the iterator does not see: their smaps flags as read.
+    gate: Vec<(u64, u64, Vec<String>)>,
+}
+
+/// Addresses at and above this are the gate area, not the mm's mappings.
+const GATE_START: u64 = 0xffff_8000_0000_0000;
+
+fn program() -> Option<&'static VmaIterProgram> {
+    static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
+    PROGRAM
+        .get_or_init(|| match load_program() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::info!("mapping flags come from smaps only: {e}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+fn load_program() -> std::result::Result<VmaIterProgram, String> {
+    let path = "/sys/kernel/btf/vmlinux";
+    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+    let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
+    let strukt = |name: &str| btf.find(crate::btf::KIND_STRUCT, name).ok_or_else(|| format!("the kernel's BTF has no struct {name}"));
+    let member = |id: u32, s: &str, m: &str| -> std::result::Result<i16, String> {
+        let off = btf.member_offset(id, m).ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
+        i16::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
+    };
+    let ctx = strukt("bpf_iter__task_vma")?;
+    let meta = strukt("bpf_iter_meta")?;
+    let vma = strukt("vm_area_struct")?;
+    let layout = IterLayout {
+        attach_btf_id: btf.find(crate::btf::KIND_FUNC, "bpf_iter_task_vma").ok_or("the kernel's BTF has no bpf_iter_task_vma")?,
+        ctx_meta: member(ctx, "bpf_iter__task_vma", "meta")?,
+        ctx_vma: member(ctx, "bpf_iter__task_vma", "vma")?,
+        meta_seq: member(meta, "bpf_iter_meta", "seq")?,
+        vm_start: member(vma, "vm_area_struct", "vm_start")?,
+        vm_end: member(vma, "vm_area_struct", "vm_end")?,
+        vm_flags: member(vma, "vm_area_struct", "vm_flags")?,
+    };
+    VmaIterProgram::load(&layout).map_err(|e| e.to_string())
+}
+
+fn read_raw(pid: i32) -> Option<Vec<RawVma>> {
+    let prog = program()?;
+    match prog.read(pid) {
+        Ok(v) if !v.is_empty() => Some(v),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!("pid {pid}: reading mapping flags by BPF: {e}");
+            None
+        }
+    }
+}
+
+/// Reads smaps of `pid` (running) between two raw reads and returns what
+/// that proves, or None when nothing can be relied on.
+pub fn presurvey(pid: i32) -> Option<Presurveyed> {
+    let before = read_raw(pid)?;
+    let smaps = procfs::smaps(pid).ok()?;
+    let after = read_raw(pid)?;
+    if before != after {
+        return None;
+    }
+    check_presurvey(&smaps, &after)
+}
+
+/// The proof of a presurvey (see the module comment), pure logic.
+fn check_presurvey(smaps: &[MapsEntry], raw: &[RawVma]) -> Option<Presurveyed> {
+    let (gate, mapped): (Vec<&MapsEntry>, Vec<&MapsEntry>) = smaps.iter().partition(|m| m.start >= GATE_START);
+    if mapped.len() != raw.len() {
+        return None;
+    }
+    let mut validated = 0;
+    for (m, r) in mapped.iter().zip(raw) {
+        if m.start != r.start || m.end != r.end {
+            return None;
+        }
+        match mnemonics(r.flags) {
+            Some(names) if names == m.vm_flags => validated |= r.flags,
+            Some(_) => return None,
+            // A bit outside the table: this mapping proves nothing, and
+            // the freeze will read smaps if the bit is still set.
+            None => {}
+        }
+    }
+    Some(Presurveyed { validated, gate: gate.iter().map(|m| (m.start, m.end, m.vm_flags.clone())).collect() })
+}
+
+/// The mappings of frozen `pid` as smaps would show them, and whether they
+/// were read without smaps.
+pub fn frozen_smaps(pid: i32, pre: Option<&Presurveyed>) -> Result<(Vec<MapsEntry>, bool)> {
+    if let Some(pre) = pre {
+        if let Some(raw) = read_raw(pid) {
+            let maps = procfs::maps(pid)?;
+            if let Some(entries) = combine(maps, &raw, pre) {
+                return Ok((entries, true));
+            }
+        }
+    }
+    Ok((procfs::smaps(pid)?, false))
+}
+
+/// /proc/PID/maps lines with flags from `raw`, if all of it is proven.
+fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Option<Vec<MapsEntry>> {
+    let mut raw_iter = raw.iter();
+    for m in &mut maps {
+        if m.start >= GATE_START {
+            let (_, _, flags) = pre.gate.iter().find(|(s, e, _)| *s == m.start && *e == m.end)?;
+            m.vm_flags = flags.clone();
+            continue;
+        }
+        let r = raw_iter.next()?;
+        if r.start != m.start || r.end != m.end || r.flags & !pre.validated != 0 {
+            return None;
+        }
+        m.vm_flags = mnemonics(r.flags)?;
+    }
+    raw_iter.next().is_none().then_some(maps)
+}
+
+/// Presurveys `root` and its descendants as they are now; those that
+/// prove nothing (or are gone) are left out.
+pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> {
+    let mut pids = vec![root];
+    let mut i = 0;
+    while i < pids.len() && pids.len() < 100_000 {
+        let pid = pids[i];
+        for tid in procfs::tids(pid).unwrap_or_default() {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).unwrap_or_default();
+            pids.extend(children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+        }
+        i += 1;
+    }
+    pids.iter().filter_map(|&p| presurvey(p).map(|s| (p, s))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(start: u64, end: u64, flags: &[&str]) -> MapsEntry {
+        MapsEntry {
+            start,
+            end,
+            perms: *b"rw-p",
+            offset: 0,
+            dev: 0,
+            inode: 0,
+            path: String::new(),
+            vm_flags: flags.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    const RW: u64 = 0x73; // rd wr mr mw me
+    const DD: u64 = 1 << 26;
+
+    #[test]
+    fn a_matching_presurvey_validates_the_bits_it_saw() {
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]), entry(0x3000, 0x5000, &["rd", "wr", "mr", "mw", "me", "dd"])];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }, RawVma { start: 0x3000, end: 0x5000, flags: RW | DD }];
+        let pre = check_presurvey(&smaps, &raw).expect("proved");
+        assert_eq!(pre.validated, RW | DD);
+        // The same mappings in the freeze: flags from the raw bits.
+        let maps = vec![entry(0x1000, 0x2000, &[]), entry(0x3000, 0x5000, &[])];
+        let got = combine(maps, &raw, &pre).expect("combined");
+        assert_eq!(got[1].vm_flags, ["rd", "wr", "mr", "mw", "me", "dd"]);
+    }
+
+    #[test]
+    fn a_flag_changed_during_the_read_voids_the_presurvey() {
+        // smaps showed dd, the raw reads (before and after) do not.
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me", "dd"])];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        assert!(check_presurvey(&smaps, &raw).is_none());
+        // Or the mappings differ.
+        let smaps = [entry(0x1000, 0x3000, &["rd", "wr", "mr", "mw", "me"])];
+        assert!(check_presurvey(&smaps, &raw).is_none());
+    }
+
+    #[test]
+    fn a_bit_never_validated_or_unknown_falls_back_to_smaps() {
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"])];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let pre = check_presurvey(&smaps, &raw).expect("proved");
+        let maps = || vec![entry(0x1000, 0x2000, &[])];
+        // MADV_DONTDUMP since: dd was never seen, so not trusted.
+        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x2000, flags: RW | DD }], &pre).is_none());
+        // A bit above the table.
+        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x2000, flags: RW | 1 << 40 }], &pre).is_none());
+        // A mapping more or less.
+        assert!(combine(maps(), &[], &pre).is_none());
+        let two = [RawVma { start: 0x1000, end: 0x2000, flags: RW }, RawVma { start: 0x3000, end: 0x4000, flags: RW }];
+        assert!(combine(maps(), &two, &pre).is_none());
+        // Moved.
+        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x3000, flags: RW }], &pre).is_none());
+        assert!(combine(maps(), &raw, &pre).is_some());
+    }
+
+    #[test]
+    fn the_gate_mapping_keeps_its_presurveyed_flags() {
+        let gate = entry(0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000, &["ex"]);
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]), gate.clone()];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let pre = check_presurvey(&smaps, &raw).expect("proved");
+        let got = combine(vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])], &raw, &pre).expect("combined");
+        assert_eq!(got[1].vm_flags, ["ex"]);
+    }
+}
