@@ -202,21 +202,27 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         Err(e) => return Err(MigrateError::Aborted(format!("no commit from the source: {e}"))),
     }
     let t_release = Instant::now();
-    let restored = held.release()?;
+    // Announced and reported as soon as the tree runs: taking this host's
+    // lock down after that takes tens of ms, outside the pause.
+    let mut release_phases = Vec::new();
+    let mut announce_socket = None;
+    let mut reported = Ok(());
+    let restored = held.release_then(|restored| {
+        release_phases.push(("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3));
+        if let Some(p) = placed {
+            let t = Instant::now();
+            match p.announce_and_keep() {
+                Ok(sock) => announce_socket = sock,
+                Err(e) => tracing::warn!("{e}"),
+            }
+            release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
+        }
+        reported = protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() });
+    })?;
     // The lock went with the released tree; the address stays.
     lock_guard.forget();
-    let mut release_phases = vec![("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3)];
-    let mut announce_socket = None;
-    if let Some(p) = placed {
-        let t = Instant::now();
-        match p.announce_and_keep() {
-            Ok(sock) => announce_socket = sock,
-            Err(e) => tracing::warn!("{e}"),
-        }
-        release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
-    }
     ph.mark("released");
-    protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() })?;
+    reported?;
     phases.extend(release_phases);
     drop(announce_socket);
     drop(unmapper);
@@ -281,10 +287,17 @@ impl HeldTree {
         }
     }
 
-    fn release(self) -> Result<ferry_engine::restore::Restored> {
+    /// Lets the tree run and calls `running` as soon as it does (before
+    /// the network lock is taken down, which the helper of a new
+    /// namespace does on its own after reporting).
+    fn release_then(self, running: impl FnOnce(&ferry_engine::restore::Restored)) -> Result<ferry_engine::restore::Restored> {
         Ok(match self {
-            HeldTree::Here(h) => h.release()?,
-            HeldTree::InNamespace(h) => h.release()?,
+            HeldTree::Here(h) => h.release_then(running)?,
+            HeldTree::InNamespace(h) => {
+                let r = h.release()?;
+                running(&r);
+                r
+            }
         })
     }
 }
