@@ -102,9 +102,19 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     Ok(sock)
 }
 
-/// How much of the send queue goes back in repair mode as already sent:
-/// what the old socket had sent, less what the rebuilt socket's first
-/// flight (its congestion window of full segments) sends again at once.
+/// How much of the send queue goes back in repair mode as already sent.
+///
+/// The rebuilt socket must never count less as sent than the peer may
+/// acknowledge: an ACK beyond its send sequence is dropped (with the
+/// data it carries), and when nothing moves that sequence on, the
+/// connection stalls for good. So what the old socket had sent is sent
+/// again as new data after the thaw only if the kernel sends all of it at
+/// once: within one congestion window of full segments and within the
+/// peer's window as last seen. Otherwise all of it goes back as already
+/// sent, and what the peer lacks is retransmitted by the kernel's timers
+/// (seen with a slow reader's 8 KiB window: the second half of a flight
+/// could not be sent, the peer acknowledged it, and both sides dropped
+/// each other's segments from then on).
 fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize> {
     let sent = c.send_queue.len().saturating_sub(c.unsent as usize);
     if sent == 0 {
@@ -112,7 +122,17 @@ fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize
     }
     let ti = socket::tcp_info(fd)?;
     let first_flight = (ti.tcpi_snd_cwnd as usize).max(1).saturating_mul((ti.tcpi_snd_mss as usize).max(536));
-    Ok(sent.saturating_sub(first_flight))
+    Ok(head_to_put_back(sent, first_flight, c.window.snd_wnd as usize))
+}
+
+/// [`already_sent_head`]'s rule: `sent` bytes, a first flight of
+/// `first_flight` bytes, a peer window of `peer_window` bytes.
+fn head_to_put_back(sent: usize, first_flight: usize, peer_window: usize) -> usize {
+    if sent <= first_flight && sent <= peer_window {
+        0
+    } else {
+        sent
+    }
 }
 
 /// The kernel refuses a window whose last update lies beyond what it has
@@ -285,4 +305,20 @@ pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_to_put_back;
+
+    #[test]
+    fn sent_data_is_sent_again_only_when_it_all_goes_at_once() {
+        // Fits the congestion window and the peer's window: all sent anew.
+        assert_eq!(head_to_put_back(7_240, 14_480, 65_536), 0);
+        // More than one flight, or more than the peer's window: all of it
+        // counts as sent, so no acknowledgement of it is ever dropped.
+        assert_eq!(head_to_put_back(20_000, 14_480, 65_536), 20_000);
+        assert_eq!(head_to_put_back(14_480, 14_480, 8_192), 14_480);
+        assert_eq!(head_to_put_back(0, 14_480, 0), 0);
+    }
 }
