@@ -22,7 +22,7 @@ pub struct FrozenTree {
 }
 
 /// Children of every thread of `pid`, in the kernel's order.
-fn children_of(pid: i32) -> Result<Vec<i32>> {
+pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     let mut out = Vec::new();
     for tid in procfs::tids(pid)? {
         let path = format!("/proc/{pid}/task/{tid}/children");

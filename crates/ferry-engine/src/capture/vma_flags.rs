@@ -212,11 +212,7 @@ pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> 
     let mut pids = vec![root];
     let mut i = 0;
     while i < pids.len() && pids.len() < 100_000 {
-        let pid = pids[i];
-        for tid in procfs::tids(pid).unwrap_or_default() {
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).unwrap_or_default();
-            pids.extend(children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
-        }
+        pids.extend(super::tree::children_of(pids[i]).unwrap_or_default());
         i += 1;
     }
     pids.iter().filter_map(|&p| presurvey(p).map(|s| (p, s))).collect()
