@@ -142,8 +142,12 @@ impl Session<'_> {
 /// Whether every PID and thread ID the tree needs is free in ferry's PID
 /// namespace right now (a restore there would not meet a taken one).
 pub fn pids_free_here(tree: &TreeImage) -> bool {
-    let mut ids = tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid));
-    ids.all(|id| pid_owner(id).is_none())
+    tree_ids(tree).all(|id| pid_owner(id).is_none())
+}
+
+/// Every thread ID and zombie PID the tree takes.
+fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
+    tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid))
 }
 
 fn pid_owner(pid: i32) -> Option<String> {
@@ -329,8 +333,7 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
     ph.mark("read+verify image");
-    let ids = tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid));
-    for id in ids {
+    for id in tree_ids(&tree) {
         // A zombie of the checkpointed tree that init has not reaped yet
         // frees its PID in a moment.
         if crate::procfs::state(id) == Some('Z') {
