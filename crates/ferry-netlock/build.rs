@@ -11,12 +11,16 @@ fn main() {
     println!("cargo:rerun-if-changed={source}");
     println!("cargo:rerun-if-env-changed=CLANG");
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
-    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"));
+    let out_dir =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"));
     let object = out_dir.join("netlock.bpf.o");
 
     // Debian keeps asm/types.h under the multiarch directory, which a
     // `-target bpf` compilation does not search by default.
-    let multiarch = format!("/usr/include/{}-linux-gnu", std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into()));
+    let multiarch = format!(
+        "/usr/include/{}-linux-gnu",
+        std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
+    );
     let result = Command::new(&clang)
         .args(["-O2", "-g", "-target", "bpf", "-Wall", "-I"])
         .arg(&multiarch)

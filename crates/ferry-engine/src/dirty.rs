@@ -83,20 +83,35 @@ fn take_uffd(f: &Frozen) -> Result<OwnedFd> {
     let vdso = procfs::maps(pid)?
         .into_iter()
         .find(|m| m.path == "[vdso]")
-        .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping (needed to run userfaultfd() inside it)"))?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+        .ok_or_else(|| {
+            EngineError::unsupported(
+                pid,
+                "the vDSO",
+                "process has no [vdso] mapping (needed to run userfaultfd() inside it)",
+            )
+        })?;
+    let remote = Remote {
+        pid,
+        syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)?,
+    };
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     let fd = match remote.call(pid, "userfaultfd", libc::SYS_userfaultfd, &[flags]) {
         // A process without CAP_SYS_PTRACE may only have a user-mode-only
         // userfaultfd when vm.unprivileged_userfaultfd is 0; async
         // write-protection works the same with it (kernel writes never
         // reach the fault handler in that mode).
-        Err(EngineError::Remote { errno: libc::EPERM, .. }) => {
-            remote.call(pid, "userfaultfd(UFFD_USER_MODE_ONLY)", libc::SYS_userfaultfd, &[flags | uffd::UFFD_USER_MODE_ONLY])?
-        }
+        Err(EngineError::Remote {
+            errno: libc::EPERM, ..
+        }) => remote.call(
+            pid,
+            "userfaultfd(UFFD_USER_MODE_ONLY)",
+            libc::SYS_userfaultfd,
+            &[flags | uffd::UFFD_USER_MODE_ONLY],
+        )?,
         r => r?,
     };
-    let taken = ferry_sys::pidfd::pidfd_getfd(&f.pidfd, fd as i32).map_err(|e| EngineError::kernel(pid, format!("taking its new userfaultfd (fd {fd})"), e));
+    let taken = ferry_sys::pidfd::pidfd_getfd(&f.pidfd, fd as i32)
+        .map_err(|e| EngineError::kernel(pid, format!("taking its new userfaultfd (fd {fd})"), e));
     // Close the process's copy whether or not we got ours.
     let closed = remote.call(pid, "close(userfaultfd)", libc::SYS_close, &[fd]);
     let taken = taken?;
@@ -112,7 +127,11 @@ fn areas(pid: i32, entries: &[MapsEntry]) -> Result<Vec<Area>> {
     for m in entries {
         let vma = classify(pid, std::slice::from_ref(m))?;
         if let Some(filter) = vma.first().and_then(page_filter) {
-            out.push(Area { start: m.start, end: m.end, filter });
+            out.push(Area {
+                start: m.start,
+                end: m.end,
+                filter,
+            });
         }
     }
     Ok(out)
@@ -148,11 +167,14 @@ impl Tracked {
     /// `uffd`. Called while the process is frozen (so `pidfd` and the
     /// /proc files are surely this process's), before any registration.
     fn open(pid: i32, uffd_fd: OwnedFd) -> Result<Tracked> {
-        let pidfd = ferry_sys::pidfd::pidfd_open(pid).map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
+        let pidfd = ferry_sys::pidfd::pidfd_open(pid)
+            .map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
         let maps_path = format!("/proc/{pid}/maps");
         let maps = File::open(&maps_path).map_err(|e| EngineError::io(&maps_path, e))?;
         let pm_path = format!("/proc/{pid}/pagemap");
-        let pagemap: OwnedFd = File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+        let pagemap: OwnedFd = File::open(&pm_path)
+            .map_err(|e| EngineError::io(&pm_path, e))?
+            .into();
         let want = uffd::UFFD_FEATURE_WP_ASYNC | uffd::UFFD_FEATURE_WP_UNPOPULATED;
         let api = uffd::api(uffd_fd.as_fd(), want).map_err(|e| {
             EngineError::kernel(pid, "enabling asynchronous write-protection on its userfaultfd (needs Linux 6.7 or later)", e)
@@ -160,17 +182,28 @@ impl Tracked {
         if api.features & want != want || api.ioctls & uffd::IOCTL_REGISTER == 0 {
             return Err(EngineError::kernel(
                 pid,
-                format!("its userfaultfd lacks async write-protection (features {:#x}, ioctls {:#x})", api.features, api.ioctls),
+                format!(
+                    "its userfaultfd lacks async write-protection (features {:#x}, ioctls {:#x})",
+                    api.features, api.ioctls
+                ),
                 ferry_sys::SysError::new("ioctl(UFFDIO_API)", libc::EINVAL),
             ));
         }
-        Ok(Tracked { pid, pidfd, uffd: uffd_fd, maps, pagemap, ranges: Vec::new() })
+        Ok(Tracked {
+            pid,
+            pidfd,
+            uffd: uffd_fd,
+            maps,
+            pagemap,
+            ranges: Vec::new(),
+        })
     }
 
     /// Whether the process has exited, waiting up to `ms` for an exit
     /// under way (its memory is released before the pidfd tells).
     fn exited(&self, ms: i32) -> bool {
-        ferry_sys::pidfd::wait_exit(&self.pidfd, ms).unwrap_or(false) || procfs::state(self.pid).is_none_or(|s| s == 'Z' || s == 'X')
+        ferry_sys::pidfd::wait_exit(&self.pidfd, ms).unwrap_or(false)
+            || procfs::state(self.pid).is_none_or(|s| s == 'Z' || s == 'X')
     }
 
     /// `err`, unless the process has exited meanwhile.
@@ -185,7 +218,11 @@ impl Tracked {
     fn read_maps(&mut self) -> std::result::Result<Vec<MapsEntry>, Stop> {
         let path = format!("/proc/{}/maps", self.pid);
         let mut text = String::new();
-        if let Err(e) = self.maps.rewind().and_then(|_| self.maps.read_to_string(&mut text)) {
+        if let Err(e) = self
+            .maps
+            .rewind()
+            .and_then(|_| self.maps.read_to_string(&mut text))
+        {
             return Err(self.gone_or(EngineError::io(&path, e)));
         }
         let entries = procfs::parse_maps(&path, &text)?;
@@ -210,19 +247,33 @@ impl Tracked {
     }
 
     fn register_protect(&self, start: u64, end: u64) -> ferry_sys::SysResult<()> {
-        uffd::register(self.uffd.as_fd(), start, end - start, uffd::UFFDIO_REGISTER_MODE_WP)?;
+        uffd::register(
+            self.uffd.as_fd(),
+            start,
+            end - start,
+            uffd::UFFDIO_REGISTER_MODE_WP,
+        )?;
         uffd::writeprotect(self.uffd.as_fd(), start, end - start, true)
     }
 
     fn still_mapped(&mut self, a: &Area) -> std::result::Result<bool, Stop> {
-        Ok(self.read_maps()?.iter().any(|m| m.start == a.start && m.end == a.end))
+        Ok(self
+            .read_maps()?
+            .iter()
+            .any(|m| m.start == a.start && m.end == a.end))
     }
 
     /// Registers and protects the contiguous new mappings `run`, then
     /// (with `report`) adds their present pages to `out`. Protection comes
     /// first, so a write made meanwhile is either in those pages or seen
     /// by the next call. Adds the mappings it took to `tracked`.
-    fn add_new(&mut self, run: &[Area], report: bool, out: &mut Vec<(u64, u64)>, tracked: &mut Vec<(u64, u64)>) -> std::result::Result<(), Stop> {
+    fn add_new(
+        &mut self,
+        run: &[Area],
+        report: bool,
+        out: &mut Vec<(u64, u64)>,
+        tracked: &mut Vec<(u64, u64)>,
+    ) -> std::result::Result<(), Stop> {
         let (start, end) = (run[0].start, run[run.len() - 1].end);
         let taken: Vec<Area> = if self.register_protect(start, end).is_ok() {
             run.to_vec()
@@ -239,10 +290,17 @@ impl Tracked {
                             return Err(Stop::Gone);
                         }
                         if self.still_mapped(a)? {
-                            let why = if e.errno == libc::EBUSY { " (already registered with another userfaultfd)" } else { "" };
+                            let why = if e.errno == libc::EBUSY {
+                                " (already registered with another userfaultfd)"
+                            } else {
+                                ""
+                            };
                             return Err(Stop::Err(EngineError::kernel(
                                 self.pid,
-                                format!("registering mapping {:#x}-{:#x} for write tracking{why}", a.start, a.end),
+                                format!(
+                                    "registering mapping {:#x}-{:#x} for write tracking{why}",
+                                    a.start, a.end
+                                ),
                                 e,
                             )));
                         }
@@ -253,9 +311,14 @@ impl Tracked {
         };
         for a in &taken {
             if report {
-                let pages = pagemap::scan(&self.pagemap, a.start, a.end, a.filter).map_err(|e| {
-                    self.gone_or(EngineError::kernel(self.pid, format!("scanning pages of new mapping {:#x}-{:#x}", a.start, a.end), e))
-                })?;
+                let pages =
+                    pagemap::scan(&self.pagemap, a.start, a.end, a.filter).map_err(|e| {
+                        self.gone_or(EngineError::kernel(
+                            self.pid,
+                            format!("scanning pages of new mapping {:#x}-{:#x}", a.start, a.end),
+                            e,
+                        ))
+                    })?;
                 out.extend(pages);
             }
             tracked.push((a.start, a.end));
@@ -279,7 +342,10 @@ impl Tracked {
         while i < areas.len() {
             let covered = self.covered(&areas[i]);
             let mut j = i + 1;
-            while j < areas.len() && areas[j].start == areas[j - 1].end && self.covered(&areas[j]) == covered {
+            while j < areas.len()
+                && areas[j].start == areas[j - 1].end
+                && self.covered(&areas[j]) == covered
+            {
                 j += 1;
             }
             let run = &areas[i..j];
@@ -294,13 +360,22 @@ impl Tracked {
                     // fail again and are new.
                     Err(e) if e.errno == libc::EPERM => {
                         for a in run {
-                            match pagemap::collect_written(&self.pagemap, a.start, a.end, &mut out) {
+                            match pagemap::collect_written(&self.pagemap, a.start, a.end, &mut out)
+                            {
                                 Ok(()) => tracked.push((a.start, a.end)),
-                                Err(e) if e.errno == libc::EPERM => self.add_new(std::slice::from_ref(a), report, &mut out, &mut tracked)?,
+                                Err(e) if e.errno == libc::EPERM => self.add_new(
+                                    std::slice::from_ref(a),
+                                    report,
+                                    &mut out,
+                                    &mut tracked,
+                                )?,
                                 Err(e) => {
                                     return Err(self.gone_or(EngineError::kernel(
                                         self.pid,
-                                        format!("collecting written pages of {:#x}-{:#x}", a.start, a.end),
+                                        format!(
+                                            "collecting written pages of {:#x}-{:#x}",
+                                            a.start, a.end
+                                        ),
                                         e,
                                     )))
                                 }
@@ -308,7 +383,11 @@ impl Tracked {
                         }
                     }
                     Err(e) => {
-                        return Err(self.gone_or(EngineError::kernel(self.pid, format!("collecting written pages of {start:#x}-{end:#x}"), e)))
+                        return Err(self.gone_or(EngineError::kernel(
+                            self.pid,
+                            format!("collecting written pages of {start:#x}-{end:#x}"),
+                            e,
+                        )))
                     }
                 }
             } else {
@@ -348,7 +427,10 @@ impl DirtyTracker {
         // The tree runs on in any case; the fds taken so far close with
         // `procs` on an error.
         let released = tree.release();
-        tracing::debug!("dirty tracking: tree of {root} frozen for {:.3} ms", t0.elapsed().as_secs_f64() * 1e3);
+        tracing::debug!(
+            "dirty tracking: tree of {root} frozen for {:.3} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         if let Some(e) = failed {
             return Err(e);
         }
@@ -405,7 +487,11 @@ impl DirtyTracker {
 
     /// Total bytes in the ranges of a collect() result.
     pub fn bytes(ranges: &[(i32, Vec<(u64, u64)>)]) -> u64 {
-        ranges.iter().flat_map(|(_, r)| r.iter()).map(|&(s, e)| e - s).sum()
+        ranges
+            .iter()
+            .flat_map(|(_, r)| r.iter())
+            .map(|&(s, e)| e - s)
+            .sum()
     }
 }
 

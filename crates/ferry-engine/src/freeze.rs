@@ -38,13 +38,26 @@ const ALL_SIGNALS: u64 = !0;
 /// that arrive first are delivered to the thread, not lost.
 fn wait_interrupt_stop(pid: i32, tid: i32) -> Result<()> {
     loop {
-        match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("waiting for thread {tid} to stop"), e))? {
-            Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => return Ok(()),
+        match ptrace::wait_tid(tid, 0)
+            .map_err(|e| EngineError::kernel(pid, format!("waiting for thread {tid} to stop"), e))?
+        {
+            Some((
+                _,
+                WaitEvent::Stopped {
+                    event: ptrace::PTRACE_EVENT_STOP,
+                    ..
+                },
+            )) => return Ok(()),
             Some((_, WaitEvent::Stopped { sig, .. })) => {
-                ptrace::cont(tid, sig).map_err(|e| EngineError::kernel(pid, format!("passing signal {sig} to thread {tid}"), e))?;
+                ptrace::cont(tid, sig).map_err(|e| {
+                    EngineError::kernel(pid, format!("passing signal {sig} to thread {tid}"), e)
+                })?;
             }
             Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
-                return Err(EngineError::Gone { pid, what: format!("thread {tid} exited while being frozen") })
+                return Err(EngineError::Gone {
+                    pid,
+                    what: format!("thread {tid} exited while being frozen"),
+                })
             }
             None => {}
         }
@@ -55,9 +68,16 @@ impl Frozen {
     /// Seizes and stops every thread of `pid`, including threads created
     /// while this runs.
     pub fn freeze(pid: i32) -> Result<Frozen> {
-        let pidfd = ferry_sys::pidfd::pidfd_open(pid).map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
+        let pidfd = ferry_sys::pidfd::pidfd_open(pid)
+            .map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
         let stopped = procfs::state(pid) == Some('T');
-        let mut frozen = Frozen { pid, pidfd, threads: Vec::new(), stopped, released: false };
+        let mut frozen = Frozen {
+            pid,
+            pidfd,
+            threads: Vec::new(),
+            stopped,
+            released: false,
+        };
         let mut seized: BTreeMap<i32, ()> = BTreeMap::new();
         loop {
             let mut new = false;
@@ -69,28 +89,43 @@ impl Frozen {
                 // strict-mode thread would be killed by the first mmap).
                 // Not allowed when ferry itself runs under seccomp:
                 // filters are then found and refused by capture.
-                let attached = match ptrace::seize(tid, ferry_sys::seccomp::PTRACE_O_SUSPEND_SECCOMP) {
-                    Err(e) if e.errno == libc::EPERM || e.errno == libc::EINVAL => ptrace::seize(tid, 0),
-                    r => r,
-                };
+                let attached =
+                    match ptrace::seize(tid, ferry_sys::seccomp::PTRACE_O_SUSPEND_SECCOMP) {
+                        Err(e) if e.errno == libc::EPERM || e.errno == libc::EINVAL => {
+                            ptrace::seize(tid, 0)
+                        }
+                        r => r,
+                    };
                 match attached {
                     Ok(()) => {}
                     Err(e) if e.errno == libc::ESRCH => continue,
                     Err(e) if e.errno == libc::EPERM && tid == pid => {
-                        return Err(EngineError::kernel(pid, "seizing the process (is it traced by someone else?)", e))
+                        return Err(EngineError::kernel(
+                            pid,
+                            "seizing the process (is it traced by someone else?)",
+                            e,
+                        ))
                     }
-                    Err(e) => return Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e)),
+                    Err(e) => {
+                        return Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e))
+                    }
                 }
                 seized.insert(tid, ());
                 new = true;
-                ptrace::interrupt(tid).map_err(|e| EngineError::kernel(pid, format!("interrupting thread {tid}"), e))?;
+                ptrace::interrupt(tid).map_err(|e| {
+                    EngineError::kernel(pid, format!("interrupting thread {tid}"), e)
+                })?;
                 if let Err(e) = wait_interrupt_stop(pid, tid) {
                     // Detach the ones already stopped via Drop.
                     frozen.threads.retain(|t| t.tid != tid);
                     return Err(e);
                 }
-                let regs = ptrace::get_regs(tid).map_err(|e| EngineError::kernel(pid, format!("reading registers of thread {tid}"), e))?;
-                let sigmask = ptrace::get_sigmask(tid).map_err(|e| EngineError::kernel(pid, format!("reading signal mask of thread {tid}"), e))?;
+                let regs = ptrace::get_regs(tid).map_err(|e| {
+                    EngineError::kernel(pid, format!("reading registers of thread {tid}"), e)
+                })?;
+                let sigmask = ptrace::get_sigmask(tid).map_err(|e| {
+                    EngineError::kernel(pid, format!("reading signal mask of thread {tid}"), e)
+                })?;
                 frozen.threads.push(FrozenThread { tid, regs, sigmask });
             }
             if !new {
@@ -98,12 +133,17 @@ impl Frozen {
             }
         }
         if frozen.threads.first().map(|t| t.tid) != Some(pid) {
-            return Err(EngineError::Gone { pid, what: "thread group leader not found".into() });
+            return Err(EngineError::Gone {
+                pid,
+                what: "thread group leader not found".into(),
+            });
         }
         // Injected syscalls must not be cut short by signal delivery:
         // block everything while we work; signals stay queued.
         for t in &frozen.threads {
-            ptrace::set_sigmask(t.tid, ALL_SIGNALS).map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {}", t.tid), e))?;
+            ptrace::set_sigmask(t.tid, ALL_SIGNALS).map_err(|e| {
+                EngineError::kernel(pid, format!("blocking signals of thread {}", t.tid), e)
+            })?;
         }
         Ok(frozen)
     }
@@ -118,7 +158,8 @@ impl Frozen {
     /// be gone, so its resources (ports, files) are free for a restore.
     pub fn kill(mut self) -> Result<()> {
         self.released = true;
-        ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL).map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
+        ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL)
+            .map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
         // Traced threads stay zombies until their tracer (us) reaps them,
         // and the process does not finish exiting before they are gone.
         // Other threads first: the leader's exit is reported only after
@@ -149,7 +190,11 @@ impl Frozen {
                 .and_then(|_| ptrace::set_sigmask(t.tid, t.sigmask))
                 .and_then(|_| ptrace::detach(t.tid, 0));
             if let Err(e) = r {
-                first_err.get_or_insert(EngineError::kernel(self.pid, format!("releasing thread {}", t.tid), e));
+                first_err.get_or_insert(EngineError::kernel(
+                    self.pid,
+                    format!("releasing thread {}", t.tid),
+                    e,
+                ));
             }
         }
         self.threads.clear();

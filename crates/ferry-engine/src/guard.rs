@@ -31,16 +31,21 @@ pub struct Guard {
 impl Guard {
     /// Forks the guard. ferry must be single-threaded here.
     pub fn start() -> Result<Guard> {
-        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
+        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
         // SAFETY: the capture has not started any thread yet; the child
         // only runs `watch`, which makes its own file descriptors.
-        let pid = unsafe { ferry_sys::clone::fork_into_namespaces(0) }.map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
+        let pid = unsafe { ferry_sys::clone::fork_into_namespaces(0) }
+            .map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
         if pid == 0 {
             drop(w);
             watch(r);
         }
         drop(r);
-        Ok(Guard { pid, pipe: Some(std::fs::File::from(w)) })
+        Ok(Guard {
+            pid,
+            pipe: Some(std::fs::File::from(w)),
+        })
     }
 
     fn say(&mut self, line: &str) {
@@ -131,7 +136,9 @@ fn watch(pipe: OwnedFd) -> ! {
 
 fn recover(plan: &Plan) {
     for &(pid, fd, reuse) in &plan.repaired {
-        let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { continue };
+        let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else {
+            continue;
+        };
         if let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) {
             let _ = crate::capture::leave_repair(sock.as_raw_fd(), reuse);
         }
@@ -157,7 +164,15 @@ mod tests {
     #[test]
     fn parses_the_protocol_and_ignores_garbage() {
         let mut p = Plan::default();
-        for l in ["mask 12 fffe", "repair 12 7 1", "repair 12 8 0", "lock ckpt_1_2", "bogus", "mask x y", "killed"] {
+        for l in [
+            "mask 12 fffe",
+            "repair 12 7 1",
+            "repair 12 8 0",
+            "lock ckpt_1_2",
+            "bogus",
+            "mask x y",
+            "killed",
+        ] {
             parse(&mut p, l);
         }
         assert_eq!(p.masks, vec![(12, 0xfffe)]);

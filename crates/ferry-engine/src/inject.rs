@@ -22,8 +22,15 @@ pub struct Remote {
 pub fn find_syscall_insn(pid: i32, vdso_start: u64, vdso_end: u64) -> Result<u64> {
     let len = (vdso_end - vdso_start) as usize;
     let mut buf = vec![0u8; len];
-    vm::read_remote(pid, &mut buf, &[RemoteRange { addr: vdso_start, len }])
-        .map_err(|e| EngineError::kernel(pid, "reading the vDSO", e))?;
+    vm::read_remote(
+        pid,
+        &mut buf,
+        &[RemoteRange {
+            addr: vdso_start,
+            len,
+        }],
+    )
+    .map_err(|e| EngineError::kernel(pid, "reading the vDSO", e))?;
     buf.windows(2)
         .position(|w| w == [0x0f, 0x05])
         .map(|off| vdso_start + off as u64)
@@ -44,45 +51,87 @@ impl Remote {
         // No stack is needed by a syscall; a zero rsp also keeps
         // sigaltstack() from thinking the thread runs on its alt stack.
         regs.rsp = 0;
-        let slots = [&mut regs.rdi, &mut regs.rsi, &mut regs.rdx, &mut regs.r10, &mut regs.r8, &mut regs.r9];
+        let slots = [
+            &mut regs.rdi,
+            &mut regs.rsi,
+            &mut regs.rdx,
+            &mut regs.r10,
+            &mut regs.r8,
+            &mut regs.r9,
+        ];
         for (slot, &a) in slots.into_iter().zip(args) {
             *slot = a;
         }
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::single_step(tid, 0).map_err(|e| kerr("single-stepping", e))?;
-        if let Err(e) = self.wait_trap(tid, |t| ptrace::single_step(t, 0), &format!("injected syscall {nr}")) {
+        if let Err(e) = self.wait_trap(
+            tid,
+            |t| ptrace::single_step(t, 0),
+            &format!("injected syscall {nr}"),
+        ) {
             let _ = ptrace::set_regs(tid, &saved);
             return Err(e);
         }
-        let ret = ptrace::get_regs(tid).map_err(|e| kerr("reading result", e))?.rax as i64;
+        let ret = ptrace::get_regs(tid)
+            .map_err(|e| kerr("reading result", e))?
+            .rax as i64;
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
         Ok(ret)
     }
 
     /// Waits for the SIGTRAP that ends injected work (single-step trap or
     /// the batch's int3), resuming with `resume` across clone events.
-    fn wait_trap(&self, tid: i32, resume: impl Fn(i32) -> ferry_sys::SysResult<()>, what: &str) -> Result<()> {
+    fn wait_trap(
+        &self,
+        tid: i32,
+        resume: impl Fn(i32) -> ferry_sys::SysResult<()>,
+        what: &str,
+    ) -> Result<()> {
         let pid = self.pid;
         let mut interrupts = 0;
         loop {
-            match ptrace::wait_tid(tid, 0).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))? {
-                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => return Ok(()),
-                Some((_, WaitEvent::Stopped { event, .. })) if event == ptrace::PTRACE_EVENT_CLONE || event == ptrace::PTRACE_EVENT_FORK => {
-                    resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
+            match ptrace::wait_tid(tid, 0)
+                .map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))?
+            {
+                Some((
+                    _,
+                    WaitEvent::Stopped {
+                        sig: libc::SIGTRAP,
+                        event: 0,
+                    },
+                )) => return Ok(()),
+                Some((_, WaitEvent::Stopped { event, .. }))
+                    if event == ptrace::PTRACE_EVENT_CLONE
+                        || event == ptrace::PTRACE_EVENT_FORK =>
+                {
+                    resume(tid).map_err(|e| {
+                        EngineError::kernel(pid, format!("thread {tid}: resuming"), e)
+                    })?;
                 }
                 // A thread seized in a job-control stop reports the stop
                 // once more (the PTRACE_INTERRUPT trap queued while it was
                 // already stopped) the first time it is resumed.
-                Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) if interrupts < 4 => {
+                Some((
+                    _,
+                    WaitEvent::Stopped {
+                        event: ptrace::PTRACE_EVENT_STOP,
+                        ..
+                    },
+                )) if interrupts < 4 => {
                     interrupts += 1;
-                    resume(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: resuming"), e))?;
+                    resume(tid).map_err(|e| {
+                        EngineError::kernel(pid, format!("thread {tid}: resuming"), e)
+                    })?;
                 }
                 Some((_, WaitEvent::Stopped { sig, event })) => {
                     let rip = ptrace::get_regs(tid).map(|r| r.rip).unwrap_or(0);
                     return Err(EngineError::restore(pid, format!("thread {tid}: unexpected stop (signal {sig}, event {event}) at {rip:#x} in {what}")));
                 }
                 Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
-                    return Err(EngineError::Gone { pid, what: format!("thread {tid} died in {what}") })
+                    return Err(EngineError::Gone {
+                        pid,
+                        what: format!("thread {tid} died in {what}"),
+                    })
                 }
                 None => {}
             }
@@ -94,21 +143,40 @@ impl Remote {
     pub fn call(&self, tid: i32, call: &str, nr: i64, args: &[u64]) -> Result<u64> {
         let r = self.raw(tid, nr, args)?;
         if (-4095..0).contains(&r) {
-            return Err(EngineError::Remote { pid: self.pid, tid, call: call.to_string(), errno: (-r) as i32 });
+            return Err(EngineError::Remote {
+                pid: self.pid,
+                tid,
+                call: call.to_string(),
+                errno: (-r) as i32,
+            });
         }
         Ok(r as u64)
     }
 
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        vm::write_remote(self.pid, data, &[RemoteRange { addr, len: data.len() }])
-            .map_err(|e| EngineError::kernel(self.pid, format!("writing {} bytes at {addr:#x}", data.len()), e))?;
+        vm::write_remote(
+            self.pid,
+            data,
+            &[RemoteRange {
+                addr,
+                len: data.len(),
+            }],
+        )
+        .map_err(|e| {
+            EngineError::kernel(
+                self.pid,
+                format!("writing {} bytes at {addr:#x}", data.len()),
+                e,
+            )
+        })?;
         Ok(())
     }
 
     pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len];
-        vm::read_remote(self.pid, &mut buf, &[RemoteRange { addr, len }])
-            .map_err(|e| EngineError::kernel(self.pid, format!("reading {len} bytes at {addr:#x}"), e))?;
+        vm::read_remote(self.pid, &mut buf, &[RemoteRange { addr, len }]).map_err(|e| {
+            EngineError::kernel(self.pid, format!("reading {len} bytes at {addr:#x}"), e)
+        })?;
         Ok(buf)
     }
 }
@@ -126,9 +194,9 @@ impl Remote {
 ///       int3
 /// ```
 const BATCH_CODE: &[u8] = &[
-    0x48, 0x8b, 0x03, 0x48, 0x8b, 0x7b, 0x08, 0x48, 0x8b, 0x73, 0x10, 0x48, 0x8b, 0x53, 0x18, 0x4c, 0x8b, 0x53, 0x20, 0x4c,
-    0x8b, 0x43, 0x28, 0x4c, 0x8b, 0x4b, 0x30, 0x0f, 0x05, 0x48, 0x89, 0x43, 0x38, 0x48, 0x83, 0xc3, 0x40, 0x49, 0xff, 0xcc,
-    0x75, 0xd6, 0xcc,
+    0x48, 0x8b, 0x03, 0x48, 0x8b, 0x7b, 0x08, 0x48, 0x8b, 0x73, 0x10, 0x48, 0x8b, 0x53, 0x18, 0x4c,
+    0x8b, 0x53, 0x20, 0x4c, 0x8b, 0x43, 0x28, 0x4c, 0x8b, 0x4b, 0x30, 0x0f, 0x05, 0x48, 0x89, 0x43,
+    0x38, 0x48, 0x83, 0xc3, 0x40, 0x49, 0xff, 0xcc, 0x75, 0xd6, 0xcc,
 ];
 
 /// One syscall of a batch.
@@ -200,14 +268,22 @@ impl Remote {
         }
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
         let out = self.read(scratch + TABLE, table.len())?;
-        Ok(out.chunks_exact(64).map(|e| i64::from_le_bytes(e[56..64].try_into().expect("8 bytes"))).collect())
+        Ok(out
+            .chunks_exact(64)
+            .map(|e| i64::from_le_bytes(e[56..64].try_into().expect("8 bytes")))
+            .collect())
     }
 }
 
 /// Turns a raw batch result into an error naming the call.
 pub fn check(pid: i32, tid: i32, call: &str, r: i64) -> Result<u64> {
     if (-4095..0).contains(&r) {
-        return Err(EngineError::Remote { pid, tid, call: call.to_string(), errno: (-r) as i32 });
+        return Err(EngineError::Remote {
+            pid,
+            tid,
+            call: call.to_string(),
+            errno: (-r) as i32,
+        });
     }
     Ok(r as u64)
 }
@@ -216,9 +292,17 @@ impl Scratch {
     pub fn map(remote: &Remote, tid: i32) -> Result<Scratch> {
         let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let addr = remote.call(tid, "mmap(scratch)", libc::SYS_mmap, &[0, SCRATCH_LEN, prot, flags, u64::MAX, 0])?;
+        let addr = remote.call(
+            tid,
+            "mmap(scratch)",
+            libc::SYS_mmap,
+            &[0, SCRATCH_LEN, prot, flags, u64::MAX, 0],
+        )?;
         remote.write(addr, BATCH_CODE)?;
-        Ok(Scratch { addr, len: SCRATCH_LEN })
+        Ok(Scratch {
+            addr,
+            len: SCRATCH_LEN,
+        })
     }
 
     /// Maps the scratch area at `addr` exactly (MAP_FIXED_NOREPLACE).
@@ -226,13 +310,26 @@ impl Scratch {
         const MAP_FIXED_NOREPLACE: u64 = 0x100000;
         let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | MAP_FIXED_NOREPLACE;
-        let got = remote.call(tid, "mmap(scratch)", libc::SYS_mmap, &[addr, SCRATCH_LEN, prot, flags, u64::MAX, 0])?;
+        let got = remote.call(
+            tid,
+            "mmap(scratch)",
+            libc::SYS_mmap,
+            &[addr, SCRATCH_LEN, prot, flags, u64::MAX, 0],
+        )?;
         remote.write(got, BATCH_CODE)?;
-        Ok(Scratch { addr: got, len: SCRATCH_LEN })
+        Ok(Scratch {
+            addr: got,
+            len: SCRATCH_LEN,
+        })
     }
 
     pub fn unmap(self, remote: &Remote, tid: i32) -> Result<()> {
-        remote.call(tid, "munmap(scratch)", libc::SYS_munmap, &[self.addr, self.len])?;
+        remote.call(
+            tid,
+            "munmap(scratch)",
+            libc::SYS_munmap,
+            &[self.addr, self.len],
+        )?;
         Ok(())
     }
 }

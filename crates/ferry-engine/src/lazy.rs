@@ -25,7 +25,13 @@ const PAGE: u64 = 4096;
 pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
     let mut eager: Vec<u64> = Vec::new();
     for tid in procfs::tids(pid)? {
-        let conf = ferry_sys::ptrace::get_rseq_config(tid).map_err(|e| EngineError::kernel(pid, format!("reading rseq configuration of thread {tid}"), e))?;
+        let conf = ferry_sys::ptrace::get_rseq_config(tid).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("reading rseq configuration of thread {tid}"),
+                e,
+            )
+        })?;
         if conf.rseq_abi_pointer != 0 {
             let first = conf.rseq_abi_pointer & !(PAGE - 1);
             let last = (conf.rseq_abi_pointer + conf.rseq_abi_size.max(1) as u64 - 1) & !(PAGE - 1);
@@ -37,15 +43,27 @@ pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
     }
     eager.sort_unstable();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pm: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let pm: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
+        .map_err(|e| EngineError::io(&pm_path, e))?
+        .into();
     let mut out: Vec<(u64, u64)> = Vec::new();
     for v in vmas {
-        if !matches!(v.backing, VmaBacking::Anonymous) || v.shared || v.flags & (vmflag::LOCKED | vmflag::GROWSDOWN) != 0 {
+        if !matches!(v.backing, VmaBacking::Anonymous)
+            || v.shared
+            || v.flags & (vmflag::LOCKED | vmflag::GROWSDOWN) != 0
+        {
             continue;
         }
-        let Some(filter) = page_filter(v) else { continue };
-        let ranges = pagemap::scan(&pm, v.start, v.end, filter)
-            .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
+        let Some(filter) = page_filter(v) else {
+            continue;
+        };
+        let ranges = pagemap::scan(&pm, v.start, v.end, filter).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
+                e,
+            )
+        })?;
         for (s, e) in ranges {
             let mut a = s;
             while a < e {

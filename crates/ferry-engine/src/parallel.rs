@@ -13,17 +13,26 @@ const MIN_PER_THREAD: usize = 256;
 /// error of the first item that failed. Threads inherit the caller's
 /// network namespace, so sockets made in `f` belong where the caller is.
 pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
-    let threads = crate::worker_threads().min(items.len() / MIN_PER_THREAD).max(1);
+    let threads = crate::worker_threads()
+        .min(items.len() / MIN_PER_THREAD)
+        .max(1);
     if threads == 1 {
         return items.iter().map(&f).collect();
     }
     let chunk = items.len().div_ceil(threads);
     let f = &f;
     let parts: Vec<Result<Vec<R>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = items.chunks(chunk).map(|c| scope.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>())).collect();
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>()))
+            .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(crate::EngineError::restore(0, "a worker thread panicked"))))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(crate::EngineError::restore(0, "a worker thread panicked"))
+                })
+            })
             .collect()
     });
     let mut out = Vec::with_capacity(items.len());
@@ -42,8 +51,17 @@ mod tests {
         let items: Vec<u32> = (0..5000).collect();
         let doubled = map(&items, |&x| Ok(x * 2)).expect("no error");
         assert_eq!(doubled, items.iter().map(|x| x * 2).collect::<Vec<_>>());
-        let err = map(&items, |&x| if x == 4000 || x == 100 { Err(crate::EngineError::restore(x as i32, "bad")) } else { Ok(x) });
-        assert!(matches!(err, Err(crate::EngineError::Restore { pid: 100, .. })));
+        let err = map(&items, |&x| {
+            if x == 4000 || x == 100 {
+                Err(crate::EngineError::restore(x as i32, "bad"))
+            } else {
+                Ok(x)
+            }
+        });
+        assert!(matches!(
+            err,
+            Err(crate::EngineError::Restore { pid: 100, .. })
+        ));
         assert!(map(&[] as &[u32], |&x| Ok(x)).expect("empty").is_empty());
     }
 }

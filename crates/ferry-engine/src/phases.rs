@@ -17,14 +17,21 @@ impl Phases {
 
     /// Phases counted from `start`, an instant taken earlier.
     pub fn start_at(op: &'static str, start: Instant) -> Phases {
-        Phases { op, start, last: start, done: Vec::new() }
+        Phases {
+            op,
+            start,
+            last: start,
+            done: Vec::new(),
+        }
     }
 
     pub fn mark(&mut self, phase: &str) {
         let now = Instant::now();
         // The wall clock lets a benchmark line up the phases of a
         // checkpoint and a restore run by two processes.
-        let unix_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
         tracing::debug!(
             "{} {:<22} {:>8.3} ms (total {:>8.3} ms) at {unix_us}",
             self.op,
@@ -32,7 +39,8 @@ impl Phases {
             (now - self.last).as_secs_f64() * 1e3,
             (now - self.start).as_secs_f64() * 1e3
         );
-        self.done.push((phase.to_string(), (now - self.last).as_secs_f64() * 1e3));
+        self.done
+            .push((phase.to_string(), (now - self.last).as_secs_f64() * 1e3));
         self.last = now;
         stall_if_asked(self.op, phase);
     }
@@ -53,10 +61,17 @@ impl Phases {
 /// minutes, or `FERRY_FAULT_STALL_SECS` seconds (a test that wants the
 /// stalled side to carry on and handle the fault itself).
 fn stall_if_asked(op: &str, phase: &str) {
-    let Some(want) = std::env::var_os("FERRY_FAULT_STALL_AFTER") else { return };
+    let Some(want) = std::env::var_os("FERRY_FAULT_STALL_AFTER") else {
+        return;
+    };
     if want.to_string_lossy() == format!("{op}:{phase}") {
-        let secs = std::env::var("FERRY_FAULT_STALL_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
-        eprintln!("ferry: stalling after {op} phase '{phase}' for {secs} s (FERRY_FAULT_STALL_AFTER)");
+        let secs = std::env::var("FERRY_FAULT_STALL_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(120);
+        eprintln!(
+            "ferry: stalling after {op} phase '{phase}' for {secs} s (FERRY_FAULT_STALL_AFTER)"
+        );
         std::thread::sleep(std::time::Duration::from_secs(secs));
     }
 }

@@ -9,11 +9,16 @@ pub fn read_string(path: &str) -> Result<String> {
 }
 
 pub fn read_link(path: &str) -> Result<String> {
-    std::fs::read_link(path).map(|p| p.to_string_lossy().into_owned()).map_err(|e| EngineError::io(path, e))
+    std::fs::read_link(path)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| EngineError::io(path, e))
 }
 
 fn parse_err(path: &str, what: impl Into<String>) -> EngineError {
-    EngineError::Parse { path: path.to_string(), what: what.into() }
+    EngineError::Parse {
+        path: path.to_string(),
+        what: what.into(),
+    }
 }
 
 /// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), if the
@@ -67,9 +72,15 @@ fn parse_maps_line(path: &str, line: &str) -> Result<MapsEntry> {
     let dev = it.next().unwrap_or_default();
     let inode = it.next().unwrap_or_default();
     let name = it.next().unwrap_or_default().trim_start().to_string();
-    let (s, e) = range.split_once('-').ok_or_else(|| parse_err(path, format!("bad range in {line:?}")))?;
-    let hex = |v: &str| u64::from_str_radix(v, 16).map_err(|_| parse_err(path, format!("bad number in {line:?}")));
-    let (maj, min) = dev.split_once(':').ok_or_else(|| parse_err(path, format!("bad device in {line:?}")))?;
+    let (s, e) = range
+        .split_once('-')
+        .ok_or_else(|| parse_err(path, format!("bad range in {line:?}")))?;
+    let hex = |v: &str| {
+        u64::from_str_radix(v, 16).map_err(|_| parse_err(path, format!("bad number in {line:?}")))
+    };
+    let (maj, min) = dev
+        .split_once(':')
+        .ok_or_else(|| parse_err(path, format!("bad device in {line:?}")))?;
     let pb = perms.as_bytes();
     if pb.len() != 4 {
         return Err(parse_err(path, format!("bad permissions in {line:?}")));
@@ -80,14 +91,18 @@ fn parse_maps_line(path: &str, line: &str) -> Result<MapsEntry> {
         perms: [pb[0], pb[1], pb[2], pb[3]],
         offset: hex(offset)?,
         dev: (hex(maj)? << 8) | hex(min)?,
-        inode: inode.parse().map_err(|_| parse_err(path, format!("bad inode in {line:?}")))?,
+        inode: inode
+            .parse()
+            .map_err(|_| parse_err(path, format!("bad inode in {line:?}")))?,
         path: name,
         vm_flags: Vec::new(),
     })
 }
 
 fn is_maps_line(line: &str) -> bool {
-    line.split(' ').next().is_some_and(|r| r.contains('-') && r.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+    line.split(' ')
+        .next()
+        .is_some_and(|r| r.contains('-') && r.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
 }
 
 /// Parses /proc/PID/smaps, keeping only the range line and VmFlags.
@@ -120,7 +135,10 @@ pub fn parse_maps(path: &str, text: &str) -> Result<Vec<MapsEntry>> {
 
 /// "Key:\tvalue" files (status, fdinfo, timers...).
 pub fn key_values(text: &str) -> HashMap<&str, &str> {
-    text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect()
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect()
 }
 
 /// Fields of /proc/PID/stat after the command name, 1-based as in proc(5).
@@ -132,9 +150,15 @@ impl Stat {
     pub fn read(pid: i32) -> Result<Stat> {
         let path = format!("/proc/{pid}/stat");
         let text = read_string(&path)?;
-        let after = text.rfind(')').map(|i| &text[i + 2..]).ok_or_else(|| parse_err(&path, "no ')'"))?;
+        let after = text
+            .rfind(')')
+            .map(|i| &text[i + 2..])
+            .ok_or_else(|| parse_err(&path, "no ')'"))?;
         // Field 3 (state) is a letter; keep positions by mapping it to 0.
-        let fields = after.split_whitespace().map(|f| f.parse::<i64>().map(|v| v as u64).unwrap_or(0)).collect();
+        let fields = after
+            .split_whitespace()
+            .map(|f| f.parse::<i64>().map(|v| v as u64).unwrap_or(0))
+            .collect();
         Ok(Stat { fields })
     }
     /// Field number `n` as listed in proc(5) (n >= 3).

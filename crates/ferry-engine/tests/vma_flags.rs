@@ -30,8 +30,17 @@ fn compile(tag: &str) -> std::path::PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(dir).expect("target tmpdir");
     let bin = dir.join(format!("vma_flags_target.{}.{tag}", std::process::id()));
-    let out = Command::new("gcc").args(["-O1", "-Wall", "-o"]).arg(&bin).arg(&src).output().expect("run gcc");
-    assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("gcc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "gcc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     bin
 }
 
@@ -42,16 +51,31 @@ fn more_mappings_than_one_iterator_read_holds_are_read_from_smaps() {
         return;
     }
     let bin = compile("many");
-    let mut child = Command::new(&bin).arg("many").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start vma_flags_target");
+    let mut child = Command::new(&bin)
+        .arg("many")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start vma_flags_target");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("READY");
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("READY");
     assert!(line.starts_with("READY"), "{line:?}");
     let pid = child.id() as i32;
     let t = std::time::Instant::now();
     // On 6.18 a second read of the iterator can return the same mappings
     // forever: the presurvey must give up, quickly, rather than loop.
-    assert!(presurvey(pid).is_none(), "a presurvey of {} mappings proved something", procfs::maps(pid).map(|m| m.len()).unwrap_or(0));
-    assert!(t.elapsed() < std::time::Duration::from_secs(5), "the presurvey took {:?}", t.elapsed());
+    assert!(
+        presurvey(pid).is_none(),
+        "a presurvey of {} mappings proved something",
+        procfs::maps(pid).map(|m| m.len()).unwrap_or(0)
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "the presurvey took {:?}",
+        t.elapsed()
+    );
     let (got, without_smaps) = frozen_smaps(pid, None).expect("frozen_smaps");
     assert!(!without_smaps && got.len() > 3000);
     let _ = child.kill();
@@ -66,7 +90,11 @@ fn flags_read_without_smaps_are_smaps_flags() {
         return;
     }
     let bin = compile("flags");
-    let mut child = Command::new(&bin).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start vma_flags_target");
+    let mut child = Command::new(&bin)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start vma_flags_target");
     let pid = child.id() as i32;
     let mut input = child.stdin.take().expect("stdin");
     let mut output = BufReader::new(child.stdout.take().expect("stdout"));
@@ -82,10 +110,16 @@ fn flags_read_without_smaps_are_smaps_flags() {
 
     let pre = presurvey(pid).expect("the presurvey of an idle program proves its flags (BPF task_vma iterator available as root)");
     let (fast, slow, without_smaps) = both(pid, &pre);
-    assert!(without_smaps, "nothing changed since the presurvey, yet smaps was read");
+    assert!(
+        without_smaps,
+        "nothing changed since the presurvey, yet smaps was read"
+    );
     assert_eq!(fast, slow);
     for f in ["dd", "wf", "lo", "hg", "nh", "dc", "sr", "sh"] {
-        assert!(slow.contains(&format!("\"{f}\"")), "the program has no mapping with {f}: the test proves less than it says");
+        assert!(
+            slow.contains(&format!("\"{f}\"")),
+            "the program has no mapping with {f}: the test proves less than it says"
+        );
     }
 
     // A flag the presurvey saw elsewhere: computed, and right.
@@ -97,7 +131,10 @@ fn flags_read_without_smaps_are_smaps_flags() {
     // A flag it never saw: smaps is read, and it is right too.
     assert_eq!(ask(Some("random")).trim(), "ok");
     let (fast, slow, without_smaps) = both(pid, &pre);
-    assert!(!without_smaps, "rr was never validated, yet smaps was not read");
+    assert!(
+        !without_smaps,
+        "rr was never validated, yet smaps was not read"
+    );
     assert_eq!(fast, slow);
 
     let _ = child.kill();

@@ -45,7 +45,10 @@ pub struct FormatVersion {
 
 impl FormatVersion {
     /// What this build writes (and the newest it reads).
-    pub const CURRENT: FormatVersion = FormatVersion { major: FORMAT_MAJOR, minor: FORMAT_MINOR };
+    pub const CURRENT: FormatVersion = FormatVersion {
+        major: FORMAT_MAJOR,
+        minor: FORMAT_MINOR,
+    };
 }
 
 impl std::fmt::Display for FormatVersion {
@@ -145,15 +148,25 @@ pub struct SectionOrder {
 
 impl SectionOrder {
     /// `what` names the container in messages ("meta.img", "stream").
-    pub fn new(order: &'static [(SectionKind, bool)], version: FormatVersion, what: &'static str) -> Self {
-        SectionOrder { order, next: 0, version, what }
+    pub fn new(
+        order: &'static [(SectionKind, bool)],
+        version: FormatVersion,
+        what: &'static str,
+    ) -> Self {
+        SectionOrder {
+            order,
+            next: 0,
+            version,
+            what,
+        }
     }
 
     /// Accepts the next section's raw kind, or says why it cannot come here.
     pub fn accept(&mut self, kind_raw: u32) -> Result<SectionKind, ImageError> {
         let what = self.what;
-        let kind = SectionKind::from_u32(kind_raw)
-            .ok_or_else(|| ImageError::Invalid(format!("unknown section kind {kind_raw} in {what}")))?;
+        let kind = SectionKind::from_u32(kind_raw).ok_or_else(|| {
+            ImageError::Invalid(format!("unknown section kind {kind_raw} in {what}"))
+        })?;
         if kind.since_minor() > self.version.minor {
             return Err(ImageError::Invalid(format!(
                 "{} section in {what} of image format {}, which has no such section (it came with {}.{})",
@@ -164,12 +177,21 @@ impl SectionOrder {
             )));
         }
         let Some(pos) = self.order.iter().position(|(k, _)| *k == kind) else {
-            return Err(ImageError::Invalid(format!("{} section does not belong in {what}", kind.name())));
+            return Err(ImageError::Invalid(format!(
+                "{} section does not belong in {what}",
+                kind.name()
+            )));
         };
         if pos < self.next {
-            return Err(ImageError::Invalid(format!("duplicate {} section in {what}", kind.name())));
+            return Err(ImageError::Invalid(format!(
+                "duplicate {} section in {what}",
+                kind.name()
+            )));
         }
-        if let Some((missing, _)) = self.order[self.next..pos].iter().find(|(_, optional)| !optional) {
+        if let Some((missing, _)) = self.order[self.next..pos]
+            .iter()
+            .find(|(_, optional)| !optional)
+        {
             return Err(ImageError::Invalid(format!(
                 "{} section where the {} section was expected in {what}",
                 kind.name(),
@@ -182,7 +204,9 @@ impl SectionOrder {
 
     /// Whether every section that must come has come.
     pub fn complete(&self) -> bool {
-        self.order[self.next..].iter().all(|(_, optional)| *optional)
+        self.order[self.next..]
+            .iter()
+            .all(|(_, optional)| *optional)
     }
 }
 
@@ -212,7 +236,10 @@ pub fn file_header_for(version: FormatVersion, flags: u16) -> [u8; HEADER_LEN] {
 /// (only [`KNOWN_HEADER_FLAGS`]). `what` names the file in messages.
 pub fn read_file_header(bytes: &[u8], what: &str) -> Result<FileHeader, ImageError> {
     let Some(h) = bytes.get(..HEADER_LEN) else {
-        return Err(ImageError::Truncated(format!("{what}: header is {} bytes, need {HEADER_LEN}", bytes.len())));
+        return Err(ImageError::Truncated(format!(
+            "{what}: header is {} bytes, need {HEADER_LEN}",
+            bytes.len()
+        )));
     };
     if &h[..8] != MAGIC {
         return Err(ImageError::BadMagic(what.to_string()));
@@ -220,20 +247,30 @@ pub fn read_file_header(bytes: &[u8], what: &str) -> Result<FileHeader, ImageErr
     let major = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
     if major != FORMAT_MAJOR {
         // Another major may keep its minor elsewhere: report the major only.
-        return Err(ImageError::Version { found: major, supported: FORMAT_MAJOR });
+        return Err(ImageError::Version {
+            found: major,
+            supported: FORMAT_MAJOR,
+        });
     }
     let word = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
     let minor = (word >> MINOR_SHIFT) as u16;
     let flags = (word & 0xffff) as u16;
     if minor > FORMAT_MINOR {
-        return Err(ImageError::NewerMinor { major, found: minor, supported: FORMAT_MINOR });
+        return Err(ImageError::NewerMinor {
+            major,
+            found: minor,
+            supported: FORMAT_MINOR,
+        });
     }
     if flags & !KNOWN_HEADER_FLAGS != 0 {
         return Err(ImageError::Invalid(format!(
             "{what}: header flags {flags:#06x} unknown in image format {major}.{minor}"
         )));
     }
-    Ok(FileHeader { version: FormatVersion { major, minor }, flags })
+    Ok(FileHeader {
+        version: FormatVersion { major, minor },
+        flags,
+    })
 }
 
 /// [`read_file_header`], returning only the flags (the low 16 bits of
@@ -258,7 +295,8 @@ pub fn section_header_raw(kind: SectionKind, len: u64, sum: u64) -> [u8; SECTION
 /// the payload and the rest of the input.
 pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageError> {
     let (kind_raw, payload, rest) = read_section_raw(bytes)?;
-    let kind = SectionKind::from_u32(kind_raw).ok_or_else(|| ImageError::Invalid(format!("unknown section kind {kind_raw}")))?;
+    let kind = SectionKind::from_u32(kind_raw)
+        .ok_or_else(|| ImageError::Invalid(format!("unknown section kind {kind_raw}")))?;
     Ok((kind, payload, rest))
 }
 
@@ -266,23 +304,34 @@ pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageEr
 /// returned as is, and the length and checksum are still checked.
 fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
     let Some((h, rest)) = bytes.split_first_chunk::<SECTION_HEADER_LEN>() else {
-        return Err(ImageError::Truncated(format!("section header needs {SECTION_HEADER_LEN} bytes, {} left", bytes.len())));
+        return Err(ImageError::Truncated(format!(
+            "section header needs {SECTION_HEADER_LEN} bytes, {} left",
+            bytes.len()
+        )));
     };
     let kind_raw = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
     let reserved = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
     let len = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
     let sum = u64::from_le_bytes([h[16], h[17], h[18], h[19], h[20], h[21], h[22], h[23]]);
-    let name = SectionKind::from_u32(kind_raw).map_or_else(|| format!("kind-{kind_raw}"), |k| k.name().to_string());
+    let name = SectionKind::from_u32(kind_raw)
+        .map_or_else(|| format!("kind-{kind_raw}"), |k| k.name().to_string());
     check_reserved(&name, reserved)?;
     if len > MAX_SECTION_LEN {
-        return Err(ImageError::Invalid(format!("{name} section claims {len} bytes")));
+        return Err(ImageError::Invalid(format!(
+            "{name} section claims {len} bytes"
+        )));
     }
     if (rest.len() as u64) < len {
-        return Err(ImageError::Truncated(format!("{name} section claims {len} bytes, {} present", rest.len())));
+        return Err(ImageError::Truncated(format!(
+            "{name} section claims {len} bytes, {} present",
+            rest.len()
+        )));
     }
     let (payload, rest) = rest.split_at(len as usize);
     if checksum(payload) != sum {
-        return Err(ImageError::Checksum { what: format!("{name} section") });
+        return Err(ImageError::Checksum {
+            what: format!("{name} section"),
+        });
     }
     Ok((kind_raw, payload, rest))
 }
@@ -291,13 +340,18 @@ fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
 /// knows (a later minor may give it a meaning).
 pub fn check_reserved(section: &str, reserved: u32) -> Result<(), ImageError> {
     if reserved != 0 {
-        return Err(ImageError::Invalid(format!("{section} section header: reserved word is {reserved:#x}, not 0")));
+        return Err(ImageError::Invalid(format!(
+            "{section} section header: reserved word is {reserved:#x}, not 0"
+        )));
     }
     Ok(())
 }
 
 fn encode<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<Vec<u8>, ImageError> {
-    postcard::to_stdvec(value).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
+    postcard::to_stdvec(value).map_err(|e| ImageError::Decode {
+        kind,
+        reason: e.to_string(),
+    })
 }
 
 /// Encodes the metadata file: header, inventory section, process section.
@@ -308,12 +362,17 @@ pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>
 /// Encodes the metadata file of an image that may be incremental: header,
 /// inventory section, process section, then (with `Some`) the
 /// `Incremental` section. The header says [`FormatVersion::CURRENT`].
-pub fn encode_meta_with(inventory: &Inventory, process: &TreeImage, incremental: Option<&Incremental>) -> Result<Vec<u8>, ImageError> {
+pub fn encode_meta_with(
+    inventory: &Inventory,
+    process: &TreeImage,
+    incremental: Option<&Incremental>,
+) -> Result<Vec<u8>, ImageError> {
     let inv = encode(inventory, "inventory")?;
     let proc_ = encode(process, "process")?;
     let inc = incremental.map(|i| encode(i, "incremental")).transpose()?;
     let inc_len = inc.as_ref().map_or(0, |b| SECTION_HEADER_LEN + b.len());
-    let mut out = Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len() + inc_len);
+    let mut out =
+        Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len() + inc_len);
     out.extend_from_slice(&file_header(0));
     out.extend_from_slice(&section_header(SectionKind::Inventory, &inv));
     out.extend_from_slice(&inv);
@@ -337,10 +396,20 @@ pub fn encode_meta_with(inventory: &Inventory, process: &TreeImage, incremental:
 }
 
 /// Decodes one section payload; leftover bytes inside it are an error.
-pub fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8], kind: &'static str) -> Result<T, ImageError> {
-    let (value, left) = postcard::take_from_bytes::<T>(payload).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })?;
+pub fn decode_payload<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    kind: &'static str,
+) -> Result<T, ImageError> {
+    let (value, left) =
+        postcard::take_from_bytes::<T>(payload).map_err(|e| ImageError::Decode {
+            kind,
+            reason: e.to_string(),
+        })?;
     if !left.is_empty() {
-        return Err(ImageError::Decode { kind, reason: format!("{} trailing bytes", left.len()) });
+        return Err(ImageError::Decode {
+            kind,
+            reason: format!("{} trailing bytes", left.len()),
+        });
     }
     Ok(value)
 }
@@ -357,13 +426,17 @@ pub fn decode_meta(bytes: &[u8]) -> Result<(Inventory, TreeImage), ImageError> {
 
 /// Decodes and checks the metadata file, with its `Incremental` section
 /// (`None`: the image holds every page itself). Never panics on any input.
-pub fn decode_meta_full(bytes: &[u8]) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+pub fn decode_meta_full(
+    bytes: &[u8],
+) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
     decode_meta_versioned(bytes).map(|(_, inv, tree, inc)| (inv, tree, inc))
 }
 
 /// [`decode_meta_full`], also returning the format version the image's
 /// header claims.
-pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, TreeImage, Option<Incremental>), ImageError> {
+pub fn decode_meta_versioned(
+    bytes: &[u8],
+) -> Result<(FormatVersion, Inventory, TreeImage, Option<Incremental>), ImageError> {
     let header = read_file_header(bytes, "meta.img")?;
     let mut order = SectionOrder::new(META_SECTIONS, header.version, "meta.img");
     let mut rest = &bytes[HEADER_LEN..];
@@ -378,7 +451,10 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
         let (kind_raw, payload, r) = match read_section_raw(rest) {
             // What follows the required sections is not a whole section.
             Err(ImageError::Truncated(why)) if order.complete() => {
-                return Err(ImageError::Invalid(format!("{} unexpected bytes after the last section ({why})", rest.len())))
+                return Err(ImageError::Invalid(format!(
+                    "{} unexpected bytes after the last section ({why})",
+                    rest.len()
+                )))
             }
             other => other?,
         };
@@ -390,11 +466,17 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
             SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
             SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
             // META_SECTIONS does not hold it: `accept` refused it.
-            SectionKind::Pages => return Err(ImageError::Invalid("pages section does not belong in meta.img".into())),
+            SectionKind::Pages => {
+                return Err(ImageError::Invalid(
+                    "pages section does not belong in meta.img".into(),
+                ))
+            }
         }
     }
     let (Some(inventory), Some(mut process)) = (inventory, process) else {
-        return Err(ImageError::Truncated("meta.img lacks the inventory or the process tree section".into()));
+        return Err(ImageError::Truncated(
+            "meta.img lacks the inventory or the process tree section".into(),
+        ));
     };
     process.cgroups = cgroups;
     process.unix_peers = unix_peers;
@@ -410,6 +492,8 @@ pub fn decode_meta_versioned(bytes: &[u8]) -> Result<(FormatVersion, Inventory, 
 pub fn require_complete(incremental: Option<&Incremental>) -> Result<(), ImageError> {
     match incremental {
         None => Ok(()),
-        Some(i) => Err(ImageError::NeedsParent { parent_id: i.parent_id }),
+        Some(i) => Err(ImageError::NeedsParent {
+            parent_id: i.parent_id,
+        }),
     }
 }

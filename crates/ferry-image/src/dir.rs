@@ -28,15 +28,26 @@ pub struct PagesWriter {
 impl PagesWriter {
     /// Appends one run's bytes; `start` is its address in the process.
     pub fn append_run(&mut self, start: u64, data: &[u8]) -> Result<PageRun, ImageError> {
-        self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
-        let run = PageRun { start, pages: data.len() as u64 / 4096, offset: self.offset, checksum: container::checksum(data) };
+        self.file
+            .write_all(data)
+            .map_err(|e| ImageError::io(&self.path, e))?;
+        let run = PageRun {
+            start,
+            pages: data.len() as u64 / 4096,
+            offset: self.offset,
+            checksum: container::checksum(data),
+        };
         self.offset += data.len() as u64;
         Ok(run)
     }
 
     /// Appends several runs whose bytes are concatenated in `data`, with
     /// one write; each run gets its own checksum.
-    pub fn append_runs(&mut self, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+    pub fn append_runs(
+        &mut self,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
         let runs = self.write_runs_at(self.offset, ranges, data)?;
         self.offset += data.len() as u64;
         Ok(runs)
@@ -45,14 +56,26 @@ impl PagesWriter {
     /// Writes runs at a given offset of the data area (for writers that
     /// fill pages.img from several threads). Call `set_data_len` with the
     /// final size once all are written.
-    pub fn write_runs_at(&self, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+    pub fn write_runs_at(
+        &self,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
         use std::os::unix::fs::FileExt;
-        self.file.write_all_at(data, PAGES_DATA_OFFSET + data_offset).map_err(|e| ImageError::io(&self.path, e))?;
+        self.file
+            .write_all_at(data, PAGES_DATA_OFFSET + data_offset)
+            .map_err(|e| ImageError::io(&self.path, e))?;
         let mut runs = Vec::with_capacity(ranges.len());
         let mut off = 0usize;
         for &(start, len) in ranges {
             let chunk = &data[off..off + len];
-            runs.push(PageRun { start, pages: len as u64 / 4096, offset: data_offset + off as u64, checksum: container::checksum(chunk) });
+            runs.push(PageRun {
+                start,
+                pages: len as u64 / 4096,
+                offset: data_offset + off as u64,
+                checksum: container::checksum(chunk),
+            });
             off += len;
         }
         Ok(runs)
@@ -63,22 +86,36 @@ impl PagesWriter {
     /// are what a restore will see.
     pub fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
         use std::os::unix::fs::FileExt;
-        let (Some(first), Some(last)) = (runs.first(), runs.last()) else { return Ok(()) };
+        let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+            return Ok(());
+        };
         let len = (last.offset + last.pages * 4096 - first.offset) as usize;
-        let buf = scratch.get_mut(..len).ok_or_else(|| ImageError::Invalid("read-back buffer too small".into()))?;
-        self.file.read_exact_at(buf, PAGES_DATA_OFFSET + first.offset).map_err(|e| ImageError::io(&self.path, e))?;
+        let buf = scratch
+            .get_mut(..len)
+            .ok_or_else(|| ImageError::Invalid("read-back buffer too small".into()))?;
+        self.file
+            .read_exact_at(buf, PAGES_DATA_OFFSET + first.offset)
+            .map_err(|e| ImageError::io(&self.path, e))?;
         for r in runs {
             let s = (r.offset - first.offset) as usize;
             let chunk = &buf[s..s + (r.pages * 4096) as usize];
             if container::checksum(chunk) != r.checksum {
-                return Err(ImageError::Checksum { what: format!("pages at {:#x} as written to {}", r.start, self.path.display()) });
+                return Err(ImageError::Checksum {
+                    what: format!(
+                        "pages at {:#x} as written to {}",
+                        r.start,
+                        self.path.display()
+                    ),
+                });
             }
         }
         Ok(())
     }
 
     pub fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
-        self.file.set_len(PAGES_DATA_OFFSET + len).map_err(|e| ImageError::io(&self.path, e))?;
+        self.file
+            .set_len(PAGES_DATA_OFFSET + len)
+            .map_err(|e| ImageError::io(&self.path, e))?;
         self.offset = len;
         Ok(())
     }
@@ -88,7 +125,9 @@ impl PagesWriter {
     }
 
     pub fn finish(self) -> Result<u64, ImageError> {
-        self.file.sync_all().map_err(|e| ImageError::io(&self.path, e))?;
+        self.file
+            .sync_all()
+            .map_err(|e| ImageError::io(&self.path, e))?;
         Ok(self.offset)
     }
 }
@@ -107,12 +146,19 @@ impl ImageDir {
     /// directory is made 0700 and its files 0600.
     pub fn create_pages(&self) -> Result<PagesWriter, ImageError> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.path).map_err(|e| ImageError::io(&self.path, e))?;
-        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700)).map_err(|e| ImageError::io(&self.path, e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.path)
+            .map_err(|e| ImageError::io(&self.path, e))?;
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| ImageError::io(&self.path, e))?;
         // An older image here stops being an image before its pages change.
         let old_meta = self.file(META_FILE);
         match std::fs::remove_file(&old_meta) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(ImageError::io(&old_meta, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(ImageError::io(&old_meta, e))
+            }
             _ => {}
         }
         let path = self.file(PAGES_FILE);
@@ -125,11 +171,17 @@ impl ImageDir {
             .open(&path)
             .map_err(|e| ImageError::io(&path, e))?;
         // An existing file keeps its mode through open(O_TRUNC).
-        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| ImageError::io(&path, e))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| ImageError::io(&path, e))?;
         let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
         header[..HEADER_LEN].copy_from_slice(&container::file_header(0));
-        file.write_all(&header).map_err(|e| ImageError::io(&path, e))?;
-        Ok(PagesWriter { file, path, offset: 0 })
+        file.write_all(&header)
+            .map_err(|e| ImageError::io(&path, e))?;
+        Ok(PagesWriter {
+            file,
+            path,
+            offset: 0,
+        })
     }
 
     /// Writes meta.img atomically (temp file + rename) and syncs it.
@@ -140,18 +192,30 @@ impl ImageDir {
     /// [`write_meta`](Self::write_meta) for an image that may be
     /// incremental: with `Some`, meta.img also holds the `Incremental`
     /// section.
-    pub fn write_meta_with(&self, inv: &Inventory, process: &TreeImage, incremental: Option<&Incremental>) -> Result<(), ImageError> {
+    pub fn write_meta_with(
+        &self,
+        inv: &Inventory,
+        process: &TreeImage,
+        incremental: Option<&Incremental>,
+    ) -> Result<(), ImageError> {
         let bytes = container::encode_meta_with(inv, process, incremental)?;
         let tmp = self.file("meta.img.tmp");
         let fin = self.file(META_FILE);
         use std::os::unix::fs::OpenOptionsExt;
         let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(|e| ImageError::io(&tmp, e))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| ImageError::io(&tmp, e))?;
         f.write_all(&bytes).map_err(|e| ImageError::io(&tmp, e))?;
         f.sync_all().map_err(|e| ImageError::io(&tmp, e))?;
         std::fs::rename(&tmp, &fin).map_err(|e| ImageError::io(&fin, e))?;
         // The rename itself must reach the disk too.
-        File::open(&self.path).and_then(|d| d.sync_all()).map_err(|e| ImageError::io(&self.path, e))?;
+        File::open(&self.path)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| ImageError::io(&self.path, e))?;
         Ok(())
     }
 
@@ -162,14 +226,26 @@ impl ImageDir {
     /// symbolic links.
     pub fn check_private(&self) -> Result<(), ImageError> {
         use std::os::unix::fs::MetadataExt;
-        for (path, what) in [(self.file(META_FILE), META_FILE), (self.pages_path(), PAGES_FILE), (self.path.clone(), "image directory")] {
+        for (path, what) in [
+            (self.file(META_FILE), META_FILE),
+            (self.pages_path(), PAGES_FILE),
+            (self.path.clone(), "image directory"),
+        ] {
             let m = std::fs::symlink_metadata(&path).map_err(|e| ImageError::io(&path, e))?;
             let why = if m.file_type().is_symlink() {
                 Some("is a symbolic link".to_string())
             } else if m.uid() != 0 {
                 Some(format!("is owned by uid {}, not root", m.uid()))
             } else if m.mode() & 0o022 != 0 {
-                Some(format!("is writable by {} (mode {:o})", if m.mode() & 0o002 != 0 { "every user" } else { "its group" }, m.mode() & 0o7777))
+                Some(format!(
+                    "is writable by {} (mode {:o})",
+                    if m.mode() & 0o002 != 0 {
+                        "every user"
+                    } else {
+                        "its group"
+                    },
+                    m.mode() & 0o7777
+                ))
             } else {
                 None
             };
@@ -193,7 +269,9 @@ impl ImageDir {
 
     /// Reads, checks and decodes meta.img, with its `Incremental` section
     /// (`None`: the image holds every page itself).
-    pub fn read_meta_full(&self) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+    pub fn read_meta_full(
+        &self,
+    ) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
         container::decode_meta_full(&self.read_meta_bytes()?)
     }
 
@@ -215,7 +293,9 @@ impl ImageDir {
     fn read_meta_bytes(&self) -> Result<Vec<u8>, ImageError> {
         let path = self.file(META_FILE);
         let mut bytes = Vec::new();
-        File::open(&path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| ImageError::io(&path, e))?;
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| ImageError::io(&path, e))?;
         Ok(bytes)
     }
 
@@ -228,7 +308,8 @@ impl ImageDir {
         let path = self.pages_path();
         let mut f = File::open(&path).map_err(|e| ImageError::io(&path, e))?;
         let mut header = [0u8; HEADER_LEN];
-        f.read_exact(&mut header).map_err(|_| ImageError::Truncated("pages.img has no header".into()))?;
+        f.read_exact(&mut header)
+            .map_err(|_| ImageError::Truncated("pages.img has no header".into()))?;
         container::check_file_header(&header, PAGES_FILE)?;
         let len = f.metadata().map_err(|e| ImageError::io(&path, e))?.len();
         if len != PAGES_DATA_OFFSET + inv.pages_bytes {
@@ -247,11 +328,17 @@ impl ImageDir {
         for r in runs {
             let bad = || ImageError::Truncated(format!("page run at {:#x}", r.start));
             let s = usize::try_from(r.offset).map_err(|_| bad())?;
-            let len = r.pages.checked_mul(4096).and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
+            let len = r
+                .pages
+                .checked_mul(4096)
+                .and_then(|l| usize::try_from(l).ok())
+                .ok_or_else(bad)?;
             let e = s.checked_add(len).ok_or_else(bad)?;
             let chunk = data.get(s..e).ok_or_else(bad)?;
             if container::checksum(chunk) != r.checksum {
-                return Err(ImageError::Checksum { what: format!("pages at {:#x} ({} pages)", r.start, r.pages) });
+                return Err(ImageError::Checksum {
+                    what: format!("pages at {:#x} ({} pages)", r.start, r.pages),
+                });
             }
         }
         Ok(())
@@ -259,7 +346,11 @@ impl ImageDir {
 
     /// [`verify_runs`](Self::verify_runs) split over `threads` threads:
     /// hashing large images is bound by memory bandwidth per core.
-    pub fn verify_runs_parallel(runs: &[PageRun], data: &[u8], threads: usize) -> Result<(), ImageError> {
+    pub fn verify_runs_parallel(
+        runs: &[PageRun],
+        data: &[u8],
+        threads: usize,
+    ) -> Result<(), ImageError> {
         let total: u64 = runs.iter().fold(0u64, |a, r| a.saturating_add(r.pages));
         if threads <= 1 || total < 4096 {
             return Self::verify_runs(runs, data);
@@ -277,8 +368,15 @@ impl ImageDir {
         }
         parts.push(&runs[start..]);
         std::thread::scope(|sc| {
-            let hs: Vec<_> = parts.into_iter().map(|p| sc.spawn(move || Self::verify_runs(p, data))).collect();
-            hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(ImageError::Invalid("verification thread panicked".into()))))
+            let hs: Vec<_> = parts
+                .into_iter()
+                .map(|p| sc.spawn(move || Self::verify_runs(p, data)))
+                .collect();
+            hs.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ImageError::Invalid("verification thread panicked".into()))
+                })
+            })
         })
     }
 

@@ -14,8 +14,8 @@ pub mod stream;
 pub mod validate;
 
 pub use container::{
-    decode_meta, decode_meta_full, encode_meta, encode_meta_with, require_complete, FormatVersion, FORMAT_MAJOR, FORMAT_MINOR,
-    FORMAT_VERSION,
+    decode_meta, decode_meta_full, encode_meta, encode_meta_with, require_complete, FormatVersion,
+    FORMAT_MAJOR, FORMAT_MINOR, FORMAT_VERSION,
 };
 pub use dir::{ImageDir, PagesWriter};
 pub use error::ImageError;

@@ -113,7 +113,10 @@ pub struct CgroupMembership {
 impl TreeImage {
     /// A tree of one process.
     pub fn single(p: ProcessImage) -> TreeImage {
-        TreeImage { processes: vec![p], ..Default::default() }
+        TreeImage {
+            processes: vec![p],
+            ..Default::default()
+        }
     }
     pub fn root(&self) -> Option<&ProcessImage> {
         self.processes.first()
@@ -148,7 +151,10 @@ pub struct ParentPages {
 impl Incremental {
     /// Number of pages that are in the parent (saturating).
     pub fn parent_page_count(&self) -> u64 {
-        self.parent_pages.iter().flat_map(|p| p.ranges.iter()).fold(0u64, |a, &(_, n)| a.saturating_add(n))
+        self.parent_pages
+            .iter()
+            .flat_map(|p| p.ranges.iter())
+            .fold(0u64, |a, &(_, n)| a.saturating_add(n))
     }
 }
 
@@ -512,21 +518,35 @@ pub enum VmaBacking {
     /// Anonymous shared memory in `TreeImage::shared_anon`; mappings with
     /// the same `id` (the kernel's shmem inode) show the same pages, in
     /// one process or several.
-    SharedAnon { id: u64 },
+    SharedAnon {
+        id: u64,
+    },
     /// A mapping of a memfd in `ProcessImage::memfds`.
-    Memfd { id: u64 },
+    Memfd {
+        id: u64,
+    },
     /// An attached SysV shared memory segment in `TreeImage::sysv_shm`.
-    SysvShm { id: i32 },
+    SysvShm {
+        id: i32,
+    },
     /// A mapping of a file that still exists at `path`.
-    File { path: String, dev: u64, ino: u64 },
+    File {
+        path: String,
+        dev: u64,
+        ino: u64,
+    },
     /// Kernel-provided mappings; restore moves the running kernel's own.
     Vdso,
-    Vvar { name: String },
+    Vvar {
+        name: String,
+    },
     Vsyscall,
     /// A mapping of a file deleted since it was mapped (format 4): its
     /// content is in `Fidelity::deleted_files` under the same id (the
     /// file's inode); restore recreates the file, maps it and deletes it.
-    DeletedFile { id: u64 },
+    DeletedFile {
+        id: u64,
+    },
 }
 
 /// A run of consecutive pages stored in pages.img.
@@ -584,34 +604,66 @@ pub struct FileLock {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum FileKind {
-    Regular { path: String, size: u64 },
+    Regular {
+        path: String,
+        size: u64,
+    },
     /// A regular file unlinked while open; its content travels in the image.
-    Deleted { path: String, mode: u32, content: Vec<u8> },
-    Directory { path: String },
-    CharDevice { path: String, rdev: u64 },
+    Deleted {
+        path: String,
+        mode: u32,
+        content: Vec<u8>,
+    },
+    Directory {
+        path: String,
+    },
+    CharDevice {
+        path: String,
+        rdev: u64,
+    },
     /// A terminal: replaced at restore by a file the user chooses.
-    Terminal { path: String },
+    Terminal {
+        path: String,
+    },
     /// A pipe or socket on fd 0-2 leading out of the process (to a
     /// supervisor or log collector), recorded with --external-stdio: like
     /// a terminal, replaced at restore by the file the user chooses.
-    ExternalStdio { what: String },
+    ExternalStdio {
+        what: String,
+    },
     /// A memfd in `ProcessImage::memfds`.
-    Memfd { id: u64 },
+    Memfd {
+        id: u64,
+    },
     Pipe(PipeEnd),
-    Fifo { path: String, pipe: PipeEnd },
-    EventFd { count: u64, semaphore: bool },
+    Fifo {
+        path: String,
+        pipe: PipeEnd,
+    },
+    EventFd {
+        count: u64,
+        semaphore: bool,
+    },
     TimerFd(TimerFd),
-    SignalFd { mask: u64 },
-    Epoll { entries: Vec<EpollEntry> },
+    SignalFd {
+        mask: u64,
+    },
+    Epoll {
+        entries: Vec<EpollEntry>,
+    },
     InetSocket(InetSocket),
     UnixSocket(UnixSocket),
     /// An inotify instance with its watches (format 4). Queued events are
     /// refused at checkpoint, so there are none.
-    Inotify { watches: Vec<InotifyWatch> },
+    Inotify {
+        watches: Vec<InotifyWatch>,
+    },
     /// A file under /proc/PID/ of a process of the tree (format 4): it
     /// only exists once that process does, so restore opens it from
     /// inside the holder after every process of the tree was made.
-    ProcFile { path: String },
+    ProcFile {
+        path: String,
+    },
 }
 
 /// One inotify watch: its descriptor, the watched path, its event mask.

@@ -14,7 +14,13 @@ pub trait PageSink: Sync {
     /// Stores the runs `ranges` (address, length) of process `pid`, whose
     /// bytes are concatenated in `data`, at `data_offset`; returns them as
     /// page runs with their checksums.
-    fn write_runs_at(&self, pid: i32, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError>;
+    fn write_runs_at(
+        &self,
+        pid: i32,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError>;
     /// Checks what was stored against the runs' checksums, where stored
     /// bytes can be read back (a file); a stream has nothing to re-read.
     fn verify_written(&self, _runs: &[PageRun], _scratch: &mut [u8]) -> Result<(), ImageError> {
@@ -28,7 +34,13 @@ impl PageSink for crate::dir::PagesWriter {
     fn data_len(&self) -> u64 {
         self.bytes_written()
     }
-    fn write_runs_at(&self, _pid: i32, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
+    fn write_runs_at(
+        &self,
+        _pid: i32,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
         crate::dir::PagesWriter::write_runs_at(self, data_offset, ranges, data)
     }
     fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {

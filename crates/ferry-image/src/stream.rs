@@ -25,8 +25,8 @@
 //! length costs the sender as many bytes as it makes the reader allocate.
 
 use crate::container::{
-    self, decode_payload, read_file_header, section_header_raw, SectionKind, SectionOrder, HEADER_LEN, MAX_SECTION_LEN,
-    SECTION_HEADER_LEN, STREAM_SECTIONS,
+    self, decode_payload, read_file_header, section_header_raw, SectionKind, SectionOrder,
+    HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN, STREAM_SECTIONS,
 };
 use crate::dir::{ImageDir, META_FILE, PAGES_DATA_OFFSET};
 use crate::error::ImageError;
@@ -54,7 +54,12 @@ fn stream_err(e: std::io::Error) -> ImageError {
 /// frames it, then a pages section holding `pages` (which must be
 /// `inv.pages_bytes` long) written with one `write_all`. Flushes `w` and
 /// returns the number of bytes written.
-pub fn write_stream<W: Write>(w: &mut W, inv: &Inventory, process: &TreeImage, pages: &[u8]) -> Result<u64, ImageError> {
+pub fn write_stream<W: Write>(
+    w: &mut W,
+    inv: &Inventory,
+    process: &TreeImage,
+    pages: &[u8],
+) -> Result<u64, ImageError> {
     write_stream_with(w, inv, process, None, pages)
 }
 
@@ -76,7 +81,11 @@ pub fn write_stream_with<W: Write>(
         )));
     }
     let mut head = container::encode_meta_with(inv, process, incremental)?;
-    head.extend_from_slice(&section_header_raw(SectionKind::Pages, inv.pages_bytes, container::checksum(pages)));
+    head.extend_from_slice(&section_header_raw(
+        SectionKind::Pages,
+        inv.pages_bytes,
+        container::checksum(pages),
+    ));
     w.write_all(&head).map_err(stream_err)?;
     w.write_all(pages).map_err(stream_err)?;
     w.flush().map_err(stream_err)?;
@@ -94,19 +103,28 @@ pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError>
     let (inv, process, incremental) = image.read_meta_full()?;
     let mut file = image.check_pages_file(&inv)?;
     let path = image.pages_path();
-    let len = usize::try_from(inv.pages_bytes)
-        .map_err(|_| ImageError::Invalid(format!("{} bytes of page data do not fit in memory", inv.pages_bytes)))?;
+    let len = usize::try_from(inv.pages_bytes).map_err(|_| {
+        ImageError::Invalid(format!(
+            "{} bytes of page data do not fit in memory",
+            inv.pages_bytes
+        ))
+    })?;
     let mut buf = vec![0u8; len.min(COPY_CHUNK)];
 
     // Pass 1: checksum of the page area, for the section header.
     let sum = hash_file_range(&mut file, &path, inv.pages_bytes, &mut buf)?;
 
     let mut head = container::encode_meta_with(&inv, &process, incremental.as_ref())?;
-    head.extend_from_slice(&section_header_raw(SectionKind::Pages, inv.pages_bytes, sum));
+    head.extend_from_slice(&section_header_raw(
+        SectionKind::Pages,
+        inv.pages_bytes,
+        sum,
+    ));
     w.write_all(&head).map_err(stream_err)?;
 
     // Pass 2: copy, hashing again.
-    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET)).map_err(|e| ImageError::io(&path, e))?;
+    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET))
+        .map_err(|e| ImageError::io(&path, e))?;
     let mut hasher = Xxh3::new();
     let mut left = inv.pages_bytes;
     while left > 0 {
@@ -118,13 +136,21 @@ pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError>
     }
     w.flush().map_err(stream_err)?;
     if hasher.digest() != sum {
-        return Err(ImageError::Checksum { what: format!("{} (changed while being sent)", path.display()) });
+        return Err(ImageError::Checksum {
+            what: format!("{} (changed while being sent)", path.display()),
+        });
     }
     Ok(head.len() as u64 + inv.pages_bytes)
 }
 
-fn hash_file_range(file: &mut std::fs::File, path: &Path, len: u64, buf: &mut [u8]) -> Result<u64, ImageError> {
-    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET)).map_err(|e| ImageError::io(path, e))?;
+fn hash_file_range(
+    file: &mut std::fs::File,
+    path: &Path,
+    len: u64,
+    buf: &mut [u8],
+) -> Result<u64, ImageError> {
+    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET))
+        .map_err(|e| ImageError::io(path, e))?;
     let mut hasher = Xxh3::new();
     let mut left = len;
     while left > 0 {
@@ -136,7 +162,11 @@ fn hash_file_range(file: &mut std::fs::File, path: &Path, len: u64, buf: &mut [u
     Ok(hasher.digest())
 }
 
-fn read_file_exact(file: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Result<(), ImageError> {
+fn read_file_exact(
+    file: &mut std::fs::File,
+    path: &Path,
+    buf: &mut [u8],
+) -> Result<(), ImageError> {
     file.read_exact(buf).map_err(|e| {
         if e.kind() == ErrorKind::UnexpectedEof {
             ImageError::Truncated(format!("{} shrank while being read", path.display()))
@@ -154,7 +184,10 @@ fn read_file_exact(file: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Res
 ///
 /// An incremental image is returned without saying so: a caller that
 /// restores from the returned values must use [`read_stream_full`].
-pub fn read_stream<R: Read>(r: &mut R, dir: Option<&Path>) -> Result<(Inventory, TreeImage, Vec<u8>), ImageError> {
+pub fn read_stream<R: Read>(
+    r: &mut R,
+    dir: Option<&Path>,
+) -> Result<(Inventory, TreeImage, Vec<u8>), ImageError> {
     read_stream_full(r, dir).map(|(inv, tree, _, pages)| (inv, tree, pages))
 }
 
@@ -205,7 +238,12 @@ pub fn read_stream_full<R: Read>(
             }
             SectionKind::Pages => break (len, sum),
             // `order` accepts nothing else after the process section.
-            other => return Err(ImageError::Invalid(format!("{} section where the pages section was expected in stream", other.name()))),
+            other => {
+                return Err(ImageError::Invalid(format!(
+                    "{} section where the pages section was expected in stream",
+                    other.name()
+                )))
+            }
         }
     };
     if len != inventory.pages_bytes {
@@ -216,7 +254,9 @@ pub fn read_stream_full<R: Read>(
     }
     let (pages, got) = read_growing(r, len, "pages section")?;
     if got != sum {
-        return Err(ImageError::Checksum { what: "pages section".into() });
+        return Err(ImageError::Checksum {
+            what: "pages section".into(),
+        });
     }
     for p in &process.processes {
         ImageDir::verify_runs(&p.page_runs, &pages)?;
@@ -230,11 +270,19 @@ pub fn read_stream_full<R: Read>(
 
 /// Reads a section header that must be of kind `expected`; returns its
 /// length and checksum.
-fn next_section<R: Read>(r: &mut R, order: &mut SectionOrder, expected: SectionKind) -> Result<(u64, u64), ImageError> {
+fn next_section<R: Read>(
+    r: &mut R,
+    order: &mut SectionOrder,
+    expected: SectionKind,
+) -> Result<(u64, u64), ImageError> {
     let (kind, len, sum) = section_header(r, order, expected.name())?;
     if kind != expected {
         // Only reachable if an optional section could precede `expected`.
-        return Err(ImageError::Invalid(format!("{} section where the {} section was expected in stream", kind.name(), expected.name())));
+        return Err(ImageError::Invalid(format!(
+            "{} section where the {} section was expected in stream",
+            kind.name(),
+            expected.name()
+        )));
     }
     Ok((len, sum))
 }
@@ -242,10 +290,15 @@ fn next_section<R: Read>(r: &mut R, order: &mut SectionOrder, expected: SectionK
 /// Reads the next section header and checks its kind against `order`
 /// (unknown kinds, repeats, reordering and kinds newer than the image's
 /// minor version are refused). `expected` names it in truncation errors.
-fn section_header<R: Read>(r: &mut R, order: &mut SectionOrder, expected: &str) -> Result<(SectionKind, u64, u64), ImageError> {
+fn section_header<R: Read>(
+    r: &mut R,
+    order: &mut SectionOrder,
+    expected: &str,
+) -> Result<(SectionKind, u64, u64), ImageError> {
     let mut sh = [0u8; SECTION_HEADER_LEN];
     read_fixed(r, &mut sh, &format!("{expected} section header"))?;
-    let [k0, k1, k2, k3, r0, r1, r2, r3, l0, l1, l2, l3, l4, l5, l6, l7, s0, s1, s2, s3, s4, s5, s6, s7] = sh;
+    let [k0, k1, k2, k3, r0, r1, r2, r3, l0, l1, l2, l3, l4, l5, l6, l7, s0, s1, s2, s3, s4, s5, s6, s7] =
+        sh;
     let kind_raw = u32::from_le_bytes([k0, k1, k2, k3]);
     let len = u64::from_le_bytes([l0, l1, l2, l3, l4, l5, l6, l7]);
     let sum = u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]);
@@ -257,7 +310,13 @@ fn section_header<R: Read>(r: &mut R, order: &mut SectionOrder, expected: &str) 
 /// Writes a checked image as an image directory, in the layout ImageDir
 /// gives it: pages.img first, then meta.img (atomically), so the
 /// directory only looks like an image once it is complete.
-fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, incremental: Option<&Incremental>, pages: &[u8]) -> Result<(), ImageError> {
+fn materialise(
+    dir: &Path,
+    inv: &Inventory,
+    process: &TreeImage,
+    incremental: Option<&Incremental>,
+    pages: &[u8],
+) -> Result<(), ImageError> {
     let image = ImageDir::new(dir);
     // If `dir` already holds an image, stop it looking like one before its
     // pages.img is replaced: old metadata must never meet new page data.
@@ -272,19 +331,32 @@ fn materialise(dir: &Path, inv: &Inventory, process: &TreeImage, incremental: Op
     writer.append_runs(&[], pages)?;
     let written = writer.finish()?;
     if written != inv.pages_bytes {
-        return Err(ImageError::Invalid(format!("wrote {written} bytes of page data, inventory says {}", inv.pages_bytes)));
+        return Err(ImageError::Invalid(format!(
+            "wrote {written} bytes of page data, inventory says {}",
+            inv.pages_bytes
+        )));
     }
     image.write_meta_with(inv, process, incremental)
 }
 
 /// Reads a metadata section's payload and checks its length and checksum.
-fn read_metadata<R: Read>(r: &mut R, kind: SectionKind, len: u64, sum: u64) -> Result<Vec<u8>, ImageError> {
+fn read_metadata<R: Read>(
+    r: &mut R,
+    kind: SectionKind,
+    len: u64,
+    sum: u64,
+) -> Result<Vec<u8>, ImageError> {
     if len > MAX_SECTION_LEN {
-        return Err(ImageError::Invalid(format!("{} section claims {len} bytes", kind.name())));
+        return Err(ImageError::Invalid(format!(
+            "{} section claims {len} bytes",
+            kind.name()
+        )));
     }
     let (payload, got) = read_growing(r, len, &format!("{} section", kind.name()))?;
     if got != sum {
-        return Err(ImageError::Checksum { what: format!("{} section", kind.name()) });
+        return Err(ImageError::Checksum {
+            what: format!("{} section", kind.name()),
+        });
     }
     Ok(payload)
 }
@@ -295,7 +367,10 @@ fn read_fixed<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), Imag
     while filled < buf.len() {
         match r.read(&mut buf[filled..]) {
             Ok(0) => {
-                return Err(ImageError::Truncated(format!("{what}: stream ended after {filled} of {} bytes", buf.len())))
+                return Err(ImageError::Truncated(format!(
+                    "{what}: stream ended after {filled} of {} bytes",
+                    buf.len()
+                )))
             }
             Ok(n) => filled += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -309,7 +384,9 @@ fn read_fixed<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), Imag
 /// (doubling from [`MIN_GROW`], never past `len`), and returns it with its
 /// xxh3, computed chunk by chunk while the data is still in cache.
 fn read_growing<R: Read>(r: &mut R, len: u64, what: &str) -> Result<(Vec<u8>, u64), ImageError> {
-    let len = usize::try_from(len).map_err(|_| ImageError::Invalid(format!("{what} of {len} bytes does not fit in memory")))?;
+    let len = usize::try_from(len).map_err(|_| {
+        ImageError::Invalid(format!("{what} of {len} bytes does not fit in memory"))
+    })?;
     let mut buf: Vec<u8> = Vec::new();
     let mut filled = 0usize;
     let mut hasher = Xxh3::new();
@@ -321,7 +398,11 @@ fn read_growing<R: Read>(r: &mut R, len: u64, what: &str) -> Result<(Vec<u8>, u6
             buf.resize(filled + grow, 0);
         }
         match r.read(&mut buf[filled..]) {
-            Ok(0) => return Err(ImageError::Truncated(format!("{what}: stream ended after {filled} of {len} bytes"))),
+            Ok(0) => {
+                return Err(ImageError::Truncated(format!(
+                    "{what}: stream ended after {filled} of {len} bytes"
+                )))
+            }
             Ok(n) => filled += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(stream_err(e)),

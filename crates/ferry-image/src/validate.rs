@@ -20,7 +20,10 @@ fn bad(msg: String) -> Result<(), ImageError> {
 pub const MAX_PROCESSES: usize = 32768;
 
 fn check_extents(what: &str, size: u64, extents: &[(u64, Vec<u8>)]) -> Result<(), ImageError> {
-    if extents.iter().any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > size)) {
+    if extents
+        .iter()
+        .any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > size))
+    {
         return bad(format!("{what} has data beyond its size"));
     }
     Ok(())
@@ -31,18 +34,25 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     // The inventory holds the major version only (the minor is in the
     // file header).
     if inv.format_version != crate::FORMAT_MAJOR {
-        return Err(ImageError::Version { found: inv.format_version, supported: crate::FORMAT_MAJOR });
+        return Err(ImageError::Version {
+            found: inv.format_version,
+            supported: crate::FORMAT_MAJOR,
+        });
     }
     if t.processes.is_empty() || t.processes.len() + t.zombies.len() > MAX_PROCESSES {
         return bad(format!("{} processes", t.processes.len()));
     }
     // Every lookup below goes through a sorted list or a set: a hostile
     // image must not make validation quadratic.
-    let mut seen: std::collections::HashSet<i32> = std::collections::HashSet::with_capacity(t.processes.len());
+    let mut seen: std::collections::HashSet<i32> =
+        std::collections::HashSet::with_capacity(t.processes.len());
     for (i, p) in t.processes.iter().enumerate() {
         // Parents first: restore forks each child from its parent.
         if i > 0 && !seen.contains(&p.ppid) {
-            return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
+            return bad(format!(
+                "process {} comes before its parent {}",
+                p.pid, p.ppid
+            ));
         }
         if i == 0 && p.fidelity.shares_files_with_parent {
             return bad("the root process cannot share its parent's fd table".into());
@@ -54,8 +64,14 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         // vmas are sorted and non-overlapping (checked above).
         for v in &p.inherited {
             let k = p.vmas.partition_point(|w| w.start < v.start);
-            if p.vmas.get(k).is_none_or(|w| w.start != v.start || w.end != v.end) {
-                return bad(format!("process {}: an inherited mapping is not one of its mappings", p.pid));
+            if p.vmas
+                .get(k)
+                .is_none_or(|w| w.start != v.start || w.end != v.end)
+            {
+                return bad(format!(
+                    "process {}: an inherited mapping is not one of its mappings",
+                    p.pid
+                ));
             }
             let mut prev = v.start;
             for &(a, n) in &v.shared_pages {
@@ -68,7 +84,11 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         }
         seen.insert(p.pid);
     }
-    let mut ids: Vec<i32> = t.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).collect();
+    let mut ids: Vec<i32> = t
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(|t| t.tid))
+        .collect();
     for z in &t.zombies {
         if !seen.contains(&z.ppid) {
             return bad(format!("zombie {} has no parent in the tree", z.pid));
@@ -101,14 +121,24 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     }
     for s in &t.sysv_sem {
         // SEMMSL's ceiling and SEMVMX, as the kernel enforces them.
-        if s.id < 0 || s.values.is_empty() || s.values.len() > 32_000 || s.values.iter().any(|&v| v > 32_767) {
-            return bad(format!("SysV semaphore set {}: bad id, size or value", s.id));
+        if s.id < 0
+            || s.values.is_empty()
+            || s.values.len() > 32_000
+            || s.values.iter().any(|&v| v > 32_767)
+        {
+            return bad(format!(
+                "SysV semaphore set {}: bad id, size or value",
+                s.id
+            ));
         }
     }
     for q in &t.sysv_msg {
         let bytes: u64 = q.messages.iter().map(|(_, m)| m.len() as u64).sum();
         if q.id < 0 || q.messages.iter().any(|(ty, _)| *ty <= 0) || bytes > q.max_bytes {
-            return bad(format!("SysV message queue {}: bad id, message type or size", q.id));
+            return bad(format!(
+                "SysV message queue {}: bad id, message type or size",
+                q.id
+            ));
         }
     }
     for p in &t.processes {
@@ -119,7 +149,10 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
                 _ => false,
             };
             if missing {
-                return bad(format!("process {}: mapping {:#x} refers to shared memory the image does not hold", p.pid, v.start));
+                return bad(format!(
+                    "process {}: mapping {:#x} refers to shared memory the image does not hold",
+                    p.pid, v.start
+                ));
             }
         }
     }
@@ -137,14 +170,18 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
 pub const MAX_PEER_GROUPS: usize = 4096;
 
 pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
-    let Some(up) = &t.unix_peers else { return Ok(()) };
+    let Some(up) = &t.unix_peers else {
+        return Ok(());
+    };
     let pids: std::collections::HashSet<i32> = t.processes.iter().map(|p| p.pid).collect();
     let connected: std::collections::HashSet<u64> = t
         .processes
         .iter()
         .flat_map(|p| &p.files)
         .filter_map(|f| match &f.kind {
-            FileKind::UnixSocket(u) if u.peer.is_some() || u.listen_backlog.is_some() => Some(u.ino),
+            FileKind::UnixSocket(u) if u.peer.is_some() || u.listen_backlog.is_some() => {
+                Some(u.ino)
+            }
             _ => None,
         })
         .collect();
@@ -157,10 +194,23 @@ pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
             return bad(format!("unix peers section: socket {} listed twice", c.ino));
         }
         if !pids.contains(&c.pid) {
-            return bad(format!("unix peers section: socket {}: peer pid {} is not a process of the tree", c.ino, c.pid));
+            return bad(format!(
+                "unix peers section: socket {}: peer pid {} is not a process of the tree",
+                c.ino, c.pid
+            ));
         }
-        if c.uid == u32::MAX || c.gid == u32::MAX || c.groups.len() > MAX_PEER_GROUPS || c.groups.contains(&u32::MAX) {
-            return bad(format!("unix peers section: socket {}: bad uid {}, gid {} or groups ({} of them)", c.ino, c.uid, c.gid, c.groups.len()));
+        if c.uid == u32::MAX
+            || c.gid == u32::MAX
+            || c.groups.len() > MAX_PEER_GROUPS
+            || c.groups.contains(&u32::MAX)
+        {
+            return bad(format!(
+                "unix peers section: socket {}: bad uid {}, gid {} or groups ({} of them)",
+                c.ino,
+                c.uid,
+                c.gid,
+                c.groups.len()
+            ));
         }
     }
     Ok(())
@@ -176,13 +226,20 @@ pub fn validate_cgroups(t: &TreeImage) -> Result<(), ImageError> {
     let mut seen = std::collections::HashSet::with_capacity(cg.processes.len().min(pids.len()));
     for p in &cg.processes {
         if !pids.contains(&p.pid) {
-            return bad(format!("cgroups section: pid {} is not a process of the tree", p.pid));
+            return bad(format!(
+                "cgroups section: pid {} is not a process of the tree",
+                p.pid
+            ));
         }
         if !seen.insert(p.pid) {
             return bad(format!("cgroups section: pid {} listed twice", p.pid));
         }
         if p.memberships.len() > 64 {
-            return bad(format!("cgroups section: pid {} is in {} hierarchies", p.pid, p.memberships.len()));
+            return bad(format!(
+                "cgroups section: pid {} is in {} hierarchies",
+                p.pid,
+                p.memberships.len()
+            ));
         }
         for m in &p.memberships {
             let path_ok = m.path.starts_with('/')
@@ -190,9 +247,14 @@ pub fn validate_cgroups(t: &TreeImage) -> Result<(), ImageError> {
                 && !m.path.contains(['\0', '\n'])
                 && m.path.split('/').all(|c| c != "." && c != "..");
             let controllers_ok = m.controllers.len() <= 256
-                && m.controllers.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | '=' | '-' | '.'));
+                && m.controllers
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | '=' | '-' | '.'));
             if !path_ok || !controllers_ok {
-                return bad(format!("cgroups section: pid {}: bad cgroup {:?}:{:?}", p.pid, m.controllers, m.path));
+                return bad(format!(
+                    "cgroups section: pid {}: bad cgroup {:?}:{:?}",
+                    p.pid, m.controllers, m.path
+                ));
             }
         }
     }
@@ -207,18 +269,31 @@ pub fn validate_cgroups(t: &TreeImage) -> Result<(), ImageError> {
 /// image or in the parent, never both). Linear in the number of ranges,
 /// mappings and runs.
 pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), ImageError> {
-    let by_pid: std::collections::HashMap<i32, &ProcessImage> = t.processes.iter().map(|p| (p.pid, p)).collect();
-    let mut seen: std::collections::HashSet<i32> = std::collections::HashSet::with_capacity(inc.parent_pages.len().min(by_pid.len()));
+    let by_pid: std::collections::HashMap<i32, &ProcessImage> =
+        t.processes.iter().map(|p| (p.pid, p)).collect();
+    let mut seen: std::collections::HashSet<i32> =
+        std::collections::HashSet::with_capacity(inc.parent_pages.len().min(by_pid.len()));
     for pp in &inc.parent_pages {
         let Some(p) = by_pid.get(&pp.pid) else {
-            return bad(format!("incremental section: parent pages for pid {}, which is not a process of the tree", pp.pid));
+            return bad(format!(
+                "incremental section: parent pages for pid {}, which is not a process of the tree",
+                pp.pid
+            ));
         };
         if !seen.insert(pp.pid) {
-            return bad(format!("incremental section: parent pages for pid {} listed twice", pp.pid));
+            return bad(format!(
+                "incremental section: parent pages for pid {} listed twice",
+                pp.pid
+            ));
         }
         let (mut vi, mut ri, mut prev_end) = (0usize, 0usize, 0u64);
         for &(start, pages) in &pp.ranges {
-            let at = || format!("incremental section: pid {}: parent pages at {start:#x} ({pages} pages)", pp.pid);
+            let at = || {
+                format!(
+                    "incremental section: pid {}: parent pages at {start:#x} ({pages} pages)",
+                    pp.pid
+                )
+            };
             if pages == 0 || start % 4096 != 0 {
                 return bad(format!("{} are empty or misaligned", at()));
             }
@@ -226,13 +301,20 @@ pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), Imag
                 return bad(format!("{}: the range overflows", at()));
             };
             if start < prev_end {
-                return bad(format!("{} are out of order or overlap the range before", at()));
+                return bad(format!(
+                    "{} are out of order or overlap the range before",
+                    at()
+                ));
             }
             prev_end = end;
             while p.vmas.get(vi).is_some_and(|v| v.end <= start) {
                 vi += 1;
             }
-            if !p.vmas.get(vi).is_some_and(|v| v.start <= start && end <= v.end) {
+            if !p
+                .vmas
+                .get(vi)
+                .is_some_and(|v| v.start <= start && end <= v.end)
+            {
                 return bad(format!("{} lie outside every mapping of the process", at()));
             }
             let run_end = |r: &PageRun| r.start.saturating_add(r.pages.saturating_mul(4096));
@@ -240,7 +322,11 @@ pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), Imag
                 ri += 1;
             }
             if let Some(r) = p.page_runs.get(ri).filter(|r| r.start < end) {
-                return bad(format!("{} overlap the page run at {:#x} this image holds", at(), r.start));
+                return bad(format!(
+                    "{} overlap the page run at {:#x} this image holds",
+                    at(),
+                    r.start
+                ));
             }
         }
     }
@@ -250,24 +336,41 @@ pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), Imag
 /// SCM_RIGHTS and SCM_CREDENTIALS of queued unix messages: each names a
 /// queued message, in order; passed descriptors are fds of processes of
 /// the tree, credentials name one of its processes.
-fn validate_unix_in_flight(t: &TreeImage, pids: &std::collections::HashSet<i32>) -> Result<(), ImageError> {
+fn validate_unix_in_flight(
+    t: &TreeImage,
+    pids: &std::collections::HashSet<i32>,
+) -> Result<(), ImageError> {
     let mut fds: Option<std::collections::HashSet<(i32, i32)>> = None;
     for p in &t.processes {
         for f in &p.files {
-            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            let FileKind::UnixSocket(u) = &f.kind else {
+                continue;
+            };
             let mut prev: Option<u32> = None;
             for m in &u.in_flight {
                 if m.message as usize >= u.queued.len() || prev.is_some_and(|q| q >= m.message) {
                     return bad(format!("process {}: unix socket {}: ancillary data for a message it does not queue, or out of order", p.pid, u.ino));
                 }
                 prev = Some(m.message);
-                if u.peer.is_none() || m.fds.len() > 253 || (m.fds.is_empty() && m.creds.is_none()) {
-                    return bad(format!("process {}: unix socket {}: malformed ancillary data", p.pid, u.ino));
+                if u.peer.is_none() || m.fds.len() > 253 || (m.fds.is_empty() && m.creds.is_none())
+                {
+                    return bad(format!(
+                        "process {}: unix socket {}: malformed ancillary data",
+                        p.pid, u.ino
+                    ));
                 }
                 if m.creds.is_some_and(|c| !pids.contains(&c.pid)) {
-                    return bad(format!("process {}: unix socket {}: credentials of a process not in the tree", p.pid, u.ino));
+                    return bad(format!(
+                        "process {}: unix socket {}: credentials of a process not in the tree",
+                        p.pid, u.ino
+                    ));
                 }
-                let all = fds.get_or_insert_with(|| t.processes.iter().flat_map(|q| q.fds.iter().map(move |s| (q.pid, s.fd))).collect());
+                let all = fds.get_or_insert_with(|| {
+                    t.processes
+                        .iter()
+                        .flat_map(|q| q.fds.iter().map(move |s| (q.pid, s.fd)))
+                        .collect()
+                });
                 if m.fds.iter().any(|d| !all.contains(&(d.pid, d.fd))) {
                     return bad(format!("process {}: unix socket {}: a descriptor in flight is not an fd of the tree", p.pid, u.ino));
                 }
@@ -285,7 +388,10 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
         return bad(format!("{} threads", p.threads.len()));
     }
     if p.threads[0].tid != p.pid {
-        return bad(format!("first thread {} is not the leader {}", p.threads[0].tid, p.pid));
+        return bad(format!(
+            "first thread {} is not the leader {}",
+            p.threads[0].tid, p.pid
+        ));
     }
     let mut tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
     tids.sort_unstable();
@@ -294,13 +400,25 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     }
     for t in &p.threads {
         if t.regs.len() != REGS_WORDS {
-            return bad(format!("thread {}: {} register words, expected {REGS_WORDS}", t.tid, t.regs.len()));
+            return bad(format!(
+                "thread {}: {} register words, expected {REGS_WORDS}",
+                t.tid,
+                t.regs.len()
+            ));
         }
         if t.xstate.len() < 576 || t.xstate.len() > MAX_XSTATE {
-            return bad(format!("thread {}: xstate of {} bytes", t.tid, t.xstate.len()));
+            return bad(format!(
+                "thread {}: xstate of {} bytes",
+                t.tid,
+                t.xstate.len()
+            ));
         }
         if t.sched.cpus.len() > 128 {
-            return bad(format!("thread {}: CPU mask of {} words", t.tid, t.sched.cpus.len()));
+            return bad(format!(
+                "thread {}: CPU mask of {} words",
+                t.tid,
+                t.sched.cpus.len()
+            ));
         }
         if t.pending.iter().any(|s| s.len() != 128) {
             return bad(format!("thread {}: malformed pending siginfo", t.tid));
@@ -310,18 +428,31 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     for v in &p.vmas {
         let aligned = v.start % 4096 == 0 && v.end % 4096 == 0;
         let special = matches!(v.backing, VmaBacking::Vsyscall);
-        if !aligned || v.start >= v.end || v.start < prev_end || (!special && v.end > USER_ADDR_END) {
-            return bad(format!("mapping {:#x}-{:#x} is misaligned, empty, overlapping or out of range", v.start, v.end));
+        if !aligned || v.start >= v.end || v.start < prev_end || (!special && v.end > USER_ADDR_END)
+        {
+            return bad(format!(
+                "mapping {:#x}-{:#x} is misaligned, empty, overlapping or out of range",
+                v.start, v.end
+            ));
         }
         prev_end = v.end;
     }
     let mut vi = 0usize;
     let mut prev_run_end = 0u64;
     for r in &p.page_runs {
-        let len = r.pages.checked_mul(4096).ok_or_else(|| ImageError::Invalid("page run length overflows".into()))?;
-        let end = r.start.checked_add(len).ok_or_else(|| ImageError::Invalid("page run end overflows".into()))?;
+        let len = r
+            .pages
+            .checked_mul(4096)
+            .ok_or_else(|| ImageError::Invalid("page run length overflows".into()))?;
+        let end = r
+            .start
+            .checked_add(len)
+            .ok_or_else(|| ImageError::Invalid("page run end overflows".into()))?;
         if r.pages == 0 || r.start % 4096 != 0 || r.offset % 4096 != 0 || r.start < prev_run_end {
-            return bad(format!("page run at {:#x} is empty, misaligned or out of order", r.start));
+            return bad(format!(
+                "page run at {:#x} is empty, misaligned or out of order",
+                r.start
+            ));
         }
         prev_run_end = end;
         while vi < p.vmas.len() && p.vmas[vi].end <= r.start {
@@ -329,11 +460,22 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
         }
         match p.vmas.get(vi) {
             Some(v) if v.start <= r.start && end <= v.end => {}
-            _ => return bad(format!("page run {:#x}-{:#x} lies outside every mapping", r.start, end)),
+            _ => {
+                return bad(format!(
+                    "page run {:#x}-{:#x} lies outside every mapping",
+                    r.start, end
+                ))
+            }
         }
-        let run_data_end = r.offset.checked_add(len).ok_or_else(|| ImageError::Invalid("page offset overflows".into()))?;
+        let run_data_end = r
+            .offset
+            .checked_add(len)
+            .ok_or_else(|| ImageError::Invalid("page offset overflows".into()))?;
         if run_data_end > inv.pages_bytes {
-            return bad(format!("page run at {:#x} points past the end of page data", r.start));
+            return bad(format!(
+                "page run at {:#x} points past the end of page data",
+                r.start
+            ));
         }
     }
     let mut fds: Vec<i32> = Vec::with_capacity(p.fds.len());
@@ -350,11 +492,19 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return bad("an fd number appears twice".into());
     }
-    let retargets: std::collections::HashSet<(u32, i32)> = p.fidelity.epoll_targets.iter().map(|t| (t.epoll_file, t.fd)).collect();
+    let retargets: std::collections::HashSet<(u32, i32)> = p
+        .fidelity
+        .epoll_targets
+        .iter()
+        .map(|t| (t.epoll_file, t.fd))
+        .collect();
     for (fi, f) in p.files.iter().enumerate() {
         if let FileKind::Epoll { entries } = &f.kind {
             let retargeted = |fd: i32| retargets.contains(&(fi as u32, fd));
-            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd)) {
+            if entries
+                .iter()
+                .any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd))
+            {
                 return bad("epoll entry refers to an fd the process does not have".into());
             }
         }
@@ -364,8 +514,13 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             }
         }
         if let FileKind::Inotify { watches } = &f.kind {
-            if watches.len() > 1 << 20 || watches.windows(2).any(|w| w[0].wd >= w[1].wd) || watches.first().is_some_and(|w| w.wd <= 0) {
-                return bad("inotify watches out of order, repeated or with a descriptor below 1".into());
+            if watches.len() > 1 << 20
+                || watches.windows(2).any(|w| w[0].wd >= w[1].wd)
+                || watches.first().is_some_and(|w| w.wd <= 0)
+            {
+                return bad(
+                    "inotify watches out of order, repeated or with a descriptor below 1".into(),
+                );
             }
         }
         if let FileKind::InetSocket(s) = &f.kind {
@@ -374,7 +529,12 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
                 return bad("socket address of wrong length".into());
             }
             if let Some(c) = &s.connection {
-                check_tcp_connection(s, c).map_err(|why| ImageError::Invalid(format!("pid {}: TCP connection on port {}: {why}", p.pid, s.port)))?;
+                check_tcp_connection(s, c).map_err(|why| {
+                    ImageError::Invalid(format!(
+                        "pid {}: TCP connection on port {}: {why}",
+                        p.pid, s.port
+                    ))
+                })?;
             }
         }
     }
@@ -384,13 +544,20 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     let mut memfd_ids: Vec<u64> = p.memfds.iter().map(|m| m.id).collect();
     memfd_ids.sort_unstable();
     let has_memfd = |id: &u64| memfd_ids.binary_search(id).is_ok();
-    if p.vmas.iter().any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
-        || p.files.iter().any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
+    if p.vmas
+        .iter()
+        .any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
+        || p.files
+            .iter()
+            .any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
     {
         return bad("a mapping or fd refers to a memfd the image does not hold".into());
     }
     if p.signals.actions.len() != 64 {
-        return bad(format!("{} signal actions, expected 64", p.signals.actions.len()));
+        return bad(format!(
+            "{} signal actions, expected 64",
+            p.signals.actions.len()
+        ));
     }
     if p.signals.shared_pending.iter().any(|s| s.len() != 128) {
         return bad("malformed pending siginfo".into());
@@ -408,9 +575,16 @@ pub const MAX_SECCOMP_INSNS: usize = 4096;
 pub const MAX_SECCOMP_CHAIN: usize = 32768;
 
 /// Format-4 state: every reference points at something the image holds.
-fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&u64) -> bool) -> Result<(), ImageError> {
+fn validate_fidelity(
+    p: &ProcessImage,
+    sorted_tids: &[i32],
+    has_memfd: &dyn Fn(&u64) -> bool,
+) -> Result<(), ImageError> {
     let f = &p.fidelity;
-    if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
+    if f.seccomp_filters
+        .iter()
+        .any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS)
+    {
         return bad("seccomp filter with no or too many instructions".into());
     }
     for d in &f.deleted_files {
@@ -427,19 +601,51 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
     }
     for t in &f.threads {
         if sorted_tids.binary_search(&t.tid).is_err() {
-            return bad(format!("per-thread state for thread {} the process does not have", t.tid));
+            return bad(format!(
+                "per-thread state for thread {} the process does not have",
+                t.tid
+            ));
         }
-        if t.seccomp_mode > 2 || (t.seccomp_mode != 2 && !t.seccomp.is_empty()) || (t.seccomp_mode == 2 && t.seccomp.is_empty()) {
-            return bad(format!("thread {}: seccomp mode {} with {} filters", t.tid, t.seccomp_mode, t.seccomp.len()));
+        if t.seccomp_mode > 2
+            || (t.seccomp_mode != 2 && !t.seccomp.is_empty())
+            || (t.seccomp_mode == 2 && t.seccomp.is_empty())
+        {
+            return bad(format!(
+                "thread {}: seccomp mode {} with {} filters",
+                t.tid,
+                t.seccomp_mode,
+                t.seccomp.len()
+            ));
         }
-        if t.seccomp.len() > MAX_SECCOMP_CHAIN || t.seccomp.iter().any(|&i| i as usize >= f.seccomp_filters.len()) {
-            return bad(format!("thread {}: seccomp filter index out of range", t.tid));
+        if t.seccomp.len() > MAX_SECCOMP_CHAIN
+            || t.seccomp
+                .iter()
+                .any(|&i| i as usize >= f.seccomp_filters.len())
+        {
+            return bad(format!(
+                "thread {}: seccomp filter index out of range",
+                t.tid
+            ));
         }
         if !(0..=64).contains(&t.pdeathsig) {
-            return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
+            return bad(format!(
+                "thread {}: parent-death signal {}",
+                t.tid, t.pdeathsig
+            ));
         }
     }
-    if f.epoll_targets.len() > p.files.iter().map(|g| if let FileKind::Epoll { entries } = &g.kind { entries.len() } else { 0 }).sum::<usize>() {
+    if f.epoll_targets.len()
+        > p.files
+            .iter()
+            .map(|g| {
+                if let FileKind::Epoll { entries } = &g.kind {
+                    entries.len()
+                } else {
+                    0
+                }
+            })
+            .sum::<usize>()
+    {
         return bad("more epoll targets than epoll entries".into());
     }
     let entry_keys: std::collections::HashSet<(u32, i32)> = p
@@ -447,14 +653,19 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
         .iter()
         .enumerate()
         .flat_map(|(i, g)| match &g.kind {
-            FileKind::Epoll { entries } => entries.iter().map(|e| (i as u32, e.fd)).collect::<Vec<_>>(),
+            FileKind::Epoll { entries } => {
+                entries.iter().map(|e| (i as u32, e.fd)).collect::<Vec<_>>()
+            }
             _ => Vec::new(),
         })
         .collect();
     for t in &f.epoll_targets {
         let ok = entry_keys.contains(&(t.epoll_file, t.fd));
         if !ok || t.fd < 0 || t.fd >= MAX_FDS {
-            return bad(format!("epoll target for fd {} is not an entry of an epoll instance", t.fd));
+            return bad(format!(
+                "epoll target for fd {} is not an entry of an epoll instance",
+                t.fd
+            ));
         }
     }
     for u in &f.unix_connects {
@@ -463,7 +674,10 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
         }
     }
     for o in &f.file_owners {
-        if o.file as usize >= p.files.len() || !(0..=2).contains(&o.owner_type) || !(0..=64).contains(&o.signal) {
+        if o.file as usize >= p.files.len()
+            || !(0..=2).contains(&o.owner_type)
+            || !(0..=64).contains(&o.signal)
+        {
             return bad(format!("fd owner entry for file {} is malformed", o.file));
         }
     }
@@ -472,7 +686,9 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
             InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| match &f.kind {
                 FileKind::Deleted { .. } => true,
                 // A FIFO, device node or directory removed while open is made again too.
-                FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } | FileKind::Directory { path } => path.ends_with(" (deleted)"),
+                FileKind::Fifo { path, .. }
+                | FileKind::CharDevice { path, .. }
+                | FileKind::Directory { path } => path.ends_with(" (deleted)"),
                 _ => false,
             }),
             InodeOf::Memfd(id) => has_memfd(&id),
@@ -487,7 +703,10 @@ fn validate_fidelity(p: &ProcessImage, sorted_tids: &[i32], has_memfd: &dyn Fn(&
 /// An established connection's state must describe a connection the
 /// kernel can be given: a stream socket with a peer, window scales and
 /// MSS in the ranges TCP allows, buffer sizes that hold the queues.
-fn check_tcp_connection(s: &crate::InetSocket, c: &crate::TcpConnection) -> std::result::Result<(), String> {
+fn check_tcp_connection(
+    s: &crate::InetSocket,
+    c: &crate::TcpConnection,
+) -> std::result::Result<(), String> {
     if s.sock_type != 1 || !(s.family == 2 || s.family == 10) {
         return Err("only IPv4/IPv6 stream sockets carry a connection".into());
     }
@@ -495,7 +714,11 @@ fn check_tcp_connection(s: &crate::InetSocket, c: &crate::TcpConnection) -> std:
         return Err("no peer address".into());
     }
     if c.unsent as usize > c.send_queue.len() {
-        return Err(format!("{} unsent bytes in a send queue of {}", c.unsent, c.send_queue.len()));
+        return Err(format!(
+            "{} unsent bytes in a send queue of {}",
+            c.unsent,
+            c.send_queue.len()
+        ));
     }
     if c.snd_wscale.is_some_and(|w| w > 14) || c.rcv_wscale > 14 {
         return Err("window scale above 14".into());

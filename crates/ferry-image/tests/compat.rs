@@ -7,12 +7,14 @@ mod compat_fixture;
 
 use compat_fixture::{image, CHILD, CHILD_MAP, PAGE, ROOT, ROOT_HEAP, ROOT_STACK_TOP};
 use ferry_image::container::{
-    self, checksum, decode_meta_full, decode_meta_versioned, encode_meta, encode_meta_with, file_header_for, read_file_header,
-    FormatVersion, SectionKind, HEADER_LEN, SECTION_HEADER_LEN,
+    self, checksum, decode_meta_full, decode_meta_versioned, encode_meta, encode_meta_with,
+    file_header_for, read_file_header, FormatVersion, SectionKind, HEADER_LEN, SECTION_HEADER_LEN,
 };
 use ferry_image::model::*;
 use ferry_image::stream::{dir_to_stream, read_stream, read_stream_full, write_stream_with};
-use ferry_image::{decode_meta, require_complete, ImageDir, ImageError, FORMAT_MAJOR, FORMAT_MINOR};
+use ferry_image::{
+    decode_meta, require_complete, ImageDir, ImageError, FORMAT_MAJOR, FORMAT_MINOR,
+};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
@@ -35,8 +37,14 @@ fn incremental() -> Incremental {
     Incremental {
         parent_id: 0xfeed_0001,
         parent_pages: vec![
-            ParentPages { pid: ROOT, ranges: vec![(ROOT_HEAP + 2 * PAGE, 3), (ROOT_STACK_TOP - 8 * PAGE, 7)] },
-            ParentPages { pid: CHILD, ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 2)] },
+            ParentPages {
+                pid: ROOT,
+                ranges: vec![(ROOT_HEAP + 2 * PAGE, 3), (ROOT_STACK_TOP - 8 * PAGE, 7)],
+            },
+            ParentPages {
+                pid: CHILD,
+                ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 2)],
+            },
         ],
     }
 }
@@ -47,7 +55,11 @@ impl TempDir {
     fn new(tag: &str) -> TempDir {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!("ferry-compat-test-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let path = std::env::temp_dir().join(format!(
+            "ferry-compat-test-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         TempDir(path)
@@ -110,16 +122,26 @@ fn this_build_is_4_3() {
     let meta = encode_meta(&inv, &t).unwrap();
     // Major 4, then the flags word with minor 3 in its upper half.
     assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 3, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 3));
+    assert_eq!(
+        read_file_header(&meta, "meta.img").unwrap().version,
+        v(4, 3)
+    );
 }
 
 #[test]
 fn format_4_0_fixture_directory_is_read() {
     let dir = ImageDir::new(fixture_dir());
     let raw = std::fs::read(fixture_dir().join("meta.img")).unwrap();
-    assert_eq!(&raw[8..16], &[4, 0, 0, 0, 0, 0, 0, 0], "the fixture is a header as format 4.0 wrote it");
+    assert_eq!(
+        &raw[8..16],
+        &[4, 0, 0, 0, 0, 0, 0, 0],
+        "the fixture is a header as format 4.0 wrote it"
+    );
     let (inv, t, pages) = model();
-    assert_eq!(dir.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
+    assert_eq!(
+        dir.read_meta_full().unwrap(),
+        (inv.clone(), t.clone(), None)
+    );
     assert_eq!(dir.read_meta().unwrap(), (inv.clone(), t.clone()));
     assert_eq!(dir.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
     assert_eq!(dir.read_version().unwrap(), v(4, 0));
@@ -135,7 +157,10 @@ fn format_4_0_fixture_directory_is_read() {
     let mut s = Vec::new();
     dir_to_stream(&fixture_dir(), &mut s).unwrap();
     assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 3));
-    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+    assert_eq!(
+        read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+        (inv, t, None, pages)
+    );
 }
 
 #[test]
@@ -144,12 +169,18 @@ fn format_4_0_fixture_stream_is_read() {
     assert_eq!(&s[8..16], &[4, 0, 0, 0, 0, 0, 0, 0]);
     let (inv, t, pages) = model();
     let mut c = Cursor::new(&s);
-    assert_eq!(read_stream_full(&mut c, None).unwrap(), (inv.clone(), t.clone(), None, pages.clone()));
+    assert_eq!(
+        read_stream_full(&mut c, None).unwrap(),
+        (inv.clone(), t.clone(), None, pages.clone())
+    );
     assert_eq!(c.position() as usize, s.len());
     // Received into a directory, it is an ordinary (complete) image.
     let d = TempDir::new("fixture-stream");
     read_stream(&mut Cursor::new(&s), Some(&d.0)).unwrap();
-    assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv, t, None));
+    assert_eq!(
+        ImageDir::new(&d.0).read_meta_full().unwrap(),
+        (inv, t, None)
+    );
 }
 
 #[test]
@@ -157,24 +188,45 @@ fn hand_made_4_0_header_reads_as_minor_0() {
     let (inv, t, pages) = model();
     let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 0));
     assert_eq!(&meta[12..16], &[0, 0, 0, 0]);
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 0), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (v(4, 0), inv.clone(), t.clone(), None)
+    );
     let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 0));
-    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+    assert_eq!(
+        read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+        (inv, t, None, pages)
+    );
 }
 
 #[test]
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
-    let want = "image format 4.4 is newer than this ferry build reads (4.3): upgrade ferry on this host";
+    let want =
+        "image format 4.4 is newer than this ferry build reads (4.3): upgrade ferry on this host";
     let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 4));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 4, supported: 3 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            ImageError::NewerMinor {
+                major: 4,
+                found: 4,
+                supported: 3
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(message(&e), want);
     let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 4));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
-    assert_eq!(c.position() as usize, HEADER_LEN, "nothing read past the header");
+    assert_eq!(
+        c.position() as usize,
+        HEADER_LEN,
+        "nothing read past the header"
+    );
     // In a directory: meta.img and pages.img are each checked.
     let d = TempDir::new("minor-3");
     write_dir(&d.0, &inv, &t, None, &pages);
@@ -197,16 +249,25 @@ fn other_major_is_refused() {
     for (major, minor) in [(5u32, 0u16), (3, 0), (5, 7), (0, 0), (u32::MAX, 0)] {
         let want = format!("image format {major} is not readable by this build (reads 4.x)");
         let e = decode_meta(&with_version(&meta, v(major, minor))).unwrap_err();
-        assert!(matches!(e, ImageError::Version { found, supported: 4 } if found == major), "{e:?}");
+        assert!(
+            matches!(e, ImageError::Version { found, supported: 4 } if found == major),
+            "{e:?}"
+        );
         assert_eq!(message(&e), want);
         let s = with_version(&stream_of(&inv, &t, None, &pages), v(major, minor));
-        assert_eq!(message(&read_stream(&mut Cursor::new(&s), None).unwrap_err()), want);
+        assert_eq!(
+            message(&read_stream(&mut Cursor::new(&s), None).unwrap_err()),
+            want
+        );
     }
     // An inventory of another major inside a 4.x file is refused too.
     let mut inv5 = inv.clone();
     inv5.format_version = 5;
     let e = decode_meta(&encode_meta(&inv5, &t).unwrap()).unwrap_err();
-    assert_eq!(message(&e), "image format 5 is not readable by this build (reads 4.x)");
+    assert_eq!(
+        message(&e),
+        "image format 5 is not readable by this build (reads 4.x)"
+    );
 }
 
 #[test]
@@ -215,7 +276,10 @@ fn unknown_header_flags_are_refused() {
     let mut meta = encode_meta(&inv, &t).unwrap();
     meta[12..16].copy_from_slice(&((1u32 << 16) | 0x0004).to_le_bytes());
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("header flags 0x0004") && m.contains("4.1")), "{e:?}");
+    assert!(
+        matches!(e, ImageError::Invalid(ref m) if m.contains("header flags 0x0004") && m.contains("4.1")),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -224,10 +288,16 @@ fn incremental_section_is_refused_in_a_4_0_image() {
     let inc = incremental();
     let meta = with_version(&encode_meta_with(&inv, &t, Some(&inc)).unwrap(), v(4, 0));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("incremental section") && m.contains("format 4.0")), "{e:?}");
+    assert!(
+        matches!(e, ImageError::Invalid(ref m) if m.contains("incremental section") && m.contains("format 4.0")),
+        "{e:?}"
+    );
     let s = with_version(&stream_of(&inv, &t, Some(&inc), &pages), v(4, 0));
     let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
-    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("incremental section") && m.contains("format 4.0")), "{e:?}");
+    assert!(
+        matches!(e, ImageError::Invalid(ref m) if m.contains("incremental section") && m.contains("format 4.0")),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -245,7 +315,10 @@ fn unknown_section_kinds_are_refused() {
             h[16..24].copy_from_slice(&checksum(&payload).to_le_bytes());
             m.splice(at..at, h.iter().chain(payload.iter()).copied());
             let e = decode_meta(&m).unwrap_err();
-            assert!(matches!(e, ImageError::Invalid(ref s) if s.contains(&format!("unknown section kind {kind}"))), "{kind} at {at}: {e:?}");
+            assert!(
+                matches!(e, ImageError::Invalid(ref s) if s.contains(&format!("unknown section kind {kind}"))),
+                "{kind} at {at}: {e:?}"
+            );
         }
     }
     // A stream: an unknown kind where the pages (or an optional section) may come.
@@ -253,7 +326,10 @@ fn unknown_section_kinds_are_refused() {
     let mut bad = s.clone();
     bad[meta.len()] = 7;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
-    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 7")), "{e:?}");
+    assert!(
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 7")),
+        "{e:?}"
+    );
 }
 
 // --------------------------------------------------------- round trips
@@ -263,16 +339,28 @@ fn round_trip_4_3_without_optional_sections() {
     let (inv, t, pages) = model();
     let meta = encode_meta_with(&inv, &t, None).unwrap();
     assert_eq!(meta, encode_meta(&inv, &t).unwrap());
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (v(4, 3), inv.clone(), t.clone(), None)
+    );
     let d = TempDir::new("rt-plain");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
-    assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
-    assert_eq!(image.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
+    assert_eq!(
+        image.read_meta_full().unwrap(),
+        (inv.clone(), t.clone(), None)
+    );
+    assert_eq!(
+        image.read_meta_complete().unwrap(),
+        (inv.clone(), t.clone())
+    );
     assert_eq!(image.read_version().unwrap(), v(4, 3));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
-    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv.clone(), t.clone(), None, pages.clone()));
+    assert_eq!(
+        read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+        (inv.clone(), t.clone(), None, pages.clone())
+    );
     let mut s2 = Vec::new();
     dir_to_stream(&d.0, &mut s2).unwrap();
     assert_eq!(s2, s);
@@ -280,10 +368,27 @@ fn round_trip_4_3_without_optional_sections() {
 
 fn with_cgroups(mut t: TreeImage) -> TreeImage {
     let memberships = vec![
-        CgroupMembership { hierarchy: 5, controllers: "cpu,cpuacct".into(), path: "/svc".into() },
-        CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/system.slice/svc.service".into() },
+        CgroupMembership {
+            hierarchy: 5,
+            controllers: "cpu,cpuacct".into(),
+            path: "/svc".into(),
+        },
+        CgroupMembership {
+            hierarchy: 0,
+            controllers: String::new(),
+            path: "/system.slice/svc.service".into(),
+        },
     ];
-    t.cgroups = Some(CgroupImage { processes: t.processes.iter().map(|p| ProcessCgroups { pid: p.pid, memberships: memberships.clone() }).collect() });
+    t.cgroups = Some(CgroupImage {
+        processes: t
+            .processes
+            .iter()
+            .map(|p| ProcessCgroups {
+                pid: p.pid,
+                memberships: memberships.clone(),
+            })
+            .collect(),
+    });
     t
 }
 
@@ -299,7 +404,10 @@ fn assert_section_refused_in(older: FormatVersion, section: &str, t: &TreeImage)
     let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
     assert!(want(&e), "{e:?}");
     let meta = with_version(&encode_meta(&inv, &plain).unwrap(), older);
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (older, inv, plain, None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (older, inv, plain, None)
+    );
 }
 
 #[test]
@@ -323,7 +431,15 @@ fn with_unix_peers(mut t: TreeImage) -> TreeImage {
         shutdown: 0,
         in_flight: vec![],
     });
-    t.unix_peers = Some(UnixPeersImage { sockets: vec![UnixPeerCred { ino: 77, pid, uid: 1000, gid: 100, groups: vec![100, 27] }] });
+    t.unix_peers = Some(UnixPeersImage {
+        sockets: vec![UnixPeerCred {
+            ino: 77,
+            pid,
+            uid: 1000,
+            gid: 100,
+            groups: vec![100, 27],
+        }],
+    });
     t
 }
 
@@ -334,12 +450,21 @@ fn round_trip_4_3_with_unix_peers_cgroups_and_incremental() {
     let inc = incremental();
     for inc in [None, Some(&inc)] {
         let meta = encode_meta_with(&inv, &t, inc).unwrap();
-        assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), inc.cloned()));
+        assert_eq!(
+            decode_meta_versioned(&meta).unwrap(),
+            (v(4, 3), inv.clone(), t.clone(), inc.cloned())
+        );
         let d = TempDir::new("rt-unix-peers");
         write_dir(&d.0, &inv, &t, inc, &pages);
-        assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), inc.cloned()));
+        assert_eq!(
+            ImageDir::new(&d.0).read_meta_full().unwrap(),
+            (inv.clone(), t.clone(), inc.cloned())
+        );
         let s = stream_of(&inv, &t, inc, &pages);
-        assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv.clone(), t.clone(), inc.cloned(), pages.clone()));
+        assert_eq!(
+            read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+            (inv.clone(), t.clone(), inc.cloned(), pages.clone())
+        );
         let mut s2 = Vec::new();
         dir_to_stream(&d.0, &mut s2).unwrap();
         assert_eq!(s2, s);
@@ -357,31 +482,60 @@ fn round_trip_4_2_with_incremental() {
     let inc = incremental();
     assert_eq!(inc.parent_page_count(), 13);
     let meta = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
-    assert_eq!(decode_meta_full(&meta).unwrap(), (inv.clone(), t.clone(), Some(inc.clone())));
+    assert_eq!(
+        decode_meta_full(&meta).unwrap(),
+        (inv.clone(), t.clone(), Some(inc.clone()))
+    );
     // Callers that do not care still read it (without the section)...
     assert_eq!(decode_meta(&meta).unwrap(), (inv.clone(), t.clone()));
     // ...and a restore can tell it needs the parent.
     let e = require_complete(Some(&inc)).unwrap_err();
-    assert_eq!(message(&e), format!("image is incremental (parent id {}); restore needs its parent", 0xfeed_0001u64));
+    assert_eq!(
+        message(&e),
+        format!(
+            "image is incremental (parent id {}); restore needs its parent",
+            0xfeed_0001u64
+        )
+    );
     assert!(require_complete(None).is_ok());
 
     // Directory.
     let d = TempDir::new("rt-inc");
     write_dir(&d.0, &inv, &t, Some(&inc), &pages);
     let image = ImageDir::new(&d.0);
-    assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), Some(inc.clone())));
+    assert_eq!(
+        image.read_meta_full().unwrap(),
+        (inv.clone(), t.clone(), Some(inc.clone()))
+    );
     assert_eq!(image.read_meta().unwrap(), (inv.clone(), t.clone()));
     let e = image.read_meta_complete().unwrap_err();
-    assert!(matches!(e, ImageError::NeedsParent { parent_id: 0xfeed_0001 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            ImageError::NeedsParent {
+                parent_id: 0xfeed_0001
+            }
+        ),
+        "{e:?}"
+    );
 
     // Stream: the section sits between the process tree and the pages.
     let s = stream_of(&inv, &t, Some(&inc), &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
-    assert_eq!(u32::from_le_bytes(s[meta.len()..meta.len() + 4].try_into().unwrap()), SectionKind::Pages as u32);
+    assert_eq!(
+        u32::from_le_bytes(s[meta.len()..meta.len() + 4].try_into().unwrap()),
+        SectionKind::Pages as u32
+    );
     let mut c = Cursor::new(&s);
-    assert_eq!(read_stream_full(&mut c, None).unwrap(), (inv.clone(), t.clone(), Some(inc.clone()), pages.clone()));
+    assert_eq!(
+        read_stream_full(&mut c, None).unwrap(),
+        (inv.clone(), t.clone(), Some(inc.clone()), pages.clone())
+    );
     assert_eq!(c.position() as usize, s.len());
-    assert_eq!(read_stream(&mut Cursor::new(&s), None).unwrap(), (inv.clone(), t.clone(), pages.clone()));
+    assert_eq!(
+        read_stream(&mut Cursor::new(&s), None).unwrap(),
+        (inv.clone(), t.clone(), pages.clone())
+    );
     // A directory streams with its section, and a stream received into a
     // directory keeps it, through the old read_stream too: the received
     // image must not look complete.
@@ -390,8 +544,14 @@ fn round_trip_4_2_with_incremental() {
     assert_eq!(s2, s);
     let r = TempDir::new("rt-inc-recv");
     read_stream(&mut Cursor::new(&s), Some(&r.0)).unwrap();
-    assert_eq!(ImageDir::new(&r.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), Some(inc.clone())));
-    assert!(matches!(ImageDir::new(&r.0).read_meta_complete(), Err(ImageError::NeedsParent { .. })));
+    assert_eq!(
+        ImageDir::new(&r.0).read_meta_full().unwrap(),
+        (inv.clone(), t.clone(), Some(inc.clone()))
+    );
+    assert!(matches!(
+        ImageDir::new(&r.0).read_meta_complete(),
+        Err(ImageError::NeedsParent { .. })
+    ));
     // Two images back to back on one connection.
     let mut two = s.clone();
     two.extend_from_slice(&stream_of(&inv, &t, None, &pages));
@@ -405,21 +565,43 @@ fn round_trip_4_2_with_incremental() {
 fn empty_incremental_and_edge_ranges_are_accepted() {
     let (inv, t, pages) = model();
     for inc in [
-        Incremental { parent_id: 0, parent_pages: vec![] },
-        Incremental { parent_id: u64::MAX, parent_pages: vec![ParentPages { pid: CHILD, ranges: vec![] }] },
+        Incremental {
+            parent_id: 0,
+            parent_pages: vec![],
+        },
+        Incremental {
+            parent_id: u64::MAX,
+            parent_pages: vec![ParentPages {
+                pid: CHILD,
+                ranges: vec![],
+            }],
+        },
         // Right up to the page runs on either side, and to the mapping's end.
         Incremental {
             parent_id: 1,
             parent_pages: vec![
-                ParentPages { pid: ROOT, ranges: vec![(ROOT_HEAP + 2 * PAGE, 6), (ROOT_STACK_TOP - 32 * PAGE, 31)] },
-                ParentPages { pid: CHILD, ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 1), (CHILD_MAP + 3 * PAGE, 1)] },
+                ParentPages {
+                    pid: ROOT,
+                    ranges: vec![(ROOT_HEAP + 2 * PAGE, 6), (ROOT_STACK_TOP - 32 * PAGE, 31)],
+                },
+                ParentPages {
+                    pid: CHILD,
+                    ranges: vec![
+                        (CHILD_MAP, 1),
+                        (CHILD_MAP + 2 * PAGE, 1),
+                        (CHILD_MAP + 3 * PAGE, 1),
+                    ],
+                },
             ],
         },
     ] {
         let meta = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
         assert_eq!(decode_meta_full(&meta).unwrap().2, Some(inc.clone()));
         let s = stream_of(&inv, &t, Some(&inc), &pages);
-        assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap().2, Some(inc));
+        assert_eq!(
+            read_stream_full(&mut Cursor::new(&s), None).unwrap().2,
+            Some(inc)
+        );
     }
 }
 
@@ -428,20 +610,29 @@ fn many_ranges_are_checked_in_linear_time() {
     let (inv, mut t, pages) = model();
     let big = 0x1_0000_0000u64;
     let n = 200_000u64;
-    t.processes[0].vmas.insert(2, Vma {
-        start: big,
-        end: big + 2 * n * PAGE,
-        prot: PROT_READ | PROT_WRITE,
-        shared: false,
-        flags: 0,
-        pgoff: 0,
-        backing: VmaBacking::Anonymous,
-    });
+    t.processes[0].vmas.insert(
+        2,
+        Vma {
+            start: big,
+            end: big + 2 * n * PAGE,
+            prot: PROT_READ | PROT_WRITE,
+            shared: false,
+            flags: 0,
+            pgoff: 0,
+            backing: VmaBacking::Anonymous,
+        },
+    );
     let ranges: Vec<(u64, u64)> = (0..n).map(|i| (big + 2 * i * PAGE, 1)).collect();
-    let inc = Incremental { parent_id: 7, parent_pages: vec![ParentPages { pid: ROOT, ranges }] };
+    let inc = Incremental {
+        parent_id: 7,
+        parent_pages: vec![ParentPages { pid: ROOT, ranges }],
+    };
     let t0 = std::time::Instant::now();
     let s = stream_of(&inv, &t, Some(&inc), &pages);
-    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap().2, Some(inc));
+    assert_eq!(
+        read_stream_full(&mut Cursor::new(&s), None).unwrap().2,
+        Some(inc)
+    );
     assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
 }
 
@@ -450,7 +641,10 @@ fn many_ranges_are_checked_in_linear_time() {
 const USER_END: u64 = ferry_image::validate::USER_ADDR_END;
 
 fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
-    Incremental { parent_id: 9, parent_pages: vec![ParentPages { pid, ranges }] }
+    Incremental {
+        parent_id: 9,
+        parent_pages: vec![ParentPages { pid, ranges }],
+    }
 }
 
 /// Incremental sections that are well-formed postcard but wrong for the
@@ -458,32 +652,98 @@ fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
 fn hostile() -> Vec<(Incremental, &'static str)> {
     let heap = ROOT_HEAP;
     let mut two = incremental();
-    two.parent_pages.push(ParentPages { pid: ROOT, ranges: vec![(heap + 7 * PAGE, 1)] });
+    two.parent_pages.push(ParentPages {
+        pid: ROOT,
+        ranges: vec![(heap + 7 * PAGE, 1)],
+    });
     vec![
-        (with_pages(ROOT, vec![(heap + 4 * PAGE, 1), (heap + 2 * PAGE, 1)]), "out of order"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, 2), (heap + 3 * PAGE, 1)]), "overlap the range before"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, 1), (heap + 2 * PAGE, 1)]), "overlap the range before"),
-        (with_pages(ROOT, vec![(0x70_0000, 1)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(heap + 6 * PAGE, 3)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(heap - PAGE, 2)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(0x40_0000, 0x60_0000 / PAGE)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(CHILD_MAP, 1)]), "outside every mapping"),
-        (with_pages(CHILD, vec![(heap + 2 * PAGE, 1)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(USER_END, 1)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(heap + PAGE, 2)]), "overlap the page run at 0x600000"),
-        (with_pages(ROOT, vec![(heap, 1)]), "overlap the page run at 0x600000"),
-        (with_pages(ROOT, vec![(ROOT_STACK_TOP - 2 * PAGE, 2)]), "overlap the page run at 0x7ffd0001f000"),
-        (with_pages(CHILD, vec![(CHILD_MAP, 4)]), "overlap the page run at 0x901000"),
-        (with_pages(4242, vec![(heap + 2 * PAGE, 1)]), "not a process of the tree"),
+        (
+            with_pages(ROOT, vec![(heap + 4 * PAGE, 1), (heap + 2 * PAGE, 1)]),
+            "out of order",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, 2), (heap + 3 * PAGE, 1)]),
+            "overlap the range before",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, 1), (heap + 2 * PAGE, 1)]),
+            "overlap the range before",
+        ),
+        (
+            with_pages(ROOT, vec![(0x70_0000, 1)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 6 * PAGE, 3)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(heap - PAGE, 2)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(0x40_0000, 0x60_0000 / PAGE)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(CHILD_MAP, 1)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(CHILD, vec![(heap + 2 * PAGE, 1)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(USER_END, 1)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + PAGE, 2)]),
+            "overlap the page run at 0x600000",
+        ),
+        (
+            with_pages(ROOT, vec![(heap, 1)]),
+            "overlap the page run at 0x600000",
+        ),
+        (
+            with_pages(ROOT, vec![(ROOT_STACK_TOP - 2 * PAGE, 2)]),
+            "overlap the page run at 0x7ffd0001f000",
+        ),
+        (
+            with_pages(CHILD, vec![(CHILD_MAP, 4)]),
+            "overlap the page run at 0x901000",
+        ),
+        (
+            with_pages(4242, vec![(heap + 2 * PAGE, 1)]),
+            "not a process of the tree",
+        ),
         (with_pages(0, vec![]), "not a process of the tree"),
         (with_pages(-1, vec![]), "not a process of the tree"),
         (two, "listed twice"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, 0)]), "empty or misaligned"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE + 1, 1)]), "empty or misaligned"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, u64::MAX)]), "overflows"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, 1 << 52)]), "overflows"),
-        (with_pages(ROOT, vec![(heap + 2 * PAGE, (u64::MAX - heap) / PAGE - 2)]), "outside every mapping"),
-        (with_pages(ROOT, vec![(0xffff_ffff_ffff_f000, 1)]), "overflows"),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, 0)]),
+            "empty or misaligned",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE + 1, 1)]),
+            "empty or misaligned",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, u64::MAX)]),
+            "overflows",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, 1 << 52)]),
+            "overflows",
+        ),
+        (
+            with_pages(ROOT, vec![(heap + 2 * PAGE, (u64::MAX - heap) / PAGE - 2)]),
+            "outside every mapping",
+        ),
+        (
+            with_pages(ROOT, vec![(0xffff_ffff_ffff_f000, 1)]),
+            "overflows",
+        ),
     ]
 }
 
@@ -493,13 +753,23 @@ fn hostile_incremental_sections_are_refused() {
     for (inc, want) in hostile() {
         let meta = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
         let e = decode_meta(&meta).unwrap_err();
-        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want) && m.contains("incremental section")), "{want}: {e:?}");
+        assert!(
+            matches!(e, ImageError::Invalid(ref m) if m.contains(want) && m.contains("incremental section")),
+            "{want}: {e:?}"
+        );
         // A stream refuses it before any page data is read.
         let s = stream_of(&inv, &t, Some(&inc), &pages);
         let mut c = Cursor::new(&s[..]);
         let e = read_stream_full(&mut c, None).unwrap_err();
-        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
-        assert_eq!(c.position() as usize, meta.len(), "{want}: page data was read");
+        assert!(
+            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
+            "{want}: {e:?}"
+        );
+        assert_eq!(
+            c.position() as usize,
+            meta.len(),
+            "{want}: page data was read"
+        );
         // And nothing is written into a target directory.
         let d = TempDir::new("hostile");
         let target = d.0.join("img");
@@ -540,15 +810,24 @@ fn malformed_incremental_payloads_are_refused() {
     let inv_b = postcard::to_stdvec(&inv).unwrap();
     let tree_b = postcard::to_stdvec(&t).unwrap();
     let good = postcard::to_stdvec(&incremental()).unwrap();
-    assert_eq!(raw_incremental(1, &[(ROOT_HEAP + 2 * PAGE, 1)]), postcard::to_stdvec(&with_pages(ROOT, vec![(ROOT_HEAP + 2 * PAGE, 1)])).unwrap());
+    assert_eq!(
+        raw_incremental(1, &[(ROOT_HEAP + 2 * PAGE, 1)]),
+        postcard::to_stdvec(&with_pages(ROOT, vec![(ROOT_HEAP + 2 * PAGE, 1)])).unwrap()
+    );
     let mut trailing = good.clone();
     trailing.push(0);
     let payloads: Vec<(Vec<u8>, &str)> = vec![
         // Huge claimed counts, with (almost) nothing behind them: no
         // allocation of that size, a decode error.
         (raw_incremental(u64::MAX, &[]), "huge count"),
-        (raw_incremental(1 << 40, &[(ROOT_HEAP + 2 * PAGE, 1)]), "2^40 ranges"),
-        (raw_incremental(3, &[(ROOT_HEAP + 2 * PAGE, 1)]), "3 claimed, 1 held"),
+        (
+            raw_incremental(1 << 40, &[(ROOT_HEAP + 2 * PAGE, 1)]),
+            "2^40 ranges",
+        ),
+        (
+            raw_incremental(3, &[(ROOT_HEAP + 2 * PAGE, 1)]),
+            "3 claimed, 1 held",
+        ),
         (good[..good.len() - 1].to_vec(), "truncated payload"),
         (good[..1].to_vec(), "one byte"),
         (vec![], "empty payload"),
@@ -559,13 +838,21 @@ fn malformed_incremental_payloads_are_refused() {
     for (payload, what) in payloads {
         let meta = frame(v(4, 1), &[(1, &inv_b), (2, &tree_b), (inc, &payload)]);
         match decode_meta(&meta) {
-            Err(ImageError::Decode { kind: "incremental", .. }) => {}
+            Err(ImageError::Decode {
+                kind: "incremental",
+                ..
+            }) => {}
             other => panic!("{what}: {other:?}"),
         }
         let mut s = meta.clone();
-        s.extend_from_slice(&stream_of(&inv, &t, None, &pages)[encode_meta(&inv, &t).unwrap().len()..]);
+        s.extend_from_slice(
+            &stream_of(&inv, &t, None, &pages)[encode_meta(&inv, &t).unwrap().len()..],
+        );
         match read_stream_full(&mut Cursor::new(&s), None) {
-            Err(ImageError::Decode { kind: "incremental", .. }) => {}
+            Err(ImageError::Decode {
+                kind: "incremental",
+                ..
+            }) => {}
             other => panic!("stream, {what}: {other:?}"),
         }
     }
@@ -579,26 +866,52 @@ fn misplaced_and_repeated_incremental_sections_are_refused() {
     let inc_b = postcard::to_stdvec(&incremental()).unwrap();
     let inc = SectionKind::Incremental as u32;
     for (sections, want) in [
-        (vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (inc, &inc_b)], "duplicate incremental"),
-        (vec![(1, &inv_b), (inc, &inc_b), (2, &tree_b)], "where the process tree section was expected"),
-        (vec![(inc, &inc_b), (1, &inv_b), (2, &tree_b)], "where the inventory section was expected"),
-        (vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (2, &tree_b)], "duplicate process tree"),
+        (
+            vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (inc, &inc_b)],
+            "duplicate incremental",
+        ),
+        (
+            vec![(1, &inv_b), (inc, &inc_b), (2, &tree_b)],
+            "where the process tree section was expected",
+        ),
+        (
+            vec![(inc, &inc_b), (1, &inv_b), (2, &tree_b)],
+            "where the inventory section was expected",
+        ),
+        (
+            vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (2, &tree_b)],
+            "duplicate process tree",
+        ),
     ] {
-        let sections: Vec<(u32, &[u8])> = sections.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+        let sections: Vec<(u32, &[u8])> =
+            sections.iter().map(|(k, p)| (*k, p.as_slice())).collect();
         let meta = frame(v(4, 1), &sections);
         let e = decode_meta(&meta).unwrap_err();
-        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
+        assert!(
+            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
+            "{want}: {e:?}"
+        );
         // The same order in a stream, then the pages.
         let mut s = meta;
-        s.extend_from_slice(&stream_of(&inv, &t, None, &pages)[encode_meta(&inv, &t).unwrap().len()..]);
+        s.extend_from_slice(
+            &stream_of(&inv, &t, None, &pages)[encode_meta(&inv, &t).unwrap().len()..],
+        );
         let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
-        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "stream, {want}: {e:?}");
+        assert!(
+            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
+            "stream, {want}: {e:?}"
+        );
     }
     // In a stream, the incremental section after the pages is another
     // image's first section: refused as a bad header... and meta.img never
     // holds pages.
-    let meta = frame(v(4, 1), &[(1, &inv_b), (2, &tree_b), (3, &[]), (inc, &inc_b)]);
-    assert!(matches!(decode_meta(&meta), Err(ImageError::Invalid(ref m)) if m.contains("pages section does not belong in meta.img")));
+    let meta = frame(
+        v(4, 1),
+        &[(1, &inv_b), (2, &tree_b), (3, &[]), (inc, &inc_b)],
+    );
+    assert!(
+        matches!(decode_meta(&meta), Err(ImageError::Invalid(ref m)) if m.contains("pages section does not belong in meta.img"))
+    );
 }
 
 #[test]
@@ -636,7 +949,12 @@ fn validate_incremental_alone_never_panics_on_an_unchecked_tree() {
     // Garbage page runs and mappings (validate would refuse them): the
     // incremental check must still only return errors.
     let (_, mut t, _) = model();
-    t.processes[0].page_runs.push(PageRun { start: u64::MAX - 10, pages: u64::MAX, offset: 0, checksum: 0 });
+    t.processes[0].page_runs.push(PageRun {
+        start: u64::MAX - 10,
+        pages: u64::MAX,
+        offset: 0,
+        checksum: 0,
+    });
     t.processes[0].vmas.push(Vma {
         start: u64::MAX - 4095,
         end: 3,
@@ -649,6 +967,9 @@ fn validate_incremental_alone_never_panics_on_an_unchecked_tree() {
     for (inc, _) in hostile() {
         let _ = ferry_image::validate::validate_incremental(&t, &inc);
     }
-    let _ = ferry_image::validate::validate_incremental(&t, &with_pages(ROOT, vec![(u64::MAX - 4095, 1)]));
+    let _ = ferry_image::validate::validate_incremental(
+        &t,
+        &with_pages(ROOT, vec![(u64::MAX - 4095, 1)]),
+    );
     let _ = container::require_complete(None);
 }

@@ -4,7 +4,8 @@
 //! thing. The fuzz targets in fuzz/ explore the same ground at random.
 
 use ferry_image::container::{
-    self, file_header, section_header, section_header_raw, SectionKind, HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN,
+    self, file_header, section_header, section_header_raw, SectionKind, HEADER_LEN,
+    MAX_SECTION_LEN, SECTION_HEADER_LEN,
 };
 use ferry_image::model::*;
 use ferry_image::{decode_meta, encode_meta, ImageDir, ImageError, FORMAT_VERSION};
@@ -12,7 +13,9 @@ use ferry_image::{decode_meta, encode_meta, ImageDir, ImageError, FORMAT_VERSION
 const PID: i32 = 4242;
 
 fn pages_data() -> Vec<u8> {
-    (0..3 * 4096u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect()
+    (0..3 * 4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect()
 }
 
 fn thread(tid: i32) -> ThreadImage {
@@ -34,7 +37,15 @@ fn thread(tid: i32) -> ThreadImage {
 }
 
 fn anon(start: u64, end: u64) -> Vma {
-    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Anonymous }
+    Vma {
+        start,
+        end,
+        prot: PROT_READ | PROT_WRITE,
+        shared: false,
+        flags: 0,
+        pgoff: 0,
+        backing: VmaBacking::Anonymous,
+    }
 }
 
 /// A small valid image: two threads, three mappings, two page runs over
@@ -51,7 +62,13 @@ fn valid() -> (Inventory, ProcessImage) {
         source_pid: PID,
         pages_bytes: pages.len() as u64,
     };
-    let pipe = |write_end| PipeEnd { id: 9, write_end, capacity: 65536, data: vec![], peer_closed: false };
+    let pipe = |write_end| PipeEnd {
+        id: 9,
+        write_end,
+        capacity: 65536,
+        data: vec![],
+        peer_closed: false,
+    };
     let p = ProcessImage {
         pid: PID,
         ppid: 1,
@@ -63,10 +80,22 @@ fn valid() -> (Inventory, ProcessImage) {
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds { uids: [0; 4], gids: [0; 4], groups: vec![], caps: Default::default() },
-        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
+        creds: Creds {
+            uids: [0; 4],
+            gids: [0; 4],
+            groups: vec![],
+            caps: Default::default(),
+        },
+        rlimits: vec![Rlimit {
+            resource: 7,
+            soft: 1024,
+            hard: 4096,
+        }],
         threads: vec![thread(PID), thread(PID + 1)],
-        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
+        mm: MmLayout {
+            auxv: vec![6, 4096, 0, 0],
+            ..Default::default()
+        },
         vmas: vec![
             Vma {
                 start: 0x400000,
@@ -75,18 +104,44 @@ fn valid() -> (Inventory, ProcessImage) {
                 shared: false,
                 flags: 0,
                 pgoff: 0,
-                backing: VmaBacking::File { path: "/usr/bin/victim".into(), dev: 1, ino: 2 },
+                backing: VmaBacking::File {
+                    path: "/usr/bin/victim".into(),
+                    dev: 1,
+                    ino: 2,
+                },
             },
             anon(0x600000, 0x602000),
             anon(0x7ffd_0000_0000, 0x7ffd_0002_0000),
         ],
         page_runs: vec![
-            PageRun { start: 0x600000, pages: 2, offset: 0, checksum: container::checksum(&pages[..8192]) },
-            PageRun { start: 0x7ffd_0001_f000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
+            PageRun {
+                start: 0x600000,
+                pages: 2,
+                offset: 0,
+                checksum: container::checksum(&pages[..8192]),
+            },
+            PageRun {
+                start: 0x7ffd_0001_f000,
+                pages: 1,
+                offset: 8192,
+                checksum: container::checksum(&pages[8192..]),
+            },
         ],
         files: vec![
-            OpenFile { id: 101, flags: 0, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(false)) },
-            OpenFile { id: 102, flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true)) },
+            OpenFile {
+                id: 101,
+                flags: 0,
+                pos: 0,
+                locks: vec![],
+                kind: FileKind::Pipe(pipe(false)),
+            },
+            OpenFile {
+                id: 102,
+                flags: 1,
+                pos: 0,
+                locks: vec![],
+                kind: FileKind::Pipe(pipe(true)),
+            },
             OpenFile {
                 id: 103,
                 flags: 2,
@@ -109,16 +164,48 @@ fn valid() -> (Inventory, ProcessImage) {
                 flags: 0,
                 pos: 0,
                 locks: vec![],
-                kind: FileKind::Epoll { entries: vec![EpollEntry { fd: 3, events: 1, data: 3 }, EpollEntry { fd: 5, events: 1, data: 5 }] },
+                kind: FileKind::Epoll {
+                    entries: vec![
+                        EpollEntry {
+                            fd: 3,
+                            events: 1,
+                            data: 3,
+                        },
+                        EpollEntry {
+                            fd: 5,
+                            events: 1,
+                            data: 5,
+                        },
+                    ],
+                },
             },
         ],
         fds: vec![
-            FdSlot { fd: 3, file: 0, cloexec: false },
-            FdSlot { fd: 4, file: 1, cloexec: false },
-            FdSlot { fd: 5, file: 2, cloexec: true },
-            FdSlot { fd: 6, file: 3, cloexec: true },
+            FdSlot {
+                fd: 3,
+                file: 0,
+                cloexec: false,
+            },
+            FdSlot {
+                fd: 4,
+                file: 1,
+                cloexec: false,
+            },
+            FdSlot {
+                fd: 5,
+                file: 2,
+                cloexec: true,
+            },
+            FdSlot {
+                fd: 6,
+                file: 3,
+                cloexec: true,
+            },
         ],
-        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
+        signals: SignalState {
+            actions: vec![SigAction::default(); 64],
+            shared_pending: vec![],
+        },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
@@ -139,7 +226,10 @@ fn valid_meta() -> Vec<u8> {
 fn payloads(meta: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let (k1, inv, rest) = container::read_section(&meta[HEADER_LEN..]).expect("inventory section");
     let (k2, proc_, rest) = container::read_section(rest).expect("process tree section");
-    assert_eq!((k1, k2, rest.len()), (SectionKind::Inventory, SectionKind::Tree, 0));
+    assert_eq!(
+        (k1, k2, rest.len()),
+        (SectionKind::Inventory, SectionKind::Tree, 0)
+    );
     (inv.to_vec(), proc_.to_vec())
 }
 
@@ -205,7 +295,10 @@ fn valid_image_round_trips() {
 fn truncated_header() {
     let meta = valid_meta();
     for n in [0, 1, 8, 12, HEADER_LEN - 1] {
-        assert!(matches!(reject(&meta[..n]), ImageError::Truncated(_)), "prefix of {n} bytes");
+        assert!(
+            matches!(reject(&meta[..n]), ImageError::Truncated(_)),
+            "prefix of {n} bytes"
+        );
     }
 }
 
@@ -227,7 +320,10 @@ fn wrong_magic() {
     let mut meta = valid_meta();
     meta[0] = b'X';
     assert!(matches!(reject(&meta), ImageError::BadMagic(_)));
-    assert!(matches!(reject(b"ELF\x7f\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"), ImageError::BadMagic(_)));
+    assert!(matches!(
+        reject(b"ELF\x7f\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00"),
+        ImageError::BadMagic(_)
+    ));
 }
 
 #[test]
@@ -235,11 +331,16 @@ fn wrong_version() {
     let mut meta = valid_meta();
     meta[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     match reject(&meta) {
-        ImageError::Version { found, supported } => assert_eq!((found, supported), (FORMAT_VERSION + 1, FORMAT_VERSION)),
+        ImageError::Version { found, supported } => {
+            assert_eq!((found, supported), (FORMAT_VERSION + 1, FORMAT_VERSION))
+        }
         e => panic!("expected Version, got {e:?}"),
     }
     meta[8..12].copy_from_slice(&0u32.to_le_bytes());
-    assert!(matches!(reject(&meta), ImageError::Version { found: 0, .. }));
+    assert!(matches!(
+        reject(&meta),
+        ImageError::Version { found: 0, .. }
+    ));
 }
 
 #[test]
@@ -266,7 +367,13 @@ fn section_length_larger_than_input() {
         let mut m = file_header(0).to_vec();
         m.extend_from_slice(&section_header_raw(SectionKind::Inventory, claim, 0));
         m.extend_from_slice(&[0u8; 64]);
-        assert!(matches!(reject(&m), ImageError::Truncated(_) | ImageError::Invalid(_)), "claim {claim}");
+        assert!(
+            matches!(
+                reject(&m),
+                ImageError::Truncated(_) | ImageError::Invalid(_)
+            ),
+            "claim {claim}"
+        );
     }
 }
 
@@ -298,16 +405,29 @@ fn unknown_missing_and_misplaced_sections() {
     assert!(matches!(reject(&m), ImageError::Invalid(_)));
     // Only a header, or no process tree section: the image ends too early.
     assert!(matches!(reject(&file_header(0)), ImageError::Truncated(_)));
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv)])), ImageError::Truncated(_)));
+    assert!(matches!(
+        reject(&frame(&[(SectionKind::Inventory, &inv)])),
+        ImageError::Truncated(_)
+    ));
     // Missing inventory.
-    assert!(matches!(reject(&frame(&[(SectionKind::Tree, &proc_)])), ImageError::Invalid(_)));
+    assert!(matches!(
+        reject(&frame(&[(SectionKind::Tree, &proc_)])),
+        ImageError::Invalid(_)
+    ));
     // A pages section has no place in meta.img.
     assert!(matches!(
-        reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Pages, &[]), (SectionKind::Tree, &proc_)])),
+        reject(&frame(&[
+            (SectionKind::Inventory, &inv),
+            (SectionKind::Pages, &[]),
+            (SectionKind::Tree, &proc_)
+        ])),
         ImageError::Invalid(_)
     ));
     // Payloads swapped between the sections: postcard decode error.
-    match reject(&frame(&[(SectionKind::Inventory, &proc_), (SectionKind::Tree, &inv)])) {
+    match reject(&frame(&[
+        (SectionKind::Inventory, &proc_),
+        (SectionKind::Tree, &inv),
+    ])) {
         ImageError::Decode { .. } | ImageError::Invalid(_) | ImageError::Version { .. } => {}
         e => panic!("unexpected {e:?}"),
     }
@@ -322,10 +442,24 @@ fn undecodable_payloads() {
     let meta = valid_meta();
     let (inv, proc_) = payloads(&meta);
     // Empty and cut payloads, with correct framing and checksums.
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &[]), (SectionKind::Tree, &proc_)])), ImageError::Decode { kind: "inventory", .. }));
+    assert!(matches!(
+        reject(&frame(&[
+            (SectionKind::Inventory, &[]),
+            (SectionKind::Tree, &proc_)
+        ])),
+        ImageError::Decode {
+            kind: "inventory",
+            ..
+        }
+    ));
     for cut in [0, 1, proc_.len() / 2, proc_.len() - 1] {
-        match reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_[..cut])])) {
-            ImageError::Decode { kind: "process", .. } => {}
+        match reject(&frame(&[
+            (SectionKind::Inventory, &inv),
+            (SectionKind::Tree, &proc_[..cut]),
+        ])) {
+            ImageError::Decode {
+                kind: "process", ..
+            } => {}
             e => panic!("cut at {cut}: unexpected {e:?}"),
         }
     }
@@ -333,7 +467,13 @@ fn undecodable_payloads() {
     // cannot be placed precisely without a schema, but an all-0xff payload
     // is garbage for every field type.
     let garbage = vec![0xffu8; 200];
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &garbage)])), ImageError::Decode { .. }));
+    assert!(matches!(
+        reject(&frame(&[
+            (SectionKind::Inventory, &inv),
+            (SectionKind::Tree, &garbage)
+        ])),
+        ImageError::Decode { .. }
+    ));
 }
 
 #[test]
@@ -348,27 +488,38 @@ fn absurd_counts() {
     // of the leading fields gives the same bytes.
     let mut prefix = Vec::new();
     varint(&mut prefix, 1);
-    prefix.extend(postcard::to_stdvec(&(
-        p.pid,
-        p.ppid,
-        p.pgid,
-        p.sid,
-        &p.comm,
-        &p.exe,
-        &p.cwd,
-        p.umask,
-        p.personality,
-        p.no_new_privs,
-        &p.creds,
-    ))
-    .unwrap());
+    prefix.extend(
+        postcard::to_stdvec(&(
+            p.pid,
+            p.ppid,
+            p.pgid,
+            p.sid,
+            &p.comm,
+            &p.exe,
+            &p.cwd,
+            p.umask,
+            p.personality,
+            p.no_new_privs,
+            &p.creds,
+        ))
+        .unwrap(),
+    );
     for count in [1u64 << 32, 1 << 40, u64::MAX >> 1, u64::MAX] {
         // Huge rlimits count with nothing behind it.
         let mut payload = prefix.clone();
         varint(&mut payload, count);
         payload.extend_from_slice(&[7, 1, 1]);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(
+                reject(&frame(&[
+                    (SectionKind::Inventory, &inv_ok),
+                    (SectionKind::Tree, &payload)
+                ])),
+                ImageError::Decode {
+                    kind: "process",
+                    ..
+                }
+            ),
             "rlimits count {count}"
         );
         // Huge threads count (after an empty rlimits vector).
@@ -376,7 +527,16 @@ fn absurd_counts() {
         varint(&mut payload, 0);
         varint(&mut payload, count);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(
+                reject(&frame(&[
+                    (SectionKind::Inventory, &inv_ok),
+                    (SectionKind::Tree, &payload)
+                ])),
+                ImageError::Decode {
+                    kind: "process",
+                    ..
+                }
+            ),
             "threads count {count}"
         );
         // One thread whose xstate claims `count` bytes.
@@ -388,7 +548,16 @@ fn absurd_counts() {
         varint(&mut payload, count); // xstate length
         payload.extend_from_slice(&[0u8; 32]);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { kind: "process", .. }),
+            matches!(
+                reject(&frame(&[
+                    (SectionKind::Inventory, &inv_ok),
+                    (SectionKind::Tree, &payload)
+                ])),
+                ImageError::Decode {
+                    kind: "process",
+                    ..
+                }
+            ),
             "xstate length {count}"
         );
         // A huge string length in the inventory (ferry_version).
@@ -397,14 +566,29 @@ fn absurd_counts() {
         inv.extend_from_slice(b"0.1.0");
         let (_, proc_ok) = payloads(&meta);
         assert!(
-            matches!(reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_ok)])), ImageError::Decode { kind: "inventory", .. }),
+            matches!(
+                reject(&frame(&[
+                    (SectionKind::Inventory, &inv),
+                    (SectionKind::Tree, &proc_ok)
+                ])),
+                ImageError::Decode {
+                    kind: "inventory",
+                    ..
+                }
+            ),
             "string length {count}"
         );
     }
     // A varint longer than any u64.
     let mut payload = prefix;
     payload.extend_from_slice(&[0xff; 12]);
-    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])), ImageError::Decode { .. }));
+    assert!(matches!(
+        reject(&frame(&[
+            (SectionKind::Inventory, &inv_ok),
+            (SectionKind::Tree, &payload)
+        ])),
+        ImageError::Decode { .. }
+    ));
 }
 
 /// Absurd counts in the tree-level vectors (processes, zombies, shared
@@ -420,11 +604,14 @@ fn absurd_tree_counts() {
     // [processes count = 1] process [inherited = 0] [root = None] [0 zombies] [0 shm] [0 sysv]
     assert_eq!(&single[single.len() - 5..], &[0, 0, 0, 0, 0]);
     let process_up_to_inherited = &single[..single.len() - 5];
-    let rejects = |payload: &[u8], what: &str| {
-        match reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, payload)])) {
-            ImageError::Decode { kind: "process", .. } => {}
-            e => panic!("{what}: unexpected {e:?}"),
-        }
+    let rejects = |payload: &[u8], what: &str| match reject(&frame(&[
+        (SectionKind::Inventory, &inv_ok),
+        (SectionKind::Tree, payload),
+    ])) {
+        ImageError::Decode {
+            kind: "process", ..
+        } => {}
+        e => panic!("{what}: unexpected {e:?}"),
     };
     for count in [1u64 << 32, 1 << 40, u64::MAX >> 1, u64::MAX] {
         let mut payload = Vec::new();
@@ -562,7 +749,11 @@ fn fd_pointing_at_missing_file() {
 fn epoll_entry_for_missing_fd() {
     let (inv, mut p) = valid();
     if let FileKind::Epoll { entries } = &mut p.files[3].kind {
-        entries.push(EpollEntry { fd: 99, events: 1, data: 0 });
+        entries.push(EpollEntry {
+            fd: 99,
+            events: 1,
+            data: 0,
+        });
     }
     assert!(reject_model(&inv, &p).contains("epoll"));
 
@@ -629,14 +820,26 @@ fn verify_runs_rejects_bad_page_data() {
     let (_, p) = valid();
     let data = pages_data();
     ImageDir::verify_runs(&p.page_runs, &data).unwrap();
-    assert!(matches!(ImageDir::verify_runs(&p.page_runs, &data[..data.len() - 1]), Err(ImageError::Truncated(_))));
-    assert!(matches!(ImageDir::verify_runs(&p.page_runs, &[]), Err(ImageError::Truncated(_))));
+    assert!(matches!(
+        ImageDir::verify_runs(&p.page_runs, &data[..data.len() - 1]),
+        Err(ImageError::Truncated(_))
+    ));
+    assert!(matches!(
+        ImageDir::verify_runs(&p.page_runs, &[]),
+        Err(ImageError::Truncated(_))
+    ));
     let mut bad = data.clone();
     bad[5000] ^= 1;
-    assert!(matches!(ImageDir::verify_runs(&p.page_runs, &bad), Err(ImageError::Checksum { .. })));
+    assert!(matches!(
+        ImageDir::verify_runs(&p.page_runs, &bad),
+        Err(ImageError::Checksum { .. })
+    ));
     let mut runs = p.page_runs.clone();
     runs[1].offset = 4096 * 3;
-    assert!(matches!(ImageDir::verify_runs(&runs, &data), Err(ImageError::Truncated(_))));
+    assert!(matches!(
+        ImageDir::verify_runs(&runs, &data),
+        Err(ImageError::Truncated(_))
+    ));
 }
 
 // Regression tests for the overflow the fuzzer found in verify_runs
@@ -647,16 +850,40 @@ fn verify_runs_rejects_bad_page_data() {
 
 #[test]
 fn verify_runs_huge_page_count_is_an_error() {
-    let run = PageRun { start: 0x600000, pages: 1 << 52, offset: 0, checksum: container::checksum(&[]) };
-    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
-    let run = PageRun { start: 0x600000, pages: u64::MAX, offset: 0, checksum: 0 };
-    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
+    let run = PageRun {
+        start: 0x600000,
+        pages: 1 << 52,
+        offset: 0,
+        checksum: container::checksum(&[]),
+    };
+    assert!(matches!(
+        ImageDir::verify_runs(&[run], &[0u8; 4096]),
+        Err(ImageError::Truncated(_))
+    ));
+    let run = PageRun {
+        start: 0x600000,
+        pages: u64::MAX,
+        offset: 0,
+        checksum: 0,
+    };
+    assert!(matches!(
+        ImageDir::verify_runs(&[run], &[0u8; 4096]),
+        Err(ImageError::Truncated(_))
+    ));
 }
 
 #[test]
 fn verify_runs_huge_offset_is_an_error() {
-    let run = PageRun { start: 0x600000, pages: 1, offset: u64::MAX - 4095, checksum: 0 };
-    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
+    let run = PageRun {
+        start: 0x600000,
+        pages: 1,
+        offset: u64::MAX - 4095,
+        checksum: 0,
+    };
+    assert!(matches!(
+        ImageDir::verify_runs(&[run], &[0u8; 4096]),
+        Err(ImageError::Truncated(_))
+    ));
 }
 
 // Regression test: validate once checked every memfd reference (files and
@@ -666,14 +893,33 @@ fn verify_runs_huge_offset_is_an_error() {
 fn memfd_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut p) = valid();
-    p.memfds = (0..n).map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] }).collect();
-    p.files.extend((0..n).map(|i| OpenFile { id: 1000 + i, flags: 0, pos: 0, locks: vec![], kind: FileKind::Memfd { id: n - 1 } }));
+    p.memfds = (0..n)
+        .map(|id| MemfdObject {
+            id,
+            name: String::new(),
+            size: 0,
+            seals: 0,
+            extents: vec![],
+        })
+        .collect();
+    p.files.extend((0..n).map(|i| OpenFile {
+        id: 1000 + i,
+        flags: 0,
+        pos: 0,
+        locks: vec![],
+        kind: FileKind::Memfd { id: n - 1 },
+    }));
     let bytes = encode_meta(&inv, &TreeImage::single(p)).unwrap();
     let t = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");
     // Linear: about a second even in a debug build; quadratic: 1e10
     // comparisons.
-    assert!(t.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), t.elapsed());
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "decoding {} bytes took {:?}",
+        bytes.len(),
+        t.elapsed()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -686,7 +932,15 @@ const SHM_ANON: u64 = 0x5151;
 const SYSV_ID: i32 = 32769;
 
 fn shared(start: u64, end: u64, backing: VmaBacking) -> Vma {
-    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: true, flags: 0, pgoff: 0, backing }
+    Vma {
+        start,
+        end,
+        prot: PROT_READ | PROT_WRITE,
+        shared: true,
+        flags: 0,
+        pgoff: 0,
+        backing,
+    }
 }
 
 /// A valid tree: the process of `valid()` (which also maps an anonymous
@@ -699,8 +953,22 @@ fn valid_tree() -> (Inventory, TreeImage) {
     let (inv, mut root) = valid();
     let pages = pages_data();
     // Between the heap (0x600000-0x602000) and the stack (0x7ffd...).
-    root.vmas.insert(2, shared(0x7f00_0000_0000, 0x7f00_0000_2000, VmaBacking::SharedAnon { id: SHM_ANON }));
-    root.vmas.insert(3, shared(0x7f00_1000_0000, 0x7f00_1000_4000, VmaBacking::SysvShm { id: SYSV_ID }));
+    root.vmas.insert(
+        2,
+        shared(
+            0x7f00_0000_0000,
+            0x7f00_0000_2000,
+            VmaBacking::SharedAnon { id: SHM_ANON },
+        ),
+    );
+    root.vmas.insert(
+        3,
+        shared(
+            0x7f00_1000_0000,
+            0x7f00_1000_4000,
+            VmaBacking::SysvShm { id: SYSV_ID },
+        ),
+    );
 
     let mut child = root.clone();
     child.pid = CHILD;
@@ -709,10 +977,24 @@ fn valid_tree() -> (Inventory, TreeImage) {
     child.threads = vec![thread(CHILD)];
     // The first heap page is still shared with the parent; the second was
     // written by the child and is stored for it.
-    child.inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 1)] }];
+    child.inherited = vec![InheritedVma {
+        start: 0x600000,
+        end: 0x602000,
+        shared_pages: vec![(0x600000, 1)],
+    }];
     child.page_runs = vec![
-        PageRun { start: 0x601000, pages: 1, offset: 4096, checksum: container::checksum(&pages[4096..8192]) },
-        PageRun { start: 0x7ffd_0001_f000, pages: 1, offset: 8192, checksum: container::checksum(&pages[8192..]) },
+        PageRun {
+            start: 0x601000,
+            pages: 1,
+            offset: 4096,
+            checksum: container::checksum(&pages[4096..8192]),
+        },
+        PageRun {
+            start: 0x7ffd_0001_f000,
+            pages: 1,
+            offset: 8192,
+            checksum: container::checksum(&pages[8192..]),
+        },
     ];
 
     let mut grandchild = child.clone();
@@ -720,16 +1002,39 @@ fn valid_tree() -> (Inventory, TreeImage) {
     grandchild.ppid = CHILD;
     grandchild.comm = "victim-grandchild".into();
     grandchild.threads = vec![thread(GRANDCHILD), thread(GRANDCHILD + 1)];
-    grandchild.vmas.retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. })); // shmdt
-    grandchild.inherited = vec![InheritedVma { start: 0x7ffd_0000_0000, end: 0x7ffd_0002_0000, shared_pages: vec![(0x7ffd_0001_f000, 1)] }];
-    grandchild.page_runs = vec![PageRun { start: 0x600000, pages: 2, offset: 0, checksum: container::checksum(&pages[..8192]) }];
+    grandchild
+        .vmas
+        .retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. })); // shmdt
+    grandchild.inherited = vec![InheritedVma {
+        start: 0x7ffd_0000_0000,
+        end: 0x7ffd_0002_0000,
+        shared_pages: vec![(0x7ffd_0001_f000, 1)],
+    }];
+    grandchild.page_runs = vec![PageRun {
+        start: 0x600000,
+        pages: 2,
+        offset: 0,
+        checksum: container::checksum(&pages[..8192]),
+    }];
     grandchild.root = Some("/srv/jail".into());
 
     let t = TreeImage {
         processes: vec![root, child, grandchild],
         zombies: vec![
-            Zombie { pid: ZOMBIE, ppid: CHILD, pgid: PID, sid: PID, wait_status: 3 << 8 },
-            Zombie { pid: ZOMBIE + 1, ppid: PID, pgid: PID, sid: PID, wait_status: 9 },
+            Zombie {
+                pid: ZOMBIE,
+                ppid: CHILD,
+                pgid: PID,
+                sid: PID,
+                wait_status: 3 << 8,
+            },
+            Zombie {
+                pid: ZOMBIE + 1,
+                ppid: PID,
+                pgid: PID,
+                sid: PID,
+                wait_status: 9,
+            },
         ],
         shared_anon: vec![MemfdObject {
             id: SHM_ANON,
@@ -738,9 +1043,32 @@ fn valid_tree() -> (Inventory, TreeImage) {
             seals: 0,
             extents: vec![(0, b"shared".to_vec()), (4096, vec![7; 4096])],
         }],
-        sysv_shm: vec![SysvShm { id: SYSV_ID, key: 0x1234, size: 16384, mode: 0o600, uid: 0, gid: 0, extents: vec![(8192, b"sysv".to_vec())] }],
-        sysv_sem: vec![SysvSem { id: 7, key: 0x55, mode: 0o600, uid: 0, gid: 0, values: vec![5, 0, 2] }],
-        sysv_msg: vec![SysvMsgQueue { id: 9, key: 0, mode: 0o600, uid: 0, gid: 0, max_bytes: 16384, messages: vec![(1, b"one".to_vec()), (5, vec![9; 3000])] }],
+        sysv_shm: vec![SysvShm {
+            id: SYSV_ID,
+            key: 0x1234,
+            size: 16384,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            extents: vec![(8192, b"sysv".to_vec())],
+        }],
+        sysv_sem: vec![SysvSem {
+            id: 7,
+            key: 0x55,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            values: vec![5, 0, 2],
+        }],
+        sysv_msg: vec![SysvMsgQueue {
+            id: 9,
+            key: 0,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            max_bytes: 16384,
+            messages: vec![(1, b"one".to_vec()), (5, vec![9; 3000])],
+        }],
         own_pid_namespace: false,
         network_lock: None,
         cgroups: Some(CgroupImage {
@@ -748,12 +1076,31 @@ fn valid_tree() -> (Inventory, TreeImage) {
                 ProcessCgroups {
                     pid: PID,
                     memberships: vec![
-                        CgroupMembership { hierarchy: 4, controllers: "memory".into(), path: "/svc".into() },
-                        CgroupMembership { hierarchy: 1, controllers: "name=systemd".into(), path: "/system.slice/svc.service".into() },
-                        CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/system.slice/svc.service".into() },
+                        CgroupMembership {
+                            hierarchy: 4,
+                            controllers: "memory".into(),
+                            path: "/svc".into(),
+                        },
+                        CgroupMembership {
+                            hierarchy: 1,
+                            controllers: "name=systemd".into(),
+                            path: "/system.slice/svc.service".into(),
+                        },
+                        CgroupMembership {
+                            hierarchy: 0,
+                            controllers: String::new(),
+                            path: "/system.slice/svc.service".into(),
+                        },
                     ],
                 },
-                ProcessCgroups { pid: CHILD, memberships: vec![CgroupMembership { hierarchy: 0, controllers: String::new(), path: "/".into() }] },
+                ProcessCgroups {
+                    pid: CHILD,
+                    memberships: vec![CgroupMembership {
+                        hierarchy: 0,
+                        controllers: String::new(),
+                        path: "/".into(),
+                    }],
+                },
             ],
         }),
         unix_peers: None,
@@ -772,7 +1119,15 @@ fn hostile_cgroups_are_rejected() {
         f(t.cgroups.as_mut().expect("fixture has cgroups"));
         reject_tree(&inv, &t)
     };
-    for path in ["/../etc", "/a/../../b", "relative", "", "/a/./b", "/a\nb", "/a\0b"] {
+    for path in [
+        "/../etc",
+        "/a/../../b",
+        "relative",
+        "",
+        "/a/./b",
+        "/a\nb",
+        "/a\0b",
+    ] {
         let msg = with(&|c| c.processes[0].memberships[0].path = path.into());
         assert!(msg.contains("bad cgroup"), "{path:?}: {msg}");
     }
@@ -795,10 +1150,27 @@ fn valid_tree_round_trips() {
     assert_eq!(inv2, inv);
     assert_eq!(t2, t);
     assert_eq!(t2.root().map(|p| p.pid), Some(PID));
-    assert_eq!(t2.processes.iter().map(|p| (p.pid, p.ppid)).collect::<Vec<_>>(), [(PID, 1), (CHILD, PID), (GRANDCHILD, CHILD)]);
+    assert_eq!(
+        t2.processes
+            .iter()
+            .map(|p| (p.pid, p.ppid))
+            .collect::<Vec<_>>(),
+        [(PID, 1), (CHILD, PID), (GRANDCHILD, CHILD)]
+    );
     assert_eq!(t2.processes[2].root.as_deref(), Some("/srv/jail"));
     // The open file descriptions the child inherited keep their ids.
-    assert_eq!(t2.processes[1].files.iter().map(|f| f.id).collect::<Vec<_>>(), t2.processes[0].files.iter().map(|f| f.id).collect::<Vec<_>>());
+    assert_eq!(
+        t2.processes[1]
+            .files
+            .iter()
+            .map(|f| f.id)
+            .collect::<Vec<_>>(),
+        t2.processes[0]
+            .files
+            .iter()
+            .map(|f| f.id)
+            .collect::<Vec<_>>()
+    );
     for p in &t2.processes {
         ImageDir::verify_runs(&p.page_runs, &pages_data()).expect("every process's pages verify");
     }
@@ -822,7 +1194,13 @@ fn empty_tree() {
 fn too_many_processes() {
     let (inv, p) = valid();
     let max = ferry_image::validate::MAX_PROCESSES;
-    let zombie = |i: usize| Zombie { pid: 100_000 + i as i32, ppid: PID, pgid: PID, sid: PID, wait_status: 0 };
+    let zombie = |i: usize| Zombie {
+        pid: 100_000 + i as i32,
+        ppid: PID,
+        pgid: PID,
+        sid: PID,
+        wait_status: 0,
+    };
     // One process and MAX_PROCESSES - 1 zombies: at the limit, accepted.
     let mut t = TreeImage::single(p);
     t.zombies = (0..max - 1).map(zombie).collect();
@@ -942,7 +1320,13 @@ fn mapping_of_missing_shared_memory() {
     assert!(reject_tree(&inv, &t).contains("does not hold"));
     // A memfd is not a shared anonymous object (nor the other way round).
     let (inv, mut t) = valid_tree();
-    t.processes[1].memfds.push(MemfdObject { id: 77, name: "memfd:x".into(), size: 0, seals: 0, extents: vec![] });
+    t.processes[1].memfds.push(MemfdObject {
+        id: 77,
+        name: "memfd:x".into(),
+        size: 0,
+        seals: 0,
+        extents: vec![],
+    });
     t.processes[1].vmas[2].backing = VmaBacking::SharedAnon { id: 77 };
     assert!(reject_tree(&inv, &t).contains("does not hold"));
     let (inv, mut t) = valid_tree();
@@ -978,7 +1362,13 @@ fn shared_memory_data_beyond_its_size() {
     assert!(reject_tree(&inv, &t).contains("beyond its size"));
     // An object no mapping refers to is still checked.
     let (inv, mut t) = valid_tree();
-    t.shared_anon.push(MemfdObject { id: 1, name: String::new(), size: 0, seals: 0, extents: vec![(0, vec![0])] });
+    t.shared_anon.push(MemfdObject {
+        id: 1,
+        name: String::new(),
+        size: 0,
+        seals: 0,
+        extents: vec![(0, vec![0])],
+    });
     assert!(reject_tree(&inv, &t).contains("beyond its size"));
 
     // SysV segments.
@@ -1006,16 +1396,28 @@ fn shared_memory_data_beyond_its_size() {
 fn inherited_mapping_that_is_not_a_mapping() {
     // Bounds that match no mapping: one page longer, one page shorter, or
     // shifted.
-    for (start, end) in [(0x600000, 0x603000), (0x600000, 0x601000), (0x601000, 0x602000), (0x5ff000, 0x602000)] {
+    for (start, end) in [
+        (0x600000, 0x603000),
+        (0x600000, 0x601000),
+        (0x601000, 0x602000),
+        (0x5ff000, 0x602000),
+    ] {
         let (inv, mut t) = valid_tree();
         t.processes[1].inherited[0].start = start;
         t.processes[1].inherited[0].end = end;
-        assert!(reject_tree(&inv, &t).contains("not one of its mappings"), "{start:#x}-{end:#x}");
+        assert!(
+            reject_tree(&inv, &t).contains("not one of its mappings"),
+            "{start:#x}-{end:#x}"
+        );
     }
     // A mapping the parent has but this process does not (the grandchild
     // detached the SysV segment).
     let (inv, mut t) = valid_tree();
-    t.processes[2].inherited.push(InheritedVma { start: 0x7f00_1000_0000, end: 0x7f00_1000_4000, shared_pages: vec![] });
+    t.processes[2].inherited.push(InheritedVma {
+        start: 0x7f00_1000_0000,
+        end: 0x7f00_1000_4000,
+        shared_pages: vec![],
+    });
     assert!(reject_tree(&inv, &t).contains("not one of its mappings"));
     // No mappings at all.
     let (inv, mut t) = valid_tree();
@@ -1028,11 +1430,19 @@ fn inherited_mapping_that_is_not_a_mapping() {
 fn inherited_mapping_on_the_root() {
     // The root has no parent to inherit from, even for a mapping it has.
     let (inv, mut t) = valid_tree();
-    t.processes[0].inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![] }];
+    t.processes[0].inherited = vec![InheritedVma {
+        start: 0x600000,
+        end: 0x602000,
+        shared_pages: vec![],
+    }];
     assert!(reject_tree(&inv, &t).contains("root process cannot inherit"));
     // A tree of one.
     let (inv, mut p) = valid();
-    p.inherited = vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 2)] }];
+    p.inherited = vec![InheritedVma {
+        start: 0x600000,
+        end: 0x602000,
+        shared_pages: vec![(0x600000, 2)],
+    }];
     assert!(reject_model(&inv, &p).contains("root process cannot inherit"));
 }
 
@@ -1072,20 +1482,48 @@ fn every_process_of_the_tree_is_checked() {
 fn shared_memory_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut t) = valid_tree();
-    t.shared_anon = (0..n).map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] }).collect();
-    t.sysv_shm = (0..n as i32).map(|id| SysvShm { id, key: 0, size: 0, mode: 0, uid: 0, gid: 0, extents: vec![] }).collect();
+    t.shared_anon = (0..n)
+        .map(|id| MemfdObject {
+            id,
+            name: String::new(),
+            size: 0,
+            seals: 0,
+            extents: vec![],
+        })
+        .collect();
+    t.sysv_shm = (0..n as i32)
+        .map(|id| SysvShm {
+            id,
+            key: 0,
+            size: 0,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            extents: vec![],
+        })
+        .collect();
     let p = &mut t.processes[2];
-    p.vmas.retain(|v| !matches!(v.backing, VmaBacking::SharedAnon { .. }));
+    p.vmas
+        .retain(|v| !matches!(v.backing, VmaBacking::SharedAnon { .. }));
     let base = 0x1000_0000u64;
     let refs = (0..n).map(|i| {
-        let backing = if i % 2 == 0 { VmaBacking::SharedAnon { id: n - 1 } } else { VmaBacking::SysvShm { id: n as i32 - 1 } };
+        let backing = if i % 2 == 0 {
+            VmaBacking::SharedAnon { id: n - 1 }
+        } else {
+            VmaBacking::SysvShm { id: n as i32 - 1 }
+        };
         shared(base + i * 8192, base + i * 8192 + 4096, backing)
     });
     p.vmas.splice(2..2, refs); // between the heap and the stack
     let bytes = encode_meta(&inv, &t).unwrap();
     let start = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");
-    assert!(start.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), start.elapsed());
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(3),
+        "decoding {} bytes took {:?}",
+        bytes.len(),
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -1094,19 +1532,41 @@ fn inherited_mappings_are_checked_in_linear_time() {
     let (inv, mut t) = valid_tree();
     let p = &mut t.processes[1];
     let base = 0x1000_0000u64;
-    p.vmas.splice(2..2, (0..n).map(|i| anon(base + i * 8192, base + i * 8192 + 4096))); // between the heap and the shared mappings
+    p.vmas.splice(
+        2..2,
+        (0..n).map(|i| anon(base + i * 8192, base + i * 8192 + 4096)),
+    ); // between the heap and the shared mappings
     let last = n - 1;
-    p.inherited = (0..n).map(|_| InheritedVma { start: base + last * 8192, end: base + last * 8192 + 4096, shared_pages: vec![] }).collect();
+    p.inherited = (0..n)
+        .map(|_| InheritedVma {
+            start: base + last * 8192,
+            end: base + last * 8192 + 4096,
+            shared_pages: vec![],
+        })
+        .collect();
     let bytes = encode_meta(&inv, &t).unwrap();
     let start = std::time::Instant::now();
     decode_meta(&bytes).expect("a valid image");
-    assert!(start.elapsed() < std::time::Duration::from_secs(3), "decoding {} bytes took {:?}", bytes.len(), start.elapsed());
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(3),
+        "decoding {} bytes took {:?}",
+        bytes.len(),
+        start.elapsed()
+    );
 }
 
 #[test]
 fn bad_sysv_semaphores_and_queues() {
     let (inv, t) = valid_tree();
-    assert_eq!(decode_meta(&encode_meta(&inv, &t).unwrap()).expect("valid").1.sysv_msg[0].messages.len(), 2);
+    assert_eq!(
+        decode_meta(&encode_meta(&inv, &t).unwrap())
+            .expect("valid")
+            .1
+            .sysv_msg[0]
+            .messages
+            .len(),
+        2
+    );
     // A semaphore value above SEMVMX, an empty set, a repeated id.
     let (inv, mut t) = valid_tree();
     t.sysv_sem[0].values[1] = 40_000;
@@ -1137,11 +1597,30 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
     let tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
     p.fidelity = Fidelity {
         seccomp_filters: vec![
-            SeccompFilter { insns: vec![0x7fff_0000_0000_0006], log: false },
-            SeccompFilter { insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006], log: true },
+            SeccompFilter {
+                insns: vec![0x7fff_0000_0000_0006],
+                log: false,
+            },
+            SeccompFilter {
+                insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006],
+                log: true,
+            },
         ],
-        threads: tids.iter().map(|&tid| ThreadFidelity { tid, seccomp_mode: 2, seccomp: vec![0, 1], pdeathsig: 10 }).collect(),
-        file_owners: vec![FileOwner { file: 0, owner_type: 1, owner: PID, signal: 35 }],
+        threads: tids
+            .iter()
+            .map(|&tid| ThreadFidelity {
+                tid,
+                seccomp_mode: 2,
+                seccomp: vec![0, 1],
+                pdeathsig: 10,
+            })
+            .collect(),
+        file_owners: vec![FileOwner {
+            file: 0,
+            owner_type: 1,
+            owner: PID,
+            signal: 35,
+        }],
         inode_attrs: vec![],
         stopped: true,
         securebits: 0x10,
@@ -1222,22 +1701,43 @@ fn malformed_fidelity_state_is_rejected() {
     assert!(reject_model(&inv, &p).contains("fd owner"));
 
     let (inv, mut p) = valid_fidelity();
-    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::Memfd(12345), mode: 0o600, uid: 0, gid: 0 });
+    p.fidelity.inode_attrs.push(InodeAttrs {
+        of: InodeOf::Memfd(12345),
+        mode: 0o600,
+        uid: 0,
+        gid: 0,
+    });
     assert!(reject_model(&inv, &p).contains("inode attributes"));
 
     let (inv, mut p) = valid_fidelity();
-    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::File(0), mode: 0o600, uid: 0, gid: 0 }); // not a deleted file
+    p.fidelity.inode_attrs.push(InodeAttrs {
+        of: InodeOf::File(0),
+        mode: 0o600,
+        uid: 0,
+        gid: 0,
+    }); // not a deleted file
     assert!(reject_model(&inv, &p).contains("inode attributes"));
 }
 
 #[test]
 fn malformed_inotify_watches_are_rejected() {
-    let w = |wd: i32| InotifyWatch { wd, path: "/tmp".into(), mask: 0x100 };
+    let w = |wd: i32| InotifyWatch {
+        wd,
+        path: "/tmp".into(),
+        mask: 0x100,
+    };
     let (inv, mut p) = valid();
-    p.files[0].kind = FileKind::Inotify { watches: vec![w(1), w(3)] };
+    p.files[0].kind = FileKind::Inotify {
+        watches: vec![w(1), w(3)],
+    };
     let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
     decode_meta(&bytes).expect("ordered watches decode");
-    for bad in [vec![w(3), w(1)], vec![w(2), w(2)], vec![w(0)], vec![w(-5), w(1)]] {
+    for bad in [
+        vec![w(3), w(1)],
+        vec![w(2), w(2)],
+        vec![w(0)],
+        vec![w(-5), w(1)],
+    ] {
         let (inv, mut p) = valid();
         p.files[0].kind = FileKind::Inotify { watches: bad };
         assert!(reject_model(&inv, &p).contains("inotify"));
@@ -1248,21 +1748,39 @@ fn malformed_inotify_watches_are_rejected() {
 fn format4_references_are_checked() {
     // An epoll entry for an fd the process lacks is valid only with a target.
     let (inv, mut p) = valid();
-    p.files[3].kind = FileKind::Epoll { entries: vec![EpollEntry { fd: 77, events: 1, data: 0 }] };
+    p.files[3].kind = FileKind::Epoll {
+        entries: vec![EpollEntry {
+            fd: 77,
+            events: 1,
+            data: 0,
+        }],
+    };
     assert!(reject_model(&inv, &p).contains("epoll entry"));
-    p.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 77, target: 101 });
+    p.fidelity.epoll_targets.push(EpollTarget {
+        epoll_file: 3,
+        fd: 77,
+        target: 101,
+    });
     let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
     decode_meta(&bytes).expect("an entry with a target decodes");
     let mut q = p.clone();
     q.fidelity.epoll_targets[0].epoll_file = 0; // not an epoll instance
     assert!(reject_model(&inv, &q).contains("epoll"));
     let mut q = p.clone();
-    q.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 78, target: 101 }); // more targets than entries
+    q.fidelity.epoll_targets.push(EpollTarget {
+        epoll_file: 3,
+        fd: 78,
+        target: 101,
+    }); // more targets than entries
     assert!(reject_model(&inv, &q).contains("epoll target"));
 
     // A pending unix connection must name an unconnected unix socket.
     let (inv, mut p) = valid();
-    p.fidelity.unix_connects.push(UnixConnect { file: 0, listener: 9, position: 0 });
+    p.fidelity.unix_connects.push(UnixConnect {
+        file: 0,
+        listener: 9,
+        position: 0,
+    });
     assert!(reject_model(&inv, &p).contains("pending unix connection"));
 
     // Ancillary data of a queued unix message names a queued message of a
@@ -1279,7 +1797,15 @@ fn format4_references_are_checked() {
         queued: vec![b"m".to_vec()],
         passcred: true,
         shutdown: 0,
-        in_flight: vec![UnixInFlight { message: 0, fds: vec![PassedFd { pid, fd: fd0 }], creds: Some(UnixCreds { pid, uid: 0, gid: 0 }) }],
+        in_flight: vec![UnixInFlight {
+            message: 0,
+            fds: vec![PassedFd { pid, fd: fd0 }],
+            creds: Some(UnixCreds {
+                pid,
+                uid: 0,
+                gid: 0,
+            }),
+        }],
     });
     let ok = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
     decode_meta(&ok).expect("valid ancillary data decodes");
@@ -1293,8 +1819,20 @@ fn format4_references_are_checked() {
     assert!(reject_model(&inv, &with(&|m| m.message = 1)).contains("ancillary data for a message"));
     assert!(reject_model(&inv, &with(&|m| m.fds[0].fd = 999)).contains("descriptor in flight"));
     assert!(reject_model(&inv, &with(&|m| m.fds[0].pid = pid + 1)).contains("descriptor in flight"));
-    assert!(reject_model(&inv, &with(&|m| m.creds = Some(UnixCreds { pid: pid + 1, uid: 0, gid: 0 }))).contains("credentials"));
-    assert!(reject_model(&inv, &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254])).contains("malformed ancillary"));
+    assert!(reject_model(
+        &inv,
+        &with(&|m| m.creds = Some(UnixCreds {
+            pid: pid + 1,
+            uid: 0,
+            gid: 0
+        }))
+    )
+    .contains("credentials"));
+    assert!(reject_model(
+        &inv,
+        &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254])
+    )
+    .contains("malformed ancillary"));
 
     // The unix peers section (format 4.3) names connected unix sockets of
     // the tree, each once, processes of the tree and real ids.
@@ -1303,31 +1841,77 @@ fn format4_references_are_checked() {
         t.unix_peers = Some(UnixPeersImage { sockets: list });
         t
     };
-    let good = UnixPeerCred { ino: 7, pid, uid: 1000, gid: 1000, groups: vec![1000, 27] };
+    let good = UnixPeerCred {
+        ino: 7,
+        pid,
+        uid: 1000,
+        gid: 1000,
+        groups: vec![1000, 27],
+    };
     let ok = encode_meta(&inv, &peers(vec![good.clone()])).expect("encode");
-    assert_eq!(decode_meta(&ok).expect("valid unix peers decode").1.unix_peers, Some(UnixPeersImage { sockets: vec![good.clone()] }));
+    assert_eq!(
+        decode_meta(&ok)
+            .expect("valid unix peers decode")
+            .1
+            .unix_peers,
+        Some(UnixPeersImage {
+            sockets: vec![good.clone()]
+        })
+    );
     let reject_tree = |t: &TreeImage| match decode_meta(&encode_meta(&inv, t).expect("encode")) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("accepted {:?}", t.unix_peers),
     };
-    assert!(reject_tree(&peers(vec![UnixPeerCred { ino: 8, ..good.clone() }])).contains("not a connected or listening unix socket"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        ino: 8,
+        ..good.clone()
+    }]))
+    .contains("not a connected or listening unix socket"));
     assert!(reject_tree(&peers(vec![good.clone(), good.clone()])).contains("listed twice"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred { pid: pid + 1, ..good.clone() }])).contains("not a process of the tree"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred { uid: u32::MAX, ..good.clone() }])).contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred { gid: u32::MAX, ..good.clone() }])).contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![u32::MAX], ..good.clone() }])).contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![5; 4097], ..good.clone() }])).contains("4097 of them"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        pid: pid + 1,
+        ..good.clone()
+    }]))
+    .contains("not a process of the tree"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        uid: u32::MAX,
+        ..good.clone()
+    }]))
+    .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        gid: u32::MAX,
+        ..good.clone()
+    }]))
+    .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        groups: vec![u32::MAX],
+        ..good.clone()
+    }]))
+    .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred {
+        groups: vec![5; 4097],
+        ..good.clone()
+    }]))
+    .contains("4097 of them"));
 
     // A deleted mapped file must be in the image, with data inside its size.
     let (inv, mut p) = valid();
     p.vmas[0].backing = VmaBacking::DeletedFile { id: 5 };
     assert!(reject_model(&inv, &p).contains("deleted file"));
-    p.fidelity.deleted_files.push(MemfdObject { id: 5, name: "/lib/x.so".into(), size: 4, seals: 0o644, extents: vec![(2, vec![0; 3])] });
+    p.fidelity.deleted_files.push(MemfdObject {
+        id: 5,
+        name: "/lib/x.so".into(),
+        size: 4,
+        seals: 0o644,
+        extents: vec![(2, vec![0; 3])],
+    });
     assert!(reject_model(&inv, &p).contains("beyond its size"));
 
     // A /proc file must be under /proc.
     let (inv, mut p) = valid();
-    p.files[0].kind = FileKind::ProcFile { path: "/etc/shadow".into() };
+    p.files[0].kind = FileKind::ProcFile {
+        path: "/etc/shadow".into(),
+    };
     assert!(reject_model(&inv, &p).contains("/proc"));
 
     // The root cannot share a parent's fd table.
@@ -1364,7 +1948,13 @@ fn good_connection() -> TcpConnection {
         sack: true,
         timestamps: true,
         timestamp: 123,
-        window: TcpWindow { snd_wl1: 5000, snd_wnd: 65535, max_window: 65535, rcv_wnd: 65535, rcv_wup: 5000 },
+        window: TcpWindow {
+            snd_wl1: 5000,
+            snd_wnd: 65535,
+            max_window: 65535,
+            rcv_wnd: 65535,
+            rcv_wup: 5000,
+        },
         sndbuf: 87040,
         rcvbuf: 131072,
         buf_lock: 0,
@@ -1378,18 +1968,63 @@ fn tcp_connection_state_is_checked() {
     ferry_image::decode_meta(&bytes).expect("a sane connection is accepted");
 
     let bad: Vec<(&str, TcpConnection)> = vec![
-        ("unsent", TcpConnection { unsent: 301, ..good_connection() }),
-        ("window scale", TcpConnection { snd_wscale: Some(15), ..good_connection() }),
-        ("window scale", TcpConnection { rcv_wscale: 200, ..good_connection() }),
-        ("MSS", TcpConnection { mss_clamp: 0, ..good_connection() }),
-        ("MSS", TcpConnection { mss_clamp: 70000, ..good_connection() }),
-        ("buffer sizes", TcpConnection { sndbuf: -1, ..good_connection() }),
-        ("SO_BUF_LOCK", TcpConnection { buf_lock: 8, ..good_connection() }),
+        (
+            "unsent",
+            TcpConnection {
+                unsent: 301,
+                ..good_connection()
+            },
+        ),
+        (
+            "window scale",
+            TcpConnection {
+                snd_wscale: Some(15),
+                ..good_connection()
+            },
+        ),
+        (
+            "window scale",
+            TcpConnection {
+                rcv_wscale: 200,
+                ..good_connection()
+            },
+        ),
+        (
+            "MSS",
+            TcpConnection {
+                mss_clamp: 0,
+                ..good_connection()
+            },
+        ),
+        (
+            "MSS",
+            TcpConnection {
+                mss_clamp: 70000,
+                ..good_connection()
+            },
+        ),
+        (
+            "buffer sizes",
+            TcpConnection {
+                sndbuf: -1,
+                ..good_connection()
+            },
+        ),
+        (
+            "SO_BUF_LOCK",
+            TcpConnection {
+                buf_lock: 8,
+                ..good_connection()
+            },
+        ),
     ];
     for (want, c) in bad {
         let (inv, p) = with_connection(c);
         let msg = reject_model(&inv, &p);
-        assert!(msg.contains(want) && msg.contains("TCP connection"), "{want}: {msg}");
+        assert!(
+            msg.contains(want) && msg.contains("TCP connection"),
+            "{want}: {msg}"
+        );
     }
     // A connection without a peer, or on a datagram socket.
     let (inv, mut p) = with_connection(good_connection());

@@ -21,16 +21,28 @@ pub struct Taken {
 pub fn locate(addr: IpAddr) -> Result<(u32, u8)> {
     ferry_sys::address::find_address(addr)
         .map_err(|e| MigrateError::sys(format!("looking up address {addr}"), e))?
-        .ok_or_else(|| MigrateError::Invalid(format!("address {addr} is not on any interface of this host")))
+        .ok_or_else(|| {
+            MigrateError::Invalid(format!(
+                "address {addr} is not on any interface of this host"
+            ))
+        })
 }
 
 pub fn take(addr: IpAddr, prefix: u8) -> Result<Taken> {
     let (ifindex, have_prefix) = locate(addr)?;
     if have_prefix != prefix {
-        return Err(MigrateError::Invalid(format!("address {addr} is on this host as /{have_prefix}, not /{prefix}")));
+        return Err(MigrateError::Invalid(format!(
+            "address {addr} is on this host as /{have_prefix}, not /{prefix}"
+        )));
     }
-    ferry_sys::address::del_address(ifindex, addr, prefix).map_err(|e| MigrateError::sys(format!("removing address {addr}/{prefix}"), e))?;
-    Ok(Taken { ifindex, addr, prefix, done: false })
+    ferry_sys::address::del_address(ifindex, addr, prefix)
+        .map_err(|e| MigrateError::sys(format!("removing address {addr}/{prefix}"), e))?;
+    Ok(Taken {
+        ifindex,
+        addr,
+        prefix,
+        done: false,
+    })
 }
 
 impl Taken {
@@ -65,8 +77,14 @@ pub struct Placed {
 }
 
 pub fn place(ifindex: u32, addr: IpAddr, prefix: u8) -> Result<Placed> {
-    ferry_sys::address::add_address(ifindex, addr, prefix).map_err(|e| MigrateError::sys(format!("adding address {addr}/{prefix}"), e))?;
-    Ok(Placed { ifindex, addr, prefix, kept: false })
+    ferry_sys::address::add_address(ifindex, addr, prefix)
+        .map_err(|e| MigrateError::sys(format!("adding address {addr}/{prefix}"), e))?;
+    Ok(Placed {
+        ifindex,
+        addr,
+        prefix,
+        kept: false,
+    })
 }
 
 impl Placed {

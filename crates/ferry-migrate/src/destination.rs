@@ -39,7 +39,12 @@ pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Served> {
     if let Err(e) = &r {
         // Best effort: the source learns why, if it still listens; what it
         // still sends is drained so that the report is not lost to a reset.
-        let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
+        let _ = protocol::send(
+            &mut ch,
+            &Msg::Failed {
+                error: e.to_string(),
+            },
+        );
         ch.close_after_report(std::time::Duration::from_secs(3));
     }
     r
@@ -49,23 +54,37 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ch.set_timeout(Some(cfg.timeout))?;
     let mut ph = ferry_engine::phases::Phases::start("destination");
     let hello = protocol::expect(ch, &["Hello"])?;
-    let Msg::Hello(hello) = hello.msg else { unreachable!("expect checked the kind") };
+    let Msg::Hello(hello) = hello.msg else {
+        unreachable!("expect checked the kind")
+    };
     if let Err(reason) = check_hello(&hello, cfg) {
-        protocol::send(ch, &Msg::Refused { reason: reason.clone() })?;
+        protocol::send(
+            ch,
+            &Msg::Refused {
+                reason: reason.clone(),
+            },
+        )?;
         return Err(MigrateError::Refused(reason));
     }
     // Loading and attaching the lock's program takes tens of ms: done
     // before the source is welcomed, so it never falls in the freeze (a
     // stop-and-copy or post-copy source freezes right after Welcome);
     // engaged with the image's connections later.
-    let mut lock = Some(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?);
+    let mut lock = Some(NetworkLock::prepare(
+        cfg.network_lock,
+        &ferry_netlock::Netns::Current,
+        "migrate",
+    )?);
     ph.mark("network lock prepared");
     let interface = cfg.interface.map(|i| format!("ifindex {i}"));
     protocol::send(
         ch,
         &Msg::Welcome(Welcome {
             ferry_version: env!("CARGO_PKG_VERSION").to_string(),
-            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
             interface,
         }),
     )?;
@@ -86,7 +105,12 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
             Msg::Layout { pid, ref mappings } => store.reserve(pid, mappings),
             Msg::Image { meta, host_pids } => break (meta, host_pids),
             Msg::Abort { reason } => return Err(MigrateError::Aborted(reason)),
-            m => return Err(MigrateError::Protocol(format!("unexpected {} while receiving pages", m.name()))),
+            m => {
+                return Err(MigrateError::Protocol(format!(
+                    "unexpected {} while receiving pages",
+                    m.name()
+                )))
+            }
         }
     };
     ph.mark("final pages + image received");
@@ -95,7 +119,11 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     let (_inv, mut tree, incremental) = ferry_image::decode_meta_full(&meta)?;
     drop(meta);
     if host_pids.len() != tree.processes.len() {
-        return Err(MigrateError::Protocol(format!("{} source PIDs for {} processes", host_pids.len(), tree.processes.len())));
+        return Err(MigrateError::Protocol(format!(
+            "{} source PIDs for {} processes",
+            host_pids.len(),
+            tree.processes.len()
+        )));
     }
     let parent_pages = incremental.map(|i| i.parent_pages).unwrap_or_default();
     let mut placed_bytes = 0;
@@ -147,7 +175,9 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ph.mark("network lock");
     let placed = match hello.address {
         Some((addr, prefix)) => {
-            let ifindex = cfg.interface.ok_or_else(|| MigrateError::Invalid("this ferryd has no interface for service addresses".into()))?;
+            let ifindex = cfg.interface.ok_or_else(|| {
+                MigrateError::Invalid("this ferryd has no interface for service addresses".into())
+            })?;
             Some(address::place(ifindex, addr, prefix)?)
         }
         None => None,
@@ -161,15 +191,23 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         adopt_lock: lock_name,
         lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
         // Only a helper forked from us has copies of its own to drop.
-        placed_for_root: if here { Default::default() } else { store.placed_regions() },
+        placed_for_root: if here {
+            Default::default()
+        } else {
+            store.placed_regions()
+        },
         ..Default::default()
     };
     let t_restore = Instant::now();
     let held = if here {
-        tracing::info!("restoring in this agent's PID namespace: every PID of the tree is free here");
-        ferry_engine::restore::restore_held(tree, pages.bytes(), &opts, t_restore).map(HeldTree::Here)
+        tracing::info!(
+            "restoring in this agent's PID namespace: every PID of the tree is free here"
+        );
+        ferry_engine::restore::restore_held(tree, pages.bytes(), &opts, t_restore)
+            .map(HeldTree::Here)
     } else {
-        ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t_restore).map(HeldTree::InNamespace)
+        ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t_restore)
+            .map(HeldTree::InNamespace)
     };
     let restore_ms = t_restore.elapsed().as_secs_f64() * 1e3;
     // The root has its own copies of the placed pages now (or failed).
@@ -179,10 +217,17 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     // allocator's lock across a fork would deadlock the child); when no
     // thread can be started, the closure and the regions are dropped here.
     let placed_pages = store.take_placed();
-    let unmapper = JoinOnDrop(std::thread::Builder::new().name("unmap-placed".into()).spawn(move || drop(placed_pages)).ok());
+    let unmapper = JoinOnDrop(
+        std::thread::Builder::new()
+            .name("unmap-placed".into())
+            .spawn(move || drop(placed_pages))
+            .ok(),
+    );
     let mut held = held?;
     let uffds = held.take_uffds();
-    if lazy.iter().any(|(_, _, r)| !r.is_empty()) && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count() {
+    if lazy.iter().any(|(_, _, r)| !r.is_empty())
+        && uffds.len() != lazy.iter().filter(|(_, _, r)| !r.is_empty()).count()
+    {
         return Err(MigrateError::Invalid(format!("post-copy: the restore registered {} userfaultfd(s) for {} process(es) with lazy pages", uffds.len(), lazy.len())));
     }
     let mut phases: Vec<(String, f64)> = ph.done().to_vec();
@@ -190,16 +235,36 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     // What the restore's own phases leave out (a helper's report reaching us).
     let in_phases: f64 = restore_phases.iter().map(|(_, ms)| ms).sum();
     phases.extend(restore_phases);
-    phases.push(("restore, outside its phases".to_string(), (restore_ms - in_phases).max(0.0)));
-    phases.push(("ready".to_string(), t_restore.elapsed().as_secs_f64() * 1e3 - restore_ms));
+    phases.push((
+        "restore, outside its phases".to_string(),
+        (restore_ms - in_phases).max(0.0),
+    ));
+    phases.push((
+        "ready".to_string(),
+        t_restore.elapsed().as_secs_f64() * 1e3 - restore_ms,
+    ));
     ph.mark("restored (held)");
-    protocol::send(ch, &Msg::Ready { phases: phases.clone() })?;
+    protocol::send(
+        ch,
+        &Msg::Ready {
+            phases: phases.clone(),
+        },
+    )?;
 
     let go = protocol::recv(ch);
     match go.map(|r| r.msg) {
         Ok(Msg::Commit) => {}
-        Ok(m) => return Err(MigrateError::Aborted(format!("the source sent {} instead of Commit", m.name()))),
-        Err(e) => return Err(MigrateError::Aborted(format!("no commit from the source: {e}"))),
+        Ok(m) => {
+            return Err(MigrateError::Aborted(format!(
+                "the source sent {} instead of Commit",
+                m.name()
+            )))
+        }
+        Err(e) => {
+            return Err(MigrateError::Aborted(format!(
+                "no commit from the source: {e}"
+            )))
+        }
     }
     let t_release = Instant::now();
     // Announced and reported as soon as the tree runs: taking this host's
@@ -208,7 +273,10 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     let mut announce_socket = None;
     let mut reported = Ok(());
     let restored = held.release_then(|restored| {
-        release_phases.push(("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3));
+        release_phases.push((
+            "release".to_string(),
+            t_release.elapsed().as_secs_f64() * 1e3,
+        ));
         if let Some(p) = placed {
             let t = Instant::now();
             match p.announce_and_keep() {
@@ -217,7 +285,14 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
             }
             release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
         }
-        reported = protocol::send(ch, &Msg::Running { pid: restored.pid, host_pid: restored.host_pid, phases: release_phases.clone() });
+        reported = protocol::send(
+            ch,
+            &Msg::Running {
+                pid: restored.pid,
+                host_pid: restored.host_pid,
+                phases: release_phases.clone(),
+            },
+        );
     })?;
     // The lock went with the released tree; the address stays.
     lock_guard.forget();
@@ -242,7 +317,12 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         );
         phases.push(("post-copy".to_string(), r.ms));
     }
-    Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
+    Ok(Served {
+        pid: restored.pid,
+        host_pid: restored.host_pid,
+        page_bytes: store.bytes(),
+        phases,
+    })
 }
 
 /// Whether the tree is restored in this agent's own PID namespace rather
@@ -255,7 +335,9 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
 /// child subreaper), and not post-copy
 /// (whose pager needs the tree in a namespace it can wait on).
 fn restore_here(tree: &TreeImage, lazy: bool) -> bool {
-    let Some(root) = tree.root() else { return false };
+    let Some(root) = tree.root() else {
+        return false;
+    };
     !lazy
         && !tree.own_pid_namespace
         && root.fidelity.threads.iter().all(|t| t.pdeathsig == 0)
@@ -290,7 +372,10 @@ impl HeldTree {
     /// Lets the tree run and calls `running` as soon as it does (before
     /// the network lock is taken down, which the helper of a new
     /// namespace does on its own after reporting).
-    fn release_then(self, running: impl FnOnce(&ferry_engine::restore::Restored)) -> Result<ferry_engine::restore::Restored> {
+    fn release_then(
+        self,
+        running: impl FnOnce(&ferry_engine::restore::Restored),
+    ) -> Result<ferry_engine::restore::Restored> {
         Ok(match self {
             HeldTree::Here(h) => h.release_then(running)?,
             HeldTree::InNamespace(h) => {
@@ -330,8 +415,18 @@ fn split_at_mappings(runs: Vec<PageRun>, vmas: &[Vma]) -> Vec<PageRun> {
             match vmas.get(vi) {
                 Some(v) if v.start <= r.start && v.end < r.start + r.pages * PAGE => {
                     let n = (v.end - r.start) / PAGE;
-                    out.push(PageRun { start: r.start, pages: n, offset: r.offset, checksum: 0 });
-                    r = PageRun { start: v.end, pages: r.pages - n, offset: r.offset + n * PAGE, checksum: 0 };
+                    out.push(PageRun {
+                        start: r.start,
+                        pages: n,
+                        offset: r.offset,
+                        checksum: 0,
+                    });
+                    r = PageRun {
+                        start: v.end,
+                        pages: r.pages - n,
+                        offset: r.offset + n * PAGE,
+                        checksum: 0,
+                    };
                 }
                 _ => {
                     out.push(r);
@@ -364,7 +459,11 @@ impl Drop for LockByName {
 
 fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Result<(), String> {
     if h.protocol != protocol::PROTOCOL_VERSION {
-        return Err(format!("migration protocol {} (this ferryd speaks {})", h.protocol, protocol::PROTOCOL_VERSION));
+        return Err(format!(
+            "migration protocol {} (this ferryd speaks {})",
+            h.protocol,
+            protocol::PROTOCOL_VERSION
+        ));
     }
     let (major, minor) = crate::FORMAT;
     if h.format.0 != major || h.format.1 > minor {
@@ -374,7 +473,11 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
         ));
     }
     if h.arch != std::env::consts::ARCH {
-        return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
+        return Err(format!(
+            "the source is {}, this host {}",
+            h.arch,
+            std::env::consts::ARCH
+        ));
     }
     if h.address.is_some() && cfg.interface.is_none() {
         return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());
@@ -384,7 +487,9 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
 
 fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
     match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
+        4 => Some(IpAddr::V4(Ipv4Addr::new(
+            bytes[0], bytes[1], bytes[2], bytes[3],
+        ))),
         16 => {
             let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
             Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
@@ -400,11 +505,15 @@ fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
     let mut out = Vec::new();
     for p in &tree.processes {
         for f in &p.files {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             if s.sock_type != libc::SOCK_STREAM {
                 continue;
             }
-            let Some(local_ip) = ip_of(&s.addr) else { continue };
+            let Some(local_ip) = ip_of(&s.addr) else {
+                continue;
+            };
             let local = SocketAddr::new(local_ip, s.port);
             if s.listen_backlog.is_some() {
                 if !local_ip.is_unspecified() && !local_ip.is_loopback() {
@@ -414,7 +523,10 @@ fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
             }
             if let (Some(_), Some((peer, port))) = (&s.connection, &s.peer) {
                 if let Some(remote) = ip_of(peer) {
-                    out.push(Tuple { local, remote: SocketAddr::new(remote, *port) });
+                    out.push(Tuple {
+                        local,
+                        remote: SocketAddr::new(remote, *port),
+                    });
                 }
             }
         }
@@ -430,10 +542,35 @@ mod tests {
 
     #[test]
     fn runs_are_cut_at_mapping_ends() {
-        let vma = |start: u64, end: u64| Vma { start, end, prot: 3, shared: false, flags: 0, pgoff: 0, backing: ferry_image::VmaBacking::Anonymous };
-        let vmas = [vma(0x1000, 0x3000), vma(0x3000, 0x4000), vma(0x4000, 0x8000)];
-        let run = |start: u64, pages: u64, offset: u64| PageRun { start, pages, offset, checksum: 0 };
+        let vma = |start: u64, end: u64| Vma {
+            start,
+            end,
+            prot: 3,
+            shared: false,
+            flags: 0,
+            pgoff: 0,
+            backing: ferry_image::VmaBacking::Anonymous,
+        };
+        let vmas = [
+            vma(0x1000, 0x3000),
+            vma(0x3000, 0x4000),
+            vma(0x4000, 0x8000),
+        ];
+        let run = |start: u64, pages: u64, offset: u64| PageRun {
+            start,
+            pages,
+            offset,
+            checksum: 0,
+        };
         let out = split_at_mappings(vec![run(0x2000, 4, 0), run(0x7000, 1, 0x8000)], &vmas);
-        assert_eq!(out, vec![run(0x2000, 1, 0), run(0x3000, 1, 0x1000), run(0x4000, 2, 0x2000), run(0x7000, 1, 0x8000)]);
+        assert_eq!(
+            out,
+            vec![
+                run(0x2000, 1, 0),
+                run(0x3000, 1, 0x1000),
+                run(0x4000, 2, 0x2000),
+                run(0x7000, 1, 0x8000)
+            ]
+        );
     }
 }

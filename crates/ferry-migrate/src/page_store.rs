@@ -57,7 +57,15 @@ impl PageStore {
             .custom_flags(libc::O_TMPFILE)
             .open(dir)
             .map_err(|e| MigrateError::Invalid(format!("creating the page store in {dir}: {e}")))?;
-        Ok(PageStore { file, len: 0, slots: HashMap::new(), place_for: None, placed: BTreeMap::new(), placed_bytes: 0, stack_reserve: own_stack_reserve() })
+        Ok(PageStore {
+            file,
+            len: 0,
+            slots: HashMap::new(),
+            place_for: None,
+            placed: BTreeMap::new(),
+            placed_bytes: 0,
+            stack_reserve: own_stack_reserve(),
+        })
     }
 
     /// Bytes of distinct pages held in the file.
@@ -89,7 +97,11 @@ impl PageStore {
                 && start % PAGE == 0
                 && end % PAGE == 0
                 && !(start < re && end > rs)
-                && self.placed.range(..end).next_back().map_or(true, |(_, r)| r.end() <= start);
+                && self
+                    .placed
+                    .range(..end)
+                    .next_back()
+                    .map_or(true, |(_, r)| r.end() <= start);
             if !free {
                 continue;
             }
@@ -101,7 +113,11 @@ impl PageStore {
 
     /// The placed region holding `addr`, if any.
     fn region_at(&self, addr: u64) -> Option<&PlacedRegion> {
-        self.placed.range(..=addr).next_back().map(|(_, r)| r).filter(|r| r.end() > addr)
+        self.placed
+            .range(..=addr)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| r.end() > addr)
     }
 
     /// Copies `bytes` (at address `addr`) into the placed regions that
@@ -112,7 +128,12 @@ impl PageStore {
         let mut unplaced = Vec::new();
         let mut a = addr;
         while a < end {
-            if let Some((&start, region)) = self.placed.range_mut(..=a).next_back().filter(|(_, r)| r.end() > a) {
+            if let Some((&start, region)) = self
+                .placed
+                .range_mut(..=a)
+                .next_back()
+                .filter(|(_, r)| r.end() > a)
+            {
                 let upto = region.end().min(end);
                 let off = (a - addr) as usize;
                 region
@@ -122,7 +143,11 @@ impl PageStore {
                 a = upto;
                 continue;
             }
-            let next = self.placed.range(a..).next().map_or(end, |(&s, _)| s.min(end));
+            let next = self
+                .placed
+                .range(a..)
+                .next()
+                .map_or(end, |(&s, _)| s.min(end));
             unplaced.push(((a - addr) as usize, (next - a) as usize));
             a = next;
         }
@@ -135,12 +160,19 @@ impl PageStore {
         let mut total = 0u64;
         for &(addr, len) in ranges {
             if addr % PAGE != 0 || len % PAGE != 0 || len == 0 || addr.checked_add(len).is_none() {
-                return Err(MigrateError::Protocol(format!("page range {addr:#x}+{len:#x} of pid {pid} is not page-aligned")));
+                return Err(MigrateError::Protocol(format!(
+                    "page range {addr:#x}+{len:#x} of pid {pid} is not page-aligned"
+                )));
             }
-            total = total.checked_add(len).ok_or_else(|| MigrateError::Protocol("page ranges overflow".into()))?;
+            total = total
+                .checked_add(len)
+                .ok_or_else(|| MigrateError::Protocol("page ranges overflow".into()))?;
         }
         if total != data.len() as u64 {
-            return Err(MigrateError::Protocol(format!("page ranges of pid {pid} hold {total} bytes, the message {}", data.len())));
+            return Err(MigrateError::Protocol(format!(
+                "page ranges of pid {pid} hold {total} bytes, the message {}",
+                data.len()
+            )));
         }
         if self.place_for == Some(pid) {
             let mut off = 0usize;
@@ -185,7 +217,9 @@ impl PageStore {
                     n += 1;
                 }
                 let bytes = &data[(i * PAGE) as usize..((i + n) * PAGE) as usize];
-                self.file.write_all_at(bytes, slot).map_err(|e| MigrateError::Invalid(format!("writing the page store: {e}")))?;
+                self.file
+                    .write_all_at(bytes, slot)
+                    .map_err(|e| MigrateError::Invalid(format!("writing the page store: {e}")))?;
                 i += n;
             }
         }
@@ -198,7 +232,13 @@ impl PageStore {
     /// filled up to its exact bounds with placed memory and inherited;
     /// every other page is read from the file (placed pages of other
     /// mappings are copied there first).
-    pub fn settle_root(&mut self, pid: i32, vmas: &[Vma], runs: &[(u64, u64)], brk: (u64, u64)) -> Result<RootPages> {
+    pub fn settle_root(
+        &mut self,
+        pid: i32,
+        vmas: &[Vma],
+        runs: &[(u64, u64)],
+        brk: (u64, u64),
+    ) -> Result<RootPages> {
         let mut inherited = Vec::new();
         let mut from_file: Vec<(u64, u64)> = Vec::new();
         let mut page = vec![0u8; PAGE as usize];
@@ -229,7 +269,11 @@ impl PageStore {
             for &(a, n) in &inside {
                 for i in 0..n {
                     let p = a + i * PAGE;
-                    let list = if self.region_at(p).is_some() { &mut placed_runs } else { &mut file_runs };
+                    let list = if self.region_at(p).is_some() {
+                        &mut placed_runs
+                    } else {
+                        &mut file_runs
+                    };
                     match list.last_mut() {
                         Some((s, k)) if *s + *k * PAGE == p => *k += 1,
                         _ => list.push((p, 1)),
@@ -237,7 +281,11 @@ impl PageStore {
                 }
             }
             if eligible && !placed_runs.is_empty() {
-                inherited.push(InheritedVma { start: v.start, end: v.end, shared_pages: placed_runs });
+                inherited.push(InheritedVma {
+                    start: v.start,
+                    end: v.end,
+                    shared_pages: placed_runs,
+                });
                 from_file.extend(file_runs);
                 continue;
             }
@@ -246,7 +294,9 @@ impl PageStore {
                 for i in 0..n {
                     let p = a + i * PAGE;
                     if let Some(r) = self.region_at(p) {
-                        r.read((p - r.start()) as usize, &mut page).map_err(|e| MigrateError::sys(format!("reading placed page {p:#x}"), e))?;
+                        r.read((p - r.start()) as usize, &mut page).map_err(|e| {
+                            MigrateError::sys(format!("reading placed page {p:#x}"), e)
+                        })?;
                     }
                     self.insert_slots(pid, p, &page)?;
                 }
@@ -256,8 +306,16 @@ impl PageStore {
         }
         from_file.sort_unstable();
         let runs = self.runs_for(pid, &from_file)?;
-        let placed_bytes = inherited.iter().flat_map(|v| v.shared_pages.iter()).map(|(_, n)| n * PAGE).sum();
-        Ok(RootPages { inherited, runs, placed_bytes })
+        let placed_bytes = inherited
+            .iter()
+            .flat_map(|v| v.shared_pages.iter())
+            .map(|(_, n)| n * PAGE)
+            .sum();
+        Ok(RootPages {
+            inherited,
+            runs,
+            placed_bytes,
+        })
     }
 
     /// The placed regions, for the restore's helper to drop its copies
@@ -291,13 +349,23 @@ impl PageStore {
         for &(addr, pages) in runs {
             for i in 0..pages {
                 let a = addr + i * PAGE;
-                let slot = *self
-                    .slots
-                    .get(&(pid, a))
-                    .ok_or_else(|| MigrateError::Protocol(format!("the image needs page {a:#x} of pid {pid}, which was never sent")))?;
+                let slot = *self.slots.get(&(pid, a)).ok_or_else(|| {
+                    MigrateError::Protocol(format!(
+                        "the image needs page {a:#x} of pid {pid}, which was never sent"
+                    ))
+                })?;
                 match out.last_mut() {
-                    Some(r) if r.start + r.pages * PAGE == a && r.offset + r.pages * PAGE == slot => r.pages += 1,
-                    _ => out.push(PageRun { start: a, pages: 1, offset: slot, checksum: 0 }),
+                    Some(r)
+                        if r.start + r.pages * PAGE == a && r.offset + r.pages * PAGE == slot =>
+                    {
+                        r.pages += 1
+                    }
+                    _ => out.push(PageRun {
+                        start: a,
+                        pages: 1,
+                        offset: slot,
+                        checksum: 0,
+                    }),
                 }
             }
         }
@@ -306,7 +374,8 @@ impl PageStore {
 
     /// The store as one read-only page data area.
     pub fn map(&self) -> Result<ferry_sys::process::MappedFile> {
-        ferry_sys::process::MappedFile::map(&self.file, 0, self.len as usize).map_err(|e| MigrateError::sys("mapping the page store", e))
+        ferry_sys::process::MappedFile::map(&self.file, 0, self.len as usize)
+            .map_err(|e| MigrateError::sys("mapping the page store", e))
     }
 }
 
@@ -368,7 +437,15 @@ mod tests {
     }
 
     fn anon_vma(start: u64, end: u64) -> Vma {
-        Vma { start, end, prot: 3, shared: false, flags: ferry_image::vmflag::MAYWRITE, pgoff: 0, backing: VmaBacking::Anonymous }
+        Vma {
+            start,
+            end,
+            prot: 3,
+            shared: false,
+            flags: ferry_image::vmflag::MAYWRITE,
+            pgoff: 0,
+            backing: VmaBacking::Anonymous,
+        }
     }
 
     #[test]
@@ -382,13 +459,29 @@ mod tests {
         s.insert(5, &[(base + PAGE, 2 * PAGE)], &d).unwrap();
         s.insert(5, &[(base + 2 * PAGE, PAGE)], &page(6)).unwrap();
         assert_eq!(s.bytes(), 0, "placed pages use no file");
-        let root = s.settle_root(5, &[anon_vma(base, base + 8 * PAGE)], &[(base + PAGE, 2)], (0, 0)).unwrap();
+        let root = s
+            .settle_root(
+                5,
+                &[anon_vma(base, base + 8 * PAGE)],
+                &[(base + PAGE, 2)],
+                (0, 0),
+            )
+            .unwrap();
         assert_eq!(root.inherited.len(), 1);
-        assert_eq!((root.inherited[0].start, root.inherited[0].end), (base, base + 8 * PAGE));
+        assert_eq!(
+            (root.inherited[0].start, root.inherited[0].end),
+            (base, base + 8 * PAGE)
+        );
         assert_eq!(root.inherited[0].shared_pages, vec![(base + PAGE, 2)]);
         assert!(root.runs.is_empty());
         let mut back = vec![0u8; PAGE as usize];
-        s.region_at(base + 2 * PAGE).unwrap().read((2 * PAGE - (s.region_at(base + 2 * PAGE).unwrap().start() - base)) as usize, &mut back).unwrap();
+        s.region_at(base + 2 * PAGE)
+            .unwrap()
+            .read(
+                (2 * PAGE - (s.region_at(base + 2 * PAGE).unwrap().start() - base)) as usize,
+                &mut back,
+            )
+            .unwrap();
         assert_eq!(back[0], 6, "the latest copy of a page is the placed one");
         assert_eq!(s.placed_regions().is_empty(), false);
     }
@@ -398,10 +491,20 @@ mod tests {
         let mut s = PageStore::new().unwrap();
         s.place_pages_of(5);
         let base = 0x3c00_0000_0000u64;
-        s.reserve(5, &[(base, base + 2 * PAGE), (base + 4 * PAGE, base + 5 * PAGE)]);
+        s.reserve(
+            5,
+            &[(base, base + 2 * PAGE), (base + 4 * PAGE, base + 5 * PAGE)],
+        );
         s.insert(5, &[(base, PAGE)], &page(1)).unwrap();
         s.insert(5, &[(base + 4 * PAGE, PAGE)], &page(2)).unwrap();
-        let root = s.settle_root(5, &[anon_vma(base, base + 8 * PAGE)], &[(base, 1), (base + 4 * PAGE, 1)], (0, 0)).unwrap();
+        let root = s
+            .settle_root(
+                5,
+                &[anon_vma(base, base + 8 * PAGE)],
+                &[(base, 1), (base + 4 * PAGE, 1)],
+                (0, 0),
+            )
+            .unwrap();
         assert!(root.inherited.is_empty());
         assert_eq!(root.runs.iter().map(|r| r.pages).sum::<u64>(), 2);
     }
@@ -413,7 +516,14 @@ mod tests {
         let base = 0x3d00_0000_0000u64;
         s.reserve(5, &[(base, base + 4 * PAGE)]);
         s.insert(5, &[(base, PAGE)], &page(1)).unwrap();
-        let root = s.settle_root(5, &[anon_vma(base, base + 4 * PAGE)], &[(base, 1)], (base, base + 4 * PAGE)).unwrap();
+        let root = s
+            .settle_root(
+                5,
+                &[anon_vma(base, base + 4 * PAGE)],
+                &[(base, 1)],
+                (base, base + 4 * PAGE),
+            )
+            .unwrap();
         assert!(root.inherited.is_empty());
     }
 
@@ -428,7 +538,9 @@ mod tests {
         s.reserve(5, &[(addr, addr + PAGE)]);
         s.insert(5, &[(addr, PAGE)], &page(9)).unwrap();
         assert_eq!(s.bytes(), PAGE);
-        let root = s.settle_root(5, &[anon_vma(addr, addr + PAGE)], &[(addr, 1)], (0, 0)).unwrap();
+        let root = s
+            .settle_root(5, &[anon_vma(addr, addr + PAGE)], &[(addr, 1)], (0, 0))
+            .unwrap();
         assert!(root.inherited.is_empty());
         assert_eq!(root.runs.len(), 1);
         assert!(own.iter().all(|&b| b == 7), "our own memory is untouched");

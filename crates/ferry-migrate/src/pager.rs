@@ -100,13 +100,24 @@ enum Install {
 
 /// UFFDIO_COPY of `data` to `dst`, skipping pages already there or no
 /// longer registered.
-fn install(fd: BorrowedFd<'_>, dst: u64, data: &[u8], from: usize) -> std::result::Result<Install, ferry_sys::SysError> {
+fn install(
+    fd: BorrowedFd<'_>,
+    dst: u64,
+    data: &[u8],
+    from: usize,
+) -> std::result::Result<Install, ferry_sys::SysError> {
     let mut off = from;
     while off < data.len() {
         match uffd::copy(fd, dst + off as u64, &data[off..], 0) {
             Ok(0) => return Ok(Install::Retry(off)),
             Ok(n) => off += n as usize,
-            Err(e) if e.errno == libc::EEXIST || e.errno == libc::ENOENT || e.errno == libc::EFAULT => off += PAGE as usize,
+            Err(e)
+                if e.errno == libc::EEXIST
+                    || e.errno == libc::ENOENT
+                    || e.errno == libc::EFAULT =>
+            {
+                off += PAGE as usize
+            }
             Err(e) if e.errno == libc::EAGAIN => return Ok(Install::Retry(off)),
             Err(e) if e.errno == libc::ESRCH => return Ok(Install::Gone),
             Err(e) => return Err(e),
@@ -119,12 +130,27 @@ fn install(fd: BorrowedFd<'_>, dst: u64, data: &[u8], from: usize) -> std::resul
 /// PID, userfaultfd), `lazy` (image PID, source PID, lazy runs); `init`
 /// is the PID namespace's init (killed, with the tree, if the source goes
 /// away before all pages arrived).
-pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<(u64, u64)>)], init: Option<i32>, root: i32) -> Result<PagerReport> {
+pub fn run(
+    ch: &mut Channel,
+    uffds: Vec<(i32, OwnedFd)>,
+    lazy: &[(i32, i32, Vec<(u64, u64)>)],
+    init: Option<i32>,
+    root: i32,
+) -> Result<PagerReport> {
     let t0 = Instant::now();
     let mut targets = Vec::new();
     for (pid, fd) in uffds {
-        let Some((_, src, runs)) = lazy.iter().find(|(p, _, _)| *p == pid) else { continue };
-        targets.push(Target { uffd: Arc::new(fd), src_pid: *src, lazy: Arc::new(runs.clone()), remaps: Vec::new(), dropped: Vec::new(), gone: false });
+        let Some((_, src, runs)) = lazy.iter().find(|(p, _, _)| *p == pid) else {
+            continue;
+        };
+        targets.push(Target {
+            uffd: Arc::new(fd),
+            src_pid: *src,
+            lazy: Arc::new(runs.clone()),
+            remaps: Vec::new(),
+            dropped: Vec::new(),
+            gone: false,
+        });
     }
     let state = Mutex::new(targets);
     let stop = AtomicBool::new(false);
@@ -229,7 +255,9 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
         let received = (|| -> Result<()> {
             loop {
                 if fault_thread.is_finished() {
-                    return Err(MigrateError::Invalid("post-copy: the fault thread ended early".into()));
+                    return Err(MigrateError::Invalid(
+                        "post-copy: the fault thread ended early".into(),
+                    ));
                 }
                 let r = protocol::recv_half(rx)?;
                 match &r.msg {
@@ -237,7 +265,10 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
                         let data = r.data();
                         let total: u64 = ranges.iter().map(|r| r.1).sum();
                         if total != data.len() as u64 {
-                            return Err(MigrateError::Protocol(format!("post-copy pages of pid {pid}: ranges of {total} bytes, {} sent", data.len())));
+                            return Err(MigrateError::Protocol(format!(
+                                "post-copy pages of pid {pid}: ranges of {total} bytes, {} sent",
+                                data.len()
+                            )));
                         }
                         report.bytes += total;
                         let mut off = 0usize;
@@ -252,12 +283,21 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
                     }
                     Msg::PagesDone => return Ok(()),
                     Msg::Abort { reason } => return Err(MigrateError::Aborted(reason.clone())),
-                    m => return Err(MigrateError::Protocol(format!("unexpected {} during post-copy", m.name()))),
+                    m => {
+                        return Err(MigrateError::Protocol(format!(
+                            "unexpected {} during post-copy",
+                            m.name()
+                        )))
+                    }
                 }
             }
         })();
         stop.store(true, Ordering::Relaxed);
-        let faulted = fault_thread.join().unwrap_or_else(|_| Err(MigrateError::Invalid("post-copy fault thread panicked".into())));
+        let faulted = fault_thread.join().unwrap_or_else(|_| {
+            Err(MigrateError::Invalid(
+                "post-copy fault thread panicked".into(),
+            ))
+        });
         received.and(faulted)
     });
     report.faults = faults.load(Ordering::Relaxed);
@@ -271,7 +311,9 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
         tracing::error!("post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
         eprintln!("ferryd: post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
         drop(state);
-        return Err(MigrateError::Aborted(format!("post-copy of pid {root}: {e}; the tree was killed at the destination")));
+        return Err(MigrateError::Aborted(format!(
+            "post-copy of pid {root}: {e}; the tree was killed at the destination"
+        )));
     }
     // Closing the last copies unregisters every mapping.
     drop(state);
@@ -282,12 +324,22 @@ pub fn run(ch: &mut Channel, uffds: Vec<(i32, OwnedFd)>, lazy: &[(i32, i32, Vec<
 
 /// Installs one source range in every address space that receives pid
 /// `src_pid`'s pages, at its current address there.
-fn install_everywhere(state: &Mutex<Vec<Target>>, src_pid: i32, src: u64, bytes: &[u8], root: i32) -> Result<()> {
+fn install_everywhere(
+    state: &Mutex<Vec<Target>>,
+    src_pid: i32,
+    src: u64,
+    bytes: &[u8],
+    root: i32,
+) -> Result<()> {
     let mut k = 0usize;
     let mut resume = 0usize;
     loop {
-        let mut t = state.lock().map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))?;
-        let Some(tg) = t.get_mut(k) else { return Ok(()) };
+        let mut t = state
+            .lock()
+            .map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))?;
+        let Some(tg) = t.get_mut(k) else {
+            return Ok(());
+        };
         if tg.gone || tg.src_pid != src_pid {
             k += 1;
             resume = 0;
@@ -320,7 +372,9 @@ fn install_everywhere(state: &Mutex<Vec<Target>>, src_pid: i32, src: u64, bytes:
             }
             out
         };
-        match r.map_err(|e| MigrateError::sys(format!("pid {root}: installing pages at {src:#x}"), e))? {
+        match r.map_err(|e| {
+            MigrateError::sys(format!("pid {root}: installing pages at {src:#x}"), e)
+        })? {
             Install::Done => {
                 k += 1;
                 resume = 0;

@@ -32,21 +32,32 @@ pub struct LazyHooks {
 
 impl LazyHooks {
     pub fn bytes(&self) -> u64 {
-        self.lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum()
+        self.lazy
+            .values()
+            .flat_map(|r| r.iter())
+            .map(|&(_, n)| n * PAGE)
+            .sum()
     }
 }
 
 impl ferry_engine::capture::CaptureHooks for LazyHooks {
-    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+    fn held_pages(
+        &mut self,
+        procs: &[(i32, &[ferry_image::Vma])],
+    ) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
         if procs.len() > 1 {
             return Err(ferry_engine::EngineError::unsupported(
                 procs[0].0,
                 "the process tree",
-                format!("post-copy (--lazy) moves a single process; this tree has {} (use pre-copy)", procs.len()),
+                format!(
+                    "post-copy (--lazy) moves a single process; this tree has {} (use pre-copy)",
+                    procs.len()
+                ),
             ));
         }
         for &(pid, vmas) in procs {
-            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
+            self.lazy
+                .insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
         }
         Ok(self.lazy.clone())
     }
@@ -56,10 +67,15 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
 /// anything is frozen (the capture hook checks again, frozen).
 pub fn check_single_process(pid: i32) -> Result<()> {
     let mut children = 0;
-    for tid in std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| MigrateError::Invalid(format!("pid {pid}: reading its threads: {e}")))? {
+    for tid in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|e| MigrateError::Invalid(format!("pid {pid}: reading its threads: {e}")))?
+    {
         let Ok(tid) = tid else { continue };
         let path = tid.path().join("children");
-        children += std::fs::read_to_string(&path).unwrap_or_default().split_whitespace().count();
+        children += std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .split_whitespace()
+            .count();
     }
     if children > 0 {
         return Err(MigrateError::Invalid(format!(
@@ -119,7 +135,12 @@ impl Proc {
         for &(a, len) in ranges {
             self.mem
                 .read_exact_at(&mut buf[off..off + len as usize], a)
-                .map_err(|e| MigrateError::Invalid(format!("pid {}: reading its pages at {a:#x}: {e}", self.pid)))?;
+                .map_err(|e| {
+                    MigrateError::Invalid(format!(
+                        "pid {}: reading its pages at {a:#x}: {e}",
+                        self.pid
+                    ))
+                })?;
             off += len as usize;
         }
         Ok(buf)
@@ -136,15 +157,30 @@ struct Shared {
 /// Sends every lazy page of the frozen processes `lazy` (source PID to
 /// runs), requested ones first; returns once the destination confirmed
 /// that all are installed.
-pub fn push(ch: &mut Channel, lazy: &HashMap<i32, Vec<(u64, u64)>>, timeout: Duration, progress: &(dyn Fn(&str) + Send + Sync)) -> Result<PushReport> {
+pub fn push(
+    ch: &mut Channel,
+    lazy: &HashMap<i32, Vec<(u64, u64)>>,
+    timeout: Duration,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<PushReport> {
     let t0 = Instant::now();
     let mut procs = Vec::new();
     for (&pid, runs) in lazy {
         let path = format!("/proc/{pid}/mem");
-        let mem = std::fs::File::open(&path).map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
-        procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
+        let mem = std::fs::File::open(&path)
+            .map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
+        procs.push(Proc {
+            pid,
+            mem,
+            runs: runs.clone(),
+            sent: HashSet::new(),
+        });
     }
-    let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
+    let total: u64 = lazy
+        .values()
+        .flat_map(|r| r.iter())
+        .map(|&(_, n)| n * PAGE)
+        .sum();
     let shared = Mutex::new(Shared::default());
     let cv = Condvar::new();
     let mut report = PushReport::default();
@@ -160,7 +196,9 @@ pub fn push(ch: &mut Channel, lazy: &HashMap<i32, Vec<(u64, u64)>>, timeout: Dur
                         cv.notify_one();
                     }
                     Ok(Msg::PagesDone) => break Ok(()),
-                    Ok(Msg::Failed { error }) => break Err(format!("the destination failed: {error}")),
+                    Ok(Msg::Failed { error }) => {
+                        break Err(format!("the destination failed: {error}"))
+                    }
                     Ok(m) => break Err(format!("unexpected {} during post-copy", m.name())),
                     Err(e) => break Err(e.to_string()),
                 }
@@ -175,14 +213,18 @@ pub fn push(ch: &mut Channel, lazy: &HashMap<i32, Vec<(u64, u64)>>, timeout: Dur
             let mut last_note = Instant::now();
             loop {
                 let (req, ended) = {
-                    let mut s = shared.lock().map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
+                    let mut s = shared
+                        .lock()
+                        .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
                     (s.requests.pop_front(), s.ended.clone())
                 };
                 if let Some(Err(e)) = ended {
                     return Err(MigrateError::Aborted(format!("post-copy: {e}")));
                 }
                 if let Some((pid, addr, pages)) = req {
-                    let Some(p) = procs.iter_mut().find(|p| p.pid == pid) else { continue };
+                    let Some(p) = procs.iter_mut().find(|p| p.pid == pid) else {
+                        continue;
+                    };
                     let ranges = p.take(addr & !(PAGE - 1), u64::from(pages.min(1024)));
                     report.requests += 1;
                     if !ranges.is_empty() {
@@ -218,19 +260,30 @@ pub fn push(ch: &mut Channel, lazy: &HashMap<i32, Vec<(u64, u64)>>, timeout: Dur
                 protocol::send_half(tx, &Msg::Pages { pid: p.pid, ranges }, &data)?;
                 if last_note.elapsed() > Duration::from_secs(1) {
                     last_note = Instant::now();
-                    progress(&format!("post-copy: {:.0} of {:.0} MiB sent", report.bytes as f64 / 1048576.0, total as f64 / 1048576.0));
+                    progress(&format!(
+                        "post-copy: {:.0} of {:.0} MiB sent",
+                        report.bytes as f64 / 1048576.0,
+                        total as f64 / 1048576.0
+                    ));
                 }
             }
             protocol::send_half(tx, &Msg::PagesDone, &[])?;
             // Wait for the destination to install the last pages.
             let deadline = Instant::now() + timeout;
-            let mut s = shared.lock().map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
+            let mut s = shared
+                .lock()
+                .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
             while s.ended.is_none() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(MigrateError::Aborted("post-copy: the destination did not confirm the last pages".into()));
+                    return Err(MigrateError::Aborted(
+                        "post-copy: the destination did not confirm the last pages".into(),
+                    ));
                 }
-                s = cv.wait_timeout(s, left).map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?.0;
+                s = cv
+                    .wait_timeout(s, left)
+                    .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?
+                    .0;
             }
             match s.ended.clone() {
                 Some(Err(e)) => Err(MigrateError::Aborted(format!("post-copy: {e}"))),
@@ -256,7 +309,12 @@ mod tests {
     #[test]
     fn take_returns_each_lazy_page_once() {
         let mem = std::fs::File::open("/dev/null").unwrap();
-        let mut p = Proc { pid: 1, mem, runs: vec![(0x10000, 4), (0x20000, 2)], sent: HashSet::new() };
+        let mut p = Proc {
+            pid: 1,
+            mem,
+            runs: vec![(0x10000, 4), (0x20000, 2)],
+            sent: HashSet::new(),
+        };
         assert_eq!(p.take(0x11000, 2), vec![(0x11000, 2 * PAGE)]);
         assert_eq!(p.take(0x10000, 16), vec![(0x10000, PAGE), (0x13000, PAGE)]);
         assert_eq!(p.take(0x0, 64), vec![(0x20000, 2 * PAGE)]);

@@ -25,7 +25,11 @@ pub struct RoundPolicy {
 
 impl Default for RoundPolicy {
     fn default() -> Self {
-        RoundPolicy { max_rounds: 10, stop_below: 4 << 20, min_shrink: 0.9 }
+        RoundPolicy {
+            max_rounds: 10,
+            stop_below: 4 << 20,
+            min_shrink: 0.9,
+        }
     }
 }
 
@@ -76,14 +80,28 @@ pub struct Precopy {
 impl Precopy {
     /// Starts tracking writes, then copies the whole memory once (round 0)
     /// and further rounds as the policy says.
-    pub fn run(root: i32, ch: &mut Channel, policy: &RoundPolicy, mut progress: impl FnMut(&str)) -> Result<Precopy> {
+    pub fn run(
+        root: i32,
+        ch: &mut Channel,
+        policy: &RoundPolicy,
+        mut progress: impl FnMut(&str),
+    ) -> Result<Precopy> {
         let tracker = DirtyTracker::attach(root)?;
-        let mut pc = Precopy { tracker, held: HashMap::new(), rounds: Vec::new(), stopped_because: None };
+        let mut pc = Precopy {
+            tracker,
+            held: HashMap::new(),
+            rounds: Vec::new(),
+            stopped_because: None,
+        };
         let pids = pc.tracker.pids();
         let t = Instant::now();
         let bytes = pc.copy_round(ch, &pids, None)?;
         pc.finish_round(ch, bytes, t)?;
-        progress(&format!("pre-copy round 0: {:.1} MiB in {:.0} ms", bytes as f64 / 1048576.0, pc.rounds[0].ms));
+        progress(&format!(
+            "pre-copy round 0: {:.1} MiB in {:.0} ms",
+            bytes as f64 / 1048576.0,
+            pc.rounds[0].ms
+        ));
         let mut previous: Option<u64> = None;
         loop {
             let dirty = pc.tracker.collect()?;
@@ -91,7 +109,10 @@ impl Precopy {
             if let Some(last) = pc.rounds.last_mut() {
                 last.dirty_after = dirty_bytes;
             }
-            let dirty: HashMap<i32, RangeSet> = dirty.into_iter().map(|(pid, r)| (pid, RangeSet::from_ranges(r))).collect();
+            let dirty: HashMap<i32, RangeSet> = dirty
+                .into_iter()
+                .map(|(pid, r)| (pid, RangeSet::from_ranges(r)))
+                .collect();
             for (pid, d) in &dirty {
                 if let Some(h) = pc.held.get_mut(pid) {
                     *h = h.minus(d);
@@ -110,16 +131,31 @@ impl Precopy {
             }
             pc.finish_round(ch, bytes, t)?;
             let n = pc.rounds.len() - 1;
-            progress(&format!("pre-copy round {n}: {:.1} MiB in {:.0} ms", bytes as f64 / 1048576.0, pc.rounds[n].ms));
+            progress(&format!(
+                "pre-copy round {n}: {:.1} MiB in {:.0} ms",
+                bytes as f64 / 1048576.0,
+                pc.rounds[n].ms
+            ));
         }
     }
 
-    fn copy_round(&mut self, ch: &mut Channel, pids: &[i32], only: Option<&RangeSet>) -> Result<u64> {
+    fn copy_round(
+        &mut self,
+        ch: &mut Channel,
+        pids: &[i32],
+        only: Option<&RangeSet>,
+    ) -> Result<u64> {
         let keep_shared = self.tracker.pids().len() > 1;
         let mut sink = StreamSink::new(ch);
         for &pid in pids {
             let only_ranges = only.map(|o| o.ranges());
-            match ferry_engine::capture::copy_present(pid, only_ranges, keep_shared, &mut sink, None) {
+            match ferry_engine::capture::copy_present(
+                pid,
+                only_ranges,
+                keep_shared,
+                &mut sink,
+                None,
+            ) {
                 Ok(sent) => {
                     let sent = RangeSet::from_ranges(sent);
                     let h = self.held.entry(pid).or_default();
@@ -146,10 +182,23 @@ impl Precopy {
         let stored = protocol::expect(ch, &["RoundStored"])?;
         match stored.msg {
             Msg::RoundStored { round: r } if r == round => {}
-            Msg::RoundStored { round: r } => return Err(MigrateError::Protocol(format!("the destination acknowledged round {r} after round {round}"))),
-            m => return Err(MigrateError::Protocol(format!("expected RoundStored after round {round}, got {}", m.name()))),
+            Msg::RoundStored { round: r } => {
+                return Err(MigrateError::Protocol(format!(
+                    "the destination acknowledged round {r} after round {round}"
+                )))
+            }
+            m => {
+                return Err(MigrateError::Protocol(format!(
+                    "expected RoundStored after round {round}, got {}",
+                    m.name()
+                )))
+            }
         }
-        self.rounds.push(Round { bytes, ms: t.elapsed().as_secs_f64() * 1e3, dirty_after: 0 });
+        self.rounds.push(Round {
+            bytes,
+            ms: t.elapsed().as_secs_f64() * 1e3,
+            dirty_after: 0,
+        });
         Ok(())
     }
 }
@@ -158,12 +207,21 @@ impl Precopy {
 /// collected, and what the destination still holds unchanged is not sent
 /// again.
 impl ferry_engine::capture::CaptureHooks for Precopy {
-    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+    fn held_pages(
+        &mut self,
+        procs: &[(i32, &[ferry_image::Vma])],
+    ) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
         let dirty = self.tracker.collect()?;
         let mut out = HashMap::new();
         for &(pid, _) in procs {
-            let Some(held) = self.held.get(&pid) else { continue };
-            let written = dirty.iter().find(|(p, _)| *p == pid).map(|(_, r)| RangeSet::from_ranges(r.clone())).unwrap_or_default();
+            let Some(held) = self.held.get(&pid) else {
+                continue;
+            };
+            let written = dirty
+                .iter()
+                .find(|(p, _)| *p == pid)
+                .map(|(_, r)| RangeSet::from_ranges(r.clone()))
+                .unwrap_or_default();
             out.insert(pid, held.minus(&written).as_page_runs());
         }
         Ok(out)
@@ -176,7 +234,11 @@ mod tests {
 
     #[test]
     fn rounds_stop_when_small_not_shrinking_or_too_many() {
-        let p = RoundPolicy { max_rounds: 5, stop_below: 100, min_shrink: 0.9 };
+        let p = RoundPolicy {
+            max_rounds: 5,
+            stop_below: 100,
+            min_shrink: 0.9,
+        };
         assert_eq!(p.decide(1, 50, None), Decision::Converged);
         assert_eq!(p.decide(1, 1000, None), Decision::Continue);
         assert_eq!(p.decide(2, 800, Some(1000)), Decision::Continue);

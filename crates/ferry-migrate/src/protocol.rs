@@ -62,22 +62,35 @@ pub struct Welcome {
 pub enum Msg {
     Hello(Hello),
     Welcome(Welcome),
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     /// Page contents of process `pid` (as the source sees it): `ranges`
     /// are (address, bytes), their bytes concatenated in the data.
-    Pages { pid: i32, ranges: Vec<(u64, u64)> },
+    Pages {
+        pid: i32,
+        ranges: Vec<(u64, u64)>,
+    },
     /// The private anonymous mappings (start, end) of process `pid` as the
     /// source saw them before sending its pages: the destination reserves
     /// each as one placed region, so the restored root can inherit it as
     /// one mapping.
-    Layout { pid: i32, mappings: Vec<(u64, u64)> },
+    Layout {
+        pid: i32,
+        mappings: Vec<(u64, u64)>,
+    },
     /// A pre-copy round is complete.
-    RoundDone { round: u32, bytes: u64 },
+    RoundDone {
+        round: u32,
+        bytes: u64,
+    },
     /// The destination has stored every page of pre-copy round `round`.
     /// The source waits for it before it looks at what was written
     /// meanwhile (and before it freezes): pages still on their way would
     /// otherwise be stored inside the pause.
-    RoundStored { round: u32 },
+    RoundStored {
+        round: u32,
+    },
     /// The frozen tree's metadata (meta.img bytes, an incremental image
     /// when pre-copy rounds ran: its parent is the pages the destination
     /// holds from them); `host_pids` are the PIDs its processes had on the
@@ -88,14 +101,28 @@ pub enum Msg {
         host_pids: Vec<i32>,
     },
     /// The tree is restored and held stopped; the restore's phases in ms.
-    Ready { phases: Vec<(String, f64)> },
+    Ready {
+        phases: Vec<(String, f64)>,
+    },
     Commit,
     /// The tree runs at the destination, as `host_pid` there.
-    Running { pid: i32, host_pid: i32, phases: Vec<(String, f64)> },
-    Failed { error: String },
-    Abort { reason: String },
+    Running {
+        pid: i32,
+        host_pid: i32,
+        phases: Vec<(String, f64)>,
+    },
+    Failed {
+        error: String,
+    },
+    Abort {
+        reason: String,
+    },
     /// Post-copy: the destination needs these pages now.
-    PageRequest { pid: i32, addr: u64, pages: u32 },
+    PageRequest {
+        pid: i32,
+        addr: u64,
+        pages: u32,
+    },
     /// Post-copy: every page has been sent.
     PagesDone,
 }
@@ -124,7 +151,8 @@ impl Msg {
 
 /// The header of a message, encoded with its length in front.
 pub fn encode_header(msg: &Msg) -> Result<Vec<u8>> {
-    let body = postcard::to_allocvec(msg).map_err(|e| MigrateError::Protocol(format!("encoding {}: {e}", msg.name())))?;
+    let body = postcard::to_allocvec(msg)
+        .map_err(|e| MigrateError::Protocol(format!("encoding {}: {e}", msg.name())))?;
     let mut out = Vec::with_capacity(body.len() + 4);
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
@@ -133,10 +161,18 @@ pub fn encode_header(msg: &Msg) -> Result<Vec<u8>> {
 
 /// Splits a received channel message into its header and its data.
 pub fn decode(bytes: &[u8]) -> Result<(Msg, &[u8])> {
-    let len = bytes.get(..4).ok_or_else(|| MigrateError::Protocol(format!("message of {} bytes has no header", bytes.len())))?;
+    let len = bytes.get(..4).ok_or_else(|| {
+        MigrateError::Protocol(format!("message of {} bytes has no header", bytes.len()))
+    })?;
     let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    let body = bytes.get(4..4 + len).ok_or_else(|| MigrateError::Protocol(format!("header of {len} bytes in a message of {}", bytes.len())))?;
-    let msg: Msg = postcard::from_bytes(body).map_err(|e| MigrateError::Protocol(format!("undecodable message: {e}")))?;
+    let body = bytes.get(4..4 + len).ok_or_else(|| {
+        MigrateError::Protocol(format!(
+            "header of {len} bytes in a message of {}",
+            bytes.len()
+        ))
+    })?;
+    let msg: Msg = postcard::from_bytes(body)
+        .map_err(|e| MigrateError::Protocol(format!("undecodable message: {e}")))?;
     Ok((msg, &bytes[4 + len..]))
 }
 
@@ -178,14 +214,22 @@ pub fn recv_half(rx: &mut ferry_transport::RecvHalf) -> Result<Received> {
     let buf = rx.recv()?;
     let (msg, data) = decode(&buf)?;
     let data_start = buf.len() - data.len();
-    Ok(Received { msg, buf, data_start })
+    Ok(Received {
+        msg,
+        buf,
+        data_start,
+    })
 }
 
 pub fn recv(ch: &mut Channel) -> Result<Received> {
     let buf = ch.recv()?;
     let (msg, data) = decode(&buf)?;
     let data_start = buf.len() - data.len();
-    Ok(Received { msg, buf, data_start })
+    Ok(Received {
+        msg,
+        buf,
+        data_start,
+    })
 }
 
 /// Receives one message that must be one of those `expect` names; a
@@ -197,7 +241,11 @@ pub fn expect(ch: &mut Channel, expect: &[&str]) -> Result<Received> {
         Msg::Failed { error } => Err(MigrateError::DestinationFailed(error.clone())),
         Msg::Refused { reason } => Err(MigrateError::Refused(reason.clone())),
         Msg::Abort { reason } => Err(MigrateError::Aborted(reason.clone())),
-        m => Err(MigrateError::Protocol(format!("expected {} from the peer, got {}", expect.join(" or "), m.name()))),
+        m => Err(MigrateError::Protocol(format!(
+            "expected {} from the peer, got {}",
+            expect.join(" or "),
+            m.name()
+        ))),
     }
 }
 
@@ -207,7 +255,10 @@ mod tests {
 
     #[test]
     fn header_and_data_round_trip() {
-        let msg = Msg::Pages { pid: 7, ranges: vec![(0x1000, 8192)] };
+        let msg = Msg::Pages {
+            pid: 7,
+            ranges: vec![(0x1000, 8192)],
+        };
         let mut wire = encode_header(&msg).unwrap();
         wire.extend_from_slice(&[1u8; 8192]);
         let (back, data) = decode(&wire).unwrap();
@@ -217,7 +268,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [&[][..], &[1, 0], &[200, 0, 0, 0, 1], &[3, 0, 0, 0, 0xff, 0xff, 0xff]] {
+        for bad in [
+            &[][..],
+            &[1, 0],
+            &[200, 0, 0, 0, 1],
+            &[3, 0, 0, 0, 0xff, 0xff, 0xff],
+        ] {
             assert!(decode(bad).is_err());
         }
     }

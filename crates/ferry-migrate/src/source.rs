@@ -88,7 +88,10 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         address::locate(addr)?;
     }
     if !std::path::Path::new(&format!("/proc/{}", o.pid)).exists() {
-        return Err(MigrateError::Invalid(format!("pid {}: no such process", o.pid)));
+        return Err(MigrateError::Invalid(format!(
+            "pid {}: no such process",
+            o.pid
+        )));
     }
     if o.lazy {
         crate::postcopy::check_single_process(o.pid)?;
@@ -106,7 +109,10 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
         format: (major, minor),
         arch: std::env::consts::ARCH.to_string(),
-        kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
         migration_id,
         root_pid: o.pid,
         lazy: o.lazy,
@@ -120,7 +126,8 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         send_layout(&mut ch, o.pid)?;
     }
     let mut precopy = if o.precopy && !o.lazy {
-        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s)).map_err(|e| peer_reason(&mut ch, e))?;
+        let p = Precopy::run(o.pid, &mut ch, &o.policy, |s| (o.progress)(s))
+            .map_err(|e| peer_reason(&mut ch, e))?;
         mark(&mut phases, "pre-copy");
         Some(p)
     } else {
@@ -133,7 +140,11 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     let presurveyed = ferry_engine::capture::vma_flags::presurvey_tree(o.pid);
     mark(&mut phases, "presurvey");
     (o.progress)("freezing");
-    let copts = CaptureOptions { network_lock: o.network_lock, presurveyed, ..Default::default() };
+    let copts = CaptureOptions {
+        network_lock: o.network_lock,
+        presurveyed,
+        ..Default::default()
+    };
     let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
     // A refusal for a passing state (a connection closing, a client
     // between handshake and accept) comes before any page is sent: the
@@ -149,7 +160,9 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             match ferry_engine::capture::capture(o.pid, &mut sink, &copts, hooks) {
                 Ok(c) => Ok((c, sink.page_bytes())),
                 // Pages already on their way: not a clean retry.
-                Err(e) if e.is_transient() && sink.page_bytes() > 0 => Err(ferry_engine::EngineError::restore(o.pid, e.to_string())),
+                Err(e) if e.is_transient() && sink.page_bytes() > 0 => {
+                    Err(ferry_engine::EngineError::restore(o.pid, e.to_string()))
+                }
                 Err(e) => Err(e),
             }
         },
@@ -165,7 +178,13 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         None => (Vec::new(), None),
     };
     let frozen_at = captured.frozen_at();
-    phases.extend(captured.phases.done().iter().map(|(n, ms)| (format!("capture: {n}"), *ms)));
+    phases.extend(
+        captured
+            .phases
+            .done()
+            .iter()
+            .map(|(n, ms)| (format!("capture: {n}"), *ms)),
+    );
     mark(&mut phases, "freeze+capture");
 
     let mut taken: Option<address::Taken> = None;
@@ -177,20 +196,46 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         }
         let incremental = (!captured.parent_pages.is_empty()).then(|| ferry_image::Incremental {
             parent_id: migration_id,
-            parent_pages: captured.parent_pages.iter().map(|(pid, ranges)| ferry_image::ParentPages { pid: *pid, ranges: ranges.clone() }).collect(),
+            parent_pages: captured
+                .parent_pages
+                .iter()
+                .map(|(pid, ranges)| ferry_image::ParentPages {
+                    pid: *pid,
+                    ranges: ranges.clone(),
+                })
+                .collect(),
         });
-        let meta = ferry_image::encode_meta_with(&captured.inventory, &captured.tree, incremental.as_ref())?;
-        let msg = Msg::Image { meta, host_pids: captured.pids() };
+        let meta = ferry_image::encode_meta_with(
+            &captured.inventory,
+            &captured.tree,
+            incremental.as_ref(),
+        )?;
+        let msg = Msg::Image {
+            meta,
+            host_pids: captured.pids(),
+        };
         protocol::send(&mut ch, &msg)?;
         mark(&mut phases, "image sent");
         (o.progress)("restoring at the destination");
         let ready = protocol::expect(&mut ch, &["Ready"])?;
-        let Msg::Ready { phases: mut dest_phases } = ready.msg else { unreachable!("expect checked the kind") };
+        let Msg::Ready {
+            phases: mut dest_phases,
+        } = ready.msg
+        else {
+            unreachable!("expect checked the kind")
+        };
         mark(&mut phases, "destination restore");
         protocol::send(&mut ch, &Msg::Commit)?;
         commit_sent = true;
         let running = protocol::expect(&mut ch, &["Running"])?;
-        let Msg::Running { pid, host_pid, phases: release } = running.msg else { unreachable!("expect checked the kind") };
+        let Msg::Running {
+            pid,
+            host_pid,
+            phases: release,
+        } = running.msg
+        else {
+            unreachable!("expect checked the kind")
+        };
         dest_phases.extend(release);
         mark(&mut phases, "destination release");
         Ok((pid, host_pid, dest_phases))
@@ -210,11 +255,17 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
                     for p in captured.pids() {
                         let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
                     }
-                    (o.progress)(&format!("running at the destination; post-copy of {:.1} MiB", l.bytes() as f64 / 1048576.0));
+                    (o.progress)(&format!(
+                        "running at the destination; post-copy of {:.1} MiB",
+                        l.bytes() as f64 / 1048576.0
+                    ));
                     let pushed = crate::postcopy::push(&mut ch, &l.lazy, o.timeout, &*o.progress);
                     mark(&mut phases, "post-copy");
                     match pushed {
-                        Ok(push) => Some(PostcopyReport { lazy_bytes: l.bytes(), push }),
+                        Ok(push) => Some(PostcopyReport {
+                            lazy_bytes: l.bytes(),
+                            push,
+                        }),
                         Err(e) => {
                             let _ = captured.kill(LockAfterKill::Release);
                             return Err(MigrateError::Aborted(format!(
@@ -277,7 +328,10 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
 /// closed the connection (a corrupted message, a failed restore): that
 /// reason is the error to report, not our broken pipe.
 fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
-    if !matches!(e, MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)) {
+    if !matches!(
+        e,
+        MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)
+    ) {
         return e;
     }
     if ch.set_timeout(Some(Duration::from_secs(1))).is_err() {
@@ -286,7 +340,9 @@ fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
     for _ in 0..8 {
         match protocol::recv(ch) {
             Ok(r) => match r.msg {
-                Msg::Failed { error } => return MigrateError::DestinationFailed(format!("{error} (here: {e})")),
+                Msg::Failed { error } => {
+                    return MigrateError::DestinationFailed(format!("{error} (here: {e})"))
+                }
                 Msg::Refused { reason } => return MigrateError::Refused(reason),
                 _ => continue,
             },
@@ -303,7 +359,9 @@ fn send_layout(ch: &mut Channel, pid: i32) -> Result<()> {
     let maps = ferry_engine::procfs::maps(pid)?;
     let mappings: Vec<(u64, u64)> = maps
         .iter()
-        .filter(|m| m.path.is_empty() && m.perms[3] == b'p' && m.perms[0] == b'r' && m.perms[1] == b'w')
+        .filter(|m| {
+            m.path.is_empty() && m.perms[3] == b'p' && m.perms[0] == b'r' && m.perms[1] == b'w'
+        })
         .map(|m| (m.start, m.end))
         .collect();
     protocol::send(ch, &Msg::Layout { pid, mappings })

@@ -16,7 +16,11 @@ pub struct StreamSink<'a> {
 
 impl<'a> StreamSink<'a> {
     pub fn new(channel: &'a mut Channel) -> StreamSink<'a> {
-        StreamSink { channel: Mutex::new(channel), data_len: 0, sent: AtomicU64::new(0) }
+        StreamSink {
+            channel: Mutex::new(channel),
+            data_len: 0,
+            sent: AtomicU64::new(0),
+        }
     }
 
     /// Page bytes sent through this sink.
@@ -34,11 +38,23 @@ impl PageSink for StreamSink<'_> {
         self.data_len
     }
 
-    fn write_runs_at(&self, pid: i32, data_offset: u64, ranges: &[(u64, usize)], data: &[u8]) -> Result<Vec<PageRun>, ImageError> {
-        let msg = Msg::Pages { pid, ranges: ranges.iter().map(|&(a, n)| (a, n as u64)).collect() };
+    fn write_runs_at(
+        &self,
+        pid: i32,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
+        let msg = Msg::Pages {
+            pid,
+            ranges: ranges.iter().map(|&(a, n)| (a, n as u64)).collect(),
+        };
         let head = protocol::encode_header(&msg).map_err(stream_error)?;
         {
-            let mut ch = self.channel.lock().map_err(|_| stream_error("a sending thread panicked"))?;
+            let mut ch = self
+                .channel
+                .lock()
+                .map_err(|_| stream_error("a sending thread panicked"))?;
             ch.send_parts(&[&head, data]).map_err(stream_error)?;
         }
         self.sent.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -48,7 +64,12 @@ impl PageSink for StreamSink<'_> {
             .map(|&(start, len)| {
                 // The channel authenticates every message; a second
                 // checksum over the same bytes would only cost time.
-                let r = PageRun { start, pages: len as u64 / 4096, offset: data_offset + off, checksum: 0 };
+                let r = PageRun {
+                    start,
+                    pages: len as u64 / 4096,
+                    offset: data_offset + off,
+                    checksum: 0,
+                };
                 off += len as u64;
                 r
             })

@@ -8,8 +8,8 @@
 use crate::{netns, NetlockError, Tuple};
 use aya::maps::Map;
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
-use aya::programs::{SchedClassifier, TcAttachType};
 use aya::programs::tc::TcAttachOptions;
+use aya::programs::{SchedClassifier, TcAttachType};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -67,7 +67,11 @@ pub(crate) fn pin_dir(name: &str) -> PathBuf {
 
 fn ensure_bpffs(lock: &str) -> Result<(), NetlockError> {
     let bpffs = Path::new(BPFFS);
-    let sys = |what: &str, source| NetlockError::Sys { lock: lock.to_string(), what: format!("{what} {BPFFS}"), source };
+    let sys = |what: &str, source| NetlockError::Sys {
+        lock: lock.to_string(),
+        what: format!("{what} {BPFFS}"),
+        source,
+    };
     if !ferry_sys::netns::is_bpffs(bpffs).map_err(|e| sys("checking", e))? {
         ferry_sys::netns::mount_bpffs(bpffs).map_err(|e| sys("mounting bpffs on", e))?;
     }
@@ -132,7 +136,6 @@ impl TupleKey {
     }
 }
 
-
 /// table_hash() of netlock.bpf.c: the key's ten 32-bit words in host order
 /// (BPF runs in the host's byte order), mixed murmur3-style.
 fn table_hash(key: &[u8; KEY_LEN]) -> u32 {
@@ -151,10 +154,19 @@ fn table_hash(key: &[u8; KEY_LEN]) -> u32 {
 /// Loads the program, creates the empty tuple map and the `active` switch
 /// (0: nothing is dropped), attaches to both directions of every interface
 /// and pins everything. On error the caller releases the pins.
-pub(crate) fn prepare(lock: &str, netns_path: Option<&Path>, netns_desc: &str) -> Result<Handles, NetlockError> {
+pub(crate) fn prepare(
+    lock: &str,
+    netns_path: Option<&Path>,
+    netns_desc: &str,
+) -> Result<Handles, NetlockError> {
     ensure_bpffs(lock)?;
     let pins = pin_dir(lock);
-    std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io { lock: lock.to_string(), what: "creating pin directory", path: pins.clone(), source })?;
+    std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io {
+        lock: lock.to_string(),
+        what: "creating pin directory",
+        path: pins.clone(),
+        source,
+    })?;
 
     // The program needs no CO-RE relocation: btf(None) skips it. (aya
     // 0.13's EbpfLoader::new() still reads and parses the kernel's BTF,
@@ -163,21 +175,45 @@ pub(crate) fn prepare(lock: &str, netns_path: Option<&Path>, netns_desc: &str) -
         .btf(None)
         .set_max_entries("frozen", MAX_TUPLES)
         .load(OBJECT)
-        .map_err(|source| NetlockError::BpfLoad { lock: lock.to_string(), source: Box::new(source) })?;
+        .map_err(|source| NetlockError::BpfLoad {
+            lock: lock.to_string(),
+            source: Box::new(source),
+        })?;
 
     // aya closes a taken map's fd when the Map is dropped: keep both until
     // the programs (which reference them) are loaded.
     let mut taken = Vec::with_capacity(2);
     let mut take_and_pin = |map_name: &str, pin_name: &str| -> Result<OwnedFd, NetlockError> {
-        let wrong = |what| NetlockError::BpfMap { lock: lock.to_string(), what, source: Box::new(aya::maps::MapError::InvalidName { name: map_name.into() }) };
-        let map = bpf.take_map(map_name).ok_or_else(|| wrong("missing from the BPF object"))?;
+        let wrong = |what| NetlockError::BpfMap {
+            lock: lock.to_string(),
+            what,
+            source: Box::new(aya::maps::MapError::InvalidName {
+                name: map_name.into(),
+            }),
+        };
+        let map = bpf
+            .take_map(map_name)
+            .ok_or_else(|| wrong("missing from the BPF object"))?;
         let data = match &map {
             Map::HashMap(data) | Map::Array(data) => data,
             _ => return Err(wrong("has the wrong type")),
         };
         let path = pins.join(pin_name);
-        data.pin(&path).map_err(|source| NetlockError::BpfPin { lock: lock.to_string(), path: path.clone(), source: Box::new(source) })?;
-        let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| NetlockError::Io { lock: lock.to_string(), what: "duplicating the fd of pinned map", path, source })?;
+        data.pin(&path).map_err(|source| NetlockError::BpfPin {
+            lock: lock.to_string(),
+            path: path.clone(),
+            source: Box::new(source),
+        })?;
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| NetlockError::Io {
+                lock: lock.to_string(),
+                what: "duplicating the fd of pinned map",
+                path,
+                source,
+            })?;
         taken.push(map);
         Ok(fd)
     };
@@ -185,24 +221,52 @@ pub(crate) fn prepare(lock: &str, netns_path: Option<&Path>, netns_desc: &str) -
     let active = take_and_pin("active", ACTIVE_PIN)?;
     let table = take_and_pin("table", TABLE_PIN)?;
     let table = map_table(lock, &table)?;
-    let handles = Handles { frozen, active, table, homes: scratch(1), order: scratch(1), keys: scratch([1; KEY_LEN]) };
+    let handles = Handles {
+        frozen,
+        active,
+        table,
+        homes: scratch(1),
+        order: scratch(1),
+        keys: scratch([1; KEY_LEN]),
+    };
     // An array map starts zeroed; written anyway so the state never
     // depends on that.
     set_active(lock, &handles, false)?;
 
-    for (program, direction) in [("ferry_ingress", TcAttachType::Ingress), ("ferry_egress", TcAttachType::Egress)] {
-        let prog_error = |what: &str, source| NetlockError::BpfProgram { lock: lock.to_string(), what: format!("{what} {program}"), source: Box::new(source) };
+    for (program, direction) in [
+        ("ferry_ingress", TcAttachType::Ingress),
+        ("ferry_egress", TcAttachType::Egress),
+    ] {
+        let prog_error = |what: &str, source| NetlockError::BpfProgram {
+            lock: lock.to_string(),
+            what: format!("{what} {program}"),
+            source: Box::new(source),
+        };
         let classifier: &mut SchedClassifier = bpf
             .program_mut(program)
-            .ok_or_else(|| prog_error("finding", aya::programs::ProgramError::UnexpectedProgramType))?
+            .ok_or_else(|| {
+                prog_error(
+                    "finding",
+                    aya::programs::ProgramError::UnexpectedProgramType,
+                )
+            })?
             .try_into()
             .map_err(|e| prog_error("finding", e))?;
         classifier.load().map_err(|e| prog_error("loading", e))?;
-        let direction_name = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
+        let direction_name = if direction == TcAttachType::Ingress {
+            "ingress"
+        } else {
+            "egress"
+        };
         // The link is created from a thread inside the target namespace:
         // the kernel resolves the ifindex in the caller's namespace.
         netns::run_in(lock, netns_path, || {
-            let interfaces = ferry_sys::netns::interfaces().map_err(|source| NetlockError::Sys { lock: lock.to_string(), what: format!("listing interfaces of {netns_desc}"), source })?;
+            let interfaces =
+                ferry_sys::netns::interfaces().map_err(|source| NetlockError::Sys {
+                    lock: lock.to_string(),
+                    what: format!("listing interfaces of {netns_desc}"),
+                    source,
+                })?;
             for (index, interface) in interfaces {
                 let attach_error = |source| NetlockError::BpfAttach {
                     lock: lock.to_string(),
@@ -212,11 +276,25 @@ pub(crate) fn prepare(lock: &str, netns_path: Option<&Path>, netns_desc: &str) -
                     source: Box::new(source),
                 };
                 // First in the tcx chain: no other program sees a frozen packet.
-                let link_id = classifier.attach_with_options(&interface, direction, TcAttachOptions::TcxOrder(LinkOrder::first())).map_err(attach_error)?;
+                let link_id = classifier
+                    .attach_with_options(
+                        &interface,
+                        direction,
+                        TcAttachOptions::TcxOrder(LinkOrder::first()),
+                    )
+                    .map_err(attach_error)?;
                 let link = classifier.take_link(link_id).map_err(attach_error)?;
                 let path = pins.join(format!("link-{index}-{direction_name}"));
-                let link = FdLink::try_from(link).map_err(|source| NetlockError::BpfLink { lock: lock.to_string(), path: path.clone(), source: Box::new(source) })?;
-                link.pin(&path).map_err(|source| NetlockError::BpfPin { lock: lock.to_string(), path: path.clone(), source: Box::new(source) })?;
+                let link = FdLink::try_from(link).map_err(|source| NetlockError::BpfLink {
+                    lock: lock.to_string(),
+                    path: path.clone(),
+                    source: Box::new(source),
+                })?;
+                link.pin(&path).map_err(|source| NetlockError::BpfPin {
+                    lock: lock.to_string(),
+                    path: path.clone(),
+                    source: Box::new(source),
+                })?;
             }
             Ok(())
         })?;
@@ -233,15 +311,31 @@ pub(crate) fn open(lock: &str) -> Result<Handles, NetlockError> {
     let pins = pin_dir(lock);
     let get = |pin: &str| {
         let path = pins.join(pin);
-        ferry_sys::bpf::obj_get(&path).map_err(|source| NetlockError::Sys { lock: lock.to_string(), what: format!("opening pinned map {}", path.display()), source })
+        ferry_sys::bpf::obj_get(&path).map_err(|source| NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!("opening pinned map {}", path.display()),
+            source,
+        })
     };
     let table = get(TABLE_PIN)?;
-    Ok(Handles { frozen: get(MAP_PIN)?, active: get(ACTIVE_PIN)?, table: map_table(lock, &table)?, homes: scratch(1), order: scratch(1), keys: scratch([1; KEY_LEN]) })
+    Ok(Handles {
+        frozen: get(MAP_PIN)?,
+        active: get(ACTIVE_PIN)?,
+        table: map_table(lock, &table)?,
+        homes: scratch(1),
+        order: scratch(1),
+        keys: scratch([1; KEY_LEN]),
+    })
 }
 
 fn map_table(lock: &str, fd: &OwnedFd) -> Result<ferry_sys::bpf::MappedArray, NetlockError> {
-    ferry_sys::bpf::MappedArray::map(fd.as_fd(), TABLE_SLOTS as usize * KEY_LEN)
-        .map_err(|source| NetlockError::Sys { lock: lock.to_string(), what: format!("mapping BPF map {}/{TABLE_PIN}", pin_dir(lock).display()), source })
+    ferry_sys::bpf::MappedArray::map(fd.as_fd(), TABLE_SLOTS as usize * KEY_LEN).map_err(|source| {
+        NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!("mapping BPF map {}/{TABLE_PIN}", pin_dir(lock).display()),
+            source,
+        }
+    })
 }
 
 /// Writes every tuple into the table (memory writes, while the switch is
@@ -254,10 +348,26 @@ fn map_table(lock: &str, fd: &OwnedFd) -> Result<ferry_sys::bpf::MappedArray, Ne
 /// first, then inserted in order of home slot (a counting sort on its top
 /// bits), so the writes sweep the table once: 10,000 tuples in ~0.5 ms here
 /// instead of ~2 ms.
-pub(crate) fn fill(lock: &str, handles: &mut Handles, tuples: &[Tuple]) -> Result<usize, NetlockError> {
-    let Handles { table, homes, order, keys, frozen, .. } = handles;
+pub(crate) fn fill(
+    lock: &str,
+    handles: &mut Handles,
+    tuples: &[Tuple],
+) -> Result<usize, NetlockError> {
+    let Handles {
+        table,
+        homes,
+        order,
+        keys,
+        frozen,
+        ..
+    } = handles;
     let table = table.as_mut_slice();
-    let canonical_key = |t: &Tuple| key(&Tuple { local: crate::canonical(t.local), remote: crate::canonical(t.remote) });
+    let canonical_key = |t: &Tuple| {
+        key(&Tuple {
+            local: crate::canonical(t.local),
+            remote: crate::canonical(t.remote),
+        })
+    };
     keys.clear();
     keys.extend(tuples.iter().map(|t| canonical_key(t).to_bytes()));
     homes.clear();
@@ -282,11 +392,15 @@ pub(crate) fn fill(lock: &str, handles: &mut Handles, tuples: &[Tuple]) -> Resul
 
     let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
     for &i in order.iter() {
-        let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else { continue };
+        let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
+            continue;
+        };
         let mut placed = false;
         for probe in 0..TABLE_PROBES {
             let at = (home.wrapping_add(probe) & (TABLE_SLOTS - 1)) as usize * KEY_LEN;
-            let Some(slot) = table.get_mut(at..at + KEY_LEN) else { break };
+            let Some(slot) = table.get_mut(at..at + KEY_LEN) else {
+                break;
+            };
             if slot[0] == 0 {
                 slot.copy_from_slice(bytes);
                 placed = true;
@@ -302,21 +416,40 @@ pub(crate) fn fill(lock: &str, handles: &mut Handles, tuples: &[Tuple]) -> Resul
         }
     }
     if overflow.len() > MAX_TUPLES as usize {
-        return Err(NetlockError::TooManyTuples { lock: lock.to_string(), count: tuples.len(), max: MAX_TUPLES as usize });
+        return Err(NetlockError::TooManyTuples {
+            lock: lock.to_string(),
+            count: tuples.len(),
+            max: MAX_TUPLES as usize,
+        });
     }
     let values = vec![1u8; overflow.len()];
-    ferry_sys::bpf::map_update_batch(frozen.as_fd(), &overflow, &values)
-        .map_err(|source| NetlockError::Sys { lock: lock.to_string(), what: format!("filling BPF map {}/{MAP_PIN} with {} tuples", pin_dir(lock).display(), overflow.len()), source })?;
+    ferry_sys::bpf::map_update_batch(frozen.as_fd(), &overflow, &values).map_err(|source| {
+        NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!(
+                "filling BPF map {}/{MAP_PIN} with {} tuples",
+                pin_dir(lock).display(),
+                overflow.len()
+            ),
+            source,
+        }
+    })?;
     Ok(overflow.len())
 }
 
 /// Turns dropping on or off: one `BPF_MAP_UPDATE_ELEM` of `active[0]`.
 pub(crate) fn set_active(lock: &str, handles: &Handles, on: bool) -> Result<(), NetlockError> {
-    ferry_sys::bpf::map_update_elem(handles.active.as_fd(), &0u32, &u32::from(on)).map_err(|source| NetlockError::Sys {
-        lock: lock.to_string(),
-        what: format!("setting BPF map {}/{ACTIVE_PIN} to {}", pin_dir(lock).display(), u32::from(on)),
-        source,
-    })
+    ferry_sys::bpf::map_update_elem(handles.active.as_fd(), &0u32, &u32::from(on)).map_err(
+        |source| NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!(
+                "setting BPF map {}/{ACTIVE_PIN} to {}",
+                pin_dir(lock).display(),
+                u32::from(on)
+            ),
+            source,
+        },
+    )
 }
 
 /// Removes the pins: links first, each closed through its own fd so the
@@ -334,14 +467,34 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
     let entries = match std::fs::read_dir(&pins) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(NetlockError::Io { lock: lock.to_string(), what: "reading pin directory", path: pins, source }),
+        Err(source) => {
+            return Err(NetlockError::Io {
+                lock: lock.to_string(),
+                what: "reading pin directory",
+                path: pins,
+                source,
+            })
+        }
     };
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     // Links first (they hold the programs), then the maps.
-    paths.sort_by_key(|p| (!p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-")), p.clone()));
+    paths.sort_by_key(|p| {
+        (
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("link-")),
+            p.clone(),
+        )
+    });
     for path in paths {
-        let io = |what, source| NetlockError::Io { lock: lock.to_string(), what, path: path.clone(), source };
-        let is_link = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-"));
+        let io = |what, source| NetlockError::Io {
+            lock: lock.to_string(),
+            what,
+            path: path.clone(),
+            source,
+        };
+        let is_link = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("link-"));
         if is_link {
             if let Ok(pinned) = PinnedLink::from_pin(&path) {
                 // unpin removes the file; dropping the FdLink then closes the
@@ -361,13 +514,21 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
     match std::fs::remove_dir(&pins) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(NetlockError::Io { lock: lock.to_string(), what: "removing pin directory", path: pins, source }),
+        Err(source) => Err(NetlockError::Io {
+            lock: lock.to_string(),
+            what: "removing pin directory",
+            path: pins,
+            source,
+        }),
     }
 }
 
 /// Home slot of a tuple in the table (tests force the overflow path with it).
 pub(crate) fn table_home(tuple: &Tuple) -> u32 {
-    let t = Tuple { local: crate::canonical(tuple.local), remote: crate::canonical(tuple.remote) };
+    let t = Tuple {
+        local: crate::canonical(tuple.local),
+        remote: crate::canonical(tuple.remote),
+    };
     table_hash(&key(&t).to_bytes()) & (TABLE_SLOTS - 1)
 }
 

@@ -102,9 +102,9 @@ mod netns;
 mod nft;
 mod record;
 
+pub use ebpf::MAX_TUPLES;
 pub use error::NetlockError;
 pub use netns::Netns;
-pub use ebpf::MAX_TUPLES;
 pub use record::{LockState, Owner, Phase, LOCKS_DIR};
 
 use record::{NetnsRecord, Record};
@@ -214,7 +214,9 @@ static NEXT_LOCK: AtomicU32 = AtomicU32::new(0);
 /// Names are used in nft table names and iptables chain names (at most 28
 /// characters with the `FERRY_` prefix), hence short and [a-z0-9_].
 fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 22 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    !name.is_empty()
+        && name.len() <= 22
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// An IPv4-mapped IPv6 address is IPv4 on the wire.
@@ -246,8 +248,17 @@ fn validate_tuples(lock: &str, tuples: &[Tuple]) -> Result<usize, NetlockError> 
 fn canonical_tuple(lock: &str, t: &Tuple) -> Result<Tuple, NetlockError> {
     {
         {
-            let c = Tuple { local: canonical(t.local), remote: canonical(t.remote) };
-            let invalid = |why| Err(NetlockError::InvalidTuple { lock: lock.to_string(), tuple: t.to_string(), why });
+            let c = Tuple {
+                local: canonical(t.local),
+                remote: canonical(t.remote),
+            };
+            let invalid = |why| {
+                Err(NetlockError::InvalidTuple {
+                    lock: lock.to_string(),
+                    tuple: t.to_string(),
+                    why,
+                })
+            };
             if c.local.is_ipv4() != c.remote.is_ipv4() {
                 return invalid("local and remote address families differ");
             }
@@ -270,7 +281,11 @@ impl NetworkLock {
     /// record (and a way back into the namespace); their objects are made by
     /// [`NetworkLock::engage`]. `purpose` (e.g. "ckpt") starts the generated
     /// name, for humans.
-    pub fn prepare(method: Method, netns: &Netns, purpose: &str) -> Result<NetworkLock, NetlockError> {
+    pub fn prepare(
+        method: Method,
+        netns: &Netns,
+        purpose: &str,
+    ) -> Result<NetworkLock, NetlockError> {
         let (name, dir) = new_lock_dir(purpose)?;
         let ns_path = netns.path();
         // Without an owner identity the record would look stale at once and
@@ -294,7 +309,12 @@ impl NetworkLock {
             tuples: 0,
             tuples_v6: 0,
             created_unix_ms: record::now_unix_ms(),
-            netns: NetnsRecord { requested: netns.describe(), inode: 0, enter_path: None, bind_mounted: false },
+            netns: NetnsRecord {
+                requested: netns.describe(),
+                inode: 0,
+                enter_path: None,
+                bind_mounted: false,
+            },
             waits_for: None,
         };
         // From here on every failure goes through release_record, which
@@ -317,9 +337,23 @@ impl NetworkLock {
             record::write_phase(&name, &phase_file, Phase::Prepared)?;
             if record.netns.bind_mounted {
                 if let Some(target) = &record.netns.enter_path {
-                    std::fs::File::create(target).map_err(|source| NetlockError::Io { lock: name.clone(), what: "creating", path: target.clone(), source })?;
-                    ferry_sys::netns::bind_mount(&ns_path, target)
-                        .map_err(|source| NetlockError::Sys { lock: name.clone(), what: format!("bind-mounting {} on {}", ns_path.display(), target.display()), source })?;
+                    std::fs::File::create(target).map_err(|source| NetlockError::Io {
+                        lock: name.clone(),
+                        what: "creating",
+                        path: target.clone(),
+                        source,
+                    })?;
+                    ferry_sys::netns::bind_mount(&ns_path, target).map_err(|source| {
+                        NetlockError::Sys {
+                            lock: name.clone(),
+                            what: format!(
+                                "bind-mounting {} on {}",
+                                ns_path.display(),
+                                target.display()
+                            ),
+                            source,
+                        }
+                    })?;
                 }
             }
             match method {
@@ -328,7 +362,10 @@ impl NetworkLock {
                         Netns::Current => None,
                         Netns::Path(p) => Some(p.as_path()),
                     };
-                    Ok((Some(ebpf::prepare(&name, enter, &record.netns.requested)?), phase_file))
+                    Ok((
+                        Some(ebpf::prepare(&name, enter, &record.netns.requested)?),
+                        phase_file,
+                    ))
                 }
                 Method::Nftables | Method::Iptables => Ok((None, phase_file)),
             }
@@ -336,7 +373,12 @@ impl NetworkLock {
         match result {
             Ok((ebpf, phase_file)) => {
                 tracing::debug!(lock = %name, %method, "network lock prepared");
-                Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
+                Ok(NetworkLock {
+                    record: Some(record),
+                    name,
+                    ebpf,
+                    phase_file: Some(phase_file),
+                })
             }
             Err(e) => {
                 if let Err(cleanup) = release_record(&record) {
@@ -356,19 +398,29 @@ impl NetworkLock {
     pub fn engage(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            return Err(NetlockError::AlreadyReleased {
+                lock: name.to_string(),
+            });
         };
         if record.phase != Phase::Prepared {
-            return Err(NetlockError::WrongPhase { lock: name.to_string(), action: "engage", phase: record.phase });
+            return Err(NetlockError::WrongPhase {
+                lock: name.to_string(),
+                action: "engage",
+                phase: record.phase,
+            });
         }
         let Some(phase_file) = &self.phase_file else {
-            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            return Err(NetlockError::AlreadyReleased {
+                lock: name.to_string(),
+            });
         };
         match record.method {
             Method::Ebpf => {
                 let tuples_v6 = validate_tuples(name, tuples)?;
                 let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                    return Err(NetlockError::AlreadyReleased {
+                        lock: name.to_string(),
+                    });
                 };
                 let overflow = ebpf::fill(name, handles, tuples)?;
                 if overflow > 0 {
@@ -396,13 +448,21 @@ impl NetworkLock {
                 record::write(record)?;
                 record::write_phase(name, phase_file, Phase::Engaged)?;
                 let enter = enter.as_deref();
-                let made = if record.method == Method::Nftables { nft::engage(name, enter, &tuples) } else { iptables::engage(name, enter, &tuples) };
+                let made = if record.method == Method::Nftables {
+                    nft::engage(name, enter, &tuples)
+                } else {
+                    iptables::engage(name, enter, &tuples)
+                };
                 if let Err(e) = made {
                     // Back to prepared: remove whatever part was made.
-                    let undone = remove_objects(record).and_then(|()| record::write(&previous)).and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
+                    let undone = remove_objects(record)
+                        .and_then(|()| record::write(&previous))
+                        .and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
                     match undone {
                         Ok(()) => *record = previous,
-                        Err(cleanup) => tracing::error!(lock = %name, "undoing a failed engage: {cleanup}"),
+                        Err(cleanup) => {
+                            tracing::error!(lock = %name, "undoing a failed engage: {cleanup}")
+                        }
                     }
                     return Err(e);
                 }
@@ -423,10 +483,16 @@ impl NetworkLock {
     pub fn extend(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            return Err(NetlockError::AlreadyReleased {
+                lock: name.to_string(),
+            });
         };
         if record.phase != Phase::Engaged {
-            return Err(NetlockError::WrongPhase { lock: name.to_string(), action: "extend", phase: record.phase });
+            return Err(NetlockError::WrongPhase {
+                lock: name.to_string(),
+                action: "extend",
+                phase: record.phase,
+            });
         }
         if tuples.is_empty() {
             return Ok(());
@@ -435,7 +501,9 @@ impl NetworkLock {
         match record.method {
             Method::Ebpf => {
                 let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                    return Err(NetlockError::AlreadyReleased {
+                        lock: name.to_string(),
+                    });
                 };
                 ebpf::fill(name, handles, tuples)?;
                 record.tuples += tuples.len();
@@ -470,12 +538,16 @@ impl NetworkLock {
     pub fn disengage(&mut self) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            return Err(NetlockError::AlreadyReleased {
+                lock: name.to_string(),
+            });
         };
         match record.method {
             Method::Ebpf => {
                 let Some(handles) = &self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                    return Err(NetlockError::AlreadyReleased {
+                        lock: name.to_string(),
+                    });
                 };
                 ebpf::set_active(name, handles, false)?;
             }
@@ -488,7 +560,9 @@ impl NetworkLock {
         }
         if record.phase == Phase::Engaged {
             let Some(phase_file) = &self.phase_file else {
-                return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+                return Err(NetlockError::AlreadyReleased {
+                    lock: name.to_string(),
+                });
             };
             record::write_phase(name, phase_file, Phase::Disengaged)?;
             record.phase = Phase::Disengaged;
@@ -499,7 +573,12 @@ impl NetworkLock {
 
     /// `prepare` then `engage`: the whole cost inside the caller's window.
     /// On error nothing is left behind.
-    pub fn freeze(method: Method, netns: &Netns, tuples: &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError> {
+    pub fn freeze(
+        method: Method,
+        netns: &Netns,
+        tuples: &[Tuple],
+        purpose: &str,
+    ) -> Result<NetworkLock, NetlockError> {
         let mut lock = NetworkLock::prepare(method, netns, purpose)?;
         // Dropping `lock` on error releases it.
         lock.engage(tuples)?;
@@ -523,7 +602,9 @@ impl NetworkLock {
         self.phase_file = None;
         match self.record.take() {
             Some(record) => release_record(&record),
-            None => Err(NetlockError::AlreadyReleased { lock: self.name.clone() }),
+            None => Err(NetlockError::AlreadyReleased {
+                lock: self.name.clone(),
+            }),
         }
     }
 
@@ -563,7 +644,10 @@ impl NetworkLock {
         };
         if let (LockState::Owned, Some(owner)) = (record.state, record.owner) {
             if owner.is_alive() && owner.pid != std::process::id() as i32 {
-                return Err(NetlockError::Busy { lock: name.to_string(), pid: owner.pid });
+                return Err(NetlockError::Busy {
+                    lock: name.to_string(),
+                    pid: owner.pid,
+                });
             }
         }
         // The maps are opened now so that disengage is one syscall.
@@ -576,7 +660,12 @@ impl NetworkLock {
         record.owner = Owner::current();
         record::write(&record)?;
         record::write_phase(name, &phase_file, record.phase)?;
-        Ok(NetworkLock { record: Some(record), name: name.to_string(), ebpf, phase_file: Some(phase_file) })
+        Ok(NetworkLock {
+            record: Some(record),
+            name: name.to_string(),
+            ebpf,
+            phase_file: Some(phase_file),
+        })
     }
 }
 
@@ -594,8 +683,17 @@ impl Drop for NetworkLock {
 
 /// Creates a fresh record directory named `<purpose>_<pid>_<n>`.
 fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockError> {
-    let prefix: String = purpose.chars().filter(|c| c.is_ascii_alphanumeric()).take(6).collect::<String>().to_ascii_lowercase();
-    let prefix = if prefix.is_empty() { "lock".to_string() } else { prefix };
+    let prefix: String = purpose
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(6)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let prefix = if prefix.is_empty() {
+        "lock".to_string()
+    } else {
+        prefix
+    };
     let pid = std::process::id();
     // Bounded: a name is taken only if a record with it exists already.
     for _ in 0..1000 {
@@ -604,10 +702,22 @@ fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockEr
         match record::create_dir(&name) {
             Ok(dir) => return Ok((name, dir)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(source) => return Err(NetlockError::Io { lock: name.clone(), what: "creating record directory", path: record::lock_dir(&name), source }),
+            Err(source) => {
+                return Err(NetlockError::Io {
+                    lock: name.clone(),
+                    what: "creating record directory",
+                    path: record::lock_dir(&name),
+                    source,
+                })
+            }
         }
     }
-    Err(NetlockError::Io { lock: prefix, what: "finding a free name under", path: LOCKS_DIR.into(), source: std::io::ErrorKind::AlreadyExists.into() })
+    Err(NetlockError::Io {
+        lock: prefix,
+        what: "finding a free name under",
+        path: LOCKS_DIR.into(),
+        source: std::io::ErrorKind::AlreadyExists.into(),
+    })
 }
 
 /// Removes everything of a lock: its kernel objects, the namespace bind
@@ -619,7 +729,9 @@ fn release_record(record: &Record) -> Result<(), NetlockError> {
         Method::Ebpf => ebpf::release(&record.name)?,
         // Prepared: nothing was made (the record says engaged before
         // anything is); disengaged: already removed.
-        Method::Nftables | Method::Iptables if record.phase == Phase::Engaged => remove_objects(record)?,
+        Method::Nftables | Method::Iptables if record.phase == Phase::Engaged => {
+            remove_objects(record)?
+        }
         Method::Nftables | Method::Iptables => {}
     }
     remove_record_dir(&record.name, record.netns.bind_mounted)
@@ -649,13 +761,24 @@ fn remove_record_dir(name: &str, bind_mounted: bool) -> Result<(), NetlockError>
         match ferry_sys::netns::unmount(&netns_file) {
             Ok(()) => {}
             Err(e) if e.errno == libc::EINVAL || e.errno == libc::ENOENT => {}
-            Err(source) => return Err(NetlockError::Sys { lock: name.to_string(), what: format!("unmounting {}", netns_file.display()), source }),
+            Err(source) => {
+                return Err(NetlockError::Sys {
+                    lock: name.to_string(),
+                    what: format!("unmounting {}", netns_file.display()),
+                    source,
+                })
+            }
         }
     }
     match std::fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(NetlockError::Io { lock: name.to_string(), what: "removing record directory", path: dir, source }),
+        Err(source) => Err(NetlockError::Io {
+            lock: name.to_string(),
+            what: "removing record directory",
+            path: dir,
+            source,
+        }),
     }
 }
 
@@ -722,7 +845,9 @@ pub fn release_stale() -> Vec<String> {
         let result = match record::read(&name) {
             Ok(Some(record)) if record.is_stale() => release_record(&record),
             Ok(Some(_)) => continue,
-            Ok(None) if record::dir_age_ms(&name).unwrap_or(0) > RECORDLESS_GRACE_MS => release_recordless(&name),
+            Ok(None) if record::dir_age_ms(&name).unwrap_or(0) > RECORDLESS_GRACE_MS => {
+                release_recordless(&name)
+            }
             Ok(None) => continue,
             Err(e) => Err(e),
         };
@@ -755,4 +880,3 @@ pub fn ebpf_table_home(tuple: &Tuple) -> (u32, u32) {
 pub fn kernel_object_names(name: &str) -> (String, String) {
     (nft::table(name), iptables::chain(name))
 }
-

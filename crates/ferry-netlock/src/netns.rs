@@ -35,23 +35,41 @@ impl Netns {
 
 /// Inode of a namespace file (identifies the namespace).
 pub(crate) fn inode(lock: &str, path: &Path) -> Result<u64, NetlockError> {
-    std::fs::metadata(path).map(|m| m.ino()).map_err(|source| NetlockError::Io { lock: lock.to_string(), what: "reading network namespace", path: path.to_path_buf(), source })
+    std::fs::metadata(path)
+        .map(|m| m.ino())
+        .map_err(|source| NetlockError::Io {
+            lock: lock.to_string(),
+            what: "reading network namespace",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Runs `work` on a short-lived thread that has entered the namespace at
 /// `path` (or on the calling thread when `path` is None: the current
 /// namespace). setns moves only that thread, so the caller is unaffected.
-pub(crate) fn run_in<T: Send>(lock: &str, path: Option<&Path>, work: impl FnOnce() -> Result<T, NetlockError> + Send) -> Result<T, NetlockError> {
+pub(crate) fn run_in<T: Send>(
+    lock: &str,
+    path: Option<&Path>,
+    work: impl FnOnce() -> Result<T, NetlockError> + Send,
+) -> Result<T, NetlockError> {
     let Some(path) = path else {
         return work();
     };
-    let ns = std::fs::File::open(path).map_err(|source| NetlockError::Io { lock: lock.to_string(), what: "opening network namespace", path: path.to_path_buf(), source })?;
+    let ns = std::fs::File::open(path).map_err(|source| NetlockError::Io {
+        lock: lock.to_string(),
+        what: "opening network namespace",
+        path: path.to_path_buf(),
+        source,
+    })?;
     std::thread::scope(|scope| {
         let thread = scope.spawn(move || {
-            ferry_sys::netns::enter_net_namespace(ns.as_fd()).map_err(|source| NetlockError::Netns {
-                lock: lock.to_string(),
-                netns: path.display().to_string(),
-                source,
+            ferry_sys::netns::enter_net_namespace(ns.as_fd()).map_err(|source| {
+                NetlockError::Netns {
+                    lock: lock.to_string(),
+                    netns: path.display().to_string(),
+                    source,
+                }
             })?;
             work()
         });
@@ -64,12 +82,28 @@ pub(crate) fn run_in<T: Send>(lock: &str, path: Option<&Path>, work: impl FnOnce
 
 /// Runs `program args` in the namespace at `path` with `input` on its
 /// stdin; an error carries the command line and its stderr.
-pub(crate) fn run_command(lock: &str, path: Option<&Path>, program: &str, args: &[&str], input: &str) -> Result<(), NetlockError> {
+pub(crate) fn run_command(
+    lock: &str,
+    path: Option<&Path>,
+    program: &str,
+    args: &[&str],
+    input: &str,
+) -> Result<(), NetlockError> {
     let command = format!("{program} {}", args.join(" "));
     run_in(lock, path, || {
-        let spawn_error = |source| NetlockError::Spawn { lock: lock.to_string(), command: command.clone(), source };
+        let spawn_error = |source| NetlockError::Spawn {
+            lock: lock.to_string(),
+            command: command.clone(),
+            source,
+        };
         // The child is forked from this thread, so it starts in its namespace.
-        let mut child = Command::new(program).args(args).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(spawn_error)?;
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
         if let Some(mut stdin) = child.stdin.take() {
             // A write error means the child exited early; its status and
             // stderr below say why.

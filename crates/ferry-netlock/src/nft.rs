@@ -24,7 +24,13 @@ pub(crate) fn engage_script(lock: &str, tuples: &[Tuple]) -> String {
         let element = if wildcard {
             format!("{} . {}", t.local.ip(), t.local.port())
         } else {
-            format!("{} . {} . {} . {}", t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port())
+            format!(
+                "{} . {} . {} . {}",
+                t.local.ip(),
+                t.local.port(),
+                t.remote.ip(),
+                t.remote.port()
+            )
         };
         match (t.local.is_ipv4(), wildcard) {
             (true, false) => v4.push(element),
@@ -33,7 +39,13 @@ pub(crate) fn engage_script(lock: &str, tuples: &[Tuple]) -> String {
             (false, true) => l6.push(element),
         }
     }
-    let elements = |list: &[String]| if list.is_empty() { String::new() } else { format!("\t\telements = {{ {} }}\n", list.join(", ")) };
+    let elements = |list: &[String]| {
+        if list.is_empty() {
+            String::new()
+        } else {
+            format!("\t\telements = {{ {} }}\n", list.join(", "))
+        }
+    };
     let mut s = String::new();
     let _ = write!(
         s,
@@ -59,18 +71,36 @@ pub(crate) fn engage_script(lock: &str, tuples: &[Tuple]) -> String {
     s
 }
 
-pub(crate) fn engage(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
+pub(crate) fn engage(
+    lock: &str,
+    netns_path: Option<&Path>,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
     // `add table` first: the transaction fails instead of merging into a
     // table of the same name that somehow exists already.
-    let script = format!("add table inet {}\n{}", table(lock), engage_script(lock, tuples));
+    let script = format!(
+        "add table inet {}\n{}",
+        table(lock),
+        engage_script(lock, tuples)
+    );
     netns::run_command(lock, netns_path, "nft", &["-f", "-"], &script)
 }
 
 pub(crate) fn release(lock: &str, netns_path: Option<&Path>) -> Result<(), NetlockError> {
     // `destroy` (nft 1.0.7+) would ignore a missing table; bookworm has 1.0.6,
     // so a missing table is recognised from the error instead.
-    match netns::run_command(lock, netns_path, "nft", &["-f", "-"], &format!("delete table inet {}\n", table(lock))) {
-        Err(NetlockError::Command { stderr, .. }) if stderr.contains("No such file or directory") => Ok(()),
+    match netns::run_command(
+        lock,
+        netns_path,
+        "nft",
+        &["-f", "-"],
+        &format!("delete table inet {}\n", table(lock)),
+    ) {
+        Err(NetlockError::Command { stderr, .. })
+            if stderr.contains("No such file or directory") =>
+        {
+            Ok(())
+        }
         other => other,
     }
 }
@@ -78,13 +108,24 @@ pub(crate) fn release(lock: &str, netns_path: Option<&Path>) -> Result<(), Netlo
 /// `add element` statements that put `tuples` into the sets of an existing
 /// table, in one transaction.
 pub(crate) fn extend_script(lock: &str, tuples: &[Tuple]) -> String {
-    let mut sets: [(&str, Vec<String>); 4] = [("frozen_v4", vec![]), ("frozen_v6", vec![]), ("listen_v4", vec![]), ("listen_v6", vec![])];
+    let mut sets: [(&str, Vec<String>); 4] = [
+        ("frozen_v4", vec![]),
+        ("frozen_v6", vec![]),
+        ("listen_v4", vec![]),
+        ("listen_v6", vec![]),
+    ];
     for t in tuples {
         let wildcard = t.is_wildcard();
         let element = if wildcard {
             format!("{} . {}", t.local.ip(), t.local.port())
         } else {
-            format!("{} . {} . {} . {}", t.local.ip(), t.local.port(), t.remote.ip(), t.remote.port())
+            format!(
+                "{} . {} . {} . {}",
+                t.local.ip(),
+                t.local.port(),
+                t.remote.ip(),
+                t.remote.port()
+            )
         };
         let i = usize::from(!t.local.is_ipv4()) + 2 * usize::from(wildcard);
         sets[i].1.push(element);
@@ -92,12 +133,27 @@ pub(crate) fn extend_script(lock: &str, tuples: &[Tuple]) -> String {
     let mut s = String::new();
     for (set, elements) in &sets {
         if !elements.is_empty() {
-            let _ = writeln!(s, "add element inet {} {set} {{ {} }}", table(lock), elements.join(", "));
+            let _ = writeln!(
+                s,
+                "add element inet {} {set} {{ {} }}",
+                table(lock),
+                elements.join(", ")
+            );
         }
     }
     s
 }
 
-pub(crate) fn extend(lock: &str, netns_path: Option<&Path>, tuples: &[Tuple]) -> Result<(), NetlockError> {
-    netns::run_command(lock, netns_path, "nft", &["-f", "-"], &extend_script(lock, tuples))
+pub(crate) fn extend(
+    lock: &str,
+    netns_path: Option<&Path>,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
+    netns::run_command(
+        lock,
+        netns_path,
+        "nft",
+        &["-f", "-"],
+        &extend_script(lock, tuples),
+    )
 }

@@ -80,13 +80,31 @@ impl Phase {
 /// Opens (creating, 0600) the phase file of lock `name` for `write_phase`.
 pub fn open_phase(name: &str) -> Result<std::fs::File, NetlockError> {
     let path = lock_dir(name).join(PHASE_FILE);
-    std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path).map_err(|source| NetlockError::Io { lock: name.to_string(), what: "opening", path, source })
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|source| NetlockError::Io {
+            lock: name.to_string(),
+            what: "opening",
+            path,
+            source,
+        })
 }
 
 /// Overwrites the phase file in place: one pwrite(2).
 pub fn write_phase(name: &str, file: &std::fs::File, phase: Phase) -> Result<(), NetlockError> {
     use std::os::unix::fs::FileExt;
-    file.write_all_at(phase.word(), 0).map_err(|source| NetlockError::Io { lock: name.to_string(), what: "writing", path: lock_dir(name).join(PHASE_FILE), source })
+    file.write_all_at(phase.word(), 0)
+        .map_err(|source| NetlockError::Io {
+            lock: name.to_string(),
+            what: "writing",
+            path: lock_dir(name).join(PHASE_FILE),
+            source,
+        })
 }
 
 impl std::fmt::Display for Phase {
@@ -110,7 +128,10 @@ pub struct Owner {
 impl Owner {
     pub fn current() -> Option<Owner> {
         let pid = std::process::id() as i32;
-        Some(Owner { pid, start_time: process_start_time(pid)? })
+        Some(Owner {
+            pid,
+            start_time: process_start_time(pid)?,
+        })
     }
 
     /// True while the very process that took the lock is running.
@@ -186,12 +207,17 @@ pub fn lock_dir(name: &str) -> PathBuf {
 }
 
 pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Creates the lock's record directory (0700), failing if it exists.
 pub fn create_dir(name: &str) -> Result<PathBuf, std::io::Error> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(LOCKS_DIR)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(LOCKS_DIR)?;
     let dir = lock_dir(name);
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
@@ -204,10 +230,25 @@ pub fn write(record: &Record) -> Result<(), NetlockError> {
     let path = dir.join(RECORD_FILE);
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
-        move |source| NetlockError::Io { lock: record.name.clone(), what, path, source }
+        move |source| NetlockError::Io {
+            lock: record.name.clone(),
+            what,
+            path,
+            source,
+        }
     };
-    let json = serde_json::to_vec_pretty(record).map_err(|source| NetlockError::Record { lock: record.name.clone(), path: path.clone(), source })?;
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io("creating", &tmp))?;
+    let json = serde_json::to_vec_pretty(record).map_err(|source| NetlockError::Record {
+        lock: record.name.clone(),
+        path: path.clone(),
+        source,
+    })?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io("creating", &tmp))?;
     file.write_all(&json).map_err(io("writing", &tmp))?;
     std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))?;
     Ok(())
@@ -220,8 +261,17 @@ pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
     let path = dir.join(RECORD_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
-            let mut record: Record = serde_json::from_slice(&bytes).map_err(|source| NetlockError::Record { lock: name.to_string(), path, source })?;
-            if let Some(phase) = std::fs::read_to_string(dir.join(PHASE_FILE)).ok().as_deref().and_then(Phase::from_word) {
+            let mut record: Record =
+                serde_json::from_slice(&bytes).map_err(|source| NetlockError::Record {
+                    lock: name.to_string(),
+                    path,
+                    source,
+                })?;
+            if let Some(phase) = std::fs::read_to_string(dir.join(PHASE_FILE))
+                .ok()
+                .as_deref()
+                .and_then(Phase::from_word)
+            {
                 record.phase = phase;
             }
             Ok(Some(record))
@@ -233,7 +283,12 @@ pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
                 Err(NetlockError::NotFound(name.to_string()))
             }
         }
-        Err(source) => Err(NetlockError::Io { lock: name.to_string(), what: "reading", path, source }),
+        Err(source) => Err(NetlockError::Io {
+            lock: name.to_string(),
+            what: "reading",
+            path,
+            source,
+        }),
     }
 }
 
@@ -243,8 +298,11 @@ pub fn list_names() -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(LOCKS_DIR) else {
         return Vec::new();
     };
-    let mut names: Vec<String> =
-        entries.filter_map(|e| e.ok()).filter(|e| e.path().is_dir()).filter_map(|e| e.file_name().into_string().ok()).collect();
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
     names.sort();
     names
 }

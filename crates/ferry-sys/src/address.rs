@@ -48,10 +48,21 @@ fn check_prefix(addr: IpAddr, prefix: u8, call: &'static str) -> SysResult<()> {
     Ok(())
 }
 
-fn address_msg(msg_type: u16, flags: u16, ifindex: u32, addr: IpAddr, prefix: u8, ifa_flags: u32) -> Msg {
+fn address_msg(
+    msg_type: u16,
+    flags: u16,
+    ifindex: u32,
+    addr: IpAddr,
+    prefix: u8,
+    ifa_flags: u32,
+) -> Msg {
     let (family, bytes) = family_and_bytes(addr);
     // The header's flags byte holds the low 8 bits; IFA_FLAGS the full set.
-    let mut msg = Msg::new(msg_type, flags, &ifaddrmsg(family, prefix, ifa_flags as u8, ifindex));
+    let mut msg = Msg::new(
+        msg_type,
+        flags,
+        &ifaddrmsg(family, prefix, ifa_flags as u8, ifindex),
+    );
     // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
     // a point-to-point link and the same address otherwise. Giving both
     // the same value is what `ip addr add` does on a broadcast link.
@@ -72,7 +83,10 @@ pub fn add_address(ifindex: u32, addr: IpAddr, prefix: u8) -> SysResult<()> {
     check_prefix(addr, prefix, CALL)?;
     let ifa_flags = if addr.is_ipv6() { IFA_F_NODAD } else { 0 };
     let flags = rtnl::NLM_F_REQUEST | rtnl::NLM_F_ACK | rtnl::NLM_F_CREATE | rtnl::NLM_F_EXCL;
-    rtnl::request(address_msg(rtnl::RTM_NEWADDR, flags, ifindex, addr, prefix, ifa_flags), CALL)
+    rtnl::request(
+        address_msg(rtnl::RTM_NEWADDR, flags, ifindex, addr, prefix, ifa_flags),
+        CALL,
+    )
 }
 
 /// Removes `addr/prefix` from interface `ifindex`. Fails with
@@ -80,7 +94,17 @@ pub fn add_address(ifindex: u32, addr: IpAddr, prefix: u8) -> SysResult<()> {
 pub fn del_address(ifindex: u32, addr: IpAddr, prefix: u8) -> SysResult<()> {
     const CALL: &str = "rtnetlink RTM_DELADDR";
     check_prefix(addr, prefix, CALL)?;
-    rtnl::request(address_msg(rtnl::RTM_DELADDR, rtnl::NLM_F_REQUEST | rtnl::NLM_F_ACK, ifindex, addr, prefix, 0), CALL)
+    rtnl::request(
+        address_msg(
+            rtnl::RTM_DELADDR,
+            rtnl::NLM_F_REQUEST | rtnl::NLM_F_ACK,
+            ifindex,
+            addr,
+            prefix,
+            0,
+        ),
+        CALL,
+    )
 }
 
 /// The interface (index) and prefix length `addr` is configured with in
@@ -90,7 +114,13 @@ pub fn find_address(addr: IpAddr) -> SysResult<Option<(u32, u8)>> {
     let (family, want) = family_and_bytes(addr);
     let mut found = None;
     rtnl::dump(
-        || Msg::new(rtnl::RTM_GETADDR, rtnl::NLM_F_REQUEST | rtnl::NLM_F_DUMP, &ifaddrmsg(family, 0, 0, 0)),
+        || {
+            Msg::new(
+                rtnl::RTM_GETADDR,
+                rtnl::NLM_F_REQUEST | rtnl::NLM_F_DUMP,
+                &ifaddrmsg(family, 0, 0, 0),
+            )
+        },
         rtnl::RTM_NEWADDR,
         CALL,
         |payload| {
@@ -100,7 +130,10 @@ pub fn find_address(addr: IpAddr) -> SysResult<Option<(u32, u8)>> {
             let attrs = rtnl::attrs(payload, IFADDRMSG_LEN);
             // IFA_LOCAL, when present, is the host's own address (IFA_ADDRESS
             // may then be a point-to-point peer); IPv6 usually has only IFA_ADDRESS.
-            let local = attrs.iter().find(|(t, _)| *t == IFA_LOCAL).or_else(|| attrs.iter().find(|(t, _)| *t == IFA_ADDRESS));
+            let local = attrs
+                .iter()
+                .find(|(t, _)| *t == IFA_LOCAL)
+                .or_else(|| attrs.iter().find(|(t, _)| *t == IFA_ADDRESS));
             if let Some((_, v)) = local {
                 if *v == want.as_slice() {
                     found = Some((rtnl::u32_at(payload, 4), payload[1]));
@@ -146,7 +179,10 @@ pub fn interface_hwaddr(ifindex: u32) -> SysResult<(u16, Vec<u8>)> {
                 return;
             }
             let link_type = rtnl::u16_at(payload, 2);
-            let mac = rtnl::attrs(payload, IFINFOMSG_LEN).into_iter().find(|(t, _)| *t == IFLA_ADDRESS).map(|(_, v)| v.to_vec());
+            let mac = rtnl::attrs(payload, IFINFOMSG_LEN)
+                .into_iter()
+                .find(|(t, _)| *t == IFLA_ADDRESS)
+                .map(|(_, v)| v.to_vec());
             found = Some((link_type, mac.unwrap_or_default()));
         },
     )?;

@@ -111,9 +111,23 @@ pub fn gratuitous_arp_keep_socket(ifindex: u32, addr: Ipv4Addr) -> SysResult<Own
     Ok(sock)
 }
 
-fn set_int_opt(sock: &OwnedFd, level: i32, name: i32, value: i32, call: &'static str) -> SysResult<()> {
+fn set_int_opt(
+    sock: &OwnedFd,
+    level: i32,
+    name: i32,
+    value: i32,
+    call: &'static str,
+) -> SysResult<()> {
     // SAFETY: value is a live int and its size is passed with it.
-    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), level, name, (&value as *const i32).cast(), std::mem::size_of::<i32>() as libc::socklen_t) };
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
     if r < 0 {
         return Err(last_error(call));
     }
@@ -137,16 +151,40 @@ fn sockaddr_in6(addr: Ipv6Addr, scope: u32) -> libc::sockaddr_in6 {
 pub fn unsolicited_na(ifindex: u32, addr: Ipv6Addr) -> SysResult<()> {
     const CALL: &str = "sendto(ICMPv6 neighbour advertisement)";
     let mac = ethernet_mac(ifindex, CALL)?;
-    let sock = new_socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6, "socket(AF_INET6, IPPROTO_ICMPV6)")?;
+    let sock = new_socket(
+        libc::AF_INET6,
+        libc::SOCK_RAW,
+        libc::IPPROTO_ICMPV6,
+        "socket(AF_INET6, IPPROTO_ICMPV6)",
+    )?;
     let index = i32::try_from(ifindex).map_err(|_| SysError::new(CALL, libc::ENODEV))?;
-    set_int_opt(&sock, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 255, "setsockopt(IPV6_MULTICAST_HOPS)")?;
-    set_int_opt(&sock, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF, index, "setsockopt(IPV6_MULTICAST_IF)")?;
+    set_int_opt(
+        &sock,
+        libc::IPPROTO_IPV6,
+        libc::IPV6_MULTICAST_HOPS,
+        255,
+        "setsockopt(IPV6_MULTICAST_HOPS)",
+    )?;
+    set_int_opt(
+        &sock,
+        libc::IPPROTO_IPV6,
+        libc::IPV6_MULTICAST_IF,
+        index,
+        "setsockopt(IPV6_MULTICAST_IF)",
+    )?;
     // The advertisement's source is the announced address: an address of
     // the sending interface, valid as an NA source (RFC 4861 7.1.2), and
     // usable before the interface's link-local address has finished DAD.
     let src = sockaddr_in6(addr, 0);
     // SAFETY: src is a live sockaddr_in6 and its size is passed with it.
-    if unsafe { libc::bind(sock.as_raw_fd(), (&src as *const libc::sockaddr_in6).cast(), std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t) } < 0 {
+    if unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&src as *const libc::sockaddr_in6).cast(),
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    } < 0
+    {
         return Err(last_error("bind(ICMPv6 socket to the announced address)"));
     }
     let mut na = Vec::with_capacity(32);

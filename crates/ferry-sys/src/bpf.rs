@@ -47,9 +47,16 @@ unsafe impl<T: MapPod, const N: usize> MapPod for [T; N] {}
 /// exactly the map's key and value sizes. Returns how many elements the
 /// kernel inserted; on failure the error names the call, and elements before
 /// the failing one may already be in the map.
-pub fn map_update_batch<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> SysResult<u32> {
+pub fn map_update_batch<K: MapPod, V: MapPod>(
+    map: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> SysResult<u32> {
     if keys.len() != values.len() || u32::try_from(keys.len()).is_err() {
-        return Err(crate::SysError::new("BPF_MAP_UPDATE_BATCH (keys and values differ in number)", libc::EINVAL));
+        return Err(crate::SysError::new(
+            "BPF_MAP_UPDATE_BATCH (keys and values differ in number)",
+            libc::EINVAL,
+        ));
     }
     if keys.is_empty() {
         return Ok(0);
@@ -67,7 +74,12 @@ pub fn map_update_batch<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, keys: &[K], v
     // kernel only reads them (MapPod guarantees no padding), and writes back
     // nothing but attr.count, which lives on our stack.
     let ret = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>())
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
     };
     if ret < 0 {
         return Err(last_error("bpf(BPF_MAP_UPDATE_BATCH)"));
@@ -104,7 +116,11 @@ struct ObjAttr {
 /// Sets `key -> value` in the map behind `map` with one
 /// `BPF_MAP_UPDATE_ELEM` call (flag `BPF_ANY`). `K` and `V` must have exactly
 /// the map's key and value sizes.
-pub fn map_update_elem<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, key: &K, value: &V) -> SysResult<()> {
+pub fn map_update_elem<K: MapPod, V: MapPod>(
+    map: BorrowedFd<'_>,
+    key: &K,
+    value: &V,
+) -> SysResult<()> {
     let mut attr = ElemAttr {
         map_fd: map.as_raw_fd() as u32,
         key: key as *const K as u64,
@@ -116,7 +132,12 @@ pub fn map_update_elem<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, key: &K, value
     // commands; key and value point to live, padding-free (MapPod) values
     // borrowed for the whole call, which the kernel only reads.
     let ret = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_ELEM, &mut attr as *mut ElemAttr, std::mem::size_of::<ElemAttr>())
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_ELEM,
+            &mut attr as *mut ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
     };
     if ret < 0 {
         return Err(last_error("bpf(BPF_MAP_UPDATE_ELEM)"));
@@ -129,18 +150,34 @@ pub fn map_update_elem<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, key: &K, value
 pub fn obj_get(path: &std::path::Path) -> SysResult<std::os::fd::OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return Err(crate::SysError::new("BPF_OBJ_GET (path contains a NUL byte)", libc::EINVAL));
+        return Err(crate::SysError::new(
+            "BPF_OBJ_GET (path contains a NUL byte)",
+            libc::EINVAL,
+        ));
     };
-    let mut attr = ObjAttr { pathname: cpath.as_ptr() as u64, ..Default::default() };
+    let mut attr = ObjAttr {
+        pathname: cpath.as_ptr() as u64,
+        ..Default::default()
+    };
     // SAFETY: attr is a properly initialised `bpf_attr.obj_get` (bpf_fd and
     // file_flags 0, path_fd 0 and unused without BPF_F_PATH_FD); pathname
     // points to a NUL-terminated string that outlives the call.
-    let ret = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, &mut attr as *mut ObjAttr, std::mem::size_of::<ObjAttr>()) };
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut attr as *mut ObjAttr,
+            std::mem::size_of::<ObjAttr>(),
+        )
+    };
     if ret < 0 {
         return Err(last_error("bpf(BPF_OBJ_GET)"));
     }
     let Ok(fd) = i32::try_from(ret) else {
-        return Err(crate::SysError::new("BPF_OBJ_GET (fd out of range)", libc::EBADF));
+        return Err(crate::SysError::new(
+            "BPF_OBJ_GET (fd out of range)",
+            libc::EBADF,
+        ));
     };
     use std::os::fd::FromRawFd;
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
@@ -167,17 +204,30 @@ impl MappedArray {
     /// `BPF_F_MMAPABLE` and hold at least `len` bytes of values.
     pub fn map(map: BorrowedFd<'_>, len: usize) -> SysResult<MappedArray> {
         if len == 0 {
-            return Err(crate::SysError::new("mmap of a BPF array (empty)", libc::EINVAL));
+            return Err(crate::SysError::new(
+                "mmap of a BPF array (empty)",
+                libc::EINVAL,
+            ));
         }
         // SAFETY: a fresh shared mapping at an address the kernel picks, of a
         // BPF map fd; it aliases no Rust object. MAP_POPULATE pre-faults it.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, map.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                map.as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             return Err(last_error("mmap of a BPF array"));
         }
-        Ok(MappedArray { ptr: ptr.cast(), len })
+        Ok(MappedArray {
+            ptr: ptr.cast(),
+            len,
+        })
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {

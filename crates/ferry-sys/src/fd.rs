@@ -9,20 +9,32 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 pub fn fcntl_getfl(fd: BorrowedFd<'_>) -> SysResult<i32> {
     // SAFETY: F_GETFL takes no pointer argument.
     let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if r < 0 { Err(last_error("fcntl(F_GETFL)")) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error("fcntl(F_GETFL)"))
+    } else {
+        Ok(r)
+    }
 }
 
 pub fn fcntl_int(fd: RawFd, cmd: i32, arg: libc::c_long, name: &'static str) -> SysResult<i32> {
     // SAFETY: the commands used with this helper take an integer argument.
     let r = unsafe { libc::fcntl(fd, cmd, arg) };
-    if r < 0 { Err(last_error(name)) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error(name))
+    } else {
+        Ok(r)
+    }
 }
 
 /// Duplicates pipe content from `from` into `to` without consuming it.
 pub fn tee(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
     // SAFETY: tee takes two fds and plain integers.
     let r = unsafe { libc::tee(from, to, len, libc::SPLICE_F_NONBLOCK) };
-    if r < 0 { Err(last_error("tee")) } else { Ok(r as usize) }
+    if r < 0 {
+        Err(last_error("tee"))
+    } else {
+        Ok(r as usize)
+    }
 }
 
 pub fn pipe2(flags: i32) -> SysResult<(OwnedFd, OwnedFd)> {
@@ -41,7 +53,11 @@ pub fn bytes_readable(fd: RawFd) -> SysResult<usize> {
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if r < 0 { Err(last_error("ioctl(FIONREAD)")) } else { Ok(n as usize) }
+    if r < 0 {
+        Err(last_error("ioctl(FIONREAD)"))
+    } else {
+        Ok(n as usize)
+    }
 }
 
 pub const KCMP_FILE: i32 = 0;
@@ -49,7 +65,16 @@ pub const KCMP_FILE: i32 = 0;
 /// Whether two fds of two processes refer to the same open file description.
 pub fn kcmp_same_file(pid1: i32, pid2: i32, fd1: RawFd, fd2: RawFd) -> SysResult<bool> {
     // SAFETY: kcmp with KCMP_FILE takes only integers.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILE, fd1 as libc::c_ulong, fd2 as libc::c_ulong) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_FILE,
+            fd1 as libc::c_ulong,
+            fd2 as libc::c_ulong,
+        )
+    };
     Ok(check("kcmp", r)? == 0)
 }
 
@@ -70,7 +95,11 @@ pub fn get_owner_ex(fd: RawFd) -> SysResult<(i32, i32)> {
     let mut o = [0i32; 2];
     // SAFETY: F_GETOWN_EX fills one struct f_owner_ex (two ints).
     let r = unsafe { libc::fcntl(fd, F_GETOWN_EX, o.as_mut_ptr()) };
-    if r < 0 { Err(last_error("fcntl(F_GETOWN_EX)")) } else { Ok((o[0], o[1])) }
+    if r < 0 {
+        Err(last_error("fcntl(F_GETOWN_EX)"))
+    } else {
+        Ok((o[0], o[1]))
+    }
 }
 
 /// fchmod + fchown of an open file (mode: the 07777 bits).
@@ -96,7 +125,14 @@ pub fn open_by_handle(mount_fd: RawFd, handle_type: i32, handle: &[u8]) -> SysRe
     buf.extend_from_slice(&handle_type.to_ne_bytes());
     buf.extend_from_slice(handle);
     // SAFETY: buf is a complete struct file_handle of the size it declares.
-    let r = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount_fd, buf.as_mut_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd,
+            buf.as_mut_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
     let fd = check("open_by_handle_at", r)?;
     // SAFETY: a new descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -104,12 +140,27 @@ pub fn open_by_handle(mount_fd: RawFd, handle_type: i32, handle: &[u8]) -> SysRe
 
 /// kcmp(KCMP_EPOLL_TFD): whether fd `fd1` of `pid1` is the file that the
 /// epoll instance `epfd` of `pid2` watches under fd number `tfd`.
-pub fn kcmp_epoll_target(pid1: i32, fd1: RawFd, pid2: i32, epfd: RawFd, tfd: RawFd) -> SysResult<bool> {
+pub fn kcmp_epoll_target(
+    pid1: i32,
+    fd1: RawFd,
+    pid2: i32,
+    epfd: RawFd,
+    tfd: RawFd,
+) -> SysResult<bool> {
     const KCMP_EPOLL_TFD: i32 = 7;
     // struct kcmp_epoll_slot { __u32 efd; __u32 tfd; __u32 toff; }
     let slot: [u32; 3] = [epfd as u32, tfd as u32, 0];
     // SAFETY: the kernel reads one struct kcmp_epoll_slot from the pointer.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_EPOLL_TFD, fd1 as libc::c_ulong, slot.as_ptr() as libc::c_ulong) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_EPOLL_TFD,
+            fd1 as libc::c_ulong,
+            slot.as_ptr() as libc::c_ulong,
+        )
+    };
     Ok(check("kcmp(KCMP_EPOLL_TFD)", r)? == 0)
 }
 
@@ -127,7 +178,12 @@ pub fn open(path: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
 /// fcntl(F_DUPFD_CLOEXEC): a duplicate of `fd` at the lowest free number
 /// at or above `min`.
 pub fn dup_above(fd: RawFd, min: RawFd) -> SysResult<OwnedFd> {
-    let high = fcntl_int(fd, libc::F_DUPFD_CLOEXEC, min as libc::c_long, "fcntl(F_DUPFD)")?;
+    let high = fcntl_int(
+        fd,
+        libc::F_DUPFD_CLOEXEC,
+        min as libc::c_long,
+        "fcntl(F_DUPFD)",
+    )?;
     // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor to us.
     Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
@@ -136,22 +192,40 @@ pub fn dup_above(fd: RawFd, min: RawFd) -> SysResult<OwnedFd> {
 pub fn lseek(fd: RawFd, offset: i64, whence: i32) -> SysResult<i64> {
     // SAFETY: integer arguments.
     let r = unsafe { libc::lseek(fd, offset, whence) };
-    if r < 0 { Err(last_error("lseek")) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error("lseek"))
+    } else {
+        Ok(r)
+    }
 }
 
 /// mknod(2) of a character device node at `path`: `mode` permission bits
 /// (less the umask), device number `rdev`.
 pub fn mknod_char(path: &CStr, mode: u32, rdev: u64) -> SysResult<()> {
     // SAFETY: path is a valid NUL-terminated string that outlives the call.
-    let r = unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR | (mode & 0o7777) as libc::mode_t, rdev as libc::dev_t) };
-    if r < 0 { Err(last_error("mknod")) } else { Ok(()) }
+    let r = unsafe {
+        libc::mknod(
+            path.as_ptr(),
+            libc::S_IFCHR | (mode & 0o7777) as libc::mode_t,
+            rdev as libc::dev_t,
+        )
+    };
+    if r < 0 {
+        Err(last_error("mknod"))
+    } else {
+        Ok(())
+    }
 }
 
 /// mkfifo(3): a FIFO at `path` with `mode` (less the umask).
 pub fn mkfifo(path: &CStr, mode: u32) -> SysResult<()> {
     // SAFETY: path is a valid NUL-terminated string that outlives the call.
     let r = unsafe { libc::mkfifo(path.as_ptr(), mode as libc::mode_t) };
-    if r < 0 { Err(last_error("mkfifo")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("mkfifo"))
+    } else {
+        Ok(())
+    }
 }
 
 /// close_range(2) of every descriptor from `first` to `last` inclusive.
@@ -159,7 +233,10 @@ pub fn mkfifo(path: &CStr, mode: u32) -> SysResult<()> {
 /// freshly forked process that is dropping what it inherited.
 pub fn close_range(first: u32, last: u32) -> SysResult<()> {
     // SAFETY: integer arguments.
-    check("close_range", unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) }).map(drop)
+    check("close_range", unsafe {
+        libc::syscall(libc::SYS_close_range, first, last, 0u32)
+    })
+    .map(drop)
 }
 
 /// memfd_create(2).
@@ -178,7 +255,11 @@ pub fn memfd_create(name: &CStr, flags: u32) -> SysResult<OwnedFd> {
 pub fn get_seals(fd: RawFd) -> SysResult<i32> {
     // SAFETY: F_GET_SEALS takes no argument.
     let r = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if r < 0 { Err(last_error("fcntl(F_GET_SEALS)")) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error("fcntl(F_GET_SEALS)"))
+    } else {
+        Ok(r)
+    }
 }
 
 /// dup2(2): `new` becomes a copy of `old`.
@@ -196,11 +277,22 @@ pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
 pub fn set_cloexec_from(first: RawFd) {
     const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
     // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only FD_CLOEXEC set.
-    if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, CLOSE_RANGE_CLOEXEC) } == 0 {
+    if unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as u32,
+            u32::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    } == 0
+    {
         return;
     }
     let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     for fd in fds.into_iter().filter(|&fd| fd >= first) {
         // SAFETY: F_SETFD on a descriptor number; a closed one fails harmlessly.

@@ -19,12 +19,20 @@ pub fn init() -> SysResult<OwnedFd> {
 pub fn add_watch(fd: BorrowedFd<'_>, path: &CStr, mask: u32) -> SysResult<i32> {
     // SAFETY: path is a valid NUL-terminated string.
     let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) };
-    if wd < 0 { Err(last_error("inotify_add_watch")) } else { Ok(wd) }
+    if wd < 0 {
+        Err(last_error("inotify_add_watch"))
+    } else {
+        Ok(wd)
+    }
 }
 
 pub fn rm_watch(fd: BorrowedFd<'_>, wd: i32) -> SysResult<()> {
     // SAFETY: integer arguments.
-    if unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) } < 0 { Err(last_error("inotify_rm_watch")) } else { Ok(()) }
+    if unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) } < 0 {
+        Err(last_error("inotify_rm_watch"))
+    } else {
+        Ok(())
+    }
 }
 
 /// Reads and drops every queued event of a non-blocking instance.

@@ -26,8 +26,8 @@ pub mod seccomp;
 pub mod signal;
 pub mod sockdiag;
 pub mod socket;
-pub mod uffd;
 pub mod sysv;
+pub mod uffd;
 pub mod unix;
 pub mod vm;
 pub mod vma_iter;
@@ -42,7 +42,10 @@ pub const PAGE_SIZE: u64 = 4096;
 
 /// Returns the calling thread's errno as a `SysError` for `call`.
 pub(crate) fn last_error(call: &'static str) -> SysError {
-    SysError::new(call, std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    SysError::new(
+        call,
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    )
 }
 
 /// Converts a raw `syscall(2)` style return value into a result.

@@ -6,7 +6,11 @@ use std::os::fd::RawFd;
 
 /// flock(2), never waiting: shared or exclusive.
 pub fn flock(fd: RawFd, exclusive: bool) -> SysResult<()> {
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
     // SAFETY: integer arguments.
     if unsafe { libc::flock(fd, op | libc::LOCK_NB) } < 0 {
         return Err(last_error("flock"));
@@ -23,7 +27,11 @@ pub fn set_record_lock(fd: RawFd, ofd: bool, write: bool, start: i64, len: i64) 
     fl.l_whence = libc::SEEK_SET as i16;
     fl.l_start = start;
     fl.l_len = len;
-    let (cmd, call) = if ofd { (libc::F_OFD_SETLK, "fcntl(F_OFD_SETLK)") } else { (libc::F_SETLK, "fcntl(F_SETLK)") };
+    let (cmd, call) = if ofd {
+        (libc::F_OFD_SETLK, "fcntl(F_OFD_SETLK)")
+    } else {
+        (libc::F_SETLK, "fcntl(F_SETLK)")
+    };
     // SAFETY: fl is a valid struct flock; the kernel only reads it.
     if unsafe { libc::fcntl(fd, cmd, &fl) } < 0 {
         return Err(last_error(call));

@@ -48,7 +48,12 @@ pub fn interfaces() -> SysResult<Vec<(u32, String)>> {
     // stops at the terminator, and the array is freed once, after the loop.
     unsafe {
         while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
-            out.push(((*entry).if_index, CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned()));
+            out.push((
+                (*entry).if_index,
+                CStr::from_ptr((*entry).if_name)
+                    .to_string_lossy()
+                    .into_owned(),
+            ));
             entry = entry.add(1);
         }
         libc::if_freenameindex(list);
@@ -64,7 +69,16 @@ pub fn bind_mount(source: &Path, target: &Path) -> SysResult<()> {
     let dst = c_path(target, "mount(MS_BIND)")?;
     // SAFETY: both paths are NUL-terminated strings that outlive the call;
     // fstype and data are NULL, which MS_BIND allows.
-    if unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) } < 0 {
+    if unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    } < 0
+    {
         return Err(last_error("mount(MS_BIND)"));
     }
     Ok(())
@@ -97,7 +111,13 @@ pub fn mount_bpffs(path: &Path) -> SysResult<()> {
     let dst = c_path(path, "mount(bpf)")?;
     // SAFETY: all strings are NUL-terminated literals or dst, alive for the call.
     let r = unsafe {
-        libc::mount(c"bpf".as_ptr(), dst.as_ptr(), c"bpf".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, c"mode=0700".as_ptr().cast())
+        libc::mount(
+            c"bpf".as_ptr(),
+            dst.as_ptr(),
+            c"bpf".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"mode=0700".as_ptr().cast(),
+        )
     };
     if r < 0 {
         return Err(last_error("mount(bpf)"));
@@ -124,11 +144,15 @@ pub fn addresses() -> SysResult<Vec<std::net::IpAddr>> {
                 match (*a).sa_family as i32 {
                     libc::AF_INET => {
                         let sin = &*(a as *const libc::sockaddr_in);
-                        out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+                        out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
+                            u32::from_be(sin.sin_addr.s_addr),
+                        )));
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(a as *const libc::sockaddr_in6);
-                        out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                        out.push(std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                            sin6.sin6_addr.s6_addr,
+                        )));
                     }
                     _ => {}
                 }
@@ -145,12 +169,30 @@ pub fn addresses() -> SysResult<Vec<std::net::IpAddr>> {
 /// then mounts a /proc of the caller's PID namespace over /proc.
 pub fn mount_own_proc() -> SysResult<()> {
     // SAFETY: mount(2) with static NUL-terminated strings.
-    if unsafe { libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) } < 0 {
+    if unsafe {
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        )
+    } < 0
+    {
         return Err(last_error("mount(/, MS_REC | MS_SLAVE)"));
     }
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     // SAFETY: as above.
-    if unsafe { libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) } < 0 {
+    if unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    } < 0
+    {
         return Err(last_error("mount(proc, /proc)"));
     }
     Ok(())

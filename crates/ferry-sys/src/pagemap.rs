@@ -52,7 +52,12 @@ pub struct ScanFilter {
 }
 
 /// Returns `[start, end)` ranges of pages in `[start, end)` that match `filter`.
-pub fn scan(pagemap: &OwnedFd, start: u64, end: u64, filter: ScanFilter) -> SysResult<Vec<(u64, u64)>> {
+pub fn scan(
+    pagemap: &OwnedFd,
+    start: u64,
+    end: u64,
+    filter: ScanFilter,
+) -> SysResult<Vec<(u64, u64)>> {
     const VEC_LEN: usize = 512;
     let mut regions = vec![PageRegion::default(); VEC_LEN];
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -112,7 +117,12 @@ const WRITTEN_VEC_LEN: usize = 512;
 /// mapping made there since) fails the call with EPERM, once the mappings
 /// before it were scanned and protected again; their written pages are in
 /// `out` all the same. Holes (unmapped parts) are skipped.
-pub fn collect_written(pagemap: &OwnedFd, start: u64, end: u64, out: &mut Vec<(u64, u64)>) -> SysResult<()> {
+pub fn collect_written(
+    pagemap: &OwnedFd,
+    start: u64,
+    end: u64,
+    out: &mut Vec<(u64, u64)>,
+) -> SysResult<()> {
     let mut regions = [PageRegion::default(); WRITTEN_VEC_LEN];
     let mut cur = start;
     while cur < end {
@@ -162,7 +172,11 @@ pub fn collect_written(pagemap: &OwnedFd, start: u64, end: u64, out: &mut Vec<(u
             break;
         }
         let last_end = regions[WRITTEN_VEC_LEN - 1].end;
-        cur = if arg.walk_end >= last_end && arg.walk_end <= end { arg.walk_end } else { last_end };
+        cur = if arg.walk_end >= last_end && arg.walk_end <= end {
+            arg.walk_end
+        } else {
+            last_end
+        };
     }
     Ok(())
 }

@@ -5,7 +5,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: pidfd_open takes integers and returns a new fd.
-    let r = check("pidfd_open", unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    let r = check("pidfd_open", unsafe {
+        libc::syscall(libc::SYS_pidfd_open, pid, 0)
+    })?;
     // SAFETY: r is a new descriptor owned by us.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
@@ -13,7 +15,9 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
 /// Duplicates descriptor `target_fd` of the process behind `pidfd` into ours.
 pub fn pidfd_getfd(pidfd: &OwnedFd, target_fd: RawFd) -> SysResult<OwnedFd> {
     // SAFETY: integers only; returns a new fd.
-    let r = check("pidfd_getfd", unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target_fd, 0) })?;
+    let r = check("pidfd_getfd", unsafe {
+        libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target_fd, 0)
+    })?;
     // SAFETY: r is a new descriptor owned by us.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
@@ -21,14 +25,24 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, target_fd: RawFd) -> SysResult<OwnedFd> {
 pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> SysResult<()> {
     // SAFETY: a NULL siginfo is allowed.
     check("pidfd_send_signal", unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<u8>(), 0)
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<u8>(),
+            0,
+        )
     })?;
     Ok(())
 }
 
 /// Waits until the process behind `pidfd` has exited (the pidfd polls readable).
 pub fn wait_exit(pidfd: &OwnedFd, timeout_ms: i32) -> SysResult<bool> {
-    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     Ok(check("poll(pidfd)", r as libc::c_long)? > 0)

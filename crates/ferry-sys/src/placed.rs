@@ -25,7 +25,16 @@ impl PlacedRegion {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so
         // no memory in use is touched; the new range belongs to us alone.
-        let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(last_error("mmap(MAP_FIXED_NOREPLACE)"));
         }
@@ -48,13 +57,22 @@ impl PlacedRegion {
 
     /// Copies `data` in at byte `offset` of the region.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> SysResult<()> {
-        if offset.checked_add(data.len()).map_or(true, |e| e > self.len) {
+        if offset
+            .checked_add(data.len())
+            .map_or(true, |e| e > self.len)
+        {
             return Err(SysError::new("PlacedRegion::write", libc::EINVAL));
         }
         // SAFETY: the destination lies inside our live read-write mapping
         // (checked above) and cannot overlap `data`, which Rust owns
         // elsewhere; no reference into the region exists.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (self.addr as usize + offset) as *mut u8, data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.addr as usize + offset) as *mut u8,
+                data.len(),
+            )
+        };
         Ok(())
     }
 
@@ -65,7 +83,13 @@ impl PlacedRegion {
         }
         // SAFETY: the source lies inside our live mapping (checked above)
         // and `out` is Rust memory elsewhere.
-        unsafe { std::ptr::copy_nonoverlapping((self.addr as usize + offset) as *const u8, out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (self.addr as usize + offset) as *const u8,
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
         Ok(())
     }
 

@@ -6,12 +6,17 @@ pub fn get_robust_list(tid: i32) -> SysResult<(u64, u64)> {
     let mut head: u64 = 0;
     let mut len: usize = 0;
     // SAFETY: both out pointers are valid for the sizes the kernel writes.
-    check("get_robust_list", unsafe { libc::syscall(libc::SYS_get_robust_list, tid, &mut head, &mut len) })?;
+    check("get_robust_list", unsafe {
+        libc::syscall(libc::SYS_get_robust_list, tid, &mut head, &mut len)
+    })?;
     Ok((head, len as u64))
 }
 
 pub fn set_rlimit(pid: i32, resource: u32, soft: u64, hard: u64) -> SysResult<()> {
-    let new = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
+    let new = libc::rlimit64 {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     // SAFETY: new points to a valid struct; old is NULL.
     let r = unsafe { libc::prlimit64(pid, resource as _, &new, std::ptr::null_mut()) };
     if r < 0 {
@@ -23,8 +28,9 @@ pub fn set_rlimit(pid: i32, resource: u32, soft: u64, hard: u64) -> SysResult<()
 /// `struct user_regs_struct` field order, as stored in images.
 pub fn regs_to_words(r: &Regs) -> Vec<u64> {
     vec![
-        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx, r.rsi, r.rdi, r.orig_rax,
-        r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds, r.es, r.fs, r.gs,
+        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx,
+        r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base, r.gs_base, r.ds,
+        r.es, r.fs, r.gs,
     ]
 }
 
@@ -36,9 +42,33 @@ pub fn words_to_regs(w: &[u64]) -> Option<Regs> {
     // SAFETY: plain integers; all-zero is a valid value.
     let mut r: Regs = unsafe { std::mem::zeroed() };
     let fields = [
-        &mut r.r15, &mut r.r14, &mut r.r13, &mut r.r12, &mut r.rbp, &mut r.rbx, &mut r.r11, &mut r.r10, &mut r.r9,
-        &mut r.r8, &mut r.rax, &mut r.rcx, &mut r.rdx, &mut r.rsi, &mut r.rdi, &mut r.orig_rax, &mut r.rip, &mut r.cs,
-        &mut r.eflags, &mut r.rsp, &mut r.ss, &mut r.fs_base, &mut r.gs_base, &mut r.ds, &mut r.es, &mut r.fs, &mut r.gs,
+        &mut r.r15,
+        &mut r.r14,
+        &mut r.r13,
+        &mut r.r12,
+        &mut r.rbp,
+        &mut r.rbx,
+        &mut r.r11,
+        &mut r.r10,
+        &mut r.r9,
+        &mut r.r8,
+        &mut r.rax,
+        &mut r.rcx,
+        &mut r.rdx,
+        &mut r.rsi,
+        &mut r.rdi,
+        &mut r.orig_rax,
+        &mut r.rip,
+        &mut r.cs,
+        &mut r.eflags,
+        &mut r.rsp,
+        &mut r.ss,
+        &mut r.fs_base,
+        &mut r.gs_base,
+        &mut r.ds,
+        &mut r.es,
+        &mut r.fs,
+        &mut r.gs,
     ];
     for (f, v) in fields.into_iter().zip(w) {
         *f = *v;
@@ -56,13 +86,25 @@ impl MappedFile {
     pub fn map(fd: &std::fs::File, offset: u64, len: usize) -> SysResult<MappedFile> {
         use std::os::fd::AsRawFd;
         if len == 0 {
-            return Ok(MappedFile { ptr: std::ptr::null_mut(), len: 0 });
+            return Ok(MappedFile {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
         }
         // No MAP_POPULATE: the verifying threads fault the pages in, in
         // parallel, which measured faster than populating up front.
         // SAFETY: a fresh shared read-only mapping of an open file; the
         // kernel picks the address.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), offset as i64) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset as i64,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(last_error("mmap(pages.img)"));
         }
@@ -120,10 +162,22 @@ pub fn get_sched(tid: i32) -> SysResult<Sched> {
     }
     let mut cpus = vec![0u64; 16];
     // SAFETY: cpus is a writable buffer of the given byte length.
-    let r = unsafe { libc::syscall(libc::SYS_sched_getaffinity, tid, cpus.len() * 8, cpus.as_mut_ptr()) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            tid,
+            cpus.len() * 8,
+            cpus.as_mut_ptr(),
+        )
+    };
     let n = check("sched_getaffinity", r)? as usize;
     cpus.truncate(n / 8);
-    Ok(Sched { policy, rt_priority: param.sched_priority, nice, cpus })
+    Ok(Sched {
+        policy,
+        rt_priority: param.sched_priority,
+        nice,
+        cpus,
+    })
 }
 
 /// What sched_getattr(2) adds to [`Sched`]: the deadline parameters and
@@ -147,7 +201,15 @@ pub fn get_sched_extra(tid: i32) -> SysResult<SchedExtra> {
     // struct sched_attr as of SCHED_ATTR_SIZE_VER1 (56 bytes).
     let mut attr = [0u8; 56];
     // SAFETY: attr is a writable buffer of the size passed.
-    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, attr.as_mut_ptr(), attr.len() as u32, 0u32) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            attr.as_mut_ptr(),
+            attr.len() as u32,
+            0u32,
+        )
+    };
     check("sched_getattr", r)?;
     let u32_at = |o: usize| u32::from_ne_bytes([attr[o], attr[o + 1], attr[o + 2], attr[o + 3]]);
     let u64_at = |o: usize| u64::from(u32_at(o)) | u64::from(u32_at(o + 4)) << 32;
@@ -164,12 +226,21 @@ pub fn get_sched_extra(tid: i32) -> SysResult<SchedExtra> {
 
 pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     // SAFETY: the mask buffer is live for the given byte length.
-    check("sched_setaffinity", unsafe { libc::syscall(libc::SYS_sched_setaffinity, tid, s.cpus.len() * 8, s.cpus.as_ptr()) })?;
+    check("sched_setaffinity", unsafe {
+        libc::syscall(
+            libc::SYS_sched_setaffinity,
+            tid,
+            s.cpus.len() * 8,
+            s.cpus.as_ptr(),
+        )
+    })?;
     // SAFETY: integer arguments.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, s.nice) } < 0 {
         return Err(last_error("setpriority"));
     }
-    let param = libc::sched_param { sched_priority: s.rt_priority };
+    let param = libc::sched_param {
+        sched_priority: s.rt_priority,
+    };
     // SAFETY: param is a valid sched_param.
     if unsafe { libc::sched_setscheduler(tid, s.policy, &param) } < 0 {
         return Err(last_error("sched_setscheduler"));
@@ -210,14 +281,23 @@ pub fn detach_from_caller(keep: i32) {
         if keep > 3 {
             libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
         }
-        libc::syscall(libc::SYS_close_range, (keep.max(2) + 1) as u32, u32::MAX, 0u32);
+        libc::syscall(
+            libc::SYS_close_range,
+            (keep.max(2) + 1) as u32,
+            u32::MAX,
+            0u32,
+        );
     }
 }
 
 /// kill(2).
 pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
     // SAFETY: integer arguments.
-    if unsafe { libc::kill(pid, sig) } < 0 { Err(crate::last_error("kill")) } else { Ok(()) }
+    if unsafe { libc::kill(pid, sig) } < 0 {
+        Err(crate::last_error("kill"))
+    } else {
+        Ok(())
+    }
 }
 
 /// kcmp(2) kinds that compare a whole resource of two processes.
@@ -229,7 +309,16 @@ pub const KCMP_SIGHAND: i32 = 4;
 /// Whether two processes share the resource `kind` (KCMP_VM, KCMP_FILES...).
 pub fn kcmp_shared(pid1: i32, pid2: i32, kind: i32) -> SysResult<bool> {
     // SAFETY: kcmp with these kinds takes only integers.
-    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            kind,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
     Ok(crate::check("kcmp", r)? == 0)
 }
 
@@ -258,7 +347,11 @@ pub fn wait_any() -> SysResult<Option<(i32, i32)>> {
         // SAFETY: status is a valid out pointer.
         let r = unsafe { libc::waitpid(-1, &mut status, 0) };
         if r >= 0 {
-            let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
             return Ok(Some((r, code)));
         }
         match std::io::Error::last_os_error().raw_os_error() {
@@ -273,13 +366,21 @@ pub fn wait_any() -> SysResult<Option<(i32, i32)>> {
 pub fn setsid() -> SysResult<i32> {
     // SAFETY: no arguments.
     let r = unsafe { libc::setsid() };
-    if r < 0 { Err(last_error("setsid")) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error("setsid"))
+    } else {
+        Ok(r)
+    }
 }
 
 /// setpgid(2); 0 for either argument means the caller.
 pub fn setpgid(pid: i32, pgid: i32) -> SysResult<()> {
     // SAFETY: integer arguments.
-    if unsafe { libc::setpgid(pid, pgid) } < 0 { Err(last_error("setpgid")) } else { Ok(()) }
+    if unsafe { libc::setpgid(pid, pgid) } < 0 {
+        Err(last_error("setpgid"))
+    } else {
+        Ok(())
+    }
 }
 
 /// umask(2): sets the caller's file creation mask, returns the old one.
@@ -292,14 +393,22 @@ pub fn umask(mask: u32) -> u32 {
 pub fn set_personality(persona: u64) -> SysResult<i32> {
     // SAFETY: integer argument.
     let r = unsafe { libc::personality(persona as libc::c_ulong) };
-    if r < 0 { Err(last_error("personality")) } else { Ok(r) }
+    if r < 0 {
+        Err(last_error("personality"))
+    } else {
+        Ok(r)
+    }
 }
 
 /// prctl(PR_SET_NO_NEW_PRIVS, 1): execve can no longer grant privileges
 /// to the caller (irreversible).
 pub fn set_no_new_privs() -> SysResult<()> {
     // SAFETY: integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 { Err(last_error("prctl(PR_SET_NO_NEW_PRIVS)")) } else { Ok(()) }
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+        Err(last_error("prctl(PR_SET_NO_NEW_PRIVS)"))
+    } else {
+        Ok(())
+    }
 }
 
 /// _exit(2): ends the process at once, without atexit handlers or
@@ -321,7 +430,16 @@ impl SharedAnon {
     pub fn map(len: usize) -> SysResult<SharedAnon> {
         // SAFETY: a fresh shared anonymous mapping at an address the
         // kernel picks; no existing memory is touched.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(last_error("mmap(MAP_SHARED | MAP_ANONYMOUS)"));
         }
@@ -358,7 +476,11 @@ pub fn wait_pid(pid: i32) -> Option<i32> {
         // SAFETY: status is a valid out pointer.
         let r = unsafe { libc::waitpid(pid, &mut status, 0) };
         if r >= 0 {
-            return Some(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) });
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
         }
         if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return None;
@@ -375,7 +497,10 @@ pub fn reap_any_thread() -> bool {
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit.
 pub fn raise_nofile_limit() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: r is a valid rlimit to fill and then pass back.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {

@@ -18,10 +18,23 @@ pub const PTRACE_EVENT_FORK: i32 = 1;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
 pub const PTRACE_EVENT_STOP: i32 = 128;
 
-fn req(request: u32, tid: i32, addr: usize, data: usize, name: &'static str) -> SysResult<libc::c_long> {
+fn req(
+    request: u32,
+    tid: i32,
+    addr: usize,
+    data: usize,
+    name: &'static str,
+) -> SysResult<libc::c_long> {
     // SAFETY: every caller passes `addr`/`data` that are either integers or
     // pointers to live buffers of the size the request expects.
-    let r = unsafe { libc::ptrace(request as _, tid, addr as *mut libc::c_void, data as *mut libc::c_void) };
+    let r = unsafe {
+        libc::ptrace(
+            request as _,
+            tid,
+            addr as *mut libc::c_void,
+            data as *mut libc::c_void,
+        )
+    };
     if r < 0 {
         return Err(last_error(name));
     }
@@ -29,7 +42,14 @@ fn req(request: u32, tid: i32, addr: usize, data: usize, name: &'static str) -> 
 }
 
 pub fn seize(tid: i32, options: u64) -> SysResult<()> {
-    req(PTRACE_SEIZE, tid, 0, options as usize, "ptrace(PTRACE_SEIZE)").map(drop)
+    req(
+        PTRACE_SEIZE,
+        tid,
+        0,
+        options as usize,
+        "ptrace(PTRACE_SEIZE)",
+    )
+    .map(drop)
 }
 
 pub fn interrupt(tid: i32) -> SysResult<()> {
@@ -37,57 +57,128 @@ pub fn interrupt(tid: i32) -> SysResult<()> {
 }
 
 pub fn detach(tid: i32, sig: i32) -> SysResult<()> {
-    req(libc::PTRACE_DETACH, tid, 0, sig as usize, "ptrace(PTRACE_DETACH)").map(drop)
+    req(
+        libc::PTRACE_DETACH,
+        tid,
+        0,
+        sig as usize,
+        "ptrace(PTRACE_DETACH)",
+    )
+    .map(drop)
 }
 
 pub fn cont(tid: i32, sig: i32) -> SysResult<()> {
-    req(libc::PTRACE_CONT, tid, 0, sig as usize, "ptrace(PTRACE_CONT)").map(drop)
+    req(
+        libc::PTRACE_CONT,
+        tid,
+        0,
+        sig as usize,
+        "ptrace(PTRACE_CONT)",
+    )
+    .map(drop)
 }
 
 pub fn single_step(tid: i32, sig: i32) -> SysResult<()> {
-    req(libc::PTRACE_SINGLESTEP, tid, 0, sig as usize, "ptrace(PTRACE_SINGLESTEP)").map(drop)
+    req(
+        libc::PTRACE_SINGLESTEP,
+        tid,
+        0,
+        sig as usize,
+        "ptrace(PTRACE_SINGLESTEP)",
+    )
+    .map(drop)
 }
 
 pub fn event_msg(tid: i32) -> SysResult<u64> {
     let mut msg: libc::c_ulong = 0;
-    req(libc::PTRACE_GETEVENTMSG, tid, 0, &mut msg as *mut _ as usize, "ptrace(PTRACE_GETEVENTMSG)")?;
+    req(
+        libc::PTRACE_GETEVENTMSG,
+        tid,
+        0,
+        &mut msg as *mut _ as usize,
+        "ptrace(PTRACE_GETEVENTMSG)",
+    )?;
     Ok(msg)
 }
 
 pub fn get_regs(tid: i32) -> SysResult<Regs> {
     // SAFETY: user_regs_struct is plain integers; all-zero is valid.
     let mut regs: Regs = unsafe { std::mem::zeroed() };
-    req(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _ as usize, "ptrace(PTRACE_GETREGS)")?;
+    req(
+        libc::PTRACE_GETREGS,
+        tid,
+        0,
+        &mut regs as *mut _ as usize,
+        "ptrace(PTRACE_GETREGS)",
+    )?;
     Ok(regs)
 }
 
 pub fn set_regs(tid: i32, regs: &Regs) -> SysResult<()> {
-    req(libc::PTRACE_SETREGS, tid, 0, regs as *const _ as usize, "ptrace(PTRACE_SETREGS)").map(drop)
+    req(
+        libc::PTRACE_SETREGS,
+        tid,
+        0,
+        regs as *const _ as usize,
+        "ptrace(PTRACE_SETREGS)",
+    )
+    .map(drop)
 }
 
 /// The full XSAVE area (x87, SSE, AVX, AVX-512, PKRU...) of a thread.
 pub fn get_xstate(tid: i32) -> SysResult<Vec<u8>> {
     let mut buf = vec![0u8; 16384];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    req(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE, &mut iov as *mut _ as usize, "ptrace(PTRACE_GETREGSET, NT_X86_XSTATE)")?;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    req(
+        libc::PTRACE_GETREGSET,
+        tid,
+        NT_X86_XSTATE,
+        &mut iov as *mut _ as usize,
+        "ptrace(PTRACE_GETREGSET, NT_X86_XSTATE)",
+    )?;
     buf.truncate(iov.iov_len);
     Ok(buf)
 }
 
 pub fn set_xstate(tid: i32, xstate: &[u8]) -> SysResult<()> {
-    let mut iov = libc::iovec { iov_base: xstate.as_ptr() as *mut _, iov_len: xstate.len() };
-    req(libc::PTRACE_SETREGSET, tid, NT_X86_XSTATE, &mut iov as *mut _ as usize, "ptrace(PTRACE_SETREGSET, NT_X86_XSTATE)")
-        .map(drop)
+    let mut iov = libc::iovec {
+        iov_base: xstate.as_ptr() as *mut _,
+        iov_len: xstate.len(),
+    };
+    req(
+        libc::PTRACE_SETREGSET,
+        tid,
+        NT_X86_XSTATE,
+        &mut iov as *mut _ as usize,
+        "ptrace(PTRACE_SETREGSET, NT_X86_XSTATE)",
+    )
+    .map(drop)
 }
 
 pub fn get_sigmask(tid: i32) -> SysResult<u64> {
     let mut mask: u64 = 0;
-    req(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut _ as usize, "ptrace(PTRACE_GETSIGMASK)")?;
+    req(
+        PTRACE_GETSIGMASK,
+        tid,
+        8,
+        &mut mask as *mut _ as usize,
+        "ptrace(PTRACE_GETSIGMASK)",
+    )?;
     Ok(mask)
 }
 
 pub fn set_sigmask(tid: i32, mask: u64) -> SysResult<()> {
-    req(PTRACE_SETSIGMASK, tid, 8, &mask as *const _ as usize, "ptrace(PTRACE_SETSIGMASK)").map(drop)
+    req(
+        PTRACE_SETSIGMASK,
+        tid,
+        8,
+        &mask as *const _ as usize,
+        "ptrace(PTRACE_SETSIGMASK)",
+    )
+    .map(drop)
 }
 
 /// A raw 128-byte siginfo as the kernel stores it.
@@ -111,7 +202,13 @@ pub fn peek_siginfo(tid: i32, shared: bool) -> SysResult<Vec<RawSiginfo>> {
             flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 },
             nr: buf.len() as i32,
         };
-        let n = req(PTRACE_PEEKSIGINFO, tid, &args as *const _ as usize, buf.as_mut_ptr() as usize, "ptrace(PTRACE_PEEKSIGINFO)")?;
+        let n = req(
+            PTRACE_PEEKSIGINFO,
+            tid,
+            &args as *const _ as usize,
+            buf.as_mut_ptr() as usize,
+            "ptrace(PTRACE_PEEKSIGINFO)",
+        )?;
         if n <= 0 {
             break;
         }
@@ -152,7 +249,10 @@ pub enum WaitEvent {
     Exited(i32),
     Signaled(i32),
     /// Stopped; `sig` is the stop signal, `event` the PTRACE_EVENT_* (0 if none).
-    Stopped { sig: i32, event: i32 },
+    Stopped {
+        sig: i32,
+        event: i32,
+    },
 }
 
 pub fn wait_tid(tid: i32, flags: i32) -> SysResult<Option<(i32, WaitEvent)>> {
@@ -168,7 +268,10 @@ pub fn wait_tid(tid: i32, flags: i32) -> SysResult<Option<(i32, WaitEvent)>> {
     } else if libc::WIFSIGNALED(status) {
         WaitEvent::Signaled(libc::WTERMSIG(status))
     } else {
-        WaitEvent::Stopped { sig: libc::WSTOPSIG(status), event: (status >> 16) & 0xff }
+        WaitEvent::Stopped {
+            sig: libc::WSTOPSIG(status),
+            event: (status >> 16) & 0xff,
+        }
     };
     Ok(Some((r, ev)))
 }
@@ -181,7 +284,9 @@ pub fn put_back_sigmask(tid: i32, mask: u64) {
     for _ in 0..200 {
         match seize(tid, 0) {
             Ok(()) => break,
-            Err(e) if e.errno == libc::EPERM => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(e) if e.errno == libc::EPERM => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
             Err(_) => return,
         }
     }
@@ -191,7 +296,13 @@ pub fn put_back_sigmask(tid: i32, mask: u64) {
     }
     loop {
         match wait_tid(tid, 0) {
-            Ok(Some((_, WaitEvent::Stopped { event: PTRACE_EVENT_STOP, .. }))) => break,
+            Ok(Some((
+                _,
+                WaitEvent::Stopped {
+                    event: PTRACE_EVENT_STOP,
+                    ..
+                },
+            ))) => break,
             // A signal stop: let the signal through and wait on.
             Ok(Some((_, WaitEvent::Stopped { sig, .. }))) => {
                 if cont(tid, sig).is_err() {
@@ -210,6 +321,12 @@ pub fn put_back_sigmask(tid: i32, mask: u64) {
 pub fn get_syscall_user_dispatch(tid: i32) -> SysResult<[u64; 4]> {
     const PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG: u32 = 0x4211;
     let mut cfg = [0u64; 4];
-    req(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG, tid, std::mem::size_of_val(&cfg), cfg.as_mut_ptr() as usize, "ptrace(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG)")?;
+    req(
+        PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG,
+        tid,
+        std::mem::size_of_val(&cfg),
+        cfg.as_mut_ptr() as usize,
+        "ptrace(PTRACE_GET_SYSCALL_USER_DISPATCH_CONFIG)",
+    )?;
     Ok(cfg)
 }

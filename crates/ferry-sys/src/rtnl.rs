@@ -84,7 +84,13 @@ fn next_seq() -> u32 {
 /// socket stays in the namespace it was made in).
 fn route_socket(call: &'static str) -> SysResult<OwnedFd> {
     // SAFETY: plain socket(2) with integer arguments.
-    let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
     if raw < 0 {
         return Err(last_error(call));
     }
@@ -155,7 +161,10 @@ struct Message<'a> {
 
 /// The messages of a received buffer, in order; a length that does not
 /// fit is EBADMSG (and ends the walk).
-fn messages<'a>(buf: &'a [u8], call: &'static str) -> impl Iterator<Item = SysResult<Message<'a>>> + 'a {
+fn messages<'a>(
+    buf: &'a [u8],
+    call: &'static str,
+) -> impl Iterator<Item = SysResult<Message<'a>>> + 'a {
     let mut off = 0usize;
     let mut broken = false;
     std::iter::from_fn(move || {
@@ -167,7 +176,12 @@ fn messages<'a>(buf: &'a [u8], call: &'static str) -> impl Iterator<Item = SysRe
             broken = true;
             return Some(Err(SysError::new(call, libc::EBADMSG)));
         }
-        let m = Message { ty: u16_at(buf, off + 4), flags: u16_at(buf, off + 6), seq: u32_at(buf, off + 8), payload: &buf[off + NLMSG_HDRLEN..off + len] };
+        let m = Message {
+            ty: u16_at(buf, off + 4),
+            flags: u16_at(buf, off + 6),
+            seq: u32_at(buf, off + 8),
+            payload: &buf[off + NLMSG_HDRLEN..off + len],
+        };
         off += align4(len);
         Some(Ok(m))
     })
@@ -176,7 +190,12 @@ fn messages<'a>(buf: &'a [u8], call: &'static str) -> impl Iterator<Item = SysRe
 /// Sends a dump request (or a plain get) and hands the family payload of
 /// every answer message of type `want` to `each`. A dump the kernel marks
 /// as interrupted (the table changed under it) is read again, a few times.
-pub(crate) fn dump(make: impl Fn() -> Msg, want: u16, call: &'static str, mut each: impl FnMut(&[u8])) -> SysResult<()> {
+pub(crate) fn dump(
+    make: impl Fn() -> Msg,
+    want: u16,
+    call: &'static str,
+    mut each: impl FnMut(&[u8]),
+) -> SysResult<()> {
     for _ in 0..5 {
         let mut payloads: Vec<Vec<u8>> = Vec::new();
         let interrupted = dump_once(make(), want, call, &mut payloads)?;
@@ -200,7 +219,12 @@ fn dump_once(msg: Msg, want: u16, call: &'static str, out: &mut Vec<Vec<u8>>) ->
     loop {
         let n = recv(&sock, &mut buf, call)?;
         for m in messages(&buf[..n], call) {
-            let Message { ty, flags, seq: mseq, payload } = m?;
+            let Message {
+                ty,
+                flags,
+                seq: mseq,
+                payload,
+            } = m?;
             if mseq != seq {
                 continue;
             }
@@ -266,6 +290,13 @@ mod tests {
         assert_eq!(bytes.len() % 4, 0);
         assert_eq!(u32_at(&bytes, 8), 7);
         let got = attrs(&bytes[NLMSG_HDRLEN..], 8);
-        assert_eq!(got, vec![(2, &[10u8, 0, 0, 1][..]), (3, &b"eth0\0"[..]), (8, &2u32.to_ne_bytes()[..])]);
+        assert_eq!(
+            got,
+            vec![
+                (2, &[10u8, 0, 0, 1][..]),
+                (3, &b"eth0\0"[..]),
+                (8, &2u32.to_ne_bytes()[..])
+            ]
+        );
     }
 }

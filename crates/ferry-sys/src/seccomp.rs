@@ -17,7 +17,14 @@ pub const SECCOMP_RET_ACTION_FULL: u32 = 0xffff_0000;
 /// "add one option": pass every option wanted).
 pub fn set_options(tid: i32, options: u64) -> SysResult<()> {
     // SAFETY: PTRACE_SETOPTIONS takes the options as an integer.
-    let r = unsafe { libc::ptrace(PTRACE_SETOPTIONS as _, tid, std::ptr::null_mut::<libc::c_void>(), options as usize as *mut libc::c_void) };
+    let r = unsafe {
+        libc::ptrace(
+            PTRACE_SETOPTIONS as _,
+            tid,
+            std::ptr::null_mut::<libc::c_void>(),
+            options as usize as *mut libc::c_void,
+        )
+    };
     crate::check("ptrace(PTRACE_SETOPTIONS)", r).map(drop)
 }
 
@@ -27,11 +34,25 @@ pub fn set_options(tid: i32, options: u64) -> SysResult<()> {
 /// exactly as in memory (code u16, jt u8, jf u8, k u32).
 pub fn get_filter(tid: i32, index: u64) -> SysResult<Vec<u64>> {
     // SAFETY: a NULL buffer asks for the instruction count only.
-    let n = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER as _, tid, index as usize as *mut libc::c_void, std::ptr::null_mut::<libc::c_void>()) };
+    let n = unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER as _,
+            tid,
+            index as usize as *mut libc::c_void,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
     let n = crate::check("ptrace(PTRACE_SECCOMP_GET_FILTER)", n)? as usize;
     let mut insns = vec![0u64; n];
     // SAFETY: the buffer holds n struct sock_filter (8 bytes each).
-    let m = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER as _, tid, index as usize as *mut libc::c_void, insns.as_mut_ptr() as *mut libc::c_void) };
+    let m = unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER as _,
+            tid,
+            index as usize as *mut libc::c_void,
+            insns.as_mut_ptr() as *mut libc::c_void,
+        )
+    };
     let m = crate::check("ptrace(PTRACE_SECCOMP_GET_FILTER)", m)? as usize;
     insns.truncate(m);
     Ok(insns)
@@ -43,7 +64,14 @@ pub fn get_filter_flags(tid: i32, index: u64) -> SysResult<u64> {
     // struct seccomp_metadata { __u64 filter_off; __u64 flags; }
     let mut md = [index, 0u64];
     // SAFETY: addr is the size of the struct, data points at it.
-    let r = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_METADATA as _, tid, 16usize as *mut libc::c_void, md.as_mut_ptr() as *mut libc::c_void) };
+    let r = unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_METADATA as _,
+            tid,
+            16usize as *mut libc::c_void,
+            md.as_mut_ptr() as *mut libc::c_void,
+        )
+    };
     crate::check("ptrace(PTRACE_SECCOMP_GET_METADATA)", r)?;
     Ok(md[1])
 }

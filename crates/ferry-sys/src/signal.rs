@@ -12,12 +12,25 @@ pub fn reset_to_default(sig: i32) -> SysResult<()> {
     // is SIG_DFL.
     let dfl = [0u64; 4];
     // SAFETY: dfl is a valid 32-byte kernel sigaction; no old value requested.
-    check("rt_sigaction", unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), std::ptr::null_mut::<u64>(), 8usize) }).map(drop)
+    check("rt_sigaction", unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            dfl.as_ptr(),
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    })
+    .map(drop)
 }
 
 /// Turns the calling thread's alternate signal stack off (SS_DISABLE).
 pub fn disable_altstack() -> SysResult<()> {
-    let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
+    let off = libc::stack_t {
+        ss_sp: std::ptr::null_mut(),
+        ss_flags: libc::SS_DISABLE,
+        ss_size: 0,
+    };
     // SAFETY: off is a valid stack_t; no old value requested.
     if unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) } < 0 {
         return Err(last_error("sigaltstack"));

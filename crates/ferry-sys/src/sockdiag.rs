@@ -55,7 +55,13 @@ const SIOCGSKNS: libc::c_ulong = 0x894C;
 
 fn diag_socket() -> SysResult<OwnedFd> {
     // SAFETY: plain socket(2).
-    let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG) };
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
     if raw < 0 {
         return Err(last_error("socket(NETLINK_SOCK_DIAG)"));
     }
@@ -89,7 +95,12 @@ pub fn inode_of(fd: BorrowedFd) -> SysResult<u64> {
 /// joins it just long enough to make the socket, which then answers for
 /// that namespace.
 fn diag_socket_in(ns: BorrowedFd) -> SysResult<OwnedFd> {
-    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0)))?;
+    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
+        crate::SysError::new(
+            "open(/proc/thread-self/ns/net)",
+            e.raw_os_error().unwrap_or(0),
+        )
+    })?;
     if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
         return diag_socket();
     }
@@ -120,7 +131,10 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
     req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&0u32.to_ne_bytes());
-    req.extend_from_slice(&(UDIAG_SHOW_NAME | UDIAG_SHOW_VFS | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS).to_ne_bytes());
+    req.extend_from_slice(
+        &(UDIAG_SHOW_NAME | UDIAG_SHOW_VFS | UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_ICONS)
+            .to_ne_bytes(),
+    );
     req.extend_from_slice(&[0u8; 8]);
     // SAFETY: req is a live buffer of the given length.
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
@@ -146,11 +160,19 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
                 return Ok(out);
             }
             if ty == NLMSG_ERROR {
-                return Err(crate::SysError::new("sock_diag", -(u32_at(&buf, off + 16) as i32)));
+                return Err(crate::SysError::new(
+                    "sock_diag",
+                    -(u32_at(&buf, off + 16) as i32),
+                ));
             }
             let msg = &buf[off + 16..off + len];
             if msg.len() >= 16 {
-                let mut d = UnixDiag { sock_type: msg[1], state: msg[2], ino: u32_at(msg, 4), ..Default::default() };
+                let mut d = UnixDiag {
+                    sock_type: msg[1],
+                    state: msg[2],
+                    ino: u32_at(msg, 4),
+                    ..Default::default()
+                };
                 let mut a = 16usize;
                 while a + 4 <= msg.len() {
                     let alen = u16_at(msg, a) as usize;
@@ -161,14 +183,18 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
                     let val = &msg[a + 4..a + alen];
                     match aty {
                         UNIX_DIAG_NAME => d.name = val.to_vec(),
-                        UNIX_DIAG_VFS if val.len() >= 8 => d.vfs = Some((u32_at(val, 0), u32_at(val, 4))),
+                        UNIX_DIAG_VFS if val.len() >= 8 => {
+                            d.vfs = Some((u32_at(val, 0), u32_at(val, 4)))
+                        }
                         UNIX_DIAG_PEER if val.len() >= 4 => d.peer = u32_at(val, 0),
                         UNIX_DIAG_RQLEN if val.len() >= 8 => {
                             d.rqueue = u32_at(val, 0);
                             d.wqueue = u32_at(val, 4);
                         }
                         UNIX_DIAG_SHUTDOWN if !val.is_empty() => d.shutdown = val[0],
-                        UNIX_DIAG_ICONS => d.icons = val.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
+                        UNIX_DIAG_ICONS => {
+                            d.icons = val.chunks_exact(4).map(|c| u32_at(c, 0)).collect()
+                        }
                         _ => {}
                     }
                     a += (alen + 3) & !3;

@@ -67,13 +67,26 @@ pub fn getsockopt_bytes(fd: RawFd, level: i32, name: i32, max: usize) -> SysResu
 
 pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
     let b = getsockopt_bytes(fd, level, name, 4)?;
-    Ok(b.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
+    Ok(b.get(..4)
+        .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
 }
 
 pub fn setsockopt_bytes(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
     // SAFETY: value is a live buffer of the length passed.
-    let r = unsafe { libc::setsockopt(fd, level, name, value.as_ptr().cast(), value.len() as libc::socklen_t) };
-    if r < 0 { Err(last_error("setsockopt")) } else { Ok(()) }
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(last_error("setsockopt"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> SysResult<()> {
@@ -92,7 +105,10 @@ fn from_storage(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the kernel filled a sockaddr_in6.
             let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)))
+            Some(SocketAddr::new(
+                IpAddr::V6(ip),
+                u16::from_be(sin6.sin6_port),
+            ))
         }
         _ => None,
     }
@@ -113,7 +129,10 @@ fn to_storage(family: i32, addr: &SocketAddr) -> (libc::sockaddr_storage, libc::
             IpAddr::V6(v6) => v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
         };
         sin.sin_addr.s_addr = u32::from(ip).to_be();
-        (ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+        (
+            ss,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
     } else {
         // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
         let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
@@ -124,7 +143,10 @@ fn to_storage(family: i32, addr: &SocketAddr) -> (libc::sockaddr_storage, libc::
             IpAddr::V6(v6) => v6,
         };
         sin6.sin6_addr.s6_addr = ip.octets();
-        (ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+        (
+            ss,
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
     }
 }
 
@@ -135,10 +157,20 @@ pub fn address(fd: RawFd, peer: bool) -> SysResult<Option<SocketAddr>> {
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let p = &mut ss as *mut _ as *mut libc::sockaddr;
     // SAFETY: ss/len describe a buffer large enough for any address.
-    let r = unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } };
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
     if r < 0 {
         let e = last_error(if peer { "getpeername" } else { "getsockname" });
-        return if peer && e.errno == libc::ENOTCONN { Ok(None) } else { Err(e) };
+        return if peer && e.errno == libc::ENOTCONN {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     Ok(from_storage(&ss))
 }
@@ -147,20 +179,32 @@ pub fn bind(fd: RawFd, family: i32, addr: &SocketAddr) -> SysResult<()> {
     let (ss, len) = to_storage(family, addr);
     // SAFETY: ss holds a valid address of `len` bytes.
     let r = unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, len) };
-    if r < 0 { Err(last_error("bind")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("bind"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn connect(fd: RawFd, family: i32, addr: &SocketAddr) -> SysResult<()> {
     let (ss, len) = to_storage(family, addr);
     // SAFETY: ss holds a valid address of `len` bytes.
     let r = unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len) };
-    if r < 0 { Err(last_error("connect")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("connect"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn listen(fd: RawFd, backlog: i32) -> SysResult<()> {
     // SAFETY: integer arguments.
     let r = unsafe { libc::listen(fd, backlog) };
-    if r < 0 { Err(last_error("listen")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("listen"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn tcp_info(fd: RawFd) -> SysResult<libc::tcp_info> {
@@ -168,15 +212,31 @@ pub fn tcp_info(fd: RawFd) -> SysResult<libc::tcp_info> {
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: ti/len are a valid out buffer.
-    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut ti as *mut _ as *mut libc::c_void, &mut len) };
-    if r < 0 { Err(last_error("getsockopt(TCP_INFO)")) } else { Ok(ti) }
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut ti as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        Err(last_error("getsockopt(TCP_INFO)"))
+    } else {
+        Ok(ti)
+    }
 }
 
 fn ioctl_int(fd: RawFd, req: libc::c_ulong, name: &'static str) -> SysResult<u32> {
     let mut n: libc::c_int = 0;
     // SAFETY: the requests used here write one int.
     let r = unsafe { libc::ioctl(fd, req as _, &mut n) };
-    if r < 0 { Err(last_error(name)) } else { Ok(n as u32) }
+    if r < 0 {
+        Err(last_error(name))
+    } else {
+        Ok(n as u32)
+    }
 }
 
 /// Bytes in the receive queue not read yet.
@@ -195,20 +255,25 @@ pub fn outq_unsent(fd: RawFd) -> SysResult<u32> {
 /// Turns TCP repair mode on (1), off (0) or off without a window probe
 /// (TCP_REPAIR_OFF_NO_WP).
 pub fn set_repair(fd: RawFd, mode: i32) -> SysResult<()> {
-    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_REPAIR, mode).map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR)", e.errno))
+    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_REPAIR, mode)
+        .map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR)", e.errno))
 }
 
 pub fn set_repair_queue(fd: RawFd, queue: i32) -> SysResult<()> {
-    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, queue).map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_QUEUE)", e.errno))
+    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, queue)
+        .map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_QUEUE)", e.errno))
 }
 
 /// The sequence number at the end of the selected queue (repair mode).
 pub fn queue_seq(fd: RawFd) -> SysResult<u32> {
-    getsockopt_int(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ).map(|v| v as u32).map_err(|e| crate::SysError::new("getsockopt(TCP_QUEUE_SEQ)", e.errno))
+    getsockopt_int(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ)
+        .map(|v| v as u32)
+        .map_err(|e| crate::SysError::new("getsockopt(TCP_QUEUE_SEQ)", e.errno))
 }
 
 pub fn set_queue_seq(fd: RawFd, seq: u32) -> SysResult<()> {
-    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ, seq as i32).map_err(|e| crate::SysError::new("setsockopt(TCP_QUEUE_SEQ)", e.errno))
+    setsockopt_int(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ, seq as i32)
+        .map_err(|e| crate::SysError::new("setsockopt(TCP_QUEUE_SEQ)", e.errno))
 }
 
 /// Copies up to `len` bytes of the selected queue without consuming them
@@ -220,7 +285,14 @@ pub fn peek_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
         return Ok(buf);
     }
     // SAFETY: the buffer has len writable bytes.
-    let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), len, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let r = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            len,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
     if r < 0 {
         return Err(last_error("recv(MSG_PEEK)"));
     }
@@ -232,10 +304,18 @@ pub fn peek_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
 /// In repair mode this fills the selected queue instead of sending.
 pub fn send_all(fd: RawFd, data: &[u8], timeout_ms: i32) -> SysResult<()> {
     let mut off = 0;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.max(0) as u64);
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.max(0) as u64);
     while off < data.len() {
         // SAFETY: data[off..] is a live buffer.
-        let r = unsafe { libc::send(fd, data[off..].as_ptr().cast(), data.len() - off, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let r = unsafe {
+            libc::send(
+                fd,
+                data[off..].as_ptr().cast(),
+                data.len() - off,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
         if r > 0 {
             off += r as usize;
             continue;
@@ -246,9 +326,16 @@ pub fn send_all(fd: RawFd, data: &[u8], timeout_ms: i32) -> SysResult<()> {
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err(crate::SysError::new("send (no room in the queue)", libc::ETIMEDOUT));
+            return Err(crate::SysError::new(
+                "send (no room in the queue)",
+                libc::ETIMEDOUT,
+            ));
         }
-        let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, (left.as_millis() as i32).clamp(1, 50)) };
     }
@@ -263,36 +350,73 @@ pub fn set_repair_options(fd: RawFd, opts: &[(u32, u32)]) -> SysResult<()> {
         bytes.extend_from_slice(&code.to_ne_bytes());
         bytes.extend_from_slice(&val.to_ne_bytes());
     }
-    setsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_OPTIONS, &bytes).map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_OPTIONS)", e.errno))
+    setsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_OPTIONS, &bytes)
+        .map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_OPTIONS)", e.errno))
 }
 
 pub fn repair_window(fd: RawFd) -> SysResult<RepairWindow> {
-    let b = getsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW, std::mem::size_of::<RepairWindow>())
-        .map_err(|e| crate::SysError::new("getsockopt(TCP_REPAIR_WINDOW)", e.errno))?;
-    let w = |i: usize| b.get(i * 4..i * 4 + 4).map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]));
-    Ok(RepairWindow { snd_wl1: w(0), snd_wnd: w(1), max_window: w(2), rcv_wnd: w(3), rcv_wup: w(4) })
+    let b = getsockopt_bytes(
+        fd,
+        libc::IPPROTO_TCP,
+        TCP_REPAIR_WINDOW,
+        std::mem::size_of::<RepairWindow>(),
+    )
+    .map_err(|e| crate::SysError::new("getsockopt(TCP_REPAIR_WINDOW)", e.errno))?;
+    let w = |i: usize| {
+        b.get(i * 4..i * 4 + 4)
+            .map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
+    };
+    Ok(RepairWindow {
+        snd_wl1: w(0),
+        snd_wnd: w(1),
+        max_window: w(2),
+        rcv_wnd: w(3),
+        rcv_wup: w(4),
+    })
 }
 
 pub fn set_repair_window(fd: RawFd, win: &RepairWindow) -> SysResult<()> {
     let mut b = Vec::with_capacity(20);
-    for v in [win.snd_wl1, win.snd_wnd, win.max_window, win.rcv_wnd, win.rcv_wup] {
+    for v in [
+        win.snd_wl1,
+        win.snd_wnd,
+        win.max_window,
+        win.rcv_wnd,
+        win.rcv_wup,
+    ] {
         b.extend_from_slice(&v.to_ne_bytes());
     }
-    setsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW, &b).map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_WINDOW)", e.errno))
+    setsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW, &b)
+        .map_err(|e| crate::SysError::new("setsockopt(TCP_REPAIR_WINDOW)", e.errno))
 }
 
 pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
     // SAFETY: integer arguments.
     let r = unsafe { libc::shutdown(fd, how) };
-    if r < 0 { Err(last_error("shutdown")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("shutdown"))
+    } else {
+        Ok(())
+    }
 }
 
 pub fn accept(fd: RawFd) -> SysResult<Option<OwnedFd>> {
     // SAFETY: no address wanted: null pointers are allowed.
-    let r = unsafe { libc::accept4(fd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) };
+    let r = unsafe {
+        libc::accept4(
+            fd,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
     if r < 0 {
         let e = last_error("accept4");
-        return if e.errno == libc::EAGAIN { Ok(None) } else { Err(e) };
+        return if e.errno == libc::EAGAIN {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     // SAFETY: a new descriptor nobody else owns.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(r) }))
@@ -307,7 +431,13 @@ pub fn unix_name(fd: RawFd, peer: bool) -> SysResult<Vec<u8>> {
     let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     let p = &mut sun as *mut _ as *mut libc::sockaddr;
     // SAFETY: sun/len describe a writable sockaddr_un.
-    let r = unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } };
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
     if r != 0 {
         return Err(last_error(if peer { "getpeername" } else { "getsockname" }));
     }
@@ -347,7 +477,11 @@ pub fn unix_connect(fd: RawFd, name: &[u8]) -> SysResult<()> {
     let (sun, len) = unix_addr(name, "connect (unix name too long or empty)")?;
     // SAFETY: sun holds a valid address of `len` bytes.
     let r = unsafe { libc::connect(fd, &sun as *const _ as *const libc::sockaddr, len) };
-    if r < 0 { Err(last_error("connect")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("connect"))
+    } else {
+        Ok(())
+    }
 }
 
 /// bind(2) of a unix socket to `name` (as for [`unix_connect`]).
@@ -355,7 +489,11 @@ pub fn unix_bind(fd: RawFd, name: &[u8]) -> SysResult<()> {
     let (sun, len) = unix_addr(name, "bind (unix name too long or empty)")?;
     // SAFETY: sun holds a valid address of `len` bytes.
     let r = unsafe { libc::bind(fd, &sun as *const _ as *const libc::sockaddr, len) };
-    if r < 0 { Err(last_error("bind")) } else { Ok(()) }
+    if r < 0 {
+        Err(last_error("bind"))
+    } else {
+        Ok(())
+    }
 }
 
 /// socketpair(2) of two connected sockets (close-on-exec).

@@ -34,7 +34,10 @@ pub struct Message {
 /// nothing is queued (EAGAIN).
 pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>> {
     let mut ctrl = vec![0u64; CTRL_LEN / 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -50,7 +53,12 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>>
         }
         return Err(e);
     }
-    let mut out = Message { len: n as usize, fds: Vec::new(), creds: None, truncated: msg.msg_flags & libc::MSG_CTRUNC != 0 };
+    let mut out = Message {
+        len: n as usize,
+        fds: Vec::new(),
+        creds: None,
+        truncated: msg.msg_flags & libc::MSG_CTRUNC != 0,
+    };
     // SAFETY: walking the control buffer the kernel filled; every header
     // and its data lie inside msg_controllen bytes (CMSG_NXTHDR checks).
     unsafe {
@@ -64,9 +72,16 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>>
                     // The kernel just installed it for us.
                     out.fds.push(OwnedFd::from_raw_fd(raw));
                 }
-            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS && len >= std::mem::size_of::<libc::ucred>() {
+            } else if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && len >= std::mem::size_of::<libc::ucred>()
+            {
                 let u = std::ptr::read_unaligned(data as *const libc::ucred);
-                out.creds = Some(Creds { pid: u.pid, uid: u.uid, gid: u.gid });
+                out.creds = Some(Creds {
+                    pid: u.pid,
+                    uid: u.uid,
+                    gid: u.gid,
+                });
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
@@ -78,12 +93,21 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>>
 /// explicit credentials (SCM_CREDENTIALS; another pid, uid or gid than
 /// the caller's needs CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID). Returns the
 /// bytes sent.
-pub fn send(fd: RawFd, data: &[u8], fds: &[RawFd], creds: Option<Creds>, flags: i32) -> SysResult<usize> {
+pub fn send(
+    fd: RawFd,
+    data: &[u8],
+    fds: &[RawFd],
+    creds: Option<Creds>,
+    flags: i32,
+) -> SysResult<usize> {
     if fds.len() > MAX_FDS {
         return Err(crate::SysError::new("sendmsg(SCM_RIGHTS)", libc::EINVAL));
     }
     let mut ctrl = vec![0u64; CTRL_LEN / 8];
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -92,8 +116,16 @@ pub fn send(fd: RawFd, data: &[u8], fds: &[RawFd], creds: Option<Creds>, flags: 
     // `ctrl` (4096 bytes, more than 253 descriptors and one ucred need),
     // at offsets CMSG_FIRSTHDR/CMSG_NXTHDR compute from msg_controllen.
     unsafe {
-        let rights = if fds.is_empty() { 0 } else { libc::CMSG_SPACE((fds.len() * 4) as u32) as usize };
-        let cred = if creds.is_some() { libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize } else { 0 };
+        let rights = if fds.is_empty() {
+            0
+        } else {
+            libc::CMSG_SPACE((fds.len() * 4) as u32) as usize
+        };
+        let cred = if creds.is_some() {
+            libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize
+        } else {
+            0
+        };
         let used = rights + cred;
         if used > 0 {
             msg.msg_control = ctrl.as_mut_ptr().cast();
@@ -113,7 +145,14 @@ pub fn send(fd: RawFd, data: &[u8], fds: &[RawFd], creds: Option<Creds>, flags: 
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_CREDENTIALS;
                 (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::ucred, libc::ucred { pid: k.pid, uid: k.uid, gid: k.gid });
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c) as *mut libc::ucred,
+                    libc::ucred {
+                        pid: k.pid,
+                        uid: k.uid,
+                        gid: k.gid,
+                    },
+                );
             }
         }
     }

@@ -59,7 +59,12 @@ struct Insn {
 }
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn { code, regs: (src << 4) | dst, off, imm }
+    Insn {
+        code,
+        regs: (src << 4) | dst,
+        off,
+        imm,
+    }
 }
 
 /// The iterator program: for each mapping, bpf_seq_write of
@@ -74,20 +79,20 @@ fn program(l: &IterLayout) -> Vec<Insn> {
     const CALL: u8 = 0x85;
     const EXIT: u8 = 0x95;
     vec![
-        insn(MOV64_REG, 6, 1, 0, 0),           // r6 = ctx
-        insn(LDX_DW, 7, 6, l.ctx_vma, 0),      // r7 = ctx->vma
-        insn(JEQ_IMM, 7, 0, 12, 0),            // no mapping (the end): done
-        insn(LDX_DW, 1, 6, l.ctx_meta, 0),     // r1 = ctx->meta
-        insn(LDX_DW, 1, 1, l.meta_seq, 0),     // r1 = meta->seq
-        insn(LDX_DW, 2, 7, l.vm_start, 0),     // the record, on the stack
+        insn(MOV64_REG, 6, 1, 0, 0),       // r6 = ctx
+        insn(LDX_DW, 7, 6, l.ctx_vma, 0),  // r7 = ctx->vma
+        insn(JEQ_IMM, 7, 0, 12, 0),        // no mapping (the end): done
+        insn(LDX_DW, 1, 6, l.ctx_meta, 0), // r1 = ctx->meta
+        insn(LDX_DW, 1, 1, l.meta_seq, 0), // r1 = meta->seq
+        insn(LDX_DW, 2, 7, l.vm_start, 0), // the record, on the stack
         insn(STX_DW, 10, 2, -24, 0),
         insn(LDX_DW, 2, 7, l.vm_end, 0),
         insn(STX_DW, 10, 2, -16, 0),
         insn(LDX_DW, 2, 7, l.vm_flags, 0),
         insn(STX_DW, 10, 2, -8, 0),
-        insn(MOV64_REG, 2, 10, 0, 0),          // r2 = &record
+        insn(MOV64_REG, 2, 10, 0, 0), // r2 = &record
         insn(ADD64_IMM, 2, 0, 0, -24),
-        insn(MOV64_IMM, 3, 0, 0, 24),          // r3 = its size
+        insn(MOV64_IMM, 3, 0, 0, 24), // r3 = its size
         insn(CALL, 0, 0, 0, BPF_FUNC_SEQ_WRITE),
         insn(MOV64_IMM, 0, 0, 0, 0),
         insn(EXIT, 0, 0, 0, 0),
@@ -156,7 +161,14 @@ struct IterCreateAttr {
 fn bpf<T>(cmd: libc::c_long, attr: &mut T, what: &'static str) -> SysResult<OwnedFd> {
     // SAFETY: attr is a live, initialised bpf_attr variant of its own size,
     // which the kernel reads (and may write within) for this command.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T as *mut libc::c_void, std::mem::size_of::<T>()) };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T as *mut libc::c_void,
+            std::mem::size_of::<T>(),
+        )
+    };
     if fd < 0 {
         return Err(last_error(what));
     }
@@ -209,9 +221,22 @@ impl VmaIterProgram {
             attach_btf_id: layout.attach_btf_id,
             ..Default::default()
         };
-        bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD, task_vma iterator)").map(|prog| VmaIterProgram { prog }).map_err(|error| {
-            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-            let verifier = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+        bpf(
+            BPF_PROG_LOAD,
+            &mut attr,
+            "bpf(BPF_PROG_LOAD, task_vma iterator)",
+        )
+        .map(|prog| VmaIterProgram { prog })
+        .map_err(|error| {
+            let text =
+                String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+                    .into_owned();
+            let verifier = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
             LoadRefused { error, verifier }
         })
     }
@@ -219,7 +244,10 @@ impl VmaIterProgram {
     /// Every mapping of process `pid` (its main thread's address space),
     /// in address order.
     pub fn read(&self, pid: i32) -> SysResult<Vec<RawVma>> {
-        let mut info = IterTaskInfo { tid: pid as u32, ..Default::default() };
+        let mut info = IterTaskInfo {
+            tid: pid as u32,
+            ..Default::default()
+        };
         let mut link_attr = LinkCreateAttr {
             prog_fd: self.prog.as_raw_fd() as u32,
             attach_type: BPF_TRACE_ITER,
@@ -227,8 +255,15 @@ impl VmaIterProgram {
             iter_info_len: std::mem::size_of::<IterTaskInfo>() as u32,
             ..Default::default()
         };
-        let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, task_vma iterator)")?;
-        let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
+        let link = bpf(
+            BPF_LINK_CREATE,
+            &mut link_attr,
+            "bpf(BPF_LINK_CREATE, task_vma iterator)",
+        )?;
+        let mut iter_attr = IterCreateAttr {
+            link_fd: link.as_raw_fd() as u32,
+            flags: 0,
+        };
         let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
         let mut file = std::fs::File::from(iter);
         // One read returns at most the kernel's iterator buffer (32 KiB,
@@ -239,25 +274,44 @@ impl VmaIterProgram {
         // find the end.
         let mut bytes = vec![0u8; 64 * 1024];
         let read = |file: &mut std::fs::File, buf: &mut [u8]| {
-            std::io::Read::read(file, buf).map_err(|e| SysError::new("read(task_vma iterator)", e.raw_os_error().unwrap_or(libc::EIO)))
+            std::io::Read::read(file, buf).map_err(|e| {
+                SysError::new(
+                    "read(task_vma iterator)",
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            })
         };
         let n = read(&mut file, &mut bytes)?;
         let mut more = [0u8; 24];
         if read(&mut file, &mut more)? != 0 {
-            return Err(SysError::new("read(task_vma iterator): more mappings than one read holds", libc::E2BIG));
+            return Err(SysError::new(
+                "read(task_vma iterator): more mappings than one read holds",
+                libc::E2BIG,
+            ));
         }
         if n % 24 != 0 {
-            return Err(SysError::new("read(task_vma iterator): a partial record", libc::EIO));
+            return Err(SysError::new(
+                "read(task_vma iterator): a partial record",
+                libc::EIO,
+            ));
         }
         let vmas: Vec<RawVma> = bytes[..n]
             .chunks_exact(24)
             .map(|r| {
-                let word = |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-                RawVma { start: word(0), end: word(1), flags: word(2) }
+                let word =
+                    |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+                RawVma {
+                    start: word(0),
+                    end: word(1),
+                    flags: word(2),
+                }
             })
             .collect();
         if vmas.windows(2).any(|w| w[1].start < w[0].end) || vmas.iter().any(|v| v.end <= v.start) {
-            return Err(SysError::new("read(task_vma iterator): mappings out of order", libc::EIO));
+            return Err(SysError::new(
+                "read(task_vma iterator): mappings out of order",
+                libc::EIO,
+            ));
         }
         Ok(vmas)
     }

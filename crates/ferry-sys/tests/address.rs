@@ -5,7 +5,9 @@
 //! listener in B. Every namespace (and so every veth and the bridge) is
 //! removed on drop, also when an assertion fails.
 
-use ferry_sys::address::{add_address, del_address, find_address, interface_hwaddr, interface_index};
+use ferry_sys::address::{
+    add_address, del_address, find_address, interface_hwaddr, interface_index,
+};
 use ferry_sys::announce::{announce, gratuitous_arp};
 use ferry_sys::netns::enter_net_namespace;
 use std::io::{Read, Write};
@@ -18,13 +20,22 @@ use std::time::Duration;
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+            })
+        })
         .unwrap_or(false)
 }
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Namespaces made by one test; deleting a namespace also deletes the
@@ -40,7 +51,11 @@ impl Lab {
     fn new() -> Lab {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
-        Lab { tag: format!("fsa{}-{n}", std::process::id()), made: Vec::new(), n: (n % 250) as u8 + 1 }
+        Lab {
+            tag: format!("fsa{}-{n}", std::process::id()),
+            made: Vec::new(),
+            n: (n % 250) as u8 + 1,
+        }
     }
 
     fn ns(&self, host: &str) -> String {
@@ -63,15 +78,45 @@ impl Lab {
         let br = lab.add_ns("br");
         // No multicast snooping: the bridge floods multicast (ff02::1) to
         // every port, as a plain switch does.
-        ip(&["-n", &br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+        ip(&[
+            "-n",
+            &br,
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
         for (i, h) in hosts.iter().enumerate() {
             let ns = lab.add_ns(h);
             let port = format!("p{i}");
-            ip(&["-n", &br, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+            ip(&[
+                "-n", &br, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
+                &ns,
+            ]);
             ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("10.77.{}.{}/24", lab.n, i + 1), "dev", "eth0"]);
-            ip(&["-n", &ns, "addr", "add", &format!("fd00:77:{}::{}/64", lab.n, i + 1), "dev", "eth0", "nodad"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("10.77.{}.{}/24", lab.n, i + 1),
+                "dev",
+                "eth0",
+            ]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("fd00:77:{}::{}/64", lab.n, i + 1),
+                "dev",
+                "eth0",
+                "nodad",
+            ]);
             ip(&["-n", &ns, "link", "set", "eth0", "up"]);
         }
         lab
@@ -90,19 +135,31 @@ impl Lab {
     }
 
     fn mac(&self, host: &str) -> String {
-        let out = Command::new("ip").args(["-n", &self.ns(host), "link", "show", "eth0"]).output().expect("ip link show");
+        let out = Command::new("ip")
+            .args(["-n", &self.ns(host), "link", "show", "eth0"])
+            .output()
+            .expect("ip link show");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mac = text.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap_or_else(|| panic!("no MAC in {text}"));
+        let mac = text
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no MAC in {text}"));
         mac.to_string()
     }
 
     /// The MAC host `host` has in its neighbour table for `addr`.
     fn neighbour_mac(&self, host: &str, addr: IpAddr) -> Option<String> {
-        let out = Command::new("ip").args(["-n", &self.ns(host), "neigh", "show", &addr.to_string()]).output().expect("ip neigh show");
+        let out = Command::new("ip")
+            .args(["-n", &self.ns(host), "neigh", "show", &addr.to_string()])
+            .output()
+            .expect("ip neigh show");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1).map(String::from)
+        text.split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .map(String::from)
     }
-
 }
 
 impl Drop for Lab {
@@ -114,7 +171,8 @@ impl Drop for Lab {
 }
 
 fn eth0(lab: &Lab, host: &str) -> u32 {
-    lab.run(host, || interface_index("eth0")).expect("eth0's index")
+    lab.run(host, || interface_index("eth0"))
+        .expect("eth0's index")
 }
 
 /// The whole move of `service` from A to B, seen from client C.
@@ -123,21 +181,45 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
     let (a_mac, b_mac) = (lab.mac("a"), lab.mac("b"));
     assert_ne!(a_mac, b_mac);
 
-    lab.run("a", move || add_address(a_if, service, prefix)).expect("add the service address on A");
-    assert_eq!(lab.run("a", move || find_address(service)).expect("find on A"), Some((a_if, prefix)));
+    lab.run("a", move || add_address(a_if, service, prefix))
+        .expect("add the service address on A");
+    assert_eq!(
+        lab.run("a", move || find_address(service))
+            .expect("find on A"),
+        Some((a_if, prefix))
+    );
     // C talks to the service on A, and so caches A's MAC for it.
     exchange(lab, "a", "c", service);
-    assert_eq!(lab.neighbour_mac("c", service).as_deref(), Some(a_mac.as_str()), "C learned A's MAC");
+    assert_eq!(
+        lab.neighbour_mac("c", service).as_deref(),
+        Some(a_mac.as_str()),
+        "C learned A's MAC"
+    );
 
     // The freeze: off A, onto B, then B announces it.
-    lab.run("a", move || del_address(a_if, service, prefix)).expect("remove the service address from A");
-    assert_eq!(lab.run("a", move || find_address(service)).expect("find on A"), None);
-    lab.run("b", move || add_address(b_if, service, prefix)).expect("add the service address on B");
-    assert_eq!(lab.run("b", move || find_address(service)).expect("find on B"), Some((b_if, prefix)));
+    lab.run("a", move || del_address(a_if, service, prefix))
+        .expect("remove the service address from A");
+    assert_eq!(
+        lab.run("a", move || find_address(service))
+            .expect("find on A"),
+        None
+    );
+    lab.run("b", move || add_address(b_if, service, prefix))
+        .expect("add the service address on B");
+    assert_eq!(
+        lab.run("b", move || find_address(service))
+            .expect("find on B"),
+        Some((b_if, prefix))
+    );
     // Nothing told C yet: the move alone does not change C's cache, so
     // what changes it below is the announcement.
-    assert_eq!(lab.neighbour_mac("c", service).as_deref(), Some(a_mac.as_str()), "C still has A's MAC before the announcement");
-    lab.run("b", move || announce(b_if, service)).expect("announce from B");
+    assert_eq!(
+        lab.neighbour_mac("c", service).as_deref(),
+        Some(a_mac.as_str()),
+        "C still has A's MAC before the announcement"
+    );
+    lab.run("b", move || announce(b_if, service))
+        .expect("announce from B");
 
     let mut seen = None;
     for _ in 0..50 {
@@ -156,7 +238,11 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
 /// A TCP round trip from a client in `client` to a listener in `server`
 /// bound to `service`.
 fn exchange(lab: &Lab, server: &str, client: &str, service: IpAddr) {
-    let listener = lab.run(server, move || TcpListener::bind(SocketAddr::new(service, 0))).expect("listen on the service address");
+    let listener = lab
+        .run(server, move || {
+            TcpListener::bind(SocketAddr::new(service, 0))
+        })
+        .expect("listen on the service address");
     let port = listener.local_addr().expect("listener address").port();
     let accepted = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().expect("accept");
@@ -168,14 +254,20 @@ fn exchange(lab: &Lab, server: &str, client: &str, service: IpAddr) {
     let reply = lab.run(client, move || {
         // Short enough that a SYN still sent to A's MAC (which would only
         // be corrected by C's own re-resolution after ~5 s) fails the test.
-        let mut s = TcpStream::connect_timeout(&SocketAddr::new(service, port), Duration::from_secs(2))?;
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::new(service, port), Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"ping")?;
         let mut b = [0u8; 4];
         s.read_exact(&mut b)?;
         Ok::<_, std::io::Error>(b)
     });
-    assert_eq!(&reply.unwrap_or_else(|e| panic!("{client} connects to {server}'s listener on {service}: {e}")), b"pong");
+    assert_eq!(
+        &reply.unwrap_or_else(|e| panic!(
+            "{client} connects to {server}'s listener on {service}: {e}"
+        )),
+        b"pong"
+    );
     assert_eq!(&accepted.join().expect("server thread"), b"ping");
 }
 
@@ -220,7 +312,8 @@ fn refusals_carry_the_kernels_errno() {
             assert!(e.to_string().contains("RTM_DELADDR"), "{e}");
             assert_eq!(find_address(absent).expect("find"), None);
 
-            let e = add_address(999_999, absent, prefix).expect_err("adding to an interface that does not exist");
+            let e = add_address(999_999, absent, prefix)
+                .expect_err("adding to an interface that does not exist");
             assert_eq!(e.errno, libc::ENODEV, "{e}");
             assert!(e.to_string().contains("RTM_NEWADDR"), "{e}");
         }
@@ -240,7 +333,8 @@ fn refusals_carry_the_kernels_errno() {
 
         // Loopback has no Ethernet address to announce.
         let lo = interface_index("lo").expect("lo");
-        let e = gratuitous_arp(lo, Ipv4Addr::new(127, 0, 0, 1)).expect_err("announcing on loopback");
+        let e =
+            gratuitous_arp(lo, Ipv4Addr::new(127, 0, 0, 1)).expect_err("announcing on loopback");
         assert_eq!(e.errno, libc::EOPNOTSUPP, "{e}");
     });
 }

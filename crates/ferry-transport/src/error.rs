@@ -13,10 +13,7 @@ pub enum TransportError {
     // Not a `source`: the message already carries it, and an error chain
     // printer would repeat it.
     #[error("{what}: {error}")]
-    Io {
-        what: String,
-        error: std::io::Error,
-    },
+    Io { what: String, error: std::io::Error },
     #[error("peer closed the connection")]
     Closed,
     #[error("stream from {peer} is corrupt: {reason}")]
@@ -36,7 +33,10 @@ impl TransportError {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                 TransportError::Timeout { what }
             }
-            _ => TransportError::Io { what, error: source },
+            _ => TransportError::Io {
+                what,
+                error: source,
+            },
         }
     }
 }

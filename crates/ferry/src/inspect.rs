@@ -9,14 +9,20 @@ use std::path::Path;
 
 pub fn show(dir: &Path, json: bool) -> Result<()> {
     let d = ImageDir::new(dir);
-    let (inv, tree) = d.read_meta().with_context(|| format!("reading image {}", dir.display()))?;
+    let (inv, tree) = d
+        .read_meta()
+        .with_context(|| format!("reading image {}", dir.display()))?;
     let f = d.check_pages_file(&inv)?;
     let map = ferry_sys_map(&f, inv.pages_bytes)?;
     for p in &tree.processes {
-        ImageDir::verify_runs(&p.page_runs, &map).with_context(|| format!("checking the pages of process {}", p.pid))?;
+        ImageDir::verify_runs(&p.page_runs, &map)
+            .with_context(|| format!("checking the pages of process {}", p.pid))?;
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "inventory": inv, "tree": tree }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "inventory": inv, "tree": tree }))?
+        );
         return Ok(());
     }
     show_text(dir, &inv, &tree);
@@ -24,7 +30,14 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
 }
 
 fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
-    println!("image {} (format v{}, ferry {}, kernel {}, {})", dir.display(), inv.format_version, inv.ferry_version, inv.kernel_release, inv.arch);
+    println!(
+        "image {} (format v{}, ferry {}, kernel {}, {})",
+        dir.display(),
+        inv.format_version,
+        inv.ferry_version,
+        inv.kernel_release,
+        inv.arch
+    );
     println!(
         "process tree: {} processes, {} zombies, {} shared memory objects, {} SysV segments, {} semaphore sets, {} message queues; {} pages stored ({:.1} MiB)",
         tree.processes.len(),
@@ -40,14 +53,26 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
         println!("PIDs are those of the tree's own PID namespace; restore makes a new PID namespace for it");
     }
     if let Some(l) = &tree.network_lock {
-        println!("TCP connections held by network lock {} ({}); restore releases it", l.name, l.method);
+        println!(
+            "TCP connections held by network lock {} ({}); restore releases it",
+            l.name, l.method
+        );
     }
     for s in &tree.sysv_sem {
-        println!("semaphore set {} key {:#x} mode {:o} values {:?}", s.id, s.key, s.mode, s.values);
+        println!(
+            "semaphore set {} key {:#x} mode {:o} values {:?}",
+            s.id, s.key, s.mode, s.values
+        );
     }
     for q in &tree.sysv_msg {
         let bytes: usize = q.messages.iter().map(|(_, m)| m.len()).sum();
-        println!("message queue {} key {:#x} mode {:o}: {} messages, {bytes} bytes", q.id, q.key, q.mode, q.messages.len());
+        println!(
+            "message queue {} key {:#x} mode {:o}: {} messages, {bytes} bytes",
+            q.id,
+            q.key,
+            q.mode,
+            q.messages.len()
+        );
     }
     // Which processes hold each open file description (by its id).
     let mut holders: HashMap<u64, Vec<i32>> = HashMap::new();
@@ -67,22 +92,42 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
         println!();
         println!("zombies ({}):", tree.zombies.len());
         for z in &tree.zombies {
-            println!("  pid {:>7} ppid {} pgid {} sid {}  {}", z.pid, z.ppid, z.pgid, z.sid, exit_status(z));
+            println!(
+                "  pid {:>7} ppid {} pgid {} sid {}  {}",
+                z.pid,
+                z.ppid,
+                z.pgid,
+                z.sid,
+                exit_status(z)
+            );
         }
     }
     if !tree.shared_anon.is_empty() {
         println!();
         println!("shared anonymous memory ({}):", tree.shared_anon.len());
         for m in &tree.shared_anon {
-            let users = mapped_by(tree, |b| matches!(b, VmaBacking::SharedAnon { id } if *id == m.id));
-            println!("  {} {:?}: {} bytes, {} stored, mapped by {}", m.id, m.name, m.size, stored(&m.extents), users);
+            let users = mapped_by(
+                tree,
+                |b| matches!(b, VmaBacking::SharedAnon { id } if *id == m.id),
+            );
+            println!(
+                "  {} {:?}: {} bytes, {} stored, mapped by {}",
+                m.id,
+                m.name,
+                m.size,
+                stored(&m.extents),
+                users
+            );
         }
     }
     if !tree.sysv_shm.is_empty() {
         println!();
         println!("SysV shared memory segments ({}):", tree.sysv_shm.len());
         for s in &tree.sysv_shm {
-            let users = mapped_by(tree, |b| matches!(b, VmaBacking::SysvShm { id } if *id == s.id));
+            let users = mapped_by(
+                tree,
+                |b| matches!(b, VmaBacking::SysvShm { id } if *id == s.id),
+            );
             println!(
                 "  id {} key {:#x}: {} bytes, mode {:03o} uid {} gid {}, {} stored, attached by {}",
                 s.id,
@@ -100,20 +145,50 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
 
 fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
     let is_root = tree.root().is_some_and(|r| r.pid == p.pid);
-    println!("process {} \"{}\" exe {} cwd {}{}", p.pid, p.comm, p.exe, p.cwd, if is_root { " (root of the tree)" } else { "" });
-    println!("  ppid {} pgid {} sid {} umask {:03o} uid {} gid {}", p.ppid, p.pgid, p.sid, p.umask, p.creds.uids[0], p.creds.gids[0]);
+    println!(
+        "process {} \"{}\" exe {} cwd {}{}",
+        p.pid,
+        p.comm,
+        p.exe,
+        p.cwd,
+        if is_root { " (root of the tree)" } else { "" }
+    );
+    println!(
+        "  ppid {} pgid {} sid {} umask {:03o} uid {} gid {}",
+        p.ppid, p.pgid, p.sid, p.umask, p.creds.uids[0], p.creds.gids[0]
+    );
     if let Some(root) = &p.root {
         println!("  root directory {root}");
     }
     println!("threads ({}):", p.threads.len());
     for t in &p.threads {
         let in_call = t.regs.get(15).copied().unwrap_or(u64::MAX) as i64;
-        let call = if in_call >= 0 { format!(" in syscall {in_call}") } else { String::new() };
-        println!("  tid {:>7} {:<16} rip {:#x} sigmask {:#x}{}", t.tid, t.comm, t.regs.get(16).copied().unwrap_or(0), t.sigmask, call);
+        let call = if in_call >= 0 {
+            format!(" in syscall {in_call}")
+        } else {
+            String::new()
+        };
+        println!(
+            "  tid {:>7} {:<16} rip {:#x} sigmask {:#x}{}",
+            t.tid,
+            t.comm,
+            t.regs.get(16).copied().unwrap_or(0),
+            t.sigmask,
+            call
+        );
     }
     let pages: u64 = p.page_runs.iter().map(|r| r.pages).sum();
-    let inherited = if p.inherited.is_empty() { String::new() } else { format!(", {} inherited from the parent", p.inherited.len()) };
-    println!("mappings ({}{inherited}), {} pages stored ({:.1} MiB):", p.vmas.len(), pages, pages as f64 * 4096.0 / 1048576.0);
+    let inherited = if p.inherited.is_empty() {
+        String::new()
+    } else {
+        format!(", {} inherited from the parent", p.inherited.len())
+    };
+    println!(
+        "mappings ({}{inherited}), {} pages stored ({:.1} MiB):",
+        p.vmas.len(),
+        pages,
+        pages as f64 * 4096.0 / 1048576.0
+    );
     for v in &p.vmas {
         let prot = format!(
             "{}{}{}{}",
@@ -134,20 +209,34 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             VmaBacking::Vdso => "[vdso]".into(),
             VmaBacking::Vvar { name } => name.clone(),
             VmaBacking::Vsyscall => "[vsyscall]".into(),
-            VmaBacking::DeletedFile { id } => match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
-                Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
-                None => format!("[deleted file {id}]"),
-            },
+            VmaBacking::DeletedFile { id } => {
+                match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
+                    Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
+                    None => format!("[deleted file {id}]"),
+                }
+            }
         };
-        let stored: u64 = p.page_runs.iter().filter(|r| r.start >= v.start && r.start < v.end).map(|r| r.pages).sum();
-        let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {
+        let stored: u64 = p
+            .page_runs
+            .iter()
+            .filter(|r| r.start >= v.start && r.start < v.end)
+            .map(|r| r.pages)
+            .sum();
+        let inherited = match p
+            .inherited
+            .iter()
+            .find(|i| i.start == v.start && i.end == v.end)
+        {
             Some(i) => {
                 let shared: u64 = i.shared_pages.iter().map(|&(_, n)| n).sum();
                 format!("  (inherited, {shared} pages shared with the parent)")
             }
             None => String::new(),
         };
-        println!("  {:#014x}-{:#014x} {} {:>8} pages stored  {}{}", v.start, v.end, prot, stored, what, inherited);
+        println!(
+            "  {:#014x}-{:#014x} {} {:>8} pages stored  {}{}",
+            v.start, v.end, prot, stored, what, inherited
+        );
     }
     println!("fds ({}):", p.fds.len());
     for s in &p.fds {
@@ -200,15 +289,46 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
                     .unwrap_or_default()
             ),
         };
-        let others: Vec<String> = holders.get(&f.id).into_iter().flatten().filter(|&&pid| pid != p.pid).map(|pid| pid.to_string()).collect();
-        let shared = if others.is_empty() { String::new() } else { format!(" (shared with {})", others.join(", ")) };
-        println!("  {:>4} flags {:#o} pos {}{}  {}{}", s.fd, f.flags, f.pos, if s.cloexec { " cloexec" } else { "" }, what, shared);
+        let others: Vec<String> = holders
+            .get(&f.id)
+            .into_iter()
+            .flatten()
+            .filter(|&&pid| pid != p.pid)
+            .map(|pid| pid.to_string())
+            .collect();
+        let shared = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (shared with {})", others.join(", "))
+        };
+        println!(
+            "  {:>4} flags {:#o} pos {}{}  {}{}",
+            s.fd,
+            f.flags,
+            f.pos,
+            if s.cloexec { " cloexec" } else { "" },
+            what,
+            shared
+        );
     }
     let handled = p.signals.actions.iter().filter(|a| a.handler > 1).count();
-    println!("signals: {handled} handlers, {} pending for the process", p.signals.shared_pending.len());
-    println!("timers: {} interval timers, {} POSIX timers", p.itimers.len(), p.posix_timers.len());
+    println!(
+        "signals: {handled} handlers, {} pending for the process",
+        p.signals.shared_pending.len()
+    );
+    println!(
+        "timers: {} interval timers, {} POSIX timers",
+        p.itimers.len(),
+        p.posix_timers.len()
+    );
     for m in &p.memfds {
-        println!("memfd {:?}: {} bytes, {} stored, seals {:#x}", m.name, m.size, stored(&m.extents), m.seals);
+        println!(
+            "memfd {:?}: {} bytes, {} stored, seals {:#x}",
+            m.name,
+            m.size,
+            stored(&m.extents),
+            m.seals
+        );
     }
     show_fidelity(p);
 }
@@ -235,19 +355,55 @@ fn show_fidelity(p: &ProcessImage) {
         let mode = match t.seccomp_mode {
             0 => "none".to_string(),
             1 => "strict".to_string(),
-            _ => format!("filter ({} filters: {})", t.seccomp.len(), t.seccomp.iter().map(|i| format!("#{i}")).collect::<Vec<_>>().join(" ")),
+            _ => format!(
+                "filter ({} filters: {})",
+                t.seccomp.len(),
+                t.seccomp
+                    .iter()
+                    .map(|i| format!("#{i}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
         };
         if t.seccomp_mode != 0 || t.pdeathsig != 0 {
-            println!("thread {}: seccomp {mode}, parent-death signal {}", t.tid, t.pdeathsig);
+            println!(
+                "thread {}: seccomp {mode}, parent-death signal {}",
+                t.tid, t.pdeathsig
+            );
         }
     }
     for (i, sf) in f.seccomp_filters.iter().enumerate() {
-        println!("seccomp filter #{i}: {} instructions{}", sf.insns.len(), if sf.log { ", SECCOMP_FILTER_FLAG_LOG" } else { "" });
+        println!(
+            "seccomp filter #{i}: {} instructions{}",
+            sf.insns.len(),
+            if sf.log {
+                ", SECCOMP_FILTER_FLAG_LOG"
+            } else {
+                ""
+            }
+        );
     }
     for o in &f.file_owners {
-        let fds: Vec<String> = p.fds.iter().filter(|s| s.file == o.file).map(|s| s.fd.to_string()).collect();
-        let kind = ["thread", "process", "process group"].get(o.owner_type as usize).copied().unwrap_or("?");
-        println!("fd {}: owner {kind} {}, signal {}", fds.join(","), o.owner, if o.signal == 0 { "SIGIO".to_string() } else { o.signal.to_string() });
+        let fds: Vec<String> = p
+            .fds
+            .iter()
+            .filter(|s| s.file == o.file)
+            .map(|s| s.fd.to_string())
+            .collect();
+        let kind = ["thread", "process", "process group"]
+            .get(o.owner_type as usize)
+            .copied()
+            .unwrap_or("?");
+        println!(
+            "fd {}: owner {kind} {}, signal {}",
+            fds.join(","),
+            o.owner,
+            if o.signal == 0 {
+                "SIGIO".to_string()
+            } else {
+                o.signal.to_string()
+            }
+        );
     }
     for a in &f.inode_attrs {
         let what = match a.of {
@@ -264,7 +420,15 @@ fn exit_status(z: &Zombie) -> String {
     if libc::WIFEXITED(st) {
         format!("exited with status {}", libc::WEXITSTATUS(st))
     } else if libc::WIFSIGNALED(st) {
-        format!("killed by signal {}{}", libc::WTERMSIG(st), if libc::WCOREDUMP(st) { " (core dumped)" } else { "" })
+        format!(
+            "killed by signal {}{}",
+            libc::WTERMSIG(st),
+            if libc::WCOREDUMP(st) {
+                " (core dumped)"
+            } else {
+                ""
+            }
+        )
     } else {
         format!("wait status {st:#x}")
     }
@@ -272,11 +436,24 @@ fn exit_status(z: &Zombie) -> String {
 
 /// The pids of the processes with a mapping `is` matches, for display.
 fn mapped_by(tree: &TreeImage, is: impl Fn(&VmaBacking) -> bool) -> String {
-    let pids: Vec<String> = tree.processes.iter().filter(|p| p.vmas.iter().any(|v| is(&v.backing))).map(|p| p.pid.to_string()).collect();
+    let pids: Vec<String> = tree
+        .processes
+        .iter()
+        .filter(|p| p.vmas.iter().any(|v| is(&v.backing)))
+        .map(|p| p.pid.to_string())
+        .collect();
     if pids.is_empty() {
         "no process".into()
     } else {
-        format!("{} {}", if pids.len() == 1 { "process" } else { "processes" }, pids.join(", "))
+        format!(
+            "{} {}",
+            if pids.len() == 1 {
+                "process"
+            } else {
+                "processes"
+            },
+            pids.join(", ")
+        )
     }
 }
 
@@ -287,10 +464,14 @@ fn stored(extents: &[(u64, Vec<u8>)]) -> usize {
 fn ferry_sys_map(f: &std::fs::File, len: u64) -> Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, ferry_image::dir::PAGES_DATA_OFFSET).context("reading pages.img")?;
+    f.read_exact_at(&mut buf, ferry_image::dir::PAGES_DATA_OFFSET)
+        .context("reading pages.img")?;
     Ok(buf)
 }
 
 fn memfd_name(p: &ProcessImage, id: u64) -> String {
-    p.memfds.iter().find(|m| m.id == id).map_or_else(|| format!("#{id}"), |m| format!("{:?}", m.name))
+    p.memfds
+        .iter()
+        .find(|m| m.id == id)
+        .map_or_else(|| format!("#{id}"), |m| format!("{:?}", m.name))
 }

@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 #[derive(Parser)]
-#[command(name = "ferry", version, about = "Checkpoint a running process tree to an image and restore it, with the same PIDs, memory, threads, files, sockets and shared memory.")]
+#[command(
+    name = "ferry",
+    version,
+    about = "Checkpoint a running process tree to an image and restore it, with the same PIDs, memory, threads, files, sockets and shared memory."
+)]
 struct Cli {
     /// Log what the engine does (also FERRY_LOG=debug).
     #[arg(short, long, global = true)]
@@ -144,9 +148,11 @@ extern "C" fn forward(sig: libc::c_int) {
 fn wait_for(pid: i32) -> Result<i32> {
     CHILD.store(pid, Ordering::Relaxed);
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        ferry_sys::signal::set_handler(sig, forward).map_err(|e| anyhow::anyhow!("forwarding signal {sig}: {e}"))?;
+        ferry_sys::signal::set_handler(sig, forward)
+            .map_err(|e| anyhow::anyhow!("forwarding signal {sig}: {e}"))?;
     }
-    ferry_sys::process::wait_pid(pid).ok_or_else(|| anyhow::anyhow!("waiting for restored process {pid}: not our child"))
+    ferry_sys::process::wait_pid(pid)
+        .ok_or_else(|| anyhow::anyhow!("waiting for restored process {pid}: not our child"))
 }
 
 fn run(cli: Cli) -> Result<i32> {
@@ -159,11 +165,25 @@ fn run(cli: Cli) -> Result<i32> {
         }
     }
     match cli.cmd {
-        Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
-            let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
-            let opts =
-                ferry_engine::capture::CaptureOptions { leave_running, external_stdio, progress: progress::bar("copying memory"), network_lock, ..Default::default() };
-            let s = ferry_engine::capture::checkpoint(pid, &images, &opts).with_context(|| format!("checkpoint of pid {pid} failed"))?;
+        Cmd::Checkpoint {
+            pid,
+            images,
+            leave_running,
+            external_stdio,
+            network_lock,
+        } => {
+            let network_lock = network_lock
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
+            let opts = ferry_engine::capture::CaptureOptions {
+                leave_running,
+                external_stdio,
+                progress: progress::bar("copying memory"),
+                network_lock,
+                ..Default::default()
+            };
+            let s = ferry_engine::capture::checkpoint(pid, &images, &opts)
+                .with_context(|| format!("checkpoint of pid {pid} failed"))?;
             println!(
                 "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}",
                 s.pid,
@@ -178,8 +198,21 @@ fn run(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Restore { images, detach, pidfile, tty_to, netns, new_pid_ns } => {
-            let netns = netns.map(|n| if n.contains('/') { PathBuf::from(n) } else { PathBuf::from("/run/netns").join(n) });
+        Cmd::Restore {
+            images,
+            detach,
+            pidfile,
+            tty_to,
+            netns,
+            new_pid_ns,
+        } => {
+            let netns = netns.map(|n| {
+                if n.contains('/') {
+                    PathBuf::from(n)
+                } else {
+                    PathBuf::from("/run/netns").join(n)
+                }
+            });
             let opts = ferry_engine::restore::RestoreOptions {
                 tty_to,
                 netns,
@@ -189,7 +222,8 @@ fn run(cli: Cli) -> Result<i32> {
                 placed_for_root: Default::default(),
                 lazy: Vec::new(),
             };
-            let r = ferry_engine::restore::restore(&images, &opts).with_context(|| format!("restore from {} failed", images.display()))?;
+            let r = ferry_engine::restore::restore(&images, &opts)
+                .with_context(|| format!("restore from {} failed", images.display()))?;
             match r.init_pid {
                 Some(init) => eprintln!(
                     "restored pid {} ({} processes, {} threads) in {:.1} ms, in a new PID namespace: pid {} from here, its init is pid {init}",
@@ -198,7 +232,8 @@ fn run(cli: Cli) -> Result<i32> {
                 None => eprintln!("restored pid {} ({} processes, {} threads) in {:.1} ms", r.pid, r.processes, r.threads, r.total_ms),
             }
             if let Some(p) = &pidfile {
-                std::fs::write(p, format!("{}\n", r.host_pid)).with_context(|| format!("writing pidfile {}", p.display()))?;
+                std::fs::write(p, format!("{}\n", r.host_pid))
+                    .with_context(|| format!("writing pidfile {}", p.display()))?;
             }
             if detach {
                 return Ok(0);
@@ -208,7 +243,8 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Send { dir } => {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            let n = ferry_image::dir_to_stream(&dir, &mut out).with_context(|| format!("sending {}", dir.display()))?;
+            let n = ferry_image::dir_to_stream(&dir, &mut out)
+                .with_context(|| format!("sending {}", dir.display()))?;
             std::io::Write::flush(&mut out).context("writing to standard output")?;
             eprintln!("sent {} ({n} bytes)", dir.display());
             Ok(0)
@@ -216,10 +252,15 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Receive { dir } => {
             let stdin = std::io::stdin();
             let mut input = std::io::BufReader::with_capacity(1 << 20, stdin.lock());
-            let (_, tree, pages) =
-                ferry_image::read_stream(&mut input, Some(&dir)).with_context(|| format!("receiving into {}", dir.display()))?;
+            let (_, tree, pages) = ferry_image::read_stream(&mut input, Some(&dir))
+                .with_context(|| format!("receiving into {}", dir.display()))?;
             let root = tree.root().map_or(0, |p| p.pid);
-            eprintln!("received pid {root} ({} processes, {} bytes of pages) into {}", tree.processes.len(), pages.len(), dir.display());
+            eprintln!(
+                "received pid {root} ({} processes, {} bytes of pages) into {}",
+                tree.processes.len(),
+                pages.len(),
+                dir.display()
+            );
             Ok(0)
         }
         Cmd::Inspect { dir, json } => {
@@ -228,7 +269,8 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::NetworkLock(args) => netlock_cmd::run(args),
         Cmd::Keygen { file } => {
-            ferry_transport::Key::write_new(&file).with_context(|| format!("writing key file {}", file.display()))?;
+            ferry_transport::Key::write_new(&file)
+                .with_context(|| format!("writing key file {}", file.display()))?;
             eprintln!("wrote a new key to {} (mode 0600): copy it to every host that migrates with this one", file.display());
             Ok(0)
         }
@@ -239,8 +281,16 @@ fn run(cli: Cli) -> Result<i32> {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = if cli.verbose { "debug".to_string() } else { std::env::var("FERRY_LOG").unwrap_or_else(|_| "warn".into()) };
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(tracing_subscriber::EnvFilter::new(filter)).without_time().init();
+    let filter = if cli.verbose {
+        "debug".to_string()
+    } else {
+        std::env::var("FERRY_LOG").unwrap_or_else(|_| "warn".into())
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .without_time()
+        .init();
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

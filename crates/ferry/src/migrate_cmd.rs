@@ -51,9 +51,13 @@ pub struct MigrateArgs {
 }
 
 fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
-    let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
+    let (ip, prefix) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
     let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
-    let prefix: u8 = prefix.parse().map_err(|e| format!("prefix {prefix}: {e}"))?;
+    let prefix: u8 = prefix
+        .parse()
+        .map_err(|e| format!("prefix {prefix}: {e}"))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     if prefix > max {
         return Err(format!("prefix /{prefix} is longer than {max}"));
@@ -62,22 +66,39 @@ fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
 }
 
 pub fn run(a: MigrateArgs) -> Result<i32> {
-    let key = ferry_transport::Key::load(&a.key).with_context(|| format!("key file {}", a.key.display()))?;
+    let key = ferry_transport::Key::load(&a.key)
+        .with_context(|| format!("key file {}", a.key.display()))?;
     let opts = ferry_migrate::MigrateOptions {
         pid: a.pid,
         to: a.to,
         key,
-        mode: if a.insecure { ferry_transport::Mode::Insecure } else { ferry_transport::Mode::Encrypted },
+        mode: if a.insecure {
+            ferry_transport::Mode::Insecure
+        } else {
+            ferry_transport::Mode::Encrypted
+        },
         address: a.address,
         lazy: a.lazy,
         precopy: !a.no_precopy,
-        policy: ferry_migrate::precopy::RoundPolicy { stop_below: a.converge_mib << 20, ..Default::default() },
+        policy: ferry_migrate::precopy::RoundPolicy {
+            stop_below: a.converge_mib << 20,
+            ..Default::default()
+        },
         timeout: Duration::from_secs(a.timeout),
         network_lock: ferry_netlock::Method::Ebpf,
         progress: Box::new(|s: &str| eprintln!("ferry: {s}")),
     };
-    let r = ferry_migrate::migrate(&opts).with_context(|| format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to))?;
-    let parts: Vec<String> = r.source_phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
+    let r = ferry_migrate::migrate(&opts).with_context(|| {
+        format!(
+            "migration of pid {} to {} failed; it still runs here",
+            a.pid, a.to
+        )
+    })?;
+    let parts: Vec<String> = r
+        .source_phases
+        .iter()
+        .map(|(n, ms)| format!("{n} {ms:.1}"))
+        .collect();
     println!(
         "migrated pid {} to {} (pid {} there, {} from its agent): pause {:.1} ms, {:.1} MiB sent, total {:.1} ms, {} pre-copy rounds; phases (ms): {}",
         r.pid,
@@ -120,7 +141,8 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
                 "requested_pages": p.push.requested_pages,
             })),
         });
-        std::fs::write(path, serde_json::to_vec_pretty(&json)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(0)
 }

@@ -45,16 +45,31 @@ fn print_status() {
         println!("no network locks");
         return;
     }
-    println!("{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  NETNS", "NAME", "METHOD", "STATE", "PHASE", "OWNER", "TUPLES", "AGE");
+    println!(
+        "{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  NETNS",
+        "NAME", "METHOD", "STATE", "PHASE", "OWNER", "TUPLES", "AGE"
+    );
     for lock in locks {
         let method = lock.method.map_or("?".to_string(), |m| m.to_string());
-        let mut state = lock.state.map_or("incomplete".to_string(), |s| s.to_string());
+        let mut state = lock
+            .state
+            .map_or("incomplete".to_string(), |s| s.to_string());
         if lock.stale {
             state.push_str(" STALE");
         }
         let phase = lock.phase.map_or("?".to_string(), |p| p.to_string());
         let owner = lock.owner.map_or("-".to_string(), |o| o.pid.to_string());
-        println!("{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  {}", lock.name, method, state, phase, owner, lock.tuples, human_age(lock.age), lock.netns);
+        println!(
+            "{:<24} {:<9} {:<12} {:<10} {:<8} {:>7} {:>7}  {}",
+            lock.name,
+            method,
+            state,
+            phase,
+            owner,
+            lock.tuples,
+            human_age(lock.age),
+            lock.netns
+        );
     }
 }
 
@@ -75,12 +90,16 @@ pub fn run(args: NetworkLockArgs) -> Result<i32> {
     }
     let names: Vec<String> = match (&args.release, args.all) {
         (Some(name), false) => vec![name.clone()],
-        (None, true) => ferry_netlock::status().into_iter().map(|s| s.name).collect(),
+        (None, true) => ferry_netlock::status()
+            .into_iter()
+            .map(|s| s.name)
+            .collect(),
         _ => bail!("use --release NAME or --all"),
     };
     let mut failed = 0;
     for name in &names {
-        match ferry_netlock::release(name).with_context(|| format!("releasing network lock {name}")) {
+        match ferry_netlock::release(name).with_context(|| format!("releasing network lock {name}"))
+        {
             Ok(()) => println!("released network lock {name}"),
             Err(e) => {
                 eprintln!("ferry: error: {e:#}");

@@ -19,7 +19,9 @@ pub fn bar(label: &'static str) -> Option<ProgressFn> {
         let pb = cell.get_or_init(|| {
             (total >= MIN_BYTES).then(|| {
                 let pb = ProgressBar::new(total);
-                if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}") {
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                ) {
                     pb.set_style(style.progress_chars("=> "));
                 }
                 pb.set_message(label);

@@ -15,13 +15,22 @@ const INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; d
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+            })
+        })
         .unwrap_or(false)
 }
 
 fn output(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run command in host");
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -44,10 +53,18 @@ fn hosts_have_their_own_pids_and_proc() {
     let a_init = a.start_init(INIT);
     let b_init = b.start_init(INIT);
     assert_ne!(a_init, b_init);
-    assert_eq!(common::innermost_pid(a_init), Some(1), "a's init is PID 1 inside");
+    assert_eq!(
+        common::innermost_pid(a_init),
+        Some(1),
+        "a's init is PID 1 inside"
+    );
 
     // A long-running process in b, found from the root namespace.
-    let mut sleeper = b.command(&["sleep", "4242"]).stdin(Stdio::null()).spawn().expect("spawn in b");
+    let mut sleeper = b
+        .command(&["sleep", "4242"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn in b");
     let (root_pid, inner_pid) = b.wait_spawned_pid(&sleeper);
     assert!(inner_pid < 10, "small PID inside b: {inner_pid}");
     assert_eq!(b.root_pid(inner_pid), Some(root_pid));
@@ -55,18 +72,36 @@ fn hosts_have_their_own_pids_and_proc() {
 
     // Inside a: a small PID of its own, a's init as PID 1 in a's /proc, and
     // nothing of b's (nor of the root namespace's).
-    let text = output(&mut a.command(&["sh", "-c", "echo $$; cat /proc/1/cmdline | tr '\\0' ' '; echo; ps -eo pid=,args="]));
+    let text = output(&mut a.command(&[
+        "sh",
+        "-c",
+        "echo $$; cat /proc/1/cmdline | tr '\\0' ' '; echo; ps -eo pid=,args=",
+    ]));
     let mut lines = text.lines();
-    let own: i32 = lines.next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no PID in {text}"));
-    assert!(own > 1 && own < 10, "a process in a has a small PID: {own}\n{text}");
-    assert_eq!(lines.next().map(str::trim), Some(INIT.join(" ").as_str()), "a's PID 1 is its init\n{text}");
+    let own: i32 = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no PID in {text}"));
+    assert!(
+        own > 1 && own < 10,
+        "a process in a has a small PID: {own}\n{text}"
+    );
+    assert_eq!(
+        lines.next().map(str::trim),
+        Some(INIT.join(" ").as_str()),
+        "a's PID 1 is its init\n{text}"
+    );
     let ps: Vec<&str> = lines.collect();
     assert!(ps.len() < 6, "a sees only its own few processes:\n{text}");
     assert!(!text.contains("sleep 4242"), "a sees b's process:\n{text}");
 
     // b does see it, under its in-host PID.
     let text = output(&mut b.command(&["ps", "-eo", "pid=,args="]));
-    assert!(text.lines().any(|l| l.trim() == format!("{inner_pid} sleep 4242")), "b's own process:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim() == format!("{inner_pid} sleep 4242")),
+        "b's own process:\n{text}"
+    );
 
     // The root namespace's /proc is not touched by the hosts' own.
     assert!(std::path::Path::new(&format!("/proc/{}", std::process::id())).exists());
@@ -83,7 +118,10 @@ fn hosts_have_their_own_pids_and_proc() {
     let names = (c.tag.clone(), [a_init, b_init2]);
     drop(c);
     let list = netns_list();
-    assert!(!list.contains(&names.0), "namespaces left after drop:\n{list}");
+    assert!(
+        !list.contains(&names.0),
+        "namespaces left after drop:\n{list}"
+    );
     for pid in names.1 {
         assert!(!alive(pid), "init {pid} left after drop");
     }
@@ -108,9 +146,15 @@ fn hosts_talk_over_the_bridge() {
         s=socket.socket(); s.bind((sys.argv[1],0)); s.listen(1)\n\
         print(s.getsockname()[1], flush=True)\n\
         conn,peer=s.accept(); conn.sendall(conn.recv(100).upper()+b' from '+peer[0].encode()); conn.close()\n";
-    let mut listener = a.command(&["python3", "-c", server, &a.ip.to_string()]).stdout(Stdio::piped()).spawn().expect("listener in a");
+    let mut listener = a
+        .command(&["python3", "-c", server, &a.ip.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("listener in a");
     let mut port = String::new();
-    BufReader::new(listener.stdout.take().expect("listener stdout")).read_line(&mut port).expect("listener port");
+    BufReader::new(listener.stdout.take().expect("listener stdout"))
+        .read_line(&mut port)
+        .expect("listener port");
     let port = port.trim().to_string();
     assert!(port.parse::<u16>().is_ok(), "listener port: {port:?}");
 
@@ -126,13 +170,19 @@ fn hosts_talk_over_the_bridge() {
 
     // The root namespace cannot reach the cluster: nothing of it is there.
     let links = output(Command::new("ip").args(["-o", "link", "show"]));
-    assert!(!links.contains(&c.tag), "cluster interface in the root namespace:\n{links}");
+    assert!(
+        !links.contains(&c.tag),
+        "cluster interface in the root namespace:\n{links}"
+    );
 
     let (tag, br) = (c.tag.clone(), c.bridge_netns.clone());
     let inits = [a.init_pid(), host_c.init_pid()];
     drop(c);
     let list = netns_list();
-    assert!(!list.contains(&tag) && !list.contains(&br), "namespaces left after drop:\n{list}");
+    assert!(
+        !list.contains(&tag) && !list.contains(&br),
+        "namespaces left after drop:\n{list}"
+    );
     for pid in inits {
         assert!(!alive(pid), "init {pid} left after drop");
     }
@@ -156,6 +206,9 @@ fn a_failing_test_leaves_nothing() {
     .join();
     assert!(r.is_err());
     let (tag, a_init, b_init) = rx.recv().expect("cluster made");
-    assert!(!netns_list().contains(&tag), "namespaces left after a panic");
+    assert!(
+        !netns_list().contains(&tag),
+        "namespaces left after a panic"
+    );
     assert!(!alive(a_init) && !alive(b_init), "inits left after a panic");
 }

@@ -9,12 +9,19 @@ use std::time::{Duration, Instant};
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+            })
+        })
         .unwrap_or(false)
 }
 
 fn have(program: &str) -> bool {
-    ["/usr/bin", "/usr/sbin", "/bin", "/usr/local/bin"].iter().any(|d| std::path::Path::new(d).join(program).exists())
+    ["/usr/bin", "/usr/sbin", "/bin", "/usr/local/bin"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join(program).exists())
 }
 
 fn skip() -> bool {
@@ -33,11 +40,19 @@ fn skip() -> bool {
 fn leftovers(pid: u32) -> Vec<String> {
     let prefix = format!("ferry-demo-{pid}-");
     let mut left: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(&prefix)).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
         .unwrap_or_default();
     left.extend(
         std::fs::read_dir(std::env::temp_dir())
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(&prefix)).collect::<Vec<_>>())
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default(),
     );
     left
@@ -60,12 +75,26 @@ fn check_success(args: &[&str]) {
     let (pid, out) = run_demo(args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ferry demo {args:?} failed ({}):\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains(" 0 failed,"), "no '0 failed' in the report:\n{stdout}");
-    assert!(stdout.contains("migrating 2/2: host2 → host1"), "second migration not shown:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "ferry demo {args:?} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(" 0 failed,"),
+        "no '0 failed' in the report:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("migrating 2/2: host2 → host1"),
+        "second migration not shown:\n{stdout}"
+    );
     assert!(stdout.contains("8/8 counters match"), "counters:\n{stdout}");
     assert!(stdout.contains("DEMO OK"), "{stdout}");
-    assert_eq!(leftovers(pid), Vec::<String>::new(), "ferry demo left these behind:\n{stdout}");
+    assert_eq!(
+        leftovers(pid),
+        Vec::<String>::new(),
+        "ferry demo left these behind:\n{stdout}"
+    );
 }
 
 /// The demo as `make demo` runs it (pre-copy, as `ferry migrate` does by
@@ -132,7 +161,15 @@ fn demo_interrupted_cleans_up() {
     };
     let text = reader.join().expect("reader");
     assert!(started, "the first migration never started:\n{text}");
-    assert_eq!(status.code(), Some(130), "exit status after SIGINT:\n{text}");
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "exit status after SIGINT:\n{text}"
+    );
     assert!(text.contains("==> cleaning up"), "{text}");
-    assert_eq!(leftovers(pid), Vec::<String>::new(), "ferry demo left these behind after SIGINT:\n{text}");
+    assert_eq!(
+        leftovers(pid),
+        Vec::<String>::new(),
+        "ferry demo left these behind after SIGINT:\n{text}"
+    );
 }

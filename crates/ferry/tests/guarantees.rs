@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{inode, innermost_pid, NetNs};
+use common::{innermost_pid, inode, NetNs};
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -39,10 +39,18 @@ struct Case {
 
 impl Case {
     fn new(name: &str) -> Case {
-        let dir = std::env::temp_dir().join(format!("ferry-guarantee-{name}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst)));
+        let dir = std::env::temp_dir().join(format!(
+            "ferry-guarantee-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("temp dir");
-        Case { dir, children: Vec::new(), pids: Vec::new() }
+        Case {
+            dir,
+            children: Vec::new(),
+            pids: Vec::new(),
+        }
     }
 
     fn compile(&self, src: &str) -> PathBuf {
@@ -66,7 +74,10 @@ impl Case {
         let log = fs::File::create(self.dir.join("program.log")).expect("log");
         let mut cmd = Command::new(prog);
         cmd.args(args);
-        cmd.current_dir(&self.dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
+        cmd.current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -80,7 +91,11 @@ impl Case {
         self.children.push(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.log().contains("READY") {
-            assert!(Instant::now() < deadline, "program never printed READY: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "program never printed READY: {}",
+                self.log()
+            );
             sleep(Duration::from_millis(10));
         }
         pid
@@ -119,7 +134,11 @@ impl Case {
             if let Some(st) = self.children[idx].try_wait().expect("wait") {
                 return st.code().unwrap_or(-1);
             }
-            assert!(Instant::now() < deadline, "program did not finish: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "program did not finish: {}",
+                self.log()
+            );
             sleep(Duration::from_millis(10));
         }
     }
@@ -142,7 +161,11 @@ impl Case {
         self.children.push(restore);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pidfile.exists() {
-            assert!(Instant::now() < deadline, "restore from {} did not finish", images.display());
+            assert!(
+                Instant::now() < deadline,
+                "restore from {} did not finish",
+                images.display()
+            );
             sleep(Duration::from_millis(5));
         }
         // SAFETY: signalling the process we restored.
@@ -184,44 +207,86 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
         eprintln!("skipped: needs root");
         return;
     }
-    let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
+    let mut c = Case::new(
+        Path::new(src)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("prog"),
+    );
     let prog = c.compile(src);
     let pid = c.start_args(&prog, args);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "checkpoint of {src} should have been refused");
+    assert!(
+        !out.status.success(),
+        "checkpoint of {src} should have been refused"
+    );
     for w in what {
-        assert!(err.contains(w), "refusal of {src} should mention {w:?}: {err}");
+        assert!(
+            err.contains(w),
+            "refusal of {src} should mention {w:?}: {err}"
+        );
     }
-    assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");
-    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
-    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "error should be one line: {err}"
+    );
+    assert!(
+        !c.images().join("meta.img").exists(),
+        "a refused checkpoint left an image"
+    );
+    assert_eq!(
+        c.finish_child(0),
+        0,
+        "program was harmed by the refused checkpoint: {}",
+        c.log()
+    );
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
-    assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);
+    assert_refused(
+        "tests/guarantees/child_unsupported.c",
+        &["userfaultfd", "not supported"],
+    );
 }
 
 #[test]
 fn refuses_inotify_and_leaves_it_running() {
-    assert_refused("tests/guarantees/inotify_fd.c", &["fd 3", "inotify events are queued"]);
+    assert_refused(
+        "tests/guarantees/inotify_fd.c",
+        &["fd 3", "inotify events are queued"],
+    );
 }
 
 #[test]
 fn refuses_one_deleted_file_in_two_descriptions_and_leaves_it_running() {
-    assert_refused("tests/guarantees/deleted_two_opens.c", &["twice", "(deleted)", "another open file description"]);
+    assert_refused(
+        "tests/guarantees/deleted_two_opens.c",
+        &["twice", "(deleted)", "another open file description"],
+    );
 }
 
 #[test]
 fn refuses_a_deleted_file_held_by_an_fd_and_a_shared_mapping_and_leaves_it_running() {
-    assert_refused("tests/guarantees/deleted_fd_and_shared_map.c", &["fd 3", "mapped (deleted)", "mapped shared"]);
+    assert_refused(
+        "tests/guarantees/deleted_fd_and_shared_map.c",
+        &["fd 3", "mapped (deleted)", "mapped shared"],
+    );
 }
 
 #[test]
 fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
-    assert_refused("tests/guarantees/tcp_half_closed.c", &["TCP connection to 127.0.0.1:", "in state", "only established connections"]);
+    assert_refused(
+        "tests/guarantees/tcp_half_closed.c",
+        &[
+            "TCP connection to 127.0.0.1:",
+            "in state",
+            "only established connections",
+        ],
+    );
 }
 
 /// `--leave-running` with established connections: repair mode is left
@@ -236,14 +301,29 @@ fn leave_running_keeps_tcp_connections_working() {
     let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
-    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "checkpoint --leave-running failed: {}",
+        stderr(&out)
+    );
     let images = c.images();
     let meta = c.ferry(&["inspect", "--json", images.to_str().expect("utf-8")]);
     let v: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("inspect json");
-    let lock = v["tree"]["network_lock"]["name"].as_str().expect("the image names its network lock").to_string();
+    let lock = v["tree"]["network_lock"]["name"]
+        .as_str()
+        .expect("the image names its network lock")
+        .to_string();
     let status = c.ferry(&["network-lock", "--status"]);
-    assert!(!String::from_utf8_lossy(&status.stdout).contains(&lock), "lock {lock} not thawed after --leave-running");
-    assert_eq!(c.finish_child(0), 0, "connections broken after --leave-running: {}", c.log());
+    assert!(
+        !String::from_utf8_lossy(&status.stdout).contains(&lock),
+        "lock {lock} not thawed after --leave-running"
+    );
+    assert_eq!(
+        c.finish_child(0),
+        0,
+        "connections broken after --leave-running: {}",
+        c.log()
+    );
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
@@ -256,17 +336,39 @@ fn leave_running_keeps_the_process_and_image_restores_later() {
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
-    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "checkpoint --leave-running failed: {}",
+        stderr(&out)
+    );
     // SAFETY: probing a process we started.
-    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "process died despite --leave-running");
+    assert_eq!(
+        unsafe { libc::kill(pid, 0) },
+        0,
+        "process died despite --leave-running"
+    );
 
     // Its PID is still taken: restore must say so and create nothing.
     let images = c.images();
-    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    let r = c.ferry(&[
+        "restore",
+        "--images",
+        images.to_str().expect("utf-8"),
+        "--detach",
+    ]);
     assert!(!r.status.success());
-    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains(&format!("pid {pid} is taken")),
+        "{}",
+        stderr(&r)
+    );
 
-    assert_eq!(c.finish_child(0), 0, "original failed after --leave-running: {}", c.log());
+    assert_eq!(
+        c.finish_child(0),
+        0,
+        "original failed after --leave-running: {}",
+        c.log()
+    );
     // Now the image restores the process as it was at the checkpoint.
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
     let code = c.restore_and_finish(pid, &images, &[]);
@@ -285,10 +387,22 @@ fn checkpointed_image(c: &mut Case) -> i32 {
 
 fn assert_restore_rejected(c: &Case, pid: i32, what: &str) {
     let images = c.images();
-    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    let r = c.ferry(&[
+        "restore",
+        "--images",
+        images.to_str().expect("utf-8"),
+        "--detach",
+    ]);
     assert!(!r.status.success(), "restore of a damaged image succeeded");
-    assert!(stderr(&r).contains(what), "expected {what:?} in: {}", stderr(&r));
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a damaged image left a process behind");
+    assert!(
+        stderr(&r).contains(what),
+        "expected {what:?} in: {}",
+        stderr(&r)
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "a damaged image left a process behind"
+    );
     let i = c.ferry(&["inspect", images.to_str().expect("utf-8")]);
     assert!(!i.status.success(), "inspect accepted a damaged image");
 }
@@ -334,7 +448,11 @@ fn incremental_image_is_not_restored_without_its_parent() {
     let (inv, tree, none) = image.read_meta_full().expect("read the image");
     assert!(none.is_none(), "a checkpoint is not incremental");
     let root = &tree.processes[0];
-    let in_a_run = |a: u64| root.page_runs.iter().any(|r| a >= r.start && a < r.start + r.pages * 4096);
+    let in_a_run = |a: u64| {
+        root.page_runs
+            .iter()
+            .any(|r| a >= r.start && a < r.start + r.pages * 4096)
+    };
     let page = root
         .vmas
         .iter()
@@ -343,34 +461,59 @@ fn incremental_image_is_not_restored_without_its_parent() {
         .expect("a mapped page the image does not hold");
     let inc = ferry_image::Incremental {
         parent_id: 77,
-        parent_pages: vec![ferry_image::ParentPages { pid: root.pid, ranges: vec![(page, 1)] }],
+        parent_pages: vec![ferry_image::ParentPages {
+            pid: root.pid,
+            ranges: vec![(page, 1)],
+        }],
     };
-    image.write_meta_with(&inv, &tree, Some(&inc)).expect("write the incremental image");
+    image
+        .write_meta_with(&inv, &tree, Some(&inc))
+        .expect("write the incremental image");
     let images = c.images();
-    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+    let r = c.ferry(&[
+        "restore",
+        "--images",
+        images.to_str().expect("utf-8"),
+        "--detach",
+    ]);
     if r.status.success() {
         // SAFETY: the process this test's restore made, detached.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    assert!(!r.status.success(), "restore of an incremental image without its parent succeeded");
+    assert!(
+        !r.status.success(),
+        "restore of an incremental image without its parent succeeded"
+    );
     assert!(
         stderr(&r).contains("image is incremental (parent id 77); restore needs its parent"),
         "{}",
         stderr(&r)
     );
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "an incremental image left a process behind");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "an incremental image left a process behind"
+    );
 }
 
 #[test]
 fn bad_arguments_give_one_line_errors() {
     let c = Case::new("bad-args");
-    let o = c.ferry(&["checkpoint", "--pid", "999999999", "--images", c.dir.join("x").to_str().expect("utf-8")]);
+    let o = c.ferry(&[
+        "checkpoint",
+        "--pid",
+        "999999999",
+        "--images",
+        c.dir.join("x").to_str().expect("utf-8"),
+    ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no such process"), "{}", stderr(&o));
     let o = c.ferry(&["restore", "--images", "/nonexistent/ferry-image"]);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.starts_with("ferry: error:") && e.contains("meta.img") && e.trim().lines().count() == 1, "{e}");
+    assert!(
+        e.starts_with("ferry: error:") && e.contains("meta.img") && e.trim().lines().count() == 1,
+        "{e}"
+    );
     let o = c.ferry(&["inspect", "/nonexistent/ferry-image"]);
     assert!(!o.status.success());
 }
@@ -388,24 +531,48 @@ fn image_travels_as_one_stream_and_restores() {
     c.children[0].wait().expect("reap");
     // ferry send DIR | ferry receive DIR2, through a real pipe.
     let received = c.dir.join("received");
-    let mut send = Command::new(FERRY).arg("send").arg(c.images()).stdout(Stdio::piped()).spawn().expect("send");
+    let mut send = Command::new(FERRY)
+        .arg("send")
+        .arg(c.images())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("send");
     let pipe = send.stdout.take().expect("pipe");
-    let recv = Command::new(FERRY).arg("receive").arg(&received).stdin(pipe).output().expect("receive");
+    let recv = Command::new(FERRY)
+        .arg("receive")
+        .arg(&received)
+        .stdin(pipe)
+        .output()
+        .expect("receive");
     assert!(send.wait().expect("send").success());
     assert!(recv.status.success(), "receive failed: {}", stderr(&recv));
     // A damaged stream is refused and leaves no image behind.
-    let mut bytes = Command::new(FERRY).arg("send").arg(c.images()).output().expect("send").stdout;
+    let mut bytes = Command::new(FERRY)
+        .arg("send")
+        .arg(c.images())
+        .output()
+        .expect("send")
+        .stdout;
     let last = bytes.len() - 10;
     bytes[last] ^= 0x55;
     let bad_dir = c.dir.join("bad");
-    let mut bad = Command::new(FERRY).arg("receive").arg(&bad_dir).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("receive");
+    let mut bad = Command::new(FERRY)
+        .arg("receive")
+        .arg(&bad_dir)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("receive");
     {
         use std::io::Write;
         let _ = bad.stdin.take().expect("stdin").write_all(&bytes);
     }
     let bad_out = bad.wait_with_output().expect("receive");
     assert!(!bad_out.status.success(), "a damaged stream was accepted");
-    assert!(!bad_dir.join("meta.img").exists(), "a damaged stream left an image");
+    assert!(
+        !bad_dir.join("meta.img").exists(),
+        "a damaged stream left an image"
+    );
 
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
     let code = c.restore_and_finish(pid, &received, &[]);
@@ -421,7 +588,10 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     let prog = c.compile("tests/conformance/mem_anon_private.c");
     let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
     let mut cmd = Command::new(&prog);
-    cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    cmd.current_dir(&c.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -450,21 +620,40 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
         }
         drop(pipe);
     });
-    rx.recv_timeout(Duration::from_secs(10)).expect("program never printed READY on its pipe");
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("program never printed READY on its pipe");
 
     let refused = c.checkpoint(pid, &[]);
-    assert!(!refused.status.success(), "a stdout pipe to another process was captured silently");
-    assert!(stderr(&refused).contains("fd 1 (pipe:"), "{}", stderr(&refused));
+    assert!(
+        !refused.status.success(),
+        "a stdout pipe to another process was captured silently"
+    );
+    assert!(
+        stderr(&refused).contains("fd 1 (pipe:"),
+        "{}",
+        stderr(&refused)
+    );
 
     let out = c.checkpoint(pid, &["--external-stdio"]);
-    assert!(out.status.success(), "checkpoint --external-stdio failed: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "checkpoint --external-stdio failed: {}",
+        stderr(&out)
+    );
     c.children[0].wait().expect("reap");
     let replacement = c.dir.join("stdout-after-restore");
     let images = c.images();
-    let code = c.restore_and_finish(pid, &images, &["--tty-to", replacement.to_str().expect("utf-8")]);
+    let code = c.restore_and_finish(
+        pid,
+        &images,
+        &["--tty-to", replacement.to_str().expect("utf-8")],
+    );
     let written = fs::read_to_string(&replacement).unwrap_or_default();
     assert_eq!(code, Some(0), "restored program failed: {written}");
-    assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
+    assert!(
+        written.contains("PASS"),
+        "the restored stdout did not go to --tty-to: {written:?}"
+    );
 }
 
 #[test]
@@ -498,28 +687,60 @@ fn restore_into_a_named_network_namespace() {
     c.children.push(restore);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !pidfile.exists() {
-        assert!(Instant::now() < deadline, "restore into {} did not finish", ns.0);
+        assert!(
+            Instant::now() < deadline,
+            "restore into {} did not finish",
+            ns.0
+        );
         sleep(Duration::from_millis(5));
     }
     // The restored process lives in the namespace: its listener was bound
     // there (the program connects to it over the namespace's loopback).
-    assert_eq!(inode(&format!("/proc/{pid}/ns/net")), inode(&format!("/run/netns/{}", ns.0)), "not in the namespace");
-    assert_ne!(inode(&format!("/proc/{pid}/ns/net")), inode("/proc/self/ns/net"));
+    assert_eq!(
+        inode(&format!("/proc/{pid}/ns/net")),
+        inode(&format!("/run/netns/{}", ns.0)),
+        "not in the namespace"
+    );
+    assert_ne!(
+        inode(&format!("/proc/{pid}/ns/net")),
+        inode("/proc/self/ns/net")
+    );
     // SAFETY: signalling the process we restored.
     unsafe { libc::kill(pid, libc::SIGUSR2) };
     let code = c.children[1].wait().expect("wait restore").code();
-    assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
+    assert_eq!(
+        code,
+        Some(0),
+        "restored program failed in the namespace: {}",
+        c.log()
+    );
     assert!(c.log().contains("PASS"), "{}", c.log());
 
     // A namespace that does not exist is a clear error.
-    let o = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--netns", "ferry-no-such-netns", "--detach"]);
+    let o = c.ferry(&[
+        "restore",
+        "--images",
+        images.to_str().expect("utf-8"),
+        "--netns",
+        "ferry-no-such-netns",
+        "--detach",
+    ]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("network namespace /run/netns/ferry-no-such-netns"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("network namespace /run/netns/ferry-no-such-netns"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(") ")?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// `ferry restore` of `images` as a child of the test (index returned),
@@ -549,7 +770,10 @@ fn spawn_restore(c: &mut Case, images: &Path, tag: &str, extra: &[&str]) -> (usi
             return (idx, pid);
         }
         if let Ok(Some(st)) = c.children[idx].try_wait() {
-            panic!("restore {tag} ended with {st}: {}", fs::read_to_string(c.dir.join(format!("restore-{tag}.err"))).unwrap_or_default());
+            panic!(
+                "restore {tag} ended with {st}: {}",
+                fs::read_to_string(c.dir.join(format!("restore-{tag}.err"))).unwrap_or_default()
+            );
         }
         assert!(Instant::now() < deadline, "restore {tag} wrote no pidfile");
         sleep(Duration::from_millis(5));
@@ -557,7 +781,10 @@ fn spawn_restore(c: &mut Case, images: &Path, tag: &str, extra: &[&str]) -> (usi
 }
 
 fn comm(pid: i32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 #[test]
@@ -575,27 +802,57 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
 
     // The original still runs, so its PIDs are taken.
     let r = c.ferry(&["restore", "--images", images_s, "--detach"]);
-    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains(&format!("pid {pid} is taken")),
+        "{}",
+        stderr(&r)
+    );
 
     // Two copies at once, each in its own namespace under its old PIDs.
     let (a_idx, a) = spawn_restore(&mut c, &images, "a", &["--new-pid-ns"]);
     let (b_idx, b) = spawn_restore(&mut c, &images, "b", &["--new-pid-ns"]);
     for host in [a, b] {
         assert_ne!(host, pid);
-        assert_eq!(innermost_pid(host), Some(pid), "root {host} does not have its old PID inside its namespace");
+        assert_eq!(
+            innermost_pid(host),
+            Some(pid),
+            "root {host} does not have its old PID inside its namespace"
+        );
         let init = parent_of(host).expect("root has a parent");
         assert_eq!(comm(init), "ferry-init");
-        assert_eq!(innermost_pid(init), Some(1), "ferry-init is not PID 1 of the namespace");
+        assert_eq!(
+            innermost_pid(init),
+            Some(1),
+            "ferry-init is not PID 1 of the namespace"
+        );
     }
 
     // A tree in its own namespace is checkpointed with the PIDs it sees,
     // and comes back in a new namespace without being asked.
     let images2 = c.dir.join("images2");
-    let out = c.ferry(&["checkpoint", "--pid", &a.to_string(), "--images", images2.to_str().expect("utf-8")]);
-    assert!(out.status.success(), "checkpoint of the tree in its namespace failed: {}", stderr(&out));
-    assert_eq!(c.children[a_idx].wait().expect("wait").code(), Some(128 + libc::SIGKILL), "init did not report the killed root");
+    let out = c.ferry(&[
+        "checkpoint",
+        "--pid",
+        &a.to_string(),
+        "--images",
+        images2.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "checkpoint of the tree in its namespace failed: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        c.children[a_idx].wait().expect("wait").code(),
+        Some(128 + libc::SIGKILL),
+        "init did not report the killed root"
+    );
     let inspect = c.ferry(&["inspect", images2.to_str().expect("utf-8")]);
-    assert!(String::from_utf8_lossy(&inspect.stdout).contains("own PID namespace"), "{}", String::from_utf8_lossy(&inspect.stdout));
+    assert!(
+        String::from_utf8_lossy(&inspect.stdout).contains("own PID namespace"),
+        "{}",
+        String::from_utf8_lossy(&inspect.stdout)
+    );
     let (c_idx, again) = spawn_restore(&mut c, &images2, "c", &[]);
     assert_eq!(innermost_pid(again), Some(pid));
     let init_c = parent_of(again).expect("parent");
@@ -607,23 +864,38 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
         // SAFETY: signalling a process this test restored.
         unsafe { libc::kill(host, libc::SIGUSR2) };
         let code = c.children[idx].wait().expect("wait restore").code();
-        assert_eq!(code, Some(0), "restored copy failed its checks: {}", c.log());
+        assert_eq!(
+            code,
+            Some(0),
+            "restored copy failed its checks: {}",
+            c.log()
+        );
     }
     assert_eq!(c.finish_child(0), 0, "the original failed: {}", c.log());
     // Every namespace's init went with its tree (ferry restore reaped it).
     for &init in &c.pids {
-        assert_ne!(comm(init), "ferry-init", "ferry-init {init} outlived its tree");
+        assert_ne!(
+            comm(init),
+            "ferry-init",
+            "ferry-init {init} outlived its tree"
+        );
     }
 }
 
 #[test]
 fn refuses_a_seccomp_user_notification_filter_and_leaves_it_confined() {
-    assert_refused("tests/guarantees/seccomp_user_notif.c", &["seccomp filters of thread", "SECCOMP_RET_USER_NOTIF"]);
+    assert_refused(
+        "tests/guarantees/seccomp_user_notif.c",
+        &["seccomp filters of thread", "SECCOMP_RET_USER_NOTIF"],
+    );
 }
 
 #[test]
 fn refuses_an_fd_owned_by_a_process_outside_the_tree() {
-    assert_refused("tests/guarantees/fd_owner_outside.c", &["fd 3", "F_SETOWN owner", "outside the checkpointed tree"]);
+    assert_refused(
+        "tests/guarantees/fd_owner_outside.c",
+        &["fd 3", "F_SETOWN owner", "outside the checkpointed tree"],
+    );
 }
 
 #[test]
@@ -633,7 +905,10 @@ fn refuses_a_unix_socket_with_passsec_and_leaves_it_running() {
 
 #[test]
 fn refuses_threads_with_different_credentials() {
-    assert_refused("tests/guarantees/thread_creds_differ.c", &["thread", "Uid", "per-thread credentials"]);
+    assert_refused(
+        "tests/guarantees/thread_creds_differ.c",
+        &["thread", "Uid", "per-thread credentials"],
+    );
 }
 
 /// Images are private (0700 directory, 0600 files) and restore refuses an
@@ -651,13 +926,25 @@ fn images_are_private_and_writable_images_are_refused() {
     assert_eq!(mode(&images), 0o700, "image directory mode");
     assert_eq!(mode(&images.join("meta.img")), 0o600, "meta.img mode");
     assert_eq!(mode(&images.join("pages.img")), 0o600, "pages.img mode");
-    let set = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).expect("chmod");
+    let set =
+        |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).expect("chmod");
     let refused = |what: &str| {
-        let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
+        let r = c.ferry(&[
+            "restore",
+            "--images",
+            images.to_str().expect("utf-8"),
+            "--detach",
+        ]);
         let e = stderr(&r);
         assert!(!r.status.success(), "restore of an unsafe image succeeded");
-        assert!(e.contains(what) && e.trim().lines().count() == 1, "expected {what:?} in one line: {e}");
-        assert!(!Path::new(&format!("/proc/{pid}")).exists() || comm(pid) != "mem_anon_private", "an unsafe image was restored");
+        assert!(
+            e.contains(what) && e.trim().lines().count() == 1,
+            "expected {what:?} in one line: {e}"
+        );
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || comm(pid) != "mem_anon_private",
+            "an unsafe image was restored"
+        );
     };
     set(&images, 0o777);
     refused("image directory");
@@ -685,7 +972,10 @@ fn refuses_mlockall_future() {
 
 #[test]
 fn refuses_sched_deadline() {
-    refused_mode("sched_deadline", &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"]);
+    refused_mode(
+        "sched_deadline",
+        &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"],
+    );
 }
 
 #[test]
@@ -700,31 +990,44 @@ fn refuses_a_faulting_time_stamp_counter() {
 
 #[test]
 fn refuses_a_proc_file_of_a_process_outside_the_tree() {
-    refused_mode("proc_outside", &["fd 3", "/proc file of process", "outside the tree"]);
+    refused_mode(
+        "proc_outside",
+        &["fd 3", "/proc file of process", "outside the tree"],
+    );
 }
 
 #[test]
 fn refuses_shared_fs_information_without_clone_thread() {
-    refused_mode("clone_fs", &["working directory, root and umask", "CLONE_FS"]);
+    refused_mode(
+        "clone_fs",
+        &["working directory, root and umask", "CLONE_FS"],
+    );
 }
-
-
 
 #[test]
 fn refuses_a_unix_pair_made_by_a_process_that_exited() {
-    refused_mode("unix_peer_exited", &["fd 3", "SO_PEERCRED names pid", "not a process of the tree"]);
+    refused_mode(
+        "unix_peer_exited",
+        &["fd 3", "SO_PEERCRED names pid", "not a process of the tree"],
+    );
 }
 
 #[test]
 fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
-    refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
+    refused_mode(
+        "unix_pending",
+        &["fd 4", "accept queue", "data was sent before accept"],
+    );
 }
 
 /// A descriptor in flight that no process of the tree holds any more
 /// (the sender closed it after sendmsg) is refused by name.
 #[test]
 fn refuses_scm_rights_in_flight() {
-    refused_mode("scm_rights", &["fd 4", "/dev/null", "held by no process of the tree"]);
+    refused_mode(
+        "scm_rights",
+        &["fd 4", "/dev/null", "held by no process of the tree"],
+    );
 }
 
 /// Cgroups made for one test under the hierarchies mounted here; removed
@@ -740,13 +1043,19 @@ impl TestCgroups {
         let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let mut out = Vec::new();
         for line in info.lines() {
-            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
             let l: Vec<&str> = left.split(' ').collect();
             let r: Vec<&str> = right.split(' ').collect();
             if l.len() < 5 || r.len() < 3 || l[3] != "/" {
                 continue;
             }
-            let what = match (r[0], r[2].split(',').any(|o| o == "memory"), r[2].split(',').any(|o| o == "pids")) {
+            let what = match (
+                r[0],
+                r[2].split(',').any(|o| o == "memory"),
+                r[2].split(',').any(|o| o == "pids"),
+            ) {
                 ("cgroup2", _, _) => "cgroup2",
                 ("cgroup", true, _) => "memory",
                 ("cgroup", _, true) => "pids",
@@ -766,7 +1075,11 @@ impl TestCgroups {
     /// A new cgroup under the hierarchy mounted at `root`.
     fn make(&mut self, root: &Path) -> PathBuf {
         static N: AtomicU32 = AtomicU32::new(0);
-        let dir = root.join(format!("ferry-guarantee-cg-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        let dir = root.join(format!(
+            "ferry-guarantee-cg-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
         self.made.push((dir.clone(), root.to_path_buf()));
         dir
@@ -776,7 +1089,10 @@ impl TestCgroups {
 impl Drop for TestCgroups {
     fn drop(&mut self) {
         for (dir, root) in self.made.iter().rev() {
-            for pid in fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines() {
+            for pid in fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+            {
                 let _ = fs::write(root.join("cgroup.procs"), pid);
             }
             let _ = fs::remove_dir(dir);
@@ -798,7 +1114,10 @@ fn cgroup_membership_is_restored() {
         return;
     }
     let mut cgroups = TestCgroups::new();
-    let dirs: Vec<(&str, PathBuf)> = hierarchies.iter().map(|(what, root)| (*what, cgroups.make(root))).collect();
+    let dirs: Vec<(&str, PathBuf)> = hierarchies
+        .iter()
+        .map(|(what, root)| (*what, cgroups.make(root)))
+        .collect();
     let memory = dirs
         .iter()
         .find(|(w, d)| *w == "memory" || (*w == "cgroup2" && d.join("memory.current").exists()))
@@ -812,9 +1131,18 @@ fn cgroup_membership_is_restored() {
     let pid = c.start_args(&prog, &args);
     let out = c.checkpoint(pid, &[]);
     assert!(out.status.success(), "checkpoint: {}", stderr(&out));
-    assert_eq!(c.finish_child(0), -1, "the checkpointed program was not killed");
+    assert_eq!(
+        c.finish_child(0),
+        -1,
+        "the checkpointed program was not killed"
+    );
     let images = c.images();
-    assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restored program failed: {}", c.log());
+    assert_eq!(
+        c.restore_and_finish(pid, &images, &[]),
+        Some(0),
+        "restored program failed: {}",
+        c.log()
+    );
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
@@ -825,7 +1153,10 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
     if !is_root() {
         return;
     }
-    let Some((_, root)) = TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "cgroup2") else {
+    let Some((_, root)) = TestCgroups::hierarchies()
+        .into_iter()
+        .find(|(w, _)| *w == "pids" || *w == "cgroup2")
+    else {
         eprintln!("skipped: no pids or cgroup2 hierarchy mounted");
         return;
     };
@@ -838,13 +1169,26 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
     assert!(out.status.success(), "checkpoint: {}", stderr(&out));
     c.finish_child(0);
     fs::remove_dir(&dir).expect("remove the emptied cgroup");
-    let out = c.ferry(&["restore", "--images", c.images().to_str().expect("utf-8 path")]);
+    let out = c.ferry(&[
+        "restore",
+        "--images",
+        c.images().to_str().expect("utf-8 path"),
+    ]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "restore into a missing cgroup should fail");
+    assert!(
+        !out.status.success(),
+        "restore into a missing cgroup should fail"
+    );
     let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
-    assert!(err.contains(name) && err.contains("does not exist on this host"), "{err}");
+    assert!(
+        err.contains(name) && err.contains("does not exist on this host"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the failed restore left pid {pid} behind");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the failed restore left pid {pid} behind"
+    );
 }
 
 /// A thread moved alone into a v1 cgroup is refused by name at
@@ -854,7 +1198,10 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
     if !is_root() {
         return;
     }
-    let Some((_, root)) = TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "memory") else {
+    let Some((_, root)) = TestCgroups::hierarchies()
+        .into_iter()
+        .find(|(w, _)| *w == "pids" || *w == "memory")
+    else {
         eprintln!("skipped: no cgroup v1 hierarchy mounted");
         return;
     };
@@ -865,12 +1212,26 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
     let pid = c.start_args(&prog, &["-", dir.to_str().expect("utf-8 path")]);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "checkpoint of a thread in its own cgroup should be refused");
+    assert!(
+        !out.status.success(),
+        "checkpoint of a thread in its own cgroup should be refused"
+    );
     let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
-    assert!(err.contains("cgroup membership") && err.contains("thread") && err.contains(name), "{err}");
+    assert!(
+        err.contains("cgroup membership") && err.contains("thread") && err.contains(name),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
-    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
+    assert!(
+        !c.images().join("meta.img").exists(),
+        "a refused checkpoint left an image"
+    );
+    assert_eq!(
+        c.finish_child(0),
+        0,
+        "program was harmed by the refused checkpoint: {}",
+        c.log()
+    );
 }
 
 #[test]
@@ -882,12 +1243,18 @@ fn refuses_a_unix_connection_whose_peer_was_closed() {
 /// unlinked socket file reappear.
 #[test]
 fn refuses_a_unix_listener_whose_file_was_unlinked() {
-    refused_mode("unix_unlinked", &["fd 3", "gone.sock", "no longer names this socket"]);
+    refused_mode(
+        "unix_unlinked",
+        &["fd 3", "gone.sock", "no longer names this socket"],
+    );
 }
 
 /// zdtm del_standalone_un: two listeners bound to one path, the path names
 /// the first; binding both again would give it to whichever came last.
 #[test]
 fn refuses_a_unix_listener_whose_file_was_replaced() {
-    refused_mode("unix_replaced", &["fd 4", "b.sock", "no longer names this socket"]);
+    refused_mode(
+        "unix_replaced",
+        &["fd 4", "b.sock", "no longer names this socket"],
+    );
 }

@@ -56,7 +56,12 @@ fn have(test: &str, programs: &[&str]) -> bool {
         let found = if p.starts_with('/') {
             Path::new(p).exists()
         } else {
-            Command::new("sh").args(["-c", &format!("command -v {p}")]).stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+            Command::new("sh")
+                .args(["-c", &format!("command -v {p}")])
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
         };
         if !found {
             eprintln!("[{test}] skipped: {p} is not installed");
@@ -76,7 +81,13 @@ fn path_str(p: &Path) -> &str {
 
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: its init reaps it soon.
-    fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.rsplit(')').next().map_or(false, |r| !r.trim_start().starts_with('Z'))).unwrap_or(false)
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .map_or(false, |r| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// The state letter of `pid` (R, S, T, ...), None when gone.
@@ -142,7 +153,11 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!("ferry-mig-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        let d = std::env::temp_dir().join(format!(
+            "ferry-mig-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).expect("temp dir");
         // nginx workers (user nobody) read below it.
@@ -170,13 +185,25 @@ struct Out {
 
 impl Out {
     fn show(&self) -> String {
-        format!("{}\n--- stdout ---\n{}--- stderr ---\n{}", describe(&self.status), self.stdout, self.stderr)
+        format!(
+            "{}\n--- stdout ---\n{}--- stderr ---\n{}",
+            describe(&self.status),
+            self.stdout,
+            self.stderr
+        )
     }
 }
 
 fn output(mut cmd: Command) -> Out {
-    let o = only_stdio(&mut cmd).stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    Out { status: o.status, stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+    let o = only_stdio(&mut cmd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    Out {
+        status: o.status,
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }
 
 /// `argv` in `host`, killed after `limit_s` seconds.
@@ -189,20 +216,46 @@ fn run_in(host: &Host, limit_s: u32, argv: &[&str]) -> Out {
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The IPv4 addresses (with prefix) on `host`'s eth0.
 fn addresses(host: &Host) -> Vec<String> {
-    let out = Command::new("ip").args(["-n", &host.netns, "-o", "-4", "addr", "show", "dev", &host.ifname]).output().expect("ip addr");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().skip_while(|w| *w != "inet").filter(|w| w.contains('/')).map(String::from).collect()
+    let out = Command::new("ip")
+        .args([
+            "-n",
+            &host.netns,
+            "-o",
+            "-4",
+            "addr",
+            "show",
+            "dev",
+            &host.ifname,
+        ])
+        .output()
+        .expect("ip addr");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .filter(|w| w.contains('/'))
+        .map(String::from)
+        .collect()
 }
 
 /// (name, owner) of every network lock `ferry network-lock --status` lists
 /// inside `host` (its own /run/ferry).
 fn host_locks(host: &Host) -> Vec<(String, String)> {
     let out = run_in(host, 20, &[FERRY, "network-lock", "--status"]);
-    assert!(out.status.success(), "ferry network-lock --status in {}: {}", host.name, out.show());
+    assert!(
+        out.status.success(),
+        "ferry network-lock --status in {}: {}",
+        host.name,
+        out.show()
+    );
     common::parse_network_locks(&out.stdout)
 }
 
@@ -226,7 +279,11 @@ impl Env {
             c
         });
         assert!(out.status.success(), "ferry keygen: {}", out.show());
-        Env { c: Cluster::new(names), dir, key }
+        Env {
+            c: Cluster::new(names),
+            dir,
+            key,
+        }
     }
 
     fn host(&self, name: &str) -> &Host {
@@ -248,7 +305,14 @@ impl Env {
         let log = self.ferryd_log(name);
         let listen = self.agent(name).to_string();
         let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
-        let mut argv: Vec<String> = vec!["sh".into(), "-c".into(), script.into(), "ferryd-init".into(), path_str(&log).into(), "env".into()];
+        let mut argv: Vec<String> = vec![
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+            "ferryd-init".into(),
+            path_str(&log).into(),
+            "env".into(),
+        ];
         argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         argv.extend([FERRYD, "--listen", &listen, "--key", path_str(&self.key)].map(String::from));
         argv.extend(args.iter().map(|s| s.to_string()));
@@ -257,7 +321,10 @@ impl Env {
         h.stop_init();
         h.start_init(&argv);
         assert!(
-            wait_for(Duration::from_secs(15), || read_lossy(&log).matches("ferryd listening").count() > before),
+            wait_for(Duration::from_secs(15), || read_lossy(&log)
+                .matches("ferryd listening")
+                .count()
+                > before),
             "ferryd on {name} does not listen:\n{}",
             read_lossy(&log)
         );
@@ -277,12 +344,36 @@ impl Env {
         Migration::new(out, &report, t.elapsed())
     }
 
-    fn migrate_cmd(&self, from: &str, pid: i32, to: SocketAddr, extra: &[&str]) -> (Command, PathBuf) {
+    fn migrate_cmd(
+        &self,
+        from: &str,
+        pid: i32,
+        to: SocketAddr,
+        extra: &[&str],
+    ) -> (Command, PathBuf) {
         static N: AtomicU32 = AtomicU32::new(0);
-        let report = self.dir.0.join(format!("report-{}.json", N.fetch_add(1, Ordering::SeqCst)));
+        let report = self
+            .dir
+            .0
+            .join(format!("report-{}.json", N.fetch_add(1, Ordering::SeqCst)));
         let limit = MIGRATE_LIMIT_S.to_string();
         let (pid, to) = (pid.to_string(), to.to_string());
-        let mut argv = vec!["timeout", "-s", "KILL", &limit, FERRY, "migrate", "--pid", &pid, "--to", &to, "--key", path_str(&self.key), "--report", path_str(&report)];
+        let mut argv = vec![
+            "timeout",
+            "-s",
+            "KILL",
+            &limit,
+            FERRY,
+            "migrate",
+            "--pid",
+            &pid,
+            "--to",
+            &to,
+            "--key",
+            path_str(&self.key),
+            "--report",
+            path_str(&report),
+        ];
         argv.extend_from_slice(extra);
         (self.host(from).command(&argv), report)
     }
@@ -296,7 +387,9 @@ struct Migration {
 
 impl Migration {
     fn new(out: Out, report: &Path, took: Duration) -> Migration {
-        let report = fs::read(report).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let report = fs::read(report)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
         Migration { out, report, took }
     }
 
@@ -306,18 +399,34 @@ impl Migration {
 
     /// The moved root's PID as the destination host sees it.
     fn dest_host_pid(&self) -> i32 {
-        let r = self.report.as_ref().unwrap_or_else(|| panic!("no report: {}", self.out.show()));
-        r["dest_host_pid"].as_i64().unwrap_or_else(|| panic!("no dest_host_pid in {r}")) as i32
+        let r = self
+            .report
+            .as_ref()
+            .unwrap_or_else(|| panic!("no report: {}", self.out.show()));
+        r["dest_host_pid"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no dest_host_pid in {r}")) as i32
     }
 
     fn pause_ms(&self) -> f64 {
-        self.report.as_ref().and_then(|r| r["pause_ms"].as_f64()).unwrap_or(f64::NAN)
+        self.report
+            .as_ref()
+            .and_then(|r| r["pause_ms"].as_f64())
+            .unwrap_or(f64::NAN)
     }
 
     /// Asserts success and returns the root's PID in the destination host.
     fn expect_ok(&self, what: &str) -> i32 {
-        assert!(self.ok(), "{what}: ferry migrate failed: {}", self.out.show());
-        assert!(self.out.stdout.contains("migrated pid"), "{what}: {}", self.out.show());
+        assert!(
+            self.ok(),
+            "{what}: ferry migrate failed: {}",
+            self.out.show()
+        );
+        assert!(
+            self.out.stdout.contains("migrated pid"),
+            "{what}: {}",
+            self.out.show()
+        );
         self.dest_host_pid()
     }
 }
@@ -332,13 +441,22 @@ struct Started {
 fn start_in(host: &Host, argv: &[&str], cwd: &Path, log: &Path, env: &[(&str, &str)]) -> Started {
     let logf = File::create(log).expect("program log");
     let mut cmd = host.command(argv);
-    cmd.current_dir(cwd).stdin(Stdio::null()).stdout(logf.try_clone().expect("dup log")).stderr(logf);
+    cmd.current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().expect("dup log"))
+        .stderr(logf);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let nsenter = only_stdio(&mut cmd).spawn().unwrap_or_else(|e| panic!("start {argv:?} in {}: {e}", host.name));
+    let nsenter = only_stdio(&mut cmd)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {argv:?} in {}: {e}", host.name));
     let (root, inner) = host.wait_spawned_pid(&nsenter);
-    Started { nsenter, root, inner }
+    Started {
+        nsenter,
+        root,
+        inner,
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -380,7 +498,10 @@ fn conformance_programs_migrate_between_hosts() {
     let only = std::env::var("FERRY_MIGRATION_ONLY").ok();
     let names: Vec<String> = common::conformance::programs()
         .into_iter()
-        .filter(|n| only.as_deref().map_or(true, |o| o.split(',').any(|x| x == n)))
+        .filter(|n| {
+            only.as_deref()
+                .map_or(true, |o| o.split(',').any(|x| x == n))
+        })
         .collect();
     // Compile on two threads while the hosts come up.
     let (tx, rx) = mpsc::channel();
@@ -392,10 +513,16 @@ fn conformance_programs_migrate_between_hosts() {
                 .map(|_| {
                     let (names, tx) = (names.clone(), tx.clone());
                     std::thread::spawn(move || loop {
-                        let Some(n) = names.lock().unwrap().next() else { break };
-                        let bin = std::panic::catch_unwind(|| common::conformance::compile(&n)).map_err(|e| {
-                            e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
-                        });
+                        let Some(n) = names.lock().unwrap().next() else {
+                            break;
+                        };
+                        let bin = std::panic::catch_unwind(|| common::conformance::compile(&n))
+                            .map_err(|e| {
+                                e.downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                                    .unwrap_or_default()
+                            });
                         let _ = tx.send((n, bin));
                     })
                 })
@@ -432,7 +559,13 @@ fn conformance_programs_migrate_between_hosts() {
         let bin = match &bins[name] {
             Ok(b) => b.clone(),
             Err(e) => {
-                failures.push(Failure { name: name.clone(), stage: "compile".into(), msg: e.clone(), ferry: String::new(), log: String::new() });
+                failures.push(Failure {
+                    name: name.clone(),
+                    stage: "compile".into(),
+                    msg: e.clone(),
+                    ferry: String::new(),
+                    log: String::new(),
+                });
                 continue;
             }
         };
@@ -468,9 +601,17 @@ fn conformance_programs_migrate_between_hosts() {
                 f.name, f.stage, f.msg, f.ferry, f.log
             );
         }
-        text += &format!("--- ferryd a ---\n{}\n--- ferryd b ---\n{}\n", read_lossy(&env.ferryd_log("a")), read_lossy(&env.ferryd_log("b")));
+        text += &format!(
+            "--- ferryd a ---\n{}\n--- ferryd b ---\n{}\n",
+            read_lossy(&env.ferryd_log("a")),
+            read_lossy(&env.ferryd_log("b"))
+        );
         let names: Vec<&str> = failures.iter().map(|f| f.name.as_str()).collect();
-        panic!("{} of {} conformance programs failed to migrate: {names:?}\n{text}", failures.len(), names.len() + pauses.len());
+        panic!(
+            "{} of {} conformance programs failed to migrate: {names:?}\n{text}",
+            failures.len(),
+            names.len() + pauses.len()
+        );
     }
 }
 
@@ -481,14 +622,33 @@ fn migrate_program(env: &Env, name: &str, bin: &Path) -> Result<f64, Failure> {
     fs::create_dir_all(&work).expect("work dir");
     let log = env.dir.0.join(format!("{name}.log"));
     let (a, b) = (env.host("a"), env.host("b"));
-    let fail = |stage: &str, msg: String, ferry: String| Failure { name: name.into(), stage: stage.into(), msg, ferry, log: read_lossy(&log) };
+    let fail = |stage: &str, msg: String, ferry: String| Failure {
+        name: name.into(),
+        stage: stage.into(),
+        msg,
+        ferry,
+        log: read_lossy(&log),
+    };
     let w = path_str(&work);
-    let mut p = start_in(a, &[path_str(bin)], &work, &log, &[("FERRY_TEST_DIR", w), ("FERRY_EXPECT_RESTORE", "1")]);
+    let mut p = start_in(
+        a,
+        &[path_str(bin)],
+        &work,
+        &log,
+        &[("FERRY_TEST_DIR", w), ("FERRY_EXPECT_RESTORE", "1")],
+    );
     let has_line = |l: &str| read_lossy(&log).lines().any(|x| x == l);
-    if !wait_for(Duration::from_secs(15), || has_line("READY") || !alive(p.root)) || !has_line("READY") {
+    if !wait_for(Duration::from_secs(15), || {
+        has_line("READY") || !alive(p.root)
+    }) || !has_line("READY")
+    {
         kill(p.root, libc::SIGKILL);
         let _ = p.nsenter.wait();
-        return Err(fail("startup", "no READY within 15 s".into(), String::new()));
+        return Err(fail(
+            "startup",
+            "no READY within 15 s".into(),
+            String::new(),
+        ));
     }
     let mut extra = std::env::var("FERRY_MIGRATION_ARGS").unwrap_or_default();
     if PRECOPY_BUGS.iter().any(|(n, _)| *n == name) {
@@ -504,33 +664,66 @@ fn migrate_program(env: &Env, name: &str, bin: &Path) -> Result<f64, Failure> {
     }
     // The source's copy is gone (SIGKILL after Running).
     match wait_timeout(&mut p.nsenter, Duration::from_secs(10)) {
-        Some(st) if st.signal() == Some(libc::SIGKILL) || st.code() == Some(128 + libc::SIGKILL) => {}
-        Some(st) => return Err(fail("source", format!("the source's copy ended with {}", describe(&st)), ferry)),
+        Some(st)
+            if st.signal() == Some(libc::SIGKILL) || st.code() == Some(128 + libc::SIGKILL) => {}
+        Some(st) => {
+            return Err(fail(
+                "source",
+                format!("the source's copy ended with {}", describe(&st)),
+                ferry,
+            ))
+        }
         None => {
             kill(p.root, libc::SIGKILL);
-            return Err(fail("source", "the source's copy still runs after the migration".into(), ferry));
+            return Err(fail(
+                "source",
+                "the source's copy still runs after the migration".into(),
+                ferry,
+            ));
         }
     }
     let inner = m.dest_host_pid();
     let Some(root) = b.root_pid(inner) else {
-        return Err(fail("destination", format!("no process {inner} in b"), ferry));
+        return Err(fail(
+            "destination",
+            format!("no process {inner} in b"),
+            ferry,
+        ));
     };
     if !kill(root, libc::SIGUSR2) {
-        return Err(fail("wakeup", format!("kill({root}, SIGUSR2): {}", std::io::Error::last_os_error()), ferry));
+        return Err(fail(
+            "wakeup",
+            format!("kill({root}, SIGUSR2): {}", std::io::Error::last_os_error()),
+            ferry,
+        ));
     }
     let done = |l: &str| l == "PASS" || l.starts_with("FAIL");
-    if !wait_for(Duration::from_secs(30), || read_lossy(&log).lines().any(done) || !alive(root)) {
+    if !wait_for(Duration::from_secs(30), || {
+        read_lossy(&log).lines().any(done) || !alive(root)
+    }) {
         kill(root, libc::SIGKILL);
-        return Err(fail("check", "neither PASS nor FAIL within 30 s of SIGUSR2".into(), ferry));
+        return Err(fail(
+            "check",
+            "neither PASS nor FAIL within 30 s of SIGUSR2".into(),
+            ferry,
+        ));
     }
     // Let it finish (and its children); then the log is complete.
     if !wait_for(Duration::from_secs(15), || !alive(root)) {
         kill(root, libc::SIGKILL);
-        return Err(fail("check", "still running 15 s after its checks".into(), ferry));
+        return Err(fail(
+            "check",
+            "still running 15 s after its checks".into(),
+            ferry,
+        ));
     }
     let text = read_lossy(&log);
     if text.contains("FAIL") || !text.lines().any(|l| l == "PASS") {
-        return Err(fail("check", "the program did not PASS at the destination".into(), ferry));
+        return Err(fail(
+            "check",
+            "the program did not PASS at the destination".into(),
+            ferry,
+        ));
     }
     Ok(m.pause_ms())
 }
@@ -548,7 +741,15 @@ fn service_env(tag: &str, b_env: &[(&str, &str)], b_args: &[&str]) -> (Env, Stri
     env.start_ferryd("b", b_env, b_args);
     env.start_plain("c");
     let svc = env.c.subnet_addr(100).to_string();
-    ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
+    ip(&[
+        "-n",
+        &env.host("a").netns,
+        "addr",
+        "add",
+        &format!("{svc}/24"),
+        "dev",
+        "eth0",
+    ]);
     (env, svc)
 }
 
@@ -562,12 +763,30 @@ fn start_redis(env: &Env, on: &str, svc: &str, dir: &Path) -> Started {
     let log = env.dir.0.join("redis.log");
     let r = start_in(
         env.host(on),
-        &[REDIS, "--bind", svc, "--port", REDIS_PORT, "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--dir", path_str(dir)],
+        &[
+            REDIS,
+            "--bind",
+            svc,
+            "--port",
+            REDIS_PORT,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            path_str(dir),
+        ],
         &env.dir.0,
         &log,
         &[],
     );
-    let ok = wait_for(Duration::from_secs(15), || redis_cli(env, svc, &["PING"]).stdout.trim() == "PONG");
+    let ok = wait_for(Duration::from_secs(15), || {
+        redis_cli(env, svc, &["PING"]).stdout.trim() == "PONG"
+    });
     assert!(ok, "redis does not answer on {svc}:\n{}", read_lossy(&log));
     r
 }
@@ -600,7 +819,9 @@ impl KeptClient {
     fn open(env: &Env, svc: &str) -> KeptClient {
         let c = env.host("c");
         let mut cmd = c.command(&["python3", "-c", KEPT_CLIENT, svc, REDIS_PORT]);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut nsenter = only_stdio(&mut cmd).spawn().expect("kept client");
         let (root, _) = c.wait_spawned_pid(&nsenter);
         let stdin = nsenter.stdin.take().expect("stdin");
@@ -614,8 +835,17 @@ impl KeptClient {
                 }
             }
         });
-        let mut k = KeptClient { nsenter, root, stdin, lines };
-        assert_eq!(k.line().as_deref(), Some("connected"), "the kept client did not connect");
+        let mut k = KeptClient {
+            nsenter,
+            root,
+            stdin,
+            lines,
+        };
+        assert_eq!(
+            k.line().as_deref(),
+            Some("connected"),
+            "the kept client did not connect"
+        );
         k
     }
 
@@ -626,7 +856,8 @@ impl KeptClient {
     fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("write to the kept client");
         self.stdin.flush().expect("flush");
-        self.line().unwrap_or_else(|| panic!("no reply to {cmd:?} on the kept connection"))
+        self.line()
+            .unwrap_or_else(|| panic!("no reply to {cmd:?} on the kept connection"))
     }
 }
 
@@ -640,49 +871,122 @@ impl Drop for KeptClient {
 /// After a failed migration: redis runs on at a (not stopped), the kept
 /// connection works, new connections work, the address is on a's eth0 and
 /// not on b's, and neither host has a network lock.
-fn assert_service_at_source(env: &Env, svc: &str, redis: &Started, client: &mut KeptClient, counter: &mut u64, what: &str) {
+fn assert_service_at_source(
+    env: &Env,
+    svc: &str,
+    redis: &Started,
+    client: &mut KeptClient,
+    counter: &mut u64,
+    what: &str,
+) {
     assert!(alive(redis.root), "{what}: redis is gone from a");
-    assert_ne!(state(redis.root), Some('T'), "{what}: redis is stopped at a");
+    assert_ne!(
+        state(redis.root),
+        Some('T'),
+        "{what}: redis is stopped at a"
+    );
     let (a, b) = (env.host("a"), env.host("b"));
-    assert!(addresses(a).contains(&svc_prefix(svc)), "{what}: {svc} is not back on a: {:?}", addresses(a));
-    assert!(!addresses(b).contains(&svc_prefix(svc)), "{what}: {svc} is on b: {:?}", addresses(b));
+    assert!(
+        addresses(a).contains(&svc_prefix(svc)),
+        "{what}: {svc} is not back on a: {:?}",
+        addresses(a)
+    );
+    assert!(
+        !addresses(b).contains(&svc_prefix(svc)),
+        "{what}: {svc} is on b: {:?}",
+        addresses(b)
+    );
     *counter += 1;
-    assert_eq!(client.ask("INCR kept"), format!(":{counter}"), "{what}: the connection opened before");
-    assert_eq!(redis_cli(env, svc, &["PING"]).stdout.trim(), "PONG", "{what}: a new connection");
+    assert_eq!(
+        client.ask("INCR kept"),
+        format!(":{counter}"),
+        "{what}: the connection opened before"
+    );
+    assert_eq!(
+        redis_cli(env, svc, &["PING"]).stdout.trim(),
+        "PONG",
+        "{what}: a new connection"
+    );
     for h in [a, b] {
-        assert_eq!(host_locks(h), Vec::new(), "{what}: network lock left in {}", h.name);
+        assert_eq!(
+            host_locks(h),
+            Vec::new(),
+            "{what}: network lock left in {}",
+            h.name
+        );
     }
 }
 
 fn spawn_logged(mut cmd: Command, out: &Path, err: &Path) -> Child {
-    cmd.stdin(Stdio::null()).stdout(File::create(out).expect("out")).stderr(File::create(err).expect("err"));
+    cmd.stdin(Stdio::null())
+        .stdout(File::create(out).expect("out"))
+        .stderr(File::create(err).expect("err"));
     only_stdio(&mut cmd).spawn().expect("spawn")
 }
 
 /// Starts `ferry migrate` in host `from` in the background.
-fn migrate_in_background(env: &Env, from: &str, pid: i32, to: SocketAddr, extra: &[&str]) -> (Child, PathBuf, PathBuf, PathBuf) {
+fn migrate_in_background(
+    env: &Env,
+    from: &str,
+    pid: i32,
+    to: SocketAddr,
+    extra: &[&str],
+) -> (Child, PathBuf, PathBuf, PathBuf) {
     let (cmd, report) = env.migrate_cmd(from, pid, to, extra);
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
-    let (out, err) = (env.dir.0.join(format!("migrate-{n}.out")), env.dir.0.join(format!("migrate-{n}.err")));
+    let (out, err) = (
+        env.dir.0.join(format!("migrate-{n}.out")),
+        env.dir.0.join(format!("migrate-{n}.err")),
+    );
     (spawn_logged(cmd, &out, &err), report, out, err)
 }
 
-fn finish_migration(mut child: Child, report: &Path, out: &Path, err: &Path, limit: Duration) -> Migration {
+fn finish_migration(
+    mut child: Child,
+    report: &Path,
+    out: &Path,
+    err: &Path,
+    limit: Duration,
+) -> Migration {
     let t = Instant::now();
     let status = wait_timeout(&mut child, limit).unwrap_or_else(|| {
         // timeout(1) inside ends it within MIGRATE_LIMIT_S in any case.
         child.wait().expect("wait ferry migrate")
     });
-    Migration::new(Out { status, stdout: read_lossy(out), stderr: read_lossy(err) }, report, t.elapsed())
+    Migration::new(
+        Out {
+            status,
+            stdout: read_lossy(out),
+            stderr: read_lossy(err),
+        },
+        report,
+        t.elapsed(),
+    )
 }
 
 fn assert_failed_with(m: &Migration, what: &str, needles: &[&str]) {
-    assert!(!m.out.status.success(), "{what}: ferry migrate succeeded: {}", m.out.show());
-    assert!(m.out.stderr.contains("still runs here"), "{what}: no word that the service still runs at the source: {}", m.out.show());
+    assert!(
+        !m.out.status.success(),
+        "{what}: ferry migrate succeeded: {}",
+        m.out.show()
+    );
+    assert!(
+        m.out.stderr.contains("still runs here"),
+        "{what}: no word that the service still runs at the source: {}",
+        m.out.show()
+    );
     let lower = m.out.stderr.to_lowercase();
-    assert!(needles.iter().any(|n| lower.contains(n)), "{what}: none of {needles:?} in the error: {}", m.out.show());
-    eprintln!("[{what}] ferry migrate failed as it should in {:.1} s: {}", m.took.as_secs_f64(), m.out.stderr.lines().last().unwrap_or(""));
+    assert!(
+        needles.iter().any(|n| lower.contains(n)),
+        "{what}: none of {needles:?} in the error: {}",
+        m.out.show()
+    );
+    eprintln!(
+        "[{what}] ferry migrate failed as it should in {:.1} s: {}",
+        m.took.as_secs_f64(),
+        m.out.stderr.lines().last().unwrap_or("")
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -710,18 +1014,59 @@ fn redis_under_load_migrates_there_and_back() {
     let mut bench = spawn_logged(
         // Looping (-l) for a fixed time, so that the load spans both
         // migrations however fast this machine is; SIGINT ends it cleanly.
-        env.host("c").command(&["timeout", "-s", "INT", "14", "redis-benchmark", "-h", &svc, "-p", REDIS_PORT, "-c", "20", "-n", "100000", "-P", "4", "-t", "set,get", "-r", "10000", "-l", "-q"]),
+        env.host("c").command(&[
+            "timeout",
+            "-s",
+            "INT",
+            "14",
+            "redis-benchmark",
+            "-h",
+            &svc,
+            "-p",
+            REDIS_PORT,
+            "-c",
+            "20",
+            "-n",
+            "100000",
+            "-P",
+            "4",
+            "-t",
+            "set,get",
+            "-r",
+            "10000",
+            "-l",
+            "-q",
+        ]),
         &bout,
         &berr,
     );
     let running = |bench: &mut Child| matches!(bench.try_wait(), Ok(None));
     std::thread::sleep(Duration::from_millis(1000));
-    assert!(running(&mut bench), "redis-benchmark ended before the migrations:\n{}\n{}", read_lossy(&bout), read_lossy(&berr));
-    let there = env.migrate("a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    assert!(
+        running(&mut bench),
+        "redis-benchmark ended before the migrations:\n{}\n{}",
+        read_lossy(&bout),
+        read_lossy(&berr)
+    );
+    let there = env.migrate(
+        "a",
+        redis.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc)],
+    );
     let pid_b = there.expect_ok("a→b under load");
-    assert!(addresses(env.host("b")).contains(&svc_prefix(&svc)) && !addresses(env.host("a")).contains(&svc_prefix(&svc)), "address did not move to b");
+    assert!(
+        addresses(env.host("b")).contains(&svc_prefix(&svc))
+            && !addresses(env.host("a")).contains(&svc_prefix(&svc)),
+        "address did not move to b"
+    );
     std::thread::sleep(Duration::from_millis(500));
-    let back = env.migrate("b", pid_b, env.agent("a"), &["--address", &svc_prefix(&svc)]);
+    let back = env.migrate(
+        "b",
+        pid_b,
+        env.agent("a"),
+        &["--address", &svc_prefix(&svc)],
+    );
     let pid_a = back.expect_ok("b→a under load");
     let still = running(&mut bench);
     eprintln!(
@@ -731,25 +1076,55 @@ fn redis_under_load_migrates_there_and_back() {
         back.pause_ms(),
         back.took.as_secs_f64() * 1e3
     );
-    let st = wait_timeout(&mut bench, Duration::from_secs(60)).expect("redis-benchmark did not end");
+    let st =
+        wait_timeout(&mut bench, Duration::from_secs(60)).expect("redis-benchmark did not end");
     let (o, e) = (read_lossy(&bout), read_lossy(&berr));
     // timeout(1) exits 124 when it had to stop the loop, as intended.
-    assert!(st.success() || st.code() == Some(124), "redis-benchmark failed ({}):\n{o}\n{e}", describe(&st));
-    assert!(!o.contains("Error") && !e.contains("Error"), "redis-benchmark saw errors:\n{o}\n{e}");
+    assert!(
+        st.success() || st.code() == Some(124),
+        "redis-benchmark failed ({}):\n{o}\n{e}",
+        describe(&st)
+    );
+    assert!(
+        !o.contains("Error") && !e.contains("Error"),
+        "redis-benchmark saw errors:\n{o}\n{e}"
+    );
     for t in ["SET: ", "GET: "] {
-        assert!(o.lines().flat_map(|l| l.split('\r')).any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")), "no {t} result:\n{o}");
+        assert!(
+            o.lines()
+                .flat_map(|l| l.split('\r'))
+                .any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")),
+            "no {t} result:\n{o}"
+        );
     }
-    assert!(still, "redis-benchmark ended before the second migration: raise -n so that the load spans both");
+    assert!(
+        still,
+        "redis-benchmark ended before the second migration: raise -n so that the load spans both"
+    );
     // Keys written before the migrations, through a new connection.
     let mut get = vec!["MGET".to_string()];
     get.extend((0..200).map(|i| format!("before:{i}")));
     let get: Vec<&str> = get.iter().map(String::as_str).collect();
     let values = redis_cli(&env, &svc, &get).stdout;
-    let want: Vec<String> = (0..200).map(|i| format!("value-{i}-{}", "x".repeat(i % 50))).collect();
-    assert_eq!(values.lines().collect::<Vec<_>>(), want, "keys written before the migrations");
-    assert_eq!(env.host("a").root_pid(pid_a).map(alive), Some(true), "redis runs in a again");
+    let want: Vec<String> = (0..200)
+        .map(|i| format!("value-{i}-{}", "x".repeat(i % 50)))
+        .collect();
+    assert_eq!(
+        values.lines().collect::<Vec<_>>(),
+        want,
+        "keys written before the migrations"
+    );
+    assert_eq!(
+        env.host("a").root_pid(pid_a).map(alive),
+        Some(true),
+        "redis runs in a again"
+    );
     for h in ["a", "b"] {
-        assert_eq!(host_locks(env.host(h)), Vec::new(), "network lock left in {h}");
+        assert_eq!(
+            host_locks(env.host(h)),
+            Vec::new(),
+            "network lock left in {h}"
+        );
     }
 }
 
@@ -764,9 +1139,12 @@ fn nginx_under_load_migrates_there_and_back() {
     let www = env.dir.0.join("www");
     fs::create_dir_all(&www).expect("www");
     fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
-    let body: String = (0..200).map(|i| format!("ferry nginx line {i:05}\n")).collect();
+    let body: String = (0..200)
+        .map(|i| format!("ferry nginx line {i:05}\n"))
+        .collect();
     fs::write(www.join("ferry.txt"), &body).expect("write the file");
-    fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644)).expect("chmod file");
+    fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644))
+        .expect("chmod file");
     let conf = format!(
         "daemon off;\n\
          master_process on;\n\
@@ -792,36 +1170,105 @@ fn nginx_under_load_migrates_there_and_back() {
     );
     fs::write(env.dir.0.join("nginx.conf"), conf).expect("write nginx.conf");
     let log = env.dir.0.join("nginx.stdio");
-    let nginx = start_in(env.host("a"), &[NGINX, "-p", &format!("{d}/"), "-c", &format!("{d}/nginx.conf"), "-e", &format!("{d}/error.log")], &env.dir.0, &log, &[]);
+    let nginx = start_in(
+        env.host("a"),
+        &[
+            NGINX,
+            "-p",
+            &format!("{d}/"),
+            "-c",
+            &format!("{d}/nginx.conf"),
+            "-e",
+            &format!("{d}/error.log"),
+        ],
+        &env.dir.0,
+        &log,
+        &[],
+    );
     let url = format!("http://{svc}:8080/ferry.txt");
-    let ready = wait_for(Duration::from_secs(15), || run_in(env.host("c"), 10, &["ab", "-n", "1", &url]).stdout.contains("Complete requests:      1"));
-    assert!(ready, "nginx does not serve:\n{}\n{}", read_lossy(&log), read_lossy(&env.dir.0.join("error.log")));
+    let ready = wait_for(Duration::from_secs(15), || {
+        run_in(env.host("c"), 10, &["ab", "-n", "1", &url])
+            .stdout
+            .contains("Complete requests:      1")
+    });
+    assert!(
+        ready,
+        "nginx does not serve:\n{}\n{}",
+        read_lossy(&log),
+        read_lossy(&env.dir.0.join("error.log"))
+    );
 
     // A fixed time (-t) rather than a count, so that the load spans both
     // migrations however fast this machine is (-n after -t lifts ab's
     // default cap of 50,000 requests).
     let (bout, berr) = (env.dir.0.join("ab.out"), env.dir.0.join("ab.err"));
-    let mut ab = spawn_logged(env.host("c").command(&["timeout", "-s", "KILL", "150", "ab", "-t", "12", "-n", "10000000", "-c", "10", "-s", "20", &url]), &bout, &berr);
+    let mut ab = spawn_logged(
+        env.host("c").command(&[
+            "timeout", "-s", "KILL", "150", "ab", "-t", "12", "-n", "10000000", "-c", "10", "-s",
+            "20", &url,
+        ]),
+        &bout,
+        &berr,
+    );
     std::thread::sleep(Duration::from_millis(1000));
-    assert!(matches!(ab.try_wait(), Ok(None)), "ab ended before the migrations:\n{}\n{}", read_lossy(&bout), read_lossy(&berr));
-    let there = env.migrate("a", nginx.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    assert!(
+        matches!(ab.try_wait(), Ok(None)),
+        "ab ended before the migrations:\n{}\n{}",
+        read_lossy(&bout),
+        read_lossy(&berr)
+    );
+    let there = env.migrate(
+        "a",
+        nginx.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc)],
+    );
     let pid_b = there.expect_ok("a→b under load");
     std::thread::sleep(Duration::from_millis(500));
-    let back = env.migrate("b", pid_b, env.agent("a"), &["--address", &svc_prefix(&svc)]);
+    let back = env.migrate(
+        "b",
+        pid_b,
+        env.agent("a"),
+        &["--address", &svc_prefix(&svc)],
+    );
     back.expect_ok("b→a under load");
     let still = matches!(ab.try_wait(), Ok(None));
-    eprintln!("[{TEST}] a→b pause {:.1} ms, b→a pause {:.1} ms", there.pause_ms(), back.pause_ms());
+    eprintln!(
+        "[{TEST}] a→b pause {:.1} ms, b→a pause {:.1} ms",
+        there.pause_ms(),
+        back.pause_ms()
+    );
     let st = wait_timeout(&mut ab, Duration::from_secs(160)).expect("ab did not end");
     let (o, e) = (read_lossy(&bout), read_lossy(&berr));
     assert!(st.success(), "ab failed ({}):\n{o}\n{e}", describe(&st));
-    let complete: u64 = o.lines().find_map(|l| l.strip_prefix("Complete requests:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    assert!(complete > 1000, "ab completed only {complete} requests:\n{o}\n{e}");
-    assert!(o.contains("Failed requests:        0"), "failed requests:\n{o}");
+    let complete: u64 = o
+        .lines()
+        .find_map(|l| l.strip_prefix("Complete requests:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        complete > 1000,
+        "ab completed only {complete} requests:\n{o}\n{e}"
+    );
+    assert!(
+        o.contains("Failed requests:        0"),
+        "failed requests:\n{o}"
+    );
     assert!(!o.contains("Non-2xx responses"), "non-2xx responses:\n{o}");
-    assert!(o.contains(&format!("Document Length:        {} bytes", body.len())), "{o}");
-    assert!(still, "ab ended before the second migration: raise -n so that the load spans both");
+    assert!(
+        o.contains(&format!("Document Length:        {} bytes", body.len())),
+        "{o}"
+    );
+    assert!(
+        still,
+        "ab ended before the second migration: raise -n so that the load spans both"
+    );
     for h in ["a", "b"] {
-        assert_eq!(host_locks(env.host(h)), Vec::new(), "network lock left in {h}");
+        assert_eq!(
+            host_locks(env.host(h)),
+            Vec::new(),
+            "network lock left in {h}"
+        );
     }
 }
 
@@ -833,14 +1280,19 @@ const STALL_HELD: (&str, &str) = ("FERRY_FAULT_STALL_AFTER", "destination:restor
 fn wait_stall(env: &Env, what: &str) {
     let log = env.ferryd_log("b");
     assert!(
-        wait_for(Duration::from_secs(30), || read_lossy(&log).contains("stalling after destination phase 'restored (held)'")),
+        wait_for(Duration::from_secs(30), || read_lossy(&log)
+            .contains("stalling after destination phase 'restored (held)'")),
         "{what}: the destination did not reach the stall:\n{}",
         read_lossy(&log)
     );
 }
 
 /// Redis at a with a connection from c kept open (counter "kept" at 1).
-fn fault_setup(tag: &str, b_env: &[(&str, &str)], b_args: &[&str]) -> (Env, String, Started, KeptClient) {
+fn fault_setup(
+    tag: &str,
+    b_env: &[(&str, &str)],
+    b_args: &[&str],
+) -> (Env, String, Started, KeptClient) {
     let (env, svc) = service_env(tag, b_env, b_args);
     let data = env.dir.0.join("redis");
     fs::create_dir_all(&data).expect("redis dir");
@@ -857,7 +1309,13 @@ fn fault_destination_killed_mid_migration() {
         return;
     }
     let (env, svc, redis, mut client) = fault_setup("fk", &[STALL_HELD], &[]);
-    let (child, report, out, err) = migrate_in_background(&env, "a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc), "--timeout", "20"]);
+    let (child, report, out, err) = migrate_in_background(
+        &env,
+        "a",
+        redis.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc), "--timeout", "20"],
+    );
     wait_stall(&env, TEST);
     // The whole destination host goes: ferryd, its worker, the held tree.
     env.host("b").stop_init();
@@ -869,7 +1327,15 @@ fn fault_destination_killed_mid_migration() {
     env.start_ferryd("b", &[], &[]);
     let b = env.host("b");
     if addresses(b).contains(&svc_prefix(&svc)) {
-        ip(&["-n", &b.netns, "addr", "del", &svc_prefix(&svc), "dev", "eth0"]);
+        ip(&[
+            "-n",
+            &b.netns,
+            "addr",
+            "del",
+            &svc_prefix(&svc),
+            "dev",
+            "eth0",
+        ]);
     }
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
@@ -883,25 +1349,49 @@ fn fault_link_cut_mid_migration() {
     }
     // The destination stalls 4 s after restoring (held), then waits 3 s
     // for Commit, gives up and undoes its steps.
-    let (env, svc, redis, mut client) = fault_setup("fl", &[STALL_HELD, ("FERRY_FAULT_STALL_SECS", "4")], &["--timeout", "3"]);
-    let (child, report, out, err) = migrate_in_background(&env, "a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc), "--timeout", "2"]);
+    let (env, svc, redis, mut client) = fault_setup(
+        "fl",
+        &[STALL_HELD, ("FERRY_FAULT_STALL_SECS", "4")],
+        &["--timeout", "3"],
+    );
+    let (child, report, out, err) = migrate_in_background(
+        &env,
+        "a",
+        redis.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc), "--timeout", "2"],
+    );
     wait_stall(&env, TEST);
     let b = env.host("b");
     ip(&["-n", &b.netns, "link", "set", "eth0", "down"]);
     let m = finish_migration(child, &report, &out, &err, Duration::from_secs(40));
-    assert_failed_with(&m, TEST, &["timed out", "timeout", "resource temporarily unavailable"]);
-    assert!(m.took < Duration::from_secs(15), "{TEST}: the source took {:?} to give up with --timeout 2", m.took);
+    assert_failed_with(
+        &m,
+        TEST,
+        &["timed out", "timeout", "resource temporarily unavailable"],
+    );
+    assert!(
+        m.took < Duration::from_secs(15),
+        "{TEST}: the source took {:?} to give up with --timeout 2",
+        m.took
+    );
     // The destination gives up on its own.
     let log = env.ferryd_log("b");
     assert!(
-        wait_for(Duration::from_secs(30), || read_lossy(&log).contains("failed: the source gave up") || read_lossy(&log).contains("migration from")),
+        wait_for(Duration::from_secs(30), || read_lossy(&log)
+            .contains("failed: the source gave up")
+            || read_lossy(&log).contains("migration from")),
         "{TEST}: the destination did not end the migration:\n{}",
         read_lossy(&log)
     );
     ip(&["-n", &b.netns, "link", "set", "eth0", "up"]);
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
-    assert!(!read_lossy(&log).contains("runs here as pid"), "{TEST}: the destination released the tree:\n{}", read_lossy(&log));
+    assert!(
+        !read_lossy(&log).contains("runs here as pid"),
+        "{TEST}: the destination released the tree:\n{}",
+        read_lossy(&log)
+    );
 }
 
 /// Forwards one connection c:port → b's agent, flipping one byte of the
@@ -936,21 +1426,44 @@ fn fault_corrupted_stream() {
     }
     let (env, svc, redis, mut client) = fault_setup("fc", &[], &[]);
     let c = env.host("c");
-    let mut cmd = c.command(&["python3", "-c", CORRUPTING_PROXY, &c.ip.to_string(), "7171", &env.host("b").ip.to_string(), &AGENT_PORT.to_string()]);
+    let mut cmd = c.command(&[
+        "python3",
+        "-c",
+        CORRUPTING_PROXY,
+        &c.ip.to_string(),
+        "7171",
+        &env.host("b").ip.to_string(),
+        &AGENT_PORT.to_string(),
+    ]);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let mut proxy = only_stdio(&mut cmd).spawn().expect("proxy");
     let (proxy_root, _) = c.wait_spawned_pid(&proxy);
     let mut lines = BufReader::new(proxy.stdout.take().expect("proxy stdout")).lines();
-    assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("listening"));
-    let m = env.migrate("a", redis.inner, SocketAddr::new(c.ip.into(), 7171), &["--address", &svc_prefix(&svc), "--timeout", "10"]);
-    assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("flipped"), "the proxy did not flip a byte");
+    assert_eq!(
+        lines.next().and_then(|l| l.ok()).as_deref(),
+        Some("listening")
+    );
+    let m = env.migrate(
+        "a",
+        redis.inner,
+        SocketAddr::new(c.ip.into(), 7171),
+        &["--address", &svc_prefix(&svc), "--timeout", "10"],
+    );
+    assert_eq!(
+        lines.next().and_then(|l| l.ok()).as_deref(),
+        Some("flipped"),
+        "the proxy did not flip a byte"
+    );
     assert_failed_with(&m, TEST, &["authenticat"]);
     kill(proxy_root, libc::SIGKILL);
     let _ = wait_timeout(&mut proxy, Duration::from_secs(5));
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
     let log = read_lossy(&env.ferryd_log("b"));
-    assert!(!log.contains("runs here as pid"), "{TEST}: the destination released a tree:\n{log}");
+    assert!(
+        !log.contains("runs here as pid"),
+        "{TEST}: the destination released a tree:\n{log}"
+    );
 }
 
 #[test]
@@ -965,14 +1478,34 @@ fn fault_restore_fails_at_destination() {
     let private = env.dir.0.join("private");
     fs::create_dir_all(&private).expect("private dir");
     let only_a = private.join("only-a");
-    let out = run_in(env.host("a"), 10, &["sh", "-c", "mount -t tmpfs tmpfs \"$1\" && mkdir \"$2\"", "sh", path_str(&private), path_str(&only_a)]);
+    let out = run_in(
+        env.host("a"),
+        10,
+        &[
+            "sh",
+            "-c",
+            "mount -t tmpfs tmpfs \"$1\" && mkdir \"$2\"",
+            "sh",
+            path_str(&private),
+            path_str(&only_a),
+        ],
+    );
     assert!(out.status.success(), "tmpfs in a: {}", out.show());
     let redis = start_redis(&env, "a", &svc, &only_a);
     let mut client = KeptClient::open(&env, &svc);
     assert_eq!(client.ask("INCR kept"), ":1");
-    let m = env.migrate("a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    let m = env.migrate(
+        "a",
+        redis.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc)],
+    );
     assert_failed_with(&m, TEST, &["the destination failed"]);
-    assert!(m.out.stderr.contains("only-a"), "{TEST}: the error does not name the missing directory: {}", m.out.show());
+    assert!(
+        m.out.stderr.contains("only-a"),
+        "{TEST}: the error does not name the missing directory: {}",
+        m.out.show()
+    );
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
 }
@@ -1005,29 +1538,81 @@ fn fault_unauthenticated_peers_are_refused() {
     let limit = MIGRATE_LIMIT_S.to_string();
     let (pid, to) = (redis.inner.to_string(), env.agent("b").to_string());
     let addr = svc_prefix(&svc);
-    let out = output(env.host("a").command(&["timeout", "-s", "KILL", &limit, FERRY, "migrate", "--pid", &pid, "--to", &to, "--key", path_str(&other), "--address", &addr]));
-    let m = Migration { out, report: None, took: Duration::ZERO };
+    let out = output(env.host("a").command(&[
+        "timeout",
+        "-s",
+        "KILL",
+        &limit,
+        FERRY,
+        "migrate",
+        "--pid",
+        &pid,
+        "--to",
+        &to,
+        "--key",
+        path_str(&other),
+        "--address",
+        &addr,
+    ]));
+    let m = Migration {
+        out,
+        report: None,
+        took: Duration::ZERO,
+    };
     assert_failed_with(&m, TEST, &["key"]);
     let none = run_in(env.host("b"), 10, &["pgrep", "-x", "redis-server"]);
-    assert!(!none.status.success(), "{TEST}: a redis-server runs in b: {}", none.show());
+    assert!(
+        !none.status.success(),
+        "{TEST}: a redis-server runs in b: {}",
+        none.show()
+    );
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, "wrong key");
 
     // Garbage instead of a handshake: disconnected, ferryd lives on.
     let b = env.host("b");
     let ferryd = b.init_pid();
-    let out = run_in(env.host("c"), 30, &["python3", "-c", GARBAGE_CLIENT, &b.ip.to_string(), &AGENT_PORT.to_string()]);
-    assert_eq!(out.stdout.trim(), "closed", "{TEST}: ferryd did not disconnect a peer sending garbage: {}", out.show());
-    assert!(alive(ferryd) && b.init_pid() == ferryd, "{TEST}: ferryd died");
-    assert!(read_lossy(&env.ferryd_log("b")).contains("refused"), "{TEST}: ferryd does not log the refusal:\n{}", read_lossy(&env.ferryd_log("b")));
+    let out = run_in(
+        env.host("c"),
+        30,
+        &[
+            "python3",
+            "-c",
+            GARBAGE_CLIENT,
+            &b.ip.to_string(),
+            &AGENT_PORT.to_string(),
+        ],
+    );
+    assert_eq!(
+        out.stdout.trim(),
+        "closed",
+        "{TEST}: ferryd did not disconnect a peer sending garbage: {}",
+        out.show()
+    );
+    assert!(
+        alive(ferryd) && b.init_pid() == ferryd,
+        "{TEST}: ferryd died"
+    );
+    assert!(
+        read_lossy(&env.ferryd_log("b")).contains("refused"),
+        "{TEST}: ferryd does not log the refusal:\n{}",
+        read_lossy(&env.ferryd_log("b"))
+    );
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, "garbage");
 
     // ferryd still serves a real migration; the kept connection moves too.
     let m = env.migrate("a", redis.inner, env.agent("b"), &["--address", &addr]);
     let pid_b = m.expect_ok("after the garbage");
-    assert!(b.root_pid(pid_b).is_some_and(alive), "{TEST}: redis does not run in b");
+    assert!(
+        b.root_pid(pid_b).is_some_and(alive),
+        "{TEST}: redis does not run in b"
+    );
     counter += 1;
-    assert_eq!(client.ask("INCR kept"), format!(":{counter}"), "{TEST}: the kept connection after the migration");
+    assert_eq!(
+        client.ask("INCR kept"),
+        format!(":{counter}"),
+        "{TEST}: the kept connection after the migration"
+    );
     assert!(addresses(b).contains(&addr) && !addresses(env.host("a")).contains(&addr));
 }
 
@@ -1037,7 +1622,12 @@ fn fault_unauthenticated_peers_are_refused() {
 /// The parent of `pid` (root namespace) and that parent's name.
 fn parent_of(pid: i32) -> Option<(i32, String)> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let ppid: i32 = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?;
+    let ppid: i32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()?;
     let comm = fs::read_to_string(format!("/proc/{ppid}/comm")).ok()?;
     Some((ppid, comm.trim().to_string()))
 }
@@ -1061,35 +1651,76 @@ fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
             b.set_next_pid(base);
             let log = env.dir.0.join("occupant.log");
             let o = start_in(b, &["sleep", "600"], &env.dir.0, &log, &[]);
-            assert_eq!(o.inner, want, "{TEST}: the occupant in b did not get PID {want}");
+            assert_eq!(
+                o.inner, want,
+                "{TEST}: the occupant in b did not get PID {want}"
+            );
             occupant = Some(o);
         }
         a.set_next_pid(base);
         let log = env.dir.0.join(format!("sleep-{taken}.log"));
         let mut p = start_in(a, &["sleep", "600"], &env.dir.0, &log, &[]);
-        assert_eq!(p.inner, want, "{TEST}: the service in a did not get PID {want}");
+        assert_eq!(
+            p.inner, want,
+            "{TEST}: the service in a did not get PID {want}"
+        );
         let m = env.migrate("a", p.inner, env.agent("b"), &[]);
         assert!(m.ok(), "{TEST} (PID taken in b: {taken}): {}", m.out.show());
-        assert!(wait_timeout(&mut p.nsenter, Duration::from_secs(10)).is_some(), "{TEST}: the source's copy still runs");
+        assert!(
+            wait_timeout(&mut p.nsenter, Duration::from_secs(10)).is_some(),
+            "{TEST}: the source's copy still runs"
+        );
         let host_pid = m.dest_host_pid();
-        let root = b.root_pid(host_pid).unwrap_or_else(|| panic!("{TEST}: no process {host_pid} in b"));
-        assert_eq!(common::cluster::innermost(root), Some(want), "{TEST}: the restored process does not have its PID {want}");
+        let root = b
+            .root_pid(host_pid)
+            .unwrap_or_else(|| panic!("{TEST}: no process {host_pid} in b"));
+        assert_eq!(
+            common::cluster::innermost(root),
+            Some(want),
+            "{TEST}: the restored process does not have its PID {want}"
+        );
         let ns = common::cluster::pid_ns_of(root).expect("the restored process's PID namespace");
         if taken {
             // In a new namespace, under the helper that is its init there.
-            assert_ne!(host_pid, want, "{TEST}: b reports the restored process as {want}, the occupant's PID");
-            assert_ne!(ns, b_ns, "{TEST}: restored in b's own PID namespace although {want} is taken there");
+            assert_ne!(
+                host_pid, want,
+                "{TEST}: b reports the restored process as {want}, the occupant's PID"
+            );
+            assert_ne!(
+                ns, b_ns,
+                "{TEST}: restored in b's own PID namespace although {want} is taken there"
+            );
             let parent = parent_of(root).map(|p| p.1);
-            assert_eq!(parent.as_deref(), Some("ferry-init"), "{TEST}: the restored process's parent");
+            assert_eq!(
+                parent.as_deref(),
+                Some("ferry-init"),
+                "{TEST}: the restored process's parent"
+            );
         } else {
-            assert_eq!(host_pid, want, "{TEST}: b reports the restored process as {host_pid}");
-            assert_eq!(ns, b_ns, "{TEST}: restored in a new PID namespace although every PID was free in b");
+            assert_eq!(
+                host_pid, want,
+                "{TEST}: b reports the restored process as {host_pid}"
+            );
+            assert_eq!(
+                ns, b_ns,
+                "{TEST}: restored in a new PID namespace although every PID was free in b"
+            );
             // Its parent, the worker that restored it, exits; ferryd
             // (b's init, the child subreaper) adopts it.
-            let adopted = wait_for(Duration::from_secs(10), || parent_of(root).is_some_and(|(ppid, _)| ppid == b.init_pid()));
-            assert!(adopted, "{TEST}: the restored process's parent is {:?}, not b's ferryd", parent_of(root));
+            let adopted = wait_for(Duration::from_secs(10), || {
+                parent_of(root).is_some_and(|(ppid, _)| ppid == b.init_pid())
+            });
+            assert!(
+                adopted,
+                "{TEST}: the restored process's parent is {:?}, not b's ferryd",
+                parent_of(root)
+            );
         }
-        assert!(alive(root) && state(root) != Some('t'), "{TEST}: the restored process is not running ({:?})", state(root));
+        assert!(
+            alive(root) && state(root) != Some('t'),
+            "{TEST}: the restored process is not running ({:?})",
+            state(root)
+        );
         kill(root, libc::SIGKILL);
         if let Some(mut o) = occupant {
             kill(o.root, libc::SIGKILL);

@@ -87,7 +87,11 @@ fn is_root() -> bool {
 
 fn work_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("postcopy-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "postcopy-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     fs::create_dir_all(&d).expect("create work dir");
     d
 }
@@ -96,8 +100,17 @@ fn compile(dir: &Path) -> PathBuf {
     let src = dir.join("memprog.c");
     fs::write(&src, PROGRAM).expect("write memprog.c");
     let bin = dir.join("memprog");
-    let out = Command::new("gcc").args(["-O2", "-Wall", "-o"]).arg(&bin).arg(&src).output().expect("run gcc");
-    assert!(out.status.success(), "gcc: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("gcc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     bin
 }
 
@@ -114,8 +127,16 @@ impl Pair {
         let cluster = Cluster::new(&["a", "b"]);
         let dir = work_dir();
         let key = dir.join("key");
-        let st = Command::new(FERRY).arg("keygen").arg(&key).output().expect("ferry keygen");
-        assert!(st.status.success(), "keygen: {}", String::from_utf8_lossy(&st.stderr));
+        let st = Command::new(FERRY)
+            .arg("keygen")
+            .arg(&key)
+            .output()
+            .expect("ferry keygen");
+        assert!(
+            st.status.success(),
+            "keygen: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
         let prog = compile(&dir);
         for h in cluster.hosts() {
             let log = dir.join(format!("ferryd-{}.log", h.name));
@@ -129,7 +150,12 @@ impl Pair {
         }
         // ferryd listening.
         std::thread::sleep(Duration::from_millis(300));
-        Pair { cluster, dir, key, prog }
+        Pair {
+            cluster,
+            dir,
+            key,
+            prog,
+        }
     }
 
     fn host(&self, name: &str) -> &Host {
@@ -151,7 +177,11 @@ impl Pair {
             .expect("start memprog");
         let _ = child.wait();
         let line = wait_line(&out, "READY", Duration::from_secs(30));
-        let pid = line.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("pid in READY line");
+        let pid = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .expect("pid in READY line");
         (pid, out)
     }
 
@@ -161,7 +191,18 @@ impl Pair {
         let to = format!("{}:7070", self.host("b").ip);
         let out = self
             .host("a")
-            .command(&[FERRY, "migrate", "--pid", &pid.to_string(), "--to", &to, "--key", self.key.to_str().expect("utf-8"), "--lazy", "--report"])
+            .command(&[
+                FERRY,
+                "migrate",
+                "--pid",
+                &pid.to_string(),
+                "--to",
+                &to,
+                "--key",
+                self.key.to_str().expect("utf-8"),
+                "--lazy",
+                "--report",
+            ])
             .arg(&report)
             .output()
             .expect("run ferry migrate");
@@ -178,7 +219,11 @@ impl Pair {
 
     /// Sends `sig` to the migrated process, `dest_host_pid` in host b.
     fn signal_b(&self, dest_host_pid: i32, sig: &str) {
-        let st = self.host("b").command(&["kill", sig, &dest_host_pid.to_string()]).status().expect("kill");
+        let st = self
+            .host("b")
+            .command(&["kill", sig, &dest_host_pid.to_string()])
+            .status()
+            .expect("kill");
         assert!(st.success(), "kill {sig} {dest_host_pid} in host b");
     }
 }
@@ -190,21 +235,36 @@ fn wait_line(path: &Path, prefix: &str, limit: Duration) -> String {
         if let Some(l) = text.lines().rev().find(|l| l.starts_with(prefix)) {
             return l.to_string();
         }
-        assert!(Instant::now() < deadline, "no {prefix} line in {} after {limit:?}: {text}", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "no {prefix} line in {} after {limit:?}: {text}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn lines_with(path: &Path, prefix: &str) -> Vec<String> {
-    fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.starts_with(prefix)).map(String::from).collect()
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(String::from)
+        .collect()
 }
 
 fn json_number(json: &str, key: &str) -> f64 {
-    let at = json.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("no {key} in {json}"));
+    let at = json
+        .find(&format!("\"{key}\""))
+        .unwrap_or_else(|| panic!("no {key} in {json}"));
     let rest = &json[at + key.len() + 2..];
     let rest = rest.trim_start_matches([':', ' ']);
-    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e')).unwrap_or(rest.len());
-    rest[..end].parse().unwrap_or_else(|e| panic!("{key} in {json}: {e}"))
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} in {json}: {e}"))
 }
 
 /// Migrates a `check` program of `mib` MiB lazily, has it verify its
@@ -219,11 +279,18 @@ fn migrate_and_check(pair: &Pair, mib: u64) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let fails = lines_with(&out, "FAIL");
-        assert!(fails.is_empty(), "{mib} MiB: memory differs after the lazy migration: {fails:?}");
+        assert!(
+            fails.is_empty(),
+            "{mib} MiB: memory differs after the lazy migration: {fails:?}"
+        );
         if lines_with(&out, "PASS").len() > passes_before {
             break;
         }
-        assert!(Instant::now() < deadline, "{mib} MiB: no PASS after SIGUSR2: {}", fs::read_to_string(&out).unwrap_or_default());
+        assert!(
+            Instant::now() < deadline,
+            "{mib} MiB: no PASS after SIGUSR2: {}",
+            fs::read_to_string(&out).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("{mib} MiB: PASS at the destination, pause {pause:.1} ms");
@@ -255,7 +322,10 @@ fn lazy_pause_does_not_grow_with_memory() {
         let huge = migrate_and_check(&pair, 1024);
         println!("post-copy pause: 1 GiB {huge:.1} ms");
     }
-    assert!(big < 3.0 * small + 20.0, "the pause grew with memory: 64 MiB {small:.1} ms, 512 MiB {big:.1} ms");
+    assert!(
+        big < 3.0 * small + 20.0,
+        "the pause grew with memory: 64 MiB {small:.1} ms, 512 MiB {big:.1} ms"
+    );
 }
 
 #[test]
@@ -275,16 +345,34 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
         pair.signal_b(dest, "-USR2");
         let deadline = Instant::now() + Duration::from_secs(60);
         while lines_with(&out, "COUNT").len() == before {
-            assert!(Instant::now() < deadline, "no COUNT after SIGUSR2: {}", fs::read_to_string(&out).unwrap_or_default());
+            assert!(
+                Instant::now() < deadline,
+                "no COUNT after SIGUSR2: {}",
+                fs::read_to_string(&out).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let line = lines_with(&out, "COUNT").pop().expect("a COUNT line");
-        assert!(line.ends_with(" OK"), "memory inconsistent at the destination: {line}");
-        counts.push(line.split_whitespace().nth(1).and_then(|c| c.parse::<u64>().ok()).expect("count"));
+        assert!(
+            line.ends_with(" OK"),
+            "memory inconsistent at the destination: {line}"
+        );
+        counts.push(
+            line.split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse::<u64>().ok())
+                .expect("count"),
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
-    println!("busy writer at the destination: {} then {} passes over 100 MiB", counts[0], counts[1]);
-    assert!(counts[1] > counts[0], "the writer stopped counting at the destination: {counts:?}");
+    println!(
+        "busy writer at the destination: {} then {} passes over 100 MiB",
+        counts[0], counts[1]
+    );
+    assert!(
+        counts[1] > counts[0],
+        "the writer stopped counting at the destination: {counts:?}"
+    );
     pair.signal_b(dest, "-KILL");
 }
 
@@ -300,7 +388,17 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
     let to = format!("{}:7070", pair.host("b").ip);
     let mut child = pair
         .host("a")
-        .command(&[FERRY, "migrate", "--pid", &pid.to_string(), "--to", &to, "--key", pair.key.to_str().expect("utf-8"), "--lazy"])
+        .command(&[
+            FERRY,
+            "migrate",
+            "--pid",
+            &pid.to_string(),
+            "--to",
+            &to,
+            "--key",
+            pair.key.to_str().expect("utf-8"),
+            "--lazy",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -308,7 +406,10 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
     let (ferry_root, _) = pair.host("a").wait_spawned_pid(&child);
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     loop {
-        let line = lines.next().expect("ferry migrate ended before post-copy").expect("read stderr");
+        let line = lines
+            .next()
+            .expect("ferry migrate ended before post-copy")
+            .expect("read stderr");
         if line.contains("post-copy of") {
             break;
         }
@@ -324,16 +425,38 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
         if text.contains("the service is lost") {
             break;
         }
-        assert!(Instant::now() < deadline, "the destination did not give up the tree: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "the destination did not give up the tree: {text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Nothing of the tree is left in host b but ferryd and its workers.
-    let ps = pair.host("b").command(&["ps", "-e", "-o", "comm="]).output().expect("ps");
+    let ps = pair
+        .host("b")
+        .command(&["ps", "-e", "-o", "comm="])
+        .output()
+        .expect("ps");
     let names = String::from_utf8_lossy(&ps.stdout).into_owned();
-    assert!(!names.lines().any(|l| l.trim() == "memprog"), "the tree still runs at the destination: {names}");
+    assert!(
+        !names.lines().any(|l| l.trim() == "memprog"),
+        "the tree still runs at the destination: {names}"
+    );
     // The source's copy does not run again either (kept stopped).
-    let st = fs::read_to_string(format!("/proc/{}/stat", pair.host("a").root_pid(pid).expect("source copy"))).unwrap_or_default();
-    let state = st.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
-    assert!(state == "T" || state == "t", "the source's copy runs again (state {state})");
+    let st = fs::read_to_string(format!(
+        "/proc/{}/stat",
+        pair.host("a").root_pid(pid).expect("source copy")
+    ))
+    .unwrap_or_default();
+    let state = st
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("?")
+        .to_string();
+    assert!(
+        state == "T" || state == "t",
+        "the source's copy runs again (state {state})"
+    );
     println!("source lost mid-transfer: the destination killed the tree, the source's copy stays stopped");
 }

@@ -186,10 +186,15 @@ impl Run {
                 Ok(())
             });
         }
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("[{}] spawn {program:?}: {e}", self.name));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("[{}] spawn {program:?}: {e}", self.name));
         self.original_pid = child.id() as i32;
         self.original = Some(child);
-        eprintln!("[{}] started {program:?} as PID {}", self.name, self.original_pid);
+        eprintln!(
+            "[{}] started {program:?} as PID {}",
+            self.name, self.original_pid
+        );
         self.original_pid
     }
 
@@ -203,7 +208,11 @@ impl Run {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = self.program_log();
                 self.original = None;
-                panic!("[{}] program exited early ({}); log:\n{log}", self.name, describe(status));
+                panic!(
+                    "[{}] program exited early ({}); log:\n{log}",
+                    self.name,
+                    describe(status)
+                );
             }
         }
     }
@@ -242,8 +251,16 @@ impl Run {
         fs::create_dir_all(&images).expect("create images dir");
         let pid = self.original_pid.to_string();
         let t0 = Instant::now();
-        let (status, _out, err) =
-            self.ferry("checkpoint", &["checkpoint", "--pid", &pid, "--images", images.to_str().unwrap()]);
+        let (status, _out, err) = self.ferry(
+            "checkpoint",
+            &[
+                "checkpoint",
+                "--pid",
+                &pid,
+                "--images",
+                images.to_str().unwrap(),
+            ],
+        );
         assert!(
             status.success(),
             "[{}] ferry checkpoint --pid {pid} failed ({}): {}",
@@ -256,7 +273,11 @@ impl Run {
         let mut child = self.original.take().expect("original child");
         match wait_timeout(&mut child, REAP_TIMEOUT) {
             Some(status) => {
-                eprintln!("[{}] reaped the checkpointed PID {pid} ({})", self.name, describe(status))
+                eprintln!(
+                    "[{}] reaped the checkpointed PID {pid} ({})",
+                    self.name,
+                    describe(status)
+                )
             }
             None => {
                 self.original = Some(child);
@@ -277,7 +298,13 @@ impl Run {
         let err_path = self.path("ferry-restore.stderr");
         let t0 = Instant::now();
         let child = Command::new(FERRY)
-            .args(["restore", "--images", images.to_str().unwrap(), "--pidfile", pidfile.to_str().unwrap()])
+            .args([
+                "restore",
+                "--images",
+                images.to_str().unwrap(),
+                "--pidfile",
+                pidfile.to_str().unwrap(),
+            ])
             .stdin(Stdio::null())
             .stdout(File::create(&out_path).expect("create stdout file"))
             .stderr(File::create(&err_path).expect("create stderr file"))
@@ -311,8 +338,16 @@ impl Run {
             sleep(Duration::from_millis(20));
         };
         self.restored_pid = Some(pid);
-        eprintln!("[{}] restored as PID {pid} in {:?}", self.name, t0.elapsed());
-        assert_eq!(pid, self.original_pid, "[{}] restored PID differs from the original", self.name);
+        eprintln!(
+            "[{}] restored as PID {pid} in {:?}",
+            self.name,
+            t0.elapsed()
+        );
+        assert_eq!(
+            pid, self.original_pid,
+            "[{}] restored PID differs from the original",
+            self.name
+        );
         pid
     }
 
@@ -328,7 +363,10 @@ impl Run {
             }
             None => {
                 self.restore = Some(child);
-                panic!("[{}] ferry restore did not exit within {:?}", self.name, EXIT_TIMEOUT);
+                panic!(
+                    "[{}] ferry restore did not exit within {:?}",
+                    self.name, EXIT_TIMEOUT
+                );
             }
         }
     }
@@ -358,8 +396,16 @@ impl Drop for Run {
             }
         }
         if std::thread::panicking() {
-            eprintln!("[{}] --- program log ---\n{}", self.name, self.program_log());
-            eprintln!("[{}] --- ferry restore stderr ---\n{}", self.name, self.ferry_restore_stderr());
+            eprintln!(
+                "[{}] --- program log ---\n{}",
+                self.name,
+                self.program_log()
+            );
+            eprintln!(
+                "[{}] --- ferry restore stderr ---\n{}",
+                self.name,
+                self.ferry_restore_stderr()
+            );
         }
     }
 }
@@ -479,7 +525,9 @@ sys.exit(3)
 #[test]
 fn python3_state_survives() {
     const TEST: &str = "python3";
-    let Some(python) = prerequisites(TEST, "/usr/bin/python3") else { return };
+    let Some(python) = prerequisites(TEST, "/usr/bin/python3") else {
+        return;
+    };
     let mut run = Run::new(TEST);
     let script = run.path("state.py");
     fs::write(&script, PYTHON_SCRIPT).expect("write script");
@@ -500,10 +548,19 @@ fn python3_state_survives() {
 
     kill_pid(restored, libc::SIGUSR2);
     let text = wait_for_text(&log, "PASS 2 ", START_TIMEOUT).unwrap_or_else(|| {
-        panic!("restored python3 did not print PASS 2 after SIGUSR2; log:\n{}", read_lossy(&log))
+        panic!(
+            "restored python3 did not print PASS 2 after SIGUSR2; log:\n{}",
+            read_lossy(&log)
+        )
     });
-    assert!(!text.contains("FAIL"), "state check failed after restore:\n{text}");
-    assert!(text.contains(&format!("pid={pid}")), "unexpected PID in output:\n{text}");
+    assert!(
+        !text.contains("FAIL"),
+        "state check failed after restore:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("pid={pid}")),
+        "unexpected PID in output:\n{text}"
+    );
     // Still alive and still working: a third round.
     kill_pid(restored, libc::SIGUSR2);
     wait_for_text(&log, "PASS 3 ", START_TIMEOUT)
@@ -511,7 +568,11 @@ fn python3_state_survives() {
 
     kill_pid(restored, libc::SIGTERM);
     let status = run.wait_restore_exit();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "ferry restore should report 128+SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "ferry restore should report 128+SIGTERM"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -534,7 +595,10 @@ struct Redis {
 impl Redis {
     fn connect(port: u16, timeout: Duration) -> io::Result<Redis> {
         let stream = connect_retry(port, timeout)?;
-        Ok(Redis { reader: BufReader::new(stream.try_clone()?), writer: stream })
+        Ok(Redis {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        })
     }
 
     fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
@@ -549,14 +613,22 @@ impl Redis {
     fn line(&mut self) -> io::Result<String> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "redis closed the connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "redis closed the connection",
+            ));
         }
         Ok(line.trim_end_matches(['\r', '\n']).to_string())
     }
 
     fn reply(&mut self) -> io::Result<Reply> {
         let line = self.line()?;
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP line {line:?}"));
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad RESP line {line:?}"),
+            )
+        };
         let (kind, rest) = line.split_at(1.min(line.len()));
         Ok(match kind {
             "+" => Reply::Simple(rest.to_string()),
@@ -623,7 +695,13 @@ fn redis_key(i: usize) -> Vec<u8> {
 fn redis_populate(r: &mut Redis) -> io::Result<()> {
     for start in (0..REDIS_KEYS).step_by(REDIS_BATCH) {
         let cmds: Vec<Vec<Vec<u8>>> = (start..(start + REDIS_BATCH).min(REDIS_KEYS))
-            .map(|i| vec![b"SET".to_vec(), redis_key(i), value_for("redis", i, 16, 200)])
+            .map(|i| {
+                vec![
+                    b"SET".to_vec(),
+                    redis_key(i),
+                    value_for("redis", i, 16, 200),
+                ]
+            })
             .collect();
         for (k, reply) in r.pipeline(&cmds)?.into_iter().enumerate() {
             if reply != Reply::Simple("OK".into()) {
@@ -656,7 +734,11 @@ fn redis_verify(r: &mut Redis) -> io::Result<Result<(), String>> {
             other => return Ok(Err(format!("MGET batch at {start} -> {other:?}"))),
         }
     }
-    Ok(if bad.is_empty() { Ok(()) } else { Err(bad.join("; ")) })
+    Ok(if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join("; "))
+    })
 }
 
 fn redis_dbsize(r: &mut Redis) -> io::Result<i64> {
@@ -669,7 +751,9 @@ fn redis_dbsize(r: &mut Redis) -> io::Result<i64> {
 #[test]
 fn redis_server_multithreaded_100k_keys() {
     const TEST: &str = "redis";
-    let Some(redis) = prerequisites(TEST, "/usr/bin/redis-server") else { return };
+    let Some(redis) = prerequisites(TEST, "/usr/bin/redis-server") else {
+        return;
+    };
     let mut run = Run::new(TEST);
     let port = free_port();
     let port_s = port.to_string();
@@ -677,33 +761,55 @@ fn redis_server_multithreaded_100k_keys() {
     let pid = run.start(
         &redis,
         &[
-            "--port", &port_s,
-            "--bind", "127.0.0.1",
-            "--io-threads", "2",
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--dir", &dir,
+            "--port",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--io-threads",
+            "2",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            &dir,
         ],
     );
 
-    let mut r = Redis::connect(port, START_TIMEOUT)
-        .unwrap_or_else(|e| panic!("cannot connect to redis on {port}: {e}\n{}", run.program_log()));
+    let mut r = Redis::connect(port, START_TIMEOUT).unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to redis on {port}: {e}\n{}",
+            run.program_log()
+        )
+    });
     // The connection may be accepted before redis is fully up: wait for PONG.
     let deadline = Instant::now() + START_TIMEOUT;
     while r.cmd(&[b"PING"]).ok() != Some(Reply::Simple("PONG".into())) {
-        assert!(Instant::now() < deadline, "redis did not answer PING\n{}", run.program_log());
+        assert!(
+            Instant::now() < deadline,
+            "redis did not answer PING\n{}",
+            run.program_log()
+        );
         sleep(Duration::from_millis(100));
         r = Redis::connect(port, START_TIMEOUT).expect("reconnect to redis");
     }
-    let threads = fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    let threads = fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0);
     eprintln!("[{TEST}] redis-server PID {pid} on port {port} with {threads} threads");
 
     let t0 = Instant::now();
     redis_populate(&mut r).expect("populate redis");
     assert_eq!(redis_dbsize(&mut r).unwrap(), REDIS_KEYS as i64);
-    redis_verify(&mut r).unwrap().expect("read-back before checkpoint");
-    eprintln!("[{TEST}] wrote and verified {REDIS_KEYS} keys in {:?}", t0.elapsed());
+    redis_verify(&mut r)
+        .unwrap()
+        .expect("read-back before checkpoint");
+    eprintln!(
+        "[{TEST}] wrote and verified {REDIS_KEYS} keys in {:?}",
+        t0.elapsed()
+    );
     r.close();
     sleep(Duration::from_millis(300)); // let redis notice that the client left
     run.assert_original_alive();
@@ -712,17 +818,29 @@ fn redis_server_multithreaded_100k_keys() {
     let restored = run.restore();
 
     let mut r = Redis::connect(port, START_TIMEOUT).expect("connect to the restored redis");
-    assert_eq!(redis_dbsize(&mut r).expect("DBSIZE after restore"), REDIS_KEYS as i64);
+    assert_eq!(
+        redis_dbsize(&mut r).expect("DBSIZE after restore"),
+        REDIS_KEYS as i64
+    );
     if let Err(e) = redis_verify(&mut r).expect("MGET after restore") {
         panic!("values differ after restore: {e}");
     }
     // It still works: write, read, and it reports the same process id.
-    assert_eq!(r.cmd(&[b"SET", b"after-restore", b"yes"]).unwrap(), Reply::Simple("OK".into()));
-    assert_eq!(r.cmd(&[b"GET", b"after-restore"]).unwrap(), Reply::Bulk(Some(b"yes".to_vec())));
+    assert_eq!(
+        r.cmd(&[b"SET", b"after-restore", b"yes"]).unwrap(),
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(
+        r.cmd(&[b"GET", b"after-restore"]).unwrap(),
+        Reply::Bulk(Some(b"yes".to_vec()))
+    );
     match r.cmd(&[b"INFO", b"server"]).unwrap() {
         Reply::Bulk(Some(info)) => {
             let info = String::from_utf8_lossy(&info);
-            assert!(info.contains(&format!("process_id:{restored}\r\n")), "INFO server: {info}");
+            assert!(
+                info.contains(&format!("process_id:{restored}\r\n")),
+                "INFO server: {info}"
+            );
         }
         other => panic!("INFO server -> {other:?}"),
     }
@@ -736,7 +854,11 @@ fn redis_server_multithreaded_100k_keys() {
     }
     r.close();
     let status = run.wait_restore_exit();
-    assert_eq!(status.code(), Some(0), "redis SHUTDOWN NOSAVE exits 0, ferry restore should too");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "redis SHUTDOWN NOSAVE exits 0, ferry restore should too"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -753,13 +875,19 @@ struct Memcached {
 impl Memcached {
     fn connect(port: u16, timeout: Duration) -> io::Result<Memcached> {
         let stream = connect_retry(port, timeout)?;
-        Ok(Memcached { reader: BufReader::new(stream.try_clone()?), writer: stream })
+        Ok(Memcached {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        })
     }
 
     fn line(&mut self) -> io::Result<String> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "memcached closed the connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "memcached closed the connection",
+            ));
         }
         Ok(line.trim_end_matches(['\r', '\n']).to_string())
     }
@@ -774,7 +902,9 @@ impl Memcached {
             let mut buf = Vec::new();
             for i in start..end {
                 let v = value_for("mc", i, 8, 1500);
-                buf.extend_from_slice(format!("set mc:{i:04} {} 0 {}\r\n", Self::flags(i), v.len()).as_bytes());
+                buf.extend_from_slice(
+                    format!("set mc:{i:04} {} 0 {}\r\n", Self::flags(i), v.len()).as_bytes(),
+                );
                 buf.extend_from_slice(&v);
                 buf.extend_from_slice(b"\r\n");
             }
@@ -796,7 +926,8 @@ impl Memcached {
         for start in (0..MC_ITEMS).step_by(MC_BATCH) {
             let end = (start + MC_BATCH).min(MC_ITEMS);
             let keys: Vec<String> = (start..end).map(|i| format!("mc:{i:04}")).collect();
-            self.writer.write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())?;
+            self.writer
+                .write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())?;
             let mut next = start;
             loop {
                 let l = self.line()?;
@@ -812,7 +943,10 @@ impl Memcached {
                 let mut data = vec![0u8; n + 2];
                 self.reader.read_exact(&mut data)?;
                 data.truncate(n);
-                let i: usize = parts[1].trim_start_matches("mc:").parse().unwrap_or(usize::MAX);
+                let i: usize = parts[1]
+                    .trim_start_matches("mc:")
+                    .parse()
+                    .unwrap_or(usize::MAX);
                 if i < next || i >= end {
                     bad.push(format!("unexpected key {}", parts[1]));
                     continue;
@@ -823,7 +957,11 @@ impl Memcached {
                 next = i + 1;
                 seen += 1;
                 if parts[2] != Self::flags(i).to_string() {
-                    bad.push(format!("mc:{i:04} flags {} != {}", parts[2], Self::flags(i)));
+                    bad.push(format!(
+                        "mc:{i:04} flags {} != {}",
+                        parts[2],
+                        Self::flags(i)
+                    ));
                 }
                 if data != value_for("mc", i, 8, 1500) {
                     bad.push(format!("mc:{i:04} value differs ({} bytes)", data.len()));
@@ -837,7 +975,10 @@ impl Memcached {
             Ok(Ok(()))
         } else {
             bad.truncate(10);
-            Ok(Err(format!("{seen}/{MC_ITEMS} items read back; {}", bad.join("; "))))
+            Ok(Err(format!(
+                "{seen}/{MC_ITEMS} items read back; {}",
+                bad.join("; ")
+            )))
         }
     }
 
@@ -849,19 +990,43 @@ impl Memcached {
 #[test]
 fn memcached_multithreaded_1000_items() {
     const TEST: &str = "memcached";
-    let Some(memcached) = prerequisites(TEST, "/usr/bin/memcached") else { return };
+    let Some(memcached) = prerequisites(TEST, "/usr/bin/memcached") else {
+        return;
+    };
     let mut run = Run::new(TEST);
     let port = free_port();
     let port_s = port.to_string();
     // memcached refuses to run as root unless told which user to be.
-    let pid = run.start(&memcached, &["-t", "4", "-p", &port_s, "-U", "0", "-l", "127.0.0.1", "-u", "root"]);
+    let pid = run.start(
+        &memcached,
+        &[
+            "-t",
+            "4",
+            "-p",
+            &port_s,
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-u",
+            "root",
+        ],
+    );
 
-    let mut mc = Memcached::connect(port, START_TIMEOUT)
-        .unwrap_or_else(|e| panic!("cannot connect to memcached on {port}: {e}\n{}", run.program_log()));
-    let threads = fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    let mut mc = Memcached::connect(port, START_TIMEOUT).unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to memcached on {port}: {e}\n{}",
+            run.program_log()
+        )
+    });
+    let threads = fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0);
     eprintln!("[{TEST}] memcached PID {pid} on port {port} with {threads} threads");
     mc.store_all().expect("store items");
-    mc.verify_all().unwrap().expect("read-back before checkpoint");
+    mc.verify_all()
+        .unwrap()
+        .expect("read-back before checkpoint");
     mc.close();
     sleep(Duration::from_millis(300)); // let memcached notice that the client left
     run.assert_original_alive();
@@ -869,12 +1034,15 @@ fn memcached_multithreaded_1000_items() {
     run.checkpoint();
     let restored = run.restore();
 
-    let mut mc = Memcached::connect(port, START_TIMEOUT).expect("connect to the restored memcached");
+    let mut mc =
+        Memcached::connect(port, START_TIMEOUT).expect("connect to the restored memcached");
     if let Err(e) = mc.verify_all().expect("get after restore") {
         panic!("items differ after restore: {e}");
     }
     // Still works after restore.
-    mc.writer.write_all(b"set after-restore 0 0 3\r\nyes\r\nget after-restore\r\n").unwrap();
+    mc.writer
+        .write_all(b"set after-restore 0 0 3\r\nyes\r\nget after-restore\r\n")
+        .unwrap();
     assert_eq!(mc.line().unwrap(), "STORED");
     assert_eq!(mc.line().unwrap(), "VALUE after-restore 0 3");
     assert_eq!(mc.line().unwrap(), "yes");
@@ -884,5 +1052,9 @@ fn memcached_multithreaded_1000_items() {
 
     kill_pid(restored, libc::SIGTERM);
     let status = run.wait_restore_exit();
-    assert_eq!(status.code(), Some(0), "memcached exits 0 on SIGTERM, ferry restore should too");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "memcached exits 0 on SIGTERM, ferry restore should too"
+    );
 }

@@ -65,7 +65,9 @@ fn prerequisites(test: &str, program: &str) -> bool {
         eprintln!("SKIPPED {test}: needs root");
         return false;
     }
-    let ok = fs::metadata(program).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let ok = fs::metadata(program)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
     if !ok {
         eprintln!("SKIPPED {test}: {program} is not installed");
     }
@@ -73,7 +75,9 @@ fn prerequisites(test: &str, program: &str) -> bool {
 }
 
 fn read_lossy(p: &Path) -> String {
-    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
 }
 
 fn path_str(p: &Path) -> &str {
@@ -85,7 +89,11 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!("ferry-srv-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        let d = std::env::temp_dir().join(format!(
+            "ferry-srv-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         fs::create_dir_all(&d).expect("temp dir");
         // nginx workers (user nobody) read below it.
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
@@ -117,7 +125,12 @@ fn read_stat(pid: i32) -> Option<(char, i32, u64, String)> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (open, close) = (text.find('(')?, text.rfind(')')?);
     let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    Some((rest.first()?.chars().next()?, rest.get(1)?.parse().ok()?, rest.get(19)?.parse().ok()?, text[open + 1..close].to_string()))
+    Some((
+        rest.first()?.chars().next()?,
+        rest.get(1)?.parse().ok()?,
+        rest.get(19)?.parse().ok()?,
+        text[open + 1..close].to_string(),
+    ))
 }
 
 fn proc_id(pid: i32) -> Option<ProcId> {
@@ -129,7 +142,9 @@ fn exists(id: &ProcId) -> bool {
 }
 
 fn running(id: &ProcId) -> bool {
-    read_stat(id.pid).map(|s| s.2 == id.start && s.0 != 'Z' && s.0 != 'X').unwrap_or(false)
+    read_stat(id.pid)
+        .map(|s| s.2 == id.start && s.0 != 'Z' && s.0 != 'X')
+        .unwrap_or(false)
 }
 
 fn kill_id(id: &ProcId, sig: libc::c_int) {
@@ -146,7 +161,10 @@ fn children(pid: i32) -> Vec<i32> {
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             let text = fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
         }
     }
     out.sort();
@@ -156,7 +174,10 @@ fn children(pid: i32) -> Vec<i32> {
 
 /// root and its direct children (our servers are at most two levels deep).
 fn tree(root: i32) -> Vec<ProcId> {
-    proc_id(root).into_iter().chain(children(root).into_iter().filter_map(proc_id)).collect()
+    proc_id(root)
+        .into_iter()
+        .chain(children(root).into_iter().filter_map(proc_id))
+        .collect()
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -199,7 +220,10 @@ impl Drop for Service {
         for id in self.known.iter().rev() {
             kill_id(id, libc::SIGKILL);
         }
-        for child in [self.original.as_mut(), self.restore.as_mut()].into_iter().flatten() {
+        for child in [self.original.as_mut(), self.restore.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             let _ = child.kill();
             let _ = wait_child(child, Duration::from_secs(10));
         }
@@ -222,7 +246,10 @@ fn ferry(dir: &Path, tag: &str, args: &[&str]) -> (ExitStatus, String, Duration)
     let out = dir.join(format!("ferry-{tag}.out"));
     let f = File::create(&out).expect("ferry out");
     let mut cmd = Command::new(FERRY);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::from(f.try_clone().expect("dup"))).stderr(Stdio::from(f));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(f.try_clone().expect("dup")))
+        .stderr(Stdio::from(f));
     // SAFETY: close_range only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -237,7 +264,11 @@ fn ferry(dir: &Path, tag: &str, args: &[&str]) -> (ExitStatus, String, Duration)
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("`ferry {}` did not finish within 60 s:\n{}", args.join(" "), read_lossy(&out));
+            panic!(
+                "`ferry {}` did not finish within 60 s:\n{}",
+                args.join(" "),
+                read_lossy(&out)
+            );
         }
     };
     (st, read_lossy(&out), t.elapsed())
@@ -250,7 +281,10 @@ fn locks() -> Vec<(String, String)> {
 /// (connections, with unread bytes, with unacknowledged or unsent bytes)
 /// of the established TCP connections in an image.
 fn image_queues(images: &str) -> (usize, usize, usize) {
-    let out = Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let out = Command::new(FERRY)
+        .args(["inspect", "--json", images])
+        .output()
+        .expect("ferry inspect");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
     fn walk(v: &serde_json::Value, r: &mut (usize, usize, usize)) {
         match v {
@@ -279,7 +313,10 @@ fn established_peers(pid: i32, port: u16) -> Vec<SocketAddr> {
     let addr = |s: &str| -> Option<SocketAddr> {
         let (a, p) = s.split_once(':')?;
         let a = u32::from_str_radix(a, 16).ok()?;
-        Some(SocketAddr::from((Ipv4Addr::from(a.to_le_bytes()), u16::from_str_radix(p, 16).ok()?)))
+        Some(SocketAddr::from((
+            Ipv4Addr::from(a.to_le_bytes()),
+            u16::from_str_radix(p, 16).ok()?,
+        )))
     };
     text.lines()
         .skip(1)
@@ -313,13 +350,21 @@ struct Checker {
 }
 
 fn show(b: &[u8]) -> String {
-    b.iter().take(80).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect()
+    b.iter()
+        .take(80)
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect()
 }
 
 impl Checker {
     fn new(expect: Expect) -> Checker {
         let head = matches!(expect, Expect::Http(_)).then(Vec::new);
-        Checker { expect, pos: 0, head }
+        Checker {
+            expect,
+            pos: 0,
+            head,
+        }
     }
 
     /// Ok(true) once the whole reply arrived and matched.
@@ -334,20 +379,34 @@ impl Checker {
                 return Ok(false);
             };
             let text = String::from_utf8_lossy(&head[..end]).into_owned();
-            let Expect::Http(body) = &self.expect else { unreachable!() };
+            let Expect::Http(body) = &self.expect else {
+                unreachable!()
+            };
             if !text.starts_with("HTTP/1.1 200 ") {
-                return Err(format!("status line {:?}", text.lines().next().unwrap_or("")));
+                return Err(format!(
+                    "status line {:?}",
+                    text.lines().next().unwrap_or("")
+                ));
             }
             let header = |name: &str| {
                 text.lines().skip(1).find_map(|l| {
                     let (k, v) = l.split_once(':')?;
-                    k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+                    k.trim()
+                        .eq_ignore_ascii_case(name)
+                        .then(|| v.trim().to_string())
                 })
             };
             if header("content-length").and_then(|v| v.parse::<usize>().ok()) != Some(body.len()) {
-                return Err(format!("Content-Length {:?}, want {}", header("content-length"), body.len()));
+                return Err(format!(
+                    "Content-Length {:?}, want {}",
+                    header("content-length"),
+                    body.len()
+                ));
             }
-            if header("connection").map(|v| v.eq_ignore_ascii_case("close")).unwrap_or(false) {
+            if header("connection")
+                .map(|v| v.eq_ignore_ascii_case("close"))
+                .unwrap_or(false)
+            {
                 return Err("the server closes the connection (Connection: close)".into());
             }
             data = &data[(end + 4).saturating_sub(old).min(data.len())..];
@@ -358,7 +417,11 @@ impl Checker {
         };
         let rest = &want[self.pos..];
         if data.len() > rest.len() {
-            return Err(format!("{} bytes more than the reply ({} bytes)", data.len() - rest.len(), want.len()));
+            return Err(format!(
+                "{} bytes more than the reply ({} bytes)",
+                data.len() - rest.len(),
+                want.len()
+            ));
         }
         if let Some(k) = (0..data.len()).find(|&k| data[k] != rest[k]) {
             let at = self.pos + k;
@@ -394,7 +457,11 @@ fn mix(mut x: u64) -> u64 {
 /// window and wait in the server's send queue).
 fn value(conn: usize, seq: u64, i: usize) -> Vec<u8> {
     let mut h = mix((conn as u64) << 40 ^ seq << 8 ^ i as u64);
-    let len = if conn % 10 == 5 { 4096 + (h % 28672) as usize } else { 24 + (h % 400) as usize };
+    let len = if conn % 10 == 5 {
+        4096 + (h % 28672) as usize
+    } else {
+        24 + (h % 400) as usize
+    };
     let mut v = format!("c{conn}s{seq}i{i}-").into_bytes();
     while v.len() < len {
         h = mix(h);
@@ -419,7 +486,9 @@ fn slot(seq: u64, i: usize) -> usize {
 
 /// The last (seq, i) before round `rounds` that wrote `slot`.
 fn last_write(rounds: u64, slot_: usize) -> Option<(u64, usize)> {
-    (rounds.saturating_sub((KEYS / PAIRS) as u64)..rounds).rev().find_map(|s| (0..PAIRS).find(|&i| slot(s, i) == slot_).map(|i| (s, i)))
+    (rounds.saturating_sub((KEYS / PAIRS) as u64)..rounds)
+        .rev()
+        .find_map(|s| (0..PAIRS).find(|&i| slot(s, i) == slot_).map(|i| (s, i)))
 }
 
 /// A key/value server: how to write one key and how to read it back.
@@ -506,16 +575,22 @@ impl Proto for Http {
         1
     }
     fn round(&self, _conn: usize, _seq: u64) -> (Vec<u8>, Expect) {
-        (b"GET /ferry.txt HTTP/1.1\r\nHost: ferry\r\nUser-Agent: ferry-test\r\n\r\n".to_vec(), Expect::Http(self.body.clone()))
+        (
+            b"GET /ferry.txt HTTP/1.1\r\nHost: ferry\r\nUser-Agent: ferry-test\r\n\r\n".to_vec(),
+            Expect::Http(self.body.clone()),
+        )
     }
 }
 
 /// One request/reply exchange on a fresh blocking connection (run inside
 /// B), bounded by timeouts.
 fn exchange(to: SocketAddr, rounds: &[(Vec<u8>, Expect)]) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 65536];
     for (req, exp) in rounds {
         s.write_all(req).map_err(|e| format!("write: {e}"))?;
@@ -549,14 +624,20 @@ impl Churn {
         let thread = std::thread::spawn(move || {
             let f = File::open(&ns_path).expect("open netns");
             // SAFETY: setns on this thread only, with an open nsfs file.
-            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
+            assert_eq!(
+                unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) },
+                0,
+                "setns"
+            );
             let (mut done, mut errors) = (0, Vec::new());
             let until = Instant::now() + DRIVER_LIMIT;
             while !flag.load(Ordering::Relaxed) && Instant::now() < until {
                 let round = proto.round(2_000_000 + done, 0);
                 let r = (|| {
-                    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(15)).map_err(|e| format!("connect: {e}"))?;
-                    s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+                    let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(15))
+                        .map_err(|e| format!("connect: {e}"))?;
+                    s.set_read_timeout(Some(Duration::from_secs(15)))
+                        .map_err(|e| e.to_string())?;
                     s.write_all(&round.0).map_err(|e| format!("write: {e}"))?;
                     let mut c = Checker::new(round.1.clone());
                     let mut buf = vec![0u8; 65536];
@@ -614,7 +695,13 @@ fn last_values(kv: &dyn Kv, rounds: &[u64]) -> Vec<(Vec<u8>, Expect)> {
         let (mut out, mut exp) = (Vec::new(), Vec::new());
         for s in 0..KEYS {
             if let Some((seq, i)) = last_write(r, s) {
-                kv.get(&mut out, &mut exp, &key(conn, s), conn as u32, &value(conn, seq, i));
+                kv.get(
+                    &mut out,
+                    &mut exp,
+                    &key(conn, s),
+                    conn as u32,
+                    &value(conn, seq, i),
+                );
             }
         }
         all.push((out, Expect::Exact(Arc::new(exp))));
@@ -663,16 +750,27 @@ impl Driver {
             assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
             drive(to, n, &*proto, &sh)
         });
-        Driver { shared, thread: Some(thread) }
+        Driver {
+            shared,
+            thread: Some(thread),
+        }
     }
 
     fn rounds(&self) -> Vec<u64> {
-        self.shared.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect()
+        self.shared
+            .rounds
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .collect()
     }
 
     fn finish(mut self) -> DriverResult {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.thread.take().expect("driver thread").join().expect("driver thread panicked")
+        self.thread
+            .take()
+            .expect("driver thread")
+            .join()
+            .expect("driver thread panicked")
     }
 }
 
@@ -733,21 +831,42 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                     let size: libc::c_int = 8192;
                     // SAFETY: setsockopt on our own socket with an int.
                     let r = unsafe {
-                        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &size as *const _ as *const libc::c_void, 4)
+                        libc::setsockopt(
+                            s.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_RCVBUF,
+                            &size as *const _ as *const libc::c_void,
+                            4,
+                        )
                     };
                     assert_eq!(r, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
                 }
                 let (out, exp) = proto.round(id, 0);
                 let read_after = slow(id).then(|| Instant::now() + SLOW_READ);
-                conns.push(Conn { s, read_after, out, off: 0, check: Checker::new(exp), seq: 0, error: None, finished: false });
+                conns.push(Conn {
+                    s,
+                    read_after,
+                    out,
+                    off: 0,
+                    check: Checker::new(exp),
+                    seq: 0,
+                    error: None,
+                    finished: false,
+                });
             }
             Err(e) => {
                 errors.push(format!("conn {id}: connect: {e}"));
-                return DriverResult { errors, rounds: vec![0; n] };
+                return DriverResult {
+                    errors,
+                    rounds: vec![0; n],
+                };
             }
         }
     }
-    *sh.locals.lock().unwrap() = conns.iter().map(|c| c.s.local_addr().expect("local addr")).collect();
+    *sh.locals.lock().unwrap() = conns
+        .iter()
+        .map(|c| c.s.local_addr().expect("local addr"))
+        .collect();
     let mut buf = vec![0u8; 65536];
     let mut stop_deadline = None;
     loop {
@@ -760,7 +879,9 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 break;
             }
         }
-        let active: Vec<usize> = (0..n).filter(|&i| conns[i].error.is_none() && !conns[i].finished).collect();
+        let active: Vec<usize> = (0..n)
+            .filter(|&i| conns[i].error.is_none() && !conns[i].finished)
+            .collect();
         if active.is_empty() {
             break;
         }
@@ -773,7 +894,11 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 if c.off < c.out.len() {
                     events |= libc::POLLOUT;
                 }
-                libc::pollfd { fd: c.s.as_raw_fd(), events, revents: 0 }
+                libc::pollfd {
+                    fd: c.s.as_raw_fd(),
+                    events,
+                    revents: 0,
+                }
             })
             .collect();
         // SAFETY: fds is a valid array of fds.len() pollfds.
@@ -806,13 +931,20 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             }
             while c.error.is_none() && !c.finished {
                 match c.s.read(&mut buf) {
-                    Ok(0) => c.error = Some(ctx(&format!("EOF after {} bytes of the reply", c.check.pos))),
+                    Ok(0) => {
+                        c.error = Some(ctx(&format!(
+                            "EOF after {} bytes of the reply",
+                            c.check.pos
+                        )))
+                    }
                     Ok(m) => match c.check.feed(&buf[..m]) {
                         Err(e) => c.error = Some(ctx(&e)),
                         Ok(false) => {}
                         Ok(true) => {
                             if c.off < c.out.len() {
-                                c.error = Some(ctx("the whole reply came before the whole request was sent"));
+                                c.error = Some(ctx(
+                                    "the whole reply came before the whole request was sent",
+                                ));
                                 break;
                             }
                             sh.rounds[id].fetch_add(1, Ordering::Relaxed);
@@ -843,7 +975,11 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
         }
     }
     errors.extend(conns.iter().filter_map(|c| c.error.clone()));
-    let unfinished: Vec<u16> = conns.iter().filter(|c| c.error.is_none() && !c.finished).filter_map(|c| c.s.local_addr().ok().map(|a| a.port())).collect();
+    let unfinished: Vec<u16> = conns
+        .iter()
+        .filter(|c| c.error.is_none() && !c.finished)
+        .filter_map(|c| c.s.local_addr().ok().map(|a| a.port()))
+        .collect();
     if !unfinished.is_empty() {
         errors.push(format!(
             "{} connections did not finish their last round (driver stopped or timed out); client ports {:?}",
@@ -851,7 +987,14 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             &unfinished[..unfinished.len().min(5)]
         ));
     }
-    DriverResult { errors, rounds: sh.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect() }
+    DriverResult {
+        errors,
+        rounds: sh
+            .rounds
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .collect(),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -874,7 +1017,12 @@ struct Case<'a> {
 fn engine_ms(text: &str) -> f64 {
     text.lines()
         .rev()
-        .find_map(|l| l.split_once(" in ")?.1.split_once(" ms").and_then(|(n, _)| n.trim().parse().ok()))
+        .find_map(|l| {
+            l.split_once(" in ")?
+                .1
+                .split_once(" ms")
+                .and_then(|(n, _)| n.trim().parse().ok())
+        })
         .unwrap_or(f64::NAN)
 }
 
@@ -887,7 +1035,12 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let to: SocketAddr = format!("{A_V4}:{}", case.port).parse().expect("address");
     let log = dir.join("server.log");
     let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
-    let mut svc = Service { name: name.to_string(), original: None, restore: None, known: Vec::new() };
+    let mut svc = Service {
+        name: name.to_string(),
+        original: None,
+        restore: None,
+        known: Vec::new(),
+    };
     let child = start_in(&hosts.a, dir, &log, case.program, &args);
     let root = child.id() as i32;
     svc.original = Some(child);
@@ -897,8 +1050,15 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let proto = case.proto.clone();
     loop {
-        if let Some(st) = svc.original.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            panic!("[{name}] server exited early ({st:?}):\n{}", read_lossy(&log));
+        if let Some(st) = svc
+            .original
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            panic!(
+                "[{name}] server exited early ({st:?}):\n{}",
+                read_lossy(&log)
+            );
         }
         let p = proto.clone();
         let answered = hosts.b.run(move || exchange(to, &[p.round(1_000_000, 0)]));
@@ -907,21 +1067,33 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         if answered.is_ok() && procs.len() == 1 + case.workers {
             break;
         }
-        assert!(Instant::now() < deadline, "[{name}] not ready: {answered:?}, {} processes\n{}", procs.len(), read_lossy(&log));
+        assert!(
+            Instant::now() < deadline,
+            "[{name}] not ready: {answered:?}, {} processes\n{}",
+            procs.len(),
+            read_lossy(&log)
+        );
         sleep(Duration::from_millis(50));
     }
     let before_tree = tree(root);
     svc.note(&before_tree);
     if let Some(kv) = &case.kv {
         let rounds = pre_keys(&**kv, false, 1000);
-        hosts.b.run(move || exchange(to, &rounds)).unwrap_or_else(|e| panic!("[{name}] writing 1000 keys: {e}"));
+        hosts
+            .b
+            .run(move || exchange(to, &rounds))
+            .unwrap_or_else(|e| panic!("[{name}] writing 1000 keys: {e}"));
     }
 
     // Load, until every connection did a few rounds.
     let driver = Driver::start(&hosts.b, to, case.conns, case.proto.clone());
     let t_load = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let warm = |r: &[u64]| (0..r.len()).filter(|&i| r[i] < rounds_needed(i, false)).count();
+    let warm = |r: &[u64]| {
+        (0..r.len())
+            .filter(|&i| r[i] < rounds_needed(i, false))
+            .count()
+    };
     while warm(&driver.rounds()) > 0 {
         assert!(
             Instant::now() < deadline && !driver.thread.as_ref().unwrap().is_finished(),
@@ -948,7 +1120,17 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     // untouched) and says to try again: do so.
     let mut attempt = 0;
     let (st, out, checkpoint_wall) = loop {
-        let r = ferry(dir, "checkpoint", &["checkpoint", "--pid", &root.to_string(), "--images", path_str(&images)]);
+        let r = ferry(
+            dir,
+            "checkpoint",
+            &[
+                "checkpoint",
+                "--pid",
+                &root.to_string(),
+                "--images",
+                path_str(&images),
+            ],
+        );
         attempt += 1;
         if r.0.success() || !r.1.contains("try again") || attempt == 3 {
             break r;
@@ -956,7 +1138,10 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         eprintln!("[{name}] checkpoint refused, trying again: {}", r.1.trim());
     };
     let after_checkpoint = driver.rounds();
-    assert!(st.success(), "[{name}] ferry checkpoint failed ({st:?}):\n{out}");
+    assert!(
+        st.success(),
+        "[{name}] ferry checkpoint failed ({st:?}):\n{out}"
+    );
     eprintln!("[{name}] ferry checkpoint: {}", out.trim());
     let lock = image_lock(FERRY, path_str(&images));
     assert!(lock.is_some(), "[{name}] the image names no network lock");
@@ -964,10 +1149,17 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     eprintln!("[{name}] image: {held} TCP connections, {unread} with unread request bytes, {unsent} with unacknowledged or unsent reply bytes");
     // A new client caught between accept and its reply is in the image
     // too (and must finish its round after restore, like the others).
-    assert!(held >= case.conns, "[{name}] only {held} connections in the image, the load has {}", case.conns);
+    assert!(
+        held >= case.conns,
+        "[{name}] only {held} connections in the image, the load has {}",
+        case.conns
+    );
     // Requests in flight are certain under this load; replies in flight
     // depend on timing (the slow readers), so they are only reported.
-    assert!(unread > 0, "[{name}] no request in flight at the checkpoint");
+    assert!(
+        unread > 0,
+        "[{name}] no request in flight at the checkpoint"
+    );
     if unsent == 0 {
         eprintln!("[{name}] note: no reply bytes were in flight at this checkpoint");
     }
@@ -976,10 +1168,17 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         svc.original = Some(child);
         panic!("[{name}] the server still runs after the checkpoint");
     });
-    assert_eq!(st.signal(), Some(libc::SIGKILL), "[{name}] the server ended with {st:?}");
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGKILL),
+        "[{name}] the server ended with {st:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while before_tree.iter().any(exists) {
-        assert!(Instant::now() < deadline, "[{name}] processes of the tree are still there: {before_tree:?}");
+        assert!(
+            Instant::now() < deadline,
+            "[{name}] processes of the tree are still there: {before_tree:?}"
+        );
         sleep(POLL);
     }
 
@@ -987,10 +1186,23 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let pidfile = dir.join("restored.pid");
     let err = dir.join("ferry-restore.out");
     let mut cmd = Command::new(FERRY);
-    cmd.args(["restore", "--images", path_str(&images), "--netns", &hosts.a.0, "--pidfile", path_str(&pidfile)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(File::create(&err).expect("restore out")))
-        .stderr(Stdio::from(File::options().append(true).open(&err).expect("restore err")));
+    cmd.args([
+        "restore",
+        "--images",
+        path_str(&images),
+        "--netns",
+        &hosts.a.0,
+        "--pidfile",
+        path_str(&pidfile),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::from(File::create(&err).expect("restore out")))
+    .stderr(Stdio::from(
+        File::options()
+            .append(true)
+            .open(&err)
+            .expect("restore err"),
+    ));
     // SAFETY: close_range only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -1002,10 +1214,21 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     svc.restore = Some(cmd.spawn().expect("spawn ferry restore"));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !read_lossy(&pidfile).ends_with('\n') {
-        if let Some(st) = svc.restore.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            panic!("[{name}] ferry restore exited with {st:?}:\n{}", read_lossy(&err));
+        if let Some(st) = svc
+            .restore
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            panic!(
+                "[{name}] ferry restore exited with {st:?}:\n{}",
+                read_lossy(&err)
+            );
         }
-        assert!(Instant::now() < deadline, "[{name}] no pidfile within 30 s:\n{}", read_lossy(&err));
+        assert!(
+            Instant::now() < deadline,
+            "[{name}] no pidfile within 30 s:\n{}",
+            read_lossy(&err)
+        );
         sleep(Duration::from_millis(2));
     }
     let restore_wall = t.elapsed();
@@ -1016,9 +1239,16 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     assert_eq!(restored, root, "[{name}] restored under another PID");
     let after_tree = tree(restored);
     svc.note(&after_tree);
-    assert_eq!(after_tree.len(), before_tree.len(), "[{name}] restored tree {after_tree:?}, was {before_tree:?}");
+    assert_eq!(
+        after_tree.len(),
+        before_tree.len(),
+        "[{name}] restored tree {after_tree:?}, was {before_tree:?}"
+    );
     assert!(
-        after_tree.iter().zip(&before_tree).all(|(a, b)| a.pid == b.pid),
+        after_tree
+            .iter()
+            .zip(&before_tree)
+            .all(|(a, b)| a.pid == b.pid),
         "[{name}] restored tree {after_tree:?}, was {before_tree:?}"
     );
 
@@ -1034,7 +1264,9 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         if all_moved.is_none() && now.iter().zip(&at_restore).all(|(n, r)| n > r) {
             all_moved = Some(t_after.elapsed());
         }
-        if t_after.elapsed() >= Duration::from_millis(1500) && (0..now.len()).all(|i| now[i] >= at_restore[i] + rounds_needed(i, true)) {
+        if t_after.elapsed() >= Duration::from_millis(1500)
+            && (0..now.len()).all(|i| now[i] >= at_restore[i] + rounds_needed(i, true))
+        {
             break;
         }
         if Instant::now() > deadline || driver.thread.as_ref().unwrap().is_finished() {
@@ -1048,11 +1280,25 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let after_s = t_after.elapsed().as_secs_f64();
     let result = driver.finish();
     let (new_clients, churn_errors) = churn.finish();
-    eprintln!("[{name}] {new_clients} new connections during checkpoint and restore, {} failed", churn_errors.len());
-    assert!(churn_errors.is_empty(), "[{name}] new clients failed: {churn_errors:#?}");
-    assert!(new_clients >= 3, "[{name}] only {new_clients} new connections were tried");
+    eprintln!(
+        "[{name}] {new_clients} new connections during checkpoint and restore, {} failed",
+        churn_errors.len()
+    );
+    assert!(
+        churn_errors.is_empty(),
+        "[{name}] new clients failed: {churn_errors:#?}"
+    );
+    assert!(
+        new_clients >= 3,
+        "[{name}] only {new_clients} new connections were tried"
+    );
     let per = case.proto.per_round();
-    let (r_ck, r_ck_end, r_rs, r_end) = (sum(&at_checkpoint), sum(&after_checkpoint), sum(&at_restore), sum(&result.rounds));
+    let (r_ck, r_ck_end, r_rs, r_end) = (
+        sum(&at_checkpoint),
+        sum(&after_checkpoint),
+        sum(&at_restore),
+        sum(&result.rounds),
+    );
     eprintln!(
         "[{name}] {} connections: {} requests before the checkpoint ({} rounds in {load_s:.1} s), {} during checkpoint, {} between checkpoint and restore, {} after restore (in {after_s:.1} s); \
          checkpoint {:.1} ms wall ({:.1} ms in ferry), restore {:.1} ms wall to the pidfile ({:.1} ms in ferry, the server runs before the pidfile is written); first reply after restore on every fast connection within {:.1} ms, on every connection (slow readers included) within {:.1} ms; reconnects 0; errors {}",
@@ -1078,7 +1324,9 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         read_lossy(&err),
         common::tcp_diagnostics(&[&hosts.a.0, &hosts.b.0])
     );
-    let stuck: Vec<usize> = (0..case.conns).filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true)).collect();
+    let stuck: Vec<usize> = (0..case.conns)
+        .filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true))
+        .collect();
     assert!(
         stuck.is_empty(),
         "[{name}] {} connections made too few rounds after the restore (first: conn {} with {} rounds, {} at restore)",
@@ -1087,18 +1335,32 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         result.rounds[stuck[0]],
         at_restore[stuck[0]]
     );
-    assert!(missing.is_empty(), "[{name}] {} client connections are not established at the server after restore: {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    assert!(
+        missing.is_empty(),
+        "[{name}] {} client connections are not established at the server after restore: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
 
     // The data written before the checkpoint (and since) is there.
     if let Some(kv) = &case.kv {
         let mut rounds = pre_keys(&**kv, true, 1000);
         rounds.extend(last_values(&**kv, &result.rounds));
-        hosts.b.run(move || exchange(to, &rounds)).unwrap_or_else(|e| panic!("[{name}] reading back the keys: {e}"));
-        eprintln!("[{name}] 1000 keys written before the load and the last value of {} keys read back", case.conns * KEYS);
+        hosts
+            .b
+            .run(move || exchange(to, &rounds))
+            .unwrap_or_else(|e| panic!("[{name}] reading back the keys: {e}"));
+        eprintln!(
+            "[{name}] 1000 keys written before the load and the last value of {} keys read back",
+            case.conns * KEYS
+        );
     }
     if let Some(l) = lock {
         let left = locks();
-        assert!(!left.iter().any(|(n, _)| *n == l), "[{name}] network lock {l} was left behind: {left:?}");
+        assert!(
+            !left.iter().any(|(n, _)| *n == l),
+            "[{name}] network lock {l} was left behind: {left:?}"
+        );
     }
 
     // Stop the restored server; ferry restore exits with it.
@@ -1122,7 +1384,22 @@ fn redis_200_pipelining_clients_survive_checkpoint() {
     let hosts = Hosts::new("rd");
     let dir = TempDir::new(TEST);
     let port = 6379;
-    let args = ["--bind", A_V4, "--port", &port.to_string(), "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--dir", path_str(&dir.0)];
+    let args = [
+        "--bind",
+        A_V4,
+        "--port",
+        &port.to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "no",
+        "--dir",
+        path_str(&dir.0),
+    ];
     let kv = Arc::new(Redis);
     run_case(
         Case {
@@ -1149,7 +1426,18 @@ fn memcached_200_pipelining_clients_survive_checkpoint() {
     let hosts = Hosts::new("mc");
     let dir = TempDir::new(TEST);
     let port = 11211;
-    let args = ["-t", "4", "-p", &port.to_string(), "-U", "0", "-l", A_V4, "-u", "root"];
+    let args = [
+        "-t",
+        "4",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-l",
+        A_V4,
+        "-u",
+        "root",
+    ];
     let kv = Arc::new(Memcached);
     run_case(
         Case {
@@ -1202,7 +1490,8 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
     fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
     let body = static_content();
     fs::write(www.join("ferry.txt"), &body).expect("write the file");
-    fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644)).expect("chmod file");
+    fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644))
+        .expect("chmod file");
     let conf = format!(
         "daemon off;\n\
          master_process on;\n\
@@ -1230,7 +1519,16 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
          }}\n"
     );
     fs::write(dir.0.join("nginx.conf"), conf).expect("write nginx.conf");
-    let args = ["-p", &format!("{d}/"), "-c", &format!("{d}/nginx.conf"), "-e", &format!("{d}/error.log")].map(String::from).to_vec();
+    let args = [
+        "-p",
+        &format!("{d}/"),
+        "-c",
+        &format!("{d}/nginx.conf"),
+        "-e",
+        &format!("{d}/error.log"),
+    ]
+    .map(String::from)
+    .to_vec();
     run_case(
         Case {
             name: TEST,
@@ -1238,7 +1536,9 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
             args,
             port,
             conns: 50,
-            proto: Arc::new(Http { body: Arc::new(body) }),
+            proto: Arc::new(Http {
+                body: Arc::new(body),
+            }),
             workers: 2,
             kv: None,
         },
@@ -1246,4 +1546,3 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
         &dir.0,
     );
 }
-

@@ -41,7 +41,7 @@
 
 mod common;
 
-use common::{inode, innermost_pid, NetNs};
+use common::{innermost_pid, inode, NetNs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -116,7 +116,12 @@ fn become_subreaper() {
     ONCE.call_once(|| {
         // SAFETY: plain prctl on this process.
         let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(rc, 0, "prctl(PR_SET_CHILD_SUBREAPER): {}", io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "prctl(PR_SET_CHILD_SUBREAPER): {}",
+            io::Error::last_os_error()
+        );
     });
 }
 
@@ -137,7 +142,8 @@ impl TempDir {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::SeqCst)
         ));
-        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
+        fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
         // Traversable by the unprivileged users of the programs (nobody, postgres).
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
@@ -166,7 +172,8 @@ fn read_lossy(path: &Path) -> String {
 }
 
 fn path_str(p: &Path) -> &str {
-    p.to_str().unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
+    p.to_str()
+        .unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
 }
 
 // ---------------------------------------------------------------------------
@@ -215,7 +222,12 @@ fn read_stat(pid: i32) -> Option<Stat> {
 fn proc_info(pid: i32) -> Option<ProcInfo> {
     let st = read_stat(pid)?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
         .unwrap_or_default();
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -226,7 +238,10 @@ fn proc_info(pid: i32) -> Option<ProcInfo> {
         })
         .unwrap_or(u32::MAX);
     Some(ProcInfo {
-        id: ProcId { pid, start: st.start },
+        id: ProcId {
+            pid,
+            start: st.start,
+        },
         ppid: st.ppid,
         state: st.state,
         comm: st.comm,
@@ -241,7 +256,10 @@ fn children(pid: i32) -> Vec<i32> {
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             if let Ok(text) = fs::read_to_string(t.path().join("children")) {
-                out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+                out.extend(
+                    text.split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
             }
         }
     }
@@ -282,7 +300,9 @@ fn describe_tree(procs: &[ProcInfo]) -> String {
 
 /// Still there (running or zombie) with the same start time.
 fn exists(id: &ProcId) -> bool {
-    read_stat(id.pid).map(|s| s.start == id.start).unwrap_or(false)
+    read_stat(id.pid)
+        .map(|s| s.start == id.start)
+        .unwrap_or(false)
 }
 
 fn running(id: &ProcId) -> bool {
@@ -423,8 +443,19 @@ impl TreeGuard {
 
     /// As `start`, run through `wrapper` (such as `ip netns exec NAME`),
     /// which must exec its command (the PID stays).
-    fn start_via(&mut self, wrapper: &[&str], cwd: &Path, log: &Path, program: &str, args: &[&str]) -> ProcId {
-        assert!(self.root_child.is_none(), "[{}] a tree is already running", self.name);
+    fn start_via(
+        &mut self,
+        wrapper: &[&str],
+        cwd: &Path,
+        log: &Path,
+        program: &str,
+        args: &[&str],
+    ) -> ProcId {
+        assert!(
+            self.root_child.is_none(),
+            "[{}] a tree is already running",
+            self.name
+        );
         let out = File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let err = out.try_clone().expect("dup log fd");
         let mut cmd = match wrapper.split_first() {
@@ -543,7 +574,8 @@ struct FerryRun {
 
 fn ferry(name: &str, dir: &Path, tag: &str, args: &[&str]) -> FerryRun {
     let out_path = dir.join(format!("ferry-{tag}.out"));
-    let file = File::create(&out_path).unwrap_or_else(|e| panic!("create {}: {e}", out_path.display()));
+    let file =
+        File::create(&out_path).unwrap_or_else(|e| panic!("create {}: {e}", out_path.display()));
     let file2 = file.try_clone().expect("dup ferry output fd");
     let t0 = Instant::now();
     let mut child = Command::new(FERRY)
@@ -557,15 +589,20 @@ fn ferry(name: &str, dir: &Path, tag: &str, args: &[&str]) -> FerryRun {
         Some(s) => (s, false),
         None => {
             let _ = child.kill();
-            let status = child
-                .wait()
-                .unwrap_or_else(|e| panic!("[{name}] wait for the killed `ferry {}`: {e}", args.join(" ")));
+            let status = child.wait().unwrap_or_else(|e| {
+                panic!(
+                    "[{name}] wait for the killed `ferry {}`: {e}",
+                    args.join(" ")
+                )
+            });
             (status, true)
         }
     };
     let mut out = read_lossy(&out_path);
     if timed_out {
-        out.push_str(&format!("\n(the test killed ferry: no exit within {FERRY_TIMEOUT:?})"));
+        out.push_str(&format!(
+            "\n(the test killed ferry: no exit within {FERRY_TIMEOUT:?})"
+        ));
     }
     FerryRun {
         status,
@@ -580,7 +617,10 @@ fn engine_ms(text: &str) -> Option<f64> {
         let mut rest = line;
         while let Some(i) = rest.find(" in ") {
             rest = &rest[i + 4..];
-            let num: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+            let num: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
             if !num.is_empty() && rest[num.len()..].starts_with(" ms") {
                 return num.parse().ok();
             }
@@ -591,14 +631,23 @@ fn engine_ms(text: &str) -> Option<f64> {
 
 fn timing(run: &FerryRun) -> String {
     match engine_ms(&run.out) {
-        Some(ms) => format!("{ms:.1} ms (ferry), {:.1} ms wall", run.wall.as_secs_f64() * 1e3),
+        Some(ms) => format!(
+            "{ms:.1} ms (ferry), {:.1} ms wall",
+            run.wall.as_secs_f64() * 1e3
+        ),
         None => format!("{:.1} ms wall", run.wall.as_secs_f64() * 1e3),
     }
 }
 
 /// `ferry checkpoint --pid ROOT --images DIR`, then checks that the whole tree
 /// (`before`) is gone, reaping what is ours.
-fn checkpoint_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, root: &ProcId, before: &[ProcInfo]) {
+fn checkpoint_tree(
+    guard: &mut TreeGuard,
+    dir: &Path,
+    images: &Path,
+    root: &ProcId,
+    before: &[ProcInfo],
+) {
     let name = guard.name.clone();
     fs::create_dir_all(images).unwrap_or_else(|e| panic!("create {}: {e}", images.display()));
     let pid = root.pid.to_string();
@@ -623,7 +672,10 @@ fn checkpoint_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, root: &Proc
         run.out.trim()
     );
     let st = guard.reap_started_root();
-    eprintln!("[{name}] reaped the checkpointed root {pid} ({})", describe(st));
+    eprintln!(
+        "[{name}] reaped the checkpointed root {pid} ({})",
+        describe(st)
+    );
     let ids: Vec<ProcId> = before.iter().map(|p| p.id).collect();
     if let Err(left) = wait_gone(&ids, GONE_TIMEOUT) {
         let desc: Vec<String> = left
@@ -640,7 +692,12 @@ fn checkpoint_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, root: &Proc
 
 /// `ferry restore --images DIR --detach --pidfile F`; checks the pidfile
 /// names the old root and records the restored tree in the guard.
-fn restore_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, before: &[ProcInfo]) -> (ProcId, Vec<ProcInfo>) {
+fn restore_tree(
+    guard: &mut TreeGuard,
+    dir: &Path,
+    images: &Path,
+    before: &[ProcInfo],
+) -> (ProcId, Vec<ProcInfo>) {
     let name = guard.name.clone();
     let old_root = before[0].id;
     let pidfile = dir.join("restored.pid");
@@ -680,7 +737,11 @@ fn restore_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, before: &[Proc
         describe(run.status),
         run.out.trim()
     );
-    eprintln!("[{name}] restore: {}; ferry said: {}", timing(&run), run.out.trim());
+    eprintln!(
+        "[{name}] restore: {}; ferry said: {}",
+        timing(&run),
+        run.out.trim()
+    );
     let text = fs::read_to_string(&pidfile).unwrap_or_else(|e| {
         panic!(
             "[{name}] no pidfile {} after ferry restore --detach: {e}",
@@ -695,8 +756,12 @@ fn restore_tree(guard: &mut TreeGuard, dir: &Path, images: &Path, before: &[Proc
         pid, old_root.pid,
         "[{name}] restored root PID differs from the original"
     );
-    let st = read_stat(pid).unwrap_or_else(|| panic!("[{name}] restored root {pid} does not exist"));
-    let id = ProcId { pid, start: st.start };
+    let st =
+        read_stat(pid).unwrap_or_else(|| panic!("[{name}] restored root {pid} does not exist"));
+    let id = ProcId {
+        pid,
+        start: st.start,
+    };
     assert!(
         running(&id),
         "[{name}] restored root {pid} is not running (state {})",
@@ -715,7 +780,9 @@ fn stop_tree(guard: &mut TreeGuard, root: &ProcId, sig: libc::c_int) -> Option<E
     signal(root, sig);
     match wait_gone(&ids, EXIT_TIMEOUT) {
         Ok(statuses) => statuses.get(&root.pid).copied(),
-        Err(left) => panic!("[{name}] tree did not exit within {EXIT_TIMEOUT:?} after signal {sig}; left: {left:?}"),
+        Err(left) => panic!(
+            "[{name}] tree did not exit within {EXIT_TIMEOUT:?} after signal {sig}; left: {left:?}"
+        ),
     }
 }
 
@@ -736,12 +803,18 @@ fn assert_same_tree(name: &str, before: &[ProcInfo], after: &[ProcInfo]) {
         describe_tree(after)
     );
     assert_eq!(before[0].id.pid, after[0].id.pid);
-    assert_eq!(before[0].uid, after[0].uid, "[{name}] root's uid differs after restore");
+    assert_eq!(
+        before[0].uid, after[0].uid,
+        "[{name}] root's uid differs after restore"
+    );
 }
 
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr of a bound listener").port()
+    listener
+        .local_addr()
+        .expect("local_addr of a bound listener")
+        .port()
 }
 
 // ---------------------------------------------------------------------------
@@ -752,7 +825,9 @@ fn http_get(port: u16, path: &str) -> io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     drop(s);
@@ -774,7 +849,10 @@ fn http_get(port: u16, path: &str) -> io::Result<(u16, Vec<u8>)> {
             .map(|v| v.trim().to_string())
     }) {
         if len.parse::<usize>().ok() != Some(body.len()) {
-            return Err(bad(&format!("content-length {len} but {} body bytes", body.len())));
+            return Err(bad(&format!(
+                "content-length {len} but {} body bytes",
+                body.len()
+            )));
         }
     }
     Ok((status, body))
@@ -797,7 +875,8 @@ fn open_connections_in(table: &str, port: u16) -> Vec<String> {
             }
             let local_port = f[1].rsplit(':').next().unwrap_or("");
             let remote_port = f[2].rsplit(':').next().unwrap_or("");
-            (local_port == port_hex || remote_port == port_hex) && !matches!(f[3], "0A" | "06" | "07")
+            (local_port == port_hex || remote_port == port_hex)
+                && !matches!(f[3], "0A" | "06" | "07")
         })
         .map(|l| l.trim().to_string())
         .collect()
@@ -810,7 +889,10 @@ fn port_not_served(port: u16) -> bool {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     match TcpStream::connect_timeout(&addr, Duration::from_millis(1500)) {
         Ok(_) => false,
-        Err(e) => matches!(e.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock),
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        ),
     }
 }
 
@@ -859,7 +941,8 @@ impl NginxSite {
         fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
         let content = static_content();
         fs::write(www.join("ferry.txt"), &content).expect("write static file");
-        fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644)).expect("chmod static file");
+        fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644))
+            .expect("chmod static file");
         let d = path_str(dir);
         let conf = format!(
             "# ferry real_trees test: everything inside {d}\n\
@@ -923,7 +1006,8 @@ fn nginx_master_and_workers_serve_after_restore() {
     let before = loop {
         guard.assert_root_alive(&log);
         let procs = guard.snapshot(&master);
-        let served = matches!(http_get(port, "/ferry.txt"), Ok((200, ref body)) if *body == content);
+        let served =
+            matches!(http_get(port, "/ferry.txt"), Ok((200, ref body)) if *body == content);
         if served
             && procs.len() == 3
             && procs[1..]
@@ -941,15 +1025,18 @@ fn nginx_master_and_workers_serve_after_restore() {
         );
         sleep(Duration::from_millis(50));
     };
-    eprintln!("[{TEST}] nginx on 127.0.0.1:{port}, tree:\n{}", describe_tree(&before));
+    eprintln!(
+        "[{TEST}] nginx on 127.0.0.1:{port}, tree:\n{}",
+        describe_tree(&before)
+    );
     assert!(
         before[1..].iter().all(|p| p.uid == 65534),
         "[{TEST}] workers should run as nobody:\n{}",
         describe_tree(&before)
     );
     for i in 0..5 {
-        let (st, body) =
-            http_get(port, "/ferry.txt").unwrap_or_else(|e| panic!("[{TEST}] GET {i} before checkpoint: {e}"));
+        let (st, body) = http_get(port, "/ferry.txt")
+            .unwrap_or_else(|e| panic!("[{TEST}] GET {i} before checkpoint: {e}"));
         assert!(
             st == 200 && body == content,
             "[{TEST}] GET {i} before checkpoint: status {st}, {} bytes",
@@ -971,7 +1058,10 @@ fn nginx_master_and_workers_serve_after_restore() {
     }
     sleep(Duration::from_millis(200));
     let access_before = count_lines(&access);
-    assert!(access_before >= 6, "[{TEST}] access log has only {access_before} lines");
+    assert!(
+        access_before >= 6,
+        "[{TEST}] access log has only {access_before} lines"
+    );
     // The tree must not have changed while we waited.
     let before2 = guard.snapshot(&master);
     assert_same_tree(TEST, &before, &before2);
@@ -988,7 +1078,8 @@ fn nginx_master_and_workers_serve_after_restore() {
     eprintln!("[{TEST}] restored tree:\n{}", describe_tree(&after));
 
     for i in 0..20 {
-        let (st, body) = http_get(port, "/ferry.txt").unwrap_or_else(|e| panic!("[{TEST}] GET {i} after restore: {e}"));
+        let (st, body) = http_get(port, "/ferry.txt")
+            .unwrap_or_else(|e| panic!("[{TEST}] GET {i} after restore: {e}"));
         assert_eq!(st, 200, "[{TEST}] GET {i} after restore: status {st}");
         assert!(
             body == content,
@@ -1014,7 +1105,9 @@ fn nginx_master_and_workers_serve_after_restore() {
         new_lines.join("\n")
     );
     assert!(
-        new_lines.iter().all(|l| l.contains("\"GET /ferry.txt HTTP/1.1\" 200")),
+        new_lines
+            .iter()
+            .all(|l| l.contains("\"GET /ferry.txt HTTP/1.1\" 200")),
         "[{TEST}] new access log lines:\n{}",
         new_lines.join("\n")
     );
@@ -1029,7 +1122,10 @@ fn nginx_master_and_workers_serve_after_restore() {
             describe(st)
         );
     }
-    assert!(port_closed(port), "[{TEST}] port {port} still open after nginx stopped");
+    assert!(
+        port_closed(port),
+        "[{TEST}] port {port} still open after nginx stopped"
+    );
 }
 
 /// Connections on `port` that `pid`'s network namespace holds (not
@@ -1054,23 +1150,40 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
     let port = free_port();
     let site = NginxSite::new(dir, port);
     let content = site.content.clone();
-    let master = guard.start_via(&["ip", "netns", "exec", &from.0], dir, &site.log, NGINX, &site.args());
+    let master = guard.start_via(
+        &["ip", "netns", "exec", &from.0],
+        dir,
+        &site.log,
+        NGINX,
+        &site.args(),
+    );
 
     let deadline = Instant::now() + START_TIMEOUT;
     let before = loop {
         guard.assert_root_alive(&site.log);
         let procs = guard.snapshot(&master);
         let want = content.clone();
-        let served = from.run(move || matches!(http_get(port, "/ferry.txt"), Ok((200, ref body)) if *body == want));
+        let served = from.run(
+            move || matches!(http_get(port, "/ferry.txt"), Ok((200, ref body)) if *body == want),
+        );
         if served && procs.len() == 3 {
             break procs;
         }
-        assert!(Instant::now() < deadline, "[{TEST}] nginx not ready in {}:\n{}", from.0, describe_tree(&procs));
+        assert!(
+            Instant::now() < deadline,
+            "[{TEST}] nginx not ready in {}:\n{}",
+            from.0,
+            describe_tree(&procs)
+        );
         sleep(Duration::from_millis(50));
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while !open_connections_of(master.pid, port).is_empty() {
-        assert!(Instant::now() < deadline, "[{TEST}] connections stay open in {}", from.0);
+        assert!(
+            Instant::now() < deadline,
+            "[{TEST}] connections stay open in {}",
+            from.0
+        );
         sleep(Duration::from_millis(20));
     }
     let images = dir.join("images");
@@ -1082,46 +1195,110 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
         TEST,
         dir,
         "restore",
-        &["restore", "--images", path_str(&images), "--detach", "--pidfile", path_str(&pidfile), "--netns", &to.0, "--new-pid-ns"],
+        &[
+            "restore",
+            "--images",
+            path_str(&images),
+            "--detach",
+            "--pidfile",
+            path_str(&pidfile),
+            "--netns",
+            &to.0,
+            "--new-pid-ns",
+        ],
     );
-    let host_root: Option<i32> = fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse().ok());
+    let host_root: Option<i32> = fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
     let init = host_root.and_then(read_stat).map(|s| s.ppid);
-    if let Some(init) = init.and_then(|p| read_stat(p).map(|s| ProcId { pid: p, start: s.start })) {
+    if let Some(init) = init.and_then(|p| {
+        read_stat(p).map(|s| ProcId {
+            pid: p,
+            start: s.start,
+        })
+    }) {
         // Killing the init ends its whole namespace.
         guard.roots.push(init);
         guard.snapshot(&init);
     }
-    assert!(run.status.success(), "[{TEST}] restore failed ({}):\n{}", describe(run.status), run.out.trim());
-    eprintln!("[{TEST}] restore: {}; ferry said: {}", timing(&run), run.out.trim());
+    assert!(
+        run.status.success(),
+        "[{TEST}] restore failed ({}):\n{}",
+        describe(run.status),
+        run.out.trim()
+    );
+    eprintln!(
+        "[{TEST}] restore: {}; ferry said: {}",
+        timing(&run),
+        run.out.trim()
+    );
     let host_root = host_root.expect("pidfile names the root");
     let init_pid = init.expect("the root has a parent");
-    assert_eq!(read_stat(init_pid).map(|s| s.comm), Some("ferry-init".to_string()), "[{TEST}] the root's parent is not ferry-init");
+    assert_eq!(
+        read_stat(init_pid).map(|s| s.comm),
+        Some("ferry-init".to_string()),
+        "[{TEST}] the root's parent is not ferry-init"
+    );
     let after = tree(host_root);
-    assert_eq!(after.len(), 3, "[{TEST}] restored tree:\n{}", describe_tree(&after));
+    assert_eq!(
+        after.len(),
+        3,
+        "[{TEST}] restored tree:\n{}",
+        describe_tree(&after)
+    );
     for (old, new) in before.iter().zip(&after) {
-        assert_eq!(innermost_pid(new.id.pid), Some(old.id.pid), "[{TEST}] {} lost its PID inside the namespace", new.cmdline);
-        assert_eq!(inode(&format!("/proc/{}/ns/net", new.id.pid)), inode(&to.path()), "[{TEST}] {} is not in {}", new.cmdline, to.0);
+        assert_eq!(
+            innermost_pid(new.id.pid),
+            Some(old.id.pid),
+            "[{TEST}] {} lost its PID inside the namespace",
+            new.cmdline
+        );
+        assert_eq!(
+            inode(&format!("/proc/{}/ns/net", new.id.pid)),
+            inode(&to.path()),
+            "[{TEST}] {} is not in {}",
+            new.cmdline,
+            to.0
+        );
         assert_eq!(new.uid, old.uid, "[{TEST}] {} changed user", new.cmdline);
     }
 
     for i in 0..20 {
         let got = to.run(move || http_get(port, "/ferry.txt"));
-        let (st, body) = got.unwrap_or_else(|e| panic!("[{TEST}] GET {i} in {} after restore: {e}", to.0));
-        assert!(st == 200 && body == content, "[{TEST}] GET {i}: status {st}, {} bytes", body.len());
+        let (st, body) =
+            got.unwrap_or_else(|e| panic!("[{TEST}] GET {i} in {} after restore: {e}", to.0));
+        assert!(
+            st == 200 && body == content,
+            "[{TEST}] GET {i}: status {st}, {} bytes",
+            body.len()
+        );
     }
     // The old namespace no longer has the server.
     let old = from.run(move || http_get(port, "/ferry.txt"));
-    assert!(old.is_err(), "[{TEST}] {} still serves after the move", from.0);
+    assert!(
+        old.is_err(),
+        "[{TEST}] {} still serves after the move",
+        from.0
+    );
 
     // SIGQUIT to the init is forwarded to the master: a graceful stop of
     // the whole tree, and the init exits with the master's status.
-    let init_id = ProcId { pid: init_pid, start: read_stat(init_pid).map(|s| s.start).unwrap_or(0) };
-    let ids: Vec<ProcId> = std::iter::once(init_id).chain(after.iter().map(|p| p.id)).collect();
+    let init_id = ProcId {
+        pid: init_pid,
+        start: read_stat(init_pid).map(|s| s.start).unwrap_or(0),
+    };
+    let ids: Vec<ProcId> = std::iter::once(init_id)
+        .chain(after.iter().map(|p| p.id))
+        .collect();
     signal(&init_id, libc::SIGQUIT);
     match wait_gone(&ids, EXIT_TIMEOUT) {
         Ok(statuses) => {
             if let Some(st) = statuses.get(&init_pid) {
-                assert!(st.success(), "[{TEST}] ferry-init exited with {}", describe(*st));
+                assert!(
+                    st.success(),
+                    "[{TEST}] ferry-init exited with {}",
+                    describe(*st)
+                );
             }
         }
         Err(left) => panic!("[{TEST}] still running after SIGQUIT to ferry-init: {left:?}"),
@@ -1154,7 +1331,9 @@ fn sysv_shm() -> Vec<ShmRow> {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
     let col = |n: &str| header.iter().position(|h| *h == n);
-    let (Some(k), Some(id), Some(cp), Some(na)) = (col("key"), col("shmid"), col("cpid"), col("nattch")) else {
+    let (Some(k), Some(id), Some(cp), Some(na)) =
+        (col("key"), col("shmid"), col("cpid"), col("nattch"))
+    else {
         return Vec::new();
     };
     lines
@@ -1186,7 +1365,11 @@ impl IpcGuard {
     fn note(&mut self, data: &Path, procs: &[ProcInfo]) {
         let pidfile = read_lossy(&data.join("postmaster.pid"));
         if let Some(line) = pidfile.lines().nth(6) {
-            if let Some(key) = line.split_whitespace().next().and_then(|k| k.parse::<i64>().ok()) {
+            if let Some(key) = line
+                .split_whitespace()
+                .next()
+                .and_then(|k| k.parse::<i64>().ok())
+            {
                 if key != 0 {
                     self.keys.insert(key);
                 }
@@ -1243,8 +1426,13 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
 
 fn as_postgres(program: &str) -> Command {
     let mut cmd = Command::new(SETPRIV);
-    cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
-        .arg(program);
+    cmd.args([
+        "--reuid=postgres",
+        "--regid=postgres",
+        "--init-groups",
+        "--",
+    ])
+    .arg(program);
     cmd
 }
 
@@ -1270,7 +1458,11 @@ fn psql(name: &str, sock: &Path, port: u16, sql: &str) -> Result<String, String>
     if status.success() {
         Ok(out.trim().to_string())
     } else {
-        Err(format!("psql -c {sql:?}: {}: {}", describe(status), out.trim()))
+        Err(format!(
+            "psql -c {sql:?}: {}: {}",
+            describe(status),
+            out.trim()
+        ))
     }
 }
 
@@ -1290,7 +1482,9 @@ fn wait_pg_idle(guard: &mut TreeGuard, root: &ProcId) -> Vec<ProcInfo> {
         let busy: Vec<&ProcInfo> = procs[1..]
             .iter()
             .filter(|p| {
-                !p.cmdline.starts_with("postgres: ") || p.cmdline.contains("[local]") || p.cmdline.contains("worker")
+                !p.cmdline.starts_with("postgres: ")
+                    || p.cmdline.contains("[local]")
+                    || p.cmdline.contains("worker")
             })
             .collect();
         let pids: Vec<i32> = procs.iter().map(|p| p.id.pid).collect();
@@ -1420,13 +1614,14 @@ fn postgres_rows_survive_restore() {
          insert into ferry_marker values ('marker', 'ferry-marker-{port}');"
     );
     psql(TEST, &sock, port, &setup).unwrap_or_else(|e| panic!("[{TEST}] setup: {e}"));
-    let check_before = psql(TEST, &sock, port, PG_CHECK).unwrap_or_else(|e| panic!("[{TEST}] check: {e}"));
+    let check_before =
+        psql(TEST, &sock, port, PG_CHECK).unwrap_or_else(|e| panic!("[{TEST}] check: {e}"));
     assert!(
         check_before.starts_with(&format!("{PG_ROWS} {} ", PG_ROWS * (PG_ROWS + 1) / 2)),
         "[{TEST}] unexpected check before checkpoint: {check_before}"
     );
-    let started_at =
-        psql(TEST, &sock, port, "select pg_postmaster_start_time()").unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let started_at = psql(TEST, &sock, port, "select pg_postmaster_start_time()")
+        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     let checkpointer_pid = psql(
         TEST,
         &sock,
@@ -1453,14 +1648,26 @@ fn postgres_rows_survive_restore() {
     assert_same_tree(TEST, &before, &after);
     eprintln!("[{TEST}] restored tree:\n{}", describe_tree(&after));
 
-    let check_after = psql(TEST, &sock, port, PG_CHECK)
-        .unwrap_or_else(|e| panic!("[{TEST}] read after restore: {e}\nlog:\n{}", read_lossy(&log)));
-    assert_eq!(check_after, check_before, "[{TEST}] rows differ after restore");
-    let marker = psql(TEST, &sock, port, "select v from ferry_marker where k = 'marker'")
-        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let check_after = psql(TEST, &sock, port, PG_CHECK).unwrap_or_else(|e| {
+        panic!(
+            "[{TEST}] read after restore: {e}\nlog:\n{}",
+            read_lossy(&log)
+        )
+    });
+    assert_eq!(
+        check_after, check_before,
+        "[{TEST}] rows differ after restore"
+    );
+    let marker = psql(
+        TEST,
+        &sock,
+        port,
+        "select v from ferry_marker where k = 'marker'",
+    )
+    .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(marker, format!("ferry-marker-{port}"));
-    let started_after =
-        psql(TEST, &sock, port, "select pg_postmaster_start_time()").unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let started_after = psql(TEST, &sock, port, "select pg_postmaster_start_time()")
+        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(
         started_after, started_at,
         "[{TEST}] the server restarted instead of being restored"
@@ -1484,8 +1691,13 @@ fn postgres_rows_survive_restore() {
     );
     psql(TEST, &sock, port, &more).unwrap_or_else(|e| panic!("[{TEST}] insert after restore: {e}"));
     let total = PG_ROWS + PG_MORE;
-    let counted = psql(TEST, &sock, port, "select count(*) || ' ' || sum(id) from ferry_rows")
-        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let counted = psql(
+        TEST,
+        &sock,
+        port,
+        "select count(*) || ' ' || sum(id) from ferry_rows",
+    )
+    .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(
         counted,
         format!("{total} {}", total * (total + 1) / 2),
@@ -1563,7 +1775,10 @@ fn pipeline_script(throttle: &Path, out: &Path) -> String {
 fn last_progress(log: &Path) -> u64 {
     read_lossy(log)
         .lines()
-        .filter_map(|l| l.strip_prefix("progress ").and_then(|n| n.trim().parse().ok()))
+        .filter_map(|l| {
+            l.strip_prefix("progress ")
+                .and_then(|n| n.trim().parse().ok())
+        })
         .max()
         .unwrap_or(0)
 }
@@ -1615,7 +1830,10 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
         read_lossy(&log0)
     );
     let expected = fs::read(&expected_out).expect("read expected output");
-    assert!(expected.len() > 64, "[{TEST}] odd expected output {expected:?}");
+    assert!(
+        expected.len() > 64,
+        "[{TEST}] odd expected output {expected:?}"
+    );
     assert!(
         read_lossy(&log0).contains(&format!("done {PIPE_BYTES}")),
         "[{TEST}] log:\n{}",
@@ -1633,7 +1851,12 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
     // 2. The same pipeline, checkpointed at about a quarter of the data.
     let out = dir.join("restored.out");
     let log = dir.join("pipeline.log");
-    let root = guard.start(dir, &log, "/bin/sh", &["-c", &pipeline_script(&throttle, &out)]);
+    let root = guard.start(
+        dir,
+        &log,
+        "/bin/sh",
+        &["-c", &pipeline_script(&throttle, &out)],
+    );
     let deadline = Instant::now() + START_TIMEOUT;
     while last_progress(&log) < PIPE_BYTES / 4 {
         guard.assert_root_alive(&log);

@@ -47,7 +47,8 @@ fn server_binary() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-{}", std::process::id()));
+            let dir =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tcp-{}", std::process::id()));
             fs::create_dir_all(&dir).expect("build dir");
             let bin = dir.join("tcp_hold_server");
             let out = Command::new("gcc")
@@ -56,7 +57,11 @@ fn server_binary() -> PathBuf {
                 .arg(repo().join("tests/tcp/tcp_hold_server.c"))
                 .output()
                 .expect("run gcc");
-            assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "gcc failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             bin
         })
         .clone()
@@ -81,24 +86,48 @@ impl Drop for Server {
 }
 
 fn read_lossy(p: &Path) -> String {
-    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
 }
 
 fn wait_line(log: &Path, line: &str, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while !read_lossy(log).lines().any(|l| l == line) {
-        assert!(Instant::now() < deadline, "no {line} within {timeout:?}; log:\n{}", read_lossy(log));
+        assert!(
+            Instant::now() < deadline,
+            "no {line} within {timeout:?}; log:\n{}",
+            read_lossy(log)
+        );
         sleep(POLL);
     }
 }
 
-fn start_server(netns: &common::NetNs, dir: &Path, addr: &str, port: u16, n: usize, client_bytes: usize, server_bytes: usize) -> Server {
+fn start_server(
+    netns: &common::NetNs,
+    dir: &Path,
+    addr: &str,
+    port: u16,
+    n: usize,
+    client_bytes: usize,
+    server_bytes: usize,
+) -> Server {
     let log = dir.join("server.log");
-    let args = [addr.to_string(), port.to_string(), n.to_string(), client_bytes.to_string(), server_bytes.to_string()];
+    let args = [
+        addr.to_string(),
+        port.to_string(),
+        n.to_string(),
+        client_bytes.to_string(),
+        server_bytes.to_string(),
+    ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let child = spawn_in_netns(netns, dir, &log, &server_binary(), &args);
     let pid = child.id() as i32;
-    let server = Server { child: Some(child), log, pid };
+    let server = Server {
+        child: Some(child),
+        log,
+        pid,
+    };
     wait_line(&server.log, "LISTENING", Duration::from_secs(10));
     server
 }
@@ -106,7 +135,10 @@ fn start_server(netns: &common::NetNs, dir: &Path, addr: &str, port: u16, n: usi
 /// The byte at `i` of stream `seed` (the same pattern as ferry_test.h).
 fn pat(seed: u64, i: usize) -> u8 {
     let w = i as u64 / 8;
-    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15).wrapping_add(w.wrapping_mul(0xBF58476D1CE4E5B9)).wrapping_add(0x1234567);
+    let mut x = seed
+        .wrapping_mul(0x9E3779B97F4A7C15)
+        .wrapping_add(w.wrapping_mul(0xBF58476D1CE4E5B9))
+        .wrapping_add(0x1234567);
     x ^= x >> 31;
     x = x.wrapping_mul(0x94D049BB133111EB);
     x ^= x >> 29;
@@ -135,7 +167,12 @@ impl ClientConn {
                 Ok(0) => break,
                 Ok(w) => self.sent += w,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => self.error = Some(format!("conn {}: write after {} bytes: {e}", self.id, self.sent)),
+                Err(e) => {
+                    self.error = Some(format!(
+                        "conn {}: write after {} bytes: {e}",
+                        self.id, self.sent
+                    ))
+                }
             }
         }
     }
@@ -145,18 +182,29 @@ impl ClientConn {
             match self.s.read(&mut buf) {
                 Ok(0) => {
                     if self.got != server_bytes {
-                        self.error = Some(format!("conn {}: EOF after {} of {server_bytes} bytes", self.id, self.got));
+                        self.error = Some(format!(
+                            "conn {}: EOF after {} of {server_bytes} bytes",
+                            self.id, self.got
+                        ));
                     }
                     self.eof = true;
                 }
                 Ok(r) => {
-                    if let Some(k) = (0..r).find(|&k| buf[k] != pat(2 * self.id as u64 + 1, self.got + k)) {
-                        self.error = Some(format!("conn {}: byte {} differs", self.id, self.got + k));
+                    if let Some(k) =
+                        (0..r).find(|&k| buf[k] != pat(2 * self.id as u64 + 1, self.got + k))
+                    {
+                        self.error =
+                            Some(format!("conn {}: byte {} differs", self.id, self.got + k));
                     }
                     self.got += r;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => self.error = Some(format!("conn {}: read after {} bytes: {e}", self.id, self.got)),
+                Err(e) => {
+                    self.error = Some(format!(
+                        "conn {}: read after {} bytes: {e}",
+                        self.id, self.got
+                    ))
+                }
             }
         }
     }
@@ -173,7 +221,6 @@ struct Load {
 
 /// Result of the clients' run: errors, one line each.
 type Outcome = Vec<String>;
-
 
 /// How much of each client stream the server leaves unread before the
 /// checkpoint, and how much more at most comes while it is frozen:
@@ -204,7 +251,15 @@ fn run_clients(
                 return vec![format!("conn {id}: sending the id: {e}")];
             }
             s.set_nonblocking(true).expect("nonblocking");
-            conns.push(ClientConn { id, s, sent: 0, got: 0, eof: false, shut: false, error: None });
+            conns.push(ClientConn {
+                id,
+                s,
+                sent: 0,
+                got: 0,
+                eof: false,
+                shut: false,
+                error: None,
+            });
         }
         // The start of every client stream waits unread in the server's
         // receive queue. No more than the queue holds: a segment the
@@ -228,7 +283,9 @@ fn run_clients(
         // At most another UNREAD_CLIENT_BYTES, so the server's receive
         // queue still holds all of it.
         // A quarter of the stream stays for after the restore.
-        let frozen_limit = (half + UNREAD_CLIENT_BYTES).min(load.client_bytes - load.client_bytes / 4).max(half);
+        let frozen_limit = (half + UNREAD_CLIENT_BYTES)
+            .min(load.client_bytes - load.client_bytes / 4)
+            .max(half);
         let mut target = half;
         loop {
             match go.try_recv() {
@@ -242,15 +299,29 @@ fn run_clients(
         let deadline = Instant::now() + Duration::from_secs(90);
         let mut last_progress = Instant::now();
         let mut stall_report = None;
-        while Instant::now() < deadline && conns.iter().any(|c| c.error.is_none() && !(c.eof && c.shut)) {
+        while Instant::now() < deadline
+            && conns
+                .iter()
+                .any(|c| c.error.is_none() && !(c.eof && c.shut))
+        {
             if stall_report.is_none() && last_progress.elapsed() > Duration::from_secs(10) {
                 let stuck: Vec<String> = conns
                     .iter()
                     .filter(|c| c.error.is_none() && !(c.eof && c.shut))
                     .take(5)
-                    .map(|c| format!("conn {} got {} sent {} eof {} shut {}", c.id, c.got, c.sent, c.eof, c.shut))
+                    .map(|c| {
+                        format!(
+                            "conn {} got {} sent {} eof {} shut {}",
+                            c.id, c.got, c.sent, c.eof, c.shut
+                        )
+                    })
                     .collect();
-                stall_report = Some(format!("no progress for 10 s: {stuck:?}\n{}", common::tcp_diagnostics(&diagnose.iter().map(String::as_str).collect::<Vec<_>>())));
+                stall_report = Some(format!(
+                    "no progress for 10 s: {stuck:?}\n{}",
+                    common::tcp_diagnostics(
+                        &diagnose.iter().map(String::as_str).collect::<Vec<_>>()
+                    )
+                ));
             }
             let mut progress = false;
             for c in conns.iter_mut() {
@@ -275,9 +346,14 @@ fn run_clients(
         if let Some(r) = stall_report {
             errors.insert(0, r);
         }
-        let unfinished = conns.iter().filter(|c| c.error.is_none() && !(c.eof && c.shut)).count();
+        let unfinished = conns
+            .iter()
+            .filter(|c| c.error.is_none() && !(c.eof && c.shut))
+            .count();
         if unfinished > 0 {
-            errors.push(format!("{unfinished} connections did not finish within 90 s"));
+            errors.push(format!(
+                "{unfinished} connections did not finish within 90 s"
+            ));
         }
         errors
     })
@@ -285,7 +361,10 @@ fn run_clients(
 
 fn ferry(args: &[&str], out: &Path) -> ExitStatus {
     let mut cmd = Command::new(FERRY);
-    cmd.args(args).stdin(Stdio::null()).stdout(File::create(out.with_extension("out")).expect("out")).stderr(File::create(out).expect("err"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(out.with_extension("out")).expect("out"))
+        .stderr(File::create(out).expect("err"));
     // SAFETY: close_range only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -298,7 +377,11 @@ fn ferry(args: &[&str], out: &Path) -> ExitStatus {
 
 fn temp_dir(tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!("ferry-tcp-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let d = std::env::temp_dir().join(format!(
+        "ferry-tcp-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
     fs::create_dir_all(&d).expect("temp dir");
     d
 }
@@ -321,7 +404,11 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     }
     let hosts = Hosts::new(tag);
     let dir = TempDir(temp_dir(tag));
-    let (client_bytes, server_bytes) = if n > 500 { (48 << 10, 48 << 10) } else { (1 << 20, 1 << 20) };
+    let (client_bytes, server_bytes) = if n > 500 {
+        (48 << 10, 48 << 10)
+    } else {
+        (1 << 20, 1 << 20)
+    };
     let (listen, target) = match (v6, loopback) {
         (false, false) => (A_V4, A_V4),
         (true, false) => (A_V6, A_V6),
@@ -329,34 +416,94 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
         (true, true) => ("::1", "::1"),
     };
     let port = 7000 + (std::process::id() % 1000) as u16;
-    let mut server = start_server(&hosts.a, &dir.0, listen, port, n, client_bytes, server_bytes);
-    let to: SocketAddr = format!("{}:{port}", if v6 { format!("[{target}]") } else { target.to_string() }).parse().expect("address");
+    let mut server = start_server(
+        &hosts.a,
+        &dir.0,
+        listen,
+        port,
+        n,
+        client_bytes,
+        server_bytes,
+    );
+    let to: SocketAddr = format!(
+        "{}:{port}",
+        if v6 {
+            format!("[{target}]")
+        } else {
+            target.to_string()
+        }
+    )
+    .parse()
+    .expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
-    let client_ns = if loopback { hosts.a.0.clone() } else { hosts.b.0.clone() };
+    let client_ns = if loopback {
+        hosts.a.0.clone()
+    } else {
+        hosts.b.0.clone()
+    };
     let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
-    let clients = run_clients(Some(client_ns), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx, diagnose);
-    ready_rx.recv_timeout(Duration::from_secs(120)).expect("clients ready");
+    let clients = run_clients(
+        Some(client_ns),
+        Load {
+            n,
+            to,
+            client_bytes,
+            server_bytes,
+        },
+        ready_tx,
+        go_rx,
+        diagnose,
+    );
+    ready_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(60));
 
     let images = dir.0.join("images");
     let pid = server.pid.to_string();
     let images_s = images.to_string_lossy().to_string();
     let t = Instant::now();
-    let st = ferry(&["checkpoint", "--pid", &pid, "--images", &images_s, "--network-lock", lock], &dir.0.join("checkpoint.err"));
-    assert!(st.success(), "checkpoint failed: {}", read_lossy(&dir.0.join("checkpoint.err")));
+    let st = ferry(
+        &[
+            "checkpoint",
+            "--pid",
+            &pid,
+            "--images",
+            &images_s,
+            "--network-lock",
+            lock,
+        ],
+        &dir.0.join("checkpoint.err"),
+    );
+    assert!(
+        st.success(),
+        "checkpoint failed: {}",
+        read_lossy(&dir.0.join("checkpoint.err"))
+    );
     let checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
     let lock = image_lock(FERRY, &images_s);
     assert!(lock.is_some(), "the image names no network lock");
     let mut child = server.child.take().expect("server child");
     let st = child.wait().expect("reap server");
-    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "server ended with {st:?}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL),
+        "server ended with {st:?}"
+    );
 
     let pidfile = dir.0.join("pid");
     let t = Instant::now();
     let mut restore = Command::new(FERRY);
     restore
-        .args(["restore", "--images", &images_s, "--netns", &hosts.a.0, "--pidfile"])
+        .args([
+            "restore",
+            "--images",
+            &images_s,
+            "--netns",
+            &hosts.a.0,
+            "--pidfile",
+        ])
         .arg(&pidfile)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -372,8 +519,15 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     server.child = Some(restore);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !read_lossy(&pidfile).ends_with('\n') {
-        if let Some(st) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            panic!("restore exited with {st:?}: {}", read_lossy(&dir.0.join("restore.err")));
+        if let Some(st) = server
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            panic!(
+                "restore exited with {st:?}: {}",
+                read_lossy(&dir.0.join("restore.err"))
+            );
         }
         assert!(Instant::now() < deadline, "no pidfile within 60 s");
         sleep(POLL);
@@ -383,12 +537,26 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     unsafe { libc::kill(server.pid, libc::SIGUSR2) };
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
-    let st = server.child.as_mut().expect("restore").wait().expect("wait restore");
+    let st = server
+        .child
+        .as_mut()
+        .expect("restore")
+        .wait()
+        .expect("wait restore");
     server.child = None;
     let log = read_lossy(&server.log);
     eprintln!("{tag}: {n} connections, checkpoint {checkpoint_ms:.1} ms, restore {restore_ms:.1} ms (commands, debug timing)");
-    assert!(errors.is_empty(), "{} client errors, first: {:#?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
-    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}\n{}", read_lossy(&dir.0.join("restore.err")));
+    assert!(
+        errors.is_empty(),
+        "{} client errors, first: {:#?}\nserver log:\n{log}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert!(
+        st.success() && log.lines().any(|l| l == "PASS"),
+        "server: {st:?}\n{log}\n{}",
+        read_lossy(&dir.0.join("restore.err"))
+    );
     if let Some(name) = lock {
         assert_lock_gone(&name);
     }
@@ -400,7 +568,10 @@ fn locks() -> Vec<(String, String)> {
 
 fn assert_lock_gone(name: &str) {
     let left = locks();
-    assert!(!left.iter().any(|(n, _)| n == name), "network lock {name} was left behind: {left:?}");
+    assert!(
+        !left.iter().any(|(n, _)| n == name),
+        "network lock {name} was left behind: {left:?}"
+    );
 }
 
 #[test]
@@ -443,7 +614,12 @@ fn sig_blocked(pid: i32) -> Vec<String> {
     if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in rd.flatten() {
             let status = read_lossy(&t.path().join("status"));
-            masks.extend(status.lines().filter(|l| l.starts_with("SigBlk:")).map(String::from));
+            masks.extend(
+                status
+                    .lines()
+                    .filter(|l| l.starts_with("SigBlk:"))
+                    .map(String::from),
+            );
         }
     }
     masks.sort();
@@ -471,8 +647,21 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
     let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
-    let clients = run_clients(Some(hosts.b.0.clone()), Load { n, to, client_bytes, server_bytes }, ready_tx, go_rx, diagnose);
-    ready_rx.recv_timeout(Duration::from_secs(60)).expect("clients ready");
+    let clients = run_clients(
+        Some(hosts.b.0.clone()),
+        Load {
+            n,
+            to,
+            client_bytes,
+            server_bytes,
+        },
+        ready_tx,
+        go_rx,
+        diagnose,
+    );
+    ready_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(30));
     let masks_before = sig_blocked(server.pid);
 
@@ -493,29 +682,60 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     }
     // Killed and reaped on drop too, so a failed assertion leaves no
     // stalled ferry behind.
-    let mut ckpt = Server { child: Some(ckpt.spawn().expect("spawn ferry")), log: err.clone(), pid: 0 };
+    let mut ckpt = Server {
+        child: Some(ckpt.spawn().expect("spawn ferry")),
+        log: err.clone(),
+        pid: 0,
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !read_lossy(&err).contains("stalling after") {
-        assert!(ckpt.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).is_none(), "ferry ended early: {}", read_lossy(&err));
-        assert!(Instant::now() < deadline, "ferry never reached the stall point");
+        assert!(
+            ckpt.child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .is_none(),
+            "ferry ended early: {}",
+            read_lossy(&err)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "ferry never reached the stall point"
+        );
         sleep(POLL);
     }
     // Frozen now: signals blocked, connections in repair mode, lock set.
-    assert_ne!(sig_blocked(server.pid), masks_before, "the server should be frozen now");
+    assert_ne!(
+        sig_blocked(server.pid),
+        masks_before,
+        "the server should be frozen now"
+    );
     let ferry_pid = ckpt.child.as_ref().map(|c| c.id()).unwrap_or(0).to_string();
-    let lock = locks().into_iter().find(|(_, owner)| *owner == ferry_pid).map(|(n, _)| n);
-    let lock = lock.unwrap_or_else(|| panic!("no network lock owned by ferry {ferry_pid}: {:?}", locks()));
+    let lock = locks()
+        .into_iter()
+        .find(|(_, owner)| *owner == ferry_pid)
+        .map(|(n, _)| n);
+    let lock =
+        lock.unwrap_or_else(|| panic!("no network lock owned by ferry {ferry_pid}: {:?}", locks()));
     drop(ckpt); // SIGKILL, by PID
 
     // The guard puts the masks back and releases the lock.
     let deadline = Instant::now() + Duration::from_secs(10);
     while sig_blocked(server.pid) != masks_before {
-        assert!(Instant::now() < deadline, "signal masks not restored: {:?} vs {:?}", sig_blocked(server.pid), masks_before);
+        assert!(
+            Instant::now() < deadline,
+            "signal masks not restored: {:?} vs {:?}",
+            sig_blocked(server.pid),
+            masks_before
+        );
         sleep(POLL);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while locks().iter().any(|(n, _)| *n == lock) {
-        assert!(Instant::now() < deadline, "lock {lock} left behind: {:?}", locks());
+        assert!(
+            Instant::now() < deadline,
+            "lock {lock} left behind: {:?}",
+            locks()
+        );
         sleep(POLL);
     }
     // The original server, never killed, finishes every connection.
@@ -523,9 +743,22 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     unsafe { libc::kill(server.pid, libc::SIGUSR2) };
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
-    let st = server.child.as_mut().expect("server").wait().expect("wait server");
+    let st = server
+        .child
+        .as_mut()
+        .expect("server")
+        .wait()
+        .expect("wait server");
     server.child = None;
     let log = read_lossy(&server.log);
-    assert!(errors.is_empty(), "{} client errors, first: {:#?}\nserver log:\n{log}", errors.len(), &errors[..errors.len().min(5)]);
-    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
+    assert!(
+        errors.is_empty(),
+        "{} client errors, first: {:#?}\nserver log:\n{log}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert!(
+        st.success() && log.lines().any(|l| l == "PASS"),
+        "server: {st:?}\n{log}"
+    );
 }

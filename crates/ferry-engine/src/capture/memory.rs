@@ -9,8 +9,12 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::{MapsEntry, Stat};
-use ferry_image::{vmflag, MmLayout, PageRun, PageSink, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE};
-use ferry_sys::pagemap::{self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED};
+use ferry_image::{
+    vmflag, MmLayout, PageRun, PageSink, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE,
+};
+use ferry_sys::pagemap::{
+    self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED,
+};
 use ferry_sys::vm::{self, RemoteRange};
 use std::os::unix::fs::FileExt;
 
@@ -28,26 +32,59 @@ const FLAG_NAMES: &[(&str, u32)] = &[
 ];
 
 fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
-    let what = || format!("mapping {:#x}-{:#x} ({})", m.start, m.end, if m.path.is_empty() { "anonymous" } else { &m.path });
+    let what = || {
+        format!(
+            "mapping {:#x}-{:#x} ({})",
+            m.start,
+            m.end,
+            if m.path.is_empty() {
+                "anonymous"
+            } else {
+                &m.path
+            }
+        )
+    };
     let p = m.path.as_str();
     Ok(match p {
         "" | "[heap]" | "[stack]" => VmaBacking::Anonymous,
         "[vdso]" => VmaBacking::Vdso,
-        "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
+        "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar {
+            name: p.to_string(),
+        },
         "[vsyscall]" => VmaBacking::Vsyscall,
         _ if p.starts_with("[anon:") => {
-            return Err(EngineError::unsupported(pid, what(), "a named anonymous mapping (PR_SET_VMA_ANON_NAME); the name is not restored"))
+            return Err(EngineError::unsupported(
+                pid,
+                what(),
+                "a named anonymous mapping (PR_SET_VMA_ANON_NAME); the name is not restored",
+            ))
         }
         "/dev/zero (deleted)" if m.shared() => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
         _ if p.starts_with("/anon_hugepage") || m.has_flag("ht") => {
-            return Err(EngineError::unsupported(pid, what(), "hugetlb mappings are not supported"))
+            return Err(EngineError::unsupported(
+                pid,
+                what(),
+                "hugetlb mappings are not supported",
+            ))
         }
-        _ if p.ends_with(" (deleted)") && p.starts_with('/') => VmaBacking::DeletedFile { id: m.inode },
-        _ if p.starts_with('/') => VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode },
-        _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
+        _ if p.ends_with(" (deleted)") && p.starts_with('/') => {
+            VmaBacking::DeletedFile { id: m.inode }
+        }
+        _ if p.starts_with('/') => VmaBacking::File {
+            path: p.to_string(),
+            dev: m.dev,
+            ino: m.inode,
+        },
+        _ => {
+            return Err(EngineError::unsupported(
+                pid,
+                what(),
+                "unknown kind of mapping",
+            ))
+        }
     })
 }
 
@@ -66,8 +103,19 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
             if m.perms[2] == b'x' {
                 prot |= PROT_EXEC;
             }
-            let flags = FLAG_NAMES.iter().filter(|(n, _)| m.has_flag(n)).fold(0, |a, (_, f)| a | f);
-            Ok(Vma { start: m.start, end: m.end, prot, shared: m.shared(), flags, pgoff: m.offset, backing: backing(pid, m)? })
+            let flags = FLAG_NAMES
+                .iter()
+                .filter(|(n, _)| m.has_flag(n))
+                .fold(0, |a, (_, f)| a | f);
+            Ok(Vma {
+                start: m.start,
+                end: m.end,
+                prot,
+                shared: m.shared(),
+                flags,
+                pgoff: m.offset,
+                backing: backing(pid, m)?,
+            })
         })
         .collect()
 }
@@ -76,11 +124,20 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
 /// is elsewhere). Dirty tracking (`crate::dirty`) follows the same rule.
 pub(crate) fn page_filter(v: &Vma) -> Option<ScanFilter> {
     match (&v.backing, v.shared) {
-        (VmaBacking::Anonymous, false) => {
-            Some(ScanFilter { required: 0, inverted: PAGE_IS_PFNZERO, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
-        }
-        (VmaBacking::Anonymous, true) => Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED }),
-        (VmaBacking::File { .. } | VmaBacking::Memfd { .. } | VmaBacking::DeletedFile { .. }, false) => Some(ScanFilter {
+        (VmaBacking::Anonymous, false) => Some(ScanFilter {
+            required: 0,
+            inverted: PAGE_IS_PFNZERO,
+            any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        }),
+        (VmaBacking::Anonymous, true) => Some(ScanFilter {
+            required: 0,
+            inverted: 0,
+            any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        }),
+        (
+            VmaBacking::File { .. } | VmaBacking::Memfd { .. } | VmaBacking::DeletedFile { .. },
+            false,
+        ) => Some(ScanFilter {
             required: 0,
             inverted: PAGE_IS_FILE | PAGE_IS_PFNZERO,
             any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
@@ -106,11 +163,22 @@ struct Piece {
 
 /// Appends the range (start, end) as pieces of at most MAX_RUN bytes at
 /// consecutive offsets after `base + *total`.
-fn cut_into_pieces(pieces: &mut Vec<Piece>, total: &mut u64, base: u64, (s, e): (u64, u64), readable: bool) {
+fn cut_into_pieces(
+    pieces: &mut Vec<Piece>,
+    total: &mut u64,
+    base: u64,
+    (s, e): (u64, u64),
+    readable: bool,
+) {
     let mut a = s;
     while a < e {
         let len = (e - a).min(MAX_RUN);
-        pieces.push(Piece { addr: a, len: len as usize, offset: base + *total, readable });
+        pieces.push(Piece {
+            addr: a,
+            len: len as usize,
+            offset: base + *total,
+            readable,
+        });
         *total += len;
         a += len;
     }
@@ -165,18 +233,33 @@ pub fn dump_pages(
 ) -> Result<(Vec<PageRun>, Vec<(u64, u64)>)> {
     let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
+        .map_err(|e| EngineError::io(&pm_path, e))?
+        .into();
     let mut pieces = Vec::new();
     let mut in_parent = Vec::new();
     let mut total = 0u64;
     for (v, m) in vmas.iter().zip(smaps) {
-        let Some(filter) = page_filter(v) else { continue };
-        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
-            .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
+        let Some(filter) = page_filter(v) else {
+            continue;
+        };
+        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
+                e,
+            )
+        })?;
         let wanted = subtract(ranges, skip);
         in_parent.extend(intersect(&wanted, held));
         for (s, e) in subtract(wanted, held) {
-            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
+            cut_into_pieces(
+                &mut pieces,
+                &mut total,
+                base,
+                (s, e),
+                m.readable() && !keep_shared,
+            );
         }
     }
     let runs = copy_all(pid, &pieces, base, total, out, progress)?;
@@ -209,14 +292,29 @@ fn intersect(ranges: &[(u64, u64)], keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 /// Copies `pieces` (consecutive offsets from `base`, `total` bytes) into
 /// the sink, split over threads.
-fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn PageSink, progress: Option<&crate::ProgressFn>) -> Result<Vec<PageRun>> {
-    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
+fn copy_all(
+    pid: i32,
+    pieces: &[Piece],
+    base: u64,
+    total: u64,
+    out: &mut dyn PageSink,
+    progress: Option<&crate::ProgressFn>,
+) -> Result<Vec<PageRun>> {
+    let workers = if total < (16 << 20) {
+        1
+    } else {
+        crate::worker_threads()
+    };
     let per = total / workers as u64 + 1;
     let mut parts: Vec<&[Piece]> = Vec::new();
     let mut rest: &[Piece] = pieces;
     for w in 0..workers {
         let limit = base + per * (w as u64 + 1);
-        let k = if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
+        let k = if w + 1 == workers {
+            rest.len()
+        } else {
+            rest.partition_point(|p| p.offset < limit)
+        };
         let (a, b) = rest.split_at(k);
         parts.push(a);
         rest = b;
@@ -225,8 +323,17 @@ fn copy_all(pid: i32, pieces: &[Piece], base: u64, total: u64, out: &mut dyn Pag
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
     let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_pieces(pid, part, writer, counter))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))).collect()
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| sc.spawn(move || copy_pieces(pid, part, writer, counter)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))
+            })
+            .collect()
     });
     let mut runs = Vec::with_capacity(pieces.len());
     for r in results {
@@ -255,7 +362,9 @@ pub fn copy_present(
     let vmas = classify(pid, &smaps)?;
     let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
+        .map_err(|e| EngineError::io(&pm_path, e))?
+        .into();
     let mut pieces = Vec::new();
     let mut copied = Vec::new();
     let mut total = 0u64;
@@ -265,25 +374,42 @@ pub fn copy_present(
         if v.shared {
             continue;
         }
-        let Some(filter) = page_filter(v) else { continue };
+        let Some(filter) = page_filter(v) else {
+            continue;
+        };
         if let Some(only) = only {
             let k = only.partition_point(|&(_, e)| e <= v.start);
             if only.get(k).map_or(true, |&(s, _)| s >= v.end) {
                 continue;
             }
         }
-        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter)
-            .map_err(|e| EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e))?;
+        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
+                e,
+            )
+        })?;
         let ranges = match only {
             Some(only) => {
-                let keep: Vec<(u64, u64)> = only.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect();
-                intersect(&ranges, &keep).into_iter().map(|(a, n)| (a, a + n * 4096)).collect()
+                let keep: Vec<(u64, u64)> =
+                    only.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect();
+                intersect(&ranges, &keep)
+                    .into_iter()
+                    .map(|(a, n)| (a, a + n * 4096))
+                    .collect()
             }
             None => ranges,
         };
         for (s, e) in ranges {
             copied.push((s, e));
-            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
+            cut_into_pieces(
+                &mut pieces,
+                &mut total,
+                base,
+                (s, e),
+                m.readable() && !keep_shared,
+            );
         }
     }
     copy_all(pid, &pieces, base, total, out, progress)?;
@@ -291,7 +417,12 @@ pub fn copy_present(
     Ok(copied)
 }
 
-fn copy_pieces(pid: i32, pieces: &[Piece], out: &dyn PageSink, progress: &crate::ProgressCounter) -> Result<Vec<PageRun>> {
+fn copy_pieces(
+    pid: i32,
+    pieces: &[Piece],
+    out: &dyn PageSink,
+    progress: &crate::ProgressCounter,
+) -> Result<Vec<PageRun>> {
     let mut runs = Vec::with_capacity(pieces.len());
     let mut buf = vec![0u8; MAX_RUN as usize * 2];
     let mut readback = vec![0u8; MAX_RUN as usize * 2];
@@ -303,10 +434,13 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &dyn PageSink, progress: &crate:
         if !first.readable {
             let f = match &mem {
                 Some(f) => f,
-                None => mem.insert(std::fs::File::open(&mem_path).map_err(|e| EngineError::io(&mem_path, e))?),
+                None => mem.insert(
+                    std::fs::File::open(&mem_path).map_err(|e| EngineError::io(&mem_path, e))?,
+                ),
             };
             let chunk = &mut buf[..first.len];
-            f.read_exact_at(chunk, first.addr).map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
+            f.read_exact_at(chunk, first.addr)
+                .map_err(|e| EngineError::io(format!("{mem_path} at {:#x}", first.addr), e))?;
             let new = out.write_runs_at(pid, first.offset, &[(first.addr, first.len)], chunk)?;
             out.verify_written(&new, &mut readback)?;
             runs.extend(new);
@@ -316,16 +450,28 @@ fn copy_pieces(pid: i32, pieces: &[Piece], out: &dyn PageSink, progress: &crate:
         }
         let mut batch: Vec<RemoteRange> = Vec::new();
         let mut bytes = 0usize;
-        while i < pieces.len() && pieces[i].readable && batch.len() < vm::MAX_IOV && bytes + pieces[i].len <= buf.len() {
-            batch.push(RemoteRange { addr: pieces[i].addr, len: pieces[i].len });
+        while i < pieces.len()
+            && pieces[i].readable
+            && batch.len() < vm::MAX_IOV
+            && bytes + pieces[i].len <= buf.len()
+        {
+            batch.push(RemoteRange {
+                addr: pieces[i].addr,
+                len: pieces[i].len,
+            });
             bytes += pieces[i].len;
             i += 1;
         }
         let t0 = std::time::Instant::now();
-        let n = vm::read_remote(pid, &mut buf[..bytes], &batch)
-            .map_err(|e| EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e))?;
+        let n = vm::read_remote(pid, &mut buf[..bytes], &batch).map_err(|e| {
+            EngineError::kernel(pid, format!("reading memory at {:#x}", batch[0].addr), e)
+        })?;
         if n != bytes {
-            return Err(EngineError::kernel(pid, format!("short memory read near {:#x}", batch[0].addr), ferry_sys::SysError::new("process_vm_readv", libc::EFAULT)));
+            return Err(EngineError::kernel(
+                pid,
+                format!("short memory read near {:#x}", batch[0].addr),
+                ferry_sys::SysError::new("process_vm_readv", libc::EFAULT),
+            ));
         }
         let ranges: Vec<(u64, usize)> = batch.iter().map(|r| (r.addr, r.len)).collect();
         // Read each batch back while it is still in cache: the image is
@@ -352,7 +498,10 @@ pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
     let st = Stat::read(pid)?;
     let auxv_path = format!("/proc/{pid}/auxv");
     let auxv_bytes = std::fs::read(&auxv_path).map_err(|e| EngineError::io(&auxv_path, e))?;
-    let mut auxv: Vec<u64> = auxv_bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    let mut auxv: Vec<u64> = auxv_bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
     // Keep up to and including AT_NULL.
     if let Some(end) = auxv.chunks_exact(2).position(|p| p[0] == 0) {
         auxv.truncate(end * 2 + 2);
@@ -378,25 +527,48 @@ pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
 fn same_origin(c: &Vma, p: &Vma) -> bool {
     let same_backing = match (&c.backing, &p.backing) {
         (VmaBacking::Anonymous, VmaBacking::Anonymous) => true,
-        (VmaBacking::File { dev: d1, ino: i1, .. }, VmaBacking::File { dev: d2, ino: i2, .. }) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
+        (
+            VmaBacking::File {
+                dev: d1, ino: i1, ..
+            },
+            VmaBacking::File {
+                dev: d2, ino: i2, ..
+            },
+        ) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
         (VmaBacking::Memfd { id: a }, VmaBacking::Memfd { id: b }) => a == b && c.pgoff == p.pgoff,
-        (VmaBacking::DeletedFile { id: a }, VmaBacking::DeletedFile { id: b }) => a == b && c.pgoff == p.pgoff,
+        (VmaBacking::DeletedFile { id: a }, VmaBacking::DeletedFile { id: b }) => {
+            a == b && c.pgoff == p.pgoff
+        }
         _ => false,
     };
-    same_backing && c.start == p.start && c.end == p.end && !c.shared && !p.shared && p.flags & (vmflag::DONTFORK | vmflag::WIPEONFORK) == 0
+    same_backing
+        && c.start == p.start
+        && c.end == p.end
+        && !c.shared
+        && !p.shared
+        && p.flags & (vmflag::DONTFORK | vmflag::WIPEONFORK) == 0
 }
 
 fn pagemap_entries(pid: i32, file: &std::fs::File, start: u64, end: u64) -> Result<Vec<u64>> {
     let n = ((end - start) / 4096) as usize;
     let mut buf = vec![0u8; n * 8];
-    file.read_exact_at(&mut buf, start / 4096 * 8).map_err(|e| EngineError::io(format!("/proc/{pid}/pagemap at {start:#x}"), e))?;
-    Ok(buf.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+    file.read_exact_at(&mut buf, start / 4096 * 8)
+        .map_err(|e| EngineError::io(format!("/proc/{pid}/pagemap at {start:#x}"), e))?;
+    Ok(buf
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
 }
 
 /// The child's private mappings that still share pages with the parent
 /// (copy-on-write since fork): same physical page at the same address in
 /// both, as /proc/PID/pagemap shows to root.
-pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vma]) -> Result<Vec<ferry_image::InheritedVma>> {
+pub fn inherited_from_parent(
+    child: i32,
+    cvmas: &[Vma],
+    parent: i32,
+    pvmas: &[Vma],
+) -> Result<Vec<ferry_image::InheritedVma>> {
     const PRESENT: u64 = 1 << 63;
     const PFN: u64 = (1 << 55) - 1;
     let open = |pid: i32| {
@@ -423,7 +595,11 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
                 _ => runs.push((addr, 1)),
             }
         }
-        out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
+        out.push(ferry_image::InheritedVma {
+            start: c.start,
+            end: c.end,
+            shared_pages: runs,
+        });
     }
     Ok(out)
 }
@@ -432,7 +608,10 @@ pub fn inherited_from_parent(child: i32, cvmas: &[Vma], parent: i32, pvmas: &[Vm
 pub fn locked_kb(pid: i32) -> Result<u64> {
     let path = format!("/proc/{pid}/status");
     let text = crate::procfs::read_string(&path)?;
-    Ok(crate::procfs::key_values(&text).get("VmLck").and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0))
+    Ok(crate::procfs::key_values(&text)
+        .get("VmLck")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0))
 }
 
 /// mlockall(MCL_FUTURE) shows nowhere in /proc but in the mappings made
@@ -444,7 +623,11 @@ pub fn locked_kb(pid: i32) -> Result<u64> {
 /// Reading VmLck costs nothing; smaps would walk every page again.
 pub fn check_mlock_future(pid: i32, locked_before: u64) -> Result<()> {
     if locked_kb(pid)? > locked_before {
-        return Err(EngineError::unsupported(pid, "its memory locking", "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored"));
+        return Err(EngineError::unsupported(
+            pid,
+            "its memory locking",
+            "mlockall(MCL_FUTURE) is in effect; locking of future mappings is not restored",
+        ));
     }
     Ok(())
 }
@@ -458,8 +641,14 @@ mod tests {
     fn held_pages_split_into_parent_and_sent() {
         let ranges = vec![(0, 10 * P), (20 * P, 30 * P)];
         let held = [(2 * P, 3), (8 * P, 14), (25 * P, 100)];
-        assert_eq!(intersect(&ranges, &held), vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]);
-        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]);
+        assert_eq!(
+            intersect(&ranges, &held),
+            vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]
+        );
+        assert_eq!(
+            subtract(ranges, &held),
+            vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]
+        );
     }
 
     #[test]

@@ -16,13 +16,13 @@ mod prctl;
 mod process;
 mod seccomp;
 mod sharing;
-mod signals;
 mod shm;
+mod signals;
 mod sysv_ipc;
 mod threads;
 mod timers;
-pub mod vma_flags;
 pub(crate) mod tree;
+pub mod vma_flags;
 
 pub(crate) use files::tcp::leave_repair;
 pub use memory::copy_present;
@@ -31,8 +31,8 @@ use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote, Scratch};
 use crate::procfs;
-use ferry_image::{ImageDir, Inventory, ProcessImage, TreeImage, FORMAT_VERSION};
 use ferry_image::PageSink;
+use ferry_image::{ImageDir, Inventory, ProcessImage, TreeImage, FORMAT_VERSION};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -99,9 +99,17 @@ struct Survey {
 
 fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
-    tracing::debug!("pid {pid}: mappings read {}", if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" });
+    tracing::debug!(
+        "pid {pid}: mappings read {}",
+        if without_page_walk {
+            "by BPF and maps (presurvey proven)"
+        } else {
+            "from smaps"
+        }
+    );
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds, (unix_connects, pending_listeners, unix_creds)) = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let (files, fds, (unix_connects, pending_listeners, unix_creds)) =
+        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -110,13 +118,34 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     prctl::check_thread_creds(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
     let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
-    let fidelity = ferry_image::Fidelity { seccomp_filters, file_owners, inode_attrs, stopped: frozen.stopped, deleted_files, unix_connects, ..Default::default() };
-    let vdso = smaps
-        .iter()
-        .find(|m| m.path == "[vdso]")
-        .ok_or_else(|| EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping"))?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey { smaps, vmas, files, fds, memfds, remote, fidelity, seccomp_threads, pending_listeners, unix_creds })
+    let fidelity = ferry_image::Fidelity {
+        seccomp_filters,
+        file_owners,
+        inode_attrs,
+        stopped: frozen.stopped,
+        deleted_files,
+        unix_connects,
+        ..Default::default()
+    };
+    let vdso = smaps.iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
+        EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping")
+    })?;
+    let remote = Remote {
+        pid,
+        syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)?,
+    };
+    Ok(Survey {
+        smaps,
+        vmas,
+        files,
+        fds,
+        memfds,
+        remote,
+        fidelity,
+        seccomp_threads,
+        pending_listeners,
+        unix_creds,
+    })
 }
 
 /// How many times a capture refused for a passing state (see
@@ -128,7 +157,10 @@ pub const TRANSIENT_PAUSE: std::time::Duration = std::time::Duration::from_milli
 /// Runs `attempt` until it succeeds, fails for good, or has been refused
 /// for a passing state [`TRANSIENT_ATTEMPTS`] times (then that refusal is
 /// the error). `retrying` hears of each refusal that is tried again.
-pub fn retry_transient<T>(mut attempt: impl FnMut() -> Result<T>, mut retrying: impl FnMut(u32, &EngineError)) -> Result<T> {
+pub fn retry_transient<T>(
+    mut attempt: impl FnMut() -> Result<T>,
+    mut retrying: impl FnMut(u32, &EngineError),
+) -> Result<T> {
     let mut tries = 1;
     loop {
         match attempt() {
@@ -158,28 +190,46 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     captured.phases.mark("metadata");
     verify_written(&dirh)?;
     captured.phases.mark("verify");
-    let image_bytes = pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0);
+    let image_bytes = pages_bytes
+        + std::fs::metadata(dir.join("meta.img"))
+            .map(|m| m.len())
+            .unwrap_or(0);
     let summary = if opts.leave_running {
         captured.resume()?
     } else {
         let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))?
+        captured.kill(LockAfterKill::HandOverTo(
+            image.join(ferry_image::dir::META_FILE),
+        ))?
     };
-    Ok(CaptureSummary { image_bytes, ..summary })
+    Ok(CaptureSummary {
+        image_bytes,
+        ..summary
+    })
 }
 
 /// The refusals that need nothing frozen: a PID that is not there, or
 /// ferry itself.
 fn check_capturable(pid: i32) -> Result<()> {
     if pid <= 0 {
-        return Err(EngineError::Gone { pid, what: "not a valid PID".into() });
+        return Err(EngineError::Gone {
+            pid,
+            what: "not a valid PID".into(),
+        });
     }
     if !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(EngineError::Gone { pid, what: "no such process".into() });
+        return Err(EngineError::Gone {
+            pid,
+            what: "no such process".into(),
+        });
     }
     let me = std::process::id() as i32;
     if pid == me || is_ancestor(pid, me) {
-        return Err(EngineError::unsupported(pid, "the process", "ferry cannot checkpoint itself or a tree it runs in"));
+        return Err(EngineError::unsupported(
+            pid,
+            "the process",
+            "ferry cannot checkpoint itself or a tree it runs in",
+        ));
     }
     Ok(())
 }
@@ -192,7 +242,10 @@ pub trait CaptureHooks {
     /// copied again; the capture lists them as the parent's. `procs` gives
     /// each process's PID and the mappings the survey of the frozen tree
     /// found (reading them again would walk every page table once more).
-    fn held_pages(&mut self, procs: &[(i32, &[ferry_image::Vma])]) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
+    fn held_pages(
+        &mut self,
+        procs: &[(i32, &[ferry_image::Vma])],
+    ) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
 }
 
 /// What the network lock becomes once the captured tree is killed.
@@ -239,7 +292,16 @@ impl Captured {
     /// Lets the tree run on: connections leave repair mode, then their
     /// packets flow again, then every thread continues.
     pub fn resume(self) -> Result<CaptureSummary> {
-        let Captured { mut phases, summary, t_frozen, repaired, lock, frozen, guard, .. } = self;
+        let Captured {
+            mut phases,
+            summary,
+            t_frozen,
+            repaired,
+            lock,
+            frozen,
+            guard,
+            ..
+        } = self;
         drop(repaired);
         if let Some(lock) = lock {
             lock.thaw()?;
@@ -247,13 +309,27 @@ impl Captured {
         frozen.release()?;
         phases.mark("release");
         drop(guard);
-        Ok(CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: phases.started().elapsed().as_secs_f64() * 1e3, ..summary })
+        Ok(CaptureSummary {
+            frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
+            total_ms: phases.started().elapsed().as_secs_f64() * 1e3,
+            ..summary
+        })
     }
 
     /// Ends the tree: its connections stay in repair mode (closing them
     /// sends nothing), SysV objects it owned are removed.
     pub fn kill(self, after: LockAfterKill) -> Result<CaptureSummary> {
-        let Captured { tree: tree_image, mut phases, summary, t_frozen, repaired, lock, frozen, mut guard, .. } = self;
+        let Captured {
+            tree: tree_image,
+            mut phases,
+            summary,
+            t_frozen,
+            repaired,
+            lock,
+            frozen,
+            mut guard,
+            ..
+        } = self;
         guard.killed();
         repaired.keep_in_repair();
         frozen.kill()?;
@@ -273,7 +349,11 @@ impl Captured {
         // Killed processes stay zombies until their parent (or, for
         // orphans, init or a subreaper) reaps them; restore waits for
         // their PIDs.
-        Ok(CaptureSummary { frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3, total_ms: phases.started().elapsed().as_secs_f64() * 1e3, ..summary })
+        Ok(CaptureSummary {
+            frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
+            total_ms: phases.started().elapsed().as_secs_f64() * 1e3,
+            ..summary
+        })
     }
 }
 
@@ -281,7 +361,12 @@ impl Captured {
 /// returned, pages written to `sink`. The tree stays frozen in the
 /// returned [`Captured`] until the caller kills or resumes it; on error
 /// it runs on untouched.
-pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hooks: Option<&mut dyn CaptureHooks>) -> Result<Captured> {
+pub fn capture(
+    pid: i32,
+    sink: &mut dyn PageSink,
+    opts: &CaptureOptions,
+    mut hooks: Option<&mut dyn CaptureHooks>,
+) -> Result<Captured> {
     check_capturable(pid)?;
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
@@ -307,7 +392,16 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     namespaces::check_others(&pids)?;
     let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
     let share_files = sharing::check(&pids, &ppids)?;
-    let tasks: Vec<(i32, Vec<i32>)> = tree.procs.iter().map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect())).collect();
+    let tasks: Vec<(i32, Vec<i32>)> = tree
+        .procs
+        .iter()
+        .map(|p| {
+            (
+                p.frozen.pid,
+                p.frozen.threads.iter().map(|t| t.tid).collect(),
+            )
+        })
+        .collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
     let cgroups = cgroups::capture(&tasks)?;
@@ -318,20 +412,36 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         surveys.push(survey(p.frozen.pid, &p.frozen, &pids, opts)?);
     }
     // A socket shared by several processes was read once by each.
-    let mut unix_creds: Vec<ferry_image::UnixPeerCred> = surveys.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
+    let mut unix_creds: Vec<ferry_image::UnixPeerCred> = surveys
+        .iter_mut()
+        .flat_map(|s| std::mem::take(&mut s.unix_creds))
+        .collect();
     unix_creds.sort_unstable_by_key(|c| c.ino);
     unix_creds.dedup_by_key(|c| c.ino);
     {
-        let mut pf: Vec<files::ProcessFiles> =
-            surveys.iter_mut().zip(&pids).map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds }).collect();
+        let mut pf: Vec<files::ProcessFiles> = surveys
+            .iter_mut()
+            .zip(&pids)
+            .map(|(s, &pid)| files::ProcessFiles {
+                pid,
+                files: &mut s.files,
+                fds: &s.fds,
+            })
+            .collect();
         files::link_tree(&mut pf, &pids, &unix_creds)?;
     }
     // A listener's waiting connection must be one of the tree's sockets.
     for (s, &pid) in surveys.iter().zip(&pids) {
         for &l in &s.pending_listeners {
-            let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else { continue };
-            let mut positions: Vec<u32> =
-                surveys.iter().flat_map(|t| t.fidelity.unix_connects.iter()).filter(|c| c.listener == u.ino).map(|c| c.position).collect();
+            let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else {
+                continue;
+            };
+            let mut positions: Vec<u32> = surveys
+                .iter()
+                .flat_map(|t| t.fidelity.unix_connects.iter())
+                .filter(|c| c.listener == u.ino)
+                .map(|c| c.position)
+                .collect();
             positions.sort_unstable();
             // Every waiting client, each at its own place (0, 1, 2...).
             if positions.is_empty() || positions.iter().enumerate().any(|(i, &p)| p != i as u32) {
@@ -341,15 +451,21 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         }
     }
     {
-        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
-            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
+            .iter()
+            .zip(&pids)
+            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
+            .collect();
         let targets = files::epoll::resolve_targets(&views)?;
         for (s, t) in surveys.iter_mut().zip(targets) {
             s.fidelity.epoll_targets = t;
         }
     }
-    let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> =
-        surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
+    let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> = surveys
+        .iter()
+        .zip(&pids)
+        .map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice()))
+        .collect();
     let shared_anon = shm::capture_shared_anon(&views)?;
     let sysv_shm = shm::capture_sysv(&views)?;
     let sysv_sem = sysv_ipc::capture_sem(&pids)?;
@@ -359,12 +475,19 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     // Established TCP connections: frozen on the network, then read in
     // repair mode, which stays on until the tree is killed.
     let established = {
-        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
-            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
+        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
+            .iter()
+            .zip(&pids)
+            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
+            .collect();
         files::tcp::established(&views)
     };
     let lock = {
-        let procs: Vec<(i32, &[ferry_image::OpenFile])> = surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice())).collect();
+        let procs: Vec<(i32, &[ferry_image::OpenFile])> = surveys
+            .iter()
+            .zip(&pids)
+            .map(|(s, &pid)| (pid, s.files.as_slice()))
+            .collect();
         network::engage(prepared, &established, &procs, opts.network_lock)?
     };
     if let Some(l) = &lock {
@@ -372,17 +495,31 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     }
     ph.mark("network freeze");
     {
-        let procs: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> =
-            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice())).collect();
-        network::check_accept_queues(&procs, |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd))?;
+        let procs: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
+            .iter()
+            .zip(&pids)
+            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
+            .collect();
+        network::check_accept_queues(&procs, |pid| {
+            tree.procs
+                .iter()
+                .find(|p| p.frozen.pid == pid)
+                .map(|p| &p.frozen.pidfd)
+        })?;
     }
     let (repaired, states) = files::tcp::capture(
         &established,
-        |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
+        |pid| {
+            tree.procs
+                .iter()
+                .find(|p| p.frozen.pid == pid)
+                .map(|p| &p.frozen.pidfd)
+        },
         |socks| guard.repair(socks),
     )?;
     {
-        let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> = surveys.iter_mut().map(|s| &mut s.files).collect();
+        let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> =
+            surveys.iter_mut().map(|s| &mut s.files).collect();
         files::tcp::store(&established, states, &mut files_of);
     }
     ph.mark("tcp connections");
@@ -395,7 +532,11 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
 
     let held: HashMap<i32, Vec<(u64, u64)>> = match hooks.as_mut() {
         Some(h) => {
-            let procs: Vec<(i32, &[ferry_image::Vma])> = pids.iter().zip(&surveys).map(|(&pid, s)| (pid, s.vmas.as_slice())).collect();
+            let procs: Vec<(i32, &[ferry_image::Vma])> = pids
+                .iter()
+                .zip(&surveys)
+                .map(|(&pid, s)| (pid, s.vmas.as_slice()))
+                .collect();
             h.held_pages(&procs)?
         }
         None => HashMap::new(),
@@ -404,20 +545,34 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     let mut processes: Vec<ProcessImage> = Vec::with_capacity(surveys.len());
     for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
         let pid = p.frozen.pid;
-        let parent = (i > 0).then(|| pids.iter().position(|&q| q == p.ppid)).flatten();
+        let parent = (i > 0)
+            .then(|| pids.iter().position(|&q| q == p.ppid))
+            .flatten();
         let inherited = match parent {
             Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes[k].vmas)?,
             None => Vec::new(),
         };
-        let mut skip: Vec<(u64, u64)> = inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
+        let mut skip: Vec<(u64, u64)> = inherited
+            .iter()
+            .flat_map(|v| v.shared_pages.iter().copied())
+            .collect();
         skip.sort_unstable();
         let held_here = held.get(&pid).map_or(&[][..], |h| h.as_slice());
-        let (page_runs, in_parent) =
-            memory::dump_pages(pid, &sv.vmas, &sv.smaps, &skip, held_here, pids.len() > 1, sink, opts.progress.as_ref())?;
+        let (page_runs, in_parent) = memory::dump_pages(
+            pid,
+            &sv.vmas,
+            &sv.smaps,
+            &skip,
+            held_here,
+            pids.len() > 1,
+            sink,
+            opts.progress.as_ref(),
+        )?;
         if !in_parent.is_empty() {
             parent_pages.push((pid, in_parent));
         }
-        let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) = injected;
+        let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) =
+            injected;
         let mut fidelity = sv.fidelity;
         fidelity.securebits = securebits;
         fidelity.exit_signal = crate::procfs::Stat::read(pid)?.field(38) as i32;
@@ -454,7 +609,10 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     }
     let pages_bytes = sink.data_len();
     ph.mark("pages");
-    let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef { method: opts.network_lock.to_string(), name: l.name().to_string() });
+    let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef {
+        method: opts.network_lock.to_string(),
+        name: l.name().to_string(),
+    });
     let mut tree_image = TreeImage {
         processes,
         zombies: tree.zombies.clone(),
@@ -464,14 +622,24 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         sysv_msg,
         network_lock,
         cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
-        unix_peers: Some(ferry_image::UnixPeersImage { sockets: unix_creds }),
+        unix_peers: Some(ferry_image::UnixPeersImage {
+            sockets: unix_creds,
+        }),
         ..Default::default()
     };
     if let Some(view) = &pid_view {
-        for c in tree_image.unix_peers.iter_mut().flat_map(|u| u.sockets.iter_mut()) {
+        for c in tree_image
+            .unix_peers
+            .iter_mut()
+            .flat_map(|u| u.sockets.iter_mut())
+        {
             c.pid = view.inner(c.pid);
         }
-        for c in tree_image.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
+        for c in tree_image
+            .cgroups
+            .iter_mut()
+            .flat_map(|g| g.processes.iter_mut())
+        {
             c.pid = view.inner(c.pid);
         }
         namespaces::translate(&mut tree_image, view);
@@ -484,7 +652,9 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
     let inventory = Inventory {
         format_version: FORMAT_VERSION,
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
-        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?.trim().to_string(),
+        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?
+            .trim()
+            .to_string(),
         arch: std::env::consts::ARCH.to_string(),
         xsave_size: root.threads[0].xstate.len() as u32,
         created_unix_ms: std::time::SystemTime::now()
@@ -505,14 +675,27 @@ pub fn capture(pid: i32, sink: &mut dyn PageSink, opts: &CaptureOptions, mut hoo
         frozen_ms: 0.0,
         total_ms: 0.0,
     };
-    Ok(Captured { inventory, tree: tree_image, parent_pages, phases: ph, summary, t_frozen, repaired, lock, frozen: tree, guard })
+    Ok(Captured {
+        inventory,
+        tree: tree_image,
+        parent_pages,
+        phases: ph,
+        summary,
+        t_frozen,
+        repaired,
+        lock,
+        frozen: tree,
+        guard,
+    })
 }
 
 /// Whether `pid` is an ancestor of `of`.
 fn is_ancestor(pid: i32, of: i32) -> bool {
     let mut cur = of;
     for _ in 0..4096 {
-        let Ok(st) = crate::procfs::Stat::read(cur) else { return false };
+        let Ok(st) = crate::procfs::Stat::read(cur) else {
+            return false;
+        };
         let ppid = st.field(4) as i32;
         if ppid == pid {
             return true;
@@ -531,8 +714,15 @@ fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
     let pid = frozen.pid;
     let locked_before = memory::locked_kb(pid)?;
     let scratch = Scratch::map(&sv.remote, pid)?;
-    let ctx = Ctx { pid, frozen, remote: sv.remote, scratch: scratch.addr, data: scratch.addr + inject::SCRATCH_DATA };
-    let injected = memory::check_mlock_future(pid, locked_before).and_then(|()| capture_injected(&ctx));
+    let ctx = Ctx {
+        pid,
+        frozen,
+        remote: sv.remote,
+        scratch: scratch.addr,
+        data: scratch.addr + inject::SCRATCH_DATA,
+    };
+    let injected =
+        memory::check_mlock_future(pid, locked_before).and_then(|()| capture_injected(&ctx));
     let unmapped = scratch.unmap(&ctx.remote, pid);
     let injected = injected?;
     unmapped?;
@@ -550,7 +740,12 @@ type Injected = (
 
 /// Everything that needs syscalls run inside the process.
 fn capture_injected(ctx: &Ctx) -> Result<Injected> {
-    let threads = ctx.frozen.threads.iter().map(|t| threads::capture(ctx, t)).collect::<Result<Vec<_>>>()?;
+    let threads = ctx
+        .frozen
+        .threads
+        .iter()
+        .map(|t| threads::capture(ctx, t))
+        .collect::<Result<Vec<_>>>()?;
     let signal_state = signals::capture_actions(ctx)?;
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;

@@ -19,7 +19,9 @@ use std::os::unix::fs::MetadataExt;
 
 fn ns_inode(pid: i32, kind: &str) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/{kind}");
-    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
+    std::fs::metadata(&path)
+        .map(|m| m.ino())
+        .map_err(|e| EngineError::io(path, e))
 }
 
 /// The PIDs of a task in every PID namespace it belongs to, outermost
@@ -30,10 +32,19 @@ fn ns_pids(pid: i32, tid: i32) -> Result<Vec<i32>> {
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
-        .ok_or_else(|| EngineError::Parse { path: path.clone(), what: "no NSpid line".into() })?;
-    let ids: Vec<i32> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        .ok_or_else(|| EngineError::Parse {
+            path: path.clone(),
+            what: "no NSpid line".into(),
+        })?;
+    let ids: Vec<i32> = line
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
     if ids.is_empty() {
-        return Err(EngineError::Parse { path, what: "empty NSpid line".into() });
+        return Err(EngineError::Parse {
+            path,
+            what: "empty NSpid line".into(),
+        });
     }
     Ok(ids)
 }
@@ -67,7 +78,11 @@ pub fn pid_view(tasks: &[(i32, Vec<i32>)], zombies: &[i32]) -> Result<Option<Pid
     if ours == theirs {
         for (pid, _) in &tasks[1..] {
             if ns_inode(*pid, "pid")? != ours {
-                return Err(EngineError::unsupported(*pid, "the PID namespace", "a child is in a PID namespace of its own, its parent is not"));
+                return Err(EngineError::unsupported(
+                    *pid,
+                    "the PID namespace",
+                    "a child is in a PID namespace of its own, its parent is not",
+                ));
             }
         }
         return Ok(None);
@@ -76,12 +91,20 @@ pub fn pid_view(tasks: &[(i32, Vec<i32>)], zombies: &[i32]) -> Result<Option<Pid
     let depth = ns_pids(root, root)?.len();
     for (pid, tids) in tasks {
         if ns_inode(*pid, "pid")? != theirs {
-            return Err(EngineError::unsupported(*pid, "the PID namespace", "processes of the tree are in different PID namespaces"));
+            return Err(EngineError::unsupported(
+                *pid,
+                "the PID namespace",
+                "processes of the tree are in different PID namespaces",
+            ));
         }
         for &tid in tids {
             let ids = ns_pids(*pid, tid)?;
             if ids.len() != depth {
-                return Err(EngineError::unsupported(*pid, "the PID namespace", "processes of the tree are in different PID namespaces"));
+                return Err(EngineError::unsupported(
+                    *pid,
+                    "the PID namespace",
+                    "processes of the tree are in different PID namespaces",
+                ));
             }
             inner.insert(tid, ids[ids.len() - 1]);
         }
@@ -159,21 +182,33 @@ fn mounts(pid: i32) -> Result<BTreeSet<(String, String, String, String)>> {
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         let Some(sep) = f.iter().position(|&x| x == "-") else {
-            return Err(EngineError::Parse { path, what: format!("mountinfo line without separator: {line}") });
+            return Err(EngineError::Parse {
+                path,
+                what: format!("mountinfo line without separator: {line}"),
+            });
         };
         if f.len() < 5 || f.len() < sep + 2 {
-            return Err(EngineError::Parse { path, what: format!("short mountinfo line: {line}") });
+            return Err(EngineError::Parse {
+                path,
+                what: format!("short mountinfo line: {line}"),
+            });
         }
         let point = f[4];
         // /proc comes with the PID namespace and /sys with the network
         // namespace (`ip netns exec` mounts a sysfs of its own); namespace
         // handles (nsfs, `ip netns` names) come and go on the host. None of
         // them moves a file the tree uses elsewhere.
-        let under = |dir: &str| point == dir || point.strip_prefix(dir).is_some_and(|r| r.starts_with('/'));
+        let under =
+            |dir: &str| point == dir || point.strip_prefix(dir).is_some_and(|r| r.starts_with('/'));
         if under("/proc") || under("/sys") || under("/run/netns") || f[sep + 1] == "nsfs" {
             continue;
         }
-        out.insert((point.to_string(), f[3].to_string(), f[2].to_string(), f[sep + 1].to_string()));
+        out.insert((
+            point.to_string(),
+            f[3].to_string(),
+            f[2].to_string(),
+            f[sep + 1].to_string(),
+        ));
     }
     Ok(out)
 }
@@ -191,7 +226,11 @@ pub fn check_mounts(pids: &[i32]) -> Result<()> {
         }
         let (a, b) = (mounts(me)?, mounts(pid)?);
         if let Some(m) = b.symmetric_difference(&a).next() {
-            let side = if b.contains(m) { "only in the tree's" } else { "only in ferry's" };
+            let side = if b.contains(m) {
+                "only in the tree's"
+            } else {
+                "only in ferry's"
+            };
             return Err(EngineError::unsupported(
                 pid,
                 "the mount namespace",
@@ -209,7 +248,11 @@ pub fn check_ipc(pids: &[i32]) -> Result<()> {
     let ours = ns_inode(std::process::id() as i32, "ipc")?;
     for &pid in pids {
         if ns_inode(pid, "ipc")? != ours {
-            return Err(EngineError::unsupported(pid, "the IPC namespace", "it is not ferry's; SysV IPC objects are captured in ferry's namespace"));
+            return Err(EngineError::unsupported(
+                pid,
+                "the IPC namespace",
+                "it is not ferry's; SysV IPC objects are captured in ferry's namespace",
+            ));
         }
     }
     Ok(())
@@ -221,11 +264,23 @@ pub fn check_ipc(pids: &[i32]) -> Result<()> {
 /// cgroup root).
 pub fn check_others(pids: &[i32]) -> Result<()> {
     let me = std::process::id() as i32;
-    for (kind, name) in [("user", "user"), ("uts", "UTS"), ("time", "time"), ("time_for_children", "time (for children)"), ("cgroup", "cgroup")] {
-        let Ok(ours) = ns_inode(me, kind) else { continue };
+    for (kind, name) in [
+        ("user", "user"),
+        ("uts", "UTS"),
+        ("time", "time"),
+        ("time_for_children", "time (for children)"),
+        ("cgroup", "cgroup"),
+    ] {
+        let Ok(ours) = ns_inode(me, kind) else {
+            continue;
+        };
         for &pid in pids {
             if ns_inode(pid, kind)? != ours {
-                return Err(EngineError::unsupported(pid, format!("the {name} namespace"), "it is not ferry's; ferry restores into its own and cannot make this one again"));
+                return Err(EngineError::unsupported(
+                    pid,
+                    format!("the {name} namespace"),
+                    "it is not ferry's; ferry restores into its own and cannot make this one again",
+                ));
             }
         }
     }

@@ -22,7 +22,9 @@ use std::os::unix::fs::MetadataExt;
 
 fn netns_inode(pid: i32) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/net");
-    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
+    std::fs::metadata(&path)
+        .map(|m| m.ino())
+        .map_err(|e| EngineError::io(path, e))
 }
 
 fn netns_of(pid: i32) -> Netns {
@@ -41,9 +43,15 @@ fn tree_socket_inodes(root: i32) -> std::collections::HashSet<u64> {
         }
         if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
             for e in rd.flatten() {
-                let Ok(l) = std::fs::read_link(e.path()) else { continue };
+                let Ok(l) = std::fs::read_link(e.path()) else {
+                    continue;
+                };
                 let l = l.to_string_lossy();
-                if let Some(ino) = l.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')).and_then(|n| n.parse().ok()) {
+                if let Some(ino) = l
+                    .strip_prefix("socket:[")
+                    .and_then(|r| r.strip_suffix(']'))
+                    .and_then(|n| n.parse().ok())
+                {
                     inodes.insert(ino);
                 }
             }
@@ -51,7 +59,10 @@ fn tree_socket_inodes(root: i32) -> std::collections::HashSet<u64> {
         if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for t in rd.flatten() {
                 let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+                todo.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<i32>().ok()),
+                );
             }
         }
     }
@@ -92,10 +103,27 @@ fn proc_tcp(pid: i32) -> Vec<ProcTcp> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
         for l in text.lines().skip(1) {
             let w: Vec<&str> = l.split_whitespace().collect();
-            let (Some(local), Some(state), Some(queues), Some(inode)) = (w.get(1).and_then(|a| proc_addr(a)), w.get(3), w.get(4), w.get(9)) else { continue };
-            let rx_queue = queues.split_once(':').and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok()).unwrap_or(0);
-            let (Ok(state), Ok(inode)) = (u8::from_str_radix(state, 16), inode.parse()) else { continue };
-            out.push(ProcTcp { local, state, rx_queue, inode });
+            let (Some(local), Some(state), Some(queues), Some(inode)) = (
+                w.get(1).and_then(|a| proc_addr(a)),
+                w.get(3),
+                w.get(4),
+                w.get(9),
+            ) else {
+                continue;
+            };
+            let rx_queue = queues
+                .split_once(':')
+                .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+                .unwrap_or(0);
+            let (Ok(state), Ok(inode)) = (u8::from_str_radix(state, 16), inode.parse()) else {
+                continue;
+            };
+            out.push(ProcTcp {
+                local,
+                state,
+                rx_queue,
+                inode,
+            });
         }
     }
     out
@@ -115,12 +143,24 @@ pub struct Scan {
 pub fn scan(root: i32) -> Scan {
     let inodes = tree_socket_inodes(root);
     if inodes.is_empty() {
-        return Scan { has_tcp: false, listeners: Vec::new() };
+        return Scan {
+            has_tcp: false,
+            listeners: Vec::new(),
+        };
     }
-    let mine: Vec<ProcTcp> = proc_tcp(root).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
+    let mine: Vec<ProcTcp> = proc_tcp(root)
+        .into_iter()
+        .filter(|t| inodes.contains(&t.inode))
+        .collect();
     Scan {
-        has_tcp: mine.iter().any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
-        listeners: mine.iter().filter(|t| t.state == TCP_LISTEN).map(|t| t.local).collect(),
+        has_tcp: mine
+            .iter()
+            .any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
+        listeners: mine
+            .iter()
+            .filter(|t| t.state == TCP_LISTEN)
+            .map(|t| t.local)
+            .collect(),
     }
 }
 
@@ -139,7 +179,11 @@ pub fn prepare(root: i32, scan: &Scan, method: Method) -> Result<Option<NetworkL
     }
     let mut tuples = Vec::new();
     for &l in &scan.listeners {
-        tuples.extend(listener_addresses(root, l)?.into_iter().map(Tuple::new_connections_to));
+        tuples.extend(
+            listener_addresses(root, l)?
+                .into_iter()
+                .map(Tuple::new_connections_to),
+        );
     }
     tuples.sort_unstable_by_key(|t| t.local);
     tuples.dedup();
@@ -193,7 +237,9 @@ fn listener_tuples(procs: &[(i32, &[OpenFile])]) -> Result<Vec<Tuple>> {
     let mut seen = std::collections::HashSet::new();
     for (pid, files) in procs {
         for f in files.iter() {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             if s.listen_backlog.is_none() || !seen.insert(f.id) {
                 continue;
             }
@@ -215,8 +261,19 @@ fn listener_tuples(procs: &[(i32, &[OpenFile])]) -> Result<Vec<Tuple>> {
 /// tree still. `prepared` is the lock made before the freeze; without one
 /// (no TCP socket was seen then), one is made now. None when the tree has
 /// neither connections nor listeners.
-pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i32, &[OpenFile])], method: Method) -> Result<Option<NetworkLock>> {
-    let Some(first_pid) = conns.first().map(|c| c.pid).or_else(|| procs.first().map(|p| p.0)) else { return Ok(prepared) };
+pub fn engage(
+    prepared: Option<NetworkLock>,
+    conns: &[Established],
+    procs: &[(i32, &[OpenFile])],
+    method: Method,
+) -> Result<Option<NetworkLock>> {
+    let Some(first_pid) = conns
+        .first()
+        .map(|c| c.pid)
+        .or_else(|| procs.first().map(|p| p.0))
+    else {
+        return Ok(prepared);
+    };
     let ns = netns_inode(first_pid)?;
     for c in conns {
         if c.pid != first_pid && netns_inode(c.pid)? != ns {
@@ -227,7 +284,13 @@ pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i3
             ));
         }
     }
-    let mut tuples: Vec<Tuple> = conns.iter().map(|c| Tuple { local: c.local, remote: c.remote }).collect();
+    let mut tuples: Vec<Tuple> = conns
+        .iter()
+        .map(|c| Tuple {
+            local: c.local,
+            remote: c.remote,
+        })
+        .collect();
     tuples.extend(listener_tuples(procs)?);
     if tuples.is_empty() {
         if let Some(lock) = prepared {
@@ -247,7 +310,12 @@ pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i3
             }
             Ok(Some(lock))
         }
-        None => Ok(Some(NetworkLock::freeze(method, &netns_of(first_pid), &tuples, "ckpt")?)),
+        None => Ok(Some(NetworkLock::freeze(
+            method,
+            &netns_of(first_pid),
+            &tuples,
+            "ckpt",
+        )?)),
     }
 }
 
@@ -255,24 +323,36 @@ pub fn engage(prepared: Option<NetworkLock>, conns: &[Established], procs: &[(i3
 /// connection that completed its handshake before the lock engaged would
 /// be lost with the listener. Refuses by name (the checkpoint is undone
 /// and can simply be tried again).
-pub fn check_accept_queues<'a>(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])], pidfd_of: impl Fn(i32) -> Option<&'a std::os::fd::OwnedFd>) -> Result<()> {
+pub fn check_accept_queues<'a>(
+    procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])],
+    pidfd_of: impl Fn(i32) -> Option<&'a std::os::fd::OwnedFd>,
+) -> Result<()> {
     use std::os::fd::AsRawFd;
     for (pid, files, fds) in procs {
         let first_fd = super::files::first_fd_of_each_file(fds);
         for (i, f) in files.iter().enumerate() {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             if s.listen_backlog.is_none() {
                 continue;
             }
-            let (Some(&fd), Some(pidfd)) = (first_fd.get(&(i as u32)), pidfd_of(*pid)) else { continue };
-            let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(*pid, format!("duplicating fd {fd}"), e))?;
-            let ti = ferry_sys::socket::tcp_info(sock.as_raw_fd()).map_err(|e| EngineError::kernel(*pid, format!("fd {fd}: reading TCP_INFO"), e))?;
+            let (Some(&fd), Some(pidfd)) = (first_fd.get(&(i as u32)), pidfd_of(*pid)) else {
+                continue;
+            };
+            let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
+                .map_err(|e| EngineError::kernel(*pid, format!("duplicating fd {fd}"), e))?;
+            let ti = ferry_sys::socket::tcp_info(sock.as_raw_fd())
+                .map_err(|e| EngineError::kernel(*pid, format!("fd {fd}: reading TCP_INFO"), e))?;
             // A listener's accept queue length is in tcpi_unacked.
             if ti.tcpi_unacked > 0 {
                 return Err(EngineError::transient(
                     *pid,
                     format!("fd {fd} (TCP listener on port {})", s.port),
-                    format!("{} connections arrived in its accept queue during the checkpoint", ti.tcpi_unacked),
+                    format!(
+                        "{} connections arrived in its accept queue during the checkpoint",
+                        ti.tcpi_unacked
+                    ),
                 ));
             }
         }
@@ -286,10 +366,22 @@ mod tests {
 
     #[test]
     fn reads_proc_net_tcp_addresses() {
-        assert_eq!(proc_addr("0100007F:1F90"), Some("127.0.0.1:8080".parse().expect("addr")));
-        assert_eq!(proc_addr("0102000C:0050"), Some("12.0.2.1:80".parse().expect("addr")));
-        assert_eq!(proc_addr("00000000000000000000000001000000:1F90"), Some("[::1]:8080".parse().expect("addr")));
-        assert_eq!(proc_addr("0000000000000000FFFF00000100007F:0016"), Some("[::ffff:127.0.0.1]:22".parse().expect("addr")));
+        assert_eq!(
+            proc_addr("0100007F:1F90"),
+            Some("127.0.0.1:8080".parse().expect("addr"))
+        );
+        assert_eq!(
+            proc_addr("0102000C:0050"),
+            Some("12.0.2.1:80".parse().expect("addr"))
+        );
+        assert_eq!(
+            proc_addr("00000000000000000000000001000000:1F90"),
+            Some("[::1]:8080".parse().expect("addr"))
+        );
+        assert_eq!(
+            proc_addr("0000000000000000FFFF00000100007F:0016"),
+            Some("[::ffff:127.0.0.1]:22".parse().expect("addr"))
+        );
         assert_eq!(proc_addr("zz:1"), None);
         assert_eq!(proc_addr("0100007F"), None);
         assert_eq!(proc_addr("0100007F:99999"), None);

@@ -24,8 +24,17 @@ pub fn capture(pid: i32, tids: &[i32]) -> Result<(Vec<SeccompFilter>, Vec<Thread
         let path = format!("/proc/{pid}/task/{tid}/status");
         let text = procfs::read_string(&path)?;
         let kv = key_values(&text);
-        let mode: u8 = kv.get("Seccomp").and_then(|v| v.parse().ok()).ok_or_else(|| EngineError::Parse { path: path.clone(), what: "no Seccomp: line".into() })?;
-        let count: u64 = kv.get("Seccomp_filters").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mode: u8 = kv
+            .get("Seccomp")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| EngineError::Parse {
+                path: path.clone(),
+                what: "no Seccomp: line".into(),
+            })?;
+        let count: u64 = kv
+            .get("Seccomp_filters")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let mut chain = Vec::new();
         if mode == 2 {
             let what = format!("seccomp filters of thread {tid}");
@@ -33,15 +42,27 @@ pub fn capture(pid: i32, tids: &[i32]) -> Result<(Vec<SeccompFilter>, Vec<Thread
                 let insns = sc::get_filter(tid, index).map_err(|e| {
                     EngineError::unsupported(pid, what.clone(), format!("cannot read filter {index} ({e}; ferry must run as root and not under seccomp itself)"))
                 })?;
-                let flags = sc::get_filter_flags(tid, index).map_err(|e| EngineError::unsupported(pid, what.clone(), format!("cannot read the flags of filter {index} ({e})")))?;
-                if insns.iter().map(|&i| sc::insn_code_k(i)).any(|(code, k)| code == BPF_RET_K && k & sc::SECCOMP_RET_ACTION_FULL == sc::SECCOMP_RET_USER_NOTIF) {
+                let flags = sc::get_filter_flags(tid, index).map_err(|e| {
+                    EngineError::unsupported(
+                        pid,
+                        what.clone(),
+                        format!("cannot read the flags of filter {index} ({e})"),
+                    )
+                })?;
+                if insns.iter().map(|&i| sc::insn_code_k(i)).any(|(code, k)| {
+                    code == BPF_RET_K
+                        && k & sc::SECCOMP_RET_ACTION_FULL == sc::SECCOMP_RET_USER_NOTIF
+                }) {
                     return Err(EngineError::unsupported(
                         pid,
                         what,
                         format!("filter {index} hands syscalls to a user-space listener (SECCOMP_RET_USER_NOTIF); the listener cannot be restored"),
                     ));
                 }
-                let f = SeccompFilter { insns, log: flags & sc::SECCOMP_FILTER_FLAG_LOG != 0 };
+                let f = SeccompFilter {
+                    insns,
+                    log: flags & sc::SECCOMP_FILTER_FLAG_LOG != 0,
+                };
                 let at = match filters.iter().position(|g| *g == f) {
                     Some(i) => i,
                     None => {
@@ -52,7 +73,11 @@ pub fn capture(pid: i32, tids: &[i32]) -> Result<(Vec<SeccompFilter>, Vec<Thread
                 chain.push(at as u32);
             }
         } else if mode > 2 {
-            return Err(EngineError::unsupported(pid, format!("thread {tid}"), format!("unknown seccomp mode {mode}")));
+            return Err(EngineError::unsupported(
+                pid,
+                format!("thread {tid}"),
+                format!("unknown seccomp mode {mode}"),
+            ));
         }
         threads.push((tid, mode, chain));
     }

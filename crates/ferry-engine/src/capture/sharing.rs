@@ -26,12 +26,24 @@ pub fn check(pids: &[i32], ppids: &[i32]) -> Result<Vec<i32>> {
         for (j, &b) in pids.iter().enumerate().skip(i + 1) {
             for (kind, what, flag) in KINDS {
                 if kind == sp::KCMP_FILES && ppids[j] == a {
-                    if sp::kcmp_shared(a, b, kind).map_err(|e| EngineError::kernel(a, format!("comparing its fd table with process {b} (kcmp)"), e))? {
+                    if sp::kcmp_shared(a, b, kind).map_err(|e| {
+                        EngineError::kernel(
+                            a,
+                            format!("comparing its fd table with process {b} (kcmp)"),
+                            e,
+                        )
+                    })? {
                         with_parent.push(b);
                     }
                     continue;
                 }
-                if sp::kcmp_shared(a, b, kind).map_err(|e| EngineError::kernel(a, format!("comparing its {what} with process {b} (kcmp)"), e))? {
+                if sp::kcmp_shared(a, b, kind).map_err(|e| {
+                    EngineError::kernel(
+                        a,
+                        format!("comparing its {what} with process {b} (kcmp)"),
+                        e,
+                    )
+                })? {
                     return Err(EngineError::unsupported(
                         b,
                         format!("its {what}"),

@@ -5,7 +5,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::MapsEntry;
-use ferry_image::{MemfdObject, SysvShm, VmaBacking, Vma};
+use ferry_image::{MemfdObject, SysvShm, Vma, VmaBacking};
 
 fn open_mapping(pid: i32, m: &MapsEntry) -> Result<std::fs::File> {
     let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
@@ -17,11 +17,18 @@ pub fn capture_shared_anon(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<
     let mut out: Vec<MemfdObject> = Vec::new();
     for &(pid, vmas, smaps) in procs {
         for (v, m) in vmas.iter().zip(smaps) {
-            let VmaBacking::SharedAnon { id } = v.backing else { continue };
+            let VmaBacking::SharedAnon { id } = v.backing else {
+                continue;
+            };
             if out.iter().any(|o| o.id == id) {
                 continue;
             }
-            out.push(super::memfd::read_object(pid, id, "", open_mapping(pid, m)?)?);
+            out.push(super::memfd::read_object(
+                pid,
+                id,
+                "",
+                open_mapping(pid, m)?,
+            )?);
         }
     }
     Ok(out)
@@ -43,7 +50,10 @@ fn segment_info(id: i32) -> Result<SegmentInfo> {
     let row = table(path)?
         .into_iter()
         .find(|row| row.get(1).and_then(|v| v.parse::<i32>().ok()) == Some(id))
-        .ok_or_else(|| EngineError::Parse { path: path.into(), what: format!("no SysV segment {id}") })?;
+        .ok_or_else(|| EngineError::Parse {
+            path: path.into(),
+            what: format!("no SysV segment {id}"),
+        })?;
     Ok(SegmentInfo {
         key: column::<i64>(path, &row, 0)? as i32,
         mode: mode(path, &row)?,
@@ -59,16 +69,30 @@ pub fn capture_sysv(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<SysvShm
     let mut out: Vec<SysvShm> = Vec::new();
     for &(pid, vmas, smaps) in procs {
         for (v, m) in vmas.iter().zip(smaps) {
-            let VmaBacking::SysvShm { id } = v.backing else { continue };
+            let VmaBacking::SysvShm { id } = v.backing else {
+                continue;
+            };
             if out.iter().any(|o| o.id == id) {
                 continue;
             }
             let info = segment_info(id)?;
             if v.pgoff != 0 || v.end - v.start < info.size.div_ceil(4096) * 4096 {
-                return Err(EngineError::unsupported(pid, format!("SysV segment {id} at {:#x}", v.start), "only partly attached"));
+                return Err(EngineError::unsupported(
+                    pid,
+                    format!("SysV segment {id} at {:#x}", v.start),
+                    "only partly attached",
+                ));
             }
             let obj = super::memfd::read_object(pid, id as u64, "", open_mapping(pid, m)?)?;
-            out.push(SysvShm { id, key: info.key, size: info.size, mode: info.mode, uid: info.uid, gid: info.gid, extents: obj.extents });
+            out.push(SysvShm {
+                id,
+                key: info.key,
+                size: info.size,
+                mode: info.mode,
+                uid: info.uid,
+                gid: info.gid,
+                extents: obj.extents,
+            });
         }
     }
     Ok(out)

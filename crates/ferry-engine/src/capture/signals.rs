@@ -9,18 +9,31 @@ use ferry_sys::ptrace;
 
 pub fn capture_actions(ctx: &Ctx) -> Result<SignalState> {
     let out = ctx.data;
-    let calls: Vec<Call> = (1..=64u64).map(|sig| Call::new(libc::SYS_rt_sigaction, &[sig, 0, out + (sig - 1) * 32, 8])).collect();
+    let calls: Vec<Call> = (1..=64u64)
+        .map(|sig| Call::new(libc::SYS_rt_sigaction, &[sig, 0, out + (sig - 1) * 32, 8]))
+        .collect();
     let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
     for (i, r) in results.iter().enumerate() {
         check(ctx.pid, ctx.pid, &format!("rt_sigaction({})", i + 1), *r)?;
     }
     let b = ctx.remote.read(out, 64 * 32)?;
     let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-    let actions = (0..64).map(|s| SigAction { handler: w(s * 4), flags: w(s * 4 + 1), restorer: w(s * 4 + 2), mask: w(s * 4 + 3) }).collect();
-    Ok(SignalState { actions, shared_pending: Vec::new() })
+    let actions = (0..64)
+        .map(|s| SigAction {
+            handler: w(s * 4),
+            flags: w(s * 4 + 1),
+            restorer: w(s * 4 + 2),
+            mask: w(s * 4 + 3),
+        })
+        .collect();
+    Ok(SignalState {
+        actions,
+        shared_pending: Vec::new(),
+    })
 }
 
 pub fn shared_pending(pid: i32) -> Result<Vec<Vec<u8>>> {
-    let infos = ptrace::peek_siginfo(pid, true).map_err(|e| EngineError::kernel(pid, "reading process-wide pending signals", e))?;
+    let infos = ptrace::peek_siginfo(pid, true)
+        .map_err(|e| EngineError::kernel(pid, "reading process-wide pending signals", e))?;
     Ok(infos.iter().map(|s| s.to_vec()).collect())
 }

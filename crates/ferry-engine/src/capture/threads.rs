@@ -22,11 +22,19 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     let (pid, tid) = (ctx.pid, t.tid);
     let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
     let xstate = ptrace::get_xstate(tid).map_err(|e| kerr("reading XSAVE state", e))?;
-    let pending = ptrace::peek_siginfo(tid, false).map_err(|e| kerr("reading pending signals", e))?;
+    let pending =
+        ptrace::peek_siginfo(tid, false).map_err(|e| kerr("reading pending signals", e))?;
     let rseq = ptrace::get_rseq_config(tid).map_err(|e| kerr("reading rseq configuration", e))?;
-    let (head, len) = ferry_sys::process::get_robust_list(tid).map_err(|e| kerr("reading robust futex list", e))?;
-    let s = ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
-    let sched = Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
+    let (head, len) = ferry_sys::process::get_robust_list(tid)
+        .map_err(|e| kerr("reading robust futex list", e))?;
+    let s =
+        ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
+    let sched = Sched {
+        policy: s.policy,
+        rt_priority: s.rt_priority,
+        nice: s.nice,
+        cpus: s.cpus,
+    };
     check_sched_extra(pid, tid)?;
 
     let calls = [
@@ -39,19 +47,29 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     check(pid, tid, "prctl(PR_GET_TID_ADDRESS)", r[1])?;
     let timer_slack_ns = check(pid, tid, "prctl(PR_GET_TIMERSLACK)", r[2])?;
     let out = ctx.remote.read(ctx.data, 40)?;
-    let altstack = AltStack { sp: u64_at(&out, 0), flags: u64_at(&out, 8) as i32, size: u64_at(&out, 16) };
+    let altstack = AltStack {
+        sp: u64_at(&out, 0),
+        flags: u64_at(&out, 8) as i32,
+        size: u64_at(&out, 16),
+    };
     let clear_child_tid = u64_at(&out, 32);
 
     let sleep_remaining_ns = match syscall_restart::sleep_request_ptr(&t.regs) {
         Some((req, rem)) => {
             let ts = ctx.remote.read(if rem != 0 { rem } else { req }, 16)?;
-            Some(u64_at(&ts, 0).saturating_mul(1_000_000_000).saturating_add(u64_at(&ts, 8)))
+            Some(
+                u64_at(&ts, 0)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(u64_at(&ts, 8)),
+            )
         }
         None => None,
     };
     Ok(ThreadImage {
         tid,
-        comm: procfs::read_string(&format!("/proc/{pid}/task/{tid}/comm"))?.trim_end_matches('\n').to_string(),
+        comm: procfs::read_string(&format!("/proc/{pid}/task/{tid}/comm"))?
+            .trim_end_matches('\n')
+            .to_string(),
         regs: ferry_sys::process::regs_to_words(&t.regs),
         xstate,
         sigmask: t.sigmask,
@@ -74,12 +92,21 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
 /// (runtime, deadline, period) and utilization clamps are refused by name
 /// rather than lost.
 fn check_sched_extra(pid: i32, tid: i32) -> Result<()> {
-    let x = ferry_sys::process::get_sched_extra(tid).map_err(|e| EngineError::kernel(pid, format!("thread {tid}: reading scheduling attributes"), e))?;
+    let x = ferry_sys::process::get_sched_extra(tid).map_err(|e| {
+        EngineError::kernel(
+            pid,
+            format!("thread {tid}: reading scheduling attributes"),
+            e,
+        )
+    })?;
     if x.policy == ferry_sys::process::SCHED_DEADLINE {
         return Err(EngineError::unsupported(
             pid,
             format!("thread {tid}'s scheduling"),
-            format!("SCHED_DEADLINE (runtime {} ns, deadline {} ns, period {} ns) is not restored", x.runtime, x.deadline, x.period),
+            format!(
+                "SCHED_DEADLINE (runtime {} ns, deadline {} ns, period {} ns) is not restored",
+                x.runtime, x.deadline, x.period
+            ),
         ));
     }
     let clamped = x.util_min != 0 || (x.util_max != 0 && x.util_max != 1024);
@@ -87,7 +114,10 @@ fn check_sched_extra(pid: i32, tid: i32) -> Result<()> {
         return Err(EngineError::unsupported(
             pid,
             format!("thread {tid}'s scheduling"),
-            format!("utilization clamps (min {}, max {} of 1024) are not restored", x.util_min, x.util_max),
+            format!(
+                "utilization clamps (min {}, max {} of 1024) are not restored",
+                x.util_min, x.util_max
+            ),
         ));
     }
     Ok(())

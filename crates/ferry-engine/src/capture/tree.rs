@@ -27,7 +27,10 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     for tid in procfs::tids(pid)? {
         let path = format!("/proc/{pid}/task/{tid}/children");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
     }
     Ok(out)
 }
@@ -35,21 +38,35 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
 fn zombie(pid: i32, ppid: i32) -> Result<Zombie> {
     let st = Stat::read(pid)?;
     // Field 52 is the exit status in wait(2) form.
-    Ok(Zombie { pid, ppid, pgid: st.field(5) as i32, sid: st.field(6) as i32, wait_status: st.field(52) as i32 })
+    Ok(Zombie {
+        pid,
+        ppid,
+        pgid: st.field(5) as i32,
+        sid: st.field(6) as i32,
+        wait_status: st.field(52) as i32,
+    })
 }
 
 impl FrozenTree {
     pub fn freeze(root: i32) -> Result<FrozenTree> {
-        let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new() };
+        let mut tree = FrozenTree {
+            procs: Vec::new(),
+            zombies: Vec::new(),
+        };
         let root_ppid = Stat::read(root)?.field(4) as i32;
-        tree.procs.push(FrozenProcess { frozen: Frozen::freeze(root)?, ppid: root_ppid });
+        tree.procs.push(FrozenProcess {
+            frozen: Frozen::freeze(root)?,
+            ppid: root_ppid,
+        });
         loop {
             let mut added = false;
             let mut i = 0;
             while i < tree.procs.len() {
                 let parent = tree.procs[i].frozen.pid;
                 for child in children_of(parent)? {
-                    if tree.procs.iter().any(|p| p.frozen.pid == child) || tree.zombies.iter().any(|z| z.pid == child) {
+                    if tree.procs.iter().any(|p| p.frozen.pid == child)
+                        || tree.zombies.iter().any(|z| z.pid == child)
+                    {
                         continue;
                     }
                     if procfs::state(child) == Some('Z') {
@@ -60,7 +77,9 @@ impl FrozenTree {
                         Ok(f) => f,
                         // Exited between listing and freezing: it is a
                         // zombie now, or already reaped.
-                        Err(EngineError::Gone { .. }) if procfs::state(child).is_none_or(|s| s == 'Z') => {
+                        Err(EngineError::Gone { .. })
+                            if procfs::state(child).is_none_or(|s| s == 'Z') =>
+                        {
                             if procfs::state(child) == Some('Z') {
                                 tree.zombies.push(zombie(child, parent)?);
                             }
@@ -68,7 +87,10 @@ impl FrozenTree {
                         }
                         Err(e) => return Err(e),
                     };
-                    tree.procs.push(FrozenProcess { frozen, ppid: parent });
+                    tree.procs.push(FrozenProcess {
+                        frozen,
+                        ppid: parent,
+                    });
                     added = true;
                 }
                 i += 1;
@@ -100,9 +122,16 @@ impl FrozenTree {
         }
         ids.extend(self.zombies.iter().map(|z| (z.pid, z.ppid, z.pgid, z.sid)));
         for (i, &(pid, ppid, pgid, sid)) in ids.iter().enumerate().skip(1) {
-            let object = if i < self.procs.len() { format!("process {pid}") } else { format!("zombie child {pid}") };
-            let refuse = |reason: String| Err(EngineError::unsupported(ppid, object.clone(), reason));
-            let Some(&(_, _, parent_pgid, parent_sid)) = ids.iter().find(|p| p.0 == ppid) else { continue };
+            let object = if i < self.procs.len() {
+                format!("process {pid}")
+            } else {
+                format!("zombie child {pid}")
+            };
+            let refuse =
+                |reason: String| Err(EngineError::unsupported(ppid, object.clone(), reason));
+            let Some(&(_, _, parent_pgid, parent_sid)) = ids.iter().find(|p| p.0 == ppid) else {
+                continue;
+            };
             if sid != pid && sid != parent_sid {
                 return refuse(format!("its session {sid} is neither its own nor its parent's ({parent_sid}), and a restored process can only start its own"));
             }
@@ -144,7 +173,10 @@ impl FrozenTree {
 pub fn wait_reaped(pids: &[i32], limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        if pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+        if pids
+            .iter()
+            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        {
             return true;
         }
         if std::time::Instant::now() >= deadline {

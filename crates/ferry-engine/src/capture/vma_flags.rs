@@ -75,7 +75,13 @@ fn mnemonics(flags: u64) -> Option<Vec<String>> {
     if flags & !known_bits() != 0 {
         return None;
     }
-    Some(MNEMONICS.iter().filter(|(b, _)| flags & 1 << b != 0).map(|(_, m)| m.to_string()).collect())
+    Some(
+        MNEMONICS
+            .iter()
+            .filter(|(b, _)| flags & 1 << b != 0)
+            .map(|(_, m)| m.to_string())
+            .collect(),
+    )
 }
 
 /// What a presurvey of one process proved.
@@ -108,16 +114,23 @@ fn load_program() -> std::result::Result<VmaIterProgram, String> {
     let path = "/sys/kernel/btf/vmlinux";
     let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
     let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let strukt = |name: &str| btf.find(crate::btf::KIND_STRUCT, name).ok_or_else(|| format!("the kernel's BTF has no struct {name}"));
+    let strukt = |name: &str| {
+        btf.find(crate::btf::KIND_STRUCT, name)
+            .ok_or_else(|| format!("the kernel's BTF has no struct {name}"))
+    };
     let member = |id: u32, s: &str, m: &str| -> std::result::Result<i16, String> {
-        let off = btf.member_offset(id, m).ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
+        let off = btf
+            .member_offset(id, m)
+            .ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
         i16::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
     };
     let ctx = strukt("bpf_iter__task_vma")?;
     let meta = strukt("bpf_iter_meta")?;
     let vma = strukt("vm_area_struct")?;
     let layout = IterLayout {
-        attach_btf_id: btf.find(crate::btf::KIND_FUNC, "bpf_iter_task_vma").ok_or("the kernel's BTF has no bpf_iter_task_vma")?,
+        attach_btf_id: btf
+            .find(crate::btf::KIND_FUNC, "bpf_iter_task_vma")
+            .ok_or("the kernel's BTF has no bpf_iter_task_vma")?,
         ctx_meta: member(ctx, "bpf_iter__task_vma", "meta")?,
         ctx_vma: member(ctx, "bpf_iter__task_vma", "vma")?,
         meta_seq: member(meta, "bpf_iter_meta", "seq")?,
@@ -154,7 +167,8 @@ pub fn presurvey(pid: i32) -> Option<Presurveyed> {
 
 /// The proof of a presurvey (see the module comment), pure logic.
 fn check_presurvey(smaps: &[MapsEntry], raw: &[RawVma]) -> Option<Presurveyed> {
-    let (gate, mapped): (Vec<&MapsEntry>, Vec<&MapsEntry>) = smaps.iter().partition(|m| m.start >= GATE_START);
+    let (gate, mapped): (Vec<&MapsEntry>, Vec<&MapsEntry>) =
+        smaps.iter().partition(|m| m.start >= GATE_START);
     if mapped.len() != raw.len() {
         return None;
     }
@@ -171,7 +185,13 @@ fn check_presurvey(smaps: &[MapsEntry], raw: &[RawVma]) -> Option<Presurveyed> {
             None => {}
         }
     }
-    Some(Presurveyed { validated, gate: gate.iter().map(|m| (m.start, m.end, m.vm_flags.clone())).collect() })
+    Some(Presurveyed {
+        validated,
+        gate: gate
+            .iter()
+            .map(|m| (m.start, m.end, m.vm_flags.clone()))
+            .collect(),
+    })
 }
 
 /// The mappings of frozen `pid` as smaps would show them, and whether they
@@ -193,7 +213,10 @@ fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Optio
     let mut raw_iter = raw.iter();
     for m in &mut maps {
         if m.start >= GATE_START {
-            let (_, _, flags) = pre.gate.iter().find(|(s, e, _)| *s == m.start && *e == m.end)?;
+            let (_, _, flags) = pre
+                .gate
+                .iter()
+                .find(|(s, e, _)| *s == m.start && *e == m.end)?;
             m.vm_flags = flags.clone();
             continue;
         }
@@ -215,7 +238,9 @@ pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> 
         pids.extend(super::tree::children_of(pids[i]).unwrap_or_default());
         i += 1;
     }
-    pids.iter().filter_map(|&p| presurvey(p).map(|s| (p, s))).collect()
+    pids.iter()
+        .filter_map(|&p| presurvey(p).map(|s| (p, s)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -240,8 +265,22 @@ mod tests {
 
     #[test]
     fn a_matching_presurvey_validates_the_bits_it_saw() {
-        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]), entry(0x3000, 0x5000, &["rd", "wr", "mr", "mw", "me", "dd"])];
-        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }, RawVma { start: 0x3000, end: 0x5000, flags: RW | DD }];
+        let smaps = [
+            entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]),
+            entry(0x3000, 0x5000, &["rd", "wr", "mr", "mw", "me", "dd"]),
+        ];
+        let raw = [
+            RawVma {
+                start: 0x1000,
+                end: 0x2000,
+                flags: RW,
+            },
+            RawVma {
+                start: 0x3000,
+                end: 0x5000,
+                flags: RW | DD,
+            },
+        ];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
         assert_eq!(pre.validated, RW | DD);
         // The same mappings in the freeze: flags from the raw bits.
@@ -254,7 +293,11 @@ mod tests {
     fn a_flag_changed_during_the_read_voids_the_presurvey() {
         // smaps showed dd, the raw reads (before and after) do not.
         let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me", "dd"])];
-        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let raw = [RawVma {
+            start: 0x1000,
+            end: 0x2000,
+            flags: RW,
+        }];
         assert!(check_presurvey(&smaps, &raw).is_none());
         // Or the mappings differ.
         let smaps = [entry(0x1000, 0x3000, &["rd", "wr", "mr", "mw", "me"])];
@@ -264,29 +307,83 @@ mod tests {
     #[test]
     fn a_bit_never_validated_or_unknown_falls_back_to_smaps() {
         let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"])];
-        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let raw = [RawVma {
+            start: 0x1000,
+            end: 0x2000,
+            flags: RW,
+        }];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
         let maps = || vec![entry(0x1000, 0x2000, &[])];
         // MADV_DONTDUMP since: dd was never seen, so not trusted.
-        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x2000, flags: RW | DD }], &pre).is_none());
+        assert!(combine(
+            maps(),
+            &[RawVma {
+                start: 0x1000,
+                end: 0x2000,
+                flags: RW | DD
+            }],
+            &pre
+        )
+        .is_none());
         // A bit above the table.
-        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x2000, flags: RW | 1 << 40 }], &pre).is_none());
+        assert!(combine(
+            maps(),
+            &[RawVma {
+                start: 0x1000,
+                end: 0x2000,
+                flags: RW | 1 << 40
+            }],
+            &pre
+        )
+        .is_none());
         // A mapping more or less.
         assert!(combine(maps(), &[], &pre).is_none());
-        let two = [RawVma { start: 0x1000, end: 0x2000, flags: RW }, RawVma { start: 0x3000, end: 0x4000, flags: RW }];
+        let two = [
+            RawVma {
+                start: 0x1000,
+                end: 0x2000,
+                flags: RW,
+            },
+            RawVma {
+                start: 0x3000,
+                end: 0x4000,
+                flags: RW,
+            },
+        ];
         assert!(combine(maps(), &two, &pre).is_none());
         // Moved.
-        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x3000, flags: RW }], &pre).is_none());
+        assert!(combine(
+            maps(),
+            &[RawVma {
+                start: 0x1000,
+                end: 0x3000,
+                flags: RW
+            }],
+            &pre
+        )
+        .is_none());
         assert!(combine(maps(), &raw, &pre).is_some());
     }
 
     #[test]
     fn the_gate_mapping_keeps_its_presurveyed_flags() {
         let gate = entry(0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000, &["ex"]);
-        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]), gate.clone()];
-        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let smaps = [
+            entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]),
+            gate.clone(),
+        ];
+        let raw = [RawVma {
+            start: 0x1000,
+            end: 0x2000,
+            flags: RW,
+        }];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
-        let got = combine(vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])], &raw, &pre).expect("combined");
+        let got = combine(
+            vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])],
+            &raw,
+            &pre,
+        )
+        .expect("combined");
         assert_eq!(got[1].vm_flags, ["ex"]);
     }
 }

@@ -27,16 +27,30 @@ pub struct Hierarchy {
 pub fn mounted(mountinfo: &str) -> Vec<Hierarchy> {
     let mut out = Vec::new();
     for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         let l: Vec<&str> = left.split(' ').collect();
         let r: Vec<&str> = right.split(' ').collect();
-        let (Some(root), Some(mount_point), Some(fstype), Some(superopts)) = (l.get(3), l.get(4), r.first(), r.get(2)) else { continue };
+        let (Some(root), Some(mount_point), Some(fstype), Some(superopts)) =
+            (l.get(3), l.get(4), r.first(), r.get(2))
+        else {
+            continue;
+        };
         let controllers = match *fstype {
             "cgroup2" => Vec::new(),
-            "cgroup" => superopts.split(',').filter(|o| !matches!(*o, "rw" | "ro") && !o.contains('/')).map(str::to_string).collect(),
+            "cgroup" => superopts
+                .split(',')
+                .filter(|o| !matches!(*o, "rw" | "ro") && !o.contains('/'))
+                .map(str::to_string)
+                .collect(),
             _ => continue,
         };
-        out.push(Hierarchy { controllers, mount_point: PathBuf::from(unescape(mount_point)), root: unescape(root) });
+        out.push(Hierarchy {
+            controllers,
+            mount_point: PathBuf::from(unescape(mount_point)),
+            root: unescape(root),
+        });
     }
     out
 }
@@ -47,7 +61,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -64,7 +81,10 @@ fn is_in(m: &CgroupMembership, h: &Hierarchy) -> bool {
     if m.controllers.is_empty() {
         return m.hierarchy == 0 && h.controllers.is_empty();
     }
-    !h.controllers.is_empty() && m.controllers.split(',').all(|c| h.controllers.iter().any(|o| o == c))
+    !h.controllers.is_empty()
+        && m.controllers
+            .split(',')
+            .all(|c| h.controllers.iter().any(|o| o == c))
 }
 
 fn describe(m: &CgroupMembership) -> String {
@@ -78,7 +98,13 @@ fn describe(m: &CgroupMembership) -> String {
 /// The directory of cgroup `m` under a mount of its hierarchy.
 fn directory(m: &CgroupMembership, hierarchies: &[Hierarchy]) -> Option<PathBuf> {
     hierarchies.iter().filter(|h| is_in(m, h)).find_map(|h| {
-        let below = if h.root == "/" { Some(m.path.as_str()) } else { m.path.strip_prefix(h.root.as_str()).filter(|r| r.is_empty() || r.starts_with('/')) }?;
+        let below = if h.root == "/" {
+            Some(m.path.as_str())
+        } else {
+            m.path
+                .strip_prefix(h.root.as_str())
+                .filter(|r| r.is_empty() || r.starts_with('/'))
+        }?;
         Some(h.mount_point.join(below.trim_start_matches('/')))
     })
 }
@@ -88,7 +114,9 @@ pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> R
     let now_text = crate::procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
     let now = crate::capture::cgroups_parse(&now_text).unwrap_or_default();
     for m in &recorded.memberships {
-        let current = now.iter().find(|c| c.controllers == m.controllers && (c.hierarchy == 0) == (m.hierarchy == 0));
+        let current = now
+            .iter()
+            .find(|c| c.controllers == m.controllers && (c.hierarchy == 0) == (m.hierarchy == 0));
         if current.is_some_and(|c| c.path == m.path) {
             continue;
         }
@@ -96,7 +124,13 @@ pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> R
             if m.path == "/" {
                 continue;
             }
-            return Err(EngineError::restore(pid, format!("cgroup {}: its hierarchy is not mounted on this host", describe(m))));
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "cgroup {}: its hierarchy is not mounted on this host",
+                    describe(m)
+                ),
+            ));
         };
         if !dir.is_dir() {
             return Err(EngineError::restore(
@@ -105,7 +139,16 @@ pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> R
             ));
         }
         let procs = dir.join("cgroup.procs");
-        std::fs::write(&procs, pid.to_string()).map_err(|e| EngineError::io(format!("pid {pid}: joining cgroup {} ({})", describe(m), procs.display()), e))?;
+        std::fs::write(&procs, pid.to_string()).map_err(|e| {
+            EngineError::io(
+                format!(
+                    "pid {pid}: joining cgroup {} ({})",
+                    describe(m),
+                    procs.display()
+                ),
+                e,
+            )
+        })?;
     }
     Ok(())
 }
@@ -124,25 +167,47 @@ mod tests {
 ";
 
     fn m(h: u32, c: &str, p: &str) -> CgroupMembership {
-        CgroupMembership { hierarchy: h, controllers: c.into(), path: p.into() }
+        CgroupMembership {
+            hierarchy: h,
+            controllers: c.into(),
+            path: p.into(),
+        }
     }
 
     #[test]
     fn finds_each_hierarchy_by_its_controllers() {
         let h = mounted(MOUNTINFO);
         assert_eq!(h.len(), 5);
-        assert_eq!(directory(&m(7, "memory", "/a/b"), &h), Some(PathBuf::from("/sys/fs/cgroup/memory/a/b")));
-        assert_eq!(directory(&m(3, "cpu,cpuacct", "/x"), &h), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/x")));
-        assert_eq!(directory(&m(1, "name=systemd", "/user.slice"), &h), Some(PathBuf::from("/sys/fs/cgroup/systemd/user.slice")));
-        assert_eq!(directory(&m(0, "", "/svc"), &h), Some(PathBuf::from("/sys/fs/cgroup/unified/svc")));
+        assert_eq!(
+            directory(&m(7, "memory", "/a/b"), &h),
+            Some(PathBuf::from("/sys/fs/cgroup/memory/a/b"))
+        );
+        assert_eq!(
+            directory(&m(3, "cpu,cpuacct", "/x"), &h),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/x"))
+        );
+        assert_eq!(
+            directory(&m(1, "name=systemd", "/user.slice"), &h),
+            Some(PathBuf::from("/sys/fs/cgroup/systemd/user.slice"))
+        );
+        assert_eq!(
+            directory(&m(0, "", "/svc"), &h),
+            Some(PathBuf::from("/sys/fs/cgroup/unified/svc"))
+        );
         assert_eq!(directory(&m(9, "pids", "/svc"), &h), None);
     }
 
     #[test]
     fn a_bind_mounted_part_serves_only_its_subtree() {
-        let h: Vec<Hierarchy> = mounted(MOUNTINFO).into_iter().filter(|h| h.root == "/inner").collect();
+        let h: Vec<Hierarchy> = mounted(MOUNTINFO)
+            .into_iter()
+            .filter(|h| h.root == "/inner")
+            .collect();
         assert_eq!(h[0].mount_point, PathBuf::from("/mnt/my cg"));
-        assert_eq!(directory(&m(7, "memory", "/inner/x"), &h), Some(PathBuf::from("/mnt/my cg/x")));
+        assert_eq!(
+            directory(&m(7, "memory", "/inner/x"), &h),
+            Some(PathBuf::from("/mnt/my cg/x"))
+        );
         assert_eq!(directory(&m(7, "memory", "/innerx"), &h), None);
         assert_eq!(directory(&m(7, "memory", "/other"), &h), None);
     }

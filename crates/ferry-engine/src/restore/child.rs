@@ -10,8 +10,8 @@
 
 use crate::error::{EngineError, Result};
 use ferry_image::ProcessImage;
-use std::io::{Read, Write};
 use ferry_sys::process;
+use std::io::{Read, Write};
 use std::os::fd::{OwnedFd, RawFd};
 
 pub struct ChildPlan<'a> {
@@ -43,7 +43,8 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     let img = plan.image;
     let pid = img.pid;
     if let Some(ns) = plan.netns {
-        ferry_sys::netns::enter_net_namespace_fd(ns).map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
+        ferry_sys::netns::enter_net_namespace_fd(ns)
+            .map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
     }
     if img.sid == pid {
         let _ = process::setsid();
@@ -65,14 +66,19 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     match img.cwd.strip_suffix(" (deleted)") {
         Some(old) => {
             let dir = super::files::regular::make_deleted_dir(pid, old)?;
-            let entered = std::env::set_current_dir(&dir).map_err(|e| EngineError::io(format!("changing directory to {dir} (the removed cwd)"), e));
-            std::fs::remove_dir(&dir).map_err(|e| EngineError::io(format!("removing the remade cwd {dir} again"), e))?;
+            let entered = std::env::set_current_dir(&dir).map_err(|e| {
+                EngineError::io(format!("changing directory to {dir} (the removed cwd)"), e)
+            });
+            std::fs::remove_dir(&dir)
+                .map_err(|e| EngineError::io(format!("removing the remade cwd {dir} again"), e))?;
             entered?;
         }
-        None => std::env::set_current_dir(&img.cwd).map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?,
+        None => std::env::set_current_dir(&img.cwd)
+            .map_err(|e| EngineError::io(format!("changing directory to {}", img.cwd), e))?,
     }
     if let Some(root) = &img.root {
-        std::os::unix::fs::chroot(root).map_err(|e| EngineError::io(format!("chroot to {root}"), e))?;
+        std::os::unix::fs::chroot(root)
+            .map_err(|e| EngineError::io(format!("chroot to {root}"), e))?;
     }
     close_all_but(&plan.keep);
     if img.no_new_privs {

@@ -15,24 +15,60 @@ use ferry_sys::ptrace::{self, WaitEvent};
 /// single-threaded). Returns once the child is in its first ptrace stop.
 pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -> Result<i32> {
     let tid_at = parent.data + 256;
-    let args = ferry_sys::clone::CloneArgs { flags, exit_signal: exit_signal as u64, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
-    let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
+    let args = ferry_sys::clone::CloneArgs {
+        flags,
+        exit_signal: exit_signal as u64,
+        set_tid: tid_at,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let words = [
+        args.flags,
+        args.pidfd,
+        args.child_tid,
+        args.parent_tid,
+        args.exit_signal,
+        args.stack,
+        args.stack_size,
+        args.tls,
+        args.set_tid,
+        args.set_tid_size,
+        args.cgroup,
+    ];
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     parent.remote.write(parent.data, &bytes)?;
     parent.remote.write(tid_at, &pid.to_le_bytes())?;
-    let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64])?;
+    let r = parent.remote.raw(
+        parent.pid,
+        libc::SYS_clone3,
+        &[parent.data, bytes.len() as u64],
+    )?;
     if r == -(libc::EEXIST as i64) {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
         return Err(EngineError::PidTaken { pid, comm });
     }
     if r < 0 {
-        return Err(EngineError::Remote { pid: parent.pid, tid: parent.pid, call: format!("clone3(child {pid})"), errno: (-r) as i32 });
+        return Err(EngineError::Remote {
+            pid: parent.pid,
+            tid: parent.pid,
+            call: format!("clone3(child {pid})"),
+            errno: (-r) as i32,
+        });
     }
     let child = r as i32;
     loop {
-        match ptrace::wait_tid(child, 0).map_err(|e| EngineError::kernel(pid, "waiting for the forked process", e))? {
+        match ptrace::wait_tid(child, 0)
+            .map_err(|e| EngineError::kernel(pid, "waiting for the forked process", e))?
+        {
             Some((_, WaitEvent::Stopped { .. })) => break,
-            Some(other) => return Err(EngineError::restore(pid, format!("forked process: {other:?}"))),
+            Some(other) => {
+                return Err(EngineError::restore(
+                    pid,
+                    format!("forked process: {other:?}"),
+                ))
+            }
             None => {}
         }
     }
@@ -49,15 +85,30 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     if img.sid == pid {
         calls.push(("setsid".into(), Call::new(libc::SYS_setsid, &[])));
     } else if img.sid != parent.sid {
-        return Err(EngineError::restore(pid, format!("its session {} is neither its own nor its parent's ({})", img.sid, parent.sid)));
+        return Err(EngineError::restore(
+            pid,
+            format!(
+                "its session {} is neither its own nor its parent's ({})",
+                img.sid, parent.sid
+            ),
+        ));
     } else if img.pgid == pid {
-        calls.push(("setpgid(0, 0)".into(), Call::new(libc::SYS_setpgid, &[0, 0])));
+        calls.push((
+            "setpgid(0, 0)".into(),
+            Call::new(libc::SYS_setpgid, &[0, 0]),
+        ));
     }
     // Joining another process's group waits for join_group: its leader
     // may be forked later (a sibling, a zombie).
-    calls.push(("umask".into(), Call::new(libc::SYS_umask, &[img.umask as u64])));
+    calls.push((
+        "umask".into(),
+        Call::new(libc::SYS_umask, &[img.umask as u64]),
+    ));
     if img.personality != parent.personality {
-        calls.push(("personality".into(), Call::new(libc::SYS_personality, &[img.personality as u64])));
+        calls.push((
+            "personality".into(),
+            Call::new(libc::SYS_personality, &[img.personality as u64]),
+        ));
     }
     let mut data = Vec::new();
     let path_arg = |p: &str, data: &mut Vec<u8>| {
@@ -78,14 +129,28 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     if img.root != parent.root {
         let root = img.root.clone().unwrap_or_else(|| "/".into());
         let at = path_arg(&root, &mut data);
-        calls.push((format!("chroot({root})"), Call::new(libc::SYS_chroot, &[at])));
+        calls.push((
+            format!("chroot({root})"),
+            Call::new(libc::SYS_chroot, &[at]),
+        ));
     }
     if img.no_new_privs && !parent.no_new_privs {
-        calls.push(("prctl(PR_SET_NO_NEW_PRIVS)".into(), Call::new(libc::SYS_prctl, &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0])));
+        calls.push((
+            "prctl(PR_SET_NO_NEW_PRIVS)".into(),
+            Call::new(
+                libc::SYS_prctl,
+                &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0],
+            ),
+        ));
     }
-    let ran = s.remote.write(s.data, &data).and_then(|()| s.run(pid, &calls));
+    let ran = s
+        .remote
+        .write(s.data, &data)
+        .and_then(|()| s.run(pid, &calls));
     if let Some(dir) = &removed_cwd {
-        std::fs::remove_dir(dir).map_err(|e| EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e))?;
+        std::fs::remove_dir(dir).map_err(|e| {
+            EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e)
+        })?;
     }
     ran?;
     Ok(())
@@ -97,7 +162,11 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
 /// of before the move.
 pub fn join_group(s: &mut Session) -> Result<()> {
     let pgid = s.image.pgid;
-    s.call(&format!("setpgid(0, {pgid})"), libc::SYS_setpgid, &[0, pgid as u64])?;
+    s.call(
+        &format!("setpgid(0, {pgid})"),
+        libc::SYS_setpgid,
+        &[0, pgid as u64],
+    )?;
     Ok(())
 }
 
@@ -106,20 +175,38 @@ pub fn join_group(s: &mut Session) -> Result<()> {
 /// parent is taken back: the parent's pending signals come from the image.
 /// `leaders`: the processes and zombies of the tree that lead their own
 /// group; zombies that lead one must be made before those that join it.
-pub fn make_zombie(parent: &mut Session, z: &Zombie, leaders: &std::collections::HashSet<i32>) -> Result<()> {
+pub fn make_zombie(
+    parent: &mut Session,
+    z: &Zombie,
+    leaders: &std::collections::HashSet<i32>,
+) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
     // Its own session or process group, or the group of another process
     // of the tree, before it exits: waitpid(-pgid) and kill(-pgid) find
     // zombies by group (the checkpoint refused any other case).
-    let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
+    let own = crate::inject::Remote {
+        pid: z.pid,
+        ..parent.remote
+    };
     if z.sid == z.pid {
         own.call(child, "setsid", libc::SYS_setsid, &[])?;
     } else if z.sid != parent.image.sid {
-        return Err(EngineError::restore(z.pid, format!("zombie: its session {} is neither its own nor its parent's ({})", z.sid, parent.image.sid)));
+        return Err(EngineError::restore(
+            z.pid,
+            format!(
+                "zombie: its session {} is neither its own nor its parent's ({})",
+                z.sid, parent.image.sid
+            ),
+        ));
     } else if z.pgid == z.pid || leaders.contains(&z.pgid) {
         let to = if z.pgid == z.pid { 0 } else { z.pgid as u64 };
-        own.call(child, &format!("setpgid(0, {})", z.pgid), libc::SYS_setpgid, &[0, to])?;
+        own.call(
+            child,
+            &format!("setpgid(0, {})", z.pgid),
+            libc::SYS_setpgid,
+            &[0, to],
+        )?;
     }
     // No core file for a zombie that died of a signal.
     let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
@@ -158,9 +245,18 @@ pub fn make_zombie(parent: &mut Session, z: &Zombie, leaders: &std::collections:
     let mut data = mask.to_le_bytes().to_vec();
     data.extend_from_slice(&[0u8; 16]);
     parent.remote.write(parent.data, &data)?;
-    let r = parent.remote.raw(parent.pid, libc::SYS_rt_sigtimedwait, &[parent.data, 0, parent.data + 8, 8])?;
+    let r = parent.remote.raw(
+        parent.pid,
+        libc::SYS_rt_sigtimedwait,
+        &[parent.data, 0, parent.data + 8, 8],
+    )?;
     if r < 0 && r != -(libc::EAGAIN as i64) {
-        return Err(EngineError::Remote { pid: parent.pid, tid: parent.pid, call: "rt_sigtimedwait(SIGCHLD)".into(), errno: (-r) as i32 });
+        return Err(EngineError::Remote {
+            pid: parent.pid,
+            tid: parent.pid,
+            call: "rt_sigtimedwait(SIGCHLD)".into(),
+            errno: (-r) as i32,
+        });
     }
     Ok(())
 }

@@ -24,7 +24,10 @@ const PAGE: u64 = 4096;
 /// The events the pager follows: a fork (the child needs the same pages),
 /// mremap (pages move), munmap and MADV_DONTNEED/REMOVE (pages the process
 /// dropped must not be filled again).
-pub const FEATURES: u64 = uffd::UFFD_FEATURE_EVENT_FORK | uffd::UFFD_FEATURE_EVENT_REMAP | uffd::UFFD_FEATURE_EVENT_REMOVE | uffd::UFFD_FEATURE_EVENT_UNMAP;
+pub const FEATURES: u64 = uffd::UFFD_FEATURE_EVENT_FORK
+    | uffd::UFFD_FEATURE_EVENT_REMAP
+    | uffd::UFFD_FEATURE_EVENT_REMOVE
+    | uffd::UFFD_FEATURE_EVENT_UNMAP;
 
 /// Runs `userfaultfd()` in the stopped process and takes the fd.
 pub(super) fn take_uffd(s: &mut Session) -> Result<OwnedFd> {
@@ -44,17 +47,41 @@ pub(super) fn take_uffd(s: &mut Session) -> Result<OwnedFd> {
 /// anonymous mapping of `vmas` holding a page of `lazy` ((address, pages)
 /// runs, sorted) in MISSING mode.
 pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]) -> Result<()> {
-    let api = uffd::api(fd.as_fd(), FEATURES).map_err(|e| EngineError::kernel(pid, "enabling fork/remap/remove/unmap events on its userfaultfd", e))?;
+    let api = uffd::api(fd.as_fd(), FEATURES).map_err(|e| {
+        EngineError::kernel(
+            pid,
+            "enabling fork/remap/remove/unmap events on its userfaultfd",
+            e,
+        )
+    })?;
     if api.features & FEATURES != FEATURES {
-        return Err(EngineError::restore(pid, format!("its userfaultfd lacks the events post-copy needs (features {:#x})", api.features)));
+        return Err(EngineError::restore(
+            pid,
+            format!(
+                "its userfaultfd lacks the events post-copy needs (features {:#x})",
+                api.features
+            ),
+        ));
     }
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pm: OwnedFd = std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
-    let filter = pagemap::ScanFilter { required: 0, inverted: 0, any_of: pagemap::PAGE_IS_PRESENT | pagemap::PAGE_IS_SWAPPED };
+    let pm: OwnedFd = std::fs::File::open(&pm_path)
+        .map_err(|e| EngineError::io(&pm_path, e))?
+        .into();
+    let filter = pagemap::ScanFilter {
+        required: 0,
+        inverted: 0,
+        any_of: pagemap::PAGE_IS_PRESENT | pagemap::PAGE_IS_SWAPPED,
+    };
     for &(a, n) in lazy {
-        let present = pagemap::scan(&pm, a, a + n * PAGE, filter).map_err(|e| EngineError::kernel(pid, format!("scanning lazy pages at {a:#x}"), e))?;
+        let present = pagemap::scan(&pm, a, a + n * PAGE, filter)
+            .map_err(|e| EngineError::kernel(pid, format!("scanning lazy pages at {a:#x}"), e))?;
         if let Some(&(p, _)) = present.first() {
-            return Err(EngineError::restore(pid, format!("lazy page {p:#x} was populated during the restore, before its content arrived")));
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "lazy page {p:#x} was populated during the restore, before its content arrived"
+                ),
+            ));
         }
     }
     for v in vmas {
@@ -64,12 +91,38 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
             continue;
         }
         if !matches!(v.backing, VmaBacking::Anonymous) || v.shared {
-            return Err(EngineError::restore(pid, format!("lazy pages in mapping {:#x}-{:#x}, which is not private anonymous memory", v.start, v.end)));
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "lazy pages in mapping {:#x}-{:#x}, which is not private anonymous memory",
+                    v.start, v.end
+                ),
+            ));
         }
-        let ioctls = uffd::register(fd.as_fd(), v.start, v.end - v.start, uffd::UFFDIO_REGISTER_MODE_MISSING)
-            .map_err(|e| EngineError::kernel(pid, format!("registering mapping {:#x}-{:#x} for missing pages", v.start, v.end), e))?;
+        let ioctls = uffd::register(
+            fd.as_fd(),
+            v.start,
+            v.end - v.start,
+            uffd::UFFDIO_REGISTER_MODE_MISSING,
+        )
+        .map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!(
+                    "registering mapping {:#x}-{:#x} for missing pages",
+                    v.start, v.end
+                ),
+                e,
+            )
+        })?;
         if ioctls & uffd::IOCTL_COPY == 0 {
-            return Err(EngineError::restore(pid, format!("mapping {:#x}-{:#x}: UFFDIO_COPY is not available", v.start, v.end)));
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "mapping {:#x}-{:#x}: UFFDIO_COPY is not available",
+                    v.start, v.end
+                ),
+            ));
         }
     }
     Ok(())

@@ -25,7 +25,10 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
     let maps = procfs::maps(s.pid)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
-    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
+    for m in maps
+        .iter()
+        .filter(|m| !is_special(&m.path) && m.start != scratch)
+    {
         // The parts of m outside every kept range.
         let mut a = m.start;
         for &(ks, ke) in keep.iter().filter(|&&(ks, ke)| ks < m.end && ke > m.start) {
@@ -38,7 +41,15 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
             push_range(&mut ranges, a, m.end);
         }
     }
-    let calls: Vec<(String, Call)> = ranges.iter().map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a]))).collect();
+    let calls: Vec<(String, Call)> = ranges
+        .iter()
+        .map(|&(a, e)| {
+            (
+                format!("munmap({a:#x})"),
+                Call::new(libc::SYS_munmap, &[a, e - a]),
+            )
+        })
+        .collect();
     s.run(s.pid, &calls)?;
     Ok(())
 }
@@ -67,7 +78,10 @@ pub fn free_gap<'v>(pid: i32, vmas: impl Iterator<Item = &'v Vma>, len: u64) -> 
         cand = (e + 4096).max(cand);
     }
     if cand + len >= ferry_image::validate::USER_ADDR_END {
-        return Err(EngineError::restore(pid, "no free address range for the restore scratch area"));
+        return Err(EngineError::restore(
+            pid,
+            "no free address range for the restore scratch area",
+        ));
     }
     Ok(cand)
 }
@@ -88,7 +102,11 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
             _ => None,
         })
         .collect();
-    let layout = |l: &[(String, u64, u64)]| l.iter().map(|(n, a, e)| (n.clone(), e - a)).collect::<Vec<_>>();
+    let layout = |l: &[(String, u64, u64)]| {
+        l.iter()
+            .map(|(n, a, e)| (n.clone(), e - a))
+            .collect::<Vec<_>>()
+    };
     if layout(&cur) != layout(&want) {
         return Err(EngineError::restore(
             pid,
@@ -102,12 +120,26 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
     let cur_hi = cur.iter().map(|c| c.2).max().unwrap_or(0);
     let want_lo = want.iter().map(|c| c.1).min().unwrap_or(0);
     let want_hi = want.iter().map(|c| c.2).max().unwrap_or(0);
-    let vdso_old = cur.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
-    let vdso_new = want.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
+    let vdso_old = cur
+        .iter()
+        .find(|c| c.0 == "[vdso]")
+        .map(|c| c.1)
+        .unwrap_or(0);
+    let vdso_new = want
+        .iter()
+        .find(|c| c.0 == "[vdso]")
+        .map(|c| c.1)
+        .unwrap_or(0);
     let syscall_off = s.remote.syscall_ip - vdso_old;
     let mremap = |s: &mut Session, from: u64, len: u64, to: u64| {
         let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-        s.run(s.pid, &[(format!("mremap({from:#x} -> {to:#x})"), Call::new(libc::SYS_mremap, &[from, len, len, flags, to]))])
+        s.run(
+            s.pid,
+            &[(
+                format!("mremap({from:#x} -> {to:#x})"),
+                Call::new(libc::SYS_mremap, &[from, len, len, flags, to]),
+            )],
+        )
     };
     // Go through a parking spot when old and new places overlap.
     let overlap = cur_lo < want_hi && want_lo < cur_hi;
@@ -140,7 +172,12 @@ fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
 /// Maps every mapping of the image but those in `inherited` (sorted
 /// ranges a forked child already has), writable first where pages must
 /// be copied in. Returns the protections to set once pages are in.
-pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u64, u64)]) -> Result<Vec<(u64, u64, u8)>> {
+pub fn map_all(
+    s: &mut Session,
+    vmas: &[Vma],
+    runs: &[PageRun],
+    inherited: &[(u64, u64)],
+) -> Result<Vec<(u64, u64, u8)>> {
     let mut reprotect = Vec::new();
     let mut calls: Vec<(String, Call)> = Vec::new();
     for v in vmas {
@@ -162,7 +199,10 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
                     if v.prot & ferry_image::PROT_EXEC != 0 {
                         flags |= SHM_EXEC;
                     }
-                    calls.push((format!("shmat(segment {id} at {:#x})", v.start), Call::new(libc::SYS_shmat, &[*id as u64, v.start, flags])));
+                    calls.push((
+                        format!("shmat(segment {id} at {:#x})", v.start),
+                        Call::new(libc::SYS_shmat, &[*id as u64, v.start, flags]),
+                    ));
                 }
                 reprotect.push((v.start, v.end - v.start, v.prot));
                 continue;
@@ -176,7 +216,12 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
             prot |= PROT_WRITE | ferry_image::PROT_READ;
             reprotect.push((v.start, v.end - v.start, v.prot));
         }
-        let mut flags = MAP_FIXED_NOREPLACE | if v.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
+        let mut flags = MAP_FIXED_NOREPLACE
+            | if v.shared {
+                libc::MAP_SHARED
+            } else {
+                libc::MAP_PRIVATE
+            } as u64;
         if fd < 0 {
             flags |= libc::MAP_ANONYMOUS as u64;
         }
@@ -189,7 +234,17 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
         let pgoff = if fd < 0 { 0 } else { v.pgoff };
         calls.push((
             format!("mmap({:#x}-{:#x})", v.start, v.end),
-            Call::new(libc::SYS_mmap, &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff]),
+            Call::new(
+                libc::SYS_mmap,
+                &[
+                    v.start,
+                    v.end - v.start,
+                    prot as u64,
+                    flags,
+                    fd as u64,
+                    pgoff,
+                ],
+            ),
         ));
         for (bit, advice) in [
             (vmflag::DONTFORK, libc::MADV_DONTFORK),
@@ -200,7 +255,13 @@ pub fn map_all(s: &mut Session, vmas: &[Vma], runs: &[PageRun], inherited: &[(u6
             (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
         ] {
             if v.flags & bit != 0 {
-                calls.push((format!("madvise({:#x}, {advice})", v.start), Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64])));
+                calls.push((
+                    format!("madvise({:#x}, {advice})", v.start),
+                    Call::new(
+                        libc::SYS_madvise,
+                        &[v.start, v.end - v.start, advice as u64],
+                    ),
+                ));
             }
         }
     }
@@ -236,11 +297,24 @@ pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, 
     let mut calls: Vec<(String, Call)> = Vec::new();
     let mut reprotect = Vec::new();
     for iv in &s.image.inherited {
-        let Some(v) = s.image.vmas.iter().find(|v| v.start == iv.start && v.end == iv.end) else { continue };
+        let Some(v) = s
+            .image
+            .vmas
+            .iter()
+            .find(|v| v.start == iv.start && v.end == iv.end)
+        else {
+            continue;
+        };
         let mut a = iv.start;
         let drop_range = |from: u64, to: u64, calls: &mut Vec<(String, Call)>| {
             if to > from {
-                calls.push((format!("madvise({from:#x}, MADV_DONTNEED)"), Call::new(libc::SYS_madvise, &[from, to - from, libc::MADV_DONTNEED as u64])));
+                calls.push((
+                    format!("madvise({from:#x}, MADV_DONTNEED)"),
+                    Call::new(
+                        libc::SYS_madvise,
+                        &[from, to - from, libc::MADV_DONTNEED as u64],
+                    ),
+                ));
             }
         };
         for &(start, pages) in &iv.shared_pages {
@@ -253,7 +327,10 @@ pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, 
             prot |= PROT_WRITE | ferry_image::PROT_READ;
             reprotect.push((v.start, v.end - v.start, v.prot));
         }
-        calls.push((format!("mprotect({:#x})", v.start), Call::new(libc::SYS_mprotect, &[v.start, v.end - v.start, prot as u64])));
+        calls.push((
+            format!("mprotect({:#x})", v.start),
+            Call::new(libc::SYS_mprotect, &[v.start, v.end - v.start, prot as u64]),
+        ));
     }
     s.run(s.pid, &calls)?;
     Ok(reprotect)
@@ -273,7 +350,13 @@ pub fn needs_rw(v: &Vma) -> bool {
 /// child inherited, or everything if the userfaultfd cannot be had) goes
 /// out with process_vm_writev, up to 1024 runs stored back to back per
 /// call. `kept`: the ranges a forked child inherited (sorted).
-pub fn write_pages_in(s: &mut Session, runs: &[PageRun], data: &[u8], kept: &[(u64, u64)], progress: Option<&crate::ProgressFn>) -> Result<()> {
+pub fn write_pages_in(
+    s: &mut Session,
+    runs: &[PageRun],
+    data: &[u8],
+    kept: &[(u64, u64)],
+    progress: Option<&crate::ProgressFn>,
+) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
     let areas: Vec<(u64, u64)> = s
         .image
@@ -287,7 +370,10 @@ pub fn write_pages_in(s: &mut Session, runs: &[PageRun], data: &[u8], kept: &[(u
         return write_pages(s.pid, runs, data, progress);
     }
     let Some(uffd) = uffd_for(s)? else {
-        tracing::debug!("pid {}: no userfaultfd, pages go in with process_vm_writev", s.pid);
+        tracing::debug!(
+            "pid {}: no userfaultfd, pages go in with process_vm_writev",
+            s.pid
+        );
         return write_pages(s.pid, runs, data, progress);
     };
     let pid = s.pid;
@@ -311,23 +397,46 @@ pub fn write_pages_in(s: &mut Session, runs: &[PageRun], data: &[u8], kept: &[(u
         // Runs inside a registered mapping go through the userfaultfd.
         let (via_uffd, other): (Vec<PageRun>, Vec<PageRun>) = runs.iter().partition(|r| {
             let k = areas.partition_point(|&(_, e)| e <= r.start);
-            areas.get(k).is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
+            areas
+                .get(k)
+                .is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
         });
         let counter = crate::ProgressCounter::new(progress, total);
         let counter = &counter;
         let fd = uffd.as_fd();
-        let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
+        let workers = if total < (16 << 20) {
+            1
+        } else {
+            crate::worker_threads()
+        };
         let parts = split_runs(&via_uffd, workers);
         std::thread::scope(|sc| {
-            let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || copy_runs(pid, fd, part, data, counter))).collect();
-            let r = if other.is_empty() { Ok(()) } else { write_runs(pid, &other, data, counter) };
-            handles.into_iter().fold(r, |acc, h| acc.and(h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))))
+            let handles: Vec<_> = parts
+                .into_iter()
+                .map(|part| sc.spawn(move || copy_runs(pid, fd, part, data, counter)))
+                .collect();
+            let r = if other.is_empty() {
+                Ok(())
+            } else {
+                write_runs(pid, &other, data, counter)
+            };
+            handles.into_iter().fold(r, |acc, h| {
+                acc.and(h.join().unwrap_or_else(|_| {
+                    Err(EngineError::restore(pid, "page copy thread panicked"))
+                }))
+            })
         })
     } else {
         Ok(())
     };
     for &(a, e) in &registered {
-        uffd::unregister(uffd.as_fd(), a, e - a).map_err(|err| EngineError::kernel(pid, format!("unregistering {a:#x}-{e:#x} from the userfaultfd"), err))?;
+        uffd::unregister(uffd.as_fd(), a, e - a).map_err(|err| {
+            EngineError::kernel(
+                pid,
+                format!("unregistering {a:#x}-{e:#x} from the userfaultfd"),
+                err,
+            )
+        })?;
     }
     drop(uffd);
     result?;
@@ -345,7 +454,13 @@ pub fn write_pages_in(s: &mut Session, runs: &[PageRun], data: &[u8], kept: &[(u
 fn uffd_for(s: &mut Session) -> Result<Option<std::os::fd::OwnedFd>> {
     let pid = s.pid;
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
-    let fd = match s.run(pid, &[("userfaultfd".into(), Call::new(libc::SYS_userfaultfd, &[flags]))]) {
+    let fd = match s.run(
+        pid,
+        &[(
+            "userfaultfd".into(),
+            Call::new(libc::SYS_userfaultfd, &[flags]),
+        )],
+    ) {
         Ok(r) => r[0],
         Err(EngineError::Remote { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -354,7 +469,13 @@ fn uffd_for(s: &mut Session) -> Result<Option<std::os::fd::OwnedFd>> {
         .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd as i32))
         .map_err(|e| EngineError::kernel(pid, format!("taking its new userfaultfd (fd {fd})"), e));
     // Close the process's copy whether or not we got ours.
-    s.run(pid, &[("close(userfaultfd)".into(), Call::new(libc::SYS_close, &[fd]))])?;
+    s.run(
+        pid,
+        &[(
+            "close(userfaultfd)".into(),
+            Call::new(libc::SYS_close, &[fd]),
+        )],
+    )?;
     let taken = taken?;
     if uffd::api(taken.as_fd(), 0).is_err() {
         return Ok(None);
@@ -385,15 +506,35 @@ fn split_runs(runs: &[PageRun], workers: usize) -> Vec<&[PageRun]> {
 }
 
 /// UFFDIO_COPY of each run into its (still empty) place.
-fn copy_runs(pid: i32, fd: std::os::fd::BorrowedFd<'_>, runs: &[PageRun], data: &[u8], progress: &crate::ProgressCounter) -> Result<()> {
+fn copy_runs(
+    pid: i32,
+    fd: std::os::fd::BorrowedFd<'_>,
+    runs: &[PageRun],
+    data: &[u8],
+    progress: &crate::ProgressCounter,
+) -> Result<()> {
     for r in runs {
         let (off, len) = (r.offset as usize, (r.pages * 4096) as usize);
         let mut done = 0usize;
         while done < len {
-            let n = uffd::copy(fd, r.start + done as u64, &data[off + done..off + len], uffd::UFFDIO_COPY_MODE_DONTWAKE)
-                .map_err(|e| EngineError::kernel(pid, format!("placing pages at {:#x}", r.start + done as u64), e))?;
+            let n = uffd::copy(
+                fd,
+                r.start + done as u64,
+                &data[off + done..off + len],
+                uffd::UFFDIO_COPY_MODE_DONTWAKE,
+            )
+            .map_err(|e| {
+                EngineError::kernel(
+                    pid,
+                    format!("placing pages at {:#x}", r.start + done as u64),
+                    e,
+                )
+            })?;
             if n == 0 {
-                return Err(EngineError::restore(pid, format!("page copy at {:#x} made no progress", r.start + done as u64)));
+                return Err(EngineError::restore(
+                    pid,
+                    format!("page copy at {:#x} made no progress", r.start + done as u64),
+                ));
             }
             done += n as usize;
         }
@@ -405,19 +546,39 @@ fn copy_runs(pid: i32, fd: std::os::fd::BorrowedFd<'_>, runs: &[PageRun], data: 
 /// Copies every stored page into place: runs stored back to back go out
 /// in one process_vm_writev of up to 1024 ranges. Faulting in the target's
 /// pages dominates, so large images are written from several threads.
-pub fn write_pages(pid: i32, runs: &[PageRun], data: &[u8], progress: Option<&crate::ProgressFn>) -> Result<()> {
+pub fn write_pages(
+    pid: i32,
+    runs: &[PageRun],
+    data: &[u8],
+    progress: Option<&crate::ProgressFn>,
+) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
-    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
+    let workers = if total < (16 << 20) {
+        1
+    } else {
+        crate::worker_threads()
+    };
     let parts = split_runs(runs, workers);
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
     std::thread::scope(|sc| {
-        let handles: Vec<_> = parts.into_iter().map(|part| sc.spawn(move || write_runs(pid, part, data, counter))).collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked"))))
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| sc.spawn(move || write_runs(pid, part, data, counter)))
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))
+        })
     })
 }
 
-fn write_runs(pid: i32, runs: &[PageRun], data: &[u8], progress: &crate::ProgressCounter) -> Result<()> {
+fn write_runs(
+    pid: i32,
+    runs: &[PageRun],
+    data: &[u8],
+    progress: &crate::ProgressCounter,
+) -> Result<()> {
     let mut i = 0;
     while i < runs.len() {
         let first = runs[i].offset as usize;
@@ -425,14 +586,21 @@ fn write_runs(pid: i32, runs: &[PageRun], data: &[u8], progress: &crate::Progres
         let mut remote = Vec::new();
         while i < runs.len() && remote.len() < vm::MAX_IOV && runs[i].offset as usize == end {
             let len = (runs[i].pages * 4096) as usize;
-            remote.push(RemoteRange { addr: runs[i].start, len });
+            remote.push(RemoteRange {
+                addr: runs[i].start,
+                len,
+            });
             end += len;
             i += 1;
         }
-        let n = vm::write_remote(pid, &data[first..end], &remote)
-            .map_err(|e| EngineError::kernel(pid, format!("writing pages at {:#x}", remote[0].addr), e))?;
+        let n = vm::write_remote(pid, &data[first..end], &remote).map_err(|e| {
+            EngineError::kernel(pid, format!("writing pages at {:#x}", remote[0].addr), e)
+        })?;
         if n != end - first {
-            return Err(EngineError::restore(pid, format!("short page write at {:#x}", remote[0].addr)));
+            return Err(EngineError::restore(
+                pid,
+                format!("short page write at {:#x}", remote[0].addr),
+            ));
         }
         progress.add(n as u64);
     }
@@ -440,8 +608,15 @@ fn write_runs(pid: i32, runs: &[PageRun], data: &[u8], progress: &crate::Progres
 }
 
 pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
-    let calls: Vec<(String, Call)> =
-        list.iter().map(|&(a, len, prot)| (format!("mprotect({a:#x})"), Call::new(libc::SYS_mprotect, &[a, len, prot as u64]))).collect();
+    let calls: Vec<(String, Call)> = list
+        .iter()
+        .map(|&(a, len, prot)| {
+            (
+                format!("mprotect({a:#x})"),
+                Call::new(libc::SYS_mprotect, &[a, len, prot as u64]),
+            )
+        })
+        .collect();
     s.run(s.pid, &calls)?;
     Ok(())
 }
@@ -453,7 +628,12 @@ pub fn relock(s: &mut Session, vmas: &[ferry_image::Vma]) -> Result<()> {
     let calls: Vec<(String, Call)> = vmas
         .iter()
         .filter(|v| v.flags & ferry_image::vmflag::LOCKED != 0)
-        .map(|v| (format!("mlock({:#x}-{:#x})", v.start, v.end), Call::new(libc::SYS_mlock, &[v.start, v.end - v.start])))
+        .map(|v| {
+            (
+                format!("mlock({:#x}-{:#x})", v.start, v.end),
+                Call::new(libc::SYS_mlock, &[v.start, v.end - v.start]),
+            )
+        })
         .collect();
     if !calls.is_empty() {
         s.run(s.pid, &calls)?;
@@ -466,8 +646,17 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     let mm = &s.image.mm;
     let mut buf: Vec<u8> = Vec::with_capacity(104);
     for v in [
-        mm.start_code, mm.end_code, mm.start_data, mm.end_data, mm.start_brk, mm.brk, mm.start_stack, mm.arg_start, mm.arg_end,
-        mm.env_start, mm.env_end,
+        mm.start_code,
+        mm.end_code,
+        mm.start_data,
+        mm.end_data,
+        mm.start_brk,
+        mm.brk,
+        mm.start_stack,
+        mm.arg_start,
+        mm.arg_end,
+        mm.env_start,
+        mm.env_end,
     ] {
         buf.extend_from_slice(&v.to_le_bytes());
     }
@@ -480,7 +669,10 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     s.remote.write(auxv_addr, &auxv)?;
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    let call = Call::new(libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0]);
+    let call = Call::new(
+        libc::SYS_prctl,
+        &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0],
+    );
     s.run(s.pid, &[("prctl(PR_SET_MM_MAP)".into(), call)])?;
     Ok(())
 }

@@ -128,14 +128,20 @@ impl Session<'_> {
     pub fn run(&mut self, tid: i32, calls: &[(String, inject::Call)]) -> Result<Vec<u64>> {
         let only: Vec<inject::Call> = calls.iter().map(|c| c.1).collect();
         let results = self.remote.batch(tid, self.scratch, &only)?;
-        calls.iter().zip(results).map(|((name, _), r)| inject::check(self.pid, tid, name, r)).collect()
+        calls
+            .iter()
+            .zip(results)
+            .map(|((name, _), r)| inject::check(self.pid, tid, name, r))
+            .collect()
     }
 
     pub fn staging_fd(&self, path: &str, rw: bool) -> Result<RawFd> {
         self.staging
             .get(&(path.to_string(), rw))
             .copied()
-            .ok_or_else(|| EngineError::restore(self.pid, format!("no staged descriptor for {path}")))
+            .ok_or_else(|| {
+                EngineError::restore(self.pid, format!("no staged descriptor for {path}"))
+            })
     }
 }
 
@@ -147,11 +153,16 @@ pub fn pids_free_here(tree: &TreeImage) -> bool {
 
 /// Every thread ID and zombie PID the tree takes.
 fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
-    tree.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).chain(tree.zombies.iter().map(|z| z.pid))
+    tree.processes
+        .iter()
+        .flat_map(|p| p.threads.iter().map(|t| t.tid))
+        .chain(tree.zombies.iter().map(|z| z.pid))
 }
 
 fn pid_owner(pid: i32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// Kills every process made so far unless disarmed, and reaps what ferry
@@ -186,17 +197,21 @@ fn raise_fd_limit() {
 }
 
 fn lift_fd(pid: i32, fd: RawFd, temp_base: RawFd, what: &str) -> Result<OwnedFd> {
-    ferry_sys::fd::dup_above(fd, temp_base).map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))
+    ferry_sys::fd::dup_above(fd, temp_base)
+        .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))
 }
 
 /// Runs `f` with ferry in network namespace `ns` (if any), then returns
 /// to its own: sockets made meanwhile belong to `ns`.
 fn in_netns<T>(pid: i32, ns: Option<RawFd>, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let Some(ns) = ns else { return f() };
-    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
-    ferry_sys::netns::enter_net_namespace_fd(ns).map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
+    let own = std::fs::File::open("/proc/thread-self/ns/net")
+        .map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
+    ferry_sys::netns::enter_net_namespace_fd(ns)
+        .map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
     let r = f();
-    ferry_sys::netns::enter_net_namespace_fd(own.as_raw_fd()).map_err(|e| EngineError::kernel(pid, "returning to ferry's network namespace", e))?;
+    ferry_sys::netns::enter_net_namespace_fd(own.as_raw_fd())
+        .map_err(|e| EngineError::kernel(pid, "returning to ferry's network namespace", e))?;
     r
 }
 
@@ -209,9 +224,17 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
     let dirh = ImageDir::new(dir);
     let pages_file = dirh.check_pages_file(&inv)?;
     let pid = tree.root().map_or(inv.source_pid, |p| p.pid);
-    let pages = ferry_sys::process::MappedFile::map(&pages_file, ferry_image::dir::PAGES_DATA_OFFSET, inv.pages_bytes as usize)
-        .map_err(|e| EngineError::kernel(pid, "mapping pages.img", e))?;
-    let all_runs: Vec<ferry_image::PageRun> = tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
+    let pages = ferry_sys::process::MappedFile::map(
+        &pages_file,
+        ferry_image::dir::PAGES_DATA_OFFSET,
+        inv.pages_bytes as usize,
+    )
+    .map_err(|e| EngineError::kernel(pid, "mapping pages.img", e))?;
+    let all_runs: Vec<ferry_image::PageRun> = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.page_runs.iter().copied())
+        .collect();
     ImageDir::verify_runs_parallel(&all_runs, pages.bytes(), crate::worker_threads())?;
     drop(all_runs);
     if opts.new_pid_ns || tree.own_pid_namespace {
@@ -259,7 +282,10 @@ impl Held {
     /// Post-copy: (image PID, descriptor in this process) of each
     /// userfaultfd whose registered mappings wait for their pages.
     pub fn lazy_uffds(&self) -> Vec<(i32, RawFd)> {
-        self.uffds.iter().map(|(p, f)| (*p, f.as_raw_fd())).collect()
+        self.uffds
+            .iter()
+            .map(|(p, f)| (*p, f.as_raw_fd()))
+            .collect()
     }
 
     /// Brings the connections alive and lets every process run.
@@ -271,7 +297,21 @@ impl Held {
     /// runs, before the network lock and the staging are taken down (a
     /// migration reports the service running at that moment).
     pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
-        let Held { pid, tree, connections, mut lock, procs, mut sysv, mut sysv_ipc, staged_files, staging, mut phases, uffds, placed, mut guard } = self;
+        let Held {
+            pid,
+            tree,
+            connections,
+            mut lock,
+            procs,
+            mut sysv,
+            mut sysv_ipc,
+            staged_files,
+            staging,
+            mut phases,
+            uffds,
+            placed,
+            mut guard,
+        } = self;
         let ph = &mut phases;
         // The connections come alive only now, with every process that
         // owns one in place and still stopped.
@@ -291,16 +331,24 @@ impl Held {
                 // Queued while every thread is still held: the process takes
                 // it on its way out of the ptrace stop, before running any
                 // instruction of its own, and enters the job-control stop.
-                ferry_sys::process::kill(*p, libc::SIGSTOP).map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
+                ferry_sys::process::kill(*p, libc::SIGSTOP)
+                    .map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
             }
             for &tid in std::iter::once(p).chain(tids) {
-                ptrace::detach(tid, 0).map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
+                ptrace::detach(tid, 0)
+                    .map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
             }
         }
         guard.disarmed = true;
         let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
-        let restored =
-            Restored { pid, host_pid: pid, init_pid: None, processes: tree.processes.len(), threads, total_ms: ph.started().elapsed().as_secs_f64() * 1e3 };
+        let restored = Restored {
+            pid,
+            host_pid: pid,
+            init_pid: None,
+            processes: tree.processes.len(),
+            threads,
+            total_ms: ph.started().elapsed().as_secs_f64() * 1e3,
+        };
         running(&restored);
         if !placed.is_empty() {
             if let Err(e) = placed.unmap() {
@@ -327,10 +375,17 @@ impl Held {
 /// Rebuilds the tree of a decoded image, whose page data area is `pages`
 /// (already verified by the caller), in the PID namespace ferry is in,
 /// and holds it stopped.
-pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: Instant) -> Result<Held> {
+pub fn restore_held(
+    tree: TreeImage,
+    pages: &[u8],
+    opts: &RestoreOptions,
+    t0: Instant,
+) -> Result<Held> {
     // From the start of the restore: reading and decoding the image counts.
     let mut ph = crate::phases::Phases::start_at("restore", t0);
-    let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
+    let root = tree
+        .root()
+        .ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
     ph.mark("read+verify image");
     for id in tree_ids(&tree) {
@@ -350,15 +405,26 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let max_fd = tree
         .processes
         .iter()
-        .flat_map(|p| p.fds.iter().map(|s| s.fd).chain(p.fidelity.epoll_targets.iter().map(|t| t.fd)))
+        .flat_map(|p| {
+            p.fds
+                .iter()
+                .map(|s| s.fd)
+                .chain(p.fidelity.epoll_targets.iter().map(|t| t.fd))
+        })
         .max()
         .unwrap_or(2)
         .max(2);
     let temp_base = max_fd + 1;
     let netns = match &opts.netns {
         Some(path) => {
-            let f = std::fs::File::open(path).map_err(|e| EngineError::io(format!("network namespace {}", path.display()), e))?;
-            Some(lift_fd(pid, f.as_raw_fd(), temp_base, "the network namespace")?)
+            let f = std::fs::File::open(path)
+                .map_err(|e| EngineError::io(format!("network namespace {}", path.display()), e))?;
+            Some(lift_fd(
+                pid,
+                f.as_raw_fd(),
+                temp_base,
+                "the network namespace",
+            )?)
         }
         None => None,
     };
@@ -366,19 +432,33 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // Owned by this restore from now on: a failure thaws it (the
     // connections are gone then), success thaws it once they exist again.
     let lock = match &opts.adopt_lock {
-        Some(name) => Some(ferry_netlock::NetworkLock::adopt(name).map_err(|e| EngineError::restore(pid, format!("network lock {name}: {e}")))?),
+        Some(name) => Some(
+            ferry_netlock::NetworkLock::adopt(name)
+                .map_err(|e| EngineError::restore(pid, format!("network lock {name}: {e}")))?,
+        ),
         None => adopt_network_lock(&tree),
     };
     let sysv = staging::SysvSegments::create(&tree)?;
     let sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
-    let memfd_fds: HashMap<u64, RawFd> = staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
-    let mut staged_files = in_netns(pid, netns_fd, || files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds))?;
-    let staged_raw: HashMap<u64, RawFd> = staged_files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
+    let memfd_fds: HashMap<u64, RawFd> = staging
+        .memfds
+        .iter()
+        .map(|(id, (fd, _))| (*id, *fd))
+        .collect();
+    let mut staged_files = in_netns(pid, netns_fd, || {
+        files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds)
+    })?;
+    let staged_raw: HashMap<u64, RawFd> = staged_files
+        .iter()
+        .map(|(id, fd)| (*id, fd.as_raw_fd()))
+        .collect();
     ph.mark("stage files");
 
-    let (go_r, go_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
-    let (st_r, st_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+    let (go_r, go_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
+    let (st_r, st_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| EngineError::kernel(pid, "creating a pipe", e))?;
     let st_w = {
         let low = st_w;
         lift_fd(pid, low.as_raw_fd(), temp_base, "the status pipe")?
@@ -392,34 +472,75 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // background logging), so the child may run ordinary Rust code.
     let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
     let child_pid = match forked {
-        Ok(0) => child::run(child::ChildPlan { image: root, keep, netns: netns_fd, go: go_r, status: st_w }),
+        Ok(0) => child::run(child::ChildPlan {
+            image: root,
+            keep,
+            netns: netns_fd,
+            go: go_r,
+            status: st_w,
+        }),
         Ok(p) => p,
         Err(e) if e.errno == libc::EEXIST => {
-            return Err(EngineError::PidTaken { pid, comm: pid_owner(pid).unwrap_or_else(|| "unknown".into()) })
+            return Err(EngineError::PidTaken {
+                pid,
+                comm: pid_owner(pid).unwrap_or_else(|| "unknown".into()),
+            })
         }
-        Err(e) => return Err(EngineError::kernel(pid, "creating the process with its PID", e)),
+        Err(e) => {
+            return Err(EngineError::kernel(
+                pid,
+                "creating the process with its PID",
+                e,
+            ))
+        }
     };
-    let mut guard = TreeGuard { pids: vec![child_pid], disarmed: false };
+    let mut guard = TreeGuard {
+        pids: vec![child_pid],
+        disarmed: false,
+    };
     drop(st_w);
     drop(go_r);
-    ptrace::seize(child_pid, ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL)
-        .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
-    std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
+    ptrace::seize(
+        child_pid,
+        ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
+    )
+    .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
+    std::fs::File::from(go_w)
+        .write_all(b"g")
+        .map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
-    std::fs::File::from(st_r).read_to_string(&mut msg).map_err(|e| EngineError::io("restore status pipe", e))?;
+    std::fs::File::from(st_r)
+        .read_to_string(&mut msg)
+        .map_err(|e| EngineError::io("restore status pipe", e))?;
     if !msg.is_empty() {
         return Err(EngineError::restore(pid, msg));
     }
-    match ptrace::wait_tid(child_pid, 0).map_err(|e| EngineError::kernel(pid, "waiting for the new process", e))? {
-        Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => {}
-        other => return Err(EngineError::restore(pid, format!("new process did not stop as expected: {other:?}"))),
+    match ptrace::wait_tid(child_pid, 0)
+        .map_err(|e| EngineError::kernel(pid, "waiting for the new process", e))?
+    {
+        Some((
+            _,
+            WaitEvent::Stopped {
+                sig: libc::SIGSTOP, ..
+            },
+        )) => {}
+        other => {
+            return Err(EngineError::restore(
+                pid,
+                format!("new process did not stop as expected: {other:?}"),
+            ))
+        }
     }
     let hierarchies = match &tree.cgroups {
         Some(_) => cgroups::mounted(&crate::procfs::read_string("/proc/self/mountinfo")?),
         None => Vec::new(),
     };
     let join_cgroups = |pid: i32| -> Result<()> {
-        match tree.cgroups.as_ref().and_then(|c| c.processes.iter().find(|p| p.pid == pid)) {
+        match tree
+            .cgroups
+            .as_ref()
+            .and_then(|c| c.processes.iter().find(|p| p.pid == pid))
+        {
             Some(recorded) => cgroups::join(pid, recorded, &hierarchies),
             None => Ok(()),
         }
@@ -435,10 +556,20 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // Phase 1, parents before children: memory, then fork; the fd tables
     // once every process exists (below).
     let vdso = ferry_sys_self_vdso()?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
+    let remote = Remote {
+        pid,
+        syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
+    };
     let mut sessions: Vec<Session> = Vec::with_capacity(tree.processes.len());
     let mut epolls = std::collections::HashSet::new();
-    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
+    let mut s = Session {
+        pid,
+        image: root,
+        remote,
+        scratch: 0,
+        data: 0,
+        staging: &staging.map,
+    };
     prepare_root(&mut s, &tree)?;
     // Mappings whose pages the root inherited from ferry (a migration
     // placed them at their addresses) are kept like a child's.
@@ -450,13 +581,22 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     if !kept.is_empty() {
         reprotect.extend(memory::prepare_inherited(&mut s, &root.page_runs)?);
     }
-    memory::write_pages_in(&mut s, &root.page_runs, pages, &kept, opts.progress.as_ref())?;
+    memory::write_pages_in(
+        &mut s,
+        &root.page_runs,
+        pages,
+        &kept,
+        opts.progress.as_ref(),
+    )?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
     let mut lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])> = Vec::new();
     if let Some((_, runs)) = opts.lazy.iter().find(|(p, r)| *p == pid && !r.is_empty()) {
         if tree.processes.len() > 1 {
-            return Err(EngineError::restore(pid, "post-copy (lazy) restore of a tree of several processes is not supported"));
+            return Err(EngineError::restore(
+                pid,
+                "post-copy (lazy) restore of a tree of several processes is not supported",
+            ));
         }
         lazy_uffds.push((pid, lazy::take_uffd(&mut s)?, runs.as_slice()));
     }
@@ -466,15 +606,32 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         let k = sessions
             .iter()
             .position(|p| p.pid == img.ppid)
-            .ok_or_else(|| EngineError::restore(img.pid, format!("parent {} not restored", img.ppid)))?;
+            .ok_or_else(|| {
+                EngineError::restore(img.pid, format!("parent {} not restored", img.ppid))
+            })?;
         // A child that shared its parent's fd table gets it again: forked
         // with CLONE_FILES from the parent, whose table is complete.
         let share = img.fidelity.shares_files_with_parent;
-        let child = fork::fork_from(&mut sessions[k], img.pid, img.fidelity.exit_signal, if share { libc::CLONE_FILES as u64 } else { 0 })?;
+        let child = fork::fork_from(
+            &mut sessions[k],
+            img.pid,
+            img.fidelity.exit_signal,
+            if share { libc::CLONE_FILES as u64 } else { 0 },
+        )?;
         guard.pids.push(child);
         join_cgroups(img.pid)?;
         let parent = &sessions[k];
-        let mut s = Session { pid: img.pid, image: img, remote: Remote { pid: img.pid, ..parent.remote }, scratch: parent.scratch, data: parent.data, staging: &staging.map };
+        let mut s = Session {
+            pid: img.pid,
+            image: img,
+            remote: Remote {
+                pid: img.pid,
+                ..parent.remote
+            },
+            scratch: parent.scratch,
+            data: parent.data,
+            staging: &staging.map,
+        };
         let parent_image = parent.image;
         fork::setup_identity(&mut s, parent_image)?;
         let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
@@ -501,10 +658,16 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     let mut zombies: Vec<&ferry_image::Zombie> = tree.zombies.iter().collect();
     zombies.sort_by_key(|z| z.pgid != z.pid);
     for z in zombies {
-        let k = sessions.iter().position(|p| p.pid == z.ppid).ok_or_else(|| EngineError::restore(z.pid, "zombie's parent not restored"))?;
+        let k = sessions
+            .iter()
+            .position(|p| p.pid == z.ppid)
+            .ok_or_else(|| EngineError::restore(z.pid, "zombie's parent not restored"))?;
         fork::make_zombie(&mut sessions[k], z, &leaders)?;
     }
-    for s in sessions.iter_mut().filter(|s| s.image.pgid != s.pid && leaders.contains(&s.image.pgid)) {
+    for s in sessions
+        .iter_mut()
+        .filter(|s| s.image.pgid != s.pid && leaders.contains(&s.image.pgid))
+    {
         fork::join_group(s)?;
     }
     sysv.remove_destroyed();
@@ -513,9 +676,13 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // and any process may hold them. Until then every process has only
     // the descriptors it inherited (staged ones, above temp_base).
     if files::unix_made_late(&tree) {
-        let late = in_netns(pid, netns_fd, || files::make_unix_late(&tree, &mut sessions, &opts.tty_to, temp_base))?;
+        let late = in_netns(pid, netns_fd, || {
+            files::make_unix_late(&tree, &mut sessions, &opts.tty_to, temp_base)
+        })?;
         for (id, fd) in late {
-            let lent = fd.try_clone().map_err(|e| EngineError::io("duplicating a unix socket", e))?;
+            let lent = fd
+                .try_clone()
+                .map_err(|e| EngineError::io("duplicating a unix socket", e))?;
             connections.insert(id, lent);
             staged_files.insert(id, fd);
         }
@@ -525,7 +692,14 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         // A child that shares its parent's table (CLONE_FILES) has it
         // from the parent's install.
         if !s.image.fidelity.shares_files_with_parent || s.pid == pid {
-            install_files(s, &staged_raw, &connections, temp_base, &mut epolls, unix_late)?;
+            install_files(
+                s,
+                &staged_raw,
+                &connections,
+                temp_base,
+                &mut epolls,
+                unix_late,
+            )?;
         }
     }
     // Credentials in flight name processes of the tree: they exist now.
@@ -537,8 +711,12 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     // A process whose fd table a child shares (CLONE_FILES) leaves the
     // staged descriptors to that child, which finishes later and closes
     // them for both.
-    let table_shared_by_child: std::collections::HashSet<i32> =
-        tree.processes.iter().filter(|p| p.fidelity.shares_files_with_parent).map(|p| p.ppid).collect();
+    let table_shared_by_child: std::collections::HashSet<i32> = tree
+        .processes
+        .iter()
+        .filter(|p| p.fidelity.shares_files_with_parent)
+        .map(|p| p.ppid)
+        .collect();
     for s in sessions.iter_mut() {
         let exe_fd = staging.exes.get(&s.pid).copied();
         let close_staging = !table_shared_by_child.contains(&s.pid);
@@ -549,23 +727,51 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
     ph.mark("threads, signals, timers, creds");
     for (id, (fd, seals)) in &staging.memfds {
         if *seals != 0 {
-            ferry_sys::fd::fcntl_int(*fd, libc::F_ADD_SEALS, *seals as libc::c_long, "fcntl(F_ADD_SEALS)")
-                .map_err(|e| EngineError::kernel(pid, format!("sealing memfd {id} with {seals:#x}"), e))?;
+            ferry_sys::fd::fcntl_int(
+                *fd,
+                libc::F_ADD_SEALS,
+                *seals as libc::c_long,
+                "fcntl(F_ADD_SEALS)",
+            )
+            .map_err(|e| {
+                EngineError::kernel(pid, format!("sealing memfd {id} with {seals:#x}"), e)
+            })?;
         }
     }
-    let procs: Vec<(i32, Vec<i32>, bool)> =
-        sessions.iter().zip(all_tids).map(|(s, tids)| (s.pid, tids, s.image.fidelity.stopped)).collect();
+    let procs: Vec<(i32, Vec<i32>, bool)> = sessions
+        .iter()
+        .zip(all_tids)
+        .map(|(s, tids)| (s.pid, tids, s.image.fidelity.stopped))
+        .collect();
     drop(sessions);
     let mut uffds = Vec::with_capacity(lazy_uffds.len());
     for (p, fd, runs) in lazy_uffds {
-        let vmas = tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
+        let vmas = tree
+            .processes
+            .iter()
+            .find(|i| i.pid == p)
+            .map_or(&[][..], |i| i.vmas.as_slice());
         lazy::register(p, &fd, vmas, runs)?;
         uffds.push((p, fd));
     }
     if !uffds.is_empty() {
         ph.mark("lazy memory registered");
     }
-    Ok(Held { pid, tree, connections, lock, procs, sysv, sysv_ipc, staged_files, staging, phases: ph, uffds, placed: opts.placed_for_root.clone(), guard })
+    Ok(Held {
+        pid,
+        tree,
+        connections,
+        lock,
+        procs,
+        sysv,
+        sysv_ipc,
+        staged_files,
+        staging,
+        phases: ph,
+        uffds,
+        placed: opts.placed_for_root.clone(),
+        guard,
+    })
 }
 
 /// Takes over the network lock the checkpoint left for this image. A
@@ -576,7 +782,11 @@ fn adopt_network_lock(tree: &TreeImage) -> Option<ferry_netlock::NetworkLock> {
     match ferry_netlock::NetworkLock::adopt(&r.name) {
         Ok(l) => Some(l),
         Err(e) => {
-            tracing::warn!("network lock {} ({}) of the image: {e}; restoring without it", r.name, r.method);
+            tracing::warn!(
+                "network lock {} ({}) of the image: {e}; restoring without it",
+                r.name,
+                r.method
+            );
             None
         }
     }
@@ -597,13 +807,18 @@ fn ferry_sys_self_vdso() -> Result<(u64, u64)> {
 fn prepare_root(s: &mut Session, tree: &TreeImage) -> Result<()> {
     let pid = s.pid;
     threads::block_signals(pid, pid)?;
-    let xs = ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
+    let xs =
+        ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
     let want = s.image.threads[0].xstate.len();
     if xs.len() != want {
         return Err(EngineError::restore(pid, format!("image has a {want}-byte XSAVE area, this CPU {} bytes: restore on the same kind of CPU", xs.len())));
     }
     threads::drop_inherited_rseq(s)?;
-    let at = memory::free_gap(pid, tree.processes.iter().flat_map(|p| p.vmas.iter()), inject::SCRATCH_LEN)?;
+    let at = memory::free_gap(
+        pid,
+        tree.processes.iter().flat_map(|p| p.vmas.iter()),
+        inject::SCRATCH_LEN,
+    )?;
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
     s.scratch = scratch.addr;
     s.data = scratch.addr + inject::SCRATCH_DATA;
@@ -628,7 +843,11 @@ fn install_files(
         .epoll_targets
         .iter()
         .filter(|t| !staged.contains_key(&t.target))
-        .filter_map(|t| connections.get(&t.target).map(|fd| (t.target, fd.as_raw_fd())))
+        .filter_map(|t| {
+            connections
+                .get(&t.target)
+                .map(|fd| (t.target, fd.as_raw_fd()))
+        })
         .collect();
     let mut with_lent;
     let mut targets = staged;
@@ -674,10 +893,18 @@ fn install_files(
 fn lend_above(s: &mut Session, fd: RawFd, temp_base: RawFd) -> Result<RawFd> {
     let me = std::process::id() as u64;
     let pidfd = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
-    let got = s.call("pidfd_getfd(a file an epoll entry watches)", libc::SYS_pidfd_getfd, &[pidfd, fd as u64, 0]);
+    let got = s.call(
+        "pidfd_getfd(a file an epoll entry watches)",
+        libc::SYS_pidfd_getfd,
+        &[pidfd, fd as u64, 0],
+    );
     s.call("close(pidfd of ferry)", libc::SYS_close, &[pidfd])?;
     let got = got?;
-    let high = s.call("fcntl(F_DUPFD_CLOEXEC, above temp_base)", libc::SYS_fcntl, &[got, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64]);
+    let high = s.call(
+        "fcntl(F_DUPFD_CLOEXEC, above temp_base)",
+        libc::SYS_fcntl,
+        &[got, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64],
+    );
     s.call("close(lent file)", libc::SYS_close, &[got])?;
     Ok(high? as RawFd)
 }
@@ -685,7 +912,12 @@ fn lend_above(s: &mut Session, fd: RawFd, temp_base: RawFd) -> Result<RawFd> {
 /// Everything after memory: mm layout, signal handlers, threads and their
 /// state, timers, pending signals, locks, limits, credentials, registers.
 /// Returns the TIDs of the threads it created.
-fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, close_staging: bool) -> Result<Vec<i32>> {
+fn finish_process(
+    s: &mut Session,
+    exe_fd: Option<RawFd>,
+    temp_base: RawFd,
+    close_staging: bool,
+) -> Result<Vec<i32>> {
     let pid = s.pid;
     let image = s.image;
     memory::set_mm(s, exe_fd)?;
@@ -703,7 +935,16 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, clos
     process::restore_misc(s)?;
     signals::queue_pending(s)?;
     if close_staging {
-        s.run(pid, &[("close_range(staging)".into(), inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]))])?;
+        s.run(
+            pid,
+            &[(
+                "close_range(staging)".into(),
+                inject::Call::new(
+                    libc::SYS_close_range,
+                    &[temp_base as u64, u32::MAX as u64, 0],
+                ),
+            )],
+        )?;
     }
     let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
     if !lock_calls.is_empty() {
@@ -720,7 +961,11 @@ fn finish_process(s: &mut Session, exe_fd: Option<RawFd>, temp_base: RawFd, clos
     process::restore_creds(s, &all_tids)?;
     process::restore_dumpable(s)?;
     prctl::restore_pdeathsig(s)?;
-    s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
+    s.call(
+        "munmap(scratch)",
+        libc::SYS_munmap,
+        &[s.scratch, inject::SCRATCH_LEN],
+    )?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;
     }

@@ -13,11 +13,11 @@
 
 use super::{RestoreOptions, Restored};
 use crate::error::{EngineError, Result};
+use ferry_image::TreeImage;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use ferry_image::TreeImage;
-use std::time::Instant;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Instant;
 
 /// The tree's root as the init sees it, for signal forwarding.
 static ROOT: AtomicI32 = AtomicI32::new(0);
@@ -55,11 +55,17 @@ impl HeldInNamespace {
     /// process, with the time that took (its phases in `phases`).
     pub fn release(mut self) -> Result<Restored> {
         use std::io::BufRead;
-        let Some(mut commit) = self.commit.take() else { return Err(EngineError::InNewPidNs("released twice".into())) };
-        commit.write_all(b"c").map_err(|e| EngineError::io(format!("restore helper {} (commit pipe)", self.init), e))?;
+        let Some(mut commit) = self.commit.take() else {
+            return Err(EngineError::InNewPidNs("released twice".into()));
+        };
+        commit.write_all(b"c").map_err(|e| {
+            EngineError::io(format!("restore helper {} (commit pipe)", self.init), e)
+        })?;
         drop(commit);
         let mut line = String::new();
-        self.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {} (report pipe)", self.init), e))?;
+        self.report.read_line(&mut line).map_err(|e| {
+            EngineError::io(format!("restore helper {} (report pipe)", self.init), e)
+        })?;
         let line = line.trim_end();
         let r = match parse_report(line) {
             Some(Ok(mut r)) => {
@@ -68,7 +74,12 @@ impl HeldInNamespace {
                 r
             }
             Some(Err(msg)) => return Err(EngineError::InNewPidNs(msg)),
-            None => return Err(EngineError::InNewPidNs(format!("its helper (pid {}) ended while releasing the tree", self.init))),
+            None => {
+                return Err(EngineError::InNewPidNs(format!(
+                    "its helper (pid {}) ended while releasing the tree",
+                    self.init
+                )))
+            }
         };
         // From now on the helper is the namespace's init and outlives us.
         self.init = 0;
@@ -89,11 +100,18 @@ impl Drop for HeldInNamespace {
 
 /// Restores a decoded image whose page data area is `pages` (verified by
 /// the caller) into a new PID namespace, and holds it there stopped.
-pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: Instant) -> Result<HeldInNamespace> {
+pub fn restore_held(
+    tree: TreeImage,
+    pages: &[u8],
+    opts: &RestoreOptions,
+    t0: Instant,
+) -> Result<HeldInNamespace> {
     use std::io::BufRead;
     let root = tree.root().map_or(0, |p| p.pid);
-    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
-    let (crd, cwr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC).map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
+    let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
+    let (crd, cwr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
     let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
     // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
     // code, as the root child of a plain restore does.
@@ -119,19 +137,34 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
         uffds: Vec::new(),
     };
     let mut line = String::new();
-    held.report.read_line(&mut line).map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
+    held.report
+        .read_line(&mut line)
+        .map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
     let line = line.trim_end();
     if let Some(msg) = line.strip_prefix("err ") {
         return Err(EngineError::InNewPidNs(msg.to_string()));
     }
     let Some(phases) = line.strip_prefix("held") else {
-        return Err(EngineError::InNewPidNs(format!("its helper (pid {init}) ended without a report")));
+        return Err(EngineError::InNewPidNs(format!(
+            "its helper (pid {init}) ended without a report"
+        )));
     };
-    for (p, fd) in phases.split_whitespace().filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':')) {
-        let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else { continue };
+    for (p, fd) in phases
+        .split_whitespace()
+        .filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':'))
+    {
+        let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else {
+            continue;
+        };
         let taken = ferry_sys::pidfd::pidfd_open(init)
             .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd))
-            .map_err(|e| EngineError::kernel(p, format!("taking its userfaultfd from the restore helper {init}"), e))?;
+            .map_err(|e| {
+                EngineError::kernel(
+                    p,
+                    format!("taking its userfaultfd from the restore helper {init}"),
+                    e,
+                )
+            })?;
         held.uffds.push((p, taken));
     }
     held.phases = phases
@@ -144,7 +177,11 @@ pub fn restore_held(tree: TreeImage, pages: &[u8], opts: &RestoreOptions, t0: In
 
 /// Runs in the helper of [`restore_held`]: PID 1 of the new namespace.
 /// Never returns.
-fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: impl FnOnce() -> Result<super::Held>) -> ! {
+fn hold_as_init(
+    mut report: std::fs::File,
+    mut commit: std::fs::File,
+    restore: impl FnOnce() -> Result<super::Held>,
+) -> ! {
     let held = match restore() {
         // The namespace's init from before anyone is told the tree exists:
         // from then on it is the root's parent and may be signalled.
@@ -158,8 +195,17 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
             ferry_sys::process::exit_now(1)
         }
     };
-    let mut phases: Vec<String> = held.phases().done().iter().map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_"))).collect();
-    phases.extend(held.lazy_uffds().iter().map(|(p, fd)| format!("uffd={p}:{fd}")));
+    let mut phases: Vec<String> = held
+        .phases()
+        .done()
+        .iter()
+        .map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_")))
+        .collect();
+    phases.extend(
+        held.lazy_uffds()
+            .iter()
+            .map(|(p, fd)| format!("uffd={p}:{fd}")),
+    );
     let _ = writeln!(report, "held {}", phases.join(" "));
     let mut go = [0u8; 1];
     if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
@@ -170,7 +216,11 @@ fn hold_as_init(mut report: std::fs::File, mut commit: std::fs::File, restore: i
     let root = held.pid();
     // Reported as soon as the tree runs; the lock comes down after.
     match held.release_then(|r| {
-        let _ = writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
+        let _ = writeln!(
+            report,
+            "released {} {} {} {:.3}",
+            r.pid, r.processes, r.threads, r.total_ms
+        );
     }) {
         Ok(_) => {}
         Err(e) => {
@@ -189,7 +239,12 @@ fn root_seen_from_here(root: i32, init: i32) -> Result<i32> {
     let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(path.clone(), e))?;
     text.split_whitespace()
         .find_map(|c| c.parse::<i32>().ok())
-        .ok_or_else(|| EngineError::restore(root, format!("the PID namespace's init {init} has no child")))
+        .ok_or_else(|| {
+            EngineError::restore(
+                root,
+                format!("the PID namespace's init {init} has no child"),
+            )
+        })
 }
 
 fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
@@ -201,13 +256,21 @@ fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
     let processes = f.next()?.parse().ok()?;
     let threads = f.next()?.parse().ok()?;
     let total_ms = f.next()?.parse().ok()?;
-    Some(Ok(Restored { pid, host_pid: pid, init_pid: None, processes, threads, total_ms }))
+    Some(Ok(Restored {
+        pid,
+        host_pid: pid,
+        init_pid: None,
+        processes,
+        threads,
+        total_ms,
+    }))
 }
 
 fn mount_own_proc(root: i32) -> Result<()> {
     // Slave, so nothing mounted here reaches ferry's namespace while mounts
     // made there still show up here.
-    ferry_sys::netns::mount_own_proc().map_err(|e| EngineError::kernel(root, "mounting /proc for the new PID namespace", e))
+    ferry_sys::netns::mount_own_proc()
+        .map_err(|e| EngineError::kernel(root, "mounting /proc for the new PID namespace", e))
 }
 
 /// Named `ferry-init`, forwarding the signals a service's init passes on
@@ -216,7 +279,14 @@ fn mount_own_proc(root: i32) -> Result<()> {
 fn take_init_role(root: i32) {
     ROOT.store(root, Ordering::Relaxed);
     let _ = ferry_sys::process::set_name(c"ferry-init");
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+    for sig in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
         let _ = ferry_sys::signal::set_handler(sig, forward);
     }
 }
@@ -226,7 +296,11 @@ fn take_init_role(root: i32) {
 fn be_init(root: i32) -> ! {
     // ferry's standard streams may be a pipe someone reads to its end:
     // the init must not hold them open for the tree's lifetime.
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             let _ = ferry_sys::fd::dup2(null.as_raw_fd(), fd);
         }

@@ -2,8 +2,8 @@
 //! get in the way of the restore itself.
 
 use super::Session;
-use crate::inject::{check, Call};
 use crate::error::{EngineError, Result};
+use crate::inject::{check, Call};
 use ferry_image::ProcessImage;
 
 pub fn restore_limits(pid: i32, image: &ProcessImage) -> Result<()> {
@@ -21,11 +21,20 @@ pub fn restore_misc(s: &mut Session) -> Result<()> {
     const PR_SET_THP_DISABLE: u64 = 41;
     let m = s.image.misc;
     let calls = [
-        Call::new(libc::SYS_prctl, &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0]),
-        Call::new(libc::SYS_prctl, &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64]),
+        Call::new(
+            libc::SYS_prctl,
+            &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0],
+        ),
+        Call::new(
+            libc::SYS_prctl,
+            &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64],
+        ),
     ];
     let r = s.remote.batch(s.pid, s.scratch, &calls)?;
-    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
+    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"]
+        .iter()
+        .zip(r)
+    {
         check(s.pid, s.pid, name, v)?;
     }
     let path = format!("/proc/{}/oom_score_adj", s.pid);
@@ -39,7 +48,11 @@ pub fn restore_misc(s: &mut Session) -> Result<()> {
 /// back non-dumpable when it was set first.
 pub fn restore_dumpable(s: &mut Session) -> Result<()> {
     const PR_SET_DUMPABLE: u64 = 4;
-    s.call("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[PR_SET_DUMPABLE, s.image.misc.dumpable as u64])?;
+    s.call(
+        "prctl(PR_SET_DUMPABLE)",
+        libc::SYS_prctl,
+        &[PR_SET_DUMPABLE, s.image.misc.dumpable as u64],
+    )?;
     Ok(())
 }
 
@@ -66,11 +79,25 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     const CAPABILITY_V3: u32 = 0x2008_0522;
     let c = s.image.creds.clone();
     let securebits = s.image.fidelity.securebits;
-    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(40);
-    let all: u64 = if last_cap >= 63 { !0 } else { (1u64 << (last_cap + 1)) - 1 };
+    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(40);
+    let all: u64 = if last_cap >= 63 {
+        !0
+    } else {
+        (1u64 << (last_cap + 1)) - 1
+    };
     let full = |m: u64| m & all == all;
     let caps = c.caps;
-    if c.uids == [0; 4] && c.gids == [0; 4] && full(caps.permitted) && full(caps.effective) && full(caps.bounding) && caps.ambient == 0 && securebits == 0 {
+    if c.uids == [0; 4]
+        && c.gids == [0; 4]
+        && full(caps.permitted)
+        && full(caps.effective)
+        && full(caps.bounding)
+        && caps.ambient == 0
+        && securebits == 0
+    {
         return Ok(());
     }
     // struct __user_cap_header_struct + __user_cap_data_struct[2]:
@@ -91,39 +118,110 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     s.remote.write(s.data, &groups)?;
     // What the restored process has now (ferry's own sets, which may be
     // less than every capability).
-    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).map_err(|e| EngineError::io(format!("/proc/{}/status", s.pid), e))?;
-    let now_permitted = status.lines().find_map(|l| l.strip_prefix("CapPrm:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(all);
-    s.remote.write(s.data + 4096, &capset(now_permitted, now_permitted, caps.inheritable))?;
-    s.remote.write(s.data + 4096 + 64, &capset(caps.effective, caps.permitted, caps.inheritable))?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid))
+        .map_err(|e| EngineError::io(format!("/proc/{}/status", s.pid), e))?;
+    let now_permitted = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapPrm:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(all);
+    s.remote.write(
+        s.data + 4096,
+        &capset(now_permitted, now_permitted, caps.inheritable),
+    )?;
+    s.remote.write(
+        s.data + 4096 + 64,
+        &capset(caps.effective, caps.permitted, caps.inheritable),
+    )?;
     let mut calls: Vec<(String, Call)> = Vec::new();
     for cap in 0..=u64::from(last_cap) {
         if caps.bounding & (1 << cap) == 0 {
-            calls.push((format!("prctl(PR_CAPBSET_DROP, {cap})"), Call::new(libc::SYS_prctl, &[PR_CAPBSET_DROP, cap])));
+            calls.push((
+                format!("prctl(PR_CAPBSET_DROP, {cap})"),
+                Call::new(libc::SYS_prctl, &[PR_CAPBSET_DROP, cap]),
+            ));
         }
     }
-    calls.push(("prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)".into(), Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP])));
-    calls.push(("setgroups".into(), Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, s.data])));
-    calls.push(("setresgid".into(), Call::new(libc::SYS_setresgid, &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64])));
-    calls.push(("setresuid".into(), Call::new(libc::SYS_setresuid, &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64])));
+    calls.push((
+        "prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)".into(),
+        Call::new(
+            libc::SYS_prctl,
+            &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP],
+        ),
+    ));
+    calls.push((
+        "setgroups".into(),
+        Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, s.data]),
+    ));
+    calls.push((
+        "setresgid".into(),
+        Call::new(
+            libc::SYS_setresgid,
+            &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64],
+        ),
+    ));
+    calls.push((
+        "setresuid".into(),
+        Call::new(
+            libc::SYS_setresuid,
+            &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64],
+        ),
+    ));
     // setfs[ug]id return the previous id, never an error.
-    calls.push(("setfsgid".into(), Call::new(libc::SYS_setfsgid, &[c.gids[3] as u64])));
-    calls.push(("setfsuid".into(), Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64])));
-    calls.push(("capset(inheritable)".into(), Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8])));
+    calls.push((
+        "setfsgid".into(),
+        Call::new(libc::SYS_setfsgid, &[c.gids[3] as u64]),
+    ));
+    calls.push((
+        "setfsuid".into(),
+        Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64]),
+    ));
+    calls.push((
+        "capset(inheritable)".into(),
+        Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8]),
+    ));
     for cap in 0..=u64::from(last_cap) {
         if caps.ambient & (1 << cap) != 0 {
-            calls.push((format!("raising ambient capability {cap}"), Call::new(libc::SYS_prctl, &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap])));
+            calls.push((
+                format!("raising ambient capability {cap}"),
+                Call::new(
+                    libc::SYS_prctl,
+                    &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap],
+                ),
+            ));
         }
     }
-    calls.push((format!("prctl(PR_SET_SECUREBITS, {securebits:#x})"), Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, u64::from(securebits)])));
-    calls.push(("capset".into(), Call::new(libc::SYS_capset, &[s.data + 4096 + 64, s.data + 4096 + 64 + 8])));
+    calls.push((
+        format!("prctl(PR_SET_SECUREBITS, {securebits:#x})"),
+        Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, u64::from(securebits)]),
+    ));
+    calls.push((
+        "capset".into(),
+        Call::new(
+            libc::SYS_capset,
+            &[s.data + 4096 + 64, s.data + 4096 + 64 + 8],
+        ),
+    ));
     for &tid in tids {
         s.run(tid, &calls)?;
     }
     // setfsuid cannot fail loudly: check what it did.
     let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).unwrap_or_default();
-    let fs_of = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().nth(3)).and_then(|v| v.parse::<u32>().ok());
+    let fs_of = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().nth(3))
+            .and_then(|v| v.parse::<u32>().ok())
+    };
     if fs_of("Uid:") != Some(c.uids[3]) || fs_of("Gid:") != Some(c.gids[3]) {
-        return Err(EngineError::restore(s.pid, format!("filesystem uid/gid could not be set to {}/{}", c.uids[3], c.gids[3])));
+        return Err(EngineError::restore(
+            s.pid,
+            format!(
+                "filesystem uid/gid could not be set to {}/{}",
+                c.uids[3], c.gids[3]
+            ),
+        ));
     }
     Ok(())
 }

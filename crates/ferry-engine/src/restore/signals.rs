@@ -13,11 +13,18 @@ pub fn restore_actions(s: &mut Session) -> Result<()> {
     let mut args = Vec::new();
     for (i, a) in s.image.signals.actions.iter().enumerate() {
         let sig = i as u64 + 1;
-        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 || (a.handler == 0 && a.flags == 0 && a.mask == 0) {
+        if sig == libc::SIGKILL as u64
+            || sig == libc::SIGSTOP as u64
+            || (a.handler == 0 && a.flags == 0 && a.mask == 0)
+        {
             continue;
         }
         let at = s.data + args.len() as u64;
-        args.extend([a.handler, a.flags, a.restorer, a.mask].iter().flat_map(|w| w.to_le_bytes()));
+        args.extend(
+            [a.handler, a.flags, a.restorer, a.mask]
+                .iter()
+                .flat_map(|w| w.to_le_bytes()),
+        );
         calls.push((sig, Call::new(libc::SYS_rt_sigaction, &[sig, at, 0, 8])));
     }
     s.remote.write(s.data, &args)?;
@@ -42,14 +49,20 @@ pub fn queue_pending(s: &mut Session) -> Result<()> {
     let mut queues: Vec<(i32, Vec<Call>, Vec<u8>)> = Vec::new();
     let mut lead = (s.pid, Vec::new(), Vec::new());
     for info in shared {
-        lead.1.push(Call::new(libc::SYS_rt_sigqueueinfo, &[pid, signo(info), s.data + lead.2.len() as u64]));
+        lead.1.push(Call::new(
+            libc::SYS_rt_sigqueueinfo,
+            &[pid, signo(info), s.data + lead.2.len() as u64],
+        ));
         lead.2.extend_from_slice(info);
     }
     queues.push(lead);
     for t in &s.image.threads {
         let mut q = (t.tid, Vec::new(), Vec::new());
         for info in &t.pending {
-            q.1.push(Call::new(libc::SYS_rt_tgsigqueueinfo, &[pid, t.tid as u64, signo(info), s.data + q.2.len() as u64]));
+            q.1.push(Call::new(
+                libc::SYS_rt_tgsigqueueinfo,
+                &[pid, t.tid as u64, signo(info), s.data + q.2.len() as u64],
+            ));
             q.2.extend_from_slice(info);
         }
         queues.push(q);

@@ -27,7 +27,8 @@ pub struct Staging {
 
 impl Staging {
     fn lift(&mut self, pid: i32, fd: OwnedFd, what: &str) -> Result<RawFd> {
-        let high = ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base).map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
+        let high = ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base)
+            .map_err(|e| EngineError::kernel(pid, format!("staging {what}"), e))?;
         let raw = high.as_raw_fd();
         self.owned.push(high);
         Ok(raw)
@@ -37,7 +38,11 @@ impl Staging {
         if let Some(fd) = self.map.get(&(path.to_string(), rw)) {
             return Ok(*fd);
         }
-        let f = std::fs::OpenOptions::new().read(true).write(rw).open(path).map_err(|e| EngineError::io(format!("pid {pid}: {what} {path}"), e))?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(rw)
+            .open(path)
+            .map_err(|e| EngineError::io(format!("pid {pid}: {what} {path}"), e))?;
         let fd = self.lift(pid, f.into(), "a file")?;
         self.map.insert((path.to_string(), rw), fd);
         Ok(fd)
@@ -52,7 +57,8 @@ impl Staging {
 
 fn fill(pid: i32, file: &std::fs::File, what: &str, extents: &[(u64, Vec<u8>)]) -> Result<()> {
     for (off, data) in extents {
-        file.write_all_at(data, *off).map_err(|e| EngineError::io(format!("pid {pid}: {what}"), e))?;
+        file.write_all_at(data, *off)
+            .map_err(|e| EngineError::io(format!("pid {pid}: {what}"), e))?;
     }
     Ok(())
 }
@@ -65,19 +71,32 @@ fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
     let mut name = d.name.clone();
     let mut n = 0;
     let f = loop {
-        match std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&name) {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&name)
+        {
             Ok(f) => break f,
             Err(_) if n < 100 => {
                 n += 1;
                 name = format!("{}.ferry-{pid}-{n}", d.name);
             }
-            Err(e) => return Err(EngineError::io(format!("pid {pid}: recreating deleted mapped file {}", d.name), e)),
+            Err(e) => {
+                return Err(EngineError::io(
+                    format!("pid {pid}: recreating deleted mapped file {}", d.name),
+                    e,
+                ))
+            }
         }
     };
     let done = (|| {
-        f.set_len(d.size).map_err(|e| EngineError::io(format!("deleted mapped file {name}"), e))?;
+        f.set_len(d.size)
+            .map_err(|e| EngineError::io(format!("deleted mapped file {name}"), e))?;
         fill(pid, &f, &format!("deleted mapped file {name}"), &d.extents)?;
-        ferry_sys::fd::set_mode_owner(f.as_raw_fd(), d.seals as u32 & 0o7777, 0, 0).map_err(|e| EngineError::kernel(pid, format!("mode of {name}"), e))
+        ferry_sys::fd::set_mode_owner(f.as_raw_fd(), d.seals as u32 & 0o7777, 0, 0)
+            .map_err(|e| EngineError::kernel(pid, format!("mode of {name}"), e))
     })();
     let _ = std::fs::remove_file(&name);
     done?;
@@ -89,7 +108,8 @@ fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let fd = ferry_sys::fd::memfd_create(&name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         .map_err(|e| EngineError::kernel(pid, format!("recreating memfd {}", m.name), e))?;
     let f = std::fs::File::from(fd);
-    f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
+    f.set_len(m.size)
+        .map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
     fill(pid, &f, &format!("memfd {}", m.name), &m.extents)?;
     Ok(f.into())
 }
@@ -99,9 +119,18 @@ fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
 /// /proc/self/map_files so it can be mapped by fd in every process.
 fn new_shared_anon(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let len = m.size.max(4096).div_ceil(4096) * 4096;
-    let mapping = ferry_sys::process::SharedAnon::map(len as usize).map_err(|e| EngineError::kernel(pid, format!("creating shared memory of {len} bytes"), e))?;
-    let path = format!("/proc/self/map_files/{:x}-{:x}", mapping.start(), mapping.start() + len);
-    let opened = std::fs::OpenOptions::new().read(true).write(true).open(&path);
+    let mapping = ferry_sys::process::SharedAnon::map(len as usize).map_err(|e| {
+        EngineError::kernel(pid, format!("creating shared memory of {len} bytes"), e)
+    })?;
+    let path = format!(
+        "/proc/self/map_files/{:x}-{:x}",
+        mapping.start(),
+        mapping.start() + len
+    );
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path);
     // Unmapped; the object lives on in the fd.
     drop(mapping);
     let f = opened.map_err(|e| EngineError::io(&path, e))?;
@@ -115,14 +144,28 @@ const SHM_DEST: u32 = 0o1000;
 /// key, owner, permissions and content.
 fn new_sysv(pid: i32, s: &SysvShm) -> Result<()> {
     let what = format!("SysV segment {} (key {:#x})", s.id, s.key);
-    let create = || sysv::shm_get(s.key, s.size as usize, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32);
+    let create = || {
+        sysv::shm_get(
+            s.key,
+            s.size as usize,
+            libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32,
+        )
+    };
     let remove = |id| {
         let _ = sysv::shm_remove(id);
     };
-    super::sysv_ipc::create_with_id(pid, "/proc/sys/kernel/shm_next_id", s.id, &what, create, remove)?;
+    super::sysv_ipc::create_with_id(
+        pid,
+        "/proc/sys/kernel/shm_next_id",
+        s.id,
+        &what,
+        create,
+        remove,
+    )?;
     let got = s.id;
     let result = (|| {
-        let mut at = sysv::ShmAttachment::attach(got).map_err(|e| EngineError::kernel(pid, format!("attaching SysV segment {got}"), e))?;
+        let mut at = sysv::ShmAttachment::attach(got)
+            .map_err(|e| EngineError::kernel(pid, format!("attaching SysV segment {got}"), e))?;
         let seg = at.bytes_mut();
         let size = seg.len();
         for (off, data) in &s.extents {
@@ -137,7 +180,9 @@ fn new_sysv(pid: i32, s: &SysvShm) -> Result<()> {
             ds.shm_perm.uid = s.uid;
             ds.shm_perm.gid = s.gid;
             ds.shm_perm.mode = (s.mode & 0o777) as _;
-            sysv::shm_set(got, &ds).map_err(|e| EngineError::kernel(pid, format!("setting owner of SysV segment {got}"), e))?;
+            sysv::shm_set(got, &ds).map_err(|e| {
+                EngineError::kernel(pid, format!("setting owner of SysV segment {got}"), e)
+            })?;
         }
         Ok(())
     })();
@@ -160,7 +205,11 @@ impl SysvSegments {
     /// Recreates every segment of the tree.
     pub fn create(tree: &TreeImage) -> Result<SysvSegments> {
         let root = tree.processes.first().map_or(0, |p| p.pid);
-        let mut made = SysvSegments { ids: Vec::new(), destroyed: Vec::new(), keep: false };
+        let mut made = SysvSegments {
+            ids: Vec::new(),
+            destroyed: Vec::new(),
+            keep: false,
+        };
         for s in &tree.sysv_shm {
             new_sysv(root, s)?;
             made.ids.push(s.id);
@@ -192,7 +241,13 @@ impl Drop for SysvSegments {
 }
 
 pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
-    let mut st = Staging { map: HashMap::new(), exes: HashMap::new(), memfds: HashMap::new(), owned: Vec::new(), temp_base };
+    let mut st = Staging {
+        map: HashMap::new(),
+        exes: HashMap::new(),
+        memfds: HashMap::new(),
+        owned: Vec::new(),
+        temp_base,
+    };
     let root = tree.processes.first().map_or(0, |p| p.pid);
     for p in &tree.processes {
         for m in &p.memfds {
@@ -203,9 +258,22 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
             let fd = st.lift(p.pid, fd, "a memfd")?;
             // Mode and owner as fchmod/fchown left them (memfd_create
             // makes it 0777, owned by ferry).
-            if let Some(a) = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::Memfd(m.id)) {
-                ferry_sys::fd::set_mode_owner(fd, a.mode, a.uid, a.gid)
-                    .map_err(|e| EngineError::kernel(p.pid, format!("giving memfd {} mode {:o} and owner {}:{}", m.name, a.mode, a.uid, a.gid), e))?;
+            if let Some(a) = p
+                .fidelity
+                .inode_attrs
+                .iter()
+                .find(|a| a.of == ferry_image::InodeOf::Memfd(m.id))
+            {
+                ferry_sys::fd::set_mode_owner(fd, a.mode, a.uid, a.gid).map_err(|e| {
+                    EngineError::kernel(
+                        p.pid,
+                        format!(
+                            "giving memfd {} mode {:o} and owner {}:{}",
+                            m.name, a.mode, a.uid, a.gid
+                        ),
+                        e,
+                    )
+                })?;
             }
             st.memfds.insert(m.id, (fd, m.seals));
             st.map.insert((memory::memfd_key(m.id), true), fd);
@@ -230,7 +298,12 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
     for p in &tree.processes {
         for v in &p.vmas {
             if let VmaBacking::File { path, .. } = &v.backing {
-                st.open(p.pid, path, memory::needs_rw(v), format!("file mapped at {:#x}:", v.start))?;
+                st.open(
+                    p.pid,
+                    path,
+                    memory::needs_rw(v),
+                    format!("file mapped at {:#x}:", v.start),
+                )?;
             }
         }
         if let Ok(fd) = st.open(p.pid, &p.exe, false, "executable".into()) {

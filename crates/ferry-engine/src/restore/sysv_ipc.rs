@@ -21,10 +21,19 @@ pub(super) fn create_with_id(
     std::fs::write(next_id_file, id.to_string()).map_err(|e| EngineError::io(next_id_file, e))?;
     let got = create();
     let _ = std::fs::write(next_id_file, "-1");
-    let got = got.map_err(|e| EngineError::kernel(pid, format!("recreating {what}; is one with that key or id still there?"), e))?;
+    let got = got.map_err(|e| {
+        EngineError::kernel(
+            pid,
+            format!("recreating {what}; is one with that key or id still there?"),
+            e,
+        )
+    })?;
     if got != id {
         remove(got);
-        return Err(EngineError::restore(pid, format!("{what} came back as id {got}: id {id} is taken")));
+        return Err(EngineError::restore(
+            pid,
+            format!("{what} came back as id {got}: id {id} is taken"),
+        ));
     }
     Ok(())
 }
@@ -40,10 +49,24 @@ fn remove_msg(id: i32) {
 /// Pushes the id to `made` as soon as the set exists.
 fn new_sem(pid: i32, s: &SysvSem, made: &mut Vec<i32>) -> Result<()> {
     let what = format!("SysV semaphore set {} (key {:#x})", s.id, s.key);
-    let create = || sysv::sem_get(s.key, s.values.len() as i32, libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32);
-    create_with_id(pid, "/proc/sys/kernel/sem_next_id", s.id, &what, create, remove_sem)?;
+    let create = || {
+        sysv::sem_get(
+            s.key,
+            s.values.len() as i32,
+            libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32,
+        )
+    };
+    create_with_id(
+        pid,
+        "/proc/sys/kernel/sem_next_id",
+        s.id,
+        &what,
+        create,
+        remove_sem,
+    )?;
     made.push(s.id);
-    sysv::sem_set_values(s.id, &s.values).map_err(|e| EngineError::kernel(pid, format!("setting the values of {what}"), e))?;
+    sysv::sem_set_values(s.id, &s.values)
+        .map_err(|e| EngineError::kernel(pid, format!("setting the values of {what}"), e))?;
     let owner = sysv::sem_stat(s.id).and_then(|mut ds| {
         ds.sem_perm.uid = s.uid;
         ds.sem_perm.gid = s.gid;
@@ -56,8 +79,20 @@ fn new_sem(pid: i32, s: &SysvSem, made: &mut Vec<i32>) -> Result<()> {
 /// Pushes the id to `made` as soon as the queue exists.
 fn new_msg(pid: i32, q: &SysvMsgQueue, made: &mut Vec<i32>) -> Result<()> {
     let what = format!("SysV message queue {} (key {:#x})", q.id, q.key);
-    let create = || sysv::msg_get(q.key, libc::IPC_CREAT | libc::IPC_EXCL | (q.mode & 0o777) as i32);
-    create_with_id(pid, "/proc/sys/kernel/msg_next_id", q.id, &what, create, remove_msg)?;
+    let create = || {
+        sysv::msg_get(
+            q.key,
+            libc::IPC_CREAT | libc::IPC_EXCL | (q.mode & 0o777) as i32,
+        )
+    };
+    create_with_id(
+        pid,
+        "/proc/sys/kernel/msg_next_id",
+        q.id,
+        &what,
+        create,
+        remove_msg,
+    )?;
     made.push(q.id);
     let owner = sysv::msg_stat(q.id).and_then(|mut ds| {
         ds.msg_perm.uid = q.uid;
@@ -66,10 +101,17 @@ fn new_msg(pid: i32, q: &SysvMsgQueue, made: &mut Vec<i32>) -> Result<()> {
         ds.msg_qbytes = q.max_bytes as _;
         sysv::msg_set(q.id, &ds)
     });
-    owner.map_err(|e| EngineError::kernel(pid, format!("setting the owner and size of {what}"), e))?;
+    owner.map_err(|e| {
+        EngineError::kernel(pid, format!("setting the owner and size of {what}"), e)
+    })?;
     for (i, (mtype, text)) in q.messages.iter().enumerate() {
-        sysv::msg_send(q.id, *mtype, text, libc::IPC_NOWAIT)
-            .map_err(|e| EngineError::kernel(pid, format!("queueing message {i} ({} bytes) on {what}", text.len()), e))?;
+        sysv::msg_send(q.id, *mtype, text, libc::IPC_NOWAIT).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("queueing message {i} ({} bytes) on {what}", text.len()),
+                e,
+            )
+        })?;
     }
     Ok(())
 }
@@ -85,7 +127,11 @@ pub struct SysvIpc {
 impl SysvIpc {
     pub fn create(tree: &TreeImage) -> Result<SysvIpc> {
         let root = tree.processes.first().map_or(0, |p| p.pid);
-        let mut made = SysvIpc { sems: Vec::new(), queues: Vec::new(), keep: false };
+        let mut made = SysvIpc {
+            sems: Vec::new(),
+            queues: Vec::new(),
+            keep: false,
+        };
         for s in &tree.sysv_sem {
             new_sem(root, s, &mut made.sems)?;
         }

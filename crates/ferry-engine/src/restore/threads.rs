@@ -10,21 +10,37 @@ use crate::syscall_restart;
 use ferry_image::ThreadImage;
 use ferry_sys::ptrace::{self, WaitEvent};
 
-const THREAD_FLAGS: u64 = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_SIGHAND | libc::CLONE_THREAD | libc::CLONE_SYSVSEM) as u64;
+const THREAD_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM) as u64;
 const RSEQ_FLAG_UNREGISTER: u64 = 1;
 const PR_SET_NAME: u64 = 15;
 const PR_SET_TIMERSLACK: u64 = 29;
 
 pub fn block_signals(pid: i32, tid: i32) -> Result<()> {
-    ptrace::set_sigmask(tid, !0).map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {tid}"), e))
+    ptrace::set_sigmask(tid, !0)
+        .map_err(|e| EngineError::kernel(pid, format!("blocking signals of thread {tid}"), e))
 }
 
 /// The fork inherited ferry's own rseq registration; it points into
 /// memory that is about to disappear.
 pub fn drop_inherited_rseq(s: &mut Session) -> Result<()> {
-    let conf = ptrace::get_rseq_config(s.pid).map_err(|e| EngineError::kernel(s.pid, "reading rseq configuration", e))?;
+    let conf = ptrace::get_rseq_config(s.pid)
+        .map_err(|e| EngineError::kernel(s.pid, "reading rseq configuration", e))?;
     if conf.rseq_abi_pointer != 0 {
-        s.call("rseq(unregister)", libc::SYS_rseq, &[conf.rseq_abi_pointer, conf.rseq_abi_size as u64, RSEQ_FLAG_UNREGISTER, conf.signature as u64])?;
+        s.call(
+            "rseq(unregister)",
+            libc::SYS_rseq,
+            &[
+                conf.rseq_abi_pointer,
+                conf.rseq_abi_size as u64,
+                RSEQ_FLAG_UNREGISTER,
+                conf.signature as u64,
+            ],
+        )?;
     }
     Ok(())
 }
@@ -35,25 +51,58 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
     let mut tids = Vec::new();
     for t in &s.image.threads[1..] {
         let tid_at = s.data + 256;
-        let mut args = ferry_sys::clone::CloneArgs { flags: THREAD_FLAGS, set_tid: tid_at, set_tid_size: 1, ..Default::default() };
+        let mut args = ferry_sys::clone::CloneArgs {
+            flags: THREAD_FLAGS,
+            set_tid: tid_at,
+            set_tid_size: 1,
+            ..Default::default()
+        };
         args.exit_signal = 0;
-        let words = [args.flags, args.pidfd, args.child_tid, args.parent_tid, args.exit_signal, args.stack, args.stack_size, args.tls, args.set_tid, args.set_tid_size, args.cgroup];
+        let words = [
+            args.flags,
+            args.pidfd,
+            args.child_tid,
+            args.parent_tid,
+            args.exit_signal,
+            args.stack,
+            args.stack_size,
+            args.tls,
+            args.set_tid,
+            args.set_tid_size,
+            args.cgroup,
+        ];
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         s.remote.write(s.data, &bytes)?;
         s.remote.write(tid_at, &t.tid.to_le_bytes())?;
-        let r = s.remote.raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
+        let r = s
+            .remote
+            .raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
         if r == -(libc::EEXIST as i64) {
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid)).map(|c| c.trim().to_string()).unwrap_or_else(|_| "unknown".into());
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into());
             return Err(EngineError::PidTaken { pid: t.tid, comm });
         }
         if r < 0 {
-            return Err(EngineError::Remote { pid, tid: pid, call: format!("clone3(thread {})", t.tid), errno: (-r) as i32 });
+            return Err(EngineError::Remote {
+                pid,
+                tid: pid,
+                call: format!("clone3(thread {})", t.tid),
+                errno: (-r) as i32,
+            });
         }
         let new = r as i32;
         loop {
-            match ptrace::wait_tid(new, 0).map_err(|e| EngineError::kernel(pid, format!("waiting for new thread {new}"), e))? {
+            match ptrace::wait_tid(new, 0)
+                .map_err(|e| EngineError::kernel(pid, format!("waiting for new thread {new}"), e))?
+            {
                 Some((_, WaitEvent::Stopped { .. })) => break,
-                Some(other) => return Err(EngineError::restore(pid, format!("new thread {new}: {other:?}"))),
+                Some(other) => {
+                    return Err(EngineError::restore(
+                        pid,
+                        format!("new thread {new}: {other:?}"),
+                    ))
+                }
                 None => {}
             }
         }
@@ -69,10 +118,22 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
     let mut calls: Vec<(&str, Call)> = Vec::new();
     let mut data = Vec::new();
     if t.robust_list.head != 0 {
-        calls.push(("set_robust_list", Call::new(libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len])));
+        calls.push((
+            "set_robust_list",
+            Call::new(
+                libc::SYS_set_robust_list,
+                &[t.robust_list.head, t.robust_list.len],
+            ),
+        ));
     }
     if let Some(rs) = &t.rseq {
-        calls.push(("rseq", Call::new(libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64])));
+        calls.push((
+            "rseq",
+            Call::new(
+                libc::SYS_rseq,
+                &[rs.addr, rs.len as u64, 0, rs.signature as u64],
+            ),
+        ));
     }
     // A new thread (and the child, which reset it) starts with no
     // alternate stack, no clear_child_tid and the leader's name.
@@ -84,19 +145,29 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         calls.push(("sigaltstack", Call::new(libc::SYS_sigaltstack, &[at, 0])));
     }
     if t.clear_child_tid != 0 {
-        calls.push(("set_tid_address", Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid])));
+        calls.push((
+            "set_tid_address",
+            Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid]),
+        ));
     }
     if t.timer_slack_ns != 0 {
-        calls.push(("prctl(PR_SET_TIMERSLACK)", Call::new(libc::SYS_prctl, &[PR_SET_TIMERSLACK, t.timer_slack_ns])));
+        calls.push((
+            "prctl(PR_SET_TIMERSLACK)",
+            Call::new(libc::SYS_prctl, &[PR_SET_TIMERSLACK, t.timer_slack_ns]),
+        ));
     }
-    let current = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.pid)).unwrap_or_default();
+    let current =
+        std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.pid)).unwrap_or_default();
     if current.trim_end_matches('\n') != t.comm {
         let at = s.data + data.len() as u64;
         let mut name = t.comm.as_bytes().to_vec();
         name.truncate(15);
         name.resize(16, 0);
         data.extend_from_slice(&name);
-        calls.push(("prctl(PR_SET_NAME)", Call::new(libc::SYS_prctl, &[PR_SET_NAME, at])));
+        calls.push((
+            "prctl(PR_SET_NAME)",
+            Call::new(libc::SYS_prctl, &[PR_SET_NAME, at]),
+        ));
     }
     s.remote.write(s.data, &data)?;
     let only: Vec<Call> = calls.iter().map(|c| c.1).collect();
@@ -104,7 +175,10 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         check(s.pid, tid, name, r)?;
     }
     // An interrupted relative sleep resumes with the time it had left.
-    if let (Some(ns), Some(regs)) = (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs)) {
+    if let (Some(ns), Some(regs)) = (
+        t.sleep_remaining_ns,
+        ferry_sys::process::words_to_regs(&t.regs),
+    ) {
         if let Some((req, _)) = syscall_restart::sleep_request_ptr(&regs) {
             let mut ts = Vec::with_capacity(16);
             ts.extend_from_slice(&(ns / 1_000_000_000).to_le_bytes());
@@ -117,14 +191,21 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
 
 pub fn set_final_registers(pid: i32, t: &ThreadImage) -> Result<()> {
     let tid = t.tid;
-    let mut regs = ferry_sys::process::words_to_regs(&t.regs).ok_or_else(|| EngineError::restore(pid, format!("thread {tid}: bad register set")))?;
+    let mut regs = ferry_sys::process::words_to_regs(&t.regs)
+        .ok_or_else(|| EngineError::restore(pid, format!("thread {tid}: bad register set")))?;
     syscall_restart::restart_after_restore(&mut regs);
     let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
     ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
     ptrace::set_xstate(tid, &t.xstate).map_err(|e| kerr("setting XSAVE state", e))?;
     ptrace::set_sigmask(tid, t.sigmask).map_err(|e| kerr("setting signal mask", e))?;
     let s = &t.sched;
-    let sched = ferry_sys::process::Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus.clone() };
-    ferry_sys::process::set_sched(tid, &sched).map_err(|e| kerr("setting scheduling attributes", e))?;
+    let sched = ferry_sys::process::Sched {
+        policy: s.policy,
+        rt_priority: s.rt_priority,
+        nice: s.nice,
+        cpus: s.cpus.clone(),
+    };
+    ferry_sys::process::set_sched(tid, &sched)
+        .map_err(|e| kerr("setting scheduling attributes", e))?;
     Ok(())
 }

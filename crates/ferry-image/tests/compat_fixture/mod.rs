@@ -38,7 +38,15 @@ fn thread(tid: i32) -> ThreadImage {
 }
 
 fn anon(start: u64, end: u64) -> Vma {
-    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: false, flags: 0, pgoff: 0, backing: VmaBacking::Anonymous }
+    Vma {
+        start,
+        end,
+        prot: PROT_READ | PROT_WRITE,
+        shared: false,
+        flags: 0,
+        pgoff: 0,
+        backing: VmaBacking::Anonymous,
+    }
 }
 
 fn process(pid: i32, ppid: i32, vmas: Vec<Vma>, page_runs: Vec<PageRun>) -> ProcessImage {
@@ -53,15 +61,43 @@ fn process(pid: i32, ppid: i32, vmas: Vec<Vma>, page_runs: Vec<PageRun>) -> Proc
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds { uids: [1000; 4], gids: [1000; 4], groups: vec![1000], caps: Default::default() },
-        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
+        creds: Creds {
+            uids: [1000; 4],
+            gids: [1000; 4],
+            groups: vec![1000],
+            caps: Default::default(),
+        },
+        rlimits: vec![Rlimit {
+            resource: 7,
+            soft: 1024,
+            hard: 4096,
+        }],
         threads: vec![thread(pid)],
-        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
+        mm: MmLayout {
+            auxv: vec![6, 4096, 0, 0],
+            ..Default::default()
+        },
         vmas,
         page_runs,
-        files: vec![OpenFile { id: 1, flags: 0, pos: 0, locks: vec![], kind: FileKind::EventFd { count: 3, semaphore: false } }],
-        fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
-        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
+        files: vec![OpenFile {
+            id: 1,
+            flags: 0,
+            pos: 0,
+            locks: vec![],
+            kind: FileKind::EventFd {
+                count: 3,
+                semaphore: false,
+            },
+        }],
+        fds: vec![FdSlot {
+            fd: 3,
+            file: 0,
+            cloexec: true,
+        }],
+        signals: SignalState {
+            actions: vec![SigAction::default(); 64],
+            shared_pending: vec![],
+        },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
@@ -107,14 +143,23 @@ pub fn image(format_version: u32) -> (Inventory, TreeImage, Vec<u8>) {
                 shared: false,
                 flags: 0,
                 pgoff: 0,
-                backing: VmaBacking::File { path: "/usr/bin/compat".into(), dev: 1, ino: 2 },
+                backing: VmaBacking::File {
+                    path: "/usr/bin/compat".into(),
+                    dev: 1,
+                    ino: 2,
+                },
             },
             anon(ROOT_HEAP, ROOT_HEAP + ROOT_HEAP_PAGES * PAGE),
             anon(ROOT_STACK_TOP - 32 * PAGE, ROOT_STACK_TOP),
         ],
         vec![run(ROOT_HEAP, 0, 2), run(ROOT_STACK_TOP - PAGE, 2, 1)],
     );
-    let child = process(CHILD, ROOT, vec![anon(CHILD_MAP, CHILD_MAP + 4 * PAGE)], vec![run(CHILD_MAP + PAGE, 3, 1)]);
+    let child = process(
+        CHILD,
+        ROOT,
+        vec![anon(CHILD_MAP, CHILD_MAP + 4 * PAGE)],
+        vec![run(CHILD_MAP + PAGE, 3, 1)],
+    );
     let inv = Inventory {
         format_version,
         ferry_version: "0.1.0".into(),
@@ -125,6 +170,9 @@ pub fn image(format_version: u32) -> (Inventory, TreeImage, Vec<u8>) {
         source_pid: ROOT,
         pages_bytes: pages.len() as u64,
     };
-    let t = TreeImage { processes: vec![root, child], ..Default::default() };
+    let t = TreeImage {
+        processes: vec![root, child],
+        ..Default::default()
+    };
     (inv, t, pages)
 }

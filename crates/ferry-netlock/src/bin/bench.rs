@@ -18,12 +18,17 @@ struct ScratchNetns(String);
 impl ScratchNetns {
     fn create() -> Result<ScratchNetns, String> {
         let name = format!("ferry-nl-bench-{}", std::process::id());
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().map_err(|e| format!("ip netns add: {e}"))?;
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map_err(|e| format!("ip netns add: {e}"))?;
         if !ok.success() {
             return Err(format!("ip netns add {name} failed"));
         }
         let ns = ScratchNetns(name);
-        let _ = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"])
+            .status();
         Ok(ns)
     }
 }
@@ -37,8 +42,14 @@ impl Drop for ScratchNetns {
 fn synthetic(n: usize) -> Vec<Tuple> {
     (0..n)
         .map(|i| Tuple {
-            local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + (i % 250) as u8)), 10_000 + (i / 250) as u16),
-            remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1 + (i % 200) as u8)), 40_000 + (i % 20_000) as u16),
+            local: SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + (i % 250) as u8)),
+                10_000 + (i / 250) as u16,
+            ),
+            remote: SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1 + (i % 200) as u8)),
+                40_000 + (i % 20_000) as u16,
+            ),
         })
         .collect()
 }
@@ -49,7 +60,11 @@ fn ms(start: Instant) -> f64 {
 
 /// One lock's life; returns prepare, engage, disengage, thaw and
 /// engage + disengage in milliseconds.
-fn one_run(method: Method, netns: &Netns, tuples: &[Tuple]) -> Result<[f64; 5], ferry_netlock::NetlockError> {
+fn one_run(
+    method: Method,
+    netns: &Netns,
+    tuples: &[Tuple],
+) -> Result<[f64; 5], ferry_netlock::NetlockError> {
     let start = Instant::now();
     let mut lock = NetworkLock::prepare(method, netns, "bench")?;
     let prepare = ms(start);
@@ -71,12 +86,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn arg_list(args: &[String], flag: &str) -> Option<String> {
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let reps: usize = arg_list(&args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(5).clamp(1, 100);
+    let reps: usize = arg_list(&args, "--reps")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .clamp(1, 100);
     let methods: Vec<Method> = arg_list(&args, "--methods")
         .unwrap_or_else(|| "ebpf,nftables,iptables".into())
         .split(',')

@@ -47,8 +47,16 @@ struct Args {
 fn main() {
     let args = Args::parse();
     let filter = std::env::var("FERRY_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(tracing_subscriber::EnvFilter::new(filter)).without_time().init();
-    let r = if args.serve_stdin { worker(&args) } else { listen(&args) };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .without_time()
+        .init();
+    let r = if args.serve_stdin {
+        worker(&args)
+    } else {
+        listen(&args)
+    };
     if let Err(e) = r {
         eprintln!("ferryd: error: {e:#}");
         std::process::exit(1);
@@ -56,17 +64,24 @@ fn main() {
 }
 
 fn listen(args: &Args) -> Result<()> {
-    let Some(addr) = args.listen else { bail!("--listen IP:PORT is required") };
+    let Some(addr) = args.listen else {
+        bail!("--listen IP:PORT is required")
+    };
     // Refuse a bad key now, not at the first migration.
-    ferry_transport::Key::load(&args.key).with_context(|| format!("key file {}", args.key.display()))?;
+    ferry_transport::Key::load(&args.key)
+        .with_context(|| format!("key file {}", args.key.display()))?;
     let ifindex = match &args.interface {
-        Some(name) => Some(ferry_sys::address::interface_index(name).map_err(|e| anyhow::anyhow!("interface {name}: {e}"))?),
-        None if !addr.ip().is_unspecified() => {
-            ferry_sys::address::find_address(addr.ip()).map_err(|e| anyhow::anyhow!("looking up {}: {e}", addr.ip()))?.map(|(i, _)| i)
-        }
+        Some(name) => Some(
+            ferry_sys::address::interface_index(name)
+                .map_err(|e| anyhow::anyhow!("interface {name}: {e}"))?,
+        ),
+        None if !addr.ip().is_unspecified() => ferry_sys::address::find_address(addr.ip())
+            .map_err(|e| anyhow::anyhow!("looking up {}: {e}", addr.ip()))?
+            .map(|(i, _)| i),
         None => None,
     };
-    ferry_sys::process::set_child_subreaper().map_err(|e| anyhow::anyhow!("becoming a child subreaper: {e}"))?;
+    ferry_sys::process::set_child_subreaper()
+        .map_err(|e| anyhow::anyhow!("becoming a child subreaper: {e}"))?;
     let listener = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr().unwrap_or(addr);
     std::thread::spawn(reap_forever);
@@ -89,17 +104,29 @@ fn listen(args: &Args) -> Result<()> {
 /// single-threaded process, and a failing migration cannot take the
 /// agent down.
 fn spawn_worker(args: &Args, stream: TcpStream, ifindex: Option<u32>) -> Result<()> {
-    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
-    let fd = stream.as_fd().try_clone_to_owned().context("duplicating the connection")?;
+    let peer = stream
+        .peer_addr()
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let fd = stream
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating the connection")?;
     drop(stream);
     let exe = std::env::current_exe().context("finding ferryd's own executable")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--serve-stdin").arg("--key").arg(&args.key).arg("--timeout").arg(args.timeout.to_string());
+    cmd.arg("--serve-stdin")
+        .arg("--key")
+        .arg(&args.key)
+        .arg("--timeout")
+        .arg(args.timeout.to_string());
     if let Some(i) = ifindex {
         cmd.arg("--ifindex").arg(i.to_string());
     }
     cmd.stdin(std::process::Stdio::from(fd));
-    let child = cmd.spawn().with_context(|| format!("starting a worker for {peer}"))?;
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting a worker for {peer}"))?;
     eprintln!("ferryd: connection from {peer}: worker pid {}", child.id());
     Ok(())
 }
@@ -120,11 +147,18 @@ fn reap_forever() {
 }
 
 fn worker(args: &Args) -> Result<()> {
-    let key = ferry_transport::Key::load(&args.key).with_context(|| format!("key file {}", args.key.display()))?;
-    let fd = std::io::stdin().as_fd().try_clone_to_owned().context("taking the connection from standard input")?;
+    let key = ferry_transport::Key::load(&args.key)
+        .with_context(|| format!("key file {}", args.key.display()))?;
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("taking the connection from standard input")?;
     let stream = TcpStream::from(fd);
     let _ = stream.set_nodelay(true);
-    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
+    let peer = stream
+        .peer_addr()
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| "?".into());
     let ch = match ferry_transport::Channel::accept(stream, &key) {
         Ok(ch) => ch,
         Err(e) => bail!("refused {peer}: {e}"),

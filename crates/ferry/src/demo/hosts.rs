@@ -20,9 +20,17 @@ pub const FERRYD_PORT: u16 = 7070;
 
 /// Runs `ip ARGS`; its error output becomes the error.
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).stdin(Stdio::null()).output().context("running ip (iproute2)")?;
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running ip (iproute2)")?;
     if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -38,7 +46,15 @@ fn children_of(pid: u32) -> Vec<i32> {
 
 /// The last line of a log file, for error messages.
 pub fn last_line(path: &Path) -> String {
-    fs::read_to_string(path).ok().and_then(|s| s.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string())).unwrap_or_default()
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_default()
 }
 
 /// Waits up to `limit` for `child` (our own child) to exit, then kills it
@@ -85,7 +101,9 @@ impl Host {
     /// then ends everything in order.
     pub fn command(&self, program: &Path) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "--"]).arg(program).process_group(0);
+        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "--"])
+            .arg(program)
+            .process_group(0);
         cmd
     }
 
@@ -107,7 +125,19 @@ impl Host {
         // `ip netns exec` execs unshare in place, so our child is unshare;
         // --kill-child makes the init die with it.
         let unshare = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", &script])
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                "sh",
+                "-c",
+                &script,
+            ])
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -123,20 +153,32 @@ impl Host {
             if init.pid == 0 {
                 init.pid = children_of(unshare_pid).first().copied().unwrap_or(0);
             }
-            if fs::read_to_string(log).unwrap_or_default().lines().any(|l| l.trim() == want) {
+            if fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.trim() == want)
+            {
                 if init.pid == 0 {
                     bail!("ferryd of {} listens, but its PID was not found", self.name);
                 }
                 return Ok(());
             }
             if let Ok(Some(status)) = init.unshare.try_wait() {
-                bail!("ferryd of {} ended at once ({status}): {}", self.name, last_line(log));
+                bail!(
+                    "ferryd of {} ended at once ({status}): {}",
+                    self.name,
+                    last_line(log)
+                );
             }
             if interrupted() {
                 bail!("interrupted");
             }
             if Instant::now() > deadline {
-                bail!("ferryd of {} did not report listening within 20 s: {}", self.name, last_line(log));
+                bail!(
+                    "ferryd of {} did not report listening within 20 s: {}",
+                    self.name,
+                    last_line(log)
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -203,7 +245,12 @@ impl Lab {
             let netns = format!("{}-host{i}", lab.tag);
             let addr = lab.addr(i as u8);
             lab.plug(&netns, &format!("p{i}"), addr)?;
-            lab.hosts.push(Host { name: format!("host{i}"), netns, ip: addr, init: None });
+            lab.hosts.push(Host {
+                name: format!("host{i}"),
+                netns,
+                ip: addr,
+                init: None,
+            });
         }
         let client = lab.client_netns.clone();
         lab.plug(&client, "pc", lab.client_ip)?;
@@ -226,9 +273,19 @@ impl Lab {
     fn plug(&mut self, netns: &str, port: &str, addr: Ipv4Addr) -> Result<()> {
         self.add_netns(netns)?;
         let br = self.bridge_netns.clone();
-        ip(&["-n", &br, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns])?;
+        ip(&[
+            "-n", &br, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns,
+        ])?;
         ip(&["-n", &br, "link", "set", port, "master", "br0", "up"])?;
-        ip(&["-n", netns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+        ip(&[
+            "-n",
+            netns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            "eth0",
+        ])?;
         ip(&["-n", netns, "link", "set", "eth0", "up"])
     }
 
@@ -243,7 +300,15 @@ impl Lab {
 
     /// Adds `addr`/24 to host `i`'s interface.
     pub fn add_address(&self, i: usize, addr: Ipv4Addr) -> Result<()> {
-        ip(&["-n", &self.hosts[i].netns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])
+        ip(&[
+            "-n",
+            &self.hosts[i].netns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            "eth0",
+        ])
     }
 
     pub fn client_netns_path(&self) -> PathBuf {
@@ -253,7 +318,9 @@ impl Lab {
     /// Starts `cmd` (from `Host::command`) and keeps it for teardown;
     /// returns its index for `try_wait`.
     pub fn spawn(&mut self, cmd: &mut Command) -> Result<usize> {
-        let child = cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {:?}", cmd.get_program()))?;
         self.procs.push(child);
         Ok(self.procs.len() - 1)
     }
@@ -282,7 +349,11 @@ impl Lab {
             reap(&mut p, Duration::from_secs(5));
         }
         for ns in self.made.drain(..).rev() {
-            let _ = Command::new("ip").args(["netns", "delete", &ns]).stdin(Stdio::null()).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &ns])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
         }
         leftover_namespaces(&self.tag)
     }
@@ -298,7 +369,11 @@ impl Drop for Lab {
 pub fn leftover_namespaces(tag: &str) -> Vec<String> {
     let prefix = format!("{tag}-");
     fs::read_dir("/run/netns")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(&prefix)).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -306,5 +381,7 @@ pub fn leftover_namespaces(tag: &str) -> Vec<String> {
 /// read from a pidfile it writes (as redis does with --pidfile).
 pub fn read_pidfile(path: &Path) -> Result<i32> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.trim().parse().map_err(|_| anyhow!("{}: not a PID: {text:?}", path.display()))
+    text.trim()
+        .parse()
+        .map_err(|_| anyhow!("{}: not a PID: {text:?}", path.display()))
 }

@@ -35,11 +35,15 @@ pub struct Conn {
 
 impl Conn {
     pub fn connect(addr: SocketAddr) -> Result<Conn> {
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| format!("connecting to {addr}"))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .with_context(|| format!("connecting to {addr}"))?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
         s.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        Ok(Conn { input: BufReader::new(s.try_clone()?), out: s })
+        Ok(Conn {
+            input: BufReader::new(s.try_clone()?),
+            out: s,
+        })
     }
 
     fn encode(buf: &mut Vec<u8>, args: &[&[u8]]) {
@@ -65,7 +69,10 @@ impl Conn {
         Ok(match kind {
             "+" => Reply::Status(rest.to_string()),
             "-" => Reply::Error(rest.to_string()),
-            ":" => Reply::Int(rest.parse().map_err(|_| anyhow!("bad integer reply {l:?}"))?),
+            ":" => Reply::Int(
+                rest.parse()
+                    .map_err(|_| anyhow!("bad integer reply {l:?}"))?,
+            ),
             "$" => {
                 let n: i64 = rest.parse().map_err(|_| anyhow!("bad bulk length {l:?}"))?;
                 if n < 0 {
@@ -94,7 +101,9 @@ impl Conn {
     pub fn int(&mut self, args: &[&[u8]]) -> Result<i64> {
         match self.call(args)? {
             Reply::Int(n) => Ok(n),
-            Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse().map_err(|_| anyhow!("not a number: {:?}", String::from_utf8_lossy(&b))),
+            Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b)
+                .parse()
+                .map_err(|_| anyhow!("not a number: {:?}", String::from_utf8_lossy(&b))),
             Reply::Bulk(None) => Ok(0),
             Reply::Status(s) => bail!("unexpected status {s:?}"),
             Reply::Error(e) => bail!("redis: {e}"),
@@ -116,7 +125,10 @@ impl Conn {
             let batch = (n - i).min(1000);
             let mut buf = Vec::new();
             for k in i..i + batch {
-                Self::encode(&mut buf, &[b"SET", format!("demo:key:{k}").as_bytes(), &value]);
+                Self::encode(
+                    &mut buf,
+                    &[b"SET", format!("demo:key:{k}").as_bytes(), &value],
+                );
             }
             self.out.write_all(&buf)?;
             for _ in 0..batch {
@@ -132,7 +144,10 @@ impl Conn {
 }
 
 /// Runs `f` on a thread that has joined the network namespace at `netns`.
-pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub fn in_netns<T: Send + 'static>(
+    netns: &Path,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     let netns = netns.to_path_buf();
     std::thread::spawn(move || {
         enter(&netns)?;
@@ -144,7 +159,8 @@ pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> Result<T> +
 
 fn enter(netns: &Path) -> Result<()> {
     let f = File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
-    ferry_sys::netns::enter_net_namespace(f.as_fd()).map_err(|e| anyhow!("entering {}: {e}", netns.display()))
+    ferry_sys::netns::enter_net_namespace(f.as_fd())
+        .map_err(|e| anyhow!("entering {}: {e}", netns.display()))
 }
 
 #[derive(Default)]
@@ -187,10 +203,19 @@ impl Load {
     /// Starts `clients` threads, each sending one INCR per `interval` on
     /// its own connection to `addr` from the namespace at `netns`. Returns
     /// once every client has connected (or failed to).
-    pub fn start(netns: &Path, addr: SocketAddr, clients: usize, interval: Duration) -> Result<Load> {
+    pub fn start(
+        netns: &Path,
+        addr: SocketAddr,
+        clients: usize,
+        interval: Duration,
+    ) -> Result<Load> {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
-        let mut load = Load { stop: stop.clone(), counters: counters.clone(), threads: Vec::new() };
+        let mut load = Load {
+            stop: stop.clone(),
+            counters: counters.clone(),
+            threads: Vec::new(),
+        };
         for i in 0..clients {
             let (netns, stop, counters) = (netns.to_path_buf(), stop.clone(), counters.clone());
             let t = std::thread::Builder::new()
@@ -200,9 +225,15 @@ impl Load {
             load.threads.push(t);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while counters.connects.load(Ordering::Relaxed) < clients as u64 && Instant::now() < deadline {
+        while counters.connects.load(Ordering::Relaxed) < clients as u64
+            && Instant::now() < deadline
+        {
             if counters.failed.load(Ordering::Relaxed) > 0 {
-                let e = counters.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let e = counters
+                    .first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
                 bail!("a client could not connect: {}", e.unwrap_or_default());
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -222,7 +253,12 @@ impl Load {
     pub fn stop(mut self) -> Summary {
         self.stop.store(true, Ordering::Relaxed);
         let clients = self.threads.len();
-        let counters_ok = self.threads.drain(..).filter_map(|t| t.join().ok()).filter(|ok| *ok).count();
+        let counters_ok = self
+            .threads
+            .drain(..)
+            .filter_map(|t| t.join().ok())
+            .filter(|ok| *ok)
+            .count();
         let c = &self.counters;
         let connects = c.connects.load(Ordering::Relaxed);
         Summary {
@@ -232,7 +268,11 @@ impl Load {
             reconnects: connects.saturating_sub(clients as u64),
             max_latency_ms: c.max_latency_us.load(Ordering::Relaxed) as f64 / 1000.0,
             counters_ok,
-            first_error: c.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            first_error: c
+                .first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 }
@@ -248,7 +288,14 @@ impl Drop for Load {
 
 /// One client. Returns whether the server's counter equals the INCRs it
 /// acknowledged, read on its own connection at the end.
-fn client(i: usize, netns: &PathBuf, addr: SocketAddr, interval: Duration, stop: &AtomicBool, c: &Counters) -> bool {
+fn client(
+    i: usize,
+    netns: &PathBuf,
+    addr: SocketAddr,
+    interval: Duration,
+    stop: &AtomicBool,
+    c: &Counters,
+) -> bool {
     if let Err(e) = enter(netns) {
         c.fail(format!("client {i}: {e:#}"));
         return false;
@@ -278,21 +325,30 @@ fn client(i: usize, netns: &PathBuf, addr: SocketAddr, interval: Duration, stop:
                 c.done.fetch_add(1, Ordering::Relaxed);
             }
             Ok(v) => {
-                c.fail(format!("client {i}: INCR {key} returned {v}, expected {}", acked + 1));
+                c.fail(format!(
+                    "client {i}: INCR {key} returned {v}, expected {}",
+                    acked + 1
+                ));
                 acked = v;
             }
             Err(e) => {
-                c.fail(format!("client {i}: INCR after {:.0} ms: {e:#}", t.elapsed().as_secs_f64() * 1e3));
+                c.fail(format!(
+                    "client {i}: INCR after {:.0} ms: {e:#}",
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
                 conn = None;
             }
         }
-        c.max_latency_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        c.max_latency_us
+            .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
         std::thread::sleep(interval);
     }
     match conn.as_mut().map(|cn| cn.int(&[b"GET", key.as_bytes()])) {
         Some(Ok(v)) if v == acked => true,
         Some(Ok(v)) => {
-            c.fail(format!("client {i}: {key} is {v} on the server, {acked} INCRs were acknowledged"));
+            c.fail(format!(
+                "client {i}: {key} is {v} on the server, {acked} INCRs were acknowledged"
+            ));
             false
         }
         Some(Err(e)) => {

@@ -82,7 +82,11 @@ impl Ui {
             spinner.set_style(style);
         }
         spinner.enable_steady_tick(Duration::from_millis(100));
-        Ui { spinner, step: String::new(), started: Instant::now() }
+        Ui {
+            spinner,
+            step: String::new(),
+            started: Instant::now(),
+        }
     }
 
     fn println(&self, line: &str) {
@@ -123,9 +127,15 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new() -> Result<TempDir> {
         use std::os::unix::fs::DirBuilderExt;
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let path = std::env::temp_dir().join(format!("ferry-demo-{}-{nanos:x}", std::process::id()));
-        std::fs::DirBuilder::new().mode(0o700).create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path =
+            std::env::temp_dir().join(format!("ferry-demo-{}-{nanos:x}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
         Ok(TempDir(path))
     }
 }
@@ -143,7 +153,8 @@ fn copy_logs(from: &Path, to: &Path) -> Result<usize> {
     for e in std::fs::read_dir(from)?.flatten() {
         let p = e.path();
         if matches!(p.extension().and_then(|x| x.to_str()), Some("log" | "json")) {
-            std::fs::copy(&p, to.join(e.file_name())).with_context(|| format!("copying {}", p.display()))?;
+            std::fs::copy(&p, to.join(e.file_name()))
+                .with_context(|| format!("copying {}", p.display()))?;
             n += 1;
         }
     }
@@ -176,7 +187,11 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default()
         .into_iter()
-        .chain(["/usr/bin".into(), "/usr/sbin".into(), "/usr/local/bin".into()])
+        .chain([
+            "/usr/bin".into(),
+            "/usr/sbin".into(),
+            "/usr/local/bin".into(),
+        ])
         .map(|d| d.join(program))
         .find(|p| p.is_file())
 }
@@ -188,11 +203,17 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("finding ferry's own executable")?;
     let ferryd = exe.with_file_name("ferryd");
     if !ferryd.is_file() {
-        bail!("ferryd not found next to ferry ({}): build both with cargo build --release", ferryd.display());
+        bail!(
+            "ferryd not found next to ferry ({}): build both with cargo build --release",
+            ferryd.display()
+        );
     }
-    let redis = find_in_path("redis-server").ok_or_else(|| anyhow!("redis-server not found: install redis-server (scripts/install-deps.sh does)"))?;
+    let redis = find_in_path("redis-server").ok_or_else(|| {
+        anyhow!("redis-server not found: install redis-server (scripts/install-deps.sh does)")
+    })?;
     for tool in ["ip", "nsenter", "unshare", "setsid"] {
-        find_in_path(tool).ok_or_else(|| anyhow!("{tool} not found: install iproute2 and util-linux"))?;
+        find_in_path(tool)
+            .ok_or_else(|| anyhow!("{tool} not found: install iproute2 and util-linux"))?;
     }
     install_signal_handlers();
     no_inherited_fds();
@@ -214,7 +235,10 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     if let Some(dir) = &args.keep_logs {
         match copy_logs(&tmp.0, dir) {
             Ok(n) => ui.say(&format!("copied {n} logs and reports to {}", dir.display())),
-            Err(e) => ui.say(&format!("could not copy the logs to {}: {e:#}", dir.display())),
+            Err(e) => ui.say(&format!(
+                "could not copy the logs to {}: {e:#}",
+                dir.display()
+            )),
         }
     }
     let mut made = 0;
@@ -251,7 +275,15 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     }
 }
 
-fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Path, tmp: &Path, slot: &mut Option<Lab>) -> Result<()> {
+fn run_demo(
+    args: &DemoArgs,
+    ui: &mut Ui,
+    exe: &Path,
+    ferryd: &Path,
+    redis: &Path,
+    tmp: &Path,
+    slot: &mut Option<Lab>,
+) -> Result<()> {
     ui.step("creating test hosts");
     let lab = slot.insert(Lab::new(2).context("creating the test hosts")?);
     let svc = lab.addr(100);
@@ -261,27 +293,41 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
     ));
 
     let key = tmp.join("key");
-    ferry_transport::Key::write_new(&key).with_context(|| format!("writing the shared key {}", key.display()))?;
+    ferry_transport::Key::write_new(&key)
+        .with_context(|| format!("writing the shared key {}", key.display()))?;
     ui.step("starting ferryd as PID 1 of host1 and host2");
     lab.start_agents(ferryd, &key, tmp)?;
     for h in &lab.hosts {
-        ui.say(&format!("{}: ferryd listening on {} (pid {} from here)", h.name, h.ferryd_addr(), h.init_pid()));
+        ui.say(&format!(
+            "{}: ferryd listening on {} (pid {} from here)",
+            h.name,
+            h.ferryd_addr(),
+            h.init_pid()
+        ));
     }
 
-    ui.step(&format!("starting redis-server in host1 on {svc}:{REDIS_PORT}"));
+    ui.step(&format!(
+        "starting redis-server in host1 on {svc}:{REDIS_PORT}"
+    ));
     let pid = start_redis(lab, redis, svc, tmp)?;
     let addr = SocketAddr::new(IpAddr::V4(svc), REDIS_PORT);
     let netns = lab.client_netns_path();
     ui.say(&format!("redis-server is pid {pid} in host1"));
 
-    ui.step(&format!("loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"));
+    ui.step(&format!(
+        "loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"
+    ));
     load::in_netns(&netns, move || {
         let mut c = load::Conn::connect(addr)?;
         c.populate(KEYS, VALUE_BYTES)
     })
     .context("loading keys into redis")?;
 
-    ui.step(&format!("starting {} clients in the client host (one connection each, one INCR every {} ms)", args.clients, CLIENT_INTERVAL.as_millis()));
+    ui.step(&format!(
+        "starting {} clients in the client host (one connection each, one INCR every {} ms)",
+        args.clients,
+        CLIENT_INTERVAL.as_millis()
+    ));
     let load = load::Load::start(&netns, addr, args.clients as usize, CLIENT_INTERVAL)?;
     pause(ui, BETWEEN, Some(&load))?;
 
@@ -291,8 +337,25 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
     for k in 0..args.migrations as usize {
         let to = 1 - at;
         let (from_name, to_name) = (lab.hosts[at].name.clone(), lab.hosts[to].name.clone());
-        ui.step(&format!("migrating {}/{}: {from_name} → {to_name} (redis pid {pid} in {from_name})", k + 1, args.migrations));
-        let m = migrate(ui, lab, exe, &key, at, to, pid, svc, tmp, k, &load, args.no_precopy)?;
+        ui.step(&format!(
+            "migrating {}/{}: {from_name} → {to_name} (redis pid {pid} in {from_name})",
+            k + 1,
+            args.migrations
+        ));
+        let m = migrate(
+            ui,
+            lab,
+            exe,
+            &key,
+            at,
+            to,
+            pid,
+            svc,
+            tmp,
+            k,
+            &load,
+            args.no_precopy,
+        )?;
         ui.say(&format!(
             "pause {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
             m.pause_ms,
@@ -302,7 +365,13 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
             load.done(),
             load.failed()
         ));
-        if let Some(e) = load.counters.first_error.lock().unwrap_or_else(|p| p.into_inner()).as_deref() {
+        if let Some(e) = load
+            .counters
+            .first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+        {
             ui.say(&format!("first client error: {e}"));
         }
         pid = m.dest_host_pid;
@@ -313,20 +382,33 @@ fn run_demo(args: &DemoArgs, ui: &mut Ui, exe: &Path, ferryd: &Path, redis: &Pat
 
     ui.step("stopping the clients (each reads its counter back on its own connection)");
     let summary = load.stop();
-    let keys = load::in_netns(&netns, move || load::Conn::connect(addr)?.int(&[b"DBSIZE"])).context("asking redis for its key count")?;
+    let keys = load::in_netns(&netns, move || load::Conn::connect(addr)?.int(&[b"DBSIZE"]))
+        .context("asking redis for its key count")?;
     ui.println("");
     ui.println("Report");
     for line in report::render(&migrations, &summary).lines() {
         ui.println(line);
     }
     let expected_keys = KEYS as i64 + summary.clients as i64;
-    ui.println(&format!("  redis holds {keys} keys ({KEYS} loaded + {} counters)", summary.clients));
+    ui.println(&format!(
+        "  redis holds {keys} keys ({KEYS} loaded + {} counters)",
+        summary.clients
+    ));
     ui.println("");
     if summary.failed > 0 {
-        bail!("{} of {} client requests failed (first: {})", summary.failed, summary.done + summary.failed, summary.first_error.unwrap_or_default());
+        bail!(
+            "{} of {} client requests failed (first: {})",
+            summary.failed,
+            summary.done + summary.failed,
+            summary.first_error.unwrap_or_default()
+        );
     }
     if summary.counters_ok != summary.clients {
-        bail!("{} of {} clients' counters do not match their acknowledged INCRs", summary.clients - summary.counters_ok, summary.clients);
+        bail!(
+            "{} of {} clients' counters do not match their acknowledged INCRs",
+            summary.clients - summary.counters_ok,
+            summary.clients
+        );
     }
     if keys != expected_keys {
         bail!("redis holds {keys} keys after the migrations, {expected_keys} expected");
@@ -341,14 +423,32 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
     lab.add_address(0, svc)?;
     let pidfile = tmp.join("redis.pid");
     let log = tmp.join("redis.log");
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).with_context(|| format!("creating {}", log.display()))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("creating {}", log.display()))?;
     // setsid: redis leads its own session and process group, so its image
     // refers to nothing outside its tree. stdin is /dev/null and its log
     // a file in the demo's directory, which every host sees at that path.
     let mut cmd = lab.hosts[0].command(Path::new("setsid"));
     cmd.arg(redis)
-        .args(["--bind", &svc.to_string(), "--port", &REDIS_PORT.to_string()])
-        .args(["--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args([
+            "--bind",
+            &svc.to_string(),
+            "--port",
+            &REDIS_PORT.to_string(),
+        ])
+        .args([
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ])
         .arg("--pidfile")
         .arg(&pidfile)
         .arg("--dir")
@@ -362,7 +462,10 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(Some(status)) = lab.try_wait(idx) {
-            bail!("redis-server ended at once ({status}): {}", hosts::last_line(&log));
+            bail!(
+                "redis-server ended at once ({status}): {}",
+                hosts::last_line(&log)
+            );
         }
         if interrupted() {
             bail!("interrupted");
@@ -377,7 +480,10 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
             }
         }
         if Instant::now() > deadline {
-            bail!("redis-server did not answer on {addr} within 20 s: {}", hosts::last_line(&log));
+            bail!(
+                "redis-server did not answer on {addr} within 20 s: {}",
+                hosts::last_line(&log)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -406,14 +512,21 @@ fn migrate(
     let (src, dst): (&Host, &Host) = (&lab.hosts[from], &lab.hosts[to]);
     let (src_name, dst_name) = (src.name.clone(), dst.name.clone());
     let mut cmd = src.command(exe);
-    cmd.args(["migrate", "--pid", &pid.to_string(), "--to", &dst.ferryd_addr(), "--key"])
-        .arg(key)
-        .args(["--address", &format!("{svc}/24"), "--report"])
-        .arg(&report)
-        .args(no_precopy.then_some("--no-precopy"))
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
+    cmd.args([
+        "migrate",
+        "--pid",
+        &pid.to_string(),
+        "--to",
+        &dst.ferryd_addr(),
+        "--key",
+    ])
+    .arg(key)
+    .args(["--address", &format!("{svc}/24"), "--report"])
+    .arg(&report)
+    .args(no_precopy.then_some("--no-precopy"))
+    .stdin(Stdio::null())
+    .stdout(out.try_clone()?)
+    .stderr(out);
     let idx = lab.spawn(&mut cmd)?;
     let deadline = Instant::now() + MIGRATION_LIMIT;
     let status = loop {
@@ -424,7 +537,11 @@ fn migrate(
             bail!("interrupted");
         }
         if Instant::now() > deadline {
-            bail!("migration {} ({src_name} → {dst_name}) did not end within {} s", k + 1, MIGRATION_LIMIT.as_secs());
+            bail!(
+                "migration {} ({src_name} → {dst_name}) did not end within {} s",
+                k + 1,
+                MIGRATION_LIMIT.as_secs()
+            );
         }
         let last = hosts::last_line(&log);
         ui.status(last.strip_prefix("ferry: ").unwrap_or(&last), Some(load));
@@ -433,7 +550,10 @@ fn migrate(
     if !status.success() {
         let why = hosts::last_line(&log);
         let why = why.strip_prefix("ferry: error: ").unwrap_or(&why);
-        bail!("migration {} ({src_name} → {dst_name}) failed: {why}", k + 1);
+        bail!(
+            "migration {} ({src_name} → {dst_name}) failed: {why}",
+            k + 1
+        );
     }
     report::Migration::read(&report, &src_name, &dst_name)
 }

@@ -44,9 +44,14 @@ fn phase(v: &Value, list: &str, name: &str) -> f64 {
 
 impl Migration {
     pub fn read(path: &Path, from: &str, to: &str) -> Result<Migration> {
-        let text = std::fs::read(path).with_context(|| format!("reading the migration report {}", path.display()))?;
-        let v: Value = serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
-        let dest_host_pid = v["dest_host_pid"].as_i64().ok_or_else(|| anyhow!("{}: no dest_host_pid", path.display()))? as i32;
+        let text = std::fs::read(path)
+            .with_context(|| format!("reading the migration report {}", path.display()))?;
+        let v: Value =
+            serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let dest_host_pid = v["dest_host_pid"]
+            .as_i64()
+            .ok_or_else(|| anyhow!("{}: no dest_host_pid", path.display()))?
+            as i32;
         Ok(Migration {
             from: from.to_string(),
             to: to.to_string(),
@@ -55,7 +60,9 @@ impl Migration {
             // "freeze+capture" runs from the previous step's end and so
             // includes preparing the network lock, which happens before
             // the first thread is seized.
-            capture_ms: (phase(&v, "source_phases", "freeze+capture") - phase(&v, "source_phases", "capture: network lock prepared")).max(0.0),
+            capture_ms: (phase(&v, "source_phases", "freeze+capture")
+                - phase(&v, "source_phases", "capture: network lock prepared"))
+            .max(0.0),
             address_ms: phase(&v, "source_phases", "address off"),
             send_ms: phase(&v, "source_phases", "image sent"),
             restore_ms: phase(&v, "source_phases", "destination restore"),
@@ -78,7 +85,17 @@ pub fn render(migrations: &[Migration], load: &Summary) -> String {
     if !migrations.is_empty() {
         s.push_str(&format!(
             "  {:<18} {:>8} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>9} {:>10} {:>6} {:>9}\n",
-            "migration", "pause", "capture", "addr off", "send", "restore", "release", "sent", "in pause", "rounds", "total"
+            "migration",
+            "pause",
+            "capture",
+            "addr off",
+            "send",
+            "restore",
+            "release",
+            "sent",
+            "in pause",
+            "rounds",
+            "total"
         ));
         for (i, m) in migrations.iter().enumerate() {
             s.push_str(&format!(

@@ -27,7 +27,11 @@ use std::time::{Duration, Instant};
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The PIDs (root namespace) of the children of `pid` (CONFIG_PROC_CHILDREN).
@@ -41,25 +45,45 @@ fn children_of(pid: u32) -> Vec<i32> {
 
 /// The PID namespace of `pid` ("pid:[inode]"), None when it is gone.
 pub fn pid_ns_of(pid: i32) -> Option<String> {
-    fs::read_link(format!("/proc/{pid}/ns/pid")).ok().map(|p| p.to_string_lossy().into_owned())
+    fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The PID of `pid` in the innermost PID namespace it is in.
 pub fn innermost(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// Every PID of `pid`, from the root namespace's to the innermost one's.
 fn nspids(pid: i32) -> Option<Vec<i32>> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|l| l.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
 }
 
 /// The start time (clock ticks since boot) in a /proc/PID/stat file.
 fn start_time(stat_path: &str) -> Option<u64> {
     let stat = fs::read_to_string(stat_path).ok()?;
-    stat.rsplit(')').next()?.split_whitespace().nth(19)?.parse().ok()
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 /// A host's PID 1: the `unshare` process (root namespace, our child) and
@@ -78,7 +102,10 @@ impl Init {
     /// and unshare, alive until we reap it, has not reaped it yet, or has
     /// and then exits itself.
     fn stop(mut self) {
-        let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match self.unshare.try_wait() {
@@ -112,11 +139,26 @@ impl Host {
     /// does). Panics when the host already has an init (see `restart_init`).
     pub fn start_init(&self, argv: &[&str]) -> i32 {
         let mut slot = self.init.lock().expect("init lock");
-        assert!(slot.is_none(), "host {} already has an init (use restart_init)", self.name);
+        assert!(
+            slot.is_none(),
+            "host {} already has an init (use restart_init)",
+            self.name
+        );
         // `ip netns exec` execs unshare in place (no fork), so the child
         // we hold is unshare; --kill-child makes the init die with it.
         let mut unshare = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "unshare", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child", "--"])
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "unshare",
+                "--pid",
+                "--ipc",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                "--",
+            ])
             .args(argv)
             .stdin(Stdio::null())
             .spawn()
@@ -135,7 +177,10 @@ impl Host {
                 }
             }
             if let Ok(Some(status)) = unshare.try_wait() {
-                panic!("init {argv:?} of host {} ended at once: {status}", self.name);
+                panic!(
+                    "init {argv:?} of host {} ended at once: {status}",
+                    self.name
+                );
             }
             if Instant::now() > deadline {
                 let _ = unshare.kill();
@@ -165,7 +210,12 @@ impl Host {
 
     /// The PID (root namespace) of the host's init. Panics without one.
     pub fn init_pid(&self) -> i32 {
-        self.init.lock().expect("init lock").as_ref().map(|i| i.pid).unwrap_or_else(|| panic!("host {} has no init (start_init first)", self.name))
+        self.init
+            .lock()
+            .expect("init lock")
+            .as_ref()
+            .map(|i| i.pid)
+            .unwrap_or_else(|| panic!("host {} has no init (start_init first)", self.name))
     }
 
     /// A command to run inside the host: network, PID, mount and IPC
@@ -174,7 +224,16 @@ impl Host {
     /// the `Child` and `spawned_pid` for the real process's PID.
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "-i", "--"]).args(argv);
+        cmd.args([
+            "-t",
+            &self.init_pid().to_string(),
+            "-n",
+            "-p",
+            "-m",
+            "-i",
+            "--",
+        ])
+        .args(argv);
         cmd
     }
 
@@ -184,7 +243,11 @@ impl Host {
     /// hand out the same ones.
     pub fn set_next_pid(&self, last: i32) {
         let st = self
-            .command(&["sh", "-c", &format!("echo {last} > /proc/sys/kernel/ns_last_pid")])
+            .command(&[
+                "sh",
+                "-c",
+                &format!("echo {last} > /proc/sys/kernel/ns_last_pid"),
+            ])
             .status()
             .unwrap_or_else(|e| panic!("set ns_last_pid in host {}: {e}", self.name));
         assert!(st.success(), "set ns_last_pid in host {}: {st}", self.name);
@@ -213,7 +276,11 @@ impl Host {
             if let Some(p) = self.spawned_pid(child) {
                 return p;
             }
-            assert!(Instant::now() < deadline, "process spawned in host {} did not appear", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "process spawned in host {} did not appear",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -242,17 +309,30 @@ impl Host {
 
     /// The MAC of the host's interface (`ifname`).
     pub fn mac(&self) -> String {
-        let out = Command::new("ip").args(["-n", &self.netns, "link", "show", &self.ifname]).output().expect("ip link show");
+        let out = Command::new("ip")
+            .args(["-n", &self.netns, "link", "show", &self.ifname])
+            .output()
+            .expect("ip link show");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap_or_else(|| panic!("no MAC for {} in {text}", self.name)).to_string()
+        text.split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no MAC for {} in {text}", self.name))
+            .to_string()
     }
 
     /// The MAC in the host's neighbour entry for `addr` (IPv4 or IPv6), if
     /// it has one with a link-layer address (not INCOMPLETE or FAILED).
     pub fn neighbour_mac(&self, addr: IpAddr) -> Option<String> {
-        let out = Command::new("ip").args(["-n", &self.netns, "neigh", "show", &addr.to_string()]).output().ok()?;
+        let out = Command::new("ip")
+            .args(["-n", &self.netns, "neigh", "show", &addr.to_string()])
+            .output()
+            .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1).map(String::from)
+        text.split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .map(String::from)
     }
 }
 
@@ -286,26 +366,62 @@ impl Cluster {
         let pid = std::process::id();
         let tag = format!("fcl{pid}-{n}");
         let subnet = [10, 100 + (pid % 100) as u8, (n % 256) as u8];
-        let mut c = Cluster { bridge_netns: format!("{tag}-br"), tag, subnet, hosts: Vec::new(), made: Vec::new() };
+        let mut c = Cluster {
+            bridge_netns: format!("{tag}-br"),
+            tag,
+            subnet,
+            hosts: Vec::new(),
+            made: Vec::new(),
+        };
         let br = c.bridge_netns.clone();
         c.add_netns(&br);
         // No multicast snooping: the bridge floods multicast (such as an
         // IPv6 neighbour advertisement to ff02::1) to every port, as a
         // plain switch does; with snooping and no querier it may not.
-        ip(&["-n", &br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+        ip(&[
+            "-n",
+            &br,
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
         for (i, name) in hosts.iter().enumerate() {
-            assert!(!c.hosts.iter().any(|h| h.name == *name), "host {name} twice");
+            assert!(
+                !c.hosts.iter().any(|h| h.name == *name),
+                "host {name} twice"
+            );
             let netns = format!("{}-{name}", c.tag);
             c.add_netns(&netns);
             let port = format!("p{i}");
             let ifname = "eth0".to_string();
-            ip(&["-n", &br, "link", "add", &port, "type", "veth", "peer", "name", &ifname, "netns", &netns]);
+            ip(&[
+                "-n", &br, "link", "add", &port, "type", "veth", "peer", "name", &ifname, "netns",
+                &netns,
+            ]);
             ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"]);
             let host_ip = c.subnet_addr(u8::try_from(i + 1).expect("at most 254 hosts"));
-            ip(&["-n", &netns, "addr", "add", &format!("{host_ip}/24"), "dev", &ifname]);
+            ip(&[
+                "-n",
+                &netns,
+                "addr",
+                "add",
+                &format!("{host_ip}/24"),
+                "dev",
+                &ifname,
+            ]);
             ip(&["-n", &netns, "link", "set", &ifname, "up"]);
-            c.hosts.push(Host { name: name.to_string(), netns, ip: host_ip, ifname, init: Mutex::new(None) });
+            c.hosts.push(Host {
+                name: name.to_string(),
+                netns,
+                ip: host_ip,
+                ifname,
+                init: Mutex::new(None),
+            });
         }
         c
     }
@@ -317,7 +433,10 @@ impl Cluster {
     }
 
     pub fn host(&self, name: &str) -> &Host {
-        self.hosts.iter().find(|h| h.name == name).unwrap_or_else(|| panic!("no host {name} in cluster {}", self.tag))
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no host {name} in cluster {}", self.tag))
     }
 
     pub fn hosts(&self) -> &[Host] {
@@ -344,7 +463,10 @@ impl Drop for Cluster {
             h.stop_init();
         }
         for ns in self.made.iter().rev() {
-            let _ = Command::new("ip").args(["netns", "delete", ns]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "delete", ns])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }

@@ -36,7 +36,11 @@ pub fn compile(name: &str) -> PathBuf {
     let bin = out_dir.join(name);
     // Build under a unique name and rename, so concurrent runs never see a
     // half-written binary.
-    let tmp = out_dir.join(format!(".{name}.{}.{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst)));
+    let tmp = out_dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
     let out = Command::new("gcc")
         .args(["-O1", "-g", "-pthread", "-Wall"])
         .arg("-I")
@@ -48,7 +52,11 @@ pub fn compile(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("{name}: cannot run gcc: {e}"));
     if !out.status.success() {
         let _ = fs::remove_file(&tmp);
-        panic!("{name}: compilation failed ({})\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        panic!(
+            "{name}: compilation failed ({})\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     fs::rename(&tmp, &bin).expect("rename compiled binary");
     bin

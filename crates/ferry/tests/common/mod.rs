@@ -19,14 +19,28 @@ impl NetNs {
     /// None when `ip netns add` does not work here.
     pub fn new(tag: &str) -> Option<NetNs> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("ferry-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
-        let ok = Command::new("ip").args(["netns", "add", &name]).status().map(|s| s.success()).unwrap_or(false);
+        let name = format!(
+            "ferry-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
         if !ok {
             return None;
         }
         let ns = NetNs(name);
-        let up = Command::new("ip").args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]).status();
-        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
+        let up = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"])
+            .status();
+        assert!(
+            up.map(|s| s.success()).unwrap_or(false),
+            "cannot bring up lo in {}",
+            ns.0
+        );
         Some(ns)
     }
 
@@ -41,7 +55,8 @@ impl NetNs {
         std::thread::spawn(move || {
             let ns = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
             // SAFETY: setns on this thread only, with an open nsfs file.
-            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            let r =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
             assert_eq!(r, 0, "setns({path}): {}", std::io::Error::last_os_error());
             f()
         })
@@ -52,7 +67,9 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
     }
 }
 
@@ -65,7 +82,13 @@ pub fn inode(path: &str) -> u64 {
 /// The PID of `pid` in the innermost PID namespace it is in.
 pub fn innermost_pid(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// Two test hosts, A and B, on one veth link, each a network namespace
@@ -89,10 +112,21 @@ impl TestHosts {
     pub fn new(tag: &str) -> TestHosts {
         let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
         let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
-        ip(&["-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0]);
+        ip(&[
+            "-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0,
+        ]);
         for (ns, dev, v4, v6) in [(&a, "va", A_V4, A_V6), (&b, "vb", B_V4, B_V6)] {
             ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
-            ip(&["-n", &ns.0, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
+            ip(&[
+                "-n",
+                &ns.0,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ]);
             ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         }
         TestHosts { a, b }
@@ -101,7 +135,13 @@ impl TestHosts {
 
 /// Starts `program` in network namespace `ns`, in a new session, with only
 /// fds 0-2 (stdin /dev/null, stdout and stderr to `log`).
-pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, program: &std::path::Path, args: &[&str]) -> std::process::Child {
+pub fn spawn_in_netns(
+    ns: &NetNs,
+    cwd: &std::path::Path,
+    log: &std::path::Path,
+    program: &std::path::Path,
+    args: &[&str],
+) -> std::process::Child {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
@@ -109,7 +149,11 @@ pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, 
     let nsf = File::open(ns.path()).expect("open netns");
     let nsfd = nsf.as_raw_fd();
     let mut cmd = Command::new(program);
-    cmd.args(args).current_dir(cwd).stdin(Stdio::null()).stdout(Stdio::from(logf.try_clone().expect("dup log"))).stderr(Stdio::from(logf));
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(logf.try_clone().expect("dup log")))
+        .stderr(Stdio::from(logf));
     // SAFETY: only setns, setsid and close_range (async-signal-safe)
     // between fork and exec; the namespace fd stays open in the parent.
     unsafe {
@@ -122,7 +166,9 @@ pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, 
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
     drop(nsf);
     child
 }
@@ -130,7 +176,10 @@ pub fn spawn_in_netns(ns: &NetNs, cwd: &std::path::Path, log: &std::path::Path, 
 /// (name, owner) of every network lock `ferry network-lock --status`
 /// lists. Tests run in parallel, so a test looks at its own lock only.
 pub fn network_locks(ferry: &str) -> Vec<(String, String)> {
-    let out = Command::new(ferry).args(["network-lock", "--status"]).output().expect("ferry network-lock");
+    let out = Command::new(ferry)
+        .args(["network-lock", "--status"])
+        .output()
+        .expect("ferry network-lock");
     assert!(out.status.success(), "ferry network-lock --status failed");
     parse_network_locks(&String::from_utf8_lossy(&out.stdout))
 }
@@ -138,21 +187,31 @@ pub fn network_locks(ferry: &str) -> Vec<(String, String)> {
 /// (name, owner) of every lock in the output of `ferry network-lock --status`.
 pub fn parse_network_locks(text: &str) -> Vec<(String, String)> {
     let mut lines = text.lines();
-    let Some(header) = lines.next() else { return Vec::new() };
-    let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else { return Vec::new() };
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else {
+        return Vec::new();
+    };
     lines
         .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             // A stale lock's state carries a second word.
             let shift = usize::from(w.contains(&"STALE"));
-            Some((w.first()?.to_string(), w.get(owner_col + shift).unwrap_or(&"-").to_string()))
+            Some((
+                w.first()?.to_string(),
+                w.get(owner_col + shift).unwrap_or(&"-").to_string(),
+            ))
         })
         .collect()
 }
 
 /// The network lock an image refers to.
 pub fn image_lock(ferry: &str, images: &str) -> Option<String> {
-    let out = Command::new(ferry).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let out = Command::new(ferry)
+        .args(["inspect", "--json", images])
+        .output()
+        .expect("ferry inspect");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
     v["tree"]["network_lock"]["name"].as_str().map(String::from)
 }
@@ -165,7 +224,12 @@ pub fn image_lock(ferry: &str, images: &str) -> Option<String> {
 /// one namespace's counters into another's report).
 pub fn tcp_diagnostics(namespaces: &[&str]) -> String {
     let run = |ns: &str, args: &[&str]| {
-        Command::new("ip").args(["netns", "exec", ns]).args(args).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     };
     namespaces
         .iter()
@@ -184,8 +248,15 @@ pub fn nonzero_tcp_counters(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     for pair in lines.windows(2) {
-        let (Some((kind, names)), Some((kind2, values))) = (pair[0].split_once(':'), pair[1].split_once(':')) else { continue };
-        if kind != kind2 || !(kind == "TcpExt" || kind == "Tcp") || names.trim_start().starts_with(|c: char| c.is_ascii_digit()) {
+        let (Some((kind, names)), Some((kind2, values))) =
+            (pair[0].split_once(':'), pair[1].split_once(':'))
+        else {
+            continue;
+        };
+        if kind != kind2
+            || !(kind == "TcpExt" || kind == "Tcp")
+            || names.trim_start().starts_with(|c: char| c.is_ascii_digit())
+        {
             continue;
         }
         for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {

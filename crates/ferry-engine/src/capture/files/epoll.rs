@@ -40,14 +40,25 @@ pub fn resolve_targets(procs: &[(i32, &[OpenFile], &[FdSlot])]) -> Result<Vec<Ve
     for &(pid, files, slots) in procs {
         let mut targets = Vec::new();
         for (i, f) in files.iter().enumerate() {
-            let FileKind::Epoll { entries } = &f.kind else { continue };
-            let Some(epfd) = slots.iter().find(|s| s.file as usize == i).map(|s| s.fd) else { continue };
+            let FileKind::Epoll { entries } = &f.kind else {
+                continue;
+            };
+            let Some(epfd) = slots.iter().find(|s| s.file as usize == i).map(|s| s.fd) else {
+                continue;
+            };
             for e in entries {
-                let same = |q: i32, fd: i32| ferry_sys::fd::kcmp_epoll_target(q, fd, pid, epfd, e.fd).unwrap_or(false);
+                let same = |q: i32, fd: i32| {
+                    ferry_sys::fd::kcmp_epoll_target(q, fd, pid, epfd, e.fd).unwrap_or(false)
+                };
                 if slots.iter().any(|s| s.fd == e.fd) && same(pid, e.fd) {
                     continue;
                 }
-                let found = procs.iter().find_map(|&(q, qfiles, qslots)| qslots.iter().find(|s| same(q, s.fd)).map(|s| qfiles[s.file as usize].id));
+                let found = procs.iter().find_map(|&(q, qfiles, qslots)| {
+                    qslots
+                        .iter()
+                        .find(|s| same(q, s.fd))
+                        .map(|s| qfiles[s.file as usize].id)
+                });
                 match found {
                     Some(target) => targets.push(EpollTarget { epoll_file: i as u32, fd: e.fd, target }),
                     None => {

@@ -28,7 +28,12 @@ fn addr_bytes(a: &SocketAddr) -> Vec<u8> {
 }
 
 fn sysctl_int(path: &str, field: usize) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.split_whitespace().nth(field)?.parse().ok()
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .nth(field)?
+        .parse()
+        .ok()
 }
 
 const SO_BUF_LOCK: i32 = ferry_sys::socket::SO_BUF_LOCK;
@@ -100,13 +105,21 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
     ];
     if family == libc::AF_INET {
         v.push((libc::IPPROTO_IP, libc::IP_TOS, Zero));
-        v.push((libc::IPPROTO_IP, libc::IP_TTL, int(sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0))));
+        v.push((
+            libc::IPPROTO_IP,
+            libc::IP_TTL,
+            int(sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0)),
+        ));
         v.push((libc::IPPROTO_IP, libc::IP_FREEBIND, Zero));
         v.push((libc::IPPROTO_IP, libc::IP_TRANSPARENT, Zero));
         v.push((libc::IPPROTO_IP, libc::IP_PKTINFO, Zero));
         v.push((libc::IPPROTO_IP, libc::IP_RECVTOS, Zero));
         v.push((libc::IPPROTO_IP, libc::IP_RECVERR, Zero));
-        let pmtu = if sysctl_int("/proc/sys/net/ipv4/ip_no_pmtu_disc", 0) == Some(0) { Int(libc::IP_PMTUDISC_WANT) } else { Unknown };
+        let pmtu = if sysctl_int("/proc/sys/net/ipv4/ip_no_pmtu_disc", 0) == Some(0) {
+            Int(libc::IP_PMTUDISC_WANT)
+        } else {
+            Unknown
+        };
         v.push((libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, pmtu));
     } else {
         v.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Int(-1)));
@@ -117,9 +130,21 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
     if tcp {
         let ka = |f: &str| int(sysctl_int(&format!("/proc/sys/net/ipv4/{f}"), 0));
         v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, Zero));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ka("tcp_keepalive_time")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, ka("tcp_keepalive_intvl")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPCNT, ka("tcp_keepalive_probes")));
+        v.push((
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            ka("tcp_keepalive_time"),
+        ));
+        v.push((
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            ka("tcp_keepalive_intvl"),
+        ));
+        v.push((
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            ka("tcp_keepalive_probes"),
+        ));
         v.push((libc::IPPROTO_TCP, libc::TCP_SYNCNT, ka("tcp_syn_retries")));
         v.push((libc::IPPROTO_TCP, libc::TCP_LINGER2, ka("tcp_fin_timeout")));
         v.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, Zero));
@@ -146,7 +171,9 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
 fn is_default(value: &[u8], default: &Default_) -> bool {
     match default {
         Default_::Zero => value.iter().all(|&b| b == 0),
-        Default_::Int(d) => value.len() == 4 && i32::from_ne_bytes([value[0], value[1], value[2], value[3]]) == *d,
+        Default_::Int(d) => {
+            value.len() == 4 && i32::from_ne_bytes([value[0], value[1], value[2], value[3]]) == *d
+        }
         Default_::Text(t) => {
             let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
             &value[..end] == t.as_bytes()
@@ -161,7 +188,14 @@ fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Defau
     use std::sync::OnceLock;
     static TABLES: [OnceLock<Vec<(i32, i32, Default_)>>; 6] = [const { OnceLock::new() }; 6];
     let closed_or_listening = state == TCP_CLOSE || state == TCP_LISTEN;
-    let i = (family == libc::AF_INET) as usize * 3 + if !tcp { 0 } else if closed_or_listening { 1 } else { 2 };
+    let i = (family == libc::AF_INET) as usize * 3
+        + if !tcp {
+            0
+        } else if closed_or_listening {
+            1
+        } else {
+            2
+        };
     TABLES[i].get_or_init(|| option_defaults(family, tcp, state))
 }
 
@@ -170,17 +204,30 @@ fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Defau
 fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt> {
     let mut options = Vec::new();
     let buf_lock = getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK).unwrap_or(0);
-    for (name, bit) in [(libc::SO_SNDBUF, SOCK_SNDBUF_LOCK), (libc::SO_RCVBUF, SOCK_RCVBUF_LOCK)] {
+    for (name, bit) in [
+        (libc::SO_SNDBUF, SOCK_SNDBUF_LOCK),
+        (libc::SO_RCVBUF, SOCK_RCVBUF_LOCK),
+    ] {
         if buf_lock & bit != 0 {
             if let Some(value) = getsockopt_bytes(fd, libc::SOL_SOCKET, name) {
-                options.push(SockOpt { level: libc::SOL_SOCKET, name, value });
+                options.push(SockOpt {
+                    level: libc::SOL_SOCKET,
+                    name,
+                    value,
+                });
             }
         }
     }
     for (level, name, default) in defaults_for(family, tcp, state) {
-        let Some(value) = getsockopt_bytes(fd, *level, *name) else { continue };
+        let Some(value) = getsockopt_bytes(fd, *level, *name) else {
+            continue;
+        };
         if !is_default(&value, default) {
-            options.push(SockOpt { level: *level, name: *name, value });
+            options.push(SockOpt {
+                level: *level,
+                name: *name,
+                value,
+            });
         }
     }
     options
@@ -223,7 +270,10 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
                 // tcpi_unacked and its limit (the listen backlog) in
                 // tcpi_sacked.
                 if ti.tcpi_unacked > 0 {
-                    return Err(info.busy(format!("{} connections wait in its accept queue", ti.tcpi_unacked)));
+                    return Err(info.busy(format!(
+                        "{} connections wait in its accept queue",
+                        ti.tcpi_unacked
+                    )));
                 }
                 listen_backlog = Some(ti.tcpi_sacked as i32);
             }
@@ -246,7 +296,11 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         }
     }
     // A TCP socket that was reset or closed by its peer keeps no peer.
-    let peer = if tcp && state != TCP_ESTABLISHED { None } else { peer };
+    let peer = if tcp && state != TCP_ESTABLISHED {
+        None
+    } else {
+        peer
+    };
     let options = changed_options(fd, family, tcp, state);
     Ok(FileKind::InetSocket(InetSocket {
         family,

@@ -19,36 +19,64 @@ fn mount_of(sdev: u64) -> Option<String> {
     let (major, minor) = (sdev >> 20, sdev & 0xfffff);
     let want = format!("{major}:{minor}");
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| f.len() > 4 && f[2] == want).map(|f| f[4].to_string())
+    text.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 4 && f[2] == want)
+        .map(|f| f[4].to_string())
 }
 
 fn watch(info: &FdInfo, line: &str) -> Result<InotifyWatch> {
     let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k));
     let bad = |what: &str| info.unsupported(format!("inotify fdinfo line without {what}: {line}"));
-    let wd: i32 = field("wd:").and_then(|v| v.parse().ok()).ok_or_else(|| bad("wd"))?;
+    let wd: i32 = field("wd:")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("wd"))?;
     let mask = field("mask:").and_then(hex).ok_or_else(|| bad("mask"))? as u32;
     let sdev = field("sdev:").and_then(hex).ok_or_else(|| bad("sdev"))?;
-    let htype: i32 = field("fhandle-type:").and_then(|v| v.parse().ok()).ok_or_else(|| bad("fhandle-type"))?;
+    let htype: i32 = field("fhandle-type:")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("fhandle-type"))?;
     let hbytes = field("f_handle:").ok_or_else(|| bad("f_handle"))?;
-    let handle: Vec<u8> = (0..hbytes.len() / 2).filter_map(|i| u8::from_str_radix(&hbytes[2 * i..2 * i + 2], 16).ok()).collect();
-    let mnt = mount_of(sdev).ok_or_else(|| info.unsupported(format!("watch {wd}: no mount of device {:#x} in ferry's mount namespace", sdev)))?;
+    let handle: Vec<u8> = (0..hbytes.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hbytes[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    let mnt = mount_of(sdev).ok_or_else(|| {
+        info.unsupported(format!(
+            "watch {wd}: no mount of device {:#x} in ferry's mount namespace",
+            sdev
+        ))
+    })?;
     let mfd = std::fs::File::open(&mnt).map_err(|e| crate::error::EngineError::io(&mnt, e))?;
-    let fd = ferry_sys::fd::open_by_handle(mfd.as_raw_fd(), htype, &handle)
-        .map_err(|e| info.unsupported(format!("watch {wd}: the watched file cannot be found from its handle ({e})")))?;
+    let fd = ferry_sys::fd::open_by_handle(mfd.as_raw_fd(), htype, &handle).map_err(|e| {
+        info.unsupported(format!(
+            "watch {wd}: the watched file cannot be found from its handle ({e})"
+        ))
+    })?;
     let path = crate::procfs::read_link(&format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     if path.ends_with(" (deleted)") || !path.starts_with('/') {
-        return Err(info.unsupported(format!("watch {wd} is on {path}, which has no path to watch again")));
+        return Err(info.unsupported(format!(
+            "watch {wd} is on {path}, which has no path to watch again"
+        )));
     }
     Ok(InotifyWatch { wd, path, mask })
 }
 
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let dup = info.dup()?;
-    let queued = ferry_sys::fd::bytes_readable(dup.as_raw_fd()).map_err(|e| crate::error::EngineError::kernel(info.pid, format!("fd {}: FIONREAD", info.fd), e))?;
+    let queued = ferry_sys::fd::bytes_readable(dup.as_raw_fd()).map_err(|e| {
+        crate::error::EngineError::kernel(info.pid, format!("fd {}: FIONREAD", info.fd), e)
+    })?;
     if queued > 0 {
-        return Err(info.unsupported(format!("{queued} bytes of inotify events are queued; queued events are not restored")));
+        return Err(info.unsupported(format!(
+            "{queued} bytes of inotify events are queued; queued events are not restored"
+        )));
     }
-    let mut watches = info.fdinfo.lines().filter_map(|l| l.strip_prefix("inotify ")).map(|l| watch(info, l)).collect::<Result<Vec<_>>>()?;
+    let mut watches = info
+        .fdinfo
+        .lines()
+        .filter_map(|l| l.strip_prefix("inotify "))
+        .map(|l| watch(info, l))
+        .collect::<Result<Vec<_>>>()?;
     watches.sort_by_key(|w| w.wd);
     Ok(FileKind::Inotify { watches })
 }

@@ -48,10 +48,15 @@ impl FdInfo<'_> {
     }
     /// Our own duplicate of the fd (pidfd_getfd).
     pub fn dup(&self) -> Result<OwnedFd> {
-        ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd).map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))
+        ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd)
+            .map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))
     }
     pub fn field(&self, key: &str) -> Option<&str> {
-        self.fdinfo.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).map(str::trim))
+        self.fdinfo.lines().find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|r| r.strip_prefix(':'))
+                .map(str::trim)
+        })
     }
 }
 
@@ -82,7 +87,9 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
         return regular::capture_file(info);
     }
     if ft.is_dir() {
-        return Ok(FileKind::Directory { path: l.to_string() });
+        return Ok(FileKind::Directory {
+            path: l.to_string(),
+        });
     }
     if ft.is_char_device() {
         return regular::capture_char_device(info);
@@ -95,7 +102,13 @@ pub(crate) fn holders_in_tree(tree: &[i32], link: &str) -> usize {
     tree.iter()
         .map(|pid| {
             std::fs::read_dir(format!("/proc/{pid}/fd"))
-                .map(|rd| rd.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link)).count())
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| {
+                            std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == link)
+                        })
+                        .count()
+                })
                 .unwrap_or(0)
         })
         .sum()
@@ -123,9 +136,18 @@ fn leads_out(info: &FdInfo) -> bool {
 /// Also returns the pending unix connections (clients waiting in an accept
 /// queue), the files of listeners with one waiting and SO_PEERCRED of
 /// the connected unix sockets.
-pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>, Vec<ferry_image::UnixPeerCred>);
+pub type PendingUnix = (
+    Vec<ferry_image::UnixConnect>,
+    Vec<u32>,
+    Vec<ferry_image::UnixPeerCred>,
+);
 
-pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
+pub fn capture(
+    pid: i32,
+    pidfd: &OwnedFd,
+    tree: &[i32],
+    external_stdio: bool,
+) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -137,16 +159,30 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
-        let meta = std::fs::metadata(format!("{dir}/{fd}")).map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
+        let meta = std::fs::metadata(format!("{dir}/{fd}"))
+            .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
+        Ok(FdInfo {
+            pid,
+            fd,
+            link,
+            fdinfo,
+            meta,
+            pidfd,
+            tree,
+            unix_tables: &unix_tables,
+        })
     })?;
 
     // (dev, ino) -> (file index, a representative fd), for sharing detection.
-    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> = std::collections::HashMap::new();
+    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> =
+        std::collections::HashMap::new();
     let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
     let mut unique: Vec<&FdInfo> = Vec::new();
     for info in &infos {
-        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+        let flags = info
+            .field("flags")
+            .and_then(procfs::parse_octal)
+            .unwrap_or(0) as i32;
         let (dev, ino) = (info.meta.dev(), info.meta.ino());
         let mut shared_with = None;
         for &(idx, other) in seen.get(&(dev, ino)).into_iter().flatten() {
@@ -161,25 +197,47 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
             seen.entry((dev, ino)).or_default().push((idx, info.fd));
             idx
         });
-        slots.push(FdSlot { fd: info.fd, file, cloexec: flags & libc::O_CLOEXEC != 0 });
+        slots.push(FdSlot {
+            fd: info.fd,
+            file,
+            cloexec: flags & libc::O_CLOEXEC != 0,
+        });
     }
 
     let files = crate::parallel::map(&unique, |info| {
-        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+        let flags = info
+            .field("flags")
+            .and_then(procfs::parse_octal)
+            .unwrap_or(0) as i32;
         let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
-        let stdio_link = info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+        let stdio_link =
+            info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
         let kind = if external_stdio && stdio_link && leads_out(info) {
-            FileKind::ExternalStdio { what: info.link.clone() }
+            FileKind::ExternalStdio {
+                what: info.link.clone(),
+            }
         } else {
             capture_kind(info)?
         };
         let locks = locks::parse(info)?;
         Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
     })?;
-    let files: Vec<OpenFile> =
-        files.into_iter().enumerate().map(|(i, (flags, pos, kind, locks))| OpenFile { id: i as u64, flags, pos, kind, locks }).collect();
+    let files: Vec<OpenFile> = files
+        .into_iter()
+        .enumerate()
+        .map(|(i, (flags, pos, kind, locks))| OpenFile {
+            id: i as u64,
+            flags,
+            pos,
+            kind,
+            locks,
+        })
+        .collect();
     for l in unix_tables.take_listeners_with_pending() {
-        if let Some(i) = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l)) {
+        if let Some(i) = files
+            .iter()
+            .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
+        {
             pending_listeners.push(i as u32);
         }
     }
@@ -187,11 +245,21 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
         .take_pending()
         .into_iter()
         .filter_map(|(client, listener, position)| {
-            let file = files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
-            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
+            let file = files
+                .iter()
+                .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
+            Some(ferry_image::UnixConnect {
+                file: file as u32,
+                listener,
+                position,
+            })
         })
         .collect();
-    Ok((files, slots, (connects, pending_listeners, unix_tables.take_peer_creds())))
+    Ok((
+        files,
+        slots,
+        (connects, pending_listeners, unix_tables.take_peer_creds()),
+    ))
 }
 
 /// The lowest fd number that points at each file of a table, by file
@@ -199,7 +267,9 @@ pub fn capture(pid: i32, pidfd: &OwnedFd, tree: &[i32], external_stdio: bool) ->
 pub(crate) fn first_fd_of_each_file(fds: &[FdSlot]) -> std::collections::HashMap<u32, i32> {
     let mut m = std::collections::HashMap::with_capacity(fds.len());
     for s in fds {
-        m.entry(s.file).and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd)).or_insert(s.fd);
+        m.entry(s.file)
+            .and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd))
+            .or_insert(s.fd);
     }
     m
 }
@@ -215,7 +285,11 @@ pub struct ProcessFiles<'a> {
 /// id where processes share one description (kcmp says so), then checks
 /// what only the whole tree can tell: pipes and unix sockets whose other
 /// end must be inside the tree.
-pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32], unix_creds: &[ferry_image::UnixPeerCred]) -> Result<()> {
+pub fn link_tree(
+    procs: &mut [ProcessFiles],
+    tree: &[i32],
+    unix_creds: &[ferry_image::UnixPeerCred],
+) -> Result<()> {
     // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
     type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
     let mut seen: Holders = std::collections::HashMap::new();
@@ -223,19 +297,30 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32], unix_creds: &[ferry_i
     // Restore recreates each description's file on its own, so two
     // descriptions of one deleted file (two open() calls, or two hard
     // links both unlinked) would come back as two files: refused.
-    let mut deleted: std::collections::HashMap<(u64, u64), (i32, i32, u64)> = std::collections::HashMap::new();
+    let mut deleted: std::collections::HashMap<(u64, u64), (i32, i32, u64)> =
+        std::collections::HashMap::new();
     let mut next_id = 0u64;
     for p in procs.iter_mut() {
         let first_fd = first_fd_of_each_file(p.fds);
         for (i, f) in p.files.iter_mut().enumerate() {
-            let Some(&fd) = first_fd.get(&(i as u32)) else { continue };
-            let slot = FdSlot { fd, file: i as u32, cloexec: false };
+            let Some(&fd) = first_fd.get(&(i as u32)) else {
+                continue;
+            };
+            let slot = FdSlot {
+                fd,
+                file: i as u32,
+                cloexec: false,
+            };
             let path = format!("/proc/{}/fd/{}", p.pid, slot.fd);
             let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
             let key = (meta.dev(), meta.ino());
             let same = seen.get(&key).and_then(|c| {
                 c.iter()
-                    .find(|&&(op, ofd, _)| op != p.pid && ferry_sys::fd::kcmp_same_file(p.pid, op, slot.fd, ofd).unwrap_or(false))
+                    .find(|&&(op, ofd, _)| {
+                        op != p.pid
+                            && ferry_sys::fd::kcmp_same_file(p.pid, op, slot.fd, ofd)
+                                .unwrap_or(false)
+                    })
                     .map(|c| c.2)
             });
             f.id = match same {
@@ -262,11 +347,18 @@ pub fn link_tree(procs: &mut [ProcessFiles], tree: &[i32], unix_creds: &[ferry_i
         .iter()
         .flat_map(|p| {
             let first_fd = first_fd_of_each_file(p.fds);
-            p.files.iter().enumerate().map(move |(i, f)| (p.pid, f, first_fd.get(&(i as u32)).copied().unwrap_or(-1)))
+            p.files
+                .iter()
+                .enumerate()
+                .map(move |(i, f)| (p.pid, f, first_fd.get(&(i as u32)).copied().unwrap_or(-1)))
         })
         .collect();
     for (i, &(pid, f, fd)) in all.iter().enumerate() {
-        if matches!(f.kind, FileKind::ProcFile { .. }) && all[i + 1..].iter().any(|&(q, g, _)| q != pid && g.id == f.id) {
+        if matches!(f.kind, FileKind::ProcFile { .. })
+            && all[i + 1..]
+                .iter()
+                .any(|&(q, g, _)| q != pid && g.id == f.id)
+        {
             return Err(EngineError::unsupported(pid, format!("fd {fd}"), "a /proc file description shared with another process of the tree; it would be opened once per process"));
         }
     }
@@ -291,7 +383,9 @@ fn keep_pipe_data_once(procs: &mut [ProcessFiles]) {
     let mut holder: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
     for p in procs.iter_mut() {
         for f in p.files.iter_mut() {
-            let (FileKind::Pipe(end) | FileKind::Fifo { pipe: end, .. }) = &mut f.kind else { continue };
+            let (FileKind::Pipe(end) | FileKind::Fifo { pipe: end, .. }) = &mut f.kind else {
+                continue;
+            };
             if end.data.is_empty() {
                 continue;
             }

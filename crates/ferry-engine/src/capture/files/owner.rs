@@ -14,66 +14,111 @@ const F_OWNER_PGRP: i32 = 2;
 
 fn in_tree(tree: &[i32], owner_type: i32, id: i32) -> bool {
     match owner_type {
-        F_OWNER_TID => tree.iter().any(|p| std::path::Path::new(&format!("/proc/{p}/task/{id}")).exists()),
-        F_OWNER_PGRP => tree.iter().any(|&p| crate::procfs::Stat::read(p).is_ok_and(|s| s.field(5) as i32 == id)),
+        F_OWNER_TID => tree
+            .iter()
+            .any(|p| std::path::Path::new(&format!("/proc/{p}/task/{id}")).exists()),
+        F_OWNER_PGRP => tree
+            .iter()
+            .any(|&p| crate::procfs::Stat::read(p).is_ok_and(|s| s.field(5) as i32 == id)),
         _ => tree.contains(&id),
     }
 }
 
-pub fn capture(pid: i32, pidfd: &OwnedFd, files: &[OpenFile], slots: &[FdSlot], tree: &[i32]) -> Result<Vec<FileOwner>> {
+pub fn capture(
+    pid: i32,
+    pidfd: &OwnedFd,
+    files: &[OpenFile],
+    slots: &[FdSlot],
+    tree: &[i32],
+) -> Result<Vec<FileOwner>> {
     // One lookup table and the worker threads: a server may hold 10,000
     // descriptors, and this runs while it is frozen.
     let first_fd = super::first_fd_of_each_file(slots);
     let todo: Vec<(usize, &OpenFile, i32)> = files
         .iter()
         .enumerate()
-        .filter(|(_, f)| !matches!(f.kind, ferry_image::FileKind::ExternalStdio { .. } | ferry_image::FileKind::Terminal { .. }))
+        .filter(|(_, f)| {
+            !matches!(
+                f.kind,
+                ferry_image::FileKind::ExternalStdio { .. }
+                    | ferry_image::FileKind::Terminal { .. }
+            )
+        })
         .filter_map(|(i, f)| Some((i, f, *first_fd.get(&(i as u32))?)))
         .collect();
     let found = crate::parallel::map(&todo, |&(i, f, fd)| {
-        let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
+        let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
+            .map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
         let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup.as_raw_fd()) {
             Ok(o) => o,
             // O_PATH descriptors have no owner (fcntl says EBADF).
             Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => return Ok(None),
-            Err(e) => return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e)),
+            Err(e) => {
+                return Err(EngineError::kernel(
+                    pid,
+                    format!("fd {fd}: reading its owner"),
+                    e,
+                ))
+            }
         };
-        let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)").map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
+        let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)")
+            .map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
         if owner == 0 && signal == 0 {
             return Ok(None);
         }
         if owner != 0 && !in_tree(tree, owner_type, owner) {
-            let kind = ["thread", "process", "process group"].get(owner_type as usize).copied().unwrap_or("owner");
+            let kind = ["thread", "process", "process group"]
+                .get(owner_type as usize)
+                .copied()
+                .unwrap_or("owner");
             return Err(EngineError::unsupported(
                 pid,
                 format!("fd {fd}"),
                 format!("its F_SETOWN owner ({kind} {owner}) is outside the checkpointed tree; after restore that id could belong to anyone"),
             ));
         }
-        Ok(Some(FileOwner { file: i as u32, owner_type, owner, signal }))
+        Ok(Some(FileOwner {
+            file: i as u32,
+            owner_type,
+            owner,
+            signal,
+        }))
     })?;
     Ok(found.into_iter().flatten().collect())
 }
 
 /// Mode and owner of every deleted file (or FIFO, or device node) restore
 /// recreates.
-pub fn deleted_attrs(pid: i32, files: &[OpenFile], slots: &[FdSlot]) -> Result<Vec<ferry_image::InodeAttrs>> {
+pub fn deleted_attrs(
+    pid: i32,
+    files: &[OpenFile],
+    slots: &[FdSlot],
+) -> Result<Vec<ferry_image::InodeAttrs>> {
     use ferry_image::FileKind;
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for (i, f) in files.iter().enumerate() {
         let deleted = match &f.kind {
             FileKind::Deleted { .. } => true,
-            FileKind::Fifo { path, .. } | FileKind::CharDevice { path, .. } | FileKind::Directory { path } => path.ends_with(" (deleted)"),
+            FileKind::Fifo { path, .. }
+            | FileKind::CharDevice { path, .. }
+            | FileKind::Directory { path } => path.ends_with(" (deleted)"),
             _ => false,
         };
         if !deleted {
             continue;
         }
-        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else { continue };
+        let Some(slot) = slots.iter().find(|s| s.file as usize == i) else {
+            continue;
+        };
         let path = format!("/proc/{pid}/fd/{}", slot.fd);
         let m = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
-        out.push(ferry_image::InodeAttrs { of: ferry_image::InodeOf::File(i as u32), mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid() });
+        out.push(ferry_image::InodeAttrs {
+            of: ferry_image::InodeOf::File(i as u32),
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+        });
     }
     Ok(out)
 }

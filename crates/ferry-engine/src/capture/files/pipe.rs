@@ -10,32 +10,65 @@ use std::os::unix::fs::MetadataExt;
 
 fn unread_data(info: &FdInfo) -> Result<(u32, Vec<u8>)> {
     let fd = info.dup()?;
-    let kerr = |what: &str, e| EngineError::kernel(info.pid, format!("fd {} ({}): {what}", info.fd, info.link), e);
-    let cap = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETPIPE_SZ, 0, "fcntl(F_GETPIPE_SZ)").map_err(|e| kerr("pipe size", e))?;
-    let readable = info.field("flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32 & libc::O_ACCMODE != libc::O_WRONLY;
+    let kerr = |what: &str, e| {
+        EngineError::kernel(
+            info.pid,
+            format!("fd {} ({}): {what}", info.fd, info.link),
+            e,
+        )
+    };
+    let cap =
+        ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETPIPE_SZ, 0, "fcntl(F_GETPIPE_SZ)")
+            .map_err(|e| kerr("pipe size", e))?;
+    let readable = info
+        .field("flags")
+        .and_then(crate::procfs::parse_octal)
+        .unwrap_or(0) as i32
+        & libc::O_ACCMODE
+        != libc::O_WRONLY;
     if !readable {
         return Ok((cap as u32, Vec::new()));
     }
-    let queued = ferry_sys::fd::bytes_readable(fd.as_raw_fd()).map_err(|e| kerr("queued bytes", e))?;
+    let queued =
+        ferry_sys::fd::bytes_readable(fd.as_raw_fd()).map_err(|e| kerr("queued bytes", e))?;
     if queued == 0 {
         return Ok((cap as u32, Vec::new()));
     }
-    let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(|e| kerr("temporary pipe", e))?;
-    ferry_sys::fd::fcntl_int(w.as_raw_fd(), libc::F_SETPIPE_SZ, cap as libc::c_long, "fcntl(F_SETPIPE_SZ)").map_err(|e| kerr("sizing temporary pipe", e))?;
-    let n = ferry_sys::fd::tee(fd.as_raw_fd(), w.as_raw_fd(), queued).map_err(|e| kerr("tee", e))?;
+    let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .map_err(|e| kerr("temporary pipe", e))?;
+    ferry_sys::fd::fcntl_int(
+        w.as_raw_fd(),
+        libc::F_SETPIPE_SZ,
+        cap as libc::c_long,
+        "fcntl(F_SETPIPE_SZ)",
+    )
+    .map_err(|e| kerr("sizing temporary pipe", e))?;
+    let n =
+        ferry_sys::fd::tee(fd.as_raw_fd(), w.as_raw_fd(), queued).map_err(|e| kerr("tee", e))?;
     if n != queued {
         return Err(info.unsupported(format!("copied {n} of {queued} queued bytes")));
     }
     drop(w);
     let mut data = Vec::with_capacity(n);
-    std::fs::File::from(r).read_to_end(&mut data).map_err(|e| EngineError::io(format!("fd {} copy", info.fd), e))?;
+    std::fs::File::from(r)
+        .read_to_end(&mut data)
+        .map_err(|e| EngineError::io(format!("fd {} copy", info.fd), e))?;
     Ok((cap as u32, data))
 }
 
 fn end(info: &FdInfo) -> Result<PipeEnd> {
-    let flags = info.field("flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32;
+    let flags = info
+        .field("flags")
+        .and_then(crate::procfs::parse_octal)
+        .unwrap_or(0) as i32;
     let (capacity, data) = unread_data(info)?;
-    Ok(PipeEnd { id: info.meta.ino(), write_end: flags & libc::O_ACCMODE == libc::O_WRONLY, capacity, data, peer_closed: false })
+    Ok(PipeEnd {
+        id: info.meta.ino(),
+        write_end: flags & libc::O_ACCMODE == libc::O_WRONLY,
+        capacity,
+        data,
+        peer_closed: false,
+    })
 }
 
 pub fn capture_pipe(info: &FdInfo) -> Result<FileKind> {
@@ -43,7 +76,10 @@ pub fn capture_pipe(info: &FdInfo) -> Result<FileKind> {
 }
 
 pub fn capture_fifo(info: &FdInfo) -> Result<FileKind> {
-    Ok(FileKind::Fifo { path: info.link.clone(), pipe: end(info)? })
+    Ok(FileKind::Fifo {
+        path: info.link.clone(),
+        pipe: end(info)?,
+    })
 }
 
 /// Every pipe end in the tree needs its other end in the tree too, or
@@ -62,7 +98,10 @@ pub fn check_tree(all: &[(i32, &OpenFile, i32)], tree: &[i32]) -> Result<Vec<(u6
             return Err(EngineError::unsupported(
                 pid,
                 format!("fd {fd} (pipe:[{}])", p.id),
-                format!("its {} end is held by process {holder}, outside the tree", if p.write_end { "read" } else { "write" }),
+                format!(
+                    "its {} end is held by process {holder}, outside the tree",
+                    if p.write_end { "read" } else { "write" }
+                ),
             ));
         }
         closed.push((p.id, p.write_end));
@@ -74,11 +113,19 @@ pub fn check_tree(all: &[(i32, &OpenFile, i32)], tree: &[i32]) -> Result<Vec<(u6
 fn other_holder(tree: &[i32], id: u64) -> Option<i32> {
     let want = format!("pipe:[{id}]");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(other) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Some(other) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
         if tree.contains(&other) || other == std::process::id() as i32 {
             continue;
         }
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{other}/fd")) else { continue };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{other}/fd")) else {
+            continue;
+        };
         for fd in fds.flatten() {
             if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
                 return Some(other);

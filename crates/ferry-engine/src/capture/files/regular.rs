@@ -10,40 +10,71 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 /// Deleted files larger than this are refused rather than copied.
 const MAX_DELETED_CONTENT: u64 = 1 << 30;
 
-const PLAIN_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+const PLAIN_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
 
 pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
     let link = info.link.as_str();
     if link.starts_with("/memfd:") {
-        return Ok(FileKind::Memfd { id: info.meta.ino() });
+        return Ok(FileKind::Memfd {
+            id: info.meta.ino(),
+        });
     }
     if let Some(path) = link.strip_suffix(" (deleted)") {
         let size = info.meta.len();
         if size > MAX_DELETED_CONTENT {
-            return Err(info.unsupported(format!("deleted file of {size} bytes is too large to copy into the image")));
+            return Err(info.unsupported(format!(
+                "deleted file of {size} bytes is too large to copy into the image"
+            )));
         }
         // A write-only descriptor cannot be read: open the file again for
         // reading through /proc (that works for a deleted file too).
-        let write_only = info.field("flags").and_then(|f| u32::from_str_radix(f, 8).ok()).is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32);
+        let write_only = info
+            .field("flags")
+            .and_then(|f| u32::from_str_radix(f, 8).ok())
+            .is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_WRONLY as u32);
         let file = if write_only {
             let proc_path = format!("/proc/{}/fd/{}", info.pid, info.fd);
-            std::fs::File::open(&proc_path).map_err(|e| EngineError::io(format!("fd {} ({link}): opening {proc_path} to read the deleted file", info.fd), e))?
+            std::fs::File::open(&proc_path).map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "fd {} ({link}): opening {proc_path} to read the deleted file",
+                        info.fd
+                    ),
+                    e,
+                )
+            })?
         } else {
             std::fs::File::from(info.dup()?)
         };
         let mut content = vec![0u8; size as usize];
-        file.read_exact_at(&mut content, 0).map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
-        return Ok(FileKind::Deleted { path: path.to_string(), mode: info.meta.mode() & 0o7777, content });
+        file.read_exact_at(&mut content, 0)
+            .map_err(|e| EngineError::io(format!("fd {} ({link})", info.fd), e))?;
+        return Ok(FileKind::Deleted {
+            path: path.to_string(),
+            mode: info.meta.mode() & 0o7777,
+            content,
+        });
     }
     if let Some(pid) = proc_pid_of(link) {
         if info.tree.contains(&pid) {
-            return Ok(FileKind::ProcFile { path: link.to_string() });
+            return Ok(FileKind::ProcFile {
+                path: link.to_string(),
+            });
         }
         return Err(info.unsupported(format!(
             "a /proc file of process {pid}, outside the tree; after restore that PID could be anyone"
         )));
     }
-    Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })
+    Ok(FileKind::Regular {
+        path: link.to_string(),
+        size: info.meta.len(),
+    })
 }
 
 /// "/proc/123/stat" -> 123 (also /proc/123/task/...).
@@ -55,7 +86,8 @@ fn proc_pid_of(link: &str) -> Option<i32> {
 /// Whether `rdev` is one of the devices of PLAIN_DEVICES (mem driver,
 /// major 1: null 3, zero 5, full 7, random 8, urandom 9).
 pub(crate) fn is_plain_device(rdev: u64) -> bool {
-    libc::major(rdev as libc::dev_t) == 1 && [3, 5, 7, 8, 9].contains(&libc::minor(rdev as libc::dev_t))
+    libc::major(rdev as libc::dev_t) == 1
+        && [3, 5, 7, 8, 9].contains(&libc::minor(rdev as libc::dev_t))
 }
 
 /// Whether the fd is a terminal (ioctl(TCGETS) succeeds, as isatty asks).
@@ -66,17 +98,25 @@ fn is_terminal(info: &FdInfo) -> Result<bool> {
 
 pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
     if is_terminal(info)? {
-        return Ok(FileKind::Terminal { path: info.link.clone() });
+        return Ok(FileKind::Terminal {
+            path: info.link.clone(),
+        });
     }
     if PLAIN_DEVICES.contains(&info.link.as_str()) {
-        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
+        return Ok(FileKind::CharDevice {
+            path: info.link.clone(),
+            rdev: info.meta.rdev(),
+        });
     }
     // A node of one of those devices made elsewhere with mknod and unlinked
     // while open (zdtm deleted_dev): restore makes a node again under the
     // old name, opens it and unlinks it; its mode and owner go with the
     // deleted files' (owner::deleted_attrs).
     if info.link.ends_with(" (deleted)") && is_plain_device(info.meta.rdev()) {
-        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
+        return Ok(FileKind::CharDevice {
+            path: info.link.clone(),
+            rdev: info.meta.rdev(),
+        });
     }
     Err(info.unsupported("this character device is not supported"))
 }
@@ -85,13 +125,26 @@ pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
 /// process: restore recreates the fd's file and the mapping's file each on
 /// its own, so writes through one would no longer reach the other (they
 /// did, silently, before). Refused by fd until they are recreated as one.
-pub fn check_deleted_mapped(pid: i32, files: &[ferry_image::OpenFile], fds: &[ferry_image::FdSlot], vmas: &[ferry_image::Vma]) -> Result<()> {
+pub fn check_deleted_mapped(
+    pid: i32,
+    files: &[ferry_image::OpenFile],
+    fds: &[ferry_image::FdSlot],
+    vmas: &[ferry_image::Vma],
+) -> Result<()> {
     use ferry_image::VmaBacking;
     for slot in fds {
-        let Some(FileKind::Deleted { path, .. }) = files.get(slot.file as usize).map(|f| &f.kind) else { continue };
+        let Some(FileKind::Deleted { path, .. }) = files.get(slot.file as usize).map(|f| &f.kind)
+        else {
+            continue;
+        };
         let proc_path = format!("/proc/{pid}/fd/{}", slot.fd);
-        let ino = std::fs::metadata(&proc_path).map_err(|e| EngineError::io(&proc_path, e))?.ino();
-        if let Some(v) = vmas.iter().find(|v| v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == ino)) {
+        let ino = std::fs::metadata(&proc_path)
+            .map_err(|e| EngineError::io(&proc_path, e))?
+            .ino();
+        if let Some(v) = vmas
+            .iter()
+            .find(|v| v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == ino))
+        {
             return Err(EngineError::unsupported(
                 pid,
                 format!("fd {} ({path} (deleted))", slot.fd),

@@ -46,17 +46,34 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
     for (proc_index, (pid, files, fds)) in procs.iter().enumerate() {
         let first_fd = super::first_fd_of_each_file(fds);
         for (file_index, f) in files.iter().enumerate() {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             if s.sock_type != libc::SOCK_STREAM {
                 continue;
             }
-            let Some((paddr, pport)) = &s.peer else { continue };
+            let Some((paddr, pport)) = &s.peer else {
+                continue;
+            };
             if !seen.insert(f.id) {
                 continue;
             }
-            let Some(&fd) = first_fd.get(&(file_index as u32)) else { continue };
-            let (Some(local), Some(remote)) = (socket_addr(&s.addr, s.port), socket_addr(paddr, *pport)) else { continue };
-            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote });
+            let Some(&fd) = first_fd.get(&(file_index as u32)) else {
+                continue;
+            };
+            let (Some(local), Some(remote)) =
+                (socket_addr(&s.addr, s.port), socket_addr(paddr, *pport))
+            else {
+                continue;
+            };
+            out.push(Established {
+                pid: *pid,
+                fd,
+                proc_index,
+                file_index,
+                local,
+                remote,
+            });
         }
     }
     out
@@ -109,14 +126,22 @@ impl Drop for Repaired {
                 continue;
             }
             if let Err(e) = leave_repair(h.sock.as_raw_fd(), h.reuse) {
-                tracing::error!("pid {} fd {}: could not leave TCP repair mode: {e}", h.pid, h.fd);
+                tracing::error!(
+                    "pid {} fd {}: could not leave TCP repair mode: {e}",
+                    h.pid,
+                    h.fd
+                );
             }
         }
     }
 }
 
 fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
-    EngineError::kernel(c.pid, format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote), e)
+    EngineError::kernel(
+        c.pid,
+        format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote),
+        e,
+    )
 }
 
 /// Switches every connection into repair mode and reads its state, on
@@ -129,22 +154,41 @@ pub fn capture<'a>(
     pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>,
     repairing: impl FnOnce(&[(i32, i32, bool)]),
 ) -> Result<(Repaired, Vec<TcpConnection>)> {
-    let pidfds: Vec<&OwnedFd> =
-        conns.iter().map(|c| pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))).collect::<Result<_>>()?;
+    let pidfds: Vec<&OwnedFd> = conns
+        .iter()
+        .map(|c| {
+            pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))
+        })
+        .collect::<Result<_>>()?;
     let work: Vec<(&Established, &OwnedFd)> = conns.iter().zip(pidfds).collect();
     let socks = crate::parallel::map(&work, |(c, pidfd)| {
-        let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd).map_err(|e| kernel(c, "duplicating the socket", e))?;
-        let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR).map_err(|e| kernel(c, "reading SO_REUSEADDR", e))? != 0;
-        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() })
+        let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd)
+            .map_err(|e| kernel(c, "duplicating the socket", e))?;
+        let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR)
+            .map_err(|e| kernel(c, "reading SO_REUSEADDR", e))?
+            != 0;
+        Ok(Held {
+            pid: c.pid,
+            fd: c.fd,
+            sock,
+            reuse,
+            in_repair: false.into(),
+        })
     })?;
     // The guard hears of every socket before any enters repair mode.
-    repairing(&socks.iter().map(|h| (h.pid, h.fd, h.reuse)).collect::<Vec<_>>());
+    repairing(
+        &socks
+            .iter()
+            .map(|h| (h.pid, h.fd, h.reuse))
+            .collect::<Vec<_>>(),
+    );
     let repaired = Repaired { socks, keep: false };
     let work: Vec<(&Established, &Held)> = conns.iter().zip(&repaired.socks).collect();
     let states = crate::parallel::map(&work, |(c, h)| {
         let fd = h.sock.as_raw_fd();
         socket::set_repair(fd, 1).map_err(|e| kernel(c, "entering repair mode", e))?;
-        h.in_repair.store(true, std::sync::atomic::Ordering::Release);
+        h.in_repair
+            .store(true, std::sync::atomic::Ordering::Release);
         read_connection(c, fd)
     })?;
     Ok((repaired, states))
@@ -157,13 +201,18 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
         return Err(EngineError::transient(
             c.pid,
             format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote),
-            format!("the connection went to state {} during the checkpoint", super::inet::tcp_state_name(ti.tcpi_state)),
+            format!(
+                "the connection went to state {} during the checkpoint",
+                super::inet::tcp_state_name(ti.tcpi_state)
+            ),
         ));
     }
-    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).map_err(k("selecting the receive queue"))?;
+    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
+        .map_err(k("selecting the receive queue"))?;
     let rcv_nxt = socket::queue_seq(fd).map_err(k("reading the receive sequence"))?;
     let inq = socket::inq(fd).map_err(k("reading the receive queue length"))?;
-    let recv_queue = socket::peek_queue(fd, inq as usize).map_err(k("reading the receive queue"))?;
+    let recv_queue =
+        socket::peek_queue(fd, inq as usize).map_err(k("reading the receive queue"))?;
     socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
     let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
     let outq = socket::outq(fd).map_err(k("reading the send queue length"))?;
@@ -183,12 +232,17 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
             ),
         ));
     }
-    let mss_clamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG).map_err(k("reading the MSS"))? as u32;
-    let timestamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP).map_err(k("reading TCP_TIMESTAMP"))? as u32;
+    let mss_clamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
+        .map_err(k("reading the MSS"))? as u32;
+    let timestamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP)
+        .map_err(k("reading TCP_TIMESTAMP"))? as u32;
     let w = socket::repair_window(fd).map_err(k("reading the window"))?;
-    let sndbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).map_err(k("reading SO_SNDBUF"))?;
-    let rcvbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF).map_err(k("reading SO_RCVBUF"))?;
-    let buf_lock = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK).map_err(k("reading SO_BUF_LOCK"))?;
+    let sndbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
+        .map_err(k("reading SO_SNDBUF"))?;
+    let rcvbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)
+        .map_err(k("reading SO_RCVBUF"))?;
+    let buf_lock = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK)
+        .map_err(k("reading SO_BUF_LOCK"))?;
     const TCPI_OPT_TIMESTAMPS: u8 = 1;
     const TCPI_OPT_SACK: u8 = 2;
     const TCPI_OPT_WSCALE: u8 = 4;
@@ -206,7 +260,13 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
         sack: ti.tcpi_options & TCPI_OPT_SACK != 0,
         timestamps: ti.tcpi_options & TCPI_OPT_TIMESTAMPS != 0,
         timestamp,
-        window: TcpWindow { snd_wl1: w.snd_wl1, snd_wnd: w.snd_wnd, max_window: w.max_window, rcv_wnd: w.rcv_wnd, rcv_wup: w.rcv_wup },
+        window: TcpWindow {
+            snd_wl1: w.snd_wl1,
+            snd_wnd: w.snd_wnd,
+            max_window: w.max_window,
+            rcv_wnd: w.rcv_wnd,
+            rcv_wup: w.rcv_wup,
+        },
         sndbuf,
         rcvbuf,
         buf_lock,
@@ -215,7 +275,11 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
 
 /// Puts each captured state into its socket's open file description,
 /// in every process that shares it.
-pub fn store(conns: &[Established], states: Vec<TcpConnection>, files_of: &mut [&mut Vec<OpenFile>]) {
+pub fn store(
+    conns: &[Established],
+    states: Vec<TcpConnection>,
+    files_of: &mut [&mut Vec<OpenFile>],
+) {
     let mut by_id = std::collections::HashMap::new();
     for (c, state) in conns.iter().zip(states) {
         if let Some(f) = files_of.get(c.proc_index).and_then(|f| f.get(c.file_index)) {

@@ -39,10 +39,18 @@ fn norm_name(n: &[u8]) -> Vec<u8> {
 fn holder_of(tree: &[i32], mine: RawFd) -> Option<PassedFd> {
     let me = std::process::id() as i32;
     for &q in tree {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{q}/fd")) else { continue };
-        let mut fds: Vec<i32> = dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{q}/fd")) else {
+            continue;
+        };
+        let mut fds: Vec<i32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
         fds.sort_unstable();
-        if let Some(fd) = fds.into_iter().find(|&fd| ferry_sys::fd::kcmp_same_file(me, q, mine, fd).unwrap_or(false)) {
+        if let Some(fd) = fds
+            .into_iter()
+            .find(|&fd| ferry_sys::fd::kcmp_same_file(me, q, mine, fd).unwrap_or(false))
+        {
             return Some(PassedFd { pid: q, fd });
         }
     }
@@ -56,7 +64,12 @@ fn holder_of(tree: &[i32], mine: RawFd) -> Option<PassedFd> {
 /// SO_PASSCRED on (its reader sees them). Returns the messages (a stream
 /// socket's bytes split only where ancillary data sits) and their
 /// ancillary data.
-fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<(Vec<Vec<u8>>, Vec<UnixInFlight>)> {
+fn peek_queue(
+    info: &FdInfo,
+    fd: RawFd,
+    stream: bool,
+    passcred: bool,
+) -> Result<(Vec<Vec<u8>>, Vec<UnixInFlight>)> {
     use ferry_sys::socket::{getsockopt_int, setsockopt_int};
     // Put back whatever peek offset the process itself had set.
     let saved = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
@@ -70,10 +83,18 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<
         let msg = match ferry_sys::unix::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
             Ok(Some(m)) => m,
             Ok(None) => break Ok(()),
-            Err(e) => break Err(EngineError::kernel(info.pid, format!("fd {}: peeking at its queued messages", info.fd), e)),
+            Err(e) => {
+                break Err(EngineError::kernel(
+                    info.pid,
+                    format!("fd {}: peeking at its queued messages", info.fd),
+                    e,
+                ))
+            }
         };
         if msg.truncated {
-            break Err(info.unsupported("a queued message carries more ancillary data than one recvmsg returns"));
+            break Err(info.unsupported(
+                "a queued message carries more ancillary data than one recvmsg returns",
+            ));
         }
         if msg.len == 0 && stream && msg.fds.is_empty() {
             break Ok(());
@@ -97,7 +118,9 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<
             match holder_of(info.tree, f.as_raw_fd()) {
                 Some(h) => fds.push(h),
                 None => {
-                    let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).map(|l| l.display().to_string()).unwrap_or_default();
+                    let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                        .map(|l| l.display().to_string())
+                        .unwrap_or_default();
                     missing = Some(link);
                     break;
                 }
@@ -111,13 +134,19 @@ fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<
         }
         let data = buf[..msg.len].to_vec();
         let plain = fds.is_empty() && creds.is_none();
-        let last_plain = in_flight.last().is_none_or(|m| m.message as usize + 1 < out.len());
+        let last_plain = in_flight
+            .last()
+            .is_none_or(|m| m.message as usize + 1 < out.len());
         match (stream && plain && last_plain, out.last_mut()) {
             (true, Some(last)) => last.extend_from_slice(&data),
             _ => out.push(data),
         }
         if !plain {
-            in_flight.push(UnixInFlight { message: (out.len() - 1) as u32, fds, creds });
+            in_flight.push(UnixInFlight {
+                message: (out.len() - 1) as u32,
+                fds,
+                creds,
+            });
         }
         if out.len() > 100_000 {
             break Err(info.unsupported("too many queued messages"));
@@ -168,7 +197,8 @@ impl UnixTables {
         if let Some(t) = tables.get(&ino) {
             return Ok(t.clone());
         }
-        let table = std::sync::Arc::new(ferry_sys::sockdiag::unix_sockets_in(ns.as_fd()).map_err(err)?);
+        let table =
+            std::sync::Arc::new(ferry_sys::sockdiag::unix_sockets_in(ns.as_fd()).map_err(err)?);
         tables.insert(ino, table.clone());
         Ok(table)
     }
@@ -182,7 +212,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         .iter()
         .find(|d| d.ino as u64 == ino)
         .cloned()
-        .ok_or_else(|| info.unsupported("unix socket not found in its network namespace's socket table"))?;
+        .ok_or_else(|| {
+            info.unsupported("unix socket not found in its network namespace's socket table")
+        })?;
     let fd = sock.as_raw_fd();
     let name = name_of(fd);
     // A socket without a peer is bound again, and so is the client end of
@@ -207,7 +239,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     if me.state == TCP_LISTEN {
         if me.rqueue > 0 {
             if name.is_empty() {
-                return Err(info.unsupported("a connection waits in the accept queue of this unnamed listener"));
+                return Err(info.unsupported(
+                    "a connection waits in the accept queue of this unnamed listener",
+                ));
             }
             if me.icons.len() != me.rqueue as usize || me.icons.contains(&0) {
                 return Err(info.unsupported(format!("{} connections wait in its accept queue and sock_diag does not name each client", me.rqueue)));
@@ -221,21 +255,35 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     // A connected stream socket whose peer was closed: the kernel shuts it
     // down and its peer has no inode any more. Restoring it unconnected
     // would turn EOF and EPIPE into ENOTCONN.
-    if me.state == TCP_ESTABLISHED && me.peer == 0 && me.shutdown == 3 && sock_type != libc::SOCK_DGRAM {
+    if me.state == TCP_ESTABLISHED
+        && me.peer == 0
+        && me.shutdown == 3
+        && sock_type != libc::SOCK_DGRAM
+    {
         return Err(info.unsupported("its peer was closed (reads give EOF, writes EPIPE); such a connection is not restored yet"));
     }
     // A connected stream socket whose peer has no inode and which is not
     // shut down (a dead peer shuts it down) waits in a listener's accept
     // queue: its peer is the embryo socket accept() will return.
-    if me.state == TCP_ESTABLISHED && me.peer == 0 && me.shutdown == 0 && sock_type != libc::SOCK_DGRAM {
+    if me.state == TCP_ESTABLISHED
+        && me.peer == 0
+        && me.shutdown == 0
+        && sock_type != libc::SOCK_DGRAM
+    {
         let pname = peer_name_of(fd);
-        let listener = table.iter().find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm_name(&l.name) == pname);
+        let listener = table
+            .iter()
+            .find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm_name(&l.name) == pname);
         let lname = String::from_utf8_lossy(&pname).replace('\0', "@");
         let Some(listener) = listener else {
-            return Err(info.unsupported(format!("connected to {lname}, whose socket cannot be found")));
+            return Err(info.unsupported(format!(
+                "connected to {lname}, whose socket cannot be found"
+            )));
         };
         if super::holders_in_tree(info.tree, &format!("socket:[{}]", listener.ino)) == 0 {
-            return Err(info.unsupported(format!("waits in the accept queue of {lname}, a unix listener outside the process tree")));
+            return Err(info.unsupported(format!(
+                "waits in the accept queue of {lname}, a unix listener outside the process tree"
+            )));
         }
         if me.wqueue > 0 || me.rqueue > 0 {
             return Err(info.unsupported(format!(
@@ -245,7 +293,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         }
         // sock_diag lists a listener's waiting clients in accept order.
         let Some(position) = listener.icons.iter().position(|&c| c as u64 == ino) else {
-            return Err(info.unsupported(format!("waits in the accept queue of {lname}, which does not list it")));
+            return Err(info.unsupported(format!(
+                "waits in the accept queue of {lname}, which does not list it"
+            )));
         };
         locked(&info.unix_tables.1).push((ino, listener.ino as u64, position as u32));
     }
@@ -253,7 +303,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
         let peer_d = table.iter().find(|d| d.ino as u64 == p);
         if !in_tree {
-            let pname = peer_d.map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@")).unwrap_or_default();
+            let pname = peer_d
+                .map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@"))
+                .unwrap_or_default();
             return Err(info.unsupported(format!("connected to a unix socket outside the process tree ({pname}); external unix peers are not supported yet")));
         }
         // Connected one way (its peer is not connected to it, only
@@ -262,14 +314,20 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         if peer_d.map(|d| d.peer as u64) != Some(ino) {
             let pname = peer_d.map(|d| norm_name(&d.name)).unwrap_or_default();
             if sock_type != libc::SOCK_DGRAM || pname.is_empty() {
-                return Err(info.unsupported(format!("connected one way to socket:[{p}], which has no name to connect to again")));
+                return Err(info.unsupported(format!(
+                    "connected one way to socket:[{p}], which has no name to connect to again"
+                )));
             }
         }
     }
     // Datagrams queued on a socket that is not one end of a pair came
     // from senders the image does not record (any socket that sent to its
     // name); restore refills a queue only from the peer of a pair.
-    let pair = peer.is_some_and(|p| table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
+    let pair = peer.is_some_and(|p| {
+        table
+            .iter()
+            .any(|d| d.ino as u64 == p && d.peer as u64 == ino)
+    });
     if me.rqueue > 0 && listen_backlog.is_none() && !pair {
         return Err(info.unsupported(format!(
             "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
@@ -278,12 +336,17 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     }
     // The image keeps no options of a unix socket besides SO_PASSCRED: one
     // that asks for security labels would come back without it, silently.
-    if ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSSEC).is_ok_and(|v| v != 0) {
-        return Err(info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)"));
+    if ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSSEC)
+        .is_ok_and(|v| v != 0)
+    {
+        return Err(
+            info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)")
+        );
     }
-    let passcred = ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED)
-        .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e))?
-        != 0;
+    let passcred =
+        ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(
+            |e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e),
+        )? != 0;
     // Who made the connection, as getsockopt(SO_PEERCRED) tells the
     // program: restore makes it again in that process with those ids
     // (checked against the tree in `check_peer_creds`). A socket that
@@ -296,8 +359,13 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let listener = listen_backlog.is_some();
     if peer.is_some() || listener {
         let b = ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, 12)
-            .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e))?;
-        let word = |i: usize| b.get(i..i + 4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
+            .map_err(|e| {
+                EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e)
+            })?;
+        let word = |i: usize| {
+            b.get(i..i + 4)
+                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        };
         let (Some(pid), Some(uid), Some(gid)) = (word(0), word(4), word(8)) else {
             return Err(info.unsupported(format!("SO_PEERCRED gave {} bytes", b.len())));
         };
@@ -305,16 +373,35 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             // Not recorded: see above.
         } else if pid != 0 {
             let groups = peer_groups(info, fd)?;
-            locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred { ino, pid: pid as i32, uid, gid, groups });
+            locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred {
+                ino,
+                pid: pid as i32,
+                uid,
+                gid,
+                groups,
+            });
         } else if uid != u32::MAX || gid != u32::MAX {
             return Err(info.unsupported(format!(
                 "SO_PEERCRED names a process outside ferry's PID namespace (uid {uid}, gid {gid}); the connection cannot be made again by it"
             )));
         }
     }
-    let (queued, in_flight) =
-        if me.rqueue > 0 && listen_backlog.is_none() { peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)? } else { (Vec::new(), Vec::new()) };
-    Ok(FileKind::UnixSocket(UnixSocket { ino, sock_type, name, listen_backlog, peer, queued, passcred, shutdown: me.shutdown, in_flight }))
+    let (queued, in_flight) = if me.rqueue > 0 && listen_backlog.is_none() {
+        peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    Ok(FileKind::UnixSocket(UnixSocket {
+        ino,
+        sock_type,
+        name,
+        listen_backlog,
+        peer,
+        queued,
+        passcred,
+        shutdown: me.shutdown,
+        in_flight,
+    }))
 }
 
 /// SO_PEERGROUPS: the supplementary groups of the process SO_PEERCRED
@@ -328,7 +415,9 @@ fn peer_groups(info: &FdInfo, fd: RawFd) -> Result<Vec<u32>> {
         }
         Err(e) => return Err(EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERGROUPS", info.fd), e)),
     };
-    Ok(b.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+        .collect())
 }
 
 /// A socket bound to a path is bound to it again at restore, which makes
@@ -340,11 +429,17 @@ fn check_bound_path(info: &FdInfo, name: &[u8], vfs: Option<(u32, u32)>) -> Resu
     if name.is_empty() || name[0] == 0 {
         return Ok(());
     }
-    let Some((ino, kdev)) = vfs else { return Ok(()) };
+    let Some((ino, kdev)) = vfs else {
+        return Ok(());
+    };
     use std::os::unix::ffi::OsStrExt;
     let rel = std::path::Path::new(std::ffi::OsStr::from_bytes(name));
     // Resolved as the process sees it: its root, and its cwd for a relative name.
-    let base = if rel.is_absolute() { format!("/proc/{}/root", info.pid) } else { format!("/proc/{}/cwd", info.pid) };
+    let base = if rel.is_absolute() {
+        format!("/proc/{}/root", info.pid)
+    } else {
+        format!("/proc/{}/cwd", info.pid)
+    };
     let seen = std::path::Path::new(&base).join(rel.strip_prefix("/").unwrap_or(rel));
     let path = rel.display();
     let same = std::fs::symlink_metadata(&seen).is_ok_and(|m| {
@@ -364,10 +459,15 @@ fn check_bound_path(info: &FdInfo, name: &[u8], vfs: Option<(u32, u32)>) -> Resu
 /// process must be one of the tree (`tree`, host pids); both ends of a
 /// socketpair (made by one call) must name the same one. `creds` holds
 /// host pids; `all` is every (pid, file, lowest fd) of the tree.
-pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[ferry_image::UnixPeerCred], tree: &[i32]) -> Result<()> {
+pub fn check_peer_creds(
+    all: &[(i32, &ferry_image::OpenFile, i32)],
+    creds: &[ferry_image::UnixPeerCred],
+    tree: &[i32],
+) -> Result<()> {
     // By inode, once: this runs while the tree is frozen, and a server
     // may hold thousands of unix sockets.
-    let by_ino: std::collections::HashMap<u64, &ferry_image::UnixPeerCred> = creds.iter().map(|c| (c.ino, c)).collect();
+    let by_ino: std::collections::HashMap<u64, &ferry_image::UnixPeerCred> =
+        creds.iter().map(|c| (c.ino, c)).collect();
     let cred_of = |ino: u64| by_ino.get(&ino).copied();
     let sockets: std::collections::HashMap<u64, &UnixSocket> = all
         .iter()
@@ -377,9 +477,15 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
         })
         .collect();
     // The socket `u` is connected to, when that one is connected back.
-    let connected_back = |u: &UnixSocket| u.peer.and_then(|p| sockets.get(&p).copied()).filter(|v| v.peer == Some(u.ino));
+    let connected_back = |u: &UnixSocket| {
+        u.peer
+            .and_then(|p| sockets.get(&p).copied())
+            .filter(|v| v.peer == Some(u.ino))
+    };
     for &(pid, f, fd) in all {
-        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        let FileKind::UnixSocket(u) = &f.kind else {
+            continue;
+        };
         let what = || format!("fd {fd} (socket:[{}])", u.ino);
         let Some(c) = cred_of(u.ino) else {
             // Two datagram sockets connected to each other by name have no
@@ -408,8 +514,20 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
         let Some(peer) = u.peer else { continue };
         let Some(v) = connected_back(u) else { continue };
         let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
-        if pair && peer != u.ino && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() }) {
-            let other = cred_of(peer).map_or("none".to_string(), |o| format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups));
+        if pair
+            && peer != u.ino
+            && cred_of(peer)
+                != Some(&ferry_image::UnixPeerCred {
+                    ino: peer,
+                    ..c.clone()
+                })
+        {
+            let other = cred_of(peer).map_or("none".to_string(), |o| {
+                format!(
+                    "pid {} uid {} gid {} groups {:?}",
+                    o.pid, o.uid, o.gid, o.groups
+                )
+            });
             return Err(EngineError::unsupported(
                 pid,
                 what(),
@@ -427,13 +545,19 @@ pub fn check_peer_creds(all: &[(i32, &ferry_image::OpenFile, i32)], creds: &[fer
 /// one of the tree's sockets.
 pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
     for &(pid, f, fd) in all {
-        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        let FileKind::UnixSocket(u) = &f.kind else {
+            continue;
+        };
         let Some(peer) = u.peer else { continue };
         let Some(v) = all.iter().find_map(|(_, g, _)| match &g.kind {
             FileKind::UnixSocket(v) if v.ino == peer => Some(v),
             _ => None,
         }) else {
-            return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "its peer is not an fd of any process of the tree"));
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {fd} (socket:[{}])", u.ino),
+                "its peer is not an fd of any process of the tree",
+            ));
         };
         // Restore must know which end connected (the same rule it uses).
         if v.peer == Some(u.ino) {
@@ -441,7 +565,11 @@ pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
                 all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(l) if l.listen_backlog.is_some() && l.sock_type == u.sock_type && l.name == n))
             };
             if let Err(why) = crate::restore::files::unix::remake_of(u, v, listener_named) {
-                return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), why));
+                return Err(EngineError::unsupported(
+                    pid,
+                    format!("fd {fd} (socket:[{}])", u.ino),
+                    why,
+                ));
             }
         }
     }

@@ -6,6 +6,6 @@ use crate::error::{EngineError, Result};
 use std::os::fd::OwnedFd;
 
 pub fn create(pid: i32) -> Result<OwnedFd> {
-    ferry_sys::epoll::create(libc::EPOLL_CLOEXEC).map_err(|e| EngineError::kernel(pid, "creating an epoll instance", e))
+    ferry_sys::epoll::create(libc::EPOLL_CLOEXEC)
+        .map_err(|e| EngineError::kernel(pid, "creating an epoll instance", e))
 }
-

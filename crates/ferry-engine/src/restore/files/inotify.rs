@@ -12,24 +12,39 @@ use std::os::fd::{AsFd, OwnedFd};
 
 pub fn create(pid: i32, watches: &[InotifyWatch]) -> Result<OwnedFd> {
     use ferry_sys::inotify;
-    let fd = inotify::init().map_err(|e| EngineError::kernel(pid, "creating an inotify instance", e))?;
+    let fd =
+        inotify::init().map_err(|e| EngineError::kernel(pid, "creating an inotify instance", e))?;
     let root = CString::new("/").map_err(|_| EngineError::restore(pid, "NUL"))?;
     let mut next = 1;
     let mut filled = false;
     for w in watches {
         while next < w.wd {
             // A throw-away watch takes the descriptor and is removed at once.
-            let d = inotify::add_watch(fd.as_fd(), &root, libc::IN_ATTRIB)
-                .map_err(|e| EngineError::kernel(pid, format!("filling inotify watch descriptor {next}"), e))?;
+            let d = inotify::add_watch(fd.as_fd(), &root, libc::IN_ATTRIB).map_err(|e| {
+                EngineError::kernel(pid, format!("filling inotify watch descriptor {next}"), e)
+            })?;
             let _ = inotify::rm_watch(fd.as_fd(), d);
             next = d + 1;
             filled = true;
         }
-        let c = CString::new(w.path.as_str()).map_err(|_| EngineError::restore(pid, format!("inotify path {:?} has a NUL byte", w.path)))?;
-        let d = inotify::add_watch(fd.as_fd(), &c, w.mask)
-            .map_err(|e| EngineError::kernel(pid, format!("watching {} (inotify watch {})", w.path, w.wd), e))?;
+        let c = CString::new(w.path.as_str()).map_err(|_| {
+            EngineError::restore(pid, format!("inotify path {:?} has a NUL byte", w.path))
+        })?;
+        let d = inotify::add_watch(fd.as_fd(), &c, w.mask).map_err(|e| {
+            EngineError::kernel(
+                pid,
+                format!("watching {} (inotify watch {})", w.path, w.wd),
+                e,
+            )
+        })?;
         if d != w.wd {
-            return Err(EngineError::restore(pid, format!("inotify watch on {} came back as descriptor {d}, not {}", w.path, w.wd)));
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "inotify watch on {} came back as descriptor {d}, not {}",
+                    w.path, w.wd
+                ),
+            ));
         }
         next = d + 1;
     }

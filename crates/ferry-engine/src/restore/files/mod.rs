@@ -54,7 +54,13 @@ pub(crate) struct Builder<'a> {
 
 impl<'a> Builder<'a> {
     /// A builder for `tree` with nothing made yet.
-    fn new(tree: &TreeImage, tty_to: &'a str, memfds: &'a HashMap<u64, RawFd>, temp_base: RawFd, inject: Option<&'a mut dyn unix_late::Inject>) -> Self {
+    fn new(
+        tree: &TreeImage,
+        tty_to: &'a str,
+        memfds: &'a HashMap<u64, RawFd>,
+        temp_base: RawFd,
+        inject: Option<&'a mut dyn unix_late::Inject>,
+    ) -> Self {
         Builder {
             pid: tree.processes.first().map_or(0, |p| p.pid),
             tty_to,
@@ -73,20 +79,27 @@ impl<'a> Builder<'a> {
     /// image fd number, so installing the fd table cannot clobber it (and
     /// closing it later cannot close an installed fd).
     pub fn keep(&self, fd: OwnedFd) -> Result<OwnedFd> {
-        ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base).map_err(|e| EngineError::kernel(self.pid, "moving a kept fd out of the way", e))
+        ferry_sys::fd::dup_above(fd.as_raw_fd(), self.temp_base)
+            .map_err(|e| EngineError::kernel(self.pid, "moving a kept fd out of the way", e))
     }
 }
 
-const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
+const SETFL_MASK: i32 =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
 fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let fd = match &f.kind {
-        FileKind::Regular { .. } | FileKind::Deleted { .. } | FileKind::Directory { .. } | FileKind::CharDevice { .. } | FileKind::Terminal { .. }
-        | FileKind::ExternalStdio { .. } => {
-            regular::open(b, f)?
-        }
+        FileKind::Regular { .. }
+        | FileKind::Deleted { .. }
+        | FileKind::Directory { .. }
+        | FileKind::CharDevice { .. }
+        | FileKind::Terminal { .. }
+        | FileKind::ExternalStdio { .. } => regular::open(b, f)?,
         FileKind::Memfd { id } => {
-            let fd = b.memfds.get(id).copied().ok_or_else(|| EngineError::restore(b.pid, format!("memfd {id} was not staged")))?;
+            let fd =
+                b.memfds.get(id).copied().ok_or_else(|| {
+                    EngineError::restore(b.pid, format!("memfd {id} was not staged"))
+                })?;
             regular::reopen(b.pid, fd, f)?
         }
         FileKind::Pipe(end) => pipe::open_pipe_end(b, end)?,
@@ -98,7 +111,12 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::InetSocket(s) => inet::create(b.pid, s)?,
         FileKind::UnixSocket(s) => unix::create(b, s)?,
         FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
-        FileKind::ProcFile { .. } => return Err(EngineError::restore(b.pid, "a /proc file is opened by its process, not staged")),
+        FileKind::ProcFile { .. } => {
+            return Err(EngineError::restore(
+                b.pid,
+                "a /proc file is opened by its process, not staged",
+            ))
+        }
     };
     set_status_flags(b.pid, &fd, f.flags)?;
     Ok(fd)
@@ -107,11 +125,17 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
 /// Gives a new description the file status flags (O_NONBLOCK, O_APPEND...)
 /// the image recorded.
 pub(crate) fn set_status_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()> {
-    let cur = ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
+    let cur =
+        ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").unwrap_or(0);
     let want = (cur & !SETFL_MASK) | (flags & SETFL_MASK);
     if want != cur {
-        ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_SETFL, want as libc::c_long, "fcntl(F_SETFL)")
-            .map_err(|e| EngineError::kernel(pid, "setting file status flags", e))?;
+        ferry_sys::fd::fcntl_int(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            want as libc::c_long,
+            "fcntl(F_SETFL)",
+        )
+        .map_err(|e| EngineError::kernel(pid, "setting file status flags", e))?;
     }
     Ok(())
 }
@@ -120,13 +144,20 @@ pub(crate) fn set_status_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()>
 /// or above `temp_base`; returns them by description id. Each process's
 /// descriptions are made in its working directory (relative unix socket
 /// names), in the network namespace ferry is in at the time.
-pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds: &HashMap<u64, RawFd>) -> Result<HashMap<u64, OwnedFd>> {
+pub fn stage_open_files(
+    tree: &TreeImage,
+    tty_to: &str,
+    temp_base: RawFd,
+    memfds: &HashMap<u64, RawFd>,
+) -> Result<HashMap<u64, OwnedFd>> {
     let mut b = Builder::new(tree, tty_to, memfds, temp_base, None);
     let late = unix_made_late(tree);
     // Unix sockets of an image that records SO_PEERCRED are made later,
     // by `make_unix_late`; established TCP connections after the fork.
     let staged = build_all(&mut b, tree, !late, |f| {
-        !(tcp::is_connection(f) || matches!(f.kind, FileKind::ProcFile { .. }) || (late && matches!(f.kind, FileKind::UnixSocket(_))))
+        !(tcp::is_connection(f)
+            || matches!(f.kind, FileKind::ProcFile { .. })
+            || (late && matches!(f.kind, FileKind::UnixSocket(_))))
     })?;
     drop(b);
     Ok(staged)
@@ -140,7 +171,12 @@ pub fn stage_open_files(tree: &TreeImage, tty_to: &str, temp_base: RawFd, memfds
 /// afterwards the sockets the tree had waiting or connected one way are
 /// connected and what was shut down is shut down (the deferred ones
 /// after `send_in_flight`).
-fn build_all(b: &mut Builder, tree: &TreeImage, unix_sockets: bool, wanted: impl Fn(&OpenFile) -> bool) -> Result<HashMap<u64, OwnedFd>> {
+fn build_all(
+    b: &mut Builder,
+    tree: &TreeImage,
+    unix_sockets: bool,
+    wanted: impl Fn(&OpenFile) -> bool,
+) -> Result<HashMap<u64, OwnedFd>> {
     let back = std::env::current_dir().ok();
     let mut made: HashMap<u64, OwnedFd> = HashMap::new();
     let result: Result<()> = (|| {
@@ -158,10 +194,24 @@ fn build_all(b: &mut Builder, tree: &TreeImage, unix_sockets: bool, wanted: impl
                 }
                 let fd = build_one(b, f)?;
                 let high = b.keep(fd)?;
-                let attrs = p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
+                let attrs = p
+                    .fidelity
+                    .inode_attrs
+                    .iter()
+                    .find(|a| a.of == ferry_image::InodeOf::File(i as u32));
                 if let Some(a) = attrs {
-                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid)
-                        .map_err(|e| EngineError::kernel(p.pid, format!("giving recreated file {} mode {:o} and owner {}:{}", f.id, a.mode, a.uid, a.gid), e))?;
+                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid).map_err(
+                        |e| {
+                            EngineError::kernel(
+                                p.pid,
+                                format!(
+                                    "giving recreated file {} mode {:o} and owner {}:{}",
+                                    f.id, a.mode, a.uid, a.gid
+                                ),
+                                e,
+                            )
+                        },
+                    )?;
                 }
                 locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
                 made.insert(f.id, high);
@@ -194,12 +244,24 @@ pub fn unix_made_late(tree: &TreeImage) -> bool {
 /// run in the processes SO_PEERCRED names (see `unix_late`). Returns
 /// ferry's descriptors (above `temp_base`) by description id; processes
 /// take theirs with pidfd_getfd (`tcp::install`).
-pub(crate) fn make_unix_late(tree: &TreeImage, sessions: &mut [crate::restore::Session], tty_to: &str, temp_base: RawFd) -> Result<HashMap<u64, OwnedFd>> {
-    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, c.clone())).collect();
+pub(crate) fn make_unix_late(
+    tree: &TreeImage,
+    sessions: &mut [crate::restore::Session],
+    tty_to: &str,
+    temp_base: RawFd,
+) -> Result<HashMap<u64, OwnedFd>> {
+    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree
+        .unix_peers
+        .iter()
+        .flat_map(|u| u.sockets.iter())
+        .map(|c| (c.ino, c.clone()))
+        .collect();
     let mut inj = unix_late::Late { sessions, creds };
     let memfds = HashMap::new();
     let mut b = Builder::new(tree, tty_to, &memfds, temp_base, Some(&mut inj));
-    let made = build_all(&mut b, tree, true, |f| matches!(f.kind, FileKind::UnixSocket(_)))?;
+    let made = build_all(&mut b, tree, true, |f| {
+        matches!(f.kind, FileKind::UnixSocket(_))
+    })?;
     drop(b);
     Ok(made)
 }
@@ -213,8 +275,16 @@ pub fn send_unix_in_flight(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> 
 /// The injected calls that give a process its fd table: everything below
 /// `temp_base` closed (a forked child starts with its parent's table),
 /// then each fd dup3'ed from its staged description.
-pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_base: RawFd, unix_late: bool) -> Result<Vec<(String, Call)>> {
-    let mut calls = vec![("close_range(inherited fds)".to_string(), Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]))];
+pub fn install_calls(
+    image: &ProcessImage,
+    staged: &HashMap<u64, RawFd>,
+    temp_base: RawFd,
+    unix_late: bool,
+) -> Result<Vec<(String, Call)>> {
+    let mut calls = vec![(
+        "close_range(inherited fds)".to_string(),
+        Call::new(libc::SYS_close_range, &[0, temp_base as u64 - 1, 0]),
+    )];
     for slot in &image.fds {
         let f = &image.files[slot.file as usize];
         if tcp::is_connection(f) || (unix_late && matches!(f.kind, FileKind::UnixSocket(_))) {
@@ -225,9 +295,21 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
         if matches!(f.kind, FileKind::ProcFile { .. }) {
             continue; // opened later by `proc_file::open_all`
         }
-        let src = *staged.get(&f.id).ok_or_else(|| EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd)))?;
-        let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
-        calls.push((format!("dup3(fd {})", slot.fd), Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags])));
+        let src = *staged.get(&f.id).ok_or_else(|| {
+            EngineError::restore(
+                image.pid,
+                format!("fd {}: its file was not staged", slot.fd),
+            )
+        })?;
+        let flags = if slot.cloexec {
+            libc::O_CLOEXEC as u64
+        } else {
+            0
+        };
+        calls.push((
+            format!("dup3(fd {})", slot.fd),
+            Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags]),
+        ));
     }
     // A removed cwd was made again on its own at fork time; when the
     // process also holds that directory open, the two were one inode
@@ -235,7 +317,10 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
     if image.cwd.ends_with(" (deleted)") {
         let same = image.fds.iter().find(|s| matches!(&image.files[s.file as usize].kind, FileKind::Directory { path } if *path == image.cwd));
         if let Some(slot) = same {
-            calls.push((format!("fchdir(fd {}, the removed cwd)", slot.fd), Call::new(libc::SYS_fchdir, &[slot.fd as u64])));
+            calls.push((
+                format!("fchdir(fd {}, the removed cwd)", slot.fd),
+                Call::new(libc::SYS_fchdir, &[slot.fd as u64]),
+            ));
         }
     }
     Ok(calls)
@@ -244,23 +329,40 @@ pub fn install_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, temp_ba
 /// epoll_ctl calls that fill the epoll instances this process holds and
 /// no earlier process registered (`done` collects description ids); the
 /// event structs go at `data`.
-pub fn epoll_calls(image: &ProcessImage, data: u64, done: &mut std::collections::HashSet<u64>) -> (Vec<(String, Call)>, Vec<u8>) {
+pub fn epoll_calls(
+    image: &ProcessImage,
+    data: u64,
+    done: &mut std::collections::HashSet<u64>,
+) -> (Vec<(String, Call)>, Vec<u8>) {
     let mut calls = Vec::new();
     let mut bytes = Vec::new();
     for (i, f) in image.files.iter().enumerate() {
-        let FileKind::Epoll { entries } = &f.kind else { continue };
+        let FileKind::Epoll { entries } = &f.kind else {
+            continue;
+        };
         if !done.insert(f.id) {
             continue;
         }
-        let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else { continue };
-        for e in entries.iter().filter(|e| !image.fidelity.epoll_targets.iter().any(|t| t.epoll_file as usize == i && t.fd == e.fd)) {
+        let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else {
+            continue;
+        };
+        for e in entries.iter().filter(|e| {
+            !image
+                .fidelity
+                .epoll_targets
+                .iter()
+                .any(|t| t.epoll_file as usize == i && t.fd == e.fd)
+        }) {
             let at = data + bytes.len() as u64;
             // struct epoll_event is packed on x86_64: u32 events, u64 data.
             bytes.extend_from_slice(&e.events.to_le_bytes());
             bytes.extend_from_slice(&e.data.to_le_bytes());
             calls.push((
                 format!("epoll_ctl(epoll fd {}, add fd {})", slot.fd, e.fd),
-                Call::new(libc::SYS_epoll_ctl, &[slot.fd as u64, libc::EPOLL_CTL_ADD as u64, e.fd as u64, at]),
+                Call::new(
+                    libc::SYS_epoll_ctl,
+                    &[slot.fd as u64, libc::EPOLL_CTL_ADD as u64, e.fd as u64, at],
+                ),
             ));
         }
     }
@@ -276,7 +378,12 @@ pub type CallsAndData = (Vec<(String, Call)>, Vec<u8>);
 /// the process's own fd table is installed over it. Returns the calls
 /// and their event structs (at `data`). Marks nothing in `done`: the
 /// regular entries are registered later by `epoll_calls`.
-pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, data: u64, done: &std::collections::HashSet<u64>) -> Result<CallsAndData> {
+pub fn epoll_target_calls(
+    image: &ProcessImage,
+    staged: &HashMap<u64, RawFd>,
+    data: u64,
+    done: &std::collections::HashSet<u64>,
+) -> Result<CallsAndData> {
     let mut calls = Vec::new();
     let mut bytes = Vec::new();
     for t in &image.fidelity.epoll_targets {
@@ -284,17 +391,42 @@ pub fn epoll_target_calls(image: &ProcessImage, staged: &HashMap<u64, RawFd>, da
         if done.contains(&ep.id) {
             continue;
         }
-        let FileKind::Epoll { entries } = &ep.kind else { continue };
-        let Some(e) = entries.iter().find(|e| e.fd == t.fd) else { continue };
-        let miss = |what: &str| EngineError::restore(image.pid, format!("epoll entry for fd {}: {what} was not staged", t.fd));
-        let src = *staged.get(&t.target).ok_or_else(|| miss("the watched file"))?;
-        let epfd = *staged.get(&ep.id).ok_or_else(|| miss("the epoll instance"))?;
+        let FileKind::Epoll { entries } = &ep.kind else {
+            continue;
+        };
+        let Some(e) = entries.iter().find(|e| e.fd == t.fd) else {
+            continue;
+        };
+        let miss = |what: &str| {
+            EngineError::restore(
+                image.pid,
+                format!("epoll entry for fd {}: {what} was not staged", t.fd),
+            )
+        };
+        let src = *staged
+            .get(&t.target)
+            .ok_or_else(|| miss("the watched file"))?;
+        let epfd = *staged
+            .get(&ep.id)
+            .ok_or_else(|| miss("the epoll instance"))?;
         let at = data + bytes.len() as u64;
         bytes.extend_from_slice(&e.events.to_le_bytes());
         bytes.extend_from_slice(&e.data.to_le_bytes());
-        calls.push((format!("dup3(watched file -> fd {})", t.fd), Call::new(libc::SYS_dup3, &[src as u64, t.fd as u64, 0])));
-        calls.push((format!("epoll_ctl(add fd {} whose number was closed)", t.fd), Call::new(libc::SYS_epoll_ctl, &[epfd as u64, libc::EPOLL_CTL_ADD as u64, t.fd as u64, at])));
-        calls.push((format!("close(fd {})", t.fd), Call::new(libc::SYS_close, &[t.fd as u64])));
+        calls.push((
+            format!("dup3(watched file -> fd {})", t.fd),
+            Call::new(libc::SYS_dup3, &[src as u64, t.fd as u64, 0]),
+        ));
+        calls.push((
+            format!("epoll_ctl(add fd {} whose number was closed)", t.fd),
+            Call::new(
+                libc::SYS_epoll_ctl,
+                &[epfd as u64, libc::EPOLL_CTL_ADD as u64, t.fd as u64, at],
+            ),
+        ));
+        calls.push((
+            format!("close(fd {})", t.fd),
+            Call::new(libc::SYS_close, &[t.fd as u64]),
+        ));
     }
     Ok((calls, bytes))
 }

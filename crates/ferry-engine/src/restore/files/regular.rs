@@ -9,29 +9,44 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 
-const OPEN_MASK: i32 = !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
+const OPEN_MASK: i32 =
+    !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
 
 fn cpath(pid: i32, p: &str) -> Result<CString> {
-    CString::new(p).map_err(|_| EngineError::restore(pid, format!("path {p:?} contains a NUL byte")))
+    CString::new(p)
+        .map_err(|_| EngineError::restore(pid, format!("path {p:?} contains a NUL byte")))
 }
 
 fn open_path(pid: i32, path: &str, flags: i32, mode: u32) -> Result<OwnedFd> {
     let c = cpath(pid, path)?;
-    ferry_sys::fd::open(&c, flags, mode).map_err(|e| EngineError::kernel(pid, format!("opening {path}"), e))
+    ferry_sys::fd::open(&c, flags, mode)
+        .map_err(|e| EngineError::kernel(pid, format!("opening {path}"), e))
 }
 
 fn seek(pid: i32, fd: &OwnedFd, pos: i64, path: &str) -> Result<()> {
     if pos != 0 {
-        ferry_sys::fd::lseek(fd.as_raw_fd(), pos, libc::SEEK_SET).map_err(|e| EngineError::kernel(pid, format!("seeking {path} to {pos}"), e))?;
+        ferry_sys::fd::lseek(fd.as_raw_fd(), pos, libc::SEEK_SET)
+            .map_err(|e| EngineError::kernel(pid, format!("seeking {path} to {pos}"), e))?;
     }
     Ok(())
 }
 
-fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32) -> Result<OwnedFd> {
+fn recreate_deleted(
+    pid: i32,
+    path: &str,
+    mode: u32,
+    content: &[u8],
+    flags: i32,
+) -> Result<OwnedFd> {
     let mut name = path.to_string();
     let mut n = 0;
     let rw = loop {
-        match open_path(pid, &name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode) {
+        match open_path(
+            pid,
+            &name,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            mode,
+        ) {
             Ok(fd) => break fd,
             // The path is taken again (a new file was created there since):
             // recreate the deleted file under a neighbouring name.
@@ -50,11 +65,22 @@ fn recreate_deleted(pid: i32, path: &str, mode: u32, content: &[u8], flags: i32)
     const BLOCK: usize = 4096;
     for (i, block) in content.chunks(BLOCK).enumerate() {
         if block.iter().any(|&b| b != 0) {
-            file.write_all_at(block, (i * BLOCK) as u64).map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
+            file.write_all_at(block, (i * BLOCK) as u64)
+                .map_err(|e| EngineError::io(format!("recreating deleted file {name}"), e))?;
         }
     }
-    file.set_len(content.len() as u64).map_err(|e| EngineError::io(format!("setting the size of recreated deleted file {name}"), e))?;
-    let fd = open_path(pid, &format!("/proc/self/fd/{}", file.as_raw_fd()), flags & OPEN_MASK, 0);
+    file.set_len(content.len() as u64).map_err(|e| {
+        EngineError::io(
+            format!("setting the size of recreated deleted file {name}"),
+            e,
+        )
+    })?;
+    let fd = open_path(
+        pid,
+        &format!("/proc/self/fd/{}", file.as_raw_fd()),
+        flags & OPEN_MASK,
+        0,
+    );
     let _ = std::fs::remove_file(&name);
     fd
 }
@@ -74,7 +100,12 @@ pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<String> {
                 n += 1;
                 name = format!("{path}.ferry-{pid}-{n}");
             }
-            Err(e) => return Err(EngineError::io(format!("pid {pid}: making removed directory {name} again"), e)),
+            Err(e) => {
+                return Err(EngineError::io(
+                    format!("pid {pid}: making removed directory {name} again"),
+                    e,
+                ))
+            }
         }
     }
 }
@@ -86,7 +117,14 @@ pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<String> {
 /// owner are set afterwards from the image's inode attributes.
 fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<OwnedFd> {
     if !crate::capture::files::is_plain_device(rdev) {
-        return Err(EngineError::restore(pid, format!("deleted device node {path}: device {}:{} is not one ferry recreates", libc::major(rdev as libc::dev_t), libc::minor(rdev as libc::dev_t))));
+        return Err(EngineError::restore(
+            pid,
+            format!(
+                "deleted device node {path}: device {}:{} is not one ferry recreates",
+                libc::major(rdev as libc::dev_t),
+                libc::minor(rdev as libc::dev_t)
+            ),
+        ));
     }
     let mut name = path.to_string();
     let mut n = 0;
@@ -97,7 +135,13 @@ fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<
                 n += 1;
                 name = format!("{path}.ferry-{pid}-{n}");
             }
-            Err(e) => return Err(EngineError::kernel(pid, format!("making device node {name} again"), e)),
+            Err(e) => {
+                return Err(EngineError::kernel(
+                    pid,
+                    format!("making device node {name} again"),
+                    e,
+                ))
+            }
         }
     }
     let fd = open_path(pid, &name, flags, 0);
@@ -119,7 +163,14 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let flags = f.flags & OPEN_MASK;
     let (fd, path) = match &f.kind {
         FileKind::Regular { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
-        FileKind::Deleted { path, mode, content } => (recreate_deleted(pid, path, *mode, content, flags)?, path.as_str()),
+        FileKind::Deleted {
+            path,
+            mode,
+            content,
+        } => (
+            recreate_deleted(pid, path, *mode, content, flags)?,
+            path.as_str(),
+        ),
         FileKind::Directory { path } => match path.strip_suffix(" (deleted)") {
             // A directory removed while open (zdtm cwd02): made again,
             // opened, removed; mode and owner come from inode attributes.
@@ -129,15 +180,25 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
                 let _ = std::fs::remove_dir(&name);
                 (fd?, path.as_str())
             }
-            None => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
+            None => (
+                open_path(pid, path, flags | libc::O_DIRECTORY, 0)?,
+                path.as_str(),
+            ),
         },
         FileKind::CharDevice { path, rdev } => match path.strip_suffix(" (deleted)") {
-            Some(old) => (recreate_deleted_node(pid, old, *rdev, flags)?, path.as_str()),
+            Some(old) => (
+                recreate_deleted_node(pid, old, *rdev, flags)?,
+                path.as_str(),
+            ),
             None => (open_path(pid, path, flags, 0)?, path.as_str()),
         },
         FileKind::Terminal { .. } | FileKind::ExternalStdio { .. } => {
             let acc = f.flags & libc::O_ACCMODE;
-            let extra = if acc == libc::O_RDONLY { 0 } else { libc::O_CREAT | libc::O_APPEND };
+            let extra = if acc == libc::O_RDONLY {
+                0
+            } else {
+                libc::O_CREAT | libc::O_APPEND
+            };
             return open_path(pid, b.tty_to, acc | extra, 0o644);
         }
         _ => return Err(EngineError::restore(pid, "not a path-based file")),

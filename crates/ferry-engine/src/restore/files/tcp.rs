@@ -45,11 +45,14 @@ fn deferred(o: &ferry_image::SockOpt) -> bool {
 
 pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     let local = address(pid, &s.addr, s.port)?;
-    let (paddr, pport) = s.peer.as_ref().ok_or_else(|| EngineError::restore(pid, format!("TCP connection from {local} has no peer")))?;
+    let (paddr, pport) = s.peer.as_ref().ok_or_else(|| {
+        EngineError::restore(pid, format!("TCP connection from {local} has no peer"))
+    })?;
     let remote = address(pid, paddr, *pport)?;
     let what = |step: &str| format!("TCP {local} -> {remote}: {step}");
     let k = |step: &'static str| move |e| EngineError::kernel(pid, what(step), e);
-    let sock = socket::socket(s.family, s.sock_type, s.protocol).map_err(k("creating the socket"))?;
+    let sock =
+        socket::socket(s.family, s.sock_type, s.protocol).map_err(k("creating the socket"))?;
     let fd = sock.as_raw_fd();
     socket::set_repair(fd, 1).map_err(k("entering repair mode"))?;
     for o in s.options.iter().filter(|o| !deferred(o)) {
@@ -60,11 +63,14 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     // The resent queue is all "unsent" at first, and new buffers carry
     // their own overhead: leave it room.
     let sndbuf = (c.sndbuf / 2).max(c.send_queue.len() as i32 + (64 << 10));
-    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, sndbuf).map_err(k("setting the send buffer size"))?;
-    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_RCVBUFFORCE, c.rcvbuf / 2).map_err(k("setting the receive buffer size"))?;
+    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, sndbuf)
+        .map_err(k("setting the send buffer size"))?;
+    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_RCVBUFFORCE, c.rcvbuf / 2)
+        .map_err(k("setting the receive buffer size"))?;
     socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
     socket::set_queue_seq(fd, c.send_seq).map_err(k("setting the send sequence"))?;
-    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).map_err(k("selecting the receive queue"))?;
+    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
+        .map_err(k("selecting the receive queue"))?;
     socket::set_queue_seq(fd, c.recv_seq).map_err(k("setting the receive sequence"))?;
     // Repair mode binds through the listener and TIME_WAIT sockets on the
     // same port (the kernel forces address reuse for repaired sockets).
@@ -72,11 +78,20 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     // Before connect, or the connection starts at the minimal MSS. The
     // option stops at 32767 (loopback's MSS is larger); the full clamp
     // comes with the repair options below.
-    socket::setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, c.mss_clamp.min(MAX_USER_MSS) as i32).map_err(k("setting the MSS"))?;
+    socket::setsockopt_int(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_MAXSEG,
+        c.mss_clamp.min(MAX_USER_MSS) as i32,
+    )
+    .map_err(k("setting the MSS"))?;
     socket::connect(fd, s.family, &remote).map_err(k("connecting in repair mode"))?;
     let mut opts = vec![(socket::TCPOPT_MAXSEG, c.mss_clamp)];
     if let Some(snd) = c.snd_wscale {
-        opts.push((socket::TCPOPT_WINDOW, snd as u32 | (c.rcv_wscale as u32) << 16));
+        opts.push((
+            socket::TCPOPT_WINDOW,
+            snd as u32 | (c.rcv_wscale as u32) << 16,
+        ));
     }
     if c.sack {
         opts.push((socket::TCPOPT_SACK_PERM, 0));
@@ -86,16 +101,26 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     }
     socket::set_repair_options(fd, &opts).map_err(k("setting the negotiated options"))?;
     if c.timestamps {
-        socket::setsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP, c.timestamp as i32).map_err(k("setting the timestamp clock"))?;
+        socket::setsockopt_int(
+            fd,
+            libc::IPPROTO_TCP,
+            socket::TCP_TIMESTAMP,
+            c.timestamp as i32,
+        )
+        .map_err(k("setting the timestamp clock"))?;
     }
     if !c.recv_queue.is_empty() {
-        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).map_err(k("selecting the receive queue"))?;
-        socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS).map_err(k("refilling the receive queue"))?;
+        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
+            .map_err(k("selecting the receive queue"))?;
+        socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS)
+            .map_err(k("refilling the receive queue"))?;
     }
     let head = already_sent_head(fd, c).map_err(k("reading the congestion window"))?;
     if head > 0 {
-        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
-        socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS).map_err(k("putting back data already sent"))?;
+        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE)
+            .map_err(k("selecting the send queue"))?;
+        socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS)
+            .map_err(k("putting back data already sent"))?;
     }
     socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
     set_window(fd, c).map_err(k("restoring the window"))?;
@@ -121,8 +146,14 @@ fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize
         return Ok(0);
     }
     let ti = socket::tcp_info(fd)?;
-    let first_flight = (ti.tcpi_snd_cwnd as usize).max(1).saturating_mul((ti.tcpi_snd_mss as usize).max(536));
-    Ok(head_to_put_back(sent, first_flight, c.window.snd_wnd as usize))
+    let first_flight = (ti.tcpi_snd_cwnd as usize)
+        .max(1)
+        .saturating_mul((ti.tcpi_snd_mss as usize).max(536));
+    Ok(head_to_put_back(
+        sent,
+        first_flight,
+        c.window.snd_wnd as usize,
+    ))
 }
 
 /// [`already_sent_head`]'s rule: `sent` bytes, a first flight of
@@ -140,14 +171,35 @@ fn head_to_put_back(sent: usize, first_flight: usize, peer_window: usize) -> usi
 /// rebuilt connection knows rather than fail.
 fn set_window(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<()> {
     let w = c.window;
-    let win = socket::RepairWindow { snd_wl1: w.snd_wl1, snd_wnd: w.snd_wnd, max_window: w.max_window.max(w.snd_wnd), rcv_wnd: w.rcv_wnd, rcv_wup: w.rcv_wup };
+    let win = socket::RepairWindow {
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_window: w.max_window.max(w.snd_wnd),
+        rcv_wnd: w.rcv_wnd,
+        rcv_wup: w.rcv_wup,
+    };
     match socket::set_repair_window(fd, &win) {
         Err(e) if e.errno == libc::EINVAL => {
             let rcv_nxt = c.recv_seq.wrapping_add(c.recv_queue.len() as u32);
             let before = |a: u32, b: u32| (a.wrapping_sub(b) as i32) < 0;
-            let rcv_wup = if before(rcv_nxt, win.rcv_wup) { rcv_nxt } else { win.rcv_wup };
-            let snd_wl1 = if before(rcv_nxt.wrapping_add(win.rcv_wnd), win.snd_wl1) { rcv_nxt } else { win.snd_wl1 };
-            socket::set_repair_window(fd, &socket::RepairWindow { rcv_wup, snd_wl1, ..win })
+            let rcv_wup = if before(rcv_nxt, win.rcv_wup) {
+                rcv_nxt
+            } else {
+                win.rcv_wup
+            };
+            let snd_wl1 = if before(rcv_nxt.wrapping_add(win.rcv_wnd), win.snd_wl1) {
+                rcv_nxt
+            } else {
+                win.snd_wl1
+            };
+            socket::set_repair_window(
+                fd,
+                &socket::RepairWindow {
+                    rcv_wup,
+                    snd_wl1,
+                    ..win
+                },
+            )
         }
         r => r,
     }
@@ -167,7 +219,9 @@ pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
     let mut todo: Vec<(i32, &ferry_image::OpenFile, &InetSocket, &TcpConnection)> = Vec::new();
     for p in &tree.processes {
         for f in &p.files {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             let Some(c) = &s.connection else { continue };
             if seen.insert(f.id) {
                 todo.push((p.pid, f, s, c));
@@ -189,7 +243,11 @@ pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
 /// pidfd_getfd returns the lowest free number, so the slots are filled in
 /// ascending order with every lower free number held by a placeholder;
 /// each result is checked against the slot it must land on.
-pub fn install(s: &mut crate::restore::Session, conns: &HashMap<u64, OwnedFd>, temp_base: RawFd) -> Result<()> {
+pub fn install(
+    s: &mut crate::restore::Session,
+    conns: &HashMap<u64, OwnedFd>,
+    temp_base: RawFd,
+) -> Result<()> {
     let image = s.image;
     let mut slots: Vec<(i32, RawFd, bool)> = image
         .fds
@@ -207,31 +265,62 @@ pub fn install(s: &mut crate::restore::Session, conns: &HashMap<u64, OwnedFd>, t
     let pid = s.pid;
     let me = std::process::id() as u64;
     let p0 = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
-    let pidfd = s.call("fcntl(F_DUPFD_CLOEXEC, pidfd of ferry)", libc::SYS_fcntl, &[p0, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64])?;
+    let pidfd = s.call(
+        "fcntl(F_DUPFD_CLOEXEC, pidfd of ferry)",
+        libc::SYS_fcntl,
+        &[p0, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64],
+    )?;
     s.call("close(pidfd of ferry)", libc::SYS_close, &[p0])?;
     let used: std::collections::HashSet<i32> = image.fds.iter().map(|f| f.fd).collect();
     let highest = slots.last().map_or(0, |x| x.0);
     let gaps: Vec<i32> = (0..highest).filter(|n| !used.contains(n)).collect();
-    let mut calls: Vec<(String, Call)> =
-        gaps.iter().map(|&g| (format!("dup3(placeholder at fd {g})"), Call::new(libc::SYS_dup3, &[pidfd, g as u64, libc::O_CLOEXEC as u64]))).collect();
+    let mut calls: Vec<(String, Call)> = gaps
+        .iter()
+        .map(|&g| {
+            (
+                format!("dup3(placeholder at fd {g})"),
+                Call::new(libc::SYS_dup3, &[pidfd, g as u64, libc::O_CLOEXEC as u64]),
+            )
+        })
+        .collect();
     let mut expect: Vec<Option<i32>> = vec![None; calls.len()];
     for &(fd, src, cloexec) in &slots {
-        calls.push((format!("pidfd_getfd(socket for fd {fd})"), Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0])));
+        calls.push((
+            format!("pidfd_getfd(socket for fd {fd})"),
+            Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0]),
+        ));
         expect.push(Some(fd));
         if !cloexec {
-            calls.push((format!("fcntl(fd {fd}, F_SETFD, 0)"), Call::new(libc::SYS_fcntl, &[fd as u64, libc::F_SETFD as u64, 0])));
+            calls.push((
+                format!("fcntl(fd {fd}, F_SETFD, 0)"),
+                Call::new(libc::SYS_fcntl, &[fd as u64, libc::F_SETFD as u64, 0]),
+            ));
             expect.push(None);
         }
     }
-    calls.extend(gaps.iter().map(|&g| (format!("close(placeholder at fd {g})"), Call::new(libc::SYS_close, &[g as u64]))));
-    calls.push(("close(pidfd of ferry)".into(), Call::new(libc::SYS_close, &[pidfd])));
+    calls.extend(gaps.iter().map(|&g| {
+        (
+            format!("close(placeholder at fd {g})"),
+            Call::new(libc::SYS_close, &[g as u64]),
+        )
+    }));
+    calls.push((
+        "close(pidfd of ferry)".into(),
+        Call::new(libc::SYS_close, &[pidfd]),
+    ));
     expect.resize(calls.len(), None);
-    for (chunk, want) in calls.chunks(crate::inject::MAX_BATCH).zip(expect.chunks(crate::inject::MAX_BATCH)) {
+    for (chunk, want) in calls
+        .chunks(crate::inject::MAX_BATCH)
+        .zip(expect.chunks(crate::inject::MAX_BATCH))
+    {
         let got = s.run(pid, chunk)?;
         for ((name, _), (r, w)) in chunk.iter().zip(got.iter().zip(want)) {
             if let Some(w) = w {
                 if *r != *w as u64 {
-                    return Err(EngineError::restore(pid, format!("{name} landed on fd {r}")));
+                    return Err(EngineError::restore(
+                        pid,
+                        format!("{name} landed on fd {r}"),
+                    ));
                 }
             }
         }
@@ -241,14 +330,21 @@ pub fn install(s: &mut crate::restore::Session, conns: &HashMap<u64, OwnedFd>, t
 
 /// Every established connection of the image with ferry's descriptor of
 /// its rebuilt socket, each once.
-fn connections<'a>(tree: &'a TreeImage, staged: &HashMap<u64, OwnedFd>) -> Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)> {
+fn connections<'a>(
+    tree: &'a TreeImage,
+    staged: &HashMap<u64, OwnedFd>,
+) -> Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for p in &tree.processes {
         for f in &p.files {
-            let FileKind::InetSocket(s) = &f.kind else { continue };
+            let FileKind::InetSocket(s) = &f.kind else {
+                continue;
+            };
             let Some(c) = &s.connection else { continue };
-            let Some(fd) = staged.get(&f.id) else { continue };
+            let Some(fd) = staged.get(&f.id) else {
+                continue;
+            };
             if seen.insert(f.id) {
                 out.push((p.pid, s, c, fd.as_raw_fd()));
             }
@@ -269,8 +365,9 @@ pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> R
     for (pid, s, _, fd) in &conns {
         // No window probe now: the lock would drop it; the queued data
         // written by `resend` makes the peer answer anyway.
-        socket::set_repair(*fd, socket::TCP_REPAIR_OFF_NO_WP)
-            .map_err(|e| EngineError::kernel(*pid, format!("TCP port {}: leaving repair mode", s.port), e))?;
+        socket::set_repair(*fd, socket::TCP_REPAIR_OFF_NO_WP).map_err(|e| {
+            EngineError::kernel(*pid, format!("TCP port {}: leaving repair mode", s.port), e)
+        })?;
     }
     Ok(Rebuilt { conns })
 }
@@ -280,7 +377,9 @@ pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> R
 /// not-sent low-water mark, SO_REUSEADDR).
 pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
     for (pid, s, c, fd) in &rebuilt.conns {
-        let k = |step: &'static str| move |e| EngineError::kernel(*pid, format!("TCP port {}: {step}", s.port), e);
+        let k = |step: &'static str| {
+            move |e| EngineError::kernel(*pid, format!("TCP port {}: {step}", s.port), e)
+        };
         // A window probe now that the lock lets it through (leaving repair
         // mode sends one): the peer answers with its current window. A peer
         // whose own zero-window probes met the lock has backed off for
@@ -288,15 +387,20 @@ pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
         socket::set_repair(*fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
         // What `create` put back as already sent ends where the send
         // queue's sequence is now.
-        socket::set_repair_queue(*fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
+        socket::set_repair_queue(*fd, socket::TCP_SEND_QUEUE)
+            .map_err(k("selecting the send queue"))?;
         let write_seq = socket::queue_seq(*fd).map_err(k("reading the send sequence"))?;
         socket::set_repair_queue(*fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
         socket::set_repair(*fd, 0).map_err(k("sending a window probe"))?;
         let head = (write_seq.wrapping_sub(c.send_seq) as usize).min(c.send_queue.len());
-        socket::send_all(*fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS).map_err(k("writing the send queue"))?;
-        socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock).map_err(k("restoring SO_BUF_LOCK"))?;
+        socket::send_all(*fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
+            .map_err(k("writing the send queue"))?;
+        socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock)
+            .map_err(k("restoring SO_BUF_LOCK"))?;
         for o in s.options.iter().filter(|o| deferred(o)) {
-            if is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF) || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF) {
+            if is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF)
+                || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF)
+            {
                 // The size itself came back with the connection; the
                 // application's lock came back with SO_BUF_LOCK.
                 continue;

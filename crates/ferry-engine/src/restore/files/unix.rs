@@ -16,7 +16,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 fn dup(pid: i32, fd: &OwnedFd) -> Result<OwnedFd> {
-    fd.try_clone().map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
+    fd.try_clone()
+        .map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
 }
 
 /// A connected pair, made by the process its SO_PEERCRED names when the
@@ -27,26 +28,46 @@ fn pair(b: &mut Builder, pid: i32, ino: u64, sock_type: i32) -> Result<(OwnedFd,
             return inj.socketpair(c, sock_type);
         }
     }
-    ferry_sys::socket::socketpair(libc::AF_UNIX, sock_type).map_err(|e| EngineError::kernel(pid, "creating a unix socket pair", e))
+    ferry_sys::socket::socketpair(libc::AF_UNIX, sock_type)
+        .map_err(|e| EngineError::kernel(pid, "creating a unix socket pair", e))
 }
 
 /// listen(2) by the process the listener's SO_PEERCRED names, if the
 /// image records it (connections made to it later name that process).
-fn listen(inj: Option<&mut (dyn Inject + '_)>, pid: i32, ino: u64, fd: &OwnedFd, backlog: i32) -> Result<()> {
+fn listen(
+    inj: Option<&mut (dyn Inject + '_)>,
+    pid: i32,
+    ino: u64,
+    fd: &OwnedFd,
+    backlog: i32,
+) -> Result<()> {
     if let Some(inj) = inj {
         if let Some(c) = inj.cred(ino) {
             return inj.listen(c, fd, backlog);
         }
     }
-    ferry_sys::socket::listen(fd.as_raw_fd(), backlog).map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))
+    ferry_sys::socket::listen(fd.as_raw_fd(), backlog)
+        .map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))
 }
 
 fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<()> {
     for m in msgs {
         let mut off = 0;
         loop {
-            let n = ferry_sys::unix::send(from.as_raw_fd(), &m[off..], &[], None, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                .map_err(|e| EngineError::kernel(pid, format!("refilling a unix socket queue ({} bytes)", m.len()), e))?;
+            let n = ferry_sys::unix::send(
+                from.as_raw_fd(),
+                &m[off..],
+                &[],
+                None,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+            .map_err(|e| {
+                EngineError::kernel(
+                    pid,
+                    format!("refilling a unix socket queue ({} bytes)", m.len()),
+                    e,
+                )
+            })?;
             off += n;
             if !stream || off >= m.len() {
                 break;
@@ -74,14 +95,38 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
             }
         }
     }
-    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| EngineError::kernel(pid, format!("binding unix socket to {:?}", String::from_utf8_lossy(name)), e))?;
+    ferry_sys::socket::unix_bind(fd.as_raw_fd(), name).map_err(|e| {
+        EngineError::kernel(
+            pid,
+            format!("binding unix socket to {:?}", String::from_utf8_lossy(name)),
+            e,
+        )
+    })?;
     if let Some(m) = stale {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let path = Path::new(std::ffi::OsStr::from_bytes(name));
-        std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid()))
-            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} owner {}:{}", path.display(), m.uid(), m.gid()), e))?;
+        std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid())).map_err(|e| {
+            EngineError::io(
+                format!(
+                    "pid {pid}: giving socket file {} owner {}:{}",
+                    path.display(),
+                    m.uid(),
+                    m.gid()
+                ),
+                e,
+            )
+        })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode() & 0o7777))
-            .map_err(|e| EngineError::io(format!("pid {pid}: giving socket file {} mode {:o}", path.display(), m.mode() & 0o7777), e))?;
+            .map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "pid {pid}: giving socket file {} mode {:o}",
+                        path.display(),
+                        m.mode() & 0o7777
+                    ),
+                    e,
+                )
+            })?;
     }
     Ok(())
 }
@@ -111,7 +156,11 @@ pub(crate) enum Remake {
 /// client (and possibly a path): an error, refused at checkpoint already.
 /// Datagram sockets are not remade this way: their names are their own
 /// bindings (`datagram_socket`).
-pub(crate) fn remake_of(a: &UnixSocket, b: &UnixSocket, listener_named: impl Fn(&[u8]) -> bool) -> std::result::Result<Remake, String> {
+pub(crate) fn remake_of(
+    a: &UnixSocket,
+    b: &UnixSocket,
+    listener_named: impl Fn(&[u8]) -> bool,
+) -> std::result::Result<Remake, String> {
     if a.sock_type == libc::SOCK_DGRAM {
         return Ok(Remake::Pair);
     }
@@ -150,12 +199,29 @@ struct TempPath {
 impl TempPath {
     fn take(pid: i32, name: &[u8]) -> Result<TempPath> {
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(name));
-        let mut t = TempPath { path, aside: None, bound: false };
+        let mut t = TempPath {
+            path,
+            aside: None,
+            bound: false,
+        };
         if std::fs::symlink_metadata(&t.path).is_ok() {
-            let file = t.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-            let aside = t.path.with_file_name(format!(".{file}.ferry-aside-{}", std::process::id()));
-            std::fs::rename(&t.path, &aside)
-                .map_err(|e| EngineError::io(format!("pid {pid}: moving {} aside to bind a temporary listener there", t.path.display()), e))?;
+            let file = t
+                .path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let aside = t
+                .path
+                .with_file_name(format!(".{file}.ferry-aside-{}", std::process::id()));
+            std::fs::rename(&t.path, &aside).map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "pid {pid}: moving {} aside to bind a temporary listener there",
+                        t.path.display()
+                    ),
+                    e,
+                )
+            })?;
             t.aside = Some(aside);
         }
         Ok(t)
@@ -167,10 +233,27 @@ impl TempPath {
 
     fn put_back(&mut self) -> Result<()> {
         if std::mem::take(&mut self.bound) {
-            std::fs::remove_file(&self.path).map_err(|e| EngineError::io(format!("removing the temporary listener's socket file {}", self.path.display()), e))?;
+            std::fs::remove_file(&self.path).map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "removing the temporary listener's socket file {}",
+                        self.path.display()
+                    ),
+                    e,
+                )
+            })?;
         }
         if let Some(aside) = self.aside.take() {
-            std::fs::rename(&aside, &self.path).map_err(|e| EngineError::io(format!("putting {} back (it was moved to {})", self.path.display(), aside.display()), e))?;
+            std::fs::rename(&aside, &self.path).map_err(|e| {
+                EngineError::io(
+                    format!(
+                        "putting {} back (it was moved to {})",
+                        self.path.display(),
+                        aside.display()
+                    ),
+                    e,
+                )
+            })?;
         }
         Ok(())
     }
@@ -203,9 +286,13 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
     }
     // Looked up by inode and by listener name rather than by scanning:
     // a tree may hold thousands of unix sockets.
-    let by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> = socks.iter().map(|&(p, u)| (u.ino, (p, u))).collect();
-    let listeners: std::collections::HashSet<(i32, &[u8])> =
-        socks.iter().filter(|(_, u)| u.listen_backlog.is_some()).map(|(_, u)| (u.sock_type, u.name.as_slice())).collect();
+    let by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> =
+        socks.iter().map(|&(p, u)| (u.ino, (p, u))).collect();
+    let listeners: std::collections::HashSet<(i32, &[u8])> = socks
+        .iter()
+        .filter(|(_, u)| u.listen_backlog.is_some())
+        .map(|(_, u)| (u.sock_type, u.name.as_slice()))
+        .collect();
     let back = std::env::current_dir().ok();
     let result = (|| {
         for &(pa, a) in &socks {
@@ -217,11 +304,21 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
                 datagram_socket(b, &socks, pa, a, peer)?;
                 continue;
             }
-            let Some(&(pb, bs)) = by_ino.get(&peer).filter(|(_, u)| u.peer == Some(a.ino)) else { continue };
+            let Some(&(pb, bs)) = by_ino.get(&peer).filter(|(_, u)| u.peer == Some(a.ino)) else {
+                continue;
+            };
             let listener_named = |n: &[u8]| listeners.contains(&(a.sock_type, n));
-            let how = remake_of(a, bs, listener_named).map_err(|why| EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino)))?;
-            let Remake::Connect { client_is_a } = how else { continue };
-            let ((pc, c), (ps, s)) = if client_is_a { ((pa, a), (pb, bs)) } else { ((pb, bs), (pa, a)) };
+            let how = remake_of(a, bs, listener_named).map_err(|why| {
+                EngineError::restore(pa.pid, format!("unix socket {}: {why}", a.ino))
+            })?;
+            let Remake::Connect { client_is_a } = how else {
+                continue;
+            };
+            let ((pc, c), (ps, s)) = if client_is_a {
+                ((pa, a), (pb, bs))
+            } else {
+                ((pb, bs), (pa, a))
+            };
             let (cfd, sfd) = connect_through_name(b.inject.as_deref_mut(), pc, c, ps, s)?;
             let (cfd, sfd) = (b.keep(cfd)?, b.keep(sfd)?);
             b.unix_peers.insert(c.ino, b.keep(dup(pc.pid, &cfd)?)?);
@@ -245,8 +342,17 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
 /// connected one way (its peer is not connected to it) is bound here and
 /// connects to its peer's name once every socket is bound
 /// ([`connect_one_way`]).
-fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixSocket)], pa: &ferry_image::ProcessImage, a: &UnixSocket, peer: u64) -> Result<()> {
-    let new_socket = |pid: i32| ferry_sys::socket::socket(libc::AF_UNIX, a.sock_type, 0).map_err(|e| EngineError::kernel(pid, format!("creating unix socket {}", a.ino), e));
+fn datagram_socket(
+    b: &mut Builder,
+    socks: &[(&ferry_image::ProcessImage, &UnixSocket)],
+    pa: &ferry_image::ProcessImage,
+    a: &UnixSocket,
+    peer: u64,
+) -> Result<()> {
+    let new_socket = |pid: i32| {
+        ferry_sys::socket::socket(libc::AF_UNIX, a.sock_type, 0)
+            .map_err(|e| EngineError::kernel(pid, format!("creating unix socket {}", a.ino), e))
+    };
     let bind = |p: &ferry_image::ProcessImage, fd: &OwnedFd, u: &UnixSocket| -> Result<()> {
         if u.name.is_empty() {
             return Ok(());
@@ -257,8 +363,17 @@ fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixS
     if peer == a.ino {
         let fd = new_socket(pa.pid)?;
         bind(pa, &fd, a)?;
-        ferry_sys::socket::unix_connect(fd.as_raw_fd(), &a.name)
-            .map_err(|e| EngineError::kernel(pa.pid, format!("connecting unix socket {} to its own name {}", a.ino, show(&a.name)), e))?;
+        ferry_sys::socket::unix_connect(fd.as_raw_fd(), &a.name).map_err(|e| {
+            EngineError::kernel(
+                pa.pid,
+                format!(
+                    "connecting unix socket {} to its own name {}",
+                    a.ino,
+                    show(&a.name)
+                ),
+                e,
+            )
+        })?;
         let fd = b.keep(fd)?;
         b.unix_peers.insert(a.ino, b.keep(dup(pa.pid, &fd)?)?);
         b.unix_pending.insert(a.ino, fd);
@@ -291,31 +406,68 @@ fn datagram_socket(b: &mut Builder, socks: &[(&ferry_image::ProcessImage, &UnixS
 /// to them) connect to their peer's name, now that every socket is bound.
 /// A path is resolved in the directory of the peer's process.
 pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
-    let all: Vec<(&ferry_image::ProcessImage, &ferry_image::OpenFile, &UnixSocket)> = tree
+    let all: Vec<(
+        &ferry_image::ProcessImage,
+        &ferry_image::OpenFile,
+        &UnixSocket,
+    )> = tree
         .processes
         .iter()
-        .flat_map(|p| p.files.iter().filter_map(move |f| if let FileKind::UnixSocket(u) = &f.kind { Some((p, f, u)) } else { None }))
+        .flat_map(|p| {
+            p.files.iter().filter_map(move |f| {
+                if let FileKind::UnixSocket(u) = &f.kind {
+                    Some((p, f, u))
+                } else {
+                    None
+                }
+            })
+        })
         .collect();
     // The first process that holds each socket, as a scan would find it.
-    let mut by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> = HashMap::with_capacity(all.len());
+    let mut by_ino: HashMap<u64, (&ferry_image::ProcessImage, &UnixSocket)> =
+        HashMap::with_capacity(all.len());
     for &(p, _, u) in &all {
         by_ino.entry(u.ino).or_insert((p, u));
     }
     let back = std::env::current_dir().ok();
     let result = (|| {
         for &(p, f, a) in &all {
-            let Some(peer) = a.peer.filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM) else { continue };
-            let Some(&(pb, bs)) = by_ino.get(&peer) else { continue };
+            let Some(peer) = a
+                .peer
+                .filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM)
+            else {
+                continue;
+            };
+            let Some(&(pb, bs)) = by_ino.get(&peer) else {
+                continue;
+            };
             if bs.peer == Some(a.ino) {
                 continue;
             }
-            let fd = staged.get(&f.id).ok_or_else(|| EngineError::restore(p.pid, format!("unix socket {} was not staged", a.ino)))?;
+            let fd = staged.get(&f.id).ok_or_else(|| {
+                EngineError::restore(p.pid, format!("unix socket {} was not staged", a.ino))
+            })?;
             if bs.name.is_empty() {
-                return Err(EngineError::restore(p.pid, format!("unix socket {} is connected one way to socket {}, which has no name", a.ino, bs.ino)));
+                return Err(EngineError::restore(
+                    p.pid,
+                    format!(
+                        "unix socket {} is connected one way to socket {}, which has no name",
+                        a.ino, bs.ino
+                    ),
+                ));
             }
             chdir_for(pb, &bs.name)?;
             ferry_sys::socket::unix_connect(fd.as_raw_fd(), &bs.name).map_err(|e| {
-                EngineError::kernel(p.pid, format!("connecting unix datagram socket {} again to {} (socket {})", a.ino, show(&bs.name), bs.ino), e)
+                EngineError::kernel(
+                    p.pid,
+                    format!(
+                        "connecting unix datagram socket {} again to {} (socket {})",
+                        a.ino,
+                        show(&bs.name),
+                        bs.ino
+                    ),
+                    e,
+                )
             })?;
         }
         Ok(())
@@ -327,8 +479,12 @@ pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Resu
 }
 
 fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
-    if name.first().is_some_and(|&c| c != 0) && !Path::new(std::ffi::OsStr::from_bytes(name)).is_absolute() {
-        std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
+    if name.first().is_some_and(|&c| c != 0)
+        && !Path::new(std::ffi::OsStr::from_bytes(name)).is_absolute()
+    {
+        std::env::set_current_dir(&p.cwd).map_err(|e| {
+            EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e)
+        })?;
     }
     Ok(())
 }
@@ -348,17 +504,35 @@ fn connect_through_name(
     ps: &ferry_image::ProcessImage,
     s: &UnixSocket,
 ) -> Result<(OwnedFd, OwnedFd)> {
-    let what = || format!("remaking the unix connection between socket {} and socket {} named {}", c.ino, s.ino, show(&s.name));
-    let client = ferry_sys::socket::socket(libc::AF_UNIX, c.sock_type, 0).map_err(|e| EngineError::kernel(pc.pid, what(), e))?;
+    let what = || {
+        format!(
+            "remaking the unix connection between socket {} and socket {} named {}",
+            c.ino,
+            s.ino,
+            show(&s.name)
+        )
+    };
+    let client = ferry_sys::socket::socket(libc::AF_UNIX, c.sock_type, 0)
+        .map_err(|e| EngineError::kernel(pc.pid, what(), e))?;
     if !c.name.is_empty() {
         chdir_for(pc, &c.name)?;
         bind_name(pc.pid, &client, &c.name)?;
     }
     chdir_for(ps, &s.name)?;
-    let mut temp_path = if s.name.first() == Some(&0) { None } else { Some(TempPath::take(ps.pid, &s.name)?) };
-    let listener = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0).map_err(|e| EngineError::kernel(ps.pid, what(), e))?;
-    ferry_sys::socket::unix_bind(listener.as_raw_fd(), &s.name)
-        .map_err(|e| EngineError::kernel(ps.pid, format!("{}: binding a temporary listener at that name", what()), e))?;
+    let mut temp_path = if s.name.first() == Some(&0) {
+        None
+    } else {
+        Some(TempPath::take(ps.pid, &s.name)?)
+    };
+    let listener = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0)
+        .map_err(|e| EngineError::kernel(ps.pid, what(), e))?;
+    ferry_sys::socket::unix_bind(listener.as_raw_fd(), &s.name).map_err(|e| {
+        EngineError::kernel(
+            ps.pid,
+            format!("{}: binding a temporary listener at that name", what()),
+            e,
+        )
+    })?;
     if let Some(t) = temp_path.as_mut() {
         t.bound = true;
     }
@@ -376,11 +550,20 @@ fn connect_through_name(
             }
             inj.connect(k, &client, &name)?;
         }
-        None => ferry_sys::socket::unix_connect(client.as_raw_fd(), &s.name).map_err(|e| EngineError::kernel(pc.pid, format!("{}: connecting", what()), e))?,
+        None => ferry_sys::socket::unix_connect(client.as_raw_fd(), &s.name)
+            .map_err(|e| EngineError::kernel(pc.pid, format!("{}: connecting", what()), e))?,
     }
     let accepted = ferry_sys::socket::accept(listener.as_raw_fd())
         .map_err(|e| EngineError::kernel(ps.pid, format!("{}: accepting", what()), e))?
-        .ok_or_else(|| EngineError::restore(ps.pid, format!("{}: the connection did not reach the temporary listener", what())))?;
+        .ok_or_else(|| {
+            EngineError::restore(
+                ps.pid,
+                format!(
+                    "{}: the connection did not reach the temporary listener",
+                    what()
+                ),
+            )
+        })?;
     drop(listener);
     if let Some(t) = temp_path {
         t.finish()?;
@@ -404,7 +587,8 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
             mine
         }
     } else {
-        let sock = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0).map_err(|e| EngineError::kernel(pid, "creating a unix socket", e))?;
+        let sock = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0)
+            .map_err(|e| EngineError::kernel(pid, "creating a unix socket", e))?;
         if !s.name.is_empty() {
             bind_name(pid, &sock, &s.name)?;
         }
@@ -414,12 +598,19 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
         sock
     };
     if s.passcred {
-        let _ = ferry_sys::socket::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, 1);
+        let _ = ferry_sys::socket::setsockopt_int(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            1,
+        );
     }
     // A queue with descriptors or credentials in flight is sent once
     // every process exists (`send_in_flight`).
     if !s.queued.is_empty() && s.in_flight.is_empty() {
-        let peer = s.peer.and_then(|p| b.unix_peers.get(&p)).ok_or_else(|| EngineError::restore(pid, "queued data on an unconnected unix socket"))?;
+        let peer = s.peer.and_then(|p| b.unix_peers.get(&p)).ok_or_else(|| {
+            EngineError::restore(pid, "queued data on an unconnected unix socket")
+        })?;
         send_all(pid, peer, &s.queued, stream)?;
     }
     Ok(sock)
@@ -429,12 +620,17 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
 /// queue position by queue position, once every socket of the tree is
 /// made (`Fidelity::unix_connects`). A path name is resolved in the
 /// listener's process's directory.
-pub fn connect_pending(tree: &ferry_image::TreeImage, staged: &std::collections::HashMap<u64, OwnedFd>) -> Result<()> {
+pub fn connect_pending(
+    tree: &ferry_image::TreeImage,
+    staged: &std::collections::HashMap<u64, OwnedFd>,
+) -> Result<()> {
     use ferry_image::FileKind;
     let mut all: Vec<(u64, u32, i32, u64)> = Vec::new();
     for p in &tree.processes {
         for c in &p.fidelity.unix_connects {
-            let f = p.files.get(c.file as usize).ok_or_else(|| EngineError::restore(p.pid, "pending unix connection of a missing file"))?;
+            let f = p.files.get(c.file as usize).ok_or_else(|| {
+                EngineError::restore(p.pid, "pending unix connection of a missing file")
+            })?;
             all.push((c.listener, c.position, p.pid, f.id));
         }
     }
@@ -448,17 +644,36 @@ pub fn connect_pending(tree: &ferry_image::TreeImage, staged: &std::collections:
                 _ => None,
             }))
             .ok_or_else(|| EngineError::restore(pid, format!("the listener socket:[{listener}] a pending connection waits on is not in the image")))?;
-        let sock = staged.get(&id).ok_or_else(|| EngineError::restore(pid, "pending unix connection was not staged"))?;
+        let sock = staged
+            .get(&id)
+            .ok_or_else(|| EngineError::restore(pid, "pending unix connection was not staged"))?;
         if name.is_empty() {
-            return Err(EngineError::restore(pid, "pending unix connection to a listener without a usable name"));
+            return Err(EngineError::restore(
+                pid,
+                "pending unix connection to a listener without a usable name",
+            ));
         }
         let back = std::env::current_dir().ok();
         if name[0] != 0 {
-            std::env::set_current_dir(&lp.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", lp.pid, lp.cwd), e))?;
+            std::env::set_current_dir(&lp.cwd).map_err(|e| {
+                EngineError::io(
+                    format!("pid {}: changing directory to {}", lp.pid, lp.cwd),
+                    e,
+                )
+            })?;
         }
-        let err = ferry_sys::socket::unix_connect(sock.as_raw_fd(), &name).err().map(|e| {
-            EngineError::kernel(pid, format!("connecting again to unix listener {:?} (pending connection)", String::from_utf8_lossy(&name).replace('\0', "@")), e)
-        });
+        let err = ferry_sys::socket::unix_connect(sock.as_raw_fd(), &name)
+            .err()
+            .map(|e| {
+                EngineError::kernel(
+                    pid,
+                    format!(
+                        "connecting again to unix listener {:?} (pending connection)",
+                        String::from_utf8_lossy(&name).replace('\0', "@")
+                    ),
+                    e,
+                )
+            });
         if let Some(dir) = back {
             let _ = std::env::set_current_dir(dir);
         }
@@ -485,7 +700,10 @@ pub fn deferred(tree: &ferry_image::TreeImage, u: &UnixSocket) -> bool {
 /// staged (descriptors are ferry's staged ones): message by message from
 /// the peer, in order, with their ancillary data; then the shutdowns of
 /// those sockets.
-pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::HashMap<u64, OwnedFd>) -> Result<()> {
+pub fn send_in_flight(
+    tree: &ferry_image::TreeImage,
+    staged: &std::collections::HashMap<u64, OwnedFd>,
+) -> Result<()> {
     use ferry_image::FileKind;
     let mut done = std::collections::HashSet::new();
     let file_of = |pid: i32, fd: i32| -> Option<u64> {
@@ -493,10 +711,18 @@ pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::
         let slot = p.fds.iter().find(|s| s.fd == fd)?;
         p.files.get(slot.file as usize).map(|f| f.id)
     };
-    let id_of_ino = |ino: u64| tree.processes.iter().flat_map(|p| &p.files).find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino)).map(|f| f.id);
+    let id_of_ino = |ino: u64| {
+        tree.processes
+            .iter()
+            .flat_map(|p| &p.files)
+            .find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino))
+            .map(|f| f.id)
+    };
     for p in &tree.processes {
         for f in &p.files {
-            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            let FileKind::UnixSocket(u) = &f.kind else {
+                continue;
+            };
             if u.in_flight.is_empty() || !done.insert(f.id) {
                 continue;
             }
@@ -505,7 +731,15 @@ pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::
                 .peer
                 .and_then(id_of_ino)
                 .and_then(|id| staged.get(&id))
-                .ok_or_else(|| EngineError::restore(pid, format!("unix socket {}: its peer was not staged to send its queue", u.ino)))?;
+                .ok_or_else(|| {
+                    EngineError::restore(
+                        pid,
+                        format!(
+                            "unix socket {}: its peer was not staged to send its queue",
+                            u.ino
+                        ),
+                    )
+                })?;
             for (i, m) in u.queued.iter().enumerate() {
                 let anc = u.in_flight.iter().find(|a| a.message as usize == i);
                 let mut fds = Vec::new();
@@ -515,14 +749,32 @@ pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::
                     })?;
                     fds.push(fd.as_raw_fd());
                 }
-                let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds { pid: c.pid, uid: c.uid, gid: c.gid });
-                let what = || format!("unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})", u.ino, m.len(), fds.len(), creds);
-                let mut off = ferry_sys::unix::send(from.as_raw_fd(), m, &fds, creds, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                    .map_err(|e| EngineError::kernel(pid, what(), e))?;
+                let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds {
+                    pid: c.pid,
+                    uid: c.uid,
+                    gid: c.gid,
+                });
+                let what = || {
+                    format!("unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})", u.ino, m.len(), fds.len(), creds)
+                };
+                let mut off = ferry_sys::unix::send(
+                    from.as_raw_fd(),
+                    m,
+                    &fds,
+                    creds,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+                .map_err(|e| EngineError::kernel(pid, what(), e))?;
                 // The rest of a long stream message goes without descriptors, as the kernel sent it.
                 while off < m.len() && u.sock_type == libc::SOCK_STREAM {
-                    off += ferry_sys::unix::send(from.as_raw_fd(), &m[off..], &[], creds, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                        .map_err(|e| EngineError::kernel(pid, what(), e))?;
+                    off += ferry_sys::unix::send(
+                        from.as_raw_fd(),
+                        &m[off..],
+                        &[],
+                        creds,
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                    .map_err(|e| EngineError::kernel(pid, what(), e))?;
                 }
             }
         }
@@ -533,10 +785,16 @@ pub fn send_in_flight(tree: &ferry_image::TreeImage, staged: &std::collections::
 /// Shuts down the unix sockets whose image says so: those whose queues
 /// are sent after the fork (`deferred`), or all the others. Shutdowns come
 /// last because queued data has to go through both ends first.
-pub fn shut_down(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>, deferred_ones: bool) -> Result<()> {
+pub fn shut_down(
+    tree: &TreeImage,
+    staged: &HashMap<u64, OwnedFd>,
+    deferred_ones: bool,
+) -> Result<()> {
     for p in &tree.processes {
         for f in &p.files {
-            let FileKind::UnixSocket(u) = &f.kind else { continue };
+            let FileKind::UnixSocket(u) = &f.kind else {
+                continue;
+            };
             if deferred(tree, u) != deferred_ones {
                 continue;
             }
@@ -546,8 +804,12 @@ pub fn shut_down(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>, deferred_ones
                 3 => libc::SHUT_RDWR,
                 _ => continue,
             };
-            let Some(fd) = staged.get(&f.id) else { continue };
-            ferry_sys::socket::shutdown(fd.as_raw_fd(), how).map_err(|e| EngineError::kernel(p.pid, format!("shutting down unix socket {}", u.ino), e))?;
+            let Some(fd) = staged.get(&f.id) else {
+                continue;
+            };
+            ferry_sys::socket::shutdown(fd.as_raw_fd(), how).map_err(|e| {
+                EngineError::kernel(p.pid, format!("shutting down unix socket {}", u.ino), e)
+            })?;
         }
     }
     Ok(())

@@ -51,9 +51,19 @@ const GROUPS_AT: u64 = 256;
 /// status file).
 fn groups_of(pid: i32) -> Result<Vec<u32>> {
     let status = crate::procfs::read_string(&format!("/proc/{pid}/status"))?;
-    let line = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap_or("");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap_or("");
     line.split_whitespace()
-        .map(|g| g.parse::<u32>().map_err(|_| EngineError::restore(pid, format!("unreadable Groups: line in its status: {line:?}"))))
+        .map(|g| {
+            g.parse::<u32>().map_err(|_| {
+                EngineError::restore(
+                    pid,
+                    format!("unreadable Groups: line in its status: {line:?}"),
+                )
+            })
+        })
         .collect()
 }
 
@@ -71,12 +81,21 @@ impl<'a> Late<'_, 'a> {
     /// Runs `call` (its arguments pointing at `data`, written at the
     /// session's data area) in `c.pid` with its effective ids switched to
     /// `c.uid`/`c.gid` around it; returns the call's result.
-    fn run_as(&mut self, c: &UnixPeerCred, what: &str, data: &[u8], call: impl FnOnce(u64) -> Call) -> Result<u64> {
+    fn run_as(
+        &mut self,
+        c: &UnixPeerCred,
+        what: &str,
+        data: &[u8],
+        call: impl FnOnce(u64) -> Call,
+    ) -> Result<u64> {
         let now = groups_of(c.pid)?;
         let s = self.session(c.pid)?;
         let pid = s.pid;
         if data.len() as u64 > GROUPS_AT {
-            return Err(EngineError::restore(pid, format!("{what}: {} bytes of arguments", data.len())));
+            return Err(EngineError::restore(
+                pid,
+                format!("{what}: {} bytes of arguments", data.len()),
+            ));
         }
         if !data.is_empty() {
             s.remote.write(s.data, data)?;
@@ -90,16 +109,29 @@ impl<'a> Late<'_, 'a> {
         if switch_groups {
             let room = (inject::SCRATCH_LEN - inject::SCRATCH_DATA - GROUPS_AT) as usize / 4;
             if c.groups.len() + now.len() > room {
-                return Err(EngineError::restore(pid, format!("{what}: {} + {} supplementary groups do not fit the scratch area", c.groups.len(), now.len())));
+                return Err(EngineError::restore(
+                    pid,
+                    format!(
+                        "{what}: {} + {} supplementary groups do not fit the scratch area",
+                        c.groups.len(),
+                        now.len()
+                    ),
+                ));
             }
             let mine = s.data + GROUPS_AT;
             let back = mine + 4 * c.groups.len() as u64;
             let mut bytes = group_bytes(&c.groups);
             bytes.extend(group_bytes(&now));
             s.remote.write(mine, &bytes)?;
-            calls.push((format!("setgroups({:?})", c.groups), Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, mine])));
+            calls.push((
+                format!("setgroups({:?})", c.groups),
+                Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, mine]),
+            ));
             // Pushed last, below.
-            let restore = (format!("setgroups({now:?})"), Call::new(libc::SYS_setgroups, &[now.len() as u64, back]));
+            let restore = (
+                format!("setgroups({now:?})"),
+                Call::new(libc::SYS_setgroups, &[now.len() as u64, back]),
+            );
             return self.run_switched(c, pid, what, call, calls, Some(restore));
         }
         self.run_switched(c, pid, what, call, calls, None)
@@ -115,23 +147,37 @@ impl<'a> Late<'_, 'a> {
         groups_back: Option<(String, Call)>,
     ) -> Result<u64> {
         if c.gid != 0 {
-            calls.push((format!("setresgid(-1, {}, -1)", c.gid), Call::new(libc::SYS_setresgid, &[NO_CHANGE, c.gid as u64, NO_CHANGE])));
+            calls.push((
+                format!("setresgid(-1, {}, -1)", c.gid),
+                Call::new(libc::SYS_setresgid, &[NO_CHANGE, c.gid as u64, NO_CHANGE]),
+            ));
         }
         if c.uid != 0 {
-            calls.push((format!("setresuid(-1, {}, -1)", c.uid), Call::new(libc::SYS_setresuid, &[NO_CHANGE, c.uid as u64, NO_CHANGE])));
+            calls.push((
+                format!("setresuid(-1, {}, -1)", c.uid),
+                Call::new(libc::SYS_setresuid, &[NO_CHANGE, c.uid as u64, NO_CHANGE]),
+            ));
         }
         let at = calls.len();
         calls.push((what.to_string(), call));
         if c.uid != 0 {
-            calls.push(("setresuid(-1, 0, -1)".into(), Call::new(libc::SYS_setresuid, &[NO_CHANGE, 0, NO_CHANGE])));
+            calls.push((
+                "setresuid(-1, 0, -1)".into(),
+                Call::new(libc::SYS_setresuid, &[NO_CHANGE, 0, NO_CHANGE]),
+            ));
         }
         if c.gid != 0 {
-            calls.push(("setresgid(-1, 0, -1)".into(), Call::new(libc::SYS_setresgid, &[NO_CHANGE, 0, NO_CHANGE])));
+            calls.push((
+                "setresgid(-1, 0, -1)".into(),
+                Call::new(libc::SYS_setresgid, &[NO_CHANGE, 0, NO_CHANGE]),
+            ));
         }
         calls.extend(groups_back);
         let s = self.session(pid)?;
         let r = s.run(pid, &calls)?;
-        r.get(at).copied().ok_or_else(|| EngineError::restore(pid, format!("{what}: no result")))
+        r.get(at)
+            .copied()
+            .ok_or_else(|| EngineError::restore(pid, format!("{what}: no result")))
     }
 
     /// Gives process `pid` its own descriptor of ferry's `fd` (pidfd_getfd
@@ -140,14 +186,19 @@ impl<'a> Late<'_, 'a> {
         let s = self.session(pid)?;
         let me = std::process::id() as u64;
         let pidfd = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
-        let got = s.call("pidfd_getfd(a unix socket of ferry)", libc::SYS_pidfd_getfd, &[pidfd, fd as u64, 0]);
+        let got = s.call(
+            "pidfd_getfd(a unix socket of ferry)",
+            libc::SYS_pidfd_getfd,
+            &[pidfd, fd as u64, 0],
+        );
         s.call("close(pidfd of ferry)", libc::SYS_close, &[pidfd])?;
         got
     }
 
     fn close_in(&mut self, pid: i32, fd: u64) -> Result<()> {
         let s = self.session(pid)?;
-        s.call(&format!("close(fd {fd})"), libc::SYS_close, &[fd]).map(|_| ())
+        s.call(&format!("close(fd {fd})"), libc::SYS_close, &[fd])
+            .map(|_| ())
     }
 }
 
@@ -156,7 +207,10 @@ impl<'a> Late<'_, 'a> {
 /// exactly as long as it is.
 fn sockaddr(pid: i32, name: &[u8]) -> Result<(Vec<u8>, u64)> {
     if name.is_empty() || name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
-        return Err(EngineError::restore(pid, format!("unix name {} is empty or too long", super::unix::show(name))));
+        return Err(EngineError::restore(
+            pid,
+            format!("unix name {} is empty or too long", super::unix::show(name)),
+        ));
     }
     let mut b = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
     b.extend_from_slice(name);
@@ -171,14 +225,31 @@ impl Inject for Late<'_, '_> {
     }
 
     fn socketpair(&mut self, c: UnixPeerCred, sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
-        let what = format!("socketpair(AF_UNIX, {sock_type}) as uid {} gid {}", c.uid, c.gid);
+        let what = format!(
+            "socketpair(AF_UNIX, {sock_type}) as uid {} gid {}",
+            c.uid, c.gid
+        );
         let ty = (sock_type | libc::SOCK_CLOEXEC) as u64;
-        self.run_as(&c, &what, &[0u8; 8], |at| Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at]))?;
+        self.run_as(&c, &what, &[0u8; 8], |at| {
+            Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at])
+        })?;
         let s = self.session(c.pid)?;
         let sv = s.remote.read(s.data, 8)?;
-        let fds = [i32::from_ne_bytes([sv[0], sv[1], sv[2], sv[3]]), i32::from_ne_bytes([sv[4], sv[5], sv[6], sv[7]])];
-        let pidfd = ferry_sys::pidfd::pidfd_open(c.pid).map_err(|e| EngineError::kernel(c.pid, "pidfd_open", e))?;
-        let take = |fd: i32| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).map_err(|e| EngineError::kernel(c.pid, format!("taking the unix socket pair end at fd {fd}"), e));
+        let fds = [
+            i32::from_ne_bytes([sv[0], sv[1], sv[2], sv[3]]),
+            i32::from_ne_bytes([sv[4], sv[5], sv[6], sv[7]]),
+        ];
+        let pidfd = ferry_sys::pidfd::pidfd_open(c.pid)
+            .map_err(|e| EngineError::kernel(c.pid, "pidfd_open", e))?;
+        let take = |fd: i32| {
+            ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).map_err(|e| {
+                EngineError::kernel(
+                    c.pid,
+                    format!("taking the unix socket pair end at fd {fd}"),
+                    e,
+                )
+            })
+        };
         let (a, b) = (take(fds[0]), take(fds[1]));
         for fd in fds {
             self.close_in(c.pid, fd as u64)?;
@@ -188,8 +259,13 @@ impl Inject for Late<'_, '_> {
 
     fn listen(&mut self, c: UnixPeerCred, fd: &OwnedFd, backlog: i32) -> Result<()> {
         let there = self.lend(c.pid, fd.as_raw_fd())?;
-        let what = format!("listen(unix socket, {backlog}) as uid {} gid {}", c.uid, c.gid);
-        let r = self.run_as(&c, &what, &[], |_| Call::new(libc::SYS_listen, &[there, backlog as u32 as u64]));
+        let what = format!(
+            "listen(unix socket, {backlog}) as uid {} gid {}",
+            c.uid, c.gid
+        );
+        let r = self.run_as(&c, &what, &[], |_| {
+            Call::new(libc::SYS_listen, &[there, backlog as u32 as u64])
+        });
         self.close_in(c.pid, there)?;
         r.map(|_| ())
     }
@@ -197,8 +273,15 @@ impl Inject for Late<'_, '_> {
     fn connect(&mut self, c: UnixPeerCred, fd: &OwnedFd, name: &[u8]) -> Result<()> {
         let (addr, len) = sockaddr(c.pid, name)?;
         let there = self.lend(c.pid, fd.as_raw_fd())?;
-        let what = format!("connect(unix socket, {}) as uid {} gid {}", super::unix::show(name), c.uid, c.gid);
-        let r = self.run_as(&c, &what, &addr, |at| Call::new(libc::SYS_connect, &[there, at, len]));
+        let what = format!(
+            "connect(unix socket, {}) as uid {} gid {}",
+            super::unix::show(name),
+            c.uid,
+            c.gid
+        );
+        let r = self.run_as(&c, &what, &addr, |at| {
+            Call::new(libc::SYS_connect, &[there, at, len])
+        });
         self.close_in(c.pid, there)?;
         r.map(|_| ())
     }
