@@ -60,23 +60,14 @@ impl Btf {
         let (type_off, type_len) = (u32_at(b, 8)? as usize, u32_at(b, 12)? as usize);
         let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
         let section = |off: usize, len: usize| {
-            let start = hdr_len
-                .checked_add(off)
-                .ok_or("BTF section offset overflows")?;
-            let end = start
-                .checked_add(len)
-                .ok_or("BTF section length overflows")?;
+            let start = hdr_len.checked_add(off).ok_or("BTF section offset overflows")?;
+            let end = start.checked_add(len).ok_or("BTF section length overflows")?;
             b.get(start..end)
                 .ok_or_else(|| format!("BTF section {start}..{end} beyond its {} bytes", b.len()))
         };
         let ty = section(type_off, type_len)?;
         let strings = section(str_off, str_len)?.to_vec();
-        let mut types = vec![Type {
-            name_off: 0,
-            kind: 0,
-            type_id: 0,
-            members: Vec::new(),
-        }];
+        let mut types = vec![Type { name_off: 0, kind: 0, type_id: 0, members: Vec::new() }];
         let mut at = 0;
         while at < ty.len() {
             let name_off = u32_at(ty, at)?;
@@ -110,24 +101,13 @@ impl Btf {
                 k => return Err(format!("BTF type {} has unknown kind {k}", types.len())),
             };
             at += extra;
-            types.push(Type {
-                name_off,
-                kind,
-                type_id: size_or_type,
-                members,
-            });
+            types.push(Type { name_off, kind, type_id: size_or_type, members });
         }
-        let mut btf = Btf {
-            types,
-            strings,
-            by_name: HashMap::new(),
-        };
+        let mut btf = Btf { types, strings, by_name: HashMap::new() };
         let mut by_name = HashMap::new();
         for (id, t) in btf.types.iter().enumerate().skip(1) {
             if t.name_off != 0 {
-                by_name
-                    .entry((t.kind, btf.name(t.name_off).to_string()))
-                    .or_insert(id as u32);
+                by_name.entry((t.kind, btf.name(t.name_off).to_string())).or_insert(id as u32);
             }
         }
         btf.by_name = by_name;
@@ -167,9 +147,7 @@ impl Btf {
     /// looking into anonymous members; None if it is not there or not
     /// byte-aligned.
     pub fn member_offset(&self, id: u32, name: &str) -> Option<u32> {
-        self.member_bits(id, name, 0)
-            .filter(|b| b % 8 == 0)
-            .map(|b| b / 8)
+        self.member_bits(id, name, 0).filter(|b| b % 8 == 0).map(|b| b / 8)
     }
 
     fn member_bits(&self, id: u32, name: &str, depth: u32) -> Option<u32> {
@@ -206,49 +184,17 @@ mod tests {
                 .unwrap_or(0)
         };
         let mut t: Vec<u8> = Vec::new();
-        let mut put = |words: &[u32]| {
-            words
-                .iter()
-                .for_each(|w| t.extend_from_slice(&w.to_le_bytes()))
-        };
+        let mut put =
+            |words: &[u32]| words.iter().for_each(|w| t.extend_from_slice(&w.to_le_bytes()));
         put(&[off("int"), 1 << 24, 8, 64]);
-        put(&[
-            off("inner"),
-            (4 << 24) | 2,
-            16,
-            off("a"),
-            1,
-            0,
-            off("b"),
-            1,
-            64,
-        ]);
+        put(&[off("inner"), (4 << 24) | 2, 16, off("a"), 1, 0, off("b"), 1, 64]);
         put(&[0, (5 << 24) | 1, 16, 0, 2, 0]);
-        put(&[
-            off("outer"),
-            (4 << 24) | 3,
-            32,
-            off("x"),
-            1,
-            0,
-            0,
-            3,
-            64,
-            off("flags"),
-            1,
-            192,
-        ]);
+        put(&[off("outer"), (4 << 24) | 3, 32, off("x"), 1, 0, 0, 3, 64, off("flags"), 1, 192]);
         put(&[off("f"), 12 << 24, 0]);
         let mut b = Vec::new();
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&[1, 0]);
-        for w in [
-            24u32,
-            0,
-            t.len() as u32,
-            t.len() as u32,
-            strings.len() as u32,
-        ] {
+        for w in [24u32, 0, t.len() as u32, t.len() as u32, strings.len() as u32] {
             b.extend_from_slice(&w.to_le_bytes());
         }
         b.extend_from_slice(&t);
@@ -288,9 +234,7 @@ mod tests {
         };
         let btf = Btf::parse(&bytes).expect("parse the kernel's BTF");
         assert!(btf.find(KIND_FUNC, "bpf_iter_task_vma").is_some());
-        let vma = btf
-            .find(KIND_STRUCT, "vm_area_struct")
-            .expect("vm_area_struct");
+        let vma = btf.find(KIND_STRUCT, "vm_area_struct").expect("vm_area_struct");
         assert_eq!(btf.member_offset(vma, "vm_start"), Some(0));
         assert_eq!(btf.member_offset(vma, "vm_end"), Some(8));
         assert!(btf.member_offset(vma, "vm_flags").is_some());

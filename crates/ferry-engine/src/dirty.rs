@@ -80,29 +80,21 @@ pub struct DirtyTracker {
 /// closes the process's copy, so its fd table is what it was.
 fn take_uffd(f: &Frozen) -> Result<OwnedFd> {
     let pid = f.pid;
-    let vdso = procfs::maps(pid)?
-        .into_iter()
-        .find(|m| m.path == "[vdso]")
-        .ok_or_else(|| {
-            EngineError::unsupported(
-                pid,
-                "the vDSO",
-                "process has no [vdso] mapping (needed to run userfaultfd() inside it)",
-            )
-        })?;
-    let remote = Remote {
-        pid,
-        syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)?,
-    };
+    let vdso = procfs::maps(pid)?.into_iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
+        EngineError::unsupported(
+            pid,
+            "the vDSO",
+            "process has no [vdso] mapping (needed to run userfaultfd() inside it)",
+        )
+    })?;
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     let fd = match remote.call(pid, "userfaultfd", libc::SYS_userfaultfd, &[flags]) {
         // A process without CAP_SYS_PTRACE may only have a user-mode-only
         // userfaultfd when vm.unprivileged_userfaultfd is 0; async
         // write-protection works the same with it (kernel writes never
         // reach the fault handler in that mode).
-        Err(EngineError::Remote {
-            errno: libc::EPERM, ..
-        }) => remote.call(
+        Err(EngineError::Remote { errno: libc::EPERM, .. }) => remote.call(
             pid,
             "userfaultfd(UFFD_USER_MODE_ONLY)",
             libc::SYS_userfaultfd,
@@ -127,11 +119,7 @@ fn areas(pid: i32, entries: &[MapsEntry]) -> Result<Vec<Area>> {
     for m in entries {
         let vma = classify(pid, std::slice::from_ref(m))?;
         if let Some(filter) = vma.first().and_then(page_filter) {
-            out.push(Area {
-                start: m.start,
-                end: m.end,
-                filter,
-            });
+            out.push(Area { start: m.start, end: m.end, filter });
         }
     }
     Ok(out)
@@ -172,9 +160,8 @@ impl Tracked {
         let maps_path = format!("/proc/{pid}/maps");
         let maps = File::open(&maps_path).map_err(|e| EngineError::io(&maps_path, e))?;
         let pm_path = format!("/proc/{pid}/pagemap");
-        let pagemap: OwnedFd = File::open(&pm_path)
-            .map_err(|e| EngineError::io(&pm_path, e))?
-            .into();
+        let pagemap: OwnedFd =
+            File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
         let want = uffd::UFFD_FEATURE_WP_ASYNC | uffd::UFFD_FEATURE_WP_UNPOPULATED;
         let api = uffd::api(uffd_fd.as_fd(), want).map_err(|e| {
             EngineError::kernel(pid, "enabling asynchronous write-protection on its userfaultfd (needs Linux 6.7 or later)", e)
@@ -189,14 +176,7 @@ impl Tracked {
                 ferry_sys::SysError::new("ioctl(UFFDIO_API)", libc::EINVAL),
             ));
         }
-        Ok(Tracked {
-            pid,
-            pidfd,
-            uffd: uffd_fd,
-            maps,
-            pagemap,
-            ranges: Vec::new(),
-        })
+        Ok(Tracked { pid, pidfd, uffd: uffd_fd, maps, pagemap, ranges: Vec::new() })
     }
 
     /// Whether the process has exited, waiting up to `ms` for an exit
@@ -218,11 +198,7 @@ impl Tracked {
     fn read_maps(&mut self) -> std::result::Result<Vec<MapsEntry>, Stop> {
         let path = format!("/proc/{}/maps", self.pid);
         let mut text = String::new();
-        if let Err(e) = self
-            .maps
-            .rewind()
-            .and_then(|_| self.maps.read_to_string(&mut text))
-        {
+        if let Err(e) = self.maps.rewind().and_then(|_| self.maps.read_to_string(&mut text)) {
             return Err(self.gone_or(EngineError::io(&path, e)));
         }
         let entries = procfs::parse_maps(&path, &text)?;
@@ -247,20 +223,12 @@ impl Tracked {
     }
 
     fn register_protect(&self, start: u64, end: u64) -> ferry_sys::SysResult<()> {
-        uffd::register(
-            self.uffd.as_fd(),
-            start,
-            end - start,
-            uffd::UFFDIO_REGISTER_MODE_WP,
-        )?;
+        uffd::register(self.uffd.as_fd(), start, end - start, uffd::UFFDIO_REGISTER_MODE_WP)?;
         uffd::writeprotect(self.uffd.as_fd(), start, end - start, true)
     }
 
     fn still_mapped(&mut self, a: &Area) -> std::result::Result<bool, Stop> {
-        Ok(self
-            .read_maps()?
-            .iter()
-            .any(|m| m.start == a.start && m.end == a.end))
+        Ok(self.read_maps()?.iter().any(|m| m.start == a.start && m.end == a.end))
     }
 
     /// Registers and protects the contiguous new mappings `run`, then
@@ -487,11 +455,7 @@ impl DirtyTracker {
 
     /// Total bytes in the ranges of a collect() result.
     pub fn bytes(ranges: &[(i32, Vec<(u64, u64)>)]) -> u64 {
-        ranges
-            .iter()
-            .flat_map(|(_, r)| r.iter())
-            .map(|&(s, e)| e - s)
-            .sum()
+        ranges.iter().flat_map(|(_, r)| r.iter()).map(|&(s, e)| e - s).sum()
     }
 }
 

@@ -6,32 +6,15 @@ use ferry_sys::SysError;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("pid {pid}: {what}: {err}")]
-    Kernel {
-        pid: i32,
-        what: String,
-        err: SysError,
-    },
+    Kernel { pid: i32, what: String, err: SysError },
     #[error("pid {pid} thread {tid}: {call} inside the process failed: {}", std::io::Error::from_raw_os_error(*errno))]
-    Remote {
-        pid: i32,
-        tid: i32,
-        call: String,
-        errno: i32,
-    },
+    Remote { pid: i32, tid: i32, call: String, errno: i32 },
     #[error("pid {pid}: cannot capture {object}: {reason}")]
-    Unsupported {
-        pid: i32,
-        object: String,
-        reason: String,
-    },
+    Unsupported { pid: i32, object: String, reason: String },
     /// A state that passes by itself (a connection closing or waiting
     /// to be accepted): the checkpoint was undone and may be tried again.
     #[error("pid {pid}: cannot capture {object} now: {reason} (a passing state: the service runs on untouched; try again)")]
-    Transient {
-        pid: i32,
-        object: String,
-        reason: String,
-    },
+    Transient { pid: i32, object: String, reason: String },
     #[error("{path}: {err}")]
     Io { path: String, err: std::io::Error },
     #[error("{path}: unexpected content: {what}")]
@@ -57,37 +40,19 @@ pub enum EngineError {
 
 impl EngineError {
     pub fn kernel(pid: i32, what: impl Into<String>, source: SysError) -> Self {
-        EngineError::Kernel {
-            pid,
-            what: what.into(),
-            err: source,
-        }
+        EngineError::Kernel { pid, what: what.into(), err: source }
     }
     pub fn io(path: impl Into<String>, source: std::io::Error) -> Self {
-        EngineError::Io {
-            path: path.into(),
-            err: source,
-        }
+        EngineError::Io { path: path.into(), err: source }
     }
     pub fn unsupported(pid: i32, object: impl Into<String>, reason: impl Into<String>) -> Self {
-        EngineError::Unsupported {
-            pid,
-            object: object.into(),
-            reason: reason.into(),
-        }
+        EngineError::Unsupported { pid, object: object.into(), reason: reason.into() }
     }
     pub fn restore(pid: i32, msg: impl Into<String>) -> Self {
-        EngineError::Restore {
-            pid,
-            msg: msg.into(),
-        }
+        EngineError::Restore { pid, msg: msg.into() }
     }
     pub fn transient(pid: i32, object: impl Into<String>, reason: impl Into<String>) -> Self {
-        EngineError::Transient {
-            pid,
-            object: object.into(),
-            reason: reason.into(),
-        }
+        EngineError::Transient { pid, object: object.into(), reason: reason.into() }
     }
     /// Whether the same checkpoint may succeed if tried again shortly.
     pub fn is_transient(&self) -> bool {

@@ -41,13 +41,7 @@ fn wait_interrupt_stop(pid: i32, tid: i32) -> Result<()> {
         match ptrace::wait_tid(tid, 0)
             .map_err(|e| EngineError::kernel(pid, format!("waiting for thread {tid} to stop"), e))?
         {
-            Some((
-                _,
-                WaitEvent::Stopped {
-                    event: ptrace::PTRACE_EVENT_STOP,
-                    ..
-                },
-            )) => return Ok(()),
+            Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => return Ok(()),
             Some((_, WaitEvent::Stopped { sig, .. })) => {
                 ptrace::cont(tid, sig).map_err(|e| {
                     EngineError::kernel(pid, format!("passing signal {sig} to thread {tid}"), e)
@@ -71,13 +65,7 @@ impl Frozen {
         let pidfd = ferry_sys::pidfd::pidfd_open(pid)
             .map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
         let stopped = procfs::state(pid) == Some('T');
-        let mut frozen = Frozen {
-            pid,
-            pidfd,
-            threads: Vec::new(),
-            stopped,
-            released: false,
-        };
+        let mut frozen = Frozen { pid, pidfd, threads: Vec::new(), stopped, released: false };
         let mut seized: BTreeMap<i32, ()> = BTreeMap::new();
         loop {
             let mut new = false;
@@ -133,10 +121,7 @@ impl Frozen {
             }
         }
         if frozen.threads.first().map(|t| t.tid) != Some(pid) {
-            return Err(EngineError::Gone {
-                pid,
-                what: "thread group leader not found".into(),
-            });
+            return Err(EngineError::Gone { pid, what: "thread group leader not found".into() });
         }
         // Injected syscalls must not be cut short by signal delivery:
         // block everything while we work; signals stay queued.

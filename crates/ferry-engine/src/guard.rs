@@ -42,10 +42,7 @@ impl Guard {
             watch(r);
         }
         drop(r);
-        Ok(Guard {
-            pid,
-            pipe: Some(std::fs::File::from(w)),
-        })
+        Ok(Guard { pid, pipe: Some(std::fs::File::from(w)) })
     }
 
     fn say(&mut self, line: &str) {

@@ -22,15 +22,8 @@ pub struct Remote {
 pub fn find_syscall_insn(pid: i32, vdso_start: u64, vdso_end: u64) -> Result<u64> {
     let len = (vdso_end - vdso_start) as usize;
     let mut buf = vec![0u8; len];
-    vm::read_remote(
-        pid,
-        &mut buf,
-        &[RemoteRange {
-            addr: vdso_start,
-            len,
-        }],
-    )
-    .map_err(|e| EngineError::kernel(pid, "reading the vDSO", e))?;
+    vm::read_remote(pid, &mut buf, &[RemoteRange { addr: vdso_start, len }])
+        .map_err(|e| EngineError::kernel(pid, "reading the vDSO", e))?;
     buf.windows(2)
         .position(|w| w == [0x0f, 0x05])
         .map(|off| vdso_start + off as u64)
@@ -64,17 +57,13 @@ impl Remote {
         }
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::single_step(tid, 0).map_err(|e| kerr("single-stepping", e))?;
-        if let Err(e) = self.wait_trap(
-            tid,
-            |t| ptrace::single_step(t, 0),
-            &format!("injected syscall {nr}"),
-        ) {
+        if let Err(e) =
+            self.wait_trap(tid, |t| ptrace::single_step(t, 0), &format!("injected syscall {nr}"))
+        {
             let _ = ptrace::set_regs(tid, &saved);
             return Err(e);
         }
-        let ret = ptrace::get_regs(tid)
-            .map_err(|e| kerr("reading result", e))?
-            .rax as i64;
+        let ret = ptrace::get_regs(tid).map_err(|e| kerr("reading result", e))?.rax as i64;
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
         Ok(ret)
     }
@@ -93,13 +82,7 @@ impl Remote {
             match ptrace::wait_tid(tid, 0)
                 .map_err(|e| EngineError::kernel(pid, format!("thread {tid}: waiting"), e))?
             {
-                Some((
-                    _,
-                    WaitEvent::Stopped {
-                        sig: libc::SIGTRAP,
-                        event: 0,
-                    },
-                )) => return Ok(()),
+                Some((_, WaitEvent::Stopped { sig: libc::SIGTRAP, event: 0 })) => return Ok(()),
                 Some((_, WaitEvent::Stopped { event, .. }))
                     if event == ptrace::PTRACE_EVENT_CLONE
                         || event == ptrace::PTRACE_EVENT_FORK =>
@@ -111,13 +94,9 @@ impl Remote {
                 // A thread seized in a job-control stop reports the stop
                 // once more (the PTRACE_INTERRUPT trap queued while it was
                 // already stopped) the first time it is resumed.
-                Some((
-                    _,
-                    WaitEvent::Stopped {
-                        event: ptrace::PTRACE_EVENT_STOP,
-                        ..
-                    },
-                )) if interrupts < 4 => {
+                Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. }))
+                    if interrupts < 4 =>
+                {
                     interrupts += 1;
                     resume(tid).map_err(|e| {
                         EngineError::kernel(pid, format!("thread {tid}: resuming"), e)
@@ -154,21 +133,15 @@ impl Remote {
     }
 
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        vm::write_remote(
-            self.pid,
-            data,
-            &[RemoteRange {
-                addr,
-                len: data.len(),
-            }],
-        )
-        .map_err(|e| {
-            EngineError::kernel(
-                self.pid,
-                format!("writing {} bytes at {addr:#x}", data.len()),
-                e,
-            )
-        })?;
+        vm::write_remote(self.pid, data, &[RemoteRange { addr, len: data.len() }]).map_err(
+            |e| {
+                EngineError::kernel(
+                    self.pid,
+                    format!("writing {} bytes at {addr:#x}", data.len()),
+                    e,
+                )
+            },
+        )?;
         Ok(())
     }
 
@@ -278,12 +251,7 @@ impl Remote {
 /// Turns a raw batch result into an error naming the call.
 pub fn check(pid: i32, tid: i32, call: &str, r: i64) -> Result<u64> {
     if (-4095..0).contains(&r) {
-        return Err(EngineError::Remote {
-            pid,
-            tid,
-            call: call.to_string(),
-            errno: (-r) as i32,
-        });
+        return Err(EngineError::Remote { pid, tid, call: call.to_string(), errno: (-r) as i32 });
     }
     Ok(r as u64)
 }
@@ -299,10 +267,7 @@ impl Scratch {
             &[0, SCRATCH_LEN, prot, flags, u64::MAX, 0],
         )?;
         remote.write(addr, BATCH_CODE)?;
-        Ok(Scratch {
-            addr,
-            len: SCRATCH_LEN,
-        })
+        Ok(Scratch { addr, len: SCRATCH_LEN })
     }
 
     /// Maps the scratch area at `addr` exactly (MAP_FIXED_NOREPLACE).
@@ -317,19 +282,11 @@ impl Scratch {
             &[addr, SCRATCH_LEN, prot, flags, u64::MAX, 0],
         )?;
         remote.write(got, BATCH_CODE)?;
-        Ok(Scratch {
-            addr: got,
-            len: SCRATCH_LEN,
-        })
+        Ok(Scratch { addr: got, len: SCRATCH_LEN })
     }
 
     pub fn unmap(self, remote: &Remote, tid: i32) -> Result<()> {
-        remote.call(
-            tid,
-            "munmap(scratch)",
-            libc::SYS_munmap,
-            &[self.addr, self.len],
-        )?;
+        remote.call(tid, "munmap(scratch)", libc::SYS_munmap, &[self.addr, self.len])?;
         Ok(())
     }
 }

@@ -26,11 +26,7 @@ pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
     let mut eager: Vec<u64> = Vec::new();
     for tid in procfs::tids(pid)? {
         let conf = ferry_sys::ptrace::get_rseq_config(tid).map_err(|e| {
-            EngineError::kernel(
-                pid,
-                format!("reading rseq configuration of thread {tid}"),
-                e,
-            )
+            EngineError::kernel(pid, format!("reading rseq configuration of thread {tid}"), e)
         })?;
         if conf.rseq_abi_pointer != 0 {
             let first = conf.rseq_abi_pointer & !(PAGE - 1);
@@ -43,9 +39,8 @@ pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
     }
     eager.sort_unstable();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pm: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
-        .map_err(|e| EngineError::io(&pm_path, e))?
-        .into();
+    let pm: std::os::fd::OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut out: Vec<(u64, u64)> = Vec::new();
     for v in vmas {
         if !matches!(v.backing, VmaBacking::Anonymous)
@@ -58,11 +53,7 @@ pub fn lazy_pages(pid: i32, vmas: &[Vma]) -> Result<Vec<(u64, u64)>> {
             continue;
         };
         let ranges = pagemap::scan(&pm, v.start, v.end, filter).map_err(|e| {
-            EngineError::kernel(
-                pid,
-                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
-                e,
-            )
+            EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e)
         })?;
         for (s, e) in ranges {
             let mut a = s;

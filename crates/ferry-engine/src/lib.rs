@@ -40,18 +40,11 @@ pub(crate) struct ProgressCounter<'a> {
 
 impl<'a> ProgressCounter<'a> {
     pub fn new(report: Option<&'a ProgressFn>, total: u64) -> Self {
-        ProgressCounter {
-            report,
-            done: std::sync::atomic::AtomicU64::new(0),
-            total,
-        }
+        ProgressCounter { report, done: std::sync::atomic::AtomicU64::new(0), total }
     }
     pub fn add(&self, bytes: u64) {
         if let Some(r) = self.report {
-            let done = self
-                .done
-                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed)
-                + bytes;
+            let done = self.done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
             r(done, self.total);
         }
     }
@@ -60,13 +53,9 @@ impl<'a> ProgressCounter<'a> {
 /// Threads used for bulk page work (copying, hashing): the CPUs we may
 /// run on, at most 4, or FERRY_COPY_THREADS if set (1 to 64).
 pub fn worker_threads() -> usize {
-    if let Some(n) = std::env::var("FERRY_COPY_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
+    if let Some(n) = std::env::var("FERRY_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok())
     {
         return n.clamp(1, 64);
     }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(4)
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
 }

@@ -13,9 +13,7 @@ const MIN_PER_THREAD: usize = 256;
 /// error of the first item that failed. Threads inherit the caller's
 /// network namespace, so sockets made in `f` belong where the caller is.
 pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
-    let threads = crate::worker_threads()
-        .min(items.len() / MIN_PER_THREAD)
-        .max(1);
+    let threads = crate::worker_threads().min(items.len() / MIN_PER_THREAD).max(1);
     if threads == 1 {
         return items.iter().map(&f).collect();
     }
@@ -58,10 +56,7 @@ mod tests {
                 Ok(x)
             }
         });
-        assert!(matches!(
-            err,
-            Err(crate::EngineError::Restore { pid: 100, .. })
-        ));
+        assert!(matches!(err, Err(crate::EngineError::Restore { pid: 100, .. })));
         assert!(map(&[] as &[u32], |&x| Ok(x)).expect("empty").is_empty());
     }
 }

@@ -17,12 +17,7 @@ impl Phases {
 
     /// Phases counted from `start`, an instant taken earlier.
     pub fn start_at(op: &'static str, start: Instant) -> Phases {
-        Phases {
-            op,
-            start,
-            last: start,
-            done: Vec::new(),
-        }
+        Phases { op, start, last: start, done: Vec::new() }
     }
 
     pub fn mark(&mut self, phase: &str) {
@@ -39,8 +34,7 @@ impl Phases {
             (now - self.last).as_secs_f64() * 1e3,
             (now - self.start).as_secs_f64() * 1e3
         );
-        self.done
-            .push((phase.to_string(), (now - self.last).as_secs_f64() * 1e3));
+        self.done.push((phase.to_string(), (now - self.last).as_secs_f64() * 1e3));
         self.last = now;
         stall_if_asked(self.op, phase);
     }

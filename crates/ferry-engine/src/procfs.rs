@@ -15,10 +15,7 @@ pub fn read_link(path: &str) -> Result<String> {
 }
 
 fn parse_err(path: &str, what: impl Into<String>) -> EngineError {
-    EngineError::Parse {
-        path: path.to_string(),
-        what: what.into(),
-    }
+    EngineError::Parse { path: path.to_string(), what: what.into() }
 }
 
 /// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), if the
@@ -72,15 +69,13 @@ fn parse_maps_line(path: &str, line: &str) -> Result<MapsEntry> {
     let dev = it.next().unwrap_or_default();
     let inode = it.next().unwrap_or_default();
     let name = it.next().unwrap_or_default().trim_start().to_string();
-    let (s, e) = range
-        .split_once('-')
-        .ok_or_else(|| parse_err(path, format!("bad range in {line:?}")))?;
+    let (s, e) =
+        range.split_once('-').ok_or_else(|| parse_err(path, format!("bad range in {line:?}")))?;
     let hex = |v: &str| {
         u64::from_str_radix(v, 16).map_err(|_| parse_err(path, format!("bad number in {line:?}")))
     };
-    let (maj, min) = dev
-        .split_once(':')
-        .ok_or_else(|| parse_err(path, format!("bad device in {line:?}")))?;
+    let (maj, min) =
+        dev.split_once(':').ok_or_else(|| parse_err(path, format!("bad device in {line:?}")))?;
     let pb = perms.as_bytes();
     if pb.len() != 4 {
         return Err(parse_err(path, format!("bad permissions in {line:?}")));
@@ -91,9 +86,7 @@ fn parse_maps_line(path: &str, line: &str) -> Result<MapsEntry> {
         perms: [pb[0], pb[1], pb[2], pb[3]],
         offset: hex(offset)?,
         dev: (hex(maj)? << 8) | hex(min)?,
-        inode: inode
-            .parse()
-            .map_err(|_| parse_err(path, format!("bad inode in {line:?}")))?,
+        inode: inode.parse().map_err(|_| parse_err(path, format!("bad inode in {line:?}")))?,
         path: name,
         vm_flags: Vec::new(),
     })
@@ -135,10 +128,7 @@ pub fn parse_maps(path: &str, text: &str) -> Result<Vec<MapsEntry>> {
 
 /// "Key:\tvalue" files (status, fdinfo, timers...).
 pub fn key_values(text: &str) -> HashMap<&str, &str> {
-    text.lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim(), v.trim()))
-        .collect()
+    text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect()
 }
 
 /// Fields of /proc/PID/stat after the command name, 1-based as in proc(5).
@@ -150,10 +140,8 @@ impl Stat {
     pub fn read(pid: i32) -> Result<Stat> {
         let path = format!("/proc/{pid}/stat");
         let text = read_string(&path)?;
-        let after = text
-            .rfind(')')
-            .map(|i| &text[i + 2..])
-            .ok_or_else(|| parse_err(&path, "no ')'"))?;
+        let after =
+            text.rfind(')').map(|i| &text[i + 2..]).ok_or_else(|| parse_err(&path, "no ')'"))?;
         // Field 3 (state) is a letter; keep positions by mapping it to 0.
         let fields = after
             .split_whitespace()

@@ -71,10 +71,9 @@ pub fn retry_interrupted_wait(regs: &mut Regs) {
 pub fn restart_after_restore(regs: &mut Regs) {
     if let Some(nr) = in_syscall(regs) {
         let ret = regs.rax as i64;
-        let restart = matches!(
-            ret,
-            ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK
-        ) || (ret == EINTR && EINTR_ON_STOP.contains(&nr));
+        let restart =
+            matches!(ret, ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK)
+                || (ret == EINTR && EINTR_ON_STOP.contains(&nr));
         if restart {
             point_back_at_syscall(regs, nr);
         }
@@ -120,18 +119,12 @@ mod tests {
         r.rdi = 0x7000;
         r.rsi = 0x7010;
         retry_interrupted_wait(&mut r);
-        assert_eq!(
-            (r.rax as i64, r.rip, r.rdi),
-            (SYS_NANOSLEEP, 0x1000, 0x7010)
-        );
+        assert_eq!((r.rax as i64, r.rip, r.rdi), (SYS_NANOSLEEP, 0x1000, 0x7010));
         let mut r = regs(SYS_CLOCK_NANOSLEEP, ERESTART_RESTARTBLOCK);
         r.rdx = 0x8000;
         r.r10 = 0;
         retry_interrupted_wait(&mut r);
-        assert_eq!(
-            (r.rax as i64, r.rip, r.rdx),
-            (SYS_CLOCK_NANOSLEEP, 0x1000, 0x8000)
-        );
+        assert_eq!((r.rax as i64, r.rip, r.rdx), (SYS_CLOCK_NANOSLEEP, 0x1000, 0x8000));
     }
 
     #[test]

@@ -38,11 +38,7 @@ fn compile() -> PathBuf {
         .arg(&src)
         .output()
         .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
     bin
 }
 
@@ -89,11 +85,8 @@ impl Target {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start dirty_target");
+        let mut child =
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start dirty_target");
         let input = child.stdin.take().expect("stdin");
         let mut output = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
@@ -123,10 +116,7 @@ impl Target {
         self.input.flush().expect("flush");
         let mut line = String::new();
         self.output.read_line(&mut line).expect("reply");
-        assert!(
-            !line.starts_with("bad") && !line.is_empty(),
-            "{c}: {line:?}"
-        );
+        assert!(!line.starts_with("bad") && !line.is_empty(), "{c}: {line:?}");
         wait_blocked_in_read(self.pid);
         if self.child_pid > 0 {
             wait_blocked_in_read(self.child_pid);
@@ -182,25 +172,16 @@ fn pages_in(ranges: &[(u64, u64)], lo: u64, hi: u64) -> Vec<u64> {
 }
 
 fn of(res: &[(i32, Vec<(u64, u64)>)], pid: i32) -> &[(u64, u64)] {
-    &res.iter()
-        .find(|(p, _)| *p == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in result"))
-        .1
+    &res.iter().find(|(p, _)| *p == pid).unwrap_or_else(|| panic!("pid {pid} not in result")).1
 }
 
 fn check_sorted_merged(res: &[(i32, Vec<(u64, u64)>)]) {
     for (pid, r) in res {
         for w in r.windows(2) {
-            assert!(
-                w[0].1 < w[1].0,
-                "pid {pid}: ranges not sorted and merged: {w:?}"
-            );
+            assert!(w[0].1 < w[1].0, "pid {pid}: ranges not sorted and merged: {w:?}");
         }
         for &(s, e) in r {
-            assert!(
-                s < e && s % PG == 0 && e % PG == 0,
-                "pid {pid}: bad range {s:#x}-{e:#x}"
-            );
+            assert!(s < e && s % PG == 0 && e % PG == 0, "pid {pid}: bad range {s:#x}-{e:#x}");
         }
     }
 }
@@ -239,23 +220,14 @@ fn exactly_the_written_pages_are_reported() {
     let mut t = Target::start(64, false);
     let t0 = Instant::now();
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
-    eprintln!(
-        "attach (64 MiB populated): {:.2} ms",
-        t0.elapsed().as_secs_f64() * 1e3
-    );
+    eprintln!("attach (64 MiB populated): {:.2} ms", t0.elapsed().as_secs_f64() * 1e3);
     assert_eq!(tracker.pids(), vec![t.pid]);
-    assert!(
-        uw_flags(t.pid, t.a).1,
-        "region A is not registered for write protection"
-    );
+    assert!(uw_flags(t.pid, t.a).1, "region A is not registered for write protection");
     // The program is blocked reading its stdin: nothing is written.
     let r = tracker.collect().expect("collect");
     check_sorted_merged(&r);
     let r = tracker.collect().expect("collect");
-    assert!(
-        nothing(&r),
-        "an idle process reported written pages: {r:x?}"
-    );
+    assert!(nothing(&r), "an idle process reported written pages: {r:x?}");
 
     t.cmd("w 7");
     let b = field(&t.cmd("mmap 8"), "B=");
@@ -264,22 +236,10 @@ fn exactly_the_written_pages_are_reported() {
     check_sorted_merged(&r);
     let mine = of(&r, t.pid);
     let expect_a: Vec<u64> = (0..t.na).filter(|p| p % 7 == 0).collect();
-    assert_eq!(
-        pages_in(mine, t.a, t.a + t.na * PG),
-        expect_a,
-        "pages of A reported"
-    );
-    assert_eq!(
-        pages_in(mine, t.c, t.c + 16 * PG),
-        vec![2, 3, 4],
-        "pages of C written by read()"
-    );
+    assert_eq!(pages_in(mine, t.a, t.a + t.na * PG), expect_a, "pages of A reported");
+    assert_eq!(pages_in(mine, t.c, t.c + 16 * PG), vec![2, 3, 4], "pages of C written by read()");
     // A new mapping is reported whole (its present pages): all 8 here.
-    assert_eq!(
-        pages_in(mine, b, b + 8 * PG),
-        (0..8).collect::<Vec<_>>(),
-        "new mapping B"
-    );
+    assert_eq!(pages_in(mine, b, b + 8 * PG), (0..8).collect::<Vec<_>>(), "new mapping B");
     let r = tracker.collect().expect("collect");
     assert!(nothing(&r), "second collect right after reported {r:x?}");
 
@@ -290,11 +250,7 @@ fn exactly_the_written_pages_are_reported() {
         pages_in(of(&r, t.pid), t.a, t.a + t.na * PG),
         (0..t.na).filter(|p| p % 1000 == 0).collect::<Vec<_>>()
     );
-    assert_eq!(
-        pages_in(of(&r, t.pid), b, b + 8 * PG),
-        Vec::<u64>::new(),
-        "B is tracked now"
-    );
+    assert_eq!(pages_in(of(&r, t.pid), b, b + 8 * PG), Vec::<u64>::new(), "B is tracked now");
     assert_eq!(t.cmd("check"), "ok");
 
     // A mapping made over a tracked one at the very same place is not
@@ -321,10 +277,7 @@ fn exactly_the_written_pages_are_reported() {
     assert_eq!(t.cmd("check"), "ok");
 
     drop(tracker);
-    assert!(
-        !uw_flags(t.pid, t.a).0,
-        "VmFlags still show uw after the tracker was dropped"
-    );
+    assert!(!uw_flags(t.pid, t.a).0, "VmFlags still show uw after the tracker was dropped");
     t.cmd("w 5");
     assert_eq!(t.cmd("check"), "ok");
 }
@@ -370,9 +323,7 @@ fn tree_parent_and_child_are_tracked_apart() {
     // SAFETY: kill of the child the test program forked.
     unsafe { libc::kill(t.child_pid, libc::SIGKILL) };
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let r = tracker
-        .collect()
-        .expect("collect after the child was killed");
+    let r = tracker.collect().expect("collect after the child was killed");
     assert_eq!(r.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![t.pid]);
     assert_eq!(tracker.pids(), vec![t.pid]);
 
@@ -411,10 +362,7 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     );
 
     // Now for real: checkpoint while tracked, kill, restore.
-    let opts = ferry_engine::capture::CaptureOptions {
-        external_stdio: true,
-        ..Default::default()
-    };
+    let opts = ferry_engine::capture::CaptureOptions { external_stdio: true, ..Default::default() };
     ferry_engine::capture::checkpoint(t.pid, &dir, &opts).expect("checkpoint of a tracked process");
     drop(tracker);
     let _ = t.child.wait();
@@ -424,28 +372,20 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     let cpath = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
     // SAFETY: mkfifo with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
-    let _hold = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&fifo)
-        .expect("open fifo");
+    let _hold = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).expect("open fifo");
     let ropts = ferry_engine::restore::RestoreOptions {
         tty_to: fifo.to_string_lossy().into_owned(),
         ..Default::default()
     };
     let restored = ferry_engine::restore::restore(&dir, &ropts).expect("restore");
     let pid = restored.host_pid;
-    assert!(
-        !uw_flags(pid, t.a).0,
-        "the restored process carries a userfaultfd registration"
-    );
+    assert!(!uw_flags(pid, t.a).0, "the restored process carries a userfaultfd registration");
     // Its memory is the last one written: pages p % 3 and p % 11 were
     // written once each (both: twice).
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
     let mut page = vec![0u8; PG as usize];
     for p in 0..t.na {
-        mem.read_exact_at(&mut page, t.a + p * PG)
-            .expect("read restored memory");
+        mem.read_exact_at(&mut page, t.a + p * PG).expect("read restored memory");
         let gen = u64::from(p % 3 == 0) + u64::from(p % 11 == 0);
         let v = ((p * 31 + gen * 7 + 1) & 0xff) as u8;
         assert!(page.iter().all(|&b| b == v), "restored page {p} differs");
@@ -482,20 +422,13 @@ fn collect_time_for_1_gib_with_1_percent_dirty() {
         let pages = pages_in(of(&r, t.pid), t.a, t.a + t.na * PG);
         // 2,622 separate pages: more than 512 regions per scan, so the
         // scan resumes several times (the walk_end path).
-        assert_eq!(
-            pages,
-            (0..t.na).filter(|p| p % 100 == 0).collect::<Vec<_>>(),
-            "round {round}"
-        );
+        assert_eq!(pages, (0..t.na).filter(|p| p % 100 == 0).collect::<Vec<_>>(), "round {round}");
     }
     t.cmd("w 1");
     let t0 = Instant::now();
     let r = tracker.collect().expect("collect");
     let all_ms = t0.elapsed().as_secs_f64() * 1e3;
-    assert_eq!(
-        pages_in(of(&r, t.pid), t.a, t.a + t.na * PG).len() as u64,
-        t.na
-    );
+    assert_eq!(pages_in(of(&r, t.pid), t.a, t.a + t.na * PG).len() as u64, t.na);
     times.sort_by(f64::total_cmp);
     eprintln!(
         "1 GiB: attach {attach_ms:.2} ms; collect with 0 % dirty {idle_ms:.3} ms, 1 % dirty (2,622 pages) median {:.3} ms (min {:.3}, max {:.3}), 100 % dirty {all_ms:.2} ms; {} bytes reported",

@@ -36,11 +36,7 @@ fn compile(tag: &str) -> std::path::PathBuf {
         .arg(&src)
         .output()
         .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
     bin
 }
 
@@ -58,9 +54,7 @@ fn more_mappings_than_one_iterator_read_holds_are_read_from_smaps() {
         .spawn()
         .expect("start vma_flags_target");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("READY");
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("READY");
     assert!(line.starts_with("READY"), "{line:?}");
     let pid = child.id() as i32;
     let t = std::time::Instant::now();
@@ -110,10 +104,7 @@ fn flags_read_without_smaps_are_smaps_flags() {
 
     let pre = presurvey(pid).expect("the presurvey of an idle program proves its flags (BPF task_vma iterator available as root)");
     let (fast, slow, without_smaps) = both(pid, &pre);
-    assert!(
-        without_smaps,
-        "nothing changed since the presurvey, yet smaps was read"
-    );
+    assert!(without_smaps, "nothing changed since the presurvey, yet smaps was read");
     assert_eq!(fast, slow);
     for f in ["dd", "wf", "lo", "hg", "nh", "dc", "sr", "sh"] {
         assert!(
@@ -131,10 +122,7 @@ fn flags_read_without_smaps_are_smaps_flags() {
     // A flag it never saw: smaps is read, and it is right too.
     assert_eq!(ask(Some("random")).trim(), "ok");
     let (fast, slow, without_smaps) = both(pid, &pre);
-    assert!(
-        !without_smaps,
-        "rr was never validated, yet smaps was not read"
-    );
+    assert!(!without_smaps, "rr was never validated, yet smaps was not read");
     assert_eq!(fast, slow);
 
     let _ = child.kill();

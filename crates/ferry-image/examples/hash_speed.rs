@@ -4,9 +4,7 @@
 //! cargo run --release -p ferry-image --example hash_speed
 //! RUSTFLAGS="-C target-feature=+avx2" cargo run --release -p ferry-image --example hash_speed --target-dir target/avx2
 fn main() {
-    let v: Vec<u8> = (0..100u64 << 20)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
+    let v: Vec<u8> = (0..100u64 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     for chunk in [256usize << 10, 100 << 20] {
         let mut best = f64::MAX;
         let mut x = 0u64;

@@ -45,10 +45,7 @@ pub struct FormatVersion {
 
 impl FormatVersion {
     /// What this build writes (and the newest it reads).
-    pub const CURRENT: FormatVersion = FormatVersion {
-        major: FORMAT_MAJOR,
-        minor: FORMAT_MINOR,
-    };
+    pub const CURRENT: FormatVersion = FormatVersion { major: FORMAT_MAJOR, minor: FORMAT_MINOR };
 }
 
 impl std::fmt::Display for FormatVersion {
@@ -153,12 +150,7 @@ impl SectionOrder {
         version: FormatVersion,
         what: &'static str,
     ) -> Self {
-        SectionOrder {
-            order,
-            next: 0,
-            version,
-            what,
-        }
+        SectionOrder { order, next: 0, version, what }
     }
 
     /// Accepts the next section's raw kind, or says why it cannot come here.
@@ -188,9 +180,8 @@ impl SectionOrder {
                 kind.name()
             )));
         }
-        if let Some((missing, _)) = self.order[self.next..pos]
-            .iter()
-            .find(|(_, optional)| !optional)
+        if let Some((missing, _)) =
+            self.order[self.next..pos].iter().find(|(_, optional)| !optional)
         {
             return Err(ImageError::Invalid(format!(
                 "{} section where the {} section was expected in {what}",
@@ -204,9 +195,7 @@ impl SectionOrder {
 
     /// Whether every section that must come has come.
     pub fn complete(&self) -> bool {
-        self.order[self.next..]
-            .iter()
-            .all(|(_, optional)| *optional)
+        self.order[self.next..].iter().all(|(_, optional)| *optional)
     }
 }
 
@@ -247,30 +236,20 @@ pub fn read_file_header(bytes: &[u8], what: &str) -> Result<FileHeader, ImageErr
     let major = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
     if major != FORMAT_MAJOR {
         // Another major may keep its minor elsewhere: report the major only.
-        return Err(ImageError::Version {
-            found: major,
-            supported: FORMAT_MAJOR,
-        });
+        return Err(ImageError::Version { found: major, supported: FORMAT_MAJOR });
     }
     let word = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
     let minor = (word >> MINOR_SHIFT) as u16;
     let flags = (word & 0xffff) as u16;
     if minor > FORMAT_MINOR {
-        return Err(ImageError::NewerMinor {
-            major,
-            found: minor,
-            supported: FORMAT_MINOR,
-        });
+        return Err(ImageError::NewerMinor { major, found: minor, supported: FORMAT_MINOR });
     }
     if flags & !KNOWN_HEADER_FLAGS != 0 {
         return Err(ImageError::Invalid(format!(
             "{what}: header flags {flags:#06x} unknown in image format {major}.{minor}"
         )));
     }
-    Ok(FileHeader {
-        version: FormatVersion { major, minor },
-        flags,
-    })
+    Ok(FileHeader { version: FormatVersion { major, minor }, flags })
 }
 
 /// [`read_file_header`], returning only the flags (the low 16 bits of
@@ -317,9 +296,7 @@ fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
         .map_or_else(|| format!("kind-{kind_raw}"), |k| k.name().to_string());
     check_reserved(&name, reserved)?;
     if len > MAX_SECTION_LEN {
-        return Err(ImageError::Invalid(format!(
-            "{name} section claims {len} bytes"
-        )));
+        return Err(ImageError::Invalid(format!("{name} section claims {len} bytes")));
     }
     if (rest.len() as u64) < len {
         return Err(ImageError::Truncated(format!(
@@ -329,9 +306,7 @@ fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
     }
     let (payload, rest) = rest.split_at(len as usize);
     if checksum(payload) != sum {
-        return Err(ImageError::Checksum {
-            what: format!("{name} section"),
-        });
+        return Err(ImageError::Checksum { what: format!("{name} section") });
     }
     Ok((kind_raw, payload, rest))
 }
@@ -348,10 +323,7 @@ pub fn check_reserved(section: &str, reserved: u32) -> Result<(), ImageError> {
 }
 
 fn encode<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<Vec<u8>, ImageError> {
-    postcard::to_stdvec(value).map_err(|e| ImageError::Decode {
-        kind,
-        reason: e.to_string(),
-    })
+    postcard::to_stdvec(value).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
 }
 
 /// Encodes the metadata file: header, inventory section, process section.
@@ -400,16 +372,10 @@ pub fn decode_payload<T: serde::de::DeserializeOwned>(
     payload: &[u8],
     kind: &'static str,
 ) -> Result<T, ImageError> {
-    let (value, left) =
-        postcard::take_from_bytes::<T>(payload).map_err(|e| ImageError::Decode {
-            kind,
-            reason: e.to_string(),
-        })?;
+    let (value, left) = postcard::take_from_bytes::<T>(payload)
+        .map_err(|e| ImageError::Decode { kind, reason: e.to_string() })?;
     if !left.is_empty() {
-        return Err(ImageError::Decode {
-            kind,
-            reason: format!("{} trailing bytes", left.len()),
-        });
+        return Err(ImageError::Decode { kind, reason: format!("{} trailing bytes", left.len()) });
     }
     Ok(value)
 }
@@ -467,9 +433,7 @@ pub fn decode_meta_versioned(
             SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
-                return Err(ImageError::Invalid(
-                    "pages section does not belong in meta.img".into(),
-                ))
+                return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
             }
         }
     }
@@ -492,8 +456,6 @@ pub fn decode_meta_versioned(
 pub fn require_complete(incremental: Option<&Incremental>) -> Result<(), ImageError> {
     match incremental {
         None => Ok(()),
-        Some(i) => Err(ImageError::NeedsParent {
-            parent_id: i.parent_id,
-        }),
+        Some(i) => Err(ImageError::NeedsParent { parent_id: i.parent_id }),
     }
 }

@@ -28,9 +28,7 @@ pub struct PagesWriter {
 impl PagesWriter {
     /// Appends one run's bytes; `start` is its address in the process.
     pub fn append_run(&mut self, start: u64, data: &[u8]) -> Result<PageRun, ImageError> {
-        self.file
-            .write_all(data)
-            .map_err(|e| ImageError::io(&self.path, e))?;
+        self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
         let run = PageRun {
             start,
             pages: data.len() as u64 / 4096,
@@ -101,11 +99,7 @@ impl PagesWriter {
             let chunk = &buf[s..s + (r.pages * 4096) as usize];
             if container::checksum(chunk) != r.checksum {
                 return Err(ImageError::Checksum {
-                    what: format!(
-                        "pages at {:#x} as written to {}",
-                        r.start,
-                        self.path.display()
-                    ),
+                    what: format!("pages at {:#x} as written to {}", r.start, self.path.display()),
                 });
             }
         }
@@ -113,9 +107,7 @@ impl PagesWriter {
     }
 
     pub fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
-        self.file
-            .set_len(PAGES_DATA_OFFSET + len)
-            .map_err(|e| ImageError::io(&self.path, e))?;
+        self.file.set_len(PAGES_DATA_OFFSET + len).map_err(|e| ImageError::io(&self.path, e))?;
         self.offset = len;
         Ok(())
     }
@@ -125,9 +117,7 @@ impl PagesWriter {
     }
 
     pub fn finish(self) -> Result<u64, ImageError> {
-        self.file
-            .sync_all()
-            .map_err(|e| ImageError::io(&self.path, e))?;
+        self.file.sync_all().map_err(|e| ImageError::io(&self.path, e))?;
         Ok(self.offset)
     }
 }
@@ -175,13 +165,8 @@ impl ImageDir {
             .map_err(|e| ImageError::io(&path, e))?;
         let mut header = vec![0u8; PAGES_DATA_OFFSET as usize];
         header[..HEADER_LEN].copy_from_slice(&container::file_header(0));
-        file.write_all(&header)
-            .map_err(|e| ImageError::io(&path, e))?;
-        Ok(PagesWriter {
-            file,
-            path,
-            offset: 0,
-        })
+        file.write_all(&header).map_err(|e| ImageError::io(&path, e))?;
+        Ok(PagesWriter { file, path, offset: 0 })
     }
 
     /// Writes meta.img atomically (temp file + rename) and syncs it.
@@ -239,11 +224,7 @@ impl ImageDir {
             } else if m.mode() & 0o022 != 0 {
                 Some(format!(
                     "is writable by {} (mode {:o})",
-                    if m.mode() & 0o002 != 0 {
-                        "every user"
-                    } else {
-                        "its group"
-                    },
+                    if m.mode() & 0o002 != 0 { "every user" } else { "its group" },
                     m.mode() & 0o7777
                 ))
             } else {
@@ -328,11 +309,8 @@ impl ImageDir {
         for r in runs {
             let bad = || ImageError::Truncated(format!("page run at {:#x}", r.start));
             let s = usize::try_from(r.offset).map_err(|_| bad())?;
-            let len = r
-                .pages
-                .checked_mul(4096)
-                .and_then(|l| usize::try_from(l).ok())
-                .ok_or_else(bad)?;
+            let len =
+                r.pages.checked_mul(4096).and_then(|l| usize::try_from(l).ok()).ok_or_else(bad)?;
             let e = s.checked_add(len).ok_or_else(bad)?;
             let chunk = data.get(s..e).ok_or_else(bad)?;
             if container::checksum(chunk) != r.checksum {
@@ -368,10 +346,8 @@ impl ImageDir {
         }
         parts.push(&runs[start..]);
         std::thread::scope(|sc| {
-            let hs: Vec<_> = parts
-                .into_iter()
-                .map(|p| sc.spawn(move || Self::verify_runs(p, data)))
-                .collect();
+            let hs: Vec<_> =
+                parts.into_iter().map(|p| sc.spawn(move || Self::verify_runs(p, data))).collect();
             hs.into_iter().try_for_each(|h| {
                 h.join().unwrap_or_else(|_| {
                     Err(ImageError::Invalid("verification thread panicked".into()))

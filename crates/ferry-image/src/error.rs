@@ -13,11 +13,7 @@ pub enum ImageError {
     /// The same major version, but a newer minor than this build knows:
     /// the image may hold sections this build cannot interpret.
     #[error("image format {major}.{found} is newer than this ferry build reads ({major}.{supported}): upgrade ferry on this host")]
-    NewerMinor {
-        major: u32,
-        found: u16,
-        supported: u16,
-    },
+    NewerMinor { major: u32, found: u16, supported: u16 },
     /// The image is incremental: some of its pages are in its parent, and
     /// restoring it alone would give the process wrong memory.
     #[error("image is incremental (parent id {parent_id}); restore needs its parent")]
@@ -36,9 +32,6 @@ pub enum ImageError {
 
 impl ImageError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ImageError::Io {
-            path: path.into(),
-            err: source,
-        }
+        ImageError::Io { path: path.into(), err: source }
     }
 }

@@ -113,10 +113,7 @@ pub struct CgroupMembership {
 impl TreeImage {
     /// A tree of one process.
     pub fn single(p: ProcessImage) -> TreeImage {
-        TreeImage {
-            processes: vec![p],
-            ..Default::default()
-        }
+        TreeImage { processes: vec![p], ..Default::default() }
     }
     pub fn root(&self) -> Option<&ProcessImage> {
         self.processes.first()

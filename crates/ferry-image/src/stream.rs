@@ -104,10 +104,7 @@ pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError>
     let mut file = image.check_pages_file(&inv)?;
     let path = image.pages_path();
     let len = usize::try_from(inv.pages_bytes).map_err(|_| {
-        ImageError::Invalid(format!(
-            "{} bytes of page data do not fit in memory",
-            inv.pages_bytes
-        ))
+        ImageError::Invalid(format!("{} bytes of page data do not fit in memory", inv.pages_bytes))
     })?;
     let mut buf = vec![0u8; len.min(COPY_CHUNK)];
 
@@ -115,16 +112,11 @@ pub fn dir_to_stream<W: Write>(dir: &Path, w: &mut W) -> Result<u64, ImageError>
     let sum = hash_file_range(&mut file, &path, inv.pages_bytes, &mut buf)?;
 
     let mut head = container::encode_meta_with(&inv, &process, incremental.as_ref())?;
-    head.extend_from_slice(&section_header_raw(
-        SectionKind::Pages,
-        inv.pages_bytes,
-        sum,
-    ));
+    head.extend_from_slice(&section_header_raw(SectionKind::Pages, inv.pages_bytes, sum));
     w.write_all(&head).map_err(stream_err)?;
 
     // Pass 2: copy, hashing again.
-    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET))
-        .map_err(|e| ImageError::io(&path, e))?;
+    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET)).map_err(|e| ImageError::io(&path, e))?;
     let mut hasher = Xxh3::new();
     let mut left = inv.pages_bytes;
     while left > 0 {
@@ -149,8 +141,7 @@ fn hash_file_range(
     len: u64,
     buf: &mut [u8],
 ) -> Result<u64, ImageError> {
-    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET))
-        .map_err(|e| ImageError::io(path, e))?;
+    file.seek(SeekFrom::Start(PAGES_DATA_OFFSET)).map_err(|e| ImageError::io(path, e))?;
     let mut hasher = Xxh3::new();
     let mut left = len;
     while left > 0 {
@@ -254,9 +245,7 @@ pub fn read_stream_full<R: Read>(
     }
     let (pages, got) = read_growing(r, len, "pages section")?;
     if got != sum {
-        return Err(ImageError::Checksum {
-            what: "pages section".into(),
-        });
+        return Err(ImageError::Checksum { what: "pages section".into() });
     }
     for p in &process.processes {
         ImageDir::verify_runs(&p.page_runs, &pages)?;
@@ -347,16 +336,11 @@ fn read_metadata<R: Read>(
     sum: u64,
 ) -> Result<Vec<u8>, ImageError> {
     if len > MAX_SECTION_LEN {
-        return Err(ImageError::Invalid(format!(
-            "{} section claims {len} bytes",
-            kind.name()
-        )));
+        return Err(ImageError::Invalid(format!("{} section claims {len} bytes", kind.name())));
     }
     let (payload, got) = read_growing(r, len, &format!("{} section", kind.name()))?;
     if got != sum {
-        return Err(ImageError::Checksum {
-            what: format!("{} section", kind.name()),
-        });
+        return Err(ImageError::Checksum { what: format!("{} section", kind.name()) });
     }
     Ok(payload)
 }

@@ -20,10 +20,7 @@ fn bad(msg: String) -> Result<(), ImageError> {
 pub const MAX_PROCESSES: usize = 32768;
 
 fn check_extents(what: &str, size: u64, extents: &[(u64, Vec<u8>)]) -> Result<(), ImageError> {
-    if extents
-        .iter()
-        .any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > size))
-    {
+    if extents.iter().any(|(off, d)| off.checked_add(d.len() as u64).is_none_or(|e| e > size)) {
         return bad(format!("{what} has data beyond its size"));
     }
     Ok(())
@@ -49,10 +46,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     for (i, p) in t.processes.iter().enumerate() {
         // Parents first: restore forks each child from its parent.
         if i > 0 && !seen.contains(&p.ppid) {
-            return bad(format!(
-                "process {} comes before its parent {}",
-                p.pid, p.ppid
-            ));
+            return bad(format!("process {} comes before its parent {}", p.pid, p.ppid));
         }
         if i == 0 && p.fidelity.shares_files_with_parent {
             return bad("the root process cannot share its parent's fd table".into());
@@ -64,10 +58,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         // vmas are sorted and non-overlapping (checked above).
         for v in &p.inherited {
             let k = p.vmas.partition_point(|w| w.start < v.start);
-            if p.vmas
-                .get(k)
-                .is_none_or(|w| w.start != v.start || w.end != v.end)
-            {
+            if p.vmas.get(k).is_none_or(|w| w.start != v.start || w.end != v.end) {
                 return bad(format!(
                     "process {}: an inherited mapping is not one of its mappings",
                     p.pid
@@ -84,11 +75,8 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
         }
         seen.insert(p.pid);
     }
-    let mut ids: Vec<i32> = t
-        .processes
-        .iter()
-        .flat_map(|p| p.threads.iter().map(|t| t.tid))
-        .collect();
+    let mut ids: Vec<i32> =
+        t.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).collect();
     for z in &t.zombies {
         if !seen.contains(&z.ppid) {
             return bad(format!("zombie {} has no parent in the tree", z.pid));
@@ -126,19 +114,13 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             || s.values.len() > 32_000
             || s.values.iter().any(|&v| v > 32_767)
         {
-            return bad(format!(
-                "SysV semaphore set {}: bad id, size or value",
-                s.id
-            ));
+            return bad(format!("SysV semaphore set {}: bad id, size or value", s.id));
         }
     }
     for q in &t.sysv_msg {
         let bytes: u64 = q.messages.iter().map(|(_, m)| m.len() as u64).sum();
         if q.id < 0 || q.messages.iter().any(|(ty, _)| *ty <= 0) || bytes > q.max_bytes {
-            return bad(format!(
-                "SysV message queue {}: bad id, message type or size",
-                q.id
-            ));
+            return bad(format!("SysV message queue {}: bad id, message type or size", q.id));
         }
     }
     for p in &t.processes {
@@ -226,10 +208,7 @@ pub fn validate_cgroups(t: &TreeImage) -> Result<(), ImageError> {
     let mut seen = std::collections::HashSet::with_capacity(cg.processes.len().min(pids.len()));
     for p in &cg.processes {
         if !pids.contains(&p.pid) {
-            return bad(format!(
-                "cgroups section: pid {} is not a process of the tree",
-                p.pid
-            ));
+            return bad(format!("cgroups section: pid {} is not a process of the tree", p.pid));
         }
         if !seen.insert(p.pid) {
             return bad(format!("cgroups section: pid {} listed twice", p.pid));
@@ -301,20 +280,13 @@ pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), Imag
                 return bad(format!("{}: the range overflows", at()));
             };
             if start < prev_end {
-                return bad(format!(
-                    "{} are out of order or overlap the range before",
-                    at()
-                ));
+                return bad(format!("{} are out of order or overlap the range before", at()));
             }
             prev_end = end;
             while p.vmas.get(vi).is_some_and(|v| v.end <= start) {
                 vi += 1;
             }
-            if !p
-                .vmas
-                .get(vi)
-                .is_some_and(|v| v.start <= start && end <= v.end)
-            {
+            if !p.vmas.get(vi).is_some_and(|v| v.start <= start && end <= v.end) {
                 return bad(format!("{} lie outside every mapping of the process", at()));
             }
             let run_end = |r: &PageRun| r.start.saturating_add(r.pages.saturating_mul(4096));
@@ -388,10 +360,7 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
         return bad(format!("{} threads", p.threads.len()));
     }
     if p.threads[0].tid != p.pid {
-        return bad(format!(
-            "first thread {} is not the leader {}",
-            p.threads[0].tid, p.pid
-        ));
+        return bad(format!("first thread {} is not the leader {}", p.threads[0].tid, p.pid));
     }
     let mut tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
     tids.sort_unstable();
@@ -407,18 +376,10 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             ));
         }
         if t.xstate.len() < 576 || t.xstate.len() > MAX_XSTATE {
-            return bad(format!(
-                "thread {}: xstate of {} bytes",
-                t.tid,
-                t.xstate.len()
-            ));
+            return bad(format!("thread {}: xstate of {} bytes", t.tid, t.xstate.len()));
         }
         if t.sched.cpus.len() > 128 {
-            return bad(format!(
-                "thread {}: CPU mask of {} words",
-                t.tid,
-                t.sched.cpus.len()
-            ));
+            return bad(format!("thread {}: CPU mask of {} words", t.tid, t.sched.cpus.len()));
         }
         if t.pending.iter().any(|s| s.len() != 128) {
             return bad(format!("thread {}: malformed pending siginfo", t.tid));
@@ -449,10 +410,7 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             .checked_add(len)
             .ok_or_else(|| ImageError::Invalid("page run end overflows".into()))?;
         if r.pages == 0 || r.start % 4096 != 0 || r.offset % 4096 != 0 || r.start < prev_run_end {
-            return bad(format!(
-                "page run at {:#x} is empty, misaligned or out of order",
-                r.start
-            ));
+            return bad(format!("page run at {:#x} is empty, misaligned or out of order", r.start));
         }
         prev_run_end = end;
         while vi < p.vmas.len() && p.vmas[vi].end <= r.start {
@@ -472,10 +430,7 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             .checked_add(len)
             .ok_or_else(|| ImageError::Invalid("page offset overflows".into()))?;
         if run_data_end > inv.pages_bytes {
-            return bad(format!(
-                "page run at {:#x} points past the end of page data",
-                r.start
-            ));
+            return bad(format!("page run at {:#x} points past the end of page data", r.start));
         }
     }
     let mut fds: Vec<i32> = Vec::with_capacity(p.fds.len());
@@ -492,19 +447,12 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return bad("an fd number appears twice".into());
     }
-    let retargets: std::collections::HashSet<(u32, i32)> = p
-        .fidelity
-        .epoll_targets
-        .iter()
-        .map(|t| (t.epoll_file, t.fd))
-        .collect();
+    let retargets: std::collections::HashSet<(u32, i32)> =
+        p.fidelity.epoll_targets.iter().map(|t| (t.epoll_file, t.fd)).collect();
     for (fi, f) in p.files.iter().enumerate() {
         if let FileKind::Epoll { entries } = &f.kind {
             let retargeted = |fd: i32| retargets.contains(&(fi as u32, fd));
-            if entries
-                .iter()
-                .any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd))
-            {
+            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd)) {
                 return bad("epoll entry refers to an fd the process does not have".into());
             }
         }
@@ -519,7 +467,7 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
                 || watches.first().is_some_and(|w| w.wd <= 0)
             {
                 return bad(
-                    "inotify watches out of order, repeated or with a descriptor below 1".into(),
+                    "inotify watches out of order, repeated or with a descriptor below 1".into()
                 );
             }
         }
@@ -544,20 +492,13 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     let mut memfd_ids: Vec<u64> = p.memfds.iter().map(|m| m.id).collect();
     memfd_ids.sort_unstable();
     let has_memfd = |id: &u64| memfd_ids.binary_search(id).is_ok();
-    if p.vmas
-        .iter()
-        .any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
-        || p.files
-            .iter()
-            .any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
+    if p.vmas.iter().any(|v| matches!(&v.backing, VmaBacking::Memfd { id } if !has_memfd(id)))
+        || p.files.iter().any(|f| matches!(&f.kind, FileKind::Memfd { id } if !has_memfd(id)))
     {
         return bad("a mapping or fd refers to a memfd the image does not hold".into());
     }
     if p.signals.actions.len() != 64 {
-        return bad(format!(
-            "{} signal actions, expected 64",
-            p.signals.actions.len()
-        ));
+        return bad(format!("{} signal actions, expected 64", p.signals.actions.len()));
     }
     if p.signals.shared_pending.iter().any(|s| s.len() != 128) {
         return bad("malformed pending siginfo".into());
@@ -581,10 +522,7 @@ fn validate_fidelity(
     has_memfd: &dyn Fn(&u64) -> bool,
 ) -> Result<(), ImageError> {
     let f = &p.fidelity;
-    if f.seccomp_filters
-        .iter()
-        .any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS)
-    {
+    if f.seccomp_filters.iter().any(|s| s.insns.is_empty() || s.insns.len() > MAX_SECCOMP_INSNS) {
         return bad("seccomp filter with no or too many instructions".into());
     }
     for d in &f.deleted_files {
@@ -601,10 +539,7 @@ fn validate_fidelity(
     }
     for t in &f.threads {
         if sorted_tids.binary_search(&t.tid).is_err() {
-            return bad(format!(
-                "per-thread state for thread {} the process does not have",
-                t.tid
-            ));
+            return bad(format!("per-thread state for thread {} the process does not have", t.tid));
         }
         if t.seccomp_mode > 2
             || (t.seccomp_mode != 2 && !t.seccomp.is_empty())
@@ -618,32 +553,18 @@ fn validate_fidelity(
             ));
         }
         if t.seccomp.len() > MAX_SECCOMP_CHAIN
-            || t.seccomp
-                .iter()
-                .any(|&i| i as usize >= f.seccomp_filters.len())
+            || t.seccomp.iter().any(|&i| i as usize >= f.seccomp_filters.len())
         {
-            return bad(format!(
-                "thread {}: seccomp filter index out of range",
-                t.tid
-            ));
+            return bad(format!("thread {}: seccomp filter index out of range", t.tid));
         }
         if !(0..=64).contains(&t.pdeathsig) {
-            return bad(format!(
-                "thread {}: parent-death signal {}",
-                t.tid, t.pdeathsig
-            ));
+            return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
         }
     }
     if f.epoll_targets.len()
         > p.files
             .iter()
-            .map(|g| {
-                if let FileKind::Epoll { entries } = &g.kind {
-                    entries.len()
-                } else {
-                    0
-                }
-            })
+            .map(|g| if let FileKind::Epoll { entries } = &g.kind { entries.len() } else { 0 })
             .sum::<usize>()
     {
         return bad("more epoll targets than epoll entries".into());
@@ -714,11 +635,7 @@ fn check_tcp_connection(
         return Err("no peer address".into());
     }
     if c.unsent as usize > c.send_queue.len() {
-        return Err(format!(
-            "{} unsent bytes in a send queue of {}",
-            c.unsent,
-            c.send_queue.len()
-        ));
+        return Err(format!("{} unsent bytes in a send queue of {}", c.unsent, c.send_queue.len()));
     }
     if c.snd_wscale.is_some_and(|w| w > 14) || c.rcv_wscale > 14 {
         return Err("window scale above 14".into());

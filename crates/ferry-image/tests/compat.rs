@@ -41,10 +41,7 @@ fn incremental() -> Incremental {
                 pid: ROOT,
                 ranges: vec![(ROOT_HEAP + 2 * PAGE, 3), (ROOT_STACK_TOP - 8 * PAGE, 7)],
             },
-            ParentPages {
-                pid: CHILD,
-                ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 2)],
-            },
+            ParentPages { pid: CHILD, ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 2)] },
         ],
     }
 }
@@ -122,10 +119,7 @@ fn this_build_is_4_3() {
     let meta = encode_meta(&inv, &t).unwrap();
     // Major 4, then the flags word with minor 3 in its upper half.
     assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 3, 0]);
-    assert_eq!(
-        read_file_header(&meta, "meta.img").unwrap().version,
-        v(4, 3)
-    );
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 3));
 }
 
 #[test]
@@ -138,10 +132,7 @@ fn format_4_0_fixture_directory_is_read() {
         "the fixture is a header as format 4.0 wrote it"
     );
     let (inv, t, pages) = model();
-    assert_eq!(
-        dir.read_meta_full().unwrap(),
-        (inv.clone(), t.clone(), None)
-    );
+    assert_eq!(dir.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
     assert_eq!(dir.read_meta().unwrap(), (inv.clone(), t.clone()));
     assert_eq!(dir.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
     assert_eq!(dir.read_version().unwrap(), v(4, 0));
@@ -157,10 +148,7 @@ fn format_4_0_fixture_directory_is_read() {
     let mut s = Vec::new();
     dir_to_stream(&fixture_dir(), &mut s).unwrap();
     assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 3));
-    assert_eq!(
-        read_stream_full(&mut Cursor::new(&s), None).unwrap(),
-        (inv, t, None, pages)
-    );
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
 
 #[test]
@@ -177,10 +165,7 @@ fn format_4_0_fixture_stream_is_read() {
     // Received into a directory, it is an ordinary (complete) image.
     let d = TempDir::new("fixture-stream");
     read_stream(&mut Cursor::new(&s), Some(&d.0)).unwrap();
-    assert_eq!(
-        ImageDir::new(&d.0).read_meta_full().unwrap(),
-        (inv, t, None)
-    );
+    assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv, t, None));
 }
 
 #[test]
@@ -188,15 +173,9 @@ fn hand_made_4_0_header_reads_as_minor_0() {
     let (inv, t, pages) = model();
     let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 0));
     assert_eq!(&meta[12..16], &[0, 0, 0, 0]);
-    assert_eq!(
-        decode_meta_versioned(&meta).unwrap(),
-        (v(4, 0), inv.clone(), t.clone(), None)
-    );
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 0), inv.clone(), t.clone(), None));
     let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 0));
-    assert_eq!(
-        read_stream_full(&mut Cursor::new(&s), None).unwrap(),
-        (inv, t, None, pages)
-    );
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
 
 #[test]
@@ -206,27 +185,13 @@ fn newer_minor_is_refused_with_upgrade_message() {
         "image format 4.4 is newer than this ferry build reads (4.3): upgrade ferry on this host";
     let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 4));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImageError::NewerMinor {
-                major: 4,
-                found: 4,
-                supported: 3
-            }
-        ),
-        "{e:?}"
-    );
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 4, supported: 3 }), "{e:?}");
     assert_eq!(message(&e), want);
     let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 4));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
-    assert_eq!(
-        c.position() as usize,
-        HEADER_LEN,
-        "nothing read past the header"
-    );
+    assert_eq!(c.position() as usize, HEADER_LEN, "nothing read past the header");
     // In a directory: meta.img and pages.img are each checked.
     let d = TempDir::new("minor-3");
     write_dir(&d.0, &inv, &t, None, &pages);
@@ -255,19 +220,13 @@ fn other_major_is_refused() {
         );
         assert_eq!(message(&e), want);
         let s = with_version(&stream_of(&inv, &t, None, &pages), v(major, minor));
-        assert_eq!(
-            message(&read_stream(&mut Cursor::new(&s), None).unwrap_err()),
-            want
-        );
+        assert_eq!(message(&read_stream(&mut Cursor::new(&s), None).unwrap_err()), want);
     }
     // An inventory of another major inside a 4.x file is refused too.
     let mut inv5 = inv.clone();
     inv5.format_version = 5;
     let e = decode_meta(&encode_meta(&inv5, &t).unwrap()).unwrap_err();
-    assert_eq!(
-        message(&e),
-        "image format 5 is not readable by this build (reads 4.x)"
-    );
+    assert_eq!(message(&e), "image format 5 is not readable by this build (reads 4.x)");
 }
 
 #[test]
@@ -339,21 +298,12 @@ fn round_trip_4_3_without_optional_sections() {
     let (inv, t, pages) = model();
     let meta = encode_meta_with(&inv, &t, None).unwrap();
     assert_eq!(meta, encode_meta(&inv, &t).unwrap());
-    assert_eq!(
-        decode_meta_versioned(&meta).unwrap(),
-        (v(4, 3), inv.clone(), t.clone(), None)
-    );
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), None));
     let d = TempDir::new("rt-plain");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
-    assert_eq!(
-        image.read_meta_full().unwrap(),
-        (inv.clone(), t.clone(), None)
-    );
-    assert_eq!(
-        image.read_meta_complete().unwrap(),
-        (inv.clone(), t.clone())
-    );
+    assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
+    assert_eq!(image.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
     assert_eq!(image.read_version().unwrap(), v(4, 3));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
@@ -368,11 +318,7 @@ fn round_trip_4_3_without_optional_sections() {
 
 fn with_cgroups(mut t: TreeImage) -> TreeImage {
     let memberships = vec![
-        CgroupMembership {
-            hierarchy: 5,
-            controllers: "cpu,cpuacct".into(),
-            path: "/svc".into(),
-        },
+        CgroupMembership { hierarchy: 5, controllers: "cpu,cpuacct".into(), path: "/svc".into() },
         CgroupMembership {
             hierarchy: 0,
             controllers: String::new(),
@@ -383,10 +329,7 @@ fn with_cgroups(mut t: TreeImage) -> TreeImage {
         processes: t
             .processes
             .iter()
-            .map(|p| ProcessCgroups {
-                pid: p.pid,
-                memberships: memberships.clone(),
-            })
+            .map(|p| ProcessCgroups { pid: p.pid, memberships: memberships.clone() })
             .collect(),
     });
     t
@@ -404,10 +347,7 @@ fn assert_section_refused_in(older: FormatVersion, section: &str, t: &TreeImage)
     let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
     assert!(want(&e), "{e:?}");
     let meta = with_version(&encode_meta(&inv, &plain).unwrap(), older);
-    assert_eq!(
-        decode_meta_versioned(&meta).unwrap(),
-        (older, inv, plain, None)
-    );
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (older, inv, plain, None));
 }
 
 #[test]
@@ -432,13 +372,7 @@ fn with_unix_peers(mut t: TreeImage) -> TreeImage {
         in_flight: vec![],
     });
     t.unix_peers = Some(UnixPeersImage {
-        sockets: vec![UnixPeerCred {
-            ino: 77,
-            pid,
-            uid: 1000,
-            gid: 100,
-            groups: vec![100, 27],
-        }],
+        sockets: vec![UnixPeerCred { ino: 77, pid, uid: 1000, gid: 100, groups: vec![100, 27] }],
     });
     t
 }
@@ -482,20 +416,14 @@ fn round_trip_4_2_with_incremental() {
     let inc = incremental();
     assert_eq!(inc.parent_page_count(), 13);
     let meta = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
-    assert_eq!(
-        decode_meta_full(&meta).unwrap(),
-        (inv.clone(), t.clone(), Some(inc.clone()))
-    );
+    assert_eq!(decode_meta_full(&meta).unwrap(), (inv.clone(), t.clone(), Some(inc.clone())));
     // Callers that do not care still read it (without the section)...
     assert_eq!(decode_meta(&meta).unwrap(), (inv.clone(), t.clone()));
     // ...and a restore can tell it needs the parent.
     let e = require_complete(Some(&inc)).unwrap_err();
     assert_eq!(
         message(&e),
-        format!(
-            "image is incremental (parent id {}); restore needs its parent",
-            0xfeed_0001u64
-        )
+        format!("image is incremental (parent id {}); restore needs its parent", 0xfeed_0001u64)
     );
     assert!(require_complete(None).is_ok());
 
@@ -503,21 +431,10 @@ fn round_trip_4_2_with_incremental() {
     let d = TempDir::new("rt-inc");
     write_dir(&d.0, &inv, &t, Some(&inc), &pages);
     let image = ImageDir::new(&d.0);
-    assert_eq!(
-        image.read_meta_full().unwrap(),
-        (inv.clone(), t.clone(), Some(inc.clone()))
-    );
+    assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), Some(inc.clone())));
     assert_eq!(image.read_meta().unwrap(), (inv.clone(), t.clone()));
     let e = image.read_meta_complete().unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImageError::NeedsParent {
-                parent_id: 0xfeed_0001
-            }
-        ),
-        "{e:?}"
-    );
+    assert!(matches!(e, ImageError::NeedsParent { parent_id: 0xfeed_0001 }), "{e:?}");
 
     // Stream: the section sits between the process tree and the pages.
     let s = stream_of(&inv, &t, Some(&inc), &pages);
@@ -565,16 +482,10 @@ fn round_trip_4_2_with_incremental() {
 fn empty_incremental_and_edge_ranges_are_accepted() {
     let (inv, t, pages) = model();
     for inc in [
-        Incremental {
-            parent_id: 0,
-            parent_pages: vec![],
-        },
+        Incremental { parent_id: 0, parent_pages: vec![] },
         Incremental {
             parent_id: u64::MAX,
-            parent_pages: vec![ParentPages {
-                pid: CHILD,
-                ranges: vec![],
-            }],
+            parent_pages: vec![ParentPages { pid: CHILD, ranges: vec![] }],
         },
         // Right up to the page runs on either side, and to the mapping's end.
         Incremental {
@@ -598,10 +509,7 @@ fn empty_incremental_and_edge_ranges_are_accepted() {
         let meta = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
         assert_eq!(decode_meta_full(&meta).unwrap().2, Some(inc.clone()));
         let s = stream_of(&inv, &t, Some(&inc), &pages);
-        assert_eq!(
-            read_stream_full(&mut Cursor::new(&s), None).unwrap().2,
-            Some(inc)
-        );
+        assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap().2, Some(inc));
     }
 }
 
@@ -623,16 +531,10 @@ fn many_ranges_are_checked_in_linear_time() {
         },
     );
     let ranges: Vec<(u64, u64)> = (0..n).map(|i| (big + 2 * i * PAGE, 1)).collect();
-    let inc = Incremental {
-        parent_id: 7,
-        parent_pages: vec![ParentPages { pid: ROOT, ranges }],
-    };
+    let inc = Incremental { parent_id: 7, parent_pages: vec![ParentPages { pid: ROOT, ranges }] };
     let t0 = std::time::Instant::now();
     let s = stream_of(&inv, &t, Some(&inc), &pages);
-    assert_eq!(
-        read_stream_full(&mut Cursor::new(&s), None).unwrap().2,
-        Some(inc)
-    );
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap().2, Some(inc));
     assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
 }
 
@@ -641,10 +543,7 @@ fn many_ranges_are_checked_in_linear_time() {
 const USER_END: u64 = ferry_image::validate::USER_ADDR_END;
 
 fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
-    Incremental {
-        parent_id: 9,
-        parent_pages: vec![ParentPages { pid, ranges }],
-    }
+    Incremental { parent_id: 9, parent_pages: vec![ParentPages { pid, ranges }] }
 }
 
 /// Incremental sections that are well-formed postcard but wrong for the
@@ -652,15 +551,9 @@ fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
 fn hostile() -> Vec<(Incremental, &'static str)> {
     let heap = ROOT_HEAP;
     let mut two = incremental();
-    two.parent_pages.push(ParentPages {
-        pid: ROOT,
-        ranges: vec![(heap + 7 * PAGE, 1)],
-    });
+    two.parent_pages.push(ParentPages { pid: ROOT, ranges: vec![(heap + 7 * PAGE, 1)] });
     vec![
-        (
-            with_pages(ROOT, vec![(heap + 4 * PAGE, 1), (heap + 2 * PAGE, 1)]),
-            "out of order",
-        ),
+        (with_pages(ROOT, vec![(heap + 4 * PAGE, 1), (heap + 2 * PAGE, 1)]), "out of order"),
         (
             with_pages(ROOT, vec![(heap + 2 * PAGE, 2), (heap + 3 * PAGE, 1)]),
             "overlap the range before",
@@ -669,81 +562,33 @@ fn hostile() -> Vec<(Incremental, &'static str)> {
             with_pages(ROOT, vec![(heap + 2 * PAGE, 1), (heap + 2 * PAGE, 1)]),
             "overlap the range before",
         ),
-        (
-            with_pages(ROOT, vec![(0x70_0000, 1)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(heap + 6 * PAGE, 3)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(heap - PAGE, 2)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(0x40_0000, 0x60_0000 / PAGE)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(CHILD_MAP, 1)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(CHILD, vec![(heap + 2 * PAGE, 1)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(USER_END, 1)]),
-            "outside every mapping",
-        ),
-        (
-            with_pages(ROOT, vec![(heap + PAGE, 2)]),
-            "overlap the page run at 0x600000",
-        ),
-        (
-            with_pages(ROOT, vec![(heap, 1)]),
-            "overlap the page run at 0x600000",
-        ),
+        (with_pages(ROOT, vec![(0x70_0000, 1)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(heap + 6 * PAGE, 3)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(heap - PAGE, 2)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(0x40_0000, 0x60_0000 / PAGE)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(CHILD_MAP, 1)]), "outside every mapping"),
+        (with_pages(CHILD, vec![(heap + 2 * PAGE, 1)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(USER_END, 1)]), "outside every mapping"),
+        (with_pages(ROOT, vec![(heap + PAGE, 2)]), "overlap the page run at 0x600000"),
+        (with_pages(ROOT, vec![(heap, 1)]), "overlap the page run at 0x600000"),
         (
             with_pages(ROOT, vec![(ROOT_STACK_TOP - 2 * PAGE, 2)]),
             "overlap the page run at 0x7ffd0001f000",
         ),
-        (
-            with_pages(CHILD, vec![(CHILD_MAP, 4)]),
-            "overlap the page run at 0x901000",
-        ),
-        (
-            with_pages(4242, vec![(heap + 2 * PAGE, 1)]),
-            "not a process of the tree",
-        ),
+        (with_pages(CHILD, vec![(CHILD_MAP, 4)]), "overlap the page run at 0x901000"),
+        (with_pages(4242, vec![(heap + 2 * PAGE, 1)]), "not a process of the tree"),
         (with_pages(0, vec![]), "not a process of the tree"),
         (with_pages(-1, vec![]), "not a process of the tree"),
         (two, "listed twice"),
-        (
-            with_pages(ROOT, vec![(heap + 2 * PAGE, 0)]),
-            "empty or misaligned",
-        ),
-        (
-            with_pages(ROOT, vec![(heap + 2 * PAGE + 1, 1)]),
-            "empty or misaligned",
-        ),
-        (
-            with_pages(ROOT, vec![(heap + 2 * PAGE, u64::MAX)]),
-            "overflows",
-        ),
-        (
-            with_pages(ROOT, vec![(heap + 2 * PAGE, 1 << 52)]),
-            "overflows",
-        ),
+        (with_pages(ROOT, vec![(heap + 2 * PAGE, 0)]), "empty or misaligned"),
+        (with_pages(ROOT, vec![(heap + 2 * PAGE + 1, 1)]), "empty or misaligned"),
+        (with_pages(ROOT, vec![(heap + 2 * PAGE, u64::MAX)]), "overflows"),
+        (with_pages(ROOT, vec![(heap + 2 * PAGE, 1 << 52)]), "overflows"),
         (
             with_pages(ROOT, vec![(heap + 2 * PAGE, (u64::MAX - heap) / PAGE - 2)]),
             "outside every mapping",
         ),
-        (
-            with_pages(ROOT, vec![(0xffff_ffff_ffff_f000, 1)]),
-            "overflows",
-        ),
+        (with_pages(ROOT, vec![(0xffff_ffff_ffff_f000, 1)]), "overflows"),
     ]
 }
 
@@ -761,15 +606,8 @@ fn hostile_incremental_sections_are_refused() {
         let s = stream_of(&inv, &t, Some(&inc), &pages);
         let mut c = Cursor::new(&s[..]);
         let e = read_stream_full(&mut c, None).unwrap_err();
-        assert!(
-            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
-            "{want}: {e:?}"
-        );
-        assert_eq!(
-            c.position() as usize,
-            meta.len(),
-            "{want}: page data was read"
-        );
+        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
+        assert_eq!(c.position() as usize, meta.len(), "{want}: page data was read");
         // And nothing is written into a target directory.
         let d = TempDir::new("hostile");
         let target = d.0.join("img");
@@ -820,14 +658,8 @@ fn malformed_incremental_payloads_are_refused() {
         // Huge claimed counts, with (almost) nothing behind them: no
         // allocation of that size, a decode error.
         (raw_incremental(u64::MAX, &[]), "huge count"),
-        (
-            raw_incremental(1 << 40, &[(ROOT_HEAP + 2 * PAGE, 1)]),
-            "2^40 ranges",
-        ),
-        (
-            raw_incremental(3, &[(ROOT_HEAP + 2 * PAGE, 1)]),
-            "3 claimed, 1 held",
-        ),
+        (raw_incremental(1 << 40, &[(ROOT_HEAP + 2 * PAGE, 1)]), "2^40 ranges"),
+        (raw_incremental(3, &[(ROOT_HEAP + 2 * PAGE, 1)]), "3 claimed, 1 held"),
         (good[..good.len() - 1].to_vec(), "truncated payload"),
         (good[..1].to_vec(), "one byte"),
         (vec![], "empty payload"),
@@ -838,10 +670,7 @@ fn malformed_incremental_payloads_are_refused() {
     for (payload, what) in payloads {
         let meta = frame(v(4, 1), &[(1, &inv_b), (2, &tree_b), (inc, &payload)]);
         match decode_meta(&meta) {
-            Err(ImageError::Decode {
-                kind: "incremental",
-                ..
-            }) => {}
+            Err(ImageError::Decode { kind: "incremental", .. }) => {}
             other => panic!("{what}: {other:?}"),
         }
         let mut s = meta.clone();
@@ -849,10 +678,7 @@ fn malformed_incremental_payloads_are_refused() {
             &stream_of(&inv, &t, None, &pages)[encode_meta(&inv, &t).unwrap().len()..],
         );
         match read_stream_full(&mut Cursor::new(&s), None) {
-            Err(ImageError::Decode {
-                kind: "incremental",
-                ..
-            }) => {}
+            Err(ImageError::Decode { kind: "incremental", .. }) => {}
             other => panic!("stream, {what}: {other:?}"),
         }
     }
@@ -866,10 +692,7 @@ fn misplaced_and_repeated_incremental_sections_are_refused() {
     let inc_b = postcard::to_stdvec(&incremental()).unwrap();
     let inc = SectionKind::Incremental as u32;
     for (sections, want) in [
-        (
-            vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (inc, &inc_b)],
-            "duplicate incremental",
-        ),
+        (vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (inc, &inc_b)], "duplicate incremental"),
         (
             vec![(1, &inv_b), (inc, &inc_b), (2, &tree_b)],
             "where the process tree section was expected",
@@ -878,19 +701,13 @@ fn misplaced_and_repeated_incremental_sections_are_refused() {
             vec![(inc, &inc_b), (1, &inv_b), (2, &tree_b)],
             "where the inventory section was expected",
         ),
-        (
-            vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (2, &tree_b)],
-            "duplicate process tree",
-        ),
+        (vec![(1, &inv_b), (2, &tree_b), (inc, &inc_b), (2, &tree_b)], "duplicate process tree"),
     ] {
         let sections: Vec<(u32, &[u8])> =
             sections.iter().map(|(k, p)| (*k, p.as_slice())).collect();
         let meta = frame(v(4, 1), &sections);
         let e = decode_meta(&meta).unwrap_err();
-        assert!(
-            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
-            "{want}: {e:?}"
-        );
+        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
         // The same order in a stream, then the pages.
         let mut s = meta;
         s.extend_from_slice(
@@ -905,10 +722,7 @@ fn misplaced_and_repeated_incremental_sections_are_refused() {
     // In a stream, the incremental section after the pages is another
     // image's first section: refused as a bad header... and meta.img never
     // holds pages.
-    let meta = frame(
-        v(4, 1),
-        &[(1, &inv_b), (2, &tree_b), (3, &[]), (inc, &inc_b)],
-    );
+    let meta = frame(v(4, 1), &[(1, &inv_b), (2, &tree_b), (3, &[]), (inc, &inc_b)]);
     assert!(
         matches!(decode_meta(&meta), Err(ImageError::Invalid(ref m)) if m.contains("pages section does not belong in meta.img"))
     );

@@ -13,9 +13,7 @@ use ferry_image::{decode_meta, encode_meta, ImageDir, ImageError, FORMAT_VERSION
 const PID: i32 = 4242;
 
 fn pages_data() -> Vec<u8> {
-    (0..3 * 4096u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
-        .collect()
+    (0..3 * 4096u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect()
 }
 
 fn thread(tid: i32) -> ThreadImage {
@@ -62,13 +60,8 @@ fn valid() -> (Inventory, ProcessImage) {
         source_pid: PID,
         pages_bytes: pages.len() as u64,
     };
-    let pipe = |write_end| PipeEnd {
-        id: 9,
-        write_end,
-        capacity: 65536,
-        data: vec![],
-        peer_closed: false,
-    };
+    let pipe =
+        |write_end| PipeEnd { id: 9, write_end, capacity: 65536, data: vec![], peer_closed: false };
     let p = ProcessImage {
         pid: PID,
         ppid: 1,
@@ -80,22 +73,10 @@ fn valid() -> (Inventory, ProcessImage) {
         umask: 0o022,
         personality: 0,
         no_new_privs: false,
-        creds: Creds {
-            uids: [0; 4],
-            gids: [0; 4],
-            groups: vec![],
-            caps: Default::default(),
-        },
-        rlimits: vec![Rlimit {
-            resource: 7,
-            soft: 1024,
-            hard: 4096,
-        }],
+        creds: Creds { uids: [0; 4], gids: [0; 4], groups: vec![], caps: Default::default() },
+        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(PID), thread(PID + 1)],
-        mm: MmLayout {
-            auxv: vec![6, 4096, 0, 0],
-            ..Default::default()
-        },
+        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
         vmas: vec![
             Vma {
                 start: 0x400000,
@@ -104,11 +85,7 @@ fn valid() -> (Inventory, ProcessImage) {
                 shared: false,
                 flags: 0,
                 pgoff: 0,
-                backing: VmaBacking::File {
-                    path: "/usr/bin/victim".into(),
-                    dev: 1,
-                    ino: 2,
-                },
+                backing: VmaBacking::File { path: "/usr/bin/victim".into(), dev: 1, ino: 2 },
             },
             anon(0x600000, 0x602000),
             anon(0x7ffd_0000_0000, 0x7ffd_0002_0000),
@@ -135,13 +112,7 @@ fn valid() -> (Inventory, ProcessImage) {
                 locks: vec![],
                 kind: FileKind::Pipe(pipe(false)),
             },
-            OpenFile {
-                id: 102,
-                flags: 1,
-                pos: 0,
-                locks: vec![],
-                kind: FileKind::Pipe(pipe(true)),
-            },
+            OpenFile { id: 102, flags: 1, pos: 0, locks: vec![], kind: FileKind::Pipe(pipe(true)) },
             OpenFile {
                 id: 103,
                 flags: 2,
@@ -166,46 +137,19 @@ fn valid() -> (Inventory, ProcessImage) {
                 locks: vec![],
                 kind: FileKind::Epoll {
                     entries: vec![
-                        EpollEntry {
-                            fd: 3,
-                            events: 1,
-                            data: 3,
-                        },
-                        EpollEntry {
-                            fd: 5,
-                            events: 1,
-                            data: 5,
-                        },
+                        EpollEntry { fd: 3, events: 1, data: 3 },
+                        EpollEntry { fd: 5, events: 1, data: 5 },
                     ],
                 },
             },
         ],
         fds: vec![
-            FdSlot {
-                fd: 3,
-                file: 0,
-                cloexec: false,
-            },
-            FdSlot {
-                fd: 4,
-                file: 1,
-                cloexec: false,
-            },
-            FdSlot {
-                fd: 5,
-                file: 2,
-                cloexec: true,
-            },
-            FdSlot {
-                fd: 6,
-                file: 3,
-                cloexec: true,
-            },
+            FdSlot { fd: 3, file: 0, cloexec: false },
+            FdSlot { fd: 4, file: 1, cloexec: false },
+            FdSlot { fd: 5, file: 2, cloexec: true },
+            FdSlot { fd: 6, file: 3, cloexec: true },
         ],
-        signals: SignalState {
-            actions: vec![SigAction::default(); 64],
-            shared_pending: vec![],
-        },
+        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
@@ -226,10 +170,7 @@ fn valid_meta() -> Vec<u8> {
 fn payloads(meta: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let (k1, inv, rest) = container::read_section(&meta[HEADER_LEN..]).expect("inventory section");
     let (k2, proc_, rest) = container::read_section(rest).expect("process tree section");
-    assert_eq!(
-        (k1, k2, rest.len()),
-        (SectionKind::Inventory, SectionKind::Tree, 0)
-    );
+    assert_eq!((k1, k2, rest.len()), (SectionKind::Inventory, SectionKind::Tree, 0));
     (inv.to_vec(), proc_.to_vec())
 }
 
@@ -295,10 +236,7 @@ fn valid_image_round_trips() {
 fn truncated_header() {
     let meta = valid_meta();
     for n in [0, 1, 8, 12, HEADER_LEN - 1] {
-        assert!(
-            matches!(reject(&meta[..n]), ImageError::Truncated(_)),
-            "prefix of {n} bytes"
-        );
+        assert!(matches!(reject(&meta[..n]), ImageError::Truncated(_)), "prefix of {n} bytes");
     }
 }
 
@@ -337,10 +275,7 @@ fn wrong_version() {
         e => panic!("expected Version, got {e:?}"),
     }
     meta[8..12].copy_from_slice(&0u32.to_le_bytes());
-    assert!(matches!(
-        reject(&meta),
-        ImageError::Version { found: 0, .. }
-    ));
+    assert!(matches!(reject(&meta), ImageError::Version { found: 0, .. }));
 }
 
 #[test]
@@ -368,10 +303,7 @@ fn section_length_larger_than_input() {
         m.extend_from_slice(&section_header_raw(SectionKind::Inventory, claim, 0));
         m.extend_from_slice(&[0u8; 64]);
         assert!(
-            matches!(
-                reject(&m),
-                ImageError::Truncated(_) | ImageError::Invalid(_)
-            ),
+            matches!(reject(&m), ImageError::Truncated(_) | ImageError::Invalid(_)),
             "claim {claim}"
         );
     }
@@ -405,15 +337,9 @@ fn unknown_missing_and_misplaced_sections() {
     assert!(matches!(reject(&m), ImageError::Invalid(_)));
     // Only a header, or no process tree section: the image ends too early.
     assert!(matches!(reject(&file_header(0)), ImageError::Truncated(_)));
-    assert!(matches!(
-        reject(&frame(&[(SectionKind::Inventory, &inv)])),
-        ImageError::Truncated(_)
-    ));
+    assert!(matches!(reject(&frame(&[(SectionKind::Inventory, &inv)])), ImageError::Truncated(_)));
     // Missing inventory.
-    assert!(matches!(
-        reject(&frame(&[(SectionKind::Tree, &proc_)])),
-        ImageError::Invalid(_)
-    ));
+    assert!(matches!(reject(&frame(&[(SectionKind::Tree, &proc_)])), ImageError::Invalid(_)));
     // A pages section has no place in meta.img.
     assert!(matches!(
         reject(&frame(&[
@@ -424,10 +350,7 @@ fn unknown_missing_and_misplaced_sections() {
         ImageError::Invalid(_)
     ));
     // Payloads swapped between the sections: postcard decode error.
-    match reject(&frame(&[
-        (SectionKind::Inventory, &proc_),
-        (SectionKind::Tree, &inv),
-    ])) {
+    match reject(&frame(&[(SectionKind::Inventory, &proc_), (SectionKind::Tree, &inv)])) {
         ImageError::Decode { .. } | ImageError::Invalid(_) | ImageError::Version { .. } => {}
         e => panic!("unexpected {e:?}"),
     }
@@ -443,23 +366,13 @@ fn undecodable_payloads() {
     let (inv, proc_) = payloads(&meta);
     // Empty and cut payloads, with correct framing and checksums.
     assert!(matches!(
-        reject(&frame(&[
-            (SectionKind::Inventory, &[]),
-            (SectionKind::Tree, &proc_)
-        ])),
-        ImageError::Decode {
-            kind: "inventory",
-            ..
-        }
+        reject(&frame(&[(SectionKind::Inventory, &[]), (SectionKind::Tree, &proc_)])),
+        ImageError::Decode { kind: "inventory", .. }
     ));
     for cut in [0, 1, proc_.len() / 2, proc_.len() - 1] {
-        match reject(&frame(&[
-            (SectionKind::Inventory, &inv),
-            (SectionKind::Tree, &proc_[..cut]),
-        ])) {
-            ImageError::Decode {
-                kind: "process", ..
-            } => {}
+        match reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_[..cut])]))
+        {
+            ImageError::Decode { kind: "process", .. } => {}
             e => panic!("cut at {cut}: unexpected {e:?}"),
         }
     }
@@ -468,10 +381,7 @@ fn undecodable_payloads() {
     // is garbage for every field type.
     let garbage = vec![0xffu8; 200];
     assert!(matches!(
-        reject(&frame(&[
-            (SectionKind::Inventory, &inv),
-            (SectionKind::Tree, &garbage)
-        ])),
+        reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &garbage)])),
         ImageError::Decode { .. }
     ));
 }
@@ -511,14 +421,8 @@ fn absurd_counts() {
         payload.extend_from_slice(&[7, 1, 1]);
         assert!(
             matches!(
-                reject(&frame(&[
-                    (SectionKind::Inventory, &inv_ok),
-                    (SectionKind::Tree, &payload)
-                ])),
-                ImageError::Decode {
-                    kind: "process",
-                    ..
-                }
+                reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])),
+                ImageError::Decode { kind: "process", .. }
             ),
             "rlimits count {count}"
         );
@@ -528,14 +432,8 @@ fn absurd_counts() {
         varint(&mut payload, count);
         assert!(
             matches!(
-                reject(&frame(&[
-                    (SectionKind::Inventory, &inv_ok),
-                    (SectionKind::Tree, &payload)
-                ])),
-                ImageError::Decode {
-                    kind: "process",
-                    ..
-                }
+                reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])),
+                ImageError::Decode { kind: "process", .. }
             ),
             "threads count {count}"
         );
@@ -549,14 +447,8 @@ fn absurd_counts() {
         payload.extend_from_slice(&[0u8; 32]);
         assert!(
             matches!(
-                reject(&frame(&[
-                    (SectionKind::Inventory, &inv_ok),
-                    (SectionKind::Tree, &payload)
-                ])),
-                ImageError::Decode {
-                    kind: "process",
-                    ..
-                }
+                reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])),
+                ImageError::Decode { kind: "process", .. }
             ),
             "xstate length {count}"
         );
@@ -567,14 +459,8 @@ fn absurd_counts() {
         let (_, proc_ok) = payloads(&meta);
         assert!(
             matches!(
-                reject(&frame(&[
-                    (SectionKind::Inventory, &inv),
-                    (SectionKind::Tree, &proc_ok)
-                ])),
-                ImageError::Decode {
-                    kind: "inventory",
-                    ..
-                }
+                reject(&frame(&[(SectionKind::Inventory, &inv), (SectionKind::Tree, &proc_ok)])),
+                ImageError::Decode { kind: "inventory", .. }
             ),
             "string length {count}"
         );
@@ -583,10 +469,7 @@ fn absurd_counts() {
     let mut payload = prefix;
     payload.extend_from_slice(&[0xff; 12]);
     assert!(matches!(
-        reject(&frame(&[
-            (SectionKind::Inventory, &inv_ok),
-            (SectionKind::Tree, &payload)
-        ])),
+        reject(&frame(&[(SectionKind::Inventory, &inv_ok), (SectionKind::Tree, &payload)])),
         ImageError::Decode { .. }
     ));
 }
@@ -608,9 +491,7 @@ fn absurd_tree_counts() {
         (SectionKind::Inventory, &inv_ok),
         (SectionKind::Tree, payload),
     ])) {
-        ImageError::Decode {
-            kind: "process", ..
-        } => {}
+        ImageError::Decode { kind: "process", .. } => {}
         e => panic!("{what}: unexpected {e:?}"),
     };
     for count in [1u64 << 32, 1 << 40, u64::MAX >> 1, u64::MAX] {
@@ -749,11 +630,7 @@ fn fd_pointing_at_missing_file() {
 fn epoll_entry_for_missing_fd() {
     let (inv, mut p) = valid();
     if let FileKind::Epoll { entries } = &mut p.files[3].kind {
-        entries.push(EpollEntry {
-            fd: 99,
-            events: 1,
-            data: 0,
-        });
+        entries.push(EpollEntry { fd: 99, events: 1, data: 0 });
     }
     assert!(reject_model(&inv, &p).contains("epoll"));
 
@@ -824,22 +701,13 @@ fn verify_runs_rejects_bad_page_data() {
         ImageDir::verify_runs(&p.page_runs, &data[..data.len() - 1]),
         Err(ImageError::Truncated(_))
     ));
-    assert!(matches!(
-        ImageDir::verify_runs(&p.page_runs, &[]),
-        Err(ImageError::Truncated(_))
-    ));
+    assert!(matches!(ImageDir::verify_runs(&p.page_runs, &[]), Err(ImageError::Truncated(_))));
     let mut bad = data.clone();
     bad[5000] ^= 1;
-    assert!(matches!(
-        ImageDir::verify_runs(&p.page_runs, &bad),
-        Err(ImageError::Checksum { .. })
-    ));
+    assert!(matches!(ImageDir::verify_runs(&p.page_runs, &bad), Err(ImageError::Checksum { .. })));
     let mut runs = p.page_runs.clone();
     runs[1].offset = 4096 * 3;
-    assert!(matches!(
-        ImageDir::verify_runs(&runs, &data),
-        Err(ImageError::Truncated(_))
-    ));
+    assert!(matches!(ImageDir::verify_runs(&runs, &data), Err(ImageError::Truncated(_))));
 }
 
 // Regression tests for the overflow the fuzzer found in verify_runs
@@ -850,40 +718,17 @@ fn verify_runs_rejects_bad_page_data() {
 
 #[test]
 fn verify_runs_huge_page_count_is_an_error() {
-    let run = PageRun {
-        start: 0x600000,
-        pages: 1 << 52,
-        offset: 0,
-        checksum: container::checksum(&[]),
-    };
-    assert!(matches!(
-        ImageDir::verify_runs(&[run], &[0u8; 4096]),
-        Err(ImageError::Truncated(_))
-    ));
-    let run = PageRun {
-        start: 0x600000,
-        pages: u64::MAX,
-        offset: 0,
-        checksum: 0,
-    };
-    assert!(matches!(
-        ImageDir::verify_runs(&[run], &[0u8; 4096]),
-        Err(ImageError::Truncated(_))
-    ));
+    let run =
+        PageRun { start: 0x600000, pages: 1 << 52, offset: 0, checksum: container::checksum(&[]) };
+    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
+    let run = PageRun { start: 0x600000, pages: u64::MAX, offset: 0, checksum: 0 };
+    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
 }
 
 #[test]
 fn verify_runs_huge_offset_is_an_error() {
-    let run = PageRun {
-        start: 0x600000,
-        pages: 1,
-        offset: u64::MAX - 4095,
-        checksum: 0,
-    };
-    assert!(matches!(
-        ImageDir::verify_runs(&[run], &[0u8; 4096]),
-        Err(ImageError::Truncated(_))
-    ));
+    let run = PageRun { start: 0x600000, pages: 1, offset: u64::MAX - 4095, checksum: 0 };
+    assert!(matches!(ImageDir::verify_runs(&[run], &[0u8; 4096]), Err(ImageError::Truncated(_))));
 }
 
 // Regression test: validate once checked every memfd reference (files and
@@ -894,13 +739,7 @@ fn memfd_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut p) = valid();
     p.memfds = (0..n)
-        .map(|id| MemfdObject {
-            id,
-            name: String::new(),
-            size: 0,
-            seals: 0,
-            extents: vec![],
-        })
+        .map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] })
         .collect();
     p.files.extend((0..n).map(|i| OpenFile {
         id: 1000 + i,
@@ -932,15 +771,7 @@ const SHM_ANON: u64 = 0x5151;
 const SYSV_ID: i32 = 32769;
 
 fn shared(start: u64, end: u64, backing: VmaBacking) -> Vma {
-    Vma {
-        start,
-        end,
-        prot: PROT_READ | PROT_WRITE,
-        shared: true,
-        flags: 0,
-        pgoff: 0,
-        backing,
-    }
+    Vma { start, end, prot: PROT_READ | PROT_WRITE, shared: true, flags: 0, pgoff: 0, backing }
 }
 
 /// A valid tree: the process of `valid()` (which also maps an anonymous
@@ -955,20 +786,10 @@ fn valid_tree() -> (Inventory, TreeImage) {
     // Between the heap (0x600000-0x602000) and the stack (0x7ffd...).
     root.vmas.insert(
         2,
-        shared(
-            0x7f00_0000_0000,
-            0x7f00_0000_2000,
-            VmaBacking::SharedAnon { id: SHM_ANON },
-        ),
+        shared(0x7f00_0000_0000, 0x7f00_0000_2000, VmaBacking::SharedAnon { id: SHM_ANON }),
     );
-    root.vmas.insert(
-        3,
-        shared(
-            0x7f00_1000_0000,
-            0x7f00_1000_4000,
-            VmaBacking::SysvShm { id: SYSV_ID },
-        ),
-    );
+    root.vmas
+        .insert(3, shared(0x7f00_1000_0000, 0x7f00_1000_4000, VmaBacking::SysvShm { id: SYSV_ID }));
 
     let mut child = root.clone();
     child.pid = CHILD;
@@ -977,11 +798,8 @@ fn valid_tree() -> (Inventory, TreeImage) {
     child.threads = vec![thread(CHILD)];
     // The first heap page is still shared with the parent; the second was
     // written by the child and is stored for it.
-    child.inherited = vec![InheritedVma {
-        start: 0x600000,
-        end: 0x602000,
-        shared_pages: vec![(0x600000, 1)],
-    }];
+    child.inherited =
+        vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 1)] }];
     child.page_runs = vec![
         PageRun {
             start: 0x601000,
@@ -1002,9 +820,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
     grandchild.ppid = CHILD;
     grandchild.comm = "victim-grandchild".into();
     grandchild.threads = vec![thread(GRANDCHILD), thread(GRANDCHILD + 1)];
-    grandchild
-        .vmas
-        .retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. })); // shmdt
+    grandchild.vmas.retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. })); // shmdt
     grandchild.inherited = vec![InheritedVma {
         start: 0x7ffd_0000_0000,
         end: 0x7ffd_0002_0000,
@@ -1021,20 +837,8 @@ fn valid_tree() -> (Inventory, TreeImage) {
     let t = TreeImage {
         processes: vec![root, child, grandchild],
         zombies: vec![
-            Zombie {
-                pid: ZOMBIE,
-                ppid: CHILD,
-                pgid: PID,
-                sid: PID,
-                wait_status: 3 << 8,
-            },
-            Zombie {
-                pid: ZOMBIE + 1,
-                ppid: PID,
-                pgid: PID,
-                sid: PID,
-                wait_status: 9,
-            },
+            Zombie { pid: ZOMBIE, ppid: CHILD, pgid: PID, sid: PID, wait_status: 3 << 8 },
+            Zombie { pid: ZOMBIE + 1, ppid: PID, pgid: PID, sid: PID, wait_status: 9 },
         ],
         shared_anon: vec![MemfdObject {
             id: SHM_ANON,
@@ -1119,15 +923,7 @@ fn hostile_cgroups_are_rejected() {
         f(t.cgroups.as_mut().expect("fixture has cgroups"));
         reject_tree(&inv, &t)
     };
-    for path in [
-        "/../etc",
-        "/a/../../b",
-        "relative",
-        "",
-        "/a/./b",
-        "/a\nb",
-        "/a\0b",
-    ] {
+    for path in ["/../etc", "/a/../../b", "relative", "", "/a/./b", "/a\nb", "/a\0b"] {
         let msg = with(&|c| c.processes[0].memberships[0].path = path.into());
         assert!(msg.contains("bad cgroup"), "{path:?}: {msg}");
     }
@@ -1151,25 +947,14 @@ fn valid_tree_round_trips() {
     assert_eq!(t2, t);
     assert_eq!(t2.root().map(|p| p.pid), Some(PID));
     assert_eq!(
-        t2.processes
-            .iter()
-            .map(|p| (p.pid, p.ppid))
-            .collect::<Vec<_>>(),
+        t2.processes.iter().map(|p| (p.pid, p.ppid)).collect::<Vec<_>>(),
         [(PID, 1), (CHILD, PID), (GRANDCHILD, CHILD)]
     );
     assert_eq!(t2.processes[2].root.as_deref(), Some("/srv/jail"));
     // The open file descriptions the child inherited keep their ids.
     assert_eq!(
-        t2.processes[1]
-            .files
-            .iter()
-            .map(|f| f.id)
-            .collect::<Vec<_>>(),
-        t2.processes[0]
-            .files
-            .iter()
-            .map(|f| f.id)
-            .collect::<Vec<_>>()
+        t2.processes[1].files.iter().map(|f| f.id).collect::<Vec<_>>(),
+        t2.processes[0].files.iter().map(|f| f.id).collect::<Vec<_>>()
     );
     for p in &t2.processes {
         ImageDir::verify_runs(&p.page_runs, &pages_data()).expect("every process's pages verify");
@@ -1396,19 +1181,13 @@ fn shared_memory_data_beyond_its_size() {
 fn inherited_mapping_that_is_not_a_mapping() {
     // Bounds that match no mapping: one page longer, one page shorter, or
     // shifted.
-    for (start, end) in [
-        (0x600000, 0x603000),
-        (0x600000, 0x601000),
-        (0x601000, 0x602000),
-        (0x5ff000, 0x602000),
-    ] {
+    for (start, end) in
+        [(0x600000, 0x603000), (0x600000, 0x601000), (0x601000, 0x602000), (0x5ff000, 0x602000)]
+    {
         let (inv, mut t) = valid_tree();
         t.processes[1].inherited[0].start = start;
         t.processes[1].inherited[0].end = end;
-        assert!(
-            reject_tree(&inv, &t).contains("not one of its mappings"),
-            "{start:#x}-{end:#x}"
-        );
+        assert!(reject_tree(&inv, &t).contains("not one of its mappings"), "{start:#x}-{end:#x}");
     }
     // A mapping the parent has but this process does not (the grandchild
     // detached the SysV segment).
@@ -1430,19 +1209,13 @@ fn inherited_mapping_that_is_not_a_mapping() {
 fn inherited_mapping_on_the_root() {
     // The root has no parent to inherit from, even for a mapping it has.
     let (inv, mut t) = valid_tree();
-    t.processes[0].inherited = vec![InheritedVma {
-        start: 0x600000,
-        end: 0x602000,
-        shared_pages: vec![],
-    }];
+    t.processes[0].inherited =
+        vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![] }];
     assert!(reject_tree(&inv, &t).contains("root process cannot inherit"));
     // A tree of one.
     let (inv, mut p) = valid();
-    p.inherited = vec![InheritedVma {
-        start: 0x600000,
-        end: 0x602000,
-        shared_pages: vec![(0x600000, 2)],
-    }];
+    p.inherited =
+        vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 2)] }];
     assert!(reject_model(&inv, &p).contains("root process cannot inherit"));
 }
 
@@ -1483,28 +1256,13 @@ fn shared_memory_references_are_checked_in_linear_time() {
     let n = 100_000u64;
     let (inv, mut t) = valid_tree();
     t.shared_anon = (0..n)
-        .map(|id| MemfdObject {
-            id,
-            name: String::new(),
-            size: 0,
-            seals: 0,
-            extents: vec![],
-        })
+        .map(|id| MemfdObject { id, name: String::new(), size: 0, seals: 0, extents: vec![] })
         .collect();
     t.sysv_shm = (0..n as i32)
-        .map(|id| SysvShm {
-            id,
-            key: 0,
-            size: 0,
-            mode: 0,
-            uid: 0,
-            gid: 0,
-            extents: vec![],
-        })
+        .map(|id| SysvShm { id, key: 0, size: 0, mode: 0, uid: 0, gid: 0, extents: vec![] })
         .collect();
     let p = &mut t.processes[2];
-    p.vmas
-        .retain(|v| !matches!(v.backing, VmaBacking::SharedAnon { .. }));
+    p.vmas.retain(|v| !matches!(v.backing, VmaBacking::SharedAnon { .. }));
     let base = 0x1000_0000u64;
     let refs = (0..n).map(|i| {
         let backing = if i % 2 == 0 {
@@ -1532,10 +1290,7 @@ fn inherited_mappings_are_checked_in_linear_time() {
     let (inv, mut t) = valid_tree();
     let p = &mut t.processes[1];
     let base = 0x1000_0000u64;
-    p.vmas.splice(
-        2..2,
-        (0..n).map(|i| anon(base + i * 8192, base + i * 8192 + 4096)),
-    ); // between the heap and the shared mappings
+    p.vmas.splice(2..2, (0..n).map(|i| anon(base + i * 8192, base + i * 8192 + 4096))); // between the heap and the shared mappings
     let last = n - 1;
     p.inherited = (0..n)
         .map(|_| InheritedVma {
@@ -1559,12 +1314,7 @@ fn inherited_mappings_are_checked_in_linear_time() {
 fn bad_sysv_semaphores_and_queues() {
     let (inv, t) = valid_tree();
     assert_eq!(
-        decode_meta(&encode_meta(&inv, &t).unwrap())
-            .expect("valid")
-            .1
-            .sysv_msg[0]
-            .messages
-            .len(),
+        decode_meta(&encode_meta(&inv, &t).unwrap()).expect("valid").1.sysv_msg[0].messages.len(),
         2
     );
     // A semaphore value above SEMVMX, an empty set, a repeated id.
@@ -1597,30 +1347,14 @@ fn valid_fidelity() -> (Inventory, ProcessImage) {
     let tids: Vec<i32> = p.threads.iter().map(|t| t.tid).collect();
     p.fidelity = Fidelity {
         seccomp_filters: vec![
-            SeccompFilter {
-                insns: vec![0x7fff_0000_0000_0006],
-                log: false,
-            },
-            SeccompFilter {
-                insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006],
-                log: true,
-            },
+            SeccompFilter { insns: vec![0x7fff_0000_0000_0006], log: false },
+            SeccompFilter { insns: vec![0x0000_0004_0000_0020, 0x7fff_0000_0000_0006], log: true },
         ],
         threads: tids
             .iter()
-            .map(|&tid| ThreadFidelity {
-                tid,
-                seccomp_mode: 2,
-                seccomp: vec![0, 1],
-                pdeathsig: 10,
-            })
+            .map(|&tid| ThreadFidelity { tid, seccomp_mode: 2, seccomp: vec![0, 1], pdeathsig: 10 })
             .collect(),
-        file_owners: vec![FileOwner {
-            file: 0,
-            owner_type: 1,
-            owner: PID,
-            signal: 35,
-        }],
+        file_owners: vec![FileOwner { file: 0, owner_type: 1, owner: PID, signal: 35 }],
         inode_attrs: vec![],
         stopped: true,
         securebits: 0x10,
@@ -1710,34 +1444,18 @@ fn malformed_fidelity_state_is_rejected() {
     assert!(reject_model(&inv, &p).contains("inode attributes"));
 
     let (inv, mut p) = valid_fidelity();
-    p.fidelity.inode_attrs.push(InodeAttrs {
-        of: InodeOf::File(0),
-        mode: 0o600,
-        uid: 0,
-        gid: 0,
-    }); // not a deleted file
+    p.fidelity.inode_attrs.push(InodeAttrs { of: InodeOf::File(0), mode: 0o600, uid: 0, gid: 0 }); // not a deleted file
     assert!(reject_model(&inv, &p).contains("inode attributes"));
 }
 
 #[test]
 fn malformed_inotify_watches_are_rejected() {
-    let w = |wd: i32| InotifyWatch {
-        wd,
-        path: "/tmp".into(),
-        mask: 0x100,
-    };
+    let w = |wd: i32| InotifyWatch { wd, path: "/tmp".into(), mask: 0x100 };
     let (inv, mut p) = valid();
-    p.files[0].kind = FileKind::Inotify {
-        watches: vec![w(1), w(3)],
-    };
+    p.files[0].kind = FileKind::Inotify { watches: vec![w(1), w(3)] };
     let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
     decode_meta(&bytes).expect("ordered watches decode");
-    for bad in [
-        vec![w(3), w(1)],
-        vec![w(2), w(2)],
-        vec![w(0)],
-        vec![w(-5), w(1)],
-    ] {
+    for bad in [vec![w(3), w(1)], vec![w(2), w(2)], vec![w(0)], vec![w(-5), w(1)]] {
         let (inv, mut p) = valid();
         p.files[0].kind = FileKind::Inotify { watches: bad };
         assert!(reject_model(&inv, &p).contains("inotify"));
@@ -1748,39 +1466,21 @@ fn malformed_inotify_watches_are_rejected() {
 fn format4_references_are_checked() {
     // An epoll entry for an fd the process lacks is valid only with a target.
     let (inv, mut p) = valid();
-    p.files[3].kind = FileKind::Epoll {
-        entries: vec![EpollEntry {
-            fd: 77,
-            events: 1,
-            data: 0,
-        }],
-    };
+    p.files[3].kind = FileKind::Epoll { entries: vec![EpollEntry { fd: 77, events: 1, data: 0 }] };
     assert!(reject_model(&inv, &p).contains("epoll entry"));
-    p.fidelity.epoll_targets.push(EpollTarget {
-        epoll_file: 3,
-        fd: 77,
-        target: 101,
-    });
+    p.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 77, target: 101 });
     let bytes = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
     decode_meta(&bytes).expect("an entry with a target decodes");
     let mut q = p.clone();
     q.fidelity.epoll_targets[0].epoll_file = 0; // not an epoll instance
     assert!(reject_model(&inv, &q).contains("epoll"));
     let mut q = p.clone();
-    q.fidelity.epoll_targets.push(EpollTarget {
-        epoll_file: 3,
-        fd: 78,
-        target: 101,
-    }); // more targets than entries
+    q.fidelity.epoll_targets.push(EpollTarget { epoll_file: 3, fd: 78, target: 101 }); // more targets than entries
     assert!(reject_model(&inv, &q).contains("epoll target"));
 
     // A pending unix connection must name an unconnected unix socket.
     let (inv, mut p) = valid();
-    p.fidelity.unix_connects.push(UnixConnect {
-        file: 0,
-        listener: 9,
-        position: 0,
-    });
+    p.fidelity.unix_connects.push(UnixConnect { file: 0, listener: 9, position: 0 });
     assert!(reject_model(&inv, &p).contains("pending unix connection"));
 
     // Ancillary data of a queued unix message names a queued message of a
@@ -1800,11 +1500,7 @@ fn format4_references_are_checked() {
         in_flight: vec![UnixInFlight {
             message: 0,
             fds: vec![PassedFd { pid, fd: fd0 }],
-            creds: Some(UnixCreds {
-                pid,
-                uid: 0,
-                gid: 0,
-            }),
+            creds: Some(UnixCreds { pid, uid: 0, gid: 0 }),
         }],
     });
     let ok = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
@@ -1821,18 +1517,11 @@ fn format4_references_are_checked() {
     assert!(reject_model(&inv, &with(&|m| m.fds[0].pid = pid + 1)).contains("descriptor in flight"));
     assert!(reject_model(
         &inv,
-        &with(&|m| m.creds = Some(UnixCreds {
-            pid: pid + 1,
-            uid: 0,
-            gid: 0
-        }))
+        &with(&|m| m.creds = Some(UnixCreds { pid: pid + 1, uid: 0, gid: 0 }))
     )
     .contains("credentials"));
-    assert!(reject_model(
-        &inv,
-        &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254])
-    )
-    .contains("malformed ancillary"));
+    assert!(reject_model(&inv, &with(&|m| m.fds = vec![PassedFd { pid, fd: fd0 }; 254]))
+        .contains("malformed ancillary"));
 
     // The unix peers section (format 4.3) names connected unix sockets of
     // the tree, each once, processes of the tree and real ids.
@@ -1841,58 +1530,29 @@ fn format4_references_are_checked() {
         t.unix_peers = Some(UnixPeersImage { sockets: list });
         t
     };
-    let good = UnixPeerCred {
-        ino: 7,
-        pid,
-        uid: 1000,
-        gid: 1000,
-        groups: vec![1000, 27],
-    };
+    let good = UnixPeerCred { ino: 7, pid, uid: 1000, gid: 1000, groups: vec![1000, 27] };
     let ok = encode_meta(&inv, &peers(vec![good.clone()])).expect("encode");
     assert_eq!(
-        decode_meta(&ok)
-            .expect("valid unix peers decode")
-            .1
-            .unix_peers,
-        Some(UnixPeersImage {
-            sockets: vec![good.clone()]
-        })
+        decode_meta(&ok).expect("valid unix peers decode").1.unix_peers,
+        Some(UnixPeersImage { sockets: vec![good.clone()] })
     );
     let reject_tree = |t: &TreeImage| match decode_meta(&encode_meta(&inv, t).expect("encode")) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("accepted {:?}", t.unix_peers),
     };
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        ino: 8,
-        ..good.clone()
-    }]))
-    .contains("not a connected or listening unix socket"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { ino: 8, ..good.clone() }]))
+        .contains("not a connected or listening unix socket"));
     assert!(reject_tree(&peers(vec![good.clone(), good.clone()])).contains("listed twice"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        pid: pid + 1,
-        ..good.clone()
-    }]))
-    .contains("not a process of the tree"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        uid: u32::MAX,
-        ..good.clone()
-    }]))
-    .contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        gid: u32::MAX,
-        ..good.clone()
-    }]))
-    .contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        groups: vec![u32::MAX],
-        ..good.clone()
-    }]))
-    .contains("bad uid"));
-    assert!(reject_tree(&peers(vec![UnixPeerCred {
-        groups: vec![5; 4097],
-        ..good.clone()
-    }]))
-    .contains("4097 of them"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { pid: pid + 1, ..good.clone() }]))
+        .contains("not a process of the tree"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { uid: u32::MAX, ..good.clone() }]))
+        .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { gid: u32::MAX, ..good.clone() }]))
+        .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![u32::MAX], ..good.clone() }]))
+        .contains("bad uid"));
+    assert!(reject_tree(&peers(vec![UnixPeerCred { groups: vec![5; 4097], ..good.clone() }]))
+        .contains("4097 of them"));
 
     // A deleted mapped file must be in the image, with data inside its size.
     let (inv, mut p) = valid();
@@ -1909,9 +1569,7 @@ fn format4_references_are_checked() {
 
     // A /proc file must be under /proc.
     let (inv, mut p) = valid();
-    p.files[0].kind = FileKind::ProcFile {
-        path: "/etc/shadow".into(),
-    };
+    p.files[0].kind = FileKind::ProcFile { path: "/etc/shadow".into() };
     assert!(reject_model(&inv, &p).contains("/proc"));
 
     // The root cannot share a parent's fd table.
@@ -1968,63 +1626,18 @@ fn tcp_connection_state_is_checked() {
     ferry_image::decode_meta(&bytes).expect("a sane connection is accepted");
 
     let bad: Vec<(&str, TcpConnection)> = vec![
-        (
-            "unsent",
-            TcpConnection {
-                unsent: 301,
-                ..good_connection()
-            },
-        ),
-        (
-            "window scale",
-            TcpConnection {
-                snd_wscale: Some(15),
-                ..good_connection()
-            },
-        ),
-        (
-            "window scale",
-            TcpConnection {
-                rcv_wscale: 200,
-                ..good_connection()
-            },
-        ),
-        (
-            "MSS",
-            TcpConnection {
-                mss_clamp: 0,
-                ..good_connection()
-            },
-        ),
-        (
-            "MSS",
-            TcpConnection {
-                mss_clamp: 70000,
-                ..good_connection()
-            },
-        ),
-        (
-            "buffer sizes",
-            TcpConnection {
-                sndbuf: -1,
-                ..good_connection()
-            },
-        ),
-        (
-            "SO_BUF_LOCK",
-            TcpConnection {
-                buf_lock: 8,
-                ..good_connection()
-            },
-        ),
+        ("unsent", TcpConnection { unsent: 301, ..good_connection() }),
+        ("window scale", TcpConnection { snd_wscale: Some(15), ..good_connection() }),
+        ("window scale", TcpConnection { rcv_wscale: 200, ..good_connection() }),
+        ("MSS", TcpConnection { mss_clamp: 0, ..good_connection() }),
+        ("MSS", TcpConnection { mss_clamp: 70000, ..good_connection() }),
+        ("buffer sizes", TcpConnection { sndbuf: -1, ..good_connection() }),
+        ("SO_BUF_LOCK", TcpConnection { buf_lock: 8, ..good_connection() }),
     ];
     for (want, c) in bad {
         let (inv, p) = with_connection(c);
         let msg = reject_model(&inv, &p);
-        assert!(
-            msg.contains(want) && msg.contains("TCP connection"),
-            "{want}: {msg}"
-        );
+        assert!(msg.contains(want) && msg.contains("TCP connection"), "{want}: {msg}");
     }
     // A connection without a peer, or on a datagram socket.
     let (inv, mut p) = with_connection(good_connection());

@@ -109,16 +109,9 @@ fn image(npages: usize) -> (Inventory, TreeImage, Vec<u8>) {
             groups: vec![1000],
             caps: Default::default(),
         },
-        rlimits: vec![Rlimit {
-            resource: 7,
-            soft: 1024,
-            hard: 4096,
-        }],
+        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(PID), thread(PID + 1)],
-        mm: MmLayout {
-            auxv: vec![6, 4096, 0, 0],
-            ..Default::default()
-        },
+        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
         vmas: vec![
             Vma {
                 start: 0x40_0000,
@@ -127,11 +120,7 @@ fn image(npages: usize) -> (Inventory, TreeImage, Vec<u8>) {
                 shared: false,
                 flags: 0,
                 pgoff: 0,
-                backing: VmaBacking::File {
-                    path: "/usr/bin/streamed".into(),
-                    dev: 1,
-                    ino: 2,
-                },
+                backing: VmaBacking::File { path: "/usr/bin/streamed".into(), dev: 1, ino: 2 },
             },
             anon(heap, heap + (low_pages + 3) as u64 * PAGE as u64),
             anon(stack_top - 0x20000, stack_top),
@@ -142,20 +131,10 @@ fn image(npages: usize) -> (Inventory, TreeImage, Vec<u8>) {
             flags: 0,
             pos: 0,
             locks: vec![],
-            kind: FileKind::EventFd {
-                count: 3,
-                semaphore: false,
-            },
+            kind: FileKind::EventFd { count: 3, semaphore: false },
         }],
-        fds: vec![FdSlot {
-            fd: 3,
-            file: 0,
-            cloexec: true,
-        }],
-        signals: SignalState {
-            actions: vec![SigAction::default(); 64],
-            shared_pending: vec![],
-        },
+        fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
+        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
@@ -191,10 +170,7 @@ fn split(stream: &[u8]) -> Raw {
     while !rest.is_empty() {
         let kind = u32::from_le_bytes(rest[0..4].try_into().unwrap());
         let len = u64::from_le_bytes(rest[8..16].try_into().unwrap()) as usize;
-        sections.push((
-            kind,
-            rest[SECTION_HEADER_LEN..SECTION_HEADER_LEN + len].to_vec(),
-        ));
+        sections.push((kind, rest[SECTION_HEADER_LEN..SECTION_HEADER_LEN + len].to_vec()));
         rest = &rest[SECTION_HEADER_LEN + len..];
     }
     Raw { header, sections }
@@ -212,11 +188,7 @@ fn section_bytes(kind: u32, len: u64, sum: u64) -> [u8; SECTION_HEADER_LEN] {
 fn join(header: &[u8], sections: &[(u32, Vec<u8>)]) -> Vec<u8> {
     let mut out = header.to_vec();
     for (kind, payload) in sections {
-        out.extend_from_slice(&section_bytes(
-            *kind,
-            payload.len() as u64,
-            checksum(payload),
-        ));
+        out.extend_from_slice(&section_bytes(*kind, payload.len() as u64, checksum(payload)));
         out.extend_from_slice(payload);
     }
     out
@@ -298,16 +270,9 @@ fn stream_is_meta_then_pages_section() {
     let (inv, t, pages) = image(3);
     let s = stream_of(&inv, &t, &pages);
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(
-        &s[..meta.len()],
-        &meta[..],
-        "metadata framed exactly as encode_meta"
-    );
+    assert_eq!(&s[..meta.len()], &meta[..], "metadata framed exactly as encode_meta");
     let ph = &s[meta.len()..meta.len() + SECTION_HEADER_LEN];
-    assert_eq!(
-        ph,
-        &container::section_header(container::SectionKind::Pages, &pages)[..]
-    );
+    assert_eq!(ph, &container::section_header(container::SectionKind::Pages, &pages)[..]);
     assert_eq!(&s[meta.len() + SECTION_HEADER_LEN..], &pages[..]);
 }
 
@@ -361,10 +326,7 @@ impl Read for Trickle<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.calls += 1;
         if self.calls.is_multiple_of(7) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Interrupted,
-                "signal",
-            ));
+            return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "signal"));
         }
         let n = (self.calls % 13 + 1).min(buf.len()).min(self.data.len());
         buf[..n].copy_from_slice(&self.data[..n]);
@@ -466,10 +428,7 @@ fn dir_to_stream_to_dir() {
     let (inv4, t4, pages4) = image(4);
     let s4 = stream_of(&inv4, &t4, &pages4);
     read_stream(&mut Cursor::new(&s4), Some(&b_img)).unwrap();
-    assert_eq!(
-        ImageDir::new(&b_img).read_meta().unwrap(),
-        (inv4.clone(), t4.clone())
-    );
+    assert_eq!(ImageDir::new(&b_img).read_meta().unwrap(), (inv4.clone(), t4.clone()));
     let mut s5 = Vec::new();
     dir_to_stream(&b_img, &mut s5).unwrap();
     assert!(s5 == s4);
@@ -518,10 +477,7 @@ fn write_errors_are_stream_io_errors() {
     struct Broken;
     impl Write for Broken {
         fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "peer went away",
-            ))
+            Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "peer went away"))
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
@@ -604,10 +560,7 @@ fn flipped_byte_in_each_section() {
     assert!(matches!(expect_err(&bad), ImageError::BadMagic(_)));
     let mut bad = s.clone();
     bad[8] = 99;
-    assert!(matches!(
-        expect_err(&bad),
-        ImageError::Version { found: 99, .. }
-    ));
+    assert!(matches!(expect_err(&bad), ImageError::Version { found: 99, .. }));
 }
 
 #[test]
@@ -644,24 +597,11 @@ fn pages_section_length_must_match_inventory() {
 fn duplicate_sections() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
-    let [i, pr, pg] = [
-        raw.sections[0].clone(),
-        raw.sections[1].clone(),
-        raw.sections[2].clone(),
-    ];
+    let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
     for (what, sections) in [
-        (
-            "process tree",
-            vec![i.clone(), pr.clone(), pr.clone(), pg.clone()],
-        ),
-        (
-            "inventory",
-            vec![i.clone(), i.clone(), pr.clone(), pg.clone()],
-        ),
-        (
-            "inventory",
-            vec![i.clone(), pr.clone(), i.clone(), pg.clone()],
-        ),
+        ("process tree", vec![i.clone(), pr.clone(), pr.clone(), pg.clone()]),
+        ("inventory", vec![i.clone(), i.clone(), pr.clone(), pg.clone()]),
+        ("inventory", vec![i.clone(), pr.clone(), i.clone(), pg.clone()]),
     ] {
         match expect_err(&join(&raw.header, &sections)) {
             ImageError::Invalid(m) => assert!(m.contains(&format!("duplicate {what}")), "{m}"),
@@ -674,11 +614,7 @@ fn duplicate_sections() {
 fn sections_out_of_order() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
-    let [i, pr, pg] = [
-        raw.sections[0].clone(),
-        raw.sections[1].clone(),
-        raw.sections[2].clone(),
-    ];
+    let [i, pr, pg] = [raw.sections[0].clone(), raw.sections[1].clone(), raw.sections[2].clone()];
     for sections in [
         vec![pr.clone(), i.clone(), pg.clone()],
         vec![i.clone(), pg.clone(), pr.clone()],
@@ -758,10 +694,7 @@ fn invalid_metadata_is_rejected_before_page_data() {
     let s = join(&raw.header, &raw.sections);
     let mut c = Cursor::new(&s[..]);
     let e = read_stream(&mut c, None).unwrap_err();
-    assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("pid")),
-        "{e:?}"
-    );
+    assert!(matches!(e, ImageError::Invalid(ref m) if m.contains("pid")), "{e:?}");
     // Nothing of the pages section was consumed.
     assert_eq!(c.position() as usize, boundaries(&s)[2]);
 
@@ -811,14 +744,8 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         pgoff: 0,
         backing,
     };
-    root.vmas.insert(
-        2,
-        shared(0x7f00_0000_0000, 2, VmaBacking::SharedAnon { id: SHM_ANON }),
-    );
-    root.vmas.insert(
-        3,
-        shared(0x7f00_1000_0000, 4, VmaBacking::SysvShm { id: SYSV_ID }),
-    );
+    root.vmas.insert(2, shared(0x7f00_0000_0000, 2, VmaBacking::SharedAnon { id: SHM_ANON }));
+    root.vmas.insert(3, shared(0x7f00_1000_0000, 4, VmaBacking::SysvShm { id: SYSV_ID }));
     let heap = root.vmas[1].clone();
     let stack = root.vmas[4].clone();
     let run = |start: u64, page: usize| PageRun {
@@ -844,39 +771,18 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
     grandchild.pid = GRANDCHILD;
     grandchild.ppid = CHILD;
     grandchild.comm = "grandchild".into();
-    grandchild.threads = vec![
-        thread(GRANDCHILD),
-        thread(GRANDCHILD + 1),
-        thread(GRANDCHILD + 2),
-    ];
-    grandchild
-        .vmas
-        .retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. }));
-    grandchild.inherited = vec![InheritedVma {
-        start: stack.start,
-        end: stack.end,
-        shared_pages: vec![],
-    }];
+    grandchild.threads = vec![thread(GRANDCHILD), thread(GRANDCHILD + 1), thread(GRANDCHILD + 2)];
+    grandchild.vmas.retain(|v| !matches!(v.backing, VmaBacking::SysvShm { .. }));
+    grandchild.inherited =
+        vec![InheritedVma { start: stack.start, end: stack.end, shared_pages: vec![] }];
     grandchild.page_runs = vec![run(stack.end - PAGE as u64, 4)];
     grandchild.root = Some("/jail".into());
 
     let t = TreeImage {
         processes: vec![root, child, grandchild],
         zombies: vec![
-            Zombie {
-                pid: PID + 300,
-                ppid: PID,
-                pgid: PID,
-                sid: PID,
-                wait_status: 7 << 8,
-            },
-            Zombie {
-                pid: PID + 301,
-                ppid: GRANDCHILD,
-                pgid: PID,
-                sid: PID,
-                wait_status: 15,
-            },
+            Zombie { pid: PID + 300, ppid: PID, pgid: PID, sid: PID, wait_status: 7 << 8 },
+            Zombie { pid: PID + 301, ppid: GRANDCHILD, pgid: PID, sid: PID, wait_status: 15 },
         ],
         shared_anon: vec![MemfdObject {
             id: SHM_ANON,
@@ -912,10 +818,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
             messages: vec![(2, b"queued".to_vec())],
         }],
         own_pid_namespace: true,
-        network_lock: Some(NetworkLockRef {
-            method: "ebpf".into(),
-            name: "ckpt_1_0".into(),
-        }),
+        network_lock: Some(NetworkLockRef { method: "ebpf".into(), name: "ckpt_1_0".into() }),
         cgroups: Some(CgroupImage {
             processes: vec![ProcessCgroups {
                 pid: GRANDCHILD,
@@ -936,16 +839,10 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
 fn tree_round_trips_through_memory_and_a_slow_reader() {
     let (inv, t, pages) = tree_image();
     let s = stream_of(&inv, &t, &pages);
-    assert_eq!(
-        &s[..encode_meta(&inv, &t).unwrap().len()],
-        &encode_meta(&inv, &t).unwrap()[..]
-    );
+    assert_eq!(&s[..encode_meta(&inv, &t).unwrap().len()], &encode_meta(&inv, &t).unwrap()[..]);
     let (inv2, t2, pages2) = read(&s).unwrap();
     assert_eq!((&inv2, &t2, &pages2), (&inv, &t, &pages));
-    assert_eq!(
-        t2.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
-        [PID, CHILD, GRANDCHILD]
-    );
+    assert_eq!(t2.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [PID, CHILD, GRANDCHILD]);
     assert_eq!(t2.zombies.len(), 2);
     assert_eq!(t2.shared_anon[0].extents[0].1, b"both see this");
     assert_eq!(t2.sysv_shm[0].key, 0x00c0_ffee);
@@ -960,10 +857,7 @@ fn tree_dir_to_stream_to_dir() {
     let b = TempDir::new("tree-dst");
     let b_img = b.path().join("image");
     write_dir(a.path(), &inv, &t, &pages);
-    assert_eq!(
-        ImageDir::new(a.path()).read_meta().unwrap(),
-        (inv.clone(), t.clone())
-    );
+    assert_eq!(ImageDir::new(a.path()).read_meta().unwrap(), (inv.clone(), t.clone()));
 
     let mut s = Vec::new();
     dir_to_stream(a.path(), &mut s).unwrap();
@@ -993,10 +887,7 @@ fn tree_corrupt_page_of_a_child_is_caught() {
     raw.sections.last_mut().expect("pages").1[4 * PAGE + 7] ^= 1;
     let d = TempDir::new("tree-corrupt");
     let target = d.path().join("image");
-    match read_stream(
-        &mut Cursor::new(join(&raw.header, &raw.sections)),
-        Some(&target),
-    ) {
+    match read_stream(&mut Cursor::new(join(&raw.header, &raw.sections)), Some(&target)) {
         Err(ImageError::Checksum { what }) => {
             assert!(what.contains("pages at 0x7ffd0001f000"), "{what}")
         }
@@ -1036,14 +927,7 @@ fn invalid_tree_is_rejected_before_page_data() {
         let s = stream_of(&inv, &x, &pages);
         let mut c = Cursor::new(&s[..]);
         let e = read_stream(&mut c, None).unwrap_err();
-        assert!(
-            matches!(e, ImageError::Invalid(ref m) if m.contains(want)),
-            "{want}: {e:?}"
-        );
-        assert_eq!(
-            c.position() as usize,
-            boundaries(&s)[2],
-            "{want}: page data was read"
-        );
+        assert!(matches!(e, ImageError::Invalid(ref m) if m.contains(want)), "{want}: {e:?}");
+        assert_eq!(c.position() as usize, boundaries(&s)[2], "{want}: page data was read");
     }
 }

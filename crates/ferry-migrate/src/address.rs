@@ -22,9 +22,7 @@ pub fn locate(addr: IpAddr) -> Result<(u32, u8)> {
     ferry_sys::address::find_address(addr)
         .map_err(|e| MigrateError::sys(format!("looking up address {addr}"), e))?
         .ok_or_else(|| {
-            MigrateError::Invalid(format!(
-                "address {addr} is not on any interface of this host"
-            ))
+            MigrateError::Invalid(format!("address {addr} is not on any interface of this host"))
         })
 }
 
@@ -37,12 +35,7 @@ pub fn take(addr: IpAddr, prefix: u8) -> Result<Taken> {
     }
     ferry_sys::address::del_address(ifindex, addr, prefix)
         .map_err(|e| MigrateError::sys(format!("removing address {addr}/{prefix}"), e))?;
-    Ok(Taken {
-        ifindex,
-        addr,
-        prefix,
-        done: false,
-    })
+    Ok(Taken { ifindex, addr, prefix, done: false })
 }
 
 impl Taken {
@@ -79,12 +72,7 @@ pub struct Placed {
 pub fn place(ifindex: u32, addr: IpAddr, prefix: u8) -> Result<Placed> {
     ferry_sys::address::add_address(ifindex, addr, prefix)
         .map_err(|e| MigrateError::sys(format!("adding address {addr}/{prefix}"), e))?;
-    Ok(Placed {
-        ifindex,
-        addr,
-        prefix,
-        kept: false,
-    })
+    Ok(Placed { ifindex, addr, prefix, kept: false })
 }
 
 impl Placed {

@@ -39,12 +39,7 @@ pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Served> {
     if let Err(e) = &r {
         // Best effort: the source learns why, if it still listens; what it
         // still sends is drained so that the report is not lost to a reset.
-        let _ = protocol::send(
-            &mut ch,
-            &Msg::Failed {
-                error: e.to_string(),
-            },
-        );
+        let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
         ch.close_after_report(std::time::Duration::from_secs(3));
     }
     r
@@ -54,27 +49,17 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     ch.set_timeout(Some(cfg.timeout))?;
     let mut ph = ferry_engine::phases::Phases::start("destination");
     let hello = protocol::expect(ch, &["Hello"])?;
-    let Msg::Hello(hello) = hello.msg else {
-        unreachable!("expect checked the kind")
-    };
+    let Msg::Hello(hello) = hello.msg else { unreachable!("expect checked the kind") };
     if let Err(reason) = check_hello(&hello, cfg) {
-        protocol::send(
-            ch,
-            &Msg::Refused {
-                reason: reason.clone(),
-            },
-        )?;
+        protocol::send(ch, &Msg::Refused { reason: reason.clone() })?;
         return Err(MigrateError::Refused(reason));
     }
     // Loading and attaching the lock's program takes tens of ms: done
     // before the source is welcomed, so it never falls in the freeze (a
     // stop-and-copy or post-copy source freezes right after Welcome);
     // engaged with the image's connections later.
-    let mut lock = Some(NetworkLock::prepare(
-        cfg.network_lock,
-        &ferry_netlock::Netns::Current,
-        "migrate",
-    )?);
+    let mut lock =
+        Some(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?);
     ph.mark("network lock prepared");
     let interface = cfg.interface.map(|i| format!("ifindex {i}"));
     protocol::send(
@@ -191,11 +176,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         adopt_lock: lock_name,
         lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
         // Only a helper forked from us has copies of its own to drop.
-        placed_for_root: if here {
-            Default::default()
-        } else {
-            store.placed_regions()
-        },
+        placed_for_root: if here { Default::default() } else { store.placed_regions() },
         ..Default::default()
     };
     let t_restore = Instant::now();
@@ -235,21 +216,10 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     // What the restore's own phases leave out (a helper's report reaching us).
     let in_phases: f64 = restore_phases.iter().map(|(_, ms)| ms).sum();
     phases.extend(restore_phases);
-    phases.push((
-        "restore, outside its phases".to_string(),
-        (restore_ms - in_phases).max(0.0),
-    ));
-    phases.push((
-        "ready".to_string(),
-        t_restore.elapsed().as_secs_f64() * 1e3 - restore_ms,
-    ));
+    phases.push(("restore, outside its phases".to_string(), (restore_ms - in_phases).max(0.0)));
+    phases.push(("ready".to_string(), t_restore.elapsed().as_secs_f64() * 1e3 - restore_ms));
     ph.mark("restored (held)");
-    protocol::send(
-        ch,
-        &Msg::Ready {
-            phases: phases.clone(),
-        },
-    )?;
+    protocol::send(ch, &Msg::Ready { phases: phases.clone() })?;
 
     let go = protocol::recv(ch);
     match go.map(|r| r.msg) {
@@ -260,11 +230,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
                 m.name()
             )))
         }
-        Err(e) => {
-            return Err(MigrateError::Aborted(format!(
-                "no commit from the source: {e}"
-            )))
-        }
+        Err(e) => return Err(MigrateError::Aborted(format!("no commit from the source: {e}"))),
     }
     let t_release = Instant::now();
     // Announced and reported as soon as the tree runs: taking this host's
@@ -273,10 +239,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     let mut announce_socket = None;
     let mut reported = Ok(());
     let restored = held.release_then(|restored| {
-        release_phases.push((
-            "release".to_string(),
-            t_release.elapsed().as_secs_f64() * 1e3,
-        ));
+        release_phases.push(("release".to_string(), t_release.elapsed().as_secs_f64() * 1e3));
         if let Some(p) = placed {
             let t = Instant::now();
             match p.announce_and_keep() {
@@ -317,12 +280,7 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         );
         phases.push(("post-copy".to_string(), r.ms));
     }
-    Ok(Served {
-        pid: restored.pid,
-        host_pid: restored.host_pid,
-        page_bytes: store.bytes(),
-        phases,
-    })
+    Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
 }
 
 /// Whether the tree is restored in this agent's own PID namespace rather
@@ -415,12 +373,7 @@ fn split_at_mappings(runs: Vec<PageRun>, vmas: &[Vma]) -> Vec<PageRun> {
             match vmas.get(vi) {
                 Some(v) if v.start <= r.start && v.end < r.start + r.pages * PAGE => {
                     let n = (v.end - r.start) / PAGE;
-                    out.push(PageRun {
-                        start: r.start,
-                        pages: n,
-                        offset: r.offset,
-                        checksum: 0,
-                    });
+                    out.push(PageRun { start: r.start, pages: n, offset: r.offset, checksum: 0 });
                     r = PageRun {
                         start: v.end,
                         pages: r.pages - n,
@@ -473,11 +426,7 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
         ));
     }
     if h.arch != std::env::consts::ARCH {
-        return Err(format!(
-            "the source is {}, this host {}",
-            h.arch,
-            std::env::consts::ARCH
-        ));
+        return Err(format!("the source is {}, this host {}", h.arch, std::env::consts::ARCH));
     }
     if h.address.is_some() && cfg.interface.is_none() {
         return Err("this ferryd has no interface for a service address (start it with --interface, or listen on an interface's address)".into());
@@ -487,9 +436,7 @@ fn check_hello(h: &protocol::Hello, cfg: &DestinationConfig) -> std::result::Res
 
 fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
     match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::new(
-            bytes[0], bytes[1], bytes[2], bytes[3],
-        ))),
+        4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
         16 => {
             let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
             Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
@@ -523,10 +470,7 @@ fn held_tuples(tree: &TreeImage) -> Vec<Tuple> {
             }
             if let (Some(_), Some((peer, port))) = (&s.connection, &s.peer) {
                 if let Some(remote) = ip_of(peer) {
-                    out.push(Tuple {
-                        local,
-                        remote: SocketAddr::new(remote, *port),
-                    });
+                    out.push(Tuple { local, remote: SocketAddr::new(remote, *port) });
                 }
             }
         }
@@ -551,17 +495,9 @@ mod tests {
             pgoff: 0,
             backing: ferry_image::VmaBacking::Anonymous,
         };
-        let vmas = [
-            vma(0x1000, 0x3000),
-            vma(0x3000, 0x4000),
-            vma(0x4000, 0x8000),
-        ];
-        let run = |start: u64, pages: u64, offset: u64| PageRun {
-            start,
-            pages,
-            offset,
-            checksum: 0,
-        };
+        let vmas = [vma(0x1000, 0x3000), vma(0x3000, 0x4000), vma(0x4000, 0x8000)];
+        let run =
+            |start: u64, pages: u64, offset: u64| PageRun { start, pages, offset, checksum: 0 };
         let out = split_at_mappings(vec![run(0x2000, 4, 0), run(0x7000, 1, 0x8000)], &vmas);
         assert_eq!(
             out,

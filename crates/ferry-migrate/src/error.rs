@@ -15,10 +15,7 @@ pub enum MigrateError {
     #[error("network lock: {0}")]
     Netlock(ferry_netlock::NetlockError),
     #[error("{what}: {errno}")]
-    Sys {
-        what: String,
-        errno: ferry_sys::SysError,
-    },
+    Sys { what: String, errno: ferry_sys::SysError },
     #[error("the destination refused the migration: {0}")]
     Refused(String),
     #[error("the destination failed: {0}")]
@@ -57,10 +54,7 @@ impl From<ferry_netlock::NetlockError> for MigrateError {
 
 impl MigrateError {
     pub fn sys(what: impl Into<String>, errno: ferry_sys::SysError) -> MigrateError {
-        MigrateError::Sys {
-            what: what.into(),
-            errno,
-        }
+        MigrateError::Sys { what: what.into(), errno }
     }
 }
 

@@ -97,11 +97,7 @@ impl PageStore {
                 && start % PAGE == 0
                 && end % PAGE == 0
                 && !(start < re && end > rs)
-                && self
-                    .placed
-                    .range(..end)
-                    .next_back()
-                    .map_or(true, |(_, r)| r.end() <= start);
+                && self.placed.range(..end).next_back().map_or(true, |(_, r)| r.end() <= start);
             if !free {
                 continue;
             }
@@ -113,11 +109,7 @@ impl PageStore {
 
     /// The placed region holding `addr`, if any.
     fn region_at(&self, addr: u64) -> Option<&PlacedRegion> {
-        self.placed
-            .range(..=addr)
-            .next_back()
-            .map(|(_, r)| r)
-            .filter(|r| r.end() > addr)
+        self.placed.range(..=addr).next_back().map(|(_, r)| r).filter(|r| r.end() > addr)
     }
 
     /// Copies `bytes` (at address `addr`) into the placed regions that
@@ -128,11 +120,8 @@ impl PageStore {
         let mut unplaced = Vec::new();
         let mut a = addr;
         while a < end {
-            if let Some((&start, region)) = self
-                .placed
-                .range_mut(..=a)
-                .next_back()
-                .filter(|(_, r)| r.end() > a)
+            if let Some((&start, region)) =
+                self.placed.range_mut(..=a).next_back().filter(|(_, r)| r.end() > a)
             {
                 let upto = region.end().min(end);
                 let off = (a - addr) as usize;
@@ -143,11 +132,7 @@ impl PageStore {
                 a = upto;
                 continue;
             }
-            let next = self
-                .placed
-                .range(a..)
-                .next()
-                .map_or(end, |(&s, _)| s.min(end));
+            let next = self.placed.range(a..).next().map_or(end, |(&s, _)| s.min(end));
             unplaced.push(((a - addr) as usize, (next - a) as usize));
             a = next;
         }
@@ -269,11 +254,8 @@ impl PageStore {
             for &(a, n) in &inside {
                 for i in 0..n {
                     let p = a + i * PAGE;
-                    let list = if self.region_at(p).is_some() {
-                        &mut placed_runs
-                    } else {
-                        &mut file_runs
-                    };
+                    let list =
+                        if self.region_at(p).is_some() { &mut placed_runs } else { &mut file_runs };
                     match list.last_mut() {
                         Some((s, k)) if *s + *k * PAGE == p => *k += 1,
                         _ => list.push((p, 1)),
@@ -306,16 +288,9 @@ impl PageStore {
         }
         from_file.sort_unstable();
         let runs = self.runs_for(pid, &from_file)?;
-        let placed_bytes = inherited
-            .iter()
-            .flat_map(|v| v.shared_pages.iter())
-            .map(|(_, n)| n * PAGE)
-            .sum();
-        Ok(RootPages {
-            inherited,
-            runs,
-            placed_bytes,
-        })
+        let placed_bytes =
+            inherited.iter().flat_map(|v| v.shared_pages.iter()).map(|(_, n)| n * PAGE).sum();
+        Ok(RootPages { inherited, runs, placed_bytes })
     }
 
     /// The placed regions, for the restore's helper to drop its copies
@@ -360,12 +335,7 @@ impl PageStore {
                     {
                         r.pages += 1
                     }
-                    _ => out.push(PageRun {
-                        start: a,
-                        pages: 1,
-                        offset: slot,
-                        checksum: 0,
-                    }),
+                    _ => out.push(PageRun { start: a, pages: 1, offset: slot, checksum: 0 }),
                 }
             }
         }
@@ -460,18 +430,10 @@ mod tests {
         s.insert(5, &[(base + 2 * PAGE, PAGE)], &page(6)).unwrap();
         assert_eq!(s.bytes(), 0, "placed pages use no file");
         let root = s
-            .settle_root(
-                5,
-                &[anon_vma(base, base + 8 * PAGE)],
-                &[(base + PAGE, 2)],
-                (0, 0),
-            )
+            .settle_root(5, &[anon_vma(base, base + 8 * PAGE)], &[(base + PAGE, 2)], (0, 0))
             .unwrap();
         assert_eq!(root.inherited.len(), 1);
-        assert_eq!(
-            (root.inherited[0].start, root.inherited[0].end),
-            (base, base + 8 * PAGE)
-        );
+        assert_eq!((root.inherited[0].start, root.inherited[0].end), (base, base + 8 * PAGE));
         assert_eq!(root.inherited[0].shared_pages, vec![(base + PAGE, 2)]);
         assert!(root.runs.is_empty());
         let mut back = vec![0u8; PAGE as usize];
@@ -491,10 +453,7 @@ mod tests {
         let mut s = PageStore::new().unwrap();
         s.place_pages_of(5);
         let base = 0x3c00_0000_0000u64;
-        s.reserve(
-            5,
-            &[(base, base + 2 * PAGE), (base + 4 * PAGE, base + 5 * PAGE)],
-        );
+        s.reserve(5, &[(base, base + 2 * PAGE), (base + 4 * PAGE, base + 5 * PAGE)]);
         s.insert(5, &[(base, PAGE)], &page(1)).unwrap();
         s.insert(5, &[(base + 4 * PAGE, PAGE)], &page(2)).unwrap();
         let root = s
@@ -538,9 +497,7 @@ mod tests {
         s.reserve(5, &[(addr, addr + PAGE)]);
         s.insert(5, &[(addr, PAGE)], &page(9)).unwrap();
         assert_eq!(s.bytes(), PAGE);
-        let root = s
-            .settle_root(5, &[anon_vma(addr, addr + PAGE)], &[(addr, 1)], (0, 0))
-            .unwrap();
+        let root = s.settle_root(5, &[anon_vma(addr, addr + PAGE)], &[(addr, 1)], (0, 0)).unwrap();
         assert!(root.inherited.is_empty());
         assert_eq!(root.runs.len(), 1);
         assert!(own.iter().all(|&b| b == 7), "our own memory is untouched");

@@ -294,9 +294,7 @@ pub fn run(
         })();
         stop.store(true, Ordering::Relaxed);
         let faulted = fault_thread.join().unwrap_or_else(|_| {
-            Err(MigrateError::Invalid(
-                "post-copy fault thread panicked".into(),
-            ))
+            Err(MigrateError::Invalid("post-copy fault thread panicked".into()))
         });
         received.and(faulted)
     });

@@ -32,11 +32,7 @@ pub struct LazyHooks {
 
 impl LazyHooks {
     pub fn bytes(&self) -> u64 {
-        self.lazy
-            .values()
-            .flat_map(|r| r.iter())
-            .map(|&(_, n)| n * PAGE)
-            .sum()
+        self.lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum()
     }
 }
 
@@ -56,8 +52,7 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
             ));
         }
         for &(pid, vmas) in procs {
-            self.lazy
-                .insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
+            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
         }
         Ok(self.lazy.clone())
     }
@@ -72,10 +67,7 @@ pub fn check_single_process(pid: i32) -> Result<()> {
     {
         let Ok(tid) = tid else { continue };
         let path = tid.path().join("children");
-        children += std::fs::read_to_string(&path)
-            .unwrap_or_default()
-            .split_whitespace()
-            .count();
+        children += std::fs::read_to_string(&path).unwrap_or_default().split_whitespace().count();
     }
     if children > 0 {
         return Err(MigrateError::Invalid(format!(
@@ -133,14 +125,9 @@ impl Proc {
         let mut buf = vec![0u8; total as usize];
         let mut off = 0usize;
         for &(a, len) in ranges {
-            self.mem
-                .read_exact_at(&mut buf[off..off + len as usize], a)
-                .map_err(|e| {
-                    MigrateError::Invalid(format!(
-                        "pid {}: reading its pages at {a:#x}: {e}",
-                        self.pid
-                    ))
-                })?;
+            self.mem.read_exact_at(&mut buf[off..off + len as usize], a).map_err(|e| {
+                MigrateError::Invalid(format!("pid {}: reading its pages at {a:#x}: {e}", self.pid))
+            })?;
             off += len as usize;
         }
         Ok(buf)
@@ -169,18 +156,9 @@ pub fn push(
         let path = format!("/proc/{pid}/mem");
         let mem = std::fs::File::open(&path)
             .map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
-        procs.push(Proc {
-            pid,
-            mem,
-            runs: runs.clone(),
-            sent: HashSet::new(),
-        });
+        procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
     }
-    let total: u64 = lazy
-        .values()
-        .flat_map(|r| r.iter())
-        .map(|&(_, n)| n * PAGE)
-        .sum();
+    let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
     let shared = Mutex::new(Shared::default());
     let cv = Condvar::new();
     let mut report = PushReport::default();
@@ -309,12 +287,8 @@ mod tests {
     #[test]
     fn take_returns_each_lazy_page_once() {
         let mem = std::fs::File::open("/dev/null").unwrap();
-        let mut p = Proc {
-            pid: 1,
-            mem,
-            runs: vec![(0x10000, 4), (0x20000, 2)],
-            sent: HashSet::new(),
-        };
+        let mut p =
+            Proc { pid: 1, mem, runs: vec![(0x10000, 4), (0x20000, 2)], sent: HashSet::new() };
         assert_eq!(p.take(0x11000, 2), vec![(0x11000, 2 * PAGE)]);
         assert_eq!(p.take(0x10000, 16), vec![(0x10000, PAGE), (0x13000, PAGE)]);
         assert_eq!(p.take(0x0, 64), vec![(0x20000, 2 * PAGE)]);

@@ -25,11 +25,7 @@ pub struct RoundPolicy {
 
 impl Default for RoundPolicy {
     fn default() -> Self {
-        RoundPolicy {
-            max_rounds: 10,
-            stop_below: 4 << 20,
-            min_shrink: 0.9,
-        }
+        RoundPolicy { max_rounds: 10, stop_below: 4 << 20, min_shrink: 0.9 }
     }
 }
 
@@ -87,12 +83,8 @@ impl Precopy {
         mut progress: impl FnMut(&str),
     ) -> Result<Precopy> {
         let tracker = DirtyTracker::attach(root)?;
-        let mut pc = Precopy {
-            tracker,
-            held: HashMap::new(),
-            rounds: Vec::new(),
-            stopped_because: None,
-        };
+        let mut pc =
+            Precopy { tracker, held: HashMap::new(), rounds: Vec::new(), stopped_because: None };
         let pids = pc.tracker.pids();
         let t = Instant::now();
         let bytes = pc.copy_round(ch, &pids, None)?;
@@ -109,10 +101,8 @@ impl Precopy {
             if let Some(last) = pc.rounds.last_mut() {
                 last.dirty_after = dirty_bytes;
             }
-            let dirty: HashMap<i32, RangeSet> = dirty
-                .into_iter()
-                .map(|(pid, r)| (pid, RangeSet::from_ranges(r)))
-                .collect();
+            let dirty: HashMap<i32, RangeSet> =
+                dirty.into_iter().map(|(pid, r)| (pid, RangeSet::from_ranges(r))).collect();
             for (pid, d) in &dirty {
                 if let Some(h) = pc.held.get_mut(pid) {
                     *h = h.minus(d);
@@ -194,11 +184,7 @@ impl Precopy {
                 )))
             }
         }
-        self.rounds.push(Round {
-            bytes,
-            ms: t.elapsed().as_secs_f64() * 1e3,
-            dirty_after: 0,
-        });
+        self.rounds.push(Round { bytes, ms: t.elapsed().as_secs_f64() * 1e3, dirty_after: 0 });
         Ok(())
     }
 }
@@ -234,11 +220,7 @@ mod tests {
 
     #[test]
     fn rounds_stop_when_small_not_shrinking_or_too_many() {
-        let p = RoundPolicy {
-            max_rounds: 5,
-            stop_below: 100,
-            min_shrink: 0.9,
-        };
+        let p = RoundPolicy { max_rounds: 5, stop_below: 100, min_shrink: 0.9 };
         assert_eq!(p.decide(1, 50, None), Decision::Converged);
         assert_eq!(p.decide(1, 1000, None), Decision::Continue);
         assert_eq!(p.decide(2, 800, Some(1000)), Decision::Continue);

@@ -166,10 +166,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Msg, &[u8])> {
     })?;
     let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
     let body = bytes.get(4..4 + len).ok_or_else(|| {
-        MigrateError::Protocol(format!(
-            "header of {len} bytes in a message of {}",
-            bytes.len()
-        ))
+        MigrateError::Protocol(format!("header of {len} bytes in a message of {}", bytes.len()))
     })?;
     let msg: Msg = postcard::from_bytes(body)
         .map_err(|e| MigrateError::Protocol(format!("undecodable message: {e}")))?;
@@ -214,22 +211,14 @@ pub fn recv_half(rx: &mut ferry_transport::RecvHalf) -> Result<Received> {
     let buf = rx.recv()?;
     let (msg, data) = decode(&buf)?;
     let data_start = buf.len() - data.len();
-    Ok(Received {
-        msg,
-        buf,
-        data_start,
-    })
+    Ok(Received { msg, buf, data_start })
 }
 
 pub fn recv(ch: &mut Channel) -> Result<Received> {
     let buf = ch.recv()?;
     let (msg, data) = decode(&buf)?;
     let data_start = buf.len() - data.len();
-    Ok(Received {
-        msg,
-        buf,
-        data_start,
-    })
+    Ok(Received { msg, buf, data_start })
 }
 
 /// Receives one message that must be one of those `expect` names; a
@@ -255,10 +244,7 @@ mod tests {
 
     #[test]
     fn header_and_data_round_trip() {
-        let msg = Msg::Pages {
-            pid: 7,
-            ranges: vec![(0x1000, 8192)],
-        };
+        let msg = Msg::Pages { pid: 7, ranges: vec![(0x1000, 8192)] };
         let mut wire = encode_header(&msg).unwrap();
         wire.extend_from_slice(&[1u8; 8192]);
         let (back, data) = decode(&wire).unwrap();
@@ -268,12 +254,7 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [
-            &[][..],
-            &[1, 0],
-            &[200, 0, 0, 0, 1],
-            &[3, 0, 0, 0, 0xff, 0xff, 0xff],
-        ] {
+        for bad in [&[][..], &[1, 0], &[200, 0, 0, 0, 1], &[3, 0, 0, 0, 0xff, 0xff, 0xff]] {
             assert!(decode(bad).is_err());
         }
     }

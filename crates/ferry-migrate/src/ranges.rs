@@ -73,10 +73,7 @@ impl RangeSet {
 
     /// As (address, pages) runs, the form the capture takes.
     pub fn as_page_runs(&self) -> Vec<(u64, u64)> {
-        self.ranges
-            .iter()
-            .map(|&(s, e)| (s, (e - s) / 4096))
-            .collect()
+        self.ranges.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect()
     }
 
     pub fn from_page_runs(runs: &[(u64, u64)]) -> RangeSet {
@@ -101,10 +98,7 @@ mod tests {
     fn minus_cuts_holes_and_edges() {
         let held = RangeSet::from_ranges(vec![(0, 10 * P), (20 * P, 30 * P)]);
         let dirty = RangeSet::from_ranges(vec![(0, P), (4 * P, 5 * P), (9 * P, 21 * P)]);
-        assert_eq!(
-            held.minus(&dirty).ranges(),
-            &[(P, 4 * P), (5 * P, 9 * P), (21 * P, 30 * P)]
-        );
+        assert_eq!(held.minus(&dirty).ranges(), &[(P, 4 * P), (5 * P, 9 * P), (21 * P, 30 * P)]);
         assert!(dirty.minus(&dirty).is_empty());
         assert_eq!(held.minus(&RangeSet::new()), held);
     }

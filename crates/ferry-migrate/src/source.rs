@@ -88,10 +88,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         address::locate(addr)?;
     }
     if !std::path::Path::new(&format!("/proc/{}", o.pid)).exists() {
-        return Err(MigrateError::Invalid(format!(
-            "pid {}: no such process",
-            o.pid
-        )));
+        return Err(MigrateError::Invalid(format!("pid {}: no such process", o.pid)));
     }
     if o.lazy {
         crate::postcopy::check_single_process(o.pid)?;
@@ -140,11 +137,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     let presurveyed = ferry_engine::capture::vma_flags::presurvey_tree(o.pid);
     mark(&mut phases, "presurvey");
     (o.progress)("freezing");
-    let copts = CaptureOptions {
-        network_lock: o.network_lock,
-        presurveyed,
-        ..Default::default()
-    };
+    let copts = CaptureOptions { network_lock: o.network_lock, presurveyed, ..Default::default() };
     let mut lazy = o.lazy.then(crate::postcopy::LazyHooks::default);
     // A refusal for a passing state (a connection closing, a client
     // between handshake and accept) comes before any page is sent: the
@@ -178,13 +171,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
         None => (Vec::new(), None),
     };
     let frozen_at = captured.frozen_at();
-    phases.extend(
-        captured
-            .phases
-            .done()
-            .iter()
-            .map(|(n, ms)| (format!("capture: {n}"), *ms)),
-    );
+    phases.extend(captured.phases.done().iter().map(|(n, ms)| (format!("capture: {n}"), *ms)));
     mark(&mut phases, "freeze+capture");
 
     let mut taken: Option<address::Taken> = None;
@@ -199,10 +186,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             parent_pages: captured
                 .parent_pages
                 .iter()
-                .map(|(pid, ranges)| ferry_image::ParentPages {
-                    pid: *pid,
-                    ranges: ranges.clone(),
-                })
+                .map(|(pid, ranges)| ferry_image::ParentPages { pid: *pid, ranges: ranges.clone() })
                 .collect(),
         });
         let meta = ferry_image::encode_meta_with(
@@ -210,30 +194,19 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
             &captured.tree,
             incremental.as_ref(),
         )?;
-        let msg = Msg::Image {
-            meta,
-            host_pids: captured.pids(),
-        };
+        let msg = Msg::Image { meta, host_pids: captured.pids() };
         protocol::send(&mut ch, &msg)?;
         mark(&mut phases, "image sent");
         (o.progress)("restoring at the destination");
         let ready = protocol::expect(&mut ch, &["Ready"])?;
-        let Msg::Ready {
-            phases: mut dest_phases,
-        } = ready.msg
-        else {
+        let Msg::Ready { phases: mut dest_phases } = ready.msg else {
             unreachable!("expect checked the kind")
         };
         mark(&mut phases, "destination restore");
         protocol::send(&mut ch, &Msg::Commit)?;
         commit_sent = true;
         let running = protocol::expect(&mut ch, &["Running"])?;
-        let Msg::Running {
-            pid,
-            host_pid,
-            phases: release,
-        } = running.msg
-        else {
+        let Msg::Running { pid, host_pid, phases: release } = running.msg else {
             unreachable!("expect checked the kind")
         };
         dest_phases.extend(release);
@@ -262,10 +235,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
                     let pushed = crate::postcopy::push(&mut ch, &l.lazy, o.timeout, &*o.progress);
                     mark(&mut phases, "post-copy");
                     match pushed {
-                        Ok(push) => Some(PostcopyReport {
-                            lazy_bytes: l.bytes(),
-                            push,
-                        }),
+                        Ok(push) => Some(PostcopyReport { lazy_bytes: l.bytes(), push }),
                         Err(e) => {
                             let _ = captured.kill(LockAfterKill::Release);
                             return Err(MigrateError::Aborted(format!(
@@ -328,10 +298,7 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
 /// closed the connection (a corrupted message, a failed restore): that
 /// reason is the error to report, not our broken pipe.
 fn peer_reason(ch: &mut Channel, e: MigrateError) -> MigrateError {
-    if !matches!(
-        e,
-        MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)
-    ) {
+    if !matches!(e, MigrateError::Transport(_) | MigrateError::Engine(_) | MigrateError::Image(_)) {
         return e;
     }
     if ch.set_timeout(Some(Duration::from_secs(1))).is_err() {

@@ -16,11 +16,7 @@ pub struct StreamSink<'a> {
 
 impl<'a> StreamSink<'a> {
     pub fn new(channel: &'a mut Channel) -> StreamSink<'a> {
-        StreamSink {
-            channel: Mutex::new(channel),
-            data_len: 0,
-            sent: AtomicU64::new(0),
-        }
+        StreamSink { channel: Mutex::new(channel), data_len: 0, sent: AtomicU64::new(0) }
     }
 
     /// Page bytes sent through this sink.
@@ -45,16 +41,11 @@ impl PageSink for StreamSink<'_> {
         ranges: &[(u64, usize)],
         data: &[u8],
     ) -> Result<Vec<PageRun>, ImageError> {
-        let msg = Msg::Pages {
-            pid,
-            ranges: ranges.iter().map(|&(a, n)| (a, n as u64)).collect(),
-        };
+        let msg = Msg::Pages { pid, ranges: ranges.iter().map(|&(a, n)| (a, n as u64)).collect() };
         let head = protocol::encode_header(&msg).map_err(stream_error)?;
         {
-            let mut ch = self
-                .channel
-                .lock()
-                .map_err(|_| stream_error("a sending thread panicked"))?;
+            let mut ch =
+                self.channel.lock().map_err(|_| stream_error("a sending thread panicked"))?;
             ch.send_parts(&[&head, data]).map_err(stream_error)?;
         }
         self.sent.fetch_add(data.len() as u64, Ordering::Relaxed);

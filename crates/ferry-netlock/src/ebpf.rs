@@ -187,13 +187,9 @@ pub(crate) fn prepare(
         let wrong = |what| NetlockError::BpfMap {
             lock: lock.to_string(),
             what,
-            source: Box::new(aya::maps::MapError::InvalidName {
-                name: map_name.into(),
-            }),
+            source: Box::new(aya::maps::MapError::InvalidName { name: map_name.into() }),
         };
-        let map = bpf
-            .take_map(map_name)
-            .ok_or_else(|| wrong("missing from the BPF object"))?;
+        let map = bpf.take_map(map_name).ok_or_else(|| wrong("missing from the BPF object"))?;
         let data = match &map {
             Map::HashMap(data) | Map::Array(data) => data,
             _ => return Err(wrong("has the wrong type")),
@@ -204,16 +200,12 @@ pub(crate) fn prepare(
             path: path.clone(),
             source: Box::new(source),
         })?;
-        let fd = data
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| NetlockError::Io {
-                lock: lock.to_string(),
-                what: "duplicating the fd of pinned map",
-                path,
-                source,
-            })?;
+        let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| NetlockError::Io {
+            lock: lock.to_string(),
+            what: "duplicating the fd of pinned map",
+            path,
+            source,
+        })?;
         taken.push(map);
         Ok(fd)
     };
@@ -233,10 +225,9 @@ pub(crate) fn prepare(
     // depends on that.
     set_active(lock, &handles, false)?;
 
-    for (program, direction) in [
-        ("ferry_ingress", TcAttachType::Ingress),
-        ("ferry_egress", TcAttachType::Egress),
-    ] {
+    for (program, direction) in
+        [("ferry_ingress", TcAttachType::Ingress), ("ferry_egress", TcAttachType::Egress)]
+    {
         let prog_error = |what: &str, source| NetlockError::BpfProgram {
             lock: lock.to_string(),
             what: format!("{what} {program}"),
@@ -245,19 +236,12 @@ pub(crate) fn prepare(
         let classifier: &mut SchedClassifier = bpf
             .program_mut(program)
             .ok_or_else(|| {
-                prog_error(
-                    "finding",
-                    aya::programs::ProgramError::UnexpectedProgramType,
-                )
+                prog_error("finding", aya::programs::ProgramError::UnexpectedProgramType)
             })?
             .try_into()
             .map_err(|e| prog_error("finding", e))?;
         classifier.load().map_err(|e| prog_error("loading", e))?;
-        let direction_name = if direction == TcAttachType::Ingress {
-            "ingress"
-        } else {
-            "egress"
-        };
+        let direction_name = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
         // The link is created from a thread inside the target namespace:
         // the kernel resolves the ifindex in the caller's namespace.
         netns::run_in(lock, netns_path, || {
@@ -353,20 +337,10 @@ pub(crate) fn fill(
     handles: &mut Handles,
     tuples: &[Tuple],
 ) -> Result<usize, NetlockError> {
-    let Handles {
-        table,
-        homes,
-        order,
-        keys,
-        frozen,
-        ..
-    } = handles;
+    let Handles { table, homes, order, keys, frozen, .. } = handles;
     let table = table.as_mut_slice();
     let canonical_key = |t: &Tuple| {
-        key(&Tuple {
-            local: crate::canonical(t.local),
-            remote: crate::canonical(t.remote),
-        })
+        key(&Tuple { local: crate::canonical(t.local), remote: crate::canonical(t.remote) })
     };
     keys.clear();
     keys.extend(tuples.iter().map(|t| canonical_key(t).to_bytes()));
@@ -479,11 +453,7 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     // Links first (they hold the programs), then the maps.
     paths.sort_by_key(|p| {
-        (
-            !p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("link-")),
-            p.clone(),
-        )
+        (!p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-")), p.clone())
     });
     for path in paths {
         let io = |what, source| NetlockError::Io {
@@ -492,9 +462,7 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
             path: path.clone(),
             source,
         };
-        let is_link = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("link-"));
+        let is_link = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-"));
         if is_link {
             if let Ok(pinned) = PinnedLink::from_pin(&path) {
                 // unpin removes the file; dropping the FdLink then closes the
@@ -525,10 +493,7 @@ pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
 
 /// Home slot of a tuple in the table (tests force the overflow path with it).
 pub(crate) fn table_home(tuple: &Tuple) -> u32 {
-    let t = Tuple {
-        local: crate::canonical(tuple.local),
-        remote: crate::canonical(tuple.remote),
-    };
+    let t = Tuple { local: crate::canonical(tuple.local), remote: crate::canonical(tuple.remote) };
     table_hash(&key(&t).to_bytes()) & (TABLE_SLOTS - 1)
 }
 

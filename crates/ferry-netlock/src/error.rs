@@ -5,53 +5,25 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum NetlockError {
     #[error("network lock {lock}: {what} {}: {source}", path.display())]
-    Io {
-        lock: String,
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { lock: String, what: &'static str, path: PathBuf, source: std::io::Error },
 
     #[error("network lock {lock}: {what}: {source}")]
-    Sys {
-        lock: String,
-        what: String,
-        source: SysError,
-    },
+    Sys { lock: String, what: String, source: SysError },
 
     #[error("network lock {lock}: record {} is not valid: {source}", path.display())]
-    Record {
-        lock: String,
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    Record { lock: String, path: PathBuf, source: serde_json::Error },
 
     #[error("network lock {lock}: entering network namespace {netns}: {source}")]
-    Netns {
-        lock: String,
-        netns: String,
-        source: SysError,
-    },
+    Netns { lock: String, netns: String, source: SysError },
 
     #[error("network lock {lock}: loading the BPF program: {source}")]
-    BpfLoad {
-        lock: String,
-        source: Box<aya::EbpfError>,
-    },
+    BpfLoad { lock: String, source: Box<aya::EbpfError> },
 
     #[error("network lock {lock}: BPF {what}: {source}")]
-    BpfProgram {
-        lock: String,
-        what: String,
-        source: Box<aya::programs::ProgramError>,
-    },
+    BpfProgram { lock: String, what: String, source: Box<aya::programs::ProgramError> },
 
     #[error("network lock {lock}: BPF map {what}: {source}")]
-    BpfMap {
-        lock: String,
-        what: &'static str,
-        source: Box<aya::maps::MapError>,
-    },
+    BpfMap { lock: String, what: &'static str, source: Box<aya::maps::MapError> },
 
     #[error("network lock {lock}: attaching to interface {interface} ({direction}) in network namespace {netns}: {source}")]
     BpfAttach {
@@ -63,54 +35,25 @@ pub enum NetlockError {
     },
 
     #[error("network lock {lock}: pinning {}: {source}", path.display())]
-    BpfPin {
-        lock: String,
-        path: PathBuf,
-        source: Box<aya::pin::PinError>,
-    },
+    BpfPin { lock: String, path: PathBuf, source: Box<aya::pin::PinError> },
 
     #[error("network lock {lock}: BPF link {}: {source}", path.display())]
-    BpfLink {
-        lock: String,
-        path: PathBuf,
-        source: Box<aya::programs::links::LinkError>,
-    },
+    BpfLink { lock: String, path: PathBuf, source: Box<aya::programs::links::LinkError> },
 
     #[error("network lock {lock}: `{command}` could not be started: {source}")]
-    Spawn {
-        lock: String,
-        command: String,
-        source: std::io::Error,
-    },
+    Spawn { lock: String, command: String, source: std::io::Error },
 
     #[error("network lock {lock}: `{command}` failed ({status}): {stderr}")]
-    Command {
-        lock: String,
-        command: String,
-        status: String,
-        stderr: String,
-    },
+    Command { lock: String, command: String, status: String, stderr: String },
 
     #[error("network lock {lock}: invalid tuple {tuple}: {why}")]
-    InvalidTuple {
-        lock: String,
-        tuple: String,
-        why: &'static str,
-    },
+    InvalidTuple { lock: String, tuple: String, why: &'static str },
 
     #[error("network lock {lock}: {count} tuples, more than the {max} the eBPF map holds")]
-    TooManyTuples {
-        lock: String,
-        count: usize,
-        max: usize,
-    },
+    TooManyTuples { lock: String, count: usize, max: usize },
 
     #[error("network lock {lock}: cannot {action} a lock that is {phase}")]
-    WrongPhase {
-        lock: String,
-        action: &'static str,
-        phase: crate::Phase,
-    },
+    WrongPhase { lock: String, action: &'static str, phase: crate::Phase },
 
     #[error("no network lock named {0:?}")]
     NotFound(String),

@@ -44,14 +44,8 @@ fn rules(chain: &str, tuples: &[Tuple]) -> String {
             continue;
         }
         // Incoming: remote -> local. Outgoing: local -> remote.
-        let _ = writeln!(
-            s,
-            "-A {chain} -p tcp -s {r} --sport {rp} -d {l} --dport {lp} -j DROP"
-        );
-        let _ = writeln!(
-            s,
-            "-A {chain} -p tcp -s {l} --sport {lp} -d {r} --dport {rp} -j DROP"
-        );
+        let _ = writeln!(s, "-A {chain} -p tcp -s {r} --sport {rp} -d {l} --dport {lp} -j DROP");
+        let _ = writeln!(s, "-A {chain} -p tcp -s {l} --sport {lp} -d {r} --dport {rp} -j DROP");
     }
     s
 }
@@ -69,13 +63,7 @@ pub(crate) fn extend(
         tuples.iter().copied().partition(|t| t.local.is_ipv6());
     if !v4.is_empty() {
         let batch = format!("*filter\n{}COMMIT\n", rules(&chain, &v4));
-        netns::run_command(
-            lock,
-            netns_path,
-            tools(false).0,
-            &["-w", "5", "--noflush"],
-            &batch,
-        )?;
+        netns::run_command(lock, netns_path, tools(false).0, &["-w", "5", "--noflush"], &batch)?;
     }
     if !v6.is_empty() {
         let batch = if had_v6 {
@@ -83,13 +71,7 @@ pub(crate) fn extend(
         } else {
             engage_batch(lock, &v6)
         };
-        netns::run_command(
-            lock,
-            netns_path,
-            tools(true).0,
-            &["-w", "5", "--noflush"],
-            &batch,
-        )?;
+        netns::run_command(lock, netns_path, tools(true).0, &["-w", "5", "--noflush"], &batch)?;
     }
     Ok(())
 }
@@ -147,12 +129,7 @@ fn release_family(lock: &str, netns_path: Option<&Path>, v6: bool) -> Result<(),
     // The batch is all-or-nothing: after a freeze killed half-way one of its
     // steps has nothing to act on. Undo piece by piece, ignoring what is
     // missing, then check that the chain is gone.
-    for args in [
-        ["-D", "INPUT", "-j"],
-        ["-D", "OUTPUT", "-j"],
-        ["-F", "", ""],
-        ["-X", "", ""],
-    ] {
+    for args in [["-D", "INPUT", "-j"], ["-D", "OUTPUT", "-j"], ["-F", "", ""], ["-X", "", ""]] {
         let mut argv: Vec<&str> = vec!["-w", "5"];
         argv.extend(args.iter().copied().filter(|a| !a.is_empty()));
         argv.push(&chain);

@@ -248,10 +248,7 @@ fn validate_tuples(lock: &str, tuples: &[Tuple]) -> Result<usize, NetlockError> 
 fn canonical_tuple(lock: &str, t: &Tuple) -> Result<Tuple, NetlockError> {
     {
         {
-            let c = Tuple {
-                local: canonical(t.local),
-                remote: canonical(t.remote),
-            };
+            let c = Tuple { local: canonical(t.local), remote: canonical(t.remote) };
             let invalid = |why| {
                 Err(NetlockError::InvalidTuple {
                     lock: lock.to_string(),
@@ -362,10 +359,7 @@ impl NetworkLock {
                         Netns::Current => None,
                         Netns::Path(p) => Some(p.as_path()),
                     };
-                    Ok((
-                        Some(ebpf::prepare(&name, enter, &record.netns.requested)?),
-                        phase_file,
-                    ))
+                    Ok((Some(ebpf::prepare(&name, enter, &record.netns.requested)?), phase_file))
                 }
                 Method::Nftables | Method::Iptables => Ok((None, phase_file)),
             }
@@ -373,12 +367,7 @@ impl NetworkLock {
         match result {
             Ok((ebpf, phase_file)) => {
                 tracing::debug!(lock = %name, %method, "network lock prepared");
-                Ok(NetworkLock {
-                    record: Some(record),
-                    name,
-                    ebpf,
-                    phase_file: Some(phase_file),
-                })
+                Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
             }
             Err(e) => {
                 if let Err(cleanup) = release_record(&record) {
@@ -398,9 +387,7 @@ impl NetworkLock {
     pub fn engage(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased {
-                lock: name.to_string(),
-            });
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         if record.phase != Phase::Prepared {
             return Err(NetlockError::WrongPhase {
@@ -410,17 +397,13 @@ impl NetworkLock {
             });
         }
         let Some(phase_file) = &self.phase_file else {
-            return Err(NetlockError::AlreadyReleased {
-                lock: name.to_string(),
-            });
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         match record.method {
             Method::Ebpf => {
                 let tuples_v6 = validate_tuples(name, tuples)?;
                 let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased {
-                        lock: name.to_string(),
-                    });
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
                 };
                 let overflow = ebpf::fill(name, handles, tuples)?;
                 if overflow > 0 {
@@ -483,9 +466,7 @@ impl NetworkLock {
     pub fn extend(&mut self, tuples: &[Tuple]) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased {
-                lock: name.to_string(),
-            });
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         if record.phase != Phase::Engaged {
             return Err(NetlockError::WrongPhase {
@@ -501,9 +482,7 @@ impl NetworkLock {
         match record.method {
             Method::Ebpf => {
                 let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased {
-                        lock: name.to_string(),
-                    });
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
                 };
                 ebpf::fill(name, handles, tuples)?;
                 record.tuples += tuples.len();
@@ -538,16 +517,12 @@ impl NetworkLock {
     pub fn disengage(&mut self) -> Result<(), NetlockError> {
         let name = self.name.as_str();
         let Some(record) = self.record.as_mut() else {
-            return Err(NetlockError::AlreadyReleased {
-                lock: name.to_string(),
-            });
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         match record.method {
             Method::Ebpf => {
                 let Some(handles) = &self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased {
-                        lock: name.to_string(),
-                    });
+                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
                 };
                 ebpf::set_active(name, handles, false)?;
             }
@@ -560,9 +535,7 @@ impl NetworkLock {
         }
         if record.phase == Phase::Engaged {
             let Some(phase_file) = &self.phase_file else {
-                return Err(NetlockError::AlreadyReleased {
-                    lock: name.to_string(),
-                });
+                return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
             };
             record::write_phase(name, phase_file, Phase::Disengaged)?;
             record.phase = Phase::Disengaged;
@@ -602,9 +575,7 @@ impl NetworkLock {
         self.phase_file = None;
         match self.record.take() {
             Some(record) => release_record(&record),
-            None => Err(NetlockError::AlreadyReleased {
-                lock: self.name.clone(),
-            }),
+            None => Err(NetlockError::AlreadyReleased { lock: self.name.clone() }),
         }
     }
 
@@ -644,10 +615,7 @@ impl NetworkLock {
         };
         if let (LockState::Owned, Some(owner)) = (record.state, record.owner) {
             if owner.is_alive() && owner.pid != std::process::id() as i32 {
-                return Err(NetlockError::Busy {
-                    lock: name.to_string(),
-                    pid: owner.pid,
-                });
+                return Err(NetlockError::Busy { lock: name.to_string(), pid: owner.pid });
             }
         }
         // The maps are opened now so that disengage is one syscall.
@@ -689,11 +657,7 @@ fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockEr
         .take(6)
         .collect::<String>()
         .to_ascii_lowercase();
-    let prefix = if prefix.is_empty() {
-        "lock".to_string()
-    } else {
-        prefix
-    };
+    let prefix = if prefix.is_empty() { "lock".to_string() } else { prefix };
     let pid = std::process::id();
     // Bounded: a name is taken only if a record with it exists already.
     for _ in 0..1000 {

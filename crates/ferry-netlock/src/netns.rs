@@ -35,14 +35,12 @@ impl Netns {
 
 /// Inode of a namespace file (identifies the namespace).
 pub(crate) fn inode(lock: &str, path: &Path) -> Result<u64, NetlockError> {
-    std::fs::metadata(path)
-        .map(|m| m.ino())
-        .map_err(|source| NetlockError::Io {
-            lock: lock.to_string(),
-            what: "reading network namespace",
-            path: path.to_path_buf(),
-            source,
-        })
+    std::fs::metadata(path).map(|m| m.ino()).map_err(|source| NetlockError::Io {
+        lock: lock.to_string(),
+        what: "reading network namespace",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Runs `work` on a short-lived thread that has entered the namespace at

@@ -78,11 +78,7 @@ pub(crate) fn engage(
 ) -> Result<(), NetlockError> {
     // `add table` first: the transaction fails instead of merging into a
     // table of the same name that somehow exists already.
-    let script = format!(
-        "add table inet {}\n{}",
-        table(lock),
-        engage_script(lock, tuples)
-    );
+    let script = format!("add table inet {}\n{}", table(lock), engage_script(lock, tuples));
     netns::run_command(lock, netns_path, "nft", &["-f", "-"], &script)
 }
 
@@ -133,12 +129,8 @@ pub(crate) fn extend_script(lock: &str, tuples: &[Tuple]) -> String {
     let mut s = String::new();
     for (set, elements) in &sets {
         if !elements.is_empty() {
-            let _ = writeln!(
-                s,
-                "add element inet {} {set} {{ {} }}",
-                table(lock),
-                elements.join(", ")
-            );
+            let _ =
+                writeln!(s, "add element inet {} {set} {{ {} }}", table(lock), elements.join(", "));
         }
     }
     s
@@ -149,11 +141,5 @@ pub(crate) fn extend(
     netns_path: Option<&Path>,
     tuples: &[Tuple],
 ) -> Result<(), NetlockError> {
-    netns::run_command(
-        lock,
-        netns_path,
-        "nft",
-        &["-f", "-"],
-        &extend_script(lock, tuples),
-    )
+    netns::run_command(lock, netns_path, "nft", &["-f", "-"], &extend_script(lock, tuples))
 }

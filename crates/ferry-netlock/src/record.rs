@@ -98,13 +98,12 @@ pub fn open_phase(name: &str) -> Result<std::fs::File, NetlockError> {
 /// Overwrites the phase file in place: one pwrite(2).
 pub fn write_phase(name: &str, file: &std::fs::File, phase: Phase) -> Result<(), NetlockError> {
     use std::os::unix::fs::FileExt;
-    file.write_all_at(phase.word(), 0)
-        .map_err(|source| NetlockError::Io {
-            lock: name.to_string(),
-            what: "writing",
-            path: lock_dir(name).join(PHASE_FILE),
-            source,
-        })
+    file.write_all_at(phase.word(), 0).map_err(|source| NetlockError::Io {
+        lock: name.to_string(),
+        what: "writing",
+        path: lock_dir(name).join(PHASE_FILE),
+        source,
+    })
 }
 
 impl std::fmt::Display for Phase {
@@ -128,10 +127,7 @@ pub struct Owner {
 impl Owner {
     pub fn current() -> Option<Owner> {
         let pid = std::process::id() as i32;
-        Some(Owner {
-            pid,
-            start_time: process_start_time(pid)?,
-        })
+        Some(Owner { pid, start_time: process_start_time(pid)? })
     }
 
     /// True while the very process that took the lock is running.
@@ -214,10 +210,7 @@ pub fn now_unix_ms() -> u64 {
 
 /// Creates the lock's record directory (0700), failing if it exists.
 pub fn create_dir(name: &str) -> Result<PathBuf, std::io::Error> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(LOCKS_DIR)?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(LOCKS_DIR)?;
     let dir = lock_dir(name);
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
@@ -230,12 +223,7 @@ pub fn write(record: &Record) -> Result<(), NetlockError> {
     let path = dir.join(RECORD_FILE);
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
-        move |source| NetlockError::Io {
-            lock: record.name.clone(),
-            what,
-            path,
-            source,
-        }
+        move |source| NetlockError::Io { lock: record.name.clone(), what, path, source }
     };
     let json = serde_json::to_vec_pretty(record).map_err(|source| NetlockError::Record {
         lock: record.name.clone(),
@@ -261,12 +249,8 @@ pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
     let path = dir.join(RECORD_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
-            let mut record: Record =
-                serde_json::from_slice(&bytes).map_err(|source| NetlockError::Record {
-                    lock: name.to_string(),
-                    path,
-                    source,
-                })?;
+            let mut record: Record = serde_json::from_slice(&bytes)
+                .map_err(|source| NetlockError::Record { lock: name.to_string(), path, source })?;
             if let Some(phase) = std::fs::read_to_string(dir.join(PHASE_FILE))
                 .ok()
                 .as_deref()
@@ -283,12 +267,9 @@ pub fn read(name: &str) -> Result<Option<Record>, NetlockError> {
                 Err(NetlockError::NotFound(name.to_string()))
             }
         }
-        Err(source) => Err(NetlockError::Io {
-            lock: name.to_string(),
-            what: "reading",
-            path,
-            source,
-        }),
+        Err(source) => {
+            Err(NetlockError::Io { lock: name.to_string(), what: "reading", path, source })
+        }
     }
 }
 

@@ -18,8 +18,7 @@ const HELPER_ENV: &str = "FERRY_NL_TEST_HELPER";
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false)
 }
@@ -34,17 +33,12 @@ macro_rules! require_root {
 }
 
 fn run(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
+    let out =
+        Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{args:?}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -67,12 +61,7 @@ impl Lab {
         let n = NEXT_NS.fetch_add(1, Ordering::Relaxed);
         let a = format!("ferry-nl-{}-{n}a", std::process::id());
         let b = format!("ferry-nl-{}-{n}b", std::process::id());
-        let lab = Lab {
-            a: a.clone(),
-            b: b.clone(),
-            locks: Vec::new(),
-            children: Vec::new(),
-        };
+        let lab = Lab { a: a.clone(), b: b.clone(), locks: Vec::new(), children: Vec::new() };
         must(&["ip", "netns", "add", &a]);
         must(&["ip", "netns", "add", &b]);
         // veth names are per namespace once moved; create them inside A.
@@ -111,10 +100,7 @@ impl Lab {
 
     /// Nothing of lock `name` is left: record, pins, nft table, iptables chains.
     fn assert_gone(&self, name: &str) {
-        assert!(
-            ferry_netlock::is_gone(name),
-            "record or pins of {name} left behind"
-        );
+        assert!(ferry_netlock::is_gone(name), "record or pins of {name} left behind");
         let (table, chain) = ferry_netlock::kernel_object_names(name);
         assert!(
             run(&["ip", "netns", "exec", &self.a, "nft", "list", "table", "inet", &table]).is_err(),
@@ -152,25 +138,12 @@ fn out_resets(ns: &str) -> u64 {
     let snmp = must(&["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"]);
     let tcp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Tcp:")).collect();
     let (names, values) = (tcp[0].split_whitespace(), tcp[1].split_whitespace());
-    names
-        .zip(values)
-        .find(|(n, _)| *n == "OutRsts")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0)
+    names.zip(values).find(|(n, _)| *n == "OutRsts").and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
 }
 
 fn established(ns: &str, addr: SocketAddr) -> bool {
-    must(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "ss",
-        "-Htn",
-        "state",
-        "established",
-    ])
-    .contains(&addr.to_string())
+    must(&["ip", "netns", "exec", ns, "ss", "-Htn", "state", "established"])
+        .contains(&addr.to_string())
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -187,9 +160,8 @@ fn connect(lab: &Lab, link: Link, v6: bool) -> (TcpListener, TcpStream, TcpStrea
         (Link::Loopback, false) => (IpAddr::V4(Ipv4Addr::LOCALHOST), &lab.a),
         (Link::Loopback, true) => ("::1".parse().expect("ip"), &lab.a),
     };
-    let listener = Lab::in_ns(&lab.a, || {
-        TcpListener::bind(SocketAddr::new(server_ip, 0)).expect("bind")
-    });
+    let listener =
+        Lab::in_ns(&lab.a, || TcpListener::bind(SocketAddr::new(server_ip, 0)).expect("bind"));
     let target = listener.local_addr().expect("local_addr");
     let client = Lab::in_ns(client_ns, || {
         TcpStream::connect_timeout(&target, Duration::from_secs(5)).expect("connect")
@@ -199,19 +171,14 @@ fn connect(lab: &Lab, link: Link, v6: bool) -> (TcpListener, TcpStream, TcpStrea
 }
 
 fn tuple_of(server: &TcpStream) -> Tuple {
-    Tuple {
-        local: server.local_addr().expect("local"),
-        remote: server.peer_addr().expect("peer"),
-    }
+    Tuple { local: server.local_addr().expect("local"), remote: server.peer_addr().expect("peer") }
 }
 
 fn read_exact_within(stream: &mut TcpStream, len: usize, limit: Duration) -> Vec<u8> {
     let deadline = Instant::now() + limit;
     let mut got = Vec::with_capacity(len);
     let mut buf = [0u8; 4096];
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("timeout");
+    stream.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
     while got.len() < len && Instant::now() < deadline {
         match stream.read(&mut buf) {
             Ok(0) => break,
@@ -251,9 +218,7 @@ fn frozen_connection(method: Method, link: Link, v6: bool) {
 
     // The peer keeps sending while frozen; the receiver must see nothing.
     let pattern: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
-    server
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .expect("timeout");
+    server.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
     let mut sent = 0;
     for chunk in pattern.chunks(2_000) {
         client.write_all(chunk).expect("client write during freeze");
@@ -273,32 +238,19 @@ fn frozen_connection(method: Method, link: Link, v6: bool) {
         }
     }
     // The server's own data must not leave either.
-    server
-        .write_all(b"from-server")
-        .expect("server write during freeze");
+    server.write_all(b"from-server").expect("server write during freeze");
     let mut tmp = [0u8; 64];
-    client
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("timeout");
-    assert!(
-        client.read(&mut tmp).is_err(),
-        "{method}/{link:?}: server data left through the lock"
-    );
+    client.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+    assert!(client.read(&mut tmp).is_err(), "{method}/{link:?}: server data left through the lock");
 
     // An unfrozen connection to the same listener works meanwhile.
     let mut other_client = other_client;
     other_client.write_all(b"ping").expect("other write");
     let got = read_exact_within(&mut other_server, 4, Duration::from_secs(5));
-    assert_eq!(
-        got, b"ping",
-        "{method}/{link:?}: unfrozen connection blocked"
-    );
+    assert_eq!(got, b"ping", "{method}/{link:?}: unfrozen connection blocked");
 
     // No reset anywhere, the sender is still ESTABLISHED.
-    assert!(
-        client.take_error().expect("SO_ERROR").is_none(),
-        "client socket got an error"
-    );
+    assert!(client.take_error().expect("SO_ERROR").is_none(), "client socket got an error");
     assert!(
         established(&client_ns, client.local_addr().expect("addr")),
         "{method}/{link:?}: client not ESTABLISHED"
@@ -315,16 +267,8 @@ fn frozen_connection(method: Method, link: Link, v6: bool) {
 
     // TCP retransmits: everything arrives, in order.
     let got = read_exact_within(&mut server, sent, Duration::from_secs(15));
-    assert_eq!(
-        got.len(),
-        sent,
-        "{method}/{link:?}: only {} of {sent} bytes after thaw",
-        got.len()
-    );
-    assert!(
-        got == pattern[..sent],
-        "{method}/{link:?}: bytes out of order"
-    );
+    assert_eq!(got.len(), sent, "{method}/{link:?}: only {} of {sent} bytes after thaw", got.len());
+    assert!(got == pattern[..sent], "{method}/{link:?}: bytes out of order");
     let got = read_exact_within(&mut client, 11, Duration::from_secs(15));
     assert_eq!(got, b"from-server");
 }
@@ -385,10 +329,7 @@ fn synthetic(n: usize) -> Vec<Tuple> {
     (0..n)
         .map(|i| {
             let (local, remote): (IpAddr, IpAddr) = if i % 10 == 9 {
-                (
-                    "fd00:2::1".parse().expect("ip"),
-                    "fd00:2::2".parse().expect("ip"),
-                )
+                ("fd00:2::1".parse().expect("ip"), "fd00:2::2".parse().expect("ip"))
             } else {
                 (
                     IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + (i % 250) as u8)),
@@ -482,10 +423,7 @@ fn helper_entry() {
             );
             lock.disengage().expect("disengage adopted lock");
             assert_eq!(
-                ferry_netlock::status()
-                    .iter()
-                    .find(|s| s.name == *name)
-                    .and_then(|s| s.phase),
+                ferry_netlock::status().iter().find(|s| s.name == *name).and_then(|s| s.phase),
                 Some(Phase::Disengaged)
             );
             lock.thaw().expect("thaw adopted lock");
@@ -554,9 +492,7 @@ fn killed_owner(method: Method, phase: &str) {
         .expect("netns inode");
     let ns_path = format!("/proc/{holder_pid}/ns/net");
     for _ in 0..200 {
-        if std::fs::metadata(&ns_path)
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-            .ok()
+        if std::fs::metadata(&ns_path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok()
             == Some(a_ino)
         {
             break;
@@ -567,10 +503,8 @@ fn killed_owner(method: Method, phase: &str) {
     let mut owner = spawn_helper(&format!("freeze {method} {ns_path} {phase}"));
     let name = helper_lock_name(&mut owner);
     lab.locks.push(name.clone());
-    let before = ferry_netlock::status()
-        .into_iter()
-        .find(|s| s.name == name)
-        .expect("lock in status");
+    let before =
+        ferry_netlock::status().into_iter().find(|s| s.name == name).expect("lock in status");
     assert!(!before.stale, "lock of a live owner reported stale");
     assert_eq!(before.phase.map(|p| p.to_string()).as_deref(), Some(phase));
     assert_eq!(before.owner.map(|o| o.pid), Some(owner.id() as i32));
@@ -581,16 +515,11 @@ fn killed_owner(method: Method, phase: &str) {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let after = ferry_netlock::status()
-        .into_iter()
-        .find(|s| s.name == name)
-        .expect("lock still recorded");
+    let after =
+        ferry_netlock::status().into_iter().find(|s| s.name == name).expect("lock still recorded");
     assert!(after.stale, "lock of a killed owner not reported stale");
     let released = ferry_netlock::release_stale();
-    assert!(
-        released.contains(&name),
-        "release_stale did not release {name}: {released:?}"
-    );
+    assert!(released.contains(&name), "release_stale did not release {name}: {released:?}");
     lab.assert_gone(&name);
 }
 
@@ -668,10 +597,7 @@ fn freeze_cost_is_flat_in_tuples() {
 }
 
 fn phase_of(name: &str) -> Option<Phase> {
-    ferry_netlock::status()
-        .into_iter()
-        .find(|s| s.name == name)
-        .and_then(|s| s.phase)
+    ferry_netlock::status().into_iter().find(|s| s.name == name).and_then(|s| s.phase)
 }
 
 /// Data sent now by `from` reaches `to` within `limit`.
@@ -690,30 +616,17 @@ fn phases(method: Method) {
     lab.locks.push(name.clone());
     assert_eq!(phase_of(&name), Some(Phase::Prepared));
     assert!(
-        flows(
-            &mut client,
-            &mut server,
-            b"prepared-in",
-            Duration::from_secs(5)
-        ),
+        flows(&mut client, &mut server, b"prepared-in", Duration::from_secs(5)),
         "{method}: prepared lock dropped incoming data"
     );
     assert!(
-        flows(
-            &mut server,
-            &mut client,
-            b"prepared-out",
-            Duration::from_secs(5)
-        ),
+        flows(&mut server, &mut client, b"prepared-out", Duration::from_secs(5)),
         "{method}: prepared lock dropped outgoing data"
     );
 
     lock.engage(&[tuple_of(&server)]).expect("engage");
     assert_eq!(phase_of(&name), Some(Phase::Engaged));
-    assert!(
-        lock.engage(&[]).is_err(),
-        "{method}: a second engage was accepted"
-    );
+    assert!(lock.engage(&[]).is_err(), "{method}: a second engage was accepted");
     client.write_all(b"held").expect("write while engaged");
     assert!(
         read_exact_within(&mut server, 4, Duration::from_millis(300)).is_empty(),
@@ -723,10 +636,7 @@ fn phases(method: Method) {
     lock.disengage().expect("disengage");
     assert_eq!(phase_of(&name), Some(Phase::Disengaged));
     assert_eq!(lock.phase(), Some(Phase::Disengaged));
-    assert!(
-        !ferry_netlock::is_gone(&name),
-        "{method}: disengage removed the lock"
-    );
+    assert!(!ferry_netlock::is_gone(&name), "{method}: disengage removed the lock");
     // The retransmission of the held bytes arrives, and new data flows.
     assert_eq!(
         read_exact_within(&mut server, 4, Duration::from_secs(10)),
@@ -768,50 +678,27 @@ fn wildcard(method: Method, v6: bool) {
     let mut lock = NetworkLock::prepare(method, &Lab::path(&lab.a), "wild").expect("prepare");
     let name = lock.name().to_string();
     lab.locks.push(name.clone());
-    lock.engage(&[Tuple::new_connections_to(target)])
-        .expect("engage");
+    lock.engage(&[Tuple::new_connections_to(target)]).expect("engage");
 
     // std's connect_timeout is a non-blocking connect + poll.
-    let attempt = Lab::in_ns(&client_ns, || {
-        TcpStream::connect_timeout(&target, Duration::from_millis(400))
-    });
-    assert!(
-        attempt.is_err(),
-        "{method}: a new connection completed through the wildcard"
-    );
+    let attempt =
+        Lab::in_ns(&client_ns, || TcpStream::connect_timeout(&target, Duration::from_millis(400)));
+    assert!(attempt.is_err(), "{method}: a new connection completed through the wildcard");
     listener.set_nonblocking(true).expect("nonblocking");
+    assert!(listener.accept().is_err(), "{method}: the listener got a connection");
     assert!(
-        listener.accept().is_err(),
-        "{method}: the listener got a connection"
-    );
-    assert!(
-        flows(
-            &mut client,
-            &mut server,
-            b"established-in",
-            Duration::from_secs(5)
-        ),
+        flows(&mut client, &mut server, b"established-in", Duration::from_secs(5)),
         "{method}: wildcard dropped an established connection"
     );
     assert!(
-        flows(
-            &mut server,
-            &mut client,
-            b"established-out",
-            Duration::from_secs(5)
-        ),
+        flows(&mut server, &mut client, b"established-out", Duration::from_secs(5)),
         "{method}: wildcard dropped an established connection"
     );
 
     lock.disengage().expect("disengage");
-    let fresh = Lab::in_ns(&client_ns, || {
-        TcpStream::connect_timeout(&target, Duration::from_secs(5))
-    });
-    assert!(
-        fresh.is_ok(),
-        "{method}: connect after disengage failed: {:?}",
-        fresh.err()
-    );
+    let fresh =
+        Lab::in_ns(&client_ns, || TcpStream::connect_timeout(&target, Duration::from_secs(5)));
+    assert!(fresh.is_ok(), "{method}: connect after disengage failed: {:?}", fresh.err());
     lock.thaw().expect("thaw");
     lab.assert_gone(&name);
 }
@@ -865,10 +752,7 @@ fn engage_disengage_is_fast() {
         disengage.as_secs_f64() * 1e3,
         total.as_secs_f64() * 1e3
     );
-    assert!(
-        total < Duration::from_millis(5),
-        "engage+disengage of 10,000 tuples took {total:?}"
-    );
+    assert!(total < Duration::from_millis(5), "engage+disengage of 10,000 tuples took {total:?}");
 }
 
 /// The connection's key finds its probe window full of other tuples (they
@@ -897,11 +781,7 @@ fn ebpf_overflow_map() {
             }
         }
     }
-    assert_eq!(
-        tuples.len(),
-        probes as usize,
-        "not enough colliding tuples found"
-    );
+    assert_eq!(tuples.len(), probes as usize, "not enough colliding tuples found");
     tuples.push(real);
     let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "ovfl").expect("prepare");
     let name = lock.name().to_string();
@@ -913,10 +793,7 @@ fn ebpf_overflow_map() {
         "an overflowed tuple was not dropped"
     );
     lock.disengage().expect("disengage");
-    assert_eq!(
-        read_exact_within(&mut server, 4, Duration::from_secs(10)),
-        b"held"
-    );
+    assert_eq!(read_exact_within(&mut server, 4, Duration::from_secs(10)), b"held");
     lock.thaw().expect("thaw");
     lab.assert_gone(&name);
 }
@@ -930,15 +807,9 @@ fn invalid_tuples_are_refused() {
     let local: SocketAddr = "192.0.2.1:80".parse().expect("addr");
     for remote in ["0.0.0.0:5", "198.51.100.1:0"] {
         let err = lock
-            .engage(&[Tuple {
-                local,
-                remote: remote.parse().expect("addr"),
-            }])
+            .engage(&[Tuple { local, remote: remote.parse().expect("addr") }])
             .expect_err("half wildcard accepted");
-        assert!(
-            err.to_string().contains(lock.name()),
-            "error does not name the lock: {err}"
-        );
+        assert!(err.to_string().contains(lock.name()), "error does not name the lock: {err}");
     }
     assert_eq!(lock.phase(), Some(Phase::Prepared));
     let name = lock.name().to_string();
@@ -970,8 +841,7 @@ fn extended_lock(method: Method) {
     let (mut other_server, _) = listener.accept().expect("accept other");
     let mut lock = NetworkLock::prepare(method, &Lab::path(&lab.a), "test").expect("prepare");
     lab.locks.push(lock.name().to_string());
-    lock.engage(&[Tuple::new_connections_to(target)])
-        .expect("engage");
+    lock.engage(&[Tuple::new_connections_to(target)]).expect("engage");
     // Not yet held: the connection still works.
     client.write_all(b"before").expect("write");
     assert_eq!(
@@ -981,10 +851,7 @@ fn extended_lock(method: Method) {
     );
     lock.extend(&[tuple_of(&server)]).expect("extend");
     assert_eq!(
-        ferry_netlock::status()
-            .iter()
-            .find(|s| s.name == lock.name())
-            .map(|s| s.tuples),
+        ferry_netlock::status().iter().find(|s| s.name == lock.name()).map(|s| s.tuples),
         Some(2),
         "{method}: tuple count"
     );
@@ -1046,23 +913,13 @@ fn lock_of_a_deleted_image_is_stale() {
     let name = lock.name().to_string();
     lab.locks.push(name.clone());
     lock.hand_over_to(Some(&image));
-    assert!(
-        !ferry_netlock::release_stale().contains(&name),
-        "released while its image exists"
-    );
-    assert!(ferry_netlock::status()
-        .iter()
-        .any(|s| s.name == name && !s.stale));
+    assert!(!ferry_netlock::release_stale().contains(&name), "released while its image exists");
+    assert!(ferry_netlock::status().iter().any(|s| s.name == name && !s.stale));
     std::fs::remove_file(&image).expect("remove image");
     assert!(
-        ferry_netlock::status()
-            .iter()
-            .any(|s| s.name == name && s.stale),
+        ferry_netlock::status().iter().any(|s| s.name == name && s.stale),
         "not stale without its image"
     );
-    assert!(
-        ferry_netlock::release_stale().contains(&name),
-        "not released once its image is gone"
-    );
+    assert!(ferry_netlock::release_stale().contains(&name), "not released once its image is gone");
     lab.assert_gone(&name);
 }

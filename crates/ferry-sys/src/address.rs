@@ -58,11 +58,7 @@ fn address_msg(
 ) -> Msg {
     let (family, bytes) = family_and_bytes(addr);
     // The header's flags byte holds the low 8 bits; IFA_FLAGS the full set.
-    let mut msg = Msg::new(
-        msg_type,
-        flags,
-        &ifaddrmsg(family, prefix, ifa_flags as u8, ifindex),
-    );
+    let mut msg = Msg::new(msg_type, flags, &ifaddrmsg(family, prefix, ifa_flags as u8, ifindex));
     // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
     // a point-to-point link and the same address otherwise. Giving both
     // the same value is what `ip addr add` does on a broadcast link.
@@ -83,10 +79,7 @@ pub fn add_address(ifindex: u32, addr: IpAddr, prefix: u8) -> SysResult<()> {
     check_prefix(addr, prefix, CALL)?;
     let ifa_flags = if addr.is_ipv6() { IFA_F_NODAD } else { 0 };
     let flags = rtnl::NLM_F_REQUEST | rtnl::NLM_F_ACK | rtnl::NLM_F_CREATE | rtnl::NLM_F_EXCL;
-    rtnl::request(
-        address_msg(rtnl::RTM_NEWADDR, flags, ifindex, addr, prefix, ifa_flags),
-        CALL,
-    )
+    rtnl::request(address_msg(rtnl::RTM_NEWADDR, flags, ifindex, addr, prefix, ifa_flags), CALL)
 }
 
 /// Removes `addr/prefix` from interface `ifindex`. Fails with

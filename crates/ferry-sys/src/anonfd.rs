@@ -40,31 +40,21 @@ pub fn signalfd(mask: u64, flags: i32) -> SysResult<OwnedFd> {
 /// timerfd_create(2).
 pub fn timerfd_create(clockid: i32, flags: i32) -> SysResult<OwnedFd> {
     // SAFETY: integer arguments.
-    owned("timerfd_create", unsafe {
-        libc::timerfd_create(clockid, flags)
-    })
+    owned("timerfd_create", unsafe { libc::timerfd_create(clockid, flags) })
 }
 
 fn ts(ns: u64) -> libc::timespec {
-    libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as i64,
-        tv_nsec: (ns % 1_000_000_000) as i64,
-    }
+    libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 }
 }
 
 fn ns(ts: libc::timespec) -> u64 {
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 /// timerfd_settime(2): arms (or, with value 0, disarms) the timer; `flags`
 /// may hold TFD_TIMER_ABSTIME. Times in ns.
 pub fn timerfd_settime(fd: RawFd, flags: i32, value_ns: u64, interval_ns: u64) -> SysResult<()> {
-    let spec = libc::itimerspec {
-        it_interval: ts(interval_ns),
-        it_value: ts(value_ns),
-    };
+    let spec = libc::itimerspec { it_interval: ts(interval_ns), it_value: ts(value_ns) };
     // SAFETY: spec is valid; old value not requested.
     if unsafe { libc::timerfd_settime(fd, flags, &spec, std::ptr::null_mut()) } < 0 {
         return Err(last_error("timerfd_settime"));
@@ -76,10 +66,7 @@ pub fn timerfd_settime(fd: RawFd, flags: i32, value_ns: u64, interval_ns: u64) -
 /// expired unread, the kernel also counts the missed expirations into the
 /// ticks a read (or fdinfo) reports and re-arms it: nothing is consumed.
 pub fn timerfd_gettime(fd: RawFd) -> SysResult<(u64, u64)> {
-    let mut t = libc::itimerspec {
-        it_interval: ts(0),
-        it_value: ts(0),
-    };
+    let mut t = libc::itimerspec { it_interval: ts(0), it_value: ts(0) };
     // SAFETY: t is a valid itimerspec to fill.
     let r = unsafe { libc::timerfd_gettime(fd, &mut t) };
     if r < 0 {
@@ -105,9 +92,6 @@ pub fn set_timerfd_ticks(fd: RawFd, ticks: u64) -> SysResult<()> {
 pub fn clock_gettime(clockid: i32) -> SysResult<u64> {
     let mut now = ts(0);
     // SAFETY: now is a valid out pointer.
-    check(
-        "clock_gettime",
-        unsafe { libc::clock_gettime(clockid, &mut now) } as libc::c_long,
-    )?;
+    check("clock_gettime", unsafe { libc::clock_gettime(clockid, &mut now) } as libc::c_long)?;
     Ok(ns(now))
 }

@@ -150,15 +150,9 @@ pub fn map_update_elem<K: MapPod, V: MapPod>(
 pub fn obj_get(path: &std::path::Path) -> SysResult<std::os::fd::OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let Ok(cpath) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return Err(crate::SysError::new(
-            "BPF_OBJ_GET (path contains a NUL byte)",
-            libc::EINVAL,
-        ));
+        return Err(crate::SysError::new("BPF_OBJ_GET (path contains a NUL byte)", libc::EINVAL));
     };
-    let mut attr = ObjAttr {
-        pathname: cpath.as_ptr() as u64,
-        ..Default::default()
-    };
+    let mut attr = ObjAttr { pathname: cpath.as_ptr() as u64, ..Default::default() };
     // SAFETY: attr is a properly initialised `bpf_attr.obj_get` (bpf_fd and
     // file_flags 0, path_fd 0 and unused without BPF_F_PATH_FD); pathname
     // points to a NUL-terminated string that outlives the call.
@@ -174,10 +168,7 @@ pub fn obj_get(path: &std::path::Path) -> SysResult<std::os::fd::OwnedFd> {
         return Err(last_error("bpf(BPF_OBJ_GET)"));
     }
     let Ok(fd) = i32::try_from(ret) else {
-        return Err(crate::SysError::new(
-            "BPF_OBJ_GET (fd out of range)",
-            libc::EBADF,
-        ));
+        return Err(crate::SysError::new("BPF_OBJ_GET (fd out of range)", libc::EBADF));
     };
     use std::os::fd::FromRawFd;
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
@@ -204,10 +195,7 @@ impl MappedArray {
     /// `BPF_F_MMAPABLE` and hold at least `len` bytes of values.
     pub fn map(map: BorrowedFd<'_>, len: usize) -> SysResult<MappedArray> {
         if len == 0 {
-            return Err(crate::SysError::new(
-                "mmap of a BPF array (empty)",
-                libc::EINVAL,
-            ));
+            return Err(crate::SysError::new("mmap of a BPF array (empty)", libc::EINVAL));
         }
         // SAFETY: a fresh shared mapping at an address the kernel picks, of a
         // BPF map fd; it aliases no Rust object. MAP_POPULATE pre-faults it.
@@ -224,10 +212,7 @@ impl MappedArray {
         if ptr == libc::MAP_FAILED {
             return Err(last_error("mmap of a BPF array"));
         }
-        Ok(MappedArray {
-            ptr: ptr.cast(),
-            len,
-        })
+        Ok(MappedArray { ptr: ptr.cast(), len })
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {

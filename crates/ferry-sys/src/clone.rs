@@ -36,11 +36,7 @@ pub unsafe fn fork_with_pid(pid: i32) -> SysResult<i32> {
     // SAFETY: args is a valid clone_args of the size passed; no CLONE_VM,
     // so the child gets its own copy of the address space like fork().
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
+        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>())
     };
     if r < 0 {
         return Err(last_error("clone3(set_tid)"));
@@ -57,18 +53,10 @@ pub unsafe fn fork_with_pid(pid: i32) -> SysResult<i32> {
 /// Same rules as `fork()`: the caller must be single-threaded or the child
 /// must only call async-signal-safe functions.
 pub unsafe fn fork_into_namespaces(flags: u64) -> SysResult<i32> {
-    let args = CloneArgs {
-        flags,
-        exit_signal: libc::SIGCHLD as u64,
-        ..Default::default()
-    };
+    let args = CloneArgs { flags, exit_signal: libc::SIGCHLD as u64, ..Default::default() };
     // SAFETY: args is a valid clone_args of the size passed; no CLONE_VM.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
+        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>())
     };
     if r < 0 {
         return Err(last_error("clone3(new namespaces)"));

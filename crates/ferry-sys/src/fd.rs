@@ -178,12 +178,7 @@ pub fn open(path: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
 /// fcntl(F_DUPFD_CLOEXEC): a duplicate of `fd` at the lowest free number
 /// at or above `min`.
 pub fn dup_above(fd: RawFd, min: RawFd) -> SysResult<OwnedFd> {
-    let high = fcntl_int(
-        fd,
-        libc::F_DUPFD_CLOEXEC,
-        min as libc::c_long,
-        "fcntl(F_DUPFD)",
-    )?;
+    let high = fcntl_int(fd, libc::F_DUPFD_CLOEXEC, min as libc::c_long, "fcntl(F_DUPFD)")?;
     // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor to us.
     Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
@@ -233,10 +228,8 @@ pub fn mkfifo(path: &CStr, mode: u32) -> SysResult<()> {
 /// freshly forked process that is dropping what it inherited.
 pub fn close_range(first: u32, last: u32) -> SysResult<()> {
     // SAFETY: integer arguments.
-    check("close_range", unsafe {
-        libc::syscall(libc::SYS_close_range, first, last, 0u32)
-    })
-    .map(drop)
+    check("close_range", unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) })
+        .map(drop)
 }
 
 /// memfd_create(2).
@@ -277,22 +270,13 @@ pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
 pub fn set_cloexec_from(first: RawFd) {
     const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
     // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, only FD_CLOEXEC set.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first as u32,
-            u32::MAX,
-            CLOSE_RANGE_CLOEXEC,
-        )
-    } == 0
+    if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, CLOSE_RANGE_CLOEXEC) }
+        == 0
     {
         return;
     }
     let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default();
     for fd in fds.into_iter().filter(|&fd| fd >= first) {
         // SAFETY: F_SETFD on a descriptor number; a closed one fails harmlessly.

@@ -42,10 +42,7 @@ pub const PAGE_SIZE: u64 = 4096;
 
 /// Returns the calling thread's errno as a `SysError` for `call`.
 pub(crate) fn last_error(call: &'static str) -> SysError {
-    SysError::new(
-        call,
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-    )
+    SysError::new(call, std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
 
 /// Converts a raw `syscall(2)` style return value into a result.

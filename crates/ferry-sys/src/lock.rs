@@ -6,11 +6,7 @@ use std::os::fd::RawFd;
 
 /// flock(2), never waiting: shared or exclusive.
 pub fn flock(fd: RawFd, exclusive: bool) -> SysResult<()> {
-    let op = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    };
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
     // SAFETY: integer arguments.
     if unsafe { libc::flock(fd, op | libc::LOCK_NB) } < 0 {
         return Err(last_error("flock"));

@@ -50,9 +50,7 @@ pub fn interfaces() -> SysResult<Vec<(u32, String)>> {
         while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
             out.push((
                 (*entry).if_index,
-                CStr::from_ptr((*entry).if_name)
-                    .to_string_lossy()
-                    .into_owned(),
+                CStr::from_ptr((*entry).if_name).to_string_lossy().into_owned(),
             ));
             entry = entry.add(1);
         }
@@ -70,13 +68,7 @@ pub fn bind_mount(source: &Path, target: &Path) -> SysResult<()> {
     // SAFETY: both paths are NUL-terminated strings that outlive the call;
     // fstype and data are NULL, which MS_BIND allows.
     if unsafe {
-        libc::mount(
-            src.as_ptr(),
-            dst.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
+        libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
     } < 0
     {
         return Err(last_error("mount(MS_BIND)"));
@@ -144,9 +136,9 @@ pub fn addresses() -> SysResult<Vec<std::net::IpAddr>> {
                 match (*a).sa_family as i32 {
                     libc::AF_INET => {
                         let sin = &*(a as *const libc::sockaddr_in);
-                        out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(
-                            u32::from_be(sin.sin_addr.s_addr),
-                        )));
+                        out.push(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(a as *const libc::sockaddr_in6);
@@ -184,13 +176,7 @@ pub fn mount_own_proc() -> SysResult<()> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     // SAFETY: as above.
     if unsafe {
-        libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            flags,
-            std::ptr::null(),
-        )
+        libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, std::ptr::null())
     } < 0
     {
         return Err(last_error("mount(proc, /proc)"));

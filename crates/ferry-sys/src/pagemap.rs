@@ -172,11 +172,7 @@ pub fn collect_written(
             break;
         }
         let last_end = regions[WRITTEN_VEC_LEN - 1].end;
-        cur = if arg.walk_end >= last_end && arg.walk_end <= end {
-            arg.walk_end
-        } else {
-            last_end
-        };
+        cur = if arg.walk_end >= last_end && arg.walk_end <= end { arg.walk_end } else { last_end };
     }
     Ok(())
 }

@@ -5,9 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: pidfd_open takes integers and returns a new fd.
-    let r = check("pidfd_open", unsafe {
-        libc::syscall(libc::SYS_pidfd_open, pid, 0)
-    })?;
+    let r = check("pidfd_open", unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
     // SAFETY: r is a new descriptor owned by us.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
@@ -38,11 +36,7 @@ pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> SysResult<()> {
 
 /// Waits until the process behind `pidfd` has exited (the pidfd polls readable).
 pub fn wait_exit(pidfd: &OwnedFd, timeout_ms: i32) -> SysResult<bool> {
-    let mut p = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     Ok(check("poll(pidfd)", r as libc::c_long)? > 0)

@@ -57,10 +57,7 @@ impl PlacedRegion {
 
     /// Copies `data` in at byte `offset` of the region.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> SysResult<()> {
-        if offset
-            .checked_add(data.len())
-            .map_or(true, |e| e > self.len)
-        {
+        if offset.checked_add(data.len()).map_or(true, |e| e > self.len) {
             return Err(SysError::new("PlacedRegion::write", libc::EINVAL));
         }
         // SAFETY: the destination lies inside our live read-write mapping

@@ -13,10 +13,7 @@ pub fn get_robust_list(tid: i32) -> SysResult<(u64, u64)> {
 }
 
 pub fn set_rlimit(pid: i32, resource: u32, soft: u64, hard: u64) -> SysResult<()> {
-    let new = libc::rlimit64 {
-        rlim_cur: soft,
-        rlim_max: hard,
-    };
+    let new = libc::rlimit64 { rlim_cur: soft, rlim_max: hard };
     // SAFETY: new points to a valid struct; old is NULL.
     let r = unsafe { libc::prlimit64(pid, resource as _, &new, std::ptr::null_mut()) };
     if r < 0 {
@@ -86,10 +83,7 @@ impl MappedFile {
     pub fn map(fd: &std::fs::File, offset: u64, len: usize) -> SysResult<MappedFile> {
         use std::os::fd::AsRawFd;
         if len == 0 {
-            return Ok(MappedFile {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            });
+            return Ok(MappedFile { ptr: std::ptr::null_mut(), len: 0 });
         }
         // No MAP_POPULATE: the verifying threads fault the pages in, in
         // parallel, which measured faster than populating up front.
@@ -163,21 +157,11 @@ pub fn get_sched(tid: i32) -> SysResult<Sched> {
     let mut cpus = vec![0u64; 16];
     // SAFETY: cpus is a writable buffer of the given byte length.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_sched_getaffinity,
-            tid,
-            cpus.len() * 8,
-            cpus.as_mut_ptr(),
-        )
+        libc::syscall(libc::SYS_sched_getaffinity, tid, cpus.len() * 8, cpus.as_mut_ptr())
     };
     let n = check("sched_getaffinity", r)? as usize;
     cpus.truncate(n / 8);
-    Ok(Sched {
-        policy,
-        rt_priority: param.sched_priority,
-        nice,
-        cpus,
-    })
+    Ok(Sched { policy, rt_priority: param.sched_priority, nice, cpus })
 }
 
 /// What sched_getattr(2) adds to [`Sched`]: the deadline parameters and
@@ -202,13 +186,7 @@ pub fn get_sched_extra(tid: i32) -> SysResult<SchedExtra> {
     let mut attr = [0u8; 56];
     // SAFETY: attr is a writable buffer of the size passed.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_sched_getattr,
-            tid,
-            attr.as_mut_ptr(),
-            attr.len() as u32,
-            0u32,
-        )
+        libc::syscall(libc::SYS_sched_getattr, tid, attr.as_mut_ptr(), attr.len() as u32, 0u32)
     };
     check("sched_getattr", r)?;
     let u32_at = |o: usize| u32::from_ne_bytes([attr[o], attr[o + 1], attr[o + 2], attr[o + 3]]);
@@ -227,20 +205,13 @@ pub fn get_sched_extra(tid: i32) -> SysResult<SchedExtra> {
 pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     // SAFETY: the mask buffer is live for the given byte length.
     check("sched_setaffinity", unsafe {
-        libc::syscall(
-            libc::SYS_sched_setaffinity,
-            tid,
-            s.cpus.len() * 8,
-            s.cpus.as_ptr(),
-        )
+        libc::syscall(libc::SYS_sched_setaffinity, tid, s.cpus.len() * 8, s.cpus.as_ptr())
     })?;
     // SAFETY: integer arguments.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, s.nice) } < 0 {
         return Err(last_error("setpriority"));
     }
-    let param = libc::sched_param {
-        sched_priority: s.rt_priority,
-    };
+    let param = libc::sched_param { sched_priority: s.rt_priority };
     // SAFETY: param is a valid sched_param.
     if unsafe { libc::sched_setscheduler(tid, s.policy, &param) } < 0 {
         return Err(last_error("sched_setscheduler"));
@@ -281,12 +252,7 @@ pub fn detach_from_caller(keep: i32) {
         if keep > 3 {
             libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
         }
-        libc::syscall(
-            libc::SYS_close_range,
-            (keep.max(2) + 1) as u32,
-            u32::MAX,
-            0u32,
-        );
+        libc::syscall(libc::SYS_close_range, (keep.max(2) + 1) as u32, u32::MAX, 0u32);
     }
 }
 
@@ -310,14 +276,7 @@ pub const KCMP_SIGHAND: i32 = 4;
 pub fn kcmp_shared(pid1: i32, pid2: i32, kind: i32) -> SysResult<bool> {
     // SAFETY: kcmp with these kinds takes only integers.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            pid1,
-            pid2,
-            kind,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        )
+        libc::syscall(libc::SYS_kcmp, pid1, pid2, kind, 0 as libc::c_ulong, 0 as libc::c_ulong)
     };
     Ok(crate::check("kcmp", r)? == 0)
 }
@@ -497,10 +456,7 @@ pub fn reap_any_thread() -> bool {
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit.
 pub fn raise_nofile_limit() {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: r is a valid rlimit to fill and then pass back.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {

@@ -28,12 +28,7 @@ fn req(
     // SAFETY: every caller passes `addr`/`data` that are either integers or
     // pointers to live buffers of the size the request expects.
     let r = unsafe {
-        libc::ptrace(
-            request as _,
-            tid,
-            addr as *mut libc::c_void,
-            data as *mut libc::c_void,
-        )
+        libc::ptrace(request as _, tid, addr as *mut libc::c_void, data as *mut libc::c_void)
     };
     if r < 0 {
         return Err(last_error(name));
@@ -42,14 +37,7 @@ fn req(
 }
 
 pub fn seize(tid: i32, options: u64) -> SysResult<()> {
-    req(
-        PTRACE_SEIZE,
-        tid,
-        0,
-        options as usize,
-        "ptrace(PTRACE_SEIZE)",
-    )
-    .map(drop)
+    req(PTRACE_SEIZE, tid, 0, options as usize, "ptrace(PTRACE_SEIZE)").map(drop)
 }
 
 pub fn interrupt(tid: i32) -> SysResult<()> {
@@ -57,36 +45,15 @@ pub fn interrupt(tid: i32) -> SysResult<()> {
 }
 
 pub fn detach(tid: i32, sig: i32) -> SysResult<()> {
-    req(
-        libc::PTRACE_DETACH,
-        tid,
-        0,
-        sig as usize,
-        "ptrace(PTRACE_DETACH)",
-    )
-    .map(drop)
+    req(libc::PTRACE_DETACH, tid, 0, sig as usize, "ptrace(PTRACE_DETACH)").map(drop)
 }
 
 pub fn cont(tid: i32, sig: i32) -> SysResult<()> {
-    req(
-        libc::PTRACE_CONT,
-        tid,
-        0,
-        sig as usize,
-        "ptrace(PTRACE_CONT)",
-    )
-    .map(drop)
+    req(libc::PTRACE_CONT, tid, 0, sig as usize, "ptrace(PTRACE_CONT)").map(drop)
 }
 
 pub fn single_step(tid: i32, sig: i32) -> SysResult<()> {
-    req(
-        libc::PTRACE_SINGLESTEP,
-        tid,
-        0,
-        sig as usize,
-        "ptrace(PTRACE_SINGLESTEP)",
-    )
-    .map(drop)
+    req(libc::PTRACE_SINGLESTEP, tid, 0, sig as usize, "ptrace(PTRACE_SINGLESTEP)").map(drop)
 }
 
 pub fn event_msg(tid: i32) -> SysResult<u64> {
@@ -104,34 +71,18 @@ pub fn event_msg(tid: i32) -> SysResult<u64> {
 pub fn get_regs(tid: i32) -> SysResult<Regs> {
     // SAFETY: user_regs_struct is plain integers; all-zero is valid.
     let mut regs: Regs = unsafe { std::mem::zeroed() };
-    req(
-        libc::PTRACE_GETREGS,
-        tid,
-        0,
-        &mut regs as *mut _ as usize,
-        "ptrace(PTRACE_GETREGS)",
-    )?;
+    req(libc::PTRACE_GETREGS, tid, 0, &mut regs as *mut _ as usize, "ptrace(PTRACE_GETREGS)")?;
     Ok(regs)
 }
 
 pub fn set_regs(tid: i32, regs: &Regs) -> SysResult<()> {
-    req(
-        libc::PTRACE_SETREGS,
-        tid,
-        0,
-        regs as *const _ as usize,
-        "ptrace(PTRACE_SETREGS)",
-    )
-    .map(drop)
+    req(libc::PTRACE_SETREGS, tid, 0, regs as *const _ as usize, "ptrace(PTRACE_SETREGS)").map(drop)
 }
 
 /// The full XSAVE area (x87, SSE, AVX, AVX-512, PKRU...) of a thread.
 pub fn get_xstate(tid: i32) -> SysResult<Vec<u8>> {
     let mut buf = vec![0u8; 16384];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     req(
         libc::PTRACE_GETREGSET,
         tid,
@@ -144,10 +95,7 @@ pub fn get_xstate(tid: i32) -> SysResult<Vec<u8>> {
 }
 
 pub fn set_xstate(tid: i32, xstate: &[u8]) -> SysResult<()> {
-    let mut iov = libc::iovec {
-        iov_base: xstate.as_ptr() as *mut _,
-        iov_len: xstate.len(),
-    };
+    let mut iov = libc::iovec { iov_base: xstate.as_ptr() as *mut _, iov_len: xstate.len() };
     req(
         libc::PTRACE_SETREGSET,
         tid,
@@ -160,25 +108,13 @@ pub fn set_xstate(tid: i32, xstate: &[u8]) -> SysResult<()> {
 
 pub fn get_sigmask(tid: i32) -> SysResult<u64> {
     let mut mask: u64 = 0;
-    req(
-        PTRACE_GETSIGMASK,
-        tid,
-        8,
-        &mut mask as *mut _ as usize,
-        "ptrace(PTRACE_GETSIGMASK)",
-    )?;
+    req(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut _ as usize, "ptrace(PTRACE_GETSIGMASK)")?;
     Ok(mask)
 }
 
 pub fn set_sigmask(tid: i32, mask: u64) -> SysResult<()> {
-    req(
-        PTRACE_SETSIGMASK,
-        tid,
-        8,
-        &mask as *const _ as usize,
-        "ptrace(PTRACE_SETSIGMASK)",
-    )
-    .map(drop)
+    req(PTRACE_SETSIGMASK, tid, 8, &mask as *const _ as usize, "ptrace(PTRACE_SETSIGMASK)")
+        .map(drop)
 }
 
 /// A raw 128-byte siginfo as the kernel stores it.
@@ -268,10 +204,7 @@ pub fn wait_tid(tid: i32, flags: i32) -> SysResult<Option<(i32, WaitEvent)>> {
     } else if libc::WIFSIGNALED(status) {
         WaitEvent::Signaled(libc::WTERMSIG(status))
     } else {
-        WaitEvent::Stopped {
-            sig: libc::WSTOPSIG(status),
-            event: (status >> 16) & 0xff,
-        }
+        WaitEvent::Stopped { sig: libc::WSTOPSIG(status), event: (status >> 16) & 0xff }
     };
     Ok(Some((r, ev)))
 }
@@ -296,13 +229,7 @@ pub fn put_back_sigmask(tid: i32, mask: u64) {
     }
     loop {
         match wait_tid(tid, 0) {
-            Ok(Some((
-                _,
-                WaitEvent::Stopped {
-                    event: PTRACE_EVENT_STOP,
-                    ..
-                },
-            ))) => break,
+            Ok(Some((_, WaitEvent::Stopped { event: PTRACE_EVENT_STOP, .. }))) => break,
             // A signal stop: let the signal through and wait on.
             Ok(Some((_, WaitEvent::Stopped { sig, .. }))) => {
                 if cont(tid, sig).is_err() {

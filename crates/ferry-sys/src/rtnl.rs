@@ -85,11 +85,7 @@ fn next_seq() -> u32 {
 fn route_socket(call: &'static str) -> SysResult<OwnedFd> {
     // SAFETY: plain socket(2) with integer arguments.
     let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
+        libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
     };
     if raw < 0 {
         return Err(last_error(call));
@@ -219,12 +215,7 @@ fn dump_once(msg: Msg, want: u16, call: &'static str, out: &mut Vec<Vec<u8>>) ->
     loop {
         let n = recv(&sock, &mut buf, call)?;
         for m in messages(&buf[..n], call) {
-            let Message {
-                ty,
-                flags,
-                seq: mseq,
-                payload,
-            } = m?;
+            let Message { ty, flags, seq: mseq, payload } = m?;
             if mseq != seq {
                 continue;
             }
@@ -292,11 +283,7 @@ mod tests {
         let got = attrs(&bytes[NLMSG_HDRLEN..], 8);
         assert_eq!(
             got,
-            vec![
-                (2, &[10u8, 0, 0, 1][..]),
-                (3, &b"eth0\0"[..]),
-                (8, &2u32.to_ne_bytes()[..])
-            ]
+            vec![(2, &[10u8, 0, 0, 1][..]), (3, &b"eth0\0"[..]), (8, &2u32.to_ne_bytes()[..])]
         );
     }
 }

@@ -26,11 +26,7 @@ pub fn reset_to_default(sig: i32) -> SysResult<()> {
 
 /// Turns the calling thread's alternate signal stack off (SS_DISABLE).
 pub fn disable_altstack() -> SysResult<()> {
-    let off = libc::stack_t {
-        ss_sp: std::ptr::null_mut(),
-        ss_flags: libc::SS_DISABLE,
-        ss_size: 0,
-    };
+    let off = libc::stack_t { ss_sp: std::ptr::null_mut(), ss_flags: libc::SS_DISABLE, ss_size: 0 };
     // SAFETY: off is a valid stack_t; no old value requested.
     if unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) } < 0 {
         return Err(last_error("sigaltstack"));

@@ -96,10 +96,7 @@ pub fn inode_of(fd: BorrowedFd) -> SysResult<u64> {
 /// that namespace.
 fn diag_socket_in(ns: BorrowedFd) -> SysResult<OwnedFd> {
     let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
-        crate::SysError::new(
-            "open(/proc/thread-self/ns/net)",
-            e.raw_os_error().unwrap_or(0),
-        )
+        crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0))
     })?;
     if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
         return diag_socket();
@@ -160,10 +157,7 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
                 return Ok(out);
             }
             if ty == NLMSG_ERROR {
-                return Err(crate::SysError::new(
-                    "sock_diag",
-                    -(u32_at(&buf, off + 16) as i32),
-                ));
+                return Err(crate::SysError::new("sock_diag", -(u32_at(&buf, off + 16) as i32)));
             }
             let msg = &buf[off + 16..off + len];
             if msg.len() >= 16 {

@@ -67,20 +67,13 @@ pub fn getsockopt_bytes(fd: RawFd, level: i32, name: i32, max: usize) -> SysResu
 
 pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
     let b = getsockopt_bytes(fd, level, name, 4)?;
-    Ok(b.get(..4)
-        .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
+    Ok(b.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
 }
 
 pub fn setsockopt_bytes(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
     // SAFETY: value is a live buffer of the length passed.
     let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            value.as_ptr().cast(),
-            value.len() as libc::socklen_t,
-        )
+        libc::setsockopt(fd, level, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
     };
     if r < 0 {
         Err(last_error("setsockopt"))
@@ -105,10 +98,7 @@ fn from_storage(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the kernel filled a sockaddr_in6.
             let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
             let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::new(
-                IpAddr::V6(ip),
-                u16::from_be(sin6.sin6_port),
-            ))
+            Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)))
         }
         _ => None,
     }
@@ -129,10 +119,7 @@ fn to_storage(family: i32, addr: &SocketAddr) -> (libc::sockaddr_storage, libc::
             IpAddr::V6(v6) => v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
         };
         sin.sin_addr.s_addr = u32::from(ip).to_be();
-        (
-            ss,
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
+        (ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
     } else {
         // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
         let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
@@ -143,10 +130,7 @@ fn to_storage(family: i32, addr: &SocketAddr) -> (libc::sockaddr_storage, libc::
             IpAddr::V6(v6) => v6,
         };
         sin6.sin6_addr.s6_addr = ip.octets();
-        (
-            ss,
-            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-        )
+        (ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
     }
 }
 
@@ -166,11 +150,7 @@ pub fn address(fd: RawFd, peer: bool) -> SysResult<Option<SocketAddr>> {
     };
     if r < 0 {
         let e = last_error(if peer { "getpeername" } else { "getsockname" });
-        return if peer && e.errno == libc::ENOTCONN {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+        return if peer && e.errno == libc::ENOTCONN { Ok(None) } else { Err(e) };
     }
     Ok(from_storage(&ss))
 }
@@ -286,12 +266,7 @@ pub fn peek_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
     }
     // SAFETY: the buffer has len writable bytes.
     let r = unsafe {
-        libc::recv(
-            fd,
-            buf.as_mut_ptr().cast(),
-            len,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
+        libc::recv(fd, buf.as_mut_ptr().cast(), len, libc::MSG_PEEK | libc::MSG_DONTWAIT)
     };
     if r < 0 {
         return Err(last_error("recv(MSG_PEEK)"));
@@ -326,16 +301,9 @@ pub fn send_all(fd: RawFd, data: &[u8], timeout_ms: i32) -> SysResult<()> {
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return Err(crate::SysError::new(
-                "send (no room in the queue)",
-                libc::ETIMEDOUT,
-            ));
+            return Err(crate::SysError::new("send (no room in the queue)", libc::ETIMEDOUT));
         }
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLOUT,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, (left.as_millis() as i32).clamp(1, 50)) };
     }
@@ -363,8 +331,7 @@ pub fn repair_window(fd: RawFd) -> SysResult<RepairWindow> {
     )
     .map_err(|e| crate::SysError::new("getsockopt(TCP_REPAIR_WINDOW)", e.errno))?;
     let w = |i: usize| {
-        b.get(i * 4..i * 4 + 4)
-            .map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
+        b.get(i * 4..i * 4 + 4).map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
     };
     Ok(RepairWindow {
         snd_wl1: w(0),
@@ -377,13 +344,7 @@ pub fn repair_window(fd: RawFd) -> SysResult<RepairWindow> {
 
 pub fn set_repair_window(fd: RawFd, win: &RepairWindow) -> SysResult<()> {
     let mut b = Vec::with_capacity(20);
-    for v in [
-        win.snd_wl1,
-        win.snd_wnd,
-        win.max_window,
-        win.rcv_wnd,
-        win.rcv_wup,
-    ] {
+    for v in [win.snd_wl1, win.snd_wnd, win.max_window, win.rcv_wnd, win.rcv_wup] {
         b.extend_from_slice(&v.to_ne_bytes());
     }
     setsockopt_bytes(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW, &b)
@@ -412,11 +373,7 @@ pub fn accept(fd: RawFd) -> SysResult<Option<OwnedFd>> {
     };
     if r < 0 {
         let e = last_error("accept4");
-        return if e.errno == libc::EAGAIN {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+        return if e.errno == libc::EAGAIN { Ok(None) } else { Err(e) };
     }
     // SAFETY: a new descriptor nobody else owns.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(r) }))

@@ -29,19 +29,15 @@ pub fn shm_get(key: i32, size: usize, flags: i32) -> SysResult<i32> {
 /// shmctl(IPC_RMID): removes the segment once nothing has it attached.
 pub fn shm_remove(id: i32) -> SysResult<()> {
     // SAFETY: IPC_RMID takes no buffer.
-    int("shmctl(IPC_RMID)", unsafe {
-        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut())
-    })
-    .map(drop)
+    int("shmctl(IPC_RMID)", unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) })
+        .map(drop)
 }
 
 pub fn shm_stat(id: i32) -> SysResult<libc::shmid_ds> {
     // SAFETY: shmid_ds is plain data; all-zero is a valid value.
     let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
     // SAFETY: IPC_STAT fills the shmid_ds we own.
-    int("shmctl(IPC_STAT)", unsafe {
-        libc::shmctl(id, libc::IPC_STAT, &mut ds)
-    })?;
+    int("shmctl(IPC_STAT)", unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) })?;
     Ok(ds)
 }
 
@@ -49,10 +45,7 @@ pub fn shm_stat(id: i32) -> SysResult<libc::shmid_ds> {
 pub fn shm_set(id: i32, ds: &libc::shmid_ds) -> SysResult<()> {
     let mut ds = *ds;
     // SAFETY: IPC_SET only reads the shmid_ds.
-    int("shmctl(IPC_SET)", unsafe {
-        libc::shmctl(id, libc::IPC_SET, &mut ds)
-    })
-    .map(drop)
+    int("shmctl(IPC_SET)", unsafe { libc::shmctl(id, libc::IPC_SET, &mut ds) }).map(drop)
 }
 
 /// A segment attached read-write somewhere in our address space;
@@ -71,10 +64,7 @@ impl ShmAttachment {
         if at as isize == -1 {
             return Err(last_error("shmat"));
         }
-        Ok(ShmAttachment {
-            addr: at.cast(),
-            len,
-        })
+        Ok(ShmAttachment { addr: at.cast(), len })
     }
 
     /// The segment's bytes (its size as IPC_STAT reported it; a segment
@@ -106,19 +96,14 @@ pub fn sem_get(key: i32, nsems: i32, flags: i32) -> SysResult<i32> {
 
 pub fn sem_remove(id: i32) -> SysResult<()> {
     // SAFETY: IPC_RMID takes no buffer.
-    int("semctl(IPC_RMID)", unsafe {
-        libc::semctl(id, 0, libc::IPC_RMID)
-    })
-    .map(drop)
+    int("semctl(IPC_RMID)", unsafe { libc::semctl(id, 0, libc::IPC_RMID) }).map(drop)
 }
 
 /// semctl(GETPID): the PID of the last process that operated on
 /// semaphore `num` of the set.
 pub fn sem_last_pid(id: i32, num: i32) -> SysResult<i32> {
     // SAFETY: GETPID takes no buffer argument.
-    int("semctl(GETPID)", unsafe {
-        libc::semctl(id, num, libc::GETPID)
-    })
+    int("semctl(GETPID)", unsafe { libc::semctl(id, num, libc::GETPID) })
 }
 
 pub fn sem_stat(id: i32) -> SysResult<libc::semid_ds> {
@@ -149,9 +134,7 @@ pub fn sem_values(id: i32) -> SysResult<Vec<u16>> {
     // and the set has `n` (a set never changes size; only removing it
     // and reusing its very id for a larger set between the two calls
     // could differ, which the id's sequence number prevents).
-    int("semctl(GETALL)", unsafe {
-        libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr())
-    })?;
+    int("semctl(GETALL)", unsafe { libc::semctl(id, 0, libc::GETALL, values.as_mut_ptr()) })?;
     Ok(values)
 }
 
@@ -162,10 +145,7 @@ pub fn sem_set_values(id: i32, values: &[u16]) -> SysResult<()> {
     }
     // SAFETY: SETALL only reads one unsigned short per semaphore of the
     // set, which has values.len() of them (checked above; see `sem_values`).
-    int("semctl(SETALL)", unsafe {
-        libc::semctl(id, 0, libc::SETALL, values.as_ptr())
-    })
-    .map(drop)
+    int("semctl(SETALL)", unsafe { libc::semctl(id, 0, libc::SETALL, values.as_ptr()) }).map(drop)
 }
 
 // ---- message queues ----
@@ -178,19 +158,15 @@ pub fn msg_get(key: i32, flags: i32) -> SysResult<i32> {
 
 pub fn msg_remove(id: i32) -> SysResult<()> {
     // SAFETY: IPC_RMID takes no buffer.
-    int("msgctl(IPC_RMID)", unsafe {
-        libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut())
-    })
-    .map(drop)
+    int("msgctl(IPC_RMID)", unsafe { libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()) })
+        .map(drop)
 }
 
 pub fn msg_stat(id: i32) -> SysResult<libc::msqid_ds> {
     // SAFETY: msqid_ds is plain data; all-zero is a valid value.
     let mut ds: libc::msqid_ds = unsafe { std::mem::zeroed() };
     // SAFETY: IPC_STAT fills the msqid_ds we own.
-    int("msgctl(IPC_STAT)", unsafe {
-        libc::msgctl(id, libc::IPC_STAT, &mut ds)
-    })?;
+    int("msgctl(IPC_STAT)", unsafe { libc::msgctl(id, libc::IPC_STAT, &mut ds) })?;
     Ok(ds)
 }
 
@@ -198,10 +174,7 @@ pub fn msg_stat(id: i32) -> SysResult<libc::msqid_ds> {
 pub fn msg_set(id: i32, ds: &libc::msqid_ds) -> SysResult<()> {
     let mut ds = *ds;
     // SAFETY: IPC_SET only reads the msqid_ds.
-    int("msgctl(IPC_SET)", unsafe {
-        libc::msgctl(id, libc::IPC_SET, &mut ds)
-    })
-    .map(drop)
+    int("msgctl(IPC_SET)", unsafe { libc::msgctl(id, libc::IPC_SET, &mut ds) }).map(drop)
 }
 
 /// msgrcv(MSG_COPY | IPC_NOWAIT): a copy of the message at `index` of the
@@ -238,8 +211,5 @@ pub fn msg_send(id: i32, mtype: i64, text: &[u8], flags: i32) -> SysResult<()> {
     buf.extend_from_slice(text);
     // SAFETY: buf is a long (the type) followed by text.len() bytes; the
     // kernel only reads it.
-    int("msgsnd", unsafe {
-        libc::msgsnd(id, buf.as_ptr().cast(), text.len(), flags)
-    })
-    .map(drop)
+    int("msgsnd", unsafe { libc::msgsnd(id, buf.as_ptr().cast(), text.len(), flags) }).map(drop)
 }

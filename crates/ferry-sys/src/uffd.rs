@@ -137,9 +137,7 @@ const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
 /// makes the target's by injecting the same syscall into it).
 pub fn userfaultfd(flags: u64) -> SysResult<OwnedFd> {
     // SAFETY: integer argument only; returns a new descriptor.
-    let r = check("userfaultfd", unsafe {
-        libc::syscall(libc::SYS_userfaultfd, flags)
-    })?;
+    let r = check("userfaultfd", unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
     // SAFETY: r is a new descriptor owned by us.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
@@ -171,26 +169,15 @@ pub struct Api {
 /// UFFDIO_API: must be the first ioctl on a new fd, exactly once. Fails
 /// (EINVAL) when a requested feature is not supported.
 pub fn api(fd: BorrowedFd<'_>, features: u64) -> SysResult<Api> {
-    let mut a = UffdioApi {
-        api: UFFD_API,
-        features,
-        ioctls: 0,
-    };
+    let mut a = UffdioApi { api: UFFD_API, features, ioctls: 0 };
     ioctl(fd, UFFDIO_API, &mut a, "ioctl(UFFDIO_API)")?;
-    Ok(Api {
-        features: a.features,
-        ioctls: a.ioctls,
-    })
+    Ok(Api { features: a.features, ioctls: a.ioctls })
 }
 
 /// UFFDIO_REGISTER of `[start, start + len)` with `mode`
 /// (UFFDIO_REGISTER_MODE_*). Returns the IOCTL_* bits usable on the range.
 pub fn register(fd: BorrowedFd<'_>, start: u64, len: u64, mode: u64) -> SysResult<u64> {
-    let mut r = UffdioRegister {
-        range: UffdioRange { start, len },
-        mode,
-        ioctls: 0,
-    };
+    let mut r = UffdioRegister { range: UffdioRange { start, len }, mode, ioctls: 0 };
     ioctl(fd, UFFDIO_REGISTER, &mut r, "ioctl(UFFDIO_REGISTER)")?;
     Ok(r.ioctls)
 }
@@ -203,21 +190,9 @@ pub fn unregister(fd: BorrowedFd<'_>, start: u64, len: u64) -> SysResult<()> {
 /// UFFDIO_WRITEPROTECT: protect (`protect`) or unprotect the range; with
 /// WP_ASYNC a later write unprotects a page by itself.
 pub fn writeprotect(fd: BorrowedFd<'_>, start: u64, len: u64, protect: bool) -> SysResult<()> {
-    let mode = if protect {
-        UFFDIO_WRITEPROTECT_MODE_WP
-    } else {
-        0
-    };
-    let mut w = UffdioWriteprotect {
-        range: UffdioRange { start, len },
-        mode,
-    };
-    ioctl(
-        fd,
-        UFFDIO_WRITEPROTECT,
-        &mut w,
-        "ioctl(UFFDIO_WRITEPROTECT)",
-    )
+    let mode = if protect { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 };
+    let mut w = UffdioWriteprotect { range: UffdioRange { start, len }, mode };
+    ioctl(fd, UFFDIO_WRITEPROTECT, &mut w, "ioctl(UFFDIO_WRITEPROTECT)")
 }
 
 /// UFFDIO_COPY: fills the missing pages at `dst` (in the fd's address
@@ -225,13 +200,7 @@ pub fn writeprotect(fd: BorrowedFd<'_>, start: u64, len: u64, protect: bool) -> 
 /// DONTWAKE. Returns the bytes copied; a partial copy (EAGAIN after some
 /// progress, the layout changed meanwhile) returns the count so far.
 pub fn copy(fd: BorrowedFd<'_>, dst: u64, src: &[u8], mode: u64) -> SysResult<u64> {
-    let mut c = UffdioCopy {
-        dst,
-        src: src.as_ptr() as u64,
-        len: src.len() as u64,
-        mode,
-        copy: 0,
-    };
+    let mut c = UffdioCopy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
     match ioctl(fd, UFFDIO_COPY, &mut c, "ioctl(UFFDIO_COPY)") {
         Ok(()) => Ok(c.copy as u64),
         Err(e) if e.errno == libc::EAGAIN && c.copy > 0 => Ok(c.copy as u64),
@@ -241,11 +210,7 @@ pub fn copy(fd: BorrowedFd<'_>, dst: u64, src: &[u8], mode: u64) -> SysResult<u6
 
 /// UFFDIO_ZEROPAGE: maps zero pages over the missing range.
 pub fn zeropage(fd: BorrowedFd<'_>, start: u64, len: u64, mode: u64) -> SysResult<u64> {
-    let mut z = UffdioZeropage {
-        range: UffdioRange { start, len },
-        mode,
-        zeropage: 0,
-    };
+    let mut z = UffdioZeropage { range: UffdioRange { start, len }, mode, zeropage: 0 };
     match ioctl(fd, UFFDIO_ZEROPAGE, &mut z, "ioctl(UFFDIO_ZEROPAGE)") {
         Ok(()) => Ok(z.zeropage as u64),
         Err(e) if e.errno == libc::EAGAIN && z.zeropage > 0 => Ok(z.zeropage as u64),
@@ -272,11 +237,7 @@ pub fn read_msg(fd: BorrowedFd<'_>) -> SysResult<Option<Msg>> {
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         let e = last_error("read(userfaultfd)");
-        return if e.errno == libc::EAGAIN {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+        return if e.errno == libc::EAGAIN { Ok(None) } else { Err(e) };
     }
     if n as usize != buf.len() {
         return Err(crate::SysError::new("read(userfaultfd)", libc::EIO));
@@ -284,15 +245,10 @@ pub fn read_msg(fd: BorrowedFd<'_>) -> SysResult<Option<Msg>> {
     let word =
         |i: usize| u64::from_le_bytes(buf[8 + i * 8..16 + i * 8].try_into().unwrap_or([0; 8]));
     Ok(Some(match buf[0] {
-        UFFD_EVENT_PAGEFAULT => Msg::PageFault {
-            flags: word(0),
-            address: word(1),
-            tid: word(2) as u32,
-        },
-        event => Msg::Other {
-            event,
-            args: [word(0), word(1), word(2)],
-        },
+        UFFD_EVENT_PAGEFAULT => {
+            Msg::PageFault { flags: word(0), address: word(1), tid: word(2) as u32 }
+        }
+        event => Msg::Other { event, args: [word(0), word(1), word(2)] },
     }))
 }
 
@@ -315,11 +271,7 @@ pub fn own_event_fd(raw: u64) -> SysResult<OwnedFd> {
 pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> SysResult<Vec<bool>> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
-        .map(|f| libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 })
         .collect();
     // SAFETY: p is a valid array of p.len() pollfd structs.
     let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
@@ -330,7 +282,5 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> SysResult<Vec<b
         }
         return Err(e);
     }
-    Ok(p.iter()
-        .map(|x| x.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
-        .collect())
+    Ok(p.iter().map(|x| x.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0).collect())
 }

@@ -34,10 +34,7 @@ pub struct Message {
 /// nothing is queued (EAGAIN).
 pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>> {
     let mut ctrl = vec![0u64; CTRL_LEN / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -77,11 +74,7 @@ pub fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> SysResult<Option<Message>>
                 && len >= std::mem::size_of::<libc::ucred>()
             {
                 let u = std::ptr::read_unaligned(data as *const libc::ucred);
-                out.creds = Some(Creds {
-                    pid: u.pid,
-                    uid: u.uid,
-                    gid: u.gid,
-                });
+                out.creds = Some(Creds { pid: u.pid, uid: u.uid, gid: u.gid });
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
@@ -104,10 +97,7 @@ pub fn send(
         return Err(crate::SysError::new("sendmsg(SCM_RIGHTS)", libc::EINVAL));
     }
     let mut ctrl = vec![0u64; CTRL_LEN / 8];
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -116,11 +106,8 @@ pub fn send(
     // `ctrl` (4096 bytes, more than 253 descriptors and one ucred need),
     // at offsets CMSG_FIRSTHDR/CMSG_NXTHDR compute from msg_controllen.
     unsafe {
-        let rights = if fds.is_empty() {
-            0
-        } else {
-            libc::CMSG_SPACE((fds.len() * 4) as u32) as usize
-        };
+        let rights =
+            if fds.is_empty() { 0 } else { libc::CMSG_SPACE((fds.len() * 4) as u32) as usize };
         let cred = if creds.is_some() {
             libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) as usize
         } else {
@@ -147,11 +134,7 @@ pub fn send(
                 (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize;
                 std::ptr::write_unaligned(
                     libc::CMSG_DATA(c) as *mut libc::ucred,
-                    libc::ucred {
-                        pid: k.pid,
-                        uid: k.uid,
-                        gid: k.gid,
-                    },
+                    libc::ucred { pid: k.pid, uid: k.uid, gid: k.gid },
                 );
             }
         }

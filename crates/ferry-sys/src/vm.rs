@@ -15,10 +15,7 @@ pub struct RemoteRange {
 fn remote_iovs(ranges: &[RemoteRange]) -> Vec<libc::iovec> {
     ranges
         .iter()
-        .map(|r| libc::iovec {
-            iov_base: r.addr as *mut libc::c_void,
-            iov_len: r.len,
-        })
+        .map(|r| libc::iovec { iov_base: r.addr as *mut libc::c_void, iov_len: r.len })
         .collect()
 }
 
@@ -27,10 +24,7 @@ pub fn read_remote(pid: i32, buf: &mut [u8], ranges: &[RemoteRange]) -> SysResul
     let mut done = 0usize;
     for chunk in ranges.chunks(MAX_IOV) {
         let total: usize = chunk.iter().map(|r| r.len).sum();
-        let local = libc::iovec {
-            iov_base: buf[done..].as_mut_ptr().cast(),
-            iov_len: total,
-        };
+        let local = libc::iovec { iov_base: buf[done..].as_mut_ptr().cast(), iov_len: total };
         let remote = remote_iovs(chunk);
         // SAFETY: `local` covers `total` writable bytes of `buf` (the slice
         // index panics first if buf is too short); remote iovecs are only
@@ -54,10 +48,8 @@ pub fn write_remote(pid: i32, buf: &[u8], ranges: &[RemoteRange]) -> SysResult<u
     let mut done = 0usize;
     for chunk in ranges.chunks(MAX_IOV) {
         let total: usize = chunk.iter().map(|r| r.len).sum();
-        let local = libc::iovec {
-            iov_base: buf[done..done + total].as_ptr() as *mut _,
-            iov_len: total,
-        };
+        let local =
+            libc::iovec { iov_base: buf[done..done + total].as_ptr() as *mut _, iov_len: total };
         let remote = remote_iovs(chunk);
         // SAFETY: `local` covers `total` readable bytes of `buf`; the kernel
         // only reads through it.

@@ -59,12 +59,7 @@ struct Insn {
 }
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: (src << 4) | dst,
-        off,
-        imm,
-    }
+    Insn { code, regs: (src << 4) | dst, off, imm }
 }
 
 /// The iterator program: for each mapping, bpf_seq_write of
@@ -221,33 +216,22 @@ impl VmaIterProgram {
             attach_btf_id: layout.attach_btf_id,
             ..Default::default()
         };
-        bpf(
-            BPF_PROG_LOAD,
-            &mut attr,
-            "bpf(BPF_PROG_LOAD, task_vma iterator)",
-        )
-        .map(|prog| VmaIterProgram { prog })
-        .map_err(|error| {
-            let text =
-                String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
-                    .into_owned();
-            let verifier = text
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .to_string();
-            LoadRefused { error, verifier }
-        })
+        bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD, task_vma iterator)")
+            .map(|prog| VmaIterProgram { prog })
+            .map_err(|error| {
+                let text =
+                    String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+                        .into_owned();
+                let verifier =
+                    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+                LoadRefused { error, verifier }
+            })
     }
 
     /// Every mapping of process `pid` (its main thread's address space),
     /// in address order.
     pub fn read(&self, pid: i32) -> SysResult<Vec<RawVma>> {
-        let mut info = IterTaskInfo {
-            tid: pid as u32,
-            ..Default::default()
-        };
+        let mut info = IterTaskInfo { tid: pid as u32, ..Default::default() };
         let mut link_attr = LinkCreateAttr {
             prog_fd: self.prog.as_raw_fd() as u32,
             attach_type: BPF_TRACE_ITER,
@@ -255,15 +239,8 @@ impl VmaIterProgram {
             iter_info_len: std::mem::size_of::<IterTaskInfo>() as u32,
             ..Default::default()
         };
-        let link = bpf(
-            BPF_LINK_CREATE,
-            &mut link_attr,
-            "bpf(BPF_LINK_CREATE, task_vma iterator)",
-        )?;
-        let mut iter_attr = IterCreateAttr {
-            link_fd: link.as_raw_fd() as u32,
-            flags: 0,
-        };
+        let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, task_vma iterator)")?;
+        let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
         let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
         let mut file = std::fs::File::from(iter);
         // One read returns at most the kernel's iterator buffer (32 KiB,
@@ -275,10 +252,7 @@ impl VmaIterProgram {
         let mut bytes = vec![0u8; 64 * 1024];
         let read = |file: &mut std::fs::File, buf: &mut [u8]| {
             std::io::Read::read(file, buf).map_err(|e| {
-                SysError::new(
-                    "read(task_vma iterator)",
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                )
+                SysError::new("read(task_vma iterator)", e.raw_os_error().unwrap_or(libc::EIO))
             })
         };
         let n = read(&mut file, &mut bytes)?;
@@ -290,28 +264,18 @@ impl VmaIterProgram {
             ));
         }
         if n % 24 != 0 {
-            return Err(SysError::new(
-                "read(task_vma iterator): a partial record",
-                libc::EIO,
-            ));
+            return Err(SysError::new("read(task_vma iterator): a partial record", libc::EIO));
         }
         let vmas: Vec<RawVma> = bytes[..n]
             .chunks_exact(24)
             .map(|r| {
                 let word =
                     |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-                RawVma {
-                    start: word(0),
-                    end: word(1),
-                    flags: word(2),
-                }
+                RawVma { start: word(0), end: word(1), flags: word(2) }
             })
             .collect();
         if vmas.windows(2).any(|w| w[1].start < w[0].end) || vmas.iter().any(|v| v.end <= v.start) {
-            return Err(SysError::new(
-                "read(task_vma iterator): mappings out of order",
-                libc::EIO,
-            ));
+            return Err(SysError::new("read(task_vma iterator): mappings out of order", libc::EIO));
         }
         Ok(vmas)
     }

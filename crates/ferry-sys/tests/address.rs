@@ -22,8 +22,7 @@ fn is_root() -> bool {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                l.strip_prefix("Uid:")
-                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
             })
         })
         .unwrap_or(false)
@@ -31,11 +30,7 @@ fn is_root() -> bool {
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Namespaces made by one test; deleting a namespace also deletes the
@@ -78,17 +73,7 @@ impl Lab {
         let br = lab.add_ns("br");
         // No multicast snooping: the bridge floods multicast (ff02::1) to
         // every port, as a plain switch does.
-        ip(&[
-            "-n",
-            &br,
-            "link",
-            "add",
-            "br0",
-            "type",
-            "bridge",
-            "mcast_snooping",
-            "0",
-        ]);
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
         for (i, h) in hosts.iter().enumerate() {
             let ns = lab.add_ns(h);
@@ -155,10 +140,7 @@ impl Lab {
             .output()
             .expect("ip neigh show");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.split_whitespace()
-            .skip_while(|w| *w != "lladdr")
-            .nth(1)
-            .map(String::from)
+        text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1).map(String::from)
     }
 }
 
@@ -171,8 +153,7 @@ impl Drop for Lab {
 }
 
 fn eth0(lab: &Lab, host: &str) -> u32 {
-    lab.run(host, || interface_index("eth0"))
-        .expect("eth0's index")
+    lab.run(host, || interface_index("eth0")).expect("eth0's index")
 }
 
 /// The whole move of `service` from A to B, seen from client C.
@@ -181,11 +162,9 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
     let (a_mac, b_mac) = (lab.mac("a"), lab.mac("b"));
     assert_ne!(a_mac, b_mac);
 
-    lab.run("a", move || add_address(a_if, service, prefix))
-        .expect("add the service address on A");
+    lab.run("a", move || add_address(a_if, service, prefix)).expect("add the service address on A");
     assert_eq!(
-        lab.run("a", move || find_address(service))
-            .expect("find on A"),
+        lab.run("a", move || find_address(service)).expect("find on A"),
         Some((a_if, prefix))
     );
     // C talks to the service on A, and so caches A's MAC for it.
@@ -199,16 +178,10 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
     // The freeze: off A, onto B, then B announces it.
     lab.run("a", move || del_address(a_if, service, prefix))
         .expect("remove the service address from A");
+    assert_eq!(lab.run("a", move || find_address(service)).expect("find on A"), None);
+    lab.run("b", move || add_address(b_if, service, prefix)).expect("add the service address on B");
     assert_eq!(
-        lab.run("a", move || find_address(service))
-            .expect("find on A"),
-        None
-    );
-    lab.run("b", move || add_address(b_if, service, prefix))
-        .expect("add the service address on B");
-    assert_eq!(
-        lab.run("b", move || find_address(service))
-            .expect("find on B"),
+        lab.run("b", move || find_address(service)).expect("find on B"),
         Some((b_if, prefix))
     );
     // Nothing told C yet: the move alone does not change C's cache, so
@@ -218,8 +191,7 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
         Some(a_mac.as_str()),
         "C still has A's MAC before the announcement"
     );
-    lab.run("b", move || announce(b_if, service))
-        .expect("announce from B");
+    lab.run("b", move || announce(b_if, service)).expect("announce from B");
 
     let mut seen = None;
     for _ in 0..50 {
@@ -239,9 +211,7 @@ fn move_address(lab: &Lab, service: IpAddr, prefix: u8) {
 /// bound to `service`.
 fn exchange(lab: &Lab, server: &str, client: &str, service: IpAddr) {
     let listener = lab
-        .run(server, move || {
-            TcpListener::bind(SocketAddr::new(service, 0))
-        })
+        .run(server, move || TcpListener::bind(SocketAddr::new(service, 0)))
         .expect("listen on the service address");
     let port = listener.local_addr().expect("listener address").port();
     let accepted = std::thread::spawn(move || {

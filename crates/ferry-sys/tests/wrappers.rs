@@ -10,14 +10,8 @@ fn sysv_semaphores_round_trip() {
     let id = sysv::sem_get(libc::IPC_PRIVATE, 3, libc::IPC_CREAT | 0o600).unwrap();
     sysv::sem_set_values(id, &[1, 2, 3]).unwrap();
     assert_eq!(sysv::sem_values(id).unwrap(), vec![1, 2, 3]);
-    assert_eq!(
-        sysv::sem_set_values(id, &[1]).unwrap_err().errno,
-        libc::EINVAL
-    );
-    assert_eq!(
-        sysv::sem_last_pid(id, 0).unwrap(),
-        std::process::id() as i32
-    );
+    assert_eq!(sysv::sem_set_values(id, &[1]).unwrap_err().errno, libc::EINVAL);
+    assert_eq!(sysv::sem_last_pid(id, 0).unwrap(), std::process::id() as i32);
     let mut ds = sysv::sem_stat(id).unwrap();
     ds.sem_perm.mode = 0o640;
     sysv::sem_set(id, &ds).unwrap();
@@ -40,11 +34,7 @@ fn sysv_messages_copied_in_place() {
     }
     assert_eq!(copy.unwrap(), (7, b"hello".to_vec()));
     assert_eq!(sysv::msg_copy(id, 1, &mut buf).unwrap().0, 9);
-    assert_eq!(
-        sysv::msg_stat(id).unwrap().msg_qnum,
-        2,
-        "MSG_COPY leaves the messages queued"
-    );
+    assert_eq!(sysv::msg_stat(id).unwrap().msg_qnum, 2, "MSG_COPY leaves the messages queued");
     assert!(sysv::msg_copy(id, 0, &mut [0u8; 4]).is_err());
     sysv::msg_remove(id).unwrap();
 }
@@ -136,21 +126,14 @@ fn unix_pair_and_abstract_bind() {
     let l = socket::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0).unwrap();
     let name = format!("\0ferry-sys-test-{}", std::process::id());
     socket::unix_bind(l.as_raw_fd(), name.as_bytes()).unwrap();
-    assert_eq!(
-        socket::unix_name(l.as_raw_fd(), false).unwrap(),
-        name.as_bytes()
-    );
+    assert_eq!(socket::unix_name(l.as_raw_fd(), false).unwrap(), name.as_bytes());
     assert!(socket::unix_bind(l.as_raw_fd(), &[b'x'; socket::UNIX_PATH_MAX]).is_err());
 }
 
 #[test]
 fn shared_anon_reachable_through_map_files() {
     let m = ferry_sys::process::SharedAnon::map(8192).unwrap();
-    let path = format!(
-        "/proc/self/map_files/{:x}-{:x}",
-        m.start(),
-        m.start() + m.len() as u64
-    );
+    let path = format!("/proc/self/map_files/{:x}-{:x}", m.start(), m.start() + m.len() as u64);
     // Opening map_files needs CAP_SYS_ADMIN in older kernels; the link is there anyway.
     assert!(std::fs::symlink_metadata(&path).is_ok());
 }

@@ -148,10 +148,7 @@ impl Sealer {
                 let expected = mac(key, frame, payload);
                 // No early exit: the time taken must not tell a forger how
                 // many tag bytes it got right.
-                let diff = expected
-                    .iter()
-                    .zip(tag)
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+                let diff = expected.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b));
                 if diff != 0 {
                     return None;
                 }
@@ -193,10 +190,7 @@ struct Handshake<'a> {
 
 impl Handshake<'_> {
     fn refuse(&self, reason: impl Into<String>) -> TransportError {
-        TransportError::Handshake {
-            peer: peer_name(self.peer),
-            reason: reason.into(),
-        }
+        TransportError::Handshake { peer: peer_name(self.peer), reason: reason.into() }
     }
 
     fn io_refusal(&self, doing: &str, e: std::io::Error) -> TransportError {
@@ -214,17 +208,13 @@ impl Handshake<'_> {
     }
 
     fn write(&mut self, bytes: &[u8], doing: &str) -> Result<(), TransportError> {
-        self.stream
-            .write_all(bytes)
-            .map_err(|e| self.io_refusal(doing, e))?;
+        self.stream.write_all(bytes).map_err(|e| self.io_refusal(doing, e))?;
         self.sent += bytes.len() as u64;
         Ok(())
     }
 
     fn read_exact(&mut self, buf: &mut [u8], doing: &str) -> Result<(), TransportError> {
-        self.stream
-            .read_exact(buf)
-            .map_err(|e| self.io_refusal(doing, e))?;
+        self.stream.read_exact(buf).map_err(|e| self.io_refusal(doing, e))?;
         self.received += buf.len() as u64;
         Ok(())
     }
@@ -280,11 +270,9 @@ fn noise_builder<'a>(
     prologue: &'a [u8],
     hs: &Handshake<'_>,
 ) -> Result<snow::Builder<'a>, TransportError> {
-    let params = NOISE_PARAMS.parse().map_err(|e| {
-        hs.refuse(format!(
-            "Noise parameters {NOISE_PARAMS} not supported: {e}"
-        ))
-    })?;
+    let params = NOISE_PARAMS
+        .parse()
+        .map_err(|e| hs.refuse(format!("Noise parameters {NOISE_PARAMS} not supported: {e}")))?;
     snow::Builder::new(params)
         .psk(0, psk)
         .and_then(|b| b.prologue(prologue))
@@ -300,36 +288,24 @@ struct TimeoutGuard {
 
 impl TimeoutGuard {
     fn new(stream: &TcpStream, peer: Option<SocketAddr>) -> Result<TimeoutGuard, TransportError> {
-        let what = || {
-            format!(
-                "setting the handshake timeout on the connection with {}",
-                peer_name(peer)
-            )
-        };
-        let current = stream
-            .read_timeout()
-            .map_err(|e| TransportError::io(what(), e))?;
+        let what =
+            || format!("setting the handshake timeout on the connection with {}", peer_name(peer));
+        let current = stream.read_timeout().map_err(|e| TransportError::io(what(), e))?;
         let restore = current.is_none();
         if restore {
             for set in [TcpStream::set_read_timeout, TcpStream::set_write_timeout] {
                 set(stream, Some(HANDSHAKE_TIMEOUT)).map_err(|e| TransportError::io(what(), e))?;
             }
         }
-        let stream = stream
-            .try_clone()
-            .map_err(|e| TransportError::io(what(), e))?;
+        let stream = stream.try_clone().map_err(|e| TransportError::io(what(), e))?;
         Ok(TimeoutGuard { stream, restore })
     }
 
     fn finish(self) -> Result<(), TransportError> {
         if self.restore {
             let what = "removing the handshake timeout";
-            self.stream
-                .set_read_timeout(None)
-                .map_err(|e| TransportError::io(what, e))?;
-            self.stream
-                .set_write_timeout(None)
-                .map_err(|e| TransportError::io(what, e))?;
+            self.stream.set_read_timeout(None).map_err(|e| TransportError::io(what, e))?;
+            self.stream.set_write_timeout(None).map_err(|e| TransportError::io(what, e))?;
         }
         Ok(())
     }
@@ -353,12 +329,7 @@ impl Channel {
         let guard = TimeoutGuard::new(&stream, peer)?;
         let psk = derive_psk(key);
         let prologue = prologue(mode);
-        let mut hs = Handshake {
-            stream: &mut stream,
-            peer,
-            sent: 0,
-            received: 0,
-        };
+        let mut hs = Handshake { stream: &mut stream, peer, sent: 0, received: 0 };
         let mut noise = noise_builder(&psk, &prologue, &hs)?
             .build_initiator()
             .map_err(|e| hs.refuse(format!("cannot start the Noise handshake: {e}")))?;
@@ -429,22 +400,14 @@ impl Channel {
         let peer = stream.peer_addr().ok();
         let guard = TimeoutGuard::new(&stream, peer)?;
         let psk = derive_psk(key);
-        let mut hs = Handshake {
-            stream: &mut stream,
-            peer,
-            sent: 0,
-            received: 0,
-        };
+        let mut hs = Handshake { stream: &mut stream, peer, sent: 0, received: 0 };
 
         let mut hello = [0u8; 2];
         hs.read_exact(&mut hello, "waiting for the peer's protocol version")?;
         if hello[0] != PROTOCOL_VERSION {
             // Best effort: the peer learns which version we speak; we refuse
             // whether or not it hears it.
-            let _ = hs.write(
-                &[PROTOCOL_VERSION, REFUSED_VERSION],
-                "refusing the peer's version",
-            );
+            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_VERSION], "refusing the peer's version");
             return Err(hs.refuse(format!(
                 "the peer sent protocol version {}, this ferry speaks version {PROTOCOL_VERSION}: \
                  it runs another ferry version, or is not a ferry agent",
@@ -452,10 +415,7 @@ impl Channel {
             )));
         }
         let Some(mode) = Mode::from_byte(hello[1]) else {
-            let _ = hs.write(
-                &[PROTOCOL_VERSION, REFUSED_MODE],
-                "refusing the peer's mode",
-            );
+            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_MODE], "refusing the peer's mode");
             return Err(hs.refuse(format!(
                 "the peer asked for unknown mode {:#04x}: not a ferry agent",
                 hello[1]
@@ -514,12 +474,8 @@ impl Channel {
         let what = || format!("setting up the connection with {}", peer_name(peer));
         // Messages are written whole, so Nagle's algorithm could only delay
         // the last frame of each (a post-copy page request waits on it).
-        stream
-            .set_nodelay(true)
-            .map_err(|e| TransportError::io(what(), e))?;
-        let recv_stream = stream
-            .try_clone()
-            .map_err(|e| TransportError::io(what(), e))?;
+        stream.set_nodelay(true).map_err(|e| TransportError::io(what(), e))?;
+        let recv_stream = stream.try_clone().map_err(|e| TransportError::io(what(), e))?;
         let (sealer, opener) = match mode {
             Mode::Encrypted => {
                 let state = Arc::new(state);
@@ -681,11 +637,7 @@ impl<'a> Parts<'a> {
     }
 
     fn skip_empty(&mut self) {
-        while self
-            .parts
-            .get(self.index)
-            .is_some_and(|p| self.offset >= p.len())
-        {
+        while self.parts.get(self.index).is_some_and(|p| self.offset >= p.len()) {
             self.index += 1;
             self.offset = 0;
         }
@@ -722,11 +674,7 @@ impl SendHalf {
     }
 
     fn send_message(&mut self, parts: &[&[u8]], total: usize) -> Result<(), TransportError> {
-        let mut parts = Parts {
-            parts,
-            index: 0,
-            offset: 0,
-        };
+        let mut parts = Parts { parts, index: 0, offset: 0 };
         let mut gather = std::mem::take(&mut self.gather);
         gather.clear();
         gather.extend_from_slice(&(total as u32).to_be_bytes());
@@ -759,18 +707,15 @@ impl SendHalf {
             self.flush()?;
         }
         let body = &mut self.buf[self.used + 2..self.used + need];
-        let n = self
-            .sealer
-            .seal(self.frame, payload, body)
-            .map_err(|e| TransportError::Io {
-                what: format!(
-                    "sealing frame {} of message {} to {}",
-                    self.frame,
-                    self.messages + 1,
-                    peer_name(self.peer)
-                ),
-                error: std::io::Error::other(e.to_string()),
-            })?;
+        let n = self.sealer.seal(self.frame, payload, body).map_err(|e| TransportError::Io {
+            what: format!(
+                "sealing frame {} of message {} to {}",
+                self.frame,
+                self.messages + 1,
+                peer_name(self.peer)
+            ),
+            error: std::io::Error::other(e.to_string()),
+        })?;
         self.buf[self.used..self.used + 2].copy_from_slice(&(n as u16).to_be_bytes());
         self.used += 2 + n;
         self.frame += 1;
@@ -781,11 +726,7 @@ impl SendHalf {
         let data = &self.buf[..self.used];
         self.stream.write_all(data).map_err(|e| {
             TransportError::io(
-                format!(
-                    "sending message {} to {}",
-                    self.messages + 1,
-                    peer_name(self.peer)
-                ),
+                format!("sending message {} to {}", self.messages + 1, peer_name(self.peer)),
                 e,
             )
         })?;
@@ -803,10 +744,7 @@ impl SendHalf {
     /// handle, but the other half only uses the read timeout).
     pub fn set_timeout(&self, t: Option<Duration>) -> Result<(), TransportError> {
         self.stream.set_write_timeout(t).map_err(|e| {
-            TransportError::io(
-                format!("setting the write timeout for {}", peer_name(self.peer)),
-                e,
-            )
+            TransportError::io(format!("setting the write timeout for {}", peer_name(self.peer)), e)
         })
     }
 
@@ -851,10 +789,7 @@ impl RecvHalf {
     }
 
     fn corrupt(&self, reason: String) -> TransportError {
-        TransportError::Corrupt {
-            peer: peer_name(self.peer),
-            reason,
-        }
+        TransportError::Corrupt { peer: peer_name(self.peer), reason }
     }
 
     fn recv_message(&mut self) -> Result<Vec<u8>, TransportError> {
@@ -996,10 +931,7 @@ impl RecvHalf {
     /// Read timeout on the socket; `None` waits forever.
     pub fn set_timeout(&self, t: Option<Duration>) -> Result<(), TransportError> {
         self.stream.set_read_timeout(t).map_err(|e| {
-            TransportError::io(
-                format!("setting the read timeout for {}", peer_name(self.peer)),
-                e,
-            )
+            TransportError::io(format!("setting the read timeout for {}", peer_name(self.peer)), e)
         })
     }
 

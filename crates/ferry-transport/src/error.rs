@@ -33,10 +33,7 @@ impl TransportError {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                 TransportError::Timeout { what }
             }
-            _ => TransportError::Io {
-                what,
-                error: source,
-            },
+            _ => TransportError::Io { what, error: source },
         }
     }
 }

@@ -24,9 +24,8 @@ impl Key {
     /// A new random key from the OS random number generator.
     pub fn generate() -> Result<Key, TransportError> {
         let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| TransportError::Random {
-            reason: e.to_string(),
-        })?;
+        getrandom::fill(&mut bytes)
+            .map_err(|e| TransportError::Random { reason: e.to_string() })?;
         Ok(Key(bytes))
     }
 
@@ -40,10 +39,7 @@ impl Key {
     /// 0600. Refuses to overwrite an existing file, since that would lock
     /// out every agent still holding the old key.
     pub fn write_new(path: &Path) -> Result<Key, TransportError> {
-        let err = |reason: String| TransportError::KeyFile {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let err = |reason: String| TransportError::KeyFile { path: path.to_path_buf(), reason };
         let key = Key::generate()?;
         let mut file = OpenOptions::new()
             .write(true)
@@ -59,9 +55,7 @@ impl Key {
             })?;
         let mut text = key.to_hex();
         text.push('\n');
-        let written = file
-            .write_all(text.as_bytes())
-            .and_then(|()| file.sync_all());
+        let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());
         text.zeroize();
         if let Err(e) = written {
             // A half-written key file would be refused by load() anyway; remove
@@ -76,26 +70,17 @@ impl Key {
     /// digits, an optional line ending). Refuses a file that group or others
     /// may read or write: the key is what keeps a process image secret.
     pub fn load(path: &Path) -> Result<Key, TransportError> {
-        let err = |reason: String| TransportError::KeyFile {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let err = |reason: String| TransportError::KeyFile { path: path.to_path_buf(), reason };
         let file = File::open(path).map_err(|e| err(format!("cannot be opened: {e}")))?;
         // The mode is read from the open file, not the path, so the file
         // checked is the one read.
-        let meta = file
-            .metadata()
-            .map_err(|e| err(format!("cannot be examined: {e}")))?;
+        let meta = file.metadata().map_err(|e| err(format!("cannot be examined: {e}")))?;
         if !meta.is_file() {
             return Err(err("is not a regular file".into()));
         }
         let mode = meta.mode() & 0o7777;
         if mode & 0o077 != 0 {
-            let who = if mode & 0o044 != 0 {
-                "readable"
-            } else {
-                "writable"
-            };
+            let who = if mode & 0o044 != 0 { "readable" } else { "writable" };
             return Err(err(format!(
                 "is {who} by group or others (mode {mode:04o}): chmod 600 it"
             )));
@@ -165,11 +150,7 @@ impl std::fmt::Debug for Key {
 // where two keys differ.
 impl PartialEq for Key {
     fn eq(&self, other: &Key) -> bool {
-        self.0
-            .iter()
-            .zip(other.0.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        self.0.iter().zip(other.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 }
 

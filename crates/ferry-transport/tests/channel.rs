@@ -40,9 +40,7 @@ fn connect(addr: SocketAddr, key: &Key, mode: Mode) -> Result<Channel, Transport
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8).collect()
 }
 
 fn echo_server(ch: Result<Channel, TransportError>) -> Mode {
@@ -122,8 +120,7 @@ fn split_halves_from_two_threads() {
         let (mut tx, mut rx) = ch.split().unwrap();
         let sender = thread::spawn(move || {
             for i in 0..N {
-                tx.send_parts(&[&msg(me, i)[..5], &msg(me, i)[5..]])
-                    .unwrap();
+                tx.send_parts(&[&msg(me, i)[..5], &msg(me, i)[5..]]).unwrap();
             }
             tx
         });
@@ -164,10 +161,7 @@ fn wrong_key_refused_on_both_sides() {
         });
         let r = connect(addr, &Key::generate().unwrap(), mode);
         assert_handshake_refused(r, "initiator", "does not hold the same key");
-        assert!(
-            h.join().unwrap().is_none(),
-            "the responder accepted a stranger"
-        );
+        assert!(h.join().unwrap().is_none(), "the responder accepted a stranger");
     }
 }
 
@@ -237,10 +231,7 @@ fn flipped_byte_after_handshake_is_corrupt_in_both_modes() {
             let _ = ch.send(&pattern(1 << 20, 5));
             match h.join().unwrap() {
                 Err(e @ TransportError::Corrupt { .. }) => {
-                    assert!(
-                        e.to_string().contains("message 1 failed authentication"),
-                        "{e}"
-                    )
+                    assert!(e.to_string().contains("message 1 failed authentication"), "{e}")
                 }
                 other => panic!("{mode:?} flip at {at}: {other:?}"),
             }
@@ -338,8 +329,7 @@ fn garbage_or_silent_initiator_is_refused() {
         let h = thread::spawn(move || {
             let (s, _) = l.accept().unwrap();
             // A caller's own timeout wins over the default handshake timeout.
-            s.set_read_timeout(Some(Duration::from_millis(300)))
-                .unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
             let start = Instant::now();
             (Channel::accept(s, &k), start.elapsed())
         });
@@ -351,11 +341,7 @@ fn garbage_or_silent_initiator_is_refused() {
         if bytes.starts_with(b"GET") {
             let mut answer = [0u8; 2];
             raw.read_exact(&mut answer).unwrap();
-            assert_eq!(
-                answer,
-                [1, 0xf0],
-                "the responder tells which version it speaks"
-            );
+            assert_eq!(answer, [1, 0xf0], "the responder tells which version it speaks");
         }
     }
     // Random bytes shaped like a first message: the tag does not verify.
@@ -371,11 +357,7 @@ fn garbage_or_silent_initiator_is_refused() {
     );
     let mut answer = [0u8; 2];
     raw.read_exact(&mut answer).unwrap();
-    assert_eq!(
-        answer,
-        [1, 0xf2],
-        "the responder tells the initiator its key was refused"
-    );
+    assert_eq!(answer, [1, 0xf2], "the responder tells the initiator its key was refused");
 }
 
 #[test]
@@ -396,14 +378,9 @@ fn garbage_or_silent_responder_is_refused() {
             while matches!(s.read(&mut [0u8; 256]), Ok(n) if n > 0) {}
         });
         let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let start = Instant::now();
-        assert_handshake_refused(
-            Channel::connect(s, &key, Mode::Encrypted),
-            "initiator",
-            expect,
-        );
+        assert_handshake_refused(Channel::connect(s, &key, Mode::Encrypted), "initiator", expect);
         assert!(start.elapsed() < Duration::from_secs(2));
         h.join().unwrap();
     }
@@ -421,8 +398,7 @@ fn replayed_first_message_is_refused() {
         first
     });
     let s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     assert!(Channel::connect(s, &key, Mode::Encrypted).is_err());
     let first = recorder.join().unwrap();
 
@@ -466,10 +442,7 @@ fn timeout_then_resume_and_too_large() {
     thread::sleep(Duration::from_millis(600));
     ch.send(b"after the timeout").unwrap();
     let (first, second) = h.join().unwrap();
-    assert!(
-        matches!(first, Err(TransportError::Timeout { .. })),
-        "{first:?}"
-    );
+    assert!(matches!(first, Err(TransportError::Timeout { .. })), "{first:?}");
     assert_eq!(second.unwrap(), b"after the timeout");
 }
 
@@ -491,42 +464,23 @@ fn key_file_write_load_and_refusals() {
     assert_eq!(text.len(), 65);
     assert!(text.ends_with('\n') && text[..64].bytes().all(|c| c.is_ascii_hexdigit()));
     assert_eq!(Key::load(&path).unwrap(), key);
-    assert!(
-        !format!("{key:?}").contains(&text[..8]),
-        "Debug shows the key"
-    );
+    assert!(!format!("{key:?}").contains(&text[..8]), "Debug shows the key");
 
     let again = Key::write_new(&path).unwrap_err().to_string();
-    assert!(
-        again.contains("already exists") && again.contains(path.to_str().unwrap()),
-        "{again}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(&path).unwrap(),
-        text,
-        "existing key overwritten"
-    );
+    assert!(again.contains("already exists") && again.contains(path.to_str().unwrap()), "{again}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "existing key overwritten");
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = Key::load(&path).unwrap_err().to_string();
-    assert!(
-        e.contains("readable by group or others (mode 0644): chmod 600"),
-        "{e}"
-    );
+    assert!(e.contains("readable by group or others (mode 0644): chmod 600"), "{e}");
     assert!(e.contains(path.to_str().unwrap()), "{e}");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
-    assert!(Key::load(&path)
-        .unwrap_err()
-        .to_string()
-        .contains("writable"));
+    assert!(Key::load(&path).unwrap_err().to_string().contains("writable"));
 
     let bad: [(&str, &str); 4] = [
         ("abc\n", "holds 4 characters"),
         (&"a".repeat(66), "holds 66 characters"),
-        (
-            &format!("{}g\n", "a".repeat(63)),
-            "offset 63 is not a hex digit",
-        ),
+        (&format!("{}g\n", "a".repeat(63)), "offset 63 is not a hex digit"),
         ("", "holds 0 characters"),
     ];
     for (content, expect) in bad {
@@ -576,10 +530,7 @@ fn raw_tcp_mb_per_s() -> f64 {
 
 #[test]
 fn throughput_256_mib() {
-    println!(
-        "throughput raw TCP (no channel): {:.0} MB/s",
-        raw_tcp_mb_per_s()
-    );
+    println!("throughput raw TCP (no channel): {:.0} MB/s", raw_tcp_mb_per_s());
     for mode in [Mode::Encrypted, Mode::Insecure] {
         let key = Key::generate().unwrap();
         let (addr, h) = serve(key.clone(), |ch| {

@@ -9,9 +9,7 @@ use std::path::Path;
 
 pub fn show(dir: &Path, json: bool) -> Result<()> {
     let d = ImageDir::new(dir);
-    let (inv, tree) = d
-        .read_meta()
-        .with_context(|| format!("reading image {}", dir.display()))?;
+    let (inv, tree) = d.read_meta().with_context(|| format!("reading image {}", dir.display()))?;
     let f = d.check_pages_file(&inv)?;
     let map = ferry_sys_map(&f, inv.pages_bytes)?;
     for p in &tree.processes {
@@ -59,10 +57,7 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
         );
     }
     for s in &tree.sysv_sem {
-        println!(
-            "semaphore set {} key {:#x} mode {:o} values {:?}",
-            s.id, s.key, s.mode, s.values
-        );
+        println!("semaphore set {} key {:#x} mode {:o} values {:?}", s.id, s.key, s.mode, s.values);
     }
     for q in &tree.sysv_msg {
         let bytes: usize = q.messages.iter().map(|(_, m)| m.len()).sum();
@@ -106,10 +101,8 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
         println!();
         println!("shared anonymous memory ({}):", tree.shared_anon.len());
         for m in &tree.shared_anon {
-            let users = mapped_by(
-                tree,
-                |b| matches!(b, VmaBacking::SharedAnon { id } if *id == m.id),
-            );
+            let users =
+                mapped_by(tree, |b| matches!(b, VmaBacking::SharedAnon { id } if *id == m.id));
             println!(
                 "  {} {:?}: {} bytes, {} stored, mapped by {}",
                 m.id,
@@ -124,10 +117,7 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
         println!();
         println!("SysV shared memory segments ({}):", tree.sysv_shm.len());
         for s in &tree.sysv_shm {
-            let users = mapped_by(
-                tree,
-                |b| matches!(b, VmaBacking::SysvShm { id } if *id == s.id),
-            );
+            let users = mapped_by(tree, |b| matches!(b, VmaBacking::SysvShm { id } if *id == s.id));
             println!(
                 "  id {} key {:#x}: {} bytes, mode {:03o} uid {} gid {}, {} stored, attached by {}",
                 s.id,
@@ -163,11 +153,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
     println!("threads ({}):", p.threads.len());
     for t in &p.threads {
         let in_call = t.regs.get(15).copied().unwrap_or(u64::MAX) as i64;
-        let call = if in_call >= 0 {
-            format!(" in syscall {in_call}")
-        } else {
-            String::new()
-        };
+        let call = if in_call >= 0 { format!(" in syscall {in_call}") } else { String::new() };
         println!(
             "  tid {:>7} {:<16} rip {:#x} sigmask {:#x}{}",
             t.tid,
@@ -222,11 +208,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             .filter(|r| r.start >= v.start && r.start < v.end)
             .map(|r| r.pages)
             .sum();
-        let inherited = match p
-            .inherited
-            .iter()
-            .find(|i| i.start == v.start && i.end == v.end)
-        {
+        let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {
             Some(i) => {
                 let shared: u64 = i.shared_pages.iter().map(|&(_, n)| n).sum();
                 format!("  (inherited, {shared} pages shared with the parent)")
@@ -316,11 +298,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
         "signals: {handled} handlers, {} pending for the process",
         p.signals.shared_pending.len()
     );
-    println!(
-        "timers: {} interval timers, {} POSIX timers",
-        p.itimers.len(),
-        p.posix_timers.len()
-    );
+    println!("timers: {} interval timers, {} POSIX timers", p.itimers.len(), p.posix_timers.len());
     for m in &p.memfds {
         println!(
             "memfd {:?}: {} bytes, {} stored, seals {:#x}",
@@ -358,38 +336,23 @@ fn show_fidelity(p: &ProcessImage) {
             _ => format!(
                 "filter ({} filters: {})",
                 t.seccomp.len(),
-                t.seccomp
-                    .iter()
-                    .map(|i| format!("#{i}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                t.seccomp.iter().map(|i| format!("#{i}")).collect::<Vec<_>>().join(" ")
             ),
         };
         if t.seccomp_mode != 0 || t.pdeathsig != 0 {
-            println!(
-                "thread {}: seccomp {mode}, parent-death signal {}",
-                t.tid, t.pdeathsig
-            );
+            println!("thread {}: seccomp {mode}, parent-death signal {}", t.tid, t.pdeathsig);
         }
     }
     for (i, sf) in f.seccomp_filters.iter().enumerate() {
         println!(
             "seccomp filter #{i}: {} instructions{}",
             sf.insns.len(),
-            if sf.log {
-                ", SECCOMP_FILTER_FLAG_LOG"
-            } else {
-                ""
-            }
+            if sf.log { ", SECCOMP_FILTER_FLAG_LOG" } else { "" }
         );
     }
     for o in &f.file_owners {
-        let fds: Vec<String> = p
-            .fds
-            .iter()
-            .filter(|s| s.file == o.file)
-            .map(|s| s.fd.to_string())
-            .collect();
+        let fds: Vec<String> =
+            p.fds.iter().filter(|s| s.file == o.file).map(|s| s.fd.to_string()).collect();
         let kind = ["thread", "process", "process group"]
             .get(o.owner_type as usize)
             .copied()
@@ -398,11 +361,7 @@ fn show_fidelity(p: &ProcessImage) {
             "fd {}: owner {kind} {}, signal {}",
             fds.join(","),
             o.owner,
-            if o.signal == 0 {
-                "SIGIO".to_string()
-            } else {
-                o.signal.to_string()
-            }
+            if o.signal == 0 { "SIGIO".to_string() } else { o.signal.to_string() }
         );
     }
     for a in &f.inode_attrs {
@@ -423,11 +382,7 @@ fn exit_status(z: &Zombie) -> String {
         format!(
             "killed by signal {}{}",
             libc::WTERMSIG(st),
-            if libc::WCOREDUMP(st) {
-                " (core dumped)"
-            } else {
-                ""
-            }
+            if libc::WCOREDUMP(st) { " (core dumped)" } else { "" }
         )
     } else {
         format!("wait status {st:#x}")
@@ -445,15 +400,7 @@ fn mapped_by(tree: &TreeImage, is: impl Fn(&VmaBacking) -> bool) -> String {
     if pids.is_empty() {
         "no process".into()
     } else {
-        format!(
-            "{} {}",
-            if pids.len() == 1 {
-                "process"
-            } else {
-                "processes"
-            },
-            pids.join(", ")
-        )
+        format!("{} {}", if pids.len() == 1 { "process" } else { "processes" }, pids.join(", "))
     }
 }
 
@@ -464,8 +411,7 @@ fn stored(extents: &[(u64, Vec<u8>)]) -> usize {
 fn ferry_sys_map(f: &std::fs::File, len: u64) -> Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, ferry_image::dir::PAGES_DATA_OFFSET)
-        .context("reading pages.img")?;
+    f.read_exact_at(&mut buf, ferry_image::dir::PAGES_DATA_OFFSET).context("reading pages.img")?;
     Ok(buf)
 }
 

@@ -165,16 +165,9 @@ fn run(cli: Cli) -> Result<i32> {
         }
     }
     match cli.cmd {
-        Cmd::Checkpoint {
-            pid,
-            images,
-            leave_running,
-            external_stdio,
-            network_lock,
-        } => {
-            let network_lock = network_lock
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
+        Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
+            let network_lock =
+                network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
             let opts = ferry_engine::capture::CaptureOptions {
                 leave_running,
                 external_stdio,
@@ -198,14 +191,7 @@ fn run(cli: Cli) -> Result<i32> {
             );
             Ok(0)
         }
-        Cmd::Restore {
-            images,
-            detach,
-            pidfile,
-            tty_to,
-            netns,
-            new_pid_ns,
-        } => {
+        Cmd::Restore { images, detach, pidfile, tty_to, netns, new_pid_ns } => {
             let netns = netns.map(|n| {
                 if n.contains('/') {
                     PathBuf::from(n)

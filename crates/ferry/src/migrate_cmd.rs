@@ -51,13 +51,10 @@ pub struct MigrateArgs {
 }
 
 fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
-    let (ip, prefix) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
+    let (ip, prefix) =
+        s.split_once('/').ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
     let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
-    let prefix: u8 = prefix
-        .parse()
-        .map_err(|e| format!("prefix {prefix}: {e}"))?;
+    let prefix: u8 = prefix.parse().map_err(|e| format!("prefix {prefix}: {e}"))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     if prefix > max {
         return Err(format!("prefix /{prefix} is longer than {max}"));
@@ -89,16 +86,9 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
         progress: Box::new(|s: &str| eprintln!("ferry: {s}")),
     };
     let r = ferry_migrate::migrate(&opts).with_context(|| {
-        format!(
-            "migration of pid {} to {} failed; it still runs here",
-            a.pid, a.to
-        )
+        format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to)
     })?;
-    let parts: Vec<String> = r
-        .source_phases
-        .iter()
-        .map(|(n, ms)| format!("{n} {ms:.1}"))
-        .collect();
+    let parts: Vec<String> = r.source_phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
     println!(
         "migrated pid {} to {} (pid {} there, {} from its agent): pause {:.1} ms, {:.1} MiB sent, total {:.1} ms, {} pre-copy rounds; phases (ms): {}",
         r.pid,

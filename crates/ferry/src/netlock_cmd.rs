@@ -51,9 +51,7 @@ fn print_status() {
     );
     for lock in locks {
         let method = lock.method.map_or("?".to_string(), |m| m.to_string());
-        let mut state = lock
-            .state
-            .map_or("incomplete".to_string(), |s| s.to_string());
+        let mut state = lock.state.map_or("incomplete".to_string(), |s| s.to_string());
         if lock.stale {
             state.push_str(" STALE");
         }
@@ -90,10 +88,7 @@ pub fn run(args: NetworkLockArgs) -> Result<i32> {
     }
     let names: Vec<String> = match (&args.release, args.all) {
         (Some(name), false) => vec![name.clone()],
-        (None, true) => ferry_netlock::status()
-            .into_iter()
-            .map(|s| s.name)
-            .collect(),
+        (None, true) => ferry_netlock::status().into_iter().map(|s| s.name).collect(),
         _ => bail!("use --release NAME or --all"),
     };
     let mut failed = 0;

@@ -17,8 +17,7 @@ fn is_root() -> bool {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                l.strip_prefix("Uid:")
-                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
             })
         })
         .unwrap_or(false)
@@ -26,11 +25,7 @@ fn is_root() -> bool {
 
 fn output(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run command in host");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -53,18 +48,11 @@ fn hosts_have_their_own_pids_and_proc() {
     let a_init = a.start_init(INIT);
     let b_init = b.start_init(INIT);
     assert_ne!(a_init, b_init);
-    assert_eq!(
-        common::innermost_pid(a_init),
-        Some(1),
-        "a's init is PID 1 inside"
-    );
+    assert_eq!(common::innermost_pid(a_init), Some(1), "a's init is PID 1 inside");
 
     // A long-running process in b, found from the root namespace.
-    let mut sleeper = b
-        .command(&["sleep", "4242"])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn in b");
+    let mut sleeper =
+        b.command(&["sleep", "4242"]).stdin(Stdio::null()).spawn().expect("spawn in b");
     let (root_pid, inner_pid) = b.wait_spawned_pid(&sleeper);
     assert!(inner_pid < 10, "small PID inside b: {inner_pid}");
     assert_eq!(b.root_pid(inner_pid), Some(root_pid));
@@ -82,10 +70,7 @@ fn hosts_have_their_own_pids_and_proc() {
         .next()
         .and_then(|l| l.trim().parse().ok())
         .unwrap_or_else(|| panic!("no PID in {text}"));
-    assert!(
-        own > 1 && own < 10,
-        "a process in a has a small PID: {own}\n{text}"
-    );
+    assert!(own > 1 && own < 10, "a process in a has a small PID: {own}\n{text}");
     assert_eq!(
         lines.next().map(str::trim),
         Some(INIT.join(" ").as_str()),
@@ -98,8 +83,7 @@ fn hosts_have_their_own_pids_and_proc() {
     // b does see it, under its in-host PID.
     let text = output(&mut b.command(&["ps", "-eo", "pid=,args="]));
     assert!(
-        text.lines()
-            .any(|l| l.trim() == format!("{inner_pid} sleep 4242")),
+        text.lines().any(|l| l.trim() == format!("{inner_pid} sleep 4242")),
         "b's own process:\n{text}"
     );
 
@@ -118,10 +102,7 @@ fn hosts_have_their_own_pids_and_proc() {
     let names = (c.tag.clone(), [a_init, b_init2]);
     drop(c);
     let list = netns_list();
-    assert!(
-        !list.contains(&names.0),
-        "namespaces left after drop:\n{list}"
-    );
+    assert!(!list.contains(&names.0), "namespaces left after drop:\n{list}");
     for pid in names.1 {
         assert!(!alive(pid), "init {pid} left after drop");
     }
@@ -170,19 +151,13 @@ fn hosts_talk_over_the_bridge() {
 
     // The root namespace cannot reach the cluster: nothing of it is there.
     let links = output(Command::new("ip").args(["-o", "link", "show"]));
-    assert!(
-        !links.contains(&c.tag),
-        "cluster interface in the root namespace:\n{links}"
-    );
+    assert!(!links.contains(&c.tag), "cluster interface in the root namespace:\n{links}");
 
     let (tag, br) = (c.tag.clone(), c.bridge_netns.clone());
     let inits = [a.init_pid(), host_c.init_pid()];
     drop(c);
     let list = netns_list();
-    assert!(
-        !list.contains(&tag) && !list.contains(&br),
-        "namespaces left after drop:\n{list}"
-    );
+    assert!(!list.contains(&tag) && !list.contains(&br), "namespaces left after drop:\n{list}");
     for pid in inits {
         assert!(!alive(pid), "init {pid} left after drop");
     }
@@ -206,9 +181,6 @@ fn a_failing_test_leaves_nothing() {
     .join();
     assert!(r.is_err());
     let (tag, a_init, b_init) = rx.recv().expect("cluster made");
-    assert!(
-        !netns_list().contains(&tag),
-        "namespaces left after a panic"
-    );
+    assert!(!netns_list().contains(&tag), "namespaces left after a panic");
     assert!(!alive(a_init) && !alive(b_init), "inits left after a panic");
 }

@@ -146,11 +146,7 @@ impl Run {
     }
 
     fn open_log(&self) -> File {
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&self.log)
-            .expect("open log")
+        OpenOptions::new().append(true).create(true).open(&self.log).expect("open log")
     }
 
     /// Panics with everything useful to understand a failure.
@@ -193,10 +189,7 @@ impl Run {
             }
             if let Ok(Some(st)) = self.program.as_mut().unwrap().try_wait() {
                 self.program_reaped = true;
-                self.fail(
-                    "startup",
-                    &format!("exited before READY ({})", describe(&st)),
-                );
+                self.fail("startup", &format!("exited before READY ({})", describe(&st)));
             }
             if Instant::now() >= deadline {
                 self.fail("startup", "no READY within 10 s");
@@ -225,10 +218,7 @@ impl Run {
             }
         };
         if !st.success() {
-            self.fail(
-                "checkpoint",
-                &format!("ferry checkpoint failed ({})", describe(&st)),
-            );
+            self.fail("checkpoint", &format!("ferry checkpoint failed ({})", describe(&st)));
         }
 
         // 4. reap the original process so that its PID is free again
@@ -245,10 +235,9 @@ impl Run {
                     );
                 }
             }
-            None => self.fail(
-                "checkpoint",
-                "ferry checkpoint succeeded but the process is still alive",
-            ),
+            None => {
+                self.fail("checkpoint", "ferry checkpoint succeeded but the process is still alive")
+            }
         }
 
         // 5. restore
@@ -278,10 +267,7 @@ impl Run {
             if let Ok(Some(st)) = self.restore.as_mut().unwrap().try_wait() {
                 self.fail(
                     "restore",
-                    &format!(
-                        "ferry restore exited ({}) before writing the pidfile",
-                        describe(&st)
-                    ),
+                    &format!("ferry restore exited ({}) before writing the pidfile", describe(&st)),
                 );
             }
             if Instant::now() >= deadline {
@@ -301,28 +287,19 @@ impl Run {
         if !kill(restored_pid, libc::SIGUSR2) {
             self.fail(
                 "wakeup",
-                &format!(
-                    "kill({restored_pid}, SIGUSR2): {}",
-                    std::io::Error::last_os_error()
-                ),
+                &format!("kill({restored_pid}, SIGUSR2): {}", std::io::Error::last_os_error()),
             );
         }
 
         // 8. wait for it to finish its checks
         let st = match wait_timeout(self.restore.as_mut().unwrap(), RESTORE_EXIT_TIMEOUT) {
             Some(st) => st,
-            None => self.fail(
-                "check",
-                "ferry restore did not exit within 30 s after SIGUSR2",
-            ),
+            None => self.fail("check", "ferry restore did not exit within 30 s after SIGUSR2"),
         };
         self.restore = None; // reaped
         let log = read_lossy(&self.log);
         if !st.success() {
-            self.fail(
-                "check",
-                &format!("ferry restore ended with {}", describe(&st)),
-            );
+            self.fail("check", &format!("ferry restore ended with {}", describe(&st)));
         }
         if log.contains("FAIL") {
             self.fail("check", "the program reported FAIL");
@@ -531,8 +508,5 @@ fn all_programs_registered() {
     let on_disk = common::conformance::programs();
     let mut listed: Vec<String> = PROGRAMS.iter().map(|s| s.to_string()).collect();
     listed.sort();
-    assert_eq!(
-        on_disk, listed,
-        "tests/conformance/*.c and the conformance! list differ"
-    );
+    assert_eq!(on_disk, listed, "tests/conformance/*.c and the conformance! list differ");
 }

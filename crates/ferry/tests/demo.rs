@@ -11,8 +11,7 @@ fn is_root() -> bool {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                l.strip_prefix("Uid:")
-                    .map(|v| v.split_whitespace().nth(1) == Some("0"))
+                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
             })
         })
         .unwrap_or(false)
@@ -80,21 +79,14 @@ fn check_success(args: &[&str]) {
         "ferry demo {args:?} failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    assert!(
-        stdout.contains(" 0 failed,"),
-        "no '0 failed' in the report:\n{stdout}"
-    );
+    assert!(stdout.contains(" 0 failed,"), "no '0 failed' in the report:\n{stdout}");
     assert!(
         stdout.contains("migrating 2/2: host2 → host1"),
         "second migration not shown:\n{stdout}"
     );
     assert!(stdout.contains("8/8 counters match"), "counters:\n{stdout}");
     assert!(stdout.contains("DEMO OK"), "{stdout}");
-    assert_eq!(
-        leftovers(pid),
-        Vec::<String>::new(),
-        "ferry demo left these behind:\n{stdout}"
-    );
+    assert_eq!(leftovers(pid), Vec::<String>::new(), "ferry demo left these behind:\n{stdout}");
 }
 
 /// The demo as `make demo` runs it (pre-copy, as `ferry migrate` does by
@@ -161,11 +153,7 @@ fn demo_interrupted_cleans_up() {
     };
     let text = reader.join().expect("reader");
     assert!(started, "the first migration never started:\n{text}");
-    assert_eq!(
-        status.code(),
-        Some(130),
-        "exit status after SIGINT:\n{text}"
-    );
+    assert_eq!(status.code(), Some(130), "exit status after SIGINT:\n{text}");
     assert!(text.contains("==> cleaning up"), "{text}");
     assert_eq!(
         leftovers(pid),

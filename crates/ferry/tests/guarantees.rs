@@ -46,11 +46,7 @@ impl Case {
         ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("temp dir");
-        Case {
-            dir,
-            children: Vec::new(),
-            pids: Vec::new(),
-        }
+        Case { dir, children: Vec::new(), pids: Vec::new() }
     }
 
     fn compile(&self, src: &str) -> PathBuf {
@@ -91,11 +87,7 @@ impl Case {
         self.children.push(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.log().contains("READY") {
-            assert!(
-                Instant::now() < deadline,
-                "program never printed READY: {}",
-                self.log()
-            );
+            assert!(Instant::now() < deadline, "program never printed READY: {}", self.log());
             sleep(Duration::from_millis(10));
         }
         pid
@@ -134,11 +126,7 @@ impl Case {
             if let Some(st) = self.children[idx].try_wait().expect("wait") {
                 return st.code().unwrap_or(-1);
             }
-            assert!(
-                Instant::now() < deadline,
-                "program did not finish: {}",
-                self.log()
-            );
+            assert!(Instant::now() < deadline, "program did not finish: {}", self.log());
             sleep(Duration::from_millis(10));
         }
     }
@@ -161,11 +149,7 @@ impl Case {
         self.children.push(restore);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pidfile.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "restore from {} did not finish",
-                images.display()
-            );
+            assert!(Instant::now() < deadline, "restore from {} did not finish", images.display());
             sleep(Duration::from_millis(5));
         }
         // SAFETY: signalling the process we restored.
@@ -207,58 +191,29 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
         eprintln!("skipped: needs root");
         return;
     }
-    let mut c = Case::new(
-        Path::new(src)
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("prog"),
-    );
+    let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
     let prog = c.compile(src);
     let pid = c.start_args(&prog, args);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
-    assert!(
-        !out.status.success(),
-        "checkpoint of {src} should have been refused"
-    );
+    assert!(!out.status.success(), "checkpoint of {src} should have been refused");
     for w in what {
-        assert!(
-            err.contains(w),
-            "refusal of {src} should mention {w:?}: {err}"
-        );
+        assert!(err.contains(w), "refusal of {src} should mention {w:?}: {err}");
     }
-    assert_eq!(
-        err.trim().lines().count(),
-        1,
-        "error should be one line: {err}"
-    );
-    assert!(
-        !c.images().join("meta.img").exists(),
-        "a refused checkpoint left an image"
-    );
-    assert_eq!(
-        c.finish_child(0),
-        0,
-        "program was harmed by the refused checkpoint: {}",
-        c.log()
-    );
+    assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");
+    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
-    assert_refused(
-        "tests/guarantees/child_unsupported.c",
-        &["userfaultfd", "not supported"],
-    );
+    assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);
 }
 
 #[test]
 fn refuses_inotify_and_leaves_it_running() {
-    assert_refused(
-        "tests/guarantees/inotify_fd.c",
-        &["fd 3", "inotify events are queued"],
-    );
+    assert_refused("tests/guarantees/inotify_fd.c", &["fd 3", "inotify events are queued"]);
 }
 
 #[test]
@@ -281,11 +236,7 @@ fn refuses_a_deleted_file_held_by_an_fd_and_a_shared_mapping_and_leaves_it_runni
 fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
     assert_refused(
         "tests/guarantees/tcp_half_closed.c",
-        &[
-            "TCP connection to 127.0.0.1:",
-            "in state",
-            "only established connections",
-        ],
+        &["TCP connection to 127.0.0.1:", "in state", "only established connections"],
     );
 }
 
@@ -301,11 +252,7 @@ fn leave_running_keeps_tcp_connections_working() {
     let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
-    assert!(
-        out.status.success(),
-        "checkpoint --leave-running failed: {}",
-        stderr(&out)
-    );
+    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
     let images = c.images();
     let meta = c.ferry(&["inspect", "--json", images.to_str().expect("utf-8")]);
     let v: serde_json::Value = serde_json::from_slice(&meta.stdout).expect("inspect json");
@@ -318,12 +265,7 @@ fn leave_running_keeps_tcp_connections_working() {
         !String::from_utf8_lossy(&status.stdout).contains(&lock),
         "lock {lock} not thawed after --leave-running"
     );
-    assert_eq!(
-        c.finish_child(0),
-        0,
-        "connections broken after --leave-running: {}",
-        c.log()
-    );
+    assert_eq!(c.finish_child(0), 0, "connections broken after --leave-running: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
@@ -336,39 +278,17 @@ fn leave_running_keeps_the_process_and_image_restores_later() {
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
-    assert!(
-        out.status.success(),
-        "checkpoint --leave-running failed: {}",
-        stderr(&out)
-    );
+    assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
     // SAFETY: probing a process we started.
-    assert_eq!(
-        unsafe { libc::kill(pid, 0) },
-        0,
-        "process died despite --leave-running"
-    );
+    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "process died despite --leave-running");
 
     // Its PID is still taken: restore must say so and create nothing.
     let images = c.images();
-    let r = c.ferry(&[
-        "restore",
-        "--images",
-        images.to_str().expect("utf-8"),
-        "--detach",
-    ]);
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
     assert!(!r.status.success());
-    assert!(
-        stderr(&r).contains(&format!("pid {pid} is taken")),
-        "{}",
-        stderr(&r)
-    );
+    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
 
-    assert_eq!(
-        c.finish_child(0),
-        0,
-        "original failed after --leave-running: {}",
-        c.log()
-    );
+    assert_eq!(c.finish_child(0), 0, "original failed after --leave-running: {}", c.log());
     // Now the image restores the process as it was at the checkpoint.
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
     let code = c.restore_and_finish(pid, &images, &[]);
@@ -387,22 +307,10 @@ fn checkpointed_image(c: &mut Case) -> i32 {
 
 fn assert_restore_rejected(c: &Case, pid: i32, what: &str) {
     let images = c.images();
-    let r = c.ferry(&[
-        "restore",
-        "--images",
-        images.to_str().expect("utf-8"),
-        "--detach",
-    ]);
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
     assert!(!r.status.success(), "restore of a damaged image succeeded");
-    assert!(
-        stderr(&r).contains(what),
-        "expected {what:?} in: {}",
-        stderr(&r)
-    );
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "a damaged image left a process behind"
-    );
+    assert!(stderr(&r).contains(what), "expected {what:?} in: {}", stderr(&r));
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a damaged image left a process behind");
     let i = c.ferry(&["inspect", images.to_str().expect("utf-8")]);
     assert!(!i.status.success(), "inspect accepted a damaged image");
 }
@@ -448,11 +356,8 @@ fn incremental_image_is_not_restored_without_its_parent() {
     let (inv, tree, none) = image.read_meta_full().expect("read the image");
     assert!(none.is_none(), "a checkpoint is not incremental");
     let root = &tree.processes[0];
-    let in_a_run = |a: u64| {
-        root.page_runs
-            .iter()
-            .any(|r| a >= r.start && a < r.start + r.pages * 4096)
-    };
+    let in_a_run =
+        |a: u64| root.page_runs.iter().any(|r| a >= r.start && a < r.start + r.pages * 4096);
     let page = root
         .vmas
         .iter()
@@ -461,29 +366,16 @@ fn incremental_image_is_not_restored_without_its_parent() {
         .expect("a mapped page the image does not hold");
     let inc = ferry_image::Incremental {
         parent_id: 77,
-        parent_pages: vec![ferry_image::ParentPages {
-            pid: root.pid,
-            ranges: vec![(page, 1)],
-        }],
+        parent_pages: vec![ferry_image::ParentPages { pid: root.pid, ranges: vec![(page, 1)] }],
     };
-    image
-        .write_meta_with(&inv, &tree, Some(&inc))
-        .expect("write the incremental image");
+    image.write_meta_with(&inv, &tree, Some(&inc)).expect("write the incremental image");
     let images = c.images();
-    let r = c.ferry(&[
-        "restore",
-        "--images",
-        images.to_str().expect("utf-8"),
-        "--detach",
-    ]);
+    let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
     if r.status.success() {
         // SAFETY: the process this test's restore made, detached.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    assert!(
-        !r.status.success(),
-        "restore of an incremental image without its parent succeeded"
-    );
+    assert!(!r.status.success(), "restore of an incremental image without its parent succeeded");
     assert!(
         stderr(&r).contains("image is incremental (parent id 77); restore needs its parent"),
         "{}",
@@ -538,21 +430,12 @@ fn image_travels_as_one_stream_and_restores() {
         .spawn()
         .expect("send");
     let pipe = send.stdout.take().expect("pipe");
-    let recv = Command::new(FERRY)
-        .arg("receive")
-        .arg(&received)
-        .stdin(pipe)
-        .output()
-        .expect("receive");
+    let recv =
+        Command::new(FERRY).arg("receive").arg(&received).stdin(pipe).output().expect("receive");
     assert!(send.wait().expect("send").success());
     assert!(recv.status.success(), "receive failed: {}", stderr(&recv));
     // A damaged stream is refused and leaves no image behind.
-    let mut bytes = Command::new(FERRY)
-        .arg("send")
-        .arg(c.images())
-        .output()
-        .expect("send")
-        .stdout;
+    let mut bytes = Command::new(FERRY).arg("send").arg(c.images()).output().expect("send").stdout;
     let last = bytes.len() - 10;
     bytes[last] ^= 0x55;
     let bad_dir = c.dir.join("bad");
@@ -569,10 +452,7 @@ fn image_travels_as_one_stream_and_restores() {
     }
     let bad_out = bad.wait_with_output().expect("receive");
     assert!(!bad_out.status.success(), "a damaged stream was accepted");
-    assert!(
-        !bad_dir.join("meta.img").exists(),
-        "a damaged stream left an image"
-    );
+    assert!(!bad_dir.join("meta.img").exists(), "a damaged stream left an image");
 
     fs::write(c.dir.join("program.log"), "").expect("truncate log");
     let code = c.restore_and_finish(pid, &received, &[]);
@@ -588,10 +468,7 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     let prog = c.compile("tests/conformance/mem_anon_private.c");
     let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
     let mut cmd = Command::new(&prog);
-    cmd.current_dir(&c.dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log);
+    cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -620,40 +497,22 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
         }
         drop(pipe);
     });
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("program never printed READY on its pipe");
+    rx.recv_timeout(Duration::from_secs(10)).expect("program never printed READY on its pipe");
 
     let refused = c.checkpoint(pid, &[]);
-    assert!(
-        !refused.status.success(),
-        "a stdout pipe to another process was captured silently"
-    );
-    assert!(
-        stderr(&refused).contains("fd 1 (pipe:"),
-        "{}",
-        stderr(&refused)
-    );
+    assert!(!refused.status.success(), "a stdout pipe to another process was captured silently");
+    assert!(stderr(&refused).contains("fd 1 (pipe:"), "{}", stderr(&refused));
 
     let out = c.checkpoint(pid, &["--external-stdio"]);
-    assert!(
-        out.status.success(),
-        "checkpoint --external-stdio failed: {}",
-        stderr(&out)
-    );
+    assert!(out.status.success(), "checkpoint --external-stdio failed: {}", stderr(&out));
     c.children[0].wait().expect("reap");
     let replacement = c.dir.join("stdout-after-restore");
     let images = c.images();
-    let code = c.restore_and_finish(
-        pid,
-        &images,
-        &["--tty-to", replacement.to_str().expect("utf-8")],
-    );
+    let code =
+        c.restore_and_finish(pid, &images, &["--tty-to", replacement.to_str().expect("utf-8")]);
     let written = fs::read_to_string(&replacement).unwrap_or_default();
     assert_eq!(code, Some(0), "restored program failed: {written}");
-    assert!(
-        written.contains("PASS"),
-        "the restored stdout did not go to --tty-to: {written:?}"
-    );
+    assert!(written.contains("PASS"), "the restored stdout did not go to --tty-to: {written:?}");
 }
 
 #[test]
@@ -687,11 +546,7 @@ fn restore_into_a_named_network_namespace() {
     c.children.push(restore);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !pidfile.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "restore into {} did not finish",
-            ns.0
-        );
+        assert!(Instant::now() < deadline, "restore into {} did not finish", ns.0);
         sleep(Duration::from_millis(5));
     }
     // The restored process lives in the namespace: its listener was bound
@@ -701,19 +556,11 @@ fn restore_into_a_named_network_namespace() {
         inode(&format!("/run/netns/{}", ns.0)),
         "not in the namespace"
     );
-    assert_ne!(
-        inode(&format!("/proc/{pid}/ns/net")),
-        inode("/proc/self/ns/net")
-    );
+    assert_ne!(inode(&format!("/proc/{pid}/ns/net")), inode("/proc/self/ns/net"));
     // SAFETY: signalling the process we restored.
     unsafe { libc::kill(pid, libc::SIGUSR2) };
     let code = c.children[1].wait().expect("wait restore").code();
-    assert_eq!(
-        code,
-        Some(0),
-        "restored program failed in the namespace: {}",
-        c.log()
-    );
+    assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 
     // A namespace that does not exist is a clear error.
@@ -735,12 +582,7 @@ fn restore_into_a_named_network_namespace() {
 
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `ferry restore` of `images` as a child of the test (index returned),
@@ -781,10 +623,7 @@ fn spawn_restore(c: &mut Case, images: &Path, tag: &str, extra: &[&str]) -> (usi
 }
 
 fn comm(pid: i32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
 }
 
 #[test]
@@ -802,11 +641,7 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
 
     // The original still runs, so its PIDs are taken.
     let r = c.ferry(&["restore", "--images", images_s, "--detach"]);
-    assert!(
-        stderr(&r).contains(&format!("pid {pid} is taken")),
-        "{}",
-        stderr(&r)
-    );
+    assert!(stderr(&r).contains(&format!("pid {pid} is taken")), "{}", stderr(&r));
 
     // Two copies at once, each in its own namespace under its old PIDs.
     let (a_idx, a) = spawn_restore(&mut c, &images, "a", &["--new-pid-ns"]);
@@ -820,11 +655,7 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
         );
         let init = parent_of(host).expect("root has a parent");
         assert_eq!(comm(init), "ferry-init");
-        assert_eq!(
-            innermost_pid(init),
-            Some(1),
-            "ferry-init is not PID 1 of the namespace"
-        );
+        assert_eq!(innermost_pid(init), Some(1), "ferry-init is not PID 1 of the namespace");
     }
 
     // A tree in its own namespace is checkpointed with the PIDs it sees,
@@ -864,21 +695,12 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
         // SAFETY: signalling a process this test restored.
         unsafe { libc::kill(host, libc::SIGUSR2) };
         let code = c.children[idx].wait().expect("wait restore").code();
-        assert_eq!(
-            code,
-            Some(0),
-            "restored copy failed its checks: {}",
-            c.log()
-        );
+        assert_eq!(code, Some(0), "restored copy failed its checks: {}", c.log());
     }
     assert_eq!(c.finish_child(0), 0, "the original failed: {}", c.log());
     // Every namespace's init went with its tree (ferry restore reaped it).
     for &init in &c.pids {
-        assert_ne!(
-            comm(init),
-            "ferry-init",
-            "ferry-init {init} outlived its tree"
-        );
+        assert_ne!(comm(init), "ferry-init", "ferry-init {init} outlived its tree");
     }
 }
 
@@ -929,12 +751,7 @@ fn images_are_private_and_writable_images_are_refused() {
     let set =
         |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).expect("chmod");
     let refused = |what: &str| {
-        let r = c.ferry(&[
-            "restore",
-            "--images",
-            images.to_str().expect("utf-8"),
-            "--detach",
-        ]);
+        let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
         let e = stderr(&r);
         assert!(!r.status.success(), "restore of an unsafe image succeeded");
         assert!(
@@ -972,10 +789,7 @@ fn refuses_mlockall_future() {
 
 #[test]
 fn refuses_sched_deadline() {
-    refused_mode(
-        "sched_deadline",
-        &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"],
-    );
+    refused_mode("sched_deadline", &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"]);
 }
 
 #[test]
@@ -990,18 +804,12 @@ fn refuses_a_faulting_time_stamp_counter() {
 
 #[test]
 fn refuses_a_proc_file_of_a_process_outside_the_tree() {
-    refused_mode(
-        "proc_outside",
-        &["fd 3", "/proc file of process", "outside the tree"],
-    );
+    refused_mode("proc_outside", &["fd 3", "/proc file of process", "outside the tree"]);
 }
 
 #[test]
 fn refuses_shared_fs_information_without_clone_thread() {
-    refused_mode(
-        "clone_fs",
-        &["working directory, root and umask", "CLONE_FS"],
-    );
+    refused_mode("clone_fs", &["working directory, root and umask", "CLONE_FS"]);
 }
 
 #[test]
@@ -1014,20 +822,14 @@ fn refuses_a_unix_pair_made_by_a_process_that_exited() {
 
 #[test]
 fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
-    refused_mode(
-        "unix_pending",
-        &["fd 4", "accept queue", "data was sent before accept"],
-    );
+    refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
 /// A descriptor in flight that no process of the tree holds any more
 /// (the sender closed it after sendmsg) is refused by name.
 #[test]
 fn refuses_scm_rights_in_flight() {
-    refused_mode(
-        "scm_rights",
-        &["fd 4", "/dev/null", "held by no process of the tree"],
-    );
+    refused_mode("scm_rights", &["fd 4", "/dev/null", "held by no process of the tree"]);
 }
 
 /// Cgroups made for one test under the hierarchies mounted here; removed
@@ -1089,10 +891,7 @@ impl TestCgroups {
 impl Drop for TestCgroups {
     fn drop(&mut self) {
         for (dir, root) in self.made.iter().rev() {
-            for pid in fs::read_to_string(dir.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-            {
+            for pid in fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines() {
                 let _ = fs::write(root.join("cgroup.procs"), pid);
             }
             let _ = fs::remove_dir(dir);
@@ -1114,10 +913,8 @@ fn cgroup_membership_is_restored() {
         return;
     }
     let mut cgroups = TestCgroups::new();
-    let dirs: Vec<(&str, PathBuf)> = hierarchies
-        .iter()
-        .map(|(what, root)| (*what, cgroups.make(root)))
-        .collect();
+    let dirs: Vec<(&str, PathBuf)> =
+        hierarchies.iter().map(|(what, root)| (*what, cgroups.make(root))).collect();
     let memory = dirs
         .iter()
         .find(|(w, d)| *w == "memory" || (*w == "cgroup2" && d.join("memory.current").exists()))
@@ -1131,11 +928,7 @@ fn cgroup_membership_is_restored() {
     let pid = c.start_args(&prog, &args);
     let out = c.checkpoint(pid, &[]);
     assert!(out.status.success(), "checkpoint: {}", stderr(&out));
-    assert_eq!(
-        c.finish_child(0),
-        -1,
-        "the checkpointed program was not killed"
-    );
+    assert_eq!(c.finish_child(0), -1, "the checkpointed program was not killed");
     let images = c.images();
     assert_eq!(
         c.restore_and_finish(pid, &images, &[]),
@@ -1153,9 +946,8 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
     if !is_root() {
         return;
     }
-    let Some((_, root)) = TestCgroups::hierarchies()
-        .into_iter()
-        .find(|(w, _)| *w == "pids" || *w == "cgroup2")
+    let Some((_, root)) =
+        TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "cgroup2")
     else {
         eprintln!("skipped: no pids or cgroup2 hierarchy mounted");
         return;
@@ -1169,21 +961,11 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
     assert!(out.status.success(), "checkpoint: {}", stderr(&out));
     c.finish_child(0);
     fs::remove_dir(&dir).expect("remove the emptied cgroup");
-    let out = c.ferry(&[
-        "restore",
-        "--images",
-        c.images().to_str().expect("utf-8 path"),
-    ]);
+    let out = c.ferry(&["restore", "--images", c.images().to_str().expect("utf-8 path")]);
     let err = stderr(&out);
-    assert!(
-        !out.status.success(),
-        "restore into a missing cgroup should fail"
-    );
+    assert!(!out.status.success(), "restore into a missing cgroup should fail");
     let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
-    assert!(
-        err.contains(name) && err.contains("does not exist on this host"),
-        "{err}"
-    );
+    assert!(err.contains(name) && err.contains("does not exist on this host"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
         !Path::new(&format!("/proc/{pid}")).exists(),
@@ -1198,9 +980,8 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
     if !is_root() {
         return;
     }
-    let Some((_, root)) = TestCgroups::hierarchies()
-        .into_iter()
-        .find(|(w, _)| *w == "pids" || *w == "memory")
+    let Some((_, root)) =
+        TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "memory")
     else {
         eprintln!("skipped: no cgroup v1 hierarchy mounted");
         return;
@@ -1212,26 +993,15 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
     let pid = c.start_args(&prog, &["-", dir.to_str().expect("utf-8 path")]);
     let out = c.checkpoint(pid, &[]);
     let err = stderr(&out);
-    assert!(
-        !out.status.success(),
-        "checkpoint of a thread in its own cgroup should be refused"
-    );
+    assert!(!out.status.success(), "checkpoint of a thread in its own cgroup should be refused");
     let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
     assert!(
         err.contains("cgroup membership") && err.contains("thread") && err.contains(name),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(
-        !c.images().join("meta.img").exists(),
-        "a refused checkpoint left an image"
-    );
-    assert_eq!(
-        c.finish_child(0),
-        0,
-        "program was harmed by the refused checkpoint: {}",
-        c.log()
-    );
+    assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
 }
 
 #[test]
@@ -1243,18 +1013,12 @@ fn refuses_a_unix_connection_whose_peer_was_closed() {
 /// unlinked socket file reappear.
 #[test]
 fn refuses_a_unix_listener_whose_file_was_unlinked() {
-    refused_mode(
-        "unix_unlinked",
-        &["fd 3", "gone.sock", "no longer names this socket"],
-    );
+    refused_mode("unix_unlinked", &["fd 3", "gone.sock", "no longer names this socket"]);
 }
 
 /// zdtm del_standalone_un: two listeners bound to one path, the path names
 /// the first; binding both again would give it to whichever came last.
 #[test]
 fn refuses_a_unix_listener_whose_file_was_replaced() {
-    refused_mode(
-        "unix_replaced",
-        &["fd 4", "b.sock", "no longer names this socket"],
-    );
+    refused_mode("unix_replaced", &["fd 4", "b.sock", "no longer names this socket"]);
 }

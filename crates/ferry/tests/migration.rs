@@ -82,11 +82,7 @@ fn path_str(p: &Path) -> &str {
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: its init reaps it soon.
     fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit(')')
-                .next()
-                .map_or(false, |r| !r.trim_start().starts_with('Z'))
-        })
+        .map(|s| s.rsplit(')').next().map_or(false, |r| !r.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
 
@@ -216,26 +212,13 @@ fn run_in(host: &Host, limit_s: u32, argv: &[&str]) -> Out {
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The IPv4 addresses (with prefix) on `host`'s eth0.
 fn addresses(host: &Host) -> Vec<String> {
     let out = Command::new("ip")
-        .args([
-            "-n",
-            &host.netns,
-            "-o",
-            "-4",
-            "addr",
-            "show",
-            "dev",
-            &host.ifname,
-        ])
+        .args(["-n", &host.netns, "-o", "-4", "addr", "show", "dev", &host.ifname])
         .output()
         .expect("ip addr");
     String::from_utf8_lossy(&out.stdout)
@@ -250,12 +233,7 @@ fn addresses(host: &Host) -> Vec<String> {
 /// inside `host` (its own /run/ferry).
 fn host_locks(host: &Host) -> Vec<(String, String)> {
     let out = run_in(host, 20, &[FERRY, "network-lock", "--status"]);
-    assert!(
-        out.status.success(),
-        "ferry network-lock --status in {}: {}",
-        host.name,
-        out.show()
-    );
+    assert!(out.status.success(), "ferry network-lock --status in {}: {}", host.name, out.show());
     common::parse_network_locks(&out.stdout)
 }
 
@@ -279,11 +257,7 @@ impl Env {
             c
         });
         assert!(out.status.success(), "ferry keygen: {}", out.show());
-        Env {
-            c: Cluster::new(names),
-            dir,
-            key,
-        }
+        Env { c: Cluster::new(names), dir, key }
     }
 
     fn host(&self, name: &str) -> &Host {
@@ -352,10 +326,7 @@ impl Env {
         extra: &[&str],
     ) -> (Command, PathBuf) {
         static N: AtomicU32 = AtomicU32::new(0);
-        let report = self
-            .dir
-            .0
-            .join(format!("report-{}.json", N.fetch_add(1, Ordering::SeqCst)));
+        let report = self.dir.0.join(format!("report-{}.json", N.fetch_add(1, Ordering::SeqCst)));
         let limit = MIGRATE_LIMIT_S.to_string();
         let (pid, to) = (pid.to_string(), to.to_string());
         let mut argv = vec![
@@ -387,9 +358,7 @@ struct Migration {
 
 impl Migration {
     fn new(out: Out, report: &Path, took: Duration) -> Migration {
-        let report = fs::read(report)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let report = fs::read(report).ok().and_then(|b| serde_json::from_slice(&b).ok());
         Migration { out, report, took }
     }
 
@@ -399,34 +368,18 @@ impl Migration {
 
     /// The moved root's PID as the destination host sees it.
     fn dest_host_pid(&self) -> i32 {
-        let r = self
-            .report
-            .as_ref()
-            .unwrap_or_else(|| panic!("no report: {}", self.out.show()));
-        r["dest_host_pid"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("no dest_host_pid in {r}")) as i32
+        let r = self.report.as_ref().unwrap_or_else(|| panic!("no report: {}", self.out.show()));
+        r["dest_host_pid"].as_i64().unwrap_or_else(|| panic!("no dest_host_pid in {r}")) as i32
     }
 
     fn pause_ms(&self) -> f64 {
-        self.report
-            .as_ref()
-            .and_then(|r| r["pause_ms"].as_f64())
-            .unwrap_or(f64::NAN)
+        self.report.as_ref().and_then(|r| r["pause_ms"].as_f64()).unwrap_or(f64::NAN)
     }
 
     /// Asserts success and returns the root's PID in the destination host.
     fn expect_ok(&self, what: &str) -> i32 {
-        assert!(
-            self.ok(),
-            "{what}: ferry migrate failed: {}",
-            self.out.show()
-        );
-        assert!(
-            self.out.stdout.contains("migrated pid"),
-            "{what}: {}",
-            self.out.show()
-        );
+        assert!(self.ok(), "{what}: ferry migrate failed: {}", self.out.show());
+        assert!(self.out.stdout.contains("migrated pid"), "{what}: {}", self.out.show());
         self.dest_host_pid()
     }
 }
@@ -452,11 +405,7 @@ fn start_in(host: &Host, argv: &[&str], cwd: &Path, log: &Path, env: &[(&str, &s
         .spawn()
         .unwrap_or_else(|e| panic!("start {argv:?} in {}: {e}", host.name));
     let (root, inner) = host.wait_spawned_pid(&nsenter);
-    Started {
-        nsenter,
-        root,
-        inner,
-    }
+    Started { nsenter, root, inner }
 }
 
 // ---------------------------------------------------------------------------
@@ -498,10 +447,7 @@ fn conformance_programs_migrate_between_hosts() {
     let only = std::env::var("FERRY_MIGRATION_ONLY").ok();
     let names: Vec<String> = common::conformance::programs()
         .into_iter()
-        .filter(|n| {
-            only.as_deref()
-                .map_or(true, |o| o.split(',').any(|x| x == n))
-        })
+        .filter(|n| only.as_deref().map_or(true, |o| o.split(',').any(|x| x == n)))
         .collect();
     // Compile on two threads while the hosts come up.
     let (tx, rx) = mpsc::channel();
@@ -638,17 +584,12 @@ fn migrate_program(env: &Env, name: &str, bin: &Path) -> Result<f64, Failure> {
         &[("FERRY_TEST_DIR", w), ("FERRY_EXPECT_RESTORE", "1")],
     );
     let has_line = |l: &str| read_lossy(&log).lines().any(|x| x == l);
-    if !wait_for(Duration::from_secs(15), || {
-        has_line("READY") || !alive(p.root)
-    }) || !has_line("READY")
+    if !wait_for(Duration::from_secs(15), || has_line("READY") || !alive(p.root))
+        || !has_line("READY")
     {
         kill(p.root, libc::SIGKILL);
         let _ = p.nsenter.wait();
-        return Err(fail(
-            "startup",
-            "no READY within 15 s".into(),
-            String::new(),
-        ));
+        return Err(fail("startup", "no READY within 15 s".into(), String::new()));
     }
     let mut extra = std::env::var("FERRY_MIGRATION_ARGS").unwrap_or_default();
     if PRECOPY_BUGS.iter().any(|(n, _)| *n == name) {
@@ -684,11 +625,7 @@ fn migrate_program(env: &Env, name: &str, bin: &Path) -> Result<f64, Failure> {
     }
     let inner = m.dest_host_pid();
     let Some(root) = b.root_pid(inner) else {
-        return Err(fail(
-            "destination",
-            format!("no process {inner} in b"),
-            ferry,
-        ));
+        return Err(fail("destination", format!("no process {inner} in b"), ferry));
     };
     if !kill(root, libc::SIGUSR2) {
         return Err(fail(
@@ -698,32 +635,18 @@ fn migrate_program(env: &Env, name: &str, bin: &Path) -> Result<f64, Failure> {
         ));
     }
     let done = |l: &str| l == "PASS" || l.starts_with("FAIL");
-    if !wait_for(Duration::from_secs(30), || {
-        read_lossy(&log).lines().any(done) || !alive(root)
-    }) {
+    if !wait_for(Duration::from_secs(30), || read_lossy(&log).lines().any(done) || !alive(root)) {
         kill(root, libc::SIGKILL);
-        return Err(fail(
-            "check",
-            "neither PASS nor FAIL within 30 s of SIGUSR2".into(),
-            ferry,
-        ));
+        return Err(fail("check", "neither PASS nor FAIL within 30 s of SIGUSR2".into(), ferry));
     }
     // Let it finish (and its children); then the log is complete.
     if !wait_for(Duration::from_secs(15), || !alive(root)) {
         kill(root, libc::SIGKILL);
-        return Err(fail(
-            "check",
-            "still running 15 s after its checks".into(),
-            ferry,
-        ));
+        return Err(fail("check", "still running 15 s after its checks".into(), ferry));
     }
     let text = read_lossy(&log);
     if text.contains("FAIL") || !text.lines().any(|l| l == "PASS") {
-        return Err(fail(
-            "check",
-            "the program did not PASS at the destination".into(),
-            ferry,
-        ));
+        return Err(fail("check", "the program did not PASS at the destination".into(), ferry));
     }
     Ok(m.pause_ms())
 }
@@ -741,15 +664,7 @@ fn service_env(tag: &str, b_env: &[(&str, &str)], b_args: &[&str]) -> (Env, Stri
     env.start_ferryd("b", b_env, b_args);
     env.start_plain("c");
     let svc = env.c.subnet_addr(100).to_string();
-    ip(&[
-        "-n",
-        &env.host("a").netns,
-        "addr",
-        "add",
-        &format!("{svc}/24"),
-        "dev",
-        "eth0",
-    ]);
+    ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
     (env, svc)
 }
 
@@ -819,9 +734,7 @@ impl KeptClient {
     fn open(env: &Env, svc: &str) -> KeptClient {
         let c = env.host("c");
         let mut cmd = c.command(&["python3", "-c", KEPT_CLIENT, svc, REDIS_PORT]);
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut nsenter = only_stdio(&mut cmd).spawn().expect("kept client");
         let (root, _) = c.wait_spawned_pid(&nsenter);
         let stdin = nsenter.stdin.take().expect("stdin");
@@ -835,17 +748,8 @@ impl KeptClient {
                 }
             }
         });
-        let mut k = KeptClient {
-            nsenter,
-            root,
-            stdin,
-            lines,
-        };
-        assert_eq!(
-            k.line().as_deref(),
-            Some("connected"),
-            "the kept client did not connect"
-        );
+        let mut k = KeptClient { nsenter, root, stdin, lines };
+        assert_eq!(k.line().as_deref(), Some("connected"), "the kept client did not connect");
         k
     }
 
@@ -856,8 +760,7 @@ impl KeptClient {
     fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("write to the kept client");
         self.stdin.flush().expect("flush");
-        self.line()
-            .unwrap_or_else(|| panic!("no reply to {cmd:?} on the kept connection"))
+        self.line().unwrap_or_else(|| panic!("no reply to {cmd:?} on the kept connection"))
     }
 }
 
@@ -880,40 +783,23 @@ fn assert_service_at_source(
     what: &str,
 ) {
     assert!(alive(redis.root), "{what}: redis is gone from a");
-    assert_ne!(
-        state(redis.root),
-        Some('T'),
-        "{what}: redis is stopped at a"
-    );
+    assert_ne!(state(redis.root), Some('T'), "{what}: redis is stopped at a");
     let (a, b) = (env.host("a"), env.host("b"));
     assert!(
         addresses(a).contains(&svc_prefix(svc)),
         "{what}: {svc} is not back on a: {:?}",
         addresses(a)
     );
-    assert!(
-        !addresses(b).contains(&svc_prefix(svc)),
-        "{what}: {svc} is on b: {:?}",
-        addresses(b)
-    );
+    assert!(!addresses(b).contains(&svc_prefix(svc)), "{what}: {svc} is on b: {:?}", addresses(b));
     *counter += 1;
     assert_eq!(
         client.ask("INCR kept"),
         format!(":{counter}"),
         "{what}: the connection opened before"
     );
-    assert_eq!(
-        redis_cli(env, svc, &["PING"]).stdout.trim(),
-        "PONG",
-        "{what}: a new connection"
-    );
+    assert_eq!(redis_cli(env, svc, &["PING"]).stdout.trim(), "PONG", "{what}: a new connection");
     for h in [a, b] {
-        assert_eq!(
-            host_locks(h),
-            Vec::new(),
-            "{what}: network lock left in {}",
-            h.name
-        );
+        assert_eq!(host_locks(h), Vec::new(), "{what}: network lock left in {}", h.name);
     }
 }
 
@@ -935,10 +821,8 @@ fn migrate_in_background(
     let (cmd, report) = env.migrate_cmd(from, pid, to, extra);
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
-    let (out, err) = (
-        env.dir.0.join(format!("migrate-{n}.out")),
-        env.dir.0.join(format!("migrate-{n}.err")),
-    );
+    let (out, err) =
+        (env.dir.0.join(format!("migrate-{n}.out")), env.dir.0.join(format!("migrate-{n}.err")));
     (spawn_logged(cmd, &out, &err), report, out, err)
 }
 
@@ -955,22 +839,14 @@ fn finish_migration(
         child.wait().expect("wait ferry migrate")
     });
     Migration::new(
-        Out {
-            status,
-            stdout: read_lossy(out),
-            stderr: read_lossy(err),
-        },
+        Out { status, stdout: read_lossy(out), stderr: read_lossy(err) },
         report,
         t.elapsed(),
     )
 }
 
 fn assert_failed_with(m: &Migration, what: &str, needles: &[&str]) {
-    assert!(
-        !m.out.status.success(),
-        "{what}: ferry migrate succeeded: {}",
-        m.out.show()
-    );
+    assert!(!m.out.status.success(), "{what}: ferry migrate succeeded: {}", m.out.show());
     assert!(
         m.out.stderr.contains("still runs here"),
         "{what}: no word that the service still runs at the source: {}",
@@ -1048,12 +924,7 @@ fn redis_under_load_migrates_there_and_back() {
         read_lossy(&bout),
         read_lossy(&berr)
     );
-    let there = env.migrate(
-        "a",
-        redis.inner,
-        env.agent("b"),
-        &["--address", &svc_prefix(&svc)],
-    );
+    let there = env.migrate("a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
     let pid_b = there.expect_ok("a→b under load");
     assert!(
         addresses(env.host("b")).contains(&svc_prefix(&svc))
@@ -1061,12 +932,7 @@ fn redis_under_load_migrates_there_and_back() {
         "address did not move to b"
     );
     std::thread::sleep(Duration::from_millis(500));
-    let back = env.migrate(
-        "b",
-        pid_b,
-        env.agent("a"),
-        &["--address", &svc_prefix(&svc)],
-    );
+    let back = env.migrate("b", pid_b, env.agent("a"), &["--address", &svc_prefix(&svc)]);
     let pid_a = back.expect_ok("b→a under load");
     let still = running(&mut bench);
     eprintln!(
@@ -1085,10 +951,7 @@ fn redis_under_load_migrates_there_and_back() {
         "redis-benchmark failed ({}):\n{o}\n{e}",
         describe(&st)
     );
-    assert!(
-        !o.contains("Error") && !e.contains("Error"),
-        "redis-benchmark saw errors:\n{o}\n{e}"
-    );
+    assert!(!o.contains("Error") && !e.contains("Error"), "redis-benchmark saw errors:\n{o}\n{e}");
     for t in ["SET: ", "GET: "] {
         assert!(
             o.lines()
@@ -1106,25 +969,11 @@ fn redis_under_load_migrates_there_and_back() {
     get.extend((0..200).map(|i| format!("before:{i}")));
     let get: Vec<&str> = get.iter().map(String::as_str).collect();
     let values = redis_cli(&env, &svc, &get).stdout;
-    let want: Vec<String> = (0..200)
-        .map(|i| format!("value-{i}-{}", "x".repeat(i % 50)))
-        .collect();
-    assert_eq!(
-        values.lines().collect::<Vec<_>>(),
-        want,
-        "keys written before the migrations"
-    );
-    assert_eq!(
-        env.host("a").root_pid(pid_a).map(alive),
-        Some(true),
-        "redis runs in a again"
-    );
+    let want: Vec<String> = (0..200).map(|i| format!("value-{i}-{}", "x".repeat(i % 50))).collect();
+    assert_eq!(values.lines().collect::<Vec<_>>(), want, "keys written before the migrations");
+    assert_eq!(env.host("a").root_pid(pid_a).map(alive), Some(true), "redis runs in a again");
     for h in ["a", "b"] {
-        assert_eq!(
-            host_locks(env.host(h)),
-            Vec::new(),
-            "network lock left in {h}"
-        );
+        assert_eq!(host_locks(env.host(h)), Vec::new(), "network lock left in {h}");
     }
 }
 
@@ -1139,9 +988,7 @@ fn nginx_under_load_migrates_there_and_back() {
     let www = env.dir.0.join("www");
     fs::create_dir_all(&www).expect("www");
     fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
-    let body: String = (0..200)
-        .map(|i| format!("ferry nginx line {i:05}\n"))
-        .collect();
+    let body: String = (0..200).map(|i| format!("ferry nginx line {i:05}\n")).collect();
     fs::write(www.join("ferry.txt"), &body).expect("write the file");
     fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644))
         .expect("chmod file");
@@ -1217,27 +1064,13 @@ fn nginx_under_load_migrates_there_and_back() {
         read_lossy(&bout),
         read_lossy(&berr)
     );
-    let there = env.migrate(
-        "a",
-        nginx.inner,
-        env.agent("b"),
-        &["--address", &svc_prefix(&svc)],
-    );
+    let there = env.migrate("a", nginx.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
     let pid_b = there.expect_ok("a→b under load");
     std::thread::sleep(Duration::from_millis(500));
-    let back = env.migrate(
-        "b",
-        pid_b,
-        env.agent("a"),
-        &["--address", &svc_prefix(&svc)],
-    );
+    let back = env.migrate("b", pid_b, env.agent("a"), &["--address", &svc_prefix(&svc)]);
     back.expect_ok("b→a under load");
     let still = matches!(ab.try_wait(), Ok(None));
-    eprintln!(
-        "[{TEST}] a→b pause {:.1} ms, b→a pause {:.1} ms",
-        there.pause_ms(),
-        back.pause_ms()
-    );
+    eprintln!("[{TEST}] a→b pause {:.1} ms, b→a pause {:.1} ms", there.pause_ms(), back.pause_ms());
     let st = wait_timeout(&mut ab, Duration::from_secs(160)).expect("ab did not end");
     let (o, e) = (read_lossy(&bout), read_lossy(&berr));
     assert!(st.success(), "ab failed ({}):\n{o}\n{e}", describe(&st));
@@ -1246,29 +1079,13 @@ fn nginx_under_load_migrates_there_and_back() {
         .find_map(|l| l.strip_prefix("Complete requests:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
-    assert!(
-        complete > 1000,
-        "ab completed only {complete} requests:\n{o}\n{e}"
-    );
-    assert!(
-        o.contains("Failed requests:        0"),
-        "failed requests:\n{o}"
-    );
+    assert!(complete > 1000, "ab completed only {complete} requests:\n{o}\n{e}");
+    assert!(o.contains("Failed requests:        0"), "failed requests:\n{o}");
     assert!(!o.contains("Non-2xx responses"), "non-2xx responses:\n{o}");
-    assert!(
-        o.contains(&format!("Document Length:        {} bytes", body.len())),
-        "{o}"
-    );
-    assert!(
-        still,
-        "ab ended before the second migration: raise -n so that the load spans both"
-    );
+    assert!(o.contains(&format!("Document Length:        {} bytes", body.len())), "{o}");
+    assert!(still, "ab ended before the second migration: raise -n so that the load spans both");
     for h in ["a", "b"] {
-        assert_eq!(
-            host_locks(env.host(h)),
-            Vec::new(),
-            "network lock left in {h}"
-        );
+        assert_eq!(host_locks(env.host(h)), Vec::new(), "network lock left in {h}");
     }
 }
 
@@ -1327,15 +1144,7 @@ fn fault_destination_killed_mid_migration() {
     env.start_ferryd("b", &[], &[]);
     let b = env.host("b");
     if addresses(b).contains(&svc_prefix(&svc)) {
-        ip(&[
-            "-n",
-            &b.netns,
-            "addr",
-            "del",
-            &svc_prefix(&svc),
-            "dev",
-            "eth0",
-        ]);
+        ip(&["-n", &b.netns, "addr", "del", &svc_prefix(&svc), "dev", "eth0"]);
     }
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
@@ -1349,11 +1158,8 @@ fn fault_link_cut_mid_migration() {
     }
     // The destination stalls 4 s after restoring (held), then waits 3 s
     // for Commit, gives up and undoes its steps.
-    let (env, svc, redis, mut client) = fault_setup(
-        "fl",
-        &[STALL_HELD, ("FERRY_FAULT_STALL_SECS", "4")],
-        &["--timeout", "3"],
-    );
+    let (env, svc, redis, mut client) =
+        fault_setup("fl", &[STALL_HELD, ("FERRY_FAULT_STALL_SECS", "4")], &["--timeout", "3"]);
     let (child, report, out, err) = migrate_in_background(
         &env,
         "a",
@@ -1365,11 +1171,7 @@ fn fault_link_cut_mid_migration() {
     let b = env.host("b");
     ip(&["-n", &b.netns, "link", "set", "eth0", "down"]);
     let m = finish_migration(child, &report, &out, &err, Duration::from_secs(40));
-    assert_failed_with(
-        &m,
-        TEST,
-        &["timed out", "timeout", "resource temporarily unavailable"],
-    );
+    assert_failed_with(&m, TEST, &["timed out", "timeout", "resource temporarily unavailable"]);
     assert!(
         m.took < Duration::from_secs(15),
         "{TEST}: the source took {:?} to give up with --timeout 2",
@@ -1439,10 +1241,7 @@ fn fault_corrupted_stream() {
     let mut proxy = only_stdio(&mut cmd).spawn().expect("proxy");
     let (proxy_root, _) = c.wait_spawned_pid(&proxy);
     let mut lines = BufReader::new(proxy.stdout.take().expect("proxy stdout")).lines();
-    assert_eq!(
-        lines.next().and_then(|l| l.ok()).as_deref(),
-        Some("listening")
-    );
+    assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("listening"));
     let m = env.migrate(
         "a",
         redis.inner,
@@ -1460,10 +1259,7 @@ fn fault_corrupted_stream() {
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
     let log = read_lossy(&env.ferryd_log("b"));
-    assert!(
-        !log.contains("runs here as pid"),
-        "{TEST}: the destination released a tree:\n{log}"
-    );
+    assert!(!log.contains("runs here as pid"), "{TEST}: the destination released a tree:\n{log}");
 }
 
 #[test]
@@ -1494,12 +1290,7 @@ fn fault_restore_fails_at_destination() {
     let redis = start_redis(&env, "a", &svc, &only_a);
     let mut client = KeptClient::open(&env, &svc);
     assert_eq!(client.ask("INCR kept"), ":1");
-    let m = env.migrate(
-        "a",
-        redis.inner,
-        env.agent("b"),
-        &["--address", &svc_prefix(&svc)],
-    );
+    let m = env.migrate("a", redis.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
     assert_failed_with(&m, TEST, &["the destination failed"]);
     assert!(
         m.out.stderr.contains("only-a"),
@@ -1554,18 +1345,10 @@ fn fault_unauthenticated_peers_are_refused() {
         "--address",
         &addr,
     ]));
-    let m = Migration {
-        out,
-        report: None,
-        took: Duration::ZERO,
-    };
+    let m = Migration { out, report: None, took: Duration::ZERO };
     assert_failed_with(&m, TEST, &["key"]);
     let none = run_in(env.host("b"), 10, &["pgrep", "-x", "redis-server"]);
-    assert!(
-        !none.status.success(),
-        "{TEST}: a redis-server runs in b: {}",
-        none.show()
-    );
+    assert!(!none.status.success(), "{TEST}: a redis-server runs in b: {}", none.show());
     let mut counter = 1;
     assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, "wrong key");
 
@@ -1575,13 +1358,7 @@ fn fault_unauthenticated_peers_are_refused() {
     let out = run_in(
         env.host("c"),
         30,
-        &[
-            "python3",
-            "-c",
-            GARBAGE_CLIENT,
-            &b.ip.to_string(),
-            &AGENT_PORT.to_string(),
-        ],
+        &["python3", "-c", GARBAGE_CLIENT, &b.ip.to_string(), &AGENT_PORT.to_string()],
     );
     assert_eq!(
         out.stdout.trim(),
@@ -1589,10 +1366,7 @@ fn fault_unauthenticated_peers_are_refused() {
         "{TEST}: ferryd did not disconnect a peer sending garbage: {}",
         out.show()
     );
-    assert!(
-        alive(ferryd) && b.init_pid() == ferryd,
-        "{TEST}: ferryd died"
-    );
+    assert!(alive(ferryd) && b.init_pid() == ferryd, "{TEST}: ferryd died");
     assert!(
         read_lossy(&env.ferryd_log("b")).contains("refused"),
         "{TEST}: ferryd does not log the refusal:\n{}",
@@ -1603,10 +1377,7 @@ fn fault_unauthenticated_peers_are_refused() {
     // ferryd still serves a real migration; the kept connection moves too.
     let m = env.migrate("a", redis.inner, env.agent("b"), &["--address", &addr]);
     let pid_b = m.expect_ok("after the garbage");
-    assert!(
-        b.root_pid(pid_b).is_some_and(alive),
-        "{TEST}: redis does not run in b"
-    );
+    assert!(b.root_pid(pid_b).is_some_and(alive), "{TEST}: redis does not run in b");
     counter += 1;
     assert_eq!(
         client.ask("INCR kept"),
@@ -1622,12 +1393,7 @@ fn fault_unauthenticated_peers_are_refused() {
 /// The parent of `pid` (root namespace) and that parent's name.
 fn parent_of(pid: i32) -> Option<(i32, String)> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let ppid: i32 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))?
-        .trim()
-        .parse()
-        .ok()?;
+    let ppid: i32 = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim().parse().ok()?;
     let comm = fs::read_to_string(format!("/proc/{ppid}/comm")).ok()?;
     Some((ppid, comm.trim().to_string()))
 }
@@ -1651,19 +1417,13 @@ fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
             b.set_next_pid(base);
             let log = env.dir.0.join("occupant.log");
             let o = start_in(b, &["sleep", "600"], &env.dir.0, &log, &[]);
-            assert_eq!(
-                o.inner, want,
-                "{TEST}: the occupant in b did not get PID {want}"
-            );
+            assert_eq!(o.inner, want, "{TEST}: the occupant in b did not get PID {want}");
             occupant = Some(o);
         }
         a.set_next_pid(base);
         let log = env.dir.0.join(format!("sleep-{taken}.log"));
         let mut p = start_in(a, &["sleep", "600"], &env.dir.0, &log, &[]);
-        assert_eq!(
-            p.inner, want,
-            "{TEST}: the service in a did not get PID {want}"
-        );
+        assert_eq!(p.inner, want, "{TEST}: the service in a did not get PID {want}");
         let m = env.migrate("a", p.inner, env.agent("b"), &[]);
         assert!(m.ok(), "{TEST} (PID taken in b: {taken}): {}", m.out.show());
         assert!(
@@ -1671,9 +1431,8 @@ fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
             "{TEST}: the source's copy still runs"
         );
         let host_pid = m.dest_host_pid();
-        let root = b
-            .root_pid(host_pid)
-            .unwrap_or_else(|| panic!("{TEST}: no process {host_pid} in b"));
+        let root =
+            b.root_pid(host_pid).unwrap_or_else(|| panic!("{TEST}: no process {host_pid} in b"));
         assert_eq!(
             common::cluster::innermost(root),
             Some(want),
@@ -1697,10 +1456,7 @@ fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
                 "{TEST}: the restored process's parent"
             );
         } else {
-            assert_eq!(
-                host_pid, want,
-                "{TEST}: b reports the restored process as {host_pid}"
-            );
+            assert_eq!(host_pid, want, "{TEST}: b reports the restored process as {host_pid}");
             assert_eq!(
                 ns, b_ns,
                 "{TEST}: restored in a new PID namespace although every PID was free in b"

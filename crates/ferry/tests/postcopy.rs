@@ -106,11 +106,7 @@ fn compile(dir: &Path) -> PathBuf {
         .arg(&src)
         .output()
         .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "gcc: {}", String::from_utf8_lossy(&out.stderr));
     bin
 }
 
@@ -127,16 +123,8 @@ impl Pair {
         let cluster = Cluster::new(&["a", "b"]);
         let dir = work_dir();
         let key = dir.join("key");
-        let st = Command::new(FERRY)
-            .arg("keygen")
-            .arg(&key)
-            .output()
-            .expect("ferry keygen");
-        assert!(
-            st.status.success(),
-            "keygen: {}",
-            String::from_utf8_lossy(&st.stderr)
-        );
+        let st = Command::new(FERRY).arg("keygen").arg(&key).output().expect("ferry keygen");
+        assert!(st.status.success(), "keygen: {}", String::from_utf8_lossy(&st.stderr));
         let prog = compile(&dir);
         for h in cluster.hosts() {
             let log = dir.join(format!("ferryd-{}.log", h.name));
@@ -150,12 +138,7 @@ impl Pair {
         }
         // ferryd listening.
         std::thread::sleep(Duration::from_millis(300));
-        Pair {
-            cluster,
-            dir,
-            key,
-            prog,
-        }
+        Pair { cluster, dir, key, prog }
     }
 
     fn host(&self, name: &str) -> &Host {
@@ -177,11 +160,8 @@ impl Pair {
             .expect("start memprog");
         let _ = child.wait();
         let line = wait_line(&out, "READY", Duration::from_secs(30));
-        let pid = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .expect("pid in READY line");
+        let pid =
+            line.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("pid in READY line");
         (pid, out)
     }
 
@@ -254,17 +234,13 @@ fn lines_with(path: &Path, prefix: &str) -> Vec<String> {
 }
 
 fn json_number(json: &str, key: &str) -> f64 {
-    let at = json
-        .find(&format!("\"{key}\""))
-        .unwrap_or_else(|| panic!("no {key} in {json}"));
+    let at = json.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("no {key} in {json}"));
     let rest = &json[at + key.len() + 2..];
     let rest = rest.trim_start_matches([':', ' ']);
     let end = rest
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
         .unwrap_or(rest.len());
-    rest[..end]
-        .parse()
-        .unwrap_or_else(|e| panic!("{key} in {json}: {e}"))
+    rest[..end].parse().unwrap_or_else(|e| panic!("{key} in {json}: {e}"))
 }
 
 /// Migrates a `check` program of `mib` MiB lazily, has it verify its
@@ -279,10 +255,7 @@ fn migrate_and_check(pair: &Pair, mib: u64) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let fails = lines_with(&out, "FAIL");
-        assert!(
-            fails.is_empty(),
-            "{mib} MiB: memory differs after the lazy migration: {fails:?}"
-        );
+        assert!(fails.is_empty(), "{mib} MiB: memory differs after the lazy migration: {fails:?}");
         if lines_with(&out, "PASS").len() > passes_before {
             break;
         }
@@ -353,15 +326,9 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let line = lines_with(&out, "COUNT").pop().expect("a COUNT line");
-        assert!(
-            line.ends_with(" OK"),
-            "memory inconsistent at the destination: {line}"
-        );
+        assert!(line.ends_with(" OK"), "memory inconsistent at the destination: {line}");
         counts.push(
-            line.split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse::<u64>().ok())
-                .expect("count"),
+            line.split_whitespace().nth(1).and_then(|c| c.parse::<u64>().ok()).expect("count"),
         );
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -369,10 +336,7 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
         "busy writer at the destination: {} then {} passes over 100 MiB",
         counts[0], counts[1]
     );
-    assert!(
-        counts[1] > counts[0],
-        "the writer stopped counting at the destination: {counts:?}"
-    );
+    assert!(counts[1] > counts[0], "the writer stopped counting at the destination: {counts:?}");
     pair.signal_b(dest, "-KILL");
 }
 
@@ -406,10 +370,8 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
     let (ferry_root, _) = pair.host("a").wait_spawned_pid(&child);
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     loop {
-        let line = lines
-            .next()
-            .expect("ferry migrate ended before post-copy")
-            .expect("read stderr");
+        let line =
+            lines.next().expect("ferry migrate ended before post-copy").expect("read stderr");
         if line.contains("post-copy of") {
             break;
         }
@@ -425,18 +387,11 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
         if text.contains("the service is lost") {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the destination did not give up the tree: {text}"
-        );
+        assert!(Instant::now() < deadline, "the destination did not give up the tree: {text}");
         std::thread::sleep(Duration::from_millis(50));
     }
     // Nothing of the tree is left in host b but ferryd and its workers.
-    let ps = pair
-        .host("b")
-        .command(&["ps", "-e", "-o", "comm="])
-        .output()
-        .expect("ps");
+    let ps = pair.host("b").command(&["ps", "-e", "-o", "comm="]).output().expect("ps");
     let names = String::from_utf8_lossy(&ps.stdout).into_owned();
     assert!(
         !names.lines().any(|l| l.trim() == "memprog"),
@@ -448,15 +403,8 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
         pair.host("a").root_pid(pid).expect("source copy")
     ))
     .unwrap_or_default();
-    let state = st
-        .rsplit(')')
-        .next()
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("?")
-        .to_string();
-    assert!(
-        state == "T" || state == "t",
-        "the source's copy runs again (state {state})"
-    );
+    let state =
+        st.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+    assert!(state == "T" || state == "t", "the source's copy runs again (state {state})");
     println!("source lost mid-transfer: the destination killed the tree, the source's copy stays stopped");
 }

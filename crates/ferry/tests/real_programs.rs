@@ -65,10 +65,8 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(test: &str) -> TempDir {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let nanos =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let path = std::env::temp_dir().join(format!(
             "ferry-real-{test}-{}-{}-{nanos}",
             std::process::id(),
@@ -125,9 +123,7 @@ fn describe(status: ExitStatus) -> String {
 }
 
 fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 /// One test's processes: the original program (our child), the `ferry
@@ -168,11 +164,7 @@ impl Run {
         let log = File::create(self.path("program.log")).expect("create program log");
         let log2 = log.try_clone().expect("clone log fd");
         let mut cmd = Command::new(program);
-        cmd.args(args)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
+        cmd.args(args).current_dir(self.dir.path()).stdin(Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: setsid is async-signal-safe. The program gets its own
         // session and process group, so its image refers to none of ours.
         unsafe {
@@ -186,15 +178,11 @@ impl Run {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("[{}] spawn {program:?}: {e}", self.name));
+        let child =
+            cmd.spawn().unwrap_or_else(|e| panic!("[{}] spawn {program:?}: {e}", self.name));
         self.original_pid = child.id() as i32;
         self.original = Some(child);
-        eprintln!(
-            "[{}] started {program:?} as PID {}",
-            self.name, self.original_pid
-        );
+        eprintln!("[{}] started {program:?} as PID {}", self.name, self.original_pid);
         self.original_pid
     }
 
@@ -208,11 +196,7 @@ impl Run {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = self.program_log();
                 self.original = None;
-                panic!(
-                    "[{}] program exited early ({}); log:\n{log}",
-                    self.name,
-                    describe(status)
-                );
+                panic!("[{}] program exited early ({}); log:\n{log}", self.name, describe(status));
             }
         }
     }
@@ -253,13 +237,7 @@ impl Run {
         let t0 = Instant::now();
         let (status, _out, err) = self.ferry(
             "checkpoint",
-            &[
-                "checkpoint",
-                "--pid",
-                &pid,
-                "--images",
-                images.to_str().unwrap(),
-            ],
+            &["checkpoint", "--pid", &pid, "--images", images.to_str().unwrap()],
         );
         assert!(
             status.success(),
@@ -338,11 +316,7 @@ impl Run {
             sleep(Duration::from_millis(20));
         };
         self.restored_pid = Some(pid);
-        eprintln!(
-            "[{}] restored as PID {pid} in {:?}",
-            self.name,
-            t0.elapsed()
-        );
+        eprintln!("[{}] restored as PID {pid} in {:?}", self.name, t0.elapsed());
         assert_eq!(
             pid, self.original_pid,
             "[{}] restored PID differs from the original",
@@ -363,10 +337,7 @@ impl Run {
             }
             None => {
                 self.restore = Some(child);
-                panic!(
-                    "[{}] ferry restore did not exit within {:?}",
-                    self.name, EXIT_TIMEOUT
-                );
+                panic!("[{}] ferry restore did not exit within {:?}", self.name, EXIT_TIMEOUT);
             }
         }
     }
@@ -396,11 +367,7 @@ impl Drop for Run {
             }
         }
         if std::thread::panicking() {
-            eprintln!(
-                "[{}] --- program log ---\n{}",
-                self.name,
-                self.program_log()
-            );
+            eprintln!("[{}] --- program log ---\n{}", self.name, self.program_log());
             eprintln!(
                 "[{}] --- ferry restore stderr ---\n{}",
                 self.name,
@@ -548,19 +515,10 @@ fn python3_state_survives() {
 
     kill_pid(restored, libc::SIGUSR2);
     let text = wait_for_text(&log, "PASS 2 ", START_TIMEOUT).unwrap_or_else(|| {
-        panic!(
-            "restored python3 did not print PASS 2 after SIGUSR2; log:\n{}",
-            read_lossy(&log)
-        )
+        panic!("restored python3 did not print PASS 2 after SIGUSR2; log:\n{}", read_lossy(&log))
     });
-    assert!(
-        !text.contains("FAIL"),
-        "state check failed after restore:\n{text}"
-    );
-    assert!(
-        text.contains(&format!("pid={pid}")),
-        "unexpected PID in output:\n{text}"
-    );
+    assert!(!text.contains("FAIL"), "state check failed after restore:\n{text}");
+    assert!(text.contains(&format!("pid={pid}")), "unexpected PID in output:\n{text}");
     // Still alive and still working: a third round.
     kill_pid(restored, libc::SIGUSR2);
     wait_for_text(&log, "PASS 3 ", START_TIMEOUT)
@@ -568,11 +526,7 @@ fn python3_state_survives() {
 
     kill_pid(restored, libc::SIGTERM);
     let status = run.wait_restore_exit();
-    assert_eq!(
-        status.code(),
-        Some(128 + libc::SIGTERM),
-        "ferry restore should report 128+SIGTERM"
-    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "ferry restore should report 128+SIGTERM");
 }
 
 // ---------------------------------------------------------------------------
@@ -595,10 +549,7 @@ struct Redis {
 impl Redis {
     fn connect(port: u16, timeout: Duration) -> io::Result<Redis> {
         let stream = connect_retry(port, timeout)?;
-        Ok(Redis {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
-        })
+        Ok(Redis { reader: BufReader::new(stream.try_clone()?), writer: stream })
     }
 
     fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
@@ -623,12 +574,7 @@ impl Redis {
 
     fn reply(&mut self) -> io::Result<Reply> {
         let line = self.line()?;
-        let bad = || {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad RESP line {line:?}"),
-            )
-        };
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP line {line:?}"));
         let (kind, rest) = line.split_at(1.min(line.len()));
         Ok(match kind {
             "+" => Reply::Simple(rest.to_string()),
@@ -695,13 +641,7 @@ fn redis_key(i: usize) -> Vec<u8> {
 fn redis_populate(r: &mut Redis) -> io::Result<()> {
     for start in (0..REDIS_KEYS).step_by(REDIS_BATCH) {
         let cmds: Vec<Vec<Vec<u8>>> = (start..(start + REDIS_BATCH).min(REDIS_KEYS))
-            .map(|i| {
-                vec![
-                    b"SET".to_vec(),
-                    redis_key(i),
-                    value_for("redis", i, 16, 200),
-                ]
-            })
+            .map(|i| vec![b"SET".to_vec(), redis_key(i), value_for("redis", i, 16, 200)])
             .collect();
         for (k, reply) in r.pipeline(&cmds)?.into_iter().enumerate() {
             if reply != Reply::Simple("OK".into()) {
@@ -734,11 +674,7 @@ fn redis_verify(r: &mut Redis) -> io::Result<Result<(), String>> {
             other => return Ok(Err(format!("MGET batch at {start} -> {other:?}"))),
         }
     }
-    Ok(if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(bad.join("; "))
-    })
+    Ok(if bad.is_empty() { Ok(()) } else { Err(bad.join("; ")) })
 }
 
 fn redis_dbsize(r: &mut Redis) -> io::Result<i64> {
@@ -779,37 +715,23 @@ fn redis_server_multithreaded_100k_keys() {
     );
 
     let mut r = Redis::connect(port, START_TIMEOUT).unwrap_or_else(|e| {
-        panic!(
-            "cannot connect to redis on {port}: {e}\n{}",
-            run.program_log()
-        )
+        panic!("cannot connect to redis on {port}: {e}\n{}", run.program_log())
     });
     // The connection may be accepted before redis is fully up: wait for PONG.
     let deadline = Instant::now() + START_TIMEOUT;
     while r.cmd(&[b"PING"]).ok() != Some(Reply::Simple("PONG".into())) {
-        assert!(
-            Instant::now() < deadline,
-            "redis did not answer PING\n{}",
-            run.program_log()
-        );
+        assert!(Instant::now() < deadline, "redis did not answer PING\n{}", run.program_log());
         sleep(Duration::from_millis(100));
         r = Redis::connect(port, START_TIMEOUT).expect("reconnect to redis");
     }
-    let threads = fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let threads = fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
     eprintln!("[{TEST}] redis-server PID {pid} on port {port} with {threads} threads");
 
     let t0 = Instant::now();
     redis_populate(&mut r).expect("populate redis");
     assert_eq!(redis_dbsize(&mut r).unwrap(), REDIS_KEYS as i64);
-    redis_verify(&mut r)
-        .unwrap()
-        .expect("read-back before checkpoint");
-    eprintln!(
-        "[{TEST}] wrote and verified {REDIS_KEYS} keys in {:?}",
-        t0.elapsed()
-    );
+    redis_verify(&mut r).unwrap().expect("read-back before checkpoint");
+    eprintln!("[{TEST}] wrote and verified {REDIS_KEYS} keys in {:?}", t0.elapsed());
     r.close();
     sleep(Duration::from_millis(300)); // let redis notice that the client left
     run.assert_original_alive();
@@ -818,29 +740,17 @@ fn redis_server_multithreaded_100k_keys() {
     let restored = run.restore();
 
     let mut r = Redis::connect(port, START_TIMEOUT).expect("connect to the restored redis");
-    assert_eq!(
-        redis_dbsize(&mut r).expect("DBSIZE after restore"),
-        REDIS_KEYS as i64
-    );
+    assert_eq!(redis_dbsize(&mut r).expect("DBSIZE after restore"), REDIS_KEYS as i64);
     if let Err(e) = redis_verify(&mut r).expect("MGET after restore") {
         panic!("values differ after restore: {e}");
     }
     // It still works: write, read, and it reports the same process id.
-    assert_eq!(
-        r.cmd(&[b"SET", b"after-restore", b"yes"]).unwrap(),
-        Reply::Simple("OK".into())
-    );
-    assert_eq!(
-        r.cmd(&[b"GET", b"after-restore"]).unwrap(),
-        Reply::Bulk(Some(b"yes".to_vec()))
-    );
+    assert_eq!(r.cmd(&[b"SET", b"after-restore", b"yes"]).unwrap(), Reply::Simple("OK".into()));
+    assert_eq!(r.cmd(&[b"GET", b"after-restore"]).unwrap(), Reply::Bulk(Some(b"yes".to_vec())));
     match r.cmd(&[b"INFO", b"server"]).unwrap() {
         Reply::Bulk(Some(info)) => {
             let info = String::from_utf8_lossy(&info);
-            assert!(
-                info.contains(&format!("process_id:{restored}\r\n")),
-                "INFO server: {info}"
-            );
+            assert!(info.contains(&format!("process_id:{restored}\r\n")), "INFO server: {info}");
         }
         other => panic!("INFO server -> {other:?}"),
     }
@@ -854,11 +764,7 @@ fn redis_server_multithreaded_100k_keys() {
     }
     r.close();
     let status = run.wait_restore_exit();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "redis SHUTDOWN NOSAVE exits 0, ferry restore should too"
-    );
+    assert_eq!(status.code(), Some(0), "redis SHUTDOWN NOSAVE exits 0, ferry restore should too");
 }
 
 // ---------------------------------------------------------------------------
@@ -875,10 +781,7 @@ struct Memcached {
 impl Memcached {
     fn connect(port: u16, timeout: Duration) -> io::Result<Memcached> {
         let stream = connect_retry(port, timeout)?;
-        Ok(Memcached {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
-        })
+        Ok(Memcached { reader: BufReader::new(stream.try_clone()?), writer: stream })
     }
 
     fn line(&mut self) -> io::Result<String> {
@@ -926,8 +829,7 @@ impl Memcached {
         for start in (0..MC_ITEMS).step_by(MC_BATCH) {
             let end = (start + MC_BATCH).min(MC_ITEMS);
             let keys: Vec<String> = (start..end).map(|i| format!("mc:{i:04}")).collect();
-            self.writer
-                .write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())?;
+            self.writer.write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())?;
             let mut next = start;
             loop {
                 let l = self.line()?;
@@ -943,10 +845,7 @@ impl Memcached {
                 let mut data = vec![0u8; n + 2];
                 self.reader.read_exact(&mut data)?;
                 data.truncate(n);
-                let i: usize = parts[1]
-                    .trim_start_matches("mc:")
-                    .parse()
-                    .unwrap_or(usize::MAX);
+                let i: usize = parts[1].trim_start_matches("mc:").parse().unwrap_or(usize::MAX);
                 if i < next || i >= end {
                     bad.push(format!("unexpected key {}", parts[1]));
                     continue;
@@ -957,11 +856,7 @@ impl Memcached {
                 next = i + 1;
                 seen += 1;
                 if parts[2] != Self::flags(i).to_string() {
-                    bad.push(format!(
-                        "mc:{i:04} flags {} != {}",
-                        parts[2],
-                        Self::flags(i)
-                    ));
+                    bad.push(format!("mc:{i:04} flags {} != {}", parts[2], Self::flags(i)));
                 }
                 if data != value_for("mc", i, 8, 1500) {
                     bad.push(format!("mc:{i:04} value differs ({} bytes)", data.len()));
@@ -975,10 +870,7 @@ impl Memcached {
             Ok(Ok(()))
         } else {
             bad.truncate(10);
-            Ok(Err(format!(
-                "{seen}/{MC_ITEMS} items read back; {}",
-                bad.join("; ")
-            )))
+            Ok(Err(format!("{seen}/{MC_ITEMS} items read back; {}", bad.join("; "))))
         }
     }
 
@@ -997,36 +889,16 @@ fn memcached_multithreaded_1000_items() {
     let port = free_port();
     let port_s = port.to_string();
     // memcached refuses to run as root unless told which user to be.
-    let pid = run.start(
-        &memcached,
-        &[
-            "-t",
-            "4",
-            "-p",
-            &port_s,
-            "-U",
-            "0",
-            "-l",
-            "127.0.0.1",
-            "-u",
-            "root",
-        ],
-    );
+    let pid = run
+        .start(&memcached, &["-t", "4", "-p", &port_s, "-U", "0", "-l", "127.0.0.1", "-u", "root"]);
 
     let mut mc = Memcached::connect(port, START_TIMEOUT).unwrap_or_else(|e| {
-        panic!(
-            "cannot connect to memcached on {port}: {e}\n{}",
-            run.program_log()
-        )
+        panic!("cannot connect to memcached on {port}: {e}\n{}", run.program_log())
     });
-    let threads = fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.count())
-        .unwrap_or(0);
+    let threads = fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
     eprintln!("[{TEST}] memcached PID {pid} on port {port} with {threads} threads");
     mc.store_all().expect("store items");
-    mc.verify_all()
-        .unwrap()
-        .expect("read-back before checkpoint");
+    mc.verify_all().unwrap().expect("read-back before checkpoint");
     mc.close();
     sleep(Duration::from_millis(300)); // let memcached notice that the client left
     run.assert_original_alive();
@@ -1040,9 +912,7 @@ fn memcached_multithreaded_1000_items() {
         panic!("items differ after restore: {e}");
     }
     // Still works after restore.
-    mc.writer
-        .write_all(b"set after-restore 0 0 3\r\nyes\r\nget after-restore\r\n")
-        .unwrap();
+    mc.writer.write_all(b"set after-restore 0 0 3\r\nyes\r\nget after-restore\r\n").unwrap();
     assert_eq!(mc.line().unwrap(), "STORED");
     assert_eq!(mc.line().unwrap(), "VALUE after-restore 0 3");
     assert_eq!(mc.line().unwrap(), "yes");
@@ -1052,9 +922,5 @@ fn memcached_multithreaded_1000_items() {
 
     kill_pid(restored, libc::SIGTERM);
     let status = run.wait_restore_exit();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "memcached exits 0 on SIGTERM, ferry restore should too"
-    );
+    assert_eq!(status.code(), Some(0), "memcached exits 0 on SIGTERM, ferry restore should too");
 }

@@ -75,9 +75,7 @@ fn prerequisites(test: &str, program: &str) -> bool {
 }
 
 fn read_lossy(p: &Path) -> String {
-    fs::read(p)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn path_str(p: &Path) -> &str {
@@ -142,9 +140,7 @@ fn exists(id: &ProcId) -> bool {
 }
 
 fn running(id: &ProcId) -> bool {
-    read_stat(id.pid)
-        .map(|s| s.2 == id.start && s.0 != 'Z' && s.0 != 'X')
-        .unwrap_or(false)
+    read_stat(id.pid).map(|s| s.2 == id.start && s.0 != 'Z' && s.0 != 'X').unwrap_or(false)
 }
 
 fn kill_id(id: &ProcId, sig: libc::c_int) {
@@ -161,10 +157,7 @@ fn children(pid: i32) -> Vec<i32> {
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             let text = fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            out.extend(
-                text.split_whitespace()
-                    .filter_map(|c| c.parse::<i32>().ok()),
-            );
+            out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
         }
     }
     out.sort();
@@ -174,10 +167,7 @@ fn children(pid: i32) -> Vec<i32> {
 
 /// root and its direct children (our servers are at most two levels deep).
 fn tree(root: i32) -> Vec<ProcId> {
-    proc_id(root)
-        .into_iter()
-        .chain(children(root).into_iter().filter_map(proc_id))
-        .collect()
+    proc_id(root).into_iter().chain(children(root).into_iter().filter_map(proc_id)).collect()
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -220,10 +210,7 @@ impl Drop for Service {
         for id in self.known.iter().rev() {
             kill_id(id, libc::SIGKILL);
         }
-        for child in [self.original.as_mut(), self.restore.as_mut()]
-            .into_iter()
-            .flatten()
-        {
+        for child in [self.original.as_mut(), self.restore.as_mut()].into_iter().flatten() {
             let _ = child.kill();
             let _ = wait_child(child, Duration::from_secs(10));
         }
@@ -264,11 +251,7 @@ fn ferry(dir: &Path, tag: &str, args: &[&str]) -> (ExitStatus, String, Duration)
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "`ferry {}` did not finish within 60 s:\n{}",
-                args.join(" "),
-                read_lossy(&out)
-            );
+            panic!("`ferry {}` did not finish within 60 s:\n{}", args.join(" "), read_lossy(&out));
         }
     };
     (st, read_lossy(&out), t.elapsed())
@@ -281,10 +264,8 @@ fn locks() -> Vec<(String, String)> {
 /// (connections, with unread bytes, with unacknowledged or unsent bytes)
 /// of the established TCP connections in an image.
 fn image_queues(images: &str) -> (usize, usize, usize) {
-    let out = Command::new(FERRY)
-        .args(["inspect", "--json", images])
-        .output()
-        .expect("ferry inspect");
+    let out =
+        Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
     fn walk(v: &serde_json::Value, r: &mut (usize, usize, usize)) {
         match v {
@@ -313,10 +294,7 @@ fn established_peers(pid: i32, port: u16) -> Vec<SocketAddr> {
     let addr = |s: &str| -> Option<SocketAddr> {
         let (a, p) = s.split_once(':')?;
         let a = u32::from_str_radix(a, 16).ok()?;
-        Some(SocketAddr::from((
-            Ipv4Addr::from(a.to_le_bytes()),
-            u16::from_str_radix(p, 16).ok()?,
-        )))
+        Some(SocketAddr::from((Ipv4Addr::from(a.to_le_bytes()), u16::from_str_radix(p, 16).ok()?)))
     };
     text.lines()
         .skip(1)
@@ -350,21 +328,13 @@ struct Checker {
 }
 
 fn show(b: &[u8]) -> String {
-    b.iter()
-        .take(80)
-        .flat_map(|&c| std::ascii::escape_default(c))
-        .map(char::from)
-        .collect()
+    b.iter().take(80).flat_map(|&c| std::ascii::escape_default(c)).map(char::from).collect()
 }
 
 impl Checker {
     fn new(expect: Expect) -> Checker {
         let head = matches!(expect, Expect::Http(_)).then(Vec::new);
-        Checker {
-            expect,
-            pos: 0,
-            head,
-        }
+        Checker { expect, pos: 0, head }
     }
 
     /// Ok(true) once the whole reply arrived and matched.
@@ -379,21 +349,14 @@ impl Checker {
                 return Ok(false);
             };
             let text = String::from_utf8_lossy(&head[..end]).into_owned();
-            let Expect::Http(body) = &self.expect else {
-                unreachable!()
-            };
+            let Expect::Http(body) = &self.expect else { unreachable!() };
             if !text.starts_with("HTTP/1.1 200 ") {
-                return Err(format!(
-                    "status line {:?}",
-                    text.lines().next().unwrap_or("")
-                ));
+                return Err(format!("status line {:?}", text.lines().next().unwrap_or("")));
             }
             let header = |name: &str| {
                 text.lines().skip(1).find_map(|l| {
                     let (k, v) = l.split_once(':')?;
-                    k.trim()
-                        .eq_ignore_ascii_case(name)
-                        .then(|| v.trim().to_string())
+                    k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
                 })
             };
             if header("content-length").and_then(|v| v.parse::<usize>().ok()) != Some(body.len()) {
@@ -403,10 +366,7 @@ impl Checker {
                     body.len()
                 ));
             }
-            if header("connection")
-                .map(|v| v.eq_ignore_ascii_case("close"))
-                .unwrap_or(false)
-            {
+            if header("connection").map(|v| v.eq_ignore_ascii_case("close")).unwrap_or(false) {
                 return Err("the server closes the connection (Connection: close)".into());
             }
             data = &data[(end + 4).saturating_sub(old).min(data.len())..];
@@ -457,11 +417,7 @@ fn mix(mut x: u64) -> u64 {
 /// window and wait in the server's send queue).
 fn value(conn: usize, seq: u64, i: usize) -> Vec<u8> {
     let mut h = mix((conn as u64) << 40 ^ seq << 8 ^ i as u64);
-    let len = if conn % 10 == 5 {
-        4096 + (h % 28672) as usize
-    } else {
-        24 + (h % 400) as usize
-    };
+    let len = if conn % 10 == 5 { 4096 + (h % 28672) as usize } else { 24 + (h % 400) as usize };
     let mut v = format!("c{conn}s{seq}i{i}-").into_bytes();
     while v.len() < len {
         h = mix(h);
@@ -587,10 +543,8 @@ impl Proto for Http {
 fn exchange(to: SocketAddr, rounds: &[(Vec<u8>, Expect)]) -> Result<(), String> {
     let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))
         .map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 65536];
     for (req, exp) in rounds {
         s.write_all(req).map_err(|e| format!("write: {e}"))?;
@@ -624,11 +578,7 @@ impl Churn {
         let thread = std::thread::spawn(move || {
             let f = File::open(&ns_path).expect("open netns");
             // SAFETY: setns on this thread only, with an open nsfs file.
-            assert_eq!(
-                unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) },
-                0,
-                "setns"
-            );
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
             let (mut done, mut errors) = (0, Vec::new());
             let until = Instant::now() + DRIVER_LIMIT;
             while !flag.load(Ordering::Relaxed) && Instant::now() < until {
@@ -636,8 +586,7 @@ impl Churn {
                 let r = (|| {
                     let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(15))
                         .map_err(|e| format!("connect: {e}"))?;
-                    s.set_read_timeout(Some(Duration::from_secs(15)))
-                        .map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
                     s.write_all(&round.0).map_err(|e| format!("write: {e}"))?;
                     let mut c = Checker::new(round.1.clone());
                     let mut buf = vec![0u8; 65536];
@@ -695,13 +644,7 @@ fn last_values(kv: &dyn Kv, rounds: &[u64]) -> Vec<(Vec<u8>, Expect)> {
         let (mut out, mut exp) = (Vec::new(), Vec::new());
         for s in 0..KEYS {
             if let Some((seq, i)) = last_write(r, s) {
-                kv.get(
-                    &mut out,
-                    &mut exp,
-                    &key(conn, s),
-                    conn as u32,
-                    &value(conn, seq, i),
-                );
+                kv.get(&mut out, &mut exp, &key(conn, s), conn as u32, &value(conn, seq, i));
             }
         }
         all.push((out, Expect::Exact(Arc::new(exp))));
@@ -750,27 +693,16 @@ impl Driver {
             assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
             drive(to, n, &*proto, &sh)
         });
-        Driver {
-            shared,
-            thread: Some(thread),
-        }
+        Driver { shared, thread: Some(thread) }
     }
 
     fn rounds(&self) -> Vec<u64> {
-        self.shared
-            .rounds
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .collect()
+        self.shared.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect()
     }
 
     fn finish(mut self) -> DriverResult {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.thread
-            .take()
-            .expect("driver thread")
-            .join()
-            .expect("driver thread panicked")
+        self.thread.take().expect("driver thread").join().expect("driver thread panicked")
     }
 }
 
@@ -856,17 +788,12 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             }
             Err(e) => {
                 errors.push(format!("conn {id}: connect: {e}"));
-                return DriverResult {
-                    errors,
-                    rounds: vec![0; n],
-                };
+                return DriverResult { errors, rounds: vec![0; n] };
             }
         }
     }
-    *sh.locals.lock().unwrap() = conns
-        .iter()
-        .map(|c| c.s.local_addr().expect("local addr"))
-        .collect();
+    *sh.locals.lock().unwrap() =
+        conns.iter().map(|c| c.s.local_addr().expect("local addr")).collect();
     let mut buf = vec![0u8; 65536];
     let mut stop_deadline = None;
     loop {
@@ -879,9 +806,8 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 break;
             }
         }
-        let active: Vec<usize> = (0..n)
-            .filter(|&i| conns[i].error.is_none() && !conns[i].finished)
-            .collect();
+        let active: Vec<usize> =
+            (0..n).filter(|&i| conns[i].error.is_none() && !conns[i].finished).collect();
         if active.is_empty() {
             break;
         }
@@ -894,11 +820,7 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 if c.off < c.out.len() {
                     events |= libc::POLLOUT;
                 }
-                libc::pollfd {
-                    fd: c.s.as_raw_fd(),
-                    events,
-                    revents: 0,
-                }
+                libc::pollfd { fd: c.s.as_raw_fd(), events, revents: 0 }
             })
             .collect();
         // SAFETY: fds is a valid array of fds.len() pollfds.
@@ -932,10 +854,8 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             while c.error.is_none() && !c.finished {
                 match c.s.read(&mut buf) {
                     Ok(0) => {
-                        c.error = Some(ctx(&format!(
-                            "EOF after {} bytes of the reply",
-                            c.check.pos
-                        )))
+                        c.error =
+                            Some(ctx(&format!("EOF after {} bytes of the reply", c.check.pos)))
                     }
                     Ok(m) => match c.check.feed(&buf[..m]) {
                         Err(e) => c.error = Some(ctx(&e)),
@@ -987,14 +907,7 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
             &unfinished[..unfinished.len().min(5)]
         ));
     }
-    DriverResult {
-        errors,
-        rounds: sh
-            .rounds
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
-            .collect(),
-    }
+    DriverResult { errors, rounds: sh.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect() }
 }
 
 // ---------------------------------------------------------------------------
@@ -1018,10 +931,7 @@ fn engine_ms(text: &str) -> f64 {
     text.lines()
         .rev()
         .find_map(|l| {
-            l.split_once(" in ")?
-                .1
-                .split_once(" ms")
-                .and_then(|(n, _)| n.trim().parse().ok())
+            l.split_once(" in ")?.1.split_once(" ms").and_then(|(n, _)| n.trim().parse().ok())
         })
         .unwrap_or(f64::NAN)
 }
@@ -1035,12 +945,8 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let to: SocketAddr = format!("{A_V4}:{}", case.port).parse().expect("address");
     let log = dir.join("server.log");
     let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
-    let mut svc = Service {
-        name: name.to_string(),
-        original: None,
-        restore: None,
-        known: Vec::new(),
-    };
+    let mut svc =
+        Service { name: name.to_string(), original: None, restore: None, known: Vec::new() };
     let child = start_in(&hosts.a, dir, &log, case.program, &args);
     let root = child.id() as i32;
     svc.original = Some(child);
@@ -1050,15 +956,8 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(15);
     let proto = case.proto.clone();
     loop {
-        if let Some(st) = svc
-            .original
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "[{name}] server exited early ({st:?}):\n{}",
-                read_lossy(&log)
-            );
+        if let Some(st) = svc.original.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("[{name}] server exited early ({st:?}):\n{}", read_lossy(&log));
         }
         let p = proto.clone();
         let answered = hosts.b.run(move || exchange(to, &[p.round(1_000_000, 0)]));
@@ -1089,11 +988,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     let driver = Driver::start(&hosts.b, to, case.conns, case.proto.clone());
     let t_load = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let warm = |r: &[u64]| {
-        (0..r.len())
-            .filter(|&i| r[i] < rounds_needed(i, false))
-            .count()
-    };
+    let warm = |r: &[u64]| (0..r.len()).filter(|&i| r[i] < rounds_needed(i, false)).count();
     while warm(&driver.rounds()) > 0 {
         assert!(
             Instant::now() < deadline && !driver.thread.as_ref().unwrap().is_finished(),
@@ -1123,13 +1018,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         let r = ferry(
             dir,
             "checkpoint",
-            &[
-                "checkpoint",
-                "--pid",
-                &root.to_string(),
-                "--images",
-                path_str(&images),
-            ],
+            &["checkpoint", "--pid", &root.to_string(), "--images", path_str(&images)],
         );
         attempt += 1;
         if r.0.success() || !r.1.contains("try again") || attempt == 3 {
@@ -1138,10 +1027,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         eprintln!("[{name}] checkpoint refused, trying again: {}", r.1.trim());
     };
     let after_checkpoint = driver.rounds();
-    assert!(
-        st.success(),
-        "[{name}] ferry checkpoint failed ({st:?}):\n{out}"
-    );
+    assert!(st.success(), "[{name}] ferry checkpoint failed ({st:?}):\n{out}");
     eprintln!("[{name}] ferry checkpoint: {}", out.trim());
     let lock = image_lock(FERRY, path_str(&images));
     assert!(lock.is_some(), "[{name}] the image names no network lock");
@@ -1156,10 +1042,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     );
     // Requests in flight are certain under this load; replies in flight
     // depend on timing (the slow readers), so they are only reported.
-    assert!(
-        unread > 0,
-        "[{name}] no request in flight at the checkpoint"
-    );
+    assert!(unread > 0, "[{name}] no request in flight at the checkpoint");
     if unsent == 0 {
         eprintln!("[{name}] note: no reply bytes were in flight at this checkpoint");
     }
@@ -1168,11 +1051,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         svc.original = Some(child);
         panic!("[{name}] the server still runs after the checkpoint");
     });
-    assert_eq!(
-        st.signal(),
-        Some(libc::SIGKILL),
-        "[{name}] the server ended with {st:?}"
-    );
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "[{name}] the server ended with {st:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while before_tree.iter().any(exists) {
         assert!(
@@ -1197,12 +1076,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     ])
     .stdin(Stdio::null())
     .stdout(Stdio::from(File::create(&err).expect("restore out")))
-    .stderr(Stdio::from(
-        File::options()
-            .append(true)
-            .open(&err)
-            .expect("restore err"),
-    ));
+    .stderr(Stdio::from(File::options().append(true).open(&err).expect("restore err")));
     // SAFETY: close_range only, between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -1214,15 +1088,8 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     svc.restore = Some(cmd.spawn().expect("spawn ferry restore"));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !read_lossy(&pidfile).ends_with('\n') {
-        if let Some(st) = svc
-            .restore
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "[{name}] ferry restore exited with {st:?}:\n{}",
-                read_lossy(&err)
-            );
+        if let Some(st) = svc.restore.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("[{name}] ferry restore exited with {st:?}:\n{}", read_lossy(&err));
         }
         assert!(
             Instant::now() < deadline,
@@ -1245,10 +1112,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         "[{name}] restored tree {after_tree:?}, was {before_tree:?}"
     );
     assert!(
-        after_tree
-            .iter()
-            .zip(&before_tree)
-            .all(|(a, b)| a.pid == b.pid),
+        after_tree.iter().zip(&before_tree).all(|(a, b)| a.pid == b.pid),
         "[{name}] restored tree {after_tree:?}, was {before_tree:?}"
     );
 
@@ -1284,21 +1148,11 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         "[{name}] {new_clients} new connections during checkpoint and restore, {} failed",
         churn_errors.len()
     );
-    assert!(
-        churn_errors.is_empty(),
-        "[{name}] new clients failed: {churn_errors:#?}"
-    );
-    assert!(
-        new_clients >= 3,
-        "[{name}] only {new_clients} new connections were tried"
-    );
+    assert!(churn_errors.is_empty(), "[{name}] new clients failed: {churn_errors:#?}");
+    assert!(new_clients >= 3, "[{name}] only {new_clients} new connections were tried");
     let per = case.proto.per_round();
-    let (r_ck, r_ck_end, r_rs, r_end) = (
-        sum(&at_checkpoint),
-        sum(&after_checkpoint),
-        sum(&at_restore),
-        sum(&result.rounds),
-    );
+    let (r_ck, r_ck_end, r_rs, r_end) =
+        (sum(&at_checkpoint), sum(&after_checkpoint), sum(&at_restore), sum(&result.rounds));
     eprintln!(
         "[{name}] {} connections: {} requests before the checkpoint ({} rounds in {load_s:.1} s), {} during checkpoint, {} between checkpoint and restore, {} after restore (in {after_s:.1} s); \
          checkpoint {:.1} ms wall ({:.1} ms in ferry), restore {:.1} ms wall to the pidfile ({:.1} ms in ferry, the server runs before the pidfile is written); first reply after restore on every fast connection within {:.1} ms, on every connection (slow readers included) within {:.1} ms; reconnects 0; errors {}",
@@ -1426,18 +1280,7 @@ fn memcached_200_pipelining_clients_survive_checkpoint() {
     let hosts = Hosts::new("mc");
     let dir = TempDir::new(TEST);
     let port = 11211;
-    let args = [
-        "-t",
-        "4",
-        "-p",
-        &port.to_string(),
-        "-U",
-        "0",
-        "-l",
-        A_V4,
-        "-u",
-        "root",
-    ];
+    let args = ["-t", "4", "-p", &port.to_string(), "-U", "0", "-l", A_V4, "-u", "root"];
     let kv = Arc::new(Memcached);
     run_case(
         Case {
@@ -1519,16 +1362,10 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
          }}\n"
     );
     fs::write(dir.0.join("nginx.conf"), conf).expect("write nginx.conf");
-    let args = [
-        "-p",
-        &format!("{d}/"),
-        "-c",
-        &format!("{d}/nginx.conf"),
-        "-e",
-        &format!("{d}/error.log"),
-    ]
-    .map(String::from)
-    .to_vec();
+    let args =
+        ["-p", &format!("{d}/"), "-c", &format!("{d}/nginx.conf"), "-e", &format!("{d}/error.log")]
+            .map(String::from)
+            .to_vec();
     run_case(
         Case {
             name: TEST,
@@ -1536,9 +1373,7 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
             args,
             port,
             conns: 50,
-            proto: Arc::new(Http {
-                body: Arc::new(body),
-            }),
+            proto: Arc::new(Http { body: Arc::new(body) }),
             workers: 2,
             kv: None,
         },

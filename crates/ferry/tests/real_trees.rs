@@ -83,9 +83,7 @@ fn is_root() -> bool {
 }
 
 fn is_executable(path: &str) -> bool {
-    fs::metadata(path)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 /// True if the test can run; otherwise prints why it is skipped.
@@ -116,12 +114,7 @@ fn become_subreaper() {
     ONCE.call_once(|| {
         // SAFETY: plain prctl on this process.
         let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(
-            rc,
-            0,
-            "prctl(PR_SET_CHILD_SUBREAPER): {}",
-            io::Error::last_os_error()
-        );
+        assert_eq!(rc, 0, "prctl(PR_SET_CHILD_SUBREAPER): {}", io::Error::last_os_error());
     });
 }
 
@@ -133,10 +126,8 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(test: &str) -> TempDir {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let nanos =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let path = std::env::temp_dir().join(format!(
             "ferry-trees-{test}-{}-{}-{nanos}",
             std::process::id(),
@@ -166,14 +157,11 @@ impl Drop for TempDir {
 }
 
 fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn path_str(p: &Path) -> &str {
-    p.to_str()
-        .unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
+    p.to_str().unwrap_or_else(|| panic!("non-UTF-8 path {}", p.display()))
 }
 
 // ---------------------------------------------------------------------------
@@ -222,12 +210,7 @@ fn read_stat(pid: i32) -> Option<Stat> {
 fn proc_info(pid: i32) -> Option<ProcInfo> {
     let st = read_stat(pid)?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            String::from_utf8_lossy(&b)
-                .replace('\0', " ")
-                .trim()
-                .to_string()
-        })
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
         .unwrap_or_default();
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -238,10 +221,7 @@ fn proc_info(pid: i32) -> Option<ProcInfo> {
         })
         .unwrap_or(u32::MAX);
     Some(ProcInfo {
-        id: ProcId {
-            pid,
-            start: st.start,
-        },
+        id: ProcId { pid, start: st.start },
         ppid: st.ppid,
         state: st.state,
         comm: st.comm,
@@ -256,10 +236,7 @@ fn children(pid: i32) -> Vec<i32> {
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             if let Ok(text) = fs::read_to_string(t.path().join("children")) {
-                out.extend(
-                    text.split_whitespace()
-                        .filter_map(|c| c.parse::<i32>().ok()),
-                );
+                out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
             }
         }
     }
@@ -300,9 +277,7 @@ fn describe_tree(procs: &[ProcInfo]) -> String {
 
 /// Still there (running or zombie) with the same start time.
 fn exists(id: &ProcId) -> bool {
-    read_stat(id.pid)
-        .map(|s| s.start == id.start)
-        .unwrap_or(false)
+    read_stat(id.pid).map(|s| s.start == id.start).unwrap_or(false)
 }
 
 fn running(id: &ProcId) -> bool {
@@ -400,11 +375,8 @@ fn run_bounded(mut cmd: Command, what: &str, timeout: Duration) -> (ExitStatus, 
 
 fn tempfile_path(what: &str) -> PathBuf {
     static SEQ: AtomicU32 = AtomicU32::new(0);
-    let tag: String = what
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(24)
-        .collect();
+    let tag: String =
+        what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).take(24).collect();
     std::env::temp_dir().join(format!(
         "ferry-trees-out-{}-{}-{tag}",
         std::process::id(),
@@ -451,11 +423,7 @@ impl TreeGuard {
         program: &str,
         args: &[&str],
     ) -> ProcId {
-        assert!(
-            self.root_child.is_none(),
-            "[{}] a tree is already running",
-            self.name
-        );
+        assert!(self.root_child.is_none(), "[{}] a tree is already running", self.name);
         let out = File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
         let err = out.try_clone().expect("dup log fd");
         let mut cmd = match wrapper.split_first() {
@@ -555,10 +523,7 @@ impl Drop for TreeGuard {
         }
         let ids: Vec<ProcId> = self.known.iter().copied().collect();
         if let Err(left) = wait_gone(&ids, Duration::from_secs(15)) {
-            eprintln!(
-                "[{}] warning: processes still present after cleanup: {left:?}",
-                self.name
-            );
+            eprintln!("[{}] warning: processes still present after cleanup: {left:?}", self.name);
         }
     }
 }
@@ -590,25 +555,16 @@ fn ferry(name: &str, dir: &Path, tag: &str, args: &[&str]) -> FerryRun {
         None => {
             let _ = child.kill();
             let status = child.wait().unwrap_or_else(|e| {
-                panic!(
-                    "[{name}] wait for the killed `ferry {}`: {e}",
-                    args.join(" ")
-                )
+                panic!("[{name}] wait for the killed `ferry {}`: {e}", args.join(" "))
             });
             (status, true)
         }
     };
     let mut out = read_lossy(&out_path);
     if timed_out {
-        out.push_str(&format!(
-            "\n(the test killed ferry: no exit within {FERRY_TIMEOUT:?})"
-        ));
+        out.push_str(&format!("\n(the test killed ferry: no exit within {FERRY_TIMEOUT:?})"));
     }
-    FerryRun {
-        status,
-        out,
-        wall: t0.elapsed(),
-    }
+    FerryRun { status, out, wall: t0.elapsed() }
 }
 
 /// The engine's own time from ferry's summary line ("... in 12.3 ms ...").
@@ -617,10 +573,8 @@ fn engine_ms(text: &str) -> Option<f64> {
         let mut rest = line;
         while let Some(i) = rest.find(" in ") {
             rest = &rest[i + 4..];
-            let num: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.')
-                .collect();
+            let num: String =
+                rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
             if !num.is_empty() && rest[num.len()..].starts_with(" ms") {
                 return num.parse().ok();
             }
@@ -631,10 +585,7 @@ fn engine_ms(text: &str) -> Option<f64> {
 
 fn timing(run: &FerryRun) -> String {
     match engine_ms(&run.out) {
-        Some(ms) => format!(
-            "{ms:.1} ms (ferry), {:.1} ms wall",
-            run.wall.as_secs_f64() * 1e3
-        ),
+        Some(ms) => format!("{ms:.1} ms (ferry), {:.1} ms wall", run.wall.as_secs_f64() * 1e3),
         None => format!("{:.1} ms wall", run.wall.as_secs_f64() * 1e3),
     }
 }
@@ -672,10 +623,7 @@ fn checkpoint_tree(
         run.out.trim()
     );
     let st = guard.reap_started_root();
-    eprintln!(
-        "[{name}] reaped the checkpointed root {pid} ({})",
-        describe(st)
-    );
+    eprintln!("[{name}] reaped the checkpointed root {pid} ({})", describe(st));
     let ids: Vec<ProcId> = before.iter().map(|p| p.id).collect();
     if let Err(left) = wait_gone(&ids, GONE_TIMEOUT) {
         let desc: Vec<String> = left
@@ -706,14 +654,7 @@ fn restore_tree(
         &name,
         dir,
         "restore",
-        &[
-            "restore",
-            "--images",
-            path_str(images),
-            "--detach",
-            "--pidfile",
-            path_str(&pidfile),
-        ],
+        &["restore", "--images", path_str(images), "--detach", "--pidfile", path_str(&pidfile)],
     );
     // Whatever happened, processes that came back are ours to clean up: a
     // process now under an old PID of the tree, with the same name (or still
@@ -737,36 +678,17 @@ fn restore_tree(
         describe(run.status),
         run.out.trim()
     );
-    eprintln!(
-        "[{name}] restore: {}; ferry said: {}",
-        timing(&run),
-        run.out.trim()
-    );
+    eprintln!("[{name}] restore: {}; ferry said: {}", timing(&run), run.out.trim());
     let text = fs::read_to_string(&pidfile).unwrap_or_else(|e| {
-        panic!(
-            "[{name}] no pidfile {} after ferry restore --detach: {e}",
-            pidfile.display()
-        )
+        panic!("[{name}] no pidfile {} after ferry restore --detach: {e}", pidfile.display())
     });
-    let pid: i32 = text
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("[{name}] bad pidfile content {text:?}"));
-    assert_eq!(
-        pid, old_root.pid,
-        "[{name}] restored root PID differs from the original"
-    );
+    let pid: i32 =
+        text.trim().parse().unwrap_or_else(|_| panic!("[{name}] bad pidfile content {text:?}"));
+    assert_eq!(pid, old_root.pid, "[{name}] restored root PID differs from the original");
     let st =
         read_stat(pid).unwrap_or_else(|| panic!("[{name}] restored root {pid} does not exist"));
-    let id = ProcId {
-        pid,
-        start: st.start,
-    };
-    assert!(
-        running(&id),
-        "[{name}] restored root {pid} is not running (state {})",
-        st.state
-    );
+    let id = ProcId { pid, start: st.start };
+    assert!(running(&id), "[{name}] restored root {pid} is not running (state {})", st.state);
     let procs = guard.snapshot(&id);
     (id, procs)
 }
@@ -789,11 +711,7 @@ fn stop_tree(guard: &mut TreeGuard, root: &ProcId, sig: libc::c_int) -> Option<E
 /// Checks that the restored tree has the same PIDs, parents and users.
 fn assert_same_tree(name: &str, before: &[ProcInfo], after: &[ProcInfo]) {
     let shape = |procs: &[ProcInfo]| -> BTreeMap<i32, (i32, u32, String)> {
-        procs
-            .iter()
-            .skip(1)
-            .map(|p| (p.id.pid, (p.ppid, p.uid, p.comm.clone())))
-            .collect()
+        procs.iter().skip(1).map(|p| (p.id.pid, (p.ppid, p.uid, p.comm.clone()))).collect()
     };
     assert_eq!(
         shape(before),
@@ -803,18 +721,12 @@ fn assert_same_tree(name: &str, before: &[ProcInfo], after: &[ProcInfo]) {
         describe_tree(after)
     );
     assert_eq!(before[0].id.pid, after[0].id.pid);
-    assert_eq!(
-        before[0].uid, after[0].uid,
-        "[{name}] root's uid differs after restore"
-    );
+    assert_eq!(before[0].uid, after[0].uid, "[{name}] root's uid differs after restore");
 }
 
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener
-        .local_addr()
-        .expect("local_addr of a bound listener")
-        .port()
+    listener.local_addr().expect("local_addr of a bound listener").port()
 }
 
 // ---------------------------------------------------------------------------
@@ -832,10 +744,8 @@ fn http_get(port: u16, path: &str) -> io::Result<(u16, Vec<u8>)> {
     s.read_to_end(&mut resp)?;
     drop(s);
     let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
-    let end = resp
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
+    let end =
+        resp.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no end of headers"))?;
     let head = String::from_utf8_lossy(&resp[..end]).into_owned();
     let body = resp[end + 4..].to_vec();
     let status: u16 = head
@@ -844,15 +754,10 @@ fn http_get(port: u16, path: &str) -> io::Result<(u16, Vec<u8>)> {
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| bad("bad status line"))?;
     if let Some(len) = head.lines().find_map(|l| {
-        l.to_ascii_lowercase()
-            .strip_prefix("content-length:")
-            .map(|v| v.trim().to_string())
+        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
     }) {
         if len.parse::<usize>().ok() != Some(body.len()) {
-            return Err(bad(&format!(
-                "content-length {len} but {} body bytes",
-                body.len()
-            )));
+            return Err(bad(&format!("content-length {len} but {} body bytes", body.len())));
         }
     }
     Ok((status, body))
@@ -1025,10 +930,7 @@ fn nginx_master_and_workers_serve_after_restore() {
         );
         sleep(Duration::from_millis(50));
     };
-    eprintln!(
-        "[{TEST}] nginx on 127.0.0.1:{port}, tree:\n{}",
-        describe_tree(&before)
-    );
+    eprintln!("[{TEST}] nginx on 127.0.0.1:{port}, tree:\n{}", describe_tree(&before));
     assert!(
         before[1..].iter().all(|p| p.uid == 65534),
         "[{TEST}] workers should run as nobody:\n{}",
@@ -1058,10 +960,7 @@ fn nginx_master_and_workers_serve_after_restore() {
     }
     sleep(Duration::from_millis(200));
     let access_before = count_lines(&access);
-    assert!(
-        access_before >= 6,
-        "[{TEST}] access log has only {access_before} lines"
-    );
+    assert!(access_before >= 6, "[{TEST}] access log has only {access_before} lines");
     // The tree must not have changed while we waited.
     let before2 = guard.snapshot(&master);
     assert_same_tree(TEST, &before, &before2);
@@ -1098,16 +997,9 @@ fn nginx_master_and_workers_serve_after_restore() {
     }
     let access_text = read_lossy(&access);
     let new_lines: Vec<&str> = access_text.lines().skip(access_before).collect();
-    assert_eq!(
-        new_lines.len(),
-        20,
-        "[{TEST}] new access log lines:\n{}",
-        new_lines.join("\n")
-    );
+    assert_eq!(new_lines.len(), 20, "[{TEST}] new access log lines:\n{}", new_lines.join("\n"));
     assert!(
-        new_lines
-            .iter()
-            .all(|l| l.contains("\"GET /ferry.txt HTTP/1.1\" 200")),
+        new_lines.iter().all(|l| l.contains("\"GET /ferry.txt HTTP/1.1\" 200")),
         "[{TEST}] new access log lines:\n{}",
         new_lines.join("\n")
     );
@@ -1116,16 +1008,9 @@ fn nginx_master_and_workers_serve_after_restore() {
     // Graceful stop of the restored tree.
     let status = stop_tree(&mut guard, &root, libc::SIGQUIT);
     if let Some(st) = status {
-        assert!(
-            st.success(),
-            "[{TEST}] nginx master exited with {} after SIGQUIT",
-            describe(st)
-        );
+        assert!(st.success(), "[{TEST}] nginx master exited with {} after SIGQUIT", describe(st));
     }
-    assert!(
-        port_closed(port),
-        "[{TEST}] port {port} still open after nginx stopped"
-    );
+    assert!(port_closed(port), "[{TEST}] port {port} still open after nginx stopped");
 }
 
 /// Connections on `port` that `pid`'s network namespace holds (not
@@ -1150,13 +1035,8 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
     let port = free_port();
     let site = NginxSite::new(dir, port);
     let content = site.content.clone();
-    let master = guard.start_via(
-        &["ip", "netns", "exec", &from.0],
-        dir,
-        &site.log,
-        NGINX,
-        &site.args(),
-    );
+    let master =
+        guard.start_via(&["ip", "netns", "exec", &from.0], dir, &site.log, NGINX, &site.args());
 
     let deadline = Instant::now() + START_TIMEOUT;
     let before = loop {
@@ -1179,11 +1059,7 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while !open_connections_of(master.pid, port).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "[{TEST}] connections stay open in {}",
-            from.0
-        );
+        assert!(Instant::now() < deadline, "[{TEST}] connections stay open in {}", from.0);
         sleep(Duration::from_millis(20));
     }
     let images = dir.join("images");
@@ -1207,16 +1083,10 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
             "--new-pid-ns",
         ],
     );
-    let host_root: Option<i32> = fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|t| t.trim().parse().ok());
+    let host_root: Option<i32> =
+        fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse().ok());
     let init = host_root.and_then(read_stat).map(|s| s.ppid);
-    if let Some(init) = init.and_then(|p| {
-        read_stat(p).map(|s| ProcId {
-            pid: p,
-            start: s.start,
-        })
-    }) {
+    if let Some(init) = init.and_then(|p| read_stat(p).map(|s| ProcId { pid: p, start: s.start })) {
         // Killing the init ends its whole namespace.
         guard.roots.push(init);
         guard.snapshot(&init);
@@ -1227,11 +1097,7 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
         describe(run.status),
         run.out.trim()
     );
-    eprintln!(
-        "[{TEST}] restore: {}; ferry said: {}",
-        timing(&run),
-        run.out.trim()
-    );
+    eprintln!("[{TEST}] restore: {}; ferry said: {}", timing(&run), run.out.trim());
     let host_root = host_root.expect("pidfile names the root");
     let init_pid = init.expect("the root has a parent");
     assert_eq!(
@@ -1240,12 +1106,7 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
         "[{TEST}] the root's parent is not ferry-init"
     );
     let after = tree(host_root);
-    assert_eq!(
-        after.len(),
-        3,
-        "[{TEST}] restored tree:\n{}",
-        describe_tree(&after)
-    );
+    assert_eq!(after.len(), 3, "[{TEST}] restored tree:\n{}", describe_tree(&after));
     for (old, new) in before.iter().zip(&after) {
         assert_eq!(
             innermost_pid(new.id.pid),
@@ -1275,30 +1136,18 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
     }
     // The old namespace no longer has the server.
     let old = from.run(move || http_get(port, "/ferry.txt"));
-    assert!(
-        old.is_err(),
-        "[{TEST}] {} still serves after the move",
-        from.0
-    );
+    assert!(old.is_err(), "[{TEST}] {} still serves after the move", from.0);
 
     // SIGQUIT to the init is forwarded to the master: a graceful stop of
     // the whole tree, and the init exits with the master's status.
-    let init_id = ProcId {
-        pid: init_pid,
-        start: read_stat(init_pid).map(|s| s.start).unwrap_or(0),
-    };
-    let ids: Vec<ProcId> = std::iter::once(init_id)
-        .chain(after.iter().map(|p| p.id))
-        .collect();
+    let init_id =
+        ProcId { pid: init_pid, start: read_stat(init_pid).map(|s| s.start).unwrap_or(0) };
+    let ids: Vec<ProcId> = std::iter::once(init_id).chain(after.iter().map(|p| p.id)).collect();
     signal(&init_id, libc::SIGQUIT);
     match wait_gone(&ids, EXIT_TIMEOUT) {
         Ok(statuses) => {
             if let Some(st) = statuses.get(&init_pid) {
-                assert!(
-                    st.success(),
-                    "[{TEST}] ferry-init exited with {}",
-                    describe(*st)
-                );
+                assert!(st.success(), "[{TEST}] ferry-init exited with {}", describe(*st));
             }
         }
         Err(left) => panic!("[{TEST}] still running after SIGQUIT to ferry-init: {left:?}"),
@@ -1365,11 +1214,7 @@ impl IpcGuard {
     fn note(&mut self, data: &Path, procs: &[ProcInfo]) {
         let pidfile = read_lossy(&data.join("postmaster.pid"));
         if let Some(line) = pidfile.lines().nth(6) {
-            if let Some(key) = line
-                .split_whitespace()
-                .next()
-                .and_then(|k| k.parse::<i64>().ok())
-            {
+            if let Some(key) = line.split_whitespace().next().and_then(|k| k.parse::<i64>().ok()) {
                 if key != 0 {
                     self.keys.insert(key);
                 }
@@ -1426,43 +1271,23 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
 
 fn as_postgres(program: &str) -> Command {
     let mut cmd = Command::new(SETPRIV);
-    cmd.args([
-        "--reuid=postgres",
-        "--regid=postgres",
-        "--init-groups",
-        "--",
-    ])
-    .arg(program);
+    cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"]).arg(program);
     cmd
 }
 
 fn psql(name: &str, sock: &Path, port: u16, sql: &str) -> Result<String, String> {
     let mut cmd = Command::new(PSQL);
-    cmd.args([
-        "-X",
-        "-A",
-        "-t",
-        "-q",
-        "-v",
-        "ON_ERROR_STOP=1",
-        "-h",
-        path_str(sock),
-        "-p",
-    ])
-    .arg(port.to_string())
-    .args(["-U", "postgres", "-d", "postgres", "-c", sql])
-    .env("PGCONNECT_TIMEOUT", "10")
-    .env_remove("PGPASSWORD")
-    .env_remove("PGSERVICE");
+    cmd.args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", path_str(sock), "-p"])
+        .arg(port.to_string())
+        .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env_remove("PGPASSWORD")
+        .env_remove("PGSERVICE");
     let (status, out) = run_bounded(cmd, &format!("{name} psql"), Duration::from_secs(60));
     if status.success() {
         Ok(out.trim().to_string())
     } else {
-        Err(format!(
-            "psql -c {sql:?}: {}: {}",
-            describe(status),
-            out.trim()
-        ))
+        Err(format!("psql -c {sql:?}: {}: {}", describe(status), out.trim()))
     }
 }
 
@@ -1553,11 +1378,7 @@ fn postgres_rows_survive_restore() {
     .current_dir(dir)
     .env("LC_ALL", "C");
     let (status, out) = run_bounded(cmd, "initdb", CMD_TIMEOUT);
-    assert!(
-        status.success(),
-        "[{TEST}] initdb failed ({}):\n{out}",
-        describe(status)
-    );
+    assert!(status.success(), "[{TEST}] initdb failed ({}):\n{out}", describe(status));
     eprintln!("[{TEST}] initdb in {:?}", t0.elapsed());
 
     let port = free_port();
@@ -1648,23 +1469,11 @@ fn postgres_rows_survive_restore() {
     assert_same_tree(TEST, &before, &after);
     eprintln!("[{TEST}] restored tree:\n{}", describe_tree(&after));
 
-    let check_after = psql(TEST, &sock, port, PG_CHECK).unwrap_or_else(|e| {
-        panic!(
-            "[{TEST}] read after restore: {e}\nlog:\n{}",
-            read_lossy(&log)
-        )
-    });
-    assert_eq!(
-        check_after, check_before,
-        "[{TEST}] rows differ after restore"
-    );
-    let marker = psql(
-        TEST,
-        &sock,
-        port,
-        "select v from ferry_marker where k = 'marker'",
-    )
-    .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let check_after = psql(TEST, &sock, port, PG_CHECK)
+        .unwrap_or_else(|e| panic!("[{TEST}] read after restore: {e}\nlog:\n{}", read_lossy(&log)));
+    assert_eq!(check_after, check_before, "[{TEST}] rows differ after restore");
+    let marker = psql(TEST, &sock, port, "select v from ferry_marker where k = 'marker'")
+        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(marker, format!("ferry-marker-{port}"));
     let started_after = psql(TEST, &sock, port, "select pg_postmaster_start_time()")
         .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
@@ -1679,10 +1488,7 @@ fn postgres_rows_survive_restore() {
         "select pid from pg_stat_activity where backend_type = 'checkpointer'",
     )
     .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
-    assert_eq!(
-        checkpointer_after, checkpointer_pid,
-        "[{TEST}] checkpointer PID differs"
-    );
+    assert_eq!(checkpointer_after, checkpointer_pid, "[{TEST}] checkpointer PID differs");
 
     let more = format!(
         "insert into ferry_rows select i, 'after-restore-' || i from generate_series({}, {}) i",
@@ -1691,25 +1497,16 @@ fn postgres_rows_survive_restore() {
     );
     psql(TEST, &sock, port, &more).unwrap_or_else(|e| panic!("[{TEST}] insert after restore: {e}"));
     let total = PG_ROWS + PG_MORE;
-    let counted = psql(
-        TEST,
-        &sock,
-        port,
-        "select count(*) || ' ' || sum(id) from ferry_rows",
-    )
-    .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let counted = psql(TEST, &sock, port, "select count(*) || ' ' || sum(id) from ferry_rows")
+        .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(
         counted,
         format!("{total} {}", total * (total + 1) / 2),
         "[{TEST}] rows after INSERT"
     );
-    let last = psql(
-        TEST,
-        &sock,
-        port,
-        &format!("select payload from ferry_rows where id = {total}"),
-    )
-    .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
+    let last =
+        psql(TEST, &sock, port, &format!("select payload from ferry_rows where id = {total}"))
+            .unwrap_or_else(|e| panic!("[{TEST}] {e}"));
     assert_eq!(last, format!("after-restore-{total}"));
     eprintln!("[{TEST}] rows read back and {PG_MORE} more inserted after restore");
 
@@ -1725,11 +1522,8 @@ fn postgres_rows_survive_restore() {
             read_lossy(&log)
         );
     }
-    let leftover: Vec<i64> = sysv_shm()
-        .iter()
-        .filter(|r| ipc.keys.contains(&r.key))
-        .map(|r| r.key)
-        .collect();
+    let leftover: Vec<i64> =
+        sysv_shm().iter().filter(|r| ipc.keys.contains(&r.key)).map(|r| r.key).collect();
     if !leftover.is_empty() {
         eprintln!("[{TEST}] note: SysV segments {leftover:?} left after shutdown (the guard removes them)");
     }
@@ -1775,10 +1569,7 @@ fn pipeline_script(throttle: &Path, out: &Path) -> String {
 fn last_progress(log: &Path) -> u64 {
     read_lossy(log)
         .lines()
-        .filter_map(|l| {
-            l.strip_prefix("progress ")
-                .and_then(|n| n.trim().parse().ok())
-        })
+        .filter_map(|l| l.strip_prefix("progress ").and_then(|n| n.trim().parse().ok()))
         .max()
         .unwrap_or(0)
 }
@@ -1788,14 +1579,7 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
     const TEST: &str = "pipeline";
     if !prerequisites(
         TEST,
-        &[
-            "/bin/sh",
-            PYTHON,
-            "/usr/bin/yes",
-            "/usr/bin/head",
-            "/usr/bin/tr",
-            "/usr/bin/sha256sum",
-        ],
+        &["/bin/sh", PYTHON, "/usr/bin/yes", "/usr/bin/head", "/usr/bin/tr", "/usr/bin/sha256sum"],
     ) {
         return;
     }
@@ -1809,12 +1593,8 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
     let expected_out = dir.join("expected.out");
     let log0 = dir.join("uninterrupted.log");
     let t0 = Instant::now();
-    let first = guard.start(
-        dir,
-        &log0,
-        "/bin/sh",
-        &["-c", &pipeline_script(&throttle, &expected_out)],
-    );
+    let first =
+        guard.start(dir, &log0, "/bin/sh", &["-c", &pipeline_script(&throttle, &expected_out)]);
     let mut child = guard.root_child.take().expect("started child");
     let status = wait_child(&mut child, CMD_TIMEOUT);
     let took = t0.elapsed();
@@ -1830,10 +1610,7 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
         read_lossy(&log0)
     );
     let expected = fs::read(&expected_out).expect("read expected output");
-    assert!(
-        expected.len() > 64,
-        "[{TEST}] odd expected output {expected:?}"
-    );
+    assert!(expected.len() > 64, "[{TEST}] odd expected output {expected:?}");
     assert!(
         read_lossy(&log0).contains(&format!("done {PIPE_BYTES}")),
         "[{TEST}] log:\n{}",
@@ -1851,20 +1628,11 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
     // 2. The same pipeline, checkpointed at about a quarter of the data.
     let out = dir.join("restored.out");
     let log = dir.join("pipeline.log");
-    let root = guard.start(
-        dir,
-        &log,
-        "/bin/sh",
-        &["-c", &pipeline_script(&throttle, &out)],
-    );
+    let root = guard.start(dir, &log, "/bin/sh", &["-c", &pipeline_script(&throttle, &out)]);
     let deadline = Instant::now() + START_TIMEOUT;
     while last_progress(&log) < PIPE_BYTES / 4 {
         guard.assert_root_alive(&log);
-        assert!(
-            Instant::now() < deadline,
-            "[{TEST}] no progress; log:\n{}",
-            read_lossy(&log)
-        );
+        assert!(Instant::now() < deadline, "[{TEST}] no progress; log:\n{}", read_lossy(&log));
         sleep(Duration::from_millis(5));
     }
     let before = guard.snapshot(&root);

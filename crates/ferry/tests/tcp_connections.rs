@@ -57,11 +57,7 @@ fn server_binary() -> PathBuf {
                 .arg(repo().join("tests/tcp/tcp_hold_server.c"))
                 .output()
                 .expect("run gcc");
-            assert!(
-                out.status.success(),
-                "gcc failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
             bin
         })
         .clone()
@@ -86,9 +82,7 @@ impl Drop for Server {
 }
 
 fn read_lossy(p: &Path) -> String {
-    fs::read(p)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn wait_line(log: &Path, line: &str, timeout: Duration) {
@@ -123,11 +117,7 @@ fn start_server(
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let child = spawn_in_netns(netns, dir, &log, &server_binary(), &args);
     let pid = child.id() as i32;
-    let server = Server {
-        child: Some(child),
-        log,
-        pid,
-    };
+    let server = Server { child: Some(child), log, pid };
     wait_line(&server.log, "LISTENING", Duration::from_secs(10));
     server
 }
@@ -168,10 +158,8 @@ impl ClientConn {
                 Ok(w) => self.sent += w,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
-                    self.error = Some(format!(
-                        "conn {}: write after {} bytes: {e}",
-                        self.id, self.sent
-                    ))
+                    self.error =
+                        Some(format!("conn {}: write after {} bytes: {e}", self.id, self.sent))
                 }
             }
         }
@@ -200,10 +188,8 @@ impl ClientConn {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => {
-                    self.error = Some(format!(
-                        "conn {}: read after {} bytes: {e}",
-                        self.id, self.got
-                    ))
+                    self.error =
+                        Some(format!("conn {}: read after {} bytes: {e}", self.id, self.got))
                 }
             }
         }
@@ -251,15 +237,7 @@ fn run_clients(
                 return vec![format!("conn {id}: sending the id: {e}")];
             }
             s.set_nonblocking(true).expect("nonblocking");
-            conns.push(ClientConn {
-                id,
-                s,
-                sent: 0,
-                got: 0,
-                eof: false,
-                shut: false,
-                error: None,
-            });
+            conns.push(ClientConn { id, s, sent: 0, got: 0, eof: false, shut: false, error: None });
         }
         // The start of every client stream waits unread in the server's
         // receive queue. No more than the queue holds: a segment the
@@ -283,9 +261,8 @@ fn run_clients(
         // At most another UNREAD_CLIENT_BYTES, so the server's receive
         // queue still holds all of it.
         // A quarter of the stream stays for after the restore.
-        let frozen_limit = (half + UNREAD_CLIENT_BYTES)
-            .min(load.client_bytes - load.client_bytes / 4)
-            .max(half);
+        let frozen_limit =
+            (half + UNREAD_CLIENT_BYTES).min(load.client_bytes - load.client_bytes / 4).max(half);
         let mut target = half;
         loop {
             match go.try_recv() {
@@ -300,9 +277,7 @@ fn run_clients(
         let mut last_progress = Instant::now();
         let mut stall_report = None;
         while Instant::now() < deadline
-            && conns
-                .iter()
-                .any(|c| c.error.is_none() && !(c.eof && c.shut))
+            && conns.iter().any(|c| c.error.is_none() && !(c.eof && c.shut))
         {
             if stall_report.is_none() && last_progress.elapsed() > Duration::from_secs(10) {
                 let stuck: Vec<String> = conns
@@ -346,14 +321,9 @@ fn run_clients(
         if let Some(r) = stall_report {
             errors.insert(0, r);
         }
-        let unfinished = conns
-            .iter()
-            .filter(|c| c.error.is_none() && !(c.eof && c.shut))
-            .count();
+        let unfinished = conns.iter().filter(|c| c.error.is_none() && !(c.eof && c.shut)).count();
         if unfinished > 0 {
-            errors.push(format!(
-                "{unfinished} connections did not finish within 90 s"
-            ));
+            errors.push(format!("{unfinished} connections did not finish within 90 s"));
         }
         errors
     })
@@ -404,11 +374,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     }
     let hosts = Hosts::new(tag);
     let dir = TempDir(temp_dir(tag));
-    let (client_bytes, server_bytes) = if n > 500 {
-        (48 << 10, 48 << 10)
-    } else {
-        (1 << 20, 1 << 20)
-    };
+    let (client_bytes, server_bytes) =
+        if n > 500 { (48 << 10, 48 << 10) } else { (1 << 20, 1 << 20) };
     let (listen, target) = match (v6, loopback) {
         (false, false) => (A_V4, A_V4),
         (true, false) => (A_V6, A_V6),
@@ -416,48 +383,23 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
         (true, true) => ("::1", "::1"),
     };
     let port = 7000 + (std::process::id() % 1000) as u16;
-    let mut server = start_server(
-        &hosts.a,
-        &dir.0,
-        listen,
-        port,
-        n,
-        client_bytes,
-        server_bytes,
-    );
-    let to: SocketAddr = format!(
-        "{}:{port}",
-        if v6 {
-            format!("[{target}]")
-        } else {
-            target.to_string()
-        }
-    )
-    .parse()
-    .expect("address");
+    let mut server = start_server(&hosts.a, &dir.0, listen, port, n, client_bytes, server_bytes);
+    let to: SocketAddr =
+        format!("{}:{port}", if v6 { format!("[{target}]") } else { target.to_string() })
+            .parse()
+            .expect("address");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel();
-    let client_ns = if loopback {
-        hosts.a.0.clone()
-    } else {
-        hosts.b.0.clone()
-    };
+    let client_ns = if loopback { hosts.a.0.clone() } else { hosts.b.0.clone() };
     let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
     let clients = run_clients(
         Some(client_ns),
-        Load {
-            n,
-            to,
-            client_bytes,
-            server_bytes,
-        },
+        Load { n, to, client_bytes, server_bytes },
         ready_tx,
         go_rx,
         diagnose,
     );
-    ready_rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("clients ready");
+    ready_rx.recv_timeout(Duration::from_secs(120)).expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(60));
 
     let images = dir.0.join("images");
@@ -465,22 +407,10 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     let images_s = images.to_string_lossy().to_string();
     let t = Instant::now();
     let st = ferry(
-        &[
-            "checkpoint",
-            "--pid",
-            &pid,
-            "--images",
-            &images_s,
-            "--network-lock",
-            lock,
-        ],
+        &["checkpoint", "--pid", &pid, "--images", &images_s, "--network-lock", lock],
         &dir.0.join("checkpoint.err"),
     );
-    assert!(
-        st.success(),
-        "checkpoint failed: {}",
-        read_lossy(&dir.0.join("checkpoint.err"))
-    );
+    assert!(st.success(), "checkpoint failed: {}", read_lossy(&dir.0.join("checkpoint.err")));
     let checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
     let lock = image_lock(FERRY, &images_s);
     assert!(lock.is_some(), "the image names no network lock");
@@ -496,14 +426,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     let t = Instant::now();
     let mut restore = Command::new(FERRY);
     restore
-        .args([
-            "restore",
-            "--images",
-            &images_s,
-            "--netns",
-            &hosts.a.0,
-            "--pidfile",
-        ])
+        .args(["restore", "--images", &images_s, "--netns", &hosts.a.0, "--pidfile"])
         .arg(&pidfile)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -519,15 +442,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     server.child = Some(restore);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !read_lossy(&pidfile).ends_with('\n') {
-        if let Some(st) = server
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "restore exited with {st:?}: {}",
-                read_lossy(&dir.0.join("restore.err"))
-            );
+        if let Some(st) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("restore exited with {st:?}: {}", read_lossy(&dir.0.join("restore.err")));
         }
         assert!(Instant::now() < deadline, "no pidfile within 60 s");
         sleep(POLL);
@@ -537,12 +453,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
     unsafe { libc::kill(server.pid, libc::SIGUSR2) };
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
-    let st = server
-        .child
-        .as_mut()
-        .expect("restore")
-        .wait()
-        .expect("wait restore");
+    let st = server.child.as_mut().expect("restore").wait().expect("wait restore");
     server.child = None;
     let log = read_lossy(&server.log);
     eprintln!("{tag}: {n} connections, checkpoint {checkpoint_ms:.1} ms, restore {restore_ms:.1} ms (commands, debug timing)");
@@ -568,10 +479,7 @@ fn locks() -> Vec<(String, String)> {
 
 fn assert_lock_gone(name: &str) {
     let left = locks();
-    assert!(
-        !left.iter().any(|(n, _)| n == name),
-        "network lock {name} was left behind: {left:?}"
-    );
+    assert!(!left.iter().any(|(n, _)| n == name), "network lock {name} was left behind: {left:?}");
 }
 
 #[test]
@@ -614,12 +522,7 @@ fn sig_blocked(pid: i32) -> Vec<String> {
     if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
         for t in rd.flatten() {
             let status = read_lossy(&t.path().join("status"));
-            masks.extend(
-                status
-                    .lines()
-                    .filter(|l| l.starts_with("SigBlk:"))
-                    .map(String::from),
-            );
+            masks.extend(status.lines().filter(|l| l.starts_with("SigBlk:")).map(String::from));
         }
     }
     masks.sort();
@@ -649,19 +552,12 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let diagnose = vec![hosts.a.0.clone(), hosts.b.0.clone()];
     let clients = run_clients(
         Some(hosts.b.0.clone()),
-        Load {
-            n,
-            to,
-            client_bytes,
-            server_bytes,
-        },
+        Load { n, to, client_bytes, server_bytes },
         ready_tx,
         go_rx,
         diagnose,
     );
-    ready_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("clients ready");
+    ready_rx.recv_timeout(Duration::from_secs(60)).expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(30));
     let masks_before = sig_blocked(server.pid);
 
@@ -682,38 +578,22 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     }
     // Killed and reaped on drop too, so a failed assertion leaves no
     // stalled ferry behind.
-    let mut ckpt = Server {
-        child: Some(ckpt.spawn().expect("spawn ferry")),
-        log: err.clone(),
-        pid: 0,
-    };
+    let mut ckpt =
+        Server { child: Some(ckpt.spawn().expect("spawn ferry")), log: err.clone(), pid: 0 };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !read_lossy(&err).contains("stalling after") {
         assert!(
-            ckpt.child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-                .is_none(),
+            ckpt.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).is_none(),
             "ferry ended early: {}",
             read_lossy(&err)
         );
-        assert!(
-            Instant::now() < deadline,
-            "ferry never reached the stall point"
-        );
+        assert!(Instant::now() < deadline, "ferry never reached the stall point");
         sleep(POLL);
     }
     // Frozen now: signals blocked, connections in repair mode, lock set.
-    assert_ne!(
-        sig_blocked(server.pid),
-        masks_before,
-        "the server should be frozen now"
-    );
+    assert_ne!(sig_blocked(server.pid), masks_before, "the server should be frozen now");
     let ferry_pid = ckpt.child.as_ref().map(|c| c.id()).unwrap_or(0).to_string();
-    let lock = locks()
-        .into_iter()
-        .find(|(_, owner)| *owner == ferry_pid)
-        .map(|(n, _)| n);
+    let lock = locks().into_iter().find(|(_, owner)| *owner == ferry_pid).map(|(n, _)| n);
     let lock =
         lock.unwrap_or_else(|| panic!("no network lock owned by ferry {ferry_pid}: {:?}", locks()));
     drop(ckpt); // SIGKILL, by PID
@@ -731,11 +611,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while locks().iter().any(|(n, _)| *n == lock) {
-        assert!(
-            Instant::now() < deadline,
-            "lock {lock} left behind: {:?}",
-            locks()
-        );
+        assert!(Instant::now() < deadline, "lock {lock} left behind: {:?}", locks());
         sleep(POLL);
     }
     // The original server, never killed, finishes every connection.
@@ -743,12 +619,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     unsafe { libc::kill(server.pid, libc::SIGUSR2) };
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
-    let st = server
-        .child
-        .as_mut()
-        .expect("server")
-        .wait()
-        .expect("wait server");
+    let st = server.child.as_mut().expect("server").wait().expect("wait server");
     server.child = None;
     let log = read_lossy(&server.log);
     assert!(
@@ -757,8 +628,5 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
         errors.len(),
         &errors[..errors.len().min(5)]
     );
-    assert!(
-        st.success() && log.lines().any(|l| l == "PASS"),
-        "server: {st:?}\n{log}"
-    );
+    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
 }

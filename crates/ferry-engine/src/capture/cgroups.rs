@@ -17,11 +17,7 @@ pub fn parse(text: &str) -> Option<Vec<CgroupMembership>> {
             let hierarchy = it.next()?.parse().ok()?;
             let controllers = it.next()?.to_string();
             let path = it.next()?.to_string();
-            Some(CgroupMembership {
-                hierarchy,
-                controllers,
-                path,
-            })
+            Some(CgroupMembership { hierarchy, controllers, path })
         })
         .collect()
 }
@@ -39,10 +35,7 @@ pub fn capture(procs: &[(i32, Vec<i32>)]) -> Result<Vec<ProcessCgroups>> {
         for tid in tids.iter().filter(|t| *t != pid) {
             let theirs = procfs::read_string(&format!("/proc/{pid}/task/{tid}/cgroup"))?;
             if theirs != text {
-                let line = theirs
-                    .lines()
-                    .find(|l| !text.lines().any(|o| o == *l))
-                    .unwrap_or("?");
+                let line = theirs.lines().find(|l| !text.lines().any(|o| o == *l)).unwrap_or("?");
                 return Err(EngineError::unsupported(
                     *pid,
                     format!("thread {tid}'s cgroup membership"),
@@ -50,10 +43,7 @@ pub fn capture(procs: &[(i32, Vec<i32>)]) -> Result<Vec<ProcessCgroups>> {
                 ));
             }
         }
-        out.push(ProcessCgroups {
-            pid: *pid,
-            memberships,
-        });
+        out.push(ProcessCgroups { pid: *pid, memberships });
     }
     Ok(out)
 }
@@ -67,21 +57,13 @@ mod tests {
         let m = parse("12:memory:/a/b\n1:name=systemd:/user.slice\n0::/x:y\n").expect("parses");
         assert_eq!(m.len(), 3);
         assert_eq!(
-            (
-                m[0].hierarchy,
-                m[0].controllers.as_str(),
-                m[0].path.as_str()
-            ),
+            (m[0].hierarchy, m[0].controllers.as_str(), m[0].path.as_str()),
             (12, "memory", "/a/b")
         );
         assert_eq!(m[1].controllers, "name=systemd");
         // A colon in the path stays in the path.
         assert_eq!(
-            (
-                m[2].hierarchy,
-                m[2].controllers.as_str(),
-                m[2].path.as_str()
-            ),
+            (m[2].hierarchy, m[2].controllers.as_str(), m[2].path.as_str()),
             (0, "", "/x:y")
         );
     }

@@ -15,8 +15,7 @@ const MAX_MEMFD: u64 = 4 << 30;
 
 /// "/memfd:NAME (deleted)" -> NAME.
 pub fn name_of(path: &str) -> Option<&str> {
-    path.strip_prefix("/memfd:")
-        .map(|n| n.strip_suffix(" (deleted)").unwrap_or(n))
+    path.strip_prefix("/memfd:").map(|n| n.strip_suffix(" (deleted)").unwrap_or(n))
 }
 
 pub(crate) fn read_object(
@@ -26,10 +25,7 @@ pub(crate) fn read_object(
     file: std::fs::File,
 ) -> Result<MemfdObject> {
     let what = || format!("memfd {name} (pid {pid})");
-    let size = file
-        .metadata()
-        .map_err(|e| EngineError::io(what(), e))?
-        .len();
+    let size = file.metadata().map_err(|e| EngineError::io(what(), e))?.len();
     if size > MAX_MEMFD {
         return Err(EngineError::unsupported(
             pid,
@@ -44,36 +40,21 @@ pub(crate) fn read_object(
         let Ok(data) = fd::lseek(file.as_raw_fd(), off as i64, libc::SEEK_DATA) else {
             break; // ENXIO: only a hole is left
         };
-        let hole = fd::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE)
-            .unwrap_or(-1)
-            .max(data) as u64;
+        let hole =
+            fd::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE).unwrap_or(-1).max(data) as u64;
         let end = hole.min(size);
         let mut buf = vec![0u8; (end - data as u64) as usize];
-        file.read_exact_at(&mut buf, data as u64)
-            .map_err(|e| EngineError::io(what(), e))?;
+        file.read_exact_at(&mut buf, data as u64).map_err(|e| EngineError::io(what(), e))?;
         extents.push((data as u64, buf));
         off = end;
     }
-    Ok(MemfdObject {
-        id,
-        name: name.to_string(),
-        size,
-        seals,
-        extents,
-    })
+    Ok(MemfdObject { id, name: name.to_string(), size, seals, extents })
 }
 
 /// The memfd's mode and owner (fchmod/fchown may have changed them).
 fn attrs_of(pid: i32, id: u64, file: &std::fs::File) -> Result<InodeAttrs> {
-    let m = file
-        .metadata()
-        .map_err(|e| EngineError::io(format!("memfd {id} (pid {pid})"), e))?;
-    Ok(InodeAttrs {
-        of: InodeOf::Memfd(id),
-        mode: m.mode() & 0o7777,
-        uid: m.uid(),
-        gid: m.gid(),
-    })
+    let m = file.metadata().map_err(|e| EngineError::io(format!("memfd {id} (pid {pid})"), e))?;
+    Ok(InodeAttrs { of: InodeOf::Memfd(id), mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid() })
 }
 
 /// Reads every memfd the fds or mappings refer to: through one of the
@@ -139,11 +120,7 @@ pub fn capture_deleted_files(
         }
         let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
         let file = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
-        let mode = file
-            .metadata()
-            .map_err(|e| EngineError::io(&path, e))?
-            .mode()
-            & 0o7777;
+        let mode = file.metadata().map_err(|e| EngineError::io(&path, e))?.mode() & 0o7777;
         let name = m.path.strip_suffix(" (deleted)").unwrap_or(&m.path);
         let mut obj = read_object(pid, id, name, file)?;
         obj.seals = mode as i32;

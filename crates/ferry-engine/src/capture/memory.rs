@@ -37,20 +37,14 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
             "mapping {:#x}-{:#x} ({})",
             m.start,
             m.end,
-            if m.path.is_empty() {
-                "anonymous"
-            } else {
-                &m.path
-            }
+            if m.path.is_empty() { "anonymous" } else { &m.path }
         )
     };
     let p = m.path.as_str();
     Ok(match p {
         "" | "[heap]" | "[stack]" => VmaBacking::Anonymous,
         "[vdso]" => VmaBacking::Vdso,
-        "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar {
-            name: p.to_string(),
-        },
+        "[vvar]" | "[vvar_vclock]" => VmaBacking::Vvar { name: p.to_string() },
         "[vsyscall]" => VmaBacking::Vsyscall,
         _ if p.starts_with("[anon:") => {
             return Err(EngineError::unsupported(
@@ -64,27 +58,15 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
         _ if p.starts_with("/anon_hugepage") || m.has_flag("ht") => {
-            return Err(EngineError::unsupported(
-                pid,
-                what(),
-                "hugetlb mappings are not supported",
-            ))
+            return Err(EngineError::unsupported(pid, what(), "hugetlb mappings are not supported"))
         }
         _ if p.ends_with(" (deleted)") && p.starts_with('/') => {
             VmaBacking::DeletedFile { id: m.inode }
         }
-        _ if p.starts_with('/') => VmaBacking::File {
-            path: p.to_string(),
-            dev: m.dev,
-            ino: m.inode,
-        },
-        _ => {
-            return Err(EngineError::unsupported(
-                pid,
-                what(),
-                "unknown kind of mapping",
-            ))
+        _ if p.starts_with('/') => {
+            VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode }
         }
+        _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
     })
 }
 
@@ -103,10 +85,7 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
             if m.perms[2] == b'x' {
                 prot |= PROT_EXEC;
             }
-            let flags = FLAG_NAMES
-                .iter()
-                .filter(|(n, _)| m.has_flag(n))
-                .fold(0, |a, (_, f)| a | f);
+            let flags = FLAG_NAMES.iter().filter(|(n, _)| m.has_flag(n)).fold(0, |a, (_, f)| a | f);
             Ok(Vma {
                 start: m.start,
                 end: m.end,
@@ -129,11 +108,9 @@ pub(crate) fn page_filter(v: &Vma) -> Option<ScanFilter> {
             inverted: PAGE_IS_PFNZERO,
             any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
         }),
-        (VmaBacking::Anonymous, true) => Some(ScanFilter {
-            required: 0,
-            inverted: 0,
-            any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-        }),
+        (VmaBacking::Anonymous, true) => {
+            Some(ScanFilter { required: 0, inverted: 0, any_of: PAGE_IS_PRESENT | PAGE_IS_SWAPPED })
+        }
         (
             VmaBacking::File { .. } | VmaBacking::Memfd { .. } | VmaBacking::DeletedFile { .. },
             false,
@@ -173,12 +150,7 @@ fn cut_into_pieces(
     let mut a = s;
     while a < e {
         let len = (e - a).min(MAX_RUN);
-        pieces.push(Piece {
-            addr: a,
-            len: len as usize,
-            offset: base + *total,
-            readable,
-        });
+        pieces.push(Piece { addr: a, len: len as usize, offset: base + *total, readable });
         *total += len;
         a += len;
     }
@@ -233,9 +205,8 @@ pub fn dump_pages(
 ) -> Result<(Vec<PageRun>, Vec<(u64, u64)>)> {
     let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
-        .map_err(|e| EngineError::io(&pm_path, e))?
-        .into();
+    let pagemap: std::os::fd::OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut pieces = Vec::new();
     let mut in_parent = Vec::new();
     let mut total = 0u64;
@@ -244,22 +215,12 @@ pub fn dump_pages(
             continue;
         };
         let ranges = pagemap::scan(&pagemap, v.start, v.end, filter).map_err(|e| {
-            EngineError::kernel(
-                pid,
-                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
-                e,
-            )
+            EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e)
         })?;
         let wanted = subtract(ranges, skip);
         in_parent.extend(intersect(&wanted, held));
         for (s, e) in subtract(wanted, held) {
-            cut_into_pieces(
-                &mut pieces,
-                &mut total,
-                base,
-                (s, e),
-                m.readable() && !keep_shared,
-            );
+            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
         }
     }
     let runs = copy_all(pid, &pieces, base, total, out, progress)?;
@@ -300,21 +261,14 @@ fn copy_all(
     out: &mut dyn PageSink,
     progress: Option<&crate::ProgressFn>,
 ) -> Result<Vec<PageRun>> {
-    let workers = if total < (16 << 20) {
-        1
-    } else {
-        crate::worker_threads()
-    };
+    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
     let per = total / workers as u64 + 1;
     let mut parts: Vec<&[Piece]> = Vec::new();
     let mut rest: &[Piece] = pieces;
     for w in 0..workers {
         let limit = base + per * (w as u64 + 1);
-        let k = if w + 1 == workers {
-            rest.len()
-        } else {
-            rest.partition_point(|p| p.offset < limit)
-        };
+        let k =
+            if w + 1 == workers { rest.len() } else { rest.partition_point(|p| p.offset < limit) };
         let (a, b) = rest.split_at(k);
         parts.push(a);
         rest = b;
@@ -362,9 +316,8 @@ pub fn copy_present(
     let vmas = classify(pid, &smaps)?;
     let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pagemap: std::os::fd::OwnedFd = std::fs::File::open(&pm_path)
-        .map_err(|e| EngineError::io(&pm_path, e))?
-        .into();
+    let pagemap: std::os::fd::OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let mut pieces = Vec::new();
     let mut copied = Vec::new();
     let mut total = 0u64;
@@ -384,32 +337,19 @@ pub fn copy_present(
             }
         }
         let ranges = pagemap::scan(&pagemap, v.start, v.end, filter).map_err(|e| {
-            EngineError::kernel(
-                pid,
-                format!("scanning pages of {:#x}-{:#x}", v.start, v.end),
-                e,
-            )
+            EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e)
         })?;
         let ranges = match only {
             Some(only) => {
                 let keep: Vec<(u64, u64)> =
                     only.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect();
-                intersect(&ranges, &keep)
-                    .into_iter()
-                    .map(|(a, n)| (a, a + n * 4096))
-                    .collect()
+                intersect(&ranges, &keep).into_iter().map(|(a, n)| (a, a + n * 4096)).collect()
             }
             None => ranges,
         };
         for (s, e) in ranges {
             copied.push((s, e));
-            cut_into_pieces(
-                &mut pieces,
-                &mut total,
-                base,
-                (s, e),
-                m.readable() && !keep_shared,
-            );
+            cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
         }
     }
     copy_all(pid, &pieces, base, total, out, progress)?;
@@ -455,10 +395,7 @@ fn copy_pieces(
             && batch.len() < vm::MAX_IOV
             && bytes + pieces[i].len <= buf.len()
         {
-            batch.push(RemoteRange {
-                addr: pieces[i].addr,
-                len: pieces[i].len,
-            });
+            batch.push(RemoteRange { addr: pieces[i].addr, len: pieces[i].len });
             bytes += pieces[i].len;
             i += 1;
         }
@@ -527,14 +464,9 @@ pub fn mm_layout(pid: i32, brk: u64) -> Result<MmLayout> {
 fn same_origin(c: &Vma, p: &Vma) -> bool {
     let same_backing = match (&c.backing, &p.backing) {
         (VmaBacking::Anonymous, VmaBacking::Anonymous) => true,
-        (
-            VmaBacking::File {
-                dev: d1, ino: i1, ..
-            },
-            VmaBacking::File {
-                dev: d2, ino: i2, ..
-            },
-        ) => d1 == d2 && i1 == i2 && c.pgoff == p.pgoff,
+        (VmaBacking::File { dev: d1, ino: i1, .. }, VmaBacking::File { dev: d2, ino: i2, .. }) => {
+            d1 == d2 && i1 == i2 && c.pgoff == p.pgoff
+        }
         (VmaBacking::Memfd { id: a }, VmaBacking::Memfd { id: b }) => a == b && c.pgoff == p.pgoff,
         (VmaBacking::DeletedFile { id: a }, VmaBacking::DeletedFile { id: b }) => {
             a == b && c.pgoff == p.pgoff
@@ -554,10 +486,7 @@ fn pagemap_entries(pid: i32, file: &std::fs::File, start: u64, end: u64) -> Resu
     let mut buf = vec![0u8; n * 8];
     file.read_exact_at(&mut buf, start / 4096 * 8)
         .map_err(|e| EngineError::io(format!("/proc/{pid}/pagemap at {start:#x}"), e))?;
-    Ok(buf
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect())
+    Ok(buf.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
 
 /// The child's private mappings that still share pages with the parent
@@ -595,11 +524,7 @@ pub fn inherited_from_parent(
                 _ => runs.push((addr, 1)),
             }
         }
-        out.push(ferry_image::InheritedVma {
-            start: c.start,
-            end: c.end,
-            shared_pages: runs,
-        });
+        out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
     }
     Ok(out)
 }
@@ -645,10 +570,7 @@ mod tests {
             intersect(&ranges, &held),
             vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]
         );
-        assert_eq!(
-            subtract(ranges, &held),
-            vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]
-        );
+        assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]);
     }
 
     #[test]

@@ -101,11 +101,7 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
     tracing::debug!(
         "pid {pid}: mappings read {}",
-        if without_page_walk {
-            "by BPF and maps (presurvey proven)"
-        } else {
-            "from smaps"
-        }
+        if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
     let (files, fds, (unix_connects, pending_listeners, unix_creds)) =
@@ -130,10 +126,7 @@ fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Res
     let vdso = smaps.iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
         EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping")
     })?;
-    let remote = Remote {
-        pid,
-        syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)?,
-    };
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
     Ok(Survey {
         smaps,
         vmas,
@@ -190,38 +183,25 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     captured.phases.mark("metadata");
     verify_written(&dirh)?;
     captured.phases.mark("verify");
-    let image_bytes = pages_bytes
-        + std::fs::metadata(dir.join("meta.img"))
-            .map(|m| m.len())
-            .unwrap_or(0);
+    let image_bytes =
+        pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0);
     let summary = if opts.leave_running {
         captured.resume()?
     } else {
         let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        captured.kill(LockAfterKill::HandOverTo(
-            image.join(ferry_image::dir::META_FILE),
-        ))?
+        captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))?
     };
-    Ok(CaptureSummary {
-        image_bytes,
-        ..summary
-    })
+    Ok(CaptureSummary { image_bytes, ..summary })
 }
 
 /// The refusals that need nothing frozen: a PID that is not there, or
 /// ferry itself.
 fn check_capturable(pid: i32) -> Result<()> {
     if pid <= 0 {
-        return Err(EngineError::Gone {
-            pid,
-            what: "not a valid PID".into(),
-        });
+        return Err(EngineError::Gone { pid, what: "not a valid PID".into() });
     }
     if !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(EngineError::Gone {
-            pid,
-            what: "no such process".into(),
-        });
+        return Err(EngineError::Gone { pid, what: "no such process".into() });
     }
     let me = std::process::id() as i32;
     if pid == me || is_ancestor(pid, me) {
@@ -292,16 +272,7 @@ impl Captured {
     /// Lets the tree run on: connections leave repair mode, then their
     /// packets flow again, then every thread continues.
     pub fn resume(self) -> Result<CaptureSummary> {
-        let Captured {
-            mut phases,
-            summary,
-            t_frozen,
-            repaired,
-            lock,
-            frozen,
-            guard,
-            ..
-        } = self;
+        let Captured { mut phases, summary, t_frozen, repaired, lock, frozen, guard, .. } = self;
         drop(repaired);
         if let Some(lock) = lock {
             lock.thaw()?;
@@ -395,12 +366,7 @@ pub fn capture(
     let tasks: Vec<(i32, Vec<i32>)> = tree
         .procs
         .iter()
-        .map(|p| {
-            (
-                p.frozen.pid,
-                p.frozen.threads.iter().map(|t| t.tid).collect(),
-            )
-        })
+        .map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect()))
         .collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
@@ -412,21 +378,15 @@ pub fn capture(
         surveys.push(survey(p.frozen.pid, &p.frozen, &pids, opts)?);
     }
     // A socket shared by several processes was read once by each.
-    let mut unix_creds: Vec<ferry_image::UnixPeerCred> = surveys
-        .iter_mut()
-        .flat_map(|s| std::mem::take(&mut s.unix_creds))
-        .collect();
+    let mut unix_creds: Vec<ferry_image::UnixPeerCred> =
+        surveys.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
     unix_creds.sort_unstable_by_key(|c| c.ino);
     unix_creds.dedup_by_key(|c| c.ino);
     {
         let mut pf: Vec<files::ProcessFiles> = surveys
             .iter_mut()
             .zip(&pids)
-            .map(|(s, &pid)| files::ProcessFiles {
-                pid,
-                files: &mut s.files,
-                fds: &s.fds,
-            })
+            .map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds })
             .collect();
         files::link_tree(&mut pf, &pids, &unix_creds)?;
     }
@@ -483,11 +443,8 @@ pub fn capture(
         files::tcp::established(&views)
     };
     let lock = {
-        let procs: Vec<(i32, &[ferry_image::OpenFile])> = surveys
-            .iter()
-            .zip(&pids)
-            .map(|(s, &pid)| (pid, s.files.as_slice()))
-            .collect();
+        let procs: Vec<(i32, &[ferry_image::OpenFile])> =
+            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice())).collect();
         network::engage(prepared, &established, &procs, opts.network_lock)?
     };
     if let Some(l) = &lock {
@@ -501,20 +458,12 @@ pub fn capture(
             .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
             .collect();
         network::check_accept_queues(&procs, |pid| {
-            tree.procs
-                .iter()
-                .find(|p| p.frozen.pid == pid)
-                .map(|p| &p.frozen.pidfd)
+            tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd)
         })?;
     }
     let (repaired, states) = files::tcp::capture(
         &established,
-        |pid| {
-            tree.procs
-                .iter()
-                .find(|p| p.frozen.pid == pid)
-                .map(|p| &p.frozen.pidfd)
-        },
+        |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
         |socks| guard.repair(socks),
     )?;
     {
@@ -532,11 +481,8 @@ pub fn capture(
 
     let held: HashMap<i32, Vec<(u64, u64)>> = match hooks.as_mut() {
         Some(h) => {
-            let procs: Vec<(i32, &[ferry_image::Vma])> = pids
-                .iter()
-                .zip(&surveys)
-                .map(|(&pid, s)| (pid, s.vmas.as_slice()))
-                .collect();
+            let procs: Vec<(i32, &[ferry_image::Vma])> =
+                pids.iter().zip(&surveys).map(|(&pid, s)| (pid, s.vmas.as_slice())).collect();
             h.held_pages(&procs)?
         }
         None => HashMap::new(),
@@ -545,17 +491,13 @@ pub fn capture(
     let mut processes: Vec<ProcessImage> = Vec::with_capacity(surveys.len());
     for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
         let pid = p.frozen.pid;
-        let parent = (i > 0)
-            .then(|| pids.iter().position(|&q| q == p.ppid))
-            .flatten();
+        let parent = (i > 0).then(|| pids.iter().position(|&q| q == p.ppid)).flatten();
         let inherited = match parent {
             Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes[k].vmas)?,
             None => Vec::new(),
         };
-        let mut skip: Vec<(u64, u64)> = inherited
-            .iter()
-            .flat_map(|v| v.shared_pages.iter().copied())
-            .collect();
+        let mut skip: Vec<(u64, u64)> =
+            inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
         skip.sort_unstable();
         let held_here = held.get(&pid).map_or(&[][..], |h| h.as_slice());
         let (page_runs, in_parent) = memory::dump_pages(
@@ -622,24 +564,14 @@ pub fn capture(
         sysv_msg,
         network_lock,
         cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
-        unix_peers: Some(ferry_image::UnixPeersImage {
-            sockets: unix_creds,
-        }),
+        unix_peers: Some(ferry_image::UnixPeersImage { sockets: unix_creds }),
         ..Default::default()
     };
     if let Some(view) = &pid_view {
-        for c in tree_image
-            .unix_peers
-            .iter_mut()
-            .flat_map(|u| u.sockets.iter_mut())
-        {
+        for c in tree_image.unix_peers.iter_mut().flat_map(|u| u.sockets.iter_mut()) {
             c.pid = view.inner(c.pid);
         }
-        for c in tree_image
-            .cgroups
-            .iter_mut()
-            .flat_map(|g| g.processes.iter_mut())
-        {
+        for c in tree_image.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
             c.pid = view.inner(c.pid);
         }
         namespaces::translate(&mut tree_image, view);
@@ -652,9 +584,7 @@ pub fn capture(
     let inventory = Inventory {
         format_version: FORMAT_VERSION,
         ferry_version: env!("CARGO_PKG_VERSION").to_string(),
-        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?
-            .trim()
-            .to_string(),
+        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?.trim().to_string(),
         arch: std::env::consts::ARCH.to_string(),
         xsave_size: root.threads[0].xstate.len() as u32,
         created_unix_ms: std::time::SystemTime::now()
@@ -740,12 +670,8 @@ type Injected = (
 
 /// Everything that needs syscalls run inside the process.
 fn capture_injected(ctx: &Ctx) -> Result<Injected> {
-    let threads = ctx
-        .frozen
-        .threads
-        .iter()
-        .map(|t| threads::capture(ctx, t))
-        .collect::<Result<Vec<_>>>()?;
+    let threads =
+        ctx.frozen.threads.iter().map(|t| threads::capture(ctx, t)).collect::<Result<Vec<_>>>()?;
     let signal_state = signals::capture_actions(ctx)?;
     let itimers = timers::capture_itimers(ctx)?;
     let posix = timers::capture_posix(ctx)?;

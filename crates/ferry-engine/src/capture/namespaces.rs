@@ -19,9 +19,7 @@ use std::os::unix::fs::MetadataExt;
 
 fn ns_inode(pid: i32, kind: &str) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/{kind}");
-    std::fs::metadata(&path)
-        .map(|m| m.ino())
-        .map_err(|e| EngineError::io(path, e))
+    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
 }
 
 /// The PIDs of a task in every PID namespace it belongs to, outermost
@@ -32,19 +30,10 @@ fn ns_pids(pid: i32, tid: i32) -> Result<Vec<i32>> {
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
-        .ok_or_else(|| EngineError::Parse {
-            path: path.clone(),
-            what: "no NSpid line".into(),
-        })?;
-    let ids: Vec<i32> = line
-        .split_whitespace()
-        .filter_map(|v| v.parse().ok())
-        .collect();
+        .ok_or_else(|| EngineError::Parse { path: path.clone(), what: "no NSpid line".into() })?;
+    let ids: Vec<i32> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
     if ids.is_empty() {
-        return Err(EngineError::Parse {
-            path,
-            what: "empty NSpid line".into(),
-        });
+        return Err(EngineError::Parse { path, what: "empty NSpid line".into() });
     }
     Ok(ids)
 }
@@ -188,10 +177,7 @@ fn mounts(pid: i32) -> Result<BTreeSet<(String, String, String, String)>> {
             });
         };
         if f.len() < 5 || f.len() < sep + 2 {
-            return Err(EngineError::Parse {
-                path,
-                what: format!("short mountinfo line: {line}"),
-            });
+            return Err(EngineError::Parse { path, what: format!("short mountinfo line: {line}") });
         }
         let point = f[4];
         // /proc comes with the PID namespace and /sys with the network
@@ -203,12 +189,7 @@ fn mounts(pid: i32) -> Result<BTreeSet<(String, String, String, String)>> {
         if under("/proc") || under("/sys") || under("/run/netns") || f[sep + 1] == "nsfs" {
             continue;
         }
-        out.insert((
-            point.to_string(),
-            f[3].to_string(),
-            f[2].to_string(),
-            f[sep + 1].to_string(),
-        ));
+        out.insert((point.to_string(), f[3].to_string(), f[2].to_string(), f[sep + 1].to_string()));
     }
     Ok(out)
 }
@@ -226,11 +207,7 @@ pub fn check_mounts(pids: &[i32]) -> Result<()> {
         }
         let (a, b) = (mounts(me)?, mounts(pid)?);
         if let Some(m) = b.symmetric_difference(&a).next() {
-            let side = if b.contains(m) {
-                "only in the tree's"
-            } else {
-                "only in ferry's"
-            };
+            let side = if b.contains(m) { "only in the tree's" } else { "only in ferry's" };
             return Err(EngineError::unsupported(
                 pid,
                 "the mount namespace",

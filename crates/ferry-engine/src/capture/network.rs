@@ -22,9 +22,7 @@ use std::os::unix::fs::MetadataExt;
 
 fn netns_inode(pid: i32) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/net");
-    std::fs::metadata(&path)
-        .map(|m| m.ino())
-        .map_err(|e| EngineError::io(path, e))
+    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))
 }
 
 fn netns_of(pid: i32) -> Netns {
@@ -59,10 +57,7 @@ fn tree_socket_inodes(root: i32) -> std::collections::HashSet<u64> {
         if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for t in rd.flatten() {
                 let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                todo.extend(
-                    kids.split_whitespace()
-                        .filter_map(|k| k.parse::<i32>().ok()),
-                );
+                todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
             }
         }
     }
@@ -103,12 +98,9 @@ fn proc_tcp(pid: i32) -> Vec<ProcTcp> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
         for l in text.lines().skip(1) {
             let w: Vec<&str> = l.split_whitespace().collect();
-            let (Some(local), Some(state), Some(queues), Some(inode)) = (
-                w.get(1).and_then(|a| proc_addr(a)),
-                w.get(3),
-                w.get(4),
-                w.get(9),
-            ) else {
+            let (Some(local), Some(state), Some(queues), Some(inode)) =
+                (w.get(1).and_then(|a| proc_addr(a)), w.get(3), w.get(4), w.get(9))
+            else {
                 continue;
             };
             let rx_queue = queues
@@ -118,12 +110,7 @@ fn proc_tcp(pid: i32) -> Vec<ProcTcp> {
             let (Ok(state), Ok(inode)) = (u8::from_str_radix(state, 16), inode.parse()) else {
                 continue;
             };
-            out.push(ProcTcp {
-                local,
-                state,
-                rx_queue,
-                inode,
-            });
+            out.push(ProcTcp { local, state, rx_queue, inode });
         }
     }
     out
@@ -143,24 +130,13 @@ pub struct Scan {
 pub fn scan(root: i32) -> Scan {
     let inodes = tree_socket_inodes(root);
     if inodes.is_empty() {
-        return Scan {
-            has_tcp: false,
-            listeners: Vec::new(),
-        };
+        return Scan { has_tcp: false, listeners: Vec::new() };
     }
-    let mine: Vec<ProcTcp> = proc_tcp(root)
-        .into_iter()
-        .filter(|t| inodes.contains(&t.inode))
-        .collect();
+    let mine: Vec<ProcTcp> =
+        proc_tcp(root).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
     Scan {
-        has_tcp: mine
-            .iter()
-            .any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
-        listeners: mine
-            .iter()
-            .filter(|t| t.state == TCP_LISTEN)
-            .map(|t| t.local)
-            .collect(),
+        has_tcp: mine.iter().any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
+        listeners: mine.iter().filter(|t| t.state == TCP_LISTEN).map(|t| t.local).collect(),
     }
 }
 
@@ -179,11 +155,7 @@ pub fn prepare(root: i32, scan: &Scan, method: Method) -> Result<Option<NetworkL
     }
     let mut tuples = Vec::new();
     for &l in &scan.listeners {
-        tuples.extend(
-            listener_addresses(root, l)?
-                .into_iter()
-                .map(Tuple::new_connections_to),
-        );
+        tuples.extend(listener_addresses(root, l)?.into_iter().map(Tuple::new_connections_to));
     }
     tuples.sort_unstable_by_key(|t| t.local);
     tuples.dedup();
@@ -267,10 +239,7 @@ pub fn engage(
     procs: &[(i32, &[OpenFile])],
     method: Method,
 ) -> Result<Option<NetworkLock>> {
-    let Some(first_pid) = conns
-        .first()
-        .map(|c| c.pid)
-        .or_else(|| procs.first().map(|p| p.0))
+    let Some(first_pid) = conns.first().map(|c| c.pid).or_else(|| procs.first().map(|p| p.0))
     else {
         return Ok(prepared);
     };
@@ -284,13 +253,8 @@ pub fn engage(
             ));
         }
     }
-    let mut tuples: Vec<Tuple> = conns
-        .iter()
-        .map(|c| Tuple {
-            local: c.local,
-            remote: c.remote,
-        })
-        .collect();
+    let mut tuples: Vec<Tuple> =
+        conns.iter().map(|c| Tuple { local: c.local, remote: c.remote }).collect();
     tuples.extend(listener_tuples(procs)?);
     if tuples.is_empty() {
         if let Some(lock) = prepared {
@@ -310,12 +274,7 @@ pub fn engage(
             }
             Ok(Some(lock))
         }
-        None => Ok(Some(NetworkLock::freeze(
-            method,
-            &netns_of(first_pid),
-            &tuples,
-            "ckpt",
-        )?)),
+        None => Ok(Some(NetworkLock::freeze(method, &netns_of(first_pid), &tuples, "ckpt")?)),
     }
 }
 
@@ -366,14 +325,8 @@ mod tests {
 
     #[test]
     fn reads_proc_net_tcp_addresses() {
-        assert_eq!(
-            proc_addr("0100007F:1F90"),
-            Some("127.0.0.1:8080".parse().expect("addr"))
-        );
-        assert_eq!(
-            proc_addr("0102000C:0050"),
-            Some("12.0.2.1:80".parse().expect("addr"))
-        );
+        assert_eq!(proc_addr("0100007F:1F90"), Some("127.0.0.1:8080".parse().expect("addr")));
+        assert_eq!(proc_addr("0102000C:0050"), Some("12.0.2.1:80".parse().expect("addr")));
         assert_eq!(
             proc_addr("00000000000000000000000001000000:1F90"),
             Some("[::1]:8080".parse().expect("addr"))

@@ -71,10 +71,7 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
             Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
             Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
             Call::new(libc::SYS_get_mempolicy, &[ctx.data + 16, 0, 0, 0, 0]),
-            Call::new(
-                libc::SYS_prctl,
-                &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24],
-            ),
+            Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
         ];
         ctx.remote.write(ctx.data, &[0u8; 32])?;
         let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
@@ -84,21 +81,12 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
         let tsc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
         let shstk = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
         let refuse = |what: &str, why: String| {
-            Err(EngineError::unsupported(
-                ctx.pid,
-                format!("thread {}: {what}", t.tid),
-                why,
-            ))
+            Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why))
         };
         // Seccomp strict mode turns the counter off itself (and gets it
         // back with the mode).
         let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid))
-            .map(|s| {
-                key_values(&s)
-                    .get("Seccomp")
-                    .map(|v| v.to_string())
-                    .unwrap_or_default()
-            })
+            .map(|s| key_values(&s).get("Seccomp").map(|v| v.to_string()).unwrap_or_default())
             .unwrap_or_default();
         let strict = seccomp_mode == "1";
         if r[0] >= 0 && tsc != PR_TSC_ENABLE && !strict {
@@ -107,10 +95,7 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
         if r[1] >= 0 && r[1] as u64 != PR_MCE_KILL_DEFAULT {
             return refuse(
                 "PR_MCE_KILL",
-                format!(
-                    "its memory-error kill policy is {} (not the default); not restored",
-                    r[1]
-                ),
+                format!("its memory-error kill policy is {} (not the default); not restored", r[1]),
             );
         }
         // With spec_store_bypass_disable=seccomp the kernel itself
@@ -130,18 +115,12 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
             }
         }
         if r[5] > 0 {
-            return refuse(
-                "PR_SET_IO_FLUSHER",
-                "it is an IO flusher; not restored".into(),
-            );
+            return refuse("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into());
         }
         if r[6] > 0 {
             return refuse(
                 "PR_SET_MDWE",
-                format!(
-                    "memory-deny-write-execute is on ({:#x}); not restored",
-                    r[6]
-                ),
+                format!("memory-deny-write-execute is on ({:#x}); not restored", r[6]),
             );
         }
         if r[7] > 0 {
@@ -178,10 +157,7 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
             if sud[0] != 0 {
                 return refuse(
                     "PR_SET_SYSCALL_USER_DISPATCH",
-                    format!(
-                        "syscall user dispatch is on (selector {:#x}); not restored",
-                        sud[1]
-                    ),
+                    format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]),
                 );
             }
         }
@@ -192,9 +168,8 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
 /// Credentials are per thread; restore gives every thread the leader's.
 /// A thread whose ids, groups or capabilities differ is refused by name.
 pub fn check_thread_creds(pid: i32, tids: &[i32]) -> Result<()> {
-    const KEYS: [&str; 8] = [
-        "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
-    ];
+    const KEYS: [&str; 8] =
+        ["Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
     let read = |tid: i32| -> Result<Vec<String>> {
         let text = procfs::read_string(&format!("/proc/{pid}/task/{tid}/status"))?;
         let kv = key_values(&text);

@@ -7,12 +7,7 @@ use crate::procfs::{self, key_values, Stat};
 use ferry_image::{Caps, Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
 
 fn ids(v: Option<&&str>) -> Vec<u32> {
-    v.map(|s| {
-        s.split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect()
-    })
-    .unwrap_or_default()
+    v.map(|s| s.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default()
 }
 
 fn cap(v: Option<&&str>) -> u64 {
@@ -44,15 +39,8 @@ fn rlimits(pid: i32) -> Result<Vec<Rlimit>> {
     for (resource, line) in text.lines().skip(1).enumerate() {
         // "Max open files            1024                 1048576              files"
         let cols: Vec<&str> = line.get(26..).unwrap_or("").split_whitespace().collect();
-        match (
-            cols.first().and_then(|v| value(v)),
-            cols.get(1).and_then(|v| value(v)),
-        ) {
-            (Some(soft), Some(hard)) => out.push(Rlimit {
-                resource: resource as u32,
-                soft,
-                hard,
-            }),
+        match (cols.first().and_then(|v| value(v)), cols.get(1).and_then(|v| value(v))) {
+            (Some(soft), Some(hard)) => out.push(Rlimit { resource: resource as u32, soft, hard }),
             _ => {
                 return Err(EngineError::Parse {
                     path: path.clone(),
@@ -76,15 +64,10 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
         ppid: stat.field(4) as i32,
         pgid: stat.field(5) as i32,
         sid: stat.field(6) as i32,
-        comm: procfs::read_string(&format!("/proc/{pid}/comm"))?
-            .trim_end_matches('\n')
-            .to_string(),
+        comm: procfs::read_string(&format!("/proc/{pid}/comm"))?.trim_end_matches('\n').to_string(),
         exe: procfs::read_link(&format!("/proc/{pid}/exe"))?,
         cwd: procfs::read_link(&format!("/proc/{pid}/cwd"))?,
-        umask: status
-            .get("Umask")
-            .and_then(|v| procfs::parse_octal(v))
-            .unwrap_or(0o022) as u32,
+        umask: status.get("Umask").and_then(|v| procfs::parse_octal(v)).unwrap_or(0o022) as u32,
         personality: procfs::parse_hex(&personality).unwrap_or(0) as u32,
         no_new_privs: status.get("NoNewPrivs").is_some_and(|v| *v == "1"),
         creds: Creds {
@@ -138,13 +121,5 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
         .trim()
         .parse()
         .unwrap_or(0);
-    Ok((
-        brk,
-        ProcessMisc {
-            dumpable,
-            thp_disable,
-            child_subreaper,
-            oom_score_adj,
-        },
-    ))
+    Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper, oom_score_adj }))
 }

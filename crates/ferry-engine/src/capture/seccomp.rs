@@ -24,17 +24,10 @@ pub fn capture(pid: i32, tids: &[i32]) -> Result<(Vec<SeccompFilter>, Vec<Thread
         let path = format!("/proc/{pid}/task/{tid}/status");
         let text = procfs::read_string(&path)?;
         let kv = key_values(&text);
-        let mode: u8 = kv
-            .get("Seccomp")
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| EngineError::Parse {
-                path: path.clone(),
-                what: "no Seccomp: line".into(),
-            })?;
-        let count: u64 = kv
-            .get("Seccomp_filters")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let mode: u8 = kv.get("Seccomp").and_then(|v| v.parse().ok()).ok_or_else(|| {
+            EngineError::Parse { path: path.clone(), what: "no Seccomp: line".into() }
+        })?;
+        let count: u64 = kv.get("Seccomp_filters").and_then(|v| v.parse().ok()).unwrap_or(0);
         let mut chain = Vec::new();
         if mode == 2 {
             let what = format!("seccomp filters of thread {tid}");
@@ -59,10 +52,7 @@ pub fn capture(pid: i32, tids: &[i32]) -> Result<(Vec<SeccompFilter>, Vec<Thread
                         format!("filter {index} hands syscalls to a user-space listener (SECCOMP_RET_USER_NOTIF); the listener cannot be restored"),
                     ));
                 }
-                let f = SeccompFilter {
-                    insns,
-                    log: flags & sc::SECCOMP_FILTER_FLAG_LOG != 0,
-                };
+                let f = SeccompFilter { insns, log: flags & sc::SECCOMP_FILTER_FLAG_LOG != 0 };
                 let at = match filters.iter().position(|g| *g == f) {
                     Some(i) => i,
                     None => {

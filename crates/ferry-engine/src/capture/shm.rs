@@ -23,12 +23,7 @@ pub fn capture_shared_anon(procs: &[(i32, &[Vma], &[MapsEntry])]) -> Result<Vec<
             if out.iter().any(|o| o.id == id) {
                 continue;
             }
-            out.push(super::memfd::read_object(
-                pid,
-                id,
-                "",
-                open_mapping(pid, m)?,
-            )?);
+            out.push(super::memfd::read_object(pid, id, "", open_mapping(pid, m)?)?);
         }
     }
     Ok(out)

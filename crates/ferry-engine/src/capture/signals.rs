@@ -26,10 +26,7 @@ pub fn capture_actions(ctx: &Ctx) -> Result<SignalState> {
             mask: w(s * 4 + 3),
         })
         .collect();
-    Ok(SignalState {
-        actions,
-        shared_pending: Vec::new(),
-    })
+    Ok(SignalState { actions, shared_pending: Vec::new() })
 }
 
 pub fn shared_pending(pid: i32) -> Result<Vec<Vec<u8>>> {

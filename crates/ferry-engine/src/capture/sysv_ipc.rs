@@ -17,20 +17,14 @@ use std::collections::HashSet;
 /// The rows of a /proc/sysvipc table, split into columns (header skipped).
 pub(super) fn table(path: &str) -> Result<Vec<Vec<String>>> {
     let text = procfs::read_string(path)?;
-    Ok(text
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
-        .collect())
+    Ok(text.lines().skip(1).map(|l| l.split_whitespace().map(str::to_string).collect()).collect())
 }
 
 pub(super) fn column<T: std::str::FromStr>(path: &str, row: &[String], i: usize) -> Result<T> {
-    row.get(i)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| EngineError::Parse {
-            path: path.into(),
-            what: format!("column {i} of {row:?}"),
-        })
+    row.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| EngineError::Parse {
+        path: path.into(),
+        what: format!("column {i} of {row:?}"),
+    })
 }
 
 /// The mode (column 2, octal) of a /proc/sysvipc row: permission bits
@@ -42,10 +36,7 @@ pub(super) fn mode(path: &str, row: &[String]) -> Result<u32> {
     })?;
     u32::from_str_radix(v, 8)
         .map(|m| m & 0o1777)
-        .map_err(|_| EngineError::Parse {
-            path: path.into(),
-            what: format!("mode {v:?}"),
-        })
+        .map_err(|_| EngineError::Parse { path: path.into(), what: format!("mode {v:?}") })
 }
 
 /// Every semaphore set whose last operation came from the tree.
@@ -56,11 +47,8 @@ pub fn capture_sem(tree: &[i32]) -> Result<Vec<SysvSem>> {
     let mut out = Vec::new();
     // key semid perms nsems uid gid cuid cgid otime ctime
     for row in table(path)? {
-        let (key, id, nsems): (i32, i32, usize) = (
-            column::<i64>(path, &row, 0)? as i32,
-            column(path, &row, 1)?,
-            column(path, &row, 3)?,
-        );
+        let (key, id, nsems): (i32, i32, usize) =
+            (column::<i64>(path, &row, 0)? as i32, column(path, &row, 1)?, column(path, &row, 3)?);
         let used = (0..nsems)
             .any(|i| sysv::sem_last_pid(id, i as i32).is_ok_and(|last| ours.contains(&last)));
         if !used {
@@ -87,10 +75,8 @@ pub fn capture_msg(tree: &[i32]) -> Result<Vec<SysvMsgQueue>> {
     let path = "/proc/sysvipc/msg";
     let ours: HashSet<i32> = tree.iter().copied().collect();
     let root = tree.first().copied().unwrap_or(0);
-    let max_msg: usize = procfs::read_string("/proc/sys/kernel/msgmax")?
-        .trim()
-        .parse()
-        .unwrap_or(8192);
+    let max_msg: usize =
+        procfs::read_string("/proc/sys/kernel/msgmax")?.trim().parse().unwrap_or(8192);
     let mut out = Vec::new();
     // key msqid perms cbytes qnum lspid lrpid uid gid cuid cgid ...
     for row in table(path)? {
@@ -98,11 +84,8 @@ pub fn capture_msg(tree: &[i32]) -> Result<Vec<SysvMsgQueue>> {
         if !ours.contains(&lspid) && !ours.contains(&lrpid) {
             continue;
         }
-        let (key, id, count): (i32, i32, usize) = (
-            column::<i64>(path, &row, 0)? as i32,
-            column(path, &row, 1)?,
-            column(path, &row, 4)?,
-        );
+        let (key, id, count): (i32, i32, usize) =
+            (column::<i64>(path, &row, 0)? as i32, column(path, &row, 1)?, column(path, &row, 4)?);
         let ds = sysv::msg_stat(id)
             .map_err(|e| EngineError::kernel(root, format!("reading message queue {id}"), e))?;
         let mut buf = vec![0u8; 8 + max_msg];

@@ -29,12 +29,7 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
         .map_err(|e| kerr("reading robust futex list", e))?;
     let s =
         ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
-    let sched = Sched {
-        policy: s.policy,
-        rt_priority: s.rt_priority,
-        nice: s.nice,
-        cpus: s.cpus,
-    };
+    let sched = Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
     check_sched_extra(pid, tid)?;
 
     let calls = [
@@ -47,21 +42,14 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
     check(pid, tid, "prctl(PR_GET_TID_ADDRESS)", r[1])?;
     let timer_slack_ns = check(pid, tid, "prctl(PR_GET_TIMERSLACK)", r[2])?;
     let out = ctx.remote.read(ctx.data, 40)?;
-    let altstack = AltStack {
-        sp: u64_at(&out, 0),
-        flags: u64_at(&out, 8) as i32,
-        size: u64_at(&out, 16),
-    };
+    let altstack =
+        AltStack { sp: u64_at(&out, 0), flags: u64_at(&out, 8) as i32, size: u64_at(&out, 16) };
     let clear_child_tid = u64_at(&out, 32);
 
     let sleep_remaining_ns = match syscall_restart::sleep_request_ptr(&t.regs) {
         Some((req, rem)) => {
             let ts = ctx.remote.read(if rem != 0 { rem } else { req }, 16)?;
-            Some(
-                u64_at(&ts, 0)
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(u64_at(&ts, 8)),
-            )
+            Some(u64_at(&ts, 0).saturating_mul(1_000_000_000).saturating_add(u64_at(&ts, 8)))
         }
         None => None,
     };
@@ -93,11 +81,7 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
 /// rather than lost.
 fn check_sched_extra(pid: i32, tid: i32) -> Result<()> {
     let x = ferry_sys::process::get_sched_extra(tid).map_err(|e| {
-        EngineError::kernel(
-            pid,
-            format!("thread {tid}: reading scheduling attributes"),
-            e,
-        )
+        EngineError::kernel(pid, format!("thread {tid}: reading scheduling attributes"), e)
     })?;
     if x.policy == ferry_sys::process::SCHED_DEADLINE {
         return Err(EngineError::unsupported(

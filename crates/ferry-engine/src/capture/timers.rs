@@ -8,15 +8,12 @@ use crate::procfs;
 use ferry_image::{ITimer, PosixTimer};
 
 fn words(b: &[u8]) -> Vec<u64> {
-    b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect()
+    b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
 
 pub fn capture_itimers(ctx: &Ctx) -> Result<Vec<ITimer>> {
-    let calls: Vec<Call> = (0..3u64)
-        .map(|w| Call::new(libc::SYS_getitimer, &[w, ctx.data + w * 32]))
-        .collect();
+    let calls: Vec<Call> =
+        (0..3u64).map(|w| Call::new(libc::SYS_getitimer, &[w, ctx.data + w * 32])).collect();
     for r in ctx.remote.batch(ctx.pid, ctx.scratch, &calls)? {
         check(ctx.pid, ctx.pid, "getitimer", r)?;
     }
@@ -49,10 +46,7 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
     for block in &blocks {
         let kv = procfs::key_values(block);
         let id: i32 = kv.get("ID").and_then(|v| v.parse().ok()).unwrap_or(-1);
-        let (signo, value) = kv
-            .get("signal")
-            .and_then(|s| s.split_once('/'))
-            .unwrap_or(("0", "0"));
+        let (signo, value) = kv.get("signal").and_then(|s| s.split_once('/')).unwrap_or(("0", "0"));
         let notify_s = kv.get("notify").copied().unwrap_or("signal/pid.0");
         let (how, who) = notify_s.split_once('/').unwrap_or(("signal", "pid.0"));
         let base = match how {
@@ -64,11 +58,7 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
         timers.push(PosixTimer {
             id,
             clockid: kv.get("ClockID").and_then(|v| v.parse().ok()).unwrap_or(0),
-            notify: if kind == "tid" {
-                base | libc::SIGEV_THREAD_ID
-            } else {
-                base
-            },
+            notify: if kind == "tid" { base | libc::SIGEV_THREAD_ID } else { base },
             signo: signo.trim().parse().unwrap_or(0),
             notify_tid: num.parse().unwrap_or(0),
             sigev_value: procfs::parse_hex(value).unwrap_or(0),
@@ -82,10 +72,7 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
         .enumerate()
         .flat_map(|(i, t)| {
             [
-                Call::new(
-                    libc::SYS_timer_gettime,
-                    &[t.id as u64, ctx.data + i as u64 * 32],
-                ),
+                Call::new(libc::SYS_timer_gettime, &[t.id as u64, ctx.data + i as u64 * 32]),
                 Call::new(libc::SYS_timer_getoverrun, &[t.id as u64]),
             ]
         })
@@ -98,12 +85,7 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
         if results[i * 2] == -(libc::EINVAL as i64) {
             continue;
         }
-        check(
-            ctx.pid,
-            ctx.pid,
-            &format!("timer_gettime({})", t.id),
-            results[i * 2],
-        )?;
+        check(ctx.pid, ctx.pid, &format!("timer_gettime({})", t.id), results[i * 2])?;
         let w = words(&raw[i * 32..i * 32 + 32]);
         t.interval_ns = w[0] * 1_000_000_000 + w[1];
         t.value_ns = w[2] * 1_000_000_000 + w[3];

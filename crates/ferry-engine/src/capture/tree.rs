@@ -27,10 +27,7 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     for tid in procfs::tids(pid)? {
         let path = format!("/proc/{pid}/task/{tid}/children");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        out.extend(
-            text.split_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok()),
-        );
+        out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
     }
     Ok(out)
 }
@@ -49,15 +46,9 @@ fn zombie(pid: i32, ppid: i32) -> Result<Zombie> {
 
 impl FrozenTree {
     pub fn freeze(root: i32) -> Result<FrozenTree> {
-        let mut tree = FrozenTree {
-            procs: Vec::new(),
-            zombies: Vec::new(),
-        };
+        let mut tree = FrozenTree { procs: Vec::new(), zombies: Vec::new() };
         let root_ppid = Stat::read(root)?.field(4) as i32;
-        tree.procs.push(FrozenProcess {
-            frozen: Frozen::freeze(root)?,
-            ppid: root_ppid,
-        });
+        tree.procs.push(FrozenProcess { frozen: Frozen::freeze(root)?, ppid: root_ppid });
         loop {
             let mut added = false;
             let mut i = 0;
@@ -87,10 +78,7 @@ impl FrozenTree {
                         }
                         Err(e) => return Err(e),
                     };
-                    tree.procs.push(FrozenProcess {
-                        frozen,
-                        ppid: parent,
-                    });
+                    tree.procs.push(FrozenProcess { frozen, ppid: parent });
                     added = true;
                 }
                 i += 1;
@@ -173,10 +161,7 @@ impl FrozenTree {
 pub fn wait_reaped(pids: &[i32], limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        if pids
-            .iter()
-            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-        {
+        if pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
             return true;
         }
         if std::time::Instant::now() >= deadline {

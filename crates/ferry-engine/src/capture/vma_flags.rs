@@ -76,11 +76,7 @@ fn mnemonics(flags: u64) -> Option<Vec<String>> {
         return None;
     }
     Some(
-        MNEMONICS
-            .iter()
-            .filter(|(b, _)| flags & 1 << b != 0)
-            .map(|(_, m)| m.to_string())
-            .collect(),
+        MNEMONICS.iter().filter(|(b, _)| flags & 1 << b != 0).map(|(_, m)| m.to_string()).collect(),
     )
 }
 
@@ -119,9 +115,8 @@ fn load_program() -> std::result::Result<VmaIterProgram, String> {
             .ok_or_else(|| format!("the kernel's BTF has no struct {name}"))
     };
     let member = |id: u32, s: &str, m: &str| -> std::result::Result<i16, String> {
-        let off = btf
-            .member_offset(id, m)
-            .ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
+        let off =
+            btf.member_offset(id, m).ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
         i16::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
     };
     let ctx = strukt("bpf_iter__task_vma")?;
@@ -187,10 +182,7 @@ fn check_presurvey(smaps: &[MapsEntry], raw: &[RawVma]) -> Option<Presurveyed> {
     }
     Some(Presurveyed {
         validated,
-        gate: gate
-            .iter()
-            .map(|m| (m.start, m.end, m.vm_flags.clone()))
-            .collect(),
+        gate: gate.iter().map(|m| (m.start, m.end, m.vm_flags.clone())).collect(),
     })
 }
 
@@ -213,10 +205,7 @@ fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Optio
     let mut raw_iter = raw.iter();
     for m in &mut maps {
         if m.start >= GATE_START {
-            let (_, _, flags) = pre
-                .gate
-                .iter()
-                .find(|(s, e, _)| *s == m.start && *e == m.end)?;
+            let (_, _, flags) = pre.gate.iter().find(|(s, e, _)| *s == m.start && *e == m.end)?;
             m.vm_flags = flags.clone();
             continue;
         }
@@ -238,9 +227,7 @@ pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> 
         pids.extend(super::tree::children_of(pids[i]).unwrap_or_default());
         i += 1;
     }
-    pids.iter()
-        .filter_map(|&p| presurvey(p).map(|s| (p, s)))
-        .collect()
+    pids.iter().filter_map(|&p| presurvey(p).map(|s| (p, s))).collect()
 }
 
 #[cfg(test)]
@@ -270,16 +257,8 @@ mod tests {
             entry(0x3000, 0x5000, &["rd", "wr", "mr", "mw", "me", "dd"]),
         ];
         let raw = [
-            RawVma {
-                start: 0x1000,
-                end: 0x2000,
-                flags: RW,
-            },
-            RawVma {
-                start: 0x3000,
-                end: 0x5000,
-                flags: RW | DD,
-            },
+            RawVma { start: 0x1000, end: 0x2000, flags: RW },
+            RawVma { start: 0x3000, end: 0x5000, flags: RW | DD },
         ];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
         assert_eq!(pre.validated, RW | DD);
@@ -293,11 +272,7 @@ mod tests {
     fn a_flag_changed_during_the_read_voids_the_presurvey() {
         // smaps showed dd, the raw reads (before and after) do not.
         let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me", "dd"])];
-        let raw = [RawVma {
-            start: 0x1000,
-            end: 0x2000,
-            flags: RW,
-        }];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
         assert!(check_presurvey(&smaps, &raw).is_none());
         // Or the mappings differ.
         let smaps = [entry(0x1000, 0x3000, &["rd", "wr", "mr", "mw", "me"])];
@@ -307,83 +282,42 @@ mod tests {
     #[test]
     fn a_bit_never_validated_or_unknown_falls_back_to_smaps() {
         let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"])];
-        let raw = [RawVma {
-            start: 0x1000,
-            end: 0x2000,
-            flags: RW,
-        }];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
         let maps = || vec![entry(0x1000, 0x2000, &[])];
         // MADV_DONTDUMP since: dd was never seen, so not trusted.
-        assert!(combine(
-            maps(),
-            &[RawVma {
-                start: 0x1000,
-                end: 0x2000,
-                flags: RW | DD
-            }],
-            &pre
-        )
-        .is_none());
+        assert!(combine(maps(), &[RawVma { start: 0x1000, end: 0x2000, flags: RW | DD }], &pre)
+            .is_none());
         // A bit above the table.
         assert!(combine(
             maps(),
-            &[RawVma {
-                start: 0x1000,
-                end: 0x2000,
-                flags: RW | 1 << 40
-            }],
+            &[RawVma { start: 0x1000, end: 0x2000, flags: RW | 1 << 40 }],
             &pre
         )
         .is_none());
         // A mapping more or less.
         assert!(combine(maps(), &[], &pre).is_none());
         let two = [
-            RawVma {
-                start: 0x1000,
-                end: 0x2000,
-                flags: RW,
-            },
-            RawVma {
-                start: 0x3000,
-                end: 0x4000,
-                flags: RW,
-            },
+            RawVma { start: 0x1000, end: 0x2000, flags: RW },
+            RawVma { start: 0x3000, end: 0x4000, flags: RW },
         ];
         assert!(combine(maps(), &two, &pre).is_none());
         // Moved.
-        assert!(combine(
-            maps(),
-            &[RawVma {
-                start: 0x1000,
-                end: 0x3000,
-                flags: RW
-            }],
-            &pre
-        )
-        .is_none());
+        assert!(
+            combine(maps(), &[RawVma { start: 0x1000, end: 0x3000, flags: RW }], &pre).is_none()
+        );
         assert!(combine(maps(), &raw, &pre).is_some());
     }
 
     #[test]
     fn the_gate_mapping_keeps_its_presurveyed_flags() {
         let gate = entry(0xffff_ffff_ff60_0000, 0xffff_ffff_ff60_1000, &["ex"]);
-        let smaps = [
-            entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]),
-            gate.clone(),
-        ];
-        let raw = [RawVma {
-            start: 0x1000,
-            end: 0x2000,
-            flags: RW,
-        }];
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"]), gate.clone()];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
         let pre = check_presurvey(&smaps, &raw).expect("proved");
-        let got = combine(
-            vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])],
-            &raw,
-            &pre,
-        )
-        .expect("combined");
+        let got =
+            combine(vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])], &raw, &pre)
+                .expect("combined");
         assert_eq!(got[1].vm_flags, ["ex"]);
     }
 }

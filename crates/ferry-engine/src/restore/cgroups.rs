@@ -82,9 +82,7 @@ fn is_in(m: &CgroupMembership, h: &Hierarchy) -> bool {
         return m.hierarchy == 0 && h.controllers.is_empty();
     }
     !h.controllers.is_empty()
-        && m.controllers
-            .split(',')
-            .all(|c| h.controllers.iter().any(|o| o == c))
+        && m.controllers.split(',').all(|c| h.controllers.iter().any(|o| o == c))
 }
 
 fn describe(m: &CgroupMembership) -> String {
@@ -101,9 +99,7 @@ fn directory(m: &CgroupMembership, hierarchies: &[Hierarchy]) -> Option<PathBuf>
         let below = if h.root == "/" {
             Some(m.path.as_str())
         } else {
-            m.path
-                .strip_prefix(h.root.as_str())
-                .filter(|r| r.is_empty() || r.starts_with('/'))
+            m.path.strip_prefix(h.root.as_str()).filter(|r| r.is_empty() || r.starts_with('/'))
         }?;
         Some(h.mount_point.join(below.trim_start_matches('/')))
     })
@@ -126,10 +122,7 @@ pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> R
             }
             return Err(EngineError::restore(
                 pid,
-                format!(
-                    "cgroup {}: its hierarchy is not mounted on this host",
-                    describe(m)
-                ),
+                format!("cgroup {}: its hierarchy is not mounted on this host", describe(m)),
             ));
         };
         if !dir.is_dir() {
@@ -141,11 +134,7 @@ pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> R
         let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, pid.to_string()).map_err(|e| {
             EngineError::io(
-                format!(
-                    "pid {pid}: joining cgroup {} ({})",
-                    describe(m),
-                    procs.display()
-                ),
+                format!("pid {pid}: joining cgroup {} ({})", describe(m), procs.display()),
                 e,
             )
         })?;
@@ -167,11 +156,7 @@ mod tests {
 ";
 
     fn m(h: u32, c: &str, p: &str) -> CgroupMembership {
-        CgroupMembership {
-            hierarchy: h,
-            controllers: c.into(),
-            path: p.into(),
-        }
+        CgroupMembership { hierarchy: h, controllers: c.into(), path: p.into() }
     }
 
     #[test]
@@ -199,15 +184,10 @@ mod tests {
 
     #[test]
     fn a_bind_mounted_part_serves_only_its_subtree() {
-        let h: Vec<Hierarchy> = mounted(MOUNTINFO)
-            .into_iter()
-            .filter(|h| h.root == "/inner")
-            .collect();
+        let h: Vec<Hierarchy> =
+            mounted(MOUNTINFO).into_iter().filter(|h| h.root == "/inner").collect();
         assert_eq!(h[0].mount_point, PathBuf::from("/mnt/my cg"));
-        assert_eq!(
-            directory(&m(7, "memory", "/inner/x"), &h),
-            Some(PathBuf::from("/mnt/my cg/x"))
-        );
+        assert_eq!(directory(&m(7, "memory", "/inner/x"), &h), Some(PathBuf::from("/mnt/my cg/x")));
         assert_eq!(directory(&m(7, "memory", "/innerx"), &h), None);
         assert_eq!(directory(&m(7, "memory", "/other"), &h), None);
     }

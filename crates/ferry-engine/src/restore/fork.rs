@@ -38,11 +38,7 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     parent.remote.write(parent.data, &bytes)?;
     parent.remote.write(tid_at, &pid.to_le_bytes())?;
-    let r = parent.remote.raw(
-        parent.pid,
-        libc::SYS_clone3,
-        &[parent.data, bytes.len() as u64],
-    )?;
+    let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64])?;
     if r == -(libc::EEXIST as i64) {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|c| c.trim().to_string())
@@ -64,10 +60,7 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
         {
             Some((_, WaitEvent::Stopped { .. })) => break,
             Some(other) => {
-                return Err(EngineError::restore(
-                    pid,
-                    format!("forked process: {other:?}"),
-                ))
+                return Err(EngineError::restore(pid, format!("forked process: {other:?}")))
             }
             None => {}
         }
@@ -87,23 +80,14 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     } else if img.sid != parent.sid {
         return Err(EngineError::restore(
             pid,
-            format!(
-                "its session {} is neither its own nor its parent's ({})",
-                img.sid, parent.sid
-            ),
+            format!("its session {} is neither its own nor its parent's ({})", img.sid, parent.sid),
         ));
     } else if img.pgid == pid {
-        calls.push((
-            "setpgid(0, 0)".into(),
-            Call::new(libc::SYS_setpgid, &[0, 0]),
-        ));
+        calls.push(("setpgid(0, 0)".into(), Call::new(libc::SYS_setpgid, &[0, 0])));
     }
     // Joining another process's group waits for join_group: its leader
     // may be forked later (a sibling, a zombie).
-    calls.push((
-        "umask".into(),
-        Call::new(libc::SYS_umask, &[img.umask as u64]),
-    ));
+    calls.push(("umask".into(), Call::new(libc::SYS_umask, &[img.umask as u64])));
     if img.personality != parent.personality {
         calls.push((
             "personality".into(),
@@ -129,24 +113,15 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
     if img.root != parent.root {
         let root = img.root.clone().unwrap_or_else(|| "/".into());
         let at = path_arg(&root, &mut data);
-        calls.push((
-            format!("chroot({root})"),
-            Call::new(libc::SYS_chroot, &[at]),
-        ));
+        calls.push((format!("chroot({root})"), Call::new(libc::SYS_chroot, &[at])));
     }
     if img.no_new_privs && !parent.no_new_privs {
         calls.push((
             "prctl(PR_SET_NO_NEW_PRIVS)".into(),
-            Call::new(
-                libc::SYS_prctl,
-                &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0],
-            ),
+            Call::new(libc::SYS_prctl, &[libc::PR_SET_NO_NEW_PRIVS as u64, 1, 0, 0, 0]),
         ));
     }
-    let ran = s
-        .remote
-        .write(s.data, &data)
-        .and_then(|()| s.run(pid, &calls));
+    let ran = s.remote.write(s.data, &data).and_then(|()| s.run(pid, &calls));
     if let Some(dir) = &removed_cwd {
         std::fs::remove_dir(dir).map_err(|e| {
             EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e)
@@ -162,11 +137,7 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
 /// of before the move.
 pub fn join_group(s: &mut Session) -> Result<()> {
     let pgid = s.image.pgid;
-    s.call(
-        &format!("setpgid(0, {pgid})"),
-        libc::SYS_setpgid,
-        &[0, pgid as u64],
-    )?;
+    s.call(&format!("setpgid(0, {pgid})"), libc::SYS_setpgid, &[0, pgid as u64])?;
     Ok(())
 }
 
@@ -185,10 +156,7 @@ pub fn make_zombie(
     // Its own session or process group, or the group of another process
     // of the tree, before it exits: waitpid(-pgid) and kill(-pgid) find
     // zombies by group (the checkpoint refused any other case).
-    let own = crate::inject::Remote {
-        pid: z.pid,
-        ..parent.remote
-    };
+    let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
     if z.sid == z.pid {
         own.call(child, "setsid", libc::SYS_setsid, &[])?;
     } else if z.sid != parent.image.sid {
@@ -201,12 +169,7 @@ pub fn make_zombie(
         ));
     } else if z.pgid == z.pid || leaders.contains(&z.pgid) {
         let to = if z.pgid == z.pid { 0 } else { z.pgid as u64 };
-        own.call(
-            child,
-            &format!("setpgid(0, {})", z.pgid),
-            libc::SYS_setpgid,
-            &[0, to],
-        )?;
+        own.call(child, &format!("setpgid(0, {})", z.pgid), libc::SYS_setpgid, &[0, to])?;
     }
     // No core file for a zombie that died of a signal.
     let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);

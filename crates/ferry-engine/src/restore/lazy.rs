@@ -48,11 +48,7 @@ pub(super) fn take_uffd(s: &mut Session) -> Result<OwnedFd> {
 /// runs, sorted) in MISSING mode.
 pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]) -> Result<()> {
     let api = uffd::api(fd.as_fd(), FEATURES).map_err(|e| {
-        EngineError::kernel(
-            pid,
-            "enabling fork/remap/remove/unmap events on its userfaultfd",
-            e,
-        )
+        EngineError::kernel(pid, "enabling fork/remap/remove/unmap events on its userfaultfd", e)
     })?;
     if api.features & FEATURES != FEATURES {
         return Err(EngineError::restore(
@@ -64,9 +60,8 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
         ));
     }
     let pm_path = format!("/proc/{pid}/pagemap");
-    let pm: OwnedFd = std::fs::File::open(&pm_path)
-        .map_err(|e| EngineError::io(&pm_path, e))?
-        .into();
+    let pm: OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
     let filter = pagemap::ScanFilter {
         required: 0,
         inverted: 0,
@@ -108,20 +103,14 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
         .map_err(|e| {
             EngineError::kernel(
                 pid,
-                format!(
-                    "registering mapping {:#x}-{:#x} for missing pages",
-                    v.start, v.end
-                ),
+                format!("registering mapping {:#x}-{:#x} for missing pages", v.start, v.end),
                 e,
             )
         })?;
         if ioctls & uffd::IOCTL_COPY == 0 {
             return Err(EngineError::restore(
                 pid,
-                format!(
-                    "mapping {:#x}-{:#x}: UFFDIO_COPY is not available",
-                    v.start, v.end
-                ),
+                format!("mapping {:#x}-{:#x}: UFFDIO_COPY is not available", v.start, v.end),
             ));
         }
     }

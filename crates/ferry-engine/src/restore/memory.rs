@@ -25,10 +25,7 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
     let maps = procfs::maps(s.pid)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
-    for m in maps
-        .iter()
-        .filter(|m| !is_special(&m.path) && m.start != scratch)
-    {
+    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
         // The parts of m outside every kept range.
         let mut a = m.start;
         for &(ks, ke) in keep.iter().filter(|&&(ks, ke)| ks < m.end && ke > m.start) {
@@ -43,12 +40,7 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
     }
     let calls: Vec<(String, Call)> = ranges
         .iter()
-        .map(|&(a, e)| {
-            (
-                format!("munmap({a:#x})"),
-                Call::new(libc::SYS_munmap, &[a, e - a]),
-            )
-        })
+        .map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a])))
         .collect();
     s.run(s.pid, &calls)?;
     Ok(())
@@ -102,11 +94,8 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
             _ => None,
         })
         .collect();
-    let layout = |l: &[(String, u64, u64)]| {
-        l.iter()
-            .map(|(n, a, e)| (n.clone(), e - a))
-            .collect::<Vec<_>>()
-    };
+    let layout =
+        |l: &[(String, u64, u64)]| l.iter().map(|(n, a, e)| (n.clone(), e - a)).collect::<Vec<_>>();
     if layout(&cur) != layout(&want) {
         return Err(EngineError::restore(
             pid,
@@ -120,16 +109,8 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
     let cur_hi = cur.iter().map(|c| c.2).max().unwrap_or(0);
     let want_lo = want.iter().map(|c| c.1).min().unwrap_or(0);
     let want_hi = want.iter().map(|c| c.2).max().unwrap_or(0);
-    let vdso_old = cur
-        .iter()
-        .find(|c| c.0 == "[vdso]")
-        .map(|c| c.1)
-        .unwrap_or(0);
-    let vdso_new = want
-        .iter()
-        .find(|c| c.0 == "[vdso]")
-        .map(|c| c.1)
-        .unwrap_or(0);
+    let vdso_old = cur.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
+    let vdso_new = want.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
     let syscall_off = s.remote.syscall_ip - vdso_old;
     let mremap = |s: &mut Session, from: u64, len: u64, to: u64| {
         let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
@@ -217,11 +198,7 @@ pub fn map_all(
             reprotect.push((v.start, v.end - v.start, v.prot));
         }
         let mut flags = MAP_FIXED_NOREPLACE
-            | if v.shared {
-                libc::MAP_SHARED
-            } else {
-                libc::MAP_PRIVATE
-            } as u64;
+            | if v.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
         if fd < 0 {
             flags |= libc::MAP_ANONYMOUS as u64;
         }
@@ -236,14 +213,7 @@ pub fn map_all(
             format!("mmap({:#x}-{:#x})", v.start, v.end),
             Call::new(
                 libc::SYS_mmap,
-                &[
-                    v.start,
-                    v.end - v.start,
-                    prot as u64,
-                    flags,
-                    fd as u64,
-                    pgoff,
-                ],
+                &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff],
             ),
         ));
         for (bit, advice) in [
@@ -257,10 +227,7 @@ pub fn map_all(
             if v.flags & bit != 0 {
                 calls.push((
                     format!("madvise({:#x}, {advice})", v.start),
-                    Call::new(
-                        libc::SYS_madvise,
-                        &[v.start, v.end - v.start, advice as u64],
-                    ),
+                    Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64]),
                 ));
             }
         }
@@ -297,12 +264,7 @@ pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, 
     let mut calls: Vec<(String, Call)> = Vec::new();
     let mut reprotect = Vec::new();
     for iv in &s.image.inherited {
-        let Some(v) = s
-            .image
-            .vmas
-            .iter()
-            .find(|v| v.start == iv.start && v.end == iv.end)
-        else {
+        let Some(v) = s.image.vmas.iter().find(|v| v.start == iv.start && v.end == iv.end) else {
             continue;
         };
         let mut a = iv.start;
@@ -310,10 +272,7 @@ pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, 
             if to > from {
                 calls.push((
                     format!("madvise({from:#x}, MADV_DONTNEED)"),
-                    Call::new(
-                        libc::SYS_madvise,
-                        &[from, to - from, libc::MADV_DONTNEED as u64],
-                    ),
+                    Call::new(libc::SYS_madvise, &[from, to - from, libc::MADV_DONTNEED as u64]),
                 ));
             }
         };
@@ -370,10 +329,7 @@ pub fn write_pages_in(
         return write_pages(s.pid, runs, data, progress);
     }
     let Some(uffd) = uffd_for(s)? else {
-        tracing::debug!(
-            "pid {}: no userfaultfd, pages go in with process_vm_writev",
-            s.pid
-        );
+        tracing::debug!("pid {}: no userfaultfd, pages go in with process_vm_writev", s.pid);
         return write_pages(s.pid, runs, data, progress);
     };
     let pid = s.pid;
@@ -397,29 +353,19 @@ pub fn write_pages_in(
         // Runs inside a registered mapping go through the userfaultfd.
         let (via_uffd, other): (Vec<PageRun>, Vec<PageRun>) = runs.iter().partition(|r| {
             let k = areas.partition_point(|&(_, e)| e <= r.start);
-            areas
-                .get(k)
-                .is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
+            areas.get(k).is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
         });
         let counter = crate::ProgressCounter::new(progress, total);
         let counter = &counter;
         let fd = uffd.as_fd();
-        let workers = if total < (16 << 20) {
-            1
-        } else {
-            crate::worker_threads()
-        };
+        let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
         let parts = split_runs(&via_uffd, workers);
         std::thread::scope(|sc| {
             let handles: Vec<_> = parts
                 .into_iter()
                 .map(|part| sc.spawn(move || copy_runs(pid, fd, part, data, counter)))
                 .collect();
-            let r = if other.is_empty() {
-                Ok(())
-            } else {
-                write_runs(pid, &other, data, counter)
-            };
+            let r = if other.is_empty() { Ok(()) } else { write_runs(pid, &other, data, counter) };
             handles.into_iter().fold(r, |acc, h| {
                 acc.and(h.join().unwrap_or_else(|_| {
                     Err(EngineError::restore(pid, "page copy thread panicked"))
@@ -454,13 +400,8 @@ pub fn write_pages_in(
 fn uffd_for(s: &mut Session) -> Result<Option<std::os::fd::OwnedFd>> {
     let pid = s.pid;
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
-    let fd = match s.run(
-        pid,
-        &[(
-            "userfaultfd".into(),
-            Call::new(libc::SYS_userfaultfd, &[flags]),
-        )],
-    ) {
+    let fd = match s.run(pid, &[("userfaultfd".into(), Call::new(libc::SYS_userfaultfd, &[flags]))])
+    {
         Ok(r) => r[0],
         Err(EngineError::Remote { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -469,13 +410,7 @@ fn uffd_for(s: &mut Session) -> Result<Option<std::os::fd::OwnedFd>> {
         .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd as i32))
         .map_err(|e| EngineError::kernel(pid, format!("taking its new userfaultfd (fd {fd})"), e));
     // Close the process's copy whether or not we got ours.
-    s.run(
-        pid,
-        &[(
-            "close(userfaultfd)".into(),
-            Call::new(libc::SYS_close, &[fd]),
-        )],
-    )?;
+    s.run(pid, &[("close(userfaultfd)".into(), Call::new(libc::SYS_close, &[fd]))])?;
     let taken = taken?;
     if uffd::api(taken.as_fd(), 0).is_err() {
         return Ok(None);
@@ -553,11 +488,7 @@ pub fn write_pages(
     progress: Option<&crate::ProgressFn>,
 ) -> Result<()> {
     let total: u64 = runs.iter().map(|r| r.pages * 4096).sum();
-    let workers = if total < (16 << 20) {
-        1
-    } else {
-        crate::worker_threads()
-    };
+    let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
     let parts = split_runs(runs, workers);
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
@@ -567,8 +498,7 @@ pub fn write_pages(
             .map(|part| sc.spawn(move || write_runs(pid, part, data, counter)))
             .collect();
         handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))
+            h.join().unwrap_or_else(|_| Err(EngineError::restore(pid, "page copy thread panicked")))
         })
     })
 }
@@ -586,10 +516,7 @@ fn write_runs(
         let mut remote = Vec::new();
         while i < runs.len() && remote.len() < vm::MAX_IOV && runs[i].offset as usize == end {
             let len = (runs[i].pages * 4096) as usize;
-            remote.push(RemoteRange {
-                addr: runs[i].start,
-                len,
-            });
+            remote.push(RemoteRange { addr: runs[i].start, len });
             end += len;
             i += 1;
         }
@@ -611,10 +538,7 @@ pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
     let calls: Vec<(String, Call)> = list
         .iter()
         .map(|&(a, len, prot)| {
-            (
-                format!("mprotect({a:#x})"),
-                Call::new(libc::SYS_mprotect, &[a, len, prot as u64]),
-            )
+            (format!("mprotect({a:#x})"), Call::new(libc::SYS_mprotect, &[a, len, prot as u64]))
         })
         .collect();
     s.run(s.pid, &calls)?;
@@ -669,10 +593,7 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     s.remote.write(auxv_addr, &auxv)?;
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    let call = Call::new(
-        libc::SYS_prctl,
-        &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0],
-    );
+    let call = Call::new(libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0]);
     s.run(s.pid, &[("prctl(PR_SET_MM_MAP)".into(), call)])?;
     Ok(())
 }

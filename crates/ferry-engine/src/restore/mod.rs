@@ -136,12 +136,9 @@ impl Session<'_> {
     }
 
     pub fn staging_fd(&self, path: &str, rw: bool) -> Result<RawFd> {
-        self.staging
-            .get(&(path.to_string(), rw))
-            .copied()
-            .ok_or_else(|| {
-                EngineError::restore(self.pid, format!("no staged descriptor for {path}"))
-            })
+        self.staging.get(&(path.to_string(), rw)).copied().ok_or_else(|| {
+            EngineError::restore(self.pid, format!("no staged descriptor for {path}"))
+        })
     }
 }
 
@@ -160,9 +157,7 @@ fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
 }
 
 fn pid_owner(pid: i32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_string())
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
 /// Kills every process made so far unless disarmed, and reaps what ferry
@@ -230,11 +225,8 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
         inv.pages_bytes as usize,
     )
     .map_err(|e| EngineError::kernel(pid, "mapping pages.img", e))?;
-    let all_runs: Vec<ferry_image::PageRun> = tree
-        .processes
-        .iter()
-        .flat_map(|p| p.page_runs.iter().copied())
-        .collect();
+    let all_runs: Vec<ferry_image::PageRun> =
+        tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
     ImageDir::verify_runs_parallel(&all_runs, pages.bytes(), crate::worker_threads())?;
     drop(all_runs);
     if opts.new_pid_ns || tree.own_pid_namespace {
@@ -282,10 +274,7 @@ impl Held {
     /// Post-copy: (image PID, descriptor in this process) of each
     /// userfaultfd whose registered mappings wait for their pages.
     pub fn lazy_uffds(&self) -> Vec<(i32, RawFd)> {
-        self.uffds
-            .iter()
-            .map(|(p, f)| (*p, f.as_raw_fd()))
-            .collect()
+        self.uffds.iter().map(|(p, f)| (*p, f.as_raw_fd())).collect()
     }
 
     /// Brings the connections alive and lets every process run.
@@ -383,9 +372,7 @@ pub fn restore_held(
 ) -> Result<Held> {
     // From the start of the restore: reading and decoding the image counts.
     let mut ph = crate::phases::Phases::start_at("restore", t0);
-    let root = tree
-        .root()
-        .ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
+    let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
     ph.mark("read+verify image");
     for id in tree_ids(&tree) {
@@ -406,10 +393,7 @@ pub fn restore_held(
         .processes
         .iter()
         .flat_map(|p| {
-            p.fds
-                .iter()
-                .map(|s| s.fd)
-                .chain(p.fidelity.epoll_targets.iter().map(|t| t.fd))
+            p.fds.iter().map(|s| s.fd).chain(p.fidelity.epoll_targets.iter().map(|t| t.fd))
         })
         .max()
         .unwrap_or(2)
@@ -419,12 +403,7 @@ pub fn restore_held(
         Some(path) => {
             let f = std::fs::File::open(path)
                 .map_err(|e| EngineError::io(format!("network namespace {}", path.display()), e))?;
-            Some(lift_fd(
-                pid,
-                f.as_raw_fd(),
-                temp_base,
-                "the network namespace",
-            )?)
+            Some(lift_fd(pid, f.as_raw_fd(), temp_base, "the network namespace")?)
         }
         None => None,
     };
@@ -441,18 +420,13 @@ pub fn restore_held(
     let sysv = staging::SysvSegments::create(&tree)?;
     let sysv_ipc = sysv_ipc::SysvIpc::create(&tree)?;
     let staging = staging::stage(&tree, temp_base)?;
-    let memfd_fds: HashMap<u64, RawFd> = staging
-        .memfds
-        .iter()
-        .map(|(id, (fd, _))| (*id, *fd))
-        .collect();
+    let memfd_fds: HashMap<u64, RawFd> =
+        staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
     let mut staged_files = in_netns(pid, netns_fd, || {
         files::stage_open_files(&tree, &opts.tty_to, temp_base, &memfd_fds)
     })?;
-    let staged_raw: HashMap<u64, RawFd> = staged_files
-        .iter()
-        .map(|(id, fd)| (*id, fd.as_raw_fd()))
-        .collect();
+    let staged_raw: HashMap<u64, RawFd> =
+        staged_files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
     ph.mark("stage files");
 
     let (go_r, go_w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
@@ -486,18 +460,9 @@ pub fn restore_held(
                 comm: pid_owner(pid).unwrap_or_else(|| "unknown".into()),
             })
         }
-        Err(e) => {
-            return Err(EngineError::kernel(
-                pid,
-                "creating the process with its PID",
-                e,
-            ))
-        }
+        Err(e) => return Err(EngineError::kernel(pid, "creating the process with its PID", e)),
     };
-    let mut guard = TreeGuard {
-        pids: vec![child_pid],
-        disarmed: false,
-    };
+    let mut guard = TreeGuard { pids: vec![child_pid], disarmed: false };
     drop(st_w);
     drop(go_r);
     ptrace::seize(
@@ -505,9 +470,7 @@ pub fn restore_held(
         ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
     )
     .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
-    std::fs::File::from(go_w)
-        .write_all(b"g")
-        .map_err(|e| EngineError::io("restore go pipe", e))?;
+    std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
     std::fs::File::from(st_r)
         .read_to_string(&mut msg)
@@ -518,12 +481,7 @@ pub fn restore_held(
     match ptrace::wait_tid(child_pid, 0)
         .map_err(|e| EngineError::kernel(pid, "waiting for the new process", e))?
     {
-        Some((
-            _,
-            WaitEvent::Stopped {
-                sig: libc::SIGSTOP, ..
-            },
-        )) => {}
+        Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => {}
         other => {
             return Err(EngineError::restore(
                 pid,
@@ -536,11 +494,7 @@ pub fn restore_held(
         None => Vec::new(),
     };
     let join_cgroups = |pid: i32| -> Result<()> {
-        match tree
-            .cgroups
-            .as_ref()
-            .and_then(|c| c.processes.iter().find(|p| p.pid == pid))
-        {
+        match tree.cgroups.as_ref().and_then(|c| c.processes.iter().find(|p| p.pid == pid)) {
             Some(recorded) => cgroups::join(pid, recorded, &hierarchies),
             None => Ok(()),
         }
@@ -556,20 +510,10 @@ pub fn restore_held(
     // Phase 1, parents before children: memory, then fork; the fd tables
     // once every process exists (below).
     let vdso = ferry_sys_self_vdso()?;
-    let remote = Remote {
-        pid,
-        syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
-    };
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
     let mut sessions: Vec<Session> = Vec::with_capacity(tree.processes.len());
     let mut epolls = std::collections::HashSet::new();
-    let mut s = Session {
-        pid,
-        image: root,
-        remote,
-        scratch: 0,
-        data: 0,
-        staging: &staging.map,
-    };
+    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging: &staging.map };
     prepare_root(&mut s, &tree)?;
     // Mappings whose pages the root inherited from ferry (a migration
     // placed them at their addresses) are kept like a child's.
@@ -581,13 +525,7 @@ pub fn restore_held(
     if !kept.is_empty() {
         reprotect.extend(memory::prepare_inherited(&mut s, &root.page_runs)?);
     }
-    memory::write_pages_in(
-        &mut s,
-        &root.page_runs,
-        pages,
-        &kept,
-        opts.progress.as_ref(),
-    )?;
+    memory::write_pages_in(&mut s, &root.page_runs, pages, &kept, opts.progress.as_ref())?;
     memory::reprotect(&mut s, &reprotect)?;
     memory::relock(&mut s, &root.vmas)?;
     let mut lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])> = Vec::new();
@@ -603,12 +541,9 @@ pub fn restore_held(
     sessions.push(s);
     ph.mark("root: files+memory");
     for img in &tree.processes[1..] {
-        let k = sessions
-            .iter()
-            .position(|p| p.pid == img.ppid)
-            .ok_or_else(|| {
-                EngineError::restore(img.pid, format!("parent {} not restored", img.ppid))
-            })?;
+        let k = sessions.iter().position(|p| p.pid == img.ppid).ok_or_else(|| {
+            EngineError::restore(img.pid, format!("parent {} not restored", img.ppid))
+        })?;
         // A child that shared its parent's fd table gets it again: forked
         // with CLONE_FILES from the parent, whose table is complete.
         let share = img.fidelity.shares_files_with_parent;
@@ -624,10 +559,7 @@ pub fn restore_held(
         let mut s = Session {
             pid: img.pid,
             image: img,
-            remote: Remote {
-                pid: img.pid,
-                ..parent.remote
-            },
+            remote: Remote { pid: img.pid, ..parent.remote },
             scratch: parent.scratch,
             data: parent.data,
             staging: &staging.map,
@@ -664,9 +596,8 @@ pub fn restore_held(
             .ok_or_else(|| EngineError::restore(z.pid, "zombie's parent not restored"))?;
         fork::make_zombie(&mut sessions[k], z, &leaders)?;
     }
-    for s in sessions
-        .iter_mut()
-        .filter(|s| s.image.pgid != s.pid && leaders.contains(&s.image.pgid))
+    for s in
+        sessions.iter_mut().filter(|s| s.image.pgid != s.pid && leaders.contains(&s.image.pgid))
     {
         fork::join_group(s)?;
     }
@@ -680,9 +611,8 @@ pub fn restore_held(
             files::make_unix_late(&tree, &mut sessions, &opts.tty_to, temp_base)
         })?;
         for (id, fd) in late {
-            let lent = fd
-                .try_clone()
-                .map_err(|e| EngineError::io("duplicating a unix socket", e))?;
+            let lent =
+                fd.try_clone().map_err(|e| EngineError::io("duplicating a unix socket", e))?;
             connections.insert(id, lent);
             staged_files.insert(id, fd);
         }
@@ -692,14 +622,7 @@ pub fn restore_held(
         // A child that shares its parent's table (CLONE_FILES) has it
         // from the parent's install.
         if !s.image.fidelity.shares_files_with_parent || s.pid == pid {
-            install_files(
-                s,
-                &staged_raw,
-                &connections,
-                temp_base,
-                &mut epolls,
-                unix_late,
-            )?;
+            install_files(s, &staged_raw, &connections, temp_base, &mut epolls, unix_late)?;
         }
     }
     // Credentials in flight name processes of the tree: they exist now.
@@ -746,11 +669,8 @@ pub fn restore_held(
     drop(sessions);
     let mut uffds = Vec::with_capacity(lazy_uffds.len());
     for (p, fd, runs) in lazy_uffds {
-        let vmas = tree
-            .processes
-            .iter()
-            .find(|i| i.pid == p)
-            .map_or(&[][..], |i| i.vmas.as_slice());
+        let vmas =
+            tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
         lazy::register(p, &fd, vmas, runs)?;
         uffds.push((p, fd));
     }
@@ -843,11 +763,7 @@ fn install_files(
         .epoll_targets
         .iter()
         .filter(|t| !staged.contains_key(&t.target))
-        .filter_map(|t| {
-            connections
-                .get(&t.target)
-                .map(|fd| (t.target, fd.as_raw_fd()))
-        })
+        .filter_map(|t| connections.get(&t.target).map(|fd| (t.target, fd.as_raw_fd())))
         .collect();
     let mut with_lent;
     let mut targets = staged;
@@ -939,10 +855,7 @@ fn finish_process(
             pid,
             &[(
                 "close_range(staging)".into(),
-                inject::Call::new(
-                    libc::SYS_close_range,
-                    &[temp_base as u64, u32::MAX as u64, 0],
-                ),
+                inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]),
             )],
         )?;
     }
@@ -961,11 +874,7 @@ fn finish_process(
     process::restore_creds(s, &all_tids)?;
     process::restore_dumpable(s)?;
     prctl::restore_pdeathsig(s)?;
-    s.call(
-        "munmap(scratch)",
-        libc::SYS_munmap,
-        &[s.scratch, inject::SCRATCH_LEN],
-    )?;
+    s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;
     }

@@ -149,9 +149,8 @@ pub fn restore_held(
             "its helper (pid {init}) ended without a report"
         )));
     };
-    for (p, fd) in phases
-        .split_whitespace()
-        .filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':'))
+    for (p, fd) in
+        phases.split_whitespace().filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':'))
     {
         let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else {
             continue;
@@ -201,11 +200,7 @@ fn hold_as_init(
         .iter()
         .map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_")))
         .collect();
-    phases.extend(
-        held.lazy_uffds()
-            .iter()
-            .map(|(p, fd)| format!("uffd={p}:{fd}")),
-    );
+    phases.extend(held.lazy_uffds().iter().map(|(p, fd)| format!("uffd={p}:{fd}")));
     let _ = writeln!(report, "held {}", phases.join(" "));
     let mut go = [0u8; 1];
     if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
@@ -216,11 +211,8 @@ fn hold_as_init(
     let root = held.pid();
     // Reported as soon as the tree runs; the lock comes down after.
     match held.release_then(|r| {
-        let _ = writeln!(
-            report,
-            "released {} {} {} {:.3}",
-            r.pid, r.processes, r.threads, r.total_ms
-        );
+        let _ =
+            writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
     }) {
         Ok(_) => {}
         Err(e) => {
@@ -237,14 +229,9 @@ fn hold_as_init(
 fn root_seen_from_here(root: i32, init: i32) -> Result<i32> {
     let path = format!("/proc/{init}/task/{init}/children");
     let text = std::fs::read_to_string(&path).map_err(|e| EngineError::io(path.clone(), e))?;
-    text.split_whitespace()
-        .find_map(|c| c.parse::<i32>().ok())
-        .ok_or_else(|| {
-            EngineError::restore(
-                root,
-                format!("the PID namespace's init {init} has no child"),
-            )
-        })
+    text.split_whitespace().find_map(|c| c.parse::<i32>().ok()).ok_or_else(|| {
+        EngineError::restore(root, format!("the PID namespace's init {init} has no child"))
+    })
 }
 
 fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
@@ -256,14 +243,7 @@ fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
     let processes = f.next()?.parse().ok()?;
     let threads = f.next()?.parse().ok()?;
     let total_ms = f.next()?.parse().ok()?;
-    Some(Ok(Restored {
-        pid,
-        host_pid: pid,
-        init_pid: None,
-        processes,
-        threads,
-        total_ms,
-    }))
+    Some(Ok(Restored { pid, host_pid: pid, init_pid: None, processes, threads, total_ms }))
 }
 
 fn mount_own_proc(root: i32) -> Result<()> {
@@ -279,14 +259,9 @@ fn mount_own_proc(root: i32) -> Result<()> {
 fn take_init_role(root: i32) {
     ROOT.store(root, Ordering::Relaxed);
     let _ = ferry_sys::process::set_name(c"ferry-init");
-    for sig in [
-        libc::SIGTERM,
-        libc::SIGINT,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-        libc::SIGUSR1,
-        libc::SIGUSR2,
-    ] {
+    for sig in
+        [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2]
+    {
         let _ = ferry_sys::signal::set_handler(sig, forward);
     }
 }
@@ -296,11 +271,7 @@ fn take_init_role(root: i32) {
 fn be_init(root: i32) -> ! {
     // ferry's standard streams may be a pipe someone reads to its end:
     // the init must not hold them open for the tree's lifetime.
-    if let Ok(null) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
+    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
         for fd in 0..3 {
             let _ = ferry_sys::fd::dup2(null.as_raw_fd(), fd);
         }

@@ -21,20 +21,11 @@ pub fn restore_misc(s: &mut Session) -> Result<()> {
     const PR_SET_THP_DISABLE: u64 = 41;
     let m = s.image.misc;
     let calls = [
-        Call::new(
-            libc::SYS_prctl,
-            &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0],
-        ),
-        Call::new(
-            libc::SYS_prctl,
-            &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64],
-        ),
+        Call::new(libc::SYS_prctl, &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64]),
     ];
     let r = s.remote.batch(s.pid, s.scratch, &calls)?;
-    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"]
-        .iter()
-        .zip(r)
-    {
+    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
         check(s.pid, s.pid, name, v)?;
     }
     let path = format!("/proc/{}/oom_score_adj", s.pid);
@@ -83,11 +74,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(40);
-    let all: u64 = if last_cap >= 63 {
-        !0
-    } else {
-        (1u64 << (last_cap + 1)) - 1
-    };
+    let all: u64 = if last_cap >= 63 { !0 } else { (1u64 << (last_cap + 1)) - 1 };
     let full = |m: u64| m & all == all;
     let caps = c.caps;
     if c.uids == [0; 4]
@@ -125,14 +112,9 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         .find_map(|l| l.strip_prefix("CapPrm:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(all);
-    s.remote.write(
-        s.data + 4096,
-        &capset(now_permitted, now_permitted, caps.inheritable),
-    )?;
-    s.remote.write(
-        s.data + 4096 + 64,
-        &capset(caps.effective, caps.permitted, caps.inheritable),
-    )?;
+    s.remote.write(s.data + 4096, &capset(now_permitted, now_permitted, caps.inheritable))?;
+    s.remote
+        .write(s.data + 4096 + 64, &capset(caps.effective, caps.permitted, caps.inheritable))?;
     let mut calls: Vec<(String, Call)> = Vec::new();
     for cap in 0..=u64::from(last_cap) {
         if caps.bounding & (1 << cap) == 0 {
@@ -144,10 +126,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     }
     calls.push((
         "prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)".into(),
-        Call::new(
-            libc::SYS_prctl,
-            &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP],
-        ),
+        Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP]),
     ));
     calls.push((
         "setgroups".into(),
@@ -155,27 +134,15 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     ));
     calls.push((
         "setresgid".into(),
-        Call::new(
-            libc::SYS_setresgid,
-            &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64],
-        ),
+        Call::new(libc::SYS_setresgid, &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64]),
     ));
     calls.push((
         "setresuid".into(),
-        Call::new(
-            libc::SYS_setresuid,
-            &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64],
-        ),
+        Call::new(libc::SYS_setresuid, &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64]),
     ));
     // setfs[ug]id return the previous id, never an error.
-    calls.push((
-        "setfsgid".into(),
-        Call::new(libc::SYS_setfsgid, &[c.gids[3] as u64]),
-    ));
-    calls.push((
-        "setfsuid".into(),
-        Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64]),
-    ));
+    calls.push(("setfsgid".into(), Call::new(libc::SYS_setfsgid, &[c.gids[3] as u64])));
+    calls.push(("setfsuid".into(), Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64])));
     calls.push((
         "capset(inheritable)".into(),
         Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8]),
@@ -184,10 +151,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         if caps.ambient & (1 << cap) != 0 {
             calls.push((
                 format!("raising ambient capability {cap}"),
-                Call::new(
-                    libc::SYS_prctl,
-                    &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap],
-                ),
+                Call::new(libc::SYS_prctl, &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap]),
             ));
         }
     }
@@ -197,10 +161,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     ));
     calls.push((
         "capset".into(),
-        Call::new(
-            libc::SYS_capset,
-            &[s.data + 4096 + 64, s.data + 4096 + 64 + 8],
-        ),
+        Call::new(libc::SYS_capset, &[s.data + 4096 + 64, s.data + 4096 + 64 + 8]),
     ));
     for &tid in tids {
         s.run(tid, &calls)?;
@@ -217,10 +178,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     if fs_of("Uid:") != Some(c.uids[3]) || fs_of("Gid:") != Some(c.gids[3]) {
         return Err(EngineError::restore(
             s.pid,
-            format!(
-                "filesystem uid/gid could not be set to {}/{}",
-                c.uids[3], c.gids[3]
-            ),
+            format!("filesystem uid/gid could not be set to {}/{}", c.uids[3], c.gids[3]),
         ));
     }
     Ok(())

@@ -109,14 +109,9 @@ fn shared_prefix(threads: &[ferry_image::ThreadFidelity]) -> usize {
 /// (a program may take 32 KiB): struct sock_fprog (u16 len, padding,
 /// pointer) then the program. Returns what seccomp(2) returned.
 fn install_filter(s: &mut Session, tid: i32, idx: u32, flags: u64, what: &str) -> Result<u64> {
-    let filter = s
-        .image
-        .fidelity
-        .seccomp_filters
-        .get(idx as usize)
-        .ok_or_else(|| {
-            EngineError::restore(s.pid, format!("thread {tid}: seccomp filter {idx} missing"))
-        })?;
+    let filter = s.image.fidelity.seccomp_filters.get(idx as usize).ok_or_else(|| {
+        EngineError::restore(s.pid, format!("thread {tid}: seccomp filter {idx} missing"))
+    })?;
     let mut data = Vec::with_capacity(16 + 8 * filter.insns.len());
     data.extend_from_slice(&(filter.insns.len() as u64).to_le_bytes());
     data.extend_from_slice(&(s.data + 16).to_le_bytes());
@@ -132,12 +127,7 @@ fn install_filter(s: &mut Session, tid: i32, idx: u32, flags: u64, what: &str) -
             ),
         ));
     }
-    let flags = flags
-        | if filter.log {
-            ferry_sys::seccomp::SECCOMP_FILTER_FLAG_LOG
-        } else {
-            0
-        };
+    let flags = flags | if filter.log { ferry_sys::seccomp::SECCOMP_FILTER_FLAG_LOG } else { 0 };
     let name = format!(
         "seccomp(SECCOMP_SET_MODE_FILTER) for {what} ({} instructions)",
         filter.insns.len()
@@ -145,15 +135,9 @@ fn install_filter(s: &mut Session, tid: i32, idx: u32, flags: u64, what: &str) -
     s.remote.write(s.data, &data)?;
     let r = s.run(
         tid,
-        &[(
-            name,
-            Call::new(libc::SYS_seccomp, &[SECCOMP_SET_MODE_FILTER, flags, s.data]),
-        )],
+        &[(name, Call::new(libc::SYS_seccomp, &[SECCOMP_SET_MODE_FILTER, flags, s.data]))],
     )?;
     r.first().copied().ok_or_else(|| {
-        EngineError::restore(
-            s.pid,
-            format!("thread {tid}: no result from seccomp(2) for {what}"),
-        )
+        EngineError::restore(s.pid, format!("thread {tid}: no result from seccomp(2) for {what}"))
     })
 }

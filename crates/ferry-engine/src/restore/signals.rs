@@ -20,11 +20,7 @@ pub fn restore_actions(s: &mut Session) -> Result<()> {
             continue;
         }
         let at = s.data + args.len() as u64;
-        args.extend(
-            [a.handler, a.flags, a.restorer, a.mask]
-                .iter()
-                .flat_map(|w| w.to_le_bytes()),
-        );
+        args.extend([a.handler, a.flags, a.restorer, a.mask].iter().flat_map(|w| w.to_le_bytes()));
         calls.push((sig, Call::new(libc::SYS_rt_sigaction, &[sig, at, 0, 8])));
     }
     s.remote.write(s.data, &args)?;

@@ -92,8 +92,7 @@ fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
         }
     };
     let done = (|| {
-        f.set_len(d.size)
-            .map_err(|e| EngineError::io(format!("deleted mapped file {name}"), e))?;
+        f.set_len(d.size).map_err(|e| EngineError::io(format!("deleted mapped file {name}"), e))?;
         fill(pid, &f, &format!("deleted mapped file {name}"), &d.extents)?;
         ferry_sys::fd::set_mode_owner(f.as_raw_fd(), d.seals as u32 & 0o7777, 0, 0)
             .map_err(|e| EngineError::kernel(pid, format!("mode of {name}"), e))
@@ -108,8 +107,7 @@ fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let fd = ferry_sys::fd::memfd_create(&name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
         .map_err(|e| EngineError::kernel(pid, format!("recreating memfd {}", m.name), e))?;
     let f = std::fs::File::from(fd);
-    f.set_len(m.size)
-        .map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
+    f.set_len(m.size).map_err(|e| EngineError::io(format!("memfd {}", m.name), e))?;
     fill(pid, &f, &format!("memfd {}", m.name), &m.extents)?;
     Ok(f.into())
 }
@@ -122,15 +120,8 @@ fn new_shared_anon(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let mapping = ferry_sys::process::SharedAnon::map(len as usize).map_err(|e| {
         EngineError::kernel(pid, format!("creating shared memory of {len} bytes"), e)
     })?;
-    let path = format!(
-        "/proc/self/map_files/{:x}-{:x}",
-        mapping.start(),
-        mapping.start() + len
-    );
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path);
+    let path = format!("/proc/self/map_files/{:x}-{:x}", mapping.start(), mapping.start() + len);
+    let opened = std::fs::OpenOptions::new().read(true).write(true).open(&path);
     // Unmapped; the object lives on in the fd.
     drop(mapping);
     let f = opened.map_err(|e| EngineError::io(&path, e))?;
@@ -205,11 +196,7 @@ impl SysvSegments {
     /// Recreates every segment of the tree.
     pub fn create(tree: &TreeImage) -> Result<SysvSegments> {
         let root = tree.processes.first().map_or(0, |p| p.pid);
-        let mut made = SysvSegments {
-            ids: Vec::new(),
-            destroyed: Vec::new(),
-            keep: false,
-        };
+        let mut made = SysvSegments { ids: Vec::new(), destroyed: Vec::new(), keep: false };
         for s in &tree.sysv_shm {
             new_sysv(root, s)?;
             made.ids.push(s.id);
@@ -258,11 +245,8 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
             let fd = st.lift(p.pid, fd, "a memfd")?;
             // Mode and owner as fchmod/fchown left them (memfd_create
             // makes it 0777, owned by ferry).
-            if let Some(a) = p
-                .fidelity
-                .inode_attrs
-                .iter()
-                .find(|a| a.of == ferry_image::InodeOf::Memfd(m.id))
+            if let Some(a) =
+                p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::Memfd(m.id))
             {
                 ferry_sys::fd::set_mode_owner(fd, a.mode, a.uid, a.gid).map_err(|e| {
                     EngineError::kernel(

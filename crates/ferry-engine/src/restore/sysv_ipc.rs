@@ -56,14 +56,7 @@ fn new_sem(pid: i32, s: &SysvSem, made: &mut Vec<i32>) -> Result<()> {
             libc::IPC_CREAT | libc::IPC_EXCL | (s.mode & 0o777) as i32,
         )
     };
-    create_with_id(
-        pid,
-        "/proc/sys/kernel/sem_next_id",
-        s.id,
-        &what,
-        create,
-        remove_sem,
-    )?;
+    create_with_id(pid, "/proc/sys/kernel/sem_next_id", s.id, &what, create, remove_sem)?;
     made.push(s.id);
     sysv::sem_set_values(s.id, &s.values)
         .map_err(|e| EngineError::kernel(pid, format!("setting the values of {what}"), e))?;
@@ -79,20 +72,9 @@ fn new_sem(pid: i32, s: &SysvSem, made: &mut Vec<i32>) -> Result<()> {
 /// Pushes the id to `made` as soon as the queue exists.
 fn new_msg(pid: i32, q: &SysvMsgQueue, made: &mut Vec<i32>) -> Result<()> {
     let what = format!("SysV message queue {} (key {:#x})", q.id, q.key);
-    let create = || {
-        sysv::msg_get(
-            q.key,
-            libc::IPC_CREAT | libc::IPC_EXCL | (q.mode & 0o777) as i32,
-        )
-    };
-    create_with_id(
-        pid,
-        "/proc/sys/kernel/msg_next_id",
-        q.id,
-        &what,
-        create,
-        remove_msg,
-    )?;
+    let create =
+        || sysv::msg_get(q.key, libc::IPC_CREAT | libc::IPC_EXCL | (q.mode & 0o777) as i32);
+    create_with_id(pid, "/proc/sys/kernel/msg_next_id", q.id, &what, create, remove_msg)?;
     made.push(q.id);
     let owner = sysv::msg_stat(q.id).and_then(|mut ds| {
         ds.msg_perm.uid = q.uid;
@@ -127,11 +109,7 @@ pub struct SysvIpc {
 impl SysvIpc {
     pub fn create(tree: &TreeImage) -> Result<SysvIpc> {
         let root = tree.processes.first().map_or(0, |p| p.pid);
-        let mut made = SysvIpc {
-            sems: Vec::new(),
-            queues: Vec::new(),
-            keep: false,
-        };
+        let mut made = SysvIpc { sems: Vec::new(), queues: Vec::new(), keep: false };
         for s in &tree.sysv_sem {
             new_sem(root, s, &mut made.sems)?;
         }

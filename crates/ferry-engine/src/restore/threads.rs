@@ -74,9 +74,7 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         s.remote.write(s.data, &bytes)?;
         s.remote.write(tid_at, &t.tid.to_le_bytes())?;
-        let r = s
-            .remote
-            .raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
+        let r = s.remote.raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
         if r == -(libc::EEXIST as i64) {
             let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid))
                 .map(|c| c.trim().to_string())
@@ -98,10 +96,7 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
             {
                 Some((_, WaitEvent::Stopped { .. })) => break,
                 Some(other) => {
-                    return Err(EngineError::restore(
-                        pid,
-                        format!("new thread {new}: {other:?}"),
-                    ))
+                    return Err(EngineError::restore(pid, format!("new thread {new}: {other:?}")))
                 }
                 None => {}
             }
@@ -120,19 +115,13 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
     if t.robust_list.head != 0 {
         calls.push((
             "set_robust_list",
-            Call::new(
-                libc::SYS_set_robust_list,
-                &[t.robust_list.head, t.robust_list.len],
-            ),
+            Call::new(libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len]),
         ));
     }
     if let Some(rs) = &t.rseq {
         calls.push((
             "rseq",
-            Call::new(
-                libc::SYS_rseq,
-                &[rs.addr, rs.len as u64, 0, rs.signature as u64],
-            ),
+            Call::new(libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64]),
         ));
     }
     // A new thread (and the child, which reset it) starts with no
@@ -145,10 +134,7 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         calls.push(("sigaltstack", Call::new(libc::SYS_sigaltstack, &[at, 0])));
     }
     if t.clear_child_tid != 0 {
-        calls.push((
-            "set_tid_address",
-            Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid]),
-        ));
+        calls.push(("set_tid_address", Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid])));
     }
     if t.timer_slack_ns != 0 {
         calls.push((
@@ -164,10 +150,7 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         name.truncate(15);
         name.resize(16, 0);
         data.extend_from_slice(&name);
-        calls.push((
-            "prctl(PR_SET_NAME)",
-            Call::new(libc::SYS_prctl, &[PR_SET_NAME, at]),
-        ));
+        calls.push(("prctl(PR_SET_NAME)", Call::new(libc::SYS_prctl, &[PR_SET_NAME, at])));
     }
     s.remote.write(s.data, &data)?;
     let only: Vec<Call> = calls.iter().map(|c| c.1).collect();
@@ -175,10 +158,9 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         check(s.pid, tid, name, r)?;
     }
     // An interrupted relative sleep resumes with the time it had left.
-    if let (Some(ns), Some(regs)) = (
-        t.sleep_remaining_ns,
-        ferry_sys::process::words_to_regs(&t.regs),
-    ) {
+    if let (Some(ns), Some(regs)) =
+        (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs))
+    {
         if let Some((req, _)) = syscall_restart::sleep_request_ptr(&regs) {
             let mut ts = Vec::with_capacity(16);
             ts.extend_from_slice(&(ns / 1_000_000_000).to_le_bytes());

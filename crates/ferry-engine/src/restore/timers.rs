@@ -22,11 +22,7 @@ pub fn restore_itimers(s: &mut Session) -> Result<()> {
             t.value_us % 1_000_000,
         ]);
         s.remote.write(s.data, &b)?;
-        s.call(
-            "setitimer",
-            libc::SYS_setitimer,
-            &[t.which as u64, s.data, 0],
-        )?;
+        s.call("setitimer", libc::SYS_setitimer, &[t.which as u64, s.data, 0])?;
     }
     Ok(())
 }
@@ -50,11 +46,7 @@ pub fn restore_posix(s: &mut Session) -> Result<()> {
         ev[16..20].copy_from_slice(&t.notify_tid.to_le_bytes());
         s.remote.write(s.data, &ev)?;
         s.remote.write(s.data + 64, &t.id.to_le_bytes())?;
-        s.call(
-            "timer_create",
-            libc::SYS_timer_create,
-            &[t.clockid as u64, s.data, s.data + 64],
-        )?;
+        s.call("timer_create", libc::SYS_timer_create, &[t.clockid as u64, s.data, s.data + 64])?;
         let got = i32::from_le_bytes(s.remote.read(s.data + 64, 4)?.try_into().unwrap_or([0; 4]));
         if got != t.id {
             return Err(EngineError::restore(
@@ -62,11 +54,7 @@ pub fn restore_posix(s: &mut Session) -> Result<()> {
                 format!(
                     "POSIX timer {} came back as {got}{}",
                     t.id,
-                    if by_id {
-                        ""
-                    } else {
-                        " (kernel lacks PR_TIMER_CREATE_RESTORE_IDS)"
-                    }
+                    if by_id { "" } else { " (kernel lacks PR_TIMER_CREATE_RESTORE_IDS)" }
                 ),
             ));
         }
@@ -78,11 +66,7 @@ pub fn restore_posix(s: &mut Session) -> Result<()> {
                 t.value_ns % 1_000_000_000,
             ]);
             s.remote.write(s.data + 128, &spec)?;
-            s.call(
-                "timer_settime",
-                libc::SYS_timer_settime,
-                &[t.id as u64, 0, s.data + 128, 0],
-            )?;
+            s.call("timer_settime", libc::SYS_timer_settime, &[t.id as u64, 0, s.data + 128, 0])?;
         }
     }
     if by_id {

@@ -67,16 +67,9 @@ fn process(pid: i32, ppid: i32, vmas: Vec<Vma>, page_runs: Vec<PageRun>) -> Proc
             groups: vec![1000],
             caps: Default::default(),
         },
-        rlimits: vec![Rlimit {
-            resource: 7,
-            soft: 1024,
-            hard: 4096,
-        }],
+        rlimits: vec![Rlimit { resource: 7, soft: 1024, hard: 4096 }],
         threads: vec![thread(pid)],
-        mm: MmLayout {
-            auxv: vec![6, 4096, 0, 0],
-            ..Default::default()
-        },
+        mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
         vmas,
         page_runs,
         files: vec![OpenFile {
@@ -84,20 +77,10 @@ fn process(pid: i32, ppid: i32, vmas: Vec<Vma>, page_runs: Vec<PageRun>) -> Proc
             flags: 0,
             pos: 0,
             locks: vec![],
-            kind: FileKind::EventFd {
-                count: 3,
-                semaphore: false,
-            },
+            kind: FileKind::EventFd { count: 3, semaphore: false },
         }],
-        fds: vec![FdSlot {
-            fd: 3,
-            file: 0,
-            cloexec: true,
-        }],
-        signals: SignalState {
-            actions: vec![SigAction::default(); 64],
-            shared_pending: vec![],
-        },
+        fds: vec![FdSlot { fd: 3, file: 0, cloexec: true }],
+        signals: SignalState { actions: vec![SigAction::default(); 64], shared_pending: vec![] },
         itimers: vec![],
         posix_timers: vec![],
         misc: ProcessMisc::default(),
@@ -143,11 +126,7 @@ pub fn image(format_version: u32) -> (Inventory, TreeImage, Vec<u8>) {
                 shared: false,
                 flags: 0,
                 pgoff: 0,
-                backing: VmaBacking::File {
-                    path: "/usr/bin/compat".into(),
-                    dev: 1,
-                    ino: 2,
-                },
+                backing: VmaBacking::File { path: "/usr/bin/compat".into(), dev: 1, ino: 2 },
             },
             anon(ROOT_HEAP, ROOT_HEAP + ROOT_HEAP_PAGES * PAGE),
             anon(ROOT_STACK_TOP - 32 * PAGE, ROOT_STACK_TOP),
@@ -170,9 +149,6 @@ pub fn image(format_version: u32) -> (Inventory, TreeImage, Vec<u8>) {
         source_pid: ROOT,
         pages_bytes: pages.len() as u64,
     };
-    let t = TreeImage {
-        processes: vec![root, child],
-        ..Default::default()
-    };
+    let t = TreeImage { processes: vec![root, child], ..Default::default() };
     (inv, t, pages)
 }

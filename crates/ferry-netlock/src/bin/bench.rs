@@ -86,18 +86,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn arg_list(args: &[String], flag: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let reps: usize = arg_list(&args, "--reps")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5)
-        .clamp(1, 100);
+    let reps: usize =
+        arg_list(&args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(5).clamp(1, 100);
     let methods: Vec<Method> = arg_list(&args, "--methods")
         .unwrap_or_else(|| "ebpf,nftables,iptables".into())
         .split(',')

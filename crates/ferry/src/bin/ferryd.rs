@@ -52,11 +52,7 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .without_time()
         .init();
-    let r = if args.serve_stdin {
-        worker(&args)
-    } else {
-        listen(&args)
-    };
+    let r = if args.serve_stdin { worker(&args) } else { listen(&args) };
     if let Err(e) = r {
         eprintln!("ferryd: error: {e:#}");
         std::process::exit(1);
@@ -64,9 +60,7 @@ fn main() {
 }
 
 fn listen(args: &Args) -> Result<()> {
-    let Some(addr) = args.listen else {
-        bail!("--listen IP:PORT is required")
-    };
+    let Some(addr) = args.listen else { bail!("--listen IP:PORT is required") };
     // Refuse a bad key now, not at the first migration.
     ferry_transport::Key::load(&args.key)
         .with_context(|| format!("key file {}", args.key.display()))?;
@@ -104,14 +98,8 @@ fn listen(args: &Args) -> Result<()> {
 /// single-threaded process, and a failing migration cannot take the
 /// agent down.
 fn spawn_worker(args: &Args, stream: TcpStream, ifindex: Option<u32>) -> Result<()> {
-    let peer = stream
-        .peer_addr()
-        .map(|p| p.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let fd = stream
-        .as_fd()
-        .try_clone_to_owned()
-        .context("duplicating the connection")?;
+    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
+    let fd = stream.as_fd().try_clone_to_owned().context("duplicating the connection")?;
     drop(stream);
     let exe = std::env::current_exe().context("finding ferryd's own executable")?;
     let mut cmd = std::process::Command::new(exe);
@@ -124,9 +112,7 @@ fn spawn_worker(args: &Args, stream: TcpStream, ifindex: Option<u32>) -> Result<
         cmd.arg("--ifindex").arg(i.to_string());
     }
     cmd.stdin(std::process::Stdio::from(fd));
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting a worker for {peer}"))?;
+    let child = cmd.spawn().with_context(|| format!("starting a worker for {peer}"))?;
     eprintln!("ferryd: connection from {peer}: worker pid {}", child.id());
     Ok(())
 }
@@ -155,10 +141,7 @@ fn worker(args: &Args) -> Result<()> {
         .context("taking the connection from standard input")?;
     let stream = TcpStream::from(fd);
     let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map(|p| p.to_string())
-        .unwrap_or_else(|_| "?".into());
+    let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
     let ch = match ferry_transport::Channel::accept(stream, &key) {
         Ok(ch) => ch,
         Err(e) => bail!("refused {peer}: {e}"),

@@ -26,11 +26,7 @@ fn ip(args: &[&str]) -> Result<()> {
         .output()
         .context("running ip (iproute2)")?;
     if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }
@@ -48,12 +44,7 @@ fn children_of(pid: u32) -> Vec<i32> {
 pub fn last_line(path: &Path) -> String {
     fs::read_to_string(path)
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .map(|l| l.trim().to_string())
-        })
+        .and_then(|s| s.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string()))
         .unwrap_or_default()
 }
 
@@ -153,22 +144,14 @@ impl Host {
             if init.pid == 0 {
                 init.pid = children_of(unshare_pid).first().copied().unwrap_or(0);
             }
-            if fs::read_to_string(log)
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.trim() == want)
-            {
+            if fs::read_to_string(log).unwrap_or_default().lines().any(|l| l.trim() == want) {
                 if init.pid == 0 {
                     bail!("ferryd of {} listens, but its PID was not found", self.name);
                 }
                 return Ok(());
             }
             if let Ok(Some(status)) = init.unshare.try_wait() {
-                bail!(
-                    "ferryd of {} ended at once ({status}): {}",
-                    self.name,
-                    last_line(log)
-                );
+                bail!("ferryd of {} ended at once ({status}): {}", self.name, last_line(log));
             }
             if interrupted() {
                 bail!("interrupted");
@@ -245,12 +228,7 @@ impl Lab {
             let netns = format!("{}-host{i}", lab.tag);
             let addr = lab.addr(i as u8);
             lab.plug(&netns, &format!("p{i}"), addr)?;
-            lab.hosts.push(Host {
-                name: format!("host{i}"),
-                netns,
-                ip: addr,
-                init: None,
-            });
+            lab.hosts.push(Host { name: format!("host{i}"), netns, ip: addr, init: None });
         }
         let client = lab.client_netns.clone();
         lab.plug(&client, "pc", lab.client_ip)?;
@@ -277,15 +255,7 @@ impl Lab {
             "-n", &br, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns,
         ])?;
         ip(&["-n", &br, "link", "set", port, "master", "br0", "up"])?;
-        ip(&[
-            "-n",
-            netns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            "eth0",
-        ])?;
+        ip(&["-n", netns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
         ip(&["-n", netns, "link", "set", "eth0", "up"])
     }
 
@@ -300,15 +270,7 @@ impl Lab {
 
     /// Adds `addr`/24 to host `i`'s interface.
     pub fn add_address(&self, i: usize, addr: Ipv4Addr) -> Result<()> {
-        ip(&[
-            "-n",
-            &self.hosts[i].netns,
-            "addr",
-            "add",
-            &format!("{addr}/24"),
-            "dev",
-            "eth0",
-        ])
+        ip(&["-n", &self.hosts[i].netns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])
     }
 
     pub fn client_netns_path(&self) -> PathBuf {
@@ -318,9 +280,7 @@ impl Lab {
     /// Starts `cmd` (from `Host::command`) and keeps it for teardown;
     /// returns its index for `try_wait`.
     pub fn spawn(&mut self, cmd: &mut Command) -> Result<usize> {
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {:?}", cmd.get_program()))?;
+        let child = cmd.spawn().with_context(|| format!("starting {:?}", cmd.get_program()))?;
         self.procs.push(child);
         Ok(self.procs.len() - 1)
     }
@@ -381,7 +341,5 @@ pub fn leftover_namespaces(tag: &str) -> Vec<String> {
 /// read from a pidfile it writes (as redis does with --pidfile).
 pub fn read_pidfile(path: &Path) -> Result<i32> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.trim()
-        .parse()
-        .map_err(|_| anyhow!("{}: not a PID: {text:?}", path.display()))
+    text.trim().parse().map_err(|_| anyhow!("{}: not a PID: {text:?}", path.display()))
 }

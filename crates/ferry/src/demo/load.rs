@@ -40,10 +40,7 @@ impl Conn {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
         s.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        Ok(Conn {
-            input: BufReader::new(s.try_clone()?),
-            out: s,
-        })
+        Ok(Conn { input: BufReader::new(s.try_clone()?), out: s })
     }
 
     fn encode(buf: &mut Vec<u8>, args: &[&[u8]]) {
@@ -69,10 +66,7 @@ impl Conn {
         Ok(match kind {
             "+" => Reply::Status(rest.to_string()),
             "-" => Reply::Error(rest.to_string()),
-            ":" => Reply::Int(
-                rest.parse()
-                    .map_err(|_| anyhow!("bad integer reply {l:?}"))?,
-            ),
+            ":" => Reply::Int(rest.parse().map_err(|_| anyhow!("bad integer reply {l:?}"))?),
             "$" => {
                 let n: i64 = rest.parse().map_err(|_| anyhow!("bad bulk length {l:?}"))?;
                 if n < 0 {
@@ -125,10 +119,7 @@ impl Conn {
             let batch = (n - i).min(1000);
             let mut buf = Vec::new();
             for k in i..i + batch {
-                Self::encode(
-                    &mut buf,
-                    &[b"SET", format!("demo:key:{k}").as_bytes(), &value],
-                );
+                Self::encode(&mut buf, &[b"SET", format!("demo:key:{k}").as_bytes(), &value]);
             }
             self.out.write_all(&buf)?;
             for _ in 0..batch {
@@ -211,11 +202,7 @@ impl Load {
     ) -> Result<Load> {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
-        let mut load = Load {
-            stop: stop.clone(),
-            counters: counters.clone(),
-            threads: Vec::new(),
-        };
+        let mut load = Load { stop: stop.clone(), counters: counters.clone(), threads: Vec::new() };
         for i in 0..clients {
             let (netns, stop, counters) = (netns.to_path_buf(), stop.clone(), counters.clone());
             let t = std::thread::Builder::new()
@@ -229,11 +216,7 @@ impl Load {
             && Instant::now() < deadline
         {
             if counters.failed.load(Ordering::Relaxed) > 0 {
-                let e = counters
-                    .first_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
+                let e = counters.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 bail!("a client could not connect: {}", e.unwrap_or_default());
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -253,12 +236,8 @@ impl Load {
     pub fn stop(mut self) -> Summary {
         self.stop.store(true, Ordering::Relaxed);
         let clients = self.threads.len();
-        let counters_ok = self
-            .threads
-            .drain(..)
-            .filter_map(|t| t.join().ok())
-            .filter(|ok| *ok)
-            .count();
+        let counters_ok =
+            self.threads.drain(..).filter_map(|t| t.join().ok()).filter(|ok| *ok).count();
         let c = &self.counters;
         let connects = c.connects.load(Ordering::Relaxed);
         Summary {
@@ -268,11 +247,7 @@ impl Load {
             reconnects: connects.saturating_sub(clients as u64),
             max_latency_ms: c.max_latency_us.load(Ordering::Relaxed) as f64 / 1000.0,
             counters_ok,
-            first_error: c
-                .first_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            first_error: c.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }
@@ -325,10 +300,7 @@ fn client(
                 c.done.fetch_add(1, Ordering::Relaxed);
             }
             Ok(v) => {
-                c.fail(format!(
-                    "client {i}: INCR {key} returned {v}, expected {}",
-                    acked + 1
-                ));
+                c.fail(format!("client {i}: INCR {key} returned {v}, expected {}", acked + 1));
                 acked = v;
             }
             Err(e) => {
@@ -339,8 +311,7 @@ fn client(
                 conn = None;
             }
         }
-        c.max_latency_us
-            .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        c.max_latency_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
         std::thread::sleep(interval);
     }
     match conn.as_mut().map(|cn| cn.int(&[b"GET", key.as_bytes()])) {

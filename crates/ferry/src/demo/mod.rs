@@ -82,11 +82,7 @@ impl Ui {
             spinner.set_style(style);
         }
         spinner.enable_steady_tick(Duration::from_millis(100));
-        Ui {
-            spinner,
-            step: String::new(),
-            started: Instant::now(),
-        }
+        Ui { spinner, step: String::new(), started: Instant::now() }
     }
 
     fn println(&self, line: &str) {
@@ -187,11 +183,7 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default()
         .into_iter()
-        .chain([
-            "/usr/bin".into(),
-            "/usr/sbin".into(),
-            "/usr/local/bin".into(),
-        ])
+        .chain(["/usr/bin".into(), "/usr/sbin".into(), "/usr/local/bin".into()])
         .map(|d| d.join(program))
         .find(|p| p.is_file())
 }
@@ -235,10 +227,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     if let Some(dir) = &args.keep_logs {
         match copy_logs(&tmp.0, dir) {
             Ok(n) => ui.say(&format!("copied {n} logs and reports to {}", dir.display())),
-            Err(e) => ui.say(&format!(
-                "could not copy the logs to {}: {e:#}",
-                dir.display()
-            )),
+            Err(e) => ui.say(&format!("could not copy the logs to {}: {e:#}", dir.display())),
         }
     }
     let mut made = 0;
@@ -306,17 +295,13 @@ fn run_demo(
         ));
     }
 
-    ui.step(&format!(
-        "starting redis-server in host1 on {svc}:{REDIS_PORT}"
-    ));
+    ui.step(&format!("starting redis-server in host1 on {svc}:{REDIS_PORT}"));
     let pid = start_redis(lab, redis, svc, tmp)?;
     let addr = SocketAddr::new(IpAddr::V4(svc), REDIS_PORT);
     let netns = lab.client_netns_path();
     ui.say(&format!("redis-server is pid {pid} in host1"));
 
-    ui.step(&format!(
-        "loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"
-    ));
+    ui.step(&format!("loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"));
     load::in_netns(&netns, move || {
         let mut c = load::Conn::connect(addr)?;
         c.populate(KEYS, VALUE_BYTES)
@@ -342,20 +327,7 @@ fn run_demo(
             k + 1,
             args.migrations
         ));
-        let m = migrate(
-            ui,
-            lab,
-            exe,
-            &key,
-            at,
-            to,
-            pid,
-            svc,
-            tmp,
-            k,
-            &load,
-            args.no_precopy,
-        )?;
+        let m = migrate(ui, lab, exe, &key, at, to, pid, svc, tmp, k, &load, args.no_precopy)?;
         ui.say(&format!(
             "pause {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
             m.pause_ms,
@@ -365,12 +337,8 @@ fn run_demo(
             load.done(),
             load.failed()
         ));
-        if let Some(e) = load
-            .counters
-            .first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_deref()
+        if let Some(e) =
+            load.counters.first_error.lock().unwrap_or_else(|p| p.into_inner()).as_deref()
         {
             ui.say(&format!("first client error: {e}"));
         }
@@ -433,22 +401,8 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
     // a file in the demo's directory, which every host sees at that path.
     let mut cmd = lab.hosts[0].command(Path::new("setsid"));
     cmd.arg(redis)
-        .args([
-            "--bind",
-            &svc.to_string(),
-            "--port",
-            &REDIS_PORT.to_string(),
-        ])
-        .args([
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-        ])
+        .args(["--bind", &svc.to_string(), "--port", &REDIS_PORT.to_string()])
+        .args(["--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no"])
         .arg("--pidfile")
         .arg(&pidfile)
         .arg("--dir")
@@ -462,10 +416,7 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(Some(status)) = lab.try_wait(idx) {
-            bail!(
-                "redis-server ended at once ({status}): {}",
-                hosts::last_line(&log)
-            );
+            bail!("redis-server ended at once ({status}): {}", hosts::last_line(&log));
         }
         if interrupted() {
             bail!("interrupted");
@@ -480,10 +431,7 @@ fn start_redis(lab: &mut Lab, redis: &Path, svc: std::net::Ipv4Addr, tmp: &Path)
             }
         }
         if Instant::now() > deadline {
-            bail!(
-                "redis-server did not answer on {addr} within 20 s: {}",
-                hosts::last_line(&log)
-            );
+            bail!("redis-server did not answer on {addr} within 20 s: {}", hosts::last_line(&log));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -512,21 +460,14 @@ fn migrate(
     let (src, dst): (&Host, &Host) = (&lab.hosts[from], &lab.hosts[to]);
     let (src_name, dst_name) = (src.name.clone(), dst.name.clone());
     let mut cmd = src.command(exe);
-    cmd.args([
-        "migrate",
-        "--pid",
-        &pid.to_string(),
-        "--to",
-        &dst.ferryd_addr(),
-        "--key",
-    ])
-    .arg(key)
-    .args(["--address", &format!("{svc}/24"), "--report"])
-    .arg(&report)
-    .args(no_precopy.then_some("--no-precopy"))
-    .stdin(Stdio::null())
-    .stdout(out.try_clone()?)
-    .stderr(out);
+    cmd.args(["migrate", "--pid", &pid.to_string(), "--to", &dst.ferryd_addr(), "--key"])
+        .arg(key)
+        .args(["--address", &format!("{svc}/24"), "--report"])
+        .arg(&report)
+        .args(no_precopy.then_some("--no-precopy"))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
     let idx = lab.spawn(&mut cmd)?;
     let deadline = Instant::now() + MIGRATION_LIMIT;
     let status = loop {
@@ -550,10 +491,7 @@ fn migrate(
     if !status.success() {
         let why = hosts::last_line(&log);
         let why = why.strip_prefix("ferry: error: ").unwrap_or(&why);
-        bail!(
-            "migration {} ({src_name} → {dst_name}) failed: {why}",
-            k + 1
-        );
+        bail!("migration {} ({src_name} → {dst_name}) failed: {why}", k + 1);
     }
     report::Migration::read(&report, &src_name, &dst_name)
 }

@@ -27,11 +27,7 @@ use std::time::{Duration, Instant};
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The PIDs (root namespace) of the children of `pid` (CONFIG_PROC_CHILDREN).
@@ -45,21 +41,13 @@ fn children_of(pid: u32) -> Vec<i32> {
 
 /// The PID namespace of `pid` ("pid:[inode]"), None when it is gone.
 pub fn pid_ns_of(pid: i32) -> Option<String> {
-    fs::read_link(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
+    fs::read_link(format!("/proc/{pid}/ns/pid")).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The PID of `pid` in the innermost PID namespace it is in.
 pub fn innermost(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// Every PID of `pid`, from the root namespace's to the innermost one's.
@@ -68,22 +56,13 @@ fn nspids(pid: i32) -> Option<Vec<i32>> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect()
-        })
+        .map(|l| l.split_whitespace().filter_map(|p| p.parse().ok()).collect())
 }
 
 /// The start time (clock ticks since boot) in a /proc/PID/stat file.
 fn start_time(stat_path: &str) -> Option<u64> {
     let stat = fs::read_to_string(stat_path).ok()?;
-    stat.rsplit(')')
-        .next()?
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
+    stat.rsplit(')').next()?.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A host's PID 1: the `unshare` process (root namespace, our child) and
@@ -139,11 +118,7 @@ impl Host {
     /// does). Panics when the host already has an init (see `restart_init`).
     pub fn start_init(&self, argv: &[&str]) -> i32 {
         let mut slot = self.init.lock().expect("init lock");
-        assert!(
-            slot.is_none(),
-            "host {} already has an init (use restart_init)",
-            self.name
-        );
+        assert!(slot.is_none(), "host {} already has an init (use restart_init)", self.name);
         // `ip netns exec` execs unshare in place (no fork), so the child
         // we hold is unshare; --kill-child makes the init die with it.
         let mut unshare = Command::new("ip")
@@ -177,10 +152,7 @@ impl Host {
                 }
             }
             if let Ok(Some(status)) = unshare.try_wait() {
-                panic!(
-                    "init {argv:?} of host {} ended at once: {status}",
-                    self.name
-                );
+                panic!("init {argv:?} of host {} ended at once: {status}", self.name);
             }
             if Instant::now() > deadline {
                 let _ = unshare.kill();
@@ -224,16 +196,7 @@ impl Host {
     /// the `Child` and `spawned_pid` for the real process's PID.
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut cmd = Command::new("nsenter");
-        cmd.args([
-            "-t",
-            &self.init_pid().to_string(),
-            "-n",
-            "-p",
-            "-m",
-            "-i",
-            "--",
-        ])
-        .args(argv);
+        cmd.args(["-t", &self.init_pid().to_string(), "-n", "-p", "-m", "-i", "--"]).args(argv);
         cmd
     }
 
@@ -243,11 +206,7 @@ impl Host {
     /// hand out the same ones.
     pub fn set_next_pid(&self, last: i32) {
         let st = self
-            .command(&[
-                "sh",
-                "-c",
-                &format!("echo {last} > /proc/sys/kernel/ns_last_pid"),
-            ])
+            .command(&["sh", "-c", &format!("echo {last} > /proc/sys/kernel/ns_last_pid")])
             .status()
             .unwrap_or_else(|e| panic!("set ns_last_pid in host {}: {e}", self.name));
         assert!(st.success(), "set ns_last_pid in host {}: {st}", self.name);
@@ -329,10 +288,7 @@ impl Host {
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.split_whitespace()
-            .skip_while(|w| *w != "lladdr")
-            .nth(1)
-            .map(String::from)
+        text.split_whitespace().skip_while(|w| *w != "lladdr").nth(1).map(String::from)
     }
 }
 
@@ -378,23 +334,10 @@ impl Cluster {
         // No multicast snooping: the bridge floods multicast (such as an
         // IPv6 neighbour advertisement to ff02::1) to every port, as a
         // plain switch does; with snooping and no querier it may not.
-        ip(&[
-            "-n",
-            &br,
-            "link",
-            "add",
-            "br0",
-            "type",
-            "bridge",
-            "mcast_snooping",
-            "0",
-        ]);
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
         ip(&["-n", &br, "link", "set", "br0", "up"]);
         for (i, name) in hosts.iter().enumerate() {
-            assert!(
-                !c.hosts.iter().any(|h| h.name == *name),
-                "host {name} twice"
-            );
+            assert!(!c.hosts.iter().any(|h| h.name == *name), "host {name} twice");
             let netns = format!("{}-{name}", c.tag);
             c.add_netns(&netns);
             let port = format!("p{i}");
@@ -405,15 +348,7 @@ impl Cluster {
             ]);
             ip(&["-n", &br, "link", "set", &port, "master", "br0", "up"]);
             let host_ip = c.subnet_addr(u8::try_from(i + 1).expect("at most 254 hosts"));
-            ip(&[
-                "-n",
-                &netns,
-                "addr",
-                "add",
-                &format!("{host_ip}/24"),
-                "dev",
-                &ifname,
-            ]);
+            ip(&["-n", &netns, "addr", "add", &format!("{host_ip}/24"), "dev", &ifname]);
             ip(&["-n", &netns, "link", "set", &ifname, "up"]);
             c.hosts.push(Host {
                 name: name.to_string(),
@@ -463,10 +398,7 @@ impl Drop for Cluster {
             h.stop_init();
         }
         for ns in self.made.iter().rev() {
-            let _ = Command::new("ip")
-                .args(["netns", "delete", ns])
-                .stderr(Stdio::null())
-                .status();
+            let _ = Command::new("ip").args(["netns", "delete", ns]).stderr(Stdio::null()).status();
         }
     }
 }

@@ -19,11 +19,8 @@ impl NetNs {
     /// None when `ip netns add` does not work here.
     pub fn new(tag: &str) -> Option<NetNs> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "ferry-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
+        let name =
+            format!("ferry-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
         let ok = Command::new("ip")
             .args(["netns", "add", &name])
             .status()
@@ -36,11 +33,7 @@ impl NetNs {
         let up = Command::new("ip")
             .args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"])
             .status();
-        assert!(
-            up.map(|s| s.success()).unwrap_or(false),
-            "cannot bring up lo in {}",
-            ns.0
-        );
+        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
         Some(ns)
     }
 
@@ -67,9 +60,7 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .status();
+        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
     }
 }
 
@@ -82,13 +73,7 @@ pub fn inode(path: &str) -> u64 {
 /// The PID of `pid` in the innermost PID namespace it is in.
 pub fn innermost_pid(pid: i32) -> Option<i32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// Two test hosts, A and B, on one veth link, each a network namespace
@@ -112,21 +97,10 @@ impl TestHosts {
     pub fn new(tag: &str) -> TestHosts {
         let a = NetNs::new(&format!("{tag}a")).expect("ip netns add");
         let b = NetNs::new(&format!("{tag}b")).expect("ip netns add");
-        ip(&[
-            "-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0,
-        ]);
+        ip(&["-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0]);
         for (ns, dev, v4, v6) in [(&a, "va", A_V4, A_V6), (&b, "vb", B_V4, B_V6)] {
             ip(&["-n", &ns.0, "addr", "add", &format!("{v4}/24"), "dev", dev]);
-            ip(&[
-                "-n",
-                &ns.0,
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ]);
+            ip(&["-n", &ns.0, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"]);
             ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         }
         TestHosts { a, b }
@@ -166,9 +140,7 @@ pub fn spawn_in_netns(
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
     drop(nsf);
     child
 }
@@ -198,20 +170,15 @@ pub fn parse_network_locks(text: &str) -> Vec<(String, String)> {
             let w: Vec<&str> = l.split_whitespace().collect();
             // A stale lock's state carries a second word.
             let shift = usize::from(w.contains(&"STALE"));
-            Some((
-                w.first()?.to_string(),
-                w.get(owner_col + shift).unwrap_or(&"-").to_string(),
-            ))
+            Some((w.first()?.to_string(), w.get(owner_col + shift).unwrap_or(&"-").to_string()))
         })
         .collect()
 }
 
 /// The network lock an image refers to.
 pub fn image_lock(ferry: &str, images: &str) -> Option<String> {
-    let out = Command::new(ferry)
-        .args(["inspect", "--json", images])
-        .output()
-        .expect("ferry inspect");
+    let out =
+        Command::new(ferry).args(["inspect", "--json", images]).output().expect("ferry inspect");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
     v["tree"]["network_lock"]["name"].as_str().map(String::from)
 }

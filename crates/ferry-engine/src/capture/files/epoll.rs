@@ -54,10 +54,7 @@ pub fn resolve_targets(procs: &[(i32, &[OpenFile], &[FdSlot])]) -> Result<Vec<Ve
                     continue;
                 }
                 let found = procs.iter().find_map(|&(q, qfiles, qslots)| {
-                    qslots
-                        .iter()
-                        .find(|s| same(q, s.fd))
-                        .map(|s| qfiles[s.file as usize].id)
+                    qslots.iter().find(|s| same(q, s.fd)).map(|s| qfiles[s.file as usize].id)
                 });
                 match found {
                     Some(target) => targets.push(EpollTarget { epoll_file: i as u32, fd: e.fd, target }),

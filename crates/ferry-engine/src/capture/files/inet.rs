@@ -28,12 +28,7 @@ fn addr_bytes(a: &SocketAddr) -> Vec<u8> {
 }
 
 fn sysctl_int(path: &str, field: usize) -> Option<i32> {
-    std::fs::read_to_string(path)
-        .ok()?
-        .split_whitespace()
-        .nth(field)?
-        .parse()
-        .ok()
+    std::fs::read_to_string(path).ok()?.split_whitespace().nth(field)?.parse().ok()
 }
 
 const SO_BUF_LOCK: i32 = ferry_sys::socket::SO_BUF_LOCK;
@@ -130,21 +125,9 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
     if tcp {
         let ka = |f: &str| int(sysctl_int(&format!("/proc/sys/net/ipv4/{f}"), 0));
         v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, Zero));
-        v.push((
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
-            ka("tcp_keepalive_time"),
-        ));
-        v.push((
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPINTVL,
-            ka("tcp_keepalive_intvl"),
-        ));
-        v.push((
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPCNT,
-            ka("tcp_keepalive_probes"),
-        ));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ka("tcp_keepalive_time")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, ka("tcp_keepalive_intvl")));
+        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPCNT, ka("tcp_keepalive_probes")));
         v.push((libc::IPPROTO_TCP, libc::TCP_SYNCNT, ka("tcp_syn_retries")));
         v.push((libc::IPPROTO_TCP, libc::TCP_LINGER2, ka("tcp_fin_timeout")));
         v.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, Zero));
@@ -204,17 +187,10 @@ fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Defau
 fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt> {
     let mut options = Vec::new();
     let buf_lock = getsockopt_int(fd, libc::SOL_SOCKET, SO_BUF_LOCK).unwrap_or(0);
-    for (name, bit) in [
-        (libc::SO_SNDBUF, SOCK_SNDBUF_LOCK),
-        (libc::SO_RCVBUF, SOCK_RCVBUF_LOCK),
-    ] {
+    for (name, bit) in [(libc::SO_SNDBUF, SOCK_SNDBUF_LOCK), (libc::SO_RCVBUF, SOCK_RCVBUF_LOCK)] {
         if buf_lock & bit != 0 {
             if let Some(value) = getsockopt_bytes(fd, libc::SOL_SOCKET, name) {
-                options.push(SockOpt {
-                    level: libc::SOL_SOCKET,
-                    name,
-                    value,
-                });
+                options.push(SockOpt { level: libc::SOL_SOCKET, name, value });
             }
         }
     }
@@ -223,11 +199,7 @@ fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt>
             continue;
         };
         if !is_default(&value, default) {
-            options.push(SockOpt {
-                level: *level,
-                name: *name,
-                value,
-            });
+            options.push(SockOpt { level: *level, name: *name, value });
         }
     }
     options
@@ -296,11 +268,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         }
     }
     // A TCP socket that was reset or closed by its peer keeps no peer.
-    let peer = if tcp && state != TCP_ESTABLISHED {
-        None
-    } else {
-        peer
-    };
+    let peer = if tcp && state != TCP_ESTABLISHED { None } else { peer };
     let options = changed_options(fd, family, tcp, state);
     Ok(FileKind::InetSocket(InetSocket {
         family,

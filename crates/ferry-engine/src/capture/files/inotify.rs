@@ -28,14 +28,11 @@ fn mount_of(sdev: u64) -> Option<String> {
 fn watch(info: &FdInfo, line: &str) -> Result<InotifyWatch> {
     let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k));
     let bad = |what: &str| info.unsupported(format!("inotify fdinfo line without {what}: {line}"));
-    let wd: i32 = field("wd:")
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("wd"))?;
+    let wd: i32 = field("wd:").and_then(|v| v.parse().ok()).ok_or_else(|| bad("wd"))?;
     let mask = field("mask:").and_then(hex).ok_or_else(|| bad("mask"))? as u32;
     let sdev = field("sdev:").and_then(hex).ok_or_else(|| bad("sdev"))?;
-    let htype: i32 = field("fhandle-type:")
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("fhandle-type"))?;
+    let htype: i32 =
+        field("fhandle-type:").and_then(|v| v.parse().ok()).ok_or_else(|| bad("fhandle-type"))?;
     let hbytes = field("f_handle:").ok_or_else(|| bad("f_handle"))?;
     let handle: Vec<u8> = (0..hbytes.len() / 2)
         .filter_map(|i| u8::from_str_radix(&hbytes[2 * i..2 * i + 2], 16).ok())
@@ -54,9 +51,9 @@ fn watch(info: &FdInfo, line: &str) -> Result<InotifyWatch> {
     })?;
     let path = crate::procfs::read_link(&format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     if path.ends_with(" (deleted)") || !path.starts_with('/') {
-        return Err(info.unsupported(format!(
-            "watch {wd} is on {path}, which has no path to watch again"
-        )));
+        return Err(
+            info.unsupported(format!("watch {wd} is on {path}, which has no path to watch again"))
+        );
     }
     Ok(InotifyWatch { wd, path, mask })
 }

@@ -28,9 +28,8 @@ pub fn parse(info: &FdInfo) -> Result<Vec<FileLock>> {
             "READ" => false,
             other => return Err(info.unsupported(format!("lock of type {other} is not supported"))),
         };
-        let start = w[6]
-            .parse()
-            .map_err(|_| info.unsupported(format!("cannot parse lock {line:?}")))?;
+        let start =
+            w[6].parse().map_err(|_| info.unsupported(format!("cannot parse lock {line:?}")))?;
         let end = if w[7] == "EOF" {
             None
         } else {
@@ -39,12 +38,7 @@ pub fn parse(info: &FdInfo) -> Result<Vec<FileLock>> {
                     .map_err(|_| info.unsupported(format!("cannot parse lock {line:?}")))?,
             )
         };
-        out.push(FileLock {
-            kind,
-            write,
-            start,
-            end,
-        });
+        out.push(FileLock { kind, write, start, end });
     }
     Ok(out)
 }

@@ -52,11 +52,9 @@ impl FdInfo<'_> {
             .map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))
     }
     pub fn field(&self, key: &str) -> Option<&str> {
-        self.fdinfo.lines().find_map(|l| {
-            l.strip_prefix(key)
-                .and_then(|r| r.strip_prefix(':'))
-                .map(str::trim)
-        })
+        self.fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).map(str::trim))
     }
 }
 
@@ -87,9 +85,7 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
         return regular::capture_file(info);
     }
     if ft.is_dir() {
-        return Ok(FileKind::Directory {
-            path: l.to_string(),
-        });
+        return Ok(FileKind::Directory { path: l.to_string() });
     }
     if ft.is_char_device() {
         return regular::capture_char_device(info);
@@ -136,11 +132,7 @@ fn leads_out(info: &FdInfo) -> bool {
 /// Also returns the pending unix connections (clients waiting in an accept
 /// queue), the files of listeners with one waiting and SO_PEERCRED of
 /// the connected unix sockets.
-pub type PendingUnix = (
-    Vec<ferry_image::UnixConnect>,
-    Vec<u32>,
-    Vec<ferry_image::UnixPeerCred>,
-);
+pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>, Vec<ferry_image::UnixPeerCred>);
 
 pub fn capture(
     pid: i32,
@@ -161,16 +153,7 @@ pub fn capture(
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let meta = std::fs::metadata(format!("{dir}/{fd}"))
             .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-        Ok(FdInfo {
-            pid,
-            fd,
-            link,
-            fdinfo,
-            meta,
-            pidfd,
-            tree,
-            unix_tables: &unix_tables,
-        })
+        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
     })?;
 
     // (dev, ino) -> (file index, a representative fd), for sharing detection.
@@ -179,10 +162,7 @@ pub fn capture(
     let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
     let mut unique: Vec<&FdInfo> = Vec::new();
     for info in &infos {
-        let flags = info
-            .field("flags")
-            .and_then(procfs::parse_octal)
-            .unwrap_or(0) as i32;
+        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let (dev, ino) = (info.meta.dev(), info.meta.ino());
         let mut shared_with = None;
         for &(idx, other) in seen.get(&(dev, ino)).into_iter().flatten() {
@@ -197,25 +177,16 @@ pub fn capture(
             seen.entry((dev, ino)).or_default().push((idx, info.fd));
             idx
         });
-        slots.push(FdSlot {
-            fd: info.fd,
-            file,
-            cloexec: flags & libc::O_CLOEXEC != 0,
-        });
+        slots.push(FdSlot { fd: info.fd, file, cloexec: flags & libc::O_CLOEXEC != 0 });
     }
 
     let files = crate::parallel::map(&unique, |info| {
-        let flags = info
-            .field("flags")
-            .and_then(procfs::parse_octal)
-            .unwrap_or(0) as i32;
+        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
         let stdio_link =
             info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
         let kind = if external_stdio && stdio_link && leads_out(info) {
-            FileKind::ExternalStdio {
-                what: info.link.clone(),
-            }
+            FileKind::ExternalStdio { what: info.link.clone() }
         } else {
             capture_kind(info)?
         };
@@ -225,18 +196,11 @@ pub fn capture(
     let files: Vec<OpenFile> = files
         .into_iter()
         .enumerate()
-        .map(|(i, (flags, pos, kind, locks))| OpenFile {
-            id: i as u64,
-            flags,
-            pos,
-            kind,
-            locks,
-        })
+        .map(|(i, (flags, pos, kind, locks))| OpenFile { id: i as u64, flags, pos, kind, locks })
         .collect();
     for l in unix_tables.take_listeners_with_pending() {
-        if let Some(i) = files
-            .iter()
-            .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
+        if let Some(i) =
+            files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
         {
             pending_listeners.push(i as u32);
         }
@@ -248,18 +212,10 @@ pub fn capture(
             let file = files
                 .iter()
                 .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
-            Some(ferry_image::UnixConnect {
-                file: file as u32,
-                listener,
-                position,
-            })
+            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
         })
         .collect();
-    Ok((
-        files,
-        slots,
-        (connects, pending_listeners, unix_tables.take_peer_creds()),
-    ))
+    Ok((files, slots, (connects, pending_listeners, unix_tables.take_peer_creds())))
 }
 
 /// The lowest fd number that points at each file of a table, by file
@@ -267,9 +223,7 @@ pub fn capture(
 pub(crate) fn first_fd_of_each_file(fds: &[FdSlot]) -> std::collections::HashMap<u32, i32> {
     let mut m = std::collections::HashMap::with_capacity(fds.len());
     for s in fds {
-        m.entry(s.file)
-            .and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd))
-            .or_insert(s.fd);
+        m.entry(s.file).and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd)).or_insert(s.fd);
     }
     m
 }
@@ -306,11 +260,7 @@ pub fn link_tree(
             let Some(&fd) = first_fd.get(&(i as u32)) else {
                 continue;
             };
-            let slot = FdSlot {
-                fd,
-                file: i as u32,
-                cloexec: false,
-            };
+            let slot = FdSlot { fd, file: i as u32, cloexec: false };
             let path = format!("/proc/{}/fd/{}", p.pid, slot.fd);
             let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
             let key = (meta.dev(), meta.ino());
@@ -355,9 +305,7 @@ pub fn link_tree(
         .collect();
     for (i, &(pid, f, fd)) in all.iter().enumerate() {
         if matches!(f.kind, FileKind::ProcFile { .. })
-            && all[i + 1..]
-                .iter()
-                .any(|&(q, g, _)| q != pid && g.id == f.id)
+            && all[i + 1..].iter().any(|&(q, g, _)| q != pid && g.id == f.id)
         {
             return Err(EngineError::unsupported(pid, format!("fd {fd}"), "a /proc file description shared with another process of the tree; it would be opened once per process"));
         }

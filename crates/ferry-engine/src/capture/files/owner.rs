@@ -14,9 +14,9 @@ const F_OWNER_PGRP: i32 = 2;
 
 fn in_tree(tree: &[i32], owner_type: i32, id: i32) -> bool {
     match owner_type {
-        F_OWNER_TID => tree
-            .iter()
-            .any(|p| std::path::Path::new(&format!("/proc/{p}/task/{id}")).exists()),
+        F_OWNER_TID => {
+            tree.iter().any(|p| std::path::Path::new(&format!("/proc/{p}/task/{id}")).exists())
+        }
         F_OWNER_PGRP => tree
             .iter()
             .any(|&p| crate::procfs::Stat::read(p).is_ok_and(|s| s.field(5) as i32 == id)),
@@ -54,11 +54,7 @@ pub fn capture(
             // O_PATH descriptors have no owner (fcntl says EBADF).
             Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => return Ok(None),
             Err(e) => {
-                return Err(EngineError::kernel(
-                    pid,
-                    format!("fd {fd}: reading its owner"),
-                    e,
-                ))
+                return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e))
             }
         };
         let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)")
@@ -77,12 +73,7 @@ pub fn capture(
                 format!("its F_SETOWN owner ({kind} {owner}) is outside the checkpointed tree; after restore that id could belong to anyone"),
             ));
         }
-        Ok(Some(FileOwner {
-            file: i as u32,
-            owner_type,
-            owner,
-            signal,
-        }))
+        Ok(Some(FileOwner { file: i as u32, owner_type, owner, signal }))
     })?;
     Ok(found.into_iter().flatten().collect())
 }

@@ -11,19 +11,12 @@ use std::os::unix::fs::MetadataExt;
 fn unread_data(info: &FdInfo) -> Result<(u32, Vec<u8>)> {
     let fd = info.dup()?;
     let kerr = |what: &str, e| {
-        EngineError::kernel(
-            info.pid,
-            format!("fd {} ({}): {what}", info.fd, info.link),
-            e,
-        )
+        EngineError::kernel(info.pid, format!("fd {} ({}): {what}", info.fd, info.link), e)
     };
     let cap =
         ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_GETPIPE_SZ, 0, "fcntl(F_GETPIPE_SZ)")
             .map_err(|e| kerr("pipe size", e))?;
-    let readable = info
-        .field("flags")
-        .and_then(crate::procfs::parse_octal)
-        .unwrap_or(0) as i32
+    let readable = info.field("flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32
         & libc::O_ACCMODE
         != libc::O_WRONLY;
     if !readable {
@@ -57,10 +50,7 @@ fn unread_data(info: &FdInfo) -> Result<(u32, Vec<u8>)> {
 }
 
 fn end(info: &FdInfo) -> Result<PipeEnd> {
-    let flags = info
-        .field("flags")
-        .and_then(crate::procfs::parse_octal)
-        .unwrap_or(0) as i32;
+    let flags = info.field("flags").and_then(crate::procfs::parse_octal).unwrap_or(0) as i32;
     let (capacity, data) = unread_data(info)?;
     Ok(PipeEnd {
         id: info.meta.ino(),
@@ -76,10 +66,7 @@ pub fn capture_pipe(info: &FdInfo) -> Result<FileKind> {
 }
 
 pub fn capture_fifo(info: &FdInfo) -> Result<FileKind> {
-    Ok(FileKind::Fifo {
-        path: info.link.clone(),
-        pipe: end(info)?,
-    })
+    Ok(FileKind::Fifo { path: info.link.clone(), pipe: end(info)? })
 }
 
 /// Every pipe end in the tree needs its other end in the tree too, or
@@ -113,11 +100,7 @@ pub fn check_tree(all: &[(i32, &OpenFile, i32)], tree: &[i32]) -> Result<Vec<(u6
 fn other_holder(tree: &[i32], id: u64) -> Option<i32> {
     let want = format!("pipe:[{id}]");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(other) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
+        let Some(other) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
         };
         if tree.contains(&other) || other == std::process::id() as i32 {

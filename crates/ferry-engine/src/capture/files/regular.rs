@@ -10,20 +10,13 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 /// Deleted files larger than this are refused rather than copied.
 const MAX_DELETED_CONTENT: u64 = 1 << 30;
 
-const PLAIN_DEVICES: &[&str] = &[
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-];
+const PLAIN_DEVICES: &[&str] =
+    &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
 pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
     let link = info.link.as_str();
     if link.starts_with("/memfd:") {
-        return Ok(FileKind::Memfd {
-            id: info.meta.ino(),
-        });
+        return Ok(FileKind::Memfd { id: info.meta.ino() });
     }
     if let Some(path) = link.strip_suffix(" (deleted)") {
         let size = info.meta.len();
@@ -63,18 +56,13 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
     }
     if let Some(pid) = proc_pid_of(link) {
         if info.tree.contains(&pid) {
-            return Ok(FileKind::ProcFile {
-                path: link.to_string(),
-            });
+            return Ok(FileKind::ProcFile { path: link.to_string() });
         }
         return Err(info.unsupported(format!(
             "a /proc file of process {pid}, outside the tree; after restore that PID could be anyone"
         )));
     }
-    Ok(FileKind::Regular {
-        path: link.to_string(),
-        size: info.meta.len(),
-    })
+    Ok(FileKind::Regular { path: link.to_string(), size: info.meta.len() })
 }
 
 /// "/proc/123/stat" -> 123 (also /proc/123/task/...).
@@ -98,25 +86,17 @@ fn is_terminal(info: &FdInfo) -> Result<bool> {
 
 pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
     if is_terminal(info)? {
-        return Ok(FileKind::Terminal {
-            path: info.link.clone(),
-        });
+        return Ok(FileKind::Terminal { path: info.link.clone() });
     }
     if PLAIN_DEVICES.contains(&info.link.as_str()) {
-        return Ok(FileKind::CharDevice {
-            path: info.link.clone(),
-            rdev: info.meta.rdev(),
-        });
+        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
     }
     // A node of one of those devices made elsewhere with mknod and unlinked
     // while open (zdtm deleted_dev): restore makes a node again under the
     // old name, opens it and unlinks it; its mode and owner go with the
     // deleted files' (owner::deleted_attrs).
     if info.link.ends_with(" (deleted)") && is_plain_device(info.meta.rdev()) {
-        return Ok(FileKind::CharDevice {
-            path: info.link.clone(),
-            rdev: info.meta.rdev(),
-        });
+        return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
     }
     Err(info.unsupported("this character device is not supported"))
 }
@@ -138,9 +118,7 @@ pub fn check_deleted_mapped(
             continue;
         };
         let proc_path = format!("/proc/{pid}/fd/{}", slot.fd);
-        let ino = std::fs::metadata(&proc_path)
-            .map_err(|e| EngineError::io(&proc_path, e))?
-            .ino();
+        let ino = std::fs::metadata(&proc_path).map_err(|e| EngineError::io(&proc_path, e))?.ino();
         if let Some(v) = vmas
             .iter()
             .find(|v| v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == ino))

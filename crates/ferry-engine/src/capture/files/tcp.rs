@@ -66,14 +66,7 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
             else {
                 continue;
             };
-            out.push(Established {
-                pid: *pid,
-                fd,
-                proc_index,
-                file_index,
-                local,
-                remote,
-            });
+            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote });
         }
     }
     out
@@ -126,22 +119,14 @@ impl Drop for Repaired {
                 continue;
             }
             if let Err(e) = leave_repair(h.sock.as_raw_fd(), h.reuse) {
-                tracing::error!(
-                    "pid {} fd {}: could not leave TCP repair mode: {e}",
-                    h.pid,
-                    h.fd
-                );
+                tracing::error!("pid {} fd {}: could not leave TCP repair mode: {e}", h.pid, h.fd);
             }
         }
     }
 }
 
 fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
-    EngineError::kernel(
-        c.pid,
-        format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote),
-        e,
-    )
+    EngineError::kernel(c.pid, format!("fd {} (TCP {} -> {}): {what}", c.fd, c.local, c.remote), e)
 }
 
 /// Switches every connection into repair mode and reads its state, on
@@ -167,28 +152,16 @@ pub fn capture<'a>(
         let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR)
             .map_err(|e| kernel(c, "reading SO_REUSEADDR", e))?
             != 0;
-        Ok(Held {
-            pid: c.pid,
-            fd: c.fd,
-            sock,
-            reuse,
-            in_repair: false.into(),
-        })
+        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() })
     })?;
     // The guard hears of every socket before any enters repair mode.
-    repairing(
-        &socks
-            .iter()
-            .map(|h| (h.pid, h.fd, h.reuse))
-            .collect::<Vec<_>>(),
-    );
+    repairing(&socks.iter().map(|h| (h.pid, h.fd, h.reuse)).collect::<Vec<_>>());
     let repaired = Repaired { socks, keep: false };
     let work: Vec<(&Established, &Held)> = conns.iter().zip(&repaired.socks).collect();
     let states = crate::parallel::map(&work, |(c, h)| {
         let fd = h.sock.as_raw_fd();
         socket::set_repair(fd, 1).map_err(|e| kernel(c, "entering repair mode", e))?;
-        h.in_repair
-            .store(true, std::sync::atomic::Ordering::Release);
+        h.in_repair.store(true, std::sync::atomic::Ordering::Release);
         read_connection(c, fd)
     })?;
     Ok((repaired, states))

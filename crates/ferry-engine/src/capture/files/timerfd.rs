@@ -23,12 +23,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         crate::error::EngineError::kernel(info.pid, format!("fd {}: reading timerfd", info.fd), e)
     })?;
     let text = crate::procfs::read_string(&format!("/proc/{}/fdinfo/{}", info.pid, info.fd))?;
-    let fresh = FdInfo {
-        fdinfo: text,
-        meta: info.meta.clone(),
-        link: info.link.clone(),
-        ..*info
-    };
+    let fresh = FdInfo { fdinfo: text, meta: info.meta.clone(), link: info.link.clone(), ..*info };
     let info = &fresh;
     let clockid = info
         .field("clockid")
@@ -36,14 +31,9 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         .ok_or_else(|| info.unsupported("fdinfo has no clockid"))?;
     Ok(FileKind::TimerFd(TimerFd {
         clockid,
-        ticks: info
-            .field("ticks")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-        settime_flags: info
-            .field("settime flags")
-            .and_then(crate::procfs::parse_octal)
-            .unwrap_or(0) as i32,
+        ticks: info.field("ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+        settime_flags: info.field("settime flags").and_then(crate::procfs::parse_octal).unwrap_or(0)
+            as i32,
         value_ns: pair_ns(info.field("it_value")),
         interval_ns: pair_ns(info.field("it_interval")),
     }))

@@ -134,19 +134,13 @@ fn peek_queue(
         }
         let data = buf[..msg.len].to_vec();
         let plain = fds.is_empty() && creds.is_none();
-        let last_plain = in_flight
-            .last()
-            .is_none_or(|m| m.message as usize + 1 < out.len());
+        let last_plain = in_flight.last().is_none_or(|m| m.message as usize + 1 < out.len());
         match (stream && plain && last_plain, out.last_mut()) {
             (true, Some(last)) => last.extend_from_slice(&data),
             _ => out.push(data),
         }
         if !plain {
-            in_flight.push(UnixInFlight {
-                message: (out.len() - 1) as u32,
-                fds,
-                creds,
-            });
+            in_flight.push(UnixInFlight { message: (out.len() - 1) as u32, fds, creds });
         }
         if out.len() > 100_000 {
             break Err(info.unsupported("too many queued messages"));
@@ -208,13 +202,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let ino = info.meta.ino();
     let sock = info.dup()?;
     let table = info.unix_tables.of(info.pid, &sock)?;
-    let me: UnixDiag = table
-        .iter()
-        .find(|d| d.ino as u64 == ino)
-        .cloned()
-        .ok_or_else(|| {
-            info.unsupported("unix socket not found in its network namespace's socket table")
-        })?;
+    let me: UnixDiag = table.iter().find(|d| d.ino as u64 == ino).cloned().ok_or_else(|| {
+        info.unsupported("unix socket not found in its network namespace's socket table")
+    })?;
     let fd = sock.as_raw_fd();
     let name = name_of(fd);
     // A socket without a peer is bound again, and so is the client end of
@@ -276,9 +266,9 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             .find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm_name(&l.name) == pname);
         let lname = String::from_utf8_lossy(&pname).replace('\0', "@");
         let Some(listener) = listener else {
-            return Err(info.unsupported(format!(
-                "connected to {lname}, whose socket cannot be found"
-            )));
+            return Err(
+                info.unsupported(format!("connected to {lname}, whose socket cannot be found"))
+            );
         };
         if super::holders_in_tree(info.tree, &format!("socket:[{}]", listener.ino)) == 0 {
             return Err(info.unsupported(format!(
@@ -323,11 +313,8 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     // Datagrams queued on a socket that is not one end of a pair came
     // from senders the image does not record (any socket that sent to its
     // name); restore refills a queue only from the peer of a pair.
-    let pair = peer.is_some_and(|p| {
-        table
-            .iter()
-            .any(|d| d.ino as u64 == p && d.peer as u64 == ino)
-    });
+    let pair =
+        peer.is_some_and(|p| table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
     if me.rqueue > 0 && listen_backlog.is_none() && !pair {
         return Err(info.unsupported(format!(
             "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
@@ -362,10 +349,7 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             .map_err(|e| {
                 EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e)
             })?;
-        let word = |i: usize| {
-            b.get(i..i + 4)
-                .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-        };
+        let word = |i: usize| b.get(i..i + 4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
         let (Some(pid), Some(uid), Some(gid)) = (word(0), word(4), word(8)) else {
             return Err(info.unsupported(format!("SO_PEERCRED gave {} bytes", b.len())));
         };
@@ -415,9 +399,7 @@ fn peer_groups(info: &FdInfo, fd: RawFd) -> Result<Vec<u32>> {
         }
         Err(e) => return Err(EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERGROUPS", info.fd), e)),
     };
-    Ok(b.chunks_exact(4)
-        .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-        .collect())
+    Ok(b.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect())
 }
 
 /// A socket bound to a path is bound to it again at restore, which makes
@@ -478,9 +460,7 @@ pub fn check_peer_creds(
         .collect();
     // The socket `u` is connected to, when that one is connected back.
     let connected_back = |u: &UnixSocket| {
-        u.peer
-            .and_then(|p| sockets.get(&p).copied())
-            .filter(|v| v.peer == Some(u.ino))
+        u.peer.and_then(|p| sockets.get(&p).copied()).filter(|v| v.peer == Some(u.ino))
     };
     for &(pid, f, fd) in all {
         let FileKind::UnixSocket(u) = &f.kind else {
@@ -516,17 +496,10 @@ pub fn check_peer_creds(
         let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
         if pair
             && peer != u.ino
-            && cred_of(peer)
-                != Some(&ferry_image::UnixPeerCred {
-                    ino: peer,
-                    ..c.clone()
-                })
+            && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() })
         {
             let other = cred_of(peer).map_or("none".to_string(), |o| {
-                format!(
-                    "pid {} uid {} gid {} groups {:?}",
-                    o.pid, o.uid, o.gid, o.groups
-                )
+                format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups)
             });
             return Err(EngineError::unsupported(
                 pid,

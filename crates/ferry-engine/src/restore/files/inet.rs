@@ -9,8 +9,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 pub(crate) fn int_of(v: &[u8]) -> i32 {
-    v.get(..4)
-        .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    v.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 pub(crate) fn is_opt(o: &SockOpt, level: i32, name: i32) -> bool {
@@ -30,10 +29,7 @@ pub(crate) fn apply_option(pid: i32, fd: RawFd, o: &SockOpt) -> Result<()> {
     r.map_err(|e| {
         EngineError::kernel(
             pid,
-            format!(
-                "setting socket option {}/{} to {:?}",
-                o.level, o.name, o.value
-            ),
+            format!("setting socket option {}/{} to {:?}", o.level, o.name, o.value),
             e,
         )
     })
@@ -43,12 +39,7 @@ pub(crate) fn address(pid: i32, bytes: &[u8], port: u16) -> Result<SocketAddr> {
     let ip: std::net::IpAddr = match bytes.len() {
         4 => std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into(),
         16 => std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).unwrap_or([0; 16])).into(),
-        n => {
-            return Err(EngineError::restore(
-                pid,
-                format!("socket address of {n} bytes"),
-            ))
-        }
+        n => return Err(EngineError::restore(pid, format!("socket address of {n} bytes"))),
     };
     Ok(SocketAddr::new(ip, port))
 }

@@ -31,19 +31,12 @@ pub fn create(pid: i32, watches: &[InotifyWatch]) -> Result<OwnedFd> {
             EngineError::restore(pid, format!("inotify path {:?} has a NUL byte", w.path))
         })?;
         let d = inotify::add_watch(fd.as_fd(), &c, w.mask).map_err(|e| {
-            EngineError::kernel(
-                pid,
-                format!("watching {} (inotify watch {})", w.path, w.wd),
-                e,
-            )
+            EngineError::kernel(pid, format!("watching {} (inotify watch {})", w.path, w.wd), e)
         })?;
         if d != w.wd {
             return Err(EngineError::restore(
                 pid,
-                format!(
-                    "inotify watch on {} came back as descriptor {d}, not {}",
-                    w.path, w.wd
-                ),
+                format!("inotify watch on {} came back as descriptor {d}, not {}", w.path, w.wd),
             ));
         }
         next = d + 1;

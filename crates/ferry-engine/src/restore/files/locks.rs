@@ -26,10 +26,7 @@ pub fn take(pid: i32, fd: i32, locks: &[FileLock]) -> Result<()> {
         taken.map_err(|e| {
             EngineError::kernel(
                 pid,
-                format!(
-                    "taking a {:?} lock on fd {fd} (bytes {}..{:?})",
-                    l.kind, l.start, l.end
-                ),
+                format!("taking a {:?} lock on fd {fd} (bytes {}..{:?})", l.kind, l.start, l.end),
                 e,
             )
         })?;
@@ -40,20 +37,12 @@ pub fn take(pid: i32, fd: i32, locks: &[FileLock]) -> Result<()> {
 /// struct flock as F_SETLK reads it (x86_64 layout).
 fn flock_bytes(l: &FileLock) -> Vec<u8> {
     let mut b = Vec::with_capacity(32);
-    let ty = if l.write {
-        libc::F_WRLCK
-    } else {
-        libc::F_RDLCK
-    } as i16;
+    let ty = if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16;
     b.extend_from_slice(&ty.to_le_bytes());
     b.extend_from_slice(&(libc::SEEK_SET as i16).to_le_bytes());
     b.extend_from_slice(&[0u8; 4]);
     b.extend_from_slice(&(l.start as i64).to_le_bytes());
-    b.extend_from_slice(
-        &l.end
-            .map_or(0i64, |e| (e + 1 - l.start) as i64)
-            .to_le_bytes(),
-    );
+    b.extend_from_slice(&l.end.map_or(0i64, |e| (e + 1 - l.start) as i64).to_le_bytes());
     b.extend_from_slice(&[0u8; 8]);
     b
 }
@@ -74,10 +63,7 @@ pub fn posix_lock_calls(
             let at = data + args.len() as u64;
             args.extend(flock_bytes(l));
             calls.push((
-                format!(
-                    "fcntl(fd {}, F_SETLK, bytes {}..{:?})",
-                    slot.fd, l.start, l.end
-                ),
+                format!("fcntl(fd {}, F_SETLK, bytes {}..{:?})", slot.fd, l.start, l.end),
                 crate::inject::Call::new(
                     libc::SYS_fcntl,
                     &[slot.fd as u64, libc::F_SETLK as u64, at],

@@ -250,18 +250,12 @@ pub(crate) fn make_unix_late(
     tty_to: &str,
     temp_base: RawFd,
 ) -> Result<HashMap<u64, OwnedFd>> {
-    let creds: HashMap<u64, ferry_image::UnixPeerCred> = tree
-        .unix_peers
-        .iter()
-        .flat_map(|u| u.sockets.iter())
-        .map(|c| (c.ino, c.clone()))
-        .collect();
+    let creds: HashMap<u64, ferry_image::UnixPeerCred> =
+        tree.unix_peers.iter().flat_map(|u| u.sockets.iter()).map(|c| (c.ino, c.clone())).collect();
     let mut inj = unix_late::Late { sessions, creds };
     let memfds = HashMap::new();
     let mut b = Builder::new(tree, tty_to, &memfds, temp_base, Some(&mut inj));
-    let made = build_all(&mut b, tree, true, |f| {
-        matches!(f.kind, FileKind::UnixSocket(_))
-    })?;
+    let made = build_all(&mut b, tree, true, |f| matches!(f.kind, FileKind::UnixSocket(_)))?;
     drop(b);
     Ok(made)
 }
@@ -296,16 +290,9 @@ pub fn install_calls(
             continue; // opened later by `proc_file::open_all`
         }
         let src = *staged.get(&f.id).ok_or_else(|| {
-            EngineError::restore(
-                image.pid,
-                format!("fd {}: its file was not staged", slot.fd),
-            )
+            EngineError::restore(image.pid, format!("fd {}: its file was not staged", slot.fd))
         })?;
-        let flags = if slot.cloexec {
-            libc::O_CLOEXEC as u64
-        } else {
-            0
-        };
+        let flags = if slot.cloexec { libc::O_CLOEXEC as u64 } else { 0 };
         calls.push((
             format!("dup3(fd {})", slot.fd),
             Call::new(libc::SYS_dup3, &[src as u64, slot.fd as u64, flags]),
@@ -347,11 +334,7 @@ pub fn epoll_calls(
             continue;
         };
         for e in entries.iter().filter(|e| {
-            !image
-                .fidelity
-                .epoll_targets
-                .iter()
-                .any(|t| t.epoll_file as usize == i && t.fd == e.fd)
+            !image.fidelity.epoll_targets.iter().any(|t| t.epoll_file as usize == i && t.fd == e.fd)
         }) {
             let at = data + bytes.len() as u64;
             // struct epoll_event is packed on x86_64: u32 events, u64 data.
@@ -403,12 +386,8 @@ pub fn epoll_target_calls(
                 format!("epoll entry for fd {}: {what} was not staged", t.fd),
             )
         };
-        let src = *staged
-            .get(&t.target)
-            .ok_or_else(|| miss("the watched file"))?;
-        let epfd = *staged
-            .get(&ep.id)
-            .ok_or_else(|| miss("the epoll instance"))?;
+        let src = *staged.get(&t.target).ok_or_else(|| miss("the watched file"))?;
+        let epfd = *staged.get(&ep.id).ok_or_else(|| miss("the epoll instance"))?;
         let at = data + bytes.len() as u64;
         bytes.extend_from_slice(&e.events.to_le_bytes());
         bytes.extend_from_slice(&e.data.to_le_bytes());
@@ -423,10 +402,7 @@ pub fn epoll_target_calls(
                 &[epfd as u64, libc::EPOLL_CTL_ADD as u64, t.fd as u64, at],
             ),
         ));
-        calls.push((
-            format!("close(fd {})", t.fd),
-            Call::new(libc::SYS_close, &[t.fd as u64]),
-        ));
+        calls.push((format!("close(fd {})", t.fd), Call::new(libc::SYS_close, &[t.fd as u64])));
     }
     Ok((calls, bytes))
 }

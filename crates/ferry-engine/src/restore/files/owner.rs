@@ -13,10 +13,7 @@ pub fn restore(s: &mut Session) -> Result<()> {
     let image = s.image;
     for o in &image.fidelity.file_owners {
         let slot = image.fds.iter().find(|f| f.file == o.file).ok_or_else(|| {
-            EngineError::restore(
-                s.pid,
-                format!("fd owner for file {} that no fd uses", o.file),
-            )
+            EngineError::restore(s.pid, format!("fd owner for file {} that no fd uses", o.file))
         })?;
         let fd = slot.fd as u64;
         let mut calls = Vec::new();
@@ -32,10 +29,7 @@ pub fn restore(s: &mut Session) -> Result<()> {
             owner.extend_from_slice(&o.owner.to_le_bytes());
             s.remote.write(s.data, &owner)?;
             calls.push((
-                format!(
-                    "fcntl(fd {fd}, F_SETOWN_EX, type {} id {})",
-                    o.owner_type, o.owner
-                ),
+                format!("fcntl(fd {fd}, F_SETOWN_EX, type {} id {})", o.owner_type, o.owner),
                 Call::new(libc::SYS_fcntl, &[fd, F_SETOWN_EX, s.data]),
             ));
         }

@@ -47,21 +47,11 @@ pub fn open_pipe_end(b: &mut Builder, end: &PipeEnd) -> Result<OwnedFd> {
     if let Some(w) = b.pipe_writers.get(&end.id) {
         refill(pid, w, end.capacity, &end.data)?;
     }
-    let ends = b
-        .pipes
-        .get_mut(&end.id)
-        .ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
-    let taken = if end.write_end {
-        ends.1.take()
-    } else {
-        ends.0.take()
-    };
+    let ends =
+        b.pipes.get_mut(&end.id).ok_or_else(|| EngineError::restore(pid, "pipe vanished"))?;
+    let taken = if end.write_end { ends.1.take() } else { ends.0.take() };
     if end.peer_closed {
-        let peer = if end.write_end {
-            ends.0.take()
-        } else {
-            ends.1.take()
-        };
+        let peer = if end.write_end { ends.0.take() } else { ends.1.take() };
         drop(peer);
     }
     match taken {
@@ -119,11 +109,7 @@ fn recreate_deleted_fifo(pid: i32, path: &str) -> Result<OwnedFd> {
                 name = format!("{path}.ferry-{pid}-{n}")
             }
             Err(e) => {
-                return Err(EngineError::kernel(
-                    pid,
-                    format!("recreating deleted FIFO {name}"),
-                    e,
-                ))
+                return Err(EngineError::kernel(pid, format!("recreating deleted FIFO {name}"), e))
             }
         }
     }

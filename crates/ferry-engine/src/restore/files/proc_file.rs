@@ -52,29 +52,19 @@ pub fn open_all(s: &mut Session) -> Result<()> {
                         &[
                             opened,
                             libc::F_SETFD as u64,
-                            if slot.cloexec {
-                                libc::FD_CLOEXEC as u64
-                            } else {
-                                0
-                            },
+                            if slot.cloexec { libc::FD_CLOEXEC as u64 } else { 0 },
                         ],
                     ),
                 ));
             } else {
                 calls.push((
                     format!("dup3({path} -> fd {})", slot.fd),
-                    Call::new(
-                        libc::SYS_dup3,
-                        &[opened, slot.fd as u64, cloexec(slot.cloexec)],
-                    ),
+                    Call::new(libc::SYS_dup3, &[opened, slot.fd as u64, cloexec(slot.cloexec)]),
                 ));
             }
         }
         if !slots.iter().any(|x| x.fd as u64 == opened) {
-            calls.push((
-                format!("close({path} temporary)"),
-                Call::new(libc::SYS_close, &[opened]),
-            ));
+            calls.push((format!("close({path} temporary)"), Call::new(libc::SYS_close, &[opened])));
         }
         if f.pos != 0 {
             calls.push((

@@ -41,12 +41,7 @@ fn recreate_deleted(
     let mut name = path.to_string();
     let mut n = 0;
     let rw = loop {
-        match open_path(
-            pid,
-            &name,
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-            mode,
-        ) {
+        match open_path(pid, &name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode) {
             Ok(fd) => break fd,
             // The path is taken again (a new file was created there since):
             // recreate the deleted file under a neighbouring name.
@@ -70,17 +65,9 @@ fn recreate_deleted(
         }
     }
     file.set_len(content.len() as u64).map_err(|e| {
-        EngineError::io(
-            format!("setting the size of recreated deleted file {name}"),
-            e,
-        )
+        EngineError::io(format!("setting the size of recreated deleted file {name}"), e)
     })?;
-    let fd = open_path(
-        pid,
-        &format!("/proc/self/fd/{}", file.as_raw_fd()),
-        flags & OPEN_MASK,
-        0,
-    );
+    let fd = open_path(pid, &format!("/proc/self/fd/{}", file.as_raw_fd()), flags & OPEN_MASK, 0);
     let _ = std::fs::remove_file(&name);
     fd
 }
@@ -136,11 +123,7 @@ fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<
                 name = format!("{path}.ferry-{pid}-{n}");
             }
             Err(e) => {
-                return Err(EngineError::kernel(
-                    pid,
-                    format!("making device node {name} again"),
-                    e,
-                ))
+                return Err(EngineError::kernel(pid, format!("making device node {name} again"), e))
             }
         }
     }
@@ -163,14 +146,9 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
     let flags = f.flags & OPEN_MASK;
     let (fd, path) = match &f.kind {
         FileKind::Regular { path, .. } => (open_path(pid, path, flags, 0)?, path.as_str()),
-        FileKind::Deleted {
-            path,
-            mode,
-            content,
-        } => (
-            recreate_deleted(pid, path, *mode, content, flags)?,
-            path.as_str(),
-        ),
+        FileKind::Deleted { path, mode, content } => {
+            (recreate_deleted(pid, path, *mode, content, flags)?, path.as_str())
+        }
         FileKind::Directory { path } => match path.strip_suffix(" (deleted)") {
             // A directory removed while open (zdtm cwd02): made again,
             // opened, removed; mode and owner come from inode attributes.
@@ -180,25 +158,15 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
                 let _ = std::fs::remove_dir(&name);
                 (fd?, path.as_str())
             }
-            None => (
-                open_path(pid, path, flags | libc::O_DIRECTORY, 0)?,
-                path.as_str(),
-            ),
+            None => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
         },
         FileKind::CharDevice { path, rdev } => match path.strip_suffix(" (deleted)") {
-            Some(old) => (
-                recreate_deleted_node(pid, old, *rdev, flags)?,
-                path.as_str(),
-            ),
+            Some(old) => (recreate_deleted_node(pid, old, *rdev, flags)?, path.as_str()),
             None => (open_path(pid, path, flags, 0)?, path.as_str()),
         },
         FileKind::Terminal { .. } | FileKind::ExternalStdio { .. } => {
             let acc = f.flags & libc::O_ACCMODE;
-            let extra = if acc == libc::O_RDONLY {
-                0
-            } else {
-                libc::O_CREAT | libc::O_APPEND
-            };
+            let extra = if acc == libc::O_RDONLY { 0 } else { libc::O_CREAT | libc::O_APPEND };
             return open_path(pid, b.tty_to, acc | extra, 0o644);
         }
         _ => return Err(EngineError::restore(pid, "not a path-based file")),

@@ -88,10 +88,7 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     socket::connect(fd, s.family, &remote).map_err(k("connecting in repair mode"))?;
     let mut opts = vec![(socket::TCPOPT_MAXSEG, c.mss_clamp)];
     if let Some(snd) = c.snd_wscale {
-        opts.push((
-            socket::TCPOPT_WINDOW,
-            snd as u32 | (c.rcv_wscale as u32) << 16,
-        ));
+        opts.push((socket::TCPOPT_WINDOW, snd as u32 | (c.rcv_wscale as u32) << 16));
     }
     if c.sack {
         opts.push((socket::TCPOPT_SACK_PERM, 0));
@@ -101,13 +98,8 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     }
     socket::set_repair_options(fd, &opts).map_err(k("setting the negotiated options"))?;
     if c.timestamps {
-        socket::setsockopt_int(
-            fd,
-            libc::IPPROTO_TCP,
-            socket::TCP_TIMESTAMP,
-            c.timestamp as i32,
-        )
-        .map_err(k("setting the timestamp clock"))?;
+        socket::setsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP, c.timestamp as i32)
+            .map_err(k("setting the timestamp clock"))?;
     }
     if !c.recv_queue.is_empty() {
         socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
@@ -146,14 +138,9 @@ fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize
         return Ok(0);
     }
     let ti = socket::tcp_info(fd)?;
-    let first_flight = (ti.tcpi_snd_cwnd as usize)
-        .max(1)
-        .saturating_mul((ti.tcpi_snd_mss as usize).max(536));
-    Ok(head_to_put_back(
-        sent,
-        first_flight,
-        c.window.snd_wnd as usize,
-    ))
+    let first_flight =
+        (ti.tcpi_snd_cwnd as usize).max(1).saturating_mul((ti.tcpi_snd_mss as usize).max(536));
+    Ok(head_to_put_back(sent, first_flight, c.window.snd_wnd as usize))
 }
 
 /// [`already_sent_head`]'s rule: `sent` bytes, a first flight of
@@ -182,24 +169,13 @@ fn set_window(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<()> {
         Err(e) if e.errno == libc::EINVAL => {
             let rcv_nxt = c.recv_seq.wrapping_add(c.recv_queue.len() as u32);
             let before = |a: u32, b: u32| (a.wrapping_sub(b) as i32) < 0;
-            let rcv_wup = if before(rcv_nxt, win.rcv_wup) {
-                rcv_nxt
-            } else {
-                win.rcv_wup
-            };
+            let rcv_wup = if before(rcv_nxt, win.rcv_wup) { rcv_nxt } else { win.rcv_wup };
             let snd_wl1 = if before(rcv_nxt.wrapping_add(win.rcv_wnd), win.snd_wl1) {
                 rcv_nxt
             } else {
                 win.snd_wl1
             };
-            socket::set_repair_window(
-                fd,
-                &socket::RepairWindow {
-                    rcv_wup,
-                    snd_wl1,
-                    ..win
-                },
-            )
+            socket::set_repair_window(fd, &socket::RepairWindow { rcv_wup, snd_wl1, ..win })
         }
         r => r,
     }
@@ -299,28 +275,18 @@ pub fn install(
         }
     }
     calls.extend(gaps.iter().map(|&g| {
-        (
-            format!("close(placeholder at fd {g})"),
-            Call::new(libc::SYS_close, &[g as u64]),
-        )
+        (format!("close(placeholder at fd {g})"), Call::new(libc::SYS_close, &[g as u64]))
     }));
-    calls.push((
-        "close(pidfd of ferry)".into(),
-        Call::new(libc::SYS_close, &[pidfd]),
-    ));
+    calls.push(("close(pidfd of ferry)".into(), Call::new(libc::SYS_close, &[pidfd])));
     expect.resize(calls.len(), None);
-    for (chunk, want) in calls
-        .chunks(crate::inject::MAX_BATCH)
-        .zip(expect.chunks(crate::inject::MAX_BATCH))
+    for (chunk, want) in
+        calls.chunks(crate::inject::MAX_BATCH).zip(expect.chunks(crate::inject::MAX_BATCH))
     {
         let got = s.run(pid, chunk)?;
         for ((name, _), (r, w)) in chunk.iter().zip(got.iter().zip(want)) {
             if let Some(w) = w {
                 if *r != *w as u64 {
-                    return Err(EngineError::restore(
-                        pid,
-                        format!("{name} landed on fd {r}"),
-                    ));
+                    return Err(EngineError::restore(pid, format!("{name} landed on fd {r}")));
                 }
             }
         }

@@ -16,8 +16,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 fn dup(pid: i32, fd: &OwnedFd) -> Result<OwnedFd> {
-    fd.try_clone()
-        .map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
+    fd.try_clone().map_err(|e| EngineError::io(format!("duplicating a unix socket (pid {pid})"), e))
 }
 
 /// A connected pair, made by the process its SO_PEERCRED names when the
@@ -199,20 +198,12 @@ struct TempPath {
 impl TempPath {
     fn take(pid: i32, name: &[u8]) -> Result<TempPath> {
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(name));
-        let mut t = TempPath {
-            path,
-            aside: None,
-            bound: false,
-        };
+        let mut t = TempPath { path, aside: None, bound: false };
         if std::fs::symlink_metadata(&t.path).is_ok() {
-            let file = t
-                .path
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let aside = t
-                .path
-                .with_file_name(format!(".{file}.ferry-aside-{}", std::process::id()));
+            let file =
+                t.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            let aside =
+                t.path.with_file_name(format!(".{file}.ferry-aside-{}", std::process::id()));
             std::fs::rename(&t.path, &aside).map_err(|e| {
                 EngineError::io(
                     format!(
@@ -314,11 +305,8 @@ pub fn connect_named(b: &mut Builder, tree: &TreeImage) -> Result<()> {
             let Remake::Connect { client_is_a } = how else {
                 continue;
             };
-            let ((pc, c), (ps, s)) = if client_is_a {
-                ((pa, a), (pb, bs))
-            } else {
-                ((pb, bs), (pa, a))
-            };
+            let ((pc, c), (ps, s)) =
+                if client_is_a { ((pa, a), (pb, bs)) } else { ((pb, bs), (pa, a)) };
             let (cfd, sfd) = connect_through_name(b.inject.as_deref_mut(), pc, c, ps, s)?;
             let (cfd, sfd) = (b.keep(cfd)?, b.keep(sfd)?);
             b.unix_peers.insert(c.ino, b.keep(dup(pc.pid, &cfd)?)?);
@@ -366,11 +354,7 @@ fn datagram_socket(
         ferry_sys::socket::unix_connect(fd.as_raw_fd(), &a.name).map_err(|e| {
             EngineError::kernel(
                 pa.pid,
-                format!(
-                    "connecting unix socket {} to its own name {}",
-                    a.ino,
-                    show(&a.name)
-                ),
+                format!("connecting unix socket {} to its own name {}", a.ino, show(&a.name)),
                 e,
             )
         })?;
@@ -406,11 +390,7 @@ fn datagram_socket(
 /// to them) connect to their peer's name, now that every socket is bound.
 /// A path is resolved in the directory of the peer's process.
 pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
-    let all: Vec<(
-        &ferry_image::ProcessImage,
-        &ferry_image::OpenFile,
-        &UnixSocket,
-    )> = tree
+    let all: Vec<(&ferry_image::ProcessImage, &ferry_image::OpenFile, &UnixSocket)> = tree
         .processes
         .iter()
         .flat_map(|p| {
@@ -432,9 +412,7 @@ pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Resu
     let back = std::env::current_dir().ok();
     let result = (|| {
         for &(p, f, a) in &all {
-            let Some(peer) = a
-                .peer
-                .filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM)
+            let Some(peer) = a.peer.filter(|&q| q != a.ino && a.sock_type == libc::SOCK_DGRAM)
             else {
                 continue;
             };
@@ -519,11 +497,8 @@ fn connect_through_name(
         bind_name(pc.pid, &client, &c.name)?;
     }
     chdir_for(ps, &s.name)?;
-    let mut temp_path = if s.name.first() == Some(&0) {
-        None
-    } else {
-        Some(TempPath::take(ps.pid, &s.name)?)
-    };
+    let mut temp_path =
+        if s.name.first() == Some(&0) { None } else { Some(TempPath::take(ps.pid, &s.name)?) };
     let listener = ferry_sys::socket::socket(libc::AF_UNIX, s.sock_type, 0)
         .map_err(|e| EngineError::kernel(ps.pid, what(), e))?;
     ferry_sys::socket::unix_bind(listener.as_raw_fd(), &s.name).map_err(|e| {
@@ -558,10 +533,7 @@ fn connect_through_name(
         .ok_or_else(|| {
             EngineError::restore(
                 ps.pid,
-                format!(
-                    "{}: the connection did not reach the temporary listener",
-                    what()
-                ),
+                format!("{}: the connection did not reach the temporary listener", what()),
             )
         })?;
     drop(listener);
@@ -656,24 +628,19 @@ pub fn connect_pending(
         let back = std::env::current_dir().ok();
         if name[0] != 0 {
             std::env::set_current_dir(&lp.cwd).map_err(|e| {
-                EngineError::io(
-                    format!("pid {}: changing directory to {}", lp.pid, lp.cwd),
-                    e,
-                )
+                EngineError::io(format!("pid {}: changing directory to {}", lp.pid, lp.cwd), e)
             })?;
         }
-        let err = ferry_sys::socket::unix_connect(sock.as_raw_fd(), &name)
-            .err()
-            .map(|e| {
-                EngineError::kernel(
-                    pid,
-                    format!(
-                        "connecting again to unix listener {:?} (pending connection)",
-                        String::from_utf8_lossy(&name).replace('\0', "@")
-                    ),
-                    e,
-                )
-            });
+        let err = ferry_sys::socket::unix_connect(sock.as_raw_fd(), &name).err().map(|e| {
+            EngineError::kernel(
+                pid,
+                format!(
+                    "connecting again to unix listener {:?} (pending connection)",
+                    String::from_utf8_lossy(&name).replace('\0', "@")
+                ),
+                e,
+            )
+        });
         if let Some(dir) = back {
             let _ = std::env::set_current_dir(dir);
         }
@@ -727,17 +694,11 @@ pub fn send_in_flight(
                 continue;
             }
             let pid = p.pid;
-            let from = u
-                .peer
-                .and_then(id_of_ino)
-                .and_then(|id| staged.get(&id))
-                .ok_or_else(|| {
+            let from =
+                u.peer.and_then(id_of_ino).and_then(|id| staged.get(&id)).ok_or_else(|| {
                     EngineError::restore(
                         pid,
-                        format!(
-                            "unix socket {}: its peer was not staged to send its queue",
-                            u.ino
-                        ),
+                        format!("unix socket {}: its peer was not staged to send its queue", u.ino),
                     )
                 })?;
             for (i, m) in u.queued.iter().enumerate() {

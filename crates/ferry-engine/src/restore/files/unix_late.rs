@@ -51,10 +51,7 @@ const GROUPS_AT: u64 = 256;
 /// status file).
 fn groups_of(pid: i32) -> Result<Vec<u32>> {
     let status = crate::procfs::read_string(&format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .unwrap_or("");
+    let line = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap_or("");
     line.split_whitespace()
         .map(|g| {
             g.parse::<u32>().map_err(|_| {
@@ -175,9 +172,7 @@ impl<'a> Late<'_, 'a> {
         calls.extend(groups_back);
         let s = self.session(pid)?;
         let r = s.run(pid, &calls)?;
-        r.get(at)
-            .copied()
-            .ok_or_else(|| EngineError::restore(pid, format!("{what}: no result")))
+        r.get(at).copied().ok_or_else(|| EngineError::restore(pid, format!("{what}: no result")))
     }
 
     /// Gives process `pid` its own descriptor of ferry's `fd` (pidfd_getfd
@@ -197,8 +192,7 @@ impl<'a> Late<'_, 'a> {
 
     fn close_in(&mut self, pid: i32, fd: u64) -> Result<()> {
         let s = self.session(pid)?;
-        s.call(&format!("close(fd {fd})"), libc::SYS_close, &[fd])
-            .map(|_| ())
+        s.call(&format!("close(fd {fd})"), libc::SYS_close, &[fd]).map(|_| ())
     }
 }
 
@@ -225,10 +219,7 @@ impl Inject for Late<'_, '_> {
     }
 
     fn socketpair(&mut self, c: UnixPeerCred, sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
-        let what = format!(
-            "socketpair(AF_UNIX, {sock_type}) as uid {} gid {}",
-            c.uid, c.gid
-        );
+        let what = format!("socketpair(AF_UNIX, {sock_type}) as uid {} gid {}", c.uid, c.gid);
         let ty = (sock_type | libc::SOCK_CLOEXEC) as u64;
         self.run_as(&c, &what, &[0u8; 8], |at| {
             Call::new(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at])
@@ -243,11 +234,7 @@ impl Inject for Late<'_, '_> {
             .map_err(|e| EngineError::kernel(c.pid, "pidfd_open", e))?;
         let take = |fd: i32| {
             ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).map_err(|e| {
-                EngineError::kernel(
-                    c.pid,
-                    format!("taking the unix socket pair end at fd {fd}"),
-                    e,
-                )
+                EngineError::kernel(c.pid, format!("taking the unix socket pair end at fd {fd}"), e)
             })
         };
         let (a, b) = (take(fds[0]), take(fds[1]));
@@ -259,10 +246,7 @@ impl Inject for Late<'_, '_> {
 
     fn listen(&mut self, c: UnixPeerCred, fd: &OwnedFd, backlog: i32) -> Result<()> {
         let there = self.lend(c.pid, fd.as_raw_fd())?;
-        let what = format!(
-            "listen(unix socket, {backlog}) as uid {} gid {}",
-            c.uid, c.gid
-        );
+        let what = format!("listen(unix socket, {backlog}) as uid {} gid {}", c.uid, c.gid);
         let r = self.run_as(&c, &what, &[], |_| {
             Call::new(libc::SYS_listen, &[there, backlog as u32 as u64])
         });
@@ -279,9 +263,7 @@ impl Inject for Late<'_, '_> {
             c.uid,
             c.gid
         );
-        let r = self.run_as(&c, &what, &addr, |at| {
-            Call::new(libc::SYS_connect, &[there, at, len])
-        });
+        let r = self.run_as(&c, &what, &addr, |at| Call::new(libc::SYS_connect, &[there, at, len]));
         self.close_in(c.pid, there)?;
         r.map(|_| ())
     }
