@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 pub const META_FILE: &str = "meta.img";
 pub const PAGES_FILE: &str = "pages.img";
+/// In an incremental image: a symbolic link to its parent's directory.
+pub const PARENT_LINK: &str = "parent";
 /// Page data starts one page into pages.img so it stays page-aligned.
 pub const PAGES_DATA_OFFSET: u64 = 4096;
 
@@ -114,6 +116,11 @@ impl PagesWriter {
 
     pub fn bytes_written(&self) -> u64 {
         self.offset
+    }
+
+    /// Makes what was written durable.
+    pub fn sync(&self) -> Result<(), ImageError> {
+        self.file.sync_all().map_err(|e| ImageError::io(&self.path, e))
     }
 
     pub fn finish(self) -> Result<u64, ImageError> {
@@ -271,7 +278,14 @@ impl ImageDir {
         container::decode_meta_versioned(&self.read_meta_bytes()?).map(|(v, ..)| v)
     }
 
-    fn read_meta_bytes(&self) -> Result<Vec<u8>, ImageError> {
+    /// What identifies this image to an incremental child: the checksum
+    /// of its whole meta.img (which holds every page run's checksum), so
+    /// a parent rewritten since the child was taken is caught.
+    pub fn image_id(&self) -> Result<u64, ImageError> {
+        Ok(container::checksum(&self.read_meta_bytes()?))
+    }
+
+    pub(crate) fn read_meta_bytes(&self) -> Result<Vec<u8>, ImageError> {
         let path = self.file(META_FILE);
         let mut bytes = Vec::new();
         File::open(&path)
@@ -358,5 +372,84 @@ impl ImageDir {
 
     pub fn exists(path: &Path) -> bool {
         path.join(META_FILE).exists()
+    }
+}
+
+/// An image directory being written: pages.img while the capture copies,
+/// meta.img last, then both read back and checked.
+pub struct DirSink {
+    dir: ImageDir,
+    pages: PagesWriter,
+}
+
+impl DirSink {
+    /// Starts an image in `path` (see [`ImageDir::create_pages`]); what
+    /// an older image left there stops being an image first.
+    pub fn create(path: impl Into<PathBuf>) -> Result<DirSink, ImageError> {
+        let dir = ImageDir::new(path);
+        let pages = dir.create_pages()?;
+        let link = dir.file(PARENT_LINK);
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(ImageError::io(&link, e))
+            }
+            _ => {}
+        }
+        Ok(DirSink { dir, pages })
+    }
+
+    /// Records `parent` (an image directory) as this image's parent and
+    /// returns the parent's id for the image's `Incremental` section.
+    pub fn link_parent(&self, parent: &Path) -> Result<u64, ImageError> {
+        let parent = std::fs::canonicalize(parent).map_err(|e| ImageError::io(parent, e))?;
+        let id = ImageDir::new(&parent).image_id()?;
+        let link = self.dir.file(PARENT_LINK);
+        std::os::unix::fs::symlink(&parent, &link).map_err(|e| ImageError::io(&link, e))?;
+        Ok(id)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir.path
+    }
+}
+
+impl crate::sink::PageSink for DirSink {
+    fn data_len(&self) -> u64 {
+        self.pages.bytes_written()
+    }
+    fn write_runs_at(
+        &self,
+        _pid: i32,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
+        self.pages.write_runs_at(data_offset, ranges, data)
+    }
+    fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
+        self.pages.verify_written(runs, scratch)
+    }
+    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
+        self.pages.set_data_len(len)
+    }
+}
+
+impl crate::sink::ImageSink for DirSink {
+    fn finish_image(
+        &mut self,
+        inventory: &Inventory,
+        tree: &TreeImage,
+        incremental: Option<&Incremental>,
+    ) -> Result<u64, ImageError> {
+        self.pages.sync()?;
+        self.dir.write_meta_with(inventory, tree, incremental)?;
+        // Read back: what a restore will read, not what was meant, must
+        // be an image. Page data was read back batch by batch already.
+        let (inv, ..) = self.dir.read_meta_full()?;
+        self.dir.check_pages_file(&inv)?;
+        let meta_len = std::fs::metadata(self.dir.file(META_FILE))
+            .map_err(|e| ImageError::io(self.dir.file(META_FILE), e))?
+            .len();
+        Ok(inv.pages_bytes + meta_len)
     }
 }

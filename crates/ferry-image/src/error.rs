@@ -18,6 +18,10 @@ pub enum ImageError {
     /// restoring it alone would give the process wrong memory.
     #[error("image is incremental (parent id {parent_id}); restore needs its parent")]
     NeedsParent { parent_id: u64 },
+    /// An incremental image's parent is not the image it was taken
+    /// against any more (rewritten, or another image in its place).
+    #[error("image {image}: its parent {parent} changed since the image was taken; restore needs the parent it was taken against")]
+    ParentChanged { image: PathBuf, parent: PathBuf },
     #[error("image truncated: {0}")]
     Truncated(String),
     #[error("checksum mismatch in {what}: image is corrupted")]

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Facts about the image and the machine it was taken on.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Inventory {
     pub format_version: u32,
     pub ferry_version: String,
@@ -218,7 +218,7 @@ pub struct InheritedVma {
     pub shared_pages: Vec<(u64, u64)>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ProcessImage {
     pub pid: i32,
     pub ppid: i32,

@@ -3,7 +3,7 @@
 //! pages.img or stream its pages straight to a peer with the same code.
 
 use crate::error::ImageError;
-use crate::model::PageRun;
+use crate::model::{Incremental, Inventory, PageRun, TreeImage};
 
 /// A destination for page data. Runs are placed at offsets of one data
 /// area, handed out by the caller from [`PageSink::data_len`]; several
@@ -49,4 +49,20 @@ impl PageSink for crate::dir::PagesWriter {
     fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
         crate::dir::PagesWriter::set_data_len(self, len)
     }
+}
+
+/// Where a whole image goes: its pages while the capture copies them
+/// ([`PageSink`]), then its metadata, which completes it. A directory, an
+/// in-memory store and a migration stream are sinks; capture does not
+/// know which one it writes to.
+pub trait ImageSink: PageSink {
+    /// Stores the metadata (and, for an incremental image, which pages
+    /// are its parent's). Once this returns the image is complete: its
+    /// source can read it back. Returns the image's size in bytes.
+    fn finish_image(
+        &mut self,
+        inventory: &Inventory,
+        tree: &TreeImage,
+        incremental: Option<&Incremental>,
+    ) -> Result<u64, ImageError>;
 }
