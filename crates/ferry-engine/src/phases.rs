@@ -39,6 +39,14 @@ impl Phases {
         stall_if_asked(self.op, phase);
     }
 
+    /// Runs one named phase and marks its end: a composition of phases
+    /// reads as a list of these.
+    pub fn step<T>(&mut self, phase: &str, run: impl FnOnce() -> T) -> T {
+        let out = run();
+        self.mark(phase);
+        out
+    }
+
     /// Every phase marked so far with its duration in ms, in order.
     pub fn done(&self) -> &[(String, f64)] {
         &self.done

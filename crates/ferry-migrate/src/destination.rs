@@ -11,6 +11,7 @@ use crate::address;
 use crate::error::{MigrateError, Result};
 use crate::page_store::PageStore;
 use crate::protocol::{self, Msg, Welcome};
+use ferry_engine::restore::{Handover, Placement};
 use ferry_image::{FileKind, PageRun, TreeImage, Vma};
 use ferry_netlock::{Method, NetworkLock, Tuple};
 use ferry_transport::Channel;
@@ -171,25 +172,24 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
 
     let pages = store.map()?;
     ph.mark("page store mapped");
-    let here = restore_here(&tree, hello.lazy);
-    let opts = ferry_engine::restore::RestoreOptions {
+    let placement = Placement::for_migration(&tree, hello.lazy);
+    let handover = Handover {
         adopt_lock: lock_name,
         lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
         // Only a helper forked from us has copies of its own to drop.
-        placed_for_root: if here { Default::default() } else { store.placed_regions() },
-        ..Default::default()
+        placed_for_root: match placement {
+            Placement::Here => Default::default(),
+            Placement::NewPidNamespace => store.placed_regions(),
+        },
     };
-    let t_restore = Instant::now();
-    let held = if here {
+    if placement == Placement::Here {
         tracing::info!(
             "restoring in this agent's PID namespace: every PID of the tree is free here"
         );
-        ferry_engine::restore::restore_held(tree, pages.bytes(), &opts, t_restore)
-            .map(HeldTree::Here)
-    } else {
-        ferry_engine::restore::restore_held_in_new_pid_ns(tree, pages.bytes(), &opts, t_restore)
-            .map(HeldTree::InNamespace)
-    };
+    }
+    let t_restore = Instant::now();
+    let opts = ferry_engine::restore::RestoreOptions::default();
+    let held = placement.restore_held(tree, pages.bytes(), &opts, &handover, t_restore);
     let restore_ms = t_restore.elapsed().as_secs_f64() * 1e3;
     // The root has its own copies of the placed pages now (or failed).
     // Unmapping them walks every page table entry (~15 ms per GiB): done
@@ -281,68 +281,6 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
         phases.push(("post-copy".to_string(), r.ms));
     }
     Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
-}
-
-/// Whether the tree is restored in this agent's own PID namespace rather
-/// than in a new one under a helper: one fork fewer, and with it one copy
-/// of the page tables of every placed page (~20 ms per GiB in the pause).
-/// Only when every PID of the tree is free here, the tree did not have a
-/// PID namespace of its own, the root's threads have no parent-death
-/// signal and the root exits with SIGCHLD (their parent, this worker,
-/// exits after the migration, and the root then belongs to ferryd, the
-/// child subreaper), and not post-copy
-/// (whose pager needs the tree in a namespace it can wait on).
-fn restore_here(tree: &TreeImage, lazy: bool) -> bool {
-    let Some(root) = tree.root() else {
-        return false;
-    };
-    !lazy
-        && !tree.own_pid_namespace
-        && root.fidelity.threads.iter().all(|t| t.pdeathsig == 0)
-        // Adoption resets the exit signal to SIGCHLD.
-        && root.fidelity.exit_signal == libc::SIGCHLD
-        && ferry_engine::restore::pids_free_here(tree)
-}
-
-/// A restored tree held stopped, in this agent's PID namespace or in a
-/// new one under a helper.
-enum HeldTree {
-    Here(ferry_engine::restore::Held),
-    InNamespace(ferry_engine::restore::HeldInNamespace),
-}
-
-impl HeldTree {
-    fn phases(&self) -> Vec<(String, f64)> {
-        match self {
-            HeldTree::Here(h) => h.phases().done().to_vec(),
-            HeldTree::InNamespace(h) => h.phases.clone(),
-        }
-    }
-
-    fn take_uffds(&mut self) -> Vec<(i32, std::os::fd::OwnedFd)> {
-        match self {
-            // Never post-copy (see restore_here).
-            HeldTree::Here(_) => Vec::new(),
-            HeldTree::InNamespace(h) => std::mem::take(&mut h.uffds),
-        }
-    }
-
-    /// Lets the tree run and calls `running` as soon as it does (before
-    /// the network lock is taken down, which the helper of a new
-    /// namespace does on its own after reporting).
-    fn release_then(
-        self,
-        running: impl FnOnce(&ferry_engine::restore::Restored),
-    ) -> Result<ferry_engine::restore::Restored> {
-        Ok(match self {
-            HeldTree::Here(h) => h.release_then(running)?,
-            HeldTree::InNamespace(h) => {
-                let r = h.release()?;
-                running(&r);
-                r
-            }
-        })
-    }
 }
 
 /// A thread joined when this is dropped, on every path out.

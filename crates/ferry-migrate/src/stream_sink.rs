@@ -3,7 +3,7 @@
 //! read and no image file sits in between.
 
 use crate::protocol::{self, Msg};
-use ferry_image::{ImageError, PageRun, PageSink};
+use ferry_image::{ImageError, ImageSink, Incremental, Inventory, PageRun, PageSink, TreeImage};
 use ferry_transport::Channel;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -12,11 +12,23 @@ pub struct StreamSink<'a> {
     channel: Mutex<&'a mut Channel>,
     data_len: u64,
     sent: AtomicU64,
+    /// The tree's PIDs as the source sees them, sent with the image.
+    host_pids: Vec<i32>,
 }
 
 impl<'a> StreamSink<'a> {
     pub fn new(channel: &'a mut Channel) -> StreamSink<'a> {
-        StreamSink { channel: Mutex::new(channel), data_len: 0, sent: AtomicU64::new(0) }
+        StreamSink {
+            channel: Mutex::new(channel),
+            data_len: 0,
+            sent: AtomicU64::new(0),
+            host_pids: Vec::new(),
+        }
+    }
+
+    /// The tree's PIDs as ferry sees them, for the Image message.
+    pub fn set_host_pids(&mut self, pids: Vec<i32>) {
+        self.host_pids = pids;
     }
 
     /// Page bytes sent through this sink.
@@ -70,5 +82,23 @@ impl PageSink for StreamSink<'_> {
     fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
         self.data_len = len;
         Ok(())
+    }
+}
+
+/// The metadata goes out as the Image message, which completes the
+/// image at the destination.
+impl ImageSink for StreamSink<'_> {
+    fn finish_image(
+        &mut self,
+        inventory: &Inventory,
+        tree: &TreeImage,
+        incremental: Option<&Incremental>,
+    ) -> Result<u64, ImageError> {
+        let meta = ferry_image::encode_meta_with(inventory, tree, incremental)?;
+        let len = meta.len() as u64;
+        let msg = Msg::Image { meta, host_pids: std::mem::take(&mut self.host_pids) };
+        let ch = self.channel.get_mut().map_err(|_| stream_error("a sending thread panicked"))?;
+        protocol::send(ch, &msg).map_err(stream_error)?;
+        Ok(len + self.page_bytes())
     }
 }

@@ -42,6 +42,13 @@ enum Cmd {
         /// Keep the process running after the image is written.
         #[arg(long)]
         leave_running: bool,
+        /// Write an incremental image over the image in this directory
+        /// (taken earlier of the same tree with --leave-running): pages
+        /// whose content the parent holds at the same address are left to
+        /// it. `ferry restore` of the new image reads the whole chain and
+        /// refuses it if a parent changed since.
+        #[arg(long, value_name = "DIR")]
+        parent: Option<PathBuf>,
         /// A pipe or socket on stdin/stdout/stderr that leads to another
         /// process (a supervisor, a log collector) is recorded as external
         /// and replaced at restore by the --tty-to file, instead of
@@ -61,7 +68,8 @@ enum Cmd {
     /// stays the root's parent, forwards SIGINT/SIGTERM/SIGHUP to it and
     /// exits with its exit status (128+N if killed by signal N).
     Restore {
-        /// Image directory written by `ferry checkpoint`.
+        /// Image directory written by `ferry checkpoint` (an incremental
+        /// image is restored with its chain of parents).
         #[arg(long)]
         images: PathBuf,
         /// Exit once the process runs; it is re-parented to init (or the
@@ -165,7 +173,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
     }
     match cli.cmd {
-        Cmd::Checkpoint { pid, images, leave_running, external_stdio, network_lock } => {
+        Cmd::Checkpoint { pid, images, leave_running, parent, external_stdio, network_lock } => {
             let network_lock =
                 network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
             let opts = ferry_engine::capture::CaptureOptions {
@@ -173,6 +181,7 @@ fn run(cli: Cli) -> Result<i32> {
                 external_stdio,
                 progress: progress::bar("copying memory"),
                 network_lock,
+                parent,
                 ..Default::default()
             };
             let s = ferry_engine::capture::checkpoint(pid, &images, &opts)
@@ -204,9 +213,6 @@ fn run(cli: Cli) -> Result<i32> {
                 netns,
                 progress: progress::bar("restoring memory"),
                 new_pid_ns,
-                adopt_lock: None,
-                placed_for_root: Default::default(),
-                lazy: Vec::new(),
             };
             let r = ferry_engine::restore::restore(&images, &opts)
                 .with_context(|| format!("restore from {} failed", images.display()))?;

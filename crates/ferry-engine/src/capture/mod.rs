@@ -5,19 +5,24 @@
 //! them. Everything that may refuse a process (an unsupported fd or
 //! mapping) runs before anything is changed inside it.
 
+mod assemble;
 mod cgroups;
 pub(crate) use cgroups::parse as cgroups_parse;
+mod connections;
 pub(crate) mod files;
+mod injected;
 mod memfd;
 pub(crate) mod memory;
 mod namespaces;
 mod network;
+pub mod parent;
 mod prctl;
 mod process;
 mod seccomp;
 mod sharing;
 mod shm;
 mod signals;
+mod survey;
 mod sysv_ipc;
 mod threads;
 mod timers;
@@ -29,12 +34,10 @@ pub use memory::copy_present;
 
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
-use crate::inject::{self, Remote, Scratch};
-use crate::procfs;
-use ferry_image::PageSink;
-use ferry_image::{ImageDir, Inventory, ProcessImage, TreeImage, FORMAT_VERSION};
+use crate::inject::Remote;
+use ferry_image::{DirSink, ImageSink, Incremental, Inventory, ParentPages, TreeImage};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Clone, Default)]
@@ -51,6 +54,9 @@ pub struct CaptureOptions {
     /// Processes presurveyed while they ran ([`vma_flags::presurvey`]):
     /// their mappings' flags may be read in the freeze without smaps.
     pub presurveyed: HashMap<i32, vma_flags::Presurveyed>,
+    /// `checkpoint` only: write an incremental image over the image in
+    /// this directory (pages it holds unchanged are left to it).
+    pub parent: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -75,70 +81,6 @@ pub(crate) struct Ctx<'a> {
     pub scratch: u64,
     /// ...and its part free for syscall arguments and results.
     pub data: u64,
-}
-
-/// What the survey of one frozen process found, before anything in it
-/// was changed.
-struct Survey {
-    smaps: Vec<procfs::MapsEntry>,
-    vmas: Vec<ferry_image::Vma>,
-    files: Vec<ferry_image::OpenFile>,
-    fds: Vec<ferry_image::FdSlot>,
-    memfds: Vec<ferry_image::MemfdObject>,
-    remote: Remote,
-    /// Format-4 state found from outside (seccomp, fd owners, inode
-    /// attributes, stop state); the per-thread prctl part is added by the
-    /// injected capture.
-    fidelity: ferry_image::Fidelity,
-    seccomp_threads: Vec<seccomp::ThreadSeccomp>,
-    /// Files (indices) of unix listeners with one connection waiting.
-    pending_listeners: Vec<u32>,
-    /// SO_PEERCRED of its connected unix sockets (host pids).
-    unix_creds: Vec<ferry_image::UnixPeerCred>,
-}
-
-fn survey(pid: i32, frozen: &Frozen, tree: &[i32], opts: &CaptureOptions) -> Result<Survey> {
-    let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
-    tracing::debug!(
-        "pid {pid}: mappings read {}",
-        if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
-    );
-    let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds, (unix_connects, pending_listeners, unix_creds)) =
-        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
-    files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
-    let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
-    inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
-    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
-    let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
-    prctl::check_thread_creds(pid, &tids)?;
-    let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
-    let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
-    let fidelity = ferry_image::Fidelity {
-        seccomp_filters,
-        file_owners,
-        inode_attrs,
-        stopped: frozen.stopped,
-        deleted_files,
-        unix_connects,
-        ..Default::default()
-    };
-    let vdso = smaps.iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
-        EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping")
-    })?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
-    Ok(Survey {
-        smaps,
-        vmas,
-        files,
-        fds,
-        memfds,
-        remote,
-        fidelity,
-        seccomp_threads,
-        pending_listeners,
-        unix_creds,
-    })
 }
 
 /// How many times a capture refused for a passing state (see
@@ -167,31 +109,27 @@ pub fn retry_transient<T>(
     }
 }
 
-/// Checkpoints `pid` and all its descendants as one image directory.
+/// Checkpoints `pid` and all its descendants as one image directory:
+/// capture into a directory sink, write the image, then resume or kill.
+/// With `opts.parent`, the image is incremental over that parent.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
-    let dirh = ImageDir::new(dir);
     check_capturable(pid)?;
-    let (mut captured, pages_bytes) = retry_transient(
+    let mut parent = opts.parent.as_deref().map(parent::ParentImage::open).transpose()?;
+    let (mut captured, mut sink) = retry_transient(
         || {
-            let mut pages = dirh.create_pages()?;
-            let captured = capture(pid, &mut pages, opts, None)?;
-            Ok((captured, pages.finish()?))
+            let mut sink = DirSink::create(dir)?;
+            let hooks = parent.as_mut().map(|p| p as &mut dyn CaptureHooks);
+            Ok((capture(pid, &mut sink, opts, hooks)?, sink))
         },
         |n, e| tracing::info!("checkpoint attempt {n} refused, trying again: {e}"),
     )?;
-    dirh.write_meta(&captured.inventory, &captured.tree)?;
-    captured.phases.mark("metadata");
-    verify_written(&dirh)?;
-    captured.phases.mark("verify");
-    let image_bytes =
-        pages_bytes + std::fs::metadata(dir.join("meta.img")).map(|m| m.len()).unwrap_or(0);
-    let summary = if opts.leave_running {
-        captured.resume()?
-    } else {
-        let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))?
-    };
-    Ok(CaptureSummary { image_bytes, ..summary })
+    let parent_id = parent.as_ref().map(|p| sink.link_parent(p.dir())).transpose()?;
+    captured.write_image(&mut sink, parent_id)?;
+    if opts.leave_running {
+        return captured.resume();
+    }
+    let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))
 }
 
 /// The refusals that need nothing frozen: a PID that is not there, or
@@ -259,6 +197,48 @@ pub struct Captured {
 }
 
 impl Captured {
+    fn new(
+        assembled: assemble::Assembled,
+        phases: crate::phases::Phases,
+        t_frozen: Instant,
+        conns: connections::FrozenConnections,
+        frozen: tree::FrozenTree,
+        guard: crate::guard::Guard,
+    ) -> Captured {
+        let assemble::Assembled { inventory, tree, parent_pages, summary } = assembled;
+        let connections::FrozenConnections { lock, repaired } = conns;
+        Captured {
+            inventory,
+            tree,
+            parent_pages,
+            phases,
+            summary,
+            t_frozen,
+            repaired,
+            lock,
+            frozen,
+            guard,
+        }
+    }
+
+    /// Phase "write image": the metadata into `sink`, which completes the
+    /// image there. With `parent_id`, the image is incremental: the pages
+    /// the capture left to the parent are listed as its parent's.
+    pub fn write_image(&mut self, sink: &mut dyn ImageSink, parent_id: Option<u64>) -> Result<u64> {
+        let incremental = parent_id.map(|parent_id| Incremental {
+            parent_id,
+            parent_pages: self
+                .parent_pages
+                .iter()
+                .map(|(pid, ranges)| ParentPages { pid: *pid, ranges: ranges.clone() })
+                .collect(),
+        });
+        let bytes = sink.finish_image(&self.inventory, &self.tree, incremental.as_ref())?;
+        self.summary.image_bytes = bytes;
+        self.phases.mark("write image");
+        Ok(bytes)
+    }
+
     /// When the freeze began: the start of the service's pause.
     pub fn frozen_at(&self) -> Instant {
         self.t_frozen
@@ -334,289 +314,69 @@ impl Captured {
 /// it runs on untouched.
 pub fn capture(
     pid: i32,
-    sink: &mut dyn PageSink,
+    sink: &mut dyn ImageSink,
     opts: &CaptureOptions,
-    mut hooks: Option<&mut dyn CaptureHooks>,
+    hooks: Option<&mut dyn CaptureHooks>,
 ) -> Result<Captured> {
     check_capturable(pid)?;
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
     // The slow part of the network lock, while the tree still runs.
+    let prepared = ph.step("network lock prepared", || prepare_lock(pid, opts, &mut guard))?;
+    // The pause starts with the first thread seized.
+    let t_frozen = Instant::now();
+    let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
+    let mut surveyed = ph.step("survey", || survey::survey_tree(&tree, opts))?;
+    let conns = ph.step("network freeze", || {
+        connections::freeze_connections(prepared, &tree, &mut surveyed, opts, &mut guard)
+    })?;
+    let injected = ph.step("injected syscalls", || {
+        tree.procs
+            .iter()
+            .zip(&surveyed.procs)
+            .map(|(p, s)| injected::capture_process(&p.frozen, s))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let held = match hooks {
+        Some(h) => h.held_pages(
+            &surveyed.procs.iter().map(|s| (s.pid, s.vmas.as_slice())).collect::<Vec<_>>(),
+        )?,
+        None => HashMap::new(),
+    };
+    let lock_ref = conns.lock.as_ref().map(|l| ferry_image::NetworkLockRef {
+        method: opts.network_lock.to_string(),
+        name: l.name().to_string(),
+    });
+    let assembled = ph.step("pages", || {
+        assemble::pages_and_metadata(pid, surveyed, injected, &held, sink, opts, lock_ref)
+    })?;
+    Ok(Captured::new(assembled, ph, t_frozen, conns, tree, guard))
+}
+
+/// Phase "network lock prepared": its program loaded (and new connection
+/// attempts held) while the tree still runs.
+fn prepare_lock(
+    pid: i32,
+    opts: &CaptureOptions,
+    guard: &mut crate::guard::Guard,
+) -> Result<Option<ferry_netlock::NetworkLock>> {
     let scan = network::scan(pid);
     let prepared = network::prepare(pid, &scan, opts.network_lock)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());
     }
-    ph.mark("network lock prepared");
-    // The pause starts with the first thread seized.
-    let t_frozen = Instant::now();
+    Ok(prepared)
+}
+
+/// Phase "freeze": every thread of the tree stopped, its signal masks
+/// told to the guard before they are blocked.
+fn freeze(pid: i32, guard: &mut crate::guard::Guard) -> Result<tree::FrozenTree> {
     let tree = tree::FrozenTree::freeze(pid)?;
     for t in tree.procs.iter().flat_map(|p| p.frozen.threads.iter()) {
         guard.mask(t.tid, t.sigmask);
     }
-    let pids = tree.pids();
-    ph.mark("freeze");
-    tree.check_groups()?;
-    namespaces::check_mounts(&pids)?;
-    namespaces::check_ipc(&pids)?;
-    namespaces::check_others(&pids)?;
-    let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
-    let share_files = sharing::check(&pids, &ppids)?;
-    let tasks: Vec<(i32, Vec<i32>)> = tree
-        .procs
-        .iter()
-        .map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect()))
-        .collect();
-    let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
-    let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
-    let cgroups = cgroups::capture(&tasks)?;
-
-    // Survey first: refuse what we cannot capture before touching anything.
-    let mut surveys = Vec::with_capacity(tree.procs.len());
-    for p in &tree.procs {
-        surveys.push(survey(p.frozen.pid, &p.frozen, &pids, opts)?);
-    }
-    // A socket shared by several processes was read once by each.
-    let mut unix_creds: Vec<ferry_image::UnixPeerCred> =
-        surveys.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
-    unix_creds.sort_unstable_by_key(|c| c.ino);
-    unix_creds.dedup_by_key(|c| c.ino);
-    {
-        let mut pf: Vec<files::ProcessFiles> = surveys
-            .iter_mut()
-            .zip(&pids)
-            .map(|(s, &pid)| files::ProcessFiles { pid, files: &mut s.files, fds: &s.fds })
-            .collect();
-        files::link_tree(&mut pf, &pids, &unix_creds)?;
-    }
-    // A listener's waiting connection must be one of the tree's sockets.
-    for (s, &pid) in surveys.iter().zip(&pids) {
-        for &l in &s.pending_listeners {
-            let ferry_image::FileKind::UnixSocket(u) = &s.files[l as usize].kind else {
-                continue;
-            };
-            let mut positions: Vec<u32> = surveys
-                .iter()
-                .flat_map(|t| t.fidelity.unix_connects.iter())
-                .filter(|c| c.listener == u.ino)
-                .map(|c| c.position)
-                .collect();
-            positions.sort_unstable();
-            // Every waiting client, each at its own place (0, 1, 2...).
-            if positions.is_empty() || positions.iter().enumerate().any(|(i, &p)| p != i as u32) {
-                let fd = s.fds.iter().find(|x| x.file == l).map_or(-1, |x| x.fd);
-                return Err(EngineError::unsupported(pid, format!("fd {fd} (socket:[{}])", u.ino), "the connection waiting in its accept queue comes from outside the process tree"));
-            }
-        }
-    }
-    {
-        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
-            .iter()
-            .zip(&pids)
-            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
-            .collect();
-        let targets = files::epoll::resolve_targets(&views)?;
-        for (s, t) in surveys.iter_mut().zip(targets) {
-            s.fidelity.epoll_targets = t;
-        }
-    }
-    let views: Vec<(i32, &[ferry_image::Vma], &[procfs::MapsEntry])> = surveys
-        .iter()
-        .zip(&pids)
-        .map(|(s, &pid)| (pid, s.vmas.as_slice(), s.smaps.as_slice()))
-        .collect();
-    let shared_anon = shm::capture_shared_anon(&views)?;
-    let sysv_shm = shm::capture_sysv(&views)?;
-    let sysv_sem = sysv_ipc::capture_sem(&pids)?;
-    let sysv_msg = sysv_ipc::capture_msg(&pids)?;
-    ph.mark("survey");
-
-    // Established TCP connections: frozen on the network, then read in
-    // repair mode, which stays on until the tree is killed.
-    let established = {
-        let views: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
-            .iter()
-            .zip(&pids)
-            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
-            .collect();
-        files::tcp::established(&views)
-    };
-    let lock = {
-        let procs: Vec<(i32, &[ferry_image::OpenFile])> =
-            surveys.iter().zip(&pids).map(|(s, &pid)| (pid, s.files.as_slice())).collect();
-        network::engage(prepared, &established, &procs, opts.network_lock)?
-    };
-    if let Some(l) = &lock {
-        guard.lock(l.name());
-    }
-    ph.mark("network freeze");
-    {
-        let procs: Vec<(i32, &[ferry_image::OpenFile], &[ferry_image::FdSlot])> = surveys
-            .iter()
-            .zip(&pids)
-            .map(|(s, &pid)| (pid, s.files.as_slice(), s.fds.as_slice()))
-            .collect();
-        network::check_accept_queues(&procs, |pid| {
-            tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd)
-        })?;
-    }
-    let (repaired, states) = files::tcp::capture(
-        &established,
-        |pid| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd),
-        |socks| guard.repair(socks),
-    )?;
-    {
-        let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> =
-            surveys.iter_mut().map(|s| &mut s.files).collect();
-        files::tcp::store(&established, states, &mut files_of);
-    }
-    ph.mark("tcp connections");
-
-    let mut images = Vec::with_capacity(surveys.len());
-    for (p, sv) in tree.procs.iter().zip(&surveys) {
-        images.push(capture_process_injected(&p.frozen, sv)?);
-    }
-    ph.mark("injected syscalls");
-
-    let held: HashMap<i32, Vec<(u64, u64)>> = match hooks.as_mut() {
-        Some(h) => {
-            let procs: Vec<(i32, &[ferry_image::Vma])> =
-                pids.iter().zip(&surveys).map(|(&pid, s)| (pid, s.vmas.as_slice())).collect();
-            h.held_pages(&procs)?
-        }
-        None => HashMap::new(),
-    };
-    let mut parent_pages = Vec::new();
-    let mut processes: Vec<ProcessImage> = Vec::with_capacity(surveys.len());
-    for (i, ((p, sv), injected)) in tree.procs.iter().zip(surveys).zip(images).enumerate() {
-        let pid = p.frozen.pid;
-        let parent = (i > 0).then(|| pids.iter().position(|&q| q == p.ppid)).flatten();
-        let inherited = match parent {
-            Some(k) => memory::inherited_from_parent(pid, &sv.vmas, pids[k], &processes[k].vmas)?,
-            None => Vec::new(),
-        };
-        let mut skip: Vec<(u64, u64)> =
-            inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
-        skip.sort_unstable();
-        let held_here = held.get(&pid).map_or(&[][..], |h| h.as_slice());
-        let (page_runs, in_parent) = memory::dump_pages(
-            pid,
-            &sv.vmas,
-            &sv.smaps,
-            &skip,
-            held_here,
-            pids.len() > 1,
-            sink,
-            opts.progress.as_ref(),
-        )?;
-        if !in_parent.is_empty() {
-            parent_pages.push((pid, in_parent));
-        }
-        let (threads, signals, itimers, posix_timers, (brk, misc), (deathsigs, securebits)) =
-            injected;
-        let mut fidelity = sv.fidelity;
-        fidelity.securebits = securebits;
-        fidelity.exit_signal = crate::procfs::Stat::read(pid)?.field(38) as i32;
-        fidelity.shares_files_with_parent = share_files.contains(&pid);
-        fidelity.threads = sv
-            .seccomp_threads
-            .iter()
-            .map(|(tid, mode, chain)| ferry_image::ThreadFidelity {
-                tid: *tid,
-                seccomp_mode: *mode,
-                seccomp: chain.clone(),
-                pdeathsig: deathsigs.iter().find(|d| d.0 == *tid).map_or(0, |d| d.1),
-            })
-            .collect();
-        let mut image = ProcessImage {
-            threads,
-            vmas: sv.vmas,
-            page_runs,
-            files: sv.files,
-            fds: sv.fds,
-            signals,
-            itimers,
-            posix_timers,
-            misc,
-            memfds: sv.memfds,
-            inherited,
-            fidelity,
-            ..process::capture(pid)?
-        };
-        image.ppid = p.ppid;
-        image.mm = memory::mm_layout(pid, brk)?;
-        image.signals.shared_pending = signals::shared_pending(pid)?;
-        processes.push(image);
-    }
-    let pages_bytes = sink.data_len();
-    ph.mark("pages");
-    let network_lock = lock.as_ref().map(|l| ferry_image::NetworkLockRef {
-        method: opts.network_lock.to_string(),
-        name: l.name().to_string(),
-    });
-    let mut tree_image = TreeImage {
-        processes,
-        zombies: tree.zombies.clone(),
-        shared_anon,
-        sysv_shm,
-        sysv_sem,
-        sysv_msg,
-        network_lock,
-        cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
-        unix_peers: Some(ferry_image::UnixPeersImage { sockets: unix_creds }),
-        ..Default::default()
-    };
-    if let Some(view) = &pid_view {
-        for c in tree_image.unix_peers.iter_mut().flat_map(|u| u.sockets.iter_mut()) {
-            c.pid = view.inner(c.pid);
-        }
-        for c in tree_image.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
-            c.pid = view.inner(c.pid);
-        }
-        namespaces::translate(&mut tree_image, view);
-        for (pid, _) in parent_pages.iter_mut() {
-            *pid = view.inner(*pid);
-        }
-    }
-
-    let root = &tree_image.processes[0];
-    let inventory = Inventory {
-        format_version: FORMAT_VERSION,
-        ferry_version: env!("CARGO_PKG_VERSION").to_string(),
-        kernel_release: procfs::read_string("/proc/sys/kernel/osrelease")?.trim().to_string(),
-        arch: std::env::consts::ARCH.to_string(),
-        xsave_size: root.threads[0].xstate.len() as u32,
-        created_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        source_pid: pid,
-        pages_bytes,
-    };
-    let summary = CaptureSummary {
-        pid,
-        processes: tree_image.processes.len(),
-        threads: tree_image.processes.iter().map(|p| p.threads.len()).sum(),
-        mappings: tree_image.processes.iter().map(|p| p.vmas.len()).sum(),
-        fds: tree_image.processes.iter().map(|p| p.fds.len()).sum(),
-        pages: pages_bytes / 4096,
-        image_bytes: pages_bytes,
-        frozen_ms: 0.0,
-        total_ms: 0.0,
-    };
-    Ok(Captured {
-        inventory,
-        tree: tree_image,
-        parent_pages,
-        phases: ph,
-        summary,
-        t_frozen,
-        repaired,
-        lock,
-        frozen: tree,
-        guard,
-    })
+    Ok(tree)
 }
 
 /// Whether `pid` is an ancestor of `of`.
@@ -636,57 +396,6 @@ fn is_ancestor(pid: i32, of: i32) -> bool {
         cur = ppid;
     }
     false
-}
-
-/// Runs the injected part of the capture inside one frozen process, from
-/// a scratch mapping that is removed again afterwards.
-fn capture_process_injected(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
-    let pid = frozen.pid;
-    let locked_before = memory::locked_kb(pid)?;
-    let scratch = Scratch::map(&sv.remote, pid)?;
-    let ctx = Ctx {
-        pid,
-        frozen,
-        remote: sv.remote,
-        scratch: scratch.addr,
-        data: scratch.addr + inject::SCRATCH_DATA,
-    };
-    let injected =
-        memory::check_mlock_future(pid, locked_before).and_then(|()| capture_injected(&ctx));
-    let unmapped = scratch.unmap(&ctx.remote, pid);
-    let injected = injected?;
-    unmapped?;
-    Ok(injected)
-}
-
-type Injected = (
-    Vec<ferry_image::ThreadImage>,
-    ferry_image::SignalState,
-    Vec<ferry_image::ITimer>,
-    Vec<ferry_image::PosixTimer>,
-    (u64, ferry_image::ProcessMisc),
-    (Vec<(i32, i32)>, u32),
-);
-
-/// Everything that needs syscalls run inside the process.
-fn capture_injected(ctx: &Ctx) -> Result<Injected> {
-    let threads =
-        ctx.frozen.threads.iter().map(|t| threads::capture(ctx, t)).collect::<Result<Vec<_>>>()?;
-    let signal_state = signals::capture_actions(ctx)?;
-    let itimers = timers::capture_itimers(ctx)?;
-    let posix = timers::capture_posix(ctx)?;
-    let brk_misc = process::capture_injected(ctx)?;
-    prctl::check_unrestored(ctx)?;
-    let prctl = prctl::capture_injected(ctx)?;
-    Ok((threads, signal_state, itimers, posix, brk_misc, prctl))
-}
-
-/// Reads the metadata back and checks the page file against it. Page data
-/// was already read back and checked batch by batch as it was written.
-fn verify_written(dir: &ImageDir) -> Result<()> {
-    let (inv, _tree) = dir.read_meta()?;
-    dir.check_pages_file(&inv)?;
-    Ok(())
 }
 
 #[cfg(test)]

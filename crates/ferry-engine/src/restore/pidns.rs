@@ -11,7 +11,7 @@
 //! status once nothing is left. The mount namespace is a copy of ferry's,
 //! slave to it, so every other mount is seen as before.
 
-use super::{RestoreOptions, Restored};
+use super::{Handover, RestoreOptions, Restored};
 use crate::error::{EngineError, Result};
 use ferry_image::TreeImage;
 use std::io::{Read, Write};
@@ -104,6 +104,7 @@ pub fn restore_held(
     tree: TreeImage,
     pages: &[u8],
     opts: &RestoreOptions,
+    handover: &Handover,
     t0: Instant,
 ) -> Result<HeldInNamespace> {
     use std::io::BufRead;
@@ -120,7 +121,8 @@ pub fn restore_held(
             drop(rd);
             drop(cwr);
             hold_as_init(std::fs::File::from(wr), std::fs::File::from(crd), || {
-                mount_own_proc(root).and_then(|()| super::restore_held(tree, pages, opts, t0))
+                mount_own_proc(root)
+                    .and_then(|()| super::restore_held(tree, pages, opts, handover, t0))
             })
         }
         Ok(p) => p,

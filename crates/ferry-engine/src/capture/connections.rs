@@ -1,0 +1,46 @@
+//! Phase "network freeze": the tree's established TCP connections are
+//! stopped on the network (the lock prepared before the freeze takes
+//! their tuples), then read in repair mode, which stays on until the tree
+//! is killed or resumed.
+
+use super::survey::TreeSurvey;
+use super::{files, network, tree::FrozenTree, CaptureOptions};
+use crate::error::Result;
+use crate::guard::Guard;
+
+/// Connections held still: the lock that drops their packets and the
+/// sockets in repair mode.
+pub(super) struct FrozenConnections {
+    pub lock: Option<ferry_netlock::NetworkLock>,
+    pub repaired: files::tcp::Repaired,
+}
+
+/// Engages `prepared` on the tree's connections, checks the listeners'
+/// accept queues, reads every connection and stores its state in the
+/// file that owns it.
+pub(super) fn freeze_connections(
+    prepared: Option<ferry_netlock::NetworkLock>,
+    tree: &FrozenTree,
+    survey: &mut TreeSurvey,
+    opts: &CaptureOptions,
+    guard: &mut Guard,
+) -> Result<FrozenConnections> {
+    let established = files::tcp::established(&survey.file_views());
+    let lock = {
+        let procs: Vec<(i32, &[ferry_image::OpenFile])> =
+            survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
+        network::engage(prepared, &established, &procs, opts.network_lock)?
+    };
+    if let Some(l) = &lock {
+        guard.lock(l.name());
+    }
+    let pidfd_of =
+        |pid: i32| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd);
+    network::check_accept_queues(&survey.file_views(), pidfd_of)?;
+    let (repaired, states) =
+        files::tcp::capture(&established, pidfd_of, |socks| guard.repair(socks))?;
+    let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> =
+        survey.procs.iter_mut().map(|s| &mut s.files).collect();
+    files::tcp::store(&established, states, &mut files_of);
+    Ok(FrozenConnections { lock, repaired })
+}

@@ -1,0 +1,212 @@
+//! Phase "survey": everything that may refuse the tree, read from outside
+//! while it is frozen and before anything inside it is changed. Its output
+//! is one record per process, in the tree's order, and what the processes
+//! share: every later phase walks these records instead of zipping
+//! parallel lists by index.
+
+use super::{cgroups, files, memfd, memory, namespaces, prctl, seccomp, sharing, shm, sysv_ipc};
+use super::{tree::FrozenTree, vma_flags, CaptureOptions};
+use crate::error::{EngineError, Result};
+use crate::freeze::Frozen;
+use crate::inject::{self, Remote};
+use crate::procfs;
+use ferry_image::{FdSlot, FileKind, OpenFile, UnixPeerCred, Vma};
+
+/// What the survey of one frozen process found.
+pub(super) struct Survey {
+    pub pid: i32,
+    pub ppid: i32,
+    pub smaps: Vec<procfs::MapsEntry>,
+    pub vmas: Vec<Vma>,
+    pub files: Vec<OpenFile>,
+    pub fds: Vec<FdSlot>,
+    pub memfds: Vec<ferry_image::MemfdObject>,
+    pub remote: Remote,
+    /// State found from outside (seccomp, fd owners, inode attributes,
+    /// stop state); the per-thread prctl part is added by the injected
+    /// capture.
+    pub fidelity: ferry_image::Fidelity,
+    pub seccomp_threads: Vec<seccomp::ThreadSeccomp>,
+    /// Files (indices) of unix listeners with one connection waiting.
+    pending_listeners: Vec<u32>,
+    /// SO_PEERCRED of its connected unix sockets (host pids).
+    unix_creds: Vec<UnixPeerCred>,
+}
+
+impl Survey {
+    /// (pid, files, fds), the view several file checks take.
+    pub fn file_view(&self) -> (i32, &[OpenFile], &[FdSlot]) {
+        (self.pid, self.files.as_slice(), self.fds.as_slice())
+    }
+}
+
+/// What the survey of the whole frozen tree found.
+pub(super) struct TreeSurvey {
+    /// Parents before children, the root first, as the tree was frozen.
+    pub procs: Vec<Survey>,
+    /// Processes that share their parent's fd table (CLONE_FILES).
+    pub share_files: Vec<i32>,
+    /// The tree's own PID namespace, when it has one.
+    pub pid_view: Option<namespaces::PidView>,
+    pub cgroups: Vec<ferry_image::ProcessCgroups>,
+    /// SO_PEERCRED of the tree's unix sockets, each socket once.
+    pub unix_creds: Vec<UnixPeerCred>,
+    pub shared_anon: Vec<ferry_image::MemfdObject>,
+    pub sysv_shm: Vec<ferry_image::SysvShm>,
+    pub sysv_sem: Vec<ferry_image::SysvSem>,
+    pub sysv_msg: Vec<ferry_image::SysvMsgQueue>,
+    /// Exited children not reaped yet, as the freeze found them.
+    pub zombies: Vec<ferry_image::Zombie>,
+}
+
+impl TreeSurvey {
+    pub fn file_views(&self) -> Vec<(i32, &[OpenFile], &[FdSlot])> {
+        self.procs.iter().map(Survey::file_view).collect()
+    }
+}
+
+/// The survey phase over the frozen tree.
+pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<TreeSurvey> {
+    let pids = tree.pids();
+    tree.check_groups()?;
+    namespaces::check_mounts(&pids)?;
+    namespaces::check_ipc(&pids)?;
+    namespaces::check_others(&pids)?;
+    let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
+    let share_files = sharing::check(&pids, &ppids)?;
+    let tasks: Vec<(i32, Vec<i32>)> = tree
+        .procs
+        .iter()
+        .map(|p| (p.frozen.pid, p.frozen.threads.iter().map(|t| t.tid).collect()))
+        .collect();
+    let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
+    let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
+    let cgroups = cgroups::capture(&tasks)?;
+    let mut procs = Vec::with_capacity(tree.procs.len());
+    for p in &tree.procs {
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts)?);
+    }
+    let unix_creds = link_files(&mut procs, &pids)?;
+    let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
+        procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
+    let shared_anon = shm::capture_shared_anon(&mem_views)?;
+    let sysv_shm = shm::capture_sysv(&mem_views)?;
+    Ok(TreeSurvey {
+        share_files,
+        pid_view,
+        cgroups,
+        unix_creds,
+        shared_anon,
+        sysv_shm,
+        sysv_sem: sysv_ipc::capture_sem(&pids)?,
+        sysv_msg: sysv_ipc::capture_msg(&pids)?,
+        zombies: tree.zombies.clone(),
+        procs,
+    })
+}
+
+fn survey_process(
+    frozen: &Frozen,
+    ppid: i32,
+    tree: &[i32],
+    opts: &CaptureOptions,
+) -> Result<Survey> {
+    let pid = frozen.pid;
+    let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
+    tracing::debug!(
+        "pid {pid}: mappings read {}",
+        if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
+    );
+    let vmas = memory::classify(pid, &smaps)?;
+    let (files, fds, (unix_connects, pending_listeners, unix_creds)) =
+        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
+    let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
+    inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
+    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
+    let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
+    prctl::check_thread_creds(pid, &tids)?;
+    let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
+    let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
+    let fidelity = ferry_image::Fidelity {
+        seccomp_filters,
+        file_owners,
+        inode_attrs,
+        stopped: frozen.stopped,
+        deleted_files,
+        unix_connects,
+        ..Default::default()
+    };
+    let vdso = smaps.iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
+        EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping")
+    })?;
+    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+    Ok(Survey {
+        pid,
+        ppid,
+        smaps,
+        vmas,
+        files,
+        fds,
+        memfds,
+        remote,
+        fidelity,
+        seccomp_threads,
+        pending_listeners,
+        unix_creds,
+    })
+}
+
+/// Links the files the processes share (unix peers, epoll targets) and
+/// checks what only the whole tree can tell; returns the tree's unix
+/// peer credentials, each socket once.
+fn link_files(procs: &mut [Survey], pids: &[i32]) -> Result<Vec<UnixPeerCred>> {
+    // A socket shared by several processes was read once by each.
+    let mut unix_creds: Vec<UnixPeerCred> =
+        procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
+    unix_creds.sort_unstable_by_key(|c| c.ino);
+    unix_creds.dedup_by_key(|c| c.ino);
+    {
+        let mut pf: Vec<files::ProcessFiles> = procs
+            .iter_mut()
+            .map(|s| files::ProcessFiles { pid: s.pid, files: &mut s.files, fds: &s.fds })
+            .collect();
+        files::link_tree(&mut pf, pids, &unix_creds)?;
+    }
+    check_pending_listeners(procs)?;
+    let targets = {
+        let views: Vec<(i32, &[OpenFile], &[FdSlot])> =
+            procs.iter().map(Survey::file_view).collect();
+        files::epoll::resolve_targets(&views)?
+    };
+    for (s, t) in procs.iter_mut().zip(targets) {
+        s.fidelity.epoll_targets = t;
+    }
+    Ok(unix_creds)
+}
+
+/// A listener's waiting connection must be one of the tree's sockets.
+fn check_pending_listeners(procs: &[Survey]) -> Result<()> {
+    for s in procs {
+        for &l in &s.pending_listeners {
+            let FileKind::UnixSocket(u) = &s.files[l as usize].kind else { continue };
+            let mut positions: Vec<u32> = procs
+                .iter()
+                .flat_map(|t| t.fidelity.unix_connects.iter())
+                .filter(|c| c.listener == u.ino)
+                .map(|c| c.position)
+                .collect();
+            positions.sort_unstable();
+            // Every waiting client, each at its own place (0, 1, 2...).
+            if positions.is_empty() || positions.iter().enumerate().any(|(i, &p)| p != i as u32) {
+                let fd = s.fds.iter().find(|x| x.file == l).map_or(-1, |x| x.fd);
+                return Err(EngineError::unsupported(
+                    s.pid,
+                    format!("fd {fd} (socket:[{}])", u.ino),
+                    "the connection waiting in its accept queue comes from outside the process tree",
+                ));
+            }
+        }
+    }
+    Ok(())
+}

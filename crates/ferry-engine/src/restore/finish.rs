@@ -1,0 +1,137 @@
+//! Phase "threads, signals, timers, creds": everything after memory, in
+//! every process; the tree is complete and still stopped afterwards.
+
+use super::held::TreeGuard;
+use super::{files, lazy, memory, prctl, process, seccomp, signals, threads, timers, Session};
+use crate::error::{EngineError, Result};
+use crate::inject;
+use ferry_image::TreeImage;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{OwnedFd, RawFd};
+
+/// A restored process held stopped: its PID, its other threads, and
+/// whether it was in a job-control stop.
+pub(super) struct HeldProcess {
+    pub pid: i32,
+    pub tids: Vec<i32>,
+    pub stopped: bool,
+}
+
+/// Finishes every process, parents before children.
+pub(super) fn finish_all(
+    tree: &TreeImage,
+    sessions: &mut [Session],
+    exes: &HashMap<i32, RawFd>,
+    temp_base: RawFd,
+    guard: &mut TreeGuard,
+) -> Result<Vec<HeldProcess>> {
+    // A process whose fd table a child shares (CLONE_FILES) leaves the
+    // staged descriptors to that child, which finishes later and closes
+    // them for both.
+    let table_shared_by_child: HashSet<i32> = tree
+        .processes
+        .iter()
+        .filter(|p| p.fidelity.shares_files_with_parent)
+        .map(|p| p.ppid)
+        .collect();
+    let mut held = Vec::with_capacity(sessions.len());
+    for s in sessions.iter_mut() {
+        let exe_fd = exes.get(&s.pid).copied();
+        let close_staging = !table_shared_by_child.contains(&s.pid);
+        let tids = finish_process(s, exe_fd, temp_base, close_staging)?;
+        for &t in &tids {
+            guard.add(t);
+        }
+        held.push(HeldProcess { pid: s.pid, tids, stopped: s.image.fidelity.stopped });
+    }
+    Ok(held)
+}
+
+/// Seals go on once nothing writes the memfds any more.
+pub(super) fn seal_memfds(pid: i32, memfds: &HashMap<u64, (RawFd, i32)>) -> Result<()> {
+    for (id, (fd, seals)) in memfds {
+        if *seals != 0 {
+            ferry_sys::fd::fcntl_int(
+                *fd,
+                libc::F_ADD_SEALS,
+                *seals as libc::c_long,
+                "fcntl(F_ADD_SEALS)",
+            )
+            .map_err(|e| {
+                EngineError::kernel(pid, format!("sealing memfd {id} with {seals:#x}"), e)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Post-copy: the lazy mappings registered with their userfaultfd.
+pub(super) fn register_lazy(
+    tree: &TreeImage,
+    lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])>,
+) -> Result<Vec<(i32, OwnedFd)>> {
+    let mut uffds = Vec::with_capacity(lazy_uffds.len());
+    for (p, fd, runs) in lazy_uffds {
+        let vmas =
+            tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
+        lazy::register(p, &fd, vmas, runs)?;
+        uffds.push((p, fd));
+    }
+    Ok(uffds)
+}
+
+/// Everything after memory: mm layout, signal handlers, threads and their
+/// state, timers, pending signals, locks, limits, credentials, registers.
+/// Returns the TIDs of the threads it created.
+fn finish_process(
+    s: &mut Session,
+    exe_fd: Option<RawFd>,
+    temp_base: RawFd,
+    close_staging: bool,
+) -> Result<Vec<i32>> {
+    let pid = s.pid;
+    let image = s.image;
+    memory::set_mm(s, exe_fd)?;
+    files::proc_file::open_all(s)?;
+    signals::restore_actions(s)?;
+    // The leader first, so new threads inherit its name.
+    threads::restore_thread_state(s, &image.threads[0])?;
+    let tids = threads::create_threads(s)?;
+    for t in &image.threads[1..] {
+        threads::restore_thread_state(s, t)?;
+    }
+    files::owner::restore(s)?;
+    timers::restore_itimers(s)?;
+    timers::restore_posix(s)?;
+    process::restore_misc(s)?;
+    signals::queue_pending(s)?;
+    if close_staging {
+        s.run(
+            pid,
+            &[(
+                "close_range(staging)".into(),
+                inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]),
+            )],
+        )?;
+    }
+    let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
+    if !lock_calls.is_empty() {
+        s.remote.write(s.data, &lock_args)?;
+        s.run(pid, &lock_calls)?;
+    }
+    // Limits while the process still has ferry's user (a process of
+    // another user would need CAP_SYS_RESOURCE), credentials last.
+    process::restore_limits(pid, image)?;
+    let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
+    // seccomp while the process still has root's capabilities; suspended
+    // for ferry's remaining injected calls until the threads are released.
+    seccomp::install(s, &all_tids)?;
+    process::restore_creds(s, &all_tids)?;
+    process::restore_dumpable(s)?;
+    prctl::restore_pdeathsig(s)?;
+    s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
+    for t in &image.threads {
+        threads::set_final_registers(pid, t)?;
+    }
+    Ok(tids)
+}

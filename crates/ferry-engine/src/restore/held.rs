@@ -1,0 +1,185 @@
+//! The end of a restore: the tree complete and held stopped, and its
+//! release (the commit point), or its end when dropped.
+
+use super::finish::HeldProcess;
+use super::stage::Staged;
+use super::{files, Restored};
+use crate::error::{EngineError, Result};
+use ferry_image::TreeImage;
+use ferry_sys::ptrace;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// A restored tree, complete and still stopped under ptrace, its
+/// connections in repair mode behind the network lock: nothing of it has
+/// run yet. [`Held::release`] lets it run; dropping it kills every process
+/// of it, so the service runs in one place only.
+pub struct Held {
+    pid: i32,
+    tree: TreeImage,
+    connections: HashMap<u64, OwnedFd>,
+    /// Parents before children.
+    procs: Vec<HeldProcess>,
+    /// The staged objects and the network lock, kept until the tree runs.
+    staged: Staged,
+    phases: crate::phases::Phases,
+    /// Post-copy: (image PID, its userfaultfd) of processes with lazy pages.
+    uffds: Vec<(i32, OwnedFd)>,
+    /// ferry's copies of the pages the root inherited: dropped once the
+    /// tree runs, so that its pages are its own (no copy per page on
+    /// write) without the unmapping counting in the pause.
+    placed: ferry_sys::placed::InheritedRegions,
+    guard: TreeGuard,
+}
+
+impl Held {
+    /// The root's PID (the image's).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn phases(&self) -> &crate::phases::Phases {
+        &self.phases
+    }
+
+    /// Post-copy: (image PID, descriptor in this process) of each
+    /// userfaultfd whose registered mappings wait for their pages.
+    pub fn lazy_uffds(&self) -> Vec<(i32, RawFd)> {
+        self.uffds.iter().map(|(p, f)| (*p, f.as_raw_fd())).collect()
+    }
+
+    /// Post-copy: takes the userfaultfds (the caller's pager serves them).
+    pub fn take_uffds(&mut self) -> Vec<(i32, OwnedFd)> {
+        std::mem::take(&mut self.uffds)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        tree: TreeImage,
+        connections: HashMap<u64, OwnedFd>,
+        procs: Vec<HeldProcess>,
+        staged: Staged,
+        phases: crate::phases::Phases,
+        uffds: Vec<(i32, OwnedFd)>,
+        placed: ferry_sys::placed::InheritedRegions,
+        guard: TreeGuard,
+    ) -> Held {
+        let pid = tree.root().map_or(0, |p| p.pid);
+        Held { pid, tree, connections, procs, staged, phases, uffds, placed, guard }
+    }
+
+    /// Brings the connections alive and lets every process run.
+    pub fn release(self) -> Result<Restored> {
+        self.release_then(|_| ())
+    }
+
+    /// Like [`Held::release`], calling `running` as soon as every process
+    /// runs, before the network lock and the staging are taken down (a
+    /// migration reports the service running at that moment).
+    pub fn release_then(self, running: impl FnOnce(&Restored)) -> Result<Restored> {
+        let Held {
+            pid,
+            tree,
+            connections,
+            procs,
+            mut staged,
+            mut phases,
+            uffds,
+            placed,
+            mut guard,
+        } = self;
+        let mut lock = staged.lock.take();
+        let ph = &mut phases;
+        // The connections come alive only now, with every process that
+        // owns one in place and still stopped.
+        let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
+        ph.mark("tcp repair off");
+        // The end of the network pause: one map update for the eBPF lock.
+        // The lock itself is taken down after the tree runs.
+        if let Some(l) = lock.as_mut() {
+            l.disengage()?;
+        }
+        ph.mark("network thaw");
+        files::tcp::resend(&rebuilt)?;
+        ph.mark("tcp resend");
+        // Children first, so a parent never runs while its child is still held.
+        for HeldProcess { pid: p, tids, stopped } in procs.iter().rev() {
+            if *stopped {
+                // Queued while every thread is still held: the process takes
+                // it on its way out of the ptrace stop, before running any
+                // instruction of its own, and enters the job-control stop.
+                ferry_sys::process::kill(*p, libc::SIGSTOP)
+                    .map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
+            }
+            for &tid in std::iter::once(p).chain(tids) {
+                ptrace::detach(tid, 0)
+                    .map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
+            }
+        }
+        guard.disarmed = true;
+        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+        let restored = Restored {
+            pid,
+            host_pid: pid,
+            init_pid: None,
+            processes: tree.processes.len(),
+            threads,
+            total_ms: ph.started().elapsed().as_secs_f64() * 1e3,
+        };
+        running(&restored);
+        if !placed.is_empty() {
+            if let Err(e) = placed.unmap() {
+                tracing::warn!("dropping ferry's copy of the placed pages: {e}");
+            }
+        }
+        if let Some(l) = lock.take() {
+            if let Err(e) = l.thaw() {
+                tracing::warn!("taking the network lock down: {e}");
+            }
+        }
+        ph.mark("network lock removed");
+        staged.sysv.keep = true;
+        staged.sysv_ipc.keep = true;
+        drop(staged);
+        drop(connections);
+        // The caller took its own copies (the migration's pager).
+        drop(uffds);
+        Ok(restored)
+    }
+}
+
+/// Kills every process made so far unless disarmed, and reaps what ferry
+/// must reap (its child, the root, and every traced process).
+pub(super) struct TreeGuard {
+    pids: Vec<i32>,
+    disarmed: bool,
+}
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        if self.disarmed || self.pids.is_empty() {
+            return;
+        }
+        // Killing processes this restore created, by PID, then reaping
+        // them (traced threads must go before their leader).
+        for &pid in self.pids.iter().rev() {
+            let _ = ferry_sys::process::kill(pid, libc::SIGKILL);
+        }
+        for _ in 0..100_000 {
+            if !ferry_sys::process::reap_any_thread() {
+                break;
+            }
+        }
+    }
+}
+
+impl TreeGuard {
+    pub fn new(first: i32) -> TreeGuard {
+        TreeGuard { pids: vec![first], disarmed: false }
+    }
+
+    /// One more process or thread to kill if the restore fails.
+    pub fn add(&mut self, pid: i32) {
+        self.pids.push(pid);
+    }
+}

@@ -1,0 +1,125 @@
+//! Phase "fork root": the tree's root is forked from ferry under its old
+//! PID (clone3 with set_tid), sets up its session and directory itself
+//! ([`child`](super::child)) and stops under ptrace; then it is readied
+//! to be driven by injected syscalls.
+
+use super::held::TreeGuard;
+use super::stage::{lift_fd, Staged};
+use super::{child, memory, threads, Session};
+use crate::error::{EngineError, Result};
+use crate::inject::{self, Scratch};
+use ferry_image::TreeImage;
+use ferry_sys::ptrace::{self, WaitEvent};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Forks the root with its PID and waits until it stops; returns the
+/// guard that kills what was made if a later phase fails.
+pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> {
+    let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
+    let pid = root.pid;
+    let pipe = || {
+        ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| EngineError::kernel(pid, "creating a pipe", e))
+    };
+    let (go_r, go_w) = pipe()?;
+    let (st_r, st_w) = pipe()?;
+    let st_w = lift_fd(pid, st_w.as_raw_fd(), staged.temp_base, "the status pipe")?;
+    let mut keep: Vec<RawFd> = staged.staging.keep_fds();
+    keep.extend(staged.raw.values().copied());
+    keep.push(st_w.as_raw_fd());
+    keep.extend(staged.netns_fd());
+
+    // SAFETY: ferry is single-threaded here (no thread pools, no
+    // background logging), so the child may run ordinary Rust code.
+    let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
+    let child_pid = match forked {
+        Ok(0) => child::run(child::ChildPlan {
+            image: root,
+            keep,
+            netns: staged.netns_fd(),
+            go: go_r,
+            status: st_w,
+        }),
+        Ok(p) => p,
+        Err(e) if e.errno == libc::EEXIST => {
+            let comm = super::pid_owner(pid).unwrap_or_else(|| "unknown".into());
+            return Err(EngineError::PidTaken { pid, comm });
+        }
+        Err(e) => return Err(EngineError::kernel(pid, "creating the process with its PID", e)),
+    };
+    let guard = TreeGuard::new(child_pid);
+    drop(st_w);
+    drop(go_r);
+    ptrace::seize(
+        child_pid,
+        ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
+    )
+    .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
+    std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
+    let mut msg = String::new();
+    std::fs::File::from(st_r)
+        .read_to_string(&mut msg)
+        .map_err(|e| EngineError::io("restore status pipe", e))?;
+    if !msg.is_empty() {
+        return Err(EngineError::restore(pid, msg));
+    }
+    match ptrace::wait_tid(child_pid, 0)
+        .map_err(|e| EngineError::kernel(pid, "waiting for the new process", e))?
+    {
+        Some((_, WaitEvent::Stopped { sig: libc::SIGSTOP, .. })) => Ok(guard),
+        other => Err(EngineError::restore(
+            pid,
+            format!("new process did not stop as expected: {other:?}"),
+        )),
+    }
+}
+
+/// The root's session, before it is driven: it still runs ferry's forked
+/// copy, so the CPU is checked, its rseq registration dropped and the
+/// scratch area placed where no process of the tree has anything (every
+/// forked child inherits it at a free address).
+pub(super) fn root_session<'a>(
+    tree: &'a TreeImage,
+    staging: &'a super::staging::StagingMap,
+) -> Result<Session<'a>> {
+    let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
+    let pid = root.pid;
+    let vdso = own_vdso()?;
+    let remote =
+        inject::Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
+    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging };
+    threads::block_signals(pid, pid)?;
+    let xs =
+        ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
+    let want = s.image.threads[0].xstate.len();
+    if xs.len() != want {
+        return Err(EngineError::restore(
+            pid,
+            format!(
+                "image has a {want}-byte XSAVE area, this CPU {} bytes: restore on the same kind of CPU",
+                xs.len()
+            ),
+        ));
+    }
+    threads::drop_inherited_rseq(&mut s)?;
+    let at = memory::free_gap(
+        pid,
+        tree.processes.iter().flat_map(|p| p.vmas.iter()),
+        inject::SCRATCH_LEN,
+    )?;
+    let scratch = Scratch::map_at(&s.remote, pid, at)?;
+    s.scratch = scratch.addr;
+    s.data = scratch.addr + inject::SCRATCH_DATA;
+    Ok(s)
+}
+
+/// ferry's own vDSO: the root, a fork of ferry, has it at the same place.
+fn own_vdso() -> Result<(u64, u64)> {
+    let me = std::process::id() as i32;
+    crate::procfs::maps(me)?
+        .into_iter()
+        .find(|m| m.path == "[vdso]")
+        .map(|m| (m.start, m.end))
+        .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
+}
