@@ -361,6 +361,73 @@ fn bind_mount_netns(
     })
 }
 
+/// Engage for eBPF: the table filled, then the switch turned on.
+fn engage_ebpf(
+    name: &str,
+    record: &mut Record,
+    phase_file: &std::fs::File,
+    handles: Option<&mut ebpf::Handles>,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
+    let tuples_v6 = validate_tuples(name, tuples)?;
+    let Some(handles) = handles else {
+        return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+    };
+    let overflow = ebpf::fill(name, handles, tuples)?;
+    if overflow > 0 {
+        tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
+    }
+    // Recorded before the switch: the record never claims less than is in force.
+    record::write_phase(name, phase_file, Phase::Engaged)?;
+    record.phase = Phase::Engaged;
+    record.tuples = tuples.len();
+    record.tuples_v6 = tuples_v6;
+    ebpf::set_active(name, handles, true)?;
+    // The counts are for `status` only: written once dropping has begun,
+    // not before.
+    record::write(record)?;
+    Ok(())
+}
+
+/// Engage for nftables/iptables: their one transaction; on failure the
+/// lock goes back to prepared.
+fn engage_rules(
+    name: &str,
+    record: &mut Record,
+    phase_file: &std::fs::File,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
+    let tuples = canonical_tuples(name, tuples)?;
+    let enter = record.netns.enter_path.clone();
+    let previous = record.clone();
+    record.tuples = tuples.len();
+    record.tuples_v6 = tuples.iter().filter(|t| t.local.is_ipv6()).count();
+    record.phase = Phase::Engaged;
+    // Counts first: the iptables release needs to know about IPv6.
+    record::write(record)?;
+    record::write_phase(name, phase_file, Phase::Engaged)?;
+    let enter = enter.as_deref();
+    let made = if record.method == Method::Nftables {
+        nft::engage(name, enter, &tuples)
+    } else {
+        iptables::engage(name, enter, &tuples)
+    };
+    if let Err(e) = made {
+        // Back to prepared: remove whatever part was made.
+        let undone = remove_objects(record)
+            .and_then(|()| record::write(&previous))
+            .and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
+        match undone {
+            Ok(()) => *record = previous,
+            Err(cleanup) => {
+                tracing::error!(lock = %name, "undoing a failed engage: {cleanup}")
+            }
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
 impl NetworkLock {
     /// Everything slow, done before the service is frozen; drops nothing yet.
     /// eBPF: loads the program, creates the empty tuple map (room for
@@ -426,56 +493,8 @@ impl NetworkLock {
             return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         match record.method {
-            Method::Ebpf => {
-                let tuples_v6 = validate_tuples(name, tuples)?;
-                let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
-                };
-                let overflow = ebpf::fill(name, handles, tuples)?;
-                if overflow > 0 {
-                    tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
-                }
-                // Recorded before the switch: the record never claims less
-                // than is in force.
-                record::write_phase(name, phase_file, Phase::Engaged)?;
-                record.phase = Phase::Engaged;
-                record.tuples = tuples.len();
-                record.tuples_v6 = tuples_v6;
-                ebpf::set_active(name, handles, true)?;
-                // The counts are for `status` only: written once dropping
-                // has begun, not before.
-                record::write(record)?;
-            }
-            Method::Nftables | Method::Iptables => {
-                let tuples = canonical_tuples(name, tuples)?;
-                let enter = record.netns.enter_path.clone();
-                let previous = record.clone();
-                record.tuples = tuples.len();
-                record.tuples_v6 = tuples.iter().filter(|t| t.local.is_ipv6()).count();
-                record.phase = Phase::Engaged;
-                // Counts first: the iptables release needs to know about IPv6.
-                record::write(record)?;
-                record::write_phase(name, phase_file, Phase::Engaged)?;
-                let enter = enter.as_deref();
-                let made = if record.method == Method::Nftables {
-                    nft::engage(name, enter, &tuples)
-                } else {
-                    iptables::engage(name, enter, &tuples)
-                };
-                if let Err(e) = made {
-                    // Back to prepared: remove whatever part was made.
-                    let undone = remove_objects(record)
-                        .and_then(|()| record::write(&previous))
-                        .and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
-                    match undone {
-                        Ok(()) => *record = previous,
-                        Err(cleanup) => {
-                            tracing::error!(lock = %name, "undoing a failed engage: {cleanup}")
-                        }
-                    }
-                    return Err(e);
-                }
-            }
+            Method::Ebpf => engage_ebpf(name, record, phase_file, self.ebpf.as_mut(), tuples)?,
+            Method::Nftables | Method::Iptables => engage_rules(name, record, phase_file, tuples)?,
         }
         tracing::debug!(lock = %name, method = %record.method, tuples = record.tuples, "network lock engaged");
         Ok(())
