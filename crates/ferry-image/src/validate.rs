@@ -13,7 +13,7 @@ pub const MAX_FDS: i32 = 1 << 20;
 pub const MAX_XSTATE: usize = 16384;
 pub const REGS_WORDS: usize = 27;
 
-fn bad(msg: String) -> Result<(), ImageError> {
+fn bad<T>(msg: String) -> Result<T, ImageError> {
     Err(ImageError::Invalid(msg))
 }
 
@@ -39,6 +39,21 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     if t.processes.is_empty() || t.processes.len() + t.zombies.len() > MAX_PROCESSES {
         return bad(format!("{} processes", t.processes.len()));
     }
+    let seen = validate_processes(inv, t)?;
+    validate_ids(t, &seen)?;
+    let shm = validate_shared_memory(t)?;
+    validate_sysv_ipc(t)?;
+    validate_shared_memory_refs(t, &shm)?;
+    validate_unix_in_flight(t, &seen)?;
+    validate_cgroups(t)?;
+    validate_unix_peers(t)
+}
+
+/// Each process in turn, parents first; returns the pids seen.
+fn validate_processes(
+    inv: &Inventory,
+    t: &TreeImage,
+) -> Result<std::collections::HashSet<i32>, ImageError> {
     // Every lookup below goes through a sorted list or a set: a hostile
     // image must not make validation quadratic.
     let mut seen: std::collections::HashSet<i32> =
@@ -55,26 +70,38 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             return bad("the root process cannot inherit mappings".into());
         }
         validate_process(inv, p)?;
-        // vmas are sorted and non-overlapping (checked above).
-        for v in &p.inherited {
-            let k = p.vmas.partition_point(|w| w.start < v.start);
-            if p.vmas.get(k).is_none_or(|w| w.start != v.start || w.end != v.end) {
-                return bad(format!(
-                    "process {}: an inherited mapping is not one of its mappings",
-                    p.pid
-                ));
-            }
-            let mut prev = v.start;
-            for &(a, n) in &v.shared_pages {
-                let end = n.checked_mul(4096).and_then(|l| a.checked_add(l));
-                if a % 4096 != 0 || n == 0 || a < prev || end.is_none_or(|e| e > v.end) {
-                    return bad(format!("process {}: shared pages at {a:#x} lie outside their inherited mapping or out of order", p.pid));
-                }
-                prev = end.unwrap_or(v.end);
-            }
-        }
+        validate_inherited(p)?;
         seen.insert(p.pid);
     }
+    Ok(seen)
+}
+
+/// Mappings a child inherits from its parent: each is one of its own
+/// mappings, and its shared pages lie inside it, in order.
+fn validate_inherited(p: &ProcessImage) -> Result<(), ImageError> {
+    // vmas are sorted and non-overlapping (checked by validate_process).
+    for v in &p.inherited {
+        let k = p.vmas.partition_point(|w| w.start < v.start);
+        if p.vmas.get(k).is_none_or(|w| w.start != v.start || w.end != v.end) {
+            return bad(format!(
+                "process {}: an inherited mapping is not one of its mappings",
+                p.pid
+            ));
+        }
+        let mut prev = v.start;
+        for &(a, n) in &v.shared_pages {
+            let end = n.checked_mul(4096).and_then(|l| a.checked_add(l));
+            if a % 4096 != 0 || n == 0 || a < prev || end.is_none_or(|e| e > v.end) {
+                return bad(format!("process {}: shared pages at {a:#x} lie outside their inherited mapping or out of order", p.pid));
+            }
+            prev = end.unwrap_or(v.end);
+        }
+    }
+    Ok(())
+}
+
+/// Zombies hang off a process of the tree; no pid or tid repeats.
+fn validate_ids(t: &TreeImage, seen: &std::collections::HashSet<i32>) -> Result<(), ImageError> {
     let mut ids: Vec<i32> =
         t.processes.iter().flat_map(|p| p.threads.iter().map(|t| t.tid)).collect();
     for z in &t.zombies {
@@ -87,19 +114,33 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     if ids.windows(2).any(|w| w[0] == w[1]) || ids.iter().any(|&t| t <= 0 || t > 4_194_304) {
         return bad("process or thread ids repeat or are out of range".into());
     }
+    Ok(())
+}
+
+/// The ids of the tree's shared memory objects, sorted, for lookups.
+struct SharedMemoryIds {
+    anon: Vec<u64>,
+    sysv: Vec<i32>,
+}
+
+fn validate_shared_memory(t: &TreeImage) -> Result<SharedMemoryIds, ImageError> {
     for m in &t.shared_anon {
         check_extents("shared memory", m.size, &m.extents)?;
     }
     for s in &t.sysv_shm {
         check_extents(&format!("SysV segment {}", s.id), s.size, &s.extents)?;
     }
-    let mut anon_ids: Vec<u64> = t.shared_anon.iter().map(|m| m.id).collect();
-    anon_ids.sort_unstable();
-    let mut sysv_ids: Vec<i32> = t.sysv_shm.iter().map(|s| s.id).collect();
-    sysv_ids.sort_unstable();
-    if anon_ids.windows(2).any(|w| w[0] == w[1]) || sysv_ids.windows(2).any(|w| w[0] == w[1]) {
+    let mut anon: Vec<u64> = t.shared_anon.iter().map(|m| m.id).collect();
+    anon.sort_unstable();
+    let mut sysv: Vec<i32> = t.sysv_shm.iter().map(|s| s.id).collect();
+    sysv.sort_unstable();
+    if anon.windows(2).any(|w| w[0] == w[1]) || sysv.windows(2).any(|w| w[0] == w[1]) {
         return bad("a shared memory object appears twice".into());
     }
+    Ok(SharedMemoryIds { anon, sysv })
+}
+
+fn validate_sysv_ipc(t: &TreeImage) -> Result<(), ImageError> {
     let mut sem_ids: Vec<i32> = t.sysv_sem.iter().map(|s| s.id).collect();
     sem_ids.sort_unstable();
     let mut msg_ids: Vec<i32> = t.sysv_msg.iter().map(|q| q.id).collect();
@@ -123,11 +164,16 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             return bad(format!("SysV message queue {}: bad id, message type or size", q.id));
         }
     }
+    Ok(())
+}
+
+/// Every shared mapping refers to an object the image holds.
+fn validate_shared_memory_refs(t: &TreeImage, shm: &SharedMemoryIds) -> Result<(), ImageError> {
     for p in &t.processes {
         for v in &p.vmas {
             let missing = match &v.backing {
-                VmaBacking::SharedAnon { id } => anon_ids.binary_search(id).is_err(),
-                VmaBacking::SysvShm { id } => sysv_ids.binary_search(id).is_err(),
+                VmaBacking::SharedAnon { id } => shm.anon.binary_search(id).is_err(),
+                VmaBacking::SysvShm { id } => shm.sysv.binary_search(id).is_err(),
                 _ => false,
             };
             if missing {
@@ -138,9 +184,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
             }
         }
     }
-    validate_unix_in_flight(t, &seen)?;
-    validate_cgroups(t)?;
-    validate_unix_peers(t)
+    Ok(())
 }
 
 /// The `UnixPeers` section: restore makes each listed connection (or
@@ -356,6 +400,19 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if p.pid <= 0 || p.pid > 4_194_304 {
         return bad(format!("pid {} out of range", p.pid));
     }
+    let tids = validate_threads(p)?;
+    validate_vmas(p)?;
+    validate_page_runs(inv, p)?;
+    let fds = validate_fds(p)?;
+    validate_files(p, &fds)?;
+    let memfd_ids = validate_memfds(p)?;
+    let has_memfd = |id: &u64| memfd_ids.binary_search(id).is_ok();
+    validate_signals(p)?;
+    validate_fidelity(p, &tids, &has_memfd)
+}
+
+/// Returns the thread ids, sorted.
+fn validate_threads(p: &ProcessImage) -> Result<Vec<i32>, ImageError> {
     if p.threads.is_empty() || p.threads.len() > MAX_THREADS {
         return bad(format!("{} threads", p.threads.len()));
     }
@@ -385,6 +442,10 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             return bad(format!("thread {}: malformed pending siginfo", t.tid));
         }
     }
+    Ok(tids)
+}
+
+fn validate_vmas(p: &ProcessImage) -> Result<(), ImageError> {
     let mut prev_end = 0u64;
     for v in &p.vmas {
         let aligned = v.start % 4096 == 0 && v.end % 4096 == 0;
@@ -398,6 +459,12 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
         }
         prev_end = v.end;
     }
+    Ok(())
+}
+
+/// Page runs are sorted, each inside one mapping (the mappings are
+/// sorted: one pass over both) and inside the page data.
+fn validate_page_runs(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError> {
     let mut vi = 0usize;
     let mut prev_run_end = 0u64;
     for r in &p.page_runs {
@@ -433,6 +500,11 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             return bad(format!("page run at {:#x} points past the end of page data", r.start));
         }
     }
+    Ok(())
+}
+
+/// Returns the fd numbers, sorted.
+fn validate_fds(p: &ProcessImage) -> Result<Vec<i32>, ImageError> {
     let mut fds: Vec<i32> = Vec::with_capacity(p.fds.len());
     for s in &p.fds {
         if s.fd < 0 || s.fd >= MAX_FDS {
@@ -447,12 +519,18 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return bad("an fd number appears twice".into());
     }
+    Ok(fds)
+}
+
+/// The open files, against the process's sorted fd numbers.
+fn validate_files(p: &ProcessImage, sorted_fds: &[i32]) -> Result<(), ImageError> {
     let retargets: std::collections::HashSet<(u32, i32)> =
         p.fidelity.epoll_targets.iter().map(|t| (t.epoll_file, t.fd)).collect();
     for (fi, f) in p.files.iter().enumerate() {
         if let FileKind::Epoll { entries } = &f.kind {
             let retargeted = |fd: i32| retargets.contains(&(fi as u32, fd));
-            if entries.iter().any(|e| fds.binary_search(&e.fd).is_err() && !retargeted(e.fd)) {
+            if entries.iter().any(|e| sorted_fds.binary_search(&e.fd).is_err() && !retargeted(e.fd))
+            {
                 return bad("epoll entry refers to an fd the process does not have".into());
             }
         }
@@ -472,20 +550,28 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
             }
         }
         if let FileKind::InetSocket(s) = &f.kind {
-            let want = if s.family == 2 { 4 } else { 16 };
-            if s.addr.len() != want || s.peer.as_ref().is_some_and(|(a, _)| a.len() != want) {
-                return bad("socket address of wrong length".into());
-            }
-            if let Some(c) = &s.connection {
-                check_tcp_connection(s, c).map_err(|why| {
-                    ImageError::Invalid(format!(
-                        "pid {}: TCP connection on port {}: {why}",
-                        p.pid, s.port
-                    ))
-                })?;
-            }
+            validate_inet_socket(p, s)?;
         }
     }
+    Ok(())
+}
+
+fn validate_inet_socket(p: &ProcessImage, s: &crate::InetSocket) -> Result<(), ImageError> {
+    let want = if s.family == 2 { 4 } else { 16 };
+    if s.addr.len() != want || s.peer.as_ref().is_some_and(|(a, _)| a.len() != want) {
+        return bad("socket address of wrong length".into());
+    }
+    if let Some(c) = &s.connection {
+        check_tcp_connection(s, c).map_err(|why| {
+            ImageError::Invalid(format!("pid {}: TCP connection on port {}: {why}", p.pid, s.port))
+        })?;
+    }
+    Ok(())
+}
+
+/// Returns the memfd ids, sorted, once every reference to one is known
+/// to resolve.
+fn validate_memfds(p: &ProcessImage) -> Result<Vec<u64>, ImageError> {
     for m in &p.memfds {
         check_extents(&format!("memfd {}", m.name), m.size, &m.extents)?;
     }
@@ -497,6 +583,11 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     {
         return bad("a mapping or fd refers to a memfd the image does not hold".into());
     }
+    Ok(memfd_ids)
+}
+
+/// Signal state and the auxiliary vector.
+fn validate_signals(p: &ProcessImage) -> Result<(), ImageError> {
     if p.signals.actions.len() != 64 {
         return bad(format!("{} signal actions, expected 64", p.signals.actions.len()));
     }
@@ -506,7 +597,7 @@ fn validate_process(inv: &Inventory, p: &ProcessImage) -> Result<(), ImageError>
     if !p.mm.auxv.len().is_multiple_of(2) || p.mm.auxv.len() > 512 {
         return bad("malformed auxiliary vector".into());
     }
-    validate_fidelity(p, &tids, &has_memfd)
+    Ok(())
 }
 
 /// The kernel's limit on one classic BPF program (BPF_MAXINSNS).
@@ -534,6 +625,15 @@ fn validate_fidelity(
     if !(0..=64).contains(&f.exit_signal) {
         return bad(format!("exit signal {}", f.exit_signal));
     }
+    validate_thread_fidelity(p, sorted_tids)?;
+    validate_epoll_targets(p)?;
+    validate_file_fidelity(p)?;
+    validate_inode_attrs(p, has_memfd)
+}
+
+/// Per-thread seccomp state and parent-death signals.
+fn validate_thread_fidelity(p: &ProcessImage, sorted_tids: &[i32]) -> Result<(), ImageError> {
+    let f = &p.fidelity;
     if f.threads.len() > p.threads.len() {
         return bad("more seccomp/thread entries than threads".into());
     }
@@ -561,6 +661,11 @@ fn validate_fidelity(
             return bad(format!("thread {}: parent-death signal {}", t.tid, t.pdeathsig));
         }
     }
+    Ok(())
+}
+
+fn validate_epoll_targets(p: &ProcessImage) -> Result<(), ImageError> {
+    let f = &p.fidelity;
     if f.epoll_targets.len()
         > p.files
             .iter()
@@ -589,6 +694,12 @@ fn validate_fidelity(
             ));
         }
     }
+    Ok(())
+}
+
+/// Pending unix connections and fd owners name files of the process.
+fn validate_file_fidelity(p: &ProcessImage) -> Result<(), ImageError> {
+    let f = &p.fidelity;
     for u in &f.unix_connects {
         if !p.files.get(u.file as usize).is_some_and(|g| matches!(&g.kind, FileKind::UnixSocket(s) if s.peer.is_none() && s.listen_backlog.is_none())) {
             return bad(format!("pending unix connection for file {} that is not an unconnected unix socket", u.file));
@@ -602,7 +713,14 @@ fn validate_fidelity(
             return bad(format!("fd owner entry for file {} is malformed", o.file));
         }
     }
-    for a in &f.inode_attrs {
+    Ok(())
+}
+
+fn validate_inode_attrs(
+    p: &ProcessImage,
+    has_memfd: &dyn Fn(&u64) -> bool,
+) -> Result<(), ImageError> {
+    for a in &p.fidelity.inode_attrs {
         let ok = match a.of {
             InodeOf::File(i) => p.files.get(i as usize).is_some_and(|f| match &f.kind {
                 FileKind::Deleted { .. } => true,

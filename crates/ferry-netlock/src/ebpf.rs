@@ -159,59 +159,16 @@ pub(crate) fn prepare(
     netns_path: Option<&Path>,
     netns_desc: &str,
 ) -> Result<Handles, NetlockError> {
-    ensure_bpffs(lock)?;
-    let pins = pin_dir(lock);
-    std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io {
-        lock: lock.to_string(),
-        what: "creating pin directory",
-        path: pins.clone(),
-        source,
-    })?;
-
-    // The program needs no CO-RE relocation: btf(None) skips it. (aya
-    // 0.13's EbpfLoader::new() still reads and parses the kernel's BTF,
-    // /sys/kernel/btf/vmlinux, about 19 ms of prepare's cost.)
-    let mut bpf = aya::EbpfLoader::new()
-        .btf(None)
-        .set_max_entries("frozen", MAX_TUPLES)
-        .load(OBJECT)
-        .map_err(|source| NetlockError::BpfLoad {
-            lock: lock.to_string(),
-            source: Box::new(source),
-        })?;
+    let pins = create_pin_dir(lock)?;
+    let mut bpf = load_object(lock)?;
 
     // aya closes a taken map's fd when the Map is dropped: keep both until
     // the programs (which reference them) are loaded.
     let mut taken = Vec::with_capacity(2);
-    let mut take_and_pin = |map_name: &str, pin_name: &str| -> Result<OwnedFd, NetlockError> {
-        let wrong = |what| NetlockError::BpfMap {
-            lock: lock.to_string(),
-            what,
-            source: Box::new(aya::maps::MapError::InvalidName { name: map_name.into() }),
-        };
-        let map = bpf.take_map(map_name).ok_or_else(|| wrong("missing from the BPF object"))?;
-        let data = match &map {
-            Map::HashMap(data) | Map::Array(data) => data,
-            _ => return Err(wrong("has the wrong type")),
-        };
-        let path = pins.join(pin_name);
-        data.pin(&path).map_err(|source| NetlockError::BpfPin {
-            lock: lock.to_string(),
-            path: path.clone(),
-            source: Box::new(source),
-        })?;
-        let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| NetlockError::Io {
-            lock: lock.to_string(),
-            what: "duplicating the fd of pinned map",
-            path,
-            source,
-        })?;
-        taken.push(map);
-        Ok(fd)
-    };
-    let frozen = take_and_pin("frozen", MAP_PIN)?;
-    let active = take_and_pin("active", ACTIVE_PIN)?;
-    let table = take_and_pin("table", TABLE_PIN)?;
+    let at = PinTarget { lock, pins: &pins, netns_path, netns_desc };
+    let frozen = take_and_pin(&mut bpf, &at, &mut taken, "frozen", MAP_PIN)?;
+    let active = take_and_pin(&mut bpf, &at, &mut taken, "active", ACTIVE_PIN)?;
+    let table = take_and_pin(&mut bpf, &at, &mut taken, "table", TABLE_PIN)?;
     let table = map_table(lock, &table)?;
     let handles = Handles {
         frozen,
@@ -228,65 +185,147 @@ pub(crate) fn prepare(
     for (program, direction) in
         [("ferry_ingress", TcAttachType::Ingress), ("ferry_egress", TcAttachType::Egress)]
     {
-        let prog_error = |what: &str, source| NetlockError::BpfProgram {
-            lock: lock.to_string(),
-            what: format!("{what} {program}"),
-            source: Box::new(source),
-        };
-        let classifier: &mut SchedClassifier = bpf
-            .program_mut(program)
-            .ok_or_else(|| {
-                prog_error("finding", aya::programs::ProgramError::UnexpectedProgramType)
-            })?
-            .try_into()
-            .map_err(|e| prog_error("finding", e))?;
-        classifier.load().map_err(|e| prog_error("loading", e))?;
-        let direction_name = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
-        // The link is created from a thread inside the target namespace:
-        // the kernel resolves the ifindex in the caller's namespace.
-        netns::run_in(lock, netns_path, || {
-            let interfaces =
-                ferry_sys::netns::interfaces().map_err(|source| NetlockError::Sys {
-                    lock: lock.to_string(),
-                    what: format!("listing interfaces of {netns_desc}"),
-                    source,
-                })?;
-            for (index, interface) in interfaces {
-                let attach_error = |source| NetlockError::BpfAttach {
-                    lock: lock.to_string(),
-                    interface: interface.clone(),
-                    direction: direction_name,
-                    netns: netns_desc.to_string(),
-                    source: Box::new(source),
-                };
-                // First in the tcx chain: no other program sees a frozen packet.
-                let link_id = classifier
-                    .attach_with_options(
-                        &interface,
-                        direction,
-                        TcAttachOptions::TcxOrder(LinkOrder::first()),
-                    )
-                    .map_err(attach_error)?;
-                let link = classifier.take_link(link_id).map_err(attach_error)?;
-                let path = pins.join(format!("link-{index}-{direction_name}"));
-                let link = FdLink::try_from(link).map_err(|source| NetlockError::BpfLink {
-                    lock: lock.to_string(),
-                    path: path.clone(),
-                    source: Box::new(source),
-                })?;
-                link.pin(&path).map_err(|source| NetlockError::BpfPin {
-                    lock: lock.to_string(),
-                    path: path.clone(),
-                    source: Box::new(source),
-                })?;
-            }
-            Ok(())
-        })?;
+        attach(&mut bpf, &at, program, direction)?;
     }
     drop(taken);
     // Dropping `bpf` closes aya's program and map fds; the pins keep the
     // links (hence the programs) and the maps alive, `handles` the maps' fds.
     Ok(handles)
+}
+
+/// Where prepare pins a lock's objects, and the namespace it attaches in.
+struct PinTarget<'a> {
+    lock: &'a str,
+    pins: &'a Path,
+    netns_path: Option<&'a Path>,
+    netns_desc: &'a str,
+}
+
+fn create_pin_dir(lock: &str) -> Result<PathBuf, NetlockError> {
+    ensure_bpffs(lock)?;
+    let pins = pin_dir(lock);
+    std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io {
+        lock: lock.to_string(),
+        what: "creating pin directory",
+        path: pins.clone(),
+        source,
+    })?;
+    Ok(pins)
+}
+
+fn load_object(lock: &str) -> Result<aya::Ebpf, NetlockError> {
+    // The program needs no CO-RE relocation: btf(None) skips it. (aya
+    // 0.13's EbpfLoader::new() still reads and parses the kernel's BTF,
+    // /sys/kernel/btf/vmlinux, about 19 ms of prepare's cost.)
+    aya::EbpfLoader::new().btf(None).set_max_entries("frozen", MAX_TUPLES).load(OBJECT).map_err(
+        |source| NetlockError::BpfLoad { lock: lock.to_string(), source: Box::new(source) },
+    )
+}
+
+/// Takes map `map_name` out of the object, pins it as `pin_name` and
+/// returns a duplicate of its fd; the map itself goes to `taken`.
+fn take_and_pin(
+    bpf: &mut aya::Ebpf,
+    at: &PinTarget,
+    taken: &mut Vec<Map>,
+    map_name: &str,
+    pin_name: &str,
+) -> Result<OwnedFd, NetlockError> {
+    let lock = at.lock;
+    let wrong = |what| NetlockError::BpfMap {
+        lock: lock.to_string(),
+        what,
+        source: Box::new(aya::maps::MapError::InvalidName { name: map_name.into() }),
+    };
+    let map = bpf.take_map(map_name).ok_or_else(|| wrong("missing from the BPF object"))?;
+    let data = match &map {
+        Map::HashMap(data) | Map::Array(data) => data,
+        _ => return Err(wrong("has the wrong type")),
+    };
+    let path = at.pins.join(pin_name);
+    data.pin(&path).map_err(|source| NetlockError::BpfPin {
+        lock: lock.to_string(),
+        path: path.clone(),
+        source: Box::new(source),
+    })?;
+    let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| NetlockError::Io {
+        lock: lock.to_string(),
+        what: "duplicating the fd of pinned map",
+        path,
+        source,
+    })?;
+    taken.push(map);
+    Ok(fd)
+}
+
+/// Loads `program` and attaches it in `direction` to every interface of
+/// the namespace, pinning each link.
+fn attach(
+    bpf: &mut aya::Ebpf,
+    at: &PinTarget,
+    program: &str,
+    direction: TcAttachType,
+) -> Result<(), NetlockError> {
+    let lock = at.lock;
+    let prog_error = |what: &str, source| NetlockError::BpfProgram {
+        lock: lock.to_string(),
+        what: format!("{what} {program}"),
+        source: Box::new(source),
+    };
+    let classifier: &mut SchedClassifier = bpf
+        .program_mut(program)
+        .ok_or_else(|| prog_error("finding", aya::programs::ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(|e| prog_error("finding", e))?;
+    classifier.load().map_err(|e| prog_error("loading", e))?;
+    // The link is created from a thread inside the target namespace:
+    // the kernel resolves the ifindex in the caller's namespace.
+    netns::run_in(lock, at.netns_path, || {
+        let interfaces = ferry_sys::netns::interfaces().map_err(|source| NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!("listing interfaces of {}", at.netns_desc),
+            source,
+        })?;
+        for (index, interface) in interfaces {
+            attach_interface(classifier, at, direction, index, interface)?;
+        }
+        Ok(())
+    })
+}
+
+fn attach_interface(
+    classifier: &mut SchedClassifier,
+    at: &PinTarget,
+    direction: TcAttachType,
+    index: u32,
+    interface: String,
+) -> Result<(), NetlockError> {
+    let lock = at.lock;
+    let direction_name = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
+    let attach_error = |source| NetlockError::BpfAttach {
+        lock: lock.to_string(),
+        interface: interface.clone(),
+        direction: direction_name,
+        netns: at.netns_desc.to_string(),
+        source: Box::new(source),
+    };
+    // First in the tcx chain: no other program sees a frozen packet.
+    let link_id = classifier
+        .attach_with_options(&interface, direction, TcAttachOptions::TcxOrder(LinkOrder::first()))
+        .map_err(attach_error)?;
+    let link = classifier.take_link(link_id).map_err(attach_error)?;
+    let path = at.pins.join(format!("link-{index}-{direction_name}"));
+    let link = FdLink::try_from(link).map_err(|source| NetlockError::BpfLink {
+        lock: lock.to_string(),
+        path: path.clone(),
+        source: Box::new(source),
+    })?;
+    link.pin(&path).map_err(|source| NetlockError::BpfPin {
+        lock: lock.to_string(),
+        path: path.clone(),
+        source: Box::new(source),
+    })?;
+    Ok(())
 }
 
 /// Opens the maps of a prepared lock from their pins (a process that adopts
@@ -338,7 +377,39 @@ pub(crate) fn fill(
     tuples: &[Tuple],
 ) -> Result<usize, NetlockError> {
     let Handles { table, homes, order, keys, frozen, .. } = handles;
-    let table = table.as_mut_slice();
+    sort_by_home(tuples, keys, homes, order);
+    let overflow = insert_in_order(table.as_mut_slice(), keys, homes, order);
+    if overflow.len() > MAX_TUPLES as usize {
+        return Err(NetlockError::TooManyTuples {
+            lock: lock.to_string(),
+            count: tuples.len(),
+            max: MAX_TUPLES as usize,
+        });
+    }
+    let values = vec![1u8; overflow.len()];
+    ferry_sys::bpf::map_update_batch(frozen.as_fd(), &overflow, &values).map_err(|source| {
+        NetlockError::Sys {
+            lock: lock.to_string(),
+            what: format!(
+                "filling BPF map {}/{MAP_PIN} with {} tuples",
+                pin_dir(lock).display(),
+                overflow.len()
+            ),
+            source,
+        }
+    })?;
+    Ok(overflow.len())
+}
+
+/// Computes each tuple's key and home slot into `keys` and `homes`, and
+/// into `order` the tuples' indexes sorted by home slot (a counting sort
+/// on its top bits).
+fn sort_by_home(
+    tuples: &[Tuple],
+    keys: &mut Vec<[u8; KEY_LEN]>,
+    homes: &mut Vec<u32>,
+    order: &mut Vec<u32>,
+) {
     let canonical_key = |t: &Tuple| {
         key(&Tuple { local: crate::canonical(t.local), remote: crate::canonical(t.remote) })
     };
@@ -363,7 +434,16 @@ pub(crate) fn fill(
         }
         *bucket += 1;
     }
+}
 
+/// Writes the keys into the table in `order`; returns those whose probe
+/// window is full.
+fn insert_in_order(
+    table: &mut [u8],
+    keys: &[[u8; KEY_LEN]],
+    homes: &[u32],
+    order: &[u32],
+) -> Vec<[u8; KEY_LEN]> {
     let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
     for &i in order.iter() {
         let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
@@ -389,26 +469,7 @@ pub(crate) fn fill(
             overflow.push(*bytes);
         }
     }
-    if overflow.len() > MAX_TUPLES as usize {
-        return Err(NetlockError::TooManyTuples {
-            lock: lock.to_string(),
-            count: tuples.len(),
-            max: MAX_TUPLES as usize,
-        });
-    }
-    let values = vec![1u8; overflow.len()];
-    ferry_sys::bpf::map_update_batch(frozen.as_fd(), &overflow, &values).map_err(|source| {
-        NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!(
-                "filling BPF map {}/{MAP_PIN} with {} tuples",
-                pin_dir(lock).display(),
-                overflow.len()
-            ),
-            source,
-        }
-    })?;
-    Ok(overflow.len())
+    overflow
 }
 
 /// Turns dropping on or off: one `BPF_MAP_UPDATE_ELEM` of `active[0]`.

@@ -270,6 +270,164 @@ fn canonical_tuple(lock: &str, t: &Tuple) -> Result<Tuple, NetlockError> {
     }
 }
 
+/// The record of a lock being prepared, before any of it exists.
+fn new_record(name: &str, method: Method, owner: Owner, purpose: &str, netns: &Netns) -> Record {
+    Record {
+        name: name.to_string(),
+        method,
+        state: LockState::Owned,
+        phase: Phase::Prepared,
+        owner: Some(owner),
+        purpose: purpose.to_string(),
+        tuples: 0,
+        tuples_v6: 0,
+        created_unix_ms: record::now_unix_ms(),
+        netns: NetnsRecord {
+            requested: netns.describe(),
+            inode: 0,
+            enter_path: None,
+            bind_mounted: false,
+        },
+        waits_for: None,
+    }
+}
+
+/// What a prepared lock holds open.
+struct Prepared {
+    ebpf: Option<ebpf::Handles>,
+    phase_file: std::fs::File,
+}
+
+/// Prepare's steps after the record is made: on error the caller undoes
+/// them with release_record.
+fn prepare_parts(
+    record: &mut Record,
+    netns: &Netns,
+    ns_path: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<Prepared, NetlockError> {
+    let name = record.name.clone();
+    let method = record.method;
+    record.netns.inode = netns::inode(&name, ns_path)?;
+    if method != Method::Ebpf {
+        // nftables/iptables objects are made and removed from inside
+        // the namespace, possibly by a later process: keep a path to it.
+        if ns_path.starts_with("/run/netns") {
+            record.netns.enter_path = Some(ns_path.to_path_buf());
+        } else {
+            let target = dir.join("netns");
+            record.netns.enter_path = Some(target.clone());
+            record.netns.bind_mounted = true;
+        }
+    }
+    record::write(record)?;
+    let phase_file = record::open_phase(&name)?;
+    record::write_phase(&name, &phase_file, Phase::Prepared)?;
+    if record.netns.bind_mounted {
+        if let Some(target) = &record.netns.enter_path {
+            bind_mount_netns(&name, ns_path, target)?;
+        }
+    }
+    let ebpf = match method {
+        Method::Ebpf => {
+            let enter = match netns {
+                Netns::Current => None,
+                Netns::Path(p) => Some(p.as_path()),
+            };
+            Some(ebpf::prepare(&name, enter, &record.netns.requested)?)
+        }
+        Method::Nftables | Method::Iptables => None,
+    };
+    Ok(Prepared { ebpf, phase_file })
+}
+
+/// Binds the namespace on `target` (created empty first), in the lock's
+/// directory, so that later processes can enter it.
+fn bind_mount_netns(
+    name: &str,
+    ns_path: &std::path::Path,
+    target: &std::path::Path,
+) -> Result<(), NetlockError> {
+    std::fs::File::create(target).map_err(|source| NetlockError::Io {
+        lock: name.to_string(),
+        what: "creating",
+        path: target.to_path_buf(),
+        source,
+    })?;
+    ferry_sys::netns::bind_mount(ns_path, target).map_err(|source| NetlockError::Sys {
+        lock: name.to_string(),
+        what: format!("bind-mounting {} on {}", ns_path.display(), target.display()),
+        source,
+    })
+}
+
+/// Engage for eBPF: the table filled, then the switch turned on.
+fn engage_ebpf(
+    name: &str,
+    record: &mut Record,
+    phase_file: &std::fs::File,
+    handles: Option<&mut ebpf::Handles>,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
+    let tuples_v6 = validate_tuples(name, tuples)?;
+    let Some(handles) = handles else {
+        return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+    };
+    let overflow = ebpf::fill(name, handles, tuples)?;
+    if overflow > 0 {
+        tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
+    }
+    // Recorded before the switch: the record never claims less than is in force.
+    record::write_phase(name, phase_file, Phase::Engaged)?;
+    record.phase = Phase::Engaged;
+    record.tuples = tuples.len();
+    record.tuples_v6 = tuples_v6;
+    ebpf::set_active(name, handles, true)?;
+    // The counts are for `status` only: written once dropping has begun,
+    // not before.
+    record::write(record)?;
+    Ok(())
+}
+
+/// Engage for nftables/iptables: their one transaction; on failure the
+/// lock goes back to prepared.
+fn engage_rules(
+    name: &str,
+    record: &mut Record,
+    phase_file: &std::fs::File,
+    tuples: &[Tuple],
+) -> Result<(), NetlockError> {
+    let tuples = canonical_tuples(name, tuples)?;
+    let enter = record.netns.enter_path.clone();
+    let previous = record.clone();
+    record.tuples = tuples.len();
+    record.tuples_v6 = tuples.iter().filter(|t| t.local.is_ipv6()).count();
+    record.phase = Phase::Engaged;
+    // Counts first: the iptables release needs to know about IPv6.
+    record::write(record)?;
+    record::write_phase(name, phase_file, Phase::Engaged)?;
+    let enter = enter.as_deref();
+    let made = if record.method == Method::Nftables {
+        nft::engage(name, enter, &tuples)
+    } else {
+        iptables::engage(name, enter, &tuples)
+    };
+    if let Err(e) = made {
+        // Back to prepared: remove whatever part was made.
+        let undone = remove_objects(record)
+            .and_then(|()| record::write(&previous))
+            .and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
+        match undone {
+            Ok(()) => *record = previous,
+            Err(cleanup) => {
+                tracing::error!(lock = %name, "undoing a failed engage: {cleanup}")
+            }
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
 impl NetworkLock {
     /// Everything slow, done before the service is frozen; drops nothing yet.
     /// eBPF: loads the program, creates the empty tuple map (room for
@@ -296,76 +454,11 @@ impl NetworkLock {
                 source: std::io::ErrorKind::InvalidData.into(),
             });
         };
-        let mut record = Record {
-            name: name.clone(),
-            method,
-            state: LockState::Owned,
-            phase: Phase::Prepared,
-            owner: Some(owner),
-            purpose: purpose.to_string(),
-            tuples: 0,
-            tuples_v6: 0,
-            created_unix_ms: record::now_unix_ms(),
-            netns: NetnsRecord {
-                requested: netns.describe(),
-                inode: 0,
-                enter_path: None,
-                bind_mounted: false,
-            },
-            waits_for: None,
-        };
+        let mut record = new_record(&name, method, owner, purpose, netns);
         // From here on every failure goes through release_record, which
         // undoes whatever part exists.
-        let result = (|| {
-            record.netns.inode = netns::inode(&name, &ns_path)?;
-            if method != Method::Ebpf {
-                // nftables/iptables objects are made and removed from inside
-                // the namespace, possibly by a later process: keep a path to it.
-                if ns_path.starts_with("/run/netns") {
-                    record.netns.enter_path = Some(ns_path.clone());
-                } else {
-                    let target = dir.join("netns");
-                    record.netns.enter_path = Some(target.clone());
-                    record.netns.bind_mounted = true;
-                }
-            }
-            record::write(&record)?;
-            let phase_file = record::open_phase(&name)?;
-            record::write_phase(&name, &phase_file, Phase::Prepared)?;
-            if record.netns.bind_mounted {
-                if let Some(target) = &record.netns.enter_path {
-                    std::fs::File::create(target).map_err(|source| NetlockError::Io {
-                        lock: name.clone(),
-                        what: "creating",
-                        path: target.clone(),
-                        source,
-                    })?;
-                    ferry_sys::netns::bind_mount(&ns_path, target).map_err(|source| {
-                        NetlockError::Sys {
-                            lock: name.clone(),
-                            what: format!(
-                                "bind-mounting {} on {}",
-                                ns_path.display(),
-                                target.display()
-                            ),
-                            source,
-                        }
-                    })?;
-                }
-            }
-            match method {
-                Method::Ebpf => {
-                    let enter = match netns {
-                        Netns::Current => None,
-                        Netns::Path(p) => Some(p.as_path()),
-                    };
-                    Ok((Some(ebpf::prepare(&name, enter, &record.netns.requested)?), phase_file))
-                }
-                Method::Nftables | Method::Iptables => Ok((None, phase_file)),
-            }
-        })();
-        match result {
-            Ok((ebpf, phase_file)) => {
+        match prepare_parts(&mut record, netns, &ns_path, &dir) {
+            Ok(Prepared { ebpf, phase_file }) => {
                 tracing::debug!(lock = %name, %method, "network lock prepared");
                 Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
             }
@@ -400,56 +493,8 @@ impl NetworkLock {
             return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
         };
         match record.method {
-            Method::Ebpf => {
-                let tuples_v6 = validate_tuples(name, tuples)?;
-                let Some(handles) = &mut self.ebpf else {
-                    return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
-                };
-                let overflow = ebpf::fill(name, handles, tuples)?;
-                if overflow > 0 {
-                    tracing::debug!(lock = %name, overflow, "tuples in the overflow map");
-                }
-                // Recorded before the switch: the record never claims less
-                // than is in force.
-                record::write_phase(name, phase_file, Phase::Engaged)?;
-                record.phase = Phase::Engaged;
-                record.tuples = tuples.len();
-                record.tuples_v6 = tuples_v6;
-                ebpf::set_active(name, handles, true)?;
-                // The counts are for `status` only: written once dropping
-                // has begun, not before.
-                record::write(record)?;
-            }
-            Method::Nftables | Method::Iptables => {
-                let tuples = canonical_tuples(name, tuples)?;
-                let enter = record.netns.enter_path.clone();
-                let previous = record.clone();
-                record.tuples = tuples.len();
-                record.tuples_v6 = tuples.iter().filter(|t| t.local.is_ipv6()).count();
-                record.phase = Phase::Engaged;
-                // Counts first: the iptables release needs to know about IPv6.
-                record::write(record)?;
-                record::write_phase(name, phase_file, Phase::Engaged)?;
-                let enter = enter.as_deref();
-                let made = if record.method == Method::Nftables {
-                    nft::engage(name, enter, &tuples)
-                } else {
-                    iptables::engage(name, enter, &tuples)
-                };
-                if let Err(e) = made {
-                    // Back to prepared: remove whatever part was made.
-                    let undone = remove_objects(record)
-                        .and_then(|()| record::write(&previous))
-                        .and_then(|()| record::write_phase(name, phase_file, Phase::Prepared));
-                    match undone {
-                        Ok(()) => *record = previous,
-                        Err(cleanup) => {
-                            tracing::error!(lock = %name, "undoing a failed engage: {cleanup}")
-                        }
-                    }
-                    return Err(e);
-                }
-            }
+            Method::Ebpf => engage_ebpf(name, record, phase_file, self.ebpf.as_mut(), tuples)?,
+            Method::Nftables | Method::Iptables => engage_rules(name, record, phase_file, tuples)?,
         }
         tracing::debug!(lock = %name, method = %record.method, tuples = record.tuples, "network lock engaged");
         Ok(())

@@ -119,6 +119,28 @@ pub fn unix_sockets_in(ns: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
 }
 
 fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
+    let req = unix_dump_request();
+    // SAFETY: req is a live buffer of the given length.
+    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(last_error("send(sock_diag)"));
+    }
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: buf is a live writable buffer.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(last_error("recv(sock_diag)"));
+        }
+        if parse_batch(&buf[..n as usize], &mut out)? == Batch::Last {
+            return Ok(out);
+        }
+    }
+}
+
+/// A dump request for every unix socket, with all the attributes
+/// UnixDiag holds.
+fn unix_dump_request() -> Vec<u8> {
     let mut req = Vec::with_capacity(40);
     req.extend_from_slice(&40u32.to_ne_bytes());
     req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -133,69 +155,66 @@ fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
             .to_ne_bytes(),
     );
     req.extend_from_slice(&[0u8; 8]);
-    // SAFETY: req is a live buffer of the given length.
-    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(last_error("send(sock_diag)"));
-    }
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: buf is a live writable buffer.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(last_error("recv(sock_diag)"));
+    req
+}
+
+/// Whether the dump goes on after a batch of messages.
+#[derive(PartialEq, Eq)]
+enum Batch {
+    More,
+    Last,
+}
+
+/// Appends the sockets of one received batch of netlink messages to `out`.
+fn parse_batch(buf: &[u8], out: &mut Vec<UnixDiag>) -> SysResult<Batch> {
+    let n = buf.len();
+    let mut off = 0usize;
+    while off + 16 <= n {
+        let len = u32_at(buf, off) as usize;
+        let ty = u16_at(buf, off + 4);
+        if len < 16 || off + len > n {
+            return Ok(Batch::Last);
         }
-        let mut off = 0usize;
-        let n = n as usize;
-        while off + 16 <= n {
-            let len = u32_at(&buf, off) as usize;
-            let ty = u16_at(&buf, off + 4);
-            if len < 16 || off + len > n {
-                return Ok(out);
-            }
-            if ty == NLMSG_DONE {
-                return Ok(out);
-            }
-            if ty == NLMSG_ERROR {
-                return Err(crate::SysError::new("sock_diag", -(u32_at(&buf, off + 16) as i32)));
-            }
-            let msg = &buf[off + 16..off + len];
-            if msg.len() >= 16 {
-                let mut d = UnixDiag {
-                    sock_type: msg[1],
-                    state: msg[2],
-                    ino: u32_at(msg, 4),
-                    ..Default::default()
-                };
-                let mut a = 16usize;
-                while a + 4 <= msg.len() {
-                    let alen = u16_at(msg, a) as usize;
-                    let aty = u16_at(msg, a + 2);
-                    if alen < 4 || a + alen > msg.len() {
-                        break;
-                    }
-                    let val = &msg[a + 4..a + alen];
-                    match aty {
-                        UNIX_DIAG_NAME => d.name = val.to_vec(),
-                        UNIX_DIAG_VFS if val.len() >= 8 => {
-                            d.vfs = Some((u32_at(val, 0), u32_at(val, 4)))
-                        }
-                        UNIX_DIAG_PEER if val.len() >= 4 => d.peer = u32_at(val, 0),
-                        UNIX_DIAG_RQLEN if val.len() >= 8 => {
-                            d.rqueue = u32_at(val, 0);
-                            d.wqueue = u32_at(val, 4);
-                        }
-                        UNIX_DIAG_SHUTDOWN if !val.is_empty() => d.shutdown = val[0],
-                        UNIX_DIAG_ICONS => {
-                            d.icons = val.chunks_exact(4).map(|c| u32_at(c, 0)).collect()
-                        }
-                        _ => {}
-                    }
-                    a += (alen + 3) & !3;
-                }
-                out.push(d);
-            }
-            off += (len + 3) & !3;
+        if ty == NLMSG_DONE {
+            return Ok(Batch::Last);
         }
+        if ty == NLMSG_ERROR {
+            return Err(crate::SysError::new("sock_diag", -(u32_at(buf, off + 16) as i32)));
+        }
+        let msg = &buf[off + 16..off + len];
+        if msg.len() >= 16 {
+            out.push(parse_unix_diag(msg));
+        }
+        off += (len + 3) & !3;
     }
+    Ok(Batch::More)
+}
+
+/// One `unix_diag_msg` (at least 16 bytes) and its attributes.
+fn parse_unix_diag(msg: &[u8]) -> UnixDiag {
+    let mut d =
+        UnixDiag { sock_type: msg[1], state: msg[2], ino: u32_at(msg, 4), ..Default::default() };
+    let mut a = 16usize;
+    while a + 4 <= msg.len() {
+        let alen = u16_at(msg, a) as usize;
+        let aty = u16_at(msg, a + 2);
+        if alen < 4 || a + alen > msg.len() {
+            break;
+        }
+        let val = &msg[a + 4..a + alen];
+        match aty {
+            UNIX_DIAG_NAME => d.name = val.to_vec(),
+            UNIX_DIAG_VFS if val.len() >= 8 => d.vfs = Some((u32_at(val, 0), u32_at(val, 4))),
+            UNIX_DIAG_PEER if val.len() >= 4 => d.peer = u32_at(val, 0),
+            UNIX_DIAG_RQLEN if val.len() >= 8 => {
+                d.rqueue = u32_at(val, 0);
+                d.wqueue = u32_at(val, 4);
+            }
+            UNIX_DIAG_SHUTDOWN if !val.is_empty() => d.shutdown = val[0],
+            UNIX_DIAG_ICONS => d.icons = val.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
+            _ => {}
+        }
+        a += (alen + 3) & !3;
+    }
+    d
 }

@@ -311,6 +311,104 @@ impl TimeoutGuard {
     }
 }
 
+/// The responder's answer to handshake message 1: our protocol version
+/// and mode echoed, or the code of its refusal.
+fn read_answer(hs: &mut Handshake<'_>, mode: Mode) -> Result<(), TransportError> {
+    let mut answer = [0u8; 2];
+    hs.read_exact(&mut answer, "waiting for the handshake answer")?;
+    if answer[0] != PROTOCOL_VERSION {
+        return Err(hs.refuse(format!(
+            "the peer speaks ferry transport protocol version {}, this ferry speaks version \
+             {PROTOCOL_VERSION}: run the same ferry version on both hosts (or it is not a ferry agent)",
+            answer[0]
+        )));
+    }
+    match answer[1] {
+        REFUSED_KEY => {
+            return Err(hs.refuse(
+                "the peer refused our handshake: it does not hold the same key".to_string(),
+            ))
+        }
+        REFUSED_MODE => return Err(hs.refuse(format!("the peer does not accept mode {mode:?}"))),
+        REFUSED_VERSION => {
+            return Err(hs.refuse("the peer refused our protocol version".to_string()))
+        }
+        b if b == mode.to_byte() => {}
+        b => {
+            return Err(hs.refuse(format!(
+                "the peer answered with unknown code {b:#04x}: not a ferry agent"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// The initiator's protocol version and mode; a version or mode this
+/// side does not know is answered with a refusal.
+fn read_hello(hs: &mut Handshake<'_>) -> Result<Mode, TransportError> {
+    let mut hello = [0u8; 2];
+    hs.read_exact(&mut hello, "waiting for the peer's protocol version")?;
+    if hello[0] != PROTOCOL_VERSION {
+        // Best effort: the peer learns which version we speak; we refuse
+        // whether or not it hears it.
+        let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_VERSION], "refusing the peer's version");
+        return Err(hs.refuse(format!(
+            "the peer sent protocol version {}, this ferry speaks version {PROTOCOL_VERSION}: \
+             it runs another ferry version, or is not a ferry agent",
+            hello[0]
+        )));
+    }
+    let Some(mode) = Mode::from_byte(hello[1]) else {
+        let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_MODE], "refusing the peer's mode");
+        return Err(hs.refuse(format!(
+            "the peer asked for unknown mode {:#04x}: not a ferry agent",
+            hello[1]
+        )));
+    };
+    Ok(mode)
+}
+
+/// What a finished handshake hands to the channel: the transport state,
+/// the handshake hash and the bytes it took each way.
+struct Handshaken {
+    state: StatelessTransportState,
+    hash: Vec<u8>,
+    sent: u64,
+    received: u64,
+}
+
+/// The protection of each direction, seen from one side.
+struct Sealers {
+    sealer: Sealer,
+    opener: Sealer,
+}
+
+impl Sealers {
+    fn new(
+        mode: Mode,
+        initiator: bool,
+        state: StatelessTransportState,
+        handshake_hash: &[u8],
+    ) -> Sealers {
+        let (sealer, opener) = match mode {
+            Mode::Encrypted => {
+                let state = Arc::new(state);
+                (Sealer::Noise(state.clone()), Sealer::Noise(state))
+            }
+            Mode::Insecure => {
+                let i2r = Zeroizing::new(blake3::derive_key(MAC_CONTEXT_I2R, handshake_hash));
+                let r2i = Zeroizing::new(blake3::derive_key(MAC_CONTEXT_R2I, handshake_hash));
+                if initiator {
+                    (Sealer::Mac(i2r), Sealer::Mac(r2i))
+                } else {
+                    (Sealer::Mac(r2i), Sealer::Mac(i2r))
+                }
+            }
+        };
+        Sealers { sealer, opener }
+    }
+}
+
 impl Channel {
     /// Initiator side. The mode is bound into the handshake (prologue), so a
     /// man in the middle cannot downgrade it. Each handshake read and write
@@ -343,34 +441,7 @@ impl Channel {
             "sending handshake message 1",
         )?;
 
-        let mut answer = [0u8; 2];
-        hs.read_exact(&mut answer, "waiting for the handshake answer")?;
-        if answer[0] != PROTOCOL_VERSION {
-            return Err(hs.refuse(format!(
-                "the peer speaks ferry transport protocol version {}, this ferry speaks version \
-                 {PROTOCOL_VERSION}: run the same ferry version on both hosts (or it is not a ferry agent)",
-                answer[0]
-            )));
-        }
-        match answer[1] {
-            REFUSED_KEY => {
-                return Err(hs.refuse(
-                    "the peer refused our handshake: it does not hold the same key".to_string(),
-                ))
-            }
-            REFUSED_MODE => {
-                return Err(hs.refuse(format!("the peer does not accept mode {mode:?}")))
-            }
-            REFUSED_VERSION => {
-                return Err(hs.refuse("the peer refused our protocol version".to_string()))
-            }
-            b if b == mode.to_byte() => {}
-            b => {
-                return Err(hs.refuse(format!(
-                    "the peer answered with unknown code {b:#04x}: not a ferry agent"
-                )))
-            }
-        }
+        read_answer(&mut hs, mode)?;
         let reply = hs.read_message("waiting for handshake message 2")?;
         let mut payload = [0u8; MAX_HANDSHAKE_MESSAGE];
         noise.read_message(&reply, &mut payload).map_err(|_| {
@@ -386,9 +457,9 @@ impl Channel {
             .write_message(0, CONFIRM, &mut confirm)
             .map_err(|e| hs.refuse(format!("cannot write the key confirmation: {e}")))?;
         hs.write(&framed(&[], &confirm[..n]), "sending the key confirmation")?;
-        let (sent, received) = (hs.sent, hs.received);
+        let done = Handshaken { state, hash, sent: hs.sent, received: hs.received };
         guard.finish()?;
-        Channel::new(stream, peer, mode, true, state, &hash, sent, received)
+        Channel::new(stream, peer, mode, true, done)
     }
 
     /// Responder side: accepts the mode the initiator asked for (a caller
@@ -402,25 +473,7 @@ impl Channel {
         let psk = derive_psk(key);
         let mut hs = Handshake { stream: &mut stream, peer, sent: 0, received: 0 };
 
-        let mut hello = [0u8; 2];
-        hs.read_exact(&mut hello, "waiting for the peer's protocol version")?;
-        if hello[0] != PROTOCOL_VERSION {
-            // Best effort: the peer learns which version we speak; we refuse
-            // whether or not it hears it.
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_VERSION], "refusing the peer's version");
-            return Err(hs.refuse(format!(
-                "the peer sent protocol version {}, this ferry speaks version {PROTOCOL_VERSION}: \
-                 it runs another ferry version, or is not a ferry agent",
-                hello[0]
-            )));
-        }
-        let Some(mode) = Mode::from_byte(hello[1]) else {
-            let _ = hs.write(&[PROTOCOL_VERSION, REFUSED_MODE], "refusing the peer's mode");
-            return Err(hs.refuse(format!(
-                "the peer asked for unknown mode {:#04x}: not a ferry agent",
-                hello[1]
-            )));
-        };
+        let mode = read_hello(&mut hs)?;
         let prologue = prologue(mode);
         let mut noise = noise_builder(&psk, &prologue, &hs)?
             .build_responder()
@@ -455,42 +508,24 @@ impl Channel {
                      (a replayed handshake?)",
             )),
         }
-        let (sent, received) = (hs.sent, hs.received);
+        let done = Handshaken { state, hash, sent: hs.sent, received: hs.received };
         guard.finish()?;
-        Channel::new(stream, peer, mode, false, state, &hash, sent, received)
+        Channel::new(stream, peer, mode, false, done)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn new(
         stream: TcpStream,
         peer: Option<SocketAddr>,
         mode: Mode,
         initiator: bool,
-        state: StatelessTransportState,
-        handshake_hash: &[u8],
-        sent: u64,
-        received: u64,
+        done: Handshaken,
     ) -> Result<Channel, TransportError> {
         let what = || format!("setting up the connection with {}", peer_name(peer));
         // Messages are written whole, so Nagle's algorithm could only delay
         // the last frame of each (a post-copy page request waits on it).
         stream.set_nodelay(true).map_err(|e| TransportError::io(what(), e))?;
         let recv_stream = stream.try_clone().map_err(|e| TransportError::io(what(), e))?;
-        let (sealer, opener) = match mode {
-            Mode::Encrypted => {
-                let state = Arc::new(state);
-                (Sealer::Noise(state.clone()), Sealer::Noise(state))
-            }
-            Mode::Insecure => {
-                let i2r = Zeroizing::new(blake3::derive_key(MAC_CONTEXT_I2R, handshake_hash));
-                let r2i = Zeroizing::new(blake3::derive_key(MAC_CONTEXT_R2I, handshake_hash));
-                if initiator {
-                    (Sealer::Mac(i2r), Sealer::Mac(r2i))
-                } else {
-                    (Sealer::Mac(r2i), Sealer::Mac(i2r))
-                }
-            }
-        };
+        let Sealers { sealer, opener } = Sealers::new(mode, initiator, done.state, &done.hash);
         Ok(Channel {
             send: SendHalf {
                 stream,
@@ -501,7 +536,7 @@ impl Channel {
                 buf: vec![0u8; IO_BUF],
                 used: 0,
                 gather: Vec::with_capacity(MAX_PAYLOAD),
-                bytes: sent,
+                bytes: done.sent,
                 broken: None,
             },
             recv: RecvHalf {
@@ -515,7 +550,7 @@ impl Channel {
                 end: 0,
                 partial: None,
                 scratch: vec![0u8; MAX_FRAME],
-                bytes: received,
+                bytes: done.received,
                 broken: None,
             },
             mode,
@@ -796,37 +831,7 @@ impl RecvHalf {
         let message = self.messages + 1;
         let mut partial = match self.partial.take() {
             Some(p) => p,
-            None => {
-                let body = self.next_frame(true)?;
-                let n = self
-                    .opener
-                    .open(self.frame, &self.buf[body], &mut self.scratch)
-                    .ok_or_else(|| {
-                        self.corrupt(format!(
-                        "message {message} failed authentication: stream corrupted or tampered with"
-                    ))
-                    })?;
-                self.frame += 1;
-                let plain = &self.scratch[..n];
-                let Some((len, data)) = plain.split_first_chunk::<LEN_PREFIX>() else {
-                    return Err(self.corrupt(format!("message {message} has no length")));
-                };
-                let len = u32::from_be_bytes(*len) as usize;
-                if len > MAX_MESSAGE {
-                    return Err(TransportError::TooLarge { len: len as u64 });
-                }
-                if data.len() > len {
-                    return Err(self.corrupt(format!(
-                        "message {message} says it is {len} bytes long but its first frame holds {}",
-                        data.len()
-                    )));
-                }
-                // Capacity follows the bytes received, not the announced
-                // length, beyond the first mebibyte.
-                let mut msg = Vec::with_capacity(len.min(1 << 20));
-                msg.extend_from_slice(data);
-                Partial { msg, len }
-            }
+            None => self.first_frame(message)?,
         };
         while partial.msg.len() < partial.len {
             let body = match self.next_frame(false) {
@@ -861,6 +866,38 @@ impl RecvHalf {
         }
         self.messages += 1;
         Ok(partial.msg)
+    }
+
+    /// Opens the first frame of message number `message`: its length and
+    /// the start of its data.
+    fn first_frame(&mut self, message: u64) -> Result<Partial, TransportError> {
+        let body = self.next_frame(true)?;
+        let n =
+            self.opener.open(self.frame, &self.buf[body], &mut self.scratch).ok_or_else(|| {
+                self.corrupt(format!(
+                    "message {message} failed authentication: stream corrupted or tampered with"
+                ))
+            })?;
+        self.frame += 1;
+        let plain = &self.scratch[..n];
+        let Some((len, data)) = plain.split_first_chunk::<LEN_PREFIX>() else {
+            return Err(self.corrupt(format!("message {message} has no length")));
+        };
+        let len = u32::from_be_bytes(*len) as usize;
+        if len > MAX_MESSAGE {
+            return Err(TransportError::TooLarge { len: len as u64 });
+        }
+        if data.len() > len {
+            return Err(self.corrupt(format!(
+                "message {message} says it is {len} bytes long but its first frame holds {}",
+                data.len()
+            )));
+        }
+        // Capacity follows the bytes received, not the announced
+        // length, beyond the first mebibyte.
+        let mut msg = Vec::with_capacity(len.min(1 << 20));
+        msg.extend_from_slice(data);
+        Ok(Partial { msg, len })
     }
 
     /// The byte range in `buf` of the next frame's body, reading until it is

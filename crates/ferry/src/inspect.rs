@@ -28,6 +28,19 @@ pub fn show(dir: &Path, json: bool) -> Result<()> {
 }
 
 fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
+    show_summary(dir, inv, tree);
+    let holders = file_holders(tree);
+    for p in &tree.processes {
+        println!();
+        show_process(tree, p, &holders);
+    }
+    show_zombies(tree);
+    show_shared_anon(tree);
+    show_sysv_shm(tree);
+}
+
+/// The image and the tree as a whole, and its SysV semaphores and message queues.
+fn show_summary(dir: &Path, inv: &Inventory, tree: &TreeImage) {
     println!(
         "image {} (format v{}, ferry {}, kernel {}, {})",
         dir.display(),
@@ -69,7 +82,10 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
             q.messages.len()
         );
     }
-    // Which processes hold each open file description (by its id).
+}
+
+/// Which processes hold each open file description (by its id).
+fn file_holders(tree: &TreeImage) -> HashMap<u64, Vec<i32>> {
     let mut holders: HashMap<u64, Vec<i32>> = HashMap::new();
     for p in &tree.processes {
         for f in &p.files {
@@ -79,10 +95,10 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
             }
         }
     }
-    for p in &tree.processes {
-        println!();
-        show_process(tree, p, &holders);
-    }
+    holders
+}
+
+fn show_zombies(tree: &TreeImage) {
     if !tree.zombies.is_empty() {
         println!();
         println!("zombies ({}):", tree.zombies.len());
@@ -97,6 +113,9 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
             );
         }
     }
+}
+
+fn show_shared_anon(tree: &TreeImage) {
     if !tree.shared_anon.is_empty() {
         println!();
         println!("shared anonymous memory ({}):", tree.shared_anon.len());
@@ -113,6 +132,9 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
             );
         }
     }
+}
+
+fn show_sysv_shm(tree: &TreeImage) {
     if !tree.sysv_shm.is_empty() {
         println!();
         println!("SysV shared memory segments ({}):", tree.sysv_shm.len());
@@ -134,6 +156,15 @@ fn show_text(dir: &Path, inv: &Inventory, tree: &TreeImage) {
 }
 
 fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
+    show_identity(tree, p);
+    show_threads(p);
+    show_mappings(tree, p);
+    show_fds(p, holders);
+    show_signals_and_memfds(p);
+    show_fidelity(p);
+}
+
+fn show_identity(tree: &TreeImage, p: &ProcessImage) {
     let is_root = tree.root().is_some_and(|r| r.pid == p.pid);
     println!(
         "process {} \"{}\" exe {} cwd {}{}",
@@ -150,6 +181,9 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
     if let Some(root) = &p.root {
         println!("  root directory {root}");
     }
+}
+
+fn show_threads(p: &ProcessImage) {
     println!("threads ({}):", p.threads.len());
     for t in &p.threads {
         let in_call = t.regs.get(15).copied().unwrap_or(u64::MAX) as i64;
@@ -163,6 +197,9 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             call
         );
     }
+}
+
+fn show_mappings(tree: &TreeImage, p: &ProcessImage) {
     let pages: u64 = p.page_runs.iter().map(|r| r.pages).sum();
     let inherited = if p.inherited.is_empty() {
         String::new()
@@ -183,25 +220,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             if v.prot & 4 != 0 { 'x' } else { '-' },
             if v.shared { 's' } else { 'p' }
         );
-        let what = match &v.backing {
-            VmaBacking::Anonymous => "[anonymous]".to_string(),
-            VmaBacking::SharedAnon { id } => format!("[shared anonymous {id}]"),
-            VmaBacking::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
-            VmaBacking::SysvShm { id } => match tree.sysv_shm.iter().find(|s| s.id == *id) {
-                Some(s) => format!("[SysV segment {id} key {:#x}]", s.key),
-                None => format!("[SysV segment {id}]"),
-            },
-            VmaBacking::File { path, .. } => path.clone(),
-            VmaBacking::Vdso => "[vdso]".into(),
-            VmaBacking::Vvar { name } => name.clone(),
-            VmaBacking::Vsyscall => "[vsyscall]".into(),
-            VmaBacking::DeletedFile { id } => {
-                match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
-                    Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
-                    None => format!("[deleted file {id}]"),
-                }
-            }
-        };
+        let what = vma_description(tree, p, &v.backing);
         let stored: u64 = p
             .page_runs
             .iter()
@@ -220,57 +239,38 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             v.start, v.end, prot, stored, what, inherited
         );
     }
+}
+
+fn vma_description(tree: &TreeImage, p: &ProcessImage, backing: &VmaBacking) -> String {
+    match backing {
+        VmaBacking::Anonymous => "[anonymous]".to_string(),
+        VmaBacking::SharedAnon { id } => format!("[shared anonymous {id}]"),
+        VmaBacking::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
+        VmaBacking::SysvShm { id } => match tree.sysv_shm.iter().find(|s| s.id == *id) {
+            Some(s) => format!("[SysV segment {id} key {:#x}]", s.key),
+            None => format!("[SysV segment {id}]"),
+        },
+        VmaBacking::File { path, .. } => path.clone(),
+        VmaBacking::Vdso => "[vdso]".into(),
+        VmaBacking::Vvar { name } => name.clone(),
+        VmaBacking::Vsyscall => "[vsyscall]".into(),
+        VmaBacking::DeletedFile { id } => {
+            match p.fidelity.deleted_files.iter().find(|d| d.id == *id) {
+                Some(d) => format!("{} (deleted; {} bytes kept)", d.name, d.size),
+                None => format!("[deleted file {id}]"),
+            }
+        }
+    }
+}
+
+fn show_fds(p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
     println!("fds ({}):", p.fds.len());
     for s in &p.fds {
         let Some(f) = p.files.get(s.file as usize) else {
             println!("  {:>4} (missing open file {})", s.fd, s.file);
             continue;
         };
-        let what = match &f.kind {
-            FileKind::Regular { path, .. } => format!("file {path}"),
-            FileKind::Deleted { path, content, .. } => format!("deleted file {path} ({} bytes kept)", content.len()),
-            FileKind::Directory { path } => format!("directory {path}"),
-            FileKind::CharDevice { path, .. } => format!("device {path}"),
-            FileKind::Terminal { path } => format!("terminal {path} (replaced at restore)"),
-            FileKind::ExternalStdio { what } => format!("{what} leading out of the process (replaced at restore)"),
-            FileKind::UnixSocket(u) => format!(
-                "unix socket {}{}{}{}",
-                if u.name.is_empty() { "(unnamed)".to_string() } else { String::from_utf8_lossy(&u.name).replace('\0', "@") },
-                u.peer.map(|p| format!(" connected to socket {p}")).unwrap_or_default(),
-                u.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
-                if u.queued.is_empty() { String::new() } else { format!(", {} queued messages", u.queued.len()) }
-            ),
-            FileKind::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
-            FileKind::Pipe(e) => format!("pipe {} {} end, {} bytes queued", e.id, if e.write_end { "write" } else { "read" }, e.data.len()),
-            FileKind::Fifo { path, pipe } => format!("fifo {path}, {} bytes queued", pipe.data.len()),
-            FileKind::EventFd { count, semaphore } => format!("eventfd count {count}{}", if *semaphore { " (semaphore)" } else { "" }),
-            FileKind::TimerFd(t) => format!("timerfd clock {} value {} ns interval {} ns", t.clockid, t.value_ns, t.interval_ns),
-            FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
-            FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
-            FileKind::ProcFile { path } => format!("{path} (a /proc file of the tree, opened again by the process)"),
-            FileKind::Inotify { watches } => format!(
-                "inotify with {} watches: {}",
-                watches.len(),
-                watches.iter().map(|w| format!("{} {} mask {:#x}", w.wd, w.path, w.mask)).collect::<Vec<_>>().join(", ")
-            ),
-            FileKind::InetSocket(s) => format!(
-                "{} socket port {}{}{}",
-                if s.sock_type == 1 { "tcp" } else { "udp" },
-                s.port,
-                s.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
-                s.connection
-                    .as_ref()
-                    .map(|c| format!(
-                        " established to port {}, {} bytes to read, {} bytes to send ({} never sent), mss {}",
-                        s.peer.as_ref().map_or(0, |p| p.1),
-                        c.recv_queue.len(),
-                        c.send_queue.len(),
-                        c.unsent,
-                        c.mss_clamp
-                    ))
-                    .unwrap_or_default()
-            ),
-        };
+        let what = file_description(p, &f.kind);
         let others: Vec<String> = holders
             .get(&f.id)
             .into_iter()
@@ -293,6 +293,57 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             shared
         );
     }
+}
+
+fn file_description(p: &ProcessImage, kind: &FileKind) -> String {
+    match kind {
+        FileKind::Regular { path, .. } => format!("file {path}"),
+        FileKind::Deleted { path, content, .. } => format!("deleted file {path} ({} bytes kept)", content.len()),
+        FileKind::Directory { path } => format!("directory {path}"),
+        FileKind::CharDevice { path, .. } => format!("device {path}"),
+        FileKind::Terminal { path } => format!("terminal {path} (replaced at restore)"),
+        FileKind::ExternalStdio { what } => format!("{what} leading out of the process (replaced at restore)"),
+        FileKind::UnixSocket(u) => format!(
+            "unix socket {}{}{}{}",
+            if u.name.is_empty() { "(unnamed)".to_string() } else { String::from_utf8_lossy(&u.name).replace('\0', "@") },
+            u.peer.map(|p| format!(" connected to socket {p}")).unwrap_or_default(),
+            u.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
+            if u.queued.is_empty() { String::new() } else { format!(", {} queued messages", u.queued.len()) }
+        ),
+        FileKind::Memfd { id } => format!("memfd {}", memfd_name(p, *id)),
+        FileKind::Pipe(e) => format!("pipe {} {} end, {} bytes queued", e.id, if e.write_end { "write" } else { "read" }, e.data.len()),
+        FileKind::Fifo { path, pipe } => format!("fifo {path}, {} bytes queued", pipe.data.len()),
+        FileKind::EventFd { count, semaphore } => format!("eventfd count {count}{}", if *semaphore { " (semaphore)" } else { "" }),
+        FileKind::TimerFd(t) => format!("timerfd clock {} value {} ns interval {} ns", t.clockid, t.value_ns, t.interval_ns),
+        FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
+        FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
+        FileKind::ProcFile { path } => format!("{path} (a /proc file of the tree, opened again by the process)"),
+        FileKind::Inotify { watches } => format!(
+            "inotify with {} watches: {}",
+            watches.len(),
+            watches.iter().map(|w| format!("{} {} mask {:#x}", w.wd, w.path, w.mask)).collect::<Vec<_>>().join(", ")
+        ),
+        FileKind::InetSocket(s) => format!(
+            "{} socket port {}{}{}",
+            if s.sock_type == 1 { "tcp" } else { "udp" },
+            s.port,
+            s.listen_backlog.map(|b| format!(" listening (backlog {b})")).unwrap_or_default(),
+            s.connection
+                .as_ref()
+                .map(|c| format!(
+                    " established to port {}, {} bytes to read, {} bytes to send ({} never sent), mss {}",
+                    s.peer.as_ref().map_or(0, |p| p.1),
+                    c.recv_queue.len(),
+                    c.send_queue.len(),
+                    c.unsent,
+                    c.mss_clamp
+                ))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+fn show_signals_and_memfds(p: &ProcessImage) {
     let handled = p.signals.actions.iter().filter(|a| a.handler > 1).count();
     println!(
         "signals: {handled} handlers, {} pending for the process",
@@ -308,7 +359,6 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
             m.seals
         );
     }
-    show_fidelity(p);
 }
 
 /// The format-4 part: seccomp, credentials details, parent-death

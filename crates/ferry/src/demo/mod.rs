@@ -14,7 +14,7 @@ mod report;
 use anyhow::{anyhow, bail, Context, Result};
 use hosts::{Host, Lab};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,10 +188,14 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-pub fn run(args: DemoArgs) -> Result<i32> {
-    if !ferry_sys::process::is_root() {
-        bail!("ferry demo needs root (network and PID namespaces, ptrace); run it as root");
-    }
+/// The programs the demo runs, found before it makes anything.
+struct Programs {
+    exe: PathBuf,
+    ferryd: PathBuf,
+    redis: PathBuf,
+}
+
+fn find_programs() -> Result<Programs> {
     let exe = std::env::current_exe().context("finding ferry's own executable")?;
     let ferryd = exe.with_file_name("ferryd");
     if !ferryd.is_file() {
@@ -207,6 +211,14 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         find_in_path(tool)
             .ok_or_else(|| anyhow!("{tool} not found: install iproute2 and util-linux"))?;
     }
+    Ok(Programs { exe, ferryd, redis })
+}
+
+pub fn run(args: DemoArgs) -> Result<i32> {
+    if !ferry_sys::process::is_root() {
+        bail!("ferry demo needs root (network and PID namespaces, ptrace); run it as root");
+    }
+    let programs = find_programs()?;
     install_signal_handlers();
     no_inherited_fds();
 
@@ -221,34 +233,8 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     // does it too, should anything panic).
     let tmp = TempDir::new()?;
     let mut lab: Option<Lab> = None;
-    let outcome = run_demo(&args, &mut ui, &exe, &ferryd, &redis, &tmp.0, &mut lab);
-
-    ui.step("cleaning up");
-    if let Some(dir) = &args.keep_logs {
-        match copy_logs(&tmp.0, dir) {
-            Ok(n) => ui.say(&format!("copied {n} logs and reports to {}", dir.display())),
-            Err(e) => ui.say(&format!("could not copy the logs to {}: {e:#}", dir.display())),
-        }
-    }
-    let mut made = 0;
-    let mut left = Vec::new();
-    let tag = lab.as_ref().map(|l| l.tag.clone());
-    if let Some(mut l) = lab.take() {
-        made = l.namespaces();
-        left = l.teardown();
-    }
-    let dir = tmp.0.display().to_string();
-    drop(tmp);
-    ui.finish();
-    if left.is_empty() {
-        let ns = match &tag {
-            Some(t) if made > 0 => format!("{made} network namespaces ({t}-*) with their bridge and veths, every process in the hosts, "),
-            _ => String::new(),
-        };
-        ui.say(&format!("removed {ns}{dir}"));
-    } else {
-        ui.say(&format!("could not remove: {}", left.join(", ")));
-    }
+    let outcome = run_demo(&args, &mut ui, &programs, &tmp.0, &mut lab);
+    let left = clean_up(&mut ui, args.keep_logs.as_deref(), tmp, lab);
 
     match outcome {
         Ok(()) if !left.is_empty() => bail!("namespaces left behind: {}", left.join(", ")),
@@ -264,12 +250,50 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     }
 }
 
+/// Copies the logs out if asked, then removes the hosts (first) and the
+/// directory; returns the namespaces that could not be removed.
+fn clean_up(ui: &mut Ui, keep_logs: Option<&Path>, tmp: TempDir, lab: Option<Lab>) -> Vec<String> {
+    ui.step("cleaning up");
+    if let Some(dir) = keep_logs {
+        match copy_logs(&tmp.0, dir) {
+            Ok(n) => ui.say(&format!("copied {n} logs and reports to {}", dir.display())),
+            Err(e) => ui.say(&format!("could not copy the logs to {}: {e:#}", dir.display())),
+        }
+    }
+    let mut made = 0;
+    let mut left = Vec::new();
+    let tag = lab.as_ref().map(|l| l.tag.clone());
+    if let Some(mut l) = lab {
+        made = l.namespaces();
+        left = l.teardown();
+    }
+    let dir = tmp.0.display().to_string();
+    drop(tmp);
+    ui.finish();
+    if left.is_empty() {
+        let ns = match &tag {
+            Some(t) if made > 0 => format!("{made} network namespaces ({t}-*) with their bridge and veths, every process in the hosts, "),
+            _ => String::new(),
+        };
+        ui.say(&format!("removed {ns}{dir}"));
+    } else {
+        ui.say(&format!("could not remove: {}", left.join(", ")));
+    }
+    left
+}
+
+/// Where the clients reach redis: its address, from the client host's
+/// network namespace.
+struct Service {
+    svc: Ipv4Addr,
+    addr: SocketAddr,
+    netns: PathBuf,
+}
+
 fn run_demo(
     args: &DemoArgs,
     ui: &mut Ui,
-    exe: &Path,
-    ferryd: &Path,
-    redis: &Path,
+    programs: &Programs,
     tmp: &Path,
     slot: &mut Option<Lab>,
 ) -> Result<()> {
@@ -280,7 +304,48 @@ fn run_demo(
         "bridge in {}-br; host1 {}, host2 {}, client {} (namespaces {}-host1, -host2, -client); service address {svc}",
         lab.tag, lab.hosts[0].ip, lab.hosts[1].ip, lab.client_ip, lab.tag
     ));
+    let key = start_agents(ui, lab, &programs.ferryd, tmp)?;
 
+    ui.step(&format!("starting redis-server in host1 on {svc}:{REDIS_PORT}"));
+    let pid = start_redis(lab, &programs.redis, svc, tmp)?;
+    let service = Service {
+        svc,
+        addr: SocketAddr::new(IpAddr::V4(svc), REDIS_PORT),
+        netns: lab.client_netns_path(),
+    };
+    ui.say(&format!("redis-server is pid {pid} in host1"));
+
+    ui.step(&format!("loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"));
+    let addr = service.addr;
+    load::in_netns(&service.netns, move || {
+        let mut c = load::Conn::connect(addr)?;
+        c.populate(KEYS, VALUE_BYTES)
+    })
+    .context("loading keys into redis")?;
+
+    ui.step(&format!(
+        "starting {} clients in the client host (one connection each, one INCR every {} ms)",
+        args.clients,
+        CLIENT_INTERVAL.as_millis()
+    ));
+    let load =
+        load::Load::start(&service.netns, service.addr, args.clients as usize, CLIENT_INTERVAL)?;
+    pause(ui, BETWEEN, Some(&load))?;
+
+    let setup = MigrationSetup {
+        exe: &programs.exe,
+        key: &key,
+        tmp,
+        svc: service.svc,
+        no_precopy: args.no_precopy,
+    };
+    let migrations = migrate_back_and_forth(ui, lab, &setup, args.migrations, pid, &load)?;
+    report_and_check(ui, &migrations, load, &service)
+}
+
+/// Writes the shared key and starts ferryd in both hosts; returns the
+/// key's path.
+fn start_agents(ui: &mut Ui, lab: &mut Lab, ferryd: &Path, tmp: &Path) -> Result<PathBuf> {
     let key = tmp.join("key");
     ferry_transport::Key::write_new(&key)
         .with_context(|| format!("writing the shared key {}", key.display()))?;
@@ -294,40 +359,53 @@ fn run_demo(
             h.init_pid()
         ));
     }
+    Ok(key)
+}
 
-    ui.step(&format!("starting redis-server in host1 on {svc}:{REDIS_PORT}"));
-    let pid = start_redis(lab, redis, svc, tmp)?;
-    let addr = SocketAddr::new(IpAddr::V4(svc), REDIS_PORT);
-    let netns = lab.client_netns_path();
-    ui.say(&format!("redis-server is pid {pid} in host1"));
+/// What every `ferry migrate` of the demo is given besides its hosts.
+struct MigrationSetup<'a> {
+    exe: &'a Path,
+    key: &'a Path,
+    tmp: &'a Path,
+    svc: Ipv4Addr,
+    no_precopy: bool,
+}
 
-    ui.step(&format!("loading {KEYS} keys of {VALUE_BYTES} bytes from the client host"));
-    load::in_netns(&netns, move || {
-        let mut c = load::Conn::connect(addr)?;
-        c.populate(KEYS, VALUE_BYTES)
-    })
-    .context("loading keys into redis")?;
-
-    ui.step(&format!(
-        "starting {} clients in the client host (one connection each, one INCR every {} ms)",
-        args.clients,
-        CLIENT_INTERVAL.as_millis()
-    ));
-    let load = load::Load::start(&netns, addr, args.clients as usize, CLIENT_INTERVAL)?;
-    pause(ui, BETWEEN, Some(&load))?;
-
+/// Moves redis (PID `pid` in host1) `count` times, alternating between
+/// the hosts, with load in between.
+fn migrate_back_and_forth(
+    ui: &mut Ui,
+    lab: &mut Lab,
+    setup: &MigrationSetup,
+    count: u32,
+    pid: i32,
+    load: &load::Load,
+) -> Result<Vec<report::Migration>> {
     let mut migrations = Vec::new();
     let mut pid = pid;
     let mut at = 0usize;
-    for k in 0..args.migrations as usize {
+    for k in 0..count as usize {
         let to = 1 - at;
         let (from_name, to_name) = (lab.hosts[at].name.clone(), lab.hosts[to].name.clone());
         ui.step(&format!(
             "migrating {}/{}: {from_name} → {to_name} (redis pid {pid} in {from_name})",
             k + 1,
-            args.migrations
+            count
         ));
-        let m = migrate(ui, lab, exe, &key, at, to, pid, svc, tmp, k, &load, args.no_precopy)?;
+        let m = migrate(
+            ui,
+            lab,
+            setup.exe,
+            setup.key,
+            at,
+            to,
+            pid,
+            setup.svc,
+            setup.tmp,
+            k,
+            load,
+            setup.no_precopy,
+        )?;
         ui.say(&format!(
             "pause {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
             m.pause_ms,
@@ -345,16 +423,27 @@ fn run_demo(
         pid = m.dest_host_pid;
         at = to;
         migrations.push(m);
-        pause(ui, BETWEEN, Some(&load))?;
+        pause(ui, BETWEEN, Some(load))?;
     }
+    Ok(migrations)
+}
 
+/// Stops the clients, prints the report, and fails unless every request
+/// was answered and every counter and key is where it should be.
+fn report_and_check(
+    ui: &mut Ui,
+    migrations: &[report::Migration],
+    load: load::Load,
+    service: &Service,
+) -> Result<()> {
     ui.step("stopping the clients (each reads its counter back on its own connection)");
     let summary = load.stop();
-    let keys = load::in_netns(&netns, move || load::Conn::connect(addr)?.int(&[b"DBSIZE"]))
+    let addr = service.addr;
+    let keys = load::in_netns(&service.netns, move || load::Conn::connect(addr)?.int(&[b"DBSIZE"]))
         .context("asking redis for its key count")?;
     ui.println("");
     ui.println("Report");
-    for line in report::render(&migrations, &summary).lines() {
+    for line in report::render(migrations, &summary).lines() {
         ui.println(line);
     }
     let expected_keys = KEYS as i64 + summary.clients as i64;
