@@ -6,7 +6,6 @@
 //! mapping) runs before anything is changed inside it.
 
 mod cgroups;
-pub(crate) use cgroups::parse as cgroups_parse;
 pub(crate) mod files;
 mod memfd;
 pub(crate) mod memory;
@@ -24,7 +23,6 @@ mod timers;
 pub(crate) mod tree;
 pub mod vma_flags;
 
-pub(crate) use files::tcp::leave_repair;
 pub use memory::copy_present;
 
 use crate::error::{EngineError, Result};

@@ -379,7 +379,7 @@ pub fn restore_held(
         // A zombie of the checkpointed tree that init has not reaped yet
         // frees its PID in a moment.
         if crate::procfs::state(id) == Some('Z') {
-            crate::capture::tree::wait_reaped(&[id], std::time::Duration::from_secs(5));
+            crate::procfs::wait_reaped(&[id], std::time::Duration::from_secs(5));
         }
         if let Some(comm) = pid_owner(id) {
             return Err(EngineError::PidTaken { pid: id, comm });

@@ -10,7 +10,7 @@ mod locks;
 pub(crate) mod owner;
 mod pipe;
 mod regular;
-pub(crate) use regular::{check_deleted_mapped, is_plain_device};
+pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;

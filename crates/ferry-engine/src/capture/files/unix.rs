@@ -537,7 +537,7 @@ pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
             let listener_named = |n: &[u8]| {
                 all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(l) if l.listen_backlog.is_some() && l.sock_type == u.sock_type && l.name == n))
             };
-            if let Err(why) = crate::restore::files::unix::remake_of(u, v, listener_named) {
+            if let Err(why) = crate::unix_remake::remake_of(u, v, listener_named) {
                 return Err(EngineError::unsupported(
                     pid,
                     format!("fd {fd} (socket:[{}])", u.ino),
