@@ -618,20 +618,7 @@ pub fn send_in_flight(
     tree: &ferry_image::TreeImage,
     staged: &std::collections::HashMap<u64, OwnedFd>,
 ) -> Result<()> {
-    use ferry_image::FileKind;
     let mut done = std::collections::HashSet::new();
-    let file_of = |pid: i32, fd: i32| -> Option<u64> {
-        let p = tree.processes.iter().find(|p| p.pid == pid)?;
-        let slot = p.fds.iter().find(|s| s.fd == fd)?;
-        p.files.get(slot.file as usize).map(|f| f.id)
-    };
-    let id_of_ino = |ino: u64| {
-        tree.processes
-            .iter()
-            .flat_map(|p| &p.files)
-            .find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino))
-            .map(|f| f.id)
-    };
     for p in &tree.processes {
         for f in &p.files {
             let FileKind::UnixSocket(u) = &f.kind else {
@@ -641,53 +628,91 @@ pub fn send_in_flight(
                 continue;
             }
             let pid = p.pid;
-            let from =
-                u.peer.and_then(id_of_ino).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                    EngineError::restore(
-                        pid,
-                        format!("unix socket {}: its peer was not staged to send its queue", u.ino),
-                    )
-                })?;
-            for (i, m) in u.queued.iter().enumerate() {
-                let anc = u.in_flight.iter().find(|a| a.message as usize == i);
-                let mut fds = Vec::new();
-                for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
-                    let fd = file_of(d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                        EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
-                    })?;
-                    fds.push(fd.as_raw_fd());
-                }
-                let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds {
-                    pid: c.pid,
-                    uid: c.uid,
-                    gid: c.gid,
-                });
-                let what = || {
-                    format!("unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})", u.ino, m.len(), fds.len(), creds)
-                };
-                let mut off = ferry_sys::unix::send(
-                    from.as_raw_fd(),
-                    m,
-                    &fds,
-                    creds,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            let from = u
+                .peer
+                .and_then(|ino| id_of_ino(tree, ino))
+                .and_then(|id| staged.get(&id))
+                .ok_or_else(|| {
+                EngineError::restore(
+                    pid,
+                    format!("unix socket {}: its peer was not staged to send its queue", u.ino),
                 )
-                .map_err(|e| EngineError::kernel(pid, what(), e))?;
-                // The rest of a long stream message goes without descriptors, as the kernel sent it.
-                while off < m.len() && u.sock_type == libc::SOCK_STREAM {
-                    off += ferry_sys::unix::send(
-                        from.as_raw_fd(),
-                        &m[off..],
-                        &[],
-                        creds,
-                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                    )
-                    .map_err(|e| EngineError::kernel(pid, what(), e))?;
-                }
-            }
+            })?;
+            send_queue(tree, staged, pid, u, from)?;
         }
     }
     shut_down(tree, staged, true)
+}
+
+/// The id of the file that process `pid`'s `fd` points at.
+fn file_of(tree: &TreeImage, pid: i32, fd: i32) -> Option<u64> {
+    let p = tree.processes.iter().find(|p| p.pid == pid)?;
+    let slot = p.fds.iter().find(|s| s.fd == fd)?;
+    p.files.get(slot.file as usize).map(|f| f.id)
+}
+
+/// The id of the file of the unix socket `ino`.
+fn id_of_ino(tree: &TreeImage, ino: u64) -> Option<u64> {
+    tree.processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino))
+        .map(|f| f.id)
+}
+
+/// Sends `u`'s queued messages (of process `pid`) from its peer's staged
+/// socket `from`, each with the descriptors and credentials it carried.
+fn send_queue(
+    tree: &TreeImage,
+    staged: &std::collections::HashMap<u64, OwnedFd>,
+    pid: i32,
+    u: &UnixSocket,
+    from: &OwnedFd,
+) -> Result<()> {
+    for (i, m) in u.queued.iter().enumerate() {
+        let anc = u.in_flight.iter().find(|a| a.message as usize == i);
+        let mut fds = Vec::new();
+        for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
+            let fd = file_of(tree, d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
+                EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
+            })?;
+            fds.push(fd.as_raw_fd());
+        }
+        let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+        });
+        let what = || {
+            format!(
+                "unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})",
+                u.ino,
+                m.len(),
+                fds.len(),
+                creds
+            )
+        };
+        let mut off = ferry_sys::unix::send(
+            from.as_raw_fd(),
+            m,
+            &fds,
+            creds,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+        .map_err(|e| EngineError::kernel(pid, what(), e))?;
+        // The rest of a long stream message goes without descriptors, as the kernel sent it.
+        while off < m.len() && u.sock_type == libc::SOCK_STREAM {
+            off += ferry_sys::unix::send(
+                from.as_raw_fd(),
+                &m[off..],
+                &[],
+                creds,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+            .map_err(|e| EngineError::kernel(pid, what(), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Shuts down the unix sockets whose image says so: those whose queues
