@@ -50,6 +50,47 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
         .ok_or_else(|| format!("BTF ends at byte {at}"))
 }
 
+/// The type section: type 0 is void, the others in order.
+fn parse_types(ty: &[u8]) -> Result<Vec<Type>, String> {
+    let mut types = vec![Type { name_off: 0, kind: 0, type_id: 0, members: Vec::new() }];
+    let mut at = 0;
+    while at < ty.len() {
+        let name_off = u32_at(ty, at)?;
+        let info = u32_at(ty, at + 4)?;
+        let size_or_type = u32_at(ty, at + 8)?;
+        at += 12;
+        let kind = ((info >> 24) & 0x1f) as u8;
+        let vlen = (info & 0xffff) as usize;
+        let kind_flag = info >> 31 == 1;
+        let mut members = Vec::new();
+        let extra = match kind {
+            1 | 14 | 17 => 4, // int, var, decl tag
+            3 => 12,          // array
+            KIND_STRUCT | KIND_UNION => {
+                for i in 0..vlen {
+                    let m = at + i * 12;
+                    let raw = u32_at(ty, m + 8)?;
+                    // With kind_flag the high 8 bits are a bitfield size.
+                    let bit_offset = if kind_flag { raw & 0x00ff_ffff } else { raw };
+                    members.push(Member {
+                        name_off: u32_at(ty, m)?,
+                        type_id: u32_at(ty, m + 4)?,
+                        bit_offset,
+                    });
+                }
+                vlen * 12
+            }
+            6 | 13 => vlen * 8,        // enum, func proto
+            15 | 19 => vlen * 12,      // datasec, enum64
+            2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, modifiers, func, float, type tag
+            k => return Err(format!("BTF type {} has unknown kind {k}", types.len())),
+        };
+        at += extra;
+        types.push(Type { name_off, kind, type_id: size_or_type, members });
+    }
+    Ok(types)
+}
+
 impl Btf {
     /// Parses little-endian BTF (x86_64's).
     pub fn parse(b: &[u8]) -> Result<Btf, String> {
@@ -67,42 +108,7 @@ impl Btf {
         };
         let ty = section(type_off, type_len)?;
         let strings = section(str_off, str_len)?.to_vec();
-        let mut types = vec![Type { name_off: 0, kind: 0, type_id: 0, members: Vec::new() }];
-        let mut at = 0;
-        while at < ty.len() {
-            let name_off = u32_at(ty, at)?;
-            let info = u32_at(ty, at + 4)?;
-            let size_or_type = u32_at(ty, at + 8)?;
-            at += 12;
-            let kind = ((info >> 24) & 0x1f) as u8;
-            let vlen = (info & 0xffff) as usize;
-            let kind_flag = info >> 31 == 1;
-            let mut members = Vec::new();
-            let extra = match kind {
-                1 | 14 | 17 => 4, // int, var, decl tag
-                3 => 12,          // array
-                KIND_STRUCT | KIND_UNION => {
-                    for i in 0..vlen {
-                        let m = at + i * 12;
-                        let raw = u32_at(ty, m + 8)?;
-                        // With kind_flag the high 8 bits are a bitfield size.
-                        let bit_offset = if kind_flag { raw & 0x00ff_ffff } else { raw };
-                        members.push(Member {
-                            name_off: u32_at(ty, m)?,
-                            type_id: u32_at(ty, m + 4)?,
-                            bit_offset,
-                        });
-                    }
-                    vlen * 12
-                }
-                6 | 13 => vlen * 8,        // enum, func proto
-                15 | 19 => vlen * 12,      // datasec, enum64
-                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, modifiers, func, float, type tag
-                k => return Err(format!("BTF type {} has unknown kind {k}", types.len())),
-            };
-            at += extra;
-            types.push(Type { name_off, kind, type_id: size_or_type, members });
-        }
+        let types = parse_types(ty)?;
         let mut btf = Btf { types, strings, by_name: HashMap::new() };
         let mut by_name = HashMap::new();
         for (id, t) in btf.types.iter().enumerate().skip(1) {

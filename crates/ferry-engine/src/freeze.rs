@@ -58,6 +58,26 @@ fn wait_interrupt_stop(pid: i32, tid: i32) -> Result<()> {
     }
 }
 
+/// PTRACE_SEIZE of thread `tid` of `pid`; false if it is gone already.
+fn seize(pid: i32, tid: i32) -> Result<bool> {
+    // Seccomp must not act on the syscalls ferry injects (a
+    // strict-mode thread would be killed by the first mmap).
+    // Not allowed when ferry itself runs under seccomp:
+    // filters are then found and refused by capture.
+    let attached = match ptrace::seize(tid, ferry_sys::seccomp::PTRACE_O_SUSPEND_SECCOMP) {
+        Err(e) if e.errno == libc::EPERM || e.errno == libc::EINVAL => ptrace::seize(tid, 0),
+        r => r,
+    };
+    match attached {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno == libc::ESRCH => Ok(false),
+        Err(e) if e.errno == libc::EPERM && tid == pid => {
+            Err(EngineError::kernel(pid, "seizing the process (is it traced by someone else?)", e))
+        }
+        Err(e) => Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e)),
+    }
+}
+
 impl Frozen {
     /// Seizes and stops every thread of `pid`, including threads created
     /// while this runs.
@@ -73,48 +93,12 @@ impl Frozen {
                 if seized.contains_key(&tid) {
                     continue;
                 }
-                // Seccomp must not act on the syscalls ferry injects (a
-                // strict-mode thread would be killed by the first mmap).
-                // Not allowed when ferry itself runs under seccomp:
-                // filters are then found and refused by capture.
-                let attached =
-                    match ptrace::seize(tid, ferry_sys::seccomp::PTRACE_O_SUSPEND_SECCOMP) {
-                        Err(e) if e.errno == libc::EPERM || e.errno == libc::EINVAL => {
-                            ptrace::seize(tid, 0)
-                        }
-                        r => r,
-                    };
-                match attached {
-                    Ok(()) => {}
-                    Err(e) if e.errno == libc::ESRCH => continue,
-                    Err(e) if e.errno == libc::EPERM && tid == pid => {
-                        return Err(EngineError::kernel(
-                            pid,
-                            "seizing the process (is it traced by someone else?)",
-                            e,
-                        ))
-                    }
-                    Err(e) => {
-                        return Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e))
-                    }
+                if !seize(pid, tid)? {
+                    continue;
                 }
                 seized.insert(tid, ());
                 new = true;
-                ptrace::interrupt(tid).map_err(|e| {
-                    EngineError::kernel(pid, format!("interrupting thread {tid}"), e)
-                })?;
-                if let Err(e) = wait_interrupt_stop(pid, tid) {
-                    // Detach the ones already stopped via Drop.
-                    frozen.threads.retain(|t| t.tid != tid);
-                    return Err(e);
-                }
-                let regs = ptrace::get_regs(tid).map_err(|e| {
-                    EngineError::kernel(pid, format!("reading registers of thread {tid}"), e)
-                })?;
-                let sigmask = ptrace::get_sigmask(tid).map_err(|e| {
-                    EngineError::kernel(pid, format!("reading signal mask of thread {tid}"), e)
-                })?;
-                frozen.threads.push(FrozenThread { tid, regs, sigmask });
+                frozen.stop_thread(tid)?;
             }
             if !new {
                 break;
@@ -131,6 +115,27 @@ impl Frozen {
             })?;
         }
         Ok(frozen)
+    }
+
+    /// Interrupts the seized thread `tid`, waits until it stops and records
+    /// its registers and signal mask.
+    fn stop_thread(&mut self, tid: i32) -> Result<()> {
+        let pid = self.pid;
+        ptrace::interrupt(tid)
+            .map_err(|e| EngineError::kernel(pid, format!("interrupting thread {tid}"), e))?;
+        if let Err(e) = wait_interrupt_stop(pid, tid) {
+            // Detach the ones already stopped via Drop.
+            self.threads.retain(|t| t.tid != tid);
+            return Err(e);
+        }
+        let regs = ptrace::get_regs(tid).map_err(|e| {
+            EngineError::kernel(pid, format!("reading registers of thread {tid}"), e)
+        })?;
+        let sigmask = ptrace::get_sigmask(tid).map_err(|e| {
+            EngineError::kernel(pid, format!("reading signal mask of thread {tid}"), e)
+        })?;
+        self.threads.push(FrozenThread { tid, regs, sigmask });
+        Ok(())
     }
 
     /// Lets the process run on from where it stopped.

@@ -137,7 +137,7 @@ fn recover(plan: &Plan) {
             continue;
         };
         if let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) {
-            let _ = crate::capture::leave_repair(sock.as_raw_fd(), reuse);
+            let _ = crate::tcp_repair::leave_repair(sock.as_raw_fd(), reuse);
         }
     }
     if let Some(name) = &plan.lock {

@@ -21,9 +21,12 @@ pub mod inject;
 pub mod lazy;
 pub(crate) mod parallel;
 pub mod phases;
+pub(crate) mod plain_devices;
 pub mod procfs;
 pub mod restore;
 pub mod syscall_restart;
+pub(crate) mod tcp_repair;
+pub(crate) mod unix_remake;
 
 pub use error::{EngineError, Result};
 

@@ -2,6 +2,7 @@
 //! naming the file instead of panicking on content it does not expect.
 
 use crate::error::{EngineError, Result};
+use ferry_image::CgroupMembership;
 use std::collections::HashMap;
 
 pub fn read_string(path: &str) -> Result<String> {
@@ -161,4 +162,61 @@ pub fn parse_hex(s: &str) -> Option<u64> {
 
 pub fn parse_octal(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim(), 8).ok()
+}
+
+/// Parses /proc/PID/cgroup: `hierarchy-id:controllers:path` per line.
+pub fn parse_cgroup(text: &str) -> Option<Vec<CgroupMembership>> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut it = l.splitn(3, ':');
+            let hierarchy = it.next()?.parse().ok()?;
+            let controllers = it.next()?.to_string();
+            let path = it.next()?.to_string();
+            Some(CgroupMembership { hierarchy, controllers, path })
+        })
+        .collect()
+}
+
+/// Waits (at most `limit`) until none of `pids` exists any more, not even
+/// as a zombie. Returns whether they are all gone.
+pub fn wait_reaped(pids: &[i32], limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v1_and_v2_lines() {
+        let m =
+            parse_cgroup("12:memory:/a/b\n1:name=systemd:/user.slice\n0::/x:y\n").expect("parses");
+        assert_eq!(m.len(), 3);
+        assert_eq!(
+            (m[0].hierarchy, m[0].controllers.as_str(), m[0].path.as_str()),
+            (12, "memory", "/a/b")
+        );
+        assert_eq!(m[1].controllers, "name=systemd");
+        // A colon in the path stays in the path.
+        assert_eq!(
+            (m[2].hierarchy, m[2].controllers.as_str(), m[2].path.as_str()),
+            (0, "", "/x:y")
+        );
+    }
+
+    #[test]
+    fn refuses_garbage() {
+        assert!(parse_cgroup("memory:/a\n").is_none());
+        assert!(parse_cgroup("x:memory:/a\n").is_none());
+    }
 }

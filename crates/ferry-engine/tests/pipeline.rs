@@ -10,7 +10,7 @@
 
 use ferry_engine::capture::{CaptureOptions, LockAfterKill};
 use ferry_engine::restore::RestoreOptions;
-use ferry_image::{ImageDir, ImageSink, MemoryImage};
+use ferry_image::{ImageDir, MemoryImage};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -6,21 +6,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs;
-use ferry_image::{CgroupMembership, ProcessCgroups};
-
-/// Parses /proc/PID/cgroup: `hierarchy-id:controllers:path` per line.
-pub fn parse(text: &str) -> Option<Vec<CgroupMembership>> {
-    text.lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let mut it = l.splitn(3, ':');
-            let hierarchy = it.next()?.parse().ok()?;
-            let controllers = it.next()?.to_string();
-            let path = it.next()?.to_string();
-            Some(CgroupMembership { hierarchy, controllers, path })
-        })
-        .collect()
-}
+use ferry_image::ProcessCgroups;
 
 /// The memberships of every process of the tree. A thread in cgroups of
 /// its own (cgroup v1 `tasks`, v2 threaded cgroups) is refused, naming
@@ -29,7 +15,7 @@ pub fn capture(procs: &[(i32, Vec<i32>)]) -> Result<Vec<ProcessCgroups>> {
     let mut out = Vec::with_capacity(procs.len());
     for (pid, tids) in procs {
         let text = procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
-        let memberships = parse(&text).ok_or_else(|| {
+        let memberships = procfs::parse_cgroup(&text).ok_or_else(|| {
             EngineError::restore(*pid, format!("unreadable /proc/{pid}/cgroup: {text:?}"))
         })?;
         for tid in tids.iter().filter(|t| *t != pid) {
@@ -46,31 +32,4 @@ pub fn capture(procs: &[(i32, Vec<i32>)]) -> Result<Vec<ProcessCgroups>> {
         out.push(ProcessCgroups { pid: *pid, memberships });
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_v1_and_v2_lines() {
-        let m = parse("12:memory:/a/b\n1:name=systemd:/user.slice\n0::/x:y\n").expect("parses");
-        assert_eq!(m.len(), 3);
-        assert_eq!(
-            (m[0].hierarchy, m[0].controllers.as_str(), m[0].path.as_str()),
-            (12, "memory", "/a/b")
-        );
-        assert_eq!(m[1].controllers, "name=systemd");
-        // A colon in the path stays in the path.
-        assert_eq!(
-            (m[2].hierarchy, m[2].controllers.as_str(), m[2].path.as_str()),
-            (0, "", "/x:y")
-        );
-    }
-
-    #[test]
-    fn refuses_garbage() {
-        assert!(parse("memory:/a\n").is_none());
-        assert!(parse("x:memory:/a\n").is_none());
-    }
 }

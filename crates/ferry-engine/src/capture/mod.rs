@@ -7,7 +7,6 @@
 
 mod assemble;
 mod cgroups;
-pub(crate) use cgroups::parse as cgroups_parse;
 mod connections;
 pub(crate) mod files;
 mod injected;
@@ -29,7 +28,6 @@ mod timers;
 pub(crate) mod tree;
 pub mod vma_flags;
 
-pub(crate) use files::tcp::leave_repair;
 pub use memory::copy_present;
 
 use crate::error::{EngineError, Result};

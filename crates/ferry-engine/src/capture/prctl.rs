@@ -59,6 +59,41 @@ fn own_speculation(which: u64) -> i64 {
 /// policy, a core-scheduling cookie, syscall user dispatch.
 pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
     for t in &ctx.frozen.threads {
+        let state = ThreadPrctls::read(ctx, t.tid)?;
+        if let Some((what, why)) = state.control_refusal().or_else(|| state.feature_refusal()) {
+            return Err(EngineError::unsupported(
+                ctx.pid,
+                format!("thread {}: {what}", t.tid),
+                why,
+            ));
+        }
+        if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
+            if sud[0] != 0 {
+                return Err(EngineError::unsupported(
+                    ctx.pid,
+                    format!("thread {}: PR_SET_SYSCALL_USER_DISPATCH", t.tid),
+                    format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one thread's getters report, for the settings restore does not
+/// make again. `r` holds the calls' results in the order of `read`.
+struct ThreadPrctls {
+    r: Vec<i64>,
+    tsc: u64,
+    shstk: u64,
+    mempolicy: i32,
+    core_cookie: u64,
+    /// The Seccomp line of the thread's status.
+    seccomp_mode: String,
+}
+
+impl ThreadPrctls {
+    fn read(ctx: &super::Ctx, tid: i32) -> Result<ThreadPrctls> {
         let calls = [
             Call::new(libc::SYS_prctl, &[PR_GET_TSC, ctx.data]),
             Call::new(libc::SYS_prctl, &[PR_MCE_KILL_GET, 0, 0, 0, 0]),
@@ -74,95 +109,101 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
             Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
         ];
         ctx.remote.write(ctx.data, &[0u8; 32])?;
-        let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
+        let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;
         let b = ctx.remote.read(ctx.data, 32)?;
-        let mempolicy = i32::from_le_bytes([b[16], b[17], b[18], b[19]]);
-        let core_cookie = u64::from_le_bytes(b[24..32].try_into().unwrap_or([0; 8]));
-        let tsc = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64;
-        let shstk = u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-        let refuse = |what: &str, why: String| {
-            Err(EngineError::unsupported(ctx.pid, format!("thread {}: {what}", t.tid), why))
-        };
-        // Seccomp strict mode turns the counter off itself (and gets it
-        // back with the mode).
-        let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{}/status", ctx.pid, t.tid))
+        let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{tid}/status", ctx.pid))
             .map(|s| key_values(&s).get("Seccomp").map(|v| v.to_string()).unwrap_or_default())
             .unwrap_or_default();
-        let strict = seccomp_mode == "1";
+        Ok(ThreadPrctls {
+            r,
+            mempolicy: i32::from_le_bytes([b[16], b[17], b[18], b[19]]),
+            core_cookie: u64::from_le_bytes(b[24..32].try_into().unwrap_or([0; 8])),
+            tsc: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
+            shstk: u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8])),
+            seccomp_mode,
+        })
+    }
+
+    /// The first of the thread's process controls that restore would
+    /// lose: what it is, and why it is refused.
+    fn control_refusal(&self) -> Option<(&'static str, String)> {
+        let (r, tsc) = (&self.r, self.tsc);
+        // Seccomp strict mode turns the counter off itself (and gets it
+        // back with the mode).
+        let strict = self.seccomp_mode == "1";
         if r[0] >= 0 && tsc != PR_TSC_ENABLE && !strict {
-            return refuse("PR_SET_TSC", format!("reading the time stamp counter is set to fault (PR_GET_TSC {tsc}); not restored"));
+            return Some(("PR_SET_TSC", format!("reading the time stamp counter is set to fault (PR_GET_TSC {tsc}); not restored")));
         }
         if r[1] >= 0 && r[1] as u64 != PR_MCE_KILL_DEFAULT {
-            return refuse(
+            return Some((
                 "PR_MCE_KILL",
                 format!("its memory-error kill policy is {} (not the default); not restored", r[1]),
-            );
+            ));
         }
         // With spec_store_bypass_disable=seccomp the kernel itself
         // force-disables speculation for seccomp'd threads; reinstalling
         // the filters does the same again.
-        let under_seccomp = seccomp_mode == "1" || seccomp_mode == "2";
+        let under_seccomp = self.seccomp_mode == "1" || self.seccomp_mode == "2";
         for (k, which) in [(2usize, 0u64), (3, 1), (4, 2)] {
             if r[k] >= 0 && r[k] != own_speculation(which) && !under_seccomp {
-                return refuse(
+                return Some((
                     "PR_SET_SPECULATION_CTRL",
                     format!(
                         "speculation control {which} is {:#x}, ferry's {:#x}; not restored",
                         r[k],
                         own_speculation(which)
                     ),
-                );
+                ));
             }
         }
         if r[5] > 0 {
-            return refuse("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into());
+            return Some(("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into()));
         }
+        None
+    }
+
+    /// The first of the thread's memory, CPU and scheduling features that
+    /// restore would lose (checked after `control_refusal`).
+    fn feature_refusal(&self) -> Option<(&'static str, String)> {
+        let r = &self.r;
         if r[6] > 0 {
-            return refuse(
+            return Some((
                 "PR_SET_MDWE",
                 format!("memory-deny-write-execute is on ({:#x}); not restored", r[6]),
-            );
+            ));
         }
         if r[7] > 0 {
-            return refuse(
+            return Some((
                 "PR_SET_MEMORY_MERGE",
                 "KSM merging is on for the whole process; not restored".into(),
-            );
+            ));
         }
         if r[8] == 0 {
-            return refuse(
+            return Some((
                 "ARCH_SET_CPUID",
                 "the cpuid instruction is set to fault; not restored".into(),
-            );
+            ));
         }
-        if r[9] >= 0 && shstk != 0 {
-            return refuse(
+        if r[9] >= 0 && self.shstk != 0 {
+            return Some((
                 "shadow stack",
-                format!("x86 shadow stack features {shstk:#x} are enabled; not restored"),
-            );
+                format!("x86 shadow stack features {:#x} are enabled; not restored", self.shstk),
+            ));
         }
-        if r[10] >= 0 && mempolicy != 0 {
-            return refuse(
+        if r[10] >= 0 && self.mempolicy != 0 {
+            return Some((
                 "NUMA memory policy",
-                format!("set_mempolicy mode {mempolicy} (not MPOL_DEFAULT); not restored"),
-            );
+                format!("set_mempolicy mode {} (not MPOL_DEFAULT); not restored", self.mempolicy),
+            ));
         }
-        if r[11] >= 0 && core_cookie != 0 {
-            return refuse(
+        if r[11] >= 0 && self.core_cookie != 0 {
+            return Some((
                 "PR_SCHED_CORE",
-                format!("core scheduling cookie {core_cookie:#x}; not restored"),
-            );
+                format!("core scheduling cookie {:#x}; not restored", self.core_cookie),
+            ));
         }
-        if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
-            if sud[0] != 0 {
-                return refuse(
-                    "PR_SET_SYSCALL_USER_DISPATCH",
-                    format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]),
-                );
-            }
-        }
+        None
     }
-    Ok(())
 }
 
 /// Credentials are per thread; restore gives every thread the leader's.

@@ -118,7 +118,7 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
-    let (files, fds, (unix_connects, pending_listeners, unix_creds)) =
+    let files::CapturedFds { files, fds, unix_connects, pending_listeners, unix_creds } =
         files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;

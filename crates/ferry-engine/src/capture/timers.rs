@@ -30,7 +30,38 @@ pub fn capture_itimers(ctx: &Ctx) -> Result<Vec<ITimer>> {
 
 pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
     let path = format!("/proc/{}/timers", ctx.pid);
-    let text = procfs::read_string(&path)?;
+    let timers = parse_timers(&procfs::read_string(&path)?);
+    let calls: Vec<Call> = timers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            [
+                Call::new(libc::SYS_timer_gettime, &[t.id as u64, ctx.data + i as u64 * 32]),
+                Call::new(libc::SYS_timer_getoverrun, &[t.id as u64]),
+            ]
+        })
+        .collect();
+    let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
+    let raw = ctx.remote.read(ctx.data, timers.len() * 32)?;
+    let mut out = Vec::new();
+    for (i, mut t) in timers.into_iter().enumerate() {
+        // A timer deleted just before the freeze can linger in /proc.
+        if results[i * 2] == -(libc::EINVAL as i64) {
+            continue;
+        }
+        check(ctx.pid, ctx.pid, &format!("timer_gettime({})", t.id), results[i * 2])?;
+        let w = words(&raw[i * 32..i * 32 + 32]);
+        t.interval_ns = w[0] * 1_000_000_000 + w[1];
+        t.value_ns = w[2] * 1_000_000_000 + w[3];
+        t.overrun = results[i * 2 + 1].max(0) as i32;
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// The timers /proc/PID/timers lists, without their times (read by
+/// timer_gettime in the process).
+fn parse_timers(text: &str) -> Vec<PosixTimer> {
     let mut timers = Vec::new();
     // Blocks start with an "ID:" line ("ClockID:" also contains "ID:").
     let mut blocks: Vec<String> = Vec::new();
@@ -67,30 +98,5 @@ pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
             overrun: 0,
         });
     }
-    let calls: Vec<Call> = timers
-        .iter()
-        .enumerate()
-        .flat_map(|(i, t)| {
-            [
-                Call::new(libc::SYS_timer_gettime, &[t.id as u64, ctx.data + i as u64 * 32]),
-                Call::new(libc::SYS_timer_getoverrun, &[t.id as u64]),
-            ]
-        })
-        .collect();
-    let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
-    let raw = ctx.remote.read(ctx.data, timers.len() * 32)?;
-    let mut out = Vec::new();
-    for (i, mut t) in timers.into_iter().enumerate() {
-        // A timer deleted just before the freeze can linger in /proc.
-        if results[i * 2] == -(libc::EINVAL as i64) {
-            continue;
-        }
-        check(ctx.pid, ctx.pid, &format!("timer_gettime({})", t.id), results[i * 2])?;
-        let w = words(&raw[i * 32..i * 32 + 32]);
-        t.interval_ns = w[0] * 1_000_000_000 + w[1];
-        t.value_ns = w[2] * 1_000_000_000 + w[3];
-        t.overrun = results[i * 2 + 1].max(0) as i32;
-        out.push(t);
-    }
-    Ok(out)
+    timers
 }

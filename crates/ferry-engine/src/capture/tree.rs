@@ -143,7 +143,7 @@ impl FrozenTree {
 
     /// Kills every process of the tree (children first) and waits until
     /// each has exited. Returns the PIDs that init (or a subreaper) reaps:
-    /// all but the root's, which its own parent reaps (see [`wait_reaped`]).
+    /// all but the root's, which its own parent reaps (see [`crate::procfs::wait_reaped`]).
     pub fn kill(self) -> Result<Vec<i32>> {
         let mut first = None;
         let pids: Vec<i32> = self.pids().into_iter().skip(1).collect();
@@ -153,20 +153,5 @@ impl FrozenTree {
             }
         }
         first.map_or(Ok(pids), Err)
-    }
-}
-
-/// Waits (at most `limit`) until none of `pids` exists any more, not even
-/// as a zombie. Returns whether they are all gone.
-pub fn wait_reaped(pids: &[i32], limit: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }

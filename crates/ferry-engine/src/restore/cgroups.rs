@@ -108,7 +108,7 @@ fn directory(m: &CgroupMembership, hierarchies: &[Hierarchy]) -> Option<PathBuf>
 /// Moves `pid` (one thread yet) into every recorded cgroup it is not in.
 pub fn join(pid: i32, recorded: &ProcessCgroups, hierarchies: &[Hierarchy]) -> Result<()> {
     let now_text = crate::procfs::read_string(&format!("/proc/{pid}/cgroup"))?;
-    let now = crate::capture::cgroups_parse(&now_text).unwrap_or_default();
+    let now = crate::procfs::parse_cgroup(&now_text).unwrap_or_default();
     for m in &recorded.memberships {
         let current = now
             .iter()

@@ -152,10 +152,33 @@ pub fn make_zombie(
     leaders: &std::collections::HashSet<i32>,
 ) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
-    let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
-    // Its own session or process group, or the group of another process
-    // of the tree, before it exits: waitpid(-pgid) and kill(-pgid) find
-    // zombies by group (the checkpoint refused any other case).
+    join_zombie_group(parent, z, child, leaders)?;
+    // No core file for a zombie that died of a signal.
+    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
+    let_zombie_exit(parent, z, child)?;
+    // The zombie is the parent's to reap; wait until it is one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if crate::procfs::state(z.pid) == Some('Z') {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(EngineError::restore(z.pid, "zombie did not exit"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    take_sigchld_back(parent)
+}
+
+/// Its own session or process group, or the group of another process
+/// of the tree, before it exits: waitpid(-pgid) and kill(-pgid) find
+/// zombies by group (the checkpoint refused any other case).
+fn join_zombie_group(
+    parent: &Session,
+    z: &Zombie,
+    child: i32,
+    leaders: &std::collections::HashSet<i32>,
+) -> Result<()> {
     let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
     if z.sid == z.pid {
         own.call(child, "setsid", libc::SYS_setsid, &[])?;
@@ -171,8 +194,13 @@ pub fn make_zombie(
         let to = if z.pgid == z.pid { 0 } else { z.pgid as u64 };
         own.call(child, &format!("setpgid(0, {})", z.pgid), libc::SYS_setpgid, &[0, to])?;
     }
-    // No core file for a zombie that died of a signal.
-    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
+    Ok(())
+}
+
+/// Lets the stopped child exit as the zombie did: exit_group with its
+/// status, or the signal that killed it.
+fn let_zombie_exit(parent: &Session, z: &Zombie, child: i32) -> Result<()> {
+    let kerr = |what: &str, e| EngineError::kernel(z.pid, format!("zombie: {what}"), e);
     let sig = z.wait_status & 0x7f;
     if sig == 0 {
         let mut regs = ptrace::get_regs(child).map_err(|e| kerr("reading registers", e))?;
@@ -192,18 +220,12 @@ pub fn make_zombie(
         ferry_sys::process::kill(child, sig).map_err(|e| kerr("sending its signal", e))?;
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     }
-    // The zombie is the parent's to reap; wait until it is one.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        if crate::procfs::state(z.pid) == Some('Z') {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(EngineError::restore(z.pid, "zombie did not exit"));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    // rt_sigtimedwait({SIGCHLD}, NULL, {0, 0}): take the SIGCHLD back.
+    Ok(())
+}
+
+/// rt_sigtimedwait({SIGCHLD}, NULL, {0, 0}) in the parent: take the
+/// SIGCHLD of the zombie's exit back.
+fn take_sigchld_back(parent: &mut Session) -> Result<()> {
     let mask = 1u64 << (libc::SIGCHLD - 1);
     let mut data = mask.to_le_bytes().to_vec();
     data.extend_from_slice(&[0u8; 16]);

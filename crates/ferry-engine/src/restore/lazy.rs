@@ -59,26 +59,7 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
             ),
         ));
     }
-    let pm_path = format!("/proc/{pid}/pagemap");
-    let pm: OwnedFd =
-        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
-    let filter = pagemap::ScanFilter {
-        required: 0,
-        inverted: 0,
-        any_of: pagemap::PAGE_IS_PRESENT | pagemap::PAGE_IS_SWAPPED,
-    };
-    for &(a, n) in lazy {
-        let present = pagemap::scan(&pm, a, a + n * PAGE, filter)
-            .map_err(|e| EngineError::kernel(pid, format!("scanning lazy pages at {a:#x}"), e))?;
-        if let Some(&(p, _)) = present.first() {
-            return Err(EngineError::restore(
-                pid,
-                format!(
-                    "lazy page {p:#x} was populated during the restore, before its content arrived"
-                ),
-            ));
-        }
-    }
+    check_not_populated(pid, lazy)?;
     for v in vmas {
         let i = lazy.partition_point(|&(a, n)| a + n * PAGE <= v.start);
         let holds = lazy.get(i).is_some_and(|&(a, _)| a < v.end);
@@ -111,6 +92,32 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
             return Err(EngineError::restore(
                 pid,
                 format!("mapping {:#x}-{:#x}: UFFDIO_COPY is not available", v.start, v.end),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// No lazy page may have been populated yet: its content would then be
+/// whatever the restore left there, not the checkpointed one.
+fn check_not_populated(pid: i32, lazy: &[(u64, u64)]) -> Result<()> {
+    let pm_path = format!("/proc/{pid}/pagemap");
+    let pm: OwnedFd =
+        std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
+    let filter = pagemap::ScanFilter {
+        required: 0,
+        inverted: 0,
+        any_of: pagemap::PAGE_IS_PRESENT | pagemap::PAGE_IS_SWAPPED,
+    };
+    for &(a, n) in lazy {
+        let present = pagemap::scan(&pm, a, a + n * PAGE, filter)
+            .map_err(|e| EngineError::kernel(pid, format!("scanning lazy pages at {a:#x}"), e))?;
+        if let Some(&(p, _)) = present.first() {
+            return Err(EngineError::restore(
+                pid,
+                format!(
+                    "lazy page {p:#x} was populated during the restore, before its content arrived"
+                ),
             ));
         }
     }

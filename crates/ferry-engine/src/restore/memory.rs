@@ -173,17 +173,7 @@ pub fn map_all(
                 // shmat maps the whole segment at the address; the image's
                 // protection of each part is set afterwards.
                 if v.pgoff == 0 {
-                    let mut flags = SHM_REMAP;
-                    if v.prot & PROT_WRITE == 0 {
-                        flags |= libc::SHM_RDONLY as u64;
-                    }
-                    if v.prot & ferry_image::PROT_EXEC != 0 {
-                        flags |= SHM_EXEC;
-                    }
-                    calls.push((
-                        format!("shmat(segment {id} at {:#x})", v.start),
-                        Call::new(libc::SYS_shmat, &[*id as u64, v.start, flags]),
-                    ));
+                    calls.push(shmat_call(v, *id));
                 }
                 reprotect.push((v.start, v.end - v.start, v.prot));
                 continue;
@@ -197,44 +187,71 @@ pub fn map_all(
             prot |= PROT_WRITE | ferry_image::PROT_READ;
             reprotect.push((v.start, v.end - v.start, v.prot));
         }
-        let mut flags = MAP_FIXED_NOREPLACE
-            | if v.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
-        if fd < 0 {
-            flags |= libc::MAP_ANONYMOUS as u64;
-        }
-        if v.flags & vmflag::GROWSDOWN != 0 {
-            flags |= libc::MAP_GROWSDOWN as u64;
-        }
-        if v.flags & vmflag::NORESERVE != 0 {
-            flags |= libc::MAP_NORESERVE as u64;
-        }
-        let pgoff = if fd < 0 { 0 } else { v.pgoff };
-        calls.push((
-            format!("mmap({:#x}-{:#x})", v.start, v.end),
-            Call::new(
-                libc::SYS_mmap,
-                &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff],
-            ),
-        ));
-        for (bit, advice) in [
-            (vmflag::DONTFORK, libc::MADV_DONTFORK),
-            (vmflag::DONTDUMP, libc::MADV_DONTDUMP),
-            (vmflag::WIPEONFORK, libc::MADV_WIPEONFORK),
-            (vmflag::HUGEPAGE, libc::MADV_HUGEPAGE),
-            (vmflag::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
-            (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
-        ] {
-            if v.flags & bit != 0 {
-                calls.push((
-                    format!("madvise({:#x}, {advice})", v.start),
-                    Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64]),
-                ));
-            }
-        }
+        calls.push(mmap_call(v, fd, prot));
+        calls.extend(madvise_calls(v));
     }
     // MAP_FIXED_NOREPLACE: a mapping that lands anywhere else fails with EEXIST.
     s.run(s.pid, &calls)?;
     Ok(reprotect)
+}
+
+/// shmat of System V segment `id` at the mapping's address.
+fn shmat_call(v: &Vma, id: i32) -> (String, Call) {
+    let mut flags = SHM_REMAP;
+    if v.prot & PROT_WRITE == 0 {
+        flags |= libc::SHM_RDONLY as u64;
+    }
+    if v.prot & ferry_image::PROT_EXEC != 0 {
+        flags |= SHM_EXEC;
+    }
+    (
+        format!("shmat(segment {id} at {:#x})", v.start),
+        Call::new(libc::SYS_shmat, &[id as u64, v.start, flags]),
+    )
+}
+
+/// mmap of the mapping at its address, from `fd` (-1: anonymous) with
+/// protection `prot`.
+fn mmap_call(v: &Vma, fd: i64, prot: u8) -> (String, Call) {
+    let mut flags =
+        MAP_FIXED_NOREPLACE | if v.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64;
+    if fd < 0 {
+        flags |= libc::MAP_ANONYMOUS as u64;
+    }
+    if v.flags & vmflag::GROWSDOWN != 0 {
+        flags |= libc::MAP_GROWSDOWN as u64;
+    }
+    if v.flags & vmflag::NORESERVE != 0 {
+        flags |= libc::MAP_NORESERVE as u64;
+    }
+    let pgoff = if fd < 0 { 0 } else { v.pgoff };
+    (
+        format!("mmap({:#x}-{:#x})", v.start, v.end),
+        Call::new(
+            libc::SYS_mmap,
+            &[v.start, v.end - v.start, prot as u64, flags, fd as u64, pgoff],
+        ),
+    )
+}
+
+/// The madvise calls that give the mapping its recorded VM flags back.
+fn madvise_calls(v: &Vma) -> impl Iterator<Item = (String, Call)> + '_ {
+    [
+        (vmflag::DONTFORK, libc::MADV_DONTFORK),
+        (vmflag::DONTDUMP, libc::MADV_DONTDUMP),
+        (vmflag::WIPEONFORK, libc::MADV_WIPEONFORK),
+        (vmflag::HUGEPAGE, libc::MADV_HUGEPAGE),
+        (vmflag::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
+        (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
+    ]
+    .into_iter()
+    .filter(|&(bit, _)| v.flags & bit != 0)
+    .map(|(_, advice)| {
+        (
+            format!("madvise({:#x}, {advice})", v.start),
+            Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64]),
+        )
+    })
 }
 
 const SHM_REMAP: u64 = 0o40000;
@@ -333,45 +350,12 @@ pub fn write_pages_in(
         return write_pages(s.pid, runs, data, progress);
     };
     let pid = s.pid;
-    let mut registered = Vec::new();
-    let mut ok = true;
-    for &(a, e) in &areas {
-        match uffd::register(uffd.as_fd(), a, e - a, uffd::UFFDIO_REGISTER_MODE_MISSING) {
-            Ok(ioctls) if ioctls & (1 << 0x03) != 0 => registered.push((a, e)),
-            Ok(_) => {
-                registered.push((a, e));
-                ok = false;
-                break;
-            }
-            Err(_) => {
-                ok = false;
-                break;
-            }
-        }
-    }
+    let Registered { areas: registered, all_copy: ok } = register_all(uffd.as_fd(), &areas);
     let result = if ok {
-        // Runs inside a registered mapping go through the userfaultfd.
-        let (via_uffd, other): (Vec<PageRun>, Vec<PageRun>) = runs.iter().partition(|r| {
-            let k = areas.partition_point(|&(_, e)| e <= r.start);
-            areas.get(k).is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
-        });
         let counter = crate::ProgressCounter::new(progress, total);
-        let counter = &counter;
-        let fd = uffd.as_fd();
         let workers = if total < (16 << 20) { 1 } else { crate::worker_threads() };
-        let parts = split_runs(&via_uffd, workers);
-        std::thread::scope(|sc| {
-            let handles: Vec<_> = parts
-                .into_iter()
-                .map(|part| sc.spawn(move || copy_runs(pid, fd, part, data, counter)))
-                .collect();
-            let r = if other.is_empty() { Ok(()) } else { write_runs(pid, &other, data, counter) };
-            handles.into_iter().fold(r, |acc, h| {
-                acc.and(h.join().unwrap_or_else(|_| {
-                    Err(EngineError::restore(pid, "page copy thread panicked"))
-                }))
-            })
-        })
+        let to = UffdTarget { pid, fd: uffd.as_fd(), areas: &areas };
+        copy_via_uffd(&to, runs, data, &counter, workers)
     } else {
         Ok(())
     };
@@ -391,6 +375,69 @@ pub fn write_pages_in(
         return write_pages(pid, runs, data, progress);
     }
     Ok(())
+}
+
+/// The mappings registered with a userfaultfd, and whether all were and
+/// each allows UFFDIO_COPY.
+struct Registered {
+    areas: Vec<(u64, u64)>,
+    all_copy: bool,
+}
+
+/// Registers `areas` for missing-page faults, stopping at the first that
+/// cannot be or does not allow UFFDIO_COPY.
+fn register_all(fd: std::os::fd::BorrowedFd<'_>, areas: &[(u64, u64)]) -> Registered {
+    let mut registered = Vec::new();
+    for &(a, e) in areas {
+        match uffd::register(fd, a, e - a, uffd::UFFDIO_REGISTER_MODE_MISSING) {
+            Ok(ioctls) if ioctls & (1 << 0x03) != 0 => registered.push((a, e)),
+            Ok(_) => {
+                registered.push((a, e));
+                return Registered { areas: registered, all_copy: false };
+            }
+            Err(_) => return Registered { areas: registered, all_copy: false },
+        }
+    }
+    Registered { areas: registered, all_copy: true }
+}
+
+/// A process's userfaultfd and the (sorted) mappings registered with it.
+struct UffdTarget<'a> {
+    pid: i32,
+    fd: std::os::fd::BorrowedFd<'a>,
+    areas: &'a [(u64, u64)],
+}
+
+/// Writes `runs`: those inside a registered mapping through the
+/// userfaultfd on `workers` threads, the others with process_vm_writev.
+fn copy_via_uffd(
+    to: &UffdTarget,
+    runs: &[PageRun],
+    data: &[u8],
+    counter: &crate::ProgressCounter,
+    workers: usize,
+) -> Result<()> {
+    let (pid, fd, areas) = (to.pid, to.fd, to.areas);
+    // Runs inside a registered mapping go through the userfaultfd.
+    let (via_uffd, other): (Vec<PageRun>, Vec<PageRun>) = runs.iter().partition(|r| {
+        let k = areas.partition_point(|&(_, e)| e <= r.start);
+        areas.get(k).is_some_and(|&(a, e)| a <= r.start && r.start + r.pages * 4096 <= e)
+    });
+    let parts = split_runs(&via_uffd, workers);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| sc.spawn(move || copy_runs(pid, fd, part, data, counter)))
+            .collect();
+        let r = if other.is_empty() { Ok(()) } else { write_runs(pid, &other, data, counter) };
+        handles.into_iter().fold(r, |acc, h| {
+            acc.and(
+                h.join().unwrap_or_else(|_| {
+                    Err(EngineError::restore(pid, "page copy thread panicked"))
+                }),
+            )
+        })
+    })
 }
 
 /// A userfaultfd of the process's address space: `userfaultfd()` run

@@ -62,12 +62,6 @@ pub fn restore_dumpable(s: &mut Session) -> Result<()> {
 /// inheritable); the image's securebits (needs CAP_SETPCAP); the final
 /// capset, which only lowers.
 pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
-    const PR_CAPBSET_DROP: u64 = 24;
-    const PR_SET_SECUREBITS: u64 = 28;
-    const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
-    const PR_CAP_AMBIENT: u64 = 47;
-    const PR_CAP_AMBIENT_RAISE: u64 = 2;
-    const CAPABILITY_V3: u32 = 0x2008_0522;
     let c = s.image.creds.clone();
     let securebits = s.image.fidelity.securebits;
     let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
@@ -87,20 +81,34 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     {
         return Ok(());
     }
-    // struct __user_cap_header_struct + __user_cap_data_struct[2]:
-    // {effective, permitted, inheritable} for bits 0-31, then 32-63.
-    let capset = |e: u64, p: u64, i: u64| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&CAPABILITY_V3.to_le_bytes());
-        v.extend_from_slice(&0i32.to_le_bytes());
-        for shift in [0u32, 32] {
-            for set in [e, p, i] {
-                v.extend_from_slice(&((set >> shift) as u32).to_le_bytes());
-            }
+    write_cred_args(s, &c, all)?;
+    let calls = cred_calls(s.data, &c, last_cap, securebits);
+    for &tid in tids {
+        s.run(tid, &calls)?;
+    }
+    check_fs_ids(s.pid, &c)
+}
+
+/// struct __user_cap_header_struct + __user_cap_data_struct[2]:
+/// {effective, permitted, inheritable} for bits 0-31, then 32-63.
+fn capset_arg(e: u64, p: u64, i: u64) -> Vec<u8> {
+    const CAPABILITY_V3: u32 = 0x2008_0522;
+    let mut v = Vec::new();
+    v.extend_from_slice(&CAPABILITY_V3.to_le_bytes());
+    v.extend_from_slice(&0i32.to_le_bytes());
+    for shift in [0u32, 32] {
+        for set in [e, p, i] {
+            v.extend_from_slice(&((set >> shift) as u32).to_le_bytes());
         }
-        v
-    };
-    // Argument area: groups at 0, first capset at 4096, final one at 4096 + 64.
+    }
+    v
+}
+
+/// Writes the arguments of `cred_calls` into the process's argument area:
+/// groups at 0, first capset at 4096, final one at 4096 + 64. `all` is
+/// every capability the kernel has.
+fn write_cred_args(s: &mut Session, c: &ferry_image::Creds, all: u64) -> Result<()> {
+    let caps = c.caps;
     let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
     s.remote.write(s.data, &groups)?;
     // What the restored process has now (ferry's own sets, which may be
@@ -112,9 +120,26 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         .find_map(|l| l.strip_prefix("CapPrm:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(all);
-    s.remote.write(s.data + 4096, &capset(now_permitted, now_permitted, caps.inheritable))?;
+    s.remote.write(s.data + 4096, &capset_arg(now_permitted, now_permitted, caps.inheritable))?;
     s.remote
-        .write(s.data + 4096 + 64, &capset(caps.effective, caps.permitted, caps.inheritable))?;
+        .write(s.data + 4096 + 64, &capset_arg(caps.effective, caps.permitted, caps.inheritable))?;
+    Ok(())
+}
+
+/// The calls each thread makes to take the recorded credentials, with
+/// their arguments at `data` (see `write_cred_args`).
+fn cred_calls(
+    data: u64,
+    c: &ferry_image::Creds,
+    last_cap: u32,
+    securebits: u32,
+) -> Vec<(String, Call)> {
+    const PR_CAPBSET_DROP: u64 = 24;
+    const PR_SET_SECUREBITS: u64 = 28;
+    const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
+    const PR_CAP_AMBIENT: u64 = 47;
+    const PR_CAP_AMBIENT_RAISE: u64 = 2;
+    let caps = c.caps;
     let mut calls: Vec<(String, Call)> = Vec::new();
     for cap in 0..=u64::from(last_cap) {
         if caps.bounding & (1 << cap) == 0 {
@@ -128,10 +153,8 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         "prctl(PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP)".into(),
         Call::new(libc::SYS_prctl, &[PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP]),
     ));
-    calls.push((
-        "setgroups".into(),
-        Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, s.data]),
-    ));
+    calls
+        .push(("setgroups".into(), Call::new(libc::SYS_setgroups, &[c.groups.len() as u64, data])));
     calls.push((
         "setresgid".into(),
         Call::new(libc::SYS_setresgid, &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64]),
@@ -145,7 +168,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     calls.push(("setfsuid".into(), Call::new(libc::SYS_setfsuid, &[c.uids[3] as u64])));
     calls.push((
         "capset(inheritable)".into(),
-        Call::new(libc::SYS_capset, &[s.data + 4096, s.data + 4096 + 8]),
+        Call::new(libc::SYS_capset, &[data + 4096, data + 4096 + 8]),
     ));
     for cap in 0..=u64::from(last_cap) {
         if caps.ambient & (1 << cap) != 0 {
@@ -161,13 +184,14 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     ));
     calls.push((
         "capset".into(),
-        Call::new(libc::SYS_capset, &[s.data + 4096 + 64, s.data + 4096 + 64 + 8]),
+        Call::new(libc::SYS_capset, &[data + 4096 + 64, data + 4096 + 64 + 8]),
     ));
-    for &tid in tids {
-        s.run(tid, &calls)?;
-    }
-    // setfsuid cannot fail loudly: check what it did.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).unwrap_or_default();
+    calls
+}
+
+/// setfsuid cannot fail loudly: check what it did.
+fn check_fs_ids(pid: i32, c: &ferry_image::Creds) -> Result<()> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let fs_of = |key: &str| {
         status
             .lines()
@@ -177,7 +201,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     };
     if fs_of("Uid:") != Some(c.uids[3]) || fs_of("Gid:") != Some(c.gids[3]) {
         return Err(EngineError::restore(
-            s.pid,
+            pid,
             format!("filesystem uid/gid could not be set to {}/{}", c.uids[3], c.gids[3]),
         ));
     }

@@ -37,7 +37,7 @@ impl Staged {
 pub(super) fn check_pids_free(tree: &TreeImage) -> Result<()> {
     for id in super::tree_ids(tree) {
         if crate::procfs::state(id) == Some('Z') {
-            crate::capture::tree::wait_reaped(&[id], std::time::Duration::from_secs(5));
+            crate::procfs::wait_reaped(&[id], std::time::Duration::from_secs(5));
         }
         if let Some(comm) = super::pid_owner(id) {
             return Err(EngineError::PidTaken { pid: id, comm });

@@ -80,8 +80,27 @@ fn sysctl_text(path: &str) -> Option<String> {
 /// auto-tuned after restore.
 fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_)> {
     use Default_::*;
-    let int = |v: Option<i32>| v.map_or(Unknown, Int);
-    let mut v = vec![
+    let mut v = socket_defaults();
+    if family == libc::AF_INET {
+        v.extend(ipv4_defaults());
+    } else {
+        v.extend(ipv6_defaults());
+    }
+    if tcp {
+        v.extend(tcp_defaults(state));
+    }
+    // After IP_TOS, which may change it.
+    v.push((libc::SOL_SOCKET, libc::SO_PRIORITY, Zero));
+    v
+}
+
+fn sysctl_default(path: &str) -> Default_ {
+    sysctl_int(path, 0).map_or(Default_::Unknown, Default_::Int)
+}
+
+fn socket_defaults() -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    vec![
         (libc::SOL_SOCKET, libc::SO_REUSEADDR, Zero),
         (libc::SOL_SOCKET, libc::SO_REUSEPORT, Zero),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, Zero),
@@ -97,57 +116,64 @@ fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_
         (libc::SOL_SOCKET, libc::SO_TIMESTAMP, Zero),
         (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, Zero),
         (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, Zero),
-    ];
-    if family == libc::AF_INET {
-        v.push((libc::IPPROTO_IP, libc::IP_TOS, Zero));
-        v.push((
-            libc::IPPROTO_IP,
-            libc::IP_TTL,
-            int(sysctl_int("/proc/sys/net/ipv4/ip_default_ttl", 0)),
-        ));
-        v.push((libc::IPPROTO_IP, libc::IP_FREEBIND, Zero));
-        v.push((libc::IPPROTO_IP, libc::IP_TRANSPARENT, Zero));
-        v.push((libc::IPPROTO_IP, libc::IP_PKTINFO, Zero));
-        v.push((libc::IPPROTO_IP, libc::IP_RECVTOS, Zero));
-        v.push((libc::IPPROTO_IP, libc::IP_RECVERR, Zero));
-        let pmtu = if sysctl_int("/proc/sys/net/ipv4/ip_no_pmtu_disc", 0) == Some(0) {
-            Int(libc::IP_PMTUDISC_WANT)
-        } else {
-            Unknown
-        };
-        v.push((libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, pmtu));
+    ]
+}
+
+fn ipv4_defaults() -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    let pmtu = if sysctl_int("/proc/sys/net/ipv4/ip_no_pmtu_disc", 0) == Some(0) {
+        Int(libc::IP_PMTUDISC_WANT)
     } else {
-        v.push((libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Int(-1)));
-        v.push((libc::IPPROTO_IPV6, libc::IPV6_TCLASS, Zero));
-        v.push((libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, Zero));
-        v.push((libc::IPPROTO_IPV6, libc::IPV6_RECVERR, Zero));
-    }
-    if tcp {
-        let ka = |f: &str| int(sysctl_int(&format!("/proc/sys/net/ipv4/{f}"), 0));
-        v.push((libc::IPPROTO_TCP, libc::TCP_NODELAY, Zero));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ka("tcp_keepalive_time")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, ka("tcp_keepalive_intvl")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_KEEPCNT, ka("tcp_keepalive_probes")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_SYNCNT, ka("tcp_syn_retries")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_LINGER2, ka("tcp_fin_timeout")));
-        v.push((libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, Zero));
-        v.push((libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, Zero));
+        Unknown
+    };
+    vec![
+        (libc::IPPROTO_IP, libc::IP_TOS, Zero),
+        (libc::IPPROTO_IP, libc::IP_TTL, sysctl_default("/proc/sys/net/ipv4/ip_default_ttl")),
+        (libc::IPPROTO_IP, libc::IP_FREEBIND, Zero),
+        (libc::IPPROTO_IP, libc::IP_TRANSPARENT, Zero),
+        (libc::IPPROTO_IP, libc::IP_PKTINFO, Zero),
+        (libc::IPPROTO_IP, libc::IP_RECVTOS, Zero),
+        (libc::IPPROTO_IP, libc::IP_RECVERR, Zero),
+        (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, pmtu),
+    ]
+}
+
+fn ipv6_defaults() -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    vec![
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Int(-1)),
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR, Zero),
+    ]
+}
+
+fn tcp_defaults(state: u8) -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    let ka = |f: &str| sysctl_default(&format!("/proc/sys/net/ipv4/{f}"));
+    let cc = sysctl_text("/proc/sys/net/ipv4/tcp_congestion_control").map_or(Unknown, Text);
+    let mut v = vec![
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY, Zero),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ka("tcp_keepalive_time")),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, ka("tcp_keepalive_intvl")),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, ka("tcp_keepalive_probes")),
+        (libc::IPPROTO_TCP, libc::TCP_SYNCNT, ka("tcp_syn_retries")),
+        (libc::IPPROTO_TCP, libc::TCP_LINGER2, ka("tcp_fin_timeout")),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, Zero),
+        (libc::IPPROTO_TCP, libc::TCP_THIN_LINEAR_TIMEOUTS, Zero),
         // 0 means "the sysctl default" here.
-        v.push((libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, Zero));
-        v.push((libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, Zero));
-        v.push((libc::IPPROTO_TCP, libc::TCP_FASTOPEN, Zero));
-        let cc = sysctl_text("/proc/sys/net/ipv4/tcp_congestion_control").map_or(Unknown, Text);
-        v.push((libc::IPPROTO_TCP, libc::TCP_CONGESTION, cc));
-        if state == TCP_CLOSE || state == TCP_LISTEN {
-            // The MSS the application asked for; a connection's own MSS
-            // is part of its repair state instead.
-            v.push((libc::IPPROTO_TCP, libc::TCP_MAXSEG, Int(536)));
-        }
-        // Cork last: restore sets it after the send queue is refilled.
-        v.push((libc::IPPROTO_TCP, libc::TCP_CORK, Zero));
+        (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, Zero),
+        (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, Zero),
+        (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, Zero),
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION, cc),
+    ];
+    if state == TCP_CLOSE || state == TCP_LISTEN {
+        // The MSS the application asked for; a connection's own MSS
+        // is part of its repair state instead.
+        v.push((libc::IPPROTO_TCP, libc::TCP_MAXSEG, Int(536)));
     }
-    // After IP_TOS, which may change it.
-    v.push((libc::SOL_SOCKET, libc::SO_PRIORITY, Zero));
+    // Cork last: restore sets it after the send queue is refilled.
+    v.push((libc::IPPROTO_TCP, libc::TCP_CORK, Zero));
     v
 }
 
@@ -205,6 +231,42 @@ fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt>
     options
 }
 
+/// A TCP socket's state, and its backlog if it listens.
+struct TcpState {
+    state: u8,
+    listen_backlog: Option<i32>,
+}
+
+/// Only listeners and established or closed sockets are captured: the
+/// others are refused as busy.
+fn tcp_state(info: &FdInfo, fd: RawFd, peer: Option<SocketAddr>) -> Result<TcpState> {
+    let ti = socket::tcp_info(fd).map_err(|_| info.unsupported("cannot read TCP_INFO"))?;
+    let state = ti.tcpi_state;
+    match state {
+        TCP_LISTEN => {
+            // For a listener the kernel reports the accept queue in
+            // tcpi_unacked and its limit (the listen backlog) in
+            // tcpi_sacked.
+            if ti.tcpi_unacked > 0 {
+                return Err(
+                    info.busy(format!("{} connections wait in its accept queue", ti.tcpi_unacked))
+                );
+            }
+            Ok(TcpState { state, listen_backlog: Some(ti.tcpi_sacked as i32) })
+        }
+        TCP_ESTABLISHED | TCP_CLOSE => Ok(TcpState { state, listen_backlog: None }),
+        other => {
+            let to = peer.map(|p| format!(" to {p}")).unwrap_or_default();
+            // Opening and closing states move on by themselves (the
+            // service closes a connection its client closed).
+            Err(info.busy(format!(
+                "TCP connection{to} in state {} (only established connections can be restored)",
+                tcp_state_name(other)
+            )))
+        }
+    }
+}
+
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let sock = info.dup()?;
     let fd = sock.as_raw_fd();
@@ -231,36 +293,11 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         return Err(info.unsupported("only TCP and UDP sockets are supported"));
     }
     let peer = socket::address(fd, true).ok().flatten();
-    let mut state = TCP_CLOSE;
-    let mut listen_backlog = None;
-    if tcp {
-        let ti = socket::tcp_info(fd).map_err(|_| info.unsupported("cannot read TCP_INFO"))?;
-        state = ti.tcpi_state;
-        match state {
-            TCP_LISTEN => {
-                // For a listener the kernel reports the accept queue in
-                // tcpi_unacked and its limit (the listen backlog) in
-                // tcpi_sacked.
-                if ti.tcpi_unacked > 0 {
-                    return Err(info.busy(format!(
-                        "{} connections wait in its accept queue",
-                        ti.tcpi_unacked
-                    )));
-                }
-                listen_backlog = Some(ti.tcpi_sacked as i32);
-            }
-            TCP_ESTABLISHED | TCP_CLOSE => {}
-            other => {
-                let to = peer.map(|p| format!(" to {p}")).unwrap_or_default();
-                // Opening and closing states move on by themselves (the
-                // service closes a connection its client closed).
-                return Err(info.busy(format!(
-                    "TCP connection{to} in state {} (only established connections can be restored)",
-                    tcp_state_name(other)
-                )));
-            }
-        }
-    }
+    let TcpState { state, listen_backlog } = if tcp {
+        tcp_state(info, fd, peer)?
+    } else {
+        TcpState { state: TCP_CLOSE, listen_backlog: None }
+    };
     if udp {
         let queued = ferry_sys::fd::bytes_readable(fd).unwrap_or(0);
         if queued > 0 {

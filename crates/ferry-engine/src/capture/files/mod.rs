@@ -10,7 +10,7 @@ mod locks;
 pub(crate) mod owner;
 mod pipe;
 mod regular;
-pub(crate) use regular::{check_deleted_mapped, is_plain_device};
+pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
@@ -120,26 +120,31 @@ fn leads_out(info: &FdInfo) -> bool {
     true
 }
 
-/// Captures all fds of `pid`. Returns the open file descriptions and the
-/// fd table pointing into them. Descriptions get ids unique in this
+/// One process's fds as captured: the open file descriptions and the fd
+/// table pointing into them, with the pending unix connections (clients
+/// waiting in an accept queue), the files of listeners with one waiting
+/// and SO_PEERCRED of the connected unix sockets.
+pub struct CapturedFds {
+    pub files: Vec<OpenFile>,
+    pub fds: Vec<FdSlot>,
+    pub unix_connects: Vec<ferry_image::UnixConnect>,
+    pub pending_listeners: Vec<u32>,
+    pub unix_creds: Vec<ferry_image::UnixPeerCred>,
+}
+
+/// Captures all fds of `pid`. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree.
 ///
 /// Three passes, so that a process with 10,000 sockets is read on every
 /// worker thread: what each fd is (parallel), which fds share a
 /// description (kcmp, in order), and the capture of each description
 /// (parallel; errors are reported for the lowest fd).
-///
-/// Also returns the pending unix connections (clients waiting in an accept
-/// queue), the files of listeners with one waiting and SO_PEERCRED of
-/// the connected unix sockets.
-pub type PendingUnix = (Vec<ferry_image::UnixConnect>, Vec<u32>, Vec<ferry_image::UnixPeerCred>);
-
 pub fn capture(
     pid: i32,
     pidfd: &OwnedFd,
     tree: &[i32],
     external_stdio: bool,
-) -> Result<(Vec<OpenFile>, Vec<FdSlot>, PendingUnix)> {
+) -> Result<CapturedFds> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -147,7 +152,6 @@ pub fn capture(
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
-    let mut pending_listeners: Vec<u32> = Vec::new();
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
@@ -155,13 +159,45 @@ pub fn capture(
             .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
         Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
     })?;
+    let table = share_descriptions(pid, &infos);
+    let files = capture_descriptions(&table.unique, external_stdio)?;
+    let pending_listeners = unix_tables
+        .take_listeners_with_pending()
+        .into_iter()
+        .filter_map(|l| {
+            files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
+        })
+        .map(|i| i as u32)
+        .collect();
+    let unix_connects = unix_tables
+        .take_pending()
+        .into_iter()
+        .filter_map(|(client, listener, position)| {
+            let file = files
+                .iter()
+                .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
+            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
+        })
+        .collect();
+    let unix_creds = unix_tables.take_peer_creds();
+    Ok(CapturedFds { files, fds: table.slots, unix_connects, pending_listeners, unix_creds })
+}
 
+/// A process's fd table, and the fds whose descriptions it captures (one
+/// per description, the lowest fd; `slots` index into it).
+struct FdTable<'i, 'a> {
+    slots: Vec<FdSlot>,
+    unique: Vec<&'i FdInfo<'a>>,
+}
+
+/// Which fds share a description: same (dev, ino) and kcmp says so.
+fn share_descriptions<'i, 'a>(pid: i32, infos: &'i [FdInfo<'a>]) -> FdTable<'i, 'a> {
     // (dev, ino) -> (file index, a representative fd), for sharing detection.
     let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> =
         std::collections::HashMap::new();
     let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
     let mut unique: Vec<&FdInfo> = Vec::new();
-    for info in &infos {
+    for info in infos {
         let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let (dev, ino) = (info.meta.dev(), info.meta.ino());
         let mut shared_with = None;
@@ -179,8 +215,12 @@ pub fn capture(
         });
         slots.push(FdSlot { fd: info.fd, file, cloexec: flags & libc::O_CLOEXEC != 0 });
     }
+    FdTable { slots, unique }
+}
 
-    let files = crate::parallel::map(&unique, |info| {
+/// The capture of each description (in parallel), ids by position.
+fn capture_descriptions(unique: &[&FdInfo], external_stdio: bool) -> Result<Vec<OpenFile>> {
+    let files = crate::parallel::map(unique, |info| {
         let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
         let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
         let stdio_link =
@@ -193,29 +233,11 @@ pub fn capture(
         let locks = locks::parse(info)?;
         Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
     })?;
-    let files: Vec<OpenFile> = files
+    Ok(files
         .into_iter()
         .enumerate()
         .map(|(i, (flags, pos, kind, locks))| OpenFile { id: i as u64, flags, pos, kind, locks })
-        .collect();
-    for l in unix_tables.take_listeners_with_pending() {
-        if let Some(i) =
-            files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
-        {
-            pending_listeners.push(i as u32);
-        }
-    }
-    let connects = unix_tables
-        .take_pending()
-        .into_iter()
-        .filter_map(|(client, listener, position)| {
-            let file = files
-                .iter()
-                .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
-            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
-        })
-        .collect();
-    Ok((files, slots, (connects, pending_listeners, unix_tables.take_peer_creds())))
+        .collect())
 }
 
 /// The lowest fd number that points at each file of a table, by file
@@ -244,55 +266,7 @@ pub fn link_tree(
     tree: &[i32],
     unix_creds: &[ferry_image::UnixPeerCred],
 ) -> Result<()> {
-    // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
-    type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
-    let mut seen: Holders = std::collections::HashMap::new();
-    // Deleted files by (dev, ino): the description id and fd first seen.
-    // Restore recreates each description's file on its own, so two
-    // descriptions of one deleted file (two open() calls, or two hard
-    // links both unlinked) would come back as two files: refused.
-    let mut deleted: std::collections::HashMap<(u64, u64), (i32, i32, u64)> =
-        std::collections::HashMap::new();
-    let mut next_id = 0u64;
-    for p in procs.iter_mut() {
-        let first_fd = first_fd_of_each_file(p.fds);
-        for (i, f) in p.files.iter_mut().enumerate() {
-            let Some(&fd) = first_fd.get(&(i as u32)) else {
-                continue;
-            };
-            let slot = FdSlot { fd, file: i as u32, cloexec: false };
-            let path = format!("/proc/{}/fd/{}", p.pid, slot.fd);
-            let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
-            let key = (meta.dev(), meta.ino());
-            let same = seen.get(&key).and_then(|c| {
-                c.iter()
-                    .find(|&&(op, ofd, _)| {
-                        op != p.pid
-                            && ferry_sys::fd::kcmp_same_file(p.pid, op, slot.fd, ofd)
-                                .unwrap_or(false)
-                    })
-                    .map(|c| c.2)
-            });
-            f.id = match same {
-                Some(id) => id,
-                None => {
-                    next_id += 1;
-                    seen.entry(key).or_default().push((p.pid, slot.fd, next_id));
-                    next_id
-                }
-            };
-            if let FileKind::Deleted { path: name, .. } = &f.kind {
-                let &mut (op, ofd, oid) = deleted.entry(key).or_insert((p.pid, slot.fd, f.id));
-                if oid != f.id {
-                    return Err(EngineError::unsupported(
-                        p.pid,
-                        format!("fd {} ({name} (deleted))", slot.fd),
-                        format!("a deleted file also open in another open file description (pid {op} fd {ofd}); restore would make two separate files of it"),
-                    ));
-                }
-            }
-        }
-    }
+    assign_tree_ids(procs)?;
     let all: Vec<(i32, &OpenFile, i32)> = procs
         .iter()
         .flat_map(|p| {
@@ -321,6 +295,58 @@ pub fn link_tree(
         }
     }
     keep_pipe_data_once(procs);
+    Ok(())
+}
+
+/// The ids unique in the tree (`link_tree`).
+fn assign_tree_ids(procs: &mut [ProcessFiles]) -> Result<()> {
+    // (dev, ino) -> (pid, a representative fd, id) of descriptions seen so far.
+    type Holders = std::collections::HashMap<(u64, u64), Vec<(i32, i32, u64)>>;
+    let mut seen: Holders = std::collections::HashMap::new();
+    // Deleted files by (dev, ino): the description id and fd first seen.
+    // Restore recreates each description's file on its own, so two
+    // descriptions of one deleted file (two open() calls, or two hard
+    // links both unlinked) would come back as two files: refused.
+    let mut deleted: std::collections::HashMap<(u64, u64), (i32, i32, u64)> =
+        std::collections::HashMap::new();
+    let mut next_id = 0u64;
+    for p in procs.iter_mut() {
+        let first_fd = first_fd_of_each_file(p.fds);
+        for (i, f) in p.files.iter_mut().enumerate() {
+            let Some(&fd) = first_fd.get(&(i as u32)) else {
+                continue;
+            };
+            let path = format!("/proc/{}/fd/{fd}", p.pid);
+            let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
+            let key = (meta.dev(), meta.ino());
+            let same = seen.get(&key).and_then(|c| {
+                c.iter()
+                    .find(|&&(op, ofd, _)| {
+                        op != p.pid
+                            && ferry_sys::fd::kcmp_same_file(p.pid, op, fd, ofd).unwrap_or(false)
+                    })
+                    .map(|c| c.2)
+            });
+            f.id = match same {
+                Some(id) => id,
+                None => {
+                    next_id += 1;
+                    seen.entry(key).or_default().push((p.pid, fd, next_id));
+                    next_id
+                }
+            };
+            if let FileKind::Deleted { path: name, .. } = &f.kind {
+                let &mut (op, ofd, oid) = deleted.entry(key).or_insert((p.pid, fd, f.id));
+                if oid != f.id {
+                    return Err(EngineError::unsupported(
+                        p.pid,
+                        format!("fd {fd} ({name} (deleted))"),
+                        format!("a deleted file also open in another open file description (pid {op} fd {ofd}); restore would make two separate files of it"),
+                    ));
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -4,14 +4,12 @@
 
 use super::FdInfo;
 use crate::error::{EngineError, Result};
+use crate::plain_devices::{is_plain_device, PLAIN_DEVICES};
 use ferry_image::FileKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 /// Deleted files larger than this are refused rather than copied.
 const MAX_DELETED_CONTENT: u64 = 1 << 30;
-
-const PLAIN_DEVICES: &[&str] =
-    &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
 
 pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
     let link = info.link.as_str();
@@ -69,13 +67,6 @@ pub fn capture_file(info: &FdInfo) -> Result<FileKind> {
 fn proc_pid_of(link: &str) -> Option<i32> {
     let rest = link.strip_prefix("/proc/")?;
     rest.split('/').next()?.parse().ok()
-}
-
-/// Whether `rdev` is one of the devices of PLAIN_DEVICES (mem driver,
-/// major 1: null 3, zero 5, full 7, random 8, urandom 9).
-pub(crate) fn is_plain_device(rdev: u64) -> bool {
-    libc::major(rdev as libc::dev_t) == 1
-        && [3, 5, 7, 8, 9].contains(&libc::minor(rdev as libc::dev_t))
 }
 
 /// Whether the fd is a terminal (ioctl(TCGETS) succeeds, as isatty asks).

@@ -8,6 +8,7 @@
 //! is left running, [`Repaired`] switches it off again on drop.
 
 use crate::error::{EngineError, Result};
+use crate::tcp_repair::leave_repair;
 use ferry_image::{FileKind, OpenFile, TcpConnection, TcpWindow};
 use ferry_sys::socket;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -96,17 +97,6 @@ impl Repaired {
     pub fn keep_in_repair(mut self) {
         self.keep = true;
     }
-}
-
-/// Takes a socket out of repair mode and gives it back SO_REUSEADDR, which
-/// leaving repair mode clears. Leaving sends a window probe, which makes
-/// the peer tell us its window again.
-pub fn leave_repair(fd: RawFd, reuse: bool) -> ferry_sys::SysResult<()> {
-    socket::set_repair(fd, 0)?;
-    if reuse {
-        socket::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    }
-    Ok(())
 }
 
 impl Drop for Repaired {

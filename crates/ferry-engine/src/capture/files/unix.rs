@@ -57,34 +57,58 @@ fn holder_of(tree: &[i32], mine: RawFd) -> Option<PassedFd> {
     None
 }
 
+/// A socket's receive queue as the image keeps it: the messages and the
+/// ancillary data some of them carry.
+#[derive(Default)]
+struct Queue {
+    messages: Vec<Vec<u8>>,
+    in_flight: Vec<UnixInFlight>,
+}
+
+impl Queue {
+    /// Adds one peeked message. A stream socket's bytes are split only
+    /// where ancillary data sits.
+    fn push(&mut self, data: &[u8], stream: bool, fds: Vec<PassedFd>, creds: Option<UnixCreds>) {
+        let plain = fds.is_empty() && creds.is_none();
+        let last_plain =
+            self.in_flight.last().is_none_or(|m| m.message as usize + 1 < self.messages.len());
+        match (stream && plain && last_plain, self.messages.last_mut()) {
+            (true, Some(last)) => last.extend_from_slice(data),
+            _ => self.messages.push(data.to_vec()),
+        }
+        if !plain {
+            let message = (self.messages.len() - 1) as u32;
+            self.in_flight.push(UnixInFlight { message, fds, creds });
+        }
+    }
+}
+
 /// Reads every queued message without consuming it: SO_PEEK_OFF moves the
 /// peek position past each one. Descriptors in flight (SCM_RIGHTS) are
 /// installed into ferry by the peek; each is looked up among the tree's
 /// fds and closed again. Credentials are read when the socket has
-/// SO_PASSCRED on (its reader sees them). Returns the messages (a stream
-/// socket's bytes split only where ancillary data sits) and their
-/// ancillary data.
-fn peek_queue(
-    info: &FdInfo,
-    fd: RawFd,
-    stream: bool,
-    passcred: bool,
-) -> Result<(Vec<Vec<u8>>, Vec<UnixInFlight>)> {
+/// SO_PASSCRED on (its reader sees them).
+fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<Queue> {
     use ferry_sys::socket::{getsockopt_int, setsockopt_int};
     // Put back whatever peek offset the process itself had set.
     let saved = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
     if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0).is_err() {
         return Err(info.unsupported("cannot peek at its queued data (SO_PEEK_OFF)"));
     }
-    let mut out: Vec<Vec<u8>> = Vec::new();
-    let mut in_flight: Vec<UnixInFlight> = Vec::new();
+    let result = peek_messages(info, fd, stream, passcred);
+    let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, saved);
+    result
+}
+
+fn peek_messages(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<Queue> {
+    let mut queue = Queue::default();
     let mut buf = vec![0u8; 1 << 20];
-    let result = loop {
+    loop {
         let msg = match ferry_sys::unix::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
             Ok(Some(m)) => m,
-            Ok(None) => break Ok(()),
+            Ok(None) => return Ok(queue),
             Err(e) => {
-                break Err(EngineError::kernel(
+                return Err(EngineError::kernel(
                     info.pid,
                     format!("fd {}: peeking at its queued messages", info.fd),
                     e,
@@ -92,62 +116,57 @@ fn peek_queue(
             }
         };
         if msg.truncated {
-            break Err(info.unsupported(
+            return Err(info.unsupported(
                 "a queued message carries more ancillary data than one recvmsg returns",
             ));
         }
         if msg.len == 0 && stream && msg.fds.is_empty() {
-            break Ok(());
+            return Ok(queue);
         }
-        let creds = match msg.creds.filter(|_| passcred) {
-            None => None,
-            Some(c) if c.pid == 0 => {
-                break Err(info.unsupported("a queued message carries no sender credentials (or those of a process ferry cannot see) while SO_PASSCRED is on"))
-            }
-            Some(c) if !info.tree.contains(&c.pid) => {
-                break Err(info.unsupported(format!(
-                    "a queued message carries the credentials of pid {} (uid {}, gid {}), a process outside the tree",
-                    c.pid, c.uid, c.gid
-                )))
-            }
-            Some(c) => Some(UnixCreds { pid: c.pid, uid: c.uid, gid: c.gid }),
-        };
-        let mut fds = Vec::with_capacity(msg.fds.len());
-        let mut missing = None;
-        for f in &msg.fds {
-            match holder_of(info.tree, f.as_raw_fd()) {
-                Some(h) => fds.push(h),
-                None => {
-                    let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-                        .map(|l| l.display().to_string())
-                        .unwrap_or_default();
-                    missing = Some(link);
-                    break;
-                }
-            }
-        }
+        let creds = if passcred { sender_creds(info, msg.creds)? } else { None };
+        let fds = holders_of_passed(info, &msg.fds)?;
         drop(msg.fds);
-        if let Some(link) = missing {
-            break Err(info.unsupported(format!(
+        queue.push(&buf[..msg.len], stream, fds, creds);
+        if queue.messages.len() > 100_000 {
+            return Err(info.unsupported("too many queued messages"));
+        }
+    }
+}
+
+/// The sender's credentials a queued message carries (SCM_CREDENTIALS):
+/// they must name a process of the tree.
+fn sender_creds(info: &FdInfo, creds: Option<ferry_sys::unix::Creds>) -> Result<Option<UnixCreds>> {
+    match creds {
+        None => Ok(None),
+        Some(c) if c.pid == 0 => {
+            Err(info.unsupported("a queued message carries no sender credentials (or those of a process ferry cannot see) while SO_PASSCRED is on"))
+        }
+        Some(c) if !info.tree.contains(&c.pid) => {
+            Err(info.unsupported(format!(
+                "a queued message carries the credentials of pid {} (uid {}, gid {}), a process outside the tree",
+                c.pid, c.uid, c.gid
+            )))
+        }
+        Some(c) => Ok(Some(UnixCreds { pid: c.pid, uid: c.uid, gid: c.gid })),
+    }
+}
+
+/// The fds of the tree that hold the descriptors a queued message passes
+/// (SCM_RIGHTS), as peeked into ferry.
+fn holders_of_passed(info: &FdInfo, passed: &[OwnedFd]) -> Result<Vec<PassedFd>> {
+    let mut fds = Vec::with_capacity(passed.len());
+    for f in passed {
+        let Some(h) = holder_of(info.tree, f.as_raw_fd()) else {
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+                .map(|l| l.display().to_string())
+                .unwrap_or_default();
+            return Err(info.unsupported(format!(
                 "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree"
             )));
-        }
-        let data = buf[..msg.len].to_vec();
-        let plain = fds.is_empty() && creds.is_none();
-        let last_plain = in_flight.last().is_none_or(|m| m.message as usize + 1 < out.len());
-        match (stream && plain && last_plain, out.last_mut()) {
-            (true, Some(last)) => last.extend_from_slice(&data),
-            _ => out.push(data),
-        }
-        if !plain {
-            in_flight.push(UnixInFlight { message: (out.len() - 1) as u32, fds, creds });
-        }
-        if out.len() > 100_000 {
-            break Err(info.unsupported("too many queued messages"));
-        }
-    };
-    let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, saved);
-    result.map(|_| (out, in_flight))
+        };
+        fds.push(h);
+    }
+    Ok(fds)
 }
 
 /// The sock_diag unix tables read while capturing one process, by
@@ -198,6 +217,17 @@ impl UnixTables {
     }
 }
 
+/// One unix socket being captured: its fd (ferry's duplicate), its row
+/// of the sock_diag table and the rest of that table.
+struct Probe<'a> {
+    info: &'a FdInfo<'a>,
+    table: &'a [UnixDiag],
+    me: &'a UnixDiag,
+    fd: RawFd,
+    ino: u64,
+    sock_type: i32,
+}
+
 pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let ino = info.meta.ino();
     let sock = info.dup()?;
@@ -205,28 +235,70 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let me: UnixDiag = table.iter().find(|d| d.ino as u64 == ino).cloned().ok_or_else(|| {
         info.unsupported("unix socket not found in its network namespace's socket table")
     })?;
-    let fd = sock.as_raw_fd();
-    let name = name_of(fd);
-    // A socket without a peer is bound again, and so is the client end of
-    // a connection (it binds before connecting to its peer's name, see
-    // restore's `Remake`). The accepted end is not: it shares its
-    // listener's name and socket file, made again by the listener if it
-    // is still in the tree. The accepted end is the one named like a
-    // listener of the tree, or the only named one.
-    let accepted_end = me.peer != 0
-        && sock_type != libc::SOCK_DGRAM
-        && (peer_name_of(fd).is_empty()
-            || table.iter().any(|l| {
-                l.state == TCP_LISTEN
-                    && l.sock_type as i32 == sock_type
-                    && norm_name(&l.name) == name
-                    && super::holders_in_tree(info.tree, &format!("socket:[{}]", l.ino)) > 0
-            }));
-    if !accepted_end {
+    let s = Probe { info, table: &table, me: &me, fd: sock.as_raw_fd(), ino, sock_type };
+    let name = name_of(s.fd);
+    if !s.is_accepted_end(&name) {
         check_bound_path(info, &name, me.vfs)?;
     }
-    let mut listen_backlog = None;
-    if me.state == TCP_LISTEN {
+    let listen_backlog = s.listen_backlog(&name)?;
+    let peer = (me.peer != 0).then_some(me.peer as u64);
+    s.check_unaccepted()?;
+    if let Some(p) = peer {
+        s.check_peer(p)?;
+    }
+    s.check_queue_and_options(peer, listen_backlog.is_some())?;
+    let passcred =
+        ferry_sys::socket::getsockopt_int(s.fd, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(
+            |e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e),
+        )? != 0;
+    if peer.is_some() || listen_backlog.is_some() {
+        s.record_peer_cred(listen_backlog.is_some())?;
+    }
+    let queue = if me.rqueue > 0 && listen_backlog.is_none() {
+        peek_queue(info, s.fd, sock_type == libc::SOCK_STREAM, passcred)?
+    } else {
+        Queue::default()
+    };
+    Ok(FileKind::UnixSocket(UnixSocket {
+        ino,
+        sock_type,
+        name,
+        listen_backlog,
+        peer,
+        queued: queue.messages,
+        passcred,
+        shutdown: me.shutdown,
+        in_flight: queue.in_flight,
+    }))
+}
+
+impl Probe<'_> {
+    /// A socket without a peer is bound again, and so is the client end of
+    /// a connection (it binds before connecting to its peer's name, see
+    /// `unix_remake::Remake`). The accepted end is not: it shares its
+    /// listener's name and socket file, made again by the listener if it
+    /// is still in the tree. The accepted end is the one named like a
+    /// listener of the tree, or the only named one.
+    fn is_accepted_end(&self, name: &[u8]) -> bool {
+        self.me.peer != 0
+            && self.sock_type != libc::SOCK_DGRAM
+            && (peer_name_of(self.fd).is_empty()
+                || self.table.iter().any(|l| {
+                    l.state == TCP_LISTEN
+                        && l.sock_type as i32 == self.sock_type
+                        && norm_name(&l.name) == name
+                        && super::holders_in_tree(self.info.tree, &format!("socket:[{}]", l.ino))
+                            > 0
+                }))
+    }
+
+    /// A listener's backlog; its waiting connections are noted for
+    /// `check_tree`.
+    fn listen_backlog(&self, name: &[u8]) -> Result<Option<i32>> {
+        let (info, me) = (self.info, self.me);
+        if me.state != TCP_LISTEN {
+            return Ok(None);
+        }
         if me.rqueue > 0 {
             if name.is_empty() {
                 return Err(info.unsupported(
@@ -237,31 +309,34 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
                 return Err(info.unsupported(format!("{} connections wait in its accept queue and sock_diag does not name each client", me.rqueue)));
             }
             // Checked against the tree's pending clients in `check_tree`.
-            locked(&info.unix_tables.2).push(ino);
+            locked(&info.unix_tables.2).push(self.ino);
         }
-        listen_backlog = Some(me.wqueue as i32);
+        Ok(Some(me.wqueue as i32))
     }
-    let peer = (me.peer != 0).then_some(me.peer as u64);
-    // A connected stream socket whose peer was closed: the kernel shuts it
-    // down and its peer has no inode any more. Restoring it unconnected
-    // would turn EOF and EPIPE into ENOTCONN.
-    if me.state == TCP_ESTABLISHED
-        && me.peer == 0
-        && me.shutdown == 3
-        && sock_type != libc::SOCK_DGRAM
-    {
-        return Err(info.unsupported("its peer was closed (reads give EOF, writes EPIPE); such a connection is not restored yet"));
-    }
-    // A connected stream socket whose peer has no inode and which is not
-    // shut down (a dead peer shuts it down) waits in a listener's accept
-    // queue: its peer is the embryo socket accept() will return.
-    if me.state == TCP_ESTABLISHED
-        && me.peer == 0
-        && me.shutdown == 0
-        && sock_type != libc::SOCK_DGRAM
-    {
-        let pname = peer_name_of(fd);
-        let listener = table
+
+    /// A connected stream socket without a peer inode: either its peer was
+    /// closed (refused) or it waits in a listener's accept queue (noted
+    /// with its position there).
+    fn check_unaccepted(&self) -> Result<()> {
+        let (info, me) = (self.info, self.me);
+        if me.state != TCP_ESTABLISHED || me.peer != 0 || self.sock_type == libc::SOCK_DGRAM {
+            return Ok(());
+        }
+        // A connected stream socket whose peer was closed: the kernel shuts it
+        // down and its peer has no inode any more. Restoring it unconnected
+        // would turn EOF and EPIPE into ENOTCONN.
+        if me.shutdown == 3 {
+            return Err(info.unsupported("its peer was closed (reads give EOF, writes EPIPE); such a connection is not restored yet"));
+        }
+        // A connected stream socket whose peer has no inode and which is not
+        // shut down (a dead peer shuts it down) waits in a listener's accept
+        // queue: its peer is the embryo socket accept() will return.
+        if me.shutdown != 0 {
+            return Ok(());
+        }
+        let pname = peer_name_of(self.fd);
+        let listener = self
+            .table
             .iter()
             .find(|l| l.state == TCP_LISTEN && !pname.is_empty() && norm_name(&l.name) == pname);
         let lname = String::from_utf8_lossy(&pname).replace('\0', "@");
@@ -282,16 +357,21 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
             )));
         }
         // sock_diag lists a listener's waiting clients in accept order.
-        let Some(position) = listener.icons.iter().position(|&c| c as u64 == ino) else {
+        let Some(position) = listener.icons.iter().position(|&c| c as u64 == self.ino) else {
             return Err(info.unsupported(format!(
                 "waits in the accept queue of {lname}, which does not list it"
             )));
         };
-        locked(&info.unix_tables.1).push((ino, listener.ino as u64, position as u32));
+        locked(&info.unix_tables.1).push((self.ino, listener.ino as u64, position as u32));
+        Ok(())
     }
-    if let Some(p) = peer {
+
+    /// The peer `p` must be a socket of the tree, with a name to connect
+    /// to again if it is not connected back.
+    fn check_peer(&self, p: u64) -> Result<()> {
+        let info = self.info;
         let in_tree = super::holders_in_tree(info.tree, &format!("socket:[{p}]")) > 0;
-        let peer_d = table.iter().find(|d| d.ino as u64 == p);
+        let peer_d = self.table.iter().find(|d| d.ino as u64 == p);
         if !in_tree {
             let pname = peer_d
                 .map(|d| String::from_utf8_lossy(&d.name).replace('\0', "@"))
@@ -301,50 +381,53 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         // Connected one way (its peer is not connected to it, only
         // possible for datagrams): restore connects it to the peer's name
         // again, so the peer needs one.
-        if peer_d.map(|d| d.peer as u64) != Some(ino) {
+        if peer_d.map(|d| d.peer as u64) != Some(self.ino) {
             let pname = peer_d.map(|d| norm_name(&d.name)).unwrap_or_default();
-            if sock_type != libc::SOCK_DGRAM || pname.is_empty() {
+            if self.sock_type != libc::SOCK_DGRAM || pname.is_empty() {
                 return Err(info.unsupported(format!(
                     "connected one way to socket:[{p}], which has no name to connect to again"
                 )));
             }
         }
+        Ok(())
     }
-    // Datagrams queued on a socket that is not one end of a pair came
-    // from senders the image does not record (any socket that sent to its
-    // name); restore refills a queue only from the peer of a pair.
-    let pair =
-        peer.is_some_and(|p| table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
-    if me.rqueue > 0 && listen_backlog.is_none() && !pair {
-        return Err(info.unsupported(format!(
-            "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
-            me.rqueue
-        )));
+
+    fn check_queue_and_options(&self, peer: Option<u64>, listener: bool) -> Result<()> {
+        let (info, ino) = (self.info, self.ino);
+        // Datagrams queued on a socket that is not one end of a pair came
+        // from senders the image does not record (any socket that sent to its
+        // name); restore refills a queue only from the peer of a pair.
+        let pair = peer
+            .is_some_and(|p| self.table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
+        if self.me.rqueue > 0 && !listener && !pair {
+            return Err(info.unsupported(format!(
+                "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
+                self.me.rqueue
+            )));
+        }
+        // The image keeps no options of a unix socket besides SO_PASSCRED: one
+        // that asks for security labels would come back without it, silently.
+        if ferry_sys::socket::getsockopt_int(self.fd, libc::SOL_SOCKET, libc::SO_PASSSEC)
+            .is_ok_and(|v| v != 0)
+        {
+            return Err(
+                info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)")
+            );
+        }
+        Ok(())
     }
-    // The image keeps no options of a unix socket besides SO_PASSCRED: one
-    // that asks for security labels would come back without it, silently.
-    if ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSSEC)
-        .is_ok_and(|v| v != 0)
-    {
-        return Err(
-            info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)")
-        );
-    }
-    let passcred =
-        ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(
-            |e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e),
-        )? != 0;
-    // Who made the connection, as getsockopt(SO_PEERCRED) tells the
-    // program: restore makes it again in that process with those ids
-    // (checked against the tree in `check_peer_creds`). A socket that
-    // connect() never gave credentials (a datagram socket connected by
-    // name) reads pid 0 and ids -1, and so does the one restore makes.
-    // A listener's are those of its listen() call, which every client
-    // connecting later gets: kept when that process is in the tree (a
-    // daemon's listener made by a parent that has exited is listened on
-    // by ferry, see docs/coverage.md).
-    let listener = listen_backlog.is_some();
-    if peer.is_some() || listener {
+
+    /// Who made the connection, as getsockopt(SO_PEERCRED) tells the
+    /// program: restore makes it again in that process with those ids
+    /// (checked against the tree in `check_peer_creds`). A socket that
+    /// connect() never gave credentials (a datagram socket connected by
+    /// name) reads pid 0 and ids -1, and so does the one restore makes.
+    /// A listener's are those of its listen() call, which every client
+    /// connecting later gets: kept when that process is in the tree (a
+    /// daemon's listener made by a parent that has exited is listened on
+    /// by ferry, see docs/coverage.md).
+    fn record_peer_cred(&self, listener: bool) -> Result<()> {
+        let (info, fd) = (self.info, self.fd);
         let b = ferry_sys::socket::getsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, 12)
             .map_err(|e| {
                 EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e)
@@ -358,7 +441,7 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
         } else if pid != 0 {
             let groups = peer_groups(info, fd)?;
             locked(&info.unix_tables.3).push(ferry_image::UnixPeerCred {
-                ino,
+                ino: self.ino,
                 pid: pid as i32,
                 uid,
                 gid,
@@ -369,23 +452,8 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
                 "SO_PEERCRED names a process outside ferry's PID namespace (uid {uid}, gid {gid}); the connection cannot be made again by it"
             )));
         }
+        Ok(())
     }
-    let (queued, in_flight) = if me.rqueue > 0 && listen_backlog.is_none() {
-        peek_queue(info, fd, sock_type == libc::SOCK_STREAM, passcred)?
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    Ok(FileKind::UnixSocket(UnixSocket {
-        ino,
-        sock_type,
-        name,
-        listen_backlog,
-        peer,
-        queued,
-        passcred,
-        shutdown: me.shutdown,
-        in_flight,
-    }))
 }
 
 /// SO_PEERGROUPS: the supplementary groups of the process SO_PEERCRED
@@ -448,37 +516,23 @@ pub fn check_peer_creds(
 ) -> Result<()> {
     // By inode, once: this runs while the tree is frozen, and a server
     // may hold thousands of unix sockets.
-    let by_ino: std::collections::HashMap<u64, &ferry_image::UnixPeerCred> =
-        creds.iter().map(|c| (c.ino, c)).collect();
-    let cred_of = |ino: u64| by_ino.get(&ino).copied();
-    let sockets: std::collections::HashMap<u64, &UnixSocket> = all
-        .iter()
-        .filter_map(|(_, g, _)| match &g.kind {
-            FileKind::UnixSocket(v) => Some((v.ino, v)),
-            _ => None,
-        })
-        .collect();
-    // The socket `u` is connected to, when that one is connected back.
-    let connected_back = |u: &UnixSocket| {
-        u.peer.and_then(|p| sockets.get(&p).copied()).filter(|v| v.peer == Some(u.ino))
+    let known = KnownCreds {
+        by_ino: creds.iter().map(|c| (c.ino, c)).collect(),
+        sockets: all
+            .iter()
+            .filter_map(|(_, g, _)| match &g.kind {
+                FileKind::UnixSocket(v) => Some((v.ino, v)),
+                _ => None,
+            })
+            .collect(),
     };
     for &(pid, f, fd) in all {
         let FileKind::UnixSocket(u) = &f.kind else {
             continue;
         };
         let what = || format!("fd {fd} (socket:[{}])", u.ino);
-        let Some(c) = cred_of(u.ino) else {
-            // Two datagram sockets connected to each other by name have no
-            // credentials; restore makes a datagram pair with socketpair(),
-            // which would give them some.
-            let mutual = u.peer.is_some_and(|p| p != u.ino) && connected_back(u).is_some();
-            if mutual && u.sock_type == libc::SOCK_DGRAM && u.peer.and_then(cred_of).is_none() {
-                return Err(EngineError::unsupported(
-                    pid,
-                    what(),
-                    "a datagram socket connected by name to a socket connected back to it: restore remakes such a pair with socketpair(), and SO_PEERCRED would then name a process where it named none",
-                ));
-            }
+        let Some(c) = known.cred_of(u.ino) else {
+            known.check_credless(u).map_err(|why| EngineError::unsupported(pid, what(), why))?;
             continue;
         };
         if !tree.contains(&c.pid) {
@@ -491,27 +545,66 @@ pub fn check_peer_creds(
                 ),
             ));
         }
-        let Some(peer) = u.peer else { continue };
-        let Some(v) = connected_back(u) else { continue };
+        known.check_pair(u, c).map_err(|why| EngineError::unsupported(pid, what(), why))?;
+    }
+    Ok(())
+}
+
+/// The tree's unix sockets and their SO_PEERCRED, by inode.
+struct KnownCreds<'a> {
+    by_ino: std::collections::HashMap<u64, &'a ferry_image::UnixPeerCred>,
+    sockets: std::collections::HashMap<u64, &'a UnixSocket>,
+}
+
+impl KnownCreds<'_> {
+    fn cred_of(&self, ino: u64) -> Option<&ferry_image::UnixPeerCred> {
+        self.by_ino.get(&ino).copied()
+    }
+
+    /// The socket `u` is connected to, when that one is connected back.
+    fn connected_back(&self, u: &UnixSocket) -> Option<&UnixSocket> {
+        u.peer.and_then(|p| self.sockets.get(&p).copied()).filter(|v| v.peer == Some(u.ino))
+    }
+
+    /// Two datagram sockets connected to each other by name have no
+    /// credentials; restore makes a datagram pair with socketpair(),
+    /// which would give them some.
+    fn check_credless(&self, u: &UnixSocket) -> std::result::Result<(), String> {
+        let mutual = u.peer.is_some_and(|p| p != u.ino) && self.connected_back(u).is_some();
+        if mutual
+            && u.sock_type == libc::SOCK_DGRAM
+            && u.peer.and_then(|p| self.cred_of(p)).is_none()
+        {
+            return Err("a datagram socket connected by name to a socket connected back to it: restore remakes such a pair with socketpair(), and SO_PEERCRED would then name a process where it named none".to_string());
+        }
+        Ok(())
+    }
+
+    /// Both ends of a pair made by one socketpair() call (`c` is `u`'s
+    /// SO_PEERCRED) must name the same process and ids.
+    fn check_pair(
+        &self,
+        u: &UnixSocket,
+        c: &ferry_image::UnixPeerCred,
+    ) -> std::result::Result<(), String> {
+        let (Some(peer), Some(v)) = (u.peer, self.connected_back(u)) else {
+            return Ok(());
+        };
         let pair = u.sock_type == libc::SOCK_DGRAM || (u.name.is_empty() && v.name.is_empty());
         if pair
             && peer != u.ino
-            && cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() })
+            && self.cred_of(peer) != Some(&ferry_image::UnixPeerCred { ino: peer, ..c.clone() })
         {
-            let other = cred_of(peer).map_or("none".to_string(), |o| {
+            let other = self.cred_of(peer).map_or("none".to_string(), |o| {
                 format!("pid {} uid {} gid {} groups {:?}", o.pid, o.uid, o.gid, o.groups)
             });
-            return Err(EngineError::unsupported(
-                pid,
-                what(),
-                format!(
-                    "SO_PEERCRED says pid {} uid {} gid {}, its peer socket:[{peer}] says {other}: a socket pair is remade by one socketpair() call, which gives both ends one process",
-                    c.pid, c.uid, c.gid
-                ),
+            return Err(format!(
+                "SO_PEERCRED says pid {} uid {} gid {}, its peer socket:[{peer}] says {other}: a socket pair is remade by one socketpair() call, which gives both ends one process",
+                c.pid, c.uid, c.gid
             ));
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Both ends of every connected pair must be restorable: the peer must be
@@ -537,7 +630,7 @@ pub fn check_tree(all: &[(i32, &ferry_image::OpenFile, i32)]) -> Result<()> {
             let listener_named = |n: &[u8]| {
                 all.iter().any(|(_, g, _)| matches!(&g.kind, FileKind::UnixSocket(l) if l.listen_backlog.is_some() && l.sock_type == u.sock_type && l.name == n))
             };
-            if let Err(why) = crate::restore::files::unix::remake_of(u, v, listener_named) {
+            if let Err(why) = crate::unix_remake::remake_of(u, v, listener_named) {
                 return Err(EngineError::unsupported(
                     pid,
                     format!("fd {fd} (socket:[{}])", u.ino),

@@ -1,7 +1,6 @@
 //! TCP and UDP sockets: options, bind, listen or connect. Established TCP
 //! connections are rebuilt in repair mode by `tcp.rs`.
 
-use super::tcp;
 use crate::error::{EngineError, Result};
 use ferry_image::{InetSocket, SockOpt};
 use ferry_sys::socket;
@@ -44,10 +43,9 @@ pub(crate) fn address(pid: i32, bytes: &[u8], port: u16) -> Result<SocketAddr> {
     Ok(SocketAddr::new(ip, port))
 }
 
+/// A UDP socket or a TCP one that is not connected (an established TCP
+/// connection is `tcp::create`'s).
 pub fn create(pid: i32, s: &InetSocket) -> Result<OwnedFd> {
-    if let Some(conn) = &s.connection {
-        return tcp::create(pid, s, conn);
-    }
     let sock = socket::socket(s.family, s.sock_type, s.protocol)
         .map_err(|e| EngineError::kernel(pid, "creating a socket", e))?;
     let fd = sock.as_raw_fd();

@@ -108,7 +108,10 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
         FileKind::TimerFd(t) => timerfd::create(b.pid, t)?,
         FileKind::SignalFd { mask } => signalfd::create(b.pid, *mask)?,
         FileKind::Epoll { .. } => epoll::create(b.pid)?,
-        FileKind::InetSocket(s) => inet::create(b.pid, s)?,
+        FileKind::InetSocket(s) => match &s.connection {
+            Some(conn) => tcp::create(b.pid, s, conn)?,
+            None => inet::create(b.pid, s)?,
+        },
         FileKind::UnixSocket(s) => unix::create(b, s)?,
         FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
         FileKind::ProcFile { .. } => {

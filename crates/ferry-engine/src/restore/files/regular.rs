@@ -103,7 +103,7 @@ pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<String> {
 /// image cannot make ferry create a node of any other device. Mode and
 /// owner are set afterwards from the image's inode attributes.
 fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<OwnedFd> {
-    if !crate::capture::files::is_plain_device(rdev) {
+    if !crate::plain_devices::is_plain_device(rdev) {
         return Err(EngineError::restore(
             pid,
             format!(

@@ -49,32 +49,19 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
         EngineError::restore(pid, format!("TCP connection from {local} has no peer"))
     })?;
     let remote = address(pid, paddr, *pport)?;
-    let what = |step: &str| format!("TCP {local} -> {remote}: {step}");
-    let k = |step: &'static str| move |e| EngineError::kernel(pid, what(step), e);
-    let sock =
-        socket::socket(s.family, s.sock_type, s.protocol).map_err(k("creating the socket"))?;
-    let fd = sock.as_raw_fd();
-    socket::set_repair(fd, 1).map_err(k("entering repair mode"))?;
+    let sock = socket::socket(s.family, s.sock_type, s.protocol).map_err(|e| {
+        EngineError::kernel(pid, format!("TCP {local} -> {remote}: creating the socket"), e)
+    })?;
+    let r = Rebuilding { pid, fd: sock.as_raw_fd(), local, remote };
+    let fd = r.fd;
+    socket::set_repair(fd, 1).map_err(r.k("entering repair mode"))?;
     for o in s.options.iter().filter(|o| !deferred(o)) {
         apply_option(pid, fd, o)?;
     }
-    // The buffer sizes the connection had, so that its queues fit; the
-    // lock bits come back in `finish`, so auto-tuning goes on.
-    // The resent queue is all "unsent" at first, and new buffers carry
-    // their own overhead: leave it room.
-    let sndbuf = (c.sndbuf / 2).max(c.send_queue.len() as i32 + (64 << 10));
-    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, sndbuf)
-        .map_err(k("setting the send buffer size"))?;
-    socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_RCVBUFFORCE, c.rcvbuf / 2)
-        .map_err(k("setting the receive buffer size"))?;
-    socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
-    socket::set_queue_seq(fd, c.send_seq).map_err(k("setting the send sequence"))?;
-    socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
-        .map_err(k("selecting the receive queue"))?;
-    socket::set_queue_seq(fd, c.recv_seq).map_err(k("setting the receive sequence"))?;
+    r.set_buffers_and_sequences(c)?;
     // Repair mode binds through the listener and TIME_WAIT sockets on the
     // same port (the kernel forces address reuse for repaired sockets).
-    socket::bind(fd, s.family, &local).map_err(k("binding"))?;
+    socket::bind(fd, s.family, &local).map_err(r.k("binding"))?;
     // Before connect, or the connection starts at the minimal MSS. The
     // option stops at 32767 (loopback's MSS is larger); the full clamp
     // comes with the repair options below.
@@ -84,39 +71,101 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
         libc::TCP_MAXSEG,
         c.mss_clamp.min(MAX_USER_MSS) as i32,
     )
-    .map_err(k("setting the MSS"))?;
-    socket::connect(fd, s.family, &remote).map_err(k("connecting in repair mode"))?;
-    let mut opts = vec![(socket::TCPOPT_MAXSEG, c.mss_clamp)];
-    if let Some(snd) = c.snd_wscale {
-        opts.push((socket::TCPOPT_WINDOW, snd as u32 | (c.rcv_wscale as u32) << 16));
-    }
-    if c.sack {
-        opts.push((socket::TCPOPT_SACK_PERM, 0));
-    }
-    if c.timestamps {
-        opts.push((socket::TCPOPT_TIMESTAMP, 0));
-    }
-    socket::set_repair_options(fd, &opts).map_err(k("setting the negotiated options"))?;
-    if c.timestamps {
-        socket::setsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP, c.timestamp as i32)
-            .map_err(k("setting the timestamp clock"))?;
-    }
-    if !c.recv_queue.is_empty() {
-        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
-            .map_err(k("selecting the receive queue"))?;
-        socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS)
-            .map_err(k("refilling the receive queue"))?;
-    }
-    let head = already_sent_head(fd, c).map_err(k("reading the congestion window"))?;
-    if head > 0 {
-        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE)
-            .map_err(k("selecting the send queue"))?;
-        socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS)
-            .map_err(k("putting back data already sent"))?;
-    }
-    socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
-    set_window(fd, c).map_err(k("restoring the window"))?;
+    .map_err(r.k("setting the MSS"))?;
+    socket::connect(fd, s.family, &remote).map_err(r.k("connecting in repair mode"))?;
+    r.set_negotiated(c)?;
+    r.refill_queues(c)?;
+    set_window(fd, c).map_err(r.k("restoring the window"))?;
     Ok(sock)
+}
+
+/// A connection's socket being rebuilt in repair mode, for its errors.
+struct Rebuilding {
+    pid: i32,
+    fd: RawFd,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+}
+
+impl Rebuilding {
+    /// The error of the kernel refusing `step`, naming the connection.
+    fn k(&self, step: &'static str) -> impl FnOnce(ferry_sys::SysError) -> EngineError + '_ {
+        move |e| {
+            EngineError::kernel(
+                self.pid,
+                format!("TCP {} -> {}: {step}", self.local, self.remote),
+                e,
+            )
+        }
+    }
+
+    /// The buffer sizes the connection had, so that its queues fit; the
+    /// lock bits come back in `finish`, so auto-tuning goes on. Then the
+    /// sequence numbers of both queues.
+    fn set_buffers_and_sequences(&self, c: &TcpConnection) -> Result<()> {
+        let fd = self.fd;
+        // The resent queue is all "unsent" at first, and new buffers carry
+        // their own overhead: leave it room.
+        let sndbuf = (c.sndbuf / 2).max(c.send_queue.len() as i32 + (64 << 10));
+        socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, sndbuf)
+            .map_err(self.k("setting the send buffer size"))?;
+        socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_RCVBUFFORCE, c.rcvbuf / 2)
+            .map_err(self.k("setting the receive buffer size"))?;
+        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE)
+            .map_err(self.k("selecting the send queue"))?;
+        socket::set_queue_seq(fd, c.send_seq).map_err(self.k("setting the send sequence"))?;
+        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
+            .map_err(self.k("selecting the receive queue"))?;
+        socket::set_queue_seq(fd, c.recv_seq).map_err(self.k("setting the receive sequence"))?;
+        Ok(())
+    }
+
+    /// The options negotiated at the handshake, and the timestamp clock.
+    fn set_negotiated(&self, c: &TcpConnection) -> Result<()> {
+        let fd = self.fd;
+        let mut opts = vec![(socket::TCPOPT_MAXSEG, c.mss_clamp)];
+        if let Some(snd) = c.snd_wscale {
+            opts.push((socket::TCPOPT_WINDOW, snd as u32 | (c.rcv_wscale as u32) << 16));
+        }
+        if c.sack {
+            opts.push((socket::TCPOPT_SACK_PERM, 0));
+        }
+        if c.timestamps {
+            opts.push((socket::TCPOPT_TIMESTAMP, 0));
+        }
+        socket::set_repair_options(fd, &opts).map_err(self.k("setting the negotiated options"))?;
+        if c.timestamps {
+            socket::setsockopt_int(
+                fd,
+                libc::IPPROTO_TCP,
+                socket::TCP_TIMESTAMP,
+                c.timestamp as i32,
+            )
+            .map_err(self.k("setting the timestamp clock"))?;
+        }
+        Ok(())
+    }
+
+    /// The unread data, and the part of the sent data that goes back as
+    /// already sent (`already_sent_head`).
+    fn refill_queues(&self, c: &TcpConnection) -> Result<()> {
+        let fd = self.fd;
+        if !c.recv_queue.is_empty() {
+            socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
+                .map_err(self.k("selecting the receive queue"))?;
+            socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS)
+                .map_err(self.k("refilling the receive queue"))?;
+        }
+        let head = already_sent_head(fd, c).map_err(self.k("reading the congestion window"))?;
+        if head > 0 {
+            socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE)
+                .map_err(self.k("selecting the send queue"))?;
+            socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS)
+                .map_err(self.k("putting back data already sent"))?;
+        }
+        socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(self.k("leaving the queues"))?;
+        Ok(())
+    }
 }
 
 /// How much of the send queue goes back in repair mode as already sent.
@@ -238,7 +287,32 @@ pub fn install(
         return Ok(());
     }
     slots.sort_unstable();
+    let pidfd = ferry_pidfd_in(s, temp_base)?;
+    let used: std::collections::HashSet<i32> = image.fds.iter().map(|f| f.fd).collect();
+    let highest = slots.last().map_or(0, |x| x.0);
+    let gaps: Vec<i32> = (0..highest).filter(|n| !used.contains(n)).collect();
+    let batch = install_calls(pidfd, &slots, &gaps);
     let pid = s.pid;
+    for (chunk, want) in batch
+        .calls
+        .chunks(crate::inject::MAX_BATCH)
+        .zip(batch.expect.chunks(crate::inject::MAX_BATCH))
+    {
+        let got = s.run(pid, chunk)?;
+        for ((name, _), (r, w)) in chunk.iter().zip(got.iter().zip(want)) {
+            if let Some(w) = w {
+                if *r != *w as u64 {
+                    return Err(EngineError::restore(pid, format!("{name} landed on fd {r}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A pidfd of ferry in the process, at `temp_base` or above (out of the
+/// way of the fd numbers the image uses).
+fn ferry_pidfd_in(s: &mut crate::restore::Session, temp_base: RawFd) -> Result<u64> {
     let me = std::process::id() as u64;
     let p0 = s.call("pidfd_open(ferry)", libc::SYS_pidfd_open, &[me, 0])?;
     let pidfd = s.call(
@@ -247,9 +321,19 @@ pub fn install(
         &[p0, libc::F_DUPFD_CLOEXEC as u64, temp_base as u64],
     )?;
     s.call("close(pidfd of ferry)", libc::SYS_close, &[p0])?;
-    let used: std::collections::HashSet<i32> = image.fds.iter().map(|f| f.fd).collect();
-    let highest = slots.last().map_or(0, |x| x.0);
-    let gaps: Vec<i32> = (0..highest).filter(|n| !used.contains(n)).collect();
+    Ok(pidfd)
+}
+
+/// Injected calls, with the fd each must return (None: not checked).
+struct CheckedCalls {
+    calls: Vec<(String, Call)>,
+    expect: Vec<Option<i32>>,
+}
+
+/// Placeholders in the `gaps`, then each socket of `slots` (fd, ferry's
+/// fd, cloexec) taken with pidfd_getfd, then the placeholders and the
+/// pidfd closed again.
+fn install_calls(pidfd: u64, slots: &[(i32, RawFd, bool)], gaps: &[i32]) -> CheckedCalls {
     let mut calls: Vec<(String, Call)> = gaps
         .iter()
         .map(|&g| {
@@ -260,7 +344,7 @@ pub fn install(
         })
         .collect();
     let mut expect: Vec<Option<i32>> = vec![None; calls.len()];
-    for &(fd, src, cloexec) in &slots {
+    for &(fd, src, cloexec) in slots {
         calls.push((
             format!("pidfd_getfd(socket for fd {fd})"),
             Call::new(libc::SYS_pidfd_getfd, &[pidfd, src as u64, 0]),
@@ -279,19 +363,7 @@ pub fn install(
     }));
     calls.push(("close(pidfd of ferry)".into(), Call::new(libc::SYS_close, &[pidfd])));
     expect.resize(calls.len(), None);
-    for (chunk, want) in
-        calls.chunks(crate::inject::MAX_BATCH).zip(expect.chunks(crate::inject::MAX_BATCH))
-    {
-        let got = s.run(pid, chunk)?;
-        for ((name, _), (r, w)) in chunk.iter().zip(got.iter().zip(want)) {
-            if let Some(w) = w {
-                if *r != *w as u64 {
-                    return Err(EngineError::restore(pid, format!("{name} landed on fd {r}")));
-                }
-            }
-        }
-    }
-    Ok(())
+    CheckedCalls { calls, expect }
 }
 
 /// Every established connection of the image with ferry's descriptor of

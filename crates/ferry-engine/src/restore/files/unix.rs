@@ -8,6 +8,7 @@
 use super::unix_late::Inject;
 use super::Builder;
 use crate::error::{EngineError, Result};
+use crate::unix_remake::{remake_of, show, Remake};
 use ferry_image::{FileKind, TreeImage, UnixSocket};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -128,60 +129,6 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
             })?;
     }
     Ok(())
-}
-
-/// How the connection between two unix sockets of the image, each the
-/// other's peer, is made again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Remake {
-    /// socketpair(2): neither end has a name, as socketpair leaves them.
-    Pair,
-    /// One end (the client) connects to a temporary listener bound at the
-    /// other end's name, which accepts the other end: the accepted end then
-    /// has that name (getsockname) and the client has it as its peer's
-    /// (getpeername), as after the original connect/accept. A client with
-    /// a name of its own is bound to it first.
-    Connect { client_is_a: bool },
-}
-
-/// How the connected pair `a`, `b` is made again. `listener_named(name)`
-/// says whether a listener of the tree (of their type) is bound at `name`.
-/// An accepted end always has a name (its listener's, a listener can only
-/// be named); the client has one only if it was bound (or autobound, with
-/// SO_PASSCRED): so the only named end is the accepted one, and when both
-/// are named the accepted end is the one named like a listener of the
-/// tree. Both named and neither (or both) named like a listener: which end
-/// connected is unknown, and guessing would bind the wrong name to a
-/// client (and possibly a path): an error, refused at checkpoint already.
-/// Datagram sockets are not remade this way: their names are their own
-/// bindings (`datagram_socket`).
-pub(crate) fn remake_of(
-    a: &UnixSocket,
-    b: &UnixSocket,
-    listener_named: impl Fn(&[u8]) -> bool,
-) -> std::result::Result<Remake, String> {
-    if a.sock_type == libc::SOCK_DGRAM {
-        return Ok(Remake::Pair);
-    }
-    match (a.name.is_empty(), b.name.is_empty()) {
-        (true, true) => Ok(Remake::Pair),
-        (true, false) => Ok(Remake::Connect { client_is_a: true }),
-        (false, true) => Ok(Remake::Connect { client_is_a: false }),
-        (false, false) => match (listener_named(&a.name), listener_named(&b.name)) {
-            (false, true) => Ok(Remake::Connect { client_is_a: true }),
-            (true, false) => Ok(Remake::Connect { client_is_a: false }),
-            _ => Err(format!(
-                "both ends of this connection are bound ({} and {}) and not exactly one is named like a listener of the tree, so which end connected (and whose name is its own binding) is unknown",
-                show(&a.name),
-                show(&b.name)
-            )),
-        },
-    }
-}
-
-/// A unix name for messages: an abstract name's leading NUL as '@'.
-pub(crate) fn show(name: &[u8]) -> String {
-    String::from_utf8_lossy(name).replace('\0', "@")
 }
 
 /// Whatever the path `name` (relative to the current directory) names
@@ -671,20 +618,7 @@ pub fn send_in_flight(
     tree: &ferry_image::TreeImage,
     staged: &std::collections::HashMap<u64, OwnedFd>,
 ) -> Result<()> {
-    use ferry_image::FileKind;
     let mut done = std::collections::HashSet::new();
-    let file_of = |pid: i32, fd: i32| -> Option<u64> {
-        let p = tree.processes.iter().find(|p| p.pid == pid)?;
-        let slot = p.fds.iter().find(|s| s.fd == fd)?;
-        p.files.get(slot.file as usize).map(|f| f.id)
-    };
-    let id_of_ino = |ino: u64| {
-        tree.processes
-            .iter()
-            .flat_map(|p| &p.files)
-            .find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino))
-            .map(|f| f.id)
-    };
     for p in &tree.processes {
         for f in &p.files {
             let FileKind::UnixSocket(u) = &f.kind else {
@@ -694,53 +628,91 @@ pub fn send_in_flight(
                 continue;
             }
             let pid = p.pid;
-            let from =
-                u.peer.and_then(id_of_ino).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                    EngineError::restore(
-                        pid,
-                        format!("unix socket {}: its peer was not staged to send its queue", u.ino),
-                    )
-                })?;
-            for (i, m) in u.queued.iter().enumerate() {
-                let anc = u.in_flight.iter().find(|a| a.message as usize == i);
-                let mut fds = Vec::new();
-                for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
-                    let fd = file_of(d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                        EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
-                    })?;
-                    fds.push(fd.as_raw_fd());
-                }
-                let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds {
-                    pid: c.pid,
-                    uid: c.uid,
-                    gid: c.gid,
-                });
-                let what = || {
-                    format!("unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})", u.ino, m.len(), fds.len(), creds)
-                };
-                let mut off = ferry_sys::unix::send(
-                    from.as_raw_fd(),
-                    m,
-                    &fds,
-                    creds,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            let from = u
+                .peer
+                .and_then(|ino| id_of_ino(tree, ino))
+                .and_then(|id| staged.get(&id))
+                .ok_or_else(|| {
+                EngineError::restore(
+                    pid,
+                    format!("unix socket {}: its peer was not staged to send its queue", u.ino),
                 )
-                .map_err(|e| EngineError::kernel(pid, what(), e))?;
-                // The rest of a long stream message goes without descriptors, as the kernel sent it.
-                while off < m.len() && u.sock_type == libc::SOCK_STREAM {
-                    off += ferry_sys::unix::send(
-                        from.as_raw_fd(),
-                        &m[off..],
-                        &[],
-                        creds,
-                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                    )
-                    .map_err(|e| EngineError::kernel(pid, what(), e))?;
-                }
-            }
+            })?;
+            send_queue(tree, staged, pid, u, from)?;
         }
     }
     shut_down(tree, staged, true)
+}
+
+/// The id of the file that process `pid`'s `fd` points at.
+fn file_of(tree: &TreeImage, pid: i32, fd: i32) -> Option<u64> {
+    let p = tree.processes.iter().find(|p| p.pid == pid)?;
+    let slot = p.fds.iter().find(|s| s.fd == fd)?;
+    p.files.get(slot.file as usize).map(|f| f.id)
+}
+
+/// The id of the file of the unix socket `ino`.
+fn id_of_ino(tree: &TreeImage, ino: u64) -> Option<u64> {
+    tree.processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .find(|f| matches!(&f.kind, FileKind::UnixSocket(v) if v.ino == ino))
+        .map(|f| f.id)
+}
+
+/// Sends `u`'s queued messages (of process `pid`) from its peer's staged
+/// socket `from`, each with the descriptors and credentials it carried.
+fn send_queue(
+    tree: &TreeImage,
+    staged: &std::collections::HashMap<u64, OwnedFd>,
+    pid: i32,
+    u: &UnixSocket,
+    from: &OwnedFd,
+) -> Result<()> {
+    for (i, m) in u.queued.iter().enumerate() {
+        let anc = u.in_flight.iter().find(|a| a.message as usize == i);
+        let mut fds = Vec::new();
+        for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
+            let fd = file_of(tree, d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
+                EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
+            })?;
+            fds.push(fd.as_raw_fd());
+        }
+        let creds = anc.and_then(|a| a.creds).map(|c| ferry_sys::unix::Creds {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+        });
+        let what = || {
+            format!(
+                "unix socket {}: sending queued message {i} ({} bytes, {} fds, credentials {:?})",
+                u.ino,
+                m.len(),
+                fds.len(),
+                creds
+            )
+        };
+        let mut off = ferry_sys::unix::send(
+            from.as_raw_fd(),
+            m,
+            &fds,
+            creds,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+        .map_err(|e| EngineError::kernel(pid, what(), e))?;
+        // The rest of a long stream message goes without descriptors, as the kernel sent it.
+        while off < m.len() && u.sock_type == libc::SOCK_STREAM {
+            off += ferry_sys::unix::send(
+                from.as_raw_fd(),
+                &m[off..],
+                &[],
+                creds,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+            .map_err(|e| EngineError::kernel(pid, what(), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Shuts down the unix sockets whose image says so: those whose queues

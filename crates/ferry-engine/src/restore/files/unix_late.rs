@@ -203,7 +203,7 @@ fn sockaddr(pid: i32, name: &[u8]) -> Result<(Vec<u8>, u64)> {
     if name.is_empty() || name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
         return Err(EngineError::restore(
             pid,
-            format!("unix name {} is empty or too long", super::unix::show(name)),
+            format!("unix name {} is empty or too long", crate::unix_remake::show(name)),
         ));
     }
     let mut b = (libc::AF_UNIX as u16).to_ne_bytes().to_vec();
@@ -259,7 +259,7 @@ impl Inject for Late<'_, '_> {
         let there = self.lend(c.pid, fd.as_raw_fd())?;
         let what = format!(
             "connect(unix socket, {}) as uid {} gid {}",
-            super::unix::show(name),
+            crate::unix_remake::show(name),
             c.uid,
             c.gid
         );
