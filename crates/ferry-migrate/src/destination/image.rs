@@ -9,7 +9,7 @@ use crate::protocol::Hello;
 use ferry_image::{PageRun, TreeImage, Vma};
 
 /// Post-copy: (image PID, source PID, pages still at the source).
-pub(super) type LazyPages = Vec<(i32, i32, Vec<(u64, u64)>)>;
+pub(super) type LazyPages = Vec<crate::pager::LazyProcess>;
 
 /// The tree, ready to restore from the page store.
 pub(super) struct Resolved {
