@@ -235,7 +235,7 @@ impl Pager {
         while !self.stop.load(Ordering::Relaxed) {
             if !f.zero_later.is_empty() {
                 let _t = self.targets()?;
-                f.zero_later.retain(|(fd, page)| matches!(uffd::zeropage(fd.as_fd(), *page, PAGE, 0), Err(e) if e.errno == libc::EAGAIN));
+                f.zero_later.retain(|(fd, page)| zero_page_still_pending(fd, *page));
             }
             let fds: Vec<Arc<OwnedFd>> =
                 self.targets()?.iter().filter(|t| !t.gone).map(|t| t.uffd.clone()).collect();
@@ -475,6 +475,12 @@ impl Pager {
             }
         }
     }
+}
+
+/// A zero page refused earlier tried again: whether an event is still
+/// pending on its userfaultfd (EAGAIN), so that it waits another poll.
+fn zero_page_still_pending(fd: &OwnedFd, page: u64) -> bool {
+    matches!(uffd::zeropage(fd.as_fd(), page, PAGE, 0), Err(e) if e.errno == libc::EAGAIN)
 }
 
 /// Page by page: parts of the range moved or dropped since the restore.
