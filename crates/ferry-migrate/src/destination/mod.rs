@@ -8,11 +8,11 @@
 //! service stays at the source.
 //!
 //! [`serve`] composes the phases and times them; each lives in the file
-//! named after it: [`hello`] (checks, Welcome or Refused), [`rounds`]
-//! (pages into the page store, RoundStored), [`image`] (the image decoded,
-//! its page runs resolved in the store), [`lock`] (the network lock
-//! engaged), [`restore`] (address on, restore held, Ready's phases),
-//! [`commit`] (Commit, release, announce, Running, post-copy's pager).
+//! named after it: `hello.rs` (checks, Welcome or Refused), `rounds.rs`
+//! (pages into the page store, RoundStored), `image.rs` (the image decoded,
+//! its page runs resolved in the store), `lock.rs` (the network lock
+//! engaged), `restore.rs` (address on, restore held, Ready's phases),
+//! `commit.rs` (Commit, release, announce, Running, post-copy's pager).
 
 mod commit;
 mod hello;

@@ -9,11 +9,11 @@
 //! place at every moment.
 //!
 //! [`migrate`] composes the phases and times them; each lives in the
-//! file named after it: [`hello`] (checks, connect, Hello/Welcome),
-//! [`rounds`] (layout and pre-copy rounds), [`freeze`] (freeze and
-//! capture into the stream), [`handover`] (address off, image, Ready,
-//! Commit, Running), [`rollback`] (every way back before and after the
-//! commit), [`finish`] (post-copy push, the source's copy killed).
+//! file named after it: `hello.rs` (checks, connect, Hello/Welcome),
+//! `rounds.rs` (layout and pre-copy rounds), `freeze.rs` (freeze and
+//! capture into the stream), `handover.rs` (address off, image, Ready,
+//! Commit, Running), `rollback.rs` (every way back before and after the
+//! commit), `finish.rs` (post-copy push, the source's copy killed).
 
 mod finish;
 mod freeze;
