@@ -453,3 +453,24 @@ impl crate::sink::ImageSink for DirSink {
         Ok(inv.pages_bytes + meta_len)
     }
 }
+
+impl crate::sink::PageSink for PagesWriter {
+    fn data_len(&self) -> u64 {
+        self.bytes_written()
+    }
+    fn write_runs_at(
+        &self,
+        _pid: i32,
+        data_offset: u64,
+        ranges: &[(u64, usize)],
+        data: &[u8],
+    ) -> Result<Vec<PageRun>, ImageError> {
+        PagesWriter::write_runs_at(self, data_offset, ranges, data)
+    }
+    fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
+        PagesWriter::verify_written(self, runs, scratch)
+    }
+    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
+        PagesWriter::set_data_len(self, len)
+    }
+}

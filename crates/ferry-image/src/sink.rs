@@ -30,27 +30,6 @@ pub trait PageSink: Sync {
     fn set_data_len(&mut self, len: u64) -> Result<(), ImageError>;
 }
 
-impl PageSink for crate::dir::PagesWriter {
-    fn data_len(&self) -> u64 {
-        self.bytes_written()
-    }
-    fn write_runs_at(
-        &self,
-        _pid: i32,
-        data_offset: u64,
-        ranges: &[(u64, usize)],
-        data: &[u8],
-    ) -> Result<Vec<PageRun>, ImageError> {
-        crate::dir::PagesWriter::write_runs_at(self, data_offset, ranges, data)
-    }
-    fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
-        crate::dir::PagesWriter::verify_written(self, runs, scratch)
-    }
-    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
-        crate::dir::PagesWriter::set_data_len(self, len)
-    }
-}
-
 /// Where a whole image goes: its pages while the capture copies them
 /// ([`PageSink`]), then its metadata, which completes it. A directory, an
 /// in-memory store and a migration stream are sinks; capture does not

@@ -24,6 +24,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
 const PAGE: u64 = 4096;
 
+/// (address, pages), sorted.
+type Runs = Vec<(u64, u64)>;
+
 pub struct PageStore {
     file: File,
     len: u64,
@@ -97,7 +100,7 @@ impl PageStore {
                 && start % PAGE == 0
                 && end % PAGE == 0
                 && !(start < re && end > rs)
-                && self.placed.range(..end).next_back().map_or(true, |(_, r)| r.end() <= start);
+                && self.placed.range(..end).next_back().is_none_or(|(_, r)| r.end() <= start);
             if !free {
                 continue;
             }
@@ -248,20 +251,7 @@ impl PageStore {
                 && v.flags & !ferry_image::vmflag::MAYWRITE == 0
                 && one_region
                 && !heap;
-            // Pages by where they are: placed or in the file.
-            let mut placed_runs: Vec<(u64, u64)> = Vec::new();
-            let mut file_runs: Vec<(u64, u64)> = Vec::new();
-            for &(a, n) in &inside {
-                for i in 0..n {
-                    let p = a + i * PAGE;
-                    let list =
-                        if self.region_at(p).is_some() { &mut placed_runs } else { &mut file_runs };
-                    match list.last_mut() {
-                        Some((s, k)) if *s + *k * PAGE == p => *k += 1,
-                        _ => list.push((p, 1)),
-                    }
-                }
-            }
+            let (placed_runs, file_runs) = self.by_place(&inside);
             if eligible && !placed_runs.is_empty() {
                 inherited.push(InheritedVma {
                     start: v.start,
@@ -272,17 +262,7 @@ impl PageStore {
                 continue;
             }
             // Not inherited: its placed pages go to the file.
-            for &(a, n) in &placed_runs {
-                for i in 0..n {
-                    let p = a + i * PAGE;
-                    if let Some(r) = self.region_at(p) {
-                        r.read((p - r.start()) as usize, &mut page).map_err(|e| {
-                            MigrateError::sys(format!("reading placed page {p:#x}"), e)
-                        })?;
-                    }
-                    self.insert_slots(pid, p, &page)?;
-                }
-            }
+            self.copy_placed_to_file(pid, &placed_runs, &mut page)?;
             from_file.extend(placed_runs);
             from_file.extend(file_runs);
         }
@@ -291,6 +271,45 @@ impl PageStore {
         let placed_bytes =
             inherited.iter().flat_map(|v| v.shared_pages.iter()).map(|(_, n)| n * PAGE).sum();
         Ok(RootPages { inherited, runs, placed_bytes })
+    }
+
+    /// `runs` split by where their pages are: (placed, in the file).
+    fn by_place(&self, runs: &[(u64, u64)]) -> (Runs, Runs) {
+        let mut placed_runs: Vec<(u64, u64)> = Vec::new();
+        let mut file_runs: Vec<(u64, u64)> = Vec::new();
+        for &(a, n) in runs {
+            for i in 0..n {
+                let p = a + i * PAGE;
+                let list =
+                    if self.region_at(p).is_some() { &mut placed_runs } else { &mut file_runs };
+                match list.last_mut() {
+                    Some((s, k)) if *s + *k * PAGE == p => *k += 1,
+                    _ => list.push((p, 1)),
+                }
+            }
+        }
+        (placed_runs, file_runs)
+    }
+
+    /// Copies placed pages into the file, for a mapping that does not
+    /// inherit them; `page` is a page-sized buffer.
+    fn copy_placed_to_file(
+        &mut self,
+        pid: i32,
+        placed_runs: &[(u64, u64)],
+        page: &mut [u8],
+    ) -> Result<()> {
+        for &(a, n) in placed_runs {
+            for i in 0..n {
+                let p = a + i * PAGE;
+                if let Some(r) = self.region_at(p) {
+                    r.read((p - r.start()) as usize, page)
+                        .map_err(|e| MigrateError::sys(format!("reading placed page {p:#x}"), e))?;
+                }
+                self.insert_slots(pid, p, page)?;
+            }
+        }
+        Ok(())
     }
 
     /// The placed regions, for the restore's helper to drop its copies

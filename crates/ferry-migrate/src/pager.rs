@@ -25,11 +25,12 @@
 use crate::error::{MigrateError, Result};
 use crate::protocol::{self, Msg};
 use ferry_sys::uffd;
-use ferry_transport::Channel;
+use ferry_transport::{Channel, RecvHalf, SendHalf};
 use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
@@ -126,6 +127,10 @@ fn install(
     Ok(Install::Done)
 }
 
+/// A process whose pages are (partly) still at the source: its image PID,
+/// its source PID, and its lazy runs, sorted (address, pages).
+pub type LazyProcess = (i32, i32, Vec<(u64, u64)>);
+
 /// Serves the tree's faults until every page is in. `uffds` are (image
 /// PID, userfaultfd), `lazy` (image PID, source PID, lazy runs); `init`
 /// is the PID namespace's init (killed, with the tree, if the source goes
@@ -133,11 +138,38 @@ fn install(
 pub fn run(
     ch: &mut Channel,
     uffds: Vec<(i32, OwnedFd)>,
-    lazy: &[(i32, i32, Vec<(u64, u64)>)],
+    lazy: &[LazyProcess],
     init: Option<i32>,
     root: i32,
 ) -> Result<PagerReport> {
     let t0 = Instant::now();
+    let pager = Pager::new(targets(uffds, lazy), root);
+    let mut report = PagerReport::default();
+    let (tx, rx) = ch.halves();
+    let outcome = std::thread::scope(|sc| {
+        let fault_thread = sc.spawn(|| pager.serve_faults(tx));
+        let received = pager.receive_pages(rx, &fault_thread, &mut report);
+        pager.stop.store(true, Ordering::Relaxed);
+        let faulted = fault_thread.join().unwrap_or_else(|_| {
+            Err(MigrateError::Invalid("post-copy fault thread panicked".into()))
+        });
+        received.and(faulted)
+    });
+    report.faults = pager.faults.load(Ordering::Relaxed);
+    report.requests = pager.requests.load(Ordering::Relaxed);
+    report.zero_pages = pager.zero.load(Ordering::Relaxed);
+    if let Err(e) = outcome {
+        return Err(pager.kill_tree(init, e));
+    }
+    // Closing the last copies unregisters every mapping.
+    drop(pager);
+    protocol::send(ch, &Msg::PagesDone)?;
+    report.ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(report)
+}
+
+/// One target per userfaultfd of a process with lazy pages.
+fn targets(uffds: Vec<(i32, OwnedFd)>, lazy: &[LazyProcess]) -> Vec<Target> {
     let mut targets = Vec::new();
     for (pid, fd) in uffds {
         let Some((_, src, runs)) = lazy.iter().find(|(p, _, _)| *p == pid) else {
@@ -152,242 +184,323 @@ pub fn run(
             gone: false,
         });
     }
-    let state = Mutex::new(targets);
-    let stop = AtomicBool::new(false);
-    let faults = AtomicU64::new(0);
-    let requests = AtomicU64::new(0);
-    let zero = AtomicU64::new(0);
-    let mut report = PagerReport::default();
-    let (tx, rx) = ch.halves();
-    let outcome = std::thread::scope(|sc| {
-        let fault_thread = sc.spawn(|| -> Result<()> {
-            let mut asked: HashSet<(i32, u64)> = HashSet::new();
-            // Zero pages refused while an event was pending (EAGAIN).
-            let mut zero_later: Vec<(Arc<OwnedFd>, u64)> = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                if !zero_later.is_empty() {
-                    let _t = state.lock().map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))?;
-                    zero_later.retain(|(fd, page)| matches!(uffd::zeropage(fd.as_fd(), *page, PAGE, 0), Err(e) if e.errno == libc::EAGAIN));
+    targets
+}
+
+/// What the fault thread and the receiving thread share.
+struct Pager {
+    targets: Mutex<Vec<Target>>,
+    stop: AtomicBool,
+    faults: AtomicU64,
+    requests: AtomicU64,
+    zero: AtomicU64,
+    /// The tree's root, for messages.
+    root: i32,
+}
+
+/// The fault thread's own state.
+#[derive(Default)]
+struct Faulting {
+    /// (source PID, page) already requested.
+    asked: HashSet<(i32, u64)>,
+    /// Zero pages refused while an event was pending (EAGAIN).
+    zero_later: Vec<(Arc<OwnedFd>, u64)>,
+    /// Requests to send once this poll's events are read: (source PID,
+    /// address, pages).
+    want: Vec<(i32, u64, u32)>,
+}
+
+impl Pager {
+    fn new(targets: Vec<Target>, root: i32) -> Pager {
+        Pager {
+            targets: Mutex::new(targets),
+            stop: AtomicBool::new(false),
+            faults: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            zero: AtomicU64::new(0),
+            root,
+        }
+    }
+
+    fn targets(&self) -> Result<MutexGuard<'_, Vec<Target>>> {
+        self.targets
+            .lock()
+            .map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))
+    }
+
+    /// The fault thread: polls the userfaultfds until told to stop.
+    fn serve_faults(&self, tx: &mut SendHalf) -> Result<()> {
+        let root = self.root;
+        let mut f = Faulting::default();
+        while !self.stop.load(Ordering::Relaxed) {
+            if !f.zero_later.is_empty() {
+                let _t = self.targets()?;
+                f.zero_later.retain(|(fd, page)| zero_page_still_pending(fd, *page));
+            }
+            let fds: Vec<Arc<OwnedFd>> =
+                self.targets()?.iter().filter(|t| !t.gone).map(|t| t.uffd.clone()).collect();
+            if fds.is_empty() {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let borrowed: Vec<BorrowedFd> = fds.iter().map(|f| f.as_fd()).collect();
+            let ready = uffd::poll_readable(&borrowed, 50).map_err(|e| {
+                MigrateError::sys(format!("pid {root}: waiting for page faults"), e)
+            })?;
+            for (fd, _) in fds.iter().zip(ready).filter(|(_, r)| *r) {
+                self.read_events(fd, &mut f)?;
+            }
+            for (pid, addr, pages) in f.want.drain(..) {
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                protocol::send_half(tx, &Msg::PageRequest { pid, addr, pages }, &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every message queued on `fd`, read under the lock (see the module
+    /// comment).
+    fn read_events(&self, fd: &Arc<OwnedFd>, f: &mut Faulting) -> Result<()> {
+        let root = self.root;
+        let mut t = self.targets()?;
+        let Some(i) = t.iter().position(|x| Arc::ptr_eq(&x.uffd, fd)) else {
+            return Ok(());
+        };
+        loop {
+            let msg = match uffd::read_msg(t[i].uffd.as_fd()) {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    return Err(MigrateError::sys(
+                        format!("pid {root}: reading its userfaultfd"),
+                        e,
+                    ))
                 }
-                let fds: Vec<Arc<OwnedFd>> = match state.lock() {
-                    Ok(t) => t.iter().filter(|t| !t.gone).map(|t| t.uffd.clone()).collect(),
-                    Err(_) => return Err(MigrateError::Invalid("post-copy: pager state poisoned".into())),
+            };
+            match msg {
+                uffd::Msg::PageFault { address, .. } => self.on_fault(&t[i], address, f)?,
+                uffd::Msg::Other { event, args } => self.on_event(&mut t, i, event, args)?,
+            }
+        }
+    }
+
+    /// A first touch: a lazy page is requested (with its neighbours, once
+    /// per page), any other gets a zero page at once.
+    fn on_fault(&self, tg: &Target, address: u64, f: &mut Faulting) -> Result<()> {
+        let root = self.root;
+        self.faults.fetch_add(1, Ordering::Relaxed);
+        let page = address & !(PAGE - 1);
+        let src = tg.to_source(page);
+        match tg.is_lazy(src).filter(|_| !tg.is_dropped(page, PAGE)) {
+            Some((a, n)) => {
+                if f.asked.insert((tg.src_pid, src)) {
+                    let end = (a + n * PAGE).min(src + FAULT_AROUND * PAGE);
+                    for p in (src..end).step_by(PAGE as usize) {
+                        f.asked.insert((tg.src_pid, p));
+                    }
+                    f.want.push((tg.src_pid, src, ((end - src) / PAGE) as u32));
+                }
+            }
+            None => {
+                // Never present at the source, or dropped here since.
+                match uffd::zeropage(tg.uffd.as_fd(), page, PAGE, 0) {
+                    Ok(_) => {}
+                    Err(e) if e.errno == libc::EAGAIN => f.zero_later.push((tg.uffd.clone(), page)),
+                    Err(e)
+                        if e.errno == libc::EEXIST
+                            || e.errno == libc::ENOENT
+                            || e.errno == libc::ESRCH => {}
+                    Err(e) => {
+                        return Err(MigrateError::sys(
+                            format!("pid {root}: zero page at {page:#x}"),
+                            e,
+                        ))
+                    }
+                }
+                self.zero.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The events the restore enabled: fork, mremap, munmap and
+    /// MADV_DONTNEED.
+    fn on_event(&self, t: &mut Vec<Target>, i: usize, event: u8, args: [u64; 3]) -> Result<()> {
+        let root = self.root;
+        match event {
+            uffd::UFFD_EVENT_FORK => {
+                let child = uffd::own_event_fd(args[0]).map_err(|e| {
+                    MigrateError::sys(format!("pid {root}: a forked child's userfaultfd"), e)
+                })?;
+                let p = &t[i];
+                let nt = Target {
+                    uffd: Arc::new(child),
+                    src_pid: p.src_pid,
+                    lazy: p.lazy.clone(),
+                    remaps: p.remaps.clone(),
+                    dropped: p.dropped.clone(),
+                    gone: false,
                 };
-                if fds.is_empty() {
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
+                tracing::info!(
+                    "post-copy: a process of pid {root}'s tree forked; its child is served too"
+                );
+                t.push(nt);
+            }
+            uffd::UFFD_EVENT_REMAP => {
+                let (from, to, len) = (args[0], args[1], args[2]);
+                t[i].remaps.push((from, to, len));
+                // What was at `to` before is gone; `from` is now empty.
+                t[i].dropped.retain(|&(s, e)| !(s < to + len && e > to));
+                t[i].dropped.push((from, from + len));
+            }
+            uffd::UFFD_EVENT_REMOVE | uffd::UFFD_EVENT_UNMAP => {
+                t[i].dropped.push((args[0], args[1]))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The receiving thread: installs every page that arrives until
+    /// PagesDone.
+    fn receive_pages(
+        &self,
+        rx: &mut RecvHalf,
+        fault_thread: &ScopedJoinHandle<'_, Result<()>>,
+        report: &mut PagerReport,
+    ) -> Result<()> {
+        loop {
+            if fault_thread.is_finished() {
+                return Err(MigrateError::Invalid(
+                    "post-copy: the fault thread ended early".into(),
+                ));
+            }
+            let r = protocol::recv_half(rx)?;
+            match &r.msg {
+                Msg::Pages { pid, ranges } => {
+                    report.bytes += self.install_pages(*pid, ranges, r.data())?
                 }
-                let borrowed: Vec<BorrowedFd> = fds.iter().map(|f| f.as_fd()).collect();
-                let ready = uffd::poll_readable(&borrowed, 50).map_err(|e| MigrateError::sys(format!("pid {root}: waiting for page faults"), e))?;
-                let mut want: Vec<(i32, u64, u32)> = Vec::new();
-                for (fd, _) in fds.iter().zip(ready).filter(|(_, r)| *r) {
-                    let mut t = state.lock().map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))?;
-                    let Some(i) = t.iter().position(|x| Arc::ptr_eq(&x.uffd, fd)) else { continue };
-                    loop {
-                        let msg = match uffd::read_msg(t[i].uffd.as_fd()) {
-                            Ok(Some(m)) => m,
-                            Ok(None) => break,
-                            Err(e) => return Err(MigrateError::sys(format!("pid {root}: reading its userfaultfd"), e)),
-                        };
-                        match msg {
-                            uffd::Msg::PageFault { address, .. } => {
-                                faults.fetch_add(1, Ordering::Relaxed);
-                                let page = address & !(PAGE - 1);
-                                let tg = &t[i];
-                                let src = tg.to_source(page);
-                                match tg.is_lazy(src).filter(|_| !tg.is_dropped(page, PAGE)) {
-                                    Some((a, n)) => {
-                                        if asked.insert((tg.src_pid, src)) {
-                                            let end = (a + n * PAGE).min(src + FAULT_AROUND * PAGE);
-                                            for p in (src..end).step_by(PAGE as usize) {
-                                                asked.insert((tg.src_pid, p));
-                                            }
-                                            want.push((tg.src_pid, src, ((end - src) / PAGE) as u32));
-                                        }
-                                    }
-                                    None => {
-                                        // Never present at the source, or dropped here since.
-                                        match uffd::zeropage(tg.uffd.as_fd(), page, PAGE, 0) {
-                                            Ok(_) => {}
-                                            Err(e) if e.errno == libc::EAGAIN => zero_later.push((tg.uffd.clone(), page)),
-                                            Err(e) if e.errno == libc::EEXIST || e.errno == libc::ENOENT || e.errno == libc::ESRCH => {}
-                                            Err(e) => return Err(MigrateError::sys(format!("pid {root}: zero page at {page:#x}"), e)),
-                                        }
-                                        zero.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                }
-                            }
-                            uffd::Msg::Other { event, args } => match event {
-                                uffd::UFFD_EVENT_FORK => {
-                                    let child = uffd::own_event_fd(args[0]).map_err(|e| MigrateError::sys(format!("pid {root}: a forked child's userfaultfd"), e))?;
-                                    let p = &t[i];
-                                    let nt = Target {
-                                        uffd: Arc::new(child),
-                                        src_pid: p.src_pid,
-                                        lazy: p.lazy.clone(),
-                                        remaps: p.remaps.clone(),
-                                        dropped: p.dropped.clone(),
-                                        gone: false,
-                                    };
-                                    tracing::info!("post-copy: a process of pid {root}'s tree forked; its child is served too");
-                                    t.push(nt);
-                                }
-                                uffd::UFFD_EVENT_REMAP => {
-                                    let (from, to, len) = (args[0], args[1], args[2]);
-                                    t[i].remaps.push((from, to, len));
-                                    // What was at `to` before is gone; `from` is now empty.
-                                    t[i].dropped.retain(|&(s, e)| !(s < to + len && e > to));
-                                    t[i].dropped.push((from, from + len));
-                                }
-                                uffd::UFFD_EVENT_REMOVE | uffd::UFFD_EVENT_UNMAP => t[i].dropped.push((args[0], args[1])),
-                                _ => {}
-                            },
-                        }
-                    }
-                }
-                for (pid, addr, pages) in want {
-                    requests.fetch_add(1, Ordering::Relaxed);
-                    protocol::send_half(tx, &Msg::PageRequest { pid, addr, pages }, &[])?;
+                Msg::PagesDone => return Ok(()),
+                Msg::Abort { reason } => return Err(MigrateError::Aborted(reason.clone())),
+                m => {
+                    return Err(MigrateError::Protocol(format!(
+                        "unexpected {} during post-copy",
+                        m.name()
+                    )))
                 }
             }
-            Ok(())
-        });
-        let received = (|| -> Result<()> {
-            loop {
-                if fault_thread.is_finished() {
-                    return Err(MigrateError::Invalid(
-                        "post-copy: the fault thread ended early".into(),
-                    ));
-                }
-                let r = protocol::recv_half(rx)?;
-                match &r.msg {
-                    Msg::Pages { pid, ranges } => {
-                        let data = r.data();
-                        let total: u64 = ranges.iter().map(|r| r.1).sum();
-                        if total != data.len() as u64 {
-                            return Err(MigrateError::Protocol(format!(
-                                "post-copy pages of pid {pid}: ranges of {total} bytes, {} sent",
-                                data.len()
-                            )));
-                        }
-                        report.bytes += total;
-                        let mut off = 0usize;
-                        for &(src, len) in ranges {
-                            if src % PAGE != 0 || len % PAGE != 0 {
-                                return Err(MigrateError::Protocol(format!("post-copy page range {src:#x}+{len:#x} of pid {pid} is not page-aligned")));
-                            }
-                            let bytes = &data[off..off + len as usize];
-                            off += len as usize;
-                            install_everywhere(&state, *pid, src, bytes, root)?;
-                        }
-                    }
-                    Msg::PagesDone => return Ok(()),
-                    Msg::Abort { reason } => return Err(MigrateError::Aborted(reason.clone())),
-                    m => {
-                        return Err(MigrateError::Protocol(format!(
-                            "unexpected {} during post-copy",
-                            m.name()
-                        )))
-                    }
-                }
+        }
+    }
+
+    /// One Pages message of source pid `pid`, checked and installed; its
+    /// bytes.
+    fn install_pages(&self, pid: i32, ranges: &[(u64, u64)], data: &[u8]) -> Result<u64> {
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        if total != data.len() as u64 {
+            return Err(MigrateError::Protocol(format!(
+                "post-copy pages of pid {pid}: ranges of {total} bytes, {} sent",
+                data.len()
+            )));
+        }
+        let mut off = 0usize;
+        for &(src, len) in ranges {
+            if src % PAGE != 0 || len % PAGE != 0 {
+                return Err(MigrateError::Protocol(format!(
+                    "post-copy page range {src:#x}+{len:#x} of pid {pid} is not page-aligned"
+                )));
             }
-        })();
-        stop.store(true, Ordering::Relaxed);
-        let faulted = fault_thread.join().unwrap_or_else(|_| {
-            Err(MigrateError::Invalid("post-copy fault thread panicked".into()))
-        });
-        received.and(faulted)
-    });
-    report.faults = faults.load(Ordering::Relaxed);
-    report.requests = requests.load(Ordering::Relaxed);
-    report.zero_pages = zero.load(Ordering::Relaxed);
-    if let Err(e) = outcome {
+            let bytes = &data[off..off + len as usize];
+            off += len as usize;
+            self.install_everywhere(pid, src, bytes)?;
+        }
+        Ok(total)
+    }
+
+    /// The source went away (or a thread failed) before every page
+    /// arrived.
+    fn kill_tree(self, init: Option<i32>, e: MigrateError) -> MigrateError {
+        let root = self.root;
         // Threads of the tree may be waiting for pages that will never come.
         if let Some(init) = init {
             let _ = ferry_sys::process::kill(init, libc::SIGKILL);
         }
         tracing::error!("post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
         eprintln!("ferryd: post-copy of pid {root} failed before every page arrived ({e}); killing the tree: its memory is incomplete and the service is lost");
-        drop(state);
-        return Err(MigrateError::Aborted(format!(
+        drop(self);
+        MigrateError::Aborted(format!(
             "post-copy of pid {root}: {e}; the tree was killed at the destination"
-        )));
+        ))
     }
-    // Closing the last copies unregisters every mapping.
-    drop(state);
-    protocol::send(ch, &Msg::PagesDone)?;
-    report.ms = t0.elapsed().as_secs_f64() * 1e3;
-    Ok(report)
+
+    /// Installs one source range in every address space that receives pid
+    /// `src_pid`'s pages, at its current address there.
+    fn install_everywhere(&self, src_pid: i32, src: u64, bytes: &[u8]) -> Result<()> {
+        let root = self.root;
+        let mut k = 0usize;
+        let mut resume = 0usize;
+        loop {
+            let mut t = self.targets()?;
+            let Some(tg) = t.get_mut(k) else {
+                return Ok(());
+            };
+            if tg.gone || tg.src_pid != src_pid {
+                k += 1;
+                resume = 0;
+                continue;
+            }
+            let len = bytes.len() as u64;
+            let r = if tg.remaps.is_empty() && !tg.is_dropped(src, len) {
+                install(tg.uffd.as_fd(), src, bytes, resume)
+            } else {
+                install_moved(tg, src, bytes, resume)
+            };
+            match r.map_err(|e| {
+                MigrateError::sys(format!("pid {root}: installing pages at {src:#x}"), e)
+            })? {
+                Install::Done => {
+                    k += 1;
+                    resume = 0;
+                }
+                Install::Gone => {
+                    tg.gone = true;
+                    k += 1;
+                    resume = 0;
+                }
+                Install::Retry(off) => {
+                    resume = off;
+                    drop(t);
+                    // The fault thread reads the pending event meanwhile.
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+    }
 }
 
-/// Installs one source range in every address space that receives pid
-/// `src_pid`'s pages, at its current address there.
-fn install_everywhere(
-    state: &Mutex<Vec<Target>>,
-    src_pid: i32,
+/// A zero page refused earlier tried again: whether an event is still
+/// pending on its userfaultfd (EAGAIN), so that it waits another poll.
+fn zero_page_still_pending(fd: &OwnedFd, page: u64) -> bool {
+    matches!(uffd::zeropage(fd.as_fd(), page, PAGE, 0), Err(e) if e.errno == libc::EAGAIN)
+}
+
+/// Page by page: parts of the range moved or dropped since the restore.
+fn install_moved(
+    tg: &Target,
     src: u64,
     bytes: &[u8],
-    root: i32,
-) -> Result<()> {
-    let mut k = 0usize;
-    let mut resume = 0usize;
-    loop {
-        let mut t = state
-            .lock()
-            .map_err(|_| MigrateError::Invalid("post-copy: pager state poisoned".into()))?;
-        let Some(tg) = t.get_mut(k) else {
-            return Ok(());
-        };
-        if tg.gone || tg.src_pid != src_pid {
-            k += 1;
-            resume = 0;
-            continue;
-        }
-        let len = bytes.len() as u64;
-        let simple = tg.remaps.is_empty() && !tg.is_dropped(src, len);
-        let r = if simple {
-            install(tg.uffd.as_fd(), src, bytes, resume)
-        } else {
-            // Page by page: parts moved or dropped.
-            let mut out = Ok(Install::Done);
-            let mut off = resume;
-            while off < bytes.len() {
-                let cur = tg.to_current(src + off as u64);
-                if !tg.is_dropped(cur, PAGE) {
-                    match install(tg.uffd.as_fd(), cur, &bytes[off..off + PAGE as usize], 0) {
-                        Ok(Install::Done) => {}
-                        Ok(Install::Retry(_)) => {
-                            out = Ok(Install::Retry(off));
-                            break;
-                        }
-                        other => {
-                            out = other;
-                            break;
-                        }
-                    }
-                }
-                off += PAGE as usize;
-            }
-            out
-        };
-        match r.map_err(|e| {
-            MigrateError::sys(format!("pid {root}: installing pages at {src:#x}"), e)
-        })? {
-            Install::Done => {
-                k += 1;
-                resume = 0;
-            }
-            Install::Gone => {
-                tg.gone = true;
-                k += 1;
-                resume = 0;
-            }
-            Install::Retry(off) => {
-                resume = off;
-                drop(t);
-                // The fault thread reads the pending event meanwhile.
-                std::thread::sleep(Duration::from_micros(50));
+    resume: usize,
+) -> std::result::Result<Install, ferry_sys::SysError> {
+    let mut off = resume;
+    while off < bytes.len() {
+        let cur = tg.to_current(src + off as u64);
+        if !tg.is_dropped(cur, PAGE) {
+            match install(tg.uffd.as_fd(), cur, &bytes[off..off + PAGE as usize], 0) {
+                Ok(Install::Done) => {}
+                Ok(Install::Retry(_)) => return Ok(Install::Retry(off)),
+                other => return other,
             }
         }
+        off += PAGE as usize;
     }
+    Ok(Install::Done)
 }

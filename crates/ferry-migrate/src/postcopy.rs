@@ -11,7 +11,7 @@
 
 use crate::error::{MigrateError, Result};
 use crate::protocol::{self, Msg};
-use ferry_transport::Channel;
+use ferry_transport::{Channel, RecvHalf, SendHalf};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
 use std::sync::{Condvar, Mutex};
@@ -134,11 +134,19 @@ impl Proc {
     }
 }
 
+/// What the receiving thread hands the sender: the destination's
+/// requests, and how the receiving ended.
 #[derive(Default)]
 struct Shared {
     requests: VecDeque<(i32, u64, u32)>,
     /// The receiver ended: Ok on the destination's PagesDone.
     ended: Option<std::result::Result<(), String>>,
+}
+
+#[derive(Default)]
+struct Requests {
+    shared: Mutex<Shared>,
+    cv: Condvar,
 }
 
 /// Sends every lazy page of the frozen processes `lazy` (source PID to
@@ -151,133 +159,188 @@ pub fn push(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<PushReport> {
     let t0 = Instant::now();
-    let mut procs = Vec::new();
-    for (&pid, runs) in lazy {
-        let path = format!("/proc/{pid}/mem");
-        let mem = std::fs::File::open(&path)
-            .map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
-        procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
-    }
-    let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
-    let shared = Mutex::new(Shared::default());
-    let cv = Condvar::new();
-    let mut report = PushReport::default();
+    let mut pusher = Pusher::open(lazy)?;
+    let requests = Requests::default();
     let (tx, rx) = ch.halves();
-    let outcome = std::thread::scope(|sc| {
-        let receiver = sc.spawn(|| {
-            let end = loop {
-                match protocol::recv_half(rx).map(|r| r.msg) {
-                    Ok(Msg::PageRequest { pid, addr, pages }) => {
-                        if let Ok(mut s) = shared.lock() {
-                            s.requests.push_back((pid, addr, pages));
-                        }
-                        cv.notify_one();
-                    }
-                    Ok(Msg::PagesDone) => break Ok(()),
-                    Ok(Msg::Failed { error }) => {
-                        break Err(format!("the destination failed: {error}"))
-                    }
-                    Ok(m) => break Err(format!("unexpected {} during post-copy", m.name())),
-                    Err(e) => break Err(e.to_string()),
-                }
-            };
-            if let Ok(mut s) = shared.lock() {
-                s.ended = Some(end);
-            }
-            cv.notify_one();
-        });
-        let sent = (|| -> Result<()> {
-            let mut cursor = (0usize, 0usize, 0u64);
-            let mut last_note = Instant::now();
-            loop {
-                let (req, ended) = {
-                    let mut s = shared
-                        .lock()
-                        .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
-                    (s.requests.pop_front(), s.ended.clone())
-                };
-                if let Some(Err(e)) = ended {
-                    return Err(MigrateError::Aborted(format!("post-copy: {e}")));
-                }
-                if let Some((pid, addr, pages)) = req {
-                    let Some(p) = procs.iter_mut().find(|p| p.pid == pid) else {
-                        continue;
-                    };
-                    let ranges = p.take(addr & !(PAGE - 1), u64::from(pages.min(1024)));
-                    report.requests += 1;
-                    if !ranges.is_empty() {
-                        let data = p.read(&ranges)?;
-                        report.requested_pages += data.len() as u64 / PAGE;
-                        report.bytes += data.len() as u64;
-                        protocol::send_half(tx, &Msg::Pages { pid, ranges }, &data)?;
-                    }
-                    continue;
-                }
-                // Background: the next unsent pages in address order.
-                while cursor.0 < procs.len() && cursor.1 >= procs[cursor.0].runs.len() {
-                    cursor = (cursor.0 + 1, 0, 0);
-                }
-                let k = cursor.0;
-                if k >= procs.len() {
-                    break;
-                }
-                let p = &mut procs[k];
-                let (a, n) = p.runs[cursor.1];
-                let take = CHUNK_PAGES.min(n - cursor.2);
-                let ranges = p.take(a + cursor.2 * PAGE, take);
-                cursor.2 += take;
-                if cursor.2 >= n {
-                    cursor = (k, cursor.1 + 1, 0);
-                }
-                if ranges.is_empty() {
-                    continue;
-                }
-                let p = &procs[k];
-                let data = p.read(&ranges)?;
-                report.bytes += data.len() as u64;
-                protocol::send_half(tx, &Msg::Pages { pid: p.pid, ranges }, &data)?;
-                if last_note.elapsed() > Duration::from_secs(1) {
-                    last_note = Instant::now();
-                    progress(&format!(
-                        "post-copy: {:.0} of {:.0} MiB sent",
-                        report.bytes as f64 / 1048576.0,
-                        total as f64 / 1048576.0
-                    ));
-                }
-            }
-            protocol::send_half(tx, &Msg::PagesDone, &[])?;
-            // Wait for the destination to install the last pages.
-            let deadline = Instant::now() + timeout;
-            let mut s = shared
-                .lock()
-                .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?;
-            while s.ended.is_none() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(MigrateError::Aborted(
-                        "post-copy: the destination did not confirm the last pages".into(),
-                    ));
-                }
-                s = cv
-                    .wait_timeout(s, left)
-                    .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?
-                    .0;
-            }
-            match s.ended.clone() {
-                Some(Err(e)) => Err(MigrateError::Aborted(format!("post-copy: {e}"))),
-                _ => Ok(()),
-            }
-        })();
+    std::thread::scope(|sc| {
+        let receiver = sc.spawn(|| requests.receive(rx));
+        let sent = pusher
+            .send_all(tx, &requests, progress)
+            .and_then(|()| requests.await_installed(timeout));
         if sent.is_err() {
             // Unblocks the receiver.
             tx.shutdown();
         }
         let _ = receiver.join();
         sent
-    });
-    outcome?;
+    })?;
+    let mut report = pusher.report;
     report.ms = t0.elapsed().as_secs_f64() * 1e3;
     Ok(report)
+}
+
+impl Requests {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Shared>> {
+        self.shared.lock().map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))
+    }
+
+    /// The receiving thread: queues the destination's requests until its
+    /// PagesDone, a failure, or the channel's end.
+    fn receive(&self, rx: &mut RecvHalf) {
+        let end = loop {
+            match protocol::recv_half(rx).map(|r| r.msg) {
+                Ok(Msg::PageRequest { pid, addr, pages }) => {
+                    if let Ok(mut s) = self.shared.lock() {
+                        s.requests.push_back((pid, addr, pages));
+                    }
+                    self.cv.notify_one();
+                }
+                Ok(Msg::PagesDone) => break Ok(()),
+                Ok(Msg::Failed { error }) => break Err(format!("the destination failed: {error}")),
+                Ok(m) => break Err(format!("unexpected {} during post-copy", m.name())),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        if let Ok(mut s) = self.shared.lock() {
+            s.ended = Some(end);
+        }
+        self.cv.notify_one();
+    }
+
+    /// The next request, if any; an error once the receiver failed.
+    fn next(&self) -> Result<Option<(i32, u64, u32)>> {
+        let (req, ended) = {
+            let mut s = self.lock()?;
+            (s.requests.pop_front(), s.ended.clone())
+        };
+        if let Some(Err(e)) = ended {
+            return Err(MigrateError::Aborted(format!("post-copy: {e}")));
+        }
+        Ok(req)
+    }
+
+    /// Waits for the destination to install the last pages.
+    fn await_installed(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock()?;
+        while s.ended.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(MigrateError::Aborted(
+                    "post-copy: the destination did not confirm the last pages".into(),
+                ));
+            }
+            s = self
+                .cv
+                .wait_timeout(s, left)
+                .map_err(|_| MigrateError::Invalid("post-copy receiver panicked".into()))?
+                .0;
+        }
+        match s.ended.clone() {
+            Some(Err(e)) => Err(MigrateError::Aborted(format!("post-copy: {e}"))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The sending side: the processes' memory, what is sent, what is next.
+struct Pusher {
+    procs: Vec<Proc>,
+    /// The next background pages: (process, run, pages into the run).
+    cursor: (usize, usize, u64),
+    /// Bytes of all lazy pages.
+    total: u64,
+    report: PushReport,
+}
+
+impl Pusher {
+    fn open(lazy: &HashMap<i32, Vec<(u64, u64)>>) -> Result<Pusher> {
+        let mut procs = Vec::new();
+        for (&pid, runs) in lazy {
+            let path = format!("/proc/{pid}/mem");
+            let mem = std::fs::File::open(&path)
+                .map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
+            procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
+        }
+        let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
+        Ok(Pusher { procs, cursor: (0, 0, 0), total, report: PushReport::default() })
+    }
+
+    /// Requested pages first, the rest in address order, then PagesDone.
+    fn send_all(
+        &mut self,
+        tx: &mut SendHalf,
+        requests: &Requests,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> Result<()> {
+        let mut last_note = Instant::now();
+        loop {
+            if let Some(req) = requests.next()? {
+                self.serve_request(tx, req)?;
+                continue;
+            }
+            // Background: the next unsent pages in address order.
+            let Some((k, ranges)) = self.next_chunk() else {
+                break;
+            };
+            if ranges.is_empty() {
+                continue;
+            }
+            let p = &self.procs[k];
+            let data = p.read(&ranges)?;
+            self.report.bytes += data.len() as u64;
+            protocol::send_half(tx, &Msg::Pages { pid: p.pid, ranges }, &data)?;
+            if last_note.elapsed() > Duration::from_secs(1) {
+                last_note = Instant::now();
+                progress(&format!(
+                    "post-copy: {:.0} of {:.0} MiB sent",
+                    self.report.bytes as f64 / 1048576.0,
+                    self.total as f64 / 1048576.0
+                ));
+            }
+        }
+        protocol::send_half(tx, &Msg::PagesDone, &[])
+    }
+
+    /// A thread at the destination waits on this one.
+    fn serve_request(
+        &mut self,
+        tx: &mut SendHalf,
+        (pid, addr, pages): (i32, u64, u32),
+    ) -> Result<()> {
+        let Some(p) = self.procs.iter_mut().find(|p| p.pid == pid) else {
+            return Ok(());
+        };
+        let ranges = p.take(addr & !(PAGE - 1), u64::from(pages.min(1024)));
+        self.report.requests += 1;
+        if !ranges.is_empty() {
+            let data = p.read(&ranges)?;
+            self.report.requested_pages += data.len() as u64 / PAGE;
+            self.report.bytes += data.len() as u64;
+            protocol::send_half(tx, &Msg::Pages { pid, ranges }, &data)?;
+        }
+        Ok(())
+    }
+
+    /// The process and the unsent pages of the next background chunk
+    /// (empty when requests sent them all); None once every run is done.
+    fn next_chunk(&mut self) -> Option<(usize, Vec<(u64, u64)>)> {
+        let procs = &mut self.procs;
+        let cursor = &mut self.cursor;
+        while cursor.0 < procs.len() && cursor.1 >= procs[cursor.0].runs.len() {
+            *cursor = (cursor.0 + 1, 0, 0);
+        }
+        let k = cursor.0;
+        let p = procs.get_mut(k)?;
+        let (a, n) = p.runs[cursor.1];
+        let take = CHUNK_PAGES.min(n - cursor.2);
+        let ranges = p.take(a + cursor.2 * PAGE, take);
+        cursor.2 += take;
+        if cursor.2 >= n {
+            *cursor = (k, cursor.1 + 1, 0);
+        }
+        Some((k, ranges))
+    }
 }
 
 #[cfg(test)]

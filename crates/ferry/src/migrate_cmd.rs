@@ -63,9 +63,22 @@ fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
 }
 
 pub fn run(a: MigrateArgs) -> Result<i32> {
+    let opts = options(&a)?;
+    let r = ferry_migrate::migrate(&opts).with_context(|| {
+        format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to)
+    })?;
+    print_summary(&r, a.to);
+    if let Some(path) = &a.report {
+        std::fs::write(path, serde_json::to_vec_pretty(&report_json(&r))?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(0)
+}
+
+fn options(a: &MigrateArgs) -> Result<ferry_migrate::MigrateOptions> {
     let key = ferry_transport::Key::load(&a.key)
         .with_context(|| format!("key file {}", a.key.display()))?;
-    let opts = ferry_migrate::MigrateOptions {
+    Ok(ferry_migrate::MigrateOptions {
         pid: a.pid,
         to: a.to,
         key,
@@ -84,15 +97,15 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
         timeout: Duration::from_secs(a.timeout),
         network_lock: ferry_netlock::Method::Ebpf,
         progress: Box::new(|s: &str| eprintln!("ferry: {s}")),
-    };
-    let r = ferry_migrate::migrate(&opts).with_context(|| {
-        format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to)
-    })?;
+    })
+}
+
+fn print_summary(r: &ferry_migrate::MigrationReport, to: SocketAddr) {
     let parts: Vec<String> = r.source_phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
     println!(
         "migrated pid {} to {} (pid {} there, {} from its agent): pause {:.1} ms, {:.1} MiB sent, total {:.1} ms, {} pre-copy rounds; phases (ms): {}",
         r.pid,
-        a.to,
+        to,
         r.dest_pid,
         r.dest_host_pid,
         r.pause_ms,
@@ -110,29 +123,28 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
             p.push.requested_pages
         );
     }
-    if let Some(path) = &a.report {
-        let json = serde_json::json!({
-            "pid": r.pid,
-            "dest_pid": r.dest_pid,
-            "dest_host_pid": r.dest_host_pid,
-            "pause_ms": r.pause_ms,
-            "total_ms": r.total_ms,
-            "bytes_sent": r.bytes_sent,
-            "final_page_bytes": r.final_page_bytes,
-            "rounds": r.rounds.iter().map(|x| serde_json::json!({"bytes": x.bytes, "ms": x.ms, "dirty_after": x.dirty_after})).collect::<Vec<_>>(),
-            "precopy_stop": r.precopy_stop.map(|d| format!("{d:?}")),
-            "source_phases": r.source_phases,
-            "dest_phases": r.dest_phases,
-            "postcopy": r.postcopy.as_ref().map(|p| serde_json::json!({
-                "lazy_bytes": p.lazy_bytes,
-                "ms": p.push.ms,
-                "bytes": p.push.bytes,
-                "requests": p.push.requests,
-                "requested_pages": p.push.requested_pages,
-            })),
-        });
-        std::fs::write(path, serde_json::to_vec_pretty(&json)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(0)
+}
+
+/// The report `--report` writes.
+fn report_json(r: &ferry_migrate::MigrationReport) -> serde_json::Value {
+    serde_json::json!({
+        "pid": r.pid,
+        "dest_pid": r.dest_pid,
+        "dest_host_pid": r.dest_host_pid,
+        "pause_ms": r.pause_ms,
+        "total_ms": r.total_ms,
+        "bytes_sent": r.bytes_sent,
+        "final_page_bytes": r.final_page_bytes,
+        "rounds": r.rounds.iter().map(|x| serde_json::json!({"bytes": x.bytes, "ms": x.ms, "dirty_after": x.dirty_after})).collect::<Vec<_>>(),
+        "precopy_stop": r.precopy_stop.map(|d| format!("{d:?}")),
+        "source_phases": r.source_phases,
+        "dest_phases": r.dest_phases,
+        "postcopy": r.postcopy.as_ref().map(|p| serde_json::json!({
+            "lazy_bytes": p.lazy_bytes,
+            "ms": p.push.ms,
+            "bytes": p.push.bytes,
+            "requests": p.push.requests,
+            "requested_pages": p.push.requested_pages,
+        })),
+    })
 }

@@ -1,21 +1,13 @@
 //! Phase "threads, signals, timers, creds": everything after memory, in
 //! every process; the tree is complete and still stopped afterwards.
 
-use super::held::TreeGuard;
+use super::held::{HeldProcess, TreeGuard};
 use super::{files, lazy, memory, prctl, process, seccomp, signals, threads, timers, Session};
 use crate::error::{EngineError, Result};
 use crate::inject;
 use ferry_image::TreeImage;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{OwnedFd, RawFd};
-
-/// A restored process held stopped: its PID, its other threads, and
-/// whether it was in a job-control stop.
-pub(super) struct HeldProcess {
-    pub pid: i32,
-    pub tids: Vec<i32>,
-    pub stopped: bool,
-}
 
 /// Finishes every process, parents before children.
 pub(super) fn finish_all(

@@ -1,7 +1,6 @@
 //! The end of a restore: the tree complete and held stopped, and its
 //! release (the commit point), or its end when dropped.
 
-use super::finish::HeldProcess;
 use super::stage::Staged;
 use super::{files, Restored};
 use crate::error::{EngineError, Result};
@@ -9,6 +8,14 @@ use ferry_image::TreeImage;
 use ferry_sys::ptrace;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// A restored process held stopped: its PID, its other threads, and
+/// whether it was in a job-control stop.
+pub(super) struct HeldProcess {
+    pub pid: i32,
+    pub tids: Vec<i32>,
+    pub stopped: bool,
+}
 
 /// A restored tree, complete and still stopped under ptrace, its
 /// connections in repair mode behind the network lock: nothing of it has

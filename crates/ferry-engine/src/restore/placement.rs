@@ -63,9 +63,8 @@ impl Placement {
         t0: Instant,
     ) -> Result<HeldTree> {
         match self {
-            Placement::Here => {
-                super::restore_held(tree, pages, opts, handover, t0).map(HeldTree::Here)
-            }
+            Placement::Here => super::restore_held(tree, pages, opts, handover, t0)
+                .map(|h| HeldTree::Here(Box::new(h))),
             Placement::NewPidNamespace => {
                 pidns::restore_held(tree, pages, opts, handover, t0).map(HeldTree::InNamespace)
             }
@@ -73,9 +72,10 @@ impl Placement {
     }
 }
 
-/// A restored tree held stopped, wherever it was placed.
+/// A restored tree held stopped, wherever it was placed. Held is boxed:
+/// it is a thousand bytes, moved through every phase to the release.
 pub enum HeldTree {
-    Here(Held),
+    Here(Box<Held>),
     InNamespace(HeldInNamespace),
 }
 
