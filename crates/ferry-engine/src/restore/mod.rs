@@ -444,7 +444,7 @@ pub fn restore_held(
 
     // SAFETY: ferry is single-threaded here (no thread pools, no
     // background logging), so the child may run ordinary Rust code.
-    let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
+    let forked = ferry_sys::clone::fork_with_pid(pid);
     let child_pid = match forked {
         Ok(0) => child::run(child::ChildPlan {
             image: root,

@@ -115,7 +115,7 @@ pub fn restore_held(
     let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
     // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
     // code, as the root child of a plain restore does.
-    let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
+    let init = match ferry_sys::clone::fork_into_namespaces(flags) {
         Ok(0) => {
             drop(rd);
             drop(cwr);
