@@ -12,19 +12,12 @@ use ferry_sys::process::{exit_now, wait_pid};
 use std::sync::mpsc;
 
 fn main() {
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let checks: [(&str, fn()); 4] = [
+    ferry_testkit::run_on_main_thread(&[
         ("fork_runs_when_alone", fork_runs_when_alone),
         ("fork_refuses_while_a_second_thread_runs", fork_refuses_while_a_second_thread_runs),
         ("fork_runs_again_once_the_thread_is_joined", fork_runs_again_once_the_thread_is_joined),
         ("inherited_regions_unmap_only_outside_their_owner", inherited_regions_unmap),
-    ];
-    for (name, check) in checks {
-        if filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())) {
-            check();
-            println!("test {name} ... ok");
-        }
-    }
+    ]);
 }
 
 /// Forks a child that exits with `code()` and returns what it exited with.

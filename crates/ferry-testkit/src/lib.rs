@@ -212,3 +212,39 @@ impl Drop for NetNs {
         let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
     }
 }
+
+// ---------------------------------------------------------------------------
+// Tests on the main thread
+
+/// The `main` of a test binary without libtest's harness (`harness =
+/// false` in Cargo.toml), for tests that must run while the process has
+/// one thread: libtest runs each test on a thread of its own, and an
+/// in-process fork (a checkpoint's guard, a restore) refuses to run
+/// beside another thread. Runs, in turn on the calling thread, each test
+/// whose name contains one of the command line's filters (every test when
+/// there is none); flags such as --test-threads are ignored, `--skip F`
+/// leaves out the tests whose name contains F. A failing test panics.
+pub fn run_on_main_thread(tests: &[(&str, fn())]) {
+    let mut filters = Vec::new();
+    let mut skips = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--skip" {
+            skips.extend(args.next());
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
+    let chosen = |name: &str| {
+        (filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+            && !skips.iter().any(|s| name.contains(s.as_str()))
+    };
+    let mut ran = 0;
+    for (name, test) in tests.iter().filter(|(n, _)| chosen(n)) {
+        println!("test {name} ...");
+        test();
+        println!("test {name} ... ok");
+        ran += 1;
+    }
+    println!("test result: ok. {ran} passed; {} filtered out", tests.len() - ran);
+}

@@ -22,6 +22,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -33,11 +34,6 @@ const RESTORE_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(10);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn read_lossy(path: &Path) -> String {
     let mut s = Vec::new();

@@ -5,17 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
-            })
-        })
-        .unwrap_or(false)
-}
+use ferry_testkit::is_root;
 
 fn have(program: &str) -> bool {
     ["/usr/bin", "/usr/sbin", "/bin", "/usr/local/bin"]

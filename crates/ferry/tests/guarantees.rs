@@ -15,14 +15,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+use ferry_testkit::require_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -187,10 +183,7 @@ fn assert_refused(src: &str, what: &[&str]) {
 }
 
 fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
     let prog = c.compile(src);
     let pid = c.start_args(&prog, args);
@@ -245,9 +238,7 @@ fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
 /// the original, with its data and options (the program checks them).
 #[test]
 fn leave_running_keeps_tcp_connections_working() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("leave-running-tcp");
     let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
     let pid = c.start(&prog);
@@ -271,9 +262,7 @@ fn leave_running_keeps_tcp_connections_working() {
 
 #[test]
 fn leave_running_keeps_the_process_and_image_restores_later() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("leave-running");
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
@@ -317,9 +306,7 @@ fn assert_restore_rejected(c: &Case, pid: i32, what: &str) {
 
 #[test]
 fn corrupted_page_data_is_rejected_before_restore() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("corrupt-pages");
     let pid = checkpointed_image(&mut c);
     let pages = c.images().join("pages.img");
@@ -332,9 +319,7 @@ fn corrupted_page_data_is_rejected_before_restore() {
 
 #[test]
 fn truncated_metadata_is_rejected_before_restore() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("truncated-meta");
     let pid = checkpointed_image(&mut c);
     let meta = c.images().join("meta.img");
@@ -345,9 +330,7 @@ fn truncated_metadata_is_rejected_before_restore() {
 
 #[test]
 fn incremental_image_is_not_restored_without_its_parent() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("incremental");
     let pid = checkpointed_image(&mut c);
     // Make the image say that one page of the root process, which it does
@@ -412,9 +395,7 @@ fn bad_arguments_give_one_line_errors() {
 
 #[test]
 fn image_travels_as_one_stream_and_restores() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("stream");
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
@@ -461,9 +442,7 @@ fn image_travels_as_one_stream_and_restores() {
 
 #[test]
 fn stdout_piped_to_another_process_is_refused_or_replaced() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("external-stdio");
     let prog = c.compile("tests/conformance/mem_anon_private.c");
     let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
@@ -517,9 +496,7 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
 
 #[test]
 fn restore_into_a_named_network_namespace() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some(ns) = NetNs::new("restore") else {
         eprintln!("skipped: `ip netns add` is not available");
         return;
@@ -628,9 +605,7 @@ fn comm(pid: i32) -> String {
 
 #[test]
 fn taken_pids_restore_into_a_new_pid_namespace() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("new-pid-ns");
     let prog = c.compile("tests/conformance/tree_basic.c");
     let pid = c.start(&prog);
@@ -737,9 +712,7 @@ fn refuses_threads_with_different_credentials() {
 /// image a non-root user could have changed, naming the file and why.
 #[test]
 fn images_are_private_and_writable_images_are_refused() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     use std::os::unix::fs::PermissionsExt;
     let mut c = Case::new("image-perms");
     let pid = checkpointed_image(&mut c);
@@ -904,9 +877,7 @@ impl Drop for TestCgroups {
 /// memory charged to its own memory cgroup.
 #[test]
 fn cgroup_membership_is_restored() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let hierarchies = TestCgroups::hierarchies();
     if hierarchies.is_empty() {
         eprintln!("skipped: no cgroup hierarchy mounted");
@@ -943,9 +914,7 @@ fn cgroup_membership_is_restored() {
 /// process is left.
 #[test]
 fn restore_refuses_a_cgroup_that_does_not_exist() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some((_, root)) =
         TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "cgroup2")
     else {
@@ -977,9 +946,7 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
 /// checkpoint; the process runs on unharmed.
 #[test]
 fn refuses_a_thread_in_a_cgroup_of_its_own() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some((_, root)) =
         TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "memory")
     else {

@@ -31,6 +31,7 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");
@@ -41,11 +42,6 @@ const AGENT_PORT: u16 = 7070;
 const PLAIN_INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];
 /// Upper bound for one `ferry migrate` (it is SIGKILLed after it).
 const MIGRATE_LIMIT_S: u32 = 60;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn have(test: &str, programs: &[&str]) -> bool {
     if !is_root() {

@@ -21,6 +21,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -33,11 +34,6 @@ const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------
 // Skipping
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// Returns the program's path, or None (after printing why) if the test must
 /// be skipped.

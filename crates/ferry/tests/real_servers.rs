@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{sleep, JoinHandle};
 use std::time::{Duration, Instant};
+use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const REDIS: &str = "/usr/bin/redis-server";
@@ -54,11 +55,6 @@ const DRIVER_LIMIT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
 // Basics
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn prerequisites(test: &str, program: &str) -> bool {
     if !is_root() {

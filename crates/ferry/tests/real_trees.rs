@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -76,11 +77,6 @@ fn isolated_sh() -> PathBuf {
 
 // ---------------------------------------------------------------------------
 // Skipping
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn is_executable(path: &str) -> bool {
     fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)

@@ -29,14 +29,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+use ferry_testkit::require_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const POLL: Duration = Duration::from_millis(10);
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -368,10 +364,7 @@ impl Drop for TempDir {
 /// Checkpoints the server holding `n` connections from clients in B (or
 /// on A's loopback) and restores it into A; asserts every byte arrived.
 fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str) {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root!();
     let hosts = Hosts::new(tag);
     let dir = TempDir(temp_dir(tag));
     let (client_bytes, server_bytes) =
@@ -535,10 +528,7 @@ fn sig_blocked(pid: i32) -> Vec<String> {
 /// and no lock is left.
 #[test]
 fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root!();
     let tag = "tkill";
     let n = 20;
     let hosts = Hosts::new(tag);
