@@ -16,13 +16,13 @@ mod common;
 use common::conformance::compile;
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use ferry_testkit::is_root;
+use ferry_testkit::{is_root, kill};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -47,11 +47,6 @@ fn has_line(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
 }
 
-fn kill(pid: i32, sig: i32) -> bool {
-    // SAFETY: plain kill(2) on a pid we started (or restored).
-    unsafe { libc::kill(pid, sig) == 0 }
-}
-
 /// Waits for `child` to exit, at most `timeout`.
 fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
@@ -72,14 +67,7 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 /// (without O_CLOEXEC) to test binaries, and a stray pipe end would both
 /// leak into the program and confuse the checkpoint.
 fn only_stdio(cmd: &mut Command) -> &mut Command {
-    // SAFETY: the closure only calls close_range(2), which is
-    // async-signal-safe, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        })
-    }
+    ferry_testkit::only_stdio(cmd)
 }
 
 /// Parent PID of `pid` from /proc/<pid>/stat.

@@ -127,8 +127,8 @@ fn demo_interrupted_cleans_up() {
         all
     });
     let started = rx.recv_timeout(Duration::from_secs(120)).is_ok();
-    // SAFETY: SIGINT to the child we started.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    // SIGINT to the child we started.
+    ferry_testkit::kill(pid as i32, libc::SIGINT);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(s) = child.try_wait().expect("try_wait") {

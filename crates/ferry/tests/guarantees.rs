@@ -9,13 +9,12 @@ mod common;
 
 use common::{innermost_pid, inode, NetNs};
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use ferry_testkit::require_root;
+use ferry_testkit::{exists, kill, require_root};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -70,14 +69,7 @@ impl Case {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                libc::setsid();
-                Ok(())
-            });
-        }
+        ferry_testkit::own_session(&mut cmd);
         let child = cmd.spawn().expect("spawn");
         let pid = child.id() as i32;
         self.children.push(child);
@@ -115,8 +107,8 @@ impl Case {
     /// Sends SIGUSR2 to our child `idx` and waits for it to exit; returns its exit code.
     fn finish_child(&mut self, idx: usize) -> i32 {
         let pid = self.children[idx].id() as i32;
-        // SAFETY: signalling a process we started.
-        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        // A process we started.
+        kill(pid, libc::SIGUSR2);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = self.children[idx].try_wait().expect("wait") {
@@ -148,8 +140,8 @@ impl Case {
             assert!(Instant::now() < deadline, "restore from {} did not finish", images.display());
             sleep(Duration::from_millis(5));
         }
-        // SAFETY: signalling the process we restored.
-        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        // The process we restored.
+        kill(pid, libc::SIGUSR2);
         let last = self.children.len() - 1;
         self.children[last].wait().expect("wait restore").code()
     }
@@ -158,10 +150,10 @@ impl Case {
 impl Drop for Case {
     fn drop(&mut self) {
         for &pid in &self.pids {
-            // SAFETY: a namespace init this test's restore made (its tree
-            // goes with it); a reaped one is a harmless ESRCH.
+            // A namespace init this test's restore made (its tree goes
+            // with it); a reaped one is a harmless ESRCH.
             if comm(pid) == "ferry-init" {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill(pid, libc::SIGKILL);
             }
         }
         for c in &mut self.children {
@@ -268,8 +260,8 @@ fn leave_running_keeps_the_process_and_image_restores_later() {
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
     assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
-    // SAFETY: probing a process we started.
-    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "process died despite --leave-running");
+    // Probing a process we started.
+    assert!(exists(pid), "process died despite --leave-running");
 
     // Its PID is still taken: restore must say so and create nothing.
     let images = c.images();
@@ -355,8 +347,8 @@ fn incremental_image_is_not_restored_without_its_parent() {
     let images = c.images();
     let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
     if r.status.success() {
-        // SAFETY: the process this test's restore made, detached.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // The process this test's restore made, detached.
+        kill(pid, libc::SIGKILL);
     }
     assert!(!r.status.success(), "restore of an incremental image without its parent succeeded");
     assert!(
@@ -448,14 +440,7 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
     let mut cmd = Command::new(&prog);
     cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            libc::setsid();
-            Ok(())
-        });
-    }
+    ferry_testkit::own_session(&mut cmd);
     let mut child = cmd.spawn().expect("spawn");
     let pid = child.id() as i32;
     let mut pipe = child.stdout.take().expect("stdout pipe");
@@ -534,8 +519,8 @@ fn restore_into_a_named_network_namespace() {
         "not in the namespace"
     );
     assert_ne!(inode(&format!("/proc/{pid}/ns/net")), inode("/proc/self/ns/net"));
-    // SAFETY: signalling the process we restored.
-    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    // Signalling the process we restored.
+    kill(pid, libc::SIGUSR2);
     let code = c.children[1].wait().expect("wait restore").code();
     assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
@@ -667,8 +652,8 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
     // Each copy checks its ids (and /proc/self) and exits 0; ferry restore
     // exits with the root's status, through the namespace's init.
     for (idx, host) in [(b_idx, b), (c_idx, again)] {
-        // SAFETY: signalling a process this test restored.
-        unsafe { libc::kill(host, libc::SIGUSR2) };
+        // Signalling a process this test restored.
+        kill(host, libc::SIGUSR2);
         let code = c.children[idx].wait().expect("wait restore").code();
         assert_eq!(code, Some(0), "restored copy failed its checks: {}", c.log());
     }

@@ -25,13 +25,13 @@ use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use ferry_testkit::is_root;
+use ferry_testkit::{is_root, kill};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");
@@ -88,11 +88,6 @@ fn state(pid: i32) -> Option<char> {
     s.rsplit(')').next()?.trim_start().chars().next()
 }
 
-fn kill(pid: i32, sig: i32) -> bool {
-    // SAFETY: kill(2) on a process this test started (or migrated).
-    unsafe { libc::kill(pid, sig) == 0 }
-}
-
 fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -123,13 +118,7 @@ fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// The child starts with only fds 0-2 (cargo's jobserver pipe and the
 /// test harness's fds stay out of the programs, and so out of the images).
 fn only_stdio(cmd: &mut Command) -> &mut Command {
-    // SAFETY: only close_range(2), async-signal-safe, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        })
-    }
+    ferry_testkit::only_stdio(cmd)
 }
 
 fn describe(st: &ExitStatus) -> String {

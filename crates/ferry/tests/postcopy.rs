@@ -361,8 +361,8 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
         }
     }
     // The source goes away in the middle of the transfer.
-    // SAFETY: kill by PID of the ferry process this test started.
-    unsafe { libc::kill(ferry_root, libc::SIGKILL) };
+    // Kill by PID of the ferry process this test started.
+    ferry_testkit::kill(ferry_root, libc::SIGKILL);
     let _ = child.wait();
     let log = pair.dir.join("ferryd-b.log");
     let deadline = Instant::now() + Duration::from_secs(45);
