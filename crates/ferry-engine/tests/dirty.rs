@@ -8,12 +8,12 @@
 //! test prints a message and returns.
 
 use ferry_engine::dirty::DirtyTracker;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
-use ferry_testkit::require_root;
 
 const PG: u64 = 4096;
 
@@ -414,7 +414,13 @@ fn main() {
     ferry_testkit::run_on_main_thread(&[
         ("exactly_the_written_pages_are_reported", exactly_the_written_pages_are_reported),
         ("tree_parent_and_child_are_tracked_apart", tree_parent_and_child_are_tracked_apart),
-        ("a_tracked_process_can_be_checkpointed_and_restores_untracked", a_tracked_process_can_be_checkpointed_and_restores_untracked),
-        ("collect_time_for_1_gib_with_1_percent_dirty", collect_time_for_1_gib_with_1_percent_dirty),
+        (
+            "a_tracked_process_can_be_checkpointed_and_restores_untracked",
+            a_tracked_process_can_be_checkpointed_and_restores_untracked,
+        ),
+        (
+            "collect_time_for_1_gib_with_1_percent_dirty",
+            collect_time_for_1_gib_with_1_percent_dirty,
+        ),
     ]);
 }

@@ -9,10 +9,10 @@
 
 use ferry_engine::capture::vma_flags::{frozen_smaps, presurvey};
 use ferry_engine::procfs;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use ferry_testkit::require_root;
 
 /// smaps and the fast read, as comparable text.
 fn both(pid: i32, pre: &ferry_engine::capture::vma_flags::Presurveyed) -> (String, String, bool) {

@@ -6,12 +6,12 @@
 //! test fails.
 
 use ferry_netlock::{LockState, Method, Netns, NetworkLock, Phase, Tuple};
+use ferry_testkit::{is_root, require_root};
 use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use ferry_testkit::{is_root, require_root};
 
 const HELPER_ENV: &str = "FERRY_NL_TEST_HELPER";
 

@@ -9,12 +9,12 @@ use ferry_sys::address::{
     add_address, del_address, find_address, interface_hwaddr, interface_index,
 };
 use ferry_sys::announce::{announce, gratuitous_arp};
+use ferry_testkit::require_root;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-use ferry_testkit::require_root;
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");

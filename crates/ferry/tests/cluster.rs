@@ -6,9 +6,9 @@
 mod common;
 
 use common::cluster::Cluster;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use ferry_testkit::require_root;
 
 /// A PID 1 that reaps orphans and ignores SIGTERM, as ferryd will.
 const INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];

@@ -14,6 +14,7 @@
 mod common;
 
 use common::conformance::compile;
+use ferry_testkit::{is_root, kill};
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
@@ -22,7 +23,6 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use ferry_testkit::{is_root, kill};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 

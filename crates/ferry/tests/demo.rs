@@ -2,10 +2,10 @@
 //! leaves no namespace, process or directory of its own behind, also when
 //! interrupted with SIGINT in the middle of a migration.
 
+use ferry_testkit::is_root;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use ferry_testkit::is_root;
 
 fn have(program: &str) -> bool {
     ["/usr/bin", "/usr/sbin", "/bin", "/usr/local/bin"]

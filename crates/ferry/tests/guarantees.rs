@@ -8,13 +8,13 @@
 mod common;
 
 use common::{innermost_pid, inode, NetNs};
+use ferry_testkit::{exists, kill, require_root};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use ferry_testkit::{exists, kill, require_root};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -21,6 +21,7 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -31,7 +32,6 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use ferry_testkit::{is_root, kill};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");
@@ -78,7 +78,7 @@ fn path_str(p: &Path) -> &str {
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: its init reaps it soon.
     fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().map_or(false, |r| !r.trim_start().starts_with('Z')))
+        .map(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
 
@@ -432,7 +432,7 @@ fn conformance_programs_migrate_between_hosts() {
     let only = std::env::var("FERRY_MIGRATION_ONLY").ok();
     let names: Vec<String> = common::conformance::programs()
         .into_iter()
-        .filter(|n| only.as_deref().map_or(true, |o| o.split(',').any(|x| x == n)))
+        .filter(|n| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == n)))
         .collect();
     // Compile on two threads while the hosts come up.
     let (tx, rx) = mpsc::channel();

@@ -7,12 +7,12 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::require_root;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use ferry_testkit::require_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");

@@ -31,6 +31,7 @@
 mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, NetNs, TestHosts, A_V4};
+use ferry_testkit::is_root;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -43,7 +44,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{sleep, JoinHandle};
 use std::time::{Duration, Instant};
-use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const REDIS: &str = "/usr/bin/redis-server";

@@ -42,6 +42,7 @@
 mod common;
 
 use common::{innermost_pid, inode, NetNs};
+use ferry_testkit::is_root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -54,7 +55,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use ferry_testkit::is_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 

@@ -19,6 +19,7 @@
 mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, TestHosts, A_V4, A_V6};
+use ferry_testkit::require_root;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -28,7 +29,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-use ferry_testkit::require_root;
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const POLL: Duration = Duration::from_millis(10);
