@@ -29,13 +29,14 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Forks the guard. ferry must be single-threaded here.
+    /// Forks the guard. ferry must be single-threaded here: the fork
+    /// refuses (EBUSY) otherwise.
     pub fn start() -> Result<Guard> {
         let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
             .map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
-        // SAFETY: the capture has not started any thread yet; the child
-        // only runs `watch`, which makes its own file descriptors.
-        let pid = unsafe { ferry_sys::clone::fork_into_namespaces(0) }
+        // The capture has not started any thread yet; the child only runs
+        // `watch`, which makes its own file descriptors.
+        let pid = ferry_sys::clone::fork_into_namespaces(0)
             .map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
         if pid == 0 {
             drop(w);

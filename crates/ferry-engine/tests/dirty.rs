@@ -8,6 +8,7 @@
 //! test prints a message and returns.
 
 use ferry_engine::dirty::DirtyTracker;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -15,11 +16,6 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 const PG: u64 = 4096;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn compile() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dirty_target.c");
@@ -77,14 +73,7 @@ impl Target {
         }
         // Only stdin, stdout and stderr: a descriptor inherited from the
         // test harness (a pipe to cargo) would make a checkpoint refuse it.
-        // SAFETY: close_range is async-signal-safe.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                Ok(())
-            });
-        }
+        ferry_testkit::only_stdio(&mut cmd);
         let mut child =
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start dirty_target");
         let input = child.stdin.take().expect("stdin");
@@ -150,8 +139,8 @@ impl Drop for Target {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if self.child_pid > 0 {
-            // SAFETY: kill with a pid we started (already gone is fine).
-            unsafe { libc::kill(self.child_pid, libc::SIGKILL) };
+            // A pid we started (already gone is fine).
+            ferry_testkit::kill(self.child_pid, libc::SIGKILL);
         }
         let _ = std::fs::remove_file(&self.bin);
     }
@@ -211,12 +200,8 @@ fn nothing(res: &[(i32, Vec<(u64, u64)>)]) -> bool {
     res.iter().all(|(_, r)| r.is_empty())
 }
 
-#[test]
 fn exactly_the_written_pages_are_reported() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut t = Target::start(64, false);
     let t0 = Instant::now();
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
@@ -282,12 +267,8 @@ fn exactly_the_written_pages_are_reported() {
     assert_eq!(t.cmd("check"), "ok");
 }
 
-#[test]
 fn tree_parent_and_child_are_tracked_apart() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut t = Target::start(64, true);
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
     let mut pids = tracker.pids();
@@ -320,8 +301,7 @@ fn tree_parent_and_child_are_tracked_apart() {
     assert_eq!(t.cmd("cc"), "ok");
 
     // A process that exits is dropped from the set, without an error.
-    // SAFETY: kill of the child the test program forked.
-    unsafe { libc::kill(t.child_pid, libc::SIGKILL) };
+    ferry_testkit::kill(t.child_pid, libc::SIGKILL);
     std::thread::sleep(std::time::Duration::from_millis(50));
     let r = tracker.collect().expect("collect after the child was killed");
     assert_eq!(r.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![t.pid]);
@@ -332,12 +312,8 @@ fn tree_parent_and_child_are_tracked_apart() {
     t.child_pid = 0;
 }
 
-#[test]
 fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut t = Target::start(16, false);
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
     t.cmd("w 3");
@@ -369,9 +345,7 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     // stdin and stdout come back on a FIFO this test holds open both
     // ways: opening it never blocks, and the program waits on it forever.
     let fifo = dir.join("stdio");
-    let cpath = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
-    // SAFETY: mkfifo with a valid C string.
-    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    ferry_testkit::mkfifo(&fifo);
     let _hold = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).expect("open fifo");
     let ropts = ferry_engine::restore::RestoreOptions {
         tty_to: fifo.to_string_lossy().into_owned(),
@@ -390,20 +364,13 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
         let v = ((p * 31 + gen * 7 + 1) & 0xff) as u8;
         assert!(page.iter().all(|&b| b == v), "restored page {p} differs");
     }
-    // SAFETY: kill and reap the process restore made our child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
-    }
+    // The restore made it our child.
+    ferry_testkit::kill_and_reap(pid);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
 fn collect_time_for_1_gib_with_1_percent_dirty() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut t = Target::start(1024, false);
     let t0 = Instant::now();
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
@@ -438,4 +405,22 @@ fn collect_time_for_1_gib_with_1_percent_dirty() {
         DirtyTracker::bytes(&r)
     );
     assert_eq!(t.cmd("check"), "ok");
+}
+
+/// No libtest harness (Cargo.toml): the checkpoint and the restore fork
+/// in this process, which they refuse to do beside another thread, and
+/// libtest runs every test on a thread of its own.
+fn main() {
+    ferry_testkit::run_on_main_thread(&[
+        ("exactly_the_written_pages_are_reported", exactly_the_written_pages_are_reported),
+        ("tree_parent_and_child_are_tracked_apart", tree_parent_and_child_are_tracked_apart),
+        (
+            "a_tracked_process_can_be_checkpointed_and_restores_untracked",
+            a_tracked_process_can_be_checkpointed_and_restores_untracked,
+        ),
+        (
+            "collect_time_for_1_gib_with_1_percent_dirty",
+            collect_time_for_1_gib_with_1_percent_dirty,
+        ),
+    ]);
 }

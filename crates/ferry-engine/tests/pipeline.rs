@@ -6,7 +6,9 @@
 //!   as the program last wrote it, and refused once a parent changed.
 //!
 //! Needs root (ptrace). When not root each test prints a message and
-//! returns.
+//! returns. The checkpoints and restores run in this process, whose
+//! forks need it single-threaded: the tests run on the main thread
+//! (`harness = false`).
 
 use ferry_engine::capture::{CaptureOptions, LockAfterKill};
 use ferry_engine::restore::RestoreOptions;
@@ -17,11 +19,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 const PG: u64 = 4096;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// A directory removed on drop, also when the test fails.
 struct TempDir(PathBuf);
@@ -65,14 +62,7 @@ impl Target {
         cmd.arg(mib.to_string());
         // Only stdin, stdout and stderr: a descriptor inherited from the
         // test harness would make a checkpoint refuse it.
-        // SAFETY: close_range is async-signal-safe.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                Ok(())
-            });
-        }
+        ferry_testkit::only_stdio(&mut cmd);
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("start");
         let input = child.stdin.take().expect("stdin");
         let mut output = BufReader::new(child.stdout.take().expect("stdout"));
@@ -108,11 +98,7 @@ struct Restored(i32);
 
 impl Drop for Restored {
     fn drop(&mut self) {
-        // SAFETY: kill and reap the process the restore made our child.
-        unsafe {
-            libc::kill(self.0, libc::SIGKILL);
-            libc::waitpid(self.0, std::ptr::null_mut(), 0);
-        }
+        ferry_testkit::kill_and_reap(self.0);
     }
 }
 
@@ -120,9 +106,7 @@ impl Drop for Restored {
 /// both ways: the restored program then waits on it forever.
 fn restore_opts(dir: &Path) -> (RestoreOptions, std::fs::File) {
     let fifo = dir.join("stdio");
-    let cpath = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
-    // SAFETY: mkfifo with a valid C string.
-    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    ferry_testkit::mkfifo(&fifo);
     let hold = std::fs::OpenOptions::new().read(true).write(true).open(&fifo).expect("fifo");
     (RestoreOptions { tty_to: fifo.to_string_lossy().into_owned(), ..Default::default() }, hold)
 }
@@ -142,12 +126,8 @@ fn leave_running() -> CaptureOptions {
     CaptureOptions { external_stdio: true, leave_running: true, ..Default::default() }
 }
 
-#[test]
 fn a_checkpoint_into_memory_restores_from_memory() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    ferry_testkit::require_root!();
     let dir = TempDir::new("memory");
     let mut t = Target::start(&dir.0, 8);
     t.cmd("w 3");
@@ -165,12 +145,8 @@ fn a_checkpoint_into_memory_restores_from_memory() {
     check_pages(restored.0, t.a, t.na, |p| u64::from(p % 3 == 0));
 }
 
-#[test]
 fn an_incremental_chain_restores_exactly_and_refuses_a_changed_parent() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    ferry_testkit::require_root!();
     let dir = TempDir::new("chain");
     let (full, child1, child2) = (dir.0.join("full"), dir.0.join("c1"), dir.0.join("c2"));
     let mut t = Target::start(&dir.0, 16);
@@ -212,4 +188,17 @@ fn an_incremental_chain_restores_exactly_and_refuses_a_changed_parent() {
     let r = ferry_engine::restore::restore(&child2, &ropts).expect("restore of the chain");
     let restored = Restored(r.host_pid);
     check_pages(restored.0, t.a, t.na, |p| u64::from(p % 3 == 0) + u64::from(p % 5 == 0));
+}
+
+fn main() {
+    ferry_testkit::run_on_main_thread(&[
+        (
+            "a_checkpoint_into_memory_restores_from_memory",
+            a_checkpoint_into_memory_restores_from_memory,
+        ),
+        (
+            "an_incremental_chain_restores_exactly_and_refuses_a_changed_parent",
+            an_incremental_chain_restores_exactly_and_refuses_a_changed_parent,
+        ),
+    ]);
 }

@@ -9,14 +9,10 @@
 
 use ferry_engine::capture::vma_flags::{frozen_smaps, presurvey};
 use ferry_engine::procfs;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// smaps and the fast read, as comparable text.
 fn both(pid: i32, pre: &ferry_engine::capture::vma_flags::Presurveyed) -> (String, String, bool) {
@@ -42,10 +38,7 @@ fn compile(tag: &str) -> std::path::PathBuf {
 
 #[test]
 fn more_mappings_than_one_iterator_read_holds_are_read_from_smaps() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let bin = compile("many");
     let mut child = Command::new(&bin)
         .arg("many")
@@ -79,10 +72,7 @@ fn more_mappings_than_one_iterator_read_holds_are_read_from_smaps() {
 
 #[test]
 fn flags_read_without_smaps_are_smaps_flags() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let bin = compile("flags");
     let mut child = Command::new(&bin)
         .stdin(Stdio::piped())

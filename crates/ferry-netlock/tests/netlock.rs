@@ -6,31 +6,14 @@
 //! test fails.
 
 use ferry_netlock::{LockState, Method, Netns, NetworkLock, Phase, Tuple};
+use ferry_testkit::{is_root, require_root};
 use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const HELPER_ENV: &str = "FERRY_NL_TEST_HELPER";
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-macro_rules! require_root {
-    () => {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
-    };
-}
 
 fn run(args: &[&str]) -> Result<String, String> {
     let out =
@@ -87,15 +70,7 @@ impl Lab {
 
     /// Runs `f` on a thread inside namespace `ns` (sockets it creates stay there).
     fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-        let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                ferry_sys::netns::enter_net_namespace(file.as_fd()).expect("setns");
-                f()
-            })
-            .join()
-            .expect("thread in netns panicked")
-        })
+        ferry_testkit::run_in_netns(format!("/run/netns/{ns}"), f)
     }
 
     /// Nothing of lock `name` is left: record, pins, nft table, iptables chains.
@@ -902,9 +877,7 @@ fn extend_iptables() {
 /// restore can come, and the next `release_stale` removes the lock.
 #[test]
 fn lock_of_a_deleted_image_is_stale() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut lab = Lab::new();
     let image = std::env::temp_dir().join(format!("ferry-nl-image-{}", std::process::id()));
     std::fs::write(&image, b"meta").expect("image file");

@@ -283,3 +283,14 @@ pub fn set_cloexec_from(first: RawFd) {
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
+
+/// poll(2) on `fds` for at most `timeout_ms` (-1: no limit); the number of
+/// entries with events, 0 on timeout. Each entry's `revents` is filled in.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> SysResult<usize> {
+    // SAFETY: fds is a valid, writable array of fds.len() pollfds.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        return Err(last_error("poll"));
+    }
+    Ok(r as usize)
+}

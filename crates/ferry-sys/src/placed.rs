@@ -17,7 +17,8 @@ impl PlacedRegion {
     /// Maps `len` bytes at exactly `addr`; EEXIST when any mapping of
     /// ours is in the way.
     pub fn map(addr: u64, len: usize) -> SysResult<PlacedRegion> {
-        if addr % 4096 != 0 || len == 0 || len % 4096 != 0 {
+        let page_offset = |v: u64| v & (crate::PAGE_SIZE - 1);
+        if page_offset(addr) != 0 || len == 0 || page_offset(len as u64) != 0 {
             return Err(SysError::new("mmap(MAP_FIXED_NOREPLACE)", libc::EINVAL));
         }
         // No MAP_NORESERVE: a process inheriting the mapping must see the
@@ -57,7 +58,7 @@ impl PlacedRegion {
 
     /// Copies `data` in at byte `offset` of the region.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> SysResult<()> {
-        if offset.checked_add(data.len()).map_or(true, |e| e > self.len) {
+        if offset.checked_add(data.len()).is_none_or(|e| e > self.len) {
             return Err(SysError::new("PlacedRegion::write", libc::EINVAL));
         }
         // SAFETY: the destination lies inside our live read-write mapping
@@ -75,7 +76,7 @@ impl PlacedRegion {
 
     /// Copies bytes out of the region at byte `offset`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> SysResult<()> {
-        if offset.checked_add(out.len()).map_or(true, |e| e > self.len) {
+        if offset.checked_add(out.len()).is_none_or(|e| e > self.len) {
             return Err(SysError::new("PlacedRegion::read", libc::EINVAL));
         }
         // SAFETY: the source lies inside our live mapping (checked above)
@@ -93,7 +94,10 @@ impl PlacedRegion {
     /// The ranges of `regions`, for a process forked from this one to
     /// drop its inherited copies with [`InheritedRegions::unmap`].
     pub fn inherited(regions: &[&PlacedRegion]) -> InheritedRegions {
-        InheritedRegions(regions.iter().map(|r| (r.addr, r.len)).collect())
+        InheritedRegions {
+            ranges: regions.iter().map(|r| (r.addr, r.len)).collect(),
+            owner: Some(Owner::this_process()),
+        }
     }
 }
 
@@ -104,24 +108,64 @@ impl Drop for PlacedRegion {
     }
 }
 
+/// The process that made the placed regions: its PID and, to tell it
+/// from a forked child that has the same PID number in a new PID
+/// namespace, the inode of its PID namespace (0 if /proc cannot say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    pid: u32,
+    pid_ns: u64,
+}
+
+impl Owner {
+    fn this_process() -> Owner {
+        use std::os::unix::fs::MetadataExt;
+        let pid_ns = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+        Owner { pid: std::process::id(), pid_ns }
+    }
+
+    /// Whether the caller may be the owner: same PID, and not provably
+    /// in another PID namespace. A PID never changes, so the owner itself
+    /// always answers yes.
+    fn may_be_this_process(&self) -> bool {
+        let here = Owner::this_process();
+        here.pid == self.pid && (here.pid_ns == self.pid_ns || here.pid_ns == 0 || self.pid_ns == 0)
+    }
+}
+
 /// The ranges of placed regions as a forked child of their owner sees
 /// them: its own copies, which no Rust value of the child owns.
 #[derive(Debug, Clone, Default)]
-pub struct InheritedRegions(Vec<(u64, usize)>);
+pub struct InheritedRegions {
+    ranges: Vec<(u64, usize)>,
+    /// None only for the empty value of `Default`.
+    owner: Option<Owner>,
+}
 
 impl InheritedRegions {
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.ranges.is_empty()
     }
 
-    /// Unmaps the inherited copies. Only meaningful in a process forked
-    /// after the regions were made; in their owner it would leave the
-    /// PlacedRegions dangling, so it consumes the value.
+    /// Unmaps the inherited copies, in a process forked after the regions
+    /// were made. In their owner the ranges are the live PlacedRegions,
+    /// which unmapping would leave dangling: there it refuses (EPERM)
+    /// and unmaps nothing.
     pub fn unmap(self) -> SysResult<()> {
-        for (addr, len) in self.0 {
-            // SAFETY: these ranges were placed regions of an ancestor,
-            // which hands out no references into them: no Rust reference
-            // in this process points there.
+        if self.ranges.is_empty() {
+            return Ok(());
+        }
+        if self.owner.is_none_or(|o| o.may_be_this_process()) {
+            return Err(SysError::new(
+                "munmap(inherited placed region) in the process that owns it",
+                libc::EPERM,
+            ));
+        }
+        for (addr, len) in self.ranges {
+            // SAFETY: the check above makes this a process other than the
+            // regions' owner, so these are copies inherited over fork;
+            // the owner hands out no references into its regions, so no
+            // Rust reference in this process points there.
             if unsafe { libc::munmap(addr as *mut libc::c_void, len) } < 0 {
                 return Err(last_error("munmap(inherited placed region)"));
             }

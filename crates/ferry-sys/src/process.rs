@@ -480,3 +480,64 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// What a child started with [`std::process::Command`] does between
+/// fork and exec, in this order.
+#[derive(Debug, Default)]
+pub struct ExecSetup {
+    /// setns(2) into this network namespace (an open nsfs file).
+    pub net_namespace: Option<std::os::fd::OwnedFd>,
+    /// setsid(2): a session and process group of its own, so that the
+    /// program refers to none of its parent's.
+    pub new_session: bool,
+    /// close_range(3, ~0): only stdin, stdout and stderr cross exec. A
+    /// descriptor inherited without O_CLOEXEC (cargo's jobserver pipe, for
+    /// one) would otherwise end up in the program.
+    pub only_stdio: bool,
+}
+
+/// Makes `cmd`'s child run `setup` between fork and exec. A failed setns
+/// or setsid fails the spawn.
+pub fn set_exec_setup(
+    cmd: &mut std::process::Command,
+    setup: ExecSetup,
+) -> &mut std::process::Command {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let ExecSetup { net_namespace, new_session, only_stdio } = setup;
+    let hook = move || -> std::io::Result<()> {
+        if let Some(ns) = &net_namespace {
+            // SAFETY: setns with an fd the closure owns (open until the
+            // Command is dropped) and a constant flag.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        // SAFETY: no arguments.
+        if new_session && unsafe { libc::setsid() } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if only_stdio {
+            // SAFETY: integer arguments; this process owns no Rust value
+            // holding those fds that runs again before exec.
+            unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and calls only
+    // setns, setsid and close_range, which are async-signal-safe; it does
+    // not allocate (the Option is matched by reference).
+    unsafe { cmd.pre_exec(hook) }
+}
+
+/// waitpid(pid, WNOHANG): reaps child `pid` if it has ended and returns
+/// its raw wait status, None while it runs.
+pub fn try_wait_pid(pid: i32) -> SysResult<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: status is a valid out pointer.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if r < 0 {
+        return Err(last_error("waitpid(WNOHANG)"));
+    }
+    Ok((r == pid).then_some(status))
+}

@@ -9,24 +9,12 @@ use ferry_sys::address::{
     add_address, del_address, find_address, interface_hwaddr, interface_index,
 };
 use ferry_sys::announce::{announce, gratuitous_arp};
-use ferry_sys::netns::enter_net_namespace;
+use ferry_testkit::require_root;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
-            })
-        })
-        .unwrap_or(false)
-}
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
@@ -109,14 +97,7 @@ impl Lab {
 
     /// Runs `f` on a thread that joined host `host`'s network namespace.
     fn run<T: Send + 'static>(&self, host: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.ns(host));
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            enter_net_namespace(file.as_fd()).unwrap_or_else(|e| panic!("enter {path}: {e}"));
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
+        ferry_testkit::run_in_netns(format!("/run/netns/{}", self.ns(host)), f)
     }
 
     fn mac(&self, host: &str) -> String {
@@ -243,10 +224,7 @@ fn exchange(lab: &Lab, server: &str, client: &str, service: IpAddr) {
 
 #[test]
 fn ipv4_address_moves_with_a_gratuitous_arp() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let lab = Lab::hosts(&["a", "b", "c"]);
     let service = IpAddr::V4(Ipv4Addr::new(10, 77, lab.n, 100));
     move_address(&lab, service, 24);
@@ -254,10 +232,7 @@ fn ipv4_address_moves_with_a_gratuitous_arp() {
 
 #[test]
 fn ipv6_address_moves_with_an_unsolicited_neighbour_advertisement() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let lab = Lab::hosts(&["a", "b", "c"]);
     let service = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x77, lab.n as u16, 0, 0, 0, 0, 0x100));
     move_address(&lab, service, 64);
@@ -265,10 +240,7 @@ fn ipv6_address_moves_with_an_unsolicited_neighbour_advertisement() {
 
 #[test]
 fn refusals_carry_the_kernels_errno() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let lab = Lab::hosts(&["a"]);
     let a_if = eth0(&lab, "a");
     let n = lab.n;

@@ -6,22 +6,12 @@
 mod common;
 
 use common::cluster::Cluster;
+use ferry_testkit::require_root;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 /// A PID 1 that reaps orphans and ignores SIGTERM, as ferryd will.
 const INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
-            })
-        })
-        .unwrap_or(false)
-}
 
 fn output(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run command in host");
@@ -39,10 +29,7 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn hosts_have_their_own_pids_and_proc() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let c = Cluster::new(&["a", "b"]);
     let (a, b) = (c.host("a"), c.host("b"));
     let a_init = a.start_init(INIT);
@@ -110,10 +97,7 @@ fn hosts_have_their_own_pids_and_proc() {
 
 #[test]
 fn hosts_talk_over_the_bridge() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let c = Cluster::new(&["a", "b", "c"]);
     let (a, host_c) = (c.host("a"), c.host("c"));
     assert_eq!(a.ip, c.subnet_addr(1));
@@ -166,10 +150,7 @@ fn hosts_talk_over_the_bridge() {
 /// A panic in the middle of a test still removes everything.
 #[test]
 fn a_failing_test_leaves_nothing() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let (tx, rx) = std::sync::mpsc::channel();
     let r = std::thread::spawn(move || {
         let c = Cluster::new(&["a", "b"]);

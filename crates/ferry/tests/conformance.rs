@@ -14,9 +14,10 @@
 mod common;
 
 use common::conformance::compile;
+use ferry_testkit::{is_root, kill};
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,11 +35,6 @@ const POLL: Duration = Duration::from_millis(10);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 fn read_lossy(path: &Path) -> String {
     let mut s = Vec::new();
     if let Ok(mut f) = File::open(path) {
@@ -49,11 +45,6 @@ fn read_lossy(path: &Path) -> String {
 
 fn has_line(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
-}
-
-fn kill(pid: i32, sig: i32) -> bool {
-    // SAFETY: plain kill(2) on a pid we started (or restored).
-    unsafe { libc::kill(pid, sig) == 0 }
 }
 
 /// Waits for `child` to exit, at most `timeout`.
@@ -76,14 +67,7 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 /// (without O_CLOEXEC) to test binaries, and a stray pipe end would both
 /// leak into the program and confuse the checkpoint.
 fn only_stdio(cmd: &mut Command) -> &mut Command {
-    // SAFETY: the closure only calls close_range(2), which is
-    // async-signal-safe, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        })
-    }
+    ferry_testkit::only_stdio(cmd)
 }
 
 /// Parent PID of `pid` from /proc/<pid>/stat.

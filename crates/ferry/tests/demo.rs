@@ -2,20 +2,10 @@
 //! leaves no namespace, process or directory of its own behind, also when
 //! interrupted with SIGINT in the middle of a migration.
 
+use ferry_testkit::is_root;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1) == Some("0"))
-            })
-        })
-        .unwrap_or(false)
-}
 
 fn have(program: &str) -> bool {
     ["/usr/bin", "/usr/sbin", "/bin", "/usr/local/bin"]
@@ -137,8 +127,8 @@ fn demo_interrupted_cleans_up() {
         all
     });
     let started = rx.recv_timeout(Duration::from_secs(120)).is_ok();
-    // SAFETY: SIGINT to the child we started.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    // SIGINT to the child we started.
+    ferry_testkit::kill(pid as i32, libc::SIGINT);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(s) = child.try_wait().expect("try_wait") {

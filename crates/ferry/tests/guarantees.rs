@@ -8,8 +8,8 @@
 mod common;
 
 use common::{innermost_pid, inode, NetNs};
+use ferry_testkit::{exists, kill, require_root};
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,11 +18,6 @@ use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -74,14 +69,7 @@ impl Case {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                libc::setsid();
-                Ok(())
-            });
-        }
+        ferry_testkit::own_session(&mut cmd);
         let child = cmd.spawn().expect("spawn");
         let pid = child.id() as i32;
         self.children.push(child);
@@ -119,8 +107,8 @@ impl Case {
     /// Sends SIGUSR2 to our child `idx` and waits for it to exit; returns its exit code.
     fn finish_child(&mut self, idx: usize) -> i32 {
         let pid = self.children[idx].id() as i32;
-        // SAFETY: signalling a process we started.
-        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        // A process we started.
+        kill(pid, libc::SIGUSR2);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = self.children[idx].try_wait().expect("wait") {
@@ -152,8 +140,8 @@ impl Case {
             assert!(Instant::now() < deadline, "restore from {} did not finish", images.display());
             sleep(Duration::from_millis(5));
         }
-        // SAFETY: signalling the process we restored.
-        unsafe { libc::kill(pid, libc::SIGUSR2) };
+        // The process we restored.
+        kill(pid, libc::SIGUSR2);
         let last = self.children.len() - 1;
         self.children[last].wait().expect("wait restore").code()
     }
@@ -162,10 +150,10 @@ impl Case {
 impl Drop for Case {
     fn drop(&mut self) {
         for &pid in &self.pids {
-            // SAFETY: a namespace init this test's restore made (its tree
-            // goes with it); a reaped one is a harmless ESRCH.
+            // A namespace init this test's restore made (its tree goes
+            // with it); a reaped one is a harmless ESRCH.
             if comm(pid) == "ferry-init" {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill(pid, libc::SIGKILL);
             }
         }
         for c in &mut self.children {
@@ -187,10 +175,7 @@ fn assert_refused(src: &str, what: &[&str]) {
 }
 
 fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
     let prog = c.compile(src);
     let pid = c.start_args(&prog, args);
@@ -245,9 +230,7 @@ fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
 /// the original, with its data and options (the program checks them).
 #[test]
 fn leave_running_keeps_tcp_connections_working() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("leave-running-tcp");
     let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
     let pid = c.start(&prog);
@@ -271,16 +254,14 @@ fn leave_running_keeps_tcp_connections_working() {
 
 #[test]
 fn leave_running_keeps_the_process_and_image_restores_later() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("leave-running");
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &["--leave-running"]);
     assert!(out.status.success(), "checkpoint --leave-running failed: {}", stderr(&out));
-    // SAFETY: probing a process we started.
-    assert_eq!(unsafe { libc::kill(pid, 0) }, 0, "process died despite --leave-running");
+    // Probing a process we started.
+    assert!(exists(pid), "process died despite --leave-running");
 
     // Its PID is still taken: restore must say so and create nothing.
     let images = c.images();
@@ -317,9 +298,7 @@ fn assert_restore_rejected(c: &Case, pid: i32, what: &str) {
 
 #[test]
 fn corrupted_page_data_is_rejected_before_restore() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("corrupt-pages");
     let pid = checkpointed_image(&mut c);
     let pages = c.images().join("pages.img");
@@ -332,9 +311,7 @@ fn corrupted_page_data_is_rejected_before_restore() {
 
 #[test]
 fn truncated_metadata_is_rejected_before_restore() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("truncated-meta");
     let pid = checkpointed_image(&mut c);
     let meta = c.images().join("meta.img");
@@ -345,9 +322,7 @@ fn truncated_metadata_is_rejected_before_restore() {
 
 #[test]
 fn incremental_image_is_not_restored_without_its_parent() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("incremental");
     let pid = checkpointed_image(&mut c);
     // Make the image say that one page of the root process, which it does
@@ -372,8 +347,8 @@ fn incremental_image_is_not_restored_without_its_parent() {
     let images = c.images();
     let r = c.ferry(&["restore", "--images", images.to_str().expect("utf-8"), "--detach"]);
     if r.status.success() {
-        // SAFETY: the process this test's restore made, detached.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // The process this test's restore made, detached.
+        kill(pid, libc::SIGKILL);
     }
     assert!(!r.status.success(), "restore of an incremental image without its parent succeeded");
     assert!(
@@ -412,9 +387,7 @@ fn bad_arguments_give_one_line_errors() {
 
 #[test]
 fn image_travels_as_one_stream_and_restores() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("stream");
     let prog = c.compile("tests/conformance/threads_8_writers.c");
     let pid = c.start(&prog);
@@ -461,22 +434,13 @@ fn image_travels_as_one_stream_and_restores() {
 
 #[test]
 fn stdout_piped_to_another_process_is_refused_or_replaced() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("external-stdio");
     let prog = c.compile("tests/conformance/mem_anon_private.c");
     let log = fs::File::create(c.dir.join("stderr.log")).expect("log");
     let mut cmd = Command::new(&prog);
     cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            libc::setsid();
-            Ok(())
-        });
-    }
+    ferry_testkit::own_session(&mut cmd);
     let mut child = cmd.spawn().expect("spawn");
     let pid = child.id() as i32;
     let mut pipe = child.stdout.take().expect("stdout pipe");
@@ -517,9 +481,7 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
 
 #[test]
 fn restore_into_a_named_network_namespace() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some(ns) = NetNs::new("restore") else {
         eprintln!("skipped: `ip netns add` is not available");
         return;
@@ -557,8 +519,8 @@ fn restore_into_a_named_network_namespace() {
         "not in the namespace"
     );
     assert_ne!(inode(&format!("/proc/{pid}/ns/net")), inode("/proc/self/ns/net"));
-    // SAFETY: signalling the process we restored.
-    unsafe { libc::kill(pid, libc::SIGUSR2) };
+    // Signalling the process we restored.
+    kill(pid, libc::SIGUSR2);
     let code = c.children[1].wait().expect("wait restore").code();
     assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
@@ -628,9 +590,7 @@ fn comm(pid: i32) -> String {
 
 #[test]
 fn taken_pids_restore_into_a_new_pid_namespace() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut c = Case::new("new-pid-ns");
     let prog = c.compile("tests/conformance/tree_basic.c");
     let pid = c.start(&prog);
@@ -692,8 +652,8 @@ fn taken_pids_restore_into_a_new_pid_namespace() {
     // Each copy checks its ids (and /proc/self) and exits 0; ferry restore
     // exits with the root's status, through the namespace's init.
     for (idx, host) in [(b_idx, b), (c_idx, again)] {
-        // SAFETY: signalling a process this test restored.
-        unsafe { libc::kill(host, libc::SIGUSR2) };
+        // Signalling a process this test restored.
+        kill(host, libc::SIGUSR2);
         let code = c.children[idx].wait().expect("wait restore").code();
         assert_eq!(code, Some(0), "restored copy failed its checks: {}", c.log());
     }
@@ -737,9 +697,7 @@ fn refuses_threads_with_different_credentials() {
 /// image a non-root user could have changed, naming the file and why.
 #[test]
 fn images_are_private_and_writable_images_are_refused() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     use std::os::unix::fs::PermissionsExt;
     let mut c = Case::new("image-perms");
     let pid = checkpointed_image(&mut c);
@@ -904,9 +862,7 @@ impl Drop for TestCgroups {
 /// memory charged to its own memory cgroup.
 #[test]
 fn cgroup_membership_is_restored() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let hierarchies = TestCgroups::hierarchies();
     if hierarchies.is_empty() {
         eprintln!("skipped: no cgroup hierarchy mounted");
@@ -943,9 +899,7 @@ fn cgroup_membership_is_restored() {
 /// process is left.
 #[test]
 fn restore_refuses_a_cgroup_that_does_not_exist() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some((_, root)) =
         TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "cgroup2")
     else {
@@ -977,9 +931,7 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
 /// checkpoint; the process runs on unharmed.
 #[test]
 fn refuses_a_thread_in_a_cgroup_of_its_own() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let Some((_, root)) =
         TestCgroups::hierarchies().into_iter().find(|(w, _)| *w == "pids" || *w == "memory")
     else {

@@ -21,11 +21,12 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -41,11 +42,6 @@ const AGENT_PORT: u16 = 7070;
 const PLAIN_INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];
 /// Upper bound for one `ferry migrate` (it is SIGKILLed after it).
 const MIGRATE_LIMIT_S: u32 = 60;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn have(test: &str, programs: &[&str]) -> bool {
     if !is_root() {
@@ -82,7 +78,7 @@ fn path_str(p: &Path) -> &str {
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: its init reaps it soon.
     fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().map_or(false, |r| !r.trim_start().starts_with('Z')))
+        .map(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
         .unwrap_or(false)
 }
 
@@ -90,11 +86,6 @@ fn alive(pid: i32) -> bool {
 fn state(pid: i32) -> Option<char> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     s.rsplit(')').next()?.trim_start().chars().next()
-}
-
-fn kill(pid: i32, sig: i32) -> bool {
-    // SAFETY: kill(2) on a process this test started (or migrated).
-    unsafe { libc::kill(pid, sig) == 0 }
 }
 
 fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -127,13 +118,7 @@ fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// The child starts with only fds 0-2 (cargo's jobserver pipe and the
 /// test harness's fds stay out of the programs, and so out of the images).
 fn only_stdio(cmd: &mut Command) -> &mut Command {
-    // SAFETY: only close_range(2), async-signal-safe, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        })
-    }
+    ferry_testkit::only_stdio(cmd)
 }
 
 fn describe(st: &ExitStatus) -> String {
@@ -447,7 +432,7 @@ fn conformance_programs_migrate_between_hosts() {
     let only = std::env::var("FERRY_MIGRATION_ONLY").ok();
     let names: Vec<String> = common::conformance::programs()
         .into_iter()
-        .filter(|n| only.as_deref().map_or(true, |o| o.split(',').any(|x| x == n)))
+        .filter(|n| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == n)))
         .collect();
     // Compile on two threads while the hosts come up.
     let (tx, rx) = mpsc::channel();

@@ -7,6 +7,7 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::require_root;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -79,11 +80,6 @@ int main(int argc, char **argv) {
     }
 }
 "#;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn work_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -273,20 +269,14 @@ fn migrate_and_check(pair: &Pair, mib: u64) -> f64 {
 
 #[test]
 fn lazy_migration_keeps_256_mib_intact() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let pair = Pair::new();
     migrate_and_check(&pair, 256);
 }
 
 #[test]
 fn lazy_pause_does_not_grow_with_memory() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let pair = Pair::new();
     let small = migrate_and_check(&pair, 64);
     let big = migrate_and_check(&pair, 512);
@@ -303,10 +293,7 @@ fn lazy_pause_does_not_grow_with_memory() {
 
 #[test]
 fn busy_writer_keeps_counting_after_lazy_migration() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let pair = Pair::new();
     let (pid, out) = pair.start("busy", 100);
     std::thread::sleep(Duration::from_millis(300));
@@ -343,10 +330,7 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
 #[test]
 fn source_lost_during_postcopy_kills_the_destination_tree() {
     use std::io::{BufRead, BufReader};
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root!();
     let pair = Pair::new();
     let (pid, _out) = pair.start("check", 1024);
     let to = format!("{}:7070", pair.host("b").ip);
@@ -377,8 +361,8 @@ fn source_lost_during_postcopy_kills_the_destination_tree() {
         }
     }
     // The source goes away in the middle of the transfer.
-    // SAFETY: kill by PID of the ferry process this test started.
-    unsafe { libc::kill(ferry_root, libc::SIGKILL) };
+    // Kill by PID of the ferry process this test started.
+    ferry_testkit::kill(ferry_root, libc::SIGKILL);
     let _ = child.wait();
     let log = pair.dir.join("ferryd-b.log");
     let deadline = Instant::now() + Duration::from_secs(45);

@@ -11,11 +11,12 @@
 //! or restored) and reap everything and remove the temporary directory, also
 //! when a test fails.
 
+use ferry_testkit::is_root;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -33,11 +34,6 @@ const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------
 // Skipping
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// Returns the program's path, or None (after printing why) if the test must
 /// be skipped.
@@ -107,10 +103,8 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 
 fn kill_pid(pid: i32, sig: libc::c_int) {
     if pid > 0 {
-        // SAFETY: plain syscall; pid is one this test started or restored.
-        unsafe {
-            libc::kill(pid, sig);
-        }
+        // A pid this test started or restored.
+        ferry_testkit::kill(pid, sig);
     }
 }
 
@@ -165,19 +159,11 @@ impl Run {
         let log2 = log.try_clone().expect("clone log fd");
         let mut cmd = Command::new(program);
         cmd.args(args).current_dir(self.dir.path()).stdin(Stdio::null()).stdout(log).stderr(log2);
-        // SAFETY: setsid is async-signal-safe. The program gets its own
-        // session and process group, so its image refers to none of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Only stdin/stdout/stderr: a descriptor inherited from
-                // whatever runs the tests would become part of the image.
-                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The program gets its own session and process group, so its
+        // image refers to none of ours, and only stdin/stdout/stderr: a
+        // descriptor inherited from whatever runs the tests would become
+        // part of the image.
+        ferry_testkit::own_session(&mut cmd);
         let child =
             cmd.spawn().unwrap_or_else(|e| panic!("[{}] spawn {program:?}: {e}", self.name));
         self.original_pid = child.id() as i32;

@@ -31,12 +31,13 @@
 mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, NetNs, TestHosts, A_V4};
+use ferry_testkit::is_root;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -54,11 +55,6 @@ const DRIVER_LIMIT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
 // Basics
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn prerequisites(test: &str, program: &str) -> bool {
     if !is_root() {
@@ -145,9 +141,9 @@ fn running(id: &ProcId) -> bool {
 
 fn kill_id(id: &ProcId, sig: libc::c_int) {
     if running(id) {
-        // SAFETY: a process this test started or restored (PID and start
-        // time checked just above).
-        unsafe { libc::kill(id.pid, sig) };
+        // A process this test started or restored (PID and start time
+        // checked just above).
+        ferry_testkit::kill(id.pid, sig);
     }
 }
 
@@ -237,13 +233,7 @@ fn ferry(dir: &Path, tag: &str, args: &[&str]) -> (ExitStatus, String, Duration)
         .stdin(Stdio::null())
         .stdout(Stdio::from(f.try_clone().expect("dup")))
         .stderr(Stdio::from(f));
-    // SAFETY: close_range only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    ferry_testkit::only_stdio(&mut cmd);
     let t = Instant::now();
     let mut child = cmd.spawn().expect("spawn ferry");
     let st = match wait_child(&mut child, Duration::from_secs(60)) {
@@ -576,9 +566,7 @@ impl Churn {
         let ns_path = ns.path();
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            let f = File::open(&ns_path).expect("open netns");
-            // SAFETY: setns on this thread only, with an open nsfs file.
-            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
+            ferry_testkit::enter_netns(&ns_path);
             let (mut done, mut errors) = (0, Vec::new());
             let until = Instant::now() + DRIVER_LIMIT;
             while !flag.load(Ordering::Relaxed) && Instant::now() < until {
@@ -687,10 +675,7 @@ impl Driver {
         let path = ns.path();
         let sh = shared.clone();
         let thread = std::thread::spawn(move || {
-            let f = File::open(&path).expect("open netns");
-            // SAFETY: setns on this thread only, with an open nsfs file.
-            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            ferry_testkit::enter_netns(&path);
             drive(to, n, &*proto, &sh)
         });
         Driver { shared, thread: Some(thread) }
@@ -760,18 +745,7 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 s.set_nodelay(true).expect("nodelay");
                 s.set_nonblocking(true).expect("nonblocking");
                 if slow(id) {
-                    let size: libc::c_int = 8192;
-                    // SAFETY: setsockopt on our own socket with an int.
-                    let r = unsafe {
-                        libc::setsockopt(
-                            s.as_raw_fd(),
-                            libc::SOL_SOCKET,
-                            libc::SO_RCVBUF,
-                            &size as *const _ as *const libc::c_void,
-                            4,
-                        )
-                    };
-                    assert_eq!(r, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+                    ferry_testkit::set_socket_option(&s, libc::SOL_SOCKET, libc::SO_RCVBUF, 8192);
                 }
                 let (out, exp) = proto.round(id, 0);
                 let read_after = slow(id).then(|| Instant::now() + SLOW_READ);
@@ -823,13 +797,8 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
                 libc::pollfd { fd: c.s.as_raw_fd(), events, revents: 0 }
             })
             .collect();
-        // SAFETY: fds is a valid array of fds.len() pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            assert_eq!(e.kind(), ErrorKind::Interrupted, "poll: {e}");
-            continue;
-        }
+        // An interrupted poll reports no events, like a timeout.
+        ferry_testkit::poll(&mut fds, 5);
         for (k, &id) in active.iter().enumerate() {
             let rev = fds[k].revents;
             if rev == 0 {
@@ -1077,13 +1046,7 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     .stdin(Stdio::null())
     .stdout(Stdio::from(File::create(&err).expect("restore out")))
     .stderr(Stdio::from(File::options().append(true).open(&err).expect("restore err")));
-    // SAFETY: close_range only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    ferry_testkit::only_stdio(&mut cmd);
     let t = Instant::now();
     svc.restore = Some(cmd.spawn().expect("spawn ferry restore"));
     let deadline = Instant::now() + Duration::from_secs(30);

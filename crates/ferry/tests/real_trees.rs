@@ -42,6 +42,7 @@
 mod common;
 
 use common::{innermost_pid, inode, NetNs};
+use ferry_testkit::is_root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -77,11 +78,6 @@ fn isolated_sh() -> PathBuf {
 // ---------------------------------------------------------------------------
 // Skipping
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 fn is_executable(path: &str) -> bool {
     fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
@@ -111,11 +107,7 @@ fn prerequisites(test: &str, programs: &[&str]) -> bool {
 /// instead of waiting for init.
 fn become_subreaper() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: plain prctl on this process.
-        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(rc, 0, "prctl(PR_SET_CHILD_SUBREAPER): {}", io::Error::last_os_error());
-    });
+    ONCE.call_once(ferry_testkit::become_subreaper);
 }
 
 // ---------------------------------------------------------------------------
@@ -288,20 +280,15 @@ fn running(id: &ProcId) -> bool {
 
 fn signal(id: &ProcId, sig: libc::c_int) {
     if id.pid > 0 && running(id) {
-        // SAFETY: plain syscall on a process this test started or restored
-        // (PID and start time checked just above).
-        unsafe {
-            libc::kill(id.pid, sig);
-        }
+        // A process this test started or restored (PID and start time
+        // checked just above).
+        ferry_testkit::kill(id.pid, sig);
     }
 }
 
 /// Reaps pid if it is a zombie child of ours; returns its status then.
 fn try_reap(pid: i32) -> Option<ExitStatus> {
-    let mut status = 0;
-    // SAFETY: waitpid on one specific PID, non-blocking.
-    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    (rc == pid).then(|| ExitStatus::from_raw(status))
+    ferry_testkit::try_reap(pid)
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -1246,10 +1233,7 @@ impl Drop for IpcGuard {
                     "[{}] removing SysV shm segment key {} id {} left by postgres",
                     self.name, row.key, row.shmid
                 );
-                // SAFETY: IPC_RMID on a segment id; no memory is touched.
-                unsafe {
-                    libc::shmctl(row.shmid, libc::IPC_RMID, std::ptr::null_mut());
-                }
+                ferry_testkit::remove_shm(row.shmid);
             }
         }
         for f in &self.dev_shm {

@@ -19,10 +19,10 @@
 mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, TestHosts, A_V4, A_V6};
+use ferry_testkit::require_root;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,11 +32,6 @@ use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const POLL: Duration = Duration::from_millis(10);
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -222,10 +217,7 @@ fn run_clients(
 ) -> std::thread::JoinHandle<Outcome> {
     std::thread::spawn(move || {
         if let Some(ns) = netns {
-            let f = File::open(format!("/run/netns/{ns}")).expect("open netns");
-            // SAFETY: setns on this thread only, with an open nsfs file.
-            let r = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            ferry_testkit::enter_netns(format!("/run/netns/{ns}"));
         }
         let mut conns = Vec::with_capacity(load.n);
         for id in 0..load.n as u32 {
@@ -335,13 +327,7 @@ fn ferry(args: &[&str], out: &Path) -> ExitStatus {
         .stdin(Stdio::null())
         .stdout(File::create(out.with_extension("out")).expect("out"))
         .stderr(File::create(out).expect("err"));
-    // SAFETY: close_range only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    ferry_testkit::only_stdio(&mut cmd);
     cmd.status().expect("run ferry")
 }
 
@@ -368,10 +354,7 @@ impl Drop for TempDir {
 /// Checkpoints the server holding `n` connections from clients in B (or
 /// on A's loopback) and restores it into A; asserts every byte arrived.
 fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str) {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root!();
     let hosts = Hosts::new(tag);
     let dir = TempDir(temp_dir(tag));
     let (client_bytes, server_bytes) =
@@ -431,13 +414,7 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(dir.0.join("restore.err")).expect("restore err"));
-    // SAFETY: close_range only, between fork and exec.
-    unsafe {
-        restore.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    ferry_testkit::only_stdio(&mut restore);
     let restore = restore.spawn().expect("spawn restore");
     server.child = Some(restore);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -449,8 +426,8 @@ fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str
         sleep(POLL);
     }
     let restore_ms = t.elapsed().as_secs_f64() * 1e3;
-    // SAFETY: signalling the restored server, our grandchild, by PID.
-    unsafe { libc::kill(server.pid, libc::SIGUSR2) };
+    // Signalling the restored server, our grandchild, by PID.
+    ferry_testkit::kill(server.pid, libc::SIGUSR2);
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
     let st = server.child.as_mut().expect("restore").wait().expect("wait restore");
@@ -535,10 +512,7 @@ fn sig_blocked(pid: i32) -> Vec<String> {
 /// and no lock is left.
 #[test]
 fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root!();
     let tag = "tkill";
     let n = 20;
     let hosts = Hosts::new(tag);
@@ -569,13 +543,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&err).expect("err"));
-    // SAFETY: close_range only, between fork and exec.
-    unsafe {
-        ckpt.pre_exec(|| {
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
+    ferry_testkit::only_stdio(&mut ckpt);
     // Killed and reaped on drop too, so a failed assertion leaves no
     // stalled ferry behind.
     let mut ckpt =
@@ -615,8 +583,8 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
         sleep(POLL);
     }
     // The original server, never killed, finishes every connection.
-    // SAFETY: signalling our own child by PID.
-    unsafe { libc::kill(server.pid, libc::SIGUSR2) };
+    // Signalling our own child by PID.
+    ferry_testkit::kill(server.pid, libc::SIGUSR2);
     let _ = go_tx.send(());
     let errors = clients.join().expect("client thread");
     let st = server.child.as_mut().expect("server").wait().expect("wait server");

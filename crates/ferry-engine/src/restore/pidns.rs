@@ -114,9 +114,9 @@ pub fn restore_held(
     let (crd, cwr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
         .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
     let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
-    // SAFETY: ferry is single-threaded here; the child runs ordinary Rust
-    // code, as the root child of a plain restore does.
-    let init = match unsafe { ferry_sys::clone::fork_into_namespaces(flags) } {
+    // ferry-sys refuses the fork unless ferry is single-threaded here; the
+    // child runs ordinary Rust code, as the root child of a plain restore does.
+    let init = match ferry_sys::clone::fork_into_namespaces(flags) {
         Ok(0) => {
             drop(rd);
             drop(cwr);

@@ -30,9 +30,9 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     keep.push(st_w.as_raw_fd());
     keep.extend(staged.netns_fd());
 
-    // SAFETY: ferry is single-threaded here (no thread pools, no
-    // background logging), so the child may run ordinary Rust code.
-    let forked = unsafe { ferry_sys::clone::fork_with_pid(pid) };
+    // ferry-sys refuses the fork unless ferry is single-threaded here, so
+    // the child may run ordinary Rust code.
+    let forked = ferry_sys::clone::fork_with_pid(pid);
     let child_pid = match forked {
         Ok(0) => child::run(child::ChildPlan {
             image: root,

@@ -9,60 +9,10 @@ pub mod conformance;
 
 use std::fs::{self, File};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-/// A network namespace made for one test (`ip netns add`, loopback up),
-/// deleted on drop.
-pub struct NetNs(pub String);
-
-impl NetNs {
-    /// None when `ip netns add` does not work here.
-    pub fn new(tag: &str) -> Option<NetNs> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name =
-            format!("ferry-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            return None;
-        }
-        let ns = NetNs(name);
-        let up = Command::new("ip")
-            .args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"])
-            .status();
-        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
-        Some(ns)
-    }
-
-    pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-
-    /// Runs `f` on a thread that has joined this namespace: its sockets
-    /// live there.
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = self.path();
-        std::thread::spawn(move || {
-            let ns = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: setns on this thread only, with an open nsfs file.
-            let r =
-                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns({path}): {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
-    }
-}
+/// A network namespace made for one test, deleted on drop (shared with
+/// other crates' tests).
+pub use ferry_testkit::NetNs;
 
 /// The inode of a file (a namespace's identity), 0 if it cannot be read.
 pub fn inode(path: &str) -> u64 {
@@ -116,33 +66,16 @@ pub fn spawn_in_netns(
     program: &std::path::Path,
     args: &[&str],
 ) -> std::process::Child {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     let logf = File::create(log).expect("program log");
-    let nsf = File::open(ns.path()).expect("open netns");
-    let nsfd = nsf.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::from(logf.try_clone().expect("dup log")))
         .stderr(Stdio::from(logf));
-    // SAFETY: only setns, setsid and close_range (async-signal-safe)
-    // between fork and exec; the namespace fd stays open in the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(nsfd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::setsid();
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
-    drop(nsf);
-    child
+    ferry_testkit::own_session_in_netns(&mut cmd, std::path::Path::new(&ns.path()));
+    cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", program.display()))
 }
 
 /// (name, owner) of every network lock `ferry network-lock --status`

@@ -1,0 +1,250 @@
+//! Helpers shared by the integration tests of ferry's crates.
+//!
+//! Tests hold no unsafe code (`unsafe_code = "forbid"` covers them too):
+//! what they need from the kernel is here, on top of ferry-sys's safe
+//! wrappers, with the panics and skips a test wants instead of results.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use ferry_sys::process::is_root;
+
+/// Returns from the calling test, after saying so on stderr, unless it
+/// runs as root: `require_root!();` or `require_root!("why")`.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        $crate::require_root!("needs root")
+    };
+    ($why:expr) => {
+        if !$crate::is_root() {
+            eprintln!("SKIPPED {}: {}", $crate::function_name!(), $why);
+            return;
+        }
+    };
+}
+
+/// The path of the function the macro is expanded in (for skip messages).
+#[macro_export]
+macro_rules! function_name {
+    () => {{
+        fn f() {}
+        let name = ::std::any::type_name_of_val(&f);
+        name.strip_suffix("::f").unwrap_or(name)
+    }};
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+
+/// kill(2): sends `sig` to `pid`; false when it failed (ESRCH: gone).
+pub fn kill(pid: i32, sig: i32) -> bool {
+    ferry_sys::process::kill(pid, sig).is_ok()
+}
+
+/// Whether a process `pid` exists (kill with signal 0; a zombie counts).
+pub fn exists(pid: i32) -> bool {
+    kill(pid, 0)
+}
+
+/// Reaps child `pid` if it has ended (waitpid WNOHANG): its status then,
+/// None while it runs or when it is not our child.
+pub fn try_reap(pid: i32) -> Option<ExitStatus> {
+    ferry_sys::process::try_wait_pid(pid).ok().flatten().map(ExitStatus::from_raw)
+}
+
+/// Waits for child `pid` to end and reaps it; errors (not our child) are ignored.
+pub fn reap(pid: i32) {
+    ferry_sys::process::wait_child(pid);
+}
+
+/// Kills `pid` with SIGKILL and reaps it (it must be our child to be reaped).
+pub fn kill_and_reap(pid: i32) {
+    kill(pid, libc::SIGKILL);
+    reap(pid);
+}
+
+/// Makes this test process the child subreaper of its descendants:
+/// orphans of the trees it starts become its children. Panics on failure.
+pub fn become_subreaper() {
+    ferry_sys::process::set_child_subreaper()
+        .unwrap_or_else(|e| panic!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
+}
+
+// ---------------------------------------------------------------------------
+// Spawning programs
+
+/// The child of `cmd` starts with only fds 0-2: cargo hands its jobserver
+/// pipe (without O_CLOEXEC) to test binaries, and a stray descriptor would
+/// leak into the program and into its checkpoint.
+pub fn only_stdio(cmd: &mut Command) -> &mut Command {
+    ferry_sys::process::set_exec_setup(
+        cmd,
+        ferry_sys::process::ExecSetup { only_stdio: true, ..Default::default() },
+    )
+}
+
+/// Like [`only_stdio`], and the child leads a session (and process group)
+/// of its own, so its image refers to none of the test's.
+pub fn own_session(cmd: &mut Command) -> &mut Command {
+    ferry_sys::process::set_exec_setup(
+        cmd,
+        ferry_sys::process::ExecSetup { only_stdio: true, new_session: true, ..Default::default() },
+    )
+}
+
+/// Like [`own_session`], and the child joins the network namespace at
+/// `netns` (a /run/netns file) first. Panics when the file cannot be opened.
+pub fn own_session_in_netns<'a>(cmd: &'a mut Command, netns: &Path) -> &'a mut Command {
+    let ns = File::open(netns).unwrap_or_else(|e| panic!("open {}: {e}", netns.display()));
+    ferry_sys::process::set_exec_setup(
+        cmd,
+        ferry_sys::process::ExecSetup {
+            net_namespace: Some(OwnedFd::from(ns)),
+            new_session: true,
+            only_stdio: true,
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors
+
+/// poll(2) on `fds` for at most `timeout_ms`: how many have events (0 on
+/// timeout); an interrupted poll counts as a timeout. Panics on other errors.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> usize {
+    match ferry_sys::fd::poll(fds, timeout_ms) {
+        Ok(n) => n,
+        Err(e) if e.errno == libc::EINTR => 0,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Sets an integer socket option (setsockopt) on `sock`. Panics on failure.
+pub fn set_socket_option(sock: impl AsFd, level: i32, name: i32, value: i32) {
+    use std::os::fd::AsRawFd;
+    ferry_sys::socket::setsockopt_int(sock.as_fd().as_raw_fd(), level, name, value)
+        .unwrap_or_else(|e| panic!("setsockopt({level}, {name}): {e}"));
+}
+
+/// Makes a FIFO at `path` (mode 0600). Panics on failure.
+pub fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    ferry_sys::fd::mkfifo(&c, 0o600).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// Removes a System V shared memory segment (IPC_RMID); false on failure.
+pub fn remove_shm(shmid: i32) -> bool {
+    ferry_sys::sysv::shm_remove(shmid).is_ok()
+}
+
+// ---------------------------------------------------------------------------
+// Network namespaces
+
+/// Moves the calling thread into the network namespace at `path` (a
+/// /run/netns file): the sockets it makes from then on live there.
+/// Panics on failure.
+pub fn enter_netns(path: impl AsRef<Path>) {
+    let path = path.as_ref();
+    let ns = File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    ferry_sys::netns::enter_net_namespace(ns.as_fd())
+        .unwrap_or_else(|e| panic!("entering {}: {e}", path.display()));
+}
+
+/// Runs `f` on a thread of its own that joined the network namespace at
+/// `path`, and returns its result (the caller's thread stays where it is).
+pub fn run_in_netns<T: Send>(path: impl AsRef<Path>, f: impl FnOnce() -> T + Send) -> T {
+    let path = path.as_ref();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(path);
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// A network namespace made for one test (`ip netns add`, loopback up),
+/// deleted on drop.
+pub struct NetNs(pub String);
+
+impl NetNs {
+    /// None when `ip netns add` does not work here.
+    pub fn new(tag: &str) -> Option<NetNs> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name =
+            format!("ferry-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            return None;
+        }
+        let ns = NetNs(name);
+        let up = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"])
+            .status();
+        assert!(up.map(|s| s.success()).unwrap_or(false), "cannot bring up lo in {}", ns.0);
+        Some(ns)
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+
+    /// Runs `f` on a thread that has joined this namespace: its sockets
+    /// live there.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        run_in_netns(self.path(), f)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests on the main thread
+
+/// The `main` of a test binary without libtest's harness (`harness =
+/// false` in Cargo.toml), for tests that must run while the process has
+/// one thread: libtest runs each test on a thread of its own, and an
+/// in-process fork (a checkpoint's guard, a restore) refuses to run
+/// beside another thread. Runs, in turn on the calling thread, each test
+/// whose name contains one of the command line's filters (every test when
+/// there is none); flags such as --test-threads are ignored, `--skip F`
+/// leaves out the tests whose name contains F. A failing test panics.
+pub fn run_on_main_thread(tests: &[(&str, fn())]) {
+    let mut filters = Vec::new();
+    let mut skips = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--skip" {
+            skips.extend(args.next());
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
+    let chosen = |name: &str| {
+        (filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+            && !skips.iter().any(|s| name.contains(s.as_str()))
+    };
+    let mut ran = 0;
+    for (name, test) in tests.iter().filter(|(n, _)| chosen(n)) {
+        println!("test {name} ...");
+        test();
+        println!("test {name} ... ok");
+        ran += 1;
+    }
+    println!("test result: ok. {ran} passed; {} filtered out", tests.len() - ran);
+}
