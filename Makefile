@@ -6,7 +6,8 @@
 #   make demo    live migration: `ferry demo` moves redis between two test hosts
 #                under client load (scripts/demo.sh, needs root; DEMO_ARGS=... for options)
 #   make demo-checkpoint  checkpoint + restore a live TCP server (scripts/demo-checkpoint.sh)
-#   make test    the full test suite, as CI runs it (.ci/run; needs root)
+#   make test    rustfmt and clippy checks, the engine's layering check, then the full
+#                test suite, as CI runs it (.ci/run; needs root)
 #   make bench   checkpoint/restore timings and image sizes (bench/run.sh, needs root)
 #   make fuzz    run the fuzz targets for a while (needs cargo-fuzz and nightly)
 #   make clean   remove build outputs
@@ -31,6 +32,9 @@ demo-checkpoint: deps
 	bash scripts/demo-checkpoint.sh
 
 test: deps
+	$(CARGO) fmt --all -- --check
+	python3 scripts/check-layering.py
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(CARGO) build --release
 	$(CARGO) test --release --workspace -- --test-threads=2
 

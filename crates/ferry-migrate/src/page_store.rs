@@ -464,7 +464,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(back[0], 6, "the latest copy of a page is the placed one");
-        assert_eq!(s.placed_regions().is_empty(), false);
+        assert!(!s.placed_regions().is_empty());
     }
 
     #[test]

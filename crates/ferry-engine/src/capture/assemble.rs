@@ -93,7 +93,7 @@ fn process_image(
         inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
     skip.sort_unstable();
     let held_here = copy.held.get(&pid).map_or(&[][..], |h| h.as_slice());
-    let (page_runs, in_parent) = memory::dump_pages(
+    let memory::Dumped { runs: page_runs, in_parent } = memory::dump_pages(
         pid,
         &sv.vmas,
         &sv.smaps,

@@ -193,6 +193,17 @@ fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// shared copy-on-write with another process makes the kernel give the
 /// target its own copy (FAULT_FLAG_UNSHARE), which would both use memory
 /// and hide the sharing from the parent/child comparison.
+/// What [`dump_pages`] copied, and which present pages it left to the
+/// receiver (sorted (address, pages) runs).
+pub struct Dumped {
+    pub runs: Vec<PageRun>,
+    pub in_parent: Vec<(u64, u64)>,
+}
+
+// Each argument is a different input of the one copy (what to skip, what
+// the receiver holds, where to write, whom to tell); a struct would only
+// rename them at the single call site.
+#[allow(clippy::too_many_arguments)]
 pub fn dump_pages(
     pid: i32,
     vmas: &[Vma],
@@ -202,7 +213,7 @@ pub fn dump_pages(
     keep_shared: bool,
     out: &mut dyn PageSink,
     progress: Option<&crate::ProgressFn>,
-) -> Result<(Vec<PageRun>, Vec<(u64, u64)>)> {
+) -> Result<Dumped> {
     let base = out.data_len();
     let pm_path = format!("/proc/{pid}/pagemap");
     let pagemap: std::os::fd::OwnedFd =
@@ -225,7 +236,7 @@ pub fn dump_pages(
     }
     let runs = copy_all(pid, &pieces, base, total, out, progress)?;
     out.set_data_len(base + total)?;
-    Ok((runs, in_parent))
+    Ok(Dumped { runs, in_parent })
 }
 
 /// The parts of `ranges` ((start, end) byte ranges) inside the runs
@@ -332,7 +343,7 @@ pub fn copy_present(
         };
         if let Some(only) = only {
             let k = only.partition_point(|&(_, e)| e <= v.start);
-            if only.get(k).map_or(true, |&(s, _)| s >= v.end) {
+            if only.get(k).is_none_or(|&(s, _)| s >= v.end) {
                 continue;
             }
         }

@@ -57,6 +57,13 @@ fn restore_memory(
     memory::relock(s, &img.vmas)
 }
 
+/// Post-copy: a process's userfaultfd and the pages that come through it.
+pub(super) struct LazyUffd<'t> {
+    pub pid: i32,
+    pub uffd: OwnedFd,
+    pub runs: &'t [(u64, u64)],
+}
+
 /// The root's memory; with post-copy, the userfaultfd its lazy pages
 /// will come through.
 pub(super) fn restore_root<'t>(
@@ -65,7 +72,7 @@ pub(super) fn restore_root<'t>(
     pages: &[u8],
     opts: &RestoreOptions,
     handover: &'t Handover,
-) -> Result<Vec<(i32, OwnedFd, &'t [(u64, u64)])>> {
+) -> Result<Vec<LazyUffd<'t>>> {
     let image = s.image;
     restore_memory(s, image, pages, opts, false)?;
     let mut lazy_uffds = Vec::new();
@@ -76,7 +83,7 @@ pub(super) fn restore_root<'t>(
                 "post-copy (lazy) restore of a tree of several processes is not supported",
             ));
         }
-        lazy_uffds.push((s.pid, lazy::take_uffd(s)?, runs.as_slice()));
+        lazy_uffds.push(LazyUffd { pid: s.pid, uffd: lazy::take_uffd(s)?, runs: runs.as_slice() });
     }
     Ok(lazy_uffds)
 }

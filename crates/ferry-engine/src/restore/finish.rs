@@ -60,10 +60,10 @@ pub(super) fn seal_memfds(pid: i32, memfds: &HashMap<u64, (RawFd, i32)>) -> Resu
 /// Post-copy: the lazy mappings registered with their userfaultfd.
 pub(super) fn register_lazy(
     tree: &TreeImage,
-    lazy_uffds: Vec<(i32, OwnedFd, &[(u64, u64)])>,
+    lazy_uffds: Vec<super::build::LazyUffd>,
 ) -> Result<Vec<(i32, OwnedFd)>> {
     let mut uffds = Vec::with_capacity(lazy_uffds.len());
-    for (p, fd, runs) in lazy_uffds {
+    for super::build::LazyUffd { pid: p, uffd: fd, runs } in lazy_uffds {
         let vmas =
             tree.processes.iter().find(|i| i.pid == p).map_or(&[][..], |i| i.vmas.as_slice());
         lazy::register(p, &fd, vmas, runs)?;

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -265,7 +265,7 @@ impl Drop for Load {
 /// acknowledged, read on its own connection at the end.
 fn client(
     i: usize,
-    netns: &PathBuf,
+    netns: &Path,
     addr: SocketAddr,
     interval: Duration,
     stop: &AtomicBool,
