@@ -23,8 +23,11 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
             .map_err(|e| EngineError::kernel(pid, "creating a pipe", e))
     };
     let (go_r, go_w) = pipe()?;
-    let (st_r, st_w) = pipe()?;
-    let st_w = lift_fd(pid, st_w.as_raw_fd(), staged.temp_base, "the status pipe")?;
+    let (st_r, st_w_low) = pipe()?;
+    let st_w = lift_fd(pid, st_w_low.as_raw_fd(), staged.temp_base, "the status pipe")?;
+    // Only the lifted copy may stay open: the status pipe reads EOF once
+    // the child and ferry have closed every write end.
+    drop(st_w_low);
     let mut keep: Vec<RawFd> = staged.staging.keep_fds();
     keep.extend(staged.raw.values().copied());
     keep.push(st_w.as_raw_fd());
