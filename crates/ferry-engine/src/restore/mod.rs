@@ -25,6 +25,7 @@ mod finish;
 mod fork;
 mod handover;
 mod held;
+mod helper_protocol;
 mod lazy;
 mod memory;
 mod pidns;

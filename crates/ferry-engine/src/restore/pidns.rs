@@ -11,6 +11,7 @@
 //! status once nothing is left. The mount namespace is a copy of ferry's,
 //! slave to it, so every other mount is seen as before.
 
+use super::helper_protocol::{self as proto, Report};
 use super::{Handover, RestoreOptions, Restored};
 use crate::error::{EngineError, Result};
 use ferry_image::TreeImage;
@@ -36,7 +37,7 @@ extern "C" fn forward(sig: libc::c_int) {
 pub struct HeldInNamespace {
     init: i32,
     root: i32,
-    report: std::io::BufReader<std::fs::File>,
+    report: std::fs::File,
     commit: Option<std::fs::File>,
     /// The restore's phases in the helper, as (name, ms).
     pub phases: Vec<(String, f64)>,
@@ -54,7 +55,6 @@ impl HeldInNamespace {
     /// Lets the tree run; returns once the helper has released every
     /// process, with the time that took (its phases in `phases`).
     pub fn release(mut self) -> Result<Restored> {
-        use std::io::BufRead;
         let Some(mut commit) = self.commit.take() else {
             return Err(EngineError::InNewPidNs("released twice".into()));
         };
@@ -62,21 +62,19 @@ impl HeldInNamespace {
             EngineError::io(format!("restore helper {} (commit pipe)", self.init), e)
         })?;
         drop(commit);
-        let mut line = String::new();
-        self.report.read_line(&mut line).map_err(|e| {
-            EngineError::io(format!("restore helper {} (report pipe)", self.init), e)
-        })?;
-        let line = line.trim_end();
-        let r = match parse_report(line) {
-            Some(Ok(mut r)) => {
-                r.host_pid = root_seen_from_here(self.root, self.init)?;
-                r.init_pid = Some(self.init);
-                r
-            }
-            Some(Err(msg)) => return Err(EngineError::InNewPidNs(msg)),
-            None => {
+        let r = match self.next_report()? {
+            Some(Report::Released { pid, processes, threads, total_ms }) => Restored {
+                pid,
+                host_pid: root_seen_from_here(self.root, self.init)?,
+                init_pid: Some(self.init),
+                processes,
+                threads,
+                total_ms,
+            },
+            Some(Report::Failed { error }) => return Err(EngineError::InNewPidNs(error)),
+            other => {
                 return Err(EngineError::InNewPidNs(format!(
-                    "its helper (pid {}) ended while releasing the tree",
+                    "its helper (pid {}) ended while releasing the tree ({other:?})",
                     self.init
                 )))
             }
@@ -84,6 +82,11 @@ impl HeldInNamespace {
         // From now on the helper is the namespace's init and outlives us.
         self.init = 0;
         Ok(r)
+    }
+
+    fn next_report(&mut self) -> Result<Option<Report>> {
+        proto::recv(&mut self.report)
+            .map_err(|e| EngineError::InNewPidNs(format!("restore helper {}: {e}", self.init)))
     }
 }
 
@@ -107,7 +110,6 @@ pub fn restore_held(
     handover: &Handover,
     t0: Instant,
 ) -> Result<HeldInNamespace> {
-    use std::io::BufRead;
     let root = tree.root().map_or(0, |p| p.pid);
     let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
         .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
@@ -133,31 +135,29 @@ pub fn restore_held(
     let mut held = HeldInNamespace {
         init,
         root,
-        report: std::io::BufReader::new(std::fs::File::from(rd)),
+        report: std::fs::File::from(rd),
         commit: Some(std::fs::File::from(cwr)),
         phases: Vec::new(),
         uffds: Vec::new(),
     };
-    let mut line = String::new();
-    held.report
-        .read_line(&mut line)
-        .map_err(|e| EngineError::io(format!("restore helper {init} (report pipe)"), e))?;
-    let line = line.trim_end();
-    if let Some(msg) = line.strip_prefix("err ") {
-        return Err(EngineError::InNewPidNs(msg.to_string()));
+    match held.next_report()? {
+        Some(Report::Held { phases, uffds }) => {
+            held.phases = phases;
+            held.uffds = take_uffds(init, &uffds)?;
+            Ok(held)
+        }
+        Some(Report::Failed { error }) => Err(EngineError::InNewPidNs(error)),
+        other => Err(EngineError::InNewPidNs(format!(
+            "its helper (pid {init}) ended without a report ({other:?})"
+        ))),
     }
-    let Some(phases) = line.strip_prefix("held") else {
-        return Err(EngineError::InNewPidNs(format!(
-            "its helper (pid {init}) ended without a report"
-        )));
-    };
-    for (p, fd) in
-        phases.split_whitespace().filter_map(|kv| kv.strip_prefix("uffd=")?.split_once(':'))
-    {
-        let (Ok(p), Ok(fd)) = (p.parse::<i32>(), fd.parse::<i32>()) else {
-            continue;
-        };
-        let taken = ferry_sys::pidfd::pidfd_open(init)
+}
+
+/// ferry's own copies of the userfaultfds the helper made, for the pager.
+fn take_uffds(init: i32, uffds: &[(i32, i32)]) -> Result<Vec<(i32, std::os::fd::OwnedFd)>> {
+    let mut taken = Vec::with_capacity(uffds.len());
+    for &(p, fd) in uffds {
+        let mine = ferry_sys::pidfd::pidfd_open(init)
             .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd))
             .map_err(|e| {
                 EngineError::kernel(
@@ -166,14 +166,9 @@ pub fn restore_held(
                     e,
                 )
             })?;
-        held.uffds.push((p, taken));
+        taken.push((p, mine));
     }
-    held.phases = phases
-        .split_whitespace()
-        .filter_map(|kv| kv.rsplit_once('='))
-        .filter_map(|(k, v)| Some((k.replace('_', " "), v.parse().ok()?)))
-        .collect();
-    Ok(held)
+    Ok(taken)
 }
 
 /// Runs in the helper of [`restore_held`]: PID 1 of the new namespace.
@@ -191,19 +186,13 @@ fn hold_as_init(
             h
         }
         Err(e) => {
-            let _ = writeln!(report, "err {e}");
+            let _ = proto::send(&mut report, &Report::Failed { error: e.to_string() });
             // _exit: the parent's atexit handlers must not run here.
             ferry_sys::process::exit_now(1)
         }
     };
-    let mut phases: Vec<String> = held
-        .phases()
-        .done()
-        .iter()
-        .map(|(k, v)| format!("{}={v:.3}", k.replace(' ', "_")))
-        .collect();
-    phases.extend(held.lazy_uffds().iter().map(|(p, fd)| format!("uffd={p}:{fd}")));
-    let _ = writeln!(report, "held {}", phases.join(" "));
+    let phases = held.phases().done().to_vec();
+    let _ = proto::send(&mut report, &Report::Held { phases, uffds: held.lazy_uffds() });
     let mut go = [0u8; 1];
     if !matches!(commit.read(&mut go), Ok(1)) || go[0] != b'c' {
         // Dropping the held tree kills it: the service stays where it was.
@@ -212,13 +201,18 @@ fn hold_as_init(
     }
     let root = held.pid();
     // Reported as soon as the tree runs; the lock comes down after.
+    let released = |r: &Restored| Report::Released {
+        pid: r.pid,
+        processes: r.processes,
+        threads: r.threads,
+        total_ms: r.total_ms,
+    };
     match held.release_then(|r| {
-        let _ =
-            writeln!(report, "released {} {} {} {:.3}", r.pid, r.processes, r.threads, r.total_ms);
+        let _ = proto::send(&mut report, &released(r));
     }) {
         Ok(_) => {}
         Err(e) => {
-            let _ = writeln!(report, "err {e}");
+            let _ = proto::send(&mut report, &Report::Failed { error: e.to_string() });
             // The helper's exit ends the namespace.
             ferry_sys::process::exit_now(1)
         }
@@ -234,18 +228,6 @@ fn root_seen_from_here(root: i32, init: i32) -> Result<i32> {
     text.split_whitespace().find_map(|c| c.parse::<i32>().ok()).ok_or_else(|| {
         EngineError::restore(root, format!("the PID namespace's init {init} has no child"))
     })
-}
-
-fn parse_report(text: &str) -> Option<std::result::Result<Restored, String>> {
-    if let Some(msg) = text.strip_prefix("err ") {
-        return Some(Err(msg.to_string()));
-    }
-    let mut f = text.strip_prefix("released ")?.split_whitespace();
-    let pid = f.next()?.parse().ok()?;
-    let processes = f.next()?.parse().ok()?;
-    let threads = f.next()?.parse().ok()?;
-    let total_ms = f.next()?.parse().ok()?;
-    Some(Ok(Restored { pid, host_pid: pid, init_pid: None, processes, threads, total_ms }))
 }
 
 fn mount_own_proc(root: i32) -> Result<()> {
