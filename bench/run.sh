@@ -15,6 +15,7 @@
 #       detach:  `ferry restore --detach --pidfile F`; restore time = until the
 #                command returns.
 #   BENCH_ONLY="tiny heap100 redis"   subset to run
+#   BENCH_OUT=FILE          where the table goes (default docs/benchmarks-latest.md)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +26,7 @@ MODE="${BENCH_RESTORE_MODE:-pidfile}"
 ONLY="${BENCH_ONLY:-tiny heap100 redis}"
 FERRY="${FERRY_BIN:-$REPO/target/release/ferry}"
 PY=/usr/bin/python3
-OUT_MD="$REPO/docs/benchmarks-latest.md"
+OUT_MD="${BENCH_OUT:-$REPO/docs/benchmarks-latest.md}"
 
 case "$MODE" in pidfile|detach) ;; *) echo "BENCH_RESTORE_MODE must be pidfile or detach" >&2; exit 2 ;; esac
 if [ "$(id -u)" -ne 0 ]; then

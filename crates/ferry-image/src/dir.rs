@@ -66,19 +66,7 @@ impl PagesWriter {
         self.file
             .write_all_at(data, PAGES_DATA_OFFSET + data_offset)
             .map_err(|e| ImageError::io(&self.path, e))?;
-        let mut runs = Vec::with_capacity(ranges.len());
-        let mut off = 0usize;
-        for &(start, len) in ranges {
-            let chunk = &data[off..off + len];
-            runs.push(PageRun {
-                start,
-                pages: len as u64 / 4096,
-                offset: data_offset + off as u64,
-                checksum: container::checksum(chunk),
-            });
-            off += len;
-        }
-        Ok(runs)
+        crate::sink::runs_at(data_offset, ranges, data, true)
     }
 
     /// Reads back what `write_runs_at` wrote and checks it against the
@@ -451,26 +439,5 @@ impl crate::sink::ImageSink for DirSink {
             .map_err(|e| ImageError::io(self.dir.file(META_FILE), e))?
             .len();
         Ok(inv.pages_bytes + meta_len)
-    }
-}
-
-impl crate::sink::PageSink for PagesWriter {
-    fn data_len(&self) -> u64 {
-        self.bytes_written()
-    }
-    fn write_runs_at(
-        &self,
-        _pid: i32,
-        data_offset: u64,
-        ranges: &[(u64, usize)],
-        data: &[u8],
-    ) -> Result<Vec<PageRun>, ImageError> {
-        PagesWriter::write_runs_at(self, data_offset, ranges, data)
-    }
-    fn verify_written(&self, runs: &[PageRun], scratch: &mut [u8]) -> Result<(), ImageError> {
-        PagesWriter::verify_written(self, runs, scratch)
-    }
-    fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
-        PagesWriter::set_data_len(self, len)
     }
 }

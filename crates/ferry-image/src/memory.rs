@@ -57,21 +57,7 @@ impl PageSink for MemoryImage {
             }
             pages[start..start + data.len()].copy_from_slice(data);
         }
-        let mut runs = Vec::with_capacity(ranges.len());
-        let mut off = 0usize;
-        for &(addr, len) in ranges {
-            let chunk = data.get(off..off + len).ok_or_else(|| {
-                ImageError::Invalid("in-memory image: ranges longer than their data".into())
-            })?;
-            runs.push(PageRun {
-                start: addr,
-                pages: len as u64 / 4096,
-                offset: data_offset + off as u64,
-                checksum: container::checksum(chunk),
-            });
-            off += len;
-        }
-        Ok(runs)
+        crate::sink::runs_at(data_offset, ranges, data, true)
     }
 
     fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {

@@ -45,3 +45,30 @@ pub trait ImageSink: PageSink {
         incremental: Option<&Incremental>,
     ) -> Result<u64, ImageError>;
 }
+
+/// The page runs of `ranges` ((address, length) pairs whose bytes follow
+/// one another in `data`) stored from `data_offset` on; each with the
+/// checksum of its bytes when `checksummed` (a channel that authenticates
+/// every message needs none).
+pub fn runs_at(
+    data_offset: u64,
+    ranges: &[(u64, usize)],
+    data: &[u8],
+    checksummed: bool,
+) -> Result<Vec<PageRun>, ImageError> {
+    let mut runs = Vec::with_capacity(ranges.len());
+    let mut off = 0usize;
+    for &(start, len) in ranges {
+        let chunk = data
+            .get(off..off + len)
+            .ok_or_else(|| ImageError::Invalid("page ranges longer than their data".into()))?;
+        runs.push(PageRun {
+            start,
+            pages: len as u64 / 4096,
+            offset: data_offset + off as u64,
+            checksum: if checksummed { crate::container::checksum(chunk) } else { 0 },
+        });
+        off += len;
+    }
+    Ok(runs)
+}

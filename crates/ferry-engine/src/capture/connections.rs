@@ -15,28 +15,45 @@ pub(super) struct FrozenConnections {
     pub repaired: files::tcp::Repaired,
 }
 
-/// Engages `prepared` on the tree's connections, checks the listeners'
-/// accept queues, reads every connection and stores its state in the
-/// file that owns it.
-pub(super) fn freeze_connections(
+/// The network lock engaged on the tree's established connections.
+pub(super) struct Engaged {
+    pub lock: Option<ferry_netlock::NetworkLock>,
+    established: Vec<files::tcp::Established>,
+}
+
+/// Phase "network freeze": engages `prepared` on the tree's connections
+/// and checks the listeners' accept queues.
+pub(super) fn engage_lock(
     prepared: Option<ferry_netlock::NetworkLock>,
     tree: &FrozenTree,
-    survey: &mut TreeSurvey,
+    survey: &TreeSurvey,
     opts: &CaptureOptions,
     guard: &mut Guard,
-) -> Result<FrozenConnections> {
+) -> Result<Engaged> {
     let established = files::tcp::established(&survey.file_views());
-    let lock = {
-        let procs: Vec<(i32, &[ferry_image::OpenFile])> =
-            survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
-        network::engage(prepared, &established, &procs, opts.network_lock)?
-    };
+    let procs: Vec<(i32, &[ferry_image::OpenFile])> =
+        survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
+    let lock = network::engage(prepared, &established, &procs, opts.network_lock)?;
     if let Some(l) = &lock {
         guard.lock(l.name());
     }
     let pidfd_of =
         |pid: i32| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd);
     network::check_accept_queues(&survey.file_views(), pidfd_of)?;
+    Ok(Engaged { lock, established })
+}
+
+/// Phase "tcp connections": every connection read in repair mode, its
+/// state stored in the file that owns it.
+pub(super) fn read_connections(
+    engaged: Engaged,
+    tree: &FrozenTree,
+    survey: &mut TreeSurvey,
+    guard: &mut Guard,
+) -> Result<FrozenConnections> {
+    let Engaged { lock, established } = engaged;
+    let pidfd_of =
+        |pid: i32| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd);
     let (repaired, states) =
         files::tcp::capture(&established, pidfd_of, |socks| guard.repair(socks))?;
     let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> =

@@ -326,8 +326,11 @@ pub fn capture(
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || survey::survey_tree(&tree, opts))?;
-    let conns = ph.step("network freeze", || {
-        connections::freeze_connections(prepared, &tree, &mut surveyed, opts, &mut guard)
+    let engaged = ph.step("network freeze", || {
+        connections::engage_lock(prepared, &tree, &surveyed, opts, &mut guard)
+    })?;
+    let conns = ph.step("tcp connections", || {
+        connections::read_connections(engaged, &tree, &mut surveyed, &mut guard)
     })?;
     let injected = ph.step("injected syscalls", || {
         tree.procs
