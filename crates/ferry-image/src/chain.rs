@@ -7,7 +7,7 @@
 use crate::container;
 use crate::dir::{ImageDir, PAGES_DATA_OFFSET, PARENT_LINK};
 use crate::error::ImageError;
-use crate::model::{Incremental, Inventory, PageRun, TreeImage};
+use crate::model::{Incremental, Inventory, PageRun, PageSpan, TreeImage};
 use crate::source::{ImageSource, LoadedImage, PageArea};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -122,7 +122,7 @@ impl LayerIndex {
         }
         for pp in layer.incremental.iter().flat_map(|i| i.parent_pages.iter()) {
             let mut ranges: Vec<(u64, u64)> =
-                pp.ranges.iter().map(|&(s, n)| (s, s + n * PAGE)).collect();
+                pp.ranges.iter().map(|r| (r.start, r.end())).collect();
             ranges.sort_unstable();
             ix.in_parent.insert(pp.pid, ranges);
         }
@@ -190,7 +190,7 @@ pub fn flatten(
         let proc_ = tree.processes.iter_mut().find(|p| p.pid == pp.pid).ok_or_else(|| {
             ImageError::Invalid(format!("parent pages for pid {}, not in the tree", pp.pid))
         })?;
-        for &(start, count) in &pp.ranges {
+        for &PageSpan { start, pages: count } in &pp.ranges {
             let mut done = 0;
             while done < count {
                 let n = (count - done).min(RUN_PAGES);
@@ -233,7 +233,10 @@ mod tests {
         };
         let incremental = (!in_parent.is_empty()).then(|| Incremental {
             parent_id: 1,
-            parent_pages: vec![ParentPages { pid, ranges: in_parent.to_vec() }],
+            parent_pages: vec![ParentPages {
+                pid,
+                ranges: in_parent.iter().map(|&(s, n)| PageSpan::new(s, n)).collect(),
+            }],
         });
         Layer {
             dir: PathBuf::from(format!("/img/{}", runs.len())),

@@ -120,6 +120,47 @@ impl TreeImage {
     }
 }
 
+/// A run of whole 4 KiB pages: its first address and how many pages. Not
+/// an address range (see [`AddrRange`]): the second number counts pages.
+/// Encoded as the (address, pages) pair it replaces.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct PageSpan {
+    pub start: u64,
+    pub pages: u64,
+}
+
+impl PageSpan {
+    pub const fn new(start: u64, pages: u64) -> PageSpan {
+        PageSpan { start, pages }
+    }
+
+    /// The address after the last page (saturating).
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.pages.saturating_mul(4096))
+    }
+
+    pub fn range(&self) -> AddrRange {
+        AddrRange { start: self.start, end: self.end() }
+    }
+}
+
+/// Addresses `start..end`, end excluded.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct AddrRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl AddrRange {
+    pub fn contains(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end
+    }
+}
+
 /// Format 4.1, in the optional `Incremental` section: the image is one
 /// round of a pre-copy migration and holds only the pages written since
 /// the previous round; the other pages the processes had are in its
@@ -142,7 +183,7 @@ pub struct ParentPages {
     /// Sorted, non-overlapping (start address, number of 4 KiB pages);
     /// each inside one of the process's mappings and outside its own
     /// page runs.
-    pub ranges: Vec<(u64, u64)>,
+    pub ranges: Vec<PageSpan>,
 }
 
 impl Incremental {
@@ -151,7 +192,7 @@ impl Incremental {
         self.parent_pages
             .iter()
             .flat_map(|p| p.ranges.iter())
-            .fold(0u64, |a, &(_, n)| a.saturating_add(n))
+            .fold(0u64, |a, r| a.saturating_add(r.pages))
     }
 }
 
@@ -214,8 +255,8 @@ pub struct SysvMsgQueue {
 pub struct InheritedVma {
     pub start: u64,
     pub end: u64,
-    /// (first page address, page count) runs shared with the parent.
-    pub shared_pages: Vec<(u64, u64)>,
+    /// Runs of pages shared with the parent.
+    pub shared_pages: Vec<PageSpan>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

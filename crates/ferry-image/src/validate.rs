@@ -89,7 +89,7 @@ fn validate_inherited(p: &ProcessImage) -> Result<(), ImageError> {
             ));
         }
         let mut prev = v.start;
-        for &(a, n) in &v.shared_pages {
+        for &crate::model::PageSpan { start: a, pages: n } in &v.shared_pages {
             let end = n.checked_mul(4096).and_then(|l| a.checked_add(l));
             if a % 4096 != 0 || n == 0 || a < prev || end.is_none_or(|e| e > v.end) {
                 return bad(format!("process {}: shared pages at {a:#x} lie outside their inherited mapping or out of order", p.pid));
@@ -310,7 +310,7 @@ pub fn validate_incremental(t: &TreeImage, inc: &Incremental) -> Result<(), Imag
             ));
         }
         let (mut vi, mut ri, mut prev_end) = (0usize, 0usize, 0u64);
-        for &(start, pages) in &pp.ranges {
+        for &crate::model::PageSpan { start, pages } in &pp.ranges {
             let at = || {
                 format!(
                     "incremental section: pid {}: parent pages at {start:#x} ({pages} pages)",

@@ -39,9 +39,18 @@ fn incremental() -> Incremental {
         parent_pages: vec![
             ParentPages {
                 pid: ROOT,
-                ranges: vec![(ROOT_HEAP + 2 * PAGE, 3), (ROOT_STACK_TOP - 8 * PAGE, 7)],
+                ranges: vec![
+                    ferry_image::PageSpan::new(ROOT_HEAP + 2 * PAGE, 3),
+                    ferry_image::PageSpan::new(ROOT_STACK_TOP - 8 * PAGE, 7),
+                ],
             },
-            ParentPages { pid: CHILD, ranges: vec![(CHILD_MAP, 1), (CHILD_MAP + 2 * PAGE, 2)] },
+            ParentPages {
+                pid: CHILD,
+                ranges: vec![
+                    ferry_image::PageSpan::new(CHILD_MAP, 1),
+                    ferry_image::PageSpan::new(CHILD_MAP + 2 * PAGE, 2),
+                ],
+            },
         ],
     }
 }
@@ -493,14 +502,17 @@ fn empty_incremental_and_edge_ranges_are_accepted() {
             parent_pages: vec![
                 ParentPages {
                     pid: ROOT,
-                    ranges: vec![(ROOT_HEAP + 2 * PAGE, 6), (ROOT_STACK_TOP - 32 * PAGE, 31)],
+                    ranges: vec![
+                        ferry_image::PageSpan::new(ROOT_HEAP + 2 * PAGE, 6),
+                        ferry_image::PageSpan::new(ROOT_STACK_TOP - 32 * PAGE, 31),
+                    ],
                 },
                 ParentPages {
                     pid: CHILD,
                     ranges: vec![
-                        (CHILD_MAP, 1),
-                        (CHILD_MAP + 2 * PAGE, 1),
-                        (CHILD_MAP + 3 * PAGE, 1),
+                        ferry_image::PageSpan::new(CHILD_MAP, 1),
+                        ferry_image::PageSpan::new(CHILD_MAP + 2 * PAGE, 1),
+                        ferry_image::PageSpan::new(CHILD_MAP + 3 * PAGE, 1),
                     ],
                 },
             ],
@@ -530,7 +542,8 @@ fn many_ranges_are_checked_in_linear_time() {
             backing: VmaBacking::Anonymous,
         },
     );
-    let ranges: Vec<(u64, u64)> = (0..n).map(|i| (big + 2 * i * PAGE, 1)).collect();
+    let ranges: Vec<ferry_image::PageSpan> =
+        (0..n).map(|i| ferry_image::PageSpan::new(big + 2 * i * PAGE, 1)).collect();
     let inc = Incremental { parent_id: 7, parent_pages: vec![ParentPages { pid: ROOT, ranges }] };
     let t0 = std::time::Instant::now();
     let s = stream_of(&inv, &t, Some(&inc), &pages);
@@ -543,6 +556,7 @@ fn many_ranges_are_checked_in_linear_time() {
 const USER_END: u64 = ferry_image::validate::USER_ADDR_END;
 
 fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
+    let ranges = ranges.into_iter().map(|(s, n)| ferry_image::PageSpan::new(s, n)).collect();
     Incremental { parent_id: 9, parent_pages: vec![ParentPages { pid, ranges }] }
 }
 
@@ -551,7 +565,10 @@ fn with_pages(pid: i32, ranges: Vec<(u64, u64)>) -> Incremental {
 fn hostile() -> Vec<(Incremental, &'static str)> {
     let heap = ROOT_HEAP;
     let mut two = incremental();
-    two.parent_pages.push(ParentPages { pid: ROOT, ranges: vec![(heap + 7 * PAGE, 1)] });
+    two.parent_pages.push(ParentPages {
+        pid: ROOT,
+        ranges: vec![ferry_image::PageSpan::new(heap + 7 * PAGE, 1)],
+    });
     vec![
         (with_pages(ROOT, vec![(heap + 4 * PAGE, 1), (heap + 2 * PAGE, 1)]), "out of order"),
         (

@@ -798,8 +798,11 @@ fn valid_tree() -> (Inventory, TreeImage) {
     child.threads = vec![thread(CHILD)];
     // The first heap page is still shared with the parent; the second was
     // written by the child and is stored for it.
-    child.inherited =
-        vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 1)] }];
+    child.inherited = vec![InheritedVma {
+        start: 0x600000,
+        end: 0x602000,
+        shared_pages: vec![PageSpan::new(0x600000, 1)],
+    }];
     child.page_runs = vec![
         PageRun {
             start: 0x601000,
@@ -824,7 +827,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
     grandchild.inherited = vec![InheritedVma {
         start: 0x7ffd_0000_0000,
         end: 0x7ffd_0002_0000,
-        shared_pages: vec![(0x7ffd_0001_f000, 1)],
+        shared_pages: vec![PageSpan::new(0x7ffd_0001_f000, 1)],
     }];
     grandchild.page_runs = vec![PageRun {
         start: 0x600000,
@@ -1214,8 +1217,11 @@ fn inherited_mapping_on_the_root() {
     assert!(reject_tree(&inv, &t).contains("root process cannot inherit"));
     // A tree of one.
     let (inv, mut p) = valid();
-    p.inherited =
-        vec![InheritedVma { start: 0x600000, end: 0x602000, shared_pages: vec![(0x600000, 2)] }];
+    p.inherited = vec![InheritedVma {
+        start: 0x600000,
+        end: 0x602000,
+        shared_pages: vec![PageSpan::new(0x600000, 2)],
+    }];
     assert!(reject_model(&inv, &p).contains("root process cannot inherit"));
 }
 

@@ -763,7 +763,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
     child.inherited = vec![InheritedVma {
         start: heap.start,
         end: heap.end,
-        shared_pages: vec![(heap.start, 1)],
+        shared_pages: vec![ferry_image::PageSpan::new(heap.start, 1)],
     }];
     child.page_runs = vec![run(heap.start + PAGE as u64, 3)];
 

@@ -256,7 +256,10 @@ impl PageStore {
                 inherited.push(InheritedVma {
                     start: v.start,
                     end: v.end,
-                    shared_pages: placed_runs,
+                    shared_pages: placed_runs
+                        .iter()
+                        .map(|&(s, n)| ferry_image::PageSpan::new(s, n))
+                        .collect(),
                 });
                 from_file.extend(file_runs);
                 continue;
@@ -269,7 +272,7 @@ impl PageStore {
         from_file.sort_unstable();
         let runs = self.runs_for(pid, &from_file)?;
         let placed_bytes =
-            inherited.iter().flat_map(|v| v.shared_pages.iter()).map(|(_, n)| n * PAGE).sum();
+            inherited.iter().flat_map(|v| v.shared_pages.iter()).map(|r| r.pages * PAGE).sum();
         Ok(RootPages { inherited, runs, placed_bytes })
     }
 
@@ -453,7 +456,10 @@ mod tests {
             .unwrap();
         assert_eq!(root.inherited.len(), 1);
         assert_eq!((root.inherited[0].start, root.inherited[0].end), (base, base + 8 * PAGE));
-        assert_eq!(root.inherited[0].shared_pages, vec![(base + PAGE, 2)]);
+        assert_eq!(
+            root.inherited[0].shared_pages,
+            vec![ferry_image::PageSpan::new(base + PAGE, 2)]
+        );
         assert!(root.runs.is_empty());
         let mut back = vec![0u8; PAGE as usize];
         s.region_at(base + 2 * PAGE)

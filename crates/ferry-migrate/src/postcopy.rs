@@ -40,7 +40,7 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
     fn held_pages(
         &mut self,
         procs: &[(i32, &[ferry_image::Vma])],
-    ) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+    ) -> ferry_engine::Result<HashMap<i32, Vec<ferry_image::PageSpan>>> {
         if procs.len() > 1 {
             return Err(ferry_engine::EngineError::unsupported(
                 procs[0].0,
@@ -54,7 +54,13 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
         for &(pid, vmas) in procs {
             self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
         }
-        Ok(self.lazy.clone())
+        Ok(self
+            .lazy
+            .iter()
+            .map(|(&pid, runs)| {
+                (pid, runs.iter().map(|&(s, n)| ferry_image::PageSpan::new(s, n)).collect())
+            })
+            .collect())
     }
 }
 

@@ -196,7 +196,7 @@ impl ferry_engine::capture::CaptureHooks for Precopy {
     fn held_pages(
         &mut self,
         procs: &[(i32, &[ferry_image::Vma])],
-    ) -> ferry_engine::Result<HashMap<i32, Vec<(u64, u64)>>> {
+    ) -> ferry_engine::Result<HashMap<i32, Vec<ferry_image::PageSpan>>> {
         let dirty = self.tracker.collect()?;
         let mut out = HashMap::new();
         for &(pid, _) in procs {

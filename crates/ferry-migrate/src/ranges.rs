@@ -71,13 +71,13 @@ impl RangeSet {
         RangeSet { ranges: out }
     }
 
-    /// As (address, pages) runs, the form the capture takes.
-    pub fn as_page_runs(&self) -> Vec<(u64, u64)> {
-        self.ranges.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect()
+    /// As page runs, the form the capture takes.
+    pub fn as_page_runs(&self) -> Vec<ferry_image::PageSpan> {
+        self.ranges.iter().map(|&(s, e)| ferry_image::PageSpan::new(s, (e - s) / 4096)).collect()
     }
 
-    pub fn from_page_runs(runs: &[(u64, u64)]) -> RangeSet {
-        RangeSet::from_ranges(runs.iter().map(|&(a, n)| (a, a + n * 4096)).collect())
+    pub fn from_page_runs(runs: &[ferry_image::PageSpan]) -> RangeSet {
+        RangeSet::from_ranges(runs.iter().map(|r| (r.start, r.end())).collect())
     }
 }
 
@@ -106,7 +106,8 @@ mod tests {
     #[test]
     fn page_runs_round_trip() {
         let s = RangeSet::from_ranges(vec![(P, 3 * P), (8 * P, 9 * P)]);
-        assert_eq!(s.as_page_runs(), vec![(P, 2), (8 * P, 1)]);
+        let spans = vec![ferry_image::PageSpan::new(P, 2), ferry_image::PageSpan::new(8 * P, 1)];
+        assert_eq!(s.as_page_runs(), spans);
         assert_eq!(RangeSet::from_page_runs(&s.as_page_runs()), s);
     }
 }

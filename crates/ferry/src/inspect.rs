@@ -229,7 +229,7 @@ fn show_mappings(tree: &TreeImage, p: &ProcessImage) {
             .sum();
         let inherited = match p.inherited.iter().find(|i| i.start == v.start && i.end == v.end) {
             Some(i) => {
-                let shared: u64 = i.shared_pages.iter().map(|&(_, n)| n).sum();
+                let shared: u64 = i.shared_pages.iter().map(|r| r.pages).sum();
                 format!("  (inherited, {shared} pages shared with the parent)")
             }
             None => String::new(),

@@ -341,7 +341,10 @@ fn incremental_image_is_not_restored_without_its_parent() {
         .expect("a mapped page the image does not hold");
     let inc = ferry_image::Incremental {
         parent_id: 77,
-        parent_pages: vec![ferry_image::ParentPages { pid: root.pid, ranges: vec![(page, 1)] }],
+        parent_pages: vec![ferry_image::ParentPages {
+            pid: root.pid,
+            ranges: vec![ferry_image::PageSpan::new(page, 1)],
+        }],
     };
     image.write_meta_with(&inv, &tree, Some(&inc)).expect("write the incremental image");
     let images = c.images();

@@ -7,19 +7,19 @@ use super::survey::{Survey, TreeSurvey};
 use super::{memory, namespaces, process, signals, CaptureOptions, CaptureSummary};
 use crate::error::Result;
 use crate::procfs;
-use ferry_image::{Inventory, PageSink, ProcessImage, TreeImage, FORMAT_VERSION};
+use ferry_image::{Inventory, PageSink, PageSpan, ProcessImage, TreeImage, FORMAT_VERSION};
 use std::collections::HashMap;
 
 /// Per process (by PID), the pages the receiver holds already: listed as
 /// the parent's instead of copied.
-pub(super) type HeldPages = HashMap<i32, Vec<(u64, u64)>>;
+pub(super) type HeldPages = HashMap<i32, Vec<PageSpan>>;
 
 /// The image's metadata; its pages are in the sink.
 pub(super) struct Assembled {
     pub inventory: Inventory,
     pub tree: TreeImage,
     /// Per process (image PIDs), the pages left to the parent image.
-    pub parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
+    pub parent_pages: Vec<(i32, Vec<PageSpan>)>,
     pub summary: CaptureSummary,
 }
 
@@ -82,14 +82,14 @@ fn process_image(
     inj: Injected,
     earlier: &[ProcessImage],
     copy: &mut PageCopy,
-) -> Result<(ProcessImage, Vec<(u64, u64)>)> {
+) -> Result<(ProcessImage, Vec<PageSpan>)> {
     let pid = sv.pid;
     // Pages a child still shares with its parent come with the parent's.
     let inherited = match earlier.iter().find(|p| p.pid == sv.ppid) {
         Some(parent) => memory::inherited_from_parent(pid, &sv.vmas, parent.pid, &parent.vmas)?,
         None => Vec::new(),
     };
-    let mut skip: Vec<(u64, u64)> =
+    let mut skip: Vec<PageSpan> =
         inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
     skip.sort_unstable();
     let held_here = copy.held.get(&pid).map_or(&[][..], |h| h.as_slice());
@@ -142,7 +142,7 @@ fn process_image(
 /// sees itself.
 fn to_tree_pids(
     tree: &mut TreeImage,
-    parent_pages: &mut [(i32, Vec<(u64, u64)>)],
+    parent_pages: &mut [(i32, Vec<PageSpan>)],
     view: &namespaces::PidView,
 ) {
     for c in tree.unix_peers.iter_mut().flat_map(|u| u.sockets.iter_mut()) {

@@ -9,6 +9,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::procfs::{MapsEntry, Stat};
+use ferry_image::PageSpan;
 use ferry_image::{
     vmflag, MmLayout, PageRun, PageSink, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE,
 };
@@ -156,17 +157,17 @@ fn cut_into_pieces(
     }
 }
 
-/// Removes the page runs `skip` (sorted, (address, pages)) from `ranges`.
-fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
+/// Removes the page runs `skip` (sorted) from `ranges` ((start, end)).
+fn subtract(ranges: Vec<(u64, u64)>, skip: &[PageSpan]) -> Vec<(u64, u64)> {
     if skip.is_empty() {
         return ranges;
     }
     let mut out = Vec::with_capacity(ranges.len());
     for (mut s, e) in ranges {
-        let mut k = skip.partition_point(|&(a, n)| a + n * 4096 <= s);
+        let mut k = skip.partition_point(|r| r.end() <= s);
         while s < e {
             match skip.get(k) {
-                Some(&(a, n)) if a < e => {
+                Some(&PageSpan { start: a, pages: n }) if a < e => {
                     if a > s {
                         out.push((s, a));
                     }
@@ -197,7 +198,7 @@ fn subtract(ranges: Vec<(u64, u64)>, skip: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// receiver (sorted (address, pages) runs).
 pub struct Dumped {
     pub runs: Vec<PageRun>,
-    pub in_parent: Vec<(u64, u64)>,
+    pub in_parent: Vec<PageSpan>,
 }
 
 // Each argument is a different input of the one copy (what to skip, what
@@ -208,8 +209,8 @@ pub fn dump_pages(
     pid: i32,
     vmas: &[Vma],
     smaps: &[MapsEntry],
-    skip: &[(u64, u64)],
-    held: &[(u64, u64)],
+    skip: &[PageSpan],
+    held: &[PageSpan],
     keep_shared: bool,
     out: &mut dyn PageSink,
     progress: Option<&crate::ProgressFn>,
@@ -240,21 +241,21 @@ pub fn dump_pages(
 }
 
 /// The parts of `ranges` ((start, end) byte ranges) inside the runs
-/// `keep` (sorted, (address, pages)), as (address, pages).
-fn intersect(ranges: &[(u64, u64)], keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
+/// `keep` (sorted), as page runs.
+fn intersect(ranges: &[(u64, u64)], keep: &[PageSpan]) -> Vec<PageSpan> {
     let mut out = Vec::new();
     if keep.is_empty() {
         return out;
     }
     for &(s, e) in ranges {
-        let mut k = keep.partition_point(|&(a, n)| a + n * 4096 <= s);
-        while let Some(&(a, n)) = keep.get(k) {
-            if a >= e {
+        let mut k = keep.partition_point(|r| r.end() <= s);
+        while let Some(r) = keep.get(k) {
+            if r.start >= e {
                 break;
             }
-            let (lo, hi) = (s.max(a), e.min(a + n * 4096));
+            let (lo, hi) = (s.max(r.start), e.min(r.end()));
             if lo < hi {
-                out.push((lo, (hi - lo) / 4096));
+                out.push(PageSpan::new(lo, (hi - lo) / 4096));
             }
             k += 1;
         }
@@ -352,9 +353,9 @@ pub fn copy_present(
         })?;
         let ranges = match only {
             Some(only) => {
-                let keep: Vec<(u64, u64)> =
-                    only.iter().map(|&(s, e)| (s, (e - s) / 4096)).collect();
-                intersect(&ranges, &keep).into_iter().map(|(a, n)| (a, a + n * 4096)).collect()
+                let keep: Vec<PageSpan> =
+                    only.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / 4096)).collect();
+                intersect(&ranges, &keep).into_iter().map(|r| (r.start, r.end())).collect()
             }
             None => ranges,
         };
@@ -523,7 +524,7 @@ pub fn inherited_from_parent(
         }
         let ce = pagemap_entries(child, &cpm, c.start, c.end)?;
         let pe = pagemap_entries(parent, &ppm, c.start, c.end)?;
-        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut runs: Vec<PageSpan> = Vec::new();
         for (i, (a, b)) in ce.iter().zip(&pe).enumerate() {
             let shared = a & PRESENT != 0 && b & PRESENT != 0 && a & PFN != 0 && a & PFN == b & PFN;
             if !shared {
@@ -531,8 +532,8 @@ pub fn inherited_from_parent(
             }
             let addr = c.start + i as u64 * 4096;
             match runs.last_mut() {
-                Some((s, n)) if *s + *n * 4096 == addr => *n += 1,
-                _ => runs.push((addr, 1)),
+                Some(r) if r.end() == addr => r.pages += 1,
+                _ => runs.push(PageSpan::new(addr, 1)),
             }
         }
         out.push(ferry_image::InheritedVma { start: c.start, end: c.end, shared_pages: runs });
@@ -571,15 +572,19 @@ pub fn check_mlock_future(pid: i32, locked_before: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{intersect, subtract};
+    use ferry_image::PageSpan;
     const P: u64 = 4096;
+    const fn sp(start: u64, pages: u64) -> PageSpan {
+        PageSpan::new(start, pages)
+    }
 
     #[test]
     fn held_pages_split_into_parent_and_sent() {
         let ranges = vec![(0, 10 * P), (20 * P, 30 * P)];
-        let held = [(2 * P, 3), (8 * P, 14), (25 * P, 100)];
+        let held = [sp(2 * P, 3), sp(8 * P, 14), sp(25 * P, 100)];
         assert_eq!(
             intersect(&ranges, &held),
-            vec![(2 * P, 3), (8 * P, 2), (20 * P, 2), (25 * P, 5)]
+            vec![sp(2 * P, 3), sp(8 * P, 2), sp(20 * P, 2), sp(25 * P, 5)]
         );
         assert_eq!(subtract(ranges, &held), vec![(0, 2 * P), (5 * P, 8 * P), (22 * P, 25 * P)]);
     }

@@ -33,7 +33,7 @@ pub use memory::copy_present;
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::Remote;
-use ferry_image::{DirSink, ImageSink, Incremental, Inventory, ParentPages, TreeImage};
+use ferry_image::{DirSink, ImageSink, Incremental, Inventory, PageSpan, ParentPages, TreeImage};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -161,7 +161,7 @@ pub trait CaptureHooks {
     fn held_pages(
         &mut self,
         procs: &[(i32, &[ferry_image::Vma])],
-    ) -> Result<HashMap<i32, Vec<(u64, u64)>>>;
+    ) -> Result<HashMap<i32, Vec<PageSpan>>>;
 }
 
 /// What the network lock becomes once the captured tree is killed.
@@ -183,7 +183,7 @@ pub struct Captured {
     /// Per process, the pages present at capture that were not copied
     /// because the receiver holds them (see [`CaptureHooks`]), under the
     /// PIDs the image gives the processes.
-    pub parent_pages: Vec<(i32, Vec<(u64, u64)>)>,
+    pub parent_pages: Vec<(i32, Vec<PageSpan>)>,
     pub phases: crate::phases::Phases,
     summary: CaptureSummary,
     t_frozen: Instant,

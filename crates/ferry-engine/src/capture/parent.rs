@@ -8,7 +8,7 @@
 
 use super::CaptureHooks;
 use crate::error::{EngineError, Result};
-use ferry_image::{ImageSource, LoadedImage, Vma};
+use ferry_image::{ImageSource, LoadedImage, PageSpan, Vma};
 use ferry_sys::vm::RemoteRange;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -41,8 +41,8 @@ impl ParentImage {
     }
 
     /// The pages of process `pid` whose bytes in the parent are what the
-    /// process holds now, as sorted (address, pages) runs.
-    fn unchanged_pages(&self, pid: i32) -> Result<Vec<(u64, u64)>> {
+    /// process holds now, as sorted runs.
+    fn unchanged_pages(&self, pid: i32) -> Result<Vec<PageSpan>> {
         let Some(proc_) = self.image.tree.processes.iter().find(|p| p.pid == pid) else {
             return Ok(Vec::new());
         };
@@ -92,15 +92,15 @@ fn equal_pages(pid: i32, addr: u64, then: &[u8], buf: &mut [u8]) -> Vec<u64> {
         .collect()
 }
 
-fn push_page(runs: &mut Vec<(u64, u64)>, addr: u64) {
+fn push_page(runs: &mut Vec<PageSpan>, addr: u64) {
     match runs.last_mut() {
-        Some((start, n)) if *start + *n * PAGE == addr => *n += 1,
-        _ => runs.push((addr, 1)),
+        Some(r) if r.end() == addr => r.pages += 1,
+        _ => runs.push(PageSpan::new(addr, 1)),
     }
 }
 
 impl CaptureHooks for ParentImage {
-    fn held_pages(&mut self, procs: &[(i32, &[Vma])]) -> Result<HashMap<i32, Vec<(u64, u64)>>> {
+    fn held_pages(&mut self, procs: &[(i32, &[Vma])]) -> Result<HashMap<i32, Vec<PageSpan>>> {
         let mut out = HashMap::new();
         for &(pid, _) in procs {
             out.insert(pid, self.unchanged_pages(pid)?);
@@ -119,6 +119,6 @@ mod tests {
         for a in [0x1000, 0x2000, 0x3000, 0x5000] {
             push_page(&mut runs, a);
         }
-        assert_eq!(runs, vec![(0x1000, 3), (0x5000, 1)]);
+        assert_eq!(runs, vec![PageSpan::new(0x1000, 3), PageSpan::new(0x5000, 1)]);
     }
 }

@@ -61,7 +61,7 @@ fn restore_memory(
 pub(super) struct LazyUffd<'t> {
     pub pid: i32,
     pub uffd: OwnedFd,
-    pub runs: &'t [(u64, u64)],
+    pub runs: &'t [ferry_image::PageSpan],
 }
 
 /// The root's memory; with post-copy, the userfaultfd its lazy pages

@@ -16,10 +16,10 @@ pub struct Handover {
     /// right after. Only for a restore in a process forked from the
     /// regions' owner (the new PID namespace's helper).
     pub placed_for_root: ferry_sys::placed::InheritedRegions,
-    /// Post-copy: per image PID, the pages ((address, pages) runs, sorted)
+    /// Post-copy: per image PID, the pages (sorted runs)
     /// that are not in the page data but fetched on first touch; their
     /// mappings are registered with a userfaultfd
     /// ([`Held::lazy_uffds`](super::Held::lazy_uffds)). Single-process
     /// trees only.
-    pub lazy: Vec<(i32, Vec<(u64, u64)>)>,
+    pub lazy: Vec<(i32, Vec<ferry_image::PageSpan>)>,
 }

@@ -15,6 +15,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
+use ferry_image::PageSpan;
 use ferry_image::{Vma, VmaBacking};
 use ferry_sys::{pagemap, uffd};
 use std::os::fd::{AsFd, OwnedFd};
@@ -46,7 +47,7 @@ pub(super) fn take_uffd(s: &mut Session) -> Result<OwnedFd> {
 /// Enables the pager's events on `fd` and registers every private
 /// anonymous mapping of `vmas` holding a page of `lazy` ((address, pages)
 /// runs, sorted) in MISSING mode.
-pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]) -> Result<()> {
+pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[PageSpan]) -> Result<()> {
     let api = uffd::api(fd.as_fd(), FEATURES).map_err(|e| {
         EngineError::kernel(pid, "enabling fork/remap/remove/unmap events on its userfaultfd", e)
     })?;
@@ -61,8 +62,8 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
     }
     check_not_populated(pid, lazy)?;
     for v in vmas {
-        let i = lazy.partition_point(|&(a, n)| a + n * PAGE <= v.start);
-        let holds = lazy.get(i).is_some_and(|&(a, _)| a < v.end);
+        let i = lazy.partition_point(|r| r.end() <= v.start);
+        let holds = lazy.get(i).is_some_and(|r| r.start < v.end);
         if !holds {
             continue;
         }
@@ -100,7 +101,7 @@ pub(super) fn register(pid: i32, fd: &OwnedFd, vmas: &[Vma], lazy: &[(u64, u64)]
 
 /// No lazy page may have been populated yet: its content would then be
 /// whatever the restore left there, not the checkpointed one.
-fn check_not_populated(pid: i32, lazy: &[(u64, u64)]) -> Result<()> {
+fn check_not_populated(pid: i32, lazy: &[PageSpan]) -> Result<()> {
     let pm_path = format!("/proc/{pid}/pagemap");
     let pm: OwnedFd =
         std::fs::File::open(&pm_path).map_err(|e| EngineError::io(&pm_path, e))?.into();
@@ -109,7 +110,7 @@ fn check_not_populated(pid: i32, lazy: &[(u64, u64)]) -> Result<()> {
         inverted: 0,
         any_of: pagemap::PAGE_IS_PRESENT | pagemap::PAGE_IS_SWAPPED,
     };
-    for &(a, n) in lazy {
+    for &PageSpan { start: a, pages: n } in lazy {
         let present = pagemap::scan(&pm, a, a + n * PAGE, filter)
             .map_err(|e| EngineError::kernel(pid, format!("scanning lazy pages at {a:#x}"), e))?;
         if let Some(&(p, _)) = present.first() {

@@ -293,7 +293,7 @@ pub fn prepare_inherited(s: &mut Session, runs: &[PageRun]) -> Result<Vec<(u64, 
                 ));
             }
         };
-        for &(start, pages) in &iv.shared_pages {
+        for &ferry_image::PageSpan { start, pages } in &iv.shared_pages {
             drop_range(a, start, &mut calls);
             a = start + pages * 4096;
         }

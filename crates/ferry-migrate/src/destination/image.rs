@@ -43,9 +43,13 @@ pub(super) fn resolve(
         // under the PIDs the source sees (or, post-copy, still at the source).
         if let Some(parent) = parent_pages.iter().find(|pp| pp.pid == p.pid) {
             if hello.lazy {
-                lazy.push((p.pid, host, parent.ranges.clone()));
+                lazy.push((
+                    p.pid,
+                    host,
+                    parent.ranges.iter().map(|r| (r.start, r.pages)).collect(),
+                ));
             } else {
-                runs.extend_from_slice(&parent.ranges);
+                runs.extend(parent.ranges.iter().map(|r| (r.start, r.pages)));
             }
         }
         runs.sort_unstable();

@@ -52,7 +52,12 @@ pub(super) fn restore_held(
     let placement = Placement::for_migration(&tree, post_copy);
     let handover = Handover {
         adopt_lock,
-        lazy: lazy.iter().map(|(p, _, r)| (*p, r.clone())).collect(),
+        lazy: lazy
+            .iter()
+            .map(|(p, _, r)| {
+                (*p, r.iter().map(|&(s, n)| ferry_image::PageSpan::new(s, n)).collect())
+            })
+            .collect(),
         // Only a helper forked from us has copies of its own to drop.
         placed_for_root: match placement {
             Placement::Here => Default::default(),
