@@ -21,6 +21,7 @@ pub mod inject;
 pub mod lazy;
 pub(crate) mod parallel;
 pub mod phases;
+pub mod pids;
 pub(crate) mod plain_devices;
 pub mod procfs;
 pub mod restore;
@@ -29,6 +30,7 @@ pub(crate) mod tcp_repair;
 pub(crate) mod unix_remake;
 
 pub use error::{EngineError, Result};
+pub use pids::{HostPid, TreePid};
 
 /// Reports (bytes done, bytes total) of page copying; called from the
 /// copying threads, so it must be cheap and thread-safe.

@@ -352,7 +352,7 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
         ..Default::default()
     };
     let restored = ferry_engine::restore::restore(&dir, &ropts).expect("restore");
-    let pid = restored.host_pid;
+    let pid = restored.host_pid.0;
     assert!(!uw_flags(pid, t.a).0, "the restored process carries a userfaultfd registration");
     // Its memory is the last one written: pages p % 3 and p % 11 were
     // written once each (both: twice).

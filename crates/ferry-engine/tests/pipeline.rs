@@ -141,7 +141,7 @@ fn a_checkpoint_into_memory_restores_from_memory() {
     let _ = t.child.wait();
     let (ropts, _hold) = restore_opts(&dir.0);
     let r = ferry_engine::restore::restore_from(&mut image, &ropts).expect("restore from memory");
-    let restored = Restored(r.host_pid);
+    let restored = Restored(r.host_pid.0);
     check_pages(restored.0, t.a, t.na, |p| u64::from(p % 3 == 0));
 }
 
@@ -186,7 +186,7 @@ fn an_incremental_chain_restores_exactly_and_refuses_a_changed_parent() {
     std::os::unix::fs::symlink(&child1, &link).expect("link back");
 
     let r = ferry_engine::restore::restore(&child2, &ropts).expect("restore of the chain");
-    let restored = Restored(r.host_pid);
+    let restored = Restored(r.host_pid.0);
     check_pages(restored.0, t.a, t.na, |p| u64::from(p % 3 == 0) + u64::from(p % 5 == 0));
 }
 

@@ -71,5 +71,5 @@ pub fn run(args: RestoreArgs) -> Result<i32> {
     if detach {
         return Ok(0);
     }
-    crate::wait_for(r.init_pid.unwrap_or(r.pid))
+    crate::wait_for(r.init_pid.unwrap_or(r.host_pid).0)
 }

@@ -243,8 +243,8 @@ impl Captured {
     }
 
     /// The tree's PIDs as ferry sees them, root first.
-    pub fn pids(&self) -> Vec<i32> {
-        self.frozen.pids()
+    pub fn pids(&self) -> Vec<crate::HostPid> {
+        self.frozen.pids().into_iter().map(crate::HostPid).collect()
     }
 
     /// Lets the tree run on: connections leave repair mode, then their

@@ -125,9 +125,10 @@ impl Held {
         }
         guard.disarmed = true;
         let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+        // Restored in ferry's own PID namespace: both see the same number.
         let restored = Restored {
-            pid,
-            host_pid: pid,
+            pid: crate::TreePid(pid),
+            host_pid: crate::HostPid(pid),
             init_pid: None,
             processes: tree.processes.len(),
             threads,

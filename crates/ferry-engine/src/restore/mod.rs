@@ -82,13 +82,13 @@ impl Default for RestoreOptions {
 #[derive(Debug, Clone)]
 pub struct Restored {
     /// The root's PID as the tree sees it (the image's).
-    pub pid: i32,
+    pub pid: crate::TreePid,
     /// The root's PID as ferry sees it: differs from `pid` in a new PID
     /// namespace.
-    pub host_pid: i32,
+    pub host_pid: crate::HostPid,
     /// The PID namespace's init, ferry's child, which exits with the
     /// root's status; None when restored into ferry's namespace.
-    pub init_pid: Option<i32>,
+    pub init_pid: Option<crate::HostPid>,
     pub processes: usize,
     pub threads: usize,
     pub total_ms: f64,

@@ -64,9 +64,9 @@ impl HeldInNamespace {
         drop(commit);
         let r = match self.next_report()? {
             Some(Report::Released { pid, processes, threads, total_ms }) => Restored {
-                pid,
-                host_pid: root_seen_from_here(self.root, self.init)?,
-                init_pid: Some(self.init),
+                pid: crate::TreePid(pid),
+                host_pid: crate::HostPid(root_seen_from_here(self.root, self.init)?),
+                init_pid: Some(crate::HostPid(self.init)),
                 processes,
                 threads,
                 total_ms,
@@ -202,7 +202,7 @@ fn hold_as_init(
     let root = held.pid();
     // Reported as soon as the tree runs; the lock comes down after.
     let released = |r: &Restored| Report::Released {
-        pid: r.pid,
+        pid: r.pid.0,
         processes: r.processes,
         threads: r.threads,
         total_ms: r.total_ms,

@@ -57,8 +57,8 @@ pub(super) fn release(
         reported = protocol::send(
             ch,
             &Msg::Running {
-                pid: restored.pid,
-                host_pid: restored.host_pid,
+                pid: restored.pid.0,
+                host_pid: restored.host_pid.0,
                 phases: release_phases.clone(),
             },
         );
@@ -73,7 +73,7 @@ pub(super) fn serve_lazy_pages(
     lazy: &LazyPages,
     restored: &Restored,
 ) -> Result<(String, f64)> {
-    let r = crate::pager::run(ch, uffds, lazy, restored.init_pid, restored.pid)?;
+    let r = crate::pager::run(ch, uffds, lazy, restored.init_pid.map(|p| p.0), restored.pid.0)?;
     eprintln!(
         "ferryd: post-copy of pid {}: {:.1} MiB in {:.0} ms, {} faults, {} page requests, {} zero pages",
         restored.pid,

@@ -38,8 +38,9 @@ pub struct DestinationConfig {
 
 #[derive(Debug, Clone)]
 pub struct Served {
-    pub pid: i32,
-    pub host_pid: i32,
+    /// The root's PID as the tree sees it, and as this agent sees it.
+    pub pid: ferry_engine::TreePid,
+    pub host_pid: ferry_engine::HostPid,
     pub page_bytes: u64,
     pub phases: Vec<(String, f64)>,
 }

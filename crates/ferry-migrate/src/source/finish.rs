@@ -20,7 +20,7 @@ impl Frozen {
         // Should this process die during the transfer, ptrace lets go of
         // the tree: a queued SIGSTOP keeps it from running here.
         for p in self.captured.pids() {
-            let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+            let _ = ferry_sys::process::kill(p.0, libc::SIGSTOP);
         }
         (o.progress)(&format!(
             "running at the destination; post-copy of {:.1} MiB",

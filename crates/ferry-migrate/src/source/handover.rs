@@ -37,7 +37,7 @@ pub(super) fn send_image(
     migration_id: u64,
 ) -> Result<()> {
     let mut sink = crate::stream_sink::StreamSink::new(ch);
-    sink.set_host_pids(captured.pids());
+    sink.set_host_pids(captured.pids().into_iter().map(|p| p.0).collect());
     let parent_id = (!captured.parent_pages.is_empty()).then_some(migration_id);
     captured.write_image(&mut sink, parent_id)?;
     Ok(())

@@ -41,7 +41,7 @@ impl Frozen {
         let Frozen { precopy, captured, .. } = self;
         let pids = captured.pids();
         for &p in &pids {
-            let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+            let _ = ferry_sys::process::kill(p.0, libc::SIGSTOP);
         }
         if let Some(t) = taken {
             t.keep_off();
