@@ -118,12 +118,22 @@ impl Target {
 /// replied (or been forked) still runs a few instructions before that, and
 /// their stack and libc writes would be reported as written pages: under
 /// load that tail can come after the tracker's next collect.
+///
+/// Sleeping (state S), not only inside read: a thread released by ptrace
+/// (the tracker's attach stops and injects) is runnable until it is
+/// scheduled, and on its way back into read the kernel updates its rseq
+/// area (the CPU it runs on), a write to one of its pages. That write
+/// must come before the test's first collect, not after it.
 fn wait_blocked_in_read(pid: i32) {
     let path = format!("/proc/{pid}/syscall");
+    let stat = format!("/proc/{pid}/stat");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let now = std::fs::read_to_string(&path).unwrap_or_default();
-        if now.starts_with("0 ") {
+        let state = std::fs::read_to_string(&stat).unwrap_or_default();
+        let sleeping =
+            state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('S'));
+        if now.starts_with("0 ") && sleeping {
             return;
         }
         assert!(
@@ -131,6 +141,17 @@ fn wait_blocked_in_read(pid: i32) {
             "pid {pid} never blocked in read: {path} says {now:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+impl Target {
+    /// Waits until the program (and its child) sleep in read again, e.g.
+    /// after the tracker's attach stopped and released them.
+    fn settle(&self) {
+        wait_blocked_in_read(self.pid);
+        if self.child_pid > 0 {
+            wait_blocked_in_read(self.child_pid);
+        }
     }
 }
 
@@ -206,6 +227,7 @@ fn exactly_the_written_pages_are_reported() {
     let t0 = Instant::now();
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
     eprintln!("attach (64 MiB populated): {:.2} ms", t0.elapsed().as_secs_f64() * 1e3);
+    t.settle();
     assert_eq!(tracker.pids(), vec![t.pid]);
     assert!(uw_flags(t.pid, t.a).1, "region A is not registered for write protection");
     // The program is blocked reading its stdin: nothing is written.
@@ -271,6 +293,7 @@ fn tree_parent_and_child_are_tracked_apart() {
     require_root!();
     let mut t = Target::start(64, true);
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
+    t.settle();
     let mut pids = tracker.pids();
     pids.sort_unstable();
     let mut want = vec![t.pid, t.child_pid];
@@ -316,6 +339,7 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     require_root!();
     let mut t = Target::start(16, false);
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
+    t.settle();
     t.cmd("w 3");
     tracker.collect().expect("collect");
     let dir = std::env::temp_dir().join(format!("ferry-dirty-ckpt-{}", std::process::id()));
@@ -375,6 +399,7 @@ fn collect_time_for_1_gib_with_1_percent_dirty() {
     let t0 = Instant::now();
     let mut tracker = DirtyTracker::attach(t.pid).expect("attach");
     let attach_ms = t0.elapsed().as_secs_f64() * 1e3;
+    t.settle();
     tracker.collect().expect("collect");
     let t0 = Instant::now();
     let r = tracker.collect().expect("collect");
