@@ -31,7 +31,8 @@ run_one() {  # label dir
   local label="$1" dir="$2"
   export FERRY_BIN="$dir/ferry" FERRYD_BIN="$dir/ferryd"
   echo "[compare] $label: checkpoint + restore" >&2
-  BENCH_RUNS="${BENCH_RUNS:-7}" BENCH_OUT="$WORK/$label-local.md" bash "$REPO/bench/run.sh" >&2
+  BENCH_RUNS="${BENCH_RUNS:-7}" BENCH_LOCAL_ONLY=1 BENCH_OUT="$WORK/$label-local.md" \
+    bash "$REPO/bench/run.sh" >&2
   echo "[compare] $label: migration pause" >&2
   python3 "$REPO/bench/migrate.py" --parts mem --sizes 16,1024 --workloads idle \
     --modes pre,post --runs "$RUNS_MIGRATE" --out "$WORK/$label-migrate.md" >&2

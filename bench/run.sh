@@ -16,6 +16,10 @@
 #                command returns.
 #   BENCH_ONLY="tiny heap100 redis"   subset to run
 #   BENCH_OUT=FILE          where the table goes (default docs/benchmarks-latest.md)
+#   BENCH_LOCAL_ONLY=1      only this table: not the tree, PID namespace, network
+#                           lock, TCP and migration benchmarks that follow it
+#   FERRY_BIN=PATH          measure this ferry instead of target/release/ferry
+#                           (then nothing is built but the C programs)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,8 +71,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- build -------------------------------------------------------------------
-log "building ferry (release) and the bench programs"
-cargo build --release --quiet
+if [ -z "${FERRY_BIN:-}" ]; then
+  log "building ferry (release) and the bench programs"
+  cargo build --release --quiet
+fi
 [ -x "$FERRY" ] || { echo "bench/run.sh: $FERRY not built" >&2; exit 1; }
 mkdir -p target/c
 cc -O2 -Wall -o target/c/tiny bench/tiny.c
@@ -271,7 +277,7 @@ bench_one() {
       cps+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b-a)/1e6}')")
       rss+=("$restore_ms")
       # ferry's own measure of its work, without process start-up.
-      cpe+=("$(sed -n 's/.* in \([0-9.]*\) ms; process.*/\1/p' "$WORK/ckpt.out")")
+      cpe+=("$(sed -n 's/.* in \([0-9.]*\) ms; .*/\1/p' "$WORK/ckpt.out")")
       rse+=("$(sed -n 's/^restored pid .* in \([0-9.]*\) ms$/\1/p' "$WORK/restore.err" | head -1)")
       sizes+=("$size")
       log "$name run $run/$RUNS: checkpoint $(( (t1 - t0) / 1000000 )) ms, restore $restore_ms ms, image $(human "$size")"
@@ -335,6 +341,7 @@ mkdir -p "$(dirname "$OUT_MD")"
 cp "$WORK/table.md" "$OUT_MD"
 cat "$WORK/table.md"
 log "written to ${OUT_MD#"$REPO"/}"
+[ -n "${BENCH_LOCAL_ONLY:-}" ] && exit 0
 bash "$REPO/bench/trees.sh"   # process trees: docs/benchmarks-trees-latest.md
 bash "$REPO/bench/pidns.sh"   # --new-pid-ns restore cost: docs/benchmarks-pidns-latest.md
 bash "$REPO/bench/netlock.sh" # network lock freeze/thaw per method and N: docs/benchmarks-netlock-latest.md

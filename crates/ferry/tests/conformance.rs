@@ -100,6 +100,10 @@ struct Run {
     restore: Option<Child>,
     original_pid: Option<i32>,
     restored_pid: Option<i32>,
+    /// Checkpoint as a chain: a full image and a first incremental child
+    /// taken with --leave-running, then the last child (which kills the
+    /// program); the restore reads all three.
+    chain: bool,
 }
 
 impl Run {
@@ -126,7 +130,53 @@ impl Run {
             restore: None,
             original_pid: None,
             restored_pid: None,
+            chain: false,
         }
+    }
+
+    /// Runs `ferry checkpoint` of `pid` into `images`, over `parent` if
+    /// given; fails the run unless it succeeds in time.
+    fn checkpoint(&self, pid: i32, images: &Path, parent: Option<&Path>, leave_running: bool) {
+        let mut cmd = Command::new(FERRY);
+        cmd.arg("checkpoint").arg("--pid").arg(pid.to_string()).arg("--images").arg(images);
+        if let Some(p) = parent {
+            cmd.arg("--parent").arg(p);
+        }
+        if leave_running {
+            cmd.arg("--leave-running");
+        }
+        let mut ckpt = only_stdio(&mut cmd)
+            .stdin(Stdio::null())
+            .stdout(File::create(self.base.join("checkpoint.out")).expect("ckpt out"))
+            .stderr(File::create(self.base.join("checkpoint.err")).expect("ckpt err"))
+            .spawn()
+            .unwrap_or_else(|e| self.fail("checkpoint", &format!("cannot spawn ferry: {e}")));
+        let st = match wait_timeout(&mut ckpt, CHECKPOINT_TIMEOUT) {
+            Some(st) => st,
+            None => {
+                let _ = ckpt.kill();
+                let _ = ckpt.wait();
+                self.fail("checkpoint", "ferry checkpoint did not finish within 20 s");
+            }
+        };
+        if !st.success() {
+            self.fail("checkpoint", &format!("ferry checkpoint failed ({})", describe(&st)));
+        }
+    }
+
+    /// The checkpoint that kills the program: alone, or the last of a
+    /// chain of three images.
+    fn checkpoint_to_kill(&self, pid: i32) {
+        if !self.chain {
+            return self.checkpoint(pid, &self.images, None, false);
+        }
+        let (full, first) = (self.base.join("full"), self.base.join("first"));
+        self.checkpoint(pid, &full, None, true);
+        // The program runs on between the images, as a service would.
+        sleep(Duration::from_millis(100));
+        self.checkpoint(pid, &first, Some(&full), true);
+        sleep(Duration::from_millis(100));
+        self.checkpoint(pid, &self.images, Some(&first), false);
     }
 
     fn open_log(&self) -> File {
@@ -182,28 +232,7 @@ impl Run {
         }
 
         // 3. checkpoint (kills the program)
-        let mut ckpt = only_stdio(&mut Command::new(FERRY))
-            .arg("checkpoint")
-            .arg("--pid")
-            .arg(pid.to_string())
-            .arg("--images")
-            .arg(&self.images)
-            .stdin(Stdio::null())
-            .stdout(File::create(self.base.join("checkpoint.out")).expect("ckpt out"))
-            .stderr(File::create(self.base.join("checkpoint.err")).expect("ckpt err"))
-            .spawn()
-            .unwrap_or_else(|e| self.fail("checkpoint", &format!("cannot spawn ferry: {e}")));
-        let st = match wait_timeout(&mut ckpt, CHECKPOINT_TIMEOUT) {
-            Some(st) => st,
-            None => {
-                let _ = ckpt.kill();
-                let _ = ckpt.wait();
-                self.fail("checkpoint", "ferry checkpoint did not finish within 20 s");
-            }
-        };
-        if !st.success() {
-            self.fail("checkpoint", &format!("ferry checkpoint failed ({})", describe(&st)));
-        }
+        self.checkpoint_to_kill(pid);
 
         // 4. reap the original process so that its PID is free again
         match wait_timeout(self.program.as_mut().unwrap(), REAP_TIMEOUT) {
@@ -331,13 +360,45 @@ impl Drop for Run {
 }
 
 fn run_program(name: &'static str) {
+    run_program_as(name, false);
+}
+
+fn run_program_as(name: &'static str, chain: bool) {
     if !is_root() {
         eprintln!("skipping conformance test {name}: needs root (euid != 0)");
         return;
     }
     let bin = compile(name);
     let mut run = Run::new(name);
+    run.chain = chain;
     run.execute(&bin);
+}
+
+/// Programs restored from a chain of incremental images (a full image
+/// and two children, taken with `--parent` while the program ran on):
+/// memory written between the images, shared copy-on-write in a tree,
+/// threads writing all along, registers.
+macro_rules! conformance_chain {
+    ($($test:ident => $name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                run_program_as(stringify!($name), true);
+            }
+        )*
+    };
+}
+
+conformance_chain! {
+    chain_mem_anon_private => mem_anon_private,
+    chain_mem_heap_brk => mem_heap_brk,
+    chain_mem_memfd => mem_memfd,
+    chain_mem_shared_alias => mem_shared_alias,
+    chain_mem_file_private => mem_file_private,
+    chain_threads_8_writers => threads_8_writers,
+    chain_tree_cow_memory => tree_cow_memory,
+    chain_tree_shared_anon => tree_shared_anon,
+    chain_regs_gp_spin => regs_gp_spin,
 }
 
 macro_rules! conformance {

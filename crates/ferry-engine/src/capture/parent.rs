@@ -9,7 +9,6 @@
 use super::CaptureHooks;
 use crate::error::{EngineError, Result};
 use ferry_image::{ImageSource, LoadedImage, PageSpan, Vma};
-use ferry_sys::vm::RemoteRange;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -47,6 +46,12 @@ impl ParentImage {
             return Ok(Vec::new());
         };
         let data = self.image.pages.bytes();
+        // Read through /proc/PID/mem: process_vm_readv pins pages, and
+        // pinning an anonymous page shared copy-on-write with another
+        // process of the tree gives this one its own copy (the sharing
+        // the capture must see, and the memory the service must not pay).
+        let path = format!("/proc/{pid}/mem");
+        let mem = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
         let mut same = Vec::new();
         let mut now = vec![0u8; (BATCH_PAGES * PAGE) as usize];
         for run in &proc_.page_runs {
@@ -57,7 +62,7 @@ impl ParentImage {
                 let off = (run.offset + done * PAGE) as usize;
                 let then = &data[off..off + (n * PAGE) as usize];
                 let buf = &mut now[..(n * PAGE) as usize];
-                for k in equal_pages(pid, addr, then, buf) {
+                for k in equal_pages(&mem, addr, then, buf) {
                     push_page(&mut same, addr + k * PAGE);
                 }
                 done += n;
@@ -67,20 +72,20 @@ impl ParentImage {
     }
 }
 
-/// Indices of the pages at `addr` whose current bytes equal `then`'s. A
-/// range the process no longer maps (or maps without read access) is
-/// read page by page; a page that cannot be read is not equal.
-fn equal_pages(pid: i32, addr: u64, then: &[u8], buf: &mut [u8]) -> Vec<u64> {
+/// Indices of the pages at `addr` whose current bytes (in `mem`, the
+/// process's /proc/PID/mem) equal `then`'s. A range the process no
+/// longer maps is read page by page; a page that cannot be read is not
+/// equal.
+fn equal_pages(mem: &std::fs::File, addr: u64, then: &[u8], buf: &mut [u8]) -> Vec<u64> {
+    use std::os::unix::fs::FileExt;
     let pages = then.len() as u64 / PAGE;
-    let whole = ferry_sys::vm::read_remote(pid, buf, &[RemoteRange { addr, len: buf.len() }]);
-    let readable: Vec<bool> = if matches!(whole, Ok(n) if n == buf.len()) {
+    let readable: Vec<bool> = if mem.read_exact_at(buf, addr).is_ok() {
         vec![true; pages as usize]
     } else {
         (0..pages)
             .map(|k| {
                 let page = &mut buf[(k * PAGE) as usize..((k + 1) * PAGE) as usize];
-                let r = RemoteRange { addr: addr + k * PAGE, len: PAGE as usize };
-                matches!(ferry_sys::vm::read_remote(pid, page, &[r]), Ok(n) if n == PAGE as usize)
+                mem.read_exact_at(page, addr + k * PAGE).is_ok()
             })
             .collect()
     };
