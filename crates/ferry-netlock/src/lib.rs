@@ -248,7 +248,17 @@ fn validate_tuples(lock: &str, tuples: &[Tuple]) -> Result<usize, NetlockError> 
 fn canonical_tuple(lock: &str, t: &Tuple) -> Result<Tuple, NetlockError> {
     {
         {
-            let c = Tuple { local: canonical(t.local), remote: canonical(t.remote) };
+            let local = canonical(t.local);
+            // A wildcard's remote ([::]:0) follows its local address: a
+            // listener of an IPv6 socket on an IPv4-mapped address (the
+            // JVM's default) takes IPv4 connections only.
+            let remote = match canonical(t.remote) {
+                r if t.is_wildcard() && local.is_ipv4() && r.is_ipv6() => {
+                    SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0)
+                }
+                r => r,
+            };
+            let c = Tuple { local, remote };
             let invalid = |why| {
                 Err(NetlockError::InvalidTuple {
                     lock: lock.to_string(),
@@ -888,4 +898,35 @@ pub fn ebpf_table_home(tuple: &Tuple) -> (u32, u32) {
 /// The nftables table and iptables chain names of lock `name`.
 pub fn kernel_object_names(name: &str) -> (String, String) {
     (nft::table(name), iptables::chain(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuple(local: &str, remote: &str) -> Tuple {
+        Tuple { local: local.parse().expect("local"), remote: remote.parse().expect("remote") }
+    }
+
+    #[test]
+    fn ipv4_mapped_tuples_are_ipv4_on_the_wire() {
+        // A JVM listener: an IPv6 socket on an IPv4-mapped address.
+        let c = canonical_tuple("t", &tuple("[::ffff:127.0.0.1]:18434", "[::]:0")).expect("ok");
+        assert_eq!(c, tuple("127.0.0.1:18434", "0.0.0.0:0"));
+        assert!(c.is_wildcard());
+        // A connection it accepted.
+        let c = canonical_tuple("t", &tuple("[::ffff:10.0.0.1]:80", "[::ffff:10.0.0.2]:5000"))
+            .expect("ok");
+        assert_eq!(c, tuple("10.0.0.1:80", "10.0.0.2:5000"));
+        // A plain IPv6 wildcard stays IPv6.
+        let c = canonical_tuple("t", &tuple("[fd00::1]:80", "[::]:0")).expect("ok");
+        assert_eq!(c, tuple("[fd00::1]:80", "[::]:0"));
+    }
+
+    #[test]
+    fn a_connection_across_families_is_refused() {
+        let err = canonical_tuple("t", &tuple("[::ffff:10.0.0.1]:80", "[fd00::2]:5000"))
+            .expect_err("families differ");
+        assert!(err.to_string().contains("families differ"), "{err}");
+    }
 }

@@ -463,6 +463,7 @@ conformance! {
     fd_epoll,
     fd_tty_stdin,
     sock_tcp_listen,
+    sock_tcp_v4mapped,
     sock_tcp_established_pair,
     sock_udp_bound,
     sock_udp_connected,
