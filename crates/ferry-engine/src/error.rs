@@ -33,8 +33,10 @@ pub enum EngineError {
     /// namespace, as the helper described it.
     #[error("in the new PID namespace: {0}")]
     InNewPidNs(String),
-    /// The network lock that holds TCP connections still.
-    #[error("network lock: {0}")]
+    /// The network lock that holds TCP connections still. Its message
+    /// names the lock already; repeating it (with the error as its own
+    /// source) printed the whole message twice.
+    #[error(transparent)]
     NetworkLock(#[from] ferry_netlock::NetlockError),
 }
 

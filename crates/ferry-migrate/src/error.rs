@@ -12,7 +12,8 @@ pub enum MigrateError {
     Image(ferry_image::ImageError),
     #[error("connection to the other host: {0}")]
     Transport(ferry_transport::TransportError),
-    #[error("network lock: {0}")]
+    /// Its message names the lock.
+    #[error("{0}")]
     Netlock(ferry_netlock::NetlockError),
     #[error("{what}: {errno}")]
     Sys { what: String, errno: ferry_sys::SysError },
