@@ -191,6 +191,32 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
+/// A child that shares anonymous shared memory with its parent is not
+/// taken alone: restored without the parent it would count in a private
+/// copy. Refused by name, both run on still sharing it.
+#[test]
+fn refuses_part_of_a_tree_that_shares_memory_with_the_rest() {
+    require_root!();
+    let mut c = Case::new("shared_counter");
+    let prog = c.compile("tests/guarantees/shared_counter.c");
+    c.start(&prog);
+    let log = c.log();
+    let child: i32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("# CHILD "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no child PID in {log}"));
+    let out = c.checkpoint(child, &[]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "a child sharing memory with its parent was checkpointed alone");
+    for w in ["shared memory", "(/dev/zero (deleted))", "outside the tree, maps it too"] {
+        assert!(err.contains(w), "the refusal should mention {w:?}: {err}");
+    }
+    assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");
+    assert_eq!(c.finish_child(0), 0, "the pair was harmed by the refused checkpoint: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
     assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);

@@ -14,6 +14,7 @@ mod memfd;
 pub(crate) mod memory;
 mod namespaces;
 mod network;
+mod outside;
 pub mod parent;
 mod prctl;
 mod process;
@@ -322,10 +323,16 @@ pub fn capture(
     let mut guard = crate::guard::Guard::start()?;
     // The slow part of the network lock, while the tree still runs.
     let prepared = ph.step("network lock prepared", || prepare_lock(pid, opts, &mut guard))?;
+    let shared = ph.step("shared memory checked", || outside::check(pid))?;
     // The pause starts with the first thread seized.
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
-    let mut surveyed = ph.step("survey", || survey::survey_tree(&tree, opts))?;
+    let mut surveyed = ph.step("survey", || {
+        let surveyed = survey::survey_tree(&tree, opts)?;
+        let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
+        shared.recheck(&maps)?;
+        Ok::<_, EngineError>(surveyed)
+    })?;
     let engaged = ph.step("network freeze", || {
         connections::engage_lock(prepared, &tree, &surveyed, opts, &mut guard)
     })?;
