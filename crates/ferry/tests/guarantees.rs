@@ -196,10 +196,26 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
 /// copy. Refused by name, both run on still sharing it.
 #[test]
 fn refuses_part_of_a_tree_that_shares_memory_with_the_rest() {
+    refuses_a_child_alone(
+        &[],
+        &["shared memory", "(/dev/zero (deleted))", "outside the tree, maps it too"],
+    );
+}
+
+/// The same for a child that shares its parent's fd table (CLONE_FILES).
+#[test]
+fn refuses_part_of_a_tree_that_shares_its_fd_table_with_the_rest() {
+    refuses_a_child_alone(&["files"], &["its fd table", "shared with its parent", "CLONE_FILES"]);
+}
+
+/// Starts tests/guarantees/shared_counter.c with `args`, checkpoints its
+/// child alone, expects a one-line refusal naming `what`, and the pair
+/// unharmed.
+fn refuses_a_child_alone(args: &[&str], what: &[&str]) {
     require_root!();
     let mut c = Case::new("shared_counter");
     let prog = c.compile("tests/guarantees/shared_counter.c");
-    c.start(&prog);
+    c.start_args(&prog, args);
     let log = c.log();
     let child: i32 = log
         .lines()
@@ -208,8 +224,8 @@ fn refuses_part_of_a_tree_that_shares_memory_with_the_rest() {
         .unwrap_or_else(|| panic!("no child PID in {log}"));
     let out = c.checkpoint(child, &[]);
     let err = stderr(&out);
-    assert!(!out.status.success(), "a child sharing memory with its parent was checkpointed alone");
-    for w in ["shared memory", "(/dev/zero (deleted))", "outside the tree, maps it too"] {
+    assert!(!out.status.success(), "a child sharing with its parent was checkpointed alone");
+    for w in what {
         assert!(err.contains(w), "the refusal should mention {w:?}: {err}");
     }
     assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");

@@ -58,3 +58,29 @@ pub fn check(pids: &[i32], ppids: &[i32]) -> Result<Vec<i32>> {
     // the pairwise check above refused already.
     Ok(with_parent)
 }
+
+/// The tree's root shares none of these with its parent, which stays
+/// outside the tree: restored alone, the root would get its own copy
+/// while the parent kept the old one (a child made with CLONE_FILES or
+/// CLONE_VM and taken without its parent).
+pub fn check_outside(root: i32, parent: i32) -> Result<()> {
+    if parent <= 1 {
+        return Ok(());
+    }
+    for (kind, what, flag) in KINDS {
+        // A parent gone meanwhile shares nothing any more.
+        if sp::kcmp_shared(root, parent, kind).unwrap_or(false) {
+            let comm =
+                crate::procfs::read_string(&format!("/proc/{parent}/comm")).unwrap_or_default();
+            return Err(EngineError::unsupported(
+                root,
+                format!("its {what}"),
+                format!(
+                    "it is shared with its parent {parent} ({}), outside the tree ({flag} without CLONE_THREAD); restored alone it would be a separate copy (take the tree from that parent)",
+                    comm.trim()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

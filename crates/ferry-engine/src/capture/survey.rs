@@ -74,6 +74,9 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
     namespaces::check_others(&pids)?;
     let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
     let share_files = sharing::check(&pids, &ppids)?;
+    if let Some(root) = tree.procs.first() {
+        sharing::check_outside(root.frozen.pid, root.ppid)?;
+    }
     let tasks: Vec<(i32, Vec<i32>)> = tree
         .procs
         .iter()
