@@ -527,6 +527,7 @@ conformance! {
     tree_clone_files,
     tree_proc_file,
     fd_epoll_closed,
+    fd_epoll_dup_closed,
     sock_unix_pending,
     tree_scm_in_flight,
     sock_unix_pending_order,
