@@ -57,6 +57,29 @@ pub struct CloneArgs {
     pub cgroup: u64,
 }
 
+impl CloneArgs {
+    /// The struct as the kernel reads it (eleven little-endian words), to
+    /// be written into another process for a clone3 it runs itself.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        [
+            self.flags,
+            self.pidfd,
+            self.child_tid,
+            self.parent_tid,
+            self.exit_signal,
+            self.stack,
+            self.stack_size,
+            self.tls,
+            self.set_tid,
+            self.set_tid_size,
+            self.cgroup,
+        ]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+    }
+}
+
 /// Forks the calling process into a child whose PID is `pid`.
 /// Returns `Ok(0)` in the child and the child's PID in the parent; an
 /// error [`SEVERAL_THREADS`] (EBUSY) when another thread runs.

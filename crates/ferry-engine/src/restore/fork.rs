@@ -22,20 +22,7 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
         set_tid_size: 1,
         ..Default::default()
     };
-    let words = [
-        args.flags,
-        args.pidfd,
-        args.child_tid,
-        args.parent_tid,
-        args.exit_signal,
-        args.stack,
-        args.stack_size,
-        args.tls,
-        args.set_tid,
-        args.set_tid_size,
-        args.cgroup,
-    ];
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let bytes = args.to_bytes();
     parent.remote.write(parent.data, &bytes)?;
     parent.remote.write(tid_at, &pid.to_le_bytes())?;
     let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64])?;

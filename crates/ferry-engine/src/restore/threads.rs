@@ -58,20 +58,7 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
             ..Default::default()
         };
         args.exit_signal = 0;
-        let words = [
-            args.flags,
-            args.pidfd,
-            args.child_tid,
-            args.parent_tid,
-            args.exit_signal,
-            args.stack,
-            args.stack_size,
-            args.tls,
-            args.set_tid,
-            args.set_tid_size,
-            args.cgroup,
-        ];
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let bytes = args.to_bytes();
         s.remote.write(s.data, &bytes)?;
         s.remote.write(tid_at, &t.tid.to_le_bytes())?;
         let r = s.remote.raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
