@@ -11,24 +11,6 @@
 #include "ferry_test.h"
 #include <sys/epoll.h>
 
-static void entries(int ep, char *out, size_t n)
-{
-	char path[64], buf[4096];
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", ep);
-	out[0] = 0;
-	if (ft_read_file(path, buf, sizeof(buf)) < 0)
-		return;
-	size_t len = 0;
-	for (char *p = strstr(buf, "tfd:"); p; p = strstr(p + 1, "tfd:")) {
-		char *end = strstr(p, " pos:");
-		if (!end)
-			break;
-		len += (size_t)snprintf(out + len, n - len, "[%.*s]", (int)(end - p), p);
-		if (len >= n)
-			break;
-	}
-}
-
 static uint64_t wait_data(int ep, int ms)
 {
 	struct epoll_event ev;
@@ -57,14 +39,14 @@ int main(void)
 	if (nul != a && nul != c)
 		ft_die("/dev/null got fd %d, not a reused number (%d or %d)", nul, a, c);
 	char before[512];
-	entries(ep, before, sizeof(before));
+	ft_epoll_entries(ep, before, sizeof(before));
 	ft_log("entries %s; a=%d c=%d nul=%d a2=%d c2=%d", before, a, c, nul, a2, c2);
 
 	ft_ready();
 	ft_wait_restored();
 
 	char after[512];
-	entries(ep, after, sizeof(after));
+	ft_epoll_entries(ep, after, sizeof(after));
 	/* fdinfo lists entries in the kernel's tree order (by file address): compare as sets. */
 	int same = strlen(before) == strlen(after);
 	for (char *e = before; same && (e = strchr(e, '[')); e++) {

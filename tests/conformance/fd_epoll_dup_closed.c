@@ -9,24 +9,6 @@
 #include "ferry_test.h"
 #include <sys/epoll.h>
 
-static void entries(int ep, char *out, size_t n)
-{
-	char path[64], buf[4096];
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", ep);
-	out[0] = 0;
-	if (ft_read_file(path, buf, sizeof(buf)) < 0)
-		return;
-	size_t len = 0;
-	for (char *p = strstr(buf, "tfd:"); p; p = strstr(p + 1, "tfd:")) {
-		char *end = strstr(p, " pos:");
-		if (!end)
-			break;
-		len += (size_t)snprintf(out + len, n - len, "[%.*s]", (int)(end - p), p);
-		if (len >= n)
-			break;
-	}
-}
-
 int main(void)
 {
 	ft_init();
@@ -41,12 +23,12 @@ int main(void)
 	FT_SYS(epoll_ctl(ep, EPOLL_CTL_ADD, b, &ev));
 	FT_SYS(close(b));
 	char before[1024], after[1024];
-	entries(ep, before, sizeof(before));
+	ft_epoll_entries(ep, before, sizeof(before));
 
 	ft_ready();
 	ft_wait_restored();
 
-	entries(ep, after, sizeof(after));
+	ft_epoll_entries(ep, after, sizeof(after));
 	FT_CHECK(strcmp(before, after) == 0, "epoll entries: before %s, after %s", before, after);
 	FT_SYS(write(p[1], "x", 1));
 	struct epoll_event got[4];

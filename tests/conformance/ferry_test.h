@@ -250,6 +250,25 @@ static FT_UNUSED int ft_status_field(pid_t tid, const char *key, char *out, size
 }
 
 /* Value after "key:" in /proc/self/fdinfo/<fd> (first match), trimmed. */
+/* The entries of epoll `ep` as its fdinfo lists them, each as "[tfd: ... data: ...]". */
+static FT_UNUSED void ft_epoll_entries(int ep, char *out, size_t n)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", ep);
+	out[0] = 0;
+	if (ft_read_file(path, buf, sizeof(buf)) < 0)
+		return;
+	size_t len = 0;
+	for (char *p = strstr(buf, "tfd:"); p; p = strstr(p + 1, "tfd:")) {
+		char *end = strstr(p, " pos:");
+		if (!end)
+			break;
+		len += (size_t)snprintf(out + len, n - len, "[%.*s]", (int)(end - p), p);
+		if (len >= n)
+			break;
+	}
+}
+
 static FT_UNUSED int ft_fdinfo_field(int fd, const char *key, char *out, size_t n)
 {
 	char path[64], buf[16384];

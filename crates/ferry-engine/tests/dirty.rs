@@ -28,13 +28,7 @@ fn compile() -> PathBuf {
         std::process::id(),
         N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     ));
-    let out = Command::new("gcc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run gcc");
-    assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_testkit::compile_c(&src, &bin);
     bin
 }
 

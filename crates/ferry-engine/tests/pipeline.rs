@@ -55,9 +55,7 @@ impl Target {
     fn start(dir: &Path, mib: u64) -> Target {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dirty_target.c");
         let bin = dir.join("dirty_target");
-        let out =
-            Command::new("gcc").args(["-O1", "-o"]).arg(&bin).arg(&src).output().expect("gcc");
-        assert!(out.status.success(), "gcc: {}", String::from_utf8_lossy(&out.stderr));
+        ferry_testkit::compile_c(&src, &bin);
         let mut cmd = Command::new(&bin);
         cmd.arg(mib.to_string());
         // Only stdin, stdout and stderr: a descriptor inherited from the

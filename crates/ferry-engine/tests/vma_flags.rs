@@ -26,13 +26,7 @@ fn compile(tag: &str) -> std::path::PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(dir).expect("target tmpdir");
     let bin = dir.join(format!("vma_flags_target.{}.{tag}", std::process::id()));
-    let out = Command::new("gcc")
-        .args(["-O1", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run gcc");
-    assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_testkit::compile_c(&src, &bin);
     bin
 }
 

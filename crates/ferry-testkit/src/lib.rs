@@ -132,6 +132,23 @@ pub fn set_socket_option(sock: impl AsFd, level: i32, name: i32, value: i32) {
 }
 
 /// Makes a FIFO at `path` (mode 0600). Panics on failure.
+/// Compiles the C program `src` into `bin` with gcc (`-Wall`, optimised);
+/// panics with gcc's messages if it fails.
+pub fn compile_c(src: &Path, bin: &Path) {
+    let out = Command::new("gcc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(bin)
+        .arg(src)
+        .output()
+        .unwrap_or_else(|e| panic!("running gcc for {}: {e}", src.display()));
+    assert!(
+        out.status.success(),
+        "gcc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn mkfifo(path: &Path) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");

@@ -96,13 +96,7 @@ fn compile(dir: &Path) -> PathBuf {
     let src = dir.join("memprog.c");
     fs::write(&src, PROGRAM).expect("write memprog.c");
     let bin = dir.join("memprog");
-    let out = Command::new("gcc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run gcc");
-    assert!(out.status.success(), "gcc: {}", String::from_utf8_lossy(&out.stderr));
+    ferry_testkit::compile_c(&src, &bin);
     bin
 }
 
