@@ -8,7 +8,7 @@
 //! the tree runs unless it already could); the frozen survey scans again
 //! only for objects that were not there before the freeze.
 
-use super::tree::children_of;
+use super::tree::running_tree;
 use crate::error::{EngineError, Result};
 use crate::procfs::{self, MapsEntry};
 use std::collections::{HashMap, HashSet};
@@ -35,16 +35,6 @@ fn is_shmem(m: &MapsEntry) -> bool {
             || m.path.starts_with("/memfd:"))
 }
 
-fn tree_of(root: i32) -> Vec<i32> {
-    let mut pids = vec![root];
-    let mut i = 0;
-    while i < pids.len() {
-        pids.extend(children_of(pids[i]).unwrap_or_default());
-        i += 1;
-    }
-    pids
-}
-
 fn objects_of(pid: i32, maps: &[MapsEntry], out: &mut HashMap<ObjectId, Mapped>) {
     for m in maps.iter().filter(|m| is_shmem(m)) {
         out.entry((m.dev, m.inode)).or_insert_with(|| (pid, m.start, m.path.clone()));
@@ -54,7 +44,7 @@ fn objects_of(pid: i32, maps: &[MapsEntry], out: &mut HashMap<ObjectId, Mapped>)
 /// Before the freeze: the tree's shared memory objects, none of which a
 /// process outside the tree maps.
 pub(super) fn check(root: i32) -> Result<Checked> {
-    let tree = tree_of(root);
+    let tree = running_tree(root);
     let mut objects = HashMap::new();
     for &pid in &tree {
         // A process that exits meanwhile has nothing to share.

@@ -32,6 +32,19 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// `root` and its descendants as they are now, the tree still running
+/// (a process that exits meanwhile just has no children): for the checks
+/// made before the freeze. Parents before children.
+pub(crate) fn running_tree(root: i32) -> Vec<i32> {
+    let mut pids = vec![root];
+    let mut i = 0;
+    while i < pids.len() && pids.len() < 100_000 {
+        pids.extend(children_of(pids[i]).unwrap_or_default());
+        i += 1;
+    }
+    pids
+}
+
 fn zombie(pid: i32, ppid: i32) -> Result<Zombie> {
     let st = Stat::read(pid)?;
     // Field 52 is the exit status in wait(2) form.

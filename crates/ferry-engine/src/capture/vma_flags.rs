@@ -221,13 +221,10 @@ fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Optio
 /// Presurveys `root` and its descendants as they are now; those that
 /// prove nothing (or are gone) are left out.
 pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> {
-    let mut pids = vec![root];
-    let mut i = 0;
-    while i < pids.len() && pids.len() < 100_000 {
-        pids.extend(super::tree::children_of(pids[i]).unwrap_or_default());
-        i += 1;
-    }
-    pids.iter().filter_map(|&p| presurvey(p).map(|s| (p, s))).collect()
+    super::tree::running_tree(root)
+        .into_iter()
+        .filter_map(|p| presurvey(p).map(|s| (p, s)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -20,23 +20,24 @@ pub(super) struct HeldProcess {
 /// A restored tree, complete and still stopped under ptrace, its
 /// connections in repair mode behind the network lock: nothing of it has
 /// run yet. [`Held::release`] lets it run; dropping it kills every process
-/// of it, so the service runs in one place only.
+/// of it, so the service runs in one place only. Built by
+/// [`restore_held`](super::restore_held), the last phase's output.
 pub struct Held {
-    pid: i32,
-    tree: TreeImage,
-    connections: HashMap<u64, OwnedFd>,
+    pub(super) pid: i32,
+    pub(super) tree: TreeImage,
+    pub(super) connections: HashMap<u64, OwnedFd>,
     /// Parents before children.
-    procs: Vec<HeldProcess>,
+    pub(super) procs: Vec<HeldProcess>,
     /// The staged objects and the network lock, kept until the tree runs.
-    staged: Staged,
-    phases: crate::phases::Phases,
+    pub(super) staged: Staged,
+    pub(super) phases: crate::phases::Phases,
     /// Post-copy: (image PID, its userfaultfd) of processes with lazy pages.
-    uffds: Vec<(i32, OwnedFd)>,
+    pub(super) uffds: Vec<(i32, OwnedFd)>,
     /// ferry's copies of the pages the root inherited: dropped once the
     /// tree runs, so that its pages are its own (no copy per page on
     /// write) without the unmapping counting in the pause.
-    placed: ferry_sys::placed::InheritedRegions,
-    guard: TreeGuard,
+    pub(super) placed: ferry_sys::placed::InheritedRegions,
+    pub(super) guard: TreeGuard,
 }
 
 impl Held {
@@ -58,21 +59,6 @@ impl Held {
     /// Post-copy: takes the userfaultfds (the caller's pager serves them).
     pub fn take_uffds(&mut self) -> Vec<(i32, OwnedFd)> {
         std::mem::take(&mut self.uffds)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        tree: TreeImage,
-        connections: HashMap<u64, OwnedFd>,
-        procs: Vec<HeldProcess>,
-        staged: Staged,
-        phases: crate::phases::Phases,
-        uffds: Vec<(i32, OwnedFd)>,
-        placed: ferry_sys::placed::InheritedRegions,
-        guard: TreeGuard,
-    ) -> Held {
-        let pid = tree.root().map_or(0, |p| p.pid);
-        Held { pid, tree, connections, procs, staged, phases, uffds, placed, guard }
     }
 
     /// Brings the connections alive and lets every process run.

@@ -38,7 +38,7 @@ pub(super) fn send(w: &mut impl Write, report: &Report) -> std::io::Result<()> {
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);
-    // One write: a frame under PIPE_BUF arrives whole.
+    // One write per frame; the helper is the pipe's only writer.
     w.write_all(&frame)
 }
 

@@ -227,5 +227,5 @@ pub fn restore_held(
         ph.mark("lazy memory registered");
     }
     let placed = handover.placed_for_root.clone();
-    Ok(Held::new(tree, connections, procs, staged, ph, uffds, placed, guard))
+    Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })
 }
