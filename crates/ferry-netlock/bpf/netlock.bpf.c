@@ -2,16 +2,20 @@
 //
 // ferry's network lock: a tcx program attached to ingress and egress of every
 // interface of a network namespace. It drops every TCP packet whose 4-tuple is
-// is locked (see `table` below) and lets everything else through (TCX_NEXT, so any
+// locked (see `table` below) and lets everything else through (TCX_NEXT, so any
 // other tcx program after it still runs).
 //
-// The programs are attached long before they are needed (prepare) and do
-// nothing until user space sets `active[0]` to 1 (engage); setting it back to
-// 0 (disengage) is one map update, with no detach on the critical path.
+// One copy of the program and its maps serves every lock of the namespace
+// (the namespace's "base"): it is loaded and attached once and stays. Each
+// lock owns one of 64 owner slots; its tuples carry the slot number, and bit
+// `slot` of `active[0]` says whether that lock is engaged. Engaging or
+// disengaging a lock is one update of that word; nothing is attached or
+// detached on a command's critical path. While no lock is engaged (the word
+// is 0) a packet costs one array lookup.
 //
 // Wildcard entries: a key whose remote address and port are all zero stands
 // for "new connections to local": at ingress, a TCP segment with SYN set and
-// ACK clear whose exact key is not in the map is looked up again with the
+// ACK clear whose exact key is not locked is looked up again with the
 // remote side zeroed. Nothing else is ever matched against a wildcard.
 //
 // The key is always written from the point of view of the locked namespace:
@@ -36,9 +40,12 @@
 #define FAMILY_V6 10 /* AF_INET6 */
 
 // Must match `TupleKey` in src/ebpf.rs byte for byte (40 bytes, no padding).
+// `owner` is the owning lock's slot in `table` and 0 in packets' keys and in
+// the keys of `frozen`.
 struct tuple_key {
 	__u8 family;
-	__u8 pad[3];
+	__u8 owner;
+	__u8 pad[2];
 	__u8 local_addr[16];
 	__u8 remote_addr[16];
 	__be16 local_port;
@@ -48,10 +55,11 @@ struct tuple_key {
 // The tuples live in `table`, an open-addressing hash table that user space
 // builds directly in the map's memory (BPF_F_MMAPABLE: a memcpy, no syscall,
 // so engage costs the same for 10 and 10,000 tuples). A key sits in one of
-// the TABLE_PROBES slots starting at table_hash(key) & (TABLE_SLOTS - 1);
-// an empty slot (family 0) ends the search. A key whose TABLE_PROBES slots
-// were all taken goes to the `frozen` hash map instead (one batch update;
-// normally empty), which is looked up only when every probed slot was full.
+// the TABLE_PROBES slots starting at table_hash(key with owner 0) &
+// (TABLE_SLOTS - 1); all of them are searched (locks remove their entries,
+// so an empty slot does not end a probe sequence). A key whose TABLE_PROBES
+// slots were all taken goes to the `frozen` hash map instead (normally
+// empty), whose value is the mask of owners that lock it.
 // Must match TABLE_SLOTS, TABLE_PROBES and table_hash in src/ebpf.rs.
 #define TABLE_SLOTS (1 << 16)
 #define TABLE_PROBES 8
@@ -75,15 +83,15 @@ struct {
 	__uint(max_entries, 1 << 20);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct tuple_key);
-	__type(value, __u8);
+	__type(value, __u64);
 } frozen SEC(".maps");
 
-// active[0] != 0: drop what `frozen` matches; 0: let everything through.
+// Bit n of active[0]: the lock in owner slot n is engaged.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u64);
 } active SEC(".maps");
 
 #define TCP_FLAG_SYN 0x02
@@ -171,49 +179,64 @@ static __always_inline __u32 table_hash(const struct tuple_key *key)
 	return h;
 }
 
-static __always_inline int same_key(const struct tuple_key *a, const struct tuple_key *b)
-{
-	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+// The key's first word with its owner byte (byte 1) cleared, in the host's
+// byte order (BPF runs in it): 0xff00 masks byte 1 on little-endian hosts,
+// 0x00ff0000_00000000 on big-endian ones.
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define OWNER_MASK 0xff00ULL
+#else
+#define OWNER_MASK 0x00ff000000000000ULL
+#endif
 
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+// Same tuple, whoever owns the entry (`b` is a packet's key, owner 0).
+static __always_inline int same_tuple(const struct tuple_key *entry, const struct tuple_key *b)
+{
+	const __u64 *x = (const __u64 *)entry, *y = (const __u64 *)b;
+
+	return (x[0] & ~OWNER_MASK) == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] &&
+	       x[4] == y[4];
 }
 
-// 1 when `key` is locked.
-static __always_inline int locked(const struct tuple_key *key)
+// 1 when an engaged lock (a bit of `engaged`) holds `key`.
+static __always_inline int locked(const struct tuple_key *key, __u64 engaged)
 {
 	__u32 home = table_hash(key);
+	__u64 *owners;
 
 	for (__u32 i = 0; i < TABLE_PROBES; i++) {
 		__u32 slot = (home + i) & (TABLE_SLOTS - 1);
 		struct tuple_key *entry = bpf_map_lookup_elem(&table, &slot);
 
 		if (!entry || entry->family == 0)
-			return 0;
-		if (same_key(entry, key))
+			continue;
+		if (same_tuple(entry, key) && ((engaged >> (entry->owner & 63)) & 1))
 			return 1;
 	}
-	return bpf_map_lookup_elem(&frozen, key) != 0;
+	owners = bpf_map_lookup_elem(&frozen, key);
+	return owners && (*owners & engaged);
 }
 
 static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 {
 	struct tuple_key key __attribute__((aligned(8))) = {};
 	__u32 zero = 0;
-	__u32 *on;
+	__u64 *engaged;
+	__u64 mask;
 	__u8 flags = 0;
 
-	on = bpf_map_lookup_elem(&active, &zero);
-	if (!on || !*on)
+	engaged = bpf_map_lookup_elem(&active, &zero);
+	if (!engaged || !*engaged)
 		return TCX_NEXT;
+	mask = *engaged;
 	if (packet_key(skb, ingress, &key, &flags))
 		return TCX_NEXT;
-	if (locked(&key))
+	if (locked(&key, mask))
 		return TCX_DROP;
 	// A connection attempt to a frozen listener: SYN without ACK, coming in.
 	if (ingress && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		__builtin_memset(key.remote_addr, 0, sizeof(key.remote_addr));
 		key.remote_port = 0;
-		if (locked(&key))
+		if (locked(&key, mask))
 			return TCX_DROP;
 	}
 	return TCX_NEXT;

@@ -1,32 +1,25 @@
-//! eBPF method: one hash map of frozen 4-tuples, a one-element array `active`
-//! (the switch) and a tcx program on ingress and egress of every interface of
-//! the namespace, all pinned under /sys/fs/bpf/ferry/<name>/ so they outlive
-//! the process that prepared them. Prepare does the slow part (load, attach,
-//! pin); engage is one batch update plus one switch update; disengage one
-//! switch update.
+//! eBPF method, one lock's part: an owner slot in its namespace's base
+//! (src/base.rs), its tuples in the base's `table` (written straight into
+//! the map's memory) tagged with that slot, and its bit of `active`.
+//! Prepare claims the slot (installing the base only the first time in a
+//! namespace); engage is the table writes plus one update of `active`;
+//! disengage one update; thaw clears the bit and the lock's entries: no
+//! program is loaded, attached or detached per lock.
 
-use crate::{netns, NetlockError, Tuple};
-use aya::maps::Map;
-use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
-use aya::programs::tc::TcAttachOptions;
-use aya::programs::{SchedClassifier, TcAttachType};
+use crate::base::{self, Base};
+use crate::{NetlockError, Tuple};
 use std::net::IpAddr;
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
-
-/// The BPF object compiled by build.rs from bpf/netlock.bpf.c.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netlock.bpf.o"));
-
-const BPFFS: &str = "/sys/fs/bpf";
-const PIN_ROOT: &str = "/sys/fs/bpf/ferry";
-const MAP_PIN: &str = "map";
+use std::os::fd::AsFd;
+use std::path::Path;
 
 /// `struct tuple_key` of netlock.bpf.c: 40 bytes, no padding.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct TupleKey {
     family: u8,
-    pad: [u8; 3],
+    /// The owning lock's slot in the table; 0 in `frozen`'s keys.
+    owner: u8,
+    pad: [u8; 2],
     local_addr: [u8; 16],
     remote_addr: [u8; 16],
     /// Network byte order, as in the packet.
@@ -53,7 +46,8 @@ fn key(tuple: &Tuple) -> TupleKey {
     let (_, remote_addr) = addr_bytes(tuple.remote.ip());
     TupleKey {
         family,
-        pad: [0; 3],
+        owner: 0,
+        pad: [0; 2],
         local_addr,
         remote_addr,
         local_port: tuple.local.port().to_be_bytes(),
@@ -61,48 +55,18 @@ fn key(tuple: &Tuple) -> TupleKey {
     }
 }
 
-pub(crate) fn pin_dir(name: &str) -> PathBuf {
-    Path::new(PIN_ROOT).join(name)
-}
-
-fn ensure_bpffs(lock: &str) -> Result<(), NetlockError> {
-    let bpffs = Path::new(BPFFS);
-    let sys = |what: &str, source| NetlockError::Sys {
-        lock: lock.to_string(),
-        what: format!("{what} {BPFFS}"),
-        source,
-    };
-    if !ferry_sys::netns::is_bpffs(bpffs).map_err(|e| sys("checking", e))? {
-        ferry_sys::netns::mount_bpffs(bpffs).map_err(|e| sys("mounting bpffs on", e))?;
-    }
-    Ok(())
-}
-
-/// Slots of the open-addressing table (`table` in netlock.bpf.c: 40 bytes
-/// each, 2.5 MiB, allocated at prepare). Tuples are written straight into
-/// the map's memory, so engage costs no syscall per tuple.
-const TABLE_SLOTS: u32 = 1 << 16;
+use base::{KEY_LEN, TABLE_SLOTS};
 /// A key sits in one of this many slots from its home slot, or in the
 /// overflow hash map.
 const TABLE_PROBES: u32 = 8;
-const KEY_LEN: usize = std::mem::size_of::<TupleKey>();
+const _: () = assert!(std::mem::size_of::<TupleKey>() == KEY_LEN);
 
-/// Capacity of the overflow hash map (`frozen`), which takes the tuples the
-/// table has no room for (none at 10,000 tuples in practice). Elements are
-/// allocated on insert (`BPF_F_NO_PREALLOC`): a large max_entries costs only
-/// the hash buckets (16 MiB at prepare), and prepare need not know N.
-pub const MAX_TUPLES: u32 = 1 << 20;
-
-const ACTIVE_PIN: &str = "active";
-const TABLE_PIN: &str = "table";
-
-/// A lock's maps, open: what engage and disengage need, so that each is a
-/// fixed number of bpf syscalls with no path lookup.
+/// A lock's part of its base, open: what engage and disengage need, so
+/// that each is a fixed number of syscalls with no path lookup.
 #[derive(Debug)]
 pub(crate) struct Handles {
-    frozen: OwnedFd,
-    active: OwnedFd,
-    table: ferry_sys::bpf::MappedArray,
+    base: Base,
+    slot: u8,
     /// Scratch for fill (home slots, insertion order), allocated and touched
     /// at prepare so engage takes no page fault for up to SCRATCH tuples.
     homes: Vec<u32>,
@@ -127,7 +91,8 @@ impl TupleKey {
     fn to_bytes(self) -> [u8; KEY_LEN] {
         let mut b = [0u8; KEY_LEN];
         b[0] = self.family;
-        b[1..4].copy_from_slice(&self.pad);
+        b[1] = self.owner;
+        b[2..4].copy_from_slice(&self.pad);
         b[4..20].copy_from_slice(&self.local_addr);
         b[20..36].copy_from_slice(&self.remote_addr);
         b[36..38].copy_from_slice(&self.local_port);
@@ -151,214 +116,32 @@ fn table_hash(key: &[u8; KEY_LEN]) -> u32 {
     h
 }
 
-/// Loads the program, creates the empty tuple map and the `active` switch
-/// (0: nothing is dropped), attaches to both directions of every interface
-/// and pins everything. On error the caller releases the pins.
+/// The base of the namespace at `netns_path` (installed if it has none)
+/// and a free owner slot in it.
 pub(crate) fn prepare(
     lock: &str,
     netns_path: Option<&Path>,
     netns_desc: &str,
+    netns_inode: u64,
 ) -> Result<Handles, NetlockError> {
-    let pins = create_pin_dir(lock)?;
-    let mut bpf = load_object(lock)?;
-
-    // aya closes a taken map's fd when the Map is dropped: keep both until
-    // the programs (which reference them) are loaded.
-    let mut taken = Vec::with_capacity(2);
-    let at = PinTarget { lock, pins: &pins, netns_path, netns_desc };
-    let frozen = take_and_pin(&mut bpf, &at, &mut taken, "frozen", MAP_PIN)?;
-    let active = take_and_pin(&mut bpf, &at, &mut taken, "active", ACTIVE_PIN)?;
-    let table = take_and_pin(&mut bpf, &at, &mut taken, "table", TABLE_PIN)?;
-    let table = map_table(lock, &table)?;
-    let handles = Handles {
-        frozen,
-        active,
-        table,
-        homes: scratch(1),
-        order: scratch(1),
-        keys: scratch([1; KEY_LEN]),
-    };
-    // An array map starts zeroed; written anyway so the state never
-    // depends on that.
-    set_active(lock, &handles, false)?;
-
-    for (program, direction) in
-        [("ferry_ingress", TcAttachType::Ingress), ("ferry_egress", TcAttachType::Egress)]
-    {
-        attach(&mut bpf, &at, program, direction)?;
-    }
-    drop(taken);
-    // Dropping `bpf` closes aya's program and map fds; the pins keep the
-    // links (hence the programs) and the maps alive, `handles` the maps' fds.
-    Ok(handles)
+    let base = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
+    let slot = base::claim_slot(&base, lock)?;
+    Ok(with_scratch(base, slot))
 }
 
-/// Where prepare pins a lock's objects, and the namespace it attaches in.
-struct PinTarget<'a> {
-    lock: &'a str,
-    pins: &'a Path,
-    netns_path: Option<&'a Path>,
-    netns_desc: &'a str,
+fn with_scratch(base: Base, slot: u8) -> Handles {
+    Handles { base, slot, homes: scratch(1), order: scratch(1), keys: scratch([1; KEY_LEN]) }
 }
 
-fn create_pin_dir(lock: &str) -> Result<PathBuf, NetlockError> {
-    ensure_bpffs(lock)?;
-    let pins = pin_dir(lock);
-    std::fs::create_dir_all(&pins).map_err(|source| NetlockError::Io {
-        lock: lock.to_string(),
-        what: "creating pin directory",
-        path: pins.clone(),
-        source,
-    })?;
-    Ok(pins)
+/// The lock's base and slot, for `record.json`.
+pub(crate) fn slot_of(handles: &Handles) -> (String, u8) {
+    (handles.base.name.clone(), handles.slot)
 }
 
-fn load_object(lock: &str) -> Result<aya::Ebpf, NetlockError> {
-    // The program needs no CO-RE relocation: btf(None) skips it. (aya
-    // 0.13's EbpfLoader::new() still reads and parses the kernel's BTF,
-    // /sys/kernel/btf/vmlinux, about 19 ms of prepare's cost.)
-    aya::EbpfLoader::new().btf(None).set_max_entries("frozen", MAX_TUPLES).load(OBJECT).map_err(
-        |source| NetlockError::BpfLoad { lock: lock.to_string(), source: Box::new(source) },
-    )
-}
-
-/// Takes map `map_name` out of the object, pins it as `pin_name` and
-/// returns a duplicate of its fd; the map itself goes to `taken`.
-fn take_and_pin(
-    bpf: &mut aya::Ebpf,
-    at: &PinTarget,
-    taken: &mut Vec<Map>,
-    map_name: &str,
-    pin_name: &str,
-) -> Result<OwnedFd, NetlockError> {
-    let lock = at.lock;
-    let wrong = |what| NetlockError::BpfMap {
-        lock: lock.to_string(),
-        what,
-        source: Box::new(aya::maps::MapError::InvalidName { name: map_name.into() }),
-    };
-    let map = bpf.take_map(map_name).ok_or_else(|| wrong("missing from the BPF object"))?;
-    let data = match &map {
-        Map::HashMap(data) | Map::Array(data) => data,
-        _ => return Err(wrong("has the wrong type")),
-    };
-    let path = at.pins.join(pin_name);
-    data.pin(&path).map_err(|source| NetlockError::BpfPin {
-        lock: lock.to_string(),
-        path: path.clone(),
-        source: Box::new(source),
-    })?;
-    let fd = data.fd().as_fd().try_clone_to_owned().map_err(|source| NetlockError::Io {
-        lock: lock.to_string(),
-        what: "duplicating the fd of pinned map",
-        path,
-        source,
-    })?;
-    taken.push(map);
-    Ok(fd)
-}
-
-/// Loads `program` and attaches it in `direction` to every interface of
-/// the namespace, pinning each link.
-fn attach(
-    bpf: &mut aya::Ebpf,
-    at: &PinTarget,
-    program: &str,
-    direction: TcAttachType,
-) -> Result<(), NetlockError> {
-    let lock = at.lock;
-    let prog_error = |what: &str, source| NetlockError::BpfProgram {
-        lock: lock.to_string(),
-        what: format!("{what} {program}"),
-        source: Box::new(source),
-    };
-    let classifier: &mut SchedClassifier = bpf
-        .program_mut(program)
-        .ok_or_else(|| prog_error("finding", aya::programs::ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(|e| prog_error("finding", e))?;
-    classifier.load().map_err(|e| prog_error("loading", e))?;
-    // The link is created from a thread inside the target namespace:
-    // the kernel resolves the ifindex in the caller's namespace.
-    netns::run_in(lock, at.netns_path, || {
-        let interfaces = ferry_sys::netns::interfaces().map_err(|source| NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!("listing interfaces of {}", at.netns_desc),
-            source,
-        })?;
-        for (index, interface) in interfaces {
-            attach_interface(classifier, at, direction, index, interface)?;
-        }
-        Ok(())
-    })
-}
-
-fn attach_interface(
-    classifier: &mut SchedClassifier,
-    at: &PinTarget,
-    direction: TcAttachType,
-    index: u32,
-    interface: String,
-) -> Result<(), NetlockError> {
-    let lock = at.lock;
-    let direction_name = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
-    let attach_error = |source| NetlockError::BpfAttach {
-        lock: lock.to_string(),
-        interface: interface.clone(),
-        direction: direction_name,
-        netns: at.netns_desc.to_string(),
-        source: Box::new(source),
-    };
-    // First in the tcx chain: no other program sees a frozen packet.
-    let link_id = classifier
-        .attach_with_options(&interface, direction, TcAttachOptions::TcxOrder(LinkOrder::first()))
-        .map_err(attach_error)?;
-    let link = classifier.take_link(link_id).map_err(attach_error)?;
-    let path = at.pins.join(format!("link-{index}-{direction_name}"));
-    let link = FdLink::try_from(link).map_err(|source| NetlockError::BpfLink {
-        lock: lock.to_string(),
-        path: path.clone(),
-        source: Box::new(source),
-    })?;
-    link.pin(&path).map_err(|source| NetlockError::BpfPin {
-        lock: lock.to_string(),
-        path: path.clone(),
-        source: Box::new(source),
-    })?;
-    Ok(())
-}
-
-/// Opens the maps of a prepared lock from their pins (a process that adopts
-/// a lock it did not create).
-pub(crate) fn open(lock: &str) -> Result<Handles, NetlockError> {
-    let pins = pin_dir(lock);
-    let get = |pin: &str| {
-        let path = pins.join(pin);
-        ferry_sys::bpf::obj_get(&path).map_err(|source| NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!("opening pinned map {}", path.display()),
-            source,
-        })
-    };
-    let table = get(TABLE_PIN)?;
-    Ok(Handles {
-        frozen: get(MAP_PIN)?,
-        active: get(ACTIVE_PIN)?,
-        table: map_table(lock, &table)?,
-        homes: scratch(1),
-        order: scratch(1),
-        keys: scratch([1; KEY_LEN]),
-    })
-}
-
-fn map_table(lock: &str, fd: &OwnedFd) -> Result<ferry_sys::bpf::MappedArray, NetlockError> {
-    ferry_sys::bpf::MappedArray::map(fd.as_fd(), TABLE_SLOTS as usize * KEY_LEN).map_err(|source| {
-        NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!("mapping BPF map {}/{TABLE_PIN}", pin_dir(lock).display()),
-            source,
-        }
-    })
+/// Opens the base and slot of a prepared lock (a process that adopts a
+/// lock it did not create).
+pub(crate) fn open(lock: &str, base_name: &str, slot: u8) -> Result<Handles, NetlockError> {
+    Ok(with_scratch(base::open(lock, base_name)?, slot))
 }
 
 /// Writes every tuple into the table (memory writes, while the switch is
@@ -376,29 +159,47 @@ pub(crate) fn fill(
     handles: &mut Handles,
     tuples: &[Tuple],
 ) -> Result<usize, NetlockError> {
-    let Handles { table, homes, order, keys, frozen, .. } = handles;
+    let Handles { base, slot, homes, order, keys } = handles;
     sort_by_home(tuples, keys, homes, order);
-    let overflow = insert_in_order(table.as_mut_slice(), keys, homes, order);
-    if overflow.len() > MAX_TUPLES as usize {
+    let _held = base.exclusive(lock)?;
+    let overflow = insert_in_order(base.table.as_mut_slice(), *slot, keys, homes, order);
+    if overflow.len() > base::MAX_TUPLES as usize {
         return Err(NetlockError::TooManyTuples {
             lock: lock.to_string(),
             count: tuples.len(),
-            max: MAX_TUPLES as usize,
+            max: base::MAX_TUPLES as usize,
         });
     }
-    let values = vec![1u8; overflow.len()];
-    ferry_sys::bpf::map_update_batch(frozen.as_fd(), &overflow, &values).map_err(|source| {
-        NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!(
-                "filling BPF map {}/{MAP_PIN} with {} tuples",
-                pin_dir(lock).display(),
-                overflow.len()
-            ),
-            source,
-        }
-    })?;
+    for key in &overflow {
+        add_overflow_owner(lock, base, key, *slot)?;
+    }
     Ok(overflow.len())
+}
+
+fn map_error(
+    lock: &str,
+    base: &Base,
+    map: &str,
+) -> impl FnOnce(ferry_sys::SysError) -> NetlockError {
+    let what = format!("updating BPF map {}/{map}", base::pin_dir(&base.name).display());
+    let lock = lock.to_string();
+    move |source| NetlockError::Sys { lock, what, source }
+}
+
+/// Sets bit `slot` in the owner mask of an overflow key (the key's owner
+/// byte is 0 there: one entry per tuple, whoever holds it).
+fn add_overflow_owner(
+    lock: &str,
+    base: &Base,
+    key: &[u8; KEY_LEN],
+    slot: u8,
+) -> Result<(), NetlockError> {
+    let frozen = base.frozen.as_fd();
+    let owners: u64 = ferry_sys::bpf::map_lookup_elem(frozen, key)
+        .map_err(map_error(lock, base, "frozen"))?
+        .unwrap_or(0);
+    ferry_sys::bpf::map_update_elem(frozen, key, &(owners | 1u64 << slot))
+        .map_err(map_error(lock, base, "frozen"))
 }
 
 /// Computes each tuple's key and home slot into `keys` and `homes`, and
@@ -440,6 +241,7 @@ fn sort_by_home(
 /// window is full.
 fn insert_in_order(
     table: &mut [u8],
+    owner: u8,
     keys: &[[u8; KEY_LEN]],
     homes: &[u32],
     order: &[u32],
@@ -449,107 +251,167 @@ fn insert_in_order(
         let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
             continue;
         };
-        let mut placed = false;
-        for probe in 0..TABLE_PROBES {
-            let at = (home.wrapping_add(probe) & (TABLE_SLOTS - 1)) as usize * KEY_LEN;
-            let Some(slot) = table.get_mut(at..at + KEY_LEN) else {
-                break;
-            };
-            if slot[0] == 0 {
-                slot.copy_from_slice(bytes);
-                placed = true;
-                break;
-            }
-            if *slot == *bytes {
-                placed = true; // a duplicate
-                break;
-            }
-        }
-        if !placed {
+        let mut owned = *bytes;
+        owned[1] = owner;
+        if !insert_one(table, home, &owned) {
             overflow.push(*bytes);
         }
     }
     overflow
 }
 
-/// Turns dropping on or off: one `BPF_MAP_UPDATE_ELEM` of `active[0]`.
-pub(crate) fn set_active(lock: &str, handles: &Handles, on: bool) -> Result<(), NetlockError> {
-    ferry_sys::bpf::map_update_elem(handles.active.as_fd(), &0u32, &u32::from(on)).map_err(
-        |source| NetlockError::Sys {
-            lock: lock.to_string(),
-            what: format!(
-                "setting BPF map {}/{ACTIVE_PIN} to {}",
-                pin_dir(lock).display(),
-                u32::from(on)
-            ),
-            source,
-        },
-    )
+/// Writes `entry` into the first free slot of its probe window (false when
+/// there is none). The family byte goes last: BPF programs read the table
+/// meanwhile, and an entry without a family is skipped.
+fn insert_one(table: &mut [u8], home: u32, entry: &[u8; KEY_LEN]) -> bool {
+    for probe in 0..TABLE_PROBES {
+        let at = (home.wrapping_add(probe) & (TABLE_SLOTS - 1)) as usize * KEY_LEN;
+        let Some(slot) = table.get_mut(at..at + KEY_LEN) else {
+            return false;
+        };
+        if *slot == *entry {
+            return true; // a duplicate
+        }
+        if slot[0] == 0 {
+            slot[1..].copy_from_slice(&entry[1..]);
+            slot[0] = entry[0];
+            return true;
+        }
+    }
+    false
 }
 
-/// Removes the pins: links first, each closed through its own fd so the
-/// kernel detaches it before this returns, then the map and the directory.
-/// Missing pins are not an error (a prepare killed half-way).
-pub(crate) fn release(lock: &str) -> Result<(), NetlockError> {
-    let pins = pin_dir(lock);
-    // Switch off first so every interface stops dropping at the same instant
-    // (detaching goes link by link). Missing pins: nothing to switch.
-    if let Ok(handles) = open(lock) {
-        if let Err(e) = set_active(lock, &handles, false) {
-            tracing::warn!(lock, "switching off before detach: {e}");
+/// Removes every entry of owner `slot`: its table slots are zeroed (family
+/// first, so BPF never matches a half-cleared entry) and its bit leaves the
+/// overflow map's masks. The caller holds the base's flock.
+pub(crate) fn remove_entries(lock: &str, base: &mut Base, slot: u8) -> Result<(), NetlockError> {
+    for entry in base.table.as_mut_slice().chunks_exact_mut(KEY_LEN) {
+        if entry[0] != 0 && entry[1] == slot {
+            entry[0] = 0;
+            entry[1..].fill(0);
         }
     }
-    let entries = match std::fs::read_dir(&pins) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(NetlockError::Io {
-                lock: lock.to_string(),
-                what: "reading pin directory",
-                path: pins,
-                source,
-            })
-        }
-    };
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    // Links first (they hold the programs), then the maps.
-    paths.sort_by_key(|p| {
-        (!p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-")), p.clone())
-    });
-    for path in paths {
-        let io = |what, source| NetlockError::Io {
-            lock: lock.to_string(),
-            what,
-            path: path.clone(),
-            source,
+    let frozen = base.frozen.as_fd();
+    let keys: Vec<[u8; KEY_LEN]> =
+        ferry_sys::bpf::map_keys(frozen).map_err(map_error(lock, base, "frozen"))?;
+    for key in keys {
+        let Some(owners) = ferry_sys::bpf::map_lookup_elem::<_, u64>(frozen, &key)
+            .map_err(map_error(lock, base, "frozen"))?
+        else {
+            continue;
         };
-        let is_link = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-"));
-        if is_link {
-            if let Ok(pinned) = PinnedLink::from_pin(&path) {
-                // unpin removes the file; dropping the FdLink then closes the
-                // last reference, which detaches synchronously (a bare
-                // unlink would defer the detach to a kernel work item).
-                let link = pinned.unpin().map_err(|e| io("unpinning", e))?;
-                drop(link);
-                continue;
-            }
+        let rest = owners & !(1u64 << slot);
+        if rest == owners {
+            continue;
         }
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("removing pin", e)),
+        if rest == 0 {
+            ferry_sys::bpf::map_delete_elem(frozen, &key)
+                .map_err(map_error(lock, base, "frozen"))?;
+        } else {
+            ferry_sys::bpf::map_update_elem(frozen, &key, &rest)
+                .map_err(map_error(lock, base, "frozen"))?;
         }
     }
-    match std::fs::remove_dir(&pins) {
+    Ok(())
+}
+
+/// Turns this lock's dropping on or off: its bit of `active[0]`, under
+/// the base's flock (one lookup and one update).
+pub(crate) fn set_active(lock: &str, handles: &Handles, on: bool) -> Result<(), NetlockError> {
+    let _held = handles.base.exclusive(lock)?;
+    set_engaged(lock, &handles.base, handles.slot, on)
+}
+
+/// Sets or clears bit `slot` of `active[0]`; the caller holds the flock.
+pub(crate) fn set_engaged(lock: &str, base: &Base, slot: u8, on: bool) -> Result<(), NetlockError> {
+    let active = base.active.as_fd();
+    let mask: u64 = ferry_sys::bpf::map_lookup_elem(active, &0u32)
+        .map_err(map_error(lock, base, "active"))?
+        .unwrap_or(0);
+    let bit = 1u64 << slot;
+    let new = if on { mask | bit } else { mask & !bit };
+    if new == mask {
+        return Ok(());
+    }
+    ferry_sys::bpf::map_update_elem(active, &0u32, &new).map_err(map_error(lock, base, "active"))
+}
+
+/// Frees the lock's slot: bit off, entries removed, slot file removed.
+pub(crate) fn release(lock: &str, handles: &mut Handles) -> Result<(), NetlockError> {
+    free_slot(&mut handles.base, lock, handles.slot)
+}
+
+/// Frees slot `slot` of `base`: bit off, entries removed, slot file removed
+/// (in that order, so a crash in between leaves a slot file that names the
+/// lock and the next `release_stale` finishes the job).
+pub(crate) fn free_slot(base: &mut Base, lock: &str, slot: u8) -> Result<(), NetlockError> {
+    {
+        let _held = base.exclusive(lock)?;
+        set_engaged(lock, base, slot, false)?;
+        remove_entries(lock, base, slot)?;
+    }
+    let path = base::slot_path(&base.name, slot);
+    match std::fs::remove_file(&path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(NetlockError::Io {
-            lock: lock.to_string(),
-            what: "removing pin directory",
-            path: pins,
-            source,
-        }),
+        Err(source) => {
+            Err(NetlockError::Io { lock: lock.to_string(), what: "removing", path, source })
+        }
     }
+}
+
+/// Frees the slots of `base` whose lock no longer exists.
+pub(crate) fn free_orphan_slots(name: &str) {
+    let orphans: Vec<(u8, String)> = base::slots(name)
+        .into_iter()
+        .filter(|(_, lock)| !crate::record::lock_dir(lock).exists())
+        .collect();
+    if orphans.is_empty() {
+        return;
+    }
+    let mut base = match base::open(name, name) {
+        Ok(base) => base,
+        Err(e) => {
+            tracing::warn!(base = %name, "opening to free slots of locks that are gone: {e}");
+            return;
+        }
+    };
+    for (slot, lock) in orphans {
+        if let Err(e) = free_slot(&mut base, &lock, slot) {
+            tracing::warn!(base = %name, slot, "freeing the slot of a lock that is gone: {e}");
+        }
+    }
+}
+
+/// Releases the eBPF part of a lock from its record: its slot in its base
+/// (nothing when the base is gone with its namespace), and the per-lock
+/// pins of an older ferry that pinned a program per lock.
+pub(crate) fn release_named(
+    lock: &str,
+    slot: Option<(&str, u8)>,
+    open_handles: Option<&mut Handles>,
+) -> Result<(), NetlockError> {
+    match (open_handles, slot) {
+        (Some(handles), _) => release(lock, handles)?,
+        (None, Some((base_name, slot))) => match open(lock, base_name, slot) {
+            Ok(mut handles) => release(lock, &mut handles)?,
+            Err(NetlockError::BaseGone { .. }) => {}
+            Err(e) => return Err(e),
+        },
+        (None, None) => {}
+    }
+    // A slot file may name the lock without its record knowing the slot
+    // (killed between claim and record): free those too.
+    for base_name in base::list() {
+        for (slot, owner) in base::slots(&base_name) {
+            if owner == lock {
+                if let Ok(mut handles) = open(lock, &base_name, slot) {
+                    release(lock, &mut handles)?;
+                }
+            }
+        }
+    }
+    base::remove_pins(lock, &Path::new(base::PIN_ROOT).join(lock))
 }
 
 /// Home slot of a tuple in the table (tests force the overflow path with it).

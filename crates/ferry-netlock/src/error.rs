@@ -55,6 +55,18 @@ pub enum NetlockError {
     #[error("network lock {lock}: cannot {action} a lock that is {phase}")]
     WrongPhase { lock: String, action: &'static str, phase: crate::Phase },
 
+    #[error("network lock {lock}: the BPF base {base} of its network namespace is gone (the namespace was deleted, or the base released by hand)")]
+    BaseGone { lock: String, base: String },
+
+    #[error("network lock {lock}: all {slots} lock slots of BPF base {base} are taken by running locks (see `ferry network-lock --status`)")]
+    NoFreeSlot { lock: String, base: String, slots: u8 },
+
+    #[error("network lock {lock}: its record names no slot in a BPF base (it was made by an older ferry or its prepare was interrupted); release it and checkpoint again")]
+    NoSlot { lock: String },
+
+    #[error("BPF base {base} is used by network locks {locks}: release them first")]
+    BaseInUse { base: String, locks: String },
+
     #[error("no network lock named {0:?}")]
     NotFound(String),
 

@@ -95,6 +95,7 @@
 //! MAX_TUPLES                                               // eBPF capacity (2^20)
 //! ```
 
+mod base;
 mod ebpf;
 mod error;
 mod iptables;
@@ -102,7 +103,7 @@ mod netns;
 mod nft;
 mod record;
 
-pub use ebpf::MAX_TUPLES;
+pub use base::{BaseStatus, MAX_TUPLES};
 pub use error::NetlockError;
 pub use netns::Netns;
 pub use record::{LockState, Owner, Phase, LOCKS_DIR};
@@ -298,6 +299,7 @@ fn new_record(name: &str, method: Method, owner: Owner, purpose: &str, netns: &N
             enter_path: None,
             bind_mounted: false,
         },
+        ebpf: None,
         waits_for: None,
     }
 }
@@ -344,7 +346,11 @@ fn prepare_parts(
                 Netns::Current => None,
                 Netns::Path(p) => Some(p.as_path()),
             };
-            Some(ebpf::prepare(&name, enter, &record.netns.requested)?)
+            let handles = ebpf::prepare(&name, enter, &record.netns.requested, record.netns.inode)?;
+            let (base, slot) = ebpf::slot_of(&handles);
+            record.ebpf = Some(record::EbpfSlot { base, slot });
+            record::write(record)?;
+            Some(handles)
         }
         Method::Nftables | Method::Iptables => None,
     };
@@ -473,7 +479,7 @@ impl NetworkLock {
                 Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
             }
             Err(e) => {
-                if let Err(cleanup) = release_record(&record) {
+                if let Err(cleanup) = release_record(&record, None) {
                     tracing::error!(lock = %name, "undoing a failed prepare: {cleanup}");
                 }
                 Err(e)
@@ -622,14 +628,14 @@ impl NetworkLock {
         &self.name
     }
 
-    /// Full release: disengages if needed, then detaches, unpins, removes
-    /// the objects and the record. Off the critical path (tens of ms with
-    /// eBPF: one tcx detach per link).
+    /// Full release: disengages if needed, then removes the lock's objects
+    /// and its record. eBPF: the bit, the entries and the slot go (well
+    /// under a millisecond); the namespace's base stays for the next lock.
     pub fn thaw(mut self) -> Result<(), NetlockError> {
-        self.ebpf = None;
+        let mut handles = self.ebpf.take();
         self.phase_file = None;
         match self.record.take() {
-            Some(record) => release_record(&record),
+            Some(record) => release_record(&record, handles.as_mut()),
             None => Err(NetlockError::AlreadyReleased { lock: self.name.clone() }),
         }
     }
@@ -675,7 +681,12 @@ impl NetworkLock {
         }
         // The maps are opened now so that disengage is one syscall.
         let ebpf = match record.method {
-            Method::Ebpf => Some(ebpf::open(name)?),
+            Method::Ebpf => {
+                let Some(slot) = &record.ebpf else {
+                    return Err(NetlockError::NoSlot { lock: name.to_string() });
+                };
+                Some(ebpf::open(name, &slot.base, slot.slot)?)
+            }
             Method::Nftables | Method::Iptables => None,
         };
         let phase_file = record::open_phase(name)?;
@@ -694,10 +705,10 @@ impl NetworkLock {
 
 impl Drop for NetworkLock {
     fn drop(&mut self) {
-        self.ebpf = None;
+        let mut handles = self.ebpf.take();
         self.phase_file = None;
         if let Some(record) = self.record.take() {
-            if let Err(e) = release_record(&record) {
+            if let Err(e) = release_record(&record, handles.as_mut()) {
                 tracing::error!(lock = %self.name, "thawing on drop: {e}");
             }
         }
@@ -742,10 +753,18 @@ fn new_lock_dir(purpose: &str) -> Result<(String, std::path::PathBuf), NetlockEr
 /// Removes everything of a lock: its kernel objects, the namespace bind
 /// mount, the record directory. Every step tolerates a missing piece.
 /// Works in every phase and from any process (eBPF: through the pins).
-fn release_record(record: &Record) -> Result<(), NetlockError> {
+/// `handles`: the eBPF lock's open base, when this process has it.
+fn release_record(
+    record: &Record,
+    handles: Option<&mut ebpf::Handles>,
+) -> Result<(), NetlockError> {
     match record.method {
         // The switch goes off first, then links and maps are unpinned.
-        Method::Ebpf => ebpf::release(&record.name)?,
+        Method::Ebpf => ebpf::release_named(
+            &record.name,
+            record.ebpf.as_ref().map(|e| (e.base.as_str(), e.slot)),
+            handles,
+        )?,
         // Prepared: nothing was made (the record says engaged before
         // anything is); disengaged: already removed.
         Method::Nftables | Method::Iptables if record.phase == Phase::Engaged => {
@@ -838,13 +857,39 @@ pub fn status() -> Vec<LockStatus> {
         .collect()
 }
 
-/// Releases the named lock whoever holds it (an operator's decision).
+/// Every eBPF base (one per network namespace that had an eBPF lock),
+/// sorted by name.
+pub fn base_status() -> Vec<BaseStatus> {
+    base::list().iter().map(|name| base::status(name)).collect()
+}
+
+/// Removes the eBPF base of a namespace (its programs are detached from
+/// every interface), refused while a lock uses it. Nothing to do when the
+/// namespace has none. For tools and tests that delete a namespace: a base
+/// left behind is removed by the next [`release_stale`] anyway.
+pub fn release_base_of(netns: &Netns) -> Result<(), NetlockError> {
+    let path = match netns {
+        Netns::Current => None,
+        Netns::Path(p) => Some(p.as_path()),
+    };
+    let name = base::name_of(path)?;
+    if base::list().contains(&name) {
+        base::release(&name, false)?;
+    }
+    Ok(())
+}
+
+/// Releases the named lock whoever holds it (an operator's decision), or
+/// the named eBPF base (refused while a lock uses it).
 pub fn release(name: &str) -> Result<(), NetlockError> {
+    if base::is_base_name(name) {
+        return base::release(name, false);
+    }
     if !valid_name(name) {
         return Err(NetlockError::BadName(name.to_string()));
     }
     match record::read(name)? {
-        Some(record) => release_record(&record),
+        Some(record) => release_record(&record, None),
         None => release_recordless(name),
     }
 }
@@ -852,17 +897,27 @@ pub fn release(name: &str) -> Result<(), NetlockError> {
 /// A record directory without a record: its creator died before writing
 /// it, so at most the directory (and a pin directory) exists.
 fn release_recordless(name: &str) -> Result<(), NetlockError> {
-    ebpf::release(name)?;
+    ebpf::release_named(name, None, None)?;
     remove_record_dir(name, false)
 }
 
-/// Removes every lock whose owner died while owning it and returns their
-/// names. One read_dir when there are no locks at all.
+/// Removes every lock whose owner died while owning it, then the eBPF bases
+/// of namespaces that are gone (and those another ferry build left unused),
+/// and returns their names. One read_dir each when there are none.
 pub fn release_stale() -> Vec<String> {
+    let mut released = release_stale_locks();
+    for name in base::list() {
+        ebpf::free_orphan_slots(&name);
+    }
+    released.extend(base::release_useless());
+    released
+}
+
+fn release_stale_locks() -> Vec<String> {
     let mut released = Vec::new();
     for name in record::list_names() {
         let result = match record::read(&name) {
-            Ok(Some(record)) if record.is_stale() => release_record(&record),
+            Ok(Some(record)) if record.is_stale() => release_record(&record, None),
             Ok(Some(_)) => continue,
             Ok(None) if record::dir_age_ms(&name).unwrap_or(0) > RECORDLESS_GRACE_MS => {
                 release_recordless(&name)
@@ -885,7 +940,9 @@ pub fn release_stale() -> Vec<String> {
 /// diagnostics. nftables/iptables objects live in a namespace and are
 /// checked by the caller there.
 pub fn is_gone(name: &str) -> bool {
-    !record::lock_dir(name).exists() && !ebpf::pin_dir(name).exists()
+    !record::lock_dir(name).exists()
+        && !std::path::Path::new(base::PIN_ROOT).join(name).exists()
+        && base::list().iter().all(|b| base::slots(b).iter().all(|(_, lock)| lock != name))
 }
 
 /// For tests: the eBPF table's home slot of `tuple` and how many slots a

@@ -165,6 +165,13 @@ pub struct NetnsRecord {
     pub bind_mounted: bool,
 }
 
+/// Where an eBPF lock's tuples live: see src/base.rs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EbpfSlot {
+    pub base: String,
+    pub slot: u8,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub name: String,
@@ -181,6 +188,10 @@ pub struct Record {
     pub tuples_v6: usize,
     pub created_unix_ms: u64,
     pub netns: NetnsRecord,
+    /// eBPF: the namespace's base and the lock's owner slot in it (set by
+    /// prepare once the slot is claimed).
+    #[serde(default)]
+    pub ebpf: Option<EbpfSlot>,
     /// The image a handed-over lock waits for: once that file is gone,
     /// no restore can come and the lock is stale.
     #[serde(default)]

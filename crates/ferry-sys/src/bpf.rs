@@ -237,3 +237,165 @@ impl Drop for MappedArray {
         }
     }
 }
+
+/// `BPF_MAP_LOOKUP_ELEM`, `BPF_MAP_DELETE_ELEM`, `BPF_MAP_GET_NEXT_KEY` and
+/// `BPF_OBJ_GET_INFO_BY_FD` from include/uapi/linux/bpf.h.
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// Runs one map element command; `key` and `value` are addresses (0 when
+/// the command takes none). ENOENT is returned as `Ok(false)`.
+fn elem_command(
+    command: libc::c_long,
+    call: &'static str,
+    map: BorrowedFd<'_>,
+    key: u64,
+    value: u64,
+) -> SysResult<bool> {
+    let mut attr = ElemAttr { map_fd: map.as_raw_fd() as u32, key, value, ..Default::default() };
+    // SAFETY: attr is a properly initialised `bpf_attr` for map element
+    // commands; the callers pass addresses of live MapPod values borrowed for
+    // the whole call, of the sizes the map was created with, and only
+    // `value`/`next_key` (given as `value`) is written by the kernel.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            &mut attr as *mut ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if ret < 0 {
+        let error = last_error(call);
+        if error.errno == libc::ENOENT {
+            return Ok(false);
+        }
+        return Err(error);
+    }
+    Ok(true)
+}
+
+fn zeroed<T: MapPod>() -> T {
+    // SAFETY: MapPod types are valid for any bit pattern, all zeros included.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Reads `key`'s value; `None` when the map has no such key.
+pub fn map_lookup_elem<K: MapPod, V: MapPod>(map: BorrowedFd<'_>, key: &K) -> SysResult<Option<V>> {
+    let mut value = zeroed::<V>();
+    let found = elem_command(
+        BPF_MAP_LOOKUP_ELEM,
+        "bpf(BPF_MAP_LOOKUP_ELEM)",
+        map,
+        key as *const K as u64,
+        &mut value as *mut V as u64,
+    )?;
+    Ok(found.then_some(value))
+}
+
+/// Deletes `key`; false when it was not there.
+pub fn map_delete_elem<K: MapPod>(map: BorrowedFd<'_>, key: &K) -> SysResult<bool> {
+    elem_command(BPF_MAP_DELETE_ELEM, "bpf(BPF_MAP_DELETE_ELEM)", map, key as *const K as u64, 0)
+}
+
+/// Every key of a hash map, in the kernel's order (`BPF_MAP_GET_NEXT_KEY`
+/// from no key on). Keys deleted or added meanwhile may be missed or seen.
+pub fn map_keys<K: MapPod>(map: BorrowedFd<'_>) -> SysResult<Vec<K>> {
+    let mut keys: Vec<K> = Vec::new();
+    loop {
+        let mut next = zeroed::<K>();
+        let previous = keys.last().map_or(0, |k| k as *const K as u64);
+        let more = elem_command(
+            BPF_MAP_GET_NEXT_KEY,
+            "bpf(BPF_MAP_GET_NEXT_KEY)",
+            map,
+            previous,
+            &mut next as *mut K as u64,
+        )?;
+        if !more {
+            return Ok(keys);
+        }
+        keys.push(next);
+    }
+}
+
+/// The `info` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// What the kernel reports of a tcx link (`struct bpf_link_info` with its
+/// `tcx` member).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcxLinkInfo {
+    /// The link's program.
+    pub prog_id: u32,
+    /// 0 once the interface is gone (the link is then detached for good).
+    pub ifindex: u32,
+    /// `BPF_TCX_INGRESS` (46) or `BPF_TCX_EGRESS` (47).
+    pub attach_type: u32,
+}
+
+/// `BPF_LINK_TYPE_TCX` from include/uapi/linux/bpf.h.
+const BPF_LINK_TYPE_TCX: u32 = 11;
+
+/// Reads a link's info with `BPF_OBJ_GET_INFO_BY_FD`; `None` when the link
+/// is not a tcx link.
+pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
+    // struct bpf_link_info: type, id, prog_id, then (8-aligned, at byte 16)
+    // the per-type union whose tcx member is {ifindex, attach_type}. The
+    // kernel copies at most info_len bytes.
+    let mut info = [0u32; 16];
+    let mut attr = InfoAttr {
+        bpf_fd: link.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: attr is a properly initialised `bpf_attr.info`; info points to
+    // info_len writable bytes on our stack that outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(last_error("bpf(BPF_OBJ_GET_INFO_BY_FD)"));
+    }
+    if info[0] != BPF_LINK_TYPE_TCX {
+        return Ok(None);
+    }
+    Ok(Some(TcxLinkInfo { prog_id: info[2], ifindex: info[4], attach_type: info[5] }))
+}
+
+/// The id of the BPF program behind `prog` (`struct bpf_prog_info.id`, the
+/// second word).
+pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
+    let mut info = [0u32; 8];
+    let mut attr = InfoAttr {
+        bpf_fd: prog.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: as in tcx_link_info: info_len writable bytes on our stack.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(last_error("bpf(BPF_OBJ_GET_INFO_BY_FD)"));
+    }
+    Ok(info[1])
+}

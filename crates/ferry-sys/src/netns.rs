@@ -183,3 +183,36 @@ pub fn mount_own_proc() -> SysResult<()> {
     }
     Ok(())
 }
+
+/// `SO_NETNS_COOKIE` from include/uapi/asm-generic/socket.h (Linux 5.14+).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the calling thread's network namespace: a 64-bit number
+/// the kernel never gives to another namespace while it runs (an inode
+/// number is reused once a namespace is gone).
+pub fn netns_cookie() -> SysResult<u64> {
+    // SAFETY: plain socket(2) call; the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last_error("socket(AF_UNIX) for SO_NETNS_COOKIE"));
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
+    let socket = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie and len are live stack values of the sizes given.
+    let ret = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if ret < 0 {
+        return Err(last_error("getsockopt(SO_NETNS_COOKIE)"));
+    }
+    Ok(cookie)
+}

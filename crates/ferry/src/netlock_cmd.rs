@@ -1,5 +1,6 @@
 //! `ferry network-lock`: show and release the network locks that keep
-//! packets of checkpointed TCP connections from reaching the stack.
+//! packets of checkpointed TCP connections from reaching the stack, and the
+//! eBPF bases (one program per network namespace) they use.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -12,19 +13,24 @@ pub struct NetworkLockArgs {
     /// (prepared: nothing dropped yet; engaged: dropping; disengaged:
     /// dropping stopped, not yet released), owner PID,
     /// number of frozen connections, age. Stale locks (owner died while
-    /// owning them) are marked.
+    /// owning them) are marked. Then every eBPF base: the lock program that
+    /// the first eBPF lock of a network namespace loads and attaches to its
+    /// interfaces and that later locks reuse (links attached, locks using
+    /// it, namespace); a base whose namespace is gone is marked DEAD.
     #[arg(long)]
     status: bool,
     /// Release this lock now, whoever holds it: its connections' packets
     /// flow again. A handed-over lock released so cannot be restored
-    /// without resets.
+    /// without resets. Given a base's name (ns<cookie>-<hash>), detach and
+    /// remove that base; refused while a lock uses it.
     #[arg(long, value_name = "NAME")]
     release: Option<String>,
-    /// Release every network lock.
+    /// Release every network lock, then every eBPF base.
     #[arg(long)]
     all: bool,
     /// Release only the stale locks, those whose owner died while owning
-    /// them (ferry does this at the start of every run).
+    /// them, and the bases of namespaces that are gone (ferry does this at
+    /// the start of every run).
     #[arg(long)]
     release_stale: bool,
 }
@@ -40,6 +46,35 @@ fn human_age(age: std::time::Duration) -> String {
 }
 
 fn print_status() {
+    print_locks();
+    print_bases();
+}
+
+fn print_bases() {
+    let bases = ferry_netlock::base_status();
+    if bases.is_empty() {
+        println!("no eBPF lock bases");
+        return;
+    }
+    println!();
+    println!("{:<28} {:>5} {:>7} {:>7}  NETNS", "BASE", "LINKS", "LOCKS", "AGE");
+    for base in bases {
+        let mut netns = base.netns.clone();
+        if base.dead {
+            netns.push_str(" DEAD");
+        }
+        println!(
+            "{:<28} {:>5} {:>7} {:>7}  {}",
+            base.name,
+            base.links,
+            base.locks.len(),
+            human_age(base.age),
+            netns
+        );
+    }
+}
+
+fn print_locks() {
     let locks = ferry_netlock::status();
     if locks.is_empty() {
         println!("no network locks");
@@ -82,19 +117,28 @@ pub fn run(args: NetworkLockArgs) -> Result<i32> {
             println!("no stale network locks");
         }
         for name in released {
-            println!("released stale network lock {name}");
+            if name.contains('-') {
+                println!("released eBPF lock base {name} (its namespace is gone)");
+            } else {
+                println!("released stale network lock {name}");
+            }
         }
         return Ok(0);
     }
     let names: Vec<String> = match (&args.release, args.all) {
         (Some(name), false) => vec![name.clone()],
-        (None, true) => ferry_netlock::status().into_iter().map(|s| s.name).collect(),
+        (None, true) => ferry_netlock::status()
+            .into_iter()
+            .map(|s| s.name)
+            .chain(ferry_netlock::base_status().into_iter().map(|b| b.name))
+            .collect(),
         _ => bail!("use --release NAME or --all"),
     };
     let mut failed = 0;
     for name in &names {
         match ferry_netlock::release(name).with_context(|| format!("releasing network lock {name}"))
         {
+            Ok(()) if name.contains('-') => println!("released eBPF lock base {name}"),
             Ok(()) => println!("released network lock {name}"),
             Err(e) => {
                 eprintln!("ferry: error: {e:#}");

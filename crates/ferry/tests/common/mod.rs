@@ -98,7 +98,9 @@ pub fn parse_network_locks(text: &str) -> Vec<(String, String)> {
     let Some(owner_col) = header.split_whitespace().position(|h| h == "OWNER") else {
         return Vec::new();
     };
+    // The locks' table ends at the blank line before the bases' table.
     lines
+        .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             // A stale lock's state carries a second word.
