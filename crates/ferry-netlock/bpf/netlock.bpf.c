@@ -41,11 +41,12 @@
 
 // Must match `TupleKey` in src/ebpf.rs byte for byte (40 bytes, no padding).
 // `owner` is the owning lock's slot in `table` and 0 in packets' keys and in
-// the keys of `frozen`.
+// the keys of `frozen`; `generation` tells the packets a lock kept apart from
+// those of an earlier lock in the same slot (0 in packets' keys).
 struct tuple_key {
 	__u8 family;
 	__u8 owner;
-	__u8 pad[2];
+	__u16 generation;
 	__u8 local_addr[16];
 	__u8 remote_addr[16];
 	__be16 local_port;
@@ -85,6 +86,37 @@ struct {
 	__type(key, struct tuple_key);
 	__type(value, __u64);
 } frozen SEC(".maps");
+
+// Every packet a lock drops is kept here first (network header on), so that
+// it can be delivered once the lock is released instead of waiting for the
+// sender's retransmission timer. When the ring is full the packet is only
+// dropped (TCP retransmits it).
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} held SEC(".maps");
+
+// A kept packet: this header, then `len` bytes from the network header.
+// Must match `HeldHeader` in src/held.rs.
+struct held_header {
+	__u32 len;
+	__u8 owner;
+	__u8 ingress;
+	__u16 generation;
+};
+
+#define HELD_SMALL 2048
+#define HELD_LARGE 65536
+
+struct held_small {
+	struct held_header h;
+	__u8 data[HELD_SMALL];
+};
+
+struct held_large {
+	struct held_header h;
+	__u8 data[HELD_LARGE];
+};
 
 // Bit n of active[0]: the lock in owner slot n is engaged.
 struct {
@@ -179,13 +211,12 @@ static __always_inline __u32 table_hash(const struct tuple_key *key)
 	return h;
 }
 
-// The key's first word with its owner byte (byte 1) cleared, in the host's
-// byte order (BPF runs in it): 0xff00 masks byte 1 on little-endian hosts,
-// 0x00ff0000_00000000 on big-endian ones.
+// The bytes of the key's first word that name the owner (bytes 1 to 3:
+// owner and generation), in the host's byte order (BPF runs in it).
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define OWNER_MASK 0xff00ULL
+#define OWNER_MASK 0xffffff00ULL
 #else
-#define OWNER_MASK 0x00ff000000000000ULL
+#define OWNER_MASK 0x00ffffff00000000ULL
 #endif
 
 // Same tuple, whoever owns the entry (`b` is a packet's key, owner 0).
@@ -197,8 +228,14 @@ static __always_inline int same_tuple(const struct tuple_key *entry, const struc
 	       x[4] == y[4];
 }
 
-// 1 when an engaged lock (a bit of `engaged`) holds `key`.
-static __always_inline int locked(const struct tuple_key *key, __u64 engaged)
+// The entry's owner and generation: LOCKED | generation << 8 | owner.
+#define LOCKED (1U << 31)
+#define UNKNOWN_OWNER 0xff
+
+// Non-zero when an engaged lock (a bit of `engaged`) holds `key`: LOCKED
+// with the owner and generation of the matching table entry (owner
+// UNKNOWN_OWNER for the overflow map, whose packets are not kept).
+static __always_inline __u32 locked(const struct tuple_key *key, __u64 engaged)
 {
 	__u32 home = table_hash(key);
 	__u64 *owners;
@@ -210,10 +247,69 @@ static __always_inline int locked(const struct tuple_key *key, __u64 engaged)
 		if (!entry || entry->family == 0)
 			continue;
 		if (same_tuple(entry, key) && ((engaged >> (entry->owner & 63)) & 1))
-			return 1;
+			return LOCKED | ((__u32)entry->generation << 8) | entry->owner;
 	}
 	owners = bpf_map_lookup_elem(&frozen, key);
-	return owners && (*owners & engaged);
+	if (owners && (*owners & engaged))
+		return LOCKED | UNKNOWN_OWNER;
+	return 0;
+}
+
+// The IP packet's length from its header (0 when unknown, e.g. a GSO
+// packet past 64 KiB).
+static __always_inline __u32 ip_length(struct __sk_buff *skb)
+{
+	__u8 b[6];
+
+	if (bpf_skb_load_bytes_relative(skb, 0, b, sizeof(b), BPF_HDR_START_NET))
+		return 0;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return ((__u32)b[2] << 8) | b[3];
+	return 40 + (((__u32)b[4] << 8) | b[5]);
+}
+
+// Copies the dropped packet into `held` for the lock that dropped it.
+static __always_inline void keep(struct __sk_buff *skb, __u32 match, int ingress)
+{
+	__u32 len = ip_length(skb);
+	__u8 owner = match & 0xff;
+	__u16 generation = (match >> 8) & 0xffff;
+
+	if (owner == UNKNOWN_OWNER || len == 0)
+		return;
+	// bpf_skb_load_bytes_relative reads only the linear part: make the
+	// whole packet linear (it is dropped anyway).
+	if (bpf_skb_pull_data(skb, skb->len))
+		return;
+	if (len <= HELD_SMALL) {
+		struct held_small *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);
+
+		if (!r)
+			return;
+		r->h.len = len;
+		r->h.owner = owner;
+		r->h.ingress = ingress;
+		r->h.generation = generation;
+		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) {
+			bpf_ringbuf_discard(r, 0);
+			return;
+		}
+		bpf_ringbuf_submit(r, 0);
+	} else if (len <= HELD_LARGE) {
+		struct held_large *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);
+
+		if (!r)
+			return;
+		r->h.len = len;
+		r->h.owner = owner;
+		r->h.ingress = ingress;
+		r->h.generation = generation;
+		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) {
+			bpf_ringbuf_discard(r, 0);
+			return;
+		}
+		bpf_ringbuf_submit(r, 0);
+	}
 }
 
 static __always_inline int verdict(struct __sk_buff *skb, int ingress)
@@ -222,6 +318,7 @@ static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 	__u32 zero = 0;
 	__u64 *engaged;
 	__u64 mask;
+	__u32 match;
 	__u8 flags = 0;
 
 	engaged = bpf_map_lookup_elem(&active, &zero);
@@ -230,14 +327,22 @@ static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 	mask = *engaged;
 	if (packet_key(skb, ingress, &key, &flags))
 		return TCX_NEXT;
-	if (locked(&key, mask))
+	match = locked(&key, mask);
+	if (match) {
+		keep(skb, match, ingress);
 		return TCX_DROP;
-	// A connection attempt to a frozen listener: SYN without ACK, coming in.
+	}
+	// A connection attempt to a frozen listener: SYN without ACK, coming
+	// in. Kept too: delivered to the restored listener, it saves the client
+	// its SYN retransmission timeout (1 s).
 	if (ingress && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
 		__builtin_memset(key.remote_addr, 0, sizeof(key.remote_addr));
 		key.remote_port = 0;
-		if (locked(&key, mask))
+		match = locked(&key, mask);
+		if (match) {
+			keep(skb, match, ingress);
 			return TCX_DROP;
+		}
 	}
 	return TCX_NEXT;
 }

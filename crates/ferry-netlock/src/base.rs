@@ -41,7 +41,7 @@ const PROGRAMS: [(&str, TcAttachType, &str); 2] = [
     ("ferry_ingress", TcAttachType::Ingress, "ingress"),
     ("ferry_egress", TcAttachType::Egress, "egress"),
 ];
-const MAPS: [&str; 3] = ["frozen", "active", "table"];
+const MAPS: [&str; 4] = ["frozen", "active", "table", "held"];
 
 /// Tuples written to `frozen` (the overflow of `table`) at most. Elements
 /// are allocated on insert (`BPF_F_NO_PREALLOC`), but a lock's release

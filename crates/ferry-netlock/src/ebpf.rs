@@ -19,7 +19,8 @@ struct TupleKey {
     family: u8,
     /// The owning lock's slot in the table; 0 in `frozen`'s keys.
     owner: u8,
-    pad: [u8; 2],
+    /// The owning lock's generation (host order), 0 in `frozen`'s keys.
+    generation: [u8; 2],
     local_addr: [u8; 16],
     remote_addr: [u8; 16],
     /// Network byte order, as in the packet.
@@ -47,7 +48,7 @@ fn key(tuple: &Tuple) -> TupleKey {
     TupleKey {
         family,
         owner: 0,
-        pad: [0; 2],
+        generation: [0; 2],
         local_addr,
         remote_addr,
         local_port: tuple.local.port().to_be_bytes(),
@@ -67,6 +68,9 @@ const _: () = assert!(std::mem::size_of::<TupleKey>() == KEY_LEN);
 pub(crate) struct Handles {
     base: Base,
     slot: u8,
+    /// Tells this lock's held packets from those of an earlier lock in the
+    /// same slot.
+    generation: u16,
     /// Scratch for fill (home slots, insertion order), allocated and touched
     /// at prepare so engage takes no page fault for up to SCRATCH tuples.
     homes: Vec<u32>,
@@ -92,7 +96,7 @@ impl TupleKey {
         let mut b = [0u8; KEY_LEN];
         b[0] = self.family;
         b[1] = self.owner;
-        b[2..4].copy_from_slice(&self.pad);
+        b[2..4].copy_from_slice(&self.generation);
         b[4..20].copy_from_slice(&self.local_addr);
         b[20..36].copy_from_slice(&self.remote_addr);
         b[36..38].copy_from_slice(&self.local_port);
@@ -126,22 +130,58 @@ pub(crate) fn prepare(
 ) -> Result<Handles, NetlockError> {
     let base = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
     let slot = base::claim_slot(&base, lock)?;
-    Ok(with_scratch(base, slot))
+    Ok(with_scratch(base, slot, new_generation()))
 }
 
-fn with_scratch(base: Base, slot: u8) -> Handles {
-    Handles { base, slot, homes: scratch(1), order: scratch(1), keys: scratch([1; KEY_LEN]) }
+/// A generation that differs from the slot's previous ones in practice
+/// (never 0, the packets' own value).
+fn new_generation() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mixed = nanos ^ std::process::id().rotate_left(16);
+    ((mixed ^ (mixed >> 16)) as u16).max(1)
 }
 
-/// The lock's base and slot, for `record.json`.
-pub(crate) fn slot_of(handles: &Handles) -> (String, u8) {
-    (handles.base.name.clone(), handles.slot)
+fn with_scratch(base: Base, slot: u8, generation: u16) -> Handles {
+    Handles {
+        base,
+        slot,
+        generation,
+        homes: scratch(1),
+        order: scratch(1),
+        keys: scratch([1; KEY_LEN]),
+    }
+}
+
+/// The lock's base, slot and generation, for `record.json`.
+pub(crate) fn slot_of(handles: &Handles) -> (String, u8, u16) {
+    (handles.base.name.clone(), handles.slot, handles.generation)
 }
 
 /// Opens the base and slot of a prepared lock (a process that adopts a
 /// lock it did not create).
-pub(crate) fn open(lock: &str, base_name: &str, slot: u8) -> Result<Handles, NetlockError> {
-    Ok(with_scratch(base::open(lock, base_name)?, slot))
+pub(crate) fn open(
+    lock: &str,
+    base_name: &str,
+    slot: u8,
+    generation: u16,
+) -> Result<Handles, NetlockError> {
+    Ok(with_scratch(base::open(lock, base_name)?, slot, generation))
+}
+
+/// Takes the packets this lock dropped out of the base's ring and sends
+/// them again in the namespace at `netns_path`; returns how many.
+pub(crate) fn deliver_held(
+    lock: &str,
+    handles: &Handles,
+    netns_path: Option<&Path>,
+) -> Result<usize, NetlockError> {
+    let packets = {
+        let _held = handles.base.exclusive(lock)?;
+        crate::held::take(lock, &handles.base, handles.slot, handles.generation)?
+    };
+    crate::held::deliver(lock, netns_path, &packets)
 }
 
 /// Writes every tuple into the table (memory writes, while the switch is
@@ -159,10 +199,11 @@ pub(crate) fn fill(
     handles: &mut Handles,
     tuples: &[Tuple],
 ) -> Result<usize, NetlockError> {
-    let Handles { base, slot, homes, order, keys } = handles;
+    let Handles { base, slot, generation, homes, order, keys } = handles;
     sort_by_home(tuples, keys, homes, order);
     let _held = base.exclusive(lock)?;
-    let overflow = insert_in_order(base.table.as_mut_slice(), *slot, keys, homes, order);
+    let overflow =
+        insert_in_order(base.table.as_mut_slice(), (*slot, *generation), keys, homes, order);
     if overflow.len() > base::MAX_TUPLES as usize {
         return Err(NetlockError::TooManyTuples {
             lock: lock.to_string(),
@@ -241,7 +282,7 @@ fn sort_by_home(
 /// window is full.
 fn insert_in_order(
     table: &mut [u8],
-    owner: u8,
+    (owner, generation): (u8, u16),
     keys: &[[u8; KEY_LEN]],
     homes: &[u32],
     order: &[u32],
@@ -253,6 +294,7 @@ fn insert_in_order(
         };
         let mut owned = *bytes;
         owned[1] = owner;
+        owned[2..4].copy_from_slice(&generation.to_ne_bytes());
         if !insert_one(table, home, &owned) {
             overflow.push(*bytes);
         }
@@ -349,6 +391,7 @@ pub(crate) fn free_slot(base: &mut Base, lock: &str, slot: u8) -> Result<(), Net
         let _held = base.exclusive(lock)?;
         set_engaged(lock, base, slot, false)?;
         remove_entries(lock, base, slot)?;
+        crate::held::forget(&base.name, slot);
     }
     let path = base::slot_path(&base.name, slot);
     match std::fs::remove_file(&path) {
@@ -388,16 +431,18 @@ pub(crate) fn free_orphan_slots(name: &str) {
 /// pins of an older ferry that pinned a program per lock.
 pub(crate) fn release_named(
     lock: &str,
-    slot: Option<(&str, u8)>,
+    slot: Option<(&str, u8, u16)>,
     open_handles: Option<&mut Handles>,
 ) -> Result<(), NetlockError> {
     match (open_handles, slot) {
         (Some(handles), _) => release(lock, handles)?,
-        (None, Some((base_name, slot))) => match open(lock, base_name, slot) {
-            Ok(mut handles) => release(lock, &mut handles)?,
-            Err(NetlockError::BaseGone { .. }) => {}
-            Err(e) => return Err(e),
-        },
+        (None, Some((base_name, slot, generation))) => {
+            match open(lock, base_name, slot, generation) {
+                Ok(mut handles) => release(lock, &mut handles)?,
+                Err(NetlockError::BaseGone { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         (None, None) => {}
     }
     // A slot file may name the lock without its record knowing the slot
@@ -405,7 +450,7 @@ pub(crate) fn release_named(
     for base_name in base::list() {
         for (slot, owner) in base::slots(&base_name) {
             if owner == lock {
-                if let Ok(mut handles) = open(lock, &base_name, slot) {
+                if let Ok(mut handles) = open(lock, &base_name, slot, 0) {
                     release(lock, &mut handles)?;
                 }
             }

@@ -98,9 +98,11 @@
 mod base;
 mod ebpf;
 mod error;
+mod held;
 mod iptables;
 mod netns;
 mod nft;
+mod packet;
 mod record;
 
 pub use base::{BaseStatus, MAX_TUPLES};
@@ -204,6 +206,10 @@ pub struct NetworkLock {
     ebpf: Option<ebpf::Handles>,
     /// The record's phase file, open for one-pwrite updates.
     phase_file: Option<std::fs::File>,
+    /// The namespace the lock was prepared in, open (None for an adopted
+    /// lock): held packets go back there even once every process of the
+    /// namespace is gone.
+    netns_file: Option<std::fs::File>,
 }
 
 /// Record directories with no record yet are a freeze in progress for this
@@ -347,8 +353,8 @@ fn prepare_parts(
                 Netns::Path(p) => Some(p.as_path()),
             };
             let handles = ebpf::prepare(&name, enter, &record.netns.requested, record.netns.inode)?;
-            let (base, slot) = ebpf::slot_of(&handles);
-            record.ebpf = Some(record::EbpfSlot { base, slot });
+            let (base, slot, generation) = ebpf::slot_of(&handles);
+            record.ebpf = Some(record::EbpfSlot { base, slot, generation });
             record::write(record)?;
             Some(handles)
         }
@@ -476,7 +482,14 @@ impl NetworkLock {
         match prepare_parts(&mut record, netns, &ns_path, &dir) {
             Ok(Prepared { ebpf, phase_file }) => {
                 tracing::debug!(lock = %name, %method, "network lock prepared");
-                Ok(NetworkLock { record: Some(record), name, ebpf, phase_file: Some(phase_file) })
+                let netns_file = std::fs::File::open(&ns_path).ok();
+                Ok(NetworkLock {
+                    record: Some(record),
+                    name,
+                    ebpf,
+                    phase_file: Some(phase_file),
+                    netns_file,
+                })
             }
             Err(e) => {
                 if let Err(cleanup) = release_record(&record, None) {
@@ -605,6 +618,30 @@ impl NetworkLock {
         Ok(())
     }
 
+    /// Sends again, in the namespace `netns` (None: the one the lock was
+    /// prepared in, or the caller's for an adopted lock), every packet this
+    /// lock dropped (eBPF: kept in the base's ring), in the order they were
+    /// dropped; returns how many were sent. For after the connections exist
+    /// again and the lock is disengaged: the peers need not wait for their
+    /// retransmission timers. nftables/iptables keep nothing: Ok(0).
+    pub fn deliver_held(&mut self, netns: Option<&Netns>) -> Result<usize, NetlockError> {
+        use std::os::fd::AsRawFd;
+        let name = self.name.as_str();
+        let Some(handles) = &self.ebpf else {
+            return Ok(0);
+        };
+        let own = self
+            .netns_file
+            .as_ref()
+            .map(|f| std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+        let path = match netns {
+            Some(Netns::Current) => None,
+            Some(Netns::Path(p)) => Some(p.as_path()),
+            None => own.as_deref(),
+        };
+        ebpf::deliver_held(name, handles, path)
+    }
+
     /// `prepare` then `engage`: the whole cost inside the caller's window.
     /// On error nothing is left behind.
     pub fn freeze(
@@ -685,7 +722,7 @@ impl NetworkLock {
                 let Some(slot) = &record.ebpf else {
                     return Err(NetlockError::NoSlot { lock: name.to_string() });
                 };
-                Some(ebpf::open(name, &slot.base, slot.slot)?)
+                Some(ebpf::open(name, &slot.base, slot.slot, slot.generation)?)
             }
             Method::Nftables | Method::Iptables => None,
         };
@@ -699,6 +736,7 @@ impl NetworkLock {
             name: name.to_string(),
             ebpf,
             phase_file: Some(phase_file),
+            netns_file: None,
         })
     }
 }
@@ -762,7 +800,7 @@ fn release_record(
         // The switch goes off first, then links and maps are unpinned.
         Method::Ebpf => ebpf::release_named(
             &record.name,
-            record.ebpf.as_ref().map(|e| (e.base.as_str(), e.slot)),
+            record.ebpf.as_ref().map(|e| (e.base.as_str(), e.slot, e.generation)),
             handles,
         )?,
         // Prepared: nothing was made (the record says engaged before

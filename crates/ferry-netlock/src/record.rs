@@ -170,6 +170,8 @@ pub struct NetnsRecord {
 pub struct EbpfSlot {
     pub base: String,
     pub slot: u8,
+    #[serde(default)]
+    pub generation: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1033,3 +1033,85 @@ fn base_of_a_deleted_namespace_is_released() {
     assert!(released.contains(&base.name), "base {} of a deleted namespace kept", base.name);
     assert!(!std::path::Path::new("/sys/fs/bpf/ferry").join(&base.name).exists());
 }
+
+/// What a lock dropped is given back at once: the peer's data reaches the
+/// socket and the socket's own data reaches the peer right after
+/// `deliver_held`, long before either side's retransmission timer (200 ms
+/// at least for the peer, 1 s for a fresh socket) would have fired.
+fn held_packets_are_delivered(link: Link, v6: bool) {
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, link, v6);
+    let path = Lab::path(&lab.a);
+    let mut lock =
+        NetworkLock::freeze(Method::Ebpf, &path, &[tuple_of(&server)], "held").expect("freeze");
+    lab.locks.push(lock.name().to_string());
+    let request: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+    client.write_all(&request).expect("client write");
+    server.write_all(b"reply").expect("server write");
+    // Long enough for the first transmissions (and a tail loss probe) to be
+    // dropped, short of the retransmission timers.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(read_exact_within(&mut server, 1, Duration::from_millis(20)).is_empty());
+    lock.disengage().expect("disengage");
+    let start = Instant::now();
+    let sent = lock.deliver_held(None).expect("deliver held packets");
+    let delivered = start.elapsed();
+    let got = read_exact_within(&mut server, request.len(), Duration::from_secs(5));
+    let to_server = start.elapsed();
+    let reply = read_exact_within(&mut client, 5, Duration::from_secs(5));
+    let to_client = start.elapsed();
+    println!("{link:?} v6={v6}: {sent} packets sent again in {delivered:?}; request in {to_server:?}, reply in {to_client:?}");
+    assert!(sent > 0, "nothing was kept");
+    assert_eq!(got, request);
+    assert_eq!(reply, b"reply");
+    assert!(to_server < Duration::from_millis(100), "request arrived after {to_server:?}");
+    assert!(to_client < Duration::from_millis(100), "reply arrived after {to_client:?}");
+    lock.thaw().expect("thaw");
+}
+
+#[test]
+fn held_packets_are_delivered_veth() {
+    require_root!();
+    held_packets_are_delivered(Link::Veth, false);
+}
+
+#[test]
+fn held_packets_are_delivered_veth_ipv6() {
+    require_root!();
+    held_packets_are_delivered(Link::Veth, true);
+}
+
+#[test]
+fn held_packets_are_delivered_loopback() {
+    require_root!();
+    held_packets_are_delivered(Link::Loopback, false);
+}
+
+/// Locks one after the other in one namespace each get back exactly what
+/// they dropped (the ring is shared by the namespace's locks).
+#[test]
+fn held_packets_of_successive_locks() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let path = Lab::path(&lab.a);
+    for round in 0..3u8 {
+        let mut lock =
+            NetworkLock::freeze(Method::Ebpf, &path, &[tuple_of(&server)], "succ").expect("freeze");
+        lab.locks.push(lock.name().to_string());
+        client.write_all(&[round; 100]).expect("client write");
+        std::thread::sleep(Duration::from_millis(30));
+        lock.disengage().expect("disengage");
+        let start = Instant::now();
+        let sent = lock.deliver_held(None).expect("deliver");
+        let got = read_exact_within(&mut server, 100, Duration::from_secs(5));
+        println!("round {round}: {sent} sent again, data in {:?}", start.elapsed());
+        assert_eq!(got, vec![round; 100]);
+        assert!(
+            start.elapsed() < Duration::from_millis(150),
+            "round {round}: {:?}",
+            start.elapsed()
+        );
+        lock.thaw().expect("thaw");
+    }
+}

@@ -399,3 +399,138 @@ pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
     }
     Ok(info[1])
 }
+
+/// A consumer of a `BPF_MAP_TYPE_RINGBUF` map, any number of whose records
+/// may have been consumed by earlier consumers (other processes). aya
+/// 0.13's `RingBuf` cannot serve here: it starts from a cached producer
+/// position of 0, so a ring whose consumer position is not 0 looks full of
+/// records past the producer's end and is read as garbage.
+#[derive(Debug)]
+pub struct RingConsumer {
+    /// The consumer page (read-write).
+    consumer: *mut u8,
+    /// The producer page followed by the data pages mapped twice
+    /// (read-only).
+    producer: *mut u8,
+    page: usize,
+    size: usize,
+}
+
+// SAFETY: the mappings are owned by this value and hold no thread-local
+// state; reads and writes of the positions are atomic.
+unsafe impl Send for RingConsumer {}
+
+const RINGBUF_BUSY: u32 = 1 << 31;
+const RINGBUF_DISCARD: u32 = 1 << 30;
+const RINGBUF_HEADER: usize = 8;
+
+impl RingConsumer {
+    /// Maps the ring behind `map`, whose data area is `size` bytes (its
+    /// max_entries: a power of two, a multiple of the page size).
+    pub fn map(map: BorrowedFd<'_>, size: usize) -> SysResult<RingConsumer> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        if !size.is_power_of_two() || size < page {
+            return Err(crate::SysError::new("mmap of a BPF ring (bad size)", libc::EINVAL));
+        }
+        // SAFETY: fresh shared mappings of a ring buffer map fd at offsets
+        // the kernel defines (consumer page at 0, producer page and data
+        // from one page on); they alias no Rust object.
+        let consumer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if consumer == libc::MAP_FAILED {
+            return Err(last_error("mmap of a BPF ring's consumer page"));
+        }
+        // SAFETY: as above.
+        let producer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page + 2 * size,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                page as libc::off_t,
+            )
+        };
+        if producer == libc::MAP_FAILED {
+            let error = last_error("mmap of a BPF ring's data");
+            // SAFETY: unmaps the consumer page mapped just above.
+            unsafe { libc::munmap(consumer, page) };
+            return Err(error);
+        }
+        Ok(RingConsumer { consumer: consumer.cast(), producer: producer.cast(), page, size })
+    }
+
+    fn consumer_pos(&self) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: the consumer page starts with the 8-byte, 8-aligned
+        // consumer position, which the kernel reads and we alone write.
+        unsafe { &*(self.consumer as *const std::sync::atomic::AtomicU64) }
+    }
+
+    fn producer_pos(&self) -> u64 {
+        // SAFETY: the producer page starts with the 8-byte producer
+        // position, written by the kernel with release semantics.
+        let pos = unsafe { &*(self.producer as *const std::sync::atomic::AtomicU64) };
+        pos.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Calls `each` with every submitted record from the consumer position
+    /// to the producer's, consuming them; stops early at a record still
+    /// being written. Returns how many records were passed.
+    pub fn drain(&mut self, mut each: impl FnMut(&[u8])) -> usize {
+        let mask = (self.size - 1) as u64;
+        let consumer = self.consumer_pos();
+        let mut pos = consumer.load(std::sync::atomic::Ordering::Acquire);
+        let end = self.producer_pos();
+        let mut count = 0;
+        while pos < end {
+            let offset = self.page + (pos & mask) as usize;
+            // SAFETY: offset + 8 lies within the producer mapping (page +
+            // 2 * size bytes): (pos & mask) < size.
+            let header =
+                unsafe { &*(self.producer.add(offset) as *const std::sync::atomic::AtomicU32) }
+                    .load(std::sync::atomic::Ordering::Acquire);
+            if header & RINGBUF_BUSY != 0 {
+                break;
+            }
+            let len = (header & !(RINGBUF_BUSY | RINGBUF_DISCARD)) as usize;
+            if len > self.size {
+                break; // not a record: never read past the ring
+            }
+            if header & RINGBUF_DISCARD == 0 {
+                // SAFETY: the record (len <= size bytes after its 8-byte
+                // header) lies within the data mapped twice, so it is
+                // contiguous even when it wraps; it is complete (not busy)
+                // and nothing overwrites it before the consumer position
+                // moves past it.
+                let record = unsafe {
+                    std::slice::from_raw_parts(self.producer.add(offset + RINGBUF_HEADER), len)
+                };
+                each(record);
+                count += 1;
+            }
+            pos += ((RINGBUF_HEADER + len + 7) & !7) as u64;
+            consumer.store(pos, std::sync::atomic::Ordering::Release);
+        }
+        count
+    }
+}
+
+impl Drop for RingConsumer {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the two mappings made in `map`; no slice
+        // borrowed from them outlives `drain`.
+        unsafe {
+            libc::munmap(self.producer.cast(), self.page + 2 * self.size);
+            libc::munmap(self.consumer.cast(), self.page);
+        }
+    }
+}

@@ -21,6 +21,7 @@ pub mod pidfd;
 pub mod placed;
 pub mod process;
 pub mod ptrace;
+pub mod raw_ip;
 mod rtnl;
 pub mod seccomp;
 pub mod signal;

@@ -226,6 +226,13 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
+        // The network lock's program stays attached in a namespace once a
+        // lock was made there; remove it with the namespace (a base left
+        // behind would wait for the next ferry run's release_stale).
+        let netns = ferry_netlock::Netns::Path(self.path().into());
+        if let Err(e) = ferry_netlock::release_base_of(&netns) {
+            eprintln!("releasing the network lock base of {}: {e}", self.0);
+        }
         let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
     }
 }

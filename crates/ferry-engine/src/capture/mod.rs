@@ -195,6 +195,20 @@ pub struct Captured {
     guard: crate::guard::Guard,
 }
 
+/// Stops the lock dropping, sends again what it dropped (in the namespace
+/// it was prepared in: the tree's connections, or after a migration their
+/// new home, which the packets are routed to), then removes it. Sending is
+/// not fatal: TCP retransmits anyway.
+fn thaw_delivering_held(mut lock: ferry_netlock::NetworkLock) -> Result<()> {
+    lock.disengage()?;
+    match lock.deliver_held(None) {
+        Ok(n) => tracing::debug!(packets = n, "held packets sent again"),
+        Err(e) => tracing::warn!("sending the packets the network lock held: {e}"),
+    }
+    lock.thaw()?;
+    Ok(())
+}
+
 impl Captured {
     fn new(
         assembled: assemble::Assembled,
@@ -254,7 +268,7 @@ impl Captured {
         let Captured { mut phases, summary, t_frozen, repaired, lock, frozen, guard, .. } = self;
         drop(repaired);
         if let Some(lock) = lock {
-            lock.thaw()?;
+            thaw_delivering_held(lock)?;
         }
         frozen.release()?;
         phases.mark("release");
@@ -289,7 +303,7 @@ impl Captured {
                 LockAfterKill::HandOverTo(meta) => {
                     lock.hand_over_to(Some(&meta));
                 }
-                LockAfterKill::Release => lock.thaw()?,
+                LockAfterKill::Release => thaw_delivering_held(lock)?,
             }
         }
         shm::remove_sysv(&tree_image.sysv_shm);

@@ -93,6 +93,10 @@ impl Held {
             l.disengage()?;
         }
         ph.mark("network thaw");
+        if let Some(l) = lock.as_mut() {
+            deliver_held(l, pid);
+        }
+        ph.mark("held packets");
         files::tcp::resend(&rebuilt)?;
         ph.mark("tcp resend");
         // Children first, so a parent never runs while its child is still held.
@@ -139,6 +143,18 @@ impl Held {
         // The caller took its own copies (the migration's pager).
         drop(uffds);
         Ok(restored)
+    }
+}
+
+/// Sends again what the network lock dropped while the connections were
+/// away, in the restored tree's namespace: the peers' data reaches the
+/// sockets now and the data the sockets had sent leaves now, instead of
+/// after a retransmission timeout. Not fatal: TCP retransmits anyway.
+fn deliver_held(lock: &mut ferry_netlock::NetworkLock, root: i32) {
+    let netns = ferry_netlock::Netns::Path(format!("/proc/{root}/ns/net").into());
+    match lock.deliver_held(Some(&netns)) {
+        Ok(n) => tracing::debug!(packets = n, "held packets sent again"),
+        Err(e) => tracing::warn!("sending the packets the network lock held: {e}"),
     }
 }
 
