@@ -36,10 +36,17 @@ fn side_file(base: &str, slot: u8, generation: u16) -> PathBuf {
     base::state_dir(base).join(format!("held-{slot}-{generation}"))
 }
 
-/// Record header fields: (len, owner, generation).
+/// Record header fields: (len, owner, generation), for packets dropped on
+/// their way in only. A packet the socket had sent is not sent again: the
+/// restored socket retransmits what it has, with timestamps of its own
+/// clock, and an old copy delivered first could make the peer's PAWS
+/// check refuse those (seen on loopback with 100 connections).
 fn header(record: &[u8]) -> Option<(usize, u8, u16)> {
     let len = u32::from_ne_bytes(record.get(0..4)?.try_into().ok()?) as usize;
     let owner = *record.get(4)?;
+    if *record.get(5)? == 0 {
+        return None;
+    }
     let generation = u16::from_ne_bytes(record.get(6..8)?.try_into().ok()?);
     Some((len, owner, generation))
 }
