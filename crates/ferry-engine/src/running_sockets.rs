@@ -285,6 +285,24 @@ mod tests {
     }
 
     #[test]
+    fn this_process_sockets_are_listed_with_their_roles() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(at).unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tree = running_tree_sockets(std::process::id() as i32);
+        let find = |fd: i32| tree.sockets.iter().find(|s| s.fd == fd);
+        let l = find(listener.as_raw_fd()).expect("the listener");
+        assert_eq!((l.role, l.local, l.tcp), (SocketRole::Listener, at, true));
+        let c = find(client.as_raw_fd()).expect("the connection");
+        assert_eq!((c.role, c.peer), (SocketRole::Connection, Some(at)));
+        let u = find(udp.as_raw_fd()).expect("the UDP socket");
+        assert_eq!((u.role, u.tcp, u.local), (SocketRole::Bound, false, udp.local_addr().unwrap()));
+        assert!(tree.ids.contains(&(std::process::id() as i32)));
+        assert!(!tree.own_pid_namespace);
+    }
+
+    #[test]
     fn table_lines_and_roles() {
         let local = format!("{:08X}:1F90", u32::from_ne_bytes([127, 0, 0, 1]));
         let text = format!(

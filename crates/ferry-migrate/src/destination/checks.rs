@@ -329,6 +329,23 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_bind_finds_a_listener_on_the_port_and_nothing_else() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let mut s = sock(SocketRole::Listener, &format!("127.0.0.1:{port}"));
+        assert!(taken_here(&s), "a listener on the same address and port");
+        s.local = format!("0.0.0.0:{port}").parse().unwrap();
+        assert!(taken_here(&s), "a wildcard over a listener's port");
+        s.tcp = false;
+        s.role = SocketRole::Bound;
+        assert!(!taken_here(&s), "UDP on a TCP listener's port");
+        drop(held);
+        s.tcp = true;
+        s.role = SocketRole::Listener;
+        assert!(!taken_here(&s), "the port once free");
+    }
+
+    #[test]
     fn a_socket_is_named_by_its_role() {
         let c = sock(SocketRole::Connection, "10.0.0.1:54798");
         assert_eq!(describe(&c), "TCP 10.0.0.1:54798 -> 10.9.9.9:80 (pid 1 fd 3)");
