@@ -2,9 +2,9 @@
 # Install what ferry's build, demo, tests and benchmarks need, via apt-get only.
 #
 # Idempotent: packages already present are left alone, and apt-get is not run
-# at all when nothing is missing. Debian's redis-server, memcached, nginx and
-# postgresql packages would start system services on install (on the default
-# ports); we prevent that with a temporary policy-rc.d and stop/disable them
+# at all when nothing is missing. Debian's redis-server, memcached, nginx,
+# haproxy and postgresql packages would start system services on install (on
+# the default ports); we prevent that with a temporary policy-rc.d and stop/disable them
 # afterwards anyway, so tests can start their own instances on their own ports.
 # postgresql-common would also create a default cluster "15/main" on first
 # install; a drop-in in /etc/postgresql-common/createcluster.d/ turns that off
@@ -42,8 +42,9 @@ PACKAGES=(
   nftables          # network lock, --network-lock nftables (and its tests)
   apache2-utils     # ab (ApacheBench): nginx under load during a migration (bench/migrate.py)
   python3-matplotlib  # the benchmarks' PNG plots (bench/tcp.py, bench/migrate.py)
+  haproxy           # real-program test: a proxy's backend connections and the migration's checks
 )
-SERVICES=(redis-server memcached nginx postgresql)
+SERVICES=(redis-server memcached nginx postgresql haproxy)
 PG_VERSION=15
 PG_NO_MAIN_CLUSTER=/etc/postgresql-common/createcluster.d/ferry-no-main-cluster.conf
 

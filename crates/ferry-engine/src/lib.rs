@@ -10,6 +10,8 @@
 //!   split.
 //! * [`dirty`] tracks which pages of a running tree are written (pre-copy).
 //! * [`procfs`] parses the /proc files both sides read.
+//! * [`running_sockets`] lists a running tree's TCP and UDP sockets, for
+//!   a migration's checks before the freeze.
 
 pub mod btf;
 pub mod capture;
@@ -25,6 +27,7 @@ pub mod pids;
 pub(crate) mod plain_devices;
 pub mod procfs;
 pub mod restore;
+pub mod running_sockets;
 pub mod syscall_restart;
 pub(crate) mod tcp_repair;
 pub(crate) mod unix_remake;

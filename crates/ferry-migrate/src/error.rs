@@ -19,6 +19,9 @@ pub enum MigrateError {
     Sys { what: String, errno: ferry_sys::SysError },
     #[error("the destination refused the migration: {0}")]
     Refused(String),
+    /// Found in the hello, before anything was frozen: one line each.
+    #[error("the destination cannot restore this tree (nothing was frozen):{}", lines(.0))]
+    Unfit(Vec<crate::problem::Problem>),
     #[error("the destination failed: {0}")]
     DestinationFailed(String),
     #[error("protocol error: {0}")]
@@ -57,6 +60,10 @@ impl MigrateError {
     pub fn sys(what: impl Into<String>, errno: ferry_sys::SysError) -> MigrateError {
         MigrateError::Sys { what: what.into(), errno }
     }
+}
+
+fn lines(problems: &[crate::problem::Problem]) -> String {
+    problems.iter().map(|p| format!("\n  - {p}")).collect()
 }
 
 pub type Result<T> = std::result::Result<T, MigrateError>;

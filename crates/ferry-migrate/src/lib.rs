@@ -11,17 +11,19 @@
 pub mod address;
 pub mod destination;
 pub mod error;
+pub mod link;
 pub mod page_store;
 pub mod pager;
 pub mod postcopy;
 pub mod precopy;
+pub mod problem;
 pub mod protocol;
 pub mod ranges;
 pub mod source;
 pub mod stream_sink;
 
 pub use error::{MigrateError, Result};
-pub use source::{migrate, MigrateOptions, MigrationReport};
+pub use source::{dry_run, migrate, DryRun, MigrateOptions, MigrationReport};
 
 /// Progress lines for the user (a spinner, a log line...).
 pub type Progress = Box<dyn Fn(&str) + Send + Sync>;

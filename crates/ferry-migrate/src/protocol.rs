@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! source                                 destination
-//!   Hello ------------------------------->  checks versions, arch, address
-//!         <-------------------------------  Welcome | Refused
+//!   Hello (with the running tree's IDs
+//!          and sockets) ---------------->  checks versions, arch, address,
+//!                                          and what only it can refuse
+//!         <-------------------------------  Welcome | Refused | Unfit
+//!   [--dry-run: the source stops here]
 //!   Pages (round 0: all memory) ------->    into the page store
 //!   RoundDone --------------------------->
 //!         <-------------------------------  RoundStored (all of it stored)
@@ -31,7 +34,12 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes meaning; two agents must agree on it.
 /// 2: the destination answers each RoundDone with RoundStored.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: Hello carries the running tree and dry_run; Unfit; Welcome's notes.
+pub const PROTOCOL_VERSION: u32 = 3;
+
+pub use ferry_engine::running_sockets::{RunningSocket, RunningTree, SocketRole};
+
+pub use crate::problem::Problem;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Hello {
@@ -48,6 +56,11 @@ pub struct Hello {
     pub lazy: bool,
     /// The service address that moves with the process: (address, prefix).
     pub address: Option<(std::net::IpAddr, u8)>,
+    /// The tree's IDs and sockets, read while it runs, for the checks
+    /// only the destination can make (destination/checks.rs).
+    pub tree: RunningTree,
+    /// Only the checks: the source closes after the answer.
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -56,6 +69,9 @@ pub struct Welcome {
     pub kernel_release: String,
     /// The interface the service address will be put on.
     pub interface: Option<String>,
+    /// What the checks found that is no problem but worth saying (a PID
+    /// taken here, so the tree gets a PID namespace of its own).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -64,6 +80,10 @@ pub enum Msg {
     Welcome(Welcome),
     Refused {
         reason: String,
+    },
+    /// The restore would fail here, for every one of these reasons.
+    Unfit {
+        problems: Vec<Problem>,
     },
     /// Page contents of process `pid` (as the source sees it): `ranges`
     /// are (address, bytes), their bytes concatenated in the data.
@@ -133,6 +153,7 @@ impl Msg {
             Msg::Hello(_) => "Hello",
             Msg::Welcome(_) => "Welcome",
             Msg::Refused { .. } => "Refused",
+            Msg::Unfit { .. } => "Unfit",
             Msg::Pages { .. } => "Pages",
             Msg::RoundDone { .. } => "RoundDone",
             Msg::RoundStored { .. } => "RoundStored",
@@ -229,6 +250,7 @@ pub fn expect(ch: &mut Channel, expect: &[&str]) -> Result<Received> {
         m if expect.contains(&m.name()) => Ok(r),
         Msg::Failed { error } => Err(MigrateError::DestinationFailed(error.clone())),
         Msg::Refused { reason } => Err(MigrateError::Refused(reason.clone())),
+        Msg::Unfit { problems } => Err(MigrateError::Unfit(problems.clone())),
         Msg::Abort { reason } => Err(MigrateError::Aborted(reason.clone())),
         m => Err(MigrateError::Protocol(format!(
             "expected {} from the peer, got {}",

@@ -48,6 +48,14 @@ pub struct MigrateArgs {
     /// Write the migration's report (pause, phases, rounds, bytes) as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Only the checks, nothing frozen or moved: this host's own, then
+    /// the destination's on the running tree (local addresses it lacks,
+    /// ports taken there, PIDs above its kernel.pid_max, IPv6 it lacks).
+    /// Prints "would migrate", or every problem with its remedy and exits
+    /// with status 2. A real migration makes the same checks before its
+    /// freeze and refuses the same way.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
@@ -64,6 +72,9 @@ fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
 
 pub fn run(a: MigrateArgs) -> Result<i32> {
     let opts = options(&a)?;
+    if a.dry_run {
+        return dry_run(&a, &opts);
+    }
     let r = ferry_migrate::migrate(&opts).with_context(|| {
         format!("migration of pid {} to {} failed; it still runs here", a.pid, a.to)
     })?;
@@ -73,6 +84,35 @@ pub fn run(a: MigrateArgs) -> Result<i32> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(0)
+}
+
+/// Exit status of a dry run that found problems.
+const WOULD_NOT_MIGRATE: i32 = 2;
+
+fn dry_run(a: &MigrateArgs, opts: &ferry_migrate::MigrateOptions) -> Result<i32> {
+    match ferry_migrate::dry_run(opts) {
+        Ok(d) => {
+            println!(
+                "would migrate pid {} to {}: the destination's checks passed ({} process and thread IDs, {} TCP/UDP sockets, {:.1} ms)",
+                a.pid, a.to, d.ids, d.sockets, d.ms
+            );
+            for note in &d.notes {
+                println!("  note: {note}");
+            }
+            Ok(0)
+        }
+        Err(ferry_migrate::MigrateError::Unfit(problems)) => {
+            println!(
+                "would not migrate pid {} to {}: the destination would fail to restore it (nothing was frozen):",
+                a.pid, a.to
+            );
+            for p in &problems {
+                println!("  - {p}");
+            }
+            Ok(WOULD_NOT_MIGRATE)
+        }
+        Err(e) => Err(e).with_context(|| format!("dry run of pid {} to {}", a.pid, a.to)),
+    }
 }
 
 fn options(a: &MigrateArgs) -> Result<ferry_migrate::MigrateOptions> {

@@ -11,7 +11,13 @@
 //! - `fault_*`: a migration that fails (destination killed, link cut,
 //!   stream corrupted, restore failing, wrong key) leaves the service
 //!   running at the source with its connections and address, and no
-//!   network lock on either host.
+//!   network lock on either host; `fault_link_cut_during_precopy_...`:
+//!   a link cut in round 0 is seen within 6 s.
+//! - `hello_*`, `dry_run_...`, `haproxy_...`: what only the destination
+//!   can refuse (an address it lacks, a port taken there, PIDs above its
+//!   pid_max, IPv6 disabled there) is refused in the hello, before any
+//!   freeze: a watcher polls the service every millisecond for a stop,
+//!   and it keeps counting.
 //!
 //! Needs root; without it every test says so and returns. Set
 //! `FERRY_MIGRATION_KEEP=1` to keep each test's directory (logs, reports);
@@ -37,6 +43,7 @@ const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");
 const REDIS: &str = "/usr/bin/redis-server";
 const NGINX: &str = "/usr/sbin/nginx";
+const HAPROXY: &str = "/usr/sbin/haproxy";
 const AGENT_PORT: u16 = 7070;
 /// A host init that is not ferryd (host c): reaps orphans.
 const PLAIN_INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];
@@ -717,8 +724,12 @@ for line in sys.stdin:
 
 impl KeptClient {
     fn open(env: &Env, svc: &str) -> KeptClient {
+        KeptClient::open_to(env, svc, REDIS_PORT)
+    }
+
+    fn open_to(env: &Env, svc: &str, port: &str) -> KeptClient {
         let c = env.host("c");
-        let mut cmd = c.command(&["python3", "-c", KEPT_CLIENT, svc, REDIS_PORT]);
+        let mut cmd = c.command(&["python3", "-c", KEPT_CLIENT, svc, port]);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut nsenter = only_stdio(&mut cmd).spawn().expect("kept client");
         let (root, _) = c.wait_spawned_pid(&nsenter);
@@ -1468,4 +1479,432 @@ fn restored_in_the_agents_pid_namespace_unless_a_pid_is_taken_there() {
             let _ = wait_timeout(&mut o.nsenter, Duration::from_secs(5));
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// 4. What only the destination can refuse, refused before the freeze
+
+/// A service for the hello's checks: opens the sockets its arguments
+/// after the first ask for (`listen,HOST,PORT`, `udp,HOST,PORT`,
+/// `connect,SRC,DST,PORT`), says `ready`, then counts in the file its
+/// first argument names, one step every 10 ms.
+const CHECKED_SERVICE: &str = r#"import os,socket,sys,time
+socks=[]
+def family(h): return socket.AF_INET6 if ':' in h else socket.AF_INET
+for spec in sys.argv[2:]:
+    kind,*a=spec.split(',')
+    if kind in ('listen','udp'):
+        s=socket.socket(family(a[0]),socket.SOCK_STREAM if kind=='listen' else socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+        s.bind((a[0],int(a[1])))
+        if kind=='listen': s.listen(8)
+    else:
+        for i in range(100):
+            try: s=socket.create_connection((a[1],int(a[2])),timeout=5,source_address=(a[0],0)); break
+            except OSError: time.sleep(0.1)
+    socks.append(s)
+print('ready',flush=True)
+n=0
+while True:
+    n+=1
+    with open(sys.argv[1]+'.tmp','w') as f: f.write(str(n))
+    os.replace(sys.argv[1]+'.tmp',sys.argv[1])
+    time.sleep(0.01)
+"#;
+
+/// Listens on HOST:PORT and keeps what connects (in the accept queue).
+const HOLDING_LISTENER: &str = r#"import socket,sys,time
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+s.bind((sys.argv[1],int(sys.argv[2]))); s.listen(64)
+print('ready',flush=True)
+while True: time.sleep(60)
+"#;
+
+/// A program started in a host that prints `ready` once set up.
+fn start_ready(env: &Env, on: &str, argv: &[&str], dir: &Path, log: &Path) -> Started {
+    let p = start_in(env.host(on), argv, dir, log, &[]);
+    assert!(
+        wait_for(Duration::from_secs(20), || read_lossy(log).contains("ready")),
+        "{argv:?} in {on} is not ready:\n{}",
+        read_lossy(log)
+    );
+    p
+}
+
+/// The checked service in host a, counting in its own directory.
+fn start_checked_service(env: &Env, tag: &str, specs: &[&str]) -> (Started, PathBuf) {
+    let dir = env.dir.0.join(tag);
+    fs::create_dir_all(&dir).expect("service dir");
+    let count = dir.join("counter");
+    let mut argv = vec!["python3", "-c", CHECKED_SERVICE, path_str(&count)];
+    argv.extend_from_slice(specs);
+    let p = start_ready(env, "a", &argv, &dir, &dir.join("log"));
+    (p, dir)
+}
+
+fn counter(dir: &Path) -> u64 {
+    read_lossy(&dir.join("counter")).trim().parse().unwrap_or(0)
+}
+
+/// Watches a process from a thread of the test, every millisecond, for
+/// a stop of any of its threads (a freeze stops them all for the whole
+/// capture, tens of milliseconds at least).
+struct StopWatch {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::thread::JoinHandle<Option<String>>,
+}
+
+impl StopWatch {
+    fn start(pid: i32) -> StopWatch {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = done.clone();
+        let seen = std::thread::spawn(move || {
+            while !d.load(Ordering::SeqCst) {
+                for t in fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+                    let stat = read_lossy(&t.path().join("stat"));
+                    let st = stat.rsplit(')').next().and_then(|r| r.trim_start().chars().next());
+                    if matches!(st, Some('t' | 'T')) {
+                        return Some(format!("thread {:?} in state {st:?}", t.file_name()));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            None
+        });
+        StopWatch { done, seen }
+    }
+
+    /// What stopped the process, if anything did.
+    fn finish(self) -> Option<String> {
+        self.done.store(true, Ordering::SeqCst);
+        self.seen.join().expect("stop watcher")
+    }
+}
+
+/// A migration refused in the hello: it failed naming every `needle`,
+/// the service was never stopped (`watch`), never reached the freeze,
+/// and still runs and counts at a.
+fn assert_refused_before_freeze(
+    what: &str,
+    m: &Migration,
+    watch: StopWatch,
+    service: &Started,
+    dir: &Path,
+    needles: &[&str],
+) {
+    let stopped = watch.finish();
+    assert!(!m.out.status.success(), "{what}: ferry migrate succeeded: {}", m.out.show());
+    for n in needles {
+        assert!(m.out.stderr.contains(n), "{what}: {n:?} not in the error: {}", m.out.show());
+    }
+    assert!(
+        m.out.stderr.contains("nothing was frozen") && !m.out.stderr.contains("ferry: freezing"),
+        "{what}: not refused before the freeze: {}",
+        m.out.show()
+    );
+    assert_eq!(stopped, None, "{what}: the service was stopped during the migration");
+    let before = counter(dir);
+    assert!(
+        wait_for(Duration::from_secs(5), || counter(dir) > before + 5),
+        "{what}: the service does not count on at a (at {before})"
+    );
+    assert!(alive(service.root), "{what}: the service is gone from a");
+    eprintln!("[{what}] refused in {:.0} ms:\n{}", m.took.as_secs_f64() * 1e3, m.out.stderr);
+}
+
+#[test]
+fn hello_refuses_a_local_address_the_destination_lacks() {
+    const TEST: &str = "hello-address";
+    if !have(TEST, &["python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("ad", &[], &[]);
+    let (a_ip, c_ip) = (env.host("a").ip.to_string(), env.host("c").ip.to_string());
+    let upstream = env.dir.0.join("upstream.log");
+    start_ready(
+        &env,
+        "c",
+        &["python3", "-c", HOLDING_LISTENER, &c_ip, "7000"],
+        &env.dir.0,
+        &upstream,
+    );
+    // A listener on the service address (moved by the migration, not
+    // checked) and a connection from a's own address to c, as a proxy's
+    // backend connection leaves from its host's address.
+    let (service, dir) = start_checked_service(
+        &env,
+        "svc",
+        &[&format!("listen,{svc},7300"), &format!("connect,{a_ip},{c_ip},7000")],
+    );
+    let watch = StopWatch::start(service.root);
+    let m = env.migrate("a", service.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    let connection = format!("TCP {a_ip}:");
+    let remedy = format!("source outbound connections from the service address {svc}");
+    assert_refused_before_freeze(
+        TEST,
+        &m,
+        watch,
+        &service,
+        &dir,
+        &[
+            &connection,
+            &format!("-> {c_ip}:7000"),
+            &format!("local address {a_ip} is not on the destination"),
+            &remedy,
+        ],
+    );
+    assert!(
+        !m.out.stderr.contains(&format!("{svc}:7300")),
+        "{TEST}: the service address was checked"
+    );
+    assert!(addresses(env.host("a")).contains(&svc_prefix(&svc)), "{TEST}: {svc} left a");
+}
+
+#[test]
+fn hello_refuses_a_port_taken_at_the_destination() {
+    const TEST: &str = "hello-port";
+    if !have(TEST, &["python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("pt", &[], &[]);
+    let occupant_log = env.dir.0.join("occupant.log");
+    let occupant = start_ready(
+        &env,
+        "b",
+        &["python3", "-c", HOLDING_LISTENER, "0.0.0.0", "7301"],
+        &env.dir.0,
+        &occupant_log,
+    );
+    let (service, dir) =
+        start_checked_service(&env, "svc", &[&format!("listen,{svc},7301"), "udp,0.0.0.0,7302"]);
+    let watch = StopWatch::start(service.root);
+    let m = env.migrate("a", service.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    assert_refused_before_freeze(
+        TEST,
+        &m,
+        watch,
+        &service,
+        &dir,
+        &[
+            &format!("TCP listener {svc}:7301"),
+            &format!(
+                "TCP port 7301 is taken at the destination by pid {} (python3)",
+                occupant.inner
+            ),
+            "stop what holds TCP port 7301 at the destination",
+        ],
+    );
+    assert!(!m.out.stderr.contains("7302"), "{TEST}: the free UDP port was refused");
+}
+
+#[test]
+fn dry_run_says_would_migrate_or_every_problem() {
+    const TEST: &str = "dry-run";
+    if !have(TEST, &["python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("dr", &[], &[]);
+    let (a, b) = (env.host("a"), env.host("b"));
+    a.set_next_pid(6000);
+    let (service, dir) =
+        start_checked_service(&env, "svc", &[&format!("listen,{svc},7303"), "listen,::1,7304"]);
+    assert_eq!(service.inner, 6001, "{TEST}: the service did not get PID 6001 in a");
+    let dry = |what: &str| {
+        let watch = StopWatch::start(service.root);
+        let m = env.migrate(
+            "a",
+            service.inner,
+            env.agent("b"),
+            &["--address", &svc_prefix(&svc), "--dry-run"],
+        );
+        assert_eq!(watch.finish(), None, "{TEST} ({what}): the service was stopped");
+        eprintln!("[{TEST}] {what} in {:.0} ms:\n{}", m.took.as_secs_f64() * 1e3, m.out.stdout);
+        m
+    };
+    let m = dry("nothing in the way");
+    assert!(m.out.status.success(), "{TEST}: {}", m.out.show());
+    assert!(
+        m.out.stdout.contains(&format!("would migrate pid {}", service.inner)),
+        "{TEST}: {}",
+        m.out.show()
+    );
+    // b: IPv6 disabled (so no ::1), and PIDs from 5000 on unavailable.
+    for conf in ["all", "lo"] {
+        let key = format!("net.ipv6.conf.{conf}.disable_ipv6=1");
+        let out = output({
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &b.netns, "sysctl", "-w", &key]);
+            c
+        });
+        assert!(out.status.success(), "{TEST}: {key} in b: {}", out.show());
+    }
+    let out = run_in(b, 10, &["sh", "-c", "echo 5000 > /proc/sys/kernel/pid_max"]);
+    assert!(out.status.success(), "{TEST}: pid_max in b: {}", out.show());
+    let m = dry("two problems");
+    assert_eq!(m.out.status.code(), Some(2), "{TEST}: {}", m.out.show());
+    for needle in [
+        "would not migrate",
+        "TCP listener [::1]:7304",
+        "IPv6 is disabled there (net.ipv6.conf.lo.disable_ipv6=1)",
+        "sysctl -w net.ipv6.conf.lo.disable_ipv6=0",
+        "PID 6001",
+        "kernel.pid_max of the destination (5000)",
+        "sysctl -w kernel.pid_max=6002",
+    ] {
+        assert!(m.out.stdout.contains(needle), "{TEST}: {needle:?} not said: {}", m.out.show());
+    }
+    let c = counter(&dir);
+    assert!(wait_for(Duration::from_secs(5), || counter(&dir) > c + 5), "{TEST}: not counting");
+    let none = run_in(b, 10, &["pgrep", "-x", "python3"]);
+    assert!(!none.status.success(), "{TEST}: the service runs in b: {}", none.show());
+}
+
+#[test]
+fn fault_link_cut_during_precopy_noticed_within_seconds() {
+    const TEST: &str = "fault-link-cut-precopy";
+    if !have(TEST, &[REDIS, "redis-cli", "python3", "tc"]) {
+        return;
+    }
+    let (env, svc, redis, mut client) = fault_setup("lp", &[], &[]);
+    // 200 MB of memory, sent at 200 Mbit/s: round 0 takes about 8 s.
+    let out = redis_cli(&env, &svc, &["SETRANGE", "big", "200000000", "x"]);
+    assert!(out.stdout.trim().starts_with("200000001"), "{TEST}: SETRANGE: {}", out.show());
+    let a = env.host("a");
+    let out = output({
+        let mut c = Command::new("tc");
+        c.args(["-n", &a.netns, "qdisc", "add", "dev", "eth0", "root", "tbf"]);
+        c.args(["rate", "200mbit", "burst", "256kb", "latency", "100ms"]);
+        c
+    });
+    assert!(out.status.success(), "{TEST}: tc in a: {}", out.show());
+    let (child, report, out, err) = migrate_in_background(
+        &env,
+        "a",
+        redis.inner,
+        env.agent("b"),
+        &["--address", &svc_prefix(&svc)],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || read_lossy(&err).contains("connecting to")),
+        "{TEST}: ferry migrate does not connect:\n{}",
+        read_lossy(&err)
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!read_lossy(&err).contains("round 0"), "{TEST}: round 0 ended before the cut");
+    let b = env.host("b");
+    ip(&["-n", &b.netns, "link", "set", "eth0", "down"]);
+    let cut = Instant::now();
+    let m = finish_migration(child, &report, &out, &err, Duration::from_secs(40));
+    let noticed = cut.elapsed();
+    assert_failed_with(&m, TEST, &["timed out", "connection"]);
+    assert!(
+        noticed < Duration::from_secs(6),
+        "{TEST}: the source took {noticed:?} after the cut to give up"
+    );
+    eprintln!("[{TEST}] the source gave up {:.1} s after the cut", noticed.as_secs_f64());
+    let log = env.ferryd_log("b");
+    assert!(
+        wait_for(Duration::from_secs(10), || read_lossy(&log).contains("failed")),
+        "{TEST}: the destination did not end the migration:\n{}",
+        read_lossy(&log)
+    );
+    eprintln!(
+        "[{TEST}] the destination gave up {:.1} s after the cut",
+        cut.elapsed().as_secs_f64()
+    );
+    ip(&["-n", &b.netns, "link", "set", "eth0", "up"]);
+    let mut counter = 1;
+    assert_service_at_source(&env, &svc, &redis, &mut client, &mut counter, TEST);
+    let none = run_in(b, 10, &["pgrep", "-x", "redis-server"]);
+    assert!(!none.status.success(), "{TEST}: a redis-server runs in b: {}", none.show());
+}
+
+/// Echoes every line back, one thread per connection.
+const ECHO_SERVER: &str = r#"import socket,sys,threading
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+s.bind((sys.argv[1],int(sys.argv[2]))); s.listen(64)
+print('ready',flush=True)
+def echo(c):
+    while True:
+        d=c.recv(65536)
+        if not d: break
+        c.sendall(d)
+while True:
+    c,_=s.accept(); threading.Thread(target=echo,args=(c,),daemon=True).start()
+"#;
+
+/// haproxy in TCP mode on the service address, one backend server in c;
+/// `source` is the server line's source clause, if any.
+fn haproxy_config(svc: &str, backend: &str, source: &str) -> String {
+    format!(
+        "global\n  maxconn 100\n  nbthread 2\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 120s\n  timeout server 120s\n\
+         frontend fe\n  bind {svc}:8080\n  default_backend be\nbackend be\n  server s1 {backend}:7000 {source}\n"
+    )
+}
+
+#[test]
+fn haproxy_backend_connections_from_the_host_address_are_refused_before_the_freeze() {
+    const TEST: &str = "haproxy";
+    if !have(TEST, &[HAPROXY, "python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("hp", &[], &[]);
+    let (a_ip, c_ip) = (env.host("a").ip.to_string(), env.host("c").ip.to_string());
+    let echo_log = env.dir.0.join("echo.log");
+    start_ready(&env, "c", &["python3", "-c", ECHO_SERVER, &c_ip, "7000"], &env.dir.0, &echo_log);
+    let start_haproxy = |source: &str, tag: &str| {
+        let cfg = env.dir.0.join(format!("haproxy-{tag}.cfg"));
+        fs::write(&cfg, haproxy_config(&svc, &c_ip, source)).expect("haproxy config");
+        let log = env.dir.0.join(format!("haproxy-{tag}.log"));
+        let p =
+            start_in(env.host("a"), &[HAPROXY, "-db", "-f", path_str(&cfg)], &env.dir.0, &log, &[]);
+        let up = wait_for(Duration::from_secs(15), || {
+            run_in(
+                env.host("c"),
+                5,
+                &[
+                    "python3",
+                    "-c",
+                    "import socket,sys; socket.create_connection((sys.argv[1],8080),timeout=2)",
+                    &svc,
+                ],
+            )
+            .status
+            .success()
+        });
+        assert!(up, "{TEST}: haproxy does not accept on {svc}:8080:\n{}", read_lossy(&log));
+        p
+    };
+
+    // Its backend connection leaves from a's own address.
+    let haproxy = start_haproxy("", "host-source");
+    let mut client = KeptClient::open_to(&env, &svc, "8080");
+    assert_eq!(client.ask("one"), "one", "{TEST}: through haproxy");
+    let watch = StopWatch::start(haproxy.root);
+    let m = env.migrate("a", haproxy.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    let stopped = watch.finish();
+    assert!(!m.out.status.success(), "{TEST}: migrated: {}", m.out.show());
+    for needle in [
+        format!("TCP {a_ip}:"),
+        format!("-> {c_ip}:7000"),
+        "nothing was frozen".to_string(),
+        format!("haproxy `source {svc}`"),
+    ] {
+        assert!(m.out.stderr.contains(&needle), "{TEST}: {needle:?} not said: {}", m.out.show());
+    }
+    assert_eq!(stopped, None, "{TEST}: haproxy was stopped");
+    assert_eq!(client.ask("two"), "two", "{TEST}: through haproxy after the refusal");
+    eprintln!("[{TEST}] refused in {:.0} ms:\n{}", m.took.as_secs_f64() * 1e3, m.out.stderr);
+    drop(client);
+    kill(haproxy.root, libc::SIGKILL);
+
+    // `source <service address>`: the connection moves with the address.
+    let haproxy = start_haproxy(&format!("source {svc}"), "service-source");
+    let mut client = KeptClient::open_to(&env, &svc, "8080");
+    assert_eq!(client.ask("three"), "three", "{TEST}: through haproxy sourcing from {svc}");
+    let m = env.migrate("a", haproxy.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    let pid_b = m.expect_ok(TEST);
+    assert!(env.host("b").root_pid(pid_b).is_some_and(alive), "{TEST}: haproxy does not run in b");
+    assert_eq!(client.ask("four"), "four", "{TEST}: the kept connection after the migration");
+    eprintln!("[{TEST}] with `source {svc}`: migrated, pause {:.1} ms", m.pause_ms());
 }

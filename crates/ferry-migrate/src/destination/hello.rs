@@ -1,6 +1,7 @@
 //! The destination's first answer: the source's Hello checked (protocol,
-//! image format, architecture, a service address it can carry) and
-//! answered with Welcome, or Refused with the reason.
+//! image format, architecture, a service address it can carry, then what
+//! only this host can refuse: `checks.rs`) and answered with Welcome,
+//! Refused with the reason, or Unfit with every problem.
 
 use super::DestinationConfig;
 use crate::error::{MigrateError, Result};
@@ -8,15 +9,21 @@ use crate::protocol::{self, Hello, Msg, Welcome};
 use ferry_netlock::NetworkLock;
 use ferry_transport::Channel;
 
-/// The source's Hello, once this agent can serve what it asks.
-pub(super) fn receive(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Hello> {
+/// The source's Hello, once this agent can serve what it asks and this
+/// host can take the tree, with the checks' notes for the Welcome.
+pub(super) fn receive(ch: &mut Channel, cfg: &DestinationConfig) -> Result<(Hello, Vec<String>)> {
     let hello = protocol::expect(ch, &["Hello"])?;
     let Msg::Hello(hello) = hello.msg else { unreachable!("expect checked the kind") };
     if let Err(reason) = check_hello(&hello, cfg) {
         protocol::send(ch, &Msg::Refused { reason: reason.clone() })?;
         return Err(MigrateError::Refused(reason));
     }
-    Ok(hello)
+    let verdict = super::checks::check(&hello, cfg);
+    if !verdict.problems.is_empty() {
+        protocol::send(ch, &Msg::Unfit { problems: verdict.problems.clone() })?;
+        return Err(MigrateError::Unfit(verdict.problems));
+    }
+    Ok((hello, verdict.notes))
 }
 
 /// Loading and attaching the lock's program takes tens of ms: done
@@ -27,7 +34,7 @@ pub(super) fn prepare_lock(cfg: &DestinationConfig) -> Result<NetworkLock> {
     Ok(NetworkLock::prepare(cfg.network_lock, &ferry_netlock::Netns::Current, "migrate")?)
 }
 
-pub(super) fn welcome(ch: &mut Channel, cfg: &DestinationConfig) -> Result<()> {
+pub(super) fn welcome(ch: &mut Channel, cfg: &DestinationConfig, notes: Vec<String>) -> Result<()> {
     let interface = cfg.interface.map(|i| format!("ifindex {i}"));
     protocol::send(
         ch,
@@ -38,6 +45,7 @@ pub(super) fn welcome(ch: &mut Channel, cfg: &DestinationConfig) -> Result<()> {
                 .trim()
                 .to_string(),
             interface,
+            notes,
         }),
     )
 }

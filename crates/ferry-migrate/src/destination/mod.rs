@@ -8,12 +8,14 @@
 //! service stays at the source.
 //!
 //! [`serve`] composes the phases and times them; each lives in the file
-//! named after it: `hello.rs` (checks, Welcome or Refused), `rounds.rs`
+//! named after it: `hello.rs` (checks, Welcome, Refused or Unfit, with
+//! `checks.rs`: what only this host can refuse), `rounds.rs`
 //! (pages into the page store, RoundStored), `image.rs` (the image decoded,
 //! its page runs resolved in the store), `lock.rs` (the network lock
 //! engaged), `restore.rs` (address on, restore held, Ready's phases),
 //! `commit.rs` (Commit, release, announce, Running, post-copy's pager).
 
+mod checks;
 mod commit;
 mod hello;
 mod image;
@@ -45,8 +47,9 @@ pub struct Served {
     pub phases: Vec<(String, f64)>,
 }
 
-/// Serves one migration on an accepted, authenticated channel.
-pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Served> {
+/// Serves one migration on an accepted, authenticated channel; None when
+/// the source only asked for the checks (a dry run) and they passed.
+pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Option<Served>> {
     let r = serve_inner(&mut ch, cfg);
     if let Err(e) = &r {
         // Best effort: the source learns why, if it still listens; what it
@@ -60,13 +63,17 @@ pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Served> {
 /// The phases in order. Every undo is a value dropped on the way out:
 /// declared in this order, an error before the release kills the held
 /// tree first, then removes the address, then releases the lock.
-fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
+fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Option<Served>> {
     ch.set_timeout(Some(cfg.timeout))?;
     let mut ph = Phases::start("destination");
-    let hello = hello::receive(ch, cfg)?;
+    let (hello, notes) = hello::receive(ch, cfg)?;
+    if hello.dry_run {
+        hello::welcome(ch, cfg, notes)?;
+        return Ok(None);
+    }
     let lock = hello::prepare_lock(cfg)?;
     ph.mark("network lock prepared");
-    hello::welcome(ch, cfg)?;
+    hello::welcome(ch, cfg, notes)?;
     ph.mark("hello");
 
     let mut store = rounds::page_store(&hello)?;
@@ -107,5 +114,10 @@ fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Served> {
     if hello.lazy {
         phases.push(commit::serve_lazy_pages(ch, held.uffds, &image.lazy, &restored)?);
     }
-    Ok(Served { pid: restored.pid, host_pid: restored.host_pid, page_bytes: store.bytes(), phases })
+    Ok(Some(Served {
+        pid: restored.pid,
+        host_pid: restored.host_pid,
+        page_bytes: store.bytes(),
+        phases,
+    }))
 }

@@ -1,10 +1,11 @@
 //! Before anything moves: what the source was asked to move is checked,
-//! and the destination's agent is connected and greeted (Hello, answered
-//! by Welcome or Refused).
+//! the running tree's IDs and sockets are listed, and the destination's
+//! agent is connected and greeted (Hello, answered by Welcome, Refused,
+//! or Unfit with every problem its checks found).
 
 use super::MigrateOptions;
 use crate::error::{MigrateError, Result};
-use crate::protocol::{self, Hello, Msg};
+use crate::protocol::{self, Hello, Msg, RunningTree};
 use ferry_transport::Channel;
 use std::net::TcpStream;
 
@@ -23,21 +24,41 @@ pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
 }
 
 /// The channel to the destination's agent once it welcomed this
-/// migration, and the migration's ID (the final image's parent ID).
-pub(super) fn connect(o: &MigrateOptions) -> Result<(Channel, u64)> {
+/// migration.
+pub(super) struct Connected {
+    pub ch: Channel,
+    /// The final image's parent ID.
+    pub migration_id: u64,
+    /// What the destination's checks noted (no problem, worth saying).
+    pub notes: Vec<String>,
+    /// How many IDs and sockets the destination checked.
+    pub checked: (usize, usize),
+}
+
+/// Lists the running tree, connects, and sends the Hello: the
+/// destination answers Welcome, or refuses with every problem it found
+/// (MigrateError::Unfit), before anything is frozen.
+pub(super) fn connect(o: &MigrateOptions, dry_run: bool) -> Result<Connected> {
+    let tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
+    let checked = (tree.ids.len(), tree.sockets.len());
     (o.progress)(&format!("connecting to {}", o.to));
     let stream = TcpStream::connect_timeout(&o.to, o.timeout)
         .map_err(|e| MigrateError::Invalid(format!("connecting to ferryd at {}: {e}", o.to)))?;
     let _ = stream.set_nodelay(true);
+    crate::link::watch(&stream)?;
     let mut ch = Channel::connect(stream, &o.key, o.mode)?;
     ch.set_timeout(Some(o.timeout))?;
     let migration_id = random_id();
-    protocol::send(&mut ch, &Msg::Hello(hello(o, migration_id)))?;
-    protocol::expect(&mut ch, &["Welcome"])?;
-    Ok((ch, migration_id))
+    protocol::send(&mut ch, &Msg::Hello(hello(o, migration_id, tree, dry_run)))?;
+    let welcome = protocol::expect(&mut ch, &["Welcome"])?;
+    let Msg::Welcome(welcome) = welcome.msg else { unreachable!("expect checked the kind") };
+    for note in &welcome.notes {
+        (o.progress)(&format!("destination: {note}"));
+    }
+    Ok(Connected { ch, migration_id, notes: welcome.notes, checked })
 }
 
-fn hello(o: &MigrateOptions, migration_id: u64) -> Hello {
+fn hello(o: &MigrateOptions, migration_id: u64, tree: RunningTree, dry_run: bool) -> Hello {
     let (major, minor) = crate::FORMAT;
     Hello {
         protocol: protocol::PROTOCOL_VERSION,
@@ -52,6 +73,8 @@ fn hello(o: &MigrateOptions, migration_id: u64) -> Hello {
         root_pid: o.pid,
         lazy: o.lazy,
         address: o.address,
+        tree,
+        dry_run,
     }
 }
 

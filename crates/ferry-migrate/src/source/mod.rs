@@ -9,7 +9,8 @@
 //! place at every moment.
 //!
 //! [`migrate`] composes the phases and times them; each lives in the
-//! file named after it: `hello.rs` (checks, connect, Hello/Welcome),
+//! file named after it: `hello.rs` (checks, the running tree listed for
+//! the destination's checks, connect, Hello/Welcome),
 //! `rounds.rs` (layout and pre-copy rounds), `freeze.rs` (freeze and
 //! capture into the stream), `handover.rs` (address off, image, Ready,
 //! Commit, Running), `rollback.rs` (every way back before and after the
@@ -81,8 +82,8 @@ pub struct PostcopyReport {
 pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     let mut ph = Phases::start("source");
     hello::check_source(o)?;
-    let (mut ch, migration_id) = hello::connect(o)?;
-    ph.mark("connect");
+    let hello::Connected { mut ch, migration_id, .. } = hello::connect(o, false)?;
+    ph.mark("connect and checks");
     let precopy = rounds::precopy(o, &mut ch)?;
     if precopy.is_some() {
         ph.mark("pre-copy");
@@ -134,6 +135,32 @@ pub fn migrate(o: &MigrateOptions) -> Result<MigrationReport> {
     frozen.kill_source()?;
     ph.mark("source killed");
     Ok(report(o, &ph, summary, running, pause_ms, ch.bytes_sent(), postcopy))
+}
+
+/// What `ferry migrate --dry-run` found: the destination's checks passed.
+#[derive(Debug, Clone)]
+pub struct DryRun {
+    /// Process and thread IDs, and TCP/UDP sockets, the destination checked.
+    pub ids: usize,
+    pub sockets: usize,
+    pub notes: Vec<String>,
+    pub ms: f64,
+}
+
+/// The checks of a migration without the migration: the source's own
+/// ones, then the destination's (the Hello). The tree is never frozen;
+/// problems come back as MigrateError::Unfit.
+pub fn dry_run(o: &MigrateOptions) -> Result<DryRun> {
+    let t = std::time::Instant::now();
+    hello::check_source(o)?;
+    let c = hello::connect(o, true)?;
+    c.ch.shutdown();
+    Ok(DryRun {
+        ids: c.checked.0,
+        sockets: c.checked.1,
+        notes: c.notes,
+        ms: t.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 /// What the freeze left to report, taken before the source's copy goes.

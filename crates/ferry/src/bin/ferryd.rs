@@ -141,6 +141,7 @@ fn worker(args: &Args) -> Result<()> {
         .context("taking the connection from standard input")?;
     let stream = TcpStream::from(fd);
     let _ = stream.set_nodelay(true);
+    ferry_migrate::link::watch(&stream).context("watching the link to the source")?;
     let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
     let ch = match ferry_transport::Channel::accept(stream, &key) {
         Ok(ch) => ch,
@@ -152,7 +153,11 @@ fn worker(args: &Args) -> Result<()> {
         network_lock: ferry_netlock::Method::Ebpf,
     };
     match ferry_migrate::destination::serve(ch, &cfg) {
-        Ok(s) => {
+        Ok(None) => {
+            eprintln!("ferryd: dry run from {peer}: the checks found no problem");
+            Ok(())
+        }
+        Ok(Some(s)) => {
             let restore: f64 = s.phases.iter().map(|p| p.1).sum();
             eprintln!(
                 "ferryd: migration from {peer}: pid {} runs here as pid {} ({:.1} MiB of pages, {restore:.1} ms of phases)",
