@@ -346,4 +346,5 @@ bash "$REPO/bench/trees.sh"   # process trees: docs/benchmarks-trees-latest.md
 bash "$REPO/bench/pidns.sh"   # --new-pid-ns restore cost: docs/benchmarks-pidns-latest.md
 bash "$REPO/bench/netlock.sh" # network lock freeze/thaw per method and N: docs/benchmarks-netlock-latest.md
 /usr/bin/python3 "$REPO/bench/tcp.py"  # pause against established connections: docs/benchmarks-tcp-latest.md (+ .png)
+/usr/bin/python3 "$REPO/bench/tiny_listener.py" "$FERRY"  # tiny listener against CRIU, client's longest wait: docs/benchmarks-tiny-latest.md
 /usr/bin/python3 "$REPO/bench/migrate.py"  # live migration: pause vs memory, vs connections, nginx under ab: docs/benchmarks-migrate-latest.md (+ .png)

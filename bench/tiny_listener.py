@@ -39,11 +39,20 @@ def reap_forever():
 
 
 def start_server(binary):
-    out = subprocess.Popen([binary, "0"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                           start_new_session=True, close_fds=True)
-    words = out.stdout.readline().decode().split()
-    port = int(words[3].rsplit(":", 1)[1])
-    return int(words[5]), port
+    # stdout to a file: a pipe to this driver would be a descriptor shared
+    # with a process outside the tree, which ferry rightly refuses.
+    log = "/tmp/ferry-bench-counter_server.log"
+    with open(log, "w") as out:
+        subprocess.Popen([binary, "0"], stdout=out, stdin=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with open(log) as f:
+            words = f.readline().split()
+        if len(words) >= 6:
+            return int(words[5]), int(words[3].rsplit(":", 1)[1])
+        time.sleep(0.01)
+    raise SystemExit("counter_server did not start")
 
 
 class Client(threading.Thread):
@@ -53,6 +62,7 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.longest = 0.0
+        self.slow = []
         self.stop = False
 
     def run(self):
@@ -62,7 +72,10 @@ class Client(threading.Thread):
             f.write(b"PING\n")
             if f.readline() != b"PONG\n":
                 raise SystemExit("client: bad reply")
-            self.longest = max(self.longest, time.perf_counter() - t)
+            wait = time.perf_counter() - t
+            self.longest = max(self.longest, wait)
+            if wait > 0.05:
+                self.slow.append(round(wait * 1e3, 1))
             time.sleep(0.002)
 
 
@@ -93,6 +106,18 @@ def criu_round(pid):
     return ck, rs
 
 
+def criu_usable():
+    """None when a working criu is on PATH, else why not (Debian bookworm's
+    criu 3.17 fails `criu check` on kernel 6.18: it cannot read the vDSO)."""
+    if not shutil.which("criu"):
+        return "no criu on PATH (put a CRIU build there to compare)"
+    r = subprocess.run(["criu", "check"], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return f"`criu check` fails here: {last}"
+    return None
+
+
 def measure(tool, round_fn, binary):
     pid, port = start_server(binary)
     client = Client(port)
@@ -108,6 +133,8 @@ def measure(tool, round_fn, binary):
         os.kill(pid, 9)
     except ProcessLookupError:
         pass
+    if client.slow:
+        print(f"{tool}: client waits over 50 ms: {client.slow}")
     ck = statistics.median(r[0] for r in rows)
     rs = statistics.median(r[1] for r in rows)
     return tool, ck, rs, client.longest * 1e3
@@ -123,14 +150,14 @@ def main():
     subprocess.run(["gcc", "-O2", "-pthread", "-o", binary,
                     os.path.join(REPO, "examples/counter_server.c")], check=True)
     results = [measure("ferry", ferry_round, binary)]
-    if shutil.which("criu"):
+    criu_note = criu_usable()
+    if criu_note is None:
         try:
             results.append(measure("CRIU", criu_round, binary))
         except SystemExit as e:
-            print(f"CRIU run failed, left out: {e}")
-    else:
-        print("criu is not installed: CRIU left out of the table (apt-get install criu, "
-              "or put a CRIU build on PATH)")
+            criu_note = f"the CRIU run failed ({e})"
+    if criu_note:
+        print(f"CRIU left out of the table: {criu_note}")
     lines = [
         "# Tiny listener: checkpoint + restore, side by side",
         "",
@@ -143,9 +170,9 @@ def main():
     ]
     for tool, ck, rs, longest in results:
         lines.append(f"| {tool} | {ck:.1f} | {rs:.1f} | {ck + rs:.1f} | {longest:.1f} |")
-    if not shutil.which("criu"):
+    if criu_note:
         lines.append("")
-        lines.append("CRIU was not installed on this run; CRIU 4.2's figures on this machine "
+        lines.append(f"CRIU is not in this run: {criu_note}. CRIU 4.2's figures on this machine "
                      "kind are in ../shared/criu-baseline.md (tiny program: dump 28 ms, restore 25 ms; "
                      "8 and 5 ms with its feature cache).")
     text = "\n".join(lines) + "\n"

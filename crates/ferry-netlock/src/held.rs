@@ -36,19 +36,33 @@ fn side_file(base: &str, slot: u8, generation: u16) -> PathBuf {
     base::state_dir(base).join(format!("held-{slot}-{generation}"))
 }
 
-/// Record header fields: (len, owner, generation), for packets dropped on
-/// their way in only. A packet the socket had sent is not sent again: the
-/// restored socket retransmits what it has, with timestamps of its own
-/// clock, and an old copy delivered first could make the peer's PAWS
-/// check refuse those (seen on loopback with 100 connections).
+/// Record header fields: (len, owner, generation), for the packets that
+/// are sent again: every packet dropped on its way in, and of those
+/// dropped on their way out only the ones that carry no data (ACKs and
+/// window updates: they acknowledge only what the socket had received,
+/// which the image holds). Data the socket had sent is not sent again from
+/// here: the rebuilt socket may count it as not sent yet (it writes it
+/// again after the thaw), and a peer acknowledging it first would have its
+/// ACK dropped as one for data never sent, stalling the connection (seen
+/// with 100 loopback connections).
 fn header(record: &[u8]) -> Option<(usize, u8, u16)> {
     let len = u32::from_ne_bytes(record.get(0..4)?.try_into().ok()?) as usize;
     let owner = *record.get(4)?;
-    if *record.get(5)? == 0 {
+    let ingress = *record.get(5)? != 0;
+    if !ingress && !carries_no_data(record.get(HEADER_LEN..HEADER_LEN + len)?) {
         return None;
     }
     let generation = u16::from_ne_bytes(record.get(6..8)?.try_into().ok()?);
     Some((len, owner, generation))
+}
+
+/// A TCP packet without payload, SYN or FIN.
+fn carries_no_data(packet: &[u8]) -> bool {
+    let Some(l) = crate::packet::layout(packet) else {
+        return false;
+    };
+    let flags = packet.get(l.ip_len + 13).copied().unwrap_or(0xff);
+    packet.len() == l.ip_len + l.tcp_len && flags & 0x03 == 0
 }
 
 /// Takes every packet kept for (slot, generation) out of the ring and out

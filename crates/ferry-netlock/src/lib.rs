@@ -944,11 +944,18 @@ fn release_recordless(name: &str) -> Result<(), NetlockError> {
 /// and returns their names. One read_dir each when there are none.
 pub fn release_stale() -> Vec<String> {
     let mut released = release_stale_locks();
+    released.extend(release_dead_bases());
+    released
+}
+
+/// The bases' part of [`release_stale`]: frees the slots of locks that are
+/// gone, then removes the bases of namespaces that are gone (and those
+/// another ferry build left unused); returns the bases' names.
+pub fn release_dead_bases() -> Vec<String> {
     for name in base::list() {
         ebpf::free_orphan_slots(&name);
     }
-    released.extend(base::release_useless());
-    released
+    base::release_useless()
 }
 
 fn release_stale_locks() -> Vec<String> {
