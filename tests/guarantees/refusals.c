@@ -11,6 +11,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/utsname.h>
@@ -171,6 +172,21 @@ int main(int argc, char **argv)
 		fd2 = (int)FT_SYS(dup2(got[1], 4));
 		close(got[0]);
 		close(got[1]);
+	} else if (strcmp(mode, "zombie_core") == 0) {
+		/* An unreaped child that died of SIGQUIT and dumped core. */
+		child = fork();
+		if (child == 0) {
+			struct rlimit all = { RLIM_INFINITY, RLIM_INFINITY };
+			setrlimit(RLIMIT_CORE, &all);
+			raise(SIGQUIT);
+			_exit(1);
+		}
+		FT_SYS(child);
+		siginfo_t si;
+		memset(&si, 0, sizeof(si));
+		FT_SYS(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT));
+		if (si.si_code != CLD_DUMPED)
+			ft_die("the child did not dump core (si_code %d): check core_pattern", si.si_code);
 	} else {
 		ft_die("unknown mode '%s'", mode);
 	}
@@ -218,6 +234,11 @@ int main(int argc, char **argv)
 		FT_EQ(write(fd, "x", 1), 1, "write on the pair made by the exited child");
 		FT_EQ(read(fd2, &b, 1), 1, "read on its other end");
 		FT_CHECK(b == 'x', "the pair does not carry data any more");
+	} else if (strcmp(mode, "zombie_core") == 0) {
+		siginfo_t si;
+		memset(&si, 0, sizeof(si));
+		FT_SYS(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT | WNOHANG));
+		FT_CHECK(si.si_code == CLD_DUMPED && si.si_status == SIGQUIT, "zombie: code %d status %d", si.si_code, si.si_status);
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		char cbuf[CMSG_SPACE(sizeof(int))], b;
 		struct iovec iov = { .iov_base = &b, .iov_len = 1 };

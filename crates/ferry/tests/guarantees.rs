@@ -828,6 +828,20 @@ fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
     refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
+/// A zombie whose wait status says it dumped core: the restored one
+/// would die without dumping, so the parent would read another status.
+/// Skipped when core_pattern hands cores to a program (whether it dumps
+/// is up to that program).
+#[test]
+fn refuses_a_zombie_that_dumped_core() {
+    let pattern = fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    if pattern.starts_with('|') {
+        eprintln!("skipped: core_pattern is a pipe ({})", pattern.trim());
+        return;
+    }
+    refused_mode("zombie_core", &["zombie child", "core dump", "WCOREDUMP"]);
+}
+
 /// A descriptor in flight that no process of the tree holds any more
 /// (the sender closed it after sendmsg) is refused by name.
 #[test]

@@ -69,6 +69,7 @@ impl TreeSurvey {
 pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
+    tree.check_zombies()?;
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;

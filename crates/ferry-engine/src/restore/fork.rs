@@ -140,8 +140,14 @@ pub fn make_zombie(
 ) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     join_zombie_group(parent, z, child, leaders)?;
-    // No core file for a zombie that died of a signal.
-    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
+    if z.wait_status & 0x7f != 0 {
+        // No core dump for a zombie that dies of a signal: not dumpable
+        // stops a dump through a core_pattern pipe too, which RLIMIT_CORE
+        // 0 does not (the checkpoint refused a zombie that had dumped).
+        let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
+        let dumpable = [libc::PR_SET_DUMPABLE as u64, 0, 0, 0, 0];
+        own.call(child, "prctl(PR_SET_DUMPABLE, 0)", libc::SYS_prctl, &dumpable)?;
+    }
     let_zombie_exit(parent, z, child)?;
     // The zombie is the parent's to reap; wait until it is one.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -198,6 +204,13 @@ fn let_zombie_exit(parent: &Session, z: &Zombie, child: i32) -> Result<()> {
         ptrace::set_regs(child, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::set_sigmask(child, !0).map_err(|e| kerr("blocking signals", e))?;
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
+    } else if sig == libc::SIGKILL {
+        // SIGKILL ends a traced child at once, in its ptrace stop: there
+        // is nothing left to detach (zdtm zombie00 failed here with
+        // ESRCH). Its exit is reported to ferry, the tracer, first; the
+        // parent sees the zombie only once ferry has waited for it.
+        ferry_sys::process::kill(child, sig).map_err(|e| kerr("sending SIGKILL", e))?;
+        reap_as_tracer(z.pid, child)?;
     } else {
         // PTRACE_DETACH's signal only counts from a signal-delivery stop,
         // which this is not: queue the signal, then let the child go. It
@@ -208,6 +221,23 @@ fn let_zombie_exit(parent: &Session, z: &Zombie, child: i32) -> Result<()> {
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     }
     Ok(())
+}
+
+/// Waits, as its tracer, for a traced child that is dying: the wait hands
+/// the zombie over to its real parent (which gets its SIGCHLD then). A
+/// stop on the way out is let go.
+fn reap_as_tracer(pid: i32, child: i32) -> Result<()> {
+    loop {
+        match ptrace::wait_tid(child, 0)
+            .map_err(|e| EngineError::kernel(pid, "zombie: waiting for its death", e))?
+        {
+            Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => return Ok(()),
+            Some((_, WaitEvent::Stopped { .. })) => {
+                let _ = ptrace::cont(child, 0);
+            }
+            None => {}
+        }
+    }
 }
 
 /// rt_sigtimedwait({SIGCHLD}, NULL, {0, 0}) in the parent: take the
