@@ -28,6 +28,28 @@ static int child_fn(void *arg)
 	return 0;
 }
 
+/* Shares the root's fd table (CLONE_FILES) through a parent that no
+ * longer does; dies with its parent. */
+static int grandchild_fn(void *arg)
+{
+	(void)arg;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	alarm(60);
+	for (;;)
+		pause();
+	return 0;
+}
+
+/* Clones a grandchild with CLONE_FILES, then unshares its own table. */
+static int unsharing_child_fn(void *arg)
+{
+	static char stack[65536] __attribute__((aligned(16)));
+	(void)arg;
+	if (clone(grandchild_fn, stack + sizeof(stack), CLONE_FILES | SIGCHLD, NULL) < 0 || unshare(CLONE_FILES) != 0)
+		_exit(1);
+	return child_fn(NULL);
+}
+
 static void start_child(int clone_flags)
 {
 	static char stack[65536] __attribute__((aligned(16)));
@@ -172,6 +194,18 @@ int main(int argc, char **argv)
 		fd2 = (int)FT_SYS(dup2(got[1], 4));
 		close(got[0]);
 		close(got[1]);
+	} else if (strcmp(mode, "clone_files_gap") == 0) {
+		static char stack[65536] __attribute__((aligned(16)));
+		child = clone(unsharing_child_fn, stack + sizeof(stack), CLONE_FILES | SIGCHLD, NULL);
+		FT_SYS(child);
+		/* Until the grandchild exists and the child has its own table. */
+		char path[64], buf[256];
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)child, (int)child);
+		for (int i = 0; i < 500; i++) {
+			if (ft_read_file(path, buf, sizeof(buf)) > 0 && syscall(SYS_kcmp, getpid(), child, 2 /* KCMP_FILES */, 0, 0) != 0)
+				break;
+			ft_sleep_ms(10);
+		}
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		/* An unreaped child that died of SIGQUIT and dumped core. */
 		child = fork();

@@ -548,6 +548,7 @@ conformance! {
     sock_unix_dgram_names,
     sock_unix_file_mode,
     tree_zombie_mixed,
+    tree_fdt_shared,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -828,6 +828,17 @@ fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
     refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
+/// A grandchild that shares the root's fd table through a child that
+/// unshared its own since: no order of forks with CLONE_FILES gives the
+/// two one table again.
+#[test]
+fn refuses_an_fd_table_shared_past_a_process_that_unshared_it() {
+    refused_mode(
+        "clone_files_gap",
+        &["its fd table", "CLONE_FILES without CLONE_THREAD", "not through a line of parents"],
+    );
+}
+
 /// A zombie whose wait status says it dumped core: the restored one
 /// would die without dumping, so the parent would read another status.
 /// Skipped when core_pattern hands cores to a program (whether it dumps
