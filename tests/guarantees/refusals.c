@@ -9,6 +9,7 @@
 #include "../conformance/ferry_test.h"
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -206,6 +207,16 @@ int main(int argc, char **argv)
 				break;
 			ft_sleep_ms(10);
 		}
+	} else if (strcmp(mode, "inotify_deleted_mapped") == 0) {
+		/* A watch on a deleted file that only a mapping keeps. */
+		int f = (int)FT_SYS(open("mapped", O_CREAT | O_RDWR, 0600));
+		FT_SYS(ftruncate(f, 4096));
+		if (mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, f, 0) == MAP_FAILED)
+			ft_die("mmap: %s", strerror(errno));
+		close(f);
+		fd = (int)FT_SYS(inotify_init1(IN_NONBLOCK));
+		FT_SYS(inotify_add_watch(fd, "mapped", IN_CLOSE_WRITE));
+		FT_SYS(unlink("mapped"));
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		/* An unreaped child that died of SIGQUIT and dumped core. */
 		child = fork();
@@ -268,6 +279,10 @@ int main(int argc, char **argv)
 		FT_EQ(write(fd, "x", 1), 1, "write on the pair made by the exited child");
 		FT_EQ(read(fd2, &b, 1), 1, "read on its other end");
 		FT_CHECK(b == 'x', "the pair does not carry data any more");
+	} else if (strcmp(mode, "inotify_deleted_mapped") == 0) {
+		char path[64], buf[1024];
+		snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "inotify wd:1 "), "the watch is gone");
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		siginfo_t si;
 		memset(&si, 0, sizeof(si));

@@ -549,6 +549,7 @@ conformance! {
     sock_unix_file_mode,
     tree_zombie_mixed,
     tree_fdt_shared,
+    fd_inotify_deleted,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -839,6 +839,16 @@ fn refuses_an_fd_table_shared_past_a_process_that_unshared_it() {
     );
 }
 
+/// An inotify watch on a deleted file that only a mapping keeps: no fd
+/// of the tree names the file the watch would go on at restore.
+#[test]
+fn refuses_an_inotify_watch_on_a_deleted_file_no_fd_holds() {
+    refused_mode(
+        "inotify_deleted_mapped",
+        &["fd 3", "watch 1", "mapped (deleted)", "no fd of the tree holds"],
+    );
+}
+
 /// A zombie whose wait status says it dumped core: the restored one
 /// would die without dumping, so the parent would read another status.
 /// Skipped when core_pattern hands cores to a program (whether it dumps
