@@ -550,6 +550,7 @@ conformance! {
     tree_zombie_mixed,
     tree_fdt_shared,
     fd_inotify_deleted,
+    fd_deleted_dir_gone,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

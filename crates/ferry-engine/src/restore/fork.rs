@@ -94,7 +94,7 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         Some(old) => Some(super::files::regular::make_deleted_dir(pid, old)?),
         None => None,
     };
-    let cwd = removed_cwd.as_deref().unwrap_or(&img.cwd);
+    let cwd = removed_cwd.as_ref().map_or(img.cwd.as_str(), |d| d.name.as_str());
     let at = path_arg(cwd, &mut data);
     calls.push((format!("chdir({cwd})"), Call::new(libc::SYS_chdir, &[at])));
     if img.root != parent.root {
@@ -109,9 +109,10 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         ));
     }
     let ran = s.remote.write(s.data, &data).and_then(|()| s.run(pid, &calls));
-    if let Some(dir) = &removed_cwd {
-        std::fs::remove_dir(dir).map_err(|e| {
-            EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e)
+    if let Some(dir) = removed_cwd {
+        let name = dir.name.clone();
+        dir.remove().map_err(|e| {
+            EngineError::io(format!("pid {pid}: removing the remade cwd {name} again"), e)
         })?;
     }
     ran?;

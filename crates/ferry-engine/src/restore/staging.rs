@@ -68,6 +68,7 @@ fn fill(pid: i32, file: &std::fs::File, what: &str, extents: &[(u64, Vec<u8>)]) 
 /// and deleted again, so the mapping shows "PATH (deleted)" as before.
 fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
+    let _parents = super::files::regular::MadeParents::for_path(pid, &d.name)?;
     let mut name = d.name.clone();
     let mut n = 0;
     let f = loop {
