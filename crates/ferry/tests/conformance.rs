@@ -551,6 +551,7 @@ conformance! {
     tree_fdt_shared,
     fd_inotify_deleted,
     fd_deleted_dir_gone,
+    mem_memfd_sealed_write,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -103,6 +103,24 @@ fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
     Ok(f.into())
 }
 
+/// F_SEAL_WRITE goes on before any mapping of the memfd exists: the
+/// kernel refuses it (EBUSY) once a shared mapping may write, and a
+/// read-only shared mapping made before the seal may (VM_MAYWRITE), one
+/// made after it may not, as in the sealed original. The other seals
+/// wait for the end of the restore (`finish::seal_memfds`): a mapping
+/// made writable before F_SEAL_FUTURE_WRITE keeps writing.
+fn seal_writes_now(pid: i32, fd: RawFd, m: &MemfdObject) -> Result<()> {
+    let seals = m.seals & libc::F_SEAL_WRITE;
+    if seals == 0 {
+        return Ok(());
+    }
+    ferry_sys::fd::fcntl_int(fd, libc::F_ADD_SEALS, seals as libc::c_long, "fcntl(F_ADD_SEALS)")
+        .map_err(|e| {
+            EngineError::kernel(pid, format!("sealing memfd {} against writes", m.name), e)
+        })?;
+    Ok(())
+}
+
 fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
     let name = std::ffi::CString::new(m.name.replace('\0', "")).unwrap_or_default();
     let fd = ferry_sys::fd::memfd_create(&name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
@@ -260,6 +278,7 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
                     )
                 })?;
             }
+            seal_writes_now(p.pid, fd, m)?;
             st.memfds.insert(m.id, (fd, m.seals));
             st.map.insert((memory::memfd_key(m.id), true), fd);
         }
