@@ -552,6 +552,7 @@ conformance! {
     fd_inotify_deleted,
     fd_deleted_dir_gone,
     mem_memfd_sealed_write,
+    proc_exe_deleted,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).
