@@ -9,8 +9,10 @@
 #include "../conformance/ferry_test.h"
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/utsname.h>
@@ -25,6 +27,28 @@ static int child_fn(void *arg)
 	for (;;)
 		pause();
 	return 0;
+}
+
+/* Shares the root's fd table (CLONE_FILES) through a parent that no
+ * longer does; dies with its parent. */
+static int grandchild_fn(void *arg)
+{
+	(void)arg;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	alarm(60);
+	for (;;)
+		pause();
+	return 0;
+}
+
+/* Clones a grandchild with CLONE_FILES, then unshares its own table. */
+static int unsharing_child_fn(void *arg)
+{
+	static char stack[65536] __attribute__((aligned(16)));
+	(void)arg;
+	if (clone(grandchild_fn, stack + sizeof(stack), CLONE_FILES | SIGCHLD, NULL) < 0 || unshare(CLONE_FILES) != 0)
+		_exit(1);
+	return child_fn(NULL);
 }
 
 static void start_child(int clone_flags)
@@ -171,6 +195,43 @@ int main(int argc, char **argv)
 		fd2 = (int)FT_SYS(dup2(got[1], 4));
 		close(got[0]);
 		close(got[1]);
+	} else if (strcmp(mode, "clone_files_gap") == 0) {
+		static char stack[65536] __attribute__((aligned(16)));
+		child = clone(unsharing_child_fn, stack + sizeof(stack), CLONE_FILES | SIGCHLD, NULL);
+		FT_SYS(child);
+		/* Until the grandchild exists and the child has its own table. */
+		char path[64], buf[256];
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)child, (int)child);
+		for (int i = 0; i < 500; i++) {
+			if (ft_read_file(path, buf, sizeof(buf)) > 0 && syscall(SYS_kcmp, getpid(), child, 2 /* KCMP_FILES */, 0, 0) != 0)
+				break;
+			ft_sleep_ms(10);
+		}
+	} else if (strcmp(mode, "inotify_deleted_mapped") == 0) {
+		/* A watch on a deleted file that only a mapping keeps. */
+		int f = (int)FT_SYS(open("mapped", O_CREAT | O_RDWR, 0600));
+		FT_SYS(ftruncate(f, 4096));
+		if (mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, f, 0) == MAP_FAILED)
+			ft_die("mmap: %s", strerror(errno));
+		close(f);
+		fd = (int)FT_SYS(inotify_init1(IN_NONBLOCK));
+		FT_SYS(inotify_add_watch(fd, "mapped", IN_CLOSE_WRITE));
+		FT_SYS(unlink("mapped"));
+	} else if (strcmp(mode, "zombie_core") == 0) {
+		/* An unreaped child that died of SIGQUIT and dumped core. */
+		child = fork();
+		if (child == 0) {
+			struct rlimit all = { RLIM_INFINITY, RLIM_INFINITY };
+			setrlimit(RLIMIT_CORE, &all);
+			raise(SIGQUIT);
+			_exit(1);
+		}
+		FT_SYS(child);
+		siginfo_t si;
+		memset(&si, 0, sizeof(si));
+		FT_SYS(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT));
+		if (si.si_code != CLD_DUMPED)
+			ft_die("the child did not dump core (si_code %d): check core_pattern", si.si_code);
 	} else {
 		ft_die("unknown mode '%s'", mode);
 	}
@@ -218,6 +279,15 @@ int main(int argc, char **argv)
 		FT_EQ(write(fd, "x", 1), 1, "write on the pair made by the exited child");
 		FT_EQ(read(fd2, &b, 1), 1, "read on its other end");
 		FT_CHECK(b == 'x', "the pair does not carry data any more");
+	} else if (strcmp(mode, "inotify_deleted_mapped") == 0) {
+		char path[64], buf[1024];
+		snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "inotify wd:1 "), "the watch is gone");
+	} else if (strcmp(mode, "zombie_core") == 0) {
+		siginfo_t si;
+		memset(&si, 0, sizeof(si));
+		FT_SYS(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT | WNOHANG));
+		FT_CHECK(si.si_code == CLD_DUMPED && si.si_status == SIGQUIT, "zombie: code %d status %d", si.si_code, si.si_status);
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		char cbuf[CMSG_SPACE(sizeof(int))], b;
 		struct iovec iov = { .iov_base = &b, .iov_len = 1 };

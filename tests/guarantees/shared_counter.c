@@ -32,7 +32,6 @@ static void probe(int sig)
 static int child_fn(void *arg)
 {
 	(void)arg;
-	signal(SIGUSR1, probe);
 	alarm(60);
 	for (;;)
 		pause();
@@ -44,6 +43,9 @@ static int shared_files(void)
 {
 	static char stack[65536] __attribute__((aligned(16)));
 	probe_fd = 200;
+	/* Set before the clone: a child not yet run when SIGUSR1 comes
+	 * (a loaded machine) must not die of it. */
+	signal(SIGUSR1, probe);
 	pid_t child = clone(child_fn, stack + sizeof(stack), CLONE_FILES | SIGCHLD, NULL);
 	if (child < 0)
 		ft_die("clone: %s", strerror(errno));
@@ -69,11 +71,12 @@ int main(int argc, char **argv)
 	if (counter == MAP_FAILED)
 		ft_die("mmap: %s", strerror(errno));
 	*counter = 1;
+	/* Inherited: the child may not have run yet when SIGUSR1 comes. */
+	signal(SIGUSR1, add);
 	pid_t child = fork();
 	if (child < 0)
 		ft_die("fork: %s", strerror(errno));
 	if (child == 0) {
-		signal(SIGUSR1, add);
 		alarm(60);
 		for (;;)
 			pause();

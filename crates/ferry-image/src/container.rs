@@ -19,7 +19,12 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.1: the optional `Incremental` section.
 /// 4.2: the optional `Cgroups` section.
 /// 4.3: the optional `UnixPeers` section.
-pub const FORMAT_MINOR: u16 = 3;
+/// 4.4: an inotify watch's path may be "PATH (deleted)": the watch is on
+/// the deleted file of the tree /proc named so (`FileKind::Deleted`),
+/// and restore watches the file it makes again. An older build would
+/// look that path up and fail after the checkpoint, so it must refuse
+/// the image first.
+pub const FORMAT_MINOR: u16 = 4;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;

@@ -45,8 +45,35 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     validate_sysv_ipc(t)?;
     validate_shared_memory_refs(t, &shm)?;
     validate_unix_in_flight(t, &seen)?;
+    validate_inotify_deleted(t)?;
     validate_cgroups(t)?;
     validate_unix_peers(t)
+}
+
+/// An inotify watch on "PATH (deleted)" (format 4.4) goes on the deleted
+/// file of the tree that /proc named so: there must be exactly one such
+/// open file description.
+fn validate_inotify_deleted(t: &TreeImage) -> Result<(), ImageError> {
+    let files = || t.processes.iter().flat_map(|p| &p.files);
+    let mut deleted: std::collections::HashMap<String, std::collections::HashSet<u64>> =
+        std::collections::HashMap::new();
+    for f in files() {
+        if let FileKind::Deleted { path, .. } = &f.kind {
+            deleted.entry(format!("{path} (deleted)")).or_default().insert(f.id);
+        }
+    }
+    for f in files() {
+        let FileKind::Inotify { watches } = &f.kind else { continue };
+        for w in watches.iter().filter(|w| w.path.ends_with(" (deleted)")) {
+            if deleted.get(&w.path).map_or(0, |ids| ids.len()) != 1 {
+                return bad(format!(
+                    "inotify watch {} is on {}, which is not exactly one deleted file of the tree",
+                    w.wd, w.path
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each process in turn, parents first; returns the pids seen.

@@ -640,6 +640,34 @@ fn epoll_entry_for_missing_fd() {
     reject_model(&inv, &p);
 }
 
+/// An inotify watch on "PATH (deleted)" needs exactly one deleted file
+/// of the tree under that name to go on.
+#[test]
+fn inotify_watch_on_a_deleted_file_the_tree_does_not_hold() {
+    let watch = |path: &str| ferry_image::InotifyWatch { wd: 1, path: path.into(), mask: 2 };
+    let deleted = |id: u64| OpenFile {
+        id,
+        flags: 2,
+        pos: 0,
+        locks: vec![],
+        kind: FileKind::Deleted { path: "/w/f".into(), mode: 0o644, content: vec![] },
+    };
+    let (inv, mut p) = valid();
+    p.files.push(OpenFile {
+        id: 900,
+        flags: 0,
+        pos: 0,
+        locks: vec![],
+        kind: FileKind::Inotify { watches: vec![watch("/w/f (deleted)")] },
+    });
+    assert!(reject_model(&inv, &p).contains("not exactly one deleted file"));
+    p.files.push(deleted(901));
+    let meta = encode_meta(&inv, &TreeImage::single(p.clone())).expect("encode");
+    decode_meta(&meta).expect("a watch on the one deleted file of that name is valid");
+    p.files.push(deleted(902));
+    assert!(reject_model(&inv, &p).contains("not exactly one deleted file"));
+}
+
 #[test]
 fn malformed_threads_and_process() {
     let (inv, mut p) = valid();

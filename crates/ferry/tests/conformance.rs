@@ -547,6 +547,12 @@ conformance! {
     sock_unix_accepted_names,
     sock_unix_dgram_names,
     sock_unix_file_mode,
+    tree_zombie_mixed,
+    tree_fdt_shared,
+    fd_inotify_deleted,
+    fd_deleted_dir_gone,
+    mem_memfd_sealed_write,
+    proc_exe_deleted,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -828,6 +828,41 @@ fn refuses_a_pending_unix_connection_with_data_sent_before_accept() {
     refused_mode("unix_pending", &["fd 4", "accept queue", "data was sent before accept"]);
 }
 
+/// A grandchild that shares the root's fd table through a child that
+/// unshared its own since: no order of forks with CLONE_FILES gives the
+/// two one table again.
+#[test]
+fn refuses_an_fd_table_shared_past_a_process_that_unshared_it() {
+    refused_mode(
+        "clone_files_gap",
+        &["its fd table", "CLONE_FILES without CLONE_THREAD", "not through a line of parents"],
+    );
+}
+
+/// An inotify watch on a deleted file that only a mapping keeps: no fd
+/// of the tree names the file the watch would go on at restore.
+#[test]
+fn refuses_an_inotify_watch_on_a_deleted_file_no_fd_holds() {
+    refused_mode(
+        "inotify_deleted_mapped",
+        &["fd 3", "watch 1", "mapped (deleted)", "no fd of the tree holds"],
+    );
+}
+
+/// A zombie whose wait status says it dumped core: the restored one
+/// would die without dumping, so the parent would read another status.
+/// Skipped when core_pattern hands cores to a program (whether it dumps
+/// is up to that program).
+#[test]
+fn refuses_a_zombie_that_dumped_core() {
+    let pattern = fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    if pattern.starts_with('|') {
+        eprintln!("skipped: core_pattern is a pipe ({})", pattern.trim());
+        return;
+    }
+    refused_mode("zombie_core", &["zombie child", "core dump", "WCOREDUMP"]);
+}
+
 /// A descriptor in flight that no process of the tree holds any more
 /// (the sender closed it after sendmsg) is refused by name.
 #[test]

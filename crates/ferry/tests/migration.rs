@@ -416,6 +416,10 @@ const NOT_MIGRATABLE: &[(&str, &str)] = &[
         "a named FIFO is one pipe for every opener on one kernel: the source's frozen copy still holds it open with the unread bytes, so the \
          destination refilling it doubles them; on two machines each host's FIFO is its own pipe",
     ),
+    (
+        "fd_inotify_deleted",
+        "test hosts share one filesystem: the source's frozen copy, killed once the destination runs, closes its deleted file in the          watched directory, which queues IN_CLOSE_WRITE on the destination's watch of that same directory; on two machines the          directories are not one",
+    ),
 ];
 
 /// Programs migrated with `--no-precopy` because of open bugs of the

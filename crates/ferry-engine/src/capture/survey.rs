@@ -69,6 +69,7 @@ impl TreeSurvey {
 pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
+    tree.check_zombies()?;
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;
@@ -131,6 +132,7 @@ fn survey_process(
     prctl::check_thread_creds(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
     let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
+    check_deleted_exe(pid, &deleted_files)?;
     let fidelity = ferry_image::Fidelity {
         seccomp_filters,
         file_owners,
@@ -158,6 +160,28 @@ fn survey_process(
         pending_listeners,
         unix_creds,
     })
+}
+
+/// An executable deleted while it runs is made again from the deleted
+/// file its text is mapped from: it must be the one mapped file of that
+/// name, and the same inode.
+fn check_deleted_exe(pid: i32, deleted: &[ferry_image::MemfdObject]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let exe = crate::procfs::read_link(&format!("/proc/{pid}/exe"))?;
+    let Some(old) = exe.strip_suffix(" (deleted)") else {
+        return Ok(());
+    };
+    let path = format!("/proc/{pid}/exe");
+    let ino = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?.ino();
+    let named: Vec<_> = deleted.iter().filter(|d| d.name == old).collect();
+    if named.len() != 1 || named[0].id != ino {
+        return Err(EngineError::unsupported(
+            pid,
+            format!("its executable {exe}"),
+            "deleted, and not the one deleted file of that name it has mapped, so restore could not make it again",
+        ));
+    }
+    Ok(())
 }
 
 /// Links the files the processes share (unix peers, epoll targets) and

@@ -143,6 +143,23 @@ impl FrozenTree {
         Ok(())
     }
 
+    /// Refuses a zombie that dumped core: its wait status says so
+    /// (WCOREDUMP), and the restored zombie dies of the same signal
+    /// without dumping again, so the parent would read a different status.
+    pub fn check_zombies(&self) -> Result<()> {
+        match self.zombies.iter().find(|z| z.wait_status & 0x80 != 0) {
+            Some(z) => Err(EngineError::unsupported(
+                z.ppid,
+                format!("zombie child {}", z.pid),
+                format!(
+                    "it died of signal {} with a core dump (WCOREDUMP); ferry does not dump core again, so its wait status would lose the flag",
+                    z.wait_status & 0x7f
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Lets every process run on.
     pub fn release(self) -> Result<()> {
         let mut first = None;

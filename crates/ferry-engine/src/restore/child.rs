@@ -66,11 +66,12 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     match img.cwd.strip_suffix(" (deleted)") {
         Some(old) => {
             let dir = super::files::regular::make_deleted_dir(pid, old)?;
-            let entered = std::env::set_current_dir(&dir).map_err(|e| {
-                EngineError::io(format!("changing directory to {dir} (the removed cwd)"), e)
+            let name = dir.name.clone();
+            let entered = std::env::set_current_dir(&name).map_err(|e| {
+                EngineError::io(format!("changing directory to {name} (the removed cwd)"), e)
             });
-            std::fs::remove_dir(&dir)
-                .map_err(|e| EngineError::io(format!("removing the remade cwd {dir} again"), e))?;
+            dir.remove()
+                .map_err(|e| EngineError::io(format!("removing the remade cwd {name} again"), e))?;
             entered?;
         }
         None => std::env::set_current_dir(&img.cwd)

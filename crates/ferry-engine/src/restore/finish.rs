@@ -17,19 +17,13 @@ pub(super) fn finish_all(
     temp_base: RawFd,
     guard: &mut TreeGuard,
 ) -> Result<Vec<HeldProcess>> {
-    // A process whose fd table a child shares (CLONE_FILES) leaves the
-    // staged descriptors to that child, which finishes later and closes
-    // them for both.
-    let table_shared_by_child: HashSet<i32> = tree
-        .processes
-        .iter()
-        .filter(|p| p.fidelity.shares_files_with_parent)
-        .map(|p| p.ppid)
-        .collect();
+    // Processes that share one fd table (CLONE_FILES) leave the staged
+    // descriptors to the last of them to finish, which closes them for all.
+    let closes = last_of_each_table(tree);
     let mut held = Vec::with_capacity(sessions.len());
     for s in sessions.iter_mut() {
         let exe_fd = exes.get(&s.pid).copied();
-        let close_staging = !table_shared_by_child.contains(&s.pid);
+        let close_staging = closes.contains(&s.pid);
         let tids = finish_process(s, exe_fd, temp_base, close_staging)?;
         for &t in &tids {
             guard.add(t);
@@ -37,6 +31,23 @@ pub(super) fn finish_all(
         held.push(HeldProcess { pid: s.pid, tids, stopped: s.image.fidelity.stopped });
     }
     Ok(held)
+}
+
+/// The last process (in the tree's order, which finishing follows) of
+/// each group sharing one fd table; a process with its own table is the
+/// last of its group.
+fn last_of_each_table(tree: &TreeImage) -> HashSet<i32> {
+    let mut top: HashMap<i32, i32> = HashMap::new();
+    let mut last: HashMap<i32, i32> = HashMap::new();
+    for p in &tree.processes {
+        let t = match top.get(&p.ppid) {
+            Some(&t) if p.fidelity.shares_files_with_parent => t,
+            _ => p.pid,
+        };
+        top.insert(p.pid, t);
+        last.insert(t, p.pid);
+    }
+    last.into_values().collect()
 }
 
 /// Seals go on once nothing writes the memfds any more.
@@ -84,7 +95,10 @@ fn finish_process(
     let pid = s.pid;
     let image = s.image;
     memory::set_mm(s, exe_fd)?;
-    files::proc_file::open_all(s)?;
+    if !image.fidelity.shares_files_with_parent {
+        // The table's first process opened them for all that share it.
+        files::proc_file::open_all(s)?;
+    }
     signals::restore_actions(s)?;
     // The leader first, so new threads inherit its name.
     threads::restore_thread_state(s, &image.threads[0])?;

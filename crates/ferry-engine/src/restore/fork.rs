@@ -94,7 +94,7 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         Some(old) => Some(super::files::regular::make_deleted_dir(pid, old)?),
         None => None,
     };
-    let cwd = removed_cwd.as_deref().unwrap_or(&img.cwd);
+    let cwd = removed_cwd.as_ref().map_or(img.cwd.as_str(), |d| d.name.as_str());
     let at = path_arg(cwd, &mut data);
     calls.push((format!("chdir({cwd})"), Call::new(libc::SYS_chdir, &[at])));
     if img.root != parent.root {
@@ -109,9 +109,10 @@ pub fn setup_identity(s: &mut Session, parent: &ProcessImage) -> Result<()> {
         ));
     }
     let ran = s.remote.write(s.data, &data).and_then(|()| s.run(pid, &calls));
-    if let Some(dir) = &removed_cwd {
-        std::fs::remove_dir(dir).map_err(|e| {
-            EngineError::io(format!("pid {pid}: removing the remade cwd {dir} again"), e)
+    if let Some(dir) = removed_cwd {
+        let name = dir.name.clone();
+        dir.remove().map_err(|e| {
+            EngineError::io(format!("pid {pid}: removing the remade cwd {name} again"), e)
         })?;
     }
     ran?;
@@ -140,8 +141,14 @@ pub fn make_zombie(
 ) -> Result<()> {
     let child = fork_from(parent, z.pid, libc::SIGCHLD, 0)?;
     join_zombie_group(parent, z, child, leaders)?;
-    // No core file for a zombie that died of a signal.
-    let _ = ferry_sys::process::set_rlimit(child, libc::RLIMIT_CORE, 0, 0);
+    if z.wait_status & 0x7f != 0 {
+        // No core dump for a zombie that dies of a signal: not dumpable
+        // stops a dump through a core_pattern pipe too, which RLIMIT_CORE
+        // 0 does not (the checkpoint refused a zombie that had dumped).
+        let own = crate::inject::Remote { pid: z.pid, ..parent.remote };
+        let dumpable = [libc::PR_SET_DUMPABLE as u64, 0, 0, 0, 0];
+        own.call(child, "prctl(PR_SET_DUMPABLE, 0)", libc::SYS_prctl, &dumpable)?;
+    }
     let_zombie_exit(parent, z, child)?;
     // The zombie is the parent's to reap; wait until it is one.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -198,6 +205,13 @@ fn let_zombie_exit(parent: &Session, z: &Zombie, child: i32) -> Result<()> {
         ptrace::set_regs(child, &regs).map_err(|e| kerr("setting registers", e))?;
         ptrace::set_sigmask(child, !0).map_err(|e| kerr("blocking signals", e))?;
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
+    } else if sig == libc::SIGKILL {
+        // SIGKILL ends a traced child at once, in its ptrace stop: there
+        // is nothing left to detach (zdtm zombie00 failed here with
+        // ESRCH). Its exit is reported to ferry, the tracer, first; the
+        // parent sees the zombie only once ferry has waited for it.
+        ferry_sys::process::kill(child, sig).map_err(|e| kerr("sending SIGKILL", e))?;
+        reap_as_tracer(z.pid, child)?;
     } else {
         // PTRACE_DETACH's signal only counts from a signal-delivery stop,
         // which this is not: queue the signal, then let the child go. It
@@ -208,6 +222,23 @@ fn let_zombie_exit(parent: &Session, z: &Zombie, child: i32) -> Result<()> {
         ptrace::detach(child, 0).map_err(|e| kerr("releasing", e))?;
     }
     Ok(())
+}
+
+/// Waits, as its tracer, for a traced child that is dying: the wait hands
+/// the zombie over to its real parent (which gets its SIGCHLD then). A
+/// stop on the way out is let go.
+fn reap_as_tracer(pid: i32, child: i32) -> Result<()> {
+    loop {
+        match ptrace::wait_tid(child, 0)
+            .map_err(|e| EngineError::kernel(pid, "zombie: waiting for its death", e))?
+        {
+            Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => return Ok(()),
+            Some((_, WaitEvent::Stopped { .. })) => {
+                let _ = ptrace::cont(child, 0);
+            }
+            None => {}
+        }
+    }
 }
 
 /// rt_sigtimedwait({SIGCHLD}, NULL, {0, 0}) in the parent: take the

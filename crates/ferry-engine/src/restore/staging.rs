@@ -66,8 +66,13 @@ fn fill(pid: i32, file: &std::fs::File, what: &str, extents: &[(u64, Vec<u8>)]) 
 /// A mapped file that had been deleted: created again at its old path
 /// (or next to it when that is taken) with its content and mode, opened,
 /// and deleted again, so the mapping shows "PATH (deleted)" as before.
-fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
+/// A mapped file deleted since, made again with its content and unlinked.
+/// Read-only unless a shared mapping needs it writable: a descriptor open
+/// for writing would keep PR_SET_MM_MAP from making the file a process's
+/// executable (EACCES), as it keeps exec from running it.
+fn recreate_deleted(pid: i32, d: &MemfdObject, writable: bool) -> Result<OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
+    let _parents = super::files::regular::MadeParents::for_path(pid, &d.name)?;
     let mut name = d.name.clone();
     let mut n = 0;
     let f = loop {
@@ -99,7 +104,48 @@ fn recreate_deleted(pid: i32, d: &MemfdObject) -> Result<OwnedFd> {
     })();
     let _ = std::fs::remove_file(&name);
     done?;
-    Ok(f.into())
+    if writable {
+        return Ok(f.into());
+    }
+    let ro = std::fs::File::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_err(|e| EngineError::io(format!("pid {pid}: reopening deleted file {name}"), e))?;
+    Ok(ro.into())
+}
+
+/// F_SEAL_WRITE goes on before any mapping of the memfd exists: the
+/// kernel refuses it (EBUSY) once a shared mapping may write, and a
+/// read-only shared mapping made before the seal may (VM_MAYWRITE), one
+/// made after it may not, as in the sealed original. The other seals
+/// wait for the end of the restore (`finish::seal_memfds`): a mapping
+/// made writable before F_SEAL_FUTURE_WRITE keeps writing.
+fn seal_writes_now(pid: i32, fd: RawFd, m: &MemfdObject) -> Result<()> {
+    let seals = m.seals & libc::F_SEAL_WRITE;
+    if seals == 0 {
+        return Ok(());
+    }
+    ferry_sys::fd::fcntl_int(fd, libc::F_ADD_SEALS, seals as libc::c_long, "fcntl(F_ADD_SEALS)")
+        .map_err(|e| {
+            EngineError::kernel(pid, format!("sealing memfd {} against writes", m.name), e)
+        })?;
+    Ok(())
+}
+
+/// The executable of a process whose binary was deleted while it ran (a
+/// package upgrade): the deleted file its text is mapped from, made again
+/// above (the checkpoint refused an executable not mapped so), opened
+/// read-only for PR_SET_MM_MAP.
+fn deleted_exe(st: &mut Staging, p: &ferry_image::ProcessImage, path: &str) -> Result<RawFd> {
+    let d = p.fidelity.deleted_files.iter().find(|d| d.name == path).ok_or_else(|| {
+        EngineError::restore(p.pid, format!("its deleted executable {path} is not in the image"))
+    })?;
+    let rw = st.map.get(&(memory::deleted_key(d.id), true)).copied().ok_or_else(|| {
+        EngineError::restore(p.pid, format!("its deleted executable {path} was not made again"))
+    })?;
+    let proc_path = format!("/proc/self/fd/{rw}");
+    let f = std::fs::File::open(&proc_path).map_err(|e| {
+        EngineError::io(format!("pid {}: opening its deleted executable {path} again", p.pid), e)
+    })?;
+    st.lift(p.pid, f.into(), "the deleted executable")
 }
 
 fn new_memfd(pid: i32, m: &MemfdObject) -> Result<OwnedFd> {
@@ -259,6 +305,7 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
                     )
                 })?;
             }
+            seal_writes_now(p.pid, fd, m)?;
             st.memfds.insert(m.id, (fd, m.seals));
             st.map.insert((memory::memfd_key(m.id), true), fd);
         }
@@ -269,7 +316,10 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
             if st.map.contains_key(&key) {
                 continue;
             }
-            let fd = recreate_deleted(p.pid, d)?;
+            let shared = tree.processes.iter().flat_map(|p| &p.vmas).any(|v| {
+                v.shared && matches!(v.backing, VmaBacking::DeletedFile { id } if id == d.id)
+            });
+            let fd = recreate_deleted(p.pid, d, shared)?;
             let fd = st.lift(p.pid, fd, "a deleted file")?;
             st.map.insert(key, fd);
         }
@@ -290,7 +340,11 @@ pub fn stage(tree: &TreeImage, temp_base: RawFd) -> Result<Staging> {
                 )?;
             }
         }
-        if let Ok(fd) = st.open(p.pid, &p.exe, false, "executable".into()) {
+        let exe = match p.exe.strip_suffix(" (deleted)") {
+            Some(old) => Some(deleted_exe(&mut st, p, old)?),
+            None => st.open(p.pid, &p.exe, false, "executable".into()).ok(),
+        };
+        if let Some(fd) = exe {
             st.exes.insert(p.pid, fd);
         }
     }

@@ -3,14 +3,23 @@
 //! (after the last one given, never reusing a lower one at once), so a
 //! gap is filled with a throw-away watch on "/" that is removed again
 //! before the next real one; the IN_IGNORED events those removals queue
-//! are read away before the instance is handed over.
+//! are read away before the instance is handed over. A watch on a file
+//! deleted while open goes on the file restore made again for the tree's
+//! fd, through /proc/self/fd.
 
 use crate::error::{EngineError, Result};
 use ferry_image::InotifyWatch;
+use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 
-pub fn create(pid: i32, watches: &[InotifyWatch]) -> Result<OwnedFd> {
+/// `deleted`: ferry's descriptors of the deleted files it made again, by
+/// "PATH (deleted)"; a watch on such a path goes on that file.
+pub fn create(
+    pid: i32,
+    watches: &[InotifyWatch],
+    deleted: &HashMap<String, RawFd>,
+) -> Result<OwnedFd> {
     use ferry_sys::inotify;
     let fd =
         inotify::init().map_err(|e| EngineError::kernel(pid, "creating an inotify instance", e))?;
@@ -27,7 +36,18 @@ pub fn create(pid: i32, watches: &[InotifyWatch]) -> Result<OwnedFd> {
             next = d + 1;
             filled = true;
         }
-        let c = CString::new(w.path.as_str()).map_err(|_| {
+        let path = match deleted.get(&w.path) {
+            // The magic link reaches the file that has no name any more.
+            Some(fd) => format!("/proc/self/fd/{fd}"),
+            None if w.path.ends_with(" (deleted)") => {
+                return Err(EngineError::restore(
+                    pid,
+                    format!("inotify watch {} is on {}, which was not made again", w.wd, w.path),
+                ))
+            }
+            None => w.path.clone(),
+        };
+        let c = CString::new(path).map_err(|_| {
             EngineError::restore(pid, format!("inotify path {:?} has a NUL byte", w.path))
         })?;
         let d = inotify::add_watch(fd.as_fd(), &c, w.mask).map_err(|e| {

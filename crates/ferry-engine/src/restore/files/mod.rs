@@ -45,6 +45,9 @@ pub(crate) struct Builder<'a> {
     pub unix_peers: HashMap<u64, OwnedFd>,
     /// memfds recreated by ferry before the fork, by id.
     pub memfds: &'a HashMap<u64, RawFd>,
+    /// Deleted files made again so far, by their path as /proc showed it
+    /// ("PATH (deleted)"): inotify watches on them go on these.
+    pub deleted: HashMap<String, RawFd>,
     /// Lowest fd number above every fd of the image.
     pub temp_base: RawFd,
     /// Runs the calls that give unix sockets their SO_PEERCRED in the
@@ -70,6 +73,7 @@ impl<'a> Builder<'a> {
             unix_pending: HashMap::new(),
             unix_peers: HashMap::new(),
             memfds,
+            deleted: HashMap::new(),
             temp_base,
             inject,
         }
@@ -113,7 +117,7 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
             None => inet::create(b.pid, s)?,
         },
         FileKind::UnixSocket(s) => unix::create(b, s)?,
-        FileKind::Inotify { watches } => inotify::create(b.pid, watches)?,
+        FileKind::Inotify { watches } => inotify::create(b.pid, watches, &b.deleted)?,
         FileKind::ProcFile { .. } => {
             return Err(EngineError::restore(
                 b.pid,
@@ -186,38 +190,26 @@ fn build_all(
         if unix_sockets {
             unix::connect_named(b, tree)?;
         }
-        for p in &tree.processes {
-            b.pid = p.pid;
-            if p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
-                std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
-            }
-            for (i, f) in p.files.iter().enumerate() {
-                if made.contains_key(&f.id) || !wanted(f) {
-                    continue;
+        // inotify instances last: a watch on a deleted file goes on the
+        // file made again here, and ferry's own file making (recreating
+        // deleted files, mode and owner) does not reach watches made later.
+        for inotify_pass in [false, true] {
+            for p in &tree.processes {
+                b.pid = p.pid;
+                if !inotify_pass && p.files.iter().any(|f| matches!(&f.kind, FileKind::UnixSocket(u) if !u.name.is_empty() && u.name[0] != 0)) {
+                    std::env::set_current_dir(&p.cwd).map_err(|e| EngineError::io(format!("pid {}: changing directory to {}", p.pid, p.cwd), e))?;
                 }
-                let fd = build_one(b, f)?;
-                let high = b.keep(fd)?;
-                let attrs = p
-                    .fidelity
-                    .inode_attrs
-                    .iter()
-                    .find(|a| a.of == ferry_image::InodeOf::File(i as u32));
-                if let Some(a) = attrs {
-                    ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid).map_err(
-                        |e| {
-                            EngineError::kernel(
-                                p.pid,
-                                format!(
-                                    "giving recreated file {} mode {:o} and owner {}:{}",
-                                    f.id, a.mode, a.uid, a.gid
-                                ),
-                                e,
-                            )
-                        },
-                    )?;
+                for (i, f) in p.files.iter().enumerate() {
+                    let is_inotify = matches!(f.kind, FileKind::Inotify { .. });
+                    if made.contains_key(&f.id) || !wanted(f) || is_inotify != inotify_pass {
+                        continue;
+                    }
+                    let high = build_kept(b, p, i, f)?;
+                    if let FileKind::Deleted { path, .. } = &f.kind {
+                        b.deleted.insert(format!("{path} (deleted)"), high.as_raw_fd());
+                    }
+                    made.insert(f.id, high);
                 }
-                locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
-                made.insert(f.id, high);
             }
         }
         if !unix_sockets {
@@ -232,6 +224,29 @@ fn build_all(
     }
     result?;
     Ok(made)
+}
+
+/// One description, kept above every image fd number, with the mode,
+/// owner and locks its inode had.
+fn build_kept(b: &mut Builder, p: &ProcessImage, i: usize, f: &OpenFile) -> Result<OwnedFd> {
+    let fd = build_one(b, f)?;
+    let high = b.keep(fd)?;
+    let attrs =
+        p.fidelity.inode_attrs.iter().find(|a| a.of == ferry_image::InodeOf::File(i as u32));
+    if let Some(a) = attrs {
+        ferry_sys::fd::set_mode_owner(high.as_raw_fd(), a.mode, a.uid, a.gid).map_err(|e| {
+            EngineError::kernel(
+                p.pid,
+                format!(
+                    "giving recreated file {} mode {:o} and owner {}:{}",
+                    f.id, a.mode, a.uid, a.gid
+                ),
+                e,
+            )
+        })?;
+    }
+    locks::take(p.pid, high.as_raw_fd(), &f.locks)?;
+    Ok(high)
 }
 
 /// Whether the tree's unix sockets are made once every process exists

@@ -100,6 +100,7 @@ fn recreate_deleted_fifo(pid: i32, path: &str) -> Result<OwnedFd> {
     let cpath = |p: &str| {
         std::ffi::CString::new(p).map_err(|_| EngineError::restore(pid, "FIFO path has a NUL byte"))
     };
+    let _parents = super::regular::MadeParents::for_path(pid, path)?;
     let mut name = path.to_string();
     for n in 1..=100 {
         match ferry_sys::fd::mkfifo(&cpath(&name)?, 0o600) {

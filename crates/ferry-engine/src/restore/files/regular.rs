@@ -31,6 +31,45 @@ fn seek(pid: i32, fd: &OwnedFd, pos: i64, path: &str) -> Result<()> {
     Ok(())
 }
 
+/// Directories above a deleted file's old path that are gone too (a
+/// temporary directory cleaned up under the service): made (mode 0700)
+/// while the file is made again under its old name, so that /proc names
+/// it as before, and removed again on drop, deepest first.
+pub(crate) struct MadeParents(Vec<std::path::PathBuf>);
+
+impl MadeParents {
+    pub fn for_path(pid: i32, path: &str) -> Result<MadeParents> {
+        let mut missing = Vec::new();
+        let mut up = std::path::Path::new(path).parent();
+        while let Some(dir) = up {
+            if dir.as_os_str().is_empty() || std::fs::symlink_metadata(dir).is_ok() {
+                break;
+            }
+            missing.push(dir.to_path_buf());
+            up = dir.parent();
+        }
+        let mut made = MadeParents(Vec::with_capacity(missing.len()));
+        for dir in missing.into_iter().rev() {
+            std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| {
+                EngineError::io(
+                    format!("pid {pid}: making removed directory {} again", dir.display()),
+                    e,
+                )
+            })?;
+            made.0.push(dir);
+        }
+        Ok(made)
+    }
+}
+
+impl Drop for MadeParents {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 fn recreate_deleted(
     pid: i32,
     path: &str,
@@ -38,6 +77,7 @@ fn recreate_deleted(
     content: &[u8],
     flags: i32,
 ) -> Result<OwnedFd> {
+    let _parents = MadeParents::for_path(pid, path)?;
     let mut name = path.to_string();
     let mut n = 0;
     let rw = loop {
@@ -72,17 +112,33 @@ fn recreate_deleted(
     fd
 }
 
+/// A removed directory made again by [`make_deleted_dir`], with the
+/// directories above it that were gone too.
+pub(crate) struct RemadeDir {
+    pub name: String,
+    _parents: MadeParents,
+}
+
+impl RemadeDir {
+    /// Removes it again (and then the directories made above it).
+    pub fn remove(self) -> std::io::Result<()> {
+        std::fs::remove_dir(&self.name)
+    }
+}
+
 /// Makes an empty directory (mode 0700) for a directory that was removed
 /// while open or while a process's cwd, at its old path (or a neighbouring
-/// name if that is taken again), and returns the name made. The caller
-/// opens or enters it, then removes it, so it shows "PATH (deleted)" as
-/// before. A removed directory is always empty, so nothing else is lost.
-pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<String> {
+/// name if that is taken again), with any directory above it that is gone
+/// too. The caller opens or enters it, then removes it, so it shows
+/// "PATH (deleted)" as before. A removed directory is always empty, so
+/// nothing else is lost.
+pub(crate) fn make_deleted_dir(pid: i32, path: &str) -> Result<RemadeDir> {
+    let parents = MadeParents::for_path(pid, path)?;
     let mut name = path.to_string();
     let mut n = 0;
     loop {
         match std::fs::DirBuilder::new().mode(0o700).create(&name) {
-            Ok(()) => return Ok(name),
+            Ok(()) => return Ok(RemadeDir { name, _parents: parents }),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => {
                 n += 1;
                 name = format!("{path}.ferry-{pid}-{n}");
@@ -113,6 +169,7 @@ fn recreate_deleted_node(pid: i32, path: &str, rdev: u64, flags: i32) -> Result<
             ),
         ));
     }
+    let _parents = MadeParents::for_path(pid, path)?;
     let mut name = path.to_string();
     let mut n = 0;
     loop {
@@ -153,9 +210,9 @@ pub fn open(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
             // A directory removed while open (zdtm cwd02): made again,
             // opened, removed; mode and owner come from inode attributes.
             Some(old) => {
-                let name = make_deleted_dir(pid, old)?;
-                let fd = open_path(pid, &name, flags | libc::O_DIRECTORY, 0);
-                let _ = std::fs::remove_dir(&name);
+                let dir = make_deleted_dir(pid, old)?;
+                let fd = open_path(pid, &dir.name, flags | libc::O_DIRECTORY, 0);
+                let _ = dir.remove();
                 (fd?, path.as_str())
             }
             None => (open_path(pid, path, flags | libc::O_DIRECTORY, 0)?, path.as_str()),
