@@ -160,6 +160,8 @@ pub struct Counters {
     pub failed: AtomicU64,
     pub connects: AtomicU64,
     pub max_latency_us: AtomicU64,
+    /// The longest request since [`Load::take_window_max_ms`] last read it.
+    pub window_max_latency_us: AtomicU64,
     pub first_error: Mutex<Option<String>>,
 }
 
@@ -226,6 +228,11 @@ impl Load {
 
     pub fn done(&self) -> u64 {
         self.counters.done.load(Ordering::Relaxed)
+    }
+
+    /// The longest request since the last call, and a new window from now.
+    pub fn take_window_max_ms(&self) -> f64 {
+        self.counters.window_max_latency_us.swap(0, Ordering::Relaxed) as f64 / 1000.0
     }
 
     pub fn failed(&self) -> u64 {
@@ -311,7 +318,9 @@ fn client(
                 conn = None;
             }
         }
-        c.max_latency_us.fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let took = t.elapsed().as_micros() as u64;
+        c.max_latency_us.fetch_max(took, Ordering::Relaxed);
+        c.window_max_latency_us.fetch_max(took, Ordering::Relaxed);
         std::thread::sleep(interval);
     }
     match conn.as_mut().map(|cn| cn.int(&[b"GET", key.as_bytes()])) {

@@ -392,7 +392,8 @@ fn migrate_back_and_forth(
             k + 1,
             count
         ));
-        let m = migrate(
+        load.take_window_max_ms();
+        let mut m = migrate(
             ui,
             lab,
             setup.exe,
@@ -406,9 +407,13 @@ fn migrate_back_and_forth(
             load,
             setup.no_precopy,
         )?;
+        // A request held by the pause ends right after it: let it finish.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        m.client_max_ms = load.take_window_max_ms();
         ui.say(&format!(
-            "pause {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
+            "pause {:.1} ms, longest request {:.1} ms, {:.1} MiB sent, {} pre-copy rounds; redis is pid {} in {to_name}; clients: {} requests, {} failed",
             m.pause_ms,
+            m.client_max_ms,
             m.bytes_sent as f64 / 1048576.0,
             m.rounds,
             m.dest_host_pid,
