@@ -4,7 +4,9 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{CgroupImage, Incremental, Inventory, TreeImage, UnixPeersImage};
+use crate::model::{
+    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixPeersImage,
+};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
 /// The major format version this build reads and writes. An image of
@@ -19,7 +21,8 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.1: the optional `Incremental` section.
 /// 4.2: the optional `Cgroups` section.
 /// 4.3: the optional `UnixPeers` section.
-pub const FORMAT_MINOR: u16 = 3;
+/// 4.4: the optional `UnixDeadPeers` section.
+pub const FORMAT_MINOR: u16 = 4;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -75,6 +78,8 @@ pub enum SectionKind {
     Cgroups = 5,
     /// Format 4.3: SO_PEERCRED of the tree's connected unix sockets.
     UnixPeers = 6,
+    /// Format 4.4: connected unix sockets of the tree whose peer was closed.
+    UnixDeadPeers = 7,
 }
 
 impl SectionKind {
@@ -86,6 +91,7 @@ impl SectionKind {
             SectionKind::Incremental => "incremental",
             SectionKind::Cgroups => "cgroups",
             SectionKind::UnixPeers => "unix peers",
+            SectionKind::UnixDeadPeers => "unix dead peers",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -95,6 +101,7 @@ impl SectionKind {
             SectionKind::Incremental => 1,
             SectionKind::Cgroups => 2,
             SectionKind::UnixPeers => 3,
+            SectionKind::UnixDeadPeers => 4,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -105,6 +112,7 @@ impl SectionKind {
             4 => Some(SectionKind::Incremental),
             5 => Some(SectionKind::Cgroups),
             6 => Some(SectionKind::UnixPeers),
+            7 => Some(SectionKind::UnixDeadPeers),
             _ => None,
         }
     }
@@ -119,6 +127,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
+    (SectionKind::UnixDeadPeers, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -128,6 +137,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
+    (SectionKind::UnixDeadPeers, true),
     (SectionKind::Pages, false),
 ];
 
@@ -364,6 +374,11 @@ pub fn encode_meta_with(
         out.extend_from_slice(&section_header(SectionKind::UnixPeers, &up));
         out.extend_from_slice(&up);
     }
+    if let Some(dp) = &process.unix_dead_peers {
+        let dp = encode(dp, "unix dead peers")?;
+        out.extend_from_slice(&section_header(SectionKind::UnixDeadPeers, &dp));
+        out.extend_from_slice(&dp);
+    }
     Ok(out)
 }
 
@@ -411,6 +426,7 @@ pub fn decode_meta_versioned(
     let mut incremental: Option<Incremental> = None;
     let mut cgroups: Option<CgroupImage> = None;
     let mut unix_peers: Option<UnixPeersImage> = None;
+    let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -431,6 +447,9 @@ pub fn decode_meta_versioned(
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
             SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
             SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
+            SectionKind::UnixDeadPeers => {
+                unix_dead_peers = Some(decode_payload(payload, "unix dead peers")?)
+            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -444,6 +463,7 @@ pub fn decode_meta_versioned(
     };
     process.cgroups = cgroups;
     process.unix_peers = unix_peers;
+    process.unix_dead_peers = unix_dead_peers;
     crate::validate::validate(&inventory, &process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

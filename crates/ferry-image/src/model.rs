@@ -57,6 +57,44 @@ pub struct TreeImage {
     /// the restoring ferry and root).
     #[serde(skip)]
     pub unix_peers: Option<UnixPeersImage>,
+    /// Format 4.4: the connected unix sockets of the tree whose peer was
+    /// closed, in the optional `UnixDeadPeers` section (outside the tree
+    /// section for the reason `cgroups` is). `None` for older images,
+    /// which never hold such a socket (checkpoint refused them).
+    #[serde(skip)]
+    pub unix_dead_peers: Option<UnixDeadPeersImage>,
+}
+
+/// Format 4.4, in the optional `UnixDeadPeers` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDeadPeersImage {
+    pub sockets: Vec<UnixDeadPeer>,
+}
+
+/// A connected unix socket of the tree whose peer was closed. The kernel
+/// keeps the closed peer as its peer (getpeername names it, sock_diag
+/// gives it no inode), shuts a stream or seqpacket survivor down both
+/// ways (reads give what is queued then EOF, writes EPIPE) and, when the
+/// peer had unread data, leaves ECONNRESET pending in SO_ERROR; a
+/// datagram survivor's next send fails with ECONNREFUSED and disconnects
+/// it. Restore connects the socket again to a stand-in for the peer,
+/// sends its queue from the stand-in and closes the stand-in. The
+/// survivor's `UnixSocket` has no `peer` and its shutdown as the kernel
+/// set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDeadPeer {
+    /// `UnixSocket::ino` of the surviving socket.
+    pub ino: u64,
+    /// The closed peer's name (getpeername of the survivor), as
+    /// `UnixSocket::name`: empty when it had none.
+    pub peer_name: Vec<u8>,
+    /// A stream or seqpacket survivor called connect() (its peer was the
+    /// accepted end, named like the listener); otherwise it is an
+    /// accepted end or one end of a socketpair.
+    pub client: bool,
+    /// ECONNRESET is pending in SO_ERROR (the peer was closed with data
+    /// the survivor had sent still unread).
+    pub reset: bool,
 }
 
 /// Format 4.3, in the optional `UnixPeers` section.

@@ -46,6 +46,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     validate_shared_memory_refs(t, &shm)?;
     validate_unix_in_flight(t, &seen)?;
     validate_cgroups(t)?;
+    validate_unix_dead_peers(t)?;
     validate_unix_peers(t)
 }
 
@@ -210,6 +211,7 @@ pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
             }
             _ => None,
         })
+        .chain(t.unix_dead_peers.iter().flat_map(|d| d.sockets.iter().map(|s| s.ino)))
         .collect();
     let mut seen = std::collections::HashSet::with_capacity(up.sockets.len().min(connected.len()));
     for c in &up.sockets {
@@ -240,6 +242,56 @@ pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
         }
     }
     Ok(())
+}
+
+/// The `UnixDeadPeers` section: each entry names an unconnected, not
+/// listening unix socket of the tree (once) with nothing in flight in its
+/// queue (restore sends it from a stand-in it closes before any process
+/// exists), a peer name that fits a sockaddr_un, and says "client" only
+/// for a stream or seqpacket socket whose peer had a name to connect to.
+pub fn validate_unix_dead_peers(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(dp) = &t.unix_dead_peers else {
+        return Ok(());
+    };
+    let sockets: std::collections::HashMap<u64, &crate::model::UnixSocket> = t
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| match &f.kind {
+            FileKind::UnixSocket(u) => Some((u.ino, u)),
+            _ => None,
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::with_capacity(dp.sockets.len().min(sockets.len()));
+    for d in &dp.sockets {
+        let what = format!("unix dead peers section: socket {}", d.ino);
+        let Some(u) = sockets.get(&d.ino) else {
+            return bad(format!("{what} is not a unix socket of the tree"));
+        };
+        if !seen.insert(d.ino) {
+            return bad(format!("{what} listed twice"));
+        }
+        if u.peer.is_some() || u.listen_backlog.is_some() || !u.in_flight.is_empty() {
+            return bad(format!("{what} is connected, listening or has messages in flight"));
+        }
+        if d.peer_name.len() >= MAX_UNIX_NAME {
+            return bad(format!("{what}: peer name of {} bytes", d.peer_name.len()));
+        }
+        let stream = matches!(u.sock_type, libc_consts::SOCK_STREAM | libc_consts::SOCK_SEQPACKET);
+        if d.client && (!stream || d.peer_name.is_empty()) {
+            return bad(format!("{what}: a client without a peer name to connect to"));
+        }
+    }
+    Ok(())
+}
+
+/// sun_path's size: a name (with an abstract name's leading NUL) is shorter.
+const MAX_UNIX_NAME: usize = 108;
+
+/// The socket types of Linux (this crate does not link libc).
+mod libc_consts {
+    pub const SOCK_STREAM: i32 = 1;
+    pub const SOCK_SEQPACKET: i32 = 5;
 }
 
 /// The `Cgroups` section: restore writes PIDs into files under each

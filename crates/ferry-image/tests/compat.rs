@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_3() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 3));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.3");
+fn this_build_is_4_4() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 4));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.4");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 3 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 3, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 3));
+    // Major 4, then the flags word with minor 4 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 4, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 4));
 }
 
 #[test]
@@ -152,11 +152,11 @@ fn format_4_0_fixture_directory_is_read() {
     for p in &t.processes {
         ImageDir::verify_runs(&p.page_runs, &data[4096..]).unwrap();
     }
-    // And it streams: the stream says 4.3 (this build writes its own
+    // And it streams: the stream says 4.4 (this build writes its own
     // version), and reads back as the same image.
     let mut s = Vec::new();
     dir_to_stream(&fixture_dir(), &mut s).unwrap();
-    assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 3));
+    assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 4));
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
 
@@ -191,23 +191,23 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.4 is newer than this ferry build reads (4.3): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 4));
+        "image format 4.5 is newer than this ferry build reads (4.4): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 5));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 4, supported: 3 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 5, supported: 4 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 4));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 5));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
     assert_eq!(c.position() as usize, HEADER_LEN, "nothing read past the header");
     // In a directory: meta.img and pages.img are each checked.
-    let d = TempDir::new("minor-3");
+    let d = TempDir::new("minor-5");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 4))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 5))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 7, 99, u32::MAX] {
+        for kind in [0u32, 8, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 7;
+    bad[meta.len()] = 8;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 7")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 8")),
         "{e:?}"
     );
 }
@@ -303,17 +303,17 @@ fn unknown_section_kinds_are_refused() {
 // --------------------------------------------------------- round trips
 
 #[test]
-fn round_trip_4_3_without_optional_sections() {
+fn round_trip_4_4_without_optional_sections() {
     let (inv, t, pages) = model();
     let meta = encode_meta_with(&inv, &t, None).unwrap();
     assert_eq!(meta, encode_meta(&inv, &t).unwrap());
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 3), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 4), inv.clone(), t.clone(), None));
     let d = TempDir::new("rt-plain");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
     assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
     assert_eq!(image.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
-    assert_eq!(image.read_version().unwrap(), v(4, 3));
+    assert_eq!(image.read_version().unwrap(), v(4, 4));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
     assert_eq!(
@@ -395,7 +395,7 @@ fn round_trip_4_3_with_unix_peers_cgroups_and_incremental() {
         let meta = encode_meta_with(&inv, &t, inc).unwrap();
         assert_eq!(
             decode_meta_versioned(&meta).unwrap(),
-            (v(4, 3), inv.clone(), t.clone(), inc.cloned())
+            (v(4, 4), inv.clone(), t.clone(), inc.cloned())
         );
         let d = TempDir::new("rt-unix-peers");
         write_dir(&d.0, &inv, &t, inc, &pages);
@@ -417,6 +417,114 @@ fn round_trip_4_3_with_unix_peers_cgroups_and_incremental() {
 #[test]
 fn unix_peers_section_is_refused_in_a_4_2_image() {
     assert_section_refused_in(v(4, 2), "unix peers", &with_unix_peers(model().1));
+}
+
+/// The model with its root's first file a stream socket whose peer was
+/// closed (its SO_PEERCRED recorded too) and its second a datagram
+/// socket whose peer, bound to an abstract name, was closed.
+fn with_unix_dead_peers(t: TreeImage) -> TreeImage {
+    let mut t = with_unix_peers(t);
+    let root = &mut t.processes[0];
+    let dead = |ino, sock_type| {
+        FileKind::UnixSocket(UnixSocket {
+            ino,
+            sock_type,
+            name: vec![],
+            listen_backlog: None,
+            peer: None,
+            queued: vec![b"tail".to_vec()],
+            passcred: false,
+            shutdown: if sock_type == 1 { 3 } else { 0 },
+            in_flight: vec![],
+        })
+    };
+    root.files[0].kind = dead(77, 1);
+    let mut second = root.files[0].clone();
+    second.id = 0x7e57_0078;
+    second.kind = dead(78, 2);
+    root.files.push(second);
+    let fd = root.fds.iter().map(|s| s.fd).max().unwrap_or(2) + 1;
+    root.fds.push(FdSlot { fd, file: root.files.len() as u32 - 1, cloexec: false });
+    t.unix_dead_peers = Some(UnixDeadPeersImage {
+        sockets: vec![
+            UnixDeadPeer { ino: 77, peer_name: vec![], client: false, reset: true },
+            UnixDeadPeer { ino: 78, peer_name: b"\0gone".to_vec(), client: false, reset: false },
+        ],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_4_with_unix_dead_peers() {
+    let (inv, t, pages) = model();
+    let t = with_unix_dead_peers(with_cgroups(t));
+    let inc = incremental();
+    for inc in [None, Some(&inc)] {
+        let meta = encode_meta_with(&inv, &t, inc).unwrap();
+        assert_eq!(
+            decode_meta_versioned(&meta).unwrap(),
+            (v(4, 4), inv.clone(), t.clone(), inc.cloned())
+        );
+        let d = TempDir::new("rt-unix-dead-peers");
+        write_dir(&d.0, &inv, &t, inc, &pages);
+        assert_eq!(
+            ImageDir::new(&d.0).read_meta_full().unwrap(),
+            (inv.clone(), t.clone(), inc.cloned())
+        );
+        let s = stream_of(&inv, &t, inc, &pages);
+        assert_eq!(
+            read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+            (inv.clone(), t.clone(), inc.cloned(), pages.clone())
+        );
+    }
+}
+
+#[test]
+fn unix_dead_peers_section_is_refused_in_a_4_3_image() {
+    assert_section_refused_in(v(4, 3), "unix dead peers", &with_unix_dead_peers(model().1));
+}
+
+/// A 4.3 image (SO_PEERCRED recorded, no dead peers section) is read by
+/// this build as it was written: no socket has a closed peer.
+#[test]
+fn a_4_3_image_is_read_without_dead_peers() {
+    let (inv, t, pages) = model();
+    let t = with_unix_peers(with_cgroups(t));
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 3));
+    let (version, _, read, _) = decode_meta_versioned(&meta).unwrap();
+    assert_eq!((version, read.unix_dead_peers.as_ref()), (v(4, 3), None));
+    assert_eq!(read, t);
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 3));
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A dead peers entry that does not name an unconnected socket of the
+/// tree, or says "client" of a datagram socket, is refused.
+#[test]
+fn bad_unix_dead_peers_are_refused() {
+    let (inv, t, _) = model();
+    let good = with_unix_dead_peers(t);
+    let bad = |f: &dyn Fn(&mut TreeImage)| {
+        let mut t = good.clone();
+        f(&mut t);
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(m) if m.contains("unix dead peers")), "{e:?}");
+    };
+    fn entry(t: &mut TreeImage) -> &mut UnixDeadPeer {
+        &mut t.unix_dead_peers.as_mut().unwrap().sockets[1]
+    }
+    bad(&|t| entry(t).ino = 12345);
+    bad(&|t| entry(t).client = true);
+    bad(&|t| entry(t).peer_name = vec![b'a'; 108]);
+    bad(&|t| {
+        let e = entry(t).clone();
+        t.unix_dead_peers.as_mut().unwrap().sockets.push(e);
+    });
+    bad(&|t| {
+        if let FileKind::UnixSocket(u) = &mut t.processes[0].files[1].kind {
+            u.peer = Some(77);
+        }
+    });
 }
 
 #[test]

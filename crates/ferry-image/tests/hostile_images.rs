@@ -911,6 +911,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
             ],
         }),
         unix_peers: None,
+        unix_dead_peers: None,
     };
     (inv, t)
 }

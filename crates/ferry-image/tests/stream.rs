@@ -830,6 +830,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
             }],
         }),
         unix_peers: None,
+        unix_dead_peers: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

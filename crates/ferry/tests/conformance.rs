@@ -547,6 +547,7 @@ conformance! {
     sock_unix_accepted_names,
     sock_unix_dgram_names,
     sock_unix_file_mode,
+    sock_unix_peer_closed,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

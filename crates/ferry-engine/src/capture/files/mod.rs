@@ -130,6 +130,8 @@ pub struct CapturedFds {
     pub unix_connects: Vec<ferry_image::UnixConnect>,
     pub pending_listeners: Vec<u32>,
     pub unix_creds: Vec<ferry_image::UnixPeerCred>,
+    /// Connected unix sockets whose peer was closed.
+    pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
 }
 
 /// Captures all fds of `pid`. Descriptions get ids unique in this
@@ -180,7 +182,15 @@ pub fn capture(
         })
         .collect();
     let unix_creds = unix_tables.take_peer_creds();
-    Ok(CapturedFds { files, fds: table.slots, unix_connects, pending_listeners, unix_creds })
+    let unix_dead = unix_tables.take_dead_peers();
+    Ok(CapturedFds {
+        files,
+        fds: table.slots,
+        unix_connects,
+        pending_listeners,
+        unix_creds,
+        unix_dead,
+    })
 }
 
 /// A process's fd table, and the fds whose descriptions it captures (one

@@ -21,6 +21,7 @@ mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
 pub(crate) mod unix;
+mod unix_dead;
 pub(crate) mod unix_late;
 
 use crate::error::{EngineError, Result};
@@ -184,6 +185,7 @@ fn build_all(
     let mut made: HashMap<u64, OwnedFd> = HashMap::new();
     let result: Result<()> = (|| {
         if unix_sockets {
+            unix_dead::remake_all(b, tree)?;
             unix::connect_named(b, tree)?;
         }
         for p in &tree.processes {
