@@ -387,7 +387,7 @@ fn with_unix_peers(mut t: TreeImage) -> TreeImage {
 }
 
 #[test]
-fn round_trip_4_3_with_unix_peers_cgroups_and_incremental() {
+fn round_trip_with_unix_peers_cgroups_and_incremental() {
     let (inv, t, pages) = model();
     let t = with_unix_peers(with_cgroups(t));
     let inc = incremental();
