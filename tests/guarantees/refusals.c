@@ -148,7 +148,11 @@ int main(int argc, char **argv)
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		int sv[2];
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-		int passed = (int)FT_SYS(open("/dev/null", O_RDONLY));
+		/* A pipe's read end, which no process holds once sent (the
+		 * process keeps the write end): a pipe in flight is refused. */
+		int p[2];
+		FT_SYS(pipe(p));
+		int passed = p[0];
 		char cbuf[CMSG_SPACE(sizeof(int))];
 		memset(cbuf, 0, sizeof(cbuf));
 		struct iovec iov = { .iov_base = "m", .iov_len = 1 };
@@ -161,6 +165,7 @@ int main(int argc, char **argv)
 		FT_SYS(sendmsg(sv[0], &m, 0));
 		close(passed);
 		fd = sv[1];
+		fd2 = p[1];
 	} else if (strcmp(mode, "unix_peer_exited") == 0) {
 		/* A socketpair made by a child that has exited since: its
 		 * SO_PEERCRED names that pid, which no process of the tree has. */

@@ -5,7 +5,8 @@
 
 use crate::error::ImageError;
 use crate::model::{
-    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixPeersImage,
+    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixInFlightFilesImage,
+    UnixPeersImage,
 };
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
@@ -21,7 +22,7 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.1: the optional `Incremental` section.
 /// 4.2: the optional `Cgroups` section.
 /// 4.3: the optional `UnixPeers` section.
-/// 4.4: the optional `UnixDeadPeers` section.
+/// 4.4: the optional `UnixDeadPeers` and `UnixInFlightFiles` sections.
 pub const FORMAT_MINOR: u16 = 4;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
@@ -80,6 +81,8 @@ pub enum SectionKind {
     UnixPeers = 6,
     /// Format 4.4: connected unix sockets of the tree whose peer was closed.
     UnixDeadPeers = 7,
+    /// Format 4.4: files in flight in unix queues that no process holds.
+    UnixInFlightFiles = 8,
 }
 
 impl SectionKind {
@@ -92,6 +95,7 @@ impl SectionKind {
             SectionKind::Cgroups => "cgroups",
             SectionKind::UnixPeers => "unix peers",
             SectionKind::UnixDeadPeers => "unix dead peers",
+            SectionKind::UnixInFlightFiles => "unix in-flight files",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -101,7 +105,7 @@ impl SectionKind {
             SectionKind::Incremental => 1,
             SectionKind::Cgroups => 2,
             SectionKind::UnixPeers => 3,
-            SectionKind::UnixDeadPeers => 4,
+            SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -113,6 +117,7 @@ impl SectionKind {
             5 => Some(SectionKind::Cgroups),
             6 => Some(SectionKind::UnixPeers),
             7 => Some(SectionKind::UnixDeadPeers),
+            8 => Some(SectionKind::UnixInFlightFiles),
             _ => None,
         }
     }
@@ -128,6 +133,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
+    (SectionKind::UnixInFlightFiles, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -138,6 +144,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
+    (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Pages, false),
 ];
 
@@ -379,6 +386,11 @@ pub fn encode_meta_with(
         out.extend_from_slice(&section_header(SectionKind::UnixDeadPeers, &dp));
         out.extend_from_slice(&dp);
     }
+    if let Some(f) = &process.unix_in_flight_files {
+        let f = encode(f, "unix in-flight files")?;
+        out.extend_from_slice(&section_header(SectionKind::UnixInFlightFiles, &f));
+        out.extend_from_slice(&f);
+    }
     Ok(out)
 }
 
@@ -427,6 +439,7 @@ pub fn decode_meta_versioned(
     let mut cgroups: Option<CgroupImage> = None;
     let mut unix_peers: Option<UnixPeersImage> = None;
     let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
+    let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -450,6 +463,9 @@ pub fn decode_meta_versioned(
             SectionKind::UnixDeadPeers => {
                 unix_dead_peers = Some(decode_payload(payload, "unix dead peers")?)
             }
+            SectionKind::UnixInFlightFiles => {
+                unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
+            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -464,7 +480,9 @@ pub fn decode_meta_versioned(
     process.cgroups = cgroups;
     process.unix_peers = unix_peers;
     process.unix_dead_peers = unix_dead_peers;
+    process.unix_in_flight_files = unix_in_flight_files;
     crate::validate::validate(&inventory, &process)?;
+    crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;
     }

@@ -63,6 +63,32 @@ pub struct TreeImage {
     /// which never hold such a socket (checkpoint refused them).
     #[serde(skip)]
     pub unix_dead_peers: Option<UnixDeadPeersImage>,
+    /// Format 4.4: files passed with SCM_RIGHTS, still in flight, that no
+    /// process of the tree holds (the sender closed its copy), in the
+    /// optional `UnixInFlightFiles` section. Their `PassedFd` in
+    /// `UnixInFlight::fds` is [`PassedFd::HELD_BY_NONE`].
+    #[serde(skip)]
+    pub unix_in_flight_files: Option<UnixInFlightFilesImage>,
+}
+
+/// Format 4.4, in the optional `UnixInFlightFiles` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnixInFlightFilesImage {
+    pub files: Vec<InFlightFile>,
+}
+
+/// One descriptor in flight that only the message holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlightFile {
+    /// `UnixSocket::ino` of the socket whose queue holds the message.
+    pub socket: u64,
+    /// Index of the message in that socket's `queued`.
+    pub message: u32,
+    /// Place of the descriptor among the message's `UnixInFlight::fds`.
+    pub index: u32,
+    /// The open file description; its id is unique in the tree (the
+    /// same id where one description is in flight several times).
+    pub file: OpenFile,
 }
 
 /// Format 4.4, in the optional `UnixDeadPeers` section.
@@ -792,6 +818,12 @@ pub struct UnixInFlight {
 pub struct PassedFd {
     pub pid: i32,
     pub fd: i32,
+}
+
+impl PassedFd {
+    /// A descriptor in flight that no process of the tree holds: its
+    /// file is in `TreeImage::unix_in_flight_files` (format 4.4).
+    pub const HELD_BY_NONE: PassedFd = PassedFd { pid: 0, fd: -1 };
 }
 
 /// Sender credentials of a unix message; `pid` is a process of the image.

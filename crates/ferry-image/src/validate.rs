@@ -285,6 +285,58 @@ pub fn validate_unix_dead_peers(t: &TreeImage) -> Result<(), ImageError> {
     Ok(())
 }
 
+/// The `UnixInFlightFiles` section against the tree: every descriptor in
+/// flight held by no process has exactly one entry and every entry one
+/// such descriptor; an entry's file is of a kind restore makes on its
+/// own (a regular file, a directory, a device, an eventfd), and one id is
+/// one description (the same file in every entry that has it, and no
+/// file of a process).
+pub fn validate_unix_in_flight_files(t: &TreeImage) -> Result<(), ImageError> {
+    let mut slots = std::collections::HashSet::new();
+    for f in t.processes.iter().flat_map(|p| &p.files) {
+        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        for m in &u.in_flight {
+            for (i, d) in m.fds.iter().enumerate() {
+                if *d == PassedFd::HELD_BY_NONE {
+                    slots.insert((u.ino, m.message, i as u32));
+                }
+            }
+        }
+    }
+    let entries = t.unix_in_flight_files.as_ref().map_or(&[][..], |f| f.files.as_slice());
+    let ids: std::collections::HashSet<u64> =
+        t.processes.iter().flat_map(|p| p.files.iter().map(|f| f.id)).collect();
+    let mut seen = std::collections::HashMap::new();
+    for e in entries {
+        let what = format!(
+            "unix in-flight files section: socket {} message {} descriptor {}",
+            e.socket, e.message, e.index
+        );
+        if !slots.remove(&(e.socket, e.message, e.index)) {
+            return bad(format!(
+                "{what} is not a descriptor in flight held by no process, or is listed twice"
+            ));
+        }
+        let plain = matches!(
+            e.file.kind,
+            FileKind::Regular { .. }
+                | FileKind::Directory { .. }
+                | FileKind::CharDevice { .. }
+                | FileKind::EventFd { .. }
+        );
+        if !plain || !e.file.locks.is_empty() || ids.contains(&e.file.id) {
+            return bad(format!("{what}: a file of a kind not made on its own, with locks, or with the id of a process's file"));
+        }
+        if seen.insert(e.file.id, &e.file).is_some_and(|f| *f != e.file) {
+            return bad(format!("{what}: id {} names two different files", e.file.id));
+        }
+    }
+    if let Some((ino, m, i)) = slots.into_iter().next() {
+        return bad(format!("unix socket {ino}: descriptor {i} in flight in message {m} is held by no process and the image does not hold its file"));
+    }
+    Ok(())
+}
+
 /// sun_path's size: a name (with an abstract name's leading NUL) is shorter.
 const MAX_UNIX_NAME: usize = 108;
 
@@ -439,7 +491,11 @@ fn validate_unix_in_flight(
                         .flat_map(|q| q.fds.iter().map(move |s| (q.pid, s.fd)))
                         .collect()
                 });
-                if m.fds.iter().any(|d| !all.contains(&(d.pid, d.fd))) {
+                // Descriptors held by no process: `validate_unix_in_flight_files`.
+                if m.fds
+                    .iter()
+                    .any(|d| *d != PassedFd::HELD_BY_NONE && !all.contains(&(d.pid, d.fd)))
+                {
                     return bad(format!("process {}: unix socket {}: a descriptor in flight is not an fd of the tree", p.pid, u.ino));
                 }
             }

@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 8, 99, u32::MAX] {
+        for kind in [0u32, 9, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 8;
+    bad[meta.len()] = 9;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 8")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 9")),
         "{e:?}"
     );
 }
@@ -524,6 +524,84 @@ fn bad_unix_dead_peers_are_refused() {
         if let FileKind::UnixSocket(u) = &mut t.processes[0].files[1].kind {
             u.peer = Some(77);
         }
+    });
+}
+
+/// The model with its root's first file a unix socket connected to
+/// itself with one message queued that passes two descriptors no process
+/// holds: one file, then an eventfd.
+fn with_in_flight_files(t: TreeImage) -> TreeImage {
+    let mut t = with_unix_peers(t);
+    if let FileKind::UnixSocket(u) = &mut t.processes[0].files[0].kind {
+        u.queued = vec![b"m".to_vec()];
+        u.in_flight = vec![UnixInFlight {
+            message: 0,
+            fds: vec![PassedFd::HELD_BY_NONE, PassedFd::HELD_BY_NONE],
+            creds: None,
+        }];
+    }
+    let file = |id, kind| OpenFile { id, flags: 2, pos: 30, kind, locks: vec![] };
+    let entry = |index, file| InFlightFile { socket: 77, message: 0, index, file };
+    t.unix_in_flight_files = Some(UnixInFlightFilesImage {
+        files: vec![
+            entry(0, file(900, FileKind::Regular { path: "/srv/a.dat".into(), size: 100 })),
+            entry(1, file(901, FileKind::EventFd { count: 7, semaphore: false })),
+        ],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_4_with_in_flight_files() {
+    let (inv, t, pages) = model();
+    let t = with_in_flight_files(t);
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 4), inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+#[test]
+fn unix_in_flight_files_section_is_refused_in_a_4_3_image() {
+    let t = with_in_flight_files(model().1);
+    let (inv, _, pages) = model();
+    let want = |e: &ImageError| matches!(e, ImageError::Invalid(ref m) if m.contains("unix in-flight files section") && m.contains("format 4.3"));
+    let e = decode_meta(&with_version(&encode_meta(&inv, &t).unwrap(), v(4, 3))).unwrap_err();
+    assert!(want(&e), "{e:?}");
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 3));
+    let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
+    assert!(want(&e), "{e:?}");
+}
+
+/// A descriptor held by no process without its file, an entry for a
+/// descriptor that is not one, a file of a kind restore does not make on
+/// its own, or one id for two files: refused, as a file and as a stream.
+#[test]
+fn bad_unix_in_flight_files_are_refused() {
+    let (inv, t, pages) = model();
+    let good = with_in_flight_files(t);
+    let bad = |f: &dyn Fn(&mut TreeImage)| {
+        let mut t = good.clone();
+        f(&mut t);
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(_)), "{e:?}");
+        let s = stream_of(&inv, &t, None, &pages);
+        let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(_)), "{e:?}");
+    };
+    fn files(t: &mut TreeImage) -> &mut Vec<InFlightFile> {
+        &mut t.unix_in_flight_files.as_mut().unwrap().files
+    }
+    bad(&|t| t.unix_in_flight_files = None);
+    bad(&|t| {
+        files(t).pop();
+    });
+    bad(&|t| files(t)[1].index = 2);
+    bad(&|t| files(t)[1].file.kind = FileKind::SignalFd { mask: 0 });
+    bad(&|t| files(t)[1].file.id = 900);
+    bad(&|t| {
+        let id = t.processes[0].files[0].id;
+        files(t)[0].file.id = id;
     });
 }
 

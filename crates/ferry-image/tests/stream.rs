@@ -831,6 +831,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         }),
         unix_peers: None,
         unix_dead_peers: None,
+        unix_in_flight_files: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

@@ -548,6 +548,7 @@ conformance! {
     sock_unix_dgram_names,
     sock_unix_file_mode,
     sock_unix_peer_closed,
+    sock_unix_scm_orphan,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

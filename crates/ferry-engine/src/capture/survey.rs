@@ -33,6 +33,8 @@ pub(super) struct Survey {
     unix_creds: Vec<UnixPeerCred>,
     /// Its connected unix sockets whose peer was closed.
     unix_dead: Vec<UnixDeadPeer>,
+    /// Files in flight in its unix queues that no process of the tree holds.
+    unix_orphans: Vec<files::unix::Orphan>,
 }
 
 impl Survey {
@@ -55,6 +57,8 @@ pub(super) struct TreeSurvey {
     pub unix_creds: Vec<UnixPeerCred>,
     /// The tree's connected unix sockets whose peer was closed, each once.
     pub unix_dead: Vec<UnixDeadPeer>,
+    /// Files in flight in the tree's unix queues that no process holds.
+    pub unix_in_flight_files: Vec<ferry_image::InFlightFile>,
     pub shared_anon: Vec<ferry_image::MemfdObject>,
     pub sysv_shm: Vec<ferry_image::SysvShm>,
     pub sysv_sem: Vec<ferry_image::SysvSem>,
@@ -94,6 +98,9 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
         procs.push(survey_process(&p.frozen, p.ppid, &pids, opts)?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
+    let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
+    let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
+    let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
@@ -104,6 +111,7 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
         cgroups,
         unix_creds,
         unix_dead,
+        unix_in_flight_files,
         shared_anon,
         sysv_shm,
         sysv_sem: sysv_ipc::capture_sem(&pids)?,
@@ -126,8 +134,15 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
-    let files::CapturedFds { files, fds, unix_connects, pending_listeners, unix_creds, unix_dead } =
-        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let files::CapturedFds {
+        files,
+        fds,
+        unix_connects,
+        pending_listeners,
+        unix_creds,
+        unix_dead,
+        unix_orphans,
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -163,6 +178,7 @@ fn survey_process(
         pending_listeners,
         unix_creds,
         unix_dead,
+        unix_orphans,
     })
 }
 

@@ -14,7 +14,7 @@ pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
-mod unix;
+pub(crate) mod unix;
 
 use crate::error::{EngineError, Result};
 use crate::procfs;
@@ -132,6 +132,8 @@ pub struct CapturedFds {
     pub unix_creds: Vec<ferry_image::UnixPeerCred>,
     /// Connected unix sockets whose peer was closed.
     pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
+    /// Files in flight in its unix queues that no process of the tree holds.
+    pub unix_orphans: Vec<unix::Orphan>,
 }
 
 /// Captures all fds of `pid`. Descriptions get ids unique in this
@@ -183,6 +185,7 @@ pub fn capture(
         .collect();
     let unix_creds = unix_tables.take_peer_creds();
     let unix_dead = unix_tables.take_dead_peers();
+    let unix_orphans = unix_tables.take_orphans();
     Ok(CapturedFds {
         files,
         fds: table.slots,
@@ -190,6 +193,7 @@ pub fn capture(
         pending_listeners,
         unix_creds,
         unix_dead,
+        unix_orphans,
     })
 }
 
@@ -228,21 +232,27 @@ fn share_descriptions<'i, 'a>(pid: i32, infos: &'i [FdInfo<'a>]) -> FdTable<'i, 
     FdTable { slots, unique }
 }
 
+/// One description as the image keeps it: status flags (without
+/// O_CLOEXEC, an fd's), offset, kind, locks.
+type Described = (i32, i64, FileKind, Vec<ferry_image::FileLock>);
+
+fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
+    let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+    let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
+    let stdio_link =
+        info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+    let kind = if external_stdio && stdio_link && leads_out(info) {
+        FileKind::ExternalStdio { what: info.link.clone() }
+    } else {
+        capture_kind(info)?
+    };
+    let locks = locks::parse(info)?;
+    Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
+}
+
 /// The capture of each description (in parallel), ids by position.
 fn capture_descriptions(unique: &[&FdInfo], external_stdio: bool) -> Result<Vec<OpenFile>> {
-    let files = crate::parallel::map(unique, |info| {
-        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
-        let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
-        let stdio_link =
-            info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
-        let kind = if external_stdio && stdio_link && leads_out(info) {
-            FileKind::ExternalStdio { what: info.link.clone() }
-        } else {
-            capture_kind(info)?
-        };
-        let locks = locks::parse(info)?;
-        Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
-    })?;
+    let files = crate::parallel::map(unique, |info| describe(info, external_stdio))?;
     Ok(files
         .into_iter()
         .enumerate()

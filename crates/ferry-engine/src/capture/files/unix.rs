@@ -152,8 +152,8 @@ fn peek_messages(
             return Ok(queue);
         }
         let creds = if passcred { sender_creds(info, msg.creds)? } else { None };
-        let fds = holders_of_passed(info, &msg.fds)?;
-        drop(msg.fds);
+        let message = queue.messages.len() as u32;
+        let fds = holders_of_passed(info, msg.fds, message)?;
         seen += msg.len;
         queue.push(&buf[..msg.len], stream, fds, creds);
         if queue.messages.len() > 100_000 {
@@ -180,22 +180,121 @@ fn sender_creds(info: &FdInfo, creds: Option<ferry_sys::unix::Creds>) -> Result<
     }
 }
 
-/// The fds of the tree that hold the descriptors a queued message passes
-/// (SCM_RIGHTS), as peeked into ferry.
-fn holders_of_passed(info: &FdInfo, passed: &[OwnedFd]) -> Result<Vec<PassedFd>> {
+/// The fds of the tree that hold the descriptors a queued message (number
+/// `message` of the queue) passes (SCM_RIGHTS), as peeked into ferry. A
+/// descriptor no process holds (its sender closed it) is captured from
+/// ferry's copy (`capture_orphan`) and kept in `UnixTables`.
+fn holders_of_passed(info: &FdInfo, passed: Vec<OwnedFd>, message: u32) -> Result<Vec<PassedFd>> {
     let mut fds = Vec::with_capacity(passed.len());
-    for f in passed {
-        let Some(h) = holder_of(info.tree, f.as_raw_fd()) else {
-            let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-                .map(|l| l.display().to_string())
-                .unwrap_or_default();
-            return Err(info.unsupported(format!(
-                "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree"
-            )));
-        };
-        fds.push(h);
+    for (index, f) in passed.into_iter().enumerate() {
+        if let Some(h) = holder_of(info.tree, f.as_raw_fd()) {
+            fds.push(h);
+            continue;
+        }
+        let file = capture_orphan(info, &f)?;
+        let socket = info.meta.ino();
+        locked(&info.unix_tables.5).push(Orphan {
+            socket,
+            message,
+            index: index as u32,
+            file,
+            fd: f,
+        });
+        fds.push(PassedFd::HELD_BY_NONE);
     }
     Ok(fds)
+}
+
+/// The tree's files in flight that no process holds, each entry once (a
+/// socket two processes hold was peeked by both), with ids from
+/// `next_id` on: one id per description, which kcmp tells between
+/// ferry's copies.
+pub fn link_orphans(
+    mut orphans: Vec<Orphan>,
+    next_id: u64,
+) -> Result<Vec<ferry_image::InFlightFile>> {
+    orphans.sort_by_key(|o| (o.socket, o.message, o.index));
+    orphans.dedup_by_key(|o| (o.socket, o.message, o.index));
+    let me = std::process::id() as i32;
+    let mut ids: Vec<(RawFd, u64)> = Vec::with_capacity(orphans.len());
+    let mut out = Vec::with_capacity(orphans.len());
+    for o in &orphans {
+        let fd = o.fd.as_raw_fd();
+        let same = ids
+            .iter()
+            .find(|&&(other, _)| ferry_sys::fd::kcmp_same_file(me, me, fd, other).unwrap_or(false));
+        let id = match same {
+            Some(&(_, id)) => id,
+            None => {
+                let id = next_id + ids.len() as u64;
+                ids.push((fd, id));
+                id
+            }
+        };
+        let file = ferry_image::OpenFile { id, ..o.file.clone() };
+        out.push(ferry_image::InFlightFile {
+            socket: o.socket,
+            message: o.message,
+            index: o.index,
+            file,
+        });
+    }
+    Ok(out)
+}
+
+/// A descriptor in flight that no process of the tree holds, read from
+/// ferry's own copy like an fd of a process. Only files restore makes on
+/// their own are taken: a regular file, a directory, a device, an eventfd.
+fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
+    let fd = f.as_raw_fd();
+    let own = format!("/proc/self/fd/{fd}");
+    let link = crate::procfs::read_link(&own)?;
+    let refuse = |why: &str| {
+        info.unsupported(format!(
+            "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree, and {why}"
+        ))
+    };
+    let kind_ok = |k: &FileKind| {
+        matches!(
+            k,
+            FileKind::Regular { .. }
+                | FileKind::Directory { .. }
+                | FileKind::CharDevice { .. }
+                | FileKind::EventFd { .. }
+        )
+    };
+    if link.starts_with("pipe:")
+        || link.starts_with("socket:")
+        || (link.starts_with("anon_inode:") && link != "anon_inode:[eventfd]")
+    {
+        return Err(refuse(
+            "only a regular file, a directory, a device or an eventfd in flight is restored",
+        ));
+    }
+    let me = std::process::id() as i32;
+    let pidfd = ferry_sys::pidfd::pidfd_open(me)
+        .map_err(|e| EngineError::kernel(info.pid, "pidfd_open of ferry itself", e))?;
+    let mine = FdInfo {
+        pid: me,
+        fd,
+        link: link.clone(),
+        fdinfo: crate::procfs::read_string(&format!("/proc/self/fdinfo/{fd}"))?,
+        meta: std::fs::metadata(&own).map_err(|e| EngineError::io(&own, e))?,
+        pidfd: &pidfd,
+        tree: info.tree,
+        unix_tables: info.unix_tables,
+    };
+    let (flags, pos, kind, locks) = super::describe(&mine, false)
+        .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
+    if !kind_ok(&kind) {
+        return Err(refuse(
+            "only a regular file, a directory, a device or an eventfd in flight is restored",
+        ));
+    }
+    if !locks.is_empty() {
+        return Err(refuse("it holds locks"));
+    }
+    Ok(ferry_image::OpenFile { id: 0, flags, pos, kind, locks })
 }
 
 /// The sock_diag unix tables read while capturing one process, by
@@ -209,7 +308,19 @@ pub struct UnixTables(
     std::sync::Mutex<Vec<u64>>,
     std::sync::Mutex<Vec<ferry_image::UnixPeerCred>>,
     std::sync::Mutex<Vec<ferry_image::UnixDeadPeer>>,
+    std::sync::Mutex<Vec<Orphan>>,
 );
+
+/// A file in flight in a unix queue that no process of the tree holds,
+/// captured through the descriptor a peek gave ferry (kept open, so the
+/// tree-wide pass can tell with kcmp which entries are one description).
+pub struct Orphan {
+    pub socket: u64,
+    pub message: u32,
+    pub index: u32,
+    pub file: ferry_image::OpenFile,
+    pub fd: OwnedFd,
+}
 
 fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -225,6 +336,10 @@ impl UnixTables {
     /// them).
     pub fn take_peer_creds(&self) -> Vec<ferry_image::UnixPeerCred> {
         std::mem::take(&mut *locked(&self.3))
+    }
+    /// Every file found in flight that no process of the tree holds.
+    pub fn take_orphans(&self) -> Vec<Orphan> {
+        std::mem::take(&mut *locked(&self.5))
     }
     /// Every connected socket found whose peer was closed.
     pub fn take_dead_peers(&self) -> Vec<ferry_image::UnixDeadPeer> {

@@ -222,6 +222,16 @@ fn build_all(
                 made.insert(f.id, high);
             }
         }
+        // Files only a message in flight holds (format 4.4), made like the
+        // processes' own; `unix::send_in_flight` passes them.
+        b.pid = tree.processes.first().map_or(0, |p| p.pid);
+        for e in tree.unix_in_flight_files.iter().flat_map(|f| &f.files) {
+            if made.contains_key(&e.file.id) || !wanted(&e.file) {
+                continue;
+            }
+            let fd = build_one(b, &e.file)?;
+            made.insert(e.file.id, b.keep(fd)?);
+        }
         if !unix_sockets {
             return Ok(());
         }

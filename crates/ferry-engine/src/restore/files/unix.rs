@@ -661,6 +661,14 @@ fn file_of(tree: &TreeImage, pid: i32, fd: i32) -> Option<u64> {
     p.files.get(slot.file as usize).map(|f| f.id)
 }
 
+/// The id of the file that only message `message` of socket `ino` holds,
+/// as its descriptor `index` (format 4.4).
+fn held_by_none(tree: &TreeImage, ino: u64, message: u32, index: u32) -> Option<u64> {
+    let files = &tree.unix_in_flight_files.as_ref()?.files;
+    let e = files.iter().find(|e| (e.socket, e.message, e.index) == (ino, message, index))?;
+    Some(e.file.id)
+}
+
 /// The id of the file of the unix socket `ino`.
 fn id_of_ino(tree: &TreeImage, ino: u64) -> Option<u64> {
     tree.processes
@@ -682,9 +690,20 @@ fn send_queue(
     for (i, m) in u.queued.iter().enumerate() {
         let anc = u.in_flight.iter().find(|a| a.message as usize == i);
         let mut fds = Vec::new();
-        for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
-            let fd = file_of(tree, d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
+        for (j, d) in anc.map(|a| a.fds.as_slice()).unwrap_or_default().iter().enumerate() {
+            let id = if *d == ferry_image::PassedFd::HELD_BY_NONE {
+                held_by_none(tree, u.ino, i as u32, j as u32)
+            } else {
+                file_of(tree, d.pid, d.fd)
+            };
+            let fd = id.and_then(|id| staged.get(&id)).ok_or_else(|| {
+                EngineError::restore(
+                    pid,
+                    format!(
+                        "unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged",
+                        u.ino, d.fd, d.pid
+                    ),
+                )
             })?;
             fds.push(fd.as_raw_fd());
         }
