@@ -126,9 +126,37 @@ int main(int argc, char **argv)
 		fd2 = (int)FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
 		FT_SYS(connect(fd2, (struct sockaddr *)&a, len));
 		FT_SYS(write(fd2, "early", 5)); /* sent before accept */
-	} else if (strcmp(mode, "unix_dead_peer") == 0) {
+	} else if (strcmp(mode, "unix_dead_peer_name_taken") == 0) {
+		/* A datagram socket connected to an abstract name whose socket
+		 * was closed, the name bound again since (a restarted log daemon). */
+		struct sockaddr_un a;
+		memset(&a, 0, sizeof(a));
+		a.sun_family = AF_UNIX;
+		int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "ferry-deadname-%d", (int)getpid());
+		socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+		int old = (int)FT_SYS(socket(AF_UNIX, SOCK_DGRAM, 0));
+		FT_SYS(bind(old, (struct sockaddr *)&a, len));
+		fd = (int)FT_SYS(socket(AF_UNIX, SOCK_DGRAM, 0));
+		FT_SYS(connect(fd, (struct sockaddr *)&a, len));
+		close(old);
+		fd2 = (int)FT_SYS(socket(AF_UNIX, SOCK_DGRAM, 0));
+		FT_SYS(bind(fd2, (struct sockaddr *)&a, len));
+	} else if (strcmp(mode, "unix_dead_peer_in_flight") == 0) {
+		/* The closed peer of a stream socket sent it a descriptor (still
+		 * held by the process) that waits in its queue. */
 		int sv[2];
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+		fd2 = (int)FT_SYS(open("/dev/null", O_RDONLY));
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		memset(cbuf, 0, sizeof(cbuf));
+		struct iovec iov = { .iov_base = "m", .iov_len = 1 };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd2, sizeof(int));
+		FT_SYS(sendmsg(sv[1], &m, 0));
 		close(sv[1]);
 		fd = sv[0];
 	} else if (strcmp(mode, "unix_unlinked") == 0) {
@@ -144,7 +172,11 @@ int main(int argc, char **argv)
 	} else if (strcmp(mode, "scm_rights") == 0) {
 		int sv[2];
 		FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-		int passed = (int)FT_SYS(open("/dev/null", O_RDONLY));
+		/* A pipe's read end, which no process holds once sent (the
+		 * process keeps the write end): a pipe in flight is refused. */
+		int p[2];
+		FT_SYS(pipe(p));
+		int passed = p[0];
 		char cbuf[CMSG_SPACE(sizeof(int))];
 		memset(cbuf, 0, sizeof(cbuf));
 		struct iovec iov = { .iov_base = "m", .iov_len = 1 };
@@ -157,6 +189,7 @@ int main(int argc, char **argv)
 		FT_SYS(sendmsg(sv[0], &m, 0));
 		close(passed);
 		fd = sv[1];
+		fd2 = p[1];
 	} else if (strcmp(mode, "unix_peer_exited") == 0) {
 		/* A socketpair made by a child that has exited since: its
 		 * SO_PEERCRED names that pid, which no process of the tree has. */
@@ -262,9 +295,17 @@ int main(int argc, char **argv)
 		FT_CHECK(a >= 0, "pending connection gone: %s", strerror(errno));
 		char b[8] = "";
 		FT_CHECK(a >= 0 && read(a, b, 5) == 5 && memcmp(b, "early", 5) == 0, "data sent before accept lost");
-	} else if (strcmp(mode, "unix_dead_peer") == 0) {
-		char b;
-		FT_EQ(read(fd, &b, 1), 0, "EOF from the socket whose peer was closed");
+	} else if (strcmp(mode, "unix_dead_peer_name_taken") == 0) {
+		FT_CHECK(send(fd, "x", 1, MSG_DONTWAIT) < 0 && errno == ECONNREFUSED,
+			 "send to the closed peer: %s", strerror(errno));
+	} else if (strcmp(mode, "unix_dead_peer_in_flight") == 0) {
+		char b[4], cbuf[CMSG_SPACE(sizeof(int))];
+		struct iovec iov = { .iov_base = b, .iov_len = sizeof(b) };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+		FT_EQ(recvmsg(fd, &m, MSG_DONTWAIT), 1, "the message from the closed peer");
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		FT_CHECK(c && c->cmsg_type == SCM_RIGHTS, "the descriptor in flight is gone");
+		FT_EQ(read(fd, b, 1), 0, "EOF after the message");
 	} else if (strcmp(mode, "unix_unlinked") == 0) {
 		struct stat st;
 		FT_CHECK(lstat("gone.sock", &st) != 0 && errno == ENOENT, "gone.sock exists again");

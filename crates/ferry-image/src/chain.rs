@@ -67,6 +67,7 @@ impl ImageSource for DirSource {
         }
         let (inventory, tree, pages) = flatten(newest, &parents)?;
         crate::validate::validate(&inventory, &tree)?;
+        crate::validate::validate_unix_in_flight_files(&tree)?;
         Ok(LoadedImage { inventory, tree, pages: Box::new(pages) })
     }
 

@@ -4,7 +4,10 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{CgroupImage, Incremental, Inventory, TreeImage, UnixPeersImage};
+use crate::model::{
+    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixInFlightFilesImage,
+    UnixPeersImage,
+};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
 /// The major format version this build reads and writes. An image of
@@ -24,6 +27,7 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// and restore watches the file it makes again. An older build would
 /// look that path up and fail after the checkpoint, so it must refuse
 /// the image first.
+/// 4.4: the optional `UnixDeadPeers` and `UnixInFlightFiles` sections.
 pub const FORMAT_MINOR: u16 = 4;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
@@ -80,6 +84,10 @@ pub enum SectionKind {
     Cgroups = 5,
     /// Format 4.3: SO_PEERCRED of the tree's connected unix sockets.
     UnixPeers = 6,
+    /// Format 4.4: connected unix sockets of the tree whose peer was closed.
+    UnixDeadPeers = 7,
+    /// Format 4.4: files in flight in unix queues that no process holds.
+    UnixInFlightFiles = 8,
 }
 
 impl SectionKind {
@@ -91,6 +99,8 @@ impl SectionKind {
             SectionKind::Incremental => "incremental",
             SectionKind::Cgroups => "cgroups",
             SectionKind::UnixPeers => "unix peers",
+            SectionKind::UnixDeadPeers => "unix dead peers",
+            SectionKind::UnixInFlightFiles => "unix in-flight files",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -100,6 +110,7 @@ impl SectionKind {
             SectionKind::Incremental => 1,
             SectionKind::Cgroups => 2,
             SectionKind::UnixPeers => 3,
+            SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -110,6 +121,8 @@ impl SectionKind {
             4 => Some(SectionKind::Incremental),
             5 => Some(SectionKind::Cgroups),
             6 => Some(SectionKind::UnixPeers),
+            7 => Some(SectionKind::UnixDeadPeers),
+            8 => Some(SectionKind::UnixInFlightFiles),
             _ => None,
         }
     }
@@ -124,6 +137,8 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
+    (SectionKind::UnixDeadPeers, true),
+    (SectionKind::UnixInFlightFiles, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -133,6 +148,8 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Incremental, true),
     (SectionKind::Cgroups, true),
     (SectionKind::UnixPeers, true),
+    (SectionKind::UnixDeadPeers, true),
+    (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Pages, false),
 ];
 
@@ -369,6 +386,16 @@ pub fn encode_meta_with(
         out.extend_from_slice(&section_header(SectionKind::UnixPeers, &up));
         out.extend_from_slice(&up);
     }
+    if let Some(dp) = &process.unix_dead_peers {
+        let dp = encode(dp, "unix dead peers")?;
+        out.extend_from_slice(&section_header(SectionKind::UnixDeadPeers, &dp));
+        out.extend_from_slice(&dp);
+    }
+    if let Some(f) = &process.unix_in_flight_files {
+        let f = encode(f, "unix in-flight files")?;
+        out.extend_from_slice(&section_header(SectionKind::UnixInFlightFiles, &f));
+        out.extend_from_slice(&f);
+    }
     Ok(out)
 }
 
@@ -416,6 +443,8 @@ pub fn decode_meta_versioned(
     let mut incremental: Option<Incremental> = None;
     let mut cgroups: Option<CgroupImage> = None;
     let mut unix_peers: Option<UnixPeersImage> = None;
+    let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
+    let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -436,6 +465,12 @@ pub fn decode_meta_versioned(
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
             SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
             SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
+            SectionKind::UnixDeadPeers => {
+                unix_dead_peers = Some(decode_payload(payload, "unix dead peers")?)
+            }
+            SectionKind::UnixInFlightFiles => {
+                unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
+            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -449,7 +484,10 @@ pub fn decode_meta_versioned(
     };
     process.cgroups = cgroups;
     process.unix_peers = unix_peers;
+    process.unix_dead_peers = unix_dead_peers;
+    process.unix_in_flight_files = unix_in_flight_files;
     crate::validate::validate(&inventory, &process)?;
+    crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;
     }

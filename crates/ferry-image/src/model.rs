@@ -57,6 +57,70 @@ pub struct TreeImage {
     /// the restoring ferry and root).
     #[serde(skip)]
     pub unix_peers: Option<UnixPeersImage>,
+    /// Format 4.4: the connected unix sockets of the tree whose peer was
+    /// closed, in the optional `UnixDeadPeers` section (outside the tree
+    /// section for the reason `cgroups` is). `None` for older images,
+    /// which never hold such a socket (checkpoint refused them).
+    #[serde(skip)]
+    pub unix_dead_peers: Option<UnixDeadPeersImage>,
+    /// Format 4.4: files passed with SCM_RIGHTS, still in flight, that no
+    /// process of the tree holds (the sender closed its copy), in the
+    /// optional `UnixInFlightFiles` section. Their `PassedFd` in
+    /// `UnixInFlight::fds` is [`PassedFd::HELD_BY_NONE`].
+    #[serde(skip)]
+    pub unix_in_flight_files: Option<UnixInFlightFilesImage>,
+}
+
+/// Format 4.4, in the optional `UnixInFlightFiles` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnixInFlightFilesImage {
+    pub files: Vec<InFlightFile>,
+}
+
+/// One descriptor in flight that only the message holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlightFile {
+    /// `UnixSocket::ino` of the socket whose queue holds the message.
+    pub socket: u64,
+    /// Index of the message in that socket's `queued`.
+    pub message: u32,
+    /// Place of the descriptor among the message's `UnixInFlight::fds`.
+    pub index: u32,
+    /// The open file description; its id is unique in the tree (the
+    /// same id where one description is in flight several times).
+    pub file: OpenFile,
+}
+
+/// Format 4.4, in the optional `UnixDeadPeers` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDeadPeersImage {
+    pub sockets: Vec<UnixDeadPeer>,
+}
+
+/// A connected unix socket of the tree whose peer was closed. The kernel
+/// keeps the closed peer as its peer (getpeername names it, sock_diag
+/// gives it no inode), shuts a stream or seqpacket survivor down both
+/// ways (reads give what is queued then EOF, writes EPIPE) and, when the
+/// peer had unread data, leaves ECONNRESET pending in SO_ERROR; a
+/// datagram survivor's next send fails with ECONNREFUSED and disconnects
+/// it. Restore connects the socket again to a stand-in for the peer,
+/// sends its queue from the stand-in and closes the stand-in. The
+/// survivor's `UnixSocket` has no `peer` and its shutdown as the kernel
+/// set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixDeadPeer {
+    /// `UnixSocket::ino` of the surviving socket.
+    pub ino: u64,
+    /// The closed peer's name (getpeername of the survivor), as
+    /// `UnixSocket::name`: empty when it had none.
+    pub peer_name: Vec<u8>,
+    /// A stream or seqpacket survivor called connect() (its peer was the
+    /// accepted end, named like the listener); otherwise it is an
+    /// accepted end or one end of a socketpair.
+    pub client: bool,
+    /// ECONNRESET is pending in SO_ERROR (the peer was closed with data
+    /// the survivor had sent still unread).
+    pub reset: bool,
 }
 
 /// Format 4.3, in the optional `UnixPeers` section.
@@ -754,6 +818,12 @@ pub struct UnixInFlight {
 pub struct PassedFd {
     pub pid: i32,
     pub fd: i32,
+}
+
+impl PassedFd {
+    /// A descriptor in flight that no process of the tree holds: its
+    /// file is in `TreeImage::unix_in_flight_files` (format 4.4).
+    pub const HELD_BY_NONE: PassedFd = PassedFd { pid: 0, fd: -1 };
 }
 
 /// Sender credentials of a unix message; `pid` is a process of the image.

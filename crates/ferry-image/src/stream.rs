@@ -224,10 +224,24 @@ pub fn read_stream_full<R: Read>(
             }
             SectionKind::UnixPeers => {
                 let payload = read_metadata(r, kind, len, sum)?;
+                // Checked with the dead peers, which it may list too.
                 process.unix_peers = Some(decode_payload(&payload, "unix peers")?);
-                crate::validate::validate_unix_peers(&process)?;
             }
-            SectionKind::Pages => break (len, sum),
+            SectionKind::UnixDeadPeers => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.unix_dead_peers = Some(decode_payload(&payload, "unix dead peers")?);
+            }
+            SectionKind::UnixInFlightFiles => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.unix_in_flight_files =
+                    Some(decode_payload(&payload, "unix in-flight files")?);
+            }
+            SectionKind::Pages => {
+                crate::validate::validate_unix_dead_peers(&process)?;
+                crate::validate::validate_unix_peers(&process)?;
+                crate::validate::validate_unix_in_flight_files(&process)?;
+                break (len, sum);
+            }
             // `order` accepts nothing else after the process section.
             other => {
                 return Err(ImageError::Invalid(format!(

@@ -47,6 +47,7 @@ pub fn validate(inv: &Inventory, t: &TreeImage) -> Result<(), ImageError> {
     validate_unix_in_flight(t, &seen)?;
     validate_inotify_deleted(t)?;
     validate_cgroups(t)?;
+    validate_unix_dead_peers(t)?;
     validate_unix_peers(t)
 }
 
@@ -237,6 +238,7 @@ pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
             }
             _ => None,
         })
+        .chain(t.unix_dead_peers.iter().flat_map(|d| d.sockets.iter().map(|s| s.ino)))
         .collect();
     let mut seen = std::collections::HashSet::with_capacity(up.sockets.len().min(connected.len()));
     for c in &up.sockets {
@@ -267,6 +269,108 @@ pub fn validate_unix_peers(t: &TreeImage) -> Result<(), ImageError> {
         }
     }
     Ok(())
+}
+
+/// The `UnixDeadPeers` section: each entry names an unconnected, not
+/// listening unix socket of the tree (once) with nothing in flight in its
+/// queue (restore sends it from a stand-in it closes before any process
+/// exists), a peer name that fits a sockaddr_un, and says "client" only
+/// for a stream or seqpacket socket whose peer had a name to connect to.
+pub fn validate_unix_dead_peers(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(dp) = &t.unix_dead_peers else {
+        return Ok(());
+    };
+    let sockets: std::collections::HashMap<u64, &crate::model::UnixSocket> = t
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| match &f.kind {
+            FileKind::UnixSocket(u) => Some((u.ino, u)),
+            _ => None,
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::with_capacity(dp.sockets.len().min(sockets.len()));
+    for d in &dp.sockets {
+        let what = format!("unix dead peers section: socket {}", d.ino);
+        let Some(u) = sockets.get(&d.ino) else {
+            return bad(format!("{what} is not a unix socket of the tree"));
+        };
+        if !seen.insert(d.ino) {
+            return bad(format!("{what} listed twice"));
+        }
+        if u.peer.is_some() || u.listen_backlog.is_some() || !u.in_flight.is_empty() {
+            return bad(format!("{what} is connected, listening or has messages in flight"));
+        }
+        if d.peer_name.len() >= MAX_UNIX_NAME {
+            return bad(format!("{what}: peer name of {} bytes", d.peer_name.len()));
+        }
+        let stream = matches!(u.sock_type, libc_consts::SOCK_STREAM | libc_consts::SOCK_SEQPACKET);
+        if d.client && (!stream || d.peer_name.is_empty()) {
+            return bad(format!("{what}: a client without a peer name to connect to"));
+        }
+    }
+    Ok(())
+}
+
+/// The `UnixInFlightFiles` section against the tree: every descriptor in
+/// flight held by no process has exactly one entry and every entry one
+/// such descriptor; an entry's file is of a kind restore makes on its
+/// own (a regular file, a directory, a device, an eventfd), and one id is
+/// one description (the same file in every entry that has it, and no
+/// file of a process).
+pub fn validate_unix_in_flight_files(t: &TreeImage) -> Result<(), ImageError> {
+    let mut slots = std::collections::HashSet::new();
+    for f in t.processes.iter().flat_map(|p| &p.files) {
+        let FileKind::UnixSocket(u) = &f.kind else { continue };
+        for m in &u.in_flight {
+            for (i, d) in m.fds.iter().enumerate() {
+                if *d == PassedFd::HELD_BY_NONE {
+                    slots.insert((u.ino, m.message, i as u32));
+                }
+            }
+        }
+    }
+    let entries = t.unix_in_flight_files.as_ref().map_or(&[][..], |f| f.files.as_slice());
+    let ids: std::collections::HashSet<u64> =
+        t.processes.iter().flat_map(|p| p.files.iter().map(|f| f.id)).collect();
+    let mut seen = std::collections::HashMap::new();
+    for e in entries {
+        let what = format!(
+            "unix in-flight files section: socket {} message {} descriptor {}",
+            e.socket, e.message, e.index
+        );
+        if !slots.remove(&(e.socket, e.message, e.index)) {
+            return bad(format!(
+                "{what} is not a descriptor in flight held by no process, or is listed twice"
+            ));
+        }
+        let plain = matches!(
+            e.file.kind,
+            FileKind::Regular { .. }
+                | FileKind::Directory { .. }
+                | FileKind::CharDevice { .. }
+                | FileKind::EventFd { .. }
+        );
+        if !plain || !e.file.locks.is_empty() || ids.contains(&e.file.id) {
+            return bad(format!("{what}: a file of a kind not made on its own, with locks, or with the id of a process's file"));
+        }
+        if seen.insert(e.file.id, &e.file).is_some_and(|f| *f != e.file) {
+            return bad(format!("{what}: id {} names two different files", e.file.id));
+        }
+    }
+    if let Some((ino, m, i)) = slots.into_iter().next() {
+        return bad(format!("unix socket {ino}: descriptor {i} in flight in message {m} is held by no process and the image does not hold its file"));
+    }
+    Ok(())
+}
+
+/// sun_path's size: a name (with an abstract name's leading NUL) is shorter.
+const MAX_UNIX_NAME: usize = 108;
+
+/// The socket types of Linux (this crate does not link libc).
+mod libc_consts {
+    pub const SOCK_STREAM: i32 = 1;
+    pub const SOCK_SEQPACKET: i32 = 5;
 }
 
 /// The `Cgroups` section: restore writes PIDs into files under each
@@ -414,7 +518,11 @@ fn validate_unix_in_flight(
                         .flat_map(|q| q.fds.iter().map(move |s| (q.pid, s.fd)))
                         .collect()
                 });
-                if m.fds.iter().any(|d| !all.contains(&(d.pid, d.fd))) {
+                // Descriptors held by no process: `validate_unix_in_flight_files`.
+                if m.fds
+                    .iter()
+                    .any(|d| *d != PassedFd::HELD_BY_NONE && !all.contains(&(d.pid, d.fd)))
+                {
                     return bad(format!("process {}: unix socket {}: a descriptor in flight is not an fd of the tree", p.pid, u.ino));
                 }
             }

@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 7, 99, u32::MAX] {
+        for kind in [0u32, 9, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 7;
+    bad[meta.len()] = 9;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 7")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 9")),
         "{e:?}"
     );
 }
@@ -417,6 +417,192 @@ fn round_trip_4_4_with_unix_peers_cgroups_and_incremental() {
 #[test]
 fn unix_peers_section_is_refused_in_a_4_2_image() {
     assert_section_refused_in(v(4, 2), "unix peers", &with_unix_peers(model().1));
+}
+
+/// The model with its root's first file a stream socket whose peer was
+/// closed (its SO_PEERCRED recorded too) and its second a datagram
+/// socket whose peer, bound to an abstract name, was closed.
+fn with_unix_dead_peers(t: TreeImage) -> TreeImage {
+    let mut t = with_unix_peers(t);
+    let root = &mut t.processes[0];
+    let dead = |ino, sock_type| {
+        FileKind::UnixSocket(UnixSocket {
+            ino,
+            sock_type,
+            name: vec![],
+            listen_backlog: None,
+            peer: None,
+            queued: vec![b"tail".to_vec()],
+            passcred: false,
+            shutdown: if sock_type == 1 { 3 } else { 0 },
+            in_flight: vec![],
+        })
+    };
+    root.files[0].kind = dead(77, 1);
+    let mut second = root.files[0].clone();
+    second.id = 0x7e57_0078;
+    second.kind = dead(78, 2);
+    root.files.push(second);
+    let fd = root.fds.iter().map(|s| s.fd).max().unwrap_or(2) + 1;
+    root.fds.push(FdSlot { fd, file: root.files.len() as u32 - 1, cloexec: false });
+    t.unix_dead_peers = Some(UnixDeadPeersImage {
+        sockets: vec![
+            UnixDeadPeer { ino: 77, peer_name: vec![], client: false, reset: true },
+            UnixDeadPeer { ino: 78, peer_name: b"\0gone".to_vec(), client: false, reset: false },
+        ],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_4_with_unix_dead_peers() {
+    let (inv, t, pages) = model();
+    let t = with_unix_dead_peers(with_cgroups(t));
+    let inc = incremental();
+    for inc in [None, Some(&inc)] {
+        let meta = encode_meta_with(&inv, &t, inc).unwrap();
+        assert_eq!(
+            decode_meta_versioned(&meta).unwrap(),
+            (v(4, 4), inv.clone(), t.clone(), inc.cloned())
+        );
+        let d = TempDir::new("rt-unix-dead-peers");
+        write_dir(&d.0, &inv, &t, inc, &pages);
+        assert_eq!(
+            ImageDir::new(&d.0).read_meta_full().unwrap(),
+            (inv.clone(), t.clone(), inc.cloned())
+        );
+        let s = stream_of(&inv, &t, inc, &pages);
+        assert_eq!(
+            read_stream_full(&mut Cursor::new(&s), None).unwrap(),
+            (inv.clone(), t.clone(), inc.cloned(), pages.clone())
+        );
+    }
+}
+
+#[test]
+fn unix_dead_peers_section_is_refused_in_a_4_3_image() {
+    assert_section_refused_in(v(4, 3), "unix dead peers", &with_unix_dead_peers(model().1));
+}
+
+/// A 4.3 image (SO_PEERCRED recorded, no dead peers section) is read by
+/// this build as it was written: no socket has a closed peer.
+#[test]
+fn a_4_3_image_is_read_without_dead_peers() {
+    let (inv, t, pages) = model();
+    let t = with_unix_peers(with_cgroups(t));
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 3));
+    let (version, _, read, _) = decode_meta_versioned(&meta).unwrap();
+    assert_eq!((version, read.unix_dead_peers.as_ref()), (v(4, 3), None));
+    assert_eq!(read, t);
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 3));
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A dead peers entry that does not name an unconnected socket of the
+/// tree, or says "client" of a datagram socket, is refused.
+#[test]
+fn bad_unix_dead_peers_are_refused() {
+    let (inv, t, _) = model();
+    let good = with_unix_dead_peers(t);
+    let bad = |f: &dyn Fn(&mut TreeImage)| {
+        let mut t = good.clone();
+        f(&mut t);
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(m) if m.contains("unix dead peers")), "{e:?}");
+    };
+    fn entry(t: &mut TreeImage) -> &mut UnixDeadPeer {
+        &mut t.unix_dead_peers.as_mut().unwrap().sockets[1]
+    }
+    bad(&|t| entry(t).ino = 12345);
+    bad(&|t| entry(t).client = true);
+    bad(&|t| entry(t).peer_name = vec![b'a'; 108]);
+    bad(&|t| {
+        let e = entry(t).clone();
+        t.unix_dead_peers.as_mut().unwrap().sockets.push(e);
+    });
+    bad(&|t| {
+        if let FileKind::UnixSocket(u) = &mut t.processes[0].files[1].kind {
+            u.peer = Some(77);
+        }
+    });
+}
+
+/// The model with its root's first file a unix socket connected to
+/// itself with one message queued that passes two descriptors no process
+/// holds: one file, then an eventfd.
+fn with_in_flight_files(t: TreeImage) -> TreeImage {
+    let mut t = with_unix_peers(t);
+    if let FileKind::UnixSocket(u) = &mut t.processes[0].files[0].kind {
+        u.queued = vec![b"m".to_vec()];
+        u.in_flight = vec![UnixInFlight {
+            message: 0,
+            fds: vec![PassedFd::HELD_BY_NONE, PassedFd::HELD_BY_NONE],
+            creds: None,
+        }];
+    }
+    let file = |id, kind| OpenFile { id, flags: 2, pos: 30, kind, locks: vec![] };
+    let entry = |index, file| InFlightFile { socket: 77, message: 0, index, file };
+    t.unix_in_flight_files = Some(UnixInFlightFilesImage {
+        files: vec![
+            entry(0, file(900, FileKind::Regular { path: "/srv/a.dat".into(), size: 100 })),
+            entry(1, file(901, FileKind::EventFd { count: 7, semaphore: false })),
+        ],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_4_with_in_flight_files() {
+    let (inv, t, pages) = model();
+    let t = with_in_flight_files(t);
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 4), inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+#[test]
+fn unix_in_flight_files_section_is_refused_in_a_4_3_image() {
+    let t = with_in_flight_files(model().1);
+    let (inv, _, pages) = model();
+    let want = |e: &ImageError| matches!(e, ImageError::Invalid(ref m) if m.contains("unix in-flight files section") && m.contains("format 4.3"));
+    let e = decode_meta(&with_version(&encode_meta(&inv, &t).unwrap(), v(4, 3))).unwrap_err();
+    assert!(want(&e), "{e:?}");
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 3));
+    let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
+    assert!(want(&e), "{e:?}");
+}
+
+/// A descriptor held by no process without its file, an entry for a
+/// descriptor that is not one, a file of a kind restore does not make on
+/// its own, or one id for two files: refused, as a file and as a stream.
+#[test]
+fn bad_unix_in_flight_files_are_refused() {
+    let (inv, t, pages) = model();
+    let good = with_in_flight_files(t);
+    let bad = |f: &dyn Fn(&mut TreeImage)| {
+        let mut t = good.clone();
+        f(&mut t);
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(_)), "{e:?}");
+        let s = stream_of(&inv, &t, None, &pages);
+        let e = read_stream(&mut Cursor::new(&s), None).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(_)), "{e:?}");
+    };
+    fn files(t: &mut TreeImage) -> &mut Vec<InFlightFile> {
+        &mut t.unix_in_flight_files.as_mut().unwrap().files
+    }
+    bad(&|t| t.unix_in_flight_files = None);
+    bad(&|t| {
+        files(t).pop();
+    });
+    bad(&|t| files(t)[1].index = 2);
+    bad(&|t| files(t)[1].file.kind = FileKind::SignalFd { mask: 0 });
+    bad(&|t| files(t)[1].file.id = 900);
+    bad(&|t| {
+        let id = t.processes[0].files[0].id;
+        files(t)[0].file.id = id;
+    });
 }
 
 #[test]

@@ -939,6 +939,8 @@ fn valid_tree() -> (Inventory, TreeImage) {
             ],
         }),
         unix_peers: None,
+        unix_dead_peers: None,
+        unix_in_flight_files: None,
     };
     (inv, t)
 }

@@ -830,6 +830,8 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
             }],
         }),
         unix_peers: None,
+        unix_dead_peers: None,
+        unix_in_flight_files: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

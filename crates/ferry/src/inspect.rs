@@ -3,7 +3,9 @@
 //! zombies and the shared memory the processes share.
 
 use anyhow::{Context, Result};
-use ferry_image::{FileKind, ImageDir, Inventory, ProcessImage, TreeImage, VmaBacking, Zombie};
+use ferry_image::{
+    FileKind, ImageDir, Inventory, ProcessImage, TreeImage, UnixDeadPeer, VmaBacking, Zombie,
+};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -159,7 +161,7 @@ fn show_process(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i
     show_identity(tree, p);
     show_threads(p);
     show_mappings(tree, p);
-    show_fds(p, holders);
+    show_fds(tree, p, holders);
     show_signals_and_memfds(p);
     show_fidelity(p);
 }
@@ -263,14 +265,20 @@ fn vma_description(tree: &TreeImage, p: &ProcessImage, backing: &VmaBacking) -> 
     }
 }
 
-fn show_fds(p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
+fn show_fds(tree: &TreeImage, p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
     println!("fds ({}):", p.fds.len());
     for s in &p.fds {
         let Some(f) = p.files.get(s.file as usize) else {
             println!("  {:>4} (missing open file {})", s.fd, s.file);
             continue;
         };
-        let what = file_description(p, &f.kind);
+        let mut what = file_description(p, &f.kind);
+        if let Some(d) = dead_peer_of(tree, &f.kind) {
+            let name = String::from_utf8_lossy(&d.peer_name).replace('\0', "@");
+            let name = if name.is_empty() { "unnamed".to_string() } else { name };
+            let reset = if d.reset { ", ECONNRESET pending" } else { "" };
+            what.push_str(&format!(", its peer ({name}) closed{reset}"));
+        }
         let others: Vec<String> = holders
             .get(&f.id)
             .into_iter()
@@ -293,6 +301,12 @@ fn show_fds(p: &ProcessImage, holders: &HashMap<u64, Vec<i32>>) {
             shared
         );
     }
+}
+
+/// The closed peer of a unix socket whose peer was closed (format 4.4).
+fn dead_peer_of<'t>(tree: &'t TreeImage, kind: &FileKind) -> Option<&'t UnixDeadPeer> {
+    let FileKind::UnixSocket(u) = kind else { return None };
+    tree.unix_dead_peers.as_ref()?.sockets.iter().find(|d| d.ino == u.ino)
 }
 
 fn file_description(p: &ProcessImage, kind: &FileKind) -> String {

@@ -553,6 +553,8 @@ conformance! {
     fd_deleted_dir_gone,
     mem_memfd_sealed_write,
     proc_exe_deleted,
+    sock_unix_peer_closed,
+    sock_unix_scm_orphan,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -864,10 +864,12 @@ fn refuses_a_zombie_that_dumped_core() {
 }
 
 /// A descriptor in flight that no process of the tree holds any more
-/// (the sender closed it after sendmsg) is refused by name.
+/// (the sender closed it after sendmsg) is restored when it is a regular
+/// file, a directory, a device or an eventfd (conformance
+/// sock_unix_scm_orphan); a pipe end, as here, is refused by name.
 #[test]
 fn refuses_scm_rights_in_flight() {
-    refused_mode("scm_rights", &["fd 4", "/dev/null", "held by no process of the tree"]);
+    refused_mode("scm_rights", &["fd 4", "pipe:[", "held by no process of the tree"]);
 }
 
 /// Cgroups made for one test under the hierarchies mounted here; removed
@@ -1036,9 +1038,21 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
 }
 
+/// A unix socket whose peer was closed is restored (conformance
+/// sock_unix_peer_closed), except when the closed peer's name is held by
+/// another socket now: restore would need it for the peer's stand-in.
 #[test]
-fn refuses_a_unix_connection_whose_peer_was_closed() {
-    refused_mode("unix_dead_peer", &["fd 3", "its peer was closed"]);
+fn refuses_a_unix_socket_whose_closed_peers_name_is_taken() {
+    refused_mode(
+        "unix_dead_peer_name_taken",
+        &["fd 4", "@ferry-deadname-", "was closed", "now holds that name"],
+    );
+}
+
+/// Nor when the closed peer left descriptors in flight in its queue.
+#[test]
+fn refuses_a_unix_socket_whose_closed_peer_left_descriptors_in_flight() {
+    refused_mode("unix_dead_peer_in_flight", &["fd 3", "peer was closed", "in flight"]);
 }
 
 /// zdtm deleted_unix_sock: binding it again at restore would make the

@@ -33,7 +33,16 @@ pub(super) fn pages_and_metadata(
     opts: &CaptureOptions,
     network_lock: Option<ferry_image::NetworkLockRef>,
 ) -> Result<Assembled> {
-    let TreeSurvey { procs, share_files, pid_view, cgroups, unix_creds, .. } = survey;
+    let TreeSurvey {
+        procs,
+        share_files,
+        pid_view,
+        cgroups,
+        unix_creds,
+        unix_dead,
+        unix_in_flight_files,
+        ..
+    } = survey;
     let mut copy =
         PageCopy { held, several: procs.len() > 1, share_files: &share_files, sink, opts };
     let mut processes: Vec<ProcessImage> = Vec::with_capacity(procs.len());
@@ -56,6 +65,11 @@ pub(super) fn pages_and_metadata(
         network_lock,
         cgroups: Some(ferry_image::CgroupImage { processes: cgroups }),
         unix_peers: Some(ferry_image::UnixPeersImage { sockets: unix_creds }),
+        // Written only when there is one: the section is format 4.4's.
+        unix_dead_peers: (!unix_dead.is_empty())
+            .then_some(ferry_image::UnixDeadPeersImage { sockets: unix_dead }),
+        unix_in_flight_files: (!unix_in_flight_files.is_empty())
+            .then_some(ferry_image::UnixInFlightFilesImage { files: unix_in_flight_files }),
         ..Default::default()
     };
     if let Some(view) = &pid_view {

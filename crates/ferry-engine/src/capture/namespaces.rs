@@ -139,7 +139,8 @@ pub fn translate(image: &mut TreeImage, view: &PidView) {
             }
             if let ferry_image::FileKind::UnixSocket(u) = &mut f.kind {
                 for m in &mut u.in_flight {
-                    for d in &mut m.fds {
+                    for d in m.fds.iter_mut().filter(|d| **d != ferry_image::PassedFd::HELD_BY_NONE)
+                    {
                         d.pid = view.inner(d.pid);
                     }
                     if let Some(c) = &mut m.creds {

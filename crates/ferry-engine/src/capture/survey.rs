@@ -10,7 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote};
 use crate::procfs;
-use ferry_image::{FdSlot, FileKind, OpenFile, UnixPeerCred, Vma};
+use ferry_image::{FdSlot, FileKind, OpenFile, UnixDeadPeer, UnixPeerCred, Vma};
 
 /// What the survey of one frozen process found.
 pub(super) struct Survey {
@@ -31,6 +31,10 @@ pub(super) struct Survey {
     pending_listeners: Vec<u32>,
     /// SO_PEERCRED of its connected unix sockets (host pids).
     unix_creds: Vec<UnixPeerCred>,
+    /// Its connected unix sockets whose peer was closed.
+    unix_dead: Vec<UnixDeadPeer>,
+    /// Files in flight in its unix queues that no process of the tree holds.
+    unix_orphans: Vec<files::unix::Orphan>,
 }
 
 impl Survey {
@@ -51,6 +55,10 @@ pub(super) struct TreeSurvey {
     pub cgroups: Vec<ferry_image::ProcessCgroups>,
     /// SO_PEERCRED of the tree's unix sockets, each socket once.
     pub unix_creds: Vec<UnixPeerCred>,
+    /// The tree's connected unix sockets whose peer was closed, each once.
+    pub unix_dead: Vec<UnixDeadPeer>,
+    /// Files in flight in the tree's unix queues that no process holds.
+    pub unix_in_flight_files: Vec<ferry_image::InFlightFile>,
     pub shared_anon: Vec<ferry_image::MemfdObject>,
     pub sysv_shm: Vec<ferry_image::SysvShm>,
     pub sysv_sem: Vec<ferry_image::SysvSem>,
@@ -90,7 +98,10 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
     for p in &tree.procs {
         procs.push(survey_process(&p.frozen, p.ppid, &pids, opts)?);
     }
-    let unix_creds = link_files(&mut procs, &pids)?;
+    let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
+    let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
+    let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
+    let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
@@ -100,6 +111,8 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
         pid_view,
         cgroups,
         unix_creds,
+        unix_dead,
+        unix_in_flight_files,
         shared_anon,
         sysv_shm,
         sysv_sem: sysv_ipc::capture_sem(&pids)?,
@@ -122,8 +135,15 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
-    let files::CapturedFds { files, fds, unix_connects, pending_listeners, unix_creds } =
-        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let files::CapturedFds {
+        files,
+        fds,
+        unix_connects,
+        pending_listeners,
+        unix_creds,
+        unix_dead,
+        unix_orphans,
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -159,6 +179,8 @@ fn survey_process(
         seccomp_threads,
         pending_listeners,
         unix_creds,
+        unix_dead,
+        unix_orphans,
     })
 }
 
@@ -186,13 +208,21 @@ fn check_deleted_exe(pid: i32, deleted: &[ferry_image::MemfdObject]) -> Result<(
 
 /// Links the files the processes share (unix peers, epoll targets) and
 /// checks what only the whole tree can tell; returns the tree's unix
-/// peer credentials, each socket once.
-fn link_files(procs: &mut [Survey], pids: &[i32]) -> Result<Vec<UnixPeerCred>> {
+/// peer credentials and its unix sockets whose peer was closed, each
+/// socket once.
+fn link_files(
+    procs: &mut [Survey],
+    pids: &[i32],
+) -> Result<(Vec<UnixPeerCred>, Vec<UnixDeadPeer>)> {
     // A socket shared by several processes was read once by each.
     let mut unix_creds: Vec<UnixPeerCred> =
         procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_creds)).collect();
     unix_creds.sort_unstable_by_key(|c| c.ino);
     unix_creds.dedup_by_key(|c| c.ino);
+    let mut unix_dead: Vec<UnixDeadPeer> =
+        procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_dead)).collect();
+    unix_dead.sort_unstable_by_key(|d| d.ino);
+    unix_dead.dedup_by_key(|d| d.ino);
     {
         let mut pf: Vec<files::ProcessFiles> = procs
             .iter_mut()
@@ -209,7 +239,7 @@ fn link_files(procs: &mut [Survey], pids: &[i32]) -> Result<Vec<UnixPeerCred>> {
     for (s, t) in procs.iter_mut().zip(targets) {
         s.fidelity.epoll_targets = t;
     }
-    Ok(unix_creds)
+    Ok((unix_creds, unix_dead))
 }
 
 /// A listener's waiting connection must be one of the tree's sockets.

@@ -14,7 +14,7 @@ pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
-mod unix;
+pub(crate) mod unix;
 
 use crate::error::{EngineError, Result};
 use crate::procfs;
@@ -130,6 +130,10 @@ pub struct CapturedFds {
     pub unix_connects: Vec<ferry_image::UnixConnect>,
     pub pending_listeners: Vec<u32>,
     pub unix_creds: Vec<ferry_image::UnixPeerCred>,
+    /// Connected unix sockets whose peer was closed.
+    pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
+    /// Files in flight in its unix queues that no process of the tree holds.
+    pub unix_orphans: Vec<unix::Orphan>,
 }
 
 /// Captures all fds of `pid`. Descriptions get ids unique in this
@@ -180,7 +184,17 @@ pub fn capture(
         })
         .collect();
     let unix_creds = unix_tables.take_peer_creds();
-    Ok(CapturedFds { files, fds: table.slots, unix_connects, pending_listeners, unix_creds })
+    let unix_dead = unix_tables.take_dead_peers();
+    let unix_orphans = unix_tables.take_orphans();
+    Ok(CapturedFds {
+        files,
+        fds: table.slots,
+        unix_connects,
+        pending_listeners,
+        unix_creds,
+        unix_dead,
+        unix_orphans,
+    })
 }
 
 /// A process's fd table, and the fds whose descriptions it captures (one
@@ -218,21 +232,27 @@ fn share_descriptions<'i, 'a>(pid: i32, infos: &'i [FdInfo<'a>]) -> FdTable<'i, 
     FdTable { slots, unique }
 }
 
+/// One description as the image keeps it: status flags (without
+/// O_CLOEXEC, an fd's), offset, kind, locks.
+type Described = (i32, i64, FileKind, Vec<ferry_image::FileLock>);
+
+fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
+    let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+    let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
+    let stdio_link =
+        info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+    let kind = if external_stdio && stdio_link && leads_out(info) {
+        FileKind::ExternalStdio { what: info.link.clone() }
+    } else {
+        capture_kind(info)?
+    };
+    let locks = locks::parse(info)?;
+    Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
+}
+
 /// The capture of each description (in parallel), ids by position.
 fn capture_descriptions(unique: &[&FdInfo], external_stdio: bool) -> Result<Vec<OpenFile>> {
-    let files = crate::parallel::map(unique, |info| {
-        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
-        let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
-        let stdio_link =
-            info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
-        let kind = if external_stdio && stdio_link && leads_out(info) {
-            FileKind::ExternalStdio { what: info.link.clone() }
-        } else {
-            capture_kind(info)?
-        };
-        let locks = locks::parse(info)?;
-        Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
-    })?;
+    let files = crate::parallel::map(unique, |info| describe(info, external_stdio))?;
     Ok(files
         .into_iter()
         .enumerate()

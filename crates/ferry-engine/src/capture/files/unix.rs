@@ -88,22 +88,49 @@ impl Queue {
 /// installed into ferry by the peek; each is looked up among the tree's
 /// fds and closed again. Credentials are read when the socket has
 /// SO_PASSCRED on (its reader sees them).
-fn peek_queue(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<Queue> {
+/// How far to peek: a stream socket with an error pending stops at
+/// `upto` bytes (all it holds), as one more peek would return the error
+/// and clear it. A seqpacket socket shut down for reading reads empty
+/// records forever past its queue: an empty one once `eof_at` bytes
+/// (all it holds) were seen is its end.
+#[derive(Clone, Copy, Default)]
+struct PeekEnd {
+    upto: Option<usize>,
+    eof_at: Option<usize>,
+}
+
+fn peek_queue(
+    info: &FdInfo,
+    fd: RawFd,
+    stream: bool,
+    passcred: bool,
+    end: PeekEnd,
+) -> Result<Queue> {
     use ferry_sys::socket::{getsockopt_int, setsockopt_int};
     // Put back whatever peek offset the process itself had set.
     let saved = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF).unwrap_or(-1);
     if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, 0).is_err() {
         return Err(info.unsupported("cannot peek at its queued data (SO_PEEK_OFF)"));
     }
-    let result = peek_messages(info, fd, stream, passcred);
+    let result = peek_messages(info, fd, stream, passcred, end);
     let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, saved);
     result
 }
 
-fn peek_messages(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Result<Queue> {
+fn peek_messages(
+    info: &FdInfo,
+    fd: RawFd,
+    stream: bool,
+    passcred: bool,
+    end: PeekEnd,
+) -> Result<Queue> {
     let mut queue = Queue::default();
     let mut buf = vec![0u8; 1 << 20];
+    let mut seen = 0;
     loop {
+        if end.upto.is_some_and(|n| seen >= n) {
+            return Ok(queue);
+        }
         let msg = match ferry_sys::unix::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
             Ok(Some(m)) => m,
             Ok(None) => return Ok(queue),
@@ -120,12 +147,14 @@ fn peek_messages(info: &FdInfo, fd: RawFd, stream: bool, passcred: bool) -> Resu
                 "a queued message carries more ancillary data than one recvmsg returns",
             ));
         }
-        if msg.len == 0 && stream && msg.fds.is_empty() {
+        let eof = stream || end.eof_at.is_some_and(|n| seen >= n);
+        if msg.len == 0 && eof && msg.fds.is_empty() {
             return Ok(queue);
         }
         let creds = if passcred { sender_creds(info, msg.creds)? } else { None };
-        let fds = holders_of_passed(info, &msg.fds)?;
-        drop(msg.fds);
+        let message = queue.messages.len() as u32;
+        let fds = holders_of_passed(info, msg.fds, message)?;
+        seen += msg.len;
         queue.push(&buf[..msg.len], stream, fds, creds);
         if queue.messages.len() > 100_000 {
             return Err(info.unsupported("too many queued messages"));
@@ -151,22 +180,121 @@ fn sender_creds(info: &FdInfo, creds: Option<ferry_sys::unix::Creds>) -> Result<
     }
 }
 
-/// The fds of the tree that hold the descriptors a queued message passes
-/// (SCM_RIGHTS), as peeked into ferry.
-fn holders_of_passed(info: &FdInfo, passed: &[OwnedFd]) -> Result<Vec<PassedFd>> {
+/// The fds of the tree that hold the descriptors a queued message (number
+/// `message` of the queue) passes (SCM_RIGHTS), as peeked into ferry. A
+/// descriptor no process holds (its sender closed it) is captured from
+/// ferry's copy (`capture_orphan`) and kept in `UnixTables`.
+fn holders_of_passed(info: &FdInfo, passed: Vec<OwnedFd>, message: u32) -> Result<Vec<PassedFd>> {
     let mut fds = Vec::with_capacity(passed.len());
-    for f in passed {
-        let Some(h) = holder_of(info.tree, f.as_raw_fd()) else {
-            let link = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-                .map(|l| l.display().to_string())
-                .unwrap_or_default();
-            return Err(info.unsupported(format!(
-                "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree"
-            )));
-        };
-        fds.push(h);
+    for (index, f) in passed.into_iter().enumerate() {
+        if let Some(h) = holder_of(info.tree, f.as_raw_fd()) {
+            fds.push(h);
+            continue;
+        }
+        let file = capture_orphan(info, &f)?;
+        let socket = info.meta.ino();
+        locked(&info.unix_tables.5).push(Orphan {
+            socket,
+            message,
+            index: index as u32,
+            file,
+            fd: f,
+        });
+        fds.push(PassedFd::HELD_BY_NONE);
     }
     Ok(fds)
+}
+
+/// The tree's files in flight that no process holds, each entry once (a
+/// socket two processes hold was peeked by both), with ids from
+/// `next_id` on: one id per description, which kcmp tells between
+/// ferry's copies.
+pub fn link_orphans(
+    mut orphans: Vec<Orphan>,
+    next_id: u64,
+) -> Result<Vec<ferry_image::InFlightFile>> {
+    orphans.sort_by_key(|o| (o.socket, o.message, o.index));
+    orphans.dedup_by_key(|o| (o.socket, o.message, o.index));
+    let me = std::process::id() as i32;
+    let mut ids: Vec<(RawFd, u64)> = Vec::with_capacity(orphans.len());
+    let mut out = Vec::with_capacity(orphans.len());
+    for o in &orphans {
+        let fd = o.fd.as_raw_fd();
+        let same = ids
+            .iter()
+            .find(|&&(other, _)| ferry_sys::fd::kcmp_same_file(me, me, fd, other).unwrap_or(false));
+        let id = match same {
+            Some(&(_, id)) => id,
+            None => {
+                let id = next_id + ids.len() as u64;
+                ids.push((fd, id));
+                id
+            }
+        };
+        let file = ferry_image::OpenFile { id, ..o.file.clone() };
+        out.push(ferry_image::InFlightFile {
+            socket: o.socket,
+            message: o.message,
+            index: o.index,
+            file,
+        });
+    }
+    Ok(out)
+}
+
+/// A descriptor in flight that no process of the tree holds, read from
+/// ferry's own copy like an fd of a process. Only files restore makes on
+/// their own are taken: a regular file, a directory, a device, an eventfd.
+fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
+    let fd = f.as_raw_fd();
+    let own = format!("/proc/self/fd/{fd}");
+    let link = crate::procfs::read_link(&own)?;
+    let refuse = |why: &str| {
+        info.unsupported(format!(
+            "a descriptor in flight ({link}, passed with SCM_RIGHTS and not received yet) is held by no process of the tree, and {why}"
+        ))
+    };
+    let kind_ok = |k: &FileKind| {
+        matches!(
+            k,
+            FileKind::Regular { .. }
+                | FileKind::Directory { .. }
+                | FileKind::CharDevice { .. }
+                | FileKind::EventFd { .. }
+        )
+    };
+    if link.starts_with("pipe:")
+        || link.starts_with("socket:")
+        || (link.starts_with("anon_inode:") && link != "anon_inode:[eventfd]")
+    {
+        return Err(refuse(
+            "only a regular file, a directory, a device or an eventfd in flight is restored",
+        ));
+    }
+    let me = std::process::id() as i32;
+    let pidfd = ferry_sys::pidfd::pidfd_open(me)
+        .map_err(|e| EngineError::kernel(info.pid, "pidfd_open of ferry itself", e))?;
+    let mine = FdInfo {
+        pid: me,
+        fd,
+        link: link.clone(),
+        fdinfo: crate::procfs::read_string(&format!("/proc/self/fdinfo/{fd}"))?,
+        meta: std::fs::metadata(&own).map_err(|e| EngineError::io(&own, e))?,
+        pidfd: &pidfd,
+        tree: info.tree,
+        unix_tables: info.unix_tables,
+    };
+    let (flags, pos, kind, locks) = super::describe(&mine, false)
+        .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
+    if !kind_ok(&kind) {
+        return Err(refuse(
+            "only a regular file, a directory, a device or an eventfd in flight is restored",
+        ));
+    }
+    if !locks.is_empty() {
+        return Err(refuse("it holds locks"));
+    }
+    Ok(ferry_image::OpenFile { id: 0, flags, pos, kind, locks })
 }
 
 /// The sock_diag unix tables read while capturing one process, by
@@ -179,7 +307,20 @@ pub struct UnixTables(
     std::sync::Mutex<Vec<(u64, u64, u32)>>,
     std::sync::Mutex<Vec<u64>>,
     std::sync::Mutex<Vec<ferry_image::UnixPeerCred>>,
+    std::sync::Mutex<Vec<ferry_image::UnixDeadPeer>>,
+    std::sync::Mutex<Vec<Orphan>>,
 );
+
+/// A file in flight in a unix queue that no process of the tree holds,
+/// captured through the descriptor a peek gave ferry (kept open, so the
+/// tree-wide pass can tell with kcmp which entries are one description).
+pub struct Orphan {
+    pub socket: u64,
+    pub message: u32,
+    pub index: u32,
+    pub file: ferry_image::OpenFile,
+    pub fd: OwnedFd,
+}
 
 fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -195,6 +336,14 @@ impl UnixTables {
     /// them).
     pub fn take_peer_creds(&self) -> Vec<ferry_image::UnixPeerCred> {
         std::mem::take(&mut *locked(&self.3))
+    }
+    /// Every file found in flight that no process of the tree holds.
+    pub fn take_orphans(&self) -> Vec<Orphan> {
+        std::mem::take(&mut *locked(&self.5))
+    }
+    /// Every connected socket found whose peer was closed.
+    pub fn take_dead_peers(&self) -> Vec<ferry_image::UnixDeadPeer> {
+        std::mem::take(&mut *locked(&self.4))
     }
     /// Inodes of the listeners found with one connection waiting.
     pub fn take_listeners_with_pending(&self) -> Vec<u64> {
@@ -242,23 +391,41 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     }
     let listen_backlog = s.listen_backlog(&name)?;
     let peer = (me.peer != 0).then_some(me.peer as u64);
-    s.check_unaccepted()?;
+    let dead = s.dead_peer(&name)?;
+    if dead.is_none() {
+        s.check_unaccepted()?;
+    }
     if let Some(p) = peer {
         s.check_peer(p)?;
     }
-    s.check_queue_and_options(peer, listen_backlog.is_some())?;
+    s.check_queue_and_options(peer.or(dead.as_ref().map(|_| 0)), listen_backlog.is_some())?;
     let passcred =
         ferry_sys::socket::getsockopt_int(s.fd, libc::SOL_SOCKET, libc::SO_PASSCRED).map_err(
             |e| EngineError::kernel(info.pid, format!("fd {}: reading SO_PASSCRED", info.fd), e),
         )? != 0;
-    if peer.is_some() || listen_backlog.is_some() {
+    if peer.is_some() || listen_backlog.is_some() || dead.is_some() {
         s.record_peer_cred(listen_backlog.is_some())?;
     }
+    let reset = dead.as_ref().is_some_and(|d| d.reset);
+    if reset && me.rqueue > 0 && sock_type != libc::SOCK_STREAM {
+        return Err(info.unsupported("its peer was closed, ECONNRESET is pending in SO_ERROR and records are queued: reading them, even with MSG_PEEK, would return the error and clear it"));
+    }
     let queue = if me.rqueue > 0 && listen_backlog.is_none() {
-        peek_queue(info, s.fd, sock_type == libc::SOCK_STREAM, passcred)?
+        let end = PeekEnd {
+            upto: reset.then_some(me.rqueue as usize),
+            eof_at: (sock_type == libc::SOCK_SEQPACKET && me.shutdown & 1 != 0)
+                .then_some(me.rqueue as usize),
+        };
+        peek_queue(info, s.fd, sock_type == libc::SOCK_STREAM, passcred, end)?
     } else {
         Queue::default()
     };
+    if let Some(d) = dead {
+        if !queue.in_flight.is_empty() {
+            return Err(info.unsupported("its peer was closed and its queue holds descriptors or credentials in flight (SCM_RIGHTS, SCM_CREDENTIALS) from that peer; such a queue is not restored"));
+        }
+        locked(&info.unix_tables.4).push(d);
+    }
     Ok(FileKind::UnixSocket(UnixSocket {
         ino,
         sock_type,
@@ -322,11 +489,10 @@ impl Probe<'_> {
         if me.state != TCP_ESTABLISHED || me.peer != 0 || self.sock_type == libc::SOCK_DGRAM {
             return Ok(());
         }
-        // A connected stream socket whose peer was closed: the kernel shuts it
-        // down and its peer has no inode any more. Restoring it unconnected
-        // would turn EOF and EPIPE into ENOTCONN.
+        // A socket whose peer was closed is found by `dead_peer`; one listed
+        // in an accept queue and shut down both ways by itself is not.
         if me.shutdown == 3 {
-            return Err(info.unsupported("its peer was closed (reads give EOF, writes EPIPE); such a connection is not restored yet"));
+            return Err(info.unsupported("it waits in a listener's accept queue and was shut down both ways; such a connection is not restored"));
         }
         // A connected stream socket whose peer has no inode and which is not
         // shut down (a dead peer shuts it down) waits in a listener's accept
@@ -366,6 +532,108 @@ impl Probe<'_> {
         Ok(())
     }
 
+    /// A connected socket whose peer was closed: the kernel keeps the
+    /// closed socket as its peer, orphaned, so sock_diag gives the peer
+    /// no inode while getpeername still names it, and a stream or
+    /// seqpacket survivor was shut down both ways by the close (one
+    /// waiting in an accept queue, its listener lists it, is not this).
+    /// Returns what restore needs to make it again, or refuses what it
+    /// could not.
+    fn dead_peer(&self, name: &[u8]) -> Result<Option<ferry_image::UnixDeadPeer>> {
+        let me = self.me;
+        let stream = self.sock_type != libc::SOCK_DGRAM;
+        if me.peer != 0 || me.state == TCP_LISTEN {
+            return Ok(None);
+        }
+        if stream
+            && (me.state != TCP_ESTABLISHED
+                || me.shutdown != 3
+                || self.table.iter().any(|l| l.state == TCP_LISTEN && l.icons.contains(&me.ino)))
+        {
+            return Ok(None);
+        }
+        let Ok(peer_name) = ferry_sys::socket::unix_name(self.fd, true) else {
+            return Ok(None);
+        };
+        let pending_error = self.pending_error()?;
+        if pending_error && !stream {
+            return Err(self.info.unsupported("its peer was closed and an error is pending in SO_ERROR; a datagram socket's pending error is not restored"));
+        }
+        // Both ends unnamed: a socketpair. Otherwise the survivor called
+        // connect() unless it is the one named like a listener (its own).
+        let client = stream
+            && !peer_name.is_empty()
+            && (name.is_empty()
+                || !self.table.iter().any(|l| {
+                    l.state == TCP_LISTEN
+                        && l.sock_type as i32 == self.sock_type
+                        && norm_name(&l.name) == name
+                }));
+        let dead =
+            ferry_image::UnixDeadPeer { ino: self.ino, peer_name, client, reset: pending_error };
+        self.check_dead_peer_name(&dead)?;
+        Ok(Some(dead))
+    }
+
+    /// Whether an error waits in SO_ERROR, read without clearing it: poll
+    /// reports POLLERR while it does.
+    fn pending_error(&self) -> Result<bool> {
+        let mut p = [libc::pollfd { fd: self.fd, events: 0, revents: 0 }];
+        ferry_sys::fd::poll(&mut p, 0).map_err(|e| {
+            EngineError::kernel(self.info.pid, format!("fd {}: polling it", self.info.fd), e)
+        })?;
+        Ok(p[0].revents & libc::POLLERR != 0)
+    }
+
+    /// Restore binds a stand-in for the closed peer to its name for a
+    /// moment (a path through a temporary rename of what is there): that
+    /// name must not belong to a live socket, except the tree's own
+    /// listener the survivor connected to (made again after it). A closed
+    /// client bound to a path is refused: its stand-in would leave a new
+    /// socket file there. A datagram socket connected by name (no
+    /// SO_PEERCRED) is made by connect(), and its closed peer could not
+    /// send it datagrams then: a queue on it is refused.
+    fn check_dead_peer_name(&self, d: &ferry_image::UnixDeadPeer) -> Result<()> {
+        let info = self.info;
+        let shown = crate::unix_remake::show(&d.peer_name);
+        if d.peer_name.is_empty() {
+            return Ok(());
+        }
+        let stream = self.sock_type != libc::SOCK_DGRAM;
+        if stream && !d.client && d.peer_name[0] != 0 {
+            return Err(info.unsupported(format!("its peer, a client bound to the path {shown}, was closed; restoring it would bind a new socket file there")));
+        }
+        // Connected stream sockets carry their listener's name without
+        // holding it (accepted ends).
+        let holders = self.table.iter().filter(|o| {
+            norm_name(&o.name) == d.peer_name
+                && !(o.sock_type as i32 != libc::SOCK_DGRAM && o.state == TCP_ESTABLISHED)
+        });
+        for other in holders {
+            let ours = super::holders_in_tree(info.tree, &format!("socket:[{}]", other.ino)) > 0;
+            let our_listener =
+                ours && other.state == TCP_LISTEN && other.sock_type as i32 == self.sock_type;
+            if !(d.client && our_listener) {
+                return Err(info.unsupported(format!("its peer, named {shown}, was closed and socket:[{}] now holds that name; restoring the closed peer would take that name for a moment", other.ino)));
+            }
+        }
+        if !stream && self.me.rqueue > 0 {
+            let creds = ferry_sys::socket::getsockopt_bytes(
+                self.fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                12,
+            )
+            .map_err(|e| {
+                EngineError::kernel(info.pid, format!("fd {}: reading SO_PEERCRED", info.fd), e)
+            })?;
+            if creds.get(..4).is_some_and(|pid| pid == [0, 0, 0, 0]) {
+                return Err(info.unsupported(format!("{} datagrams queued from its peer {shown}, which it connected to by name and which was closed; they are not restored", self.me.rqueue)));
+            }
+        }
+        Ok(())
+    }
+
     /// The peer `p` must be a socket of the tree, with a name to connect
     /// to again if it is not connected back.
     fn check_peer(&self, p: u64) -> Result<()> {
@@ -396,9 +664,12 @@ impl Probe<'_> {
         let (info, ino) = (self.info, self.ino);
         // Datagrams queued on a socket that is not one end of a pair came
         // from senders the image does not record (any socket that sent to its
-        // name); restore refills a queue only from the peer of a pair.
-        let pair = peer
-            .is_some_and(|p| self.table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino));
+        // name); restore refills a queue only from the peer of a pair, or
+        // from the stand-in of a closed peer (`peer` 0: only that peer
+        // could send to it).
+        let pair = peer.is_some_and(|p| {
+            p == 0 || self.table.iter().any(|d| d.ino as u64 == p && d.peer as u64 == ino)
+        });
         if self.me.rqueue > 0 && !listener && !pair {
             return Err(info.unsupported(format!(
                 "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",

@@ -21,6 +21,7 @@ mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
 pub(crate) mod unix;
+mod unix_dead;
 pub(crate) mod unix_late;
 
 use crate::error::{EngineError, Result};
@@ -188,6 +189,7 @@ fn build_all(
     let mut made: HashMap<u64, OwnedFd> = HashMap::new();
     let result: Result<()> = (|| {
         if unix_sockets {
+            unix_dead::remake_all(b, tree)?;
             unix::connect_named(b, tree)?;
         }
         // inotify instances last: a watch on a deleted file goes on the
@@ -211,6 +213,16 @@ fn build_all(
                     made.insert(f.id, high);
                 }
             }
+        }
+        // Files only a message in flight holds (format 4.4), made like the
+        // processes' own; `unix::send_in_flight` passes them.
+        b.pid = tree.processes.first().map_or(0, |p| p.pid);
+        for e in tree.unix_in_flight_files.iter().flat_map(|f| &f.files) {
+            if made.contains_key(&e.file.id) || !wanted(&e.file) {
+                continue;
+            }
+            let fd = build_one(b, &e.file)?;
+            made.insert(e.file.id, b.keep(fd)?);
         }
         if !unix_sockets {
             return Ok(());

@@ -22,7 +22,12 @@ fn dup(pid: i32, fd: &OwnedFd) -> Result<OwnedFd> {
 
 /// A connected pair, made by the process its SO_PEERCRED names when the
 /// image records one (`unix_late`), else by ferry.
-fn pair(b: &mut Builder, pid: i32, ino: u64, sock_type: i32) -> Result<(OwnedFd, OwnedFd)> {
+pub(super) fn pair(
+    b: &mut Builder,
+    pid: i32,
+    ino: u64,
+    sock_type: i32,
+) -> Result<(OwnedFd, OwnedFd)> {
     if let Some(inj) = b.inject.as_deref_mut() {
         if let Some(c) = inj.cred(ino) {
             return inj.socketpair(c, sock_type);
@@ -50,7 +55,7 @@ fn listen(
         .map_err(|e| EngineError::kernel(pid, "listening on a unix socket", e))
 }
 
-fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<()> {
+pub(super) fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<()> {
     for m in msgs {
         let mut off = 0;
         loop {
@@ -77,7 +82,7 @@ fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<
     Ok(())
 }
 
-fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
+pub(super) fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
     if name.len() >= ferry_sys::socket::UNIX_PATH_MAX {
         return Err(EngineError::restore(pid, "unix socket name too long"));
     }
@@ -136,14 +141,14 @@ fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
 /// back afterwards; the temporary socket file is removed. The kernel only
 /// binds a free name, and a stale socket file (or anything else the path
 /// names now) must come back as it was.
-struct TempPath {
+pub(super) struct TempPath {
     path: PathBuf,
     aside: Option<PathBuf>,
-    bound: bool,
+    pub(super) bound: bool,
 }
 
 impl TempPath {
-    fn take(pid: i32, name: &[u8]) -> Result<TempPath> {
+    pub(super) fn take(pid: i32, name: &[u8]) -> Result<TempPath> {
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(name));
         let mut t = TempPath { path, aside: None, bound: false };
         if std::fs::symlink_metadata(&t.path).is_ok() {
@@ -165,7 +170,7 @@ impl TempPath {
         Ok(t)
     }
 
-    fn finish(mut self) -> Result<()> {
+    pub(super) fn finish(mut self) -> Result<()> {
         self.put_back()
     }
 
@@ -403,7 +408,7 @@ pub fn connect_one_way(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Resu
     result
 }
 
-fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
+pub(super) fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
     if name.first().is_some_and(|&c| c != 0)
         && !Path::new(std::ffi::OsStr::from_bytes(name)).is_absolute()
     {
@@ -422,7 +427,7 @@ fn chdir_for(p: &ferry_image::ProcessImage, name: &[u8]) -> Result<()> {
 /// listener's credentials to the client) and the client connects from
 /// the one the accepted end's names (the kernel gives the accepted end
 /// the connecting task's).
-fn connect_through_name(
+pub(super) fn connect_through_name(
     mut inj: Option<&mut (dyn Inject + '_)>,
     pc: &ferry_image::ProcessImage,
     c: &UnixSocket,
@@ -493,7 +498,12 @@ fn connect_through_name(
 pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
     let pid = b.pid;
     let stream = s.sock_type == libc::SOCK_STREAM;
-    let sock = if let Some(peer) = s.peer {
+    // One whose peer was closed, remade with its queue by `unix_dead`.
+    let remade_dead = if s.peer.is_none() { b.unix_pending.remove(&s.ino) } else { None };
+    let refill = remade_dead.is_none();
+    let sock = if let Some(sock) = remade_dead {
+        sock
+    } else if let Some(peer) = s.peer {
         if let Some(mine) = b.unix_pending.remove(&s.ino) {
             mine
         } else {
@@ -526,7 +536,7 @@ pub fn create(b: &mut Builder, s: &UnixSocket) -> Result<OwnedFd> {
     }
     // A queue with descriptors or credentials in flight is sent once
     // every process exists (`send_in_flight`).
-    if !s.queued.is_empty() && s.in_flight.is_empty() {
+    if refill && !s.queued.is_empty() && s.in_flight.is_empty() {
         let peer = s.peer.and_then(|p| b.unix_peers.get(&p)).ok_or_else(|| {
             EngineError::restore(pid, "queued data on an unconnected unix socket")
         })?;
@@ -651,6 +661,14 @@ fn file_of(tree: &TreeImage, pid: i32, fd: i32) -> Option<u64> {
     p.files.get(slot.file as usize).map(|f| f.id)
 }
 
+/// The id of the file that only message `message` of socket `ino` holds,
+/// as its descriptor `index` (format 4.4).
+fn held_by_none(tree: &TreeImage, ino: u64, message: u32, index: u32) -> Option<u64> {
+    let files = &tree.unix_in_flight_files.as_ref()?.files;
+    let e = files.iter().find(|e| (e.socket, e.message, e.index) == (ino, message, index))?;
+    Some(e.file.id)
+}
+
 /// The id of the file of the unix socket `ino`.
 fn id_of_ino(tree: &TreeImage, ino: u64) -> Option<u64> {
     tree.processes
@@ -672,9 +690,20 @@ fn send_queue(
     for (i, m) in u.queued.iter().enumerate() {
         let anc = u.in_flight.iter().find(|a| a.message as usize == i);
         let mut fds = Vec::new();
-        for d in anc.map(|a| a.fds.as_slice()).unwrap_or_default() {
-            let fd = file_of(tree, d.pid, d.fd).and_then(|id| staged.get(&id)).ok_or_else(|| {
-                EngineError::restore(pid, format!("unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged", u.ino, d.fd, d.pid))
+        for (j, d) in anc.map(|a| a.fds.as_slice()).unwrap_or_default().iter().enumerate() {
+            let id = if *d == ferry_image::PassedFd::HELD_BY_NONE {
+                held_by_none(tree, u.ino, i as u32, j as u32)
+            } else {
+                file_of(tree, d.pid, d.fd)
+            };
+            let fd = id.and_then(|id| staged.get(&id)).ok_or_else(|| {
+                EngineError::restore(
+                    pid,
+                    format!(
+                        "unix socket {}: the descriptor in flight (fd {} of pid {}) was not staged",
+                        u.ino, d.fd, d.pid
+                    ),
+                )
             })?;
             fds.push(fd.as_raw_fd());
         }
@@ -723,12 +752,15 @@ pub fn shut_down(
     staged: &HashMap<u64, OwnedFd>,
     deferred_ones: bool,
 ) -> Result<()> {
+    // Shut down by the close of their peer, which `unix_dead` made again.
+    let dead: HashSet<u64> =
+        tree.unix_dead_peers.iter().flat_map(|d| &d.sockets).map(|d| d.ino).collect();
     for p in &tree.processes {
         for f in &p.files {
             let FileKind::UnixSocket(u) = &f.kind else {
                 continue;
             };
-            if deferred(tree, u) != deferred_ones {
+            if deferred(tree, u) != deferred_ones || dead.contains(&u.ino) {
                 continue;
             }
             let how = match u.shutdown & 3 {
