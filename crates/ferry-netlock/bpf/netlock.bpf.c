@@ -268,6 +268,24 @@ static __always_inline __u32 ip_length(struct __sk_buff *skb)
 	return 40 + (((__u32)b[4] << 8) | b[5]);
 }
 
+// Reserves a record of type `kind` in `held`, fills it from the packet
+// and submits it (discards it when the packet cannot be read).
+#define KEEP_AS(kind)                                                                   \
+	do {                                                                            \
+		struct kind *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);             \
+		if (!r)                                                                 \
+			return;                                                         \
+		r->h.len = len;                                                         \
+		r->h.owner = owner;                                                     \
+		r->h.ingress = ingress;                                                 \
+		r->h.generation = generation;                                           \
+		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) { \
+			bpf_ringbuf_discard(r, 0);                                      \
+			return;                                                         \
+		}                                                                       \
+		bpf_ringbuf_submit(r, 0);                                               \
+	} while (0)
+
 // Copies the dropped packet into `held` for the lock that dropped it.
 static __always_inline void keep(struct __sk_buff *skb, __u32 match, int ingress)
 {
@@ -281,35 +299,10 @@ static __always_inline void keep(struct __sk_buff *skb, __u32 match, int ingress
 	// whole packet linear (it is dropped anyway).
 	if (bpf_skb_pull_data(skb, skb->len))
 		return;
-	if (len <= HELD_SMALL) {
-		struct held_small *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);
-
-		if (!r)
-			return;
-		r->h.len = len;
-		r->h.owner = owner;
-		r->h.ingress = ingress;
-		r->h.generation = generation;
-		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) {
-			bpf_ringbuf_discard(r, 0);
-			return;
-		}
-		bpf_ringbuf_submit(r, 0);
-	} else if (len <= HELD_LARGE) {
-		struct held_large *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);
-
-		if (!r)
-			return;
-		r->h.len = len;
-		r->h.owner = owner;
-		r->h.ingress = ingress;
-		r->h.generation = generation;
-		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) {
-			bpf_ringbuf_discard(r, 0);
-			return;
-		}
-		bpf_ringbuf_submit(r, 0);
-	}
+	if (len <= HELD_SMALL)
+		KEEP_AS(held_small);
+	else if (len <= HELD_LARGE)
+		KEEP_AS(held_large);
 }
 
 static __always_inline int verdict(struct __sk_buff *skb, int ingress)

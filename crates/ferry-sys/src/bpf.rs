@@ -345,20 +345,16 @@ pub struct TcxLinkInfo {
 /// `BPF_LINK_TYPE_TCX` from include/uapi/linux/bpf.h.
 const BPF_LINK_TYPE_TCX: u32 = 11;
 
-/// Reads a link's info with `BPF_OBJ_GET_INFO_BY_FD`; `None` when the link
-/// is not a tcx link.
-pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
-    // struct bpf_link_info: type, id, prog_id, then (8-aligned, at byte 16)
-    // the per-type union whose tcx member is {ifindex, attach_type}. The
-    // kernel copies at most info_len bytes.
-    let mut info = [0u32; 16];
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` (the kernel copies at most its
+/// size); for the info structs' leading 32-bit words.
+fn obj_info(fd: BorrowedFd<'_>, info: &mut [u32]) -> SysResult<()> {
     let mut attr = InfoAttr {
-        bpf_fd: link.as_raw_fd() as u32,
-        info_len: std::mem::size_of_val(&info) as u32,
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: std::mem::size_of_val(info) as u32,
         info: info.as_mut_ptr() as u64,
     };
     // SAFETY: attr is a properly initialised `bpf_attr.info`; info points to
-    // info_len writable bytes on our stack that outlive the call.
+    // info_len writable bytes borrowed for the whole call.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -370,6 +366,16 @@ pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
     if ret < 0 {
         return Err(last_error("bpf(BPF_OBJ_GET_INFO_BY_FD)"));
     }
+    Ok(())
+}
+
+/// Reads a link's info with `BPF_OBJ_GET_INFO_BY_FD`; `None` when the link
+/// is not a tcx link.
+pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
+    // struct bpf_link_info: type, id, prog_id, then (8-aligned, at byte 16)
+    // the per-type union whose tcx member is {ifindex, attach_type}.
+    let mut info = [0u32; 16];
+    obj_info(link, &mut info)?;
     if info[0] != BPF_LINK_TYPE_TCX {
         return Ok(None);
     }
@@ -380,23 +386,7 @@ pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
 /// second word).
 pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
     let mut info = [0u32; 8];
-    let mut attr = InfoAttr {
-        bpf_fd: prog.as_raw_fd() as u32,
-        info_len: std::mem::size_of_val(&info) as u32,
-        info: info.as_mut_ptr() as u64,
-    };
-    // SAFETY: as in tcx_link_info: info_len writable bytes on our stack.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &mut attr as *mut InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(last_error("bpf(BPF_OBJ_GET_INFO_BY_FD)"));
-    }
+    obj_info(prog, &mut info)?;
     Ok(info[1])
 }
 
