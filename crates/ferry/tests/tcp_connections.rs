@@ -598,3 +598,91 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     );
     assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
 }
+
+/// A client's request that meets the network lock is answered in pause
+/// time, not retransmission time: the lock keeps the packets it drops and
+/// the restore delivers them once the connection exists again (the
+/// client's retransmission timeout is 200 ms at least). The example
+/// server, one client on A's loopback sending a PING every 2 ms and timing
+/// each answer, eight checkpoint + restore rounds (a PING meets the lock
+/// in about a third of the rounds).
+#[test]
+fn a_request_held_by_the_lock_is_answered_in_pause_time() {
+    require_root!();
+    let hosts = Hosts::new("held");
+    let dir = TempDir(temp_dir("held"));
+    let bin = dir.0.join("counter_server");
+    ferry_testkit::compile_c(&repo().join("examples/counter_server.c"), &bin);
+    let log = dir.0.join("server.log");
+    let mut server =
+        Server { child: Some(spawn_in_netns(&hosts.a, &dir.0, &log, &bin, &["0"])), log, pid: 0 };
+    server.pid = server.child.as_ref().map_or(0, |c| c.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port: u16 = loop {
+        let line = read_lossy(&server.log);
+        if let Some(p) = line.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) {
+            if let Ok(p) = p.parse() {
+                break p;
+            }
+        }
+        assert!(Instant::now() < deadline, "server did not start: {line}");
+        sleep(POLL);
+    };
+    let stream = hosts.a.run(|| TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let mut stream = stream;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut longest = Duration::ZERO;
+        let mut buf = [0u8; 64];
+        while stop_rx.try_recv().is_err() {
+            let t = Instant::now();
+            stream.write_all(b"PING\n").expect("write PING");
+            let n = stream.read(&mut buf).expect("read PONG");
+            assert_eq!(&buf[..n], b"PONG\n");
+            longest = longest.max(t.elapsed());
+            sleep(Duration::from_millis(2));
+        }
+        longest
+    });
+    sleep(Duration::from_millis(100));
+    for round in 0..8 {
+        let images = dir.0.join(format!("images-{round}"));
+        let images_s = images.to_str().expect("utf-8");
+        let st = ferry(
+            &["checkpoint", "--pid", &server.pid.to_string(), "--images", images_s],
+            &dir.0.join(format!("checkpoint-{round}.err")),
+        );
+        assert!(
+            st.success(),
+            "checkpoint {round}: {}",
+            read_lossy(&dir.0.join(format!("checkpoint-{round}.err")))
+        );
+        if let Some(mut old) = server.child.take() {
+            let _ = old.wait();
+        }
+        let pidfile = dir.0.join(format!("pid-{round}"));
+        let mut restore = Command::new(FERRY);
+        restore
+            .args(["restore", "--images", images_s, "--netns", &hosts.a.0, "--pidfile"])
+            .arg(&pidfile)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.0.join(format!("restore-{round}.err"))).expect("err"));
+        ferry_testkit::only_stdio(&mut restore);
+        server.child = Some(restore.spawn().expect("spawn restore"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !read_lossy(&pidfile).ends_with('\n') {
+            assert!(Instant::now() < deadline, "restore {round}: no pidfile");
+            sleep(POLL);
+        }
+        sleep(Duration::from_millis(60));
+    }
+    let _ = stop_tx.send(());
+    let longest = client.join().expect("client");
+    eprintln!("longest wait of a PING across 8 checkpoint + restore rounds: {longest:?}");
+    assert!(
+        longest < Duration::from_millis(150),
+        "a request waited {longest:?}: a retransmission timeout, not the pause"
+    );
+}

@@ -93,12 +93,16 @@ impl Held {
             l.disengage()?;
         }
         ph.mark("network thaw");
+        files::tcp::resend(&rebuilt)?;
+        ph.mark("tcp resend");
+        // After the resend: a held segment from the peer acknowledges what
+        // the old socket had sent, and the rebuilt one counts as sent only
+        // once the resend wrote it again; before, the kernel would drop
+        // the segment, data and all, as an ACK of data never sent.
         if let Some(l) = lock.as_mut() {
             deliver_held(l, pid);
         }
         ph.mark("held packets");
-        files::tcp::resend(&rebuilt)?;
-        ph.mark("tcp resend");
         // Children first, so a parent never runs while its child is still held.
         for HeldProcess { pid: p, tids, stopped } in procs.iter().rev() {
             if *stopped {
