@@ -100,6 +100,9 @@ impl Held {
         // once the resend wrote it again; before, the kernel would drop
         // the segment, data and all, as an ACK of data never sent.
         if let Some(l) = lock.as_mut() {
+            if !files::tcp::wait_sent(&rebuilt, std::time::Duration::from_millis(20)) {
+                tracing::debug!("a rebuilt connection had not sent its resent data within 20 ms");
+            }
             deliver_held(l, pid);
         }
         ph.mark("held packets");

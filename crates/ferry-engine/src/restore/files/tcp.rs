@@ -449,6 +449,26 @@ pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
     Ok(())
 }
 
+/// Waits (at most `limit`) until every rebuilt connection has sent what
+/// the resend wrote: until then an ACK from the peer for that data counts
+/// as one for data never sent and the kernel drops it with the data it
+/// carries. The write usually goes out at once; pacing can defer it.
+/// Returns whether everything was sent.
+pub fn wait_sent(rebuilt: &Rebuilt, limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let pending =
+            rebuilt.conns.iter().any(|(_, _, _, fd)| socket::outq_unsent(*fd).is_ok_and(|n| n > 0));
+        if !pending {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::head_to_put_back;
