@@ -369,9 +369,26 @@ fn run_program_as(name: &'static str, chain: bool) {
         return;
     }
     let bin = compile(name);
-    let mut run = Run::new(name);
-    run.chain = chain;
-    run.execute(&bin);
+    let attempt = || {
+        let mut run = Run::new(name);
+        run.chain = chain;
+        run.execute(&bin);
+    };
+    // One more attempt, from a fresh start, when the restore found one of
+    // the tree's PIDs taken: a process of another test or of the machine
+    // got it between checkpoint and restore, which says nothing of ferry.
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)) {
+        let text = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if !text.contains("is taken by a running process") {
+            std::panic::resume_unwind(panic);
+        }
+        eprintln!("{name}: a PID of the tree was taken by another process before restore; again");
+        attempt();
+    }
 }
 
 /// Programs restored from a chain of incremental images (a full image
