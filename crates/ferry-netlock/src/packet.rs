@@ -120,6 +120,9 @@ pub(crate) fn sendable(packet: &[u8], max_len: usize) -> Vec<Vec<u8>> {
     let Some(l) = layout(packet) else {
         return Vec::new();
     };
+    let mut owned = packet.to_vec();
+    strip_timestamps(&mut owned, &l);
+    let packet = owned.as_slice();
     let headers = l.ip_len + l.tcp_len;
     let payload = &packet[headers..];
     let room = max_len.saturating_sub(headers);
@@ -154,6 +157,34 @@ pub(crate) fn sendable(packet: &[u8], max_len: usize) -> Vec<Vec<u8>> {
             seg
         })
         .collect()
+}
+
+/// Turns a timestamp option into NOPs. A held segment is older than the
+/// peer's segments that may reach the socket before it: with its
+/// timestamp, the socket's PAWS check would drop it as a stale duplicate.
+fn strip_timestamps(packet: &mut [u8], l: &Layout) {
+    const NOP: u8 = 1;
+    const END: u8 = 0;
+    const TIMESTAMP: u8 = 8;
+    let mut at = l.ip_len + 20;
+    let end = l.ip_len + l.tcp_len;
+    while at < end {
+        match packet[at] {
+            END => break,
+            NOP => at += 1,
+            kind => {
+                let Some(&len) = packet.get(at + 1) else { break };
+                let len = usize::from(len);
+                if len < 2 || at + len > end {
+                    break;
+                }
+                if kind == TIMESTAMP {
+                    packet[at..at + len].fill(NOP);
+                }
+                at += len;
+            }
+        }
+    }
 }
 
 /// Sets the IP length fields of a segment (and for IPv4 a fresh id, the
@@ -239,6 +270,20 @@ mod tests {
             joined.extend_from_slice(&seg[40..]);
         }
         assert_eq!(joined, payload);
+    }
+
+    #[test]
+    fn a_timestamp_option_becomes_nops() {
+        // 20 bytes of IP, 32 of TCP: NOP, NOP, timestamp (10 bytes).
+        let mut p = v4_packet(b"");
+        p.splice(40..40, [1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9]);
+        p[32] = 8 << 4;
+        let total = p.len() as u16;
+        p[2..4].copy_from_slice(&total.to_be_bytes());
+        let out = sendable(&p, 1500);
+        assert_eq!(out.len(), 1);
+        assert_eq!(&out[0][40..52], &[1; 12]);
+        assert!(tcp_checksum_ok(&out[0]));
     }
 
     #[test]
