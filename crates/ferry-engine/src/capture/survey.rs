@@ -20,6 +20,8 @@ pub(super) struct Survey {
     pub vmas: Vec<Vma>,
     pub files: Vec<OpenFile>,
     pub fds: Vec<FdSlot>,
+    /// (dev, ino) of each file, by file index.
+    inodes: Vec<(u64, u64)>,
     pub memfds: Vec<ferry_image::MemfdObject>,
     pub remote: Remote,
     /// State found from outside (seccomp, fd owners, inode attributes,
@@ -65,8 +67,28 @@ impl TreeSurvey {
     }
 }
 
+/// What was listed of the tree while it ran: each process's sockets.
+pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
+
+/// Phase "presurvey", before the freeze: the sockets of every process
+/// of the running tree listed ([`files::presurvey`]), so that the survey
+/// in the freeze only checks they are still the same.
+pub(super) fn presurvey(root: i32) -> Presurvey {
+    let mut pre = Presurvey::new();
+    for pid in super::tree::running_tree(root) {
+        let listed = files::presurvey(pid);
+        tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
+        pre.insert(pid, listed);
+    }
+    pre
+}
+
 /// The survey phase over the frozen tree.
-pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<TreeSurvey> {
+pub(super) fn survey_tree(
+    tree: &FrozenTree,
+    opts: &CaptureOptions,
+    pre: &Presurvey,
+) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
     namespaces::check_mounts(&pids)?;
@@ -87,7 +109,7 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
     let cgroups = cgroups::capture(&tasks)?;
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
-        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts)?);
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, pre.get(&p.frozen.pid))?);
     }
     let unix_creds = link_files(&mut procs, &pids)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
@@ -113,6 +135,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
+    pre: Option<&files::FdPresurvey>,
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -121,8 +144,8 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
-    let files::CapturedFds { files, fds, unix_connects, pending_listeners, unix_creds } =
-        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    let files::CapturedFds { files, fds, inodes, unix_connects, pending_listeners, unix_creds } =
+        files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -151,6 +174,7 @@ fn survey_process(
         vmas,
         files,
         fds,
+        inodes,
         memfds,
         remote,
         fidelity,
@@ -172,7 +196,12 @@ fn link_files(procs: &mut [Survey], pids: &[i32]) -> Result<Vec<UnixPeerCred>> {
     {
         let mut pf: Vec<files::ProcessFiles> = procs
             .iter_mut()
-            .map(|s| files::ProcessFiles { pid: s.pid, files: &mut s.files, fds: &s.fds })
+            .map(|s| files::ProcessFiles {
+                pid: s.pid,
+                files: &mut s.files,
+                fds: &s.fds,
+                inodes: &s.inodes,
+            })
             .collect();
         files::link_tree(&mut pf, pids, &unix_creds)?;
     }

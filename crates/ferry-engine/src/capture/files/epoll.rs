@@ -38,6 +38,8 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
 pub fn resolve_targets(procs: &[(i32, &[OpenFile], &[FdSlot])]) -> Result<Vec<Vec<EpollTarget>>> {
     let mut out = Vec::with_capacity(procs.len());
     for &(pid, files, slots) in procs {
+        // By number: an epoll of a server can watch 10,000 fds.
+        let open: std::collections::HashSet<i32> = slots.iter().map(|s| s.fd).collect();
         let mut targets = Vec::new();
         for (i, f) in files.iter().enumerate() {
             let FileKind::Epoll { entries } = &f.kind else {
@@ -50,7 +52,7 @@ pub fn resolve_targets(procs: &[(i32, &[OpenFile], &[FdSlot])]) -> Result<Vec<Ve
                 let same = |q: i32, fd: i32| {
                     ferry_sys::fd::kcmp_epoll_target(q, fd, pid, epfd, e.fd).unwrap_or(false)
                 };
-                if slots.iter().any(|s| s.fd == e.fd) && same(pid, e.fd) {
+                if open.contains(&e.fd) && same(pid, e.fd) {
                     continue;
                 }
                 let found = procs.iter().find_map(|&(q, qfiles, qslots)| {
