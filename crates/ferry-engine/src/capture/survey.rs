@@ -209,7 +209,8 @@ fn link_files(procs: &mut [Survey], pids: &[i32]) -> Result<Vec<UnixPeerCred>> {
     let targets = {
         let views: Vec<(i32, &[OpenFile], &[FdSlot])> =
             procs.iter().map(Survey::file_view).collect();
-        files::epoll::resolve_targets(&views)?
+        let inodes: Vec<&[(u64, u64)]> = procs.iter().map(|s| s.inodes.as_slice()).collect();
+        files::epoll::resolve_targets(&views, &inodes)?
     };
     for (s, t) in procs.iter_mut().zip(targets) {
         s.fidelity.epoll_targets = t;
