@@ -335,14 +335,17 @@ pub fn capture(
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
+    // Every socket listed while the tree runs; the survey checks them.
+    let pre = ph.step("presurvey", || Ok::<_, EngineError>(survey::presurvey(pid)))?;
     // The slow part of the network lock, while the tree still runs.
-    let prepared = ph.step("network lock prepared", || prepare_lock(pid, opts, &mut guard))?;
+    let prepared =
+        ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;
     let shared = ph.step("shared memory checked", || outside::check(pid))?;
     // The pause starts with the first thread seized.
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || {
-        let surveyed = survey::survey_tree(&tree, opts)?;
+        let surveyed = survey::survey_tree(&tree, opts, &pre)?;
         let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
         shared.recheck(&maps)?;
         Ok::<_, EngineError>(surveyed)
@@ -380,10 +383,12 @@ pub fn capture(
 /// attempts held) while the tree still runs.
 fn prepare_lock(
     pid: i32,
+    pre: &survey::Presurvey,
     opts: &CaptureOptions,
     guard: &mut crate::guard::Guard,
 ) -> Result<Option<ferry_netlock::NetworkLock>> {
-    let scan = network::scan(pid);
+    let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
+    let scan = network::scan(pid, &inodes);
     let prepared = network::prepare(pid, &scan, opts.network_lock)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());

@@ -20,6 +20,8 @@ pub(super) struct Survey {
     pub vmas: Vec<Vma>,
     pub files: Vec<OpenFile>,
     pub fds: Vec<FdSlot>,
+    /// (dev, ino) of each file, by file index.
+    inodes: Vec<(u64, u64)>,
     pub memfds: Vec<ferry_image::MemfdObject>,
     pub remote: Remote,
     /// State found from outside (seccomp, fd owners, inode attributes,
@@ -73,8 +75,28 @@ impl TreeSurvey {
     }
 }
 
+/// What was listed of the tree while it ran: each process's sockets.
+pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
+
+/// Phase "presurvey", before the freeze: the sockets of every process
+/// of the running tree listed ([`files::presurvey`]), so that the survey
+/// in the freeze only checks they are still the same.
+pub(super) fn presurvey(root: i32) -> Presurvey {
+    let mut pre = Presurvey::new();
+    for pid in super::tree::running_tree(root) {
+        let listed = files::presurvey(pid);
+        tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
+        pre.insert(pid, listed);
+    }
+    pre
+}
+
 /// The survey phase over the frozen tree.
-pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<TreeSurvey> {
+pub(super) fn survey_tree(
+    tree: &FrozenTree,
+    opts: &CaptureOptions,
+    pre: &Presurvey,
+) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
     tree.check_zombies()?;
@@ -96,7 +118,7 @@ pub(super) fn survey_tree(tree: &FrozenTree, opts: &CaptureOptions) -> Result<Tr
     let cgroups = cgroups::capture(&tasks)?;
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
-        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts)?);
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, pre.get(&p.frozen.pid))?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
@@ -127,6 +149,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
+    pre: Option<&files::FdPresurvey>,
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -138,12 +161,13 @@ fn survey_process(
     let files::CapturedFds {
         files,
         fds,
+        inodes,
         unix_connects,
         pending_listeners,
         unix_creds,
         unix_dead,
         unix_orphans,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio)?;
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -173,6 +197,7 @@ fn survey_process(
         vmas,
         files,
         fds,
+        inodes,
         memfds,
         remote,
         fidelity,
@@ -226,7 +251,12 @@ fn link_files(
     {
         let mut pf: Vec<files::ProcessFiles> = procs
             .iter_mut()
-            .map(|s| files::ProcessFiles { pid: s.pid, files: &mut s.files, fds: &s.fds })
+            .map(|s| files::ProcessFiles {
+                pid: s.pid,
+                files: &mut s.files,
+                fds: &s.fds,
+                inodes: &s.inodes,
+            })
             .collect();
         files::link_tree(&mut pf, pids, &unix_creds)?;
     }
@@ -234,7 +264,8 @@ fn link_files(
     let targets = {
         let views: Vec<(i32, &[OpenFile], &[FdSlot])> =
             procs.iter().map(Survey::file_view).collect();
-        files::epoll::resolve_targets(&views)?
+        let inodes: Vec<&[(u64, u64)]> = procs.iter().map(|s| s.inodes.as_slice()).collect();
+        files::epoll::resolve_targets(&views, &inodes)?
     };
     for (s, t) in procs.iter_mut().zip(targets) {
         s.fidelity.epoll_targets = t;

@@ -127,6 +127,9 @@ fn leads_out(info: &FdInfo) -> bool {
 pub struct CapturedFds {
     pub files: Vec<OpenFile>,
     pub fds: Vec<FdSlot>,
+    /// (dev, ino) of each file, by file index: the tree-wide pass that
+    /// links descriptions needs them and would otherwise stat each again.
+    pub inodes: Vec<(u64, u64)>,
     pub unix_connects: Vec<ferry_image::UnixConnect>,
     pub pending_listeners: Vec<u32>,
     pub unix_creds: Vec<ferry_image::UnixPeerCred>,
@@ -136,8 +139,73 @@ pub struct CapturedFds {
     pub unix_orphans: Vec<unix::Orphan>,
 }
 
+/// A running process's sockets as listed before the freeze: per fd
+/// number, the socket's (mnt_id, ino) from fdinfo, its link and its
+/// metadata. In the freeze, an fd whose fdinfo still shows the same
+/// mount and inode is that same socket (a socket's inode is never
+/// reused while it exists, and a socket cannot be reopened into a second
+/// description), so its path walks (readlink, stat) are not repeated; any
+/// other fd is read in full.
+#[derive(Default)]
+pub struct FdPresurvey {
+    by_fd: std::collections::HashMap<i32, ((u64, u64), String, std::fs::Metadata)>,
+}
+
+impl FdPresurvey {
+    /// The link and metadata listed for `fd`, if `fdinfo` (read in the
+    /// freeze) shows the same socket.
+    fn same_socket(&self, fd: i32, fdinfo: &str) -> Option<(&String, &std::fs::Metadata)> {
+        let (id, link, meta) = self.by_fd.get(&fd)?;
+        (fdinfo_identity(fdinfo)? == *id).then_some((link, meta))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_fd.len()
+    }
+
+    /// The inode of every socket listed.
+    pub fn socket_inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_fd.values().map(|(id, ..)| id.1)
+    }
+}
+
+/// (mnt_id, ino) as fdinfo shows them.
+fn fdinfo_identity(fdinfo: &str) -> Option<(u64, u64)> {
+    let field = |key: &str| {
+        fdinfo.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
+    };
+    Some((field("mnt_id")?, field("ino")?))
+}
+
+/// Lists the sockets of `pid` while it runs (see [`FdPresurvey`]). Fds
+/// that change meanwhile are simply not listed: the freeze reads them.
+pub fn presurvey(pid: i32) -> FdPresurvey {
+    let dir = format!("/proc/{pid}/fd");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return FdPresurvey::default();
+    };
+    let fds: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    let listed = crate::parallel::map(&fds, |&fd| {
+        let Ok(link) = procfs::read_link(&format!("{dir}/{fd}")) else { return Ok(None) };
+        if !link.starts_with("socket:") {
+            return Ok(None);
+        }
+        let Ok(fdinfo) = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}")) else {
+            return Ok(None);
+        };
+        let Ok(meta) = std::fs::metadata(format!("{dir}/{fd}")) else { return Ok(None) };
+        let Some(id) = fdinfo_identity(&fdinfo) else { return Ok(None) };
+        // The link, stat and fdinfo must all be of one socket.
+        let same = id.1 == meta.ino() && link == format!("socket:[{}]", meta.ino());
+        Ok(same.then_some((fd, (id, link, meta))))
+    })
+    .unwrap_or_default();
+    FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
+}
+
 /// Captures all fds of `pid`. Descriptions get ids unique in this
-/// process; [`link_tree`] makes them unique in the tree.
+/// process; [`link_tree`] makes them unique in the tree. `pre` is what
+/// [`presurvey`] listed while the process ran.
 ///
 /// Three passes, so that a process with 10,000 sockets is read on every
 /// worker thread: what each fd is (parallel), which fds share a
@@ -148,6 +216,7 @@ pub fn capture(
     pidfd: &OwnedFd,
     tree: &[i32],
     external_stdio: bool,
+    pre: Option<&FdPresurvey>,
 ) -> Result<CapturedFds> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
@@ -157,14 +226,21 @@ pub fn capture(
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
-        let link = procfs::read_link(&format!("{dir}/{fd}"))?;
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
-        let meta = std::fs::metadata(format!("{dir}/{fd}"))
-            .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
+        let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
+            Some((link, meta)) => (link.clone(), meta.clone()),
+            None => {
+                let link = procfs::read_link(&format!("{dir}/{fd}"))?;
+                let meta = std::fs::metadata(format!("{dir}/{fd}"))
+                    .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
+                (link, meta)
+            }
+        };
         Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
     })?;
     let table = share_descriptions(pid, &infos);
     let files = capture_descriptions(&table.unique, external_stdio)?;
+    let inodes = table.unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
     let pending_listeners = unix_tables
         .take_listeners_with_pending()
         .into_iter()
@@ -189,6 +265,7 @@ pub fn capture(
     Ok(CapturedFds {
         files,
         fds: table.slots,
+        inodes,
         unix_connects,
         pending_listeners,
         unix_creds,
@@ -275,6 +352,8 @@ pub struct ProcessFiles<'a> {
     pub pid: i32,
     pub files: &'a mut Vec<OpenFile>,
     pub fds: &'a [FdSlot],
+    /// (dev, ino) of each file, by file index ([`CapturedFds::inodes`]).
+    pub inodes: &'a [(u64, u64)],
 }
 
 /// Gives every open file description an id unique in the tree, the same
@@ -336,9 +415,9 @@ fn assign_tree_ids(procs: &mut [ProcessFiles]) -> Result<()> {
             let Some(&fd) = first_fd.get(&(i as u32)) else {
                 continue;
             };
-            let path = format!("/proc/{}/fd/{fd}", p.pid);
-            let meta = std::fs::metadata(&path).map_err(|e| EngineError::io(&path, e))?;
-            let key = (meta.dev(), meta.ino());
+            let key = p.inodes.get(i).copied().ok_or_else(|| {
+                EngineError::restore(p.pid, format!("fd {fd}: no inode recorded for its file"))
+            })?;
             let same = seen.get(&key).and_then(|c| {
                 c.iter()
                     .find(|&&(op, ofd, _)| {
@@ -387,5 +466,42 @@ fn keep_pipe_data_once(procs: &mut [ProcessFiles]) {
                 end.data = Vec::new();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn fdinfo_of(fd: i32) -> String {
+        procfs::read_string(&format!("/proc/self/fdinfo/{fd}")).expect("own fdinfo")
+    }
+
+    #[test]
+    fn a_socket_listed_before_the_freeze_is_known_again_only_while_it_is_the_same() {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let fd = first.as_raw_fd();
+        let pre = presurvey(std::process::id() as i32);
+        let (link, _) = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
+        assert!(link.starts_with("socket:["), "{link}");
+        assert!(pre.socket_inodes().count() >= 1);
+        // What fdinfo shows once another socket sits at that number
+        // (closed and reopened meanwhile): another inode, so the fd is
+        // read in full.
+        let second = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        assert!(pre.same_socket(fd, &fdinfo_of(second.as_raw_fd())).is_none());
+        // An fd not listed is read in full too.
+        assert!(pre.same_socket(second.as_raw_fd(), &fdinfo_of(second.as_raw_fd())).is_none());
+        assert!(pre.same_socket(fd, "pos:\t0\nflags:\t02\n").is_none());
+    }
+
+    #[test]
+    fn fdinfo_identity_needs_both_mount_and_inode() {
+        assert_eq!(
+            fdinfo_identity("pos:\t0\nflags:\t02\nmnt_id:\t10\nino:\t6863676\n"),
+            Some((10, 6863676))
+        );
+        assert_eq!(fdinfo_identity("pos:\t0\nmnt_id:\t10\n"), None);
     }
 }

@@ -396,55 +396,60 @@ pub struct Rebuilt<'a> {
     conns: Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)>,
 }
 
-/// Leaves repair mode on every rebuilt connection. Still silent: the
-/// network lock holds their packets until it is thawed.
+/// Leaves repair mode on every rebuilt connection (on the worker
+/// threads). Still silent: the network lock holds their packets until it
+/// is thawed.
 pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> Result<Rebuilt<'a>> {
     let conns = connections(tree, conns);
-    for (pid, s, _, fd) in &conns {
+    crate::parallel::map(&conns, |(pid, s, _, fd)| {
         // No window probe now: the lock would drop it; the queued data
         // written by `resend` makes the peer answer anyway.
         socket::set_repair(*fd, socket::TCP_REPAIR_OFF_NO_WP).map_err(|e| {
             EngineError::kernel(*pid, format!("TCP port {}: leaving repair mode", s.port), e)
-        })?;
-    }
+        })
+    })?;
     Ok(Rebuilt { conns })
 }
 
 /// After the thaw: writes the send queues again (the peer drops what it
 /// already had), then applies what had to wait (buffer lock bits, cork,
-/// not-sent low-water mark, SO_REUSEADDR).
+/// not-sent low-water mark, SO_REUSEADDR). Each connection is on its own,
+/// so they are spread over the worker threads: with 10,000 connections
+/// this is the longest step between the thaw and the release.
 pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
-    for (pid, s, c, fd) in &rebuilt.conns {
-        let k = |step: &'static str| {
-            move |e| EngineError::kernel(*pid, format!("TCP port {}: {step}", s.port), e)
-        };
-        // A window probe now that the lock lets it through (leaving repair
-        // mode sends one): the peer answers with its current window. A peer
-        // whose own zero-window probes met the lock has backed off for
-        // seconds and would otherwise wait that long to learn our window.
-        socket::set_repair(*fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
-        // What `create` put back as already sent ends where the send
-        // queue's sequence is now.
-        socket::set_repair_queue(*fd, socket::TCP_SEND_QUEUE)
-            .map_err(k("selecting the send queue"))?;
-        let write_seq = socket::queue_seq(*fd).map_err(k("reading the send sequence"))?;
-        socket::set_repair_queue(*fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
-        socket::set_repair(*fd, 0).map_err(k("sending a window probe"))?;
-        let head = (write_seq.wrapping_sub(c.send_seq) as usize).min(c.send_queue.len());
-        socket::send_all(*fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
-            .map_err(k("writing the send queue"))?;
-        socket::setsockopt_int(*fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock)
-            .map_err(k("restoring SO_BUF_LOCK"))?;
-        for o in s.options.iter().filter(|o| deferred(o)) {
-            if is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF)
-                || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF)
-            {
-                // The size itself came back with the connection; the
-                // application's lock came back with SO_BUF_LOCK.
-                continue;
-            }
-            apply_option(*pid, *fd, o)?;
+    crate::parallel::map(&rebuilt.conns, |&(pid, s, c, fd)| resend_one(pid, s, c, fd))?;
+    Ok(())
+}
+
+fn resend_one(pid: i32, s: &InetSocket, c: &TcpConnection, fd: RawFd) -> Result<()> {
+    let k = |step: &'static str| {
+        move |e| EngineError::kernel(pid, format!("TCP port {}: {step}", s.port), e)
+    };
+    // A window probe now that the lock lets it through (leaving repair
+    // mode sends one): the peer answers with its current window. A peer
+    // whose own zero-window probes met the lock has backed off for
+    // seconds and would otherwise wait that long to learn our window.
+    socket::set_repair(fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
+    // What `create` put back as already sent ends where the send
+    // queue's sequence is now.
+    socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
+    let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
+    socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
+    socket::set_repair(fd, 0).map_err(k("sending a window probe"))?;
+    let head = (write_seq.wrapping_sub(c.send_seq) as usize).min(c.send_queue.len());
+    socket::send_all(fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
+        .map_err(k("writing the send queue"))?;
+    socket::setsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock)
+        .map_err(k("restoring SO_BUF_LOCK"))?;
+    for o in s.options.iter().filter(|o| deferred(o)) {
+        if is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF)
+            || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF)
+        {
+            // The size itself came back with the connection; the
+            // application's lock came back with SO_BUF_LOCK.
+            continue;
         }
+        apply_option(pid, fd, o)?;
     }
     Ok(())
 }
