@@ -70,10 +70,22 @@ struct Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(c) = &mut self.child {
+            // A restored server is the child of `ferry restore`, which does
+            // not pass SIGKILL on: end it first, by PID, if it is still that
+            // child (so a reused PID is never signalled).
+            if self.pid > 0 && parent_of(self.pid) == Some(c.id() as i32) {
+                ferry_testkit::kill(self.pid, libc::SIGKILL);
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
     }
+}
+
+/// The parent PID of `pid` (field 4 of /proc/PID/stat).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
 }
 
 fn read_lossy(p: &Path) -> String {
