@@ -36,7 +36,7 @@ test: deps
 	python3 scripts/check-layering.py
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(CARGO) build --release
-	$(CARGO) test --release --workspace -- --test-threads=2
+	CARGO="$(CARGO)" bash scripts/test-suite.sh
 
 bench: deps
 	bash bench/run.sh

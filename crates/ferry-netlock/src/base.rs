@@ -3,8 +3,8 @@
 //! ingress and egress of every interface and pinned by the first lock of the
 //! namespace, and kept: later locks only claim an owner slot, write their
 //! tuples and flip their bit of `active`. So a checkpoint pays neither the
-//! program load and attach (~130 ms here) nor the detach's RCU grace periods
-//! (~120 ms) that a lock per capture cost.
+//! program load and attach (78-97 ms here) nor the detach's RCU grace
+//! periods that a lock per capture cost.
 //!
 //! Kernel objects: /sys/fs/bpf/ferry/<base>/ holds the programs, the maps
 //! and one link per interface and direction. Bookkeeping:

@@ -99,9 +99,10 @@ pub(crate) fn take(
             out.extend_from_slice(packet);
         }
     });
+    let in_use = if others.is_empty() { Vec::new() } else { base::slots(&base.name) };
     for ((owner, owner_generation), bytes) in others {
         // Only for a lock that still holds the slot; others' are stale.
-        if base::slots(&base.name).iter().any(|(s, _)| *s == owner) {
+        if in_use.iter().any(|(s, _)| *s == owner) {
             append(lock, &side_file(&base.name, owner, owner_generation), &bytes)?;
         }
     }

@@ -122,15 +122,14 @@ pub(crate) fn sendable(packet: &[u8], max_len: usize) -> Vec<Vec<u8>> {
     };
     let mut owned = packet.to_vec();
     strip_timestamps(&mut owned, &l);
-    let packet = owned.as_slice();
     let headers = l.ip_len + l.tcp_len;
-    let payload = &packet[headers..];
     let room = max_len.saturating_sub(headers);
-    if packet.len() <= max_len || room == 0 || payload.is_empty() {
-        let mut one = packet.to_vec();
-        fix_tcp_checksum(&mut one, &l);
-        return vec![one];
+    if owned.len() <= max_len || room == 0 || owned.len() == headers {
+        fix_tcp_checksum(&mut owned, &l);
+        return vec![owned];
     }
+    let packet = owned.as_slice();
+    let payload = &packet[headers..];
     let seq = u32::from_be_bytes([
         packet[l.ip_len + 4],
         packet[l.ip_len + 5],

@@ -928,7 +928,9 @@ fn held(from: &mut TcpStream, to: &mut TcpStream) -> bool {
 fn base_is_installed_once_and_kept() {
     require_root!();
     let lab = Lab::new();
+    let start = Instant::now();
     let first = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "once").expect("prepare");
+    println!("first lock of the namespace (installs the base): prepare {:?}", start.elapsed());
     let name = first.name().to_string();
     first.thaw().expect("thaw");
     lab.assert_gone(&name);
