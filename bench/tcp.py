@@ -23,7 +23,10 @@ thawed (restore), and split into:
 is in the pause but not in a part). "service stopped" runs from the moment
 the server's threads are frozen to the end of the restore's connection
 phase: it adds the survey of every descriptor, which happens before the
-lock engages. "both commands" is the wall time of `ferry checkpoint` (launch
+lock engages. "longest client wait" is the figure of record: one more connection
+(the probe, tcp_stream.h) on which the client sends a request every
+millisecond, from READY to 300 ms after the restore, and times each answer of a server
+thread with its own clock. "both commands" is the wall time of `ferry checkpoint` (launch
 to exit) plus `ferry restore` (launch to pidfile), as CRIU's baseline is
 measured.
 
@@ -48,6 +51,8 @@ FERRY = os.environ.get("FERRY_BIN", os.path.join(REPO, "target/release/ferry"))
 PHASE = re.compile(r"(checkpoint|restore) (.+?)\s+([0-9.]+) ms \(total\s+([0-9.]+) ms\) at (\d+)")
 IMAGES_ROOT = tempfile.mkdtemp(prefix="ferry-bench-tcp-", dir="/dev/shm")
 CLIENT_BYTES = 4096
+PROBE_PORT = "7101"
+PROBE = re.compile(r"# probe: longest wait ([0-9.]+) ms")
 SERVER_BYTES = 4096
 
 
@@ -135,7 +140,10 @@ def one_run(bins, n, method, work):
     try:
         port = "7100"
         slog, clog = os.path.join(work, "server.log"), os.path.join(work, "client.log")
-        args = ["192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES)]
+        # The seventh argument is the probe's port: one more connection on
+        # which the client sends a request every millisecond and times the
+        # answers with its own clock ("longest client wait").
+        args = ["192.0.2.1", port, str(n), str(CLIENT_BYTES), str(SERVER_BYTES), PROBE_PORT]
         server = start_in(hosts.a, [bins["tcp_hold_server"]] + args, slog)
         procs.append(server)
         wait_for(slog, "LISTENING", server, 10)
@@ -202,6 +210,10 @@ def one_run(bins, n, method, work):
         # end of the restore's connection phase (it runs right after).
         frozen_us = cp[("checkpoint", "freeze")][1] - cp[("checkpoint", "freeze")][0] * 1e3
         row["service"] = (rp[("restore", "tcp resend")][1] - frozen_us) / 1e3
+        probe = PROBE.search(clog_text)
+        if probe is None:
+            raise RuntimeError(f"the client printed no probe line: {clog_text[-500:]}")
+        row["client"] = float(probe.group(1))
         return row
     finally:
         for p in procs:
@@ -233,18 +245,18 @@ def main():
             runs = []
             for _ in range(args.runs):
                 runs.append(one_run(bins, n, method, work))
-            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands")}
+            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands", "client")}
             med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
             results.append(med)
             print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
-                  f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f} (ms, median of {len(runs)})", flush=True)
+                  f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f}  longest client wait {med['client']:8.1f} (ms, median of {len(runs)})", flush=True)
     subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
-        "| lock | N | pause (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| lock | N | pause (ms) | longest client wait (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
+        lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['client']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
                      f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} | {r['commands']:.1f} |")
     table = "\n".join(lines)
     print(table)
@@ -252,7 +264,8 @@ def main():
         f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs} -->\n")
         f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, images on tmpfs, "
                 f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "
-                f"byte for byte afterwards.\n\n{table}\n")
+                f"byte for byte afterwards. \"longest client wait\": the longest answer of the server, timed by the client's own clock, "
+                f"on one more connection that sends a request every millisecond throughout.\n\n{table}\n")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -261,6 +274,7 @@ def main():
         for method in methods:
             rs = [r for r in results if r["method"] == method]
             ax.plot([r["n"] for r in rs], [r["pause"] for r in rs], marker="o", label=f"{method}: pause")
+            ax.plot([r["n"] for r in rs], [r["client"] for r in rs], marker="s", label=f"{method}: longest client wait")
             ax.plot([r["n"] for r in rs], [r["freeze"] + r["thaw"] for r in rs], linestyle="--", marker=".", label=f"{method}: freeze + thaw")
         # CRIU 4.2 on this machine kind (../shared/criu-baseline.md), dump +
         # restore commands with its unsafe no-lock mode: the reference.

@@ -8,6 +8,10 @@
  * to EOF, checking every byte, writes the rest of its own and shuts down.
  * Prints PASS and exits 0 when every connection completed without a
  * reset or a wrong byte; otherwise FAIL lines (the first 20) and a count.
+ *
+ * With a sixth argument PROBE_PORT, it also pings the server's probe
+ * thread every millisecond from READY to 300 ms after SIGUSR2 and prints
+ * the longest wait ("# probe: longest wait X ms").
  */
 #include "tcp_stream.h"
 #include <arpa/inet.h>
@@ -81,8 +85,8 @@ static void pull(struct conn *c)
 int main(int argc, char **argv)
 {
 	ft_init();
-	if (argc != 6)
-		ft_die("usage: tcp_hold_client ADDR PORT N CLIENT_BYTES SERVER_BYTES");
+	if (argc != 6 && argc != 7)
+		ft_die("usage: tcp_hold_client ADDR PORT N CLIENT_BYTES SERVER_BYTES [PROBE_PORT]");
 	int n = atoi(argv[3]);
 	client_bytes = strtoull(argv[4], NULL, 10);
 	server_bytes = strtoull(argv[5], NULL, 10);
@@ -103,8 +107,17 @@ int main(int argc, char **argv)
 		conns[i] = (struct conn){ .fd = fd, .id = id };
 		push(&conns[i], client_bytes / 2);
 	}
+	pthread_t probe_thread;
+	struct probe *probe = argc == 7 ? probe_start(argv[1], argv[6], &probe_thread) : NULL;
 	ft_ready();
 	ft_wait_restored();
+	if (probe) {
+		/* The answers held up by the pause arrive in the next moments;
+		 * stopped before the streams end, the probe never races the
+		 * server's exit. */
+		ft_sleep_ms(300);
+		probe_finish(probe, probe_thread);
+	}
 	double t0 = ft_mono(), deadline = t0 + 120;
 	int done = 0;
 	while (done < n && ft_mono() < deadline) {

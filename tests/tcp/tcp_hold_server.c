@@ -16,6 +16,9 @@
  * rest of its own stream is written. It prints PASS and exits 0 when all
  * N connections delivered exactly CLIENT_BYTES and an EOF, without any
  * error; otherwise FAIL lines and exit 1. Gives up after 120 s.
+ *
+ * With a sixth argument PROBE_PORT, a thread answers the probe connection
+ * of tcp_stream.h on that port (the client's longest wait).
  */
 #include "tcp_stream.h"
 #include <arpa/inet.h>
@@ -89,8 +92,8 @@ static void read_some(struct conn *c)
 int main(int argc, char **argv)
 {
 	ft_init();
-	if (argc != 6)
-		ft_die("usage: tcp_hold_server ADDR PORT N CLIENT_BYTES SERVER_BYTES");
+	if (argc != 6 && argc != 7)
+		ft_die("usage: tcp_hold_server ADDR PORT N CLIENT_BYTES SERVER_BYTES [PROBE_PORT]");
 	int n = atoi(argv[3]);
 	client_bytes = strtoull(argv[4], NULL, 10);
 	server_bytes = strtoull(argv[5], NULL, 10);
@@ -103,6 +106,9 @@ int main(int argc, char **argv)
 	FT_SYS(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)));
 	FT_SYS(bind(l, (struct sockaddr *)&ss, sl));
 	FT_SYS(listen(l, 4096));
+	pthread_t probe = 0;
+	if (argc == 7)
+		probe = probe_serve(argv[1], argv[6]);
 	ft_write_all(1, "LISTENING\n", 10);
 
 	struct conn *conns = calloc((size_t)n, sizeof(*conns));
@@ -168,5 +174,7 @@ int main(int argc, char **argv)
 				server_bytes);
 	}
 	ft_log("# %d of %d connections complete", ok, n);
+	if (probe)
+		pthread_join(probe, NULL);
 	return ft_finish();
 }

@@ -7,6 +7,7 @@
 #include "../conformance/ferry_test.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -49,5 +50,99 @@ static void raise_fd_limit(void)
 		rl.rlim_cur = rl.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
+}
+/* The probe: one more connection, on its own port, that the client uses
+ * as a user would, a request every millisecond, answered at once by a
+ * thread of the server. Its longest wait is what a client sees of the
+ * checkpoint and restore, measured with the client's own clock. */
+struct probe {
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	int fd;
+	volatile int stop;
+	double longest_ms;
+	long pings;
+};
+
+static void *probe_echo(void *arg)
+{
+	struct probe *p = arg;
+	int one = 1;
+	int l = socket(p->ss.ss_family, SOCK_STREAM, 0);
+	if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+	    bind(l, (struct sockaddr *)&p->ss, p->sl) != 0 || listen(l, 1) != 0)
+		ft_die("probe listener: %s", strerror(errno));
+	int fd = accept(l, NULL, NULL);
+	if (fd < 0)
+		ft_die("probe accept: %s", strerror(errno));
+	close(l);
+	char buf[8];
+	while (recv(fd, buf, sizeof(buf), MSG_WAITALL) == sizeof(buf))
+		if (send(fd, buf, sizeof(buf), MSG_NOSIGNAL) != sizeof(buf))
+			break;
+	close(fd);
+	return NULL;
+}
+
+static void *probe_ping(void *arg)
+{
+	struct probe *p = arg;
+	char buf[8] = "ping....";
+	while (!p->stop) {
+		double t = ft_mono();
+		ssize_t r = -1;
+		if (send(p->fd, buf, sizeof(buf), MSG_NOSIGNAL) == sizeof(buf))
+			r = recv(p->fd, buf, sizeof(buf), MSG_WAITALL);
+		if (r != sizeof(buf)) {
+			ft_fail("probe connection: %s", r < 0 ? strerror(errno) : "short answer");
+			return NULL;
+		}
+		double ms = (ft_mono() - t) * 1e3;
+		if (ms > p->longest_ms)
+			p->longest_ms = ms;
+		p->pings++;
+		ft_sleep_ms(1);
+	}
+	return NULL;
+}
+
+/* Server side: answers the probe on PORT from a thread of its own, until
+ * the client closes it; join the thread before exiting, so that the
+ * client's last request is answered. */
+static FT_UNUSED pthread_t probe_serve(const char *addr, const char *port)
+{
+	static struct probe p;
+	pthread_t t;
+	parse_addr(addr, port, &p.ss, &p.sl);
+	if (pthread_create(&t, NULL, probe_echo, &p) != 0)
+		ft_die("probe thread");
+	return t;
+}
+
+/* Client side: connects to PORT and pings until probe_finish(). */
+static FT_UNUSED struct probe *probe_start(const char *addr, const char *port, pthread_t *t)
+{
+	static struct probe p;
+	int fam = parse_addr(addr, port, &p.ss, &p.sl);
+	p.fd = socket(fam, SOCK_STREAM, 0);
+	double deadline = ft_mono() + 10;
+	while (connect(p.fd, (struct sockaddr *)&p.ss, p.sl) != 0) {
+		if (ft_mono() > deadline)
+			ft_die("probe connect: %s", strerror(errno));
+		close(p.fd);
+		p.fd = socket(fam, SOCK_STREAM, 0);
+		ft_sleep_ms(10);
+	}
+	if (pthread_create(t, NULL, probe_ping, &p) != 0)
+		ft_die("probe thread");
+	return &p;
+}
+
+static FT_UNUSED void probe_finish(struct probe *p, pthread_t t)
+{
+	p->stop = 1;
+	pthread_join(t, NULL);
+	close(p->fd);
+	ft_log("# probe: longest wait %.1f ms over %ld requests", p->longest_ms, p->pings);
 }
 #endif
