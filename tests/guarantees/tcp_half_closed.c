@@ -2,8 +2,10 @@
  * tcp_half_closed (a refusal case for the guarantee tests): a TCP
  * connection over 127.0.0.1 with both ends in the process, whose client
  * end has shut down writing, so the server end is in CLOSE_WAIT and the
- * client end in FIN_WAIT2. ferry restores established connections only
- * and must refuse this by state, leaving the process unharmed: afterwards
+ * client end in FIN_WAIT2. ferry restores established connections and
+ * those whose peer closed (CLOSE_WAIT), not one that closed its own side
+ * (FIN_WAIT2), and must refuse this by state, leaving the process
+ * unharmed: afterwards
  * the server end still sends, the client end receives, and the server end
  * reads the client's EOF.
  */

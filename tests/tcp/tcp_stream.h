@@ -13,13 +13,13 @@
 
 /* Byte i of stream `seed`: the client's stream of connection id is seed
  * 2*id, the server's 2*id+1. */
-static unsigned char pat(uint64_t seed, size_t i)
+static FT_UNUSED unsigned char pat(uint64_t seed, size_t i)
 {
 	return (unsigned char)(ft_pat(seed, i / 8) >> (8 * (i % 8)));
 }
 
 /* Fills *ss from "ADDR" (IPv4 or IPv6) and "PORT"; returns the family. */
-static int parse_addr(const char *addr, const char *port, struct sockaddr_storage *ss, socklen_t *sl)
+static FT_UNUSED int parse_addr(const char *addr, const char *port, struct sockaddr_storage *ss, socklen_t *sl)
 {
 	memset(ss, 0, sizeof(*ss));
 	int fam = strchr(addr, ':') ? AF_INET6 : AF_INET;
@@ -43,7 +43,7 @@ static int parse_addr(const char *addr, const char *port, struct sockaddr_storag
 
 /* 10,000 connections need more than the default 1,024 descriptors; the
  * hard limit decides how far this gets. */
-static void raise_fd_limit(void)
+static FT_UNUSED void raise_fd_limit(void)
 {
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {

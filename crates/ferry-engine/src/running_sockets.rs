@@ -16,6 +16,8 @@ use std::os::fd::AsRawFd;
 
 /// TCP states as /proc/net/tcp prints them.
 const ESTABLISHED: u8 = 0x01;
+/// A connection whose peer closed its side: restored as a connection.
+const CLOSE_WAIT: u8 = 0x08;
 const CLOSE: u8 = 0x07;
 const LISTEN: u8 = 0x0a;
 
@@ -135,7 +137,7 @@ fn role_of(tcp: bool, e: &TableEntry) -> Option<SocketRole> {
     }
     match e.state {
         LISTEN => Some(SocketRole::Listener),
-        ESTABLISHED => Some(SocketRole::Connection),
+        ESTABLISHED | CLOSE_WAIT => Some(SocketRole::Connection),
         CLOSE if e.local.port() != 0 => Some(SocketRole::Bound),
         _ => None,
     }

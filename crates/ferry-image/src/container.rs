@@ -28,7 +28,10 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// look that path up and fail after the checkpoint, so it must refuse
 /// the image first.
 /// 4.4: the optional `UnixDeadPeers` and `UnixInFlightFiles` sections.
-pub const FORMAT_MINOR: u16 = 4;
+/// 4.5: a TCP connection's state may be CLOSE_WAIT (8): its peer closed,
+/// and restore hands the rebuilt socket the peer's FIN. An older build
+/// would rebuild it as established, its reader never seeing the EOF.
+pub const FORMAT_MINOR: u16 = 5;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;

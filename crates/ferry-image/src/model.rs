@@ -883,7 +883,8 @@ pub struct InetSocket {
 /// rebuild it without the peer noticing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct TcpConnection {
-    /// TCP state (1 = ESTABLISHED) as TCP_INFO reports it.
+    /// TCP state as TCP_INFO reports it: 1 = ESTABLISHED, or (format 4.5)
+    /// 8 = CLOSE_WAIT, the peer's FIN received after `recv_queue`.
     pub state: u8,
     /// Sequence number of the first byte of `send_queue` (snd_una).
     pub send_seq: u32,

@@ -887,6 +887,11 @@ fn check_tcp_connection(
     if s.peer.is_none() {
         return Err("no peer address".into());
     }
+    const ESTABLISHED: u8 = 1;
+    const CLOSE_WAIT: u8 = 8;
+    if c.state != ESTABLISHED && c.state != CLOSE_WAIT {
+        return Err(format!("TCP state {} (only ESTABLISHED and CLOSE_WAIT are rebuilt)", c.state));
+    }
     if c.unsent as usize > c.send_queue.len() {
         return Err(format!("{} unsent bytes in a send queue of {}", c.unsent, c.send_queue.len()));
     }

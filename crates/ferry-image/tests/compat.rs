@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_4() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 4));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.4");
+fn this_build_is_4_5() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 5));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.5");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 4 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 4, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 4));
+    // Major 4, then the flags word with minor 5 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 5, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 5));
 }
 
 #[test]
@@ -152,11 +152,11 @@ fn format_4_0_fixture_directory_is_read() {
     for p in &t.processes {
         ImageDir::verify_runs(&p.page_runs, &data[4096..]).unwrap();
     }
-    // And it streams: the stream says 4.4 (this build writes its own
-    // version), and reads back as the same image.
+    // And it streams: the stream carries this build's version (a build
+    // writes its own), and reads back as the same image.
     let mut s = Vec::new();
     dir_to_stream(&fixture_dir(), &mut s).unwrap();
-    assert_eq!(read_file_header(&s, "stream").unwrap().version, v(4, 4));
+    assert_eq!(read_file_header(&s, "stream").unwrap().version, FormatVersion::CURRENT);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
 
@@ -191,12 +191,12 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.5 is newer than this ferry build reads (4.4): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 5));
+        "image format 4.6 is newer than this ferry build reads (4.5): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 6));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 5, supported: 4 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 6, supported: 5 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 5));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 6));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
@@ -207,7 +207,7 @@ fn newer_minor_is_refused_with_upgrade_message() {
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 5))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 6))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -303,17 +303,20 @@ fn unknown_section_kinds_are_refused() {
 // --------------------------------------------------------- round trips
 
 #[test]
-fn round_trip_4_4_without_optional_sections() {
+fn round_trip_current_without_optional_sections() {
     let (inv, t, pages) = model();
     let meta = encode_meta_with(&inv, &t, None).unwrap();
     assert_eq!(meta, encode_meta(&inv, &t).unwrap());
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 4), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (FormatVersion::CURRENT, inv.clone(), t.clone(), None)
+    );
     let d = TempDir::new("rt-plain");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
     assert_eq!(image.read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
     assert_eq!(image.read_meta_complete().unwrap(), (inv.clone(), t.clone()));
-    assert_eq!(image.read_version().unwrap(), v(4, 4));
+    assert_eq!(image.read_version().unwrap(), FormatVersion::CURRENT);
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(&s[..meta.len()], &meta[..]);
     assert_eq!(
@@ -387,7 +390,7 @@ fn with_unix_peers(mut t: TreeImage) -> TreeImage {
 }
 
 #[test]
-fn round_trip_4_4_with_unix_peers_cgroups_and_incremental() {
+fn round_trip_current_with_unix_peers_cgroups_and_incremental() {
     let (inv, t, pages) = model();
     let t = with_unix_peers(with_cgroups(t));
     let inc = incremental();
@@ -395,7 +398,7 @@ fn round_trip_4_4_with_unix_peers_cgroups_and_incremental() {
         let meta = encode_meta_with(&inv, &t, inc).unwrap();
         assert_eq!(
             decode_meta_versioned(&meta).unwrap(),
-            (v(4, 4), inv.clone(), t.clone(), inc.cloned())
+            (FormatVersion::CURRENT, inv.clone(), t.clone(), inc.cloned())
         );
         let d = TempDir::new("rt-unix-peers");
         write_dir(&d.0, &inv, &t, inc, &pages);
@@ -455,7 +458,7 @@ fn with_unix_dead_peers(t: TreeImage) -> TreeImage {
 }
 
 #[test]
-fn round_trip_4_4_with_unix_dead_peers() {
+fn round_trip_current_with_unix_dead_peers() {
     let (inv, t, pages) = model();
     let t = with_unix_dead_peers(with_cgroups(t));
     let inc = incremental();
@@ -463,7 +466,7 @@ fn round_trip_4_4_with_unix_dead_peers() {
         let meta = encode_meta_with(&inv, &t, inc).unwrap();
         assert_eq!(
             decode_meta_versioned(&meta).unwrap(),
-            (v(4, 4), inv.clone(), t.clone(), inc.cloned())
+            (FormatVersion::CURRENT, inv.clone(), t.clone(), inc.cloned())
         );
         let d = TempDir::new("rt-unix-dead-peers");
         write_dir(&d.0, &inv, &t, inc, &pages);
@@ -552,11 +555,14 @@ fn with_in_flight_files(t: TreeImage) -> TreeImage {
 }
 
 #[test]
-fn round_trip_4_4_with_in_flight_files() {
+fn round_trip_current_with_in_flight_files() {
     let (inv, t, pages) = model();
     let t = with_in_flight_files(t);
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 4), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (FormatVersion::CURRENT, inv.clone(), t.clone(), None)
+    );
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }

@@ -93,6 +93,7 @@
 //! release(name: &str) -> Result<(), NetlockError>
 //! release_stale() -> Vec<String>
 //! MAX_TUPLES                                               // eBPF capacity (2^20)
+//! send_peer_fins(&Netns, &[PeerFin]) -> Result<usize, NetlockError>  // a closed peer's FIN to a rebuilt connection
 //! ```
 
 mod base;
@@ -103,11 +104,13 @@ mod iptables;
 mod netns;
 mod nft;
 mod packet;
+mod peer_fin;
 mod record;
 
 pub use base::{BaseStatus, MAX_TUPLES};
 pub use error::NetlockError;
 pub use netns::Netns;
+pub use peer_fin::{send_peer_fins, PeerFin};
 pub use record::{LockState, Owner, Phase, LOCKS_DIR};
 
 use record::{NetnsRecord, Record};

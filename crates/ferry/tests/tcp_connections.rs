@@ -698,3 +698,70 @@ fn a_request_held_by_the_lock_is_answered_in_pause_time() {
         "a request waited {longest:?}: a retransmission timeout, not the pause"
     );
 }
+
+/// A client on another host sends its request and shuts down its sending
+/// side; the server has read none of it, so its connection is in
+/// CLOSE_WAIT with the request unread. After checkpoint and restore the
+/// server reads the whole request, then EOF (the peer's FIN, given again),
+/// and its answer reaches the client, which is still waiting for it.
+#[test]
+fn a_connection_whose_client_shut_down_sending_is_answered_after_restore() {
+    require_root!();
+    let hosts = Hosts::new("closewait");
+    let dir = TempDir(temp_dir("closewait"));
+    let bin = dir.0.join("tcp_close_wait_server");
+    ferry_testkit::compile_c(&repo().join("tests/tcp/tcp_close_wait_server.c"), &bin);
+    let log = dir.0.join("server.log");
+    let port = 7000 + (std::process::id() % 1000) as u16;
+    let port_s = port.to_string();
+    let child = spawn_in_netns(&hosts.a, &dir.0, &log, &bin, &[A_V4, &port_s]);
+    let mut server = Server { pid: child.id() as i32, child: Some(child), log };
+    wait_line(&server.log, "LISTENING", Duration::from_secs(10));
+    const REQUEST: usize = 20_000;
+    let mut stream = hosts.b.run(|| {
+        let to: SocketAddr = format!("{A_V4}:{port}").parse().expect("address");
+        TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect")
+    });
+    let request: Vec<u8> = (0..REQUEST).map(|i| pat(7, i)).collect();
+    stream.write_all(&request).expect("send the request");
+    stream.shutdown(Shutdown::Write).expect("shut down sending");
+    wait_line(&server.log, "READY", Duration::from_secs(30));
+
+    let images = dir.0.join("images");
+    let images_s = images.to_str().expect("utf-8");
+    let st = ferry(
+        &["checkpoint", "--pid", &server.pid.to_string(), "--images", images_s],
+        &dir.0.join("checkpoint.err"),
+    );
+    assert!(st.success(), "checkpoint: {}", read_lossy(&dir.0.join("checkpoint.err")));
+    if let Some(mut old) = server.child.take() {
+        let _ = old.wait();
+    }
+    let pidfile = dir.0.join("pid");
+    let mut restore = Command::new(FERRY);
+    restore
+        .args(["restore", "--images", images_s, "--netns", &hosts.a.0, "--pidfile"])
+        .arg(&pidfile)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.0.join("restore.err")).expect("err"));
+    ferry_testkit::only_stdio(&mut restore);
+    server.child = Some(restore.spawn().expect("spawn restore"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !read_lossy(&pidfile).ends_with('\n') {
+        if let Some(st) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("restore exited with {st:?}: {}", read_lossy(&dir.0.join("restore.err")));
+        }
+        assert!(Instant::now() < deadline, "no pidfile within 30 s");
+        sleep(POLL);
+    }
+    ferry_testkit::kill(server.pid, libc::SIGUSR2);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer to EOF");
+    let st = server.child.as_mut().expect("restore").wait().expect("wait restore");
+    server.child = None;
+    let log = read_lossy(&server.log);
+    assert_eq!(answer, format!("GOT {REQUEST}\n"), "server log:\n{log}");
+    assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
+}

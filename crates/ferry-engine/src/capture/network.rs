@@ -103,6 +103,7 @@ fn proc_tcp_text(pid: i32) -> Vec<ProcTcp> {
 
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_SYN_RECV: u8 = 3;
+const TCP_CLOSE_WAIT: u8 = 8;
 const TCP_LISTEN: u8 = 10;
 
 /// What the tree holds before it is frozen: whether it has TCP sockets a
@@ -120,7 +121,9 @@ pub fn scan(root: i32, inodes: &std::collections::HashSet<u64>) -> Scan {
     let mine: Vec<ProcTcp> =
         proc_tcp(root).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
     Scan {
-        has_tcp: mine.iter().any(|t| t.state == TCP_ESTABLISHED || t.state == TCP_LISTEN),
+        has_tcp: mine
+            .iter()
+            .any(|t| matches!(t.state, TCP_ESTABLISHED | TCP_CLOSE_WAIT | TCP_LISTEN)),
         listeners: mine.iter().filter(|t| t.state == TCP_LISTEN).map(|t| t.local).collect(),
     }
 }

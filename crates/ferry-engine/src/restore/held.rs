@@ -94,6 +94,7 @@ impl Held {
         }
         ph.mark("network thaw");
         files::tcp::resend(&rebuilt)?;
+        files::tcp::give_peer_fins(&rebuilt, pid)?;
         ph.mark("tcp resend");
         // After the resend: a held segment from the peer acknowledges what
         // the old socket had sent, and the rebuilt one counts as sent only

@@ -1,9 +1,10 @@
 //! IPv4/IPv6 sockets: TCP sockets (unconnected, listening, established)
 //! and UDP sockets, with their address, backlog and every option the
 //! application changed. An established connection's TCP state is read
-//! later, under the network lock (`tcp.rs`); half-closed connections,
-//! listeners with connections waiting to be accepted and UDP sockets with
-//! queued datagrams are refused by name.
+//! later, under the network lock (`tcp.rs`), and so is that of a
+//! connection whose peer closed its side (CLOSE_WAIT); the other closing
+//! states, listeners with connections waiting to be accepted and UDP
+//! sockets with queued datagrams are refused by name.
 
 use super::FdInfo;
 use crate::error::Result;
@@ -37,6 +38,8 @@ const SOCK_RCVBUF_LOCK: i32 = 2;
 
 /// TCP states as TCP_INFO reports them.
 pub(crate) const TCP_ESTABLISHED: u8 = 1;
+/// The peer closed its side; the application has not closed its own.
+pub(crate) const TCP_CLOSE_WAIT: u8 = 8;
 const TCP_CLOSE: u8 = 7;
 const TCP_LISTEN: u8 = 10;
 
@@ -237,8 +240,9 @@ struct TcpState {
     listen_backlog: Option<i32>,
 }
 
-/// Only listeners and established or closed sockets are captured: the
-/// others are refused as busy.
+/// Only listeners, established or closed sockets and connections whose
+/// peer closed (CLOSE_WAIT, which stays so until the application closes)
+/// are captured: the others are refused as busy.
 fn tcp_state(info: &FdInfo, fd: RawFd, peer: Option<SocketAddr>) -> Result<TcpState> {
     let ti = socket::tcp_info(fd).map_err(|_| info.unsupported("cannot read TCP_INFO"))?;
     let state = ti.tcpi_state;
@@ -254,13 +258,15 @@ fn tcp_state(info: &FdInfo, fd: RawFd, peer: Option<SocketAddr>) -> Result<TcpSt
             }
             Ok(TcpState { state, listen_backlog: Some(ti.tcpi_sacked as i32) })
         }
-        TCP_ESTABLISHED | TCP_CLOSE => Ok(TcpState { state, listen_backlog: None }),
+        TCP_ESTABLISHED | TCP_CLOSE_WAIT | TCP_CLOSE => {
+            Ok(TcpState { state, listen_backlog: None })
+        }
         other => {
             let to = peer.map(|p| format!(" to {p}")).unwrap_or_default();
             // Opening and closing states move on by themselves (the
             // service closes a connection its client closed).
             Err(info.busy(format!(
-                "TCP connection{to} in state {} (only established connections can be restored)",
+                "TCP connection{to} in state {} (only established connections and those whose peer closed can be restored)",
                 tcp_state_name(other)
             )))
         }
@@ -304,8 +310,10 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
             return Err(info.unsupported(format!("{queued} bytes of datagrams are queued")));
         }
     }
-    // A TCP socket that was reset or closed by its peer keeps no peer.
-    let peer = if tcp && state != TCP_ESTABLISHED { None } else { peer };
+    // A TCP socket that was reset or closed keeps no peer; one whose peer
+    // only closed its side is still connected.
+    let connected = state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT;
+    let peer = if tcp && !connected { None } else { peer };
     let options = changed_options(fd, family, tcp, state);
     Ok(FileKind::InetSocket(InetSocket {
         family,

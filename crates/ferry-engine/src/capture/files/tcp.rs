@@ -160,7 +160,8 @@ pub fn capture<'a>(
 fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     let k = |what: &'static str| move |e| kernel(c, what, e);
     let ti = socket::tcp_info(fd).map_err(k("reading TCP_INFO"))?;
-    if ti.tcpi_state != super::inet::TCP_ESTABLISHED {
+    let peer_closed = ti.tcpi_state == super::inet::TCP_CLOSE_WAIT;
+    if ti.tcpi_state != super::inet::TCP_ESTABLISHED && !peer_closed {
         return Err(EngineError::transient(
             c.pid,
             format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote),
@@ -215,7 +216,8 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
         send_seq: write_seq.wrapping_sub(outq),
         send_queue,
         unsent,
-        recv_seq: rcv_nxt.wrapping_sub(inq),
+        // The peer's FIN takes a sequence number after its last byte.
+        recv_seq: rcv_nxt.wrapping_sub(inq).wrapping_sub(u32::from(peer_closed)),
         recv_queue,
         mss_clamp,
         snd_wscale: (ti.tcpi_options & TCPI_OPT_WSCALE != 0).then_some(wscale & 0xf),

@@ -454,6 +454,64 @@ fn resend_one(pid: i32, s: &InetSocket, c: &TcpConnection, fd: RawFd) -> Result<
     Ok(())
 }
 
+/// The TCP state of a connection whose peer closed its side.
+const CLOSE_WAIT: u8 = 8;
+/// How long a peer's FIN may take to reach its socket through loopback.
+const FIN_TAKEN_WITHIN: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// After the thaw, before the tree runs: every rebuilt connection whose
+/// peer had closed its side gets that peer's FIN again (repair mode can
+/// queue data but not the end of the stream), sent in the namespace of
+/// the process `root`. Each socket must then be in CLOSE_WAIT, as it was:
+/// otherwise its reader would wait for data where it read EOF, so the
+/// restore fails naming the connection.
+pub fn give_peer_fins(rebuilt: &Rebuilt, root: i32) -> Result<()> {
+    let mut fins = Vec::new();
+    let mut sockets = Vec::new();
+    for &(pid, s, c, fd) in rebuilt.conns.iter().filter(|(_, _, c, _)| c.state == CLOSE_WAIT) {
+        let Some((peer_addr, peer_port)) = &s.peer else { continue };
+        let local = address(pid, &s.addr, s.port)?;
+        let peer = address(pid, peer_addr, *peer_port)?;
+        let window = c.window.snd_wnd >> c.snd_wscale.unwrap_or(0);
+        fins.push(ferry_netlock::PeerFin {
+            peer,
+            local,
+            seq: c.recv_seq.wrapping_add(c.recv_queue.len() as u32),
+            ack: c.send_seq,
+            window: window.min(u32::from(u16::MAX)) as u16,
+        });
+        sockets.push((pid, fd, local, peer));
+    }
+    if fins.is_empty() {
+        return Ok(());
+    }
+    let netns = ferry_netlock::Netns::Path(format!("/proc/{root}/ns/net").into());
+    ferry_netlock::send_peer_fins(&netns, &fins)
+        .map_err(|e| EngineError::restore(root, format!("giving closed peers' FINs: {e}")))?;
+    let deadline = std::time::Instant::now() + FIN_TAKEN_WITHIN;
+    for (pid, fd, local, peer) in sockets {
+        loop {
+            let state = socket::tcp_info(fd).map(|ti| ti.tcpi_state).map_err(|e| {
+                EngineError::kernel(pid, format!("TCP {local} -> {peer}: reading TCP_INFO"), e)
+            })?;
+            if state == CLOSE_WAIT {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(EngineError::restore(
+                    pid,
+                    format!(
+                        "TCP {local} -> {peer}: the peer's FIN was not taken (state {state}, \
+                         not CLOSE_WAIT): its reader would never see the EOF"
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+    Ok(())
+}
+
 /// Waits (at most `limit`) until every rebuilt connection has sent what
 /// the resend wrote: until then an ACK from the peer for that data counts
 /// as one for data never sent and the kernel drops it with the data it
