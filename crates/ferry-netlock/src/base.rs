@@ -161,14 +161,14 @@ fn ensure_bpffs(lock: &str) -> Result<(), NetlockError> {
 
 /// Opens the base of the namespace at `netns_path` (None: the caller's),
 /// installing it first when the namespace has none, and attaching it to
-/// any interface that appeared since. With a base in place this is a few
+/// any interface that appeared since; claims an owner slot for `lock`. With a base in place this is a few
 /// syscalls per interface: no program load, no attach.
 pub(crate) fn ensure(
     lock: &str,
     netns_path: Option<&Path>,
     netns_desc: &str,
     netns_inode: u64,
-) -> Result<Base, NetlockError> {
+) -> Result<(Base, u8), NetlockError> {
     ensure_bpffs(lock)?;
     // Inside the namespace: its cookie, its interfaces, and tcx attach
     // resolve interface indexes in the caller's namespace.
@@ -176,16 +176,47 @@ pub(crate) fn ensure(
         let cookie = ferry_sys::netns::netns_cookie()
             .map_err(sys_error(lock, format!("identifying {netns_desc}")))?;
         let name = base_name(cookie);
-        let flock_file = open_state(lock, &name)?;
-        let held = exclusive(lock, &flock_file, &name)?;
+        let (flock_file, held) = open_locked(lock, &name)?;
         let pins = pin_dir(&name);
         if !PROGRAMS.iter().all(|(program, ..)| pins.join(program).exists()) {
             install(lock, &pins)?;
         }
         attach_missing(lock, &pins, netns_desc)?;
         write_info(lock, &name, netns_desc, netns_inode)?;
+        let base = open_maps(lock, name, flock_file)?;
+        // Claimed before the flock is let go: from here the base has a
+        // user, and no release takes it away.
+        let slot = claim_slot(&base, lock)?;
         drop(held);
-        open_maps(lock, name, flock_file)
+        Ok((base, slot))
+    })
+}
+
+/// Opens the base's flock file and takes the flock, on the file that is
+/// the base's lock when the flock is granted: a release removes the
+/// whole state directory under the flock, and a process that waited on
+/// the removed file would otherwise go on under a lock nobody else
+/// takes (installing pins another release is removing). Such a waiter
+/// finds its file gone and starts again on a fresh one.
+fn open_locked(lock: &str, base: &str) -> Result<(std::fs::File, Exclusive), NetlockError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = state_dir(base).join("lock");
+    for _ in 0..100 {
+        let file = open_state(lock, base)?;
+        let held = exclusive(lock, &file, base)?;
+        let locked = file.metadata().map_err(io_error(lock, "reading", &path))?;
+        match std::fs::metadata(&path) {
+            Ok(now) if now.ino() == locked.ino() && now.dev() == locked.dev() => {
+                return Ok((file, held))
+            }
+            _ => continue,
+        }
+    }
+    Err(NetlockError::Io {
+        lock: lock.to_string(),
+        what: "locking (removed and made again 100 times meanwhile)",
+        path,
+        source: std::io::Error::from(std::io::ErrorKind::WouldBlock),
     })
 }
 
@@ -547,8 +578,7 @@ fn release_if(
     decide: impl FnOnce(&str) -> Result<bool, NetlockError>,
 ) -> Result<bool, NetlockError> {
     let state = state_dir(name);
-    let flock_file = open_state(name, name)?;
-    let _held = exclusive(name, &flock_file, name)?;
+    let (_file, _held) = open_locked(name, name)?;
     if !decide(name)? {
         return Ok(false);
     }

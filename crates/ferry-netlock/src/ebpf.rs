@@ -128,8 +128,7 @@ pub(crate) fn prepare(
     netns_desc: &str,
     netns_inode: u64,
 ) -> Result<Handles, NetlockError> {
-    let base = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
-    let slot = base::claim_slot(&base, lock)?;
+    let (base, slot) = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
     Ok(with_scratch(base, slot, new_generation()))
 }
 
