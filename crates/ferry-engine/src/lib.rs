@@ -25,6 +25,7 @@ pub(crate) mod parallel;
 pub mod phases;
 pub mod pids;
 pub(crate) mod plain_devices;
+pub(crate) mod proc_state;
 pub mod procfs;
 pub mod restore;
 pub mod running_sockets;

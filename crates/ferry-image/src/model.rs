@@ -670,6 +670,16 @@ pub struct FdSlot {
     pub cloexec: bool,
 }
 
+/// The lowest fd number that points at each file of a table, by file
+/// index (a linear pass: a server may hold 10,000 descriptors).
+pub fn first_fd_of_each_file(fds: &[FdSlot]) -> std::collections::HashMap<u32, i32> {
+    let mut m = std::collections::HashMap::with_capacity(fds.len());
+    for s in fds {
+        m.entry(s.file).and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd)).or_insert(s.fd);
+    }
+    m
+}
+
 /// An open file description: what it is, its status flags and offset.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OpenFile {

@@ -35,10 +35,18 @@ pub struct RestoreArgs {
     /// tree that ran in its own PID namespace is always restored so.
     #[arg(long)]
     pub new_pid_ns: bool,
+    /// Skip the restore's own check. By default, before the restored
+    /// processes run, ferry reads their state back (credentials, limits,
+    /// threads, mappings, fd table, socket options) and compares it with
+    /// the image; a difference ends the restored copy, leaves the image
+    /// as it is and fails with the difference named. Only for measuring
+    /// what the check costs.
+    #[arg(long)]
+    pub no_check: bool,
 }
 
 pub fn run(args: RestoreArgs) -> Result<i32> {
-    let RestoreArgs { images, detach, pidfile, tty_to, netns, new_pid_ns } = args;
+    let RestoreArgs { images, detach, pidfile, tty_to, netns, new_pid_ns, no_check } = args;
     let netns = netns.map(|n| {
         if n.contains('/') {
             PathBuf::from(n)
@@ -51,6 +59,7 @@ pub fn run(args: RestoreArgs) -> Result<i32> {
         netns,
         progress: crate::progress::bar("restoring memory"),
         new_pid_ns,
+        check: !no_check,
     };
     let r = ferry_engine::restore::restore(&images, &opts)
         .with_context(|| format!("restore from {} failed", images.display()))?;

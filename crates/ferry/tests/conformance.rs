@@ -482,6 +482,7 @@ conformance! {
     sock_tcp_listen,
     sock_tcp_v4mapped,
     sock_tcp_close_wait,
+    sock_buf_force,
     sock_tcp_established_pair,
     sock_udp_bound,
     sock_udp_connected,

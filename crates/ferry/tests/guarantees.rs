@@ -1068,3 +1068,50 @@ fn refuses_a_unix_listener_whose_file_was_unlinked() {
 fn refuses_a_unix_listener_whose_file_was_replaced() {
     refused_mode("unix_replaced", &["fd 4", "b.sock", "no longer names this socket"]);
 }
+
+/// The restore checks itself before the tree runs: a socket option that
+/// restore failed to set (made so with the fault hook
+/// `FERRY_FAULT_SKIP_SOCKET_OPTION`, standing for any restore bug that
+/// loses state) fails the restore naming the option, the restored copy
+/// is ended, the image is left as it was, and a restore without the
+/// fault then gives the program every option back.
+#[test]
+fn the_restores_own_check_catches_a_lost_socket_option() {
+    require_root!();
+    let mut c = Case::new("restore-check");
+    let prog = c.compile("tests/conformance/sock_opts_unbound.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    let _ = c.children[0].wait();
+    let images = c.images();
+    let meta_before = fs::read(images.join("meta.img")).expect("meta.img");
+    let restore = Command::new(FERRY)
+        .args(["restore", "--images"])
+        .arg(&images)
+        .env(
+            "FERRY_FAULT_SKIP_SOCKET_OPTION",
+            format!("{}/{}", libc::SOL_SOCKET, libc::SO_PRIORITY),
+        )
+        .output()
+        .expect("run ferry restore");
+    let err = stderr(&restore);
+    assert!(!restore.status.success(), "a restore that lost SO_PRIORITY succeeded");
+    for want in [
+        "the restore's check found a difference",
+        "SO_PRIORITY",
+        "is 0 after restore, the image has 3",
+        "the image is unchanged",
+    ] {
+        assert!(err.contains(want), "the failure should say {want:?}: {err}");
+    }
+    assert!(!exists(pid), "the restored copy of pid {pid} still runs after the failed check");
+    assert_eq!(fs::read(images.join("meta.img")).expect("meta.img"), meta_before, "image changed");
+    assert_eq!(
+        c.restore_and_finish(pid, &images, &[]),
+        Some(0),
+        "restore without the fault: {}",
+        c.log()
+    );
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}

@@ -1,103 +1,14 @@
 //! Process-wide attributes: identity, credentials, cwd, umask, limits,
 //! personality, no_new_privs.
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::inject::{check, Call};
-use crate::procfs::{self, key_values, Stat};
-use ferry_image::{Caps, Creds, MmLayout, ProcessImage, ProcessMisc, Rlimit, SignalState};
+use crate::procfs;
+use ferry_image::{ProcessImage, ProcessMisc};
 
-fn ids(v: Option<&&str>) -> Vec<u32> {
-    v.map(|s| s.split_whitespace().filter_map(|x| x.parse().ok()).collect()).unwrap_or_default()
-}
-
-fn cap(v: Option<&&str>) -> u64 {
-    v.and_then(|s| procfs::parse_hex(s)).unwrap_or(0)
-}
-
-fn four(v: Vec<u32>) -> [u32; 4] {
-    let mut a = [0u32; 4];
-    for (d, s) in a.iter_mut().zip(v) {
-        *d = s;
-    }
-    a
-}
-
-/// Resource limits from /proc/PID/limits, which lists them in resource
-/// order. prlimit(2) on another process would need CAP_SYS_RESOURCE when
-/// the process runs under another user.
-fn rlimits(pid: i32) -> Result<Vec<Rlimit>> {
-    let path = format!("/proc/{pid}/limits");
-    let text = procfs::read_string(&path)?;
-    let value = |v: &str| {
-        if v == "unlimited" {
-            Some(u64::MAX)
-        } else {
-            v.parse().ok()
-        }
-    };
-    let mut out = Vec::new();
-    for (resource, line) in text.lines().skip(1).enumerate() {
-        // "Max open files            1024                 1048576              files"
-        let cols: Vec<&str> = line.get(26..).unwrap_or("").split_whitespace().collect();
-        match (cols.first().and_then(|v| value(v)), cols.get(1).and_then(|v| value(v))) {
-            (Some(soft), Some(hard)) => out.push(Rlimit { resource: resource as u32, soft, hard }),
-            _ => {
-                return Err(EngineError::Parse {
-                    path: path.clone(),
-                    what: format!("limit line {line:?}"),
-                })
-            }
-        }
-    }
-    Ok(out)
-}
-
+/// The process as /proc shows it (shared with the restore's check).
 pub fn capture(pid: i32) -> Result<ProcessImage> {
-    let status_path = format!("/proc/{pid}/status");
-    let status_text = procfs::read_string(&status_path)?;
-    let status = key_values(&status_text);
-    let stat = Stat::read(pid)?;
-    let rlimits = rlimits(pid)?;
-    let personality = procfs::read_string(&format!("/proc/{pid}/personality"))?;
-    Ok(ProcessImage {
-        pid,
-        ppid: stat.field(4) as i32,
-        pgid: stat.field(5) as i32,
-        sid: stat.field(6) as i32,
-        comm: procfs::read_string(&format!("/proc/{pid}/comm"))?.trim_end_matches('\n').to_string(),
-        exe: procfs::read_link(&format!("/proc/{pid}/exe"))?,
-        cwd: procfs::read_link(&format!("/proc/{pid}/cwd"))?,
-        umask: status.get("Umask").and_then(|v| procfs::parse_octal(v)).unwrap_or(0o022) as u32,
-        personality: procfs::parse_hex(&personality).unwrap_or(0) as u32,
-        no_new_privs: status.get("NoNewPrivs").is_some_and(|v| *v == "1"),
-        creds: Creds {
-            uids: four(ids(status.get("Uid"))),
-            gids: four(ids(status.get("Gid"))),
-            groups: ids(status.get("Groups")),
-            caps: Caps {
-                inheritable: cap(status.get("CapInh")),
-                permitted: cap(status.get("CapPrm")),
-                effective: cap(status.get("CapEff")),
-                bounding: cap(status.get("CapBnd")),
-                ambient: cap(status.get("CapAmb")),
-            },
-        },
-        rlimits,
-        threads: Vec::new(),
-        mm: MmLayout::default(),
-        vmas: Vec::new(),
-        page_runs: Vec::new(),
-        files: Vec::new(),
-        fds: Vec::new(),
-        signals: SignalState::default(),
-        itimers: Vec::new(),
-        posix_timers: Vec::new(),
-        misc: ProcessMisc::default(),
-        memfds: Vec::new(),
-        inherited: Vec::new(),
-        root: Some(procfs::read_link(&format!("/proc/{pid}/root"))?).filter(|r| r != "/"),
-        fidelity: Default::default(),
-    })
+    crate::proc_state::read(pid)
 }
 
 /// brk and the prctl attributes only the process itself can read.

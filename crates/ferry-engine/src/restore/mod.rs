@@ -44,6 +44,7 @@ mod staging;
 mod sysv_ipc;
 mod threads;
 mod timers;
+mod verify;
 
 use crate::error::{EngineError, Result};
 use crate::inject::{self, Remote};
@@ -66,6 +67,9 @@ pub struct RestoreOptions {
     /// PIDs cannot be taken. Implied by an image of a tree that ran in its
     /// own PID namespace.
     pub new_pid_ns: bool,
+    /// Before the tree runs, read its state back and compare it with the
+    /// image (`verify/`); a difference fails the restore.
+    pub check: bool,
 }
 
 impl Default for RestoreOptions {
@@ -75,6 +79,7 @@ impl Default for RestoreOptions {
             netns: None,
             progress: None,
             new_pid_ns: false,
+            check: true,
         }
     }
 }
@@ -225,6 +230,9 @@ pub fn restore_held(
     let uffds = finish::register_lazy(&tree, lazy_uffds)?;
     if !uffds.is_empty() {
         ph.mark("lazy memory registered");
+    }
+    if opts.check {
+        ph.step("check", || verify::restored_tree(&tree, &connections))?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })

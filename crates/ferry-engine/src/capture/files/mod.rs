@@ -337,15 +337,7 @@ fn capture_descriptions(unique: &[&FdInfo], external_stdio: bool) -> Result<Vec<
         .collect())
 }
 
-/// The lowest fd number that points at each file of a table, by file
-/// index (a linear pass: a server may hold 10,000 descriptors).
-pub(crate) fn first_fd_of_each_file(fds: &[FdSlot]) -> std::collections::HashMap<u32, i32> {
-    let mut m = std::collections::HashMap::with_capacity(fds.len());
-    for s in fds {
-        m.entry(s.file).and_modify(|fd: &mut i32| *fd = (*fd).min(s.fd)).or_insert(s.fd);
-    }
-    m
-}
+pub(crate) use ferry_image::first_fd_of_each_file;
 
 /// One process's captured fd table, for the tree-wide passes.
 pub struct ProcessFiles<'a> {

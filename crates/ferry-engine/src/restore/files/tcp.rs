@@ -35,7 +35,7 @@ const MAX_USER_MSS: u32 = 32767;
 /// cork and the not-sent low-water mark would hold back the resent queue,
 /// buffer sizes are part of the connection's own state, and leaving
 /// repair mode resets SO_REUSEADDR.
-fn deferred(o: &ferry_image::SockOpt) -> bool {
+pub(crate) fn deferred(o: &ferry_image::SockOpt) -> bool {
     is_opt(o, libc::IPPROTO_TCP, libc::TCP_CORK)
         || is_opt(o, libc::SOL_SOCKET, libc::SO_SNDBUF)
         || is_opt(o, libc::SOL_SOCKET, libc::SO_RCVBUF)

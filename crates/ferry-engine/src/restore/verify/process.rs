@@ -1,0 +1,30 @@
+//! The process as /proc shows it: identity, credentials, limits,
+//! directories, umask, personality, no_new_privs. Read with the code the
+//! checkpoint uses (`proc_state.rs`), so both sides see the same fields
+//! the same way.
+
+use super::Findings;
+use crate::error::Result;
+use ferry_image::ProcessImage;
+
+pub(super) fn compare(p: &ProcessImage, is_root: bool, found: &mut Findings) -> Result<()> {
+    let now = crate::proc_state::read(p.pid)?;
+    let pid = p.pid;
+    let what = "the process";
+    found.compare(pid, what, "name", &p.comm, &now.comm);
+    found.compare(pid, what, "executable", &p.exe, &now.exe);
+    found.compare(pid, what, "working directory", &p.cwd, &now.cwd);
+    found.compare(pid, what, "root directory", &p.root, &now.root);
+    found.compare(pid, what, "umask", p.umask, now.umask);
+    found.compare(pid, what, "personality", p.personality, now.personality);
+    found.compare(pid, what, "no_new_privs", p.no_new_privs, now.no_new_privs);
+    found.compare(pid, what, "credentials", &p.creds, &now.creds);
+    found.compare(pid, what, "resource limits", &p.rlimits, &now.rlimits);
+    found.compare(pid, what, "process group", p.pgid, now.pgid);
+    found.compare(pid, what, "session", p.sid, now.sid);
+    if !is_root {
+        // The root's parent is whoever restored it.
+        found.compare(pid, what, "parent", p.ppid, now.ppid);
+    }
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! Socket options: every option the image recorded for an IPv4/IPv6
+//! socket reads back with the same bytes. A rebuilt TCP connection is
+//! read through ferry's own descriptor, and the options it gets only once
+//! its send queue is written again (after this check) are left out.
+
+use super::Findings;
+use crate::error::{EngineError, Result};
+use crate::restore::files::tcp::deferred;
+use ferry_image::{FileKind, ProcessImage};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// IPV6_V6ONLY of a rebuilt IPv6 connection: binding to its (specific)
+/// local address sets it, and the kernel refuses to change it once bound.
+/// It has no effect on a connected socket; docs/coverage.md lists the
+/// difference (getsockopt reads 1).
+fn bind_sets(o: &ferry_image::SockOpt) -> bool {
+    o.level == libc::IPPROTO_IPV6 && o.name == libc::IPV6_V6ONLY
+}
+
+/// An option's value as a reader takes it: an integer, or the bytes.
+fn shown(v: &[u8]) -> String {
+    match <[u8; 4]>::try_from(v) {
+        Ok(b) => i32::from_ne_bytes(b).to_string(),
+        Err(_) => format!("{v:02x?}"),
+    }
+}
+
+/// The option's name where it is a common one, else level/number.
+fn option_name(level: i32, name: i32) -> String {
+    let known = match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_SNDBUF) => "SO_SNDBUF",
+        (libc::SOL_SOCKET, libc::SO_RCVBUF) => "SO_RCVBUF",
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => "SO_REUSEADDR",
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => "SO_REUSEPORT",
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => "SO_KEEPALIVE",
+        (libc::SOL_SOCKET, libc::SO_PRIORITY) => "SO_PRIORITY",
+        (libc::SOL_SOCKET, libc::SO_RCVLOWAT) => "SO_RCVLOWAT",
+        (libc::SOL_SOCKET, libc::SO_MARK) => "SO_MARK",
+        (libc::SOL_SOCKET, libc::SO_LINGER) => "SO_LINGER",
+        (libc::IPPROTO_IP, libc::IP_TOS) => "IP_TOS",
+        (libc::IPPROTO_IP, libc::IP_TTL) => "IP_TTL",
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => "IPV6_V6ONLY",
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => "IPV6_TCLASS",
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY) => "TCP_NODELAY",
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) => "TCP_CONGESTION",
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => "TCP_KEEPIDLE",
+        _ => "",
+    };
+    if known.is_empty() {
+        format!("socket option {level}/{name}")
+    } else {
+        format!("{known} (socket option {level}/{name})")
+    }
+}
+
+pub(super) fn compare(
+    p: &ProcessImage,
+    connections: &HashMap<u64, OwnedFd>,
+    found: &mut Findings,
+) -> Result<()> {
+    let first_fd = ferry_image::first_fd_of_each_file(&p.fds);
+    let mut pidfd = None;
+    for (index, file) in p.files.iter().enumerate() {
+        let FileKind::InetSocket(s) = &file.kind else { continue };
+        if s.options.is_empty() {
+            continue;
+        }
+        let Some(&fd) = first_fd.get(&(index as u32)) else { continue };
+        let rebuilt = s.connection.is_some();
+        let taken;
+        let sock = match connections.get(&file.id) {
+            Some(own) => own.as_raw_fd(),
+            None => {
+                let pidfd = match &mut pidfd {
+                    Some(p) => p,
+                    empty => empty.insert(ferry_sys::pidfd::pidfd_open(p.pid).map_err(|e| {
+                        EngineError::kernel(p.pid, "pidfd_open for the restore's check", e)
+                    })?),
+                };
+                taken = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| {
+                    EngineError::kernel(p.pid, format!("fd {fd}: taking the socket to check it"), e)
+                })?;
+                taken.as_raw_fd()
+            }
+        };
+        let object = format!("fd {fd} (socket)");
+        for o in s.options.iter().filter(|o| !(rebuilt && (deferred(o) || bind_sets(o)))) {
+            // As the capture read it: at most 64 bytes (SO_BINDTODEVICE
+            // refuses a buffer shorter than a device name).
+            let now =
+                ferry_sys::socket::getsockopt_bytes(sock, o.level, o.name, o.value.len().max(64))
+                    .map_err(|e| {
+                    EngineError::kernel(
+                        p.pid,
+                        format!("fd {fd}: reading socket option {}/{}", o.level, o.name),
+                        e,
+                    )
+                })?;
+            found.compare(
+                p.pid,
+                &object,
+                &option_name(o.level, o.name),
+                shown(&o.value),
+                shown(&now),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_read_as_integers_when_they_are_one() {
+        assert_eq!(shown(&16_777_216i32.to_ne_bytes()), "16777216");
+        assert_eq!(shown(b"lo\0"), "[6c, 6f, 00]");
+        assert_eq!(option_name(1, 7), "SO_SNDBUF (socket option 1/7)");
+        assert_eq!(option_name(6, 99), "socket option 6/99");
+    }
+}

@@ -1,0 +1,30 @@
+//! Each thread: it exists under its TID, with its name, signal mask and
+//! scheduling attributes (policy, priority, nice, CPU affinity).
+
+use super::Findings;
+use crate::error::{EngineError, Result};
+use ferry_image::{ProcessImage, Sched};
+
+pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
+    let pid = p.pid;
+    for t in &p.threads {
+        let object = format!("thread {}", t.tid);
+        let dir = format!("/proc/{pid}/task/{}", t.tid);
+        let Ok(status) = std::fs::read_to_string(format!("{dir}/status")) else {
+            found.compare(pid, &object, "existence", "a thread", "no such thread");
+            continue;
+        };
+        let fields = crate::procfs::key_values(&status);
+        let mask = fields.get("SigBlk").and_then(|v| crate::procfs::parse_hex(v));
+        found.compare(pid, &object, "signal mask", Some(t.sigmask), mask);
+        let comm = crate::procfs::read_string(&format!("{dir}/comm"))?;
+        found.compare(pid, &object, "name", t.comm.as_str(), comm.trim_end_matches('\n'));
+        let s = ferry_sys::process::get_sched(t.tid).map_err(|e| {
+            EngineError::kernel(pid, format!("thread {}: reading scheduling attributes", t.tid), e)
+        })?;
+        let now =
+            Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
+        found.compare(pid, &object, "scheduling", &t.sched, &now);
+    }
+    Ok(())
+}
