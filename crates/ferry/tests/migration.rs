@@ -407,6 +407,11 @@ fn start_in(host: &Host, argv: &[&str], cwd: &Path, log: &Path, env: &[(&str, &s
 /// share one kernel, where two machines would not.
 const NOT_MIGRATABLE: &[(&str, &str)] = &[
     (
+        "sock_tcp_close_wait",
+        "its connections' other ends are closed sockets on the source host's loopback: the hello refuses a loopback connection whose \
+         other end stays behind (the_hello_refuses_a_loopback_connection_to_a_process_that_stays)",
+    ),
+    (
         "fd_locks",
         "its flock and POSIX locks stay held by the source's frozen copy until Commit, and test hosts share one kernel (one lock table), so \
          the destination cannot take them while the source holds them; two machines have a lock table each",
@@ -1662,6 +1667,45 @@ fn hello_refuses_a_local_address_the_destination_lacks() {
         "{TEST}: the service address was checked"
     );
     assert!(addresses(env.host("a")).contains(&svc_prefix(&svc)), "{TEST}: {svc} left a");
+}
+
+/// A connection over a's loopback to a process that is not migrated:
+/// at b nothing would answer it. The hello refuses it by name, before the
+/// freeze, and the service runs on.
+#[test]
+fn the_hello_refuses_a_loopback_connection_to_a_process_that_stays() {
+    const TEST: &str = "hello-loopback";
+    if !have(TEST, &["python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("lb", &[], &[]);
+    let upstream = env.dir.0.join("upstream.log");
+    start_ready(
+        &env,
+        "a",
+        &["python3", "-c", HOLDING_LISTENER, "127.0.0.1", "7310"],
+        &env.dir.0,
+        &upstream,
+    );
+    let (service, dir) = start_checked_service(
+        &env,
+        "svc",
+        &[&format!("listen,{svc},7311"), "connect,127.0.0.1,127.0.0.1,7310"],
+    );
+    let watch = StopWatch::start(service.root);
+    let m = env.migrate("a", service.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    assert_refused_before_freeze(
+        TEST,
+        &m,
+        watch,
+        &service,
+        &dir,
+        &[
+            "-> 127.0.0.1:7310",
+            "a loopback connection whose other end is outside the tree stays on this host",
+            "migrate the process at the other end with it",
+        ],
+    );
 }
 
 #[test]

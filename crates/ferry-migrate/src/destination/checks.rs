@@ -11,7 +11,11 @@
 //!   gives each process and thread its ID); a taken ID is only a note,
 //!   the tree then gets a PID namespace of its own (Placement);
 //! - IPv6: IPv6 sockets on a kernel without IPv6, an IPv6 service
-//!   address for an interface that has IPv6 disabled.
+//!   address for an interface that has IPv6 disabled;
+//! - loopback: a TCP connection over loopback whose other end is not in
+//!   the tree (a process or a closed socket that stays on the source
+//!   host): at the destination nothing answers it, and its first
+//!   segment would meet a reset.
 //!
 //! The negotiated TCP options (timestamps, SACK, window scaling, MSS)
 //! need no check: repair mode sets them on each socket whatever this
@@ -39,7 +43,41 @@ pub(super) fn check(h: &Hello, cfg: &DestinationConfig) -> Verdict {
     ports(h, &mut v.problems);
     ids(h, &mut v);
     ipv6(h, cfg, &mut v.problems);
+    loopback_peers(h, &mut v.problems);
     v
+}
+
+fn loopback_peers(h: &Hello, out: &mut Vec<Problem>) {
+    let canonical = |a: std::net::SocketAddr| (a.ip().to_canonical(), a.port());
+    let ends: std::collections::HashSet<_> = h
+        .tree
+        .sockets
+        .iter()
+        .filter(|s| s.tcp && s.role == SocketRole::Connection)
+        .map(|s| canonical(s.local))
+        .collect();
+    let lonely: Vec<String> = h
+        .tree
+        .sockets
+        .iter()
+        .filter(|s| {
+            s.tcp && s.role == SocketRole::Connection && s.local.ip().to_canonical().is_loopback()
+        })
+        .filter(|s| s.peer.is_some_and(|p| !ends.contains(&canonical(p))))
+        .map(describe)
+        .collect();
+    if !lonely.is_empty() {
+        out.push(Problem {
+            object: some_of(&lonely),
+            problem:
+                "a loopback connection whose other end is outside the tree stays on this host: \
+                      at the destination nothing would answer it"
+                    .into(),
+            remedy: "migrate the process at the other end with it (a tree both belong to), or \
+                     have it connect over the service address"
+                .into(),
+        });
+    }
 }
 
 fn sysctl(path: &str) -> Option<i64> {
