@@ -294,3 +294,39 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> SysResult<usize> {
     }
     Ok(r as usize)
 }
+
+/// Reads the small file `name` (at most `max` bytes) in the directory
+/// `dir`: one openat, one read, one close, with no path walk from the
+/// root (a /proc/PID/fdinfo/N read for each of 10,000 descriptors).
+pub fn read_small_at(dir: BorrowedFd<'_>, name: &CStr, max: usize) -> SysResult<Vec<u8>> {
+    // SAFETY: name is a NUL-terminated string that outlives the call.
+    let fd =
+        unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_error("openat"));
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut buf = vec![0u8; max];
+    // SAFETY: buf is writable for `max` bytes.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), max) };
+    if n < 0 {
+        return Err(last_error("read"));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// The target of the symbolic link `name` in the directory `dir`.
+pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: name is NUL-terminated; buf is writable for its length.
+    let n = unsafe {
+        libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+    };
+    if n < 0 {
+        return Err(last_error("readlinkat"));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}

@@ -7,6 +7,7 @@
 use super::Findings;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, ProcessImage};
+use std::os::fd::AsFd;
 
 /// What /proc/PID/fd/N must show for a kind: the whole link, or its
 /// start; None where the link says nothing more than the number does.
@@ -71,29 +72,68 @@ pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
         );
         return Ok(());
     }
-    for slot in &p.fds {
-        let Some(file) = p.files.get(slot.file as usize) else { continue };
-        compare_fd(pid, slot.fd, slot.cloexec, file, found)?;
-    }
+    // Two /proc reads per fd, relative to open directories, spread over
+    // the worker threads: a server may hold 10,000 descriptors.
+    let dirs = ProcDirs::open(pid)?;
+    let per_fd = crate::parallel::map(&p.fds, |slot| {
+        let mut mine = Findings::default();
+        if let Some(file) = p.files.get(slot.file as usize) {
+            compare_fd(&dirs, slot.fd, slot.cloexec, file, &mut mine)?;
+        }
+        Ok(mine.list)
+    })?;
+    found.list.extend(per_fd.into_iter().flatten());
     Ok(())
 }
 
-fn compare_fd(
+/// /proc/PID/fd and /proc/PID/fdinfo, open.
+struct ProcDirs {
     pid: i32,
+    fd: std::fs::File,
+    fdinfo: std::fs::File,
+}
+
+impl ProcDirs {
+    fn open(pid: i32) -> Result<ProcDirs> {
+        let dir = |name: &str| {
+            let path = format!("/proc/{pid}/{name}");
+            std::fs::File::open(&path).map_err(|e| EngineError::io(path, e))
+        };
+        Ok(ProcDirs { pid, fd: dir("fd")?, fdinfo: dir("fdinfo")? })
+    }
+
+    fn fdinfo(&self, fd: i32) -> Result<String> {
+        let name = std::ffi::CString::new(fd.to_string()).unwrap_or_default();
+        ferry_sys::fd::read_small_at(self.fdinfo.as_fd(), &name, 4096)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| EngineError::kernel(self.pid, format!("reading fdinfo of fd {fd}"), e))
+    }
+
+    fn link(&self, fd: i32) -> Result<String> {
+        let name = std::ffi::CString::new(fd.to_string()).unwrap_or_default();
+        ferry_sys::fd::readlink_at(self.fd.as_fd(), &name)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| EngineError::kernel(self.pid, format!("reading the link of fd {fd}"), e))
+    }
+}
+
+fn compare_fd(
+    dirs: &ProcDirs,
     fd: i32,
     cloexec: bool,
     file: &ferry_image::OpenFile,
     found: &mut Findings,
 ) -> Result<()> {
+    let pid = dirs.pid;
     let object = format!("fd {fd}");
-    let fdinfo = crate::procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
+    let fdinfo = dirs.fdinfo(fd)?;
     let fields = crate::procfs::key_values(&fdinfo);
     let flags = fields.get("flags").and_then(|v| crate::procfs::parse_octal(v)).unwrap_or(0) as i32;
     found.compare(pid, &object, "close-on-exec", cloexec, flags & libc::O_CLOEXEC != 0);
     if replaced(&file.kind) {
         return Ok(());
     }
-    let link = crate::procfs::read_link(&format!("/proc/{pid}/fd/{fd}"))?;
+    let link = dirs.link(fd)?;
     let want = expected_link(&file.kind);
     if !link_matches(&want, &link) {
         let wanted = match want {

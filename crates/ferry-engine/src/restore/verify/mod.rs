@@ -85,13 +85,28 @@ fn shown<T: std::fmt::Debug>(v: &T) -> String {
 /// are ferry's descriptors of the rebuilt TCP connections, by file id.
 pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd>) -> Result<()> {
     let mut found = Findings::default();
+    let mut spent = [std::time::Duration::ZERO; 5];
+    let mut timed = |i: usize, f: &mut dyn FnMut() -> Result<()>| {
+        let t = std::time::Instant::now();
+        let r = f();
+        spent[i] += t.elapsed();
+        r
+    };
     for (i, p) in tree.processes.iter().enumerate() {
-        process::compare(p, i == 0, &mut found)?;
-        threads::compare(p, &mut found)?;
-        memory::compare(p, &mut found)?;
-        fds::compare(p, &mut found)?;
-        sockets::compare(p, connections, &mut found)?;
+        timed(0, &mut || process::compare(p, i == 0, &mut found))?;
+        timed(1, &mut || threads::compare(p, &mut found))?;
+        timed(2, &mut || memory::compare(p, &mut found))?;
+        timed(3, &mut || fds::compare(p, &mut found))?;
+        timed(4, &mut || sockets::compare(p, connections, &mut found))?;
     }
+    tracing::debug!(
+        "restore check: process {:?}, threads {:?}, mappings {:?}, fds {:?}, socket options {:?}",
+        spent[0],
+        spent[1],
+        spent[2],
+        spent[3],
+        spent[4]
+    );
     verdict(found.list)
 }
 

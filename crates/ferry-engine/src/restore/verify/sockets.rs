@@ -60,51 +60,63 @@ pub(super) fn compare(
     found: &mut Findings,
 ) -> Result<()> {
     let first_fd = ferry_image::first_fd_of_each_file(&p.fds);
-    let mut pidfd = None;
-    for (index, file) in p.files.iter().enumerate() {
-        let FileKind::InetSocket(s) = &file.kind else { continue };
-        if s.options.is_empty() {
-            continue;
-        }
-        let Some(&fd) = first_fd.get(&(index as u32)) else { continue };
-        let rebuilt = s.connection.is_some();
+    let sockets: Vec<(i32, &ferry_image::OpenFile, &ferry_image::InetSocket)> = p
+        .files
+        .iter()
+        .enumerate()
+        .filter_map(|(index, file)| match &file.kind {
+            FileKind::InetSocket(s) if !s.options.is_empty() => {
+                Some((*first_fd.get(&(index as u32))?, file, s))
+            }
+            _ => None,
+        })
+        .collect();
+    if sockets.is_empty() {
+        return Ok(());
+    }
+    let pidfd = ferry_sys::pidfd::pidfd_open(p.pid)
+        .map_err(|e| EngineError::kernel(p.pid, "pidfd_open for the restore's check", e))?;
+    // One getsockopt per recorded option, on the worker threads.
+    let per_socket = crate::parallel::map(&sockets, |&(fd, file, s)| {
         let taken;
         let sock = match connections.get(&file.id) {
             Some(own) => own.as_raw_fd(),
             None => {
-                let pidfd = match &mut pidfd {
-                    Some(p) => p,
-                    empty => empty.insert(ferry_sys::pidfd::pidfd_open(p.pid).map_err(|e| {
-                        EngineError::kernel(p.pid, "pidfd_open for the restore's check", e)
-                    })?),
-                };
-                taken = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).map_err(|e| {
+                taken = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).map_err(|e| {
                     EngineError::kernel(p.pid, format!("fd {fd}: taking the socket to check it"), e)
                 })?;
                 taken.as_raw_fd()
             }
         };
-        let object = format!("fd {fd} (socket)");
-        for o in s.options.iter().filter(|o| !(rebuilt && (deferred(o) || bind_sets(o)))) {
-            // As the capture read it: at most 64 bytes (SO_BINDTODEVICE
-            // refuses a buffer shorter than a device name).
-            let now =
-                ferry_sys::socket::getsockopt_bytes(sock, o.level, o.name, o.value.len().max(64))
-                    .map_err(|e| {
-                    EngineError::kernel(
-                        p.pid,
-                        format!("fd {fd}: reading socket option {}/{}", o.level, o.name),
-                        e,
-                    )
-                })?;
-            found.compare(
-                p.pid,
-                &object,
-                &option_name(o.level, o.name),
-                shown(&o.value),
-                shown(&now),
-            );
-        }
+        let mut mine = Findings::default();
+        compare_options(p.pid, fd, sock, s, &mut mine)?;
+        Ok(mine.list)
+    })?;
+    found.list.extend(per_socket.into_iter().flatten());
+    Ok(())
+}
+
+fn compare_options(
+    pid: i32,
+    fd: i32,
+    sock: std::os::fd::RawFd,
+    s: &ferry_image::InetSocket,
+    found: &mut Findings,
+) -> Result<()> {
+    let rebuilt = s.connection.is_some();
+    let object = format!("fd {fd} (socket)");
+    for o in s.options.iter().filter(|o| !(rebuilt && (deferred(o) || bind_sets(o)))) {
+        // As the capture read it: at most 64 bytes (SO_BINDTODEVICE
+        // refuses a buffer shorter than a device name).
+        let now = ferry_sys::socket::getsockopt_bytes(sock, o.level, o.name, o.value.len().max(64))
+            .map_err(|e| {
+                EngineError::kernel(
+                    pid,
+                    format!("fd {fd}: reading socket option {}/{}", o.level, o.name),
+                    e,
+                )
+            })?;
+        found.compare(pid, &object, &option_name(o.level, o.name), shown(&o.value), shown(&now));
     }
     Ok(())
 }
