@@ -1,13 +1,17 @@
 //! Post-copy (`ferry migrate --lazy`), the source's side.
 //!
-//! The freeze sends no private anonymous page ([`LazyHooks`] lists them
-//! all as held by the destination): the pause does not depend on memory
-//! size. Once the destination reports the tree running, [`push`] serves
-//! the destination's PageRequests first (a thread of the restored tree is
-//! waiting on each) and streams every other lazy page in the background,
-//! then sends PagesDone and waits for the destination's PagesDone (every
-//! page installed). Only then is the source's frozen copy, which held the
-//! only copy of those pages, killed. It never runs again here.
+//! The freeze sends no private anonymous page ([`LazyHooks`] declares
+//! those mappings whole as held by the destination, without reading
+//! their page tables): the pause does not depend on memory size. Once
+//! the destination reports the tree running, [`push`] lists which of
+//! those pages exist (the source stays frozen, so the list is the one of
+//! the freeze), serves the destination's PageRequests first (a thread of
+//! the restored tree is waiting on each; a page that never existed goes
+//! as the zeros it reads as) and streams every existing page in the
+//! background, then sends PagesDone and waits for the destination's
+//! PagesDone (every page installed). Only then is the source's frozen
+//! copy, which held the only copy of those pages, killed. It never runs
+//! again here.
 
 use crate::error::{MigrateError, Result};
 use crate::protocol::{self, Msg};
@@ -22,18 +26,13 @@ const PAGE: u64 = 4096;
 /// at most one such message on the wire.
 const CHUNK_PAGES: u64 = 32;
 
-/// The capture hook of a lazy migration: every present private anonymous
-/// page of each process stays behind (see [`ferry_engine::lazy`]).
+/// The capture hook of a lazy migration: every page of each process's
+/// private anonymous mappings stays behind (see [`ferry_engine::lazy`]).
 #[derive(Default)]
 pub struct LazyHooks {
-    /// Per source PID, the pages left behind, as sorted (address, pages).
+    /// Per source PID, the ranges left behind (whole mappings, whether
+    /// their pages exist or not), as sorted (address, pages).
     pub lazy: HashMap<i32, Vec<(u64, u64)>>,
-}
-
-impl LazyHooks {
-    pub fn bytes(&self) -> u64 {
-        self.lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum()
-    }
 }
 
 impl ferry_engine::capture::CaptureHooks for LazyHooks {
@@ -52,7 +51,7 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
             ));
         }
         for &(pid, vmas) in procs {
-            self.lazy.insert(pid, ferry_engine::lazy::lazy_pages(pid, vmas)?);
+            self.lazy.insert(pid, ferry_engine::lazy::lazy_ranges(pid, vmas)?);
         }
         Ok(self
             .lazy
@@ -61,6 +60,10 @@ impl ferry_engine::capture::CaptureHooks for LazyHooks {
                 (pid, runs.iter().map(|&(s, n)| ferry_image::PageSpan::new(s, n)).collect())
             })
             .collect())
+    }
+
+    fn held_whole(&self) -> bool {
+        true
     }
 }
 
@@ -86,6 +89,8 @@ pub fn check_single_process(pid: i32) -> Result<()> {
 #[derive(Debug, Clone, Default)]
 pub struct PushReport {
     pub ms: f64,
+    /// Bytes of the lazy pages that exist at the source.
+    pub lazy_bytes: u64,
     pub bytes: u64,
     /// Requests served (pages a thread at the destination waited for).
     pub requests: u64,
@@ -95,18 +100,23 @@ pub struct PushReport {
 struct Proc {
     pid: i32,
     mem: std::fs::File,
+    /// The lazy ranges the freeze declared: what a request may ask for.
+    declared: Vec<(u64, u64)>,
+    /// The pages of `declared` that exist: what is pushed.
     runs: Vec<(u64, u64)>,
     sent: HashSet<u64>,
 }
 
 impl Proc {
-    /// The unsent lazy pages of [addr, addr + pages), as (address, bytes)
-    /// ranges, marked sent.
-    fn take(&mut self, addr: u64, pages: u64) -> Vec<(u64, u64)> {
+    /// The unsent pages of [addr, addr + pages) inside `runs` (of this
+    /// process, sorted (address, pages)), as (address, bytes) ranges,
+    /// marked sent.
+    fn take_from(&mut self, declared: bool, addr: u64, pages: u64) -> Vec<(u64, u64)> {
+        let runs = if declared { &self.declared } else { &self.runs };
         let end = addr.saturating_add(pages * PAGE);
         let mut out: Vec<(u64, u64)> = Vec::new();
-        let mut k = self.runs.partition_point(|&(a, n)| a + n * PAGE <= addr);
-        while let Some(&(a, n)) = self.runs.get(k) {
+        let mut k = runs.partition_point(|&(a, n)| a + n * PAGE <= addr);
+        while let Some(&(a, n)) = runs.get(k) {
             if a >= end {
                 break;
             }
@@ -166,6 +176,10 @@ pub fn push(
 ) -> Result<PushReport> {
     let t0 = Instant::now();
     let mut pusher = Pusher::open(lazy)?;
+    progress(&format!(
+        "running at the destination; post-copy of {:.1} MiB",
+        pusher.total as f64 / 1048576.0
+    ));
     let requests = Requests::default();
     let (tx, rx) = ch.halves();
     std::thread::scope(|sc| {
@@ -262,14 +276,16 @@ struct Pusher {
 impl Pusher {
     fn open(lazy: &HashMap<i32, Vec<(u64, u64)>>) -> Result<Pusher> {
         let mut procs = Vec::new();
-        for (&pid, runs) in lazy {
+        for (&pid, declared) in lazy {
             let path = format!("/proc/{pid}/mem");
             let mem = std::fs::File::open(&path)
                 .map_err(|e| MigrateError::Invalid(format!("pid {pid}: opening {path}: {e}")))?;
-            procs.push(Proc { pid, mem, runs: runs.clone(), sent: HashSet::new() });
+            let runs = ferry_engine::lazy::present_runs(pid, declared)?;
+            procs.push(Proc { pid, mem, declared: declared.clone(), runs, sent: HashSet::new() });
         }
-        let total: u64 = lazy.values().flat_map(|r| r.iter()).map(|&(_, n)| n * PAGE).sum();
-        Ok(Pusher { procs, cursor: (0, 0, 0), total, report: PushReport::default() })
+        let total: u64 = procs.iter().flat_map(|p| p.runs.iter()).map(|&(_, n)| n * PAGE).sum();
+        let report = PushReport { lazy_bytes: total, ..Default::default() };
+        Ok(Pusher { procs, cursor: (0, 0, 0), total, report })
     }
 
     /// Requested pages first, the rest in address order, then PagesDone.
@@ -317,7 +333,8 @@ impl Pusher {
         let Some(p) = self.procs.iter_mut().find(|p| p.pid == pid) else {
             return Ok(());
         };
-        let ranges = p.take(addr & !(PAGE - 1), u64::from(pages.min(1024)));
+        // A page that never existed at the source reads as zeros.
+        let ranges = p.take_from(true, addr & !(PAGE - 1), u64::from(pages.min(1024)));
         self.report.requests += 1;
         if !ranges.is_empty() {
             let data = p.read(&ranges)?;
@@ -340,7 +357,7 @@ impl Pusher {
         let p = procs.get_mut(k)?;
         let (a, n) = p.runs[cursor.1];
         let take = CHUNK_PAGES.min(n - cursor.2);
-        let ranges = p.take(a + cursor.2 * PAGE, take);
+        let ranges = p.take_from(false, a + cursor.2 * PAGE, take);
         cursor.2 += take;
         if cursor.2 >= n {
             *cursor = (k, cursor.1 + 1, 0);
@@ -353,14 +370,27 @@ impl Pusher {
 mod tests {
     use super::*;
 
+    fn proc(declared: Vec<(u64, u64)>, runs: Vec<(u64, u64)>) -> Proc {
+        let mem = std::fs::File::open("/dev/null").unwrap();
+        Proc { pid: 1, mem, declared, runs, sent: HashSet::new() }
+    }
+
     #[test]
     fn take_returns_each_lazy_page_once() {
-        let mem = std::fs::File::open("/dev/null").unwrap();
-        let mut p =
-            Proc { pid: 1, mem, runs: vec![(0x10000, 4), (0x20000, 2)], sent: HashSet::new() };
-        assert_eq!(p.take(0x11000, 2), vec![(0x11000, 2 * PAGE)]);
-        assert_eq!(p.take(0x10000, 16), vec![(0x10000, PAGE), (0x13000, PAGE)]);
-        assert_eq!(p.take(0x0, 64), vec![(0x20000, 2 * PAGE)]);
-        assert!(p.take(0x10000, 0x100).is_empty());
+        let mut p = proc(vec![(0x10000, 4), (0x20000, 2)], vec![(0x10000, 4), (0x20000, 2)]);
+        assert_eq!(p.take_from(false, 0x11000, 2), vec![(0x11000, 2 * PAGE)]);
+        assert_eq!(p.take_from(false, 0x10000, 16), vec![(0x10000, PAGE), (0x13000, PAGE)]);
+        assert_eq!(p.take_from(false, 0x0, 64), vec![(0x20000, 2 * PAGE)]);
+        assert!(p.take_from(false, 0x10000, 0x100).is_empty());
+    }
+
+    #[test]
+    fn requests_reach_declared_pages_that_are_not_pushed() {
+        // A mapping of 8 pages of which 2 exist.
+        let mut p = proc(vec![(0x10000, 8)], vec![(0x12000, 2)]);
+        assert_eq!(p.take_from(true, 0x11000, 2), vec![(0x11000, 2 * PAGE)]);
+        assert_eq!(p.take_from(false, 0x10000, 8), vec![(0x13000, PAGE)]);
+        assert_eq!(p.take_from(true, 0x10000, 8), vec![(0x10000, PAGE), (0x14000, 4 * PAGE)]);
+        assert!(p.take_from(true, 0x18000, 8).is_empty());
     }
 }

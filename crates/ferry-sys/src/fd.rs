@@ -330,3 +330,40 @@ pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> SysResult<Vec<u8>> {
     buf.truncate(n as usize);
     Ok(buf)
 }
+
+/// Whether the file `fd` lives in memory only (tmpfs, ramfs): its page
+/// cache is the file.
+pub fn in_memory_fs(fd: BorrowedFd<'_>) -> SysResult<bool> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: fstatfs writes into the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; fd is a valid descriptor for the call.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(last_error("fstatfs"));
+    }
+    Ok(matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+#[cfg(test)]
+mod in_memory_tests {
+    use super::in_memory_fs;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn tmpfs_is_memory_and_the_build_directory_is_not() {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            let f = std::fs::File::open(shm).unwrap();
+            assert!(in_memory_fs(f.as_fd()).unwrap());
+        }
+        // Whatever the source tree is on, `stat -f` must agree.
+        let f = std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let st = std::process::Command::new("stat")
+            .args(["-f", "-c", "%T", env!("CARGO_MANIFEST_DIR")])
+            .output()
+            .unwrap();
+        let kind = String::from_utf8_lossy(&st.stdout).trim().to_string();
+        assert_eq!(in_memory_fs(f.as_fd()).unwrap(), kind == "tmpfs" || kind == "ramfs", "{kind}");
+    }
+}

@@ -27,6 +27,8 @@ fn repo() -> PathBuf {
 /// PIDs we started) and reaps them, and removes the dir.
 struct Case {
     dir: PathBuf,
+    /// Where the image goes: in `dir`, or on tmpfs ([`Case::images_in_memory`]).
+    images: PathBuf,
     children: Vec<Child>,
     /// Other processes this test made (a PID namespace's init): killed.
     pids: Vec<i32>,
@@ -41,7 +43,14 @@ impl Case {
         ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("temp dir");
-        Case { dir, children: Vec::new(), pids: Vec::new() }
+        Case { images: dir.join("images"), dir, children: Vec::new(), pids: Vec::new() }
+    }
+
+    /// The image goes to a directory on tmpfs (/dev/shm), removed with the case.
+    fn images_in_memory(mut self) -> Case {
+        let name = self.dir.file_name().expect("a name").to_owned();
+        self.images = Path::new("/dev/shm").join(name);
+        self
     }
 
     fn compile(&self, src: &str) -> PathBuf {
@@ -86,7 +95,7 @@ impl Case {
     }
 
     fn images(&self) -> PathBuf {
-        self.dir.join("images")
+        self.images.clone()
     }
 
     fn ferry(&self, args: &[&str]) -> Output {
@@ -161,6 +170,7 @@ impl Drop for Case {
             let _ = c.wait();
         }
         let _ = fs::remove_dir_all(&self.dir);
+        let _ = fs::remove_dir_all(&self.images);
     }
 }
 
@@ -347,6 +357,22 @@ fn corrupted_page_data_is_rejected_before_restore() {
     let mut data = fs::read(&pages).expect("pages");
     let last = data.len() - 100;
     data[last] ^= 0xff;
+    fs::write(&pages, data).expect("write");
+    assert_restore_rejected(&c, pid, "checksum mismatch");
+}
+
+/// On tmpfs the checkpoint does not read pages.img back (the file is the
+/// memory it copied into): the restore's own check must still refuse it.
+#[test]
+fn corrupted_page_data_on_tmpfs_is_rejected_before_restore() {
+    require_root!();
+    let mut c = Case::new("corrupt-pages-tmpfs").images_in_memory();
+    let pid = checkpointed_image(&mut c);
+    assert!(c.images().starts_with("/dev/shm"));
+    let pages = c.images().join("pages.img");
+    let mut data = fs::read(&pages).expect("pages");
+    let middle = data.len() / 2;
+    data[middle] ^= 0x01;
     fs::write(&pages, data).expect("write");
     assert_restore_rejected(&c, pid, "checksum mismatch");
 }

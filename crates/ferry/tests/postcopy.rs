@@ -20,7 +20,12 @@ const FERRYD: &str = env!("CARGO_BIN_EXE_ferryd");
 /// `memprog check MIB`: fills MIB MiB with a pattern, and on SIGUSR2
 /// checks all of it and prints PASS or FAIL. `memprog busy MIB`:
 /// increments every word of MIB MiB in a loop; on SIGUSR2 prints how many
-/// passes it made and whether every word agrees.
+/// passes it made and whether every word agrees. `memprog grow MIB`:
+/// writes the pages of MIB MiB one after the other, each with a pattern
+/// of its own, about 40 MiB/s, so that pages come into existence all
+/// through a migration; on SIGUSR2 checks every page (the written ones
+/// hold their pattern, the others zeros) and prints GROW PASS or FAIL
+/// with the number of pages written.
 const PROGRAM: &str = r#"
 #define _GNU_SOURCE
 #include <signal.h>
@@ -35,9 +40,44 @@ static volatile sig_atomic_t go;
 static void on_usr2(int s) { (void)s; go = 1; }
 static uint64_t want(size_t i) { return (i * 0x9E3779B97F4A7C15ull) ^ 0x5eed; }
 
+static size_t check_grown(const uint64_t *m, size_t words, size_t filled) {
+    size_t bad = 0;
+    for (size_t i = 0; i < words; i++) bad += m[i] != (i < filled * 512 ? want(i) : 0);
+    return bad;
+}
+
+static int grow(size_t n) {
+    size_t words = n / 8, pages = n / 4096, filled = 0;
+    uint64_t *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) { perror("mmap"); return 1; }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr2;
+    sigaction(SIGUSR2, &sa, NULL);
+    printf("READY %d 0\n", getpid());
+    fflush(stdout);
+    for (;;) {
+        if (filled < pages) {
+            for (size_t w = filled * 512; w < (filled + 1) * 512; w++) m[w] = want(w);
+            filled++;
+            if (filled % 16 == 0) usleep(1000);
+        } else {
+            usleep(10000);
+        }
+        if (go) {
+            go = 0;
+            size_t bad = check_grown(m, words, filled);
+            if (bad) printf("GROW FAIL %zu bad words, %zu pages written\n", bad, filled);
+            else printf("GROW PASS %zu pages written\n", filled);
+            fflush(stdout);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     int busy = strcmp(argv[1], "busy") == 0;
+    if (strcmp(argv[1], "grow") == 0) return grow((size_t)atol(argv[2]) << 20);
     size_t n = (size_t)atol(argv[2]) << 20, words = n / 8;
     uint64_t *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) { perror("mmap"); return 1; }
@@ -318,6 +358,44 @@ fn busy_writer_keeps_counting_after_lazy_migration() {
         counts[0], counts[1]
     );
     assert!(counts[1] > counts[0], "the writer stopped counting at the destination: {counts:?}");
+    pair.signal_b(dest, "-KILL");
+}
+
+/// Pages that come into existence all through the migration (before the
+/// freeze, and at the destination after it, where the ones the source
+/// never had must read as zeros) arrive with their content: every page is
+/// checked at the destination, twice (while it still writes and once it
+/// wrote all).
+#[test]
+fn pages_written_during_a_lazy_migration_arrive() {
+    require_root!();
+    let pair = Pair::new();
+    let (pid, out) = pair.start("grow", 128);
+    std::thread::sleep(Duration::from_millis(300));
+    let report = pair.migrate_lazy(pid, "grow");
+    let dest = json_number(&report, "dest_host_pid") as i32;
+    for round in 0..2 {
+        let before = lines_with(&out, "GROW").len();
+        if round == 1 {
+            // 128 MiB at about 40 MiB/s.
+            std::thread::sleep(Duration::from_secs(4));
+        }
+        pair.signal_b(dest, "-USR2");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lines_with(&out, "GROW").len() == before {
+            assert!(
+                Instant::now() < deadline,
+                "no GROW line after SIGUSR2: {}",
+                fs::read_to_string(&out).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let line = lines_with(&out, "GROW").pop().expect("a GROW line");
+        println!("check {round}: {line}");
+        assert!(line.starts_with("GROW PASS"), "memory differs at the destination: {line}");
+    }
+    let last = lines_with(&out, "GROW").pop().expect("a GROW line");
+    assert!(last.contains(" 32768 pages"), "the writer did not finish at the destination: {last}");
     pair.signal_b(dest, "-KILL");
 }
 

@@ -11,8 +11,12 @@ use ferry_image::{Inventory, PageSink, PageSpan, ProcessImage, TreeImage, FORMAT
 use std::collections::HashMap;
 
 /// Per process (by PID), the pages the receiver holds already: listed as
-/// the parent's instead of copied.
-pub(super) type HeldPages = HashMap<i32, Vec<PageSpan>>;
+/// the parent's instead of copied; `whole`: see [`memory::Held`].
+#[derive(Default)]
+pub(super) struct HeldPages {
+    pub spans: HashMap<i32, Vec<PageSpan>>,
+    pub whole: bool,
+}
 
 /// The image's metadata; its pages are in the sink.
 pub(super) struct Assembled {
@@ -106,7 +110,10 @@ fn process_image(
     let mut skip: Vec<PageSpan> =
         inherited.iter().flat_map(|v| v.shared_pages.iter().copied()).collect();
     skip.sort_unstable();
-    let held_here = copy.held.get(&pid).map_or(&[][..], |h| h.as_slice());
+    let held_here = memory::Held {
+        spans: copy.held.spans.get(&pid).map_or(&[][..], |h| h.as_slice()),
+        whole: copy.held.whole,
+    };
     let memory::Dumped { runs: page_runs, in_parent } = memory::dump_pages(
         pid,
         &sv.vmas,

@@ -210,7 +210,7 @@ pub fn dump_pages(
     vmas: &[Vma],
     smaps: &[MapsEntry],
     skip: &[PageSpan],
-    held: &[PageSpan],
+    held: Held<'_>,
     keep_shared: bool,
     out: &mut dyn PageSink,
     progress: Option<&crate::ProgressFn>,
@@ -226,18 +226,57 @@ pub fn dump_pages(
         let Some(filter) = page_filter(v) else {
             continue;
         };
-        let ranges = pagemap::scan(&pagemap, v.start, v.end, filter).map_err(|e| {
-            EngineError::kernel(pid, format!("scanning pages of {:#x}-{:#x}", v.start, v.end), e)
-        })?;
+        let (ranges, declared) = scan_mapping(pid, &pagemap, v, filter, held)?;
         let wanted = subtract(ranges, skip);
-        in_parent.extend(intersect(&wanted, held));
-        for (s, e) in subtract(wanted, held) {
+        in_parent.extend(declared);
+        in_parent.extend(intersect(&wanted, held.spans));
+        for (s, e) in subtract(wanted, held.spans) {
             cut_into_pieces(&mut pieces, &mut total, base, (s, e), m.readable() && !keep_shared);
         }
     }
     let runs = copy_all(pid, &pieces, base, total, out, progress)?;
     out.set_data_len(base + total)?;
     Ok(Dumped { runs, in_parent })
+}
+
+/// The pages the receiver holds already (see
+/// [`crate::capture::CaptureHooks::held_pages`]).
+#[derive(Clone, Copy)]
+pub struct Held<'a> {
+    /// Sorted (address, pages) runs.
+    pub spans: &'a [PageSpan],
+    /// Every page of `spans` is the receiver's, present or not: they are
+    /// not scanned (post-copy), and the whole runs are listed as the
+    /// parent's.
+    pub whole: bool,
+}
+
+/// (start, end) byte ranges.
+type Ranges = Vec<(u64, u64)>;
+
+/// The present pages of mapping `v` that `filter` selects, as (start,
+/// end) ranges; with `held.whole`, the held runs inside `v` are left
+/// unscanned and returned apart, whole.
+fn scan_mapping(
+    pid: i32,
+    pagemap: &std::os::fd::OwnedFd,
+    v: &Vma,
+    filter: ScanFilter,
+    held: Held<'_>,
+) -> Result<(Ranges, Vec<PageSpan>)> {
+    let (parts, declared) = if held.whole {
+        let whole = [(v.start, v.end)];
+        (subtract(whole.to_vec(), held.spans), intersect(&whole, held.spans))
+    } else {
+        (vec![(v.start, v.end)], Vec::new())
+    };
+    let mut ranges = Vec::new();
+    for (s, e) in parts {
+        ranges.extend(pagemap::scan(pagemap, s, e, filter).map_err(|e2| {
+            EngineError::kernel(pid, format!("scanning pages of {s:#x}-{e:#x}"), e2)
+        })?);
+    }
+    Ok((ranges, declared))
 }
 
 /// The parts of `ranges` ((start, end) byte ranges) inside the runs

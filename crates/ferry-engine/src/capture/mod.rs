@@ -163,6 +163,14 @@ pub trait CaptureHooks {
         &mut self,
         procs: &[(i32, &[ferry_image::Vma])],
     ) -> Result<HashMap<i32, Vec<PageSpan>>>;
+
+    /// Whether every page of the runs `held_pages` returns is the
+    /// receiver's whether it exists or not (post-copy: the runs are whole
+    /// mappings, whose pages are listed only after the resume). The
+    /// capture then does not scan them: the pause does not grow with them.
+    fn held_whole(&self) -> bool {
+        false
+    }
 }
 
 /// What the network lock becomes once the captured tree is killed.
@@ -364,10 +372,13 @@ pub fn capture(
             .collect::<Result<Vec<_>>>()
     })?;
     let held = match hooks {
-        Some(h) => h.held_pages(
-            &surveyed.procs.iter().map(|s| (s.pid, s.vmas.as_slice())).collect::<Vec<_>>(),
-        )?,
-        None => HashMap::new(),
+        Some(h) => assemble::HeldPages {
+            spans: h.held_pages(
+                &surveyed.procs.iter().map(|s| (s.pid, s.vmas.as_slice())).collect::<Vec<_>>(),
+            )?,
+            whole: h.held_whole(),
+        },
+        None => assemble::HeldPages::default(),
     };
     let lock_ref = conns.lock.as_ref().map(|l| ferry_image::NetworkLockRef {
         method: opts.network_lock.to_string(),

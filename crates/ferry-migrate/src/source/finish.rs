@@ -22,12 +22,8 @@ impl Frozen {
         for p in self.captured.pids() {
             let _ = ferry_sys::process::kill(p.0, libc::SIGSTOP);
         }
-        (o.progress)(&format!(
-            "running at the destination; post-copy of {:.1} MiB",
-            l.bytes() as f64 / 1048576.0
-        ));
         let pushed = crate::postcopy::push(ch, &l.lazy, o.timeout, &*o.progress);
-        Some(pushed.map(|push| PostcopyReport { lazy_bytes: l.bytes(), push }))
+        Some(pushed.map(|push| PostcopyReport { lazy_bytes: push.lazy_bytes, push }))
     }
 
     /// Post-copy failed after the resume: nothing can roll back.
