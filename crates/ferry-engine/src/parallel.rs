@@ -40,6 +40,27 @@ pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) ->
     Ok(out)
 }
 
+/// Drops `items` on up to [`crate::worker_threads`] threads: closing
+/// the last descriptor of 10,000 sockets costs tens of milliseconds of
+/// kernel work, done by the thread that closes it.
+pub fn drop_all<T: Send>(mut items: Vec<T>) {
+    let threads = crate::worker_threads().min(items.len() / MIN_PER_THREAD).max(1);
+    if threads == 1 {
+        return;
+    }
+    let chunk = items.len().div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    while items.len() > chunk {
+        parts.push(items.split_off(items.len() - chunk));
+    }
+    parts.push(items);
+    std::thread::scope(|scope| {
+        for part in parts {
+            scope.spawn(move || drop(part));
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +79,15 @@ mod tests {
         });
         assert!(matches!(err, Err(crate::EngineError::Restore { pid: 100, .. })));
         assert!(map(&[] as &[u32], |&x| Ok(x)).expect("empty").is_empty());
+        let dropped = std::sync::atomic::AtomicUsize::new(0);
+        struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        drop_all((0..5000).map(|_| Counted(&dropped)).collect());
+        drop_all((0..3).map(|_| Counted(&dropped)).collect());
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 5003);
     }
 }

@@ -347,10 +347,6 @@ pub fn check_reserved(section: &str, reserved: u32) -> Result<(), ImageError> {
     Ok(())
 }
 
-fn encode<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<Vec<u8>, ImageError> {
-    postcard::to_stdvec(value).map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
-}
-
 /// Encodes the metadata file: header, inventory section, process section.
 pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>, ImageError> {
     encode_meta_with(inventory, process, None)
@@ -364,42 +360,74 @@ pub fn encode_meta_with(
     process: &TreeImage,
     incremental: Option<&Incremental>,
 ) -> Result<Vec<u8>, ImageError> {
-    let inv = encode(inventory, "inventory")?;
-    let proc_ = encode(process, "process")?;
-    let inc = incremental.map(|i| encode(i, "incremental")).transpose()?;
-    let inc_len = inc.as_ref().map_or(0, |b| SECTION_HEADER_LEN + b.len());
-    let mut out =
-        Vec::with_capacity(HEADER_LEN + 2 * SECTION_HEADER_LEN + inv.len() + proc_.len() + inc_len);
-    out.extend_from_slice(&file_header(0));
-    out.extend_from_slice(&section_header(SectionKind::Inventory, &inv));
-    out.extend_from_slice(&inv);
-    out.extend_from_slice(&section_header(SectionKind::Tree, &proc_));
-    out.extend_from_slice(&proc_);
-    if let Some(inc) = &inc {
-        out.extend_from_slice(&section_header(SectionKind::Incremental, inc));
-        out.extend_from_slice(inc);
+    // One buffer of the exact size, each payload serialized in place: a
+    // tree with 10,000 connections makes a 20 MB file, and growing and
+    // copying buffers for it cost more than encoding it.
+    let mut size = HEADER_LEN;
+    let mut sized = |len: Result<usize, ImageError>| -> Result<(), ImageError> {
+        size += SECTION_HEADER_LEN + len?;
+        Ok(())
+    };
+    sized(encoded_len(inventory, "inventory"))?;
+    sized(encoded_len(process, "process"))?;
+    if let Some(i) = incremental {
+        sized(encoded_len(i, "incremental"))?;
     }
     if let Some(cg) = &process.cgroups {
-        let cg = encode(cg, "cgroups")?;
-        out.extend_from_slice(&section_header(SectionKind::Cgroups, &cg));
-        out.extend_from_slice(&cg);
+        sized(encoded_len(cg, "cgroups"))?;
     }
     if let Some(up) = &process.unix_peers {
-        let up = encode(up, "unix peers")?;
-        out.extend_from_slice(&section_header(SectionKind::UnixPeers, &up));
-        out.extend_from_slice(&up);
+        sized(encoded_len(up, "unix peers"))?;
     }
     if let Some(dp) = &process.unix_dead_peers {
-        let dp = encode(dp, "unix dead peers")?;
-        out.extend_from_slice(&section_header(SectionKind::UnixDeadPeers, &dp));
-        out.extend_from_slice(&dp);
+        sized(encoded_len(dp, "unix dead peers"))?;
     }
     if let Some(f) = &process.unix_in_flight_files {
-        let f = encode(f, "unix in-flight files")?;
-        out.extend_from_slice(&section_header(SectionKind::UnixInFlightFiles, &f));
-        out.extend_from_slice(&f);
+        sized(encoded_len(f, "unix in-flight files"))?;
+    }
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&file_header(0));
+    push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
+    push_section(&mut out, SectionKind::Tree, process, "process")?;
+    if let Some(inc) = incremental {
+        push_section(&mut out, SectionKind::Incremental, inc, "incremental")?;
+    }
+    if let Some(cg) = &process.cgroups {
+        push_section(&mut out, SectionKind::Cgroups, cg, "cgroups")?;
+    }
+    if let Some(up) = &process.unix_peers {
+        push_section(&mut out, SectionKind::UnixPeers, up, "unix peers")?;
+    }
+    if let Some(dp) = &process.unix_dead_peers {
+        push_section(&mut out, SectionKind::UnixDeadPeers, dp, "unix dead peers")?;
+    }
+    if let Some(f) = &process.unix_in_flight_files {
+        push_section(&mut out, SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
     }
     Ok(out)
+}
+
+fn encoded_len<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<usize, ImageError> {
+    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+        .map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
+}
+
+/// Appends `value` as one section: its header, then its payload
+/// serialized straight into `out`.
+fn push_section<T: serde::Serialize>(
+    out: &mut Vec<u8>,
+    kind: SectionKind,
+    value: &T,
+    name: &'static str,
+) -> Result<(), ImageError> {
+    let at = out.len();
+    out.extend_from_slice(&[0u8; SECTION_HEADER_LEN]);
+    *out = postcard::to_extend(value, std::mem::take(out))
+        .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
+    let payload = &out[at + SECTION_HEADER_LEN..];
+    let header = section_header_raw(kind, payload.len() as u64, checksum(payload));
+    out[at..at + SECTION_HEADER_LEN].copy_from_slice(&header);
+    Ok(())
 }
 
 /// Decodes one section payload; leftover bytes inside it are an error.

@@ -191,7 +191,12 @@ impl ImageDir {
         process: &TreeImage,
         incremental: Option<&Incremental>,
     ) -> Result<(), ImageError> {
-        let bytes = container::encode_meta_with(inv, process, incremental)?;
+        self.write_meta_bytes(&container::encode_meta_with(inv, process, incremental)?)
+    }
+
+    /// Writes `bytes` as meta.img: a temporary file renamed into place,
+    /// both on the disk before this returns.
+    fn write_meta_bytes(&self, bytes: &[u8]) -> Result<(), ImageError> {
         let tmp = self.file("meta.img.tmp");
         let fin = self.file(META_FILE);
         use std::os::unix::fs::OpenOptionsExt;
@@ -202,7 +207,7 @@ impl ImageDir {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| ImageError::io(&tmp, e))?;
-        f.write_all(&bytes).map_err(|e| ImageError::io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| ImageError::io(&tmp, e))?;
         f.sync_all().map_err(|e| ImageError::io(&tmp, e))?;
         std::fs::rename(&tmp, &fin).map_err(|e| ImageError::io(&fin, e))?;
         // The rename itself must reach the disk too.
@@ -443,14 +448,25 @@ impl crate::sink::ImageSink for DirSink {
         incremental: Option<&Incremental>,
     ) -> Result<u64, ImageError> {
         self.pages.sync()?;
-        self.dir.write_meta_with(inventory, tree, incremental)?;
-        // Read back: what a restore will read, not what was meant, must
-        // be an image. Page data was read back batch by batch already.
-        let (inv, ..) = self.dir.read_meta_full()?;
-        self.dir.check_pages_file(&inv)?;
-        let meta_len = std::fs::metadata(self.dir.file(META_FILE))
-            .map_err(|e| ImageError::io(self.dir.file(META_FILE), e))?
-            .len();
-        Ok(inv.pages_bytes + meta_len)
+        // The checks a restore makes on what it decodes, made on the
+        // values encoded (decoding gives them back unchanged), then the
+        // file read back byte for byte: what a restore will read, not
+        // what was meant, must be an image. Page data was read back batch
+        // by batch already.
+        crate::validate::validate(inventory, tree)?;
+        crate::validate::validate_unix_in_flight_files(tree)?;
+        if let Some(inc) = incremental {
+            crate::validate::validate_incremental(tree, inc)?;
+        }
+        let bytes = container::encode_meta_with(inventory, tree, incremental)?;
+        self.dir.write_meta_bytes(&bytes)?;
+        if self.dir.read_meta_bytes()? != bytes {
+            return Err(ImageError::Invalid(format!(
+                "{} does not read back as written",
+                self.dir.file(META_FILE).display()
+            )));
+        }
+        self.dir.check_pages_file(inventory)?;
+        Ok(inventory.pages_bytes + bytes.len() as u64)
     }
 }

@@ -996,3 +996,29 @@ fn validate_incremental_alone_never_panics_on_an_unchecked_tree() {
     );
     let _ = container::require_complete(None);
 }
+
+/// meta.img is encoded into one buffer of the exact size, each section
+/// serialized in place: the bytes are those of each payload serialized
+/// on its own and framed in order, and nothing was allocated beyond them.
+#[test]
+fn meta_is_each_section_serialized_on_its_own_and_framed_in_order() {
+    let (inv, t, _) = model();
+    let inc = incremental();
+    let bytes = encode_meta_with(&inv, &t, Some(&inc)).unwrap();
+    assert_eq!(bytes.len(), bytes.capacity());
+    let inv_b = postcard::to_stdvec(&inv).unwrap();
+    let tree_b = postcard::to_stdvec(&t).unwrap();
+    let inc_b = postcard::to_stdvec(&inc).unwrap();
+    let mut sections: Vec<(u32, &[u8])> = vec![
+        (SectionKind::Inventory as u32, &inv_b),
+        (SectionKind::Tree as u32, &tree_b),
+        (SectionKind::Incremental as u32, &inc_b),
+    ];
+    let cg_b = t.cgroups.as_ref().map(|c| postcard::to_stdvec(c).unwrap());
+    if let Some(b) = &cg_b {
+        sections.push((SectionKind::Cgroups as u32, b));
+    }
+    assert_eq!(bytes, frame(FormatVersion::CURRENT, &sections));
+    let (inv2, t2, inc2) = decode_meta_full(&bytes).unwrap();
+    assert_eq!((inv2, t2, inc2), (inv, t, Some(inc)));
+}

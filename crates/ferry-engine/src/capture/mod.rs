@@ -303,8 +303,9 @@ impl Captured {
             ..
         } = self;
         guard.killed();
-        repaired.keep_in_repair();
+        let kept = repaired.keep_in_repair();
         frozen.kill()?;
+        kept.close();
         if let Some(lock) = lock {
             match after {
                 // Restore thaws it, once the connections exist again.

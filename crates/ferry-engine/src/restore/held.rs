@@ -6,7 +6,6 @@ use super::{files, Restored};
 use crate::error::{EngineError, Result};
 use ferry_image::TreeImage;
 use ferry_sys::ptrace;
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// A restored process held stopped: its PID, its other threads, and
@@ -25,7 +24,7 @@ pub(super) struct HeldProcess {
 pub struct Held {
     pub(super) pid: i32,
     pub(super) tree: TreeImage,
-    pub(super) connections: HashMap<u64, OwnedFd>,
+    pub(super) connections: files::tcp::Made,
     /// Parents before children.
     pub(super) procs: Vec<HeldProcess>,
     /// The staged objects and the network lock, kept until the tree runs.

@@ -218,7 +218,7 @@ pub fn restore_held(
             &mut sessions,
             &mut staged.files,
             fds,
-            &mut connections,
+            &mut connections.fds,
             &opts.tty_to,
         )
     })?;

@@ -24,6 +24,9 @@ pub struct Established {
     pub file_index: usize,
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    /// SO_REUSEADDR as the survey read it (the tree has not run since):
+    /// leaving repair mode resets it.
+    pub reuse: bool,
 }
 
 fn socket_addr(bytes: &[u8], port: u16) -> Option<SocketAddr> {
@@ -67,7 +70,12 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
             else {
                 continue;
             };
-            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote });
+            let reuse = s.options.iter().any(|o| {
+                o.level == libc::SOL_SOCKET
+                    && o.name == libc::SO_REUSEADDR
+                    && o.value.iter().any(|&b| b != 0)
+            });
+            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote, reuse });
         }
     }
     out
@@ -93,9 +101,25 @@ pub struct Repaired {
 
 impl Repaired {
     /// The processes are about to be killed: leave repair mode on, so that
-    /// closing the sockets sends neither FIN nor RST.
-    pub fn keep_in_repair(mut self) {
+    /// closing the sockets sends neither FIN nor RST. Ferry's descriptors
+    /// stay open until [`KeptInRepair::close`]: the processes' exit then
+    /// only drops their own references, and the sockets end on the worker
+    /// threads instead of one by one in the exiting process.
+    pub fn keep_in_repair(mut self) -> KeptInRepair {
         self.keep = true;
+        KeptInRepair(std::mem::take(&mut self.socks))
+    }
+}
+
+/// Sockets left in repair mode for good, held until their processes are
+/// gone.
+pub struct KeptInRepair(Vec<Held>);
+
+impl KeptInRepair {
+    /// Closes ferry's descriptors, the sockets' last ones once their
+    /// processes exited: each connection ends there, silently.
+    pub fn close(self) {
+        crate::parallel::drop_all(self.0);
     }
 }
 
@@ -139,10 +163,7 @@ pub fn capture<'a>(
     let socks = crate::parallel::map(&work, |(c, pidfd)| {
         let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd)
             .map_err(|e| kernel(c, "duplicating the socket", e))?;
-        let reuse = socket::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR)
-            .map_err(|e| kernel(c, "reading SO_REUSEADDR", e))?
-            != 0;
-        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse, in_repair: false.into() })
+        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse: c.reuse, in_repair: false.into() })
     })?;
     // The guard hears of every socket before any enters repair mode.
     repairing(&socks.iter().map(|h| (h.pid, h.fd, h.reuse)).collect::<Vec<_>>());
@@ -181,8 +202,9 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
     let outq = socket::outq(fd).map_err(k("reading the send queue length"))?;
     let unsent = socket::outq_unsent(fd).map_err(k("reading the unsent length"))?;
+    // The send queue stays selected: only repair mode reads the choice,
+    // and every later step in it selects its own queue.
     let send_queue = socket::peek_queue(fd, outq as usize).map_err(k("reading the send queue"))?;
-    socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
     if recv_queue.len() != inq as usize || send_queue.len() != outq as usize {
         return Err(EngineError::restore(
             c.pid,

@@ -44,6 +44,12 @@ pub(crate) fn deferred(o: &ferry_image::SockOpt) -> bool {
 }
 
 pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
+    create_counting_sent(pid, s, c).map(|(fd, _)| fd)
+}
+
+/// [`create`], also returning how many bytes of the send queue went back
+/// as already sent: [`resend`] writes the rest.
+fn create_counting_sent(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<(OwnedFd, usize)> {
     let local = address(pid, &s.addr, s.port)?;
     let (paddr, pport) = s.peer.as_ref().ok_or_else(|| {
         EngineError::restore(pid, format!("TCP connection from {local} has no peer"))
@@ -74,9 +80,9 @@ pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
     .map_err(r.k("setting the MSS"))?;
     socket::connect(fd, s.family, &remote).map_err(r.k("connecting in repair mode"))?;
     r.set_negotiated(c)?;
-    r.refill_queues(c)?;
+    let sent_back = r.refill_queues(c)?;
     set_window(fd, c).map_err(r.k("restoring the window"))?;
-    Ok(sock)
+    Ok((sock, sent_back))
 }
 
 /// A connection's socket being rebuilt in repair mode, for its errors.
@@ -147,12 +153,13 @@ impl Rebuilding {
     }
 
     /// The unread data, and the part of the sent data that goes back as
-    /// already sent (`already_sent_head`).
-    fn refill_queues(&self, c: &TcpConnection) -> Result<()> {
+    /// already sent (`already_sent_head`). The receive queue is still the
+    /// one selected (`set_buffers_and_sequences`); the queue left selected
+    /// at the end matters to nothing: only repair mode reads it, and
+    /// `resend_one` selects its own.
+    fn refill_queues(&self, c: &TcpConnection) -> Result<usize> {
         let fd = self.fd;
         if !c.recv_queue.is_empty() {
-            socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
-                .map_err(self.k("selecting the receive queue"))?;
             socket::send_all(fd, &c.recv_queue, QUEUE_TIMEOUT_MS)
                 .map_err(self.k("refilling the receive queue"))?;
         }
@@ -163,8 +170,7 @@ impl Rebuilding {
             socket::send_all(fd, &c.send_queue[..head], QUEUE_TIMEOUT_MS)
                 .map_err(self.k("putting back data already sent"))?;
         }
-        socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(self.k("leaving the queues"))?;
-        Ok(())
+        Ok(head)
     }
 }
 
@@ -237,9 +243,17 @@ pub fn is_connection(f: &ferry_image::OpenFile) -> bool {
     matches!(&f.kind, FileKind::InetSocket(s) if s.connection.is_some())
 }
 
+/// The tree's connections as rebuilt in repair mode: ferry's socket and
+/// how many bytes of its send queue went back as already sent, by open
+/// file description id.
+pub struct Made {
+    pub fds: HashMap<u64, OwnedFd>,
+    pub sent_back: HashMap<u64, usize>,
+}
+
 /// Rebuilds every established connection of the tree once, in ferry, in
-/// the network namespace ferry is in; by open file description id.
-pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
+/// the network namespace ferry is in.
+pub fn create_all(tree: &TreeImage) -> Result<Made> {
     let mut seen = std::collections::HashSet::new();
     let mut todo: Vec<(i32, &ferry_image::OpenFile, &InetSocket, &TcpConnection)> = Vec::new();
     for p in &tree.processes {
@@ -255,11 +269,12 @@ pub fn create_all(tree: &TreeImage) -> Result<HashMap<u64, OwnedFd>> {
     }
     // Worker threads inherit the network namespace ferry is in now.
     let made = crate::parallel::map(&todo, |(pid, f, s, c)| {
-        let fd = create(*pid, s, c)?;
+        let (fd, sent_back) = create_counting_sent(*pid, s, c)?;
         super::set_status_flags(*pid, &fd, f.flags)?;
-        Ok((f.id, fd))
+        Ok((f.id, fd, sent_back))
     })?;
-    Ok(made.into_iter().collect())
+    let sent_back = made.iter().map(|(id, _, n)| (*id, *n)).collect();
+    Ok(Made { fds: made.into_iter().map(|(id, fd, _)| (id, fd)).collect(), sent_back })
 }
 
 /// Puts this process's connections (and unix sockets made after the
@@ -366,12 +381,17 @@ fn install_calls(pidfd: u64, slots: &[(i32, RawFd, bool)], gaps: &[i32]) -> Chec
     CheckedCalls { calls, expect }
 }
 
+/// One rebuilt connection: its process, socket, state, ferry's
+/// descriptor, and how much of its send queue went back as already sent.
+type RebuiltConn<'a> = (i32, &'a InetSocket, &'a TcpConnection, RawFd, usize);
+
 /// Every established connection of the image with ferry's descriptor of
 /// its rebuilt socket, each once.
 fn connections<'a>(
     tree: &'a TreeImage,
     staged: &HashMap<u64, OwnedFd>,
-) -> Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)> {
+    sent_back: &HashMap<u64, usize>,
+) -> Vec<RebuiltConn<'a>> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for p in &tree.processes {
@@ -384,7 +404,8 @@ fn connections<'a>(
                 continue;
             };
             if seen.insert(f.id) {
-                out.push((p.pid, s, c, fd.as_raw_fd()));
+                let sent = sent_back.get(&f.id).copied().unwrap_or(0);
+                out.push((p.pid, s, c, fd.as_raw_fd(), sent));
             }
         }
     }
@@ -393,15 +414,15 @@ fn connections<'a>(
 
 /// The rebuilt connections of the tree, ready to come alive.
 pub struct Rebuilt<'a> {
-    conns: Vec<(i32, &'a InetSocket, &'a TcpConnection, RawFd)>,
+    conns: Vec<RebuiltConn<'a>>,
 }
 
 /// Leaves repair mode on every rebuilt connection (on the worker
 /// threads). Still silent: the network lock holds their packets until it
 /// is thawed.
-pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> Result<Rebuilt<'a>> {
-    let conns = connections(tree, conns);
-    crate::parallel::map(&conns, |(pid, s, _, fd)| {
+pub fn leave_repair<'a>(tree: &'a TreeImage, made: &Made) -> Result<Rebuilt<'a>> {
+    let conns = connections(tree, &made.fds, &made.sent_back);
+    crate::parallel::map(&conns, |(pid, s, _, fd, _)| {
         // No window probe now: the lock would drop it; the queued data
         // written by `resend` makes the peer answer anyway.
         socket::set_repair(*fd, socket::TCP_REPAIR_OFF_NO_WP).map_err(|e| {
@@ -417,11 +438,11 @@ pub fn leave_repair<'a>(tree: &'a TreeImage, conns: &HashMap<u64, OwnedFd>) -> R
 /// so they are spread over the worker threads: with 10,000 connections
 /// this is the longest step between the thaw and the release.
 pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
-    crate::parallel::map(&rebuilt.conns, |&(pid, s, c, fd)| resend_one(pid, s, c, fd))?;
+    crate::parallel::map(&rebuilt.conns, |&conn| resend_one(conn))?;
     Ok(())
 }
 
-fn resend_one(pid: i32, s: &InetSocket, c: &TcpConnection, fd: RawFd) -> Result<()> {
+fn resend_one((pid, s, c, fd, sent_back): RebuiltConn) -> Result<()> {
     let k = |step: &'static str| {
         move |e| EngineError::kernel(pid, format!("TCP port {}: {step}", s.port), e)
     };
@@ -430,13 +451,8 @@ fn resend_one(pid: i32, s: &InetSocket, c: &TcpConnection, fd: RawFd) -> Result<
     // whose own zero-window probes met the lock has backed off for
     // seconds and would otherwise wait that long to learn our window.
     socket::set_repair(fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
-    // What `create` put back as already sent ends where the send
-    // queue's sequence is now.
-    socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
-    let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
-    socket::set_repair_queue(fd, socket::TCP_NO_QUEUE).map_err(k("leaving the queues"))?;
     socket::set_repair(fd, 0).map_err(k("sending a window probe"))?;
-    let head = (write_seq.wrapping_sub(c.send_seq) as usize).min(c.send_queue.len());
+    let head = sent_back.min(c.send_queue.len());
     socket::send_all(fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
         .map_err(k("writing the send queue"))?;
     socket::setsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock)
@@ -520,8 +536,10 @@ pub fn give_peer_fins(rebuilt: &Rebuilt, root: i32) -> Result<()> {
 pub fn wait_sent(rebuilt: &Rebuilt, limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        let pending =
-            rebuilt.conns.iter().any(|(_, _, _, fd)| socket::outq_unsent(*fd).is_ok_and(|n| n > 0));
+        let pending = rebuilt
+            .conns
+            .iter()
+            .any(|(_, _, _, fd, _)| socket::outq_unsent(*fd).is_ok_and(|n| n > 0));
         if !pending {
             return true;
         }
