@@ -232,7 +232,7 @@ pub fn restore_held(
         ph.mark("lazy memory registered");
     }
     if opts.check {
-        ph.step("check", || verify::restored_tree(&tree, &connections))?;
+        ph.step("check", || verify::restored_tree(&tree, &connections.fds))?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })

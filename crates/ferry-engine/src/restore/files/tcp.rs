@@ -484,7 +484,8 @@ const FIN_TAKEN_WITHIN: std::time::Duration = std::time::Duration::from_millis(2
 pub fn give_peer_fins(rebuilt: &Rebuilt, root: i32) -> Result<()> {
     let mut fins = Vec::new();
     let mut sockets = Vec::new();
-    for &(pid, s, c, fd) in rebuilt.conns.iter().filter(|(_, _, c, _)| c.state == CLOSE_WAIT) {
+    for &(pid, s, c, fd, _) in rebuilt.conns.iter().filter(|(_, _, c, _, _)| c.state == CLOSE_WAIT)
+    {
         let Some((peer_addr, peer_port)) = &s.peer else { continue };
         let local = address(pid, &s.addr, s.port)?;
         let peer = address(pid, peer_addr, *peer_port)?;
