@@ -481,6 +481,7 @@ conformance! {
     fd_tty_stdin,
     sock_tcp_listen,
     sock_tcp_v4mapped,
+    sock_tcp_v6only,
     sock_tcp_established_pair,
     sock_udp_bound,
     sock_udp_connected,
