@@ -173,6 +173,26 @@ fn start_time(pid: i32) -> Option<u64> {
     rest.get(19)?.parse().ok()
 }
 
+/// VmRSS of `pid` in KiB (0 when gone).
+fn rss_kib(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The restored server holds about the memory it had: pages it never
+/// touched must not come back populated (a JVM reserves gigabytes).
+fn check_rss(name: &str, before: u64, after: u64) {
+    eprintln!("[{name}] VmRSS {} MiB before, {} MiB after", before >> 10, after >> 10);
+    assert!(
+        after <= before + before / 2 + (32 << 10),
+        "[{name}] VmRSS grew from {before} kB to {after} kB"
+    );
+}
+
 /// `ferry ARGS` (a Command prepared by the caller), bounded; the retry
 /// rule of a capture: a connection passing through a short state (a new
 /// client closing, one in the accept queue) makes ferry refuse with "try
@@ -521,6 +541,7 @@ fn checkpoint_restore(rt: &Runtime, test: &str) {
     load.advance(&[0; KEPT + 1], 10, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("[{name}] {e}"));
     let images = dir.0.join("images");
+    let rss_before = rss_kib(pid);
     let (st, out, err) = run_ferry(
         || {
             let mut c = Command::new(FERRY);
@@ -544,6 +565,7 @@ fn checkpoint_restore(rt: &Runtime, test: &str) {
     let at_restore = load.progress();
     load.advance(&at_restore, 20, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("[{name}] after the restore: {e}"));
+    check_rss(name, rss_before, rss_kib(pid));
     check_end(name, &b, to, load);
     let lock = lock.expect("the image names its network lock");
     assert!(
@@ -721,6 +743,7 @@ fn migrate_there_and_back(rt: &Runtime, test: &str) {
     let load = Load::start(&c, to);
     load.advance(&[0; KEPT + 1], 10, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("[{name}] {e}"));
+    let rss_before = rss_kib(root);
     let (pid_b, pause_ab) = hosts.migrate("a", inner, "b");
     load.advance(&load.progress(), 20, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("[{name}] at b: {e}"));
@@ -728,11 +751,10 @@ fn migrate_there_and_back(rt: &Runtime, test: &str) {
     load.advance(&load.progress(), 20, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("[{name}] back at a: {e}"));
     eprintln!("[{name}] a→b pause {pause_ab:.1} ms, b→a pause {pause_ba:.1} ms");
+    let back = hosts.c.host("a").root_pid(pid_a);
+    assert!(back.and_then(start_time).is_some(), "[{name}] the server does not run at a again");
+    check_rss(name, rss_before, back.map_or(0, rss_kib));
     check_end(name, &c, to, load);
-    assert!(
-        hosts.c.host("a").root_pid(pid_a).and_then(start_time).is_some(),
-        "[{name}] the server does not run at a again"
-    );
     for h in ["a", "b"] {
         assert_eq!(hosts.locks(h), Vec::new(), "[{name}] network lock left in {h}");
     }
