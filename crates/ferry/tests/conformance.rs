@@ -462,6 +462,7 @@ conformance! {
     mem_stack_deep,
     mem_vdso,
     mem_mprotect,
+    mem_prot_none_toggle,
     mem_memfd,
     // file descriptors
     fd_regular_append,
