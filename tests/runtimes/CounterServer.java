@@ -1,6 +1,8 @@
 // An HTTP server for crates/ferry/tests/runtimes.rs, run as a single-file
-// program (`java CounterServer.java PORT`). It listens on the JVM's
-// default socket, an IPv6 one on [::] that takes IPv4 connections too, and
+// program (`java CounterServer.java PORT [ADDRESS]`). It listens on the
+// JVM's default socket, an IPv6 one on [::] that takes IPv4 connections
+// too, or bound to ADDRESS (an IPv4 address: the JVM binds its IPv6
+// socket to the IPv4-mapped ::ffff:ADDRESS), and
 // keeps a counter in memory: every GET /count adds one and answers the new
 // value, so a restored server that lost its memory answers a lower number.
 // GET /hello answers without counting. Connections are kept alive.
@@ -9,6 +11,7 @@ import com.sun.net.httpserver.HttpExchange;
 import com.sun.net.httpserver.HttpServer;
 import java.io.IOException;
 import java.io.OutputStream;
+import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.nio.charset.StandardCharsets;
 import java.util.concurrent.Executors;
@@ -28,7 +31,10 @@ public class CounterServer {
 
     public static void main(String[] args) throws IOException {
         int port = Integer.parseInt(args[0]);
-        HttpServer server = HttpServer.create(new InetSocketAddress(port), 64);
+        InetSocketAddress at = args.length > 1
+                ? new InetSocketAddress(InetAddress.getByName(args[1]), port)
+                : new InetSocketAddress(port);
+        HttpServer server = HttpServer.create(at, 64);
         server.createContext("/count", ex -> answer(ex, COUNT.incrementAndGet() + "\n"));
         server.createContext("/hello", ex -> answer(ex, "hello\n"));
         server.setExecutor(Executors.newFixedThreadPool(4));

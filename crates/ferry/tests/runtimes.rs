@@ -10,8 +10,10 @@
 //!   connections arriving one after another; `ferry checkpoint` (which
 //!   kills the server) and `ferry restore --netns A` in the middle.
 //! - `java_migrates_there_and_back`, `node_migrates_there_and_back`: the
-//!   same clients from host c, the server in host a bound to [::] with a
-//!   service address on a; `ferry migrate` a→b and b→a with the address
+//!   same clients from host c, the server in host a with a service
+//!   address on a (Node on [::], the JVM bound to the service address,
+//!   which makes its listener an IPv6 socket on ::ffff:SERVICE);
+//!   `ferry migrate` a→b and b→a with the address
 //!   (test hosts of tests/common/cluster.rs, ferryd as PID 1 of a and b).
 //!
 //! Checked: no request fails and no keep-alive connection is made again;
@@ -75,13 +77,16 @@ const JVM: Runtime = Runtime { name: "java", program: JAVA, source: "CounterServ
 const NODEJS: Runtime = Runtime { name: "node", program: NODE, source: "counter_server.js" };
 
 impl Runtime {
-    /// argv of the server on PORT, with its source copied into `dir`.
-    fn argv(&self, dir: &Path) -> Vec<String> {
+    /// argv of the server on PORT, with its source copied into `dir`;
+    /// the JVM bound to `bind` when given.
+    fn argv(&self, dir: &Path, bind: Option<&str>) -> Vec<String> {
         let src =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/runtimes").join(self.source);
         let to = dir.join(self.source);
         fs::copy(&src, &to).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
-        vec![self.program.into(), path_str(&to).into(), PORT.to_string()]
+        let mut argv = vec![self.program.into(), path_str(&to).into(), PORT.to_string()];
+        argv.extend(bind.map(String::from));
+        argv
     }
 
     fn available(&self, test: &str) -> bool {
@@ -528,7 +533,7 @@ fn checkpoint_restore(rt: &Runtime, test: &str) {
     let b = hosts.b.path();
     let to: SocketAddr = format!("{A_V4}:{PORT}").parse().expect("address");
     let log = dir.0.join("server.log");
-    let argv = rt.argv(&dir.0);
+    let argv = rt.argv(&dir.0, None);
     let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
     let child = spawn_in_netns(&hosts.a, &dir.0, &log, Path::new(rt.program), &args);
     let pid = child.id() as i32;
@@ -727,7 +732,10 @@ fn migrate_there_and_back(rt: &Runtime, test: &str) {
     let ip = hosts.svc.split('/').next().expect("service address");
     let to: SocketAddr = format!("{ip}:{PORT}").parse().expect("address");
     let log = hosts.dir.0.join("server.log");
-    let argv = rt.argv(&hosts.dir.0);
+    // The JVM bound to the service address: its listener is an IPv6
+    // socket on ::ffff:SERVICE (Node stays on [::]).
+    let bind = (rt.program == JAVA).then_some(ip);
+    let argv = rt.argv(&hosts.dir.0, bind);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut cmd = hosts.c.host("a").command(&argv);
     cmd.current_dir(&hosts.dir.0)
