@@ -60,12 +60,13 @@ pub fn scan(
     end: u64,
     filter: ScanFilter,
 ) -> SysResult<Vec<(u64, u64)>> {
-    let found = scan_categories(pagemap, start, end, filter)?;
     let swapped_wanted = (filter.any_of | filter.required) & !filter.inverted & PAGE_IS_SWAPPED;
-    if swapped_wanted == 0 || found.is_empty() {
-        return Ok(found);
+    if swapped_wanted == 0 {
+        return scan_categories(pagemap, start, end, filter, None);
     }
-    without_markers(pagemap, start, end, found)
+    let mut maybe = Vec::new();
+    let found = scan_categories(pagemap, start, end, filter, Some(&mut maybe))?;
+    without_markers(pagemap, found, &maybe)
 }
 
 /// PAGEMAP_SCAN's PAGE_IS_SWAPPED is set for every swap-format page
@@ -79,19 +80,17 @@ pub fn scan(
 /// is a swap entry of type SWP_PTE_MARKER (the last of the 32 types,
 /// above every swap file's); without CAP_SYS_ADMIN the type reads 0 and
 /// every entry counts as data, as before.
+/// `candidates` are the runs of `found` that are swapped and not present.
 fn without_markers(
     pagemap: &OwnedFd,
-    start: u64,
-    end: u64,
     found: Vec<(u64, u64)>,
+    candidates: &[(u64, u64)],
 ) -> SysResult<Vec<(u64, u64)>> {
-    let maybe = ScanFilter { required: PAGE_IS_SWAPPED, inverted: PAGE_IS_PRESENT, any_of: 0 };
-    let candidates = scan_categories(pagemap, start, end, maybe)?;
     if candidates.is_empty() {
         return Ok(found);
     }
     let mut markers = Vec::new();
-    for (s, e) in candidates {
+    for &(s, e) in candidates {
         marker_pages(pagemap, s, e, &mut markers)?;
     }
     Ok(subtract_ranges(found, &markers))
@@ -174,12 +173,17 @@ fn subtract_ranges(ranges: Vec<(u64, u64)>, cut: &[(u64, u64)]) -> Vec<(u64, u64
     out
 }
 
+/// The runs that match `filter`; with `swapped_only`, also the runs of
+/// them that are swapped and not present (their categories come back in
+/// the same walk).
 fn scan_categories(
     pagemap: &OwnedFd,
     start: u64,
     end: u64,
     filter: ScanFilter,
+    mut swapped_only: Option<&mut Vec<(u64, u64)>>,
 ) -> SysResult<Vec<(u64, u64)>> {
+    let extra = if swapped_only.is_some() { PAGE_IS_PRESENT | PAGE_IS_SWAPPED } else { 0 };
     const VEC_LEN: usize = 512;
     let mut regions = vec![PageRegion::default(); VEC_LEN];
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -194,7 +198,7 @@ fn scan_categories(
             category_inverted: filter.inverted,
             category_mask: filter.required | filter.inverted,
             category_anyof_mask: filter.any_of,
-            return_mask: filter.required | filter.inverted | filter.any_of,
+            return_mask: filter.required | filter.inverted | filter.any_of | extra,
             ..Default::default()
         };
         // SAFETY: arg is a correctly sized pm_scan_arg and `vec` points to
@@ -208,6 +212,14 @@ fn scan_categories(
             match out.last_mut() {
                 Some(last) if last.1 == r.start => last.1 = r.end,
                 _ => out.push((r.start, r.end)),
+            }
+            if r.categories & (PAGE_IS_PRESENT | PAGE_IS_SWAPPED) == PAGE_IS_SWAPPED {
+                if let Some(v) = swapped_only.as_deref_mut() {
+                    match v.last_mut() {
+                        Some(last) if last.1 == r.start => last.1 = r.end,
+                        _ => v.push((r.start, r.end)),
+                    }
+                }
             }
         }
         // walk_end is stale on 6.18 when the vector fills up; the walk is
