@@ -221,6 +221,18 @@ fn run_ferry(mut make: impl FnMut() -> Command, what: &str) -> (ExitStatus, Stri
     }
 }
 
+/// The JVM's performance data files (/tmp/hsperfdata_root/PID, one per
+/// PID it ran under, which a killed JVM leaves behind), removed on drop.
+struct PerfData(Vec<i32>);
+
+impl Drop for PerfData {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = fs::remove_file(format!("/tmp/hsperfdata_root/{pid}"));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // HTTP clients
 
@@ -537,6 +549,7 @@ fn checkpoint_restore(rt: &Runtime, test: &str) {
     let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
     let child = spawn_in_netns(&hosts.a, &dir.0, &log, Path::new(rt.program), &args);
     let pid = child.id() as i32;
+    let _perf = PerfData(vec![pid]);
     let mut srv = Server { pid, start: start_time(pid), original: Some(child), restore: None };
     let t = Instant::now();
     wait_ready(&b, to, || start_time(pid).is_some(), &log);
@@ -744,6 +757,7 @@ fn migrate_there_and_back(rt: &Runtime, test: &str) {
         .stderr(File::options().append(true).open(&log).expect("log"));
     let mut nsenter = ferry_testkit::only_stdio(&mut cmd).spawn().expect("start the server in a");
     let (root, inner) = hosts.c.host("a").wait_spawned_pid(&nsenter);
+    let _perf = PerfData(vec![inner]);
     let t = Instant::now();
     wait_ready(&c, to, || start_time(root).is_some(), &log);
     eprintln!("[{name}] ready in {:.1} s", t.elapsed().as_secs_f64());
