@@ -43,6 +43,9 @@ PACKAGES=(
   apache2-utils     # ab (ApacheBench): nginx under load during a migration (bench/migrate.py)
   python3-matplotlib  # the benchmarks' PNG plots (bench/tcp.py, bench/migrate.py)
   haproxy           # real-program test: a proxy's backend connections and the migration's checks
+  openjdk-17-jre-headless  # runtimes test: a JVM HTTP server (its module image has jdk.compiler
+                    # and jdk.httpserver, so `java Server.java` runs a source file)
+  nodejs            # runtimes test: a Node HTTP server
 )
 SERVICES=(redis-server memcached nginx postgresql haproxy)
 PG_VERSION=15

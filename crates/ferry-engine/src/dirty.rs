@@ -47,6 +47,8 @@ struct Area {
     end: u64,
     /// Which of its pages a checkpoint stores (reported when it is new).
     filter: ScanFilter,
+    /// PROT_NONE: nothing writes it while it stays so.
+    no_access: bool,
 }
 
 struct Tracked {
@@ -119,7 +121,8 @@ fn areas(pid: i32, entries: &[MapsEntry]) -> Result<Vec<Area>> {
     for m in entries {
         let vma = classify(pid, std::slice::from_ref(m))?;
         if let Some(filter) = vma.first().and_then(page_filter) {
-            out.push(Area { start: m.start, end: m.end, filter });
+            let no_access = &m.perms[..3] == b"---";
+            out.push(Area { start: m.start, end: m.end, filter, no_access });
         }
     }
     Ok(out)
@@ -231,6 +234,40 @@ impl Tracked {
         Ok(self.read_maps()?.iter().any(|m| m.start == a.start && m.end == a.end))
     }
 
+    /// [`add_new`](Self::add_new) for the new mappings of `run` that can
+    /// be accessed. A PROT_NONE one (a JVM's or V8's reserved heap:
+    /// gigabytes) cannot be written while it stays so, and protecting it
+    /// would put a marker on each of its pages: it is left untracked, so
+    /// it is new again at every call, until an mprotect or an mmap over it
+    /// makes it accessible; then it is registered and its present pages
+    /// are reported whole. Meanwhile its present pages (rare) are
+    /// reported at every call, so that no earlier copy of what was at
+    /// those addresses counts as held; the rounds leave PROT_NONE
+    /// mappings to the capture in the freeze. A tracked mapping that
+    /// became PROT_NONE stays registered and is scanned as before.
+    fn add_accessible(
+        &mut self,
+        run: &[Area],
+        report: bool,
+        out: &mut Vec<(u64, u64)>,
+        tracked: &mut Vec<(u64, u64)>,
+    ) -> std::result::Result<(), Stop> {
+        for part in run.split(|a| a.no_access).filter(|p| !p.is_empty()) {
+            self.add_new(part, report, out, tracked)?;
+        }
+        for a in run.iter().filter(|a| a.no_access && report) {
+            let pages = pagemap::scan(&self.pagemap, a.start, a.end, a.filter).map_err(|e| {
+                self.gone_or(EngineError::kernel(
+                    self.pid,
+                    format!("scanning pages of PROT_NONE mapping {:#x}-{:#x}", a.start, a.end),
+                    e,
+                ))
+            })?;
+            out.extend(pages);
+        }
+        Ok(())
+    }
+
     /// Registers and protects the contiguous new mappings `run`, then
     /// (with `report`) adds their present pages to `out`. Protection comes
     /// first, so a write made meanwhile is either in those pages or seen
@@ -331,7 +368,7 @@ impl Tracked {
                             match pagemap::collect_written(&self.pagemap, a.start, a.end, &mut out)
                             {
                                 Ok(()) => tracked.push((a.start, a.end)),
-                                Err(e) if e.errno == libc::EPERM => self.add_new(
+                                Err(e) if e.errno == libc::EPERM => self.add_accessible(
                                     std::slice::from_ref(a),
                                     report,
                                     &mut out,
@@ -359,7 +396,7 @@ impl Tracked {
                     }
                 }
             } else {
-                self.add_new(run, report, &mut out, &mut tracked)?;
+                self.add_accessible(run, report, &mut out, &mut tracked)?;
             }
             i = j;
         }

@@ -51,13 +51,139 @@ pub struct ScanFilter {
     pub any_of: u64,
 }
 
-/// Returns `[start, end)` ranges of pages in `[start, end)` that match `filter`.
+/// Returns `[start, end)` ranges of pages in `[start, end)` that match
+/// `filter`. A PTE marker is never reported as a swapped page (see
+/// [`without_markers`]).
 pub fn scan(
     pagemap: &OwnedFd,
     start: u64,
     end: u64,
     filter: ScanFilter,
 ) -> SysResult<Vec<(u64, u64)>> {
+    let swapped_wanted = (filter.any_of | filter.required) & !filter.inverted & PAGE_IS_SWAPPED;
+    if swapped_wanted == 0 {
+        return scan_categories(pagemap, start, end, filter, None);
+    }
+    let mut maybe = Vec::new();
+    let found = scan_categories(pagemap, start, end, filter, Some(&mut maybe))?;
+    without_markers(pagemap, found, &maybe)
+}
+
+/// PAGEMAP_SCAN's PAGE_IS_SWAPPED is set for every swap-format page
+/// table entry, and a PTE marker is one: the write-protect marker that
+/// userfaultfd (WP_UNPOPULATED) puts on every page never populated or
+/// discarded (MADV_DONTNEED) in a range it protects, a guard page. A
+/// marker holds no data; counted as a swapped page it is read (as zeros)
+/// and stored, every page of every tracked mapping (a JVM's reserved
+/// heap: gigabytes), and a page discarded after it was stored still
+/// looks present. /proc/PID/pagemap tells them apart: a marker's entry
+/// is a swap entry of type SWP_PTE_MARKER (the last of the 32 types,
+/// above every swap file's); without CAP_SYS_ADMIN the type reads 0 and
+/// every entry counts as data, as before.
+/// `candidates` are the runs of `found` that are swapped and not present.
+fn without_markers(
+    pagemap: &OwnedFd,
+    found: Vec<(u64, u64)>,
+    candidates: &[(u64, u64)],
+) -> SysResult<Vec<(u64, u64)>> {
+    if candidates.is_empty() {
+        return Ok(found);
+    }
+    let mut markers = Vec::new();
+    for &(s, e) in candidates {
+        marker_pages(pagemap, s, e, &mut markers)?;
+    }
+    Ok(subtract_ranges(found, &markers))
+}
+
+/// /proc/PID/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const PM_SWAP: u64 = 1 << 62;
+const PM_SWAP_TYPE: u64 = 0x1f;
+const SWP_PTE_MARKER: u64 = 31;
+const PAGE: u64 = 4096;
+
+/// Appends the runs of PTE-marker pages in `[start, end)` to `out`.
+fn marker_pages(
+    pagemap: &OwnedFd,
+    start: u64,
+    end: u64,
+    out: &mut Vec<(u64, u64)>,
+) -> SysResult<()> {
+    const CHUNK: u64 = 64 * 1024;
+    let mut entries = vec![0u64; CHUNK as usize];
+    let mut page = start / PAGE;
+    while page < end / PAGE {
+        let n = CHUNK.min(end / PAGE - page) as usize;
+        // SAFETY: `entries` has room for `n` u64s; pread writes at most
+        // that many bytes into it.
+        let got = unsafe {
+            libc::pread(
+                pagemap.as_raw_fd(),
+                entries.as_mut_ptr().cast(),
+                n * 8,
+                (page * 8) as libc::off_t,
+            )
+        };
+        if got < 0 {
+            return Err(last_error("pread(/proc/PID/pagemap)"));
+        }
+        let got = got as usize / 8;
+        if got == 0 {
+            break;
+        }
+        for (k, &e) in entries[..got].iter().enumerate() {
+            if e & PM_SWAP != 0 && e & PM_SWAP_TYPE == SWP_PTE_MARKER {
+                let a = (page + k as u64) * PAGE;
+                match out.last_mut() {
+                    Some(last) if last.1 == a => last.1 = a + PAGE,
+                    _ => out.push((a, a + PAGE)),
+                }
+            }
+        }
+        page += got as u64;
+    }
+    Ok(())
+}
+
+/// `ranges` without `cut` (both sorted, disjoint `[start, end)` runs).
+fn subtract_ranges(ranges: Vec<(u64, u64)>, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut k = 0;
+    for (mut s, e) in ranges {
+        while k < cut.len() && cut[k].1 <= s {
+            k += 1;
+        }
+        let mut j = k;
+        while s < e {
+            match cut.get(j) {
+                Some(&(a, b)) if a < e => {
+                    if a > s {
+                        out.push((s, a));
+                    }
+                    s = s.max(b);
+                    j += 1;
+                }
+                _ => {
+                    out.push((s, e));
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The runs that match `filter`; with `swapped_only`, also the runs of
+/// them that are swapped and not present (their categories come back in
+/// the same walk).
+fn scan_categories(
+    pagemap: &OwnedFd,
+    start: u64,
+    end: u64,
+    filter: ScanFilter,
+    mut swapped_only: Option<&mut Vec<(u64, u64)>>,
+) -> SysResult<Vec<(u64, u64)>> {
+    let extra = if swapped_only.is_some() { PAGE_IS_PRESENT | PAGE_IS_SWAPPED } else { 0 };
     const VEC_LEN: usize = 512;
     let mut regions = vec![PageRegion::default(); VEC_LEN];
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -72,7 +198,7 @@ pub fn scan(
             category_inverted: filter.inverted,
             category_mask: filter.required | filter.inverted,
             category_anyof_mask: filter.any_of,
-            return_mask: filter.required | filter.inverted | filter.any_of,
+            return_mask: filter.required | filter.inverted | filter.any_of | extra,
             ..Default::default()
         };
         // SAFETY: arg is a correctly sized pm_scan_arg and `vec` points to
@@ -86,6 +212,14 @@ pub fn scan(
             match out.last_mut() {
                 Some(last) if last.1 == r.start => last.1 = r.end,
                 _ => out.push((r.start, r.end)),
+            }
+            if r.categories & (PAGE_IS_PRESENT | PAGE_IS_SWAPPED) == PAGE_IS_SWAPPED {
+                if let Some(v) = swapped_only.as_deref_mut() {
+                    match v.last_mut() {
+                        Some(last) if last.1 == r.start => last.1 = r.end,
+                        _ => v.push((r.start, r.end)),
+                    }
+                }
             }
         }
         // walk_end is stale on 6.18 when the vector fills up; the walk is
@@ -175,4 +309,21 @@ pub fn collect_written(
         cur = if arg.walk_end >= last_end && arg.walk_end <= end { arg.walk_end } else { last_end };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subtract_ranges;
+
+    #[test]
+    fn markers_are_cut_out_of_the_runs_they_fall_in() {
+        let runs = vec![(0, 10), (20, 30), (40, 50)];
+        assert_eq!(subtract_ranges(runs.clone(), &[]), runs);
+        assert_eq!(
+            subtract_ranges(runs.clone(), &[(2, 4), (8, 22), (29, 41)]),
+            vec![(0, 2), (4, 8), (22, 29), (41, 50)]
+        );
+        assert_eq!(subtract_ranges(runs, &[(0, 50)]), vec![]);
+        assert_eq!(subtract_ranges(vec![(0, 10)], &[(10, 20)]), vec![(0, 10)]);
+    }
 }

@@ -462,6 +462,7 @@ conformance! {
     mem_stack_deep,
     mem_vdso,
     mem_mprotect,
+    mem_prot_none_toggle,
     mem_memfd,
     // file descriptors
     fd_regular_append,
@@ -483,6 +484,7 @@ conformance! {
     sock_tcp_v4mapped,
     sock_tcp_close_wait,
     sock_buf_force,
+    sock_tcp_v6only,
     sock_tcp_established_pair,
     sock_udp_bound,
     sock_udp_connected,

@@ -374,8 +374,9 @@ pub fn copy_present(
     let mut total = 0u64;
     for (v, m) in vmas.iter().zip(&smaps) {
         // Shared memory is not write-tracked (dirty.rs): it is copied in
-        // the freeze only.
-        if v.shared {
+        // the freeze only; so is a PROT_NONE mapping, which the tracker
+        // registers only once it can be accessed.
+        if v.shared || &m.perms[..3] == b"---" {
             continue;
         }
         let Some(filter) = page_filter(v) else {
