@@ -20,6 +20,8 @@ pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
     if o.lazy {
         crate::postcopy::check_single_process(o.pid)?;
     }
+    // Before any pre-copy round: the capture checks it again.
+    ferry_engine::capture::root_parent::check(o.pid, o.parent_sees_exit, false)?;
     Ok(())
 }
 
