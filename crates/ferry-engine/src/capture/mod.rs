@@ -386,6 +386,13 @@ pub fn capture(
     Ok(Captured::new(assembled, ph, t_frozen, conns, tree, guard))
 }
 
+/// The checks of phase "sharing checked" on their own, for a caller that
+/// refuses early (a migration, before its pre-copy rounds); the capture
+/// makes them again.
+pub fn check_part_of_tree(pid: i32, opts: &CaptureOptions) -> Result<()> {
+    check_sharing(pid, &survey::Presurvey::new(), opts).map(|_| ())
+}
+
 /// Phase "sharing checked", before the freeze: the root shares nothing
 /// with the processes that stay (its parent's fd table or address space,
 /// shared memory, open files), and its parent does not stay behind in

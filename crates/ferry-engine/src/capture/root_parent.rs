@@ -78,12 +78,16 @@ pub fn check(root: i32, parent_sees_exit: bool, leave_running: bool) -> Result<(
     if !is_parent_behind(&v) {
         return Ok(());
     }
+    // A group whose leader is outside this PID namespace shows as 0.
+    let group = match v.parent_pgid {
+        0 => "(led from outside this PID namespace)".to_string(),
+        g => g.to_string(),
+    };
     Err(EngineError::unsupported(
         root,
         format!("the process without its parent {} ({})", v.ppid, v.parent_comm),
         format!(
-            "it runs in its parent's process group {}, as part of the parent's job, and the parent stays outside the tree: it would see the process exit (take the tree from the parent, or pass --parent-sees-exit to take it anyway: the parent sees it exit here and the restored copy gets another parent)",
-            v.parent_pgid
+            "it runs in its parent's process group {group}, as part of the parent's job, and the parent stays outside the tree: it would see the process exit (take the tree from the parent, or pass --parent-sees-exit to take it anyway: the parent sees it exit here and the restored copy gets another parent)"
         ),
     ))
 }

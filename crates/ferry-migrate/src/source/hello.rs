@@ -21,7 +21,11 @@ pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
         crate::postcopy::check_single_process(o.pid)?;
     }
     // Before any pre-copy round: the capture checks it again.
-    ferry_engine::capture::root_parent::check(o.pid, o.parent_sees_exit, false)?;
+    let opts = ferry_engine::capture::CaptureOptions {
+        parent_sees_exit: o.parent_sees_exit,
+        ..Default::default()
+    };
+    ferry_engine::capture::check_part_of_tree(o.pid, &opts)?;
     Ok(())
 }
 
