@@ -342,10 +342,14 @@ pub fn capture(
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
     let pre = ph.step("presurvey", || Ok::<_, EngineError>(survey::presurvey(pid)))?;
-    let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;
+    // After the lock is prepared, as the memory check was: with no gap
+    // between the lock's preparation and the freeze, a request the lock
+    // held waited for a retransmission timeout
+    // (tcp_connections::a_request_held_by_the_lock_is_answered_in_pause_time).
+    let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
     // The pause starts with the first thread seized.
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;

@@ -56,12 +56,17 @@ fn shareable(fd: i32, meta: &std::fs::Metadata, external_stdio: bool) -> bool {
 }
 
 fn held(pid: i32, fd: i32, link: &str, meta: &std::fs::Metadata) -> Held {
-    let flags = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| l.strip_prefix("flags:").and_then(procfs::parse_octal))
-        })
-        .unwrap_or(0) as i32;
+    // Only a regular file's flags matter: not read for 10,000 sockets.
+    let flags = if meta.is_file() {
+        procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| l.strip_prefix("flags:").and_then(procfs::parse_octal))
+            })
+            .unwrap_or(0) as i32
+    } else {
+        0
+    };
     Held {
         pid,
         fd,
@@ -203,4 +208,45 @@ fn refuse_outside_holders(tree: &[i32], by_link: &ByLink) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn holder_of(f: &std::fs::File) -> (String, Held) {
+        let me = std::process::id() as i32;
+        let fd = f.as_raw_fd();
+        let link = procfs::read_link(&format!("/proc/self/fd/{fd}")).expect("link");
+        let meta = f.metadata().expect("metadata");
+        let h = held(me, fd, &link, &meta);
+        (link, h)
+    }
+
+    /// One description (a dup, as a fork gives), another open of the
+    /// same file, and a log opened write-only with O_APPEND: only the
+    /// first is shared in a way restore cannot give back.
+    #[test]
+    fn the_same_description_is_shared_another_open_or_an_appended_log_is_not() {
+        let dir = std::env::temp_dir().join(format!("ferry-outside-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        let me = std::process::id() as i32;
+        let f = std::fs::File::create(&path).expect("create");
+        let (link, h) = holder_of(&f);
+        let dup = f.try_clone().expect("dup");
+        let other = std::fs::File::open(&path).expect("open again");
+        let holders = [h];
+        let same = shared_with(me, dup.as_raw_fd(), &link, &holders);
+        assert!(same.is_some_and(|(_, what)| what.contains("offset")));
+        assert!(shared_with(me, other.as_raw_fd(), &link, &holders).is_none());
+
+        let log = std::fs::OpenOptions::new().append(true).open(&path).expect("append");
+        let (link, h) = holder_of(&log);
+        assert!(h.append_only);
+        let log_dup = log.try_clone().expect("dup");
+        assert!(shared_with(me, log_dup.as_raw_fd(), &link, &[h]).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
