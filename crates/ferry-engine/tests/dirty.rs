@@ -342,6 +342,7 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     // stdin and stdout are pipes to this test: external.
     let opts = ferry_engine::capture::CaptureOptions {
         external_stdio: true,
+        parent_sees_exit: true,
         leave_running: true,
         ..Default::default()
     };
@@ -356,7 +357,11 @@ fn a_tracked_process_can_be_checkpointed_and_restores_untracked() {
     );
 
     // Now for real: checkpoint while tracked, kill, restore.
-    let opts = ferry_engine::capture::CaptureOptions { external_stdio: true, ..Default::default() };
+    let opts = ferry_engine::capture::CaptureOptions {
+        external_stdio: true,
+        parent_sees_exit: true,
+        ..Default::default()
+    };
     ferry_engine::capture::checkpoint(t.pid, &dir, &opts).expect("checkpoint of a tracked process");
     drop(tracker);
     let _ = t.child.wait();

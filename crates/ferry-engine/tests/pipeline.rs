@@ -121,7 +121,12 @@ fn check_pages(pid: i32, a: u64, na: u64, gen: impl Fn(u64) -> u64) {
 }
 
 fn leave_running() -> CaptureOptions {
-    CaptureOptions { external_stdio: true, leave_running: true, ..Default::default() }
+    CaptureOptions {
+        external_stdio: true,
+        parent_sees_exit: true,
+        leave_running: true,
+        ..Default::default()
+    }
 }
 
 fn a_checkpoint_into_memory_restores_from_memory() {
@@ -130,7 +135,8 @@ fn a_checkpoint_into_memory_restores_from_memory() {
     let mut t = Target::start(&dir.0, 8);
     t.cmd("w 3");
     let mut image = MemoryImage::new();
-    let opts = CaptureOptions { external_stdio: true, ..Default::default() };
+    let opts =
+        CaptureOptions { external_stdio: true, parent_sees_exit: true, ..Default::default() };
     let mut captured =
         ferry_engine::capture::capture(t.pid, &mut image, &opts, None).expect("capture");
     let bytes = captured.write_image(&mut image, None).expect("write image");
@@ -153,8 +159,12 @@ fn an_incremental_chain_restores_exactly_and_refuses_a_changed_parent() {
     let opts = CaptureOptions { parent: Some(full.clone()), ..leave_running() };
     ferry_engine::capture::checkpoint(t.pid, &child1, &opts).expect("first child");
     t.cmd("w 5");
-    let opts =
-        CaptureOptions { parent: Some(child1.clone()), external_stdio: true, ..Default::default() };
+    let opts = CaptureOptions {
+        parent: Some(child1.clone()),
+        external_stdio: true,
+        parent_sees_exit: true,
+        ..Default::default()
+    };
     ferry_engine::capture::checkpoint(t.pid, &child2, &opts).expect("second child, tree killed");
     let _ = t.child.wait();
 

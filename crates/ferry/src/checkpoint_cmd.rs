@@ -25,7 +25,10 @@ pub struct CheckpointArgs {
     /// A pipe or socket on stdin/stdout/stderr that leads to another
     /// process (a supervisor, a log collector) is recorded as external
     /// and replaced at restore by the --tty-to file, instead of
-    /// refusing the checkpoint.
+    /// refusing the checkpoint. A file on fds 0-2 that another process
+    /// holds in the same open file description (a log the launcher kept
+    /// open) is then taken too: it is opened again at its offset, which
+    /// is no longer shared with that process.
     #[arg(long)]
     pub external_stdio: bool,
     /// How established TCP connections are held still while they are
@@ -35,10 +38,29 @@ pub struct CheckpointArgs {
     /// place after the checkpoint; restore releases it.
     #[arg(long, default_value = "ebpf", value_parser = ["ebpf", "nftables", "iptables"])]
     pub network_lock: String,
+    /// Take the tree although its root runs in its parent's process
+    /// group (part of the parent's job: a worker of a master process, a
+    /// child its parent waits for) and that parent stays outside the
+    /// tree. The parent sees the process exit when the checkpoint ends
+    /// the tree (SIGCHLD, waitpid); the restored copy becomes a child of
+    /// `ferry restore`. Without it such a root is refused by name. A root
+    /// that leads its own process group or session, or whose parent is
+    /// init or ferry, needs no option. Sharing with the parent (memory,
+    /// files, fd table) is refused either way.
+    #[arg(long)]
+    pub parent_sees_exit: bool,
 }
 
 pub fn run(args: CheckpointArgs) -> Result<i32> {
-    let CheckpointArgs { pid, images, leave_running, parent, external_stdio, network_lock } = args;
+    let CheckpointArgs {
+        pid,
+        images,
+        leave_running,
+        parent,
+        external_stdio,
+        network_lock,
+        parent_sees_exit,
+    } = args;
     let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
     let opts = ferry_engine::capture::CaptureOptions {
         leave_running,
@@ -46,6 +68,7 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         progress: crate::progress::bar("copying memory"),
         network_lock,
         parent,
+        parent_sees_exit,
         ..Default::default()
     };
     let s = ferry_engine::capture::checkpoint(pid, &images, &opts)

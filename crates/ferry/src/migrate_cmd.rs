@@ -56,6 +56,18 @@ pub struct MigrateArgs {
     /// freeze and refuses the same way.
     #[arg(long)]
     dry_run: bool,
+    /// Move the tree although its root runs in its parent's process
+    /// group (part of the parent's job: a worker of a master process, a
+    /// child its parent waits for) and that parent stays on this host.
+    /// The parent sees the process exit here when the migration ends the
+    /// source's copy (SIGCHLD, waitpid); at the destination the process
+    /// becomes a child of ferryd's restore. Without it such a root is
+    /// refused by name before anything is frozen. A root that leads its
+    /// own process group or session, or whose parent is init or ferry,
+    /// needs no option. Sharing with the parent (memory, files, fd
+    /// table) is refused either way.
+    #[arg(long)]
+    parent_sees_exit: bool,
 }
 
 fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
@@ -136,6 +148,7 @@ fn options(a: &MigrateArgs) -> Result<ferry_migrate::MigrateOptions> {
         },
         timeout: Duration::from_secs(a.timeout),
         network_lock: ferry_netlock::Method::Ebpf,
+        parent_sees_exit: a.parent_sees_exit,
         progress: Box::new(|s: &str| eprintln!("ferry: {s}")),
     })
 }

@@ -139,6 +139,9 @@ impl Run {
     fn checkpoint(&self, pid: i32, images: &Path, parent: Option<&Path>, leave_running: bool) {
         let mut cmd = Command::new(FERRY);
         cmd.arg("checkpoint").arg("--pid").arg(pid.to_string()).arg("--images").arg(images);
+        // The program is this harness's child, in its process group, and
+        // the harness reaps it after the checkpoint.
+        cmd.arg("--parent-sees-exit");
         if let Some(p) = parent {
             cmd.arg("--parent").arg(p);
         }
@@ -576,6 +579,8 @@ conformance! {
     proc_exe_deleted,
     sock_unix_peer_closed,
     sock_unix_scm_orphan,
+    mem_madvise_flags,
+    proc_chroot,
 }
 
 /// Every `tests/conformance/*.c` must be listed above (and vice versa).

@@ -218,29 +218,113 @@ fn refuses_part_of_a_tree_that_shares_its_fd_table_with_the_rest() {
     refuses_a_child_alone(&["files"], &["its fd table", "shared with its parent", "CLONE_FILES"]);
 }
 
+/// The same for a counter in a SysV segment, a POSIX shared memory
+/// object and a memfd the parent maps too.
+#[test]
+fn refuses_part_of_a_tree_that_shares_sysv_posix_or_memfd_memory_with_the_rest() {
+    refuses_a_child_alone(&["sysv"], &["shared memory", "(/SYSV", "outside the tree, maps it too"]);
+    refuses_a_child_alone(
+        &["posix"],
+        &["shared memory", "(/dev/shm/ferry-guarantee-", "outside the tree, maps it too"],
+    );
+    refuses_a_child_alone(
+        &["memfd"],
+        &["shared memory", "(/memfd:ferry-counter", "outside the tree, maps it too"],
+    );
+}
+
+/// A child holding a pipe, a unix socket pair or an open file
+/// description (one offset) that its parent holds too: restored alone it
+/// would have its own. Refused by name, even with --parent-sees-exit
+/// (which is about the parent seeing the exit, not about sharing).
+#[test]
+fn refuses_part_of_a_tree_that_shares_a_pipe_socket_or_file_offset_with_the_rest() {
+    let outside = "outside the tree, holds";
+    refuses_a_child_alone(&["pipe"], &["(pipe:[", outside, "the same pipe"]);
+    refuses_a_child_alone(&["socketpair"], &["(socket:[", outside, "the same socket"]);
+    refuses_a_child_alone_with(
+        &["offset"],
+        &["--parent-sees-exit"],
+        &["shared-offset)", outside, "the same open file description, with its offset"],
+    );
+}
+
+/// A child in its parent's process group, sharing nothing: its parent
+/// stays behind and would see it exit. Refused by name (the parent's PID
+/// and the option), the pair unharmed.
+#[test]
+fn refuses_a_child_whose_parent_stays_and_would_see_it_exit() {
+    let log = refuses_a_child_alone(
+        &["parent"],
+        &[
+            "without its parent",
+            "process group",
+            "would see the process exit",
+            "--parent-sees-exit",
+        ],
+    );
+    assert!(log.contains("child still running"), "{log}");
+}
+
+/// With --parent-sees-exit the same child is taken: its parent sees it
+/// killed, and the image restores it (as a child of ferry restore).
+#[test]
+fn parent_sees_exit_takes_a_child_and_its_parent_sees_it_exit() {
+    require_root!();
+    let mut c = Case::new("parent_sees_exit");
+    let prog = c.compile("tests/guarantees/shared_counter.c");
+    c.start_args(&prog, &["parent"]);
+    let child = child_of_log(&c.log());
+    let out = c.checkpoint(child, &["--parent-sees-exit"]);
+    assert!(out.status.success(), "checkpoint --parent-sees-exit failed: {}", stderr(&out));
+    // The parent reaps its killed child; restore needs the PID free.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exists(child) {
+        assert!(Instant::now() < deadline, "the parent never reaped its killed child");
+        sleep(Duration::from_millis(10));
+    }
+    let images = c.images();
+    assert_eq!(c.restore_and_finish(child, &images, &[]), Some(0), "the restored child");
+    assert_eq!(c.finish_child(0), 0, "{}", c.log());
+    assert!(c.log().contains("child killed by signal 9"), "{}", c.log());
+}
+
+fn child_of_log(log: &str) -> i32 {
+    log.lines()
+        .find_map(|l| l.strip_prefix("# CHILD "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no child PID in {log}"))
+}
+
 /// Starts tests/guarantees/shared_counter.c with `args`, checkpoints its
 /// child alone, expects a one-line refusal naming `what`, and the pair
-/// unharmed.
-fn refuses_a_child_alone(args: &[&str], what: &[&str]) {
-    require_root!();
+/// unharmed; returns the program's log.
+fn refuses_a_child_alone(args: &[&str], what: &[&str]) -> String {
+    refuses_a_child_alone_with(args, &[], what)
+}
+
+fn refuses_a_child_alone_with(args: &[&str], extra: &[&str], what: &[&str]) -> String {
+    if !ferry_testkit::is_root() {
+        eprintln!("skipped: needs root");
+        return String::new();
+    }
     let mut c = Case::new("shared_counter");
     let prog = c.compile("tests/guarantees/shared_counter.c");
     c.start_args(&prog, args);
-    let log = c.log();
-    let child: i32 = log
-        .lines()
-        .find_map(|l| l.strip_prefix("# CHILD "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no child PID in {log}"));
-    let out = c.checkpoint(child, &[]);
+    let child = child_of_log(&c.log());
+    let out = c.checkpoint(child, extra);
     let err = stderr(&out);
     assert!(!out.status.success(), "a child sharing with its parent was checkpointed alone");
     for w in what {
         assert!(err.contains(w), "the refusal should mention {w:?}: {err}");
     }
-    assert_eq!(err.trim().lines().count(), 1, "error should be one line: {err}");
+    // A stale network lock of a test running beside this one, which
+    // ferry removes and says so, is no part of the refusal.
+    let lines = err.trim().lines().filter(|l| !l.contains("released stale network lock"));
+    assert_eq!(lines.count(), 1, "error should be one line: {err}");
     assert_eq!(c.finish_child(0), 0, "the pair was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
+    c.log()
 }
 
 #[test]
@@ -513,6 +597,9 @@ fn stdout_piped_to_another_process_is_refused_or_replaced() {
     cmd.current_dir(&c.dir).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
     ferry_testkit::own_session(&mut cmd);
     let mut child = cmd.spawn().expect("spawn");
+    // The command holds the log's description until dropped: the test
+    // must not share it with the program it checkpoints.
+    drop(cmd);
     let pid = child.id() as i32;
     let mut pipe = child.stdout.take().expect("stdout pipe");
     c.children.push(child);

@@ -2021,3 +2021,57 @@ fn haproxy_backend_connections_from_the_host_address_are_refused_before_the_free
     assert_eq!(client.ask("four"), "four", "{TEST}: the kept connection after the migration");
     eprintln!("[{TEST}] with `source {svc}`: migrated, pause {:.1} ms", m.pause_ms());
 }
+
+// ---------------------------------------------------------------------------
+// Part of a tree
+
+/// `ferry migrate` of the child of tests/guarantees/shared_counter.c in
+/// `mode`, inside host a: refused with `needles` in the error, before
+/// anything moved, and the pair runs on and passes its own check.
+fn migrating_a_child_alone_is_refused(env: &Env, bin: &Path, mode: &str, needles: &[&str]) {
+    let work = env.dir.0.join(mode);
+    fs::create_dir_all(&work).expect("work dir");
+    let log = work.join("program.log");
+    let mut p = start_in(env.host("a"), &[path_str(bin), mode], &work, &log, &[]);
+    assert!(
+        wait_for(Duration::from_secs(15), || read_lossy(&log).contains("READY")),
+        "[{mode}] no READY: {}",
+        read_lossy(&log)
+    );
+    let child: i32 = read_lossy(&log)
+        .lines()
+        .find_map(|l| l.strip_prefix("# CHILD "))
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or_else(|| panic!("[{mode}] no child PID: {}", read_lossy(&log)));
+    let m = env.migrate("a", child, env.agent("b"), &[]);
+    assert_failed_with(&m, mode, needles);
+    // The parent checks that it still shares with its child, or that the
+    // child still runs.
+    kill(p.root, libc::SIGUSR2);
+    let st = wait_timeout(&mut p.nsenter, Duration::from_secs(20));
+    let log = read_lossy(&log);
+    assert!(st.is_some_and(|s| s.success()) && log.contains("PASS"), "[{mode}] {log}");
+}
+
+/// The shared-counter pair (and the pair whose parent waits for its
+/// child): migrating the child alone is refused by name, and both run on.
+#[test]
+fn migrating_part_of_a_tree_is_refused_and_the_pair_runs_on() {
+    const TEST: &str = "part-of-a-tree";
+    if !have(TEST, &["gcc"]) {
+        return;
+    }
+    let env = Env::new(TEST, &["a", "b"]);
+    env.start_ferryd("a", &[], &[]);
+    env.start_ferryd("b", &[], &[]);
+    let bin = env.dir.0.join("shared_counter");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/guarantees/shared_counter.c");
+    let st = Command::new("gcc")
+        .args(["-O1", "-g", "-pthread", "-o", path_str(&bin), path_str(&src)])
+        .status()
+        .expect("gcc");
+    assert!(st.success(), "compiling shared_counter.c failed");
+    migrating_a_child_alone_is_refused(&env, &bin, "anon", &["shared memory", "maps it too"]);
+    migrating_a_child_alone_is_refused(&env, &bin, "pipe", &["the same pipe"]);
+    migrating_a_child_alone_is_refused(&env, &bin, "parent", &["--parent-sees-exit"]);
+}

@@ -15,9 +15,11 @@ pub(crate) mod memory;
 mod namespaces;
 mod network;
 mod outside;
+mod outside_files;
 pub mod parent;
 mod prctl;
 mod process;
+pub mod root_parent;
 mod seccomp;
 mod sharing;
 mod shm;
@@ -56,6 +58,9 @@ pub struct CaptureOptions {
     /// `checkpoint` only: write an incremental image over the image in
     /// this directory (pages it holds unchanged are left to it).
     pub parent: Option<PathBuf>,
+    /// Take the tree even though the root's parent stays behind in its
+    /// job and sees it exit ([`root_parent`]).
+    pub parent_sees_exit: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -349,14 +354,20 @@ pub fn capture(
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;
-    let shared = ph.step("shared memory checked", || outside::check(pid))?;
+    // After the lock is prepared, as the memory check was: with no gap
+    // between the lock's preparation and the freeze, a request the lock
+    // held waited for a retransmission timeout
+    // (tcp_connections::a_request_held_by_the_lock_is_answered_in_pause_time).
+    let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
     // The pause starts with the first thread seized.
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || {
         let surveyed = survey::survey_tree(&tree, opts, &pre)?;
         let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
-        shared.recheck(&maps)?;
+        shared.0.recheck(&maps)?;
+        let fds: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.fd_inodes())).collect();
+        shared.1.recheck(&fds, opts.external_stdio)?;
         Ok::<_, EngineError>(surveyed)
     })?;
     let engaged = ph.step("network freeze", || {
@@ -389,6 +400,32 @@ pub fn capture(
         assemble::pages_and_metadata(pid, surveyed, injected, &held, sink, opts, lock_ref)
     })?;
     Ok(Captured::new(assembled, ph, t_frozen, conns, tree, guard))
+}
+
+/// The checks of phase "sharing checked" on their own, for a caller that
+/// refuses early (a migration, before its pre-copy rounds); the capture
+/// makes them again.
+pub fn check_part_of_tree(pid: i32, opts: &CaptureOptions) -> Result<()> {
+    check_sharing(pid, &survey::Presurvey::new(), opts).map(|_| ())
+}
+
+/// Phase "sharing checked", before the freeze: the root shares nothing
+/// with the processes that stay (its parent's fd table or address space,
+/// shared memory, open files), and its parent does not stay behind in
+/// its job ([`root_parent`]). Sharing comes first: it is refused whatever
+/// the user chose for the parent.
+fn check_sharing(
+    pid: i32,
+    pre: &survey::Presurvey,
+    opts: &CaptureOptions,
+) -> Result<(outside::Checked, outside_files::CheckedFiles)> {
+    if let Ok(st) = crate::procfs::Stat::read(pid) {
+        sharing::check_outside(pid, st.field(4) as i32)?;
+    }
+    let memory = outside::check(pid)?;
+    let files = outside_files::check(pid, pre, opts.external_stdio)?;
+    root_parent::check(pid, opts.parent_sees_exit, opts.leave_running)?;
+    Ok((memory, files))
 }
 
 /// Phase "network lock prepared": its program loaded (and new connection

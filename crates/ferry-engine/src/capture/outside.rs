@@ -26,13 +26,17 @@ pub(super) struct Checked {
 }
 
 /// Anonymous shared memory, memfds and SysV segments: shmem files that
-/// exist only while mapped or held, so a restore makes new ones.
+/// exist only while mapped or held, so a restore makes new ones. POSIX
+/// shared memory (/dev/shm) too: it outlives its users, but the tree and
+/// the processes it shares it with form one application, and a restore
+/// on another host (or after the object was removed) would split them.
 fn is_shmem(m: &MapsEntry) -> bool {
     m.shared()
         && m.inode != 0
         && (m.path.starts_with("/dev/zero")
             || m.path.starts_with("/SYSV")
-            || m.path.starts_with("/memfd:"))
+            || m.path.starts_with("/memfd:")
+            || m.path.starts_with("/dev/shm/"))
 }
 
 fn objects_of(pid: i32, maps: &[MapsEntry], out: &mut HashMap<ObjectId, Mapped>) {

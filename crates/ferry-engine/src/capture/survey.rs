@@ -44,6 +44,11 @@ impl Survey {
     pub fn file_view(&self) -> (i32, &[OpenFile], &[FdSlot]) {
         (self.pid, self.files.as_slice(), self.fds.as_slice())
     }
+
+    /// Each fd with the (dev, ino) of its file.
+    pub fn fd_inodes(&self) -> Vec<(i32, (u64, u64))> {
+        self.fds.iter().filter_map(|s| Some((s.fd, *self.inodes.get(s.file as usize)?))).collect()
+    }
 }
 
 /// What the survey of the whole frozen tree found.

@@ -40,7 +40,12 @@ pub(super) fn freeze_and_capture(
     mut precopy: Option<Precopy>,
 ) -> Result<Frozen> {
     (o.progress)("freezing");
-    let copts = CaptureOptions { network_lock: o.network_lock, presurveyed, ..Default::default() };
+    let copts = CaptureOptions {
+        network_lock: o.network_lock,
+        presurveyed,
+        parent_sees_exit: o.parent_sees_exit,
+        ..Default::default()
+    };
     let mut lazy = o.lazy.then(LazyHooks::default);
     // A refusal for a passing state (a connection closing, a client
     // between handshake and accept) comes before any page is sent: the

@@ -20,6 +20,12 @@ pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
     if o.lazy {
         crate::postcopy::check_single_process(o.pid)?;
     }
+    // Before any pre-copy round: the capture checks it again.
+    let opts = ferry_engine::capture::CaptureOptions {
+        parent_sees_exit: o.parent_sees_exit,
+        ..Default::default()
+    };
+    ferry_engine::capture::check_part_of_tree(o.pid, &opts)?;
     Ok(())
 }
 

@@ -45,6 +45,9 @@ pub struct MigrateOptions {
     /// For every step that waits on the destination.
     pub timeout: Duration,
     pub network_lock: ferry_netlock::Method,
+    /// The root's parent stays here and may see it exit (see
+    /// `ferry_engine::capture::root_parent`).
+    pub parent_sees_exit: bool,
     pub progress: Progress,
 }
 

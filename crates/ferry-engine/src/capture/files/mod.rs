@@ -163,6 +163,11 @@ impl FdPresurvey {
         self.by_fd.len()
     }
 
+    /// The link and metadata listed for `fd` while the process ran.
+    pub fn listed(&self, fd: i32) -> Option<(&String, &std::fs::Metadata)> {
+        self.by_fd.get(&fd).map(|(_, link, meta)| (link, meta))
+    }
+
     /// The inode of every socket listed.
     pub fn socket_inodes(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_fd.values().map(|(id, ..)| id.1)
