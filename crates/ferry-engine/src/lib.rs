@@ -26,6 +26,7 @@ pub mod phases;
 pub mod pids;
 pub(crate) mod plain_devices;
 pub mod procfs;
+pub(crate) mod pty_queues;
 pub mod restore;
 pub mod running_sockets;
 pub mod syscall_restart;

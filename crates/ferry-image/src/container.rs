@@ -5,8 +5,8 @@
 
 use crate::error::ImageError;
 use crate::model::{
-    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixInFlightFilesImage,
-    UnixPeersImage,
+    CgroupImage, Incremental, Inventory, PtysImage, TreeImage, UnixDeadPeersImage,
+    UnixInFlightFilesImage, UnixPeersImage,
 };
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
@@ -28,7 +28,10 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// look that path up and fail after the checkpoint, so it must refuse
 /// the image first.
 /// 4.4: the optional `UnixDeadPeers` and `UnixInFlightFiles` sections.
-pub const FORMAT_MINOR: u16 = 4;
+/// 4.5: the optional `Ptys` section: a `FileKind::Terminal` it lists is
+/// a pty end restored with its pair (an older build would replace it by
+/// `--tty-to`, silently, so it must refuse the image).
+pub const FORMAT_MINOR: u16 = 5;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -88,6 +91,8 @@ pub enum SectionKind {
     UnixDeadPeers = 7,
     /// Format 4.4: files in flight in unix queues that no process holds.
     UnixInFlightFiles = 8,
+    /// Format 4.5: the tree's pseudo-terminal pairs.
+    Ptys = 9,
 }
 
 impl SectionKind {
@@ -101,6 +106,7 @@ impl SectionKind {
             SectionKind::UnixPeers => "unix peers",
             SectionKind::UnixDeadPeers => "unix dead peers",
             SectionKind::UnixInFlightFiles => "unix in-flight files",
+            SectionKind::Ptys => "ptys",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -111,6 +117,7 @@ impl SectionKind {
             SectionKind::Cgroups => 2,
             SectionKind::UnixPeers => 3,
             SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
+            SectionKind::Ptys => 5,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -123,6 +130,7 @@ impl SectionKind {
             6 => Some(SectionKind::UnixPeers),
             7 => Some(SectionKind::UnixDeadPeers),
             8 => Some(SectionKind::UnixInFlightFiles),
+            9 => Some(SectionKind::Ptys),
             _ => None,
         }
     }
@@ -139,6 +147,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
+    (SectionKind::Ptys, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -150,6 +159,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
+    (SectionKind::Ptys, true),
     (SectionKind::Pages, false),
 ];
 
@@ -396,6 +406,11 @@ pub fn encode_meta_with(
         out.extend_from_slice(&section_header(SectionKind::UnixInFlightFiles, &f));
         out.extend_from_slice(&f);
     }
+    if let Some(p) = &process.ptys {
+        let p = encode(p, "ptys")?;
+        out.extend_from_slice(&section_header(SectionKind::Ptys, &p));
+        out.extend_from_slice(&p);
+    }
     Ok(out)
 }
 
@@ -445,6 +460,7 @@ pub fn decode_meta_versioned(
     let mut unix_peers: Option<UnixPeersImage> = None;
     let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
     let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
+    let mut ptys: Option<PtysImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -471,6 +487,7 @@ pub fn decode_meta_versioned(
             SectionKind::UnixInFlightFiles => {
                 unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
             }
+            SectionKind::Ptys => ptys = Some(decode_payload(payload, "ptys")?),
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -486,7 +503,9 @@ pub fn decode_meta_versioned(
     process.unix_peers = unix_peers;
     process.unix_dead_peers = unix_dead_peers;
     process.unix_in_flight_files = unix_in_flight_files;
+    process.ptys = ptys;
     crate::validate::validate(&inventory, &process)?;
+    crate::validate::validate_ptys(&process)?;
     crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;
