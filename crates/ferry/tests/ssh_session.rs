@@ -143,9 +143,8 @@ impl Env {
         let svc = env.c.subnet_addr(100).to_string();
         for h in ["a", "b"] {
             env.start_ferryd(h);
-            // A devpts of its own, as a second machine has: pty numbers
-            // are per host, so the destination can give the sessions theirs.
-            sh_in(env.c.host(h), "mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && mkdir -p /run/sshd && chmod 755 /run/sshd");
+            // sshd's privilege separation directory.
+            sh_in(env.c.host(h), "mkdir -p /run/sshd && chmod 755 /run/sshd");
         }
         env.c.host("c").start_init(PLAIN_INIT);
         let a = env.c.host("a");
@@ -162,7 +161,9 @@ impl Env {
         let h = self.c.host(name);
         let log = self.dir.0.join(format!("ferryd-{name}.log"));
         let listen = format!("{}:{AGENT_PORT}", h.ip);
-        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
+        // A devpts of its own, as a second machine has: pty numbers are
+        // per host, so the destination can give the sessions theirs.
+        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
         let argv = [
             "sh",
             "-c",
