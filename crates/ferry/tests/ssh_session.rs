@@ -275,6 +275,11 @@ fn ssh_sessions_with_and_without_a_pty_survive_a_migration() {
         &sshd_log,
         Stdio::null(),
     );
+    assert!(
+        wait_for(Duration::from_secs(15), || read_lossy(&sshd_log).contains("Server listening")),
+        "{TEST}: sshd does not listen:\n{}",
+        read_lossy(&sshd_log)
+    );
     let key = env.dir.0.join("client_key");
     let target = format!("root@{}", env.svc);
 
