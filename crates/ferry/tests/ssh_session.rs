@@ -122,9 +122,11 @@ fn start_in(host: &Host, argv: &[&str], log: &Path, stdin: Stdio) -> InHost {
     InHost { nsenter, root, inner }
 }
 
+/// Dropped in field order: the directory first, so that it goes also
+/// when the cluster's teardown panics.
 struct Env {
-    c: Cluster,
     dir: TempDir,
+    c: Cluster,
     key: PathBuf,
     svc: String,
 }
@@ -139,7 +141,7 @@ impl Env {
             c
         });
         assert!(ok, "ferry keygen: {out}");
-        let env = Env { c: Cluster::new(&["a", "b", "c"]), dir, key, svc: String::new() };
+        let env = Env { dir, c: Cluster::new(&["a", "b", "c"]), key, svc: String::new() };
         let svc = env.c.subnet_addr(100).to_string();
         for h in ["a", "b"] {
             env.start_ferryd(h);
