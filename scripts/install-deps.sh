@@ -3,7 +3,8 @@
 #
 # Idempotent: packages already present are left alone, and apt-get is not run
 # at all when nothing is missing. Debian's redis-server, memcached, nginx,
-# haproxy and postgresql packages would start system services on install (on
+# haproxy, openssh-server (service "ssh") and postgresql packages would start
+# system services on install (on
 # the default ports); we prevent that with a temporary policy-rc.d and stop/disable them
 # afterwards anyway, so tests can start their own instances on their own ports.
 # postgresql-common would also create a default cluster "15/main" on first
@@ -46,8 +47,10 @@ PACKAGES=(
   openjdk-17-jre-headless  # runtimes test: a JVM HTTP server (its module image has jdk.compiler
                     # and jdk.httpserver, so `java Server.java` runs a source file)
   nodejs            # runtimes test: a Node HTTP server
+  openssh-server    # real-program test: ssh sessions (with and without a pty) migrated with sshd
+  openssh-client    # ssh, the sessions' client in that test
 )
-SERVICES=(redis-server memcached nginx postgresql haproxy)
+SERVICES=(redis-server memcached nginx postgresql haproxy ssh)
 PG_VERSION=15
 PG_NO_MAIN_CLUSTER=/etc/postgresql-common/createcluster.d/ferry-no-main-cluster.conf
 

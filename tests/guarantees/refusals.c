@@ -110,6 +110,15 @@ int main(int argc, char **argv)
 		FT_SYS(sethostname("ferry-uts-test", 14));
 	} else if (strcmp(mode, "tsc") == 0) {
 		FT_SYS(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
+	} else if (strcmp(mode, "pty_slave_alone") == 0) {
+		/* A pty slave whose master was closed: nothing can reattach it. */
+		int m = (int)FT_SYS(posix_openpt(O_RDWR | O_NOCTTY));
+		FT_SYS(grantpt(m));
+		FT_SYS(unlockpt(m));
+		fd = (int)FT_SYS(open(ptsname(m), O_RDWR | O_NOCTTY));
+		close(m);
+	} else if (strcmp(mode, "pty_master_alone") == 0) {
+		fd = (int)FT_SYS(posix_openpt(O_RDWR | O_NOCTTY));
 	} else if (strcmp(mode, "proc_outside") == 0) {
 		char path[64];
 		snprintf(path, sizeof(path), "/proc/%d/stat", (int)getppid());
@@ -282,6 +291,11 @@ int main(int argc, char **argv)
 		int v = 0;
 		prctl(PR_GET_TSC, &v, 0, 0, 0);
 		FT_EQ(v, PR_TSC_SIGSEGV, "PR_GET_TSC");
+	} else if (strcmp(mode, "pty_slave_alone") == 0) {
+		struct stat st;
+		FT_CHECK(fstat(fd, &st) == 0 && S_ISCHR(st.st_mode), "fd %d is no longer the slave", fd);
+	} else if (strcmp(mode, "pty_master_alone") == 0) {
+		FT_CHECK(isatty(fd), "fd %d is no longer a terminal", fd);
 	} else if (strcmp(mode, "proc_outside") == 0) {
 		char buf[256];
 		FT_CHECK(pread(fd, buf, sizeof(buf), 0) > 0, "reading /proc/PARENT/stat: %s", strerror(errno));

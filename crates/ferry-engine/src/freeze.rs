@@ -71,11 +71,19 @@ fn seize(pid: i32, tid: i32) -> Result<bool> {
     match attached {
         Ok(()) => Ok(true),
         Err(e) if e.errno == libc::ESRCH => Ok(false),
+        // A task that is exiting refuses a tracer with EPERM (a short-lived
+        // child such as a shell loop's `sleep`): gone, like ESRCH.
+        Err(e) if e.errno == libc::EPERM && exiting(tid) => Ok(false),
         Err(e) if e.errno == libc::EPERM && tid == pid => {
             Err(EngineError::kernel(pid, "seizing the process (is it traced by someone else?)", e))
         }
         Err(e) => Err(EngineError::kernel(pid, format!("seizing thread {tid}"), e)),
     }
+}
+
+/// Whether task `tid` is a zombie, dead, or gone from /proc.
+fn exiting(tid: i32) -> bool {
+    crate::procfs::state(tid).is_none_or(|s| s == 'Z' || s == 'X')
 }
 
 impl Frozen {

@@ -27,6 +27,7 @@ pub mod pids;
 pub(crate) mod plain_devices;
 pub(crate) mod proc_state;
 pub mod procfs;
+pub(crate) mod pty_queues;
 pub mod restore;
 pub mod running_sockets;
 pub mod syscall_restart;

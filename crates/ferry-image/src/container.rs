@@ -5,8 +5,8 @@
 
 use crate::error::ImageError;
 use crate::model::{
-    CgroupImage, Incremental, Inventory, TreeImage, UnixDeadPeersImage, UnixInFlightFilesImage,
-    UnixPeersImage,
+    CgroupImage, Incremental, Inventory, PtysImage, TreeImage, UnixDeadPeersImage,
+    UnixInFlightFilesImage, UnixPeersImage,
 };
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
@@ -31,7 +31,10 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.5: a TCP connection's state may be CLOSE_WAIT (8): its peer closed,
 /// and restore hands the rebuilt socket the peer's FIN. An older build
 /// would rebuild it as established, its reader never seeing the EOF.
-pub const FORMAT_MINOR: u16 = 5;
+/// 4.6: the optional `Ptys` section: a `FileKind::Terminal` it lists is
+/// a pty end restored with its pair (an older build would replace it by
+/// `--tty-to`, silently, so it must refuse the image).
+pub const FORMAT_MINOR: u16 = 6;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -91,6 +94,8 @@ pub enum SectionKind {
     UnixDeadPeers = 7,
     /// Format 4.4: files in flight in unix queues that no process holds.
     UnixInFlightFiles = 8,
+    /// Format 4.5: the tree's pseudo-terminal pairs.
+    Ptys = 9,
 }
 
 impl SectionKind {
@@ -104,6 +109,7 @@ impl SectionKind {
             SectionKind::UnixPeers => "unix peers",
             SectionKind::UnixDeadPeers => "unix dead peers",
             SectionKind::UnixInFlightFiles => "unix in-flight files",
+            SectionKind::Ptys => "ptys",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -114,6 +120,7 @@ impl SectionKind {
             SectionKind::Cgroups => 2,
             SectionKind::UnixPeers => 3,
             SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
+            SectionKind::Ptys => 6,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -126,6 +133,7 @@ impl SectionKind {
             6 => Some(SectionKind::UnixPeers),
             7 => Some(SectionKind::UnixDeadPeers),
             8 => Some(SectionKind::UnixInFlightFiles),
+            9 => Some(SectionKind::Ptys),
             _ => None,
         }
     }
@@ -142,6 +150,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
+    (SectionKind::Ptys, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -153,6 +162,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixPeers, true),
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
+    (SectionKind::Ptys, true),
     (SectionKind::Pages, false),
 ];
 
@@ -385,6 +395,9 @@ pub fn encode_meta_with(
     if let Some(f) = &process.unix_in_flight_files {
         sized(encoded_len(f, "unix in-flight files"))?;
     }
+    if let Some(p) = &process.ptys {
+        sized(encoded_len(p, "ptys"))?;
+    }
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&file_header(0));
     push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
@@ -403,6 +416,9 @@ pub fn encode_meta_with(
     }
     if let Some(f) = &process.unix_in_flight_files {
         push_section(&mut out, SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
+    }
+    if let Some(p) = &process.ptys {
+        push_section(&mut out, SectionKind::Ptys, p, "ptys")?;
     }
     Ok(out)
 }
@@ -476,6 +492,7 @@ pub fn decode_meta_versioned(
     let mut unix_peers: Option<UnixPeersImage> = None;
     let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
     let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
+    let mut ptys: Option<PtysImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -502,6 +519,7 @@ pub fn decode_meta_versioned(
             SectionKind::UnixInFlightFiles => {
                 unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
             }
+            SectionKind::Ptys => ptys = Some(decode_payload(payload, "ptys")?),
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -517,7 +535,9 @@ pub fn decode_meta_versioned(
     process.unix_peers = unix_peers;
     process.unix_dead_peers = unix_dead_peers;
     process.unix_in_flight_files = unix_in_flight_files;
+    process.ptys = ptys;
     crate::validate::validate(&inventory, &process)?;
+    crate::validate::validate_ptys(&process)?;
     crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

@@ -69,6 +69,80 @@ pub struct TreeImage {
     /// `UnixInFlight::fds` is [`PassedFd::HELD_BY_NONE`].
     #[serde(skip)]
     pub unix_in_flight_files: Option<UnixInFlightFilesImage>,
+    /// Format 4.5: the pseudo-terminal pairs of the tree (both ends held
+    /// by its processes), in the optional `Ptys` section. Their ends are
+    /// `FileKind::Terminal` files this section lists by id; a terminal
+    /// it does not list is replaced by `--tty-to` at restore. `None` for
+    /// older images, whose terminals were all replaced.
+    #[serde(skip)]
+    pub ptys: Option<PtysImage>,
+}
+
+/// Format 4.6, in the optional `Ptys` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtysImage {
+    pub pairs: Vec<PtyPair>,
+    /// Which open file descriptions are ends of which pair.
+    pub ends: Vec<PtyEnd>,
+}
+
+/// One pseudo-terminal pair, /dev/pts/`index` and its master.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyPair {
+    /// The slave's number in the tree's devpts (TIOCGPTN).
+    pub index: u32,
+    /// The pair's termios (TCGETS2; a master reads the slave's).
+    pub termios: PtyTermios,
+    /// TIOCGWINSZ: rows, columns, x and y pixels.
+    pub winsize: [u16; 4],
+    /// TIOCGPKT: packet mode on the master.
+    pub packet: bool,
+    /// TIOCGPTLCK: the slave is locked (unlockpt not called).
+    pub locked: bool,
+    /// TIOCGEXCL: exclusive mode.
+    pub exclusive: bool,
+    /// The slave node's mode (permission bits), owner and group, as
+    /// grantpt or the program set them.
+    pub slave_mode: u32,
+    pub slave_uid: u32,
+    pub slave_gid: u32,
+    /// Input the slave has not read: complete lines first (in canonical
+    /// mode, each as one read returned it, its terminator included; an
+    /// empty one is an end of file typed on an empty line), then what
+    /// follows the last line end (a line being typed, or, in
+    /// non-canonical mode, everything).
+    pub input_lines: Vec<Vec<u8>>,
+    pub input_rest: Vec<u8>,
+    /// Output of the slave the master has not read.
+    pub output: Vec<u8>,
+    /// The session whose controlling terminal this is (0: none), and its
+    /// foreground process group, as the tree sees them.
+    pub session: i32,
+    pub foreground: i32,
+}
+
+/// `struct termios2`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyTermios {
+    pub iflag: u32,
+    pub oflag: u32,
+    pub cflag: u32,
+    pub lflag: u32,
+    pub line: u8,
+    pub cc: Vec<u8>,
+    pub ispeed: u32,
+    pub ospeed: u32,
+}
+
+/// An open file description (`FileKind::Terminal`) that is one end of
+/// a pair of the section.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyEnd {
+    /// `OpenFile::id`.
+    pub file: u64,
+    pub index: u32,
+    /// The master (/dev/ptmx); otherwise the slave (/dev/pts/N).
+    pub master: bool,
 }
 
 /// Format 4.4, in the optional `UnixInFlightFiles` section.

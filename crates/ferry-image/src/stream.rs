@@ -236,10 +236,15 @@ pub fn read_stream_full<R: Read>(
                 process.unix_in_flight_files =
                     Some(decode_payload(&payload, "unix in-flight files")?);
             }
+            SectionKind::Ptys => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.ptys = Some(decode_payload(&payload, "ptys")?);
+            }
             SectionKind::Pages => {
                 crate::validate::validate_unix_dead_peers(&process)?;
                 crate::validate::validate_unix_peers(&process)?;
                 crate::validate::validate_unix_in_flight_files(&process)?;
+                crate::validate::validate_ptys(&process)?;
                 break (len, sum);
             }
             // `order` accepts nothing else after the process section.

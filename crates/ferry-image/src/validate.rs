@@ -913,3 +913,66 @@ fn check_tcp_connection(
     }
     Ok(())
 }
+
+/// Queued pty bytes above this, in one direction, are refused: a pty's
+/// buffers hold at most a few pages.
+pub const MAX_PTY_QUEUE: usize = 1 << 20;
+
+/// The `Ptys` section: each pair once by index, with 19 control
+/// characters and bounded queues; each end names a `Terminal` file of
+/// the tree (each file once) and a pair of the section, its master at
+/// most one description and every pair with a master and a slave end.
+pub fn validate_ptys(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(p) = &t.ptys else {
+        return Ok(());
+    };
+    let mut indexes = std::collections::HashSet::new();
+    for pair in &p.pairs {
+        let what = format!("ptys section: pair {}", pair.index);
+        if !indexes.insert(pair.index) {
+            return bad(format!("{what} listed twice"));
+        }
+        if pair.termios.cc.len() != 19 {
+            return bad(format!("{what}: {} control characters", pair.termios.cc.len()));
+        }
+        let input: usize =
+            pair.input_lines.iter().map(Vec::len).sum::<usize>() + pair.input_rest.len();
+        if input > MAX_PTY_QUEUE || pair.output.len() > MAX_PTY_QUEUE {
+            return bad(format!("{what}: queues of {input} and {} bytes", pair.output.len()));
+        }
+        if (pair.session == 0) != (pair.foreground == 0) || pair.session < 0 || pair.foreground < 0
+        {
+            return bad(format!("{what}: session {} foreground {}", pair.session, pair.foreground));
+        }
+    }
+    let terminals: std::collections::HashSet<u64> = t
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter(|f| matches!(f.kind, FileKind::Terminal { .. }))
+        .map(|f| f.id)
+        .collect();
+    let mut files = std::collections::HashSet::new();
+    let mut masters = std::collections::HashSet::new();
+    let mut slaves = std::collections::HashSet::new();
+    for e in &p.ends {
+        let what = format!("ptys section: file {}", e.file);
+        if !terminals.contains(&e.file) {
+            return bad(format!("{what} is not a terminal of the tree"));
+        }
+        if !files.insert(e.file) {
+            return bad(format!("{what} listed twice"));
+        }
+        if !indexes.contains(&e.index) {
+            return bad(format!("{what}: no pair {}", e.index));
+        }
+        let new = if e.master { masters.insert(e.index) } else { slaves.insert(e.index) };
+        if e.master && !new {
+            return bad(format!("{what}: a second master of pair {}", e.index));
+        }
+    }
+    if let Some(i) = indexes.iter().find(|i| !masters.contains(i) || !slaves.contains(i)) {
+        return bad(format!("ptys section: pair {i} lacks its master or a slave end"));
+    }
+    Ok(())
+}

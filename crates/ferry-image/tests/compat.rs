@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_5() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 5));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.5");
+fn this_build_is_4_6() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 6));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.6");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 5 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 5, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 5));
+    // Major 4, then the flags word with minor 6 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 6, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 6));
 }
 
 #[test]
@@ -191,23 +191,23 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.6 is newer than this ferry build reads (4.5): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 6));
+        "image format 4.7 is newer than this ferry build reads (4.6): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 7));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 6, supported: 5 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 7, supported: 6 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 6));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 7));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
     assert_eq!(c.position() as usize, HEADER_LEN, "nothing read past the header");
     // In a directory: meta.img and pages.img are each checked.
-    let d = TempDir::new("minor-5");
+    let d = TempDir::new("minor-6");
     write_dir(&d.0, &inv, &t, None, &pages);
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 6))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 7))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 9, 99, u32::MAX] {
+        for kind in [0u32, 10, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 9;
+    bad[meta.len()] = 10;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 9")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 10")),
         "{e:?}"
     );
 }
@@ -1021,4 +1021,80 @@ fn meta_is_each_section_serialized_on_its_own_and_framed_in_order() {
     assert_eq!(bytes, frame(FormatVersion::CURRENT, &sections));
     let (inv2, t2, inc2) = decode_meta_full(&bytes).unwrap();
     assert_eq!((inv2, t2, inc2), (inv, t, Some(inc)));
+}
+
+/// The model with a pty pair: its root's first file the master, a second
+/// file the slave, queues both ways and a session.
+fn with_ptys(t: TreeImage) -> TreeImage {
+    let mut t = t;
+    let root = &mut t.processes[0];
+    for (id, path) in [(0x7e57_0078, "/dev/ptmx"), (0x7e57_0079, "/dev/pts/3")] {
+        let mut f = root.files[0].clone();
+        f.id = id;
+        f.kind = FileKind::Terminal { path: path.into() };
+        root.files.push(f);
+        let fd = root.fds.iter().map(|s| s.fd).max().unwrap_or(2) + 1;
+        root.fds.push(FdSlot { fd, file: root.files.len() as u32 - 1, cloexec: false });
+    }
+    let (master_id, pid, pgid) = (0x7e57_0078, root.pid, root.pgid);
+    t.ptys = Some(PtysImage {
+        pairs: vec![PtyPair {
+            index: 3,
+            termios: PtyTermios { lflag: 0o105073, cc: vec![3; 19], ..Default::default() },
+            winsize: [24, 80, 0, 0],
+            slave_mode: 0o620,
+            input_lines: vec![b"ls\n".to_vec()],
+            input_rest: b"ec".to_vec(),
+            output: b"$ ".to_vec(),
+            session: pid,
+            foreground: pgid,
+            ..Default::default()
+        }],
+        ends: vec![
+            PtyEnd { file: master_id, index: 3, master: true },
+            PtyEnd { file: 0x7e57_0079, index: 3, master: false },
+        ],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_6_with_ptys() {
+    let (inv, t, pages) = model();
+    let t = with_ptys(with_cgroups(t));
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 6), inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A 4.5 build would replace the pair by --tty-to: a 4.5 header with the
+/// section is refused.
+#[test]
+fn ptys_section_is_refused_in_a_4_5_image() {
+    assert_section_refused_in(v(4, 5), "ptys", &with_ptys(model().1));
+}
+
+/// An end that is not a terminal of the tree, a pair without a master or
+/// a slave, a second master, or a wrong number of control characters.
+#[test]
+fn bad_ptys_are_refused() {
+    let (inv, t, _) = model();
+    let good = with_ptys(t);
+    let bad = |f: &dyn Fn(&mut PtysImage)| {
+        let mut t = good.clone();
+        f(t.ptys.as_mut().unwrap());
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(matches!(&e, ImageError::Invalid(m) if m.contains("ptys section")), "{e:?}");
+    };
+    bad(&|p| p.ends[0].file = 12345);
+    bad(&|p| p.ends[1].master = true);
+    bad(&|p| {
+        p.ends.pop();
+    });
+    bad(&|p| {
+        p.pairs[0].termios.cc.pop();
+    });
+    bad(&|p| p.ends[1].index = 4);
+    bad(&|p| p.pairs[0].output = vec![0; (1 << 20) + 1]);
 }

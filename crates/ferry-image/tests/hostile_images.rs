@@ -941,6 +941,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
         unix_peers: None,
         unix_dead_peers: None,
         unix_in_flight_files: None,
+        ptys: None,
     };
     (inv, t)
 }

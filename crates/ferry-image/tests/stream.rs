@@ -634,10 +634,10 @@ fn unknown_section_kind() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
     let mut sections = raw.sections.clone();
-    sections.insert(1, (9, vec![1, 2, 3]));
+    sections.insert(1, (10, vec![1, 2, 3]));
     let e = expect_err(&join(&raw.header, &sections));
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 9")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 10")),
         "{e:?}"
     );
 }
@@ -832,6 +832,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         unix_peers: None,
         unix_dead_peers: None,
         unix_in_flight_files: None,
+        ptys: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

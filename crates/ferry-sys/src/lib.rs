@@ -28,6 +28,7 @@ pub mod signal;
 pub mod sockdiag;
 pub mod socket;
 pub mod sysv;
+pub mod tty;
 pub mod uffd;
 pub mod unix;
 pub mod vm;

@@ -483,6 +483,8 @@ conformance! {
     fd_signalfd,
     fd_epoll,
     fd_tty_stdin,
+    tty_pty_pair,
+    tty_ctty,
     sock_tcp_listen,
     sock_tcp_v4mapped,
     sock_tcp_close_wait,

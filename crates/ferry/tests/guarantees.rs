@@ -918,6 +918,20 @@ fn refuses_a_faulting_time_stamp_counter() {
     refused_mode("tsc", &["PR_SET_TSC"]);
 }
 
+/// A pty slave whose master was closed (hung up): nothing can make one.
+#[test]
+fn refuses_a_pty_slave_whose_master_was_closed() {
+    refused_mode("pty_slave_alone", &["fd 4 (/dev/pts/", "pty slave whose master was closed"]);
+}
+
+#[test]
+fn refuses_a_pty_master_whose_slave_the_tree_does_not_hold() {
+    refused_mode(
+        "pty_master_alone",
+        &["fd 3 (/dev/ptmx)", "the master of pty", "no process of the tree holds"],
+    );
+}
+
 #[test]
 fn refuses_a_proc_file_of_a_process_outside_the_tree() {
     refused_mode("proc_outside", &["fd 3", "/proc file of process", "outside the tree"]);

@@ -270,7 +270,10 @@ impl Env {
         let h = self.host(name);
         let log = self.ferryd_log(name);
         let listen = self.agent(name).to_string();
-        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
+        // A devpts of its own too: pty numbers are per host on two
+        // machines (tty_pty_pair's /dev/pts/N is still held by the frozen
+        // source when the destination makes it again).
+        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
         let mut argv: Vec<String> = vec![
             "sh".into(),
             "-c".into(),

@@ -45,6 +45,7 @@ pub(super) fn pages_and_metadata(
         unix_creds,
         unix_dead,
         unix_in_flight_files,
+        ptys,
         ..
     } = survey;
     let mut copy =
@@ -74,6 +75,7 @@ pub(super) fn pages_and_metadata(
             .then_some(ferry_image::UnixDeadPeersImage { sockets: unix_dead }),
         unix_in_flight_files: (!unix_in_flight_files.is_empty())
             .then_some(ferry_image::UnixInFlightFilesImage { files: unix_in_flight_files }),
+        ptys,
         ..Default::default()
     };
     if let Some(view) = &pid_view {
@@ -171,6 +173,12 @@ fn to_tree_pids(
     }
     for c in tree.cgroups.iter_mut().flat_map(|g| g.processes.iter_mut()) {
         c.pid = view.inner(c.pid);
+    }
+    for p in tree.ptys.iter_mut().flat_map(|p| p.pairs.iter_mut()) {
+        if p.session != 0 {
+            p.session = view.inner(p.session);
+            p.foreground = view.inner(p.foreground);
+        }
     }
     namespaces::translate(tree, view);
     for (pid, _) in parent_pages.iter_mut() {

@@ -203,6 +203,8 @@ pub struct Captured {
     t_frozen: Instant,
     repaired: files::tcp::Repaired,
     lock: Option<ferry_netlock::NetworkLock>,
+    /// The ptys' queues, put back when dropped: before `frozen` thaws.
+    pty_drained: files::pty::Drained,
     frozen: tree::FrozenTree,
     // Last, so it is dropped after every other cleanup ran.
     guard: crate::guard::Guard,
@@ -228,6 +230,7 @@ impl Captured {
         phases: crate::phases::Phases,
         t_frozen: Instant,
         conns: connections::FrozenConnections,
+        pty_drained: files::pty::Drained,
         frozen: tree::FrozenTree,
         guard: crate::guard::Guard,
     ) -> Captured {
@@ -242,6 +245,7 @@ impl Captured {
             t_frozen,
             repaired,
             lock,
+            pty_drained,
             frozen,
             guard,
         }
@@ -278,7 +282,18 @@ impl Captured {
     /// Lets the tree run on: connections leave repair mode, then their
     /// packets flow again, then every thread continues.
     pub fn resume(self) -> Result<CaptureSummary> {
-        let Captured { mut phases, summary, t_frozen, repaired, lock, frozen, guard, .. } = self;
+        let Captured {
+            mut phases,
+            summary,
+            t_frozen,
+            repaired,
+            lock,
+            pty_drained,
+            frozen,
+            guard,
+            ..
+        } = self;
+        drop(pty_drained);
         drop(repaired);
         if let Some(lock) = lock {
             thaw_delivering_held(lock)?;
@@ -303,11 +318,13 @@ impl Captured {
             t_frozen,
             repaired,
             lock,
+            mut pty_drained,
             frozen,
             mut guard,
             ..
         } = self;
         guard.killed();
+        pty_drained.forget();
         let kept = repaired.keep_in_repair();
         frozen.kill()?;
         kept.close();
@@ -370,6 +387,9 @@ pub fn capture(
         shared.1.recheck(&fds, opts.external_stdio)?;
         Ok::<_, EngineError>(surveyed)
     })?;
+    // Declared after the tree, so an error below puts the ptys' queues
+    // back before the tree is thawed.
+    let pty_drained = std::mem::take(&mut surveyed.pty_drained);
     let engaged = ph.step("network freeze", || {
         connections::engage_lock(prepared, &tree, &surveyed, opts, &mut guard)
     })?;
@@ -399,7 +419,7 @@ pub fn capture(
     let assembled = ph.step("pages", || {
         assemble::pages_and_metadata(pid, surveyed, injected, &held, sink, opts, lock_ref)
     })?;
-    Ok(Captured::new(assembled, ph, t_frozen, conns, tree, guard))
+    Ok(Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard))
 }
 
 /// The checks of phase "sharing checked" on their own, for a caller that

@@ -72,6 +72,10 @@ pub(super) struct TreeSurvey {
     pub sysv_msg: Vec<ferry_image::SysvMsgQueue>,
     /// Exited children not reaped yet, as the freeze found them.
     pub zombies: Vec<ferry_image::Zombie>,
+    /// The tree's pty pairs (host PIDs in their sessions).
+    pub ptys: Option<ferry_image::PtysImage>,
+    /// Their queues, read out; put back if the tree runs on.
+    pub pty_drained: files::pty::Drained,
 }
 
 impl TreeSurvey {
@@ -133,6 +137,8 @@ pub(super) fn survey_tree(
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
     let sysv_shm = shm::capture_sysv(&mem_views)?;
+    // Last: it reads the ptys' queues out, which every refusal above left.
+    let ptys = capture_ptys(tree, &procs, opts)?;
     Ok(TreeSurvey {
         share_files,
         pid_view,
@@ -145,8 +151,42 @@ pub(super) fn survey_tree(
         sysv_sem: sysv_ipc::capture_sem(&pids)?,
         sysv_msg: sysv_ipc::capture_msg(&pids)?,
         zombies: tree.zombies.clone(),
+        ptys: ptys.image,
+        pty_drained: ptys.drained,
         procs,
     })
+}
+
+/// The pty pass ([`files::pty::capture_tree`]) over the surveyed tree.
+fn capture_ptys(
+    tree: &FrozenTree,
+    procs: &[Survey],
+    opts: &CaptureOptions,
+) -> Result<files::pty::TreePtys> {
+    let views: Vec<files::pty::PtyView> = tree
+        .procs
+        .iter()
+        .zip(procs)
+        .map(|(p, s)| files::pty::PtyView {
+            pid: s.pid,
+            pidfd: &p.frozen.pidfd,
+            files: &s.files,
+            fds: &s.fds,
+        })
+        .collect();
+    let leaders = session_ids(procs)?;
+    files::pty::capture_tree(&views, &leaders, opts.external_stdio)
+}
+
+/// (pid, session, process group) of every process, from /proc.
+fn session_ids(procs: &[Survey]) -> Result<Vec<(i32, i32, i32)>> {
+    procs
+        .iter()
+        .map(|s| {
+            let st = procfs::Stat::read(s.pid)?;
+            Ok((s.pid, st.field(6) as i32, st.field(5) as i32))
+        })
+        .collect()
 }
 
 fn survey_process(

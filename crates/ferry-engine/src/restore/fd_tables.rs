@@ -50,6 +50,9 @@ pub(super) fn install_all(
             install_files(s, raw, connections, temp_base, &mut epolls, unix_late)?;
         }
     }
+    // Every session and group exists now, and every process still holds
+    // the staged descriptors.
+    files::pty::take_terminals(tree, sessions, raw)?;
     files::send_unix_in_flight(tree, staged_files)
 }
 

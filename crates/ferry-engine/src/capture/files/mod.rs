@@ -9,6 +9,7 @@ mod inotify;
 mod locks;
 pub(crate) mod owner;
 mod pipe;
+pub(crate) mod pty;
 mod regular;
 pub(crate) use regular::check_deleted_mapped;
 mod signalfd;

@@ -89,6 +89,12 @@ pub fn capture_char_device(info: &FdInfo) -> Result<FileKind> {
     if info.link.ends_with(" (deleted)") && is_plain_device(info.meta.rdev()) {
         return Ok(FileKind::CharDevice { path: info.link.clone(), rdev: info.meta.rdev() });
     }
+    if info.link.starts_with("/dev/pts/") {
+        // TCGETS fails on a slave whose master was closed: hung up.
+        return Err(info.unsupported(
+            "a pty slave whose master was closed (hung up); restore has no way to make one",
+        ));
+    }
     Err(info.unsupported("this character device is not supported"))
 }
 

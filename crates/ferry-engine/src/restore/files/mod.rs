@@ -16,6 +16,7 @@ pub(crate) mod locks;
 pub(crate) mod owner;
 mod pipe;
 pub(crate) mod proc_file;
+pub(crate) mod pty;
 pub(crate) mod regular;
 mod signalfd;
 pub(crate) mod tcp;
@@ -54,12 +55,15 @@ pub(crate) struct Builder<'a> {
     /// Runs the calls that give unix sockets their SO_PEERCRED in the
     /// recorded processes (`unix_late`); None: ferry makes them.
     pub inject: Option<&'a mut dyn unix_late::Inject>,
+    /// The image's pty pairs (format 4.6) and their ends made so far.
+    pub pty_image: Option<&'a ferry_image::PtysImage>,
+    pub ptys: pty::Made,
 }
 
 impl<'a> Builder<'a> {
     /// A builder for `tree` with nothing made yet.
     fn new(
-        tree: &TreeImage,
+        tree: &'a TreeImage,
         tty_to: &'a str,
         memfds: &'a HashMap<u64, RawFd>,
         temp_base: RawFd,
@@ -77,6 +81,8 @@ impl<'a> Builder<'a> {
             deleted: HashMap::new(),
             temp_base,
             inject,
+            pty_image: tree.ptys.as_ref(),
+            ptys: pty::Made::default(),
         }
     }
 
@@ -93,7 +99,14 @@ const SETFL_MASK: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
 fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
+    let pty_end = pty::end_of(b.pty_image, f.id);
     let fd = match &f.kind {
+        FileKind::Terminal { .. } if pty_end.is_some() => {
+            let (Some(ptys), Some(end)) = (b.pty_image, pty_end) else {
+                return Err(EngineError::restore(b.pid, "pty end without its section"));
+            };
+            pty::open(b, ptys, end)?
+        }
         FileKind::Regular { .. }
         | FileKind::Deleted { .. }
         | FileKind::Directory { .. }
