@@ -189,6 +189,45 @@ pub fn run_in_netns<T: Send>(path: impl AsRef<Path>, f: impl FnOnce() -> T + Sen
 
 /// A network namespace made for one test (`ip netns add`, loopback up),
 /// deleted on drop.
+/// A directory of one test: unique on the machine (prefix, tag, PID and a
+/// counter), 0755 so that services a test runs as another user (nobody,
+/// postgres) can read below it, and removed with all it holds on drop,
+/// also when the test fails. With `FERRY_TEST_KEEP` set it is kept and
+/// its path printed, to read the logs of a failed run.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str, tag: &str) -> TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        static N: AtomicU32 = AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "{prefix}-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d)
+            .unwrap_or_else(|e| panic!("creating test directory {}: {e}", d.display()));
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod 755 {}: {e}", d.display()));
+        TempDir(d)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("FERRY_TEST_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 pub struct NetNs(pub String);
 
 impl NetNs {

@@ -20,13 +20,14 @@
 //!   and it keeps counting.
 //!
 //! Needs root; without it every test says so and returns. Set
-//! `FERRY_MIGRATION_KEEP=1` to keep each test's directory (logs, reports);
+//! `FERRY_TEST_KEEP=1` to keep each test's directory (logs, reports);
 //! `FERRY_MIGRATION_ONLY=a,b` runs only those conformance programs and
 //! `FERRY_MIGRATION_ARGS` adds arguments to their `ferry migrate`.
 
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::TempDir;
 use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Write};
@@ -136,34 +137,6 @@ fn describe(st: &ExitStatus) -> String {
     }
 }
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ferry-mig-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).expect("temp dir");
-        // nginx workers (user nobody) read below it.
-        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("FERRY_MIGRATION_KEEP").is_some() {
-            eprintln!("kept {}", self.0.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 /// How a command run inside a host ended.
 struct Out {
     status: ExitStatus,
@@ -241,7 +214,7 @@ struct Env {
 impl Env {
     /// Hosts `names`; ferryd is started on none yet.
     fn new(tag: &str, names: &[&str]) -> Env {
-        let dir = TempDir::new(tag);
+        let dir = TempDir::new("ferry-mig", tag);
         let key = dir.0.join("key");
         let out = output({
             let mut c = Command::new(FERRY);

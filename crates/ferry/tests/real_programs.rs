@@ -12,6 +12,7 @@
 //! when a test fails.
 
 use ferry_testkit::is_root;
+use ferry_testkit::TempDir;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -19,9 +20,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -55,33 +55,6 @@ fn prerequisites(test: &str, program: &str) -> Option<PathBuf> {
 
 // ---------------------------------------------------------------------------
 // Temporary directory
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let nanos =
-            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-        let path = std::env::temp_dir().join(format!(
-            "ferry-real-{test}-{}-{}-{nanos}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Process helpers
@@ -136,7 +109,7 @@ impl Run {
     fn new(test: &str) -> Run {
         Run {
             name: test.to_string(),
-            dir: TempDir::new(test),
+            dir: TempDir::new("ferry-real", test),
             original: None,
             original_pid: 0,
             restore: None,

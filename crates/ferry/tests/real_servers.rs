@@ -32,15 +32,16 @@ mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, NetNs, TestHosts, A_V4};
 use ferry_testkit::is_root;
+use ferry_testkit::TempDir;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{sleep, JoinHandle};
 use std::time::{Duration, Instant};
@@ -76,31 +77,6 @@ fn read_lossy(p: &Path) -> String {
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ferry-srv-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        fs::create_dir_all(&d).expect("temp dir");
-        // nginx workers (user nobody) read below it.
-        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("FERRY_SERVERS_KEEP").is_none() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 type Hosts = TestHosts;
@@ -1199,7 +1175,7 @@ fn redis_200_pipelining_clients_survive_checkpoint() {
         return;
     }
     let hosts = Hosts::new("rd");
-    let dir = TempDir::new(TEST);
+    let dir = TempDir::new("ferry-srv", TEST);
     let port = 6379;
     let args = [
         "--bind",
@@ -1241,7 +1217,7 @@ fn memcached_200_pipelining_clients_survive_checkpoint() {
         return;
     }
     let hosts = Hosts::new("mc");
-    let dir = TempDir::new(TEST);
+    let dir = TempDir::new("ferry-srv", TEST);
     let port = 11211;
     let args = ["-t", "4", "-p", &port.to_string(), "-U", "0", "-l", A_V4, "-u", "root"];
     let kv = Arc::new(Memcached);
@@ -1288,7 +1264,7 @@ fn nginx_50_keepalive_clients_survive_checkpoint() {
         return;
     }
     let hosts = Hosts::new("ng");
-    let dir = TempDir::new(TEST);
+    let dir = TempDir::new("ferry-srv", TEST);
     let port = 8080;
     let d = path_str(&dir.0);
     let www = dir.0.join("www");

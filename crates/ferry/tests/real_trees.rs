@@ -43,6 +43,7 @@ mod common;
 
 use common::{innermost_pid, inode, NetNs};
 use ferry_testkit::is_root;
+use ferry_testkit::TempDir;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -54,7 +55,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
@@ -112,41 +113,6 @@ fn become_subreaper() {
 
 // ---------------------------------------------------------------------------
 // Temporary directory
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let nanos =
-            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-        let path = std::env::temp_dir().join(format!(
-            "ferry-trees-{test}-{}-{}-{nanos}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
-        // Traversable by the unprivileged users of the programs (nobody, postgres).
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
-            .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir_all(&self.0) {
-            if e.kind() != io::ErrorKind::NotFound {
-                eprintln!("warning: could not remove {}: {e}", self.0.display());
-            }
-        }
-    }
-}
 
 fn read_lossy(path: &Path) -> String {
     fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
@@ -885,7 +851,7 @@ fn nginx_master_and_workers_serve_after_restore() {
         return;
     }
     // Locals drop in reverse order: the processes first, then the directory.
-    let tmp = TempDir::new(TEST);
+    let tmp = TempDir::new("ferry-trees", TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
     let port = free_port();
@@ -1016,7 +982,7 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
         eprintln!("[{TEST}] skipped: `ip netns add` is not available");
         return;
     };
-    let tmp = TempDir::new(TEST);
+    let tmp = TempDir::new("ferry-trees", TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
     let port = free_port();
@@ -1332,7 +1298,7 @@ fn postgres_rows_survive_restore() {
     };
     // Locals drop in reverse order: the processes first, then their IPC
     // leftovers, then the directory.
-    let tmp = TempDir::new(TEST);
+    let tmp = TempDir::new("ferry-trees", TEST);
     let mut ipc = IpcGuard::new(TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
@@ -1567,7 +1533,7 @@ fn shell_pipeline_output_matches_uninterrupted_run() {
     ) {
         return;
     }
-    let tmp = TempDir::new(TEST);
+    let tmp = TempDir::new("ferry-trees", TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
     let throttle = dir.join("throttle.py");

@@ -26,7 +26,7 @@
 //! The JVM runs with its defaults (hsperfdata file in /tmp, its own
 //! threads and signals). Needs root, /usr/bin/java (with jdk.compiler and
 //! jdk.httpserver: `java File.java`) and /usr/bin/node; without them each
-//! test says so and passes. `FERRY_RUNTIMES_KEEP=1` keeps each test's
+//! test says so and passes. `FERRY_TEST_KEEP=1` keeps each test's
 //! directory (server log, ferry output, images).
 
 mod common;
@@ -34,6 +34,7 @@ mod common;
 use common::cluster::{Cluster, Host};
 use common::{network_locks, spawn_in_netns, TestHosts, A_V4};
 use ferry_testkit::is_root;
+use ferry_testkit::TempDir;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -41,7 +42,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{sleep, JoinHandle};
 use std::time::{Duration, Instant};
@@ -113,32 +114,6 @@ fn read_lossy(p: &Path) -> String {
 
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ferry-rt-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).expect("temp dir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("FERRY_RUNTIMES_KEEP").is_some() {
-            eprintln!("kept {}", self.0.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
@@ -541,7 +516,7 @@ fn checkpoint_restore(rt: &Runtime, test: &str) {
     }
     let name = rt.name;
     let hosts = TestHosts::new(&format!("rt{}", &name[..1]));
-    let dir = TempDir::new(name);
+    let dir = TempDir::new("ferry-rt", name);
     let b = hosts.b.path();
     let to: SocketAddr = format!("{A_V4}:{PORT}").parse().expect("address");
     let log = dir.0.join("server.log");
@@ -641,7 +616,7 @@ impl Hosts {
     /// a and b with ferryd, c with a plain init, the service address
     /// (x.x.x.100/24) on a's eth0.
     fn new(tag: &str) -> Hosts {
-        let dir = TempDir::new(tag);
+        let dir = TempDir::new("ferry-rt", tag);
         let key = dir.0.join("key");
         let st = Command::new(FERRY).arg("keygen").arg(&key).output().expect("ferry keygen");
         assert!(st.status.success(), "ferry keygen: {}", String::from_utf8_lossy(&st.stderr));

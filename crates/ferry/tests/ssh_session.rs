@@ -11,19 +11,18 @@
 //!
 //! Needs root and `/usr/sbin/sshd`, `ssh`, `ssh-keygen` (Debian packages
 //! openssh-server and openssh-client, scripts/install-deps.sh); without
-//! them the test says so and passes. `FERRY_MIGRATION_KEEP=1` keeps its
+//! them the test says so and passes. `FERRY_TEST_KEEP=1` keeps its
 //! directory (logs, sshd config, the clients' output).
 
 mod common;
 
 use common::cluster::{Cluster, Host};
+use ferry_testkit::TempDir;
 use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
@@ -51,33 +50,6 @@ fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ferry-ssh-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).expect("temp dir");
-        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("FERRY_MIGRATION_KEEP").is_some() {
-            eprintln!("kept {}", self.0.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
-        }
     }
 }
 
@@ -133,7 +105,7 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let dir = TempDir::new("session");
+        let dir = TempDir::new("ferry-ssh", "session");
         let key = dir.0.join("key");
         let (ok, out) = run({
             let mut c = Command::new(FERRY);

@@ -20,12 +20,12 @@ mod common;
 
 use common::{image_lock, network_locks, spawn_in_netns, TestHosts, A_V4, A_V6};
 use ferry_testkit::require_root;
+use ferry_testkit::TempDir;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -343,32 +343,12 @@ fn ferry(args: &[&str], out: &Path) -> ExitStatus {
     cmd.status().expect("run ferry")
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "ferry-tcp-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("FERRY_TCP_KEEP").is_none() {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 /// Checkpoints the server holding `n` connections from clients in B (or
 /// on A's loopback) and restores it into A; asserts every byte arrived.
 fn connections_survive(tag: &str, n: usize, v6: bool, loopback: bool, lock: &str) {
     require_root!();
     let hosts = Hosts::new(tag);
-    let dir = TempDir(temp_dir(tag));
+    let dir = TempDir::new("ferry-tcp", tag);
     let (client_bytes, server_bytes) =
         if n > 500 { (48 << 10, 48 << 10) } else { (1 << 20, 1 << 20) };
     let (listen, target) = match (v6, loopback) {
@@ -528,7 +508,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let tag = "tkill";
     let n = 20;
     let hosts = Hosts::new(tag);
-    let dir = TempDir(temp_dir(tag));
+    let dir = TempDir::new("ferry-tcp", tag);
     let (client_bytes, server_bytes) = (256 << 10, 256 << 10);
     let port = 7000 + (std::process::id() % 1000) as u16;
     let mut server = start_server(&hosts.a, &dir.0, A_V4, port, n, client_bytes, server_bytes);
@@ -622,7 +602,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
 fn a_request_held_by_the_lock_is_answered_in_pause_time() {
     require_root!();
     let hosts = Hosts::new("held");
-    let dir = TempDir(temp_dir("held"));
+    let dir = TempDir::new("ferry-tcp", "held");
     let bin = dir.0.join("counter_server");
     ferry_testkit::compile_c(&repo().join("examples/counter_server.c"), &bin);
     let log = dir.0.join("server.log");
@@ -716,7 +696,7 @@ fn a_request_held_by_the_lock_is_answered_in_pause_time() {
 fn a_connection_whose_client_shut_down_sending_is_answered_after_restore() {
     require_root!();
     let hosts = Hosts::new("closewait");
-    let dir = TempDir(temp_dir("closewait"));
+    let dir = TempDir::new("ferry-tcp", "closewait");
     let bin = dir.0.join("tcp_close_wait_server");
     ferry_testkit::compile_c(&repo().join("tests/tcp/tcp_close_wait_server.c"), &bin);
     let log = dir.0.join("server.log");
