@@ -7,7 +7,17 @@ use super::Findings;
 use crate::error::Result;
 use ferry_image::ProcessImage;
 
-pub(super) fn compare(p: &ProcessImage, is_root: bool, found: &mut Findings) -> Result<()> {
+/// `tree_pids`: every PID of the tree. A process group or session led
+/// outside the tree cannot be made again: the restored process is in the
+/// restoring ferry's (the checkpoint accepted that: `--parent-sees-exit`,
+/// or a parent that is init or ferry), so only one led in the tree is
+/// compared.
+pub(super) fn compare(
+    p: &ProcessImage,
+    is_root: bool,
+    tree_pids: &std::collections::HashSet<i32>,
+    found: &mut Findings,
+) -> Result<()> {
     let now = crate::proc_state::read(p.pid)?;
     let pid = p.pid;
     let what = "the process";
@@ -20,8 +30,12 @@ pub(super) fn compare(p: &ProcessImage, is_root: bool, found: &mut Findings) -> 
     found.compare(pid, what, "no_new_privs", p.no_new_privs, now.no_new_privs);
     found.compare(pid, what, "credentials", &p.creds, &now.creds);
     found.compare(pid, what, "resource limits", &p.rlimits, &now.rlimits);
-    found.compare(pid, what, "process group", p.pgid, now.pgid);
-    found.compare(pid, what, "session", p.sid, now.sid);
+    if tree_pids.contains(&p.pgid) {
+        found.compare(pid, what, "process group", p.pgid, now.pgid);
+    }
+    if tree_pids.contains(&p.sid) {
+        found.compare(pid, what, "session", p.sid, now.sid);
+    }
     if !is_root {
         // The root's parent is whoever restored it.
         found.compare(pid, what, "parent", p.ppid, now.ppid);
