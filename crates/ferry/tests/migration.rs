@@ -27,6 +27,7 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use common::{path_str, read_lossy, wait_for};
 use ferry_testkit::TempDir;
 use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
@@ -75,14 +76,6 @@ fn have(test: &str, programs: &[&str]) -> bool {
     true
 }
 
-fn read_lossy(p: &Path) -> String {
-    String::from_utf8_lossy(&fs::read(p).unwrap_or_default()).into_owned()
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: its init reaps it soon.
     fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -104,20 +97,6 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
         }
         if Instant::now() >= deadline {
             return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Polls `f` every 10 ms until it is true or `timeout` passed.
-fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -240,36 +219,8 @@ impl Env {
     /// (Re)starts ferryd as the init of host `name`, with `env` in its
     /// environment and `args` after the usual ones; waits until it listens.
     fn start_ferryd(&self, name: &str, env: &[(&str, &str)], args: &[&str]) {
-        let h = self.host(name);
-        let log = self.ferryd_log(name);
         let listen = self.agent(name).to_string();
-        // A devpts of its own too: pty numbers are per host on two
-        // machines (tty_pty_pair's /dev/pts/N is still held by the frozen
-        // source when the destination makes it again).
-        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
-        let mut argv: Vec<String> = vec![
-            "sh".into(),
-            "-c".into(),
-            script.into(),
-            "ferryd-init".into(),
-            path_str(&log).into(),
-            "env".into(),
-        ];
-        argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-        argv.extend([FERRYD, "--listen", &listen, "--key", path_str(&self.key)].map(String::from));
-        argv.extend(args.iter().map(|s| s.to_string()));
-        let before = read_lossy(&log).matches("ferryd listening").count();
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        h.stop_init();
-        h.start_init(&argv);
-        assert!(
-            wait_for(Duration::from_secs(15), || read_lossy(&log)
-                .matches("ferryd listening")
-                .count()
-                > before),
-            "ferryd on {name} does not listen:\n{}",
-            read_lossy(&log)
-        );
+        self.host(name).start_ferryd(FERRYD, &listen, &self.key, &self.ferryd_log(name), env, args);
     }
 
     fn start_plain(&self, name: &str) {

@@ -32,7 +32,7 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
-use common::{network_locks, spawn_in_netns, TestHosts, A_V4};
+use common::{network_locks, path_str, read_lossy, spawn_in_netns, wait_for, TestHosts, A_V4};
 use ferry_testkit::is_root;
 use ferry_testkit::TempDir;
 use std::fs::{self, File};
@@ -108,14 +108,6 @@ impl Runtime {
 // ---------------------------------------------------------------------------
 // Basics
 
-fn read_lossy(p: &Path) -> String {
-    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -126,20 +118,6 @@ fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
             return None;
         }
         sleep(Duration::from_millis(10));
-    }
-}
-
-/// Polls `f` every 20 ms until it is true or `timeout` passed.
-fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        sleep(Duration::from_millis(20));
     }
 }
 
@@ -641,22 +619,7 @@ impl Hosts {
         let h = self.c.host(name);
         let log = self.dir.0.join(format!("ferryd-{name}.log"));
         let listen = SocketAddr::new(h.ip.into(), AGENT_PORT).to_string();
-        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
-        h.start_init(&[
-            "sh",
-            "-c",
-            script,
-            "ferryd-init",
-            path_str(&log),
-            FERRYD,
-            "--listen",
-            &listen,
-            "--key",
-            path_str(&self.key),
-        ]);
-        let ok =
-            wait_for(Duration::from_secs(15), || read_lossy(&log).contains("ferryd listening"));
-        assert!(ok, "ferryd on {name} does not listen:\n{}", read_lossy(&log));
+        h.start_ferryd(FERRYD, &listen, &self.key, &log, &[], &[]);
     }
 
     fn netns_path(&self, name: &str) -> String {

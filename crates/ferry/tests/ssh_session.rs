@@ -17,6 +17,7 @@
 mod common;
 
 use common::cluster::{Cluster, Host};
+use common::{path_str, read_lossy, wait_for};
 use ferry_testkit::TempDir;
 use ferry_testkit::{is_root, kill};
 use std::fs::{self, File};
@@ -31,27 +32,6 @@ const SSHD: &str = "/usr/sbin/sshd";
 const AGENT_PORT: u16 = 7070;
 const SSH_PORT: &str = "2222";
 const PLAIN_INIT: &[&str] = &["sh", "-c", "trap : TERM; while :; do wait; sleep 0.2; done"];
-
-fn read_lossy(p: &Path) -> String {
-    String::from_utf8_lossy(&fs::read(p).unwrap_or_default()).into_owned()
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Runs `cmd` with only fds 0-2, stdin empty; (success, stdout + stderr).
 fn run(mut cmd: Command) -> (bool, String) {
@@ -135,28 +115,7 @@ impl Env {
         let h = self.c.host(name);
         let log = self.dir.0.join(format!("ferryd-{name}.log"));
         let listen = format!("{}:{AGENT_PORT}", h.ip);
-        // A devpts of its own, as a second machine has: pty numbers are
-        // per host, so the destination can give the sessions theirs.
-        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
-        let argv = [
-            "sh",
-            "-c",
-            script,
-            "ferryd-init",
-            path_str(&log),
-            FERRYD,
-            "--listen",
-            &listen,
-            "--key",
-        ];
-        let mut argv: Vec<&str> = argv.to_vec();
-        argv.push(path_str(&self.key));
-        h.start_init(&argv);
-        assert!(
-            wait_for(Duration::from_secs(15), || read_lossy(&log).contains("ferryd listening")),
-            "ferryd on {name} does not listen:\n{}",
-            read_lossy(&log)
-        );
+        h.start_ferryd(FERRYD, &listen, &self.key, &log, &[], &[]);
     }
 
     /// Host keys, the client's key, authorized_keys and the config of an

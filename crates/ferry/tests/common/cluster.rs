@@ -173,6 +173,38 @@ impl Host {
     }
 
     /// Kills the host's init and every process in the host, if it has one.
+    /// (Re)starts the host's init as ferryd listening on `listen` with
+    /// `key`, under `env` and with `args`, logging to `log`, and waits until
+    /// it listens. Before ferryd the init mounts what a machine has of its
+    /// own: a tmpfs on /run/ferry, a bpffs, and a devpts instance (pty
+    /// numbers are per host: the frozen source still holds /dev/pts/N when
+    /// the destination makes it again).
+    pub fn start_ferryd(
+        &self,
+        ferryd: &str,
+        listen: &str,
+        key: &std::path::Path,
+        log: &std::path::Path,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) {
+        use super::{path_str, read_lossy, wait_for};
+        let script = "mkdir -p /run/ferry && mount -t tmpfs tmpfs /run/ferry && mount -t bpf bpf /sys/fs/bpf && mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts && mount --bind /dev/pts/ptmx /dev/ptmx && log=$1 && shift && exec \"$@\" >>\"$log\" 2>&1";
+        let mut argv: Vec<String> =
+            ["sh", "-c", script, "ferryd-init", path_str(log), "env"].map(String::from).to_vec();
+        argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        argv.extend([ferryd, "--listen", listen, "--key", path_str(key)].map(String::from));
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let before = read_lossy(log).matches("ferryd listening").count();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        self.stop_init();
+        self.start_init(&argv);
+        let listening = wait_for(Duration::from_secs(15), || {
+            read_lossy(log).matches("ferryd listening").count() > before
+        });
+        assert!(listening, "ferryd on {} does not listen:\n{}", self.name, read_lossy(log));
+    }
+
     pub fn stop_init(&self) {
         let init = self.init.lock().expect("init lock").take();
         if let Some(init) = init {

@@ -8,7 +8,32 @@ pub mod cluster;
 pub mod conformance;
 
 use std::fs::{self, File};
+use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A file's bytes as text; empty when it cannot be read (not written yet).
+pub fn read_lossy(p: &Path) -> String {
+    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Polls `f` every 10 ms until it is true (true) or `timeout` passed (false).
+pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 /// A network namespace made for one test, deleted on drop (shared with
 /// other crates' tests).
