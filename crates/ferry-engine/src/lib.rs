@@ -15,6 +15,7 @@
 
 pub mod btf;
 pub mod capture;
+pub mod catalog;
 pub mod dirty;
 pub mod error;
 pub mod freeze;

@@ -1,6 +1,7 @@
 //! ferry: checkpoint and restore live Linux processes.
 
 mod checkpoint_cmd;
+mod coverage_cmd;
 mod demo;
 mod inspect;
 mod migrate_cmd;
@@ -81,6 +82,10 @@ enum Cmd {
     /// a report, and everything it made is removed. Needs root and
     /// redis-server.
     Demo(demo::DemoArgs),
+    /// Print what ferry restores, refuses or leaves alone for each kind of
+    /// kernel object, from the tables capture consults; --write puts them
+    /// into docs/coverage.md, --check says whether that file is current.
+    Coverage(coverage_cmd::CoverageArgs),
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -151,6 +156,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Migrate(args) => migrate_cmd::run(args),
         Cmd::Demo(args) => demo::run(args),
+        Cmd::Coverage(args) => coverage_cmd::run(args),
     }
 }
 

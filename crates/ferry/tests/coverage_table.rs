@@ -242,3 +242,17 @@ fn the_table_parser_reads_names_marks_and_prose() {
         (3, "restored", "-")
     );
 }
+
+/// The generated blocks of docs/coverage.md are the tables capture
+/// consults, so a refusal or a restore added in code shows in the docs.
+#[test]
+fn the_generated_tables_in_coverage_md_are_current() {
+    let path = repo().join("docs/coverage.md");
+    let text = fs::read_to_string(&path).expect("docs/coverage.md");
+    let current = ferry_engine::catalog::splice(&text, &ferry_engine::catalog::tables())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        current == text,
+        "docs/coverage.md is out of date: run `ferry coverage --write docs/coverage.md`"
+    );
+}
