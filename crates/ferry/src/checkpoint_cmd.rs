@@ -57,9 +57,8 @@ pub struct CheckpointArgs {
     /// tree runs on and the image stays. On by default; the tree's pause
     /// grows by the trial (with --leave-running the trial runs after the
     /// tree runs on). Trees whose restore would re-create an object the
-    /// original still holds by path or number (a unix socket bound to a
-    /// file, a FIFO, a file lock, a pty pair) are not tried: the output
-    /// says so.
+    /// original still holds in the filesystem (a unix socket bound to a
+    /// file, a FIFO, a file lock) are not tried: the output says so.
     #[arg(long, overrides_with = "no_verify")]
     pub verify: bool,
     /// Skip the trial restore of --verify.

@@ -11,7 +11,9 @@
 //!   in repair mode (closing them sends nothing) and the network lock the
 //!   image names is not adopted ([`RestoreOptions::trial`]).
 //! - SysV IPC ids: a new IPC namespace.
-//! - Mounts (the helper's /proc): a new mount namespace, a slave of ferry's.
+//! - Mounts (the helper's /proc, and a devpts of its own when the tree has
+//!   pty pairs, whose numbers the original holds): a new mount namespace,
+//!   a slave of ferry's.
 //!
 //! Everything it made lives in those namespaces or in the processes the
 //! helper kills; the helper's exit ends them all. States whose restore
@@ -48,6 +50,7 @@ pub fn trial(dir: &Path) -> Result<TrialOutcome> {
         return Ok(TrialOutcome::Skipped(why));
     }
     let addrs = scratch_addresses(&image.tree);
+    let image_ptys = image.tree.ptys.as_ref().is_some_and(|p| !p.pairs.is_empty());
     let opts = RestoreOptions { new_pid_ns: true, check: true, trial: true, ..Default::default() };
     let flags =
         (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC) as u64;
@@ -59,22 +62,16 @@ pub fn trial(dir: &Path) -> Result<TrialOutcome> {
         &Handover::default(),
         t0,
         flags,
-        || scratch_network(&addrs),
+        || scratch_network(&addrs).and_then(|()| scratch_devpts(image_ptys)),
     )?;
     held.abandon(END_PATIENCE);
     Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
 }
 
 /// Why a trial of `tree` would touch the original's objects, if it would:
-/// what restore re-creates by path or by number in namespaces a trial
-/// cannot have of its own.
+/// what restore re-creates by path in the filesystem the trial shares
+/// with the original.
 pub fn untrialable(tree: &TreeImage) -> Option<String> {
-    if let Some(pair) = tree.ptys.as_ref().and_then(|p| p.pairs.first()) {
-        return Some(format!(
-            "pty pair /dev/pts/{}: restore makes it again with the number the original holds",
-            pair.index
-        ));
-    }
     for p in &tree.processes {
         for f in &p.files {
             if let Some(why) = untrialable_file(&f.kind) {
@@ -166,6 +163,17 @@ fn needs_adding(a: IpAddr) -> bool {
             !(v.is_unspecified() || v.is_loopback() || v.is_multicast() || link_local)
         }
     }
+}
+
+/// Runs in the trial's helper, in its new mount namespace: a devpts of
+/// its own, so the tree's pty pairs get their numbers again while the
+/// original holds them in the host's.
+fn scratch_devpts(needed: bool) -> Result<()> {
+    if !needed {
+        return Ok(());
+    }
+    ferry_sys::netns::mount_own_devpts()
+        .map_err(|e| EngineError::kernel(0, "mounting a devpts of the trial's own", e))
 }
 
 /// Runs in the trial's helper, in its new network namespace: loopback up
