@@ -1312,8 +1312,12 @@ fn a_checkpoint_whose_trial_restore_fails_leaves_the_tree_running() {
         assert!(err.contains(want), "the error line should say {want:?}: {all}");
     }
     assert!(images.join("meta.img").exists(), "the image was removed");
-    let state = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    assert_eq!(state.rsplit(')').next().and_then(|s| s.split_whitespace().next()), Some("S"));
+    // Running or waiting for its signal, not frozen or traced any more.
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+    assert!(matches!(state, Some("R" | "S")), "pid {pid} is in state {state:?}");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(status.lines().any(|l| l == "TracerPid:\t0"), "pid {pid} is still traced: {status}");
     let prog_s = prog.to_str().expect("utf-8 path");
     assert_eq!(processes_naming(prog_s), vec![pid], "a copy of the program is left");
     assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
