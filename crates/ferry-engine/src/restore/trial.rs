@@ -51,6 +51,7 @@ pub fn trial(dir: &Path) -> Result<TrialOutcome> {
     }
     let addrs = scratch_addresses(&image.tree);
     let image_ptys = image.tree.ptys.as_ref().is_some_and(|p| !p.pairs.is_empty());
+    let root = image.tree.root().map_or(0, |p| p.pid);
     let opts = RestoreOptions { new_pid_ns: true, check: true, trial: true, ..Default::default() };
     let flags =
         (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC) as u64;
@@ -62,7 +63,7 @@ pub fn trial(dir: &Path) -> Result<TrialOutcome> {
         &Handover::default(),
         t0,
         flags,
-        || scratch_network(&addrs).and_then(|()| scratch_devpts(image_ptys)),
+        || scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys)),
     )?;
     held.abandon(END_PATIENCE);
     Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
@@ -168,22 +169,22 @@ fn needs_adding(a: IpAddr) -> bool {
 /// Runs in the trial's helper, in its new mount namespace: a devpts of
 /// its own, so the tree's pty pairs get their numbers again while the
 /// original holds them in the host's.
-fn scratch_devpts(needed: bool) -> Result<()> {
+fn scratch_devpts(root: i32, needed: bool) -> Result<()> {
     if !needed {
         return Ok(());
     }
     ferry_sys::netns::mount_own_devpts()
-        .map_err(|e| EngineError::kernel(0, "mounting a devpts of the trial's own", e))
+        .map_err(|e| EngineError::kernel(root, "mounting a devpts of the trial's own", e))
 }
 
 /// Runs in the trial's helper, in its new network namespace: loopback up
 /// (which gives it 127.0.0.1 and ::1) and `addrs` added to it, as host
 /// addresses (/32, /128) so nothing else is routed.
-fn scratch_network(addrs: &[IpAddr]) -> Result<()> {
+fn scratch_network(root: i32, addrs: &[IpAddr]) -> Result<()> {
     let lo = ferry_sys::address::interface_index("lo")
-        .map_err(|e| EngineError::kernel(0, "the trial's loopback interface", e))?;
+        .map_err(|e| EngineError::kernel(root, "the trial's loopback interface", e))?;
     ferry_sys::address::set_link_up(lo)
-        .map_err(|e| EngineError::kernel(0, "setting the trial's loopback up", e))?;
+        .map_err(|e| EngineError::kernel(root, "setting the trial's loopback up", e))?;
     for &a in addrs {
         let prefix = if a.is_ipv4() { 32 } else { 128 };
         match ferry_sys::address::add_address(lo, a, prefix) {
