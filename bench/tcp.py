@@ -56,6 +56,10 @@ PROBE = re.compile(r"# probe: longest wait ([0-9.]+) ms")
 SERVER_BYTES = 4096
 
 
+# More arguments of `ferry checkpoint` (--checkpoint-args).
+CHECKPOINT_ARGS = []
+
+
 def sh(*args, check=True):
     return subprocess.run(args, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -154,7 +158,7 @@ def one_run(bins, n, method, work):
         # Images on tmpfs, as in the CRIU baseline.
         images = os.path.join(IMAGES_ROOT, "images")
         ck_start = time.time()
-        ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method],
+        ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method] + CHECKPOINT_ARGS,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ck_end = time.time_ns() // 1000
         ck_wall = time.time() - ck_start
@@ -232,7 +236,9 @@ def main():
     ap.add_argument("--methods", default="ebpf,nftables,iptables")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-tcp-latest.md"))
+    ap.add_argument("--checkpoint-args", default="", help="more arguments of ferry checkpoint, e.g. --no-verify")
     args = ap.parse_args()
+    CHECKPOINT_ARGS.extend(args.checkpoint_args.split())
     if os.geteuid() != 0:
         sys.exit("bench/tcp.py: needs root")
     ns = [int(x) for x in args.n.split(",")]

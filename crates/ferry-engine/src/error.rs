@@ -33,6 +33,10 @@ pub enum EngineError {
     /// namespace, as the helper described it.
     #[error("in the new PID namespace: {0}")]
     InNewPidNs(String),
+    /// `checkpoint --verify`: the image did not restore (or not exactly)
+    /// in the trial; the tree was let run on and the image left in place.
+    #[error("the trial restore of the image failed, so the tree runs on and the image stays in {image}: {error}")]
+    TrialFailed { image: String, error: String },
     /// The network lock that holds TCP connections still. Its message
     /// names the lock already; repeating it (with the error as its own
     /// source) printed the whole message twice.

@@ -137,6 +137,23 @@ pub fn find_address(addr: IpAddr) -> SysResult<Option<(u32, u8)>> {
     Ok(found)
 }
 
+/// Sets interface `ifindex` up (RTM_NEWLINK with IFF_UP), in the calling
+/// thread's network namespace: a new namespace's loopback starts down,
+/// without 127.0.0.1 or ::1.
+pub fn set_link_up(ifindex: u32) -> SysResult<()> {
+    const CALL: &str = "rtnetlink RTM_NEWLINK";
+    const IFINFOMSG_LEN: usize = 16;
+    let index = i32::try_from(ifindex).map_err(|_| SysError::new(CALL, libc::ENODEV))?;
+    let up = libc::IFF_UP as u32;
+    // `struct ifinfomsg`: family, pad, type, index, flags, change (the
+    // flags to change: IFF_UP only).
+    let mut h = [0u8; IFINFOMSG_LEN];
+    h[4..8].copy_from_slice(&index.to_ne_bytes());
+    h[8..12].copy_from_slice(&up.to_ne_bytes());
+    h[12..16].copy_from_slice(&up.to_ne_bytes());
+    rtnl::request(Msg::new(rtnl::RTM_NEWLINK, rtnl::NLM_F_REQUEST | rtnl::NLM_F_ACK, &h), CALL)
+}
+
 /// The index of interface `name` in the calling thread's network namespace.
 pub fn interface_index(name: &str) -> SysResult<u32> {
     const CALL: &str = "if_nametoindex";

@@ -184,6 +184,28 @@ pub fn mount_own_proc() -> SysResult<()> {
     Ok(())
 }
 
+/// In a mount namespace made a slave by [`mount_own_proc`]: mounts a new
+/// devpts instance over /dev/pts and binds its ptmx over /dev/ptmx, so
+/// pseudo-terminals made here take numbers of their own (the parent
+/// namespace's ptys keep theirs and are not seen).
+pub fn mount_own_devpts() -> SysResult<()> {
+    let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+    // SAFETY: mount(2) with static NUL-terminated strings.
+    if unsafe {
+        libc::mount(
+            c"devpts".as_ptr(),
+            c"/dev/pts".as_ptr(),
+            c"devpts".as_ptr(),
+            flags,
+            c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+        )
+    } < 0
+    {
+        return Err(last_error("mount(devpts, /dev/pts, newinstance)"));
+    }
+    bind_mount(Path::new("/dev/pts/ptmx"), Path::new("/dev/ptmx"))
+}
+
 /// `SO_NETNS_COOKIE` from include/uapi/asm-generic/socket.h (Linux 5.14+).
 const SO_NETNS_COOKIE: libc::c_int = 71;
 

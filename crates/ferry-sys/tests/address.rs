@@ -6,7 +6,7 @@
 //! removed on drop, also when an assertion fails.
 
 use ferry_sys::address::{
-    add_address, del_address, find_address, interface_hwaddr, interface_index,
+    add_address, del_address, find_address, interface_hwaddr, interface_index, set_link_up,
 };
 use ferry_sys::announce::{announce, gratuitous_arp};
 use ferry_testkit::require_root;
@@ -279,4 +279,38 @@ fn refusals_carry_the_kernels_errno() {
             gratuitous_arp(lo, Ipv4Addr::new(127, 0, 0, 1)).expect_err("announcing on loopback");
         assert_eq!(e.errno, libc::EOPNOTSUPP, "{e}");
     });
+}
+
+/// A new namespace's loopback is down, without 127.0.0.1; `set_link_up`
+/// brings it up (the trial restore's scratch namespace needs it), and a
+/// host address added to it can then be bound and reached.
+#[test]
+fn loopback_comes_up_and_takes_host_addresses() {
+    require_root!();
+    let mut lab = Lab::new();
+    let name = lab.ns("lo");
+    ip(&["netns", "add", &name]);
+    lab.made.push(name);
+    let n = lab.n;
+    let flags = |lab: &Lab| {
+        let out = Command::new("ip")
+            .args(["-n", &lab.ns("lo"), "link", "show", "lo"])
+            .output()
+            .expect("ip link show lo");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace().find(|w| w.starts_with('<')).unwrap_or_default().to_string()
+    };
+    assert!(!flags(&lab).contains(",UP"), "a new namespace's loopback is up: {}", flags(&lab));
+    lab.run("lo", move || {
+        let lo = interface_index("lo").expect("lo");
+        set_link_up(lo).expect("loopback up");
+        let e = set_link_up(999_999).expect_err("an interface that does not exist");
+        assert_eq!(e.errno, libc::ENODEV, "{e}");
+        let host = IpAddr::V4(Ipv4Addr::new(10, 78, n, 9));
+        add_address(lo, host, 32).expect("host address on loopback");
+        let l = TcpListener::bind(SocketAddr::new(host, 0)).expect("bind the host address");
+        TcpStream::connect_timeout(&l.local_addr().expect("addr"), Duration::from_secs(2))
+            .expect("connect to it");
+    });
+    assert!(flags(&lab).contains(",UP"), "loopback is not up: {}", flags(&lab));
 }

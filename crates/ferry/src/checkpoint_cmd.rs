@@ -1,6 +1,7 @@
 //! `ferry checkpoint`: capture a tree into an image directory.
 
 use anyhow::{Context, Result};
+use ferry_engine::restore::trial::TrialOutcome;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -49,6 +50,20 @@ pub struct CheckpointArgs {
     /// files, fd table) is refused either way.
     #[arg(long)]
     pub parent_sees_exit: bool,
+    /// Before the tree is killed, restore the image in a trial: in new
+    /// PID, network, IPC and mount namespaces (the tree's addresses added
+    /// there), with the restore's own check, then end the copy before it
+    /// runs. If it fails, the checkpoint fails with the trial's error, the
+    /// tree runs on and the image stays. On by default; the tree's pause
+    /// grows by the trial (with --leave-running the trial runs after the
+    /// tree runs on). Trees whose restore would re-create an object the
+    /// original still holds in the filesystem (a unix socket bound to a
+    /// file, a FIFO, a file lock) are not tried: the output says so.
+    #[arg(long, overrides_with = "no_verify")]
+    pub verify: bool,
+    /// Skip the trial restore of --verify.
+    #[arg(long, overrides_with = "verify")]
+    pub no_verify: bool,
 }
 
 pub fn run(args: CheckpointArgs) -> Result<i32> {
@@ -60,6 +75,8 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         external_stdio,
         network_lock,
         parent_sees_exit,
+        verify: _,
+        no_verify,
     } = args;
     let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
     let opts = ferry_engine::capture::CaptureOptions {
@@ -71,10 +88,21 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         parent_sees_exit,
         ..Default::default()
     };
-    let s = ferry_engine::capture::checkpoint(pid, &images, &opts)
-        .with_context(|| format!("checkpoint of pid {pid} failed"))?;
+    let mut outcome = None;
+    let s = ferry_engine::capture::checkpoint_then(pid, &images, &opts, |dir| {
+        if !no_verify {
+            outcome = Some(ferry_engine::restore::trial::trial(dir)?);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("checkpoint of pid {pid} failed"))?;
+    let verified = match outcome {
+        None => "not verified (--no-verify)".to_string(),
+        Some(TrialOutcome::Passed { ms }) => format!("verified by a trial restore ({ms:.1} ms)"),
+        Some(TrialOutcome::Skipped(why)) => format!("not verified: no trial restore for {why}"),
+    };
     println!(
-        "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}",
+        "checkpointed pid {} ({} processes, {} threads, {} mappings, {} fds, {} pages, {:.1} MiB image) in {:.1} ms; {}; {verified}",
         s.pid,
         s.processes,
         s.threads,

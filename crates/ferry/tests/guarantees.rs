@@ -1242,3 +1242,108 @@ fn the_restores_own_check_catches_a_lost_socket_option() {
     );
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
+
+/// PIDs of processes whose command line names `needle` (an image
+/// directory or program path unique to one case): the trial's helper is a
+/// fork of `ferry checkpoint` and carries its command line.
+fn processes_naming(needle: &str) -> Vec<i32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
+}
+
+/// `checkpoint --verify` (the default) restores the image in a trial
+/// before the tree is killed and says so; the trial leaves nothing behind
+/// (no copy of the program, no helper), and the image then restores for
+/// real, TCP connection and all (the trial did not take the network lock).
+#[test]
+fn a_checkpoint_verifies_its_image_by_a_trial_restore() {
+    require_root!();
+    let mut c = Case::new("trial-ok");
+    let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    assert!(said.contains("tree killed; verified by a trial restore"), "{said}");
+    let _ = c.children[0].wait();
+    let images = c.images();
+    let prog_s = prog.to_str().expect("utf-8 path");
+    assert_eq!(processes_naming(prog_s), Vec::<i32>::new(), "a copy of the program is left");
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
+    assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restore: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
+/// A trial restore that fails (a lost socket option,
+/// `FERRY_FAULT_SKIP_SOCKET_OPTION`, standing for any restore bug) fails
+/// the checkpoint with the restore check's own message: the tree runs on
+/// and checks out whole, the image stays, and no process of the trial is
+/// left (its namespaces went with them).
+#[test]
+fn a_checkpoint_whose_trial_restore_fails_leaves_the_tree_running() {
+    require_root!();
+    let mut c = Case::new("trial-fails");
+    let prog = c.compile("tests/conformance/sock_opts_unbound.c");
+    let pid = c.start(&prog);
+    let images = c.images();
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    let out = Command::new(FERRY)
+        .args(["checkpoint", "--pid", &pid.to_string(), "--images", &images_s])
+        .env(
+            "FERRY_FAULT_SKIP_SOCKET_OPTION",
+            format!("{}/{}", libc::SOL_SOCKET, libc::SO_PRIORITY),
+        )
+        .output()
+        .expect("run ferry checkpoint");
+    let all = stderr(&out);
+    assert!(!out.status.success(), "a checkpoint whose trial lost SO_PRIORITY succeeded");
+    let err = all.lines().find(|l| l.starts_with("ferry: error:")).unwrap_or_default();
+    for want in [
+        "the trial restore of the image failed, so the tree runs on and the image stays in",
+        "SO_PRIORITY",
+        "is 0 after restore, the image has 3",
+    ] {
+        assert!(err.contains(want), "the error line should say {want:?}: {all}");
+    }
+    assert!(images.join("meta.img").exists(), "the image was removed");
+    // Running or waiting for its signal, not frozen or traced any more.
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+    assert!(matches!(state, Some("R" | "S")), "pid {pid} is in state {state:?}");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(status.lines().any(|l| l == "TracerPid:\t0"), "pid {pid} is still traced: {status}");
+    let prog_s = prog.to_str().expect("utf-8 path");
+    assert_eq!(processes_naming(prog_s), vec![pid], "a copy of the program is left");
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
+    assert_eq!(c.finish_child(0), 0, "the tree after the failed trial: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
+/// A unix socket bound to a file would be bound again by the trial (its
+/// socket file removed first): the checkpoint goes on without a trial and
+/// says why, naming the socket.
+#[test]
+fn a_tree_with_a_unix_socket_file_is_checkpointed_without_a_trial() {
+    require_root!();
+    let mut c = Case::new("trial-skipped");
+    let prog = c.compile("tests/conformance/sock_unix_listen.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    assert!(
+        said.contains(&format!(
+            "not verified: no trial restore for pid {pid}: unix socket bound to"
+        )),
+        "{said}"
+    );
+    let _ = c.children[0].wait();
+    let images = c.images();
+    assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restore: {}", c.log());
+}

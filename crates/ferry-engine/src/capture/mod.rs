@@ -117,6 +117,20 @@ pub fn retry_transient<T>(
 /// capture into a directory sink, write the image, then resume or kill.
 /// With `opts.parent`, the image is incremental over that parent.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
+    checkpoint_then(pid, dir, opts, |_| Ok(()))
+}
+
+/// Like [`checkpoint`], with `trial` run on the complete image directory
+/// before the tree is ended: while it is still frozen, or, with
+/// `leave_running`, once it runs on (its pause does not grow then). A
+/// trial that fails lets the tree run on, keeps the image, and fails the
+/// checkpoint with the trial's error ([`EngineError::TrialFailed`]).
+pub fn checkpoint_then(
+    pid: i32,
+    dir: &Path,
+    opts: &CaptureOptions,
+    trial: impl FnOnce(&Path) -> Result<()>,
+) -> Result<CaptureSummary> {
     check_capturable(pid)?;
     let mut parent = opts.parent.as_deref().map(parent::ParentImage::open).transpose()?;
     let (mut captured, mut sink) = retry_transient(
@@ -129,10 +143,22 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
     )?;
     let parent_id = parent.as_ref().map(|p| sink.link_parent(p.dir())).transpose()?;
     captured.write_image(&mut sink, parent_id)?;
-    if opts.leave_running {
-        return captured.resume();
-    }
     let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let failed = |e: EngineError| {
+        let error = match e {
+            EngineError::InNewPidNs(inner) => inner,
+            other => other.to_string(),
+        };
+        EngineError::TrialFailed { image: image.display().to_string(), error }
+    };
+    if opts.leave_running {
+        let summary = captured.resume()?;
+        trial(&image).map_err(failed)?;
+        return Ok(summary);
+    }
+    // Dropping `captured` on an error lets the tree run on.
+    trial(&image).map_err(failed)?;
+    captured.phases.mark("trial restore");
     captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))
 }
 

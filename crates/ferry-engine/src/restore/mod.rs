@@ -44,6 +44,7 @@ mod staging;
 mod sysv_ipc;
 mod threads;
 mod timers;
+pub mod trial;
 mod verify;
 
 use crate::error::{EngineError, Result};
@@ -70,6 +71,10 @@ pub struct RestoreOptions {
     /// Before the tree runs, read its state back and compare it with the
     /// image (`verify/`); a difference fails the restore.
     pub check: bool,
+    /// A trial restore ([`trial`]) while the checkpointed tree still
+    /// exists: the network lock the image names is the original's and is
+    /// left alone (adopting it would let the original's connections go).
+    pub trial: bool,
 }
 
 impl Default for RestoreOptions {
@@ -80,6 +85,7 @@ impl Default for RestoreOptions {
             progress: None,
             new_pid_ns: false,
             check: true,
+            trial: false,
         }
     }
 }

@@ -84,6 +84,27 @@ impl HeldInNamespace {
         Ok(r)
     }
 
+    /// Ends the held tree without letting it run: the helper kills it,
+    /// drops what the restore staged and exits, which ends the namespaces.
+    /// Waits up to `patience` for that, then kills the helper.
+    pub fn abandon(mut self, patience: std::time::Duration) {
+        if let Some(mut commit) = self.commit.take() {
+            let _ = commit.write_all(b"k");
+        }
+        let until = Instant::now() + patience;
+        while Instant::now() < until {
+            match ferry_sys::process::try_wait_pid(self.init) {
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                // Exited and reaped, or not ours to wait for any more.
+                Ok(Some(_)) | Err(_) => {
+                    self.init = 0;
+                    return;
+                }
+            }
+        }
+        // Drop kills what is left.
+    }
+
     fn next_report(&mut self) -> Result<Option<Report>> {
         proto::recv(&mut self.report)
             .map_err(|e| EngineError::InNewPidNs(format!("restore helper {}: {e}", self.init)))
@@ -110,12 +131,27 @@ pub fn restore_held(
     handover: &Handover,
     t0: Instant,
 ) -> Result<HeldInNamespace> {
+    let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
+    restore_held_in(tree, pages, opts, handover, t0, flags, || Ok(()))
+}
+
+/// Like [`restore_held`], in namespaces `flags` (CLONE_NEWPID and
+/// CLONE_NEWNS at least); `setup` runs in the helper first (a trial sets
+/// up its scratch network namespace there).
+pub(super) fn restore_held_in(
+    tree: TreeImage,
+    pages: &[u8],
+    opts: &RestoreOptions,
+    handover: &Handover,
+    t0: Instant,
+    flags: u64,
+    setup: impl FnOnce() -> Result<()>,
+) -> Result<HeldInNamespace> {
     let root = tree.root().map_or(0, |p| p.pid);
     let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
         .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
     let (crd, cwr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
         .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
-    let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
     // ferry-sys refuses the fork unless ferry is single-threaded here; the
     // child runs ordinary Rust code, as the root child of a plain restore does.
     let init = match ferry_sys::clone::fork_into_namespaces(flags) {
@@ -124,6 +160,7 @@ pub fn restore_held(
             drop(cwr);
             hold_as_init(std::fs::File::from(wr), std::fs::File::from(crd), || {
                 mount_own_proc(root)
+                    .and_then(|()| setup())
                     .and_then(|()| super::restore_held(tree, pages, opts, handover, t0))
             })
         }

@@ -70,6 +70,7 @@ pub(super) fn stage(
             ferry_netlock::NetworkLock::adopt(name)
                 .map_err(|e| EngineError::restore(pid, format!("network lock {name}: {e}")))?,
         ),
+        None if opts.trial => None,
         None => adopt_network_lock(tree),
     };
     let sysv = staging::SysvSegments::create(tree)?;

@@ -1,0 +1,301 @@
+//! A trial restore (`ferry checkpoint --verify`): the image just written
+//! is restored while the checkpointed tree still exists, in namespaces of
+//! its own, checked like any restore (`verify/`), and ended before it ran
+//! one instruction. The original is killed only once this passed.
+//!
+//! What keeps the trial off the original:
+//! - PIDs: a new PID namespace (the helper of [`pidns`](super::pidns)).
+//! - Ports and connections: a new network namespace, its loopback up and
+//!   every address the tree's inet sockets name (local and peer) added to
+//!   it, so binds and repair-mode connects succeed. TCP connections stay
+//!   in repair mode (closing them sends nothing) and the network lock the
+//!   image names is not adopted ([`RestoreOptions::trial`]).
+//! - SysV IPC ids: a new IPC namespace.
+//! - Mounts (the helper's /proc, and a devpts of its own when the tree has
+//!   pty pairs, whose numbers the original holds): a new mount namespace,
+//!   a slave of ferry's.
+//!
+//! Everything it made lives in those namespaces or in the processes the
+//! helper kills; the helper's exit ends them all. States whose restore
+//! would reach the original's objects through the shared filesystem are
+//! not tried ([`untrialable`]): the checkpoint goes on without the trial
+//! and says why.
+
+use super::{pidns, Handover, RestoreOptions};
+use crate::error::{EngineError, Result};
+use ferry_image::{FileKind, ImageSource, TreeImage};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What came of a trial.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrialOutcome {
+    /// The image restored and passed the restore's check; the copy is gone.
+    Passed { ms: f64 },
+    /// Not tried: the reason, naming the object.
+    Skipped(String),
+}
+
+/// How long the helper gets to end the trial copy before it is killed.
+const END_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Restores the image in `dir` in scratch namespaces, checks it, and ends
+/// the copy. An error is the restore's (or its check's) own, naming the
+/// object.
+pub fn trial(dir: &Path) -> Result<TrialOutcome> {
+    let t0 = Instant::now();
+    let image = ferry_image::DirSource::new(dir).load(crate::worker_threads())?;
+    if let Some(why) = untrialable(&image.tree) {
+        return Ok(TrialOutcome::Skipped(why));
+    }
+    let addrs = scratch_addresses(&image.tree);
+    let image_ptys = image.tree.ptys.as_ref().is_some_and(|p| !p.pairs.is_empty());
+    let root = image.tree.root().map_or(0, |p| p.pid);
+    let opts = RestoreOptions { new_pid_ns: true, check: true, trial: true, ..Default::default() };
+    let flags =
+        (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC) as u64;
+    let pages = image.pages;
+    let held = pidns::restore_held_in(
+        image.tree,
+        pages.bytes(),
+        &opts,
+        &Handover::default(),
+        t0,
+        flags,
+        || scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys)),
+    )?;
+    held.abandon(END_PATIENCE);
+    Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// Why a trial of `tree` would touch the original's objects, if it would:
+/// what restore re-creates by path in the filesystem the trial shares
+/// with the original.
+pub fn untrialable(tree: &TreeImage) -> Option<String> {
+    for p in &tree.processes {
+        for f in &p.files {
+            if let Some(why) = untrialable_file(&f.kind) {
+                return Some(format!("pid {}: {why}", p.pid));
+            }
+            if !f.locks.is_empty() {
+                return Some(format!(
+                    "pid {}: a file lock on {}: the original holds it",
+                    p.pid,
+                    describe(&f.kind)
+                ));
+            }
+        }
+    }
+    let dead = tree.unix_dead_peers.as_ref().map_or(&[][..], |d| &d.sockets[..]);
+    dead.iter().find(|d| is_path_name(&d.peer_name)).map(|d| {
+        format!(
+            "unix socket {} whose closed peer was bound to {}: the stand-in would bind that path",
+            d.ino,
+            String::from_utf8_lossy(&d.peer_name)
+        )
+    })
+}
+
+fn untrialable_file(kind: &FileKind) -> Option<String> {
+    match kind {
+        FileKind::UnixSocket(u) if is_path_name(&u.name) => Some(format!(
+            "unix socket bound to {}: restore would remove the original's socket file and bind the path again",
+            String::from_utf8_lossy(&u.name)
+        )),
+        FileKind::Fifo { path, .. } => {
+            Some(format!("FIFO {path}: restore would fill the queue the original shares"))
+        }
+        _ => None,
+    }
+}
+
+fn describe(kind: &FileKind) -> String {
+    match kind {
+        FileKind::Regular { path, .. }
+        | FileKind::Deleted { path, .. }
+        | FileKind::Directory { path }
+        | FileKind::CharDevice { path, .. } => path.clone(),
+        other => format!("{other:?}").chars().take(40).collect(),
+    }
+}
+
+/// A name in the filesystem (not empty: unnamed; not a leading NUL:
+/// abstract, which belongs to the network namespace).
+fn is_path_name(name: &[u8]) -> bool {
+    name.first().is_some_and(|&b| b != 0)
+}
+
+/// Every address the tree's inet sockets are bound or connected to that a
+/// new network namespace lacks: not wildcard, loopback, multicast or
+/// link-local (which needs an interface the scratch namespace has not).
+/// IPv4-mapped IPv6 addresses come back as IPv4. Sorted, no repeats.
+pub fn scratch_addresses(tree: &TreeImage) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = tree
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| match &f.kind {
+            FileKind::InetSocket(s) => Some(s),
+            _ => None,
+        })
+        .flat_map(|s| std::iter::once(&s.addr).chain(s.peer.as_ref().map(|(a, _)| a)))
+        .filter_map(|b| ip_of(b))
+        .filter(|a| needs_adding(*a))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    if let Ok(b) = <[u8; 4]>::try_from(bytes) {
+        return Some(IpAddr::V4(Ipv4Addr::from(b)));
+    }
+    let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+    Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+}
+
+fn needs_adding(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v) => !(v.is_unspecified() || v.is_loopback() || v.is_multicast()),
+        IpAddr::V6(v) => {
+            let link_local = (v.segments()[0] & 0xffc0) == 0xfe80;
+            !(v.is_unspecified() || v.is_loopback() || v.is_multicast() || link_local)
+        }
+    }
+}
+
+/// Runs in the trial's helper, in its new mount namespace: a devpts of
+/// its own, so the tree's pty pairs get their numbers again while the
+/// original holds them in the host's.
+fn scratch_devpts(root: i32, needed: bool) -> Result<()> {
+    if !needed {
+        return Ok(());
+    }
+    ferry_sys::netns::mount_own_devpts()
+        .map_err(|e| EngineError::kernel(root, "mounting a devpts of the trial's own", e))
+}
+
+/// Runs in the trial's helper, in its new network namespace: loopback up
+/// (which gives it 127.0.0.1 and ::1) and `addrs` added to it, as host
+/// addresses (/32, /128) so nothing else is routed.
+fn scratch_network(root: i32, addrs: &[IpAddr]) -> Result<()> {
+    let lo = ferry_sys::address::interface_index("lo")
+        .map_err(|e| EngineError::kernel(root, "the trial's loopback interface", e))?;
+    ferry_sys::address::set_link_up(lo)
+        .map_err(|e| EngineError::kernel(root, "setting the trial's loopback up", e))?;
+    for &a in addrs {
+        let prefix = if a.is_ipv4() { 32 } else { 128 };
+        match ferry_sys::address::add_address(lo, a, prefix) {
+            Ok(()) => {}
+            Err(e) if e.errno == libc::EEXIST => {}
+            Err(e) => {
+                return Err(EngineError::kernel(
+                    0,
+                    format!("adding {a} to the trial's loopback"),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_image::{InetSocket, OpenFile, PipeEnd, ProcessImage, UnixSocket};
+
+    fn inet(addr: &[u8], peer: Option<&[u8]>) -> FileKind {
+        FileKind::InetSocket(InetSocket {
+            family: if addr.len() == 4 { libc::AF_INET } else { libc::AF_INET6 },
+            sock_type: libc::SOCK_STREAM,
+            protocol: 0,
+            addr: addr.to_vec(),
+            port: 80,
+            listen_backlog: None,
+            peer: peer.map(|p| (p.to_vec(), 4000)),
+            options: vec![],
+            connection: None,
+        })
+    }
+
+    fn tree_of(kinds: Vec<FileKind>) -> TreeImage {
+        let files = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| OpenFile { id: i as u64, flags: 0, pos: 0, kind, locks: vec![] })
+            .collect();
+        TreeImage {
+            processes: vec![ProcessImage { pid: 7, files, ..Default::default() }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn scratch_addresses_are_the_routable_ones_once_each() {
+        let mapped = {
+            let mut b = [0u8; 16];
+            b[10] = 0xff;
+            b[11] = 0xff;
+            b[12..].copy_from_slice(&[10, 0, 0, 9]);
+            b
+        };
+        let v6: [u8; 16] = "fd00::5".parse::<Ipv6Addr>().unwrap().octets();
+        let tree = tree_of(vec![
+            inet(&[0, 0, 0, 0], None),
+            inet(&[127, 0, 0, 1], Some(&[127, 0, 0, 1])),
+            inet(&[10, 0, 0, 9], Some(&[10, 0, 0, 2])),
+            inet(&mapped, None),
+            inet(&v6, Some(&Ipv6Addr::LOCALHOST.octets())),
+            inet(&"fe80::1".parse::<Ipv6Addr>().unwrap().octets(), None),
+        ]);
+        let want: Vec<IpAddr> = vec![
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.9".parse().unwrap(),
+            "fd00::5".parse().unwrap(),
+        ];
+        assert_eq!(scratch_addresses(&tree), want);
+    }
+
+    fn unix(name: &[u8]) -> FileKind {
+        FileKind::UnixSocket(UnixSocket {
+            ino: 1,
+            sock_type: libc::SOCK_STREAM,
+            name: name.to_vec(),
+            listen_backlog: None,
+            peer: None,
+            queued: vec![],
+            passcred: false,
+            shutdown: 0,
+            in_flight: vec![],
+        })
+    }
+
+    #[test]
+    fn only_filesystem_objects_of_the_original_stop_a_trial() {
+        assert_eq!(untrialable(&tree_of(vec![unix(b""), unix(b"\0abstract")])), None);
+        let why = untrialable(&tree_of(vec![unix(b"/run/x.sock")])).expect("refused");
+        assert!(why.contains("pid 7: unix socket bound to /run/x.sock"), "{why}");
+        let fifo = FileKind::Fifo {
+            path: "/tmp/f".into(),
+            pipe: PipeEnd {
+                id: 1,
+                write_end: false,
+                capacity: 4096,
+                data: vec![],
+                peer_closed: false,
+            },
+        };
+        assert!(untrialable(&tree_of(vec![fifo])).expect("refused").contains("FIFO /tmp/f"));
+        let mut locked = tree_of(vec![FileKind::Regular { path: "/tmp/l".into(), size: 0 }]);
+        locked.processes[0].files[0].locks.push(ferry_image::FileLock {
+            kind: ferry_image::LockKind::Flock,
+            write: true,
+            start: 0,
+            end: None,
+        });
+        assert!(untrialable(&locked).expect("refused").contains("file lock on /tmp/l"));
+    }
+}
