@@ -26,11 +26,11 @@
 //! urgent data and shutdown without consuming them.
 
 use super::FdInfo;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use ferry_image::{PassedFd, SockOpt};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// TCP states as TCP_INFO reports them.
@@ -40,12 +40,15 @@ const TCP_LISTEN: u8 = 10;
 /// What setsockopt(TCP_MAXSEG) accepts (TCP_MIN_MSS .. MAX_TCP_WINDOW).
 const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 
-/// What the checks learn about a network namespace once per process:
-/// its TIME_WAIT connections and which addresses can be bound.
+/// What the checks learn once per process about its network namespace,
+/// where restore makes its sockets again: its TIME_WAIT connections and
+/// which addresses can be bound. Read from the process's namespace, not
+/// each socket's, so 10,000 connections cost one lookup each.
 #[derive(Default)]
 pub struct Tables {
-    time_wait: Mutex<HashMap<u64, Arc<Vec<SocketAddr>>>>,
-    local: Mutex<HashMap<(u64, IpAddr), bool>>,
+    netns: Mutex<Option<Arc<OwnedFd>>>,
+    time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    local: Mutex<HashMap<IpAddr, bool>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -138,17 +141,17 @@ pub(super) fn check_inet(info: &FdInfo, s: &InetFacts) -> Result<()> {
     check_time_wait(info, s)
 }
 
-fn netns_inode(info: &FdInfo, sock: BorrowedFd) -> Result<(std::os::fd::OwnedFd, u64)> {
-    let err = |e| {
-        crate::error::EngineError::kernel(
-            info.pid,
-            format!("fd {}: its network namespace", info.fd),
-            e,
-        )
-    };
-    let ns = ferry_sys::sockdiag::socket_netns(sock).map_err(err)?;
-    let ino = ferry_sys::sockdiag::inode_of(ns.as_fd()).map_err(err)?;
-    Ok((ns, ino))
+/// The process's network namespace, opened once.
+fn netns(info: &FdInfo) -> Result<Arc<OwnedFd>> {
+    let mut ns = locked(&info.socket_tables.netns);
+    if let Some(ns) = ns.as_ref() {
+        return Ok(ns.clone());
+    }
+    let path = format!("/proc/{}/ns/net", info.pid);
+    let f = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+    let opened = Arc::new(OwnedFd::from(f));
+    *ns = Some(opened.clone());
+    Ok(opened)
 }
 
 fn check_corked(info: &FdInfo, s: &InetFacts) -> Result<()> {
@@ -177,19 +180,15 @@ fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if ip.is_unspecified() || link_local || nonlocal_allowed {
         return Ok(());
     }
-    let (ns, ino) = netns_inode(info, s.sock)?;
-    let cached = locked(&info.socket_tables.local).get(&(ino, ip)).copied();
+    let cached = locked(&info.socket_tables.local).get(&ip).copied();
     let local = match cached {
         Some(l) => l,
         None => {
+            let ns = netns(info)?;
             let l = ferry_sys::sockdiag::address_is_local_in(ns.as_fd(), ip).map_err(|e| {
-                crate::error::EngineError::kernel(
-                    info.pid,
-                    format!("fd {}: probing address {ip}", info.fd),
-                    e,
-                )
+                EngineError::kernel(info.pid, format!("fd {}: probing address {ip}", info.fd), e)
             })?;
-            locked(&info.socket_tables.local).insert((ino, ip), l);
+            locked(&info.socket_tables.local).insert(ip, l);
             l
         }
     };
@@ -209,19 +208,18 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !rebinds || s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
         return Ok(());
     }
-    let (ns, ino) = netns_inode(info, s.sock)?;
-    let cached = locked(&info.socket_tables.time_wait).get(&ino).cloned();
+    let cached = locked(&info.socket_tables.time_wait).clone();
     let tws = match cached {
         Some(t) => t,
         None => {
-            let all = ferry_sys::sockdiag::tcp_sockets_in(ns.as_fd()).map_err(|e| {
-                crate::error::EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e)
-            })?;
+            let ns = netns(info)?;
+            let all = ferry_sys::sockdiag::tcp_sockets_in(ns.as_fd())
+                .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?;
             const TCP_TIME_WAIT: u8 = 6;
             let t: Arc<Vec<SocketAddr>> = Arc::new(
                 all.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect(),
             );
-            locked(&info.socket_tables.time_wait).insert(ino, t.clone());
+            *locked(&info.socket_tables.time_wait) = Some(t.clone());
             t
         }
     };
