@@ -26,6 +26,7 @@
  *                     pending: recv gives ECONNREFUSED
  *   udp_errqueue      IP_RECVERR with an error queued: MSG_ERRQUEUE reads it
  *   udp_cork          UDP_CORK with 3 bytes corked: uncorked, they arrive
+ *   udp_shut_rd       a connected UDP socket shut down for reading: EOF
  */
 #define _GNU_SOURCE
 #include "../conformance/ferry_test.h"
@@ -238,7 +239,7 @@ static void setup_udp(void)
 			FT_EQ(send(a, "x", 1, 0), 1, "send");
 		}
 		ft_sleep_ms(20);
-	} else if (strcmp(mode, "udp_cork") == 0) {
+	} else if (strcmp(mode, "udp_cork") == 0 || strcmp(mode, "udp_shut_rd") == 0) {
 		b = (int)FT_SYS(socket(AF_INET, SOCK_DGRAM, 0));
 		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 		FT_SYS(bind(b, (struct sockaddr *)&sa, sizeof(sa)));
@@ -247,6 +248,10 @@ static void setup_udp(void)
 		a = (int)FT_SYS(socket(AF_INET, SOCK_DGRAM, 0));
 		FT_SYS(connect(a, (struct sockaddr *)&sa, sizeof(sa)));
 		int on = 1;
+		if (strcmp(mode, "udp_shut_rd") == 0) {
+			FT_SYS(shutdown(a, SHUT_RD));
+			return;
+		}
 		FT_SYS(setsockopt(a, IPPROTO_UDP, UDP_CORK, &on, sizeof(on)));
 		FT_EQ(send(a, "abc", 3, 0), 3, "corked send");
 	} else if (strcmp(mode, "unix_oob") == 0) {
@@ -355,6 +360,12 @@ static void check_other(void)
 		char buf[8] = { 0 };
 		FT_EQ(recv(b, buf, sizeof(buf), 0), 3, "the corked datagram");
 		FT_CHECK(memcmp(buf, "abc", 3) == 0, "corked datagram '%s'", buf);
+	} else if (strcmp(mode, "udp_shut_rd") == 0) {
+		struct pollfd p = { .fd = a, .events = POLLIN | POLLRDHUP };
+		FT_CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLRDHUP), "poll gives %#x, not POLLRDHUP",
+			 p.revents);
+		if (p.revents & POLLRDHUP)
+			FT_EQ(recv(a, &p, 1, 0), 0, "recv after SHUT_RD");
 	} else if (strcmp(mode, "unix_oob") == 0) {
 		expect_bytes(b, "ab", 0);
 		expect_bytes(b, "u", MSG_OOB);

@@ -451,8 +451,9 @@ fn refuses_a_refused_connect_not_read_yet() {
 }
 
 #[test]
-fn refuses_a_tcp_connection_shut_down_for_reading() {
+fn refuses_tcp_and_udp_sockets_shut_down_for_reading() {
     refused_socket_state("shut_rd", &["fd 5 (socket:[", "shutdown SHUT_RD"]);
+    refused_socket_state("udp_shut_rd", &["fd 4 (socket:[", "shutdown SHUT_RD"]);
 }
 
 #[test]
