@@ -91,26 +91,46 @@ pub fn inode_of(fd: BorrowedFd) -> SysResult<u64> {
     Ok(st.st_ino)
 }
 
-/// A sock_diag socket of network namespace `ns`: the calling thread
-/// joins it just long enough to make the socket, which then answers for
-/// that namespace.
-fn diag_socket_in(ns: BorrowedFd) -> SysResult<OwnedFd> {
+/// Runs `f` with the calling thread in network namespace `ns` (when it
+/// is not there already) and moves the thread back: a socket `f` makes
+/// stays in `ns` and answers for it.
+pub fn in_netns<T>(ns: BorrowedFd, f: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
     let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
         crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0))
     })?;
     if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
-        return diag_socket();
+        return f();
     }
     // SAFETY: ns is a network namespace fd; only this thread moves.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
         return Err(last_error("setns(socket's network namespace)"));
     }
-    let made = diag_socket();
+    let made = f();
     // SAFETY: own is the thread's original namespace.
     if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
         return Err(last_error("setns(back to ferry's network namespace)"));
     }
     made
+}
+
+/// A sock_diag socket of network namespace `ns`.
+fn diag_socket_in(ns: BorrowedFd) -> SysResult<OwnedFd> {
+    in_netns(ns, diag_socket)
+}
+
+/// Whether a socket of network namespace `ns` can bind address `ip`
+/// (port 0) now: false when the kernel answers EADDRNOTAVAIL (no
+/// interface holds the address and non-local binds are off).
+pub fn address_is_local_in(ns: BorrowedFd, ip: std::net::IpAddr) -> SysResult<bool> {
+    let family = if ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    in_netns(ns, || {
+        let probe = crate::socket::socket(family, libc::SOCK_DGRAM, 0)?;
+        match crate::socket::bind(probe.as_raw_fd(), family, &std::net::SocketAddr::new(ip, 0)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno == libc::EADDRNOTAVAIL => Ok(false),
+            Err(e) => Err(e),
+        }
+    })
 }
 
 /// Every unix socket of network namespace `ns` (an nsfs descriptor).
@@ -344,6 +364,19 @@ mod tests {
         assert!(parse_inet_diag(&m[..71]).is_none());
         m[0] = 99;
         assert!(parse_inet_diag(&m).is_none());
+    }
+
+    #[test]
+    fn loopback_is_local_and_a_documentation_address_is_not() {
+        let ns = std::fs::File::open("/proc/self/ns/net").expect("own namespace");
+        let ns = std::os::fd::AsFd::as_fd(&ns);
+        let lo = address_is_local_in(ns, "127.0.0.1".parse().expect("address"));
+        assert_eq!(lo, Ok(true));
+        // Unless this host binds any address (net.ipv4.ip_nonlocal_bind).
+        let nonlocal = std::fs::read_to_string("/proc/sys/net/ipv4/ip_nonlocal_bind")
+            .is_ok_and(|v| v.trim() != "0");
+        let doc = address_is_local_in(ns, "192.0.2.77".parse().expect("address"));
+        assert_eq!(doc, Ok(nonlocal));
     }
 
     #[test]

@@ -304,12 +304,19 @@ fn refuses_a_child_alone(args: &[&str], what: &[&str]) -> String {
 }
 
 fn refuses_a_child_alone_with(args: &[&str], extra: &[&str], what: &[&str]) -> String {
+    refuses_a_child_of("tests/guarantees/shared_counter.c", args, extra, what)
+}
+
+/// Starts `src` with `args`, checkpoints the child it names (`# CHILD
+/// PID`) alone with `extra`, expects a one-line refusal naming `what`
+/// and both processes unharmed; returns the program's log.
+fn refuses_a_child_of(src: &str, args: &[&str], extra: &[&str], what: &[&str]) -> String {
     if !ferry_testkit::is_root() {
         eprintln!("skipped: needs root");
         return String::new();
     }
-    let mut c = Case::new("shared_counter");
-    let prog = c.compile("tests/guarantees/shared_counter.c");
+    let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
+    let prog = c.compile(src);
     c.start_args(&prog, args);
     let child = child_of_log(&c.log());
     let out = c.checkpoint(child, extra);
@@ -358,6 +365,104 @@ fn refuses_a_half_closed_tcp_connection_and_leaves_it_running() {
     assert_refused(
         "tests/guarantees/tcp_half_closed.c",
         &["TCP connection to 127.0.0.1:", "in state", "only established connections"],
+    );
+}
+
+/// A socket state that a socket made again at restore cannot have
+/// (tests/guarantees/socket_states.c MODE): refused at checkpoint by
+/// name, the program's socket unchanged afterwards. Each failed the
+/// restore after the tree was killed, or came back without the state.
+fn refused_socket_state(mode: &str, what: &[&str]) {
+    assert_refused_args("tests/guarantees/socket_states.c", &[mode], what);
+}
+
+const PENDING_ERROR: &str = "an error is pending on it";
+
+#[test]
+fn refuses_a_reset_tcp_connection_whose_fd_is_open() {
+    refused_socket_state("tcp_reset", &["fd 4 (socket:[", PENDING_ERROR]);
+}
+
+#[test]
+fn refuses_a_tcp_connection_closed_both_ways_whose_fd_is_open() {
+    refused_socket_state("tcp_closed", &["fd 4 (socket:[", "closed both ways or reset"]);
+}
+
+#[test]
+fn refuses_a_tcp_socket_disconnected_with_af_unspec_and_its_reset_pending() {
+    refused_socket_state("tcp_disconnected", &["fd 4 (socket:[", PENDING_ERROR]);
+}
+
+#[test]
+fn refuses_a_listener_without_so_reuseaddr_whose_port_is_in_time_wait() {
+    refused_socket_state(
+        "time_wait",
+        &["fd 3 (socket:[", "in TIME_WAIT holds 127.0.0.1:", "no SO_REUSEADDR", "try again"],
+    );
+}
+
+#[test]
+fn refuses_a_tcp_connection_in_flight_that_the_sender_still_holds() {
+    refused_socket_state(
+        "tcp_in_flight",
+        &["fd 7 (socket:[", "passes (SCM_RIGHTS) the TCP connection to 127.0.0.1:", "fd 5 of pid"],
+    );
+}
+
+#[test]
+fn refuses_a_socket_bound_to_an_address_deleted_since() {
+    if !Path::new("/usr/sbin/ip").exists() && !Path::new("/sbin/ip").exists() {
+        eprintln!("skipped: needs ip (iproute2)");
+        return;
+    }
+    refused_socket_state(
+        "addr_deleted",
+        &["fd 3 (socket:[", "bound to 10.77.0.1:7070", "no interface of its network namespace"],
+    );
+}
+
+#[test]
+fn refuses_sockets_a_process_outside_the_tree_holds_too() {
+    let outside = "outside the tree, holds the same socket";
+    for mode in ["outside_listener", "outside_udp", "outside_tcp"] {
+        refuses_a_child_of(
+            "tests/guarantees/socket_states.c",
+            &[mode],
+            &[],
+            &["(socket:[", outside],
+        );
+    }
+}
+
+#[test]
+fn refuses_an_unread_tcp_urgent_byte() {
+    refused_socket_state("tcp_oob", &["fd 5 (socket:[", "urgent byte (MSG_OOB) is unread"]);
+    refused_socket_state("tcp_oob_inline", &["fd 5 (socket:[", "urgent byte (MSG_OOB) is unread"]);
+}
+
+#[test]
+fn refuses_an_unread_unix_out_of_band_byte() {
+    refused_socket_state("unix_oob", &["fd 4 (socket:[", "out-of-band byte (MSG_OOB) is unread"]);
+}
+
+#[test]
+fn refuses_a_refused_connect_not_read_yet() {
+    refused_socket_state("connect_refused", &["fd 3 (socket:[", PENDING_ERROR]);
+}
+
+#[test]
+fn refuses_tcp_and_udp_sockets_shut_down_for_reading() {
+    refused_socket_state("shut_rd", &["fd 5 (socket:[", "shutdown SHUT_RD"]);
+    refused_socket_state("udp_shut_rd", &["fd 4 (socket:[", "shutdown SHUT_RD"]);
+}
+
+#[test]
+fn refuses_udp_errors_pending_and_corked_bytes() {
+    refused_socket_state("udp_icmp", &["fd 3 (socket:[", PENDING_ERROR]);
+    refused_socket_state("udp_errqueue", &["fd 3 (socket:[", PENDING_ERROR]);
+    refused_socket_state(
+        "udp_cork",
+        &["fd 4 (socket:[", "bytes wait in its send queue", "UDP_CORK"],
     );
 }
 

@@ -11,7 +11,7 @@ use crate::error::Result;
 use ferry_image::{FileKind, InetSocket, SockOpt};
 use ferry_sys::socket;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> Option<i32> {
     socket::getsockopt_int(fd, level, name).ok()
@@ -315,6 +315,14 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let connected = state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT;
     let peer = if tcp && !connected { None } else { peer };
     let options = changed_options(fd, family, tcp, state);
+    let facts = super::socket_preconditions::InetFacts {
+        sock: sock.as_fd(),
+        tcp,
+        state,
+        local,
+        options: &options,
+    };
+    super::socket_preconditions::check_inet(info, &facts)?;
     Ok(FileKind::InetSocket(InetSocket {
         family,
         sock_type,

@@ -11,6 +11,7 @@ pub(crate) mod owner;
 mod pipe;
 pub(crate) mod pty;
 mod regular;
+mod socket_preconditions;
 pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
@@ -36,6 +37,8 @@ pub(crate) struct FdInfo<'a> {
     /// Every process of the tree being captured.
     pub tree: &'a [i32],
     pub unix_tables: &'a unix::UnixTables,
+    /// What the socket checks learned of the tree's network namespaces.
+    pub socket_tables: &'a socket_preconditions::Tables,
 }
 
 impl FdInfo<'_> {
@@ -231,6 +234,7 @@ pub fn capture(
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
+    let socket_tables = socket_preconditions::Tables::default();
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
@@ -242,7 +246,17 @@ pub fn capture(
                 (link, meta)
             }
         };
-        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
+        Ok(FdInfo {
+            pid,
+            fd,
+            link,
+            fdinfo,
+            meta,
+            pidfd,
+            tree,
+            unix_tables: &unix_tables,
+            socket_tables: &socket_tables,
+        })
     })?;
     let table = share_descriptions(pid, &infos);
     let files = capture_descriptions(&table.unique, external_stdio)?;

@@ -188,6 +188,7 @@ fn holders_of_passed(info: &FdInfo, passed: Vec<OwnedFd>, message: u32) -> Resul
     let mut fds = Vec::with_capacity(passed.len());
     for (index, f) in passed.into_iter().enumerate() {
         if let Some(h) = holder_of(info.tree, f.as_raw_fd()) {
+            super::socket_preconditions::check_passed(info, f.as_raw_fd(), &h)?;
             fds.push(h);
             continue;
         }
@@ -283,6 +284,7 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         pidfd: &pidfd,
         tree: info.tree,
         unix_tables: info.unix_tables,
+        socket_tables: info.socket_tables,
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
@@ -384,6 +386,7 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     let me: UnixDiag = table.iter().find(|d| d.ino as u64 == ino).cloned().ok_or_else(|| {
         info.unsupported("unix socket not found in its network namespace's socket table")
     })?;
+    super::socket_preconditions::check_unix(info, sock.as_raw_fd(), sock_type)?;
     let s = Probe { info, table: &table, me: &me, fd: sock.as_raw_fd(), ino, sock_type };
     let name = name_of(s.fd);
     if !s.is_accepted_end(&name) {

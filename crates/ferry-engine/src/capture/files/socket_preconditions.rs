@@ -1,0 +1,303 @@
+//! Socket states a socket made again at restore cannot have, refused by
+//! name at checkpoint (in the survey: the tree is frozen and thawed
+//! again on refusal) instead of a restore that fails after the tree was
+//! killed or one that silently loses them:
+//!
+//! - an error pending (SO_ERROR: a refused connect, a reset, an ICMP
+//!   error; or MSG_ERRQUEUE entries), which nothing can set again;
+//! - a TCP socket closed after a connection (reset, or closed both ways)
+//!   while its fd stays open: its unread bytes and EOF;
+//! - shutdown(SHUT_RD) on an established connection or a UDP socket;
+//! - an unread urgent byte (TCP MSG_OOB, also with SO_OOBINLINE; unix
+//!   stream MSG_OOB);
+//! - a TCP_MAXSEG value setsockopt does not accept (a closed socket
+//!   reports the MSS of its last connection);
+//! - UDP bytes corked in the send queue (UDP_CORK or MSG_MORE);
+//! - a bound address no interface holds any more (restore's bind gets
+//!   EADDRNOTAVAIL);
+//! - a listening or bound TCP socket without SO_REUSEADDR whose port
+//!   has a connection in TIME_WAIT (restore's bind gets EADDRINUSE until
+//!   it ends);
+//! - an established TCP connection in flight in a unix queue while a
+//!   process of the tree holds it too (connections are remade after the
+//!   queues are refilled).
+//!
+//! Everything is read without changing the socket: poll reports errors,
+//! urgent data and shutdown without consuming them.
+
+use super::FdInfo;
+use crate::error::{EngineError, Result};
+use ferry_image::{PassedFd, SockOpt};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// TCP states as TCP_INFO reports them.
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_CLOSE: u8 = 7;
+const TCP_LISTEN: u8 = 10;
+/// What setsockopt(TCP_MAXSEG) accepts (TCP_MIN_MSS .. MAX_TCP_WINDOW).
+const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
+
+/// What the checks learn once per process about its network namespace,
+/// where restore makes its sockets again: its TIME_WAIT connections and
+/// which addresses can be bound. Read from the process's namespace, not
+/// each socket's, so 10,000 connections cost one lookup each.
+#[derive(Default)]
+pub struct Tables {
+    netns: Mutex<Option<Arc<OwnedFd>>>,
+    time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    local: Mutex<HashMap<IpAddr, bool>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One IPv4/IPv6 socket as the capture read it.
+pub(super) struct InetFacts<'a> {
+    /// Ferry's duplicate of the socket.
+    pub sock: BorrowedFd<'a>,
+    pub tcp: bool,
+    pub state: u8,
+    pub local: SocketAddr,
+    pub options: &'a [SockOpt],
+}
+
+impl InetFacts<'_> {
+    fn option(&self, level: i32, name: i32) -> Option<i32> {
+        let o = self.options.iter().find(|o| o.level == level && o.name == name)?;
+        let v = o.value.get(..4)?;
+        Some(i32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
+    }
+    fn flag(&self, level: i32, name: i32) -> bool {
+        self.option(level, name).is_some_and(|v| v != 0)
+    }
+}
+
+/// The events poll reports now, without waiting or consuming any.
+fn revents(fd: RawFd) -> i16 {
+    let mut p =
+        [libc::pollfd { fd, events: libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP, revents: 0 }];
+    match ferry_sys::fd::poll(&mut p, 0) {
+        Ok(_) => p[0].revents,
+        Err(_) => 0,
+    }
+}
+
+/// Why an IPv4/IPv6 socket with these poll events cannot be made again,
+/// and whether that passes by itself: a service reads a pending error
+/// and closes a connection reset or closed under it soon (clients do
+/// that during a checkpoint), so those are tried again.
+fn poll_refusal(revents: i16, tcp: bool, state: u8) -> Option<(&'static str, bool)> {
+    if revents & libc::POLLERR != 0 {
+        return Some(("an error is pending on it (what SO_ERROR or MSG_ERRQUEUE would report: a refused or reset connection, an ICMP error), which a socket made again cannot have", true));
+    }
+    let rdhup = revents & libc::POLLRDHUP != 0;
+    if tcp && state != TCP_LISTEN && revents & libc::POLLPRI != 0 {
+        let why =
+            "an urgent byte (MSG_OOB) is unread, and a connection made again has no urgent mark";
+        return Some((why, false));
+    }
+    if tcp && state == TCP_CLOSE && rdhup {
+        return Some(("its TCP connection was closed both ways or reset while the fd stays open; a socket made again cannot end that way (its unread bytes and EOF would be lost)", true));
+    }
+    if rdhup && (!tcp || state == TCP_ESTABLISHED) {
+        return Some(("it was shut down for reading (shutdown SHUT_RD), which a socket made again would not be", false));
+    }
+    None
+}
+
+/// Whether TIME_WAIT connection `tw` holds the port a socket bound to
+/// `local` needs.
+fn holds_port(local: SocketAddr, tw: SocketAddr) -> bool {
+    let plain = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    tw.port() == local.port()
+        && (local.ip().is_unspecified() || plain(local.ip()) == plain(tw.ip()))
+}
+
+/// The checks of one IPv4/IPv6 socket (see the module comment).
+pub(super) fn check_inet(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    if let Some((why, passing)) = poll_refusal(revents(s.sock.as_raw_fd()), s.tcp, s.state) {
+        return Err(if passing { info.busy(why) } else { info.unsupported(why) });
+    }
+    if let Some(mss) = s.option(libc::IPPROTO_TCP, libc::TCP_MAXSEG) {
+        if !MSS_RANGE.contains(&mss) {
+            return Err(info.unsupported(format!(
+                "TCP_MAXSEG reads {mss}, outside what setsockopt accepts ({}-{}): restore could not set it",
+                MSS_RANGE.start(),
+                MSS_RANGE.end()
+            )));
+        }
+    }
+    if !s.tcp {
+        check_corked(info, s)?;
+    }
+    check_address(info, s)?;
+    check_time_wait(info, s)
+}
+
+/// The process's network namespace, opened once.
+fn netns(info: &FdInfo) -> Result<Arc<OwnedFd>> {
+    let mut ns = locked(&info.socket_tables.netns);
+    if let Some(ns) = ns.as_ref() {
+        return Ok(ns.clone());
+    }
+    let path = format!("/proc/{}/ns/net", info.pid);
+    let f = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+    let opened = Arc::new(OwnedFd::from(f));
+    *ns = Some(opened.clone());
+    Ok(opened)
+}
+
+fn check_corked(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    let fd = s.sock.as_raw_fd();
+    let queued = ferry_sys::socket::outq(fd).unwrap_or(0);
+    if queued == 0 {
+        return Ok(());
+    }
+    let corked = ferry_sys::socket::getsockopt_int(fd, libc::IPPROTO_UDP, libc::UDP_CORK)
+        .is_ok_and(|v| v != 0);
+    let why = format!(
+        "{queued} bytes wait in its send queue (corked with UDP_CORK or MSG_MORE), which a socket made again would not hold"
+    );
+    Err(if corked { info.unsupported(why) } else { info.busy(why) })
+}
+
+/// A bound address must still be one restore can bind.
+fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    let ip = match s.local.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+    let nonlocal_allowed = s.flag(libc::IPPROTO_IP, libc::IP_FREEBIND)
+        || s.flag(libc::IPPROTO_IP, libc::IP_TRANSPARENT);
+    if ip.is_unspecified() || link_local || nonlocal_allowed {
+        return Ok(());
+    }
+    let cached = locked(&info.socket_tables.local).get(&ip).copied();
+    let local = match cached {
+        Some(l) => l,
+        None => {
+            let ns = netns(info)?;
+            let l = ferry_sys::sockdiag::address_is_local_in(ns.as_fd(), ip).map_err(|e| {
+                EngineError::kernel(info.pid, format!("fd {}: probing address {ip}", info.fd), e)
+            })?;
+            locked(&info.socket_tables.local).insert(ip, l);
+            l
+        }
+    };
+    if local {
+        return Ok(());
+    }
+    Err(info.unsupported(format!(
+        "it is bound to {}, an address no interface of its network namespace holds any more: restore could not bind it",
+        s.local
+    )))
+}
+
+/// A listening or bound TCP socket without SO_REUSEADDR cannot bind its
+/// port again while a TIME_WAIT connection holds it.
+fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    let rebinds = s.tcp && (s.state == TCP_LISTEN || s.state == TCP_CLOSE) && s.local.port() != 0;
+    if !rebinds || s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
+        return Ok(());
+    }
+    let cached = locked(&info.socket_tables.time_wait).clone();
+    let tws = match cached {
+        Some(t) => t,
+        None => {
+            let ns = netns(info)?;
+            let all = ferry_sys::sockdiag::tcp_sockets_in(ns.as_fd())
+                .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?;
+            const TCP_TIME_WAIT: u8 = 6;
+            let t: Arc<Vec<SocketAddr>> = Arc::new(
+                all.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect(),
+            );
+            *locked(&info.socket_tables.time_wait) = Some(t.clone());
+            t
+        }
+    };
+    let Some(tw) = tws.iter().find(|tw| holds_port(s.local, **tw)) else {
+        return Ok(());
+    };
+    Err(info.busy(format!(
+        "a connection in TIME_WAIT holds {tw} and the socket has no SO_REUSEADDR: restore could not bind {} until it ends (at most a minute)",
+        s.local
+    )))
+}
+
+/// A unix stream socket with an unread MSG_OOB byte: a socket made again
+/// would hold the byte inline.
+pub(super) fn check_unix(info: &FdInfo, fd: RawFd, sock_type: i32) -> Result<()> {
+    if sock_type == libc::SOCK_STREAM && revents(fd) & libc::POLLPRI != 0 {
+        return Err(info.unsupported(
+            "an out-of-band byte (MSG_OOB) is unread, which a socket made again would hold inline",
+        ));
+    }
+    Ok(())
+}
+
+/// A descriptor in flight that `holder` of the tree also holds: refused
+/// when it is an established TCP connection.
+pub(super) fn check_passed(info: &FdInfo, passed: RawFd, holder: &PassedFd) -> Result<()> {
+    use ferry_sys::socket::{address, getsockopt_int};
+    let family = getsockopt_int(passed, libc::SOL_SOCKET, libc::SO_DOMAIN).unwrap_or(-1);
+    let inet = family == libc::AF_INET || family == libc::AF_INET6;
+    let stream = getsockopt_int(passed, libc::SOL_SOCKET, libc::SO_TYPE) == Ok(libc::SOCK_STREAM);
+    if !(inet && stream) {
+        return Ok(());
+    }
+    let Ok(Some(peer)) = address(passed, true) else {
+        return Ok(());
+    };
+    Err(info.unsupported(format!(
+        "a queued message passes (SCM_RIGHTS) the TCP connection to {peer} that fd {} of pid {} also holds; restore remakes connections only after the queues are refilled",
+        holder.fd, holder.pid
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_events_name_what_a_socket_made_again_would_lose() {
+        let err = libc::POLLERR | libc::POLLHUP;
+        let says = |r: Option<(&str, bool)>, what: &str, passing: bool| {
+            r.is_some_and(|(w, p)| w.contains(what) && p == passing)
+        };
+        assert!(says(poll_refusal(err, true, TCP_CLOSE), "error", true));
+        assert!(says(poll_refusal(err, false, TCP_CLOSE), "error", true));
+        let closed = libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP;
+        assert!(says(poll_refusal(closed, true, TCP_CLOSE), "closed", true));
+        // A peer's FIN (CLOSE_WAIT) is restored; SHUT_RD on an established one is not.
+        assert!(poll_refusal(libc::POLLIN | libc::POLLRDHUP, true, 8).is_none());
+        let shut = libc::POLLIN | libc::POLLRDHUP;
+        assert!(says(poll_refusal(shut, true, TCP_ESTABLISHED), "SHUT_RD", false));
+        assert!(says(poll_refusal(shut, false, TCP_CLOSE), "SHUT_RD", false));
+        let urgent = libc::POLLIN | libc::POLLPRI;
+        assert!(says(poll_refusal(urgent, true, TCP_ESTABLISHED), "urgent", false));
+        // A fresh socket (POLLHUP alone) and a plain readable one pass.
+        assert!(poll_refusal(libc::POLLHUP | libc::POLLOUT, true, TCP_CLOSE).is_none());
+        assert!(poll_refusal(libc::POLLIN, true, TCP_ESTABLISHED).is_none());
+        assert!(poll_refusal(0, true, TCP_LISTEN).is_none());
+    }
+
+    #[test]
+    fn a_time_wait_connection_holds_the_port_of_its_address_and_of_the_wildcard() {
+        let sa = |s: &str| s.parse::<SocketAddr>().expect("address");
+        let tw = sa("127.0.0.1:8080");
+        assert!(holds_port(sa("127.0.0.1:8080"), tw));
+        assert!(holds_port(sa("0.0.0.0:8080"), tw));
+        assert!(holds_port(sa("[::]:8080"), tw));
+        assert!(holds_port(sa("[::ffff:127.0.0.1]:8080"), tw));
+        assert!(!holds_port(sa("127.0.0.2:8080"), tw));
+        assert!(!holds_port(sa("127.0.0.1:8081"), tw));
+    }
+}
