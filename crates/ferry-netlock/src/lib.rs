@@ -961,7 +961,9 @@ pub fn release_dead_bases() -> Vec<String> {
     base::release_useless()
 }
 
-fn release_stale_locks() -> Vec<String> {
+/// The locks' part of [`release_stale`]: locks whose owner died while
+/// holding them (these drop a service's packets until released).
+pub fn release_stale_locks() -> Vec<String> {
     let mut released = Vec::new();
     for name in record::list_names() {
         let result = match record::read(&name) {

@@ -113,8 +113,13 @@ fn run(cli: Cli) -> Result<i32> {
     // connections' packets forever; one read_dir when there is none.
     // `network-lock` itself leaves them, so --status can show them.
     if !matches!(cli.cmd, Cmd::NetworkLock(_)) {
-        for name in ferry_netlock::release_stale() {
+        for name in ferry_netlock::release_stale_locks() {
             eprintln!("ferry: released stale network lock {name}");
+        }
+        // A base whose namespace is gone holds no packet: removing it is
+        // housekeeping, not news for the user of this command.
+        for name in ferry_netlock::release_dead_bases() {
+            tracing::info!(base = %name, "removed the lock base of a namespace that is gone");
         }
     }
     match cli.cmd {
