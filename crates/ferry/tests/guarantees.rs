@@ -1261,7 +1261,7 @@ fn refuses_a_socket_filter_and_leaves_it_running() {
 }
 
 #[test]
-fn refuses_tcp_md5_and_ulp_and_leaves_them_running() {
+fn refuses_tcp_md5_keys_and_save_syn_and_leaves_them_running() {
     assert_sockopt_refused("md5", &["TCP_MD5SIG", "127.0.0.1:"]);
     assert_sockopt_refused("savesyn", &["TCP_SAVE_SYN"]);
 }
