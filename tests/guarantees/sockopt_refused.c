@@ -90,6 +90,15 @@ int main(int argc, char **argv)
 	} else if (strcmp(argv[1], "savesyn") == 0) {
 		FT_SYS(getsockopt(s, IPPROTO_TCP, TCP_SAVE_SYN, &v, &l));
 		FT_EQ(v, 1, "TCP_SAVE_SYN");
+	} else if (strcmp(argv[1], "multicast") == 0) {
+		/* MCAST_MSFILTER answers only for a group this socket joined. */
+		struct group_filter gf = { .gf_interface = 1 };
+		struct sockaddr_in *g = (struct sockaddr_in *)&gf.gf_group;
+		g->sin_family = AF_INET;
+		g->sin_addr.s_addr = inet_addr("239.7.7.7");
+		socklen_t gl = sizeof(gf);
+		if (getsockopt(s, IPPROTO_IP, MCAST_MSFILTER, &gf, &gl) != 0)
+			ft_fail("no longer a member of 239.7.7.7: %s", strerror(errno));
 	} else if (strcmp(argv[1], "unixbuf") == 0) {
 		FT_SYS(getsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &v, &l));
 		FT_EQ(v, 1, "SO_KEEPALIVE");
