@@ -133,6 +133,97 @@ pub fn address_is_local_in(ns: BorrowedFd, ip: std::net::IpAddr) -> SysResult<bo
     })
 }
 
+/// A new socket made in network namespace `ns`, so that it takes that
+/// namespace's defaults (sysctl values are per namespace).
+pub fn socket_in(ns: BorrowedFd, family: i32, ty: i32, protocol: i32) -> SysResult<OwnedFd> {
+    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
+        crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0))
+    })?;
+    if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
+        return crate::socket::socket(family, ty, protocol);
+    }
+    // SAFETY: ns is a network namespace fd; only this thread moves.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("setns(socket's network namespace)"));
+    }
+    let made = crate::socket::socket(family, ty, protocol);
+    // SAFETY: own is the thread's original namespace.
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("setns(back to ferry's network namespace)"));
+    }
+    made
+}
+
+/// The inodes of the TCP sockets of network namespace `ns` that carry
+/// TCP MD5 signature keys (INET_DIAG_MD5SIG, shown to CAP_NET_ADMIN
+/// with the INET_DIAG_INFO extension).
+pub fn tcp_md5_inodes_in(ns: BorrowedFd) -> SysResult<Vec<u32>> {
+    const INET_DIAG_INFO: u8 = 2;
+    const INET_DIAG_MD5SIG: u16 = 18;
+    let sock = diag_socket_in(ns)?;
+    let mut out = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
+        req[18] = 1 << (INET_DIAG_INFO - 1);
+        // SAFETY: req is a live buffer of the given length.
+        if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+            return Err(last_error("send(inet_diag)"));
+        }
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            // SAFETY: buf is a live writable buffer.
+            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return Err(last_error("recv(inet_diag)"));
+            }
+            let batch = &buf[..n as usize];
+            if for_each_inet_msg(batch, |msg| {
+                if has_attr(msg, 72, INET_DIAG_MD5SIG) && msg.len() >= 72 {
+                    out.push(u32_at(msg, 68));
+                }
+            })? == Batch::Last
+            {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Calls `f` with each inet_diag message (attributes included) of a batch.
+fn for_each_inet_msg(buf: &[u8], mut f: impl FnMut(&[u8])) -> SysResult<Batch> {
+    let mut off = 0usize;
+    while off + 16 <= buf.len() {
+        let len = u32_at(buf, off) as usize;
+        let ty = u16_at(buf, off + 4);
+        if len < 16 || off + len > buf.len() || ty == NLMSG_DONE {
+            return Ok(Batch::Last);
+        }
+        if ty == NLMSG_ERROR {
+            return Err(crate::SysError::new("inet_diag", -(u32_at(buf, off + 16) as i32)));
+        }
+        f(&buf[off + 16..off + len]);
+        off += (len + 3) & !3;
+    }
+    Ok(Batch::More)
+}
+
+/// Whether the attributes after the first `skip` bytes hold one of `ty`.
+fn has_attr(msg: &[u8], skip: usize, ty: u16) -> bool {
+    let mut off = skip;
+    while off + 4 <= msg.len() {
+        let len = u16_at(msg, off) as usize;
+        if len < 4 {
+            return false;
+        }
+        if u16_at(msg, off + 2) & 0x3fff == ty {
+            return true;
+        }
+        off += (len + 3) & !3;
+    }
+    false
+}
+
 /// Every unix socket of network namespace `ns` (an nsfs descriptor).
 pub fn unix_sockets_in(ns: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
     unix_sockets_from(diag_socket_in(ns)?)

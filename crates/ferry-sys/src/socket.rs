@@ -65,6 +65,48 @@ pub fn getsockopt_bytes(fd: RawFd, level: i32, name: i32, max: usize) -> SysResu
     Ok(buf)
 }
 
+/// The length an option reports when given no room: SO_GET_FILTER
+/// answers with its number of instructions this way (a buffer would be
+/// taken as room for that many instructions, not bytes).
+pub fn getsockopt_len(fd: RawFd, level: i32, name: i32) -> SysResult<u32> {
+    let mut len: libc::socklen_t = 0;
+    let mut dummy = [0u8; 8];
+    // SAFETY: with len 0 the kernel writes nothing to the buffer.
+    let r = unsafe { libc::getsockopt(fd, level, name, dummy.as_mut_ptr().cast(), &mut len) };
+    if r < 0 {
+        return Err(last_error("getsockopt"));
+    }
+    Ok(len)
+}
+
+/// Whether socket `fd` joined multicast `group` on interface `ifindex`:
+/// MCAST_MSFILTER answers for the socket's own memberships only
+/// (EADDRNOTAVAIL otherwise).
+pub fn is_multicast_member(fd: RawFd, ifindex: u32, group: &std::net::IpAddr) -> bool {
+    // struct group_filter: interface, padding, group (sockaddr_storage
+    // at 8), mode and source count at 136, one source at 144.
+    let mut gf = [0u8; 272];
+    gf[..4].copy_from_slice(&ifindex.to_ne_bytes());
+    let level = match group {
+        std::net::IpAddr::V4(a) => {
+            gf[8..10].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            gf[12..16].copy_from_slice(&a.octets());
+            libc::IPPROTO_IP
+        }
+        std::net::IpAddr::V6(a) => {
+            gf[8..10].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            gf[16..32].copy_from_slice(&a.octets());
+            libc::IPPROTO_IPV6
+        }
+    };
+    let mut len = gf.len() as libc::socklen_t;
+    // SAFETY: gf is a live buffer of len bytes, read and written by the kernel.
+    let r = unsafe {
+        libc::getsockopt(fd, level, libc::MCAST_MSFILTER, gf.as_mut_ptr().cast(), &mut len)
+    };
+    r == 0
+}
+
 pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
     let b = getsockopt_bytes(fd, level, name, 4)?;
     Ok(b.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))

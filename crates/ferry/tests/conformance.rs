@@ -563,6 +563,7 @@ conformance! {
     proc_seccomp_tsync,
     tree_seccomp_kill,
     sock_opts_unbound,
+    sock_opts_more,
     fd_deleted_sparse,
     proc_dumpable_setuid,
     tree_caps_ambient,

@@ -24,6 +24,7 @@ mod seccomp;
 mod sharing;
 mod shm;
 mod signals;
+mod sockopt_check;
 mod survey;
 mod sysv_ipc;
 mod threads;
@@ -394,6 +395,8 @@ pub fn capture(
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
     let pre = ph.step("presurvey", || Ok::<_, EngineError>(survey::presurvey(pid)))?;
+    // Every option of every socket, while the tree runs: none in the freeze.
+    ph.step("socket options checked", || sockopt_check::check(&pre))?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;

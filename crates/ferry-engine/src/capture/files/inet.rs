@@ -69,6 +69,8 @@ enum Default_ {
     Int(i32),
     /// This string (NUL padding ignored).
     Text(String),
+    /// These bytes (SO_MAX_PACING_RATE's 64-bit "unlimited").
+    Bytes(&'static [u8]),
     /// Unknown here: capture only what we can compare; never recorded.
     Unknown,
 }
@@ -84,13 +86,16 @@ fn sysctl_text(path: &str) -> Option<String> {
 fn option_defaults(family: i32, tcp: bool, state: u8) -> Vec<(i32, i32, Default_)> {
     use Default_::*;
     let mut v = socket_defaults();
-    if family == libc::AF_INET {
-        v.extend(ipv4_defaults());
-    } else {
+    // An AF_INET6 socket carries the IPv4 options too: they apply to its
+    // v4-mapped traffic.
+    v.extend(ipv4_defaults());
+    if family == libc::AF_INET6 {
         v.extend(ipv6_defaults());
     }
     if tcp {
         v.extend(tcp_defaults(state));
+    } else {
+        v.extend(udp_defaults(family));
     }
     // After IP_TOS, which may change it.
     v.push((libc::SOL_SOCKET, libc::SO_PRIORITY, Zero));
@@ -119,8 +124,20 @@ fn socket_defaults() -> Vec<(i32, i32, Default_)> {
         (libc::SOL_SOCKET, libc::SO_TIMESTAMP, Zero),
         (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, Zero),
         (libc::SOL_SOCKET, libc::SO_BINDTODEVICE, Zero),
+        (libc::SOL_SOCKET, libc::SO_RXQ_OVFL, Zero),
+        (libc::SOL_SOCKET, libc::SO_SELECT_ERR_QUEUE, Zero),
+        (libc::SOL_SOCKET, libc::SO_BUSY_POLL, Zero),
+        (libc::SOL_SOCKET, SO_MAX_PACING_RATE, Bytes(&[0xff; 8])),
+        (libc::SOL_SOCKET, SO_ZEROCOPY, Zero),
+        (libc::SOL_SOCKET, SO_PREFER_BUSY_POLL, Zero),
+        (libc::SOL_SOCKET, SO_RCVMARK, Zero),
     ]
 }
+
+const SO_MAX_PACING_RATE: i32 = 47;
+const SO_ZEROCOPY: i32 = 60;
+const SO_PREFER_BUSY_POLL: i32 = 69;
+const SO_RCVMARK: i32 = 75;
 
 fn ipv4_defaults() -> Vec<(i32, i32, Default_)> {
     use Default_::*;
@@ -138,18 +155,99 @@ fn ipv4_defaults() -> Vec<(i32, i32, Default_)> {
         (libc::IPPROTO_IP, libc::IP_RECVTOS, Zero),
         (libc::IPPROTO_IP, libc::IP_RECVERR, Zero),
         (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, pmtu),
+        (libc::IPPROTO_IP, libc::IP_RECVOPTS, Zero),
+        (libc::IPPROTO_IP, libc::IP_RETOPTS, Zero),
+        (libc::IPPROTO_IP, libc::IP_RECVTTL, Zero),
+        (libc::IPPROTO_IP, libc::IP_PASSSEC, Zero),
+        (libc::IPPROTO_IP, libc::IP_RECVORIGDSTADDR, Zero),
+        (libc::IPPROTO_IP, libc::IP_MINTTL, Zero),
+        (libc::IPPROTO_IP, libc::IP_CHECKSUM, Zero),
+        (libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, Zero),
+        (libc::IPPROTO_IP, IP_RECVFRAGSIZE, Zero),
+        (libc::IPPROTO_IP, IP_RECVERR_RFC4884, Zero),
+        (libc::IPPROTO_IP, libc::IP_UNICAST_IF, Zero),
+        (libc::IPPROTO_IP, IP_LOCAL_PORT_RANGE, Zero),
     ]
 }
 
+const IP_RECVFRAGSIZE: i32 = 25;
+const IP_RECVERR_RFC4884: i32 = 26;
+const IP_LOCAL_PORT_RANGE: i32 = 51;
+
 fn ipv6_defaults() -> Vec<(i32, i32, Default_)> {
     use Default_::*;
+    // Reads the route's (or the namespace's) hop limit while unset.
+    let hops = sysctl_default("/proc/sys/net/ipv6/conf/all/hop_limit");
     vec![
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, Int(-1)),
         (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, Zero),
         (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, Zero),
         (libc::IPPROTO_IPV6, libc::IPV6_RECVERR, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_2292PKTINFO, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_2292HOPOPTS, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_2292DSTOPTS, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_2292RTHDR, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_2292HOPLIMIT, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, hops),
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, Int(libc::IPV6_PMTUDISC_WANT)),
+        (libc::IPPROTO_IPV6, IPV6_RECVERR_RFC4884, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO_SEND, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPOPTS, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVRTHDR, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVDSTOPTS, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVPATHMTU, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, Zero),
+        (libc::IPPROTO_IPV6, IPV6_MINHOPCOUNT, Zero),
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVORIGDSTADDR, Zero),
+        (libc::IPPROTO_IPV6, IPV6_UNICAST_IF, Zero),
+        (libc::IPPROTO_IPV6, IPV6_RECVFRAGSIZE, Zero),
     ]
 }
+
+const IPV6_RECVERR_RFC4884: i32 = 31;
+const IPV6_MINHOPCOUNT: i32 = 73;
+const IPV6_UNICAST_IF: i32 = 76;
+const IPV6_RECVFRAGSIZE: i32 = 77;
+
+/// UDP's own options and the multicast ones, which a stream socket
+/// refuses to set (an accepted connection reads the TTL of its SYN).
+fn udp_defaults(family: i32) -> Vec<(i32, i32, Default_)> {
+    use Default_::*;
+    let mut v = vec![
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, Int(1)),
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, Int(1)),
+        // On by default for AF_INET only.
+        (libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, Int((family == libc::AF_INET) as i32)),
+    ];
+    if family == libc::AF_INET6 {
+        v.extend([
+            (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF, Zero),
+            (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, Int(1)),
+            (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, Int(1)),
+            (libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_ALL, Int(1)),
+        ]);
+    }
+    v.extend([
+        (libc::IPPROTO_UDP, libc::UDP_CORK, Zero),
+        (libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, Zero),
+        (libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, Zero),
+        (libc::IPPROTO_UDP, libc::UDP_SEGMENT, Zero),
+        (libc::IPPROTO_UDP, libc::UDP_GRO, Zero),
+    ]);
+    v
+}
+
+const UDP_NO_CHECK6_TX: i32 = 101;
+const UDP_NO_CHECK6_RX: i32 = 102;
+
+const TCP_INQ: i32 = 36;
+const TCP_TX_DELAY: i32 = 37;
+const TCP_RTO_MAX_MS: i32 = 44;
+const TCP_RTO_MIN_US: i32 = 45;
+const TCP_DELACK_MAX_US: i32 = 46;
 
 fn tcp_defaults(state: u8) -> Vec<(i32, i32, Default_)> {
     use Default_::*;
@@ -169,11 +267,18 @@ fn tcp_defaults(state: u8) -> Vec<(i32, i32, Default_)> {
         (libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, Zero),
         (libc::IPPROTO_TCP, libc::TCP_FASTOPEN, Zero),
         (libc::IPPROTO_TCP, libc::TCP_CONGESTION, cc),
+        (libc::IPPROTO_TCP, TCP_INQ, Zero),
+        (libc::IPPROTO_TCP, TCP_TX_DELAY, Zero),
+        (libc::IPPROTO_TCP, TCP_RTO_MAX_MS, ka("tcp_rto_max_ms")),
+        (libc::IPPROTO_TCP, TCP_RTO_MIN_US, ka("tcp_rto_min_us")),
+        // TCP_DELACK_MAX: 200 ms, no sysctl.
+        (libc::IPPROTO_TCP, TCP_DELACK_MAX_US, Int(200_000)),
     ];
     if state == TCP_CLOSE || state == TCP_LISTEN {
-        // The MSS the application asked for; a connection's own MSS
-        // is part of its repair state instead.
+        // The MSS and window clamp the application asked for; a
+        // connection's own are the stack's (repair state).
         v.push((libc::IPPROTO_TCP, libc::TCP_MAXSEG, Int(536)));
+        v.push((libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, Zero));
     }
     // Cork last: restore sets it after the send queue is refilled.
     v.push((libc::IPPROTO_TCP, libc::TCP_CORK, Zero));
@@ -190,6 +295,7 @@ fn is_default(value: &[u8], default: &Default_) -> bool {
             let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
             &value[..end] == t.as_bytes()
         }
+        Default_::Bytes(b) => value == *b,
         Default_::Unknown => true,
     }
 }
@@ -335,4 +441,33 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         // Filled by the connection phase, under the network lock.
         connection: None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{socket_options as cat, Handling};
+
+    /// Every option the catalog calls restored is one the freeze reads:
+    /// the pre-check leaves restored options to it.
+    #[test]
+    fn every_option_the_catalog_restores_is_read_in_the_freeze() {
+        let mut read = std::collections::HashSet::new();
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            for (tcp, state) in [(true, TCP_ESTABLISHED), (true, TCP_LISTEN), (false, TCP_CLOSE)] {
+                read.extend(option_defaults(family, tcp, state).iter().map(|(l, n, _)| (*l, *n)));
+            }
+        }
+        // Read with SO_BUF_LOCK, which tells whether the application fixed them.
+        for n in [libc::SO_SNDBUF, libc::SO_RCVBUF, SO_BUF_LOCK] {
+            read.insert((libc::SOL_SOCKET, n));
+        }
+        for l in [&cat::SOCKET, &cat::IP, &cat::IPV6, &cat::TCP, &cat::UDP] {
+            for (n, e) in l.options {
+                if e.handling == Handling::Restored {
+                    assert!(read.contains(&(l.level, *n)), "{} is listed restored", e.name);
+                }
+            }
+        }
+    }
 }

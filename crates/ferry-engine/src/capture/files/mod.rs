@@ -172,6 +172,11 @@ impl FdPresurvey {
         self.by_fd.get(&fd).map(|(_, link, meta)| (link, meta))
     }
 
+    /// Every fd listed.
+    pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.by_fd.keys().copied()
+    }
+
     /// The inode of every socket listed.
     pub fn socket_inodes(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_fd.values().map(|(id, ..)| id.1)

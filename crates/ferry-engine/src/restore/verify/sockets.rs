@@ -26,31 +26,11 @@ fn shown(v: &[u8]) -> String {
     }
 }
 
-/// The option's name where it is a common one, else level/number.
+/// The option's name as the catalog knows it, and its level/number.
 fn option_name(level: i32, name: i32) -> String {
-    let known = match (level, name) {
-        (libc::SOL_SOCKET, libc::SO_SNDBUF) => "SO_SNDBUF",
-        (libc::SOL_SOCKET, libc::SO_RCVBUF) => "SO_RCVBUF",
-        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => "SO_REUSEADDR",
-        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => "SO_REUSEPORT",
-        (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => "SO_KEEPALIVE",
-        (libc::SOL_SOCKET, libc::SO_PRIORITY) => "SO_PRIORITY",
-        (libc::SOL_SOCKET, libc::SO_RCVLOWAT) => "SO_RCVLOWAT",
-        (libc::SOL_SOCKET, libc::SO_MARK) => "SO_MARK",
-        (libc::SOL_SOCKET, libc::SO_LINGER) => "SO_LINGER",
-        (libc::IPPROTO_IP, libc::IP_TOS) => "IP_TOS",
-        (libc::IPPROTO_IP, libc::IP_TTL) => "IP_TTL",
-        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => "IPV6_V6ONLY",
-        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => "IPV6_TCLASS",
-        (libc::IPPROTO_TCP, libc::TCP_NODELAY) => "TCP_NODELAY",
-        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) => "TCP_CONGESTION",
-        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => "TCP_KEEPIDLE",
-        _ => "",
-    };
-    if known.is_empty() {
-        format!("socket option {level}/{name}")
-    } else {
-        format!("{known} (socket option {level}/{name})")
+    match crate::catalog::socket_options::inet_option_name(level, name) {
+        Some(known) => format!("{known} (socket option {level}/{name})"),
+        None => format!("socket option {level}/{name}"),
     }
 }
 

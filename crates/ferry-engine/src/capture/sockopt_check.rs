@@ -1,0 +1,313 @@
+//! Phase "socket options checked", before the freeze: every socket of the
+//! running tree (taken with pidfd_getfd) is read at every option number
+//! of its levels (`catalog::socket_options`) and compared with a fresh
+//! socket of the same family, type and protocol (listening when it
+//! listens) made in the socket's own network namespace. An option that
+//! differs and that ferry does not restore refuses the checkpoint by
+//! name, and so does an option number ferry does not know. What only
+//! sock_diag and /proc show is checked here too: TCP MD5 keys and
+//! multicast memberships.
+//!
+//! The options ferry restores are read again in the freeze
+//! (files/inet.rs), so a change between this check and the freeze is
+//! captured for them; an option set to a refused value in that window
+//! (milliseconds) is not seen.
+
+use super::survey::Presurvey;
+use crate::catalog::socket_options::{self as cat, Level};
+use crate::error::{EngineError, Result};
+use ferry_sys::socket;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+
+/// What one read gave: the bytes, or the errno.
+type Read = std::result::Result<Vec<u8>, i32>;
+
+const SO_ATTACH_FILTER: i32 = 26;
+
+/// Reads option `number` of `level` without changing the socket.
+fn read(fd: RawFd, level: i32, number: i32) -> Read {
+    if level == libc::SOL_SOCKET && number == SO_ATTACH_FILTER {
+        return socket::getsockopt_len(fd, level, number)
+            .map(|n| n.to_ne_bytes().to_vec())
+            .map_err(|e| e.errno);
+    }
+    socket::getsockopt_bytes(fd, level, number, 256).map_err(|e| e.errno)
+}
+
+/// The kind of socket a fresh one is made as.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Kind {
+    netns: u64,
+    family: i32,
+    ty: i32,
+    protocol: i32,
+    listening: bool,
+}
+
+impl Kind {
+    fn levels(&self) -> Vec<&'static Level> {
+        match (self.family, self.protocol) {
+            (libc::AF_UNIX, _) => vec![&cat::UNIX],
+            (libc::AF_INET, libc::IPPROTO_TCP) => vec![&cat::SOCKET, &cat::IP, &cat::TCP],
+            (libc::AF_INET6, libc::IPPROTO_TCP) => {
+                vec![&cat::SOCKET, &cat::IP, &cat::IPV6, &cat::TCP]
+            }
+            (libc::AF_INET, libc::IPPROTO_UDP) => vec![&cat::SOCKET, &cat::IP, &cat::UDP],
+            (libc::AF_INET6, libc::IPPROTO_UDP) => {
+                vec![&cat::SOCKET, &cat::IP, &cat::IPV6, &cat::UDP]
+            }
+            _ => vec![],
+        }
+    }
+}
+
+/// A fresh socket's values, read once per kind.
+type Fresh = HashMap<(i32, i32), Read>;
+
+fn fresh_values(kind: &Kind, ns: &OwnedFd) -> std::result::Result<Fresh, ferry_sys::SysError> {
+    let s = ferry_sys::sockdiag::socket_in(ns.as_fd(), kind.family, kind.ty, kind.protocol)?;
+    if kind.listening {
+        socket::listen(s.as_raw_fd(), 1)?;
+    }
+    let mut out = Fresh::new();
+    for l in kind.levels() {
+        for n in l.compared() {
+            // A number the kernel has no getsockopt for, for this kind of
+            // socket, answers so for every socket of the kind: not read.
+            match read(s.as_raw_fd(), l.level, n) {
+                Err(libc::ENOPROTOOPT) | Err(libc::EOPNOTSUPP) => {}
+                r => {
+                    out.insert((l.level, n), r);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One socket of the tree as the check found it.
+struct Found<'a> {
+    pid: i32,
+    fd: i32,
+    link: &'a str,
+}
+
+impl Found<'_> {
+    fn refuse(&self, sock: RawFd, what: String) -> EngineError {
+        let name = |peer| socket::address(sock, peer).ok().flatten();
+        let at = match (name(false), name(true)) {
+            (Some(l), Some(p)) => format!(" {l} -> {p}"),
+            (Some(l), None) => format!(" {l}"),
+            _ => String::new(),
+        };
+        EngineError::unsupported(
+            self.pid,
+            format!("fd {} ({}{at})", self.fd, self.link),
+            format!("{what}: ferry does not restore it (checked before the freeze)"),
+        )
+    }
+}
+
+fn shown(r: &Read) -> String {
+    match r {
+        Ok(v) if v.len() == 4 => i32::from_ne_bytes([v[0], v[1], v[2], v[3]]).to_string(),
+        Ok(v) => format!("{v:02x?}"),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// The first option of `sock` that differs from the fresh socket's.
+fn first_difference(sock: RawFd, kind: &Kind, fresh: &Fresh) -> Option<String> {
+    for l in kind.levels() {
+        for n in l.compared() {
+            let Some(want) = fresh.get(&(l.level, n)) else { continue };
+            let got = read(sock, l.level, n);
+            if &got != want {
+                return Some(format!(
+                    "socket option {} is {} (a fresh socket's is {})",
+                    cat::describe(l, n),
+                    shown(&got),
+                    shown(want)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// One socket of the tree, taken from its process.
+struct Taken {
+    pid: i32,
+    fd: i32,
+    link: String,
+    sock: OwnedFd,
+    kind: Kind,
+}
+
+/// The phase: every socket of every process `pre` listed, each once.
+/// Sockets are taken and their kinds' fresh sockets made in order; the
+/// comparisons run on the worker threads.
+pub(super) fn check(pre: &Presurvey) -> Result<()> {
+    let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
+    let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
+    let mut taken = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut pids: Vec<&i32> = pre.keys().collect();
+    pids.sort();
+    for &pid in pids {
+        let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { continue };
+        groups.insert(pid, multicast_groups(pid));
+        let listed = &pre[&pid];
+        let mut fds: Vec<i32> = listed.fds().collect();
+        fds.sort_unstable();
+        for fd in fds {
+            let Some((link, _)) = listed.listed(fd) else { continue };
+            if !seen.insert(link.clone()) {
+                continue;
+            }
+            // Gone since it was listed: the freeze sees the fd as it is.
+            let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) else { continue };
+            let Some((kind, ns)) = kind_of(&sock) else { continue };
+            let t = Taken { pid, fd, link: link.clone(), sock, kind };
+            prepare(&t, &ns, &mut fresh, &mut md5)?;
+            taken.push(t);
+        }
+    }
+    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid]))?;
+    Ok(())
+}
+
+/// The socket's kind and network namespace; None for one that is not a
+/// TCP, UDP or unix socket (the capture refuses those itself).
+fn kind_of(sock: &OwnedFd) -> Option<(Kind, OwnedFd)> {
+    let fd = sock.as_raw_fd();
+    let int = |n| socket::getsockopt_int(fd, libc::SOL_SOCKET, n).unwrap_or(-1);
+    let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).ok()?;
+    let netns = ferry_sys::sockdiag::inode_of(ns.as_fd()).ok()?;
+    let family = int(libc::SO_DOMAIN);
+    let kind = Kind {
+        netns,
+        family,
+        ty: int(libc::SO_TYPE),
+        protocol: int(libc::SO_PROTOCOL),
+        // A unix listener answers like any unix socket of its type.
+        listening: family != libc::AF_UNIX && int(libc::SO_ACCEPTCONN) == 1,
+    };
+    (!kind.levels().is_empty()).then_some((kind, ns))
+}
+
+/// What the comparison of `t` needs: its kind's fresh values, and the
+/// MD5-keyed sockets of its namespace when it is a TCP socket.
+fn prepare(
+    t: &Taken,
+    ns: &OwnedFd,
+    fresh: &mut HashMap<Kind, Fresh>,
+    md5: &mut HashMap<u64, Vec<u32>>,
+) -> Result<()> {
+    if let std::collections::hash_map::Entry::Vacant(e) = fresh.entry(t.kind) {
+        let values = fresh_values(&t.kind, ns).map_err(|err| {
+            let what = format!("fd {}: making a fresh socket to compare its options with", t.fd);
+            EngineError::kernel(t.pid, what, err)
+        })?;
+        e.insert(values);
+    }
+    if t.kind.protocol == libc::IPPROTO_TCP && t.kind.family != libc::AF_UNIX {
+        md5.entry(t.kind.netns).or_insert_with(|| {
+            ferry_sys::sockdiag::tcp_md5_inodes_in(ns.as_fd()).unwrap_or_default()
+        });
+    }
+    Ok(())
+}
+
+fn compare(
+    t: &Taken,
+    fresh: &HashMap<Kind, Fresh>,
+    md5: &HashMap<u64, Vec<u32>>,
+    groups: &[(u32, std::net::IpAddr)],
+) -> Result<()> {
+    let fd = t.sock.as_raw_fd();
+    let found = Found { pid: t.pid, fd: t.fd, link: &t.link };
+    if let Some(what) = fresh.get(&t.kind).and_then(|f| first_difference(fd, &t.kind, f)) {
+        return Err(found.refuse(fd, what));
+    }
+    if let Some(keyed) = md5.get(&t.kind.netns).filter(|_| t.kind.protocol == libc::IPPROTO_TCP) {
+        let ino = ferry_sys::sockdiag::inode_of(t.sock.as_fd()).unwrap_or(0);
+        if keyed.iter().any(|&i| u64::from(i) == ino) {
+            let what = "TCP MD5 signature keys (TCP_MD5SIG, shown by sock_diag)";
+            return Err(found.refuse(fd, what.into()));
+        }
+    }
+    if t.kind.protocol == libc::IPPROTO_UDP {
+        for (ifindex, group) in groups {
+            if socket::is_multicast_member(fd, *ifindex, group) {
+                let what =
+                    format!("multicast group {group} on interface {ifindex} (IP_ADD_MEMBERSHIP)");
+                return Err(found.refuse(fd, what));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The multicast groups joined in `pid`'s network namespace, each with
+/// its interface index (/proc/PID/net/igmp and igmp6).
+fn multicast_groups(pid: i32) -> Vec<(u32, std::net::IpAddr)> {
+    let v4 = std::fs::read_to_string(format!("/proc/{pid}/net/igmp")).unwrap_or_default();
+    let v6 = std::fs::read_to_string(format!("/proc/{pid}/net/igmp6")).unwrap_or_default();
+    let mut out = parse_igmp(&v4);
+    out.extend(parse_igmp6(&v6));
+    out
+}
+
+/// /proc/net/igmp: an interface line ("1\tlo : ..."), then its groups
+/// indented, each a hex word in memory order.
+fn parse_igmp(text: &str) -> Vec<(u32, std::net::IpAddr)> {
+    let mut out = Vec::new();
+    let mut ifindex = None;
+    for line in text.lines().skip(1) {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if !line.starts_with(char::is_whitespace) {
+            ifindex = first.parse::<u32>().ok();
+        } else if let (Some(i), Ok(w)) = (ifindex, u32::from_str_radix(first, 16)) {
+            let b = w.to_ne_bytes();
+            out.push((i, std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).into()));
+        }
+    }
+    out
+}
+
+/// /proc/net/igmp6: "ifindex name group-hex users flags timer".
+fn parse_igmp6(text: &str) -> Vec<(u32, std::net::IpAddr)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let i = f.next()?.parse().ok()?;
+            let hex = f.nth(1)?;
+            let v = u128::from_str_radix(hex, 16).ok()?;
+            Some((i, std::net::Ipv6Addr::from(v).into()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn igmp_groups_are_read_with_their_interface() {
+        let text = "Idx\tDevice    : Count Querier\tGroup    Users Timer\tReporter\n\
+                    1\tlo        :     2      V3\n\
+                    \t\t\t\tFB0000E0     1 0:00000000\t\t0\n\
+                    \t\t\t\t010000E0     1 0:00000000\t\t0\n";
+        let g = parse_igmp(text);
+        assert_eq!(g.len(), 2);
+        if cfg!(target_endian = "little") {
+            assert_eq!(g[0], (1, "224.0.0.251".parse().unwrap()));
+        }
+        let g6 =
+            parse_igmp6("1    lo              ff020000000000000000000000000001     1 0000000C 0\n");
+        assert_eq!(g6, vec![(1, "ff02::1".parse().unwrap())]);
+    }
+}
