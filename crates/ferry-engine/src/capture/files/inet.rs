@@ -315,6 +315,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let connected = state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT;
     let peer = if tcp && !connected { None } else { peer };
     let options = changed_options(fd, family, tcp, state);
+    info.keep(sock);
     Ok(FileKind::InetSocket(InetSocket {
         family,
         sock_type,

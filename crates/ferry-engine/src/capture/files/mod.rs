@@ -36,6 +36,22 @@ pub(crate) struct FdInfo<'a> {
     /// Every process of the tree being captured.
     pub tree: &'a [i32],
     pub unix_tables: &'a unix::UnixTables,
+    /// Duplicates kept for the later steps (see [`FdInfo::keep`]).
+    pub kept: &'a KeptDups,
+}
+
+/// Ferry's duplicates of a process's sockets, made by the survey and kept
+/// for the owner check and the repair capture, which would otherwise take
+/// each again (pidfd_getfd and close, twice per socket in the freeze).
+/// The tree is frozen from the survey to the repair capture, so fd N
+/// still is the file the duplicate shares.
+#[derive(Default)]
+pub struct KeptDups(std::sync::Mutex<Vec<(i32, OwnedFd)>>);
+
+impl KeptDups {
+    fn into_map(self) -> std::collections::HashMap<i32, OwnedFd> {
+        self.0.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect()
+    }
 }
 
 impl FdInfo<'_> {
@@ -51,6 +67,10 @@ impl FdInfo<'_> {
     pub fn dup(&self) -> Result<OwnedFd> {
         ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd)
             .map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))
+    }
+    /// Keeps `dup`, ferry's duplicate of this fd, for the later steps.
+    pub fn keep(&self, dup: OwnedFd) {
+        self.kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((self.fd, dup));
     }
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fdinfo
@@ -138,6 +158,8 @@ pub struct CapturedFds {
     pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
     /// Files in flight in its unix queues that no process of the tree holds.
     pub unix_orphans: Vec<unix::Orphan>,
+    /// Ferry's duplicates of its inet sockets, by fd ([`KeptDups`]).
+    pub kept: std::collections::HashMap<i32, OwnedFd>,
 }
 
 /// A running process's sockets as listed before the freeze: per fd
@@ -231,6 +253,7 @@ pub fn capture(
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
+    let kept = KeptDups::default();
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
@@ -242,11 +265,21 @@ pub fn capture(
                 (link, meta)
             }
         };
-        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
+        Ok(FdInfo {
+            pid,
+            fd,
+            link,
+            fdinfo,
+            meta,
+            pidfd,
+            tree,
+            unix_tables: &unix_tables,
+            kept: &kept,
+        })
     })?;
-    let table = share_descriptions(pid, &infos);
-    let files = capture_descriptions(&table.unique, external_stdio)?;
-    let inodes = table.unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
+    let FdTable { slots, unique } = share_descriptions(pid, &infos);
+    let files = capture_descriptions(&unique, external_stdio)?;
+    let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
     let pending_listeners = unix_tables
         .take_listeners_with_pending()
         .into_iter()
@@ -268,9 +301,13 @@ pub fn capture(
     let unix_creds = unix_tables.take_peer_creds();
     let unix_dead = unix_tables.take_dead_peers();
     let unix_orphans = unix_tables.take_orphans();
+    // The infos borrow the kept duplicates' table.
+    drop(unique);
+    drop(infos);
     Ok(CapturedFds {
+        kept: kept.into_map(),
         files,
-        fds: table.slots,
+        fds: slots,
         inodes,
         unix_connects,
         pending_listeners,
