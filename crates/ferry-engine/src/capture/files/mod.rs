@@ -231,6 +231,35 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
 }
 
+/// /proc/PID/fdinfo, open: each fd's fdinfo is read relative to it,
+/// without a path walk through /proc and the process's directory.
+struct FdinfoDir {
+    pid: i32,
+    dir: std::fs::File,
+}
+
+impl FdinfoDir {
+    fn open(pid: i32) -> Result<FdinfoDir> {
+        let path = format!("/proc/{pid}/fdinfo");
+        let dir = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        Ok(FdinfoDir { pid, dir })
+    }
+
+    /// The fdinfo of `fd` as text: one read when it fits a page, the
+    /// whole file otherwise (an epoll's or inotify's lists its entries).
+    fn read(&self, fd: i32) -> Result<String> {
+        use std::os::fd::AsFd;
+        const PAGE: usize = 4096;
+        let name = std::ffi::CString::new(fd.to_string()).unwrap_or_default();
+        let path = || format!("/proc/{}/fdinfo/{fd}", self.pid);
+        match ferry_sys::fd::read_small_at(self.dir.as_fd(), &name, PAGE) {
+            Ok(b) if b.len() < PAGE => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Ok(_) => procfs::read_string(&path()),
+            Err(e) => Err(EngineError::kernel(self.pid, format!("reading {}", path()), e)),
+        }
+    }
+}
+
 /// Captures all fds of `pid`. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree. `pre` is what
 /// [`presurvey`] listed while the process ran.
@@ -254,8 +283,9 @@ pub fn capture(
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
     let kept = KeptDups::default();
+    let fdinfo_dir = FdinfoDir::open(pid)?;
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
-        let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
+        let fdinfo = fdinfo_dir.read(fd)?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
             Some((link, meta)) => (link.clone(), meta.clone()),
             None => {
@@ -529,6 +559,27 @@ mod tests {
         // An fd not listed is read in full too.
         assert!(pre.same_socket(second.as_raw_fd(), &fdinfo_of(second.as_raw_fd())).is_none());
         assert!(pre.same_socket(fd, "pos:\t0\nflags:\t02\n").is_none());
+    }
+
+    #[test]
+    fn fdinfo_is_read_whole_also_when_longer_than_a_page() {
+        use std::os::fd::AsFd;
+        let epoll = ferry_sys::epoll::create(libc::EPOLL_CLOEXEC).expect("epoll");
+        // 200 entries: one fdinfo line each, over 4096 bytes in all.
+        let targets: Vec<OwnedFd> = (0..200)
+            .map(|_| ferry_sys::anonfd::eventfd(0, libc::EFD_CLOEXEC).expect("eventfd"))
+            .collect();
+        for (i, t) in targets.iter().enumerate() {
+            ferry_sys::epoll::add(epoll.as_fd(), t.as_fd(), libc::EPOLLIN as u32, i as u64)
+                .expect("epoll_ctl");
+        }
+        let dir = FdinfoDir::open(std::process::id() as i32).expect("fdinfo dir");
+        for fd in [epoll.as_raw_fd(), targets[0].as_raw_fd()] {
+            let read = dir.read(fd).expect("fdinfo");
+            assert_eq!(read, fdinfo_of(fd));
+        }
+        let long = dir.read(epoll.as_raw_fd()).expect("fdinfo");
+        assert!(long.len() > 4096 && long.matches("tfd:").count() == 200, "{}", long.len());
     }
 
     #[test]
