@@ -248,7 +248,16 @@ mod tests {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn sleep");
-            Child(c)
+            let child = Child(c);
+            // sleep's start-up opens and closes files (locale): wait
+            // until only the three it was given are left.
+            let pid = child.0.id() as i32;
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while restored_fds(pid).expect("fd listing") != [0, 1, 2] {
+                assert!(std::time::Instant::now() < end, "sleep keeps other fds open");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            child
         }
     }
 
