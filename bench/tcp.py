@@ -190,6 +190,10 @@ def one_run(bins, n, method, work):
             raise RuntimeError(f"connections did not survive: server {restore.returncode}: {slog_text[-500:]} client: {clog_text[-500:]}")
         if os.environ.get("BENCH_TCP_PHASES"):
             print("".join(l + "\n" for l in (ck.stderr + rs_err).splitlines() if "phases" in l), file=sys.stderr)
+        if os.environ.get("BENCH_TCP_LOG"):
+            # Every --verbose line of both commands (the phases' own splits too).
+            with open(os.environ["BENCH_TCP_LOG"], "a") as f:
+                f.write(f"# N={n} {FERRY}\n{ck.stderr}{rs_err}")
         cp, rp = phases(ck.stderr), phases(rs_err)
         row = {"n": n, "method": method}
         # The lock starts to freeze right after the survey; with no

@@ -184,6 +184,13 @@ fn assert_refused(src: &str, what: &[&str]) {
     assert_refused_args(src, &[], what)
 }
 
+/// The lines of a refusal on stderr. A stale network lock of a test
+/// running beside this one (any on the host), which ferry removes and
+/// says so, is no part of it.
+fn refusal_lines(err: &str) -> usize {
+    err.trim().lines().filter(|l| !l.contains("released stale network lock")).count()
+}
+
 fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     require_root!();
     let mut c = Case::new(Path::new(src).file_stem().and_then(|s| s.to_str()).unwrap_or("prog"));
@@ -195,10 +202,7 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     for w in what {
         assert!(err.contains(w), "refusal of {src} should mention {w:?}: {err}");
     }
-    // A stale network lock of a test running beside this one, which
-    // ferry removes and says so, is no part of the refusal.
-    let lines = err.trim().lines().filter(|l| !l.contains("released stale network lock"));
-    assert_eq!(lines.count(), 1, "error should be one line: {err}");
+    assert_eq!(refusal_lines(&err), 1, "error should be one line: {err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
@@ -328,10 +332,7 @@ fn refuses_a_child_of(src: &str, args: &[&str], extra: &[&str], what: &[&str]) -
     for w in what {
         assert!(err.contains(w), "the refusal should mention {w:?}: {err}");
     }
-    // A stale network lock of a test running beside this one, which
-    // ferry removes and says so, is no part of the refusal.
-    let lines = err.trim().lines().filter(|l| !l.contains("released stale network lock"));
-    assert_eq!(lines.count(), 1, "error should be one line: {err}");
+    assert_eq!(refusal_lines(&err), 1, "error should be one line: {err}");
     assert_eq!(c.finish_child(0), 0, "the pair was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
     c.log()
@@ -1237,7 +1238,7 @@ fn restore_refuses_a_cgroup_that_does_not_exist() {
     assert!(!out.status.success(), "restore into a missing cgroup should fail");
     let name = dir.file_name().and_then(|n| n.to_str()).expect("name");
     assert!(err.contains(name) && err.contains("does not exist on this host"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(refusal_lines(&err), 1, "{err}");
     assert!(
         !Path::new(&format!("/proc/{pid}")).exists(),
         "the failed restore left pid {pid} behind"
@@ -1268,7 +1269,7 @@ fn refuses_a_thread_in_a_cgroup_of_its_own() {
         err.contains("cgroup membership") && err.contains("thread") && err.contains(name),
         "{err}"
     );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(refusal_lines(&err), 1, "{err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
 }

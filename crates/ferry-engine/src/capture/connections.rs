@@ -54,8 +54,13 @@ pub(super) fn read_connections(
     let Engaged { lock, established } = engaged;
     let pidfd_of =
         |pid: i32| tree.procs.iter().find(|p| p.frozen.pid == pid).map(|p| &p.frozen.pidfd);
+    // The survey's duplicates, taken over (each connection once).
+    let kept: Vec<Option<std::os::fd::OwnedFd>> = established
+        .iter()
+        .map(|c| survey.procs.get_mut(c.proc_index)?.kept.remove(&c.fd))
+        .collect();
     let (repaired, states) =
-        files::tcp::capture(&established, pidfd_of, |socks| guard.repair(socks))?;
+        files::tcp::capture(&established, kept, pidfd_of, |socks| guard.repair(socks))?;
     let mut files_of: Vec<&mut Vec<ferry_image::OpenFile>> =
         survey.procs.iter_mut().map(|s| &mut s.files).collect();
     files::tcp::store(&established, states, &mut files_of);

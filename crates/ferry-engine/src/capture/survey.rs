@@ -37,6 +37,9 @@ pub(super) struct Survey {
     unix_dead: Vec<UnixDeadPeer>,
     /// Files in flight in its unix queues that no process of the tree holds.
     unix_orphans: Vec<files::unix::Orphan>,
+    /// Ferry's duplicates of its TCP connections, by fd, for the repair
+    /// capture ([`files::KeptDups`]).
+    pub kept: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
 }
 
 impl Survey {
@@ -212,11 +215,13 @@ fn survey_process(
         unix_creds,
         unix_dead,
         unix_orphans,
+        mut kept,
     } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
-    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree)?;
+    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept)?;
+    keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
@@ -251,7 +256,26 @@ fn survey_process(
         unix_creds,
         unix_dead,
         unix_orphans,
+        kept,
     })
+}
+
+/// Keeps only the duplicates the repair capture takes: TCP sockets with
+/// a peer (the rest are closed now rather than held through the freeze).
+fn keep_connections(
+    kept: &mut std::collections::HashMap<i32, std::os::fd::OwnedFd>,
+    files: &[OpenFile],
+    fds: &[FdSlot],
+) {
+    let connections: std::collections::HashSet<i32> = fds
+        .iter()
+        .filter(|slot| {
+            matches!(files.get(slot.file as usize).map(|f| &f.kind),
+                Some(FileKind::InetSocket(s)) if s.sock_type == libc::SOCK_STREAM && s.peer.is_some())
+        })
+        .map(|slot| slot.fd)
+        .collect();
+    kept.retain(|fd, _| connections.contains(fd));
 }
 
 /// An executable deleted while it runs is made again from the deleted

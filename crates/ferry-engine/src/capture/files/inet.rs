@@ -429,6 +429,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         options: &options,
     };
     super::socket_preconditions::check_inet(info, &facts)?;
+    info.keep(sock);
     Ok(FileKind::InetSocket(InetSocket {
         family,
         sock_type,

@@ -39,6 +39,22 @@ pub(crate) struct FdInfo<'a> {
     pub unix_tables: &'a unix::UnixTables,
     /// What the socket checks learned of the tree's network namespaces.
     pub socket_tables: &'a socket_preconditions::Tables,
+    /// Duplicates kept for the later steps (see [`FdInfo::keep`]).
+    pub kept: &'a KeptDups,
+}
+
+/// Ferry's duplicates of a process's sockets, made by the survey and kept
+/// for the owner check and the repair capture, which would otherwise take
+/// each again (pidfd_getfd and close, twice per socket in the freeze).
+/// The tree is frozen from the survey to the repair capture, so fd N
+/// still is the file the duplicate shares.
+#[derive(Default)]
+pub struct KeptDups(std::sync::Mutex<Vec<(i32, OwnedFd)>>);
+
+impl KeptDups {
+    fn into_map(self) -> std::collections::HashMap<i32, OwnedFd> {
+        self.0.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect()
+    }
 }
 
 impl FdInfo<'_> {
@@ -54,6 +70,10 @@ impl FdInfo<'_> {
     pub fn dup(&self) -> Result<OwnedFd> {
         ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd)
             .map_err(|e| EngineError::kernel(self.pid, format!("duplicating fd {}", self.fd), e))
+    }
+    /// Keeps `dup`, ferry's duplicate of this fd, for the later steps.
+    pub fn keep(&self, dup: OwnedFd) {
+        self.kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((self.fd, dup));
     }
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fdinfo
@@ -141,6 +161,8 @@ pub struct CapturedFds {
     pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
     /// Files in flight in its unix queues that no process of the tree holds.
     pub unix_orphans: Vec<unix::Orphan>,
+    /// Ferry's duplicates of its inet sockets, by fd ([`KeptDups`]).
+    pub kept: std::collections::HashMap<i32, OwnedFd>,
 }
 
 /// A running process's sockets as listed before the freeze: per fd
@@ -217,6 +239,35 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
 }
 
+/// /proc/PID/fdinfo, open: each fd's fdinfo is read relative to it,
+/// without a path walk through /proc and the process's directory.
+struct FdinfoDir {
+    pid: i32,
+    dir: std::fs::File,
+}
+
+impl FdinfoDir {
+    fn open(pid: i32) -> Result<FdinfoDir> {
+        let path = format!("/proc/{pid}/fdinfo");
+        let dir = std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+        Ok(FdinfoDir { pid, dir })
+    }
+
+    /// The fdinfo of `fd` as text: one read when it fits a page, the
+    /// whole file otherwise (an epoll's or inotify's lists its entries).
+    fn read(&self, fd: i32) -> Result<String> {
+        use std::os::fd::AsFd;
+        const PAGE: usize = 4096;
+        let name = std::ffi::CString::new(fd.to_string()).unwrap_or_default();
+        let path = || format!("/proc/{}/fdinfo/{fd}", self.pid);
+        match ferry_sys::fd::read_small_at(self.dir.as_fd(), &name, PAGE) {
+            Ok(b) if b.len() < PAGE => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Ok(_) => procfs::read_string(&path()),
+            Err(e) => Err(EngineError::kernel(self.pid, format!("reading {}", path()), e)),
+        }
+    }
+}
+
 /// Captures all fds of `pid`. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree. `pre` is what
 /// [`presurvey`] listed while the process ran.
@@ -240,8 +291,10 @@ pub fn capture(
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::default();
+    let kept = KeptDups::default();
+    let fdinfo_dir = FdinfoDir::open(pid)?;
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
-        let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
+        let fdinfo = fdinfo_dir.read(fd)?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
             Some((link, meta)) => (link.clone(), meta.clone()),
             None => {
@@ -261,11 +314,12 @@ pub fn capture(
             tree,
             unix_tables: &unix_tables,
             socket_tables: &socket_tables,
+            kept: &kept,
         })
     })?;
-    let table = share_descriptions(pid, &infos);
-    let files = capture_descriptions(&table.unique, external_stdio)?;
-    let inodes = table.unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
+    let FdTable { slots, unique } = share_descriptions(pid, &infos);
+    let files = capture_descriptions(&unique, external_stdio)?;
+    let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
     let pending_listeners = unix_tables
         .take_listeners_with_pending()
         .into_iter()
@@ -287,9 +341,13 @@ pub fn capture(
     let unix_creds = unix_tables.take_peer_creds();
     let unix_dead = unix_tables.take_dead_peers();
     let unix_orphans = unix_tables.take_orphans();
+    // The infos borrow the kept duplicates' table.
+    drop(unique);
+    drop(infos);
     Ok(CapturedFds {
+        kept: kept.into_map(),
         files,
-        fds: table.slots,
+        fds: slots,
         inodes,
         unix_connects,
         pending_listeners,
@@ -511,6 +569,27 @@ mod tests {
         // An fd not listed is read in full too.
         assert!(pre.same_socket(second.as_raw_fd(), &fdinfo_of(second.as_raw_fd())).is_none());
         assert!(pre.same_socket(fd, "pos:\t0\nflags:\t02\n").is_none());
+    }
+
+    #[test]
+    fn fdinfo_is_read_whole_also_when_longer_than_a_page() {
+        use std::os::fd::AsFd;
+        let epoll = ferry_sys::epoll::create(libc::EPOLL_CLOEXEC).expect("epoll");
+        // 200 entries: one fdinfo line each, over 4096 bytes in all.
+        let targets: Vec<OwnedFd> = (0..200)
+            .map(|_| ferry_sys::anonfd::eventfd(0, libc::EFD_CLOEXEC).expect("eventfd"))
+            .collect();
+        for (i, t) in targets.iter().enumerate() {
+            ferry_sys::epoll::add(epoll.as_fd(), t.as_fd(), libc::EPOLLIN as u32, i as u64)
+                .expect("epoll_ctl");
+        }
+        let dir = FdinfoDir::open(std::process::id() as i32).expect("fdinfo dir");
+        for fd in [epoll.as_raw_fd(), targets[0].as_raw_fd()] {
+            let read = dir.read(fd).expect("fdinfo");
+            assert_eq!(read, fdinfo_of(fd));
+        }
+        let long = dir.read(epoll.as_raw_fd()).expect("fdinfo");
+        assert!(long.len() > 4096 && long.matches("tfd:").count() == 200, "{}", long.len());
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub fn capture(
     files: &[OpenFile],
     slots: &[FdSlot],
     tree: &[i32],
+    kept: &std::collections::HashMap<i32, OwnedFd>,
 ) -> Result<Vec<FileOwner>> {
     // One lookup table and the worker threads: a server may hold 10,000
     // descriptors, and this runs while it is frozen.
@@ -47,9 +48,17 @@ pub fn capture(
         .filter_map(|(i, f)| Some((i, f, *first_fd.get(&(i as u32))?)))
         .collect();
     let found = crate::parallel::map(&todo, |&(i, f, fd)| {
-        let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
-            .map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
-        let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup.as_raw_fd()) {
+        // The survey's duplicate where it kept one.
+        let taken;
+        let dup = match kept.get(&fd) {
+            Some(d) => d.as_raw_fd(),
+            None => {
+                taken = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
+                    .map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
+                taken.as_raw_fd()
+            }
+        };
+        let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup) {
             Ok(o) => o,
             // O_PATH descriptors have no owner (fcntl says EBADF).
             Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => return Ok(None),
@@ -57,7 +66,7 @@ pub fn capture(
                 return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e))
             }
         };
-        let signal = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), F_GETSIG, 0, "fcntl(F_GETSIG)")
+        let signal = ferry_sys::fd::fcntl_int(dup, F_GETSIG, 0, "fcntl(F_GETSIG)")
             .map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
         if owner == 0 && signal == 0 {
             return Ok(None);

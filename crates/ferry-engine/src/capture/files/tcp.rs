@@ -150,21 +150,25 @@ fn kernel(c: &Established, what: &str, e: ferry_sys::SysError) -> EngineError {
 /// ferry dies).
 pub fn capture<'a>(
     conns: &[Established],
+    kept: Vec<Option<OwnedFd>>,
     pidfd_of: impl Fn(i32) -> Option<&'a OwnedFd>,
     repairing: impl FnOnce(&[(i32, i32, bool)]),
 ) -> Result<(Repaired, Vec<TcpConnection>)> {
-    let pidfds: Vec<&OwnedFd> = conns
-        .iter()
-        .map(|c| {
-            pidfd_of(c.pid).ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))
-        })
-        .collect::<Result<_>>()?;
-    let work: Vec<(&Established, &OwnedFd)> = conns.iter().zip(pidfds).collect();
-    let socks = crate::parallel::map(&work, |(c, pidfd)| {
-        let sock = ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd)
-            .map_err(|e| kernel(c, "duplicating the socket", e))?;
-        Ok(Held { pid: c.pid, fd: c.fd, sock, reuse: c.reuse, in_repair: false.into() })
-    })?;
+    let mut kept = kept.into_iter();
+    let mut socks = Vec::with_capacity(conns.len());
+    for c in conns {
+        // The survey's duplicate (the tree has been frozen since), else a new one.
+        let sock = match kept.next().flatten() {
+            Some(sock) => sock,
+            None => {
+                let pidfd = pidfd_of(c.pid)
+                    .ok_or_else(|| EngineError::restore(c.pid, "no pidfd for the process"))?;
+                ferry_sys::pidfd::pidfd_getfd(pidfd, c.fd)
+                    .map_err(|e| kernel(c, "duplicating the socket", e))?
+            }
+        };
+        socks.push(Held { pid: c.pid, fd: c.fd, sock, reuse: c.reuse, in_repair: false.into() });
+    }
     // The guard hears of every socket before any enters repair mode.
     repairing(&socks.iter().map(|h| (h.pid, h.fd, h.reuse)).collect::<Vec<_>>());
     let repaired = Repaired { socks, keep: false };
@@ -267,17 +271,37 @@ pub fn store(
     states: Vec<TcpConnection>,
     files_of: &mut [&mut Vec<OpenFile>],
 ) {
-    let mut by_id = std::collections::HashMap::new();
+    // Each state moves into the file it was read from (10,000 copies of
+    // both queues would cost tens of milliseconds in the freeze); only a
+    // description other processes share is copied to them.
+    let mut owner = std::collections::HashMap::new();
     for (c, state) in conns.iter().zip(states) {
-        if let Some(f) = files_of.get(c.proc_index).and_then(|f| f.get(c.file_index)) {
-            by_id.insert(f.id, state);
+        let Some(f) = files_of.get_mut(c.proc_index).and_then(|f| f.get_mut(c.file_index)) else {
+            continue;
+        };
+        if let FileKind::InetSocket(s) = &mut f.kind {
+            s.connection = Some(state);
+            owner.insert(f.id, (c.proc_index, c.file_index));
         }
     }
-    for files in files_of.iter_mut() {
-        for f in files.iter_mut() {
-            if let (FileKind::InetSocket(s), Some(state)) = (&mut f.kind, by_id.get(&f.id)) {
-                s.connection = Some(state.clone());
+    let mut shared = Vec::new();
+    for (p, files) in files_of.iter().enumerate() {
+        for (i, f) in files.iter().enumerate() {
+            match owner.get(&f.id) {
+                Some(&(op, oi)) if (op, oi) != (p, i) => shared.push((p, i, op, oi)),
+                _ => {}
             }
+        }
+    }
+    for (p, i, op, oi) in shared {
+        let state = match files_of.get(op).and_then(|f| f.get(oi)).map(|f| &f.kind) {
+            Some(FileKind::InetSocket(s)) => s.connection.clone(),
+            _ => None,
+        };
+        if let Some(FileKind::InetSocket(s)) =
+            files_of.get_mut(p).and_then(|f| f.get_mut(i)).map(|f| &mut f.kind)
+        {
+            s.connection = state;
         }
     }
 }

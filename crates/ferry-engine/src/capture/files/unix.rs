@@ -285,6 +285,8 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         tree: info.tree,
         unix_tables: info.unix_tables,
         socket_tables: info.socket_tables,
+        // Ferry's own fd numbers: nothing of them belongs to the process's.
+        kept: &super::KeptDups::default(),
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;

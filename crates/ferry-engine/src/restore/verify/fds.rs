@@ -7,7 +7,8 @@
 use super::Findings;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, ProcessImage};
-use std::os::fd::AsFd;
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// What /proc/PID/fd/N must show for a kind: the whole link, or its
 /// start; None where the link says nothing more than the number does.
@@ -55,12 +56,10 @@ fn restored_fds(pid: i32) -> Result<Vec<i32>> {
     Ok(fds)
 }
 
-pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
-    let pid = p.pid;
-    let mut want: Vec<i32> = p.fds.iter().map(|s| s.fd).collect();
-    want.sort_unstable();
+/// Lists the table and records what differs from `want` (sorted).
+fn compare_numbers(pid: i32, want: &[i32], found: &mut Findings) -> Result<()> {
     let have = restored_fds(pid)?;
-    if want != have {
+    if want != have.as_slice() {
         let extra: Vec<i32> = have.iter().filter(|f| !want.contains(f)).copied().collect();
         let missing: Vec<i32> = want.iter().filter(|f| !have.contains(f)).copied().collect();
         found.compare(
@@ -70,20 +69,84 @@ pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
             (Vec::<i32>::new(), Vec::<i32>::new()),
             (extra, missing),
         );
-        return Ok(());
     }
-    // Two /proc reads per fd, relative to open directories, spread over
-    // the worker threads: a server may hold 10,000 descriptors.
+    Ok(())
+}
+
+/// `connections` are ferry's descriptors of the rebuilt TCP connections,
+/// by file id: an fd whose fdinfo shows one of their inodes is that very
+/// socket, and its link is not read.
+pub(super) fn compare(
+    p: &ProcessImage,
+    connections: &HashMap<u64, OwnedFd>,
+    found: &mut Findings,
+) -> Result<()> {
+    let pid = p.pid;
+    let mut want: Vec<i32> = p.fds.iter().map(|s| s.fd).collect();
+    want.sort_unstable();
     let dirs = ProcDirs::open(pid)?;
+    // The size of /proc/PID/fd is the number of open fds: when it is the
+    // image's count and each of the image's fds is there (its fdinfo
+    // reads), the table holds exactly those, without listing 10,000
+    // entries. Anything else is listed and named.
+    if want.is_empty() || dirs.open_count() != Some(want.len()) {
+        return compare_numbers(pid, &want, found);
+    }
+    let sockets = Sockets::of(p, connections)?;
+    // One /proc read per fd (two for a file that is not a rebuilt
+    // connection), relative to open directories, spread over the worker
+    // threads: a server may hold 10,000 descriptors.
     let per_fd = crate::parallel::map(&p.fds, |slot| {
         let mut mine = Findings::default();
-        if let Some(file) = p.files.get(slot.file as usize) {
-            compare_fd(&dirs, slot.fd, slot.cloexec, file, &mut mine)?;
-        }
-        Ok(mine.list)
+        let Some(file) = p.files.get(slot.file as usize) else {
+            return Ok(Some(mine.list));
+        };
+        let Some(fdinfo) = dirs.fdinfo(slot.fd)? else {
+            return Ok(None);
+        };
+        let rebuilt = sockets.inodes.get(&file.id).copied();
+        compare_fd(&dirs, slot, &fdinfo, file, rebuilt.map(|i| (sockets.mnt_id, i)), &mut mine)?;
+        Ok(Some(mine.list))
     })?;
+    let Some(per_fd) = per_fd.into_iter().collect::<Option<Vec<_>>>() else {
+        return compare_numbers(pid, &want, found);
+    };
     found.list.extend(per_fd.into_iter().flatten());
     Ok(())
+}
+
+/// The identity of the rebuilt connections as fdinfo shows it: the
+/// sockets' mount and each one's inode, by file id.
+struct Sockets {
+    mnt_id: u64,
+    inodes: HashMap<u64, u64>,
+}
+
+impl Sockets {
+    fn of(p: &ProcessImage, connections: &HashMap<u64, OwnedFd>) -> Result<Sockets> {
+        let mine: Vec<(u64, &OwnedFd)> =
+            p.files.iter().filter_map(|f| Some((f.id, connections.get(&f.id)?))).collect();
+        let Some(&(_, first)) = mine.first() else {
+            return Ok(Sockets { mnt_id: 0, inodes: HashMap::new() });
+        };
+        // Every socket lives on the one internal sockfs mount.
+        let own = crate::procfs::read_string(&format!("/proc/self/fdinfo/{}", first.as_raw_fd()))?;
+        let mnt_id = identity(&own).map(|(m, _)| m).ok_or_else(|| {
+            EngineError::restore(p.pid, "fdinfo of a rebuilt connection shows no mnt_id and ino")
+        })?;
+        let inodes = crate::parallel::map(&mine, |&(id, fd)| {
+            ferry_sys::sockdiag::inode_of(fd.as_fd())
+                .map(|ino| (id, ino))
+                .map_err(|e| EngineError::kernel(p.pid, "fstat of a rebuilt connection", e))
+        })?;
+        Ok(Sockets { mnt_id, inodes: inodes.into_iter().collect() })
+    }
+}
+
+/// (mnt_id, ino) as fdinfo shows them.
+fn identity(fdinfo: &str) -> Option<(u64, u64)> {
+    let fields = crate::procfs::key_values(fdinfo);
+    Some((fields.get("mnt_id")?.parse().ok()?, fields.get("ino")?.parse().ok()?))
 }
 
 /// /proc/PID/fd and /proc/PID/fdinfo, open.
@@ -102,11 +165,21 @@ impl ProcDirs {
         Ok(ProcDirs { pid, fd: dir("fd")?, fdinfo: dir("fdinfo")? })
     }
 
-    fn fdinfo(&self, fd: i32) -> Result<String> {
+    /// The fdinfo of `fd`, None when there is no such fd.
+    fn fdinfo(&self, fd: i32) -> Result<Option<String>> {
         let name = std::ffi::CString::new(fd.to_string()).unwrap_or_default();
-        ferry_sys::fd::read_small_at(self.fdinfo.as_fd(), &name, 4096)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .map_err(|e| EngineError::kernel(self.pid, format!("reading fdinfo of fd {fd}"), e))
+        match ferry_sys::fd::read_small_at(self.fdinfo.as_fd(), &name, 4096) {
+            Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+            Err(e) if e.errno == libc::ENOENT => Ok(None),
+            Err(e) => Err(EngineError::kernel(self.pid, format!("reading fdinfo of fd {fd}"), e)),
+        }
+    }
+
+    /// How many fds are open: the size the kernel gives /proc/PID/fd
+    /// (none before Linux 6.2, where it is 0).
+    fn open_count(&self) -> Option<usize> {
+        let size = self.fd.metadata().ok()?.len();
+        (size > 0).then_some(size as usize)
     }
 
     fn link(&self, fd: i32) -> Result<String> {
@@ -117,25 +190,29 @@ impl ProcDirs {
     }
 }
 
+/// One fd against its slot and file. `rebuilt` is the (mnt_id, ino) of
+/// ferry's descriptor of the connection the file is, if it is one: an fd
+/// showing it is that socket, and its link need not be read.
 fn compare_fd(
     dirs: &ProcDirs,
-    fd: i32,
-    cloexec: bool,
+    slot: &ferry_image::FdSlot,
+    fdinfo: &str,
     file: &ferry_image::OpenFile,
+    rebuilt: Option<(u64, u64)>,
     found: &mut Findings,
 ) -> Result<()> {
-    let pid = dirs.pid;
+    let (pid, fd) = (dirs.pid, slot.fd);
     let object = format!("fd {fd}");
-    let fdinfo = dirs.fdinfo(fd)?;
-    let fields = crate::procfs::key_values(&fdinfo);
+    let fields = crate::procfs::key_values(fdinfo);
     let flags = fields.get("flags").and_then(|v| crate::procfs::parse_octal(v)).unwrap_or(0) as i32;
-    found.compare(pid, &object, "close-on-exec", cloexec, flags & libc::O_CLOEXEC != 0);
+    found.compare(pid, &object, "close-on-exec", slot.cloexec, flags & libc::O_CLOEXEC != 0);
     if replaced(&file.kind) {
         return Ok(());
     }
-    let link = dirs.link(fd)?;
+    let same_socket = rebuilt.is_some() && rebuilt == identity(fdinfo);
+    let link = if same_socket { String::new() } else { dirs.link(fd)? };
     let want = expected_link(&file.kind);
-    if !link_matches(&want, &link) {
+    if !same_socket && !link_matches(&want, &link) {
         let wanted = match want {
             Link::Exactly(w) => w.to_string(),
             Link::StartsWith(p) => format!("{p}..."),
@@ -153,6 +230,121 @@ fn compare_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_image::{FdSlot, InetSocket, OpenFile};
+    use std::os::unix::net::UnixStream;
+
+    /// `sleep` with stdin `fd0` and /dev/null out, killed and reaped on drop.
+    struct Child(std::process::Child);
+
+    impl Child {
+        fn with_stdin(fd0: OwnedFd) -> Child {
+            use std::process::{Command, Stdio};
+            let mut cmd = Command::new("sleep");
+            // Only fds 0-2: the test process may hold others without O_CLOEXEC.
+            let c = ferry_testkit::only_stdio(&mut cmd)
+                .arg("30")
+                .stdin(Stdio::from(fd0))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn sleep");
+            let child = Child(c);
+            // sleep's start-up opens and closes files (locale): wait
+            // until only the three it was given are left.
+            let pid = child.0.id() as i32;
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while restored_fds(pid).expect("fd listing") != [0, 1, 2] {
+                assert!(std::time::Instant::now() < end, "sleep keeps other fds open");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            child
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn socket_file(id: u64) -> OpenFile {
+        let kind = FileKind::InetSocket(InetSocket {
+            family: libc::AF_INET,
+            sock_type: libc::SOCK_STREAM,
+            protocol: libc::IPPROTO_TCP,
+            addr: vec![127, 0, 0, 1],
+            port: 1,
+            listen_backlog: None,
+            peer: Some((vec![127, 0, 0, 1], 2)),
+            options: Vec::new(),
+            connection: None,
+        });
+        OpenFile { id, flags: libc::O_RDWR, pos: 0, kind, locks: Vec::new() }
+    }
+
+    /// An image of `sleep`: fd 0 a socket (file id 7), fds 1 and 2 /dev/null.
+    fn image(pid: i32, fds: &[i32]) -> ProcessImage {
+        let null = FileKind::CharDevice { path: "/dev/null".into(), rdev: 0 };
+        let files = vec![
+            socket_file(7),
+            OpenFile { id: 8, flags: 0, pos: 0, kind: null, locks: Vec::new() },
+        ];
+        let fds = fds.iter().map(|&fd| FdSlot { fd, file: u32::from(fd != 0), cloexec: false });
+        ProcessImage { pid, files, fds: fds.collect(), ..Default::default() }
+    }
+
+    fn findings(p: &ProcessImage, connections: &HashMap<u64, OwnedFd>) -> Vec<Mismatch> {
+        let mut found = Findings::default();
+        compare(p, connections, &mut found).expect("compare");
+        found.list.into_iter().filter(|m| m.attribute != "status flags").collect()
+    }
+
+    use super::super::Mismatch;
+
+    #[test]
+    fn a_rebuilt_connection_is_known_by_its_inode_and_anything_else_by_its_link() {
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        let ours = OwnedFd::from(a.try_clone().expect("dup"));
+        let child = Child::with_stdin(OwnedFd::from(a));
+        let pid = child.0.id() as i32;
+        let connections = HashMap::from([(7u64, ours)]);
+        assert_eq!(findings(&image(pid, &[0, 1, 2]), &connections), Vec::new());
+        // The same socket through a descriptor that is not the connection's:
+        // its link is read, and it is a socket.
+        let (other, _o) = UnixStream::pair().expect("socketpair");
+        let elsewhere = HashMap::from([(7u64, OwnedFd::from(other))]);
+        assert_eq!(findings(&image(pid, &[0, 1, 2]), &elsewhere), Vec::new());
+    }
+
+    #[test]
+    fn a_pipe_where_the_connection_should_be_is_found() {
+        let (r, _w) = std::io::pipe().expect("pipe");
+        let child = Child::with_stdin(OwnedFd::from(r));
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        let connections = HashMap::from([(7u64, OwnedFd::from(a))]);
+        let found = findings(&image(child.0.id() as i32, &[0, 1, 2]), &connections);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].object.as_str(), found[0].attribute.as_str()), ("fd 0", "file"));
+        assert!(found[0].restored.starts_with("pipe:["), "{found:?}");
+    }
+
+    #[test]
+    fn an_extra_or_another_fd_is_named_whatever_the_count() {
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        let child = Child::with_stdin(OwnedFd::from(a));
+        let pid = child.0.id() as i32;
+        let table = |found: Vec<Mismatch>| {
+            let t: Vec<_> = found.into_iter().filter(|m| m.object == "the fd table").collect();
+            t.first().map(|m| m.restored.clone())
+        };
+        let none = HashMap::new();
+        // One fd fewer in the image: the count differs.
+        assert_eq!(table(findings(&image(pid, &[0, 1]), &none)), Some("([2], [])".into()));
+        // As many fds, one of them another number: its fdinfo is missing.
+        assert_eq!(table(findings(&image(pid, &[0, 1, 5]), &none)), Some("([2], [5])".into()));
+        assert_eq!(table(findings(&image(pid, &[0, 1, 2]), &none)), None);
+    }
 
     #[test]
     fn links_are_matched_by_kind() {

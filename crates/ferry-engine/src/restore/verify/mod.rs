@@ -97,7 +97,7 @@ pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd
         timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
         timed(1, &mut || threads::compare(p, &mut found))?;
         timed(2, &mut || memory::compare(p, &mut found))?;
-        timed(3, &mut || fds::compare(p, &mut found))?;
+        timed(3, &mut || fds::compare(p, connections, &mut found))?;
         timed(4, &mut || sockets::compare(p, connections, &mut found))?;
     }
     tracing::debug!(
