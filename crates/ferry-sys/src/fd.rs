@@ -345,6 +345,18 @@ pub fn in_memory_fs(fd: BorrowedFd<'_>) -> SysResult<bool> {
     Ok(matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC))
 }
 
+/// The filesystem type (statfs f_type) of what `path` names; through
+/// /proc/PID/fd/N that is the file the fd refers to.
+pub fn statfs_magic(path: &CStr) -> SysResult<i64> {
+    // SAFETY: statfs writes into the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; path is NUL-terminated and outlives the call.
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } < 0 {
+        return Err(last_error("statfs"));
+    }
+    Ok(st.f_type as i64)
+}
+
 #[cfg(test)]
 mod in_memory_tests {
     use super::in_memory_fs;

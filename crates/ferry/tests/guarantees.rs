@@ -1242,3 +1242,74 @@ fn the_restores_own_check_catches_a_lost_socket_option() {
     );
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
+
+/// tests/guarantees/fd_refusals.c in one of its modes: descriptor states
+/// the fd tables of `ferry coverage` refuse.
+fn refused_fd_mode(mode: &str, what: &[&str]) {
+    assert_refused_args("tests/guarantees/fd_refusals.c", &[mode], what);
+}
+
+/// Restore reopened the queue's name, which is not a path: it failed
+/// after the checkpoint (ENOENT).
+#[test]
+fn refuses_a_posix_message_queue() {
+    refused_fd_mode("mqueue", &["fd 3", "a file on mqueue", "POSIX message queue"]);
+}
+
+/// Restore reopened it with O_TMPFILE's O_DIRECTORY: ENOTDIR after the
+/// checkpoint.
+#[test]
+fn refuses_an_o_tmpfile_fd() {
+    refused_fd_mode("tmpfile", &["fd 3", "open flag __O_TMPFILE"]);
+}
+
+/// Restore opened /proc/PID/status in the chrooted process: ENOENT after
+/// the checkpoint.
+#[test]
+fn refuses_a_proc_fd_opened_before_chroot() {
+    refused_fd_mode("proc_chroot", &["fd 3", "a file on proc outside the root", "before chroot"]);
+}
+
+/// Restore reopened `net:[...]`: ENOENT after the checkpoint.
+#[test]
+fn refuses_a_namespace_fd() {
+    refused_fd_mode("nsfs", &["fd 3 (net:[", "a file on nsfs", "namespace fd"]);
+}
+
+#[test]
+fn refuses_a_memfd_secret_fd() {
+    refused_fd_mode(
+        "memfd_secret",
+        &["fd 3 (/secretmem (deleted))", "a file on secretmem", "memfd_secret"],
+    );
+}
+
+#[test]
+fn refuses_a_pidfd() {
+    refused_fd_mode("pidfd", &["fd 3 (anon_inode:[pidfd])", "anon_inode kind [pidfd]"]);
+}
+
+#[test]
+fn refuses_an_fd_on_a_symlink() {
+    refused_fd_mode("symlink", &["fd 3", "file type S_IFLNK"]);
+}
+
+/// Restored, the two queued messages came back as one (their boundaries
+/// were lost, silently).
+#[test]
+fn refuses_a_packet_mode_pipe_with_data() {
+    refused_fd_mode("packet_pipe", &["fd 4 (pipe:[", "packet-mode pipe", "6 bytes queued"]);
+}
+
+/// Restored, the entry came back armed for EPOLLERR and EPOLLHUP,
+/// silently.
+#[test]
+fn refuses_a_disarmed_epolloneshot_entry() {
+    refused_fd_mode("oneshot", &["fd 3", "EPOLLONESHOT entry that fired"]);
+}
+
+/// Restored, the directory's dnotify watch was gone, silently.
+#[test]
+fn refuses_dnotify() {
+    refused_fd_mode("dnotify", &["fd 3", "F_SETOWN owner", "dnotify"]);
+}

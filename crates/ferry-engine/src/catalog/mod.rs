@@ -9,6 +9,8 @@
 //! A name that is not in its table is unknown, and capture refuses it by
 //! name until ferry learns it.
 
+pub mod fds;
+
 use std::fmt::Write as _;
 
 /// What a checkpoint and restore do with one attribute.
@@ -98,7 +100,9 @@ impl Table {
 
 /// Every table, in the order docs/coverage.md shows them.
 pub fn tables() -> Vec<&'static Table> {
-    vec![]
+    let mut all = vec![];
+    all.extend(fds::tables());
+    all
 }
 
 fn begin_marker(id: &str) -> String {

@@ -2,6 +2,7 @@
 //! points at (dup'ed fds share one), and what that description is. One
 //! module per kind of file.
 
+mod allow;
 pub(crate) mod epoll;
 mod eventfd;
 pub(crate) mod inet;
@@ -36,6 +37,8 @@ pub(crate) struct FdInfo<'a> {
     /// Every process of the tree being captured.
     pub tree: &'a [i32],
     pub unix_tables: &'a unix::UnixTables,
+    /// The process's mounts, read when the first file opened by path needs them.
+    pub mounts: &'a allow::Mounts,
 }
 
 impl FdInfo<'_> {
@@ -70,6 +73,7 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
         return inet::capture(info);
     }
     if let Some(kind) = l.strip_prefix("anon_inode:") {
+        allow::check_anon_kind(info, kind)?;
         return match kind {
             "[eventfd]" => eventfd::capture(info),
             "[timerfd]" => timerfd::capture(info),
@@ -91,7 +95,13 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
     if ft.is_char_device() {
         return regular::capture_char_device(info);
     }
-    Err(info.unsupported("this kind of file is not supported yet"))
+    Err(allow::refuse_file_type(info))
+}
+
+/// Whether restore opens the fd's file again by path (then open() gives
+/// it every flag), rather than making a new object.
+fn opened_by_path(link: &str) -> bool {
+    !(link.starts_with("pipe:") || link.starts_with("socket:") || link.starts_with("anon_inode:"))
 }
 
 /// How many fds of the tree's processes point at `link` (e.g. "pipe:[123]").
@@ -231,6 +241,7 @@ pub fn capture(
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
+    let mounts = allow::Mounts::new(pid);
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let fdinfo = procfs::read_string(&format!("/proc/{pid}/fdinfo/{fd}"))?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
@@ -242,7 +253,17 @@ pub fn capture(
                 (link, meta)
             }
         };
-        Ok(FdInfo { pid, fd, link, fdinfo, meta, pidfd, tree, unix_tables: &unix_tables })
+        Ok(FdInfo {
+            pid,
+            fd,
+            link,
+            fdinfo,
+            meta,
+            pidfd,
+            tree,
+            unix_tables: &unix_tables,
+            mounts: &mounts,
+        })
     })?;
     let table = share_descriptions(pid, &infos);
     let files = capture_descriptions(&table.unique, external_stdio)?;
@@ -324,11 +345,17 @@ fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
     let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdio_link =
         info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+    let by_path = opened_by_path(&info.link);
+    allow::check_open_flags(info, flags, by_path)?;
     let kind = if external_stdio && stdio_link && leads_out(info) {
         FileKind::ExternalStdio { what: info.link.clone() }
     } else {
+        if by_path && !info.link.starts_with("/memfd:") {
+            allow::check_mount(info)?;
+        }
         capture_kind(info)?
     };
+    allow::check_fdinfo_lines(info)?;
     let locks = locks::parse(info)?;
     Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
 }
@@ -382,6 +409,7 @@ pub fn link_tree(
         }
     }
     let closed = pipe::check_tree(&all, tree)?;
+    pipe::check_packets(&all)?;
     unix::check_tree(&all)?;
     unix::check_peer_creds(&all, unix_creds, tree)?;
     for p in procs.iter_mut() {

@@ -283,6 +283,7 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         pidfd: &pidfd,
         tree: info.tree,
         unix_tables: info.unix_tables,
+        mounts: &super::allow::Mounts::new(me),
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
