@@ -78,6 +78,35 @@ pub fn kcmp_same_file(pid1: i32, pid2: i32, fd1: RawFd, fd2: RawFd) -> SysResult
     Ok(check("kcmp", r)? == 0)
 }
 
+/// How the kernel orders the open file descriptions behind two fds
+/// (kcmp KCMP_FILE): Equal when they are one description. The order is
+/// arbitrary but total, so sorting by it puts the fds of one description
+/// next to each other.
+pub fn kcmp_file_order(
+    pid1: i32,
+    pid2: i32,
+    fd1: RawFd,
+    fd2: RawFd,
+) -> SysResult<std::cmp::Ordering> {
+    // SAFETY: kcmp with KCMP_FILE takes only integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_FILE,
+            fd1 as libc::c_ulong,
+            fd2 as libc::c_ulong,
+        )
+    };
+    match check("kcmp", r)? {
+        0 => Ok(std::cmp::Ordering::Equal),
+        1 => Ok(std::cmp::Ordering::Less),
+        2 => Ok(std::cmp::Ordering::Greater),
+        _ => Err(crate::SysError { call: "kcmp", errno: libc::EINVAL }),
+    }
+}
+
 /// Wraps a raw descriptor returned by the kernel.
 ///
 /// # Safety
