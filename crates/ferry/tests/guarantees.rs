@@ -329,7 +329,10 @@ fn refuses_a_child_alone_with(args: &[&str], extra: &[&str], what: &[&str]) -> S
 
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
-    assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);
+    assert_refused(
+        "tests/guarantees/child_unsupported.c",
+        &["anon_inode kind [userfaultfd]", "not restored"],
+    );
 }
 
 #[test]
