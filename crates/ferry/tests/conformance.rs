@@ -474,6 +474,7 @@ conformance! {
     fd_dev_nodes,
     fd_flags,
     fd_open_flags,
+    fd_other_mount,
     fd_locks,
     fd_dup_shared_offset,
     fd_pipe_unread,

@@ -171,7 +171,7 @@ the first such file is met; the filesystem is named by statfs only for those fil
         refused("secretmem", "memfd_secret: its pages cannot be read, so they are not restored", "refuses_a_memfd_secret_fd"),
         refused("nsfs", "a namespace fd (/proc/PID/ns/*): namespaces are not restored as fds (reopening `net:[...]` failed after the checkpoint: ENOENT)", "refuses_a_namespace_fd"),
         refused("proc outside the root", "a /proc file opened before chroot: the process opens it again itself, and its root has no such path (openat failed after the checkpoint: ENOENT)", "refuses_a_proc_fd_opened_before_chroot"),
-        restored("another mount of the same file", "reopened by path when that path reaches the same device and inode (a mount namespace entered or copied since)", "fd_regular_append"),
+        restored("another mount of the same file", "reopened by path when that path reaches the same device and inode (a mount namespace entered or copied since)", "fd_other_mount"),
         refused("a detached or unreachable mount", "a file whose path reaches another file or none (open_tree, fsmount, a mount since unmounted)", "-"),
     ],
 };
