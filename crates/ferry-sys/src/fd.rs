@@ -78,6 +78,35 @@ pub fn kcmp_same_file(pid1: i32, pid2: i32, fd1: RawFd, fd2: RawFd) -> SysResult
     Ok(check("kcmp", r)? == 0)
 }
 
+/// How the kernel orders the open file descriptions behind two fds
+/// (kcmp KCMP_FILE): Equal when they are one description. The order is
+/// arbitrary but total, so sorting by it puts the fds of one description
+/// next to each other.
+pub fn kcmp_file_order(
+    pid1: i32,
+    pid2: i32,
+    fd1: RawFd,
+    fd2: RawFd,
+) -> SysResult<std::cmp::Ordering> {
+    // SAFETY: kcmp with KCMP_FILE takes only integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_FILE,
+            fd1 as libc::c_ulong,
+            fd2 as libc::c_ulong,
+        )
+    };
+    match check("kcmp", r)? {
+        0 => Ok(std::cmp::Ordering::Equal),
+        1 => Ok(std::cmp::Ordering::Less),
+        2 => Ok(std::cmp::Ordering::Greater),
+        _ => Err(crate::SysError { call: "kcmp", errno: libc::EINVAL }),
+    }
+}
+
 /// Wraps a raw descriptor returned by the kernel.
 ///
 /// # Safety
@@ -343,6 +372,18 @@ pub fn in_memory_fs(fd: BorrowedFd<'_>) -> SysResult<bool> {
         return Err(last_error("fstatfs"));
     }
     Ok(matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+/// The filesystem type (statfs f_type) of what `path` names; through
+/// /proc/PID/fd/N that is the file the fd refers to.
+pub fn statfs_magic(path: &CStr) -> SysResult<i64> {
+    // SAFETY: statfs writes into the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; path is NUL-terminated and outlives the call.
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } < 0 {
+        return Err(last_error("statfs"));
+    }
+    Ok(st.f_type as i64)
 }
 
 #[cfg(test)]

@@ -473,6 +473,8 @@ conformance! {
     fd_deleted_file,
     fd_dev_nodes,
     fd_flags,
+    fd_open_flags,
+    fd_other_mount,
     fd_locks,
     fd_dup_shared_offset,
     fd_pipe_unread,

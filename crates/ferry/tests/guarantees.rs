@@ -340,7 +340,10 @@ fn refuses_a_child_of(src: &str, args: &[&str], extra: &[&str], what: &[&str]) -
 
 #[test]
 fn refuses_a_tree_with_an_unsupported_child_and_leaves_it_running() {
-    assert_refused("tests/guarantees/child_unsupported.c", &["userfaultfd", "not supported"]);
+    assert_refused(
+        "tests/guarantees/child_unsupported.c",
+        &["anon_inode kind [userfaultfd]", "not restored"],
+    );
 }
 
 #[test]
@@ -641,6 +644,12 @@ fn bad_arguments_give_one_line_errors() {
     let o = c.ferry(&["restore", "--images", "/nonexistent/ferry-image"]);
     assert!(!o.status.success());
     let e = stderr(&o);
+    // Less a stale network lock of another test, which ferry reports.
+    let e: String = e
+        .lines()
+        .filter(|l| !l.contains("released stale network lock"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     assert!(
         e.starts_with("ferry: error:") && e.contains("meta.img") && e.trim().lines().count() == 1,
         "{e}"
@@ -1485,4 +1494,75 @@ fn refuses_a_multicast_membership_and_leaves_it_running() {
 #[test]
 fn refuses_unix_socket_options_and_leaves_them_running() {
     assert_sockopt_refused("unixbuf", &["SO_SNDBUF"]);
+}
+
+/// tests/guarantees/fd_refusals.c in one of its modes: descriptor states
+/// the fd tables of `ferry coverage` refuse.
+fn refused_fd_mode(mode: &str, what: &[&str]) {
+    assert_refused_args("tests/guarantees/fd_refusals.c", &[mode], what);
+}
+
+/// Restore reopened the queue's name, which is not a path: it failed
+/// after the checkpoint (ENOENT).
+#[test]
+fn refuses_a_posix_message_queue() {
+    refused_fd_mode("mqueue", &["fd 3", "a file on mqueue", "POSIX message queue"]);
+}
+
+/// Restore reopened it with O_TMPFILE's O_DIRECTORY: ENOTDIR after the
+/// checkpoint.
+#[test]
+fn refuses_an_o_tmpfile_fd() {
+    refused_fd_mode("tmpfile", &["fd 3", "open flag __O_TMPFILE"]);
+}
+
+/// Restore opened /proc/PID/status in the chrooted process: ENOENT after
+/// the checkpoint.
+#[test]
+fn refuses_a_proc_fd_opened_before_chroot() {
+    refused_fd_mode("proc_chroot", &["fd 3", "a file on proc outside the root", "before chroot"]);
+}
+
+/// Restore reopened `net:[...]`: ENOENT after the checkpoint.
+#[test]
+fn refuses_a_namespace_fd() {
+    refused_fd_mode("nsfs", &["fd 3 (net:[", "a file on nsfs", "namespace fd"]);
+}
+
+#[test]
+fn refuses_a_memfd_secret_fd() {
+    refused_fd_mode(
+        "memfd_secret",
+        &["fd 3 (/secretmem (deleted))", "a file on secretmem", "memfd_secret"],
+    );
+}
+
+#[test]
+fn refuses_a_pidfd() {
+    refused_fd_mode("pidfd", &["fd 3 (anon_inode:[pidfd])", "anon_inode kind [pidfd]"]);
+}
+
+#[test]
+fn refuses_an_fd_on_a_symlink() {
+    refused_fd_mode("symlink", &["fd 3", "file type S_IFLNK"]);
+}
+
+/// Restored, the two queued messages came back as one (their boundaries
+/// were lost, silently).
+#[test]
+fn refuses_a_packet_mode_pipe_with_data() {
+    refused_fd_mode("packet_pipe", &["fd 4 (pipe:[", "packet-mode pipe", "6 bytes queued"]);
+}
+
+/// Restored, the entry came back armed for EPOLLERR and EPOLLHUP,
+/// silently.
+#[test]
+fn refuses_a_disarmed_epolloneshot_entry() {
+    refused_fd_mode("oneshot", &["fd 3", "EPOLLONESHOT entry that fired"]);
+}
+
+/// Restored, the directory's dnotify watch was gone, silently.
+#[test]
+fn refuses_dnotify() {
+    refused_fd_mode("dnotify", &["fd 3", "F_SETOWN owner", "dnotify"]);
 }

@@ -9,6 +9,7 @@
 //! A name that is not in its table is unknown, and capture refuses it by
 //! name until ferry learns it.
 
+pub mod fds;
 pub mod socket_options;
 
 use std::fmt::Write as _;
@@ -102,6 +103,7 @@ impl Table {
 pub fn tables() -> Vec<&'static Table> {
     let mut v = vec![];
     v.extend(socket_options::levels().map(|l| l.table));
+    v.extend(fds::tables());
     v
 }
 

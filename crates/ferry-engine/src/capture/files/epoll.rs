@@ -5,6 +5,16 @@ use crate::error::{EngineError, Result};
 use ferry_image::{EpollEntry, EpollTarget, FdSlot, FileKind, OpenFile};
 use std::collections::HashMap;
 
+/// The bits epoll keeps when a one-shot entry fires: the entry waits for
+/// nothing until EPOLL_CTL_MOD. Every add or modify also sets EPOLLERR
+/// and EPOLLHUP, so an entry whose mask has only these bits has fired.
+const EP_PRIVATE_BITS: u32 =
+    (libc::EPOLLWAKEUP | libc::EPOLLONESHOT | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32;
+
+fn disarmed(events: u32) -> bool {
+    events & !EP_PRIVATE_BITS == 0
+}
+
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let mut entries = Vec::new();
     for line in info.fdinfo.lines().filter(|l| l.starts_with("tfd:")) {
@@ -21,6 +31,11 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         let events = get("events:").and_then(|v| u32::from_str_radix(&v, 16).ok());
         let data = get("data:").and_then(|v| u64::from_str_radix(&v, 16).ok());
         match (fd, events, data) {
+            (Some(_), Some(events), Some(_)) if disarmed(events) => {
+                return Err(info.unsupported(format!(
+                    "epoll entry {line:?}: an EPOLLONESHOT entry that fired and was not armed again; adding it again would arm EPOLLERR and EPOLLHUP"
+                )))
+            }
             (Some(fd), Some(events), Some(data)) => entries.push(EpollEntry { fd, events, data }),
             _ => return Err(info.unsupported(format!("cannot parse epoll entry {line:?}"))),
         }
@@ -154,6 +169,14 @@ mod tests {
             }),
             locks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_fired_oneshot_entry_is_told_from_armed_ones() {
+        assert!(disarmed(libc::EPOLLONESHOT as u32));
+        assert!(disarmed((libc::EPOLLONESHOT | libc::EPOLLET) as u32));
+        assert!(!disarmed((libc::EPOLLONESHOT | libc::EPOLLERR | libc::EPOLLHUP) as u32));
+        assert!(!disarmed((libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP) as u32));
     }
 
     #[test]

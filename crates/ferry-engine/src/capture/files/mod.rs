@@ -2,6 +2,7 @@
 //! points at (dup'ed fds share one), and what that description is. One
 //! module per kind of file.
 
+mod allow;
 pub(crate) mod epoll;
 mod eventfd;
 pub(crate) mod inet;
@@ -41,6 +42,8 @@ pub(crate) struct FdInfo<'a> {
     pub socket_tables: &'a socket_preconditions::Tables,
     /// Duplicates kept for the later steps (see [`FdInfo::keep`]).
     pub kept: &'a KeptDups,
+    /// The process's mounts, read when the first file opened by path needs them.
+    pub mounts: &'a allow::Mounts,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -93,6 +96,7 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
         return inet::capture(info);
     }
     if let Some(kind) = l.strip_prefix("anon_inode:") {
+        allow::check_anon_kind(info, kind)?;
         return match kind {
             "[eventfd]" => eventfd::capture(info),
             "[timerfd]" => timerfd::capture(info),
@@ -114,7 +118,13 @@ fn capture_kind(info: &FdInfo) -> Result<FileKind> {
     if ft.is_char_device() {
         return regular::capture_char_device(info);
     }
-    Err(info.unsupported("this kind of file is not supported yet"))
+    Err(allow::refuse_file_type(info))
+}
+
+/// Whether restore opens the fd's file again by path (then open() gives
+/// it every flag), rather than making a new object.
+fn opened_by_path(link: &str) -> bool {
+    !(link.starts_with("pipe:") || link.starts_with("socket:") || link.starts_with("anon_inode:"))
 }
 
 /// How many fds of the tree's processes point at `link` (e.g. "pipe:[123]").
@@ -293,6 +303,7 @@ pub fn capture(
     let socket_tables = socket_preconditions::Tables::default();
     let kept = KeptDups::default();
     let fdinfo_dir = FdinfoDir::open(pid)?;
+    let mounts = allow::Mounts::new(pid);
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let fdinfo = fdinfo_dir.read(fd)?;
         let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
@@ -315,6 +326,7 @@ pub fn capture(
             unix_tables: &unix_tables,
             socket_tables: &socket_tables,
             kept: &kept,
+            mounts: &mounts,
         })
     })?;
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
@@ -366,30 +378,101 @@ struct FdTable<'i, 'a> {
 
 /// Which fds share a description: same (dev, ino) and kcmp says so.
 fn share_descriptions<'i, 'a>(pid: i32, infos: &'i [FdInfo<'a>]) -> FdTable<'i, 'a> {
-    // (dev, ino) -> (file index, a representative fd), for sharing detection.
-    let mut seen: std::collections::HashMap<(u64, u64), Vec<(u32, i32)>> =
+    let mut groups: std::collections::HashMap<(u64, u64), Vec<usize>> =
         std::collections::HashMap::new();
-    let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
-    let mut unique: Vec<&FdInfo> = Vec::new();
-    for info in infos {
-        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
-        let (dev, ino) = (info.meta.dev(), info.meta.ino());
-        let mut shared_with = None;
-        for &(idx, other) in seen.get(&(dev, ino)).into_iter().flatten() {
-            if ferry_sys::fd::kcmp_same_file(pid, pid, info.fd, other).unwrap_or(false) {
-                shared_with = Some(idx);
-                break;
+    for (i, info) in infos.iter().enumerate() {
+        groups.entry((info.meta.dev(), info.meta.ino())).or_default().push(i);
+    }
+    // The lowest fd of each fd's description, by index into `infos`.
+    let mut first: Vec<usize> = (0..infos.len()).collect();
+    for members in groups.values().filter(|m| m.len() > 1) {
+        let fd = |i: usize| infos[i].fd;
+        for run in
+            descriptions(members, |a, b| ferry_sys::fd::kcmp_file_order(pid, pid, fd(a), fd(b)))
+        {
+            let lowest = run.iter().copied().min().unwrap_or(run[0]);
+            for i in run {
+                first[i] = lowest;
             }
         }
-        let file = shared_with.unwrap_or_else(|| {
-            let idx = unique.len() as u32;
+    }
+    let mut slots: Vec<FdSlot> = Vec::with_capacity(infos.len());
+    let mut unique: Vec<&FdInfo> = Vec::new();
+    let mut file_of: Vec<u32> = vec![0; infos.len()];
+    for (i, info) in infos.iter().enumerate() {
+        let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+        let file = if first[i] == i {
             unique.push(info);
-            seen.entry((dev, ino)).or_default().push((idx, info.fd));
-            idx
-        });
+            (unique.len() - 1) as u32
+        } else {
+            file_of[first[i]]
+        };
+        file_of[i] = file;
         slots.push(FdSlot { fd: info.fd, file, cloexec: flags & libc::O_CLOEXEC != 0 });
     }
     FdTable { slots, unique }
+}
+
+/// `members` split into runs of one description each. All anonymous
+/// inodes of a kind (every eventfd, every epoll...) share one inode, so a
+/// group can hold thousands of fds: sorted by the kernel's order of their
+/// descriptions, O(n log n) kcmp calls instead of one per pair. Should
+/// kcmp fail, each pair is asked whether it is the same description, as
+/// before.
+fn descriptions(
+    members: &[usize],
+    mut order: impl FnMut(usize, usize) -> ferry_sys::SysResult<std::cmp::Ordering>,
+) -> Vec<Vec<usize>> {
+    use std::cmp::Ordering;
+    let sorted = merge_sort(members.to_vec(), &mut order);
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    match sorted {
+        Some(sorted) => {
+            for i in sorted {
+                match runs.last_mut() {
+                    Some(run) if matches!(order(run[0], i), Ok(Ordering::Equal)) => run.push(i),
+                    _ => runs.push(vec![i]),
+                }
+            }
+        }
+        None => {
+            for &i in members {
+                let same = runs.iter_mut().find(|r| matches!(order(r[0], i), Ok(Ordering::Equal)));
+                match same {
+                    Some(run) => run.push(i),
+                    None => runs.push(vec![i]),
+                }
+            }
+        }
+    }
+    runs
+}
+
+/// Merge sort with a comparison that can fail (None then).
+fn merge_sort(
+    v: Vec<usize>,
+    order: &mut impl FnMut(usize, usize) -> ferry_sys::SysResult<std::cmp::Ordering>,
+) -> Option<Vec<usize>> {
+    if v.len() <= 1 {
+        return Some(v);
+    }
+    let mut left = v;
+    let right = left.split_off(left.len() / 2);
+    let (left, right) = (merge_sort(left, order)?, merge_sort(right, order)?);
+    let mut out = Vec::with_capacity(left.len() + right.len());
+    let (mut l, mut r) = (0, 0);
+    while l < left.len() && r < right.len() {
+        if order(left[l], right[r]).ok()? == std::cmp::Ordering::Greater {
+            out.push(right[r]);
+            r += 1;
+        } else {
+            out.push(left[l]);
+            l += 1;
+        }
+    }
+    out.extend_from_slice(&left[l..]);
+    out.extend_from_slice(&right[r..]);
+    Some(out)
 }
 
 /// One description as the image keeps it: status flags (without
@@ -401,11 +484,17 @@ fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
     let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdio_link =
         info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
+    let by_path = opened_by_path(&info.link);
+    allow::check_open_flags(info, flags, by_path)?;
     let kind = if external_stdio && stdio_link && leads_out(info) {
         FileKind::ExternalStdio { what: info.link.clone() }
     } else {
+        if by_path && !info.link.starts_with("/memfd:") {
+            allow::check_mount(info)?;
+        }
         capture_kind(info)?
     };
+    allow::check_fdinfo_lines(info)?;
     let locks = locks::parse(info)?;
     Ok((flags & !libc::O_CLOEXEC, pos, kind, locks))
 }
@@ -459,6 +548,7 @@ pub fn link_tree(
         }
     }
     let closed = pipe::check_tree(&all, tree)?;
+    pipe::check_packets(&all)?;
     unix::check_tree(&all)?;
     unix::check_peer_creds(&all, unix_creds, tree)?;
     for p in procs.iter_mut() {
@@ -590,6 +680,46 @@ mod tests {
         }
         let long = dir.read(epoll.as_raw_fd()).expect("fdinfo");
         assert!(long.len() > 4096 && long.matches("tfd:").count() == 200, "{}", long.len());
+    }
+
+    #[test]
+    fn descriptions_group_equal_fds_whatever_their_order() {
+        // Descriptions of eight fds: 0,3,5 one, 1,6 another, the rest alone.
+        let desc = [10, 20, 30, 10, 40, 10, 20, 50];
+        let runs = |fail: bool| {
+            let mut r = descriptions(&(0..8).collect::<Vec<_>>(), |a, b| {
+                if fail {
+                    return if desc[a] == desc[b] {
+                        Ok(std::cmp::Ordering::Equal)
+                    } else {
+                        Err(ferry_sys::SysError { call: "kcmp", errno: libc::EPERM })
+                    };
+                }
+                Ok(desc[a].cmp(&desc[b]))
+            });
+            r.iter_mut().for_each(|run| run.sort_unstable());
+            r.sort();
+            r
+        };
+        let want = vec![vec![0, 3, 5], vec![1, 6], vec![2], vec![4], vec![7]];
+        assert_eq!(runs(false), want);
+        // kcmp failing for unequal pairs: the pairwise way gives the same.
+        assert_eq!(runs(true), want);
+    }
+
+    #[test]
+    fn the_kernel_orders_descriptions_and_dups_compare_equal() {
+        use std::cmp::Ordering;
+        let me = std::process::id() as i32;
+        let a = ferry_sys::anonfd::eventfd(0, libc::EFD_CLOEXEC).expect("eventfd");
+        let b = a.try_clone().expect("dup");
+        let c = ferry_sys::anonfd::eventfd(0, libc::EFD_CLOEXEC).expect("eventfd");
+        let order = |x: &OwnedFd, y: &OwnedFd| {
+            ferry_sys::fd::kcmp_file_order(me, me, x.as_raw_fd(), y.as_raw_fd()).expect("kcmp")
+        };
+        assert_eq!(order(&a, &b), Ordering::Equal);
+        assert_ne!(order(&a, &c), Ordering::Equal);
+        assert_eq!(order(&a, &c), order(&c, &a).reverse());
     }
 
     #[test]

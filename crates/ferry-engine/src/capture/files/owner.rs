@@ -71,6 +71,13 @@ pub fn capture(
         if owner == 0 && signal == 0 {
             return Ok(None);
         }
+        if owner != 0 && matches!(f.kind, ferry_image::FileKind::Directory { .. }) {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {fd}"),
+                "a directory with an F_SETOWN owner, which fcntl(F_NOTIFY) sets: dnotify, whose watch the kernel does not show, is not restored",
+            ));
+        }
         if owner != 0 && !in_tree(tree, owner_type, owner) {
             let kind = ["thread", "process", "process group"]
                 .get(owner_type as usize)

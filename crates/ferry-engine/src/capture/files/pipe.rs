@@ -117,3 +117,37 @@ fn other_holder(tree: &[i32], id: u64) -> Option<i32> {
     }
     None
 }
+
+/// A pipe whose write end is in packet mode (O_DIRECT, pipe2(O_DIRECT))
+/// keeps each write as one message; the bytes queued are copied without
+/// their boundaries, so a packet-mode pipe with bytes queued is refused.
+/// An empty one is restored: F_SETFL gives the new write end O_DIRECT.
+pub fn check_packets(all: &[(i32, &OpenFile, i32)]) -> Result<()> {
+    let pipe_of = |f: &OpenFile| match &f.kind {
+        FileKind::Pipe(end) | FileKind::Fifo { pipe: end, .. } => Some(end.id),
+        _ => None,
+    };
+    for &(pid, f, fd) in all {
+        let Some(id) = pipe_of(f) else { continue };
+        if f.flags & libc::O_DIRECT == 0 || f.flags & libc::O_ACCMODE == libc::O_RDONLY {
+            continue;
+        }
+        let queued: usize = all
+            .iter()
+            .filter(|(_, g, _)| pipe_of(g) == Some(id))
+            .filter_map(|(_, g, _)| match &g.kind {
+                FileKind::Pipe(end) | FileKind::Fifo { pipe: end, .. } => Some(end.data.len()),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if queued > 0 {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("fd {fd} (pipe:[{id}])"),
+                format!("a packet-mode pipe (O_DIRECT) with {queued} bytes queued; their message boundaries are not restored"),
+            ));
+        }
+    }
+    Ok(())
+}
