@@ -999,6 +999,38 @@ fn refuses_scm_rights_in_flight() {
     refused_mode("scm_rights", &["fd 4", "pipe:[", "held by no process of the tree"]);
 }
 
+/// An MFD_HUGETLB memfd is hugetlb memory, named as such (it was taken
+/// for an ordinary memfd and failed later with an unrelated error).
+#[test]
+fn refuses_a_hugetlb_memfd_by_name() {
+    refused_mode("memfd_hugetlb", &["/memfd:ferry-huge", "MFD_HUGETLB memfd", "VmFlags ht"]);
+}
+
+#[test]
+fn refuses_a_hugetlb_sysv_segment_by_name() {
+    refused_mode("shm_hugetlb", &["/SYSV", "SHM_HUGETLB SysV segment"]);
+}
+
+/// memfd_secret memory: no one else can read it (it used to fail in
+/// /proc/PID/map_files with ENXIO).
+#[test]
+fn refuses_secret_memory_by_name() {
+    refused_mode("memfd_secret", &["/secretmem (deleted)", "memfd_secret memory"]);
+}
+
+/// Guard pages show in no mapping flag; PAGEMAP_SCAN finds them.
+#[test]
+fn refuses_guard_pages_by_name() {
+    refused_mode("guard", &["guard pages at", "MADV_GUARD_INSTALL"]);
+}
+
+/// The ring of an io_setup context (it used to be taken for a deleted
+/// file and fail with "Illegal seek").
+#[test]
+fn refuses_an_aio_ring_by_name() {
+    refused_mode("aio", &["/[aio] (deleted)", "AIO context (io_setup)"]);
+}
+
 /// Cgroups made for one test under the hierarchies mounted here; removed
 /// on drop (their processes moved back to the hierarchy's root first).
 struct TestCgroups {

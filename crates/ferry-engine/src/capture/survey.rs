@@ -203,6 +203,7 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
+    memory::check_guard_regions(pid, &smaps)?;
     let files::CapturedFds {
         files,
         fds,

@@ -11,6 +11,8 @@
 
 use std::fmt::Write as _;
 
+pub mod vmflags;
+
 /// What a checkpoint and restore do with one attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handling {
@@ -98,7 +100,7 @@ impl Table {
 
 /// Every table, in the order docs/coverage.md shows them.
 pub fn tables() -> Vec<&'static Table> {
-    vec![]
+    vec![&vmflags::VMFLAGS]
 }
 
 fn begin_marker(id: &str) -> String {
