@@ -22,6 +22,43 @@
 
 static pid_t child = -1;
 
+static int write_file(const char *path, const char *text)
+{
+	int f = open(path, O_WRONLY);
+	if (f < 0)
+		return -1;
+	ssize_t n = write(f, text, strlen(text));
+	close(f);
+	return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+static int thread_tid;
+
+/* Goes on after the main thread exited; the process's result. */
+static void *main_exited_fn(void *arg)
+{
+	(void)arg;
+	char path[64], b[256] = "";
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)getpid());
+	while (ft_read_file(path, b, sizeof(b)) > 0 && !strstr(b, "State:\tZ"))
+		ft_sleep_ms(1);
+	ft_ready();
+	ft_wait_restored();
+	_exit(ft_finish());
+	return NULL;
+}
+
+/* A thread with its own I/O priority (best effort, level 6). */
+static void *ioprio_thread_fn(void *arg)
+{
+	(void)arg;
+	if (syscall(SYS_ioprio_set, 1, 0, (2 << 13) | 6) != 0)
+		ft_die("ioprio_set: %s", strerror(errno));
+	__atomic_store_n(&thread_tid, (int)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+	for (;;)
+		pause();
+	return NULL;
+}
+
 static int child_fn(void *arg)
 {
 	(void)arg;
@@ -321,6 +358,31 @@ int main(int argc, char **argv)
 		FT_SYS(madvise((char *)mapped + 4 * 4096, 4096, 102 /* MADV_GUARD_INSTALL */));
 	} else if (strcmp(mode, "aio") == 0) {
 		FT_SYS(syscall(SYS_io_setup, 16, &aio));
+	} else if (strcmp(mode, "main_exited") == 0) {
+		/* The main thread ends with pthread_exit; a thread goes on,
+		 * prints READY and waits for SIGUSR2 (blocked by ft_init). */
+		pthread_t t;
+		if (pthread_create(&t, NULL, main_exited_fn, NULL) != 0)
+			ft_die("pthread_create");
+		pthread_exit(NULL);
+	} else if (strcmp(mode, "ioprio") == 0) {
+		/* Best effort, level 7, for the whole process. */
+		FT_SYS(syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, (2 << 13) | 7));
+	} else if (strcmp(mode, "ioprio_thread") == 0) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, ioprio_thread_fn, NULL) != 0)
+			ft_die("pthread_create");
+		while (!__atomic_load_n(&thread_tid, __ATOMIC_SEQ_CST))
+			ft_sleep_ms(1);
+	} else if (strcmp(mode, "coredump_filter") == 0) {
+		FT_CHECK(write_file("/proc/self/coredump_filter", "0x7f") == 0, "writing coredump_filter");
+	} else if (strcmp(mode, "autogroup") == 0) {
+		/* Its own session, so its own autogroup. */
+		if (getsid(0) != getpid())
+			FT_SYS(setsid());
+		FT_CHECK(write_file("/proc/self/autogroup", "5") == 0, "writing autogroup: %s", strerror(errno));
+	} else if (strcmp(mode, "loginuid") == 0) {
+		FT_CHECK(write_file("/proc/self/loginuid", "4242") == 0, "writing loginuid: %s", strerror(errno));
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		/* An unreaped child that died of SIGQUIT and dumped core. */
 		child = fork();
@@ -410,6 +472,22 @@ int main(int argc, char **argv)
 		FT_CHECK(guard_page((char *)mapped + 4 * 4096), "the guard page is gone");
 	} else if (strcmp(mode, "aio") == 0) {
 		FT_CHECK(syscall(SYS_io_destroy, aio) == 0, "io_destroy of the AIO context: %s", strerror(errno));
+	} else if (strcmp(mode, "ioprio") == 0) {
+		FT_EQ(syscall(SYS_ioprio_get, 1, 0), (2 << 13) | 7, "ioprio of the process");
+	} else if (strcmp(mode, "ioprio_thread") == 0) {
+		FT_EQ(syscall(SYS_ioprio_get, 1, thread_tid), (2 << 13) | 6, "ioprio of the thread");
+	} else if (strcmp(mode, "coredump_filter") == 0) {
+		char b[32] = "";
+		ft_read_file("/proc/self/coredump_filter", b, sizeof(b));
+		FT_CHECK(strtoul(b, NULL, 16) == 0x7f, "coredump_filter %s", b);
+	} else if (strcmp(mode, "autogroup") == 0) {
+		char b[64] = "";
+		ft_read_file("/proc/self/autogroup", b, sizeof(b));
+		FT_CHECK(strstr(b, "nice 5") != NULL, "autogroup %s", b);
+	} else if (strcmp(mode, "loginuid") == 0) {
+		char b[32] = "";
+		ft_read_file("/proc/self/loginuid", b, sizeof(b));
+		FT_CHECK(atoi(b) == 4242, "loginuid %s", b);
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		siginfo_t si;
 		memset(&si, 0, sizeof(si));

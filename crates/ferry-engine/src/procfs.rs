@@ -158,6 +158,10 @@ impl Stat {
             .collect();
         Ok(Stat { fields })
     }
+    /// How many fields the line has (pid and comm included).
+    pub fn count(&self) -> usize {
+        self.fields.len() + 2
+    }
     /// Field number `n` as listed in proc(5) (n >= 3).
     pub fn field(&self, n: usize) -> u64 {
         self.fields.get(n - 3).copied().unwrap_or(0)

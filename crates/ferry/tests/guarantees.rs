@@ -1031,6 +1031,36 @@ fn refuses_an_aio_ring_by_name() {
     refused_mode("aio", &["/[aio] (deleted)", "AIO context (io_setup)"]);
 }
 
+/// A main thread that exited with pthread_exit while another thread
+/// runs is named (it failed as "is it traced by someone else?").
+#[test]
+fn refuses_a_process_whose_main_thread_exited() {
+    refused_mode("main_exited", &["its main thread", "pthread_exit", "1 other thread(s) run"]);
+}
+
+/// An I/O priority (ioprio_set) is refused by name, the main thread's
+/// and another thread's: a restored thread would get ferry's.
+#[test]
+fn refuses_an_io_priority() {
+    refused_mode("ioprio", &["its I/O priority", "ioprio_set class 2 level 7"]);
+    refused_mode("ioprio_thread", &["its I/O priority", "ioprio_set class 2 level 6"]);
+}
+
+#[test]
+fn refuses_a_coredump_filter_other_than_ferrys() {
+    refused_mode("coredump_filter", &["its coredump_filter", "0000007f"]);
+}
+
+#[test]
+fn refuses_an_autogroup_nice_value() {
+    refused_mode("autogroup", &["its autogroup", "nice value", "is 5"]);
+}
+
+#[test]
+fn refuses_a_loginuid_other_than_ferrys() {
+    refused_mode("loginuid", &["its loginuid", "loginuid is 4242"]);
+}
+
 /// Cgroups made for one test under the hierarchies mounted here; removed
 /// on drop (their processes moved back to the hierarchy's root first).
 struct TestCgroups {

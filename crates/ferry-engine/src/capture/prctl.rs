@@ -208,11 +208,17 @@ impl ThreadPrctls {
 
 /// Credentials are per thread; restore gives every thread the leader's.
 /// A thread whose ids, groups or capabilities differ is refused by name.
+/// The same read checks every status line against the catalog
+/// (`catalog::proc_status`): an unknown line, or one ferry does not
+/// restore set away from a fresh process's value, is refused by name.
 pub fn check_thread_creds(pid: i32, tids: &[i32]) -> Result<()> {
     const KEYS: [&str; 8] =
         ["Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
     let read = |tid: i32| -> Result<Vec<String>> {
         let text = procfs::read_string(&format!("/proc/{pid}/task/{tid}/status"))?;
+        if let Some((line, why)) = crate::catalog::proc_status::status_refusal(&text) {
+            return Err(EngineError::unsupported(pid, format!("thread {tid}: {line}"), why));
+        }
         let kv = key_values(&text);
         Ok(KEYS
             .iter()

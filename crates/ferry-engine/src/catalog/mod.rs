@@ -11,6 +11,7 @@
 
 use std::fmt::Write as _;
 
+pub mod proc_status;
 pub mod vmflags;
 
 /// What a checkpoint and restore do with one attribute.
@@ -100,7 +101,7 @@ impl Table {
 
 /// Every table, in the order docs/coverage.md shows them.
 pub fn tables() -> Vec<&'static Table> {
-    vec![&vmflags::VMFLAGS]
+    vec![&proc_status::STATUS, &proc_status::STAT, &vmflags::VMFLAGS]
 }
 
 fn begin_marker(id: &str) -> String {
