@@ -365,6 +365,9 @@ int main(int argc, char **argv)
 		if (pthread_create(&t, NULL, main_exited_fn, NULL) != 0)
 			ft_die("pthread_create");
 		pthread_exit(NULL);
+	} else if (strcmp(mode, "pdeathsig") == 0) {
+		/* Restored, but not by a ferry that exits (restore --detach). */
+		FT_SYS(prctl(PR_SET_PDEATHSIG, SIGUSR1));
 	} else if (strcmp(mode, "ioprio") == 0) {
 		/* Best effort, level 7, for the whole process. */
 		FT_SYS(syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, (2 << 13) | 7));
@@ -472,6 +475,10 @@ int main(int argc, char **argv)
 		FT_CHECK(guard_page((char *)mapped + 4 * 4096), "the guard page is gone");
 	} else if (strcmp(mode, "aio") == 0) {
 		FT_CHECK(syscall(SYS_io_destroy, aio) == 0, "io_destroy of the AIO context: %s", strerror(errno));
+	} else if (strcmp(mode, "pdeathsig") == 0) {
+		int d = 0;
+		prctl(PR_GET_PDEATHSIG, &d);
+		FT_EQ(d, SIGUSR1, "PR_GET_PDEATHSIG");
 	} else if (strcmp(mode, "ioprio") == 0) {
 		FT_EQ(syscall(SYS_ioprio_get, 1, 0), (2 << 13) | 7, "ioprio of the process");
 	} else if (strcmp(mode, "ioprio_thread") == 0) {

@@ -60,6 +60,7 @@ pub fn run(args: RestoreArgs) -> Result<i32> {
         progress: crate::progress::bar("restoring memory"),
         new_pid_ns,
         check: !no_check,
+        detach,
     };
     let r = ferry_engine::restore::restore(&images, &opts)
         .with_context(|| format!("restore from {} failed", images.display()))?;

@@ -1038,6 +1038,31 @@ fn refuses_a_process_whose_main_thread_exited() {
     refused_mode("main_exited", &["its main thread", "pthread_exit", "1 other thread(s) run"]);
 }
 
+/// `restore --detach` of a root with a parent-death signal: ferry, its
+/// parent, exits, and the signal would fire (the old code restored it,
+/// and SIGUSR1 then killed it). Refused before anything is made; the
+/// image restores without --detach.
+#[test]
+fn restore_detach_refuses_a_parent_death_signal() {
+    require_root!();
+    let mut c = Case::new("pdeathsig_detach");
+    let prog = c.compile("tests/guarantees/refusals.c");
+    let pid = c.start_args(&prog, &["pdeathsig"]);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    assert_eq!(c.finish_child(0), -1, "the checkpointed program was not killed");
+    let images = c.images();
+    let out = c.ferry(&["restore", "--images", &images.to_string_lossy(), "--detach"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "restore --detach should have been refused");
+    for w in ["parent-death signal (10)", "without --detach"] {
+        assert!(err.contains(w), "refusal should mention {w:?}: {err}");
+    }
+    assert!(fs::read_dir("/proc").is_ok_and(|_| !Path::new(&format!("/proc/{pid}")).exists()));
+    let code = c.restore_and_finish(pid, &images, &[]);
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}
+
 /// An I/O priority (ioprio_set) is refused by name, the main thread's
 /// and another thread's: a restored thread would get ferry's.
 #[test]

@@ -11,6 +11,7 @@
 
 use std::fmt::Write as _;
 
+pub mod prctl;
 pub mod proc_status;
 pub mod vmflags;
 
@@ -101,7 +102,7 @@ impl Table {
 
 /// Every table, in the order docs/coverage.md shows them.
 pub fn tables() -> Vec<&'static Table> {
-    vec![&proc_status::STATUS, &proc_status::STAT, &vmflags::VMFLAGS]
+    vec![&proc_status::STATUS, &proc_status::STAT, &prctl::PRCTL, &vmflags::VMFLAGS]
 }
 
 fn begin_marker(id: &str) -> String {
