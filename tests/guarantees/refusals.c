@@ -377,8 +377,6 @@ int main(int argc, char **argv)
 			ft_die("pthread_create");
 		while (!__atomic_load_n(&thread_tid, __ATOMIC_SEQ_CST))
 			ft_sleep_ms(1);
-	} else if (strcmp(mode, "coredump_filter") == 0) {
-		FT_CHECK(write_file("/proc/self/coredump_filter", "0x7f") == 0, "writing coredump_filter");
 	} else if (strcmp(mode, "autogroup") == 0) {
 		/* Its own session, so its own autogroup. */
 		if (getsid(0) != getpid())
@@ -483,10 +481,6 @@ int main(int argc, char **argv)
 		FT_EQ(syscall(SYS_ioprio_get, 1, 0), (2 << 13) | 7, "ioprio of the process");
 	} else if (strcmp(mode, "ioprio_thread") == 0) {
 		FT_EQ(syscall(SYS_ioprio_get, 1, thread_tid), (2 << 13) | 6, "ioprio of the thread");
-	} else if (strcmp(mode, "coredump_filter") == 0) {
-		char b[32] = "";
-		ft_read_file("/proc/self/coredump_filter", b, sizeof(b));
-		FT_CHECK(strtoul(b, NULL, 16) == 0x7f, "coredump_filter %s", b);
 	} else if (strcmp(mode, "autogroup") == 0) {
 		char b[64] = "";
 		ft_read_file("/proc/self/autogroup", b, sizeof(b));

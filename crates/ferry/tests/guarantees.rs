@@ -1072,11 +1072,6 @@ fn refuses_an_io_priority() {
 }
 
 #[test]
-fn refuses_a_coredump_filter_other_than_ferrys() {
-    refused_mode("coredump_filter", &["its coredump_filter", "0000007f"]);
-}
-
-#[test]
 fn refuses_an_autogroup_nice_value() {
     refused_mode("autogroup", &["its autogroup", "nice value", "is 5"]);
 }

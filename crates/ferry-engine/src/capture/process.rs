@@ -1,6 +1,6 @@
 //! Process-wide attributes: identity, credentials, cwd, umask, limits,
 //! personality, no_new_privs; and the ones refused when set
-//! (coredump_filter, loginuid, autogroup nice, I/O priority).
+//! (loginuid, autogroup nice, I/O priority).
 
 use crate::catalog::proc_status as catalog;
 use crate::error::{EngineError, Result};
@@ -39,7 +39,7 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
 
 /// Per-process attributes ferry does not restore, refused when they
 /// differ from what a restored process gets (a child of ferry inherits
-/// ferry's coredump_filter, loginuid and I/O priority; a new session
+/// ferry's loginuid and I/O priority; a new session
 /// gets an autogroup of nice 0), and a /proc/PID/stat longer than the
 /// catalog knows.
 pub fn check_unrestored(pid: i32, tids: &[i32]) -> Result<()> {
@@ -47,19 +47,19 @@ pub fn check_unrestored(pid: i32, tids: &[i32]) -> Result<()> {
         return Err(EngineError::unsupported(pid, "/proc/PID/stat", why));
     }
     let own = |name: &str| procfs::read_string(&format!("/proc/self/{name}")).unwrap_or_default();
-    for name in ["coredump_filter", "loginuid"] {
-        let (theirs, mine) = (procfs::read_string(&format!("/proc/{pid}/{name}"))?, own(name));
-        if theirs.trim() != mine.trim() {
-            return Err(EngineError::unsupported(
-                pid,
-                format!("its {name}"),
-                format!(
-                    "{name} is {} (a restored process gets {}); not restored",
-                    theirs.trim(),
-                    mine.trim()
-                ),
-            ));
-        }
+    // coredump_filter is not compared: HotSpot sets it (0x3f) in every
+    // JVM, and refusing it would refuse them all; it is to be restored.
+    let (theirs, mine) = (procfs::read_string(&format!("/proc/{pid}/loginuid"))?, own("loginuid"));
+    if theirs.trim() != mine.trim() {
+        return Err(EngineError::unsupported(
+            pid,
+            "its loginuid",
+            format!(
+                "loginuid is {} (a restored process gets {}); not restored",
+                theirs.trim(),
+                mine.trim()
+            ),
+        ));
     }
     // "/autogroup-123 nice 5"; absent without CONFIG_SCHED_AUTOGROUP.
     if let Ok(text) = procfs::read_string(&format!("/proc/{pid}/autogroup")) {
