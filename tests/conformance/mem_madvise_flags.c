@@ -1,10 +1,11 @@
 /*
- * mem_madvise_flags: six private anonymous mappings, each with one
+ * mem_madvise_flags: eight private anonymous mappings, each with one
  * madvise(2) flag: MADV_DONTFORK, MADV_DONTDUMP, MADV_WIPEONFORK,
- * MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_MERGEABLE (the last only where the
- * kernel has KSM; EINVAL otherwise, logged), with a page of data in each.
- * After restore: each mapping shows its flag in /proc/self/smaps VmFlags
- * (dc, dd, wf, hg, nh, mg) and no other of the six, its data is intact,
+ * MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_MERGEABLE (only where the kernel
+ * has KSM; EINVAL otherwise, logged), MADV_SEQUENTIAL, MADV_RANDOM, with a
+ * page of data in each. After restore: each mapping shows its flag in
+ * /proc/self/smaps VmFlags (dc, dd, wf, hg, nh, mg, sr, rr) and no other
+ * of the eight, its data is intact,
  * and the flags still act: a forked child reads zeros in the WIPEONFORK
  * mapping and does not have the DONTFORK one.
  */
@@ -29,6 +30,8 @@ static struct flag flags[] = {
 	{ MADV_HUGEPAGE, "HUGEPAGE", "hg", NULL, 0 },
 	{ MADV_NOHUGEPAGE, "NOHUGEPAGE", "nh", NULL, 0 },
 	{ MADV_MERGEABLE, "MERGEABLE", "mg", NULL, 0 },
+	{ MADV_SEQUENTIAL, "SEQUENTIAL", "sr", NULL, 0 },
+	{ MADV_RANDOM, "RANDOM", "rr", NULL, 0 },
 };
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
 

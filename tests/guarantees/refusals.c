@@ -11,6 +11,8 @@
 #include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -19,6 +21,43 @@
 #include <stddef.h>
 
 static pid_t child = -1;
+
+static int write_file(const char *path, const char *text)
+{
+	int f = open(path, O_WRONLY);
+	if (f < 0)
+		return -1;
+	ssize_t n = write(f, text, strlen(text));
+	close(f);
+	return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+static int thread_tid;
+
+/* Goes on after the main thread exited; the process's result. */
+static void *main_exited_fn(void *arg)
+{
+	(void)arg;
+	char path[64], b[256] = "";
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)getpid());
+	while (ft_read_file(path, b, sizeof(b)) > 0 && !strstr(b, "State:\tZ"))
+		ft_sleep_ms(1);
+	ft_ready();
+	ft_wait_restored();
+	_exit(ft_finish());
+	return NULL;
+}
+
+/* A thread with its own I/O priority (best effort, level 6). */
+static void *ioprio_thread_fn(void *arg)
+{
+	(void)arg;
+	if (syscall(SYS_ioprio_set, 1, 0, (2 << 13) | 6) != 0)
+		ft_die("ioprio_set: %s", strerror(errno));
+	__atomic_store_n(&thread_tid, (int)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+	for (;;)
+		pause();
+	return NULL;
+}
 
 static int child_fn(void *arg)
 {
@@ -85,12 +124,39 @@ static int path_listener(const char *name)
 	return s;
 }
 
+/* Whether the smaps entry at addr is hugetlb memory (2 MiB pages). */
+static int huge_mapping(void *addr)
+{
+	static char buf[1 << 20];
+	char key[32];
+	if (ft_read_file("/proc/self/smaps", buf, sizeof(buf)) < 0)
+		return 0;
+	snprintf(key, sizeof(key), "%lx-", (unsigned long)addr);
+	char *p = strstr(buf, key);
+	char *k = p ? strstr(p, "KernelPageSize:") : NULL;
+	return k && atol(k + strlen("KernelPageSize:")) == 2048;
+}
+
+/* Whether the page at addr is a guard page (pagemap bit 58). */
+static int guard_page(void *addr)
+{
+	uint64_t e = 0;
+	int f = open("/proc/self/pagemap", O_RDONLY);
+	if (f < 0)
+		return 0;
+	ssize_t n = pread(f, &e, 8, (off_t)((uintptr_t)addr / 4096 * 8));
+	close(f);
+	return n == 8 && (e >> 58 & 1);
+}
+
 int main(int argc, char **argv)
 {
 	ft_init();
 	ft_set_cleanup(end_child);
 	const char *mode = argc > 1 ? argv[1] : "";
-	int fd = -1, fd2 = -1;
+	int fd = -1, fd2 = -1, shm;
+	void *mapped = NULL;
+	unsigned long aio = 0;
 	if (strcmp(mode, "plain") == 0) {
 		/* nothing: the test changes the process from outside (cgroups) */
 	} else if (strcmp(mode, "mlockall") == 0) {
@@ -259,6 +325,65 @@ int main(int argc, char **argv)
 		fd = (int)FT_SYS(inotify_init1(IN_NONBLOCK));
 		FT_SYS(inotify_add_watch(fd, "mapped", IN_CLOSE_WRITE));
 		FT_SYS(unlink("mapped"));
+	} else if (strcmp(mode, "memfd_hugetlb") == 0) {
+		/* Mapped, never touched: MAP_NORESERVE needs no huge page. */
+		fd = (int)FT_SYS(memfd_create("ferry-huge", MFD_HUGETLB));
+		FT_SYS(ftruncate(fd, 2 << 20));
+		mapped = mmap(NULL, 2 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		if (mapped == MAP_FAILED)
+			ft_die("mmap of the hugetlb memfd: %s", strerror(errno));
+	} else if (strcmp(mode, "shm_hugetlb") == 0) {
+		shm = (int)FT_SYS(shmget(IPC_PRIVATE, 2 << 20, IPC_CREAT | 0600 | SHM_HUGETLB | SHM_NORESERVE));
+		mapped = shmat(shm, NULL, 0);
+		if (mapped == (void *)-1)
+			ft_die("shmat: %s", strerror(errno));
+		/* Removed now; it lives while attached. */
+		FT_SYS(shmctl(shm, IPC_RMID, NULL));
+	} else if (strcmp(mode, "memfd_secret") == 0) {
+		fd = (int)syscall(447 /* memfd_secret */, 0);
+		if (fd < 0)
+			ft_die("memfd_secret: %s (boot with secretmem.enable=1)", strerror(errno));
+		FT_SYS(ftruncate(fd, 4096));
+		mapped = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (mapped == MAP_FAILED)
+			ft_die("mmap of the secret memfd: %s", strerror(errno));
+		memcpy(mapped, "secret", 7);
+		close(fd);
+		fd = -1;
+	} else if (strcmp(mode, "guard") == 0) {
+		mapped = mmap(NULL, 8 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (mapped == MAP_FAILED)
+			ft_die("mmap: %s", strerror(errno));
+		memset(mapped, 'g', 8 * 4096);
+		FT_SYS(madvise((char *)mapped + 4 * 4096, 4096, 102 /* MADV_GUARD_INSTALL */));
+	} else if (strcmp(mode, "aio") == 0) {
+		FT_SYS(syscall(SYS_io_setup, 16, &aio));
+	} else if (strcmp(mode, "main_exited") == 0) {
+		/* The main thread ends with pthread_exit; a thread goes on,
+		 * prints READY and waits for SIGUSR2 (blocked by ft_init). */
+		pthread_t t;
+		if (pthread_create(&t, NULL, main_exited_fn, NULL) != 0)
+			ft_die("pthread_create");
+		pthread_exit(NULL);
+	} else if (strcmp(mode, "pdeathsig") == 0) {
+		/* Restored, but not by a ferry that exits (restore --detach). */
+		FT_SYS(prctl(PR_SET_PDEATHSIG, SIGUSR1));
+	} else if (strcmp(mode, "ioprio") == 0) {
+		/* Best effort, level 7, for the whole process. */
+		FT_SYS(syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, (2 << 13) | 7));
+	} else if (strcmp(mode, "ioprio_thread") == 0) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, ioprio_thread_fn, NULL) != 0)
+			ft_die("pthread_create");
+		while (!__atomic_load_n(&thread_tid, __ATOMIC_SEQ_CST))
+			ft_sleep_ms(1);
+	} else if (strcmp(mode, "autogroup") == 0) {
+		/* Its own session, so its own autogroup. */
+		if (getsid(0) != getpid())
+			FT_SYS(setsid());
+		FT_CHECK(write_file("/proc/self/autogroup", "5") == 0, "writing autogroup: %s", strerror(errno));
+	} else if (strcmp(mode, "loginuid") == 0) {
+		FT_CHECK(write_file("/proc/self/loginuid", "4242") == 0, "writing loginuid: %s", strerror(errno));
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		/* An unreaped child that died of SIGQUIT and dumped core. */
 		child = fork();
@@ -338,6 +463,32 @@ int main(int argc, char **argv)
 		char path[64], buf[1024];
 		snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
 		FT_CHECK(ft_read_file(path, buf, sizeof(buf)) > 0 && strstr(buf, "inotify wd:1 "), "the watch is gone");
+	} else if (strcmp(mode, "memfd_hugetlb") == 0 || strcmp(mode, "shm_hugetlb") == 0) {
+		FT_CHECK(huge_mapping(mapped), "the mapping at %p is no longer hugetlb memory", mapped);
+	} else if (strcmp(mode, "memfd_secret") == 0) {
+		FT_CHECK(memcmp(mapped, "secret", 7) == 0, "the secret memory lost its content");
+	} else if (strcmp(mode, "guard") == 0) {
+		/* A guard page faults; its neighbours keep their data. */
+		FT_CHECK(((char *)mapped)[3 * 4096] == 'g' && ((char *)mapped)[5 * 4096] == 'g', "data around the guard page");
+		FT_CHECK(guard_page((char *)mapped + 4 * 4096), "the guard page is gone");
+	} else if (strcmp(mode, "aio") == 0) {
+		FT_CHECK(syscall(SYS_io_destroy, aio) == 0, "io_destroy of the AIO context: %s", strerror(errno));
+	} else if (strcmp(mode, "pdeathsig") == 0) {
+		int d = 0;
+		prctl(PR_GET_PDEATHSIG, &d);
+		FT_EQ(d, SIGUSR1, "PR_GET_PDEATHSIG");
+	} else if (strcmp(mode, "ioprio") == 0) {
+		FT_EQ(syscall(SYS_ioprio_get, 1, 0), (2 << 13) | 7, "ioprio of the process");
+	} else if (strcmp(mode, "ioprio_thread") == 0) {
+		FT_EQ(syscall(SYS_ioprio_get, 1, thread_tid), (2 << 13) | 6, "ioprio of the thread");
+	} else if (strcmp(mode, "autogroup") == 0) {
+		char b[64] = "";
+		ft_read_file("/proc/self/autogroup", b, sizeof(b));
+		FT_CHECK(strstr(b, "nice 5") != NULL, "autogroup %s", b);
+	} else if (strcmp(mode, "loginuid") == 0) {
+		char b[32] = "";
+		ft_read_file("/proc/self/loginuid", b, sizeof(b));
+		FT_CHECK(atoi(b) == 4242, "loginuid %s", b);
 	} else if (strcmp(mode, "zombie_core") == 0) {
 		siginfo_t si;
 		memset(&si, 0, sizeof(si));

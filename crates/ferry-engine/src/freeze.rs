@@ -81,6 +81,29 @@ fn seize(pid: i32, tid: i32) -> Result<bool> {
     }
 }
 
+/// A thread group whose leader exited (pthread_exit from main) while
+/// other threads run: the leader cannot be seized (it would fail as
+/// EPERM, "traced by someone else?"), and a restore has no way to make
+/// a group without its leader. Refused by name before anything stops.
+fn check_leader_alive(pid: i32) -> Result<()> {
+    if procfs::state(pid) != Some('Z') {
+        return Ok(());
+    }
+    let others = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().filter(|e| e.file_name() != pid.to_string().as_str()).count())
+        .unwrap_or(0);
+    if others == 0 {
+        return Ok(());
+    }
+    Err(EngineError::unsupported(
+        pid,
+        "its main thread",
+        format!(
+            "the main thread has exited (pthread_exit) while {others} other thread(s) run; a thread group without its leader is not restored"
+        ),
+    ))
+}
+
 /// Whether task `tid` is a zombie, dead, or gone from /proc.
 fn exiting(tid: i32) -> bool {
     crate::procfs::state(tid).is_none_or(|s| s == 'Z' || s == 'X')
@@ -90,6 +113,7 @@ impl Frozen {
     /// Seizes and stops every thread of `pid`, including threads created
     /// while this runs.
     pub fn freeze(pid: i32) -> Result<Frozen> {
+        check_leader_alive(pid)?;
         let pidfd = ferry_sys::pidfd::pidfd_open(pid)
             .map_err(|e| EngineError::kernel(pid, "opening a pidfd", e))?;
         let stopped = procfs::state(pid) == Some('T');

@@ -107,7 +107,15 @@ pub fn smaps(pid: i32) -> Result<Vec<MapsEntry>> {
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             if let Some(last) = out.last_mut() {
+                let pkey = std::mem::take(&mut last.vm_flags);
                 last.vm_flags = flags.split_whitespace().map(str::to_string).collect();
+                last.vm_flags.extend(pkey);
+            }
+        } else if let Some(key) = line.strip_prefix("ProtectionKey:") {
+            // Shown only on CPUs with protection keys, before VmFlags. A key
+            // other than 0 is kept as a pseudo-flag the catalog refuses.
+            if let Some(last) = out.last_mut().filter(|_| key.trim() != "0") {
+                last.vm_flags.push("ProtectionKey".to_string());
             }
         } else if is_maps_line(line) {
             out.push(parse_maps_line(&path, line)?);
@@ -149,6 +157,10 @@ impl Stat {
             .map(|f| f.parse::<i64>().map(|v| v as u64).unwrap_or(0))
             .collect();
         Ok(Stat { fields })
+    }
+    /// How many fields the line has (pid and comm included).
+    pub fn count(&self) -> usize {
+        self.fields.len() + 2
     }
     /// Field number `n` as listed in proc(5) (n >= 3).
     pub fn field(&self, n: usize) -> u64 {

@@ -674,6 +674,10 @@ pub mod vmflag {
     pub const MAYWRITE: u32 = 1 << 7;
     pub const LOCKED: u32 = 1 << 8;
     pub const NORESERVE: u32 = 1 << 9;
+    /// mlock2(MLOCK_ONFAULT): with LOCKED, only resident pages are locked.
+    pub const LOCKONFAULT: u32 = 1 << 10;
+    pub const SEQ_READ: u32 = 1 << 11;
+    pub const RAND_READ: u32 = 1 << 12;
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -11,6 +11,8 @@ pub const PAGE_IS_FILE: u64 = 1 << 2;
 pub const PAGE_IS_PRESENT: u64 = 1 << 3;
 pub const PAGE_IS_SWAPPED: u64 = 1 << 4;
 pub const PAGE_IS_PFNZERO: u64 = 1 << 5;
+/// A guard region page (MADV_GUARD_INSTALL), since 6.15.
+pub const PAGE_IS_GUARD: u64 = 1 << 8;
 
 /// _IOWR('f', 16, struct pm_scan_arg)
 const PAGEMAP_SCAN: libc::c_ulong = 0xc060_6610;

@@ -288,6 +288,18 @@ pub fn prctl_get(option: i32, arg: u64) -> i64 {
     unsafe { libc::prctl(option, arg, 0, 0, 0) as i64 }
 }
 
+/// ioprio_get(IOPRIO_WHO_PROCESS, tid): the I/O priority of one thread
+/// (0 for the calling one).
+pub fn ioprio_get(tid: i32) -> SysResult<i32> {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    // SAFETY: integer arguments; the call only reads a thread's setting.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, tid as libc::c_long) };
+    if r < 0 {
+        return Err(last_error("ioprio_get"));
+    }
+    Ok(r as i32)
+}
+
 /// Makes the caller the child subreaper of its descendants: orphans below
 /// it are re-parented to it rather than to PID 1.
 pub fn set_child_subreaper() -> SysResult<()> {

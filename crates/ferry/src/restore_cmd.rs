@@ -61,6 +61,7 @@ pub fn run(args: RestoreArgs) -> Result<i32> {
         new_pid_ns,
         check: !no_check,
         trial: false,
+        detach,
     };
     let r = ferry_engine::restore::restore(&images, &opts)
         .with_context(|| format!("restore from {} failed", images.display()))?;

@@ -549,6 +549,7 @@ conformance! {
     fd_pipe_reopened,
     tree_stopped,
     mem_mlock,
+    mem_mlock_onfault,
     tree_exit_signal,
     fd_inotify,
     mem_deleted_file,

@@ -1117,6 +1117,88 @@ fn refuses_scm_rights_in_flight() {
     refused_mode("scm_rights", &["fd 4", "pipe:[", "held by no process of the tree"]);
 }
 
+/// An MFD_HUGETLB memfd is hugetlb memory, named as such (it was taken
+/// for an ordinary memfd and failed later with an unrelated error).
+#[test]
+fn refuses_a_hugetlb_memfd_by_name() {
+    refused_mode("memfd_hugetlb", &["/memfd:ferry-huge", "MFD_HUGETLB memfd", "VmFlags ht"]);
+}
+
+#[test]
+fn refuses_a_hugetlb_sysv_segment_by_name() {
+    refused_mode("shm_hugetlb", &["/SYSV", "SHM_HUGETLB SysV segment"]);
+}
+
+/// memfd_secret memory: no one else can read it (it used to fail in
+/// /proc/PID/map_files with ENXIO).
+#[test]
+fn refuses_secret_memory_by_name() {
+    refused_mode("memfd_secret", &["/secretmem (deleted)", "memfd_secret memory"]);
+}
+
+/// Guard pages show in no mapping flag; PAGEMAP_SCAN finds them.
+#[test]
+fn refuses_guard_pages_by_name() {
+    refused_mode("guard", &["guard pages at", "MADV_GUARD_INSTALL"]);
+}
+
+/// The ring of an io_setup context (it used to be taken for a deleted
+/// file and fail with "Illegal seek").
+#[test]
+fn refuses_an_aio_ring_by_name() {
+    refused_mode("aio", &["/[aio] (deleted)", "AIO context (io_setup)"]);
+}
+
+/// A main thread that exited with pthread_exit while another thread
+/// runs is named (it failed as "is it traced by someone else?").
+#[test]
+fn refuses_a_process_whose_main_thread_exited() {
+    refused_mode("main_exited", &["its main thread", "pthread_exit", "1 other thread(s) run"]);
+}
+
+/// `restore --detach` of a root with a parent-death signal: ferry, its
+/// parent, exits, and the signal would fire (the old code restored it,
+/// and SIGUSR1 then killed it). Refused before anything is made; the
+/// image restores without --detach.
+#[test]
+fn restore_detach_refuses_a_parent_death_signal() {
+    require_root!();
+    let mut c = Case::new("pdeathsig_detach");
+    let prog = c.compile("tests/guarantees/refusals.c");
+    let pid = c.start_args(&prog, &["pdeathsig"]);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    assert_eq!(c.finish_child(0), -1, "the checkpointed program was not killed");
+    let images = c.images();
+    let out = c.ferry(&["restore", "--images", &images.to_string_lossy(), "--detach"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "restore --detach should have been refused");
+    for w in ["parent-death signal (10)", "without --detach"] {
+        assert!(err.contains(w), "refusal should mention {w:?}: {err}");
+    }
+    assert!(fs::read_dir("/proc").is_ok_and(|_| !Path::new(&format!("/proc/{pid}")).exists()));
+    let code = c.restore_and_finish(pid, &images, &[]);
+    assert_eq!(code, Some(0), "restored program failed: {}", c.log());
+}
+
+/// An I/O priority (ioprio_set) is refused by name, the main thread's
+/// and another thread's: a restored thread would get ferry's.
+#[test]
+fn refuses_an_io_priority() {
+    refused_mode("ioprio", &["its I/O priority", "ioprio_set class 2 level 7"]);
+    refused_mode("ioprio_thread", &["its I/O priority", "ioprio_set class 2 level 6"]);
+}
+
+#[test]
+fn refuses_an_autogroup_nice_value() {
+    refused_mode("autogroup", &["its autogroup", "nice value", "is 5"]);
+}
+
+#[test]
+fn refuses_a_loginuid_other_than_ferrys() {
+    refused_mode("loginuid", &["its loginuid", "loginuid is 4242"]);
+}
+
 /// Cgroups made for one test under the hierarchies mounted here; removed
 /// on drop (their processes moved back to the hierarchy's root first).
 struct TestCgroups {

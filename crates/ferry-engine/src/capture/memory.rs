@@ -7,6 +7,7 @@
 //! anonymous copies); shared file mappings keep nothing, their data is in
 //! the file. PAGEMAP_SCAN finds those pages in one call per 512 regions.
 
+use crate::catalog::vmflags;
 use crate::error::{EngineError, Result};
 use crate::procfs::{MapsEntry, Stat};
 use ferry_image::PageSpan;
@@ -14,7 +15,8 @@ use ferry_image::{
     vmflag, MmLayout, PageRun, PageSink, Vma, VmaBacking, PROT_EXEC, PROT_READ, PROT_WRITE,
 };
 use ferry_sys::pagemap::{
-    self, ScanFilter, PAGE_IS_FILE, PAGE_IS_PFNZERO, PAGE_IS_PRESENT, PAGE_IS_SWAPPED,
+    self, ScanFilter, PAGE_IS_FILE, PAGE_IS_GUARD, PAGE_IS_PFNZERO, PAGE_IS_PRESENT,
+    PAGE_IS_SWAPPED,
 };
 use ferry_sys::vm::{self, RemoteRange};
 use std::os::unix::fs::FileExt;
@@ -30,17 +32,46 @@ const FLAG_NAMES: &[(&str, u32)] = &[
     ("mw", vmflag::MAYWRITE),
     ("lo", vmflag::LOCKED),
     ("nr", vmflag::NORESERVE),
+    ("lf", vmflag::LOCKONFAULT),
+    ("sr", vmflag::SEQ_READ),
+    ("rr", vmflag::RAND_READ),
 ];
 
+fn describe(m: &MapsEntry) -> String {
+    format!(
+        "mapping {:#x}-{:#x} ({})",
+        m.start,
+        m.end,
+        if m.path.is_empty() { "anonymous" } else { &m.path }
+    )
+}
+
+/// Kinds of memory whose file name alone says ferry cannot make them
+/// again; named before anything tries to read them (their pages or
+/// /proc/PID/map_files fail with unrelated errors).
+fn special_kind(m: &MapsEntry) -> Option<&'static str> {
+    let p = m.path.as_str();
+    let hugetlb = m.has_flag("ht") || p.starts_with("/anon_hugepage");
+    Some(match p {
+        _ if hugetlb && p.starts_with("/memfd:") => {
+            "an MFD_HUGETLB memfd (hugetlb memory, VmFlags ht); hugetlb memory is not restored"
+        }
+        _ if hugetlb && p.starts_with("/SYSV") => {
+            "a SHM_HUGETLB SysV segment (hugetlb memory, VmFlags ht); hugetlb memory is not restored"
+        }
+        _ if hugetlb => "hugetlb memory (VmFlags ht); hugetlb memory is not restored",
+        "/[aio] (deleted)" => "the ring of an AIO context (io_setup); AIO contexts are not restored",
+        "/secretmem (deleted)" => {
+            "memfd_secret memory: no one but the process can read it, so it is not restored"
+        }
+        _ => return None,
+    })
+}
+
 fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
-    let what = || {
-        format!(
-            "mapping {:#x}-{:#x} ({})",
-            m.start,
-            m.end,
-            if m.path.is_empty() { "anonymous" } else { &m.path }
-        )
-    };
+    if let Some(why) = special_kind(m) {
+        return Err(EngineError::unsupported(pid, describe(m), why));
+    }
     let p = m.path.as_str();
     Ok(match p {
         "" | "[heap]" | "[stack]" => VmaBacking::Anonymous,
@@ -50,7 +81,7 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("[anon:") => {
             return Err(EngineError::unsupported(
                 pid,
-                what(),
+                describe(m),
                 "a named anonymous mapping (PR_SET_VMA_ANON_NAME); the name is not restored",
             ))
         }
@@ -58,17 +89,29 @@ fn backing(pid: i32, m: &MapsEntry) -> Result<VmaBacking> {
         _ if p.starts_with("[anon_shmem:") => VmaBacking::SharedAnon { id: m.inode },
         _ if p.starts_with("/SYSV") && m.shared() => VmaBacking::SysvShm { id: m.inode as i32 },
         _ if p.starts_with("/memfd:") => VmaBacking::Memfd { id: m.inode },
-        _ if p.starts_with("/anon_hugepage") || m.has_flag("ht") => {
-            return Err(EngineError::unsupported(pid, what(), "hugetlb mappings are not supported"))
-        }
         _ if p.ends_with(" (deleted)") && p.starts_with('/') => {
             VmaBacking::DeletedFile { id: m.inode }
         }
         _ if p.starts_with('/') => {
             VmaBacking::File { path: p.to_string(), dev: m.dev, ino: m.inode }
         }
-        _ => return Err(EngineError::unsupported(pid, what(), "unknown kind of mapping")),
+        _ => return Err(EngineError::unsupported(pid, describe(m), "unknown kind of mapping")),
     })
+}
+
+/// Refuses a mapping whose VmFlags show a flag ferry does not restore or
+/// does not know (catalog table `vmflags`). The kernel's own mappings
+/// are the running kernel's at restore.
+fn check_flags(pid: i32, m: &MapsEntry) -> Result<()> {
+    if vmflags::is_kernel_mapping(&m.path) {
+        return Ok(());
+    }
+    match vmflags::refusal(&m.vm_flags) {
+        Some((name, why)) => {
+            Err(EngineError::unsupported(pid, describe(m), format!("VmFlags {name}: {why}")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Turns smaps entries into image mappings, refusing kinds we cannot restore.
@@ -86,6 +129,8 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
             if m.perms[2] == b'x' {
                 prot |= PROT_EXEC;
             }
+            let backing = backing(pid, m)?;
+            check_flags(pid, m)?;
             let flags = FLAG_NAMES.iter().filter(|(n, _)| m.has_flag(n)).fold(0, |a, (_, f)| a | f);
             Ok(Vma {
                 start: m.start,
@@ -94,10 +139,41 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
                 shared: m.shared(),
                 flags,
                 pgoff: m.offset,
-                backing: backing(pid, m)?,
+                backing,
             })
         })
         .collect()
+}
+
+/// Refuses guard pages (MADV_GUARD_INSTALL): markers in the page tables,
+/// found by PAGEMAP_SCAN in the mappings whose VmFlags show `gu` (the
+/// kernel sets it on a mapping that may hold some, and never clears it),
+/// so a process that never made one costs nothing. A restore without
+/// them would let the process touch memory it fenced off.
+pub fn check_guard_regions(pid: i32, smaps: &[MapsEntry]) -> Result<()> {
+    let mut marked = smaps.iter().filter(|m| m.has_flag("gu")).peekable();
+    if marked.peek().is_none() {
+        return Ok(());
+    }
+    let path = format!("/proc/{pid}/pagemap");
+    let pagemap: std::os::fd::OwnedFd =
+        std::fs::File::open(&path).map_err(|e| EngineError::io(&path, e))?.into();
+    let guard = ScanFilter { required: PAGE_IS_GUARD, inverted: 0, any_of: 0 };
+    for m in marked {
+        let found = pagemap::scan(&pagemap, m.start, m.end, guard).map_err(|e| {
+            EngineError::kernel(pid, format!("scanning {} for guard pages", describe(m)), e)
+        })?;
+        if let Some((s, e)) = found.first() {
+            return Err(EngineError::unsupported(
+                pid,
+                describe(m),
+                format!(
+                    "guard pages at {s:#x}-{e:#x} (MADV_GUARD_INSTALL, VmFlags gu); guard regions are not restored"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Which pages of mapping `v` a checkpoint stores (None: none, its data

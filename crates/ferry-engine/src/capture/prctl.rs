@@ -1,3 +1,6 @@
+//! The getters and what is done with each are listed in
+//! `catalog::prctl` (docs/coverage.md's prctl table).
+//!
 //! prctl attributes recorded since format 4: each thread's parent-death
 //! signal (PR_GET_PDEATHSIG, readable only from inside the thread) and
 //! the securebits; and a check that every thread has the leader's
@@ -47,6 +50,8 @@ const ARCH_GET_CPUID: u64 = 0x1011;
 const ARCH_SHSTK_STATUS: u64 = 0x5005;
 const PR_SCHED_CORE: u64 = 62;
 const PR_SCHED_CORE_GET: u64 = 0;
+const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
+const PR_TIMER_CREATE_RESTORE_IDS_GET: u64 = 2;
 
 fn own_speculation(which: u64) -> i64 {
     ferry_sys::process::prctl_get(PR_GET_SPECULATION_CTRL as i32, which)
@@ -107,6 +112,10 @@ impl ThreadPrctls {
             Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
             Call::new(libc::SYS_get_mempolicy, &[ctx.data + 16, 0, 0, 0, 0]),
             Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
+            Call::new(
+                libc::SYS_prctl,
+                &[PR_TIMER_CREATE_RESTORE_IDS, PR_TIMER_CREATE_RESTORE_IDS_GET, 0, 0, 0],
+            ),
         ];
         ctx.remote.write(ctx.data, &[0u8; 32])?;
         let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;
@@ -159,6 +168,12 @@ impl ThreadPrctls {
         if r[5] > 0 {
             return Some(("PR_SET_IO_FLUSHER", "it is an IO flusher; not restored".into()));
         }
+        if r[12] > 0 {
+            return Some((
+                "PR_TIMER_CREATE_RESTORE_IDS",
+                "timer_create takes the id it is given (a restorer's mode); not restored".into(),
+            ));
+        }
         None
     }
 
@@ -208,11 +223,17 @@ impl ThreadPrctls {
 
 /// Credentials are per thread; restore gives every thread the leader's.
 /// A thread whose ids, groups or capabilities differ is refused by name.
+/// The same read checks every status line against the catalog
+/// (`catalog::proc_status`): an unknown line, or one ferry does not
+/// restore set away from a fresh process's value, is refused by name.
 pub fn check_thread_creds(pid: i32, tids: &[i32]) -> Result<()> {
     const KEYS: [&str; 8] =
         ["Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
     let read = |tid: i32| -> Result<Vec<String>> {
         let text = procfs::read_string(&format!("/proc/{pid}/task/{tid}/status"))?;
+        if let Some((line, why)) = crate::catalog::proc_status::status_refusal(&text) {
+            return Err(EngineError::unsupported(pid, format!("thread {tid}: {line}"), why));
+        }
         let kv = key_values(&text);
         Ok(KEYS
             .iter()

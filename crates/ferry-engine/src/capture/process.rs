@@ -1,7 +1,9 @@
 //! Process-wide attributes: identity, credentials, cwd, umask, limits,
-//! personality, no_new_privs.
+//! personality, no_new_privs; and the ones refused when set
+//! (loginuid, autogroup nice, I/O priority).
 
-use crate::error::Result;
+use crate::catalog::proc_status as catalog;
+use crate::error::{EngineError, Result};
 use crate::inject::{check, Call};
 use crate::procfs;
 use ferry_image::{ProcessImage, ProcessMisc};
@@ -33,4 +35,69 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
         .parse()
         .unwrap_or(0);
     Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper, oom_score_adj }))
+}
+
+/// Per-process attributes ferry does not restore, refused when they
+/// differ from what a restored process gets (a child of ferry inherits
+/// ferry's loginuid and I/O priority; a new session
+/// gets an autogroup of nice 0), and a /proc/PID/stat longer than the
+/// catalog knows.
+pub fn check_unrestored(pid: i32, tids: &[i32]) -> Result<()> {
+    if let Some(why) = catalog::stat_refusal(procfs::Stat::read(pid)?.count()) {
+        return Err(EngineError::unsupported(pid, "/proc/PID/stat", why));
+    }
+    let own = |name: &str| procfs::read_string(&format!("/proc/self/{name}")).unwrap_or_default();
+    // coredump_filter is not compared: HotSpot sets it (0x3f) in every
+    // JVM, and refusing it would refuse them all; it is to be restored.
+    let (theirs, mine) = (procfs::read_string(&format!("/proc/{pid}/loginuid"))?, own("loginuid"));
+    if theirs.trim() != mine.trim() {
+        return Err(EngineError::unsupported(
+            pid,
+            "its loginuid",
+            format!(
+                "loginuid is {} (a restored process gets {}); not restored",
+                theirs.trim(),
+                mine.trim()
+            ),
+        ));
+    }
+    // "/autogroup-123 nice 5"; absent without CONFIG_SCHED_AUTOGROUP.
+    if let Ok(text) = procfs::read_string(&format!("/proc/{pid}/autogroup")) {
+        let nice = text.split_whitespace().nth(2).unwrap_or("0");
+        if nice != "0" {
+            return Err(EngineError::unsupported(
+                pid,
+                "its autogroup",
+                format!("the nice value of its scheduling autogroup is {nice} (set through /proc/PID/autogroup); not restored"),
+            ));
+        }
+    }
+    check_ioprio(pid, tids)
+}
+
+/// The I/O priority of each thread against ferry's own, which a restored
+/// thread inherits. Class NONE (the top 3 bits 0) is the default
+/// whatever its level, which follows the nice value.
+fn check_ioprio(pid: i32, tids: &[i32]) -> Result<()> {
+    let class = |v: i32| v >> 13;
+    let mine = ferry_sys::process::ioprio_get(0).unwrap_or(0);
+    for &tid in tids {
+        let theirs = ferry_sys::process::ioprio_get(tid)
+            .map_err(|e| EngineError::kernel(pid, format!("thread {tid}: ioprio_get"), e))?;
+        let default = class(theirs) == 0 && class(mine) == 0;
+        if theirs != mine && !default {
+            return Err(EngineError::unsupported(
+                pid,
+                format!("thread {tid}: its I/O priority"),
+                format!(
+                    "ioprio_set class {} level {} (a restored thread gets class {} level {}); not restored",
+                    class(theirs),
+                    theirs & 0x1fff,
+                    class(mine),
+                    mine & 0x1fff
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

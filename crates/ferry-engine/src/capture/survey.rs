@@ -206,6 +206,7 @@ fn survey_process(
         if without_page_walk { "by BPF and maps (presurvey proven)" } else { "from smaps" }
     );
     let vmas = memory::classify(pid, &smaps)?;
+    memory::check_guard_regions(pid, &smaps)?;
     let files::CapturedFds {
         files,
         fds,
@@ -224,6 +225,7 @@ fn survey_process(
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
+    super::process::check_unrestored(pid, &tids)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
     let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
     check_deleted_exe(pid, &deleted_files)?;

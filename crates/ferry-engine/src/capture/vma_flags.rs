@@ -20,7 +20,12 @@
 //!   every bit set is validated; anything else (a bit never seen, an
 //!   unknown bit, a mapping the iterator does not see) reads smaps.
 //!
-//! So a wrong table can only cost speed, never a flag.
+//! So a wrong table can only cost speed, never a flag. A bit outside the
+//! table (a flag newer than it, a protection key) is never turned into a
+//! mnemonic here: the mapping is read from smaps, where the kernel prints
+//! its name or `??`, and the protection key, and capture refuses what the
+//! catalog (`catalog::vmflags`) does not restore or does not know. So an
+//! unknown bit is refused the same way whichever path read it.
 
 use crate::error::Result;
 use crate::procfs::{self, MapsEntry};
@@ -31,7 +36,7 @@ use std::sync::OnceLock;
 /// (fs/proc/task_mmu.c, show_smap_vma_flags), in the order smaps prints
 /// them. Only bits below 32, whose meaning has not moved in years; a
 /// mapping with a higher bit set is read from smaps.
-const MNEMONICS: [(u32, &str); 31] = [
+const MNEMONICS: [(u32, &str); 32] = [
     (0, "rd"),
     (1, "wr"),
     (2, "ex"),
@@ -43,6 +48,7 @@ const MNEMONICS: [(u32, &str); 31] = [
     (8, "gd"),
     (9, "um"),
     (10, "pf"),
+    (11, "gu"),
     (12, "uw"),
     (13, "lo"),
     (14, "io"),
@@ -246,6 +252,26 @@ mod tests {
 
     const RW: u64 = 0x73; // rd wr mr mw me
     const DD: u64 = 1 << 26;
+
+    #[test]
+    fn every_mnemonic_of_the_bit_table_is_in_the_catalog() {
+        for (bit, m) in MNEMONICS {
+            assert!(crate::catalog::vmflags::VMFLAGS.get(m).is_some(), "bit {bit} {m}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_bit_is_left_to_smaps_where_the_catalog_refuses_it() {
+        let smaps = [entry(0x1000, 0x2000, &["rd", "wr", "mr", "mw", "me"])];
+        let raw = [RawVma { start: 0x1000, end: 0x2000, flags: RW }];
+        let pre = check_presurvey(&smaps, &raw).expect("proved");
+        let unknown = [RawVma { start: 0x1000, end: 0x2000, flags: RW | 1 << 39 }];
+        assert!(mnemonics(RW | 1 << 39).is_none());
+        assert!(combine(vec![entry(0x1000, 0x2000, &[])], &unknown, &pre).is_none());
+        // What smaps prints for it is refused by name.
+        let printed = ["rd".to_string(), "??".to_string()];
+        assert_eq!(crate::catalog::vmflags::refusal(&printed).map(|r| r.0), Some("??"));
+    }
 
     #[test]
     fn a_matching_presurvey_validates_the_bits_it_saw() {

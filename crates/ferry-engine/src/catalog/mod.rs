@@ -14,6 +14,10 @@ pub mod socket_options;
 
 use std::fmt::Write as _;
 
+pub mod prctl;
+pub mod proc_status;
+pub mod vmflags;
+
 /// What a checkpoint and restore do with one attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Handling {
@@ -101,7 +105,8 @@ impl Table {
 
 /// Every table, in the order docs/coverage.md shows them.
 pub fn tables() -> Vec<&'static Table> {
-    let mut v = vec![];
+    let mut v: Vec<&'static Table> =
+        vec![&proc_status::STATUS, &proc_status::STAT, &prctl::PRCTL, &vmflags::VMFLAGS];
     v.extend(socket_options::levels().map(|l| l.table));
     v.extend(fds::tables());
     v

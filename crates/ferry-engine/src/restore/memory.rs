@@ -243,6 +243,8 @@ fn madvise_calls(v: &Vma) -> impl Iterator<Item = (String, Call)> + '_ {
         (vmflag::HUGEPAGE, libc::MADV_HUGEPAGE),
         (vmflag::NOHUGEPAGE, libc::MADV_NOHUGEPAGE),
         (vmflag::MERGEABLE, libc::MADV_MERGEABLE),
+        (vmflag::SEQ_READ, libc::MADV_SEQUENTIAL),
+        (vmflag::RAND_READ, libc::MADV_RANDOM),
     ]
     .into_iter()
     .filter(|&(bit, _)| v.flags & bit != 0)
@@ -594,16 +596,28 @@ pub fn reprotect(s: &mut Session, list: &[(u64, u64, u8)]) -> Result<()> {
 
 /// Locks again the mappings that were locked (mlock, mlockall(MCL_CURRENT);
 /// VmFlags "lo"), once their pages are in. Done while the process still
-/// has root's CAP_IPC_LOCK; RLIMIT_MEMLOCK is set afterwards.
+/// has root's CAP_IPC_LOCK; RLIMIT_MEMLOCK is set afterwards. A mapping
+/// locked on fault (mlock2 MLOCK_ONFAULT, VmFlags "lf") is locked the
+/// same way: only the pages written back are resident, the rest is
+/// faulted in (and locked) when first touched, as before.
 pub fn relock(s: &mut Session, vmas: &[ferry_image::Vma]) -> Result<()> {
+    const MLOCK_ONFAULT: u64 = 1;
     let calls: Vec<(String, Call)> = vmas
         .iter()
-        .filter(|v| v.flags & ferry_image::vmflag::LOCKED != 0)
+        .filter(|v| v.flags & vmflag::LOCKED != 0)
         .map(|v| {
-            (
-                format!("mlock({:#x}-{:#x})", v.start, v.end),
-                Call::new(libc::SYS_mlock, &[v.start, v.end - v.start]),
-            )
+            let len = v.end - v.start;
+            if v.flags & vmflag::LOCKONFAULT != 0 {
+                (
+                    format!("mlock2({:#x}-{:#x}, MLOCK_ONFAULT)", v.start, v.end),
+                    Call::new(libc::SYS_mlock2, &[v.start, len, MLOCK_ONFAULT]),
+                )
+            } else {
+                (
+                    format!("mlock({:#x}-{:#x})", v.start, v.end),
+                    Call::new(libc::SYS_mlock, &[v.start, len]),
+                )
+            }
         })
         .collect();
     if !calls.is_empty() {

@@ -75,6 +75,10 @@ pub struct RestoreOptions {
     /// exists: the network lock the image names is the original's and is
     /// left alone (adopting it would let the original's connections go).
     pub trial: bool,
+    /// The caller exits once the tree runs (`restore --detach`): a
+    /// parent-death signal of the root, whose parent the caller is, would
+    /// fire then, so such an image is refused before anything is made.
+    pub detach: bool,
 }
 
 impl Default for RestoreOptions {
@@ -86,6 +90,7 @@ impl Default for RestoreOptions {
             new_pid_ns: false,
             check: true,
             trial: false,
+            detach: false,
         }
     }
 }
@@ -173,9 +178,29 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
     let image = source.load(crate::worker_threads())?;
+    if opts.detach {
+        check_detachable(&image.tree)?;
+    }
     let placement = Placement::for_image(&image.tree, opts.new_pid_ns);
     let pages = image.pages;
     placement.restore_held(image.tree, pages.bytes(), opts, &Handover::default(), t0)?.release()
+}
+
+/// A root thread with a parent-death signal: its parent is ferry, and
+/// the signal would fire when ferry exits, although the original parent
+/// may well be alive. Refused before anything is made.
+fn check_detachable(tree: &TreeImage) -> Result<()> {
+    let Some(root) = tree.root() else { return Ok(()) };
+    match root.fidelity.threads.iter().find(|t| t.pdeathsig != 0) {
+        Some(t) => Err(EngineError::restore(
+            root.pid,
+            format!(
+                "thread {} has a parent-death signal ({}), which would fire when ferry exits; restore without --detach (ferry stays its parent)",
+                t.tid, t.pdeathsig
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Rebuilds the tree of a decoded image, whose page data area is `pages`
