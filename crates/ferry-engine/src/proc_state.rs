@@ -102,3 +102,24 @@ pub fn read(pid: i32) -> Result<ProcessImage> {
         fidelity: Default::default(),
     })
 }
+
+/// /proc/PID/coredump_filter, which the kernel prints in hex.
+pub fn coredump_filter(pid: i32) -> Result<u32> {
+    let path = format!("/proc/{pid}/coredump_filter");
+    let text = crate::procfs::read_string(&path)?;
+    u32::from_str_radix(text.trim(), 16).map_err(|_| {
+        crate::error::EngineError::unsupported(
+            pid,
+            "/proc/PID/coredump_filter",
+            format!("an unreadable value {:?}", text.trim()),
+        )
+    })
+}
+
+/// The inode of the network namespace of `pid` ("thread-self": the
+/// calling thread's own, which may have moved with setns).
+pub fn netns_inode(pid: &str) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let path = format!("/proc/{pid}/ns/net");
+    std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| crate::error::EngineError::io(path, e))
+}

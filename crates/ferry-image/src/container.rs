@@ -5,8 +5,8 @@
 
 use crate::error::ImageError;
 use crate::model::{
-    CgroupImage, Incremental, Inventory, PtysImage, TreeImage, UnixDeadPeersImage,
-    UnixInFlightFilesImage, UnixPeersImage,
+    CgroupImage, Incremental, Inventory, ProcessAttrsImage, PtysImage, TreeImage,
+    UnixDeadPeersImage, UnixInFlightFilesImage, UnixPeersImage,
 };
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
@@ -34,7 +34,10 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.6: the optional `Ptys` section: a `FileKind::Terminal` it lists is
 /// a pty end restored with its pair (an older build would replace it by
 /// `--tty-to`, silently, so it must refuse the image).
-pub const FORMAT_MINOR: u16 = 6;
+/// 4.7: the mapping flags LOCKONFAULT, SEQ_READ and RAND_READ (an older
+/// build would ignore them, silently), and the optional `ProcessAttrs`
+/// section (coredump_filter).
+pub const FORMAT_MINOR: u16 = 7;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -96,6 +99,7 @@ pub enum SectionKind {
     UnixInFlightFiles = 8,
     /// Format 4.5: the tree's pseudo-terminal pairs.
     Ptys = 9,
+    ProcessAttrs = 10,
 }
 
 impl SectionKind {
@@ -110,6 +114,7 @@ impl SectionKind {
             SectionKind::UnixDeadPeers => "unix dead peers",
             SectionKind::UnixInFlightFiles => "unix in-flight files",
             SectionKind::Ptys => "ptys",
+            SectionKind::ProcessAttrs => "process attributes",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -121,6 +126,7 @@ impl SectionKind {
             SectionKind::UnixPeers => 3,
             SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
             SectionKind::Ptys => 6,
+            SectionKind::ProcessAttrs => 7,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -134,6 +140,7 @@ impl SectionKind {
             7 => Some(SectionKind::UnixDeadPeers),
             8 => Some(SectionKind::UnixInFlightFiles),
             9 => Some(SectionKind::Ptys),
+            10 => Some(SectionKind::ProcessAttrs),
             _ => None,
         }
     }
@@ -151,6 +158,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Ptys, true),
+    (SectionKind::ProcessAttrs, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -163,6 +171,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixDeadPeers, true),
     (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Ptys, true),
+    (SectionKind::ProcessAttrs, true),
     (SectionKind::Pages, false),
 ];
 
@@ -398,6 +407,9 @@ pub fn encode_meta_with(
     if let Some(p) = &process.ptys {
         sized(encoded_len(p, "ptys"))?;
     }
+    if let Some(a) = &process.process_attrs {
+        sized(encoded_len(a, "process attributes"))?;
+    }
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&file_header(0));
     push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
@@ -419,6 +431,9 @@ pub fn encode_meta_with(
     }
     if let Some(p) = &process.ptys {
         push_section(&mut out, SectionKind::Ptys, p, "ptys")?;
+    }
+    if let Some(a) = &process.process_attrs {
+        push_section(&mut out, SectionKind::ProcessAttrs, a, "process attributes")?;
     }
     Ok(out)
 }
@@ -493,6 +508,7 @@ pub fn decode_meta_versioned(
     let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
     let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
     let mut ptys: Option<PtysImage> = None;
+    let mut process_attrs: Option<ProcessAttrsImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -520,6 +536,9 @@ pub fn decode_meta_versioned(
                 unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
             }
             SectionKind::Ptys => ptys = Some(decode_payload(payload, "ptys")?),
+            SectionKind::ProcessAttrs => {
+                process_attrs = Some(decode_payload(payload, "process attributes")?)
+            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -536,8 +555,10 @@ pub fn decode_meta_versioned(
     process.unix_dead_peers = unix_dead_peers;
     process.unix_in_flight_files = unix_in_flight_files;
     process.ptys = ptys;
+    process.process_attrs = process_attrs;
     crate::validate::validate(&inventory, &process)?;
     crate::validate::validate_ptys(&process)?;
+    crate::validate::validate_process_attrs(&process)?;
     crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

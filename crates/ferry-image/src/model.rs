@@ -76,6 +76,31 @@ pub struct TreeImage {
     /// older images, whose terminals were all replaced.
     #[serde(skip)]
     pub ptys: Option<PtysImage>,
+    /// Format 4.7: per-process attributes added after the process
+    /// section's layout was fixed, in the optional `ProcessAttrs` section
+    /// (outside the tree section for the reason `cgroups` is), one entry
+    /// per process in `processes` order. `None` for older images.
+    #[serde(skip)]
+    pub process_attrs: Option<ProcessAttrsImage>,
+}
+
+/// Format 4.7, in the optional `ProcessAttrs` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessAttrsImage {
+    /// Entry i belongs to `TreeImage::processes[i]`.
+    pub processes: Vec<ProcessAttrs>,
+}
+
+/// Attributes of one process that the process section does not hold.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessAttrs {
+    /// /proc/PID/coredump_filter: which mappings a core dump includes.
+    pub coredump_filter: u32,
+    /// The inode of the process's network namespace when it was not the
+    /// checkpointing ferry's; None when it was. A restore without
+    /// `--netns` that would put such a process into another namespace
+    /// refuses the image instead.
+    pub netns: Option<u64>,
 }
 
 /// Format 4.6, in the optional `Ptys` section.

@@ -240,11 +240,16 @@ pub fn read_stream_full<R: Read>(
                 let payload = read_metadata(r, kind, len, sum)?;
                 process.ptys = Some(decode_payload(&payload, "ptys")?);
             }
+            SectionKind::ProcessAttrs => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.process_attrs = Some(decode_payload(&payload, "process attributes")?);
+            }
             SectionKind::Pages => {
                 crate::validate::validate_unix_dead_peers(&process)?;
                 crate::validate::validate_unix_peers(&process)?;
                 crate::validate::validate_unix_in_flight_files(&process)?;
                 crate::validate::validate_ptys(&process)?;
+                crate::validate::validate_process_attrs(&process)?;
                 break (len, sum);
             }
             // `order` accepts nothing else after the process section.

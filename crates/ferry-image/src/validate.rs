@@ -976,3 +976,28 @@ pub fn validate_ptys(t: &TreeImage) -> Result<(), ImageError> {
     }
     Ok(())
 }
+
+/// The `ProcessAttrs` section: one entry per process, each value one the
+/// kernel takes.
+pub fn validate_process_attrs(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(a) = &t.process_attrs else {
+        return Ok(());
+    };
+    if a.processes.len() != t.processes.len() {
+        return bad(format!(
+            "process attributes section: {} entries for {} processes",
+            a.processes.len(),
+            t.processes.len()
+        ));
+    }
+    for (p, attrs) in t.processes.iter().zip(&a.processes) {
+        // Nine filter bits (fs/proc/base.c, MMF_DUMP_FILTER_BITS).
+        if attrs.coredump_filter >> 9 != 0 {
+            return bad(format!(
+                "process attributes section: pid {}: coredump_filter {:#x} has bits the kernel does not know",
+                p.pid, attrs.coredump_filter
+            ));
+        }
+    }
+    Ok(())
+}

@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_6() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 6));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.6");
+fn this_build_is_4_7() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 7));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.7");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 6 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 6, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 6));
+    // Major 4, then the flags word with minor 7 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 7, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 7));
 }
 
 #[test]
@@ -191,12 +191,12 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.7 is newer than this ferry build reads (4.6): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 7));
+        "image format 4.8 is newer than this ferry build reads (4.7): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 8));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 7, supported: 6 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 8, supported: 7 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 7));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 8));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
@@ -207,7 +207,7 @@ fn newer_minor_is_refused_with_upgrade_message() {
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 7))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 8))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 10, 99, u32::MAX] {
+        for kind in [0u32, 11, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 10;
+    bad[meta.len()] = 11;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 10")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 11")),
         "{e:?}"
     );
 }
@@ -1063,7 +1063,7 @@ fn round_trip_4_6_with_ptys() {
     let (inv, t, pages) = model();
     let t = with_ptys(with_cgroups(t));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 6), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 7), inv.clone(), t.clone(), None));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
@@ -1097,4 +1097,55 @@ fn bad_ptys_are_refused() {
     });
     bad(&|p| p.ends[1].index = 4);
     bad(&|p| p.pairs[0].output = vec![0; (1 << 20) + 1]);
+}
+
+/// The model with each process's coredump_filter (format 4.7).
+fn with_process_attrs(t: TreeImage) -> TreeImage {
+    let mut t = t;
+    let processes = (0..t.processes.len() as u32)
+        .map(|i| ProcessAttrs {
+            coredump_filter: 0x33 | (i & 0xc),
+            netns: (i == 1).then_some(4026532000),
+        })
+        .collect();
+    t.process_attrs = Some(ProcessAttrsImage { processes });
+    t
+}
+
+#[test]
+fn round_trip_4_7_with_process_attrs() {
+    let (inv, t, pages) = model();
+    let t = with_process_attrs(with_ptys(with_cgroups(t)));
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 7), inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A 4.6 build would give the restored processes its own coredump_filter,
+/// silently: a 4.6 header with the section is refused.
+#[test]
+fn process_attrs_section_is_refused_in_a_4_6_image() {
+    assert_section_refused_in(v(4, 6), "process attributes", &with_process_attrs(model().1));
+}
+
+/// One entry per process, and only filter bits the kernel has.
+#[test]
+fn bad_process_attrs_are_refused() {
+    let (inv, t, _) = model();
+    let good = with_process_attrs(t);
+    let bad = |f: &dyn Fn(&mut ProcessAttrsImage)| {
+        let mut t = good.clone();
+        f(t.process_attrs.as_mut().unwrap());
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(
+            matches!(&e, ImageError::Invalid(m) if m.contains("process attributes section")),
+            "{e:?}"
+        );
+    };
+    bad(&|a| {
+        a.processes.pop();
+    });
+    bad(&|a| a.processes.push(ProcessAttrs::default()));
+    bad(&|a| a.processes[0].coredump_filter = 1 << 9);
 }

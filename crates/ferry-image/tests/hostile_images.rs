@@ -942,6 +942,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
         unix_dead_peers: None,
         unix_in_flight_files: None,
         ptys: None,
+        process_attrs: None,
     };
     (inv, t)
 }

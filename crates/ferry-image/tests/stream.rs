@@ -634,10 +634,10 @@ fn unknown_section_kind() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
     let mut sections = raw.sections.clone();
-    sections.insert(1, (10, vec![1, 2, 3]));
+    sections.insert(1, (11, vec![1, 2, 3]));
     let e = expect_err(&join(&raw.header, &sections));
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 10")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 11")),
         "{e:?}"
     );
 }
@@ -833,6 +833,13 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         unix_dead_peers: None,
         unix_in_flight_files: None,
         ptys: None,
+        process_attrs: Some(ProcessAttrsImage {
+            processes: vec![
+                ProcessAttrs { coredump_filter: 0x33, netns: None },
+                ProcessAttrs { coredump_filter: 0x3f, netns: Some(4_026_532_001) },
+                ProcessAttrs::default(),
+            ],
+        }),
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

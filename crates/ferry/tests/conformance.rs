@@ -507,6 +507,7 @@ conformance! {
     proc_cwd,
     proc_umask,
     proc_oom_score_adj,
+    proc_coredump_filter,
     proc_rlimits,
     proc_sched_affinity,
     proc_itimers_virt_prof,

@@ -1648,3 +1648,53 @@ fn refuses_a_disarmed_epolloneshot_entry() {
 fn refuses_dnotify() {
     refused_fd_mode("dnotify", &["fd 3", "F_SETOWN owner", "dnotify"]);
 }
+
+/// A tree that ran in a network namespace of its own, checkpointed by a
+/// ferry outside it: a restore without --netns would bring it back in
+/// ferry's namespace, its sockets on another network, silently. It is
+/// refused before anything is made, naming the namespace and the remedy;
+/// with --netns it restores.
+#[test]
+fn a_restore_refuses_to_move_a_tree_out_of_its_network_namespace() {
+    require_root!();
+    let Some(ns) = NetNs::new("own") else {
+        eprintln!("skipped: `ip netns add` is not available");
+        return;
+    };
+    let mut c = Case::new("own-netns");
+    let prog = c.compile("tests/conformance/sock_tcp_listen.c");
+    let netns_path = format!("/run/netns/{}", ns.0);
+    let net_arg = format!("--net={netns_path}");
+    let prog_s = prog.to_str().expect("utf-8 path");
+    // nsenter execs the program: the PID is the program's.
+    let pid = c.start_args(Path::new("nsenter"), &[&net_arg, prog_s]);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    c.children[0].wait().expect("reap");
+    let images = c.images();
+    let images_s = images.to_str().expect("utf-8");
+    let o = c.ferry(&["restore", "--images", images_s, "--detach"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "restored into ferry's namespace: {err}");
+    let ino = inode(&netns_path);
+    for want in [format!("net:[{ino}]"), "--netns".to_string()] {
+        assert!(err.contains(&want), "the refusal should say {want:?}: {err}");
+    }
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a refused restore made pid {pid}");
+
+    fs::write(c.dir.join("program.log"), "").expect("truncate log");
+    let restore = Command::new(FERRY)
+        .args(["restore", "--images", images_s, "--netns", &ns.0])
+        .spawn()
+        .expect("spawn restore");
+    c.children.push(restore);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inode(&format!("/proc/{pid}/ns/net")) != ino {
+        assert!(Instant::now() < deadline, "restore into {} did not finish", ns.0);
+        sleep(Duration::from_millis(5));
+    }
+    kill(pid, libc::SIGUSR2);
+    let code = c.children[1].wait().expect("wait restore").code();
+    assert_eq!(code, Some(0), "restored program failed in the namespace: {}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}

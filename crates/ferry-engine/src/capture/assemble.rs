@@ -60,6 +60,7 @@ pub(super) fn pages_and_metadata(
         processes.push(image);
     }
     let pages_bytes = copy.sink.data_len();
+    let process_attrs = Some(super::process::capture_attrs(&processes)?);
     let mut tree = TreeImage {
         processes,
         zombies: survey.zombies,
@@ -76,6 +77,7 @@ pub(super) fn pages_and_metadata(
         unix_in_flight_files: (!unix_in_flight_files.is_empty())
             .then_some(ferry_image::UnixInFlightFilesImage { files: unix_in_flight_files }),
         ptys,
+        process_attrs,
         ..Default::default()
     };
     if let Some(view) = &pid_view {

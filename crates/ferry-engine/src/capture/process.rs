@@ -6,11 +6,25 @@ use crate::catalog::proc_status as catalog;
 use crate::error::{EngineError, Result};
 use crate::inject::{check, Call};
 use crate::procfs;
-use ferry_image::{ProcessImage, ProcessMisc};
+use ferry_image::{ProcessAttrs, ProcessAttrsImage, ProcessImage, ProcessMisc};
 
 /// The process as /proc shows it (shared with the restore's check).
 pub fn capture(pid: i32) -> Result<ProcessImage> {
     crate::proc_state::read(pid)
+}
+
+/// The attributes of each process (host PIDs, in tree order) that the
+/// image's `ProcessAttrs` section holds.
+pub fn capture_attrs(processes: &[ProcessImage]) -> Result<ProcessAttrsImage> {
+    let own_netns = crate::proc_state::netns_inode("thread-self")?;
+    let attrs = processes.iter().map(|p| {
+        let netns = crate::proc_state::netns_inode(&p.pid.to_string())?;
+        Ok(ProcessAttrs {
+            coredump_filter: crate::proc_state::coredump_filter(p.pid)?,
+            netns: (netns != own_netns).then_some(netns),
+        })
+    });
+    Ok(ProcessAttrsImage { processes: attrs.collect::<Result<_>>()? })
 }
 
 /// brk and the prctl attributes only the process itself can read.
@@ -47,8 +61,6 @@ pub fn check_unrestored(pid: i32, tids: &[i32]) -> Result<()> {
         return Err(EngineError::unsupported(pid, "/proc/PID/stat", why));
     }
     let own = |name: &str| procfs::read_string(&format!("/proc/self/{name}")).unwrap_or_default();
-    // coredump_filter is not compared: HotSpot sets it (0x3f) in every
-    // JVM, and refusing it would refuse them all; it is to be restored.
     let (theirs, mine) = (procfs::read_string(&format!("/proc/{pid}/loginuid"))?, own("loginuid"));
     if theirs.trim() != mine.trim() {
         return Err(EngineError::unsupported(

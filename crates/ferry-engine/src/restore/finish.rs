@@ -25,6 +25,7 @@ pub(super) fn finish_all(
         let exe_fd = exes.get(&s.pid).copied();
         let close_staging = closes.contains(&s.pid);
         let tids = finish_process(s, exe_fd, temp_base, close_staging)?;
+        process::restore_attrs(s, tree)?;
         for &t in &tids {
             guard.add(t);
         }

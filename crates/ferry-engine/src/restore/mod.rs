@@ -181,9 +181,33 @@ pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Resu
     if opts.detach {
         check_detachable(&image.tree)?;
     }
+    if opts.netns.is_none() {
+        check_same_netns(&image.tree)?;
+    }
     let placement = Placement::for_image(&image.tree, opts.new_pid_ns);
     let pages = image.pages;
     placement.restore_held(image.tree, pages.bytes(), opts, &Handover::default(), t0)?.release()
+}
+
+/// A process that ran in a network namespace other than the
+/// checkpointing ferry's would be made in this ferry's namespace: its
+/// sockets would bind, connect and listen on another network, silently.
+/// Unless this ferry runs in that very namespace, refused before
+/// anything is made.
+fn check_same_netns(tree: &TreeImage) -> Result<()> {
+    let Some(attrs) = &tree.process_attrs else { return Ok(()) };
+    let here = crate::proc_state::netns_inode("thread-self")?;
+    for (p, a) in tree.processes.iter().zip(&attrs.processes) {
+        if let Some(theirs) = a.netns.filter(|&ns| ns != here) {
+            return Err(EngineError::restore(
+                p.pid,
+                format!(
+                    "it ran in network namespace net:[{theirs}], not the checkpointing ferry's; restore with --netns NAME (or run ferry restore in that namespace), or it would come back in this one"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A root thread with a parent-death signal: its parent is ferry, and

@@ -4,7 +4,7 @@
 use super::Session;
 use crate::error::{EngineError, Result};
 use crate::inject::{check, Call};
-use ferry_image::ProcessImage;
+use ferry_image::{ProcessAttrs, ProcessImage, TreeImage};
 
 pub fn restore_limits(pid: i32, image: &ProcessImage) -> Result<()> {
     for r in &image.rlimits {
@@ -206,4 +206,22 @@ fn check_fs_ids(pid: i32, c: &ferry_image::Creds) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The attributes the image's `ProcessAttrs` section holds for process
+/// `p` of `tree` (None for an image older than the section).
+pub(crate) fn attrs_of<'a>(tree: &'a TreeImage, p: &ProcessImage) -> Option<&'a ProcessAttrs> {
+    let i = tree.processes.iter().position(|q| std::ptr::eq(q, p))?;
+    tree.process_attrs.as_ref()?.processes.get(i)
+}
+
+/// coredump_filter, written from outside (the kernel takes it from any
+/// process allowed to write the file).
+pub fn restore_attrs(s: &Session, tree: &TreeImage) -> Result<()> {
+    let Some(attrs) = attrs_of(tree, s.image) else {
+        return Ok(());
+    };
+    let path = format!("/proc/{}/coredump_filter", s.pid);
+    std::fs::write(&path, format!("{:#x}", attrs.coredump_filter))
+        .map_err(|e| EngineError::io(&path, e))
 }

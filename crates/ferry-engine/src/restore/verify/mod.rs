@@ -95,6 +95,8 @@ pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd
     let tree_pids: std::collections::HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
     for (i, p) in tree.processes.iter().enumerate() {
         timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
+        let attrs = crate::restore::process::attrs_of(tree, p);
+        timed(0, &mut || process::compare_attrs(p, attrs, &mut found))?;
         timed(1, &mut || threads::compare(p, &mut found))?;
         timed(2, &mut || memory::compare(p, &mut found))?;
         timed(3, &mut || fds::compare(p, connections, &mut found))?;

@@ -42,3 +42,17 @@ pub(super) fn compare(
     }
     Ok(())
 }
+
+/// The attributes of the image's `ProcessAttrs` section.
+pub(super) fn compare_attrs(
+    p: &ProcessImage,
+    attrs: Option<&ferry_image::ProcessAttrs>,
+    found: &mut Findings,
+) -> Result<()> {
+    let Some(attrs) = attrs else {
+        return Ok(());
+    };
+    let now = crate::proc_state::coredump_filter(p.pid)?;
+    found.compare(p.pid, "the process", "coredump_filter", attrs.coredump_filter, now);
+    Ok(())
+}
