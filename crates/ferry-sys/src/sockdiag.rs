@@ -165,27 +165,13 @@ pub fn tcp_md5_inodes_in(ns: BorrowedFd) -> SysResult<Vec<u32>> {
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
         req[18] = 1 << (INET_DIAG_INFO - 1);
-        // SAFETY: req is a live buffer of the given length.
-        if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-            return Err(last_error("send(inet_diag)"));
-        }
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            // SAFETY: buf is a live writable buffer.
-            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(last_error("recv(inet_diag)"));
-            }
-            let batch = &buf[..n as usize];
-            if for_each_inet_msg(batch, |msg| {
+        dump(&sock, &req, |batch| {
+            for_each_inet_msg(batch, |msg| {
                 if has_attr(msg, 72, INET_DIAG_MD5SIG) && msg.len() >= 72 {
                     out.push(u32_at(msg, 68));
                 }
-            })? == Batch::Last
-            {
-                break;
-            }
-        }
+            })
+        })?;
     }
     Ok(out)
 }
@@ -230,23 +216,9 @@ pub fn unix_sockets_in(ns: BorrowedFd) -> SysResult<Vec<UnixDiag>> {
 }
 
 fn unix_sockets_from(sock: OwnedFd) -> SysResult<Vec<UnixDiag>> {
-    let req = unix_dump_request();
-    // SAFETY: req is a live buffer of the given length.
-    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        return Err(last_error("send(sock_diag)"));
-    }
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: buf is a live writable buffer.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(last_error("recv(sock_diag)"));
-        }
-        if parse_batch(&buf[..n as usize], &mut out)? == Batch::Last {
-            return Ok(out);
-        }
-    }
+    dump(&sock, &unix_dump_request(), |batch| parse_batch(batch, &mut out))?;
+    Ok(out)
 }
 
 /// A dump request for every unix socket, with all the attributes
@@ -352,23 +324,33 @@ pub fn tcp_sockets_in(ns: BorrowedFd) -> SysResult<Vec<TcpDiag>> {
     let mut out = Vec::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
-        // SAFETY: req is a live buffer of the given length.
-        if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-            return Err(last_error("send(inet_diag)"));
-        }
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            // SAFETY: buf is a live writable buffer.
-            let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(last_error("recv(inet_diag)"));
-            }
-            if parse_inet_batch(&buf[..n as usize], &mut out)? == Batch::Last {
-                break;
-            }
-        }
+        dump(&sock, &req, |batch| parse_inet_batch(batch, &mut out))?;
     }
     Ok(out)
+}
+
+/// Sends dump request `req` on `sock` and hands each batch of the answer
+/// to `on_batch` until it says the batch was the last.
+fn dump(
+    sock: &OwnedFd,
+    req: &[u8],
+    mut on_batch: impl FnMut(&[u8]) -> SysResult<Batch>,
+) -> SysResult<()> {
+    // SAFETY: req is a live buffer of the given length.
+    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(last_error("send(sock_diag)"));
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        // SAFETY: buf is a live writable buffer.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(last_error("recv(sock_diag)"));
+        }
+        if on_batch(&buf[..n as usize])? == Batch::Last {
+            return Ok(());
+        }
+    }
 }
 
 /// `inet_diag_req_v2` for every socket of one family and protocol.
