@@ -8,12 +8,16 @@ own clock, next to the engine's pause.
 
 Usage: bench/tiny_listener.py [FERRY] [RUNS]   (root; writes
 docs/benchmarks-tiny-latest.md and prints the same table)
+BENCH_CHECKPOINT_ARGS adds arguments to `ferry checkpoint` (e.g.
+--no-verify, to leave out the trial restore that checkpoint makes by
+default).
 
 The driver is a child subreaper and reaps what the checkpoints kill at
 once, so a restore never waits for init to free the old PID.
 """
 import ctypes
 import os
+import shlex
 import shutil
 import socket
 import statistics
@@ -24,6 +28,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "target/release/ferry")
+CHECKPOINT_ARGS = shlex.split(os.environ.get("BENCH_CHECKPOINT_ARGS", ""))
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 OUT = os.path.join(REPO, "docs/benchmarks-tiny-latest.md")
 IMAGES = "/dev/shm/ferry-bench-tiny"
@@ -89,7 +94,7 @@ def timed(cmd):
 
 def ferry_round(pid):
     shutil.rmtree(IMAGES, ignore_errors=True)
-    ck, r = timed([FERRY, "checkpoint", "--pid", str(pid), "--images", IMAGES])
+    ck, r = timed([FERRY, "checkpoint", "--pid", str(pid), "--images", IMAGES] + CHECKPOINT_ARGS)
     rs, _ = timed([FERRY, "restore", "--images", IMAGES, "--detach"])
     # "... in 93.8 ms" is the engine's own pause (frozen to killed); the
     # restore side's is in the restore's phases.
@@ -161,7 +166,8 @@ def main():
     lines = [
         "# Tiny listener: checkpoint + restore, side by side",
         "",
-        f"`bench/tiny_listener.py {FERRY} {RUNS}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"`{'BENCH_CHECKPOINT_ARGS=' + shlex.quote(' '.join(CHECKPOINT_ARGS)) + ' ' if CHECKPOINT_ARGS else ''}"
+        f"bench/tiny_listener.py {FERRY} {RUNS}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
         "examples/counter_server.c with one client connection sending a PING every 2 ms, "
         f"images on tmpfs, median of {RUNS} wall times of the whole commands.",
         "",

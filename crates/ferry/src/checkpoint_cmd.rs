@@ -89,9 +89,9 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         ..Default::default()
     };
     let mut outcome = None;
-    let s = ferry_engine::capture::checkpoint_then(pid, &images, &opts, |dir| {
+    let s = ferry_engine::capture::checkpoint_then(pid, &images, &opts, |dir, inherited| {
         if !no_verify {
-            outcome = Some(ferry_engine::restore::trial::trial(dir)?);
+            outcome = Some(ferry_engine::restore::trial::trial(dir, inherited)?);
         }
         Ok(())
     })

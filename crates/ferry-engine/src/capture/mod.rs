@@ -118,7 +118,7 @@ pub fn retry_transient<T>(
 /// capture into a directory sink, write the image, then resume or kill.
 /// With `opts.parent`, the image is incremental over that parent.
 pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<CaptureSummary> {
-    checkpoint_then(pid, dir, opts, |_| Ok(()))
+    checkpoint_then(pid, dir, opts, |_, _| Ok(()))
 }
 
 /// Like [`checkpoint`], with `trial` run on the complete image directory
@@ -126,11 +126,14 @@ pub fn checkpoint(pid: i32, dir: &Path, opts: &CaptureOptions) -> Result<Capture
 /// `leave_running`, once it runs on (its pause does not grow then). A
 /// trial that fails lets the tree run on, keeps the image, and fails the
 /// checkpoint with the trial's error ([`EngineError::TrialFailed`]).
+/// `trial` also gets ferry's descriptors of the frozen tree's sockets:
+/// a process it forks inherits them and has no use for them (10,000
+/// connections would take half of a 20,000 descriptor limit).
 pub fn checkpoint_then(
     pid: i32,
     dir: &Path,
     opts: &CaptureOptions,
-    trial: impl FnOnce(&Path) -> Result<()>,
+    trial: impl FnOnce(&Path, &[std::os::fd::RawFd]) -> Result<()>,
 ) -> Result<CaptureSummary> {
     check_capturable(pid)?;
     let mut parent = opts.parent.as_deref().map(parent::ParentImage::open).transpose()?;
@@ -154,11 +157,11 @@ pub fn checkpoint_then(
     };
     if opts.leave_running {
         let summary = captured.resume()?;
-        trial(&image).map_err(failed)?;
+        trial(&image, &[]).map_err(failed)?;
         return Ok(summary);
     }
     // Dropping `captured` on an error lets the tree run on.
-    trial(&image).map_err(failed)?;
+    trial(&image, &captured.repaired.raw_fds()).map_err(failed)?;
     captured.phases.mark("trial restore");
     captured.kill(LockAfterKill::HandOverTo(image.join(ferry_image::dir::META_FILE)))
 }

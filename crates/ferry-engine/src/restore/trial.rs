@@ -42,8 +42,9 @@ const END_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Restores the image in `dir` in scratch namespaces, checks it, and ends
 /// the copy. An error is the restore's (or its check's) own, naming the
-/// object.
-pub fn trial(dir: &Path) -> Result<TrialOutcome> {
+/// object. `inherited`: descriptors of ferry's that the helper (a fork of
+/// ferry) closes first, so that they leave room for the copy's own.
+pub fn trial(dir: &Path, inherited: &[std::os::fd::RawFd]) -> Result<TrialOutcome> {
     let t0 = Instant::now();
     let image = ferry_image::DirSource::new(dir).load(crate::worker_threads())?;
     if let Some(why) = untrialable(&image.tree) {
@@ -63,10 +64,30 @@ pub fn trial(dir: &Path) -> Result<TrialOutcome> {
         &Handover::default(),
         t0,
         flags,
-        || scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys)),
+        || {
+            close_inherited(inherited);
+            scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys))
+        },
     )?;
     held.abandon(END_PATIENCE);
     Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// In the helper: ferry's copies of the checkpointed tree's sockets,
+/// which the parent keeps. Contiguous numbers are closed in one call.
+fn close_inherited(fds: &[std::os::fd::RawFd]) {
+    let mut sorted: Vec<u32> = fds.iter().filter_map(|&fd| u32::try_from(fd).ok()).collect();
+    sorted.sort_unstable();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] <= sorted[j] + 1 {
+            j += 1;
+        }
+        // A number already closed is no harm: the range call skips it.
+        let _ = ferry_sys::fd::close_range(sorted[i], sorted[j]);
+        i = j + 1;
+    }
 }
 
 /// Why a trial of `tree` would touch the original's objects, if it would:

@@ -100,6 +100,13 @@ pub struct Repaired {
 }
 
 impl Repaired {
+    /// Ferry's descriptors of the repaired sockets (a trial restore's
+    /// helper, a fork of ferry, closes its inherited copies).
+    pub fn raw_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.socks.iter().map(|h| h.sock.as_raw_fd()).collect()
+    }
+
     /// The processes are about to be killed: leave repair mode on, so that
     /// closing the sockets sends neither FIN nor RST. Ferry's descriptors
     /// stay open until [`KeptInRepair::close`]: the processes' exit then
