@@ -234,6 +234,16 @@ def one_run(bins, n, method, work):
         subprocess.run([FERRY, "network-lock", "--release-stale"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def measure(bins, n, method, work, count):
+    """The median of `count` runs with `n` connections under lock `method`."""
+    runs = [one_run(bins, n, method, work) for _ in range(count)]
+    med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands", "client")}
+    med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
+    print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
+          f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f}  longest client wait {med['client']:8.1f} (ms, median of {len(runs)})", flush=True)
+    return med
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="0,100,500,1000,2000,5000,10000")
@@ -248,19 +258,15 @@ def main():
     ns = [int(x) for x in args.n.split(",")]
     methods = args.methods.split(",")
     work = tempfile.mkdtemp(prefix="ferry-bench-tcp-")
-    bins = build(work)
     results = []
-    for method in methods:
-        for n in ns:
-            runs = []
-            for _ in range(args.runs):
-                runs.append(one_run(bins, n, method, work))
-            med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands", "client")}
-            med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
-            results.append(med)
-            print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
-                  f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f}  longest client wait {med['client']:8.1f} (ms, median of {len(runs)})", flush=True)
-    subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
+    try:
+        bins = build(work)
+        for method in methods:
+            for n in ns:
+                results.append(measure(bins, n, method, work, args.runs))
+    finally:
+        # Also when a run fails: its images and programs go with it.
+        subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
         "| lock | N | pause (ms) | longest client wait (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
