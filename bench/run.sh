@@ -18,6 +18,8 @@
 #   BENCH_OUT=FILE          where the table goes (default docs/benchmarks-latest.md)
 #   BENCH_LOCAL_ONLY=1      only this table: not the tree, PID namespace, network
 #                           lock, TCP and migration benchmarks that follow it
+#   BENCH_CHECKPOINT_ARGS=  more arguments of `ferry checkpoint` (e.g. --no-verify,
+#                           to leave out the trial restore it makes by default)
 #   FERRY_BIN=PATH          measure this ferry instead of target/release/ferry
 #                           (then nothing is built but the C programs)
 set -euo pipefail
@@ -240,7 +242,8 @@ bench_one() {
     {
     t0=$(now_ns)
     set +e
-    timeout 60 "$FERRY" checkpoint --pid "$PROG_PID" --images "$images" >"$WORK/ckpt.out" 2>"$WORK/ckpt.err"
+    # shellcheck disable=SC2086 # word splitting of the extra arguments is wanted
+    timeout 60 "$FERRY" checkpoint --pid "$PROG_PID" --images "$images" ${BENCH_CHECKPOINT_ARGS:-} >"$WORK/ckpt.out" 2>"$WORK/ckpt.err"
     rc=$?
     set -e
     t1=$(now_ns)
