@@ -277,7 +277,8 @@ def main():
     table = "\n".join(lines)
     print(table)
     with open(args.out, "w") as f:
-        f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs} -->\n")
+        extra = f" --checkpoint-args={args.checkpoint_args}" if args.checkpoint_args else ""
+        f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs}{extra} -->\n")
         f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, images on tmpfs, "
                 f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "
                 f"byte for byte afterwards. \"longest client wait\": the longest answer of the server, timed by the client's own clock, "
