@@ -3,8 +3,9 @@
  * 4 MiB with MAP_POPULATE, a 64-page region where only every other page is
  * touched and one page was MADV_DONTNEED'ed after being written) plus a
  * 1 MiB malloc buffer, all filled with address-dependent patterns. After
- * restore: same mapping bounds and permissions in /proc/self/maps, same
- * contents, untouched/dropped pages read as zero.
+ * restore: each range inside one mapping of the same permissions in
+ * /proc/self/maps (neighbours may be merged, as the kernel may do on either
+ * side), same contents, untouched/dropped pages read as zero.
  */
 #include "ferry_test.h"
 #include <sys/mman.h>
@@ -59,7 +60,12 @@ int main(void)
 			ft_fail("%s: mapping at %p gone", r[i].name, r[i].p);
 			continue;
 		}
-		FT_CHECK(v.start == r[i].vma.start && v.end == r[i].vma.end,
+		/* The kernel may merge neighbouring anonymous mappings of the
+		 * same protection and flags on either side (whether it did in
+		 * the original depends on its fault history); the restore's own
+		 * check merges them on both sides too. So the range must lie in
+		 * one mapping, not be its exact bounds. */
+		FT_CHECK(v.start <= r[i].vma.start && v.end >= r[i].vma.end,
 			 "%s: vma %lx-%lx became %lx-%lx", r[i].name, r[i].vma.start, r[i].vma.end, v.start,
 			 v.end);
 		FT_CHECK(strcmp(v.perms, r[i].vma.perms) == 0, "%s: perms %s -> %s", r[i].name,
@@ -68,7 +74,7 @@ int main(void)
 		FT_CHECK(bad < 0, "%s: content differs at byte offset %ld", r[i].name, bad * 8);
 	}
 	struct ft_vma v;
-	FT_CHECK(ft_find_vma(sp, &v) == 0 && v.start == spv.start && v.end == spv.end,
+	FT_CHECK(ft_find_vma(sp, &v) == 0 && v.start <= spv.start && v.end >= spv.end,
 		 "sparse region vma changed");
 	for (int pg = 0; pg < 64; pg++) {
 		if (pg % 2 == 0 && pg != 10) {
