@@ -136,22 +136,7 @@ pub fn address_is_local_in(ns: BorrowedFd, ip: std::net::IpAddr) -> SysResult<bo
 /// A new socket made in network namespace `ns`, so that it takes that
 /// namespace's defaults (sysctl values are per namespace).
 pub fn socket_in(ns: BorrowedFd, family: i32, ty: i32, protocol: i32) -> SysResult<OwnedFd> {
-    let own = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| {
-        crate::SysError::new("open(/proc/thread-self/ns/net)", e.raw_os_error().unwrap_or(0))
-    })?;
-    if inode_of(std::os::fd::AsFd::as_fd(&own))? == inode_of(ns)? {
-        return crate::socket::socket(family, ty, protocol);
-    }
-    // SAFETY: ns is a network namespace fd; only this thread moves.
-    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(last_error("setns(socket's network namespace)"));
-    }
-    let made = crate::socket::socket(family, ty, protocol);
-    // SAFETY: own is the thread's original namespace.
-    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(last_error("setns(back to ferry's network namespace)"));
-    }
-    made
+    in_netns(ns, || crate::socket::socket(family, ty, protocol))
 }
 
 /// The inodes of the TCP sockets of network namespace `ns` that carry

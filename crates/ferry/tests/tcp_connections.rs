@@ -129,6 +129,17 @@ fn start_server(
     server
 }
 
+/// The C program `source` (relative to the repository) compiled into
+/// `dir` and started in `netns`, its output in `dir`/server.log.
+fn compiled_server(netns: &common::NetNs, dir: &Path, source: &str, args: &[&str]) -> Server {
+    let name = Path::new(source).file_stem().and_then(|s| s.to_str()).unwrap_or("server");
+    let bin = dir.join(name);
+    ferry_testkit::compile_c(&repo().join(source), &bin);
+    let log = dir.join("server.log");
+    let child = spawn_in_netns(netns, dir, &log, &bin, args);
+    Server { pid: child.id() as i32, child: Some(child), log }
+}
+
 /// The byte at `i` of stream `seed` (the same pattern as ferry_test.h).
 fn pat(seed: u64, i: usize) -> u8 {
     let w = i as u64 / 8;
@@ -642,12 +653,7 @@ fn a_request_held_by_the_lock_is_answered_in_pause_time() {
     require_root!();
     let hosts = Hosts::new("held");
     let dir = TempDir::new("ferry-tcp", "held");
-    let bin = dir.0.join("counter_server");
-    ferry_testkit::compile_c(&repo().join("examples/counter_server.c"), &bin);
-    let log = dir.0.join("server.log");
-    let mut server =
-        Server { child: Some(spawn_in_netns(&hosts.a, &dir.0, &log, &bin, &["0"])), log, pid: 0 };
-    server.pid = server.child.as_ref().map_or(0, |c| c.id() as i32);
+    let mut server = compiled_server(&hosts.a, &dir.0, "examples/counter_server.c", &["0"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let port: u16 = loop {
         let line = read_lossy(&server.log);
@@ -736,13 +742,10 @@ fn a_connection_whose_client_shut_down_sending_is_answered_after_restore() {
     require_root!();
     let hosts = Hosts::new("closewait");
     let dir = TempDir::new("ferry-tcp", "closewait");
-    let bin = dir.0.join("tcp_close_wait_server");
-    ferry_testkit::compile_c(&repo().join("tests/tcp/tcp_close_wait_server.c"), &bin);
-    let log = dir.0.join("server.log");
     let port = 7000 + (std::process::id() % 1000) as u16;
     let port_s = port.to_string();
-    let child = spawn_in_netns(&hosts.a, &dir.0, &log, &bin, &[A_V4, &port_s]);
-    let mut server = Server { pid: child.id() as i32, child: Some(child), log };
+    let mut server =
+        compiled_server(&hosts.a, &dir.0, "tests/tcp/tcp_close_wait_server.c", &[A_V4, &port_s]);
     wait_line(&server.log, "LISTENING", Duration::from_secs(10));
     const REQUEST: usize = 20_000;
     let mut stream = hosts.b.run(|| {
