@@ -14,6 +14,7 @@
 # Prints every table under a heading naming the build and writes them all
 # to OUT (default docs/benchmarks-compare-latest.md). Needs root.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BEFORE="${1:?usage: bench/compare.sh BEFORE_DIR AFTER_DIR [OUT]}"
 AFTER="${2:?usage: bench/compare.sh BEFORE_DIR AFTER_DIR [OUT]}"

@@ -9,6 +9,7 @@
 # Environment: BENCH_NETLOCK_REPS=5, BENCH_NETLOCK_SIZES=0,100,...,10000,
 # BENCH_NETLOCK_METHODS=ebpf,nftables,iptables. Needs root.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPS="${BENCH_NETLOCK_REPS:-5}"
 SIZES="${BENCH_NETLOCK_SIZES:-0,100,500,1000,2000,5000,10000}"

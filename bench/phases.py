@@ -60,6 +60,9 @@ FERRY = os.environ.get("FERRY_BIN") or os.path.join(os.path.dirname(os.path.absp
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     prog, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3

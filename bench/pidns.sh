@@ -11,6 +11,7 @@
 # Environment: BENCH_PIDNS_RUNS=5, FERRY_BIN=target/release/ferry.
 # Needs root. Every wait is bounded; everything started is killed by PID.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUNS="${BENCH_PIDNS_RUNS:-5}"
 FERRY="${FERRY_BIN:-$REPO/target/release/ferry}"

@@ -23,6 +23,7 @@
 #   FERRY_BIN=PATH          measure this ferry instead of target/release/ferry
 #                           (then nothing is built but the C programs)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"

@@ -26,6 +26,9 @@ import sys
 import threading
 import time
 
+if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+    print(__doc__)
+    sys.exit(0)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "target/release/ferry")
 CHECKPOINT_ARGS = shlex.split(os.environ.get("BENCH_CHECKPOINT_ARGS", ""))

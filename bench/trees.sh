@@ -24,6 +24,7 @@
 #   BENCH_TREE_TIMEOUT=120             seconds allowed per ferry command
 #   FERRY_BIN=target/release/ferry
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
