@@ -1443,6 +1443,43 @@ fn the_restores_own_check_catches_a_lost_socket_option() {
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
+#[test]
+fn the_restores_own_check_catches_a_lost_mapping_flag() {
+    require_root!();
+    let mut c = Case::new("restore-check-vmflags");
+    let prog = c.compile("tests/conformance/mem_madvise_flags.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    let _ = c.children[0].wait();
+    let images = c.images();
+    let restore = Command::new(FERRY)
+        .args(["restore", "--images"])
+        .arg(&images)
+        .arg("--detach")
+        .env("FERRY_FAULT_SKIP_MADVISE", libc::MADV_DONTDUMP.to_string())
+        .output()
+        .expect("run ferry restore");
+    let err = stderr(&restore);
+    if restore.status.success() {
+        ferry_testkit::kill_and_reap(pid);
+        panic!("a restore that lost MADV_DONTDUMP succeeded");
+    }
+    for want in
+        ["the restore's check found a difference", "VmFlags", "dd", "the image is unchanged"]
+    {
+        assert!(err.contains(want), "the failure should say {want:?}: {err}");
+    }
+    assert!(!exists(pid), "the restored copy of pid {pid} still runs after the failed check");
+    assert_eq!(
+        c.restore_and_finish(pid, &images, &[]),
+        Some(0),
+        "restore without the fault: {}",
+        c.log()
+    );
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
 /// PIDs of processes whose command line names `needle` (an image
 /// directory or program path unique to one case): the trial's helper is a
 /// fork of `ferry checkpoint` and carries its command line.

@@ -37,6 +37,20 @@ const FLAG_NAMES: &[(&str, u32)] = &[
     ("rr", vmflag::RAND_READ),
 ];
 
+/// The image's flag bits ([`vmflag`]) of the VmFlags mnemonics `names`;
+/// mnemonics the image does not record are left out.
+pub(crate) fn image_flags<'a>(names: impl IntoIterator<Item = &'a str>) -> u32 {
+    names
+        .into_iter()
+        .filter_map(|n| FLAG_NAMES.iter().find(|(name, _)| *name == n).map(|(_, f)| f))
+        .fold(0, |a, f| a | f)
+}
+
+/// The VmFlags mnemonics of the image's flag bits `flags`.
+pub(crate) fn flag_names(flags: u32) -> Vec<&'static str> {
+    FLAG_NAMES.iter().filter(|(_, f)| flags & f != 0).map(|(n, _)| *n).collect()
+}
+
 fn describe(m: &MapsEntry) -> String {
     format!(
         "mapping {:#x}-{:#x} ({})",
@@ -131,7 +145,7 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
             }
             let backing = backing(pid, m)?;
             check_flags(pid, m)?;
-            let flags = FLAG_NAMES.iter().filter(|(n, _)| m.has_flag(n)).fold(0, |a, (_, f)| a | f);
+            let flags = image_flags(m.vm_flags.iter().map(String::as_str));
             Ok(Vma {
                 start: m.start,
                 end: m.end,

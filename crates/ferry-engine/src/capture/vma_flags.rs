@@ -113,6 +113,86 @@ fn program() -> Option<&'static VmaIterProgram> {
 }
 
 fn load_program() -> std::result::Result<VmaIterProgram, String> {
+    if let Some(layout) = cached_layout() {
+        match VmaIterProgram::load(&layout) {
+            Ok(p) => return Ok(p),
+            Err(e) => tracing::info!("the cached layout {LAYOUT_CACHE} does not load ({e})"),
+        }
+    }
+    let layout = layout_from_btf()?;
+    let program = VmaIterProgram::load(&layout).map_err(|e| e.to_string())?;
+    store_layout(&layout);
+    Ok(program)
+}
+
+/// Where the iterator's layout is kept once read from the kernel's BTF:
+/// parsing the 5 MiB of /sys/kernel/btf/vmlinux takes tens of
+/// milliseconds, which a restore's own check would otherwise pay inside
+/// the pause. The BTF cannot change without a reboot, so the entry is
+/// keyed by the boot id; a stale or damaged entry is ignored (and a wrong
+/// layout could only fail to load or make the flags disagree with smaps,
+/// which both paths treat as "read smaps").
+const LAYOUT_CACHE: &str = "/run/ferry/vma-iter-layout";
+
+fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_string())
+}
+
+/// The cache's one line: boot id, then the layout's numbers.
+fn layout_line(boot: &str, l: &IterLayout) -> String {
+    format!(
+        "{boot} {} {} {} {} {} {} {}\n",
+        l.attach_btf_id, l.ctx_meta, l.ctx_vma, l.meta_seq, l.vm_start, l.vm_end, l.vm_flags
+    )
+}
+
+fn parse_layout_line(line: &str, boot: &str) -> Option<IterLayout> {
+    let mut words = line.split_whitespace();
+    if words.next()? != boot {
+        return None;
+    }
+    let attach_btf_id = words.next()?.parse().ok()?;
+    let mut offset = || words.next()?.parse::<i16>().ok().filter(|o| *o >= 0);
+    let layout = IterLayout {
+        attach_btf_id,
+        ctx_meta: offset()?,
+        ctx_vma: offset()?,
+        meta_seq: offset()?,
+        vm_start: offset()?,
+        vm_end: offset()?,
+        vm_flags: offset()?,
+    };
+    words.next().is_none().then_some(layout)
+}
+
+fn cached_layout() -> Option<IterLayout> {
+    parse_layout_line(&std::fs::read_to_string(LAYOUT_CACHE).ok()?, &boot_id()?)
+}
+
+/// Best effort: without the cache the next run parses the BTF again.
+fn store_layout(layout: &IterLayout) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let Some(boot) = boot_id() else { return };
+    let dir = std::path::Path::new(LAYOUT_CACHE).parent().unwrap_or(std::path::Path::new("/"));
+    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
+    let tmp = format!("{LAYOUT_CACHE}.{}", std::process::id());
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(layout_line(&boot, layout).as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, LAYOUT_CACHE));
+    if let Err(e) = written {
+        tracing::debug!("keeping the iterator's layout in {LAYOUT_CACHE}: {e}");
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// The iterator's layout from the running kernel's BTF.
+fn layout_from_btf() -> std::result::Result<IterLayout, String> {
     let path = "/sys/kernel/btf/vmlinux";
     let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
     let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
@@ -139,7 +219,7 @@ fn load_program() -> std::result::Result<VmaIterProgram, String> {
         vm_end: member(vma, "vm_area_struct", "vm_end")?,
         vm_flags: member(vma, "vm_area_struct", "vm_flags")?,
     };
-    VmaIterProgram::load(&layout).map_err(|e| e.to_string())
+    Ok(layout)
 }
 
 fn read_raw(pid: i32) -> Option<Vec<RawVma>> {
@@ -224,6 +304,15 @@ fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Optio
     raw_iter.next().is_none().then_some(maps)
 }
 
+/// Each mapping of `pid` (start, end, mnemonics) from the BPF iterator
+/// alone, with the table unproven: for the restore's own check, which
+/// reads smaps again before it reports any difference (so a table wrong
+/// for this kernel costs a page walk, never a false failure). None when
+/// the iterator is unavailable or a bit is outside the table.
+pub fn unproven_flags(pid: i32) -> Option<Vec<(u64, u64, Vec<String>)>> {
+    read_raw(pid)?.into_iter().map(|r| Some((r.start, r.end, mnemonics(r.flags)?))).collect()
+}
+
 /// Presurveys `root` and its descendants as they are now; those that
 /// prove nothing (or are gone) are left out.
 pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> {
@@ -271,6 +360,25 @@ mod tests {
         // What smaps prints for it is refused by name.
         let printed = ["rd".to_string(), "??".to_string()];
         assert_eq!(crate::catalog::vmflags::refusal(&printed).map(|r| r.0), Some("??"));
+    }
+
+    #[test]
+    fn the_layout_cache_line_reads_back_only_for_its_boot() {
+        let l = IterLayout {
+            attach_btf_id: 123456,
+            ctx_meta: 0,
+            ctx_vma: 16,
+            meta_seq: 0,
+            vm_start: 0,
+            vm_end: 8,
+            vm_flags: 32,
+        };
+        let line = layout_line("boot-a", &l);
+        assert_eq!(parse_layout_line(&line, "boot-a"), Some(l));
+        assert_eq!(parse_layout_line(&line, "boot-b"), None, "another boot's kernel");
+        assert_eq!(parse_layout_line("boot-a 1 2 3", "boot-a"), None, "cut short");
+        assert_eq!(parse_layout_line(&line.replace(" 32", " -32"), "boot-a"), None);
+        assert_eq!(parse_layout_line(&format!("{} 9", line.trim()), "boot-a"), None, "too long");
     }
 
     #[test]

@@ -247,13 +247,20 @@ fn madvise_calls(v: &Vma) -> impl Iterator<Item = (String, Call)> + '_ {
         (vmflag::RAND_READ, libc::MADV_RANDOM),
     ]
     .into_iter()
-    .filter(|&(bit, _)| v.flags & bit != 0)
+    .filter(|&(bit, advice)| v.flags & bit != 0 && !fault_skips_madvise(advice))
     .map(|(_, advice)| {
         (
             format!("madvise({:#x}, {advice})", v.start),
             Call::new(libc::SYS_madvise, &[v.start, v.end - v.start, advice as u64]),
         )
     })
+}
+
+/// Fault injection for tests: `FERRY_FAULT_SKIP_MADVISE=ADVICE` (its
+/// number) leaves that advice out, the very bug the restore's own check
+/// (`restore/verify`) must catch before the tree runs.
+fn fault_skips_madvise(advice: i32) -> bool {
+    std::env::var("FERRY_FAULT_SKIP_MADVISE").is_ok_and(|v| v == advice.to_string())
 }
 
 const SHM_REMAP: u64 = 0o40000;

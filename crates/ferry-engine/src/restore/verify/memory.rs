@@ -3,6 +3,13 @@
 //! mappings the kernel may keep apart on one side and merge on the other
 //! are merged on both before the comparison; the kernel's own mappings
 //! (vDSO, vvar, vsyscall) are moved by restore and left out.
+//!
+//! Then the flags restore sets again (the VmFlags of the image: dc, dd,
+//! wf, hg, nh, mg, lo, lf, sr, rr, gd, nr, mw): every restored mapping
+//! within an image mapping must have that mapping's flags. They are read
+//! by the BPF iterator when it can (no page walk of the restored memory),
+//! and from smaps when it cannot or when it sees a difference, so only
+//! smaps can fail the check.
 
 use super::Findings;
 use crate::error::Result;
@@ -92,7 +99,74 @@ fn describe(r: Option<&Range>) -> String {
     }
 }
 
+/// (start, end, image flag bits) of each mapping.
+type Flagged = Vec<(u64, u64, u32)>;
+
+fn image_flags(p: &ProcessImage) -> Flagged {
+    p.vmas
+        .iter()
+        .filter(|v| {
+            !matches!(v.backing, VmaBacking::Vdso | VmaBacking::Vvar { .. } | VmaBacking::Vsyscall)
+        })
+        .map(|v| (v.start, v.end, v.flags))
+        .collect()
+}
+
+fn flagged<'a>(maps: impl Iterator<Item = (u64, u64, &'a [String])>) -> Flagged {
+    maps.map(|(s, e, names)| (s, e, capture_flags(names))).collect()
+}
+
+fn capture_flags(names: &[String]) -> u32 {
+    crate::capture::memory::image_flags(names.iter().map(String::as_str))
+}
+
+/// The first image mapping (start, end, wanted, found) that a restored
+/// mapping overlapping it shows with other flags. Both lists are sorted.
+fn first_flag_difference(want: &Flagged, have: &Flagged) -> Option<(u64, u64, u32, u32)> {
+    let mut from = 0;
+    for &(start, end, flags) in want {
+        while have.get(from).is_some_and(|h| h.1 <= start) {
+            from += 1;
+        }
+        let overlapping = have[from..].iter().take_while(|h| h.0 < end);
+        if let Some(h) = overlapping.into_iter().find(|h| h.2 != flags) {
+            return Some((start, end, flags, h.2));
+        }
+    }
+    None
+}
+
+fn restored_flags(pid: i32, want: &Flagged) -> Result<Option<(u64, u64, u32, u32)>> {
+    let quick = crate::capture::vma_flags::unproven_flags(pid)
+        .map(|m| flagged(m.iter().map(|(s, e, n)| (*s, *e, n.as_slice()))));
+    match quick.map(|have| first_flag_difference(want, &have)) {
+        Some(None) => return Ok(None),
+        Some(Some(d)) => {
+            tracing::debug!("pid {pid}: mapping flags differ by BPF ({d:x?}), reading smaps")
+        }
+        None => tracing::debug!("pid {pid}: mapping flags not readable by BPF, reading smaps"),
+    }
+    let smaps = crate::procfs::smaps(pid)?;
+    let have = flagged(smaps.iter().map(|m| (m.start, m.end, m.vm_flags.as_slice())));
+    Ok(first_flag_difference(want, &have))
+}
+
+fn compare_flags(p: &ProcessImage, found: &mut Findings) -> Result<()> {
+    if let Some((start, end, want, have)) = restored_flags(p.pid, &image_flags(p))? {
+        let names = |f: u32| crate::capture::memory::flag_names(f).join(" ");
+        found.compare(
+            p.pid,
+            &format!("mapping {start:#x}-{end:#x}"),
+            "VmFlags",
+            names(want),
+            names(have),
+        );
+    }
+    Ok(())
+}
+
 pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
+    compare_flags(p, found)?;
     let want = image_ranges(p);
     let have = restored_ranges(p.pid)?;
     if want == have {
@@ -138,6 +212,19 @@ mod tests {
                 r(0x6000, 0x7000, "r--p", "/lib/x.so"),
             ]
         );
+    }
+
+    #[test]
+    fn a_flag_difference_is_found_in_any_restored_piece_of_a_mapping() {
+        let want = vec![(0x1000, 0x4000, 1), (0x4000, 0x5000, 2), (0x8000, 0x9000, 0)];
+        // Split in two on the restored side, the second piece differs.
+        let have = vec![(0x1000, 0x2000, 1), (0x2000, 0x4000, 3), (0x4000, 0x5000, 2)];
+        assert_eq!(first_flag_difference(&want, &have), Some((0x1000, 0x4000, 1, 3)));
+        // Merged on the restored side with the same flags: no difference.
+        let want = vec![(0x1000, 0x2000, 1), (0x2000, 0x3000, 1)];
+        assert_eq!(first_flag_difference(&want, &vec![(0x1000, 0x3000, 1)]), None);
+        // A mapping missing on the restored side is the ranges' finding.
+        assert_eq!(first_flag_difference(&want, &vec![]), None);
     }
 
     #[test]
