@@ -21,36 +21,6 @@ use ferry_sys::pagemap::{
 use ferry_sys::vm::{self, RemoteRange};
 use std::os::unix::fs::FileExt;
 
-const FLAG_NAMES: &[(&str, u32)] = &[
-    ("gd", vmflag::GROWSDOWN),
-    ("dc", vmflag::DONTFORK),
-    ("dd", vmflag::DONTDUMP),
-    ("wf", vmflag::WIPEONFORK),
-    ("hg", vmflag::HUGEPAGE),
-    ("nh", vmflag::NOHUGEPAGE),
-    ("mg", vmflag::MERGEABLE),
-    ("mw", vmflag::MAYWRITE),
-    ("lo", vmflag::LOCKED),
-    ("nr", vmflag::NORESERVE),
-    ("lf", vmflag::LOCKONFAULT),
-    ("sr", vmflag::SEQ_READ),
-    ("rr", vmflag::RAND_READ),
-];
-
-/// The image's flag bits ([`vmflag`]) of the VmFlags mnemonics `names`;
-/// mnemonics the image does not record are left out.
-pub(crate) fn image_flags<'a>(names: impl IntoIterator<Item = &'a str>) -> u32 {
-    names
-        .into_iter()
-        .filter_map(|n| FLAG_NAMES.iter().find(|(name, _)| *name == n).map(|(_, f)| f))
-        .fold(0, |a, f| a | f)
-}
-
-/// The VmFlags mnemonics of the image's flag bits `flags`.
-pub(crate) fn flag_names(flags: u32) -> Vec<&'static str> {
-    FLAG_NAMES.iter().filter(|(_, f)| flags & f != 0).map(|(n, _)| *n).collect()
-}
-
 fn describe(m: &MapsEntry) -> String {
     format!(
         "mapping {:#x}-{:#x} ({})",
@@ -145,7 +115,7 @@ pub fn classify(pid: i32, smaps: &[MapsEntry]) -> Result<Vec<Vma>> {
             }
             let backing = backing(pid, m)?;
             check_flags(pid, m)?;
-            let flags = image_flags(m.vm_flags.iter().map(String::as_str));
+            let flags = crate::vm_flags::image_flags(m.vm_flags.iter().map(String::as_str));
             Ok(Vma {
                 start: m.start,
                 end: m.end,

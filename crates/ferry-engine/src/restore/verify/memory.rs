@@ -117,7 +117,7 @@ fn flagged<'a>(maps: impl Iterator<Item = (u64, u64, &'a [String])>) -> Flagged 
 }
 
 fn capture_flags(names: &[String]) -> u32 {
-    crate::capture::memory::image_flags(names.iter().map(String::as_str))
+    crate::vm_flags::image_flags(names.iter().map(String::as_str))
 }
 
 /// The first image mapping (start, end, wanted, found) that a restored
@@ -137,7 +137,7 @@ fn first_flag_difference(want: &Flagged, have: &Flagged) -> Option<(u64, u64, u3
 }
 
 fn restored_flags(pid: i32, want: &Flagged) -> Result<Option<(u64, u64, u32, u32)>> {
-    let quick = crate::capture::vma_flags::unproven_flags(pid)
+    let quick = crate::vm_flags::unproven_flags(pid)
         .map(|m| flagged(m.iter().map(|(s, e, n)| (*s, *e, n.as_slice()))));
     match quick.map(|have| first_flag_difference(want, &have)) {
         Some(None) => return Ok(None),
@@ -153,7 +153,7 @@ fn restored_flags(pid: i32, want: &Flagged) -> Result<Option<(u64, u64, u32, u32
 
 fn compare_flags(p: &ProcessImage, found: &mut Findings) -> Result<()> {
     if let Some((start, end, want, have)) = restored_flags(p.pid, &image_flags(p))? {
-        let names = |f: u32| crate::capture::memory::flag_names(f).join(" ");
+        let names = |f: u32| crate::vm_flags::flag_names(f).join(" ");
         found.compare(
             p.pid,
             &format!("mapping {start:#x}-{end:#x}"),
