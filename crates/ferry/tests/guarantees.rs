@@ -1404,9 +1404,40 @@ fn refuses_a_unix_listener_whose_file_was_replaced() {
 /// fault then gives the program every option back.
 #[test]
 fn the_restores_own_check_catches_a_lost_socket_option() {
+    let option = format!("{}/{}", libc::SOL_SOCKET, libc::SO_PRIORITY);
+    a_restore_with_a_fault_is_stopped_by_its_check(
+        "restore-check",
+        "tests/conformance/sock_opts_unbound.c",
+        ("FERRY_FAULT_SKIP_SOCKET_OPTION", &option),
+        &["SO_PRIORITY", "is 0 after restore, the image has 3"],
+    );
+}
+
+/// The same for a mapping flag (`FERRY_FAULT_SKIP_MADVISE`): MADV_DONTDUMP
+/// left out, VmFlags `dd` missing.
+#[test]
+fn the_restores_own_check_catches_a_lost_mapping_flag() {
+    a_restore_with_a_fault_is_stopped_by_its_check(
+        "restore-check-vmflags",
+        "tests/conformance/mem_madvise_flags.c",
+        ("FERRY_FAULT_SKIP_MADVISE", &libc::MADV_DONTDUMP.to_string()),
+        &["VmFlags", "dd"],
+    );
+}
+
+/// Checkpoints `program`, restores it with the fault `env` (the restore
+/// returns at once: `--detach`), and requires the check's failure naming
+/// `wants`, the copy ended and the image unchanged; then a restore
+/// without the fault must give the program all its state back.
+fn a_restore_with_a_fault_is_stopped_by_its_check(
+    name: &str,
+    program: &str,
+    env: (&str, &str),
+    wants: &[&str],
+) {
     require_root!();
-    let mut c = Case::new("restore-check");
-    let prog = c.compile("tests/conformance/sock_opts_unbound.c");
+    let mut c = Case::new(name);
+    let prog = c.compile(program);
     let pid = c.start(&prog);
     let out = c.checkpoint(pid, &[]);
     assert!(out.status.success(), "checkpoint: {}", stderr(&out));
@@ -1414,63 +1445,22 @@ fn the_restores_own_check_catches_a_lost_socket_option() {
     let images = c.images();
     let meta_before = fs::read(images.join("meta.img")).expect("meta.img");
     let restore = Command::new(FERRY)
-        .args(["restore", "--images"])
+        .args(["restore", "--detach", "--images"])
         .arg(&images)
-        .env(
-            "FERRY_FAULT_SKIP_SOCKET_OPTION",
-            format!("{}/{}", libc::SOL_SOCKET, libc::SO_PRIORITY),
-        )
-        .output()
-        .expect("run ferry restore");
-    let err = stderr(&restore);
-    assert!(!restore.status.success(), "a restore that lost SO_PRIORITY succeeded");
-    for want in [
-        "the restore's check found a difference",
-        "SO_PRIORITY",
-        "is 0 after restore, the image has 3",
-        "the image is unchanged",
-    ] {
-        assert!(err.contains(want), "the failure should say {want:?}: {err}");
-    }
-    assert!(!exists(pid), "the restored copy of pid {pid} still runs after the failed check");
-    assert_eq!(fs::read(images.join("meta.img")).expect("meta.img"), meta_before, "image changed");
-    assert_eq!(
-        c.restore_and_finish(pid, &images, &[]),
-        Some(0),
-        "restore without the fault: {}",
-        c.log()
-    );
-    assert!(c.log().contains("PASS"), "{}", c.log());
-}
-
-#[test]
-fn the_restores_own_check_catches_a_lost_mapping_flag() {
-    require_root!();
-    let mut c = Case::new("restore-check-vmflags");
-    let prog = c.compile("tests/conformance/mem_madvise_flags.c");
-    let pid = c.start(&prog);
-    let out = c.checkpoint(pid, &[]);
-    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
-    let _ = c.children[0].wait();
-    let images = c.images();
-    let restore = Command::new(FERRY)
-        .args(["restore", "--images"])
-        .arg(&images)
-        .arg("--detach")
-        .env("FERRY_FAULT_SKIP_MADVISE", libc::MADV_DONTDUMP.to_string())
+        .env(env.0, env.1)
         .output()
         .expect("run ferry restore");
     let err = stderr(&restore);
     if restore.status.success() {
         ferry_testkit::kill_and_reap(pid);
-        panic!("a restore that lost MADV_DONTDUMP succeeded");
+        panic!("a restore with {}={} succeeded", env.0, env.1);
     }
-    for want in
-        ["the restore's check found a difference", "VmFlags", "dd", "the image is unchanged"]
-    {
+    let common = ["the restore's check found a difference", "the image is unchanged"];
+    for want in common.iter().chain(wants) {
         assert!(err.contains(want), "the failure should say {want:?}: {err}");
     }
     assert!(!exists(pid), "the restored copy of pid {pid} still runs after the failed check");
+    assert_eq!(fs::read(images.join("meta.img")).expect("meta.img"), meta_before, "image changed");
     assert_eq!(
         c.restore_and_finish(pid, &images, &[]),
         Some(0),
