@@ -30,6 +30,7 @@ pub(crate) mod proc_state;
 pub mod procfs;
 pub(crate) mod pty_queues;
 pub mod restore;
+pub mod running_files;
 pub mod running_sockets;
 pub mod syscall_restart;
 pub(crate) mod tcp_repair;

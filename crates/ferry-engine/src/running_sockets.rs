@@ -62,6 +62,8 @@ pub struct RunningTree {
     /// it a new one).
     pub own_pid_namespace: bool,
     pub sockets: Vec<RunningSocket>,
+    /// The regular files it maps or holds open by path.
+    pub files: Vec<crate::running_files::RunningFile>,
 }
 
 /// One line of a /proc/net/{tcp,udp}[6] table.
@@ -73,8 +75,9 @@ struct TableEntry {
     inode: u64,
 }
 
-/// The tree of `root` as it runs now: its IDs and its TCP and UDP sockets
-/// (unbound ones left out: they need nothing of a host).
+/// The tree of `root` as it runs now: its IDs, its TCP and UDP sockets
+/// (unbound ones left out: they need nothing of a host) and the files a
+/// restore opens again by path.
 pub fn running_tree_sockets(root: i32) -> RunningTree {
     let pids = running_tree(root);
     let mut tree = RunningTree::default();
@@ -113,6 +116,7 @@ pub fn running_tree_sockets(root: i32) -> RunningTree {
             tree.sockets.push(s);
         }
     }
+    tree.files = crate::running_files::running_files(&pids);
     tree
 }
 

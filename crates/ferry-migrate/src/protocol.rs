@@ -35,7 +35,8 @@ use serde::{Deserialize, Serialize};
 /// Bumped when a message changes meaning; two agents must agree on it.
 /// 2: the destination answers each RoundDone with RoundStored.
 /// 3: Hello carries the running tree and dry_run; Unfit; Welcome's notes.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: the running tree carries the files it maps or holds open by path.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 pub use ferry_engine::running_sockets::{RunningSocket, RunningTree, SocketRole};
 

@@ -1499,6 +1499,10 @@ for spec in sys.argv[2:]:
         s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
         s.bind((a[0],int(a[1])))
         if kind=='listen': s.listen(8)
+    elif kind=='map':
+        import mmap
+        f=open(a[0],'w+b'); f.write(b'x'*4096); f.flush()
+        s=(f,mmap.mmap(f.fileno(),4096))
     else:
         for i in range(100):
             try: s=socket.create_connection((a[1],int(a[2])),timeout=5,source_address=(a[0],0)); break
@@ -1735,6 +1739,42 @@ fn hello_refuses_a_port_taken_at_the_destination() {
         ],
     );
     assert!(!m.out.stderr.contains("7302"), "{TEST}: the free UDP port was refused");
+}
+
+/// A file the tree maps that the destination lacks (on a tmpfs mounted
+/// only in host a's mount namespace) is refused in the hello, naming it.
+#[test]
+fn hello_refuses_a_file_the_destination_lacks() {
+    const TEST: &str = "hello-file";
+    if !have(TEST, &["python3"]) {
+        return;
+    }
+    let (env, svc) = service_env("fl", &[], &[]);
+    let private = env.dir.0.join("only-at-a");
+    fs::create_dir_all(&private).expect("mount point");
+    let mounted =
+        run_in(env.host("a"), 10, &["mount", "-t", "tmpfs", "ferry-test", path_str(&private)]);
+    assert!(mounted.status.success(), "{TEST}: mount in host a: {}", mounted.stderr);
+    let data = private.join("data");
+    let (service, dir) = start_checked_service(
+        &env,
+        "svc",
+        &[&format!("listen,{svc},7303"), &format!("map,{}", path_str(&data))],
+    );
+    let watch = StopWatch::start(service.root);
+    let m = env.migrate("a", service.inner, env.agent("b"), &["--address", &svc_prefix(&svc)]);
+    assert_refused_before_freeze(
+        TEST,
+        &m,
+        watch,
+        &service,
+        &dir,
+        &[
+            &format!("{} (pid", data.display()),
+            "no such regular file at the destination",
+            "copy it to the destination",
+        ],
+    );
 }
 
 #[test]

@@ -16,6 +16,11 @@
 //!   the tree (a process or a closed socket that stays on the source
 //!   host): at the destination nothing answers it, and its first
 //!   segment would meet a reset.
+//! - files: a regular file the tree maps or holds open by path that this
+//!   host lacks (the restore opens it again by its path), or a mapped one
+//!   of another size here (the process would run another file's code or
+//!   read another's data); a mapped file of the same size with another
+//!   modification time is a note.
 //!
 //! The negotiated TCP options (timestamps, SACK, window scaling, MSS)
 //! need no check: repair mode sets them on each socket whatever this
@@ -44,7 +49,58 @@ pub(super) fn check(h: &Hello, cfg: &DestinationConfig) -> Verdict {
     ids(h, &mut v);
     ipv6(h, cfg, &mut v.problems);
     loopback_peers(h, &mut v.problems);
+    files(&h.tree.files, &mut v);
     v
+}
+
+fn files(list: &[ferry_engine::running_files::RunningFile], v: &mut Verdict) {
+    use std::os::unix::fs::MetadataExt;
+    let mut missing = Vec::new();
+    let mut resized = Vec::new();
+    let mut touched = Vec::new();
+    for f in list {
+        let named = format!("{} ({})", f.path, f.holder);
+        match std::fs::metadata(&f.path) {
+            Ok(here) if !here.is_file() => missing.push(named),
+            Err(_) => missing.push(named),
+            Ok(here) if f.mapped && here.size() != f.size => {
+                resized.push(format!("{named}: {} bytes there, {} here", f.size, here.size()))
+            }
+            Ok(here) if f.mapped && (here.mtime(), here.mtime_nsec()) != f.mtime => {
+                touched.push(f.path.clone())
+            }
+            Ok(_) => {}
+        }
+    }
+    if !missing.is_empty() {
+        v.problems.push(Problem {
+            object: some_of(&missing),
+            problem: "no such regular file at the destination: the restore opens it again by its \
+                      path"
+                .into(),
+            remedy: "copy it to the destination (same path), or keep it on storage both hosts \
+                     mount at the same place"
+                .into(),
+        });
+    }
+    if !resized.is_empty() {
+        v.problems.push(Problem {
+            object: some_of(&resized),
+            problem: "a mapped file differs at the destination: the process would run another \
+                      file's code or read another file's data"
+                .into(),
+            remedy: "make the file at the destination the same as at the source (the same \
+                     package version, or a copy)"
+                .into(),
+        });
+    }
+    if !touched.is_empty() {
+        v.notes.push(format!(
+            "mapped files of the same size but another modification time here (make sure they \
+             are the same files): {}",
+            some_of(&touched)
+        ));
+    }
 }
 
 fn loopback_peers(h: &Hello, out: &mut Vec<Problem>) {
@@ -348,6 +404,40 @@ mod tests {
         assert_eq!(use_of(&all[0], &all), Use::Bound);
         assert_eq!(use_of(&all[1], &all), Use::Inbound);
         assert_eq!(use_of(&all[2], &all), Use::Outbound);
+    }
+
+    #[test]
+    fn files_missing_or_mapped_and_resized_here_are_problems_a_new_mtime_a_note() {
+        use std::os::unix::fs::MetadataExt;
+        let exe = std::fs::read_link("/proc/self/exe").unwrap().to_string_lossy().into_owned();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let file = |path: &str, size: u64, mtime: (i64, i64), mapped: bool| {
+            ferry_engine::running_files::RunningFile {
+                path: path.into(),
+                size,
+                mtime,
+                mapped,
+                holder: "pid 1 fd 3".into(),
+            }
+        };
+        let same = (meta.mtime(), meta.mtime_nsec());
+        let verdict = |list: Vec<_>| {
+            let mut v = Verdict::default();
+            files(&list, &mut v);
+            v
+        };
+        let v = verdict(vec![file(&exe, meta.size(), same, true)]);
+        assert!(v.problems.is_empty() && v.notes.is_empty(), "{v:?}");
+        // Open only: its size may change, as logs do.
+        assert!(verdict(vec![file(&exe, 1, same, false)]).problems.is_empty());
+        let v = verdict(vec![file(&exe, 1, same, true)]);
+        assert!(v.problems[0].object.contains("1 bytes there"), "{v:?}");
+        let v = verdict(vec![file("/nonexistent/ferry-lib.so", 1, same, true)]);
+        assert!(v.problems[0].problem.contains("no such regular file"), "{v:?}");
+        let v = verdict(vec![file("/proc", 1, same, false)]);
+        assert!(v.problems[0].object.contains("/proc (pid 1 fd 3)"), "a directory: {v:?}");
+        let v = verdict(vec![file(&exe, meta.size(), (same.0 - 10, 0), true)]);
+        assert!(v.problems.is_empty() && v.notes[0].contains(&exe), "{v:?}");
     }
 
     #[test]
