@@ -1149,6 +1149,24 @@ fn refuses_an_aio_ring_by_name() {
     refused_mode("aio", &["/[aio] (deleted)", "AIO context (io_setup)"]);
 }
 
+/// An io_uring with no fd and no mapping of its own
+/// (IORING_SETUP_NO_MMAP | IORING_SETUP_REGISTERED_FD_ONLY), set up by
+/// the main thread or by another one (the registered-ring table is per
+/// thread), with a read pending on it: named by its thread and slot.
+#[test]
+fn refuses_an_io_uring_registered_without_an_fd() {
+    let src = "tests/guarantees/io_uring_no_fd.c";
+    assert_refused_args(src, &["main"], &["a registered io_uring ring (slot 0)"]);
+    assert_refused_args(src, &["thread"], &["thread ", "a registered io_uring ring (slot 0)"]);
+}
+
+/// An ordinary io_uring (an fd and its mappings) with a read pending.
+#[test]
+fn refuses_an_io_uring_with_an_fd() {
+    let src = "tests/guarantees/io_uring_no_fd.c";
+    assert_refused_args(src, &["fd"], &["anon_inode:[io_uring]"]);
+}
+
 /// A main thread that exited with pthread_exit while another thread
 /// runs is named (it failed as "is it traced by someone else?").
 #[test]

@@ -19,6 +19,7 @@ mod outside_files;
 pub mod parent;
 mod prctl;
 mod process;
+mod registered_rings;
 pub mod root_parent;
 mod seccomp;
 mod sharing;
