@@ -463,6 +463,20 @@ fn refuses_tcp_and_udp_sockets_shut_down_for_reading() {
     refused_socket_state("udp_shut_rd", &["fd 4 (socket:[", "shutdown SHUT_RD"]);
 }
 
+/// SHUT_WR alone on a UDP socket shows in no poll event: read from
+/// sock_diag (a restored socket sent again, silently).
+#[test]
+fn refuses_udp_sockets_shut_down_for_writing() {
+    refused_socket_state("udp_shut_wr", &["(socket:[", "shutdown SHUT_WR"]);
+}
+
+/// shutdown(SHUT_WR) before connect sends no FIN: an unconnected socket
+/// and a connection established since keep it (restored, they sent).
+#[test]
+fn refuses_tcp_sockets_shut_down_for_writing_before_their_connect() {
+    refused_socket_state("tcp_shut_wr_early", &["(socket:[", "SHUT_WR) before its connect"]);
+}
+
 #[test]
 fn refuses_udp_errors_pending_and_corked_bytes() {
     refused_socket_state("udp_icmp", &["fd 3 (socket:[", PENDING_ERROR]);
