@@ -1215,20 +1215,26 @@ fn restore_detach_refuses_a_parent_death_signal() {
 
 /// An I/O priority (ioprio_set) is refused by name, the main thread's
 /// and another thread's: a restored thread would get ferry's.
+/// An autogroup nice value comes back only with the session leader whose
+/// setsid made the autogroup; a child taken without it is refused.
 #[test]
-fn refuses_an_io_priority() {
-    refused_mode("ioprio", &["its I/O priority", "ioprio_set class 2 level 7"]);
-    refused_mode("ioprio_thread", &["its I/O priority", "ioprio_set class 2 level 6"]);
+fn refuses_an_autogroup_nice_value_without_its_session_leader() {
+    refuses_a_child_of(
+        "tests/guarantees/refusals.c",
+        &["autogroup_child"],
+        &["--parent-sees-exit"],
+        &["its autogroup", "nice value", "is 5", "session's leader", "is not in the tree"],
+    );
 }
 
+/// A loginuid that differs from ferry's can be written, but the kernel
+/// gives a written loginuid an audit session of its own numbering.
 #[test]
-fn refuses_an_autogroup_nice_value() {
-    refused_mode("autogroup", &["its autogroup", "nice value", "is 5"]);
-}
-
-#[test]
-fn refuses_a_loginuid_other_than_ferrys() {
-    refused_mode("loginuid", &["its loginuid", "loginuid is 4242"]);
+fn refuses_a_loginuid_whose_audit_session_cannot_come_back() {
+    refused_mode(
+        "loginuid",
+        &["its loginuid and audit session", "loginuid 4242 in audit session", "ferry's loginuid"],
+    );
 }
 
 /// Cgroups made for one test under the hierarchies mounted here; removed

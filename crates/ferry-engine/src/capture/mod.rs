@@ -21,6 +21,7 @@ mod prctl;
 mod process;
 mod registered_rings;
 pub mod root_parent;
+mod sched_audit;
 mod seccomp;
 mod sharing;
 mod shm;
