@@ -132,7 +132,7 @@ pub fn audit_ids(task: &str) -> Result<(u32, u32)> {
         let text = crate::procfs::read_string(&path)?;
         text.trim().parse().map_err(|_| {
             crate::error::EngineError::unsupported(
-                0,
+                task.split('/').next().and_then(|p| p.parse().ok()).unwrap_or(0),
                 format!("/proc/{task}/{name}"),
                 format!("an unreadable value {:?}", text.trim()),
             )
@@ -141,16 +141,16 @@ pub fn audit_ids(task: &str) -> Result<(u32, u32)> {
     Ok((read("loginuid")?, read("sessionid")?))
 }
 
-/// The scheduling autogroup of `pid` as (id, nice), from
-/// "/autogroup-ID nice N"; None without CONFIG_SCHED_AUTOGROUP.
-pub fn autogroup(pid: i32) -> Result<Option<(u64, i32)>> {
-    let Ok(text) = crate::procfs::read_string(&format!("/proc/{pid}/autogroup")) else {
+/// The scheduling autogroup of `task` ("self" or "PID") as (id, nice),
+/// from "/autogroup-ID nice N"; None without CONFIG_SCHED_AUTOGROUP.
+pub fn autogroup(task: &str) -> Result<Option<(u64, i32)>> {
+    let Ok(text) = crate::procfs::read_string(&format!("/proc/{task}/autogroup")) else {
         return Ok(None);
     };
     parse_autogroup(&text).map(Some).ok_or_else(|| {
         crate::error::EngineError::unsupported(
-            pid,
-            "/proc/PID/autogroup",
+            task.parse().unwrap_or(0),
+            format!("/proc/{task}/autogroup"),
             format!("an unreadable value {:?}", text.trim()),
         )
     })

@@ -27,7 +27,7 @@ pub fn ioprio(p: &ProcessImage) -> Result<Vec<u16>> {
 pub fn autogroups(processes: &[ProcessImage]) -> Result<HashMap<i32, (u64, i32)>> {
     let mut out = HashMap::with_capacity(processes.len());
     for p in processes {
-        if let Some(g) = autogroup(p.pid)? {
+        if let Some(g) = autogroup(&p.pid.to_string())? {
             out.insert(p.pid, g);
         }
     }

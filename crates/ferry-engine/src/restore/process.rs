@@ -243,8 +243,8 @@ pub fn restore_attrs(s: &Session, tree: &TreeImage) -> Result<()> {
 /// Writes the nice value of the autogroup the restored process's session
 /// made; never of ferry's own, which processes outside the tree share.
 fn set_autogroup_nice(pid: i32, nice: i32) -> Result<()> {
-    let theirs = crate::proc_state::autogroup(pid)?;
-    let ours = crate::proc_state::autogroup(std::process::id() as i32)?;
+    let theirs = crate::proc_state::autogroup(&pid.to_string())?;
+    let ours = crate::proc_state::autogroup("self")?;
     match (theirs, ours) {
         (Some((id, _)), Some((own, _))) if id != own => {}
         _ => {

@@ -63,7 +63,7 @@ pub(super) fn compare_attrs(
         }
     }
     if let Some(nice) = attrs.autogroup_nice {
-        let now = crate::proc_state::autogroup(p.pid)?.map(|g| g.1);
+        let now = crate::proc_state::autogroup(&p.pid.to_string())?.map(|g| g.1);
         found.compare(p.pid, "the process", "autogroup nice", Some(nice), now);
     }
     if let Some(ids) = attrs.audit {
