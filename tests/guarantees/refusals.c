@@ -31,7 +31,6 @@ static int write_file(const char *path, const char *text)
 	close(f);
 	return n == (ssize_t)strlen(text) ? 0 : -1;
 }
-static int thread_tid;
 
 /* Goes on after the main thread exited; the process's result. */
 static void *main_exited_fn(void *arg)
@@ -47,18 +46,6 @@ static void *main_exited_fn(void *arg)
 	return NULL;
 }
 
-/* A thread with its own I/O priority (best effort, level 6). */
-static void *ioprio_thread_fn(void *arg)
-{
-	(void)arg;
-	if (syscall(SYS_ioprio_set, 1, 0, (2 << 13) | 6) != 0)
-		ft_die("ioprio_set: %s", strerror(errno));
-	__atomic_store_n(&thread_tid, (int)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
-	for (;;)
-		pause();
-	return NULL;
-}
-
 static int child_fn(void *arg)
 {
 	(void)arg;
@@ -66,6 +53,17 @@ static int child_fn(void *arg)
 	for (;;)
 		pause();
 	return 0;
+}
+
+/* child_fn with its output to /dev/null: checkpointed alone, it shares
+ * no open log with its parent. */
+static int quiet_child_fn(void *arg)
+{
+	int null = open("/dev/null", O_RDWR);
+	dup2(null, 1);
+	dup2(null, 2);
+	close(null);
+	return child_fn(arg);
 }
 
 /* Shares the root's fd table (CLONE_FILES) through a parent that no
@@ -368,20 +366,16 @@ int main(int argc, char **argv)
 	} else if (strcmp(mode, "pdeathsig") == 0) {
 		/* Restored, but not by a ferry that exits (restore --detach). */
 		FT_SYS(prctl(PR_SET_PDEATHSIG, SIGUSR1));
-	} else if (strcmp(mode, "ioprio") == 0) {
-		/* Best effort, level 7, for the whole process. */
-		FT_SYS(syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, 0, (2 << 13) | 7));
-	} else if (strcmp(mode, "ioprio_thread") == 0) {
-		pthread_t t;
-		if (pthread_create(&t, NULL, ioprio_thread_fn, NULL) != 0)
-			ft_die("pthread_create");
-		while (!__atomic_load_n(&thread_tid, __ATOMIC_SEQ_CST))
-			ft_sleep_ms(1);
-	} else if (strcmp(mode, "autogroup") == 0) {
-		/* Its own session, so its own autogroup. */
+	} else if (strcmp(mode, "autogroup_child") == 0) {
+		/* Its own session, so its own autogroup, which a child shares;
+		 * the test checkpoints the child without its session's leader. */
 		if (getsid(0) != getpid())
 			FT_SYS(setsid());
 		FT_CHECK(write_file("/proc/self/autogroup", "5") == 0, "writing autogroup: %s", strerror(errno));
+		static char stack[65536] __attribute__((aligned(16)));
+		child = clone(quiet_child_fn, stack + sizeof(stack), SIGCHLD, NULL);
+		FT_SYS(child);
+		ft_log("CHILD %d", (int)child);
 	} else if (strcmp(mode, "loginuid") == 0) {
 		FT_CHECK(write_file("/proc/self/loginuid", "4242") == 0, "writing loginuid: %s", strerror(errno));
 	} else if (strcmp(mode, "zombie_core") == 0) {
@@ -477,14 +471,13 @@ int main(int argc, char **argv)
 		int d = 0;
 		prctl(PR_GET_PDEATHSIG, &d);
 		FT_EQ(d, SIGUSR1, "PR_GET_PDEATHSIG");
-	} else if (strcmp(mode, "ioprio") == 0) {
-		FT_EQ(syscall(SYS_ioprio_get, 1, 0), (2 << 13) | 7, "ioprio of the process");
-	} else if (strcmp(mode, "ioprio_thread") == 0) {
-		FT_EQ(syscall(SYS_ioprio_get, 1, thread_tid), (2 << 13) | 6, "ioprio of the thread");
-	} else if (strcmp(mode, "autogroup") == 0) {
-		char b[64] = "";
+	} else if (strcmp(mode, "autogroup_child") == 0) {
+		char b[64] = "", c[64] = "", path[64];
 		ft_read_file("/proc/self/autogroup", b, sizeof(b));
 		FT_CHECK(strstr(b, "nice 5") != NULL, "autogroup %s", b);
+		snprintf(path, sizeof(path), "/proc/%d/autogroup", (int)child);
+		ft_read_file(path, c, sizeof(c));
+		FT_CHECK(strcmp(b, c) == 0, "the child's autogroup %s, its parent's %s", c, b);
 	} else if (strcmp(mode, "loginuid") == 0) {
 		char b[32] = "";
 		ft_read_file("/proc/self/loginuid", b, sizeof(b));

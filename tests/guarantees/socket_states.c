@@ -27,6 +27,11 @@
  *   udp_errqueue      IP_RECVERR with an error queued: MSG_ERRQUEUE reads it
  *   udp_cork          UDP_CORK with 3 bytes corked: uncorked, they arrive
  *   udp_shut_rd       a connected UDP socket shut down for reading: EOF
+ *   tcp_shut_wr_early TCP sockets shut down for writing before connect
+ *                     (no FIN): one connected since, one not: send gives
+ *                     EPIPE on both (the second after its connect)
+ *   udp_shut_wr       a connected and a bound UDP socket shut down for
+ *                     writing: send and sendto give EPIPE
  */
 #define _GNU_SOURCE
 #include "../conformance/ferry_test.h"
@@ -222,6 +227,16 @@ static void setup_tcp(void)
 	} else if (strcmp(mode, "shut_rd") == 0) {
 		tcp_pair();
 		FT_SYS(shutdown(b, SHUT_RD));
+	} else if (strcmp(mode, "tcp_shut_wr_early") == 0) {
+		/* Shut down before connect: ENOTCONN, and the socket is shut
+		 * down all the same; b is connected after that, a never. */
+		listen_loopback();
+		a = (int)FT_SYS(socket(AF_INET, SOCK_STREAM, 0));
+		b = (int)FT_SYS(socket(AF_INET, SOCK_STREAM, 0));
+		FT_CHECK(shutdown(a, SHUT_WR) < 0 && errno == ENOTCONN, "shutdown of an unconnected socket");
+		FT_CHECK(shutdown(b, SHUT_WR) < 0 && errno == ENOTCONN, "shutdown of an unconnected socket");
+		FT_SYS(connect(b, (struct sockaddr *)&laddr, sizeof(laddr)));
+		extra = (int)FT_SYS(accept(l, NULL, NULL));
 	}
 }
 
@@ -239,7 +254,8 @@ static void setup_udp(void)
 			FT_EQ(send(a, "x", 1, 0), 1, "send");
 		}
 		ft_sleep_ms(20);
-	} else if (strcmp(mode, "udp_cork") == 0 || strcmp(mode, "udp_shut_rd") == 0) {
+	} else if (strcmp(mode, "udp_cork") == 0 || strcmp(mode, "udp_shut_rd") == 0 ||
+		   strcmp(mode, "udp_shut_wr") == 0) {
 		b = (int)FT_SYS(socket(AF_INET, SOCK_DGRAM, 0));
 		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 		FT_SYS(bind(b, (struct sockaddr *)&sa, sizeof(sa)));
@@ -250,6 +266,13 @@ static void setup_udp(void)
 		int on = 1;
 		if (strcmp(mode, "udp_shut_rd") == 0) {
 			FT_SYS(shutdown(a, SHUT_RD));
+			return;
+		}
+		if (strcmp(mode, "udp_shut_wr") == 0) {
+			/* Shown by poll only with both sides shut down. */
+			FT_SYS(shutdown(a, SHUT_WR));
+			/* Unconnected: ENOTCONN, and the socket is shut down all the same. */
+			FT_CHECK(shutdown(b, SHUT_WR) < 0 && errno == ENOTCONN, "shutdown of the unconnected socket");
 			return;
 		}
 		FT_SYS(setsockopt(a, IPPROTO_UDP, UDP_CORK, &on, sizeof(on)));
@@ -335,6 +358,11 @@ static void check_tcp(void)
 		FT_CHECK(err == ECONNREFUSED, "SO_ERROR is %d (%s), not ECONNREFUSED", err, strerror(err));
 	} else if (strcmp(mode, "shut_rd") == 0) {
 		expect_eof(b);
+	} else if (strcmp(mode, "tcp_shut_wr_early") == 0) {
+		FT_CHECK(send(b, "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "send on the connection shut down for writing: %s", strerror(errno));
+		FT_CHECK(connect(a, (struct sockaddr *)&laddr, sizeof(laddr)) == 0, "connect: %s", strerror(errno));
+		close(accept(l, NULL, NULL));
+		FT_CHECK(send(a, "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "send on the socket shut down for writing before its connect: %s", strerror(errno));
 	}
 }
 
@@ -360,6 +388,13 @@ static void check_other(void)
 		char buf[8] = { 0 };
 		FT_EQ(recv(b, buf, sizeof(buf), 0), 3, "the corked datagram");
 		FT_CHECK(memcmp(buf, "abc", 3) == 0, "corked datagram '%s'", buf);
+	} else if (strcmp(mode, "udp_shut_wr") == 0) {
+		struct sockaddr_in to;
+		socklen_t al = sizeof(to);
+		FT_SYS(getsockname(b, (struct sockaddr *)&to, &al));
+		FT_CHECK(send(a, "x", 1, MSG_NOSIGNAL) < 0 && errno == EPIPE, "send on the connected socket shut down for writing: %s", strerror(errno));
+		FT_CHECK(sendto(b, "x", 1, MSG_NOSIGNAL, (struct sockaddr *)&to, sizeof(to)) < 0 && errno == EPIPE,
+			 "sendto on the bound socket shut down for writing: %s", strerror(errno));
 	} else if (strcmp(mode, "udp_shut_rd") == 0) {
 		struct pollfd p = { .fd = a, .events = POLLIN | POLLRDHUP };
 		FT_CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLRDHUP), "poll gives %#x, not POLLRDHUP",

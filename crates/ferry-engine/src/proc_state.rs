@@ -123,3 +123,70 @@ pub fn netns_inode(pid: &str) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/net");
     std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| crate::error::EngineError::io(path, e))
 }
+
+/// (loginuid, audit session id) of `task` ("self", "PID" or
+/// "PID/task/TID"); u32::MAX when unset.
+pub fn audit_ids(task: &str) -> Result<(u32, u32)> {
+    let read = |name: &str| -> Result<u32> {
+        let path = format!("/proc/{task}/{name}");
+        let text = crate::procfs::read_string(&path)?;
+        text.trim().parse().map_err(|_| {
+            crate::error::EngineError::unsupported(
+                task.split('/').next().and_then(|p| p.parse().ok()).unwrap_or(0),
+                format!("/proc/{task}/{name}"),
+                format!("an unreadable value {:?}", text.trim()),
+            )
+        })
+    };
+    Ok((read("loginuid")?, read("sessionid")?))
+}
+
+/// The scheduling autogroup of `task` ("self" or "PID") as (id, nice),
+/// from "/autogroup-ID nice N"; None without CONFIG_SCHED_AUTOGROUP.
+pub fn autogroup(task: &str) -> Result<Option<(u64, i32)>> {
+    let Ok(text) = crate::procfs::read_string(&format!("/proc/{task}/autogroup")) else {
+        return Ok(None);
+    };
+    parse_autogroup(&text).map(Some).ok_or_else(|| {
+        crate::error::EngineError::unsupported(
+            task.parse().unwrap_or(0),
+            format!("/proc/{task}/autogroup"),
+            format!("an unreadable value {:?}", text.trim()),
+        )
+    })
+}
+
+fn parse_autogroup(text: &str) -> Option<(u64, i32)> {
+    let mut words = text.split_whitespace();
+    let id = words.next()?.strip_prefix("/autogroup-")?.parse().ok()?;
+    (words.next()? == "nice").then_some(())?;
+    Some((id, words.next()?.parse().ok()?))
+}
+
+/// Whether two I/O priorities (ioprio_get values) are the same setting:
+/// class NONE (the top 3 bits 0) is the default whatever the level,
+/// which the kernel derives from the nice value.
+pub fn same_ioprio(a: i32, b: i32) -> bool {
+    a == b || (a >> 13 == 0 && b >> 13 == 0)
+}
+
+#[cfg(test)]
+mod attr_tests {
+    use super::*;
+
+    #[test]
+    fn autogroup_lines_parse() {
+        assert_eq!(parse_autogroup("/autogroup-123 nice 5\n"), Some((123, 5)));
+        assert_eq!(parse_autogroup("/autogroup-7 nice -20\n"), Some((7, -20)));
+        assert_eq!(parse_autogroup("/autogroup-x nice 5"), None);
+        assert_eq!(parse_autogroup("/autogroup-1 prio 5"), None);
+    }
+
+    #[test]
+    fn class_none_is_one_setting_whatever_its_level() {
+        assert!(same_ioprio(4, 0));
+        assert!(same_ioprio((2 << 13) | 7, (2 << 13) | 7));
+        assert!(!same_ioprio((2 << 13) | 7, (2 << 13) | 6));
+        assert!(!same_ioprio(2 << 13, 0));
+    }
+}

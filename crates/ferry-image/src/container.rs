@@ -37,7 +37,11 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.7: the mapping flags LOCKONFAULT, SEQ_READ and RAND_READ (an older
 /// build would ignore them, silently), and the optional `ProcessAttrs`
 /// section (coredump_filter).
-pub const FORMAT_MINOR: u16 = 7;
+/// 4.8: the `ProcessAttrs` section also holds each thread's I/O priority,
+/// the autogroup nice value and the loginuid and audit session (a 4.7
+/// build would restore none of them, silently; its entries are decoded
+/// with the 4.7 layout).
+pub const FORMAT_MINOR: u16 = 8;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -461,6 +465,18 @@ fn push_section<T: serde::Serialize>(
     Ok(())
 }
 
+/// Decodes the `ProcessAttrs` section in the layout of the image's minor.
+pub fn decode_process_attrs(
+    payload: &[u8],
+    version: FormatVersion,
+) -> Result<ProcessAttrsImage, ImageError> {
+    if version.minor < 8 {
+        let old: crate::model::ProcessAttrsImage47 = decode_payload(payload, "process attributes")?;
+        return Ok(old.into());
+    }
+    decode_payload(payload, "process attributes")
+}
+
 /// Decodes one section payload; leftover bytes inside it are an error.
 pub fn decode_payload<T: serde::de::DeserializeOwned>(
     payload: &[u8],
@@ -537,7 +553,7 @@ pub fn decode_meta_versioned(
             }
             SectionKind::Ptys => ptys = Some(decode_payload(payload, "ptys")?),
             SectionKind::ProcessAttrs => {
-                process_attrs = Some(decode_payload(payload, "process attributes")?)
+                process_attrs = Some(decode_process_attrs(payload, header.version)?)
             }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {

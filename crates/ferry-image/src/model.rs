@@ -92,7 +92,7 @@ pub struct ProcessAttrsImage {
 }
 
 /// Attributes of one process that the process section does not hold.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct ProcessAttrs {
     /// /proc/PID/coredump_filter: which mappings a core dump includes.
     pub coredump_filter: u32,
@@ -101,6 +101,53 @@ pub struct ProcessAttrs {
     /// `--netns` that would put such a process into another namespace
     /// refuses the image instead.
     pub netns: Option<u64>,
+    /// Format 4.8: each thread's I/O priority as ioprio_get(2) reads it
+    /// (class << 13 | level), one per thread in `ProcessImage::threads`
+    /// order.
+    pub ioprio: Vec<u16>,
+    /// Format 4.8: the nice value of the process's scheduling autogroup
+    /// (/proc/PID/autogroup) when the process is in the autogroup of its
+    /// session, whose leader is in the tree; None otherwise.
+    pub autogroup_nice: Option<i32>,
+    /// Format 4.8: (/proc/PID/loginuid, /proc/PID/sessionid), u32::MAX
+    /// when unset. The restored root writes the loginuid itself when it
+    /// differs from the restoring ferry's (the kernel then gives it a new
+    /// audit session, unset for an unset loginuid); the other processes
+    /// inherit their parent's. None for an older image.
+    pub audit: Option<(u32, u32)>,
+}
+
+/// What a 4.7 image's `ProcessAttrs` section holds for one process.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessAttrs47 {
+    pub coredump_filter: u32,
+    pub netns: Option<u64>,
+}
+
+/// A 4.7 image's `ProcessAttrs` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct ProcessAttrsImage47 {
+    pub processes: Vec<ProcessAttrs47>,
+}
+
+impl From<ProcessAttrsImage47> for ProcessAttrsImage {
+    /// A 4.7 image was checkpointed only when the loginuid, I/O priority
+    /// and autogroup nice were what any restored process gets: nothing
+    /// to set.
+    fn from(old: ProcessAttrsImage47) -> Self {
+        let processes = old
+            .processes
+            .into_iter()
+            .map(|a| ProcessAttrs {
+                coredump_filter: a.coredump_filter,
+                netns: a.netns,
+                ioprio: Vec::new(),
+                autogroup_nice: None,
+                audit: None,
+            })
+            .collect();
+        ProcessAttrsImage { processes }
+    }
 }
 
 /// Format 4.6, in the optional `Ptys` section.

@@ -242,7 +242,8 @@ pub fn read_stream_full<R: Read>(
             }
             SectionKind::ProcessAttrs => {
                 let payload = read_metadata(r, kind, len, sum)?;
-                process.process_attrs = Some(decode_payload(&payload, "process attributes")?);
+                process.process_attrs =
+                    Some(crate::container::decode_process_attrs(&payload, version)?);
             }
             SectionKind::Pages => {
                 crate::validate::validate_unix_dead_peers(&process)?;

@@ -998,6 +998,39 @@ pub fn validate_process_attrs(t: &TreeImage) -> Result<(), ImageError> {
                 p.pid, attrs.coredump_filter
             ));
         }
+        validate_attrs_48(p, attrs)?;
+    }
+    Ok(())
+}
+
+/// The 4.8 values: an I/O priority per thread of the process, of a
+/// class ioprio_set knows; an autogroup nice in -20..=19.
+fn validate_attrs_48(p: &crate::model::ProcessImage, a: &ProcessAttrs) -> Result<(), ImageError> {
+    if !a.ioprio.is_empty() && a.ioprio.len() != p.threads.len() {
+        return bad(format!(
+            "process attributes section: pid {}: {} I/O priorities for {} threads",
+            p.pid,
+            a.ioprio.len(),
+            p.threads.len()
+        ));
+    }
+    for (t, &prio) in p.threads.iter().zip(&a.ioprio) {
+        let tid = t.tid;
+        // Classes NONE, RT, BE, IDLE (the kernel checks level and hints).
+        if prio >> 13 > 3 {
+            return bad(format!(
+                "process attributes section: pid {}: thread {tid}: I/O priority {prio:#x} has no class ioprio_set knows",
+                p.pid
+            ));
+        }
+    }
+    if let Some(n) = a.autogroup_nice {
+        if !(-20..=19).contains(&n) {
+            return bad(format!(
+                "process attributes section: pid {}: autogroup nice {n} outside -20..19",
+                p.pid
+            ));
+        }
     }
     Ok(())
 }

@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_7() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 7));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.7");
+fn this_build_is_4_8() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 8));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.8");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 7 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 7, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 7));
+    // Major 4, then the flags word with minor 8 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 8, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 8));
 }
 
 #[test]
@@ -191,12 +191,12 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.8 is newer than this ferry build reads (4.7): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 8));
+        "image format 4.9 is newer than this ferry build reads (4.8): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 9));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 8, supported: 7 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 9, supported: 8 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 8));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 9));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
@@ -207,7 +207,7 @@ fn newer_minor_is_refused_with_upgrade_message() {
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 8))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 9))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -1063,7 +1063,7 @@ fn round_trip_4_6_with_ptys() {
     let (inv, t, pages) = model();
     let t = with_ptys(with_cgroups(t));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 7), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
@@ -1099,13 +1099,20 @@ fn bad_ptys_are_refused() {
     bad(&|p| p.pairs[0].output = vec![0; (1 << 20) + 1]);
 }
 
-/// The model with each process's coredump_filter (format 4.7).
+/// The model with each process's coredump_filter (format 4.7) and each
+/// thread's I/O priority, the autogroup nice and the audit ids (4.8).
 fn with_process_attrs(t: TreeImage) -> TreeImage {
     let mut t = t;
-    let processes = (0..t.processes.len() as u32)
-        .map(|i| ProcessAttrs {
-            coredump_filter: 0x33 | (i & 0xc),
+    let processes = t
+        .processes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ProcessAttrs {
+            coredump_filter: 0x33 | (i as u32 & 0xc),
             netns: (i == 1).then_some(4026532000),
+            ioprio: p.threads.iter().map(|_| (2 << 13) | i as u16).collect(),
+            autogroup_nice: (i == 0).then_some(5),
+            audit: Some((u32::MAX, u32::MAX)),
         })
         .collect();
     t.process_attrs = Some(ProcessAttrsImage { processes });
@@ -1113,13 +1120,43 @@ fn with_process_attrs(t: TreeImage) -> TreeImage {
 }
 
 #[test]
-fn round_trip_4_7_with_process_attrs() {
+fn round_trip_4_8_with_process_attrs() {
     let (inv, t, pages) = model();
     let t = with_process_attrs(with_ptys(with_cgroups(t)));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 7), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// Appends one raw section to an encoded metadata file.
+fn append_section(meta: &mut Vec<u8>, kind: SectionKind, payload: &[u8]) {
+    let framed = frame(v(4, 0), &[(kind as u32, payload)]);
+    meta.extend_from_slice(&framed[HEADER_LEN..]);
+}
+
+/// A 4.7 image's section (coredump_filter and netns only) is read in
+/// its own layout, with nothing else to set; the 4.8 layout behind a 4.7
+/// header is refused, not misread.
+#[test]
+fn a_4_7_process_attrs_section_is_read_in_its_layout() {
+    let (inv, plain, _) = model();
+    let old = ProcessAttrsImage47 {
+        processes: (0..plain.processes.len())
+            .map(|i| ProcessAttrs47 { coredump_filter: 0x3f, netns: (i == 0).then_some(7) })
+            .collect(),
+    };
+    let mut meta = with_version(&encode_meta(&inv, &plain).unwrap(), v(4, 7));
+    append_section(&mut meta, SectionKind::ProcessAttrs, &postcard::to_allocvec(&old).unwrap());
+    let (version, _, t, _) = decode_meta_versioned(&meta).unwrap();
+    assert_eq!(version, v(4, 7));
+    let attrs = t.process_attrs.unwrap();
+    assert_eq!(attrs, ProcessAttrsImage::from(old));
+    assert!(attrs.processes.iter().all(|a| a.ioprio.is_empty() && a.audit.is_none()));
+    assert_eq!(attrs.processes[0].netns, Some(7));
+    let new = encode_meta(&inv, &with_process_attrs(plain)).unwrap();
+    let e = decode_meta(&with_version(&new, v(4, 7))).unwrap_err();
+    assert!(matches!(&e, ImageError::Decode { kind: "process attributes", .. }), "{e:?}");
 }
 
 /// A 4.6 build would give the restored processes its own coredump_filter,
@@ -1129,7 +1166,9 @@ fn process_attrs_section_is_refused_in_a_4_6_image() {
     assert_section_refused_in(v(4, 6), "process attributes", &with_process_attrs(model().1));
 }
 
-/// One entry per process, and only filter bits the kernel has.
+/// One entry per process, only filter bits the kernel has, I/O
+/// priorities of the process's own threads in a class the kernel knows,
+/// an autogroup nice in -20..19.
 #[test]
 fn bad_process_attrs_are_refused() {
     let (inv, t, _) = model();
@@ -1148,4 +1187,8 @@ fn bad_process_attrs_are_refused() {
     });
     bad(&|a| a.processes.push(ProcessAttrs::default()));
     bad(&|a| a.processes[0].coredump_filter = 1 << 9);
+    bad(&|a| a.processes[0].ioprio[0] = 4 << 13);
+    bad(&|a| a.processes[0].ioprio.push(0));
+    bad(&|a| a.processes[0].autogroup_nice = Some(20));
+    bad(&|a| a.processes[0].autogroup_nice = Some(-21));
 }

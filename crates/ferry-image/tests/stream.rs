@@ -835,8 +835,14 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
         ptys: None,
         process_attrs: Some(ProcessAttrsImage {
             processes: vec![
-                ProcessAttrs { coredump_filter: 0x33, netns: None },
-                ProcessAttrs { coredump_filter: 0x3f, netns: Some(4_026_532_001) },
+                ProcessAttrs { coredump_filter: 0x33, ..Default::default() },
+                ProcessAttrs {
+                    coredump_filter: 0x3f,
+                    netns: Some(4_026_532_001),
+                    autogroup_nice: Some(-3),
+                    audit: Some((1000, 7)),
+                    ..Default::default()
+                },
                 ProcessAttrs::default(),
             ],
         }),

@@ -300,6 +300,24 @@ pub fn ioprio_get(tid: i32) -> SysResult<i32> {
     Ok(r as i32)
 }
 
+/// Sets thread `tid`'s I/O priority (IOPRIO_WHO_PROCESS: one thread).
+pub fn ioprio_set(tid: i32, prio: i32) -> SysResult<()> {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    // SAFETY: integer arguments; the call only changes a thread's setting.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_long,
+            prio as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(last_error("ioprio_set"));
+    }
+    Ok(())
+}
+
 /// Makes the caller the child subreaper of its descendants: orphans below
 /// it are re-parented to it rather than to PID 1.
 pub fn set_child_subreaper() -> SysResult<()> {

@@ -181,18 +181,54 @@ fn for_each_inet_msg(buf: &[u8], mut f: impl FnMut(&[u8])) -> SysResult<Batch> {
 
 /// Whether the attributes after the first `skip` bytes hold one of `ty`.
 fn has_attr(msg: &[u8], skip: usize, ty: u16) -> bool {
+    attr(msg, skip, ty).is_some()
+}
+
+/// The payload of the first attribute `ty` after the first `skip` bytes.
+fn attr(msg: &[u8], skip: usize, ty: u16) -> Option<&[u8]> {
     let mut off = skip;
     while off + 4 <= msg.len() {
         let len = u16_at(msg, off) as usize;
-        if len < 4 {
-            return false;
+        if len < 4 || off + len > msg.len() {
+            return None;
         }
         if u16_at(msg, off + 2) & 0x3fff == ty {
-            return true;
+            return Some(&msg[off + 4..off + len]);
         }
         off += (len + 3) & !3;
     }
-    false
+    None
+}
+
+/// (inode, sk_shutdown) of every socket of `protocol` (IPv4 and IPv6) in
+/// network namespace `ns`, from INET_DIAG_SHUTDOWN (1: receive side shut
+/// down, 2: send side), which the kernel adds to every inet_diag message.
+/// A UDP socket shows its shutdown nowhere else (poll only when both
+/// sides are).
+pub fn inet_shutdowns_in(ns: BorrowedFd, protocol: i32) -> SysResult<Vec<(u32, u8)>> {
+    let sock = diag_socket_in(ns)?;
+    let mut out = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let req = inet_dump_request(family, protocol as u8);
+        dump(&sock, &req, |batch| {
+            for_each_inet_msg(batch, |msg| {
+                if let Some(s) = shutdown_of(msg) {
+                    out.push(s);
+                }
+            })
+        })?;
+    }
+    Ok(out)
+}
+
+/// (inode, shutdown bits) of one inet_diag message.
+fn shutdown_of(msg: &[u8]) -> Option<(u32, u8)> {
+    const INET_DIAG_SHUTDOWN: u16 = 8;
+    if msg.len() < 72 {
+        return None;
+    }
+    let bits = attr(msg, 72, INET_DIAG_SHUTDOWN)?.first().copied()?;
+    Some((u32_at(msg, 68), bits))
 }
 
 /// Every unix socket of network namespace `ns` (an nsfs descriptor).
@@ -404,6 +440,20 @@ fn parse_inet_diag(msg: &[u8]) -> Option<TcpDiag> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inet_diag_message_gives_its_shutdown_bits() {
+        let mut m = vec![0u8; 72];
+        m[68..72].copy_from_slice(&77u32.to_ne_bytes());
+        assert_eq!(shutdown_of(&m), None);
+        // INET_DIAG_MARK (15, 4 bytes), then INET_DIAG_SHUTDOWN (8, 1 byte).
+        m.extend_from_slice(&[8, 0, 15, 0, 1, 0, 0, 0]);
+        m.extend_from_slice(&[5, 0, 8, 0, 2, 0, 0, 0]);
+        assert_eq!(shutdown_of(&m), Some((77, 2)));
+        // A length running past the message is not read.
+        m.truncate(72 + 8 + 4);
+        assert_eq!(shutdown_of(&m), None);
+    }
 
     #[test]
     fn an_inet_diag_message_gives_its_addresses_state_and_inode() {

@@ -104,7 +104,13 @@ struct Run {
     /// taken with --leave-running, then the last child (which kills the
     /// program); the restore reads all three.
     chain: bool,
+    /// A loginuid ferry runs with (see [`FERRY_LOGINUID`]).
+    ferry_loginuid: Option<u32>,
 }
+
+/// Programs whose checkpoint and restore run in a ferry with this
+/// loginuid (set by a shell before it execs ferry), unlike the program's.
+const FERRY_LOGINUID: &[(&str, u32)] = &[("proc_loginuid", 4242)];
 
 impl Run {
     fn new(name: &'static str) -> Run {
@@ -131,13 +137,25 @@ impl Run {
             original_pid: None,
             restored_pid: None,
             chain: false,
+            ferry_loginuid: FERRY_LOGINUID.iter().find(|(n, _)| *n == name).map(|&(_, u)| u),
         }
+    }
+
+    /// A command that runs ferry, with [`Run::ferry_loginuid`] when set.
+    fn ferry(&self) -> Command {
+        let Some(uid) = self.ferry_loginuid else {
+            return Command::new(FERRY);
+        };
+        let mut cmd = Command::new("sh");
+        let script = format!("echo {uid} > /proc/self/loginuid && exec \"$0\" \"$@\"");
+        cmd.arg("-c").arg(script).arg(FERRY);
+        cmd
     }
 
     /// Runs `ferry checkpoint` of `pid` into `images`, over `parent` if
     /// given; fails the run unless it succeeds in time.
     fn checkpoint(&self, pid: i32, images: &Path, parent: Option<&Path>, leave_running: bool) {
-        let mut cmd = Command::new(FERRY);
+        let mut cmd = self.ferry();
         cmd.arg("checkpoint").arg("--pid").arg(pid.to_string()).arg("--images").arg(images);
         // The program is this harness's child, in its process group, and
         // the harness reaps it after the checkpoint.
@@ -257,7 +275,7 @@ impl Run {
         }
 
         // 5. restore
-        let restore = only_stdio(&mut Command::new(FERRY))
+        let restore = only_stdio(&mut self.ferry())
             .arg("restore")
             .arg("--images")
             .arg(&self.images)
@@ -369,6 +387,11 @@ fn run_program(name: &'static str) {
 fn run_program_as(name: &'static str, chain: bool) {
     if !is_root() {
         eprintln!("skipping conformance test {name}: needs root (euid != 0)");
+        return;
+    }
+    let unset = fs::read_to_string("/proc/self/loginuid").is_ok_and(|l| l.trim() == "4294967295");
+    if FERRY_LOGINUID.iter().any(|(n, _)| *n == name) && !unset {
+        eprintln!("skipping conformance test {name}: needs a harness whose loginuid is unset");
         return;
     }
     let bin = compile(name);
@@ -508,6 +531,9 @@ conformance! {
     proc_umask,
     proc_oom_score_adj,
     proc_coredump_filter,
+    proc_ioprio,
+    proc_autogroup_nice,
+    proc_loginuid,
     proc_rlimits,
     proc_sched_affinity,
     proc_itimers_virt_prof,

@@ -463,6 +463,20 @@ fn refuses_tcp_and_udp_sockets_shut_down_for_reading() {
     refused_socket_state("udp_shut_rd", &["fd 4 (socket:[", "shutdown SHUT_RD"]);
 }
 
+/// SHUT_WR alone on a UDP socket shows in no poll event: read from
+/// sock_diag (a restored socket sent again, silently).
+#[test]
+fn refuses_udp_sockets_shut_down_for_writing() {
+    refused_socket_state("udp_shut_wr", &["(socket:[", "shutdown SHUT_WR"]);
+}
+
+/// shutdown(SHUT_WR) before connect sends no FIN: an unconnected socket
+/// and a connection established since keep it (restored, they sent).
+#[test]
+fn refuses_tcp_sockets_shut_down_for_writing_before_their_connect() {
+    refused_socket_state("tcp_shut_wr_early", &["(socket:[", "SHUT_WR) before its connect"]);
+}
+
 #[test]
 fn refuses_udp_errors_pending_and_corked_bytes() {
     refused_socket_state("udp_icmp", &["fd 3 (socket:[", PENDING_ERROR]);
@@ -1149,6 +1163,24 @@ fn refuses_an_aio_ring_by_name() {
     refused_mode("aio", &["/[aio] (deleted)", "AIO context (io_setup)"]);
 }
 
+/// An io_uring with no fd and no mapping of its own
+/// (IORING_SETUP_NO_MMAP | IORING_SETUP_REGISTERED_FD_ONLY), set up by
+/// the main thread or by another one (the registered-ring table is per
+/// thread), with a read pending on it: named by its thread and slot.
+#[test]
+fn refuses_an_io_uring_registered_without_an_fd() {
+    let src = "tests/guarantees/io_uring_no_fd.c";
+    assert_refused_args(src, &["main"], &["a registered io_uring ring (slot 0)"]);
+    assert_refused_args(src, &["thread"], &["thread ", "a registered io_uring ring (slot 0)"]);
+}
+
+/// An ordinary io_uring (an fd and its mappings) with a read pending.
+#[test]
+fn refuses_an_io_uring_with_an_fd() {
+    let src = "tests/guarantees/io_uring_no_fd.c";
+    assert_refused_args(src, &["fd"], &["anon_inode:[io_uring]"]);
+}
+
 /// A main thread that exited with pthread_exit while another thread
 /// runs is named (it failed as "is it traced by someone else?").
 #[test]
@@ -1183,20 +1215,26 @@ fn restore_detach_refuses_a_parent_death_signal() {
 
 /// An I/O priority (ioprio_set) is refused by name, the main thread's
 /// and another thread's: a restored thread would get ferry's.
+/// An autogroup nice value comes back only with the session leader whose
+/// setsid made the autogroup; a child taken without it is refused.
 #[test]
-fn refuses_an_io_priority() {
-    refused_mode("ioprio", &["its I/O priority", "ioprio_set class 2 level 7"]);
-    refused_mode("ioprio_thread", &["its I/O priority", "ioprio_set class 2 level 6"]);
+fn refuses_an_autogroup_nice_value_without_its_session_leader() {
+    refuses_a_child_of(
+        "tests/guarantees/refusals.c",
+        &["autogroup_child"],
+        &["--parent-sees-exit"],
+        &["its autogroup", "nice value", "is 5", "session's leader", "is not in the tree"],
+    );
 }
 
+/// A loginuid that differs from ferry's can be written, but the kernel
+/// gives a written loginuid an audit session of its own numbering.
 #[test]
-fn refuses_an_autogroup_nice_value() {
-    refused_mode("autogroup", &["its autogroup", "nice value", "is 5"]);
-}
-
-#[test]
-fn refuses_a_loginuid_other_than_ferrys() {
-    refused_mode("loginuid", &["its loginuid", "loginuid is 4242"]);
+fn refuses_a_loginuid_whose_audit_session_cannot_come_back() {
+    refused_mode(
+        "loginuid",
+        &["its loginuid and audit session", "loginuid 4242 in audit session", "ferry's loginuid"],
+    );
 }
 
 /// Cgroups made for one test under the hierarchies mounted here; removed

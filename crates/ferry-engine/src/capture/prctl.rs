@@ -61,7 +61,8 @@ fn own_speculation(which: u64) -> i64 {
 /// restore set away from its default: PR_SET_TSC, PR_MCE_KILL,
 /// PR_SET_SPECULATION_CTRL, PR_SET_IO_FLUSHER, PR_SET_MDWE,
 /// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks, a NUMA memory
-/// policy, a core-scheduling cookie, syscall user dispatch.
+/// policy, a core-scheduling cookie, syscall user dispatch; and a thread
+/// holding a registered io_uring ring.
 pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
     for t in &ctx.frozen.threads {
         let state = ThreadPrctls::read(ctx, t.tid)?;
@@ -71,6 +72,9 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
                 format!("thread {}: {what}", t.tid),
                 why,
             ));
+        }
+        if super::registered_rings::has_context(state.r[RING_SLOT0]) {
+            super::registered_rings::check(ctx, t.tid)?;
         }
         if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
             if sud[0] != 0 {
@@ -84,6 +88,9 @@ pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// The index in `ThreadPrctls::r` of the registered-ring probe.
+const RING_SLOT0: usize = 13;
 
 /// What one thread's getters report, for the settings restore does not
 /// make again. `r` holds the calls' results in the order of `read`.
@@ -116,6 +123,9 @@ impl ThreadPrctls {
                 libc::SYS_prctl,
                 &[PR_TIMER_CREATE_RESTORE_IDS, PR_TIMER_CREATE_RESTORE_IDS_GET, 0, 0, 0],
             ),
+            // Slot 0 of the registered io_uring rings: whether the thread
+            // has an io_uring context at all, in the same round trip.
+            super::registered_rings::probe(0),
         ];
         ctx.remote.write(ctx.data, &[0u8; 32])?;
         let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;

@@ -1,7 +1,8 @@
 //! Process-wide attributes: identity, credentials, cwd, umask, limits,
-//! personality, no_new_privs; and the ones refused when set
-//! (loginuid, autogroup nice, I/O priority).
+//! personality, no_new_privs; coredump_filter and (in `sched_audit`)
+//! I/O priorities, the autogroup nice value and the audit ids.
 
+use super::sched_audit;
 use crate::catalog::proc_status as catalog;
 use crate::error::{EngineError, Result};
 use crate::inject::{check, Call};
@@ -17,11 +18,16 @@ pub fn capture(pid: i32) -> Result<ProcessImage> {
 /// image's `ProcessAttrs` section holds.
 pub fn capture_attrs(processes: &[ProcessImage]) -> Result<ProcessAttrsImage> {
     let own_netns = crate::proc_state::netns_inode("thread-self")?;
+    let own_audit = crate::proc_state::audit_ids("self")?;
+    let groups = sched_audit::autogroups(processes)?;
     let attrs = processes.iter().map(|p| {
         let netns = crate::proc_state::netns_inode(&p.pid.to_string())?;
         Ok(ProcessAttrs {
             coredump_filter: crate::proc_state::coredump_filter(p.pid)?,
             netns: (netns != own_netns).then_some(netns),
+            ioprio: sched_audit::ioprio(p)?,
+            autogroup_nice: sched_audit::autogroup_nice(p, processes, &groups)?,
+            audit: Some(sched_audit::audit(p, processes, own_audit)?),
         })
     });
     Ok(ProcessAttrsImage { processes: attrs.collect::<Result<_>>()? })
@@ -51,65 +57,12 @@ pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
     Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper, oom_score_adj }))
 }
 
-/// Per-process attributes ferry does not restore, refused when they
-/// differ from what a restored process gets (a child of ferry inherits
-/// ferry's loginuid and I/O priority; a new session
-/// gets an autogroup of nice 0), and a /proc/PID/stat longer than the
-/// catalog knows.
-pub fn check_unrestored(pid: i32, tids: &[i32]) -> Result<()> {
+/// A /proc/PID/stat longer than the catalog knows. (The loginuid, the
+/// autogroup nice value and the I/O priorities are captured with the
+/// other process attributes, [`capture_attrs`].)
+pub fn check_unrestored(pid: i32) -> Result<()> {
     if let Some(why) = catalog::stat_refusal(procfs::Stat::read(pid)?.count()) {
         return Err(EngineError::unsupported(pid, "/proc/PID/stat", why));
-    }
-    let own = |name: &str| procfs::read_string(&format!("/proc/self/{name}")).unwrap_or_default();
-    let (theirs, mine) = (procfs::read_string(&format!("/proc/{pid}/loginuid"))?, own("loginuid"));
-    if theirs.trim() != mine.trim() {
-        return Err(EngineError::unsupported(
-            pid,
-            "its loginuid",
-            format!(
-                "loginuid is {} (a restored process gets {}); not restored",
-                theirs.trim(),
-                mine.trim()
-            ),
-        ));
-    }
-    // "/autogroup-123 nice 5"; absent without CONFIG_SCHED_AUTOGROUP.
-    if let Ok(text) = procfs::read_string(&format!("/proc/{pid}/autogroup")) {
-        let nice = text.split_whitespace().nth(2).unwrap_or("0");
-        if nice != "0" {
-            return Err(EngineError::unsupported(
-                pid,
-                "its autogroup",
-                format!("the nice value of its scheduling autogroup is {nice} (set through /proc/PID/autogroup); not restored"),
-            ));
-        }
-    }
-    check_ioprio(pid, tids)
-}
-
-/// The I/O priority of each thread against ferry's own, which a restored
-/// thread inherits. Class NONE (the top 3 bits 0) is the default
-/// whatever its level, which follows the nice value.
-fn check_ioprio(pid: i32, tids: &[i32]) -> Result<()> {
-    let class = |v: i32| v >> 13;
-    let mine = ferry_sys::process::ioprio_get(0).unwrap_or(0);
-    for &tid in tids {
-        let theirs = ferry_sys::process::ioprio_get(tid)
-            .map_err(|e| EngineError::kernel(pid, format!("thread {tid}: ioprio_get"), e))?;
-        let default = class(theirs) == 0 && class(mine) == 0;
-        if theirs != mine && !default {
-            return Err(EngineError::unsupported(
-                pid,
-                format!("thread {tid}: its I/O priority"),
-                format!(
-                    "ioprio_set class {} level {} (a restored thread gets class {} level {}); not restored",
-                    class(theirs),
-                    theirs & 0x1fff,
-                    class(mine),
-                    mine & 0x1fff
-                ),
-            ));
-        }
     }
     Ok(())
 }

@@ -225,7 +225,7 @@ fn survey_process(
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
-    super::process::check_unrestored(pid, &tids)?;
+    super::process::check_unrestored(pid)?;
     let (seccomp_filters, seccomp_threads) = seccomp::capture(pid, &tids)?;
     let deleted_files = memfd::capture_deleted_files(pid, &vmas, &smaps)?;
     check_deleted_exe(pid, &deleted_files)?;

@@ -65,7 +65,7 @@ An unknown kind is refused by name.",
         refused(
             "[io_uring]",
             "rings, registered files and buffers, requests in flight are not restored",
-            "-",
+            "refuses_an_io_uring_with_an_fd",
         ),
         refused("[userfaultfd]", "registrations and pending faults are not restored", "-"),
         refused("[perf_event]", "counters are not restored", "-"),

@@ -1,6 +1,6 @@
 //! The first part of a restore, run by the tree's root itself right after
 //! it was forked from ferry with its old PID: network namespace, session,
-//! umask, personality, root and working directory, and an fd table that
+//! loginuid, umask, personality, root and working directory, and an fd table that
 //! holds only ferry's staged descriptors. Then it stops itself and ferry
 //! takes over with ptrace for its fd table, memory, children, threads and
 //! the rest.
@@ -21,6 +21,9 @@ pub struct ChildPlan<'a> {
     pub keep: Vec<RawFd>,
     /// A network namespace to join before any socket is made.
     pub netns: Option<RawFd>,
+    /// A loginuid to write: the kernel takes it only from the process
+    /// itself, so here, before a chroot could hide /proc.
+    pub loginuid: Option<u32>,
     pub go: OwnedFd,
     pub status: OwnedFd,
 }
@@ -50,6 +53,10 @@ fn setup(plan: &ChildPlan) -> Result<()> {
         let _ = process::setsid();
     } else if img.pgid == pid {
         let _ = process::setpgid(0, 0);
+    }
+    if let Some(uid) = plan.loginuid {
+        std::fs::write("/proc/self/loginuid", uid.to_string())
+            .map_err(|e| EngineError::io(format!("writing loginuid {uid}"), e))?;
     }
     process::umask(img.umask);
     let _ = process::set_personality(img.personality as u64);

@@ -215,13 +215,55 @@ pub(crate) fn attrs_of<'a>(tree: &'a TreeImage, p: &ProcessImage) -> Option<&'a 
     tree.process_attrs.as_ref()?.processes.get(i)
 }
 
-/// coredump_filter, written from outside (the kernel takes it from any
-/// process allowed to write the file).
+/// coredump_filter, each thread's I/O priority and the autogroup nice
+/// value, written from outside (the kernel takes them from a process
+/// with CAP_SYS_NICE, or allowed to write the file).
 pub fn restore_attrs(s: &Session, tree: &TreeImage) -> Result<()> {
     let Some(attrs) = attrs_of(tree, s.image) else {
         return Ok(());
     };
     let path = format!("/proc/{}/coredump_filter", s.pid);
     std::fs::write(&path, format!("{:#x}", attrs.coredump_filter))
-        .map_err(|e| EngineError::io(&path, e))
+        .map_err(|e| EngineError::io(&path, e))?;
+    for (t, &prio) in s.image.threads.iter().zip(&attrs.ioprio) {
+        let tid = t.tid;
+        // Class NONE (whatever level ioprio_get derived from the nice
+        // value) is set as such: a thread would otherwise keep ferry's.
+        let prio = if prio >> 13 == 0 { 0 } else { i32::from(prio) };
+        ferry_sys::process::ioprio_set(tid, prio).map_err(|e| {
+            EngineError::kernel(s.pid, format!("thread {tid}: ioprio_set({prio:#x})"), e)
+        })?;
+    }
+    if let Some(nice) = attrs.autogroup_nice {
+        set_autogroup_nice(s.pid, nice)?;
+    }
+    Ok(())
+}
+
+/// Writes the nice value of the autogroup the restored process's session
+/// made; never of ferry's own, which processes outside the tree share.
+fn set_autogroup_nice(pid: i32, nice: i32) -> Result<()> {
+    let theirs = crate::proc_state::autogroup(&pid.to_string())?;
+    let ours = crate::proc_state::autogroup("self")?;
+    match (theirs, ours) {
+        (Some((id, _)), Some((own, _))) if id != own => {}
+        _ => {
+            return Err(EngineError::restore(
+                pid,
+                format!("it is not in an autogroup of its own session (autogroup {theirs:?}, ferry's {ours:?}): its nice value {nice} would not come back"),
+            ))
+        }
+    }
+    let path = format!("/proc/{pid}/autogroup");
+    std::fs::write(&path, nice.to_string()).map_err(|e| EngineError::io(&path, e))
+}
+
+/// The loginuid the restored root must write itself: the image's when it
+/// differs from this ferry's, which the root inherits.
+pub fn root_loginuid(tree: &TreeImage, root: &ProcessImage) -> Result<Option<u32>> {
+    let Some((loginuid, _)) = attrs_of(tree, root).and_then(|a| a.audit) else {
+        return Ok(None);
+    };
+    let (own, _) = crate::proc_state::audit_ids("self")?;
+    Ok((loginuid != own).then_some(loginuid))
 }

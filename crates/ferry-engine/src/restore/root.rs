@@ -33,6 +33,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     keep.push(st_w.as_raw_fd());
     keep.extend(staged.netns_fd());
 
+    let loginuid = super::process::root_loginuid(tree, root)?;
     // ferry-sys refuses the fork unless ferry is single-threaded here, so
     // the child may run ordinary Rust code.
     let forked = ferry_sys::clone::fork_with_pid(pid);
@@ -41,6 +42,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
             image: root,
             keep,
             netns: staged.netns_fd(),
+            loginuid,
             go: go_r,
             status: st_w,
         }),

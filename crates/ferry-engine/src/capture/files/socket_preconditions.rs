@@ -7,7 +7,9 @@
 //!   error; or MSG_ERRQUEUE entries), which nothing can set again;
 //! - a TCP socket closed after a connection (reset, or closed both ways)
 //!   while its fd stays open: its unread bytes and EOF;
-//! - shutdown(SHUT_RD) on an established connection or a UDP socket;
+//! - shutdown(SHUT_RD) on an established connection or a UDP socket,
+//!   and shutdown(SHUT_WR) on a UDP socket or on a TCP socket before its
+//!   connect (read with sock_diag);
 //! - an unread urgent byte (TCP MSG_OOB, also with SO_OOBINLINE; unix
 //!   stream MSG_OOB);
 //! - a TCP_MAXSEG value setsockopt does not accept (a closed socket
@@ -23,7 +25,8 @@
 //!   queues are refilled).
 //!
 //! Everything is read without changing the socket: poll reports errors,
-//! urgent data and shutdown without consuming them.
+//! urgent data and shutdown without consuming them; sock_diag the
+//! shutdown bits poll does not show.
 
 use super::FdInfo;
 use crate::error::{EngineError, Result};
@@ -49,6 +52,8 @@ pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
     time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
     local: Mutex<HashMap<IpAddr, bool>>,
+    /// Per protocol: inode -> sk_shutdown of the namespace's sockets.
+    shutdown: Mutex<HashMap<i32, Arc<HashMap<u32, u8>>>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -137,6 +142,7 @@ pub(super) fn check_inet(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !s.tcp {
         check_corked(info, s)?;
     }
+    check_shut_down_for_writing(info, s)?;
     check_address(info, s)?;
     check_time_wait(info, s)
 }
@@ -166,6 +172,65 @@ fn check_corked(info: &FdInfo, s: &InetFacts) -> Result<()> {
         "{queued} bytes wait in its send queue (corked with UDP_CORK or MSG_MORE), which a socket made again would not hold"
     );
     Err(if corked { info.unsupported(why) } else { info.busy(why) })
+}
+
+/// A socket shut down for writing that a socket made again would not
+/// be: UDP (poll shows it only with both sides shut down; SHUT_RD is
+/// refused by the poll check before), and TCP shut down before its
+/// connect, which sends no FIN (an established connection's SHUT_WR
+/// moves it to FIN_WAIT, refused by its state).
+fn check_shut_down_for_writing(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    if s.tcp && s.state != TCP_ESTABLISHED && s.state != TCP_CLOSE {
+        return Ok(());
+    }
+    if shutdown_bits(info, s)? & 2 == 0 {
+        return Ok(());
+    }
+    let when = if s.tcp { " before its connect (no FIN was sent)" } else { "" };
+    Err(info.unsupported(format!(
+        "it was shut down for writing (shutdown SHUT_WR){when}, which a socket made again would not be"
+    )))
+}
+
+/// The socket's sk_shutdown, from one sock_diag dump per protocol of the
+/// process's namespace (another namespace's only for a socket made there).
+fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = info.meta.ino() as u32;
+    let protocol = if s.tcp { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP };
+    let list = |ns: BorrowedFd| {
+        ferry_sys::sockdiag::inet_shutdowns_in(ns, protocol)
+            .map_err(|e| EngineError::kernel(info.pid, "listing sockets (sock_diag)", e))
+    };
+    let cached = locked(&info.socket_tables.shutdown).get(&protocol).cloned();
+    let table = match cached {
+        Some(t) => t,
+        None => {
+            let ns = netns(info)?;
+            let t: Arc<HashMap<u32, u8>> = Arc::new(list(ns.as_fd())?.into_iter().collect());
+            locked(&info.socket_tables.shutdown).insert(protocol, t.clone());
+            t
+        }
+    };
+    if let Some(&bits) = table.get(&inode) {
+        return Ok(bits);
+    }
+    if in_process_netns(info, s)? {
+        return Ok(0);
+    }
+    let ns = ferry_sys::sockdiag::socket_netns(s.sock)
+        .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: SIOCGSKNS", info.fd), e))?;
+    Ok(list(ns.as_fd())?.into_iter().find(|&(i, _)| i == inode).map_or(0, |(_, b)| b))
+}
+
+/// Whether the socket belongs to the process's network namespace.
+fn in_process_netns(info: &FdInfo, s: &InetFacts) -> Result<bool> {
+    let kerr = |what: &str, e| EngineError::kernel(info.pid, format!("fd {}: {what}", info.fd), e);
+    let theirs = ferry_sys::sockdiag::socket_netns(s.sock).map_err(|e| kerr("SIOCGSKNS", e))?;
+    let ours = netns(info)?;
+    let a = ferry_sys::sockdiag::inode_of(theirs.as_fd()).map_err(|e| kerr("fstat", e))?;
+    let b = ferry_sys::sockdiag::inode_of(ours.as_fd()).map_err(|e| kerr("fstat", e))?;
+    Ok(a == b)
 }
 
 /// A bound address must still be one restore can bind.

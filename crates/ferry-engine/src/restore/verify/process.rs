@@ -4,7 +4,7 @@
 //! the same way.
 
 use super::Findings;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use ferry_image::ProcessImage;
 
 /// `tree_pids`: every PID of the tree. A process group or session led
@@ -54,5 +54,21 @@ pub(super) fn compare_attrs(
     };
     let now = crate::proc_state::coredump_filter(p.pid)?;
     found.compare(p.pid, "the process", "coredump_filter", attrs.coredump_filter, now);
+    for (t, &prio) in p.threads.iter().zip(&attrs.ioprio) {
+        let tid = t.tid;
+        let now = ferry_sys::process::ioprio_get(tid)
+            .map_err(|e| EngineError::kernel(p.pid, format!("thread {tid}: ioprio_get"), e))?;
+        if !crate::proc_state::same_ioprio(i32::from(prio), now) {
+            found.compare(p.pid, &format!("thread {tid}"), "I/O priority", prio as i32, now);
+        }
+    }
+    if let Some(nice) = attrs.autogroup_nice {
+        let now = crate::proc_state::autogroup(&p.pid.to_string())?.map(|g| g.1);
+        found.compare(p.pid, "the process", "autogroup nice", Some(nice), now);
+    }
+    if let Some(ids) = attrs.audit {
+        let now = crate::proc_state::audit_ids(&p.pid.to_string())?;
+        found.compare(p.pid, "the process", "loginuid and audit session", ids, now);
+    }
     Ok(())
 }
