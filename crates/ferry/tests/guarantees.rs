@@ -1612,6 +1612,22 @@ fn refuses_unix_socket_options_and_leaves_them_running() {
     assert_sockopt_refused("unixnew", &["SO_TIMESTAMP_NEW"]);
 }
 
+/// Options of TCP and UDP sockets ferry does not restore, one program
+/// mode each (tests/guarantees/sockopt_refused.c).
+#[test]
+fn refuses_ip_and_tcp_socket_options_and_leaves_them_running() {
+    for (mode, option) in [
+        ("ipopts", "IP_OPTIONS"),
+        ("tfo_connect", "TCP_FASTOPEN_CONNECT"),
+        ("tfo_nocookie", "TCP_FASTOPEN_NO_COOKIE"),
+        ("tfo_key", "TCP_FASTOPEN_KEY"),
+        ("txrehash", "SO_TXREHASH"),
+        ("tcp_peekoff", "SO_PEEK_OFF"),
+    ] {
+        assert_sockopt_refused(mode, &[option]);
+    }
+}
+
 /// tests/guarantees/fd_refusals.c in one of its modes: descriptor states
 /// the fd tables of `ferry coverage` refuse.
 fn refused_fd_mode(mode: &str, what: &[&str]) {
