@@ -2,9 +2,11 @@
  * sock_unix_opts: SOL_SOCKET options on every kind of unix socket ferry
  * restores: STREAM, DGRAM and SEQPACKET socketpairs (one end of each
  * with data queued), a listener, an accepted end and its client, an
- * unbound DGRAM socket, and a STREAM end whose peer was closed with
- * "tail" queued. Each socket gets its own values: SO_SNDBUF, SO_RCVBUF
- * (one forced above net.core.wmem_max, one above rmem_max), SO_RCVTIMEO,
+ * unbound DGRAM socket, a STREAM end whose peer was closed with "tail"
+ * queued, and a STREAM pair whose end with a 4 MiB send buffer queued
+ * 1 MiB to the other (more than a default buffer holds: restore must
+ * grow the buffer it refills from). Each socket gets its own values:
+ * SO_SNDBUF, SO_RCVBUF (one forced above net.core.wmem_max, one above rmem_max), SO_RCVTIMEO,
  * SO_SNDTIMEO, SO_KEEPALIVE, SO_RCVLOWAT, SO_PEEK_OFF (2 on the stream
  * end with "abcdef" queued), SO_MARK, SO_PRIORITY (7 on one: needs
  * CAP_NET_ADMIN), SO_LINGER (one with lingering off but a time kept),
@@ -13,7 +15,7 @@
  * SO_NO_CHECK, SO_TIMESTAMP(NS), SO_RXQ_OVFL, SO_SELECT_ERR_QUEUE,
  * SO_RCVMARK. After restore every option (and SO_BUF_LOCK) reads the
  * same bytes, a peek at the stream end starts at its offset, and the
- * queued data comes out.
+ * queued data (all 1 MiB of it) comes out.
  */
 #include "ferry_test.h"
 #include <stddef.h>
@@ -43,11 +45,15 @@
 #define SO_PASSPIDFD 76
 #endif
 
-enum { ST_A, ST_B, DG_A, DG_B, SEQ_A, SEQ_B, LISTENER, ACCEPTED, CLIENT, UNBOUND, DEAD, N };
+enum { ST_A, ST_B, DG_A, DG_B, SEQ_A, SEQ_B, LISTENER, ACCEPTED, CLIENT, UNBOUND, DEAD, BIG_A, BIG_B, N };
 static const char *kind[N] = { "stream end (data queued)", "stream end", "datagram end (datagram queued)",
 			       "datagram end", "seqpacket end (record queued)", "seqpacket end", "listener",
-			       "accepted end", "client", "unbound datagram socket", "stream end, peer closed" };
-static const int queued[N] = { [ST_A] = 1, [DG_A] = 1, [SEQ_A] = 1, [DEAD] = 1 };
+			       "accepted end", "client", "unbound datagram socket", "stream end, peer closed",
+			       "stream end (1 MiB queued)", "stream end (4 MiB send buffer)" };
+static const int queued[N] = { [ST_A] = 1, [DG_A] = 1, [SEQ_A] = 1, [DEAD] = 1, [BIG_A] = 1 };
+/* More than a default send buffer holds: the sender's own buffer let it queue. */
+#define BIG (1 << 20)
+static unsigned char big[BIG];
 
 /* Every option compared after restore. */
 static const struct {
@@ -113,7 +119,9 @@ static int sysctl_int(const char *path)
 /* Values that differ from socket to socket, so that no two are swapped unseen. */
 static void set_all(int fd, int i)
 {
-	if (i == ST_A)
+	if (i == BIG_B)
+		set_int(fd, SO_SNDBUF, 2 << 20, "SO_SNDBUF", i);
+	else if (i == ST_A)
 		set_int(fd, SO_SNDBUFFORCE, sysctl_int("/proc/sys/net/core/wmem_max") + 8192, "SO_SNDBUFFORCE", i);
 	else
 		set_int(fd, SO_SNDBUF, 32768 + 4096 * i, "SO_SNDBUF", i);
@@ -192,11 +200,17 @@ int main(void)
 	FT_SYS(send(sv[1], "tail", 4, 0));
 	close(sv[1]);
 	fd[DEAD] = sv[0];
+	FT_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+	fd[BIG_A] = sv[0], fd[BIG_B] = sv[1];
 	for (int i = 0; i < N; i++) {
 		set_all(fd[i], i);
 		for (size_t k = 0; k < NOPTS; k++)
 			read_opt(fd[i], opts[k].name, &before[i][k]);
 	}
+	for (int i = 0; i < BIG; i++)
+		big[i] = (unsigned char)(i * 7 + i / 4096);
+	for (size_t off = 0; off < BIG;)
+		off += (size_t)FT_SYS(send(fd[BIG_B], big + off, BIG - off, MSG_DONTWAIT));
 	ft_ready();
 	ft_wait_restored();
 	for (int i = 0; i < N; i++)
@@ -216,6 +230,12 @@ int main(void)
 	expect(fd[DG_A], 0, "dgram", "datagram end");
 	expect(fd[SEQ_A], 0, "record", "seqpacket end");
 	expect(fd[DEAD], 0, "tail", "stream end, peer closed");
+	static unsigned char got[BIG];
+	size_t n = 0;
+	for (ssize_t r; n < BIG && (r = recv(fd[BIG_A], got + n, BIG - n, MSG_DONTWAIT)) > 0;)
+		n += (size_t)r;
+	FT_CHECK(n == BIG && memcmp(got, big, BIG) == 0, "1 MiB queued: %zu bytes back, %s", n,
+		 memcmp(got, big, n) ? "different" : "same so far");
 	FT_SYS(send(fd[CLIENT], "new", 3, 0));
 	expect(fd[ACCEPTED], 0, "new", "accepted end");
 	return ft_finish();
