@@ -6,10 +6,11 @@
  * queued, and a STREAM pair whose end with a 4 MiB send buffer queued
  * 1 MiB to the other (more than a default buffer holds: restore must
  * grow the buffer it refills from). Each socket gets its own values:
- * SO_SNDBUF, SO_RCVBUF (one forced above net.core.wmem_max, one above rmem_max), SO_RCVTIMEO,
- * SO_SNDTIMEO, SO_KEEPALIVE, SO_RCVLOWAT, SO_PEEK_OFF (2 on the stream
- * end with "abcdef" queued), SO_MARK, SO_PRIORITY (7 on one: needs
- * CAP_NET_ADMIN), SO_LINGER (one with lingering off but a time kept),
+ * SO_SNDBUF, SO_RCVBUF (one forced above net.core.wmem_max, one above
+ * rmem_max), SO_RCVTIMEO, SO_SNDTIMEO, SO_KEEPALIVE, SO_RCVLOWAT,
+ * SO_PEEK_OFF (2 on the stream end with "abcdef" queued), SO_MARK,
+ * SO_PRIORITY (7 on one: needs CAP_NET_ADMIN), SO_LINGER (one with
+ * lingering off but a time kept),
  * SO_PASSSEC and SO_PASSPIDFD (on sockets with nothing queued), and the
  * flags SO_DEBUG, SO_REUSEADDR, SO_DONTROUTE, SO_BROADCAST, SO_OOBINLINE,
  * SO_NO_CHECK, SO_TIMESTAMP(NS), SO_RXQ_OVFL, SO_SELECT_ERR_QUEUE,
