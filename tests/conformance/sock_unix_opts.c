@@ -14,7 +14,8 @@
  * SO_PASSSEC and SO_PASSPIDFD (on sockets with nothing queued), and the
  * flags SO_DEBUG, SO_REUSEADDR, SO_DONTROUTE, SO_BROADCAST, SO_OOBINLINE,
  * SO_NO_CHECK, SO_TIMESTAMP(NS), SO_RXQ_OVFL, SO_SELECT_ERR_QUEUE,
- * SO_RCVMARK. After restore every option (and SO_BUF_LOCK) reads the
+ * SO_RCVMARK, SO_PREFER_BUSY_POLL, SO_RCVPRIORITY, with SO_BUSY_POLL
+ * and SO_PASSRIGHTS off on some. After restore every option (and SO_BUF_LOCK) reads the
  * same bytes, a peek at the stream end starts at its offset, and the
  * queued data (all 1 MiB of it) comes out.
  */
@@ -44,6 +45,15 @@
 #endif
 #ifndef SO_PASSPIDFD
 #define SO_PASSPIDFD 76
+#endif
+#ifndef SO_PREFER_BUSY_POLL
+#define SO_PREFER_BUSY_POLL 69
+#endif
+#ifndef SO_RCVPRIORITY
+#define SO_RCVPRIORITY 82
+#endif
+#ifndef SO_PASSRIGHTS
+#define SO_PASSRIGHTS 83
 #endif
 
 enum { ST_A, ST_B, DG_A, DG_B, SEQ_A, SEQ_B, LISTENER, ACCEPTED, CLIENT, UNBOUND, DEAD, BIG_A, BIG_B, N };
@@ -84,6 +94,10 @@ static const struct {
 	{ SO_RXQ_OVFL, "SO_RXQ_OVFL" },
 	{ SO_SELECT_ERR_QUEUE, "SO_SELECT_ERR_QUEUE" },
 	{ SO_RCVMARK, "SO_RCVMARK" },
+	{ SO_BUSY_POLL, "SO_BUSY_POLL" },
+	{ SO_PREFER_BUSY_POLL, "SO_PREFER_BUSY_POLL" },
+	{ SO_RCVPRIORITY, "SO_RCVPRIORITY" },
+	{ SO_PASSRIGHTS, "SO_PASSRIGHTS" },
 	{ SO_PEEK_OFF, "SO_PEEK_OFF" },
 };
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
@@ -130,13 +144,18 @@ static void set_all(int fd, int i)
 		set_int(fd, SO_RCVBUFFORCE, sysctl_int("/proc/sys/net/core/rmem_max") + 4096, "SO_RCVBUFFORCE", i);
 	else if (i % 3 != 2)
 		set_int(fd, SO_RCVBUF, 40960 + 4096 * i, "SO_RCVBUF", i);
-	static const int flags[] = { SO_DEBUG,   SO_REUSEADDR, SO_DONTROUTE, SO_BROADCAST,	      SO_KEEPALIVE,
-				     SO_OOBINLINE, SO_NO_CHECK, SO_RXQ_OVFL,  SO_SELECT_ERR_QUEUE, SO_RCVMARK };
+	static const int flags[] = { SO_DEBUG, SO_REUSEADDR, SO_DONTROUTE, SO_BROADCAST,
+				     SO_KEEPALIVE, SO_OOBINLINE, SO_NO_CHECK, SO_RXQ_OVFL,
+				     SO_SELECT_ERR_QUEUE, SO_RCVMARK, SO_PREFER_BUSY_POLL, SO_RCVPRIORITY };
 	for (int k = 0; k < (int)(sizeof(flags) / sizeof(flags[0])); k++)
 		if ((i + k) % 2)
 			set_int(fd, flags[k], 1, "a flag", i);
 	set_int(fd, SO_PRIORITY, i == CLIENT ? 7 : i % 7, "SO_PRIORITY", i);
 	set_int(fd, SO_MARK, 0x100 + i, "SO_MARK", i);
+	if (i % 3 == 0)
+		set_int(fd, SO_BUSY_POLL, 10 + i, "SO_BUSY_POLL", i);
+	if (i % 2)
+		set_int(fd, SO_PASSRIGHTS, 0, "SO_PASSRIGHTS", i);
 	set_int(fd, SO_RCVLOWAT, 3 + i, "SO_RCVLOWAT", i);
 	struct timeval rt = { 1 + i, 250000 }, wt = { 2 + i, 500000 };
 	FT_SYS(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof(rt)));

@@ -134,9 +134,13 @@ pub const UNIX_SOCKET_OPTIONS: &[(i32, usize)] = &[
     (40, 4),  // SO_RXQ_OVFL
     (42, 4),  // SO_PEEK_OFF
     (45, 4),  // SO_SELECT_ERR_QUEUE
+    (46, 4),  // SO_BUSY_POLL
+    (69, 4),  // SO_PREFER_BUSY_POLL
     (72, 4),  // SO_BUF_LOCK
     (75, 4),  // SO_RCVMARK
     (76, 4),  // SO_PASSPIDFD
+    (82, 4),  // SO_RCVPRIORITY
+    (83, 4),  // SO_PASSRIGHTS
 ];
 
 /// Format 4.7, in the optional `ProcessAttrs` section.

@@ -218,7 +218,7 @@ const UNIX_OPTS: &[(i32, Entry)] = &[
     (43, refused("SO_NOFCS", FRESH, "-")),
     (44, refused("SO_LOCK_FILTER", FRESH, "-")),
     (45, restored("SO_SELECT_ERR_QUEUE", UNIX_SET, UNIX_TEST)),
-    (46, refused("SO_BUSY_POLL", FRESH, "-")),
+    (46, restored("SO_BUSY_POLL", UNIX_SET, UNIX_TEST)),
     (47, refused("SO_MAX_PACING_RATE", FRESH, "-")),
     (48, na("SO_BPF_EXTENSIONS", "what the kernel's BPF supports, the same for every socket")),
     (49, na("SO_INCOMING_CPU", "the CPU of the last packet received")),
@@ -248,7 +248,7 @@ const UNIX_OPTS: &[(i32, Entry)] = &[
     (66, na("SO_RCVTIMEO_NEW", "the same state as SO_RCVTIMEO_OLD")),
     (67, na("SO_SNDTIMEO_NEW", "the same state as SO_SNDTIMEO_OLD")),
     (68, na("SO_DETACH_REUSEPORT_BPF", "an action")),
-    (69, refused("SO_PREFER_BUSY_POLL", FRESH, "-")),
+    (69, restored("SO_PREFER_BUSY_POLL", UNIX_SET, UNIX_TEST)),
     (70, refused("SO_BUSY_POLL_BUDGET", FRESH, "-")),
     (71, na("SO_NETNS_COOKIE", "the namespace's id")),
     (72, restored("SO_BUF_LOCK", "setsockopt, after the buffer sizes (whose FORCE calls set it)", UNIX_TEST)),
@@ -261,9 +261,9 @@ const UNIX_OPTS: &[(i32, Entry)] = &[
     (79, na("SO_DEVMEM_DMABUF", "a control message type")),
     (80, na("SO_DEVMEM_DONTNEED", "an action")),
     (81, na("SCM_TS_OPT_ID", "a control message type")),
-    (82, refused("SO_RCVPRIORITY", FRESH, "-")),
-    (83, refused("SO_PASSRIGHTS", FRESH, "-")),
-    (84, refused("SO_INQ", FRESH, "-")),
+    (82, restored("SO_RCVPRIORITY", UNIX_SET, UNIX_TEST)),
+    (83, restored("SO_PASSRIGHTS", UNIX_SET, UNIX_TEST)),
+    (84, refused("SO_INQ", "set only on a unix stream socket (getsockopt answers ENOPROTOOPT): not detected", "-")),
 ];
 
 const IP_OPTS: &[(i32, Entry)] = &[

@@ -51,6 +51,12 @@ const OPTIONS: &[(i32, Fresh)] = &[
     (libc::SO_RXQ_OVFL, Fresh::Zero),
     (libc::SO_SELECT_ERR_QUEUE, Fresh::Zero),
     (75, Fresh::Zero), // SO_RCVMARK
+    (libc::SO_BUSY_POLL, Fresh::Zero),
+    (69, Fresh::Zero), // SO_PREFER_BUSY_POLL
+    (82, Fresh::Zero), // SO_RCVPRIORITY
+    // Off: descriptors sent to it are refused (those queued before are
+    // sent again before it is set).
+    (83, Fresh::Int(1)), // SO_PASSRIGHTS
     (SO_PEEK_OFF, Fresh::Int(-1)),
 ];
 
