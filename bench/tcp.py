@@ -56,8 +56,10 @@ PROBE = re.compile(r"# probe: longest wait ([0-9.]+) ms")
 SERVER_BYTES = 4096
 
 
-# More arguments of `ferry checkpoint` (--checkpoint-args).
+# More arguments of `ferry checkpoint` (--checkpoint-args) and of
+# `ferry restore` (--restore-args).
 CHECKPOINT_ARGS = []
+RESTORE_ARGS = []
 
 
 def sh(*args, check=True):
@@ -170,7 +172,7 @@ def one_run(bins, n, method, work):
         if os.path.exists(pidfile):
             os.unlink(pidfile)
         rs_start = time.time()
-        restore = subprocess.Popen([FERRY, "--verbose", "restore", "--images", images, "--netns", hosts.a, "--pidfile", pidfile],
+        restore = subprocess.Popen([FERRY, "--verbose", "restore", "--images", images, "--netns", hosts.a, "--pidfile", pidfile] + RESTORE_ARGS,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(restore)
         end = time.time() + 60
@@ -251,8 +253,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-tcp-latest.md"))
     ap.add_argument("--checkpoint-args", default="", help="more arguments of ferry checkpoint, e.g. --no-verify")
+    ap.add_argument("--restore-args", default="", help="more arguments of ferry restore, e.g. --no-check")
     args = ap.parse_args()
     CHECKPOINT_ARGS.extend(args.checkpoint_args.split())
+    RESTORE_ARGS.extend(args.restore_args.split())
     if os.geteuid() != 0:
         sys.exit("bench/tcp.py: needs root")
     ns = [int(x) for x in args.n.split(",")]
@@ -278,6 +282,7 @@ def main():
     print(table)
     with open(args.out, "w") as f:
         extra = f" --checkpoint-args={args.checkpoint_args}" if args.checkpoint_args else ""
+        extra += f" --restore-args={args.restore_args}" if args.restore_args else ""
         f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs}{extra} -->\n")
         f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, images on tmpfs, "
                 f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "

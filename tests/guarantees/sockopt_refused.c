@@ -8,7 +8,14 @@
  *   md5        TCP listener with a TCP_MD5SIG key (seen only by sock_diag)
  *   savesyn    TCP listener with TCP_SAVE_SYN
  *   multicast  UDP socket that joined 239.7.7.7 on lo
- *   unixbuf    unix stream socket with SO_SNDBUF, SO_RCVTIMEO, SO_KEEPALIVE
+ *   unixnew    unix stream socket with SO_TIMESTAMP_NEW (its _OLD twin is
+ *              restored)
+ *   ipopts     UDP socket with IP_OPTIONS (four NOPs)
+ *   tfo_connect  TCP socket with TCP_FASTOPEN_CONNECT
+ *   tfo_nocookie TCP socket with TCP_FASTOPEN_NO_COOKIE
+ *   tfo_key    TCP listener with its own TCP_FASTOPEN_KEY
+ *   txrehash   TCP socket with SO_TXREHASH 0
+ *   tcp_peekoff  TCP socket with SO_PEEK_OFF 0
  */
 #include "../conformance/ferry_test.h"
 #include <arpa/inet.h>
@@ -20,6 +27,46 @@
 #ifndef SO_LOCK_FILTER
 #define SO_LOCK_FILTER 44
 #endif
+#ifndef SO_TIMESTAMP_NEW
+#define SO_TIMESTAMP_NEW 63
+#endif
+#ifndef SO_TXREHASH
+#define SO_TXREHASH 74
+#endif
+#ifndef SO_PEEK_OFF
+#define SO_PEEK_OFF 42
+#endif
+
+/* One option of the table-driven modes: set on a fresh socket, read back after. */
+static const struct {
+	const char *mode;
+	int family, type, listen, level, name, value;
+} simple[] = {
+	{ "unixnew", AF_UNIX, SOCK_STREAM, 0, SOL_SOCKET, SO_TIMESTAMP_NEW, 1 },
+	{ "tfo_connect", AF_INET, SOCK_STREAM, 0, IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 1 },
+	{ "tfo_nocookie", AF_INET, SOCK_STREAM, 0, IPPROTO_TCP, TCP_FASTOPEN_NO_COOKIE, 1 },
+	{ "txrehash", AF_INET, SOCK_STREAM, 0, SOL_SOCKET, SO_TXREHASH, 0 },
+	{ "tcp_peekoff", AF_INET, SOCK_STREAM, 0, SOL_SOCKET, SO_PEEK_OFF, 0 },
+};
+#define NSIMPLE ((int)(sizeof(simple) / sizeof(simple[0])))
+
+static int simple_mode(const char *mode)
+{
+	for (int i = 0; i < NSIMPLE; i++)
+		if (strcmp(mode, simple[i].mode) == 0)
+			return i;
+	return -1;
+}
+
+static const unsigned char nops[4] = { 1, 1, 1, 1 };
+static const unsigned char tfo_key[16] = "ferry-tfo-key-01";
+
+static void listen_on_loopback(int s)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	FT_SYS(bind(s, (struct sockaddr *)&a, sizeof(a)));
+	FT_SYS(listen(s, 4));
+}
 
 static int one = 1;
 
@@ -58,13 +105,21 @@ static int setup(const char *mode)
 		FT_SYS(setsockopt(s, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)));
 		return s;
 	}
-	if (strcmp(mode, "unixbuf") == 0) {
-		int s = FT_SYS(socket(AF_UNIX, SOCK_STREAM, 0));
-		int size = 65536;
-		struct timeval tv = { 3, 0 };
-		FT_SYS(setsockopt(s, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size)));
-		FT_SYS(setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)));
-		FT_SYS(setsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)));
+	if (strcmp(mode, "ipopts") == 0) {
+		int s = FT_SYS(socket(AF_INET, SOCK_DGRAM, 0));
+		FT_SYS(setsockopt(s, IPPROTO_IP, IP_OPTIONS, nops, sizeof(nops)));
+		return s;
+	}
+	if (strcmp(mode, "tfo_key") == 0) {
+		int s = FT_SYS(socket(AF_INET, SOCK_STREAM, 0));
+		listen_on_loopback(s);
+		FT_SYS(setsockopt(s, IPPROTO_TCP, TCP_FASTOPEN_KEY, tfo_key, sizeof(tfo_key)));
+		return s;
+	}
+	int i = simple_mode(mode);
+	if (i >= 0) {
+		int s = FT_SYS(socket(simple[i].family, simple[i].type, 0));
+		FT_SYS(setsockopt(s, simple[i].level, simple[i].name, &simple[i].value, sizeof(int)));
 		return s;
 	}
 	ft_die("unknown mode %s", mode);
@@ -99,9 +154,20 @@ int main(int argc, char **argv)
 		socklen_t gl = sizeof(gf);
 		if (getsockopt(s, IPPROTO_IP, MCAST_MSFILTER, &gf, &gl) != 0)
 			ft_fail("no longer a member of 239.7.7.7: %s", strerror(errno));
-	} else if (strcmp(argv[1], "unixbuf") == 0) {
-		FT_SYS(getsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &v, &l));
-		FT_EQ(v, 1, "SO_KEEPALIVE");
+	} else if (strcmp(argv[1], "ipopts") == 0) {
+		unsigned char b[40];
+		socklen_t bl = sizeof(b);
+		FT_SYS(getsockopt(s, IPPROTO_IP, IP_OPTIONS, b, &bl));
+		FT_CHECK(bl == sizeof(nops) && memcmp(b, nops, bl) == 0, "IP_OPTIONS: %u bytes", bl);
+	} else if (strcmp(argv[1], "tfo_key") == 0) {
+		unsigned char b[32];
+		socklen_t bl = sizeof(b);
+		FT_SYS(getsockopt(s, IPPROTO_TCP, TCP_FASTOPEN_KEY, b, &bl));
+		FT_CHECK(bl == sizeof(tfo_key) && memcmp(b, tfo_key, bl) == 0, "TCP_FASTOPEN_KEY: %u bytes", bl);
+	} else if (simple_mode(argv[1]) >= 0) {
+		int i = simple_mode(argv[1]);
+		FT_SYS(getsockopt(s, simple[i].level, simple[i].name, &v, &l));
+		FT_EQ(v, simple[i].value, "the option");
 	}
 	return ft_finish();
 }

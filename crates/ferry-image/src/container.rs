@@ -6,7 +6,7 @@
 use crate::error::ImageError;
 use crate::model::{
     CgroupImage, Incremental, Inventory, ProcessAttrsImage, PtysImage, TreeImage,
-    UnixDeadPeersImage, UnixInFlightFilesImage, UnixPeersImage,
+    UnixDeadPeersImage, UnixInFlightFilesImage, UnixPeersImage, UnixSocketOptionsImage,
 };
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
@@ -40,7 +40,9 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// 4.8: the `ProcessAttrs` section also holds each thread's I/O priority,
 /// the autogroup nice value and the loginuid and audit session (a 4.7
 /// build would restore none of them, silently; its entries are decoded
-/// with the 4.7 layout).
+/// with the 4.7 layout), and the optional `UnixSocketOptions` section (an
+/// older build would make the tree's unix sockets with default options,
+/// silently).
 pub const FORMAT_MINOR: u16 = 8;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
@@ -104,6 +106,8 @@ pub enum SectionKind {
     /// Format 4.5: the tree's pseudo-terminal pairs.
     Ptys = 9,
     ProcessAttrs = 10,
+    /// Format 4.8: SOL_SOCKET options of the tree's unix sockets.
+    UnixSocketOptions = 11,
 }
 
 impl SectionKind {
@@ -119,6 +123,7 @@ impl SectionKind {
             SectionKind::UnixInFlightFiles => "unix in-flight files",
             SectionKind::Ptys => "ptys",
             SectionKind::ProcessAttrs => "process attributes",
+            SectionKind::UnixSocketOptions => "unix socket options",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -131,6 +136,7 @@ impl SectionKind {
             SectionKind::UnixDeadPeers | SectionKind::UnixInFlightFiles => 4,
             SectionKind::Ptys => 6,
             SectionKind::ProcessAttrs => 7,
+            SectionKind::UnixSocketOptions => 8,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -145,6 +151,7 @@ impl SectionKind {
             8 => Some(SectionKind::UnixInFlightFiles),
             9 => Some(SectionKind::Ptys),
             10 => Some(SectionKind::ProcessAttrs),
+            11 => Some(SectionKind::UnixSocketOptions),
             _ => None,
         }
     }
@@ -163,6 +170,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Ptys, true),
     (SectionKind::ProcessAttrs, true),
+    (SectionKind::UnixSocketOptions, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -176,6 +184,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::UnixInFlightFiles, true),
     (SectionKind::Ptys, true),
     (SectionKind::ProcessAttrs, true),
+    (SectionKind::UnixSocketOptions, true),
     (SectionKind::Pages, false),
 ];
 
@@ -414,6 +423,9 @@ pub fn encode_meta_with(
     if let Some(a) = &process.process_attrs {
         sized(encoded_len(a, "process attributes"))?;
     }
+    if let Some(o) = &process.unix_socket_options {
+        sized(encoded_len(o, "unix socket options"))?;
+    }
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&file_header(0));
     push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
@@ -438,6 +450,9 @@ pub fn encode_meta_with(
     }
     if let Some(a) = &process.process_attrs {
         push_section(&mut out, SectionKind::ProcessAttrs, a, "process attributes")?;
+    }
+    if let Some(o) = &process.unix_socket_options {
+        push_section(&mut out, SectionKind::UnixSocketOptions, o, "unix socket options")?;
     }
     Ok(out)
 }
@@ -525,6 +540,7 @@ pub fn decode_meta_versioned(
     let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
     let mut ptys: Option<PtysImage> = None;
     let mut process_attrs: Option<ProcessAttrsImage> = None;
+    let mut unix_socket_options: Option<UnixSocketOptionsImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -555,6 +571,9 @@ pub fn decode_meta_versioned(
             SectionKind::ProcessAttrs => {
                 process_attrs = Some(decode_process_attrs(payload, header.version)?)
             }
+            SectionKind::UnixSocketOptions => {
+                unix_socket_options = Some(decode_payload(payload, "unix socket options")?)
+            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
@@ -572,9 +591,11 @@ pub fn decode_meta_versioned(
     process.unix_in_flight_files = unix_in_flight_files;
     process.ptys = ptys;
     process.process_attrs = process_attrs;
+    process.unix_socket_options = unix_socket_options;
     crate::validate::validate(&inventory, &process)?;
     crate::validate::validate_ptys(&process)?;
     crate::validate::validate_process_attrs(&process)?;
+    crate::validate::validate_unix_socket_options(&process)?;
     crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

@@ -82,7 +82,66 @@ pub struct TreeImage {
     /// per process in `processes` order. `None` for older images.
     #[serde(skip)]
     pub process_attrs: Option<ProcessAttrsImage>,
+    /// Format 4.8: the SOL_SOCKET options of the tree's unix sockets
+    /// (buffer sizes, timeouts, flags...), in the optional
+    /// `UnixSocketOptions` section (outside the tree section for the
+    /// reason `cgroups` is). `None` for older images, whose unix sockets
+    /// had every option but SO_PASSCRED as a fresh socket has it
+    /// (checkpoint refused any other).
+    #[serde(skip)]
+    pub unix_socket_options: Option<UnixSocketOptionsImage>,
 }
+
+/// Format 4.8, in the optional `UnixSocketOptions` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnixSocketOptionsImage {
+    pub sockets: Vec<UnixSocketOptions>,
+}
+
+/// The options one unix socket of the tree has, each at most once, in
+/// the order restore sets them. SO_PASSCRED is `UnixSocket::passcred`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnixSocketOptions {
+    /// `UnixSocket::ino` of a socket of the tree.
+    pub ino: u64,
+    /// Each a SOL_SOCKET option of [`UNIX_SOCKET_OPTIONS`].
+    pub options: Vec<SockOpt>,
+}
+
+/// The SOL_SOCKET options a `UnixSocketOptions` entry may hold, with the
+/// length of the value getsockopt gives: an int, `struct linger` (8
+/// bytes) or a `struct timeval` (16 bytes, SO_RCVTIMEO_OLD and
+/// SO_SNDTIMEO_OLD).
+pub const UNIX_SOCKET_OPTIONS: &[(i32, usize)] = &[
+    (1, 4),   // SO_DEBUG
+    (2, 4),   // SO_REUSEADDR
+    (5, 4),   // SO_DONTROUTE
+    (6, 4),   // SO_BROADCAST
+    (7, 4),   // SO_SNDBUF
+    (8, 4),   // SO_RCVBUF
+    (9, 4),   // SO_KEEPALIVE
+    (10, 4),  // SO_OOBINLINE
+    (11, 4),  // SO_NO_CHECK
+    (12, 4),  // SO_PRIORITY
+    (13, 8),  // SO_LINGER
+    (18, 4),  // SO_RCVLOWAT
+    (20, 16), // SO_RCVTIMEO_OLD
+    (21, 16), // SO_SNDTIMEO_OLD
+    (29, 4),  // SO_TIMESTAMP_OLD
+    (34, 4),  // SO_PASSSEC
+    (35, 4),  // SO_TIMESTAMPNS_OLD
+    (36, 4),  // SO_MARK
+    (40, 4),  // SO_RXQ_OVFL
+    (42, 4),  // SO_PEEK_OFF
+    (45, 4),  // SO_SELECT_ERR_QUEUE
+    (46, 4),  // SO_BUSY_POLL
+    (69, 4),  // SO_PREFER_BUSY_POLL
+    (72, 4),  // SO_BUF_LOCK
+    (75, 4),  // SO_RCVMARK
+    (76, 4),  // SO_PASSPIDFD
+    (82, 4),  // SO_RCVPRIORITY
+    (83, 4),  // SO_PASSRIGHTS
+];
 
 /// Format 4.7, in the optional `ProcessAttrs` section.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

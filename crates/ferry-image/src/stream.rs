@@ -245,12 +245,18 @@ pub fn read_stream_full<R: Read>(
                 process.process_attrs =
                     Some(crate::container::decode_process_attrs(&payload, version)?);
             }
+            SectionKind::UnixSocketOptions => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                process.unix_socket_options =
+                    Some(decode_payload(&payload, "unix socket options")?);
+            }
             SectionKind::Pages => {
                 crate::validate::validate_unix_dead_peers(&process)?;
                 crate::validate::validate_unix_peers(&process)?;
                 crate::validate::validate_unix_in_flight_files(&process)?;
                 crate::validate::validate_ptys(&process)?;
                 crate::validate::validate_process_attrs(&process)?;
+                crate::validate::validate_unix_socket_options(&process)?;
                 break (len, sum);
             }
             // `order` accepts nothing else after the process section.

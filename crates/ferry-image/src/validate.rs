@@ -1034,3 +1034,56 @@ fn validate_attrs_48(p: &crate::model::ProcessImage, a: &ProcessAttrs) -> Result
     }
     Ok(())
 }
+
+/// The `UnixSocketOptions` section: each entry a unix socket of the tree,
+/// listed once, with options of [`crate::UNIX_SOCKET_OPTIONS`], each once
+/// and of its length, buffer sizes the kernel can give (positive).
+pub fn validate_unix_socket_options(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(o) = &t.unix_socket_options else {
+        return Ok(());
+    };
+    let inos: std::collections::HashSet<u64> = t
+        .processes
+        .iter()
+        .flat_map(|p| &p.files)
+        .filter_map(|f| match &f.kind {
+            FileKind::UnixSocket(u) => Some(u.ino),
+            _ => None,
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for s in &o.sockets {
+        let what = format!("unix socket options section: socket {}", s.ino);
+        if !inos.contains(&s.ino) {
+            return bad(format!("{what} is not a unix socket of the tree"));
+        }
+        if !seen.insert(s.ino) {
+            return bad(format!("{what} listed twice"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for opt in &s.options {
+            let known = crate::UNIX_SOCKET_OPTIONS.iter().find(|(n, _)| *n == opt.name);
+            let Some(&(_, len)) = known.filter(|_| opt.level == SOL_SOCKET) else {
+                return bad(format!(
+                    "{what}: option {}/{} is not one restore sets",
+                    opt.level, opt.name
+                ));
+            };
+            if opt.value.len() != len || !names.insert(opt.name) {
+                return bad(format!(
+                    "{what}: option {} has {} bytes (it takes {len}) or is listed twice",
+                    opt.name,
+                    opt.value.len()
+                ));
+            }
+            let int = <[u8; 4]>::try_from(&opt.value[..len.min(4)]).map(i32::from_ne_bytes);
+            if matches!(opt.name, 7 | 8) && !int.is_ok_and(|v| v > 0) {
+                return bad(format!("{what}: buffer size option {} is not positive", opt.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SOL_SOCKET on Linux (this crate does not depend on libc).
+const SOL_SOCKET: i32 = 1;

@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 11, 99, u32::MAX] {
+        for kind in [0u32, 12, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 11;
+    bad[meta.len()] = 12;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 11")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 12")),
         "{e:?}"
     );
 }
@@ -1063,7 +1063,10 @@ fn round_trip_4_6_with_ptys() {
     let (inv, t, pages) = model();
     let t = with_ptys(with_cgroups(t));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (FormatVersion::CURRENT, inv.clone(), t.clone(), None)
+    );
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
@@ -1124,7 +1127,10 @@ fn round_trip_4_8_with_process_attrs() {
     let (inv, t, pages) = model();
     let t = with_process_attrs(with_ptys(with_cgroups(t)));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
+    assert_eq!(
+        decode_meta_versioned(&meta).unwrap(),
+        (FormatVersion::CURRENT, inv.clone(), t.clone(), None)
+    );
     let s = stream_of(&inv, &t, None, &pages);
     assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
 }
@@ -1191,4 +1197,79 @@ fn bad_process_attrs_are_refused() {
     bad(&|a| a.processes[0].ioprio.push(0));
     bad(&|a| a.processes[0].autogroup_nice = Some(20));
     bad(&|a| a.processes[0].autogroup_nice = Some(-21));
+}
+
+/// The model with options on its unix socket (format 4.8): a forced
+/// send buffer with its lock, a receive timeout, a linger, a mark.
+fn with_unix_socket_options(t: TreeImage) -> TreeImage {
+    let mut t = with_unix_peers(t);
+    let int = |name, v: i32| SockOpt { level: 1, name, value: v.to_ne_bytes().to_vec() };
+    let mut timeout = 3i64.to_ne_bytes().to_vec();
+    timeout.extend(250_000i64.to_ne_bytes());
+    t.unix_socket_options = Some(UnixSocketOptionsImage {
+        sockets: vec![UnixSocketOptions {
+            ino: 77,
+            options: vec![
+                int(7, 16_777_216),
+                int(72, 1),
+                SockOpt { level: 1, name: 20, value: timeout },
+                SockOpt { level: 1, name: 13, value: [1i32, 9].map(i32::to_ne_bytes).concat() },
+                int(36, 0x1234),
+                int(42, 2),
+            ],
+        }],
+    });
+    t
+}
+
+#[test]
+fn round_trip_4_8_with_unix_socket_options() {
+    let (inv, t, pages) = model();
+    let t = with_unix_socket_options(with_process_attrs(with_cgroups(t)));
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
+    let d = TempDir::new("rt-unix-opts");
+    write_dir(&d.0, &inv, &t, None, &pages);
+    assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A 4.7 build would make the unix sockets with default options,
+/// silently: a 4.7 header with the section is refused.
+#[test]
+fn unix_socket_options_section_is_refused_in_a_4_7_image() {
+    assert_section_refused_in(v(4, 7), "unix socket options", &with_unix_socket_options(model().1));
+}
+
+/// A socket that is not a unix socket of the tree or is listed twice, an
+/// option restore does not set, at another level, of the wrong length or
+/// listed twice, a buffer size that is not positive.
+#[test]
+fn bad_unix_socket_options_are_refused() {
+    let (inv, t, pages) = model();
+    let good = with_unix_socket_options(t);
+    let bad = |f: &dyn Fn(&mut UnixSocketOptionsImage)| {
+        let mut t = good.clone();
+        f(t.unix_socket_options.as_mut().unwrap());
+        let want = |e: &ImageError| matches!(e, ImageError::Invalid(m) if m.contains("unix socket options section"));
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(want(&e), "{e:?}");
+        let e = read_stream(&mut Cursor::new(&stream_of(&inv, &t, None, &pages)), None);
+        assert!(want(&e.unwrap_err()));
+    };
+    bad(&|o| o.sockets[0].ino = 78);
+    bad(&|o| {
+        let again = o.sockets[0].clone();
+        o.sockets.push(again)
+    });
+    bad(&|o| o.sockets[0].options[4].name = 50);
+    bad(&|o| o.sockets[0].options[4].level = 6);
+    bad(&|o| o.sockets[0].options[2].value.pop().map_or((), drop));
+    bad(&|o| {
+        let again = o.sockets[0].options[0].clone();
+        o.sockets[0].options.push(again)
+    });
+    bad(&|o| o.sockets[0].options[0].value = 0i32.to_ne_bytes().to_vec());
+    bad(&|o| o.sockets[0].options[0].value = (-4i32).to_ne_bytes().to_vec());
 }

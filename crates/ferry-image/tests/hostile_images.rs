@@ -943,6 +943,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
         unix_in_flight_files: None,
         ptys: None,
         process_attrs: None,
+        unix_socket_options: None,
     };
     (inv, t)
 }

@@ -634,10 +634,10 @@ fn unknown_section_kind() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
     let mut sections = raw.sections.clone();
-    sections.insert(1, (11, vec![1, 2, 3]));
+    sections.insert(1, (12, vec![1, 2, 3]));
     let e = expect_err(&join(&raw.header, &sections));
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 11")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 12")),
         "{e:?}"
     );
 }
@@ -846,6 +846,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
                 ProcessAttrs::default(),
             ],
         }),
+        unix_socket_options: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

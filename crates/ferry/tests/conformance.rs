@@ -611,6 +611,7 @@ conformance! {
     mem_memfd_sealed_write,
     proc_exe_deleted,
     sock_unix_peer_closed,
+    sock_unix_opts,
     sock_unix_scm_orphan,
     mem_madvise_flags,
     proc_chroot,

@@ -972,7 +972,12 @@ fn refuses_an_fd_owned_by_a_process_outside_the_tree() {
 
 #[test]
 fn refuses_a_unix_socket_with_passsec_and_leaves_it_running() {
-    assert_refused("tests/guarantees/unix_passsec.c", &["fd 3", "SO_PASSSEC"]);
+    assert_refused("tests/guarantees/unix_passsec.c", &["fd 3", "SO_PASSSEC", "queued"]);
+    assert_refused_args(
+        "tests/guarantees/unix_passsec.c",
+        &["pidfd"],
+        &["fd 3", "SO_PASSPIDFD", "queued"],
+    );
 }
 
 #[test]
@@ -1508,6 +1513,35 @@ fn a_restore_with_a_fault_is_stopped_by_its_check(
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
+/// The same for a unix socket's option (format 4.8): SO_MARK left unset
+/// on the stream end of tests/conformance/sock_unix_opts.c (fd 3, mark
+/// 0x100) fails the restore naming it; the image restores afterwards.
+#[test]
+fn the_restores_own_check_catches_a_lost_unix_socket_option() {
+    require_root!();
+    let mut c = Case::new("restore-check-unix");
+    let prog = c.compile("tests/conformance/sock_unix_opts.c");
+    let pid = c.start(&prog);
+    let out = c.checkpoint(pid, &[]);
+    assert!(out.status.success(), "checkpoint: {}", stderr(&out));
+    let _ = c.children[0].wait();
+    let images = c.images();
+    let restore = Command::new(FERRY)
+        .args(["restore", "--images"])
+        .arg(&images)
+        .env("FERRY_FAULT_SKIP_SOCKET_OPTION", format!("{}/{}", libc::SOL_SOCKET, libc::SO_MARK))
+        .output()
+        .expect("run ferry restore");
+    let err = stderr(&restore);
+    assert!(!restore.status.success(), "a restore that lost SO_MARK succeeded");
+    for want in ["fd 3 (unix socket)", "SO_MARK", "is 0 after restore, the image has 256"] {
+        assert!(err.contains(want), "the failure should say {want:?}: {err}");
+    }
+    assert!(!exists(pid), "the restored copy of pid {pid} still runs after the failed check");
+    assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "{}", c.log());
+    assert!(c.log().contains("PASS"), "{}", c.log());
+}
+
 /// PIDs of processes whose command line names `needle` (an image
 /// directory or program path unique to one case): the trial's helper is a
 /// fork of `ferry checkpoint` and carries its command line.
@@ -1640,7 +1674,23 @@ fn refuses_a_multicast_membership_and_leaves_it_running() {
 
 #[test]
 fn refuses_unix_socket_options_and_leaves_them_running() {
-    assert_sockopt_refused("unixbuf", &["SO_SNDBUF"]);
+    assert_sockopt_refused("unixnew", &["SO_TIMESTAMP_NEW"]);
+}
+
+/// Options of TCP and UDP sockets ferry does not restore, one program
+/// mode each (tests/guarantees/sockopt_refused.c).
+#[test]
+fn refuses_ip_and_tcp_socket_options_and_leaves_them_running() {
+    for (mode, option) in [
+        ("ipopts", "IP_OPTIONS"),
+        ("tfo_connect", "TCP_FASTOPEN_CONNECT"),
+        ("tfo_nocookie", "TCP_FASTOPEN_NO_COOKIE"),
+        ("tfo_key", "TCP_FASTOPEN_KEY"),
+        ("txrehash", "SO_TXREHASH"),
+        ("tcp_peekoff", "SO_PEEK_OFF"),
+    ] {
+        assert_sockopt_refused(mode, &[option]);
+    }
 }
 
 /// tests/guarantees/fd_refusals.c in one of its modes: descriptor states

@@ -45,6 +45,7 @@ pub(super) fn pages_and_metadata(
         unix_creds,
         unix_dead,
         unix_in_flight_files,
+        unix_options,
         ptys,
         ..
     } = survey;
@@ -78,6 +79,9 @@ pub(super) fn pages_and_metadata(
             .then_some(ferry_image::UnixInFlightFilesImage { files: unix_in_flight_files }),
         ptys,
         process_attrs,
+        // Written only when there is one: the section is format 4.8's.
+        unix_socket_options: (!unix_options.is_empty())
+            .then_some(ferry_image::UnixSocketOptionsImage { sockets: unix_options }),
         ..Default::default()
     };
     if let Some(view) = &pid_view {

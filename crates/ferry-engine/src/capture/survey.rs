@@ -37,6 +37,8 @@ pub(super) struct Survey {
     unix_dead: Vec<UnixDeadPeer>,
     /// Files in flight in its unix queues that no process of the tree holds.
     unix_orphans: Vec<files::unix::Orphan>,
+    /// Options of its unix sockets that restore sets.
+    unix_options: Vec<ferry_image::UnixSocketOptions>,
     /// Ferry's duplicates of its TCP connections, by fd, for the repair
     /// capture ([`files::KeptDups`]).
     pub kept: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
@@ -69,6 +71,8 @@ pub(super) struct TreeSurvey {
     pub unix_dead: Vec<UnixDeadPeer>,
     /// Files in flight in the tree's unix queues that no process holds.
     pub unix_in_flight_files: Vec<ferry_image::InFlightFile>,
+    /// Options of the tree's unix sockets that restore sets, each once.
+    pub unix_options: Vec<ferry_image::UnixSocketOptions>,
     pub shared_anon: Vec<ferry_image::MemfdObject>,
     pub sysv_shm: Vec<ferry_image::SysvShm>,
     pub sysv_sem: Vec<ferry_image::SysvSem>,
@@ -136,6 +140,11 @@ pub(super) fn survey_tree(
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
     let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
     let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
+    // A socket shared by several processes was read once by each.
+    let mut unix_options: Vec<ferry_image::UnixSocketOptions> =
+        procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_options)).collect();
+    unix_options.sort_by_key(|o| o.ino);
+    unix_options.dedup_by_key(|o| o.ino);
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
@@ -149,6 +158,7 @@ pub(super) fn survey_tree(
         unix_creds,
         unix_dead,
         unix_in_flight_files,
+        unix_options,
         shared_anon,
         sysv_shm,
         sysv_sem: sysv_ipc::capture_sem(&pids)?,
@@ -216,6 +226,7 @@ fn survey_process(
         unix_creds,
         unix_dead,
         unix_orphans,
+        unix_options,
         mut kept,
     } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
@@ -258,6 +269,7 @@ fn survey_process(
         unix_creds,
         unix_dead,
         unix_orphans,
+        unix_options,
         kept,
     })
 }

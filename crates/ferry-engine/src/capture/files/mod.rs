@@ -18,6 +18,7 @@ mod signalfd;
 pub(crate) mod tcp;
 mod timerfd;
 pub(crate) mod unix;
+mod unix_options;
 
 use crate::error::{EngineError, Result};
 use crate::procfs;
@@ -171,6 +172,8 @@ pub struct CapturedFds {
     pub unix_dead: Vec<ferry_image::UnixDeadPeer>,
     /// Files in flight in its unix queues that no process of the tree holds.
     pub unix_orphans: Vec<unix::Orphan>,
+    /// Options of its unix sockets that restore sets.
+    pub unix_options: Vec<ferry_image::UnixSocketOptions>,
     /// Ferry's duplicates of its inet sockets, by fd ([`KeptDups`]).
     pub kept: std::collections::HashMap<i32, OwnedFd>,
 }
@@ -353,6 +356,7 @@ pub fn capture(
     let unix_creds = unix_tables.take_peer_creds();
     let unix_dead = unix_tables.take_dead_peers();
     let unix_orphans = unix_tables.take_orphans();
+    let unix_options = unix_tables.take_options();
     // The infos borrow the kept duplicates' table.
     drop(unique);
     drop(infos);
@@ -366,6 +370,7 @@ pub fn capture(
         unix_creds,
         unix_dead,
         unix_orphans,
+        unix_options,
     })
 }
 

@@ -314,6 +314,7 @@ pub struct UnixTables(
     std::sync::Mutex<Vec<ferry_image::UnixPeerCred>>,
     std::sync::Mutex<Vec<ferry_image::UnixDeadPeer>>,
     std::sync::Mutex<Vec<Orphan>>,
+    std::sync::Mutex<Vec<ferry_image::UnixSocketOptions>>,
 );
 
 /// A file in flight in a unix queue that no process of the tree holds,
@@ -349,6 +350,10 @@ impl UnixTables {
     /// Every connected socket found whose peer was closed.
     pub fn take_dead_peers(&self) -> Vec<ferry_image::UnixDeadPeer> {
         std::mem::take(&mut *locked(&self.4))
+    }
+    /// The options of every socket found that has any restore sets.
+    pub fn take_options(&self) -> Vec<ferry_image::UnixSocketOptions> {
+        std::mem::take(&mut *locked(&self.6))
     }
     /// Inodes of the listeners found with one connection waiting.
     pub fn take_listeners_with_pending(&self) -> Vec<u64> {
@@ -426,6 +431,10 @@ pub fn capture(info: &FdInfo, sock_type: i32) -> Result<FileKind> {
     } else {
         Queue::default()
     };
+    let options = super::unix_options::read(info, s.fd, ino, !queue.messages.is_empty())?;
+    if !options.options.is_empty() {
+        locked(&info.unix_tables.6).push(options);
+    }
     if let Some(d) = dead {
         if !queue.in_flight.is_empty() {
             return Err(info.unsupported("its peer was closed and its queue holds descriptors or credentials in flight (SCM_RIGHTS, SCM_CREDENTIALS) from that peer; such a queue is not restored"));
@@ -681,15 +690,6 @@ impl Probe<'_> {
                 "{} bytes of datagrams queued to read on a unix socket that is not one end of a connected pair: their senders are not recorded",
                 self.me.rqueue
             )));
-        }
-        // The image keeps no options of a unix socket besides SO_PASSCRED: one
-        // that asks for security labels would come back without it, silently.
-        if ferry_sys::socket::getsockopt_int(self.fd, libc::SOL_SOCKET, libc::SO_PASSSEC)
-            .is_ok_and(|v| v != 0)
-        {
-            return Err(
-                info.unsupported("SO_PASSSEC is on (a unix socket's SO_PASSSEC is not restored)")
-            );
         }
         Ok(())
     }

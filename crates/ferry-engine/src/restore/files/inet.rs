@@ -48,7 +48,7 @@ pub(crate) fn apply_option(pid: i32, fd: RawFd, o: &SockOpt) -> Result<()> {
 /// Fault injection for tests: `FERRY_FAULT_SKIP_SOCKET_OPTION=LEVEL/NAME`
 /// leaves that option unset, the very bug the restore's own check
 /// (`restore/verify`) must catch before the tree runs.
-fn fault_skips(o: &SockOpt) -> bool {
+pub(crate) fn fault_skips(o: &SockOpt) -> bool {
     std::env::var("FERRY_FAULT_SKIP_SOCKET_OPTION")
         .is_ok_and(|v| v == format!("{}/{}", o.level, o.name))
 }

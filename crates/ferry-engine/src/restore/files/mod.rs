@@ -24,6 +24,7 @@ mod timerfd;
 pub(crate) mod unix;
 mod unix_dead;
 pub(crate) mod unix_late;
+mod unix_options;
 
 use crate::error::{EngineError, Result};
 use crate::inject::Call;
@@ -304,9 +305,11 @@ pub(crate) fn make_unix_late(
 }
 
 /// Sends the unix queues that hold descriptors or credentials in flight,
-/// once every process of the tree exists.
+/// once every process of the tree exists; then, every unix queue being
+/// written, sets the unix sockets' options.
 pub fn send_unix_in_flight(tree: &TreeImage, staged: &HashMap<u64, OwnedFd>) -> Result<()> {
-    unix::send_in_flight(tree, staged)
+    unix::send_in_flight(tree, staged)?;
+    unix_options::apply_all(tree, staged)
 }
 
 /// The injected calls that give a process its fd table: everything below

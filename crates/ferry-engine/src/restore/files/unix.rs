@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::unix_remake::{remake_of, show, Remake};
 use ferry_image::{FileKind, TreeImage, UnixSocket};
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -56,17 +56,11 @@ fn listen(
 }
 
 pub(super) fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool) -> Result<()> {
+    let mut left: usize = msgs.iter().map(Vec::len).sum();
     for m in msgs {
         let mut off = 0;
         loop {
-            let n = ferry_sys::unix::send(
-                from.as_raw_fd(),
-                &m[off..],
-                &[],
-                None,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-            .map_err(|e| {
+            let n = send_growing(from, &m[off..], &[], None, left).map_err(|e| {
                 EngineError::kernel(
                     pid,
                     format!("refilling a unix socket queue ({} bytes)", m.len()),
@@ -74,12 +68,44 @@ pub(super) fn send_all(pid: i32, from: &OwnedFd, msgs: &[Vec<u8>], stream: bool)
                 )
             })?;
             off += n;
+            left -= n;
             if !stream || off >= m.len() {
+                left -= m.len() - off;
                 break;
             }
         }
     }
     Ok(())
+}
+
+const SO_SNDBUFFORCE: i32 = 32;
+
+/// One send of a queue being written again, `left` bytes of it still to
+/// go. The kernel charges queued data to its sender: the tree's sender
+/// may have had a larger send buffer than a new socket's default, so a
+/// full buffer is grown (by twice what is left, and 64 KiB for the
+/// buffer heads) and the send tried again. `unix_options` sets the
+/// recorded size back once every queue is written.
+pub(super) fn send_growing(
+    from: &OwnedFd,
+    data: &[u8],
+    fds: &[RawFd],
+    creds: Option<ferry_sys::unix::Creds>,
+    left: usize,
+) -> ferry_sys::SysResult<usize> {
+    let fd = from.as_raw_fd();
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    match ferry_sys::unix::send(fd, data, fds, creds, flags) {
+        Err(e) if e.errno == libc::EAGAIN => {
+            let now = ferry_sys::socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)?;
+            let want =
+                (now as usize).saturating_add(left.saturating_mul(2)).saturating_add(1 << 16);
+            let half = i32::try_from(want / 2).unwrap_or(i32::MAX / 2);
+            ferry_sys::socket::setsockopt_int(fd, libc::SOL_SOCKET, SO_SNDBUFFORCE, half)?;
+            ferry_sys::unix::send(fd, data, fds, creds, flags)
+        }
+        r => r,
+    }
 }
 
 pub(super) fn bind_name(pid: i32, fd: &OwnedFd, name: &[u8]) -> Result<()> {
@@ -721,24 +747,13 @@ fn send_queue(
                 creds
             )
         };
-        let mut off = ferry_sys::unix::send(
-            from.as_raw_fd(),
-            m,
-            &fds,
-            creds,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-        .map_err(|e| EngineError::kernel(pid, what(), e))?;
+        let left: usize = u.queued[i..].iter().map(Vec::len).sum();
+        let mut off = send_growing(from, m, &fds, creds, left)
+            .map_err(|e| EngineError::kernel(pid, what(), e))?;
         // The rest of a long stream message goes without descriptors, as the kernel sent it.
         while off < m.len() && u.sock_type == libc::SOCK_STREAM {
-            off += ferry_sys::unix::send(
-                from.as_raw_fd(),
-                &m[off..],
-                &[],
-                creds,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-            .map_err(|e| EngineError::kernel(pid, what(), e))?;
+            off += send_growing(from, &m[off..], &[], creds, left - off)
+                .map_err(|e| EngineError::kernel(pid, what(), e))?;
         }
     }
     Ok(())

@@ -93,6 +93,7 @@ pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd
         r
     };
     let tree_pids: std::collections::HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
+    let unix = sockets::unix_options(tree);
     for (i, p) in tree.processes.iter().enumerate() {
         timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
         let attrs = crate::restore::process::attrs_of(tree, p);
@@ -100,7 +101,7 @@ pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd
         timed(1, &mut || threads::compare(p, &mut found))?;
         timed(2, &mut || memory::compare(p, &mut found))?;
         timed(3, &mut || fds::compare(p, connections, &mut found))?;
-        timed(4, &mut || sockets::compare(p, connections, &mut found))?;
+        timed(4, &mut || sockets::compare(p, &unix, connections, &mut found))?;
     }
     tracing::debug!(
         "restore check: process {:?}, threads {:?}, mappings {:?}, fds {:?}, socket options {:?}",
