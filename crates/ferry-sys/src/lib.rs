@@ -13,6 +13,7 @@ pub mod clone;
 pub mod epoll;
 pub mod error;
 pub mod fd;
+pub mod file_iter;
 pub mod inotify;
 pub mod lock;
 pub mod netns;

@@ -5,7 +5,7 @@
 //! parallel lists by index.
 
 use super::{cgroups, files, memfd, memory, namespaces, prctl, seccomp, sharing, shm, sysv_ipc};
-use super::{tree::FrozenTree, vma_flags, CaptureOptions};
+use super::{socket_refs, tree::FrozenTree, vma_flags, CaptureOptions};
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote};
@@ -136,6 +136,7 @@ pub(super) fn survey_tree(
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
     let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
     let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
+    socket_refs::check(&procs, &share_files)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;

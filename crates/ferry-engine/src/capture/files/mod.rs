@@ -12,7 +12,7 @@ pub(crate) mod owner;
 mod pipe;
 pub(crate) mod pty;
 mod regular;
-mod socket_preconditions;
+pub(crate) mod socket_preconditions;
 pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;

@@ -9,7 +9,9 @@
 //!   while its fd stays open: its unread bytes and EOF;
 //! - shutdown(SHUT_RD) on an established connection or a UDP socket;
 //! - an unread urgent byte (TCP MSG_OOB, also with SO_OOBINLINE; unix
-//!   stream MSG_OOB);
+//!   stream MSG_OOB), and an urgent byte sent that the peer has not
+//!   acknowledged yet (its send queue's urgent pointer, read by
+//!   [`crate::capture::socket_refs`]: nothing else shows it);
 //! - a TCP_MAXSEG value setsockopt does not accept (a closed socket
 //!   reports the MSS of its last connection);
 //! - UDP bytes corked in the send queue (UDP_CORK or MSG_MORE);
@@ -230,6 +232,23 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
         "a connection in TIME_WAIT holds {tw} and the socket has no SO_REUSEADDR: restore could not bind {} until it ends (at most a minute)",
         s.local
     )))
+}
+
+/// A TCP connection whose send side is in urgent mode (`snd_up` is not
+/// `snd_una`: an urgent byte sent with MSG_OOB, not acknowledged yet).
+/// Repair mode reads the send queue as plain bytes, so a connection made
+/// again would send the urgent byte inline.
+pub(crate) fn check_urgent_sent(pid: i32, fd: i32, ino: u64, una: u32, up: u32) -> Result<()> {
+    if up == una {
+        return Ok(());
+    }
+    Err(EngineError::unsupported(
+        pid,
+        format!("fd {fd} (socket:[{ino}])"),
+        format!(
+            "an urgent byte (MSG_OOB) sent and not acknowledged by the peer yet is in its send queue (urgent pointer {up}, unacknowledged from {una}), and a connection made again would send it inline"
+        ),
+    ))
 }
 
 /// A unix stream socket with an unread MSG_OOB byte: a socket made again
