@@ -234,13 +234,15 @@ pub(super) fn check(procs: &[Survey], share_files: &[i32]) -> Result<()> {
     let Some(prog) = program() else { return Ok(()) };
     let started = std::time::Instant::now();
     let (mut counts, tcp) = read_tables(prog, procs, share_files)?;
-    if first_outside(&counts).is_some() {
+    let again = first_outside(&counts).is_some();
+    if again {
         counts = read_tables(prog, procs, share_files)?.0;
     }
     tracing::debug!(
-        "socket references and urgent pointers of {} sockets read in {:.2} ms",
+        "socket references and urgent pointers of {} sockets read in {:.2} ms{}",
         counts.len(),
-        started.elapsed().as_secs_f64() * 1e3
+        started.elapsed().as_secs_f64() * 1e3,
+        if again { " (read twice: a count was above what the tree and ferry hold)" } else { "" }
     );
     for (pid, f) in &tcp {
         check_urgent_sent(*pid, f.fd, f.ino, f.snd_una, f.snd_up)?;
