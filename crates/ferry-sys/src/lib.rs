@@ -29,6 +29,7 @@ pub mod signal;
 pub mod sockdiag;
 pub mod socket;
 pub mod sysv;
+pub mod tcp_iter;
 pub mod tty;
 pub mod uffd;
 pub mod unix;

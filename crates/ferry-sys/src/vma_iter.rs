@@ -218,7 +218,12 @@ pub(crate) fn load_iter(
     bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD)").map_err(|error| {
         let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
             .into_owned();
-        let verifier = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+        let verifier = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.starts_with("processed "))
+            .unwrap_or("")
+            .to_string();
         LoadRefused { error: SysError::new(what, error.errno), verifier }
     })
 }
@@ -235,6 +240,20 @@ pub(crate) fn open_task_iter(prog: &OwnedFd, tid: i32) -> SysResult<std::fs::Fil
         ..Default::default()
     };
     let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, task iterator)")?;
+    let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
+    let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
+    Ok(std::fs::File::from(iter))
+}
+
+/// An iterator of `prog` over what its target walks without parameters
+/// (the TCP sockets of the calling thread's network namespace).
+pub(crate) fn open_iter(prog: &OwnedFd) -> SysResult<std::fs::File> {
+    let mut link_attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_TRACE_ITER,
+        ..Default::default()
+    };
+    let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, iterator)")?;
     let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
     let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
     Ok(std::fs::File::from(iter))

@@ -408,6 +408,18 @@ fn refuses_a_listener_without_so_reuseaddr_whose_port_is_in_time_wait() {
     );
 }
 
+/// The listener has SO_REUSEADDR, but set it only after accepting the
+/// connection now in TIME_WAIT, which has none: bind(2) refuses a socket
+/// with SO_REUSEADDR beside it (restore failed with EADDRINUSE after the
+/// kill). sock_diag does not show the flag; the BPF tcp iterator does.
+#[test]
+fn refuses_a_listener_whose_port_is_in_time_wait_from_a_socket_without_so_reuseaddr() {
+    refused_socket_state(
+        "time_wait_reuse_later",
+        &["fd 3 (socket:[", "in TIME_WAIT holds 127.0.0.1:", "without SO_REUSEADDR", "try again"],
+    );
+}
+
 #[test]
 fn refuses_a_tcp_connection_in_flight_that_the_sender_still_holds() {
     refused_socket_state(

@@ -16,6 +16,7 @@ pub(crate) mod socket_preconditions;
 pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
+mod time_wait;
 mod timerfd;
 pub(crate) mod unix;
 

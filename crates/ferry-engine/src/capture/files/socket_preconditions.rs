@@ -19,7 +19,8 @@
 //!   EADDRNOTAVAIL);
 //! - a listening or bound TCP socket without SO_REUSEADDR whose port
 //!   has a connection in TIME_WAIT (restore's bind gets EADDRINUSE until
-//!   it ends);
+//!   it ends), or with SO_REUSEADDR when that connection's socket had
+//!   none (read by [`super::time_wait`]);
 //! - an established TCP connection in flight in a unix queue while a
 //!   process of the tree holds it too (connections are remade after the
 //!   queues are refilled).
@@ -50,6 +51,9 @@ const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
     time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
+    /// iterator's; none when the kernel refuses it).
+    time_wait_no_reuse: Mutex<Option<Arc<Vec<SocketAddr>>>>,
     local: Mutex<HashMap<IpAddr, bool>>,
 }
 
@@ -207,8 +211,11 @@ fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
 /// port again while a TIME_WAIT connection holds it.
 fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     let rebinds = s.tcp && (s.state == TCP_LISTEN || s.state == TCP_CLOSE) && s.local.port() != 0;
-    if !rebinds || s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
+    if !rebinds {
         return Ok(());
+    }
+    if s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
+        return check_time_wait_without_reuse(info, s);
     }
     let cached = locked(&info.socket_tables.time_wait).clone();
     let tws = match cached {
@@ -230,6 +237,31 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     };
     Err(info.busy(format!(
         "a connection in TIME_WAIT holds {tw} and the socket has no SO_REUSEADDR: restore could not bind {} until it ends (at most a minute)",
+        s.local
+    )))
+}
+
+/// A socket with SO_REUSEADDR binds beside a TIME_WAIT connection only
+/// when that connection's socket had it too: one accepted while the
+/// listener lacked it (set later) holds the port for restore's bind.
+fn check_time_wait_without_reuse(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    let cached = locked(&info.socket_tables.time_wait_no_reuse).clone();
+    let tws = match cached {
+        Some(t) => t,
+        None => {
+            let ns = netns(info)?;
+            let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
+            let t: Arc<Vec<SocketAddr>> =
+                Arc::new(all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect());
+            *locked(&info.socket_tables.time_wait_no_reuse) = Some(t.clone());
+            t
+        }
+    };
+    let Some(tw) = tws.iter().find(|tw| holds_port(s.local, **tw)) else {
+        return Ok(());
+    };
+    Err(info.busy(format!(
+        "a connection in TIME_WAIT holds {tw} and was made by a socket without SO_REUSEADDR (accepted before the listener set it): restore could not bind {} until it ends (at most a minute)",
         s.local
     )))
 }
