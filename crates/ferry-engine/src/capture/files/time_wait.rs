@@ -78,9 +78,16 @@ fn load_program() -> std::result::Result<TcpIterProgram, String> {
 /// when the kernel refused the program (logged once).
 pub(super) fn time_wait_in(pid: i32, ns: BorrowedFd) -> Result<Option<Vec<TimeWait>>> {
     let Some(prog) = program() else { return Ok(None) };
-    ferry_sys::sockdiag::in_netns(ns, || prog.time_wait()).map(Some).map_err(|e| {
+    let started = std::time::Instant::now();
+    let tws = ferry_sys::sockdiag::in_netns(ns, || prog.time_wait()).map_err(|e| {
         EngineError::kernel(pid, "listing TIME_WAIT connections (BPF tcp iterator)", e)
-    })
+    })?;
+    tracing::debug!(
+        "pid {pid}: {} TIME_WAIT connections read in {:.2} ms",
+        tws.len(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(Some(tws))
 }
 
 #[cfg(test)]
