@@ -24,9 +24,9 @@
 //! nothing is refused and the capture says so in its log.
 
 use super::files::socket_preconditions::check_urgent_sent;
-use super::survey::Survey;
 use crate::error::{EngineError, Result};
-use ferry_image::FileKind;
+use crate::procfs::MapsEntry;
+use ferry_image::{FdSlot, FileKind, OpenFile};
 use ferry_sys::file_iter::{FileIterLayout, FileIterProgram, SocketFile};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -103,6 +103,15 @@ impl Count {
     }
 }
 
+/// What the check reads of one surveyed process.
+pub(super) struct Survey<'a> {
+    pub pid: i32,
+    pub ppid: i32,
+    pub files: &'a [OpenFile],
+    pub fds: &'a [FdSlot],
+    pub smaps: &'a [MapsEntry],
+}
+
 /// The process whose fd table `pid` uses: itself, or the nearest parent
 /// it shares its table with (CLONE_FILES).
 fn table_owner(pid: i32, procs: &[Survey], share_files: &[i32]) -> i32 {
@@ -121,7 +130,7 @@ fn table_owner(pid: i32, procs: &[Survey], share_files: &[i32]) -> i32 {
 
 /// The tree's sockets that may be counted: not declared the outside
 /// world's (`--external-stdio`).
-fn checked_fds(s: &Survey) -> HashMap<i32, &FileKind> {
+fn checked_fds<'a>(s: &Survey<'a>) -> HashMap<i32, &'a FileKind> {
     s.fds
         .iter()
         .filter_map(|slot| Some((slot.fd, &s.files.get(slot.file as usize)?.kind)))
@@ -182,7 +191,7 @@ fn count_in_flight(
 ) {
     let mut queues = std::collections::HashSet::new();
     for s in procs {
-        for f in &s.files {
+        for f in s.files {
             let FileKind::UnixSocket(u) = &f.kind else { continue };
             if !queues.insert(u.ino) {
                 continue;
@@ -202,7 +211,7 @@ fn count_in_flight(
 fn count_mapped(procs: &[Survey], counts: &mut HashMap<u64, Count>) {
     let mapped: Vec<u64> = procs
         .iter()
-        .flat_map(|s| &s.smaps)
+        .flat_map(|s| s.smaps)
         .filter(|m| m.path.starts_with("socket:["))
         .map(|m| m.inode)
         .collect();
@@ -226,7 +235,7 @@ fn first_outside(counts: &HashMap<u64, Count>) -> Option<&Count> {
 pub(super) fn check(procs: &[Survey], share_files: &[i32]) -> Result<()> {
     let has_sockets = procs
         .iter()
-        .flat_map(|s| &s.files)
+        .flat_map(|s| s.files)
         .any(|f| matches!(f.kind, FileKind::InetSocket(_) | FileKind::UnixSocket(_)));
     if !has_sockets {
         return Ok(());

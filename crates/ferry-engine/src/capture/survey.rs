@@ -136,7 +136,17 @@ pub(super) fn survey_tree(
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
     let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
     let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
-    socket_refs::check(&procs, &share_files)?;
+    let views: Vec<socket_refs::Survey> = procs
+        .iter()
+        .map(|s| socket_refs::Survey {
+            pid: s.pid,
+            ppid: s.ppid,
+            files: &s.files,
+            fds: &s.fds,
+            smaps: &s.smaps,
+        })
+        .collect();
+    socket_refs::check(&views, &share_files)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
