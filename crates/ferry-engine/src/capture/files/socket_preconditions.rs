@@ -207,63 +207,66 @@ fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
-/// A listening or bound TCP socket without SO_REUSEADDR cannot bind its
-/// port again while a TIME_WAIT connection holds it.
+/// A listening or bound TCP socket cannot bind its port again while a
+/// TIME_WAIT connection holds it, unless both it and the connection's
+/// socket had SO_REUSEADDR: one accepted while the listener lacked it
+/// (set later) has none, which only the BPF tcp iterator shows.
 fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     let rebinds = s.tcp && (s.state == TCP_LISTEN || s.state == TCP_CLOSE) && s.local.port() != 0;
     if !rebinds {
         return Ok(());
     }
-    if s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
-        return check_time_wait_without_reuse(info, s);
-    }
-    let cached = locked(&info.socket_tables.time_wait).clone();
-    let tws = match cached {
-        Some(t) => t,
-        None => {
-            let ns = netns(info)?;
-            let all = ferry_sys::sockdiag::tcp_sockets_in(ns.as_fd())
-                .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?;
-            const TCP_TIME_WAIT: u8 = 6;
-            let t: Arc<Vec<SocketAddr>> = Arc::new(
-                all.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect(),
-            );
-            *locked(&info.socket_tables.time_wait) = Some(t.clone());
-            t
-        }
-    };
-    let Some(tw) = tws.iter().find(|tw| holds_port(s.local, **tw)) else {
+    let tws = time_wait(info, &info.socket_tables.time_wait, false)?;
+    if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
         return Ok(());
+    }
+    let reuse = s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR);
+    let holding = if reuse {
+        time_wait(info, &info.socket_tables.time_wait_no_reuse, true)?
+            .iter()
+            .find(|tw| holds_port(s.local, **tw))
+            .copied()
+    } else {
+        tws.iter().find(|tw| holds_port(s.local, **tw)).copied()
+    };
+    let Some(tw) = holding else { return Ok(()) };
+    let whose = if reuse {
+        "was made by a socket without SO_REUSEADDR (accepted before the listener set it)"
+    } else {
+        "the socket has no SO_REUSEADDR"
     };
     Err(info.busy(format!(
-        "a connection in TIME_WAIT holds {tw} and the socket has no SO_REUSEADDR: restore could not bind {} until it ends (at most a minute)",
+        "a connection in TIME_WAIT holds {tw} and {whose}: restore could not bind {} until it ends (at most a minute)",
         s.local
     )))
 }
 
-/// A socket with SO_REUSEADDR binds beside a TIME_WAIT connection only
-/// when that connection's socket had it too: one accepted while the
-/// listener lacked it (set later) holds the port for restore's bind.
-fn check_time_wait_without_reuse(info: &FdInfo, s: &InetFacts) -> Result<()> {
-    let cached = locked(&info.socket_tables.time_wait_no_reuse).clone();
-    let tws = match cached {
-        Some(t) => t,
-        None => {
-            let ns = netns(info)?;
-            let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
-            let t: Arc<Vec<SocketAddr>> =
-                Arc::new(all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect());
-            *locked(&info.socket_tables.time_wait_no_reuse) = Some(t.clone());
-            t
-        }
+/// The local ends of the TIME_WAIT connections of the process's network
+/// namespace (only those made without SO_REUSEADDR with `no_reuse`: the
+/// BPF tcp iterator's, none when the kernel refuses it), read once into
+/// `cache`.
+fn time_wait(
+    info: &FdInfo,
+    cache: &Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    no_reuse: bool,
+) -> Result<Arc<Vec<SocketAddr>>> {
+    if let Some(t) = locked(cache).clone() {
+        return Ok(t);
+    }
+    let ns = netns(info)?;
+    let found: Vec<SocketAddr> = if no_reuse {
+        let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
+        all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect()
+    } else {
+        ferry_sys::sockdiag::tcp_time_wait_in(ns.as_fd())
+            .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?
+            .iter()
+            .map(|d| d.local)
+            .collect()
     };
-    let Some(tw) = tws.iter().find(|tw| holds_port(s.local, **tw)) else {
-        return Ok(());
-    };
-    Err(info.busy(format!(
-        "a connection in TIME_WAIT holds {tw} and was made by a socket without SO_REUSEADDR (accepted before the listener set it): restore could not bind {} until it ends (at most a minute)",
-        s.local
-    )))
+    let t = Arc::new(found);
+    *locked(cache) = Some(t.clone());
+    Ok(t)
 }
 
 /// A TCP connection whose send side is in urgent mode (`snd_up` is not
