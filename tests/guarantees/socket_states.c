@@ -10,6 +10,9 @@
  *   tcp_disconnected  connected, then connect(AF_UNSPEC): connects again
  *   time_wait         a listener without SO_REUSEADDR whose port has a
  *                     TIME_WAIT connection: still accepts
+ *   time_wait_reuse_later  the same, but the listener set SO_REUSEADDR
+ *                     after it accepted that connection (which has none):
+ *                     still accepts
  *   tcp_in_flight     an established connection in flight (SCM_RIGHTS)
  *                     while the sender still holds it: received, carries data
  *   addr_deleted      (in a network namespace of its own) a UDP socket bound
@@ -197,8 +200,12 @@ static void setup_tcp(void)
 		FT_SYS(connect(a, &sa, sizeof(sa)));
 		close(b);
 		wait_state(a, TCP_CLOSE, "disconnected end");
-	} else if (strcmp(mode, "time_wait") == 0) {
+	} else if (strcmp(mode, "time_wait") == 0 || strcmp(mode, "time_wait_reuse_later") == 0) {
 		tcp_pair();
+		if (strcmp(mode, "time_wait_reuse_later") == 0) {
+			int on = 1;
+			FT_SYS(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)));
+		}
 		/* The server closes first: its end waits in TIME_WAIT on l's port. */
 		close(b);
 		wait_state(a, TCP_CLOSE_WAIT, "client");
@@ -336,7 +343,7 @@ static void check_tcp(void)
 		FT_CHECK(connect(a, (struct sockaddr *)&laddr, sizeof(laddr)) == 0, "connecting again: %s",
 			 strerror(errno));
 		close(accept(l, NULL, NULL));
-	} else if (strcmp(mode, "time_wait") == 0) {
+	} else if (strcmp(mode, "time_wait") == 0 || strcmp(mode, "time_wait_reuse_later") == 0) {
 		connects_to_l();
 	} else if (strcmp(mode, "tcp_in_flight") == 0) {
 		int got = recv_fd(extra);

@@ -156,6 +156,11 @@ impl Btf {
         self.member_bits(id, name, 0).filter(|b| b % 8 == 0).map(|b| b / 8)
     }
 
+    /// Bit offset of member `name` (a bitfield too) in `id`.
+    pub fn member_bit_offset(&self, id: u32, name: &str) -> Option<u32> {
+        self.member_bits(id, name, 0)
+    }
+
     fn member_bits(&self, id: u32, name: &str, depth: u32) -> Option<u32> {
         let t = self.types.get(self.resolve(id) as usize)?;
         if depth > 8 || !matches!(t.kind, KIND_STRUCT | KIND_UNION) {

@@ -22,7 +22,7 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_ITER_CREATE: libc::c_long = 33;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 const BPF_TRACE_ITER: u32 = 28;
-const BPF_FUNC_SEQ_WRITE: i32 = 127;
+pub(crate) const BPF_FUNC_SEQ_WRITE: i32 = 127;
 
 /// Where the program finds what it reads, in bytes, and which kernel
 /// function it attaches to.
@@ -51,14 +51,14 @@ pub struct RawVma {
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Insn {
-    code: u8,
+pub(crate) struct Insn {
+    pub(crate) code: u8,
     regs: u8,
-    off: i16,
+    pub(crate) off: i16,
     imm: i32,
 }
 
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+pub(crate) const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     Insn { code, regs: (src << 4) | dst, off, imm }
 }
 
@@ -189,6 +189,76 @@ impl std::fmt::Display for LoadRefused {
     }
 }
 
+/// Loads an iterator program attached to the kernel function
+/// `attach_btf_id`; a refusal carries the last line of the verifier's log.
+pub(crate) fn load_iter(
+    insns: &[Insn],
+    name: &[u8],
+    attach_btf_id: u32,
+    what: &'static str,
+) -> Result<OwnedFd, LoadRefused> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 16 * 1024];
+    let mut prog_name = [0u8; 16];
+    let n = name.len().min(15);
+    prog_name[..n].copy_from_slice(&name[..n]);
+    let mut attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_TRACING,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        prog_name,
+        expected_attach_type: BPF_TRACE_ITER,
+        attach_btf_id,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD)").map_err(|error| {
+        let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+            .into_owned();
+        let verifier = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.starts_with("processed "))
+            .unwrap_or("")
+            .to_string();
+        LoadRefused { error: SysError::new(what, error.errno), verifier }
+    })
+}
+
+/// An iterator of `prog` over the one task `tid` (its fd table or its
+/// address space, whichever the program iterates), as a readable file.
+pub(crate) fn open_task_iter(prog: &OwnedFd, tid: i32) -> SysResult<std::fs::File> {
+    let mut info = IterTaskInfo { tid: tid as u32, ..Default::default() };
+    let mut link_attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_TRACE_ITER,
+        iter_info: &mut info as *mut IterTaskInfo as u64,
+        iter_info_len: std::mem::size_of::<IterTaskInfo>() as u32,
+        ..Default::default()
+    };
+    let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, task iterator)")?;
+    let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
+    let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
+    Ok(std::fs::File::from(iter))
+}
+
+/// An iterator of `prog` over what its target walks without parameters
+/// (the TCP sockets of the calling thread's network namespace).
+pub(crate) fn open_iter(prog: &OwnedFd) -> SysResult<std::fs::File> {
+    let mut link_attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: BPF_TRACE_ITER,
+        ..Default::default()
+    };
+    let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, iterator)")?;
+    let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
+    let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
+    Ok(std::fs::File::from(iter))
+}
+
 /// The loaded iterator program.
 pub struct VmaIterProgram {
     prog: OwnedFd,
@@ -199,50 +269,19 @@ impl VmaIterProgram {
     /// of the verifier's log.
     pub fn load(layout: &IterLayout) -> Result<VmaIterProgram, LoadRefused> {
         let insns = program(layout);
-        let license = c"GPL";
-        let mut log = vec![0u8; 16 * 1024];
-        let mut name = [0u8; 16];
-        name[..10].copy_from_slice(b"ferry_vmas");
-        let mut attr = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_TRACING,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: log.len() as u32,
-            log_buf: log.as_mut_ptr() as u64,
-            prog_name: name,
-            expected_attach_type: BPF_TRACE_ITER,
-            attach_btf_id: layout.attach_btf_id,
-            ..Default::default()
-        };
-        bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD, task_vma iterator)")
-            .map(|prog| VmaIterProgram { prog })
-            .map_err(|error| {
-                let text =
-                    String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
-                        .into_owned();
-                let verifier =
-                    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
-                LoadRefused { error, verifier }
-            })
+        load_iter(
+            &insns,
+            b"ferry_vmas",
+            layout.attach_btf_id,
+            "bpf(BPF_PROG_LOAD, task_vma iterator)",
+        )
+        .map(|prog| VmaIterProgram { prog })
     }
 
     /// Every mapping of process `pid` (its main thread's address space),
     /// in address order.
     pub fn read(&self, pid: i32) -> SysResult<Vec<RawVma>> {
-        let mut info = IterTaskInfo { tid: pid as u32, ..Default::default() };
-        let mut link_attr = LinkCreateAttr {
-            prog_fd: self.prog.as_raw_fd() as u32,
-            attach_type: BPF_TRACE_ITER,
-            iter_info: &mut info as *mut IterTaskInfo as u64,
-            iter_info_len: std::mem::size_of::<IterTaskInfo>() as u32,
-            ..Default::default()
-        };
-        let link = bpf(BPF_LINK_CREATE, &mut link_attr, "bpf(BPF_LINK_CREATE, task_vma iterator)")?;
-        let mut iter_attr = IterCreateAttr { link_fd: link.as_raw_fd() as u32, flags: 0 };
-        let iter = bpf(BPF_ITER_CREATE, &mut iter_attr, "bpf(BPF_ITER_CREATE)")?;
-        let mut file = std::fs::File::from(iter);
+        let mut file = open_task_iter(&self.prog, pid)?;
         // One read returns at most the kernel's iterator buffer (32 KiB,
         // ~1,365 mappings), and on 6.18 a read that resumes where the last
         // one stopped may return the same mappings again and again (seen

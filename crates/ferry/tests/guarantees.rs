@@ -408,6 +408,18 @@ fn refuses_a_listener_without_so_reuseaddr_whose_port_is_in_time_wait() {
     );
 }
 
+/// The listener has SO_REUSEADDR, but set it only after accepting the
+/// connection now in TIME_WAIT, which has none: bind(2) refuses a socket
+/// with SO_REUSEADDR beside it (restore failed with EADDRINUSE after the
+/// kill). sock_diag does not show the flag; the BPF tcp iterator does.
+#[test]
+fn refuses_a_listener_whose_port_is_in_time_wait_from_a_socket_without_so_reuseaddr() {
+    refused_socket_state(
+        "time_wait_reuse_later",
+        &["fd 3 (socket:[", "in TIME_WAIT holds 127.0.0.1:", "without SO_REUSEADDR", "try again"],
+    );
+}
+
 #[test]
 fn refuses_a_tcp_connection_in_flight_that_the_sender_still_holds() {
     refused_socket_state(
@@ -445,6 +457,38 @@ fn refuses_sockets_a_process_outside_the_tree_holds_too() {
 fn refuses_an_unread_tcp_urgent_byte() {
     refused_socket_state("tcp_oob", &["fd 5 (socket:[", "urgent byte (MSG_OOB) is unread"]);
     refused_socket_state("tcp_oob_inline", &["fd 5 (socket:[", "urgent byte (MSG_OOB) is unread"]);
+}
+
+/// An urgent byte sent (MSG_OOB) that the peer has not acknowledged: no
+/// socket option shows the send side's urgent pointer (the BPF file
+/// iterator reads it); a connection made again sent it inline. Refused by
+/// name, and the byte still arrives out of band afterwards.
+#[test]
+fn refuses_an_urgent_byte_in_a_tcp_send_queue() {
+    assert_refused_args(
+        "tests/guarantees/socket_refs.c",
+        &["urgent"],
+        &["fd 4 (socket:[", "urgent byte (MSG_OOB) sent and not acknowledged"],
+    );
+}
+
+/// A listener the child sent (SCM_RIGHTS) to its parent, outside the
+/// tree, which has not received it: no fd table shows that reference
+/// (the BPF file iterator's reference count does). Restored, the copy
+/// could not bind the address the original still holds. Refused by name;
+/// the child runs on and the parent receives the listener and connects.
+#[test]
+fn refuses_a_socket_in_flight_to_a_process_outside_the_tree() {
+    refuses_a_child_of(
+        "tests/guarantees/socket_refs.c",
+        &["in-flight"],
+        &["--parent-sees-exit"],
+        &[
+            "fd 4 (socket:[",
+            "also referenced outside the tree",
+            "in flight in another process's unix socket",
+        ],
+    );
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod seccomp;
 mod sharing;
 mod shm;
 mod signals;
+mod socket_refs;
 mod sockopt_check;
 mod survey;
 mod sysv_ipc;

@@ -5,7 +5,7 @@
 //! parallel lists by index.
 
 use super::{cgroups, files, memfd, memory, namespaces, prctl, seccomp, sharing, shm, sysv_ipc};
-use super::{tree::FrozenTree, vma_flags, CaptureOptions};
+use super::{socket_refs, tree::FrozenTree, vma_flags, CaptureOptions};
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote};
@@ -145,6 +145,17 @@ pub(super) fn survey_tree(
         procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_options)).collect();
     unix_options.sort_by_key(|o| o.ino);
     unix_options.dedup_by_key(|o| o.ino);
+    let views: Vec<socket_refs::Survey> = procs
+        .iter()
+        .map(|s| socket_refs::Survey {
+            pid: s.pid,
+            ppid: s.ppid,
+            files: &s.files,
+            fds: &s.fds,
+            smaps: &s.smaps,
+        })
+        .collect();
+    socket_refs::check(&views, &share_files)?;
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;

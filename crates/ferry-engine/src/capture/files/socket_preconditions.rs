@@ -11,7 +11,9 @@
 //!   and shutdown(SHUT_WR) on a UDP socket or on a TCP socket before its
 //!   connect (read with sock_diag);
 //! - an unread urgent byte (TCP MSG_OOB, also with SO_OOBINLINE; unix
-//!   stream MSG_OOB);
+//!   stream MSG_OOB), and an urgent byte sent that the peer has not
+//!   acknowledged yet (its send queue's urgent pointer, read by
+//!   [`crate::capture::socket_refs`]: nothing else shows it);
 //! - a TCP_MAXSEG value setsockopt does not accept (a closed socket
 //!   reports the MSS of its last connection);
 //! - UDP bytes corked in the send queue (UDP_CORK or MSG_MORE);
@@ -19,7 +21,8 @@
 //!   EADDRNOTAVAIL);
 //! - a listening or bound TCP socket without SO_REUSEADDR whose port
 //!   has a connection in TIME_WAIT (restore's bind gets EADDRINUSE until
-//!   it ends);
+//!   it ends), or with SO_REUSEADDR when that connection's socket had
+//!   none (read by [`super::time_wait`]);
 //! - an established TCP connection in flight in a unix queue while a
 //!   process of the tree holds it too (connections are remade after the
 //!   queues are refilled).
@@ -51,6 +54,9 @@ const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
     time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
+    /// iterator's; none when the kernel refuses it).
+    time_wait_no_reuse: Mutex<Option<Arc<Vec<SocketAddr>>>>,
     local: Mutex<HashMap<IpAddr, bool>>,
     /// Per protocol: inode -> sk_shutdown of the namespace's sockets.
     shutdown: Mutex<HashMap<i32, Arc<HashMap<u32, u8>>>>,
@@ -266,35 +272,83 @@ fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
-/// A listening or bound TCP socket without SO_REUSEADDR cannot bind its
-/// port again while a TIME_WAIT connection holds it.
+/// A listening or bound TCP socket cannot bind its port again while a
+/// TIME_WAIT connection holds it, unless both it and the connection's
+/// socket had SO_REUSEADDR: one accepted while the listener lacked it
+/// (set later) has none, which only the BPF tcp iterator shows.
 fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     let rebinds = s.tcp && (s.state == TCP_LISTEN || s.state == TCP_CLOSE) && s.local.port() != 0;
-    if !rebinds || s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR) {
+    if !rebinds {
         return Ok(());
     }
-    let cached = locked(&info.socket_tables.time_wait).clone();
-    let tws = match cached {
-        Some(t) => t,
-        None => {
-            let ns = netns(info)?;
-            let all = ferry_sys::sockdiag::tcp_sockets_in(ns.as_fd())
-                .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?;
-            const TCP_TIME_WAIT: u8 = 6;
-            let t: Arc<Vec<SocketAddr>> = Arc::new(
-                all.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect(),
-            );
-            *locked(&info.socket_tables.time_wait) = Some(t.clone());
-            t
-        }
-    };
-    let Some(tw) = tws.iter().find(|tw| holds_port(s.local, **tw)) else {
+    let tws = time_wait(info, &info.socket_tables.time_wait, false)?;
+    if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
         return Ok(());
+    }
+    let reuse = s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR);
+    let holding = if reuse {
+        time_wait(info, &info.socket_tables.time_wait_no_reuse, true)?
+            .iter()
+            .find(|tw| holds_port(s.local, **tw))
+            .copied()
+    } else {
+        tws.iter().find(|tw| holds_port(s.local, **tw)).copied()
+    };
+    let Some(tw) = holding else { return Ok(()) };
+    let whose = if reuse {
+        "was made by a socket without SO_REUSEADDR (accepted before the listener set it)"
+    } else {
+        "the socket has no SO_REUSEADDR"
     };
     Err(info.busy(format!(
-        "a connection in TIME_WAIT holds {tw} and the socket has no SO_REUSEADDR: restore could not bind {} until it ends (at most a minute)",
+        "a connection in TIME_WAIT holds {tw} and {whose}: restore could not bind {} until it ends (at most a minute)",
         s.local
     )))
+}
+
+/// The local ends of the TIME_WAIT connections of the process's network
+/// namespace (only those made without SO_REUSEADDR with `no_reuse`: the
+/// BPF tcp iterator's, none when the kernel refuses it), read once into
+/// `cache`.
+fn time_wait(
+    info: &FdInfo,
+    cache: &Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    no_reuse: bool,
+) -> Result<Arc<Vec<SocketAddr>>> {
+    if let Some(t) = locked(cache).clone() {
+        return Ok(t);
+    }
+    let ns = netns(info)?;
+    let found: Vec<SocketAddr> = if no_reuse {
+        let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
+        all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect()
+    } else {
+        ferry_sys::sockdiag::tcp_time_wait_in(ns.as_fd())
+            .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?
+            .iter()
+            .map(|d| d.local)
+            .collect()
+    };
+    let t = Arc::new(found);
+    *locked(cache) = Some(t.clone());
+    Ok(t)
+}
+
+/// A TCP connection whose send side is in urgent mode (`snd_up` is not
+/// `snd_una`: an urgent byte sent with MSG_OOB, not acknowledged yet).
+/// Repair mode reads the send queue as plain bytes, so a connection made
+/// again would send the urgent byte inline.
+pub(crate) fn check_urgent_sent(pid: i32, fd: i32, ino: u64, una: u32, up: u32) -> Result<()> {
+    if up == una {
+        return Ok(());
+    }
+    Err(EngineError::unsupported(
+        pid,
+        format!("fd {fd} (socket:[{ino}])"),
+        format!(
+            "an urgent byte (MSG_OOB) sent and not acknowledged by the peer yet is in its send queue (urgent pointer {up}, unacknowledged from {una}), and a connection made again would send it inline"
+        ),
+    ))
 }
 
 /// A unix stream socket with an unread MSG_OOB byte: a socket made again
