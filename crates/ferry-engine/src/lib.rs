@@ -21,6 +21,7 @@ pub mod error;
 pub mod freeze;
 pub mod guard;
 pub mod inject;
+pub mod kernel_btf;
 pub mod lazy;
 pub(crate) mod parallel;
 pub mod phases;

@@ -77,113 +77,20 @@ fn program() -> Option<&'static VmaIterProgram> {
 }
 
 fn load_program() -> std::result::Result<VmaIterProgram, String> {
-    if let Some(layout) = cached_layout() {
-        match VmaIterProgram::load(&layout) {
-            Ok(p) => return Ok(p),
-            Err(e) => tracing::info!("the cached layout {LAYOUT_CACHE} does not load ({e})"),
-        }
-    }
-    let layout = layout_from_btf()?;
+    let mut btf = crate::kernel_btf::KernelBtf::open();
+    let (ctx, vma) = ("bpf_iter__task_vma", "vm_area_struct");
+    let layout = IterLayout {
+        attach_btf_id: btf.func("bpf_iter_task_vma")?,
+        ctx_meta: btf.byte(ctx, "meta")?,
+        ctx_vma: btf.byte(ctx, "vma")?,
+        meta_seq: btf.byte("bpf_iter_meta", "seq")?,
+        vm_start: btf.byte(vma, "vm_start")?,
+        vm_end: btf.byte(vma, "vm_end")?,
+        vm_flags: btf.byte(vma, "vm_flags")?,
+    };
     let program = VmaIterProgram::load(&layout).map_err(|e| e.to_string())?;
-    store_layout(&layout);
+    btf.save();
     Ok(program)
-}
-
-/// Where the iterator's layout is kept once read from the kernel's BTF:
-/// parsing the 5 MiB of /sys/kernel/btf/vmlinux takes tens of
-/// milliseconds, which a restore's own check would otherwise pay inside
-/// the pause. The BTF cannot change without a reboot, so the entry is
-/// keyed by the boot id; a stale or damaged entry is ignored (and a wrong
-/// layout could only fail to load or make the flags disagree with smaps,
-/// which both paths treat as "read smaps").
-const LAYOUT_CACHE: &str = "/run/ferry/vma-iter-layout";
-
-fn boot_id() -> Option<String> {
-    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    Some(id.trim().to_string())
-}
-
-/// The cache's one line: boot id, then the layout's numbers.
-fn layout_line(boot: &str, l: &IterLayout) -> String {
-    format!(
-        "{boot} {} {} {} {} {} {} {}\n",
-        l.attach_btf_id, l.ctx_meta, l.ctx_vma, l.meta_seq, l.vm_start, l.vm_end, l.vm_flags
-    )
-}
-
-fn parse_layout_line(line: &str, boot: &str) -> Option<IterLayout> {
-    let mut words = line.split_whitespace();
-    if words.next()? != boot {
-        return None;
-    }
-    let attach_btf_id = words.next()?.parse().ok()?;
-    let mut offset = || words.next()?.parse::<i16>().ok().filter(|o| *o >= 0);
-    let layout = IterLayout {
-        attach_btf_id,
-        ctx_meta: offset()?,
-        ctx_vma: offset()?,
-        meta_seq: offset()?,
-        vm_start: offset()?,
-        vm_end: offset()?,
-        vm_flags: offset()?,
-    };
-    words.next().is_none().then_some(layout)
-}
-
-fn cached_layout() -> Option<IterLayout> {
-    parse_layout_line(&std::fs::read_to_string(LAYOUT_CACHE).ok()?, &boot_id()?)
-}
-
-/// Best effort: without the cache the next run parses the BTF again.
-fn store_layout(layout: &IterLayout) {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    let Some(boot) = boot_id() else { return };
-    let dir = std::path::Path::new(LAYOUT_CACHE).parent().unwrap_or(std::path::Path::new("/"));
-    let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir);
-    let tmp = format!("{LAYOUT_CACHE}.{}", std::process::id());
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(layout_line(&boot, layout).as_bytes()))
-        .and_then(|()| std::fs::rename(&tmp, LAYOUT_CACHE));
-    if let Err(e) = written {
-        tracing::debug!("keeping the iterator's layout in {LAYOUT_CACHE}: {e}");
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-/// The iterator's layout from the running kernel's BTF.
-fn layout_from_btf() -> std::result::Result<IterLayout, String> {
-    let path = "/sys/kernel/btf/vmlinux";
-    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-    let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let strukt = |name: &str| {
-        btf.find(crate::btf::KIND_STRUCT, name)
-            .ok_or_else(|| format!("the kernel's BTF has no struct {name}"))
-    };
-    let member = |id: u32, s: &str, m: &str| -> std::result::Result<i16, String> {
-        let off =
-            btf.member_offset(id, m).ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
-        i16::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
-    };
-    let ctx = strukt("bpf_iter__task_vma")?;
-    let meta = strukt("bpf_iter_meta")?;
-    let vma = strukt("vm_area_struct")?;
-    let layout = IterLayout {
-        attach_btf_id: btf
-            .find(crate::btf::KIND_FUNC, "bpf_iter_task_vma")
-            .ok_or("the kernel's BTF has no bpf_iter_task_vma")?,
-        ctx_meta: member(ctx, "bpf_iter__task_vma", "meta")?,
-        ctx_vma: member(ctx, "bpf_iter__task_vma", "vma")?,
-        meta_seq: member(meta, "bpf_iter_meta", "seq")?,
-        vm_start: member(vma, "vm_area_struct", "vm_start")?,
-        vm_end: member(vma, "vm_area_struct", "vm_end")?,
-        vm_flags: member(vma, "vm_area_struct", "vm_flags")?,
-    };
-    Ok(layout)
 }
 
 pub(crate) fn read_raw(pid: i32) -> Option<Vec<RawVma>> {
@@ -241,25 +148,6 @@ pub(crate) fn flag_names(flags: u32) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_layout_cache_line_reads_back_only_for_its_boot() {
-        let l = IterLayout {
-            attach_btf_id: 123456,
-            ctx_meta: 0,
-            ctx_vma: 16,
-            meta_seq: 0,
-            vm_start: 0,
-            vm_end: 8,
-            vm_flags: 32,
-        };
-        let line = layout_line("boot-a", &l);
-        assert_eq!(parse_layout_line(&line, "boot-a"), Some(l));
-        assert_eq!(parse_layout_line(&line, "boot-b"), None, "another boot's kernel");
-        assert_eq!(parse_layout_line("boot-a 1 2 3", "boot-a"), None, "cut short");
-        assert_eq!(parse_layout_line(&line.replace(" 32", " -32"), "boot-a"), None);
-        assert_eq!(parse_layout_line(&format!("{} 9", line.trim()), "boot-a"), None, "too long");
-    }
 
     #[test]
     fn image_bits_and_mnemonics_translate_both_ways() {

@@ -400,7 +400,14 @@ pub fn capture(
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
-    let pre = ph.step("presurvey", || Ok::<_, EngineError>(survey::presurvey(pid)))?;
+    let pre = ph.step("presurvey", || {
+        let pre = survey::presurvey(pid);
+        // Loaded now rather than in the freeze, where the survey uses it.
+        if pre.values().any(|p| p.socket_inodes().next().is_some()) {
+            socket_refs::load_ahead();
+        }
+        Ok::<_, EngineError>(pre)
+    })?;
     // Every option of every socket, while the tree runs: none in the freeze.
     ph.step("socket options checked", || sockopt_check::check(&pre))?;
     // The slow part of the network lock, while the tree still runs.

@@ -46,42 +46,32 @@ fn program() -> Option<&'static FileIterProgram> {
         .as_ref()
 }
 
+/// Loads the iterator (once per process) ahead of the freeze.
+pub(super) fn load_ahead() {
+    let _ = program();
+}
+
 fn load_program() -> std::result::Result<FileIterProgram, String> {
-    let path = "/sys/kernel/btf/vmlinux";
-    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-    let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let strukt = |name: &str| {
-        btf.find(crate::btf::KIND_STRUCT, name)
-            .ok_or_else(|| format!("the kernel's BTF has no struct {name}"))
-    };
-    let offset = |s: &str, m: &str| -> std::result::Result<i32, String> {
-        let off = btf
-            .member_offset(strukt(s)?, m)
-            .ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))?;
-        i32::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
-    };
-    let short = |s: &str, m: &str| -> std::result::Result<i16, String> {
-        let off = offset(s, m)?;
-        i16::try_from(off).map_err(|_| format!("{s}.{m} lies at byte {off}"))
-    };
+    let mut btf = crate::kernel_btf::KernelBtf::open();
+    let ctx = "bpf_iter__task_file";
     let layout = FileIterLayout {
-        attach_btf_id: btf
-            .find(crate::btf::KIND_FUNC, "bpf_iter_task_file")
-            .ok_or("the kernel's BTF has no bpf_iter_task_file")?,
-        ctx_meta: short("bpf_iter__task_file", "meta")?,
-        ctx_fd: short("bpf_iter__task_file", "fd")?,
-        ctx_file: short("bpf_iter__task_file", "file")?,
-        meta_seq: short("bpf_iter_meta", "seq")?,
-        f_ref: short("file", "f_ref")?,
-        f_inode: short("file", "f_inode")?,
-        private_data: short("file", "private_data")?,
-        i_mode: short("inode", "i_mode")?,
-        i_ino: short("inode", "i_ino")?,
-        socket_sk: offset("socket", "sk")?,
-        snd_una: offset("tcp_sock", "snd_una")?,
-        snd_up: offset("tcp_sock", "snd_up")?,
+        attach_btf_id: btf.func("bpf_iter_task_file")?,
+        ctx_meta: btf.byte(ctx, "meta")?,
+        ctx_fd: btf.byte(ctx, "fd")?,
+        ctx_file: btf.byte(ctx, "file")?,
+        meta_seq: btf.byte("bpf_iter_meta", "seq")?,
+        f_ref: btf.byte("file", "f_ref")?,
+        f_inode: btf.byte("file", "f_inode")?,
+        private_data: btf.byte("file", "private_data")?,
+        i_mode: btf.byte("inode", "i_mode")?,
+        i_ino: btf.byte("inode", "i_ino")?,
+        socket_sk: btf.byte("socket", "sk")?,
+        snd_una: btf.byte("tcp_sock", "snd_una")?,
+        snd_up: btf.byte("tcp_sock", "snd_up")?,
     };
-    FileIterProgram::load(&layout).map_err(|e| e.to_string())
+    let program = FileIterProgram::load(&layout).map_err(|e| e.to_string())?;
+    btf.save();
+    Ok(program)
 }
 
 /// Where the references to one description come from.

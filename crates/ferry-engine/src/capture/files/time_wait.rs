@@ -27,51 +27,30 @@ fn program() -> Option<&'static TcpIterProgram> {
 }
 
 fn load_program() -> std::result::Result<TcpIterProgram, String> {
-    let path = "/sys/kernel/btf/vmlinux";
-    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-    let btf = crate::btf::Btf::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
-    let bits = |s: &str, m: &str| -> std::result::Result<usize, String> {
-        let id = btf
-            .find(crate::btf::KIND_STRUCT, s)
-            .ok_or_else(|| format!("the kernel's BTF has no struct {s}"))?;
-        btf.member_bit_offset(id, m)
-            .map(|b| b as usize)
-            .ok_or_else(|| format!("the kernel's BTF has no {s}.{m}"))
-    };
-    let byte = |s: &str, m: &str| -> std::result::Result<usize, String> {
-        let b = bits(s, m)?;
-        if b % 8 != 0 {
-            return Err(format!("{s}.{m} is not byte-aligned"));
-        }
-        Ok(b / 8)
-    };
-    let short = |s: &str, m: &str| -> std::result::Result<i16, String> {
-        let b = byte(s, m)?;
-        i16::try_from(b).map_err(|_| format!("{s}.{m} lies at byte {b}"))
-    };
-    let sc = "sock_common";
-    let v6 = byte(sc, "skc_v6_rcv_saddr")?;
+    let mut btf = crate::kernel_btf::KernelBtf::open();
+    let (sc, ctx) = ("sock_common", "bpf_iter__tcp");
+    let v6: usize = btf.byte(sc, "skc_v6_rcv_saddr")?;
     let layout = TcpIterLayout {
-        attach_btf_id: btf
-            .find(crate::btf::KIND_FUNC, "bpf_iter_tcp")
-            .ok_or("the kernel's BTF has no bpf_iter_tcp")?,
-        ctx_meta: short("bpf_iter__tcp", "meta")?,
-        ctx_sk_common: short("bpf_iter__tcp", "sk_common")?,
-        meta_seq: short("bpf_iter_meta", "seq")?,
-        skc_state: short(sc, "skc_state")?,
+        attach_btf_id: btf.func("bpf_iter_tcp")?,
+        ctx_meta: btf.byte(ctx, "meta")?,
+        ctx_sk_common: btf.byte(ctx, "sk_common")?,
+        meta_seq: btf.byte("bpf_iter_meta", "seq")?,
+        skc_state: btf.byte(sc, "skc_state")?,
         copy: i16::try_from((v6 + 16).div_ceil(8) * 8)
             .map_err(|_| format!("{sc}.skc_v6_rcv_saddr lies at byte {v6}"))?,
-        skc_family: byte(sc, "skc_family")?,
-        skc_num: byte(sc, "skc_num")?,
-        skc_rcv_saddr: byte(sc, "skc_rcv_saddr")?,
+        skc_family: btf.byte(sc, "skc_family")?,
+        skc_num: btf.byte(sc, "skc_num")?,
+        skc_rcv_saddr: btf.byte(sc, "skc_rcv_saddr")?,
         skc_v6_rcv_saddr: v6,
-        skc_reuse_bit: bits(sc, "skc_reuse")?,
-        skc_reuseport_bit: bits(sc, "skc_reuseport")?,
+        skc_reuse_bit: btf.bits(sc, "skc_reuse")? as usize,
+        skc_reuseport_bit: btf.bits(sc, "skc_reuseport")? as usize,
     };
     if layout.copy > 256 {
         return Err(format!("{sc}'s fields lie past byte 256"));
     }
-    TcpIterProgram::load(&layout).map_err(|e| e.to_string())
+    let program = TcpIterProgram::load(&layout).map_err(|e| e.to_string())?;
+    btf.save();
+    Ok(program)
 }
 
 /// The TIME_WAIT connections of network namespace `ns` (`pid`'s), or None
