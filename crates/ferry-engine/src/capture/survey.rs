@@ -5,7 +5,7 @@
 //! parallel lists by index.
 
 use super::{cgroups, files, memfd, memory, namespaces, prctl, seccomp, sharing, shm, sysv_ipc};
-use super::{tree::FrozenTree, vma_flags, CaptureOptions};
+use super::{sockopt_watch, tree::FrozenTree, vma_flags, CaptureOptions};
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote};
@@ -92,15 +92,18 @@ pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
 
 /// Phase "presurvey", before the freeze: the sockets of every process
 /// of the running tree listed ([`files::presurvey`]), so that the survey
-/// in the freeze only checks they are still the same.
-pub(super) fn presurvey(root: i32) -> Presurvey {
+/// in the freeze only checks they are still the same; and the watch of
+/// the tree's setsockopt calls started first, before any option is read.
+pub(super) fn presurvey(root: i32) -> (Presurvey, Option<sockopt_watch::Watch>) {
+    let pids = super::tree::running_tree(root);
+    let watch = sockopt_watch::Watch::start(&pids);
     let mut pre = Presurvey::new();
-    for pid in super::tree::running_tree(root) {
+    for pid in pids {
         let listed = files::presurvey(pid);
         tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
         pre.insert(pid, listed);
     }
-    pre
+    (pre, watch)
 }
 
 /// The survey phase over the frozen tree.
@@ -108,6 +111,7 @@ pub(super) fn survey_tree(
     tree: &FrozenTree,
     opts: &CaptureOptions,
     pre: &Presurvey,
+    watch: Option<sockopt_watch::Watch>,
 ) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
@@ -128,9 +132,12 @@ pub(super) fn survey_tree(
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
     let cgroups = cgroups::capture(&tasks)?;
+    let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
+    let quiet = watch.is_some_and(|w| w.quiet(&tids));
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
-        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, pre.get(&p.frozen.pid))?);
+        let listed = pre.get(&p.frozen.pid);
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, (listed, quiet))?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
@@ -197,7 +204,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
-    pre: Option<&files::FdPresurvey>,
+    (pre, options_quiet): (Option<&files::FdPresurvey>, bool),
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -217,7 +224,7 @@ fn survey_process(
         unix_dead,
         unix_orphans,
         mut kept,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, options_quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
