@@ -412,9 +412,9 @@ fn id_command(command: libc::c_long, attr: &mut IdAttr) -> libc::c_long {
     }
 }
 
-/// The type (`enum bpf_prog_type`) of every BPF program loaded on the
-/// host now. Programs unloaded while they are listed are left out.
-pub fn loaded_prog_types() -> SysResult<Vec<u32>> {
+/// The id and type (`enum bpf_prog_type`) of every BPF program loaded
+/// on the host now. Programs unloaded while they are listed are left out.
+pub fn loaded_progs() -> SysResult<Vec<(u32, u32)>> {
     let mut types = Vec::new();
     let mut id = 0u32;
     loop {
@@ -437,7 +437,7 @@ pub fn loaded_prog_types() -> SysResult<Vec<u32>> {
         let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
         let mut info = [0u32; 2];
         obj_info(std::os::fd::AsFd::as_fd(&prog), &mut info)?;
-        types.push(info[0]);
+        types.push((info[1], info[0]));
     }
 }
 

@@ -3,7 +3,7 @@
 //! counter was opened, counted by the kernel without stopping it.
 
 use crate::{last_error, SysError, SysResult};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// `PERF_TYPE_TRACEPOINT` from <linux/perf_event.h>.
 const PERF_TYPE_TRACEPOINT: u32 = 2;
@@ -30,17 +30,56 @@ struct Attr {
 }
 
 /// The id of tracepoint `event` ("syscalls/sys_enter_setsockopt"), from
-/// tracefs (mounted at /sys/kernel/tracing, or under debugfs).
+/// tracefs: where it is mounted (/sys/kernel/tracing, or under
+/// debugfs), else from an instance of it made for this read and mounted
+/// nowhere (a mount namespace with a /sys of its own, as `ip netns exec`
+/// makes, has none mounted).
 pub fn tracepoint_id(event: &str) -> SysResult<u64> {
+    let rel = format!("events/{event}/id");
     for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if let Ok(text) = std::fs::read_to_string(format!("{root}/events/{event}/id")) {
-            return text
-                .trim()
-                .parse()
-                .map_err(|_| SysError::new("reading a tracepoint id", libc::EINVAL));
+        if let Ok(text) = std::fs::read_to_string(format!("{root}/{rel}")) {
+            return parse_id(&text);
         }
     }
-    Err(SysError::new("reading a tracepoint id (tracefs)", libc::ENOENT))
+    let tracefs = detached_tracefs()?;
+    let path =
+        std::ffi::CString::new(rel).map_err(|_| SysError::new("tracefs path", libc::EINVAL))?;
+    let text = crate::fd::read_small_at(tracefs.as_fd(), &path, 64)?;
+    parse_id(&String::from_utf8_lossy(&text))
+}
+
+fn parse_id(text: &str) -> SysResult<u64> {
+    text.trim().parse().map_err(|_| SysError::new("reading a tracepoint id", libc::EINVAL))
+}
+
+/// A tracefs instance mounted nowhere (fsopen, fsmount): its files are
+/// read relative to the returned descriptor, and it goes with it.
+fn detached_tracefs() -> SysResult<OwnedFd> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: a static NUL-terminated name; returns a new fd.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tracefs".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err(last_error("fsopen(tracefs)"));
+    }
+    // SAFETY: fs is a new descriptor we own.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    let null = std::ptr::null::<libc::c_char>();
+    // SAFETY: FSCONFIG_CMD_CREATE takes no key, value or aux.
+    if unsafe {
+        libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, null, null, 0)
+    } < 0
+    {
+        return Err(last_error("fsconfig(tracefs, FSCONFIG_CMD_CREATE)"));
+    }
+    // SAFETY: fs is a configured filesystem context; returns a new fd.
+    let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    if mnt < 0 {
+        return Err(last_error("fsmount(tracefs)"));
+    }
+    // SAFETY: mnt is a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(mnt as i32) })
 }
 
 /// A counter of tracepoint `id` in thread `tid` (not in the threads it
@@ -89,7 +128,19 @@ pub fn read_count(counter: BorrowedFd) -> SysResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_tracefs_mounted_nowhere_gives_the_same_ids() {
+        let event = "syscalls/sys_enter_setsockopt";
+        let Ok(mounted) = tracepoint_id(event) else {
+            eprintln!("no syscall tracepoints here: skipped");
+            return;
+        };
+        let tracefs = detached_tracefs().expect("fsopen/fsmount of tracefs (root)");
+        let path = std::ffi::CString::new(format!("events/{event}/id")).expect("path");
+        let text = crate::fd::read_small_at(tracefs.as_fd(), &path, 64).expect("id file");
+        assert_eq!(parse_id(&String::from_utf8_lossy(&text)), Ok(mounted));
+    }
 
     fn tid() -> i32 {
         // SAFETY: gettid has no arguments and cannot fail.

@@ -197,6 +197,11 @@ pub struct VmaIterProgram {
 impl VmaIterProgram {
     /// Loads the program for `layout`; a refusal carries the last line
     /// of the verifier's log.
+    /// The program's id (the host's list of programs shows it).
+    pub fn id(&self) -> SysResult<u32> {
+        crate::bpf::prog_id(std::os::fd::AsFd::as_fd(&self.prog))
+    }
+
     pub fn load(layout: &IterLayout) -> Result<VmaIterProgram, LoadRefused> {
         let insns = program(layout);
         let license = c"GPL";

@@ -407,7 +407,7 @@ pub fn capture(
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || Ok::<_, EngineError>(survey::presurvey(pid)))?;
     // Every option of every socket, while the tree runs: none in the freeze.
-    ph.step("socket options checked", || sockopt_check::check(&pre))?;
+    ph.step("socket options checked", || sockopt_check::check(&pre, watch.is_some()))?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;

@@ -147,7 +147,10 @@ struct Taken<'a> {
 /// The phase: every socket of every process `pre` listed, each once.
 /// Sockets are taken and their kinds' fresh sockets made in order; the
 /// comparisons run on the worker threads.
-pub(super) fn check(pre: &Presurvey) -> Result<()> {
+/// With `read_early`, the options ferry restores are read too, for the
+/// survey in the freeze ([`super::sockopt_watch`]; without a watch it
+/// reads them itself).
+pub(super) fn check(pre: &Presurvey, read_early: bool) -> Result<()> {
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
@@ -174,7 +177,7 @@ pub(super) fn check(pre: &Presurvey) -> Result<()> {
             taken.push(t);
         }
     }
-    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid]))?;
+    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid], read_early))?;
     Ok(())
 }
 
@@ -227,11 +230,14 @@ fn compare(
     fresh: &HashMap<Kind, Fresh>,
     md5: &HashMap<u64, Vec<u32>>,
     groups: &[(u32, std::net::IpAddr)],
+    read_early: bool,
 ) -> Result<()> {
     let compared = t.sock.with_dup(|sock| {
         compare_sock(t, sock, fresh, md5, groups)?;
         let kind = (t.kind.family, t.kind.ty, t.kind.protocol);
-        if let Some(read) = super::files::inet::pre_read(sock.as_raw_fd(), kind) {
+        if let Some(read) =
+            read_early.then(|| super::files::inet::pre_read(sock.as_raw_fd(), kind)).flatten()
+        {
             t.sock.set_read(read);
         }
         Ok(())

@@ -56,9 +56,13 @@ impl Watch {
             .iter()
             .map(|t| ferry_sys::perf::read_count(self.counters.get(t)?.as_fd()).ok())
             .collect();
-        let types = ferry_sys::bpf::loaded_prog_types();
+        // Ferry's own mapping iterator (a tracing program) reads mappings only.
+        let own = super::vma_flags::own_program_id();
+        let types: Option<Vec<u32>> = ferry_sys::bpf::loaded_progs()
+            .ok()
+            .map(|p| p.into_iter().filter(|(id, _)| Some(*id) != own).map(|p| p.1).collect());
         let quiet = counts.as_deref().is_some_and(no_calls)
-            && types.as_deref().is_ok_and(|t| !bpf_may_set_options(t));
+            && types.as_deref().is_some_and(|t| !bpf_may_set_options(t));
         tracing::debug!(
             "socket options read before the freeze {}: setsockopt calls per thread {counts:?}",
             if quiet { "taken" } else { "read again" }
@@ -76,7 +80,8 @@ fn no_calls(counts: &[u64]) -> bool {
 /// `bpf_setsockopt`, no kfunc that does): socket filters, kprobes, tc
 /// classifiers and actions (the network lock's), tracepoints, XDP, perf
 /// events, cgroup skb and device programs, raw tracepoints. Any other
-/// type loaded on the host makes the freeze read every option again.
+/// type loaded on the host (but ferry's own mapping iterator) makes the
+/// freeze read every option again.
 const CANNOT_SET_OPTIONS: [u32; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 15, 17];
 
 fn bpf_may_set_options(types: &[u32]) -> bool {

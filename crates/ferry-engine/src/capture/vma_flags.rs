@@ -99,8 +99,15 @@ pub struct Presurveyed {
 /// Addresses at and above this are the gate area, not the mm's mappings.
 const GATE_START: u64 = 0xffff_8000_0000_0000;
 
+/// The id of the iterator program this process loaded, if it did: it
+/// only reads mappings ([`super::sockopt_watch`] knows it is harmless).
+pub(super) fn own_program_id() -> Option<u32> {
+    PROGRAM.get()?.as_ref()?.id().ok()
+}
+
+static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
+
 fn program() -> Option<&'static VmaIterProgram> {
-    static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
     PROGRAM
         .get_or_init(|| match load_program() {
             Ok(p) => Some(p),
