@@ -155,6 +155,8 @@ impl Run {
         }
         if self.late_change {
             cmd.env("FERRY_LOG", "debug")
+                // Its two sockets are watched (ferry watches from 500 on).
+                .env("FERRY_SOCKOPT_WATCH_FROM", "1")
                 .env("FERRY_FAULT_STALL_AFTER", "checkpoint:socket options checked")
                 .env("FERRY_FAULT_STALL_SECS", "3");
         }

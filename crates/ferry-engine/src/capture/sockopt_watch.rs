@@ -49,9 +49,26 @@ impl Watch {
 
     /// Whether the options read before the freeze still hold for the
     /// frozen threads `tids` (see the module comment). The counters close
-    /// here: while one is open, every system call on the host takes the
-    /// tracepoint's slower path, the repair reads of the freeze too.
+    /// then, on a thread of their own ([`Watch::close_aside`]).
     pub fn quiet(self, tids: &[i32]) -> bool {
+        let quiet = self.answer(tids);
+        self.close_aside();
+        quiet
+    }
+
+    /// While a counter is open every system call on the host takes the
+    /// tracepoint's slower path, the repair reads of the freeze too; but
+    /// closing the last one waits for an RCU grace period (tens of ms on
+    /// a busy machine), which is not the service's to wait for.
+    fn close_aside(self) {
+        let spawned =
+            std::thread::Builder::new().name("ferry-watch-close".into()).spawn(move || drop(self));
+        if let Err(e) = spawned {
+            tracing::debug!("closing the setsockopt counters here: {e}");
+        }
+    }
+
+    fn answer(&self, tids: &[i32]) -> bool {
         let counts: Option<Vec<u64>> = tids
             .iter()
             .map(|t| ferry_sys::perf::read_count(self.counters.get(t)?.as_fd()).ok())

@@ -96,15 +96,27 @@ pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
 /// the tree's setsockopt calls started first, before any option is read.
 pub(super) fn presurvey(root: i32) -> (Presurvey, Option<sockopt_watch::Watch>) {
     let pids = super::tree::running_tree(root);
-    let watch = sockopt_watch::Watch::start(&pids);
     let mut pre = Presurvey::new();
-    for pid in pids {
+    for &pid in &pids {
         let listed = files::presurvey(pid);
         tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
         pre.insert(pid, listed);
     }
+    // Before the option check reads anything.
+    let sockets: usize = pre.values().map(files::FdPresurvey::len).sum();
+    let from = std::env::var("FERRY_SOCKOPT_WATCH_FROM").ok().and_then(|v| v.parse().ok());
+    let watch = (sockets >= from.unwrap_or(WATCH_FROM))
+        .then(|| sockopt_watch::Watch::start(&pids))
+        .flatten();
     (pre, watch)
 }
+
+/// From how many sockets on the options are read before the freeze and
+/// watched ([`sockopt_watch`]): the watch costs the checkpoint an RCU
+/// grace period when it ends (~10-20 ms on a busy machine), reading 500
+/// sockets' options in the freeze costs about as much. Tests set
+/// another bound with FERRY_SOCKOPT_WATCH_FROM.
+const WATCH_FROM: usize = 500;
 
 /// The survey phase over the frozen tree.
 pub(super) fn survey_tree(
