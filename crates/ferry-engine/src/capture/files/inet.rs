@@ -416,7 +416,7 @@ fn tcp_state(info: &FdInfo, fd: RawFd, peer: Option<SocketAddr>) -> Result<TcpSt
 }
 
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
-    let sock = info.dup_early()?;
+    let sock = info.dup()?;
     let fd = sock.as_raw_fd();
     // What never changes in a socket, as read before the freeze.
     let early = info.pre.and_then(super::PreSocket::read);

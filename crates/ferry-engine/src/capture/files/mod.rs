@@ -74,14 +74,6 @@ impl FdInfo<'_> {
     pub fn busy(&self, reason: impl Into<String>) -> EngineError {
         EngineError::transient(self.pid, format!("fd {} ({})", self.fd, self.link), reason)
     }
-    /// Our own duplicate of the fd: the one taken before the freeze,
-    /// else a new one (pidfd_getfd).
-    pub fn dup_early(&self) -> Result<OwnedFd> {
-        match self.pre.and_then(PreSocket::take_dup) {
-            Some(dup) => Ok(dup),
-            None => self.dup(),
-        }
-    }
     /// Our own duplicate of the fd (pidfd_getfd).
     pub fn dup(&self) -> Result<OwnedFd> {
         ferry_sys::pidfd::pidfd_getfd(self.pidfd, self.fd)
@@ -190,12 +182,12 @@ pub struct CapturedFds {
 
 /// A running process's sockets as listed before the freeze: per fd
 /// number, the socket's (mnt_id, ino) from fdinfo, its link, its
-/// metadata and ferry's duplicate of it ([`PreSocket`]). In the freeze,
-/// an fd whose fdinfo still shows the same mount and inode is that same
+/// metadata and what was read of it ([`PreSocket`]). In the freeze, an
+/// fd whose fdinfo still shows the same mount and inode is that same
 /// socket (a socket's inode is never reused while it exists, and a
 /// socket cannot be reopened into a second description), so its path
-/// walks (readlink, stat) and its duplication are not repeated; any
-/// other fd is read in full.
+/// walks (readlink, stat) are not repeated and what was read of it
+/// before may stand; any other fd is read in full.
 #[derive(Default)]
 pub struct FdPresurvey {
     by_fd: std::collections::HashMap<i32, Listed>,
@@ -210,8 +202,9 @@ struct Listed {
 }
 
 /// Ferry's duplicate of a socket taken before the freeze (checked to be
-/// the socket fdinfo showed), and what the socket-option check read of
-/// it while the tree ran.
+/// the socket fdinfo showed) for the socket-option check, which lets go
+/// of it ([`FdPresurvey::release_dups`]), and what that check read of it
+/// while the tree ran.
 #[derive(Default)]
 pub struct PreSocket {
     dup: std::sync::Mutex<Option<OwnedFd>>,
@@ -237,7 +230,7 @@ impl PreSocket {
         self.dup.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(f)
     }
 
-    /// The duplicate, taken over (by the survey in the freeze).
+    /// The duplicate, taken over.
     fn take_dup(&self) -> Option<OwnedFd> {
         self.dup.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
@@ -282,6 +275,18 @@ impl FdPresurvey {
     /// The inode of every socket listed.
     pub fn socket_inodes(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_fd.values().map(|l| l.id.1)
+    }
+
+    /// Lets go of every duplicate, once the option check read what it
+    /// needed: while ferry holds a socket it lives on, so a connection
+    /// the service closes meanwhile would stay in its epoll sets (the
+    /// freeze would find an entry for a closed fd), a listener it closes
+    /// could not be bound again, a unix socket's peer would not see it
+    /// closed. The freeze takes its own duplicates.
+    pub fn release_dups(&self) {
+        for l in self.by_fd.values() {
+            drop(l.socket.take_dup());
+        }
     }
 }
 
