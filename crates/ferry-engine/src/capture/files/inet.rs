@@ -345,11 +345,12 @@ pub(crate) fn pre_read(
 }
 
 /// The options read before the freeze, when they still hold: nothing
-/// can have set one since (`quiet`) and the socket's state picks the
-/// same table of options as then.
+/// can have set one since (`quiet`) and the socket is in the same state
+/// (a connection whose peer closed since counts as the same: no option
+/// moves with a FIN), so the stack moved none by itself either.
 fn early_options(pre: &super::PreRead, quiet: bool, state: u8) -> Option<Vec<SockOpt>> {
-    let tcp = pre.sock_type == libc::SOCK_STREAM && pre.protocol == libc::IPPROTO_TCP;
-    let same = table_index(pre.family, tcp, pre.state) == table_index(pre.family, tcp, state);
+    let connected = |s| s == TCP_ESTABLISHED || s == TCP_CLOSE_WAIT;
+    let same = pre.state == state || (connected(pre.state) && connected(state));
     (quiet && same).then(|| pre.options.clone())
 }
 
@@ -493,7 +494,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_read_before_the_freeze_stand_only_when_quiet_and_in_the_same_table() {
+    fn options_read_before_the_freeze_stand_only_when_quiet_and_in_the_same_state() {
         let opt =
             SockOpt { level: libc::IPPROTO_TCP, name: libc::TCP_NODELAY, value: vec![1, 0, 0, 0] };
         let pre = |family, state| super::super::PreRead {
@@ -512,8 +513,10 @@ mod tests {
         // Closed since: the MSS and window clamp are read then too.
         assert!(early_options(&est, true, TCP_CLOSE).is_none());
         let closed = pre(libc::AF_INET6, TCP_CLOSE);
-        assert!(early_options(&closed, true, TCP_LISTEN).is_some());
+        assert!(early_options(&closed, true, TCP_LISTEN).is_none());
         assert!(early_options(&closed, true, TCP_ESTABLISHED).is_none());
+        // A handshake completed since: read again.
+        assert!(early_options(&pre(libc::AF_INET, 2), true, TCP_ESTABLISHED).is_none());
     }
     use crate::catalog::{socket_options as cat, Handling};
 
