@@ -63,8 +63,15 @@ pub(crate) fn mnemonics(flags: u64) -> Option<Vec<String>> {
     )
 }
 
+static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
+
+/// The id of this iterator if this process loaded it: it sets no socket
+/// option (the setsockopt watch, `capture/sockopt_watch.rs`, knows it).
+pub(crate) fn own_program_id() -> Option<u32> {
+    PROGRAM.get()?.as_ref()?.id().ok()
+}
+
 fn program() -> Option<&'static VmaIterProgram> {
-    static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
     PROGRAM
         .get_or_init(|| match load_program() {
             Ok(p) => Some(p),

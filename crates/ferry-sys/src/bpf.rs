@@ -4,7 +4,7 @@
 //! it, so that freezing 10,000 connections costs one syscall, not 10,000).
 
 use crate::{last_error, SysResult};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
 
 /// `BPF_MAP_UPDATE_BATCH` from include/uapi/linux/bpf.h (Linux 5.6+).
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
@@ -388,6 +388,57 @@ pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
     let mut info = [0u32; 8];
     obj_info(prog, &mut info)?;
     Ok(info[1])
+}
+
+const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+
+/// The id or next id member of `union bpf_attr` (`start_id`/`prog_id`,
+/// `next_id`, `open_flags`).
+#[repr(C)]
+#[derive(Default)]
+struct IdAttr {
+    id: u32,
+    next_id: u32,
+    open_flags: u32,
+}
+
+/// One id command (`BPF_PROG_GET_NEXT_ID`, `BPF_PROG_GET_FD_BY_ID`).
+fn id_command(command: libc::c_long, attr: &mut IdAttr) -> libc::c_long {
+    // SAFETY: attr is a properly initialised `bpf_attr` prefix of the
+    // size given, borrowed for the whole call.
+    unsafe {
+        libc::syscall(libc::SYS_bpf, command, attr as *mut IdAttr, std::mem::size_of::<IdAttr>())
+    }
+}
+
+/// The id and type (`enum bpf_prog_type`) of every BPF program loaded
+/// on the host now. Programs unloaded while they are listed are left out.
+pub fn loaded_progs() -> SysResult<Vec<(u32, u32)>> {
+    let mut types = Vec::new();
+    let mut id = 0u32;
+    loop {
+        let mut attr = IdAttr { id, ..Default::default() };
+        if id_command(BPF_PROG_GET_NEXT_ID, &mut attr) < 0 {
+            let e = last_error("bpf(BPF_PROG_GET_NEXT_ID)");
+            return if e.errno == libc::ENOENT { Ok(types) } else { Err(e) };
+        }
+        id = attr.next_id;
+        let mut get = IdAttr { id, ..Default::default() };
+        let fd = id_command(BPF_PROG_GET_FD_BY_ID, &mut get);
+        if fd < 0 {
+            let e = last_error("bpf(BPF_PROG_GET_FD_BY_ID)");
+            if e.errno == libc::ENOENT {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: fd is a new descriptor owned by us.
+        let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+        let mut info = [0u32; 2];
+        obj_info(std::os::fd::AsFd::as_fd(&prog), &mut info)?;
+        types.push((info[1], info[0]));
+    }
 }
 
 /// A consumer of a `BPF_MAP_TYPE_RINGBUF` map, any number of whose records

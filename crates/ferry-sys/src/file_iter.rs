@@ -177,6 +177,11 @@ pub struct FileIterProgram {
 }
 
 impl FileIterProgram {
+    /// The program's id (the host's list of programs shows it).
+    pub fn id(&self) -> crate::SysResult<u32> {
+        crate::bpf::prog_id(std::os::fd::AsFd::as_fd(&self.prog))
+    }
+
     /// Loads the program for `layout`; a refusal carries the last line
     /// of the verifier's log.
     pub fn load(layout: &FileIterLayout) -> Result<FileIterProgram, LoadRefused> {

@@ -18,6 +18,7 @@ pub mod inotify;
 pub mod lock;
 pub mod netns;
 pub mod pagemap;
+pub mod perf;
 pub mod pidfd;
 pub mod placed;
 pub mod process;

@@ -120,6 +120,11 @@ pub struct TcpIterProgram {
 }
 
 impl TcpIterProgram {
+    /// The program's id (the host's list of programs shows it).
+    pub fn id(&self) -> crate::SysResult<u32> {
+        crate::bpf::prog_id(std::os::fd::AsFd::as_fd(&self.prog))
+    }
+
     pub fn load(layout: &TcpIterLayout) -> Result<TcpIterProgram, LoadRefused> {
         let insns = program(layout);
         load_iter(&insns, b"ferry_tcp_tw", layout.attach_btf_id, "bpf(BPF_PROG_LOAD, tcp)")

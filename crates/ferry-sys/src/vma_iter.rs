@@ -265,6 +265,11 @@ pub struct VmaIterProgram {
 }
 
 impl VmaIterProgram {
+    /// The program's id (the host's list of programs shows it).
+    pub fn id(&self) -> SysResult<u32> {
+        crate::bpf::prog_id(std::os::fd::AsFd::as_fd(&self.prog))
+    }
+
     /// Loads the program for `layout`; a refusal carries the last line
     /// of the verifier's log.
     pub fn load(layout: &IterLayout) -> Result<VmaIterProgram, LoadRefused> {

@@ -106,6 +106,10 @@ struct Run {
     chain: bool,
     /// A loginuid ferry runs with (see [`FERRY_LOGINUID`]).
     ferry_loginuid: Option<u32>,
+    /// Send SIGUSR1 while ferry stalls after reading the socket options
+    /// (before the freeze), and wait for the program's "SET": the
+    /// program changes an option then (`sock_opt_set_late`, always run so).
+    late_change: bool,
 }
 
 /// Programs whose checkpoint and restore run in a ferry with this
@@ -138,6 +142,7 @@ impl Run {
             restored_pid: None,
             chain: false,
             ferry_loginuid: FERRY_LOGINUID.iter().find(|(n, _)| *n == name).map(|&(_, u)| u),
+            late_change: false,
         }
     }
 
@@ -166,12 +171,22 @@ impl Run {
         if leave_running {
             cmd.arg("--leave-running");
         }
+        if self.late_change {
+            cmd.env("FERRY_LOG", "debug")
+                // Its two sockets are watched (ferry watches from 500 on).
+                .env("FERRY_SOCKOPT_WATCH_FROM", "1")
+                .env("FERRY_FAULT_STALL_AFTER", "checkpoint:socket options checked")
+                .env("FERRY_FAULT_STALL_SECS", "3");
+        }
         let mut ckpt = only_stdio(&mut cmd)
             .stdin(Stdio::null())
             .stdout(File::create(self.base.join("checkpoint.out")).expect("ckpt out"))
             .stderr(File::create(self.base.join("checkpoint.err")).expect("ckpt err"))
             .spawn()
             .unwrap_or_else(|e| self.fail("checkpoint", &format!("cannot spawn ferry: {e}")));
+        if self.late_change {
+            self.change_while_stalled(pid);
+        }
         let st = match wait_timeout(&mut ckpt, CHECKPOINT_TIMEOUT) {
             Some(st) => st,
             None => {
@@ -182,6 +197,36 @@ impl Run {
         };
         if !st.success() {
             self.fail("checkpoint", &format!("ferry checkpoint failed ({})", describe(&st)));
+        }
+        // Where the kernel offers setsockopt counters, the survey says it
+        // read the options again.
+        let counted = Path::new("/sys/kernel/tracing/events/syscalls").exists();
+        let err = read_lossy(&self.base.join("checkpoint.err"));
+        if self.late_change && counted && !err.contains("read before the freeze read again") {
+            self.fail("checkpoint", "the survey did not read the socket options again");
+        }
+    }
+
+    /// Once ferry stalls after its early read of the socket options, has
+    /// the program change one (SIGUSR1) and waits until it did.
+    fn change_while_stalled(&self, pid: i32) {
+        let err = self.base.join("checkpoint.err");
+        let deadline = Instant::now() + CHECKPOINT_TIMEOUT;
+        while !read_lossy(&err).contains("stalling after") {
+            if Instant::now() >= deadline {
+                self.fail("checkpoint", "ferry never stalled after the socket options");
+            }
+            sleep(POLL);
+        }
+        if !kill(pid, libc::SIGUSR1) {
+            self.fail("checkpoint", "kill(SIGUSR1) of the program failed");
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !has_line(&read_lossy(&self.log), "SET") {
+            if Instant::now() >= deadline {
+                self.fail("checkpoint", "the program did not change its options in time");
+            }
+            sleep(POLL);
         }
     }
 
@@ -398,6 +443,7 @@ fn run_program_as(name: &'static str, chain: bool) {
     let attempt = || {
         let mut run = Run::new(name);
         run.chain = chain;
+        run.late_change = name == "sock_opt_set_late";
         run.execute(&bin);
     };
     // One more attempt, from a fresh start, when the restore found one of
@@ -516,6 +562,7 @@ conformance! {
     sock_buf_force,
     sock_tcp_v6only,
     sock_tcp_established_pair,
+    sock_opt_set_late,
     sock_udp_bound,
     sock_udp_connected,
     sock_unix_pair,

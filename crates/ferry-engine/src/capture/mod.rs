@@ -28,6 +28,7 @@ mod shm;
 mod signals;
 mod socket_refs;
 mod sockopt_check;
+mod sockopt_watch;
 mod survey;
 mod sysv_ipc;
 mod threads;
@@ -359,8 +360,15 @@ impl Captured {
         guard.killed();
         pty_drained.forget();
         let kept = repaired.keep_in_repair();
+        let t = Instant::now();
         frozen.kill()?;
+        let killed = t.elapsed();
         kept.close();
+        tracing::debug!(
+            "kill: tree gone in {:.1} ms, its repaired sockets closed in {:.1} ms",
+            killed.as_secs_f64() * 1e3,
+            (t.elapsed() - killed).as_secs_f64() * 1e3
+        );
         if let Some(lock) = lock {
             match after {
                 // Restore thaws it, once the connections exist again.
@@ -400,16 +408,16 @@ pub fn capture(
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
-    let pre = ph.step("presurvey", || {
-        let pre = survey::presurvey(pid);
+    let (pre, mut watch) = ph.step("presurvey", || {
+        let (pre, watch) = survey::presurvey(pid);
         // Loaded now rather than in the freeze, where the survey uses it.
         if pre.values().any(|p| p.socket_inodes().next().is_some()) {
             socket_refs::load_ahead();
         }
-        Ok::<_, EngineError>(pre)
+        Ok::<_, EngineError>((pre, watch))
     })?;
     // Every option of every socket, while the tree runs: none in the freeze.
-    ph.step("socket options checked", || sockopt_check::check(&pre))?;
+    ph.step("socket options checked", || sockopt_check::check(&pre, watch.is_some()))?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;
@@ -422,7 +430,7 @@ pub fn capture(
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || {
-        let surveyed = survey::survey_tree(&tree, opts, &pre)?;
+        let surveyed = survey::survey_tree(&tree, opts, &pre, watch.take())?;
         let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
         shared.0.recheck(&maps)?;
         let fds: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.fd_inodes())).collect();

@@ -31,8 +31,15 @@ use ferry_sys::file_iter::{FileIterLayout, FileIterProgram, SocketFile};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+static PROGRAM: OnceLock<Option<FileIterProgram>> = OnceLock::new();
+
+/// The id of this iterator if this process loaded it: it sets no socket
+/// option (the setsockopt watch, `capture/sockopt_watch.rs`, knows it).
+pub(crate) fn own_program_id() -> Option<u32> {
+    PROGRAM.get()?.as_ref()?.id().ok()
+}
+
 fn program() -> Option<&'static FileIterProgram> {
-    static PROGRAM: OnceLock<Option<FileIterProgram>> = OnceLock::new();
     PROGRAM
         .get_or_init(|| match load_program() {
             Ok(p) => Some(p),

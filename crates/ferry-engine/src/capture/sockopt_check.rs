@@ -8,10 +8,12 @@
 //! sock_diag and /proc show is checked here too: TCP MD5 keys and
 //! multicast memberships.
 //!
-//! The options ferry restores are read again in the freeze
-//! (files/inet.rs), so a change between this check and the freeze is
-//! captured for them; an option set to a refused value in that window
-//! (milliseconds) is not seen.
+//! The options ferry restores are read here too, through the
+//! presurvey's duplicate of each socket (files::PreRead): the survey in
+//! the freeze takes them when no setsockopt can have happened since
+//! (`sockopt_watch.rs`), else reads them again, so a change between this
+//! check and the freeze is captured for them; an option set to a refused
+//! value in that window (milliseconds) is not seen.
 
 use super::survey::Presurvey;
 use crate::catalog::socket_options::{self as cat, Level};
@@ -62,8 +64,10 @@ impl Kind {
     }
 }
 
-/// A fresh socket's values, read once per kind.
-type Fresh = HashMap<(i32, i32), Read>;
+/// A fresh socket's values, read once per kind, in the order they are
+/// compared: (level, number, value). A list, not a map, and made once:
+/// 10,000 sockets each compare every entry.
+type Fresh = Vec<(&'static Level, i32, Read)>;
 
 fn fresh_values(kind: &Kind, ns: &OwnedFd) -> std::result::Result<Fresh, ferry_sys::SysError> {
     let s = ferry_sys::sockdiag::socket_in(ns.as_fd(), kind.family, kind.ty, kind.protocol)?;
@@ -77,9 +81,7 @@ fn fresh_values(kind: &Kind, ns: &OwnedFd) -> std::result::Result<Fresh, ferry_s
             // socket, answers so for every socket of the kind: not read.
             match read(s.as_raw_fd(), l.level, n) {
                 Err(libc::ENOPROTOOPT) | Err(libc::EOPNOTSUPP) => {}
-                r => {
-                    out.insert((l.level, n), r);
-                }
+                r => out.push((l, n, r)),
             }
         }
     }
@@ -118,37 +120,37 @@ fn shown(r: &Read) -> String {
 }
 
 /// The first option of `sock` that differs from the fresh socket's.
-fn first_difference(sock: RawFd, kind: &Kind, fresh: &Fresh) -> Option<String> {
-    for l in kind.levels() {
-        for n in l.compared() {
-            let Some(want) = fresh.get(&(l.level, n)) else { continue };
-            let got = read(sock, l.level, n);
-            if &got != want {
-                return Some(format!(
-                    "socket option {} is {} (a fresh socket's is {})",
-                    cat::describe(l, n),
-                    shown(&got),
-                    shown(want)
-                ));
-            }
+fn first_difference(sock: RawFd, fresh: &Fresh) -> Option<String> {
+    for &(l, n, ref want) in fresh {
+        let got = read(sock, l.level, n);
+        if &got != want {
+            return Some(format!(
+                "socket option {} is {} (a fresh socket's is {})",
+                cat::describe(l, n),
+                shown(&got),
+                shown(want)
+            ));
         }
     }
     None
 }
 
-/// One socket of the tree, taken from its process.
-struct Taken {
+/// One socket of the tree: ferry's duplicate, taken by the presurvey.
+struct Taken<'a> {
     pid: i32,
     fd: i32,
     link: String,
-    sock: OwnedFd,
+    sock: &'a super::files::PreSocket,
     kind: Kind,
 }
 
 /// The phase: every socket of every process `pre` listed, each once.
 /// Sockets are taken and their kinds' fresh sockets made in order; the
 /// comparisons run on the worker threads.
-pub(super) fn check(pre: &Presurvey) -> Result<()> {
+/// With `read_early`, the options ferry restores are read too, for the
+/// survey in the freeze ([`super::sockopt_watch`]; without a watch it
+/// reads them itself).
+pub(super) fn check(pre: &Presurvey, read_early: bool) -> Result<()> {
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
@@ -157,7 +159,6 @@ pub(super) fn check(pre: &Presurvey) -> Result<()> {
     let mut pids: Vec<&i32> = pre.keys().collect();
     pids.sort();
     for &pid in pids {
-        let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { continue };
         groups.insert(pid, multicast_groups(pid));
         let listed = &pre[&pid];
         let mut fds: Vec<i32> = listed.fds().collect();
@@ -167,15 +168,17 @@ pub(super) fn check(pre: &Presurvey) -> Result<()> {
             if !seen.insert(link.clone()) {
                 continue;
             }
-            // Gone since it was listed: the freeze sees the fd as it is.
-            let Ok(sock) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) else { continue };
-            let Some((kind, ns)) = kind_of(&sock) else { continue };
+            // Not duplicated (gone since it was listed): the freeze sees
+            // the fd as it is.
+            let Some(sock) = listed.socket(fd) else { continue };
+            let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { continue };
             let t = Taken { pid, fd, link: link.clone(), sock, kind };
             prepare(&t, &ns, &mut fresh, &mut md5)?;
             taken.push(t);
         }
     }
-    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid]))?;
+    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid], read_early))?;
+    pre.values().for_each(super::files::FdPresurvey::release_dups);
     Ok(())
 }
 
@@ -221,19 +224,42 @@ fn prepare(
     Ok(())
 }
 
+/// Compares `t` with a fresh socket of its kind, then keeps what the
+/// survey in the freeze may take from this read ([`files::inet::pre_read`]).
 fn compare(
     t: &Taken,
     fresh: &HashMap<Kind, Fresh>,
     md5: &HashMap<u64, Vec<u32>>,
     groups: &[(u32, std::net::IpAddr)],
+    read_early: bool,
 ) -> Result<()> {
-    let fd = t.sock.as_raw_fd();
+    let compared = t.sock.with_dup(|sock| {
+        compare_sock(t, sock, fresh, md5, groups)?;
+        let kind = (t.kind.family, t.kind.ty, t.kind.protocol);
+        if let Some(read) =
+            read_early.then(|| super::files::inet::pre_read(sock.as_raw_fd(), kind)).flatten()
+        {
+            t.sock.set_read(read);
+        }
+        Ok(())
+    });
+    compared.unwrap_or(Ok(()))
+}
+
+fn compare_sock(
+    t: &Taken,
+    sock: &OwnedFd,
+    fresh: &HashMap<Kind, Fresh>,
+    md5: &HashMap<u64, Vec<u32>>,
+    groups: &[(u32, std::net::IpAddr)],
+) -> Result<()> {
+    let fd = sock.as_raw_fd();
     let found = Found { pid: t.pid, fd: t.fd, link: &t.link };
-    if let Some(what) = fresh.get(&t.kind).and_then(|f| first_difference(fd, &t.kind, f)) {
+    if let Some(what) = fresh.get(&t.kind).and_then(|f| first_difference(fd, f)) {
         return Err(found.refuse(fd, what));
     }
     if let Some(keyed) = md5.get(&t.kind.netns).filter(|_| t.kind.protocol == libc::IPPROTO_TCP) {
-        let ino = ferry_sys::sockdiag::inode_of(t.sock.as_fd()).unwrap_or(0);
+        let ino = ferry_sys::sockdiag::inode_of(sock.as_fd()).unwrap_or(0);
         if keyed.iter().any(|&i| u64::from(i) == ino) {
             let what = "TCP MD5 signature keys (TCP_MD5SIG, shown by sock_diag)";
             return Err(found.refuse(fd, what.into()));

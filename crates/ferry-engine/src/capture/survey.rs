@@ -5,7 +5,7 @@
 //! parallel lists by index.
 
 use super::{cgroups, files, memfd, memory, namespaces, prctl, seccomp, sharing, shm, sysv_ipc};
-use super::{socket_refs, tree::FrozenTree, vma_flags, CaptureOptions};
+use super::{socket_refs, sockopt_watch, tree::FrozenTree, vma_flags, CaptureOptions};
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
 use crate::inject::{self, Remote};
@@ -96,22 +96,38 @@ pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
 
 /// Phase "presurvey", before the freeze: the sockets of every process
 /// of the running tree listed ([`files::presurvey`]), so that the survey
-/// in the freeze only checks they are still the same.
-pub(super) fn presurvey(root: i32) -> Presurvey {
+/// in the freeze only checks they are still the same; and the watch of
+/// the tree's setsockopt calls started first, before any option is read.
+pub(super) fn presurvey(root: i32) -> (Presurvey, Option<sockopt_watch::Watch>) {
+    let pids = super::tree::running_tree(root);
     let mut pre = Presurvey::new();
-    for pid in super::tree::running_tree(root) {
+    for &pid in &pids {
         let listed = files::presurvey(pid);
         tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
         pre.insert(pid, listed);
     }
-    pre
+    // Before the option check reads anything.
+    let sockets: usize = pre.values().map(files::FdPresurvey::len).sum();
+    let from = std::env::var("FERRY_SOCKOPT_WATCH_FROM").ok().and_then(|v| v.parse().ok());
+    let watch = (sockets >= from.unwrap_or(WATCH_FROM))
+        .then(|| sockopt_watch::Watch::start(&pids))
+        .flatten();
+    (pre, watch)
 }
+
+/// From how many sockets on the options are read before the freeze and
+/// watched ([`sockopt_watch`]): the watch costs the checkpoint an RCU
+/// grace period when it ends (~10-20 ms on a busy machine), reading 500
+/// sockets' options in the freeze costs about as much. Tests set
+/// another bound with FERRY_SOCKOPT_WATCH_FROM.
+const WATCH_FROM: usize = 500;
 
 /// The survey phase over the frozen tree.
 pub(super) fn survey_tree(
     tree: &FrozenTree,
     opts: &CaptureOptions,
     pre: &Presurvey,
+    watch: Option<sockopt_watch::Watch>,
 ) -> Result<TreeSurvey> {
     let pids = tree.pids();
     tree.check_groups()?;
@@ -132,9 +148,12 @@ pub(super) fn survey_tree(
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
     let cgroups = cgroups::capture(&tasks)?;
+    let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
+    let quiet = watch.is_some_and(|w| w.quiet(&tids));
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
-        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, pre.get(&p.frozen.pid))?);
+        let listed = pre.get(&p.frozen.pid);
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, (listed, quiet))?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
@@ -218,7 +237,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
-    pre: Option<&files::FdPresurvey>,
+    (pre, options_quiet): (Option<&files::FdPresurvey>, bool),
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -239,7 +258,7 @@ fn survey_process(
         unix_orphans,
         unix_options,
         mut kept,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre)?;
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, options_quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);

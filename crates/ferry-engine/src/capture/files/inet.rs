@@ -300,21 +300,58 @@ fn is_default(value: &[u8], default: &Default_) -> bool {
     }
 }
 
-/// The option tables, read from /proc/sys once per ferry run rather than
-/// once per socket (a server may hold 10,000 of them).
-fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Default_)] {
-    use std::sync::OnceLock;
-    static TABLES: [OnceLock<Vec<(i32, i32, Default_)>>; 6] = [const { OnceLock::new() }; 6];
+/// Which option table a socket's options are read with: by family, and
+/// for TCP by whether it is closed or listening (then the MSS and
+/// window clamp are the application's) or connected.
+fn table_index(family: i32, tcp: bool, state: u8) -> usize {
     let closed_or_listening = state == TCP_CLOSE || state == TCP_LISTEN;
-    let i = (family == libc::AF_INET) as usize * 3
+    (family == libc::AF_INET) as usize * 3
         + if !tcp {
             0
         } else if closed_or_listening {
             1
         } else {
             2
-        };
-    TABLES[i].get_or_init(|| option_defaults(family, tcp, state))
+        }
+}
+
+/// The option tables, read from /proc/sys once per ferry run rather than
+/// once per socket (a server may hold 10,000 of them).
+fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Default_)] {
+    use std::sync::OnceLock;
+    static TABLES: [OnceLock<Vec<(i32, i32, Default_)>>; 6] = [const { OnceLock::new() }; 6];
+    TABLES[table_index(family, tcp, state)].get_or_init(|| option_defaults(family, tcp, state))
+}
+
+/// What the socket-option check reads of an IPv4/IPv6 TCP or UDP socket
+/// of this family, type and protocol before the freeze
+/// ([`super::PreRead`]): None for other sockets.
+pub(crate) fn pre_read(
+    fd: RawFd,
+    (family, sock_type, protocol): (i32, i32, i32),
+) -> Option<super::PreRead> {
+    if family != libc::AF_INET && family != libc::AF_INET6 {
+        return None;
+    }
+    let tcp = sock_type == libc::SOCK_STREAM && protocol == libc::IPPROTO_TCP;
+    let udp = sock_type == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP;
+    let state = match (tcp, udp) {
+        (true, _) => socket::tcp_info(fd).ok()?.tcpi_state,
+        (false, true) => TCP_CLOSE,
+        _ => return None,
+    };
+    let options = changed_options(fd, family, tcp, state);
+    Some(super::PreRead { family, sock_type, protocol, state, options })
+}
+
+/// The options read before the freeze, when they still hold: nothing
+/// can have set one since (`quiet`) and the socket is in the same state
+/// (a connection whose peer closed since counts as the same: no option
+/// moves with a FIN), so the stack moved none by itself either.
+fn early_options(pre: &super::PreRead, quiet: bool, state: u8) -> Option<Vec<SockOpt>> {
+    let connected = |s| s == TCP_ESTABLISHED || s == TCP_CLOSE_WAIT;
+    let same = pre.state == state || (connected(pre.state) && connected(state));
+    (quiet && same).then(|| pre.options.clone())
 }
 
 /// Every option of the socket that differs from its default, plus the
@@ -382,9 +419,15 @@ fn tcp_state(info: &FdInfo, fd: RawFd, peer: Option<SocketAddr>) -> Result<TcpSt
 pub fn capture(info: &FdInfo) -> Result<FileKind> {
     let sock = info.dup()?;
     let fd = sock.as_raw_fd();
-    let family = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN).unwrap_or(-1);
-    let sock_type = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE).unwrap_or(-1);
-    let protocol = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL).unwrap_or(-1);
+    // What never changes in a socket, as read before the freeze.
+    let early = info.pre.and_then(super::PreSocket::read);
+    let (family, sock_type, protocol) = match early {
+        Some(e) => (e.family, e.sock_type, e.protocol),
+        None => {
+            let int = |n| getsockopt_int(fd, libc::SOL_SOCKET, n).unwrap_or(-1);
+            (int(libc::SO_DOMAIN), int(libc::SO_TYPE), int(libc::SO_PROTOCOL))
+        }
+    };
     let family_name = match family {
         libc::AF_INET | libc::AF_INET6 => "",
         libc::AF_UNIX => return super::unix::capture(info, sock_type),
@@ -420,7 +463,9 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
     // only closed its side is still connected.
     let connected = state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT;
     let peer = if tcp && !connected { None } else { peer };
-    let options = changed_options(fd, family, tcp, state);
+    let options = early
+        .and_then(|e| early_options(e, info.options_quiet, state))
+        .unwrap_or_else(|| changed_options(fd, family, tcp, state));
     let facts = super::socket_preconditions::InetFacts {
         sock: sock.as_fd(),
         tcp,
@@ -447,6 +492,32 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn options_read_before_the_freeze_stand_only_when_quiet_and_in_the_same_state() {
+        let opt =
+            SockOpt { level: libc::IPPROTO_TCP, name: libc::TCP_NODELAY, value: vec![1, 0, 0, 0] };
+        let pre = |family, state| super::super::PreRead {
+            family,
+            sock_type: libc::SOCK_STREAM,
+            protocol: libc::IPPROTO_TCP,
+            state,
+            options: vec![opt.clone()],
+        };
+        let est = pre(libc::AF_INET, TCP_ESTABLISHED);
+        assert_eq!(early_options(&est, true, TCP_ESTABLISHED).map(|o| o.len()), Some(1));
+        // The peer closed since: same table (a connection's).
+        assert!(early_options(&est, true, TCP_CLOSE_WAIT).is_some());
+        // A setsockopt may have happened: read again.
+        assert!(early_options(&est, false, TCP_ESTABLISHED).is_none());
+        // Closed since: the MSS and window clamp are read then too.
+        assert!(early_options(&est, true, TCP_CLOSE).is_none());
+        let closed = pre(libc::AF_INET6, TCP_CLOSE);
+        assert!(early_options(&closed, true, TCP_LISTEN).is_none());
+        assert!(early_options(&closed, true, TCP_ESTABLISHED).is_none());
+        // A handshake completed since: read again.
+        assert!(early_options(&pre(libc::AF_INET, 2), true, TCP_ESTABLISHED).is_none());
+    }
     use crate::catalog::{socket_options as cat, Handling};
 
     /// Every option the catalog calls restored is one the freeze reads:

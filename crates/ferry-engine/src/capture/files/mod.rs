@@ -16,7 +16,7 @@ pub(crate) mod socket_preconditions;
 pub(crate) use regular::check_deleted_mapped;
 mod signalfd;
 pub(crate) mod tcp;
-mod time_wait;
+pub(crate) mod time_wait;
 mod timerfd;
 pub(crate) mod unix;
 mod unix_options;
@@ -24,7 +24,7 @@ mod unix_options;
 use crate::error::{EngineError, Result};
 use crate::procfs;
 use ferry_image::{FdSlot, FileKind, OpenFile};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 /// What every kind-specific capture gets to look at.
@@ -46,6 +46,11 @@ pub(crate) struct FdInfo<'a> {
     pub kept: &'a KeptDups,
     /// The process's mounts, read when the first file opened by path needs them.
     pub mounts: &'a allow::Mounts,
+    /// The socket as listed before the freeze, when fd still is that socket.
+    pub pre: Option<&'a PreSocket>,
+    /// Whether the options read before the freeze still hold
+    /// ([`super::sockopt_watch`]).
+    pub options_quiet: bool,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -180,23 +185,76 @@ pub struct CapturedFds {
 }
 
 /// A running process's sockets as listed before the freeze: per fd
-/// number, the socket's (mnt_id, ino) from fdinfo, its link and its
-/// metadata. In the freeze, an fd whose fdinfo still shows the same
-/// mount and inode is that same socket (a socket's inode is never
-/// reused while it exists, and a socket cannot be reopened into a second
-/// description), so its path walks (readlink, stat) are not repeated; any
-/// other fd is read in full.
+/// number, the socket's (mnt_id, ino) from fdinfo, its link, its
+/// metadata and what was read of it ([`PreSocket`]). In the freeze, an
+/// fd whose fdinfo still shows the same mount and inode is that same
+/// socket (a socket's inode is never reused while it exists, and a
+/// socket cannot be reopened into a second description), so its path
+/// walks (readlink, stat) are not repeated and what was read of it
+/// before may stand; any other fd is read in full.
 #[derive(Default)]
 pub struct FdPresurvey {
-    by_fd: std::collections::HashMap<i32, ((u64, u64), String, std::fs::Metadata)>,
+    by_fd: std::collections::HashMap<i32, Listed>,
+}
+
+/// One socket fd as the presurvey listed it.
+struct Listed {
+    id: (u64, u64),
+    link: String,
+    meta: std::fs::Metadata,
+    socket: PreSocket,
+}
+
+/// Ferry's duplicate of a socket taken before the freeze (checked to be
+/// the socket fdinfo showed) for the socket-option check, which lets go
+/// of it ([`FdPresurvey::release_dups`]), and what that check read of it
+/// while the tree ran.
+#[derive(Default)]
+pub struct PreSocket {
+    dup: std::sync::Mutex<Option<OwnedFd>>,
+    read: std::sync::OnceLock<PreRead>,
+}
+
+/// An IPv4/IPv6 socket as read before the freeze: what never changes
+/// (family, type, protocol), its TCP state then and the options it had
+/// changed then ([`inet::changed_options`]), which the freeze takes when
+/// no option can have changed since ([`super::sockopt_watch`]).
+#[derive(Clone, Debug)]
+pub struct PreRead {
+    pub family: i32,
+    pub sock_type: i32,
+    pub protocol: i32,
+    pub state: u8,
+    pub options: Vec<ferry_image::SockOpt>,
+}
+
+impl PreSocket {
+    /// Runs `f` on the duplicate, if there is one.
+    pub fn with_dup<T>(&self, f: impl FnOnce(&OwnedFd) -> T) -> Option<T> {
+        self.dup.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(f)
+    }
+
+    /// The duplicate, taken over.
+    fn take_dup(&self) -> Option<OwnedFd> {
+        self.dup.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Records what the option check read (once).
+    pub fn set_read(&self, read: PreRead) {
+        let _ = self.read.set(read);
+    }
+
+    pub fn read(&self) -> Option<&PreRead> {
+        self.read.get()
+    }
 }
 
 impl FdPresurvey {
-    /// The link and metadata listed for `fd`, if `fdinfo` (read in the
-    /// freeze) shows the same socket.
-    fn same_socket(&self, fd: i32, fdinfo: &str) -> Option<(&String, &std::fs::Metadata)> {
-        let (id, link, meta) = self.by_fd.get(&fd)?;
-        (fdinfo_identity(fdinfo)? == *id).then_some((link, meta))
+    /// What was listed for `fd`, if `fdinfo` (read in the freeze) shows
+    /// the same socket.
+    fn same_socket(&self, fd: i32, fdinfo: &str) -> Option<&Listed> {
+        let listed = self.by_fd.get(&fd)?;
+        (fdinfo_identity(fdinfo)? == listed.id).then_some(listed)
     }
 
     pub fn len(&self) -> usize {
@@ -205,7 +263,12 @@ impl FdPresurvey {
 
     /// The link and metadata listed for `fd` while the process ran.
     pub fn listed(&self, fd: i32) -> Option<(&String, &std::fs::Metadata)> {
-        self.by_fd.get(&fd).map(|(_, link, meta)| (link, meta))
+        self.by_fd.get(&fd).map(|l| (&l.link, &l.meta))
+    }
+
+    /// The duplicate and early reads of the socket at `fd`.
+    pub fn socket(&self, fd: i32) -> Option<&PreSocket> {
+        self.by_fd.get(&fd).map(|l| &l.socket)
     }
 
     /// Every fd listed.
@@ -215,7 +278,19 @@ impl FdPresurvey {
 
     /// The inode of every socket listed.
     pub fn socket_inodes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.by_fd.values().map(|(id, ..)| id.1)
+        self.by_fd.values().map(|l| l.id.1)
+    }
+
+    /// Lets go of every duplicate, once the option check read what it
+    /// needed: while ferry holds a socket it lives on, so a connection
+    /// the service closes meanwhile would stay in its epoll sets (the
+    /// freeze would find an entry for a closed fd), a listener it closes
+    /// could not be bound again, a unix socket's peer would not see it
+    /// closed. The freeze takes its own duplicates.
+    pub fn release_dups(&self) {
+        for l in self.by_fd.values() {
+            drop(l.socket.take_dup());
+        }
     }
 }
 
@@ -234,6 +309,7 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return FdPresurvey::default();
     };
+    let pidfd = ferry_sys::pidfd::pidfd_open(pid).ok();
     let fds: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     let listed = crate::parallel::map(&fds, |&fd| {
         let Ok(link) = procfs::read_link(&format!("{dir}/{fd}")) else { return Ok(None) };
@@ -246,8 +322,14 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
         let Ok(meta) = std::fs::metadata(format!("{dir}/{fd}")) else { return Ok(None) };
         let Some(id) = fdinfo_identity(&fdinfo) else { return Ok(None) };
         // The link, stat and fdinfo must all be of one socket.
-        let same = id.1 == meta.ino() && link == format!("socket:[{}]", meta.ino());
-        Ok(same.then_some((fd, (id, link, meta))))
+        if id.1 != meta.ino() || link != format!("socket:[{}]", meta.ino()) {
+            return Ok(None);
+        }
+        // And the duplicate too: the fd may have been closed and reused.
+        let dup = pidfd.as_ref().and_then(|p| ferry_sys::pidfd::pidfd_getfd(p, fd).ok());
+        let dup = dup.filter(|d| ferry_sys::sockdiag::inode_of(d.as_fd()) == Ok(id.1));
+        let socket = PreSocket { dup: std::sync::Mutex::new(dup), ..Default::default() };
+        Ok(Some((fd, Listed { id, link, meta, socket })))
     })
     .unwrap_or_default();
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
@@ -284,7 +366,8 @@ impl FdinfoDir {
 
 /// Captures all fds of `pid`. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree. `pre` is what
-/// [`presurvey`] listed while the process ran.
+/// [`presurvey`] listed while the process ran; `options_quiet` whether
+/// the options it read still hold.
 ///
 /// Three passes, so that a process with 10,000 sockets is read on every
 /// worker thread: what each fd is (parallel), which fds share a
@@ -296,6 +379,7 @@ pub fn capture(
     tree: &[i32],
     external_stdio: bool,
     pre: Option<&FdPresurvey>,
+    options_quiet: bool,
 ) -> Result<CapturedFds> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
@@ -310,8 +394,9 @@ pub fn capture(
     let mounts = allow::Mounts::new(pid);
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         let fdinfo = fdinfo_dir.read(fd)?;
-        let (link, meta) = match pre.and_then(|p| p.same_socket(fd, &fdinfo)) {
-            Some((link, meta)) => (link.clone(), meta.clone()),
+        let same = pre.and_then(|p| p.same_socket(fd, &fdinfo));
+        let (link, meta) = match same {
+            Some(l) => (l.link.clone(), l.meta.clone()),
             None => {
                 let link = procfs::read_link(&format!("{dir}/{fd}"))?;
                 let meta = std::fs::metadata(format!("{dir}/{fd}"))
@@ -331,6 +416,8 @@ pub fn capture(
             socket_tables: &socket_tables,
             kept: &kept,
             mounts: &mounts,
+            pre: same.map(|l| &l.socket),
+            options_quiet,
         })
     })?;
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
@@ -654,8 +741,11 @@ mod tests {
         let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let fd = first.as_raw_fd();
         let pre = presurvey(std::process::id() as i32);
-        let (link, _) = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
-        assert!(link.starts_with("socket:["), "{link}");
+        let listed = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
+        assert!(listed.link.starts_with("socket:["), "{}", listed.link);
+        // Its duplicate, checked to be the same socket.
+        let dup_ino = listed.socket.with_dup(|d| ferry_sys::sockdiag::inode_of(d.as_fd()));
+        assert_eq!(dup_ino, Some(Ok(listed.id.1)));
         assert!(pre.socket_inodes().count() >= 1);
         // What fdinfo shows once another socket sits at that number
         // (closed and reopened meanwhile): another inode, so the fd is

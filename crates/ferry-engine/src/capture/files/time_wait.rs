@@ -11,8 +11,15 @@ use ferry_sys::tcp_iter::{TcpIterLayout, TcpIterProgram, TimeWait};
 use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 
+static PROGRAM: OnceLock<Option<TcpIterProgram>> = OnceLock::new();
+
+/// The id of this iterator if this process loaded it: it sets no socket
+/// option (the setsockopt watch, `capture/sockopt_watch.rs`, knows it).
+pub(crate) fn own_program_id() -> Option<u32> {
+    PROGRAM.get()?.as_ref()?.id().ok()
+}
+
 fn program() -> Option<&'static TcpIterProgram> {
-    static PROGRAM: OnceLock<Option<TcpIterProgram>> = OnceLock::new();
     PROGRAM
         .get_or_init(|| match load_program() {
             Ok(p) => Some(p),

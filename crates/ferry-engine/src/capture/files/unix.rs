@@ -288,6 +288,8 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         // Ferry's own fd numbers: nothing of them belongs to the process's.
         kept: &super::KeptDups::default(),
         mounts: &super::allow::Mounts::new(me),
+        pre: None,
+        options_quiet: false,
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
