@@ -1813,6 +1813,17 @@ fn refuses_dnotify() {
 /// ferry's namespace, its sockets on another network, silently. It is
 /// refused before anything is made, naming the namespace and the remedy;
 /// with --netns it restores.
+/// `pid` runs on its own: no tracer, not stopped.
+fn running_untraced(pid: i32) -> bool {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or("").to_string()
+    };
+    field("TracerPid:") == "0"
+        && !field("State:").starts_with('t')
+        && !field("State:").starts_with('T')
+}
+
 #[test]
 fn a_restore_refuses_to_move_a_tree_out_of_its_network_namespace() {
     require_root!();
@@ -1847,8 +1858,11 @@ fn a_restore_refuses_to_move_a_tree_out_of_its_network_namespace() {
         .spawn()
         .expect("spawn restore");
     c.children.push(restore);
+    // In the namespace is not yet restored: until ferry lets it go, the
+    // process is traced and stopped, and a signal sent then would stop it
+    // there while ferry waits on it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while inode(&format!("/proc/{pid}/ns/net")) != ino {
+    while inode(&format!("/proc/{pid}/ns/net")) != ino || !running_untraced(pid) {
         assert!(Instant::now() < deadline, "restore into {} did not finish", ns.0);
         sleep(Duration::from_millis(5));
     }
