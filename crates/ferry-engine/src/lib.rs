@@ -36,7 +36,7 @@ pub mod running_sockets;
 pub mod syscall_restart;
 pub(crate) mod tcp_repair;
 pub(crate) mod unix_remake;
-pub(crate) mod vm_flags;
+pub mod vm_flags;
 
 pub use error::{EngineError, Result};
 pub use pids::{HostPid, TreePid};

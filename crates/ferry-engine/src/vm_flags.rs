@@ -65,6 +65,13 @@ pub(crate) fn mnemonics(flags: u64) -> Option<Vec<String>> {
 
 static PROGRAM: OnceLock<Option<VmaIterProgram>> = OnceLock::new();
 
+/// Loads the iterator (once per process) now: on another thread while a
+/// restore reads its image, at an agent's start, so its first use (the
+/// restore's check) does not load it in a pause.
+pub fn load_ahead() {
+    let _ = program();
+}
+
 /// The id of this iterator if this process loaded it: it sets no socket
 /// option (the setsockopt watch, `capture/sockopt_watch.rs`, knows it).
 pub(crate) fn own_program_id() -> Option<u32> {

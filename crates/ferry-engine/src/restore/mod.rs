@@ -177,7 +177,10 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 /// the tree, restore it held, release it.
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
+    // The restore's check uses it; loaded while the image is read.
+    let loading = std::thread::Builder::new().spawn(crate::vm_flags::load_ahead);
     let image = source.load(crate::worker_threads())?;
+    drop(loading);
     if opts.detach {
         check_detachable(&image.tree)?;
     }

@@ -79,6 +79,9 @@ fn listen(args: &Args) -> Result<()> {
     let listener = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr().unwrap_or(addr);
     std::thread::spawn(reap_forever);
+    // Reads the kernel's type facts once (kept for the workers in
+    // /run/ferry/btf-facts), not in the first migration's pause.
+    std::thread::spawn(ferry_engine::vm_flags::load_ahead);
     println!("ferryd listening on {local}");
     let _ = std::io::stdout().flush();
     for conn in listener.incoming() {
