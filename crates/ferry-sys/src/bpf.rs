@@ -390,6 +390,28 @@ pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
     Ok(info[1])
 }
 
+/// A loaded program as `bpf_prog_info` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgInfo {
+    pub id: u32,
+    /// `enum bpf_prog_type`.
+    pub prog_type: u32,
+    /// The kernel's hash of the program's instructions: two programs with
+    /// the same tag run the same code.
+    pub tag: [u8; 8],
+}
+
+/// What `bpf_prog_info` says of `prog`.
+pub fn prog_info(prog: BorrowedFd<'_>) -> SysResult<ProgInfo> {
+    // type, id, then the 8-byte tag.
+    let mut info = [0u32; 8];
+    obj_info(prog, &mut info)?;
+    let mut tag = [0u8; 8];
+    tag[..4].copy_from_slice(&info[2].to_ne_bytes());
+    tag[4..].copy_from_slice(&info[3].to_ne_bytes());
+    Ok(ProgInfo { id: info[1], prog_type: info[0], tag })
+}
+
 const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 
@@ -412,9 +434,9 @@ fn id_command(command: libc::c_long, attr: &mut IdAttr) -> libc::c_long {
     }
 }
 
-/// The id and type (`enum bpf_prog_type`) of every BPF program loaded
-/// on the host now. Programs unloaded while they are listed are left out.
-pub fn loaded_progs() -> SysResult<Vec<(u32, u32)>> {
+/// Every BPF program loaded on the host now. Programs unloaded while
+/// they are listed are left out.
+pub fn loaded_progs() -> SysResult<Vec<ProgInfo>> {
     let mut types = Vec::new();
     let mut id = 0u32;
     loop {
@@ -435,9 +457,7 @@ pub fn loaded_progs() -> SysResult<Vec<(u32, u32)>> {
         }
         // SAFETY: fd is a new descriptor owned by us.
         let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
-        let mut info = [0u32; 2];
-        obj_info(std::os::fd::AsFd::as_fd(&prog), &mut info)?;
-        types.push((info[1], info[0]));
+        types.push(prog_info(std::os::fd::AsFd::as_fd(&prog))?);
     }
 }
 

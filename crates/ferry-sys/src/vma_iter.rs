@@ -265,9 +265,9 @@ pub struct VmaIterProgram {
 }
 
 impl VmaIterProgram {
-    /// The program's id (the host's list of programs shows it).
-    pub fn id(&self) -> SysResult<u32> {
-        crate::bpf::prog_id(std::os::fd::AsFd::as_fd(&self.prog))
+    /// The program as the host's list of programs shows it.
+    pub fn info(&self) -> crate::SysResult<crate::bpf::ProgInfo> {
+        crate::bpf::prog_info(std::os::fd::AsFd::as_fd(&self.prog))
     }
 
     /// Loads the program for `layout`; a refusal carries the last line

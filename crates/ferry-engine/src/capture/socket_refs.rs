@@ -33,10 +33,11 @@ use std::sync::OnceLock;
 
 static PROGRAM: OnceLock<Option<FileIterProgram>> = OnceLock::new();
 
-/// The id of this iterator if this process loaded it: it sets no socket
-/// option (the setsockopt watch, `capture/sockopt_watch.rs`, knows it).
-pub(crate) fn own_program_id() -> Option<u32> {
-    PROGRAM.get()?.as_ref()?.id().ok()
+/// This iterator as loaded here (loading it first), for the setsockopt
+/// watch (`capture/sockopt_watch.rs`): any program of the same tag, which
+/// runs the same instructions, only reads and sets no socket option.
+pub(crate) fn own_program() -> Option<ferry_sys::bpf::ProgInfo> {
+    program()?.info().ok()
 }
 
 fn program() -> Option<&'static FileIterProgram> {

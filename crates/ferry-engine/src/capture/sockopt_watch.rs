@@ -27,6 +27,8 @@ impl Watch {
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
         let id = ferry_sys::perf::tracepoint_id("syscalls/sys_enter_setsockopt").ok()?;
+        // Loaded now, not in the freeze where `answer` lists them.
+        own_programs();
         let mut counters = HashMap::new();
         for &pid in pids {
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
@@ -73,15 +75,10 @@ impl Watch {
             .iter()
             .map(|t| ferry_sys::perf::read_count(self.counters.get(t)?.as_fd()).ok())
             .collect();
-        // Ferry's own iterators (tracing programs) only read.
-        let own = [
-            crate::vm_flags::own_program_id(),
-            super::socket_refs::own_program_id(),
-            super::files::time_wait::own_program_id(),
-        ];
-        let types: Option<Vec<u32>> = ferry_sys::bpf::loaded_progs().ok().map(|p| {
-            p.into_iter().filter(|(id, _)| !own.contains(&Some(*id))).map(|p| p.1).collect()
-        });
+        let own = own_programs();
+        let types: Option<Vec<u32>> = ferry_sys::bpf::loaded_progs()
+            .ok()
+            .map(|p| p.into_iter().filter(|p| !is_own(&own, p)).map(|p| p.prog_type).collect());
         let quiet = counts.as_deref().is_some_and(no_calls)
             && types.as_deref().is_some_and(|t| !bpf_may_set_options(t));
         tracing::debug!(
@@ -90,6 +87,24 @@ impl Watch {
         );
         quiet
     }
+}
+
+/// Ferry's own iterators (tracing programs that only read), as this
+/// process loads them: another ferry's (an agent's, a foreground
+/// restore's) have the same type and tag.
+fn own_programs() -> Vec<ferry_sys::bpf::ProgInfo> {
+    [
+        crate::vm_flags::own_program(),
+        super::socket_refs::own_program(),
+        super::files::time_wait::own_program(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+fn is_own(own: &[ferry_sys::bpf::ProgInfo], p: &ferry_sys::bpf::ProgInfo) -> bool {
+    own.iter().any(|o| o.prog_type == p.prog_type && o.tag == p.tag)
 }
 
 /// Every thread counted, none called setsockopt.
@@ -112,6 +127,15 @@ fn bpf_may_set_options(types: &[u32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_is_ferrys_own_by_its_type_and_tag_not_its_id() {
+        use ferry_sys::bpf::ProgInfo;
+        let own = [ProgInfo { id: 7, prog_type: 26, tag: [1; 8] }];
+        assert!(is_own(&own, &ProgInfo { id: 99, prog_type: 26, tag: [1; 8] }), "another copy");
+        assert!(!is_own(&own, &ProgInfo { id: 7, prog_type: 26, tag: [2; 8] }), "other code");
+        assert!(!is_own(&own, &ProgInfo { id: 7, prog_type: 27, tag: [1; 8] }), "other type");
+    }
 
     #[test]
     fn only_programs_without_setsockopt_let_the_options_read_before_stand() {
