@@ -45,7 +45,7 @@ fn add(files: &mut Vec<RunningFile>, path: String, through: &str, mapped: bool, 
         return;
     }
     let Ok(meta) = std::fs::metadata(through) else { return };
-    if !meta.is_file() {
+    if !meta.is_file() || on_kernel_fs(through) {
         return;
     }
     files.push(RunningFile {
@@ -55,6 +55,15 @@ fn add(files: &mut Vec<RunningFile>, path: String, through: &str, mapped: bool, 
         mapped,
         holder,
     });
+}
+
+/// procfs and sysfs files are the kernel's view of this host (a /proc
+/// path is made again for the restored PIDs): no file to carry.
+fn on_kernel_fs(through: &str) -> bool {
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    let Ok(path) = std::ffi::CString::new(through) else { return false };
+    ferry_sys::fd::statfs_magic(&path).is_ok_and(|m| m == PROC_SUPER_MAGIC || m == SYSFS_MAGIC)
 }
 
 /// A path a restore opens again by name: absolute, not deleted, not a
@@ -106,6 +115,14 @@ mod tests {
         assert!(!reopened_by_path("/SYSV00000000"));
         assert!(!reopened_by_path("socket:[123]"));
         assert!(!reopened_by_path("anon_inode:[eventfd]"));
+    }
+
+    #[test]
+    fn proc_files_are_the_kernels_not_carried() {
+        let stat = std::fs::File::open("/proc/self/stat").expect("open");
+        let files = running_files(&[std::process::id() as i32]);
+        assert!(files.iter().all(|f| !f.path.starts_with("/proc/")), "{files:?}");
+        drop(stat);
     }
 
     #[test]
