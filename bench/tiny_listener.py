@@ -129,18 +129,22 @@ def criu_usable():
 def measure(tool, round_fn, binary):
     pid, port = start_server(binary)
     client = Client(port)
-    client.start()
-    time.sleep(0.2)
     rows = []
-    for _ in range(RUNS):
-        rows.append(round_fn(pid))
-        time.sleep(0.1)
-    client.stop = True
-    time.sleep(0.05)
     try:
-        os.kill(pid, 9)
-    except ProcessLookupError:
-        pass
+        client.start()
+        time.sleep(0.2)
+        for _ in range(RUNS):
+            rows.append(round_fn(pid))
+            time.sleep(0.1)
+    finally:
+        # Also when a round fails: the server (restored under the same
+        # PID each round) must not outlive the benchmark.
+        client.stop = True
+        time.sleep(0.05)
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
     if client.slow:
         print(f"{tool}: client waits over 50 ms: {client.slow}")
     ck = statistics.median(r[0] for r in rows)

@@ -52,6 +52,7 @@ def start(argv, ready, log):
             if ready in f.read():
                 return p.pid
         time.sleep(0.01)
+    p.kill()
     raise SystemExit(f"{argv[0]} did not start")
 
 
@@ -64,6 +65,8 @@ def one(argv, ready, log, verify):
                        capture_output=True, text=True, close_fds=True)
     wall = (time.time() - t) * 1e3
     if r.returncode != 0:
+        # The program runs on after a refused checkpoint: it is ours to end.
+        os.kill(pid, 9)
         raise SystemExit(f"checkpoint failed: {r.stderr}")
     total = float(TOTAL.search(r.stdout).group(1))
     trial = TRIAL.search(r.stdout)

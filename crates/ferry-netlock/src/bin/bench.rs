@@ -85,24 +85,25 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn arg_list(args: &[String], flag: &str) -> Option<String> {
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+/// Cost of each phase of a network lock per method and number of tuples,
+/// in a scratch network namespace (needs root); prints a Markdown table.
+#[derive(clap::Parser)]
+#[command(name = "ferry-netlock-bench")]
+struct Args {
+    /// Runs per method and size (the median is printed), 1-100.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=100))]
+    reps: u16,
+    /// Lock methods, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "ebpf,nftables,iptables")]
+    methods: Vec<Method>,
+    /// Numbers of tuples, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,100,500,1000,2000,5000,10000")]
+    sizes: Vec<usize>,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let reps: usize =
-        arg_list(&args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(5).clamp(1, 100);
-    let methods: Vec<Method> = arg_list(&args, "--methods")
-        .unwrap_or_else(|| "ebpf,nftables,iptables".into())
-        .split(',')
-        .filter_map(|m| m.parse().map_err(|e| eprintln!("{e}")).ok())
-        .collect();
-    let sizes: Vec<usize> = arg_list(&args, "--sizes")
-        .unwrap_or_else(|| "0,100,500,1000,2000,5000,10000".into())
-        .split(',')
-        .filter_map(|s| s.parse().ok())
-        .collect();
+    let args = <Args as clap::Parser>::parse();
+    let (reps, methods, sizes) = (usize::from(args.reps), args.methods, args.sizes);
     let ns = match ScratchNetns::create() {
         Ok(ns) => ns,
         Err(e) => {
