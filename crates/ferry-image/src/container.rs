@@ -4,10 +4,7 @@
 //! bytes can be written to a file or to a socket.
 
 use crate::error::ImageError;
-use crate::model::{
-    CgroupImage, Incremental, Inventory, ProcessAttrsImage, PtysImage, TreeImage,
-    UnixDeadPeersImage, UnixInFlightFilesImage, UnixPeersImage, UnixSocketOptionsImage,
-};
+use crate::model::{Incremental, Inventory, ProcessAttrsImage, TreeImage};
 
 pub const MAGIC: &[u8; 8] = b"FERRYIMG";
 /// The major format version this build reads and writes. An image of
@@ -523,6 +520,40 @@ pub fn decode_meta_full(
     decode_meta_versioned(bytes).map(|(_, inv, tree, inc)| (inv, tree, inc))
 }
 
+/// Decodes the optional tree section `kind` (format 4.2 on) into its
+/// field of `tree`; false for a kind that is no such section (the
+/// inventory, the tree, Incremental, the pages). meta.img and the stream
+/// read them alike.
+pub(crate) fn decode_optional(
+    tree: &mut TreeImage,
+    kind: SectionKind,
+    payload: &[u8],
+    version: FormatVersion,
+) -> Result<bool, ImageError> {
+    match kind {
+        SectionKind::Cgroups => tree.cgroups = Some(decode_payload(payload, "cgroups")?),
+        SectionKind::UnixPeers => tree.unix_peers = Some(decode_payload(payload, "unix peers")?),
+        SectionKind::UnixDeadPeers => {
+            tree.unix_dead_peers = Some(decode_payload(payload, "unix dead peers")?)
+        }
+        SectionKind::UnixInFlightFiles => {
+            tree.unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
+        }
+        SectionKind::Ptys => tree.ptys = Some(decode_payload(payload, "ptys")?),
+        SectionKind::ProcessAttrs => {
+            tree.process_attrs = Some(decode_process_attrs(payload, version)?)
+        }
+        SectionKind::UnixSocketOptions => {
+            tree.unix_socket_options = Some(decode_payload(payload, "unix socket options")?)
+        }
+        SectionKind::Inventory
+        | SectionKind::Tree
+        | SectionKind::Incremental
+        | SectionKind::Pages => return Ok(false),
+    }
+    Ok(true)
+}
+
 /// [`decode_meta_full`], also returning the format version the image's
 /// header claims.
 pub fn decode_meta_versioned(
@@ -534,13 +565,6 @@ pub fn decode_meta_versioned(
     let mut inventory: Option<Inventory> = None;
     let mut process: Option<TreeImage> = None;
     let mut incremental: Option<Incremental> = None;
-    let mut cgroups: Option<CgroupImage> = None;
-    let mut unix_peers: Option<UnixPeersImage> = None;
-    let mut unix_dead_peers: Option<UnixDeadPeersImage> = None;
-    let mut unix_in_flight_files: Option<UnixInFlightFilesImage> = None;
-    let mut ptys: Option<PtysImage> = None;
-    let mut process_attrs: Option<ProcessAttrsImage> = None;
-    let mut unix_socket_options: Option<UnixSocketOptionsImage> = None;
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
@@ -559,39 +583,24 @@ pub fn decode_meta_versioned(
             SectionKind::Inventory => inventory = Some(decode_payload(payload, "inventory")?),
             SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
-            SectionKind::Cgroups => cgroups = Some(decode_payload(payload, "cgroups")?),
-            SectionKind::UnixPeers => unix_peers = Some(decode_payload(payload, "unix peers")?),
-            SectionKind::UnixDeadPeers => {
-                unix_dead_peers = Some(decode_payload(payload, "unix dead peers")?)
-            }
-            SectionKind::UnixInFlightFiles => {
-                unix_in_flight_files = Some(decode_payload(payload, "unix in-flight files")?)
-            }
-            SectionKind::Ptys => ptys = Some(decode_payload(payload, "ptys")?),
-            SectionKind::ProcessAttrs => {
-                process_attrs = Some(decode_process_attrs(payload, header.version)?)
-            }
-            SectionKind::UnixSocketOptions => {
-                unix_socket_options = Some(decode_payload(payload, "unix socket options")?)
-            }
             // META_SECTIONS does not hold it: `accept` refused it.
             SectionKind::Pages => {
                 return Err(ImageError::Invalid("pages section does not belong in meta.img".into()))
             }
+            // `order` takes optional sections only after the tree.
+            optional => {
+                let tree = process.as_mut().ok_or_else(|| {
+                    ImageError::Invalid(format!("{} section before the tree", optional.name()))
+                })?;
+                decode_optional(tree, optional, payload, header.version)?;
+            }
         }
     }
-    let (Some(inventory), Some(mut process)) = (inventory, process) else {
+    let (Some(inventory), Some(process)) = (inventory, process) else {
         return Err(ImageError::Truncated(
             "meta.img lacks the inventory or the process tree section".into(),
         ));
     };
-    process.cgroups = cgroups;
-    process.unix_peers = unix_peers;
-    process.unix_dead_peers = unix_dead_peers;
-    process.unix_in_flight_files = unix_in_flight_files;
-    process.ptys = ptys;
-    process.process_attrs = process_attrs;
-    process.unix_socket_options = unix_socket_options;
     crate::validate::validate(&inventory, &process)?;
     crate::validate::validate_ptys(&process)?;
     crate::validate::validate_process_attrs(&process)?;

@@ -25,8 +25,8 @@
 //! length costs the sender as many bytes as it makes the reader allocate.
 
 use crate::container::{
-    self, decode_payload, read_file_header, section_header_raw, SectionKind, SectionOrder,
-    HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN, STREAM_SECTIONS,
+    self, decode_optional, decode_payload, read_file_header, section_header_raw, FormatVersion,
+    SectionKind, SectionOrder, HEADER_LEN, MAX_SECTION_LEN, SECTION_HEADER_LEN, STREAM_SECTIONS,
 };
 use crate::dir::{ImageDir, META_FILE, PAGES_DATA_OFFSET};
 use crate::error::ImageError;
@@ -200,74 +200,12 @@ pub fn read_stream_full<R: Read>(
 
     let (len, sum) = next_section(r, &mut order, SectionKind::Tree)?;
     let payload = read_metadata(r, SectionKind::Tree, len, sum)?;
-    let process: TreeImage = decode_payload(&payload, "process")?;
+    let mut process: TreeImage = decode_payload(&payload, "process")?;
     drop(payload);
     // Reject bad metadata before receiving any page data.
     validate(&inventory, &process)?;
 
-    // Optional sections, then the pages.
-    let mut incremental: Option<Incremental> = None;
-    let mut process = process;
-    let (len, sum) = loop {
-        let (kind, len, sum) = section_header(r, &mut order, "pages")?;
-        match kind {
-            SectionKind::Incremental => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                let inc: Incremental = decode_payload(&payload, "incremental")?;
-                validate_incremental(&process, &inc)?;
-                incremental = Some(inc);
-            }
-            SectionKind::Cgroups => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.cgroups = Some(decode_payload(&payload, "cgroups")?);
-                crate::validate::validate_cgroups(&process)?;
-            }
-            SectionKind::UnixPeers => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                // Checked with the dead peers, which it may list too.
-                process.unix_peers = Some(decode_payload(&payload, "unix peers")?);
-            }
-            SectionKind::UnixDeadPeers => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.unix_dead_peers = Some(decode_payload(&payload, "unix dead peers")?);
-            }
-            SectionKind::UnixInFlightFiles => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.unix_in_flight_files =
-                    Some(decode_payload(&payload, "unix in-flight files")?);
-            }
-            SectionKind::Ptys => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.ptys = Some(decode_payload(&payload, "ptys")?);
-            }
-            SectionKind::ProcessAttrs => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.process_attrs =
-                    Some(crate::container::decode_process_attrs(&payload, version)?);
-            }
-            SectionKind::UnixSocketOptions => {
-                let payload = read_metadata(r, kind, len, sum)?;
-                process.unix_socket_options =
-                    Some(decode_payload(&payload, "unix socket options")?);
-            }
-            SectionKind::Pages => {
-                crate::validate::validate_unix_dead_peers(&process)?;
-                crate::validate::validate_unix_peers(&process)?;
-                crate::validate::validate_unix_in_flight_files(&process)?;
-                crate::validate::validate_ptys(&process)?;
-                crate::validate::validate_process_attrs(&process)?;
-                crate::validate::validate_unix_socket_options(&process)?;
-                break (len, sum);
-            }
-            // `order` accepts nothing else after the process section.
-            other => {
-                return Err(ImageError::Invalid(format!(
-                    "{} section where the pages section was expected in stream",
-                    other.name()
-                )))
-            }
-        }
-    };
+    let (incremental, len, sum) = read_optional_sections(r, &mut order, version, &mut process)?;
     if len != inventory.pages_bytes {
         return Err(ImageError::Invalid(format!(
             "pages section holds {len} bytes, inventory says {}",
@@ -286,6 +224,52 @@ pub fn read_stream_full<R: Read>(
         materialise(dir, &inventory, &process, incremental.as_ref(), &pages)?;
     }
     Ok((inventory, process, incremental, pages))
+}
+
+/// The optional sections that follow the tree, each into its field of
+/// `process` (checked once all are in), up to the pages section's
+/// header: the image's `Incremental` section, and the pages' length and
+/// checksum.
+fn read_optional_sections<R: Read>(
+    r: &mut R,
+    order: &mut SectionOrder,
+    version: FormatVersion,
+    process: &mut TreeImage,
+) -> Result<(Option<Incremental>, u64, u64), ImageError> {
+    let mut incremental: Option<Incremental> = None;
+    loop {
+        let (kind, len, sum) = section_header(r, order, "pages")?;
+        match kind {
+            SectionKind::Incremental => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                let inc: Incremental = decode_payload(&payload, "incremental")?;
+                validate_incremental(process, &inc)?;
+                incremental = Some(inc);
+            }
+            SectionKind::Pages => {
+                crate::validate::validate_unix_dead_peers(process)?;
+                crate::validate::validate_unix_peers(process)?;
+                crate::validate::validate_unix_in_flight_files(process)?;
+                crate::validate::validate_ptys(process)?;
+                crate::validate::validate_process_attrs(process)?;
+                crate::validate::validate_unix_socket_options(process)?;
+                return Ok((incremental, len, sum));
+            }
+            _ => {
+                let payload = read_metadata(r, kind, len, sum)?;
+                // `order` accepts nothing else after the process section.
+                if !decode_optional(process, kind, &payload, version)? {
+                    return Err(ImageError::Invalid(format!(
+                        "{} section where the pages section was expected in stream",
+                        kind.name()
+                    )));
+                }
+                if kind == SectionKind::Cgroups {
+                    crate::validate::validate_cgroups(process)?;
+                }
+            }
+        }
+    }
 }
 
 /// Reads a section header that must be of kind `expected`; returns its
