@@ -142,12 +142,15 @@ pub fn audit_ids(task: &str) -> Result<(u32, u32)> {
 }
 
 /// The scheduling autogroup of `task` ("self" or "PID") as (id, nice),
-/// from "/autogroup-ID nice N"; None without CONFIG_SCHED_AUTOGROUP.
+/// from "/autogroup-ID nice N"; None without CONFIG_SCHED_AUTOGROUP, and
+/// for a process in the root task group, whose file is empty: a process
+/// whose line of ancestors never called setsid since boot (children of
+/// an init that keeps session 0) has no autogroup and no nice to keep.
 pub fn autogroup(task: &str) -> Result<Option<(u64, i32)>> {
     let Ok(text) = crate::procfs::read_string(&format!("/proc/{task}/autogroup")) else {
         return Ok(None);
     };
-    parse_autogroup(&text).map(Some).ok_or_else(|| {
+    parse_autogroup(&text).ok_or_else(|| {
         crate::error::EngineError::unsupported(
             task.parse().unwrap_or(0),
             format!("/proc/{task}/autogroup"),
@@ -156,11 +159,16 @@ pub fn autogroup(task: &str) -> Result<Option<(u64, i32)>> {
     })
 }
 
-fn parse_autogroup(text: &str) -> Option<(u64, i32)> {
+/// The autogroup a /proc/PID/autogroup text names (None for the root
+/// task group's empty text), or None when the text is not one.
+fn parse_autogroup(text: &str) -> Option<Option<(u64, i32)>> {
+    if text.trim().is_empty() {
+        return Some(None);
+    }
     let mut words = text.split_whitespace();
     let id = words.next()?.strip_prefix("/autogroup-")?.parse().ok()?;
     (words.next()? == "nice").then_some(())?;
-    Some((id, words.next()?.parse().ok()?))
+    Some(Some((id, words.next()?.parse().ok()?)))
 }
 
 /// Whether two I/O priorities (ioprio_get values) are the same setting:
@@ -176,8 +184,10 @@ mod attr_tests {
 
     #[test]
     fn autogroup_lines_parse() {
-        assert_eq!(parse_autogroup("/autogroup-123 nice 5\n"), Some((123, 5)));
-        assert_eq!(parse_autogroup("/autogroup-7 nice -20\n"), Some((7, -20)));
+        assert_eq!(parse_autogroup("/autogroup-123 nice 5\n"), Some(Some((123, 5))));
+        assert_eq!(parse_autogroup("/autogroup-7 nice -20\n"), Some(Some((7, -20))));
+        assert_eq!(parse_autogroup(""), Some(None));
+        assert_eq!(parse_autogroup("\n"), Some(None));
         assert_eq!(parse_autogroup("/autogroup-x nice 5"), None);
         assert_eq!(parse_autogroup("/autogroup-1 prio 5"), None);
     }

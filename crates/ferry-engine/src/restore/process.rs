@@ -246,7 +246,7 @@ fn set_autogroup_nice(pid: i32, nice: i32) -> Result<()> {
     let theirs = crate::proc_state::autogroup(&pid.to_string())?;
     let ours = crate::proc_state::autogroup("self")?;
     match (theirs, ours) {
-        (Some((id, _)), Some((own, _))) if id != own => {}
+        (Some((id, _)), ours) if ours.map(|g| g.0) != Some(id) => {}
         _ => {
             return Err(EngineError::restore(
                 pid,
