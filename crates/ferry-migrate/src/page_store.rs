@@ -214,6 +214,32 @@ impl PageStore {
         Ok(())
     }
 
+    /// The first page of `runs` ((address, pages)) of process `pid` that
+    /// is neither held here nor among `staged` ((pid, page address)).
+    pub fn first_missing(
+        &self,
+        pid: i32,
+        runs: &[(u64, u64)],
+        staged: &std::collections::HashSet<(i32, u64)>,
+    ) -> Option<u64> {
+        runs.iter()
+            .flat_map(|&(addr, pages)| (0..pages).map(move |i| addr + i * PAGE))
+            .find(|&a| !self.slots.contains_key(&(pid, a)) && !staged.contains(&(pid, a)))
+    }
+
+    /// Pages among `pages` ((pid, page address)) the store does not hold
+    /// yet, made room for now: storing them afterwards cannot fail for
+    /// lack of space, so a standby applies a sync whole or not at all.
+    pub fn make_room_for<'a>(&mut self, pages: impl Iterator<Item = &'a (i32, u64)>) -> Result<()> {
+        let new = pages.filter(|k| !self.slots.contains_key(k)).count() as u64;
+        if new == 0 {
+            return Ok(());
+        }
+        ferry_sys::fd::allocate(std::os::fd::AsFd::as_fd(&self.file), self.len, new * PAGE).map_err(
+            |e| MigrateError::sys(format!("making room for {new} pages in the page store"), e),
+        )
+    }
+
     /// Settles the root's memory once its final image is known: `runs`
     /// ((address, pages), sorted) are every page it has. A private
     /// anonymous mapping without special flags whose pages are placed is

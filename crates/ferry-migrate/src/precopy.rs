@@ -129,6 +129,20 @@ impl Precopy {
         }
     }
 
+    /// After a replication sync: the standby now holds exactly `pages`
+    /// ((start, end) byte ranges) of each process, by the PIDs ferry sees:
+    /// what it held unchanged and what the freeze sent. Processes whose
+    /// writes are not tracked (started since tracking began) are left
+    /// out: every sync sends all their pages.
+    pub fn now_held(&mut self, pages: HashMap<i32, Vec<(u64, u64)>>) {
+        let tracked = self.tracker.pids();
+        self.held = pages
+            .into_iter()
+            .filter(|(pid, _)| tracked.contains(pid))
+            .map(|(pid, r)| (pid, RangeSet::from_ranges(r)))
+            .collect();
+    }
+
     fn copy_round(
         &mut self,
         ch: &mut Channel,

@@ -36,7 +36,9 @@ use serde::{Deserialize, Serialize};
 /// 2: the destination answers each RoundDone with RoundStored.
 /// 3: Hello carries the running tree and dry_run; Unfit; Welcome's notes.
 /// 4: the running tree carries the files it maps or holds open by path.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: Hello may ask for a standby (replication); SyncDone, SyncStored,
+///    Heartbeat and Unprotect.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 pub use ferry_engine::running_sockets::{RunningSocket, RunningTree, SocketRole};
 
@@ -62,6 +64,21 @@ pub struct Hello {
     pub tree: RunningTree,
     /// Only the checks: the source closes after the answer.
     pub dry_run: bool,
+    /// Replication: the agent keeps a standby copy, synced again and
+    /// again, instead of restoring the tree once.
+    pub replica: Option<ReplicaHello>,
+}
+
+/// What a standby needs to know of the service it protects.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReplicaHello {
+    /// The service's name in the fencing store (its owner key).
+    pub service: String,
+    /// The primary's name there, and the epoch it holds the service at.
+    pub holder: String,
+    pub epoch: u64,
+    /// The standby takes over when it hears nothing for this long.
+    pub heartbeat_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -146,6 +163,23 @@ pub enum Msg {
     },
     /// Post-copy: every page has been sent.
     PagesDone,
+    /// Replication: sync `seq` is complete (its pages and its Image sent).
+    SyncDone {
+        seq: u64,
+    },
+    /// Replication: the standby holds sync `seq` whole; the output it
+    /// covers may leave.
+    SyncStored {
+        seq: u64,
+    },
+    /// Replication: both sides are alive; `seq` is the last sync the
+    /// sender sent or stored.
+    Heartbeat {
+        seq: u64,
+    },
+    /// Replication ends on purpose: the service runs on at the primary,
+    /// unprotected, and the standby drops its copy.
+    Unprotect,
 }
 
 impl Msg {
@@ -167,6 +201,10 @@ impl Msg {
             Msg::Abort { .. } => "Abort",
             Msg::PageRequest { .. } => "PageRequest",
             Msg::PagesDone => "PagesDone",
+            Msg::SyncDone { .. } => "SyncDone",
+            Msg::SyncStored { .. } => "SyncStored",
+            Msg::Heartbeat { .. } => "Heartbeat",
+            Msg::Unprotect => "Unprotect",
         }
     }
 }

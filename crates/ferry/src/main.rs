@@ -7,6 +7,7 @@ mod inspect;
 mod migrate_cmd;
 mod netlock_cmd;
 mod progress;
+mod replicate_cmd;
 mod restore_cmd;
 
 use anyhow::{Context, Result};
@@ -75,6 +76,20 @@ enum Cmd {
     /// connections. The source is killed only once the destination reports
     /// the tree running; on any failure it runs on here.
     Migrate(migrate_cmd::MigrateArgs),
+    /// Protect a running process tree with a hot standby on the host
+    /// where `ferryd --etcd` listens: its state is synced there whenever
+    /// it sends (and at least every --max-interval-ms), and every packet
+    /// it sends is held until the standby holds the state that produced
+    /// it. When this host dies the standby wins the service in etcd and
+    /// runs it from the last sync, with its connections and address.
+    /// Runs in the foreground; Ctrl-C or SIGTERM ends the protection
+    /// (the service runs on here). Prints "in sync" once the standby
+    /// holds a complete copy, then a status line on every change and at
+    /// least every 10 s.
+    Replicate(replicate_cmd::ReplicateArgs),
+    /// What replication does on this host (either side): syncs per
+    /// second, added latency, bytes per sync, the standby's state.
+    Status(replicate_cmd::StatusArgs),
     /// Live migration on this machine: two test hosts and a client host
     /// (network + PID + mount namespaces on one bridge) with ferryd in
     /// each host, redis-server moved back and forth between them while
@@ -160,6 +175,8 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Migrate(args) => migrate_cmd::run(args),
+        Cmd::Replicate(args) => replicate_cmd::run(args),
+        Cmd::Status(args) => replicate_cmd::status(args),
         Cmd::Demo(args) => demo::run(args),
         Cmd::Coverage(args) => coverage_cmd::run(args),
     }

@@ -70,7 +70,7 @@ pub struct MigrateArgs {
     parent_sees_exit: bool,
 }
 
-fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
+pub(crate) fn parse_address(s: &str) -> Result<(IpAddr, u8), String> {
     let (ip, prefix) =
         s.split_once('/').ok_or_else(|| format!("{s}: expected IP/PREFIX, e.g. 10.0.0.100/24"))?;
     let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;

@@ -66,6 +66,12 @@ pub struct CaptureOptions {
     /// Take the tree even though the root's parent stays behind in its
     /// job and sees it exit ([`root_parent`]).
     pub parent_sees_exit: bool,
+    /// The tree's output is held until this capture is safe elsewhere
+    /// (replication's output commit): a handshake under way cannot
+    /// complete before, so it is not waited for. It stays out of the
+    /// image; its client sends its SYN again to whichever host runs the
+    /// service then.
+    pub output_held: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -508,7 +514,7 @@ fn prepare_lock(
 ) -> Result<Option<ferry_netlock::NetworkLock>> {
     let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
     let scan = network::scan(pid, &inodes);
-    let prepared = network::prepare(pid, &scan, opts.network_lock)?;
+    let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());
     }

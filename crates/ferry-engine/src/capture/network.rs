@@ -130,15 +130,21 @@ pub fn scan(root: i32, inodes: &std::collections::HashSet<u64>) -> Scan {
 
 /// Prepares a lock before the tree is frozen, when the tree has TCP
 /// sockets it could apply to, and starts holding new connection attempts
-/// to its listeners right away; then waits (at most a second) while the
-/// still running service accepts what its accept queues hold and the
-/// handshakes under way complete. None when the tree has no TCP socket.
-pub fn prepare(root: i32, scan: &Scan, method: Method) -> Result<Option<NetworkLock>> {
+/// to its listeners right away; then, with `wait_handshakes`, waits (at
+/// most a second) while the still running service accepts what its
+/// accept queues hold and the handshakes under way complete. None when
+/// the tree has no TCP socket.
+pub fn prepare(
+    root: i32,
+    scan: &Scan,
+    method: Method,
+    wait_handshakes: bool,
+) -> Result<Option<NetworkLock>> {
     if !scan.has_tcp {
         return Ok(None);
     }
     let mut lock = NetworkLock::prepare(method, &netns_of(root), "ckpt")?;
-    if scan.listeners.is_empty() {
+    if scan.listeners.is_empty() || !wait_handshakes {
         return Ok(Some(lock));
     }
     let mut tuples = Vec::new();

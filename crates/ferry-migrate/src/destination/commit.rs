@@ -40,6 +40,25 @@ pub(super) fn release(
     held: HeldTree,
     placed: Option<address::Placed>,
 ) -> Result<(Restored, Released)> {
+    release_reporting(held, placed, |restored, phases| {
+        protocol::send(
+            ch,
+            &Msg::Running {
+                pid: restored.pid.0,
+                host_pid: restored.host_pid.0,
+                phases: phases.to_vec(),
+            },
+        )
+    })
+}
+
+/// The release, with `report` told as soon as the tree runs (the source,
+/// or for a standby's takeover, nobody).
+pub(super) fn release_reporting(
+    held: HeldTree,
+    placed: Option<address::Placed>,
+    report: impl FnOnce(&Restored, &[(String, f64)]) -> Result<()>,
+) -> Result<(Restored, Released)> {
     let t_release = Instant::now();
     let mut release_phases = Vec::new();
     let mut announce_socket = None;
@@ -54,14 +73,7 @@ pub(super) fn release(
             }
             release_phases.push(("announce".to_string(), t.elapsed().as_secs_f64() * 1e3));
         }
-        reported = protocol::send(
-            ch,
-            &Msg::Running {
-                pid: restored.pid.0,
-                host_pid: restored.host_pid.0,
-                phases: release_phases.clone(),
-            },
-        );
+        reported = report(restored, &release_phases);
     })?;
     Ok((restored, Released { phases: release_phases, announce_socket, reported }))
 }

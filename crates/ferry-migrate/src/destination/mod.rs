@@ -22,9 +22,13 @@ mod image;
 mod lock;
 mod restore;
 mod rounds;
+mod takeover;
+
+pub use rounds::ImageReceived;
+pub use takeover::{restore_and_run, welcome};
 
 use crate::error::Result;
-use crate::protocol::{self, Msg};
+use crate::protocol::{self, Hello, Msg};
 use ferry_engine::phases::Phases;
 use ferry_netlock::Method;
 use ferry_transport::Channel;
@@ -50,10 +54,33 @@ pub struct Served {
 /// Serves one migration on an accepted, authenticated channel; None when
 /// the source only asked for the checks (a dry run) and they passed.
 pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Option<Served>> {
-    let r = serve_inner(&mut ch, cfg);
+    let r = greet(&mut ch, cfg).and_then(|(hello, notes)| serve_inner(&mut ch, cfg, hello, notes));
+    report_failure(ch, r)
+}
+
+/// The first step of every connection: the source's Hello, checked (a
+/// refusal is answered there). The caller serves a migration with
+/// [`serve_after_hello`] or, when the Hello asks for a standby, keeps one.
+pub fn greet(ch: &mut Channel, cfg: &DestinationConfig) -> Result<(Hello, Vec<String>)> {
+    ch.set_timeout(Some(cfg.timeout))?;
+    hello::receive(ch, cfg)
+}
+
+/// A migration, after [`greet`].
+pub fn serve_after_hello(
+    mut ch: Channel,
+    cfg: &DestinationConfig,
+    hello: Hello,
+    notes: Vec<String>,
+) -> Result<Option<Served>> {
+    let r = serve_inner(&mut ch, cfg, hello, notes);
+    report_failure(ch, r)
+}
+
+/// Best effort: the source learns why, if it still listens; what it
+/// still sends is drained so that the report is not lost to a reset.
+pub fn report_failure<T>(mut ch: Channel, r: Result<T>) -> Result<T> {
     if let Err(e) = &r {
-        // Best effort: the source learns why, if it still listens; what it
-        // still sends is drained so that the report is not lost to a reset.
         let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
         ch.close_after_report(std::time::Duration::from_secs(3));
     }
@@ -63,10 +90,18 @@ pub fn serve(mut ch: Channel, cfg: &DestinationConfig) -> Result<Option<Served>>
 /// The phases in order. Every undo is a value dropped on the way out:
 /// declared in this order, an error before the release kills the held
 /// tree first, then removes the address, then releases the lock.
-fn serve_inner(ch: &mut Channel, cfg: &DestinationConfig) -> Result<Option<Served>> {
-    ch.set_timeout(Some(cfg.timeout))?;
+fn serve_inner(
+    ch: &mut Channel,
+    cfg: &DestinationConfig,
+    hello: Hello,
+    notes: Vec<String>,
+) -> Result<Option<Served>> {
     let mut ph = Phases::start("destination");
-    let (hello, notes) = hello::receive(ch, cfg)?;
+    if hello.replica.is_some() {
+        return Err(crate::error::MigrateError::Refused(
+            "this agent serves migrations only, not a standby".into(),
+        ));
+    }
     if hello.dry_run {
         hello::welcome(ch, cfg, notes)?;
         return Ok(None);

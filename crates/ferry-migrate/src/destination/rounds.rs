@@ -8,7 +8,7 @@ use ferry_transport::Channel;
 
 /// The image as it came: its encoded metadata and the source's PIDs of
 /// its processes.
-pub(super) struct ImageReceived {
+pub struct ImageReceived {
     pub meta: Vec<u8>,
     pub host_pids: Vec<i32>,
 }

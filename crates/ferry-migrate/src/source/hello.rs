@@ -10,7 +10,7 @@ use ferry_transport::Channel;
 use std::net::TcpStream;
 
 /// Refusals that need no destination: nothing is frozen or sent yet.
-pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
+pub fn check_source(o: &MigrateOptions) -> Result<()> {
     if let Some((addr, _)) = o.address {
         crate::address::locate(addr)?;
     }
@@ -31,7 +31,7 @@ pub(super) fn check_source(o: &MigrateOptions) -> Result<()> {
 
 /// The channel to the destination's agent once it welcomed this
 /// migration.
-pub(super) struct Connected {
+pub struct Connected {
     pub ch: Channel,
     /// The final image's parent ID.
     pub migration_id: u64,
@@ -45,6 +45,15 @@ pub(super) struct Connected {
 /// destination answers Welcome, or refuses with every problem it found
 /// (MigrateError::Unfit), before anything is frozen.
 pub(super) fn connect(o: &MigrateOptions, dry_run: bool) -> Result<Connected> {
+    connect_with(o, dry_run, None)
+}
+
+/// [`connect`], for a migration (`replica` None) or to a standby.
+pub fn connect_with(
+    o: &MigrateOptions,
+    dry_run: bool,
+    replica: Option<crate::protocol::ReplicaHello>,
+) -> Result<Connected> {
     let tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
     let checked = (tree.ids.len(), tree.sockets.len());
     (o.progress)(&format!("connecting to {}", o.to));
@@ -55,7 +64,9 @@ pub(super) fn connect(o: &MigrateOptions, dry_run: bool) -> Result<Connected> {
     let mut ch = Channel::connect(stream, &o.key, o.mode)?;
     ch.set_timeout(Some(o.timeout))?;
     let migration_id = random_id();
-    protocol::send(&mut ch, &Msg::Hello(hello(o, migration_id, tree, dry_run)))?;
+    let mut hello = hello(o, migration_id, tree, dry_run);
+    hello.replica = replica;
+    protocol::send(&mut ch, &Msg::Hello(hello))?;
     let welcome = protocol::expect(&mut ch, &["Welcome"])?;
     let Msg::Welcome(welcome) = welcome.msg else { unreachable!("expect checked the kind") };
     for note in &welcome.notes {
@@ -81,6 +92,7 @@ fn hello(o: &MigrateOptions, migration_id: u64, tree: RunningTree, dry_run: bool
         address: o.address,
         tree,
         dry_run,
+        replica: None,
     }
 }
 

@@ -19,7 +19,7 @@
 mod finish;
 mod freeze;
 mod handover;
-mod hello;
+pub mod hello;
 mod rollback;
 mod rounds;
 

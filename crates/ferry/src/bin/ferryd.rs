@@ -1,4 +1,5 @@
-//! ferryd: the agent that receives migrated process trees on a host.
+//! ferryd: the agent that receives migrated process trees on a host, and
+//! keeps hot standby copies for `ferry replicate`.
 //!
 //! It listens for `ferry migrate` from other hosts, refuses every peer
 //! that does not hold the shared key, and serves each migration in a
@@ -36,6 +37,11 @@ struct Args {
     /// Seconds to wait for the source between two messages.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
+    /// The fencing store (etcd client URLs, comma-separated): needed to
+    /// serve as a standby for `ferry replicate`, whose service this agent
+    /// takes over only after winning it there.
+    #[arg(long, value_delimiter = ',')]
+    etcd: Vec<String>,
     /// Serve one connection on standard input (the per-migration worker).
     #[arg(long, hide = true)]
     serve_stdin: bool,
@@ -114,6 +120,9 @@ fn spawn_worker(args: &Args, stream: TcpStream, ifindex: Option<u32>) -> Result<
     if let Some(i) = ifindex {
         cmd.arg("--ifindex").arg(i.to_string());
     }
+    if !args.etcd.is_empty() {
+        cmd.arg("--etcd").arg(args.etcd.join(","));
+    }
     cmd.stdin(std::process::Stdio::from(fd));
     let child = cmd.spawn().with_context(|| format!("starting a worker for {peer}"))?;
     eprintln!("ferryd: connection from {peer}: worker pid {}", child.id());
@@ -155,7 +164,23 @@ fn worker(args: &Args) -> Result<()> {
         timeout: Duration::from_secs(args.timeout),
         network_lock: ferry_netlock::Method::Ebpf,
     };
-    match ferry_migrate::destination::serve(ch, &cfg) {
+    let mut ch = ch;
+    let greeted = ferry_migrate::destination::greet(&mut ch, &cfg);
+    let (hello, notes) = match greeted {
+        Ok(g) => g,
+        Err(e) => {
+            let r: ferry_migrate::Result<()> = Err(e);
+            let e = ferry_migrate::destination::report_failure(ch, r).err();
+            bail!(
+                "connection from {peer} refused: {}",
+                e.map(|e| e.to_string()).unwrap_or_default()
+            );
+        }
+    };
+    if hello.replica.is_some() {
+        return standby(args, ch, hello, notes, cfg, &peer);
+    }
+    match ferry_migrate::destination::serve_after_hello(ch, &cfg, hello, notes) {
         Ok(None) => {
             eprintln!("ferryd: dry run from {peer}: the checks found no problem");
             Ok(())
@@ -171,5 +196,55 @@ fn worker(args: &Args) -> Result<()> {
             Ok(())
         }
         Err(e) => bail!("migration from {peer} failed: {e}"),
+    }
+}
+
+/// Keeps a standby copy for a primary's `ferry replicate`, and takes the
+/// service over when the primary falls silent.
+fn standby(
+    args: &Args,
+    ch: ferry_transport::Channel,
+    hello: ferry_migrate::protocol::Hello,
+    notes: Vec<String>,
+    dest: ferry_migrate::destination::DestinationConfig,
+    peer: &str,
+) -> Result<()> {
+    use ferry_replicate::standby::{self, Outcome};
+    let service = hello.replica.as_ref().map(|r| r.service.clone()).unwrap_or_default();
+    if args.etcd.is_empty() {
+        let r: ferry_migrate::Result<()> = Err(ferry_migrate::MigrateError::Refused(
+            "this ferryd has no fencing store (start it with --etcd URL) and cannot be a standby"
+                .into(),
+        ));
+        let _ = ferry_migrate::destination::report_failure(ch, r);
+        bail!("standby of {service} for {peer} refused: no --etcd");
+    }
+    let cfg = standby::StandbyConfig {
+        dest,
+        etcd: args.etcd.clone(),
+        fence_timeout: Duration::from_secs(2),
+    };
+    eprintln!("ferryd: standby of {service} for {peer}");
+    match standby::serve(ch, hello, notes, &cfg) {
+        Ok(Outcome::Dropped) => {
+            eprintln!("ferryd: standby of {service}: the primary ended protection; copy dropped");
+            Ok(())
+        }
+        Ok(Outcome::NothingToRun(why)) => {
+            eprintln!("ferryd: standby of {service}: {why}; no complete sync to run, copy dropped");
+            Ok(())
+        }
+        Ok(Outcome::Lost(owner)) => {
+            eprintln!("ferryd: standby of {service}: the primary fell silent, but {owner} holds the service; copy dropped");
+            Ok(())
+        }
+        Ok(Outcome::TookOver { served, seq, takeover_ms, why }) => {
+            eprintln!(
+                "ferryd: standby of {service}: took over ({why}): pid {} runs here as pid {} from sync {seq}, {takeover_ms:.1} ms from silence to running",
+                served.pid, served.host_pid
+            );
+            Ok(())
+        }
+        Err(e) => bail!("standby of {service} for {peer} failed: {e}"),
     }
 }

@@ -31,7 +31,7 @@ fn ip(args: &[&str]) {
 }
 
 /// The PIDs (root namespace) of the children of `pid` (CONFIG_PROC_CHILDREN).
-fn children_of(pid: u32) -> Vec<i32> {
+pub fn children_of(pid: u32) -> Vec<i32> {
     fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         .unwrap_or_default()
         .split_whitespace()

@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod conformance;
+pub mod hosts;
 
 use std::fs::{self, File};
 use std::path::Path;

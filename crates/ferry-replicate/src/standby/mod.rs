@@ -1,0 +1,171 @@
+//! The standby's side of replication, served by ferryd for a primary's
+//! `ferry replicate`: welcome → pre-copy rounds → syncs, each applied
+//! whole or not at all (`replica.rs`) and acknowledged with SyncStored →
+//! until the primary says Unprotect (the copy is dropped) or falls
+//! silent (`takeover.rs`: the service is won in the fencing store, then
+//! restored from the last complete sync and run here).
+
+mod replica;
+mod takeover;
+
+use crate::error::{ReplicateError, Result};
+use crate::status::Status;
+use ferry_migrate::destination::{DestinationConfig, Served};
+use ferry_migrate::protocol::{self, Hello, Msg, ReplicaHello};
+use ferry_transport::{Channel, TransportError};
+use replica::Replica;
+use std::time::Duration;
+
+pub struct StandbyConfig {
+    pub dest: DestinationConfig,
+    pub etcd: Vec<String>,
+    /// For each call to the fencing store.
+    pub fence_timeout: Duration,
+}
+
+/// How a standby's service ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The primary ended protection: the copy is dropped.
+    Dropped,
+    /// The primary fell silent before the first sync was complete: there
+    /// was nothing to take over with.
+    NothingToRun(String),
+    /// The primary fell silent and another agent holds the service.
+    Lost(String),
+    /// The service runs here now.
+    TookOver { served: Served, seq: u64, takeover_ms: f64, why: String },
+}
+
+/// Serves one primary on `ch`, whose Hello [`ferry_migrate::destination::greet`]
+/// accepted and asked for a standby.
+pub fn serve(
+    mut ch: Channel,
+    hello: Hello,
+    notes: Vec<String>,
+    cfg: &StandbyConfig,
+) -> Result<Outcome> {
+    let Some(replica_hello) = hello.replica.clone() else {
+        return Err(ReplicateError::Invalid("the Hello asks for no standby".into()));
+    };
+    let r = (|| {
+        // Without the fencing store this side could never take over:
+        // refused now, while the primary can still go on unprotected.
+        let fence = ferry_fence::Fence::connect(&cfg.etcd, cfg.fence_timeout)?;
+        ferry_migrate::destination::welcome(&mut ch, &cfg.dest, notes)?;
+        let s = Standby::new(&replica_hello, fence)?;
+        s.receive(&mut ch, cfg)
+    })();
+    match r {
+        Err(e) => {
+            let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
+            ch.close_after_report(Duration::from_secs(1));
+            Err(e)
+        }
+        Ok(Silence::Unprotect) => Ok(Outcome::Dropped),
+        Ok(Silence::Lost { mut standby, why }) => {
+            ch.shutdown();
+            standby.take_over(&hello, cfg, why)
+        }
+    }
+}
+
+/// Why the receiving ended.
+enum Silence<'a> {
+    Unprotect,
+    /// The primary fell silent: what was heard last, and the copy.
+    Lost {
+        standby: Box<Standby<'a>>,
+        why: String,
+    },
+}
+
+pub(crate) struct Standby<'a> {
+    replica_hello: &'a ReplicaHello,
+    replica: Replica,
+    fence: ferry_fence::Fence,
+    status: Status,
+}
+
+impl<'a> Standby<'a> {
+    fn new(replica_hello: &'a ReplicaHello, fence: ferry_fence::Fence) -> Result<Self> {
+        let status = Status {
+            service: replica_hello.service.clone(),
+            role: "standby".into(),
+            state: "syncing".into(),
+            peer: replica_hello.holder.clone(),
+            epoch: replica_hello.epoch,
+            ..Default::default()
+        };
+        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status })
+    }
+
+    /// Messages until the primary ends protection or falls silent. The
+    /// first sync may take as long as a migration's rounds; after it,
+    /// silence longer than the heartbeat timeout is the primary's loss.
+    fn receive(mut self, ch: &mut Channel, cfg: &StandbyConfig) -> Result<Silence<'a>> {
+        let heartbeat = Duration::from_millis(self.replica_hello.heartbeat_timeout_ms.max(1));
+        ch.set_timeout(Some(cfg.dest.timeout)).map_err(ferry_migrate::MigrateError::from)?;
+        loop {
+            let r = match protocol::recv(ch) {
+                Ok(r) => r,
+                Err(e) => return self.silence(e),
+            };
+            match r.msg {
+                Msg::Pages { pid, ref ranges } => {
+                    self.replica.stage_pages(pid, ranges.clone(), r.data())?
+                }
+                Msg::Layout { .. } => {}
+                Msg::RoundDone { round, .. } => {
+                    self.replica.store_round()?;
+                    protocol::send(ch, &Msg::RoundStored { round })?;
+                }
+                Msg::Image { meta, host_pids } => self.replica.stage_image(meta, host_pids),
+                Msg::SyncDone { seq } => {
+                    self.replica.commit(seq)?;
+                    protocol::send(ch, &Msg::SyncStored { seq })?;
+                    if seq == 1 {
+                        ch.set_timeout(Some(heartbeat))
+                            .map_err(ferry_migrate::MigrateError::from)?;
+                        self.status.state = "in sync".into();
+                    }
+                    self.status.syncs = seq;
+                    self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
+                    self.status.publish();
+                }
+                Msg::Heartbeat { .. } => {
+                    protocol::send(ch, &Msg::Heartbeat { seq: self.replica.seq })?;
+                }
+                Msg::Unprotect => {
+                    self.status.state = "dropped".into();
+                    self.status.remove();
+                    return Ok(Silence::Unprotect);
+                }
+                m => {
+                    return Err(ReplicateError::Protocol(format!(
+                        "unexpected {} from the primary",
+                        m.name()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// A receive failed: silence (a timeout, a closed or reset link) is
+    /// the primary's loss; anything else (a corrupt stream, a message
+    /// that does not decode) is an error, and the copy is dropped.
+    fn silence(mut self, e: ferry_migrate::MigrateError) -> Result<Silence<'a>> {
+        let silent = matches!(
+            &e,
+            ferry_migrate::MigrateError::Transport(
+                TransportError::Timeout { .. } | TransportError::Closed | TransportError::Io { .. }
+            )
+        );
+        if !silent {
+            return Err(e.into());
+        }
+        self.replica.discard_staged();
+        let why = format!("the primary fell silent after sync {}: {e}", self.replica.seq);
+        Ok(Silence::Lost { standby: Box::new(self), why })
+    }
+}

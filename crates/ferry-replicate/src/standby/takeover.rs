@@ -1,0 +1,76 @@
+//! The takeover: the primary fell silent. The service is won in the
+//! fencing store first (a compare-and-swap from the epoch the primary
+//! held it at), so that a primary that is only cut off, and wins the
+//! same race, runs on alone; then the last complete sync is restored and
+//! run here, the service address put on this host and announced.
+//! Without an answer from the store the standby waits: it never runs the
+//! service on a guess.
+
+use super::{Outcome, Standby, StandbyConfig};
+use crate::error::Result;
+use ferry_migrate::protocol::Hello;
+use std::time::{Duration, Instant};
+
+const FENCE_RETRY: Duration = Duration::from_millis(200);
+
+impl Standby<'_> {
+    pub(super) fn take_over(
+        &mut self,
+        hello: &Hello,
+        cfg: &StandbyConfig,
+        why: String,
+    ) -> Result<Outcome> {
+        let t = Instant::now();
+        let Some(image) = self.replica.image.take() else {
+            self.status.remove();
+            return Ok(Outcome::NothingToRun(why));
+        };
+        let service = self.replica_hello.service.clone();
+        let me = crate::identity::holder();
+        let epoch = match self.win(&service, &me)? {
+            Ok(epoch) => epoch,
+            Err(owner) => {
+                self.status.remove();
+                return Ok(Outcome::Lost(owner));
+            }
+        };
+        let served = ferry_migrate::destination::restore_and_run(
+            image,
+            hello,
+            &mut self.replica.store,
+            &cfg.dest,
+        )?;
+        let takeover_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.status.state = "took over".into();
+        self.status.epoch = epoch;
+        self.status.note = format!(
+            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running)",
+            served.host_pid, self.replica.seq
+        );
+        self.status.publish();
+        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why })
+    }
+
+    /// Ok(epoch) when this side won the service, Err(owner) when another
+    /// holds it; tried until the store answers.
+    fn win(&mut self, service: &str, me: &str) -> Result<std::result::Result<u64, String>> {
+        let mut said = false;
+        loop {
+            match self.fence.take_over(service, me, self.replica_hello.epoch) {
+                Ok(ferry_fence::Claim::Won { epoch }) => return Ok(Ok(epoch)),
+                Ok(ferry_fence::Claim::Lost { owner }) => {
+                    return Ok(Err(format!("{} at epoch {}", owner.holder, owner.epoch)))
+                }
+                Err(e) => {
+                    if !said {
+                        eprintln!("ferryd: standby of {service}: the fencing store does not answer ({e}); the takeover waits for it");
+                        self.status.state = "waiting for the fencing store".into();
+                        self.status.publish();
+                        said = true;
+                    }
+                    std::thread::sleep(FENCE_RETRY);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! What replication reports: a status line on every change and at least
+//! every 10 s, and the same as JSON in /run/ferry/replication/, where
+//! `ferry status` reads it on either host.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const STATUS_DIR: &str = "/run/ferry/replication";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub service: String,
+    /// "primary" or "standby".
+    pub role: String,
+    /// "syncing", "in sync", "unprotected", "fenced", "took over",
+    /// "ended".
+    pub state: String,
+    pub peer: String,
+    pub epoch: u64,
+    pub syncs: u64,
+    pub syncs_per_s: f64,
+    /// Freeze to release of a sync: how long held output waited for it.
+    pub added_latency_p50_ms: f64,
+    pub added_latency_p99_ms: f64,
+    pub pause_p50_ms: f64,
+    pub bytes_per_sync: f64,
+    pub updated_unix_ms: u64,
+    /// The last thing worth saying (an error, a takeover's figures).
+    pub note: String,
+}
+
+impl Status {
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}: {} syncs ({:.1}/s), added latency p50 {:.2} ms p99 {:.2} ms, pause p50 {:.2} ms, {:.1} KiB/sync, epoch {}{}",
+            self.role,
+            self.service,
+            self.state,
+            self.syncs,
+            self.syncs_per_s,
+            self.added_latency_p50_ms,
+            self.added_latency_p99_ms,
+            self.pause_p50_ms,
+            self.bytes_per_sync / 1024.0,
+            self.epoch,
+            if self.note.is_empty() { String::new() } else { format!(" ({})", self.note) }
+        )
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(STATUS_DIR).join(format!("{}.{}.json", self.service, self.role))
+    }
+
+    /// Written whole, then renamed over the last one: a reader never sees
+    /// half a file.
+    pub fn publish(&mut self) {
+        self.updated_unix_ms = now_ms();
+        let path = self.path();
+        let tmp = path.with_extension("json.tmp");
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(STATUS_DIR)?;
+            std::fs::write(&tmp, serde_json::to_vec_pretty(self).unwrap_or_default())?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            tracing::warn!("writing {}: {e}", path.display());
+        }
+    }
+
+    /// The status file goes with the replication it describes.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(self.path());
+    }
+}
+
+/// Every status file on this host.
+pub fn read_all() -> Vec<Status> {
+    let Ok(dir) = std::fs::read_dir(STATUS_DIR) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Status> = dir
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    out.sort_by(|a, b| (&a.service, &a.role).cmp(&(&b.service, &b.role)));
+    out
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The last syncs' figures, for the status line.
+#[derive(Debug, Default)]
+pub struct Window {
+    /// (when, total ms, pause ms, bytes), newest last.
+    syncs: std::collections::VecDeque<(std::time::Instant, f64, f64, u64)>,
+}
+
+impl Window {
+    const KEEP: usize = 1000;
+
+    pub fn add(&mut self, total_ms: f64, pause_ms: f64, bytes: u64) {
+        if self.syncs.len() == Self::KEEP {
+            self.syncs.pop_front();
+        }
+        self.syncs.push_back((std::time::Instant::now(), total_ms, pause_ms, bytes));
+    }
+
+    /// Fills the rate, latency and size fields of `s`.
+    pub fn fill(&self, s: &mut Status) {
+        let n = self.syncs.len();
+        if n == 0 {
+            return;
+        }
+        let mut totals: Vec<f64> = self.syncs.iter().map(|x| x.1).collect();
+        let mut pauses: Vec<f64> = self.syncs.iter().map(|x| x.2).collect();
+        s.added_latency_p50_ms = percentile(&mut totals, 50.0);
+        s.added_latency_p99_ms = percentile(&mut totals, 99.0);
+        s.pause_p50_ms = percentile(&mut pauses, 50.0);
+        s.bytes_per_sync = self.syncs.iter().map(|x| x.3 as f64).sum::<f64>() / n as f64;
+        let span = self.syncs[n - 1].0.duration_since(self.syncs[0].0).as_secs_f64();
+        s.syncs_per_s = if n > 1 && span > 0.0 { (n - 1) as f64 / span } else { 0.0 };
+    }
+}
+
+/// The `p`th percentile (nearest rank) of `v`, 0 for none.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 50.0), 50.0);
+        assert_eq!(percentile(&mut v, 99.0), 99.0);
+        assert_eq!(percentile(&mut [3.0, 1.0, 2.0], 100.0), 3.0);
+        assert_eq!(percentile(&mut [], 50.0), 0.0);
+    }
+
+    #[test]
+    fn window_fills_the_status() {
+        let mut w = Window::default();
+        for i in 0..10 {
+            w.add(f64::from(i), 1.0, 4096);
+        }
+        let mut s = Status::default();
+        w.fill(&mut s);
+        assert_eq!(s.added_latency_p50_ms, 4.0);
+        assert_eq!(s.pause_p50_ms, 1.0);
+        assert_eq!(s.bytes_per_sync, 4096.0);
+        assert!(s.line().contains("10") || s.line().contains("syncs"));
+    }
+}

@@ -1,0 +1,318 @@
+//! Hot-standby replication between test hosts (tests/common/cluster.rs):
+//! host a runs redis and `ferry replicate`, b's ferryd keeps the standby,
+//! c runs the clients, w is the witness with etcd (started by the test,
+//! never a system service).
+//!
+//! - `redis_fails_over_to_the_standby_with_its_clients`: host a dies
+//!   (its PID 1 killed, its link down) under 10 clients; b wins the
+//!   service in etcd and runs it from the last sync; every client's
+//!   sequence of increments goes on without a gap or a repeat, and the
+//!   longest wait a client saw is printed.
+//! - `stopping_replication_leaves_the_service_running`: SIGTERM ends
+//!   protection; redis runs on at a, b drops its copy, no hold is left.
+//! - `a_lost_standby_leaves_the_primary_running_unprotected`: b dies;
+//!   a wins the service in etcd and runs on, its output released.
+//!
+//! Needs root, redis-server and etcd; without them each test says so and
+//! returns.
+
+mod common;
+
+use common::hosts::*;
+use common::{path_str, read_lossy, wait_for};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+const REDIS: &str = "/usr/bin/redis-server";
+const ETCD: &str = "/usr/bin/etcd";
+const REDIS_PORT: &str = "6379";
+
+/// Hosts a, b (ferryd with --etcd), c (clients), w (etcd), and the
+/// service address on a's eth0.
+struct Repl {
+    env: Env,
+    svc: String,
+    etcd_url: String,
+    _etcd: Started,
+}
+
+impl Repl {
+    fn new(tag: &str) -> Repl {
+        let env = Env::new(tag, &["a", "b", "c", "w"]);
+        env.start_plain("w");
+        env.start_plain("c");
+        let (etcd, etcd_url) = start_etcd(&env);
+        for h in ["a", "b"] {
+            env.start_ferryd(h, &[], &["--etcd", &etcd_url]);
+        }
+        let svc = env.c.subnet_addr(100).to_string();
+        ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
+        Repl { env, svc, etcd_url, _etcd: etcd }
+    }
+
+    fn svc_prefix(&self) -> String {
+        format!("{}/24", self.svc)
+    }
+
+    fn start_redis(&self) -> Started {
+        let dir = self.env.dir.0.join("redis");
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let log = self.env.dir.0.join("redis.log");
+        let argv = [
+            REDIS,
+            "--bind",
+            &self.svc,
+            "--port",
+            REDIS_PORT,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            path_str(&dir),
+        ];
+        let r = start_in(self.env.host("a"), &argv, &self.env.dir.0, &log, &[]);
+        let up =
+            wait_for(Duration::from_secs(15), || self.redis(&["PING"]).stdout.trim() == "PONG");
+        assert!(up, "redis does not answer on {}:\n{}", self.svc, read_lossy(&log));
+        r
+    }
+
+    /// redis-cli from c.
+    fn redis(&self, args: &[&str]) -> Out {
+        let mut argv = vec!["redis-cli", "-h", &self.svc, "-p", REDIS_PORT];
+        argv.extend_from_slice(args);
+        run_in(self.env.host("c"), 20, &argv)
+    }
+
+    /// `ferry replicate` of `pid` (inside a) to b, in the background;
+    /// returns once it printed "in sync".
+    fn replicate(&self, pid: i32) -> Replicating {
+        let (out, err) =
+            (self.env.dir.0.join("replicate.out"), self.env.dir.0.join("replicate.err"));
+        let (pid_s, to) = (pid.to_string(), self.env.agent("b").to_string());
+        let argv = [
+            "timeout",
+            "-s",
+            "KILL",
+            "300",
+            FERRY,
+            "replicate",
+            "--pid",
+            &pid_s,
+            "--to",
+            &to,
+            "--key",
+            path_str(&self.env.key),
+            "--address",
+            &self.svc_prefix(),
+            "--etcd",
+            &self.etcd_url,
+        ];
+        let mut cmd = self.env.host("a").command(&argv);
+        cmd.stdout(std::fs::File::create(&out).expect("out"))
+            .stderr(std::fs::File::create(&err).expect("err"))
+            .stdin(std::process::Stdio::null());
+        let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("ferry replicate");
+        let r = Replicating { child, out, err };
+        let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
+        assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
+        r
+    }
+
+    fn status(&self, host: &str) -> serde_json::Value {
+        let out = run_in(self.env.host(host), 20, &[FERRY, "status", "--json"]);
+        assert!(out.status.success(), "ferry status in {host}: {}", out.show());
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+    }
+
+    /// The NFQUEUE rules in a's mangle table (the output commit's hold).
+    fn holds_in_a(&self) -> Vec<String> {
+        let out = run_in(self.env.host("a"), 20, &["iptables", "-t", "mangle", "-S"]);
+        out.stdout.lines().filter(|l| l.contains("NFQUEUE")).map(String::from).collect()
+    }
+}
+
+fn start_etcd(env: &Env) -> (Started, String) {
+    let w = env.host("w");
+    let url = format!("http://{}:2379", w.ip);
+    let peer = format!("http://{}:2380", w.ip);
+    let data = env.dir.0.join("etcd");
+    let log = env.dir.0.join("etcd.log");
+    let cluster = format!("w={peer}");
+    let argv = [
+        ETCD,
+        "--name",
+        "w",
+        "--data-dir",
+        path_str(&data),
+        "--listen-client-urls",
+        &url,
+        "--advertise-client-urls",
+        &url,
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        &cluster,
+    ];
+    let e = start_in(w, &argv, &env.dir.0, &log, &[]);
+    let ready = wait_for(Duration::from_secs(20), || {
+        read_lossy(&log).contains("ready to serve client requests")
+    });
+    assert!(ready, "etcd did not start in w:\n{}", read_lossy(&log));
+    (e, url)
+}
+
+struct Replicating {
+    child: Child,
+    out: std::path::PathBuf,
+    err: std::path::PathBuf,
+}
+
+impl Replicating {
+    fn show(&self) -> String {
+        format!(
+            "--- stdout ---\n{}--- stderr ---\n{}",
+            read_lossy(&self.out),
+            read_lossy(&self.err)
+        )
+    }
+
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        wait_timeout(&mut self.child, limit)
+            .unwrap_or_else(|| panic!("ferry replicate did not end:\n{}", self.show()))
+    }
+}
+
+/// tests/replication/seq_clients.py in c: `n` connections for `secs`.
+fn seq_clients(r: &Repl, n: u32, secs: f64) -> (Child, std::path::PathBuf) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/seq_clients.py");
+    let out = r.env.dir.0.join("clients.out");
+    let (n, secs) = (n.to_string(), secs.to_string());
+    let mut cmd = r.env.host("c").command(&["python3", script, &r.svc, REDIS_PORT, &n, &secs]);
+    cmd.stdout(std::fs::File::create(&out).expect("clients out"))
+        .stderr(std::process::Stdio::inherit())
+        .stdin(std::process::Stdio::null());
+    let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("clients");
+    let started = wait_for(Duration::from_secs(10), || read_lossy(&out).contains("started"));
+    assert!(started, "the clients did not start:\n{}", read_lossy(&out));
+    (child, out)
+}
+
+/// The clients' results: (count, last value, longest wait ms) each;
+/// panics on any client's error.
+fn client_results(mut child: Child, out: &std::path::Path) -> Vec<(u64, i64, f64)> {
+    let st = wait_timeout(&mut child, Duration::from_secs(90)).expect("the clients did not end");
+    let text = read_lossy(out);
+    assert!(st.success(), "clients failed: {text}");
+    let json = text.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let all = v.as_array().unwrap_or_else(|| panic!("not a list: {text}"));
+    all.iter()
+        .map(|c| {
+            assert!(c["error"].is_null(), "a client failed: {c}\nall: {text}");
+            (
+                c["count"].as_u64().unwrap_or(0),
+                c["last"].as_i64().unwrap_or(-1),
+                c["gap_ms"].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn redis_fails_over_to_the_standby_with_its_clients() {
+    const TEST: &str = "repl-failover";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rf");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    let a_status = r.status("a");
+    assert_eq!(a_status[0]["state"], "in sync", "a's status: {a_status}");
+    assert_eq!(r.status("b")[0]["role"], "standby", "b's status");
+
+    let (clients, out) = seq_clients(&r, 10, 8.0);
+    std::thread::sleep(Duration::from_secs(3));
+    // Host a dies: every process of it (redis, ferry replicate) at once,
+    // and its link.
+    let t_kill = Instant::now();
+    r.env.host("a").stop_init();
+    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+    let _ = rep.wait(Duration::from_secs(10));
+    let results = client_results(clients, &out);
+    let log = r.env.ferryd_log("b");
+    assert!(read_lossy(&log).contains("took over"), "b did not take over:\n{}", read_lossy(&log));
+    eprintln!(
+        "[{TEST}] {}",
+        read_lossy(&log).lines().find(|l| l.contains("took over")).unwrap_or("")
+    );
+    let longest = results.iter().map(|c| c.2).fold(0.0, f64::max);
+    eprintln!(
+        "[{TEST}] {} increments over {} connections; the longest wait a client saw: {longest:.0} ms ({:.1} s after the kill)",
+        results.iter().map(|c| c.0).sum::<u64>(),
+        results.len(),
+        t_kill.elapsed().as_secs_f64()
+    );
+    // No acknowledged increment lost: each counter at b is the last value
+    // its client was told.
+    for (i, (count, last, _)) in results.iter().enumerate() {
+        assert!(*count > 0, "client {i} got no reply");
+        let now = r.redis(&["GET", &format!("seq{i}")]);
+        assert_eq!(now.stdout.trim(), last.to_string(), "seq{i} at b: {}", now.show());
+    }
+    assert!(longest < 5000.0, "a client waited {longest:.0} ms across the failover");
+    assert_eq!(r.status("b")[0]["state"], "took over");
+}
+
+#[test]
+fn stopping_replication_leaves_the_service_running() {
+    const TEST: &str = "repl-stop";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rs");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
+    assert!(!r.holds_in_a().is_empty(), "no output hold while protected");
+    let root = r.env.host("a").spawned_pid(&rep.child).map(|p| p.0);
+    let root = root.unwrap_or_else(|| panic!("ferry replicate is gone:\n{}", rep.show()));
+    // `timeout` is the process nsenter started; ferry is its child.
+    let ferry = common::cluster::children_of(root as u32).into_iter().next().unwrap_or(root);
+    ferry_testkit::kill(ferry, libc::SIGTERM);
+    let st = rep.wait(Duration::from_secs(20));
+    assert!(st.success(), "ferry replicate after SIGTERM: {st}\n{}", rep.show());
+    assert!(read_lossy(&rep.out).contains("ended"), "{}", rep.show());
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a after the end");
+    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the end");
+    let log = r.env.ferryd_log("b");
+    let dropped = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("copy dropped"));
+    assert!(dropped, "b kept its copy:\n{}", read_lossy(&log));
+    assert!(!read_lossy(&log).contains("took over"), "b took over:\n{}", read_lossy(&log));
+}
+
+#[test]
+fn a_lost_standby_leaves_the_primary_running_unprotected() {
+    const TEST: &str = "repl-standby-lost";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rl");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
+    r.env.host("b").stop_init();
+    let st = rep.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(3), "ferry replicate: {st}\n{}", rep.show());
+    assert!(read_lossy(&rep.out).contains("UNPROTECTED"), "{}", rep.show());
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a after the standby's loss");
+    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the standby's loss");
+}
