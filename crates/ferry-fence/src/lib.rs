@@ -14,16 +14,15 @@
 //! requests it makes, ends within the timeout given to [`Fence::connect`]
 //! (an unreachable etcd is an error naming the endpoints, never a hang).
 
+mod conn;
 mod error;
 pub mod record;
 
 pub use error::{FenceError, Site};
 pub use record::Owner;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
-use std::future::Future;
+use conn::Conn;
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub type Result<T, E = FenceError> = std::result::Result<T, E>;
@@ -40,17 +39,14 @@ pub enum Claim {
 
 /// A connection to the etcd cluster that witnesses service ownership.
 pub struct Fence {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-    endpoints: String,
-    timeout: Duration,
+    conn: Conn,
 }
 
 impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fence")
-            .field("endpoints", &self.endpoints)
-            .field("timeout", &self.timeout)
+            .field("endpoints", &self.conn.joined)
+            .field("timeout", &self.conn.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -66,49 +62,26 @@ impl Fence {
     /// `http://10.0.0.1:2379`) and checks that it answers. `timeout` bounds
     /// this and every later operation of the fence.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Fence> {
-        if endpoints.is_empty() {
-            return Err(FenceError::Usage("no etcd endpoint given".into()));
-        }
-        if timeout.is_zero() {
-            return Err(FenceError::Usage("the timeout must be above zero".into()));
-        }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(FenceError::Runtime)?;
-        // No request timeout of the client's own: the fence's deadline
-        // covers whole operations, and reports them as Timeout. Keep-alive
-        // pings find a connection to a frozen or vanished etcd dead, so
-        // that the next operation connects anew.
-        let options =
-            ConnectOptions::new().with_connect_timeout(timeout).with_keep_alive(timeout, timeout);
-        let joined = endpoints.join(",");
-        let site = Site { endpoints: joined.clone(), op: "connect", key: None };
+        let conn = Conn::new(endpoints, timeout)?;
         let deadline = Instant::now() + timeout;
-        let client = bounded(&rt, &site, timeout, deadline, async {
-            Client::connect(endpoints, Some(options)).await
-        })?;
-        let fence = Fence { rt, client, endpoints: joined, timeout };
-        let mut c = fence.client.clone();
-        bounded(&fence.rt, &site, timeout, deadline, async move { c.status().await })?;
-        Ok(fence)
+        conn.call("connect", None, deadline, |mut c| async move { c.status().await })?;
+        Ok(Fence { conn })
     }
 
     /// The endpoints, as errors name them.
     pub fn endpoints(&self) -> &str {
-        &self.endpoints
+        &self.conn.joined
     }
 
     /// The bound of each operation.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.conn.timeout
     }
 
     /// The current owner of `service`, None when nobody claimed it.
     pub fn owner(&self, service: &str) -> Result<Option<Owner>> {
         let key = self.key("owner", service)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.conn.timeout;
         Ok(self.read("owner", &key, deadline)?.map(|s| s.owner))
     }
 
@@ -120,7 +93,7 @@ impl Fence {
         const OP: &str = "claim_initial";
         let key = self.key(OP, service)?;
         self.check_holder(OP, holder)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.conn.timeout;
         let mine =
             record::encode(&Owner { holder: holder.into(), epoch: 1, since_unix_ms: now_ms() });
         let txn = Txn::new()
@@ -150,7 +123,7 @@ impl Fence {
         let next = seen_epoch
             .checked_add(1)
             .ok_or_else(|| FenceError::Usage(format!("epoch {seen_epoch} has no successor")))?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.conn.timeout;
         let Some(cur) = self.read(OP, &key, deadline)? else {
             return Err(FenceError::NotClaimed { site: self.site(OP, &key) });
         };
@@ -173,17 +146,24 @@ impl Fence {
             return Ok(Claim::Won { epoch: next });
         }
         match self.txn_get(OP, &key, &resp)? {
+            // A transaction retried on another endpoint after its first
+            // run went through finds its own write.
+            Some(cur) if cur.owner.holder == holder && cur.owner.epoch == next => {
+                Ok(Claim::Won { epoch: next })
+            }
             Some(cur) => Ok(Claim::Lost { owner: cur.owner }),
             None => Err(FenceError::NotClaimed { site: self.site(OP, &key) }),
         }
     }
 
     /// Removes the owner record if `holder` still owns `service` under
-    /// `epoch`; false (record untouched) otherwise.
+    /// `epoch`; false (record untouched) otherwise. With several
+    /// endpoints, a delete that went through on one that then failed to
+    /// answer, retried on the next, is false too (the record is gone).
     pub fn release(&self, service: &str, holder: &str, epoch: u64) -> Result<bool> {
         const OP: &str = "release";
         let key = self.key(OP, service)?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.conn.timeout;
         let cur = match self.read(OP, &key, deadline)? {
             Some(cur) if cur.owner.holder == holder && cur.owner.epoch == epoch => cur,
             _ => return Ok(false),
@@ -205,33 +185,25 @@ impl Fence {
     }
 
     fn site(&self, op: &'static str, key: &str) -> Site {
-        Site { endpoints: self.endpoints.clone(), op, key: Some(key.into()) }
+        self.conn.site(op, Some(key))
     }
 
     fn protocol(&self, op: &'static str, key: &str, what: &str) -> FenceError {
         FenceError::Protocol { site: self.site(op, key), what: what.into() }
     }
 
-    /// Runs one etcd request of operation `op`, bounded by `deadline`.
-    fn request<T>(
-        &self,
-        op: &'static str,
-        key: &str,
-        deadline: Instant,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        bounded(&self.rt, &self.site(op, key), self.timeout, deadline, fut)
-    }
-
     fn txn(&self, op: &'static str, key: &str, deadline: Instant, txn: Txn) -> Result<TxnResponse> {
-        let mut c = self.client.clone();
-        self.request(op, key, deadline, async move { c.txn(txn).await })
+        self.conn.call(op, Some(key), deadline, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
     }
 
     fn read(&self, op: &'static str, key: &str, deadline: Instant) -> Result<Option<Stored>> {
-        let mut c = self.client.clone();
-        let k = key.to_string();
-        let resp = self.request(op, key, deadline, async move { c.get(k, None).await })?;
+        let resp = self.conn.call(op, Some(key), deadline, |mut c| {
+            let k = key.to_string();
+            async move { c.get(k, None).await }
+        })?;
         resp.kvs().first().map(|kv| self.stored(op, key, kv)).transpose()
     }
 
@@ -249,24 +221,6 @@ impl Fence {
         let owner = record::decode(kv.value())
             .map_err(|reason| FenceError::BadRecord { site: self.site(op, key), reason })?;
         Ok(Stored { owner, mod_revision: kv.mod_revision() })
-    }
-}
-
-/// Runs `fut` on `rt` until `deadline`: past it, a Timeout error.
-fn bounded<T>(
-    rt: &tokio::runtime::Runtime,
-    site: &Site,
-    timeout: Duration,
-    deadline: Instant,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    let result = rt.block_on(async {
-        tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), fut).await
-    });
-    match result {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(FenceError::Etcd { site: site.clone(), detail: error::describe(&e) }),
-        Err(_) => Err(FenceError::Timeout { site: site.clone(), timeout }),
     }
 }
 

@@ -210,6 +210,34 @@ fn with_etcd_down_every_operation_fails_within_the_timeout() {
     assert_eq!(eventually(|| f.take_over("svc", "standby", 1)), won(2));
 }
 
+#[test]
+fn a_dead_endpoint_beside_a_live_one_is_passed_over() {
+    require_etcd!();
+    let etcd = EtcdWitness::on_loopback("endpoints");
+    let mut gone = EtcdWitness::on_loopback("gone");
+    gone.stop();
+    let endpoints = [gone.endpoint(), etcd.endpoint()];
+    let f = Fence::connect(&endpoints, TIMEOUT).unwrap_or_else(|e| panic!("{endpoints:?}: {e}"));
+    for i in 0..10 {
+        assert_eq!(f.claim_initial(&format!("svc{i}"), "primary").unwrap(), won(1));
+    }
+    // A frozen member costs its share of the timeout, once: the member
+    // that answered is asked first from then on.
+    let frozen = EtcdWitness::on_loopback("frozen");
+    frozen.pause();
+    let start = Instant::now();
+    let f2 = Fence::connect(&[frozen.endpoint(), etcd.endpoint()], TIMEOUT).unwrap();
+    assert!(start.elapsed() < TIMEOUT, "connect took {:?}", start.elapsed());
+    let start = Instant::now();
+    assert_eq!(f2.owner("svc0").unwrap().map(|o| o.epoch), Some(1));
+    assert!(start.elapsed() < TIMEOUT / 4, "owner took {:?}", start.elapsed());
+    drop(frozen);
+    // With none alive, the error names them all.
+    drop(etcd);
+    let err = fails_in_time("owner (all down)", &endpoints.join(","), || f.owner("svc0"));
+    assert!(err.to_string().contains(&endpoints.join(",")), "{err}");
+}
+
 /// `op`'s first success within 10 s (a client reconnects after etcd came back).
 fn eventually<T>(mut op: impl FnMut() -> Result<T, FenceError>) -> T {
     let start = Instant::now();
