@@ -49,8 +49,11 @@ PACKAGES=(
   nodejs            # runtimes test: a Node HTTP server
   openssh-server    # real-program test: ssh sessions (with and without a pty) migrated with sshd
   openssh-client    # ssh, the sessions' client in that test
+  protobuf-compiler # protoc: etcd-client's build script compiles etcd's .proto files (crates/ferry-fence)
+  libprotobuf-dev   # google/protobuf/*.proto (descriptor, struct) that etcd's .proto files import
+  etcd-server       # etcd, the replication fence's witness; tests start their own (ferry_testkit::EtcdWitness)
 )
-SERVICES=(redis-server memcached nginx postgresql haproxy ssh)
+SERVICES=(redis-server memcached nginx postgresql haproxy ssh etcd)
 PG_VERSION=15
 PG_NO_MAIN_CLUSTER=/etc/postgresql-common/createcluster.d/ferry-no-main-cluster.conf
 
@@ -97,11 +100,11 @@ stop_and_disable_services() {
     fi
   done
   # Anything still running from the distribution's service config (default
-  # ports 6379 / 11211, run as the packages' system users) is a leftover of a
+  # ports 6379 / 11211 / 2379, run as the packages' system users) is a leftover of a
   # service start: stop it by PID. We never touch instances run by root, which
   # are the ones our own tests start.
   local pid user
-  for user in redis memcache; do
+  for user in redis memcache etcd; do
     for pid in $(pgrep -u "$user" 2>/dev/null || true); do
       log "stopping leftover system service process $pid (user $user)"
       run_root kill "$pid" 2>/dev/null || true
@@ -223,7 +226,7 @@ fi
 
 stop_and_disable_services
 
-for tool in gcc python3 redis-server redis-cli memcached nginx psql /usr/lib/postgresql/$PG_VERSION/bin/postgres; do
+for tool in gcc python3 protoc etcd redis-server redis-cli memcached nginx psql /usr/lib/postgresql/$PG_VERSION/bin/postgres; do
   if command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/bin/$tool" ] || [ -x "/usr/sbin/$tool" ]; then
     :
   else

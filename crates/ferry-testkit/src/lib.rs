@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use ferry_sys::process::is_root;
 
+mod etcd;
+pub use etcd::{etcd_available, EtcdWitness};
+
 /// Returns from the calling test, after saying so on stderr, unless it
 /// runs as root: `require_root!();` or `require_root!("why")`.
 #[macro_export]
@@ -23,6 +26,21 @@ macro_rules! require_root {
     ($why:expr) => {
         if !$crate::is_root() {
             eprintln!("SKIPPED {}: {}", $crate::function_name!(), $why);
+            return;
+        }
+    };
+}
+
+/// Returns from the calling test, after saying so on stderr, unless the
+/// `etcd` program is installed: `require_etcd!();`.
+#[macro_export]
+macro_rules! require_etcd {
+    () => {
+        if !$crate::etcd_available() {
+            eprintln!(
+                "SKIPPED {}: needs etcd (Debian's etcd-server, scripts/install-deps.sh)",
+                $crate::function_name!()
+            );
             return;
         }
     };
@@ -260,6 +278,36 @@ impl NetNs {
     /// live there.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         run_in_netns(self.path(), f)
+    }
+
+    /// Links this namespace to `peer` with a veth pair: `ifname` here with
+    /// `addr`, `peer_ifname` there with `peer_addr` (both CIDR, e.g.
+    /// "10.0.0.1/30"), both up. The names live only inside the two
+    /// namespaces, and the pair goes with them. Panics on failure.
+    pub fn link(&self, ifname: &str, addr: &str, peer: &NetNs, peer_ifname: &str, peer_addr: &str) {
+        let ip = |args: &[&str]| {
+            let ok = Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false);
+            assert!(ok, "ip {}: failed", args.join(" "));
+        };
+        let (me, other) = (self.0.as_str(), peer.0.as_str());
+        ip(&[
+            "-n",
+            me,
+            "link",
+            "add",
+            ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer_ifname,
+            "netns",
+            other,
+        ]);
+        for (ns, dev, a) in [(self, ifname, addr), (peer, peer_ifname, peer_addr)] {
+            ip(&["-n", &ns.0, "addr", "add", a, "dev", dev]);
+            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        }
     }
 }
 
