@@ -241,11 +241,11 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
 
     let (clients, out) = seq_clients(&r, 10, 8.0);
     std::thread::sleep(Duration::from_secs(3));
-    // Host a dies: every process of it (redis, ferry replicate) at once,
-    // and its link.
+    // Host a dies: its link first (nothing it says reaches anyone, not
+    // even the closing of its connections), then every process of it.
     let t_kill = Instant::now();
-    r.env.host("a").stop_init();
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+    r.env.host("a").stop_init();
     let _ = rep.wait(Duration::from_secs(10));
     let results = client_results(clients, &out);
     let log = r.env.ferryd_log("b");

@@ -81,13 +81,8 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
 /// The freeze: the capture into memory, the output mark, the image, and
 /// the thaw. An error anywhere lets the tree run on (Captured dropped).
 /// What the freeze leaves for the rest of the sync.
-type Thawed = (
-    SyncBuffer,
-    ferry_outbox::Mark,
-    HashMap<i32, Vec<(u64, u64)>>,
-    Instant,
-    Vec<(String, f64)>,
-);
+type Thawed =
+    (SyncBuffer, ferry_outbox::Mark, HashMap<i32, Vec<(u64, u64)>>, Instant, Vec<(String, f64)>);
 
 fn capture_and_thaw(c: &mut SyncCtx<'_>) -> Result<Thawed> {
     // As a migration's: the tree may run at the standby one day, so a
@@ -96,6 +91,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>) -> Result<Thawed> {
         network_lock: ferry_netlock::Method::Ebpf,
         presurveyed: ferry_engine::capture::vma_flags::presurvey_tree(c.pid),
         parent_sees_exit: c.parent_sees_exit,
+        output_held: true,
         ..Default::default()
     };
     let precopy = &mut *c.precopy;
