@@ -33,7 +33,7 @@ struct Repl {
     env: Env,
     svc: String,
     etcd_url: String,
-    _etcd: Started,
+    etcd: Started,
 }
 
 impl Repl {
@@ -47,7 +47,7 @@ impl Repl {
         }
         let svc = env.c.subnet_addr(100).to_string();
         ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
-        Repl { env, svc, etcd_url, _etcd: etcd }
+        Repl { env, svc, etcd_url, etcd }
     }
 
     fn svc_prefix(&self) -> String {
@@ -122,6 +122,26 @@ impl Repl {
         let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
         assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
         r
+    }
+
+    /// The witness's etcd killed (its data stays) or started again.
+    fn etcd_down(&mut self) {
+        ferry_testkit::kill(self.etcd.root, libc::SIGKILL);
+        let _ = wait_timeout(&mut self.etcd.nsenter, Duration::from_secs(10));
+    }
+
+    fn etcd_up(&mut self) {
+        self.etcd = start_etcd(&self.env).0;
+    }
+
+    /// Whether redis runs in `host` (a process of that name there).
+    fn redis_runs_in(&self, host: &str) -> bool {
+        let out = run_in(self.env.host(host), 20, &["pgrep", "-x", "redis-server"]);
+        out.status.success()
+    }
+
+    fn has_address(&self, host: &str) -> bool {
+        addresses(self.env.host(host)).contains(&self.svc_prefix())
     }
 
     fn status(&self, host: &str) -> serde_json::Value {
@@ -315,4 +335,83 @@ fn a_lost_standby_leaves_the_primary_running_unprotected() {
     assert!(read_lossy(&rep.out).contains("UNPROTECTED"), "{}", rep.show());
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a after the standby's loss");
     assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the standby's loss");
+}
+
+#[test]
+fn a_partition_leaves_the_service_in_exactly_one_place() {
+    const TEST: &str = "repl-partition";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rp");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
+    // a and b no longer hear each other; both still reach etcd and c.
+    let b_ip = r.env.host("b").ip.to_string();
+    for rule in
+        [["-A", "INPUT", "-s", &b_ip, "-j", "DROP"], ["-A", "OUTPUT", "-d", &b_ip, "-j", "DROP"]]
+    {
+        let mut argv = vec!["iptables"];
+        argv.extend_from_slice(&rule);
+        let out = run_in(r.env.host("a"), 20, &argv);
+        assert!(out.status.success(), "iptables in a: {}", out.show());
+    }
+    let st = rep.wait(Duration::from_secs(30));
+    let log = r.env.ferryd_log("b");
+    let decided = wait_for(Duration::from_secs(20), || {
+        let l = read_lossy(&log);
+        l.contains("took over") || l.contains("copy dropped")
+    });
+    assert!(decided, "b never decided:\n{}\n{}", read_lossy(&log), rep.show());
+    let b_runs = read_lossy(&log).contains("took over");
+    eprintln!("[{TEST}] ferry replicate: {st}; {} won", if b_runs { "b" } else { "a" });
+    // Exactly one copy runs and holds the address; the other has neither.
+    assert_eq!(r.redis_runs_in("a"), !b_runs, "redis in a\n{}", rep.show());
+    assert_eq!(r.redis_runs_in("b"), b_runs, "redis in b\n{}", read_lossy(&log));
+    assert_eq!(r.has_address("a"), !b_runs, "the address on a");
+    assert_eq!(r.has_address("b"), b_runs, "the address on b");
+    if b_runs {
+        assert_eq!(st.code(), Some(1), "a fenced out: {}", rep.show());
+        assert!(read_lossy(&rep.err).contains("fenced"), "{}", rep.show());
+    } else {
+        assert_eq!(st.code(), Some(3), "a unprotected: {}", rep.show());
+    }
+    // The acknowledged increment survived wherever the service is.
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "the counter after the partition");
+}
+
+#[test]
+fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
+    const TEST: &str = "repl-etcd-down";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let mut r = Repl::new("re");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    r.etcd_down();
+    // Protection goes on without etcd: syncs, released output.
+    let before = r.status("a")[0]["syncs"].as_u64().unwrap_or(0);
+    for i in 1..=20 {
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string(), "with etcd down");
+    }
+    let after = r.status("a")[0]["syncs"].as_u64().unwrap_or(0);
+    assert!(after > before, "no sync while etcd was down ({before} -> {after})");
+    // a dies; b may not take over before etcd answers.
+    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+    r.env.host("a").stop_init();
+    let _ = rep.wait(Duration::from_secs(10));
+    let log = r.env.ferryd_log("b");
+    let waiting = wait_for(Duration::from_secs(10), || {
+        read_lossy(&log).contains("the takeover waits for it")
+    });
+    assert!(waiting, "b does not wait for etcd:\n{}", read_lossy(&log));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!read_lossy(&log).contains("took over"), "b took over without etcd");
+    assert!(!r.redis_runs_in("b"), "redis runs in b without etcd");
+    r.etcd_up();
+    let took = wait_for(Duration::from_secs(20), || read_lossy(&log).contains("took over"));
+    assert!(took, "b did not take over once etcd was back:\n{}", read_lossy(&log));
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "21", "the counter at b");
 }
