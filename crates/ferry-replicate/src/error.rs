@@ -19,6 +19,9 @@ pub enum ReplicateError {
     Fenced(String),
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// State a sync cannot carry; the lines name each object.
+    #[error("not replicated: {}", .0.join("; "))]
+    Unreplicable(Vec<String>),
     #[error("{0}")]
     Invalid(String),
 }

@@ -48,6 +48,14 @@ pub struct ReplicateArgs {
     /// parent's job.
     #[arg(long)]
     parent_sees_exit: bool,
+    /// A file the service may write although its content is not
+    /// replicated (a log whose last lines may be missing after a
+    /// takeover); repeat for each. Any other regular file open for
+    /// writing, or mapped shared and writable, is refused by name (before
+    /// the first sync) or ends protection (later): the standby's memory
+    /// would know writes its files lack.
+    #[arg(long, value_name = "PATH")]
+    ignore_writes: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -89,6 +97,7 @@ pub fn run(a: ReplicateArgs) -> Result<i32> {
         heartbeat_timeout: Duration::from_millis(a.heartbeat_timeout_ms),
         timeout: Duration::from_secs(a.timeout),
         parent_sees_exit: a.parent_sees_exit,
+        ignore_writes: a.ignore_writes.clone(),
         queue: a.queue,
         stop: &STOP,
         progress: Arc::new(|s: &str| println!("{s}")),

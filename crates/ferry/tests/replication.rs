@@ -92,6 +92,13 @@ impl Repl {
     /// `ferry replicate` of `pid` (inside a) to b, in the background;
     /// returns once it printed "in sync".
     fn replicate(&self, pid: i32) -> Replicating {
+        let r = self.replicate_args(pid, &[]);
+        let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
+        assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
+        r
+    }
+
+    fn replicate_args(&self, pid: i32, extra: &[&str]) -> Replicating {
         let (out, err) =
             (self.env.dir.0.join("replicate.out"), self.env.dir.0.join("replicate.err"));
         let (pid_s, to) = (pid.to_string(), self.env.agent("b").to_string());
@@ -113,15 +120,13 @@ impl Repl {
             "--etcd",
             &self.etcd_url,
         ];
+        let argv: Vec<&str> = argv.iter().copied().chain(extra.iter().copied()).collect();
         let mut cmd = self.env.host("a").command(&argv);
         cmd.stdout(std::fs::File::create(&out).expect("out"))
             .stderr(std::fs::File::create(&err).expect("err"))
             .stdin(std::process::Stdio::null());
         let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("ferry replicate");
-        let r = Replicating { child, out, err };
-        let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
-        assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
-        r
+        Replicating { child, out, err }
     }
 
     /// The witness's etcd killed (its data stays) or started again.
@@ -414,4 +419,33 @@ fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
     let took = wait_for(Duration::from_secs(20), || read_lossy(&log).contains("took over"));
     assert!(took, "b did not take over once etcd was back:\n{}", read_lossy(&log));
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "21", "the counter at b");
+}
+
+#[test]
+fn a_service_writing_files_is_refused_by_name() {
+    const TEST: &str = "repl-writes";
+    if !have(TEST, &[ETCD, "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rw");
+    let data = r.env.dir.0.join("data.db");
+    let logf = r.env.dir.0.join("app.log");
+    let prog = format!(
+        "import socket,time\nd=open('{}','w')\nl=open('{}','a')\ns=socket.socket()\ns.bind(('{}',7000))\ns.listen()\nprint('up',flush=True)\ntime.sleep(600)\n",
+        data.display(),
+        logf.display(),
+        r.svc
+    );
+    let out = r.env.dir.0.join("writer.log");
+    let w = start_in(r.env.host("a"), &["python3", "-c", &prog], &r.env.dir.0, &out, &[]);
+    assert!(wait_for(Duration::from_secs(10), || read_lossy(&out).contains("up")));
+    // The log is let through; the data file is named.
+    let mut rep = r.replicate_args(w.inner, &["--ignore-writes", path_str(&logf)]);
+    let st = rep.wait(Duration::from_secs(60));
+    assert!(!st.success(), "ferry replicate protected a writer:\n{}", rep.show());
+    let err = read_lossy(&rep.err);
+    assert!(err.contains(&format!("{} (open for writing)", data.display())), "{}", rep.show());
+    assert!(!err.contains("app.log"), "the ignored log is named:\n{}", rep.show());
+    assert!(ferry_testkit::kill(w.root, 0), "the writer was killed");
+    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the refusal");
 }

@@ -18,10 +18,14 @@ enum Outcome {
 }
 
 impl Primary<'_> {
-    /// Stopped on purpose: the service is claimed at a newer epoch, the
-    /// standby is told to drop its copy, and the output flows again.
-    pub(super) fn stop(&mut self) -> Result<Ended> {
-        (self.o.progress)("ending protection");
+    /// Stopped on purpose, or `because` the tree holds state a sync
+    /// cannot carry: the service is claimed at a newer epoch, the standby
+    /// is told to drop its copy, and the output flows again.
+    pub(super) fn stop(&mut self, because: Option<String>) -> Result<Ended> {
+        (self.o.progress)(&match &because {
+            Some(why) => format!("ending protection: {why}"),
+            None => "ending protection".to_string(),
+        });
         match self.win_service()? {
             Outcome::Won(epoch) => self.epoch = epoch,
             Outcome::Lost(owner) => return Err(self.fenced_out(owner)),
@@ -32,7 +36,10 @@ impl Primary<'_> {
         self.status.note = format!("{released} held packets released; unprotected");
         self.publish(true);
         self.status.remove();
-        Ok(Ended::Stopped { syncs: self.seq })
+        Ok(match because {
+            Some(why) => Ended::Unprotected { syncs: self.seq, why },
+            None => Ended::Stopped { syncs: self.seq },
+        })
     }
 
     /// The standby stopped answering (or failed): the output stays held

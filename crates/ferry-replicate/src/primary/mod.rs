@@ -14,6 +14,7 @@
 
 mod buffer;
 mod end;
+mod files;
 mod sync;
 
 pub use sync::SyncReport;
@@ -46,6 +47,9 @@ pub struct ReplicateOptions {
     /// For the first sync and each call to the fencing store.
     pub timeout: Duration,
     pub parent_sees_exit: bool,
+    /// Files the tree may write although their content is not replicated
+    /// (logs).
+    pub ignore_writes: Vec<std::path::PathBuf>,
     /// The NFQUEUE number of the output commit.
     pub queue: u16,
     /// Set (by a signal handler) to end protection.
@@ -171,7 +175,7 @@ impl Primary<'_> {
         let mut last_line = Instant::now();
         loop {
             if self.o.stop.load(Ordering::Relaxed) {
-                return self.stop();
+                return self.stop(None);
             }
             let due = last_sync + self.o.max_interval;
             let wait = due.saturating_duration_since(Instant::now()).min(self.o.heartbeat_interval);
@@ -185,8 +189,10 @@ impl Primary<'_> {
             } else {
                 self.heartbeat()
             };
-            if let Err(e) = step {
-                return self.standby_lost(e);
+            match step {
+                Ok(()) => {}
+                Err(e @ ReplicateError::Unreplicable(_)) => return self.stop(Some(e.to_string())),
+                Err(e) => return self.standby_lost(e),
             }
             if last_line.elapsed() >= Duration::from_secs(10) {
                 self.publish(true);
@@ -207,6 +213,7 @@ impl Primary<'_> {
             ch: &mut self.ch,
             replica_id: self.replica_id,
             timeout: if self.seq == 1 { self.o.timeout } else { self.o.heartbeat_timeout * 4 },
+            ignore_writes: &self.o.ignore_writes,
         };
         let r = sync::sync(&mut ctx, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);

@@ -51,6 +51,8 @@ pub(crate) struct SyncCtx<'a> {
     /// incremental over it.
     pub replica_id: u64,
     pub timeout: Duration,
+    /// Files the tree may write (see `files.rs`).
+    pub ignore_writes: &'a [std::path::PathBuf],
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
@@ -104,6 +106,10 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>) -> Result<Thawed> {
         },
         |n, e| tracing::info!("sync freeze attempt {n} refused, trying again: {e}"),
     )?;
+    let written = super::files::written_files(&captured.tree, c.ignore_writes);
+    if !written.is_empty() {
+        return Err(ReplicateError::Unreplicable(written));
+    }
     // Frozen: every packet queued so far came from the state just read.
     let mark = c.outbox.mark()?;
     buffer.set_host_pids(captured.pids().into_iter().map(|p| p.0).collect());
