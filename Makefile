@@ -6,6 +6,8 @@
 #   make demo    live migration: `ferry demo` moves redis between two test hosts
 #                under client load (scripts/demo.sh, needs root; DEMO_ARGS=... for options)
 #   make demo-checkpoint  checkpoint + restore a live TCP server (scripts/demo-checkpoint.sh)
+#   make demo-failover    hot standby: redis's host dies under clients, the standby takes
+#                over (scripts/demo-failover.sh, needs root)
 #   make test    rustfmt and clippy checks, the engine's layering check, then the full
 #                test suite, as CI runs it (.ci/run; needs root)
 #   make bench   checkpoint/restore timings and image sizes (bench/run.sh, needs root)
@@ -15,7 +17,7 @@
 CARGO     ?= cargo
 FUZZ_TIME ?= 60
 
-.PHONY: all deps build demo demo-checkpoint test bench fuzz clean
+.PHONY: all deps build demo demo-checkpoint demo-failover test bench fuzz clean
 
 all: build
 
@@ -30,6 +32,9 @@ demo: deps
 
 demo-checkpoint: deps
 	bash scripts/demo-checkpoint.sh
+
+demo-failover: deps
+	bash scripts/demo-failover.sh
 
 test: deps
 	$(CARGO) fmt --all -- --check

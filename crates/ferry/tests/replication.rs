@@ -92,7 +92,9 @@ impl Repl {
     /// `ferry replicate` of `pid` (inside a) to b, in the background;
     /// returns once it printed "in sync".
     fn replicate(&self, pid: i32) -> Replicating {
-        let r = self.replicate_args(pid, &[]);
+        // redis's stdout goes to this log: not replicated state.
+        let log = self.env.dir.0.join("redis.log");
+        let r = self.replicate_args(pid, &["--ignore-writes", path_str(&log)]);
         let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
         assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
         r
@@ -157,7 +159,8 @@ impl Repl {
 
     /// The NFQUEUE rules in a's mangle table (the output commit's hold).
     fn holds_in_a(&self) -> Vec<String> {
-        let out = run_in(self.env.host("a"), 20, &["iptables", "-t", "mangle", "-S"]);
+        let out = run_in(self.env.host("a"), 20, &["iptables", "-w", "10", "-t", "mangle", "-S"]);
+        assert!(out.status.success(), "iptables -S in a: {}", out.show());
         out.stdout.lines().filter(|l| l.contains("NFQUEUE")).map(String::from).collect()
     }
 }
