@@ -101,9 +101,16 @@ impl Repl {
     }
 
     fn replicate_args(&self, pid: i32, extra: &[&str]) -> Replicating {
-        let (out, err) =
-            (self.env.dir.0.join("replicate.out"), self.env.dir.0.join("replicate.err"));
-        let (pid_s, to) = (pid.to_string(), self.env.agent("b").to_string());
+        self.replicate_from("a", "b", pid, extra)
+    }
+
+    /// `ferry replicate` of `pid` (as host `from` sees it) to `to`'s agent.
+    fn replicate_from(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
+        let (out, err) = (
+            self.env.dir.0.join(format!("replicate-{from}.out")),
+            self.env.dir.0.join(format!("replicate-{from}.err")),
+        );
+        let (pid_s, to) = (pid.to_string(), self.env.agent(to).to_string());
         let argv = [
             "timeout",
             "-s",
@@ -123,7 +130,7 @@ impl Repl {
             &self.etcd_url,
         ];
         let argv: Vec<&str> = argv.iter().copied().chain(extra.iter().copied()).collect();
-        let mut cmd = self.env.host("a").command(&argv);
+        let mut cmd = self.env.host(from).command(&argv);
         cmd.stdout(std::fs::File::create(&out).expect("out"))
             .stderr(std::fs::File::create(&err).expect("err"))
             .stdin(std::process::Stdio::null());
@@ -451,4 +458,46 @@ fn a_service_writing_files_is_refused_by_name() {
     assert!(!err.contains("app.log"), "the ignored log is named:\n{}", rep.show());
     assert!(ferry_testkit::kill(w.root, 0), "the writer was killed");
     assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the refusal");
+}
+
+/// The PID (inside host b) that b's ferryd reports for the tree it took over.
+fn taken_over_pid(log: &str) -> Option<i32> {
+    let line = log.lines().find(|l| l.contains("took over"))?;
+    line.split(" runs here as pid ").nth(1)?.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn the_new_primary_is_protected_again_after_a_failover() {
+    const TEST: &str = "repl-reprotect";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rr");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
+    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+    r.env.host("a").stop_init();
+    let _ = rep.wait(Duration::from_secs(10));
+    let log = r.env.ferryd_log("b");
+    assert!(wait_for(Duration::from_secs(20), || read_lossy(&log).contains("took over")));
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "at b");
+    // a comes back as after a reboot, without the address; b protects the
+    // service with a as its standby.
+    ip(&["-n", &r.env.host("a").netns, "addr", "del", &r.svc_prefix(), "dev", "eth0"]);
+    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "up"]);
+    r.env.start_ferryd("a", &[], &["--etcd", &r.etcd_url]);
+    let pid = taken_over_pid(&read_lossy(&log)).unwrap_or_else(|| panic!("{}", read_lossy(&log)));
+    let log_path = r.env.dir.0.join("redis.log");
+    let mut again = r.replicate_from("b", "a", pid, &["--ignore-writes", path_str(&log_path)]);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&again.out).contains("in sync"));
+    assert!(synced, "b's replicate never got in sync:\n{}", again.show());
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "3", "at b, protected by a");
+    ip(&["-n", &r.env.host("b").netns, "link", "set", "eth0", "down"]);
+    r.env.host("b").stop_init();
+    let _ = again.wait(Duration::from_secs(10));
+    let alog = r.env.ferryd_log("a");
+    let took = wait_for(Duration::from_secs(20), || read_lossy(&alog).contains("took over"));
+    assert!(took, "a did not take over:\n{}", read_lossy(&alog));
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "4", "back at a");
 }

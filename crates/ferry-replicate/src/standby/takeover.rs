@@ -34,6 +34,13 @@ impl Standby<'_> {
                 return Ok(Outcome::Lost(owner));
             }
         };
+        // An output hold left in this namespace by a primary that ran here
+        // once and died would drop the service's every packet.
+        match ferry_outbox::Outbox::remove_stale(None) {
+            Ok(0) => {}
+            Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
+            Err(e) => tracing::warn!("removing stale output holds: {e}"),
+        }
         let served = ferry_migrate::destination::restore_and_run(
             image,
             hello,
