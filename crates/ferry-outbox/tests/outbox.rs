@@ -1,7 +1,7 @@
 //! Output commit on the real kernel: a TCP server in namespace A whose
 //! address is held, a client in namespace B, joined by a veth pair.
 
-use ferry_outbox::Outbox;
+use ferry_outbox::{Config, Hook, Outbox};
 use ferry_testkit::{require_root, NetNs};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -265,4 +265,23 @@ fn a_long_hold_delivers_everything_in_order() {
     let stats = outbox.stats();
     assert!(stats.longest_hold >= Duration::from_secs(1), "{stats:?}");
     assert_eq!(stats.overruns, 0);
+}
+
+#[test]
+fn prerouting_at_the_far_end_of_the_veth_holds_the_same_way() {
+    require_root!();
+    let net = net("obx6");
+    let (mut server, mut client) = net.connect();
+    let addr: IpAddr = SERVER.parse().expect("address");
+    let config = Config { hook: Hook::Prerouting, ..Config::default() };
+    let outbox =
+        Outbox::hold_with(Some(Path::new(&net.b.path())), addr, QUEUE, config).expect("hold");
+    server.write_all(b"far").expect("server write");
+    assert_eq!(read_for(&mut client, Duration::from_millis(200)), b"");
+    wait_held(&outbox, 1);
+    outbox.release_through(outbox.mark().expect("mark")).expect("release");
+    assert_eq!(read_until(&mut client, 3, Duration::from_secs(2)), b"far");
+    outbox.remove().expect("remove");
+    server.write_all(b"free").expect("server write");
+    assert_eq!(read_until(&mut client, 4, Duration::from_millis(500)), b"free");
 }
