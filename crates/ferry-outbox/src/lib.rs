@@ -352,6 +352,8 @@ impl Outbox {
     }
 }
 
+/// [`Outbox::remove`] with errors ignored: the rule goes, the queue is
+/// unbound and the kernel drops what it still held (never sent).
 impl Drop for Outbox {
     fn drop(&mut self) {
         let _ = self.teardown();
