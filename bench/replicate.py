@@ -205,7 +205,7 @@ def part_load(cl, work, args, res):
             plain = benchmark(cl, test, clients, args.requests)
             rp, out = replicate(cl, work, inner, trace=True)
             t = time.time()
-            repl = benchmark(cl, test, clients, max(args.requests // 10, 1000))
+            repl = benchmark(cl, test, clients, max(args.requests // 40, 200))
             secs = time.time() - t
             st = (status(cl, cl.a) or [{}])[0]
             phases, n = sync_phases(out)
@@ -265,11 +265,15 @@ def part_partition(cl, work, args, res):
             m.sh("ip", "netns", "exec", cl.a.netns, "iptables", *rule)
         rp.wait(timeout=60)
         time.sleep(3)
-        a_runs = in_host(cl.a, ["pgrep", "-x", "redis-server"]).returncode == 0
-        b_runs = in_host(cl.b, ["pgrep", "-x", "redis-server"]).returncode == 0
+        # A zombie (killed, not reaped yet) does not run.
+        a_runs = in_host(cl.a, ["pgrep", "-r", "R,S,D,T", "-x", "redis-server"]).returncode == 0
+        b_runs = in_host(cl.b, ["pgrep", "-r", "R,S,D,T", "-x", "redis-server"]).returncode == 0
         row = {"run": run, "a": a_runs, "b": b_runs, "split_brain": a_runs == b_runs}
         res["partition"].append(row)
-        log(f"partition {run}: redis in a {a_runs}, in b {b_runs}")
+        how = m.tail(out, 300).splitlines()[-1:] or [""]
+        log(f"partition {run}: redis in a {a_runs}, in b {b_runs}; ferry replicate exit {rp.returncode}: {how[0]}")
+        if row["split_brain"]:
+            shutil.copytree(work, f"{work}-split-{run}", ignore=shutil.ignore_patterns("etcd"))
         m.reap(redis)
 
 
@@ -322,7 +326,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="load,failover,partition")
     ap.add_argument("--clients", default="1,10,50")
-    ap.add_argument("--requests", type=int, default=20000, help="redis-benchmark requests unreplicated (a tenth replicated)")
+    ap.add_argument("--requests", type=int, default=20000, help="redis-benchmark requests unreplicated (a fortieth replicated)")
     ap.add_argument("--runs", type=int, default=20, help="runs of failover and partition")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-replicate-latest.md"))

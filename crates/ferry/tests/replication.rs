@@ -148,9 +148,11 @@ impl Repl {
         self.etcd = start_etcd(&self.env).0;
     }
 
-    /// Whether redis runs in `host` (a process of that name there).
+    /// Whether redis runs in `host` (a process of that name there; a
+    /// zombie, killed and not reaped yet, does not run).
     fn redis_runs_in(&self, host: &str) -> bool {
-        let out = run_in(self.env.host(host), 20, &["pgrep", "-x", "redis-server"]);
+        let out =
+            run_in(self.env.host(host), 20, &["pgrep", "-r", "R,S,D,T", "-x", "redis-server"]);
         out.status.success()
     }
 
