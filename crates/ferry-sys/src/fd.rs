@@ -386,6 +386,18 @@ pub fn statfs_magic(path: &CStr) -> SysResult<i64> {
     Ok(st.f_type as i64)
 }
 
+/// Allocates `len` bytes of `fd` from `offset` (fallocate mode 0), so
+/// that writing them later cannot fail for lack of space.
+pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> SysResult<()> {
+    // SAFETY: fallocate takes an fd and plain integers.
+    let r = unsafe { libc::fallocate(fd.as_raw_fd(), 0, offset as i64, len as i64) };
+    if r < 0 {
+        Err(last_error("fallocate"))
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod in_memory_tests {
     use super::in_memory_fs;
@@ -406,17 +418,5 @@ mod in_memory_tests {
             .unwrap();
         let kind = String::from_utf8_lossy(&st.stdout).trim().to_string();
         assert_eq!(in_memory_fs(f.as_fd()).unwrap(), kind == "tmpfs" || kind == "ramfs", "{kind}");
-    }
-}
-
-/// Allocates `len` bytes of `fd` from `offset` (fallocate mode 0), so
-/// that writing them later cannot fail for lack of space.
-pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> SysResult<()> {
-    // SAFETY: fallocate takes an fd and plain integers.
-    let r = unsafe { libc::fallocate(fd.as_raw_fd(), 0, offset as i64, len as i64) };
-    if r < 0 {
-        Err(last_error("fallocate"))
-    } else {
-        Ok(())
     }
 }
