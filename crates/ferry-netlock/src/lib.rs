@@ -101,7 +101,7 @@ mod ebpf;
 mod error;
 mod held;
 mod iptables;
-mod netns;
+pub mod netns;
 mod nft;
 mod packet;
 mod peer_fin;

@@ -43,38 +43,83 @@ pub(crate) fn inode(lock: &str, path: &Path) -> Result<u64, NetlockError> {
     })
 }
 
+/// Why work could not start in another network namespace.
+pub enum EnterError {
+    /// Opening its nsfs file failed.
+    Open(std::io::Error),
+    /// setns failed.
+    Enter(ferry_sys::SysError),
+}
+
 /// Runs `work` on a short-lived thread that has entered the namespace at
 /// `path` (or on the calling thread when `path` is None: the current
-/// namespace). setns moves only that thread, so the caller is unaffected.
-pub(crate) fn run_in<T: Send>(
-    lock: &str,
+/// namespace). setns moves only that thread, so the caller is unaffected;
+/// a child it forks and a socket it makes start in that namespace.
+/// `entering` turns a failure to enter into the caller's error.
+pub fn run_in_namespace<T: Send, E: Send>(
     path: Option<&Path>,
-    work: impl FnOnce() -> Result<T, NetlockError> + Send,
-) -> Result<T, NetlockError> {
+    work: impl FnOnce() -> Result<T, E> + Send,
+    entering: impl FnOnce(EnterError) -> E + Send,
+) -> Result<T, E> {
     let Some(path) = path else {
         return work();
     };
-    let ns = std::fs::File::open(path).map_err(|source| NetlockError::Io {
-        lock: lock.to_string(),
-        what: "opening network namespace",
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let ns = match std::fs::File::open(path) {
+        Ok(ns) => ns,
+        Err(e) => return Err(entering(EnterError::Open(e))),
+    };
     std::thread::scope(|scope| {
         let thread = scope.spawn(move || {
-            ferry_sys::netns::enter_net_namespace(ns.as_fd()).map_err(|source| {
-                NetlockError::Netns {
-                    lock: lock.to_string(),
-                    netns: path.display().to_string(),
-                    source,
-                }
-            })?;
+            if let Err(e) = ferry_sys::netns::enter_net_namespace(ns.as_fd()) {
+                return Err(entering(EnterError::Enter(e)));
+            }
             work()
         });
         match thread.join() {
             Ok(result) => result,
             Err(panic) => std::panic::resume_unwind(panic),
         }
+    })
+}
+
+/// Runs `program args` with `input` on its stdin, in the calling thread's
+/// namespace, and returns how it ended with its output.
+pub fn output_with_input(
+    program: &str,
+    args: &[&str],
+    input: &str,
+) -> std::io::Result<std::process::Output> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A write error means the child exited early; its status and
+        // stderr say why.
+        let _ = stdin.write_all(input.as_bytes());
+    }
+    child.wait_with_output()
+}
+
+pub(crate) fn run_in<T: Send>(
+    lock: &str,
+    path: Option<&Path>,
+    work: impl FnOnce() -> Result<T, NetlockError> + Send,
+) -> Result<T, NetlockError> {
+    run_in_namespace(path, work, |e| match e {
+        EnterError::Open(source) => NetlockError::Io {
+            lock: lock.to_string(),
+            what: "opening network namespace",
+            path: path.map(Path::to_path_buf).unwrap_or_default(),
+            source,
+        },
+        EnterError::Enter(source) => NetlockError::Netns {
+            lock: lock.to_string(),
+            netns: path.map(|p| p.display().to_string()).unwrap_or_default(),
+            source,
+        },
     })
 }
 
@@ -89,25 +134,10 @@ pub(crate) fn run_command(
 ) -> Result<(), NetlockError> {
     let command = format!("{program} {}", args.join(" "));
     run_in(lock, path, || {
-        let spawn_error = |source| NetlockError::Spawn {
-            lock: lock.to_string(),
-            command: command.clone(),
-            source,
-        };
         // The child is forked from this thread, so it starts in its namespace.
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_error)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A write error means the child exited early; its status and
-            // stderr below say why.
-            let _ = stdin.write_all(input.as_bytes());
-        }
-        let output = child.wait_with_output().map_err(spawn_error)?;
+        let output = output_with_input(program, args, input).map_err(|source| {
+            NetlockError::Spawn { lock: lock.to_string(), command: command.clone(), source }
+        })?;
         if output.status.success() {
             Ok(())
         } else {

@@ -1,38 +1,26 @@
-//! Running code and commands inside the outbox's network namespace.
+//! Running code and commands inside the outbox's network namespace, with
+//! the network lock's helpers (ferry_netlock::netns) and the outbox's
+//! errors.
 
 use crate::OutboxError;
-use std::io::Write;
-use std::os::fd::AsFd;
+use ferry_netlock::netns::{output_with_input, run_in_namespace, EnterError};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 /// Runs `work` on a short-lived thread that entered the namespace at
 /// `netns` (on the calling thread when None: the current namespace).
-/// setns moves only that thread; sockets made there stay in the namespace.
 pub(crate) fn run_in<T: Send>(
     context: &str,
     netns: Option<&Path>,
     work: impl FnOnce() -> Result<T, OutboxError> + Send,
 ) -> Result<T, OutboxError> {
-    let Some(path) = netns else {
-        return work();
-    };
-    let ns = std::fs::File::open(path).map_err(|source| OutboxError::Io {
-        context: context.to_string(),
-        what: "opening network namespace",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    std::thread::scope(|scope| {
-        let thread = scope.spawn(move || {
-            ferry_sys::netns::enter_net_namespace(ns.as_fd())
-                .map_err(|source| OutboxError::Sys { context: context.to_string(), source })?;
-            work()
-        });
-        match thread.join() {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+    run_in_namespace(netns, work, |e| match e {
+        EnterError::Open(source) => OutboxError::Io {
+            context: context.to_string(),
+            what: "opening network namespace",
+            path: netns.map(Path::to_path_buf).unwrap_or_default(),
+            source,
+        },
+        EnterError::Enter(source) => OutboxError::Sys { context: context.to_string(), source },
     })
 }
 
@@ -47,25 +35,10 @@ pub(crate) fn run_command(
 ) -> Result<String, OutboxError> {
     let command = format!("{program} {}", args.join(" "));
     run_in(context, netns, || {
-        let spawn_error = |source| OutboxError::Spawn {
-            context: context.to_string(),
-            command: command.clone(),
-            source,
-        };
         // Forked from this thread, the child starts in its namespace.
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(spawn_error)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A write error means the child exited early; its status and
-            // stderr say why.
-            let _ = stdin.write_all(input.as_bytes());
-        }
-        let output = child.wait_with_output().map_err(spawn_error)?;
+        let output = output_with_input(program, args, input).map_err(|source| {
+            OutboxError::Spawn { context: context.to_string(), command: command.clone(), source }
+        })?;
         if output.status.success() {
             Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
