@@ -117,6 +117,28 @@ struct Run {
 
 /// Sends `bytes` from A to B; with `hold`, through an outbox released by
 /// a loop every `every`.
+/// Until `done`: a mark, `every` later the release through it; the size
+/// of each release that let packets go goes into `sizes`.
+fn release_every(o: &Outbox, every: Duration, done: &AtomicBool, sizes: &Mutex<Vec<usize>>) {
+    while !done.load(Ordering::Relaxed) {
+        // Interval 0: release whatever was queued as soon as it is, which
+        // leaves the queue's own cost per packet.
+        if every.is_zero() && !o.wait_output(Duration::from_millis(10)) {
+            continue;
+        }
+        let Ok(m) = o.mark() else { return };
+        std::thread::sleep(every);
+        match o.release_through(m) {
+            Ok(n) if n > 0 => sizes.lock().unwrap_or_else(|p| p.into_inner()).push(n),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("release: {e}");
+                return;
+            }
+        }
+    }
+}
+
 fn throughput(
     net: &Net,
     port: u16,
@@ -151,25 +173,7 @@ fn throughput(
     let batch_sizes = Arc::new(Mutex::new(Vec::new()));
     let releaser = outbox.as_ref().zip(hold).map(|(o, (every, _, _))| {
         let (o, done, sizes) = (Arc::clone(o), Arc::clone(&done), Arc::clone(&batch_sizes));
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                // Interval 0: release whatever was queued as soon as it
-                // is, which leaves the queue's own cost per packet.
-                if every.is_zero() && !o.wait_output(Duration::from_millis(10)) {
-                    continue;
-                }
-                let Ok(m) = o.mark() else { return };
-                std::thread::sleep(every);
-                match o.release_through(m) {
-                    Ok(n) if n > 0 => sizes.lock().unwrap_or_else(|p| p.into_inner()).push(n),
-                    Ok(_) => {}
-                    Err(e) => {
-                        eprintln!("release: {e}");
-                        return;
-                    }
-                }
-            }
-        })
+        std::thread::spawn(move || release_every(&o, every, &done, &sizes))
     });
     let start = Instant::now();
     let sender = std::thread::spawn(move || {
