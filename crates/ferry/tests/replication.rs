@@ -356,21 +356,34 @@ fn a_lost_standby_leaves_the_primary_running_unprotected() {
 
 #[test]
 fn a_partition_leaves_the_service_in_exactly_one_place() {
-    const TEST: &str = "repl-partition";
-    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+    cut_between_primary_and_standby("repl-partition", "rp", &["INPUT", "OUTPUT"]);
+}
+
+#[test]
+fn a_link_cut_from_primary_to_standby_leaves_the_service_in_one_place() {
+    cut_between_primary_and_standby("repl-cut-ab", "ra", &["OUTPUT"]);
+}
+
+#[test]
+fn a_link_cut_from_standby_to_primary_leaves_the_service_in_one_place() {
+    cut_between_primary_and_standby("repl-cut-ba", "rb", &["INPUT"]);
+}
+
+/// a stops hearing b (`INPUT`), or b stops hearing a (`OUTPUT`), or both;
+/// both still reach etcd and c. Afterwards exactly one runs the service.
+fn cut_between_primary_and_standby(test: &str, tag: &str, chains: &[&str]) {
+    const TEST: &str = "repl-cut";
+    if !have(test, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rp");
+    let r = Repl::new(tag);
     let redis = r.start_redis();
     let mut rep = r.replicate(redis.inner);
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
-    // a and b no longer hear each other; both still reach etcd and c.
     let b_ip = r.env.host("b").ip.to_string();
-    for rule in
-        [["-A", "INPUT", "-s", &b_ip, "-j", "DROP"], ["-A", "OUTPUT", "-d", &b_ip, "-j", "DROP"]]
-    {
-        let mut argv = vec!["iptables"];
-        argv.extend_from_slice(&rule);
+    for chain in chains {
+        let dir = if *chain == "INPUT" { "-s" } else { "-d" };
+        let argv = ["iptables", "-A", chain, dir, &b_ip, "-j", "DROP"];
         let out = run_in(r.env.host("a"), 20, &argv);
         assert!(out.status.success(), "iptables in a: {}", out.show());
     }
@@ -382,7 +395,7 @@ fn a_partition_leaves_the_service_in_exactly_one_place() {
     });
     assert!(decided, "b never decided:\n{}\n{}", read_lossy(&log), rep.show());
     let b_runs = read_lossy(&log).contains("took over");
-    eprintln!("[{TEST}] ferry replicate: {st}; {} won", if b_runs { "b" } else { "a" });
+    eprintln!("[{TEST} {chains:?}] ferry replicate: {st}; {} won", if b_runs { "b" } else { "a" });
     // Exactly one copy runs and holds the address; the other has neither.
     assert_eq!(r.redis_runs_in("a"), !b_runs, "redis in a\n{}", rep.show());
     assert_eq!(r.redis_runs_in("b"), b_runs, "redis in b\n{}", read_lossy(&log));
