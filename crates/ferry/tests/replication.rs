@@ -516,3 +516,33 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     assert!(took, "a did not take over:\n{}", read_lossy(&alog));
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "4", "back at a");
 }
+
+#[test]
+fn a_peer_without_the_key_does_not_disturb_the_standby() {
+    const TEST: &str = "repl-stranger";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rn");
+    let redis = r.start_redis();
+    let _rep = r.replicate(redis.inner);
+    let agent = r.env.agent("b");
+    // Garbage, then a well-formed-looking handshake start, from host c.
+    let garbage = format!(
+        "import socket\nfor junk in (b'\\x00' * 64, b'GET / HTTP/1.0\\r\\n\\r\\n'):\n    s = socket.create_connection(('{}', {}), timeout=5)\n    s.sendall(junk)\n    try:\n        s.recv(100)\n    except OSError:\n        pass\n    s.close()\n",
+        agent.ip(),
+        agent.port()
+    );
+    let out = run_in(r.env.host("c"), 30, &["python3", "-c", &garbage]);
+    assert!(out.status.success(), "the stranger's script: {}", out.show());
+    let before = r.status("a")[0]["syncs"].as_u64().unwrap_or(0);
+    for i in 1..=5 {
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string());
+    }
+    let status = r.status("a");
+    assert_eq!(status[0]["state"], "in sync", "a after the stranger: {status}");
+    assert!(status[0]["syncs"].as_u64().unwrap_or(0) > before, "no sync after the stranger");
+    let log = read_lossy(&r.env.ferryd_log("b"));
+    assert!(log.contains("refused"), "b's agent did not refuse the stranger:\n{log}");
+    assert!(!log.contains("took over"), "b took over:\n{log}");
+}
