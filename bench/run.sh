@@ -17,7 +17,7 @@
 #   BENCH_ONLY="tiny heap100 redis"   subset to run
 #   BENCH_OUT=FILE          where the table goes (default docs/benchmarks-latest.md)
 #   BENCH_LOCAL_ONLY=1      only this table: not the tree, PID namespace, network
-#                           lock, TCP and migration benchmarks that follow it
+#                           lock, TCP, migration and replication benchmarks that follow it
 #   BENCH_CHECKPOINT_ARGS=  more arguments of `ferry checkpoint` (e.g. --no-verify,
 #                           to leave out the trial restore it makes by default)
 #   FERRY_BIN=PATH          measure this ferry instead of target/release/ferry
@@ -352,3 +352,4 @@ bash "$REPO/bench/netlock.sh" # network lock freeze/thaw per method and N: docs/
 /usr/bin/python3 "$REPO/bench/tcp.py"  # pause against established connections: docs/benchmarks-tcp-latest.md (+ .png)
 /usr/bin/python3 "$REPO/bench/tiny_listener.py" "$FERRY"  # tiny listener against CRIU, client's longest wait: docs/benchmarks-tiny-latest.md
 /usr/bin/python3 "$REPO/bench/migrate.py"  # live migration: pause vs memory, vs connections, nginx under ab: docs/benchmarks-migrate-latest.md (+ .png)
+/usr/bin/python3 "$REPO/bench/replicate.py"  # hot standby: redis under load, failover, partition: docs/benchmarks-replicate-latest.md
