@@ -384,6 +384,13 @@ int main(int argc, char **argv)
 		if (child == 0) {
 			struct rlimit all = { RLIM_INFINITY, RLIM_INFINITY };
 			setrlimit(RLIMIT_CORE, &all);
+			/* A shell that started us in the background may have
+			 * left SIGQUIT ignored; ft_init blocks signals. */
+			signal(SIGQUIT, SIG_DFL);
+			sigset_t quit;
+			sigemptyset(&quit);
+			sigaddset(&quit, SIGQUIT);
+			sigprocmask(SIG_UNBLOCK, &quit, NULL);
 			raise(SIGQUIT);
 			_exit(1);
 		}
