@@ -186,7 +186,7 @@ def sync_phases(out):
             n += 1
             part = line.split("capture_phases: [", 1)[1]
             for item in part.split("), ("):
-                name, _, ms = item.strip("()] \n").rpartition(", ")
+                name, _, ms = item.strip("()]} \n").rpartition(", ")
                 try:
                     sums[name.strip('"')] = sums.get(name.strip('"'), 0.0) + float(ms)
                 except ValueError:
