@@ -991,27 +991,6 @@ fn fault_link_cut_mid_migration() {
 
 /// Forwards one connection c:port → b's agent, flipping one byte of the
 /// source's stream at offset 100000.
-const CORRUPTING_PROXY: &str = r#"import socket,sys,threading
-l=socket.socket(); l.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); l.bind((sys.argv[1],int(sys.argv[2]))); l.listen(1)
-print('listening',flush=True)
-a,_=l.accept(); b=socket.create_connection((sys.argv[3],int(sys.argv[4])))
-def pump(src,dst,flip):
-    n=0
-    while True:
-        try: d=src.recv(65536)
-        except OSError: d=b''
-        if not d: break
-        if flip is not None and n<=flip<n+len(d):
-            d=bytearray(d); d[flip-n]^=0x5a; d=bytes(d); print('flipped',flush=True)
-        n+=len(d)
-        try: dst.sendall(d)
-        except OSError: break
-    for s in (src,dst):
-        try: s.shutdown(socket.SHUT_RDWR)
-        except OSError: pass
-t=threading.Thread(target=pump,args=(b,a,None),daemon=True); t.start()
-pump(a,b,100000); t.join(10)
-"#;
 
 #[test]
 fn fault_corrupted_stream() {
@@ -1029,6 +1008,7 @@ fn fault_corrupted_stream() {
         "7171",
         &env.host("b").ip.to_string(),
         &AGENT_PORT.to_string(),
+        "100000",
     ]);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let mut proxy = only_stdio(&mut cmd).spawn().expect("proxy");

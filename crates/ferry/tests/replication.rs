@@ -106,11 +106,20 @@ impl Repl {
 
     /// `ferry replicate` of `pid` (as host `from` sees it) to `to`'s agent.
     fn replicate_from(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
+        self.replicate_to(from, &self.env.agent(to).to_string(), pid, extra)
+    }
+
+    /// `ferry replicate` of `pid` in a toward `to` (IP:PORT), not waiting.
+    fn replicate_via(&self, pid: i32, to: &str, extra: &[&str]) -> Replicating {
+        self.replicate_to("a", to, pid, extra)
+    }
+
+    fn replicate_to(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
         let (out, err) = (
             self.env.dir.0.join(format!("replicate-{from}.out")),
             self.env.dir.0.join(format!("replicate-{from}.err")),
         );
-        let (pid_s, to) = (pid.to_string(), self.env.agent(to).to_string());
+        let (pid_s, to) = (pid.to_string(), to.to_string());
         let argv = [
             "timeout",
             "-s",
@@ -545,4 +554,50 @@ fn a_peer_without_the_key_does_not_disturb_the_standby() {
     let log = read_lossy(&r.env.ferryd_log("b"));
     assert!(log.contains("refused"), "b's agent did not refuse the stranger:\n{log}");
     assert!(!log.contains("took over"), "b took over:\n{log}");
+}
+
+#[test]
+fn a_corrupted_sync_stream_ends_protection_and_the_service_runs_on() {
+    const TEST: &str = "repl-corrupt";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rc");
+    let redis = r.start_redis();
+    // A proxy in c between a and b's agent flips one byte 4 MB into the
+    // stream: after the pre-copy and the first sync, in a later sync.
+    let c = r.env.host("c");
+    let (c_ip, b_ip) = (c.ip.to_string(), r.env.host("b").ip.to_string());
+    let port = AGENT_PORT.to_string();
+    let mut cmd =
+        c.command(&["python3", "-c", CORRUPTING_PROXY, &c_ip, "7171", &b_ip, &port, "4000000"]);
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    let mut proxy = ferry_testkit::only_stdio(&mut cmd).spawn().expect("proxy");
+    let (proxy_root, _) = c.wait_spawned_pid(&proxy);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        proxy.stdout.take().expect("proxy stdout"),
+    ));
+    assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("listening"));
+    let log = r.env.dir.0.join("redis.log");
+    let to = format!("{c_ip}:7171");
+    let mut rep = r.replicate_via(redis.inner, &to, &["--ignore-writes", path_str(&log)]);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "never in sync:\n{}", rep.show());
+    // Syncs follow the clients' requests until the flipped byte arrives.
+    let mut n = 0;
+    while rep.child.try_wait().ok().flatten().is_none() && n < 2000 {
+        n += 1;
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), n.to_string(), "while protected");
+    }
+    let st = rep.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(3), "ferry replicate after the corruption: {st}\n{}", rep.show());
+    assert!(read_lossy(&rep.out).contains("UNPROTECTED"), "{}", rep.show());
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(!blog.contains("took over"), "b took over from a corrupted stream:\n{blog}");
+    assert!(blog.contains("corrupt") || blog.contains("authentic"), "b's agent:\n{blog}");
+    n += 1;
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), n.to_string(), "redis at a afterwards");
+    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the corruption");
+    ferry_testkit::kill(proxy_root, libc::SIGKILL);
+    let _ = wait_timeout(&mut proxy, Duration::from_secs(5));
 }

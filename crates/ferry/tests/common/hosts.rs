@@ -222,3 +222,27 @@ pub fn start_in(
     let (root, inner) = host.wait_spawned_pid(&nsenter);
     Started { nsenter, root, inner }
 }
+
+/// A proxy from LISTEN_IP:PORT to TO_IP:PORT (argv 1-4) for one connection
+/// that flips one byte, at offset argv[5] of what the connecting side sends.
+pub const CORRUPTING_PROXY: &str = r#"import socket,sys,threading
+l=socket.socket(); l.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); l.bind((sys.argv[1],int(sys.argv[2]))); l.listen(1)
+print('listening',flush=True)
+a,_=l.accept(); b=socket.create_connection((sys.argv[3],int(sys.argv[4])))
+def pump(src,dst,flip):
+    n=0
+    while True:
+        try: d=src.recv(65536)
+        except OSError: d=b''
+        if not d: break
+        if flip is not None and n<=flip<n+len(d):
+            d=bytearray(d); d[flip-n]^=0x5a; d=bytes(d); print('flipped',flush=True)
+        n+=len(d)
+        try: dst.sendall(d)
+        except OSError: break
+    for s in (src,dst):
+        try: s.shutdown(socket.SHUT_RDWR)
+        except OSError: pass
+t=threading.Thread(target=pump,args=(b,a,None),daemon=True); t.start()
+pump(a,b,int(sys.argv[5])); t.join(10)
+"#;
