@@ -20,7 +20,7 @@ mod common;
 
 use common::hosts::*;
 use common::{path_str, read_lossy, wait_for};
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const REDIS: &str = "/usr/bin/redis-server";
@@ -506,9 +506,16 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     let log = r.env.ferryd_log("b");
     assert!(wait_for(Duration::from_secs(20), || read_lossy(&log).contains("took over")));
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "at b");
-    // a comes back as after a reboot, without the address; b protects the
-    // service with a as its standby.
+    // a comes back as after a reboot: without the address, and without
+    // the sockets its killed processes left closing in its namespace (a
+    // client port used again toward b could meet one at the takeover);
+    // b protects the service with a as its standby.
     ip(&["-n", &r.env.host("a").netns, "addr", "del", &r.svc_prefix(), "dev", "eth0"]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &r.env.host("a").netns, "ss", "-K", "-tan"])
+        .output()
+        .expect("ss -K");
+    assert!(out.status.success(), "ss -K in a: {}", String::from_utf8_lossy(&out.stderr));
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "up"]);
     r.env.start_ferryd("a", &[], &["--etcd", &r.etcd_url]);
     let pid = taken_over_pid(&read_lossy(&log)).unwrap_or_else(|| panic!("{}", read_lossy(&log)));
