@@ -71,8 +71,12 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     let all: u64 = if last_cap >= 63 { !0 } else { (1u64 << (last_cap + 1)) - 1 };
     let full = |m: u64| m & all == all;
     let caps = c.caps;
+    // The restored processes inherit this process's groups: an image of
+    // root whose groups differ (sshd's session after initgroups, a
+    // restorer started without any) needs the calls too.
     if c.uids == [0; 4]
         && c.gids == [0; 4]
+        && same_groups(&own_groups(), &c.groups)
         && full(caps.permitted)
         && full(caps.effective)
         && full(caps.bounding)
@@ -87,6 +91,26 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         s.run(tid, &calls)?;
     }
     check_fs_ids(s.pid, &c)
+}
+
+/// This process's supplementary groups (/proc/self/status), None when
+/// they cannot be read.
+fn own_groups() -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+    line.split_whitespace().map(|g| g.parse().ok()).collect()
+}
+
+/// Whether `own` (unknown counts as different) holds the same groups as
+/// the image's, in any order.
+fn same_groups(own: &Option<Vec<u32>>, image: &[u32]) -> bool {
+    let Some(own) = own else { return false };
+    let (mut a, mut b) = (own.clone(), image.to_vec());
+    a.sort_unstable();
+    a.dedup();
+    b.sort_unstable();
+    b.dedup();
+    a == b
 }
 
 /// struct __user_cap_header_struct + __user_cap_data_struct[2]:
@@ -266,4 +290,17 @@ pub fn root_loginuid(tree: &TreeImage, root: &ProcessImage) -> Result<Option<u32
     };
     let (own, _) = crate::proc_state::audit_ids("self")?;
     Ok((loginuid != own).then_some(loginuid))
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::same_groups;
+
+    #[test]
+    fn groups_compare_as_sets_and_unknown_differs() {
+        assert!(same_groups(&Some(vec![]), &[]));
+        assert!(same_groups(&Some(vec![4, 0]), &[0, 4]));
+        assert!(!same_groups(&Some(vec![]), &[0]));
+        assert!(!same_groups(&None, &[]));
+    }
 }
