@@ -68,6 +68,13 @@ impl Status {
         }
     }
 
+    /// Whether the file was written more than a second ago: between
+    /// changes of state it is rewritten at most once a second, not on
+    /// every sync.
+    pub fn stale(&self) -> bool {
+        now_ms().saturating_sub(self.updated_unix_ms) >= 1000
+    }
+
     /// The status file goes with the replication it describes.
     pub fn remove(&self) {
         let _ = std::fs::remove_file(self.path());

@@ -175,6 +175,14 @@ impl Repl {
         serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
     }
 
+    /// The syncs `host`'s status reports once it counts more than
+    /// `before` (the file is rewritten once a second), or after 5 s.
+    fn syncs_after(&self, host: &str, before: u64) -> u64 {
+        let syncs = || self.status(host)[0]["syncs"].as_u64().unwrap_or(0);
+        wait_for(Duration::from_secs(5), || syncs() > before);
+        syncs()
+    }
+
     /// The NFQUEUE rules in a's mangle table (the output commit's hold).
     fn holds_in_a(&self) -> Vec<String> {
         let out = run_in(self.env.host("a"), 20, &["iptables", "-w", "10", "-t", "mangle", "-S"]);
@@ -435,7 +443,7 @@ fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
     for i in 1..=20 {
         assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string(), "with etcd down");
     }
-    let after = r.status("a")[0]["syncs"].as_u64().unwrap_or(0);
+    let after = r.syncs_after("a", before);
     assert!(after > before, "no sync while etcd was down ({before} -> {after})");
     // a dies; b may not take over before etcd answers.
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
@@ -555,9 +563,10 @@ fn a_peer_without_the_key_does_not_disturb_the_standby() {
     for i in 1..=5 {
         assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string());
     }
+    let after = r.syncs_after("a", before);
     let status = r.status("a");
     assert_eq!(status[0]["state"], "in sync", "a after the stranger: {status}");
-    assert!(status[0]["syncs"].as_u64().unwrap_or(0) > before, "no sync after the stranger");
+    assert!(after > before, "no sync after the stranger ({before} -> {after})");
     let log = read_lossy(&r.env.ferryd_log("b"));
     assert!(log.contains("refused"), "b's agent did not refuse the stranger:\n{log}");
     assert!(!log.contains("took over"), "b took over:\n{log}");

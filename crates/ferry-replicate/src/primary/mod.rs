@@ -81,6 +81,8 @@ struct Primary<'a> {
     seq: u64,
     window: Window,
     status: Status,
+    /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
+    trace: bool,
 }
 
 pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
@@ -127,6 +129,7 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         seq: 0,
         window: Window::default(),
         status,
+        trace: std::env::var_os("FERRY_SYNC_TRACE").is_some(),
     };
     p.run()
 }
@@ -179,11 +182,7 @@ impl Primary<'_> {
             }
             let due = last_sync + self.o.max_interval;
             let wait = due.saturating_duration_since(Instant::now()).min(self.o.heartbeat_interval);
-            let t = Instant::now();
             let output = self.outbox.wait_output(wait);
-            if std::env::var_os("FERRY_SYNC_TRACE").is_some() {
-                eprintln!("waited {:?} of {wait:?}: output {output}", t.elapsed());
-            }
             let step = if output || Instant::now() >= due {
                 self.sync().map(|_| last_sync = Instant::now())
             } else {
@@ -218,8 +217,7 @@ impl Primary<'_> {
         let r = sync::sync(&mut ctx, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);
         self.status.syncs = self.seq;
-        tracing::debug!(?r, "sync");
-        if std::env::var_os("FERRY_SYNC_TRACE").is_some() {
+        if self.trace {
             eprintln!("sync {}: {r:?}", r.seq);
         }
         Ok(r)
@@ -237,9 +235,13 @@ impl Primary<'_> {
         Ok(())
     }
 
-    /// The status file on every call, the line when `print` or the state
-    /// changed.
+    /// The status file and, when `print`, the line: always when `print`
+    /// (a change of state, or the line due every 10 s), else only when the
+    /// file is a second old.
     fn publish(&mut self, print: bool) {
+        if !print && !self.status.stale() {
+            return;
+        }
         self.window.fill(&mut self.status);
         self.status.publish();
         if print {

@@ -124,14 +124,16 @@ impl<'a> Standby<'a> {
                 Msg::SyncDone { seq } => {
                     self.replica.commit(seq)?;
                     protocol::send(ch, &Msg::SyncStored { seq })?;
+                    self.status.syncs = seq;
+                    self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
                     if seq == 1 {
                         ch.set_timeout(Some(heartbeat))
                             .map_err(ferry_migrate::MigrateError::from)?;
                         self.status.state = "in sync".into();
+                        self.status.publish();
+                    } else if self.status.stale() {
+                        self.status.publish();
                     }
-                    self.status.syncs = seq;
-                    self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
-                    self.status.publish();
                 }
                 Msg::Heartbeat { .. } => {
                     protocol::send(ch, &Msg::Heartbeat { seq: self.replica.seq })?;
