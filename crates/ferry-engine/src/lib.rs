@@ -66,10 +66,15 @@ impl<'a> ProgressCounter<'a> {
 
 /// Threads used for bulk page work (copying, hashing): the CPUs we may
 /// run on, at most 4, or FERRY_COPY_THREADS if set (1 to 64).
+/// Worked out once: the standard library reads the cgroup's CPU quota
+/// files for it, and a replicated service captures many times a second.
 pub fn worker_threads() -> usize {
-    if let Some(n) = std::env::var("FERRY_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.clamp(1, 64);
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        let set = std::env::var("FERRY_COPY_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+        match set {
+            Some(n) => n.clamp(1, 64),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(4),
+        }
+    })
 }

@@ -70,7 +70,15 @@ pub(crate) struct Base {
     pub frozen: OwnedFd,
     pub active: OwnedFd,
     pub table: ferry_sys::bpf::MappedArray,
+    /// The id of the map `table` maps (see `reuse.rs`).
+    table_id: u32,
     flock_file: std::fs::File,
+}
+
+impl Drop for Base {
+    fn drop(&mut self) {
+        crate::reuse::put_table(&self.name, self.table_id, self.table.take());
+    }
 }
 
 /// Holds a base's flock until dropped (through a duplicate of the file's
@@ -453,9 +461,15 @@ fn open_maps(lock: &str, name: String, flock_file: std::fs::File) -> Result<Base
             .map_err(sys_error(lock, format!("opening pinned map {}", path.display())))
     };
     let table = get("table")?;
-    let table = ferry_sys::bpf::MappedArray::map(table.as_fd(), TABLE_BYTES)
-        .map_err(sys_error(lock, format!("mapping BPF map {}/table", pins.display())))?;
-    Ok(Base { frozen: get("frozen")?, active: get("active")?, table, name, flock_file })
+    let what = || format!("mapping BPF map {}/table", pins.display());
+    let table_id = ferry_sys::bpf::map_id(table.as_fd()).map_err(sys_error(lock, what()))?;
+    let table = match crate::reuse::take_table(&name, table_id) {
+        Some(kept) => kept,
+        None => ferry_sys::bpf::MappedArray::map(table.as_fd(), TABLE_BYTES)
+            .map_err(sys_error(lock, what()))?,
+    };
+    let (frozen, active) = (get("frozen")?, get("active")?);
+    Ok(Base { frozen, active, table, table_id, name, flock_file })
 }
 
 /// Opens an installed base (a process that adopts a lock it did not make).
@@ -582,6 +596,7 @@ fn release_if(
     if !decide(name)? {
         return Ok(false);
     }
+    crate::reuse::forget_base(name);
     remove_pins(name, &pin_dir(name))?;
     match std::fs::remove_dir_all(&state) {
         Ok(()) => Ok(true),

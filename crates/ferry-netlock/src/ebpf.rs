@@ -143,13 +143,21 @@ fn new_generation() -> u16 {
 }
 
 fn with_scratch(base: Base, slot: u8, generation: u16) -> Handles {
-    Handles {
-        base,
-        slot,
-        generation,
+    let kept = crate::reuse::take_scratch().unwrap_or_else(|| crate::reuse::Scratch {
         homes: scratch(1),
         order: scratch(1),
         keys: scratch([1; KEY_LEN]),
+    });
+    Handles { base, slot, generation, homes: kept.homes, order: kept.order, keys: kept.keys }
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        crate::reuse::put_scratch(crate::reuse::Scratch {
+            homes: std::mem::take(&mut self.homes),
+            order: std::mem::take(&mut self.order),
+            keys: std::mem::take(&mut self.keys),
+        });
     }
 }
 

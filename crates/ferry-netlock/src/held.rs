@@ -81,8 +81,13 @@ pub(crate) fn take(
         move |source| NetlockError::Sys { lock: lock.to_string(), what, source }
     };
     let fd = ferry_sys::bpf::obj_get(&path).map_err(sys("opening"))?;
-    let mut ring =
-        ferry_sys::bpf::RingConsumer::map(fd.as_fd(), RING_BYTES).map_err(sys("mapping"))?;
+    let ring_id = ferry_sys::bpf::map_id(fd.as_fd()).map_err(sys("identifying"))?;
+    let mut ring = match crate::reuse::take_ring(&base.name, ring_id) {
+        Some(kept) => kept,
+        None => {
+            ferry_sys::bpf::RingConsumer::map(fd.as_fd(), RING_BYTES).map_err(sys("mapping"))?
+        }
+    };
     let mut others: std::collections::BTreeMap<(u8, u16), Vec<u8>> = Default::default();
     ring.drain(|record| {
         let Some((len, owner, record_generation)) = header(record) else {
@@ -99,6 +104,7 @@ pub(crate) fn take(
             out.extend_from_slice(packet);
         }
     });
+    crate::reuse::put_ring(&base.name, ring_id, ring);
     let in_use = if others.is_empty() { Vec::new() } else { base::slots(&base.name) };
     for ((owner, owner_generation), bytes) in others {
         // Only for a lock that still holds the slot; others' are stale.

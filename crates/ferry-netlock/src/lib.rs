@@ -106,12 +106,14 @@ mod nft;
 mod packet;
 mod peer_fin;
 mod record;
+mod reuse;
 
 pub use base::{BaseStatus, MAX_TUPLES};
 pub use error::NetlockError;
 pub use netns::Netns;
 pub use peer_fin::{send_peer_fins, PeerFin};
 pub use record::{LockState, Owner, Phase, LOCKS_DIR};
+pub use reuse::keep_mappings;
 
 use record::{NetnsRecord, Record};
 use serde::{Deserialize, Serialize};

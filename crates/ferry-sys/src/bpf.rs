@@ -215,9 +215,16 @@ impl MappedArray {
         Ok(MappedArray { ptr: ptr.cast(), len })
     }
 
+    /// Moves the mapping out, leaving an empty one (no memory, nothing to
+    /// unmap) in its place: an owner with a destructor can hand it on.
+    pub fn take(&mut self) -> MappedArray {
+        std::mem::replace(self, MappedArray { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0 })
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr..ptr+len is mapped readable and writable for the life
-        // of self; &mut self gives exclusive access within this process
+        // of self (or len is 0 and ptr is dangling but non-null, after
+        // `take`); &mut self gives exclusive access within this process
         // (BPF programs only read it).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -230,6 +237,9 @@ impl MappedArray {
 
 impl Drop for MappedArray {
     fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
         // SAFETY: unmaps exactly the mapping made in `map`; no slice borrowed
         // from it can outlive self.
         unsafe {
@@ -387,6 +397,14 @@ pub fn tcx_link_info(link: BorrowedFd<'_>) -> SysResult<Option<TcxLinkInfo>> {
 pub fn prog_id(prog: BorrowedFd<'_>) -> SysResult<u32> {
     let mut info = [0u32; 8];
     obj_info(prog, &mut info)?;
+    Ok(info[1])
+}
+
+/// The id of the BPF map behind `map` (`struct bpf_map_info.id`, the
+/// second word): a map pinned again under the same path has another id.
+pub fn map_id(map: BorrowedFd<'_>) -> SysResult<u32> {
+    let mut info = [0u32; 8];
+    obj_info(map, &mut info)?;
     Ok(info[1])
 }
 

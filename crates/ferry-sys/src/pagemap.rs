@@ -112,7 +112,9 @@ fn marker_pages(
     out: &mut Vec<(u64, u64)>,
 ) -> SysResult<()> {
     const CHUNK: u64 = 64 * 1024;
-    let mut entries = vec![0u64; CHUNK as usize];
+    // Sized to the range: most are a few pages, and a zeroed 512 KiB
+    // buffer per range cost more than reading them.
+    let mut entries = vec![0u64; CHUNK.min(end.saturating_sub(start) / PAGE) as usize];
     let mut page = start / PAGE;
     while page < end / PAGE {
         let n = CHUNK.min(end / PAGE - page) as usize;

@@ -86,6 +86,8 @@ struct Primary<'a> {
 }
 
 pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
+    // Every sync locks the same namespace: its mappings are kept.
+    ferry_netlock::keep_mappings();
     let mo = migrate_options(o);
     ferry_migrate::source::hello::check_source(&mo)?;
     let service = crate::identity::service_name(o.address.0);
