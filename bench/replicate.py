@@ -19,6 +19,12 @@ Parts (--parts):
              clock), the syncs per second and bytes per sync from
              `ferry status --json`, and the mean of each capture phase of
              the syncs (FERRY_SYNC_TRACE=1).
+  rate       the curve of overhead against write rate: 50 connections
+             offering --rates writes per second in total (bench/
+             rate_clients.py, paced by the client's clock), unreplicated
+             and replicated (fresh hosts for each rate): the rate reached,
+             the write latency p50/p99, the syncs per second; a plot
+             (docs/benchmarks-replicate-rate.png).
   failover   --runs times: 10 connections from c each send INCR seq<i> and
              check every reply (tests/replication/seq_clients.py); 2 s in,
              host a's link goes down and its PID 1 is killed (everything
@@ -29,7 +35,7 @@ Parts (--parts):
              while both reach etcd and c; afterwards exactly one host runs
              redis and holds the address (split brain: both or none).
 
-Usage: bench/replicate.py [--parts load,failover,partition] [--clients 1,10,50]
+Usage: bench/replicate.py [--parts load,rate,failover,partition] [--clients 1,10,50] [--rates 20,...,2000]
          [--requests 20000] [--runs 20] [--out docs/benchmarks-replicate-latest.md]
 Needs root, target/release/ferry and ferryd, redis-server, redis-benchmark,
 etcd (etcd-server) and iptables. Ctrl-C (or any failure) kills every
@@ -218,6 +224,66 @@ def part_load(cl, work, args, res):
             m.reap(redis)
 
 
+RATE_CLIENTS = os.path.join(REPO, "bench/rate_clients.py")
+RATE_CONNS = 50
+RATE_SECS = 8
+
+
+def offered(cl, rate):
+    r = in_host(cl.c, ["python3", RATE_CLIENTS, cl.service, str(REDIS_PORT), str(RATE_CONNS), str(rate),
+                       str(RATE_SECS)], timeout=RATE_SECS + 120)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RuntimeError(f"rate_clients.py at {rate}/s: {r.stdout[-300:]} {r.stderr[-300:]}")
+
+
+def part_rate(cl, work, args, res):
+    for rate in [int(x) for x in args.rates.split(",")]:
+        cl.fresh_hosts()
+        redis, inner = start_redis(cl, work)
+        plain = offered(cl, rate)
+        rp, out = replicate(cl, work, inner, trace=True)
+        _, before = sync_phases(out)
+        repl = offered(cl, rate)
+        _, after = sync_phases(out)
+        res["rate"].append({"rate": rate, "plain": plain, "repl": repl,
+                            "syncs_per_s": (after - before) / RATE_SECS})
+        log(f"rate {rate}/s: reached {plain['reached']:.0f} -> {repl['reached']:.0f}, "
+            f"p50 {plain['p50_ms']:.2f} -> {repl['p50_ms']:.2f} ms, {(after - before) / RATE_SECS:.0f} syncs/s")
+        m.reap(rp)
+        m.reap(redis)
+
+
+def rate_plot(rows, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("python3-matplotlib missing: no plot")
+        return
+    x = [r["rate"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax1.plot(x, [r["repl"]["reached"] / max(r["plain"]["reached"], 1e-9) * 100 for r in rows], marker="o", label="rate reached, % of unreplicated")
+    ax1.plot(x, [r["syncs_per_s"] for r in rows], marker="s", linestyle="--", label="syncs per second")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("writes offered per second (50 connections)")
+    ax1.legend(fontsize=8)
+    ax1.grid(True, alpha=0.3)
+    for key, mark in (("p50_ms", "o"), ("p99_ms", "^")):
+        ax2.plot(x, [r["repl"][key] - r["plain"][key] for r in rows], marker=mark, label=f"added latency {key[:3]}")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("writes offered per second (50 connections)")
+    ax2.set_ylabel("ms")
+    ax2.legend(fontsize=8)
+    ax2.grid(True, alpha=0.3)
+    fig.suptitle("redis under replication: overhead against write rate")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    log(f"plot: {os.path.relpath(png, REPO)}")
+
+
 def takeover_ms(cl):
     text = m.tail(os.path.join(cl.work, "ferryd-b.log"), 4000)
     for line in text.splitlines():
@@ -279,7 +345,7 @@ def part_partition(cl, work, args, res):
 
 def write_markdown(res, args, out, started):
     L = ["# Replication benchmark (bench/replicate.py)", "",
-         f"Command: `bench/replicate.py --parts {args.parts} --clients {args.clients} --requests {args.requests} "
+         f"Command: `bench/replicate.py --parts {args.parts} --clients {args.clients} --requests {args.requests} --rates {args.rates} "
          f"--runs {args.runs}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
          f"load {os.getloadavg()[0]:.1f} at the end, {os.cpu_count()} CPUs.", ""]
     if res["load"]:
@@ -295,6 +361,15 @@ def write_markdown(res, args, out, started):
               "| test | clients | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
         for r in res["load"]:
             L.append(f"| {r['test'].upper()} | {r['clients']} | " + " | ".join(f"{r['phases'].get(k, 0):.2f}" for k in PHASES) + " |")
+    if res["rate"]:
+        L += ["", f"## Overhead against write rate ({RATE_CONNS} connections, SET, {RATE_SECS} s each)", "",
+              "| writes/s offered | reached plain | reached replicated | ratio | p50 ms plain → repl. | p99 ms plain → repl. | syncs/s |",
+              "|---|---|---|---|---|---|---|"]
+        for r in res["rate"]:
+            p, q = r["plain"], r["repl"]
+            L.append(f"| {r['rate']} | {p['reached']:.0f} | {q['reached']:.0f} | {q['reached'] / max(p['reached'], 1e-9):.0%} | "
+                     f"{p['p50_ms']:.2f} → {q['p50_ms']:.2f} | {p['p99_ms']:.2f} → {q['p99_ms']:.2f} | {r['syncs_per_s']:.0f} |")
+        L += ["", "![overhead against write rate](benchmarks-replicate-rate.png)"]
     if res["failover"]:
         f = res["failover"]
         longest = [r["longest_ms"] for r in f]
@@ -324,10 +399,11 @@ PHASES = ["presurvey", "socket options checked", "network lock prepared", "shari
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="load,failover,partition")
+    ap.add_argument("--parts", default="load,rate,failover,partition")
     ap.add_argument("--clients", default="1,10,50")
     ap.add_argument("--requests", type=int, default=20000, help="redis-benchmark requests unreplicated (a fortieth replicated)")
     ap.add_argument("--runs", type=int, default=20, help="runs of failover and partition")
+    ap.add_argument("--rates", default="20,50,100,200,500,1000,2000", help="writes per second offered by part rate")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-replicate-latest.md"))
     args = ap.parse_args()
@@ -344,13 +420,16 @@ def main():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     work = tempfile.mkdtemp(prefix="ferry-bench-replicate-")
     cl = None
-    res = {"load": [], "failover": [], "partition": []}
+    res = {"load": [], "rate": [], "failover": [], "partition": []}
     started = time.time()
     try:
         cl = Hosts(work)
         parts = args.parts.split(",")
         if "load" in parts:
             part_load(cl, work, args, res)
+        if "rate" in parts:
+            part_rate(cl, work, args, res)
+            rate_plot(res["rate"], os.path.join(os.path.dirname(os.path.abspath(args.out)), "benchmarks-replicate-rate.png"))
         if "failover" in parts:
             part_failover(cl, work, args, res)
         if "partition" in parts:
