@@ -444,11 +444,7 @@ fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
         assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string(), "with etcd down");
     }
     let after = r.syncs_after("a", before);
-    assert!(
-        after > before,
-        "no sync while etcd was down ({before} -> {after}): {}",
-        r.status("a")
-    );
+    assert!(after > before, "no sync while etcd was down ({before} -> {after}): {}", r.status("a"));
     // a dies; b may not take over before etcd answers.
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
     r.env.host("a").stop_init();
@@ -620,4 +616,88 @@ fn a_corrupted_sync_stream_ends_protection_and_the_service_runs_on() {
     assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the corruption");
     ferry_testkit::kill(proxy_root, libc::SIGKILL);
     let _ = wait_timeout(&mut proxy, Duration::from_secs(5));
+}
+
+/// Streams through the echo server (tests/replication/echo_server.c) from
+/// c: `n` connections for `secs` (tests/replication/stream_clients.py).
+fn stream_clients(r: &Repl, port: &str, n: u32, secs: f64) -> (Child, std::path::PathBuf) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/stream_clients.py");
+    let out = r.env.dir.0.join(format!("stream-{n}-{secs}.out"));
+    let (n, secs) = (n.to_string(), secs.to_string());
+    let mut cmd = r.env.host("c").command(&["python3", script, &r.svc, port, &n, &secs]);
+    cmd.stdout(std::fs::File::create(&out).expect("stream out"))
+        .stderr(std::process::Stdio::inherit())
+        .stdin(std::process::Stdio::null());
+    let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("stream clients");
+    let started = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("started"));
+    assert!(started, "the stream clients did not start:\n{}", read_lossy(&out));
+    (child, out)
+}
+
+/// Each stream's (bytes sent, bytes echoed, longest wait ms); panics on
+/// any stream's error.
+fn stream_results(mut child: Child, out: &std::path::Path) -> Vec<(u64, u64, f64)> {
+    let st = wait_timeout(&mut child, Duration::from_secs(120)).expect("the streams did not end");
+    let text = read_lossy(out);
+    assert!(st.success(), "stream clients failed: {text}");
+    let json = text.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let all = v.as_array().unwrap_or_else(|| panic!("not a list: {text}"));
+    all.iter()
+        .map(|c| {
+            assert!(c["error"].is_null(), "a stream failed: {c}\nall: {text}");
+            let sent = c["sent"].as_u64().unwrap_or(0);
+            (sent, c["echoed"].as_u64().unwrap_or(0), c["gap_ms"].as_f64().unwrap_or(f64::NAN))
+        })
+        .collect()
+}
+
+/// What a sync reads of a connection is one state: the server's receive
+/// queue never holds bytes past the sequence number read with it, nor
+/// lacks any before it, while the client keeps its window full through
+/// every sync. The server checks every byte it reads against the
+/// pattern and the client every byte echoed, across a failover.
+#[test]
+fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
+    const TEST: &str = "repl-stream";
+    const PORT: &str = "7400";
+    if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
+        return;
+    }
+    let r = Repl::new("rt");
+    let bin = r.env.dir.0.join("echo_server");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/echo_server.c");
+    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
+    let log = r.env.dir.0.join("echo.log");
+    let server =
+        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
+    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
+    assert!(up, "echo_server did not start:\n{}", read_lossy(&log));
+    let mut rep = r.replicate_args(server.inner, &["--ignore-writes", path_str(&log)]);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "never in sync:\n{}", rep.show());
+
+    let (clients, out) = stream_clients(&r, PORT, 4, 8.0);
+    std::thread::sleep(Duration::from_secs(3));
+    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+    r.env.host("a").stop_init();
+    let _ = rep.wait(Duration::from_secs(10));
+    let results = stream_results(clients, &out);
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
+    for (i, (sent, echoed, _)) in results.iter().enumerate() {
+        assert!(*sent > 0, "stream {i} sent nothing");
+        assert_eq!(sent, echoed, "stream {i}: {echoed} of {sent} bytes echoed");
+    }
+    let bytes: u64 = results.iter().map(|s| s.0).sum();
+    let longest = results.iter().map(|s| s.2).fold(0.0, f64::max);
+    eprintln!(
+        "[{TEST}] {bytes} bytes echoed whole across the failover, longest wait {longest:.0} ms; {}",
+        blog.lines().find(|l| l.contains("took over")).unwrap_or("")
+    );
+    // The server at b checked every byte it read (it ends on the first
+    // out of place) and still serves.
+    let (clients, out) = stream_clients(&r, PORT, 1, 1.0);
+    let after = stream_results(clients, &out);
+    assert!(after[0].0 > 0 && after[0].0 == after[0].1, "a new stream at b: {after:?}");
 }
