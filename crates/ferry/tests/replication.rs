@@ -324,6 +324,31 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
     }
     assert!(longest < 5000.0, "a client waited {longest:.0} ms across the failover");
     assert_eq!(r.status("b")[0]["state"], "took over");
+    takeover_was_warm(TEST, &read_lossy(&log));
+}
+
+/// The standby had the network lock's base ready before the primary
+/// fell silent: its warm-up installed it, and the takeover's own lock
+/// only claimed a slot of it, for less than the installing cost.
+fn takeover_was_warm(test: &str, log: &str) {
+    let line = log.lines().find(|l| l.contains("takeover phases")).unwrap_or("");
+    eprintln!("[{test}] {line}");
+    let warm = line
+        .split("network lock base ready (")
+        .nth(1)
+        .and_then(|s| s.split(" ms").next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no warm-up before the takeover:\n{log}"));
+    let prepared = line
+        .split("network lock prepared ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no lock phase in the takeover:\n{log}"));
+    assert!(
+        prepared < warm,
+        "the takeover's lock took {prepared} ms, the warm-up's {warm} ms: the base was not ready"
+    );
 }
 
 #[test]

@@ -3,10 +3,12 @@
 //! whole or not at all (`replica.rs`) and acknowledged with SyncStored →
 //! until the primary says Unprotect (the copy is dropped) or falls
 //! silent (`takeover.rs`: the service is won in the fencing store, then
-//! restored from the last complete sync and run here).
+//! restored from the last complete sync and run here). Meanwhile
+//! `warm.rs` readies what the takeover would otherwise start with.
 
 mod replica;
 mod takeover;
+mod warm;
 
 use crate::error::{ReplicateError, Result};
 use crate::status::Status;
@@ -34,7 +36,14 @@ pub enum Outcome {
     /// The primary fell silent and another agent holds the service.
     Lost(String),
     /// The service runs here now.
-    TookOver { served: Served, seq: u64, takeover_ms: f64, why: String },
+    TookOver {
+        served: Served,
+        seq: u64,
+        takeover_ms: f64,
+        why: String,
+        /// What the standby had readied before the silence (`warm.rs`).
+        warm: String,
+    },
 }
 
 /// Serves one primary on `ch`, whose Hello [`ferry_migrate::destination::greet`]
@@ -52,8 +61,9 @@ pub fn serve(
         // Without the fencing store this side could never take over:
         // refused now, while the primary can still go on unprotected.
         let fence = ferry_fence::Fence::connect(&cfg.etcd, cfg.fence_timeout)?;
+        let warm = warm::start(cfg.dest.network_lock);
         ferry_migrate::destination::welcome(&mut ch, &cfg.dest, notes)?;
-        let s = Standby::new(&replica_hello, fence)?;
+        let s = Standby::new(&replica_hello, fence, warm)?;
         s.receive(&mut ch, cfg)
     })();
     match r {
@@ -85,10 +95,15 @@ pub(crate) struct Standby<'a> {
     replica: Replica,
     fence: ferry_fence::Fence,
     status: Status,
+    warm: warm::Warm,
 }
 
 impl<'a> Standby<'a> {
-    fn new(replica_hello: &'a ReplicaHello, fence: ferry_fence::Fence) -> Result<Self> {
+    fn new(
+        replica_hello: &'a ReplicaHello,
+        fence: ferry_fence::Fence,
+        warm: warm::Warm,
+    ) -> Result<Self> {
         let status = Status {
             service: replica_hello.service.clone(),
             role: "standby".into(),
@@ -97,7 +112,7 @@ impl<'a> Standby<'a> {
             epoch: replica_hello.epoch,
             ..Default::default()
         };
-        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status })
+        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status, warm })
     }
 
     /// Messages until the primary ends protection or falls silent. The

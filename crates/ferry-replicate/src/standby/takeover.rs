@@ -27,6 +27,9 @@ impl Standby<'_> {
         };
         let service = self.replica_hello.service.clone();
         let me = crate::identity::holder();
+        let mut ph = ferry_engine::phases::Phases::start_at("takeover", t);
+        let warm = self.warm.join();
+        ph.mark("warm-up joined");
         let epoch = match self.win(&service, &me)? {
             Ok(epoch) => epoch,
             Err(owner) => {
@@ -34,6 +37,7 @@ impl Standby<'_> {
                 return Ok(Outcome::Lost(owner));
             }
         };
+        ph.mark("fenced");
         // An output hold left in this namespace by a primary that ran here
         // once and died would drop the service's every packet.
         match ferry_outbox::Outbox::remove_stale(None) {
@@ -41,21 +45,25 @@ impl Standby<'_> {
             Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
             Err(e) => tracing::warn!("removing stale output holds: {e}"),
         }
-        let served = ferry_migrate::destination::restore_and_run(
+        ph.mark("stale output holds removed");
+        let mut served = ferry_migrate::destination::restore_and_run(
             image,
             hello,
             &mut self.replica.store,
             &cfg.dest,
         )?;
+        let mut phases = ph.done().to_vec();
+        phases.append(&mut served.phases);
+        served.phases = phases;
         let takeover_ms = t.elapsed().as_secs_f64() * 1e3;
         self.status.state = "took over".into();
         self.status.epoch = epoch;
         self.status.note = format!(
-            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running)",
+            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running; {warm})",
             served.host_pid, self.replica.seq
         );
         self.status.publish();
-        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why })
+        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why, warm })
     }
 
     /// Ok(epoch) when this side won the service, Err(owner) when another
