@@ -12,6 +12,9 @@
 //!   protection; redis runs on at a, b drops its copy, no hold is left.
 //! - `a_lost_standby_leaves_the_primary_running_unprotected`: b dies;
 //!   a wins the service in etcd and runs on, its output released.
+//! - `structural_changes_between_syncs_fail_over_exactly`: connections
+//!   made and closed and large values allocated between syncs; the
+//!   takeover keeps every acknowledged write.
 //!
 //! Needs root, redis-server and etcd; without them each test says so and
 //! returns.
@@ -351,6 +354,77 @@ fn takeover_was_warm(test: &str, log: &str) {
     );
 }
 
+/// Between syncs the service's structure changes: a connection made and
+/// closed for every increment (fd table, a new TCP connection), and a
+/// 256 KiB value every fifth (memory allocated, mappings made), beside
+/// sequence-checking clients; the takeover still runs exactly the last
+/// complete sync: every acknowledged increment and value is at b.
+#[test]
+fn structural_changes_between_syncs_fail_over_exactly() {
+    const TEST: &str = "repl-structural";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rs");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    let (clients, out) = seq_clients(&r, 4, 8.0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (last, big) = std::thread::scope(|sc| {
+        let churn = sc.spawn(|| churn_until(&r, &stop));
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+        r.env.host("a").stop_init();
+        churn.join().expect("the churning thread")
+    });
+    let _ = rep.wait(Duration::from_secs(10));
+    let results = client_results(clients, &out);
+    let log = r.env.ferryd_log("b");
+    assert!(read_lossy(&log).contains("took over"), "b did not take over:\n{}", read_lossy(&log));
+    for (i, (count, last, _)) in results.iter().enumerate() {
+        assert!(*count > 0, "client {i} got no reply");
+        let now = r.redis(&["GET", &format!("seq{i}")]);
+        assert_eq!(now.stdout.trim(), last.to_string(), "seq{i} at b: {}", now.show());
+    }
+    assert!(last > 0, "no increment on a fresh connection was acknowledged");
+    let now = r.redis(&["GET", "fresh"]);
+    assert_eq!(now.stdout.trim(), last.to_string(), "fresh at b: {}", now.show());
+    if let Some(k) = &big {
+        let len = r.redis(&["STRLEN", k]);
+        assert_eq!(len.stdout.trim(), "262144", "{k} at b: {}", len.show());
+    }
+    eprintln!("[{TEST}] {last} increments on fresh connections, last large value {big:?}");
+}
+
+/// Increments `fresh` on a new connection each time, and every fifth
+/// time makes a 256 KiB value, until `stop`; the command under way then
+/// ends (at b, or with an error if b never had its connection). Returns
+/// the last acknowledged value of `fresh` and the last large key
+/// acknowledged.
+fn churn_until(r: &Repl, stop: &std::sync::atomic::AtomicBool) -> (i64, Option<String>) {
+    let (mut last, mut big) = (0, None);
+    for i in 0.. {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        let o = r.redis(&["INCR", "fresh"]);
+        match o.stdout.trim().parse::<i64>() {
+            Ok(v) if o.status.success() => last = v,
+            _ => break,
+        }
+        if i % 5 == 0 {
+            let k = format!("big{i}");
+            let o = r.redis(&["SETRANGE", &k, "262143", "x"]);
+            if !o.status.success() || o.stdout.trim() != "262144" {
+                break;
+            }
+            big = Some(k);
+        }
+    }
+    (last, big)
+}
+
 #[test]
 fn stopping_replication_leaves_the_service_running() {
     const TEST: &str = "repl-stop";
@@ -564,6 +638,12 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     let took = wait_for(Duration::from_secs(20), || read_lossy(&alog).contains("took over"));
     assert!(took, "a did not take over:\n{}", read_lossy(&alog));
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "4", "back at a");
+    // The hold a's first ferry replicate left when it died went in a's
+    // warm-up, before the silence.
+    let text = read_lossy(&alog);
+    let line = text.lines().find(|l| l.contains("takeover phases")).unwrap_or("");
+    assert!(line.contains("1 stale output hold(s) removed, 0 left"), "a's takeover: {line}");
+    assert!(!line.contains("stale output holds removed"), "looked again at the takeover: {line}");
 }
 
 #[test]

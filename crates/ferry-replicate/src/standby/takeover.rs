@@ -30,6 +30,7 @@ impl Standby<'_> {
         let mut ph = ferry_engine::phases::Phases::start_at("takeover", t);
         let warm = self.warm.join();
         ph.mark("warm-up joined");
+        let warm_note = warm.as_ref().map_or("no warm-up".into(), |w| w.describe());
         let epoch = match self.win(&service, &me)? {
             Ok(epoch) => epoch,
             Err(owner) => {
@@ -39,13 +40,16 @@ impl Standby<'_> {
         };
         ph.mark("fenced");
         // An output hold left in this namespace by a primary that ran here
-        // once and died would drop the service's every packet.
-        match ferry_outbox::Outbox::remove_stale(None) {
-            Ok(0) => {}
-            Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
-            Err(e) => tracing::warn!("removing stale output holds: {e}"),
+        // once and died would drop the service's every packet (warm.rs says
+        // when the warm-up's look suffices).
+        if !warm.as_ref().is_some_and(|w| w.no_holds_left()) {
+            match ferry_outbox::Outbox::remove_stale(None) {
+                Ok(0) => {}
+                Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
+                Err(e) => tracing::warn!("removing stale output holds: {e}"),
+            }
+            ph.mark("stale output holds removed");
         }
-        ph.mark("stale output holds removed");
         let mut served = ferry_migrate::destination::restore_and_run(
             image,
             hello,
@@ -59,11 +63,11 @@ impl Standby<'_> {
         self.status.state = "took over".into();
         self.status.epoch = epoch;
         self.status.note = format!(
-            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running; {warm})",
+            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running; {warm_note})",
             served.host_pid, self.replica.seq
         );
         self.status.publish();
-        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why, warm })
+        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why, warm: warm_note })
     }
 
     /// Ok(epoch) when this side won the service, Err(owner) when another
