@@ -298,6 +298,12 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
 
     let (clients, out) = seq_clients(&r, 10, 8.0);
     std::thread::sleep(Duration::from_secs(3));
+    // What a sync costs the standby (checked whole, applied to the page
+    // store), from its status of the last second.
+    let b_status = r.status("b");
+    let store = (b_status[0]["store_p50_ms"].as_f64(), b_status[0]["store_max_ms"].as_f64());
+    eprintln!("[{TEST}] b stores a sync in {store:?} ms (median, longest)");
+    assert!(store.0.is_some_and(|ms| ms > 0.0), "b's status: {b_status}");
     // Host a dies: its link first (nothing it says reaches anyone, not
     // even the closing of its connections), then every process of it.
     let t_kill = Instant::now();

@@ -96,6 +96,28 @@ pub(crate) struct Standby<'a> {
     fence: ferry_fence::Fence,
     status: Status,
     warm: warm::Warm,
+    store_ms: StoreTimes,
+}
+
+/// How long the last syncs took to check and apply here, for the status.
+#[derive(Default)]
+struct StoreTimes(std::collections::VecDeque<f64>);
+
+impl StoreTimes {
+    const KEEP: usize = 1000;
+
+    fn add(&mut self, ms: f64) {
+        if self.0.len() == Self::KEEP {
+            self.0.pop_front();
+        }
+        self.0.push_back(ms);
+    }
+
+    fn fill(&self, s: &mut Status) {
+        let mut v: Vec<f64> = self.0.iter().copied().collect();
+        s.store_p50_ms = crate::status::percentile(&mut v, 50.0);
+        s.store_max_ms = v.last().copied().unwrap_or(0.0);
+    }
 }
 
 impl<'a> Standby<'a> {
@@ -112,7 +134,14 @@ impl<'a> Standby<'a> {
             epoch: replica_hello.epoch,
             ..Default::default()
         };
-        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status, warm })
+        Ok(Standby {
+            replica_hello,
+            replica: Replica::new()?,
+            fence,
+            status,
+            warm,
+            store_ms: StoreTimes::default(),
+        })
     }
 
     /// Messages until the primary ends protection or falls silent. The
@@ -137,8 +166,10 @@ impl<'a> Standby<'a> {
                 }
                 Msg::Image { meta, host_pids } => self.replica.stage_image(meta, host_pids),
                 Msg::SyncDone { seq } => {
+                    let t = std::time::Instant::now();
                     self.replica.commit(seq)?;
                     protocol::send(ch, &Msg::SyncStored { seq })?;
+                    self.store_ms.add(t.elapsed().as_secs_f64() * 1e3);
                     self.status.syncs = seq;
                     self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
                     if seq == 1 {
@@ -147,6 +178,7 @@ impl<'a> Standby<'a> {
                         self.status.state = "in sync".into();
                         self.status.publish();
                     } else if self.status.stale() {
+                        self.store_ms.fill(&mut self.status);
                         self.status.publish();
                     }
                 }

@@ -60,6 +60,7 @@ impl Standby<'_> {
         phases.append(&mut served.phases);
         served.phases = phases;
         let takeover_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.store_ms.fill(&mut self.status);
         self.status.state = "took over".into();
         self.status.epoch = epoch;
         self.status.note = format!(
