@@ -218,3 +218,26 @@ impl<'a> Standby<'a> {
         Ok(Silence::Lost { standby: Box::new(self), why })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_times_fill_median_and_longest() {
+        let mut t = StoreTimes::default();
+        let mut s = Status::default();
+        t.fill(&mut s);
+        assert_eq!((s.store_p50_ms, s.store_max_ms), (0.0, 0.0));
+        for ms in [3.0, 1.0, 9.0, 2.0] {
+            t.add(ms);
+        }
+        t.fill(&mut s);
+        assert_eq!((s.store_p50_ms, s.store_max_ms), (2.0, 9.0));
+        for _ in 0..StoreTimes::KEEP {
+            t.add(0.5);
+        }
+        t.fill(&mut s);
+        assert_eq!(s.store_max_ms, 0.5, "only the last {} count", StoreTimes::KEEP);
+    }
+}

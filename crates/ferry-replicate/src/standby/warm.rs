@@ -94,3 +94,22 @@ impl Drop for Warm {
         let _ = self.join();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_takeover_skips_its_look_only_when_no_hold_was_left() {
+        let done = |holds| Done { lock: Ok(80.0), holds };
+        assert!(done(Ok((0, 0))).no_holds_left());
+        assert!(done(Ok((2, 0))).no_holds_left());
+        assert!(!done(Ok((0, 1))).no_holds_left(), "a live owner may die before the takeover");
+        assert!(!done(Err("iptables failed".into())).no_holds_left());
+        let d = Done { lock: Err("no bpffs".into()), holds: Ok((1, 0)) }.describe();
+        assert_eq!(
+            d,
+            "network lock base not ready (no bpffs), 1 stale output hold(s) removed, 0 left"
+        );
+    }
+}
