@@ -36,7 +36,8 @@ Parts (--parts):
              redis and holds the address (split brain: both or none).
 
 Usage: bench/replicate.py [--parts load,rate,failover,partition] [--clients 1,10,50] [--rates 20,...,2000]
-         [--requests 20000] [--runs 20] [--out docs/benchmarks-replicate-latest.md]
+         [--requests 20000] [--runs 20] [--heartbeat-timeout-ms MS]
+         [--out docs/benchmarks-replicate-latest.md]
 Needs root, target/release/ferry and ferryd, redis-server, redis-benchmark,
 etcd (etcd-server) and iptables. Ctrl-C (or any failure) kills every
 process it started, by PID, and deletes its namespaces.
@@ -59,6 +60,8 @@ import migrate as m  # noqa: E402  (the test hosts and process helpers)
 REPO = m.REPO
 SEQ_CLIENTS = os.path.join(REPO, "tests/replication/seq_clients.py")
 REDIS_PORT = 6379
+# `ferry replicate --heartbeat-timeout-ms` when --heartbeat-timeout-ms is given.
+HEARTBEAT = []
 
 
 def log(msg):
@@ -159,7 +162,7 @@ def replicate(cl, work, inner_pid, trace=False):
     p = cl.a.spawn(env + [m.FERRY, "replicate", "--pid", str(inner_pid), "--to", f"{cl.b.ip}:{m.PORT}", "--key", cl.key,
                           "--address", f"{cl.service}/24", "--etcd", cl.etcd_url,
                           # redis's stdout: a log, not replicated state.
-                          "--ignore-writes", os.path.join(work, "redis.log")], out)
+                          "--ignore-writes", os.path.join(work, "redis.log")] + HEARTBEAT, out)
     m.wait_line(out, r"in sync", p, 60)
     return p, out
 
@@ -405,8 +408,11 @@ def main():
     ap.add_argument("--runs", type=int, default=20, help="runs of failover and partition")
     ap.add_argument("--rates", default="20,50,100,200,500,1000,2000", help="writes per second offered by part rate")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--heartbeat-timeout-ms", type=int, help="ferry replicate's (its default: 300)")
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-replicate-latest.md"))
     args = ap.parse_args()
+    if args.heartbeat_timeout_ms:
+        HEARTBEAT.extend(["--heartbeat-timeout-ms", str(args.heartbeat_timeout_ms)])
     if os.geteuid() != 0:
         sys.exit("bench/replicate.py: needs root")
     for tool in ("redis-server", "redis-benchmark", "etcd", "iptables"):

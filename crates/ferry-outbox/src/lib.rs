@@ -226,13 +226,20 @@ impl Outbox {
     /// its service's output would otherwise be dropped for good. The
     /// number of rules removed.
     pub fn remove_stale(netns: Option<&Path>) -> Result<usize> {
+        Self::remove_stale_counting(netns).map(|(removed, _)| removed)
+    }
+
+    /// [`Outbox::remove_stale`], also counting the outbox rules it left
+    /// (their owners run): (removed, left).
+    pub fn remove_stale_counting(netns: Option<&Path>) -> Result<(usize, usize)> {
         let context = format!("removing stale outbox rules in {}", describe(netns));
-        let mut removed = 0;
+        let (mut removed, mut left) = (0, 0);
         for v6 in [false, true] {
             let tool = if v6 { "ip6tables" } else { "iptables" };
             let listing =
                 exec::run_command(&context, netns, tool, &["-w", "5", "-t", "mangle", "-S"], "")?;
             let deletes = rule::stale_deletes(&listing, owner_alive);
+            left += rule::stale_deletes(&listing, |_| false).len() - deletes.len();
             if deletes.is_empty() {
                 continue;
             }
@@ -246,7 +253,7 @@ impl Outbox {
             )?;
             removed += deletes.len();
         }
-        Ok(removed)
+        Ok((removed, left))
     }
 
     /// The newest packet queued so far: every packet queued before this

@@ -232,14 +232,16 @@ fn removal_lets_output_flow_and_stale_rules_are_removed() {
     // A rule of a ferry that is gone (no such PID): nobody reads its
     // queue, so the service's output is dropped until it is removed.
     let stale = "ferry-outbox:999999999:1:9";
-    let ok = Command::new("ip")
-        .args(["netns", "exec", &net.a.0, "iptables", "-t", "mangle", "-I", "OUTPUT", "-s"])
-        .args([&format!("{SERVER}/32"), "-m", "comment", "--comment", stale])
-        .args(["-j", "NFQUEUE", "--queue-num", "9"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "inserting the stale rule");
+    let insert_stale = || {
+        Command::new("ip")
+            .args(["netns", "exec", &net.a.0, "iptables", "-t", "mangle", "-I", "OUTPUT", "-s"])
+            .args([&format!("{SERVER}/32"), "-m", "comment", "--comment", stale])
+            .args(["-j", "NFQUEUE", "--queue-num", "9"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    assert!(insert_stale(), "inserting the stale rule");
     server.write_all(b"late").expect("server write");
     assert_eq!(read_for(&mut client, Duration::from_millis(200)), b"");
     let outbox = net.hold(QUEUE + 1);
@@ -253,6 +255,10 @@ fn removal_lets_output_flow_and_stale_rules_are_removed() {
         got.extend(read_for(&mut client, Duration::from_millis(10)));
     }
     assert_eq!(got, b"late");
+    // Counted: the stale rule removed, the live outbox's left.
+    assert!(insert_stale(), "inserting the stale rule again");
+    let counted = Outbox::remove_stale_counting(Some(Path::new(&net.path())));
+    assert_eq!(counted.expect("remove_stale_counting"), (1, 1), "{}", net.mangle_rules());
     drop(outbox);
     assert!(!net.mangle_rules().contains("ferry-outbox"));
 }

@@ -25,6 +25,12 @@ pub struct Status {
     pub added_latency_p99_ms: f64,
     pub pause_p50_ms: f64,
     pub bytes_per_sync: f64,
+    /// The standby's: SyncDone to SyncStored, the sync checked whole and
+    /// applied to its copy (median and longest of the last 1000).
+    #[serde(default)]
+    pub store_p50_ms: f64,
+    #[serde(default)]
+    pub store_max_ms: f64,
     pub updated_unix_ms: u64,
     /// The last thing worth saying (an error, a takeover's figures).
     pub note: String,

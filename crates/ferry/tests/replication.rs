@@ -12,6 +12,9 @@
 //!   protection; redis runs on at a, b drops its copy, no hold is left.
 //! - `a_lost_standby_leaves_the_primary_running_unprotected`: b dies;
 //!   a wins the service in etcd and runs on, its output released.
+//! - `structural_changes_between_syncs_fail_over_exactly`: connections
+//!   made and closed and large values allocated between syncs; the
+//!   takeover keeps every acknowledged write.
 //!
 //! Needs root, redis-server and etcd; without them each test says so and
 //! returns.
@@ -295,6 +298,12 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
 
     let (clients, out) = seq_clients(&r, 10, 8.0);
     std::thread::sleep(Duration::from_secs(3));
+    // What a sync costs the standby (checked whole, applied to the page
+    // store), from its status of the last second.
+    let b_status = r.status("b");
+    let store = (b_status[0]["store_p50_ms"].as_f64(), b_status[0]["store_max_ms"].as_f64());
+    eprintln!("[{TEST}] b stores a sync in {store:?} ms (median, longest)");
+    assert!(store.0.is_some_and(|ms| ms > 0.0), "b's status: {b_status}");
     // Host a dies: its link first (nothing it says reaches anyone, not
     // even the closing of its connections), then every process of it.
     let t_kill = Instant::now();
@@ -324,6 +333,102 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
     }
     assert!(longest < 5000.0, "a client waited {longest:.0} ms across the failover");
     assert_eq!(r.status("b")[0]["state"], "took over");
+    takeover_was_warm(TEST, &read_lossy(&log));
+}
+
+/// The standby had the network lock's base ready before the primary
+/// fell silent: its warm-up installed it, and the takeover's own lock
+/// only claimed a slot of it, for less than the installing cost.
+fn takeover_was_warm(test: &str, log: &str) {
+    let line = log.lines().find(|l| l.contains("takeover phases")).unwrap_or("");
+    eprintln!("[{test}] {line}");
+    let warm = line
+        .split("network lock base ready (")
+        .nth(1)
+        .and_then(|s| s.split(" ms").next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no warm-up before the takeover:\n{log}"));
+    let prepared = line
+        .split("network lock prepared ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no lock phase in the takeover:\n{log}"));
+    assert!(
+        prepared < warm,
+        "the takeover's lock took {prepared} ms, the warm-up's {warm} ms: the base was not ready"
+    );
+}
+
+/// Between syncs the service's structure changes: a connection made and
+/// closed for every increment (fd table, a new TCP connection), and a
+/// 256 KiB value every fifth (memory allocated, mappings made), beside
+/// sequence-checking clients; the takeover still runs exactly the last
+/// complete sync: every acknowledged increment and value is at b.
+#[test]
+fn structural_changes_between_syncs_fail_over_exactly() {
+    const TEST: &str = "repl-structural";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rs");
+    let redis = r.start_redis();
+    let mut rep = r.replicate(redis.inner);
+    let (clients, out) = seq_clients(&r, 4, 8.0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (last, big) = std::thread::scope(|sc| {
+        let churn = sc.spawn(|| churn_until(&r, &stop));
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
+        r.env.host("a").stop_init();
+        churn.join().expect("the churning thread")
+    });
+    let _ = rep.wait(Duration::from_secs(10));
+    let results = client_results(clients, &out);
+    let log = r.env.ferryd_log("b");
+    assert!(read_lossy(&log).contains("took over"), "b did not take over:\n{}", read_lossy(&log));
+    for (i, (count, last, _)) in results.iter().enumerate() {
+        assert!(*count > 0, "client {i} got no reply");
+        let now = r.redis(&["GET", &format!("seq{i}")]);
+        assert_eq!(now.stdout.trim(), last.to_string(), "seq{i} at b: {}", now.show());
+    }
+    assert!(last > 0, "no increment on a fresh connection was acknowledged");
+    let now = r.redis(&["GET", "fresh"]);
+    assert_eq!(now.stdout.trim(), last.to_string(), "fresh at b: {}", now.show());
+    if let Some(k) = &big {
+        let len = r.redis(&["STRLEN", k]);
+        assert_eq!(len.stdout.trim(), "262144", "{k} at b: {}", len.show());
+    }
+    eprintln!("[{TEST}] {last} increments on fresh connections, last large value {big:?}");
+}
+
+/// Increments `fresh` on a new connection each time, and every fifth
+/// time makes a 256 KiB value, until `stop`; the command under way then
+/// ends (at b, or with an error if b never had its connection). Returns
+/// the last acknowledged value of `fresh` and the last large key
+/// acknowledged.
+fn churn_until(r: &Repl, stop: &std::sync::atomic::AtomicBool) -> (i64, Option<String>) {
+    let (mut last, mut big) = (0, None);
+    for i in 0.. {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        let o = r.redis(&["INCR", "fresh"]);
+        match o.stdout.trim().parse::<i64>() {
+            Ok(v) if o.status.success() => last = v,
+            _ => break,
+        }
+        if i % 5 == 0 {
+            let k = format!("big{i}");
+            let o = r.redis(&["SETRANGE", &k, "262143", "x"]);
+            if !o.status.success() || o.stdout.trim() != "262144" {
+                break;
+            }
+            big = Some(k);
+        }
+    }
+    (last, big)
 }
 
 #[test]
@@ -539,6 +644,12 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     let took = wait_for(Duration::from_secs(20), || read_lossy(&alog).contains("took over"));
     assert!(took, "a did not take over:\n{}", read_lossy(&alog));
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "4", "back at a");
+    // The hold a's first ferry replicate left when it died went in a's
+    // warm-up, before the silence.
+    let text = read_lossy(&alog);
+    let line = text.lines().find(|l| l.contains("takeover phases")).unwrap_or("");
+    assert!(line.contains("1 stale output hold(s) removed, 0 left"), "a's takeover: {line}");
+    assert!(!line.contains("stale output holds removed"), "looked again at the takeover: {line}");
 }
 
 #[test]

@@ -3,10 +3,12 @@
 //! whole or not at all (`replica.rs`) and acknowledged with SyncStored →
 //! until the primary says Unprotect (the copy is dropped) or falls
 //! silent (`takeover.rs`: the service is won in the fencing store, then
-//! restored from the last complete sync and run here).
+//! restored from the last complete sync and run here). Meanwhile
+//! `warm.rs` readies what the takeover would otherwise start with.
 
 mod replica;
 mod takeover;
+mod warm;
 
 use crate::error::{ReplicateError, Result};
 use crate::status::Status;
@@ -34,7 +36,14 @@ pub enum Outcome {
     /// The primary fell silent and another agent holds the service.
     Lost(String),
     /// The service runs here now.
-    TookOver { served: Served, seq: u64, takeover_ms: f64, why: String },
+    TookOver {
+        served: Served,
+        seq: u64,
+        takeover_ms: f64,
+        why: String,
+        /// What the standby had readied before the silence (`warm.rs`).
+        warm: String,
+    },
 }
 
 /// Serves one primary on `ch`, whose Hello [`ferry_migrate::destination::greet`]
@@ -52,8 +61,9 @@ pub fn serve(
         // Without the fencing store this side could never take over:
         // refused now, while the primary can still go on unprotected.
         let fence = ferry_fence::Fence::connect(&cfg.etcd, cfg.fence_timeout)?;
+        let warm = warm::start(cfg.dest.network_lock);
         ferry_migrate::destination::welcome(&mut ch, &cfg.dest, notes)?;
-        let s = Standby::new(&replica_hello, fence)?;
+        let s = Standby::new(&replica_hello, fence, warm)?;
         s.receive(&mut ch, cfg)
     })();
     match r {
@@ -85,10 +95,37 @@ pub(crate) struct Standby<'a> {
     replica: Replica,
     fence: ferry_fence::Fence,
     status: Status,
+    warm: warm::Warm,
+    store_ms: StoreTimes,
+}
+
+/// How long the last syncs took to check and apply here, for the status.
+#[derive(Default)]
+struct StoreTimes(std::collections::VecDeque<f64>);
+
+impl StoreTimes {
+    const KEEP: usize = 1000;
+
+    fn add(&mut self, ms: f64) {
+        if self.0.len() == Self::KEEP {
+            self.0.pop_front();
+        }
+        self.0.push_back(ms);
+    }
+
+    fn fill(&self, s: &mut Status) {
+        let mut v: Vec<f64> = self.0.iter().copied().collect();
+        s.store_p50_ms = crate::status::percentile(&mut v, 50.0);
+        s.store_max_ms = v.last().copied().unwrap_or(0.0);
+    }
 }
 
 impl<'a> Standby<'a> {
-    fn new(replica_hello: &'a ReplicaHello, fence: ferry_fence::Fence) -> Result<Self> {
+    fn new(
+        replica_hello: &'a ReplicaHello,
+        fence: ferry_fence::Fence,
+        warm: warm::Warm,
+    ) -> Result<Self> {
         let status = Status {
             service: replica_hello.service.clone(),
             role: "standby".into(),
@@ -97,7 +134,14 @@ impl<'a> Standby<'a> {
             epoch: replica_hello.epoch,
             ..Default::default()
         };
-        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status })
+        Ok(Standby {
+            replica_hello,
+            replica: Replica::new()?,
+            fence,
+            status,
+            warm,
+            store_ms: StoreTimes::default(),
+        })
     }
 
     /// Messages until the primary ends protection or falls silent. The
@@ -122,8 +166,10 @@ impl<'a> Standby<'a> {
                 }
                 Msg::Image { meta, host_pids } => self.replica.stage_image(meta, host_pids),
                 Msg::SyncDone { seq } => {
+                    let t = std::time::Instant::now();
                     self.replica.commit(seq)?;
                     protocol::send(ch, &Msg::SyncStored { seq })?;
+                    self.store_ms.add(t.elapsed().as_secs_f64() * 1e3);
                     self.status.syncs = seq;
                     self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
                     if seq == 1 {
@@ -132,6 +178,7 @@ impl<'a> Standby<'a> {
                         self.status.state = "in sync".into();
                         self.status.publish();
                     } else if self.status.stale() {
+                        self.store_ms.fill(&mut self.status);
                         self.status.publish();
                     }
                 }
@@ -169,5 +216,28 @@ impl<'a> Standby<'a> {
         self.replica.discard_staged();
         let why = format!("the primary fell silent after sync {}: {e}", self.replica.seq);
         Ok(Silence::Lost { standby: Box::new(self), why })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_times_fill_median_and_longest() {
+        let mut t = StoreTimes::default();
+        let mut s = Status::default();
+        t.fill(&mut s);
+        assert_eq!((s.store_p50_ms, s.store_max_ms), (0.0, 0.0));
+        for ms in [3.0, 1.0, 9.0, 2.0] {
+            t.add(ms);
+        }
+        t.fill(&mut s);
+        assert_eq!((s.store_p50_ms, s.store_max_ms), (2.0, 9.0));
+        for _ in 0..StoreTimes::KEEP {
+            t.add(0.5);
+        }
+        t.fill(&mut s);
+        assert_eq!(s.store_max_ms, 0.5, "only the last {} count", StoreTimes::KEEP);
     }
 }

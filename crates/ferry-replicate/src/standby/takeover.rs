@@ -27,6 +27,10 @@ impl Standby<'_> {
         };
         let service = self.replica_hello.service.clone();
         let me = crate::identity::holder();
+        let mut ph = ferry_engine::phases::Phases::start_at("takeover", t);
+        let warm = self.warm.join();
+        ph.mark("warm-up joined");
+        let warm_note = warm.as_ref().map_or("no warm-up".into(), |w| w.describe());
         let epoch = match self.win(&service, &me)? {
             Ok(epoch) => epoch,
             Err(owner) => {
@@ -34,28 +38,37 @@ impl Standby<'_> {
                 return Ok(Outcome::Lost(owner));
             }
         };
+        ph.mark("fenced");
         // An output hold left in this namespace by a primary that ran here
-        // once and died would drop the service's every packet.
-        match ferry_outbox::Outbox::remove_stale(None) {
-            Ok(0) => {}
-            Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
-            Err(e) => tracing::warn!("removing stale output holds: {e}"),
+        // once and died would drop the service's every packet (warm.rs says
+        // when the warm-up's look suffices).
+        if !warm.as_ref().is_some_and(|w| w.no_holds_left()) {
+            match ferry_outbox::Outbox::remove_stale(None) {
+                Ok(0) => {}
+                Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
+                Err(e) => tracing::warn!("removing stale output holds: {e}"),
+            }
+            ph.mark("stale output holds removed");
         }
-        let served = ferry_migrate::destination::restore_and_run(
+        let mut served = ferry_migrate::destination::restore_and_run(
             image,
             hello,
             &mut self.replica.store,
             &cfg.dest,
         )?;
+        let mut phases = ph.done().to_vec();
+        phases.append(&mut served.phases);
+        served.phases = phases;
         let takeover_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.store_ms.fill(&mut self.status);
         self.status.state = "took over".into();
         self.status.epoch = epoch;
         self.status.note = format!(
-            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running)",
+            "{why}; runs here as pid {} since sync {} ({takeover_ms:.1} ms from silence to running; {warm_note})",
             served.host_pid, self.replica.seq
         );
         self.status.publish();
-        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why })
+        Ok(Outcome::TookOver { served, seq: self.replica.seq, takeover_ms, why, warm: warm_note })
     }
 
     /// Ok(epoch) when this side won the service, Err(owner) when another

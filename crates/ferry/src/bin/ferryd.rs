@@ -238,10 +238,16 @@ fn standby(
             eprintln!("ferryd: standby of {service}: the primary fell silent, but {owner} holds the service; copy dropped");
             Ok(())
         }
-        Ok(Outcome::TookOver { served, seq, takeover_ms, why }) => {
+        Ok(Outcome::TookOver { served, seq, takeover_ms, why, warm }) => {
             eprintln!(
                 "ferryd: standby of {service}: took over ({why}): pid {} runs here as pid {} from sync {seq}, {takeover_ms:.1} ms from silence to running",
                 served.pid, served.host_pid
+            );
+            let phases: Vec<String> =
+                served.phases.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect();
+            eprintln!(
+                "ferryd: standby of {service}: {warm}; takeover phases (ms): {}",
+                phases.join(", ")
             );
             Ok(())
         }
