@@ -13,24 +13,33 @@ use crate::procfs::{self, key_values};
 const PR_GET_PDEATHSIG: u64 = 2;
 const PR_GET_SECUREBITS: u64 = 27;
 
-/// (tid, parent-death signal) of every thread, and the securebits.
-pub fn capture_injected(ctx: &super::Ctx) -> Result<(Vec<(i32, i32)>, u32)> {
-    let mut deathsigs = Vec::with_capacity(ctx.frozen.threads.len());
-    let mut securebits = 0;
-    for t in &ctx.frozen.threads {
-        let mut calls = vec![Call::new(libc::SYS_prctl, &[PR_GET_PDEATHSIG, ctx.data])];
-        if t.tid == ctx.pid {
-            calls.push(Call::new(libc::SYS_prctl, &[PR_GET_SECUREBITS]));
-        }
-        let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
-        check(ctx.pid, t.tid, "prctl(PR_GET_PDEATHSIG)", r[0])?;
-        if t.tid == ctx.pid {
-            securebits = check(ctx.pid, t.tid, "prctl(PR_GET_SECUREBITS)", r[1])? as u32;
-        }
-        let b = ctx.remote.read(ctx.data, 4)?;
-        deathsigs.push((t.tid, i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+/// Bytes of the data area [`deathsig_calls`] write, from their `at`.
+pub(super) const DEATHSIG_DATA_LEN: usize = 4;
+
+/// The thread's parent-death signal (readable only from inside it) and,
+/// for the leader, the securebits; results at `at`.
+pub(super) fn deathsig_calls(at: u64, leader: bool) -> Vec<Call> {
+    let mut calls = vec![Call::new(libc::SYS_prctl, &[PR_GET_PDEATHSIG, at])];
+    if leader {
+        calls.push(Call::new(libc::SYS_prctl, &[PR_GET_SECUREBITS]));
     }
-    Ok((deathsigs, securebits))
+    calls
+}
+
+/// (parent-death signal, the securebits for the leader) from the results
+/// of [`deathsig_calls`] and the data they wrote.
+pub(super) fn deathsig_parse(
+    pid: i32,
+    tid: i32,
+    r: &[i64],
+    out: &[u8],
+) -> Result<(i32, Option<u32>)> {
+    check(pid, tid, "prctl(PR_GET_PDEATHSIG)", r[0])?;
+    let securebits = match r.get(1) {
+        Some(&bits) => Some(check(pid, tid, "prctl(PR_GET_SECUREBITS)", bits)? as u32),
+        None => None,
+    };
+    Ok((i32::from_le_bytes([out[0], out[1], out[2], out[3]]), securebits))
 }
 
 /// Per-thread attributes ferry does not restore, with the value every
@@ -63,30 +72,53 @@ fn own_speculation(which: u64) -> i64 {
 /// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks, a NUMA memory
 /// policy, a core-scheduling cookie, syscall user dispatch; and a thread
 /// holding a registered io_uring ring.
-pub fn check_unrestored(ctx: &super::Ctx) -> Result<()> {
-    for t in &ctx.frozen.threads {
-        let state = ThreadPrctls::read(ctx, t.tid)?;
-        if let Some((what, why)) = state.control_refusal().or_else(|| state.feature_refusal()) {
+pub(super) fn check_thread(ctx: &super::Ctx, tid: i32, r: Vec<i64>, out: &[u8]) -> Result<()> {
+    let state = ThreadPrctls::from_results(ctx.pid, tid, r, out);
+    if let Some((what, why)) = state.control_refusal().or_else(|| state.feature_refusal()) {
+        return Err(EngineError::unsupported(ctx.pid, format!("thread {tid}: {what}"), why));
+    }
+    if super::registered_rings::has_context(state.r[RING_SLOT0]) {
+        super::registered_rings::check(ctx, tid)?;
+    }
+    if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(tid) {
+        if sud[0] != 0 {
             return Err(EngineError::unsupported(
                 ctx.pid,
-                format!("thread {}: {what}", t.tid),
-                why,
+                format!("thread {tid}: PR_SET_SYSCALL_USER_DISPATCH"),
+                format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]),
             ));
-        }
-        if super::registered_rings::has_context(state.r[RING_SLOT0]) {
-            super::registered_rings::check(ctx, t.tid)?;
-        }
-        if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(t.tid) {
-            if sud[0] != 0 {
-                return Err(EngineError::unsupported(
-                    ctx.pid,
-                    format!("thread {}: PR_SET_SYSCALL_USER_DISPATCH", t.tid),
-                    format!("syscall user dispatch is on (selector {:#x}); not restored", sud[1]),
-                ));
-            }
         }
     }
     Ok(())
+}
+
+/// Bytes of the data area [`check_calls`] write, from their `at`; they
+/// must be zero before the calls (a getter that fails writes nothing).
+pub(super) const CHECK_DATA_LEN: usize = 32;
+
+/// The getters of [`check_thread`], results at `at`.
+pub(super) fn check_calls(at: u64) -> Vec<Call> {
+    vec![
+        Call::new(libc::SYS_prctl, &[PR_GET_TSC, at]),
+        Call::new(libc::SYS_prctl, &[PR_MCE_KILL_GET, 0, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 0, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 1, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 2, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_IO_FLUSHER, 0, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_MDWE, 0, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_GET_MEMORY_MERGE, 0, 0, 0, 0]),
+        Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
+        Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, at + 8]),
+        Call::new(libc::SYS_get_mempolicy, &[at + 16, 0, 0, 0, 0]),
+        Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, at + 24]),
+        Call::new(
+            libc::SYS_prctl,
+            &[PR_TIMER_CREATE_RESTORE_IDS, PR_TIMER_CREATE_RESTORE_IDS_GET, 0, 0, 0],
+        ),
+        // Slot 0 of the registered io_uring rings: whether the thread
+        // has an io_uring context at all, in the same round trip.
+        super::registered_rings::probe(0),
+    ]
 }
 
 /// The index in `ThreadPrctls::r` of the registered-ring probe.
@@ -105,42 +137,18 @@ struct ThreadPrctls {
 }
 
 impl ThreadPrctls {
-    fn read(ctx: &super::Ctx, tid: i32) -> Result<ThreadPrctls> {
-        let calls = [
-            Call::new(libc::SYS_prctl, &[PR_GET_TSC, ctx.data]),
-            Call::new(libc::SYS_prctl, &[PR_MCE_KILL_GET, 0, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 0, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 1, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_SPECULATION_CTRL, 2, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_IO_FLUSHER, 0, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_MDWE, 0, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_GET_MEMORY_MERGE, 0, 0, 0, 0]),
-            Call::new(libc::SYS_arch_prctl, &[ARCH_GET_CPUID, 0]),
-            Call::new(libc::SYS_arch_prctl, &[ARCH_SHSTK_STATUS, ctx.data + 8]),
-            Call::new(libc::SYS_get_mempolicy, &[ctx.data + 16, 0, 0, 0, 0]),
-            Call::new(libc::SYS_prctl, &[PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, 0, ctx.data + 24]),
-            Call::new(
-                libc::SYS_prctl,
-                &[PR_TIMER_CREATE_RESTORE_IDS, PR_TIMER_CREATE_RESTORE_IDS_GET, 0, 0, 0],
-            ),
-            // Slot 0 of the registered io_uring rings: whether the thread
-            // has an io_uring context at all, in the same round trip.
-            super::registered_rings::probe(0),
-        ];
-        ctx.remote.write(ctx.data, &[0u8; 32])?;
-        let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;
-        let b = ctx.remote.read(ctx.data, 32)?;
-        let seccomp_mode = procfs::read_string(&format!("/proc/{}/task/{tid}/status", ctx.pid))
+    fn from_results(pid: i32, tid: i32, r: Vec<i64>, b: &[u8]) -> ThreadPrctls {
+        let seccomp_mode = procfs::read_string(&format!("/proc/{pid}/task/{tid}/status"))
             .map(|s| key_values(&s).get("Seccomp").map(|v| v.to_string()).unwrap_or_default())
             .unwrap_or_default();
-        Ok(ThreadPrctls {
+        ThreadPrctls {
             r,
             mempolicy: i32::from_le_bytes([b[16], b[17], b[18], b[19]]),
             core_cookie: u64::from_le_bytes(b[24..32].try_into().unwrap_or([0; 8])),
             tsc: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
             shstk: u64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8])),
             seccomp_mode,
-        })
+        }
     }
 
     /// The first of the thread's process controls that restore would

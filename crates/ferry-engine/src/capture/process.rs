@@ -33,27 +33,34 @@ pub fn capture_attrs(processes: &[ProcessImage]) -> Result<ProcessAttrsImage> {
     Ok(ProcessAttrsImage { processes: attrs.collect::<Result<_>>()? })
 }
 
-/// brk and the prctl attributes only the process itself can read.
-pub fn capture_injected(ctx: &super::Ctx) -> Result<(u64, ProcessMisc)> {
-    const PR_GET_DUMPABLE: u64 = 3;
-    const PR_GET_CHILD_SUBREAPER: u64 = 37;
-    const PR_GET_THP_DISABLE: u64 = 42;
-    let calls = [
+const PR_GET_DUMPABLE: u64 = 3;
+const PR_GET_CHILD_SUBREAPER: u64 = 37;
+const PR_GET_THP_DISABLE: u64 = 42;
+
+/// Bytes of the data area [`injected_calls`] write, from their `at`.
+pub(super) const INJECTED_DATA_LEN: usize = 4;
+
+/// brk and the prctl attributes only the process itself can read,
+/// results at `at`.
+pub(super) fn injected_calls(at: u64) -> Vec<Call> {
+    vec![
         Call::new(libc::SYS_brk, &[0]),
         Call::new(libc::SYS_prctl, &[PR_GET_DUMPABLE]),
         Call::new(libc::SYS_prctl, &[PR_GET_THP_DISABLE]),
-        Call::new(libc::SYS_prctl, &[PR_GET_CHILD_SUBREAPER, ctx.data]),
-    ];
-    let r = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
-    let brk = check(ctx.pid, ctx.pid, "brk", r[0])?;
-    let dumpable = check(ctx.pid, ctx.pid, "prctl(PR_GET_DUMPABLE)", r[1])? as u32;
-    let thp_disable = check(ctx.pid, ctx.pid, "prctl(PR_GET_THP_DISABLE)", r[2])? != 0;
-    check(ctx.pid, ctx.pid, "prctl(PR_GET_CHILD_SUBREAPER)", r[3])?;
-    let child_subreaper = ctx.remote.read(ctx.data, 4)?.iter().any(|&b| b != 0);
-    let oom_score_adj = procfs::read_string(&format!("/proc/{}/oom_score_adj", ctx.pid))?
-        .trim()
-        .parse()
-        .unwrap_or(0);
+        Call::new(libc::SYS_prctl, &[PR_GET_CHILD_SUBREAPER, at]),
+    ]
+}
+
+/// (brk, the rest) from the results of [`injected_calls`] and the data
+/// they wrote.
+pub(super) fn injected_parse(pid: i32, r: &[i64], out: &[u8]) -> Result<(u64, ProcessMisc)> {
+    let brk = check(pid, pid, "brk", r[0])?;
+    let dumpable = check(pid, pid, "prctl(PR_GET_DUMPABLE)", r[1])? as u32;
+    let thp_disable = check(pid, pid, "prctl(PR_GET_THP_DISABLE)", r[2])? != 0;
+    check(pid, pid, "prctl(PR_GET_CHILD_SUBREAPER)", r[3])?;
+    let child_subreaper = out[..4].iter().any(|&b| b != 0);
+    let oom_score_adj =
+        procfs::read_string(&format!("/proc/{pid}/oom_score_adj"))?.trim().parse().unwrap_or(0);
     Ok((brk, ProcessMisc { dumpable, thp_disable, child_subreaper, oom_score_adj }))
 }
 

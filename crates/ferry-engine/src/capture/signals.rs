@@ -1,22 +1,27 @@
 //! Signal dispositions (sigaction of all 64 signals, read in one injected
 //! batch) and signals pending for the whole process.
 
-use super::Ctx;
 use crate::error::{EngineError, Result};
 use crate::inject::{check, Call};
 use ferry_image::{SigAction, SignalState};
 use ferry_sys::ptrace;
 
-pub fn capture_actions(ctx: &Ctx) -> Result<SignalState> {
-    let out = ctx.data;
-    let calls: Vec<Call> = (1..=64u64)
-        .map(|sig| Call::new(libc::SYS_rt_sigaction, &[sig, 0, out + (sig - 1) * 32, 8]))
-        .collect();
-    let results = ctx.remote.batch(ctx.pid, ctx.scratch, &calls)?;
+/// Bytes of the data area [`action_calls`] write, from their `at`.
+pub(super) const ACTIONS_DATA_LEN: usize = 64 * 32;
+
+/// rt_sigaction of every signal, each action at `at` + 32 per signal.
+pub(super) fn action_calls(at: u64) -> Vec<Call> {
+    (1..=64u64)
+        .map(|sig| Call::new(libc::SYS_rt_sigaction, &[sig, 0, at + (sig - 1) * 32, 8]))
+        .collect()
+}
+
+/// The actions from the results of [`action_calls`] and the data they
+/// wrote.
+pub(super) fn actions_parse(pid: i32, results: &[i64], b: &[u8]) -> Result<SignalState> {
     for (i, r) in results.iter().enumerate() {
-        check(ctx.pid, ctx.pid, &format!("rt_sigaction({})", i + 1), *r)?;
+        check(pid, pid, &format!("rt_sigaction({})", i + 1), *r)?;
     }
-    let b = ctx.remote.read(out, 64 * 32)?;
     let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
     let actions = (0..64)
         .map(|s| SigAction {

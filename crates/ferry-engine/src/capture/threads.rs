@@ -18,8 +18,16 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().expect("8 bytes"))
 }
 
-pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
-    let (pid, tid) = (ctx.pid, t.tid);
+/// What the tracer reads of a thread itself, before its injected calls.
+pub(super) struct Traced {
+    xstate: Vec<u8>,
+    pending: Vec<Vec<u8>>,
+    rseq: Option<Rseq>,
+    robust_list: RobustList,
+    sched: Sched,
+}
+
+pub(super) fn traced(pid: i32, tid: i32) -> Result<Traced> {
     let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
     let xstate = ptrace::get_xstate(tid).map_err(|e| kerr("reading XSAVE state", e))?;
     let pending =
@@ -29,22 +37,49 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
         .map_err(|e| kerr("reading robust futex list", e))?;
     let s =
         ferry_sys::process::get_sched(tid).map_err(|e| kerr("reading scheduling attributes", e))?;
-    let sched = Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus };
     check_sched_extra(pid, tid)?;
+    Ok(Traced {
+        xstate,
+        pending: pending.iter().map(|s| s.to_vec()).collect(),
+        rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
+            addr: rseq.rseq_abi_pointer,
+            len: rseq.rseq_abi_size,
+            signature: rseq.signature,
+        }),
+        robust_list: RobustList { head, len },
+        sched: Sched { policy: s.policy, rt_priority: s.rt_priority, nice: s.nice, cpus: s.cpus },
+    })
+}
 
-    let calls = [
-        Call::new(libc::SYS_sigaltstack, &[0, ctx.data]),
-        Call::new(libc::SYS_prctl, &[PR_GET_TID_ADDRESS, ctx.data + 32]),
+/// Bytes of the data area the thread's calls write, from their `at`.
+pub(super) const DATA_LEN: usize = 40;
+
+/// The calls only the thread can make about itself, their results at
+/// `at` (see [`DATA_LEN`]); run in the thread's one batch.
+pub(super) fn calls(at: u64) -> Vec<Call> {
+    vec![
+        Call::new(libc::SYS_sigaltstack, &[0, at]),
+        Call::new(libc::SYS_prctl, &[PR_GET_TID_ADDRESS, at + 32]),
         Call::new(libc::SYS_prctl, &[PR_GET_TIMERSLACK]),
-    ];
-    let r = ctx.remote.batch(tid, ctx.scratch, &calls)?;
+    ]
+}
+
+/// The thread's image from what the tracer read, the results of
+/// [`calls`] and the data they wrote (`out`, from their `at`).
+pub(super) fn finish(
+    ctx: &Ctx,
+    t: &FrozenThread,
+    traced: Traced,
+    r: &[i64],
+    out: &[u8],
+) -> Result<ThreadImage> {
+    let (pid, tid) = (ctx.pid, t.tid);
     check(pid, tid, "sigaltstack", r[0])?;
     check(pid, tid, "prctl(PR_GET_TID_ADDRESS)", r[1])?;
     let timer_slack_ns = check(pid, tid, "prctl(PR_GET_TIMERSLACK)", r[2])?;
-    let out = ctx.remote.read(ctx.data, 40)?;
     let altstack =
-        AltStack { sp: u64_at(&out, 0), flags: u64_at(&out, 8) as i32, size: u64_at(&out, 16) };
-    let clear_child_tid = u64_at(&out, 32);
+        AltStack { sp: u64_at(out, 0), flags: u64_at(out, 8) as i32, size: u64_at(out, 16) };
+    let clear_child_tid = u64_at(out, 32);
 
     let sleep_remaining_ns = match syscall_restart::sleep_request_ptr(&t.regs) {
         Some((req, rem)) => {
@@ -59,19 +94,15 @@ pub fn capture(ctx: &Ctx, t: &FrozenThread) -> Result<ThreadImage> {
             .trim_end_matches('\n')
             .to_string(),
         regs: ferry_sys::process::regs_to_words(&t.regs),
-        xstate,
+        xstate: traced.xstate,
         sigmask: t.sigmask,
-        pending: pending.iter().map(|s| s.to_vec()).collect(),
+        pending: traced.pending,
         altstack,
-        rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
-            addr: rseq.rseq_abi_pointer,
-            len: rseq.rseq_abi_size,
-            signature: rseq.signature,
-        }),
-        robust_list: RobustList { head, len },
+        rseq: traced.rseq,
+        robust_list: traced.robust_list,
         clear_child_tid,
         timer_slack_ns,
-        sched,
+        sched: traced.sched,
         sleep_remaining_ns,
     })
 }

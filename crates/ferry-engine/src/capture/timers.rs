@@ -11,13 +11,21 @@ fn words(b: &[u8]) -> Vec<u64> {
     b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
 
-pub fn capture_itimers(ctx: &Ctx) -> Result<Vec<ITimer>> {
-    let calls: Vec<Call> =
-        (0..3u64).map(|w| Call::new(libc::SYS_getitimer, &[w, ctx.data + w * 32])).collect();
-    for r in ctx.remote.batch(ctx.pid, ctx.scratch, &calls)? {
-        check(ctx.pid, ctx.pid, "getitimer", r)?;
+/// Bytes of the data area [`itimer_calls`] write, from their `at`.
+pub(super) const ITIMERS_DATA_LEN: usize = 96;
+
+/// getitimer of the three interval timers, each at `at` + 32 per timer.
+pub(super) fn itimer_calls(at: u64) -> Vec<Call> {
+    (0..3u64).map(|w| Call::new(libc::SYS_getitimer, &[w, at + w * 32])).collect()
+}
+
+/// The armed interval timers from the results of [`itimer_calls`] and
+/// the data they wrote.
+pub(super) fn itimers_parse(pid: i32, results: &[i64], b: &[u8]) -> Result<Vec<ITimer>> {
+    for &r in results {
+        check(pid, pid, "getitimer", r)?;
     }
-    let w = words(&ctx.remote.read(ctx.data, 96)?);
+    let w = words(&b[..ITIMERS_DATA_LEN]);
     Ok((0..3)
         .map(|i| ITimer {
             which: i as i32,
