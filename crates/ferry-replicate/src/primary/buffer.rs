@@ -50,7 +50,9 @@ impl SyncBuffer {
             protocol::send_with_data(ch, &Msg::Pages { pid, ranges }, &data)?;
         }
         protocol::send(ch, &Msg::Image { meta, host_pids })?;
+        crate::fault::at("replicate", || format!("sync {seq} image sent"));
         protocol::send(ch, &Msg::SyncDone { seq })?;
+        crate::fault::at("replicate", || format!("sync {seq} done sent"));
         Ok(bytes)
     }
 }
