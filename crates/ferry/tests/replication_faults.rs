@@ -106,6 +106,7 @@ fn assert_unprotected_at_a(r: &Repl, rep: &mut Replicating, why: &str) {
     assert_eq!(st.code(), Some(3), "{why}: ferry replicate: {st}\n{}", rep.show());
     let out = read_lossy(&rep.out);
     assert!(out.contains("runs on here, UNPROTECTED"), "{why}:\n{}", rep.show());
+    eprintln!("[{why}] {}", out.lines().find(|l| l.contains("UNPROTECTED")).unwrap_or_default());
     let blog = read_lossy(&r.env.ferryd_log("b"));
     assert!(!blog.contains("took over"), "{why}: b took over:\n{blog}");
     r.assert_only_in("a", "b", "redis-server", why);

@@ -84,7 +84,6 @@ impl Replica {
         self.check_whole(&image)?;
         let bytes = image.meta.len() as u64
             + self.staged_pages.iter().map(|(_, _, d)| d.len() as u64).sum::<u64>();
-        crate::fault::at("standby", || format!("sync {seq} checked"));
         self.apply_staged_pages(Some(seq))?;
         self.image = Some(image);
         self.seq = seq;
