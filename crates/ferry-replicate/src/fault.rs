@@ -4,7 +4,7 @@
 //! that a test can kill a host or cut a link exactly there;
 //! `FERRY_FAULT_KILL_AT=OP:POINT` makes the process SIGKILL itself there,
 //! as a crash would. OP is `replicate` (the primary) or `standby`; each
-//! point is named where it is passed (e.g. `sync 40 image sent`). Both
+//! point is named where it is passed (e.g. `sync 40 half sent`). Both
 //! variables are read once; unset, a point costs one branch.
 
 use std::sync::OnceLock;

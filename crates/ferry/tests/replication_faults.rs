@@ -7,9 +7,10 @@
 //! unprotected, with every acknowledged write:
 //!
 //! - `the_primary_dying_before_a_sync_ends_...`: host a dies after it sent
-//!   sync N whole but its SyncDone: b discards the staged sync and takes
-//!   over from sync N-1; 10 sequence-checking clients see no error, gap
-//!   or repeat.
+//!   half the pages of sync N: b discards the staged pages and takes over
+//!   from sync N-1; 10 sequence-checking clients see no error, gap or
+//!   repeat (a page of sync N in b's store would put a counter ahead of
+//!   its connection's state).
 //! - `the_primary_dying_while_a_sync_is_stored_...`: host a dies after its
 //!   SyncDone, before the SyncStored came back: b takes over from sync N.
 //! - `the_standby_killed_mid_apply_...`: b's worker dies half way through
@@ -90,7 +91,7 @@ fn primary_dies_mid_sync(test: &str, tag: &str, point: &str, taken_from: u64) {
 
 #[test]
 fn the_primary_dying_before_a_sync_ends_leaves_the_standby_at_the_sync_before() {
-    primary_dies_mid_sync("repl-fault-half-sync", "fh", "image sent", SYNC - 1);
+    primary_dies_mid_sync("repl-fault-half-sync", "fh", "half sent", SYNC - 1);
 }
 
 #[test]
