@@ -19,6 +19,10 @@
 //!   sync is refused whole, b drops its copy (its memory freed), a runs
 //!   on unprotected with the write that needed the room.
 //!
+//! - `the_standby_killed_in_the_first_sync_...`: b's worker dies applying
+//!   the first sync: `ferry replicate` fails (exit 1) saying the service
+//!   runs on at a, unprotected; no hold is left.
+//!
 //! The standby host dying plainly is replication.rs's
 //! `a_lost_standby_leaves_the_primary_running_unprotected`.
 //!
@@ -188,4 +192,28 @@ fn a_full_disk_at_the_standby_ends_protection_cleanly() {
         used()
     );
     eprintln!("[{TEST}] {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+#[test]
+fn the_standby_killed_in_the_first_sync_leaves_the_service_running_here() {
+    const TEST: &str = "repl-fault-first";
+    if !prerequisites(TEST) {
+        return;
+    }
+    let at = "standby:sync 1 half applied";
+    let r = Repl::new("f1", &[("FERRY_FAULT_KILL_AT", at)]);
+    let redis = r.start_redis();
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
+    let log = r.log("redis.log");
+    let mut rep = r.replicate_nowait(redis.inner, &replicate_args(&log), &[]);
+    let st = rep.wait(Duration::from_secs(60));
+    r.wait_b_log(&format!("killing itself at {at}"), 5);
+    eprintln!("[{TEST}] ferry replicate: {}\n{}", describe(&st), rep.show());
+    assert!(!st.success(), "ferry replicate: {st}\n{}", rep.show());
+    assert!(!read_lossy(&rep.out).contains("in sync"), "{}", rep.show());
+    let err = read_lossy(&rep.err);
+    assert!(err.contains("runs on here UNPROTECTED") && err.contains("sync 1"), "{}", rep.show());
+    r.assert_only_in("a", "b", "redis-server", "the standby killed in the first sync");
+    assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left in a");
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a afterwards");
 }
