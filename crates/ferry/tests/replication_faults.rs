@@ -23,6 +23,11 @@
 //!   the first sync: `ferry replicate` fails (exit 1) saying the service
 //!   runs on at a, unprotected; no hold is left.
 //!
+//! - `a_primary_paused_past_the_timeout_...`: a stops for 4 s mid-sync
+//!   (a paused VM): b takes over; when a wakes it loses the race in etcd,
+//!   its copy is killed and its address taken off, and the clients, who
+//!   never saw its held output, go on at b without a gap.
+//!
 //! The standby host dying plainly is replication.rs's
 //! `a_lost_standby_leaves_the_primary_running_unprotected`.
 //!
@@ -216,4 +221,35 @@ fn the_standby_killed_in_the_first_sync_leaves_the_service_running_here() {
     r.assert_only_in("a", "b", "redis-server", "the standby killed in the first sync");
     assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left in a");
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a afterwards");
+}
+
+#[test]
+fn a_primary_paused_past_the_timeout_is_fenced_out_when_it_wakes() {
+    const TEST: &str = "repl-fault-paused";
+    if !prerequisites(TEST) {
+        return;
+    }
+    let r = Repl::new("fp", &[]);
+    let redis = r.start_redis();
+    // a stops for 4 s in the middle of sync 25, as a host whose VM is
+    // paused would: b hears nothing for 1 s and takes over.
+    let at = format!("replicate:sync {SYNC} half sent");
+    let fault = [("FERRY_FAULT_STALL_AFTER", at.as_str()), ("FERRY_FAULT_STALL_SECS", "4")];
+    let log = r.log("redis.log");
+    let mut rep = r.replicate(redis.inner, &replicate_args(&log), &fault);
+    let (clients, out) = clients(&r, "seq_clients.py", &[&r.svc, REDIS_PORT, "10", "10"]);
+    rep.wait_err(&format!("stalling at {at}"), 40);
+    r.wait_b_log("took over", 20);
+    // a wakes: its link is gone, etcd names b, its copy is killed and the
+    // address taken off; none of what it held ever left.
+    let st = rep.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(1), "a after its pause: {st}\n{}", rep.show());
+    assert!(read_lossy(&rep.err).contains("fenced"), "{}", rep.show());
+    let results = client_results(clients, &out);
+    for (i, c) in results.iter().enumerate() {
+        let now = r.redis(&["GET", &format!("seq{i}")]);
+        assert_eq!(now.stdout.trim(), c["last"].to_string(), "seq{i} at b: {}", now.show());
+    }
+    r.assert_only_in("b", "a", "redis-server", "after a woke");
+    eprintln!("[{TEST}] {}", read_lossy(&rep.err).trim());
 }
