@@ -16,6 +16,17 @@ struct Faults {
     kill: Option<String>,
 }
 
+impl Faults {
+    /// A point matches its variable exactly: `sync 2` is not `sync 25`.
+    fn kill_at(&self, here: &str) -> bool {
+        self.kill.as_deref() == Some(here)
+    }
+
+    fn stall_at(&self, here: &str) -> bool {
+        self.stall.as_deref() == Some(here)
+    }
+}
+
 fn faults() -> &'static Faults {
     static FAULTS: OnceLock<Faults> = OnceLock::new();
     FAULTS.get_or_init(|| Faults {
@@ -36,19 +47,40 @@ pub(crate) fn at(op: &str, point: impl FnOnce() -> String) {
         return;
     }
     let here = format!("{op}:{}", point());
-    if f.kill.as_deref() == Some(here.as_str()) {
+    if f.kill_at(&here) {
         eprintln!(
             "ferry: pid {} killing itself at {here} (FERRY_FAULT_KILL_AT)",
             std::process::id()
         );
         let _ = ferry_sys::process::kill(std::process::id() as i32, libc::SIGKILL);
     }
-    if f.stall.as_deref() == Some(here.as_str()) {
+    if f.stall_at(&here) {
         eprintln!(
             "ferry: pid {} stalling at {here} for {} s (FERRY_FAULT_STALL_AFTER)",
             std::process::id(),
             f.stall_secs
         );
         std::thread::sleep(Duration::from_secs(f.stall_secs));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_matches_only_its_own_name() {
+        let f = Faults {
+            stall: Some("replicate:sync 25 half sent".into()),
+            stall_secs: 1,
+            kill: Some("standby:sync 5 half applied".into()),
+        };
+        assert!(f.stall_at("replicate:sync 25 half sent"));
+        assert!(!f.stall_at("replicate:sync 2 half sent"));
+        assert!(!f.stall_at("standby:sync 25 half sent"));
+        assert!(f.kill_at("standby:sync 5 half applied"));
+        assert!(!f.kill_at("standby:sync 50 half applied"));
+        let none = Faults { stall: None, stall_secs: 120, kill: None };
+        assert!(!none.stall_at("replicate:sync 25 half sent") && !none.kill_at(""));
     }
 }
