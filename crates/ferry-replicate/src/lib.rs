@@ -11,6 +11,7 @@
 //! - [`status`]: the status line and file that `ferry status` reads.
 
 pub mod error;
+mod fault;
 pub mod identity;
 pub mod primary;
 pub mod standby;

@@ -14,7 +14,7 @@ pub struct Status {
     /// "primary" or "standby".
     pub role: String,
     /// "syncing", "in sync", "unprotected", "fenced", "took over",
-    /// "ended".
+    /// "ended"; "lost" when read back with its writer gone.
     pub state: String,
     pub peer: String,
     pub epoch: u64,
@@ -34,7 +34,14 @@ pub struct Status {
     pub updated_unix_ms: u64,
     /// The last thing worth saying (an error, a takeover's figures).
     pub note: String,
+    /// The process that wrote the file (0 in a file of an older ferry).
+    #[serde(default)]
+    pub pid: u32,
 }
+
+/// States that hold only while their writer runs: a standby worker or a
+/// `ferry replicate` that was killed leaves them behind.
+const LIVE_STATES: &[&str] = &["syncing", "in sync", "fenced", "waiting for the fencing store"];
 
 impl Status {
     pub fn line(&self) -> String {
@@ -62,6 +69,7 @@ impl Status {
     /// half a file.
     pub fn publish(&mut self) {
         self.updated_unix_ms = now_ms();
+        self.pid = std::process::id();
         let path = self.path();
         let tmp = path.with_extension("json.tmp");
         let write = || -> std::io::Result<()> {
@@ -81,6 +89,16 @@ impl Status {
         now_ms().saturating_sub(self.updated_unix_ms) >= 1000
     }
 
+    /// A live state whose writer is gone is "lost": whatever it said
+    /// (a standby in sync, a primary syncing) ended with that process.
+    fn mark_gone_writer(mut self, writer_alive: bool) -> Status {
+        if !writer_alive && LIVE_STATES.contains(&self.state.as_str()) {
+            self.note = format!("was {}; its process (pid {}) is gone", self.state, self.pid);
+            self.state = "lost".into();
+        }
+        self
+    }
+
     /// The status file goes with the replication it describes.
     pub fn remove(&self) {
         let _ = std::fs::remove_file(self.path());
@@ -97,6 +115,10 @@ pub fn read_all() -> Vec<Status> {
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .filter_map(|e| std::fs::read(e.path()).ok())
         .filter_map(|b| serde_json::from_slice(&b).ok())
+        .map(|s: Status| {
+            let alive = s.pid == 0 || std::path::Path::new(&format!("/proc/{}", s.pid)).exists();
+            s.mark_gone_writer(alive)
+        })
         .collect();
     out.sort_by(|a, b| (&a.service, &a.role).cmp(&(&b.service, &b.role)));
     out
@@ -175,5 +197,27 @@ mod tests {
         assert_eq!(s.pause_p50_ms, 1.0);
         assert_eq!(s.bytes_per_sync, 4096.0);
         assert!(s.line().contains("10") || s.line().contains("syncs"));
+    }
+
+    #[test]
+    fn a_live_state_of_a_gone_writer_is_lost() {
+        let s = |state: &str| Status { state: state.into(), pid: 42, ..Default::default() };
+        let gone = s("in sync").mark_gone_writer(false);
+        assert_eq!(gone.state, "lost");
+        assert!(gone.note.contains("was in sync") && gone.note.contains("pid 42"), "{}", gone.note);
+        assert_eq!(s("in sync").mark_gone_writer(true).state, "in sync");
+        // A final state outlives its writer (a standby's worker ends after
+        // the takeover).
+        assert_eq!(s("took over").mark_gone_writer(false).state, "took over");
+        assert_eq!(s("unprotected").mark_gone_writer(false).state, "unprotected");
+    }
+
+    #[test]
+    fn a_file_without_a_pid_still_reads() {
+        let old = r#"{"service":"s","role":"standby","state":"in sync","peer":"p","epoch":1,
+            "syncs":3,"syncs_per_s":1.0,"added_latency_p50_ms":1.0,"added_latency_p99_ms":1.0,
+            "pause_p50_ms":1.0,"bytes_per_sync":1.0,"updated_unix_ms":1,"note":""}"#;
+        let s: Status = serde_json::from_str(old).expect("an older status file");
+        assert_eq!(s.pid, 0);
     }
 }

@@ -114,7 +114,14 @@ pub fn run(a: ReplicateArgs) -> Result<i32> {
             println!("pid {} runs on here, UNPROTECTED, after {syncs} syncs: {why}", a.pid);
             Ok(3)
         }
-        Err(e) => Err(e).with_context(|| format!("replication of pid {} to {}", a.pid, a.to)),
+        Err(e) => {
+            // Only a fenced-out primary kills its copy: after any other
+            // error the service runs on here, and the message says so.
+            let here = !matches!(e, ferry_replicate::ReplicateError::Fenced(_))
+                && std::path::Path::new(&format!("/proc/{}", a.pid)).exists();
+            let fate = if here { ", which runs on here UNPROTECTED," } else { "" };
+            Err(e).with_context(|| format!("replication of pid {}{fate} to {}", a.pid, a.to))
+        }
     }
 }
 

@@ -45,12 +45,21 @@ impl SyncBuffer {
             ferry_migrate::MigrateError::Invalid(format!("sync {seq} has no image"))
         })?;
         let mut bytes = meta.len() as u64;
-        for (pid, ranges, data) in pages {
+        // Half the page batches, and at least one when there are any.
+        let half = pages.len().div_ceil(2);
+        if half == 0 {
+            crate::fault::at("replicate", || format!("sync {seq} half sent"));
+        }
+        for (i, (pid, ranges, data)) in pages.into_iter().enumerate() {
             bytes += data.len() as u64;
             protocol::send_with_data(ch, &Msg::Pages { pid, ranges }, &data)?;
+            if i + 1 == half {
+                crate::fault::at("replicate", || format!("sync {seq} half sent"));
+            }
         }
         protocol::send(ch, &Msg::Image { meta, host_pids })?;
         protocol::send(ch, &Msg::SyncDone { seq })?;
+        crate::fault::at("replicate", || format!("sync {seq} done sent"));
         Ok(bytes)
     }
 }

@@ -68,6 +68,13 @@ pub fn serve(
     })();
     match r {
         Err(e) => {
+            // The copy is gone with this worker: no status may say "in sync".
+            Status {
+                service: replica_hello.service.clone(),
+                role: "standby".into(),
+                ..Default::default()
+            }
+            .remove();
             let _ = protocol::send(&mut ch, &Msg::Failed { error: e.to_string() });
             ch.close_after_report(Duration::from_secs(1));
             Err(e)

@@ -67,7 +67,7 @@ impl Replica {
     /// A pre-copy round before the first sync: there is no consistent
     /// copy yet to protect, so its pages go straight to the store.
     pub(crate) fn store_round(&mut self) -> Result<()> {
-        self.apply_staged_pages()
+        self.apply_staged_pages(None)
     }
 
     /// Sync `seq` is complete: checked whole, then applied.
@@ -84,7 +84,7 @@ impl Replica {
         self.check_whole(&image)?;
         let bytes = image.meta.len() as u64
             + self.staged_pages.iter().map(|(_, _, d)| d.len() as u64).sum::<u64>();
-        self.apply_staged_pages()?;
+        self.apply_staged_pages(Some(seq))?;
         self.image = Some(image);
         self.seq = seq;
         self.last_sync_bytes = bytes;
@@ -126,11 +126,17 @@ impl Replica {
     }
 
     /// Room first, so that the writes themselves cannot fail for space.
-    fn apply_staged_pages(&mut self) -> Result<()> {
+    /// `seq`: the sync applied (None for a pre-copy round).
+    fn apply_staged_pages(&mut self, seq: Option<u64>) -> Result<()> {
         let keys: Vec<(i32, u64)> = self.staged_page_keys().collect();
         self.store.make_room_for(keys.iter())?;
-        for (pid, ranges, data) in std::mem::take(&mut self.staged_pages) {
+        let staged = std::mem::take(&mut self.staged_pages);
+        let half = staged.len().div_ceil(2);
+        for (i, (pid, ranges, data)) in staged.into_iter().enumerate() {
             self.store.insert(pid, &ranges, &data)?;
+            if let (Some(seq), true) = (seq, i + 1 == half) {
+                crate::fault::at("standby", || format!("sync {seq} half applied"));
+            }
         }
         Ok(())
     }

@@ -212,6 +212,11 @@ impl Host {
         }
     }
 
+    /// Whether the host has an init (it was not stopped, or started again).
+    pub fn has_init(&self) -> bool {
+        self.init.lock().expect("init lock").is_some()
+    }
+
     /// The PID (root namespace) of the host's init. Panics without one.
     pub fn init_pid(&self) -> i32 {
         self.init

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod conformance;
 pub mod hosts;
+pub mod repl;
 
 use std::fs::{self, File};
 use std::path::Path;
