@@ -22,258 +22,30 @@
 mod common;
 
 use common::hosts::*;
+use common::repl::*;
 use common::{path_str, read_lossy, wait_for};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const REDIS: &str = "/usr/bin/redis-server";
-const ETCD: &str = "/usr/bin/etcd";
-const REDIS_PORT: &str = "6379";
-
-/// Hosts a, b (ferryd with --etcd), c (clients), w (etcd), and the
-/// service address on a's eth0.
-struct Repl {
-    env: Env,
-    svc: String,
-    etcd_url: String,
-    etcd: Started,
+/// `ferry replicate` of redis (pid inside a) to b, its log let through;
+/// returns once it printed "in sync".
+fn replicate_redis(r: &Repl, pid: i32) -> Replicating {
+    let log = r.log("redis.log");
+    r.replicate(pid, &["--ignore-writes", path_str(&log)], &[])
 }
 
-impl Repl {
-    fn new(tag: &str) -> Repl {
-        let env = Env::new(tag, &["a", "b", "c", "w"]);
-        env.start_plain("w");
-        env.start_plain("c");
-        let (etcd, etcd_url) = start_etcd(&env);
-        for h in ["a", "b"] {
-            env.start_ferryd(h, &[], &["--etcd", &etcd_url]);
-        }
-        let svc = env.c.subnet_addr(100).to_string();
-        ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
-        Repl { env, svc, etcd_url, etcd }
-    }
-
-    fn svc_prefix(&self) -> String {
-        format!("{}/24", self.svc)
-    }
-
-    fn start_redis(&self) -> Started {
-        let dir = self.env.dir.0.join("redis");
-        std::fs::create_dir_all(&dir).expect("redis dir");
-        let log = self.env.dir.0.join("redis.log");
-        let argv = [
-            REDIS,
-            "--bind",
-            &self.svc,
-            "--port",
-            REDIS_PORT,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--dir",
-            path_str(&dir),
-        ];
-        let r = start_in(self.env.host("a"), &argv, &self.env.dir.0, &log, &[]);
-        let up =
-            wait_for(Duration::from_secs(15), || self.redis(&["PING"]).stdout.trim() == "PONG");
-        assert!(up, "redis does not answer on {}:\n{}", self.svc, read_lossy(&log));
-        r
-    }
-
-    /// redis-cli from c.
-    fn redis(&self, args: &[&str]) -> Out {
-        let mut argv = vec!["redis-cli", "-h", &self.svc, "-p", REDIS_PORT];
-        argv.extend_from_slice(args);
-        run_in(self.env.host("c"), 20, &argv)
-    }
-
-    /// `ferry replicate` of `pid` (inside a) to b, in the background;
-    /// returns once it printed "in sync".
-    fn replicate(&self, pid: i32) -> Replicating {
-        // redis's stdout goes to this log: not replicated state.
-        let log = self.env.dir.0.join("redis.log");
-        let r = self.replicate_args(pid, &["--ignore-writes", path_str(&log)]);
-        let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
-        assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
-        r
-    }
-
-    fn replicate_args(&self, pid: i32, extra: &[&str]) -> Replicating {
-        self.replicate_from("a", "b", pid, extra)
-    }
-
-    /// `ferry replicate` of `pid` (as host `from` sees it) to `to`'s agent.
-    fn replicate_from(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
-        self.replicate_to(from, &self.env.agent(to).to_string(), pid, extra)
-    }
-
-    /// `ferry replicate` of `pid` in a toward `to` (IP:PORT), not waiting.
-    fn replicate_via(&self, pid: i32, to: &str, extra: &[&str]) -> Replicating {
-        self.replicate_to("a", to, pid, extra)
-    }
-
-    fn replicate_to(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
-        let (out, err) = (
-            self.env.dir.0.join(format!("replicate-{from}.out")),
-            self.env.dir.0.join(format!("replicate-{from}.err")),
-        );
-        let (pid_s, to) = (pid.to_string(), to.to_string());
-        let argv = [
-            "timeout",
-            "-s",
-            "KILL",
-            "300",
-            FERRY,
-            "replicate",
-            "--pid",
-            &pid_s,
-            "--to",
-            &to,
-            "--key",
-            path_str(&self.env.key),
-            "--address",
-            &self.svc_prefix(),
-            "--etcd",
-            &self.etcd_url,
-        ];
-        let argv: Vec<&str> = argv.iter().copied().chain(extra.iter().copied()).collect();
-        let mut cmd = self.env.host(from).command(&argv);
-        cmd.stdout(std::fs::File::create(&out).expect("out"))
-            .stderr(std::fs::File::create(&err).expect("err"))
-            .stdin(std::process::Stdio::null());
-        let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("ferry replicate");
-        Replicating { child, out, err }
-    }
-
-    /// The witness's etcd killed (its data stays) or started again.
-    fn etcd_down(&mut self) {
-        ferry_testkit::kill(self.etcd.root, libc::SIGKILL);
-        let _ = wait_timeout(&mut self.etcd.nsenter, Duration::from_secs(10));
-    }
-
-    fn etcd_up(&mut self) {
-        self.etcd = start_etcd(&self.env).0;
-    }
-
-    /// Whether redis runs in `host` (a process of that name there; a
-    /// zombie, killed and not reaped yet, does not run).
-    fn redis_runs_in(&self, host: &str) -> bool {
-        let out =
-            run_in(self.env.host(host), 20, &["pgrep", "-r", "R,S,D,T", "-x", "redis-server"]);
-        out.status.success()
-    }
-
-    fn has_address(&self, host: &str) -> bool {
-        addresses(self.env.host(host)).contains(&self.svc_prefix())
-    }
-
-    fn status(&self, host: &str) -> serde_json::Value {
-        let out = run_in(self.env.host(host), 20, &[FERRY, "status", "--json"]);
-        assert!(out.status.success(), "ferry status in {host}: {}", out.show());
-        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
-    }
-
-    /// The syncs `host`'s status reports once it counts more than
-    /// `before` (the file is rewritten once a second), or after 10 s.
-    fn syncs_after(&self, host: &str, before: u64) -> u64 {
-        let syncs = || self.status(host)[0]["syncs"].as_u64().unwrap_or(0);
-        wait_for(Duration::from_secs(10), || syncs() > before);
-        syncs()
-    }
-
-    /// The NFQUEUE rules in a's mangle table (the output commit's hold).
-    fn holds_in_a(&self) -> Vec<String> {
-        let out = run_in(self.env.host("a"), 20, &["iptables", "-w", "10", "-t", "mangle", "-S"]);
-        assert!(out.status.success(), "iptables -S in a: {}", out.show());
-        out.stdout.lines().filter(|l| l.contains("NFQUEUE")).map(String::from).collect()
-    }
-}
-
-fn start_etcd(env: &Env) -> (Started, String) {
-    let w = env.host("w");
-    let url = format!("http://{}:2379", w.ip);
-    let peer = format!("http://{}:2380", w.ip);
-    let data = env.dir.0.join("etcd");
-    let log = env.dir.0.join("etcd.log");
-    let cluster = format!("w={peer}");
-    let argv = [
-        ETCD,
-        "--name",
-        "w",
-        "--data-dir",
-        path_str(&data),
-        "--listen-client-urls",
-        &url,
-        "--advertise-client-urls",
-        &url,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &cluster,
-    ];
-    let e = start_in(w, &argv, &env.dir.0, &log, &[]);
-    let ready = wait_for(Duration::from_secs(20), || {
-        read_lossy(&log).contains("ready to serve client requests")
-    });
-    assert!(ready, "etcd did not start in w:\n{}", read_lossy(&log));
-    (e, url)
-}
-
-struct Replicating {
-    child: Child,
-    out: std::path::PathBuf,
-    err: std::path::PathBuf,
-}
-
-impl Replicating {
-    fn show(&self) -> String {
-        format!(
-            "--- stdout ---\n{}--- stderr ---\n{}",
-            read_lossy(&self.out),
-            read_lossy(&self.err)
-        )
-    }
-
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        wait_timeout(&mut self.child, limit)
-            .unwrap_or_else(|| panic!("ferry replicate did not end:\n{}", self.show()))
-    }
-}
-
-/// tests/replication/seq_clients.py in c: `n` connections for `secs`.
+/// tests/replication/seq_clients.py from c: `n` connections for `secs`.
 fn seq_clients(r: &Repl, n: u32, secs: f64) -> (Child, std::path::PathBuf) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/seq_clients.py");
-    let out = r.env.dir.0.join("clients.out");
     let (n, secs) = (n.to_string(), secs.to_string());
-    let mut cmd = r.env.host("c").command(&["python3", script, &r.svc, REDIS_PORT, &n, &secs]);
-    cmd.stdout(std::fs::File::create(&out).expect("clients out"))
-        .stderr(std::process::Stdio::inherit())
-        .stdin(std::process::Stdio::null());
-    let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("clients");
-    let started = wait_for(Duration::from_secs(10), || read_lossy(&out).contains("started"));
-    assert!(started, "the clients did not start:\n{}", read_lossy(&out));
-    (child, out)
+    clients(r, "seq_clients.py", &[&r.svc, REDIS_PORT, &n, &secs])
 }
 
-/// The clients' results: (count, last value, longest wait ms) each;
-/// panics on any client's error.
-fn client_results(mut child: Child, out: &std::path::Path) -> Vec<(u64, i64, f64)> {
-    let st = wait_timeout(&mut child, Duration::from_secs(90)).expect("the clients did not end");
-    let text = read_lossy(out);
-    assert!(st.success(), "clients failed: {text}");
-    let json = text.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let all = v.as_array().unwrap_or_else(|| panic!("not a list: {text}"));
-    all.iter()
+/// The sequence clients' results: (count, last value, longest wait ms)
+/// each; panics on any client's error.
+fn seq_results(child: Child, out: &std::path::Path) -> Vec<(u64, i64, f64)> {
+    client_results(child, out)
+        .iter()
         .map(|c| {
-            assert!(c["error"].is_null(), "a client failed: {c}\nall: {text}");
             (
                 c["count"].as_u64().unwrap_or(0),
                 c["last"].as_i64().unwrap_or(-1),
@@ -289,9 +61,9 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rf");
+    let r = Repl::new("rf", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     let a_status = r.status("a");
     assert_eq!(a_status[0]["state"], "in sync", "a's status: {a_status}");
     assert_eq!(r.status("b")[0]["role"], "standby", "b's status");
@@ -310,7 +82,7 @@ fn redis_fails_over_to_the_standby_with_its_clients() {
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
     r.env.host("a").stop_init();
     let _ = rep.wait(Duration::from_secs(10));
-    let results = client_results(clients, &out);
+    let results = seq_results(clients, &out);
     let log = r.env.ferryd_log("b");
     assert!(read_lossy(&log).contains("took over"), "b did not take over:\n{}", read_lossy(&log));
     eprintln!(
@@ -371,9 +143,9 @@ fn structural_changes_between_syncs_fail_over_exactly() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rs");
+    let r = Repl::new("rs", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     let (clients, out) = seq_clients(&r, 4, 8.0);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (last, big) = std::thread::scope(|sc| {
@@ -385,7 +157,7 @@ fn structural_changes_between_syncs_fail_over_exactly() {
         churn.join().expect("the churning thread")
     });
     let _ = rep.wait(Duration::from_secs(10));
-    let results = client_results(clients, &out);
+    let results = seq_results(clients, &out);
     let log = r.env.ferryd_log("b");
     assert!(read_lossy(&log).contains("took over"), "b did not take over:\n{}", read_lossy(&log));
     for (i, (count, last, _)) in results.iter().enumerate() {
@@ -437,11 +209,11 @@ fn stopping_replication_leaves_the_service_running() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rs");
+    let r = Repl::new("rs", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
-    assert!(!r.holds_in_a().is_empty(), "no output hold while protected");
+    assert!(!r.holds_in("a").is_empty(), "no output hold while protected");
     let root = r.env.host("a").spawned_pid(&rep.child).map(|p| p.0);
     let root = root.unwrap_or_else(|| panic!("ferry replicate is gone:\n{}", rep.show()));
     // `timeout` is the process nsenter started; ferry is its child.
@@ -451,7 +223,7 @@ fn stopping_replication_leaves_the_service_running() {
     assert!(st.success(), "ferry replicate after SIGTERM: {st}\n{}", rep.show());
     assert!(read_lossy(&rep.out).contains("ended"), "{}", rep.show());
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a after the end");
-    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the end");
+    assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left after the end");
     let log = r.env.ferryd_log("b");
     let dropped = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("copy dropped"));
     assert!(dropped, "b kept its copy:\n{}", read_lossy(&log));
@@ -464,16 +236,16 @@ fn a_lost_standby_leaves_the_primary_running_unprotected() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rl");
+    let r = Repl::new("rl", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
     r.env.host("b").stop_init();
     let st = rep.wait(Duration::from_secs(30));
     assert_eq!(st.code(), Some(3), "ferry replicate: {st}\n{}", rep.show());
     assert!(read_lossy(&rep.out).contains("UNPROTECTED"), "{}", rep.show());
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "redis at a after the standby's loss");
-    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the standby's loss");
+    assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left after the standby's loss");
 }
 
 #[test]
@@ -498,9 +270,9 @@ fn cut_between_primary_and_standby(test: &str, tag: &str, chains: &[&str]) {
     if !have(test, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new(tag);
+    let r = Repl::new(tag, &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
     let b_ip = r.env.host("b").ip.to_string();
     for chain in chains {
@@ -519,8 +291,8 @@ fn cut_between_primary_and_standby(test: &str, tag: &str, chains: &[&str]) {
     let b_runs = read_lossy(&log).contains("took over");
     eprintln!("[{TEST} {chains:?}] ferry replicate: {st}; {} won", if b_runs { "b" } else { "a" });
     // Exactly one copy runs and holds the address; the other has neither.
-    assert_eq!(r.redis_runs_in("a"), !b_runs, "redis in a\n{}", rep.show());
-    assert_eq!(r.redis_runs_in("b"), b_runs, "redis in b\n{}", read_lossy(&log));
+    assert_eq!(r.runs_in("a", "redis-server"), !b_runs, "redis in a\n{}", rep.show());
+    assert_eq!(r.runs_in("b", "redis-server"), b_runs, "redis in b\n{}", read_lossy(&log));
     assert_eq!(r.has_address("a"), !b_runs, "the address on a");
     assert_eq!(r.has_address("b"), b_runs, "the address on b");
     if b_runs {
@@ -539,9 +311,9 @@ fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let mut r = Repl::new("re");
+    let mut r = Repl::new("re", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     r.etcd_down();
     // Protection goes on without etcd: syncs, released output.
     let before = r.status("a")[0]["syncs"].as_u64().unwrap_or(0);
@@ -561,7 +333,7 @@ fn failover_waits_for_etcd_and_the_service_runs_on_meanwhile() {
     assert!(waiting, "b does not wait for etcd:\n{}", read_lossy(&log));
     std::thread::sleep(Duration::from_secs(1));
     assert!(!read_lossy(&log).contains("took over"), "b took over without etcd");
-    assert!(!r.redis_runs_in("b"), "redis runs in b without etcd");
+    assert!(!r.runs_in("b", "redis-server"), "redis runs in b without etcd");
     r.etcd_up();
     let took = wait_for(Duration::from_secs(20), || read_lossy(&log).contains("took over"));
     assert!(took, "b did not take over once etcd was back:\n{}", read_lossy(&log));
@@ -574,7 +346,7 @@ fn a_service_writing_files_is_refused_by_name() {
     if !have(TEST, &[ETCD, "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rw");
+    let r = Repl::new("rw", &[]);
     let data = r.env.dir.0.join("data.db");
     let logf = r.env.dir.0.join("app.log");
     let prog = format!(
@@ -587,14 +359,14 @@ fn a_service_writing_files_is_refused_by_name() {
     let w = start_in(r.env.host("a"), &["python3", "-c", &prog], &r.env.dir.0, &out, &[]);
     assert!(wait_for(Duration::from_secs(10), || read_lossy(&out).contains("up")));
     // The log is let through; the data file is named.
-    let mut rep = r.replicate_args(w.inner, &["--ignore-writes", path_str(&logf)]);
+    let mut rep = r.replicate_nowait(w.inner, &["--ignore-writes", path_str(&logf)], &[]);
     let st = rep.wait(Duration::from_secs(60));
     assert!(!st.success(), "ferry replicate protected a writer:\n{}", rep.show());
     let err = read_lossy(&rep.err);
     assert!(err.contains(&format!("{} (open for writing)", data.display())), "{}", rep.show());
     assert!(!err.contains("app.log"), "the ignored log is named:\n{}", rep.show());
     assert!(ferry_testkit::kill(w.root, 0), "the writer was killed");
-    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the refusal");
+    assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left after the refusal");
 }
 
 /// The PID (inside host b) that b's ferryd reports for the tree it took over.
@@ -609,9 +381,9 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rr");
+    let r = Repl::new("rr", &[]);
     let redis = r.start_redis();
-    let mut rep = r.replicate(redis.inner);
+    let mut rep = replicate_redis(&r, redis.inner);
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1");
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
     r.env.host("a").stop_init();
@@ -633,7 +405,13 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     r.env.start_ferryd("a", &[], &["--etcd", &r.etcd_url]);
     let pid = taken_over_pid(&read_lossy(&log)).unwrap_or_else(|| panic!("{}", read_lossy(&log)));
     let log_path = r.env.dir.0.join("redis.log");
-    let mut again = r.replicate_from("b", "a", pid, &["--ignore-writes", path_str(&log_path)]);
+    let mut again = r.replicate_to(
+        "b",
+        &r.env.agent("a").to_string(),
+        pid,
+        &["--ignore-writes", path_str(&log_path)],
+        &[],
+    );
     let synced = wait_for(Duration::from_secs(60), || read_lossy(&again.out).contains("in sync"));
     assert!(synced, "b's replicate never got in sync:\n{}", again.show());
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "3", "at b, protected by a");
@@ -658,9 +436,9 @@ fn a_peer_without_the_key_does_not_disturb_the_standby() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rn");
+    let r = Repl::new("rn", &[]);
     let redis = r.start_redis();
-    let _rep = r.replicate(redis.inner);
+    let _rep = replicate_redis(&r, redis.inner);
     let agent = r.env.agent("b");
     // Garbage, then a well-formed-looking handshake start, from host c.
     let garbage = format!(
@@ -689,7 +467,7 @@ fn a_corrupted_sync_stream_ends_protection_and_the_service_runs_on() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
         return;
     }
-    let r = Repl::new("rc");
+    let r = Repl::new("rc", &[]);
     let redis = r.start_redis();
     // A proxy in c between a and b's agent flips one byte 4 MB into the
     // stream: after the pre-copy and the first sync, in a later sync.
@@ -707,7 +485,7 @@ fn a_corrupted_sync_stream_ends_protection_and_the_service_runs_on() {
     assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("listening"));
     let log = r.env.dir.0.join("redis.log");
     let to = format!("{c_ip}:7171");
-    let mut rep = r.replicate_via(redis.inner, &to, &["--ignore-writes", path_str(&log)]);
+    let mut rep = r.replicate_to("a", &to, redis.inner, &["--ignore-writes", path_str(&log)], &[]);
     let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
     assert!(synced, "never in sync:\n{}", rep.show());
     // Syncs follow the clients' requests until the flipped byte arrives.
@@ -724,39 +502,21 @@ fn a_corrupted_sync_stream_ends_protection_and_the_service_runs_on() {
     assert!(blog.contains("corrupt") || blog.contains("authentic"), "b's agent:\n{blog}");
     n += 1;
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), n.to_string(), "redis at a afterwards");
-    assert_eq!(r.holds_in_a(), Vec::<String>::new(), "hold left after the corruption");
+    assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left after the corruption");
     ferry_testkit::kill(proxy_root, libc::SIGKILL);
     let _ = wait_timeout(&mut proxy, Duration::from_secs(5));
 }
 
 /// Streams through the echo server (tests/replication/echo_server.c) from
-/// c: `n` connections for `secs` (tests/replication/stream_clients.py).
-fn stream_clients(r: &Repl, port: &str, n: u32, secs: f64) -> (Child, std::path::PathBuf) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/stream_clients.py");
-    let out = r.env.dir.0.join(format!("stream-{n}-{secs}.out"));
+/// c: `n` connections for `secs`; each stream's (bytes sent, bytes
+/// echoed, longest wait ms) once they ended, a stream's error a panic.
+fn streams(r: &Repl, port: &str, n: u32, secs: f64, during: impl FnOnce()) -> Vec<(u64, u64, f64)> {
     let (n, secs) = (n.to_string(), secs.to_string());
-    let mut cmd = r.env.host("c").command(&["python3", script, &r.svc, port, &n, &secs]);
-    cmd.stdout(std::fs::File::create(&out).expect("stream out"))
-        .stderr(std::process::Stdio::inherit())
-        .stdin(std::process::Stdio::null());
-    let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("stream clients");
-    let started = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("started"));
-    assert!(started, "the stream clients did not start:\n{}", read_lossy(&out));
-    (child, out)
-}
-
-/// Each stream's (bytes sent, bytes echoed, longest wait ms); panics on
-/// any stream's error.
-fn stream_results(mut child: Child, out: &std::path::Path) -> Vec<(u64, u64, f64)> {
-    let st = wait_timeout(&mut child, Duration::from_secs(120)).expect("the streams did not end");
-    let text = read_lossy(out);
-    assert!(st.success(), "stream clients failed: {text}");
-    let json = text.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let all = v.as_array().unwrap_or_else(|| panic!("not a list: {text}"));
-    all.iter()
+    let (child, out) = clients(r, "stream_clients.py", &[&r.svc, port, &n, &secs]);
+    during();
+    client_results(child, &out)
+        .iter()
         .map(|c| {
-            assert!(c["error"].is_null(), "a stream failed: {c}\nall: {text}");
             let sent = c["sent"].as_u64().unwrap_or(0);
             (sent, c["echoed"].as_u64().unwrap_or(0), c["gap_ms"].as_f64().unwrap_or(f64::NAN))
         })
@@ -775,7 +535,7 @@ fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
     if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
         return;
     }
-    let r = Repl::new("rt");
+    let r = Repl::new("rt", &[]);
     let bin = r.env.dir.0.join("echo_server");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/echo_server.c");
     ferry_testkit::compile_c(std::path::Path::new(src), &bin);
@@ -784,16 +544,15 @@ fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
         start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
     let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
     assert!(up, "echo_server did not start:\n{}", read_lossy(&log));
-    let mut rep = r.replicate_args(server.inner, &["--ignore-writes", path_str(&log)]);
+    let mut rep = r.replicate_nowait(server.inner, &["--ignore-writes", path_str(&log)], &[]);
     let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
     assert!(synced, "never in sync:\n{}", rep.show());
 
-    let (clients, out) = stream_clients(&r, PORT, 4, 8.0);
-    std::thread::sleep(Duration::from_secs(3));
-    ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "down"]);
-    r.env.host("a").stop_init();
-    let _ = rep.wait(Duration::from_secs(10));
-    let results = stream_results(clients, &out);
+    let results = streams(&r, PORT, 4, 8.0, || {
+        std::thread::sleep(Duration::from_secs(3));
+        r.kill_host("a");
+        let _ = rep.wait(Duration::from_secs(10));
+    });
     let blog = read_lossy(&r.env.ferryd_log("b"));
     assert!(blog.contains("took over"), "b did not take over:\n{blog}");
     for (i, (sent, echoed, _)) in results.iter().enumerate() {
@@ -808,7 +567,6 @@ fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
     );
     // The server at b checked every byte it read (it ends on the first
     // out of place) and still serves.
-    let (clients, out) = stream_clients(&r, PORT, 1, 1.0);
-    let after = stream_results(clients, &out);
+    let after = streams(&r, PORT, 1, 1.0, || ());
     assert!(after[0].0 > 0 && after[0].0 == after[0].1, "a new stream at b: {after:?}");
 }

@@ -95,8 +95,22 @@ impl Repl {
     }
 
     pub fn replicate_nowait(&self, pid: i32, extra: &[&str], env: &[(&str, &str)]) -> Replicating {
-        let (out, err) = (self.log("replicate-a.out"), self.log("replicate-a.err"));
-        let (pid_s, to) = (pid.to_string(), self.env.agent("b").to_string());
+        self.replicate_to("a", &self.env.agent("b").to_string(), pid, extra, env)
+    }
+
+    /// `ferry replicate` of `pid` (as host `from` sees it) toward `to`
+    /// (IP:PORT), not waiting.
+    pub fn replicate_to(
+        &self,
+        from: &str,
+        to: &str,
+        pid: i32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Replicating {
+        let out = self.log(&format!("replicate-{from}.out"));
+        let err = self.log(&format!("replicate-{from}.err"));
+        let pid_s = pid.to_string();
         let svc = self.svc_prefix();
         let mut argv = vec![
             "timeout",
@@ -108,7 +122,7 @@ impl Repl {
             "--pid",
             &pid_s,
             "--to",
-            &to,
+            to,
             "--key",
             path_str(&self.env.key),
             "--address",
@@ -117,7 +131,7 @@ impl Repl {
             &self.etcd_url,
         ];
         argv.extend_from_slice(extra);
-        let mut cmd = self.env.host("a").command(&argv);
+        let mut cmd = self.env.host(from).command(&argv);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -126,6 +140,24 @@ impl Repl {
             .stdin(Stdio::null());
         let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("ferry replicate");
         Replicating { child, out, err }
+    }
+
+    /// The witness's etcd killed (its data stays) or started again.
+    pub fn etcd_down(&mut self) {
+        ferry_testkit::kill(self.etcd.root, libc::SIGKILL);
+        let _ = wait_timeout(&mut self.etcd.nsenter, Duration::from_secs(10));
+    }
+
+    pub fn etcd_up(&mut self) {
+        self.etcd = start_etcd(&self.env, &self.etcd_url);
+    }
+
+    /// The syncs `host`'s status reports once it counts more than
+    /// `before` (the file is rewritten once a second), or after 10 s.
+    pub fn syncs_after(&self, host: &str, before: u64) -> u64 {
+        let syncs = || self.status(host)[0]["syncs"].as_u64().unwrap_or(0);
+        wait_for(Duration::from_secs(10), || syncs() > before);
+        syncs()
     }
 
     /// Host `name` dies: its link first (nothing it says reaches anyone,
