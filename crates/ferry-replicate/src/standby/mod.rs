@@ -5,6 +5,7 @@
 //! silent (`takeover.rs`: the service is won in the fencing store, then
 //! restored from the last complete sync and run here).
 
+mod data_dir;
 mod replica;
 mod takeover;
 
@@ -83,6 +84,8 @@ enum Silence<'a> {
 pub(crate) struct Standby<'a> {
     replica_hello: &'a ReplicaHello,
     replica: Replica,
+    /// `--data-dir` copies (none without it).
+    dirs: data_dir::Copies,
     fence: ferry_fence::Fence,
     status: Status,
 }
@@ -97,7 +100,8 @@ impl<'a> Standby<'a> {
             epoch: replica_hello.epoch,
             ..Default::default()
         };
-        Ok(Standby { replica_hello, replica: Replica::new()?, fence, status })
+        let dirs = data_dir::Copies::default();
+        Ok(Standby { replica_hello, replica: Replica::new()?, dirs, fence, status })
     }
 
     /// Messages until the primary ends protection or falls silent. The
@@ -121,8 +125,13 @@ impl<'a> Standby<'a> {
                     protocol::send(ch, &Msg::RoundStored { round })?;
                 }
                 Msg::Image { meta, host_pids } => self.replica.stage_image(meta, host_pids),
+                Msg::DataDirs { dirs } => self.dirs.configure(dirs, self.replica.seq)?,
+                Msg::DirStream { dir } => self.dirs.stream(dir, r.data())?,
                 Msg::SyncDone { seq } => {
+                    // Files and memory of one sync become the copy together.
+                    self.dirs.finish(seq)?;
                     self.replica.commit(seq)?;
+                    self.dirs.commit();
                     protocol::send(ch, &Msg::SyncStored { seq })?;
                     self.status.syncs = seq;
                     self.status.bytes_per_sync = self.replica.last_sync_bytes as f64;
@@ -167,6 +176,7 @@ impl<'a> Standby<'a> {
             return Err(e.into());
         }
         self.replica.discard_staged();
+        self.dirs.discard();
         let why = format!("the primary fell silent after sync {}: {e}", self.replica.seq);
         Ok(Silence::Lost { standby: Box::new(self), why })
     }

@@ -41,6 +41,10 @@ impl Standby<'_> {
             Ok(n) => eprintln!("ferryd: standby of {service}: removed {n} output hold(s) of a dead ferry replicate"),
             Err(e) => tracing::warn!("removing stale output holds: {e}"),
         }
+        // The files first: the restored descriptors open them by path.
+        for note in self.dirs.install()? {
+            eprintln!("ferryd: standby of {service}: {note}");
+        }
         let served = ferry_migrate::destination::restore_and_run(
             image,
             hello,
