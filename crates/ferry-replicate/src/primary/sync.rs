@@ -33,6 +33,10 @@ pub struct SyncReport {
     /// packet waited at most because of this sync.
     pub total_ms: f64,
     pub page_bytes: u64,
+    /// Bytes of the data directories' send streams (in `bytes` too),
+    /// and the time `btrfs send` took to produce and ship them.
+    pub data_dir_bytes: u64,
+    pub data_dir_send_ms: f64,
     pub bytes: u64,
     /// Packets released by this sync.
     pub released: usize,
@@ -65,8 +69,10 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
     let t_thawed = Instant::now();
     c.precopy.now_held(held);
     let page_bytes = buffer.page_bytes();
-    let dir_bytes = c.data_dirs.ship(c.ch)?;
-    let bytes = buffer.send(c.ch, seq)? + dir_bytes;
+    let t_ship = Instant::now();
+    let data_dir_bytes = c.data_dirs.ship(c.ch)?;
+    let data_dir_send_ms = t_ship.elapsed().as_secs_f64() * 1e3;
+    let bytes = buffer.send(c.ch, seq)? + data_dir_bytes;
     await_stored(c.ch, seq, c.timeout)?;
     c.data_dirs.stored()?;
     let send_and_store_ms = t_thawed.elapsed().as_secs_f64() * 1e3;
@@ -78,6 +84,8 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
         send_and_store_ms,
         total_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
         page_bytes,
+        data_dir_bytes,
+        data_dir_send_ms,
         bytes,
         released,
         capture_phases,
