@@ -515,7 +515,13 @@ fn postgres_fails_over_with_its_files_and_restarts_clean() {
     let st = wait_timeout(&mut bench, Duration::from_secs(60)).expect("pgbench did not end");
     let text =
         format!("{}{}", read_lossy(&bench_out), read_lossy(&f.env.dir.0.join("pgbench.err")));
-    assert!(st.success() && !text.contains("aborted"), "pgbench: {st}\n{text}");
+    let pg_log = read_lossy(&log);
+    let tail: Vec<&str> = pg_log.lines().rev().take(30).collect();
+    assert!(
+        st.success() && !text.contains("aborted"),
+        "pgbench: {st}\n{text}\npostgres's log, last lines first:\n{}",
+        tail.join("\n")
+    );
     let processed = pgbench_processed(&text).unwrap_or_else(|| panic!("pgbench said:\n{text}"));
     assert!(processed > 0, "no transaction committed:\n{text}");
 
