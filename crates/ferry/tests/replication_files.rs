@@ -11,10 +11,14 @@
 //!   passes redis-check-aof, and a second redis started from a copy of
 //!   b's files reads the same values.
 //! - `postgres_fails_over_with_its_files_and_restarts_clean`: PostgreSQL
-//!   under pgbench-like clients counting committed transactions; host a
-//!   dies; at b every committed transaction is there, new ones commit,
+//!   under pgbench (one INSERT per transaction); host a dies; at b
+//!   every transaction pgbench counted as committed is there, new ones commit,
 //!   and `pg_ctl stop` then a start come up clean.
-//! - `a_data_dir_that_is_not_a_subvolume_is_refused_by_name`.
+//! - `the_old_primary_with_stale_files_takes_the_service_back`: a comes
+//!   back with its disk as it died, protects b's service, and takes it
+//!   back with b's files in place of its stale ones.
+//! - `a_data_dir_that_is_not_a_subvolume_is_refused_by_name`,
+//!   `snapshots_left_by_a_dead_run_and_by_this_one_are_removed`.
 //!
 //! Needs root, btrfs-progs, etcd and the programs of each test; without
 //! them each test says so and returns.
@@ -87,10 +91,17 @@ impl Files {
     /// `ferry replicate` of `pid` (inside a) to b with `extra`, in the
     /// background.
     fn replicate(&self, pid: i32, extra: &[&str]) -> Replicating {
-        let (out, err) =
-            (self.env.dir.0.join("replicate.out"), self.env.dir.0.join("replicate.err"));
+        self.replicate_from("a", "b", pid, extra)
+    }
+
+    /// `ferry replicate` of `pid` (inside `from`) to `to`'s agent.
+    fn replicate_from(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
+        let (out, err) = (
+            self.env.dir.0.join(format!("replicate-{from}.out")),
+            self.env.dir.0.join(format!("replicate-{from}.err")),
+        );
         let pid_s = pid.to_string();
-        let to = self.env.agent("b").to_string();
+        let to = self.env.agent(to).to_string();
         let svc = format!("{}/24", self.svc);
         let mut argv = vec![
             "timeout",
@@ -107,7 +118,7 @@ impl Files {
         ];
         argv.extend([path_str(&self.env.key), "--address", &svc, "--etcd", &self.etcd_url]);
         argv.extend_from_slice(extra);
-        let mut cmd = self.env.host("a").command(&argv);
+        let mut cmd = self.env.host(from).command(&argv);
         cmd.stdout(std::fs::File::create(&out).expect("out"))
             .stderr(std::fs::File::create(&err).expect("err"))
             .stdin(std::process::Stdio::null());
@@ -116,7 +127,10 @@ impl Files {
     }
 
     fn replicate_in_sync(&self, pid: i32, extra: &[&str]) -> Replicating {
-        let r = self.replicate(pid, extra);
+        self.in_sync(self.replicate(pid, extra))
+    }
+
+    fn in_sync(&self, r: Replicating) -> Replicating {
         let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
         assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
         r
@@ -125,11 +139,15 @@ impl Files {
     /// Host a dies: its link first, then every process of it; b must
     /// take over.
     fn kill_a_and_wait_for_b(&self, rep: &mut Replicating) {
+        self.kill_and_wait_for("a", "b", rep);
+    }
+
+    fn kill_and_wait_for(&self, dead: &str, standby: &str, rep: &mut Replicating) {
         report_syncs(rep);
-        ip(&["-n", &self.env.host("a").netns, "link", "set", "eth0", "down"]);
-        self.env.host("a").stop_init();
+        ip(&["-n", &self.env.host(dead).netns, "link", "set", "eth0", "down"]);
+        self.env.host(dead).stop_init();
         let _ = wait_timeout(&mut rep.child, Duration::from_secs(10));
-        let log = self.env.ferryd_log("b");
+        let log = self.env.ferryd_log(standby);
         let took = wait_for(Duration::from_secs(30), || read_lossy(&log).contains("took over"));
         assert!(took, "b did not take over:\n{}\n{}", read_lossy(&log), rep.show());
         eprintln!("{}", read_lossy(&log).lines().find(|l| l.contains("took over")).unwrap_or(""));
@@ -636,4 +654,100 @@ fn snapshots_left_by_a_dead_run_and_by_this_one_are_removed() {
         assert!(gone, "{} left in {h}: {:?}", d.display(), ls(&f, h, d));
     }
     assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "6", "redis at a after the end");
+}
+
+/// The PID (inside the host) its ferryd reports for the tree it took over.
+fn taken_over_pid(log: &str) -> Option<i32> {
+    let line = log.lines().find(|l| l.contains("took over"))?;
+    line.split(" runs here as pid ").nth(1)?.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn the_old_primary_with_stale_files_takes_the_service_back() {
+    const TEST: &str = "repl-files-failback";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "redis-check-aof", "mkfs.btrfs"]) {
+        return;
+    }
+    let mut f = Files::new("fb");
+    let dir = f.data_dir("redis");
+    let log = f.env.dir.0.join("redis.log");
+    let argv = [
+        REDIS,
+        "--bind",
+        &f.svc,
+        "--port",
+        REDIS_PORT,
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "no",
+        "--dir",
+        path_str(&dir),
+    ];
+    let redis = start_in(f.env.host("a"), &argv, &f.env.dir.0, &log, &[]);
+    let up = wait_for(Duration::from_secs(15), || f.redis(&["PING"]).stdout.trim() == "PONG");
+    assert!(up, "redis does not answer:\n{}", read_lossy(&log));
+    let args = ["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)];
+    let mut rep = f.replicate_in_sync(redis.inner, &args);
+    for i in 1..=3 {
+        assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), i.to_string());
+    }
+    f.kill_a_and_wait_for_b(&mut rep);
+    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "4", "at b");
+    // a comes back as after a reboot, its disk as it was when it died
+    // (its redis directory at k = 3), and becomes b's standby.
+    let a = f.env.host("a");
+    ip(&["-n", &a.netns, "addr", "del", &format!("{}/24", f.svc), "dev", "eth0"]);
+    let ss = std::process::Command::new("ip")
+        .args(["netns", "exec", &a.netns, "ss", "-K", "-tan"])
+        .output()
+        .expect("ss -K");
+    assert!(ss.status.success(), "ss -K in a");
+    ip(&["-n", &a.netns, "link", "set", "eth0", "up"]);
+    f.env.start_ferryd("a", &[], &["--etcd", &f.etcd_url]);
+    let img = f.env.dir.0.join("a.btrfs");
+    let mount = f.mount().to_path_buf();
+    f.fs.push(HostBtrfs::mount_again(a, &img, &mount));
+    let stale = f.in_host("a", &["ls", path_str(&dir.join("appendonlydir"))]);
+    assert!(stale.status.success(), "a's old files are gone: {}", stale.show());
+    let pid = taken_over_pid(&read_lossy(&f.env.ferryd_log("b")))
+        .unwrap_or_else(|| panic!("{}", read_lossy(&f.env.ferryd_log("b"))));
+    let mut again = f.in_sync(f.replicate_from("b", "a", pid, &args));
+    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "5", "at b, protected by a");
+    f.kill_and_wait_for("b", "a", &mut again);
+    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "6", "back at a");
+    let alog = read_lossy(&f.env.ferryd_log("a"));
+    assert!(alog.contains(&format!("replaced subvolume {}", dir.display())), "{alog}");
+    // a's files are b's now: valid, and a redis started from them reads 6.
+    let manifest = dir.join("appendonlydir").join("appendonly.aof.manifest");
+    let check = f.in_host("a", &["redis-check-aof", path_str(&manifest)]);
+    assert!(check.stdout.contains("is valid"), "redis-check-aof at a: {}", check.show());
+    let copy = f.mount().join("redis-copy");
+    let cp = f.in_host("a", &["cp", "-a", path_str(&dir), path_str(&copy)]);
+    assert!(cp.status.success(), "cp at a: {}", cp.show());
+    let log2 = f.env.dir.0.join("redis2.log");
+    let argv2 = [
+        REDIS,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        "6380",
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--daemonize",
+        "no",
+        "--dir",
+        path_str(&copy),
+    ];
+    let _second = start_in(f.env.host("a"), &argv2, &f.env.dir.0, &log2, &[]);
+    let got = wait_for(Duration::from_secs(15), || {
+        f.in_host("a", &["redis-cli", "-p", "6380", "GET", "k"]).stdout.trim() == "6"
+    });
+    assert!(got, "redis from a's files does not read k = 6:\n{}", read_lossy(&log2));
 }

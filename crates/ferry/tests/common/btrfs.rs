@@ -40,6 +40,23 @@ impl HostBtrfs {
         g
     }
 
+    /// The btrfs in `image` (made by `new`, its host since restarted,
+    /// as a machine comes back with its disk) mounted again at `mount`
+    /// inside `host`, once the loop device of its last mount is gone.
+    pub fn mount_again(host: &Host, image: &Path, mount: &Path) -> HostBtrfs {
+        let g = HostBtrfs {
+            init: host.init_pid(),
+            image: image.to_path_buf(),
+            mount: mount.to_path_buf(),
+        };
+        let detached = super::wait_for(std::time::Duration::from_secs(20), || g.loops().is_empty());
+        assert!(detached, "{} is still attached: {:?}", image.display(), g.loops());
+        let (img, mnt) = (image.to_string_lossy(), mount.to_string_lossy());
+        let out = run_in(host, 30, &["mount", "-o", "loop", &img, &mnt]);
+        assert!(out.status.success(), "mount {img} again in {}: {}", host.name, out.show());
+        g
+    }
+
     /// `btrfs subvolume create` of `name` under the mount point, inside
     /// `host`; its path.
     pub fn subvolume(&self, host: &Host, name: &str) -> PathBuf {
