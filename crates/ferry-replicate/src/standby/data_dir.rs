@@ -91,9 +91,12 @@ impl Copies {
                 })?;
             c.receiving = Some(child);
         }
-        let child = c.receiving.as_mut().expect("set above");
-        let stdin = child.stdin.as_mut().expect("piped");
-        stdin.write_all(data).map_err(|e| {
+        let stdin = c.receiving.as_mut().and_then(|child| child.stdin.as_mut());
+        let written = match stdin {
+            Some(stdin) => stdin.write_all(data),
+            None => Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe)),
+        };
+        written.map_err(|e| {
             failed(format!("btrfs receive of {} (it ended early?): {e}", c.path.display()))
         })
     }
