@@ -17,7 +17,7 @@
 //! - `the_old_primary_with_stale_files_takes_the_service_back`: a comes
 //!   back with its disk as it died, protects b's service, and takes it
 //!   back with b's files in place of its stale ones.
-//! - `a_data_dir_that_is_not_a_subvolume_is_refused_by_name`,
+//! - `a_data_dir_that_is_not_a_subvolume_or_cannot_be_snapshotted_is_refused_by_name`,
 //!   `snapshots_left_by_a_dead_run_and_by_this_one_are_removed`.
 //!
 //! Needs root, btrfs-progs, etcd and the programs of each test; without
@@ -363,7 +363,7 @@ fn redis_aof_everysec_fails_over_with_its_files() {
 }
 
 #[test]
-fn a_data_dir_that_is_not_a_subvolume_is_refused_by_name() {
+fn a_data_dir_that_is_not_a_subvolume_or_cannot_be_snapshotted_is_refused_by_name() {
     const TEST: &str = "repl-files-not-subvolume";
     if !have(TEST, &[REDIS, ETCD, "mkfs.btrfs"]) {
         return;
@@ -384,6 +384,23 @@ fn a_data_dir_that_is_not_a_subvolume_is_refused_by_name() {
         rep.show()
     );
     assert!(ferry_testkit::kill(s.root, 0), "the service was killed");
+    // A subvolume whose parent directory is on another filesystem (bind
+    // mounted onto the test's directory): no snapshot can go beside it.
+    let sub = f.data_dir("sub");
+    let elsewhere = f.env.dir.0.join("elsewhere").join("sub");
+    let d = path_str(&elsewhere);
+    for argv in [&["mkdir", "-p", d][..], &["mount", "--bind", path_str(&sub), d]] {
+        let out = f.in_host("a", argv);
+        assert!(out.status.success(), "{argv:?}: {}", out.show());
+    }
+    let mut rep = f.replicate(s.inner, &["--data-dir", d]);
+    let st = wait_timeout(&mut rep.child, Duration::from_secs(30)).expect("ferry replicate ends");
+    assert!(!st.success(), "ferry replicate accepted {d}:\n{}", rep.show());
+    let err = read_lossy(&rep.err);
+    assert!(err.contains(&format!("data directory {d}: a snapshot of it")), "{}", rep.show());
+    assert!(ferry_testkit::kill(s.root, 0), "the service was killed");
+    let left = f.env.dir.0.join("elsewhere").join(".ferry-primary-sub");
+    assert!(!left.exists(), "{} left behind", left.display());
 }
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";

@@ -63,6 +63,10 @@ impl DataDirs {
                 )));
             }
             let snaps = SnapDir::open_clean(snapshots_dir(&parent, &base, "primary"))?;
+            if let Err(e) = probe(&path, &fd, &snaps) {
+                snaps.remove();
+                return Err(e);
+            }
             dirs.dirs.push(Dir { path, fd, snaps, stored: None, taken: None });
         }
         Ok(dirs)
@@ -137,6 +141,21 @@ impl Drop for DataDirs {
             d.snaps.remove();
         }
     }
+}
+
+/// One snapshot made and deleted: whatever would make every sync's
+/// fail (the parent directory on another filesystem, a read-only mount,
+/// no space) is refused now, by name, before the service is touched.
+fn probe(path: &std::path::Path, fd: &OwnedFd, snaps: &SnapDir) -> Result<()> {
+    let name = crate::data_dir::cstring("probe")?;
+    ferry_sys::btrfs::snapshot(fd.as_fd(), snaps.fd.as_fd(), &name, true).map_err(|e| {
+        ReplicateError::Invalid(format!(
+            "data directory {}: a snapshot of it in {} fails ({e}): the directory above it must be on the same btrfs filesystem, writable",
+            path.display(),
+            snaps.path.display()
+        ))
+    })?;
+    snaps.destroy("probe")
 }
 
 /// `btrfs send [-p STORED] TAKEN`, read as it comes and sent on.

@@ -219,3 +219,24 @@ impl Drop for Copies {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_directories_are_named_once_before_the_first_sync() {
+        let mut c = Copies::default();
+        assert!(c.configure(vec!["/srv/db".into()], 3).is_err(), "after sync 3");
+        assert!(c.configure(vec!["srv/db".into()], 0).is_err(), "a relative path");
+        assert!(c.stream(0, b"x").is_err(), "a stream for a directory never named");
+    }
+
+    #[test]
+    fn a_sync_without_streams_checks_out_when_there_are_no_data_directories() {
+        let mut c = Copies::default();
+        assert!(c.finish(1).is_ok());
+        c.commit();
+        assert!(c.install().is_ok_and(|notes| notes.is_empty()));
+    }
+}
