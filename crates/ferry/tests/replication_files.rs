@@ -14,6 +14,9 @@
 //!   under pgbench (one INSERT per transaction); host a dies; at b
 //!   every transaction pgbench counted as committed is there, new ones commit,
 //!   and `pg_ctl stop` then a start come up clean.
+//! - `a_sync_cut_half_way_leaves_files_and_memory_of_the_sync_before`:
+//!   host a dies while b receives a 200 MiB sync; b's service's memory
+//!   and file agree (tests/replication/file_writer.py).
 //! - `the_old_primary_with_stale_files_takes_the_service_back`: a comes
 //!   back with its disk as it died, protects b's service, and takes it
 //!   back with b's files in place of its stale ones.
@@ -764,4 +767,57 @@ fn the_old_primary_with_stale_files_takes_the_service_back() {
         f.in_host("a", &["redis-cli", "-p", "6380", "GET", "k"]).stdout.trim() == "6"
     });
     assert!(got, "redis from a's files does not read k = 6:\n{}", read_lossy(&log2));
+}
+
+#[test]
+fn a_sync_cut_half_way_leaves_files_and_memory_of_the_sync_before() {
+    const TEST: &str = "repl-files-half-sync";
+    if !have(TEST, &[ETCD, "python3", "mkfs.btrfs"]) {
+        return;
+    }
+    let f = Files::new("fh");
+    let dir = f.data_dir("state");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/file_writer.py");
+    let log = f.env.dir.0.join("writer.log");
+    let argv = ["python3", script, path_str(&dir), &f.svc];
+    let w = start_in(f.env.host("a"), &argv, &f.env.dir.0, &log, &[]);
+    assert!(wait_for(Duration::from_secs(10), || read_lossy(&log).contains("up")));
+    // Silence long enough for a sync of 200 MiB of files: the standby
+    // must be seen receiving it when a dies.
+    let args = ["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)];
+    let mut rep =
+        f.replicate_in_sync(w.inner, &[&args[..], &["--heartbeat-timeout-ms", "3000"]].concat());
+    // The client in c: three small writes, one of 200 MiB, then S.
+    let client = format!(
+        "import socket\ns=socket.create_connection(('{}',7000),timeout=120)\nr=s.makefile('rb')\nfor n in (1,1,1,200):\n    s.sendall(b'W %d\\n'%n); print(r.readline().decode().strip(),flush=True)\ns.sendall(b'S\\n'); print(r.readline().decode().strip(),flush=True)\n",
+        f.svc
+    );
+    let out = f.env.dir.0.join("client.out");
+    let mut cmd = f.env.host("c").command(&["python3", "-c", &client]);
+    cmd.stdout(std::fs::File::create(&out).expect("client out"))
+        .stderr(std::process::Stdio::inherit())
+        .stdin(std::process::Stdio::null());
+    let mut c = ferry_testkit::only_stdio(&mut cmd).spawn().expect("client");
+    let three = wait_for(Duration::from_secs(30), || read_lossy(&out).lines().count() >= 3);
+    assert!(three, "the small writes: {}", read_lossy(&out));
+    // The 200 MiB sync on its way: b holds its copy and a second snapshot
+    // being received.
+    let standby = f.mount().join(".ferry-standby-state");
+    let receiving = wait_for(Duration::from_secs(60), || ls(&f, "b", &standby).len() >= 2);
+    assert!(receiving, "b never received a second snapshot: {:?}", ls(&f, "b", &standby));
+    f.kill_a_and_wait_for_b(&mut rep);
+    let st = wait_timeout(&mut c, Duration::from_secs(120)).expect("the client did not end");
+    let text = read_lossy(&out);
+    assert!(st.success(), "client: {st}\n{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    let mib = 1u64 << 20;
+    for (i, l) in lines[..4].iter().enumerate() {
+        let expect = [mib, 2 * mib, 3 * mib, 203 * mib][i];
+        assert_eq!(*l, format!("ok {expect}"), "reply {i}: {text}");
+    }
+    // b's memory and b's file agree: no write lost, none twice.
+    assert_eq!(lines[4], format!("S {} {}", 203 * mib, 203 * mib), "{text}");
+    let blog = read_lossy(&f.env.ferryd_log("b"));
+    eprintln!("[{TEST}] {}", blog.lines().find(|l| l.contains("took over")).unwrap_or(""));
 }
