@@ -153,7 +153,11 @@ impl Files {
         let log = self.env.ferryd_log(standby);
         let took = wait_for(Duration::from_secs(30), || read_lossy(&log).contains("took over"));
         assert!(took, "b did not take over:\n{}\n{}", read_lossy(&log), rep.show());
-        eprintln!("{}", read_lossy(&log).lines().find(|l| l.contains("took over")).unwrap_or(""));
+        for l in read_lossy(&log).lines() {
+            if l.contains("took over") || l.contains("made from the copy") {
+                eprintln!("{l}");
+            }
+        }
     }
 }
 

@@ -179,11 +179,17 @@ impl Copies {
             if let Some(note) = clear_path(c, &parent)? {
                 notes.push(note);
             }
+            let t = std::time::Instant::now();
             let src = crate::data_dir::open_dir(&c.snaps.join(current))?;
             let name = crate::data_dir::cstring(&c.base)?;
             ferry_sys::btrfs::snapshot(src.as_fd(), parent.as_fd(), &name, false).map_err(|e| {
                 failed(format!("making {} from snapshot {current}: {e}", c.path.display()))
             })?;
+            notes.push(format!(
+                "{} made from the copy of {current} in {:.1} ms",
+                c.path.display(),
+                t.elapsed().as_secs_f64() * 1e3
+            ));
         }
         Ok(notes)
     }
