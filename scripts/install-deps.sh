@@ -52,6 +52,7 @@ PACKAGES=(
   protobuf-compiler # protoc: etcd-client's build script compiles etcd's .proto files (crates/ferry-fence)
   libprotobuf-dev   # google/protobuf/*.proto (descriptor, struct) that etcd's .proto files import
   etcd-server       # etcd, the replication fence's witness; tests start their own (ferry_testkit::EtcdWitness)
+  btrfs-progs       # btrfs send/receive: `ferry replicate --data-dir`; mkfs.btrfs for its tests
 )
 SERVICES=(redis-server memcached nginx postgresql haproxy ssh etcd)
 PG_VERSION=15

@@ -37,7 +37,8 @@ use serde::{Deserialize, Serialize};
 /// 3: Hello carries the running tree and dry_run; Unfit; Welcome's notes.
 /// 4: the running tree carries the files it maps or holds open by path.
 /// 5: Hello may ask for a standby (replication); SyncDone, SyncStored,
-///    Heartbeat and Unprotect.
+///    Heartbeat and Unprotect. (DataDirs and DirStream came later, at
+///    the end: a peer that lacks them fails to decode them, by name.)
 pub const PROTOCOL_VERSION: u32 = 5;
 
 pub use ferry_engine::running_sockets::{RunningSocket, RunningTree, SocketRole};
@@ -180,6 +181,18 @@ pub enum Msg {
     /// Replication ends on purpose: the service runs on at the primary,
     /// unprotected, and the standby drops its copy.
     Unprotect,
+    /// Replication with `--data-dir`: the directories whose files are
+    /// part of the replicated state (btrfs subvolumes, the same paths on
+    /// both hosts); `DirStream`'s `dir` is an index into this list. Sent
+    /// once, before the first sync.
+    DataDirs {
+        dirs: Vec<String>,
+    },
+    /// Replication: the next bytes (in the data) of the btrfs send stream
+    /// of data directory `dir` for the sync on its way.
+    DirStream {
+        dir: u32,
+    },
 }
 
 impl Msg {
@@ -205,6 +218,8 @@ impl Msg {
             Msg::SyncStored { .. } => "SyncStored",
             Msg::Heartbeat { .. } => "Heartbeat",
             Msg::Unprotect => "Unprotect",
+            Msg::DataDirs { .. } => "DataDirs",
+            Msg::DirStream { .. } => "DirStream",
         }
     }
 }

@@ -7,9 +7,11 @@
 //!
 //! - [`primary`]: the syncs, the output commit, the ways replication ends;
 //! - [`standby`]: the copy kept whole sync after sync, and the takeover;
+//! - `data_dir`: `--data-dir`, files as part of the replicated state;
 //! - [`identity`]: the names of services and agents in the fencing store;
 //! - [`status`]: the status line and file that `ferry status` reads.
 
+mod data_dir;
 pub mod error;
 mod fault;
 pub mod identity;

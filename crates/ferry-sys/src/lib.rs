@@ -9,6 +9,7 @@ pub mod address;
 pub mod announce;
 pub mod anonfd;
 pub mod bpf;
+pub mod btrfs;
 pub mod clone;
 pub mod epoll;
 pub mod error;

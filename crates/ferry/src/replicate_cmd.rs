@@ -56,6 +56,14 @@ pub struct ReplicateArgs {
     /// would know writes its files lack.
     #[arg(long, value_name = "PATH")]
     ignore_writes: Vec<PathBuf>,
+    /// A directory whose files are part of the replicated state: the
+    /// standby's copy of it is always the one the memory it holds wrote.
+    /// It must be a btrfs subvolume (`btrfs subvolume create DIR`) with
+    /// its parent directory on the same filesystem, at the same path on
+    /// the standby (whose copy replaces it there at a takeover); repeat
+    /// for each.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Vec<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -98,6 +106,7 @@ pub fn run(a: ReplicateArgs) -> Result<i32> {
         timeout: Duration::from_secs(a.timeout),
         parent_sees_exit: a.parent_sees_exit,
         ignore_writes: a.ignore_writes.clone(),
+        data_dirs: a.data_dir.clone(),
         queue: a.queue,
         stop: &STOP,
         progress: Arc::new(|s: &str| println!("{s}")),

@@ -54,7 +54,20 @@ pub fn connect_with(
     dry_run: bool,
     replica: Option<crate::protocol::ReplicaHello>,
 ) -> Result<Connected> {
-    let tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
+    connect_shipping(o, dry_run, replica, &|_| false)
+}
+
+/// [`connect_with`], for a tree some of whose files travel with it
+/// (`shipped(path)`: replication's data directories): the destination
+/// does not look for those, it gets them.
+pub fn connect_shipping(
+    o: &MigrateOptions,
+    dry_run: bool,
+    replica: Option<crate::protocol::ReplicaHello>,
+    shipped: &dyn Fn(&str) -> bool,
+) -> Result<Connected> {
+    let mut tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
+    tree.files.retain(|f| !shipped(&f.path));
     let checked = (tree.ids.len(), tree.sockets.len());
     (o.progress)(&format!("connecting to {}", o.to));
     let stream = TcpStream::connect_timeout(&o.to, o.timeout)

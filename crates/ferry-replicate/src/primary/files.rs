@@ -4,7 +4,8 @@
 //! writing, or mapped shared and writable, ends protection (before the
 //! first sync: refuses it) with the file named. /dev/null, terminals and
 //! the files of `--ignore-writes` (logs the service may lose a tail of)
-//! are let through.
+//! are let through, and so is everything under a `--data-dir`, whose
+//! content each sync carries (`data_dir.rs`).
 
 use ferry_image::{FileKind, TreeImage, VmaBacking};
 use std::path::PathBuf;
@@ -13,8 +14,16 @@ const PROT_WRITE: u8 = 2;
 
 /// Every file of `tree` written outside what `ignored` allows, as
 /// "pid P: PATH (how)" lines.
-pub(crate) fn written_files(tree: &TreeImage, ignored: &[PathBuf]) -> Vec<String> {
-    let allowed = |path: &str| path == "/dev/null" || ignored.iter().any(|i| i.as_os_str() == path);
+pub(crate) fn written_files(
+    tree: &TreeImage,
+    ignored: &[PathBuf],
+    data_dirs: &[PathBuf],
+) -> Vec<String> {
+    let allowed = |path: &str| {
+        path == "/dev/null"
+            || ignored.iter().any(|i| i.as_os_str() == path)
+            || data_dirs.iter().any(|d| crate::data_dir::is_under(d, path))
+    };
     let mut out = Vec::new();
     for p in &tree.processes {
         for f in &p.files {
@@ -74,12 +83,14 @@ mod tests {
         }];
         let tree = TreeImage { processes: vec![p], ..Default::default() };
         assert_eq!(
-            written_files(&tree, &[PathBuf::from("/var/log/app.log")]),
+            written_files(&tree, &[PathBuf::from("/var/log/app.log")], &[]),
             vec![
                 "pid 7: /srv/data.db (open for writing)".to_string(),
                 "pid 7: /srv/map (mapped shared and writable)".to_string(),
             ]
         );
-        assert_eq!(written_files(&tree, &[]).len(), 3);
+        assert_eq!(written_files(&tree, &[], &[]).len(), 3);
+        // Under a data directory, writes are replicated state.
+        assert_eq!(written_files(&tree, &[], &[PathBuf::from("/srv")]).len(), 1);
     }
 }

@@ -13,6 +13,7 @@
 //! having left).
 
 mod buffer;
+mod data_dir;
 mod end;
 mod files;
 mod sync;
@@ -50,6 +51,9 @@ pub struct ReplicateOptions {
     /// Files the tree may write although their content is not replicated
     /// (logs).
     pub ignore_writes: Vec<std::path::PathBuf>,
+    /// Directories whose files are part of the replicated state (btrfs
+    /// subvolumes, see `data_dir.rs`).
+    pub data_dirs: Vec<std::path::PathBuf>,
     /// The NFQUEUE number of the output commit.
     pub queue: u16,
     /// Set (by a signal handler) to end protection.
@@ -81,6 +85,7 @@ struct Primary<'a> {
     seq: u64,
     window: Window,
     status: Status,
+    data_dirs: data_dir::DataDirs,
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
 }
@@ -92,6 +97,8 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
     ferry_migrate::source::hello::check_source(&mo)?;
     let service = crate::identity::service_name(o.address.0);
     let holder = crate::identity::holder();
+    // Refused by name before anything else runs.
+    let data_dirs = data_dir::DataDirs::open(&o.data_dirs)?;
     let fence = ferry_fence::Fence::connect(&o.etcd, o.timeout)?;
     let epoch = claim(&fence, &service, &holder)?;
     (o.progress)(&format!("holding {service} at epoch {epoch} as {holder}"));
@@ -101,8 +108,13 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         epoch,
         heartbeat_timeout_ms: o.heartbeat_timeout.as_millis() as u64,
     };
+    let dirs = data_dirs.paths();
+    let shipped = |p: &str| dirs.iter().any(|d| crate::data_dir::is_under(d, p));
     let Connected { mut ch, migration_id, .. } =
-        ferry_migrate::source::hello::connect_with(&mo, false, Some(replica))?;
+        ferry_migrate::source::hello::connect_shipping(&mo, false, Some(replica), &shipped)?;
+    if !data_dirs.is_empty() {
+        data_dirs.announce(&mut ch)?;
+    }
     let precopy = Precopy::run(o.pid, &mut ch, &mo.policy, |s| (o.progress)(s))?;
     // Output before the first sync needs no hold: no standby could take
     // over before it is stored.
@@ -131,6 +143,7 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         seq: 0,
         window: Window::default(),
         status,
+        data_dirs,
         trace: std::env::var_os("FERRY_SYNC_TRACE").is_some(),
     };
     p.run()
@@ -215,6 +228,7 @@ impl Primary<'_> {
             replica_id: self.replica_id,
             timeout: if self.seq == 1 { self.o.timeout } else { self.o.heartbeat_timeout * 4 },
             ignore_writes: &self.o.ignore_writes,
+            data_dirs: &mut self.data_dirs,
         };
         let r = sync::sync(&mut ctx, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);

@@ -33,6 +33,10 @@ pub struct SyncReport {
     /// packet waited at most because of this sync.
     pub total_ms: f64,
     pub page_bytes: u64,
+    /// Bytes of the data directories' send streams (in `bytes` too),
+    /// and the time `btrfs send` took to produce and ship them.
+    pub data_dir_bytes: u64,
+    pub data_dir_send_ms: f64,
     pub bytes: u64,
     /// Packets released by this sync.
     pub released: usize,
@@ -53,18 +57,24 @@ pub(crate) struct SyncCtx<'a> {
     pub timeout: Duration,
     /// Files the tree may write (see `files.rs`).
     pub ignore_writes: &'a [std::path::PathBuf],
+    /// Snapshot in the freeze, shipped after the thaw.
+    pub data_dirs: &'a mut super::data_dir::DataDirs,
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
     let t_start = Instant::now();
-    let (buffer, mark, held, t_frozen, capture_phases) = capture_and_thaw(c)?;
+    let (buffer, mark, held, t_frozen, capture_phases) = capture_and_thaw(c, seq)?;
     let before_freeze_ms = t_frozen.saturating_duration_since(t_start).as_secs_f64() * 1e3;
     let pause_ms = t_frozen.elapsed().as_secs_f64() * 1e3;
     let t_thawed = Instant::now();
     c.precopy.now_held(held);
     let page_bytes = buffer.page_bytes();
-    let bytes = buffer.send(c.ch, seq)?;
+    let t_ship = Instant::now();
+    let data_dir_bytes = c.data_dirs.ship(c.ch)?;
+    let data_dir_send_ms = t_ship.elapsed().as_secs_f64() * 1e3;
+    let bytes = buffer.send(c.ch, seq)? + data_dir_bytes;
     await_stored(c.ch, seq, c.timeout)?;
+    c.data_dirs.stored()?;
     let send_and_store_ms = t_thawed.elapsed().as_secs_f64() * 1e3;
     let released = c.outbox.release_through(mark)?;
     Ok(SyncReport {
@@ -74,6 +84,8 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
         send_and_store_ms,
         total_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
         page_bytes,
+        data_dir_bytes,
+        data_dir_send_ms,
         bytes,
         released,
         capture_phases,
@@ -86,7 +98,7 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
 type Thawed =
     (SyncBuffer, ferry_outbox::Mark, HashMap<i32, Vec<(u64, u64)>>, Instant, Vec<(String, f64)>);
 
-fn capture_and_thaw(c: &mut SyncCtx<'_>) -> Result<Thawed> {
+fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
     // As a migration's: the tree may run at the standby one day, so a
     // root that is part of its parent's job is refused the same way.
     let copts = CaptureOptions {
@@ -106,17 +118,26 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>) -> Result<Thawed> {
         },
         |n, e| tracing::info!("sync freeze attempt {n} refused, trying again: {e}"),
     )?;
-    let written = super::files::written_files(&captured.tree, c.ignore_writes);
+    let written =
+        super::files::written_files(&captured.tree, c.ignore_writes, &c.data_dirs.paths());
     if !written.is_empty() {
         return Err(ReplicateError::Unreplicable(written));
     }
     // Frozen: every packet queued so far came from the state just read.
     let mark = c.outbox.mark()?;
+    // Frozen too: the snapshots hold exactly what the memory just read
+    // has written.
+    let t_snap = std::time::Instant::now();
+    c.data_dirs.snapshot(seq)?;
+    let snap_ms = t_snap.elapsed().as_secs_f64() * 1e3;
     buffer.set_host_pids(captured.pids().into_iter().map(|p| p.0).collect());
     captured.write_image(&mut buffer, Some(c.replica_id))?;
     let held = pages_held_after(&captured);
     let t_frozen = captured.frozen_at();
-    let phases = captured.phases.done().to_vec();
+    let mut phases = captured.phases.done().to_vec();
+    if !c.data_dirs.is_empty() {
+        phases.push(("data-dir snapshots".into(), snap_ms));
+    }
     captured.resume()?;
     Ok((buffer, mark, held, t_frozen, phases))
 }

@@ -6,6 +6,7 @@
 //! restored from the last complete sync and run here). Meanwhile
 //! `warm.rs` readies what the takeover would otherwise start with.
 
+mod data_dir;
 mod replica;
 mod takeover;
 mod warm;
@@ -100,6 +101,8 @@ enum Silence<'a> {
 pub(crate) struct Standby<'a> {
     replica_hello: &'a ReplicaHello,
     replica: Replica,
+    /// `--data-dir` copies (none without it).
+    dirs: data_dir::Copies,
     fence: ferry_fence::Fence,
     status: Status,
     warm: warm::Warm,
@@ -141,9 +144,11 @@ impl<'a> Standby<'a> {
             epoch: replica_hello.epoch,
             ..Default::default()
         };
+        let dirs = data_dir::Copies::default();
         Ok(Standby {
             replica_hello,
             replica: Replica::new()?,
+            dirs,
             fence,
             status,
             warm,
@@ -172,9 +177,14 @@ impl<'a> Standby<'a> {
                     protocol::send(ch, &Msg::RoundStored { round })?;
                 }
                 Msg::Image { meta, host_pids } => self.replica.stage_image(meta, host_pids),
+                Msg::DataDirs { dirs } => self.dirs.configure(dirs, self.replica.seq)?,
+                Msg::DirStream { dir } => self.dirs.stream(dir, r.data())?,
                 Msg::SyncDone { seq } => {
                     let t = std::time::Instant::now();
+                    // Files and memory of one sync become the copy together.
+                    self.dirs.finish(seq)?;
                     self.replica.commit(seq)?;
+                    self.dirs.commit();
                     protocol::send(ch, &Msg::SyncStored { seq })?;
                     self.store_ms.add(t.elapsed().as_secs_f64() * 1e3);
                     self.status.syncs = seq;
@@ -221,6 +231,7 @@ impl<'a> Standby<'a> {
             return Err(e.into());
         }
         self.replica.discard_staged();
+        self.dirs.discard();
         let why = format!("the primary fell silent after sync {}: {e}", self.replica.seq);
         Ok(Silence::Lost { standby: Box::new(self), why })
     }

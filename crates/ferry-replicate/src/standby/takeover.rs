@@ -50,6 +50,11 @@ impl Standby<'_> {
             }
             ph.mark("stale output holds removed");
         }
+        // The files first: the restored descriptors open them by path.
+        for note in self.dirs.install()? {
+            eprintln!("ferryd: standby of {service}: {note}");
+        }
+        ph.mark("data directories installed");
         let mut served = ferry_migrate::destination::restore_and_run(
             image,
             hello,

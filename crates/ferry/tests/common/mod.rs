@@ -4,6 +4,7 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod btrfs;
 pub mod cluster;
 pub mod conformance;
 pub mod hosts;
