@@ -61,6 +61,7 @@ use base::{KEY_LEN, TABLE_SLOTS};
 /// overflow hash map.
 const TABLE_PROBES: u32 = 8;
 const _: () = assert!(std::mem::size_of::<TupleKey>() == KEY_LEN);
+const _: () = assert!(crate::reuse::KEY_BYTES == KEY_LEN);
 
 /// A lock's part of its base, open: what engage and disengage need, so
 /// that each is a fixed number of syscalls with no path lookup.

@@ -32,11 +32,15 @@ struct Kept<T> {
     value: T,
 }
 
+/// The length of a table key (`base::KEY_LEN`; ebpf.rs checks they agree:
+/// this module depends on no other of the crate).
+pub(crate) const KEY_BYTES: usize = 40;
+
 /// The engage scratch (see `ebpf::Handles`), touched once.
 pub(crate) struct Scratch {
     pub homes: Vec<u32>,
     pub order: Vec<u32>,
-    pub keys: Vec<[u8; crate::base::KEY_LEN]>,
+    pub keys: Vec<[u8; KEY_BYTES]>,
 }
 
 /// From now on this process keeps the mappings of the bases it locks for
