@@ -13,8 +13,9 @@ prints "ok" or the differences (exit status 1)."""
 import json
 import socket
 import sys
-import threading
 import time
+
+from client_threads import run_all
 
 
 def value(i, n):
@@ -84,14 +85,7 @@ def main():
     if sys.argv[4] == "check":
         check(host, port, n, sys.argv[5])
     secs = float(sys.argv[4])
-    out = [None] * n
-    threads = [threading.Thread(target=run, args=(host, port, i, secs, out)) for i in range(n)]
-    for t in threads:
-        t.start()
-    print("started", flush=True)
-    for t in threads:
-        t.join()
-    print(json.dumps(out), flush=True)
+    run_all(n, lambda i, out: run(host, port, i, secs, out))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,11 @@ each sending INCR seq<i> one after another for SECONDS and checking that
 every reply is one more than the last (no acknowledged increment lost, none
 applied twice). Prints one JSON line: per connection the replies counted,
 the last value, the longest wait for a reply (ms) and the first error."""
-import json
 import socket
 import sys
-import threading
 import time
+
+from client_threads import run_all
 
 
 def run(host, port, i, secs, out):
@@ -42,14 +42,7 @@ def main():
         print(__doc__)
         sys.exit(0 if len(sys.argv) == 2 else 2)
     host, port, n, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    out = [None] * n
-    threads = [threading.Thread(target=run, args=(host, port, i, secs, out)) for i in range(n)]
-    for t in threads:
-        t.start()
-    print("started", flush=True)
-    for t in threads:
-        t.join()
-    print(json.dumps(out), flush=True)
+    run_all(n, lambda i, out: run(host, port, i, secs, out))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ when a sync reads them). Every echoed byte is checked against what was
 sent, offset by offset. Then each connection waits for the rest of its
 echo. Prints "started", then one JSON line: per connection the bytes sent
 and echoed, the longest wait for echoed bytes (ms) and the first error."""
-import json
 import socket
 import sys
 import threading
 import time
+
+from client_threads import run_all
 
 PERIOD = 1000003
 WINDOW = 256 * 1024
@@ -26,9 +27,9 @@ def pattern(offset, n):
     return out
 
 
-def run(host, port, secs, res):
+def run(host, port, secs, i, out):
     st = {"sent": 0, "echoed": 0, "gap_ms": 0.0, "error": None}
-    res.append(st)
+    out[i] = st
     try:
         s = socket.create_connection((host, port), timeout=30)
     except OSError as e:
@@ -79,14 +80,7 @@ def run(host, port, secs, res):
 
 def main():
     host, port, n, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    res = []
-    threads = [threading.Thread(target=run, args=(host, port, secs, res)) for _ in range(n)]
-    for t in threads:
-        t.start()
-    print("started", flush=True)
-    for t in threads:
-        t.join()
-    print(json.dumps(res), flush=True)
+    run_all(n, lambda i, out: run(host, port, secs, i, out))
 
 
 if __name__ == "__main__":

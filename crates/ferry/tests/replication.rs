@@ -24,7 +24,7 @@ mod common;
 use common::hosts::*;
 use common::repl::*;
 use common::{path_str, read_lossy, wait_for};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `ferry replicate` of redis (pid inside a) to b, its log let through;
@@ -32,27 +32,6 @@ use std::time::{Duration, Instant};
 fn replicate_redis(r: &Repl, pid: i32) -> Replicating {
     let log = r.log("redis.log");
     r.replicate(pid, &["--ignore-writes", path_str(&log)], &[])
-}
-
-/// tests/replication/seq_clients.py from c: `n` connections for `secs`.
-fn seq_clients(r: &Repl, n: u32, secs: f64) -> (Child, std::path::PathBuf) {
-    let (n, secs) = (n.to_string(), secs.to_string());
-    clients(r, "seq_clients.py", &[&r.svc, REDIS_PORT, &n, &secs])
-}
-
-/// The sequence clients' results: (count, last value, longest wait ms)
-/// each; panics on any client's error.
-fn seq_results(child: Child, out: &std::path::Path) -> Vec<(u64, i64, f64)> {
-    client_results(child, out)
-        .iter()
-        .map(|c| {
-            (
-                c["count"].as_u64().unwrap_or(0),
-                c["last"].as_i64().unwrap_or(-1),
-                c["gap_ms"].as_f64().unwrap_or(f64::NAN),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -369,12 +348,6 @@ fn a_service_writing_files_is_refused_by_name() {
     assert_eq!(r.holds_in("a"), Vec::<String>::new(), "hold left after the refusal");
 }
 
-/// The PID (inside host b) that b's ferryd reports for the tree it took over.
-fn taken_over_pid(log: &str) -> Option<i32> {
-    let line = log.lines().find(|l| l.contains("took over"))?;
-    line.split(" runs here as pid ").nth(1)?.split_whitespace().next()?.parse().ok()
-}
-
 #[test]
 fn the_new_primary_is_protected_again_after_a_failover() {
     const TEST: &str = "repl-reprotect";
@@ -402,7 +375,7 @@ fn the_new_primary_is_protected_again_after_a_failover() {
         .expect("ss -K");
     assert!(out.status.success(), "ss -K in a: {}", String::from_utf8_lossy(&out.stderr));
     ip(&["-n", &r.env.host("a").netns, "link", "set", "eth0", "up"]);
-    r.env.start_ferryd("a", &[], &["--etcd", &r.etcd_url]);
+    r.restart_ferryd("a");
     let pid = taken_over_pid(&read_lossy(&log)).unwrap_or_else(|| panic!("{}", read_lossy(&log)));
     let log_path = r.env.dir.0.join("redis.log");
     let mut again = r.replicate_to(

@@ -2,7 +2,7 @@
 //! host a runs the service with its data directory on a btrfs of its own,
 //! b's ferryd keeps the standby (its own btrfs at the same path), c runs
 //! the clients, w the witness's etcd. Each host's btrfs is a loop-mounted
-//! file (tests/common/btrfs.rs).
+//! file (tests/common/btrfs.rs); the hosts are tests/common/repl.rs's.
 //!
 //! - `redis_aof_always_fails_over_with_its_files` and
 //!   `redis_aof_everysec_fails_over_with_its_files`: redis with
@@ -30,183 +30,52 @@ mod common;
 
 use common::btrfs::HostBtrfs;
 use common::hosts::*;
+use common::repl::*;
 use common::{path_str, read_lossy, wait_for};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-const REDIS: &str = "/usr/bin/redis-server";
-const ETCD: &str = "/usr/bin/etcd";
-const REDIS_PORT: &str = "6379";
-
-/// Hosts a, b (ferryd with --etcd, each its own btrfs at `mount`), c
-/// (clients), w (etcd), the service address on a's eth0.
-struct Files {
-    // Dropped first: the filesystems while their hosts still run.
-    fs: Vec<HostBtrfs>,
-    env: Env,
-    svc: String,
-    etcd_url: String,
-    _etcd: Started,
+/// The hosts (tests/common/repl.rs), a and b each with a btrfs of its own.
+fn files(tag: &str) -> Repl {
+    Repl::with_btrfs(tag, 1024)
 }
 
-impl Files {
-    fn new(tag: &str) -> Files {
-        let env = Env::new(tag, &["a", "b", "c", "w"]);
-        env.start_plain("w");
-        env.start_plain("c");
-        let (etcd, etcd_url) = start_etcd(&env);
-        for h in ["a", "b"] {
-            env.start_ferryd(h, &[], &["--etcd", &etcd_url]);
-        }
-        let mount = env.dir.0.join("fs");
-        let fs = ["a", "b"]
-            .iter()
-            .map(|h| {
-                let img = env.dir.0.join(format!("{h}.btrfs"));
-                HostBtrfs::new(env.host(h), &img, &mount, 1024)
-            })
-            .collect();
-        let svc = env.c.subnet_addr(100).to_string();
-        ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
-        Files { fs, env, svc, etcd_url, _etcd: etcd }
-    }
+/// redis-cli from c, killed after 60 s.
+fn redis(f: &Repl, args: &[&str]) -> Out {
+    f.redis_within(60, args)
+}
 
-    fn mount(&self) -> &Path {
-        &self.fs[0].mount
-    }
+/// redis-server in a with its append-only files in `dir` (`persist`:
+/// more --appendonly settings), answering on the service address.
+fn start_aof_redis(f: &Repl, dir: &Path, persist: &[&str]) -> Started {
+    f.start_redis_in(dir, &[&["--appendonly", "yes"], persist].concat(), 60)
+}
 
-    /// A subvolume `name` on a's btrfs: the data directory.
-    fn data_dir(&self, name: &str) -> PathBuf {
-        self.fs[0].subvolume(self.env.host("a"), name)
-    }
+/// The --ignore-writes and --data-dir arguments of a service in `dir`
+/// logging to `log`.
+fn data_dir_args<'a>(log: &'a Path, dir: &'a Path) -> [&'a str; 4] {
+    ["--ignore-writes", path_str(log), "--data-dir", path_str(dir)]
+}
 
-    fn in_host(&self, host: &str, argv: &[&str]) -> Out {
-        run_in(self.env.host(host), 60, argv)
-    }
-
-    fn redis(&self, args: &[&str]) -> Out {
-        let mut argv = vec!["redis-cli", "-h", &self.svc, "-p", REDIS_PORT];
-        argv.extend_from_slice(args);
-        self.in_host("c", &argv)
-    }
-
-    /// `ferry replicate` of `pid` (inside a) to b with `extra`, in the
-    /// background.
-    fn replicate(&self, pid: i32, extra: &[&str]) -> Replicating {
-        self.replicate_from("a", "b", pid, extra)
-    }
-
-    /// `ferry replicate` of `pid` (inside `from`) to `to`'s agent.
-    fn replicate_from(&self, from: &str, to: &str, pid: i32, extra: &[&str]) -> Replicating {
-        let (out, err) = (
-            self.env.dir.0.join(format!("replicate-{from}.out")),
-            self.env.dir.0.join(format!("replicate-{from}.err")),
-        );
-        let pid_s = pid.to_string();
-        let to = self.env.agent(to).to_string();
-        let svc = format!("{}/24", self.svc);
-        let mut argv = vec![
-            "timeout",
-            "-s",
-            "KILL",
-            "300",
-            FERRY,
-            "replicate",
-            "--pid",
-            &pid_s,
-            "--to",
-            &to,
-            "--key",
-        ];
-        argv.extend([path_str(&self.env.key), "--address", &svc, "--etcd", &self.etcd_url]);
-        argv.extend_from_slice(extra);
-        let mut cmd = self.env.host(from).command(&argv);
-        cmd.stdout(std::fs::File::create(&out).expect("out"))
-            .stderr(std::fs::File::create(&err).expect("err"))
-            .stdin(std::process::Stdio::null());
-        let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("ferry replicate");
-        Replicating { child, out, err }
-    }
-
-    fn replicate_in_sync(&self, pid: i32, extra: &[&str]) -> Replicating {
-        self.in_sync(self.replicate(pid, extra))
-    }
-
-    fn in_sync(&self, r: Replicating) -> Replicating {
-        let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
-        assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
-        r
-    }
-
-    /// Host a dies: its link first, then every process of it; b must
-    /// take over.
-    fn kill_a_and_wait_for_b(&self, rep: &mut Replicating) {
-        self.kill_and_wait_for("a", "b", rep);
-    }
-
-    fn kill_and_wait_for(&self, dead: &str, standby: &str, rep: &mut Replicating) {
-        report_syncs(rep);
-        ip(&["-n", &self.env.host(dead).netns, "link", "set", "eth0", "down"]);
-        self.env.host(dead).stop_init();
-        let _ = wait_timeout(&mut rep.child, Duration::from_secs(10));
-        let log = self.env.ferryd_log(standby);
-        let took = wait_for(Duration::from_secs(30), || read_lossy(&log).contains("took over"));
-        assert!(took, "b did not take over:\n{}\n{}", read_lossy(&log), rep.show());
-        for l in read_lossy(&log).lines() {
-            if l.contains("took over") || l.contains("made from the copy") {
-                eprintln!("{l}");
-            }
+/// Host `dead` dies: its link first, then every process of it; `standby`
+/// must take over.
+fn kill_and_wait_for(f: &Repl, dead: &str, standby: &str, rep: &mut Replicating) {
+    report_syncs(rep);
+    f.kill_host(dead);
+    let _ = wait_timeout(&mut rep.child, Duration::from_secs(10));
+    let log = f.env.ferryd_log(standby);
+    let took = wait_for(Duration::from_secs(30), || read_lossy(&log).contains("took over"));
+    assert!(took, "{standby} did not take over:\n{}\n{}", read_lossy(&log), rep.show());
+    for l in read_lossy(&log).lines() {
+        if l.contains("took over") || l.contains("made from the copy") {
+            eprintln!("{l}");
         }
     }
 }
 
-fn start_etcd(env: &Env) -> (Started, String) {
-    let w = env.host("w");
-    let url = format!("http://{}:2379", w.ip);
-    let peer = format!("http://{}:2380", w.ip);
-    let data = env.dir.0.join("etcd");
-    let log = env.dir.0.join("etcd.log");
-    let cluster = format!("w={peer}");
-    let argv = [
-        ETCD,
-        "--name",
-        "w",
-        "--data-dir",
-        path_str(&data),
-        "--listen-client-urls",
-        &url,
-        "--advertise-client-urls",
-        &url,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &cluster,
-    ];
-    let e = start_in(w, &argv, &env.dir.0, &log, &[]);
-    let ready = wait_for(Duration::from_secs(20), || {
-        read_lossy(&log).contains("ready to serve client requests")
-    });
-    assert!(ready, "etcd did not start in w:\n{}", read_lossy(&log));
-    (e, url)
-}
-
-struct Replicating {
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-impl Replicating {
-    fn show(&self) -> String {
-        format!(
-            "--- stdout ---\n{}--- stderr ---\n{}",
-            read_lossy(&self.out),
-            read_lossy(&self.err)
-        )
-    }
+fn kill_a_and_wait_for_b(f: &Repl, rep: &mut Replicating) {
+    kill_and_wait_for(f, "a", "b", rep);
 }
 
 /// The primary's last status line and, with FERRY_SYNC_TRACE set, the
@@ -240,35 +109,27 @@ fn report_syncs(rep: &Replicating) {
     }
 }
 
-/// tests/replication/seq_clients.py in c: `n` connections for `secs`.
-fn seq_clients(f: &Files, n: u32, secs: f64) -> (Child, PathBuf) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/seq_clients.py");
-    let out = f.env.dir.0.join("clients.out");
-    let (n, secs) = (n.to_string(), secs.to_string());
-    let mut cmd = f.env.host("c").command(&["python3", script, &f.svc, REDIS_PORT, &n, &secs]);
-    cmd.stdout(std::fs::File::create(&out).expect("clients out"))
-        .stderr(std::process::Stdio::inherit())
-        .stdin(std::process::Stdio::null());
-    let child = ferry_testkit::only_stdio(&mut cmd).spawn().expect("clients");
-    let started = wait_for(Duration::from_secs(10), || read_lossy(&out).contains("started"));
-    assert!(started, "the clients did not start:\n{}", read_lossy(&out));
-    (child, out)
+/// A copy of `dir` made inside `host` (cp -a), redis-copy on its btrfs.
+fn copy_in(f: &Repl, host: &str, dir: &Path) -> PathBuf {
+    let copy = f.mount().join("redis-copy");
+    let cp = f.in_host(host, &["cp", "-a", path_str(dir), path_str(&copy)]);
+    assert!(cp.status.success(), "cp at {host}: {}", cp.show());
+    copy
 }
 
-/// Each client's (replies, last value); panics on any client's error.
-fn client_results(mut child: Child, out: &Path) -> Vec<(u64, i64)> {
-    let st = wait_timeout(&mut child, Duration::from_secs(90)).expect("the clients did not end");
-    let text = read_lossy(out);
-    assert!(st.success(), "clients failed: {text}");
-    let json = text.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let all = v.as_array().unwrap_or_else(|| panic!("not a list: {text}"));
-    all.iter()
-        .map(|c| {
-            assert!(c["error"].is_null(), "a client failed: {c}\nall: {text}");
-            (c["count"].as_u64().unwrap_or(0), c["last"].as_i64().unwrap_or(-1))
-        })
-        .collect()
+/// redis-check-aof inside `host` of the AOF in `dir`.
+fn check_aof(f: &Repl, host: &str, dir: &Path) -> Out {
+    let manifest = dir.join("appendonlydir").join("appendonly.aof.manifest");
+    f.in_host(host, &["redis-check-aof", path_str(&manifest)])
+}
+
+/// A second redis in `host` on 127.0.0.1:6380 with its files in `copy`;
+/// (it, its log).
+fn second_redis(f: &Repl, host: &str, copy: &Path) -> (Started, PathBuf) {
+    let log = f.log("redis2.log");
+    let mut argv = vec![REDIS, "--bind", "127.0.0.1", "--port", "6380", "--save", ""];
+    argv.extend(["--appendonly", "yes", "--daemonize", "no", "--dir", path_str(copy)]);
+    (start_in(f.env.host(host), &argv, &f.env.dir.0, &log, &[]), log)
 }
 
 fn redis_aof_fails_over(test: &str, tag: &str, fsync: &str) {
@@ -276,78 +137,34 @@ fn redis_aof_fails_over(test: &str, tag: &str, fsync: &str) {
         return;
     }
     let t0 = Instant::now();
-    let f = Files::new(tag);
+    let f = files(tag);
     let dir = f.data_dir("redis");
-    let log = f.env.dir.0.join("redis.log");
-    let argv = [
-        REDIS,
-        "--bind",
-        &f.svc,
-        "--port",
-        REDIS_PORT,
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        fsync,
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "no",
-        "--dir",
-        path_str(&dir),
-    ];
-    let redis = start_in(f.env.host("a"), &argv, &f.env.dir.0, &log, &[]);
-    let up = wait_for(Duration::from_secs(15), || f.redis(&["PING"]).stdout.trim() == "PONG");
-    assert!(up, "redis does not answer:\n{}", read_lossy(&log));
-    let mut rep = f.replicate_in_sync(
-        redis.inner,
-        &["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)],
-    );
+    let log = f.log("redis.log");
+    let server = start_aof_redis(&f, &dir, &["--appendfsync", fsync]);
+    let mut rep = f.replicate(server.inner, &data_dir_args(&log, &dir), &[]);
 
     let (clients, out) = seq_clients(&f, 10, 8.0);
     std::thread::sleep(Duration::from_secs(3));
-    f.kill_a_and_wait_for_b(&mut rep);
-    let results = client_results(clients, &out);
+    kill_a_and_wait_for_b(&f, &mut rep);
+    let results = seq_results(clients, &out);
     let total: u64 = results.iter().map(|c| c.0).sum();
     eprintln!("[{test}] {total} acknowledged increments over {} connections", results.len());
     let mut values = Vec::new();
-    for (i, (count, last)) in results.iter().enumerate() {
+    for (i, (count, last, _)) in results.iter().enumerate() {
         assert!(*count > 0, "client {i} got no reply");
-        let now = f.redis(&["GET", &format!("seq{i}")]);
+        let now = redis(&f, &["GET", &format!("seq{i}")]);
         assert_eq!(now.stdout.trim(), last.to_string(), "seq{i} at b: {}", now.show());
         values.push(last.to_string());
     }
     // b's files: a valid AOF, from which a second redis reads the same.
-    let aof = dir.join("appendonlydir");
-    let manifest = aof.join("appendonly.aof.manifest");
-    let check = f.in_host("b", &["redis-check-aof", path_str(&manifest)]);
+    let check = check_aof(&f, "b", &dir);
     assert!(
         check.status.success() && check.stdout.contains("is valid"),
         "redis-check-aof at b: {}",
         check.show()
     );
-    let copy = f.mount().join("redis-copy");
-    let cp = f.in_host("b", &["cp", "-a", path_str(&dir), path_str(&copy)]);
-    assert!(cp.status.success(), "cp at b: {}", cp.show());
-    let log2 = f.env.dir.0.join("redis2.log");
-    let argv2 = [
-        REDIS,
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        "6380",
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--daemonize",
-        "no",
-        "--dir",
-        path_str(&copy),
-    ];
-    let _second = start_in(f.env.host("b"), &argv2, &f.env.dir.0, &log2, &[]);
+    let copy = copy_in(&f, "b", &dir);
+    let (_second, log2) = second_redis(&f, "b", &copy);
     let get = |k: &str| f.in_host("b", &["redis-cli", "-p", "6380", "GET", k]).stdout;
     let up = wait_for(Duration::from_secs(15), || {
         f.in_host("b", &["redis-cli", "-p", "6380", "PING"]).stdout.trim() == "PONG"
@@ -369,28 +186,30 @@ fn redis_aof_everysec_fails_over_with_its_files() {
     redis_aof_fails_over("repl-files-aof-everysec", "fe", "everysec");
 }
 
+/// `ferry replicate --data-dir dir` of `s` ends with an error that says
+/// `why`, and `s` still runs.
+fn assert_refused(f: &Repl, s: &Started, dir: &str, why: &str) {
+    let mut rep = f.replicate_nowait(s.inner, &["--data-dir", dir], &[]);
+    let st = wait_timeout(&mut rep.child, Duration::from_secs(30)).expect("ferry replicate ends");
+    assert!(!st.success(), "ferry replicate accepted {dir}:\n{}", rep.show());
+    assert!(read_lossy(&rep.err).contains(why), "{}", rep.show());
+    assert!(ferry_testkit::kill(s.root, 0), "the service was killed");
+}
+
 #[test]
 fn a_data_dir_that_is_not_a_subvolume_or_cannot_be_snapshotted_is_refused_by_name() {
     const TEST: &str = "repl-files-not-subvolume";
     if !have(TEST, &[REDIS, ETCD, "mkfs.btrfs"]) {
         return;
     }
-    let f = Files::new("fn");
+    let f = files("fn");
     let plain = f.mount().join("plain");
     let mk = f.in_host("a", &["mkdir", "-p", path_str(&plain)]);
     assert!(mk.status.success(), "mkdir in a: {}", mk.show());
     let log = f.env.dir.0.join("sleep.log");
     let s = start_in(f.env.host("a"), &["sleep", "600"], &f.env.dir.0, &log, &[]);
-    let mut rep = f.replicate(s.inner, &["--data-dir", path_str(&plain)]);
-    let st = wait_timeout(&mut rep.child, Duration::from_secs(30)).expect("ferry replicate ends");
-    assert!(!st.success(), "ferry replicate accepted a plain directory:\n{}", rep.show());
-    let err = read_lossy(&rep.err);
-    assert!(
-        err.contains(&format!("data directory {} is not a btrfs subvolume", plain.display())),
-        "{}",
-        rep.show()
-    );
-    assert!(ferry_testkit::kill(s.root, 0), "the service was killed");
+    let why = format!("data directory {} is not a btrfs subvolume", plain.display());
+    assert_refused(&f, &s, path_str(&plain), &why);
     // A subvolume whose parent directory is on another filesystem (bind
     // mounted onto the test's directory): no snapshot can go beside it.
     let sub = f.data_dir("sub");
@@ -400,12 +219,7 @@ fn a_data_dir_that_is_not_a_subvolume_or_cannot_be_snapshotted_is_refused_by_nam
         let out = f.in_host("a", argv);
         assert!(out.status.success(), "{argv:?}: {}", out.show());
     }
-    let mut rep = f.replicate(s.inner, &["--data-dir", d]);
-    let st = wait_timeout(&mut rep.child, Duration::from_secs(30)).expect("ferry replicate ends");
-    assert!(!st.success(), "ferry replicate accepted {d}:\n{}", rep.show());
-    let err = read_lossy(&rep.err);
-    assert!(err.contains(&format!("data directory {d}: a snapshot of it")), "{}", rep.show());
-    assert!(ferry_testkit::kill(s.root, 0), "the service was killed");
+    assert_refused(&f, &s, d, &format!("data directory {d}: a snapshot of it"));
     let left = f.env.dir.0.join("elsewhere").join(".ferry-primary-sub");
     assert!(!left.exists(), "{} left behind", left.display());
 }
@@ -414,14 +228,14 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 const PGBENCH: &str = "/usr/bin/pgbench";
 
 /// `argv` in `host` as user postgres.
-fn as_postgres(f: &Files, host: &str, argv: &[&str]) -> Out {
+fn as_postgres(f: &Repl, host: &str, argv: &[&str]) -> Out {
     let mut full = vec!["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"];
     full.extend_from_slice(argv);
     f.in_host(host, &full)
 }
 
 /// One SQL statement from c over the service address; its rows.
-fn psql(f: &Files, sql: &str) -> String {
+fn psql(f: &Repl, sql: &str) -> String {
     let out = f.in_host(
         "c",
         &[
@@ -473,7 +287,7 @@ fn pgbench_processed(text: &str) -> Option<u64> {
 /// initdb into the subvolume `dir` on a (owned by postgres, clients
 /// from anywhere trusted) and a postmaster on the service address,
 /// answering; (the postmaster, its log).
-fn start_postgres(f: &Files, dir: &Path) -> (Started, PathBuf) {
+fn start_postgres(f: &Repl, dir: &Path) -> (Started, PathBuf) {
     let (postgres, initdb) = (format!("{PG_BIN}/postgres"), format!("{PG_BIN}/initdb"));
     let d = path_str(dir);
     for argv in [["chown", "postgres:postgres", d], ["chmod", "0700", d]] {
@@ -501,7 +315,7 @@ fn start_postgres(f: &Files, dir: &Path) -> (Started, PathBuf) {
 
 /// pgbench from c: one INSERT into `ledger` per transaction, 4
 /// connections, 20 s, in the background; (pgbench, its output files).
-fn start_pgbench(f: &Files) -> (Child, [PathBuf; 2]) {
+fn start_pgbench(f: &Repl) -> (Child, [PathBuf; 2]) {
     let script = f.env.dir.0.join("ledger.sql");
     std::fs::write(&script, "insert into ledger(client) values (:client_id);\n").expect("script");
     let outs = [f.env.dir.0.join("pgbench.out"), f.env.dir.0.join("pgbench.err")];
@@ -538,7 +352,7 @@ fn start_pgbench(f: &Files) -> (Child, [PathBuf; 2]) {
 
 /// `pg_ctl stop` at b leaves the cluster shut down, and `pg_ctl start`
 /// from b's files comes up without recovery, `rows` rows in the ledger.
-fn restart_clean_at_b(f: &Files, d: &str, rows: u64) {
+fn restart_clean_at_b(f: &Repl, d: &str, rows: u64) {
     let pg_ctl = format!("{PG_BIN}/pg_ctl");
     let stop = as_postgres(f, "b", &[&pg_ctl, "stop", "-D", d, "-m", "fast", "-w", "-t", "30"]);
     assert!(stop.status.success(), "pg_ctl stop at b: {}", stop.show());
@@ -567,7 +381,7 @@ fn postgres_fails_over_with_its_files_and_restarts_clean() {
         return;
     }
     let t0 = Instant::now();
-    let f = Files::new("fp");
+    let f = files("fp");
     let dir = f.data_dir("pg");
     let d = path_str(&dir);
     let (pg, log) = start_postgres(&f, &dir);
@@ -577,11 +391,11 @@ fn postgres_fails_over_with_its_files_and_restarts_clean() {
     // takeover timeout well above that.
     let rep_args =
         ["--ignore-writes", path_str(&log), "--data-dir", d, "--heartbeat-timeout-ms", "1000"];
-    let mut rep = f.replicate_in_sync(pg.inner, &rep_args);
+    let mut rep = f.replicate(pg.inner, &rep_args, &[]);
     let (mut bench, outs) = start_pgbench(&f);
     let before_kill: u64 = psql(&f, "select count(*) from ledger").parse().expect("count");
     std::thread::sleep(Duration::from_secs(2));
-    f.kill_a_and_wait_for_b(&mut rep);
+    kill_a_and_wait_for_b(&f, &mut rep);
     let st = wait_timeout(&mut bench, Duration::from_secs(60)).expect("pgbench did not end");
     let text = format!("{}{}", read_lossy(&outs[0]), read_lossy(&outs[1]));
     let pg_log = read_lossy(&log);
@@ -605,7 +419,7 @@ fn postgres_fails_over_with_its_files_and_restarts_clean() {
 }
 
 /// Entries of `dir` inside `host` (`ls -A`).
-fn ls(f: &Files, host: &str, dir: &Path) -> Vec<String> {
+fn ls(f: &Repl, host: &str, dir: &Path) -> Vec<String> {
     let out = f.in_host(host, &["ls", "-A", path_str(dir)]);
     out.stdout.lines().map(String::from).collect()
 }
@@ -616,7 +430,7 @@ fn snapshots_left_by_a_dead_run_and_by_this_one_are_removed() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "mkfs.btrfs"]) {
         return;
     }
-    let f = Files::new("fc");
+    let f = files("fc");
     let dir = f.data_dir("redis");
     // What a `ferry replicate` killed mid-run leaves: a snapshot.
     let stale = f.mount().join(".ferry-primary-redis");
@@ -626,33 +440,11 @@ fn snapshots_left_by_a_dead_run_and_by_this_one_are_removed() {
     let argv = ["btrfs", "subvolume", "snapshot", "-r", path_str(&dir), path_str(&snap)];
     let out = f.in_host("a", &argv);
     assert!(out.status.success(), "{}", out.show());
-    let log = f.env.dir.0.join("redis.log");
-    let argv = [
-        REDIS,
-        "--bind",
-        &f.svc,
-        "--port",
-        REDIS_PORT,
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "no",
-        "--dir",
-        path_str(&dir),
-    ];
-    let redis = start_in(f.env.host("a"), &argv, &f.env.dir.0, &log, &[]);
-    let up = wait_for(Duration::from_secs(15), || f.redis(&["PING"]).stdout.trim() == "PONG");
-    assert!(up, "redis does not answer:\n{}", read_lossy(&log));
-    let mut rep = f.replicate_in_sync(
-        redis.inner,
-        &["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)],
-    );
+    let log = f.log("redis.log");
+    let server = start_aof_redis(&f, &dir, &[]);
+    let mut rep = f.replicate(server.inner, &data_dir_args(&log, &dir), &[]);
     for i in 1..=5 {
-        assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), i.to_string());
+        assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), i.to_string());
     }
     // While protected: a holds one snapshot per side of the sync on its
     // way at most, the stale one is gone; b holds its copy.
@@ -674,13 +466,7 @@ fn snapshots_left_by_a_dead_run_and_by_this_one_are_removed() {
         });
         assert!(gone, "{} left in {h}: {:?}", d.display(), ls(&f, h, d));
     }
-    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "6", "redis at a after the end");
-}
-
-/// The PID (inside the host) its ferryd reports for the tree it took over.
-fn taken_over_pid(log: &str) -> Option<i32> {
-    let line = log.lines().find(|l| l.contains("took over"))?;
-    line.split(" runs here as pid ").nth(1)?.split_whitespace().next()?.parse().ok()
+    assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), "6", "redis at a after the end");
 }
 
 #[test]
@@ -689,47 +475,28 @@ fn the_old_primary_with_stale_files_takes_the_service_back() {
     if !have(TEST, &[REDIS, ETCD, "redis-cli", "redis-check-aof", "mkfs.btrfs"]) {
         return;
     }
-    let mut f = Files::new("fb");
+    let mut f = files("fb");
     let dir = f.data_dir("redis");
-    let log = f.env.dir.0.join("redis.log");
-    let argv = [
-        REDIS,
-        "--bind",
-        &f.svc,
-        "--port",
-        REDIS_PORT,
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--daemonize",
-        "no",
-        "--protected-mode",
-        "no",
-        "--dir",
-        path_str(&dir),
-    ];
-    let redis = start_in(f.env.host("a"), &argv, &f.env.dir.0, &log, &[]);
-    let up = wait_for(Duration::from_secs(15), || f.redis(&["PING"]).stdout.trim() == "PONG");
-    assert!(up, "redis does not answer:\n{}", read_lossy(&log));
-    let args = ["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)];
-    let mut rep = f.replicate_in_sync(redis.inner, &args);
+    let log = f.log("redis.log");
+    let server = start_aof_redis(&f, &dir, &[]);
+    let args = data_dir_args(&log, &dir);
+    let mut rep = f.replicate(server.inner, &args, &[]);
     for i in 1..=3 {
-        assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), i.to_string());
+        assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), i.to_string());
     }
-    f.kill_a_and_wait_for_b(&mut rep);
-    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "4", "at b");
+    kill_a_and_wait_for_b(&f, &mut rep);
+    assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), "4", "at b");
     // a comes back as after a reboot, its disk as it was when it died
     // (its redis directory at k = 3), and becomes b's standby.
     let a = f.env.host("a");
-    ip(&["-n", &a.netns, "addr", "del", &format!("{}/24", f.svc), "dev", "eth0"]);
+    ip(&["-n", &a.netns, "addr", "del", &f.svc_prefix(), "dev", "eth0"]);
     let ss = std::process::Command::new("ip")
         .args(["netns", "exec", &a.netns, "ss", "-K", "-tan"])
         .output()
         .expect("ss -K");
     assert!(ss.status.success(), "ss -K in a");
     ip(&["-n", &a.netns, "link", "set", "eth0", "up"]);
-    f.env.start_ferryd("a", &[], &["--etcd", &f.etcd_url]);
+    f.restart_ferryd("a");
     let img = f.env.dir.0.join("a.btrfs");
     let mount = f.mount().to_path_buf();
     f.fs.push(HostBtrfs::mount_again(a, &img, &mount));
@@ -737,36 +504,17 @@ fn the_old_primary_with_stale_files_takes_the_service_back() {
     assert!(stale.status.success(), "a's old files are gone: {}", stale.show());
     let pid = taken_over_pid(&read_lossy(&f.env.ferryd_log("b")))
         .unwrap_or_else(|| panic!("{}", read_lossy(&f.env.ferryd_log("b"))));
-    let mut again = f.in_sync(f.replicate_from("b", "a", pid, &args));
-    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "5", "at b, protected by a");
-    f.kill_and_wait_for("b", "a", &mut again);
-    assert_eq!(f.redis(&["INCR", "k"]).stdout.trim(), "6", "back at a");
+    let mut again = f.in_sync(f.replicate_to("b", &f.env.agent("a").to_string(), pid, &args, &[]));
+    assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), "5", "at b, protected by a");
+    kill_and_wait_for(&f, "b", "a", &mut again);
+    assert_eq!(redis(&f, &["INCR", "k"]).stdout.trim(), "6", "back at a");
     let alog = read_lossy(&f.env.ferryd_log("a"));
     assert!(alog.contains(&format!("replaced subvolume {}", dir.display())), "{alog}");
     // a's files are b's now: valid, and a redis started from them reads 6.
-    let manifest = dir.join("appendonlydir").join("appendonly.aof.manifest");
-    let check = f.in_host("a", &["redis-check-aof", path_str(&manifest)]);
+    let check = check_aof(&f, "a", &dir);
     assert!(check.stdout.contains("is valid"), "redis-check-aof at a: {}", check.show());
-    let copy = f.mount().join("redis-copy");
-    let cp = f.in_host("a", &["cp", "-a", path_str(&dir), path_str(&copy)]);
-    assert!(cp.status.success(), "cp at a: {}", cp.show());
-    let log2 = f.env.dir.0.join("redis2.log");
-    let argv2 = [
-        REDIS,
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        "6380",
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--daemonize",
-        "no",
-        "--dir",
-        path_str(&copy),
-    ];
-    let _second = start_in(f.env.host("a"), &argv2, &f.env.dir.0, &log2, &[]);
+    let copy = copy_in(&f, "a", &dir);
+    let (_second, log2) = second_redis(&f, "a", &copy);
     let got = wait_for(Duration::from_secs(15), || {
         f.in_host("a", &["redis-cli", "-p", "6380", "GET", "k"]).stdout.trim() == "6"
     });
@@ -779,7 +527,7 @@ fn a_sync_cut_half_way_leaves_files_and_memory_of_the_sync_before() {
     if !have(TEST, &[ETCD, "python3", "mkfs.btrfs"]) {
         return;
     }
-    let f = Files::new("fh");
+    let f = files("fh");
     let dir = f.data_dir("state");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/file_writer.py");
     let log = f.env.dir.0.join("writer.log");
@@ -790,7 +538,7 @@ fn a_sync_cut_half_way_leaves_files_and_memory_of_the_sync_before() {
     // must be seen receiving it when a dies.
     let args = ["--ignore-writes", path_str(&log), "--data-dir", path_str(&dir)];
     let mut rep =
-        f.replicate_in_sync(w.inner, &[&args[..], &["--heartbeat-timeout-ms", "3000"]].concat());
+        f.replicate(w.inner, &[&args[..], &["--heartbeat-timeout-ms", "3000"]].concat(), &[]);
     // The client in c: three small writes, one of 200 MiB, then S.
     let client = format!(
         "import socket\ns=socket.create_connection(('{}',7000),timeout=120)\nr=s.makefile('rb')\nfor n in (1,1,1,200):\n    s.sendall(b'W %d\\n'%n); print(r.readline().decode().strip(),flush=True)\ns.sendall(b'S\\n'); print(r.readline().decode().strip(),flush=True)\n",
@@ -809,7 +557,7 @@ fn a_sync_cut_half_way_leaves_files_and_memory_of_the_sync_before() {
     let standby = f.mount().join(".ferry-standby-state");
     let receiving = wait_for(Duration::from_secs(60), || ls(&f, "b", &standby).len() >= 2);
     assert!(receiving, "b never received a second snapshot: {:?}", ls(&f, "b", &standby));
-    f.kill_a_and_wait_for_b(&mut rep);
+    kill_a_and_wait_for_b(&f, &mut rep);
     let st = wait_timeout(&mut c, Duration::from_secs(120)).expect("the client did not end");
     let text = read_lossy(&out);
     assert!(st.success(), "client: {st}\n{text}");

@@ -1,12 +1,14 @@
 //! A replicated service between test hosts (tests/common/cluster.rs), for
-//! the replication fault and real-server tests: hosts a and b run ferryd
-//! with --etcd, c the clients, w the witness's etcd (started by the test,
-//! never a system service). The service address is on a's eth0.
+//! the replication tests: hosts a and b run ferryd with --etcd (and, for
+//! the data-directory tests, each its own btrfs at the same path), c the
+//! clients, w the witness's etcd (started by the test, never a system
+//! service). The service address is on a's eth0.
 //!
 //! Everything a test makes here goes with the cluster's drop (each host's
 //! PID 1 killed, its namespaces deleted; etcd is a process of host w and
 //! its data under the test's TempDir), also when the test fails.
 
+use super::btrfs::HostBtrfs;
 use super::hosts::*;
 use super::{path_str, read_lossy, wait_for};
 use std::path::{Path, PathBuf};
@@ -18,6 +20,9 @@ pub const ETCD: &str = "/usr/bin/etcd";
 pub const REDIS_PORT: &str = "6379";
 
 pub struct Repl {
+    /// a's and b's btrfs (`with_btrfs`), dropped first: unmounted while
+    /// their hosts still run.
+    pub fs: Vec<HostBtrfs>,
     pub env: Env,
     pub svc: String,
     pub etcd_url: String,
@@ -37,7 +42,39 @@ impl Repl {
         env.start_ferryd("b", b_env, &["--etcd", &etcd_url]);
         let svc = env.c.subnet_addr(100).to_string();
         ip(&["-n", &env.host("a").netns, "addr", "add", &format!("{svc}/24"), "dev", "eth0"]);
-        Repl { env, svc, etcd_url, etcd }
+        Repl { fs: Vec::new(), env, svc, etcd_url, etcd }
+    }
+
+    /// `new` with a `size_mb` btrfs of its own in a and in b, mounted at
+    /// the same path in both (`mount`).
+    pub fn with_btrfs(tag: &str, size_mb: u64) -> Repl {
+        let mut r = Repl::new(tag, &[]);
+        let mount = r.env.dir.0.join("fs");
+        for h in ["a", "b"] {
+            let img = r.env.dir.0.join(format!("{h}.btrfs"));
+            r.fs.push(HostBtrfs::new(r.env.host(h), &img, &mount, size_mb));
+        }
+        r
+    }
+
+    /// Where a's and b's btrfs are mounted.
+    pub fn mount(&self) -> &Path {
+        &self.fs[0].mount
+    }
+
+    /// A subvolume `name` on a's btrfs: a data directory.
+    pub fn data_dir(&self, name: &str) -> PathBuf {
+        self.fs[0].subvolume(self.env.host("a"), name)
+    }
+
+    /// `argv` in `host`, killed after 60 s.
+    pub fn in_host(&self, host: &str, argv: &[&str]) -> Out {
+        run_in(self.env.host(host), 60, argv)
+    }
+
+    /// ferryd in `host` again (after `kill_host`), with --etcd.
+    pub fn restart_ferryd(&self, host: &str) {
+        self.env.start_ferryd(host, &[], &["--etcd", &self.etcd_url]);
     }
 
     pub fn svc_prefix(&self) -> String {
@@ -52,43 +89,46 @@ impl Repl {
     pub fn start_redis(&self) -> Started {
         let dir = self.log("redis");
         std::fs::create_dir_all(&dir).expect("redis dir");
+        self.start_redis_in(&dir, &["--appendonly", "no"], 20)
+    }
+
+    /// redis-server in a with its files in `dir` and `persist` (its
+    /// --appendonly settings), answering on the service address; its
+    /// log is redis.log. Each redis-cli PING is killed after `cli_secs`.
+    pub fn start_redis_in(&self, dir: &Path, persist: &[&str], cli_secs: u32) -> Started {
         let log = self.log("redis.log");
-        let argv = [
-            REDIS,
-            "--bind",
-            &self.svc,
-            "--port",
-            REDIS_PORT,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--dir",
-            path_str(&dir),
-        ];
+        let mut argv = vec![REDIS, "--bind", &self.svc, "--port", REDIS_PORT, "--save", ""];
+        argv.extend_from_slice(persist);
+        argv.extend(["--daemonize", "no", "--protected-mode", "no", "--dir", path_str(dir)]);
         let r = start_in(self.env.host("a"), &argv, &self.env.dir.0, &log, &[]);
-        let up =
-            wait_for(Duration::from_secs(15), || self.redis(&["PING"]).stdout.trim() == "PONG");
+        let up = wait_for(Duration::from_secs(15), || {
+            self.redis_within(cli_secs, &["PING"]).stdout.trim() == "PONG"
+        });
         assert!(up, "redis does not answer on {}:\n{}", self.svc, read_lossy(&log));
         r
     }
 
     /// redis-cli from c.
     pub fn redis(&self, args: &[&str]) -> Out {
+        self.redis_within(20, args)
+    }
+
+    /// redis-cli from c, killed after `secs`.
+    pub fn redis_within(&self, secs: u32, args: &[&str]) -> Out {
         let mut argv = vec!["redis-cli", "-h", &self.svc, "-p", REDIS_PORT];
         argv.extend_from_slice(args);
-        run_in(self.env.host("c"), 20, &argv)
+        run_in(self.env.host("c"), secs, &argv)
     }
 
     /// `ferry replicate` of `pid` (inside a) to b's agent with `extra`
     /// arguments and `env`, in the background; returns once it printed
     /// "in sync".
     pub fn replicate(&self, pid: i32, extra: &[&str], env: &[(&str, &str)]) -> Replicating {
-        let r = self.replicate_nowait(pid, extra, env);
+        self.in_sync(self.replicate_nowait(pid, extra, env))
+    }
+
+    /// `r` once it printed "in sync" (within 60 s).
+    pub fn in_sync(&self, r: Replicating) -> Replicating {
         let synced = wait_for(Duration::from_secs(60), || read_lossy(&r.out).contains("in sync"));
         assert!(synced, "ferry replicate never got in sync:\n{}", r.show());
         r
@@ -247,6 +287,13 @@ fn start_etcd(env: &Env, url: &str) -> Started {
     e
 }
 
+/// The PID (inside its host) a ferryd reports in its log `log` for the
+/// tree it took over.
+pub fn taken_over_pid(log: &str) -> Option<i32> {
+    let line = log.lines().find(|l| l.contains("took over"))?;
+    line.split(" runs here as pid ").nth(1)?.split_whitespace().next()?.parse().ok()
+}
+
 /// A `ferry replicate` running in a host.
 pub struct Replicating {
     pub child: Child,
@@ -309,4 +356,25 @@ pub fn client_results(mut child: Child, out: &Path) -> Vec<serde_json::Value> {
         assert!(c["error"].is_null(), "a client failed: {c}\nall: {text}");
     }
     all
+}
+
+/// tests/replication/seq_clients.py from c: `n` connections for `secs`.
+pub fn seq_clients(r: &Repl, n: u32, secs: f64) -> (Child, PathBuf) {
+    let (n, secs) = (n.to_string(), secs.to_string());
+    clients(r, "seq_clients.py", &[&r.svc, REDIS_PORT, &n, &secs])
+}
+
+/// The sequence clients' results: (count, last value, longest wait ms)
+/// each; panics on any client's error.
+pub fn seq_results(child: Child, out: &Path) -> Vec<(u64, i64, f64)> {
+    client_results(child, out)
+        .iter()
+        .map(|c| {
+            (
+                c["count"].as_u64().unwrap_or(0),
+                c["last"].as_i64().unwrap_or(-1),
+                c["gap_ms"].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect()
 }
