@@ -149,7 +149,7 @@ pub(super) fn survey_tree(
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
     let cgroups = cgroups::capture(&tasks)?;
     let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
-    let quiet = watch.is_some_and(|w| w.quiet(&tids));
+    let quiet = watch.map(|w| w.quiet(&tids)).unwrap_or_default();
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
         let listed = pre.get(&p.frozen.pid);
@@ -237,7 +237,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
-    (pre, options_quiet): (Option<&files::FdPresurvey>, bool),
+    (pre, quiet): (Option<&files::FdPresurvey>, sockopt_watch::Quiet),
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -258,7 +258,7 @@ fn survey_process(
         unix_orphans,
         unix_options,
         mut kept,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, options_quiet)?;
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
