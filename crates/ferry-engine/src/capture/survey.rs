@@ -258,11 +258,13 @@ fn survey_process(
         unix_orphans,
         unix_options,
         mut kept,
+        early_owners,
     } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
-    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept)?;
+    let file_owners =
+        files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept, &early_owners)?;
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;

@@ -53,7 +53,7 @@ pub(crate) struct FdInfo<'a> {
     pub options_quiet: bool,
     /// The description made before the freeze ([`pre_describe`]), when
     /// it still holds: fd is that socket and nothing changed it since.
-    pub early: Option<&'a Described>,
+    pub early: Option<&'a Early>,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -185,6 +185,9 @@ pub struct CapturedFds {
     pub unix_options: Vec<ferry_image::UnixSocketOptions>,
     /// Ferry's duplicates of its inet sockets, by fd ([`KeptDups`]).
     pub kept: std::collections::HashMap<i32, OwnedFd>,
+    /// Owners and signals read before the freeze, by file index, of the
+    /// connections taken as described then.
+    pub early_owners: std::collections::HashMap<u32, owner::Raw>,
 }
 
 /// A running process's sockets as listed before the freeze: per fd
@@ -220,10 +223,12 @@ pub struct PreSocket {
 }
 
 /// A connection described before the freeze ([`pre_describe`]): its
-/// fdinfo then and its description, as the freeze would make them.
-struct Early {
+/// fdinfo then, its description as the freeze would make it, and its
+/// owner and signal ([`owner::read_raw`]).
+pub(crate) struct Early {
     fdinfo: String,
     described: Described,
+    owner: owner::Raw,
 }
 
 /// An IPv4/IPv6 socket as read before the freeze: what never changes
@@ -431,7 +436,10 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
             early: None,
         };
         let Ok(described) = describe(&info, false) else { return Ok(false) };
-        let _ = l.socket.described.set(Early { fdinfo: info.fdinfo, described });
+        let Some(Ok(owner)) = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd())) else {
+            return Ok(false);
+        };
+        let _ = l.socket.described.set(Early { fdinfo: info.fdinfo, described, owner });
         Ok(true)
     });
     let n = described.map_or(0, |d| d.into_iter().filter(|&d| d).count());
@@ -505,7 +513,7 @@ pub(super) fn capture(
         let (fdinfo, link, meta, same, early) = match early {
             Some((l, e, dup)) => {
                 kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
-                (e.fdinfo.clone(), l.link.clone(), l.meta.clone(), Some(l), Some(&e.described))
+                (e.fdinfo.clone(), l.link.clone(), l.meta.clone(), Some(l), Some(e))
             }
             None => {
                 let fdinfo = fdinfo_dir.read(fd)?;
@@ -536,6 +544,8 @@ pub(super) fn capture(
     })?;
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
     let files = capture_descriptions(&unique, external_stdio)?;
+    let early_owners =
+        unique.iter().enumerate().filter_map(|(i, u)| Some((i as u32, u.early?.owner))).collect();
     let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
     let pending_listeners = unix_tables
         .take_listeners_with_pending()
@@ -564,6 +574,7 @@ pub(super) fn capture(
     drop(infos);
     Ok(CapturedFds {
         kept: kept.into_map(),
+        early_owners,
         files,
         fds: slots,
         inodes,
@@ -688,7 +699,7 @@ type Described = (i32, i64, FileKind, Vec<ferry_image::FileLock>);
 
 fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
     if let Some(early) = info.early {
-        return Ok(early.clone());
+        return Ok(early.described.clone());
     }
     let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
     let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
