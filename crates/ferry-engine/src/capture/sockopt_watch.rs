@@ -52,8 +52,13 @@ static CLOSING: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
 /// restore), which it can only do as its process's one thread.
 pub(crate) fn wait_closed() {
     let handles = std::mem::take(&mut *CLOSING.lock().unwrap_or_else(|e| e.into_inner()));
+    let t = std::time::Instant::now();
+    let n = handles.len();
     for h in handles {
         let _ = h.join();
+    }
+    if n > 0 {
+        tracing::debug!("counters closed: waited {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     }
 }
 
@@ -111,12 +116,28 @@ impl Watch {
     /// tracepoint's slower path, the repair reads of the freeze too; but
     /// closing the last one waits for an RCU grace period (tens of ms on
     /// a busy machine), which is not the service's to wait for.
+    /// One thread per tracepoint: the last counter of each ends with its
+    /// own grace period, which run side by side rather than one after the
+    /// other.
     fn close_aside(self) {
-        let spawned =
-            std::thread::Builder::new().name("ferry-watch-close".into()).spawn(move || drop(self));
-        match spawned {
-            Ok(handle) => CLOSING.lock().unwrap_or_else(|e| e.into_inner()).push(handle),
-            Err(e) => tracing::debug!("closing the setsockopt counters here: {e}"),
+        let mut by_call: Vec<Vec<OwnedFd>> = Vec::new();
+        for counters in self.counters.into_values() {
+            for (i, c) in counters.into_iter().enumerate() {
+                if by_call.len() <= i {
+                    by_call.push(Vec::new());
+                }
+                by_call[i].push(c);
+            }
+        }
+        let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+        for counters in by_call {
+            let spawned = std::thread::Builder::new()
+                .name("ferry-watch-close".into())
+                .spawn(move || drop(counters));
+            match spawned {
+                Ok(handle) => closing.push(handle),
+                Err(e) => tracing::debug!("closing the counters here: {e}"),
+            }
         }
     }
 
