@@ -42,6 +42,8 @@ pub(super) struct Survey {
     /// Ferry's duplicates of its TCP connections, by fd, for the repair
     /// capture ([`files::KeptDups`]).
     pub kept: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
+    /// The fdinfo of each of its epoll fds, as the fd capture read it.
+    epoll_fdinfo: std::collections::HashMap<i32, String>,
 }
 
 impl Survey {
@@ -259,6 +261,7 @@ fn survey_process(
         unix_options,
         mut kept,
         early_owners,
+        epoll_fdinfo,
     } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
@@ -303,6 +306,7 @@ fn survey_process(
         unix_orphans,
         unix_options,
         kept,
+        epoll_fdinfo,
     })
 }
 
@@ -380,7 +384,8 @@ fn link_files(
         let views: Vec<(i32, &[OpenFile], &[FdSlot])> =
             procs.iter().map(Survey::file_view).collect();
         let inodes: Vec<&[(u64, u64)]> = procs.iter().map(|s| s.inodes.as_slice()).collect();
-        files::epoll::resolve_targets(&views, &inodes)?
+        let fdinfos: Vec<_> = procs.iter().map(|s| &s.epoll_fdinfo).collect();
+        files::epoll::resolve_targets(&views, &inodes, &fdinfos)?
     };
     for (s, t) in procs.iter_mut().zip(targets) {
         s.fidelity.epoll_targets = t;
