@@ -165,8 +165,6 @@ pub fn checkpoint_then(
         };
         EngineError::TrialFailed { image: image.display().to_string(), error }
     };
-    // The trial forks: ferry must be one thread again.
-    sockopt_watch::wait_closed();
     if opts.leave_running {
         let summary = captured.resume()?;
         trial(&image, &[]).map_err(failed)?;

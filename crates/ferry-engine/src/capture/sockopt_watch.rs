@@ -1,8 +1,9 @@
 //! Whether the running tree set a socket option between the reads made
 //! before the freeze (phase "socket options checked") and the freeze:
 //! the kernel counts every setsockopt system call of every thread of the
-//! tree (a perf counter on the syscall's tracepoint per thread, opened
-//! before anything is read). When no thread of the frozen tree made one,
+//! tree (a perf counter per thread on the raw_syscalls/sys_enter
+//! tracepoint, filtered on the call's number, opened before anything is
+//! read). When no thread of the frozen tree made one,
 //! no thread the counters missed exists (a thread or process started
 //! since has none: then the answer is no), and no BPF program that could
 //! set an option from inside the kernel (`bpf_setsockopt`) is loaded, the
@@ -10,7 +11,7 @@
 //! survey takes them instead of reading ~60 options of every socket
 //! while the service is stopped. Otherwise it reads them all, as before.
 //!
-//! The same counters on the calls that change an fd or its open file
+//! A second counter of each thread on the calls that change an fd or its open file
 //! description without replacing it (fcntl, ioctl, flock, dup, dup2,
 //! dup3, close_range, shutdown) tell whether the connections described
 //! before the freeze ([`super::files::pre_describe`]) still are as they
@@ -27,39 +28,29 @@ use std::os::fd::{AsFd, OwnedFd};
 /// again: what sets an fd's close-on-exec flag, its description's status
 /// flags, owner, signal or locks, puts another description at an fd
 /// number already listed, or shuts a socket down.
-const FD_CALLS: [&str; 8] = [
-    "syscalls/sys_enter_fcntl",
-    "syscalls/sys_enter_ioctl",
-    "syscalls/sys_enter_flock",
-    "syscalls/sys_enter_dup",
-    "syscalls/sys_enter_dup2",
-    "syscalls/sys_enter_dup3",
-    "syscalls/sys_enter_close_range",
-    "syscalls/sys_enter_shutdown",
+const FD_CALLS: [libc::c_long; 8] = [
+    libc::SYS_fcntl,
+    libc::SYS_ioctl,
+    libc::SYS_flock,
+    libc::SYS_dup,
+    libc::SYS_dup2,
+    libc::SYS_dup3,
+    libc::SYS_close_range,
+    libc::SYS_shutdown,
 ];
 
-/// Counters per thread of the tree: setsockopt first, then [`FD_CALLS`]
-/// (absent when the kernel lacks one of their tracepoints).
-pub(super) struct Watch {
-    counters: HashMap<i32, Vec<OwnedFd>>,
+/// The filters of the two counters of each thread, both on the
+/// raw_syscalls/sys_enter tracepoint: setsockopt, and [`FD_CALLS`]. One
+/// tracepoint, so closing the counters waits for one RCU grace period
+/// (per tracepoint, and in the process's exit if it is still open).
+fn filters() -> [String; 2] {
+    let calls: Vec<String> = FD_CALLS.iter().map(|c| format!("id == {c}")).collect();
+    [format!("id == {}", libc::SYS_setsockopt), calls.join(" || ")]
 }
 
-/// The threads closing counters ([`Watch::close_aside`]).
-static CLOSING: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Waits until every counter is closed: before ferry forks (the trial
-/// restore), which it can only do as its process's one thread.
-pub(crate) fn wait_closed() {
-    let handles = std::mem::take(&mut *CLOSING.lock().unwrap_or_else(|e| e.into_inner()));
-    let t = std::time::Instant::now();
-    let n = handles.len();
-    for h in handles {
-        let _ = h.join();
-    }
-    if n > 0 {
-        tracing::debug!("counters closed: waited {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    }
+/// Counters per thread of the tree: setsockopt calls, then [`FD_CALLS`].
+pub(super) struct Watch {
+    counters: HashMap<i32, Vec<OwnedFd>>,
 }
 
 /// What the counters tell in the freeze.
@@ -76,24 +67,26 @@ impl Watch {
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let id = ferry_sys::perf::tracepoint_id("syscalls/sys_enter_setsockopt").ok()?;
-        let fd_ids: Option<Vec<u64>> =
-            FD_CALLS.iter().map(|t| ferry_sys::perf::tracepoint_id(t).ok()).collect();
-        let ids: Vec<u64> = std::iter::once(id).chain(fd_ids.into_iter().flatten()).collect();
+        let id = ferry_sys::perf::tracepoint_id("raw_syscalls/sys_enter").ok()?;
+        let filters = filters();
         // Loaded now, not in the freeze where `answer` lists them.
         own_programs();
         let mut counters = HashMap::new();
         for &pid in pids {
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
             for tid in tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-                match ids.iter().map(|&i| ferry_sys::perf::count_tracepoint(tid, i)).collect() {
+                let opened = filters
+                    .iter()
+                    .map(|f| ferry_sys::perf::count_tracepoint_filtered(tid, id, f))
+                    .collect();
+                match opened {
                     Ok(c) => {
                         counters.insert(tid, c);
                     }
                     // Gone: a thread the freeze finds is then not counted.
                     Err(e) if e.errno == libc::ESRCH => {}
                     Err(e) => {
-                        tracing::debug!("setsockopt counters not available: {e}");
+                        tracing::debug!("system call counters not available: {e}");
                         return None;
                     }
                 }
@@ -116,9 +109,7 @@ impl Watch {
     /// tracepoint's slower path, the repair reads of the freeze too; but
     /// closing the last one waits for an RCU grace period (tens of ms on
     /// a busy machine), which is not the service's to wait for.
-    /// One thread per tracepoint: the last counter of each ends with its
-    /// own grace period, which run side by side rather than one after the
-    /// other.
+    /// One thread per kind of counter.
     fn close_aside(self) {
         let mut by_call: Vec<Vec<OwnedFd>> = Vec::new();
         for counters in self.counters.into_values() {
@@ -129,15 +120,8 @@ impl Watch {
                 by_call[i].push(c);
             }
         }
-        let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
         for counters in by_call {
-            let spawned = std::thread::Builder::new()
-                .name("ferry-watch-close".into())
-                .spawn(move || drop(counters));
-            match spawned {
-                Ok(handle) => closing.push(handle),
-                Err(e) => tracing::debug!("closing the counters here: {e}"),
-            }
+            crate::parallel::detach("ferry-watch-close", move || drop(counters));
         }
     }
 
@@ -163,14 +147,14 @@ impl Watch {
     }
 }
 
-/// The answer from each thread's counts (setsockopt first, then
+/// The answer from each thread's counts (setsockopt calls, then
 /// [`FD_CALLS`]; None when a thread has no counters) and the types of
 /// the BPF programs loaded but ferry's.
 fn judge(counts: Option<&[Vec<u64>]>, types: Option<&[u32]>) -> Quiet {
     let no_bpf = types.is_some_and(|t| !bpf_may_set_options(t));
     let Some(counts) = counts else { return Quiet::default() };
     let options = no_bpf && no_calls(&counts.iter().map(|c| c[0]).collect::<Vec<_>>());
-    let all_counted = counts.iter().all(|c| c.len() == 1 + FD_CALLS.len());
+    let all_counted = counts.iter().all(|c| c.len() == 2);
     let fds = options && all_counted && counts.iter().all(|c| no_calls(c));
     Quiet { options, fds }
 }
@@ -239,7 +223,7 @@ mod tests {
     #[test]
     fn the_fds_stand_only_when_no_call_of_any_kind_was_counted() {
         let quiet = |counts: &[Vec<u64>]| judge(Some(counts), Some(&[3]));
-        let none = vec![0; 1 + FD_CALLS.len()];
+        let none = vec![0; 2];
         assert_eq!(quiet(&[none.clone(), none.clone()]), Quiet { options: true, fds: true });
         let mut fcntl = none.clone();
         fcntl[1] = 2;
@@ -247,7 +231,7 @@ mod tests {
         let mut set = none.clone();
         set[0] = 1;
         assert_eq!(quiet(&[set]), Quiet { options: false, fds: false });
-        // Counters on setsockopt only (a kernel without the others).
+        // A thread with one counter only.
         assert_eq!(quiet(&[vec![0]]), Quiet { options: true, fds: false });
         // A BPF program that may set options; a thread not counted.
         assert_eq!(judge(Some(std::slice::from_ref(&none)), Some(&[13])), Quiet::default());
