@@ -61,6 +61,48 @@ pub fn drop_all<T: Send>(mut items: Vec<T>) {
     });
 }
 
+/// Threads left to finish work nobody waits for (closing counters: each
+/// last close waits for an RCU grace period), joined by
+/// [`join_detached`].
+static DETACHED: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` on a thread of its own, named `name`; here when none can be
+/// made.
+pub fn detach(name: &str, f: impl FnOnce() + Send + 'static) {
+    // The closure comes back when the thread cannot start.
+    let f = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+    let g = f.clone();
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+        if let Some(f) = g.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            f()
+        }
+    });
+    match spawned {
+        Ok(handle) => DETACHED.lock().unwrap_or_else(|e| e.into_inner()).push(handle),
+        Err(e) => {
+            tracing::debug!("{name} here: {e}");
+            if let Some(f) = f.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                f()
+            }
+        }
+    }
+}
+
+/// Waits for every thread [`detach`] started: before ferry forks, which
+/// it can only do as its process's one thread.
+pub fn join_detached() {
+    let handles = std::mem::take(&mut *DETACHED.lock().unwrap_or_else(|e| e.into_inner()));
+    if handles.is_empty() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    for h in handles {
+        let _ = h.join();
+    }
+    tracing::debug!("detached threads joined in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +131,10 @@ mod tests {
         drop_all((0..5000).map(|_| Counted(&dropped)).collect());
         drop_all((0..3).map(|_| Counted(&dropped)).collect());
         assert_eq!(dropped.load(std::sync::atomic::Ordering::Relaxed), 5003);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = done.clone();
+        detach("test-detached", move || d.store(true, std::sync::atomic::Ordering::Release));
+        join_detached();
+        assert!(done.load(std::sync::atomic::Ordering::Acquire));
     }
 }

@@ -21,8 +21,9 @@ struct Attr {
     sample_period: u64,
     sample_type: u64,
     read_format: u64,
-    /// disabled, inherit, pinned, ... (bit fields): all 0, so the counter
-    /// counts from the moment it is opened, in this thread only.
+    /// disabled, inherit, pinned, ... (bit fields): all 0 but `disabled`
+    /// for a counter enabled once its filter is set, so the counter counts
+    /// from the moment it is opened (or enabled), in this thread only.
     flags: u64,
     wakeup_events: u32,
     bp_type: u32,
@@ -91,13 +92,18 @@ pub fn count_tracepoint(tid: i32, id: u64) -> SysResult<OwnedFd> {
         config: id,
         ..Default::default()
     };
+    open(&attr, tid)
+}
+
+/// perf_event_open of `attr` on thread `tid`, any CPU, no group.
+fn open(attr: &Attr, tid: i32) -> SysResult<OwnedFd> {
     // SAFETY: attr is a valid perf_event_attr of the size it states, read
     // by the kernel during the call; cpu -1 and no group are allowed with
     // a thread.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const Attr,
+            attr as *const Attr,
             tid,
             -1 as libc::c_int,
             -1 as libc::c_int,
@@ -109,6 +115,34 @@ pub fn count_tracepoint(tid: i32, id: u64) -> SysResult<OwnedFd> {
     }
     // SAFETY: fd is a new descriptor owned by us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A counter of tracepoint `id` in thread `tid` that counts only the
+/// events `filter` (the tracepoint's filter syntax, e.g. "id == 54" on
+/// raw_syscalls/sys_enter) lets through, counting from once it is set.
+pub fn count_tracepoint_filtered(tid: i32, id: u64, filter: &str) -> SysResult<OwnedFd> {
+    const DISABLED: u64 = 1;
+    const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+    const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
+    let attr = Attr {
+        ty: PERF_TYPE_TRACEPOINT,
+        size: std::mem::size_of::<Attr>() as u32,
+        config: id,
+        flags: DISABLED,
+        ..Default::default()
+    };
+    let counter = open(&attr, tid)?;
+    let filter =
+        std::ffi::CString::new(filter).map_err(|_| SysError::new("perf filter", libc::EINVAL))?;
+    // SAFETY: a NUL-terminated string the kernel copies during the call.
+    if unsafe { libc::ioctl(counter.as_raw_fd(), PERF_EVENT_IOC_SET_FILTER, filter.as_ptr()) } < 0 {
+        return Err(last_error("ioctl(PERF_EVENT_IOC_SET_FILTER)"));
+    }
+    // SAFETY: ENABLE takes no argument (0: this event alone).
+    if unsafe { libc::ioctl(counter.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) } < 0 {
+        return Err(last_error("ioctl(PERF_EVENT_IOC_ENABLE)"));
+    }
+    Ok(counter)
 }
 
 /// The counter's value: how many times the event happened so far.

@@ -107,10 +107,19 @@ struct Run {
     /// A loginuid ferry runs with (see [`FERRY_LOGINUID`]).
     ferry_loginuid: Option<u32>,
     /// Send SIGUSR1 while ferry stalls after reading the socket options
-    /// (before the freeze), and wait for the program's "SET": the
-    /// program changes an option then (`sock_opt_set_late`, always run so).
-    late_change: bool,
+    /// and describing the connections (before the freeze), and wait for
+    /// the program's "SET": the program changes an option then
+    /// (`sock_opt_set_late`) or its fds (`fd_change_late`), always run
+    /// so. What ferry's log must then say it read again.
+    late_change: Option<&'static str>,
 }
+
+/// Programs that change something while ferry stalls before the freeze
+/// ([`Run::late_change`]), with what ferry's log must then say.
+const LATE_CHANGES: &[(&str, &str)] = &[
+    ("sock_opt_set_late", "socket options read before the freeze read again"),
+    ("fd_change_late", "descriptors described before it read again"),
+];
 
 /// Programs whose checkpoint and restore run in a ferry with this
 /// loginuid (set by a shell before it execs ferry), unlike the program's.
@@ -142,7 +151,7 @@ impl Run {
             restored_pid: None,
             chain: false,
             ferry_loginuid: FERRY_LOGINUID.iter().find(|(n, _)| *n == name).map(|&(_, u)| u),
-            late_change: false,
+            late_change: None,
         }
     }
 
@@ -171,7 +180,7 @@ impl Run {
         if leave_running {
             cmd.arg("--leave-running");
         }
-        if self.late_change {
+        if self.late_change.is_some() {
             cmd.env("FERRY_LOG", "debug")
                 // Its two sockets are watched (ferry watches from 500 on).
                 .env("FERRY_SOCKOPT_WATCH_FROM", "1")
@@ -184,7 +193,7 @@ impl Run {
             .stderr(File::create(self.base.join("checkpoint.err")).expect("ckpt err"))
             .spawn()
             .unwrap_or_else(|e| self.fail("checkpoint", &format!("cannot spawn ferry: {e}")));
-        if self.late_change {
+        if self.late_change.is_some() {
             self.change_while_stalled(pid);
         }
         let st = match wait_timeout(&mut ckpt, CHECKPOINT_TIMEOUT) {
@@ -202,8 +211,8 @@ impl Run {
         // read the options again.
         let counted = Path::new("/sys/kernel/tracing/events/syscalls").exists();
         let err = read_lossy(&self.base.join("checkpoint.err"));
-        if self.late_change && counted && !err.contains("read before the freeze read again") {
-            self.fail("checkpoint", "the survey did not read the socket options again");
+        if let Some(said) = self.late_change.filter(|said| counted && !err.contains(said)) {
+            self.fail("checkpoint", &format!("the survey's log lacks \"{said}\""));
         }
     }
 
@@ -443,7 +452,7 @@ fn run_program_as(name: &'static str, chain: bool) {
     let attempt = || {
         let mut run = Run::new(name);
         run.chain = chain;
-        run.late_change = name == "sock_opt_set_late";
+        run.late_change = LATE_CHANGES.iter().find(|(n, _)| *n == name).map(|&(_, said)| said);
         run.execute(&bin);
     };
     // One more attempt, from a fresh start, when the restore found one of
@@ -563,6 +572,7 @@ conformance! {
     sock_tcp_v6only,
     sock_tcp_established_pair,
     sock_opt_set_late,
+    fd_change_late,
     sock_udp_bound,
     sock_udp_connected,
     sock_unix_pair,

@@ -423,7 +423,20 @@ pub fn capture(
         Ok::<_, EngineError>((pre, watch))
     })?;
     // Every option of every socket, while the tree runs: none in the freeze.
-    ph.step("socket options checked", || sockopt_check::check(&pre, watch.is_some()))?;
+    // And, with the counters on, every connection described: the
+    // survey in the freeze checks only that each is still the same.
+    ph.step("socket options checked", || {
+        let checked = sockopt_check::check(&pre, watch.is_some());
+        if checked.is_ok() && watch.is_some() {
+            let tree: Vec<i32> = pre.keys().copied().collect();
+            for (&p, listed) in &pre {
+                files::pre_describe(p, listed, &tree);
+            }
+        }
+        // The freeze takes its own duplicates ([`files::FdPresurvey::release_dups`]).
+        pre.values().for_each(files::FdPresurvey::release_dups);
+        checked
+    })?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;

@@ -178,7 +178,6 @@ pub(super) fn check(pre: &Presurvey, read_early: bool) -> Result<()> {
         }
     }
     crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid], read_early))?;
-    pre.values().for_each(super::files::FdPresurvey::release_dups);
     Ok(())
 }
 

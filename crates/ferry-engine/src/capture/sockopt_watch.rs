@@ -1,8 +1,9 @@
 //! Whether the running tree set a socket option between the reads made
 //! before the freeze (phase "socket options checked") and the freeze:
 //! the kernel counts every setsockopt system call of every thread of the
-//! tree (a perf counter on the syscall's tracepoint per thread, opened
-//! before anything is read). When no thread of the frozen tree made one,
+//! tree (a perf counter per thread on the raw_syscalls/sys_enter
+//! tracepoint, filtered on the call's number, opened before anything is
+//! read). When no thread of the frozen tree made one,
 //! no thread the counters missed exists (a thread or process started
 //! since has none: then the answer is no), and no BPF program that could
 //! set an option from inside the kernel (`bpf_setsockopt`) is loaded, the
@@ -10,15 +11,55 @@
 //! survey takes them instead of reading ~60 options of every socket
 //! while the service is stopped. Otherwise it reads them all, as before.
 //!
+//! A second counter of each thread on the calls that change an fd or its open file
+//! description without replacing it (fcntl, ioctl, flock, dup, dup2,
+//! dup3, close_range, shutdown) tell whether the connections described
+//! before the freeze ([`super::files::pre_describe`]) still are as they
+//! were: then the survey only checks that each fd still holds the same
+//! socket. A call of any of them makes the survey read every fd again.
+//!
 //! What else changes a socket while the tree runs is read again in the
-//! freeze: state, addresses, pending errors and queues, the fd's flags.
+//! freeze: state, pending errors and queues (under the network lock).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 
-/// Counters of setsockopt calls, one per thread of the tree.
+/// The calls after which the fds described before the freeze are read
+/// again: what sets an fd's close-on-exec flag, its description's status
+/// flags, owner, signal or locks, puts another description at an fd
+/// number already listed, or shuts a socket down.
+const FD_CALLS: [libc::c_long; 8] = [
+    libc::SYS_fcntl,
+    libc::SYS_ioctl,
+    libc::SYS_flock,
+    libc::SYS_dup,
+    libc::SYS_dup2,
+    libc::SYS_dup3,
+    libc::SYS_close_range,
+    libc::SYS_shutdown,
+];
+
+/// The filters of the two counters of each thread, both on the
+/// raw_syscalls/sys_enter tracepoint: setsockopt, and [`FD_CALLS`]. One
+/// tracepoint, so closing the counters waits for one RCU grace period
+/// (per tracepoint, and in the process's exit if it is still open).
+fn filters() -> [String; 2] {
+    let calls: Vec<String> = FD_CALLS.iter().map(|c| format!("id == {c}")).collect();
+    [format!("id == {}", libc::SYS_setsockopt), calls.join(" || ")]
+}
+
+/// Counters per thread of the tree: setsockopt calls, then [`FD_CALLS`].
 pub(super) struct Watch {
-    counters: HashMap<i32, OwnedFd>,
+    counters: HashMap<i32, Vec<OwnedFd>>,
+}
+
+/// What the counters tell in the freeze.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Quiet {
+    /// No socket option can have changed since they were read.
+    pub options: bool,
+    /// Nor an fd, its flags, owner or locks, nor a socket's shutdown.
+    pub fds: bool,
 }
 
 impl Watch {
@@ -26,21 +67,26 @@ impl Watch {
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let id = ferry_sys::perf::tracepoint_id("syscalls/sys_enter_setsockopt").ok()?;
+        let id = ferry_sys::perf::tracepoint_id("raw_syscalls/sys_enter").ok()?;
+        let filters = filters();
         // Loaded now, not in the freeze where `answer` lists them.
         own_programs();
         let mut counters = HashMap::new();
         for &pid in pids {
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
             for tid in tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-                match ferry_sys::perf::count_tracepoint(tid, id) {
+                let opened = filters
+                    .iter()
+                    .map(|f| ferry_sys::perf::count_tracepoint_filtered(tid, id, f))
+                    .collect();
+                match opened {
                     Ok(c) => {
                         counters.insert(tid, c);
                     }
                     // Gone: a thread the freeze finds is then not counted.
                     Err(e) if e.errno == libc::ESRCH => {}
                     Err(e) => {
-                        tracing::debug!("setsockopt counters not available: {e}");
+                        tracing::debug!("system call counters not available: {e}");
                         return None;
                     }
                 }
@@ -49,10 +95,11 @@ impl Watch {
         Some(Watch { counters })
     }
 
-    /// Whether the options read before the freeze still hold for the
-    /// frozen threads `tids` (see the module comment). The counters close
-    /// then, on a thread of their own ([`Watch::close_aside`]).
-    pub fn quiet(self, tids: &[i32]) -> bool {
+    /// Whether the options (and fds) read before the freeze still hold
+    /// for the frozen threads `tids` (see the module comment). The
+    /// counters close then, on a thread of their own
+    /// ([`Watch::close_aside`]).
+    pub fn quiet(self, tids: &[i32]) -> Quiet {
         let quiet = self.answer(tids);
         self.close_aside();
         quiet
@@ -62,31 +109,54 @@ impl Watch {
     /// tracepoint's slower path, the repair reads of the freeze too; but
     /// closing the last one waits for an RCU grace period (tens of ms on
     /// a busy machine), which is not the service's to wait for.
+    /// One thread per kind of counter.
     fn close_aside(self) {
-        let spawned =
-            std::thread::Builder::new().name("ferry-watch-close".into()).spawn(move || drop(self));
-        if let Err(e) = spawned {
-            tracing::debug!("closing the setsockopt counters here: {e}");
+        let mut by_call: Vec<Vec<OwnedFd>> = Vec::new();
+        for counters in self.counters.into_values() {
+            for (i, c) in counters.into_iter().enumerate() {
+                if by_call.len() <= i {
+                    by_call.push(Vec::new());
+                }
+                by_call[i].push(c);
+            }
+        }
+        for counters in by_call {
+            crate::parallel::detach("ferry-watch-close", move || drop(counters));
         }
     }
 
-    fn answer(&self, tids: &[i32]) -> bool {
-        let counts: Option<Vec<u64>> = tids
+    fn answer(&self, tids: &[i32]) -> Quiet {
+        let counts: Option<Vec<Vec<u64>>> = tids
             .iter()
-            .map(|t| ferry_sys::perf::read_count(self.counters.get(t)?.as_fd()).ok())
+            .map(|t| {
+                let c = self.counters.get(t)?;
+                c.iter().map(|fd| ferry_sys::perf::read_count(fd.as_fd()).ok()).collect()
+            })
             .collect();
         let own = own_programs();
         let types: Option<Vec<u32>> = ferry_sys::bpf::loaded_progs()
             .ok()
             .map(|p| p.into_iter().filter(|p| !is_own(&own, p)).map(|p| p.prog_type).collect());
-        let quiet = counts.as_deref().is_some_and(no_calls)
-            && types.as_deref().is_some_and(|t| !bpf_may_set_options(t));
+        let quiet = judge(counts.as_deref(), types.as_deref());
         tracing::debug!(
-            "socket options read before the freeze {}: setsockopt calls per thread {counts:?}",
-            if quiet { "taken" } else { "read again" }
+            "socket options read before the freeze {}, descriptors described before it {}: calls per thread {counts:?}",
+            if quiet.options { "taken" } else { "read again" },
+            if quiet.fds { "taken" } else { "read again" }
         );
         quiet
     }
+}
+
+/// The answer from each thread's counts (setsockopt calls, then
+/// [`FD_CALLS`]; None when a thread has no counters) and the types of
+/// the BPF programs loaded but ferry's.
+fn judge(counts: Option<&[Vec<u64>]>, types: Option<&[u32]>) -> Quiet {
+    let no_bpf = types.is_some_and(|t| !bpf_may_set_options(t));
+    let Some(counts) = counts else { return Quiet::default() };
+    let options = no_bpf && no_calls(&counts.iter().map(|c| c[0]).collect::<Vec<_>>());
+    let all_counted = counts.iter().all(|c| c.len() == 2);
+    let fds = options && all_counted && counts.iter().all(|c| no_calls(c));
+    Quiet { options, fds }
 }
 
 /// Ferry's own iterators (tracing programs that only read), as this
@@ -151,6 +221,24 @@ mod tests {
     }
 
     #[test]
+    fn the_fds_stand_only_when_no_call_of_any_kind_was_counted() {
+        let quiet = |counts: &[Vec<u64>]| judge(Some(counts), Some(&[3]));
+        let none = vec![0; 2];
+        assert_eq!(quiet(&[none.clone(), none.clone()]), Quiet { options: true, fds: true });
+        let mut fcntl = none.clone();
+        fcntl[1] = 2;
+        assert_eq!(quiet(&[none.clone(), fcntl]), Quiet { options: true, fds: false });
+        let mut set = none.clone();
+        set[0] = 1;
+        assert_eq!(quiet(&[set]), Quiet { options: false, fds: false });
+        // A thread with one counter only.
+        assert_eq!(quiet(&[vec![0]]), Quiet { options: true, fds: false });
+        // A BPF program that may set options; a thread not counted.
+        assert_eq!(judge(Some(std::slice::from_ref(&none)), Some(&[13])), Quiet::default());
+        assert_eq!(judge(None, Some(&[3])), Quiet::default());
+    }
+
+    #[test]
     fn a_setsockopt_of_a_watched_thread_is_seen_and_a_thread_not_watched_is_not_quiet() {
         let me = std::process::id() as i32;
         let Some(watch) = Watch::start(&[me]) else {
@@ -160,16 +248,21 @@ mod tests {
         let thread = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
         let tid: i32 = thread.file_name().and_then(|n| n.to_str()?.parse().ok()).expect("tid");
         let counted =
-            |w: &Watch| ferry_sys::perf::read_count(w.counters[&tid].as_fd()).expect("counter");
+            |w: &Watch| ferry_sys::perf::read_count(w.counters[&tid][0].as_fd()).expect("counter");
         assert_eq!(counted(&watch), 0);
         let s = ferry_sys::socket::socket(libc::AF_INET, libc::SOCK_STREAM, 0).expect("socket");
         use std::os::fd::AsRawFd;
         ferry_sys::socket::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)
             .expect("setsockopt");
         assert_eq!(counted(&watch), 1);
-        assert!(!watch.quiet(&[tid]));
+        assert_eq!(watch.quiet(&[tid]), Quiet { options: false, fds: false });
         // A thread with no counter (started after the watch) is never quiet.
         let watch = Watch::start(&[me]).expect("counters");
-        assert!(!watch.quiet(&[tid, i32::MAX]));
+        assert_eq!(watch.quiet(&[tid, i32::MAX]), Quiet::default());
+        // An fcntl leaves the options standing, not the fds.
+        let watch = Watch::start(&[me]).expect("counters");
+        ferry_sys::fd::fcntl_int(s.as_raw_fd(), libc::F_GETFD, 0, "fcntl").expect("fcntl");
+        let quiet = watch.quiet(&[tid]);
+        assert!(!quiet.fds);
     }
 }

@@ -42,6 +42,8 @@ pub(super) struct Survey {
     /// Ferry's duplicates of its TCP connections, by fd, for the repair
     /// capture ([`files::KeptDups`]).
     pub kept: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
+    /// The fdinfo of each of its epoll fds, as the fd capture read it.
+    epoll_fdinfo: std::collections::HashMap<i32, String>,
 }
 
 impl Survey {
@@ -149,7 +151,7 @@ pub(super) fn survey_tree(
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
     let cgroups = cgroups::capture(&tasks)?;
     let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
-    let quiet = watch.is_some_and(|w| w.quiet(&tids));
+    let quiet = watch.map(|w| w.quiet(&tids)).unwrap_or_default();
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
         let listed = pre.get(&p.frozen.pid);
@@ -237,7 +239,7 @@ fn survey_process(
     ppid: i32,
     tree: &[i32],
     opts: &CaptureOptions,
-    (pre, options_quiet): (Option<&files::FdPresurvey>, bool),
+    (pre, quiet): (Option<&files::FdPresurvey>, sockopt_watch::Quiet),
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -258,11 +260,14 @@ fn survey_process(
         unix_orphans,
         unix_options,
         mut kept,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, options_quiet)?;
+        early_owners,
+        epoll_fdinfo,
+    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
-    let file_owners = files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept)?;
+    let file_owners =
+        files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept, &early_owners)?;
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
@@ -301,6 +306,7 @@ fn survey_process(
         unix_orphans,
         unix_options,
         kept,
+        epoll_fdinfo,
     })
 }
 
@@ -378,7 +384,8 @@ fn link_files(
         let views: Vec<(i32, &[OpenFile], &[FdSlot])> =
             procs.iter().map(Survey::file_view).collect();
         let inodes: Vec<&[(u64, u64)]> = procs.iter().map(|s| s.inodes.as_slice()).collect();
-        files::epoll::resolve_targets(&views, &inodes)?
+        let fdinfos: Vec<_> = procs.iter().map(|s| &s.epoll_fdinfo).collect();
+        files::epoll::resolve_targets(&views, &inodes, &fdinfos)?
     };
     for (s, t) in procs.iter_mut().zip(targets) {
         s.fidelity.epoll_targets = t;

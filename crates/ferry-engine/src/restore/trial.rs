@@ -57,6 +57,8 @@ pub fn trial(dir: &Path, inherited: &[std::os::fd::RawFd]) -> Result<TrialOutcom
     let flags =
         (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC) as u64;
     let pages = image.pages;
+    // The helper is a fork of ferry, which must be one thread again.
+    crate::parallel::join_detached();
     let held = pidns::restore_held_in(
         image.tree,
         pages.bytes(),

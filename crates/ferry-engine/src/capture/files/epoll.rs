@@ -44,10 +44,15 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
 }
 
 /// What the entries of epoll `epfd` of `pid` watch, by fd number: the
-/// file's (device in the kernel's encoding, inode) as fdinfo prints them.
-fn watched_inodes(pid: i32, epfd: i32) -> HashMap<i32, Vec<(u64, u64)>> {
-    let text =
-        crate::procfs::read_string(&format!("/proc/{pid}/fdinfo/{epfd}")).unwrap_or_default();
+/// file's (device in the kernel's encoding, inode) as fdinfo prints them
+/// (`read`: its fdinfo as the survey read it, else read now).
+fn watched_inodes(pid: i32, epfd: i32, read: Option<&str>) -> HashMap<i32, Vec<(u64, u64)>> {
+    let text = match read {
+        Some(t) => t.to_string(),
+        None => {
+            crate::procfs::read_string(&format!("/proc/{pid}/fdinfo/{epfd}")).unwrap_or_default()
+        }
+    };
     let mut out: HashMap<i32, Vec<(u64, u64)>> = HashMap::new();
     for line in text.lines().filter(|l| l.starts_with("tfd:")) {
         let mut words = line.split_whitespace();
@@ -98,6 +103,7 @@ fn same_socket(
 pub fn resolve_targets(
     procs: &[(i32, &[OpenFile], &[FdSlot])],
     inodes: &[&[(u64, u64)]],
+    fdinfos: &[&HashMap<i32, String>],
 ) -> Result<Vec<Vec<EpollTarget>>> {
     let mut out = Vec::with_capacity(procs.len());
     for (p, &(pid, files, slots)) in procs.iter().enumerate() {
@@ -112,7 +118,8 @@ pub fn resolve_targets(
             let Some(epfd) = slots.iter().find(|s| s.file as usize == i).map(|s| s.fd) else {
                 continue;
             };
-            let watched = watched_inodes(pid, epfd);
+            let read = fdinfos.get(p).and_then(|f| f.get(&epfd)).map(String::as_str);
+            let watched = watched_inodes(pid, epfd, read);
             for e in entries {
                 let same = |q: i32, fd: i32| {
                     ferry_sys::fd::kcmp_epoll_target(q, fd, pid, epfd, e.fd).unwrap_or(false)
@@ -209,7 +216,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let ep = ferry_sys::epoll::create(libc::EPOLL_CLOEXEC).expect("epoll");
         ferry_sys::epoll::add(ep.as_fd(), l.as_fd(), libc::EPOLLIN as u32, 7).expect("add");
-        let watched = watched_inodes(std::process::id() as i32, ep.as_raw_fd());
+        let watched = watched_inodes(std::process::id() as i32, ep.as_raw_fd(), None);
         let fd = l.as_raw_fd();
         let m = std::fs::metadata(format!("/proc/self/fd/{fd}")).expect("stat");
         assert!(

@@ -24,7 +24,7 @@ mod unix_options;
 use crate::error::{EngineError, Result};
 use crate::procfs;
 use ferry_image::{FdSlot, FileKind, OpenFile};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 /// What every kind-specific capture gets to look at.
@@ -51,6 +51,9 @@ pub(crate) struct FdInfo<'a> {
     /// Whether the options read before the freeze still hold
     /// ([`super::sockopt_watch`]).
     pub options_quiet: bool,
+    /// The description made before the freeze ([`pre_describe`]), when
+    /// it still holds: fd is that socket and nothing changed it since.
+    pub early: Option<&'a Early>,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -182,6 +185,12 @@ pub struct CapturedFds {
     pub unix_options: Vec<ferry_image::UnixSocketOptions>,
     /// Ferry's duplicates of its inet sockets, by fd ([`KeptDups`]).
     pub kept: std::collections::HashMap<i32, OwnedFd>,
+    /// Owners and signals read before the freeze, by file index, of the
+    /// connections taken as described then.
+    pub early_owners: std::collections::HashMap<u32, owner::Raw>,
+    /// The fdinfo of each epoll fd as read here, which lists what its
+    /// entries watch (10,000 lines for a server's 10,000 connections).
+    pub epoll_fdinfo: std::collections::HashMap<i32, String>,
 }
 
 /// A running process's sockets as listed before the freeze: per fd
@@ -213,6 +222,16 @@ struct Listed {
 pub struct PreSocket {
     dup: std::sync::Mutex<Option<OwnedFd>>,
     read: std::sync::OnceLock<PreRead>,
+    described: std::sync::OnceLock<Early>,
+}
+
+/// A connection described before the freeze ([`pre_describe`]): its
+/// fdinfo then, its description as the freeze would make it, and its
+/// owner and signal ([`owner::read_raw`]).
+pub(crate) struct Early {
+    fdinfo: String,
+    described: Described,
+    owner: owner::Raw,
 }
 
 /// An IPv4/IPv6 socket as read before the freeze: what never changes
@@ -259,6 +278,12 @@ impl FdPresurvey {
 
     pub fn len(&self) -> usize {
         self.by_fd.len()
+    }
+
+    /// What was listed for `fd` and described before the freeze.
+    fn early(&self, fd: i32) -> Option<(&Listed, &Early)> {
+        let listed = self.by_fd.get(&fd)?;
+        Some((listed, listed.socket.described.get()?))
     }
 
     /// The link and metadata listed for `fd` while the process ran.
@@ -335,6 +360,95 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
 }
 
+/// The link and metadata of fd `fd` (in /proc/PID/fd, `dir`).
+fn read_link_and_meta(dir: &str, fd: i32) -> Result<(String, std::fs::Metadata)> {
+    let link = procfs::read_link(&format!("{dir}/{fd}"))?;
+    let meta = std::fs::metadata(format!("{dir}/{fd}"))
+        .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
+    Ok((link, meta))
+}
+
+/// The status flags fcntl(F_SETFL) changes.
+const SETFL_FLAGS: i32 =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
+
+/// Ferry's duplicate of fd `fd` of the frozen process, when it still is
+/// the socket `listed` described before the freeze (same device and
+/// inode: a socket's inode is not reused while it exists, and a socket
+/// has one open file description) with the same status flags. Its
+/// close-on-exec flag, owner and locks are known unchanged from the
+/// counters ([`super::sockopt_watch`]).
+fn same_socket_now(pidfd: &OwnedFd, fd: i32, listed: &Listed, early: &Early) -> Option<OwnedFd> {
+    let dup = ferry_sys::pidfd::pidfd_getfd(pidfd, fd).ok()?;
+    let file = std::fs::File::from(dup);
+    let meta = file.metadata().ok()?;
+    if (meta.dev(), meta.ino()) != (listed.meta.dev(), listed.meta.ino()) {
+        return None;
+    }
+    let dup = OwnedFd::from(file);
+    let now = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").ok()?;
+    let then = early.described.0;
+    (now & SETFL_FLAGS == then & SETFL_FLAGS).then_some(dup)
+}
+
+/// Phase "socket options checked", its last part, while the tree runs:
+/// each established TCP connection of `pid` (from fd 3 on) described as
+/// the survey in the freeze would, from the early read of its options
+/// ([`PreRead`]). The survey takes a description when the counters say
+/// nothing could change it since and the fd still holds that socket
+/// ([`same_socket_now`]); a connection closed or reset since is found
+/// under the network lock (its state and poll events are read again
+/// there). One that cannot be described is simply not: the freeze reads
+/// it in full and decides.
+pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
+    let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { return };
+    let Ok(fdinfo_dir) = FdinfoDir::open(pid) else { return };
+    let connected = |s: &PreSocket| {
+        s.read().is_some_and(|r| {
+            r.protocol == libc::IPPROTO_TCP
+                && r.sock_type == libc::SOCK_STREAM
+                && (r.state == inet::TCP_ESTABLISHED || r.state == inet::TCP_CLOSE_WAIT)
+        })
+    };
+    let todo: Vec<(&i32, &Listed)> = listed
+        .by_fd
+        .iter()
+        .filter(|(fd, l)| **fd > 2 && connected(&l.socket) && l.socket.with_dup(|_| ()).is_some())
+        .collect();
+    let (unix_tables, socket_tables) = (unix::UnixTables::default(), Default::default());
+    let mounts = allow::Mounts::new(pid);
+    let described = crate::parallel::map(&todo, |&(&fd, l)| {
+        let Ok(fdinfo) = fdinfo_dir.read(fd) else { return Ok(false) };
+        if fdinfo_identity(&fdinfo) != Some(l.id) {
+            return Ok(false);
+        }
+        let info = FdInfo {
+            pid,
+            fd,
+            link: l.link.clone(),
+            fdinfo,
+            meta: l.meta.clone(),
+            pidfd: &pidfd,
+            tree,
+            unix_tables: &unix_tables,
+            socket_tables: &socket_tables,
+            kept: &KeptDups::default(),
+            mounts: &mounts,
+            pre: Some(&l.socket),
+            options_quiet: true,
+            early: None,
+        };
+        let Ok(described) = describe(&info, false) else { return Ok(false) };
+        let Some(Ok(owner)) = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd())) else {
+            return Ok(false);
+        };
+        let _ = l.socket.described.set(Early { fdinfo: info.fdinfo, described, owner });
+        Ok(true)
+    });
+    let n = described.map_or(0, |d| d.into_iter().filter(|&d| d).count());
+    tracing::debug!("pid {pid}: {n} connections described before the freeze");
+}
+
 /// /proc/PID/fdinfo, open: each fd's fdinfo is read relative to it,
 /// without a path walk through /proc and the process's directory.
 struct FdinfoDir {
@@ -366,20 +480,20 @@ impl FdinfoDir {
 
 /// Captures all fds of `pid`. Descriptions get ids unique in this
 /// process; [`link_tree`] makes them unique in the tree. `pre` is what
-/// [`presurvey`] listed while the process ran; `options_quiet` whether
-/// the options it read still hold.
+/// [`presurvey`] listed (and [`pre_describe`] described) while the
+/// process ran; `quiet` whether the options and fds read then still hold.
 ///
 /// Three passes, so that a process with 10,000 sockets is read on every
 /// worker thread: what each fd is (parallel), which fds share a
 /// description (kcmp, in order), and the capture of each description
 /// (parallel; errors are reported for the lowest fd).
-pub fn capture(
+pub(super) fn capture(
     pid: i32,
     pidfd: &OwnedFd,
     tree: &[i32],
     external_stdio: bool,
     pre: Option<&FdPresurvey>,
-    options_quiet: bool,
+    quiet: super::sockopt_watch::Quiet,
 ) -> Result<CapturedFds> {
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
@@ -393,15 +507,25 @@ pub fn capture(
     let fdinfo_dir = FdinfoDir::open(pid)?;
     let mounts = allow::Mounts::new(pid);
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
-        let fdinfo = fdinfo_dir.read(fd)?;
-        let same = pre.and_then(|p| p.same_socket(fd, &fdinfo));
-        let (link, meta) = match same {
-            Some(l) => (l.link.clone(), l.meta.clone()),
+        // Described before the freeze, unchanged since: no path walk,
+        // no fdinfo, nothing read of the socket but its identity.
+        let early = pre
+            .filter(|_| quiet.fds)
+            .and_then(|p| p.early(fd))
+            .and_then(|(l, e)| Some((l, e, same_socket_now(pidfd, fd, l, e)?)));
+        let (fdinfo, link, meta, same, early) = match early {
+            Some((l, e, dup)) => {
+                kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
+                (e.fdinfo.clone(), l.link.clone(), l.meta.clone(), Some(l), Some(e))
+            }
             None => {
-                let link = procfs::read_link(&format!("{dir}/{fd}"))?;
-                let meta = std::fs::metadata(format!("{dir}/{fd}"))
-                    .map_err(|e| EngineError::io(format!("{dir}/{fd} ({link})"), e))?;
-                (link, meta)
+                let fdinfo = fdinfo_dir.read(fd)?;
+                let same = pre.and_then(|p| p.same_socket(fd, &fdinfo));
+                let (link, meta) = match same {
+                    Some(l) => (l.link.clone(), l.meta.clone()),
+                    None => read_link_and_meta(&dir, fd)?,
+                };
+                (fdinfo, link, meta, same, None)
             }
         };
         Ok(FdInfo {
@@ -417,11 +541,14 @@ pub fn capture(
             kept: &kept,
             mounts: &mounts,
             pre: same.map(|l| &l.socket),
-            options_quiet,
+            options_quiet: quiet.options,
+            early,
         })
     })?;
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
     let files = capture_descriptions(&unique, external_stdio)?;
+    let early_owners =
+        unique.iter().enumerate().filter_map(|(i, u)| Some((i as u32, u.early?.owner))).collect();
     let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
     let pending_listeners = unix_tables
         .take_listeners_with_pending()
@@ -445,11 +572,18 @@ pub fn capture(
     let unix_dead = unix_tables.take_dead_peers();
     let unix_orphans = unix_tables.take_orphans();
     let unix_options = unix_tables.take_options();
+    let epoll_fdinfo = infos
+        .iter()
+        .filter(|i| i.link == "anon_inode:[eventpoll]")
+        .map(|i| (i.fd, i.fdinfo.clone()))
+        .collect();
     // The infos borrow the kept duplicates' table.
     drop(unique);
     drop(infos);
     Ok(CapturedFds {
         kept: kept.into_map(),
+        early_owners,
+        epoll_fdinfo,
         files,
         fds: slots,
         inodes,
@@ -573,6 +707,9 @@ fn merge_sort(
 type Described = (i32, i64, FileKind, Vec<ferry_image::FileLock>);
 
 fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
+    if let Some(early) = info.early {
+        return Ok(early.described.clone());
+    }
     let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
     let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdio_link =

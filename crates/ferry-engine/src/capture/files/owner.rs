@@ -24,6 +24,47 @@ fn in_tree(tree: &[i32], owner_type: i32, id: i32) -> bool {
     }
 }
 
+/// (owner type, owner, signal) as F_GETOWN_EX and F_GETSIG read them.
+pub type Raw = (i32, i32, i32);
+
+/// The owner and signal of the description `dup` shares.
+pub fn read_raw(dup: std::os::fd::RawFd) -> ferry_sys::SysResult<Raw> {
+    let (owner_type, owner) = ferry_sys::fd::get_owner_ex(dup)?;
+    let signal = ferry_sys::fd::fcntl_int(dup, F_GETSIG, 0, "fcntl(F_GETSIG)")?;
+    Ok((owner_type, owner, signal))
+}
+
+/// The owner and signal of fd `fd` (file `f`) of the frozen process,
+/// through the survey's duplicate where it kept one; None for an O_PATH
+/// descriptor, which has none (fcntl says EBADF).
+fn read_now(
+    pid: i32,
+    pidfd: &OwnedFd,
+    kept: &std::collections::HashMap<i32, OwnedFd>,
+    f: &OpenFile,
+    fd: i32,
+) -> Result<Option<Raw>> {
+    let taken;
+    let dup = match kept.get(&fd) {
+        Some(d) => d.as_raw_fd(),
+        None => {
+            taken = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
+                .map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
+            taken.as_raw_fd()
+        }
+    };
+    match read_raw(dup) {
+        Ok(read) => Ok(Some(read)),
+        Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => Ok(None),
+        Err(e) => {
+            Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner and signal"), e))
+        }
+    }
+}
+
+/// Every file's owner and signal, refused when outside the tree. `early`
+/// holds, by file index, those read before the freeze of connections the
+/// survey took as described then ([`super::pre_describe`]).
 pub fn capture(
     pid: i32,
     pidfd: &OwnedFd,
@@ -31,6 +72,7 @@ pub fn capture(
     slots: &[FdSlot],
     tree: &[i32],
     kept: &std::collections::HashMap<i32, OwnedFd>,
+    early: &std::collections::HashMap<u32, Raw>,
 ) -> Result<Vec<FileOwner>> {
     // One lookup table and the worker threads: a server may hold 10,000
     // descriptors, and this runs while it is frozen.
@@ -48,26 +90,14 @@ pub fn capture(
         .filter_map(|(i, f)| Some((i, f, *first_fd.get(&(i as u32))?)))
         .collect();
     let found = crate::parallel::map(&todo, |&(i, f, fd)| {
-        // The survey's duplicate where it kept one.
-        let taken;
-        let dup = match kept.get(&fd) {
-            Some(d) => d.as_raw_fd(),
-            None => {
-                taken = ferry_sys::pidfd::pidfd_getfd(pidfd, fd)
-                    .map_err(|e| EngineError::kernel(pid, format!("duplicating fd {fd}"), e))?;
-                taken.as_raw_fd()
-            }
+        let read = match early.get(&(i as u32)) {
+            Some(&read) => read,
+            None => match read_now(pid, pidfd, kept, f, fd)? {
+                Some(read) => read,
+                None => return Ok(None),
+            },
         };
-        let (owner_type, owner) = match ferry_sys::fd::get_owner_ex(dup) {
-            Ok(o) => o,
-            // O_PATH descriptors have no owner (fcntl says EBADF).
-            Err(e) if e.errno == libc::EBADF && f.flags & libc::O_PATH != 0 => return Ok(None),
-            Err(e) => {
-                return Err(EngineError::kernel(pid, format!("fd {fd}: reading its owner"), e))
-            }
-        };
-        let signal = ferry_sys::fd::fcntl_int(dup, F_GETSIG, 0, "fcntl(F_GETSIG)")
-            .map_err(|e| EngineError::kernel(pid, format!("fd {fd}: reading its signal"), e))?;
+        let (owner_type, owner, signal) = read;
         if owner == 0 && signal == 0 {
             return Ok(None);
         }

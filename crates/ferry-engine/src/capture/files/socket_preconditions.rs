@@ -88,7 +88,7 @@ impl InetFacts<'_> {
 }
 
 /// The events poll reports now, without waiting or consuming any.
-fn revents(fd: RawFd) -> i16 {
+pub(crate) fn revents(fd: RawFd) -> i16 {
     let mut p =
         [libc::pollfd { fd, events: libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP, revents: 0 }];
     match ferry_sys::fd::poll(&mut p, 0) {
@@ -101,7 +101,7 @@ fn revents(fd: RawFd) -> i16 {
 /// and whether that passes by itself: a service reads a pending error
 /// and closes a connection reset or closed under it soon (clients do
 /// that during a checkpoint), so those are tried again.
-fn poll_refusal(revents: i16, tcp: bool, state: u8) -> Option<(&'static str, bool)> {
+pub(crate) fn poll_refusal(revents: i16, tcp: bool, state: u8) -> Option<(&'static str, bool)> {
     if revents & libc::POLLERR != 0 {
         return Some(("an error is pending on it (what SO_ERROR or MSG_ERRQUEUE would report: a refused or reset connection, an ICMP error), which a socket made again cannot have", true));
     }

@@ -203,6 +203,20 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
             ),
         ));
     }
+    // What the network may have brought since the survey (a connection
+    // described before the freeze was polled then): an error, an urgent
+    // byte. Under the lock nothing more arrives.
+    let polled = super::socket_preconditions::revents(fd);
+    if let Some((why, passing)) =
+        super::socket_preconditions::poll_refusal(polled, true, ti.tcpi_state)
+    {
+        let what = format!("fd {} (TCP {} -> {})", c.fd, c.local, c.remote);
+        return Err(if passing {
+            EngineError::transient(c.pid, what, why)
+        } else {
+            EngineError::unsupported(c.pid, what, why)
+        });
+    }
     socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
         .map_err(k("selecting the receive queue"))?;
     let rcv_nxt = socket::queue_seq(fd).map_err(k("reading the receive sequence"))?;

@@ -290,6 +290,7 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         mounts: &super::allow::Mounts::new(me),
         pre: None,
         options_quiet: false,
+        early: None,
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;
