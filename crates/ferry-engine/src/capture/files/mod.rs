@@ -550,24 +550,7 @@ pub(super) fn capture(
     let early_owners =
         unique.iter().enumerate().filter_map(|(i, u)| Some((i as u32, u.early?.owner))).collect();
     let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();
-    let pending_listeners = unix_tables
-        .take_listeners_with_pending()
-        .into_iter()
-        .filter_map(|l| {
-            files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == l))
-        })
-        .map(|i| i as u32)
-        .collect();
-    let unix_connects = unix_tables
-        .take_pending()
-        .into_iter()
-        .filter_map(|(client, listener, position)| {
-            let file = files
-                .iter()
-                .position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == client))?;
-            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
-        })
-        .collect();
+    let (pending_listeners, unix_connects) = unix_links(&unix_tables, &files);
     let unix_creds = unix_tables.take_peer_creds();
     let unix_dead = unix_tables.take_dead_peers();
     let unix_orphans = unix_tables.take_orphans();
@@ -594,6 +577,32 @@ pub(super) fn capture(
         unix_orphans,
         unix_options,
     })
+}
+
+/// The process's unix listeners with connections pending, and those
+/// pending connections, by their files' indexes in `files`.
+fn unix_links(
+    tables: &unix::UnixTables,
+    files: &[ferry_image::OpenFile],
+) -> (Vec<u32>, Vec<ferry_image::UnixConnect>) {
+    let index_of = |ino: u64| {
+        files.iter().position(|f| matches!(&f.kind, FileKind::UnixSocket(u) if u.ino == ino))
+    };
+    let pending_listeners = tables
+        .take_listeners_with_pending()
+        .into_iter()
+        .filter_map(index_of)
+        .map(|i| i as u32)
+        .collect();
+    let unix_connects = tables
+        .take_pending()
+        .into_iter()
+        .filter_map(|(client, listener, position)| {
+            let file = index_of(client)?;
+            Some(ferry_image::UnixConnect { file: file as u32, listener, position })
+        })
+        .collect();
+    (pending_listeners, unix_connects)
 }
 
 /// A process's fd table, and the fds whose descriptions it captures (one
