@@ -819,13 +819,21 @@ def nginx_version():
     return m.group(1) if m else "?"
 
 
-def plots(res, out):
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None (said once) without it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         log("python3-matplotlib missing: no plots")
+        return None
+
+
+def plots(res, out):
+    plt = pyplot()
+    if plt is None:
         return
     base = os.path.splitext(out)[0]
     rows = [s for s in res["mem"] if "pause" in s and s["workload"] != "seed"]

@@ -259,12 +259,8 @@ def part_rate(cl, work, args, res):
 
 
 def rate_plot(rows, png):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("python3-matplotlib missing: no plot")
+    plt = m.pyplot()
+    if plt is None:
         return
     x = [r["rate"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -102,9 +102,7 @@ int main(void)
 	if (other < 0 || extra < 0)
 		ft_die("dup: %s", strerror(errno));
 	struct sigaction sa = { .sa_handler = on_usr1 };
-	sigemptyset(&sa.sa_mask);
-	if (sigaction(SIGUSR1, &sa, NULL) != 0)
-		ft_die("sigaction: %s", strerror(errno));
+	FT_SYS(sigaction(SIGUSR1, &sa, NULL));
 	ft_ready();
 	ft_wait_restored();
 

@@ -59,9 +59,7 @@ int main(void)
 		ft_die("accept: %s", strerror(errno));
 	close(l);
 	struct sigaction sa = { .sa_handler = on_usr1 };
-	sigemptyset(&sa.sa_mask);
-	if (sigaction(SIGUSR1, &sa, NULL) != 0)
-		ft_die("sigaction: %s", strerror(errno));
+	FT_SYS(sigaction(SIGUSR1, &sa, NULL));
 	ft_ready();
 	ft_wait_restored();
 

@@ -777,7 +777,6 @@ fn nginx_under_load_migrates_there_and_back() {
         return;
     }
     let (env, svc) = service_env("nl", &[], &[]);
-    let d = path_str(&env.dir.0).to_string();
     let www = env.dir.0.join("www");
     fs::create_dir_all(&www).expect("www");
     fs::set_permissions(&www, fs::Permissions::from_mode(0o755)).expect("chmod www");
@@ -785,46 +784,7 @@ fn nginx_under_load_migrates_there_and_back() {
     fs::write(www.join("ferry.txt"), &body).expect("write the file");
     fs::set_permissions(www.join("ferry.txt"), fs::Permissions::from_mode(0o644))
         .expect("chmod file");
-    let conf = format!(
-        "daemon off;\n\
-         master_process on;\n\
-         worker_processes 2;\n\
-         user nobody nogroup;\n\
-         pid {d}/nginx.pid;\n\
-         error_log {d}/error.log notice;\n\
-         events {{ worker_connections 1024; }}\n\
-         http {{\n\
-           access_log off;\n\
-           client_body_temp_path {d}/client_body;\n\
-           proxy_temp_path {d}/proxy;\n\
-           fastcgi_temp_path {d}/fastcgi;\n\
-           uwsgi_temp_path {d}/uwsgi;\n\
-           scgi_temp_path {d}/scgi;\n\
-           types {{ text/plain txt; }}\n\
-           server {{\n\
-             listen {svc}:8080;\n\
-             root {d}/www;\n\
-             location / {{ }}\n\
-           }}\n\
-         }}\n"
-    );
-    fs::write(env.dir.0.join("nginx.conf"), conf).expect("write nginx.conf");
-    let log = env.dir.0.join("nginx.stdio");
-    let nginx = start_in(
-        env.host("a"),
-        &[
-            NGINX,
-            "-p",
-            &format!("{d}/"),
-            "-c",
-            &format!("{d}/nginx.conf"),
-            "-e",
-            &format!("{d}/error.log"),
-        ],
-        &env.dir.0,
-        &log,
-        &[],
-    );
+    let nginx = start_nginx(env.host("a"), &env.dir.0, &svc, "text/plain txt");
     let url = format!("http://{svc}:8080/ferry.txt");
     let ready = wait_for(Duration::from_secs(15), || {
         run_in(env.host("c"), 10, &["ab", "-n", "1", &url])
@@ -834,7 +794,7 @@ fn nginx_under_load_migrates_there_and_back() {
     assert!(
         ready,
         "nginx does not serve:\n{}\n{}",
-        read_lossy(&log),
+        read_lossy(&env.dir.0.join("nginx.stdio")),
         read_lossy(&env.dir.0.join("error.log"))
     );
 

@@ -108,31 +108,8 @@ fn sha256(path: &std::path::Path) -> String {
 }
 
 /// nginx (master + 2 workers as nobody) in a serving `www` on port 8080.
-fn start_nginx(r: &Repl) -> Started {
-    let d = path_str(&r.env.dir.0).to_string();
-    let conf = format!(
-        "daemon off;\nmaster_process on;\nworker_processes 2;\nuser nobody nogroup;\n\
-         pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
-         events {{ worker_connections 1024; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {d}/client_body;\n\
-         proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fastcgi;\n\
-         uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
-         types {{ application/octet-stream bin; }}\n\
-         server {{ listen {}:8080; root {d}/www; location / {{ }} }}\n}}\n",
-        r.svc
-    );
-    fs::write(r.log("nginx.conf"), conf).expect("write nginx.conf");
-    let argv = [
-        NGINX,
-        "-p",
-        &format!("{d}/"),
-        "-c",
-        &format!("{d}/nginx.conf"),
-        "-e",
-        &format!("{d}/error.log"),
-    ];
-    let log = r.log("nginx.stdio");
-    let n = start_in(r.env.host("a"), &argv, &r.env.dir.0, &log, &[]);
+fn start_nginx_in_a(r: &Repl) -> Started {
+    let n = start_nginx(r.env.host("a"), &r.env.dir.0, &r.svc, "application/octet-stream bin");
     wait_listening(r, "8080", &r.log("error.log"));
     n
 }
@@ -154,7 +131,7 @@ fn nginx_download_goes_on_across_a_failover() {
     let file = www.join("big.bin");
     fs::write(&file, noise(SIZE)).expect("write the file");
     fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).expect("chmod file");
-    let nginx = start_nginx(&r);
+    let nginx = start_nginx_in_a(&r);
     let (err_log, stdio) = (r.log("error.log"), r.log("nginx.stdio"));
     let extra = [
         PATIENT[0],

@@ -246,3 +246,26 @@ def pump(src,dst,flip):
 t=threading.Thread(target=pump,args=(b,a,None),daemon=True); t.start()
 pump(a,b,int(sys.argv[5])); t.join(10)
 "#;
+
+/// nginx (master and 2 workers as nobody) started in `host`, serving
+/// `dir`/www on `listen`:8080 with `types` (an nginx `types` entry, e.g.
+/// "text/plain txt"); its configuration, pid, logs and temporary paths
+/// all under `dir`.
+pub fn start_nginx(host: &Host, dir: &Path, listen: &str, types: &str) -> Started {
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nmaster_process on;\nworker_processes 2;\nuser nobody nogroup;\n\
+         pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n access_log off;\n client_body_temp_path {d}/client_body;\n\
+         proxy_temp_path {d}/proxy;\n fastcgi_temp_path {d}/fastcgi;\n\
+         uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         types {{ {types}; }}\n\
+         server {{ listen {listen}:8080; root {d}/www; location / {{ }} }}\n}}\n"
+    );
+    fs::write(dir.join("nginx.conf"), conf).expect("write nginx.conf");
+    let (prefix, conf, errors) =
+        (format!("{d}/"), format!("{d}/nginx.conf"), format!("{d}/error.log"));
+    let argv = ["/usr/sbin/nginx", "-p", &prefix, "-c", &conf, "-e", &errors];
+    start_in(host, &argv, dir, &dir.join("nginx.stdio"), &[])
+}
