@@ -819,6 +819,22 @@ def nginx_version():
     return m.group(1) if m else "?"
 
 
+def clean_up(cl, work, keep, say):
+    """Every namespace and process a run made, on every way out (signals
+    ignored meanwhile); its work directory too unless `keep`."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    say("cleaning up")
+    if cl is not None:
+        cl.close()
+    for p in list(STARTED):
+        reap(p)
+    if keep:
+        say(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def pyplot():
     """matplotlib's pyplot drawing to files, or None (said once) without it."""
     try:
@@ -965,17 +981,7 @@ def main():
         plots(res, args.out)
     finally:
         # The cleanup is bounded; a second signal must not cut it short.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        log("cleaning up")
-        if cl is not None:
-            cl.close()
-        for p in list(STARTED):
-            reap(p)
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(cl, work, args.keep, log)
 
 
 if __name__ == "__main__":

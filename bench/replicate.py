@@ -438,17 +438,7 @@ def main():
             part_partition(cl, work, args, res)
         write_markdown(res, args, args.out, started)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        log("cleaning up")
-        if cl is not None:
-            cl.close()
-        for p in list(m.STARTED):
-            m.reap(p)
-        if args.keep:
-            log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        m.clean_up(cl, work, args.keep, log)
 
 
 if __name__ == "__main__":
