@@ -17,33 +17,86 @@
 //!
 //! The guard lives in a session of its own, so a signal meant for ferry's
 //! terminal or process group does not reach it.
+//!
+//! A command that captures many times (`ferry replicate`, a sync every few
+//! milliseconds) keeps one guard for all of them ([`keep`]): `done` ends
+//! one capture's plan and the guard waits for the next. A fork per capture
+//! cost a sync about a fifth of its CPU time (the fork, the child's exit,
+//! and the copy-on-write faults ferry then takes on its own memory).
 
 use crate::error::{EngineError, Result};
 use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// ferry's end of the guard: dropping it ends the guard's watch.
+/// ferry's end of the guard: dropping it ends the guard's watch of this
+/// capture.
 pub struct Guard {
     pid: i32,
     pipe: Option<std::fs::File>,
+    /// The guard stays for the next capture ([`keep`]).
+    kept: bool,
+}
+
+/// The guard [`keep`] forked, between captures.
+static KEPT: std::sync::Mutex<Option<(i32, std::fs::File)>> = std::sync::Mutex::new(None);
+
+fn kept() -> std::sync::MutexGuard<'static, Option<(i32, std::fs::File)>> {
+    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Forks one guard now for every later capture of this process, until
+/// the returned value is dropped. Call it early, while the process is
+/// small and single-threaded: the guard holds a copy of its memory as it
+/// is now. Should this process die, the guard ends with it (its pipe
+/// closes), putting back what a capture under way had changed.
+pub fn keep() -> Result<KeptGuard> {
+    let mut k = kept();
+    if k.is_none() {
+        let (pid, mut pipe) = fork_guard()?;
+        pipe.write_all(b"keep\n").map_err(|e| EngineError::io("the checkpoint guard's pipe", e))?;
+        *k = Some((pid, pipe));
+    }
+    Ok(KeptGuard(()))
+}
+
+/// Ends the kept guard when dropped (between captures).
+pub struct KeptGuard(());
+
+impl Drop for KeptGuard {
+    fn drop(&mut self) {
+        if let Some((pid, pipe)) = kept().take() {
+            drop(pipe);
+            ferry_sys::process::wait_child(pid);
+        }
+    }
+}
+
+/// Forks a guard. ferry must be single-threaded here: the fork refuses
+/// (EBUSY) otherwise.
+fn fork_guard() -> Result<(i32, std::fs::File)> {
+    let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
+    // The capture has not started any thread yet; the child only runs
+    // `watch`, which makes its own file descriptors.
+    let pid = ferry_sys::clone::fork_into_namespaces(0)
+        .map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
+    if pid == 0 {
+        drop(w);
+        watch(r);
+    }
+    drop(r);
+    Ok((pid, std::fs::File::from(w)))
 }
 
 impl Guard {
-    /// Forks the guard. ferry must be single-threaded here: the fork
-    /// refuses (EBUSY) otherwise.
+    /// The kept guard when there is one, else a guard forked for this
+    /// capture alone.
     pub fn start() -> Result<Guard> {
-        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
-            .map_err(|e| EngineError::kernel(0, "creating the guard's pipe", e))?;
-        // The capture has not started any thread yet; the child only runs
-        // `watch`, which makes its own file descriptors.
-        let pid = ferry_sys::clone::fork_into_namespaces(0)
-            .map_err(|e| EngineError::kernel(0, "forking the checkpoint guard", e))?;
-        if pid == 0 {
-            drop(w);
-            watch(r);
+        if let Some((pid, pipe)) = kept().take() {
+            return Ok(Guard { pid, pipe: Some(pipe), kept: true });
         }
-        drop(r);
-        Ok(Guard { pid, pipe: Some(std::fs::File::from(w)) })
+        let (pid, pipe) = fork_guard()?;
+        Ok(Guard { pid, pipe: Some(pipe), kept: false })
     }
 
     fn say(&mut self, line: &str) {
@@ -80,8 +133,10 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.say("done\n");
-        self.pipe = None;
-        ferry_sys::process::wait_child(self.pid);
+        match self.pipe.take() {
+            Some(pipe) if self.kept => *kept() = Some((self.pid, pipe)),
+            _ => ferry_sys::process::wait_child(self.pid),
+        }
     }
 }
 
@@ -92,6 +147,8 @@ struct Plan {
     lock: Option<String>,
     killed: bool,
     done: bool,
+    /// Kept for later captures ([`keep`]): `done` ends one capture's plan.
+    kept: bool,
 }
 
 fn parse(plan: &mut Plan, line: &str) {
@@ -110,11 +167,13 @@ fn parse(plan: &mut Plan, line: &str) {
         (Some("lock"), Some(name), None) => plan.lock = Some(name.to_string()),
         (Some("killed"), None, None) => plan.killed = true,
         (Some("done"), None, None) => plan.done = true,
+        (Some("keep"), None, None) => plan.kept = true,
         _ => {}
     }
 }
 
-/// The guard process: read until ferry says done or disappears.
+/// The guard process: read until ferry disappears; put back what the
+/// capture under way (since the last `done`) changed, if any.
 fn watch(pipe: OwnedFd) -> ! {
     ferry_sys::process::detach_from_caller(pipe.as_raw_fd());
     let mut plan = Plan::default();
@@ -122,13 +181,16 @@ fn watch(pipe: OwnedFd) -> ! {
     for line in reader.lines() {
         let Ok(line) = line else { break };
         parse(&mut plan, &line);
+        if plan.done && !plan.kept {
+            // Without waiting for the pipe's end: a child ferry forks
+            // later may hold it open.
+            std::process::exit(0)
+        }
         if plan.done {
-            break;
+            plan = Plan { kept: true, ..Plan::default() };
         }
     }
-    if !plan.done {
-        recover(&plan);
-    }
+    recover(&plan);
     std::process::exit(0)
 }
 
@@ -178,6 +240,8 @@ mod tests {
         assert_eq!(p.lock.as_deref(), Some("ckpt_1_2"));
         assert!(p.killed && !p.done);
         parse(&mut p, "done");
-        assert!(p.done);
+        assert!(p.done && !p.kept);
+        parse(&mut p, "keep");
+        assert!(p.kept);
     }
 }

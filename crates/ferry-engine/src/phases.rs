@@ -72,7 +72,8 @@ fn stall_if_asked(op: &str, phase: &str) {
             .and_then(|s| s.parse().ok())
             .unwrap_or(120);
         eprintln!(
-            "ferry: stalling after {op} phase '{phase}' for {secs} s (FERRY_FAULT_STALL_AFTER)"
+            "ferry: pid {} stalling after {op} phase '{phase}' for {secs} s (FERRY_FAULT_STALL_AFTER)",
+            std::process::id()
         );
         std::thread::sleep(std::time::Duration::from_secs(secs));
     }

@@ -28,6 +28,11 @@
 //!   its copy is killed and its address taken off, and the clients, who
 //!   never saw its held output, go on at b without a gap.
 //!
+//! - `a_primary_killed_in_a_freeze_...`: `ferry replicate` is killed while
+//!   a sync holds redis frozen (after its connections were read): the one
+//!   checkpoint guard it keeps for all syncs thaws redis, puts back its
+//!   threads' signal masks and releases the network lock.
+//!
 //! The standby host dying plainly is replication.rs's
 //! `a_lost_standby_leaves_the_primary_running_unprotected`.
 //!
@@ -252,4 +257,68 @@ fn a_primary_paused_past_the_timeout_is_fenced_out_when_it_wakes() {
     }
     r.assert_only_in("b", "a", "redis-server", "after a woke");
     eprintln!("[{TEST}] {}", read_lossy(&rep.err).trim());
+}
+
+/// Each thread of `pid` (a host PID): (tid, TracerPid, SigBlk).
+fn threads_of(pid: i32) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let status = read_lossy(&t.path().join("status"));
+        let field = |name: &str| {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+            line.split_whitespace().nth(1).unwrap_or_default().to_string()
+        };
+        out.push((
+            t.file_name().to_string_lossy().into_owned(),
+            field("TracerPid:"),
+            field("SigBlk:"),
+        ));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_primary_killed_in_a_freeze_is_put_back_by_its_guard() {
+    const TEST: &str = "repl-fault-guard";
+    if !prerequisites(TEST) {
+        return;
+    }
+    let r = Repl::new("fg", &[]);
+    let redis = r.start_redis();
+    let before = threads_of(redis.root);
+    assert!(!before.is_empty() && before.iter().all(|t| t.1 == "0"), "{before:?}");
+    let log = r.log("redis.log");
+    let phase = "stalling after checkpoint phase 'tcp connections'";
+    let fault = [
+        ("FERRY_FAULT_STALL_AFTER", "checkpoint:tcp connections"),
+        ("FERRY_FAULT_STALL_SECS", "60"),
+    ];
+    let mut rep = r.replicate_nowait(redis.inner, &replicate_args(&log), &fault);
+    rep.wait_err(phase, 60);
+    let err = read_lossy(&rep.err);
+    let line = err.lines().find(|l| l.contains(phase)).unwrap_or_default();
+    let ferry = line.split_whitespace().nth(2).unwrap_or_default().to_string();
+    assert!(ferry.parse::<i32>().is_ok(), "no pid in {line:?}");
+    // Frozen: every thread traced by ferry, signals blocked.
+    let frozen = threads_of(redis.root);
+    assert!(frozen.iter().all(|t| t.1 != "0"), "redis not frozen: {frozen:?}");
+    let locks = || run_in(r.env.host("a"), 20, &["ls", "/run/ferry/locks"]).stdout;
+    assert!(locks().contains("ckpt_"), "no lock while frozen: {}", locks());
+    let killed = run_in(r.env.host("a"), 20, &["kill", "-KILL", &ferry]);
+    assert!(killed.status.success(), "kill ferry in a: {}", killed.show());
+    let _ = rep.wait(Duration::from_secs(20));
+    let back = wait_for(Duration::from_secs(10), || threads_of(redis.root) == before);
+    assert!(
+        back,
+        "redis's threads after the guard: {:?}, before: {before:?}",
+        threads_of(redis.root)
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || !locks().contains("ckpt_")),
+        "network lock left in a: {}",
+        locks()
+    );
+    assert!(r.runs_in("a", "redis-server"), "redis gone from a");
+    eprintln!("[{TEST}] {line}");
 }

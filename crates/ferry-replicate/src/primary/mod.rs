@@ -91,8 +91,11 @@ struct Primary<'a> {
 }
 
 pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
-    // Every sync locks the same namespace: its mappings are kept.
+    // Every sync locks the same namespace: its mappings are kept. And
+    // one checkpoint guard serves every sync (forked now, while this
+    // process is small and has no other thread).
     ferry_netlock::keep_mappings();
+    let _guard = ferry_engine::guard::keep()?;
     let mo = migrate_options(o);
     ferry_migrate::source::hello::check_source(&mo)?;
     let service = crate::identity::service_name(o.address.0);
