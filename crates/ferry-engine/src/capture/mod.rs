@@ -31,6 +31,7 @@ mod sockopt_check;
 mod sockopt_watch;
 mod survey;
 mod sysv_ipc;
+pub(crate) mod tcp_tables;
 mod threads;
 mod timers;
 pub(crate) mod tree;
@@ -425,8 +426,11 @@ pub fn capture(
     // Every option of every socket, while the tree runs: none in the freeze.
     // And, with the counters on, every connection described: the
     // survey in the freeze checks only that each is still the same.
+    // One dump of the namespace's TCP sockets for the checks before the
+    // freeze.
+    let tcp = tcp_tables::TcpTables::before_freeze();
     ph.step("socket options checked", || {
-        let checked = sockopt_check::check(&pre, watch.is_some());
+        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
             for (&p, listed) in &pre {
@@ -439,7 +443,7 @@ pub fn capture(
     })?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
-        ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &mut guard))?;
+        ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &tcp, &mut guard))?;
     // After the lock is prepared, as the memory check was: with no gap
     // between the lock's preparation and the freeze, a request the lock
     // held waited for a retransmission timeout
@@ -523,10 +527,11 @@ fn prepare_lock(
     pid: i32,
     pre: &survey::Presurvey,
     opts: &CaptureOptions,
+    tcp: &tcp_tables::TcpTables,
     guard: &mut crate::guard::Guard,
 ) -> Result<Option<ferry_netlock::NetworkLock>> {
     let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
-    let scan = network::scan(pid, &inodes);
+    let scan = network::scan(pid, &inodes, tcp);
     let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());

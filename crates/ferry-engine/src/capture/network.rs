@@ -13,12 +13,15 @@
 //! a reset once the socket is gone), and none leaves.
 
 use super::files::tcp::Established;
+use super::tcp_tables::TcpTables;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, OpenFile};
 use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
+use ferry_sys::sockdiag::TcpDump;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
 fn netns_inode(pid: i32) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/net");
@@ -57,15 +60,21 @@ fn proc_addr(field: &str) -> Option<SocketAddr> {
 }
 
 /// Every TCP socket of the network namespace of `pid`: one sock_diag
-/// dump (milliseconds for 10,000 sockets), or the /proc text tables when
-/// sock_diag cannot answer.
-fn proc_tcp(pid: i32) -> Vec<ProcTcp> {
-    let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .ok()
-        .and_then(|ns| ferry_sys::sockdiag::tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns)).ok());
+/// dump (milliseconds for 10,000 sockets), the one `tables` holds for
+/// that namespace when given, or the /proc text tables when sock_diag
+/// cannot answer.
+fn proc_tcp(pid: i32, tables: Option<&TcpTables>) -> Vec<ProcTcp> {
+    let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
+        let fd = std::os::fd::AsFd::as_fd(&ns);
+        match tables {
+            Some(t) => t.of(ns.metadata().ok()?.ino(), fd).ok(),
+            None => ferry_sys::sockdiag::tcp_sockets_in(fd, TcpDump::Plain).ok().map(Arc::new),
+        }
+    });
     if let Some(all) = dumped {
         return all
-            .into_iter()
+            .iter()
+            .filter(|d| d.state != ferry_sys::sockdiag::TCP_TIME_WAIT)
             .map(|d| ProcTcp {
                 local: d.local,
                 state: d.state,
@@ -114,12 +123,12 @@ pub struct Scan {
 }
 
 /// `inodes`: the socket inodes of the tree, as the presurvey listed them.
-pub fn scan(root: i32, inodes: &std::collections::HashSet<u64>) -> Scan {
+pub(super) fn scan(root: i32, inodes: &std::collections::HashSet<u64>, tables: &TcpTables) -> Scan {
     if inodes.is_empty() {
         return Scan { has_tcp: false, listeners: Vec::new() };
     }
     let mine: Vec<ProcTcp> =
-        proc_tcp(root).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
+        proc_tcp(root, Some(tables)).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
     Scan {
         has_tcp: mine
             .iter()
@@ -157,7 +166,7 @@ pub fn prepare(
     let ports: std::collections::HashSet<u16> = scan.listeners.iter().map(|l| l.port()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     loop {
-        let pending = proc_tcp(root)
+        let pending = proc_tcp(root, None)
             .iter()
             .filter(|t| ports.contains(&t.local.port()))
             .any(|t| (t.state == TCP_LISTEN && t.rx_queue > 0) || t.state == TCP_SYN_RECV);

@@ -16,6 +16,7 @@
 //! value in that window (milliseconds) is not seen.
 
 use super::survey::Presurvey;
+use super::tcp_tables::TcpTables;
 use crate::catalog::socket_options::{self as cat, Level};
 use crate::error::{EngineError, Result};
 use ferry_sys::socket;
@@ -150,7 +151,7 @@ struct Taken<'a> {
 /// With `read_early`, the options ferry restores are read too, for the
 /// survey in the freeze ([`super::sockopt_watch`]; without a watch it
 /// reads them itself).
-pub(super) fn check(pre: &Presurvey, read_early: bool) -> Result<()> {
+pub(super) fn check(pre: &Presurvey, read_early: bool, tcp: &TcpTables) -> Result<()> {
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
@@ -173,7 +174,7 @@ pub(super) fn check(pre: &Presurvey, read_early: bool) -> Result<()> {
             let Some(sock) = listed.socket(fd) else { continue };
             let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { continue };
             let t = Taken { pid, fd, link: link.clone(), sock, kind };
-            prepare(&t, &ns, &mut fresh, &mut md5)?;
+            prepare(&t, &ns, &mut fresh, &mut md5, tcp)?;
             taken.push(t);
         }
     }
@@ -207,6 +208,7 @@ fn prepare(
     ns: &OwnedFd,
     fresh: &mut HashMap<Kind, Fresh>,
     md5: &mut HashMap<u64, Vec<u32>>,
+    tcp: &TcpTables,
 ) -> Result<()> {
     if let std::collections::hash_map::Entry::Vacant(e) = fresh.entry(t.kind) {
         let values = fresh_values(&t.kind, ns).map_err(|err| {
@@ -217,7 +219,8 @@ fn prepare(
     }
     if t.kind.protocol == libc::IPPROTO_TCP && t.kind.family != libc::AF_UNIX {
         md5.entry(t.kind.netns).or_insert_with(|| {
-            ferry_sys::sockdiag::tcp_md5_inodes_in(ns.as_fd()).unwrap_or_default()
+            let table = tcp.of(t.kind.netns, ns.as_fd()).unwrap_or_default();
+            table.iter().filter(|s| s.md5).map(|s| s.inode).collect()
         });
     }
     Ok(())

@@ -32,8 +32,10 @@
 //! shutdown bits poll does not show.
 
 use super::FdInfo;
+use crate::capture::tcp_tables::TcpTables;
 use crate::error::{EngineError, Result};
 use ferry_image::{PassedFd, SockOpt};
+use ferry_sys::sockdiag::TCP_TIME_WAIT;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -53,13 +55,14 @@ const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 #[derive(Default)]
 pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
-    time_wait: Mutex<Option<Arc<Vec<SocketAddr>>>>,
+    /// Its TCP sockets and TIME_WAIT connections, from one dump.
+    tcp: TcpTables,
     /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
     /// iterator's; none when the kernel refuses it).
     time_wait_no_reuse: Mutex<Option<Arc<Vec<SocketAddr>>>>,
     local: Mutex<HashMap<IpAddr, bool>>,
-    /// Per protocol: inode -> sk_shutdown of the namespace's sockets.
-    shutdown: Mutex<HashMap<i32, Arc<HashMap<u32, u8>>>>,
+    /// inode -> sk_shutdown of the namespace's UDP sockets.
+    udp_shutdown: Mutex<Option<Arc<HashMap<u32, u8>>>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -208,17 +211,22 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
         ferry_sys::sockdiag::inet_shutdowns_in(ns, protocol)
             .map_err(|e| EngineError::kernel(info.pid, "listing sockets (sock_diag)", e))
     };
-    let cached = locked(&info.socket_tables.shutdown).get(&protocol).cloned();
-    let table = match cached {
-        Some(t) => t,
-        None => {
-            let ns = netns(info)?;
-            let t: Arc<HashMap<u32, u8>> = Arc::new(list(ns.as_fd())?.into_iter().collect());
-            locked(&info.socket_tables.shutdown).insert(protocol, t.clone());
-            t
-        }
+    let found = if s.tcp {
+        tcp_table(info)?.iter().find(|d| d.inode == inode).map(|d| d.shutdown)
+    } else {
+        let cached = locked(&info.socket_tables.udp_shutdown).clone();
+        let table = match cached {
+            Some(t) => t,
+            None => {
+                let ns = netns(info)?;
+                let t: Arc<HashMap<u32, u8>> = Arc::new(list(ns.as_fd())?.into_iter().collect());
+                *locked(&info.socket_tables.udp_shutdown) = Some(t.clone());
+                t
+            }
+        };
+        table.get(&inode).copied()
     };
-    if let Some(&bits) = table.get(&inode) {
+    if let Some(bits) = found {
         return Ok(bits);
     }
     if in_process_netns(info, s)? {
@@ -281,13 +289,15 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !rebinds {
         return Ok(());
     }
-    let tws = time_wait(info, &info.socket_tables.time_wait, false)?;
+    let table = tcp_table(info)?;
+    let tws: Vec<SocketAddr> =
+        table.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
     if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
         return Ok(());
     }
     let reuse = s.flag(libc::SOL_SOCKET, libc::SO_REUSEADDR);
     let holding = if reuse {
-        time_wait(info, &info.socket_tables.time_wait_no_reuse, true)?
+        time_wait_no_reuse(info, &info.socket_tables.time_wait_no_reuse)?
             .iter()
             .find(|tw| holds_port(s.local, **tw))
             .copied()
@@ -306,30 +316,32 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
+/// The TCP sockets and TIME_WAIT connections of the process's network
+/// namespace, dumped once.
+fn tcp_table(info: &FdInfo) -> Result<Arc<Vec<ferry_sys::sockdiag::TcpDiag>>> {
+    let ns = netns(info)?;
+    let inode = ferry_sys::sockdiag::inode_of(ns.as_fd())
+        .map_err(|e| EngineError::kernel(info.pid, "fstat of its network namespace", e))?;
+    info.socket_tables
+        .tcp
+        .of(inode, ns.as_fd())
+        .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
+}
+
 /// The local ends of the TIME_WAIT connections of the process's network
-/// namespace (only those made without SO_REUSEADDR with `no_reuse`: the
-/// BPF tcp iterator's, none when the kernel refuses it), read once into
-/// `cache`.
-fn time_wait(
+/// namespace made without SO_REUSEADDR (the BPF tcp iterator's, none
+/// when the kernel refuses it), read once into `cache`.
+fn time_wait_no_reuse(
     info: &FdInfo,
     cache: &Mutex<Option<Arc<Vec<SocketAddr>>>>,
-    no_reuse: bool,
 ) -> Result<Arc<Vec<SocketAddr>>> {
     if let Some(t) = locked(cache).clone() {
         return Ok(t);
     }
     let ns = netns(info)?;
-    let found: Vec<SocketAddr> = if no_reuse {
-        let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
-        all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect()
-    } else {
-        ferry_sys::sockdiag::tcp_time_wait_in(ns.as_fd())
-            .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))?
-            .iter()
-            .map(|d| d.local)
-            .collect()
-    };
-    let t = Arc::new(found);
+    let all = super::time_wait::time_wait_in(info.pid, ns.as_fd())?.unwrap_or_default();
+    let t: Arc<Vec<SocketAddr>> =
+        Arc::new(all.iter().filter(|tw| !tw.reuse).map(|tw| tw.local).collect());
     *locked(cache) = Some(t.clone());
     Ok(t)
 }

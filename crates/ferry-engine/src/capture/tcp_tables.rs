@@ -1,0 +1,50 @@
+//! The TCP sockets of a network namespace, from one sock_diag dump per
+//! namespace and stage of a capture, shared by every check that asks:
+//! before the freeze, the MD5 keys (phase "socket options checked") and
+//! the tree's listeners (phase "network lock prepared"); in the freeze,
+//! the sockets' shutdown bits and the connections in TIME_WAIT (the
+//! survey). Each dump walks the kernel's whole connection table, shared
+//! by every namespace of the machine: a sync of `ferry replicate` made
+//! four to eight of them, a sixth of its CPU time.
+
+use ferry_sys::sockdiag::{TcpDiag, TcpDump};
+use ferry_sys::SysResult;
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+
+/// One stage's dumps, by network namespace inode.
+pub(crate) struct TcpTables {
+    what: TcpDump,
+    by_ns: Mutex<HashMap<u64, Arc<Vec<TcpDiag>>>>,
+}
+
+impl TcpTables {
+    /// Before the freeze: with INET_DIAG_INFO, for the MD5 keys.
+    pub fn before_freeze() -> TcpTables {
+        TcpTables { what: TcpDump::WithInfo, by_ns: Mutex::default() }
+    }
+
+    /// In the freeze: the table entries and shutdown bits.
+    pub fn in_freeze() -> TcpTables {
+        TcpTables { what: TcpDump::Plain, by_ns: Mutex::default() }
+    }
+
+    /// The sockets of namespace `ns` (inode `netns`), dumped at its first
+    /// question.
+    pub fn of(&self, netns: u64, ns: BorrowedFd) -> SysResult<Arc<Vec<TcpDiag>>> {
+        let mut by_ns = self.by_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = by_ns.get(&netns) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(ferry_sys::sockdiag::tcp_sockets_in(ns, self.what)?);
+        by_ns.insert(netns, t.clone());
+        Ok(t)
+    }
+}
+
+impl Default for TcpTables {
+    fn default() -> Self {
+        TcpTables::in_freeze()
+    }
+}
