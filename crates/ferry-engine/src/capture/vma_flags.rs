@@ -124,6 +124,23 @@ pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> 
         .collect()
 }
 
+/// [`presurvey_tree`] for a tree presurveyed before (every sync of
+/// `ferry replicate`): only the processes `known` lacks are read, those
+/// gone are dropped. What a presurvey proved stays true: it is a fact of
+/// this kernel's flag table, not of the moment (the freeze still checks
+/// every mapping against it, and reads smaps for any bit it lacks).
+pub fn presurvey_new(root: i32, known: &mut std::collections::HashMap<i32, Presurveyed>) {
+    let pids = super::tree::running_tree(root);
+    known.retain(|p, _| pids.contains(p));
+    for p in pids {
+        if let std::collections::hash_map::Entry::Vacant(e) = known.entry(p) {
+            if let Some(s) = presurvey(p) {
+                e.insert(s);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +250,28 @@ mod tests {
             combine(vec![entry(0x1000, 0x2000, &[]), entry(gate.start, gate.end, &[])], &raw, &pre)
                 .expect("combined");
         assert_eq!(got[1].vm_flags, ["ex"]);
+    }
+
+    #[test]
+    fn a_kept_presurvey_drops_processes_gone_and_keeps_the_others() {
+        // A quiet process: this test binary's other threads map memory.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        let mut known = std::collections::HashMap::new();
+        known.insert(i32::MAX, Presurveyed { validated: 1, gate: Vec::new() });
+        presurvey_new(pid, &mut known);
+        let gone = known.contains_key(&i32::MAX);
+        // The BPF iterator needs root; without it nothing is proved.
+        let proved = known.get(&pid).map(|p| p.validated);
+        known.insert(pid, Presurveyed { validated: 7, gate: Vec::new() });
+        presurvey_new(pid, &mut known);
+        let kept = known[&pid].validated;
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!gone);
+        if ferry_sys::process::is_root() {
+            assert!(proved.is_some_and(|v| v != 0), "{proved:?}");
+        }
+        assert_eq!(kept, 7, "read again");
     }
 }

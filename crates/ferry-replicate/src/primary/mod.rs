@@ -27,6 +27,7 @@ use ferry_migrate::protocol::{self, Msg, ReplicaHello};
 use ferry_migrate::source::hello::Connected;
 use ferry_migrate::MigrateOptions;
 use ferry_transport::Key;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -86,6 +87,8 @@ struct Primary<'a> {
     window: Window,
     status: Status,
     data_dirs: data_dir::DataDirs,
+    /// The tree's presurveyed mappings, kept from sync to sync.
+    presurveyed: HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
 }
@@ -147,6 +150,7 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         window: Window::default(),
         status,
         data_dirs,
+        presurveyed: HashMap::new(),
         trace: std::env::var_os("FERRY_SYNC_TRACE").is_some(),
     };
     p.run()
@@ -232,6 +236,7 @@ impl Primary<'_> {
             timeout: if self.seq == 1 { self.o.timeout } else { self.o.heartbeat_timeout * 4 },
             ignore_writes: &self.o.ignore_writes,
             data_dirs: &mut self.data_dirs,
+            presurveyed: &mut self.presurveyed,
         };
         let r = sync::sync(&mut ctx, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);

@@ -59,6 +59,9 @@ pub(crate) struct SyncCtx<'a> {
     pub ignore_writes: &'a [std::path::PathBuf],
     /// Snapshot in the freeze, shipped after the thaw.
     pub data_dirs: &'a mut super::data_dir::DataDirs,
+    /// What the presurveys of the tree's mappings proved, kept from sync
+    /// to sync ([`ferry_engine::capture::vma_flags::presurvey_new`]).
+    pub presurveyed: &'a mut HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
@@ -103,7 +106,10 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
     // root that is part of its parent's job is refused the same way.
     let copts = CaptureOptions {
         network_lock: ferry_netlock::Method::Ebpf,
-        presurveyed: ferry_engine::capture::vma_flags::presurvey_tree(c.pid),
+        presurveyed: {
+            ferry_engine::capture::vma_flags::presurvey_new(c.pid, c.presurveyed);
+            c.presurveyed.clone()
+        },
         parent_sees_exit: c.parent_sees_exit,
         output_held: true,
         ..Default::default()
