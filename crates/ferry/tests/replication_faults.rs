@@ -286,7 +286,14 @@ fn a_primary_killed_in_a_freeze_is_put_back_by_its_guard() {
     }
     let r = Repl::new("fg", &[]);
     let redis = r.start_redis();
-    let before = threads_of(redis.root);
+    // Once redis's threads are all started and have set their masks.
+    let mut before = threads_of(redis.root);
+    let settled = wait_for(Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = threads_of(redis.root);
+        std::mem::replace(&mut before, now) == before
+    });
+    assert!(settled, "redis's threads keep changing: {before:?}");
     assert!(!before.is_empty() && before.iter().all(|t| t.1 == "0"), "{before:?}");
     let log = r.log("redis.log");
     let phase = "stalling after checkpoint phase 'tcp connections'";
@@ -308,7 +315,13 @@ fn a_primary_killed_in_a_freeze_is_put_back_by_its_guard() {
     let killed = run_in(r.env.host("a"), 20, &["kill", "-KILL", &ferry]);
     assert!(killed.status.success(), "kill ferry in a: {}", killed.show());
     let _ = rep.wait(Duration::from_secs(20));
-    let back = wait_for(Duration::from_secs(10), || threads_of(redis.root) == before);
+    // Each thread as before (redis may have started one since: untraced).
+    let put_back = || {
+        let now = threads_of(redis.root);
+        now.iter().all(|t| t.1 == "0")
+            && before.iter().all(|b| now.iter().any(|t| t.0 == b.0 && t.2 == b.2))
+    };
+    let back = wait_for(Duration::from_secs(10), put_back);
     assert!(
         back,
         "redis's threads after the guard: {:?}, before: {before:?}",

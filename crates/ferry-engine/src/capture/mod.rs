@@ -73,6 +73,11 @@ pub struct CaptureOptions {
     /// image; its client sends its SYN again to whichever host runs the
     /// service then.
     pub output_held: bool,
+    /// The image is restored in another network namespace only (each
+    /// sync of `ferry replicate`, restored by the standby): the TIME_WAIT
+    /// connections of this one cannot keep a listener from binding its
+    /// port there, so they are not looked for.
+    pub restored_elsewhere: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -262,7 +262,7 @@ fn survey_process(
         mut kept,
         early_owners,
         epoll_fdinfo,
-    } = files::capture(pid, &frozen.pidfd, tree, opts.external_stdio, pre, quiet)?;
+    } = files::capture(pid, &frozen.pidfd, tree, opts, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);

@@ -42,9 +42,3 @@ impl TcpTables {
         Ok(t)
     }
 }
-
-impl Default for TcpTables {
-    fn default() -> Self {
-        TcpTables::in_freeze()
-    }
-}

@@ -112,6 +112,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
         },
         parent_sees_exit: c.parent_sees_exit,
         output_held: true,
+        restored_elsewhere: true,
         ..Default::default()
     };
     let precopy = &mut *c.precopy;

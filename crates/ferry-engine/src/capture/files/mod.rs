@@ -415,7 +415,8 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
         .iter()
         .filter(|(fd, l)| **fd > 2 && connected(&l.socket) && l.socket.with_dup(|_| ()).is_some())
         .collect();
-    let (unix_tables, socket_tables) = (unix::UnixTables::default(), Default::default());
+    let (unix_tables, socket_tables) =
+        (unix::UnixTables::default(), socket_preconditions::Tables::new(true));
     let mounts = allow::Mounts::new(pid);
     let described = crate::parallel::map(&todo, |&(&fd, l)| {
         let Ok(fdinfo) = fdinfo_dir.read(fd) else { return Ok(false) };
@@ -491,10 +492,11 @@ pub(super) fn capture(
     pid: i32,
     pidfd: &OwnedFd,
     tree: &[i32],
-    external_stdio: bool,
+    opts: &super::CaptureOptions,
     pre: Option<&FdPresurvey>,
     quiet: super::sockopt_watch::Quiet,
 ) -> Result<CapturedFds> {
+    let external_stdio = opts.external_stdio;
     let dir = format!("/proc/{pid}/fd");
     let mut fds: Vec<i32> = std::fs::read_dir(&dir)
         .map_err(|e| EngineError::io(&dir, e))?
@@ -502,7 +504,7 @@ pub(super) fn capture(
         .collect();
     fds.sort_unstable();
     let unix_tables = unix::UnixTables::default();
-    let socket_tables = socket_preconditions::Tables::default();
+    let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
     let fdinfo_dir = FdinfoDir::open(pid)?;
     let mounts = allow::Mounts::new(pid);

@@ -52,7 +52,6 @@ const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 /// where restore makes its sockets again: its TIME_WAIT connections and
 /// which addresses can be bound. Read from the process's namespace, not
 /// each socket's, so 10,000 connections cost one lookup each.
-#[derive(Default)]
 pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
     /// Its TCP sockets and TIME_WAIT connections, from one dump.
@@ -63,6 +62,22 @@ pub struct Tables {
     local: Mutex<HashMap<IpAddr, bool>>,
     /// inode -> sk_shutdown of the namespace's UDP sockets.
     udp_shutdown: Mutex<Option<Arc<HashMap<u32, u8>>>>,
+    /// The image may be restored in this namespace, where its TIME_WAIT
+    /// connections hold ports (see `CaptureOptions::restored_elsewhere`).
+    restored_here: bool,
+}
+
+impl Tables {
+    pub(super) fn new(restored_here: bool) -> Tables {
+        Tables {
+            netns: Mutex::default(),
+            tcp: TcpTables::in_freeze(),
+            time_wait_no_reuse: Mutex::default(),
+            local: Mutex::default(),
+            udp_shutdown: Mutex::default(),
+            restored_here,
+        }
+    }
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -286,7 +301,7 @@ fn check_address(info: &FdInfo, s: &InetFacts) -> Result<()> {
 /// (set later) has none, which only the BPF tcp iterator shows.
 fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     let rebinds = s.tcp && (s.state == TCP_LISTEN || s.state == TCP_CLOSE) && s.local.port() != 0;
-    if !rebinds {
+    if !rebinds || !info.socket_tables.restored_here {
         return Ok(());
     }
     let table = tcp_table(info)?;
