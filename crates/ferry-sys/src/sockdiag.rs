@@ -355,6 +355,67 @@ pub fn tcp_sockets_in(ns: BorrowedFd, what: TcpDump) -> SysResult<Vec<TcpDiag>> 
     Ok(out)
 }
 
+/// A sock_diag socket made in a network namespace, for exact lookups.
+pub struct DiagSocket(OwnedFd);
+
+impl DiagSocket {
+    pub fn in_netns(ns: BorrowedFd) -> SysResult<DiagSocket> {
+        diag_socket_in(ns).map(DiagSocket)
+    }
+
+    /// The TCP socket of the namespace with this local and remote
+    /// address, looked up by its 4-tuple in the kernel's hash (no walk
+    /// of the table), with its shutdown bits; None when there is none.
+    pub fn tcp_connection(
+        &self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+    ) -> SysResult<Option<TcpDiag>> {
+        let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
+        // An exact request: no NLM_F_DUMP.
+        req[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+        req[24..26].copy_from_slice(&local.port().to_be_bytes());
+        req[26..28].copy_from_slice(&remote.port().to_be_bytes());
+        let octets = |a: std::net::SocketAddr| match a.ip() {
+            std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+            std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+        };
+        let (src, dst) = (octets(local), octets(remote));
+        req[28..28 + src.len()].copy_from_slice(&src);
+        req[44..44 + dst.len()].copy_from_slice(&dst);
+        // INET_DIAG_NOCOOKIE: any socket with the tuple.
+        req[64..72].fill(0xff);
+        // SAFETY: req is a live buffer of the given length.
+        if unsafe { libc::send(self.0.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+            return Err(last_error("send(sock_diag)"));
+        }
+        let mut buf = vec![0u8; 8192];
+        // SAFETY: buf is a live writable buffer.
+        let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(last_error("recv(sock_diag)"));
+        }
+        exact_answer(&buf[..n as usize])
+    }
+}
+
+/// The answer to an exact inet_diag request: one socket, or ENOENT.
+fn exact_answer(buf: &[u8]) -> SysResult<Option<TcpDiag>> {
+    if buf.len() < 16 {
+        return Err(crate::SysError::new("inet_diag (short answer)", libc::EIO));
+    }
+    let len = (u32_at(buf, 0) as usize).min(buf.len());
+    if u16_at(buf, 4) == NLMSG_ERROR {
+        let errno = if buf.len() >= 20 { -(u32_at(buf, 16) as i32) } else { libc::EIO };
+        return match errno {
+            libc::ENOENT => Ok(None),
+            e => Err(crate::SysError::new("inet_diag", e)),
+        };
+    }
+    Ok(parse_inet_diag(&buf[16..len.max(16)]))
+}
+
 /// Sends dump request `req` on `sock` and hands each batch of the answer
 /// to `on_batch` until it says the batch was the last.
 fn dump(
@@ -507,6 +568,29 @@ mod tests {
                 "listener on port {port} missing from {} sockets",
                 all.len()
             );
+        }
+    }
+
+    #[test]
+    fn an_exact_lookup_finds_a_connection_and_its_shutdown_bits() {
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        for host in ["127.0.0.1:0", "[::1]:0"] {
+            let l = TcpListener::bind(host).expect("bind");
+            let c = TcpStream::connect(l.local_addr().expect("address")).expect("connect");
+            let (a, _) = l.accept().expect("accept");
+            c.shutdown(Shutdown::Read).expect("shutdown");
+            let ns = std::fs::File::open("/proc/self/ns/net").expect("own namespace");
+            let diag = DiagSocket::in_netns(std::os::fd::AsFd::as_fd(&ns)).expect("diag socket");
+            let (cl, al) = (c.local_addr().expect("c"), a.local_addr().expect("a"));
+            let ours = diag.tcp_connection(cl, al).expect("lookup").expect("found");
+            assert_eq!((ours.local, ours.remote, ours.state), (cl, al, 1));
+            assert_eq!(ours.shutdown & 1, 1, "{ours:?}");
+            let theirs = diag.tcp_connection(al, cl).expect("lookup").expect("found");
+            assert_eq!(theirs.shutdown, 0, "{theirs:?}");
+            assert_ne!(ours.inode, theirs.inode);
+            let mut nobody = cl;
+            nobody.set_port(1);
+            assert_eq!(diag.tcp_connection(nobody, al).expect("lookup"), None);
         }
     }
 

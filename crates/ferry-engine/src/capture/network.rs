@@ -21,7 +21,6 @@ use ferry_sys::sockdiag::TcpDump;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
 fn netns_inode(pid: i32) -> Result<u64> {
     let path = format!("/proc/{pid}/ns/net");
@@ -64,16 +63,8 @@ fn proc_addr(field: &str) -> Option<SocketAddr> {
 /// that namespace when given, or the /proc text tables when sock_diag
 /// cannot answer.
 fn proc_tcp(pid: i32, tables: Option<&TcpTables>) -> Vec<ProcTcp> {
-    let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
-        let fd = std::os::fd::AsFd::as_fd(&ns);
-        match tables {
-            Some(t) => t.of(ns.metadata().ok()?.ino(), fd).ok(),
-            None => ferry_sys::sockdiag::tcp_sockets_in(fd, TcpDump::Plain).ok().map(Arc::new),
-        }
-    });
-    if let Some(all) = dumped {
-        return all
-            .iter()
+    let listed = |all: &[ferry_sys::sockdiag::TcpDiag]| -> Vec<ProcTcp> {
+        all.iter()
             .filter(|d| d.state != ferry_sys::sockdiag::TCP_TIME_WAIT)
             .map(|d| ProcTcp {
                 local: d.local,
@@ -81,9 +72,18 @@ fn proc_tcp(pid: i32, tables: Option<&TcpTables>) -> Vec<ProcTcp> {
                 rx_queue: d.rqueue as u64,
                 inode: d.inode as u64,
             })
-            .collect();
-    }
-    proc_tcp_text(pid)
+            .collect()
+    };
+    let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
+        let fd = std::os::fd::AsFd::as_fd(&ns);
+        match tables {
+            Some(t) => t.of(ns.metadata().ok()?.ino(), fd).ok().map(|t| listed(&t.sockets)),
+            None => {
+                ferry_sys::sockdiag::tcp_sockets_in(fd, TcpDump::Plain).ok().map(|v| listed(&v))
+            }
+        }
+    });
+    dumped.unwrap_or_else(|| proc_tcp_text(pid))
 }
 
 fn proc_tcp_text(pid: i32) -> Vec<ProcTcp> {

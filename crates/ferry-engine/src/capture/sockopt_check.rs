@@ -219,8 +219,10 @@ fn prepare(
     }
     if t.kind.protocol == libc::IPPROTO_TCP && t.kind.family != libc::AF_UNIX {
         md5.entry(t.kind.netns).or_insert_with(|| {
-            let table = tcp.of(t.kind.netns, ns.as_fd()).unwrap_or_default();
-            table.iter().filter(|s| s.md5).map(|s| s.inode).collect()
+            let table = tcp.of(t.kind.netns, ns.as_fd());
+            table
+                .map(|t| t.sockets.iter().filter(|s| s.md5).map(|s| s.inode).collect())
+                .unwrap_or_default()
         });
     }
     Ok(())

@@ -13,10 +13,29 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
+/// One dump: the sockets, and where each socket's inode is.
+pub(crate) struct NsTcp {
+    pub sockets: Vec<TcpDiag>,
+    by_inode: HashMap<u32, usize>,
+}
+
+impl NsTcp {
+    fn new(sockets: Vec<TcpDiag>) -> NsTcp {
+        // Connections in TIME_WAIT have no inode (0).
+        let by_inode =
+            sockets.iter().enumerate().filter(|(_, d)| d.inode != 0).map(|(i, d)| (d.inode, i));
+        NsTcp { by_inode: by_inode.collect(), sockets }
+    }
+
+    pub fn by_inode(&self, inode: u32) -> Option<&TcpDiag> {
+        self.by_inode.get(&inode).and_then(|&i| self.sockets.get(i))
+    }
+}
+
 /// One stage's dumps, by network namespace inode.
 pub(crate) struct TcpTables {
     what: TcpDump,
-    by_ns: Mutex<HashMap<u64, Arc<Vec<TcpDiag>>>>,
+    by_ns: Mutex<HashMap<u64, Arc<NsTcp>>>,
 }
 
 impl TcpTables {
@@ -32,12 +51,12 @@ impl TcpTables {
 
     /// The sockets of namespace `ns` (inode `netns`), dumped at its first
     /// question.
-    pub fn of(&self, netns: u64, ns: BorrowedFd) -> SysResult<Arc<Vec<TcpDiag>>> {
+    pub fn of(&self, netns: u64, ns: BorrowedFd) -> SysResult<Arc<NsTcp>> {
         let mut by_ns = self.by_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(t) = by_ns.get(&netns) {
             return Ok(t.clone());
         }
-        let t = Arc::new(ferry_sys::sockdiag::tcp_sockets_in(ns, self.what)?);
+        let t = Arc::new(NsTcp::new(ferry_sys::sockdiag::tcp_sockets_in(ns, self.what)?));
         by_ns.insert(netns, t.clone());
         Ok(t)
     }

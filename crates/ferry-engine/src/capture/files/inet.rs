@@ -471,6 +471,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         tcp,
         state,
         local,
+        peer,
         options: &options,
     };
     super::socket_preconditions::check_inet(info, &facts)?;

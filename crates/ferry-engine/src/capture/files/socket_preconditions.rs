@@ -62,6 +62,10 @@ pub struct Tables {
     local: Mutex<HashMap<IpAddr, bool>>,
     /// inode -> sk_shutdown of the namespace's UDP sockets.
     udp_shutdown: Mutex<Option<Arc<HashMap<u32, u8>>>>,
+    /// For the first [`EXACT_LOOKUPS`] connections: each looked up by its
+    /// addresses, then the namespace's dump.
+    diag: Mutex<Option<Arc<ferry_sys::sockdiag::DiagSocket>>>,
+    exact_lookups: std::sync::atomic::AtomicUsize,
     /// The image may be restored in this namespace, where its TIME_WAIT
     /// connections hold ports (see `CaptureOptions::restored_elsewhere`).
     restored_here: bool,
@@ -75,6 +79,8 @@ impl Tables {
             time_wait_no_reuse: Mutex::default(),
             local: Mutex::default(),
             udp_shutdown: Mutex::default(),
+            diag: Mutex::default(),
+            exact_lookups: Default::default(),
             restored_here,
         }
     }
@@ -91,6 +97,8 @@ pub(super) struct InetFacts<'a> {
     pub tcp: bool,
     pub state: u8,
     pub local: SocketAddr,
+    /// A connected socket's peer.
+    pub peer: Option<SocketAddr>,
     pub options: &'a [SockOpt],
 }
 
@@ -227,7 +235,10 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
             .map_err(|e| EngineError::kernel(info.pid, "listing sockets (sock_diag)", e))
     };
     let found = if s.tcp {
-        tcp_table(info)?.iter().find(|d| d.inode == inode).map(|d| d.shutdown)
+        match looked_up(info, s, inode)? {
+            Some(bits) => Some(bits),
+            None => tcp_table(info)?.by_inode(inode).map(|d| d.shutdown),
+        }
     } else {
         let cached = locked(&info.socket_tables.udp_shutdown).clone();
         let table = match cached {
@@ -250,6 +261,44 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
     let ns = ferry_sys::sockdiag::socket_netns(s.sock)
         .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: SIOCGSKNS", info.fd), e))?;
     Ok(list(ns.as_fd())?.into_iter().find(|&(i, _)| i == inode).map_or(0, |(_, b)| b))
+}
+
+/// Up to this many connections per process are looked up one by one (a
+/// few microseconds each) rather than in a dump of the namespace's TCP
+/// sockets, which walks the kernel's whole connection table: every
+/// namespace's, sized for the machine (262,144 buckets with 24 GiB).
+const EXACT_LOOKUPS: usize = 64;
+
+/// The shutdown bits of a connection of the process's namespace, looked
+/// up by its addresses; None when it must come from the dump (a socket
+/// that is not connected, another namespace's, or past
+/// [`EXACT_LOOKUPS`]).
+fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Option<u8>> {
+    use std::sync::atomic::Ordering;
+    let Some(peer) = s.peer else { return Ok(None) };
+    if info.socket_tables.exact_lookups.fetch_add(1, Ordering::Relaxed) >= EXACT_LOOKUPS
+        || !in_process_netns(info, s)?
+    {
+        return Ok(None);
+    }
+    let kerr = |e| EngineError::kernel(info.pid, format!("fd {}: sock_diag lookup", info.fd), e);
+    let diag = {
+        let mut d = locked(&info.socket_tables.diag);
+        match d.as_ref() {
+            Some(d) => d.clone(),
+            None => {
+                let ns = netns(info)?;
+                let made =
+                    Arc::new(ferry_sys::sockdiag::DiagSocket::in_netns(ns.as_fd()).map_err(kerr)?);
+                *d = Some(made.clone());
+                made
+            }
+        }
+    };
+    let found = diag.tcp_connection(s.local, peer).map_err(kerr)?;
+    // Another socket with these addresses (cannot be while ours holds
+    // them) sends the question to the dump.
+    Ok(found.filter(|d| d.inode == inode).map(|d| d.shutdown))
 }
 
 /// Whether the socket belongs to the process's network namespace.
@@ -306,7 +355,7 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     }
     let table = tcp_table(info)?;
     let tws: Vec<SocketAddr> =
-        table.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
+        table.sockets.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
     if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
         return Ok(());
     }
@@ -333,7 +382,7 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
 
 /// The TCP sockets and TIME_WAIT connections of the process's network
 /// namespace, dumped once.
-fn tcp_table(info: &FdInfo) -> Result<Arc<Vec<ferry_sys::sockdiag::TcpDiag>>> {
+fn tcp_table(info: &FdInfo) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
     let ns = netns(info)?;
     let inode = ferry_sys::sockdiag::inode_of(ns.as_fd())
         .map_err(|e| EngineError::kernel(info.pid, "fstat of its network namespace", e))?;
