@@ -167,6 +167,7 @@ def one_run(bins, n, method, work):
         if ck.returncode != 0:
             raise RuntimeError(f"checkpoint failed: {ck.stderr}")
         server.wait()
+        reaped_us = time.time_ns() // 1000
         procs.remove(server)
         pidfile = os.path.join(work, "pid")
         if os.path.exists(pidfile):
@@ -195,7 +196,10 @@ def one_run(bins, n, method, work):
         if os.environ.get("BENCH_TCP_LOG"):
             # Every --verbose line of both commands (the phases' own splits too).
             with open(os.environ["BENCH_TCP_LOG"], "a") as f:
-                f.write(f"# N={n} {FERRY}\n{ck.stderr}{rs_err}")
+                # Between the commands: the checkpoint's exit as this
+                # script saw it, the killed server reaped, the restore started.
+                between = f"# checkpoint exited at {ck_end} us, server reaped at {reaped_us} us, restore started at {int(rs_start * 1e6)} us\n"
+                f.write(f"# N={n} {FERRY}\n{ck.stderr}{between}{rs_err}")
         cp, rp = phases(ck.stderr), phases(rs_err)
         row = {"n": n, "method": method}
         # The lock starts to freeze right after the survey; with no

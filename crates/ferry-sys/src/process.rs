@@ -81,6 +81,16 @@ pub struct MappedFile {
 
 impl MappedFile {
     pub fn map(fd: &std::fs::File, offset: u64, len: usize) -> SysResult<MappedFile> {
+        Self::map_named(fd, offset, len, "mmap(pages.img)")
+    }
+
+    /// [`MappedFile::map`], its error naming the call `call`.
+    pub fn map_named(
+        fd: &std::fs::File,
+        offset: u64,
+        len: usize,
+        call: &'static str,
+    ) -> SysResult<MappedFile> {
         use std::os::fd::AsRawFd;
         if len == 0 {
             return Ok(MappedFile { ptr: std::ptr::null_mut(), len: 0 });
@@ -100,7 +110,7 @@ impl MappedFile {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(last_error("mmap(pages.img)"));
+            return Err(last_error(call));
         }
         Ok(MappedFile { ptr: p, len })
     }

@@ -393,6 +393,10 @@ impl Captured {
         shm::remove_sysv(&tree_image.sysv_shm);
         sysv_ipc::remove(&tree_image.sysv_sem, &tree_image.sysv_msg);
         phases.mark("kill");
+        // Freeing the metadata of 10,000 connections (their queues) takes
+        // milliseconds the restore waits for when ferry exits right after;
+        // a command that exits leaves it to the kernel.
+        crate::parallel::detach("image freed", move || drop(tree_image));
         drop(guard);
         // Killed processes stay zombies until their parent (or, for
         // orphans, init or a subreaper) reaps them; restore waits for

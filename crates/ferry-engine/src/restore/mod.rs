@@ -280,8 +280,9 @@ pub fn restore_held(
             &opts.tty_to,
         )
     })?;
-    let procs = ph.step("threads, signals, timers, creds", || {
-        finish::finish_all(&tree, &mut sessions, &staged.staging.exes, staged.temp_base, &mut guard)
+    let (procs, fd_flags) = ph.step("threads, signals, timers, creds", || {
+        let exes = &staged.staging.exes;
+        finish::finish_all(&tree, &mut sessions, exes, staged.temp_base, &mut guard, opts.check)
     })?;
     finish::seal_memfds(pid, &staged.staging.memfds)?;
     drop(sessions);
@@ -290,7 +291,7 @@ pub fn restore_held(
         ph.mark("lazy memory registered");
     }
     if opts.check {
-        ph.step("check", || verify::restored_tree(&tree, &connections.fds))?;
+        ph.step("check", || verify::restored_tree(&tree, &connections.fds, &fd_flags))?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })

@@ -62,6 +62,9 @@ impl Placement {
         handover: &Handover,
         t0: Instant,
     ) -> Result<HeldTree> {
+        // Both forks need ferry's one thread: a capture in this process
+        // may have left one freeing its image.
+        crate::parallel::join_detached();
         match self {
             Placement::Here => super::restore_held(tree, pages, opts, handover, t0)
                 .map(|h| HeldTree::Here(Box::new(h))),

@@ -55,7 +55,10 @@ pub fn posix_lock_calls(
 ) -> (Vec<(String, crate::inject::Call)>, Vec<u8>) {
     let mut calls = Vec::new();
     let mut args = Vec::new();
-    for (i, f) in image.files.iter().enumerate() {
+    let posix = |f: &ferry_image::OpenFile| f.locks.iter().any(|l| l.kind == LockKind::Posix);
+    // Only the few files with a lock are looked up among the fds: a
+    // search per file is quadratic in a table of 10,000 sockets.
+    for (i, f) in image.files.iter().enumerate().filter(|(_, f)| posix(f)) {
         let Some(slot) = image.fds.iter().find(|s| s.file as usize == i) else {
             continue;
         };

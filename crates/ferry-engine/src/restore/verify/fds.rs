@@ -1,8 +1,9 @@
 //! The fd table: the same fd numbers and no other, each with its
 //! close-on-exec bit, its description's status flags and offset, and a
-//! file of the kind the image recorded (the link /proc/PID/fd shows). A
-//! terminal or outside stdio is the file the user chose at restore, and
-//! only its number is compared.
+//! file of the kind the image recorded (the link /proc/PID/fd shows; for
+//! a rebuilt TCP connection, the very description ferry made, by kcmp).
+//! A terminal or outside stdio is the file the user chose at restore,
+//! and only its number is compared.
 
 use super::Findings;
 use crate::error::{EngineError, Result};
@@ -74,11 +75,13 @@ fn compare_numbers(pid: i32, want: &[i32], found: &mut Findings) -> Result<()> {
 }
 
 /// `connections` are ferry's descriptors of the rebuilt TCP connections,
-/// by file id: an fd whose fdinfo shows one of their inodes is that very
-/// socket, and its link is not read.
+/// by file id; `fd_flags` the process's own F_GETFD of each fd (see
+/// [`compare_rebuilt`]): with both, a rebuilt connection's fd needs no
+/// /proc read.
 pub(super) fn compare(
     p: &ProcessImage,
     connections: &HashMap<u64, OwnedFd>,
+    fd_flags: Option<&HashMap<i32, i64>>,
     found: &mut Findings,
 ) -> Result<()> {
     let pid = p.pid;
@@ -86,26 +89,32 @@ pub(super) fn compare(
     want.sort_unstable();
     let dirs = ProcDirs::open(pid)?;
     // The size of /proc/PID/fd is the number of open fds: when it is the
-    // image's count and each of the image's fds is there (its fdinfo
-    // reads), the table holds exactly those, without listing 10,000
-    // entries. Anything else is listed and named.
+    // image's count and each of the image's fds is there, the table holds
+    // exactly those, without listing 10,000 entries. Anything else is
+    // listed and named.
     if want.is_empty() || dirs.open_count() != Some(want.len()) {
         return compare_numbers(pid, &want, found);
     }
-    let sockets = Sockets::of(p, connections)?;
-    // One /proc read per fd (two for a file that is not a rebuilt
-    // connection), relative to open directories, spread over the worker
-    // threads: a server may hold 10,000 descriptors.
+    let me = std::process::id() as i32;
+    // Spread over the worker threads: a server may hold 10,000 descriptors.
     let per_fd = crate::parallel::map(&p.fds, |slot| {
         let mut mine = Findings::default();
         let Some(file) = p.files.get(slot.file as usize) else {
             return Ok(Some(mine.list));
         };
+        let ours = connections.get(&file.id);
+        if let (Some(ours), Some(&flags)) = (ours, fd_flags.and_then(|f| f.get(&slot.fd))) {
+            match compare_rebuilt((pid, me), slot, file, ours, flags, &mut mine)? {
+                Rebuilt::Same => return Ok(Some(mine.list)),
+                Rebuilt::NoFd => return Ok(None),
+                // Named by what /proc shows, below.
+                Rebuilt::OtherFile => {}
+            }
+        }
         let Some(fdinfo) = dirs.fdinfo(slot.fd)? else {
             return Ok(None);
         };
-        let rebuilt = sockets.inodes.get(&file.id).copied();
-        compare_fd(&dirs, slot, &fdinfo, file, rebuilt.map(|i| (sockets.mnt_id, i)), &mut mine)?;
+        compare_fd(&dirs, slot, &fdinfo, file, &mut mine)?;
         Ok(Some(mine.list))
     })?;
     let Some(per_fd) = per_fd.into_iter().collect::<Option<Vec<_>>>() else {
@@ -115,38 +124,61 @@ pub(super) fn compare(
     Ok(())
 }
 
-/// The identity of the rebuilt connections as fdinfo shows it: the
-/// sockets' mount and each one's inode, by file id.
-struct Sockets {
-    mnt_id: u64,
-    inodes: HashMap<u64, u64>,
+/// What an fd that should hold a rebuilt connection holds.
+#[derive(Debug, PartialEq)]
+enum Rebuilt {
+    /// The very description ferry made (its attributes compared).
+    Same,
+    /// Something else.
+    OtherFile,
+    /// No fd at that number.
+    NoFd,
 }
 
-impl Sockets {
-    fn of(p: &ProcessImage, connections: &HashMap<u64, OwnedFd>) -> Result<Sockets> {
-        let mine: Vec<(u64, &OwnedFd)> =
-            p.files.iter().filter_map(|f| Some((f.id, connections.get(&f.id)?))).collect();
-        let Some(&(_, first)) = mine.first() else {
-            return Ok(Sockets { mnt_id: 0, inodes: HashMap::new() });
-        };
-        // Every socket lives on the one internal sockfs mount.
-        let own = crate::procfs::read_string(&format!("/proc/self/fdinfo/{}", first.as_raw_fd()))?;
-        let mnt_id = identity(&own).map(|(m, _)| m).ok_or_else(|| {
-            EngineError::restore(p.pid, "fdinfo of a rebuilt connection shows no mnt_id and ino")
-        })?;
-        let inodes = crate::parallel::map(&mine, |&(id, fd)| {
-            ferry_sys::sockdiag::inode_of(fd.as_fd())
-                .map(|ino| (id, ino))
-                .map_err(|e| EngineError::kernel(p.pid, "fstat of a rebuilt connection", e))
-        })?;
-        Ok(Sockets { mnt_id, inodes: inodes.into_iter().collect() })
+/// An fd that should be the rebuilt connection `ours` (ferry's
+/// descriptor of it): kcmp shows whether it is that very open file
+/// description; then its status flags and offset are the description's,
+/// read on ferry's descriptor, and its close-on-exec bit is `fd_flags`,
+/// the process's own F_GETFD of the fd (a negative errno: not there).
+/// `me` is ferry's PID.
+/// One syscall of ferry per fd and a share of a batch in the process,
+/// against an fdinfo open, read and close.
+fn compare_rebuilt(
+    (pid, me): (i32, i32),
+    slot: &ferry_image::FdSlot,
+    file: &ferry_image::OpenFile,
+    ours: &OwnedFd,
+    fd_flags: i64,
+    found: &mut Findings,
+) -> Result<Rebuilt> {
+    let fd = slot.fd;
+    if fd_flags == -(libc::EBADF as i64) {
+        return Ok(Rebuilt::NoFd);
     }
-}
-
-/// (mnt_id, ino) as fdinfo shows them.
-fn identity(fdinfo: &str) -> Option<(u64, u64)> {
-    let fields = crate::procfs::key_values(fdinfo);
-    Some((fields.get("mnt_id")?.parse().ok()?, fields.get("ino")?.parse().ok()?))
+    if fd_flags < 0 {
+        let call = format!("fcntl(fd {fd}, F_GETFD)");
+        return crate::inject::check(pid, pid, &call, fd_flags).map(|_| Rebuilt::NoFd);
+    }
+    match ferry_sys::fd::kcmp_same_file(pid, me, fd, ours.as_raw_fd()) {
+        Ok(true) => {}
+        Ok(false) => return Ok(Rebuilt::OtherFile),
+        Err(e) if e.errno == libc::EBADF => return Ok(Rebuilt::NoFd),
+        Err(e) => return Err(EngineError::kernel(pid, format!("kcmp of fd {fd}"), e)),
+    }
+    let object = format!("fd {fd}");
+    let cloexec = fd_flags & i64::from(libc::FD_CLOEXEC) != 0;
+    found.compare(pid, &object, "close-on-exec", slot.cloexec, cloexec);
+    let flags = ferry_sys::fd::fcntl_getfl(ours.as_fd())
+        .map_err(|e| EngineError::kernel(pid, format!("status flags of fd {fd}"), e))?;
+    found.compare(pid, &object, "status flags", file.flags, flags & !libc::O_CLOEXEC);
+    // A socket keeps no file position (ESPIPE): fdinfo shows it as 0.
+    let pos = match ferry_sys::fd::lseek(ours.as_raw_fd(), 0, libc::SEEK_CUR) {
+        Ok(pos) => pos,
+        Err(e) if e.errno == libc::ESPIPE => 0,
+        Err(e) => return Err(EngineError::kernel(pid, format!("offset of fd {fd}"), e)),
+    };
+    found.compare(pid, &object, "offset", file.pos, pos);
+    Ok(Rebuilt::Same)
 }
 
 /// /proc/PID/fd and /proc/PID/fdinfo, open.
@@ -190,15 +222,12 @@ impl ProcDirs {
     }
 }
 
-/// One fd against its slot and file. `rebuilt` is the (mnt_id, ino) of
-/// ferry's descriptor of the connection the file is, if it is one: an fd
-/// showing it is that socket, and its link need not be read.
+/// One fd against its slot and file, from its fdinfo and link.
 fn compare_fd(
     dirs: &ProcDirs,
     slot: &ferry_image::FdSlot,
     fdinfo: &str,
     file: &ferry_image::OpenFile,
-    rebuilt: Option<(u64, u64)>,
     found: &mut Findings,
 ) -> Result<()> {
     let (pid, fd) = (dirs.pid, slot.fd);
@@ -209,10 +238,9 @@ fn compare_fd(
     if replaced(&file.kind) {
         return Ok(());
     }
-    let same_socket = rebuilt.is_some() && rebuilt == identity(fdinfo);
-    let link = if same_socket { String::new() } else { dirs.link(fd)? };
+    let link = dirs.link(fd)?;
     let want = expected_link(&file.kind);
-    if !same_socket && !link_matches(&want, &link) {
+    if !link_matches(&want, &link) {
         let wanted = match want {
             Link::Exactly(w) => w.to_string(),
             Link::StartsWith(p) => format!("{p}..."),
@@ -294,27 +322,50 @@ mod tests {
         ProcessImage { pid, files, fds: fds.collect(), ..Default::default() }
     }
 
-    fn findings(p: &ProcessImage, connections: &HashMap<u64, OwnedFd>) -> Vec<Mismatch> {
+    fn findings_with(
+        p: &ProcessImage,
+        connections: &HashMap<u64, OwnedFd>,
+        fd_flags: Option<&HashMap<i32, i64>>,
+    ) -> Vec<Mismatch> {
         let mut found = Findings::default();
-        compare(p, connections, &mut found).expect("compare");
+        compare(p, connections, fd_flags, &mut found).expect("compare");
         found.list.into_iter().filter(|m| m.attribute != "status flags").collect()
+    }
+
+    fn findings(p: &ProcessImage, connections: &HashMap<u64, OwnedFd>) -> Vec<Mismatch> {
+        findings_with(p, connections, None)
+    }
+
+    /// F_GETFD as `sleep` would report it: no fd close-on-exec.
+    fn plain_flags() -> HashMap<i32, i64> {
+        HashMap::from([(0, 0), (1, 0), (2, 0)])
     }
 
     use super::super::Mismatch;
 
     #[test]
-    fn a_rebuilt_connection_is_known_by_its_inode_and_anything_else_by_its_link() {
+    fn a_rebuilt_connection_is_known_by_kcmp_and_anything_else_by_its_link() {
         let (a, _b) = UnixStream::pair().expect("socketpair");
         let ours = OwnedFd::from(a.try_clone().expect("dup"));
         let child = Child::with_stdin(OwnedFd::from(a));
         let pid = child.0.id() as i32;
         let connections = HashMap::from([(7u64, ours)]);
+        let flags = plain_flags();
+        assert_eq!(findings_with(&image(pid, &[0, 1, 2]), &connections, Some(&flags)), Vec::new());
         assert_eq!(findings(&image(pid, &[0, 1, 2]), &connections), Vec::new());
-        // The same socket through a descriptor that is not the connection's:
-        // its link is read, and it is a socket.
+        // The close-on-exec bit is the one the process reported.
+        let cloexec = HashMap::from([(0, libc::FD_CLOEXEC as i64), (1, 0), (2, 0)]);
+        let found = findings_with(&image(pid, &[0, 1, 2]), &connections, Some(&cloexec));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            (found[0].object.as_str(), found[0].attribute.as_str()),
+            ("fd 0", "close-on-exec")
+        );
+        // The same kind of socket through a descriptor that is not the
+        // connection's: its link is read, and it is a socket.
         let (other, _o) = UnixStream::pair().expect("socketpair");
         let elsewhere = HashMap::from([(7u64, OwnedFd::from(other))]);
-        assert_eq!(findings(&image(pid, &[0, 1, 2]), &elsewhere), Vec::new());
+        assert_eq!(findings_with(&image(pid, &[0, 1, 2]), &elsewhere, Some(&flags)), Vec::new());
     }
 
     #[test]
@@ -323,10 +374,31 @@ mod tests {
         let child = Child::with_stdin(OwnedFd::from(r));
         let (a, _b) = UnixStream::pair().expect("socketpair");
         let connections = HashMap::from([(7u64, OwnedFd::from(a))]);
-        let found = findings(&image(child.0.id() as i32, &[0, 1, 2]), &connections);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!((found[0].object.as_str(), found[0].attribute.as_str()), ("fd 0", "file"));
-        assert!(found[0].restored.starts_with("pipe:["), "{found:?}");
+        let flags = plain_flags();
+        for fd_flags in [None, Some(&flags)] {
+            let found =
+                findings_with(&image(child.0.id() as i32, &[0, 1, 2]), &connections, fd_flags);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!((found[0].object.as_str(), found[0].attribute.as_str()), ("fd 0", "file"));
+            assert!(found[0].restored.starts_with("pipe:["), "{found:?}");
+        }
+    }
+
+    #[test]
+    fn a_connection_missing_from_the_table_is_named() {
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        let ours = OwnedFd::from(a.try_clone().expect("dup"));
+        let child = Child::with_stdin(OwnedFd::from(a));
+        let pid = child.0.id() as i32;
+        let connections = HashMap::from([(7u64, ours)]);
+        // The image has the connection at fd 5, where the process has none.
+        let mut p = image(pid, &[5, 1, 2]);
+        p.fds[0].file = 0;
+        let flags = HashMap::from([(5, -(libc::EBADF as i64)), (1, 0), (2, 0)]);
+        let found = findings_with(&p, &connections, Some(&flags));
+        let table: Vec<_> = found.iter().filter(|m| m.object == "the fd table").collect();
+        assert_eq!(table.len(), 1, "{found:?}");
+        assert_eq!(table[0].restored, "([0], [5])");
     }
 
     #[test]

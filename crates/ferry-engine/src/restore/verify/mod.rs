@@ -82,8 +82,14 @@ fn shown<T: std::fmt::Debug>(v: &T) -> String {
 }
 
 /// Reads the restored tree back and compares it with `tree`. `connections`
-/// are ferry's descriptors of the rebuilt TCP connections, by file id.
-pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd>) -> Result<()> {
+/// are ferry's descriptors of the rebuilt TCP connections, by file id;
+/// `fd_flags` each process's F_GETFD results, read by the process itself
+/// once its fd table was complete.
+pub(super) fn restored_tree(
+    tree: &TreeImage,
+    connections: &HashMap<u64, OwnedFd>,
+    fd_flags: &super::finish::FdFlags,
+) -> Result<()> {
     let mut found = Findings::default();
     let mut spent = [std::time::Duration::ZERO; 5];
     let mut timed = |i: usize, f: &mut dyn FnMut() -> Result<()>| {
@@ -100,7 +106,8 @@ pub(super) fn restored_tree(tree: &TreeImage, connections: &HashMap<u64, OwnedFd
         timed(0, &mut || process::compare_attrs(p, attrs, &mut found))?;
         timed(1, &mut || threads::compare(p, &mut found))?;
         timed(2, &mut || memory::compare(p, &mut found))?;
-        timed(3, &mut || fds::compare(p, connections, &mut found))?;
+        let flags = fd_flags.get(&p.pid);
+        timed(3, &mut || fds::compare(p, connections, flags, &mut found))?;
         timed(4, &mut || sockets::compare(p, &unix, connections, &mut found))?;
     }
     tracing::debug!(
