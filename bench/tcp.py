@@ -49,7 +49,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FERRY = os.environ.get("FERRY_BIN", os.path.join(REPO, "target/release/ferry"))
 PHASE = re.compile(r"(checkpoint|restore) (.+?)\s+([0-9.]+) ms \(total\s+([0-9.]+) ms\) at (\d+)")
-IMAGES_ROOT = tempfile.mkdtemp(prefix="ferry-bench-tcp-", dir="/dev/shm")
+# Made by main (not at import: --help leaves nothing behind).
+IMAGES_ROOT = None
 CLIENT_BYTES = 4096
 PROBE_PORT = "7101"
 PROBE = re.compile(r"# probe: longest wait ([0-9.]+) ms")
@@ -265,6 +266,8 @@ def main():
         sys.exit("bench/tcp.py: needs root")
     ns = [int(x) for x in args.n.split(",")]
     methods = args.methods.split(",")
+    global IMAGES_ROOT
+    IMAGES_ROOT = tempfile.mkdtemp(prefix="ferry-bench-tcp-", dir="/dev/shm")
     work = tempfile.mkdtemp(prefix="ferry-bench-tcp-")
     results = []
     try:
