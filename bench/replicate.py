@@ -14,11 +14,12 @@ in a protects it with b as the standby.
 
 Parts (--parts):
   load       redis-benchmark from c, GET and SET, at each --clients count,
-             --requests each: unreplicated, then replicated (fresh hosts
-             for each). Throughput, p50/p99 latency (redis-benchmark's own
+             --requests each unreplicated, then replicated (fresh hosts
+             for each; a fortieth of --requests, at least 100 per
+             client). Throughput, p50/p99 latency (redis-benchmark's own
              clock), the syncs per second and bytes per sync from
              `ferry status --json`, and the mean of each capture phase of
-             the syncs (FERRY_SYNC_TRACE=1).
+             the syncs made during the run (FERRY_SYNC_TRACE=1).
   rate       the curve of overhead against write rate: 50 connections
              offering --rates writes per second in total (bench/
              rate_clients.py, paced by the client's clock), unreplicated
@@ -185,12 +186,19 @@ def benchmark(cl, test, clients, requests):
     raise RuntimeError(f"redis-benchmark {test}: {r.stdout[-300:]} {r.stderr[-300:]}")
 
 
-def sync_phases(out):
-    """Mean of each capture phase over the syncs FERRY_SYNC_TRACE printed."""
-    sums, n = {}, 0
+def sync_phases(out, skip=0):
+    """Mean of each capture phase over the syncs FERRY_SYNC_TRACE printed,
+    leaving out the first `skip` (those before the measured run: the
+    first sync installs the network lock's base and presurveys the tree,
+    one-time costs that would dominate the mean of a short run), and how
+    many syncs were averaged."""
+    sums, n, seen = {}, 0, 0
     with open(out, errors="replace") as f:
         for line in f:
             if not line.startswith("sync ") or "capture_phases" not in line:
+                continue
+            seen += 1
+            if seen <= skip:
                 continue
             n += 1
             part = line.split("capture_phases: [", 1)[1]
@@ -213,11 +221,13 @@ def part_load(cl, work, args, res):
             redis, inner = start_redis(cl, work)
             plain = benchmark(cl, test, clients, args.requests)
             rp, out = replicate(cl, work, inner, trace=True)
+            _, before = sync_phases(out)
             t = time.time()
-            repl = benchmark(cl, test, clients, max(args.requests // 40, 200))
+            # At least a second or two of load at every client count.
+            repl = benchmark(cl, test, clients, max(args.requests // 40, 100 * clients))
             secs = time.time() - t
             st = (status(cl, cl.a) or [{}])[0]
-            phases, n = sync_phases(out)
+            phases, n = sync_phases(out, skip=before)
             row = {"test": test, "clients": clients, "plain": plain, "repl": repl, "syncs": n,
                    "syncs_per_s": n / secs if secs > 0 else 0, "bytes_per_sync": st.get("bytes_per_sync", 0),
                    "phases": phases}
@@ -400,7 +410,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="load,rate,failover,partition")
     ap.add_argument("--clients", default="1,10,50")
-    ap.add_argument("--requests", type=int, default=20000, help="redis-benchmark requests unreplicated (a fortieth replicated)")
+    ap.add_argument("--requests", type=int, default=20000, help="redis-benchmark requests unreplicated (a fortieth replicated, at least 100 per client)")
     ap.add_argument("--runs", type=int, default=20, help="runs of failover and partition")
     ap.add_argument("--rates", default="20,50,100,200,500,1000,2000", help="writes per second offered by part rate")
     ap.add_argument("--keep", action="store_true")
