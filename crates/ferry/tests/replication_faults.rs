@@ -33,6 +33,11 @@
 //!   checkpoint guard it keeps for all syncs thaws redis, puts back its
 //!   threads' signal masks and releases the network lock.
 //!
+//! - `a_sync_longer_than_the_timeout_...`: every sync's freeze is made to
+//!   last a second, over three times the standby's 300 ms timeout: the
+//!   primary's heartbeats go on during it, b does not take over, and the
+//!   increments go on at a.
+//!
 //! The standby host dying plainly is replication.rs's
 //! `a_lost_standby_leaves_the_primary_running_unprotected`.
 //!
@@ -334,4 +339,33 @@ fn a_primary_killed_in_a_freeze_is_put_back_by_its_guard() {
     );
     assert!(r.runs_in("a", "redis-server"), "redis gone from a");
     eprintln!("[{TEST}] {line}");
+}
+
+#[test]
+fn a_sync_longer_than_the_timeout_is_not_taken_for_a_dead_primary() {
+    const TEST: &str = "repl-fault-slow-sync";
+    if !prerequisites(TEST) {
+        return;
+    }
+    let r = Repl::new("fw", &[]);
+    let redis = r.start_redis();
+    let log = r.log("redis.log");
+    // Every sync's capture stalls a second in the freeze, after its
+    // survey; the standby's timeout stays the default 300 ms.
+    let fault = [("FERRY_FAULT_STALL_AFTER", "checkpoint:survey"), ("FERRY_FAULT_STALL_SECS", "1")];
+    let mut rep = r.replicate(redis.inner, &["--ignore-writes", path_str(&log)], &fault);
+    for n in 1..=3 {
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), n.to_string(), "increment {n}");
+    }
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(!blog.contains("took over"), "b took over from a live primary:\n{blog}");
+    assert!(
+        rep.child.try_wait().ok().flatten().is_none(),
+        "ferry replicate ended:\n{}",
+        rep.show()
+    );
+    let stalls = read_lossy(&rep.err).matches("stalling after checkpoint phase 'survey'").count();
+    assert!(stalls >= 3, "only {stalls} slow syncs:\n{}", rep.show());
+    r.assert_only_in("a", "b", "redis-server", "after the slow syncs");
+    eprintln!("[{TEST}] {stalls} syncs of over a second, no takeover");
 }

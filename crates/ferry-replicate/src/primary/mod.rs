@@ -231,14 +231,14 @@ impl Primary<'_> {
             parent_sees_exit: self.o.parent_sees_exit,
             precopy: &mut self.precopy,
             outbox: &self.outbox,
-            ch: &mut self.ch,
+            heartbeat: self.o.heartbeat_interval,
             replica_id: self.replica_id,
             timeout: if self.seq == 1 { self.o.timeout } else { self.o.heartbeat_timeout * 4 },
             ignore_writes: &self.o.ignore_writes,
             data_dirs: &mut self.data_dirs,
             presurveyed: &mut self.presurveyed,
         };
-        let r = sync::sync(&mut ctx, self.seq)?;
+        let r = sync::sync(&mut ctx, &mut self.ch, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);
         self.status.syncs = self.seq;
         if self.trace {

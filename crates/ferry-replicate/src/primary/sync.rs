@@ -50,7 +50,9 @@ pub(crate) struct SyncCtx<'a> {
     pub parent_sees_exit: bool,
     pub precopy: &'a mut Precopy,
     pub outbox: &'a ferry_outbox::Outbox,
-    pub ch: &'a mut Channel,
+    /// How often the standby must hear from this primary, also while a
+    /// sync's freeze runs ([`with_heartbeats`]).
+    pub heartbeat: Duration,
     /// The ID the standby's copy goes by: each sync's image is
     /// incremental over it.
     pub replica_id: u64,
@@ -64,19 +66,21 @@ pub(crate) struct SyncCtx<'a> {
     pub presurveyed: &'a mut HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
 }
 
-pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
+pub(crate) fn sync(c: &mut SyncCtx<'_>, ch: &mut Channel, seq: u64) -> Result<SyncReport> {
     let t_start = Instant::now();
-    let (buffer, mark, held, t_frozen, capture_phases) = capture_and_thaw(c, seq)?;
+    let every = c.heartbeat;
+    let captured = with_heartbeats(ch, every, seq.saturating_sub(1), || capture_and_thaw(c, seq));
+    let (buffer, mark, held, t_frozen, capture_phases) = captured??;
     let before_freeze_ms = t_frozen.saturating_duration_since(t_start).as_secs_f64() * 1e3;
     let pause_ms = t_frozen.elapsed().as_secs_f64() * 1e3;
     let t_thawed = Instant::now();
     c.precopy.now_held(held);
     let page_bytes = buffer.page_bytes();
     let t_ship = Instant::now();
-    let data_dir_bytes = c.data_dirs.ship(c.ch)?;
+    let data_dir_bytes = c.data_dirs.ship(ch)?;
     let data_dir_send_ms = t_ship.elapsed().as_secs_f64() * 1e3;
-    let bytes = buffer.send(c.ch, seq)? + data_dir_bytes;
-    await_stored(c.ch, seq, c.timeout)?;
+    let bytes = buffer.send(ch, seq)? + data_dir_bytes;
+    await_stored(ch, seq, c.timeout)?;
     c.data_dirs.stored()?;
     let send_and_store_ms = t_thawed.elapsed().as_secs_f64() * 1e3;
     let released = c.outbox.release_through(mark)?;
@@ -92,6 +96,46 @@ pub(crate) fn sync(c: &mut SyncCtx<'_>, seq: u64) -> Result<SyncReport> {
         bytes,
         released,
         capture_phases,
+    })
+}
+
+/// Runs `f` (a sync's freeze and capture, which the standby does not
+/// hear about) while another thread sends the standby a heartbeat every
+/// `every`: a capture that outlasts the standby's timeout (a tree with
+/// many sockets, a loaded machine) would otherwise look like a dead
+/// primary and make it take over a service that runs on. The channel
+/// is the other thread's alone meanwhile; the standby's answers wait in
+/// it for [`await_stored`], which passes over them. A primary that dies,
+/// or stops (SIGSTOP, a paused VM), stops its heartbeats too.
+fn with_heartbeats<T>(
+    ch: &mut Channel,
+    every: Duration,
+    last_seq: u64,
+    f: impl FnOnce() -> T,
+) -> Result<T> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let beats = scope.spawn(|| -> Result<()> {
+            let mut next = Instant::now() + every;
+            while !done.load(Ordering::Acquire) {
+                let now = Instant::now();
+                if now < next {
+                    std::thread::park_timeout(next - now);
+                    continue;
+                }
+                protocol::send(ch, &Msg::Heartbeat { seq: last_seq })?;
+                next = now + every;
+            }
+            Ok(())
+        });
+        let out = f();
+        done.store(true, Ordering::Release);
+        beats.thread().unpark();
+        let sent = beats.join().unwrap_or_else(|_| {
+            Err(ReplicateError::Protocol("the heartbeat thread panicked".into()))
+        });
+        sent.map(|()| out)
     })
 }
 

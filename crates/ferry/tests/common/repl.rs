@@ -208,9 +208,9 @@ impl Repl {
     }
 
     /// Whether a process named `name` runs in `host` (a zombie, killed
-    /// and not reaped yet, does not).
+    /// and not reaped yet, does not; one stopped by a sync's freeze does).
     pub fn runs_in(&self, host: &str, name: &str) -> bool {
-        run_in(self.env.host(host), 20, &["pgrep", "-r", "R,S,D,T", "-x", name]).status.success()
+        run_in(self.env.host(host), 20, &["pgrep", "-r", "R,S,D,T,t", "-x", name]).status.success()
     }
 
     pub fn has_address(&self, host: &str) -> bool {
