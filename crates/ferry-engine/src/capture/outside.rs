@@ -88,6 +88,12 @@ fn refuse_outside_users(tree: &[i32], objects: &HashMap<ObjectId, Mapped>) -> Re
         if let Some(m) =
             maps.iter().find(|m| is_shmem(m) && objects.contains_key(&(m.dev, m.inode)))
         {
+            // A child forked by the tree since it was listed (a server's
+            // new worker) is the tree's: the freeze takes it, and the
+            // check in the freeze looks at the frozen tree.
+            if super::tree::descends_from(pid, tree) {
+                continue;
+            }
             let (owner, addr, path) = &objects[&(m.dev, m.inode)];
             let comm = procfs::read_string(&format!("/proc/{pid}/comm")).unwrap_or_default();
             return Err(EngineError::unsupported(

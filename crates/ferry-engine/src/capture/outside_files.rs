@@ -196,6 +196,10 @@ fn refuse_outside_holders(tree: &[i32], by_link: &ByLink) -> Result<()> {
             let Ok(link) = procfs::read_link(&format!("/proc/{pid}/fd/{fd}")) else { continue };
             let Some(holders) = by_link.get(&link) else { continue };
             let Some((h, what)) = shared_with(pid, fd, &link, holders) else { continue };
+            // A child forked by the tree since it was listed is the tree's.
+            if super::tree::descends_from(pid, tree) {
+                break;
+            }
             let comm = procfs::read_string(&format!("/proc/{pid}/comm")).unwrap_or_default();
             return Err(EngineError::unsupported(
                 h.pid,

@@ -32,6 +32,26 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// Whether `pid`'s parent, or its parent's, and so on, is in `tree`: a
+/// process forked by the tree after [`running_tree`] listed it.
+pub(crate) fn descends_from(pid: i32, tree: &[i32]) -> bool {
+    let mut cur = pid;
+    // Bounded: a chain of parents is short, and a PID reused meanwhile
+    // cannot make it loop for ever.
+    for _ in 0..4096 {
+        let Ok(st) = Stat::read(cur) else { return false };
+        let ppid = st.field(4) as i32;
+        if tree.contains(&ppid) {
+            return true;
+        }
+        if ppid <= 1 {
+            return false;
+        }
+        cur = ppid;
+    }
+    false
+}
+
 /// `root` and its descendants as they are now, the tree still running
 /// (a process that exits meanwhile just has no children): for the checks
 /// made before the freeze. Parents before children.
