@@ -64,7 +64,7 @@ pub struct Tables {
     udp_shutdown: Mutex<Option<Arc<HashMap<u32, u8>>>>,
     /// For the first [`EXACT_LOOKUPS`] connections: each looked up by its
     /// addresses, then the namespace's dump.
-    diag: Mutex<Option<Arc<ferry_sys::sockdiag::DiagSocket>>>,
+    diag: Mutex<Option<ferry_sys::sockdiag::DiagSocket>>,
     exact_lookups: std::sync::atomic::AtomicUsize,
     /// The image may be restored in this namespace, where its TIME_WAIT
     /// connections hold ports (see `CaptureOptions::restored_elsewhere`).
@@ -282,19 +282,13 @@ fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Option<u8>> {
         return Ok(None);
     }
     let kerr = |e| EngineError::kernel(info.pid, format!("fd {}: sock_diag lookup", info.fd), e);
-    let diag = {
-        let mut d = locked(&info.socket_tables.diag);
-        match d.as_ref() {
-            Some(d) => d.clone(),
-            None => {
-                let ns = netns(info)?;
-                let made =
-                    Arc::new(ferry_sys::sockdiag::DiagSocket::in_netns(ns.as_fd()).map_err(kerr)?);
-                *d = Some(made.clone());
-                made
-            }
-        }
-    };
+    // Held from the question to its answer: the worker threads share it.
+    let mut diag = locked(&info.socket_tables.diag);
+    if diag.is_none() {
+        let ns = netns(info)?;
+        *diag = Some(ferry_sys::sockdiag::DiagSocket::in_netns(ns.as_fd()).map_err(kerr)?);
+    }
+    let Some(diag) = diag.as_ref() else { return Ok(None) };
     let found = diag.tcp_connection(s.local, peer).map_err(kerr)?;
     // Another socket with these addresses (cannot be while ours holds
     // them) sends the question to the dump.
