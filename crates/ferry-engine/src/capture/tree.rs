@@ -205,3 +205,21 @@ impl FrozenTree {
         first.map_or(Ok(pids), Err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_descends_from_its_parent_and_not_the_other_way() {
+        let me = std::process::id() as i32;
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        let (down, up, unrelated) =
+            (descends_from(pid, &[me]), descends_from(me, &[pid]), descends_from(pid, &[i32::MAX]));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(down, "pid {pid} is a child of {me}");
+        assert!(!up && !unrelated);
+    }
+}
