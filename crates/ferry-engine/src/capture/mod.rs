@@ -192,7 +192,7 @@ fn check_capturable(pid: i32) -> Result<()> {
         return Err(EngineError::Gone { pid, what: "no such process".into() });
     }
     let me = std::process::id() as i32;
-    if pid == me || is_ancestor(pid, me) {
+    if pid == me || tree::descends_from(me, &[pid]) {
         return Err(EngineError::unsupported(
             pid,
             "the process",
@@ -556,25 +556,6 @@ fn freeze(pid: i32, guard: &mut crate::guard::Guard) -> Result<tree::FrozenTree>
         guard.mask(t.tid, t.sigmask);
     }
     Ok(tree)
-}
-
-/// Whether `pid` is an ancestor of `of`.
-fn is_ancestor(pid: i32, of: i32) -> bool {
-    let mut cur = of;
-    for _ in 0..4096 {
-        let Ok(st) = crate::procfs::Stat::read(cur) else {
-            return false;
-        };
-        let ppid = st.field(4) as i32;
-        if ppid == pid {
-            return true;
-        }
-        if ppid <= 1 {
-            return false;
-        }
-        cur = ppid;
-    }
-    false
 }
 
 #[cfg(test)]

@@ -118,10 +118,9 @@ fn combine(mut maps: Vec<MapsEntry>, raw: &[RawVma], pre: &Presurveyed) -> Optio
 /// Presurveys `root` and its descendants as they are now; those that
 /// prove nothing (or are gone) are left out.
 pub fn presurvey_tree(root: i32) -> std::collections::HashMap<i32, Presurveyed> {
-    super::tree::running_tree(root)
-        .into_iter()
-        .filter_map(|p| presurvey(p).map(|s| (p, s)))
-        .collect()
+    let mut known = std::collections::HashMap::new();
+    presurvey_new(root, &mut known);
+    known
 }
 
 /// [`presurvey_tree`] for a tree presurveyed before (every sync of
