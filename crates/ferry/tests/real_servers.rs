@@ -253,6 +253,37 @@ fn image_queues(images: &str) -> (usize, usize, usize) {
     r
 }
 
+/// The server's side of the connection with client port `port` as the
+/// image holds it, for a failure's report (see [`sequences`]).
+fn image_connection(images: &str, port: u16) -> String {
+    let out =
+        Command::new(FERRY).args(["inspect", "--json", images]).output().expect("ferry inspect");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    fn find(v: &serde_json::Value, port: u16) -> Option<String> {
+        match v {
+            serde_json::Value::Object(m) => {
+                let peer_port = m.get("peer").and_then(|p| p.get(1)).and_then(|p| p.as_u64());
+                if let (Some(c), Some(p)) =
+                    (m.get("connection").filter(|c| c.is_object()), peer_port)
+                {
+                    if p == u64::from(port) {
+                        let len = |k: &str| c[k].as_array().map(Vec::len).unwrap_or(0);
+                        return Some(format!(
+                            "image: send_seq {} send_queue {} unsent {} recv_seq {} recv_queue {} window {} mss {}",
+                            c["send_seq"], len("send_queue"), c["unsent"], c["recv_seq"],
+                            len("recv_queue"), c["window"], c["mss_clamp"]
+                        ));
+                    }
+                }
+                m.values().find_map(|x| find(x, port))
+            }
+            serde_json::Value::Array(a) => a.iter().find_map(|x| find(x, port)),
+            _ => None,
+        }
+    }
+    find(&v, port).unwrap_or_else(|| format!("client port {port}: not in the image"))
+}
+
 /// Remote ends of the ESTABLISHED connections on local port `port` in the
 /// TCP table of `pid`'s network namespace.
 fn established_peers(pid: i32, port: u16) -> Vec<SocketAddr> {
@@ -840,10 +871,10 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
         }
     }
     errors.extend(conns.iter().filter_map(|c| c.error.clone()));
-    let unfinished: Vec<u16> = conns
+    let unfinished: Vec<String> = conns
         .iter()
         .filter(|c| c.error.is_none() && !c.finished)
-        .filter_map(|c| c.s.local_addr().ok().map(|a| a.port()))
+        .filter_map(|c| Some(format!("{} ({})", c.s.local_addr().ok()?.port(), sequences(&c.s))))
         .collect();
     if !unfinished.is_empty() {
         errors.push(format!(
@@ -853,6 +884,27 @@ fn drive(to: SocketAddr, n: usize, proto: &dyn Proto, sh: &Shared) -> DriverResu
         ));
     }
     DriverResult { errors, rounds: sh.rounds.iter().map(|r| r.load(Ordering::Relaxed)).collect() }
+}
+
+/// A stuck client socket's sequence numbers (read in repair mode, which
+/// the connection does not survive unchanged: only for a failure's
+/// report), to set against the server's in the image
+/// ([`image_connection`]): which side lost track of which bytes.
+fn sequences(s: &TcpStream) -> String {
+    use ferry_sys::socket;
+    let fd = s.as_raw_fd();
+    let read = || -> ferry_sys::SysResult<String> {
+        socket::set_repair(fd, 1)?;
+        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)?;
+        let rcv_nxt = socket::queue_seq(fd)?;
+        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE)?;
+        let write_seq = socket::queue_seq(fd)?;
+        let (inq, outq) = (socket::inq(fd)?, socket::outq(fd)?);
+        Ok(format!(
+            "client rcv_nxt {rcv_nxt} with {inq} unread, write_seq {write_seq} with {outq} unacked"
+        ))
+    };
+    read().unwrap_or_else(|e| format!("client sequences not read: {e}"))
 }
 
 // ---------------------------------------------------------------------------
@@ -1109,17 +1161,25 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
         all_moved.map(|d| d.as_secs_f64() * 1e3).unwrap_or(f64::NAN),
         result.errors.len(),
     );
-    assert!(
-        result.errors.is_empty(),
-        "[{name}] {} client errors, first: {:#?}\nrestore:\n{}\n{}",
-        result.errors.len(),
-        &result.errors[..result.errors.len().min(5)],
-        read_lossy(&err),
-        common::tcp_diagnostics(&[&hosts.a.0, &hosts.b.0])
-    );
     let stuck: Vec<usize> = (0..case.conns)
         .filter(|&i| result.rounds[i] < at_restore[i] + rounds_needed(i, true))
         .collect();
+    let stuck_in_image = || -> Vec<String> {
+        stuck
+            .iter()
+            .take(5)
+            .map(|&i| image_connection(path_str(&images), locals[i].port()))
+            .collect()
+    };
+    assert!(
+        result.errors.is_empty(),
+        "[{name}] {} client errors, first: {:#?}\nrestore:\n{}\n{}\n{:#?}",
+        result.errors.len(),
+        &result.errors[..result.errors.len().min(5)],
+        read_lossy(&err),
+        common::tcp_diagnostics(&[&hosts.a.0, &hosts.b.0]),
+        stuck_in_image()
+    );
     assert!(
         stuck.is_empty(),
         "[{name}] {} connections made too few rounds after the restore (first: conn {} with {} rounds, {} at restore)",
