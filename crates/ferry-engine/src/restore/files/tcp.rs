@@ -553,18 +553,21 @@ pub fn give_peer_fins(rebuilt: &Rebuilt, root: i32) -> Result<()> {
     Ok(())
 }
 
-/// Waits (at most `limit`) until every rebuilt connection has sent what
-/// the resend wrote: until then an ACK from the peer for that data counts
-/// as one for data never sent and the kernel drops it with the data it
-/// carries. The write usually goes out at once; pacing can defer it.
-/// Returns whether everything was sent.
+/// Waits (at most `limit`) until every rebuilt connection has sent again
+/// as much as the old socket had sent: until then an ACK from the peer
+/// for that data counts as one for data never sent and the kernel drops
+/// it with the data it carries. The write usually goes out at once;
+/// pacing can defer it. What the old socket had not sent yet does not
+/// count: a connection whose peer's window holds back the rest of its
+/// queue would otherwise keep every connection's held packets waiting
+/// for the whole limit. Returns whether everything was sent.
 pub fn wait_sent(rebuilt: &Rebuilt, limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
     loop {
         let pending = rebuilt
             .conns
             .iter()
-            .any(|(_, _, _, fd, _)| socket::outq_unsent(*fd).is_ok_and(|n| n > 0));
+            .any(|(_, _, c, fd, _)| socket::outq_unsent(*fd).is_ok_and(|n| n > c.unsent));
         if !pending {
             return true;
         }
