@@ -1182,11 +1182,12 @@ fn run_case(case: Case, hosts: &Hosts, dir: &Path) {
     );
     assert!(
         stuck.is_empty(),
-        "[{name}] {} connections made too few rounds after the restore (first: conn {} with {} rounds, {} at restore)",
+        "[{name}] {} connections made too few rounds after the restore (first: conn {} with {} rounds, {} at restore)\n{:#?}",
         stuck.len(),
         stuck[0],
         result.rounds[stuck[0]],
-        at_restore[stuck[0]]
+        at_restore[stuck[0]],
+        stuck_in_image()
     );
     assert!(
         missing.is_empty(),
