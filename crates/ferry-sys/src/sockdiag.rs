@@ -5,7 +5,9 @@ use crate::{last_error, SysResult};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
 const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_ERROR: u16 = 2;
@@ -371,21 +373,33 @@ impl DiagSocket {
         local: std::net::SocketAddr,
         remote: std::net::SocketAddr,
     ) -> SysResult<Option<TcpDiag>> {
-        let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
-        // An exact request: no NLM_F_DUMP.
-        req[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-        req[24..26].copy_from_slice(&local.port().to_be_bytes());
-        req[26..28].copy_from_slice(&remote.port().to_be_bytes());
-        let octets = |a: std::net::SocketAddr| match a.ip() {
-            std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
-            std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
-        };
-        let (src, dst) = (octets(local), octets(remote));
-        req[28..28 + src.len()].copy_from_slice(&src);
-        req[44..44 + dst.len()].copy_from_slice(&dst);
-        // INET_DIAG_NOCOOKIE: any socket with the tuple.
-        req[64..72].fill(0xff);
+        let req = exact_request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, local, remote);
+        let buf = self.ask(&req)?;
+        exact_answer(&buf)
+    }
+
+    /// Ends the TCP socket of the namespace with this local and remote
+    /// address (SOCK_DESTROY: the kernel aborts it without a packet, a
+    /// TIME_WAIT entry included); false when there was none.
+    pub fn destroy_tcp(
+        &self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+    ) -> SysResult<bool> {
+        let req = exact_request(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, local, remote);
+        let buf = self.ask(&req)?;
+        if buf.len() < 20 || u16_at(&buf, 4) != NLMSG_ERROR {
+            return Err(crate::SysError::new("SOCK_DESTROY (no acknowledgement)", libc::EIO));
+        }
+        match -(u32_at(&buf, 16) as i32) {
+            0 => Ok(true),
+            libc::ENOENT => Ok(false),
+            e => Err(crate::SysError::new("SOCK_DESTROY", e)),
+        }
+    }
+
+    /// Sends one request and returns the kernel's one-message answer.
+    fn ask(&self, req: &[u8]) -> SysResult<Vec<u8>> {
         // SAFETY: req is a live buffer of the given length.
         if unsafe { libc::send(self.0.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
             return Err(last_error("send(sock_diag)"));
@@ -396,8 +410,35 @@ impl DiagSocket {
         if n < 0 {
             return Err(last_error("recv(sock_diag)"));
         }
-        exact_answer(&buf[..n as usize])
+        buf.truncate(n as usize);
+        Ok(buf)
     }
+}
+
+/// `inet_diag_req_v2` naming one TCP socket by its 4-tuple (no
+/// NLM_F_DUMP: the kernel looks it up in its hash).
+fn exact_request(
+    kind: u16,
+    flags: u16,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> Vec<u8> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
+    req[4..6].copy_from_slice(&kind.to_ne_bytes());
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[24..26].copy_from_slice(&local.port().to_be_bytes());
+    req[26..28].copy_from_slice(&remote.port().to_be_bytes());
+    let octets = |a: std::net::SocketAddr| match a.ip() {
+        std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+        std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    let (src, dst) = (octets(local), octets(remote));
+    req[28..28 + src.len()].copy_from_slice(&src);
+    req[44..44 + dst.len()].copy_from_slice(&dst);
+    // INET_DIAG_NOCOOKIE: any socket with the tuple.
+    req[64..72].fill(0xff);
+    req
 }
 
 /// The answer to an exact inet_diag request: one socket, or ENOENT.
@@ -619,5 +660,32 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let tw = find(&dump(), c_local, a_local).expect("the closed connection");
         assert_eq!((tw.state, tw.inode), (TCP_TIME_WAIT, 0), "{tw:?}");
+    }
+
+    #[test]
+    fn destroy_ends_a_time_wait_entry_and_nothing_else() {
+        use std::net::{TcpListener, TcpStream};
+        let ns = std::fs::File::open("/proc/self/ns/net").expect("own namespace");
+        let diag = DiagSocket::in_netns(std::os::fd::AsFd::as_fd(&ns)).expect("diag socket");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("address")).expect("connect");
+        let (a, _) = l.accept().expect("accept");
+        let (c_local, a_local) = (c.local_addr().expect("c"), a.local_addr().expect("a"));
+        // The side that closes first ends in TIME_WAIT.
+        drop(c);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let other = TcpStream::connect(l.local_addr().expect("address")).expect("connect");
+        drop(a);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let tw = diag.tcp_connection(c_local, a_local).expect("lookup").expect("in TIME_WAIT");
+        assert_eq!(tw.state, TCP_TIME_WAIT, "{tw:?}");
+        assert!(diag.destroy_tcp(c_local, a_local).expect("destroy"));
+        assert_eq!(diag.tcp_connection(c_local, a_local).expect("lookup"), None);
+        assert!(!diag.destroy_tcp(c_local, a_local).expect("destroy again"));
+        // A live connection of someone else's is not this test's to end:
+        // only the tuple asked for goes.
+        let live = other.local_addr().expect("other");
+        let found = diag.tcp_connection(live, l.local_addr().expect("l")).expect("lookup");
+        assert_eq!(found.map(|d| d.state), Some(1), "the other connection");
     }
 }
