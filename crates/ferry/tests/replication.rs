@@ -370,7 +370,8 @@ fn the_new_primary_is_protected_again_after_a_failover() {
     assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "2", "at b");
     // a comes back as after a reboot: without the address, and without
     // the sockets its killed processes left closing in its namespace (a
-    // client port used again toward b could meet one at the takeover);
+    // host back without a reboot keeps them: replication_faults's
+    // a_dead_socket_with_a_connections_addresses_does_not_stop_the_takeover);
     // b protects the service with a as its standby.
     ip(&["-n", &r.env.host("a").netns, "addr", "del", &r.svc_prefix(), "dev", "eth0"]);
     let out = Command::new("ip")

@@ -38,6 +38,11 @@
 //!   primary's heartbeats go on during it, b does not take over, and the
 //!   increments go on at a.
 //!
+//! - `a_dead_socket_with_a_connections_addresses_...`: b holds a closing
+//!   socket of nobody's with the 4-tuple of an idle client connection (a
+//!   dead copy's, as on a host back without a reboot): the takeover ends
+//!   it before it restores, and the connection answers at b.
+//!
 //! The standby host dying plainly is replication.rs's
 //! `a_lost_standby_leaves_the_primary_running_unprotected`.
 //!
@@ -368,4 +373,75 @@ fn a_sync_longer_than_the_timeout_is_not_taken_for_a_dead_primary() {
     assert!(stalls >= 3, "only {stalls} slow syncs:\n{}", rep.show());
     r.assert_only_in("a", "b", "redis-server", "after the slow syncs");
     eprintln!("[{TEST}] {stalls} syncs of over a second, no takeover");
+}
+
+/// In `host`'s network namespace, a socket no process holds with the
+/// addresses `local` -> `remote`, closing (FIN_WAIT1, its FIN unanswered):
+/// what a copy of the service killed on that host leaves behind while its
+/// connections close. Made in TCP repair mode, so no handshake reaches
+/// the real peer; its FIN carries sequence numbers the peer ignores.
+fn leave_a_closing_socket(host: &str, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
+    use ferry_sys::socket;
+    use std::os::fd::AsRawFd;
+    ferry_testkit::run_in_netns(format!("/run/netns/{host}"), || {
+        let s = socket::socket(libc::AF_INET, libc::SOCK_STREAM, 0).expect("socket");
+        let fd = s.as_raw_fd();
+        // The service address is not on this host yet: bound and routed
+        // from all the same.
+        socket::setsockopt_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1).expect("IP_TRANSPARENT");
+        socket::set_repair(fd, 1).expect("repair mode");
+        socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).expect("send queue");
+        socket::set_queue_seq(fd, 1_000).expect("send sequence");
+        socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE).expect("receive queue");
+        socket::set_queue_seq(fd, 2_000).expect("receive sequence");
+        socket::bind(fd, libc::AF_INET, &local).expect("bind");
+        socket::connect(fd, libc::AF_INET, &remote).expect("connect in repair mode");
+        socket::set_repair(fd, socket::TCP_REPAIR_OFF_NO_WP).expect("leaving repair mode");
+        drop(s);
+        let ns = std::fs::File::open("/proc/thread-self/ns/net").expect("namespace");
+        let diag = ferry_sys::sockdiag::DiagSocket::in_netns(std::os::fd::AsFd::as_fd(&ns))
+            .expect("sock_diag");
+        let left = diag.tcp_connection(local, remote).expect("lookup").expect("left behind");
+        assert_eq!((left.state, left.inode), (4, 0), "a closing socket of nobody's: {left:?}");
+    });
+}
+
+/// A takeover on a host where a dead copy of the service left a closing
+/// socket with the addresses of a connection the tree holds (a former
+/// primary back without a reboot): the standby ends that socket before
+/// it restores, instead of failing to connect the connection's socket
+/// again after it already won the service. The client's connection, made
+/// before the failover and idle since, answers at b.
+#[test]
+fn a_dead_socket_with_a_connections_addresses_does_not_stop_the_takeover() {
+    use std::io::{Read, Write};
+    const TEST: &str = "repl-fault-stale-socket";
+    if !prerequisites(TEST) {
+        return;
+    }
+    let r = Repl::new("fs", &[]);
+    let redis = r.start_redis();
+    let log = r.log("redis.log");
+    let mut rep = r.replicate(redis.inner, &replicate_args(&log), &[]);
+    let svc: std::net::SocketAddr = format!("{}:{REDIS_PORT}", r.svc).parse().expect("address");
+    let client_ns = format!("/run/netns/{}", r.env.host("c").netns);
+    let mut conn = ferry_testkit::run_in_netns(&client_ns, || std::net::TcpStream::connect(svc))
+        .expect("connect to the service");
+    conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let client = conn.local_addr().expect("client address");
+    let mut ping = |what: &str| {
+        conn.write_all(b"PING\r\n").expect("PING");
+        let mut reply = [0u8; 7];
+        conn.read_exact(&mut reply).unwrap_or_else(|e| panic!("{what}: no reply to PING: {e}"));
+        assert_eq!(&reply, b"+PONG\r\n", "{what}");
+    };
+    // Answered once a sync holding the connection is stored at b.
+    ping("at a");
+    leave_a_closing_socket(&r.env.host("b").netns, svc, client);
+    r.kill_host("a");
+    let _ = rep.wait(Duration::from_secs(10));
+    let blog = r.wait_b_log("took over", 20);
+    assert!(blog.contains("ended 1 socket(s) a dead copy"), "{blog}");
+    ping("at b");
+    assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), "1", "redis at b");
 }

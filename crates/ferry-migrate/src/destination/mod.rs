@@ -13,7 +13,9 @@
 //! (pages into the page store, RoundStored), `image.rs` (the image decoded,
 //! its page runs resolved in the store), `lock.rs` (the network lock
 //! engaged), `restore.rs` (address on, restore held, Ready's phases),
-//! `commit.rs` (Commit, release, announce, Running, post-copy's pager).
+//! `commit.rs` (Commit, release, announce, Running, post-copy's pager);
+//! a standby's takeover (`takeover.rs`) also ends the sockets a dead copy
+//! left with the tree's connections' addresses (`stale_sockets.rs`).
 
 mod checks;
 mod commit;
@@ -22,6 +24,7 @@ mod image;
 mod lock;
 mod restore;
 mod rounds;
+mod stale_sockets;
 mod takeover;
 
 pub use rounds::ImageReceived;

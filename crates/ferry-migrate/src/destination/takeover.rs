@@ -5,6 +5,7 @@
 
 use super::image;
 use super::rounds::ImageReceived;
+use super::stale_sockets;
 use super::{commit, hello, lock, restore, DestinationConfig, Served};
 use crate::error::Result;
 use crate::page_store::PageStore;
@@ -31,6 +32,14 @@ pub fn restore_and_run(
     ph.mark("network lock prepared");
     let image = image::resolve(image, hello, store)?;
     ph.mark("page runs resolved");
+    let ended = stale_sockets::remove(&image.tree)?;
+    if ended > 0 {
+        eprintln!(
+            "ferryd: ended {ended} socket(s) a dead copy of the service left here with its \
+             connections' addresses"
+        );
+    }
+    ph.mark("stale sockets ended");
     let mut lock = lock::engage(lock, &image.tree)?;
     ph.mark("network lock");
     let placed = restore::address_on(hello, cfg)?;
