@@ -6,6 +6,9 @@ use thiserror::Error;
 /// tree running untouched.
 #[derive(Debug, Error)]
 pub enum ReplaceError {
+    /// There is no tree to replace.
+    #[error("pid {0}: no such process")]
+    NoSuchProcess(i32),
     /// An option refused before anything was frozen.
     #[error("{0}")]
     Option(String),
@@ -23,9 +26,10 @@ pub enum ReplaceError {
 }
 
 impl ReplaceError {
-    /// Whether the old tree runs on after this error.
+    /// Whether the old tree runs on after this error (false also when
+    /// there was none).
     pub fn old_tree_runs(&self) -> bool {
-        !matches!(self, ReplaceError::AfterKill(_))
+        !matches!(self, ReplaceError::AfterKill(_) | ReplaceError::NoSuchProcess(_))
     }
 }
 

@@ -37,7 +37,9 @@ pub use report::Replaced;
 
 use ferry_engine::capture::{self, CaptureOptions, Captured, LockAfterKill};
 use ferry_engine::phases::Phases;
-use ferry_engine::restore::{self, trial::TrialOutcome, Handover, Held, RestoreOptions};
+use ferry_engine::restore::{
+    self, trial::TrialOutcome, Handover, HeldTree, Placement, RestoreOptions,
+};
 use ferry_image::{ImageSource, MemoryImage};
 use std::time::Instant;
 
@@ -63,7 +65,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
     let held = ph.step("restore", || restore_new(&mut image, &opts));
     let held = held.map_err(ReplaceError::AfterKill)?;
-    phases.extend(prefixed("restore", held.phases().done()));
+    phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
     let mut parts: Vec<(String, f64)> = ph.done().to_vec();
     // The release's list goes on with the clean-up after the tree runs.
@@ -126,14 +128,16 @@ fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
 }
 
 /// The edited image restored under the old PIDs and checked, held
-/// stopped.
+/// stopped (`checks::replaceable` made sure the PIDs are ferry's
+/// namespace's: the placement is here).
 fn restore_new(
     image: &mut MemoryImage,
     opts: &RestoreOptions,
-) -> Result<Held, ferry_engine::EngineError> {
+) -> Result<HeldTree, ferry_engine::EngineError> {
     let t0 = Instant::now();
     let loaded = image.load(ferry_engine::worker_threads())?;
-    restore::restore_held(loaded.tree, loaded.pages.bytes(), opts, &Handover::default(), t0)
+    let pages = loaded.pages.bytes();
+    Placement::Here.restore_held(loaded.tree, pages, opts, &Handover::default(), t0)
 }
 
 fn prefixed(step: &str, done: &[(String, f64)]) -> Vec<(String, f64)> {

@@ -14,7 +14,7 @@ const PATIENCE: Duration = Duration::from_millis(200);
 
 pub fn check(pid: i32) -> Result<(), ReplaceError> {
     let Some((_, ppid, _)) = stat(pid) else {
-        return Err(ReplaceError::Option(format!("pid {pid}: no such process")));
+        return Err(ReplaceError::NoSuchProcess(pid));
     };
     let before = zombie_children(ppid);
     if before.is_empty() {

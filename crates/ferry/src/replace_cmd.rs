@@ -76,6 +76,9 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
             println!("{}", r.line());
             Ok(0)
         }
+        Err(e @ ferry_replace::ReplaceError::NoSuchProcess(_)) => {
+            anyhow::bail!("replace: {e}")
+        }
         Err(e) if e.old_tree_runs() => {
             anyhow::bail!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
         }

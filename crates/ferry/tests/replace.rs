@@ -502,3 +502,48 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// The children of `pid` (from every thread's children list).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|s| s.split_whitespace().filter_map(|n| n.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
+#[test]
+fn ferry_killed_before_the_kill_leaves_the_old_tree_running() {
+    require_root!();
+    let (svc, port) = Service::probe("ferry-killed", &[]);
+    let mut client = Client::connect(port);
+    let before = svc.start_time();
+    for (n, phase) in ["capture", "edit", "trial"].iter().enumerate() {
+        let mut ferry = Command::new(FERRY)
+            .args(["replace", "--pid", &svc.pid.to_string()])
+            .env("FERRY_FAULT_STALL_AFTER", format!("replace:{phase}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running ferry replace");
+        let mut err = BufReader::new(ferry.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        err.read_line(&mut line).expect("ferry's stall line");
+        assert!(line.contains(&format!("stalling after replace phase '{phase}'")), "{line}");
+        // Its checkpoint guard comes to this test (a subreaper) once ferry
+        // is gone, and is reaped here when it has put the tree back.
+        let guards = children_of(ferry.id() as i32);
+        ferry_testkit::kill(ferry.id() as i32, libc::SIGKILL);
+        let _ = ferry.wait();
+        for g in guards {
+            ferry_testkit::reap(g);
+        }
+        assert!(svc.running(), "the old process is gone after ferry died after {phase}");
+        assert_eq!(svc.start_time(), before, "the process changed after {phase}");
+        assert_eq!(svc.ended.load(Ordering::SeqCst), 0, "the old process ended after {phase}");
+        assert_eq!(client.ask("INCR").expect("the old connection"), (n + 1).to_string());
+    }
+    // And it can still be replaced.
+    replaced(&svc, &[]);
+    assert_eq!(client.ask("INCR").expect("the old connection"), "4");
+}
