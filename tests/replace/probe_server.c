@@ -3,10 +3,12 @@
  * It answers over connections that outlive a replacement, so a test can
  * ask the new tree what it sees from the inside.
  *
- * Usage: probe_server PORT [own-filter]
+ * Usage: probe_server PORT [own-filter | bind-unix PATH]
  *   Listens on 127.0.0.1:PORT. With own-filter it first installs a seccomp
  *   filter of its own (allow everything, with no_new_privs), so a filter
  *   stacked by a replacement comes on top of one the service already had.
+ *   With bind-unix it also holds a unix socket bound to PATH, which a
+ *   trial restore cannot make while the server holds it.
  *
  * One command per line, one reply line each:
  *   INCR  -> the counter plus one (the first INCR answers 1)
@@ -26,6 +28,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define MAX_CONNS 32
@@ -74,6 +77,15 @@ int main(int argc, char **argv)
         return 2;
     if (argc > 2 && strcmp(argv[2], "own-filter") == 0)
         own_filter();
+    if (argc > 3 && strcmp(argv[2], "bind-unix") == 0) {
+        int u = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un ua = {.sun_family = AF_UNIX};
+        strncpy(ua.sun_path, argv[3], sizeof ua.sun_path - 1);
+        if (u < 0 || bind(u, (struct sockaddr *)&ua, sizeof ua) != 0 || listen(u, 1) != 0) {
+            perror("unix socket");
+            return 1;
+        }
+    }
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

@@ -49,7 +49,7 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
-    let (mut captured, mut image) = capture_into_memory(pid)?;
+    let (mut captured, mut image) = capture_into_memory(pid, opts)?;
     let mut ph = Phases::start_at("replace", captured.frozen_at());
     let mut phases = prefixed("capture", captured.phases.done());
     ph.mark("capture");
@@ -89,8 +89,12 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
 
 /// The capture into a fresh in-memory image, tried again while the tree
 /// is refused for a passing state.
-fn capture_into_memory(pid: i32) -> Result<(Captured, MemoryImage), ReplaceError> {
-    let opts = CaptureOptions::default();
+fn capture_into_memory(
+    pid: i32,
+    asked: &ReplaceOptions,
+) -> Result<(Captured, MemoryImage), ReplaceError> {
+    let opts =
+        CaptureOptions { parent_sees_exit: asked.parent_sees_exit, ..CaptureOptions::default() };
     let out = capture::retry_transient(
         || {
             let mut image = MemoryImage::new();

@@ -18,6 +18,10 @@ pub struct ReplaceOptions {
     pub drop_caps: Option<String>,
     /// `NAME=SOFT:HARD` each.
     pub rlimits: Vec<String>,
+    /// Take a root that runs in its parent's process group although the
+    /// parent stays outside the tree and sees it exit (as `ferry
+    /// checkpoint --parent-sees-exit`).
+    pub parent_sees_exit: bool,
 }
 
 impl ReplaceOptions {

@@ -56,6 +56,14 @@ pub struct ReplaceArgs {
     /// nofile stays within fs.nr_open.
     #[arg(long, value_name = "NAME=SOFT:HARD")]
     pub rlimit: Vec<String>,
+    /// Take the tree although its root runs in its parent's process group
+    /// (part of the parent's job) and that parent stays outside the tree:
+    /// the parent sees the old root exit, and the new root is ferry's
+    /// child, then init's (or the nearest subreaper's) once ferry exits.
+    /// Without it such a root is refused by name, as by `ferry
+    /// checkpoint`. Any replaced root's parent sees it exit.
+    #[arg(long)]
+    pub parent_sees_exit: bool,
     /// Copy the memory inside the pause. The only mode built so far:
     /// pre-copy while the tree runs comes later, and this option will
     /// then turn it off.
@@ -64,8 +72,15 @@ pub struct ReplaceArgs {
 }
 
 pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
-    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, no_precopy: _ } = args;
-    let opts = ferry_replace::ReplaceOptions { cgroup, seccomp, drop_caps, rlimits: rlimit };
+    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, no_precopy: _ } =
+        args;
+    let opts = ferry_replace::ReplaceOptions {
+        cgroup,
+        seccomp,
+        drop_caps,
+        rlimits: rlimit,
+        parent_sees_exit,
+    };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {
             if verbose {

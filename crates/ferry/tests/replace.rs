@@ -393,6 +393,20 @@ fn path(p: &Path) -> String {
 }
 
 #[test]
+fn a_tree_the_trial_cannot_try_is_refused_in_the_freeze_and_runs_on() {
+    require_root!();
+    let sock = TempDir::new("ferry-replace", "unix");
+    let path = sock.path().join("probe.sock");
+    let (svc, port) = Service::probe("untrialable", &["bind-unix", path.to_str().expect("utf-8")]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    // Found once the tree is captured: it is frozen then, and resumed.
+    refused(&svc, &mut client, &[], &format!("unix socket bound to {}", path.display()));
+    assert!(path.exists(), "the socket file is gone");
+    assert_eq!(client.ask("INCR").expect("after"), "2");
+}
+
+#[test]
 fn a_pid_that_does_not_exist_is_refused() {
     require_root!();
     // pid_max is 32768 here; a PID above it cannot exist.
