@@ -561,3 +561,36 @@ fn ferry_killed_before_the_kill_leaves_the_old_tree_running() {
     replaced(&svc, &[]);
     assert_eq!(client.ask("INCR").expect("the old connection"), "4");
 }
+
+#[test]
+fn all_options_at_once_with_every_capability_dropped() {
+    require_root!();
+    let cg = TestCgroup::new("replace-all");
+    let (svc, port) = Service::probe("all", &[]);
+    let mut client = Client::connect(port);
+    let work = TempDir::new("ferry-replace", "all-filter");
+    let filter = getppid_eperm_filter(work.path());
+    let mut args = vec!["--seccomp", filter.to_str().expect("utf-8"), "--drop-caps", "all"];
+    args.extend(["--rlimit", "nproc=100:200"]);
+    let dir = cg.as_ref().map(|c| path(&c.dir));
+    if let Some(d) = &dir {
+        args.extend(["--cgroup", d.as_str()]);
+    }
+    // The filter is installed while the new process still has root's
+    // capabilities: no_new_privs is not needed, and stays unset.
+    replaced(&svc, &args);
+    for k in ["CapPrm", "CapEff", "CapBnd", "CapInh", "CapAmb"] {
+        assert_eq!(caps(svc.pid, k), 0, "{k}");
+    }
+    assert_eq!(status_field(svc.pid, "NoNewPrivs"), "0");
+    assert_eq!(status_field(svc.pid, "Seccomp_filters"), "1");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", svc.pid)).expect("limits");
+    let nproc = limits.lines().find(|l| l.starts_with("Max processes")).expect("nproc row");
+    assert_eq!(nproc.split_whitespace().skip(2).take(2).collect::<Vec<_>>(), ["100", "200"]);
+    if let Some(c) = &cg {
+        let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", svc.pid)).expect("cgroup");
+        assert!(cgroup.lines().any(|l| l == format!("0::/{}", c.name)), "{cgroup}");
+    }
+    assert_eq!(client.ask("PPID").expect("the old connection"), format!("E{}", libc::EPERM));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "1");
+}
