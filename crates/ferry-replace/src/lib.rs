@@ -67,14 +67,8 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     let held = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
-    let mut parts: Vec<(String, f64)> = ph.done().to_vec();
-    // The release's list goes on with the clean-up after the tree runs.
-    parts.truncate(parts.iter().position(|p| p.0 == "release").map_or(parts.len(), |i| i + 1));
+    let parts = report::pause_parts(ph.done(), freeze_ms);
     let pause_ms = parts.iter().map(|p| p.1).sum();
-    if let Some(capture) = parts.first_mut() {
-        capture.1 -= freeze_ms;
-    }
-    parts.insert(0, ("freeze".into(), freeze_ms));
     phases.extend(prefixed("replace", ph.done()));
     Ok(Replaced {
         pid,

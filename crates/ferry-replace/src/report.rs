@@ -53,9 +53,36 @@ pub fn split_capture(done: &[(String, f64)]) -> (f64, f64, f64) {
     }
 }
 
+/// The pause's parts from the replacement's phases (counted from the
+/// freeze; the first, "capture", holds the freeze): the freeze on its own
+/// first, and nothing after "release", the moment the new tree runs.
+pub fn pause_parts(done: &[(String, f64)], freeze_ms: f64) -> Vec<(String, f64)> {
+    let end = done.iter().position(|p| p.0 == "release").map_or(done.len(), |i| i + 1);
+    let mut parts = vec![("freeze".to_string(), freeze_ms)];
+    parts.extend(done[..end].iter().cloned());
+    if let Some(capture) = parts.get_mut(1) {
+        capture.1 -= freeze_ms;
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pause_is_split_out_of_the_capture_and_ends_at_the_release() {
+        let done: Vec<(String, f64)> =
+            [("capture", 5.0), ("trial", 9.0), ("release", 2.0), ("after", 4.0)]
+                .iter()
+                .map(|(n, ms)| (n.to_string(), *ms))
+                .collect();
+        let parts = pause_parts(&done, 0.5);
+        let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(names, ["freeze", "capture", "trial", "release"]);
+        assert_eq!(parts.iter().map(|p| p.1).sum::<f64>(), 16.0);
+        assert_eq!(parts[1].1, 4.5);
+    }
 
     #[test]
     fn the_capture_splits_at_its_freeze() {
