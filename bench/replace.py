@@ -70,19 +70,25 @@ def wait_port(port, limit=10.0):
 
 class Reaper(threading.Thread):
     """Reaps `pid` each time a process under that PID ends while it is this
-    script's child (the original, and every new one once ferry exited)."""
+    script's child (the original, and every new one once ferry exited):
+    on SIGCHLD, as a service manager does (the restore of a replacement
+    waits for the old PID in the pause), and every 5 ms besides."""
 
     def __init__(self, pid):
         super().__init__(daemon=True)
         self.pid, self.stop = pid, False
+        signal.signal(signal.SIGCHLD, lambda *_: self.reap())
+
+    def reap(self):
+        try:
+            os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
     def run(self):
         while not self.stop:
-            try:
-                os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.001)
+            self.reap()
+            time.sleep(0.005)
 
 
 class Client(threading.Thread):
@@ -168,6 +174,7 @@ def run_server(name, argv, port, redis, args):
             pass
         time.sleep(0.05)
         reaper.stop = True
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def table(results):
