@@ -38,7 +38,7 @@ pub struct ReplaceArgs {
     /// newest: a file of classic BPF instructions (an array of struct
     /// sock_filter, 8 bytes each, 1 to 4096 of them), checked by loading
     /// it into a throwaway child first. Filters a thread already has stay
-    /// (the kernel runs all; the strictest answer wins). no_new_privs is
+    /// (the kernel runs all of them; the most restrictive answer wins). no_new_privs is
     /// left as it was: ferry installs the filter with root's privileges.
     /// A thread in seccomp strict mode is refused.
     #[arg(long, value_name = "FILE")]
