@@ -70,6 +70,16 @@ struct Service {
 
 impl Service {
     fn start(argv: &[&str], comm: &str, port: u16, dir: TempDir) -> Service {
+        let svc = Service::spawn(argv, comm, dir);
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{comm} does not listen on {port}");
+            sleep(Duration::from_millis(20));
+        }
+        svc
+    }
+
+    fn spawn(argv: &[&str], comm: &str, dir: TempDir) -> Service {
         ferry_testkit::become_subreaper();
         let mut cmd = Command::new(argv[0]);
         // Nothing shared with the test: a pipe to it would be refused.
@@ -94,13 +104,7 @@ impl Service {
                 sleep(Duration::from_millis(1));
             }
         });
-        let svc = Service { pid, comm: comm.into(), stop, reaper: Some(reaper), ended, _dir: dir };
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "{comm} does not listen on {port}");
-            sleep(Duration::from_millis(20));
-        }
-        svc
+        Service { pid, comm: comm.into(), stop, reaper: Some(reaper), ended, _dir: dir }
     }
 
     fn probe(tag: &str, extra: &[&str]) -> (Service, u16) {
@@ -596,4 +600,72 @@ fn all_options_at_once_with_every_capability_dropped() {
     }
     assert_eq!(client.ask("PPID").expect("the old connection"), format!("E{}", libc::EPERM));
     assert_eq!(client.ask("INCR").expect("the old connection"), "1");
+}
+
+#[test]
+fn a_tree_with_children_is_replaced_whole_or_refused_for_its_reaper() {
+    require_root!();
+    let dir = TempDir::new("ferry-replace", "tree");
+    let svc = Service::spawn(&["/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait"], "sh", dir);
+    let t = Instant::now();
+    let kids = loop {
+        let kids = children_of(svc.pid);
+        if kids.len() == 2 {
+            break kids;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the children did not start: {kids:?}");
+        sleep(Duration::from_millis(10));
+    };
+    // The children are orphaned by the kill and come to this test (a
+    // subreaper), which reaps them as an init would.
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let reaped = kids.clone();
+    let reaper = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            for &k in &reaped {
+                let _ = ferry_testkit::try_reap(k);
+            }
+            sleep(Duration::from_millis(1));
+        }
+    });
+    let starts: Vec<u64> = kids.iter().map(|&k| stat(k).expect("child").1).collect();
+    let before = svc.start_time();
+    sleep(Duration::from_millis(20));
+    let out = replace(svc.pid, &[]);
+    let said = text(&out);
+    eprintln!("{said}");
+    if out.status.success() {
+        assert_ne!(svc.start_time(), before, "{said}");
+        for (&k, was) in kids.iter().zip(&starts) {
+            assert!(stat(k).is_some_and(|(st, t)| st != 'Z' && t != *was), "child {k}: {said}");
+        }
+        let mut now = children_of(svc.pid);
+        now.sort_unstable();
+        let mut want = kids.clone();
+        want.sort_unstable();
+        assert_eq!(now, want, "{said}");
+    } else {
+        // A machine whose init (or another ancestor) leaves its children
+        // unreaped: refused before the freeze, the tree untouched.
+        assert!(said.contains("leaves its ended children unreaped"), "{said}");
+        assert!(said.contains("the old tree runs on untouched"), "{said}");
+        assert_eq!(svc.start_time(), before);
+        for (&k, was) in kids.iter().zip(&starts) {
+            assert_eq!(stat(k).map(|s| s.1), Some(*was), "child {k} changed: {said}");
+        }
+    }
+    // Killed by PID, checked by name.
+    for &k in &kids {
+        if std::fs::read_to_string(format!("/proc/{k}/comm")).is_ok_and(|c| c.trim() == "sleep") {
+            ferry_testkit::kill(k, libc::SIGKILL);
+        }
+    }
+    drop(svc);
+    let t = Instant::now();
+    while kids.iter().any(|&k| stat(k).is_some()) && t.elapsed() < Duration::from_secs(5) {
+        sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reaper.join();
 }
