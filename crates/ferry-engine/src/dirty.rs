@@ -89,7 +89,8 @@ fn take_uffd(f: &Frozen) -> Result<OwnedFd> {
             "process has no [vdso] mapping (needed to run userfaultfd() inside it)",
         )
     })?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+    let syscall_ip = inject::find_syscall_insn(pid, vdso.start, vdso.end)?;
+    let remote = Remote { pid, syscall_ip, settle: true };
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     let fd = match remote.call(pid, "userfaultfd", libc::SYS_userfaultfd, &[flags]) {
         // A process without CAP_SYS_PTRACE may only have a user-mode-only

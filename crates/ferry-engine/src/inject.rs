@@ -16,6 +16,13 @@ pub struct Remote {
     pub pid: i32,
     /// Address of a `syscall` instruction in the process.
     pub syscall_ip: u64,
+    /// After injected work, leave the thread in a trap stop instead of the
+    /// SIGTRAP's signal-delivery stop that ended the work ([`Remote::settle`]).
+    /// A tracer that dies resumes its tracees with the signal they stopped
+    /// on, and SIGTRAP kills: capture's tree must survive a ferry that dies
+    /// (the checkpoint guard puts it back), a restored tree dies with ferry
+    /// anyway (PTRACE_O_EXITKILL).
+    pub settle: bool,
 }
 
 /// Finds a `syscall` (0f 05) instruction in the process's [vdso].
@@ -65,7 +72,43 @@ impl Remote {
         }
         let ret = ptrace::get_regs(tid).map_err(|e| kerr("reading result", e))?.rax as i64;
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
+        self.settle(tid)?;
         Ok(ret)
+    }
+
+    /// Moves thread `tid` from the SIGTRAP stop that ended injected work
+    /// into a PTRACE_EVENT_STOP trap, the stop the freeze left it in: the
+    /// SIGTRAP is cancelled (resumed with signal 0) and the pending
+    /// interrupt traps the thread again before it returns to user space,
+    /// so it runs none of its own instructions.
+    fn settle(&self, tid: i32) -> Result<()> {
+        if !self.settle {
+            return Ok(());
+        }
+        let pid = self.pid;
+        let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
+        ptrace::interrupt(tid).map_err(|e| kerr("interrupting after injected work", e))?;
+        ptrace::cont(tid, 0).map_err(|e| kerr("cancelling the injected work's SIGTRAP", e))?;
+        loop {
+            match ptrace::wait_tid(tid, 0).map_err(|e| kerr("waiting", e))? {
+                Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => {
+                    return Ok(())
+                }
+                Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_))) => {
+                    return Err(EngineError::Gone {
+                        pid,
+                        what: format!("thread {tid} died after injected work"),
+                    })
+                }
+                Some((_, WaitEvent::Stopped { sig, event })) => {
+                    return Err(EngineError::restore(
+                        pid,
+                        format!("thread {tid}: unexpected stop (signal {sig}, event {event}) after injected work"),
+                    ))
+                }
+                None => {}
+            }
+        }
     }
 
     /// Waits for the SIGTRAP that ends injected work (single-step trap or
@@ -240,6 +283,7 @@ impl Remote {
             return Err(e);
         }
         ptrace::set_regs(tid, &saved).map_err(|e| kerr("restoring registers", e))?;
+        self.settle(tid)?;
         let out = self.read(scratch + TABLE, table.len())?;
         Ok(out
             .chunks_exact(64)

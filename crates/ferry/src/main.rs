@@ -7,6 +7,7 @@ mod inspect;
 mod migrate_cmd;
 mod netlock_cmd;
 mod progress;
+mod replace_cmd;
 mod replicate_cmd;
 mod restore_cmd;
 
@@ -76,6 +77,13 @@ enum Cmd {
     /// connections. The source is killed only once the destination reports
     /// the tree running; on any failure it runs on here.
     Migrate(migrate_cmd::MigrateArgs),
+    /// Replace a running process tree in place with a fresh copy of
+    /// itself: the same PIDs, memory, threads, files and connections in
+    /// new kernel objects (a new mm), optionally in a new cgroup, with a
+    /// seccomp filter stacked, capabilities dropped or new resource
+    /// limits. A trial restore of the new tree runs before the old one is
+    /// killed: on any failure before that, the old tree runs on untouched.
+    Replace(replace_cmd::ReplaceArgs),
     /// Protect a running process tree with a hot standby on the host
     /// where `ferryd --etcd` listens: its state is synced there whenever
     /// it sends (and at least every --max-interval-ms), and every packet
@@ -137,6 +145,7 @@ fn run(cli: Cli) -> Result<i32> {
             tracing::info!(base = %name, "removed the lock base of a namespace that is gone");
         }
     }
+    let verbose = cli.verbose;
     match cli.cmd {
         Cmd::Checkpoint(args) => checkpoint_cmd::run(args),
         Cmd::Restore(args) => restore_cmd::run(args),
@@ -175,6 +184,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Migrate(args) => migrate_cmd::run(args),
+        Cmd::Replace(args) => replace_cmd::run(args, verbose),
         Cmd::Replicate(args) => replicate_cmd::run(args),
         Cmd::Status(args) => replicate_cmd::status(args),
         Cmd::Demo(args) => demo::run(args),

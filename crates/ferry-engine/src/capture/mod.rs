@@ -320,6 +320,12 @@ impl Captured {
         self.t_frozen
     }
 
+    /// ferry's descriptors of the frozen tree's sockets: a process forked
+    /// for a trial restore closes them first ([`checkpoint_then`]).
+    pub fn socket_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.repaired.raw_fds()
+    }
+
     /// The tree's PIDs as ferry sees them, root first.
     pub fn pids(&self) -> Vec<crate::HostPid> {
         self.frozen.pids().into_iter().map(crate::HostPid).collect()

@@ -287,7 +287,8 @@ fn survey_process(
     let vdso = smaps.iter().find(|m| m.path == "[vdso]").ok_or_else(|| {
         EngineError::unsupported(pid, "the vDSO", "process has no [vdso] mapping")
     })?;
-    let remote = Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.start, vdso.end)? };
+    let syscall_ip = inject::find_syscall_insn(pid, vdso.start, vdso.end)?;
+    let remote = Remote { pid, syscall_ip, settle: true };
     Ok(Survey {
         pid,
         ppid,

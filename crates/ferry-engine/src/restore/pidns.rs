@@ -94,7 +94,9 @@ impl HeldInNamespace {
         let until = Instant::now() + patience;
         while Instant::now() < until {
             match ferry_sys::process::try_wait_pid(self.init) {
-                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                // In a pause (the trial of checkpoint --verify and of
+                // replace): the helper ends within a millisecond or two.
+                Ok(None) => std::thread::sleep(std::time::Duration::from_micros(250)),
                 // Exited and reaped, or not ours to wait for any more.
                 Ok(Some(_)) | Err(_) => {
                     self.init = 0;

@@ -91,8 +91,11 @@ pub(super) fn root_session<'a>(
     let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
     let vdso = own_vdso()?;
-    let remote =
-        inject::Remote { pid, syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)? };
+    let remote = inject::Remote {
+        pid,
+        syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
+        settle: false,
+    };
     let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging };
     threads::block_signals(pid, pid)?;
     let xs =

@@ -45,8 +45,17 @@ const END_PATIENCE: Duration = Duration::from_secs(10);
 /// object. `inherited`: descriptors of ferry's that the helper (a fork of
 /// ferry) closes first, so that they leave room for the copy's own.
 pub fn trial(dir: &Path, inherited: &[std::os::fd::RawFd]) -> Result<TrialOutcome> {
+    trial_source(&mut ferry_image::DirSource::new(dir), inherited)
+}
+
+/// Like [`trial`], for an image from any source (`ferry replace` tries
+/// the edited image it holds in memory).
+pub fn trial_source(
+    source: &mut dyn ImageSource,
+    inherited: &[std::os::fd::RawFd],
+) -> Result<TrialOutcome> {
     let t0 = Instant::now();
-    let image = ferry_image::DirSource::new(dir).load(crate::worker_threads())?;
+    let image = source.load(crate::worker_threads())?;
     if let Some(why) = untrialable(&image.tree) {
         return Ok(TrialOutcome::Skipped(why));
     }

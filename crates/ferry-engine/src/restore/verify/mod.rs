@@ -7,7 +7,7 @@
 //! is not changed, and a migration's source runs on.
 //!
 //! What is compared, one file per kind: the process's identity, creds,
-//! limits and directories (`process.rs`), each thread's name, signal mask
+//! limits, directories and cgroup v2 (`process.rs`), each thread's name, signal mask
 //! and scheduling (`threads.rs`), the mappings (`memory.rs`), the fd table
 //! with each description's kind, flags and offset (`fds.rs`), and every
 //! socket option the image recorded (`sockets.rs`).
@@ -104,6 +104,7 @@ pub(super) fn restored_tree(
         timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
         let attrs = crate::restore::process::attrs_of(tree, p);
         timed(0, &mut || process::compare_attrs(p, attrs, &mut found))?;
+        timed(0, &mut || process::compare_cgroup(p, tree.cgroups.as_ref(), &mut found))?;
         timed(1, &mut || threads::compare(p, &mut found))?;
         timed(2, &mut || memory::compare(p, &mut found))?;
         let flags = fd_flags.get(&p.pid);

@@ -1,5 +1,5 @@
 //! The process as /proc shows it: identity, credentials, limits,
-//! directories, umask, personality, no_new_privs. Read with the code the
+//! directories, umask, personality, no_new_privs, cgroup v2 membership. Read with the code the
 //! checkpoint uses (`proc_state.rs`), so both sides see the same fields
 //! the same way.
 
@@ -70,5 +70,30 @@ pub(super) fn compare_attrs(
         let now = crate::proc_state::audit_ids(&p.pid.to_string())?;
         found.compare(p.pid, "the process", "loginuid and audit session", ids, now);
     }
+    Ok(())
+}
+
+/// The cgroup v2 membership the image records for `p` (`ferry replace
+/// --cgroup` edits it), against /proc/PID/cgroup. v1 hierarchies are
+/// left out: their ids differ between hosts and one the restoring host
+/// has not mounted is skipped by the restore, as is the v2 root.
+pub(super) fn compare_cgroup(
+    p: &ProcessImage,
+    cgroups: Option<&ferry_image::CgroupImage>,
+    found: &mut Findings,
+) -> Result<()> {
+    let v2 = |m: &&ferry_image::CgroupMembership| m.hierarchy == 0 && m.controllers.is_empty();
+    let recorded = cgroups
+        .and_then(|c| c.processes.iter().find(|c| c.pid == p.pid))
+        .and_then(|c| c.memberships.iter().find(v2));
+    // The root cgroup is skipped by the restore when the hierarchy is not
+    // mounted where it runs; the process then stays where it was made.
+    let Some(recorded) = recorded.filter(|m| m.path != "/") else {
+        return Ok(());
+    };
+    let text = crate::procfs::read_string(&format!("/proc/{}/cgroup", p.pid))?;
+    let now = crate::procfs::parse_cgroup(&text).unwrap_or_default();
+    let now = now.iter().find(v2).map(|m| m.path.as_str());
+    found.compare(p.pid, "the process", "cgroup v2", Some(recorded.path.as_str()), now);
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! Each thread: it exists under its TID, with its name, signal mask and
-//! scheduling attributes (policy, priority, nice, CPU affinity).
+//! Each thread: it exists under its TID, with its name, signal mask,
+//! seccomp mode and number of filters, and scheduling attributes (policy,
+//! priority, nice, CPU affinity).
 
 use super::Findings;
 use crate::error::{EngineError, Result};
@@ -17,6 +18,14 @@ pub(super) fn compare(p: &ProcessImage, found: &mut Findings) -> Result<()> {
         let fields = crate::procfs::key_values(&status);
         let mask = fields.get("SigBlk").and_then(|v| crate::procfs::parse_hex(v));
         found.compare(pid, &object, "signal mask", Some(t.sigmask), mask);
+        if let Some(f) = p.fidelity.threads.iter().find(|f| f.tid == t.tid) {
+            let mode = fields.get("Seccomp").and_then(|v| v.parse::<u8>().ok());
+            found.compare(pid, &object, "seccomp mode", Some(f.seccomp_mode), mode);
+            // A filter the kernel refused, or one installed twice, changes
+            // the count even where the mode is right.
+            let count = fields.get("Seccomp_filters").and_then(|v| v.parse::<usize>().ok());
+            found.compare(pid, &object, "seccomp filters", Some(f.seccomp.len()), count);
+        }
         let comm = crate::procfs::read_string(&format!("{dir}/comm"))?;
         found.compare(pid, &object, "name", t.comm.as_str(), comm.trim_end_matches('\n'));
         let s = ferry_sys::process::get_sched(t.tid).map_err(|e| {

@@ -1,0 +1,167 @@
+//! In-place replacement (`ferry replace`): a running process tree is
+//! swapped for a fresh tree that carries its complete state (a new mm,
+//! new kernel objects, the same PIDs), optionally in a new confinement.
+//!
+//! A composition of the engine's phases over one in-memory image:
+//!
+//! ```text
+//! options checked      options.rs   before the freeze: a bad option refuses by name
+//! reaper checked       reaper.rs    the old root's parent reaps (its PIDs come free)
+//! capture              engine       the tree frozen, captured into a MemoryImage
+//! edit                 edits.rs     the options applied to the image; checks.rs
+//! trial                engine       the edited image restored in scratch namespaces
+//!                                   and checked, while the old tree is still frozen
+//! kill                 engine       the one step that cannot be undone
+//! restore              engine       the edited image restored in place, same PIDs,
+//!                                   the restore's own check against the edited image
+//! release              engine       the new tree runs
+//! ```
+//!
+//! Until the kill, every failure drops the capture, which lets the old
+//! tree run on untouched. The kill comes only after a restore of the very
+//! same image passed, so the restore after it meets nothing the trial did
+//! not. Later phases (descriptors carried with pidfd_getfd, pre-copy into
+//! the new tree, a new binary) slot in between these.
+
+mod cgroup;
+mod checks;
+pub mod edits;
+mod error;
+mod options;
+mod reaper;
+mod report;
+
+pub use error::ReplaceError;
+pub use options::ReplaceOptions;
+pub use report::Replaced;
+
+use ferry_engine::capture::{self, CaptureOptions, Captured, LockAfterKill};
+use ferry_engine::phases::Phases;
+use ferry_engine::restore::{
+    self, trial::TrialOutcome, Handover, HeldTree, Placement, RestoreOptions,
+};
+use ferry_image::{ImageSource, MemoryImage};
+use std::time::Instant;
+
+/// Replaces the tree rooted at `pid` with a fresh copy of itself, edited
+/// by `opts`. On an error other than [`ReplaceError::AfterKill`] the old
+/// tree runs on untouched.
+pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
+    let edits = opts.prepare()?;
+    reaper::check(pid)?;
+    let (mut captured, mut image) = capture_into_memory(pid, opts)?;
+    let mut ph = Phases::start_at("replace", captured.frozen_at());
+    let mut phases = prefixed("capture", captured.phases.done());
+    ph.mark("capture");
+    let netns = ph.step("edit", || -> Result<_, ReplaceError> {
+        let netns = checks::replaceable(&captured.tree)?;
+        edits.apply(&mut captured.tree).map_err(ReplaceError::Refused)?;
+        captured.write_image(&mut image, None)?;
+        Ok(netns)
+    })?;
+    ph.step("trial", || trial(&captured, &mut image))?;
+    let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
+    ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
+    let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
+    let held = ph.step("restore", || restore_new(&mut image, &opts));
+    let held = held.map_err(ReplaceError::AfterKill)?;
+    phases.extend(prefixed("restore", &held.phases()));
+    let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
+    let parts = report::pause_parts(ph.done(), freeze_ms);
+    let pause_ms = parts.iter().map(|p| p.1).sum();
+    phases.extend(prefixed("replace", ph.done()));
+    Ok(Replaced {
+        pid,
+        processes: restored.processes,
+        threads: restored.threads,
+        pause_ms,
+        parts,
+        phases,
+        edits: describe(&edits),
+    })
+}
+
+/// The capture into a fresh in-memory image, tried again while the tree
+/// is refused for a passing state.
+fn capture_into_memory(
+    pid: i32,
+    asked: &ReplaceOptions,
+) -> Result<(Captured, MemoryImage), ReplaceError> {
+    let opts =
+        CaptureOptions { parent_sees_exit: asked.parent_sees_exit, ..CaptureOptions::default() };
+    let out = capture::retry_transient(
+        || {
+            let mut image = MemoryImage::new();
+            Ok((capture::capture(pid, &mut image, &opts, None)?, image))
+        },
+        |n, e| tracing::info!("replace: capture attempt {n} refused, trying again: {e}"),
+    )?;
+    Ok(out)
+}
+
+/// The edited image restored in scratch namespaces, checked, and ended.
+/// A tree that cannot be tried is refused: the kill would be unguarded.
+fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceError> {
+    let outcome = restore::trial::trial_source(image, &captured.socket_fds()).map_err(|e| {
+        let error = match e {
+            ferry_engine::EngineError::InNewPidNs(inner) => inner,
+            other => other.to_string(),
+        };
+        ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
+    })?;
+    match outcome {
+        TrialOutcome::Passed { .. } => Ok(()),
+        TrialOutcome::Skipped(why) => Err(ReplaceError::Refused(format!(
+            "no trial restore is possible for {why}; without one the replacement would be unguarded"
+        ))),
+    }
+}
+
+/// Ends the old tree. Its connections stay in repair mode and behind the
+/// network lock, which the restore takes over from the image; the lock
+/// waits for this ferry (stale once it is gone).
+fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
+    let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
+    captured.kill(LockAfterKill::HandOverTo(waits_for)).map(drop)
+}
+
+/// The edited image restored under the old PIDs and checked, held
+/// stopped (`checks::replaceable` made sure the PIDs are ferry's
+/// namespace's: the placement is here).
+fn restore_new(
+    image: &mut MemoryImage,
+    opts: &RestoreOptions,
+) -> Result<HeldTree, ferry_engine::EngineError> {
+    let t0 = Instant::now();
+    let loaded = image.load(ferry_engine::worker_threads())?;
+    let pages = loaded.pages.bytes();
+    Placement::Here.restore_held(loaded.tree, pages, opts, &Handover::default(), t0)
+}
+
+fn prefixed(step: &str, done: &[(String, f64)]) -> Vec<(String, f64)> {
+    done.iter().map(|(name, ms)| (format!("{step}: {name}"), *ms)).collect()
+}
+
+/// One item per edit, for the report line.
+fn describe(e: &edits::Edits) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(path) = &e.cgroup {
+        out.push(format!("cgroup {path}"));
+    }
+    for r in &e.rlimits {
+        let shown = |v: u64| if v == u64::MAX { "unlimited".to_string() } else { v.to_string() };
+        out.push(format!(
+            "rlimit {}={}:{}",
+            edits::rlimit_name(r.resource),
+            shown(r.soft),
+            shown(r.hard)
+        ));
+    }
+    if e.drop_caps != 0 {
+        out.push(format!("capabilities dropped (mask {:#x})", e.drop_caps));
+    }
+    if let Some(f) = &e.seccomp {
+        out.push(format!("seccomp filter of {} instructions stacked", f.insns.len()));
+    }
+    out
+}

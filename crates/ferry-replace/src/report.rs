@@ -1,0 +1,114 @@
+//! What a replacement reports: the pause (from the first thread frozen
+//! to the new tree running) with its parts, and every phase for
+//! `--verbose`.
+
+/// A replacement that happened.
+#[derive(Debug, Clone)]
+pub struct Replaced {
+    pub pid: i32,
+    pub processes: usize,
+    pub threads: usize,
+    /// From the freeze of the old tree to the new tree running, in ms.
+    pub pause_ms: f64,
+    /// The pause's parts, in order: (phase, ms).
+    pub parts: Vec<(String, f64)>,
+    /// Every phase of every step (capture, edit, trial, kill, restore),
+    /// each (step: phase, ms), in order.
+    pub phases: Vec<(String, f64)>,
+    /// What changed besides the kernel objects, one item per edit.
+    pub edits: Vec<String>,
+}
+
+impl Replaced {
+    /// `replaced pid P: pause X ms (freeze A, capture B, ...)`.
+    pub fn line(&self) -> String {
+        let parts: Vec<String> =
+            self.parts.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
+        let edits = if self.edits.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", self.edits.join(", "))
+        };
+        format!(
+            "replaced pid {}: pause {:.1} ms ({}){edits}",
+            self.pid,
+            self.pause_ms,
+            parts.join(", ")
+        )
+    }
+}
+
+/// The capture's phases split at its freeze: (ms before it, the freeze's
+/// own ms, ms after it). The capture's list starts with the phases that
+/// run before the pause (presurvey, the checks, the lock's preparation).
+pub fn split_capture(done: &[(String, f64)]) -> (f64, f64, f64) {
+    let at = done.iter().position(|(name, _)| name == "freeze");
+    match at {
+        Some(i) => (
+            done[..i].iter().map(|p| p.1).sum(),
+            done[i].1,
+            done[i + 1..].iter().map(|p| p.1).sum(),
+        ),
+        None => (0.0, 0.0, done.iter().map(|p| p.1).sum()),
+    }
+}
+
+/// The pause's parts from the replacement's phases (counted from the
+/// freeze; the first, "capture", holds the freeze): the freeze on its own
+/// first, and nothing after "release", the moment the new tree runs.
+pub fn pause_parts(done: &[(String, f64)], freeze_ms: f64) -> Vec<(String, f64)> {
+    let end = done.iter().position(|p| p.0 == "release").map_or(done.len(), |i| i + 1);
+    let mut parts = vec![("freeze".to_string(), freeze_ms)];
+    parts.extend(done[..end].iter().cloned());
+    if let Some(capture) = parts.get_mut(1) {
+        capture.1 -= freeze_ms;
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pause_is_split_out_of_the_capture_and_ends_at_the_release() {
+        let done: Vec<(String, f64)> =
+            [("capture", 5.0), ("trial", 9.0), ("release", 2.0), ("after", 4.0)]
+                .iter()
+                .map(|(n, ms)| (n.to_string(), *ms))
+                .collect();
+        let parts = pause_parts(&done, 0.5);
+        let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(names, ["freeze", "capture", "trial", "release"]);
+        assert_eq!(parts.iter().map(|p| p.1).sum::<f64>(), 16.0);
+        assert_eq!(parts[1].1, 4.5);
+    }
+
+    #[test]
+    fn the_capture_splits_at_its_freeze() {
+        let done: Vec<(String, f64)> =
+            [("presurvey", 1.0), ("freeze", 0.5), ("survey", 2.0), ("pages", 3.0)]
+                .iter()
+                .map(|(n, ms)| (n.to_string(), *ms))
+                .collect();
+        assert_eq!(split_capture(&done), (1.0, 0.5, 5.0));
+        assert_eq!(split_capture(&done[2..]), (0.0, 0.0, 5.0));
+    }
+
+    #[test]
+    fn the_line_names_the_pid_the_pause_and_each_part() {
+        let r = Replaced {
+            pid: 42,
+            processes: 1,
+            threads: 2,
+            pause_ms: 12.345,
+            parts: vec![("freeze".into(), 0.21), ("restore".into(), 7.0)],
+            phases: vec![],
+            edits: vec!["seccomp filter stacked".into()],
+        };
+        assert_eq!(
+            r.line(),
+            "replaced pid 42: pause 12.3 ms (freeze 0.2, restore 7.0); seccomp filter stacked"
+        );
+    }
+}
