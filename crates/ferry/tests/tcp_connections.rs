@@ -554,8 +554,20 @@ fn sig_blocked(pid: i32) -> Vec<String> {
 /// and no lock is left.
 #[test]
 fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
+    killed_ferry_at("checkpoint:tcp connections", "tkill");
+}
+
+/// The same, with ferry killed after the syscalls it injected and the
+/// pages: a thread left in the stop that ended injected work was resumed
+/// by the kernel with that stop's SIGTRAP, which killed the server the
+/// guard was to put back.
+#[test]
+fn killed_ferry_after_the_pages_leaves_the_service_running() {
+    killed_ferry_at("checkpoint:pages", "tkpg");
+}
+
+fn killed_ferry_at(stall: &str, tag: &str) {
     require_root!();
-    let tag = "tkill";
     let n = 20;
     let hosts = Hosts::new(tag);
     let dir = TempDir::new("ferry-tcp", tag);
@@ -581,7 +593,7 @@ fn killed_ferry_mid_checkpoint_leaves_the_service_running() {
     let mut ckpt = Command::new(FERRY);
     ckpt.args(["checkpoint", "--pid", &server.pid.to_string(), "--images"])
         .arg(dir.0.join("images"))
-        .env("FERRY_FAULT_STALL_AFTER", "checkpoint:tcp connections")
+        .env("FERRY_FAULT_STALL_AFTER", stall)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(File::create(&err).expect("err"));
