@@ -583,8 +583,9 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
     assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
     let port = free_port();
     let p = port.to_string();
+    default_socket_is_refused(&postgres, &data_s, dir.clone(), port);
     // No unix socket: one bound to a path has no trial restore and is
-    // refused (docs/replacement.md); over TCP only, nothing is.
+    // refused (above); over TCP only, nothing is.
     let argv = [
         SETPRIV,
         "--reuid=postgres",
@@ -638,6 +639,47 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
     let v = setup.query("select sum(v) from ferry").expect("sum");
     assert_eq!(v, [total.to_string()], "not every transaction counted once");
     report("postgres", &lines, total, t);
+}
+
+/// PostgreSQL with its unix socket as well (its default) is refused in
+/// the freeze, naming the socket, and serves on; then it is shut down.
+fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port: u16) {
+    let sock = dir.path().join("sock");
+    std::fs::create_dir(&sock).expect("sock");
+    let (uid, gid) = postgres_ids().expect("user postgres");
+    std::os::unix::fs::chown(&sock, Some(uid), Some(gid)).expect("chown");
+    let (p, sd) = (port.to_string(), format!("unix_socket_directories={}", sock.display()));
+    let argv = [SETPRIV, "--reuid=postgres", "--regid=postgres", "--init-groups", "--", postgres];
+    let mut argv = argv.to_vec();
+    argv.extend(["-D", data, "-p", &p, "-c", "listen_addresses=127.0.0.1", "-c", &sd]);
+    let srv = Server::spawn(&argv, dir);
+    srv.settle(6, || Pg::connect(port).is_ok());
+    let mut pg = Pg::connect(port).expect("connect");
+    let before = tree(srv.root);
+    let out = Command::new(FERRY)
+        .args(["replace", "--pid", &srv.root.to_string()])
+        .output()
+        .expect("running ferry replace");
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "replaced with its unix socket: {said}");
+    let name = format!("unix socket bound to {}/.s.PGSQL.{port}", sock.display());
+    assert!(said.contains(&name), "the refusal does not name {name}: {said}");
+    assert!(said.contains("the old tree runs on untouched"), "{said}");
+    // Backends come and go; the postmaster and its 5 background processes
+    // run on, the same processes.
+    let after = tree(srv.root);
+    let kept = before.iter().filter(|(p, t)| after.get(p) == Some(t)).count();
+    assert!(kept >= 6, "{kept} of {before:?} run on in {after:?}: {said}");
+    assert_eq!(after.get(&srv.root), before.get(&srv.root), "the postmaster changed: {said}");
+    assert_eq!(pg.query("select 41 + 1").expect("the old connection"), ["42"]);
+    drop(pg);
+    // A fast shutdown; the data directory is used again next.
+    ferry_testkit::kill(srv.root, libc::SIGINT);
+    let t = Instant::now();
+    while alive(srv.root) {
+        assert!(t.elapsed() < Duration::from_secs(30), "postgres does not stop");
+        sleep(Duration::from_millis(20));
+    }
 }
 
 fn postgres_ids() -> Option<(u32, u32)> {
