@@ -16,7 +16,7 @@ The script makes itself a child subreaper and reaps each server's old
 process as soon as ferry kills it (its PID must come free for the new one;
 the new process is reparented to this script when ferry exits).
 
-Usage: bench/replace.py [--servers counter,redis] [--runs 20] [--gap 0.2]
+Usage: bench/replace.py [--servers counter,redis,memcached] [--runs 20] [--gap 0.2]
          [--ferry target/release/ferry] [--out docs/benchmarks-replace-latest.md]
 
 --load (the measure of the issue, after AnT's): --clients connections send
@@ -111,17 +111,24 @@ class Client(threading.Thread):
 
     def __init__(self, port, redis, key="ferry", times=None):
         super().__init__(daemon=True)
+        # `redis` is the protocol: False (the counter), "redis" or "memcached".
         self.port, self.redis, self.key, self.times = port, redis, key, times
         self.stop, self.count, self.failed, self.longest = False, 0, 0, 0.0
         self.last, self.error = None, None
 
     def request(self, f, sock):
-        sock.sendall(f"INCR {self.key}\r\n".encode() if self.redis else b"INCR\n")
+        if self.redis == "memcached":
+            if self.last is None:
+                sock.sendall(f"set {self.key} 0 0 1\r\n0\r\n".encode())
+                f.readline()
+            sock.sendall(f"incr {self.key} 1\r\n".encode())
+        else:
+            sock.sendall(f"INCR {self.key}\r\n".encode() if self.redis else b"INCR\n")
         line = f.readline()
         if not line:
             raise RuntimeError("connection closed")
         text = line.decode().strip()
-        return int(text[1:] if self.redis else text)
+        return int(text[1:] if self.redis == "redis" else text)
 
     def run(self):
         sock = socket.create_connection(("127.0.0.1", self.port))
@@ -373,14 +380,19 @@ def main():
                 subprocess.run(["gcc", "-O2", "-pthread", "-o", binary,
                                 os.path.join(ROOT, "examples/counter_server.c")], check=True)
                 if args.load:
-                    sys.exit("--load needs a server with keys (redis)")
+                    sys.exit("--load needs a server with keys (redis, memcached)")
                 results.append(run_server(name, [binary, str(port)], port, False, args))
             elif name == "redis":
                 argv = ["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
                         "--save", "", "--appendonly", "no", "--daemonize", "no",
                         "--dir", work]
                 run = run_load if args.load else run_server
-                results.append(run(name, argv, port, True, args))
+                results.append(run(name, argv, port, "redis", args))
+            elif name == "memcached":
+                argv = ["/usr/bin/memcached", "-u", "nobody", "-t", "4", "-l", "127.0.0.1",
+                        "-p", str(port), "-U", "0"]
+                run = run_load if args.load else run_server
+                results.append(run(name, argv, port, "memcached", args))
             else:
                 sys.exit(f"unknown server {name}")
     text = load_table(results) if args.load else table(results)
