@@ -32,7 +32,7 @@ the longest request per 20 ms through the replacement window
 (--plot-dir, docs/ by default).
 
   bench/replace.py --load --servers redis --runs 100 --clients 4
-Needs root, gcc, redis-server, and a release build of ferry
+Needs root, gcc, redis-server (memcached for it), and a release build of ferry
 (`cargo build --release`; CARGO_TARGET_DIR is honoured).
 """
 import argparse

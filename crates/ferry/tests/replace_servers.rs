@@ -203,18 +203,20 @@ type Step = Box<dyn FnMut() -> Result<(), String> + Send>;
 /// request stops that client with its error.
 struct Load {
     stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
+    /// Requests answered, per client.
+    done: Vec<Arc<AtomicU64>>,
     threads: Vec<JoinHandle<Result<u64, String>>>,
 }
 
 impl Load {
     fn start(steps: Vec<Step>) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
+        let done: Vec<Arc<AtomicU64>> = steps.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
         let threads = steps
             .into_iter()
-            .map(|mut step| {
-                let (s, d) = (stop.clone(), done.clone());
+            .zip(&done)
+            .map(|(mut step, d)| {
+                let (s, d) = (stop.clone(), d.clone());
                 std::thread::spawn(move || {
                     let mut n = 0u64;
                     while !s.load(Ordering::Relaxed) {
@@ -229,12 +231,12 @@ impl Load {
         Load { stop, done, threads }
     }
 
-    /// Every client still running, and requests answered since the last
+    /// Every client still running and answered again after the
     /// replacement.
     fn check(&self, round: usize, said: &str) {
-        let was = self.done.load(Ordering::Relaxed);
+        let was: Vec<u64> = self.done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
         let t = Instant::now();
-        while self.done.load(Ordering::Relaxed) < was + self.threads.len() as u64 {
+        while self.done.iter().zip(&was).any(|(d, w)| d.load(Ordering::Relaxed) <= *w) {
             assert!(
                 !self.threads.iter().any(|t| t.is_finished()),
                 "a client stopped at replacement {round}: {said}"
