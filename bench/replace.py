@@ -16,9 +16,23 @@ The script makes itself a child subreaper and reaps each server's old
 process as soon as ferry kills it (its PID must come free for the new one;
 the new process is reparented to this script when ferry exits).
 
-Usage: bench/replace.py [--servers counter,redis] [--runs 20] [--gap 0.2]
+Usage: bench/replace.py [--servers counter,redis,memcached] [--runs 20] [--gap 0.2]
          [--ferry target/release/ferry] [--out docs/benchmarks-replace-latest.md]
-Needs root, gcc, redis-server, and a release build of ferry
+
+--load (the measure of the issue, after AnT's): --clients connections send
+throughout, each INCR on a key of its own (every reply checked), each
+request timed by the client's own clock. The server is replaced --runs
+times at random intervals (uniform between 0.5 and 1.5 times 1/--rate
+seconds: one a second by default); then, with the same clients and no
+replacement, the same duration again. It reports the pause (min / median /
+max, the median of each part), the longest request the clients saw with
+and without replacements (the extra is the difference), the throughput of
+both windows and the loss, and failed requests; with matplotlib, a plot of
+the longest request per 20 ms through the replacement window
+(--plot-dir, docs/ by default).
+
+  bench/replace.py --load --servers redis --runs 100 --clients 4
+Needs root, gcc, redis-server (memcached for it), and a release build of ferry
 (`cargo build --release`; CARGO_TARGET_DIR is honoured).
 """
 import argparse
@@ -92,21 +106,29 @@ class Reaper(threading.Thread):
 
 
 class Client(threading.Thread):
-    """One connection, INCR after INCR; `redis` selects the protocol."""
+    """One connection, INCR after INCR; `redis` selects the protocol. With
+    `times`, every request's (end, duration) is kept."""
 
-    def __init__(self, port, redis):
+    def __init__(self, port, redis, key="ferry", times=None):
         super().__init__(daemon=True)
-        self.port, self.redis = port, redis
+        # `redis` is the protocol: False (the counter), "redis" or "memcached".
+        self.port, self.redis, self.key, self.times = port, redis, key, times
         self.stop, self.count, self.failed, self.longest = False, 0, 0, 0.0
         self.last, self.error = None, None
 
     def request(self, f, sock):
-        sock.sendall(b"INCR ferry\r\n" if self.redis else b"INCR\n")
+        if self.redis == "memcached":
+            if self.last is None:
+                sock.sendall(f"set {self.key} 0 0 1\r\n0\r\n".encode())
+                f.readline()
+            sock.sendall(f"incr {self.key} 1\r\n".encode())
+        else:
+            sock.sendall(f"INCR {self.key}\r\n".encode() if self.redis else b"INCR\n")
         line = f.readline()
         if not line:
             raise RuntimeError("connection closed")
         text = line.decode().strip()
-        return int(text[1:] if self.redis else text)
+        return int(text[1:] if self.redis == "redis" else text)
 
     def run(self):
         sock = socket.create_connection(("127.0.0.1", self.port))
@@ -116,7 +138,10 @@ class Client(threading.Thread):
             while not self.stop:
                 t = time.perf_counter()
                 v = self.request(f, sock)
-                self.longest = max(self.longest, time.perf_counter() - t)
+                end = time.perf_counter()
+                self.longest = max(self.longest, end - t)
+                if self.times is not None:
+                    self.times.append((end, end - t))
                 if self.last is not None and v != self.last + 1:
                     self.failed += 1
                 self.last = v
@@ -130,16 +155,25 @@ PAUSE = re.compile(r"pause ([0-9.]+) ms \(([^)]*)\)")
 
 
 def replace_once(ferry, pid):
-    out = subprocess.run([ferry, "replace", "--pid", str(pid)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"ferry replace failed: {out.stderr.strip()}")
-    m = PAUSE.search(out.stdout)
+    """(pause, {part: ms}); the parts include the CPU time of ferry and of
+    the processes it waited for (wait4 of ferry alone: the server's old
+    process, also this script's child, is not counted)."""
+    p = subprocess.Popen([ferry, "replace", "--pid", str(pid)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, close_fds=True)
+    text = p.stdout.read()
+    p.stdout.close()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"ferry replace failed: {text.strip()}")
+    m = PAUSE.search(text)
     if not m:
-        raise RuntimeError(f"no pause in {out.stdout!r}")
+        raise RuntimeError(f"no pause in {text!r}")
     parts = {}
     for item in m.group(2).split(", "):
         name, ms = item.rsplit(" ", 1)
         parts[name] = float(ms)
+    parts["ferry's cpu"] = (usage.ru_utime + usage.ru_stime) * 1e3
     return float(m.group(1)), parts
 
 
@@ -177,6 +211,136 @@ def run_server(name, argv, port, redis, args):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
+def window(clients, start, end):
+    """(requests, longest request in ms) of requests that ended in [start, end)."""
+    n, longest = 0, 0.0
+    for c in clients:
+        for t, d in c.times:
+            if start <= t < end:
+                n += 1
+                longest = max(longest, d)
+    return n, longest * 1e3
+
+
+def per_replacement(clients, marks):
+    """For each replacement, the longest request that ended while ferry
+    ran or within 50 ms after: what a client saw of that replacement."""
+    import bisect
+    ends = sorted(t_d for c in clients for t_d in c.times)
+    keys = [t for t, _ in ends]
+    out = []
+    for s, e in marks:
+        lo, hi = bisect.bisect_left(keys, s), bisect.bisect_right(keys, e + 0.05)
+        out.append(max((d for _, d in ends[lo:hi]), default=0.0) * 1e3)
+    return out
+
+
+def run_load(name, argv, port, redis, args):
+    """Replacements at random intervals under --clients connections, then
+    the same duration without; see the module's doc."""
+    import random
+    pid = spawn(argv, os.path.join(args.work, f"{name}.out"))
+    reaper = Reaper(pid)
+    reaper.start()
+    try:
+        wait_port(port)
+        clients = [Client(port, redis, key=f"ferry{i}", times=[]) for i in range(args.clients)]
+        for c in clients:
+            c.start()
+        time.sleep(1.0)
+        pauses, parts, marks = [], {}, []
+        mean = 1.0 / args.rate
+        b0 = time.perf_counter()
+        for _ in range(args.runs):
+            time.sleep(random.uniform(0.5 * mean, 1.5 * mean))
+            t = time.perf_counter()
+            p, pp = replace_once(args.ferry, pid)
+            marks.append((t, time.perf_counter()))
+            parts.setdefault("ferry's whole run", []).append((marks[-1][1] - t) * 1e3)
+            pauses.append(p)
+            for k, v in pp.items():
+                parts.setdefault(k, []).append(v)
+        time.sleep(random.uniform(0.5 * mean, 1.5 * mean))
+        b1 = time.perf_counter()
+        time.sleep(b1 - b0)
+        a1 = time.perf_counter()
+        for c in clients:
+            c.stop = True
+        for c in clients:
+            c.join(5)
+        with_n, with_long = window(clients, b0, b1)
+        without_n, without_long = window(clients, b1, a1)
+        around = per_replacement(clients, marks)
+        durations = sorted(d for c in clients for t, d in c.times if b1 <= t < a1)
+        result = {
+            "server": name, "runs": len(pauses), "pauses": pauses, "parts": parts,
+            "clients": args.clients, "seconds": b1 - b0,
+            "with": (with_n / (b1 - b0), with_long), "without": (without_n / (a1 - b1), without_long),
+            "median_ms": durations[len(durations) // 2] * 1e3 if durations else 0.0,
+            "failed": sum(c.failed for c in clients), "around": around,
+            "error": "; ".join(c.error for c in clients if c.error) or None,
+        }
+        plot(name, clients, marks, b0, b1, args)
+        return result
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.05)
+        reaper.stop = True
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def plot(name, clients, marks, b0, b1, args):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    step = 0.02
+    bins = [0.0] * (int((b1 - b0) / step) + 1)
+    for c in clients:
+        for t, d in c.times:
+            if b0 <= t < b1:
+                i = int((t - b0) / step)
+                bins[i] = max(bins[i], d * 1e3)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot([i * step for i in range(len(bins))], bins, lw=0.6, label="longest request per 20 ms")
+    for i, (s, _) in enumerate(marks):
+        ax.axvline(s - b0, color="red", lw=0.3, alpha=0.5, label="replacement" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("ms (client clock)")
+    ax.set_title(f"{name}: {len(marks)} replacements under {len(clients)} clients")
+    ax.legend(loc="upper right")
+    path = os.path.join(args.plot_dir, f"replace-load-{name}.png")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    print(f"plot: {path}")
+
+
+def load_table(results):
+    lines = ["| server | replacements | clients | pause min | median | max | median parts (ms) "
+             "| longest request per replacement min / median / max "
+             "| longest request with / without replacements | median request "
+             "| throughput with / without | loss | failed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ps = r["pauses"]
+        parts = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in r["parts"].items())
+        (tw, lw), (to, lo) = r["with"], r["without"]
+        lines.append(
+            f"| {r['server']} | {r['runs']} in {r['seconds']:.0f} s | {r['clients']} | "
+            f"{min(ps):.1f} ms | {statistics.median(ps):.1f} ms | {max(ps):.1f} ms | {parts} | "
+            f"{min(r['around']):.1f} / {statistics.median(r['around']):.1f} / "
+            f"{max(r['around']):.1f} ms | "
+            f"{lw:.1f} / {lo:.1f} ms | {r['median_ms']:.3f} ms | "
+            f"{tw:.0f} / {to:.0f} req/s | {100 * (1 - tw / to):.1f} % | {r['failed']} |")
+    return "\n".join(lines)
+
+
 def table(results):
     lines = ["| server | runs | pause min | median | max | median parts (ms) | client longest request | requests | failed |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -196,6 +360,10 @@ def main():
     ap.add_argument("--gap", type=float, default=0.2)
     ap.add_argument("--ferry", default=default_ferry())
     ap.add_argument("--out", default=None)
+    ap.add_argument("--load", action="store_true")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=1.0)
+    ap.add_argument("--plot-dir", default=os.path.join(ROOT, "docs"))
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root")
@@ -211,22 +379,32 @@ def main():
                 binary = os.path.join(work, "counter_server")
                 subprocess.run(["gcc", "-O2", "-pthread", "-o", binary,
                                 os.path.join(ROOT, "examples/counter_server.c")], check=True)
+                if args.load:
+                    sys.exit("--load needs a server with keys (redis, memcached)")
                 results.append(run_server(name, [binary, str(port)], port, False, args))
             elif name == "redis":
                 argv = ["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
                         "--save", "", "--appendonly", "no", "--daemonize", "no",
                         "--dir", work]
-                results.append(run_server(name, argv, port, True, args))
+                run = run_load if args.load else run_server
+                results.append(run(name, argv, port, "redis", args))
+            elif name == "memcached":
+                argv = ["/usr/bin/memcached", "-u", "nobody", "-t", "4", "-l", "127.0.0.1",
+                        "-p", str(port), "-U", "0"]
+                run = run_load if args.load else run_server
+                results.append(run(name, argv, port, "memcached", args))
             else:
                 sys.exit(f"unknown server {name}")
-    text = table(results)
+    text = load_table(results) if args.load else table(results)
     print(text)
     for r in results:
         if r["error"]:
             print(f"{r['server']}: client error: {r['error']}")
     if args.out:
         with open(args.out, "w") as f:
-            f.write(f"`bench/replace.py --servers {args.servers} --runs {args.runs} --gap {args.gap}`"
+            mode = (f"--load --clients {args.clients} --rate {args.rate}" if args.load
+                    else f"--gap {args.gap}")
+            f.write(f"`bench/replace.py --servers {args.servers} --runs {args.runs} {mode}`"
                     f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n{text}\n")
 
 
