@@ -604,9 +604,12 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
         "-c",
         "unix_socket_directories=",
     ];
+    // Dropped after `srv`: what a postgres killed on a failure leaves.
+    let mut ipc = PgIpc::default();
     let srv = Server::spawn(&argv, dir.clone());
     // The postmaster and its 5 background processes.
     srv.settle(6, || Pg::connect(port).is_ok());
+    ipc.note(&data, srv.root);
     let mut setup = Pg::connect(port).expect("connect");
     setup
         .query("create table ferry(id int primary key, v bigint not null, n bigint not null);")
@@ -640,7 +643,62 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
     assert_eq!(both.expect("the old connection"), ["t"]);
     let v = setup.query("select sum(v) from ferry").expect("sum");
     assert_eq!(v, [total.to_string()], "not every transaction counted once");
+    drop(setup);
+    fast_shutdown(srv.root);
     report("postgres", &lines, total, t);
+}
+
+/// A fast shutdown (SIGINT), which removes postgres's shared memory.
+fn fast_shutdown(root: i32) {
+    ferry_testkit::kill(root, libc::SIGINT);
+    let t = Instant::now();
+    while alive(root) {
+        assert!(t.elapsed() < Duration::from_secs(30), "postgres does not stop");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// The SysV segment (its key in postmaster.pid) and the /dev/shm files
+/// of one postgres, removed when dropped if postgres left them (killed
+/// on a failure) and nothing is attached any more.
+#[derive(Default)]
+struct PgIpc {
+    key: Option<i64>,
+    dev_shm: Vec<std::path::PathBuf>,
+}
+
+impl PgIpc {
+    /// Records the key in postmaster.pid (line 7) and the /dev/shm files
+    /// the postmaster maps.
+    fn note(&mut self, data: &Path, postmaster: i32) {
+        let pidfile = std::fs::read_to_string(data.join("postmaster.pid")).unwrap_or_default();
+        self.key = pidfile.lines().nth(6).and_then(|l| l.split_whitespace().next()?.parse().ok());
+        let maps = std::fs::read_to_string(format!("/proc/{postmaster}/maps")).unwrap_or_default();
+        self.dev_shm = maps
+            .lines()
+            .filter_map(|l| Some(l[l.find("/dev/shm/PostgreSQL.")?..].trim().into()))
+            .collect();
+        self.dev_shm.sort();
+        self.dev_shm.dedup();
+    }
+}
+
+impl Drop for PgIpc {
+    fn drop(&mut self) {
+        for f in &self.dev_shm {
+            let _ = std::fs::remove_file(f);
+        }
+        let Some(key) = self.key.filter(|k| *k != 0) else { return };
+        let text = std::fs::read_to_string("/proc/sysvipc/shm").unwrap_or_default();
+        for f in text.lines().skip(1).map(|l| l.split_whitespace().collect::<Vec<_>>()) {
+            let (Some(k), Some(id), Some(nattch)) = (f.first(), f.get(1), f.get(6)) else {
+                continue;
+            };
+            if k.parse::<i64>().ok() == Some(key) && *nattch == "0" {
+                let _ = Command::new("ipcrm").args(["-m", id]).status();
+            }
+        }
+    }
 }
 
 /// PostgreSQL with its unix socket as well (its default) is refused in
@@ -654,8 +712,10 @@ fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port
     let argv = [SETPRIV, "--reuid=postgres", "--regid=postgres", "--init-groups", "--", postgres];
     let mut argv = argv.to_vec();
     argv.extend(["-D", data, "-p", &p, "-c", "listen_addresses=127.0.0.1", "-c", &sd]);
+    let mut ipc = PgIpc::default();
     let srv = Server::spawn(&argv, dir);
     srv.settle(6, || Pg::connect(port).is_ok());
+    ipc.note(Path::new(data), srv.root);
     let mut pg = Pg::connect(port).expect("connect");
     let before = tree(srv.root);
     let out = Command::new(FERRY)
@@ -675,13 +735,8 @@ fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port
     assert_eq!(after.get(&srv.root), before.get(&srv.root), "the postmaster changed: {said}");
     assert_eq!(pg.query("select 41 + 1").expect("the old connection"), ["42"]);
     drop(pg);
-    // A fast shutdown; the data directory is used again next.
-    ferry_testkit::kill(srv.root, libc::SIGINT);
-    let t = Instant::now();
-    while alive(srv.root) {
-        assert!(t.elapsed() < Duration::from_secs(30), "postgres does not stop");
-        sleep(Duration::from_millis(20));
-    }
+    // The data directory is used again next.
+    fast_shutdown(srv.root);
 }
 
 fn postgres_ids() -> Option<(u32, u32)> {
