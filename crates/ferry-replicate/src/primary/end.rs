@@ -122,13 +122,14 @@ impl Primary<'_> {
     }
 }
 
-/// Stops, then kills, `root` and every descendant.
+/// Kills `root` and every descendant. No SIGSTOP first: a parent that
+/// passes its child's stops on to itself (nsenter, unshare, a shell) would
+/// stop for good when the child it waits for is stopped, then killed.
+/// A process with SIGKILL pending can no longer complete a fork; one
+/// forked between the listing and its parent's kill is missed, as it was
+/// with the stop first.
 fn kill_tree(root: i32) {
-    let pids = tree_pids(root);
-    for &p in &pids {
-        let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
-    }
-    for &p in &pids {
+    for p in tree_pids(root) {
         let _ = ferry_sys::process::kill(p, libc::SIGKILL);
     }
 }
