@@ -115,6 +115,27 @@ pub fn own_session(cmd: &mut Command) -> &mut Command {
     )
 }
 
+/// Starts `argv` in `cwd` as a service the way the replace tests need it:
+/// a session of its own, stdio on /dev/null, the test process a child
+/// subreaper (so the service's orphans come back to it). Returns its PID;
+/// the caller reaps it (the `Child` is dropped: a service ferry replaces
+/// is no longer the process `Child` would wait for).
+pub fn spawn_detached(argv: &[&str], cwd: &Path) -> i32 {
+    become_subreaper();
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    own_session(&mut cmd);
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", argv[0]));
+    let pid = child.id() as i32;
+    // The caller reaps it by PID.
+    drop(child);
+    pid
+}
+
 /// Like [`own_session`], and the child joins the network namespace at
 /// `netns` (a /run/netns file) first. Panics when the file cannot be opened.
 pub fn own_session_in_netns<'a>(cmd: &'a mut Command, netns: &Path) -> &'a mut Command {

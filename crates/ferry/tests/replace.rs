@@ -80,19 +80,9 @@ impl Service {
     }
 
     fn spawn(argv: &[&str], comm: &str, dir: TempDir) -> Service {
-        ferry_testkit::become_subreaper();
-        let mut cmd = Command::new(argv[0]);
-        // Nothing shared with the test: a pipe to it would be refused.
-        cmd.args(&argv[1..])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        ferry_testkit::own_session(&mut cmd);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", argv[0]));
-        let pid = child.id() as i32;
-        // Reaped by the thread below, not by `child`.
-        drop(child);
+        // Nothing shared with the test (a pipe to it would be refused);
+        // reaped by the thread below.
+        let pid = ferry_testkit::spawn_detached(argv, dir.path());
         let stop = Arc::new(AtomicBool::new(false));
         let ended = Arc::new(AtomicU64::new(0));
         let (s, n) = (stop.clone(), ended.clone());

@@ -99,17 +99,7 @@ struct Server {
 
 impl Server {
     fn spawn(argv: &[&str], dir: Arc<TempDir>) -> Server {
-        ferry_testkit::become_subreaper();
-        let mut cmd = Command::new(argv[0]);
-        cmd.args(&argv[1..])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        ferry_testkit::own_session(&mut cmd);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", argv[0]));
-        let root = child.id() as i32;
-        drop(child);
+        let root = ferry_testkit::spawn_detached(argv, dir.path());
         let seen = Arc::new(Mutex::new(BTreeMap::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (s, k) = (stop.clone(), seen.clone());
