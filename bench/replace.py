@@ -177,6 +177,17 @@ def replace_once(ferry, pid):
     return float(m.group(1)), parts
 
 
+def stop_server(pid, reaper):
+    """Kills the server (by its PID, ours) and stops reaping for it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(0.05)
+    reaper.stop = True
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def run_server(name, argv, port, redis, args):
     work = args.work
     pid = spawn(argv, os.path.join(work, f"{name}.out"))
@@ -202,13 +213,7 @@ def run_server(name, argv, port, redis, args):
             "longest_ms": client.longest * 1e3,
         }
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        time.sleep(0.05)
-        reaper.stop = True
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        stop_server(pid, reaper)
 
 
 def window(clients, start, end):
@@ -283,13 +288,7 @@ def run_load(name, argv, port, redis, args):
         plot(name, clients, marks, b0, b1, args)
         return result
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        time.sleep(0.05)
-        reaper.stop = True
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        stop_server(pid, reaper)
 
 
 def plot(name, clients, marks, b0, b1, args):
