@@ -193,15 +193,34 @@ fn already_sent_head(fd: RawFd, c: &TcpConnection) -> ferry_sys::SysResult<usize
         return Ok(0);
     }
     let ti = socket::tcp_info(fd)?;
-    let first_flight =
-        (ti.tcpi_snd_cwnd as usize).max(1).saturating_mul((ti.tcpi_snd_mss as usize).max(536));
-    Ok(head_to_put_back(sent, first_flight, c.window.snd_wnd as usize))
+    let flight = Flight {
+        cwnd: (ti.tcpi_snd_cwnd as usize).max(1),
+        mss: (ti.tcpi_snd_mss as usize).max(536),
+        peer_window: c.window.snd_wnd as usize,
+    };
+    Ok(head_to_put_back(sent, c.send_queue.len(), flight))
 }
 
-/// [`already_sent_head`]'s rule: `sent` bytes, a first flight of
-/// `first_flight` bytes, a peer window of `peer_window` bytes.
-fn head_to_put_back(sent: usize, first_flight: usize, peer_window: usize) -> usize {
-    if sent <= first_flight && sent <= peer_window {
+/// What the rebuilt socket may send at once.
+#[derive(Clone, Copy)]
+struct Flight {
+    cwnd: usize,
+    mss: usize,
+    peer_window: usize,
+}
+
+/// [`already_sent_head`]'s rule for `sent` bytes of a `queued` byte send
+/// queue. The kernel sends whole segments, each only if it fits the
+/// peer's window: the sent bytes go out again at once only if the
+/// segments that cover them (the last one full when more data follows)
+/// fit the congestion window and the peer's window. A window whose edge
+/// falls inside a segment (8,192 bytes with a 1,448-byte MSS, all of it
+/// sent) held that segment back for good: the peer acknowledged bytes
+/// the rebuilt socket never sent again, and the connection stalled.
+fn head_to_put_back(sent: usize, queued: usize, f: Flight) -> usize {
+    let segments = sent.div_ceil(f.mss);
+    let covered = (segments * f.mss).min(queued);
+    if segments <= f.cwnd && covered <= f.peer_window {
         0
     } else {
         sent
@@ -606,12 +625,18 @@ mod tests {
 
     #[test]
     fn sent_data_is_sent_again_only_when_it_all_goes_at_once() {
+        let f = |cwnd, peer_window| super::Flight { cwnd, mss: 1448, peer_window };
         // Fits the congestion window and the peer's window: all sent anew.
-        assert_eq!(head_to_put_back(7_240, 14_480, 65_536), 0);
+        assert_eq!(head_to_put_back(7_240, 100_000, f(10, 65_536)), 0);
         // More than one flight, or more than the peer's window: all of it
         // counts as sent, so no acknowledgement of it is ever dropped.
-        assert_eq!(head_to_put_back(20_000, 14_480, 65_536), 20_000);
-        assert_eq!(head_to_put_back(14_480, 14_480, 8_192), 14_480);
-        assert_eq!(head_to_put_back(0, 14_480, 0), 0);
+        assert_eq!(head_to_put_back(20_000, 100_000, f(10, 65_536)), 20_000);
+        assert_eq!(head_to_put_back(14_480, 100_000, f(10, 8_192)), 14_480);
+        // The window's edge inside the last segment, more data behind: the
+        // kernel would not send that segment.
+        assert_eq!(head_to_put_back(8_192, 107_209, f(10, 8_192)), 8_192);
+        // The same bytes as the whole queue: the short last segment goes.
+        assert_eq!(head_to_put_back(8_192, 8_192, f(10, 8_192)), 0);
+        assert_eq!(head_to_put_back(0, 100, f(10, 0)), 0);
     }
 }
