@@ -23,13 +23,20 @@ pub enum ReplaceError {
     /// the same image guards against.
     #[error("the old tree was killed and the new one failed: {0}")]
     AfterKill(EngineError),
+    /// `--exec`: the new binary holds the listeners but taking them from
+    /// the old tree failed part way (said how far it went).
+    #[error("taking the listeners from the old tree: {0}")]
+    Takeover(String),
 }
 
 impl ReplaceError {
     /// Whether the old tree runs on after this error (false also when
     /// there was none).
     pub fn old_tree_runs(&self) -> bool {
-        !matches!(self, ReplaceError::AfterKill(_) | ReplaceError::NoSuchProcess(_))
+        !matches!(
+            self,
+            ReplaceError::AfterKill(_) | ReplaceError::NoSuchProcess(_) | ReplaceError::Takeover(_)
+        )
     }
 }
 

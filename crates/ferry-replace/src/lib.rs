@@ -27,11 +27,13 @@ mod cgroup;
 mod checks;
 pub mod edits;
 mod error;
+mod exec;
 mod options;
 mod reaper;
 mod report;
 
 pub use error::ReplaceError;
+pub use exec::{replace_exec, ExecOptions, ExecReplaced};
 pub use options::ReplaceOptions;
 pub use report::Replaced;
 

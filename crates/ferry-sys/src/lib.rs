@@ -27,6 +27,7 @@ pub mod ptrace;
 pub mod raw_ip;
 mod rtnl;
 pub mod seccomp;
+pub mod seccomp_notify;
 pub mod signal;
 pub mod sockdiag;
 pub mod socket;

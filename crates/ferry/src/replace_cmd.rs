@@ -19,9 +19,19 @@ cannot be replaced, or whose trial fails, is refused by name and runs on untouch
 is the one step that cannot be undone: a failure after it (which the trial of the same image \
 guards against) is reported as such.
 
+With --exec PATH [ARGS...] (last on the line), the tree is not copied: PATH is started as the \
+old root was (working directory, environment, uid/gid/groups, stdout/stderr), its binds of \
+the old tree's TCP listening addresses get the old listening sockets themselves (seccomp user \
+notification), and once it holds all of them the old tree is frozen for a moment while its \
+listener fds are closed: from then on only the new binary accepts, from the same accept \
+queues (no connection attempt is lost). The old tree serves the connections it has until \
+their clients close them or --drain-timeout passes, then it gets SIGTERM (SIGKILL 5 s later). \
+A new binary that exits or does not bind every address within --bind-timeout is killed and \
+the old tree runs on untouched. docs/replacement.md says more.
+
 Not built yet: descriptors carried over with pidfd_getfd (they are made again, as a restore \
-does), pre-copy of memory while the tree runs (the whole copy is in the pause), --exec of a \
-new binary. Trees in a PID namespace of their own are refused.")]
+does), pre-copy of memory while the tree runs (the whole copy is in the pause). Trees in a \
+PID namespace of their own are refused.")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
     /// descendants.
@@ -69,11 +79,32 @@ pub struct ReplaceArgs {
     /// then turn it off.
     #[arg(long)]
     pub no_precopy: bool,
+    /// With --exec: seconds the old tree keeps serving its connections
+    /// after the takeover before it is stopped.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, requires = "exec")]
+    pub drain_timeout: f64,
+    /// With --exec: seconds the new binary has to bind every address the
+    /// old tree listens on; then it is killed and the old tree runs on.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "exec")]
+    pub bind_timeout: f64,
+    /// Start a new binary (PATH and its arguments, the rest of the line)
+    /// that takes over the old tree's TCP listeners, instead of a copy of
+    /// the tree: for services whose state lives outside their memory.
+    #[arg(
+        long,
+        value_name = "PATH [ARGS...]",
+        num_args = 1..,
+        allow_hyphen_values = true,
+        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "parent_sees_exit"]
+    )]
+    pub exec: Vec<String>,
 }
 
 pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
-    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, no_precopy: _ } =
-        args;
+    if !args.exec.is_empty() {
+        return run_exec(args);
+    }
+    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, .. } = args;
     let opts = ferry_replace::ReplaceOptions {
         cgroup,
         seccomp,
@@ -88,6 +119,38 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
                     eprintln!("  {name:<48} {ms:>9.3} ms");
                 }
             }
+            println!("{}", r.line());
+            Ok(0)
+        }
+        Err(e @ ferry_replace::ReplaceError::NoSuchProcess(_)) => {
+            anyhow::bail!("replace: {e}")
+        }
+        Err(e) if e.old_tree_runs() => {
+            anyhow::bail!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
+        }
+        Err(e) => anyhow::bail!("replace of pid {pid} failed: {e}"),
+    }
+}
+
+fn seconds(flag: &str, secs: f64) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| anyhow::anyhow!("{flag} {secs}: not a number of seconds"))
+}
+
+/// `ferry replace --exec`: a new binary takes over the listeners.
+fn run_exec(args: ReplaceArgs) -> Result<i32> {
+    let pid = args.pid;
+    let mut exec = args.exec.into_iter();
+    let path = exec.next().unwrap_or_default();
+    let opts = ferry_replace::ExecOptions {
+        path,
+        args: exec.collect(),
+        bind_timeout: seconds("--bind-timeout", args.bind_timeout)?,
+        drain_timeout: seconds("--drain-timeout", args.drain_timeout)?,
+    };
+    let mut progress = |line: String| eprintln!("{line}");
+    match ferry_replace::replace_exec(pid, &opts, &mut progress) {
+        Ok(r) => {
             println!("{}", r.line());
             Ok(0)
         }

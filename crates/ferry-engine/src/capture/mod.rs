@@ -38,6 +38,7 @@ pub(crate) mod tree;
 pub mod vma_flags;
 
 pub use memory::copy_present;
+pub use tree::{running_tree, FrozenProcess, FrozenTree};
 
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;

@@ -55,7 +55,7 @@ pub(crate) fn descends_from(pid: i32, tree: &[i32]) -> bool {
 /// `root` and its descendants as they are now, the tree still running
 /// (a process that exits meanwhile just has no children): for the checks
 /// made before the freeze. Parents before children.
-pub(crate) fn running_tree(root: i32) -> Vec<i32> {
+pub fn running_tree(root: i32) -> Vec<i32> {
     let mut pids = vec![root];
     let mut i = 0;
     while i < pids.len() && pids.len() < 100_000 {

@@ -1,0 +1,73 @@
+//! The old tree's end: it serves the connections it had until their
+//! clients close them or `--drain-timeout` passes, then it is stopped
+//! (SIGTERM to each of its processes, SIGKILL to what is left after a
+//! grace period), by PID.
+
+use ferry_engine::running_sockets::{self, SocketRole};
+use std::time::{Duration, Instant};
+
+/// How long the old tree has after SIGTERM before SIGKILL.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// How the drain went.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drained {
+    pub seconds: f64,
+    /// Connections the old tree had when the drain began.
+    pub at_start: usize,
+    /// Connections it still had when the time ran out (cut by the stop).
+    pub left: usize,
+    /// Processes that needed SIGKILL.
+    pub killed: usize,
+}
+
+/// The TCP connections the tree of `root` holds now.
+pub fn connections(root: i32) -> usize {
+    let tree = running_sockets::running_tree_sockets(root);
+    tree.sockets.iter().filter(|s| s.tcp && s.role == SocketRole::Connection).count()
+}
+
+/// Waits until the tree of `root` holds no connection or `timeout`
+/// passed, telling `progress` about once a second, then stops it.
+pub fn drain_and_stop(root: i32, timeout: Duration, progress: &mut dyn FnMut(String)) -> Drained {
+    let t0 = Instant::now();
+    let at_start = connections(root);
+    let mut left = at_start;
+    let mut told = Instant::now();
+    while left > 0 && t0.elapsed() < timeout && alive(root) {
+        std::thread::sleep(Duration::from_millis(50));
+        left = connections(root);
+        if told.elapsed() >= Duration::from_secs(1) {
+            told = Instant::now();
+            let rest = timeout.saturating_sub(t0.elapsed()).as_secs_f64();
+            progress(format!(
+                "draining pid {root}: {left} of {at_start} connections open, {rest:.0} s left"
+            ));
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let killed = stop(root);
+    Drained { seconds, at_start, left, killed }
+}
+
+fn alive(pid: i32) -> bool {
+    ferry_engine::procfs::state(pid).is_some_and(|s| s != 'Z' && s != 'X')
+}
+
+/// SIGTERM to every process of the tree, SIGKILL to those alive after
+/// [`GRACE`]; returns how many needed it.
+pub fn stop(root: i32) -> usize {
+    let pids = ferry_engine::capture::running_tree(root);
+    for &p in &pids {
+        let _ = ferry_sys::process::kill(p, libc::SIGTERM);
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < GRACE && pids.iter().any(|&p| alive(p)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stubborn: Vec<i32> = pids.into_iter().filter(|&p| alive(p)).collect();
+    for &p in &stubborn {
+        let _ = ferry_sys::process::kill(p, libc::SIGKILL);
+    }
+    stubborn.len()
+}
