@@ -241,13 +241,7 @@ pub fn recv(listener: BorrowedFd<'_>) -> SysResult<Notif> {
     if r < 0 {
         return Err(last_error("ioctl(SECCOMP_IOCTL_NOTIF_RECV)"));
     }
-    Ok(Notif {
-        id: n.id,
-        tid: n.pid as i32,
-        nr: n.data.nr,
-        arch: n.data.arch,
-        args: n.data.args,
-    })
+    Ok(Notif { id: n.id, tid: n.pid as i32, nr: n.data.nr, arch: n.data.arch, args: n.data.args })
 }
 
 /// Whether notification `id` still waits for its answer (its caller has
@@ -264,7 +258,13 @@ pub fn id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
 /// Answers notification `id`: `flags` SECCOMP_USER_NOTIF_FLAG_CONTINUE
 /// runs the syscall; otherwise it returns `val`, or fails with `error`
 /// when that is non-zero (a positive errno).
-pub fn respond(listener: BorrowedFd<'_>, id: u64, val: i64, error: i32, flags: u32) -> SysResult<()> {
+pub fn respond(
+    listener: BorrowedFd<'_>,
+    id: u64,
+    val: i64,
+    error: i32,
+    flags: u32,
+) -> SysResult<()> {
     let resp = RawResp { id, val, error: -error, flags };
     // SAFETY: `resp` is a struct seccomp_notif_resp.
     let r = unsafe {
@@ -344,7 +344,8 @@ pub fn spawn_continue_answerer(listener: OwnedFd) -> SysResult<i32> {
             if libc::ioctl(fd, SECCOMP_IOCTL_NOTIF_RECV, &mut n as *mut RawNotif) < 0 {
                 continue;
             }
-            let resp = RawResp { id: n.id, val: 0, error: 0, flags: SECCOMP_USER_NOTIF_FLAG_CONTINUE };
+            let resp =
+                RawResp { id: n.id, val: 0, error: 0, flags: SECCOMP_USER_NOTIF_FLAG_CONTINUE };
             libc::ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, &resp as *const RawResp);
         }
     }

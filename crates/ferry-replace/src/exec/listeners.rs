@@ -158,7 +158,12 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// the same family and port, and the same address once IPv4-mapped
 /// addresses are read as IPv4 (0.0.0.0 and ::ffff:0.0.0.0 are the same
 /// wildcard). Port 0 (any free port) names none.
-pub fn names_listener(local: SocketAddr, listener_v6: bool, bind: SocketAddr, bind_v6: bool) -> bool {
+pub fn names_listener(
+    local: SocketAddr,
+    listener_v6: bool,
+    bind: SocketAddr,
+    bind_v6: bool,
+) -> bool {
     bind.port() != 0
         && listener_v6 == bind_v6
         && local.port() == bind.port()

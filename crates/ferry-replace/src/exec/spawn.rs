@@ -99,8 +99,9 @@ pub fn start(old: i32, path: &Path, args: &[String]) -> Result<NewService, Repla
         .stdout(reopened(old, 1))
         .stderr(reopened(old, 2));
     let shown = path.display();
-    let sock = seccomp_notify::set_bind_trap(&mut cmd, seccomp_notify::bind_trap_program(), Some(creds))
-        .map_err(|e| ReplaceError::Refused(format!("--exec {shown}: {e}")))?;
+    let sock =
+        seccomp_notify::set_bind_trap(&mut cmd, seccomp_notify::bind_trap_program(), Some(creds))
+            .map_err(|e| ReplaceError::Refused(format!("--exec {shown}: {e}")))?;
     let child = cmd
         .spawn()
         .map_err(|e| ReplaceError::Refused(format!("--exec {shown}: starting it failed: {e}")))?;

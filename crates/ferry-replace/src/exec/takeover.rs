@@ -65,7 +65,8 @@ fn in_process(pid: i32, inodes: &BTreeSet<u64>) -> Result<TakenAway, EngineError
     let remote = remote_of(pid)?;
     let mut done = TakenAway::default();
     for epfd in epoll_fds(pid) {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")).unwrap_or_default();
+        let text =
+            std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")).unwrap_or_default();
         for tfd in registered_fds(&text).into_iter().filter(|t| listeners.contains(t)) {
             let args = [epfd as u64, libc::EPOLL_CTL_DEL as u64, tfd as u64, 0];
             match remote.call(pid, "epoll_ctl(EPOLL_CTL_DEL)", libc::SYS_epoll_ctl, &args) {

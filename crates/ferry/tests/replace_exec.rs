@@ -1,0 +1,529 @@
+//! `ferry replace --pid PID --exec PATH [ARGS...]`: a new binary takes
+//! over a running server's listening socket while clients keep opening
+//! connections, and the old server drains the connections it has.
+//!
+//! The servers (tests/replace/version_server.c, nginx) run on 127.0.0.1
+//! at a free port as children of the test process, which is a child
+//! subreaper: the new binary, ferry's child, comes back to the test when
+//! ferry exits, and so does ferry's bind answerer (`ferry-binds`), which
+//! ends once the new binary is gone. Everything a test starts is killed
+//! by PID (checked by name) and reaped on drop, also when it fails.
+
+use ferry_testkit::{require_root, TempDir};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{sleep, JoinHandle};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const NGINX: &str = "/usr/sbin/nginx";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local address").port()
+}
+
+/// (state, ppid) from /proc/PID/stat.
+fn stat(pid: i32) -> Option<(char, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    Some((rest.first()?.chars().next()?, rest.get(1)?.parse().ok()?))
+}
+
+fn alive(pid: i32) -> bool {
+    stat(pid).is_some_and(|(s, _)| s != 'Z' && s != 'X')
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// A server tree started by the test or handed to it by ferry: every
+/// process still named `comm` killed, and the root reaped, on drop.
+struct Tree {
+    root: i32,
+    comm: String,
+    stop: Arc<AtomicBool>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl Tree {
+    fn adopt(root: i32, comm: &str) -> Tree {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let reaper = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = ferry_testkit::try_reap(root);
+                sleep(Duration::from_millis(2));
+            }
+        });
+        Tree { root, comm: comm.to_string(), stop, reaper: Some(reaper) }
+    }
+
+    fn start(argv: &[&str], comm: &str, port: u16, dir: &Path) -> Tree {
+        let tree = Tree::adopt(ferry_testkit::spawn_detached(argv, dir), comm);
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(alive(tree.root), "{comm} exited before it listened on {port}");
+            assert!(t.elapsed() < Duration::from_secs(10), "{comm} does not listen on {port}");
+            sleep(Duration::from_millis(20));
+        }
+        tree
+    }
+
+    fn wait_gone(&self, within: Duration) -> bool {
+        let t = Instant::now();
+        while alive(self.root) {
+            if t.elapsed() > within {
+                return false;
+            }
+            sleep(Duration::from_millis(10));
+        }
+        true
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let mut pids = vec![self.root];
+        pids.extend(children_of(self.root));
+        for &p in pids.iter().rev() {
+            if comm(p) == self.comm {
+                ferry_testkit::kill(p, libc::SIGKILL);
+            }
+        }
+        self.wait_gone(Duration::from_secs(5));
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reaper.take() {
+            let _ = r.join();
+        }
+        let _ = ferry_testkit::try_reap(self.root);
+        // Its children, orphaned, come back to the test (a subreaper).
+        let me = std::process::id() as i32;
+        for &p in &pids[1..] {
+            let t = Instant::now();
+            while let Some((state, ppid)) = stat(p) {
+                if ppid == me && state == 'Z' {
+                    let _ = ferry_testkit::try_reap(p);
+                }
+                if ppid != me && ppid != self.root || t.elapsed() > Duration::from_secs(2) {
+                    break;
+                }
+                sleep(Duration::from_millis(5));
+            }
+        }
+        reap_answerers();
+    }
+}
+
+/// Reaps the test's `ferry-binds` children that have ended (their new
+/// binary is gone); waits a little for them to notice.
+fn reap_answerers() {
+    let me = std::process::id() as i32;
+    let t = Instant::now();
+    loop {
+        let mine: Vec<i32> =
+            children_of(me).into_iter().filter(|&p| comm(p) == "ferry-binds").collect();
+        let mut running = false;
+        for p in mine {
+            match stat(p) {
+                Some(('Z', _)) => {
+                    let _ = ferry_testkit::try_reap(p);
+                }
+                Some(_) => running = true,
+                None => {}
+            }
+        }
+        if !running || t.elapsed() > Duration::from_secs(2) {
+            return;
+        }
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// `ferry replace --pid PID ARGS...`, running.
+fn ferry_replace(pid: i32, args: &[&str]) -> Child {
+    let mut cmd = Command::new(FERRY);
+    cmd.args(["replace", "--pid", &pid.to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn().expect("starting ferry replace")
+}
+
+/// Waits for `child` at most `within`; kills it after that.
+fn finish(mut child: Child, within: Duration) -> Output {
+    let t = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if t.elapsed() > within {
+            let _ = child.kill();
+            break;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("ferry output")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The new PID in "replaced pid P by pid Q (...)".
+fn new_pid(line: &str) -> i32 {
+    line.split(" by pid ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no new pid in {line:?}"))
+}
+
+/// The seconds in "drained in X s".
+fn drained_s(line: &str) -> f64 {
+    line.split("drained in ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drain time in {line:?}"))
+}
+
+/// One connection of the version server's line protocol.
+struct Conn {
+    r: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(port: u16) -> Result<(Conn, Duration), String> {
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let t = Instant::now();
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| format!("connect: {e}"))?;
+        let took = t.elapsed();
+        s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        Ok((Conn { r: BufReader::new(s) }, took))
+    }
+
+    /// One question, one answer: "VERSION PID".
+    fn ask(&mut self) -> Result<String, String> {
+        self.r.get_mut().write_all(b"q\n").map_err(|e| format!("write: {e}"))?;
+        let mut line = String::new();
+        match self.r.read_line(&mut line) {
+            Ok(0) => Err("the server closed the connection".into()),
+            Ok(_) => Ok(line.trim().to_string()),
+            Err(e) => Err(format!("read: {e}")),
+        }
+    }
+}
+
+/// What the clients that open a new connection for each question saw.
+#[derive(Default)]
+struct Seen {
+    answers: Vec<String>,
+    errors: Vec<String>,
+    slowest_connect: Duration,
+}
+
+/// A client thread opening a connection per question, every 2 ms, until
+/// stopped (at most 20,000 times).
+fn new_connections(port: u16, stop: Arc<AtomicBool>) -> (JoinHandle<()>, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    let h = std::thread::spawn(move || {
+        for _ in 0..20_000 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let got = Conn::open(port).and_then(|(mut c, took)| Ok((c.ask()?, took)));
+            let mut seen = s.lock().expect("seen");
+            match got {
+                Ok((answer, took)) => {
+                    seen.slowest_connect = seen.slowest_connect.max(took);
+                    seen.answers.push(answer);
+                }
+                Err(e) => seen.errors.push(e),
+            }
+            drop(seen);
+            sleep(Duration::from_millis(2));
+        }
+    });
+    (h, seen)
+}
+
+fn version_server(tag: &str) -> (TempDir, PathBuf, u16) {
+    let dir = TempDir::new("ferry-replace-exec", tag);
+    let bin = dir.path().join("version_server");
+    ferry_testkit::compile_c(&repo().join("tests/replace/version_server.c"), &bin);
+    (dir, bin, free_port())
+}
+
+fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < within, "{what}: not within {within:?}");
+        sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_new_binary_takes_over_the_listener_and_the_old_one_drains() {
+    require_root!();
+    let (dir, bin, port) = version_server("takeover");
+    let (b, p) = (bin.to_str().expect("utf-8"), port.to_string());
+    let old = Tree::start(&[b, &p, "v1"], "version_server", port, dir.path());
+    let v1 = format!("v1 {}", old.root);
+    let mut kept: Vec<Conn> = (0..4).map(|_| Conn::open(port).expect("keep-alive").0).collect();
+    for c in &mut kept {
+        assert_eq!(c.ask().expect("old answers"), v1);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (load, seen) = new_connections(port, stop.clone());
+    sleep(Duration::from_millis(200));
+    let ferry = ferry_replace(old.root, &["--drain-timeout", "20", "--exec", b, &p, "v2"]);
+    let t = Instant::now();
+    wait_for("a new connection answered by v2", Duration::from_secs(10), || {
+        seen.lock().expect("seen").answers.last().is_some_and(|a| a.starts_with("v2 "))
+    });
+    // The old tree still serves the connections it had.
+    for c in &mut kept {
+        assert_eq!(c.ask().expect("old keeps answering"), v1);
+    }
+    sleep(Duration::from_millis(300));
+    for c in &mut kept {
+        assert_eq!(c.ask().expect("old keeps answering"), v1);
+    }
+    drop(kept);
+    let out = finish(ferry, Duration::from_secs(30));
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    load.join().expect("client thread");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
+    let new = Tree::adopt(new_pid(&stdout), "version_server");
+    eprintln!("{stderr}{stdout}(ferry ran {took:?})");
+    assert!(drained_s(&stdout) < 20.0 && !stdout.contains("cut at"), "{stdout}");
+    assert!(stdout.contains("listeners taken over 1 (127.0.0.1:"), "{stdout}");
+    assert!(old.wait_gone(Duration::from_secs(5)), "the old server did not end");
+    let seen = seen.lock().expect("seen");
+    assert!(seen.errors.is_empty(), "failed connections: {:?}", seen.errors);
+    assert!(
+        seen.slowest_connect < Duration::from_secs(1),
+        "a SYN waited {:?}",
+        seen.slowest_connect
+    );
+    let v2 = format!("v2 {}", new.root);
+    let first = seen.answers.iter().position(|a| *a == v2).expect("v2 answered");
+    assert!(first > 0, "the old server answered before the replacement");
+    assert!(seen.answers[..first].iter().all(|a| *a == v1), "{:?}", &seen.answers[..first]);
+    assert!(seen.answers[first..].iter().all(|a| *a == v2), "v1 answered after v2");
+    eprintln!("{} new connections, slowest connect {:?}", seen.answers.len(), seen.slowest_connect);
+    assert_eq!(Conn::open(port).expect("after").0.ask().expect("answer"), v2);
+}
+
+/// A replacement that does not happen: ferry says why, and the old
+/// server answers on its old connection and on new ones.
+fn refused_and_untouched(tag: &str, exec: &[&str], expect: &str) {
+    let (dir, bin, port) = version_server(tag);
+    let (b, p) = (bin.to_str().expect("utf-8"), port.to_string());
+    let old = Tree::start(&[b, &p, "v1"], "version_server", port, dir.path());
+    let v1 = format!("v1 {}", old.root);
+    let (mut kept, _) = Conn::open(port).expect("keep-alive");
+    assert_eq!(kept.ask().expect("old answers"), v1);
+    let exec: Vec<&str> = exec.iter().map(|a| if *a == "PORT" { p.as_str() } else { a }).collect();
+    let out = finish(ferry_replace(old.root, &exec), Duration::from_secs(30));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "ferry replace --exec succeeded: {}", text(&out.stdout));
+    assert!(stderr.contains(expect), "{stderr}");
+    assert!(stderr.contains("the old tree runs on untouched"), "{stderr}");
+    assert!(stderr.lines().count() == 1, "not one line: {stderr}");
+    assert_eq!(kept.ask().expect("old still answers"), v1);
+    assert_eq!(Conn::open(port).expect("new conn").0.ask().expect("answer"), v1);
+}
+
+#[test]
+fn a_binary_that_does_not_exist_is_refused() {
+    require_root!();
+    refused_and_untouched(
+        "missing",
+        &["--exec", "/nonexistent/ferry-new-server", "PORT"],
+        "--exec /nonexistent/ferry-new-server: no such executable file",
+    );
+}
+
+#[test]
+fn a_binary_that_exits_at_once_is_refused() {
+    require_root!();
+    refused_and_untouched("exits", &["--exec", "/bin/false"], "exited before it bound 127.0.0.1:");
+}
+
+#[test]
+fn a_binary_that_never_binds_the_address_is_killed_at_the_timeout() {
+    require_root!();
+    let before = count_named("sleep");
+    refused_and_untouched(
+        "nobind",
+        &["--bind-timeout", "1", "--exec", "/bin/sleep", "30"],
+        "did not bind 127.0.0.1:",
+    );
+    // ferry killed and reaped it.
+    assert!(count_named("sleep") <= before);
+}
+
+fn count_named(name: &str) -> usize {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| p != me && comm(p) == name && stat(p).is_some_and(|(_, pp)| pp != 1))
+        .count()
+}
+
+/// An HTTP/1.1 GET of /v.txt on `s`; the body.
+fn http_get(r: &mut BufReader<TcpStream>, close: bool) -> Result<String, String> {
+    let conn = if close { "close" } else { "keep-alive" };
+    let req = format!("GET /v.txt HTTP/1.1\r\nHost: t\r\nConnection: {conn}\r\n\r\n");
+    r.get_mut().write_all(req.as_bytes()).map_err(|e| format!("write: {e}"))?;
+    let mut len = None;
+    let mut status = String::new();
+    r.read_line(&mut status).map_err(|e| format!("status: {e}"))?;
+    if !status.starts_with("HTTP/1.1 200") {
+        return Err(format!("status {status:?}"));
+    }
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).map_err(|e| format!("header: {e}"))?;
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse::<usize>().ok();
+        }
+    }
+    let mut body = vec![0u8; len.ok_or("no content-length")?];
+    r.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+    Ok(text(&body).trim().to_string())
+}
+
+fn nginx_conf(dir: &Path, port: u16, version: &str) -> String {
+    let d = dir.to_str().expect("utf-8");
+    let www = dir.join(format!("www-{version}"));
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("v.txt"), format!("{version}\n")).expect("v.txt");
+    let conf = format!(
+        "daemon off;\nmaster_process on;\nworker_processes 2;\nuser root root;\n\
+         pid {d}/nginx-{version}.pid;\nerror_log {d}/error.log notice;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n access_log off;\n keepalive_timeout 600s;\n keepalive_requests 1000000;\n\
+         client_body_temp_path {d}/client_body;\n proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         types {{ text/plain txt; }}\n default_type application/octet-stream;\n\
+         server {{ listen 127.0.0.1:{port}; root {}; location / {{ }} }}\n}}\n",
+        www.display()
+    );
+    let path = dir.join(format!("nginx-{version}.conf"));
+    std::fs::write(&path, conf).expect("nginx conf");
+    path.to_str().expect("utf-8").to_string()
+}
+
+/// Keep-alive HTTP clients asking every 20 ms until stopped; each
+/// returns the bodies it got or its first error.
+fn keepalive_clients(
+    port: u16,
+    n: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<JoinHandle<Result<Vec<String>, String>>> {
+    (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (c, _) = Conn::open(port)?;
+                let mut r = c.r;
+                let mut got = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    got.push(http_get(&mut r, false)?);
+                    sleep(Duration::from_millis(20));
+                }
+                Ok(got)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn nginx_is_replaced_by_a_new_nginx_under_clients() {
+    require_root!();
+    if !Path::new(NGINX).exists() {
+        eprintln!("SKIPPED: {NGINX} is not installed (scripts/install-deps.sh)");
+        return;
+    }
+    let dir = TempDir::new("ferry-replace-exec", "nginx");
+    let port = free_port();
+    let (c1, c2) = (nginx_conf(dir.path(), port, "v1"), nginx_conf(dir.path(), port, "v2"));
+    let (pre, el) =
+        (format!("{}/", dir.path().display()), format!("{}/error.log", dir.path().display()));
+    let old = Tree::start(&[NGINX, "-p", &pre, "-c", &c1, "-e", &el], "nginx", port, dir.path());
+    wait_for("two nginx workers", Duration::from_secs(10), || children_of(old.root).len() >= 2);
+    let stop_kept = Arc::new(AtomicBool::new(false));
+    let kept = keepalive_clients(port, 3, stop_kept.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let fresh: Arc<Mutex<(Vec<String>, Vec<String>)>> = Arc::default();
+    let (f, s) = (fresh.clone(), stop.clone());
+    let load = std::thread::spawn(move || {
+        for _ in 0..20_000 {
+            if s.load(Ordering::Relaxed) {
+                return;
+            }
+            let got = Conn::open(port).and_then(|(c, _)| http_get(&mut { c.r }, true));
+            let mut f = f.lock().expect("fresh");
+            match got {
+                Ok(body) => f.0.push(body),
+                Err(e) => f.1.push(e),
+            }
+            drop(f);
+            sleep(Duration::from_millis(2));
+        }
+    });
+    sleep(Duration::from_millis(300));
+    let ferry = ferry_replace(
+        old.root,
+        &["--drain-timeout", "20", "--exec", NGINX, "-p", &pre, "-c", &c2, "-e", &el],
+    );
+    wait_for("a new connection served by the new nginx", Duration::from_secs(15), || {
+        fresh.lock().expect("fresh").0.last().is_some_and(|b| b == "v2")
+    });
+    sleep(Duration::from_millis(300));
+    stop_kept.store(true, Ordering::Relaxed);
+    let kept: Vec<_> = kept.into_iter().map(|h| h.join().expect("client")).collect();
+    let out = finish(ferry, Duration::from_secs(40));
+    stop.store(true, Ordering::Relaxed);
+    load.join().expect("load");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
+    let _new = Tree::adopt(new_pid(&stdout), "nginx");
+    eprintln!("{stderr}{stdout}");
+    for k in kept {
+        let got = k.expect("a keep-alive client failed");
+        assert!(got.iter().all(|b| b == "v1"), "a keep-alive connection changed server");
+    }
+    assert!(drained_s(&stdout) < 20.0 && !stdout.contains("cut at"), "{stdout}");
+    assert!(old.wait_gone(Duration::from_secs(10)), "the old nginx did not end");
+    let fresh = fresh.lock().expect("fresh");
+    assert!(fresh.1.is_empty(), "failed requests: {:?}", fresh.1);
+    let first = fresh.0.iter().position(|b| b == "v2").expect("v2");
+    assert!(fresh.0[first..].iter().all(|b| b == "v2"), "v1 served after v2");
+    eprintln!("{} requests on new connections, 0 failed", fresh.0.len());
+}
