@@ -400,7 +400,7 @@ fn http_get(r: &mut BufReader<TcpStream>, close: bool) -> Result<String, String>
     let mut len = None;
     let mut status = String::new();
     r.read_line(&mut status).map_err(|e| format!("status: {e}"))?;
-    if !status.starts_with("HTTP/1.1 200") {
+    if !(status.starts_with("HTTP/1.") && status.contains(" 200 ")) {
         return Err(format!("status {status:?}"));
     }
     loop {
@@ -480,23 +480,7 @@ fn nginx_is_replaced_by_a_new_nginx_under_clients() {
     let stop_kept = Arc::new(AtomicBool::new(false));
     let kept = keepalive_clients(port, 3, stop_kept.clone());
     let stop = Arc::new(AtomicBool::new(false));
-    let fresh: Arc<Mutex<(Vec<String>, Vec<String>)>> = Arc::default();
-    let (f, s) = (fresh.clone(), stop.clone());
-    let load = std::thread::spawn(move || {
-        for _ in 0..20_000 {
-            if s.load(Ordering::Relaxed) {
-                return;
-            }
-            let got = Conn::open(port).and_then(|(c, _)| http_get(&mut { c.r }, true));
-            let mut f = f.lock().expect("fresh");
-            match got {
-                Ok(body) => f.0.push(body),
-                Err(e) => f.1.push(e),
-            }
-            drop(f);
-            sleep(Duration::from_millis(2));
-        }
-    });
+    let (load, fresh) = fresh_gets(port, stop.clone());
     sleep(Duration::from_millis(300));
     let ferry = ferry_replace(
         old.root,
@@ -525,5 +509,84 @@ fn nginx_is_replaced_by_a_new_nginx_under_clients() {
     assert!(fresh.1.is_empty(), "failed requests: {:?}", fresh.1);
     let first = fresh.0.iter().position(|b| b == "v2").expect("v2");
     assert!(fresh.0[first..].iter().all(|b| b == "v2"), "v1 served after v2");
+    eprintln!("{} requests on new connections, 0 failed", fresh.0.len());
+}
+
+/// A client thread doing one GET per new connection every 2 ms until
+/// stopped: (bodies, errors).
+type Fresh = Arc<Mutex<(Vec<String>, Vec<String>)>>;
+
+fn fresh_gets(port: u16, stop: Arc<AtomicBool>) -> (JoinHandle<()>, Fresh) {
+    let fresh: Fresh = Arc::default();
+    let f = fresh.clone();
+    let h = std::thread::spawn(move || {
+        for _ in 0..20_000 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let got = Conn::open(port).and_then(|(c, _)| http_get(&mut { c.r }, true));
+            let mut f = f.lock().expect("fresh");
+            match got {
+                Ok(body) => f.0.push(body),
+                Err(e) => f.1.push(e),
+            }
+            drop(f);
+            sleep(Duration::from_millis(2));
+        }
+    });
+    (h, fresh)
+}
+
+#[test]
+fn python_http_server_is_replaced_by_a_new_one_under_clients() {
+    require_root!();
+    let Some(python) =
+        ["/usr/bin/python3", "/usr/local/bin/python3"].into_iter().find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIPPED: no python3");
+        return;
+    };
+    let dir = TempDir::new("ferry-replace-exec", "python");
+    for v in ["v1", "v2"] {
+        std::fs::create_dir(dir.path().join(v)).expect("dir");
+        std::fs::write(dir.path().join(v).join("v.txt"), format!("{v}\n")).expect("v.txt");
+    }
+    let port = free_port();
+    let p = port.to_string();
+    let (d1, d2) = (format!("{}/v1", dir.path().display()), format!("{}/v2", dir.path().display()));
+    let argv = [python, "-m", "http.server", "--bind", "127.0.0.1", "-d", &d1, &p];
+    let old = Tree::start(&argv, "python3", port, dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (load, fresh) = fresh_gets(port, stop.clone());
+    sleep(Duration::from_millis(300));
+    let exec = [
+        "--drain-timeout",
+        "20",
+        "--exec",
+        python,
+        "-m",
+        "http.server",
+        "--bind",
+        "127.0.0.1",
+        "-d",
+        &d2,
+        &p,
+    ];
+    let out = finish(ferry_replace(old.root, &exec), Duration::from_secs(40));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
+    let _new = Tree::adopt(new_pid(&stdout), "python3");
+    eprintln!("{stderr}{stdout}");
+    wait_for("a new connection served by the new server", Duration::from_secs(10), || {
+        fresh.lock().expect("fresh").0.last().is_some_and(|b| b == "v2")
+    });
+    sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    load.join().expect("load");
+    assert!(old.wait_gone(Duration::from_secs(10)), "the old server did not end");
+    let fresh = fresh.lock().expect("fresh");
+    assert!(fresh.1.is_empty(), "failed requests: {:?}", fresh.1);
+    let first = fresh.0.iter().position(|b| b == "v2").expect("v2");
+    assert!(first > 0 && fresh.0[first..].iter().all(|b| b == "v2"), "{:?}", fresh.0);
     eprintln!("{} requests on new connections, 0 failed", fresh.0.len());
 }
