@@ -23,7 +23,7 @@ With --exec PATH [ARGS...] (last on the line), the tree is not copied: PATH is s
 old root was (working directory, environment, uid/gid/groups, stdout/stderr), its binds of \
 the old tree's TCP listening addresses get the old listening sockets themselves (seccomp user \
 notification), and once it holds all of them the old tree is frozen for a moment while its \
-listener fds are closed: from then on only the new binary accepts, from the same accept \
+listener fds are replaced by quiet ones: from then on only the new binary accepts, from the same accept \
 queues (no connection attempt is lost). The old tree serves the connections it has until \
 their clients close them or --drain-timeout passes, then it gets SIGTERM (SIGKILL 5 s later). \
 A new binary that exits or does not bind every address within --bind-timeout is killed and \

@@ -202,6 +202,29 @@ fn drained_s(line: &str) -> f64 {
         .unwrap_or_else(|| panic!("no drain time in {line:?}"))
 }
 
+/// The inode of the TCP socket listening on 127.0.0.1:`port`.
+fn listener_inode(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A"))
+            .then(|| f.get(9)?.parse().ok())?
+    })
+}
+
+/// The socket inodes `pid` holds.
+fn socket_inodes(pid: i32) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let link = std::fs::read_link(e.path()).ok()?;
+            let link = link.to_str()?.to_string();
+            link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
 /// One connection of the version server's line protocol.
 struct Conn {
     r: BufReader<TcpStream>,
@@ -298,6 +321,13 @@ fn a_new_binary_takes_over_the_listener_and_the_old_one_drains() {
     wait_for("a new connection answered by v2", Duration::from_secs(10), || {
         seen.lock().expect("seen").answers.last().is_some_and(|a| a.starts_with("v2 "))
     });
+    // The listening socket is the new binary's alone; the old server
+    // holds a quiet unix listener at its fd number.
+    let listener = listener_inode(port).expect("a listener on the port");
+    wait_for("the old server giving up the listener", Duration::from_secs(5), || {
+        !socket_inodes(old.root).contains(&listener)
+    });
+    assert!(socket_inodes(old.root).len() >= 5, "the old server's fd 3 and 4 connections");
     // The old tree still serves the connections it had.
     for c in &mut kept {
         assert_eq!(c.ask().expect("old keeps answering"), v1);

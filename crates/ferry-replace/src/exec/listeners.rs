@@ -17,6 +17,9 @@ pub struct OldListener {
     /// AF_INET6 (its address may be IPv4-mapped).
     pub ipv6: bool,
     pub v6only: bool,
+    /// O_NONBLOCK as the old tree had it (the new binary may change it:
+    /// the file status flags are shared).
+    pub nonblock: bool,
     pub inode: u64,
     /// Ferry's own reference to the socket.
     pub dup: OwnedFd,
@@ -89,7 +92,18 @@ pub fn take(root: i32) -> Result<Vec<OldListener>, ReplaceError> {
         }
         let inode = inode_of(s.pid, s.fd)?;
         let dup = duplicate(s.pid, s.fd)?;
-        out.push(OldListener { local: s.local, ipv6: s.ipv6, v6only: s.v6only, inode, dup });
+        let nonblock = ferry_sys::fd::fcntl_getfl(dup.as_fd())
+            .map_err(|e| ReplaceError::Refused(format!("pid {} fd {}: {e}", s.pid, s.fd)))?
+            & libc::O_NONBLOCK
+            != 0;
+        out.push(OldListener {
+            local: s.local,
+            ipv6: s.ipv6,
+            v6only: s.v6only,
+            nonblock,
+            inode,
+            dup,
+        });
     }
     if out.is_empty() {
         return Err(ReplaceError::Refused(format!(

@@ -14,7 +14,8 @@
 //!    as the new binary lives (a filter cannot be removed, and without a
 //!    listener its trapped calls would fail with ENOSYS).
 //! 5. [`takeover`]: the old tree frozen, its listener fds unregistered
-//!    from its epoll sets and closed, let go: from here only the new
+//!    from its epoll sets and replaced by quiet listeners (unix sockets
+//!    nothing connects to), let go: from here only the new
 //!    binary accepts; the accept queues are the same sockets, so no SYN
 //!    is lost.
 //! 6. [`drain`]: the old tree serves its connections until their clients
@@ -110,7 +111,7 @@ pub fn replace_exec(
     let taken = takeover::take_away(pid, &old)?;
     let takeover_ms = t1.elapsed().as_secs_f64() * 1e3;
     tracing::info!(
-        "replace --exec: {} listener fds closed, {} epoll registrations removed in the old tree",
+        "replace --exec: {} listener fds of the old tree quieted, {} epoll registrations removed",
         taken.closed,
         taken.unregistered
     );

@@ -1,24 +1,33 @@
 //! The old tree's listeners taken away at once: the tree frozen, in each
 //! process every epoll registration of a listener fd removed
 //! (epoll_ctl(EPOLL_CTL_DEL), run inside the process) and every listener
-//! fd closed, then the tree let go. The sockets stay open in the new
-//! binary, so connections that arrive meanwhile wait in their accept
-//! queues; only the new binary accepts from then on.
+//! fd replaced by a quiet listener, then the tree let go. The sockets
+//! stay open in the new binary, so connections that arrive meanwhile
+//! wait in their accept queues; only the new binary accepts from then on.
 //!
+//! The quiet listener is a unix stream socket made inside the process,
+//! bound to an autobound abstract name (five hex digits, nothing
+//! connects to it) and listening, put at the listener's fd number with
+//! dup3 (its close-on-exec kept, O_NONBLOCK as the old listener had it):
+//! to the old tree its listener just stops getting connections. A
+//! closed fd would instead be ready for poll(2) and select(2) (POLLNVAL)
+//! and fail accept with EBADF, which makes a poll-based server spin and
+//! may make another exit, cutting the connections it still serves.
 //! A thread blocked in accept(2) or epoll_wait(2) is interrupted by the
-//! freeze and restarts on a closed fd (EBADF) or an epoll set without the
-//! listener.
+//! freeze and restarts on the quiet listener or an epoll set without the
+//! old one.
 
 use super::listeners::{socket_fds, OldListener};
 use crate::error::ReplaceError;
 use ferry_engine::capture::FrozenTree;
-use ferry_engine::inject::{self, Remote};
+use ferry_engine::inject::{self, Remote, Scratch, SCRATCH_DATA};
 use ferry_engine::EngineError;
 use std::collections::BTreeSet;
 
 /// What was done in the old tree.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TakenAway {
+    /// Listener fds replaced by a quiet listener.
     pub closed: usize,
     pub unregistered: usize,
 }
@@ -32,7 +41,7 @@ pub fn take_away(root: i32, old: &[OldListener]) -> Result<TakenAway, ReplaceErr
     let mut done = TakenAway::default();
     let mut failed = None;
     for p in &tree.procs {
-        match in_process(p.frozen.pid, &inodes) {
+        match in_process(p.frozen.pid, &inodes, old) {
             Ok(d) => {
                 done.closed += d.closed;
                 done.unregistered += d.unregistered;
@@ -46,7 +55,7 @@ pub fn take_away(root: i32, old: &[OldListener]) -> Result<TakenAway, ReplaceErr
     let released = tree.release();
     if let Some(e) = failed {
         return Err(ReplaceError::Takeover(format!(
-            "{e} (listeners closed in the old tree so far: {}); both trees serve",
+            "{e} (listener fds of the old tree replaced so far: {}); both trees serve",
             done.closed
         )));
     }
@@ -55,10 +64,14 @@ pub fn take_away(root: i32, old: &[OldListener]) -> Result<TakenAway, ReplaceErr
 }
 
 /// The registrations and fds of the listeners in one stopped process.
-fn in_process(pid: i32, inodes: &BTreeSet<u64>) -> Result<TakenAway, EngineError> {
+fn in_process(
+    pid: i32,
+    inodes: &BTreeSet<u64>,
+    old: &[OldListener],
+) -> Result<TakenAway, EngineError> {
     let fds = socket_fds(pid);
-    let listeners: Vec<i32> =
-        fds.iter().filter(|(_, ino)| inodes.contains(ino)).map(|(fd, _)| *fd).collect();
+    let listeners: Vec<(i32, u64)> =
+        fds.into_iter().filter(|(_, ino)| inodes.contains(ino)).collect();
     if listeners.is_empty() {
         return Ok(TakenAway::default());
     }
@@ -67,7 +80,10 @@ fn in_process(pid: i32, inodes: &BTreeSet<u64>) -> Result<TakenAway, EngineError
     for epfd in epoll_fds(pid) {
         let text =
             std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")).unwrap_or_default();
-        for tfd in registered_fds(&text).into_iter().filter(|t| listeners.contains(t)) {
+        for tfd in registered_fds(&text) {
+            if !listeners.iter().any(|(fd, _)| *fd == tfd) {
+                continue;
+            }
             let args = [epfd as u64, libc::EPOLL_CTL_DEL as u64, tfd as u64, 0];
             match remote.call(pid, "epoll_ctl(EPOLL_CTL_DEL)", libc::SYS_epoll_ctl, &args) {
                 Ok(_) => done.unregistered += 1,
@@ -77,11 +93,58 @@ fn in_process(pid: i32, inodes: &BTreeSet<u64>) -> Result<TakenAway, EngineError
             }
         }
     }
-    for fd in listeners {
-        remote.call(pid, "close", libc::SYS_close, &[fd as u64])?;
-        done.closed += 1;
-    }
+    let scratch = Scratch::map(&remote, pid)?;
+    let addr = scratch.addr + SCRATCH_DATA;
+    let quieted = remote.write(addr, &(libc::AF_UNIX as u16).to_ne_bytes()).and_then(|_| {
+        for &(fd, ino) in &listeners {
+            let nonblock = old.iter().find(|l| l.inode == ino).is_some_and(|l| l.nonblock);
+            quiet(&remote, pid, fd, addr, nonblock)?;
+            done.closed += 1;
+        }
+        Ok(())
+    });
+    let unmapped = scratch.unmap(&remote, pid);
+    quieted.and(unmapped)?;
     Ok(done)
+}
+
+/// Puts a quiet listener (a unix stream socket on an autobound abstract
+/// name) at `fd` of `pid`; `sockaddr` holds a bare AF_UNIX family in the
+/// process.
+fn quiet(
+    remote: &Remote,
+    pid: i32,
+    fd: i32,
+    sockaddr: u64,
+    nonblock: bool,
+) -> Result<(), EngineError> {
+    let cloexec = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        .ok()
+        .and_then(|t| {
+            let f = t.lines().find_map(|l| l.strip_prefix("flags:"))?;
+            i64::from_str_radix(f.trim(), 8).ok()
+        })
+        .is_some_and(|f| f & i64::from(libc::O_CLOEXEC) != 0);
+    let mut ty = libc::SOCK_STREAM;
+    if nonblock {
+        ty |= libc::SOCK_NONBLOCK;
+    }
+    let s = remote.call(
+        pid,
+        "socket(AF_UNIX)",
+        libc::SYS_socket,
+        &[libc::AF_UNIX as u64, ty as u64, 0],
+    )?;
+    let family_only = std::mem::size_of::<libc::sa_family_t>() as u64;
+    let made = remote
+        .call(pid, "bind(autobind)", libc::SYS_bind, &[s, sockaddr, family_only])
+        .and_then(|_| remote.call(pid, "listen", libc::SYS_listen, &[s, 1]))
+        .and_then(|_| {
+            let flags = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+            remote.call(pid, "dup3", libc::SYS_dup3, &[s, fd as u64, flags])
+        });
+    let closed = remote.call(pid, "close", libc::SYS_close, &[s]);
+    made.and(closed).map(drop)
 }
 
 fn remote_of(pid: i32) -> Result<Remote, EngineError> {
