@@ -64,7 +64,9 @@ struct Tree {
 }
 
 impl Tree {
-    fn adopt(root: i32, comm: &str) -> Tree {
+    /// A tree the test reaps; `comm` None: the name it has now.
+    fn adopt(root: i32, comm: Option<&str>) -> Tree {
+        let comm = comm.map_or_else(|| self::comm(root), str::to_string);
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let reaper = std::thread::spawn(move || {
@@ -73,11 +75,11 @@ impl Tree {
                 sleep(Duration::from_millis(2));
             }
         });
-        Tree { root, comm: comm.to_string(), stop, reaper: Some(reaper) }
+        Tree { root, comm, stop, reaper: Some(reaper) }
     }
 
     fn start(argv: &[&str], comm: &str, port: u16, dir: &Path) -> Tree {
-        let tree = Tree::adopt(ferry_testkit::spawn_detached(argv, dir), comm);
+        let tree = Tree::adopt(ferry_testkit::spawn_detached(argv, dir), Some(comm));
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(alive(tree.root), "{comm} exited before it listened on {port}");
@@ -101,6 +103,17 @@ impl Tree {
 
 impl Drop for Tree {
     fn drop(&mut self) {
+        // Stopped first, so that a master does not respawn the workers
+        // killed below.
+        if comm(self.root) == self.comm {
+            ferry_testkit::kill(self.root, libc::SIGSTOP);
+            let t = Instant::now();
+            while stat(self.root).is_some_and(|(s, _)| s != 'T')
+                && t.elapsed() < Duration::from_secs(2)
+            {
+                sleep(Duration::from_millis(2));
+            }
+        }
         let mut pids = vec![self.root];
         pids.extend(children_of(self.root));
         for &p in pids.iter().rev() {
@@ -343,7 +356,7 @@ fn a_new_binary_takes_over_the_listener_and_the_old_one_drains() {
     load.join().expect("client thread");
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
-    let new = Tree::adopt(new_pid(&stdout), "version_server");
+    let new = Tree::adopt(new_pid(&stdout), None);
     eprintln!("{stderr}{stdout}(ferry ran {took:?})");
     assert!(drained_s(&stdout) < 20.0 && !stdout.contains("cut at"), "{stdout}");
     assert!(stdout.contains("listeners taken over 1 (127.0.0.1:"), "{stdout}");
@@ -527,7 +540,7 @@ fn nginx_is_replaced_by_a_new_nginx_under_clients() {
     load.join().expect("load");
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
-    let _new = Tree::adopt(new_pid(&stdout), "nginx");
+    let _new = Tree::adopt(new_pid(&stdout), None);
     eprintln!("{stderr}{stdout}");
     for k in kept {
         let got = k.expect("a keep-alive client failed");
@@ -605,7 +618,7 @@ fn python_http_server_is_replaced_by_a_new_one_under_clients() {
     let out = finish(ferry_replace(old.root, &exec), Duration::from_secs(40));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
-    let _new = Tree::adopt(new_pid(&stdout), "python3");
+    let _new = Tree::adopt(new_pid(&stdout), None);
     eprintln!("{stderr}{stdout}");
     wait_for("a new connection served by the new server", Duration::from_secs(10), || {
         fresh.lock().expect("fresh").0.last().is_some_and(|b| b == "v2")

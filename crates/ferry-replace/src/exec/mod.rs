@@ -93,7 +93,7 @@ pub fn replace_exec(
     let path = spawn::resolve(&opts.path)?;
     let old = listeners::take(pid)?;
     let t0 = std::time::Instant::now();
-    let new = spawn::start(pid, &path, &opts.args)?;
+    let new = spawn::start(pid, &path, &opts.path, &opts.args)?;
     if let Err(e) = notify::claim_all(&new, &old, opts.bind_timeout) {
         new.kill();
         return Err(e);

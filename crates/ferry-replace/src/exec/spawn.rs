@@ -20,12 +20,16 @@ pub struct NewService {
     pub path: PathBuf,
 }
 
-/// `path` as exec would find it: a path with a slash taken as given (from
-/// ferry's working directory), a bare name searched in ferry's PATH.
+/// `path` as exec would find it, made absolute (symlinks kept: a
+/// multi-call binary tells its name from them): a path with a slash
+/// taken from ferry's working directory, a bare name searched in ferry's
+/// PATH.
 pub fn resolve(path: &str) -> Result<PathBuf, ReplaceError> {
     let missing = || ReplaceError::Option(format!("--exec {path}: no such executable file"));
     let found = if path.contains('/') {
-        Some(PathBuf::from(path))
+        let cwd = std::env::current_dir()
+            .map_err(|e| ReplaceError::Option(format!("--exec {path}: ferry's directory: {e}")))?;
+        Some(cwd.join(path))
     } else {
         std::env::var_os("PATH").and_then(|p| {
             std::env::split_paths(&p).map(|d| d.join(path)).find(|c| is_executable(c))
@@ -35,7 +39,7 @@ pub fn resolve(path: &str) -> Result<PathBuf, ReplaceError> {
     if !is_executable(&found) {
         return Err(missing());
     }
-    std::fs::canonicalize(&found).map_err(|e| ReplaceError::Option(format!("--exec {path}: {e}")))
+    Ok(found)
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -83,7 +87,13 @@ fn reopened(pid: i32, fd: i32) -> Stdio {
 /// Starts `path args` as the old root `old` was started, with the bind
 /// trap. Its first syscalls run while this returns; its binds wait for
 /// ferry's answer.
-pub fn start(old: i32, path: &Path, args: &[String]) -> Result<NewService, ReplaceError> {
+/// `path` is run with `arg0` as its argv[0] (the name the user gave).
+pub fn start(
+    old: i32,
+    path: &Path,
+    arg0: &str,
+    args: &[String],
+) -> Result<NewService, ReplaceError> {
     let refused = |what: &str, e: String| ReplaceError::Refused(format!("pid {old}: {what}: {e}"));
     let cwd = std::fs::read_link(format!("/proc/{old}/cwd"))
         .map_err(|e| refused("reading its working directory", e.to_string()))?;
@@ -91,6 +101,7 @@ pub fn start(old: i32, path: &Path, args: &[String]) -> Result<NewService, Repla
         .map_err(|e| refused("reading its environment", e.to_string()))?;
     let creds = creds_of(old)?;
     let mut cmd = Command::new(path);
+    std::os::unix::process::CommandExt::arg0(&mut cmd, arg0);
     cmd.args(args)
         .current_dir(&cwd)
         .env_clear()
@@ -128,11 +139,17 @@ impl Drop for StartedChild {
 }
 
 impl NewService {
-    /// Ends the new binary and every process it started (by PID,
-    /// children first), for a replacement that does not go ahead.
+    /// Ends the new binary and every process it started (by PID), for a
+    /// replacement that does not go ahead. All are stopped first,
+    /// parents before children, so that none forks meanwhile (a master
+    /// that respawns its workers would outlive their kill).
     pub fn kill(mut self) {
-        let pids = ferry_engine::capture::running_tree(self.pid);
-        for &p in pids.iter().rev() {
+        for _ in 0..2 {
+            for p in ferry_engine::capture::running_tree(self.pid) {
+                let _ = ferry_sys::process::kill(p, libc::SIGSTOP);
+            }
+        }
+        for p in ferry_engine::capture::running_tree(self.pid) {
             let _ = ferry_sys::process::kill(p, libc::SIGKILL);
         }
         let _ = self.child.wait();
@@ -160,6 +177,7 @@ mod tests {
     fn a_missing_executable_is_refused_by_name() {
         let e = resolve("/nonexistent/ferry-new-binary").expect_err("refused");
         assert!(e.to_string().contains("/nonexistent/ferry-new-binary"), "{e}");
-        assert!(resolve("sh").is_ok());
+        assert!(resolve("sh").is_ok_and(|p| p.is_absolute()));
+        assert!(resolve("./ferry-no-such-file").is_err());
     }
 }
