@@ -461,7 +461,9 @@ fn http_get(r: &mut BufReader<TcpStream>, close: bool) -> Result<String, String>
     Ok(text(&body).trim().to_string())
 }
 
-fn nginx_conf(dir: &Path, port: u16, version: &str) -> String {
+/// `listen` holds the listen directives, PORT standing for the port.
+fn nginx_conf(dir: &Path, port: u16, version: &str, listen: &str) -> String {
+    let listen = listen.replace("PORT", &port.to_string());
     let d = dir.to_str().expect("utf-8");
     let www = dir.join(format!("www-{version}"));
     std::fs::create_dir_all(&www).expect("www");
@@ -474,7 +476,7 @@ fn nginx_conf(dir: &Path, port: u16, version: &str) -> String {
          client_body_temp_path {d}/client_body;\n proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
          types {{ text/plain txt; }}\n default_type application/octet-stream;\n\
-         server {{ listen 127.0.0.1:{port}; root {}; location / {{ }} }}\n}}\n",
+         server {{ {listen} root {}; location / {{ }} }}\n}}\n",
         www.display()
     );
     let path = dir.join(format!("nginx-{version}.conf"));
@@ -509,13 +511,30 @@ fn keepalive_clients(
 #[test]
 fn nginx_is_replaced_by_a_new_nginx_under_clients() {
     require_root!();
+    nginx_under_clients("nginx", "listen 127.0.0.1:PORT;", 1);
+}
+
+/// nginx with `reuseport` makes a listener per worker, all bound in the
+/// master to the same address: the new master's binds claim them one by
+/// one. The IPv6 listener is a third one.
+#[test]
+fn nginx_with_a_listener_per_worker_and_an_ipv6_one_is_replaced() {
+    require_root!();
+    nginx_under_clients("nginx-rp", "listen 127.0.0.1:PORT reuseport; listen [::1]:PORT;", 3);
+}
+
+/// The old nginx (master and 2 workers, `listen` its listen directives)
+/// replaced by a new one under keep-alive clients and a client opening a
+/// connection per request; `listeners` the number handed over.
+fn nginx_under_clients(tag: &str, listen: &str, listeners: usize) {
     if !Path::new(NGINX).exists() {
         eprintln!("SKIPPED: {NGINX} is not installed (scripts/install-deps.sh)");
         return;
     }
-    let dir = TempDir::new("ferry-replace-exec", "nginx");
+    let dir = TempDir::new("ferry-replace-exec", tag);
     let port = free_port();
-    let (c1, c2) = (nginx_conf(dir.path(), port, "v1"), nginx_conf(dir.path(), port, "v2"));
+    let c1 = nginx_conf(dir.path(), port, "v1", listen);
+    let c2 = nginx_conf(dir.path(), port, "v2", listen);
     let (pre, el) =
         (format!("{}/", dir.path().display()), format!("{}/error.log", dir.path().display()));
     let old = Tree::start(&[NGINX, "-p", &pre, "-c", &c1, "-e", &el], "nginx", port, dir.path());
@@ -553,6 +572,12 @@ fn nginx_is_replaced_by_a_new_nginx_under_clients() {
     let first = fresh.0.iter().position(|b| b == "v2").expect("v2");
     assert!(fresh.0[first..].iter().all(|b| b == "v2"), "v1 served after v2");
     eprintln!("{} requests on new connections, 0 failed", fresh.0.len());
+    assert!(stdout.contains(&format!("listeners taken over {listeners} (")), "{stdout}");
+    if listen.contains("[::1]") {
+        let s = TcpStream::connect(("::1", port)).expect("connect to [::1]");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        assert_eq!(http_get(&mut BufReader::new(s), true).expect("GET over IPv6"), "v2");
+    }
 }
 
 /// A client thread doing one GET per new connection every 2 ms until
