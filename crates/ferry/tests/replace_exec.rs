@@ -380,14 +380,31 @@ fn a_new_binary_takes_over_the_listener_and_the_old_one_drains() {
 /// A replacement that does not happen: ferry says why, and the old
 /// server answers on its old connection and on new ones.
 fn refused_and_untouched(tag: &str, exec: &[&str], expect: &str) {
+    refused_and_untouched_with(tag, exec, expect, |_| {});
+}
+
+/// `during(other port)` runs while ferry does.
+fn refused_and_untouched_with(tag: &str, exec: &[&str], expect: &str, during: impl FnOnce(u16)) {
     let (dir, bin, port) = version_server(tag);
     let (b, p) = (bin.to_str().expect("utf-8"), port.to_string());
     let old = Tree::start(&[b, &p, "v1"], "version_server", port, dir.path());
     let v1 = format!("v1 {}", old.root);
     let (mut kept, _) = Conn::open(port).expect("keep-alive");
     assert_eq!(kept.ask().expect("old answers"), v1);
-    let exec: Vec<&str> = exec.iter().map(|a| if *a == "PORT" { p.as_str() } else { a }).collect();
-    let out = finish(ferry_replace(old.root, &exec), Duration::from_secs(30));
+    let other_port = free_port();
+    let other = other_port.to_string();
+    let exec: Vec<&str> = exec
+        .iter()
+        .map(|a| match *a {
+            "PORT" => p.as_str(),
+            "OTHER_PORT" => other.as_str(),
+            "BIN" => b,
+            _ => a,
+        })
+        .collect();
+    let ferry = ferry_replace(old.root, &exec);
+    during(other_port);
+    let out = finish(ferry, Duration::from_secs(30));
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "ferry replace --exec succeeded: {}", text(&out.stdout));
     assert!(stderr.contains(expect), "{stderr}");
@@ -424,6 +441,26 @@ fn a_binary_that_never_binds_the_address_is_killed_at_the_timeout() {
     );
     // ferry killed and reaped it.
     assert!(count_named("sleep") <= before);
+}
+
+/// Its bind of another port runs as usual (answered CONTINUE): the new
+/// server listens there, never on the old address, and is killed.
+#[test]
+fn a_binary_that_binds_another_port_is_killed_at_the_timeout() {
+    require_root!();
+    refused_and_untouched_with(
+        "otherport",
+        &["--bind-timeout", "2", "--exec", "BIN", "OTHER_PORT", "v2"],
+        "did not bind 127.0.0.1:",
+        |other| {
+            let mut answer = None;
+            wait_for("the new server on the other port", Duration::from_secs(2), || {
+                answer = Conn::open(other).ok().and_then(|(mut c, _)| c.ask().ok());
+                answer.is_some()
+            });
+            assert!(answer.is_some_and(|a| a.starts_with("v2 ")));
+        },
+    );
 }
 
 fn count_named(name: &str) -> usize {
