@@ -21,22 +21,34 @@ pub struct Drained {
     pub killed: usize,
 }
 
-/// The TCP connections the tree of `root` holds now.
-pub fn connections(root: i32) -> usize {
+/// The connections the tree of `root` accepted and holds now: TCP
+/// connections whose local port is one the tree listened on (its own
+/// outgoing connections, to a database or an upstream, use other ports
+/// and are not waited for).
+pub fn connections(root: i32, ports: &[u16]) -> usize {
     let tree = running_sockets::running_tree_sockets(root);
-    tree.sockets.iter().filter(|s| s.tcp && s.role == SocketRole::Connection).count()
+    let accepted = |s: &&running_sockets::RunningSocket| {
+        s.tcp && s.role == SocketRole::Connection && ports.contains(&s.local.port())
+    };
+    tree.sockets.iter().filter(accepted).count()
 }
 
-/// Waits until the tree of `root` holds no connection or `timeout`
-/// passed, telling `progress` about once a second, then stops it.
-pub fn drain_and_stop(root: i32, timeout: Duration, progress: &mut dyn FnMut(String)) -> Drained {
+/// Waits until the tree of `root` holds no connection accepted on
+/// `ports` or `timeout` passed, telling `progress` about once a second,
+/// then stops it.
+pub fn drain_and_stop(
+    root: i32,
+    ports: &[u16],
+    timeout: Duration,
+    progress: &mut dyn FnMut(String),
+) -> Drained {
     let t0 = Instant::now();
-    let at_start = connections(root);
+    let at_start = connections(root, ports);
     let mut left = at_start;
     let mut told = Instant::now();
     while left > 0 && t0.elapsed() < timeout && alive(root) {
         std::thread::sleep(Duration::from_millis(50));
-        left = connections(root);
+        left = connections(root, ports);
         if told.elapsed() >= Duration::from_secs(1) {
             told = Instant::now();
             let rest = timeout.saturating_sub(t0.elapsed()).as_secs_f64();

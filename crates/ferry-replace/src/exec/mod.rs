@@ -119,7 +119,8 @@ pub fn replace_exec(
         "pid {new_pid} took over {} listener(s) in {claim_ms:.1} ms; the old tree was frozen {takeover_ms:.1} ms to give them up",
         old.len()
     ));
-    let drained = drain::drain_and_stop(pid, opts.drain_timeout, progress);
+    let ports: Vec<u16> = old.iter().map(|l| l.local.port()).collect();
+    let drained = drain::drain_and_stop(pid, &ports, opts.drain_timeout, progress);
     Ok(ExecReplaced {
         old_pid: pid,
         new_pid,
