@@ -377,6 +377,36 @@ fn a_new_binary_takes_over_the_listener_and_the_old_one_drains() {
     assert_eq!(Conn::open(port).expect("after").0.ask().expect("answer"), v2);
 }
 
+/// Connections still open when `--drain-timeout` passes are cut by the
+/// old server's stop, and the line says how many.
+#[test]
+fn the_old_server_is_stopped_at_the_drain_timeout() {
+    require_root!();
+    let (dir, bin, port) = version_server("timeout");
+    let (b, p) = (bin.to_str().expect("utf-8"), port.to_string());
+    let old = Tree::start(&[b, &p, "v1"], "version_server", port, dir.path());
+    let mut kept: Vec<Conn> = (0..2).map(|_| Conn::open(port).expect("keep-alive").0).collect();
+    for c in &mut kept {
+        assert!(c.ask().expect("old answers").starts_with("v1 "));
+    }
+    let t = Instant::now();
+    let ferry = ferry_replace(old.root, &["--drain-timeout", "1", "--exec", b, &p, "v2"]);
+    let out = finish(ferry, Duration::from_secs(20));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "ferry replace --exec failed: {stdout}{stderr}");
+    let _new = Tree::adopt(new_pid(&stdout), None);
+    assert!(
+        stdout.contains("(0 connections closed by their peers, 2 cut at the drain timeout)"),
+        "{stdout}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(8), "ferry took {:?}", t.elapsed());
+    assert!(old.wait_gone(Duration::from_secs(5)), "the old server did not end");
+    for c in &mut kept {
+        assert!(c.ask().is_err(), "a connection of the stopped server still answers");
+    }
+    assert!(Conn::open(port).expect("new conn").0.ask().expect("answer").starts_with("v2 "));
+}
+
 /// A replacement that does not happen: ferry says why, and the old
 /// server answers on its old connection and on new ones.
 fn refused_and_untouched(tag: &str, exec: &[&str], expect: &str) {

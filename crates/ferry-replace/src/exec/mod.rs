@@ -9,15 +9,17 @@
 //! 3. [`notify`]: a bind of an old listener's address gets that listener
 //!    at its fd number and returns 0; other binds run. Until every
 //!    listener is claimed (or the new binary exits, or the time runs
-//!    out: then it is killed and the old tree was never touched).
-//! 4. A forked answerer lets every later trapped bind run, for as long
+//!    out: then it is killed and the old tree was never touched). The
+//!    last claiming bind waits for its answer until step 4 is done.
+//! 4. [`takeover`]: the old tree frozen, its listener fds unregistered
+//!    from its epoll sets and replaced by quiet listeners (unix sockets
+//!    nothing connects to), let go: from here only the new binary
+//!    accepts; the accept queues are the same sockets, so no SYN is
+//!    lost. A freeze that fails fails the last bind and kills the new
+//!    binary: the old tree was not changed.
+//! 5. A forked answerer lets every later trapped bind run, for as long
 //!    as the new binary lives (a filter cannot be removed, and without a
 //!    listener its trapped calls would fail with ENOSYS).
-//! 5. [`takeover`]: the old tree frozen, its listener fds unregistered
-//!    from its epoll sets and replaced by quiet listeners (unix sockets
-//!    nothing connects to), let go: from here only the new
-//!    binary accepts; the accept queues are the same sockets, so no SYN
-//!    is lost.
 //! 6. [`drain`]: the old tree serves its connections until their clients
 //!    close them or the drain timeout passes, then it is stopped.
 
@@ -28,6 +30,7 @@ mod spawn;
 mod takeover;
 
 use crate::error::ReplaceError;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,6 +85,20 @@ impl ExecReplaced {
     }
 }
 
+/// Hands the new binary's later binds to a process of their own and
+/// lets it go: it runs on once ferry exits. Returns its PID.
+fn keep_answering(new: spawn::NewService) -> Result<i32, ReplaceError> {
+    let spawn::NewService { child, pid, notify, .. } = new;
+    // Reaped by init (or a subreaper) once ferry exits; not waited for.
+    drop(child);
+    ferry_sys::seccomp_notify::spawn_continue_answerer(notify).map_err(|e| {
+        ReplaceError::Takeover(format!(
+            "starting the process that answers pid {pid}'s later binds: {e}; its binds will fail with ENOSYS"
+        ))
+    })?;
+    Ok(pid)
+}
+
 /// Replaces the tree of `pid` by a new binary that takes over its
 /// listeners. `progress` hears about the drain. Every error before the
 /// takeover leaves the old tree untouched and the new binary killed.
@@ -94,22 +111,37 @@ pub fn replace_exec(
     let old = listeners::take(pid)?;
     let t0 = std::time::Instant::now();
     let new = spawn::start(pid, &path, &opts.path, &opts.args)?;
-    if let Err(e) = notify::claim_all(&new, &old, opts.bind_timeout) {
-        new.kill();
-        return Err(e);
-    }
+    let last = match notify::claim_all(&new, &old, opts.bind_timeout) {
+        Ok(last) => last,
+        Err(e) => {
+            new.kill();
+            return Err(e);
+        }
+    };
     let claim_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let spawn::NewService { child, pid: new_pid, notify: listener, .. } = new;
-    // Reaped by init once ferry exits; not waited for here.
-    drop(child);
-    ferry_sys::seccomp_notify::spawn_continue_answerer(listener).map_err(|e| {
-        ReplaceError::Takeover(format!(
-            "starting the process that answers pid {new_pid}'s later binds: {e}; the new binary runs beside the old tree"
-        ))
-    })?;
     let t1 = std::time::Instant::now();
-    let taken = takeover::take_away(pid, &old)?;
+    let taken = match takeover::take_away(pid, &old) {
+        Ok(taken) => taken,
+        // Nothing changed in the old tree: the new binary goes.
+        Err(e @ ReplaceError::Refused(_)) => {
+            last.fail(new.notify.as_fd());
+            new.kill();
+            return Err(e);
+        }
+        Err(e) => {
+            let _ = last.succeed(new.notify.as_fd());
+            keep_answering(new)?;
+            return Err(e);
+        }
+    };
     let takeover_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let tid = last.tid();
+    if !last.succeed(new.notify.as_fd()) {
+        return Err(ReplaceError::Takeover(format!(
+            "the new binary's thread {tid} went away in its last bind, after the old tree gave up its listeners"
+        )));
+    }
+    let new_pid = keep_answering(new)?;
     tracing::info!(
         "replace --exec: {} listener fds of the old tree quieted, {} epoll registrations removed",
         taken.closed,

@@ -23,18 +23,44 @@ enum Answer {
     Gone,
 }
 
+/// The bind that claimed the last listener: its caller holds the
+/// listener already and waits for the answer, which comes once the old
+/// tree gave its listeners up, so that the two never accept at once.
+#[derive(Debug)]
+pub struct LastBind {
+    id: u64,
+    tid: i32,
+}
+
+impl LastBind {
+    /// Lets the bind return 0. False when its caller went away meanwhile.
+    pub fn succeed(self, listener: BorrowedFd<'_>) -> bool {
+        seccomp_notify::respond(listener, self.id, 0, 0, 0).is_ok()
+    }
+
+    /// Makes the bind fail with EADDRINUSE (the caller is killed next).
+    pub fn fail(self, listener: BorrowedFd<'_>) {
+        let _ = seccomp_notify::respond(listener, self.id, 0, libc::EADDRINUSE, 0);
+    }
+
+    pub fn tid(&self) -> i32 {
+        self.tid
+    }
+}
+
 /// Answers the new binary's binds until every listener of `old` is its,
-/// within `timeout`. Fails (the caller kills the new binary) when it
-/// exits first or the time runs out.
+/// within `timeout`; the last such bind is left waiting ([`LastBind`]).
+/// Fails (the caller kills the new binary) when it exits first or the
+/// time runs out.
 pub fn claim_all(
     new: &NewService,
     old: &[OldListener],
     timeout: Duration,
-) -> Result<(), ReplaceError> {
+) -> Result<LastBind, ReplaceError> {
     let deadline = Instant::now() + timeout;
     let mut claimed = vec![false; old.len()];
     let listener = new.notify.as_fd();
-    while claimed.iter().any(|c| !c) {
+    loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(unclaimed(new, old, &claimed, timeout));
@@ -62,16 +88,24 @@ pub fn claim_all(
         };
         match decide(listener, &n, old, &claimed) {
             Answer::Claim(i) => {
-                if hand_over(listener, &n, &old[i])? {
-                    claimed[i] = true;
-                    tracing::info!("replace --exec: pid {} took over {}", n.tid, old[i].shown());
+                if !install(listener, &n, &old[i])? {
+                    continue;
+                }
+                claimed[i] = true;
+                tracing::info!("replace --exec: pid {} took over {}", n.tid, old[i].shown());
+                if claimed.iter().all(|c| *c) {
+                    return Ok(LastBind { id: n.id, tid: n.tid });
+                }
+                if let Err(e) = seccomp_notify::respond(listener, n.id, 0, 0, 0) {
+                    // Its caller went away: the listener is to be claimed again.
+                    tracing::debug!("replace --exec: answering a bind: {e}");
+                    claimed[i] = false;
                 }
             }
             Answer::Continue => continue_call(listener, n.id),
             Answer::Gone => {}
         }
     }
-    Ok(())
 }
 
 fn refused(new: &NewService, why: String) -> ReplaceError {
@@ -167,11 +201,11 @@ fn fd_flags(tid: i32, fd: i32) -> Option<(bool, bool)> {
     Some((flags & i64::from(libc::O_CLOEXEC) != 0, flags & i64::from(libc::O_NONBLOCK) != 0))
 }
 
-/// Puts the old listener at the bound fd number of the caller and makes
-/// the bind return 0. The listener's file status flags are shared by
-/// every holder: it takes the caller's O_NONBLOCK. False when the caller
-/// went away meanwhile.
-fn hand_over(listener: BorrowedFd<'_>, n: &Notif, l: &OldListener) -> Result<bool, ReplaceError> {
+/// Puts the old listener at the bound fd number of the caller (the bind
+/// is answered by the caller of this). The listener's file status flags
+/// are shared by every holder: it takes the caller's O_NONBLOCK. False
+/// when the caller went away meanwhile.
+fn install(listener: BorrowedFd<'_>, n: &Notif, l: &OldListener) -> Result<bool, ReplaceError> {
     let fd = n.args[0] as i32;
     let Some((cloexec, nonblock)) = fd_flags(n.tid, fd) else { return Ok(false) };
     let err = |what: &str, e: ferry_sys::SysError| {
@@ -189,13 +223,8 @@ fn hand_over(listener: BorrowedFd<'_>, n: &Notif, l: &OldListener) -> Result<boo
             .map_err(|e| err("F_SETFL", e))?;
     }
     match seccomp_notify::add_fd_at(listener, n.id, ours, fd, cloexec) {
-        Ok(()) => {}
-        Err(e) if e.errno == libc::ENOENT => return Ok(false),
-        Err(e) => return Err(err("SECCOMP_IOCTL_NOTIF_ADDFD", e)),
-    }
-    match seccomp_notify::respond(listener, n.id, 0, 0, 0) {
         Ok(()) => Ok(true),
         Err(e) if e.errno == libc::ENOENT => Ok(false),
-        Err(e) => Err(err("answering the bind", e)),
+        Err(e) => Err(err("SECCOMP_IOCTL_NOTIF_ADDFD", e)),
     }
 }

@@ -35,7 +35,7 @@ pub struct TakenAway {
 /// Removes the listeners `old` from every process of the tree of `root`.
 pub fn take_away(root: i32, old: &[OldListener]) -> Result<TakenAway, ReplaceError> {
     let inodes: BTreeSet<u64> = old.iter().map(|l| l.inode).collect();
-    let tree = FrozenTree::freeze(root).map_err(|e| {
+    let tree = freeze(root).map_err(|e| {
         ReplaceError::Refused(format!("freezing the old tree to take its listeners: {e}"))
     })?;
     let mut done = TakenAway::default();
@@ -61,6 +61,25 @@ pub fn take_away(root: i32, old: &[OldListener]) -> Result<TakenAway, ReplaceErr
     }
     released.map_err(|e| ReplaceError::Takeover(format!("letting the old tree run on: {e}")))?;
     Ok(done)
+}
+
+/// The tree frozen, tried again (up to 10 times) while a thread or
+/// process of it exits in the middle of the freeze (a server's handler
+/// threads come and go).
+fn freeze(root: i32) -> Result<FrozenTree, EngineError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match FrozenTree::freeze(root) {
+            Err(EngineError::Gone { pid, what })
+                if attempt < 10 && ferry_engine::procfs::state(root).is_some_and(|s| s != 'Z') =>
+            {
+                tracing::info!("replace --exec: freeze attempt {attempt}: pid {pid}: {what}");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The registrations and fds of the listeners in one stopped process.
