@@ -41,6 +41,7 @@ use ferry_engine::restore::{
     self, trial::TrialOutcome, Handover, HeldTree, Placement, RestoreOptions,
 };
 use ferry_image::{ImageSource, MemoryImage};
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 /// Replaces the tree rooted at `pid` with a fresh copy of itself, edited
@@ -50,6 +51,13 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     let edits = opts.prepare()?;
     reaper::check(pid)?;
     let (mut captured, mut image) = capture_into_memory(pid, opts)?;
+    // Kept open until the new tree runs: through the kill they hold the
+    // old tree's sockets, pipes... alive for the new one.
+    let carried = captured.take_carried();
+    let handover = Handover {
+        carried: carried.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect(),
+        ..Default::default()
+    };
     let mut ph = Phases::start_at("replace", captured.frozen_at());
     let mut phases = prefixed("capture", captured.phases.done());
     ph.mark("capture");
@@ -59,11 +67,11 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         captured.write_image(&mut image, None)?;
         Ok(netns)
     })?;
-    ph.step("trial", || trial(&captured, &mut image))?;
+    ph.step("trial", || trial(&captured, &mut image, &handover))?;
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
-    let held = ph.step("restore", || restore_new(&mut image, &opts));
+    let held = ph.step("restore", || restore_new(&mut image, &opts, &handover));
     let held = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
@@ -87,8 +95,11 @@ fn capture_into_memory(
     pid: i32,
     asked: &ReplaceOptions,
 ) -> Result<(Captured, MemoryImage), ReplaceError> {
-    let opts =
-        CaptureOptions { parent_sees_exit: asked.parent_sees_exit, ..CaptureOptions::default() };
+    let opts = CaptureOptions {
+        parent_sees_exit: asked.parent_sees_exit,
+        carry_files: !asked.rebuild_files,
+        ..CaptureOptions::default()
+    };
     let out = capture::retry_transient(
         || {
             let mut image = MemoryImage::new();
@@ -101,8 +112,13 @@ fn capture_into_memory(
 
 /// The edited image restored in scratch namespaces, checked, and ended.
 /// A tree that cannot be tried is refused: the kill would be unguarded.
-fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceError> {
-    let outcome = restore::trial::trial_source(image, &captured.socket_fds()).map_err(|e| {
+fn trial(
+    captured: &Captured,
+    image: &mut MemoryImage,
+    handover: &Handover,
+) -> Result<(), ReplaceError> {
+    let outcome = restore::trial::trial_carrying(image, &captured.socket_fds(), &handover.carried);
+    let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
             other => other.to_string(),
@@ -131,11 +147,12 @@ fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
 fn restore_new(
     image: &mut MemoryImage,
     opts: &RestoreOptions,
+    handover: &Handover,
 ) -> Result<HeldTree, ferry_engine::EngineError> {
     let t0 = Instant::now();
     let loaded = image.load(ferry_engine::worker_threads())?;
     let pages = loaded.pages.bytes();
-    Placement::Here.restore_held(loaded.tree, pages, opts, &Handover::default(), t0)
+    Placement::Here.restore_held(loaded.tree, pages, opts, handover, t0)
 }
 
 fn prefixed(step: &str, done: &[(String, f64)]) -> Vec<(String, f64)> {

@@ -19,8 +19,13 @@ cannot be replaced, or whose trial fails, is refused by name and runs on untouch
 is the one step that cannot be undone: a failure after it (which the trial of the same image \
 guards against) is reported as such.
 
-Not built yet: descriptors carried over with pidfd_getfd (they are made again, as a restore \
-does), pre-copy of memory while the tree runs (the whole copy is in the pause), --exec of a \
+Files: sockets (TCP connections and listeners included), pipes, FIFOs, eventfd, timerfd, \
+signalfd, inotify, unmapped memfds and epolls over them are carried over as the same kernel \
+objects (ferry's duplicates, pidfd_getfd): no TCP repair, no network lock, no queue read; a \
+listener keeps accepting through the pause. Regular files, directories, devices and ptys are \
+made again as a restore makes them; --rebuild-files makes everything again.
+
+Not built yet: pre-copy of memory while the tree runs (the whole copy is in the pause), --exec of a \
 new binary. Trees in a PID namespace of their own are refused.")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
@@ -69,17 +74,32 @@ pub struct ReplaceArgs {
     /// then turn it off.
     #[arg(long)]
     pub no_precopy: bool,
+    /// Make every kernel object of the new tree again, as a restore does
+    /// (TCP connections through repair mode behind the network lock),
+    /// instead of carrying the old tree's sockets, pipes, eventfds...
+    /// over as the same objects.
+    #[arg(long)]
+    pub rebuild_files: bool,
 }
 
 pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
-    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, no_precopy: _ } =
-        args;
+    let ReplaceArgs {
+        pid,
+        cgroup,
+        seccomp,
+        drop_caps,
+        rlimit,
+        parent_sees_exit,
+        no_precopy: _,
+        rebuild_files,
+    } = args;
     let opts = ferry_replace::ReplaceOptions {
         cgroup,
         seccomp,
         drop_caps,
         rlimits: rlimit,
         parent_sees_exit,
+        rebuild_files,
     };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {

@@ -78,6 +78,13 @@ pub struct CaptureOptions {
     /// connections of this one cannot keep a listener from binding its
     /// port there, so they are not looked for.
     pub restored_elsewhere: bool,
+    /// The restore runs on this host while ferry holds the captured
+    /// files (`ferry replace`): sockets, pipes, FIFOs, eventfd, timerfd,
+    /// signalfd, inotify, unmapped memfds and epolls over them are not
+    /// read but duplicated ([`files::carried`]) and handed to the restore
+    /// as the same kernel objects ([`Captured::take_carried`]). No TCP
+    /// repair, no network lock, no queue drained.
+    pub carry_files: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -248,6 +255,9 @@ pub struct Captured {
     summary: CaptureSummary,
     t_frozen: Instant,
     repaired: files::tcp::Repaired,
+    /// Ferry's duplicates of the carried files, by description id
+    /// ([`CaptureOptions::carry_files`]).
+    carried: HashMap<u64, std::os::fd::OwnedFd>,
     lock: Option<ferry_netlock::NetworkLock>,
     /// The ptys' queues, put back when dropped: before `frozen` thaws.
     pty_drained: files::pty::Drained,
@@ -290,11 +300,19 @@ impl Captured {
             summary,
             t_frozen,
             repaired,
+            carried: HashMap::new(),
             lock,
             pty_drained,
             frozen,
             guard,
         }
+    }
+
+    /// Ferry's duplicates of the carried files, by description id, taken
+    /// over: they keep the files alive through the kill, and the restore
+    /// places them ([`crate::restore::Handover::carried`]).
+    pub fn take_carried(&mut self) -> HashMap<u64, std::os::fd::OwnedFd> {
+        std::mem::take(&mut self.carried)
     }
 
     /// Phase "write image": the metadata into `sink`, which completes the
@@ -445,6 +463,11 @@ pub fn capture(
     // freeze.
     let tcp = tcp_tables::TcpTables::before_freeze();
     ph.step("socket options checked", || {
+        // Carried sockets keep their options: nothing to check or describe.
+        if opts.carry_files {
+            pre.values().for_each(files::FdPresurvey::release_dups);
+            return Ok(());
+        }
         let checked = sockopt_check::check(&pre, watch.is_some(), &tcp);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
@@ -478,6 +501,7 @@ pub fn capture(
     // Declared after the tree, so an error below puts the ptys' queues
     // back before the tree is thawed.
     let pty_drained = std::mem::take(&mut surveyed.pty_drained);
+    let carried = std::mem::take(&mut surveyed.carried);
     let engaged = ph.step("network freeze", || {
         connections::engage_lock(prepared, &tree, &surveyed, opts, &mut guard)
     })?;
@@ -507,7 +531,9 @@ pub fn capture(
     let assembled = ph.step("pages", || {
         assemble::pages_and_metadata(pid, surveyed, injected, &held, sink, opts, lock_ref)
     })?;
-    Ok(Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard))
+    let mut captured = Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard);
+    captured.carried = carried;
+    Ok(captured)
 }
 
 /// The checks of phase "sharing checked" on their own, for a caller that
@@ -545,6 +571,10 @@ fn prepare_lock(
     tcp: &tcp_tables::TcpTables,
     guard: &mut crate::guard::Guard,
 ) -> Result<Option<ferry_netlock::NetworkLock>> {
+    if opts.carry_files {
+        // Carried connections need no lock: they stay the same sockets.
+        return Ok(None);
+    }
     let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
     let scan = network::scan(pid, &inodes, tcp);
     let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;

@@ -291,7 +291,8 @@ pub fn restore_held(
         ph.mark("lazy memory registered");
     }
     if opts.check {
-        ph.step("check", || verify::restored_tree(&tree, &connections.fds, &fd_flags))?;
+        let carried = &handover.carried;
+        ph.step("check", || verify::restored_tree(&tree, &connections.fds, carried, &fd_flags))?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })
