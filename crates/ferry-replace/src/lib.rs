@@ -54,6 +54,8 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     // Kept open until the new tree runs: through the kill they hold the
     // old tree's sockets, pipes... alive for the new one.
     let carried = captured.take_carried();
+    let files =
+        report::files_moved(carried.len(), captured.socket_fds().len(), captured.network_locked());
     let handover = Handover {
         carried: carried.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect(),
         ..Default::default()
@@ -86,6 +88,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         parts,
         phases,
         edits: describe(&edits),
+        files,
     })
 }
 

@@ -333,6 +333,12 @@ impl Captured {
         Ok(bytes)
     }
 
+    /// Whether a network lock holds the tree's connections (none when
+    /// every connection is carried).
+    pub fn network_locked(&self) -> bool {
+        self.lock.is_some()
+    }
+
     /// When the freeze began: the start of the service's pause.
     pub fn frozen_at(&self) -> Instant {
         self.t_frozen
@@ -495,7 +501,7 @@ pub fn capture(
         let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
         shared.0.recheck(&maps)?;
         let fds: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.fd_inodes())).collect();
-        shared.1.recheck(&fds, opts.external_stdio)?;
+        shared.1.recheck(&fds, outside_scope(opts))?;
         Ok::<_, EngineError>(surveyed)
     })?;
     // Declared after the tree, so an error below puts the ptys' queues
@@ -557,9 +563,13 @@ fn check_sharing(
         sharing::check_outside(pid, st.field(4) as i32)?;
     }
     let memory = outside::check(pid)?;
-    let files = outside_files::check(pid, pre, opts.external_stdio)?;
+    let files = outside_files::check(pid, pre, outside_scope(opts))?;
     root_parent::check(pid, opts.parent_sees_exit, opts.leave_running)?;
     Ok((memory, files))
+}
+
+fn outside_scope(opts: &CaptureOptions) -> outside_files::Scope {
+    outside_files::Scope { external_stdio: opts.external_stdio, carry: opts.carry_files }
 }
 
 /// Phase "network lock prepared": its program loaded (and new connection

@@ -45,7 +45,7 @@ const ANON: [&str; 4] = ["[eventfd]", "[timerfd]", "[signalfd]", "inotify"];
 
 /// Whether a file of this link and type moves as itself, whatever its
 /// neighbours (epoll and memfd need more: [`carriable`]).
-fn plain_kind(link: &str, meta: &std::fs::Metadata) -> bool {
+pub(crate) fn plain_kind(link: &str, meta: &std::fs::Metadata) -> bool {
     link.starts_with("socket:")
         || link.starts_with("pipe:")
         || meta.file_type().is_fifo()
