@@ -8,8 +8,8 @@ use std::path::PathBuf;
 What happens: the tree is frozen and captured into memory, the options are applied to that \
 image, and the edited image is restored in a trial (scratch PID, network, IPC and mount \
 namespaces, with the restore's own check) while the old tree is still frozen. Only when the \
-trial passed is the old tree killed (its TCP connections held by the network lock) and the \
-edited image restored in its place with the same PIDs; the restore checks the new tree \
+trial passed is the old tree killed (its carried files held open by ferry) and the \
+edited image restored in its place with the same PIDs, the carried files placed; the restore checks the new tree \
 against the edited image (credentials, limits, seccomp mode and filters, memory, fds, \
 sockets) before it runs.
 

@@ -526,11 +526,17 @@ fn rebuilt_files_repair_the_connection_behind_a_lock() {
     let mut client = Client::connect(port);
     assert_eq!(client.ask("INCR").expect("first"), "1");
     let said = replaced(&svc, &["--rebuild-files"]);
-    assert!(said.contains("0 files carried, 1 TCP connections repaired, network lock held"), "{said}");
+    assert!(
+        said.contains("0 files carried, 1 TCP connections repaired, network lock held"),
+        "{said}"
+    );
     assert_eq!(client.ask("INCR").expect("after"), "2");
     // The default carries the listener and the connection.
     let said = replaced(&svc, &[]);
-    assert!(said.contains("2 files carried, 0 TCP connections repaired, no network lock"), "{said}");
+    assert!(
+        said.contains("2 files carried, 0 TCP connections repaired, no network lock"),
+        "{said}"
+    );
     assert_eq!(client.ask("INCR").expect("after carrying"), "3");
 }
 

@@ -697,7 +697,12 @@ impl Drop for PgIpc {
 /// carried over, the same socket, and the tree is replaced, its old
 /// connection served by the new postmaster's backend; then it is shut
 /// down.
-fn default_socket_is_carried_or_refused_rebuilt(postgres: &str, data: &str, dir: Arc<TempDir>, port: u16) {
+fn default_socket_is_carried_or_refused_rebuilt(
+    postgres: &str,
+    data: &str,
+    dir: Arc<TempDir>,
+    port: u16,
+) {
     let sock = dir.path().join("sock");
     std::fs::create_dir(&sock).expect("sock");
     let (uid, gid) = postgres_ids().expect("user postgres");
@@ -732,8 +737,8 @@ fn default_socket_is_carried_or_refused_rebuilt(postgres: &str, data: &str, dir:
         .args(["replace", "--pid", &srv.root.to_string()])
         .output()
         .expect("running ferry replace");
-    let said = String::from_utf8_lossy(&out.stdout).to_string()
-        + &String::from_utf8_lossy(&out.stderr);
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "not replaced with its unix socket carried: {said}");
     assert!(said.contains("files carried, 0 TCP connections repaired"), "{said}");
     let socket = sock.join(format!(".s.PGSQL.{port}"));

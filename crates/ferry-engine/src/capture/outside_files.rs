@@ -94,13 +94,7 @@ fn held(pid: i32, fd: i32, link: &str, meta: &std::fs::Metadata) -> Held {
 
 /// The tree's shareable fds of `pid` (all, or only `only`), with the
 /// sockets' links and metadata taken from `pre` where it listed them.
-fn tree_fds(
-    pid: i32,
-    pre: &Presurvey,
-    only: Option<&[i32]>,
-    scope: Scope,
-    out: &mut ByLink,
-) {
+fn tree_fds(pid: i32, pre: &Presurvey, only: Option<&[i32]>, scope: Scope, out: &mut ByLink) {
     let dir = format!("/proc/{pid}/fd");
     let fds: Vec<i32> = match only {
         Some(fds) => fds.to_vec(),

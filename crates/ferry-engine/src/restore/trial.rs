@@ -84,18 +84,11 @@ pub fn trial_carrying(
     // The helper is a fork of ferry, which must be one thread again.
     crate::parallel::join_detached();
     let handover = Handover { carried: carried.clone(), ..Default::default() };
-    let held = pidns::restore_held_in(
-        image.tree,
-        pages.bytes(),
-        &opts,
-        &handover,
-        t0,
-        flags,
-        || {
+    let held =
+        pidns::restore_held_in(image.tree, pages.bytes(), &opts, &handover, t0, flags, || {
             close_inherited(inherited);
             scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys))
-        },
-    )?;
+        })?;
     held.abandon(END_PATIENCE);
     Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
 }

@@ -44,13 +44,16 @@ pub fn stage(
                     format!("{}: a file carried over from the old tree, not handed to this restore (only `ferry replace` carries files)", what()),
                 )
             })?;
-            let high = ferry_sys::fd::dup_above(raw, temp_base)
-                .map_err(|e| EngineError::kernel(p.pid, format!("staging carried {}", what()), e))?;
+            let high = ferry_sys::fd::dup_above(raw, temp_base).map_err(|e| {
+                EngineError::kernel(p.pid, format!("staging carried {}", what()), e)
+            })?;
             let meta = std::fs::File::from(high.try_clone().map_err(|e| {
                 EngineError::io(format!("pid {}: duplicating carried {}", p.pid, what()), e)
             })?)
             .metadata()
-            .map_err(|e| EngineError::io(format!("pid {}: stat of carried {}", p.pid, what()), e))?;
+            .map_err(|e| {
+                EngineError::io(format!("pid {}: stat of carried {}", p.pid, what()), e)
+            })?;
             if (meta.dev(), meta.ino()) != (c.dev, c.ino) {
                 return Err(EngineError::restore(
                     p.pid,
@@ -78,8 +81,6 @@ pub fn stage(
 pub fn leave_owners_of_carried(tree: &mut TreeImage) {
     for p in &mut tree.processes {
         let files = &p.files;
-        p.fidelity
-            .file_owners
-            .retain(|o| !files.get(o.file as usize).is_some_and(is_carried));
+        p.fidelity.file_owners.retain(|o| !files.get(o.file as usize).is_some_and(is_carried));
     }
 }
