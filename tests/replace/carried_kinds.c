@@ -28,7 +28,10 @@
  * SIGUSR2, an inotify watching DIR with one IN_CREATE event queued, a
  * memfd holding "memfd-content", and an epoll watching the main
  * listener, socketpair end a, the pipe's read end, the eventfd, the
- * timerfd and the inotify.
+ * timerfd and the inotify. A second epoll (epoll_sig) watches the
+ * signalfd and the eventfd: ferry rebuilds it (a signalfd's wakeups come
+ * from the registering process), registering the carried files in the
+ * new process; a signal queued after the replacement must wake it.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -54,9 +57,9 @@
 #define SO_COOKIE 57
 #endif
 
-enum { LISTEN, BACKLOG, DATA, UNIX_A, UNIX_B, PIPE_R, PIPE_W, EVENT, TIMER, SIGNAL, INOTIFY, MEMFD, EPOLL, N };
+enum { LISTEN, BACKLOG, DATA, UNIX_A, UNIX_B, PIPE_R, PIPE_W, EVENT, TIMER, SIGNAL, INOTIFY, MEMFD, EPOLL, EPOLL_SIG, N };
 static const char *names[N] = {"listen", "backlog", "data", "unix_a", "unix_b", "pipe_r", "pipe_w",
-                               "eventfd", "timerfd", "signalfd", "inotify", "memfd", "epoll"};
+                               "eventfd", "timerfd", "signalfd", "inotify", "memfd", "epoll", "epoll_sig"};
 static int fds[N];
 static int control = -1;
 static char dir[4096];
@@ -137,6 +140,33 @@ static void setup(void)
         if (epoll_ctl(fds[EPOLL], EPOLL_CTL_ADD, fds[watched[i]], &ev))
             die("epoll_ctl");
     }
+    fds[EPOLL_SIG] = epoll_create1(0);
+    struct epoll_event sev = {.events = EPOLLIN, .data.u64 = 0x5160};
+    struct epoll_event eev = {.events = EPOLLIN, .data.u64 = 0xE7E7};
+    if (fds[EPOLL_SIG] < 0 || epoll_ctl(fds[EPOLL_SIG], EPOLL_CTL_ADD, fds[SIGNAL], &sev) ||
+        epoll_ctl(fds[EPOLL_SIG], EPOLL_CTL_ADD, fds[EVENT], &eev))
+        die("epoll_sig");
+}
+
+/* The rebuilt epoll over the signalfd: quiet until a signal is queued,
+ * then ready with the entry's own data. */
+static const char *check_signal_epoll(void)
+{
+    struct epoll_event ev[2] = {{.events = EPOLLIN}};
+    if (epoll_ctl(fds[EPOLL_SIG], EPOLL_CTL_ADD, fds[EVENT], &ev[0]) == 0 || errno != EEXIST)
+        return "epoll_sig lost its eventfd entry";
+    int n = epoll_wait(fds[EPOLL_SIG], ev, 2, 0);
+    for (int i = 0; i < n; i++)
+        if (ev[i].data.u64 == 0x5160)
+            return "epoll_sig ready before any signal";
+    union sigval v = {.sival_int = 6};
+    if (sigqueue(getpid(), SIGUSR2, v))
+        return "sigqueue";
+    n = epoll_wait(fds[EPOLL_SIG], ev, 2, 1000);
+    for (int i = 0; i < n; i++)
+        if (ev[i].data.u64 == 0x5160)
+            return NULL;
+    return "a signal does not wake the epoll over the signalfd";
 }
 
 static void ids(char *out, size_t size)
@@ -189,6 +219,8 @@ static const char *check_epoll(void)
 static const char *check(void)
 {
     const char *e = check_epoll();
+    if (!e)
+        e = check_signal_epoll();
     if (e)
         return e;
     if (!read_is(fds[UNIX_B], "to-b") || !read_is(fds[UNIX_A], "to-a"))
