@@ -20,8 +20,10 @@
 //! Until the kill, every failure drops the capture, which lets the old
 //! tree run on untouched. The kill comes only after a restore of the very
 //! same image passed, so the restore after it meets nothing the trial did
-//! not. Later phases (descriptors carried with pidfd_getfd, pre-copy into
-//! the new tree, a new binary) slot in between these.
+//! not. The old tree's sockets, pipes, eventfds... are carried over as the
+//! same kernel objects (the capture's `carry_files`, the restore's
+//! `Handover::carried`) unless `rebuild_files` asks for new ones. Later
+//! phases (pre-copy into the new tree, a new binary) slot in between these.
 
 mod cgroup;
 mod checks;
@@ -136,9 +138,10 @@ fn trial(
     }
 }
 
-/// Ends the old tree. Its connections stay in repair mode and behind the
-/// network lock, which the restore takes over from the image; the lock
-/// waits for this ferry (stale once it is gone).
+/// Ends the old tree. Its carried files live on in ferry's duplicates;
+/// rebuilt connections stay in repair mode and behind the network lock,
+/// which the restore takes over from the image; the lock waits for this
+/// ferry (stale once it is gone).
 fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
     let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
     captured.kill(LockAfterKill::HandOverTo(waits_for)).map(drop)
