@@ -273,8 +273,12 @@ fn survey_process(
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
+    // The carried files' duplicates serve the owner read too (no second
+    // pidfd_getfd per fd in the freeze), then go their own way.
+    kept.extend(carried);
     let file_owners =
         files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept, &early_owners)?;
+    let carried = files::carried::take_from(&mut kept, &files, &fds);
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;

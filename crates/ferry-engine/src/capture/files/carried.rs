@@ -23,6 +23,7 @@
 use super::FdInfo;
 use crate::error::Result;
 use ferry_image::{CarriedFile, FileKind};
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
@@ -35,7 +36,7 @@ impl CarriedDups {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
     }
 
-    pub fn into_map(self) -> std::collections::HashMap<i32, OwnedFd> {
+    pub fn into_map(self) -> HashMap<i32, OwnedFd> {
         self.0.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect()
     }
 }
@@ -94,6 +95,21 @@ fn mapped_in_tree(tree: &[i32], ino: u64) -> bool {
             })
         })
     })
+}
+
+/// The duplicates in `kept` (by fd) of the fds whose file is carried,
+/// moved out.
+pub(crate) fn take_from(
+    kept: &mut HashMap<i32, OwnedFd>,
+    files: &[ferry_image::OpenFile],
+    fds: &[ferry_image::FdSlot],
+) -> HashMap<i32, OwnedFd> {
+    fds.iter()
+        .filter(|s| {
+            files.get(s.file as usize).is_some_and(|f| matches!(f.kind, FileKind::Carried(_)))
+        })
+        .filter_map(|s| Some((s.fd, kept.remove(&s.fd)?)))
+        .collect()
 }
 
 /// The carried kind of fd `info.fd`, with ferry's duplicate kept in
