@@ -985,6 +985,23 @@ pub enum FileKind {
     ProcFile {
         path: String,
     },
+    /// A description ferry carries over to the restore as the same kernel
+    /// object (`ferry replace`: both trees on one host): the restore is
+    /// handed ferry's duplicate of it and places that, instead of making
+    /// the file again. Meaningless in an image on disk: a restore that is
+    /// not handed the file refuses it.
+    Carried(CarriedFile),
+}
+
+/// What identifies a carried description, for the restore's check that
+/// the fd it placed is that very file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CarriedFile {
+    /// The fd's link in /proc as the capture read it ("socket:[123]",
+    /// "pipe:[456]", "anon_inode:[eventfd]", "/memfd:name (deleted)").
+    pub link: String,
+    pub dev: u64,
+    pub ino: u64,
 }
 
 /// One inotify watch: its descriptor, the watched path, its event mask.

@@ -20,8 +20,10 @@
 //! Until the kill, every failure drops the capture, which lets the old
 //! tree run on untouched. The kill comes only after a restore of the very
 //! same image passed, so the restore after it meets nothing the trial did
-//! not. Later phases (descriptors carried with pidfd_getfd, pre-copy into
-//! the new tree, a new binary) slot in between these.
+//! not. The old tree's sockets, pipes, eventfds... are carried over as the
+//! same kernel objects (the capture's `carry_files`, the restore's
+//! `Handover::carried`) unless `rebuild_files` asks for new ones. Later
+//! phases (pre-copy into the new tree, a new binary) slot in between these.
 
 mod cgroup;
 mod checks;
@@ -43,6 +45,7 @@ use ferry_engine::restore::{
     self, trial::TrialOutcome, Handover, HeldTree, Placement, RestoreOptions,
 };
 use ferry_image::{ImageSource, MemoryImage};
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 /// Replaces the tree rooted at `pid` with a fresh copy of itself, edited
@@ -52,6 +55,15 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     let edits = opts.prepare()?;
     reaper::check(pid)?;
     let (mut captured, mut image) = capture_into_memory(pid, opts)?;
+    // Kept open until the new tree runs: through the kill they hold the
+    // old tree's sockets, pipes... alive for the new one.
+    let carried = captured.take_carried();
+    let files =
+        report::files_moved(carried.len(), captured.socket_fds().len(), captured.network_locked());
+    let handover = Handover {
+        carried: carried.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect(),
+        ..Default::default()
+    };
     let mut ph = Phases::start_at("replace", captured.frozen_at());
     let mut phases = prefixed("capture", captured.phases.done());
     ph.mark("capture");
@@ -61,11 +73,11 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         captured.write_image(&mut image, None)?;
         Ok(netns)
     })?;
-    ph.step("trial", || trial(&captured, &mut image))?;
+    ph.step("trial", || trial(&captured, &mut image, &handover))?;
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
-    let held = ph.step("restore", || restore_new(&mut image, &opts));
+    let held = ph.step("restore", || restore_new(&mut image, &opts, &handover));
     let held = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
@@ -80,6 +92,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         parts,
         phases,
         edits: describe(&edits),
+        files,
     })
 }
 
@@ -89,8 +102,11 @@ fn capture_into_memory(
     pid: i32,
     asked: &ReplaceOptions,
 ) -> Result<(Captured, MemoryImage), ReplaceError> {
-    let opts =
-        CaptureOptions { parent_sees_exit: asked.parent_sees_exit, ..CaptureOptions::default() };
+    let opts = CaptureOptions {
+        parent_sees_exit: asked.parent_sees_exit,
+        carry_files: !asked.rebuild_files,
+        ..CaptureOptions::default()
+    };
     let out = capture::retry_transient(
         || {
             let mut image = MemoryImage::new();
@@ -103,8 +119,13 @@ fn capture_into_memory(
 
 /// The edited image restored in scratch namespaces, checked, and ended.
 /// A tree that cannot be tried is refused: the kill would be unguarded.
-fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceError> {
-    let outcome = restore::trial::trial_source(image, &captured.socket_fds()).map_err(|e| {
+fn trial(
+    captured: &Captured,
+    image: &mut MemoryImage,
+    handover: &Handover,
+) -> Result<(), ReplaceError> {
+    let outcome = restore::trial::trial_carrying(image, &captured.socket_fds(), &handover.carried);
+    let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
             other => other.to_string(),
@@ -119,9 +140,10 @@ fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceErro
     }
 }
 
-/// Ends the old tree. Its connections stay in repair mode and behind the
-/// network lock, which the restore takes over from the image; the lock
-/// waits for this ferry (stale once it is gone).
+/// Ends the old tree. Its carried files live on in ferry's duplicates;
+/// rebuilt connections stay in repair mode and behind the network lock,
+/// which the restore takes over from the image; the lock waits for this
+/// ferry (stale once it is gone).
 fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
     let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
     captured.kill(LockAfterKill::HandOverTo(waits_for)).map(drop)
@@ -133,11 +155,12 @@ fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
 fn restore_new(
     image: &mut MemoryImage,
     opts: &RestoreOptions,
+    handover: &Handover,
 ) -> Result<HeldTree, ferry_engine::EngineError> {
     let t0 = Instant::now();
     let loaded = image.load(ferry_engine::worker_threads())?;
     let pages = loaded.pages.bytes();
-    Placement::Here.restore_held(loaded.tree, pages, opts, &Handover::default(), t0)
+    Placement::Here.restore_held(loaded.tree, pages, opts, handover, t0)
 }
 
 fn prefixed(step: &str, done: &[(String, f64)]) -> Vec<(String, f64)> {

@@ -22,6 +22,11 @@ pub struct ReplaceOptions {
     /// parent stays outside the tree and sees it exit (as `ferry
     /// checkpoint --parent-sees-exit`).
     pub parent_sees_exit: bool,
+    /// Make every kernel object again, as a restore does, instead of
+    /// carrying the old tree's sockets, pipes, eventfds... over as the
+    /// same objects (TCP connections then go through repair and the
+    /// network lock).
+    pub rebuild_files: bool,
 }
 
 impl ReplaceOptions {

@@ -17,6 +17,15 @@ pub struct Replaced {
     pub phases: Vec<(String, f64)>,
     /// What changed besides the kernel objects, one item per edit.
     pub edits: Vec<String>,
+    /// How the kernel objects came over ([`files_moved`]).
+    pub files: String,
+}
+
+/// `N files carried, M TCP connections repaired, no network lock` (or
+/// `network lock held`): what the capture did with the old tree's files.
+pub fn files_moved(carried: usize, repaired: usize, locked: bool) -> String {
+    let lock = if locked { "network lock held" } else { "no network lock" };
+    format!("{carried} files carried, {repaired} TCP connections repaired, {lock}")
 }
 
 impl Replaced {
@@ -30,10 +39,11 @@ impl Replaced {
             format!("; {}", self.edits.join(", "))
         };
         format!(
-            "replaced pid {}: pause {:.1} ms ({}){edits}",
+            "replaced pid {}: pause {:.1} ms ({}); {}{edits}",
             self.pid,
             self.pause_ms,
-            parts.join(", ")
+            parts.join(", "),
+            self.files
         )
     }
 }
@@ -105,10 +115,15 @@ mod tests {
             parts: vec![("freeze".into(), 0.21), ("restore".into(), 7.0)],
             phases: vec![],
             edits: vec!["seccomp filter stacked".into()],
+            files: files_moved(3, 0, false),
         };
         assert_eq!(
             r.line(),
-            "replaced pid 42: pause 12.3 ms (freeze 0.2, restore 7.0); seccomp filter stacked"
+            "replaced pid 42: pause 12.3 ms (freeze 0.2, restore 7.0); 3 files carried, 0 TCP connections repaired, no network lock; seccomp filter stacked"
+        );
+        assert_eq!(
+            files_moved(0, 2, true),
+            "0 files carried, 2 TCP connections repaired, network lock held"
         );
     }
 }

@@ -332,6 +332,7 @@ fn file_description(p: &ProcessImage, kind: &FileKind) -> String {
         FileKind::SignalFd { mask } => format!("signalfd mask {mask:#x}"),
         FileKind::Epoll { entries } => format!("epoll with {} entries", entries.len()),
         FileKind::ProcFile { path } => format!("{path} (a /proc file of the tree, opened again by the process)"),
+        FileKind::Carried(c) => format!("{} (carried over as the same file, not in the image)", c.link),
         FileKind::Inotify { watches } => format!(
             "inotify with {} watches: {}",
             watches.len(),

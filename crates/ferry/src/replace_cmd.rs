@@ -8,8 +8,8 @@ use std::path::PathBuf;
 What happens: the tree is frozen and captured into memory, the options are applied to that \
 image, and the edited image is restored in a trial (scratch PID, network, IPC and mount \
 namespaces, with the restore's own check) while the old tree is still frozen. Only when the \
-trial passed is the old tree killed (its TCP connections held by the network lock) and the \
-edited image restored in its place with the same PIDs; the restore checks the new tree \
+trial passed is the old tree killed (its carried files held open by ferry) and the \
+edited image restored in its place with the same PIDs, the carried files placed; the restore checks the new tree \
 against the edited image (credentials, limits, seccomp mode and filters, memory, fds, \
 sockets) before it runs.
 
@@ -29,9 +29,14 @@ their clients close them or --drain-timeout passes, then it gets SIGTERM (SIGKIL
 A new binary that exits or does not bind every address within --bind-timeout is killed and \
 the old tree runs on untouched. docs/replacement.md says more.
 
-Not built yet: descriptors carried over with pidfd_getfd (they are made again, as a restore \
-does), pre-copy of memory while the tree runs (the whole copy is in the pause). Trees in a \
-PID namespace of their own are refused.")]
+Files: sockets (TCP connections and listeners included), pipes, FIFOs, eventfd, timerfd, \
+signalfd, inotify, unmapped memfds and epolls over them are carried over as the same kernel \
+objects (ferry's duplicates, pidfd_getfd): no TCP repair, no network lock, no queue read; a \
+listener keeps accepting through the pause. Regular files, directories, devices and ptys are \
+made again as a restore makes them; --rebuild-files makes everything again.
+
+Not built yet: pre-copy of memory while the tree runs (the whole copy is in the pause). Trees \
+in a PID namespace of their own are refused.")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
     /// descendants.
@@ -95,22 +100,31 @@ pub struct ReplaceArgs {
         value_name = "PATH [ARGS...]",
         num_args = 1..,
         allow_hyphen_values = true,
-        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "parent_sees_exit"]
+        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "parent_sees_exit", "rebuild_files"]
     )]
     pub exec: Vec<String>,
+    /// Make every kernel object of the new tree again, as a restore does
+    /// (TCP connections through repair mode behind the network lock),
+    /// instead of carrying the old tree's sockets, pipes, eventfds...
+    /// over as the same objects.
+    #[arg(long)]
+    pub rebuild_files: bool,
 }
 
 pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
     if !args.exec.is_empty() {
         return run_exec(args);
     }
-    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, .. } = args;
+    let ReplaceArgs {
+        pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, rebuild_files, ..
+    } = args;
     let opts = ferry_replace::ReplaceOptions {
         cgroup,
         seccomp,
         drop_caps,
         rlimits: rlimit,
         parent_sees_exit,
+        rebuild_files,
     };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {

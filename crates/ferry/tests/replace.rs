@@ -397,10 +397,148 @@ fn a_tree_the_trial_cannot_try_is_refused_in_the_freeze_and_runs_on() {
     let (svc, port) = Service::probe("untrialable", &["bind-unix", path.to_str().expect("utf-8")]);
     let mut client = Client::connect(port);
     assert_eq!(client.ask("INCR").expect("first"), "1");
-    // Found once the tree is captured: it is frozen then, and resumed.
-    refused(&svc, &mut client, &[], &format!("unix socket bound to {}", path.display()));
+    // Rebuilt, the socket would be bound again while the old tree holds
+    // the path. Found once the tree is captured: it is frozen then, and
+    // resumed.
+    let names = format!("unix socket bound to {}", path.display());
+    refused(&svc, &mut client, &["--rebuild-files"], &names);
     assert!(path.exists(), "the socket file is gone");
     assert_eq!(client.ask("INCR").expect("after"), "2");
+    // Carried (the default), it is the same socket: nothing is bound, the
+    // trial runs and the tree is replaced.
+    replaced(&svc, &[]);
+    assert!(path.exists(), "the socket file is gone after the replacement");
+    assert_eq!(client.ask("INCR").expect("after the replacement"), "3");
+}
+
+/// The line's fields `name=value` as pairs.
+fn fields(line: &str) -> Vec<(String, String)> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+/// One connection to `port`, tried until the server listens.
+fn connect_when_listening(port: u16) -> Client {
+    let t = Instant::now();
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => {
+                stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+                let reader = BufReader::new(stream.try_clone().expect("clone"));
+                return Client { stream, reader };
+            }
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(10), "no listener on {port}: {e}"),
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads exactly `want.len()` bytes from `s` and compares them.
+fn read_exactly(s: &mut TcpStream, want: &str) {
+    use std::io::Read;
+    let mut buf = vec![0u8; want.len()];
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.read_exact(&mut buf).unwrap_or_else(|e| panic!("reading {want:?}: {e}"));
+    assert_eq!(String::from_utf8_lossy(&buf), want);
+}
+
+/// The conformance test of carried descriptors
+/// (tests/replace/carried_kinds.c): one object of each carried kind, each
+/// with state in it, is the very same object after `ferry replace`
+/// (the server's own dev:ino and SO_COOKIE of each fd, and kcmp of each
+/// fd against the test's own reference to the file taken before), with
+/// its state intact; the TCP peer sees its bytes and no reset, and a
+/// connection that waited in a listener's accept queue through the
+/// replacement is accepted by the new process. No connection is
+/// repaired and no network lock is taken.
+#[test]
+fn every_carried_kind_is_the_same_object_with_its_state_after_replace() {
+    require_root!();
+    let dir = TempDir::new("ferry-replace", "carried");
+    let bin = dir.path().join("carried_kinds");
+    ferry_testkit::compile_c(&repo().join("tests/replace/carried_kinds.c"), &bin);
+    let watched = dir.path().join("watched");
+    std::fs::create_dir(&watched).expect("watched directory");
+    let port = free_port();
+    let argv = [path(&bin), port.to_string(), path(&watched)];
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let svc = Service::spawn(&argv, "carried_kinds", dir);
+    let mut control = connect_when_listening(port);
+    let ready = control.ask("READY").expect("READY");
+    let backlog: u16 = ready.strip_prefix("READY ").and_then(|p| p.parse().ok()).expect(&ready);
+    // The data connection: bytes queued both ways, read by neither side.
+    let mut data = TcpStream::connect(("127.0.0.1", port)).expect("data connection");
+    data.write_all(b"C2S").expect("C2S");
+    assert_eq!(control.ask("ACCEPT").expect("ACCEPT"), "OK");
+    // A connection that waits in the backlog listener's accept queue.
+    let mut waiting = TcpStream::connect(("127.0.0.1", backlog)).expect("backlog connection");
+    waiting.write_all(b"waiting").expect("waiting");
+    let ids_before = control.ask("IDS").expect("IDS");
+    let fds = fields(&control.ask("FDS").expect("FDS"));
+    // 13 objects and the control connection carried, the epoll over the
+    // signalfd rebuilt. The test's own reference
+    // to each file, for kcmp afterwards. Not
+    // to the memfd and the epoll: a capture refuses those when a process
+    // outside the tree holds them (the memfd's own inode tells it apart;
+    // the epoll's entries are checked by the server, and ferry's own
+    // check compares it by kcmp).
+    let pidfd = ferry_sys::pidfd::pidfd_open(svc.pid).expect("pidfd_open");
+    let ours: Vec<(String, i32, std::os::fd::OwnedFd)> = fds
+        .iter()
+        .filter(|(name, _)| !["memfd", "epoll", "epoll_sig"].contains(&name.as_str()))
+        .map(|(name, fd)| {
+            let fd: i32 = fd.parse().expect("fd number");
+            let dup = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).expect("pidfd_getfd");
+            (name.clone(), fd, dup)
+        })
+        .collect();
+    drop(pidfd);
+    let said = replaced(&svc, &[]);
+    assert!(
+        said.contains("14 files carried, 0 TCP connections repaired, no network lock"),
+        "{said}"
+    );
+    let ids_after = control.ask("IDS").expect("IDS after");
+    for ((name, before), (_, after)) in fields(&ids_before).iter().zip(fields(&ids_after).iter()) {
+        assert_eq!(before, after, "{name}: dev:ino:cookie changed over the replacement");
+    }
+    let me = std::process::id() as i32;
+    for (name, fd, dup) in &ours {
+        use std::os::fd::AsRawFd;
+        let same = ferry_sys::fd::kcmp_same_file(svc.pid, me, *fd, dup.as_raw_fd());
+        assert_eq!(same, Ok(true), "{name} (fd {fd}) is not the same open file description");
+    }
+    assert_eq!(control.ask("CHECK").expect("CHECK"), "CHECKED", "{said}");
+    // The peer got what was queued for it, then more: no reset.
+    read_exactly(&mut data, "S2C");
+    read_exactly(&mut data, "D-OK\n");
+    read_exactly(&mut waiting, "B-OK\n");
+    assert_eq!(svc.ended.load(Ordering::SeqCst), 1, "the old process was not ended once");
+}
+
+/// Rebuilt (`--rebuild-files`), a connection goes through TCP repair
+/// behind the network lock, and the line says so: the carried count of
+/// the test above is no default of the report.
+#[test]
+fn rebuilt_files_repair_the_connection_behind_a_lock() {
+    require_root!();
+    let (svc, port) = Service::probe("rebuilt", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let said = replaced(&svc, &["--rebuild-files"]);
+    assert!(
+        said.contains("0 files carried, 1 TCP connections repaired, network lock held"),
+        "{said}"
+    );
+    assert_eq!(client.ask("INCR").expect("after"), "2");
+    // The default carries the listener and the connection.
+    let said = replaced(&svc, &[]);
+    assert!(
+        said.contains("2 files carried, 0 TCP connections repaired, no network lock"),
+        "{said}"
+    );
+    assert_eq!(client.ask("INCR").expect("after carrying"), "3");
 }
 
 #[test]

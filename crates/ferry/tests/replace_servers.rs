@@ -575,7 +575,7 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
     assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
     let port = free_port();
     let p = port.to_string();
-    default_socket_is_refused(&postgres, &data_s, dir.clone(), port);
+    default_socket_is_carried_or_refused_rebuilt(&postgres, &data_s, dir.clone(), port);
     // No unix socket: one bound to a path has no trial restore and is
     // refused (above); over TCP only, nothing is.
     let argv = [
@@ -691,9 +691,18 @@ impl Drop for PgIpc {
     }
 }
 
-/// PostgreSQL with its unix socket as well (its default) is refused in
-/// the freeze, naming the socket, and serves on; then it is shut down.
-fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port: u16) {
+/// PostgreSQL with its unix socket as well (its default): with
+/// `--rebuild-files` refused in the freeze, naming the socket (a trial
+/// would bind its path again), and serves on; by default the socket is
+/// carried over, the same socket, and the tree is replaced, its old
+/// connection served by the new postmaster's backend; then it is shut
+/// down.
+fn default_socket_is_carried_or_refused_rebuilt(
+    postgres: &str,
+    data: &str,
+    dir: Arc<TempDir>,
+    port: u16,
+) {
     let sock = dir.path().join("sock");
     std::fs::create_dir(&sock).expect("sock");
     let (uid, gid) = postgres_ids().expect("user postgres");
@@ -709,11 +718,11 @@ fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port
     let mut pg = Pg::connect(port).expect("connect");
     let before = tree(srv.root);
     let out = Command::new(FERRY)
-        .args(["replace", "--pid", &srv.root.to_string()])
+        .args(["replace", "--rebuild-files", "--pid", &srv.root.to_string()])
         .output()
         .expect("running ferry replace");
     let said = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "replaced with its unix socket: {said}");
+    assert!(!out.status.success(), "replaced with its unix socket rebuilt: {said}");
     let name = format!("unix socket bound to {}/.s.PGSQL.{port}", sock.display());
     assert!(said.contains(&name), "the refusal does not name {name}: {said}");
     assert!(said.contains("the old tree runs on untouched"), "{said}");
@@ -724,6 +733,17 @@ fn default_socket_is_refused(postgres: &str, data: &str, dir: Arc<TempDir>, port
     assert!(kept >= 6, "{kept} of {before:?} run on in {after:?}: {said}");
     assert_eq!(after.get(&srv.root), before.get(&srv.root), "the postmaster changed: {said}");
     assert_eq!(pg.query("select 41 + 1").expect("the old connection"), ["42"]);
+    let out = Command::new(FERRY)
+        .args(["replace", "--pid", &srv.root.to_string()])
+        .output()
+        .expect("running ferry replace");
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "not replaced with its unix socket carried: {said}");
+    assert!(said.contains("files carried, 0 TCP connections repaired"), "{said}");
+    let socket = sock.join(format!(".s.PGSQL.{port}"));
+    assert!(socket.exists(), "{} is gone: {said}", socket.display());
+    assert_eq!(pg.query("select 40 + 2").expect("the old connection, replaced"), ["42"]);
     drop(pg);
     // The data directory is used again next.
     fast_shutdown(srv.root);

@@ -79,6 +79,13 @@ pub struct CaptureOptions {
     /// connections of this one cannot keep a listener from binding its
     /// port there, so they are not looked for.
     pub restored_elsewhere: bool,
+    /// The restore runs on this host while ferry holds the captured
+    /// files (`ferry replace`): sockets, pipes, FIFOs, eventfd, timerfd,
+    /// signalfd, inotify, unmapped memfds and epolls over them are not
+    /// read but duplicated ([`files::carried`]) and handed to the restore
+    /// as the same kernel objects ([`Captured::take_carried`]). No TCP
+    /// repair, no network lock, no queue drained.
+    pub carry_files: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -249,6 +256,9 @@ pub struct Captured {
     summary: CaptureSummary,
     t_frozen: Instant,
     repaired: files::tcp::Repaired,
+    /// Ferry's duplicates of the carried files, by description id
+    /// ([`CaptureOptions::carry_files`]).
+    carried: HashMap<u64, std::os::fd::OwnedFd>,
     lock: Option<ferry_netlock::NetworkLock>,
     /// The ptys' queues, put back when dropped: before `frozen` thaws.
     pty_drained: files::pty::Drained,
@@ -291,11 +301,19 @@ impl Captured {
             summary,
             t_frozen,
             repaired,
+            carried: HashMap::new(),
             lock,
             pty_drained,
             frozen,
             guard,
         }
+    }
+
+    /// Ferry's duplicates of the carried files, by description id, taken
+    /// over: they keep the files alive through the kill, and the restore
+    /// places them ([`crate::restore::Handover::carried`]).
+    pub fn take_carried(&mut self) -> HashMap<u64, std::os::fd::OwnedFd> {
+        std::mem::take(&mut self.carried)
     }
 
     /// Phase "write image": the metadata into `sink`, which completes the
@@ -314,6 +332,12 @@ impl Captured {
         self.summary.image_bytes = bytes;
         self.phases.mark("write image");
         Ok(bytes)
+    }
+
+    /// Whether a network lock holds the tree's connections (none when
+    /// every connection is carried).
+    pub fn network_locked(&self) -> bool {
+        self.lock.is_some()
     }
 
     /// When the freeze began: the start of the service's pause.
@@ -446,6 +470,11 @@ pub fn capture(
     // freeze.
     let tcp = tcp_tables::TcpTables::before_freeze();
     ph.step("socket options checked", || {
+        // Carried sockets keep their options: nothing to check or describe.
+        if opts.carry_files {
+            pre.values().for_each(files::FdPresurvey::release_dups);
+            return Ok(());
+        }
         let checked = sockopt_check::check(&pre, watch.is_some(), &tcp);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
@@ -473,12 +502,13 @@ pub fn capture(
         let maps: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.smaps.as_slice())).collect();
         shared.0.recheck(&maps)?;
         let fds: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.fd_inodes())).collect();
-        shared.1.recheck(&fds, opts.external_stdio)?;
+        shared.1.recheck(&fds, outside_scope(opts))?;
         Ok::<_, EngineError>(surveyed)
     })?;
     // Declared after the tree, so an error below puts the ptys' queues
     // back before the tree is thawed.
     let pty_drained = std::mem::take(&mut surveyed.pty_drained);
+    let carried = std::mem::take(&mut surveyed.carried);
     let engaged = ph.step("network freeze", || {
         connections::engage_lock(prepared, &tree, &surveyed, opts, &mut guard)
     })?;
@@ -508,7 +538,9 @@ pub fn capture(
     let assembled = ph.step("pages", || {
         assemble::pages_and_metadata(pid, surveyed, injected, &held, sink, opts, lock_ref)
     })?;
-    Ok(Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard))
+    let mut captured = Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard);
+    captured.carried = carried;
+    Ok(captured)
 }
 
 /// The checks of phase "sharing checked" on their own, for a caller that
@@ -532,9 +564,13 @@ fn check_sharing(
         sharing::check_outside(pid, st.field(4) as i32)?;
     }
     let memory = outside::check(pid)?;
-    let files = outside_files::check(pid, pre, opts.external_stdio)?;
+    let files = outside_files::check(pid, pre, outside_scope(opts))?;
     root_parent::check(pid, opts.parent_sees_exit, opts.leave_running)?;
     Ok((memory, files))
+}
+
+fn outside_scope(opts: &CaptureOptions) -> outside_files::Scope {
+    outside_files::Scope { external_stdio: opts.external_stdio, carry: opts.carry_files }
 }
 
 /// Phase "network lock prepared": its program loaded (and new connection
@@ -546,6 +582,10 @@ fn prepare_lock(
     tcp: &tcp_tables::TcpTables,
     guard: &mut crate::guard::Guard,
 ) -> Result<Option<ferry_netlock::NetworkLock>> {
+    if opts.carry_files {
+        // Carried connections need no lock: they stay the same sockets.
+        return Ok(None);
+    }
     let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
     let scan = network::scan(pid, &inodes, tcp);
     let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;

@@ -14,6 +14,10 @@
 //! outside world's: pipes and sockets are replaced at restore, a log
 //! file is opened again at its offset, which is no longer shared).
 //!
+//! Nor, when the capture carries files (`CaptureOptions::carry_files`),
+//! sockets, pipes, FIFOs, eventfds, timerfds, signalfds and inotify
+//! instances: the new tree gets the very same objects, still shared.
+//!
 //! Scanned before the freeze, like [`super::outside`]; the frozen survey
 //! scans again only for files the tree opened since.
 
@@ -50,9 +54,18 @@ pub(super) struct CheckedFiles {
 
 /// Whether an fd of the tree with this link and metadata can be shared
 /// in a way that matters (see the module comment).
-fn shareable(fd: i32, meta: &std::fs::Metadata, external_stdio: bool) -> bool {
-    let declared_outside = external_stdio && fd <= 2;
-    !declared_outside && !meta.file_type().is_char_device()
+fn shareable(fd: i32, link: &str, meta: &std::fs::Metadata, scope: Scope) -> bool {
+    let declared_outside = scope.external_stdio && fd <= 2;
+    let carried = scope.carry && super::files::carried::plain_kind(link, meta);
+    !declared_outside && !carried && !meta.file_type().is_char_device()
+}
+
+/// What the caller declared: fds 0-2 the outside world's
+/// (`--external-stdio`), files carried over ([`super::CaptureOptions::carry_files`]).
+#[derive(Clone, Copy)]
+pub(super) struct Scope {
+    pub external_stdio: bool,
+    pub carry: bool,
 }
 
 fn held(pid: i32, fd: i32, link: &str, meta: &std::fs::Metadata) -> Held {
@@ -81,13 +94,7 @@ fn held(pid: i32, fd: i32, link: &str, meta: &std::fs::Metadata) -> Held {
 
 /// The tree's shareable fds of `pid` (all, or only `only`), with the
 /// sockets' links and metadata taken from `pre` where it listed them.
-fn tree_fds(
-    pid: i32,
-    pre: &Presurvey,
-    only: Option<&[i32]>,
-    external_stdio: bool,
-    out: &mut ByLink,
-) {
+fn tree_fds(pid: i32, pre: &Presurvey, only: Option<&[i32]>, scope: Scope, out: &mut ByLink) {
     let dir = format!("/proc/{pid}/fd");
     let fds: Vec<i32> = match only {
         Some(fds) => fds.to_vec(),
@@ -106,7 +113,7 @@ fn tree_fds(
                 (link, meta)
             }
         };
-        if shareable(fd, &meta, external_stdio) {
+        if shareable(fd, &link, &meta, scope) {
             let h = held(pid, fd, &link, &meta);
             out.entry(link).or_default().push(h);
         }
@@ -115,11 +122,11 @@ fn tree_fds(
 
 /// Before the freeze: no process outside the tree holds one of the
 /// tree's files in a way restore cannot give it back.
-pub(super) fn check(root: i32, pre: &Presurvey, external_stdio: bool) -> Result<CheckedFiles> {
+pub(super) fn check(root: i32, pre: &Presurvey, scope: Scope) -> Result<CheckedFiles> {
     let tree = running_tree(root);
     let mut by_link = ByLink::new();
     for &pid in &tree {
-        tree_fds(pid, pre, None, external_stdio, &mut by_link);
+        tree_fds(pid, pre, None, scope, &mut by_link);
     }
     refuse_outside_holders(&tree, &by_link)?;
     let objects = by_link.values().flatten().map(|h| (h.dev, h.ino)).collect();
@@ -130,14 +137,14 @@ impl CheckedFiles {
     /// In the freeze: the fds whose files were not there at [`check`]
     /// (each process's fds with their (dev, ino)) are checked the same
     /// way; nothing is scanned when there are none.
-    pub fn recheck(&self, procs: &[FdInodes], external_stdio: bool) -> Result<()> {
+    pub fn recheck(&self, procs: &[FdInodes], scope: Scope) -> Result<()> {
         let mut by_link = ByLink::new();
         let none = Presurvey::new();
         for (pid, fds) in procs {
             let new: Vec<i32> =
                 fds.iter().filter(|(_, id)| !self.objects.contains(id)).map(|f| f.0).collect();
             if !new.is_empty() {
-                tree_fds(*pid, &none, Some(&new), external_stdio, &mut by_link);
+                tree_fds(*pid, &none, Some(&new), scope, &mut by_link);
             }
         }
         if by_link.is_empty() {

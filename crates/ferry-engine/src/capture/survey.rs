@@ -44,6 +44,8 @@ pub(super) struct Survey {
     pub kept: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
     /// The fdinfo of each of its epoll fds, as the fd capture read it.
     epoll_fdinfo: std::collections::HashMap<i32, String>,
+    /// Ferry's duplicates of its carried fds, by fd ([`files::carried`]).
+    carried: std::collections::HashMap<i32, std::os::fd::OwnedFd>,
 }
 
 impl Survey {
@@ -85,6 +87,8 @@ pub(super) struct TreeSurvey {
     pub ptys: Option<ferry_image::PtysImage>,
     /// Their queues, read out; put back if the tree runs on.
     pub pty_drained: files::pty::Drained,
+    /// Ferry's duplicates of the carried files, by description id.
+    pub carried: std::collections::HashMap<u64, std::os::fd::OwnedFd>,
 }
 
 impl TreeSurvey {
@@ -158,6 +162,7 @@ pub(super) fn survey_tree(
         procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, (listed, quiet))?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
+    let carried = carried_by_id(&mut procs);
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
     let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
     let unix_in_flight_files = files::unix::link_orphans(orphans, next_id)?;
@@ -198,6 +203,7 @@ pub(super) fn survey_tree(
         zombies: tree.zombies.clone(),
         ptys: ptys.image,
         pty_drained: ptys.drained,
+        carried,
         procs,
     })
 }
@@ -262,12 +268,17 @@ fn survey_process(
         mut kept,
         early_owners,
         epoll_fdinfo,
+        carried,
     } = files::capture(pid, &frozen.pidfd, tree, opts, pre, quiet)?;
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
+    // The carried files' duplicates serve the owner read too (no second
+    // pidfd_getfd per fd in the freeze), then go their own way.
+    kept.extend(carried);
     let file_owners =
         files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept, &early_owners)?;
+    let carried = files::carried::take_from(&mut kept, &files, &fds);
     keep_connections(&mut kept, &files, &fds);
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
@@ -308,7 +319,23 @@ fn survey_process(
         unix_options,
         kept,
         epoll_fdinfo,
+        carried,
     })
+}
+
+/// The carried duplicates of every process by description id (ids are
+/// the tree's once [`link_files`] ran), each description once.
+fn carried_by_id(procs: &mut [Survey]) -> std::collections::HashMap<u64, std::os::fd::OwnedFd> {
+    let mut out = std::collections::HashMap::new();
+    for s in procs {
+        for (fd, dup) in std::mem::take(&mut s.carried) {
+            let id = s.fds.iter().find(|x| x.fd == fd).and_then(|x| s.files.get(x.file as usize));
+            if let Some(f) = id {
+                out.entry(f.id).or_insert(dup);
+            }
+        }
+    }
+    out
 }
 
 /// Keeps only the duplicates the repair capture takes: TCP sockets with

@@ -25,7 +25,19 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
     let bytes = args.to_bytes();
     parent.remote.write(parent.data, &bytes)?;
     parent.remote.write(tid_at, &pid.to_le_bytes())?;
-    let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64])?;
+    let clone3 = || {
+        let r = parent.remote.raw(parent.pid, libc::SYS_clone3, &[parent.data, bytes.len() as u64]);
+        match r {
+            Ok(r) if r == -(libc::EEXIST as i64) => {
+                Err(ferry_sys::SysError { call: "clone3", errno: libc::EEXIST })
+            }
+            other => Ok(other),
+        }
+    };
+    let r = match super::retry_while_released(pid, clone3) {
+        Ok(r) => r?,
+        Err(_) => -(libc::EEXIST as i64),
+    };
     if r == -(libc::EEXIST as i64) {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|c| c.trim().to_string())

@@ -22,4 +22,10 @@ pub struct Handover {
     /// ([`Held::lazy_uffds`](super::Held::lazy_uffds)). Single-process
     /// trees only.
     pub lazy: Vec<(i32, Vec<ferry_image::PageSpan>)>,
+    /// Carried files (`ferry replace`): ferry's descriptors of the old
+    /// tree's files, by description id, which the restore places instead
+    /// of making them ([`FileKind::Carried`](ferry_image::FileKind::Carried)).
+    /// The caller keeps them open until the restore is done; a helper
+    /// forked for a new PID namespace inherits them.
+    pub carried: std::collections::HashMap<u64, std::os::fd::RawFd>,
 }

@@ -163,6 +163,30 @@ fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
         .chain(tree.zombies.iter().map(|z| z.pid))
 }
 
+/// Runs `make` (a clone3 with `pid` as the new PID) again for up to 50 ms
+/// while it fails with EEXIST and no process shows under `pid` in /proc:
+/// the exit of the PID's old holder is still being finished (a process
+/// leaves /proc a moment before its number is released), as when a
+/// replacement's restore follows the old tree's kill and reap at once.
+pub(super) fn retry_while_released<T>(
+    pid: i32,
+    mut make: impl FnMut() -> ferry_sys::SysResult<T>,
+) -> ferry_sys::SysResult<T> {
+    let deadline = Instant::now() + std::time::Duration::from_millis(50);
+    loop {
+        match make() {
+            Err(e)
+                if e.errno == libc::EEXIST
+                    && pid_owner(pid).is_none()
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
@@ -291,8 +315,42 @@ pub fn restore_held(
         ph.mark("lazy memory registered");
     }
     if opts.check {
-        ph.step("check", || verify::restored_tree(&tree, &connections.fds, &fd_flags))?;
+        let carried = &handover.carried;
+        ph.step("check", || verify::restored_tree(&tree, &connections.fds, carried, &fd_flags))?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EEXIST: ferry_sys::SysError = ferry_sys::SysError { call: "clone3", errno: libc::EEXIST };
+
+    #[test]
+    fn a_pid_being_released_is_tried_again_and_a_shown_one_is_not() {
+        // No process under this PID (above pid_max): EEXIST is tried again.
+        let mut calls = 0;
+        let r = retry_while_released(4_000_000, || {
+            calls += 1;
+            if calls < 3 {
+                Err(EEXIST)
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r, Ok(3));
+        // A process shows under it (ferry's own test process): at once.
+        let mut calls = 0;
+        let r: ferry_sys::SysResult<()> = retry_while_released(std::process::id() as i32, || {
+            calls += 1;
+            Err(EEXIST)
+        });
+        assert_eq!((r.map_err(|e| e.errno), calls), (Err(libc::EEXIST), 1));
+        // Never released: it gives up after its 50 ms.
+        let t = Instant::now();
+        assert!(retry_while_released(4_000_000, || Err::<(), _>(EEXIST)).is_err());
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+    }
 }

@@ -36,7 +36,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     let loginuid = super::process::root_loginuid(tree, root)?;
     // ferry-sys refuses the fork unless ferry is single-threaded here, so
     // the child may run ordinary Rust code.
-    let forked = ferry_sys::clone::fork_with_pid(pid);
+    let forked = super::retry_while_released(pid, || ferry_sys::clone::fork_with_pid(pid));
     let child_pid = match forked {
         Ok(0) => child::run(child::ChildPlan {
             image: root,

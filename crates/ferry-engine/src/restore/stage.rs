@@ -79,9 +79,10 @@ pub(super) fn stage(
     let memfd_fds: HashMap<u64, RawFd> =
         staging.memfds.iter().map(|(id, (fd, _))| (*id, *fd)).collect();
     let netns_fd = netns.as_ref().map(|f| f.as_raw_fd());
-    let files = in_netns(pid, netns_fd, || {
+    let mut files = in_netns(pid, netns_fd, || {
         files::stage_open_files(tree, &opts.tty_to, temp_base, &memfd_fds)
     })?;
+    files::carried::stage(tree, &handover.carried, temp_base, &mut files)?;
     let raw = files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
     Ok(Staged { temp_base, netns, lock, sysv, sysv_ipc, staging, files, raw })
 }

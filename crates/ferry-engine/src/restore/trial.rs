@@ -54,8 +54,23 @@ pub fn trial_source(
     source: &mut dyn ImageSource,
     inherited: &[std::os::fd::RawFd],
 ) -> Result<TrialOutcome> {
+    trial_carrying(source, inherited, &std::collections::HashMap::new())
+}
+
+/// Like [`trial_source`], for an image whose carried files
+/// ([`Handover::carried`]) are the old tree's own, which still runs on
+/// them: the trial places ferry's duplicates as the restore after the
+/// kill will (its processes only add references, and end), and sets
+/// nothing on them that the old tree would see (their F_SETOWN owners are
+/// left out, [`super::files::carried::leave_owners_of_carried`]).
+pub fn trial_carrying(
+    source: &mut dyn ImageSource,
+    inherited: &[std::os::fd::RawFd],
+    carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
+) -> Result<TrialOutcome> {
     let t0 = Instant::now();
-    let image = source.load(crate::worker_threads())?;
+    let mut image = source.load(crate::worker_threads())?;
+    super::files::carried::leave_owners_of_carried(&mut image.tree);
     if let Some(why) = untrialable(&image.tree) {
         return Ok(TrialOutcome::Skipped(why));
     }
@@ -68,18 +83,12 @@ pub fn trial_source(
     let pages = image.pages;
     // The helper is a fork of ferry, which must be one thread again.
     crate::parallel::join_detached();
-    let held = pidns::restore_held_in(
-        image.tree,
-        pages.bytes(),
-        &opts,
-        &Handover::default(),
-        t0,
-        flags,
-        || {
+    let handover = Handover { carried: carried.clone(), ..Default::default() };
+    let held =
+        pidns::restore_held_in(image.tree, pages.bytes(), &opts, &handover, t0, flags, || {
             close_inherited(inherited);
             scratch_network(root, &addrs).and_then(|()| scratch_devpts(root, image_ptys))
-        },
-    )?;
+        })?;
     held.abandon(END_PATIENCE);
     Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
 }

@@ -63,6 +63,8 @@ pub(super) fn restore_held(
             Placement::Here => Default::default(),
             Placement::NewPidNamespace => store.placed_regions(),
         },
+        // A migration crosses hosts: nothing can be carried.
+        carried: Default::default(),
     };
     if placement == Placement::Here {
         tracing::info!(

@@ -3,6 +3,7 @@
 //! module per kind of file.
 
 mod allow;
+pub(crate) mod carried;
 pub(crate) mod epoll;
 mod eventfd;
 pub(crate) mod inet;
@@ -54,6 +55,9 @@ pub(crate) struct FdInfo<'a> {
     /// The description made before the freeze ([`pre_describe`]), when
     /// it still holds: fd is that socket and nothing changed it since.
     pub early: Option<&'a Early>,
+    /// Where carried fds' duplicates go, when the capture carries
+    /// ([`carried`]); None: every file is read to be rebuilt.
+    pub carried: Option<&'a carried::CarriedDups>,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -191,6 +195,8 @@ pub struct CapturedFds {
     /// The fdinfo of each epoll fd as read here, which lists what its
     /// entries watch (10,000 lines for a server's 10,000 connections).
     pub epoll_fdinfo: std::collections::HashMap<i32, String>,
+    /// Ferry's duplicates of its carried fds, by fd ([`carried`]).
+    pub carried: std::collections::HashMap<i32, OwnedFd>,
 }
 
 /// A running process's sockets as listed before the freeze: per fd
@@ -438,6 +444,7 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
             pre: Some(&l.socket),
             options_quiet: true,
             early: None,
+            carried: None,
         };
         let Ok(described) = describe(&info, false) else { return Ok(false) };
         let Some(Ok(owner)) = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd())) else {
@@ -506,13 +513,15 @@ pub(super) fn capture(
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
+    let carried_dups = carried::CarriedDups::default();
+    let carrying = opts.carry_files.then_some(&carried_dups);
     let fdinfo_dir = FdinfoDir::open(pid)?;
     let mounts = allow::Mounts::new(pid);
     let infos: Vec<FdInfo> = crate::parallel::map(&fds, |&fd| {
         // Described before the freeze, unchanged since: no path walk,
         // no fdinfo, nothing read of the socket but its identity.
         let early = pre
-            .filter(|_| quiet.fds)
+            .filter(|_| quiet.fds && !opts.carry_files)
             .and_then(|p| p.early(fd))
             .and_then(|(l, e)| Some((l, e, same_socket_now(pidfd, fd, l, e)?)));
         let (fdinfo, link, meta, same, early) = match early {
@@ -545,6 +554,7 @@ pub(super) fn capture(
             pre: same.map(|l| &l.socket),
             options_quiet: quiet.options,
             early,
+            carried: carrying,
         })
     })?;
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
@@ -567,6 +577,7 @@ pub(super) fn capture(
     drop(infos);
     Ok(CapturedFds {
         kept: kept.into_map(),
+        carried: carried_dups.into_map(),
         early_owners,
         epoll_fdinfo,
         files,
@@ -718,11 +729,15 @@ fn merge_sort(
 type Described = (i32, i64, FileKind, Vec<ferry_image::FileLock>);
 
 fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
+    let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
+    let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
+    if let Some(kind) = info.carried.map(|dups| carried::capture(info, dups)).transpose()?.flatten()
+    {
+        return Ok((flags & !libc::O_CLOEXEC, pos, kind, locks::parse(info)?));
+    }
     if let Some(early) = info.early {
         return Ok(early.described.clone());
     }
-    let flags = info.field("flags").and_then(procfs::parse_octal).unwrap_or(0) as i32;
-    let pos = info.field("pos").and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdio_link =
         info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
     let by_path = opened_by_path(&info.link);

@@ -291,6 +291,7 @@ fn capture_orphan(info: &FdInfo, f: &OwnedFd) -> Result<ferry_image::OpenFile> {
         pre: None,
         options_quiet: false,
         early: None,
+        carried: None,
     };
     let (flags, pos, kind, locks) = super::describe(&mine, false)
         .map_err(|e| refuse(&format!("it cannot be captured: {e}")))?;

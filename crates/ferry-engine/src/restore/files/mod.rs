@@ -8,6 +8,7 @@
 //! and taken by each process with pidfd_getfd (`tcp::install`). One module
 //! per kind of file.
 
+pub(crate) mod carried;
 mod epoll;
 mod eventfd;
 mod inet;
@@ -139,6 +140,12 @@ fn build_one(b: &mut Builder, f: &OpenFile) -> Result<OwnedFd> {
                 "a /proc file is opened by its process, not staged",
             ))
         }
+        FileKind::Carried(c) => {
+            return Err(EngineError::restore(
+                b.pid,
+                format!("{}: a carried file is placed as handed over, not made", c.link),
+            ))
+        }
     };
     set_status_flags(b.pid, &fd, f.flags)?;
     Ok(fd)
@@ -178,6 +185,7 @@ pub fn stage_open_files(
     // by `make_unix_late`; established TCP connections after the fork.
     let staged = build_all(&mut b, tree, !late, |f| {
         !(tcp::is_connection(f)
+            || carried::is_carried(f)
             || matches!(f.kind, FileKind::ProcFile { .. })
             || (late && matches!(f.kind, FileKind::UnixSocket(_))))
     })?;

@@ -30,6 +30,7 @@ fn expected_link(kind: &FileKind) -> Link<'_> {
         FileKind::Epoll { .. } => Link::Exactly("anon_inode:[eventpoll]"),
         FileKind::Inotify { .. } => Link::Exactly("anon_inode:inotify"),
         FileKind::Memfd { .. } => Link::StartsWith("/memfd:"),
+        FileKind::Carried(c) => Link::Exactly(&c.link),
         _ => Link::Any,
     }
 }
@@ -121,6 +122,32 @@ pub(super) fn compare(
         return compare_numbers(pid, &want, found);
     };
     found.list.extend(per_fd.into_iter().flatten());
+    Ok(())
+}
+
+/// Each fd of a carried file is the very description ferry was handed
+/// (kcmp KCMP_FILE against ferry's descriptor, `carried` by file id):
+/// the same socket, pipe or eventfd, not merely one of its kind.
+pub(super) fn compare_carried(
+    p: &ProcessImage,
+    carried: &HashMap<u64, std::os::fd::RawFd>,
+    found: &mut Findings,
+) -> Result<()> {
+    let me = std::process::id() as i32;
+    for slot in &p.fds {
+        let Some(file) = p.files.get(slot.file as usize) else { continue };
+        let FileKind::Carried(c) = &file.kind else { continue };
+        let Some(&ours) = carried.get(&file.id) else { continue };
+        let same = match ferry_sys::fd::kcmp_same_file(p.pid, me, slot.fd, ours) {
+            Ok(same) => same,
+            // No fd there: the fd table's comparison names it.
+            Err(e) if e.errno == libc::EBADF => continue,
+            Err(e) => return Err(EngineError::kernel(p.pid, format!("kcmp of fd {}", slot.fd), e)),
+        };
+        let object = format!("fd {} ({})", slot.fd, c.link);
+        let shown = |same: bool| if same { "the carried file" } else { "another file" };
+        found.compare(p.pid, &object, "open file description", shown(true), shown(same));
+    }
     Ok(())
 }
 

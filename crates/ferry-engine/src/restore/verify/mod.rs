@@ -83,11 +83,13 @@ fn shown<T: std::fmt::Debug>(v: &T) -> String {
 
 /// Reads the restored tree back and compares it with `tree`. `connections`
 /// are ferry's descriptors of the rebuilt TCP connections, by file id;
+/// `carried` ferry's descriptors of the carried files, by file id;
 /// `fd_flags` each process's F_GETFD results, read by the process itself
 /// once its fd table was complete.
 pub(super) fn restored_tree(
     tree: &TreeImage,
     connections: &HashMap<u64, OwnedFd>,
+    carried: &HashMap<u64, std::os::fd::RawFd>,
     fd_flags: &super::finish::FdFlags,
 ) -> Result<()> {
     let mut found = Findings::default();
@@ -109,6 +111,7 @@ pub(super) fn restored_tree(
         timed(2, &mut || memory::compare(p, &mut found))?;
         let flags = fd_flags.get(&p.pid);
         timed(3, &mut || fds::compare(p, connections, flags, &mut found))?;
+        timed(3, &mut || fds::compare_carried(p, carried, &mut found))?;
         timed(4, &mut || sockets::compare(p, &unix, connections, &mut found))?;
     }
     tracing::debug!(
