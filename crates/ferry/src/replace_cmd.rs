@@ -116,7 +116,14 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         return run_exec(args);
     }
     let ReplaceArgs {
-        pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, rebuild_files, ..
+        pid,
+        cgroup,
+        seccomp,
+        drop_caps,
+        rlimit,
+        parent_sees_exit,
+        rebuild_files,
+        ..
     } = args;
     let opts = ferry_replace::ReplaceOptions {
         cgroup,
