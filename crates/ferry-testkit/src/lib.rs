@@ -153,6 +153,13 @@ pub fn own_session_in_netns<'a>(cmd: &'a mut Command, netns: &Path) -> &'a mut C
 // ---------------------------------------------------------------------------
 // Descriptors
 
+/// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick
+/// of an ephemeral port), for a test server to listen on.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address of a bound listener").port()
+}
+
 /// poll(2) on `fds` for at most `timeout_ms`: how many have events (0 on
 /// timeout); an interrupted poll counts as a timeout. Panics on other errors.
 pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> usize {

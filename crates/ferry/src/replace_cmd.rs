@@ -143,13 +143,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
             println!("{}", r.line());
             Ok(0)
         }
-        Err(e @ ferry_replace::ReplaceError::NoSuchProcess(_)) => {
-            anyhow::bail!("replace: {e}")
-        }
-        Err(e) if e.old_tree_runs() => {
-            anyhow::bail!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
-        }
-        Err(e) => anyhow::bail!("replace of pid {pid} failed: {e}"),
+        Err(e) => Err(failure(pid, e)),
     }
 }
 
@@ -175,12 +169,18 @@ fn run_exec(args: ReplaceArgs) -> Result<i32> {
             println!("{}", r.line());
             Ok(0)
         }
-        Err(e @ ferry_replace::ReplaceError::NoSuchProcess(_)) => {
-            anyhow::bail!("replace: {e}")
+        Err(e) => Err(failure(pid, e)),
+    }
+}
+
+/// The one line a refusal or failure is reported as: whether the old tree
+/// runs on is the first thing a user needs to know.
+fn failure(pid: i32, e: ferry_replace::ReplaceError) -> anyhow::Error {
+    match e {
+        ferry_replace::ReplaceError::NoSuchProcess(_) => anyhow::anyhow!("replace: {e}"),
+        e if e.old_tree_runs() => {
+            anyhow::anyhow!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
         }
-        Err(e) if e.old_tree_runs() => {
-            anyhow::bail!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
-        }
-        Err(e) => anyhow::bail!("replace of pid {pid} failed: {e}"),
+        e => anyhow::anyhow!("replace of pid {pid} failed: {e}"),
     }
 }

@@ -15,7 +15,7 @@ use ferry_testkit::is_root;
 use ferry_testkit::TempDir;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -348,11 +348,6 @@ fn read_pidfile(path: &Path) -> Option<i32> {
     (second.trim() == first.trim()).then_some(pid)
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().unwrap().port()
-}
-
 fn connect_retry(port: u16, timeout: Duration) -> io::Result<TcpStream> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -650,7 +645,7 @@ fn redis_server_multithreaded_100k_keys() {
         return;
     };
     let mut run = Run::new(TEST);
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let port_s = port.to_string();
     let dir = run.dir.path().to_str().unwrap().to_string();
     let pid = run.start(
@@ -845,7 +840,7 @@ fn memcached_multithreaded_1000_items() {
         return;
     };
     let mut run = Run::new(TEST);
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let port_s = port.to_string();
     // memcached refuses to run as root unless told which user to be.
     let pid = run

@@ -47,7 +47,7 @@ use ferry_testkit::TempDir;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -677,11 +677,6 @@ fn assert_same_tree(name: &str, before: &[ProcInfo], after: &[ProcInfo]) {
     assert_eq!(before[0].uid, after[0].uid, "[{name}] root's uid differs after restore");
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr of a bound listener").port()
-}
-
 // ---------------------------------------------------------------------------
 // nginx
 
@@ -854,7 +849,7 @@ fn nginx_master_and_workers_serve_after_restore() {
     let tmp = TempDir::new("ferry-trees", TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let site = NginxSite::new(dir, port);
     let master = guard.start(dir, &site.log, NGINX, &site.args());
     let (content, access, log) = (site.content.clone(), site.access.clone(), site.log.clone());
@@ -985,7 +980,7 @@ fn nginx_tree_moves_to_another_network_namespace_in_a_new_pid_namespace() {
     let tmp = TempDir::new("ferry-trees", TEST);
     let mut guard = TreeGuard::new(TEST);
     let dir = tmp.path();
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let site = NginxSite::new(dir, port);
     let content = site.content.clone();
     let master =
@@ -1331,7 +1326,7 @@ fn postgres_rows_survive_restore() {
     assert!(status.success(), "[{TEST}] initdb failed ({}):\n{out}", describe(status));
     eprintln!("[{TEST}] initdb in {:?}", t0.elapsed());
 
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let port_s = port.to_string();
     let log = dir.join("postgres.log");
     let master = guard.start(

@@ -31,11 +31,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local address").port()
-}
-
 /// (state, start time) from /proc/PID/stat.
 fn stat(pid: i32) -> Option<(char, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -101,7 +96,7 @@ impl Service {
         let dir = TempDir::new("ferry-replace", tag);
         let bin = dir.path().join("probe_server");
         ferry_testkit::compile_c(&repo().join("tests/replace/probe_server.c"), &bin);
-        let port = free_port();
+        let port = ferry_testkit::free_port();
         let port_s = port.to_string();
         let mut argv = vec![bin.to_str().expect("utf-8 path"), port_s.as_str()];
         argv.extend_from_slice(extra);
@@ -460,7 +455,7 @@ fn every_carried_kind_is_the_same_object_with_its_state_after_replace() {
     ferry_testkit::compile_c(&repo().join("tests/replace/carried_kinds.c"), &bin);
     let watched = dir.path().join("watched");
     std::fs::create_dir(&watched).expect("watched directory");
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let argv = [path(&bin), port.to_string(), path(&watched)];
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let svc = Service::spawn(&argv, "carried_kinds", dir);
@@ -559,7 +554,7 @@ fn redis_is_replaced_20_times_under_a_client_with_every_reply_right() {
         return;
     }
     let dir = TempDir::new("ferry-replace", "redis");
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let d = path(dir.path());
     let port_s = port.to_string();
     let argv = [

@@ -26,11 +26,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local address").port()
-}
-
 /// (state, ppid) from /proc/PID/stat.
 fn stat(pid: i32) -> Option<(char, i32)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -304,7 +299,7 @@ fn version_server(tag: &str) -> (TempDir, PathBuf, u16) {
     let dir = TempDir::new("ferry-replace-exec", tag);
     let bin = dir.path().join("version_server");
     ferry_testkit::compile_c(&repo().join("tests/replace/version_server.c"), &bin);
-    (dir, bin, free_port())
+    (dir, bin, ferry_testkit::free_port())
 }
 
 fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
@@ -421,7 +416,7 @@ fn refused_and_untouched_with(tag: &str, exec: &[&str], expect: &str, during: im
     let v1 = format!("v1 {}", old.root);
     let (mut kept, _) = Conn::open(port).expect("keep-alive");
     assert_eq!(kept.ask().expect("old answers"), v1);
-    let other_port = free_port();
+    let other_port = ferry_testkit::free_port();
     let other = other_port.to_string();
     let exec: Vec<&str> = exec
         .iter()
@@ -599,7 +594,7 @@ fn nginx_under_clients(tag: &str, listen: &str, listeners: usize) {
         return;
     }
     let dir = TempDir::new("ferry-replace-exec", tag);
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let c1 = nginx_conf(dir.path(), port, "v1", listen);
     let c2 = nginx_conf(dir.path(), port, "v2", listen);
     let (pre, el) =
@@ -686,7 +681,7 @@ fn python_http_server_is_replaced_by_a_new_one_under_clients() {
         std::fs::create_dir(dir.path().join(v)).expect("dir");
         std::fs::write(dir.path().join(v).join("v.txt"), format!("{v}\n")).expect("v.txt");
     }
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let p = port.to_string();
     let (d1, d2) = (format!("{}/v1", dir.path().display()), format!("{}/v2", dir.path().display()));
     let argv = [python, "-m", "http.server", "--bind", "127.0.0.1", "-d", &d1, &p];

@@ -33,11 +33,6 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 const SETPRIV: &str = "/usr/bin/setpriv";
 const ROUNDS: usize = 20;
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local address").port()
-}
-
 fn missing(test: &str, programs: &[&str]) -> bool {
     for p in programs {
         if !Path::new(p).exists() {
@@ -303,7 +298,7 @@ fn redis_under_8_clients_is_replaced_20_times() {
     }
     let t = Instant::now();
     let dir = Arc::new(TempDir::new("ferry-replace-srv", "redis"));
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let (p, d) = (port.to_string(), dir.path().to_str().expect("utf-8").to_string());
     let argv = [
         REDIS,
@@ -360,7 +355,7 @@ fn memcached_under_6_clients_is_replaced_20_times() {
     }
     let t = Instant::now();
     let dir = Arc::new(TempDir::new("ferry-replace-srv", "memcached"));
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let p = port.to_string();
     let argv = [MEMCACHED, "-u", "nobody", "-t", "4", "-l", "127.0.0.1", "-p", &p, "-U", "0"];
     let srv = Server::spawn(&argv, dir.clone());
@@ -443,7 +438,7 @@ fn nginx_master_and_workers_under_6_keepalive_clients_are_replaced_20_times() {
     std::fs::write(www.join("ferry.txt"), &body).expect("write");
     std::fs::set_permissions(www.join("ferry.txt"), std::fs::Permissions::from_mode(0o644))
         .expect("chmod");
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let conf = format!(
         "daemon off;\nmaster_process on;\nworker_processes 2;\nuser nobody nogroup;\n\
          pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
@@ -573,7 +568,7 @@ fn postgres_over_tcp_under_4_clients_in_transactions_is_replaced_20_times() {
         .output()
         .expect("initdb");
     assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-    let port = free_port();
+    let port = ferry_testkit::free_port();
     let p = port.to_string();
     default_socket_is_carried_or_refused_rebuilt(&postgres, &data_s, dir.clone(), port);
     // No unix socket: one bound to a path has no trial restore and is
