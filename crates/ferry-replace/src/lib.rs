@@ -7,6 +7,8 @@
 //! ```text
 //! options checked      options.rs   before the freeze: a bad option refuses by name
 //! reaper checked       reaper.rs    the old root's parent reaps (its PIDs come free)
+//! pre-copy             precopy/     the root's memory copied into placed memory of
+//!                                   ferry's own while the tree runs, in rounds
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                engine       the edited image restored in scratch namespaces
@@ -28,6 +30,7 @@ mod checks;
 pub mod edits;
 mod error;
 mod options;
+pub mod precopy;
 mod reaper;
 mod report;
 
@@ -49,21 +52,31 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
-    let (mut captured, mut image) = capture_into_memory(pid, opts)?;
+    let mut pre_ph = Phases::start("pre-copy");
+    let mut pre = match opts.precopy {
+        true => Some(precopy::Precopy::run(pid, &precopy::RoundRule::default(), &mut pre_ph)?),
+        false => None,
+    };
+    let (mut captured, mut image) = capture_into_memory(pid, opts, pre.as_mut())?;
     let mut ph = Phases::start_at("replace", captured.frozen_at());
-    let mut phases = prefixed("capture", captured.phases.done());
+    let mut phases = prefixed("pre-copy", pre_ph.done());
+    phases.extend(prefixed("capture", captured.phases.done()));
     ph.mark("capture");
     let netns = ph.step("edit", || -> Result<_, ReplaceError> {
         let netns = checks::replaceable(&captured.tree)?;
         edits.apply(&mut captured.tree).map_err(ReplaceError::Refused)?;
         captured.write_image(&mut image, None)?;
+        if let Some(p) = pre.as_mut() {
+            p.settle(&captured.parent_pages);
+        }
         Ok(netns)
     })?;
-    ph.step("trial", || trial(&captured, &mut image))?;
+    let pause_pages = captured.inventory.pages_bytes;
+    ph.step("trial", || trial(&captured, &mut image, pre.as_ref()))?;
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
-    let held = ph.step("restore", || restore_new(&mut image, &opts));
+    let held = ph.step("restore", || restore_new(&mut image, &opts, pre.as_ref()));
     let held = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
@@ -78,6 +91,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         parts,
         phases,
         edits: describe(&edits),
+        precopy: pre.map(|p| report::PrecopyLine { summary: p.summary(), pause_pages }),
     })
 }
 
@@ -86,13 +100,20 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
 fn capture_into_memory(
     pid: i32,
     asked: &ReplaceOptions,
+    mut pre: Option<&mut precopy::Precopy>,
 ) -> Result<(Captured, MemoryImage), ReplaceError> {
-    let opts =
-        CaptureOptions { parent_sees_exit: asked.parent_sees_exit, ..CaptureOptions::default() };
+    // The mappings' flags read once while the tree runs, so that the
+    // freeze does not walk every page table again (as a migration does).
+    let opts = CaptureOptions {
+        parent_sees_exit: asked.parent_sees_exit,
+        presurveyed: capture::vma_flags::presurvey_tree(pid),
+        ..CaptureOptions::default()
+    };
     let out = capture::retry_transient(
         || {
             let mut image = MemoryImage::new();
-            Ok((capture::capture(pid, &mut image, &opts, None)?, image))
+            let hooks = pre.as_deref_mut().map(|p| p as &mut dyn capture::CaptureHooks);
+            Ok((capture::capture(pid, &mut image, &opts, hooks)?, image))
         },
         |n, e| tracing::info!("replace: capture attempt {n} refused, trying again: {e}"),
     )?;
@@ -101,8 +122,17 @@ fn capture_into_memory(
 
 /// The edited image restored in scratch namespaces, checked, and ended.
 /// A tree that cannot be tried is refused: the kill would be unguarded.
-fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceError> {
-    let outcome = restore::trial::trial_source(image, &captured.socket_fds()).map_err(|e| {
+fn trial(
+    captured: &Captured,
+    image: &mut MemoryImage,
+    pre: Option<&precopy::Precopy>,
+) -> Result<(), ReplaceError> {
+    let t0 = Instant::now();
+    let mut loaded = image.load(ferry_engine::worker_threads())?;
+    if let Some(p) = pre {
+        p.complete(&mut loaded.tree);
+    }
+    let outcome = restore::trial::trial_loaded(loaded, &captured.socket_fds(), t0).map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
             other => other.to_string(),
@@ -131,9 +161,15 @@ fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
 fn restore_new(
     image: &mut MemoryImage,
     opts: &RestoreOptions,
+    pre: Option<&precopy::Precopy>,
 ) -> Result<HeldTree, ferry_engine::EngineError> {
     let t0 = Instant::now();
-    let loaded = image.load(ferry_engine::worker_threads())?;
+    let mut loaded = image.load(ferry_engine::worker_threads())?;
+    // The root is forked from ferry and inherits the pre-copied memory;
+    // ferry's own copy goes with `pre`, after the release.
+    if let Some(p) = pre {
+        p.complete(&mut loaded.tree);
+    }
     let pages = loaded.pages.bytes();
     Placement::Here.restore_held(loaded.tree, pages, opts, &Handover::default(), t0)
 }

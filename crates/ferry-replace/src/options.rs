@@ -22,6 +22,10 @@ pub struct ReplaceOptions {
     /// parent stays outside the tree and sees it exit (as `ferry
     /// checkpoint --parent-sees-exit`).
     pub parent_sees_exit: bool,
+    /// Copy the root's memory into the new tree while the old one runs
+    /// (pre-copy), so the pause copies only what was written since the
+    /// last round. Off: every page is copied in the pause.
+    pub precopy: bool,
 }
 
 impl ReplaceOptions {

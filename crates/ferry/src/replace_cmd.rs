@@ -64,15 +64,16 @@ pub struct ReplaceArgs {
     /// checkpoint`. Any replaced root's parent sees it exit.
     #[arg(long)]
     pub parent_sees_exit: bool,
-    /// Copy the memory inside the pause. The only mode built so far:
-    /// pre-copy while the tree runs comes later, and this option will
-    /// then turn it off.
+    /// Copy all the memory inside the pause. By default the root's
+    /// private anonymous memory is pre-copied into the new tree while the
+    /// old one runs, and the pause copies only the pages written since
+    /// the last round.
     #[arg(long)]
     pub no_precopy: bool,
 }
 
 pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
-    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, no_precopy: _ } =
+    let ReplaceArgs { pid, cgroup, seccomp, drop_caps, rlimit, parent_sees_exit, no_precopy } =
         args;
     let opts = ferry_replace::ReplaceOptions {
         cgroup,
@@ -80,6 +81,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         drop_caps,
         rlimits: rlimit,
         parent_sees_exit,
+        precopy: !no_precopy,
     };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {
@@ -91,7 +93,10 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
             println!("{}", r.line());
             Ok(0)
         }
-        Err(e @ ferry_replace::ReplaceError::NoSuchProcess(_)) => {
+        Err(
+            e @ (ferry_replace::ReplaceError::NoSuchProcess(_)
+            | ferry_replace::ReplaceError::Exited(_)),
+        ) => {
             anyhow::bail!("replace: {e}")
         }
         Err(e) if e.old_tree_runs() => {
