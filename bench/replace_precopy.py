@@ -33,7 +33,8 @@ def mib(s):
 
 class Server:
     def __init__(self, binary, size_mib, hot):
-        self.port = 30000 + os.getpid() % 20000
+        Server.n = getattr(Server, "n", 0) + 1
+        self.port = 30000 + (os.getpid() * 7 + Server.n * 101) % 20000
         argv = [binary, str(self.port), str(size_mib)] + (["hot"] if hot else [])
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
@@ -80,7 +81,8 @@ def one(ferry, srv, precopy):
     if r.returncode != 0 or not line:
         sys.exit(f"ferry replace failed: {r.stdout}{r.stderr}")
     pause = float(re.search(r"pause ([\d.]+) ms", line).group(1))
-    parts = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+)(?=[,)])", line.split("(")[1].split(")")[0]))
+    inside = line.split("(")[1].split(")")[0]
+    parts = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in inside.split(", ")))
     pre = re.search(r"pre-copied ([\d.]+) MiB in (\d+) rounds.*?([\d.]+) MiB copied in the pause", line)
     return pause, wall, parts, pre
 

@@ -132,13 +132,14 @@ fn trial(
     if let Some(p) = pre {
         p.complete(&mut loaded.tree);
     }
-    let outcome = restore::trial::trial_loaded(loaded, &captured.socket_fds(), t0).map_err(|e| {
-        let error = match e {
-            ferry_engine::EngineError::InNewPidNs(inner) => inner,
-            other => other.to_string(),
-        };
-        ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
-    })?;
+    let outcome =
+        restore::trial::trial_loaded(loaded, &captured.socket_fds(), t0).map_err(|e| {
+            let error = match e {
+                ferry_engine::EngineError::InNewPidNs(inner) => inner,
+                other => other.to_string(),
+            };
+            ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
+        })?;
     match outcome {
         TrialOutcome::Passed { .. } => Ok(()),
         TrialOutcome::Skipped(why) => Err(ReplaceError::Refused(format!(

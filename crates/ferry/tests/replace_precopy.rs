@@ -74,8 +74,7 @@ impl Server {
                 sleep(Duration::from_millis(1));
             }
         });
-        let server =
-            Server { pid, port, pids, ended, stop, reaper: Some(reaper), _dir: dir };
+        let server = Server { pid, port, pids, ended, stop, reaper: Some(reaper), _dir: dir };
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(t.elapsed() < Duration::from_secs(20), "{COMM} does not listen on {port}");

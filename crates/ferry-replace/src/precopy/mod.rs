@@ -281,11 +281,8 @@ impl CaptureHooks for Precopy {
             return Ok(HashMap::new());
         };
         let heap = heap_of(self.root);
-        self.eligible = vmas
-            .iter()
-            .filter(|v| self.keepable(v, heap))
-            .map(|v| (v.start, v.end))
-            .collect();
+        self.eligible =
+            vmas.iter().filter(|v| self.keepable(v, heap)).map(|v| (v.start, v.end)).collect();
         self.held = intersect(&minus(&self.held, &written), &self.eligible);
         let spans = self.held.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
         Ok(HashMap::from([(self.root, spans)]))
