@@ -72,7 +72,10 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         Ok(netns)
     })?;
     let pause_pages = captured.inventory.pages_bytes;
-    ph.step("trial", || trial(&captured, &mut image, pre.as_ref()))?;
+    ph.step("trial", || match pre.as_ref() {
+        Some(p) => p.without_regions(|| trial(&captured, &mut image)),
+        None => trial(&captured, &mut image),
+    })?;
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
@@ -122,24 +125,14 @@ fn capture_into_memory(
 
 /// The edited image restored in scratch namespaces, checked, and ended.
 /// A tree that cannot be tried is refused: the kill would be unguarded.
-fn trial(
-    captured: &Captured,
-    image: &mut MemoryImage,
-    pre: Option<&precopy::Precopy>,
-) -> Result<(), ReplaceError> {
-    let t0 = Instant::now();
-    let mut loaded = image.load(ferry_engine::worker_threads())?;
-    if let Some(p) = pre {
-        p.complete(&mut loaded.tree);
-    }
-    let outcome =
-        restore::trial::trial_loaded(loaded, &captured.socket_fds(), t0).map_err(|e| {
-            let error = match e {
-                ferry_engine::EngineError::InNewPidNs(inner) => inner,
-                other => other.to_string(),
-            };
-            ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
-        })?;
+fn trial(captured: &Captured, image: &mut MemoryImage) -> Result<(), ReplaceError> {
+    let outcome = restore::trial::trial_source(image, &captured.socket_fds()).map_err(|e| {
+        let error = match e {
+            ferry_engine::EngineError::InNewPidNs(inner) => inner,
+            other => other.to_string(),
+        };
+        ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
+    })?;
     match outcome {
         TrialOutcome::Passed { .. } => Ok(()),
         TrialOutcome::Skipped(why) => Err(ReplaceError::Refused(format!(

@@ -56,18 +56,6 @@ pub fn trial_source(
 ) -> Result<TrialOutcome> {
     let t0 = Instant::now();
     let image = source.load(crate::worker_threads())?;
-    trial_loaded(image, inherited, t0)
-}
-
-/// Like [`trial_source`], for an image already loaded (and completed by
-/// the caller: `ferry replace` gives its root the mappings it inherits
-/// from ferry's pre-copied memory, which the image itself cannot hold).
-/// `t0`: when the trial began.
-pub fn trial_loaded(
-    image: ferry_image::LoadedImage,
-    inherited: &[std::os::fd::RawFd],
-    t0: Instant,
-) -> Result<TrialOutcome> {
     if let Some(why) = untrialable(&image.tree) {
         return Ok(TrialOutcome::Skipped(why));
     }

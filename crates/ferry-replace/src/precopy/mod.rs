@@ -19,10 +19,18 @@
 //! A mapping where ferry has memory of its own (the region cannot be
 //! placed: EEXIST) is copied in the pause.
 //!
-//! The trial restore forks its helper from ferry too, and the helper
-//! forks the trial's root: the trial restores the very same image, the
-//! inherited mappings included, so the kill stays guarded by a restore
-//! of exactly what the real one will do.
+//! The trial restore leaves the pre-copied pages out: its helper is
+//! forked from ferry with the regions marked MADV_DONTFORK, and its image
+//! lists no inherited mapping, so the trial's root maps those mappings
+//! afresh with only the pages written since the last round. The trial
+//! guards the kill against what can fail in a restore: kernel objects,
+//! PIDs, files, sockets, the mappings themselves (which its check
+//! compares). The pages the real root keeps from the regions cannot fail
+//! that way (they are ferry's own memory, inherited by a fork), and the
+//! check compares mappings, not page contents; copying the page tables
+//! of the whole memory twice more (helper and trial root) and tearing
+//! them down again would make the trial grow with memory size inside the
+//! pause.
 
 mod rules;
 
@@ -232,6 +240,32 @@ impl Precopy {
         if let Some(root) = tree.processes.first_mut().filter(|p| p.pid == self.root) {
             root.inherited = self.inherited.clone();
         }
+    }
+
+    /// Runs `trial` with the regions kept out of every process forked
+    /// meanwhile (MADV_DONTFORK): the trial's helper and root do not copy
+    /// their page tables, nor tear them down, in the pause. Inheritance
+    /// is put back after it whatever it returned; if that fails the
+    /// replacement is refused (the real root must inherit them).
+    pub fn without_regions<T>(
+        &self,
+        trial: impl FnOnce() -> Result<T, ReplaceError>,
+    ) -> Result<T, ReplaceError> {
+        let set = |on: bool| -> Result<(), ReplaceError> {
+            for r in self.regions.values() {
+                r.set_inherited(on).map_err(|e| {
+                    ReplaceError::Refused(format!(
+                        "pre-copy: placed memory at {:#x}-{:#x}: {e}",
+                        r.start(),
+                        r.end()
+                    ))
+                })?;
+            }
+            Ok(())
+        };
+        let out = set(false).and_then(|()| trial());
+        set(true)?;
+        out
     }
 
     pub fn summary(&self) -> Summary {
