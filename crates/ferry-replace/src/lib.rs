@@ -22,8 +22,8 @@
 //! Until the kill, every failure drops the capture, which lets the old
 //! tree run on untouched. The kill comes only after a restore of the very
 //! same image passed, so the restore after it meets nothing the trial did
-//! not. Later phases (descriptors carried with pidfd_getfd, pre-copy into
-//! the new tree, a new binary) slot in between these.
+//! not. Later phases (descriptors carried with pidfd_getfd, a new binary)
+//! slot in between these.
 
 mod cgroup;
 mod checks;
