@@ -53,7 +53,11 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     let edits = opts.prepare()?;
     reaper::check(pid)?;
     let mut pre_ph = Phases::start("pre-copy");
-    let mut pre = match opts.precopy {
+    // Pages are charged to the cgroup of the process that first writes
+    // them: ferry's for the placed ones, which the new root would keep
+    // outside the cgroup it is put in. With --cgroup every page is
+    // copied in the pause, by the new root itself.
+    let mut pre = match opts.precopy && edits.cgroup.is_none() {
         true => Some(precopy::Precopy::run(pid, &precopy::RoundRule::default(), &mut pre_ph)?),
         false => None,
     };
