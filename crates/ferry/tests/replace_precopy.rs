@@ -135,12 +135,12 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// ferry replace stalled after pre-copy round 0 for `secs` (120: until
-/// killed); returns it once it says so.
-fn stalled_ferry(pid: i32, secs: u32) -> std::process::Child {
+/// ferry replace stalled after pre-copy phase `phase` for `secs` (120:
+/// until killed); returns it once it says so.
+fn stalled_ferry(pid: i32, phase: &str, secs: u32) -> std::process::Child {
     let mut ferry = Command::new(FERRY)
         .args(["replace", "--pid", &pid.to_string()])
-        .env("FERRY_FAULT_STALL_AFTER", "pre-copy:round 0")
+        .env("FERRY_FAULT_STALL_AFTER", format!("pre-copy:{phase}"))
         .env("FERRY_FAULT_STALL_SECS", secs.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -149,7 +149,7 @@ fn stalled_ferry(pid: i32, secs: u32) -> std::process::Child {
     let mut line = String::new();
     let mut err = BufReader::new(ferry.stderr.take().expect("stderr"));
     err.read_line(&mut line).expect("ferry's stall line");
-    assert!(line.contains("stalling after pre-copy phase 'round 0'"), "{line}");
+    assert!(line.contains(&format!("stalling after pre-copy phase '{phase}'")), "{line}");
     // The rest of stderr, read when the test waits for ferry.
     ferry.stderr = Some(err.into_inner());
     ferry
@@ -188,7 +188,7 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
 fn the_old_tree_exiting_during_precopy_is_a_clean_error() {
     require_root!();
     let srv = Server::start("exits", 32, false);
-    let ferry = stalled_ferry(srv.pid, 3);
+    let ferry = stalled_ferry(srv.pid, "round 0", 3);
     ferry_testkit::kill(srv.pid, libc::SIGKILL);
     let out = ferry.wait_with_output().expect("ferry");
     let said = text(&out);
@@ -204,7 +204,7 @@ fn a_process_forked_during_precopy_is_replaced_with_the_tree() {
     require_root!();
     let srv = Server::start("fork", 32, true);
     let mut client = Client::connect(srv.port);
-    let ferry = stalled_ferry(srv.pid, 2);
+    let ferry = stalled_ferry(srv.pid, "round 0", 2);
     let child: i32 = client.ask("FORK").parse().expect("the child's pid");
     srv.reap_also(child);
     let (root_before, child_before) = (start_time(srv.pid), start_time(child));
@@ -225,13 +225,15 @@ fn ferry_killed_during_precopy_leaves_the_service_running_once() {
     let srv = Server::start("killed", 32, true);
     let mut client = Client::connect(srv.port);
     let before = start_time(srv.pid);
-    let mut ferry = stalled_ferry(srv.pid, 120);
-    ferry_testkit::kill(ferry.id() as i32, libc::SIGKILL);
-    let _ = ferry.wait();
-    assert_eq!(start_time(srv.pid), before, "the service changed");
-    assert_eq!(srv.ended.load(Ordering::SeqCst), 0, "the service ended");
-    assert_eq!(client.ask("INCR"), "1");
-    assert_eq!(client.ask("CHECK"), "OK 8192");
+    for (n, phase) in ["tracking armed, memory placed", "round 0"].iter().enumerate() {
+        let mut ferry = stalled_ferry(srv.pid, phase, 120);
+        ferry_testkit::kill(ferry.id() as i32, libc::SIGKILL);
+        let _ = ferry.wait();
+        assert_eq!(start_time(srv.pid), before, "the service changed after {phase}");
+        assert_eq!(srv.ended.load(Ordering::SeqCst), 0, "the service ended after {phase}");
+        assert_eq!(client.ask("INCR"), (n + 1).to_string(), "after {phase}");
+        assert_eq!(client.ask("CHECK"), "OK 8192", "after {phase}");
+    }
     // No userfaultfd of ferry's left in it, and one process of that name.
     let fds = std::fs::read_dir(format!("/proc/{}/fd", srv.pid)).expect("fds");
     for fd in fds.flatten() {
@@ -248,6 +250,24 @@ fn ferry_killed_during_precopy_leaves_the_service_running_once() {
         .output()
         .expect("ferry replace");
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(client.ask("INCR"), "2");
+    assert_eq!(client.ask("INCR"), "3");
     assert_eq!(client.ask("CHECK"), "OK 8192");
+}
+
+#[test]
+fn no_precopy_copies_every_page_in_the_pause() {
+    require_root!();
+    let srv = Server::start("off", 16, false);
+    let mut client = Client::connect(srv.port);
+    let out = Command::new(FERRY)
+        .args(["-v", "replace", "--no-precopy", "--pid", &srv.pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
+    assert!(!line.contains("pre-copied"), "{line}");
+    assert!(!said.contains("pre-copy: round"), "{said}");
+    assert_eq!(client.ask("CHECK"), "OK 4096");
+    assert_eq!(client.ask("INCR"), "1");
 }
