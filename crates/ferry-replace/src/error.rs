@@ -9,6 +9,10 @@ pub enum ReplaceError {
     /// There is no tree to replace.
     #[error("pid {0}: no such process")]
     NoSuchProcess(i32),
+    /// The old tree exited while its memory was pre-copied: there is
+    /// nothing left to replace (ferry's copies are gone with it).
+    #[error("pid {0}: the tree exited during pre-copy; nothing was replaced")]
+    Exited(i32),
     /// An option refused before anything was frozen.
     #[error("{0}")]
     Option(String),
@@ -35,7 +39,10 @@ impl ReplaceError {
     pub fn old_tree_runs(&self) -> bool {
         !matches!(
             self,
-            ReplaceError::AfterKill(_) | ReplaceError::NoSuchProcess(_) | ReplaceError::Takeover(_)
+            ReplaceError::AfterKill(_)
+                | ReplaceError::NoSuchProcess(_)
+                | ReplaceError::Takeover(_)
+                | ReplaceError::Exited(_)
         )
     }
 }

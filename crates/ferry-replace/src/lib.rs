@@ -7,6 +7,8 @@
 //! ```text
 //! options checked      options.rs   before the freeze: a bad option refuses by name
 //! reaper checked       reaper.rs    the old root's parent reaps (its PIDs come free)
+//! pre-copy             precopy/     the root's memory copied into placed memory of
+//!                                   ferry's own while the tree runs, in rounds
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                engine       the edited image restored in scratch namespaces
@@ -22,8 +24,9 @@
 //! same image passed, so the restore after it meets nothing the trial did
 //! not. The old tree's sockets, pipes, eventfds... are carried over as the
 //! same kernel objects (the capture's `carry_files`, the restore's
-//! `Handover::carried`) unless `rebuild_files` asks for new ones. Later
-//! phases (pre-copy into the new tree, a new binary) slot in between these.
+//! `Handover::carried`) unless `rebuild_files` asks for new ones, and the
+//! root's memory is pre-copied into placed memory the new root inherits
+//! (precopy/). A new binary (`--exec`) is a composition of its own (exec/).
 
 mod cgroup;
 mod checks;
@@ -31,6 +34,7 @@ pub mod edits;
 mod error;
 mod exec;
 mod options;
+pub mod precopy;
 mod reaper;
 mod report;
 
@@ -54,7 +58,16 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
-    let (mut captured, mut image) = capture_into_memory(pid, opts)?;
+    let mut pre_ph = Phases::start("pre-copy");
+    // Pages are charged to the cgroup of the process that first writes
+    // them: ferry's for the placed ones, which the new root would keep
+    // outside the cgroup it is put in. With --cgroup every page is
+    // copied in the pause, by the new root itself.
+    let mut pre = match opts.precopy && edits.cgroup.is_none() {
+        true => Some(precopy::Precopy::run(pid, &precopy::RoundRule::default(), &mut pre_ph)?),
+        false => None,
+    };
+    let (mut captured, mut image) = capture_into_memory(pid, opts, pre.as_mut())?;
     // Kept open until the new tree runs: through the kill they hold the
     // old tree's sockets, pipes... alive for the new one.
     let carried = captured.take_carried();
@@ -65,19 +78,27 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         ..Default::default()
     };
     let mut ph = Phases::start_at("replace", captured.frozen_at());
-    let mut phases = prefixed("capture", captured.phases.done());
+    let mut phases = prefixed("pre-copy", pre_ph.done());
+    phases.extend(prefixed("capture", captured.phases.done()));
     ph.mark("capture");
     let netns = ph.step("edit", || -> Result<_, ReplaceError> {
         let netns = checks::replaceable(&captured.tree)?;
         edits.apply(&mut captured.tree).map_err(ReplaceError::Refused)?;
         captured.write_image(&mut image, None)?;
+        if let Some(p) = pre.as_mut() {
+            p.settle(&captured.parent_pages);
+        }
         Ok(netns)
     })?;
-    ph.step("trial", || trial(&captured, &mut image, &handover))?;
+    let pause_pages = captured.inventory.pages_bytes;
+    ph.step("trial", || match pre.as_ref() {
+        Some(p) => p.without_regions(|| trial(&captured, &mut image, &handover)),
+        None => trial(&captured, &mut image, &handover),
+    })?;
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
-    let held = ph.step("restore", || restore_new(&mut image, &opts, &handover));
+    let held = ph.step("restore", || restore_new(&mut image, &opts, &handover, pre.as_ref()));
     let held = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
@@ -93,6 +114,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         phases,
         edits: describe(&edits),
         files,
+        precopy: pre.map(|p| report::PrecopyLine { summary: p.summary(), pause_pages }),
     })
 }
 
@@ -101,16 +123,21 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
 fn capture_into_memory(
     pid: i32,
     asked: &ReplaceOptions,
+    mut pre: Option<&mut precopy::Precopy>,
 ) -> Result<(Captured, MemoryImage), ReplaceError> {
+    // The mappings' flags read once while the tree runs, so that the
+    // freeze does not walk every page table again (as a migration does).
     let opts = CaptureOptions {
         parent_sees_exit: asked.parent_sees_exit,
         carry_files: !asked.rebuild_files,
+        presurveyed: capture::vma_flags::presurvey_tree(pid),
         ..CaptureOptions::default()
     };
     let out = capture::retry_transient(
         || {
             let mut image = MemoryImage::new();
-            Ok((capture::capture(pid, &mut image, &opts, None)?, image))
+            let hooks = pre.as_deref_mut().map(|p| p as &mut dyn capture::CaptureHooks);
+            Ok((capture::capture(pid, &mut image, &opts, hooks)?, image))
         },
         |n, e| tracing::info!("replace: capture attempt {n} refused, trying again: {e}"),
     )?;
@@ -156,9 +183,15 @@ fn restore_new(
     image: &mut MemoryImage,
     opts: &RestoreOptions,
     handover: &Handover,
+    pre: Option<&precopy::Precopy>,
 ) -> Result<HeldTree, ferry_engine::EngineError> {
     let t0 = Instant::now();
-    let loaded = image.load(ferry_engine::worker_threads())?;
+    let mut loaded = image.load(ferry_engine::worker_threads())?;
+    // The root is forked from ferry and inherits the pre-copied memory;
+    // ferry's own copy goes with `pre`, after the release.
+    if let Some(p) = pre {
+        p.complete(&mut loaded.tree);
+    }
     let pages = loaded.pages.bytes();
     Placement::Here.restore_held(loaded.tree, pages, opts, handover, t0)
 }

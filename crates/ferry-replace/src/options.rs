@@ -27,6 +27,10 @@ pub struct ReplaceOptions {
     /// same objects (TCP connections then go through repair and the
     /// network lock).
     pub rebuild_files: bool,
+    /// Copy the root's memory into the new tree while the old one runs
+    /// (pre-copy), so the pause copies only what was written since the
+    /// last round. Off: every page is copied in the pause.
+    pub precopy: bool,
 }
 
 impl ReplaceOptions {

@@ -19,6 +19,8 @@ pub struct Replaced {
     pub edits: Vec<String>,
     /// How the kernel objects came over ([`files_moved`]).
     pub files: String,
+    /// The pre-copy, when there was one.
+    pub precopy: Option<PrecopyLine>,
 }
 
 /// `N files carried, M TCP connections repaired, no network lock` (or
@@ -28,16 +30,45 @@ pub fn files_moved(carried: usize, repaired: usize, locked: bool) -> String {
     format!("{carried} files carried, {repaired} TCP connections repaired, {lock}")
 }
 
+/// The pre-copy's rounds and what was left for the pause.
+#[derive(Debug, Clone)]
+pub struct PrecopyLine {
+    pub summary: crate::precopy::Summary,
+    /// Bytes of pages the capture copied in the pause (all processes).
+    pub pause_pages: u64,
+}
+
+impl PrecopyLine {
+    /// `pre-copied 64.0 MiB in 3 rounds (the written set stopped
+    /// shrinking), 63.5 MiB inherited, 0.4 MiB copied in the pause`.
+    pub fn text(&self) -> String {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        let s = &self.summary;
+        let copied: u64 = s.rounds.iter().map(|r| r.bytes).sum();
+        let why = s.stop.map_or(String::new(), |w| format!(" ({})", w.describe()));
+        let collided = match s.collided_bytes {
+            0 => String::new(),
+            b => format!(", {:.1} MiB where ferry has memory copied in the pause", mib(b)),
+        };
+        format!(
+            "pre-copied {:.1} MiB in {} rounds{why}, {:.1} MiB inherited, {:.1} MiB copied in the pause{collided}",
+            mib(copied),
+            s.rounds.len(),
+            mib(s.inherited_bytes),
+            mib(self.pause_pages)
+        )
+    }
+}
+
 impl Replaced {
     /// `replaced pid P: pause X ms (freeze A, capture B, ...)`.
     pub fn line(&self) -> String {
         let parts: Vec<String> =
             self.parts.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
-        let edits = if self.edits.is_empty() {
-            String::new()
-        } else {
-            format!("; {}", self.edits.join(", "))
-        };
+        let mut extra = self.edits.clone();
+        extra.extend(self.precopy.as_ref().map(PrecopyLine::text));
+        let edits =
+            if extra.is_empty() { String::new() } else { format!("; {}", extra.join(", ")) };
         format!(
             "replaced pid {}: pause {:.1} ms ({}); {}{edits}",
             self.pid,
@@ -116,6 +147,7 @@ mod tests {
             phases: vec![],
             edits: vec!["seccomp filter stacked".into()],
             files: files_moved(3, 0, false),
+            precopy: None,
         };
         assert_eq!(
             r.line(),

@@ -56,6 +56,22 @@ impl PlacedRegion {
         self.addr + self.len as u64
     }
 
+    /// Whether a process forked from this one gets a copy of the region
+    /// (MADV_DOFORK, the default) or not (MADV_DONTFORK).
+    pub fn set_inherited(&self, on: bool) -> SysResult<()> {
+        let advice = if on { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
+        // SAFETY: advice on exactly our own live mapping; neither advice
+        // changes its content or its addresses, only what a fork copies.
+        if unsafe { libc::madvise(self.addr as *mut libc::c_void, self.len, advice) } < 0 {
+            return Err(last_error(if on {
+                "madvise(MADV_DOFORK)"
+            } else {
+                "madvise(MADV_DONTFORK)"
+            }));
+        }
+        Ok(())
+    }
+
     /// Copies `data` in at byte `offset` of the region.
     pub fn write(&mut self, offset: usize, data: &[u8]) -> SysResult<()> {
         if offset.checked_add(data.len()).is_none_or(|e| e > self.len) {

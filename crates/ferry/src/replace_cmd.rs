@@ -35,8 +35,10 @@ objects (ferry's duplicates, pidfd_getfd): no TCP repair, no network lock, no qu
 listener keeps accepting through the pause. Regular files, directories, devices and ptys are \
 made again as a restore makes them; --rebuild-files makes everything again.
 
-Not built yet: pre-copy of memory while the tree runs (the whole copy is in the pause). Trees \
-in a PID namespace of their own are refused.")]
+Memory: the root's private anonymous memory is pre-copied into memory the new root inherits \
+while the old tree runs, in rounds of dirty tracking; the pause copies only what was written \
+since the last round and the other processes' memory (--no-precopy copies everything in the \
+pause). Trees in a PID namespace of their own are refused.")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
     /// descendants.
@@ -79,9 +81,10 @@ pub struct ReplaceArgs {
     /// checkpoint`. Any replaced root's parent sees it exit.
     #[arg(long)]
     pub parent_sees_exit: bool,
-    /// Copy the memory inside the pause. The only mode built so far:
-    /// pre-copy while the tree runs comes later, and this option will
-    /// then turn it off.
+    /// Copy all the memory inside the pause. By default the root's
+    /// private anonymous memory is pre-copied into the new tree while the
+    /// old one runs, and the pause copies only the pages written since
+    /// the last round.
     #[arg(long)]
     pub no_precopy: bool,
     /// With --exec: seconds the old tree keeps serving its connections
@@ -123,6 +126,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         rlimit,
         parent_sees_exit,
         rebuild_files,
+        no_precopy,
         ..
     } = args;
     let opts = ferry_replace::ReplaceOptions {
@@ -132,6 +136,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         rlimits: rlimit,
         parent_sees_exit,
         rebuild_files,
+        precopy: !no_precopy,
     };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {
@@ -177,7 +182,9 @@ fn run_exec(args: ReplaceArgs) -> Result<i32> {
 /// runs on is the first thing a user needs to know.
 fn failure(pid: i32, e: ferry_replace::ReplaceError) -> anyhow::Error {
     match e {
-        ferry_replace::ReplaceError::NoSuchProcess(_) => anyhow::anyhow!("replace: {e}"),
+        ferry_replace::ReplaceError::NoSuchProcess(_) | ferry_replace::ReplaceError::Exited(_) => {
+            anyhow::anyhow!("replace: {e}")
+        }
         e if e.old_tree_runs() => {
             anyhow::anyhow!("replace of pid {pid} refused: {e}; the old tree runs on untouched")
         }

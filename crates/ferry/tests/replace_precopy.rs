@@ -1,0 +1,273 @@
+//! `ferry replace` with pre-copy: the root's memory copied into the new
+//! tree while the old one runs, and the faults of that phase.
+//!
+//! The server is tests/replace/memory_server.c: N MiB filled with a
+//! pattern, optionally rewriting a 16th of it all the time (a hot
+//! writer), and checking every page on request. Each server runs in a
+//! session of its own as a child of the test process, a child subreaper;
+//! a thread reaps the PIDs the test lists (the root, and a child it
+//! forks), so that the killed old processes' PIDs come free. Everything
+//! is killed by PID (checked by name) on drop, also when a test fails.
+
+use ferry_testkit::{require_root, TempDir};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{sleep, JoinHandle};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const COMM: &str = "memory_server";
+
+fn start_time(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    if matches!(rest.first(), Some(&"Z") | Some(&"X")) {
+        return None;
+    }
+    rest.get(19)?.parse().ok()
+}
+
+/// A memory_server and the PIDs the test reaps for it.
+struct Server {
+    pid: i32,
+    port: u16,
+    pids: Arc<Mutex<Vec<i32>>>,
+    /// Processes of the listed PIDs that ended.
+    ended: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    reaper: Option<JoinHandle<()>>,
+    _dir: TempDir,
+}
+
+impl Server {
+    fn start(tag: &str, mib: u32, hot: bool) -> Server {
+        let dir = TempDir::new("ferry-replace-precopy", tag);
+        let bin = dir.path().join(COMM);
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/replace/memory_server.c");
+        ferry_testkit::compile_c(&src, &bin);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let (port_s, mib_s) = (port.to_string(), mib.to_string());
+        let mut argv = vec![bin.to_str().expect("utf-8 path"), &port_s, &mib_s];
+        if hot {
+            argv.push("hot");
+        }
+        let pid = ferry_testkit::spawn_detached(&argv, dir.path());
+        let pids = Arc::new(Mutex::new(vec![pid]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicU64::new(0));
+        let (p, s, n) = (pids.clone(), stop.clone(), ended.clone());
+        let reaper = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let list = p.lock().map(|l| l.clone()).unwrap_or_default();
+                for pid in list {
+                    if ferry_testkit::try_reap(pid).is_some() {
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                sleep(Duration::from_millis(1));
+            }
+        });
+        let server = Server { pid, port, pids, ended, stop, reaper: Some(reaper), _dir: dir };
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(20), "{COMM} does not listen on {port}");
+            sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn reap_also(&self, pid: i32) {
+        self.pids.lock().expect("pid list").push(pid);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let list = self.pids.lock().map(|l| l.clone()).unwrap_or_default();
+        for &pid in list.iter().rev() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == COMM {
+                ferry_testkit::kill(pid, libc::SIGKILL);
+            }
+        }
+        let t = Instant::now();
+        while list.iter().any(|&p| Path::new(&format!("/proc/{p}")).exists())
+            && t.elapsed() < Duration::from_secs(5)
+        {
+            sleep(Duration::from_millis(5));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reaper.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+struct Client {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    fn connect(port: u16) -> Client {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone"));
+        Client { stream, reader }
+    }
+
+    fn ask(&mut self, line: &str) -> String {
+        self.stream.write_all(format!("{line}\n").as_bytes()).expect("send");
+        let mut reply = String::new();
+        self.reader.read_line(&mut reply).expect("reply");
+        reply.trim_end().to_string()
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// ferry replace stalled after pre-copy phase `phase` for `secs` (120:
+/// until killed); returns it once it says so.
+fn stalled_ferry(pid: i32, phase: &str, secs: u32) -> std::process::Child {
+    let mut ferry = Command::new(FERRY)
+        .args(["replace", "--pid", &pid.to_string()])
+        .env("FERRY_FAULT_STALL_AFTER", format!("pre-copy:{phase}"))
+        .env("FERRY_FAULT_STALL_SECS", secs.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running ferry replace");
+    let mut line = String::new();
+    let mut err = BufReader::new(ferry.stderr.take().expect("stderr"));
+    err.read_line(&mut line).expect("ferry's stall line");
+    assert!(line.contains(&format!("stalling after pre-copy phase '{phase}'")), "{line}");
+    // The rest of stderr, read when the test waits for ferry.
+    ferry.stderr = Some(err.into_inner());
+    ferry
+}
+
+#[test]
+fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
+    require_root!();
+    let srv = Server::start("hot", 64, true);
+    let mut client = Client::connect(srv.port);
+    assert_eq!(client.ask("CHECK"), "OK 16384");
+    let before = start_time(srv.pid);
+    let out = Command::new(FERRY)
+        .args(["-v", "replace", "--pid", &srv.pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert_ne!(start_time(srv.pid), before, "still the old process: {said}");
+    let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
+    assert!(line.contains("pre-copied 6"), "{line}");
+    assert!(said.contains("pre-copy: round 0"), "{said}");
+    // The hot writer rewrites 4 MiB: the pause copies about that, not 64.
+    let pause_mib: f64 = line
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" MiB copied in the pause"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pause copy in {line}"));
+    assert!(pause_mib < 16.0, "{pause_mib} MiB copied in the pause: {line}");
+    assert_eq!(client.ask("CHECK"), "OK 16384", "{said}");
+    assert_eq!(client.ask("INCR"), "1");
+    assert_eq!(srv.ended.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_old_tree_exiting_during_precopy_is_a_clean_error() {
+    require_root!();
+    let srv = Server::start("exits", 32, false);
+    let ferry = stalled_ferry(srv.pid, "round 0", 3);
+    ferry_testkit::kill(srv.pid, libc::SIGKILL);
+    let out = ferry.wait_with_output().expect("ferry");
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("the tree exited during pre-copy"), "{said}");
+    assert!(!said.contains("runs on untouched"), "{said}");
+    // ferry is gone, and with it its placed memory and userfaultfds.
+    assert!(start_time(srv.pid).is_none(), "pid {} still runs", srv.pid);
+}
+
+#[test]
+fn a_process_forked_during_precopy_is_replaced_with_the_tree() {
+    require_root!();
+    let srv = Server::start("fork", 32, true);
+    let mut client = Client::connect(srv.port);
+    let ferry = stalled_ferry(srv.pid, "round 0", 2);
+    let child: i32 = client.ask("FORK").parse().expect("the child's pid");
+    srv.reap_also(child);
+    let (root_before, child_before) = (start_time(srv.pid), start_time(child));
+    let out = ferry.wait_with_output().expect("ferry");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("pre-copied"), "{said}");
+    assert_ne!(start_time(srv.pid), root_before, "the root is still the old process");
+    assert!(start_time(child).is_some(), "the forked child is not in the new tree: {said}");
+    assert_ne!(start_time(child), child_before, "the child is still the old process");
+    assert_eq!(client.ask("CHECK"), "OK 8192");
+    assert_eq!(client.ask("INCR"), "1");
+}
+
+#[test]
+fn ferry_killed_during_precopy_leaves_the_service_running_once() {
+    require_root!();
+    let srv = Server::start("killed", 32, true);
+    let mut client = Client::connect(srv.port);
+    let before = start_time(srv.pid);
+    for (n, phase) in ["tracking armed, memory placed", "round 0"].iter().enumerate() {
+        let mut ferry = stalled_ferry(srv.pid, phase, 120);
+        ferry_testkit::kill(ferry.id() as i32, libc::SIGKILL);
+        let _ = ferry.wait();
+        assert_eq!(start_time(srv.pid), before, "the service changed after {phase}");
+        assert_eq!(srv.ended.load(Ordering::SeqCst), 0, "the service ended after {phase}");
+        assert_eq!(client.ask("INCR"), (n + 1).to_string(), "after {phase}");
+        assert_eq!(client.ask("CHECK"), "OK 8192", "after {phase}");
+    }
+    // No userfaultfd of ferry's left in it, and one process of that name.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", srv.pid)).expect("fds");
+    for fd in fds.flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        assert!(!target.to_string_lossy().contains("userfaultfd"), "{target:?} left");
+    }
+    let same_port = Command::new("ss").args(["-Htln", &format!("sport = :{}", srv.port)]).output();
+    if let Ok(o) = same_port {
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1, "listeners");
+    }
+    // And it can be replaced afterwards.
+    let out = Command::new(FERRY)
+        .args(["replace", "--pid", &srv.pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(client.ask("INCR"), "3");
+    assert_eq!(client.ask("CHECK"), "OK 8192");
+}
+
+#[test]
+fn no_precopy_copies_every_page_in_the_pause() {
+    require_root!();
+    let srv = Server::start("off", 16, false);
+    let mut client = Client::connect(srv.port);
+    let out = Command::new(FERRY)
+        .args(["-v", "replace", "--no-precopy", "--pid", &srv.pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
+    assert!(!line.contains("pre-copied"), "{line}");
+    assert!(!said.contains("pre-copy: round"), "{said}");
+    assert_eq!(client.ask("CHECK"), "OK 4096");
+    assert_eq!(client.ask("INCR"), "1");
+}
