@@ -14,7 +14,7 @@ ferry's wall time); --out writes the table to a file too.
 
 Needs root and a release build of ferry (target dir from CARGO_TARGET_DIR).
 """
-import argparse, ctypes, os, re, signal, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, atexit, ctypes, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,6 +72,17 @@ def reaper(stop):
         time.sleep(0.001)
 
 
+def measure(srv, runs, precopy, what):
+    """`runs` replacements of srv, its memory and counter checked after each."""
+    out = []
+    for counter in range(1, runs + 1):
+        out.append(one(ferry_bin(), srv, precopy))
+        ok = srv.ask("CHECK")
+        if not ok.startswith("OK") or srv.ask("INCR") != str(counter):
+            sys.exit(f"{what}: memory or counter wrong after a replacement: {ok}")
+    return out
+
+
 def one(ferry, srv, precopy):
     args = [ferry, "replace", "--pid", str(srv.pid)] + ([] if precopy else ["--no-precopy"])
     t = time.time()
@@ -99,6 +110,7 @@ def main():
     stop = threading.Event()
     threading.Thread(target=reaper, args=(stop,), daemon=True).start()
     tmp = tempfile.mkdtemp(prefix="ferry-bench-precopy-")
+    atexit.register(shutil.rmtree, tmp, True)
     binary = os.path.join(tmp, "memory_server")
     subprocess.run(["gcc", "-O2", "-o", binary, os.path.join(REPO, "tests/replace/memory_server.c")], check=True)
     rows = ["| memory | writer | mode | pause median (min-max) | parts (median run) | pre-copy | ferry wall |",
@@ -107,14 +119,11 @@ def main():
         for writer in a.writer.split(","):
             for precopy in (True, False):
                 srv = Server(binary, mib(size), writer == "hot")
-                runs, counter = [], 0
-                for _ in range(a.runs):
-                    runs.append(one(ferry_bin(), srv, precopy))
-                    counter += 1
-                    ok = srv.ask("CHECK")
-                    if not ok.startswith("OK") or srv.ask("INCR") != str(counter):
-                        sys.exit(f"{size} {writer}: memory or counter wrong after a replacement: {ok}")
-                srv.stop()
+                try:
+                    runs = measure(srv, a.runs, precopy, f"{size} {writer}")
+                finally:
+                    # Also on a failed run or ^C: the server is this script's.
+                    srv.stop()
                 runs.sort(key=lambda r: r[0])
                 med = runs[len(runs) // 2]
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in med[2].items())

@@ -182,6 +182,13 @@ impl Frozen {
         self.released = true;
         ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL)
             .map_err(|e| EngineError::kernel(self.pid, "killing", e))?;
+        // The PID comes free only after the address space is torn down,
+        // which the dying threads would do one after the other; ferry
+        // unmaps it meanwhile (a large tree's kill was most of a
+        // replacement's pause). Best effort: the exit frees the rest.
+        if let Err(e) = ferry_sys::pidfd::process_mrelease(&self.pidfd) {
+            tracing::debug!("kill of {}: {e}", self.pid);
+        }
         // Traced threads stay zombies until their tracer (us) reaps them,
         // and the process does not finish exiting before they are gone.
         // Other threads first: the leader's exit is reported only after
