@@ -20,26 +20,12 @@
 //! Everything else (regular files, directories, devices, ptys, /proc
 //! files) is captured and rebuilt as without carrying.
 
-use super::FdInfo;
+use super::{FdInfo, KeptDups};
 use crate::error::Result;
 use ferry_image::{CarriedFile, FileKind};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-
-/// Ferry's duplicates of the carried fds of one process, by fd number.
-#[derive(Default)]
-pub struct CarriedDups(std::sync::Mutex<Vec<(i32, OwnedFd)>>);
-
-impl CarriedDups {
-    fn push(&self, fd: i32, dup: OwnedFd) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
-    }
-
-    pub fn into_map(self) -> HashMap<i32, OwnedFd> {
-        self.0.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect()
-    }
-}
 
 /// The anon_inode kinds that carry as themselves.
 const ANON: [&str; 4] = ["[eventfd]", "[timerfd]", "[signalfd]", "inotify"];
@@ -114,7 +100,7 @@ pub(crate) fn take_from(
 
 /// The carried kind of fd `info.fd`, with ferry's duplicate kept in
 /// `dups`; None when it is not carried.
-pub(super) fn capture(info: &FdInfo, dups: &CarriedDups) -> Result<Option<FileKind>> {
+pub(super) fn capture(info: &FdInfo, dups: &KeptDups) -> Result<Option<FileKind>> {
     if !carriable(info) {
         return Ok(None);
     }

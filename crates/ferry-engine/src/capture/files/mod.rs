@@ -57,7 +57,7 @@ pub(crate) struct FdInfo<'a> {
     pub early: Option<&'a Early>,
     /// Where carried fds' duplicates go, when the capture carries
     /// ([`carried`]); None: every file is read to be rebuilt.
-    pub carried: Option<&'a carried::CarriedDups>,
+    pub carried: Option<&'a KeptDups>,
 }
 
 /// Ferry's duplicates of a process's sockets, made by the survey and kept
@@ -69,7 +69,11 @@ pub(crate) struct FdInfo<'a> {
 pub struct KeptDups(std::sync::Mutex<Vec<(i32, OwnedFd)>>);
 
 impl KeptDups {
-    fn into_map(self) -> std::collections::HashMap<i32, OwnedFd> {
+    pub(crate) fn push(&self, fd: i32, dup: OwnedFd) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
+    }
+
+    pub(crate) fn into_map(self) -> std::collections::HashMap<i32, OwnedFd> {
         self.0.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect()
     }
 }
@@ -90,7 +94,7 @@ impl FdInfo<'_> {
     }
     /// Keeps `dup`, ferry's duplicate of this fd, for the later steps.
     pub fn keep(&self, dup: OwnedFd) {
-        self.kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((self.fd, dup));
+        self.kept.push(self.fd, dup);
     }
     pub fn field(&self, key: &str) -> Option<&str> {
         self.fdinfo
@@ -513,7 +517,7 @@ pub(super) fn capture(
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
-    let carried_dups = carried::CarriedDups::default();
+    let carried_dups = KeptDups::default();
     let carrying = opts.carry_files.then_some(&carried_dups);
     let fdinfo_dir = FdinfoDir::open(pid)?;
     let mounts = allow::Mounts::new(pid);
