@@ -31,6 +31,7 @@ pub mod seccomp_notify;
 pub mod signal;
 pub mod sockdiag;
 pub mod socket;
+pub mod stop_warden;
 pub mod sysv;
 pub mod tcp_iter;
 pub mod tty;

@@ -720,3 +720,69 @@ fn python_http_server_is_replaced_by_a_new_one_under_clients() {
     assert!(first > 0 && fresh.0[first..].iter().all(|b| b == "v2"), "{:?}", fresh.0);
     eprintln!("{} requests on new connections, 0 failed", fresh.0.len());
 }
+
+/// A ferry killed during the drain (Ctrl-C, SIGKILL, the OOM killer)
+/// cannot stop the old tree itself: its warden (`ferry-drain`, forked at
+/// the drain's start, in a session of its own) stops it a little after
+/// the drain timeout, and not before.
+#[test]
+fn a_ferry_killed_during_the_drain_leaves_the_old_tree_to_its_warden() {
+    require_root!();
+    let (dir, bin, port) = version_server("warden");
+    let (b, p) = (bin.to_str().expect("utf-8"), port.to_string());
+    let old = Tree::start(&[b, &p, "v1"], "version_server", port, dir.path());
+    let mut kept = Conn::open(port).expect("keep-alive").0;
+    assert!(kept.ask().expect("old answers").starts_with("v1 "));
+    let mut ferry = ferry_replace(old.root, &["--drain-timeout", "1", "--exec", b, &p, "v2"]);
+    let stderr = ferry.stderr.take().expect("ferry's stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let took_over = loop {
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("no takeover line from ferry");
+        if line.contains(" took over ") {
+            break line;
+        }
+    };
+    let new_pid: i32 = took_over
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {took_over:?}"));
+    let _new = Tree::adopt(new_pid, None);
+    let killed_at = Instant::now();
+    let _ = ferry.kill();
+    let _ = ferry.wait();
+    // Orphaned, it came back to the test (a subreaper), to any thread;
+    // it may not have named itself yet.
+    let me = std::process::id() as i32;
+    let find = || {
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&p| comm(p) == "ferry-drain" && stat(p).is_some_and(|(_, pp)| pp == me))
+    };
+    let mut warden = find();
+    while warden.is_none() && killed_at.elapsed() < Duration::from_secs(2) {
+        sleep(Duration::from_millis(10));
+        warden = find();
+    }
+    let warden = warden.expect("no ferry-drain process after ferry was killed");
+    // ferry would have stopped it at 1 s; the warden waits 1 + 5 + 2 s.
+    sleep(Duration::from_secs(3));
+    assert!(alive(old.root), "the old tree was stopped before the warden's deadline");
+    assert!(old.wait_gone(Duration::from_secs(12)), "the warden did not stop the old tree");
+    let gone_after = killed_at.elapsed();
+    assert!(gone_after >= Duration::from_secs(7), "stopped after {gone_after:?}");
+    assert!(kept.ask().is_err(), "a connection of the stopped server still answers");
+    let t = Instant::now();
+    while stat(warden).is_some_and(|(s, _)| s != 'Z') && t.elapsed() < Duration::from_secs(5) {
+        sleep(Duration::from_millis(20));
+    }
+    assert!(ferry_testkit::try_reap(warden).is_some(), "the warden did not end");
+    assert!(Conn::open(port).expect("new conn").0.ask().expect("answer").starts_with("v2 "));
+}

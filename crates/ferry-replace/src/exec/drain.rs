@@ -1,9 +1,11 @@
 //! The old tree's end: it serves the connections it had until their
 //! clients close them or `--drain-timeout` passes, then it is stopped
 //! (SIGTERM to each of its processes, SIGKILL to what is left after a
-//! grace period), by PID.
+//! grace period), by PID. A warden process stops it at the same
+//! deadline should ferry itself die during the drain.
 
 use ferry_engine::running_sockets::{self, SocketRole};
+use ferry_sys::stop_warden::StopWarden;
 use std::time::{Duration, Instant};
 
 /// How long the old tree has after SIGTERM before SIGKILL.
@@ -35,11 +37,12 @@ pub fn connections(root: i32, ports: &[u16]) -> usize {
 
 /// Waits until the tree of `root` holds no connection accepted on
 /// `ports` or `timeout` passed, telling `progress` about once a second,
-/// then stops it.
+/// then stops it and ends `warden`.
 pub fn drain_and_stop(
     root: i32,
     ports: &[u16],
     timeout: Duration,
+    warden: Option<StopWarden>,
     progress: &mut dyn FnMut(String),
 ) -> Drained {
     let t0 = Instant::now();
@@ -59,7 +62,34 @@ pub fn drain_and_stop(
     }
     let seconds = t0.elapsed().as_secs_f64();
     let killed = stop(root);
+    if let Some(w) = warden {
+        let pid = w.pid();
+        if let Err(e) = w.disarm() {
+            tracing::warn!("ending the drain's warden, pid {pid}: {e}");
+        }
+    }
     Drained { seconds, at_start, left, killed }
+}
+
+/// The warden over the old tree's processes: it stops them a little after
+/// ferry would have (the drain timeout, the grace period and 2 s), so it
+/// acts only when ferry did not live to. Processes the tree forks during
+/// the drain are not among them: ferry's own stop lists the tree again.
+pub fn arm_warden(root: i32, timeout: Duration) -> Option<StopWarden> {
+    let pidfds: Vec<_> = ferry_engine::capture::running_tree(root)
+        .into_iter()
+        .filter_map(|p| ferry_sys::pidfd::pidfd_open(p).ok())
+        .collect();
+    let after = timeout.saturating_add(GRACE).saturating_add(Duration::from_secs(2));
+    match ferry_sys::stop_warden::spawn_stop_warden(&pidfds, after, GRACE) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                "starting the drain's warden for pid {root}: {e}; the old tree is stopped only if ferry lives through the drain"
+            );
+            None
+        }
+    }
 }
 
 fn alive(pid: i32) -> bool {

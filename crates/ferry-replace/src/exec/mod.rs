@@ -21,7 +21,8 @@
 //!    as the new binary lives (a filter cannot be removed, and without a
 //!    listener its trapped calls would fail with ENOSYS).
 //! 6. [`drain`]: the old tree serves its connections until their clients
-//!    close them or the drain timeout passes, then it is stopped.
+//!    close them or the drain timeout passes, then it is stopped; a
+//!    warden process stops it in ferry's place if ferry dies meanwhile.
 
 mod drain;
 mod listeners;
@@ -141,6 +142,9 @@ pub fn replace_exec(
             "the new binary's thread {tid} went away in its last bind, after the old tree gave up its listeners"
         )));
     }
+    // Before anything is told: a ferry killed from here on leaves the
+    // old tree's end to the warden.
+    let warden = drain::arm_warden(pid, opts.drain_timeout);
     let new_pid = keep_answering(new)?;
     tracing::info!(
         "replace --exec: {} listener fds of the old tree quieted, {} epoll registrations removed",
@@ -152,7 +156,7 @@ pub fn replace_exec(
         old.len()
     ));
     let ports: Vec<u16> = old.iter().map(|l| l.local.port()).collect();
-    let drained = drain::drain_and_stop(pid, &ports, opts.drain_timeout, progress);
+    let drained = drain::drain_and_stop(pid, &ports, opts.drain_timeout, warden, progress);
     Ok(ExecReplaced {
         old_pid: pid,
         new_pid,
