@@ -8,6 +8,14 @@
 //! Which ancestor adopts orphans cannot be read from outside (the
 //! subreaper flag is not in /proc), so for a tree of several processes
 //! every ancestor of the root counts.
+//!
+//! A reaper with no zombie at that moment shows nothing, and one that
+//! reaps only now and then (a PID 1 that polls: 1.5-1.9 s on the test
+//! VM) would stretch the pause by that much, or fail the restore after
+//! the kill once it takes more than the restore's 5 s. So ferry also
+//! makes an orphan of its own: when the process that adopts it is one of
+//! the tree's reapers, how long that orphan stays a zombie is how long
+//! the old tree's would.
 
 use crate::error::ReplaceError;
 use std::collections::HashMap;
@@ -26,15 +34,18 @@ pub fn check(pid: i32) -> Result<(), ReplaceError> {
     };
     let table = all_stats();
     let reapers = if has_children(pid) { ancestors(ppid, &table) } else { vec![ppid] };
-    let before = zombies_of(&reapers, &table);
+    let mut before = zombies_of(&reapers, &table);
+    // Ferry's own orphans from earlier checks, left to a reaper that
+    // reaps only the children it knows (a test harness): not the tree's.
+    before.retain(|&(z, _)| comm(z) != ferry_sys::orphan::ORPHAN_COMM);
     if before.is_empty() {
-        return Ok(());
+        return probe(pid, &reapers);
     }
     std::thread::sleep(PATIENCE);
     let after = zombies_of(&reapers, &all_stats());
     match before.iter().find(|z| after.contains(z)) {
         Some(&(z, reaper)) => {
-            let comm = std::fs::read_to_string(format!("/proc/{reaper}/comm")).unwrap_or_default();
+            let comm = comm(reaper);
             let whose = if reaper == ppid {
                 "the old root's PID"
             } else {
@@ -42,11 +53,48 @@ pub fn check(pid: i32) -> Result<(), ReplaceError> {
             };
             Err(ReplaceError::Refused(format!(
                 "pid {pid}: {reaper} ({}), which would reap the killed tree, leaves its ended children unreaped (zombie {z}), so {whose} would not come free for the new tree",
-                comm.trim()
+                comm
             )))
         }
         None => Ok(()),
     }
+}
+
+/// When init is one of `reapers`: makes an orphan
+/// ([`ferry_sys::orphan::spawn_orphan`]) and, if init adopts it, refuses the
+/// tree when its zombie is still there [`PATIENCE`] after it ended. Only
+/// init is probed: an init reaps every child alike, while a supervisor
+/// or a test harness (a child subreaper) may reap only the children it
+/// knows, the tree's among them, and never this stranger. An orphan
+/// adopted by another process (ferry runs under a subreaper of its own)
+/// tells nothing about init: no refusal.
+fn probe(pid: i32, reapers: &[i32]) -> Result<(), ReplaceError> {
+    const INIT: i32 = 1;
+    if !reapers.contains(&INIT) {
+        return Ok(());
+    }
+    let Ok(orphan) = ferry_sys::orphan::spawn_orphan() else { return Ok(()) };
+    let Some(reaper) = stat(orphan).map(|(_, parent, _)| parent).filter(|&r| r == INIT) else {
+        return Ok(());
+    };
+    let gone = |o| stat(o).is_none_or(|(state, parent, _)| parent != reaper && state != 'Z');
+    let t = std::time::Instant::now();
+    // The orphan ends once adopted; then the reaper has PATIENCE.
+    while !gone(orphan) && t.elapsed() < PATIENCE + Duration::from_millis(50) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if gone(orphan) {
+        return Ok(());
+    }
+    Err(ReplaceError::Refused(format!(
+        "pid {pid}: {reaper} ({}), which would reap the killed tree, left an ended orphan of ferry's (pid {orphan}) unreaped for {} ms, so the old tree's PIDs would come free that late or not at all, inside the pause",
+        comm(reaper),
+        t.elapsed().as_millis()
+    )))
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string()
 }
 
 fn stat(pid: i32) -> Option<Stat> {

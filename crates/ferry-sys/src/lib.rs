@@ -18,6 +18,7 @@ pub mod file_iter;
 pub mod inotify;
 pub mod lock;
 pub mod netns;
+pub mod orphan;
 pub mod pagemap;
 pub mod perf;
 pub mod pidfd;
