@@ -847,6 +847,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
             ],
         }),
         unix_socket_options: None,
+        uts: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

@@ -26,6 +26,11 @@ pub struct Edits {
     pub nice: Option<i32>,
     /// The CPUs every thread may run on (sorted, each once).
     pub cpus: Option<Vec<u32>>,
+    /// A new UTS namespace for the tree with this hostname.
+    pub hostname: Option<String>,
+    /// The domainname the new namespace gets when the tree was in ferry's
+    /// (ferry's own); a tree in a namespace of its own keeps its own.
+    pub domainname_here: String,
 }
 
 /// The resource names `--rlimit` takes, by RLIMIT_* number.
@@ -202,6 +207,24 @@ pub fn parse_nice(arg: &str) -> Result<i32, String> {
     Ok(n)
 }
 
+/// `NAME`, a hostname the kernel takes: 1 to 64 bytes, no NUL.
+pub fn parse_hostname(arg: &str) -> Result<String, String> {
+    if arg.is_empty() {
+        return Err("--hostname: the name is empty".into());
+    }
+    if arg.len() > ferry_image::validate::MAX_UTS_NAME {
+        return Err(format!(
+            "--hostname {arg}: {} bytes, a hostname has at most {}",
+            arg.len(),
+            ferry_image::validate::MAX_UTS_NAME
+        ));
+    }
+    if arg.contains('\0') {
+        return Err("--hostname: the name holds a NUL byte".into());
+    }
+    Ok(arg.to_string())
+}
+
 /// A cpulist as the kernel writes them (`0`, `0-3`, `0,2-3`): the CPUs,
 /// sorted, each once. Empty items, reversed ranges and CPUs above
 /// [`MAX_CPU`] are refused.
@@ -324,6 +347,13 @@ impl Edits {
     pub fn apply(&self, tree: &mut TreeImage) -> Result<(), String> {
         if let Some(path) = &self.cgroup {
             move_to_cgroup(tree, path);
+        }
+        if let Some(hostname) = &self.hostname {
+            let domainname = match &tree.uts {
+                Some(u) => u.domainname.clone(),
+                None => self.domainname_here.clone(),
+            };
+            tree.uts = Some(ferry_image::UtsImage { hostname: hostname.clone(), domainname });
         }
         for p in &mut tree.processes {
             for want in &self.rlimits {
@@ -662,6 +692,36 @@ mod tests {
         let edits = Edits { cpus: Some(vec![0]), ..Default::default() };
         tree.processes[0].threads.iter_mut().for_each(|t| t.sched.cpus = vec![3]);
         edits.apply(&mut tree).expect("cpus apply to a real-time thread");
+    }
+
+    #[test]
+    fn hostnames_are_1_to_64_bytes_without_nul() {
+        assert_eq!(parse_hostname("svc-a"), Ok("svc-a".into()));
+        assert_eq!(parse_hostname(&"h".repeat(64)), Ok("h".repeat(64)));
+        assert!(parse_hostname("").expect_err("empty").contains("empty"));
+        let e = parse_hostname(&"h".repeat(65)).expect_err("long");
+        assert!(e.contains("65 bytes, a hostname has at most 64"), "{e}");
+        assert!(parse_hostname("a\0b").expect_err("nul").contains("NUL"));
+    }
+
+    #[test]
+    fn a_new_hostname_keeps_the_domainname() {
+        let edits = Edits {
+            hostname: Some("new".into()),
+            domainname_here: "host.example".into(),
+            ..Default::default()
+        };
+        // In ferry's namespace: the new one gets ferry's domainname.
+        let mut tree = TreeImage { processes: vec![process(10, &[10])], ..Default::default() };
+        edits.apply(&mut tree).expect("applies");
+        let want = |h: &str, d: &str| {
+            Some(ferry_image::UtsImage { hostname: h.into(), domainname: d.into() })
+        };
+        assert_eq!(tree.uts, want("new", "host.example"));
+        // In a namespace of its own: its own domainname stays.
+        tree.uts = want("old", "svc.test");
+        edits.apply(&mut tree).expect("applies");
+        assert_eq!(tree.uts, want("new", "svc.test"));
     }
 
     #[test]

@@ -227,5 +227,8 @@ fn describe(e: &edits::Edits) -> Vec<String> {
     if let Some(cpus) = &e.cpus {
         out.push(format!("cpus {}", edits::format_cpulist(cpus)));
     }
+    if let Some(h) = &e.hostname {
+        out.push(format!("hostname {h}"));
+    }
     out
 }

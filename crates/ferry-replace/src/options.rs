@@ -22,6 +22,8 @@ pub struct ReplaceOptions {
     pub nice: Option<String>,
     /// A cpulist (`0`, `0-1`, `0,2-3`): every thread's CPU affinity.
     pub cpus: Option<String>,
+    /// A new UTS namespace for the new tree, with this hostname.
+    pub hostname: Option<String>,
     /// Take a root that runs in its parent's process group although the
     /// parent stays outside the tree and sees it exit (as `ferry
     /// checkpoint --parent-sees-exit`).
@@ -63,6 +65,13 @@ impl ReplaceOptions {
         }
         if let Some(list) = &self.cpus {
             out.cpus = Some(host_cpus(list).map_err(refused)?);
+        }
+        if let Some(name) = &self.hostname {
+            out.hostname = Some(edits::parse_hostname(name).map_err(refused)?);
+            let (_, domainname) = ferry_sys::uts::own_names().map_err(|e| {
+                refused(format!("--hostname {name}: reading ferry's own names: {e}"))
+            })?;
+            out.domainname_here = domainname;
         }
         Ok(out)
     }

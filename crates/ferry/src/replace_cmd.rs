@@ -11,7 +11,7 @@ namespaces, with the restore's own check) while the old tree is still frozen. On
 trial passed is the old tree killed (its carried files held open by ferry) and the \
 edited image restored in its place with the same PIDs, the carried files placed; the restore checks the new tree \
 against the edited image (credentials, limits, seccomp mode and filters, nice values and CPU \
-affinity, memory, fds, sockets) before it runs.
+affinity, UTS namespace and names, memory, fds, sockets) before it runs.
 
 On failure: an option that is wrong (a cgroup that does not exist, a seccomp file that is \
 not a filter, a limit that is not one, a nice value outside -20..19, a CPU that is not \
@@ -84,6 +84,13 @@ pub struct ReplaceArgs {
     /// one ferry itself may use (its affinity, within its cgroup's cpuset).
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
+    /// Put the new tree in a new UTS namespace with this hostname (1 to
+    /// 64 bytes); its domainname stays the old tree's (ferry's, if the
+    /// tree was in ferry's namespace). The tree stays replaceable and
+    /// checkpointable: ferry records and restores a UTS namespace of a
+    /// tree's own.
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
     /// Take the tree although its root runs in its parent's process group
     /// (part of the parent's job) and that parent stays outside the tree:
     /// the parent sees the old root exit, and the new root is ferry's
@@ -114,7 +121,7 @@ pub struct ReplaceArgs {
         value_name = "PATH [ARGS...]",
         num_args = 1..,
         allow_hyphen_values = true,
-        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "nice", "cpus", "parent_sees_exit", "rebuild_files"]
+        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "nice", "cpus", "hostname", "parent_sees_exit", "rebuild_files"]
     )]
     pub exec: Vec<String>,
     /// Make every kernel object of the new tree again, as a restore does
@@ -137,6 +144,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         rlimit,
         nice,
         cpus,
+        hostname,
         parent_sees_exit,
         rebuild_files,
         no_precopy,
@@ -149,6 +157,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         rlimits: rlimit,
         nice,
         cpus,
+        hostname,
         parent_sees_exit,
         rebuild_files,
         precopy: !no_precopy,

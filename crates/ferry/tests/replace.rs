@@ -391,6 +391,8 @@ fn a_bad_option_leaves_the_old_tree_running_untouched() {
         (vec!["--cpus".into(), "4095".into()], "--cpus 4095: CPU 4095 does not exist".into()),
         (vec!["--cpus".into(), "1-0".into()], "the range 1-0 runs backwards".into()),
         (vec!["--cpus".into(), "0,,1".into()], "--cpus 0,,1: an empty item".into()),
+        (vec!["--hostname".into(), "".into()], "--hostname: the name is empty".into()),
+        (vec!["--hostname".into(), "h".repeat(65)], "65 bytes, a hostname has at most 64".into()),
     ];
     for (args, names) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -935,4 +937,79 @@ fn cpus_ferry_may_not_use_and_nice_for_a_real_time_thread_are_refused() {
     let policy = Command::new("chrt").args(["-p", &rt.to_string()]).output().expect("chrt -p");
     assert!(text(&policy).contains("SCHED_FIFO"), "{}", text(&policy));
     assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+}
+
+fn uts_link(pid: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/uts"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/ns/uts: {e}"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// What `nsenter -u -t PID hostname` prints: the hostname of the
+/// process's UTS namespace, read from outside.
+fn hostname_of(pid: i32) -> String {
+    let out = Command::new("nsenter")
+        .args(["-u", "-t", &pid.to_string(), "hostname"])
+        .output()
+        .expect("running nsenter");
+    assert!(out.status.success(), "nsenter: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_new_tree_gets_a_uts_namespace_with_the_hostname_and_keeps_it() {
+    require_root!();
+    let (svc, port) = Service::probe("hostname", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let ours = uts_link("self");
+    assert_eq!(uts_link(&svc.pid.to_string()), ours);
+    let domain = std::fs::read_to_string("/proc/sys/kernel/domainname").expect("domainname");
+    let domain = domain.trim();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let name = format!("ferry-svc-{}", std::process::id());
+    let said = replaced(&svc, &["--hostname", &name]);
+    assert!(said.contains(&format!("hostname {name}")), "{said}");
+    let first = uts_link(&svc.pid.to_string());
+    assert_ne!(first, ours, "the new tree is in ferry's UTS namespace");
+    assert_eq!(hostname_of(svc.pid), name);
+    // The process itself sees it, with the domainname it had.
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("{name} {domain}"));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    // The tree in a namespace of its own is replaced again as it is: a new
+    // namespace (the old one died with the old tree) with the same names.
+    replaced(&svc, &[]);
+    let second = uts_link(&svc.pid.to_string());
+    assert_ne!(second, ours);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("{name} {domain}"));
+    // And given another name, it keeps its domainname.
+    replaced(&svc, &["--hostname", "ferry-svc-b", "--nice", "1"]);
+    assert_ne!(uts_link(&svc.pid.to_string()), ours);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("ferry-svc-b {domain}"));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "3");
+    // The host's own names are untouched.
+    let after = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    assert_eq!(after, host, "the host's hostname changed");
+}
+
+#[test]
+fn a_service_in_its_own_uts_namespace_keeps_its_names_when_replaced() {
+    require_root!();
+    let name = format!("ferry-own-{}", std::process::id());
+    let (svc, port) = Service::probe("own-uts", &["own-uts", &name]);
+    let mut client = Client::connect(port);
+    let want = format!("{name} {name}.test");
+    assert_eq!(client.ask("UNAME").expect("first"), want);
+    let ours = uts_link("self");
+    assert_ne!(uts_link(&svc.pid.to_string()), ours);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    replaced(&svc, &[]);
+    assert_ne!(uts_link(&svc.pid.to_string()), ours, "the new tree is in ferry's namespace");
+    assert_eq!(hostname_of(svc.pid), name);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), want);
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    // A new hostname: the domainname stays the service's own.
+    replaced(&svc, &["--hostname", "renamed"]);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("renamed {name}.test"));
 }
