@@ -39,7 +39,11 @@ made again as a restore makes them; --rebuild-files makes everything again.
 Memory: the root's private anonymous memory is pre-copied into memory the new root inherits \
 while the old tree runs, in rounds of dirty tracking; the pause copies only what was written \
 since the last round and the other processes' memory (--no-precopy copies everything in the \
-pause). Trees in a PID namespace of their own are refused.")]
+pause). Trees in a PID namespace of their own are refused.
+
+Namespaces: a tree in a UTS namespace of its own keeps it (a new one with its names); \
+--hostname gives it one. No option gives a new user or mount namespace yet \
+(docs/replacement.md, \"Not built yet\", says why).")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
     /// descendants.
