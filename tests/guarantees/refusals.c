@@ -170,8 +170,11 @@ int main(int argc, char **argv)
 		attr[5] = 100000000; /* period 100 ms */
 		FT_SYS(syscall(SYS_sched_setattr, 0, attr, 0));
 	} else if (strcmp(mode, "uts") == 0) {
+		/* A namespace of its own, and a child in another one: one tree
+		 * split across two UTS namespaces. */
 		FT_SYS(unshare(CLONE_NEWUTS));
 		FT_SYS(sethostname("ferry-uts-test", 14));
+		start_child(CLONE_NEWUTS);
 	} else if (strcmp(mode, "tsc") == 0) {
 		FT_SYS(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
 	} else if (strcmp(mode, "pty_slave_alone") == 0) {

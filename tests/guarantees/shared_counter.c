@@ -22,6 +22,9 @@
  *              whenever it exits and says so after SIGUSR2: "child still
  *              running" (the checkpoint was refused) or "child killed by
  *              signal N" (taken with --parent-sees-exit).
+ *   uts        as parent, in a UTS namespace the parent made (unshare) before
+ *              the fork: both are in it, so the child is not taken alone
+ *              (a restore would give it a namespace of its own).
  *
  * In every mode but anon and files the child points its stdout and stderr
  * at /dev/null first, so that the log file both inherited is not what
@@ -29,6 +32,7 @@
  */
 #define _GNU_SOURCE
 #include "../conformance/ferry_test.h"
+#include <sched.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
@@ -253,6 +257,11 @@ int main(int argc, char **argv)
 		return shared_fd();
 	if (strcmp(mode, "parent") == 0)
 		return parent_waits();
+	if (strcmp(mode, "uts") == 0) {
+		FT_SYS(unshare(CLONE_NEWUTS));
+		FT_SYS(sethostname("ferry-uts-shared", 16));
+		return parent_waits();
+	}
 	counter = shared_counter();
 	*counter = 1;
 	/* Inherited: the child may not have run yet when SIGUSR1 comes. */

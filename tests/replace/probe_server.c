@@ -3,17 +3,22 @@
  * It answers over connections that outlive a replacement, so a test can
  * ask the new tree what it sees from the inside.
  *
- * Usage: probe_server PORT [own-filter | bind-unix PATH]
+ * Usage: probe_server PORT [own-filter | bind-unix PATH | threads | own-uts NAME]
  *   Listens on 127.0.0.1:PORT. With own-filter it first installs a seccomp
  *   filter of its own (allow everything, with no_new_privs), so a filter
  *   stacked by a replacement comes on top of one the service already had.
  *   With bind-unix it also holds a unix socket bound to PATH, which a
- *   trial restore cannot make while the server holds it.
+ *   trial restore cannot make while the server holds it. With threads it
+ *   starts two more threads that wait in pause(2), so that per-thread
+ *   state (nice, CPU affinity) is checked on more than one thread. With
+ *   own-uts it first moves into a new UTS namespace (unshare) and sets
+ *   its hostname to NAME and its domainname to NAME.test.
  *
  * One command per line, one reply line each:
  *   INCR  -> the counter plus one (the first INCR answers 1)
  *   PPID  -> what getppid(2) returned: the number, or E<errno>
  *   PING  -> PONG
+ *   UNAME -> the nodename and domainname uname(2) returns, one space between
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -22,6 +27,8 @@
 #include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +36,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #define MAX_CONNS 32
@@ -48,7 +56,7 @@ static void own_filter(void)
 
 static void answer(int fd, const char *cmd)
 {
-    char out[64];
+    char out[160];
     if (strcmp(cmd, "INCR") == 0) {
         snprintf(out, sizeof out, "%ld\n", ++counter);
     } else if (strcmp(cmd, "PPID") == 0) {
@@ -59,6 +67,12 @@ static void answer(int fd, const char *cmd)
             snprintf(out, sizeof out, "%ld\n", r);
     } else if (strcmp(cmd, "PING") == 0) {
         snprintf(out, sizeof out, "PONG\n");
+    } else if (strcmp(cmd, "UNAME") == 0) {
+        struct utsname u;
+        if (uname(&u) != 0)
+            snprintf(out, sizeof out, "E%d\n", errno);
+        else
+            snprintf(out, sizeof out, "%.64s %.64s\n", u.nodename, u.domainname);
     } else {
         snprintf(out, sizeof out, "ERR\n");
     }
@@ -71,10 +85,40 @@ static void answer(int fd, const char *cmd)
     }
 }
 
+static void *waiter(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
+
+static void own_uts(const char *name)
+{
+    char domain[80];
+    snprintf(domain, sizeof domain, "%s.test", name);
+    if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0 ||
+        setdomainname(domain, strlen(domain)) != 0) {
+        perror("own UTS namespace");
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
+    if (argc > 3 && strcmp(argv[2], "own-uts") == 0)
+        own_uts(argv[3]);
+    if (argc > 2 && strcmp(argv[2], "threads") == 0) {
+        for (int i = 0; i < 2; i++) {
+            pthread_t t;
+            if (pthread_create(&t, NULL, waiter, NULL) != 0) {
+                perror("pthread_create");
+                return 1;
+            }
+        }
+    }
     if (argc > 2 && strcmp(argv[2], "own-filter") == 0)
         own_filter();
     if (argc > 3 && strcmp(argv[2], "bind-unix") == 0) {

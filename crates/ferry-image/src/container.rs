@@ -40,7 +40,10 @@ pub const FORMAT_MAJOR: u32 = 4;
 /// with the 4.7 layout), and the optional `UnixSocketOptions` section (an
 /// older build would make the tree's unix sockets with default options,
 /// silently).
-pub const FORMAT_MINOR: u16 = 8;
+/// 4.9: the optional `Uts` section: the tree's own UTS namespace (an
+/// older build would restore the tree into its own, with its host's
+/// names, silently).
+pub const FORMAT_MINOR: u16 = 9;
 /// The major version, under its old name: the file header's version word
 /// and `Inventory::format_version` hold it.
 pub const FORMAT_VERSION: u32 = FORMAT_MAJOR;
@@ -105,6 +108,8 @@ pub enum SectionKind {
     ProcessAttrs = 10,
     /// Format 4.8: SOL_SOCKET options of the tree's unix sockets.
     UnixSocketOptions = 11,
+    /// Format 4.9: the tree's own UTS namespace (host and domain name).
+    Uts = 12,
 }
 
 impl SectionKind {
@@ -121,6 +126,7 @@ impl SectionKind {
             SectionKind::Ptys => "ptys",
             SectionKind::ProcessAttrs => "process attributes",
             SectionKind::UnixSocketOptions => "unix socket options",
+            SectionKind::Uts => "uts",
         }
     }
     /// The first minor version (of [`FORMAT_MAJOR`]) that has this kind.
@@ -134,6 +140,7 @@ impl SectionKind {
             SectionKind::Ptys => 6,
             SectionKind::ProcessAttrs => 7,
             SectionKind::UnixSocketOptions => 8,
+            SectionKind::Uts => 9,
         }
     }
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -149,6 +156,7 @@ impl SectionKind {
             9 => Some(SectionKind::Ptys),
             10 => Some(SectionKind::ProcessAttrs),
             11 => Some(SectionKind::UnixSocketOptions),
+            12 => Some(SectionKind::Uts),
             _ => None,
         }
     }
@@ -168,6 +176,7 @@ pub const META_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Ptys, true),
     (SectionKind::ProcessAttrs, true),
     (SectionKind::UnixSocketOptions, true),
+    (SectionKind::Uts, true),
 ];
 
 /// The sections of a stream: meta.img's, then the page data.
@@ -182,6 +191,7 @@ pub const STREAM_SECTIONS: &[(SectionKind, bool)] = &[
     (SectionKind::Ptys, true),
     (SectionKind::ProcessAttrs, true),
     (SectionKind::UnixSocketOptions, true),
+    (SectionKind::Uts, true),
     (SectionKind::Pages, false),
 ];
 
@@ -423,6 +433,9 @@ pub fn encode_meta_with(
     if let Some(o) = &process.unix_socket_options {
         sized(encoded_len(o, "unix socket options"))?;
     }
+    if let Some(u) = &process.uts {
+        sized(encoded_len(u, "uts"))?;
+    }
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&file_header(0));
     push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
@@ -450,6 +463,9 @@ pub fn encode_meta_with(
     }
     if let Some(o) = &process.unix_socket_options {
         push_section(&mut out, SectionKind::UnixSocketOptions, o, "unix socket options")?;
+    }
+    if let Some(u) = &process.uts {
+        push_section(&mut out, SectionKind::Uts, u, "uts")?;
     }
     Ok(out)
 }
@@ -546,6 +562,7 @@ pub(crate) fn decode_optional(
         SectionKind::UnixSocketOptions => {
             tree.unix_socket_options = Some(decode_payload(payload, "unix socket options")?)
         }
+        SectionKind::Uts => tree.uts = Some(decode_payload(payload, "uts")?),
         SectionKind::Inventory
         | SectionKind::Tree
         | SectionKind::Incremental
@@ -605,6 +622,7 @@ pub fn decode_meta_versioned(
     crate::validate::validate_ptys(&process)?;
     crate::validate::validate_process_attrs(&process)?;
     crate::validate::validate_unix_socket_options(&process)?;
+    crate::validate::validate_uts(&process)?;
     crate::validate::validate_unix_in_flight_files(&process)?;
     if let Some(inc) = &incremental {
         crate::validate::validate_incremental(&process, inc)?;

@@ -90,6 +90,22 @@ pub struct TreeImage {
     /// (checkpoint refused any other).
     #[serde(skip)]
     pub unix_socket_options: Option<UnixSocketOptionsImage>,
+    /// Format 4.9: the UTS namespace of the tree's own (every process in
+    /// one that is not ferry's and that no process outside the tree is
+    /// in), in the optional `Uts` section: restore makes a new one with
+    /// these names for the root, which its descendants inherit. `None`:
+    /// the tree was in the UTS namespace of the ferry that took it (older
+    /// images always), and is restored into the restoring ferry's.
+    #[serde(skip)]
+    pub uts: Option<UtsImage>,
+}
+
+/// Format 4.9, in the optional `Uts` section: the names of the tree's UTS
+/// namespace, each at most 64 bytes (__NEW_UTS_LEN) with no NUL.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UtsImage {
+    pub hostname: String,
+    pub domainname: String,
 }
 
 /// Format 4.8, in the optional `UnixSocketOptions` section.

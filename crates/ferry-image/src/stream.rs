@@ -253,6 +253,7 @@ fn read_optional_sections<R: Read>(
                 crate::validate::validate_ptys(process)?;
                 crate::validate::validate_process_attrs(process)?;
                 crate::validate::validate_unix_socket_options(process)?;
+                crate::validate::validate_uts(process)?;
                 return Ok((incremental, len, sum));
             }
             _ => {

@@ -1035,6 +1035,29 @@ fn validate_attrs_48(p: &crate::model::ProcessImage, a: &ProcessAttrs) -> Result
     Ok(())
 }
 
+/// The longest host or domain name a UTS namespace holds (__NEW_UTS_LEN).
+pub const MAX_UTS_NAME: usize = 64;
+
+/// The `Uts` section: a host and a domain name the kernel can take (at
+/// most 64 bytes, no NUL).
+pub fn validate_uts(t: &TreeImage) -> Result<(), ImageError> {
+    let Some(u) = &t.uts else {
+        return Ok(());
+    };
+    for (what, name) in [("hostname", &u.hostname), ("domainname", &u.domainname)] {
+        if name.len() > MAX_UTS_NAME {
+            return bad(format!(
+                "uts section: the {what} has {} bytes, a UTS namespace holds at most {MAX_UTS_NAME}",
+                name.len()
+            ));
+        }
+        if name.contains('\0') {
+            return bad(format!("uts section: the {what} holds a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
 /// The `UnixSocketOptions` section: each entry a unix socket of the tree,
 /// listed once, with options of [`crate::UNIX_SOCKET_OPTIONS`], each once
 /// and of its length, buffer sizes the kernel can give (positive).

@@ -121,14 +121,14 @@ fn message(e: &ImageError) -> String {
 // ------------------------------------------------------------ versions
 
 #[test]
-fn this_build_is_4_8() {
-    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 8));
-    assert_eq!(FormatVersion::CURRENT.to_string(), "4.8");
+fn this_build_is_4_9() {
+    assert_eq!((FORMAT_MAJOR, FORMAT_MINOR), (4, 9));
+    assert_eq!(FormatVersion::CURRENT.to_string(), "4.9");
     let (inv, t, _) = model();
     let meta = encode_meta(&inv, &t).unwrap();
-    // Major 4, then the flags word with minor 8 in its upper half.
-    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 8, 0]);
-    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 8));
+    // Major 4, then the flags word with minor 9 in its upper half.
+    assert_eq!(&meta[8..16], &[4, 0, 0, 0, 0, 0, 9, 0]);
+    assert_eq!(read_file_header(&meta, "meta.img").unwrap().version, v(4, 9));
 }
 
 #[test]
@@ -191,12 +191,12 @@ fn hand_made_4_0_header_reads_as_minor_0() {
 fn newer_minor_is_refused_with_upgrade_message() {
     let (inv, t, pages) = model();
     let want =
-        "image format 4.9 is newer than this ferry build reads (4.8): upgrade ferry on this host";
-    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 9));
+        "image format 4.10 is newer than this ferry build reads (4.9): upgrade ferry on this host";
+    let meta = with_version(&encode_meta(&inv, &t).unwrap(), v(4, 10));
     let e = decode_meta(&meta).unwrap_err();
-    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 9, supported: 8 }), "{e:?}");
+    assert!(matches!(e, ImageError::NewerMinor { major: 4, found: 10, supported: 9 }), "{e:?}");
     assert_eq!(message(&e), want);
-    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 9));
+    let s = with_version(&stream_of(&inv, &t, None, &pages), v(4, 10));
     let mut c = Cursor::new(&s);
     let e = read_stream(&mut c, None).unwrap_err();
     assert_eq!(message(&e), want);
@@ -207,7 +207,7 @@ fn newer_minor_is_refused_with_upgrade_message() {
     let image = ImageDir::new(&d.0);
     let pages_path = image.pages_path();
     let p = std::fs::read(&pages_path).unwrap();
-    std::fs::write(&pages_path, with_version(&p, v(4, 9))).unwrap();
+    std::fs::write(&pages_path, with_version(&p, v(4, 10))).unwrap();
     assert_eq!(message(&image.check_pages_file(&inv).unwrap_err()), want);
     std::fs::write(d.0.join("meta.img"), &meta).unwrap();
     assert_eq!(message(&image.read_meta().unwrap_err()), want);
@@ -274,7 +274,7 @@ fn unknown_section_kinds_are_refused() {
     let meta = encode_meta(&inv, &t).unwrap();
     // After the required sections, and in their place.
     for at in [meta.len(), HEADER_LEN] {
-        for kind in [0u32, 12, 99, u32::MAX] {
+        for kind in [0u32, 13, 99, u32::MAX] {
             let mut m = meta.clone();
             let payload = [1u8, 2, 3];
             let mut h = [0u8; SECTION_HEADER_LEN];
@@ -292,10 +292,10 @@ fn unknown_section_kinds_are_refused() {
     // A stream: an unknown kind where the pages (or an optional section) may come.
     let s = stream_of(&inv, &t, None, &pages);
     let mut bad = s.clone();
-    bad[meta.len()] = 12;
+    bad[meta.len()] = 13;
     let e = read_stream(&mut Cursor::new(&bad), None).unwrap_err();
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 12")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 13")),
         "{e:?}"
     );
 }
@@ -1227,7 +1227,7 @@ fn round_trip_4_8_with_unix_socket_options() {
     let (inv, t, pages) = model();
     let t = with_unix_socket_options(with_process_attrs(with_cgroups(t)));
     let meta = encode_meta(&inv, &t).unwrap();
-    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 8), inv.clone(), t.clone(), None));
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 9), inv.clone(), t.clone(), None));
     let d = TempDir::new("rt-unix-opts");
     write_dir(&d.0, &inv, &t, None, &pages);
     assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
@@ -1272,4 +1272,55 @@ fn bad_unix_socket_options_are_refused() {
     });
     bad(&|o| o.sockets[0].options[0].value = 0i32.to_ne_bytes().to_vec());
     bad(&|o| o.sockets[0].options[0].value = (-4i32).to_ne_bytes().to_vec());
+}
+
+/// The model in a UTS namespace of its own (format 4.9).
+fn with_uts(mut t: TreeImage) -> TreeImage {
+    t.uts = Some(UtsImage { hostname: "svc-a".into(), domainname: "svc.test".into() });
+    t
+}
+
+#[test]
+fn round_trip_4_9_with_uts() {
+    let (inv, t, pages) = model();
+    let t = with_uts(with_unix_socket_options(with_process_attrs(with_cgroups(t))));
+    let meta = encode_meta(&inv, &t).unwrap();
+    assert_eq!(decode_meta_versioned(&meta).unwrap(), (v(4, 9), inv.clone(), t.clone(), None));
+    let d = TempDir::new("rt-uts");
+    write_dir(&d.0, &inv, &t, None, &pages);
+    assert_eq!(ImageDir::new(&d.0).read_meta_full().unwrap(), (inv.clone(), t.clone(), None));
+    let s = stream_of(&inv, &t, None, &pages);
+    assert_eq!(read_stream_full(&mut Cursor::new(&s), None).unwrap(), (inv, t, None, pages));
+}
+
+/// A 4.8 build would restore the tree into its own UTS namespace, with
+/// its host's names, silently: a 4.8 header with the section is refused.
+#[test]
+fn uts_section_is_refused_in_a_4_8_image() {
+    assert_section_refused_in(v(4, 8), "uts", &with_uts(model().1));
+}
+
+/// A name longer than the kernel keeps (64 bytes) or holding a NUL.
+#[test]
+fn bad_uts_names_are_refused() {
+    let (inv, t, pages) = model();
+    let good = with_uts(t);
+    let bad = |f: &dyn Fn(&mut UtsImage)| {
+        let mut t = good.clone();
+        f(t.uts.as_mut().unwrap());
+        let want =
+            |e: &ImageError| matches!(e, ImageError::Invalid(m) if m.contains("uts section"));
+        let e = decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap_err();
+        assert!(want(&e), "{e:?}");
+        let e = read_stream(&mut Cursor::new(&stream_of(&inv, &t, None, &pages)), None);
+        assert!(want(&e.unwrap_err()));
+    };
+    bad(&|u| u.hostname = "h".repeat(65));
+    bad(&|u| u.domainname = "d".repeat(65));
+    bad(&|u| u.hostname = "a\0b".into());
+    bad(&|u| u.domainname = "\0".into());
+    // 64 bytes and an empty name are what a namespace may hold.
+    let mut t = good.clone();
+    t.uts = Some(UtsImage { hostname: "h".repeat(64), domainname: String::new() });
+    decode_meta(&encode_meta(&inv, &t).unwrap()).unwrap();
 }

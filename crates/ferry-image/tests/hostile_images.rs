@@ -944,6 +944,7 @@ fn valid_tree() -> (Inventory, TreeImage) {
         ptys: None,
         process_attrs: None,
         unix_socket_options: None,
+        uts: None,
     };
     (inv, t)
 }

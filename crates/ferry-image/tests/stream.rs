@@ -634,10 +634,10 @@ fn unknown_section_kind() {
     let (inv, t, pages) = image(2);
     let raw = split(&stream_of(&inv, &t, &pages));
     let mut sections = raw.sections.clone();
-    sections.insert(1, (12, vec![1, 2, 3]));
+    sections.insert(1, (13, vec![1, 2, 3]));
     let e = expect_err(&join(&raw.header, &sections));
     assert!(
-        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 12")),
+        matches!(e, ImageError::Invalid(ref m) if m.contains("unknown section kind 13")),
         "{e:?}"
     );
 }
@@ -847,6 +847,7 @@ fn tree_image() -> (Inventory, TreeImage, Vec<u8>) {
             ],
         }),
         unix_socket_options: None,
+        uts: None,
     };
     ferry_image::validate::validate(&inv, &t).expect("tree fixture is valid");
     (inv, t, pages)

@@ -22,6 +22,15 @@ pub struct Edits {
     pub drop_caps: u64,
     /// A filter stacked on every thread's own, as the newest.
     pub seccomp: Option<SeccompFilter>,
+    /// The nice value of every thread.
+    pub nice: Option<i32>,
+    /// The CPUs every thread may run on (sorted, each once).
+    pub cpus: Option<Vec<u32>>,
+    /// A new UTS namespace for the tree with this hostname.
+    pub hostname: Option<String>,
+    /// The domainname the new namespace gets when the tree was in ferry's
+    /// (ferry's own); a tree in a namespace of its own keeps its own.
+    pub domainname_here: String,
 }
 
 /// The resource names `--rlimit` takes, by RLIMIT_* number.
@@ -180,6 +189,152 @@ pub fn parse_filter(path: &str, bytes: &[u8]) -> Result<Vec<u64>, String> {
     Ok(insns)
 }
 
+/// The nice values setpriority(2) takes.
+pub const NICE_RANGE: std::ops::RangeInclusive<i32> = -20..=19;
+
+/// A CPU number above any kernel's (CONFIG_NR_CPUS is at most 8192).
+pub const MAX_CPU: u32 = 8191;
+
+/// `N`, a nice value from -20 to 19.
+pub fn parse_nice(arg: &str) -> Result<i32, String> {
+    let n: i32 = arg
+        .trim()
+        .parse()
+        .map_err(|_| format!("--nice {arg}: not a number (a nice value is -20 to 19)"))?;
+    if !NICE_RANGE.contains(&n) {
+        return Err(format!("--nice {arg}: a nice value is -20 to 19"));
+    }
+    Ok(n)
+}
+
+/// `NAME`, a hostname the kernel takes: 1 to 64 bytes, no NUL.
+pub fn parse_hostname(arg: &str) -> Result<String, String> {
+    if arg.is_empty() {
+        return Err("--hostname: the name is empty".into());
+    }
+    if arg.len() > ferry_image::validate::MAX_UTS_NAME {
+        return Err(format!(
+            "--hostname {arg}: {} bytes, a hostname has at most {}",
+            arg.len(),
+            ferry_image::validate::MAX_UTS_NAME
+        ));
+    }
+    if arg.contains('\0') {
+        return Err("--hostname: the name holds a NUL byte".into());
+    }
+    Ok(arg.to_string())
+}
+
+/// A cpulist as the kernel writes them (`0`, `0-3`, `0,2-3`): the CPUs,
+/// sorted, each once. Empty items, reversed ranges and CPUs above
+/// [`MAX_CPU`] are refused.
+pub fn parse_cpulist(arg: &str) -> Result<Vec<u32>, String> {
+    let bad = |why: String| format!("--cpus {arg}: {why}");
+    let cpu = |v: &str| -> Result<u32, String> {
+        let n: u32 = v.trim().parse().map_err(|_| bad(format!("{v:?} is not a CPU number")))?;
+        if n > MAX_CPU {
+            return Err(bad(format!("CPU {n} is above any kernel's ({MAX_CPU} at most)")));
+        }
+        Ok(n)
+    };
+    let mut out = Vec::new();
+    for item in arg.split(',') {
+        if item.trim().is_empty() {
+            return Err(bad("an empty item (expected a list such as 0,2-3)".into()));
+        }
+        match item.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (cpu(a)?, cpu(b)?);
+                if a > b {
+                    return Err(bad(format!("the range {a}-{b} runs backwards")));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(cpu(item)?),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// CPUs as a cpulist (`0-2,5`), the way the kernel writes them.
+pub fn format_cpulist(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j > i {
+            true => format!("{}-{}", cpus[i], cpus[j]),
+            false => cpus[i].to_string(),
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// The CPUs set in an affinity mask (bit n of word w: CPU 64 * w + n).
+pub fn mask_cpus(mask: &[u64]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (w, word) in mask.iter().enumerate() {
+        for bit in 0..64 {
+            if word & (1 << bit) != 0 {
+                out.push(w as u32 * 64 + bit);
+            }
+        }
+    }
+    out
+}
+
+/// Refuses a `--cpus` list naming a CPU that is not `present` (does not
+/// exist), not `online`, or outside `allowed` (ferry's own affinity, which
+/// its cgroup's cpuset bounds): the restore's sched_setaffinity would fail
+/// or narrow the mask, silently in the second case.
+pub fn check_cpus(
+    arg: &str,
+    cpus: &[u32],
+    present: &[u32],
+    online: &[u32],
+    allowed: &[u32],
+) -> Result<(), String> {
+    for c in cpus {
+        let why = if !present.contains(c) {
+            format!("CPU {c} does not exist (this machine has {})", format_cpulist(present))
+        } else if !online.contains(c) {
+            format!("CPU {c} is offline (online: {})", format_cpulist(online))
+        } else if !allowed.contains(c) {
+            format!(
+                "CPU {c} is outside the CPUs ferry may use ({}: its affinity and cgroup cpuset)",
+                format_cpulist(allowed)
+            )
+        } else {
+            continue;
+        };
+        return Err(format!("--cpus {arg}: {why}"));
+    }
+    Ok(())
+}
+
+/// The policy bits of sched_getscheduler's answer (SCHED_RESET_ON_FORK
+/// masked off).
+fn policy_of(sched: &ferry_image::Sched) -> i32 {
+    sched.policy & !libc::SCHED_RESET_ON_FORK
+}
+
+/// A policy's name, for a refusal.
+fn policy_name(policy: i32) -> String {
+    match policy {
+        libc::SCHED_FIFO => "SCHED_FIFO".into(),
+        libc::SCHED_RR => "SCHED_RR".into(),
+        libc::SCHED_IDLE => "SCHED_IDLE".into(),
+        6 => "SCHED_DEADLINE".into(),
+        n => format!("policy {n}"),
+    }
+}
+
 impl Edits {
     /// Whether nothing is changed: a plain replacement.
     pub fn is_empty(&self) -> bool {
@@ -192,6 +347,13 @@ impl Edits {
     pub fn apply(&self, tree: &mut TreeImage) -> Result<(), String> {
         if let Some(path) = &self.cgroup {
             move_to_cgroup(tree, path);
+        }
+        if let Some(hostname) = &self.hostname {
+            let domainname = match &tree.uts {
+                Some(u) => u.domainname.clone(),
+                None => self.domainname_here.clone(),
+            };
+            tree.uts = Some(ferry_image::UtsImage { hostname: hostname.clone(), domainname });
         }
         for p in &mut tree.processes {
             for want in &self.rlimits {
@@ -213,9 +375,57 @@ impl Edits {
             if let Some(filter) = &self.seccomp {
                 stack_filter(p, filter)?;
             }
+            if let Some(n) = self.nice {
+                set_nice(p, n)?;
+            }
+            if let Some(cpus) = &self.cpus {
+                set_cpus(p, cpus)?;
+            }
         }
         Ok(())
     }
+}
+
+/// Every thread's nice value becomes `n`. A thread under a policy that
+/// ignores nice (SCHED_FIFO, SCHED_RR, SCHED_DEADLINE, SCHED_IDLE) is
+/// refused: the kernel would keep the value but schedule the thread as
+/// before, so the option would not do what it says.
+fn set_nice(p: &mut ferry_image::ProcessImage, n: i32) -> Result<(), String> {
+    for t in &mut p.threads {
+        let policy = policy_of(&t.sched);
+        if policy != libc::SCHED_OTHER && policy != libc::SCHED_BATCH {
+            return Err(format!(
+                "--nice {n}: pid {} thread {} runs under {}, which ignores nice",
+                p.pid,
+                t.tid,
+                policy_name(policy)
+            ));
+        }
+        t.sched.nice = n;
+    }
+    Ok(())
+}
+
+/// Every thread's CPU mask becomes `cpus`, in a mask as long as the one
+/// the kernel gave at capture (the restore's check reads one as long).
+fn set_cpus(p: &mut ferry_image::ProcessImage, cpus: &[u32]) -> Result<(), String> {
+    for t in &mut p.threads {
+        let words = t.sched.cpus.len();
+        let mut mask = vec![0u64; words];
+        for &c in cpus {
+            let word = mask.get_mut(c as usize / 64).ok_or_else(|| {
+                format!(
+                    "--cpus: pid {} thread {}: CPU {c} is beyond the {} CPUs of its affinity mask",
+                    p.pid,
+                    t.tid,
+                    words * 64
+                )
+            })?;
+            *word |= 1 << (c % 64);
+        }
+        t.sched.cpus = mask;
+    }
+    Ok(())
 }
 
 /// Every process's cgroup v2 membership becomes `path`; v1 memberships
@@ -402,6 +612,116 @@ mod tests {
         };
         let e = edits.apply(&mut tree).expect_err("strict");
         assert!(e.contains("pid 10 thread 11") && e.contains("strict mode"), "{e}");
+    }
+
+    #[test]
+    fn nice_values_are_minus_20_to_19() {
+        assert_eq!(parse_nice("10"), Ok(10));
+        assert_eq!(parse_nice("-20"), Ok(-20));
+        assert_eq!(parse_nice(" 19"), Ok(19));
+        assert!(parse_nice("20")
+            .expect_err("high")
+            .contains("--nice 20: a nice value is -20 to 19"));
+        assert!(parse_nice("-21").is_err());
+        assert!(parse_nice("ten").expect_err("nan").contains("not a number"));
+        assert!(parse_nice("").is_err());
+    }
+
+    #[test]
+    fn cpulists_parse_as_the_kernel_writes_them() {
+        assert_eq!(parse_cpulist("0"), Ok(vec![0]));
+        assert_eq!(parse_cpulist("0-1"), Ok(vec![0, 1]));
+        assert_eq!(parse_cpulist("0,2-3"), Ok(vec![0, 2, 3]));
+        assert_eq!(parse_cpulist("3,1,1-2"), Ok(vec![1, 2, 3]));
+        assert_eq!(parse_cpulist("64-65"), Ok(vec![64, 65]));
+        assert!(parse_cpulist("").expect_err("empty").contains("empty item"));
+        assert!(parse_cpulist("0,").expect_err("trailing").contains("empty item"));
+        assert!(parse_cpulist("3-1").expect_err("backwards").contains("3-1 runs backwards"));
+        assert!(parse_cpulist("a").expect_err("nan").contains("\"a\" is not a CPU"));
+        assert!(parse_cpulist("-1").is_err());
+        assert!(parse_cpulist("0-").is_err());
+        assert!(parse_cpulist("9000").expect_err("huge").contains("above any kernel's"));
+        assert!(parse_cpulist("0-99999999").is_err());
+        assert_eq!(format_cpulist(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(format_cpulist(&[]), "");
+        assert_eq!(mask_cpus(&[0b101, 1]), vec![0, 2, 64]);
+    }
+
+    #[test]
+    fn cpus_must_exist_be_online_and_allowed_to_ferry() {
+        let all = [0, 1, 2, 3];
+        assert_eq!(check_cpus("0-1", &[0, 1], &all, &all, &all), Ok(()));
+        let e = check_cpus("4", &[4], &all, &all, &all).expect_err("absent");
+        assert_eq!(e, "--cpus 4: CPU 4 does not exist (this machine has 0-3)");
+        let e = check_cpus("2", &[2], &all, &[0, 1, 3], &all).expect_err("offline");
+        assert!(e.contains("CPU 2 is offline (online: 0-1,3)"), "{e}");
+        let e = check_cpus("0,3", &[0, 3], &all, &all, &[0, 1]).expect_err("cpuset");
+        assert!(e.contains("CPU 3 is outside the CPUs ferry may use (0-1"), "{e}");
+    }
+
+    #[test]
+    fn every_thread_gets_the_nice_value_and_the_cpus() {
+        let mut tree = TreeImage {
+            processes: vec![process(10, &[10, 11]), process(12, &[12])],
+            ..Default::default()
+        };
+        for p in &mut tree.processes {
+            for t in &mut p.threads {
+                t.sched = ferry_image::Sched { policy: 0, rt_priority: 0, nice: 5, cpus: vec![3] };
+            }
+        }
+        tree.processes[1].threads[0].sched.policy = libc::SCHED_BATCH | libc::SCHED_RESET_ON_FORK;
+        let edits = Edits { nice: Some(-5), cpus: Some(vec![1]), ..Default::default() };
+        edits.apply(&mut tree).expect("applies");
+        for t in tree.processes.iter().flat_map(|p| &p.threads) {
+            assert_eq!((t.sched.nice, t.sched.cpus.clone()), (-5, vec![2]), "thread {}", t.tid);
+        }
+        let wide = Edits { cpus: Some(vec![0, 64]), ..Default::default() };
+        let e = wide.apply(&mut tree).expect_err("mask too short");
+        assert!(e.contains("pid 10 thread 10: CPU 64 is beyond the 64 CPUs"), "{e}");
+    }
+
+    #[test]
+    fn nice_is_refused_for_a_real_time_thread() {
+        let mut tree = TreeImage { processes: vec![process(10, &[10, 11])], ..Default::default() };
+        tree.processes[0].threads[1].sched.policy = libc::SCHED_FIFO;
+        let edits = Edits { nice: Some(3), ..Default::default() };
+        let e = edits.apply(&mut tree).expect_err("fifo");
+        assert_eq!(e, "--nice 3: pid 10 thread 11 runs under SCHED_FIFO, which ignores nice");
+        // Affinity applies whatever the policy.
+        let edits = Edits { cpus: Some(vec![0]), ..Default::default() };
+        tree.processes[0].threads.iter_mut().for_each(|t| t.sched.cpus = vec![3]);
+        edits.apply(&mut tree).expect("cpus apply to a real-time thread");
+    }
+
+    #[test]
+    fn hostnames_are_1_to_64_bytes_without_nul() {
+        assert_eq!(parse_hostname("svc-a"), Ok("svc-a".into()));
+        assert_eq!(parse_hostname(&"h".repeat(64)), Ok("h".repeat(64)));
+        assert!(parse_hostname("").expect_err("empty").contains("empty"));
+        let e = parse_hostname(&"h".repeat(65)).expect_err("long");
+        assert!(e.contains("65 bytes, a hostname has at most 64"), "{e}");
+        assert!(parse_hostname("a\0b").expect_err("nul").contains("NUL"));
+    }
+
+    #[test]
+    fn a_new_hostname_keeps_the_domainname() {
+        let edits = Edits {
+            hostname: Some("new".into()),
+            domainname_here: "host.example".into(),
+            ..Default::default()
+        };
+        // In ferry's namespace: the new one gets ferry's domainname.
+        let mut tree = TreeImage { processes: vec![process(10, &[10])], ..Default::default() };
+        edits.apply(&mut tree).expect("applies");
+        let want = |h: &str, d: &str| {
+            Some(ferry_image::UtsImage { hostname: h.into(), domainname: d.into() })
+        };
+        assert_eq!(tree.uts, want("new", "host.example"));
+        // In a namespace of its own: its own domainname stays.
+        tree.uts = want("old", "svc.test");
+        edits.apply(&mut tree).expect("applies");
+        assert_eq!(tree.uts, want("new", "svc.test"));
     }
 
     #[test]

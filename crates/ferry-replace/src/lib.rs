@@ -221,5 +221,14 @@ fn describe(e: &edits::Edits) -> Vec<String> {
     if let Some(f) = &e.seccomp {
         out.push(format!("seccomp filter of {} instructions stacked", f.insns.len()));
     }
+    if let Some(n) = e.nice {
+        out.push(format!("nice {n}"));
+    }
+    if let Some(cpus) = &e.cpus {
+        out.push(format!("cpus {}", edits::format_cpulist(cpus)));
+    }
+    if let Some(h) = &e.hostname {
+        out.push(format!("hostname {h}"));
+    }
     out
 }

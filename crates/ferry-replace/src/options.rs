@@ -18,6 +18,12 @@ pub struct ReplaceOptions {
     pub drop_caps: Option<String>,
     /// `NAME=SOFT:HARD` each.
     pub rlimits: Vec<String>,
+    /// A nice value (-20..19) for every thread.
+    pub nice: Option<String>,
+    /// A cpulist (`0`, `0-1`, `0,2-3`): every thread's CPU affinity.
+    pub cpus: Option<String>,
+    /// A new UTS namespace for the new tree, with this hostname.
+    pub hostname: Option<String>,
     /// Take a root that runs in its parent's process group although the
     /// parent stays outside the tree and sees it exit (as `ferry
     /// checkpoint --parent-sees-exit`).
@@ -54,6 +60,19 @@ impl ReplaceOptions {
         if let Some(path) = &self.seccomp {
             out.seccomp = Some(load_filter(path).map_err(refused)?);
         }
+        if let Some(n) = &self.nice {
+            out.nice = Some(edits::parse_nice(n).map_err(refused)?);
+        }
+        if let Some(list) = &self.cpus {
+            out.cpus = Some(host_cpus(list).map_err(refused)?);
+        }
+        if let Some(name) = &self.hostname {
+            out.hostname = Some(edits::parse_hostname(name).map_err(refused)?);
+            let (_, domainname) = ferry_sys::uts::own_names().map_err(|e| {
+                refused(format!("--hostname {name}: reading ferry's own names: {e}"))
+            })?;
+            out.domainname_here = domainname;
+        }
         Ok(out)
     }
 }
@@ -73,6 +92,24 @@ fn check_nr_open(arg: &str, limit: &ferry_image::Rlimit) -> Result<(), String> {
         }
         _ => Ok(()),
     }
+}
+
+/// A `--cpus` list checked against this host: each CPU present, online
+/// and among ferry's own (its affinity, which its cgroup's cpuset bounds).
+fn host_cpus(arg: &str) -> Result<Vec<u32>, String> {
+    let cpus = edits::parse_cpulist(arg)?;
+    let sysfs = |name: &str| -> Result<Vec<u32>, String> {
+        let path = format!("/sys/devices/system/cpu/{name}");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("--cpus {arg}: {path}: {e}"))?;
+        edits::parse_cpulist(text.trim()).map_err(|e| format!("--cpus {arg}: {path}: {e}"))
+    };
+    let me = std::process::id() as i32;
+    let own = ferry_sys::process::get_sched(me)
+        .map_err(|e| format!("--cpus {arg}: reading ferry's own CPU affinity: {e}"))?;
+    let allowed = edits::mask_cpus(&own.cpus);
+    edits::check_cpus(arg, &cpus, &sysfs("present")?, &sysfs("online")?, &allowed)?;
+    Ok(cpus)
 }
 
 /// Reads a filter file and has the kernel check that it loads.

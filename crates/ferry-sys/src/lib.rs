@@ -38,6 +38,7 @@ pub mod tcp_iter;
 pub mod tty;
 pub mod uffd;
 pub mod unix;
+pub mod uts;
 pub mod vm;
 pub mod vma_iter;
 

@@ -10,11 +10,12 @@ image, and the edited image is restored in a trial (scratch PID, network, IPC an
 namespaces, with the restore's own check) while the old tree is still frozen. Only when the \
 trial passed is the old tree killed (its carried files held open by ferry) and the \
 edited image restored in its place with the same PIDs, the carried files placed; the restore checks the new tree \
-against the edited image (credentials, limits, seccomp mode and filters, memory, fds, \
-sockets) before it runs.
+against the edited image (credentials, limits, seccomp mode and filters, nice values and CPU \
+affinity, UTS namespace and names, memory, fds, sockets) before it runs.
 
 On failure: an option that is wrong (a cgroup that does not exist, a seccomp file that is \
-not a filter, a limit that is not one) is refused before anything is frozen; a tree that \
+not a filter, a limit that is not one, a nice value outside -20..19, a CPU that is not \
+online or not ferry's to use) is refused before anything is frozen; a tree that \
 cannot be replaced, or whose trial fails, is refused by name and runs on untouched. The kill \
 is the one step that cannot be undone: a failure after it (which the trial of the same image \
 guards against) is reported as such.
@@ -38,7 +39,11 @@ made again as a restore makes them; --rebuild-files makes everything again.
 Memory: the root's private anonymous memory is pre-copied into memory the new root inherits \
 while the old tree runs, in rounds of dirty tracking; the pause copies only what was written \
 since the last round and the other processes' memory (--no-precopy copies everything in the \
-pause). Trees in a PID namespace of their own are refused.")]
+pause). Trees in a PID namespace of their own are refused.
+
+Namespaces: a tree in a UTS namespace of its own keeps it (a new one with its names); \
+--hostname gives it one. No option gives a new user or mount namespace yet \
+(docs/replacement.md, \"Not built yet\", says why).")]
 pub struct ReplaceArgs {
     /// Root of the tree to replace: this process, its threads and all its
     /// descendants.
@@ -73,6 +78,23 @@ pub struct ReplaceArgs {
     /// nofile stays within fs.nr_open.
     #[arg(long, value_name = "NAME=SOFT:HARD")]
     pub rlimit: Vec<String>,
+    /// Give every thread of the new tree this nice value (-20 to 19). A
+    /// thread under SCHED_FIFO, SCHED_RR, SCHED_DEADLINE or SCHED_IDLE,
+    /// which ignore nice, is refused by name (the old tree runs on).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub nice: Option<String>,
+    /// Let every thread of the new tree run only on these CPUs: a cpulist
+    /// such as 0, 0-1 or 0,2-3. Each CPU must exist, be online and be
+    /// one ferry itself may use (its affinity, within its cgroup's cpuset).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Put the new tree in a new UTS namespace with this hostname (1 to
+    /// 64 bytes); its domainname stays the old tree's (ferry's, if the
+    /// tree was in ferry's namespace). The tree stays replaceable and
+    /// checkpointable: ferry records and restores a UTS namespace of a
+    /// tree's own.
+    #[arg(long, value_name = "NAME")]
+    pub hostname: Option<String>,
     /// Take the tree although its root runs in its parent's process group
     /// (part of the parent's job) and that parent stays outside the tree:
     /// the parent sees the old root exit, and the new root is ferry's
@@ -103,7 +125,7 @@ pub struct ReplaceArgs {
         value_name = "PATH [ARGS...]",
         num_args = 1..,
         allow_hyphen_values = true,
-        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "parent_sees_exit", "rebuild_files"]
+        conflicts_with_all = ["cgroup", "seccomp", "drop_caps", "rlimit", "nice", "cpus", "hostname", "parent_sees_exit", "rebuild_files"]
     )]
     pub exec: Vec<String>,
     /// Make every kernel object of the new tree again, as a restore does
@@ -124,6 +146,9 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         seccomp,
         drop_caps,
         rlimit,
+        nice,
+        cpus,
+        hostname,
         parent_sees_exit,
         rebuild_files,
         no_precopy,
@@ -134,6 +159,9 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         seccomp,
         drop_caps,
         rlimits: rlimit,
+        nice,
+        cpus,
+        hostname,
         parent_sees_exit,
         rebuild_files,
         precopy: !no_precopy,

@@ -633,6 +633,7 @@ conformance! {
     tree_sysv_sem,
     tree_sysv_msg,
     tree_pgrp_signal,
+    tree_uts_namespace,
     // fidelity (issue 9)
     proc_seccomp_filter,
     tree_seccomp_strict,

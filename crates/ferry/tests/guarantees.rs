@@ -1089,9 +1089,23 @@ fn refuses_sched_deadline() {
     refused_mode("sched_deadline", &["scheduling", "SCHED_DEADLINE", "period 100000000 ns"]);
 }
 
+/// A tree whose processes are in two UTS namespaces: restore makes one.
 #[test]
 fn refuses_another_uts_namespace() {
-    refused_mode("uts", &["UTS namespace"]);
+    refused_mode("uts", &["the UTS namespace", "is in another UTS namespace than the root"]);
+}
+
+/// A child taken alone from a UTS namespace its parent (outside the
+/// tree) is in too: a restore would give it a namespace of its own.
+#[test]
+fn refuses_a_uts_namespace_shared_with_a_process_outside_the_tree() {
+    let log = refuses_a_child_of(
+        "tests/guarantees/shared_counter.c",
+        &["uts"],
+        &["--parent-sees-exit"],
+        &["the UTS namespace", "outside the tree, is in it too"],
+    );
+    assert!(log.contains("child still running"), "{log}");
 }
 
 #[test]

@@ -187,6 +187,19 @@ fn replaced(svc: &Service, args: &[&str]) -> String {
 fn refused(svc: &Service, client: &mut Client, args: &[&str], names: &str) {
     let before = svc.start_time();
     let out = replace(svc.pid, args);
+    refused_as(svc, client, out, before, args, names);
+}
+
+/// Asserts that `out`, a refused `ferry replace`, said one error line
+/// naming `names` and left the old process (started at `before`) running.
+fn refused_as(
+    svc: &Service,
+    client: &mut Client,
+    out: Output,
+    before: u64,
+    args: &[&str],
+    names: &str,
+) {
     let said = text(&out);
     assert!(!out.status.success(), "ferry replace {args:?} succeeded: {said}");
     assert!(said.contains(names), "the error does not name {names:?}: {said}");
@@ -372,6 +385,14 @@ fn a_bad_option_leaves_the_old_tree_running_untouched() {
         (vec!["--rlimit".into(), "nofile=4096:1024".into()], "above the hard limit".into()),
         (vec!["--rlimit".into(), "files=1:2".into()], "unknown resource \"files\"".into()),
         (vec!["--drop-caps".into(), "net_rw".into()], "unknown capability \"net_rw\"".into()),
+        (vec!["--nice".into(), "20".into()], "--nice 20: a nice value is -20 to 19".into()),
+        (vec!["--nice".into(), "-21".into()], "--nice -21: a nice value is -20 to 19".into()),
+        (vec!["--nice".into(), "low".into()], "--nice low: not a number".into()),
+        (vec!["--cpus".into(), "4095".into()], "--cpus 4095: CPU 4095 does not exist".into()),
+        (vec!["--cpus".into(), "1-0".into()], "the range 1-0 runs backwards".into()),
+        (vec!["--cpus".into(), "0,,1".into()], "--cpus 0,,1: an empty item".into()),
+        (vec!["--hostname".into(), "".into()], "--hostname: the name is empty".into()),
+        (vec!["--hostname".into(), "h".repeat(65)], "65 bytes, a hostname has at most 64".into()),
     ];
     for (args, names) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -791,4 +812,204 @@ fn a_tree_with_children_is_replaced_whole_or_refused_for_its_reaper() {
     }
     stop.store(true, Ordering::Relaxed);
     let _ = reaper.join();
+}
+
+/// The TIDs of `pid`'s threads, sorted.
+fn tids(pid: i32) -> Vec<i32> {
+    let mut out: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Field 19 of /proc/PID/task/TID/stat: the thread's nice value.
+fn thread_nice(pid: i32, tid: i32) -> i32 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).expect("stat");
+    let rest: Vec<&str> = text[text.rfind(')').expect("comm") + 1..].split_whitespace().collect();
+    rest[16].parse().expect("nice field")
+}
+
+fn thread_cpus(pid: i32, tid: i32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).expect("status");
+    text.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+        .expect("Cpus_allowed_list")
+}
+
+#[test]
+fn every_thread_of_the_new_tree_has_the_nice_value() {
+    require_root!();
+    let (svc, port) = Service::probe("nice", &["threads"]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let before = tids(svc.pid);
+    assert_eq!(before.len(), 3, "the server has not started its threads");
+    assert!(before.iter().all(|&t| thread_nice(svc.pid, t) == 0));
+    // A negative value (only root may lower it) given as its own argument.
+    let said = replaced(&svc, &["--nice", "-5"]);
+    assert!(said.contains("nice -5"), "{said}");
+    assert_eq!(tids(svc.pid), before, "the threads are not the same TIDs");
+    for &t in &before {
+        assert_eq!(thread_nice(svc.pid, t), -5, "thread {t}");
+    }
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    replaced(&svc, &["--nice", "12"]);
+    for &t in &before {
+        assert_eq!(thread_nice(svc.pid, t), 12, "thread {t}");
+    }
+    assert_eq!(client.ask("INCR").expect("the old connection"), "3");
+}
+
+#[test]
+fn every_thread_of_the_new_tree_runs_on_the_cpus() {
+    require_root!();
+    let (svc, port) = Service::probe("cpus", &["threads"]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let before = tids(svc.pid);
+    assert_eq!(before.len(), 3, "the server has not started its threads");
+    // The last CPU this test may use: ferry (its child) may use it too.
+    let own = std::fs::read_to_string("/proc/self/status").expect("own status");
+    let own = own.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).expect("own cpus");
+    let last = own.trim().rsplit([',', '-']).next().expect("a cpu").to_string();
+    if own.trim() != last {
+        assert_ne!(thread_cpus(svc.pid, before[0]), last, "the server is on {last} already");
+    }
+    let said = replaced(&svc, &["--cpus", &last]);
+    assert!(said.contains(&format!("cpus {last}")), "{said}");
+    assert_eq!(tids(svc.pid), before, "the threads are not the same TIDs");
+    for &t in &before {
+        assert_eq!(thread_cpus(svc.pid, t), last, "thread {t}");
+    }
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    // Both options at once, and back to every CPU ferry may use.
+    replaced(&svc, &["--cpus", own.trim(), "--nice", "3"]);
+    for &t in &before {
+        assert_eq!((thread_cpus(svc.pid, t), thread_nice(svc.pid, t)), (own.trim().into(), 3));
+    }
+    assert_eq!(client.ask("INCR").expect("the old connection"), "3");
+}
+
+#[test]
+fn cpus_ferry_may_not_use_and_nice_for_a_real_time_thread_are_refused() {
+    require_root!();
+    let (svc, port) = Service::probe("cpus-refused", &["threads"]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online");
+    let cpus: Vec<u32> = online
+        .trim()
+        .split(',')
+        .flat_map(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().expect("cpu")..=b.parse().expect("cpu")).collect(),
+            None => vec![r.parse().expect("cpu")],
+        })
+        .collect();
+    if cpus.len() >= 2 {
+        // ferry run on one CPU (taskset) may not give the tree another.
+        let (mine, other) = (cpus[0].to_string(), cpus[1].to_string());
+        let before = svc.start_time();
+        let out = Command::new("taskset")
+            .args(["-c", &mine, FERRY, "replace", "--pid", &svc.pid.to_string(), "--cpus", &other])
+            .output()
+            .expect("running taskset ferry replace");
+        let names =
+            format!("--cpus {other}: CPU {other} is outside the CPUs ferry may use ({mine}");
+        refused_as(&svc, &mut client, out, before, &["--cpus", &other], &names);
+    } else {
+        eprintln!("one CPU online: the refusal of a CPU ferry may not use is not tried");
+    }
+    // A real-time thread ignores nice: refused in the freeze, by name.
+    let rt = tids(svc.pid)[2];
+    let out = Command::new("chrt").args(["-f", "-p", "1", &rt.to_string()]).output().expect("chrt");
+    assert!(out.status.success(), "chrt: {}", text(&out));
+    let names =
+        format!("--nice 5: pid {} thread {rt} runs under SCHED_FIFO, which ignores nice", svc.pid);
+    refused(&svc, &mut client, &["--nice", "5"], &names);
+    assert_eq!(thread_nice(svc.pid, rt), 0);
+    // Its affinity can still be set, and its policy is kept.
+    let last = cpus.last().expect("a cpu").to_string();
+    replaced(&svc, &["--cpus", &last]);
+    assert_eq!(thread_cpus(svc.pid, rt), last);
+    let policy = Command::new("chrt").args(["-p", &rt.to_string()]).output().expect("chrt -p");
+    assert!(text(&policy).contains("SCHED_FIFO"), "{}", text(&policy));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+}
+
+fn uts_link(pid: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/uts"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/ns/uts: {e}"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// What `nsenter -u -t PID hostname` prints: the hostname of the
+/// process's UTS namespace, read from outside.
+fn hostname_of(pid: i32) -> String {
+    let out = Command::new("nsenter")
+        .args(["-u", "-t", &pid.to_string(), "hostname"])
+        .output()
+        .expect("running nsenter");
+    assert!(out.status.success(), "nsenter: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_new_tree_gets_a_uts_namespace_with_the_hostname_and_keeps_it() {
+    require_root!();
+    let (svc, port) = Service::probe("hostname", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let ours = uts_link("self");
+    assert_eq!(uts_link(&svc.pid.to_string()), ours);
+    let domain = std::fs::read_to_string("/proc/sys/kernel/domainname").expect("domainname");
+    let domain = domain.trim();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let name = format!("ferry-svc-{}", std::process::id());
+    let said = replaced(&svc, &["--hostname", &name]);
+    assert!(said.contains(&format!("hostname {name}")), "{said}");
+    let first = uts_link(&svc.pid.to_string());
+    assert_ne!(first, ours, "the new tree is in ferry's UTS namespace");
+    assert_eq!(hostname_of(svc.pid), name);
+    // The process itself sees it, with the domainname it had.
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("{name} {domain}"));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    // The tree in a namespace of its own is replaced again as it is: a new
+    // namespace (the old one died with the old tree) with the same names.
+    replaced(&svc, &[]);
+    let second = uts_link(&svc.pid.to_string());
+    assert_ne!(second, ours);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("{name} {domain}"));
+    // And given another name, it keeps its domainname.
+    replaced(&svc, &["--hostname", "ferry-svc-b", "--nice", "1"]);
+    assert_ne!(uts_link(&svc.pid.to_string()), ours);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("ferry-svc-b {domain}"));
+    assert_eq!(client.ask("INCR").expect("the old connection"), "3");
+    // The host's own names are untouched.
+    let after = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    assert_eq!(after, host, "the host's hostname changed");
+}
+
+#[test]
+fn a_service_in_its_own_uts_namespace_keeps_its_names_when_replaced() {
+    require_root!();
+    let name = format!("ferry-own-{}", std::process::id());
+    let (svc, port) = Service::probe("own-uts", &["own-uts", &name]);
+    let mut client = Client::connect(port);
+    let want = format!("{name} {name}.test");
+    assert_eq!(client.ask("UNAME").expect("first"), want);
+    let ours = uts_link("self");
+    assert_ne!(uts_link(&svc.pid.to_string()), ours);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    replaced(&svc, &[]);
+    assert_ne!(uts_link(&svc.pid.to_string()), ours, "the new tree is in ferry's namespace");
+    assert_eq!(hostname_of(svc.pid), name);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), want);
+    assert_eq!(client.ask("INCR").expect("the old connection"), "2");
+    // A new hostname: the domainname stays the service's own.
+    replaced(&svc, &["--hostname", "renamed"]);
+    assert_eq!(client.ask("UNAME").expect("the old connection"), format!("renamed {name}.test"));
 }

@@ -41,6 +41,7 @@ pub(super) fn pages_and_metadata(
         procs,
         share_files,
         pid_view,
+        uts,
         cgroups,
         unix_creds,
         unix_dead,
@@ -82,6 +83,8 @@ pub(super) fn pages_and_metadata(
         // Written only when there is one: the section is format 4.8's.
         unix_socket_options: (!unix_options.is_empty())
             .then_some(ferry_image::UnixSocketOptionsImage { sockets: unix_options }),
+        // Written only for a tree in a UTS namespace of its own (4.9).
+        uts,
         ..Default::default()
     };
     if let Some(view) = &pid_view {

@@ -236,15 +236,14 @@ pub fn check_ipc(pids: &[i32]) -> Result<()> {
     Ok(())
 }
 
-/// Namespaces ferry cannot make again: a tree in a user, UTS, time or
-/// cgroup namespace other than ferry's is refused (restore would put it
-/// in ferry's, with another hostname, clock offsets, id mapping or
-/// cgroup root).
+/// Namespaces ferry cannot make again: a tree in a user, time or cgroup
+/// namespace other than ferry's is refused (restore would put it in
+/// ferry's, with other clock offsets, id mapping or cgroup root). The
+/// UTS namespace is [`capture_uts`]'s.
 pub fn check_others(pids: &[i32]) -> Result<()> {
     let me = std::process::id() as i32;
     for (kind, name) in [
         ("user", "user"),
-        ("uts", "UTS"),
         ("time", "time"),
         ("time_for_children", "time (for children)"),
         ("cgroup", "cgroup"),
@@ -263,4 +262,54 @@ pub fn check_others(pids: &[i32]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The tree's UTS namespace: `None` when every thread is in ferry's; its
+/// names when every thread is in one UTS namespace of its own that no
+/// process outside the tree is in (restore makes a new one with those
+/// names, which would split a namespace shared with outside processes).
+/// Any other layout is refused by name. `tasks` lists (pid, tids).
+pub fn capture_uts(tasks: &[(i32, Vec<i32>)]) -> Result<Option<ferry_image::UtsImage>> {
+    let Some(&(root, _)) = tasks.first() else {
+        return Ok(None);
+    };
+    let ours = ns_inode(std::process::id() as i32, "uts")?;
+    let theirs = ns_inode(root, "uts")?;
+    for (pid, tids) in tasks {
+        for &tid in tids {
+            let path = format!("/proc/{pid}/task/{tid}/ns/uts");
+            let ino =
+                std::fs::metadata(&path).map(|m| m.ino()).map_err(|e| EngineError::io(path, e))?;
+            if ino != theirs {
+                return Err(EngineError::unsupported(
+                    *pid,
+                    "the UTS namespace",
+                    format!("thread {tid} is in another UTS namespace than the root {root}; ferry restores a tree into one"),
+                ));
+            }
+        }
+    }
+    if theirs == ours {
+        return Ok(None);
+    }
+    let inside: BTreeSet<i32> = tasks.iter().map(|t| t.0).collect();
+    if let Some(other) = outside_process_in(theirs, &inside) {
+        return Err(EngineError::unsupported(
+            root,
+            "the UTS namespace",
+            format!("process {other}, outside the tree, is in it too; a restore would give the tree a namespace of its own"),
+        ));
+    }
+    let (hostname, domainname) = ferry_sys::uts::names_of(root)
+        .map_err(|e| EngineError::kernel(root, "reading the names of its UTS namespace", e))?;
+    Ok(Some(ferry_image::UtsImage { hostname, domainname }))
+}
+
+/// A process (not of `inside`) whose UTS namespace has inode `ino`.
+/// Processes that end while /proc is read are skipped.
+fn outside_process_in(ino: u64, inside: &BTreeSet<i32>) -> Option<i32> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| !inside.contains(pid))
+        .find(|&pid| ns_inode(pid, "uts").is_ok_and(|i| i == ino))
 }

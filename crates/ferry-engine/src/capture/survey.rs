@@ -68,6 +68,8 @@ pub(super) struct TreeSurvey {
     pub share_files: Vec<i32>,
     /// The tree's own PID namespace, when it has one.
     pub pid_view: Option<namespaces::PidView>,
+    /// The tree's own UTS namespace, when it has one.
+    pub uts: Option<ferry_image::UtsImage>,
     pub cgroups: Vec<ferry_image::ProcessCgroups>,
     /// SO_PEERCRED of the tree's unix sockets, each socket once.
     pub unix_creds: Vec<UnixPeerCred>,
@@ -153,6 +155,7 @@ pub(super) fn survey_tree(
         .collect();
     let zombie_pids: Vec<i32> = tree.zombies.iter().map(|z| z.pid).collect();
     let pid_view = namespaces::pid_view(&tasks, &zombie_pids)?;
+    let uts = namespaces::capture_uts(&tasks)?;
     let cgroups = cgroups::capture(&tasks)?;
     let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
     let quiet = watch.map(|w| w.quiet(&tids)).unwrap_or_default();
@@ -191,6 +194,7 @@ pub(super) fn survey_tree(
     Ok(TreeSurvey {
         share_files,
         pid_view,
+        uts,
         cgroups,
         unix_creds,
         unix_dead,

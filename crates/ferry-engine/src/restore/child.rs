@@ -1,5 +1,6 @@
 //! The first part of a restore, run by the tree's root itself right after
-//! it was forked from ferry with its old PID: network namespace, session,
+//! it was forked from ferry with its old PID: network namespace, UTS
+//! namespace (a new one, for a tree that had its own), session,
 //! loginuid, umask, personality, root and working directory, and an fd table that
 //! holds only ferry's staged descriptors. Then it stops itself and ferry
 //! takes over with ptrace for its fd table, memory, children, threads and
@@ -21,6 +22,9 @@ pub struct ChildPlan<'a> {
     pub keep: Vec<RawFd>,
     /// A network namespace to join before any socket is made.
     pub netns: Option<RawFd>,
+    /// The tree's own UTS namespace: the root makes a new one with these
+    /// names before any of its children is forked (they inherit it).
+    pub uts: Option<&'a ferry_image::UtsImage>,
     /// A loginuid to write: the kernel takes it only from the process
     /// itself, so here, before a chroot could hide /proc.
     pub loginuid: Option<u32>,
@@ -48,6 +52,10 @@ fn setup(plan: &ChildPlan) -> Result<()> {
     if let Some(ns) = plan.netns {
         ferry_sys::netns::enter_net_namespace_fd(ns)
             .map_err(|e| EngineError::kernel(pid, "joining the network namespace", e))?;
+    }
+    if let Some(u) = plan.uts {
+        ferry_sys::uts::enter_new(&u.hostname, &u.domainname)
+            .map_err(|e| EngineError::kernel(pid, "making its UTS namespace", e))?;
     }
     if img.sid == pid {
         let _ = process::setsid();

@@ -42,6 +42,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
             image: root,
             keep,
             netns: staged.netns_fd(),
+            uts: tree.uts.as_ref(),
             loginuid,
             go: go_r,
             status: st_w,

@@ -10,13 +10,15 @@
 //! limits, directories and cgroup v2 (`process.rs`), each thread's name, signal mask
 //! and scheduling (`threads.rs`), the mappings (`memory.rs`), the fd table
 //! with each description's kind, flags and offset (`fds.rs`), and every
-//! socket option the image recorded (`sockets.rs`).
+//! socket option the image recorded (`sockets.rs`), and the tree's UTS
+//! namespace with its names (`uts.rs`).
 
 mod fds;
 mod memory;
 mod process;
 mod sockets;
 mod threads;
+mod uts;
 
 use crate::error::{EngineError, Result};
 use ferry_image::TreeImage;
@@ -102,6 +104,7 @@ pub(super) fn restored_tree(
     };
     let tree_pids: std::collections::HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
     let unix = sockets::unix_options(tree);
+    timed(0, &mut || uts::compare(tree, &mut found))?;
     for (i, p) in tree.processes.iter().enumerate() {
         timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
         let attrs = crate::restore::process::attrs_of(tree, p);
