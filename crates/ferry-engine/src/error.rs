@@ -21,10 +21,10 @@ pub enum EngineError {
     Parse { path: String, what: String },
     #[error(transparent)]
     Image(#[from] ImageError),
-    #[error(
-        "pid {pid} is taken by a running process ({comm}); free it or restore with --new-pid-ns"
-    )]
-    PidTaken { pid: i32, comm: String },
+    /// `holder` says who holds it (`restore::pid_holder`): a running
+    /// process, or one that ended and awaits its parent's reap.
+    #[error("pid {pid} is taken by {holder}; free it or restore with --new-pid-ns")]
+    PidTaken { pid: i32, holder: String },
     #[error("pid {pid}: {msg}")]
     Restore { pid: i32, msg: String },
     #[error("pid {pid}: process is gone ({what})")]

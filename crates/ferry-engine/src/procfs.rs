@@ -26,6 +26,12 @@ pub fn state(pid: i32) -> Option<char> {
     stat.get(stat.rfind(')')? + 2..)?.chars().next()
 }
 
+/// The parent PID in /proc/PID/stat, if the process exists.
+pub fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Thread ids of a process, leader first.
 pub fn tids(pid: i32) -> Result<Vec<i32>> {
     let path = format!("/proc/{pid}/task");

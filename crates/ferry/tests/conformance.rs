@@ -478,7 +478,7 @@ fn run_program_as(name: &'static str, chain: bool) {
             .map(String::as_str)
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("");
-        if !text.contains("is taken by a running process") {
+        if !text.contains(" is taken by ") {
             std::panic::resume_unwind(panic);
         }
         eprintln!("{name}: a PID of the tree was taken by another process before restore; again");

@@ -39,10 +39,7 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
         Err(_) => -(libc::EEXIST as i64),
     };
     if r == -(libc::EEXIST as i64) {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|c| c.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into());
-        return Err(EngineError::PidTaken { pid, comm });
+        return Err(EngineError::PidTaken { pid, holder: super::pid_holder(pid) });
     }
     if r < 0 {
         return Err(EngineError::Remote {

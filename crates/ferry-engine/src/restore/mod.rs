@@ -191,6 +191,21 @@ fn pid_owner(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
+/// Who holds `pid`, for a refusal: a running process, or one that ended
+/// and that its parent has not reaped yet (the one that can free it).
+pub(crate) fn pid_holder(pid: i32) -> String {
+    let Some(comm) = pid_owner(pid) else {
+        return "a process that is gone (unknown)".into();
+    };
+    match crate::procfs::state(pid) {
+        Some('Z') | Some('X') => match crate::procfs::ppid(pid) {
+            Some(parent) => format!("{comm}, a process that ended, not yet reaped by pid {parent}"),
+            None => format!("{comm}, a process that ended, not yet reaped"),
+        },
+        _ => format!("a running process ({comm})"),
+    }
+}
+
 /// Restores the image in directory `dir` (the newest of its chain of
 /// incremental images, if any) and lets it run.
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {

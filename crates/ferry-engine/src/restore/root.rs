@@ -49,8 +49,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
         }),
         Ok(p) => p,
         Err(e) if e.errno == libc::EEXIST => {
-            let comm = super::pid_owner(pid).unwrap_or_else(|| "unknown".into());
-            return Err(EngineError::PidTaken { pid, comm });
+            return Err(EngineError::PidTaken { pid, holder: super::pid_holder(pid) });
         }
         Err(e) => return Err(EngineError::kernel(pid, "creating the process with its PID", e)),
     };

@@ -39,8 +39,8 @@ pub(super) fn check_pids_free(tree: &TreeImage) -> Result<()> {
         if crate::procfs::state(id) == Some('Z') {
             crate::procfs::wait_reaped(&[id], std::time::Duration::from_secs(5));
         }
-        if let Some(comm) = super::pid_owner(id) {
-            return Err(EngineError::PidTaken { pid: id, comm });
+        if super::pid_owner(id).is_some() {
+            return Err(EngineError::PidTaken { pid: id, holder: super::pid_holder(id) });
         }
     }
     Ok(())

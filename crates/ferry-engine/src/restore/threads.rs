@@ -63,10 +63,7 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
         s.remote.write(tid_at, &t.tid.to_le_bytes())?;
         let r = s.remote.raw(pid, libc::SYS_clone3, &[s.data, bytes.len() as u64])?;
         if r == -(libc::EEXIST as i64) {
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", t.tid))
-                .map(|c| c.trim().to_string())
-                .unwrap_or_else(|_| "unknown".into());
-            return Err(EngineError::PidTaken { pid: t.tid, comm });
+            return Err(EngineError::PidTaken { pid: t.tid, holder: super::pid_holder(t.tid) });
         }
         if r < 0 {
             return Err(EngineError::Remote {
