@@ -26,6 +26,7 @@ pub mod lazy;
 pub(crate) mod parallel;
 pub mod phases;
 pub mod pids;
+pub mod priority;
 pub(crate) mod plain_devices;
 pub(crate) mod proc_state;
 pub mod procfs;
