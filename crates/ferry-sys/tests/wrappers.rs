@@ -146,7 +146,8 @@ fn shared_anon_reachable_through_map_files() {
 fn one_call_reads_what_two_read() {
     use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-    let mut client = std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let mut client =
+        std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
     let (server, _) = listener.accept().expect("accept");
     let fd = client.as_raw_fd();
     socket::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 300_000).expect("sndbuf");

@@ -498,10 +498,9 @@ pub fn capture(
     // held waited for a retransmission timeout
     // (tcp_connections::a_request_held_by_the_lock_is_answered_in_pause_time).
     let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
-    // The pause starts with the first thread seized: from here to the
-    // end of the capture, ferry's threads go before the host's other
-    // work (a caller that ends the pause itself raises its own steps).
-    let raised = crate::priority::Raised::new();
+    // The pause starts with the first thread seized: ferry's threads go
+    // first to the end of the capture ([`crate::priority`]).
+    let _raised = crate::priority::Raised::new();
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || {
@@ -547,7 +546,6 @@ pub fn capture(
     })?;
     let mut captured = Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard);
     captured.carried = carried;
-    drop(raised);
     Ok(captured)
 }
 
