@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,15 +161,24 @@ def one_run(bins, n, method, work):
         wait_for(slog, "READY", server, 120)
         # Images on tmpfs, as in the CRIU baseline.
         images = os.path.join(IMAGES_ROOT, "images")
+        # The server's parent reaps it the moment it dies, as a service
+        # manager or shell would on SIGCHLD, not after `ferry checkpoint`
+        # exits: the kernel's release of a process that had 10,000 fds
+        # (their /proc entries) then runs beside ferry's last steps.
+        reaped = {}
+        reaper = threading.Thread(target=lambda: reaped.update(rc=server.wait(), us=time.time_ns() // 1000))
+        reaper.start()
         ck_start = time.time()
         ck = subprocess.run([FERRY, "--verbose", "checkpoint", "--pid", str(server.pid), "--images", images, "--network-lock", method] + CHECKPOINT_ARGS,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ck_end = time.time_ns() // 1000
         ck_wall = time.time() - ck_start
         if ck.returncode != 0:
+            server.kill()
+            reaper.join()
             raise RuntimeError(f"checkpoint failed: {ck.stderr}")
-        server.wait()
-        reaped_us = time.time_ns() // 1000
+        reaper.join()
+        reaped_us = reaped["us"]
         procs.remove(server)
         pidfile = os.path.join(work, "pid")
         if os.path.exists(pidfile):

@@ -27,6 +27,7 @@ pub(crate) mod parallel;
 pub mod phases;
 pub mod pids;
 pub(crate) mod plain_devices;
+pub mod priority;
 pub(crate) mod proc_state;
 pub mod procfs;
 pub(crate) mod pty_queues;

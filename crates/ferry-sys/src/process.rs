@@ -229,6 +229,49 @@ pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     Ok(())
 }
 
+/// The calling thread's id.
+pub fn gettid() -> i32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Thread `tid`'s nice value (Linux keeps one per thread; 0: the
+/// calling thread).
+pub fn thread_nice(tid: i32) -> SysResult<i32> {
+    // getpriority can legitimately return -1: clear errno first.
+    // SAFETY: errno location is thread-local and always valid.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: integer arguments.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+    // SAFETY: as above.
+    if nice == -1 && unsafe { *libc::__errno_location() } != 0 {
+        return Err(last_error("getpriority"));
+    }
+    Ok(nice)
+}
+
+/// Sets thread `tid`'s nice value (0: the calling thread); threads it
+/// starts afterwards (and processes it forks) inherit it.
+pub fn set_thread_nice(tid: i32, nice: i32) -> SysResult<()> {
+    // SAFETY: integer arguments.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) } < 0 {
+        return Err(last_error("setpriority"));
+    }
+    Ok(())
+}
+
+/// Puts thread `tid` (0: the calling thread) under real-time round-robin
+/// scheduling at `priority` (1-99); threads it starts afterwards (and
+/// processes it forks) inherit it.
+pub fn set_round_robin(tid: i32, priority: i32) -> SysResult<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: param is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(tid, libc::SCHED_RR, &param) } < 0 {
+        return Err(last_error("sched_setscheduler(SCHED_RR)"));
+    }
+    Ok(())
+}
+
 /// Waits for child `pid` to exit (retrying on EINTR); errors are ignored.
 pub fn wait_child(pid: i32) {
     loop {

@@ -112,6 +112,26 @@ pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
     Ok(b.get(..4).map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
 }
 
+/// SO_MEMINFO (4.12): the socket's memory counters, in the order of
+/// the kernel's SK_MEMINFO_* indices.
+pub const SO_MEMINFO: i32 = 55;
+
+/// The socket's send and receive buffer sizes (sk_sndbuf, sk_rcvbuf) in
+/// one call: SO_MEMINFO reports the very fields SO_SNDBUF and SO_RCVBUF
+/// read (two calls), at indices SK_MEMINFO_SNDBUF and SK_MEMINFO_RCVBUF.
+pub fn buffer_sizes(fd: RawFd) -> SysResult<(i32, i32)> {
+    let b = getsockopt_bytes(fd, libc::SOL_SOCKET, SO_MEMINFO, 4 * 4)
+        .map_err(|e| crate::SysError::new("getsockopt(SO_MEMINFO)", e.errno))?;
+    let at = |i: libc::c_int| -> Option<i32> {
+        let o = i as usize * 4;
+        Some(i32::from_ne_bytes(b.get(o..o + 4)?.try_into().ok()?))
+    };
+    match (at(libc::SK_MEMINFO_SNDBUF), at(libc::SK_MEMINFO_RCVBUF)) {
+        (Some(snd), Some(rcv)) => Ok((snd, rcv)),
+        _ => Err(crate::SysError::new("getsockopt(SO_MEMINFO): short answer", libc::EINVAL)),
+    }
+}
+
 pub fn setsockopt_bytes(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
     // SAFETY: value is a live buffer of the length passed.
     let r = unsafe {

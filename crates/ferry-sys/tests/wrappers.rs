@@ -137,3 +137,41 @@ fn shared_anon_reachable_through_map_files() {
     // Opening map_files needs CAP_SYS_ADMIN in older kernels; the link is there anyway.
     assert!(std::fs::symlink_metadata(&path).is_ok());
 }
+
+/// SO_MEMINFO's buffer sizes are SO_SNDBUF's and SO_RCVBUF's, and
+/// TCP_INFO's not-sent count is SIOCOUTQNSD's, on a connection with
+/// data it could not send (the peer's receive window full): the
+/// repair capture takes each in place of the other.
+#[test]
+fn one_call_reads_what_two_read() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let mut client =
+        std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (server, _) = listener.accept().expect("accept");
+    let fd = client.as_raw_fd();
+    socket::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 300_000).expect("sndbuf");
+    socket::setsockopt_int(server.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096)
+        .expect("rcvbuf");
+    client.set_nonblocking(true).expect("nonblocking");
+    let chunk = vec![7u8; 65536];
+    while client.write(&chunk).is_ok() {}
+    let (snd, rcv) = socket::buffer_sizes(fd).expect("SO_MEMINFO");
+    assert_eq!(snd, socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).expect("snd"));
+    assert_eq!(rcv, socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF).expect("rcv"));
+    // The kernel may still send while the peer's window closes: the
+    // two reads must agree once it stands still.
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let unsent = socket::outq_unsent(fd).expect("SIOCOUTQNSD");
+        let info = socket::tcp_info(fd).expect("TCP_INFO").tcpi_notsent_bytes;
+        if unsent > 0 && info == unsent && socket::outq_unsent(fd) == Ok(unsent) {
+            seen.clear();
+            break;
+        }
+        seen.push((unsent, info));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(seen.is_empty(), "SIOCOUTQNSD and tcpi_notsent_bytes never agreed: {seen:?}");
+    drop(server);
+}

@@ -169,6 +169,9 @@ pub fn checkpoint_then(
         },
         |n, e| tracing::info!("checkpoint attempt {n} refused, trying again: {e}"),
     )?;
+    // Still the pause (the tree frozen) to the kill; the trial's helper,
+    // forked meanwhile, inherits the priority and ends with the trial.
+    let raised = crate::priority::Raised::new();
     let parent_id = parent.as_ref().map(|p| sink.link_parent(p.dir())).transpose()?;
     captured.write_image(&mut sink, parent_id)?;
     let image = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
@@ -181,6 +184,7 @@ pub fn checkpoint_then(
     };
     if opts.leave_running {
         let summary = captured.resume()?;
+        drop(raised);
         trial(&image, &[]).map_err(failed)?;
         return Ok(summary);
     }
@@ -494,7 +498,9 @@ pub fn capture(
     // held waited for a retransmission timeout
     // (tcp_connections::a_request_held_by_the_lock_is_answered_in_pause_time).
     let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
-    // The pause starts with the first thread seized.
+    // The pause starts with the first thread seized: ferry's threads go
+    // first to the end of the capture ([`crate::priority`]).
+    let _raised = crate::priority::Raised::new();
     let t_frozen = Instant::now();
     let tree = ph.step("freeze", || freeze(pid, &mut guard))?;
     let mut surveyed = ph.step("survey", || {

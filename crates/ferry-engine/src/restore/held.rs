@@ -82,6 +82,8 @@ impl Held {
         } = self;
         let mut lock = staged.lock.take();
         let ph = &mut phases;
+        // Ferry's work until every process runs (no fork in it).
+        let raised = crate::priority::Raised::new();
         // The connections come alive only now, with every process that
         // owns one in place and still stopped.
         let rebuilt = files::tcp::leave_repair(&tree, &connections)?;
@@ -121,6 +123,7 @@ impl Held {
             }
         }
         guard.disarmed = true;
+        drop(raised);
         let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
         // Restored in ferry's own PID namespace: both see the same number.
         let restored = Restored {

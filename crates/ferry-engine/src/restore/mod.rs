@@ -218,7 +218,9 @@ pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Resu
     let t0 = Instant::now();
     // The restore's check uses it; loaded while the image is read.
     let loading = std::thread::Builder::new().spawn(crate::vm_flags::load_ahead);
-    let image = source.load(crate::worker_threads())?;
+    // From here to the release, the restore is the service's pause
+    // (its own work, no process forked: [`crate::priority`]).
+    let image = crate::priority::raised(|| source.load(crate::worker_threads()))?;
     drop(loading);
     if opts.detach {
         check_detachable(&image.tree)?;
@@ -295,7 +297,9 @@ pub fn restore_held(
     // Made after the fork, so that they need no fd numbers in the range
     // the tree inherits: 10,000 connections would not fit twice.
     let mut connections = ph.step("tcp connections rebuilt", || {
-        stage::in_netns(pid, staged.netns_fd(), || files::tcp::create_all(&tree))
+        crate::priority::raised(|| {
+            stage::in_netns(pid, staged.netns_fd(), || files::tcp::create_all(&tree))
+        })
     })?;
     let mut sessions = vec![root::root_session(&tree, &staged.staging.map)?];
     let lazy_uffds = ph.step("root: files+memory", || {
@@ -331,7 +335,11 @@ pub fn restore_held(
     }
     if opts.check {
         let carried = &handover.carried;
-        ph.step("check", || verify::restored_tree(&tree, &connections.fds, carried, &fd_flags))?;
+        ph.step("check", || {
+            crate::priority::raised(|| {
+                verify::restored_tree(&tree, &connections.fds, carried, &fd_flags)
+            })
+        })?;
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })

@@ -226,7 +226,10 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
     let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
     let outq = socket::outq(fd).map_err(k("reading the send queue length"))?;
-    let unsent = socket::outq_unsent(fd).map_err(k("reading the unsent length"))?;
+    // The bytes never sent, from the TCP_INFO read above instead of one
+    // more call: tcpi_notsent_bytes is SIOCOUTQNSD's write_seq - snd_nxt
+    // (the tree is frozen, the lock holds the connection's packets).
+    let unsent = ti.tcpi_notsent_bytes;
     // The send queue stays selected: only repair mode reads the choice,
     // and every later step in it selects its own queue.
     let send_queue = socket::peek_queue(fd, outq as usize).map_err(k("reading the send queue"))?;
@@ -248,10 +251,8 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     let timestamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP)
         .map_err(k("reading TCP_TIMESTAMP"))? as u32;
     let w = socket::repair_window(fd).map_err(k("reading the window"))?;
-    let sndbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)
-        .map_err(k("reading SO_SNDBUF"))?;
-    let rcvbuf = socket::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)
-        .map_err(k("reading SO_RCVBUF"))?;
+    // SO_SNDBUF and SO_RCVBUF in one call.
+    let (sndbuf, rcvbuf) = socket::buffer_sizes(fd).map_err(k("reading the buffer sizes"))?;
     let buf_lock = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK)
         .map_err(k("reading SO_BUF_LOCK"))?;
     const TCPI_OPT_TIMESTAMPS: u8 = 1;

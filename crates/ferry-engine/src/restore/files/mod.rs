@@ -169,6 +169,23 @@ pub(crate) fn set_status_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()>
     Ok(())
 }
 
+/// The F_SETFL argument that gives a socket just made by socket(2)
+/// (status flags O_RDWR alone) the status flags `flags`; None when it
+/// has them already. Saves reading them back first (F_GETFL): 10,000
+/// rebuilt connections, 10,000 calls in the pause.
+pub(crate) fn setfl_of_fresh_socket(flags: i32) -> Option<i32> {
+    let want = flags & SETFL_MASK;
+    (want != 0).then_some(want)
+}
+
+/// [`set_status_flags`] for a socket just made by socket(2).
+pub(crate) fn set_fresh_socket_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()> {
+    let Some(want) = setfl_of_fresh_socket(flags) else { return Ok(()) };
+    ferry_sys::fd::fcntl_int(fd.as_raw_fd(), libc::F_SETFL, want as libc::c_long, "fcntl(F_SETFL)")
+        .map_err(|e| EngineError::kernel(pid, "setting file status flags", e))?;
+    Ok(())
+}
+
 /// Creates every open file description of the tree once, in ferry, at
 /// or above `temp_base`; returns them by description id. Each process's
 /// descriptions are made in its working directory (relative unix socket
@@ -459,4 +476,23 @@ pub fn epoll_target_calls(
         calls.push((format!("close(fd {})", t.fd), Call::new(libc::SYS_close, &[t.fd as u64])));
     }
     Ok((calls, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::setfl_of_fresh_socket;
+
+    #[test]
+    fn a_fresh_socket_is_given_only_the_settable_flags_it_lacks() {
+        // A blocking socket as socket(2) makes it: nothing to set.
+        assert_eq!(setfl_of_fresh_socket(libc::O_RDWR), None);
+        // O_NONBLOCK (and O_ASYNC) are set; the access mode is not F_SETFL's.
+        assert_eq!(setfl_of_fresh_socket(libc::O_RDWR | libc::O_NONBLOCK), Some(libc::O_NONBLOCK));
+        assert_eq!(
+            setfl_of_fresh_socket(libc::O_RDWR | libc::O_NONBLOCK | libc::O_ASYNC),
+            Some(libc::O_NONBLOCK | libc::O_ASYNC)
+        );
+        // A flag F_SETFL cannot change is left alone.
+        assert_eq!(setfl_of_fresh_socket(libc::O_RDWR | libc::O_LARGEFILE), None);
+    }
 }

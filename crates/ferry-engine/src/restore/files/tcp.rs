@@ -289,7 +289,7 @@ pub fn create_all(tree: &TreeImage) -> Result<Made> {
     // Worker threads inherit the network namespace ferry is in now.
     let made = crate::parallel::map(&todo, |(pid, f, s, c)| {
         let (fd, sent_back) = create_counting_sent(*pid, s, c)?;
-        super::set_status_flags(*pid, &fd, f.flags)?;
+        super::set_fresh_socket_flags(*pid, &fd, f.flags)?;
         Ok((f.id, fd, sent_back))
     })?;
     let sent_back = made.iter().map(|(id, _, n)| (*id, *n)).collect();

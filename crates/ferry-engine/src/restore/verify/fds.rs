@@ -198,13 +198,10 @@ fn compare_rebuilt(
     let flags = ferry_sys::fd::fcntl_getfl(ours.as_fd())
         .map_err(|e| EngineError::kernel(pid, format!("status flags of fd {fd}"), e))?;
     found.compare(pid, &object, "status flags", file.flags, flags & !libc::O_CLOEXEC);
-    // A socket keeps no file position (ESPIPE): fdinfo shows it as 0.
-    let pos = match ferry_sys::fd::lseek(ours.as_raw_fd(), 0, libc::SEEK_CUR) {
-        Ok(pos) => pos,
-        Err(e) if e.errno == libc::ESPIPE => 0,
-        Err(e) => return Err(EngineError::kernel(pid, format!("offset of fd {fd}"), e)),
-    };
-    found.compare(pid, &object, "offset", file.pos, pos);
+    // A rebuilt connection is a socket, which keeps no file position
+    // (lseek: ESPIPE, always): fdinfo shows it as 0. Not asked, 10,000
+    // calls in the pause at 10,000 connections.
+    found.compare(pid, &object, "offset", file.pos, 0);
     Ok(Rebuilt::Same)
 }
 
