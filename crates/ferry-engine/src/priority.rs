@@ -44,7 +44,28 @@ pub fn pause_from(setting: Option<&str>) -> Pause {
 
 fn pause() -> Pause {
     static PAUSE: std::sync::OnceLock<Pause> = std::sync::OnceLock::new();
-    *PAUSE.get_or_init(|| pause_from(std::env::var("FERRY_PAUSE_PRIORITY").ok().as_deref()))
+    *PAUSE.get_or_init(|| {
+        let setting = std::env::var("FERRY_PAUSE_PRIORITY").ok();
+        let pause = pause_from(setting.as_deref());
+        if let Some(v) = setting.filter(|v| !understood(v)) {
+            tracing::warn!(
+                "FERRY_PAUSE_PRIORITY={v:?} is none of off, rr[:1-99], nice:-20..19: the pause runs as {pause:?}"
+            );
+        }
+        pause
+    })
+}
+
+/// Whether `FERRY_PAUSE_PRIORITY`'s value is one [`pause_from`] reads as
+/// written (not a fallback to the default).
+fn understood(v: &str) -> bool {
+    let (kind, n) = v.trim().split_once(':').unwrap_or((v.trim(), ""));
+    match kind {
+        "off" => n.is_empty(),
+        "rr" => n.is_empty() || n.parse::<i32>().is_ok_and(|n| (1..=99).contains(&n)),
+        "nice" => n.parse::<i32>().is_ok_and(|n| (-20..=19).contains(&n)),
+        _ => false,
+    }
 }
 
 /// A thread under the pause's scheduling until dropped (on whichever
@@ -115,6 +136,12 @@ mod tests {
         assert_eq!(pause_from(Some("nice:-40")), Pause::Nice(-20));
         assert_eq!(pause_from(Some("nice")), Pause::RoundRobin(1));
         assert_eq!(pause_from(Some("junk")), Pause::RoundRobin(1));
+        for ok in ["off", "rr", "rr:5", "nice:-5"] {
+            assert!(understood(ok), "{ok}");
+        }
+        for bad in ["junk", "nice", "rr:500", "nice:-40", "off:3"] {
+            assert!(!understood(bad), "{bad}");
+        }
     }
 
     #[test]
