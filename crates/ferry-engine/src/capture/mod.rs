@@ -29,6 +29,7 @@ mod signals;
 mod socket_refs;
 mod sockopt_check;
 mod sockopt_watch;
+pub use sockopt_watch::KeptWatch;
 mod survey;
 mod sysv_ipc;
 pub(crate) mod tcp_tables;
@@ -86,6 +87,14 @@ pub struct CaptureOptions {
     /// as the same kernel objects ([`Captured::take_carried`]). No TCP
     /// repair, no network lock, no queue drained.
     pub carry_files: bool,
+    /// The tree's setsockopt and fd calls counted from capture to
+    /// capture by counters kept open between them (`ferry replicate`'s
+    /// syncs, [`KeptWatch`]), whatever its number of sockets: the survey
+    /// in the freeze takes the options and fds read before it when no
+    /// call was counted since. None: a capture of 500 sockets or more
+    /// opens counters of its own (FERRY_SOCKOPT_WATCH_FROM sets the
+    /// bound), and a smaller one reads them in the freeze.
+    pub kept_watch: Option<KeptWatch>,
 }
 
 #[derive(Debug, Clone)]
@@ -456,7 +465,7 @@ pub fn capture(
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
-        let (pre, watch) = survey::presurvey(pid);
+        let (pre, watch) = survey::presurvey(pid, opts.kept_watch.as_ref());
         // Loaded now rather than in the freeze, where the survey uses it.
         if pre.values().any(|p| p.socket_inodes().next().is_some()) {
             socket_refs::load_ahead();
@@ -475,7 +484,8 @@ pub fn capture(
             pre.values().for_each(files::FdPresurvey::release_dups);
             return Ok(());
         }
-        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp);
+        let kept = watch.as_ref().and_then(|w| w.checked());
+        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp, kept);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
             for (&p, listed) in &pre {

@@ -64,6 +64,9 @@ pub(crate) struct SyncCtx<'a> {
     /// What the presurveys of the tree's mappings proved, kept from sync
     /// to sync ([`ferry_engine::capture::vma_flags::presurvey_new`]).
     pub presurveyed: &'a mut HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
+    /// The tree's setsockopt and fd calls, counted from sync to sync
+    /// ([`ferry_engine::capture::KeptWatch`]).
+    pub watch: &'a ferry_engine::capture::KeptWatch,
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, ch: &mut Channel, seq: u64) -> Result<SyncReport> {
@@ -157,6 +160,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
         parent_sees_exit: c.parent_sees_exit,
         output_held: true,
         restored_elsewhere: true,
+        kept_watch: Some(c.watch.clone()),
         ..Default::default()
     };
     let precopy = &mut *c.precopy;
