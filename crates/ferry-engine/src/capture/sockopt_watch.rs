@@ -57,6 +57,9 @@ pub(super) struct Watch {
     /// A kept watch's: the sockets the capture before checked, standing
     /// when nothing was counted since ([`Watch::rebase`]).
     checked: super::sockopt_check::Checked,
+    /// Whether the sockets the capture before checked stand (set by
+    /// [`Watch::rebase`]).
+    checks_stand: bool,
 }
 
 /// What a kept watch keeps between captures.
@@ -109,7 +112,7 @@ impl KeptWatch {
     pub(super) fn take(&self, pids: &[i32]) -> Option<Watch> {
         let Kept { counters, checked } =
             self.0.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
-        let mut w = Watch { counters, keep: Some(self.clone()), checked };
+        let mut w = Watch { counters, keep: Some(self.clone()), checked, checks_stand: false };
         w.rebase(pids).then_some(w)
     }
 
@@ -154,7 +157,12 @@ impl Watch {
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let mut w = Watch { counters: HashMap::new(), keep: None, checked: Default::default() };
+        let mut w = Watch {
+            counters: HashMap::new(),
+            keep: None,
+            checked: Default::default(),
+            checks_stand: false,
+        };
         w.rebase(pids).then_some(w)
     }
 
@@ -213,6 +221,11 @@ impl Watch {
             }
         }
         self.checked = std::mem::take(&mut self.checked).next(unchanged);
+        self.checks_stand = unchanged;
+        tracing::debug!(
+            "sockets checked by the capture before {}",
+            if unchanged { "stand" } else { "are checked again" }
+        );
         true
     }
 
@@ -444,5 +457,56 @@ mod tests {
         ferry_sys::fd::fcntl_int(s.as_raw_fd(), libc::F_GETFD, 0, "fcntl").expect("fcntl");
         let quiet = watch.quiet(&[tid]);
         assert!(!quiet.fds);
+    }
+
+    #[test]
+    fn a_kept_watch_lets_the_checks_stand_only_while_nothing_set_an_option() {
+        use std::io::Write;
+        // A process of its own (this one's test threads come and go):
+        // it makes a socket, then sets an option on each line it reads.
+        let prog = "import socket,sys\ns=socket.socket()\nprint('up',flush=True)\n\
+                    for l in sys.stdin: s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1); print('set',flush=True)";
+        let mut child = match std::process::Command::new("python3")
+            .args(["-c", prog])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("no python3 ({e}): skipped");
+                return;
+            }
+        };
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let pid = child.id() as i32;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let mut child = Kill(child);
+        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(next(), "up");
+        let kept = KeptWatch::default();
+        let Some(w) = kept.take(&[pid]) else {
+            eprintln!("no setsockopt counters here: skipped");
+            return;
+        };
+        let stands = |kept: &KeptWatch| kept.take(&[pid]).map(|w| w.checks_stand);
+        assert!(!w.checks_stand, "the first capture has nothing before it");
+        drop(w);
+        assert_eq!(stands(&kept), Some(true), "nothing set since");
+        writeln!(stdin, "set").expect("to the child");
+        assert_eq!(next(), "set");
+        assert_eq!(stands(&kept), Some(false), "a setsockopt since");
+        assert_eq!(stands(&kept), Some(true), "nothing since the last");
+        let _ = child.0.kill();
+        let _ = child.0.wait();
+        assert_eq!(stands(&kept), Some(false), "its thread exited");
     }
 }
