@@ -18,6 +18,19 @@
 //! were: then the survey only checks that each fd still holds the same
 //! socket. A call of any of them makes the survey read every fd again.
 //!
+//! The first counter counts the calls that start a thread or process
+//! too (clone, clone3, fork, vfork): a thread started and gone between
+//! two reads of the counters has none of its own, and the call that
+//! started it is how its calls are not missed.
+//!
+//! A watch may be kept from one capture to the next ([`KeptWatch`],
+//! `ferry replicate`'s syncs): its counters stay open, each capture takes
+//! the counts when its reads begin as its base, and a socket the capture
+//! before checked (the same SO_COOKIE) stands without being read or
+//! compared again when, since that capture's base, no thread counted a
+//! call, none started or exited, and no BPF program that may set an
+//! option is loaded.
+//!
 //! What else changes a socket while the tree runs is read again in the
 //! freeze: state, pending errors and queues (under the network lock).
 
@@ -39,16 +52,32 @@ const FD_CALLS: [libc::c_long; 8] = [
     libc::SYS_shutdown,
 ];
 
+/// The calls counted with setsockopt: those that start a thread or a
+/// process. A thread started and gone between two reads of the counters
+/// has no counter, and its setsockopt calls would not be seen; the call
+/// that started it is.
+#[cfg(target_arch = "x86_64")]
+const START_CALLS: [libc::c_long; 4] =
+    [libc::SYS_clone, libc::SYS_clone3, libc::SYS_fork, libc::SYS_vfork];
+#[cfg(not(target_arch = "x86_64"))]
+const START_CALLS: [libc::c_long; 2] = [libc::SYS_clone, libc::SYS_clone3];
+
 /// The filters of the two counters of each thread, both on the
-/// raw_syscalls/sys_enter tracepoint: setsockopt, and [`FD_CALLS`]. One
-/// tracepoint, so closing the counters waits for one RCU grace period
-/// (per tracepoint, and in the process's exit if it is still open).
+/// raw_syscalls/sys_enter tracepoint: setsockopt with [`START_CALLS`],
+/// and [`FD_CALLS`]. One tracepoint, so closing the counters waits for
+/// one RCU grace period (per tracepoint, and in the process's exit if it
+/// is still open).
 fn filters() -> [String; 2] {
-    let calls: Vec<String> = FD_CALLS.iter().map(|c| format!("id == {c}")).collect();
-    [format!("id == {}", libc::SYS_setsockopt), calls.join(" || ")]
+    let any = |calls: &[libc::c_long]| {
+        calls.iter().map(|c| format!("id == {c}")).collect::<Vec<_>>().join(" || ")
+    };
+    let options: Vec<libc::c_long> =
+        std::iter::once(libc::SYS_setsockopt).chain(START_CALLS).collect();
+    [any(&options), any(&FD_CALLS)]
 }
 
-/// Counters per thread of the tree: setsockopt calls, then [`FD_CALLS`].
+/// Counters per thread of the tree: setsockopt calls (and
+/// [`START_CALLS`]), then [`FD_CALLS`].
 pub(super) struct Watch {
     counters: HashMap<i32, Counted>,
     /// Where this capture's watch goes back to once it answered: kept
