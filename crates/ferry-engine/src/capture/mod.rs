@@ -596,8 +596,16 @@ fn prepare_lock(
         // Carried connections need no lock: they stay the same sockets.
         return Ok(None);
     }
-    let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
-    let scan = network::scan(pid, &inodes, tcp);
+    // Without the wait for handshakes only whether to prepare matters:
+    // a TCP socket read by the option check says so without a dump of
+    // the host's TCP table (a lock with nothing to hold is let go at
+    // the engage, one needed and not prepared is prepared there).
+    let scan = if opts.output_held && pre.values().any(files::FdPresurvey::has_tcp_read) {
+        network::Scan::with_tcp()
+    } else {
+        let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
+        network::scan(pid, &inodes, tcp)
+    };
     let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());
