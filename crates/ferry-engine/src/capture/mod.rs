@@ -484,8 +484,7 @@ pub fn capture(
             pre.values().for_each(files::FdPresurvey::release_dups);
             return Ok(());
         }
-        let kept = watch.as_ref().and_then(|w| w.checked());
-        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp, kept);
+        let checked = sockopt_check::check(&pre, watch.as_ref(), &tcp);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
             for (&p, listed) in &pre {

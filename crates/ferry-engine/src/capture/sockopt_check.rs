@@ -200,16 +200,16 @@ fn cookie_of(sock: &OwnedFd) -> Option<u64> {
 /// The phase: every socket of every process `pre` listed, each once.
 /// Sockets are taken and their kinds' fresh sockets made in order; the
 /// comparisons run on the worker threads.
-/// With `read_early`, the options ferry restores are read too, for the
-/// survey in the freeze ([`super::sockopt_watch`]; without a watch it
-/// reads them itself). With `kept`, a socket the capture before checked
+/// With a `watch`, the options ferry restores are read too, for the
+/// survey in the freeze ([`super::sockopt_watch`]; without one it reads
+/// them itself); with a kept one, a socket the capture before checked
 /// and nothing can have changed since is not read again.
 pub(super) fn check(
     pre: &Presurvey,
-    read_early: bool,
+    watch: Option<&super::sockopt_watch::Watch>,
     tcp: &TcpTables,
-    kept: Option<&Checked>,
 ) -> Result<()> {
+    let (read_early, kept) = (watch.is_some(), watch.and_then(|w| w.checked()));
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
