@@ -29,6 +29,7 @@ mod signals;
 mod socket_refs;
 mod sockopt_check;
 mod sockopt_watch;
+pub use sockopt_check::KeptChecks;
 pub use sockopt_watch::KeptWatch;
 mod survey;
 mod sysv_ipc;
@@ -95,6 +96,10 @@ pub struct CaptureOptions {
     /// opens counters of its own (FERRY_SOCKOPT_WATCH_FROM sets the
     /// bound), and a smaller one reads them in the freeze.
     pub kept_watch: Option<KeptWatch>,
+    /// The sockets the capture before checked, kept with `kept_watch`:
+    /// a socket (the same SO_COOKIE) stands as checked then when that
+    /// watch counted no call since ([`sockopt_check`]).
+    pub kept_checks: Option<KeptChecks>,
 }
 
 #[derive(Debug, Clone)]
@@ -484,7 +489,8 @@ pub fn capture(
             pre.values().for_each(files::FdPresurvey::release_dups);
             return Ok(());
         }
-        let checked = sockopt_check::check(&pre, watch.as_ref(), &tcp);
+        let kept = kept_checks(opts, watch.as_ref());
+        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp, kept);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
             for (&p, listed) in &pre {
@@ -550,6 +556,15 @@ pub fn capture(
     let mut captured = Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard);
     captured.carried = carried;
     Ok(captured)
+}
+
+/// The kept checks, and whether they stand: with a kept watch only.
+fn kept_checks<'a>(
+    opts: &'a CaptureOptions,
+    watch: Option<&sockopt_watch::Watch>,
+) -> Option<(&'a KeptChecks, bool)> {
+    let watch = watch?;
+    opts.kept_checks.as_ref().map(|k| (k, watch.checks_stand()))
 }
 
 /// The checks of phase "sharing checked" on their own, for a caller that

@@ -153,10 +153,36 @@ struct CheckedSocket {
     read: Option<super::files::PreRead>,
 }
 
-/// The sockets checked by the capture before and by this one, kept
-/// with a kept watch ([`super::sockopt_watch::KeptWatch`]).
-#[derive(Default)]
-pub(super) struct Checked {
+/// The sockets one capture checked, kept for the next
+/// ([`super::CaptureOptions::kept_checks`]): they stand there when the
+/// kept setsockopt watch says nothing can have changed them since.
+#[derive(Clone, Default)]
+pub struct KeptChecks(std::sync::Arc<std::sync::Mutex<HashMap<u64, CheckedSocket>>>);
+
+impl std::fmt::Debug for KeptChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptChecks")
+    }
+}
+
+impl KeptChecks {
+    /// What this capture starts from: the sockets the capture before
+    /// checked when they `stand`, nothing otherwise (and nothing kept
+    /// until [`KeptChecks::keep`]: a check that fails keeps none).
+    fn begin(&self, stand: bool) -> Checked {
+        let before = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        Checked { before: if stand { before } else { HashMap::new() }, now: Default::default() }
+    }
+
+    /// This capture's sockets, for the next.
+    fn keep(&self, checked: Checked) {
+        let now = checked.now.into_inner().unwrap_or_else(|e| e.into_inner());
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+}
+
+/// The sockets checked by the capture before and by this one.
+struct Checked {
     /// Those of the capture before, when no thread of the tree can have
     /// set an option since they were read (else empty): each stands as
     /// it was checked then and is not read again.
@@ -166,15 +192,6 @@ pub(super) struct Checked {
 }
 
 impl Checked {
-    /// What the next capture starts from: this one's sockets when
-    /// `unchanged` (no setsockopt counted since their reads began, every
-    /// thread counted, no BPF program that may set an option), nothing
-    /// otherwise.
-    pub(super) fn next(self, unchanged: bool) -> Checked {
-        let now = self.now.into_inner().unwrap_or_else(|e| e.into_inner());
-        Checked { before: if unchanged { now } else { HashMap::new() }, now: Default::default() }
-    }
-
     /// Passed by the capture before and standing: recorded for the
     /// next, and its early read handed to the survey.
     fn take_standing(&self, cookie: u64, sock: &super::files::PreSocket) -> bool {
@@ -200,16 +217,19 @@ fn cookie_of(sock: &OwnedFd) -> Option<u64> {
 /// The phase: every socket of every process `pre` listed, each once.
 /// Sockets are taken and their kinds' fresh sockets made in order; the
 /// comparisons run on the worker threads.
-/// With a `watch`, the options ferry restores are read too, for the
-/// survey in the freeze ([`super::sockopt_watch`]; without one it reads
-/// them itself); with a kept one, a socket the capture before checked
-/// and nothing can have changed since is not read again.
+/// With `read_early`, the options ferry restores are read too, for the
+/// survey in the freeze ([`super::sockopt_watch`]; without a watch it
+/// reads them itself). With `kept` (the checks kept, and whether what
+/// they hold stands), a socket the capture before checked and nothing
+/// can have changed since is not read again.
 pub(super) fn check(
     pre: &Presurvey,
-    watch: Option<&super::sockopt_watch::Watch>,
+    read_early: bool,
     tcp: &TcpTables,
+    kept: Option<(&KeptChecks, bool)>,
 ) -> Result<()> {
-    let (read_early, kept) = (watch.is_some(), watch.and_then(|w| w.checked()));
+    let checked = kept.map(|(k, stand)| k.begin(stand));
+    let kept_now = checked.as_ref();
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
@@ -230,8 +250,8 @@ pub(super) fn check(
             // Not duplicated (gone since it was listed): the freeze sees
             // the fd as it is.
             let Some(sock) = listed.socket(fd) else { continue };
-            let cookie = kept.and_then(|_| sock.with_dup(cookie_of).flatten());
-            if let (Some(k), Some(c)) = (kept, cookie) {
+            let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
+            if let (Some(k), Some(c)) = (kept_now, cookie) {
                 if k.take_standing(c, sock) {
                     continue;
                 }
@@ -244,11 +264,14 @@ pub(super) fn check(
     }
     crate::parallel::map(&taken, |t| {
         compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;
-        if let (Some(k), Some(c)) = (kept, t.cookie) {
+        if let (Some(k), Some(c)) = (kept_now, t.cookie) {
             k.record(c, CheckedSocket { read: t.sock.read().cloned() });
         }
         Ok(())
     })?;
+    if let (Some((k, _)), Some(c)) = (kept, checked) {
+        k.keep(c);
+    }
     Ok(())
 }
 

@@ -83,19 +83,9 @@ pub(super) struct Watch {
     /// Where this capture's watch goes back to once it answered: kept
     /// from capture to capture ([`KeptWatch`]), not closed.
     keep: Option<KeptWatch>,
-    /// A kept watch's: the sockets the capture before checked, standing
-    /// when nothing was counted since ([`Watch::rebase`]).
-    checked: super::sockopt_check::Checked,
-    /// Whether the sockets the capture before checked stand (set by
-    /// [`Watch::rebase`]).
+    /// Whether what the capture before checked of the sockets still
+    /// stands (set by [`Watch::rebase`]).
     checks_stand: bool,
-}
-
-/// What a kept watch keeps between captures.
-#[derive(Default)]
-struct Kept {
-    counters: HashMap<i32, Counted>,
-    checked: super::sockopt_check::Checked,
 }
 
 /// What the counters tell in the freeze.
@@ -126,7 +116,7 @@ struct Counted {
 /// since those reads began. Threads started since the last capture
 /// get counters of their own; those gone are closed.
 #[derive(Clone, Default)]
-pub struct KeptWatch(std::sync::Arc<std::sync::Mutex<Option<Kept>>>);
+pub struct KeptWatch(std::sync::Arc<std::sync::Mutex<Option<HashMap<i32, Counted>>>>);
 
 impl std::fmt::Debug for KeptWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -139,14 +129,13 @@ impl KeptWatch {
     /// counting from now ([`Watch::rebase`]); None when the kernel
     /// offers no counters.
     pub(super) fn take(&self, pids: &[i32]) -> Option<Watch> {
-        let Kept { counters, checked } =
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
-        let mut w = Watch { counters, keep: Some(self.clone()), checked, checks_stand: false };
+        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        let mut w = Watch { counters, keep: Some(self.clone()), checks_stand: false };
         w.rebase(pids).then_some(w)
     }
 
-    fn put_back(&self, kept: Kept) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+    fn put_back(&self, counters: HashMap<i32, Counted>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
     }
 }
 
@@ -156,7 +145,7 @@ impl Drop for Watch {
     fn drop(&mut self) {
         if let Some(k) = self.keep.take() {
             let counters = std::mem::take(&mut self.counters);
-            k.put_back(Kept { counters, checked: std::mem::take(&mut self.checked) });
+            k.put_back(counters);
         }
     }
 }
@@ -186,12 +175,7 @@ impl Watch {
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let mut w = Watch {
-            counters: HashMap::new(),
-            keep: None,
-            checked: Default::default(),
-            checks_stand: false,
-        };
+        let mut w = Watch { counters: HashMap::new(), keep: None, checks_stand: false };
         w.rebase(pids).then_some(w)
     }
 
@@ -249,7 +233,6 @@ impl Watch {
                 }
             }
         }
-        self.checked = std::mem::take(&mut self.checked).next(unchanged);
         self.checks_stand = unchanged;
         tracing::debug!(
             "sockets checked by the capture before {}",
@@ -258,9 +241,11 @@ impl Watch {
         true
     }
 
-    /// A kept watch's sockets checked before ([`Watch::rebase`]).
-    pub fn checked(&self) -> Option<&super::sockopt_check::Checked> {
-        self.keep.as_ref().map(|_| &self.checked)
+    /// A kept watch's answer: whether what the capture before checked
+    /// of the sockets still stands ([`Watch::rebase`]); false for a
+    /// watch of one capture.
+    pub fn checks_stand(&self) -> bool {
+        self.keep.is_some() && self.checks_stand
     }
 
     /// Thread `tid`'s counters (and pidfd, for a kept watch); None when
@@ -330,9 +315,7 @@ impl Watch {
         c.fds
             .iter()
             .zip(&c.base)
-            .map(|(fd, base)| {
-                Some(ferry_sys::perf::read_count(fd.as_fd()).ok()?.checked_sub(*base)?)
-            })
+            .map(|(fd, base)| ferry_sys::perf::read_count(fd.as_fd()).ok()?.checked_sub(*base))
             .collect()
     }
 

@@ -89,8 +89,9 @@ struct Primary<'a> {
     data_dirs: data_dir::DataDirs,
     /// The tree's presurveyed mappings, kept from sync to sync.
     presurveyed: HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
-    /// The tree's setsockopt and fd calls, counted from sync to sync.
-    watch: ferry_engine::capture::KeptWatch,
+    /// The tree's setsockopt and fd calls, counted from sync to sync,
+    /// and the sockets the sync before checked.
+    watch: (ferry_engine::capture::KeptWatch, ferry_engine::capture::KeptChecks),
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
 }
