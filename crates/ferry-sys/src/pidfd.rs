@@ -10,6 +10,19 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
+/// A pidfd of thread `tid` alone (PIDFD_THREAD, Linux 6.9): it polls
+/// readable once that thread has exited, whatever its process does, so
+/// a thread ID taken again by a new thread is never mistaken for it.
+pub fn pidfd_open_thread(tid: i32) -> SysResult<OwnedFd> {
+    let flags = libc::O_EXCL as libc::c_uint;
+    // SAFETY: pidfd_open takes integers and returns a new fd.
+    let r = check("pidfd_open(PIDFD_THREAD)", unsafe {
+        libc::syscall(libc::SYS_pidfd_open, tid, flags)
+    })?;
+    // SAFETY: r is a new descriptor owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
 /// Duplicates descriptor `target_fd` of the process behind `pidfd` into ours.
 pub fn pidfd_getfd(pidfd: &OwnedFd, target_fd: RawFd) -> SysResult<OwnedFd> {
     // SAFETY: integers only; returns a new fd.

@@ -548,3 +548,45 @@ fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
     let after = streams(&r, PORT, 1, 1.0, || ());
     assert!(after[0].0 > 0 && after[0].0 == after[0].1, "a new stream at b: {after:?}");
 }
+
+/// What a sync finds unchanged it does not read again (a socket checked
+/// by the sync before, with no setsockopt counted since): a socket
+/// option set between syncs, on a connection the syncs before had
+/// checked and on one made since, reaches the standby. The server sets
+/// TCP_KEEPIDLE when a client asks and answers with what getsockopt
+/// reads; after a failover each connection reads its last value at b.
+#[test]
+fn socket_options_set_between_syncs_reach_the_standby() {
+    const TEST: &str = "repl-sockopt";
+    const PORT: &str = "7410";
+    if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
+        return;
+    }
+    let r = Repl::new("ro", &[]);
+    let bin = r.env.dir.0.join("sockopt_server");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/sockopt_server.c");
+    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
+    let log = r.env.dir.0.join("sockopt.log");
+    let server =
+        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
+    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
+    assert!(up, "sockopt_server did not start:\n{}", read_lossy(&log));
+    let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
+    let mut rep = r.replicate_nowait(server.inner, &extra, &[]);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "never in sync:\n{}", rep.show());
+    let (child, out) = clients(&r, "sockopt_clients.py", &[&r.svc, PORT, "6"]);
+    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
+    assert!(changed, "the options were not changed:\n{}", read_lossy(&out));
+    // Some syncs with nothing changed since the last setsockopt, then
+    // the primary's host dies.
+    std::thread::sleep(Duration::from_millis(500));
+    r.kill_host("a");
+    let _ = rep.wait(Duration::from_secs(10));
+    let results = client_results(child, &out);
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
+    let got: Vec<&str> = results.iter().map(|c| c["get"].as_str().unwrap_or("")).collect();
+    assert_eq!(got, ["keepalive 1 keepidle 78", "keepalive 1 keepidle 91"], "at b");
+    eprintln!("[{TEST}] both connections' options as last set, read at b after the takeover");
+}

@@ -29,6 +29,8 @@ mod signals;
 mod socket_refs;
 mod sockopt_check;
 mod sockopt_watch;
+pub use sockopt_check::KeptChecks;
+pub use sockopt_watch::KeptWatch;
 mod survey;
 mod sysv_ipc;
 pub(crate) mod tcp_tables;
@@ -86,6 +88,18 @@ pub struct CaptureOptions {
     /// as the same kernel objects ([`Captured::take_carried`]). No TCP
     /// repair, no network lock, no queue drained.
     pub carry_files: bool,
+    /// The tree's setsockopt and fd calls counted from capture to
+    /// capture by counters kept open between them (`ferry replicate`'s
+    /// syncs, [`KeptWatch`]), whatever its number of sockets: the survey
+    /// in the freeze takes the options and fds read before it when no
+    /// call was counted since. None: a capture of 500 sockets or more
+    /// opens counters of its own (FERRY_SOCKOPT_WATCH_FROM sets the
+    /// bound), and a smaller one reads them in the freeze.
+    pub kept_watch: Option<KeptWatch>,
+    /// The sockets the capture before checked, kept with `kept_watch`:
+    /// a socket (the same SO_COOKIE) stands as checked then when that
+    /// watch counted no call since ([`sockopt_check`]).
+    pub kept_checks: Option<KeptChecks>,
 }
 
 #[derive(Debug, Clone)]
@@ -460,7 +474,7 @@ pub fn capture(
     let mut guard = crate::guard::Guard::start()?;
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
-        let (pre, watch) = survey::presurvey(pid);
+        let (pre, watch) = survey::presurvey(pid, opts.kept_watch.as_ref());
         // Loaded now rather than in the freeze, where the survey uses it.
         if pre.values().any(|p| p.socket_inodes().next().is_some()) {
             socket_refs::load_ahead();
@@ -479,7 +493,8 @@ pub fn capture(
             pre.values().for_each(files::FdPresurvey::release_dups);
             return Ok(());
         }
-        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp);
+        let kept = kept_checks(opts, watch.as_ref());
+        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp, kept);
         if checked.is_ok() && watch.is_some() {
             let tree: Vec<i32> = pre.keys().copied().collect();
             for (&p, listed) in &pre {
@@ -549,6 +564,15 @@ pub fn capture(
     Ok(captured)
 }
 
+/// The kept checks, and whether they stand: with a kept watch only.
+fn kept_checks<'a>(
+    opts: &'a CaptureOptions,
+    watch: Option<&sockopt_watch::Watch>,
+) -> Option<(&'a KeptChecks, bool)> {
+    let watch = watch?;
+    opts.kept_checks.as_ref().map(|k| (k, watch.checks_stand()))
+}
+
 /// The checks of phase "sharing checked" on their own, for a caller that
 /// refuses early (a migration, before its pre-copy rounds); the capture
 /// makes them again.
@@ -592,8 +616,16 @@ fn prepare_lock(
         // Carried connections need no lock: they stay the same sockets.
         return Ok(None);
     }
-    let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
-    let scan = network::scan(pid, &inodes, tcp);
+    // Without the wait for handshakes only whether to prepare matters:
+    // a TCP socket read by the option check says so without a dump of
+    // the host's TCP table (a lock with nothing to hold is let go at
+    // the engage, one needed and not prepared is prepared there).
+    let scan = if opts.output_held && pre.values().any(files::FdPresurvey::has_tcp_read) {
+        network::Scan::with_tcp()
+    } else {
+        let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
+        network::scan(pid, &inodes, tcp)
+    };
     let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;
     if let Some(l) = &prepared {
         guard.lock(l.name());

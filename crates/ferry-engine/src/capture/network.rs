@@ -122,6 +122,14 @@ pub struct Scan {
     listeners: Vec<SocketAddr>,
 }
 
+impl Scan {
+    /// A tree known to have TCP sockets, its listeners not looked for
+    /// (no handshakes are waited for).
+    pub(super) fn with_tcp() -> Scan {
+        Scan { has_tcp: true, listeners: Vec::new() }
+    }
+}
+
 /// `inodes`: the socket inodes of the tree, as the presurvey listed them.
 pub(super) fn scan(root: i32, inodes: &std::collections::HashSet<u64>, tables: &TcpTables) -> Scan {
     if inodes.is_empty() {

@@ -143,6 +143,75 @@ struct Taken<'a> {
     link: String,
     sock: &'a super::files::PreSocket,
     kind: Kind,
+    cookie: Option<u64>,
+}
+
+/// A socket this check passed, by its cookie (SO_COOKIE: never given to
+/// another socket): what was read of it for the survey.
+#[derive(Clone)]
+struct CheckedSocket {
+    read: Option<super::files::PreRead>,
+}
+
+/// The sockets one capture checked, kept for the next
+/// ([`super::CaptureOptions::kept_checks`]): they stand there when the
+/// kept setsockopt watch says nothing can have changed them since.
+#[derive(Clone, Default)]
+pub struct KeptChecks(std::sync::Arc<std::sync::Mutex<HashMap<u64, CheckedSocket>>>);
+
+impl std::fmt::Debug for KeptChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptChecks")
+    }
+}
+
+impl KeptChecks {
+    /// What this capture starts from: the sockets the capture before
+    /// checked when they `stand`, nothing otherwise (and nothing kept
+    /// until [`KeptChecks::keep`]: a check that fails keeps none).
+    fn begin(&self, stand: bool) -> Checked {
+        let before = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        Checked { before: if stand { before } else { HashMap::new() }, now: Default::default() }
+    }
+
+    /// This capture's sockets, for the next.
+    fn keep(&self, checked: Checked) {
+        let now = checked.now.into_inner().unwrap_or_else(|e| e.into_inner());
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+}
+
+/// The sockets checked by the capture before and by this one.
+struct Checked {
+    /// Those of the capture before, when no thread of the tree can have
+    /// set an option since they were read (else empty): each stands as
+    /// it was checked then and is not read again.
+    before: HashMap<u64, CheckedSocket>,
+    /// This capture's, for the next.
+    now: std::sync::Mutex<HashMap<u64, CheckedSocket>>,
+}
+
+impl Checked {
+    /// Passed by the capture before and standing: recorded for the
+    /// next, and its early read handed to the survey.
+    fn take_standing(&self, cookie: u64, sock: &super::files::PreSocket) -> bool {
+        let Some(c) = self.before.get(&cookie) else { return false };
+        if let Some(read) = &c.read {
+            sock.set_read(read.clone());
+        }
+        self.record(cookie, c.clone());
+        true
+    }
+
+    fn record(&self, cookie: u64, c: CheckedSocket) {
+        self.now.lock().unwrap_or_else(|e| e.into_inner()).insert(cookie, c);
+    }
+}
+
+/// The socket's cookie (SO_COOKIE).
+fn cookie_of(sock: &OwnedFd) -> Option<u64> {
+    let bytes = socket::getsockopt_bytes(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_COOKIE, 8);
+    bytes.ok().and_then(|b| Some(u64::from_ne_bytes(b.as_slice().try_into().ok()?)))
 }
 
 /// The phase: every socket of every process `pre` listed, each once.
@@ -150,8 +219,17 @@ struct Taken<'a> {
 /// comparisons run on the worker threads.
 /// With `read_early`, the options ferry restores are read too, for the
 /// survey in the freeze ([`super::sockopt_watch`]; without a watch it
-/// reads them itself).
-pub(super) fn check(pre: &Presurvey, read_early: bool, tcp: &TcpTables) -> Result<()> {
+/// reads them itself). With `kept` (the checks kept, and whether what
+/// they hold stands), a socket the capture before checked and nothing
+/// can have changed since is not read again.
+pub(super) fn check(
+    pre: &Presurvey,
+    read_early: bool,
+    tcp: &TcpTables,
+    kept: Option<(&KeptChecks, bool)>,
+) -> Result<()> {
+    let checked = kept.map(|(k, stand)| k.begin(stand));
+    let kept_now = checked.as_ref();
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
@@ -172,13 +250,28 @@ pub(super) fn check(pre: &Presurvey, read_early: bool, tcp: &TcpTables) -> Resul
             // Not duplicated (gone since it was listed): the freeze sees
             // the fd as it is.
             let Some(sock) = listed.socket(fd) else { continue };
+            let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
+            if let (Some(k), Some(c)) = (kept_now, cookie) {
+                if k.take_standing(c, sock) {
+                    continue;
+                }
+            }
             let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { continue };
-            let t = Taken { pid, fd, link: link.clone(), sock, kind };
+            let t = Taken { pid, fd, link: link.clone(), sock, kind, cookie };
             prepare(&t, &ns, &mut fresh, &mut md5, tcp)?;
             taken.push(t);
         }
     }
-    crate::parallel::map(&taken, |t| compare(t, &fresh, &md5, &groups[&t.pid], read_early))?;
+    crate::parallel::map(&taken, |t| {
+        compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;
+        if let (Some(k), Some(c)) = (kept_now, t.cookie) {
+            k.record(c, CheckedSocket { read: t.sock.read().cloned() });
+        }
+        Ok(())
+    })?;
+    if let (Some((k, _)), Some(c)) = (kept, checked) {
+        k.keep(c);
+    }
     Ok(())
 }
 

@@ -18,6 +18,19 @@
 //! were: then the survey only checks that each fd still holds the same
 //! socket. A call of any of them makes the survey read every fd again.
 //!
+//! The first counter counts the calls that start a thread or process
+//! too (clone, clone3, fork, vfork): a thread started and gone between
+//! two reads of the counters has none of its own, and the call that
+//! started it is how its calls are not missed.
+//!
+//! A watch may be kept from one capture to the next ([`KeptWatch`],
+//! `ferry replicate`'s syncs): its counters stay open, each capture takes
+//! the counts when its reads begin as its base, and a socket the capture
+//! before checked (the same SO_COOKIE) stands without being read or
+//! compared again when, since that capture's base, no thread counted a
+//! call, none started or exited, and no BPF program that may set an
+//! option is loaded.
+//!
 //! What else changes a socket while the tree runs is read again in the
 //! freeze: state, pending errors and queues (under the network lock).
 
@@ -39,18 +52,40 @@ const FD_CALLS: [libc::c_long; 8] = [
     libc::SYS_shutdown,
 ];
 
+/// The calls counted with setsockopt: those that start a thread or a
+/// process. A thread started and gone between two reads of the counters
+/// has no counter, and its setsockopt calls would not be seen; the call
+/// that started it is.
+#[cfg(target_arch = "x86_64")]
+const START_CALLS: [libc::c_long; 4] =
+    [libc::SYS_clone, libc::SYS_clone3, libc::SYS_fork, libc::SYS_vfork];
+#[cfg(not(target_arch = "x86_64"))]
+const START_CALLS: [libc::c_long; 2] = [libc::SYS_clone, libc::SYS_clone3];
+
 /// The filters of the two counters of each thread, both on the
-/// raw_syscalls/sys_enter tracepoint: setsockopt, and [`FD_CALLS`]. One
-/// tracepoint, so closing the counters waits for one RCU grace period
-/// (per tracepoint, and in the process's exit if it is still open).
+/// raw_syscalls/sys_enter tracepoint: setsockopt with [`START_CALLS`],
+/// and [`FD_CALLS`]. One tracepoint, so closing the counters waits for
+/// one RCU grace period (per tracepoint, and in the process's exit if it
+/// is still open).
 fn filters() -> [String; 2] {
-    let calls: Vec<String> = FD_CALLS.iter().map(|c| format!("id == {c}")).collect();
-    [format!("id == {}", libc::SYS_setsockopt), calls.join(" || ")]
+    let any = |calls: &[libc::c_long]| {
+        calls.iter().map(|c| format!("id == {c}")).collect::<Vec<_>>().join(" || ")
+    };
+    let options: Vec<libc::c_long> =
+        std::iter::once(libc::SYS_setsockopt).chain(START_CALLS).collect();
+    [any(&options), any(&FD_CALLS)]
 }
 
-/// Counters per thread of the tree: setsockopt calls, then [`FD_CALLS`].
+/// Counters per thread of the tree: setsockopt calls (and
+/// [`START_CALLS`]), then [`FD_CALLS`].
 pub(super) struct Watch {
-    counters: HashMap<i32, Vec<OwnedFd>>,
+    counters: HashMap<i32, Counted>,
+    /// Where this capture's watch goes back to once it answered: kept
+    /// from capture to capture ([`KeptWatch`]), not closed.
+    keep: Option<KeptWatch>,
+    /// Whether what the capture before checked of the sockets still
+    /// stands (set by [`Watch::rebase`]).
+    checks_stand: bool,
 }
 
 /// What the counters tell in the freeze.
@@ -62,46 +97,191 @@ pub(super) struct Quiet {
     pub fds: bool,
 }
 
+/// One thread's counters, with what they counted when the reads this
+/// capture takes began ([`Watch::rebase`]; zeros for counters opened
+/// for it), and, for a kept watch, the thread's own pidfd: a thread
+/// that exited polls so, and its ID taken again by a new thread (whose
+/// calls these counters miss) is not mistaken for it.
+struct Counted {
+    fds: Vec<OwnedFd>,
+    base: Vec<u64>,
+    thread: Option<OwnedFd>,
+}
+
+/// A watch kept from one capture to the next (`ferry replicate`'s
+/// syncs, [`super::CaptureOptions::kept_watch`]): the counters stay
+/// open, so a capture neither opens them (a tracepoint's filter per
+/// counter) nor waits for their end, and a capture takes the options
+/// and fds read before its freeze whenever the counts did not move
+/// since those reads began. Threads started since the last capture
+/// get counters of their own; those gone are closed.
+#[derive(Clone, Default)]
+pub struct KeptWatch(std::sync::Arc<std::sync::Mutex<Option<HashMap<i32, Counted>>>>);
+
+impl std::fmt::Debug for KeptWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptWatch")
+    }
+}
+
+impl KeptWatch {
+    /// The kept counters, taken for one capture of the tree `pids` and
+    /// counting from now ([`Watch::rebase`]); None when the kernel
+    /// offers no counters.
+    pub(super) fn take(&self, pids: &[i32]) -> Option<Watch> {
+        let counters = self.0.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        let mut w = Watch { counters, keep: Some(self.clone()), checks_stand: false };
+        w.rebase(pids).then_some(w)
+    }
+
+    fn put_back(&self, counters: HashMap<i32, Counted>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
+    }
+}
+
+impl Drop for Watch {
+    /// A kept watch goes back to its keeper, also when the capture
+    /// failed before it answered.
+    fn drop(&mut self) {
+        if let Some(k) = self.keep.take() {
+            let counters = std::mem::take(&mut self.counters);
+            k.put_back(counters);
+        }
+    }
+}
+
+/// Both counters of thread `tid`, counting from now.
+fn open_counters(tid: i32, id: u64, filters: &[String; 2]) -> ferry_sys::SysResult<Vec<OwnedFd>> {
+    filters.iter().map(|f| ferry_sys::perf::count_tracepoint_filtered(tid, id, f)).collect()
+}
+
+/// Every thread of the processes `pids`, as /proc lists them now.
+fn threads_of(pids: &[i32]) -> Vec<i32> {
+    let mut tids = Vec::new();
+    for &pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        tids.extend(tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()));
+    }
+    tids
+}
+
+/// Whether the thread behind `pidfd` has exited.
+fn exited(pidfd: &OwnedFd) -> bool {
+    ferry_sys::pidfd::wait_exit(pidfd, 0).unwrap_or(true)
+}
+
 impl Watch {
     /// Counters on every thread of `pids` (the running tree), counting
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let id = ferry_sys::perf::tracepoint_id("raw_syscalls/sys_enter").ok()?;
+        let mut w = Watch { counters: HashMap::new(), keep: None, checks_stand: false };
+        w.rebase(pids).then_some(w)
+    }
+
+    /// Counts from now for every thread of `pids`: counters opened for
+    /// threads without (a kept watch: each with its thread's pidfd,
+    /// opened first, and checked alive after), those of threads gone
+    /// closed, and each thread's present counts taken as its base.
+    /// False when the kernel refuses counters.
+    fn rebase(&mut self, pids: &[i32]) -> bool {
+        let Some(id) = sys_enter_id() else { return false };
         let filters = filters();
         // Loaded now, not in the freeze where `answer` lists them.
-        own_programs();
-        let mut counters = HashMap::new();
-        for &pid in pids {
-            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
-            for tid in tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-                let opened = filters
+        let own = own_programs();
+        let tids = threads_of(pids);
+        let gone: Vec<i32> = self
+            .counters
+            .iter()
+            .filter(|(t, c)| !tids.contains(t) || c.thread.as_ref().is_some_and(exited))
+            .map(|(&t, _)| t)
+            .collect();
+        let closed: Vec<Counted> = gone.iter().filter_map(|t| self.counters.remove(t)).collect();
+        // Whether the sockets checked by the capture before stand: every
+        // thread counted since then, none set an option, none exited
+        // (its last calls are not looked at).
+        let mut unchanged =
+            closed.is_empty() && !self.counters.is_empty() && no_option_setter(&own);
+        if !closed.is_empty() {
+            crate::parallel::detach("ferry-watch-close", move || drop(closed));
+        }
+        for tid in tids {
+            if let Some(c) = self.counters.get_mut(&tid) {
+                let Ok(counts) = c
+                    .fds
                     .iter()
-                    .map(|f| ferry_sys::perf::count_tracepoint_filtered(tid, id, f))
-                    .collect();
-                match opened {
-                    Ok(c) => {
-                        counters.insert(tid, c);
-                    }
-                    // Gone: a thread the freeze finds is then not counted.
-                    Err(e) if e.errno == libc::ESRCH => {}
-                    Err(e) => {
-                        tracing::debug!("system call counters not available: {e}");
-                        return None;
-                    }
+                    .map(|fd| ferry_sys::perf::read_count(fd.as_fd()))
+                    .collect::<ferry_sys::SysResult<Vec<u64>>>()
+                else {
+                    return false;
+                };
+                unchanged &= counts.first() == c.base.first();
+                c.base = counts;
+                continue;
+            }
+            // A thread started since: its calls before now were not counted.
+            unchanged = false;
+            match self.open_thread(tid, id, &filters) {
+                Ok(Some(c)) => {
+                    self.counters.insert(tid, c);
+                }
+                // Gone: a thread the freeze finds is then not counted.
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!("system call counters not available: {e}");
+                    return false;
                 }
             }
         }
-        Some(Watch { counters })
+        self.checks_stand = unchanged;
+        tracing::debug!(
+            "sockets checked by the capture before {}",
+            if unchanged { "stand" } else { "are checked again" }
+        );
+        true
+    }
+
+    /// A kept watch's answer: whether what the capture before checked
+    /// of the sockets still stands ([`Watch::rebase`]); false for a
+    /// watch of one capture.
+    pub fn checks_stand(&self) -> bool {
+        self.keep.is_some() && self.checks_stand
+    }
+
+    /// Thread `tid`'s counters (and pidfd, for a kept watch); None when
+    /// it is gone.
+    fn open_thread(
+        &self,
+        tid: i32,
+        id: u64,
+        filters: &[String; 2],
+    ) -> ferry_sys::SysResult<Option<Counted>> {
+        let gone = |e: &ferry_sys::SysError| e.errno == libc::ESRCH;
+        let thread = match self.keep.is_some().then(|| ferry_sys::pidfd::pidfd_open_thread(tid)) {
+            Some(Err(e)) if gone(&e) => return Ok(None),
+            Some(r) => Some(r?),
+            None => None,
+        };
+        let fds = match open_counters(tid, id, filters) {
+            Err(e) if gone(&e) => return Ok(None),
+            r => r?,
+        };
+        // Alive after its counters opened: they count this thread.
+        if thread.as_ref().is_some_and(exited) {
+            return Ok(None);
+        }
+        Ok(Some(Counted { base: vec![0; fds.len()], fds, thread }))
     }
 
     /// Whether the options (and fds) read before the freeze still hold
     /// for the frozen threads `tids` (see the module comment). The
     /// counters close then, on a thread of their own
-    /// ([`Watch::close_aside`]).
-    pub fn quiet(self, tids: &[i32]) -> Quiet {
+    /// ([`Watch::close_aside`]), or go back to their keeper.
+    pub fn quiet(mut self, tids: &[i32]) -> Quiet {
         let quiet = self.answer(tids);
-        self.close_aside();
+        if self.keep.is_none() {
+            self.close_aside();
+        }
         quiet
     }
 
@@ -110,10 +290,10 @@ impl Watch {
     /// closing the last one waits for an RCU grace period (tens of ms on
     /// a busy machine), which is not the service's to wait for.
     /// One thread per kind of counter.
-    fn close_aside(self) {
+    fn close_aside(&mut self) {
         let mut by_call: Vec<Vec<OwnedFd>> = Vec::new();
-        for counters in self.counters.into_values() {
-            for (i, c) in counters.into_iter().enumerate() {
+        for counted in std::mem::take(&mut self.counters).into_values() {
+            for (i, c) in counted.fds.into_iter().enumerate() {
                 if by_call.len() <= i {
                     by_call.push(Vec::new());
                 }
@@ -125,18 +305,23 @@ impl Watch {
         }
     }
 
-    fn answer(&self, tids: &[i32]) -> Quiet {
-        let counts: Option<Vec<Vec<u64>>> = tids
+    /// Each thread's calls since its base; None for a thread without
+    /// counters, or (a kept watch) whose counted thread exited.
+    fn counts(&self, tid: i32) -> Option<Vec<u64>> {
+        let c = self.counters.get(&tid)?;
+        if c.thread.as_ref().is_some_and(exited) {
+            return None;
+        }
+        c.fds
             .iter()
-            .map(|t| {
-                let c = self.counters.get(t)?;
-                c.iter().map(|fd| ferry_sys::perf::read_count(fd.as_fd()).ok()).collect()
-            })
-            .collect();
-        let own = own_programs();
-        let types: Option<Vec<u32>> = ferry_sys::bpf::loaded_progs()
-            .ok()
-            .map(|p| p.into_iter().filter(|p| !is_own(&own, p)).map(|p| p.prog_type).collect());
+            .zip(&c.base)
+            .map(|(fd, base)| ferry_sys::perf::read_count(fd.as_fd()).ok()?.checked_sub(*base))
+            .collect()
+    }
+
+    fn answer(&self, tids: &[i32]) -> Quiet {
+        let counts: Option<Vec<Vec<u64>>> = tids.iter().map(|&t| self.counts(t)).collect();
+        let types = foreign_prog_types(&own_programs());
         let quiet = judge(counts.as_deref(), types.as_deref());
         tracing::debug!(
             "socket options read before the freeze {}, descriptors described before it {}: calls per thread {counts:?}",
@@ -145,6 +330,25 @@ impl Watch {
         );
         quiet
     }
+}
+
+/// The types of the BPF programs loaded on the host but ferry's own.
+fn foreign_prog_types(own: &[ferry_sys::bpf::ProgInfo]) -> Option<Vec<u32>> {
+    ferry_sys::bpf::loaded_progs()
+        .ok()
+        .map(|p| p.into_iter().filter(|p| !is_own(own, p)).map(|p| p.prog_type).collect())
+}
+
+/// No BPF program loaded that may set a socket option.
+fn no_option_setter(own: &[ferry_sys::bpf::ProgInfo]) -> bool {
+    foreign_prog_types(own).is_some_and(|t| !bpf_may_set_options(&t))
+}
+
+/// raw_syscalls/sys_enter's id, looked up once (a tracefs mounted for
+/// it where none is).
+fn sys_enter_id() -> Option<u64> {
+    static ID: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| ferry_sys::perf::tracepoint_id("raw_syscalls/sys_enter").ok())
 }
 
 /// The answer from each thread's counts (setsockopt calls, then
@@ -247,8 +451,9 @@ mod tests {
         };
         let thread = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
         let tid: i32 = thread.file_name().and_then(|n| n.to_str()?.parse().ok()).expect("tid");
-        let counted =
-            |w: &Watch| ferry_sys::perf::read_count(w.counters[&tid][0].as_fd()).expect("counter");
+        let counted = |w: &Watch| {
+            ferry_sys::perf::read_count(w.counters[&tid].fds[0].as_fd()).expect("counter")
+        };
         assert_eq!(counted(&watch), 0);
         let s = ferry_sys::socket::socket(libc::AF_INET, libc::SOCK_STREAM, 0).expect("socket");
         use std::os::fd::AsRawFd;
@@ -264,5 +469,56 @@ mod tests {
         ferry_sys::fd::fcntl_int(s.as_raw_fd(), libc::F_GETFD, 0, "fcntl").expect("fcntl");
         let quiet = watch.quiet(&[tid]);
         assert!(!quiet.fds);
+    }
+
+    #[test]
+    fn a_kept_watch_lets_the_checks_stand_only_while_nothing_set_an_option() {
+        use std::io::Write;
+        // A process of its own (this one's test threads come and go):
+        // it makes a socket, then sets an option on each line it reads.
+        let prog = "import socket,sys\ns=socket.socket()\nprint('up',flush=True)\n\
+                    for l in sys.stdin: s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1); print('set',flush=True)";
+        let mut child = match std::process::Command::new("python3")
+            .args(["-c", prog])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("no python3 ({e}): skipped");
+                return;
+            }
+        };
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let pid = child.id() as i32;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let mut child = Kill(child);
+        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(next(), "up");
+        let kept = KeptWatch::default();
+        let Some(w) = kept.take(&[pid]) else {
+            eprintln!("no setsockopt counters here: skipped");
+            return;
+        };
+        let stands = |kept: &KeptWatch| kept.take(&[pid]).map(|w| w.checks_stand);
+        assert!(!w.checks_stand, "the first capture has nothing before it");
+        drop(w);
+        assert_eq!(stands(&kept), Some(true), "nothing set since");
+        writeln!(stdin, "set").expect("to the child");
+        assert_eq!(next(), "set");
+        assert_eq!(stands(&kept), Some(false), "a setsockopt since");
+        assert_eq!(stands(&kept), Some(true), "nothing since the last");
+        let _ = child.0.kill();
+        let _ = child.0.wait();
+        assert_eq!(stands(&kept), Some(false), "its thread exited");
     }
 }

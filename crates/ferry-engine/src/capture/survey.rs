@@ -105,8 +105,12 @@ pub(super) type Presurvey = std::collections::HashMap<i32, files::FdPresurvey>;
 /// Phase "presurvey", before the freeze: the sockets of every process
 /// of the running tree listed ([`files::presurvey`]), so that the survey
 /// in the freeze only checks they are still the same; and the watch of
-/// the tree's setsockopt calls started first, before any option is read.
-pub(super) fn presurvey(root: i32) -> (Presurvey, Option<sockopt_watch::Watch>) {
+/// the tree's setsockopt calls started first (a kept one counting from
+/// now), before any option is read.
+pub(super) fn presurvey(
+    root: i32,
+    kept: Option<&sockopt_watch::KeptWatch>,
+) -> (Presurvey, Option<sockopt_watch::Watch>) {
     let pids = super::tree::running_tree(root);
     let mut pre = Presurvey::new();
     for &pid in &pids {
@@ -117,9 +121,13 @@ pub(super) fn presurvey(root: i32) -> (Presurvey, Option<sockopt_watch::Watch>) 
     // Before the option check reads anything.
     let sockets: usize = pre.values().map(files::FdPresurvey::len).sum();
     let from = std::env::var("FERRY_SOCKOPT_WATCH_FROM").ok().and_then(|v| v.parse().ok());
-    let watch = (sockets >= from.unwrap_or(WATCH_FROM))
-        .then(|| sockopt_watch::Watch::start(&pids))
-        .flatten();
+    let watch = match kept {
+        Some(k) if sockets > 0 => k.take(&pids),
+        Some(_) => None,
+        None => (sockets >= from.unwrap_or(WATCH_FROM))
+            .then(|| sockopt_watch::Watch::start(&pids))
+            .flatten(),
+    };
     (pre, watch)
 }
 

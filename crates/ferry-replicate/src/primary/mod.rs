@@ -89,6 +89,9 @@ struct Primary<'a> {
     data_dirs: data_dir::DataDirs,
     /// The tree's presurveyed mappings, kept from sync to sync.
     presurveyed: HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
+    /// The tree's setsockopt and fd calls, counted from sync to sync,
+    /// and the sockets the sync before checked.
+    watch: (ferry_engine::capture::KeptWatch, ferry_engine::capture::KeptChecks),
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
 }
@@ -151,6 +154,7 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         status,
         data_dirs,
         presurveyed: HashMap::new(),
+        watch: Default::default(),
         trace: std::env::var_os("FERRY_SYNC_TRACE").is_some(),
     };
     p.run()
@@ -237,6 +241,7 @@ impl Primary<'_> {
             ignore_writes: &self.o.ignore_writes,
             data_dirs: &mut self.data_dirs,
             presurveyed: &mut self.presurveyed,
+            watch: &self.watch,
         };
         let r = sync::sync(&mut ctx, &mut self.ch, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);

@@ -64,6 +64,10 @@ pub(crate) struct SyncCtx<'a> {
     /// What the presurveys of the tree's mappings proved, kept from sync
     /// to sync ([`ferry_engine::capture::vma_flags::presurvey_new`]).
     pub presurveyed: &'a mut HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
+    /// The tree's setsockopt and fd calls, counted from sync to sync,
+    /// and the sockets the sync before checked
+    /// ([`ferry_engine::capture::KeptWatch`], [`ferry_engine::capture::KeptChecks`]).
+    pub watch: &'a (ferry_engine::capture::KeptWatch, ferry_engine::capture::KeptChecks),
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, ch: &mut Channel, seq: u64) -> Result<SyncReport> {
@@ -161,6 +165,8 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
         parent_sees_exit: c.parent_sees_exit,
         output_held: true,
         restored_elsewhere: true,
+        kept_watch: Some(c.watch.0.clone()),
+        kept_checks: Some(c.watch.1.clone()),
         ..Default::default()
     };
     let precopy = &mut *c.precopy;

@@ -257,6 +257,17 @@ pub struct PreRead {
     pub options: Vec<ferry_image::SockOpt>,
 }
 
+impl FdPresurvey {
+    /// Whether the option check read a TCP socket among these.
+    pub fn has_tcp_read(&self) -> bool {
+        self.by_fd.values().any(|l| {
+            l.socket.read().is_some_and(|r| {
+                r.protocol == libc::IPPROTO_TCP && r.sock_type == libc::SOCK_STREAM
+            })
+        })
+    }
+}
+
 impl PreSocket {
     /// Runs `f` on the duplicate, if there is one.
     pub fn with_dup<T>(&self, f: impl FnOnce(&OwnedFd) -> T) -> Option<T> {

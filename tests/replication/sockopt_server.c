@@ -1,0 +1,90 @@
+/* sockopt_server ADDR PORT: a line server for replication tests. On
+ * each connection, "keepidle N" sets SO_KEEPALIVE and TCP_KEEPIDLE N on
+ * that connection and answers "ok"; "get" answers "keepalive A keepidle
+ * N" as getsockopt reads them now. One thread, poll(). Prints
+ * "listening" once it listens. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX 32
+
+static void answer(int fd, const char *line) {
+    char out[128];
+    int v = 0;
+    if (sscanf(line, "keepidle %d", &v) == 1) {
+        int one = 1;
+        if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) ||
+            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, sizeof v))
+            snprintf(out, sizeof out, "error\n");
+        else
+            snprintf(out, sizeof out, "ok\n");
+    } else {
+        int alive = -1, idle = -1;
+        socklen_t l = sizeof alive;
+        getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &alive, &l);
+        l = sizeof idle;
+        getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, &l);
+        snprintf(out, sizeof out, "keepalive %d keepidle %d\n", alive, idle);
+    }
+    if (write(fd, out, strlen(out)) < 0)
+        perror("write");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3)
+        return 2;
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 16)) {
+        perror("bind/listen");
+        return 1;
+    }
+    printf("listening\n");
+    fflush(stdout);
+    struct pollfd p[MAX + 1] = {{.fd = l, .events = POLLIN}};
+    char buf[MAX + 1][256];
+    size_t have[MAX + 1] = {0};
+    int n = 1;
+    for (;;) {
+        if (poll(p, n, -1) < 0)
+            continue;
+        if ((p[0].revents & POLLIN) && n <= MAX) {
+            int c = accept(l, NULL, NULL);
+            if (c >= 0) {
+                p[n] = (struct pollfd){.fd = c, .events = POLLIN};
+                have[n++] = 0;
+            }
+        }
+        for (int i = 1; i < n; i++) {
+            if (!(p[i].revents & (POLLIN | POLLHUP)))
+                continue;
+            ssize_t r = read(p[i].fd, buf[i] + have[i], sizeof buf[i] - 1 - have[i]);
+            if (r <= 0) {
+                close(p[i].fd);
+                p[i] = p[--n];
+                have[i] = have[n];
+                memcpy(buf[i], buf[n], have[n]);
+                i--;
+                continue;
+            }
+            have[i] += r;
+            char *nl;
+            while ((nl = memchr(buf[i], '\n', have[i]))) {
+                *nl = 0;
+                answer(p[i].fd, buf[i]);
+                size_t used = nl + 1 - buf[i];
+                memmove(buf[i], nl + 1, have[i] - used);
+                have[i] -= used;
+            }
+        }
+    }
+}
