@@ -487,24 +487,7 @@ pub fn capture(
     // One dump of the namespace's TCP sockets for the checks before the
     // freeze.
     let tcp = tcp_tables::TcpTables::before_freeze();
-    ph.step("socket options checked", || {
-        // Carried sockets keep their options: nothing to check or describe.
-        if opts.carry_files {
-            pre.values().for_each(files::FdPresurvey::release_dups);
-            return Ok(());
-        }
-        let kept = kept_checks(opts, watch.as_ref());
-        let checked = sockopt_check::check(&pre, watch.is_some(), &tcp, kept);
-        if checked.is_ok() && watch.is_some() {
-            let tree: Vec<i32> = pre.keys().copied().collect();
-            for (&p, listed) in &pre {
-                files::pre_describe(p, listed, &tree);
-            }
-        }
-        // The freeze takes its own duplicates ([`files::FdPresurvey::release_dups`]).
-        pre.values().for_each(files::FdPresurvey::release_dups);
-        checked
-    })?;
+    ph.step("socket options checked", || check_options(&pre, watch.as_ref(), &tcp, opts))?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &tcp, &mut guard))?;
@@ -562,6 +545,34 @@ pub fn capture(
     let mut captured = Captured::new(assembled, ph, t_frozen, conns, pty_drained, tree, guard);
     captured.carried = carried;
     Ok(captured)
+}
+
+/// Phase "socket options checked": every option of every listed socket
+/// read and checked while the tree runs, and with the counters on every
+/// connection described, so that the survey in the freeze only checks
+/// that each is still the same.
+fn check_options(
+    pre: &HashMap<i32, files::FdPresurvey>,
+    watch: Option<&sockopt_watch::Watch>,
+    tcp: &tcp_tables::TcpTables,
+    opts: &CaptureOptions,
+) -> Result<()> {
+    // Carried sockets keep their options: nothing to check or describe.
+    if opts.carry_files {
+        pre.values().for_each(files::FdPresurvey::release_dups);
+        return Ok(());
+    }
+    let kept = kept_checks(opts, watch);
+    let checked = sockopt_check::check(pre, watch.is_some(), tcp, kept);
+    if checked.is_ok() && watch.is_some() {
+        let tree: Vec<i32> = pre.keys().copied().collect();
+        for (&p, listed) in pre {
+            files::pre_describe(p, listed, &tree);
+        }
+    }
+    // The freeze takes its own duplicates ([`files::FdPresurvey::release_dups`]).
+    pre.values().for_each(files::FdPresurvey::release_dups);
+    checked
 }
 
 /// The kept checks, and whether they stand: with a kept watch only.
