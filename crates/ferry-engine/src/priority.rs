@@ -9,28 +9,32 @@
 //! ([`Pause`], from `FERRY_PAUSE_PRIORITY`) and puts its own back when
 //! dropped; threads started meanwhile (the worker threads) inherit it.
 //! A nice value counts only within the thread's autogroup or cgroup
-//! (each session or service has its own), so the default is real-time
-//! round-robin at the lowest real-time priority, which goes before every
-//! normal thread of the host; the kernel keeps 5 % of each second for
-//! those (sched_rt_runtime_us). It is taken only around work of ferry's
-//! own that forks nothing long-lived: a process forked meanwhile would
-//! keep it. Without the privilege (CAP_SYS_NICE) nothing changes.
+//! (each session or service has its own), so the one that works is
+//! real-time round-robin at the lowest real-time priority (`rr`), which
+//! goes before every normal thread of the host; the kernel keeps 5 % of
+//! each second for those (sched_rt_runtime_us). It is not the default:
+//! for the length of a pause it stops every other service on the cores
+//! ferry's threads use (ferry's own tests saw the clients of one server
+//! starved through another server's checkpoint), which a host's owner
+//! must choose. It is taken only around work of ferry's own that forks
+//! nothing long-lived: a process forked meanwhile would keep it.
+//! Without the privilege (CAP_SYS_NICE) nothing changes.
 
 /// How the pause is scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pause {
-    /// As ferry was started (`FERRY_PAUSE_PRIORITY=off`).
+    /// As ferry was started (the default; `FERRY_PAUSE_PRIORITY=off`).
     Unchanged,
-    /// SCHED_RR at this real-time priority (the default, 1; `rr:N`).
+    /// SCHED_RR at this real-time priority (`rr`: 1; `rr:N`).
     RoundRobin(i32),
     /// This nice value (`nice:N`), within ferry's autogroup or cgroup.
     Nice(i32),
 }
 
 /// What `FERRY_PAUSE_PRIORITY` asks for: `off`, `rr[:1-99]` or
-/// `nice:-20..19`; unset or unreadable: round-robin at priority 1.
+/// `nice:-20..19`; unset or unreadable: unchanged.
 pub fn pause_from(setting: Option<&str>) -> Pause {
-    const DEFAULT: Pause = Pause::RoundRobin(1);
+    const DEFAULT: Pause = Pause::Unchanged;
     let Some(v) = setting.map(str::trim) else { return DEFAULT };
     let (kind, n) = v.split_once(':').unwrap_or((v, ""));
     let n = n.parse::<i32>().ok();
@@ -79,9 +83,14 @@ impl Raised {
     /// Raises the calling thread to the pause's scheduling, unless it is
     /// real-time already or the pause's is [`Pause::Unchanged`].
     pub fn new() -> Raised {
+        Raised::to(pause())
+    }
+
+    /// Raises the calling thread to `pause`, as [`Raised::new`].
+    pub fn to(pause: Pause) -> Raised {
         let tid = ferry_sys::process::gettid();
         let Ok(before) = ferry_sys::process::get_sched(tid) else { return Raised { before: None } };
-        let raised = match pause() {
+        let raised = match pause {
             _ if before.policy != libc::SCHED_OTHER => return Raised { before: None },
             Pause::Unchanged => return Raised { before: None },
             Pause::RoundRobin(p) => ferry_sys::process::set_round_robin(tid, p),
@@ -127,15 +136,15 @@ mod tests {
 
     #[test]
     fn the_setting_names_a_scheduling() {
-        assert_eq!(pause_from(None), Pause::RoundRobin(1));
+        assert_eq!(pause_from(None), Pause::Unchanged);
         assert_eq!(pause_from(Some("off")), Pause::Unchanged);
         assert_eq!(pause_from(Some("rr")), Pause::RoundRobin(1));
         assert_eq!(pause_from(Some("rr:5")), Pause::RoundRobin(5));
         assert_eq!(pause_from(Some("rr:500")), Pause::RoundRobin(99));
         assert_eq!(pause_from(Some("nice:-5")), Pause::Nice(-5));
         assert_eq!(pause_from(Some("nice:-40")), Pause::Nice(-20));
-        assert_eq!(pause_from(Some("nice")), Pause::RoundRobin(1));
-        assert_eq!(pause_from(Some("junk")), Pause::RoundRobin(1));
+        assert_eq!(pause_from(Some("nice")), Pause::Unchanged);
+        assert_eq!(pause_from(Some("junk")), Pause::Unchanged);
         for ok in ["off", "rr", "rr:5", "nice:-5"] {
             assert!(understood(ok), "{ok}");
         }
@@ -153,7 +162,7 @@ mod tests {
             sched()
         });
         {
-            let _r = Raised::new();
+            let _r = Raised::to(Pause::RoundRobin(1));
             let now = sched();
             // Root raises it (tests run as root); without CAP_SYS_NICE it stays.
             let raised = now.policy == libc::SCHED_RR && now.rt_priority == 1;

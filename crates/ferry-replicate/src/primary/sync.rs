@@ -121,9 +121,10 @@ fn with_heartbeats<T>(
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let beats = scope.spawn(|| -> Result<()> {
-            // As ferry's threads in the freeze are (real-time round-robin):
-            // at a normal priority, capture workers on every core would
-            // starve the heartbeats and the standby would take over.
+            // As ferry's threads in the freeze are (FERRY_PAUSE_PRIORITY):
+            // left at a normal priority under real-time capture workers on
+            // every core, the heartbeats would starve and the standby
+            // would take over.
             let _raised = ferry_engine::priority::Raised::new();
             let mut next = Instant::now() + every;
             while !done.load(Ordering::Acquire) {
