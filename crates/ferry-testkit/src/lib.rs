@@ -387,3 +387,48 @@ pub fn run_on_main_thread(tests: &[(&str, fn())]) {
     }
     println!("test result: ok. {ran} passed; {} filtered out", tests.len() - ran);
 }
+
+/// A client of a line protocol (one command per line, one reply line
+/// each) on one TCP connection to 127.0.0.1, as the test servers speak.
+pub struct LineClient {
+    stream: std::net::TcpStream,
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl LineClient {
+    /// Connects (panics when it cannot: a test's precondition); replies
+    /// are awaited at most 30 s.
+    pub fn connect(port: u16) -> LineClient {
+        LineClient::try_connect(port).expect("connect")
+    }
+
+    /// Connects; the error when nothing listens on `port` (yet).
+    pub fn try_connect(port: u16) -> std::io::Result<LineClient> {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+        stream.set_nodelay(true)?;
+        let reader = std::io::BufReader::new(stream.try_clone()?);
+        Ok(LineClient { stream, reader })
+    }
+
+    /// Sends `line` and returns the reply without its line end; an error
+    /// when the connection fails or the server closes it.
+    pub fn ask(&mut self, line: &str) -> std::io::Result<String> {
+        use std::io::{BufRead, Write};
+        self.stream.write_all(format!("{line}\n").as_bytes())?;
+        let mut reply = String::new();
+        if self.reader.read_line(&mut reply)? == 0 {
+            return Err(std::io::Error::other("connection closed"));
+        }
+        Ok(reply.trim_end().to_string())
+    }
+
+    /// One more line of a reply that spans several (redis's bulk strings),
+    /// with its line end.
+    pub fn read_line(&mut self) -> std::io::Result<String> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        Ok(line)
+    }
+}

@@ -14,7 +14,7 @@
 //! starts is killed by PID (checked by name) and its directories and
 //! cgroups removed on drop, also when it fails.
 
-use ferry_testkit::{require_root, TempDir};
+use ferry_testkit::{require_root, LineClient as Client, TempDir};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -128,31 +128,6 @@ impl Drop for Service {
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
         }
-    }
-}
-
-/// A line protocol client on one connection.
-struct Client {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl Client {
-    fn connect(port: u16) -> Client {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        stream.set_nodelay(true).expect("nodelay");
-        let reader = BufReader::new(stream.try_clone().expect("clone"));
-        Client { stream, reader }
-    }
-
-    fn ask(&mut self, line: &str) -> std::io::Result<String> {
-        self.stream.write_all(format!("{line}\n").as_bytes())?;
-        let mut reply = String::new();
-        if self.reader.read_line(&mut reply)? == 0 {
-            return Err(std::io::Error::other("connection closed"));
-        }
-        Ok(reply.trim_end().to_string())
     }
 }
 
@@ -438,12 +413,8 @@ fn fields(line: &str) -> Vec<(String, String)> {
 fn connect_when_listening(port: u16) -> Client {
     let t = Instant::now();
     loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(stream) => {
-                stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-                let reader = BufReader::new(stream.try_clone().expect("clone"));
-                return Client { stream, reader };
-            }
+        match Client::try_connect(port) {
+            Ok(client) => return client,
             Err(e) => assert!(t.elapsed() < Duration::from_secs(10), "no listener on {port}: {e}"),
         }
         sleep(Duration::from_millis(20));
@@ -624,8 +595,7 @@ fn redis_is_replaced_20_times_under_a_client_with_every_reply_right() {
     // The counter is exact: every INCR counted once, none lost.
     let mut check = Client::connect(port);
     let header = check.ask("GET ferry").expect("GET");
-    let mut value = String::new();
-    check.reader.read_line(&mut value).expect("GET's value");
+    let value = check.read_line().expect("GET's value");
     assert_eq!(
         (header.as_str(), value.trim()),
         (format!("${}", last.to_string().len()).as_str(), last.to_string().as_str())

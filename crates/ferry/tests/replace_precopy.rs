@@ -9,8 +9,8 @@
 //! forks), so that the killed old processes' PIDs come free. Everything
 //! is killed by PID (checked by name) on drop, also when a test fails.
 
-use ferry_testkit::{require_root, TempDir};
-use std::io::{BufRead, BufReader, Write};
+use ferry_testkit::{require_root, LineClient as Client, TempDir};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -110,27 +110,6 @@ impl Drop for Server {
     }
 }
 
-struct Client {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl Client {
-    fn connect(port: u16) -> Client {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-        let reader = BufReader::new(stream.try_clone().expect("clone"));
-        Client { stream, reader }
-    }
-
-    fn ask(&mut self, line: &str) -> String {
-        self.stream.write_all(format!("{line}\n").as_bytes()).expect("send");
-        let mut reply = String::new();
-        self.reader.read_line(&mut reply).expect("reply");
-        reply.trim_end().to_string()
-    }
-}
-
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -160,7 +139,7 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
     require_root!();
     let srv = Server::start("hot", 64, true);
     let mut client = Client::connect(srv.port);
-    assert_eq!(client.ask("CHECK"), "OK 16384");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384");
     let before = start_time(srv.pid);
     let out = Command::new(FERRY)
         .args(["-v", "replace", "--pid", &srv.pid.to_string()])
@@ -179,8 +158,8 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no pause copy in {line}"));
     assert!(pause_mib < 16.0, "{pause_mib} MiB copied in the pause: {line}");
-    assert_eq!(client.ask("CHECK"), "OK 16384", "{said}");
-    assert_eq!(client.ask("INCR"), "1");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384", "{said}");
+    assert_eq!(client.ask("INCR").expect("reply"), "1");
     assert_eq!(srv.ended.load(Ordering::SeqCst), 1);
 }
 
@@ -205,7 +184,7 @@ fn a_process_forked_during_precopy_is_replaced_with_the_tree() {
     let srv = Server::start("fork", 32, true);
     let mut client = Client::connect(srv.port);
     let ferry = stalled_ferry(srv.pid, "round 0", 2);
-    let child: i32 = client.ask("FORK").parse().expect("the child's pid");
+    let child: i32 = client.ask("FORK").expect("reply").parse().expect("the child's pid");
     srv.reap_also(child);
     let (root_before, child_before) = (start_time(srv.pid), start_time(child));
     let out = ferry.wait_with_output().expect("ferry");
@@ -215,8 +194,8 @@ fn a_process_forked_during_precopy_is_replaced_with_the_tree() {
     assert_ne!(start_time(srv.pid), root_before, "the root is still the old process");
     assert!(start_time(child).is_some(), "the forked child is not in the new tree: {said}");
     assert_ne!(start_time(child), child_before, "the child is still the old process");
-    assert_eq!(client.ask("CHECK"), "OK 8192");
-    assert_eq!(client.ask("INCR"), "1");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 8192");
+    assert_eq!(client.ask("INCR").expect("reply"), "1");
 }
 
 #[test]
@@ -231,8 +210,8 @@ fn ferry_killed_during_precopy_leaves_the_service_running_once() {
         let _ = ferry.wait();
         assert_eq!(start_time(srv.pid), before, "the service changed after {phase}");
         assert_eq!(srv.ended.load(Ordering::SeqCst), 0, "the service ended after {phase}");
-        assert_eq!(client.ask("INCR"), (n + 1).to_string(), "after {phase}");
-        assert_eq!(client.ask("CHECK"), "OK 8192", "after {phase}");
+        assert_eq!(client.ask("INCR").expect("reply"), (n + 1).to_string(), "after {phase}");
+        assert_eq!(client.ask("CHECK").expect("reply"), "OK 8192", "after {phase}");
     }
     // No userfaultfd of ferry's left in it, and one process of that name.
     let fds = std::fs::read_dir(format!("/proc/{}/fd", srv.pid)).expect("fds");
@@ -250,8 +229,8 @@ fn ferry_killed_during_precopy_leaves_the_service_running_once() {
         .output()
         .expect("ferry replace");
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(client.ask("INCR"), "3");
-    assert_eq!(client.ask("CHECK"), "OK 8192");
+    assert_eq!(client.ask("INCR").expect("reply"), "3");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 8192");
 }
 
 #[test]
@@ -268,6 +247,6 @@ fn no_precopy_copies_every_page_in_the_pause() {
     let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
     assert!(!line.contains("pre-copied"), "{line}");
     assert!(!said.contains("pre-copy: round"), "{said}");
-    assert_eq!(client.ask("CHECK"), "OK 4096");
-    assert_eq!(client.ask("INCR"), "1");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 4096");
+    assert_eq!(client.ask("INCR").expect("reply"), "1");
 }
