@@ -155,6 +155,19 @@ pub fn pids_free_here(tree: &TreeImage) -> bool {
     tree_ids(tree).all(|id| pid_owner(id).is_none())
 }
 
+/// Waits (5 s at most) until each PID the tree takes that a zombie holds
+/// here is reaped (a replacement's old tree, killed, whose root its parent
+/// reaps): on the zombies' pidfds, [`crate::procfs::wait_reaped`]. The
+/// restore's staging calls it; `ferry replace` calls it first, before it
+/// waits for the end of its trial copy, which ends meanwhile.
+pub fn wait_zombies_reaped(tree: &TreeImage) {
+    let zombies: Vec<i32> =
+        tree_ids(tree).filter(|&id| crate::procfs::state(id) == Some('Z')).collect();
+    if !zombies.is_empty() {
+        crate::procfs::wait_reaped(&zombies, std::time::Duration::from_secs(5));
+    }
+}
+
 /// Every thread ID and zombie PID the tree takes.
 fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
     tree.processes
