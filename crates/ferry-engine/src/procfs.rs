@@ -238,6 +238,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_zombie_is_waited_for_until_its_reap_and_no_longer() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        child.kill().expect("killing our sleep");
+        let t = std::time::Instant::now();
+        while state(pid) != Some('Z') {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "pid {pid} is no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Not reaped within the limit: false, after the limit.
+        let t = std::time::Instant::now();
+        assert!(!wait_reaped(&[pid], std::time::Duration::from_millis(50)));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+        // Reaped by another thread 50 ms on: true, soon after the reap.
+        let reaper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            child.wait().expect("reaping our sleep");
+            std::time::Instant::now()
+        });
+        let t = std::time::Instant::now();
+        assert!(wait_reaped(&[pid], std::time::Duration::from_secs(5)));
+        let woke = std::time::Instant::now();
+        let reaped = reaper.join().expect("reaper");
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+        assert!(woke.saturating_duration_since(reaped) < std::time::Duration::from_secs(1));
+        // Gone already: at once.
+        assert!(wait_reaped(&[pid], std::time::Duration::ZERO));
+    }
+
+    #[test]
     fn parses_v1_and_v2_lines() {
         let m =
             parse_cgroup("12:memory:/a/b\n1:name=systemd:/user.slice\n0::/x:y\n").expect("parses");

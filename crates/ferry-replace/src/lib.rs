@@ -230,7 +230,8 @@ impl NewTree<'_> {
             ("trial copy ended (waited)".to_string(), ended),
         ];
         let pages = loaded.pages.bytes();
-        let held = Placement::Here.restore_held(loaded.tree, pages, self.opts, self.handover, t0)?;
+        let held =
+            Placement::Here.restore_held(loaded.tree, pages, self.opts, self.handover, t0)?;
         Ok((held, waited))
     }
 }

@@ -219,6 +219,19 @@ pub(crate) fn pid_holder(pid: i32) -> String {
     }
 }
 
+/// Fault injection for tests: `FERRY_FAULT_FAIL_CHECK=1` makes the
+/// restore's check fail, as a difference it found would (standing for any
+/// restore bug): in a replacement, the trial must find it before the kill.
+fn fault_fails_check(pid: i32) -> Result<()> {
+    match std::env::var_os("FERRY_FAULT_FAIL_CHECK") {
+        Some(v) if v == "1" => Err(EngineError::restore(
+            pid,
+            "the restore's check failed (FERRY_FAULT_FAIL_CHECK)".to_string(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Restores the image in directory `dir` (the newest of its chain of
 /// incremental images, if any) and lets it run.
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
@@ -351,7 +364,8 @@ pub fn restore_held(
         ph.step("check", || {
             crate::priority::raised(|| {
                 verify::restored_tree(&tree, &connections.fds, carried, &fd_flags)
-            })
+            })?;
+            fault_fails_check(pid)
         })?;
     }
     let placed = handover.placed_for_root.clone();

@@ -173,8 +173,9 @@ impl Sandbox {
         let made = std::thread::Builder::new()
             .name("ferry-sandbox".into())
             .spawn(|| -> Result<std::os::fd::OwnedFd> {
-                ferry_sys::netns::enter_new_net_namespace()
-                    .map_err(|e| EngineError::kernel(0, "making the trial's network namespace", e))?;
+                ferry_sys::netns::enter_new_net_namespace().map_err(|e| {
+                    EngineError::kernel(0, "making the trial's network namespace", e)
+                })?;
                 loopback_up(0)?;
                 let ns = std::fs::File::open("/proc/thread-self/ns/net")
                     .map_err(|e| EngineError::io("/proc/thread-self/ns/net", e))?;
