@@ -12,10 +12,14 @@
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                engine       the edited image restored in scratch namespaces
-//!                                   and checked, while the old tree is still frozen
-//! kill                 engine       the one step that cannot be undone
-//! restore              engine       the edited image restored in place, same PIDs,
-//!                                   the restore's own check against the edited image
+//!                                   (the network one made before the freeze) and
+//!                                   checked, while the old tree is still frozen;
+//!                                   then the copy is told to end
+//! kill                 engine       the one step that cannot be undone (the trial
+//!                                   copy ends meanwhile)
+//! restore              engine       once the old root is reaped and the trial copy
+//!                                   gone: the edited image restored in place, same
+//!                                   PIDs, the restore's own check against the image
 //! release              engine       the new tree runs
 //! ```
 //!

@@ -5,9 +5,10 @@
 //!
 //! What keeps the trial off the original:
 //! - PIDs: a new PID namespace (the helper of [`pidns`](super::pidns)).
-//! - Ports and connections: a new network namespace, its loopback up and
-//!   every address the tree's inet sockets name (local and peer) added to
-//!   it, so binds and repair-mode connects succeed. TCP connections stay
+//! - Ports and connections: a new network namespace (the helper's own, or
+//!   a [`Sandbox`] made ahead, before a replacement's freeze), its
+//!   loopback up and every address the tree's inet sockets name (local
+//!   and peer) added to it, so binds and repair-mode connects succeed. TCP connections stay
 //!   in repair mode (closing them sends nothing) and the network lock the
 //!   image names is not adopted ([`RestoreOptions::trial`]).
 //! - SysV IPC ids: a new IPC namespace.
@@ -16,7 +17,9 @@
 //!   a slave of ferry's.
 //!
 //! Everything it made lives in those namespaces or in the processes the
-//! helper kills; the helper's exit ends them all. States whose restore
+//! helper kills; the helper's exit ends them all. A replacement has the
+//! copy ended while it kills the old tree and waits for that end before
+//! its restore makes anything ([`TrialCopy::end`], [`EndingTrial::wait`]). States whose restore
 //! would reach the original's objects through the shared filesystem are
 //! not tried ([`untrialable`]): the checkpoint goes on without the trial
 //! and says why.
