@@ -18,7 +18,10 @@ the new process is reparented to this script when ferry exits).
 
 Usage: bench/replace.py [--servers counter,redis,memcached] [--runs 20] [--gap 0.2]
          [--ferry target/release/ferry] [--out docs/benchmarks-replace-latest.md]
-         [--phases]
+         [--phases] [--raw FILE]
+
+--raw FILE appends one JSON line per replacement (server, ferry, pause,
+parts, time, load average), to pool runs of builds measured in turns.
 
 --phases runs `ferry -v replace` and adds a table of the median of every
 phase ferry lists (pre-copy, the capture's, the restores', the replace's).
@@ -41,6 +44,7 @@ Needs root, gcc, redis-server (memcached for it), and a release build of ferry
 """
 import argparse
 import ctypes
+import json
 import os
 import re
 import signal
@@ -214,6 +218,11 @@ def run_server(name, argv, port, redis, args):
         phases = {} if args.phases else None
         for _ in range(args.runs):
             p, pp = replace_once(args.ferry, pid, phases)
+            if args.raw:
+                with open(args.raw, "a") as raw:
+                    raw.write(json.dumps({"server": name, "ferry": args.ferry, "pause": p,
+                                          "parts": pp, "utc": time.time(),
+                                          "load": os.getloadavg()[0]}) + "\n")
             pauses.append(p)
             for k, v in pp.items():
                 parts.setdefault(k, []).append(v)
@@ -389,6 +398,8 @@ def main():
     ap.add_argument("--ferry", default=default_ferry())
     ap.add_argument("--out", default=None)
     ap.add_argument("--load", action="store_true")
+    ap.add_argument("--raw", default=None,
+                    help="append each replacement's pause and parts as a JSON line to this file")
     ap.add_argument("--phases", action="store_true",
                     help="run `ferry -v replace` and add the median of every phase it lists")
     ap.add_argument("--clients", type=int, default=4)
