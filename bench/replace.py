@@ -18,6 +18,13 @@ the new process is reparented to this script when ferry exits).
 
 Usage: bench/replace.py [--servers counter,redis,memcached] [--runs 20] [--gap 0.2]
          [--ferry target/release/ferry] [--out docs/benchmarks-replace-latest.md]
+         [--phases] [--raw FILE]
+
+--raw FILE appends one JSON line per replacement (server, ferry, pause,
+parts, time, load average), to pool runs of builds measured in turns.
+
+--phases runs `ferry -v replace` and adds a table of the median of every
+phase ferry lists (pre-copy, the capture's, the restores', the replace's).
 
 --load (the measure of the issue, after AnT's): --clients connections send
 throughout, each INCR on a key of its own (every reply checked), each
@@ -37,6 +44,7 @@ Needs root, gcc, redis-server (memcached for it), and a release build of ferry
 """
 import argparse
 import ctypes
+import json
 import os
 import re
 import signal
@@ -154,11 +162,16 @@ class Client(threading.Thread):
 PAUSE = re.compile(r"pause ([0-9.]+) ms \(([^)]*)\)")
 
 
-def replace_once(ferry, pid):
+PHASE = re.compile(r"^  (\S.*?)\s+([0-9.]+) ms$", re.M)
+
+
+def replace_once(ferry, pid, phases=None):
     """(pause, {part: ms}); the parts include the CPU time of ferry and of
     the processes it waited for (wait4 of ferry alone: the server's old
-    process, also this script's child, is not counted)."""
-    p = subprocess.Popen([ferry, "replace", "--pid", str(pid)], stdout=subprocess.PIPE,
+    process, also this script's child, is not counted). With `phases` (a
+    dict), `ferry -v` is run and each phase it lists is appended there."""
+    argv = [ferry, "-v", "replace"] if phases is not None else [ferry, "replace"]
+    p = subprocess.Popen(argv + ["--pid", str(pid)], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, close_fds=True)
     text = p.stdout.read()
     p.stdout.close()
@@ -174,6 +187,9 @@ def replace_once(ferry, pid):
         name, ms = item.rsplit(" ", 1)
         parts[name] = float(ms)
     parts["ferry's cpu"] = (usage.ru_utime + usage.ru_stime) * 1e3
+    if phases is not None:
+        for name, ms in PHASE.findall(text):
+            phases.setdefault(name, []).append(float(ms))
     return float(m.group(1)), parts
 
 
@@ -199,8 +215,14 @@ def run_server(name, argv, port, redis, args):
         client.start()
         time.sleep(0.5)
         pauses, parts = [], {}
+        phases = {} if args.phases else None
         for _ in range(args.runs):
-            p, pp = replace_once(args.ferry, pid)
+            p, pp = replace_once(args.ferry, pid, phases)
+            if args.raw:
+                with open(args.raw, "a") as raw:
+                    raw.write(json.dumps({"server": name, "ferry": args.ferry, "pause": p,
+                                          "parts": pp, "utc": time.time(),
+                                          "load": os.getloadavg()[0]}) + "\n")
             pauses.append(p)
             for k, v in pp.items():
                 parts.setdefault(k, []).append(v)
@@ -210,7 +232,7 @@ def run_server(name, argv, port, redis, args):
         return {
             "server": name, "runs": len(pauses), "pauses": pauses, "parts": parts,
             "requests": client.count, "failed": client.failed, "error": client.error,
-            "longest_ms": client.longest * 1e3,
+            "longest_ms": client.longest * 1e3, "phases": phases,
         }
     finally:
         stop_server(pid, reaper)
@@ -340,6 +362,22 @@ def load_table(results):
     return "\n".join(lines)
 
 
+def phase_table(results):
+    """The median of each phase `ferry -v` lists, one column per server."""
+    names = []
+    for r in results:
+        for k in r.get("phases") or {}:
+            if k not in names:
+                names.append(k)
+    lines = ["| phase (median ms) | " + " | ".join(r["server"] for r in results) + " |",
+             "|---|" + "---:|" * len(results)]
+    for k in names:
+        cells = [f"{statistics.median(r['phases'][k]):.2f}" if k in (r.get("phases") or {})
+                 else "-" for r in results]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(results):
     lines = ["| server | runs | pause min | median | max | median parts (ms) | client longest request | requests | failed |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -360,6 +398,10 @@ def main():
     ap.add_argument("--ferry", default=default_ferry())
     ap.add_argument("--out", default=None)
     ap.add_argument("--load", action="store_true")
+    ap.add_argument("--raw", default=None,
+                    help="append each replacement's pause and parts as a JSON line to this file")
+    ap.add_argument("--phases", action="store_true",
+                    help="run `ferry -v replace` and add the median of every phase it lists")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rate", type=float, default=1.0)
     ap.add_argument("--plot-dir", default=os.path.join(ROOT, "docs"))
@@ -395,6 +437,8 @@ def main():
             else:
                 sys.exit(f"unknown server {name}")
     text = load_table(results) if args.load else table(results)
+    if args.phases and not args.load:
+        text += "\n\n" + phase_table(results)
     print(text)
     for r in results:
         if r["error"]:

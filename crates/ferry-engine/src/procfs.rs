@@ -4,6 +4,7 @@
 use crate::error::{EngineError, Result};
 use ferry_image::CgroupMembership;
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 
 pub fn read_string(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))
@@ -198,25 +199,73 @@ pub fn parse_cgroup(text: &str) -> Option<Vec<CgroupMembership>> {
 
 /// Waits (at most `limit`) until none of `pids` exists any more, not even
 /// as a zombie. Returns whether they are all gone.
+///
+/// A replacement's restore waits here, in the service's pause, for the old
+/// root's parent to reap it: on the zombie's pidfd, which polls POLLHUP
+/// once the process is reaped (the kernel wakes its waiters then), so the
+/// wait ends within the reap's own microseconds, with no sleep in steps.
 pub fn wait_reaped(pids: &[i32], limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
+    pids.iter().all(|&p| wait_one_reaped(p, deadline))
+}
+
+fn wait_one_reaped(pid: i32, deadline: std::time::Instant) -> bool {
+    let gone = || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // ESRCH: already reaped. The state read after the open tells whether
+    // the pidfd is the zombie's, not a new process's under a reused PID.
+    let pidfd = match ferry_sys::pidfd::pidfd_open(pid) {
+        Ok(fd) if state(pid) == Some('Z') => fd,
+        Ok(_) | Err(_) => return gone(),
+    };
     loop {
-        if pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-            return true;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
+        let mut fds = [libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLHUP, revents: 0 }];
+        match ferry_sys::fd::poll(&mut fds, ms) {
+            Ok(_) if fds[0].revents & libc::POLLHUP != 0 => return true,
+            Err(e) if e.errno == libc::EINTR && !left.is_zero() => {}
+            // POLLIN alone never wakes a poll for POLLHUP: a timeout, or an
+            // error (then /proc says whether it is gone).
+            _ if left.is_zero() => return gone(),
+            Ok(_) => {}
+            Err(_) => return gone(),
         }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        // A replacement's restore waits here, in the service's pause, for
-        // the old root's parent to reap it: a parent reaping on SIGCHLD
-        // does so within microseconds.
-        std::thread::sleep(std::time::Duration::from_micros(250));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_is_waited_for_until_its_reap_and_no_longer() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id() as i32;
+        child.kill().expect("killing our sleep");
+        let t = std::time::Instant::now();
+        while state(pid) != Some('Z') {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "pid {pid} is no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Not reaped within the limit: false, after the limit.
+        let t = std::time::Instant::now();
+        assert!(!wait_reaped(&[pid], std::time::Duration::from_millis(50)));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+        // Reaped by another thread 50 ms on: true, soon after the reap.
+        let reaper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            child.wait().expect("reaping our sleep");
+            std::time::Instant::now()
+        });
+        let t = std::time::Instant::now();
+        assert!(wait_reaped(&[pid], std::time::Duration::from_secs(5)));
+        let woke = std::time::Instant::now();
+        let reaped = reaper.join().expect("reaper");
+        assert!(t.elapsed() >= std::time::Duration::from_millis(50));
+        assert!(woke.saturating_duration_since(reaped) < std::time::Duration::from_secs(1));
+        // Gone already: at once.
+        assert!(wait_reaped(&[pid], std::time::Duration::ZERO));
+    }
 
     #[test]
     fn parses_v1_and_v2_lines() {

@@ -17,6 +17,10 @@ pub struct MemoryImage {
     meta: Option<Vec<u8>>,
     /// The page data once loaded: shared by every later load.
     loaded: Option<Arc<Vec<u8>>>,
+    /// The metadata whose page runs were verified against `loaded`: a
+    /// later load of the same metadata (a replacement loads its image for
+    /// the trial, then for the restore) does not read every page again.
+    verified: Option<Vec<u8>>,
 }
 
 impl MemoryImage {
@@ -102,13 +106,89 @@ impl ImageSource for MemoryImage {
                 inventory.pages_bytes
             )));
         }
-        let runs: Vec<PageRun> =
-            tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
-        crate::dir::ImageDir::verify_runs_parallel(&runs, &pages, threads)?;
+        if self.verified.as_ref() != Some(meta) {
+            let runs: Vec<PageRun> =
+                tree.processes.iter().flat_map(|p| p.page_runs.iter().copied()).collect();
+            crate::dir::ImageDir::verify_runs_parallel(&runs, &pages, threads)?;
+            self.verified = Some(meta.clone());
+        }
         Ok(LoadedImage { inventory, tree, pages: Box::new(pages) })
     }
 
     fn describe(&self) -> String {
         "in-memory image".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        MmLayout, ProcessImage, SigAction, SignalState, ThreadImage, Vma, VmaBacking, PROT_READ,
+        PROT_WRITE,
+    };
+
+    /// One process, one thread, one page mapped and captured in `run`.
+    fn image_with(run: PageRun) -> (Inventory, TreeImage) {
+        let thread = ThreadImage {
+            tid: 7,
+            comm: "t".into(),
+            regs: vec![0; 27],
+            xstate: vec![0; 576],
+            sigmask: 0,
+            pending: vec![],
+            altstack: Default::default(),
+            rseq: None,
+            robust_list: Default::default(),
+            clear_child_tid: 0,
+            timer_slack_ns: 50_000,
+            sched: Default::default(),
+            sleep_remaining_ns: None,
+        };
+        let vma = Vma {
+            start: 0x1000,
+            end: 0x2000,
+            prot: PROT_READ | PROT_WRITE,
+            shared: false,
+            flags: 0,
+            pgoff: 0,
+            backing: VmaBacking::Anonymous,
+        };
+        let p = ProcessImage {
+            pid: 7,
+            ppid: 1,
+            threads: vec![thread],
+            vmas: vec![vma],
+            page_runs: vec![run],
+            signals: SignalState {
+                actions: vec![SigAction::default(); 64],
+                shared_pending: vec![],
+            },
+            mm: MmLayout { auxv: vec![6, 4096, 0, 0], ..Default::default() },
+            ..Default::default()
+        };
+        let inv = Inventory {
+            format_version: crate::container::FORMAT_VERSION,
+            xsave_size: 576,
+            pages_bytes: 4096,
+            ..Default::default()
+        };
+        (inv, TreeImage { processes: vec![p], ..Default::default() })
+    }
+
+    #[test]
+    fn pages_are_verified_once_per_metadata() {
+        let mut img = MemoryImage::new();
+        img.set_data_len(4096).expect("data area");
+        let runs = img.write_runs_at(7, 0, &[(0x1000, 4096)], &[5u8; 4096]).expect("page");
+        let (inv, tree) = image_with(runs[0]);
+        img.finish_image(&inv, &tree, None).expect("meta");
+        assert_eq!(img.load(1).expect("first load").tree.processes[0].pid, 7);
+        assert_eq!(img.load(1).expect("second load, verified before").tree.processes.len(), 1);
+        // Other metadata over the same pages is verified again: a wrong
+        // checksum is found.
+        let (inv, tree) = image_with(PageRun { checksum: runs[0].checksum ^ 1, ..runs[0] });
+        img.finish_image(&inv, &tree, None).expect("meta");
+        assert!(img.load(1).is_err(), "a page run with a wrong checksum loaded");
     }
 }

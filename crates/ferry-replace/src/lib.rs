@@ -12,10 +12,14 @@
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                engine       the edited image restored in scratch namespaces
-//!                                   and checked, while the old tree is still frozen
-//! kill                 engine       the one step that cannot be undone
-//! restore              engine       the edited image restored in place, same PIDs,
-//!                                   the restore's own check against the edited image
+//!                                   (the network one made before the freeze) and
+//!                                   checked, while the old tree is still frozen;
+//!                                   then the copy is told to end
+//! kill                 engine       the one step that cannot be undone (the trial
+//!                                   copy ends meanwhile)
+//! restore              engine       once the old root is reaped and the trial copy
+//!                                   gone: the edited image restored in place, same
+//!                                   PIDs, the restore's own check against the image
 //! release              engine       the new tree runs
 //! ```
 //!
@@ -46,8 +50,11 @@ pub use report::Replaced;
 use ferry_engine::capture::{self, CaptureOptions, Captured, LockAfterKill};
 use ferry_engine::phases::Phases;
 use ferry_engine::restore::{
-    self, trial::TrialOutcome, Handover, HeldTree, Placement, RestoreOptions,
+    self,
+    trial::{EndingTrial, TrialRun},
+    Handover, HeldTree, Placement, RestoreOptions,
 };
+use ferry_engine::EngineError;
 use ferry_image::{ImageSource, MemoryImage};
 use std::os::fd::AsRawFd;
 use std::time::Instant;
@@ -58,6 +65,11 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
+    // The trial's network namespace, made while the tree runs; dropped
+    // (and torn down by the kernel) after the new tree runs.
+    let sandbox = restore::trial::Sandbox::prepare().map_err(|e| {
+        ReplaceError::Refused(format!("no network namespace for the trial restore: {e}"))
+    })?;
     let mut pre_ph = Phases::start("pre-copy");
     // Pages are charged to the cgroup of the process that first writes
     // them: ferry's for the placed ones, which the new root would keep
@@ -91,15 +103,21 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         Ok(netns)
     })?;
     let pause_pages = captured.inventory.pages_bytes;
-    ph.step("trial", || match pre.as_ref() {
-        Some(p) => p.without_regions(|| trial(&captured, &mut image, &handover)),
-        None => trial(&captured, &mut image, &handover),
+    let copy = ph.step("trial", || match pre.as_ref() {
+        Some(p) => p.without_regions(|| trial(&captured, &mut image, &handover, &sandbox)),
+        None => trial(&captured, &mut image, &handover, &sandbox),
     })?;
+    phases.extend(prefixed("trial", copy.phases()));
+    // The copy passed: its helper ends it while the old tree is killed;
+    // the restore waits for that end before it makes anything.
+    let ending = copy.end();
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
-    let held = ph.step("restore", || restore_new(&mut image, &opts, &handover, pre.as_ref()));
-    let held = held.map_err(ReplaceError::AfterKill)?;
+    let new = NewTree { image: &mut image, opts: &opts, handover: &handover, pre: pre.as_ref() };
+    let held = ph.step("restore", || new.restore(ending));
+    let (held, waited) = held.map_err(ReplaceError::AfterKill)?;
+    phases.extend(prefixed("restore", &waited));
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
     let parts = report::pause_parts(ph.done(), freeze_ms);
@@ -144,14 +162,21 @@ fn capture_into_memory(
     Ok(out)
 }
 
-/// The edited image restored in scratch namespaces, checked, and ended.
-/// A tree that cannot be tried is refused: the kill would be unguarded.
+/// The edited image restored in scratch namespaces and checked; the copy
+/// is handed back held, never run, for the caller to end. A tree that
+/// cannot be tried is refused: the kill would be unguarded.
 fn trial(
     captured: &Captured,
     image: &mut MemoryImage,
     handover: &Handover,
-) -> Result<(), ReplaceError> {
-    let outcome = restore::trial::trial_carrying(image, &captured.socket_fds(), &handover.carried);
+    sandbox: &restore::trial::Sandbox,
+) -> Result<restore::trial::TrialCopy, ReplaceError> {
+    let outcome = restore::trial::trial_carrying(
+        image,
+        &captured.socket_fds(),
+        &handover.carried,
+        Some(sandbox),
+    );
     let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
@@ -160,8 +185,8 @@ fn trial(
         ReplaceError::Refused(format!("the trial restore of the new tree failed: {error}"))
     })?;
     match outcome {
-        TrialOutcome::Passed { .. } => Ok(()),
-        TrialOutcome::Skipped(why) => Err(ReplaceError::Refused(format!(
+        TrialRun::Passed(copy) => Ok(copy),
+        TrialRun::Skipped(why) => Err(ReplaceError::Refused(format!(
             "no trial restore is possible for {why}; without one the replacement would be unguarded"
         ))),
     }
@@ -171,29 +196,48 @@ fn trial(
 /// rebuilt connections stay in repair mode and behind the network lock,
 /// which the restore takes over from the image; the lock waits for this
 /// ferry (stale once it is gone).
-fn kill(captured: Captured) -> Result<(), ferry_engine::EngineError> {
+fn kill(captured: Captured) -> Result<(), EngineError> {
     let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
     captured.kill(LockAfterKill::HandOverTo(waits_for)).map(drop)
 }
 
-/// The edited image restored under the old PIDs and checked, held
-/// stopped (`checks::replaceable` made sure the PIDs are ferry's
-/// namespace's: the placement is here).
-fn restore_new(
-    image: &mut MemoryImage,
-    opts: &RestoreOptions,
-    handover: &Handover,
-    pre: Option<&precopy::Precopy>,
-) -> Result<HeldTree, ferry_engine::EngineError> {
-    let t0 = Instant::now();
-    let mut loaded = image.load(ferry_engine::worker_threads())?;
-    // The root is forked from ferry and inherits the pre-copied memory;
-    // ferry's own copy goes with `pre`, after the release.
-    if let Some(p) = pre {
-        p.complete(&mut loaded.tree);
+/// What the restore after the kill restores, and how.
+struct NewTree<'a> {
+    image: &'a mut MemoryImage,
+    opts: &'a RestoreOptions,
+    handover: &'a Handover,
+    pre: Option<&'a precopy::Precopy>,
+}
+
+impl NewTree<'_> {
+    /// The edited image restored under the old PIDs and checked, held
+    /// stopped (`checks::replaceable` made sure the PIDs are ferry's
+    /// namespace's: the placement is here). Before it makes anything it
+    /// waits for the old root to be reaped and for the trial copy's end,
+    /// so that it meets the host as the trial left it: the copy's
+    /// processes gone from every cgroup and limit they counted in, its
+    /// references to the carried files dropped. Also returns those waits.
+    fn restore(self, ending: EndingTrial) -> Result<(HeldTree, Vec<(String, f64)>), EngineError> {
+        let t0 = Instant::now();
+        let mut loaded = self.image.load(ferry_engine::worker_threads())?;
+        // The root is forked from ferry and inherits the pre-copied memory;
+        // ferry's own copy goes with `pre`, after the release.
+        if let Some(p) = self.pre {
+            p.complete(&mut loaded.tree);
+        }
+        let t = Instant::now();
+        restore::wait_zombies_reaped(&loaded.tree);
+        let reaped = t.elapsed().as_secs_f64() * 1e3;
+        let ended = ending.wait(restore::trial::END_PATIENCE);
+        let waited = vec![
+            ("old root reaped (waited)".to_string(), reaped),
+            ("trial copy ended (waited)".to_string(), ended),
+        ];
+        let pages = loaded.pages.bytes();
+        let held =
+            Placement::Here.restore_held(loaded.tree, pages, self.opts, self.handover, t0)?;
+        Ok((held, waited))
     }
-    let pages = loaded.pages.bytes();
-    Placement::Here.restore_held(loaded.tree, pages, opts, handover, t0)
 }
 
 fn prefixed(step: &str, done: &[(String, f64)]) -> Vec<(String, f64)> {

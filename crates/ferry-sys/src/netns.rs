@@ -32,6 +32,17 @@ pub fn enter_net_namespace_fd(ns: RawFd) -> SysResult<()> {
     Ok(())
 }
 
+/// Moves the calling thread (only it) into a new, empty network namespace
+/// (unshare(CLONE_NEWNET)); the other threads stay where they are.
+pub fn enter_new_net_namespace() -> SysResult<()> {
+    // SAFETY: unshare takes a flags word; CLONE_NEWNET changes the calling
+    // thread's own namespace and is allowed in a multi-threaded process.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error("unshare(CLONE_NEWNET)"));
+    }
+    Ok(())
+}
+
 /// Every network interface (index, name) of the calling thread's network
 /// namespace, as `if_nameindex(3)` reports it (over netlink, so it follows
 /// the thread's namespace, unlike /sys/class/net).

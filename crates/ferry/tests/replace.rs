@@ -402,6 +402,48 @@ fn a_tree_the_trial_cannot_try_is_refused_in_the_freeze_and_runs_on() {
     assert_eq!(client.ask("INCR").expect("after the replacement"), "3");
 }
 
+/// A restore that would fail (the restore's check made to fail with
+/// `FERRY_FAULT_FAIL_CHECK`, standing for any restore bug, in the trial
+/// and after the kill alike) is found by the trial, before the kill: the
+/// old process runs on, the same one, answering on its connection.
+/// Without the trial (or with a trial whose result the kill did not wait
+/// for) the restore after the kill would fail and the service be gone,
+/// and this test with it. Then, without the fault, the tree is replaced
+/// and no copy of the trial is left: the restore waited for its end.
+#[test]
+fn a_restore_that_would_fail_is_found_by_the_trial_before_the_kill() {
+    require_root!();
+    let (svc, port) = Service::probe("trial-finds", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let before = svc.start_time();
+    let out = Command::new(FERRY)
+        .args(["replace", "--pid", &svc.pid.to_string()])
+        .env("FERRY_FAULT_FAIL_CHECK", "1")
+        .output()
+        .expect("running ferry replace");
+    let said = text(&out);
+    assert!(said.contains("FERRY_FAULT_FAIL_CHECK"), "not the check's failure: {said}");
+    refused_as(&svc, &mut client, out, before, &[], "the trial restore of the new tree failed");
+    assert_eq!(client.ask("INCR").expect("after the refusal"), "2");
+    replaced(&svc, &[]);
+    assert_eq!(client.ask("INCR").expect("after the replacement"), "3");
+    let bin = svc._dir.path().join("probe_server");
+    let running = processes_of(bin.to_str().expect("utf-8 path"));
+    assert_eq!(running, vec![svc.pid], "a copy of the server is left beside it");
+}
+
+/// Every process whose command line names `needle`.
+fn processes_of(needle: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
+}
+
 /// The line's fields `name=value` as pairs.
 fn fields(line: &str) -> Vec<(String, String)> {
     line.split_whitespace()

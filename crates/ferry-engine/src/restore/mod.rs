@@ -155,6 +155,19 @@ pub fn pids_free_here(tree: &TreeImage) -> bool {
     tree_ids(tree).all(|id| pid_owner(id).is_none())
 }
 
+/// Waits (5 s at most) until each PID the tree takes that a zombie holds
+/// here is reaped (a replacement's old tree, killed, whose root its parent
+/// reaps): on the zombies' pidfds, [`crate::procfs::wait_reaped`]. The
+/// restore's staging calls it; `ferry replace` calls it first, before it
+/// waits for the end of its trial copy, which ends meanwhile.
+pub fn wait_zombies_reaped(tree: &TreeImage) {
+    let zombies: Vec<i32> =
+        tree_ids(tree).filter(|&id| crate::procfs::state(id) == Some('Z')).collect();
+    if !zombies.is_empty() {
+        crate::procfs::wait_reaped(&zombies, std::time::Duration::from_secs(5));
+    }
+}
+
 /// Every thread ID and zombie PID the tree takes.
 fn tree_ids(tree: &TreeImage) -> impl Iterator<Item = i32> + '_ {
     tree.processes
@@ -203,6 +216,19 @@ pub(crate) fn pid_holder(pid: i32) -> String {
             None => format!("{comm}, a process that ended, not yet reaped"),
         },
         _ => format!("a running process ({comm})"),
+    }
+}
+
+/// Fault injection for tests: `FERRY_FAULT_FAIL_CHECK=1` makes the
+/// restore's check fail, as a difference it found would (standing for any
+/// restore bug): in a replacement, the trial must find it before the kill.
+fn fault_fails_check(pid: i32) -> Result<()> {
+    match std::env::var_os("FERRY_FAULT_FAIL_CHECK") {
+        Some(v) if v == "1" => Err(EngineError::restore(
+            pid,
+            "the restore's check failed (FERRY_FAULT_FAIL_CHECK)".to_string(),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -338,7 +364,8 @@ pub fn restore_held(
         ph.step("check", || {
             crate::priority::raised(|| {
                 verify::restored_tree(&tree, &connections.fds, carried, &fd_flags)
-            })
+            })?;
+            fault_fails_check(pid)
         })?;
     }
     let placed = handover.placed_for_root.clone();

@@ -87,29 +87,67 @@ impl HeldInNamespace {
     /// Ends the held tree without letting it run: the helper kills it,
     /// drops what the restore staged and exits, which ends the namespaces.
     /// Waits up to `patience` for that, then kills the helper.
-    pub fn abandon(mut self, patience: std::time::Duration) {
+    pub fn abandon(self, patience: std::time::Duration) {
+        self.begin_abandon().wait(patience);
+    }
+
+    /// Like [`HeldInNamespace::abandon`], without waiting: the helper is
+    /// told to end the tree, and [`Abandoned::wait`] waits for it.
+    pub fn begin_abandon(mut self) -> Abandoned {
+        // Our child, which only we reap: its pidfd opens until then.
+        let pidfd = ferry_sys::pidfd::pidfd_open(self.init).ok();
         if let Some(mut commit) = self.commit.take() {
             let _ = commit.write_all(b"k");
         }
-        let until = Instant::now() + patience;
-        while Instant::now() < until {
-            match ferry_sys::process::try_wait_pid(self.init) {
-                // In a pause (the trial of checkpoint --verify and of
-                // replace): the helper ends within a millisecond or two.
-                Ok(None) => std::thread::sleep(std::time::Duration::from_micros(250)),
-                // Exited and reaped, or not ours to wait for any more.
-                Ok(Some(_)) | Err(_) => {
-                    self.init = 0;
-                    return;
-                }
-            }
-        }
-        // Drop kills what is left.
+        Abandoned { init: std::mem::replace(&mut self.init, 0), pidfd }
     }
 
     fn next_report(&mut self) -> Result<Option<Report>> {
         proto::recv(&mut self.report)
             .map_err(|e| EngineError::InNewPidNs(format!("restore helper {}: {e}", self.init)))
+    }
+}
+
+/// A held tree whose helper was told to end it
+/// ([`HeldInNamespace::begin_abandon`]). Dropped unwaited, the helper is
+/// killed (which ends every process of the namespace) and reaped.
+pub struct Abandoned {
+    init: i32,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Abandoned {
+    /// Waits until the helper exits (its pidfd polls readable: as the
+    /// namespace's init it exits only after every other process of the
+    /// namespace is reaped) and reaps it; after `patience`, kills it.
+    pub fn wait(mut self, patience: std::time::Duration) {
+        let until = Instant::now() + patience;
+        let Some(pidfd) = self.pidfd.take() else { return };
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
+            match ferry_sys::pidfd::wait_exit(&pidfd, ms) {
+                Ok(true) => {
+                    ferry_sys::process::wait_pid(self.init);
+                    self.init = 0;
+                    return;
+                }
+                // Interrupted by a signal: poll again while time is left.
+                Err(e) if e.errno == libc::EINTR && !left.is_zero() => continue,
+                // Timed out or failed: Drop kills what is left.
+                _ => return,
+            }
+        }
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.init > 0 {
+            // Our child, the namespace's init: its end ends the tree.
+            let _ = ferry_sys::process::kill(self.init, libc::SIGKILL);
+            ferry_sys::process::wait_pid(self.init);
+        }
     }
 }
 

@@ -35,10 +35,8 @@ impl Staged {
 /// Refuses a tree whose PIDs are taken here (waiting a moment for a
 /// zombie of the checkpointed tree that init has not reaped yet).
 pub(super) fn check_pids_free(tree: &TreeImage) -> Result<()> {
+    super::wait_zombies_reaped(tree);
     for id in super::tree_ids(tree) {
-        if crate::procfs::state(id) == Some('Z') {
-            crate::procfs::wait_reaped(&[id], std::time::Duration::from_secs(5));
-        }
         if super::pid_owner(id).is_some() {
             return Err(EngineError::PidTaken { pid: id, holder: super::pid_holder(id) });
         }
