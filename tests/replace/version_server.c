@@ -1,7 +1,9 @@
 /* A line server for `ferry replace --exec` tests: listens on
  * 127.0.0.1:PORT (argv[1]), answers each line it reads with
  * "VERSION PID\n" (VERSION is argv[2]) on the same connection, any number
- * of connections at once (epoll, non-blocking, one process). */
+ * of connections at once (epoll, non-blocking, one process). The line
+ * "FORK" instead makes it fork a child that closes its descriptors and
+ * sleeps until killed, and answers "forked CHILD_PID\n". */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAXFD 65536
@@ -30,8 +33,20 @@ static void serve(int fd, const char *reply) {
             return;
         for (ssize_t i = 0; i < n; i++) {
             if (buf[i] == '\n') {
+                const char *answer = reply;
+                char forked[64];
+                if (pending_len[fd] == 4 && memcmp(pending[fd], "FORK", 4) == 0) {
+                    pid_t child = fork();
+                    if (child == 0) {
+                        syscall(SYS_close_range, 0u, ~0u, 0u);
+                        for (;;)
+                            pause();
+                    }
+                    snprintf(forked, sizeof forked, "forked %d\n", (int)child);
+                    answer = forked;
+                }
                 pending_len[fd] = 0;
-                if (write(fd, reply, strlen(reply)) < 0) {
+                if (write(fd, answer, strlen(answer)) < 0) {
                     close(fd);
                     return;
                 }

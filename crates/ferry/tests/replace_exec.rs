@@ -251,7 +251,13 @@ impl Conn {
 
     /// One question, one answer: "VERSION PID".
     fn ask(&mut self) -> Result<String, String> {
-        self.r.get_mut().write_all(b"q\n").map_err(|e| format!("write: {e}"))?;
+        self.say("q")
+    }
+
+    /// One line, its answer.
+    fn say(&mut self, line: &str) -> Result<String, String> {
+        let line = format!("{line}\n");
+        self.r.get_mut().write_all(line.as_bytes()).map_err(|e| format!("write: {e}"))?;
         let mut line = String::new();
         match self.r.read_line(&mut line) {
             Ok(0) => Err("the server closed the connection".into()),
@@ -724,7 +730,8 @@ fn python_http_server_is_replaced_by_a_new_one_under_clients() {
 /// A ferry killed during the drain (Ctrl-C, SIGKILL, the OOM killer)
 /// cannot stop the old tree itself: its warden (`ferry-drain`, forked at
 /// the drain's start, in a session of its own) stops it a little after
-/// the drain timeout, and not before.
+/// the drain timeout, and not before; with it a process the old tree
+/// forked during the drain.
 #[test]
 fn a_ferry_killed_during_the_drain_leaves_the_old_tree_to_its_warden() {
     require_root!();
@@ -753,6 +760,15 @@ fn a_ferry_killed_during_the_drain_leaves_the_old_tree_to_its_warden() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {took_over:?}"));
     let _new = Tree::adopt(new_pid, None);
+    // A process the old tree forks during the drain, after the warden was
+    // armed: ferry's drain steps (50 ms) hand it to the warden too.
+    let forked = kept.say("FORK").expect("the old server forks");
+    let child: i32 = forked
+        .strip_prefix("forked ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {forked:?}"));
+    let child = Tree::adopt(child, Some("version_server"));
+    sleep(Duration::from_millis(300));
     let killed_at = Instant::now();
     let _ = ferry.kill();
     let _ = ferry.wait();
@@ -779,6 +795,10 @@ fn a_ferry_killed_during_the_drain_leaves_the_old_tree_to_its_warden() {
     let gone_after = killed_at.elapsed();
     assert!(gone_after >= Duration::from_secs(7), "stopped after {gone_after:?}");
     assert!(kept.ask().is_err(), "a connection of the stopped server still answers");
+    assert!(
+        child.wait_gone(Duration::from_secs(3)),
+        "the process the old tree forked during the drain was not stopped"
+    );
     let t = Instant::now();
     while stat(warden).is_some_and(|(s, _)| s != 'Z') && t.elapsed() < Duration::from_secs(5) {
         sleep(Duration::from_millis(20));
