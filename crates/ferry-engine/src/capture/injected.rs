@@ -120,8 +120,7 @@ fn stands(f: &Frozen, k: &KeptProcess, now: Option<&HashMap<i32, StateCount>>) -
     let same_threads = f.threads.len() == k.answers.len()
         && f.threads.iter().all(|t| {
             k.answers.contains_key(&t.tid)
-                && k.counts.get(&t.tid).is_some()
-                && now.get(&t.tid) == k.counts.get(&t.tid)
+                && k.counts.get(&t.tid).is_some_and(|c| now.get(&t.tid) == Some(c))
         });
     same_threads
         && k.answers.iter().all(|(&tid, a)| answers_stand(f.pid, tid, a))

@@ -624,4 +624,67 @@ mod tests {
         let _ = child.0.wait();
         assert_eq!(stands(&kept), Some(false), "its thread exited");
     }
+
+    #[test]
+    fn the_state_counts_move_with_a_signal_action_set_or_a_signal_delivered_only() {
+        use std::io::Write;
+        // One thread of its own: sets SIGUSR1's action on each line, and
+        // has a handler for it.
+        let prog = "import signal,sys\nsignal.signal(signal.SIGUSR1, lambda s,f: None)\n\
+                    print('up',flush=True)\n\
+                    for l in sys.stdin: signal.signal(signal.SIGUSR1, lambda s,f: None); print('set',flush=True)";
+        let mut child = match std::process::Command::new("python3")
+            .args(["-c", prog])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("no python3 ({e}): skipped");
+                return;
+            }
+        };
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let pid = child.id() as i32;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let _child = Kill(child);
+        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(next(), "up");
+        let kept = KeptWatch::default();
+        let Some(w) = kept.take(&[pid]) else {
+            eprintln!("no system call counters here: skipped");
+            return;
+        };
+        drop(w);
+        let Some(first) = kept.state_counts(&[pid]) else {
+            eprintln!("no state counters here (no signal tracepoint): skipped");
+            return;
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(kept.state_counts(&[pid]), Some(first.clone()), "nothing called");
+        writeln!(stdin, "set").expect("to the child");
+        assert_eq!(next(), "set");
+        let set = kept.state_counts(&[pid]).expect("counts");
+        assert!(set[&pid].calls > first[&pid].calls, "rt_sigaction counted");
+        assert_eq!(set[&pid].signals, first[&pid].signals);
+        ferry_sys::process::kill(pid, libc::SIGUSR1).expect("kill");
+        let t = std::time::Instant::now();
+        let delivered =
+            || kept.state_counts(&[pid]).is_some_and(|c| c[&pid].signals > set[&pid].signals);
+        while !delivered() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(delivered(), "the delivery of SIGUSR1 was not counted");
+        assert_eq!(first[&pid].serial, set[&pid].serial, "the same counters");
+        assert_eq!(kept.state_counts(&[pid, i32::MAX]), None, "a thread not counted");
+    }
 }
