@@ -207,7 +207,11 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
     if !c.data_dirs.is_empty() {
         phases.push(("data-dir snapshots".into(), snap_ms));
     }
+    let t_thaw = Instant::now();
     captured.resume()?;
+    // The connections out of repair, the lock's held packets sent again,
+    // every thread let go: the last part of the pause.
+    phases.push(("thaw".into(), t_thaw.elapsed().as_secs_f64() * 1e3));
     Ok((buffer, mark, held, t_frozen, phases))
 }
 
