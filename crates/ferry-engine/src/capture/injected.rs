@@ -312,3 +312,41 @@ fn parse_thread(ctx: &Ctx, t: &crate::freeze::FrozenThread, a: &Answers) -> Resu
     let securebits = securebits.unwrap_or(0);
     Ok((image, deathsig, Some(ProcessWide { signals, itimers, brk, misc, securebits })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_answers_stand_only_without_an_alternate_stack_in_use_a_new_slack_or_core_scheduling() {
+        let thread = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+        let tid: i32 = thread.file_name().and_then(|n| n.to_str()?.parse().ok()).expect("tid");
+        let slack: i64 = crate::procfs::read_string(&format!("/proc/{tid}/timerslack_ns"))
+            .expect("timerslack_ns")
+            .trim()
+            .parse()
+            .expect("a number");
+        let (_, [ends_thread, ends_check, _]) = thread_calls(0, false);
+        let mut r = vec![0i64; ends_check + 2];
+        r[2] = slack;
+        r[threads::CALLS + prctl::CORE_SCHED_AT] = -(libc::EINVAL as i64);
+        assert_eq!(ends_thread, threads::CALLS);
+        let answers = Answers { r, out: vec![0; at::END] };
+        // Not the leader (pid 1 is not this thread's process).
+        assert!(answers_stand(1, tid, &answers), "nothing moves these answers");
+        let mut on_stack = answers.clone();
+        on_stack.out[at::THREAD + 8] = libc::SS_ONSTACK as u8;
+        assert!(!answers_stand(1, tid, &on_stack), "on its alternate stack");
+        let mut other_slack = answers.clone();
+        other_slack.r[2] = slack + 1;
+        assert!(!answers_stand(1, tid, &other_slack), "a slack written since");
+        let mut core = answers.clone();
+        core.r[threads::CALLS + prctl::CORE_SCHED_AT] = 0;
+        assert!(!answers_stand(1, tid, &core), "core scheduling on");
+        // The leader's: an interval timer set moves with time.
+        let mut timer = answers.clone();
+        timer.out[at::ITIMERS + 16] = 1;
+        assert!(answers_stand(tid, tid, &answers), "the leader's, no timer");
+        assert!(!answers_stand(tid, tid, &timer), "a timer runs");
+    }
+}
