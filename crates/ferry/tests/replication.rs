@@ -590,3 +590,45 @@ fn socket_options_set_between_syncs_reach_the_standby() {
     assert_eq!(got, ["keepalive 1 keepidle 78", "keepalive 1 keepidle 91"], "at b");
     eprintln!("[{TEST}] both connections' options as last set, read at b after the takeover");
 }
+
+/// What ferry reads by calls injected into the service, changed between
+/// syncs whose injected answers stood (kept from the sync before,
+/// nothing counted since), reaches the standby: the timer slack set
+/// again, a signal handler and an alternate signal stack installed.
+/// With the answers kept whatever the counters say, b reads the slack
+/// of before the change and no handler nor stack.
+#[test]
+fn injected_state_changed_between_syncs_reaches_the_standby() {
+    const TEST: &str = "repl-injected";
+    const PORT: &str = "7411";
+    if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
+        return;
+    }
+    let r = Repl::new("ri", &[]);
+    let bin = r.env.dir.0.join("state_server");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/state_server.c");
+    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
+    let log = r.env.dir.0.join("state.log");
+    let server =
+        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
+    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
+    assert!(up, "state_server did not start:\n{}", read_lossy(&log));
+    let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
+    let env = [("FERRY_LOG", "warn,ferry_engine::capture::injected=debug")];
+    let mut rep = r.replicate_nowait(server.inner, &extra, &env);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "never in sync:\n{}", rep.show());
+    let (child, out) = clients(&r, "state_clients.py", &[&r.svc, PORT, "5"]);
+    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
+    assert!(changed, "the state was not changed:\n{}", read_lossy(&out));
+    std::thread::sleep(Duration::from_millis(500));
+    r.kill_host("a");
+    let _ = rep.wait(Duration::from_secs(10));
+    let kept = read_lossy(&rep.err).matches("not asked again").count();
+    assert!(kept > 0, "no sync kept the injected answers:\n{}", rep.show());
+    let results = client_results(child, &out);
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
+    assert_eq!(results[0]["get"].as_str(), Some("slack 80000 action 1 altstack 65536"), "at b");
+    eprintln!("[{TEST}] {kept} syncs kept the injected answers; the state as last set, read at b");
+}

@@ -1,12 +1,28 @@
 //! Phase "injected syscalls": the state only a process can read about
 //! itself, read by syscalls run inside it from a scratch mapping that is
 //! removed again before any page is copied.
+//!
+//! With a kept watch (`ferry replicate`'s syncs), what a process's
+//! threads answered is kept ([`KeptInjected`]) with each thread's state
+//! count taken in the freeze after the calls
+//! ([`super::sockopt_watch::KeptWatch::state_counts`]), and the next
+//! capture parses those answers again instead of asking, when it can
+//! prove they are still true ([`stands`]): the same threads, counted
+//! without a break by the same counters, none made a call that changes
+//! an answer or was delivered a signal since, no interval or POSIX timer
+//! runs (their values move with time), no thread was on its alternate
+//! signal stack, no other process changed a thread's timer slack
+//! (/proc/TID/timerslack_ns read again) and the kernel has no core
+//! scheduling cookies (another process may set one). Otherwise it asks
+//! again, as every capture without a kept watch does.
 
+use super::sockopt_watch::{KeptWatch, StateCount};
 use super::survey::Survey;
 use super::{memory, prctl, process, signals, threads, timers, Ctx};
 use crate::error::Result;
 use crate::freeze::Frozen;
 use crate::inject::{self, Scratch};
+use std::collections::HashMap;
 
 /// What one process told about itself.
 pub(super) struct Injected {
@@ -21,8 +37,134 @@ pub(super) struct Injected {
     pub securebits: u32,
 }
 
-/// Runs the injected capture inside one frozen process.
-pub(super) fn capture_process(frozen: &Frozen, sv: &Survey) -> Result<Injected> {
+/// One thread's answers as they came: its batch's results and the data
+/// area they wrote.
+#[derive(Clone)]
+struct Answers {
+    r: Vec<i64>,
+    out: Vec<u8>,
+}
+
+/// A process's answers, by TID, and what its threads' state counters
+/// read once they were given ([`StateCount`]).
+struct KeptProcess {
+    answers: HashMap<i32, Answers>,
+    counts: HashMap<i32, StateCount>,
+}
+
+/// The answers of the capture before, kept from capture to capture with
+/// a kept watch (`ferry replicate`'s syncs,
+/// [`super::CaptureOptions::kept_injected`]).
+#[derive(Clone, Default)]
+pub struct KeptInjected(std::sync::Arc<std::sync::Mutex<HashMap<i32, KeptProcess>>>);
+
+impl std::fmt::Debug for KeptInjected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptInjected")
+    }
+}
+
+/// The phase over the frozen tree: each process asked, or its kept
+/// answers parsed again when they stand; with `kept`, the answers and
+/// the state counts after every call are kept for the next capture
+/// (none kept when a count cannot be read).
+pub(super) fn capture_tree(
+    tree: &super::tree::FrozenTree,
+    procs: &[Survey],
+    kept: Option<(&KeptWatch, &KeptInjected)>,
+) -> Result<Vec<Injected>> {
+    let tids: Vec<i32> =
+        tree.procs.iter().flat_map(|p| p.frozen.threads.iter().map(|t| t.tid)).collect();
+    let Some((watch, store)) = kept else {
+        return tree
+            .procs
+            .iter()
+            .zip(procs)
+            .map(|(p, s)| capture_process(&p.frozen, s).map(|x| x.0))
+            .collect();
+    };
+    let before = watch.state_counts(&tids);
+    let mut store = store.0.lock().unwrap_or_else(|e| e.into_inner());
+    let mut old = std::mem::take(&mut *store);
+    let mut out = Vec::with_capacity(procs.len());
+    let mut answered = Vec::with_capacity(procs.len());
+    for (p, s) in tree.procs.iter().zip(procs) {
+        let pid = p.frozen.pid;
+        let standing = old.remove(&pid).filter(|k| stands(&p.frozen, k, before.as_ref()));
+        let (injected, answers) = match standing {
+            Some(k) => {
+                tracing::debug!(
+                    "pid {pid}: injected answers of the capture before stand, not asked again"
+                );
+                (parse_kept(&p.frozen, s, &k.answers)?, k.answers)
+            }
+            None => capture_process(&p.frozen, s)?,
+        };
+        out.push(injected);
+        answered.push((pid, answers));
+    }
+    // After every call of this capture: what the next one compares with.
+    if let Some(after) = watch.state_counts(&tids) {
+        for (pid, answers) in answered {
+            let counts = answers.keys().filter_map(|t| Some((*t, *after.get(t)?))).collect();
+            store.insert(pid, KeptProcess { answers, counts });
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a process's kept answers are still its threads' (see the
+/// module comment).
+fn stands(f: &Frozen, k: &KeptProcess, now: Option<&HashMap<i32, StateCount>>) -> bool {
+    let Some(now) = now else { return false };
+    let same_threads = f.threads.len() == k.answers.len()
+        && f.threads.iter().all(|t| {
+            k.answers.contains_key(&t.tid)
+                && k.counts.get(&t.tid).is_some_and(|c| now.get(&t.tid) == Some(c))
+        });
+    same_threads
+        && k.answers.iter().all(|(&tid, a)| answers_stand(f.pid, tid, a))
+        && !timers::has_posix(f.pid).unwrap_or(true)
+}
+
+/// What of one thread's answers may change with no call of its own:
+/// a running interval timer (the leader's answers), being on the
+/// alternate stack, a timer slack written through /proc, a core
+/// scheduling cookie.
+fn answers_stand(pid: i32, tid: i32, a: &Answers) -> bool {
+    let word = |off: usize| {
+        a.out.get(off..off + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+    };
+    let on_altstack = word(at::THREAD + 8).is_none_or(|flags| flags & libc::SS_ONSTACK as u64 != 0);
+    let slack = a.r.get(2).copied();
+    let slack_now = crate::procfs::read_string(&format!("/proc/{tid}/timerslack_ns"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok());
+    let no_core_sched = a.r.get(threads::CALLS + prctl::CORE_SCHED_AT).is_some_and(|&r| r < 0);
+    let leader_quiet = tid != pid || timers::no_itimer_runs(&a.out[at::ITIMERS.min(a.out.len())..]);
+    !on_altstack && slack.is_some() && slack == slack_now && no_core_sched && leader_quiet
+}
+
+/// A process's injected state from answers kept, parsed as if asked now
+/// (the threads' own reads, registers and comm read afresh).
+fn parse_kept(frozen: &Frozen, sv: &Survey, answers: &HashMap<i32, Answers>) -> Result<Injected> {
+    let ctx = Ctx { pid: frozen.pid, frozen, remote: sv.remote, scratch: 0, data: 0 };
+    let mut parsed = Vec::with_capacity(frozen.threads.len());
+    for t in &frozen.threads {
+        let a = answers.get(&t.tid).ok_or_else(|| {
+            crate::error::EngineError::kernel(
+                frozen.pid,
+                format!("thread {}: its kept answers", t.tid),
+                ferry_sys::SysError::new("kept answers", libc::ESRCH),
+            )
+        })?;
+        parsed.push(parse_thread(&ctx, t, a)?);
+    }
+    assemble(&ctx, parsed, Vec::new())
+}
+
+/// Runs the injected capture inside one frozen process; its answers too.
+fn capture_process(frozen: &Frozen, sv: &Survey) -> Result<(Injected, HashMap<i32, Answers>)> {
     let pid = frozen.pid;
     let locked_before = memory::locked_kb(pid)?;
     let scratch = Scratch::map(&sv.remote, pid)?;
@@ -71,14 +213,34 @@ struct ProcessWide {
     securebits: u32,
 }
 
-fn capture_inside(ctx: &Ctx) -> Result<Injected> {
-    let mut threads = Vec::with_capacity(ctx.frozen.threads.len());
-    let mut deathsigs = Vec::with_capacity(ctx.frozen.threads.len());
-    let mut wide = None;
+fn capture_inside(ctx: &Ctx) -> Result<(Injected, HashMap<i32, Answers>)> {
+    let mut parsed = Vec::with_capacity(ctx.frozen.threads.len());
+    let mut answers = HashMap::with_capacity(ctx.frozen.threads.len());
     for t in &ctx.frozen.threads {
-        let (image, deathsig, leader) = capture_thread(ctx, t)?;
+        let a = ask_thread(ctx, t)?;
+        parsed.push(parse_thread(ctx, t, &a)?);
+        answers.insert(t.tid, a);
+    }
+    let posix_timers = timers::capture_posix(ctx)?;
+    Ok((assemble(ctx, parsed, posix_timers)?, answers))
+}
+
+/// One thread's parsed answers: its image, its parent-death signal, and
+/// for the leader the process-wide state.
+type Parsed = (ferry_image::ThreadImage, i32, Option<ProcessWide>);
+
+/// The process's state from its threads' parsed answers.
+fn assemble(
+    ctx: &Ctx,
+    parsed: Vec<Parsed>,
+    posix_timers: Vec<ferry_image::PosixTimer>,
+) -> Result<Injected> {
+    let mut threads = Vec::with_capacity(parsed.len());
+    let mut deathsigs = Vec::with_capacity(parsed.len());
+    let mut wide = None;
+    for (image, deathsig, leader) in parsed {
+        deathsigs.push((image.tid, deathsig));
         threads.push(image);
-        deathsigs.push((t.tid, deathsig));
         if leader.is_some() {
             wide = leader;
         }
@@ -90,7 +252,6 @@ fn capture_inside(ctx: &Ctx) -> Result<Injected> {
             ferry_sys::SysError::new("the leader", libc::ESRCH),
         ));
     };
-    let posix_timers = timers::capture_posix(ctx)?;
     Ok(Injected {
         threads,
         signals: w.signals,
@@ -103,16 +264,10 @@ fn capture_inside(ctx: &Ctx) -> Result<Injected> {
     })
 }
 
-/// One thread's batch: its own state, the getters of settings ferry does
-/// not restore (refused by name), its parent-death signal, and for the
-/// leader the process-wide state.
-fn capture_thread(
-    ctx: &Ctx,
-    t: &crate::freeze::FrozenThread,
-) -> Result<(ferry_image::ThreadImage, i32, Option<ProcessWide>)> {
-    let base = ctx.data;
-    let leader = t.tid == ctx.pid;
-    let traced = threads::traced(ctx.pid, t.tid)?;
+/// The calls of one thread's batch: its own state, the getters of
+/// settings ferry does not restore (refused by name), its parent-death
+/// signal, and for the leader the process-wide state.
+fn thread_calls(base: u64, leader: bool) -> (Vec<inject::Call>, [usize; 3]) {
     let mut calls = threads::calls(base + at::THREAD as u64);
     let ends_thread = calls.len();
     calls.extend(prctl::check_calls(base + at::PRCTL_CHECK as u64));
@@ -124,10 +279,25 @@ fn capture_thread(
         calls.extend(timers::itimer_calls(base + at::ITIMERS as u64));
         calls.extend(signals::action_calls(base + at::SIGACTIONS as u64));
     }
+    (calls, [ends_thread, ends_check, ends_deathsig])
+}
+
+/// One thread's batch run in it: one round trip.
+fn ask_thread(ctx: &Ctx, t: &crate::freeze::FrozenThread) -> Result<Answers> {
+    let (calls, _) = thread_calls(ctx.data, t.tid == ctx.pid);
     // A getter that fails writes nothing: what it leaves reads as zero.
-    ctx.remote.write(base, &[0u8; at::END])?;
+    ctx.remote.write(ctx.data, &[0u8; at::END])?;
     let r = ctx.remote.batch(t.tid, ctx.scratch, &calls)?;
-    let out = ctx.remote.read(base, at::END)?;
+    let out = ctx.remote.read(ctx.data, at::END)?;
+    Ok(Answers { r, out })
+}
+
+/// One thread's answers parsed, with what the tracer reads of it now.
+fn parse_thread(ctx: &Ctx, t: &crate::freeze::FrozenThread, a: &Answers) -> Result<Parsed> {
+    let leader = t.tid == ctx.pid;
+    let (_, [ends_thread, ends_check, ends_deathsig]) = thread_calls(0, leader);
+    let (r, out) = (&a.r, &a.out);
+    let traced = threads::traced(ctx.pid, t.tid)?;
     let image = threads::finish(ctx, t, traced, &r[..ends_thread], &out[at::THREAD..])?;
     prctl::check_thread(ctx, t.tid, r[ends_thread..ends_check].to_vec(), &out[at::PRCTL_CHECK..])?;
     let (deathsig, securebits) =
@@ -141,4 +311,42 @@ fn capture_thread(
     let signals = signals::actions_parse(ctx.pid, &rest[7..], &out[at::SIGACTIONS..])?;
     let securebits = securebits.unwrap_or(0);
     Ok((image, deathsig, Some(ProcessWide { signals, itimers, brk, misc, securebits })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_answers_stand_only_without_an_alternate_stack_in_use_a_new_slack_or_core_scheduling() {
+        let thread = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+        let tid: i32 = thread.file_name().and_then(|n| n.to_str()?.parse().ok()).expect("tid");
+        let slack: i64 = crate::procfs::read_string(&format!("/proc/{tid}/timerslack_ns"))
+            .expect("timerslack_ns")
+            .trim()
+            .parse()
+            .expect("a number");
+        let (_, [ends_thread, ends_check, _]) = thread_calls(0, false);
+        let mut r = vec![0i64; ends_check + 2];
+        r[2] = slack;
+        r[threads::CALLS + prctl::CORE_SCHED_AT] = -(libc::EINVAL as i64);
+        assert_eq!(ends_thread, threads::CALLS);
+        let answers = Answers { r, out: vec![0; at::END] };
+        // Not the leader (pid 1 is not this thread's process).
+        assert!(answers_stand(1, tid, &answers), "nothing moves these answers");
+        let mut on_stack = answers.clone();
+        on_stack.out[at::THREAD + 8] = libc::SS_ONSTACK as u8;
+        assert!(!answers_stand(1, tid, &on_stack), "on its alternate stack");
+        let mut other_slack = answers.clone();
+        other_slack.r[2] = slack + 1;
+        assert!(!answers_stand(1, tid, &other_slack), "a slack written since");
+        let mut core = answers.clone();
+        core.r[threads::CALLS + prctl::CORE_SCHED_AT] = 0;
+        assert!(!answers_stand(1, tid, &core), "core scheduling on");
+        // The leader's: an interval timer set moves with time.
+        let mut timer = answers.clone();
+        timer.out[at::ITIMERS + 16] = 1;
+        assert!(answers_stand(tid, tid, &answers), "the leader's, no timer");
+        assert!(!answers_stand(tid, tid, &timer), "a timer runs");
+    }
 }

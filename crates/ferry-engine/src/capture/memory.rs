@@ -387,6 +387,11 @@ fn copy_all(
     let writer: &dyn PageSink = out;
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
+    // One part: copied here. A thread started for it waits for a core
+    // (on a loaded machine, milliseconds of every replication sync).
+    if let [part] = parts[..] {
+        return copy_pieces(pid, part, writer, counter);
+    }
     let results: Vec<Result<Vec<PageRun>>> = std::thread::scope(|sc| {
         let handles: Vec<_> = parts
             .into_iter()

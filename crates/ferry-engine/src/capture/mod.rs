@@ -10,6 +10,7 @@ mod cgroups;
 mod connections;
 pub(crate) mod files;
 mod injected;
+pub use injected::KeptInjected;
 mod memfd;
 pub(crate) mod memory;
 mod namespaces;
@@ -100,6 +101,11 @@ pub struct CaptureOptions {
     /// a socket (the same SO_COOKIE) stands as checked then when that
     /// watch counted no call since ([`sockopt_check`]).
     pub kept_checks: Option<KeptChecks>,
+    /// What the processes answered the injected calls of the capture
+    /// before, kept with `kept_watch`: parsed again instead of asked
+    /// when its state counters prove nothing changed them
+    /// ([`injected`]).
+    pub kept_injected: Option<KeptInjected>,
 }
 
 #[derive(Debug, Clone)]
@@ -520,11 +526,8 @@ pub fn capture(
         connections::read_connections(engaged, &tree, &mut surveyed, &mut guard)
     })?;
     let injected = ph.step("injected syscalls", || {
-        tree.procs
-            .iter()
-            .zip(&surveyed.procs)
-            .map(|(p, s)| injected::capture_process(&p.frozen, s))
-            .collect::<Result<Vec<_>>>()
+        let kept = opts.kept_watch.as_ref().zip(opts.kept_injected.as_ref());
+        injected::capture_tree(&tree, &surveyed.procs, kept)
     })?;
     let held = match hooks {
         Some(h) => assemble::HeldPages {

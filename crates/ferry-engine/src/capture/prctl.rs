@@ -121,6 +121,9 @@ pub(super) fn check_calls(at: u64) -> Vec<Call> {
     ]
 }
 
+/// The index in [`check_calls`] of PR_SCHED_CORE_GET.
+pub(super) const CORE_SCHED_AT: usize = 11;
+
 /// The index in `ThreadPrctls::r` of the registered-ring probe.
 const RING_SLOT0: usize = 13;
 

@@ -62,22 +62,87 @@ const START_CALLS: [libc::c_long; 4] =
 #[cfg(not(target_arch = "x86_64"))]
 const START_CALLS: [libc::c_long; 2] = [libc::SYS_clone, libc::SYS_clone3];
 
-/// The filters of the two counters of each thread, both on the
-/// raw_syscalls/sys_enter tracepoint: setsockopt with [`START_CALLS`],
-/// and [`FD_CALLS`]. One tracepoint, so closing the counters waits for
-/// one RCU grace period (per tracepoint, and in the process's exit if it
-/// is still open).
-fn filters() -> [String; 2] {
+/// The calls that change what the injected capture reads of a thread
+/// or its process ([`super::injected`]: its alternate signal stack,
+/// clear_child_tid, timer slack, process controls, memory policy,
+/// parent-death signal, securebits, brk, dumpable, interval timers,
+/// signal actions, io_uring rings), and those after which it may read
+/// otherwise (credentials, exec, mlockall): counted by a third counter
+/// of each thread, with [`START_CALLS`]. A kept watch lets the injected
+/// reads of the capture before stand while none was counted
+/// ([`KeptWatch::state_counts`]).
+#[cfg(target_arch = "x86_64")]
+const STATE_CALLS: [libc::c_long; 32] = [
+    libc::SYS_sigaltstack,
+    libc::SYS_prctl,
+    libc::SYS_arch_prctl,
+    libc::SYS_set_mempolicy,
+    libc::SYS_set_mempolicy_home_node,
+    libc::SYS_set_tid_address,
+    libc::SYS_brk,
+    libc::SYS_setitimer,
+    libc::SYS_alarm,
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_timer_create,
+    libc::SYS_timer_settime,
+    libc::SYS_timer_delete,
+    libc::SYS_execve,
+    libc::SYS_execveat,
+    libc::SYS_setuid,
+    libc::SYS_setgid,
+    libc::SYS_setreuid,
+    libc::SYS_setregid,
+    libc::SYS_setresuid,
+    libc::SYS_setresgid,
+    libc::SYS_setfsuid,
+    libc::SYS_setfsgid,
+    libc::SYS_setgroups,
+    libc::SYS_capset,
+    libc::SYS_seccomp,
+    libc::SYS_mlockall,
+    libc::SYS_munlockall,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_register,
+    libc::SYS_personality,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const STATE_CALLS: [libc::c_long; 0] = [];
+
+/// The counters of each thread, in order: on the raw_syscalls/sys_enter
+/// tracepoint setsockopt with [`START_CALLS`], [`FD_CALLS`], and
+/// [`STATE_CALLS`] with [`START_CALLS`]; then on signal/signal_deliver
+/// every signal delivered (a handler run, which may reset its action
+/// with SA_RESETHAND, disarm or enter the alternate stack without a
+/// call). One tracepoint per kind, so closing the counters waits for
+/// one RCU grace period per tracepoint (and in the process's exit if
+/// it is still open). The last two only where there is an
+/// architecture's list and the signal tracepoint.
+fn filters() -> Vec<(u64, String)> {
     let any = |calls: &[libc::c_long]| {
         calls.iter().map(|c| format!("id == {c}")).collect::<Vec<_>>().join(" || ")
     };
+    let Some(id) = sys_enter_id() else { return Vec::new() };
     let options: Vec<libc::c_long> =
         std::iter::once(libc::SYS_setsockopt).chain(START_CALLS).collect();
-    [any(&options), any(&FD_CALLS)]
+    let mut out = vec![(id, any(&options)), (id, any(&FD_CALLS))];
+    if let (false, Some(signal)) = (STATE_CALLS.is_empty(), signal_deliver_id()) {
+        let state: Vec<libc::c_long> = STATE_CALLS.iter().copied().chain(START_CALLS).collect();
+        out.push((id, any(&state)));
+        out.push((signal, "sig > 0".into()));
+    }
+    out
 }
 
-/// Counters per thread of the tree: setsockopt calls (and
-/// [`START_CALLS`]), then [`FD_CALLS`].
+/// signal/signal_deliver's id, looked up once.
+fn signal_deliver_id() -> Option<u64> {
+    static ID: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| ferry_sys::perf::tracepoint_id("signal/signal_deliver").ok())
+}
+
+/// Counters per thread of the tree ([`filters`]): setsockopt calls (and
+/// [`START_CALLS`]), [`FD_CALLS`], and where available [`STATE_CALLS`]
+/// and signals delivered.
 pub(super) struct Watch {
     counters: HashMap<i32, Counted>,
     /// Where this capture's watch goes back to once it answered: kept
@@ -106,6 +171,23 @@ struct Counted {
     fds: Vec<OwnedFd>,
     base: Vec<u64>,
     thread: Option<OwnedFd>,
+    /// Which opening of counters this is, unique in the process: a
+    /// count compared across captures is one counter's only.
+    serial: u64,
+}
+
+/// The serial of the next [`Counted`].
+static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// What one thread's state counters counted at a moment of a freeze
+/// ([`KeptWatch::state_counts`]): equal at two freezes, with the same
+/// serial, the thread made no call of [`STATE_CALLS`] nor started one,
+/// and was delivered no signal, in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StateCount {
+    pub serial: u64,
+    pub calls: u64,
+    pub signals: u64,
 }
 
 /// A watch kept from one capture to the next (`ferry replicate`'s
@@ -134,6 +216,24 @@ impl KeptWatch {
         w.rebase(pids).then_some(w)
     }
 
+    /// In a freeze, each of `tids`'s state count ([`StateCount`]); None
+    /// when a thread has no state counters, or its counted thread
+    /// exited, or the watch is with a capture.
+    pub(super) fn state_counts(&self, tids: &[i32]) -> Option<HashMap<i32, StateCount>> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let counters = kept.as_ref()?;
+        let mut out = HashMap::with_capacity(tids.len());
+        for &tid in tids {
+            let c = counters.get(&tid)?;
+            if c.fds.len() < 4 || c.thread.as_ref().is_none_or(exited) {
+                return None;
+            }
+            let read = |i: usize| ferry_sys::perf::read_count(c.fds[i].as_fd()).ok();
+            out.insert(tid, StateCount { serial: c.serial, calls: read(2)?, signals: read(3)? });
+        }
+        Some(out)
+    }
+
     fn put_back(&self, counters: HashMap<i32, Counted>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
     }
@@ -150,9 +250,9 @@ impl Drop for Watch {
     }
 }
 
-/// Both counters of thread `tid`, counting from now.
-fn open_counters(tid: i32, id: u64, filters: &[String; 2]) -> ferry_sys::SysResult<Vec<OwnedFd>> {
-    filters.iter().map(|f| ferry_sys::perf::count_tracepoint_filtered(tid, id, f)).collect()
+/// Every counter of thread `tid` ([`filters`]), counting from now.
+fn open_counters(tid: i32, filters: &[(u64, String)]) -> ferry_sys::SysResult<Vec<OwnedFd>> {
+    filters.iter().map(|(id, f)| ferry_sys::perf::count_tracepoint_filtered(tid, *id, f)).collect()
 }
 
 /// Every thread of the processes `pids`, as /proc lists them now.
@@ -185,8 +285,10 @@ impl Watch {
     /// closed, and each thread's present counts taken as its base.
     /// False when the kernel refuses counters.
     fn rebase(&mut self, pids: &[i32]) -> bool {
-        let Some(id) = sys_enter_id() else { return false };
         let filters = filters();
+        if filters.is_empty() {
+            return false;
+        }
         // Loaded now, not in the freeze where `answer` lists them.
         let own = own_programs();
         let tids = threads_of(pids);
@@ -221,7 +323,7 @@ impl Watch {
             }
             // A thread started since: its calls before now were not counted.
             unchanged = false;
-            match self.open_thread(tid, id, &filters) {
+            match self.open_thread(tid, &filters) {
                 Ok(Some(c)) => {
                     self.counters.insert(tid, c);
                 }
@@ -253,8 +355,7 @@ impl Watch {
     fn open_thread(
         &self,
         tid: i32,
-        id: u64,
-        filters: &[String; 2],
+        filters: &[(u64, String)],
     ) -> ferry_sys::SysResult<Option<Counted>> {
         let gone = |e: &ferry_sys::SysError| e.errno == libc::ESRCH;
         let thread = match self.keep.is_some().then(|| ferry_sys::pidfd::pidfd_open_thread(tid)) {
@@ -262,7 +363,7 @@ impl Watch {
             Some(r) => Some(r?),
             None => None,
         };
-        let fds = match open_counters(tid, id, filters) {
+        let fds = match open_counters(tid, filters) {
             Err(e) if gone(&e) => return Ok(None),
             r => r?,
         };
@@ -270,7 +371,8 @@ impl Watch {
         if thread.as_ref().is_some_and(exited) {
             return Ok(None);
         }
-        Ok(Some(Counted { base: vec![0; fds.len()], fds, thread }))
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(Counted { base: vec![0; fds.len()], fds, thread, serial }))
     }
 
     /// Whether the options (and fds) read before the freeze still hold
@@ -352,14 +454,15 @@ fn sys_enter_id() -> Option<u64> {
 }
 
 /// The answer from each thread's counts (setsockopt calls, then
-/// [`FD_CALLS`]; None when a thread has no counters) and the types of
-/// the BPF programs loaded but ferry's.
+/// [`FD_CALLS`], then any others, not looked at here; None when a
+/// thread has no counters) and the types of the BPF programs loaded but
+/// ferry's.
 fn judge(counts: Option<&[Vec<u64>]>, types: Option<&[u32]>) -> Quiet {
     let no_bpf = types.is_some_and(|t| !bpf_may_set_options(t));
     let Some(counts) = counts else { return Quiet::default() };
     let options = no_bpf && no_calls(&counts.iter().map(|c| c[0]).collect::<Vec<_>>());
-    let all_counted = counts.iter().all(|c| c.len() == 2);
-    let fds = options && all_counted && counts.iter().all(|c| no_calls(c));
+    let all_counted = counts.iter().all(|c| c.len() >= 2);
+    let fds = options && all_counted && counts.iter().all(|c| no_calls(&c[..2.min(c.len())]));
     Quiet { options, fds }
 }
 
@@ -520,5 +623,68 @@ mod tests {
         let _ = child.0.kill();
         let _ = child.0.wait();
         assert_eq!(stands(&kept), Some(false), "its thread exited");
+    }
+
+    #[test]
+    fn the_state_counts_move_with_a_signal_action_set_or_a_signal_delivered_only() {
+        use std::io::Write;
+        // One thread of its own: sets SIGUSR1's action on each line, and
+        // has a handler for it.
+        let prog = "import signal,sys\nsignal.signal(signal.SIGUSR1, lambda s,f: None)\n\
+                    print('up',flush=True)\n\
+                    for l in sys.stdin: signal.signal(signal.SIGUSR1, lambda s,f: None); print('set',flush=True)";
+        let mut child = match std::process::Command::new("python3")
+            .args(["-c", prog])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("no python3 ({e}): skipped");
+                return;
+            }
+        };
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let pid = child.id() as i32;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let _child = Kill(child);
+        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(next(), "up");
+        let kept = KeptWatch::default();
+        let Some(w) = kept.take(&[pid]) else {
+            eprintln!("no system call counters here: skipped");
+            return;
+        };
+        drop(w);
+        let Some(first) = kept.state_counts(&[pid]) else {
+            eprintln!("no state counters here (no signal tracepoint): skipped");
+            return;
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(kept.state_counts(&[pid]), Some(first.clone()), "nothing called");
+        writeln!(stdin, "set").expect("to the child");
+        assert_eq!(next(), "set");
+        let set = kept.state_counts(&[pid]).expect("counts");
+        assert!(set[&pid].calls > first[&pid].calls, "rt_sigaction counted");
+        assert_eq!(set[&pid].signals, first[&pid].signals);
+        ferry_sys::process::kill(pid, libc::SIGUSR1).expect("kill");
+        let t = std::time::Instant::now();
+        let delivered =
+            || kept.state_counts(&[pid]).is_some_and(|c| c[&pid].signals > set[&pid].signals);
+        while !delivered() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(delivered(), "the delivery of SIGUSR1 was not counted");
+        assert_eq!(first[&pid].serial, set[&pid].serial, "the same counters");
+        assert_eq!(kept.state_counts(&[pid, i32::MAX]), None, "a thread not counted");
     }
 }

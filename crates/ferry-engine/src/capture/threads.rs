@@ -54,6 +54,9 @@ pub(super) fn traced(pid: i32, tid: i32) -> Result<Traced> {
 /// Bytes of the data area the thread's calls write, from their `at`.
 pub(super) const DATA_LEN: usize = 40;
 
+/// How many calls [`calls`] makes.
+pub(super) const CALLS: usize = 3;
+
 /// The calls only the thread can make about itself, their results at
 /// `at` (see [`DATA_LEN`]); run in the thread's one batch.
 pub(super) fn calls(at: u64) -> Vec<Call> {

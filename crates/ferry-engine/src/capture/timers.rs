@@ -36,6 +36,18 @@ pub(super) fn itimers_parse(pid: i32, results: &[i64], b: &[u8]) -> Result<Vec<I
         .collect())
 }
 
+/// Whether the interval timers' answers (the data [`itimer_calls`]
+/// wrote) show none set: then none moves until a call sets one.
+pub(super) fn no_itimer_runs(b: &[u8]) -> bool {
+    b.len() >= ITIMERS_DATA_LEN && b[..ITIMERS_DATA_LEN].iter().all(|&x| x == 0)
+}
+
+/// Whether /proc lists a POSIX timer of `pid`.
+pub(super) fn has_posix(pid: i32) -> Result<bool> {
+    let path = format!("/proc/{pid}/timers");
+    Ok(!parse_timers(&procfs::read_string(&path)?).is_empty())
+}
+
 pub fn capture_posix(ctx: &Ctx) -> Result<Vec<PosixTimer>> {
     let path = format!("/proc/{}/timers", ctx.pid);
     let timers = parse_timers(&procfs::read_string(&path)?);

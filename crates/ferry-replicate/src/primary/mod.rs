@@ -91,7 +91,11 @@ struct Primary<'a> {
     presurveyed: HashMap<i32, ferry_engine::capture::vma_flags::Presurveyed>,
     /// The tree's setsockopt and fd calls, counted from sync to sync,
     /// and the sockets the sync before checked.
-    watch: (ferry_engine::capture::KeptWatch, ferry_engine::capture::KeptChecks),
+    watch: (
+        ferry_engine::capture::KeptWatch,
+        ferry_engine::capture::KeptChecks,
+        ferry_engine::capture::KeptInjected,
+    ),
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
 }

@@ -67,7 +67,13 @@ pub(crate) struct SyncCtx<'a> {
     /// The tree's setsockopt and fd calls, counted from sync to sync,
     /// and the sockets the sync before checked
     /// ([`ferry_engine::capture::KeptWatch`], [`ferry_engine::capture::KeptChecks`]).
-    pub watch: &'a (ferry_engine::capture::KeptWatch, ferry_engine::capture::KeptChecks),
+    /// And the injected answers of the sync before
+    /// ([`ferry_engine::capture::KeptInjected`]).
+    pub watch: &'a (
+        ferry_engine::capture::KeptWatch,
+        ferry_engine::capture::KeptChecks,
+        ferry_engine::capture::KeptInjected,
+    ),
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, ch: &mut Channel, seq: u64) -> Result<SyncReport> {
@@ -168,6 +174,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
         restored_elsewhere: true,
         kept_watch: Some(c.watch.0.clone()),
         kept_checks: Some(c.watch.1.clone()),
+        kept_injected: Some(c.watch.2.clone()),
         ..Default::default()
     };
     let precopy = &mut *c.precopy;
@@ -200,7 +207,11 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
     if !c.data_dirs.is_empty() {
         phases.push(("data-dir snapshots".into(), snap_ms));
     }
+    let t_thaw = Instant::now();
     captured.resume()?;
+    // The connections out of repair, the lock's held packets sent again,
+    // every thread let go: the last part of the pause.
+    phases.push(("thaw".into(), t_thaw.elapsed().as_secs_f64() * 1e3));
     Ok((buffer, mark, held, t_frozen, phases))
 }
 

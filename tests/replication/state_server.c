@@ -1,0 +1,101 @@
+/* state_server ADDR PORT: a line server for replication tests whose
+ * answers come from state ferry reads by calls injected into the
+ * process. On each connection, "slack N" sets the thread's timer slack
+ * (prctl PR_SET_TIMERSLACK), "action" installs a SIGUSR1 handler,
+ * "altstack" sets an alternate signal stack of 65536 bytes, each
+ * answering "ok"; "get" answers "slack S action A altstack Z" as
+ * read now. One thread, poll(). Prints "listening" once it listens. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX 32
+
+static void on_usr1(int sig) { (void)sig; }
+
+static void answer(int fd, const char *line) {
+    char out[128];
+    long v = 0;
+    int ok = 0;
+    if (sscanf(line, "slack %ld", &v) == 1) {
+        ok = prctl(PR_SET_TIMERSLACK, v, 0, 0, 0) == 0;
+    } else if (strcmp(line, "action") == 0) {
+        struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
+        ok = sigaction(SIGUSR1, &sa, NULL) == 0;
+    } else if (strcmp(line, "altstack") == 0) {
+        stack_t ss = {.ss_sp = malloc(65536), .ss_size = 65536};
+        ok = ss.ss_sp && sigaltstack(&ss, NULL) == 0;
+    } else {
+        struct sigaction sa;
+        stack_t ss;
+        sigaction(SIGUSR1, NULL, &sa);
+        sigaltstack(NULL, &ss);
+        snprintf(out, sizeof out, "slack %d action %d altstack %zu\n",
+                 prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), sa.sa_handler == on_usr1,
+                 (ss.ss_flags & SS_DISABLE) ? (size_t)0 : ss.ss_size);
+        goto send;
+    }
+    snprintf(out, sizeof out, ok ? "ok\n" : "error\n");
+send:
+    if (write(fd, out, strlen(out)) < 0)
+        perror("write");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3)
+        return 2;
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 16)) {
+        perror("bind/listen");
+        return 1;
+    }
+    printf("listening\n");
+    fflush(stdout);
+    struct pollfd p[MAX + 1] = {{.fd = l, .events = POLLIN}};
+    char buf[MAX + 1][256];
+    size_t have[MAX + 1] = {0};
+    int n = 1;
+    for (;;) {
+        if (poll(p, n, -1) < 0)
+            continue;
+        if ((p[0].revents & POLLIN) && n <= MAX) {
+            int c = accept(l, NULL, NULL);
+            if (c >= 0) {
+                p[n] = (struct pollfd){.fd = c, .events = POLLIN};
+                have[n++] = 0;
+            }
+        }
+        for (int i = 1; i < n; i++) {
+            if (!(p[i].revents & (POLLIN | POLLHUP)))
+                continue;
+            ssize_t r = read(p[i].fd, buf[i] + have[i], sizeof buf[i] - 1 - have[i]);
+            if (r <= 0) {
+                close(p[i].fd);
+                p[i] = p[--n];
+                have[i] = have[n];
+                memcpy(buf[i], buf[n], have[n]);
+                i--;
+                continue;
+            }
+            have[i] += r;
+            char *nl;
+            while ((nl = memchr(buf[i], '\n', have[i]))) {
+                *nl = 0;
+                answer(p[i].fd, buf[i]);
+                size_t used = nl + 1 - buf[i];
+                memmove(buf[i], nl + 1, have[i] - used);
+                have[i] -= used;
+            }
+        }
+    }
+}
