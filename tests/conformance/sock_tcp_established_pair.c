@@ -8,8 +8,10 @@
  * keepalive and its parameters, TCP_USER_TIMEOUT, TCP_NOTSENT_LOWAT,
  * congestion control "reno", IP_TOS / IPV6_TCLASS, SO_LINGER, SO_MARK,
  * SO_PRIORITY, O_NONBLOCK).
+ * The IPv6 client end has a receive buffer the application fixed
+ * (SO_RCVBUF: SO_BUF_LOCK 2), the other ends auto-tuned ones.
  * After restore: same addresses and peers, every option reads back the
- * same, SO_BUF_LOCK is still 0 (buffers stay auto-tuned), and both streams
+ * same, SO_BUF_LOCK too (0 where buffers stay auto-tuned), and both streams
  * arrive complete, in order and unchanged, followed by new data written
  * after the restore; then each end closes and the other sees EOF.
  */
@@ -120,6 +122,10 @@ static void setup(struct conn *c, int fam)
 	FT_SYS(listen(l, 4));
 	FT_SYS(getsockname(l, (struct sockaddr *)&ss, &sl));
 	c->cli = (int)FT_SYS(socket(fam, SOCK_STREAM, 0));
+	if (fam == AF_INET6) {
+		int rcv = 200000;
+		FT_SYS(setsockopt(c->cli, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv)));
+	}
 	FT_SYS(connect(c->cli, (struct sockaddr *)&ss, sl));
 	c->srv = (int)FT_SYS(accept(l, NULL, NULL));
 	close(l);
@@ -226,6 +232,8 @@ int main(void)
 		if (c[i].srv_sent < 100000 || c[i].cli_sent < 100000)
 			ft_fail("setup: too little data in flight");
 	}
+	FT_EQ(opt_int(c[1].cli, SOL_SOCKET, SO_BUF_LOCK), 2, "IPv6 client SO_BUF_LOCK before");
+	FT_EQ(opt_int(c[0].cli, SOL_SOCKET, SO_BUF_LOCK), 0, "IPv4 client SO_BUF_LOCK before");
 	int srv_fl = fcntl(c[0].srv, F_GETFL);
 
 	ft_ready();

@@ -8,36 +8,68 @@ use crate::error::Result;
 /// Below this many items one thread does it all: spawning costs more.
 const MIN_PER_THREAD: usize = 256;
 
+/// Blocks per thread that [`map`] hands out: a thread that gets less
+/// of a CPU (the host's other work, the kernel's deferred frees) takes
+/// fewer blocks instead of holding the others up at the end.
+const BLOCKS_PER_THREAD: usize = 32;
+
+/// One block of items and what `f` gave for them.
+type Block<R> = (usize, Result<Vec<R>>);
+
 /// `f` over every item, in order, on up to [`crate::worker_threads`]
-/// threads (contiguous chunks). Returns the results in item order, or the
-/// error of the first item that failed. Threads inherit the caller's
-/// network namespace, so sockets made in `f` belong where the caller is.
+/// threads, each taking the next block of items as it finishes one.
+/// Returns the results in item order, or the error of the first item
+/// that failed (no block after a failure is started; every block before
+/// it was taken earlier and runs to its end). Threads inherit the
+/// caller's network namespace, so sockets made in `f` belong where the
+/// caller is.
 pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
     let threads = crate::worker_threads().min(items.len() / MIN_PER_THREAD).max(1);
     if threads == 1 {
         return items.iter().map(&f).collect();
     }
-    let chunk = items.len().div_ceil(threads);
-    let f = &f;
-    let parts: Vec<Result<Vec<R>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|c| scope.spawn(move || c.iter().map(f).collect::<Result<Vec<R>>>()))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(crate::EngineError::restore(0, "a worker thread panicked"))
-                })
-            })
-            .collect()
+    let block = block_len(items.len(), threads);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let work = || -> Vec<Block<R>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut done = Vec::new();
+        while !failed.load(Relaxed) {
+            let start = next.fetch_add(block, Relaxed);
+            if start >= items.len() {
+                break;
+            }
+            let end = (start + block).min(items.len());
+            let r: Result<Vec<R>> = items[start..end].iter().map(&f).collect();
+            if r.is_err() {
+                failed.store(true, Relaxed);
+            }
+            done.push((start, r));
+        }
+        done
+    };
+    let work = &work;
+    let joined: Vec<std::thread::Result<Vec<Block<R>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads).map(|_| scope.spawn(work)).collect();
+        handles.into_iter().map(|h| h.join()).collect()
     });
+    let mut blocks = Vec::new();
+    for j in joined {
+        // A panicked thread's block is lost: no result can be whole.
+        let done = j.map_err(|_| crate::EngineError::restore(0, "a worker thread panicked"))?;
+        blocks.extend(done);
+    }
+    blocks.sort_unstable_by_key(|b| b.0);
     let mut out = Vec::with_capacity(items.len());
-    for part in parts {
+    for (_, part) in blocks {
         out.extend(part?);
     }
     Ok(out)
+}
+
+/// How many items one block of [`map`] holds.
+fn block_len(items: usize, threads: usize) -> usize {
+    (items / (threads * BLOCKS_PER_THREAD)).max(1)
 }
 
 /// Drops `items` on up to [`crate::worker_threads`] threads: closing
@@ -48,15 +80,22 @@ pub fn drop_all<T: Send>(mut items: Vec<T>) {
     if threads == 1 {
         return;
     }
-    let chunk = items.len().div_ceil(threads);
-    let mut parts = Vec::with_capacity(threads);
-    while items.len() > chunk {
-        parts.push(items.split_off(items.len() - chunk));
+    // In blocks taken one at a time, as in [`map`].
+    let block = block_len(items.len(), threads);
+    let mut parts = Vec::with_capacity(items.len().div_ceil(block));
+    while items.len() > block {
+        parts.push(items.split_off(items.len() - block));
     }
     parts.push(items);
+    let parts = std::sync::Mutex::new(parts);
+    let next = || parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
     std::thread::scope(|scope| {
-        for part in parts {
-            scope.spawn(move || drop(part));
+        for _ in 0..threads {
+            scope.spawn(|| {
+                while let Some(part) = next() {
+                    drop(part);
+                }
+            });
         }
     });
 }
@@ -121,6 +160,18 @@ mod tests {
         });
         assert!(matches!(err, Err(crate::EngineError::Restore { pid: 100, .. })));
         assert!(map(&[] as &[u32], |&x| Ok(x)).expect("empty").is_empty());
+        // Uneven work: the results still come back in item order.
+        let slow: Vec<u64> = (0..3000).collect();
+        let got = map(&slow, |&x| {
+            if x % 500 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Ok(x + 1)
+        })
+        .expect("no error");
+        assert_eq!(got, slow.iter().map(|x| x + 1).collect::<Vec<_>>());
+        assert_eq!(block_len(10_000, 2), 156);
+        assert_eq!(block_len(300, 4), 2);
         let dropped = std::sync::atomic::AtomicUsize::new(0);
         struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
         impl Drop for Counted<'_> {

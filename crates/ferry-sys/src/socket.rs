@@ -337,6 +337,24 @@ pub fn peek_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
     Ok(buf)
 }
 
+/// Copies the selected queue (repair mode) into `buf` without consuming
+/// it and returns how many bytes it holds, when they fit: `None` when
+/// `buf` filled up (the queue may hold more: peek again with a larger
+/// one). One call instead of a length (SIOCINQ, SIOCOUTQ) and a peek.
+/// An empty queue gives 0.
+pub fn peek_whole_queue(fd: RawFd, buf: &mut [u8]) -> SysResult<Option<usize>> {
+    // SAFETY: the buffer has buf.len() writable bytes.
+    let r = unsafe {
+        libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    if r < 0 {
+        let e = last_error("recv(MSG_PEEK)");
+        return if e.errno == libc::EAGAIN { Ok(Some(0)) } else { Err(e) };
+    }
+    let n = r as usize;
+    Ok((n < buf.len()).then_some(n))
+}
+
 /// Sends all of `data`, waiting up to `timeout_ms` in total for room.
 /// In repair mode this fills the selected queue instead of sending.
 pub fn send_all(fd: RawFd, data: &[u8], timeout_ms: i32) -> SysResult<()> {

@@ -175,3 +175,51 @@ fn one_call_reads_what_two_read() {
     assert!(seen.is_empty(), "SIOCOUTQNSD and tcpi_notsent_bytes never agreed: {seen:?}");
     drop(server);
 }
+
+/// In repair mode, one peek of a queue into a buffer large enough gives
+/// what its length (SIOCINQ, SIOCOUTQ) and a peek of that length give,
+/// both queues filled beyond one segment; a buffer too small says so;
+/// an empty queue gives 0.
+#[test]
+fn one_peek_reads_a_whole_repair_queue() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let mut client =
+        std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+    let (mut server, _) = listener.accept().expect("accept");
+    socket::setsockopt_int(server.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096)
+        .expect("rcvbuf");
+    // The client's receive queue: 100,000 bytes from the server.
+    server.write_all(&(0..100_000u32).map(|i| i as u8).collect::<Vec<_>>()).expect("to client");
+    // The client's send queue: what the server's small window holds back.
+    client.set_nonblocking(true).expect("nonblocking");
+    let chunk: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+    while client.write(&chunk).is_ok() {}
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let fd = client.as_raw_fd();
+    socket::set_repair(fd, 1).expect("repair");
+    let mut big = vec![0u8; 8 << 20];
+    for (queue, len) in [
+        (socket::TCP_RECV_QUEUE, socket::inq(fd).expect("SIOCINQ")),
+        (socket::TCP_SEND_QUEUE, socket::outq(fd).expect("SIOCOUTQ")),
+    ] {
+        socket::set_repair_queue(fd, queue).expect("queue");
+        assert!(len > 1500, "queue {queue} holds only {len} bytes");
+        let want = socket::peek_queue(fd, len as usize).expect("peek");
+        let n = socket::peek_whole_queue(fd, &mut big).expect("peek whole").expect("fits");
+        assert_eq!(&big[..n], &want[..], "queue {queue}");
+        let mut small = vec![0u8; len as usize];
+        assert_eq!(socket::peek_whole_queue(fd, &mut small).expect("small"), None);
+    }
+    socket::set_repair(fd, 0).expect("repair off");
+    // Empty queues.
+    let idle = std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("idle");
+    let _accepted = listener.accept().expect("accept idle");
+    let fd = idle.as_raw_fd();
+    socket::set_repair(fd, 1).expect("repair idle");
+    for queue in [socket::TCP_RECV_QUEUE, socket::TCP_SEND_QUEUE] {
+        socket::set_repair_queue(fd, queue).expect("queue");
+        assert_eq!(socket::peek_whole_queue(fd, &mut big).expect("empty"), Some(0));
+    }
+    socket::set_repair(fd, 0).expect("repair off");
+}

@@ -194,29 +194,38 @@ fn refuse_outside_holders(tree: &[i32], by_link: &ByLink) -> Result<()> {
     }
     let me = std::process::id() as i32;
     let Ok(dir) = std::fs::read_dir("/proc") else { return Ok(()) };
+    // Every fd of every process outside the tree (a local client can
+    // hold 10,000), its link read on the worker threads.
+    let mut outside = Vec::new();
     for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
         if pid == me || tree.contains(&pid) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
-        for fd in fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-            let Ok(link) = procfs::read_link(&format!("/proc/{pid}/fd/{fd}")) else { continue };
-            let Some(holders) = by_link.get(&link) else { continue };
-            let Some((h, what)) = shared_with(pid, fd, &link, holders) else { continue };
-            // A child forked by the tree since it was listed is the tree's.
-            if super::tree::descends_from(pid, tree) {
-                break;
-            }
-            let comm = procfs::read_string(&format!("/proc/{pid}/comm")).unwrap_or_default();
-            return Err(EngineError::unsupported(
-                h.pid,
-                format!("fd {} ({link})", h.fd),
-                format!(
-                    "process {pid} ({}), outside the tree, holds {what} (its fd {fd}): a restored copy would no longer share it (take the tree from a process that holds every user of it)",
-                    comm.trim()
-                ),
-            ));
+        let fds = fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+        outside.extend(fds.map(|fd| (pid, fd)));
+    }
+    let links = crate::parallel::map(&outside, |&(pid, fd)| {
+        let link = procfs::read_link(&format!("/proc/{pid}/fd/{fd}")).ok();
+        Ok(link.filter(|l| by_link.contains_key(l)))
+    })?;
+    for (&(pid, fd), link) in outside.iter().zip(links) {
+        let Some(link) = link else { continue };
+        let Some(holders) = by_link.get(&link) else { continue };
+        let Some((h, what)) = shared_with(pid, fd, &link, holders) else { continue };
+        // A child forked by the tree since it was listed is the tree's.
+        if super::tree::descends_from(pid, tree) {
+            continue;
         }
+        let comm = procfs::read_string(&format!("/proc/{pid}/comm")).unwrap_or_default();
+        return Err(EngineError::unsupported(
+            h.pid,
+            format!("fd {} ({link})", h.fd),
+            format!(
+                "process {pid} ({}), outside the tree, holds {what} (its fd {fd}): a restored copy would no longer share it (take the tree from a process that holds every user of it)",
+                comm.trim()
+            ),
+        ));
     }
     Ok(())
 }

@@ -233,7 +233,8 @@ pub(super) fn check(
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
     let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
-    let mut taken = Vec::new();
+    // The sockets in order, each description once: no syscall yet.
+    let mut listed_socks = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut pids: Vec<&i32> = pre.keys().collect();
     pids.sort();
@@ -250,17 +251,31 @@ pub(super) fn check(
             // Not duplicated (gone since it was listed): the freeze sees
             // the fd as it is.
             let Some(sock) = listed.socket(fd) else { continue };
-            let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
-            if let (Some(k), Some(c)) = (kept_now, cookie) {
-                if k.take_standing(c, sock) {
-                    continue;
-                }
-            }
-            let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { continue };
-            let t = Taken { pid, fd, link: link.clone(), sock, kind, cookie };
-            prepare(&t, &ns, &mut fresh, &mut md5, tcp)?;
-            taken.push(t);
+            listed_socks.push((pid, fd, link, sock));
         }
+    }
+    // Each socket's cookie and kind (six calls, one of them making a
+    // namespace fd) on the worker threads; the namespace is kept only
+    // for the first socket of its kind, which makes the fresh socket.
+    let first_of_kind = std::sync::Mutex::new(std::collections::HashSet::new());
+    let kinds = crate::parallel::map(&listed_socks, |&(pid, fd, link, sock)| {
+        let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
+        if let (Some(k), Some(c)) = (kept_now, cookie) {
+            if k.take_standing(c, sock) {
+                return Ok(None);
+            }
+        }
+        let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { return Ok(None) };
+        let first = first_of_kind.lock().unwrap_or_else(|e| e.into_inner()).insert(kind);
+        let t = Taken { pid, fd, link: link.clone(), sock, kind, cookie };
+        Ok(Some((t, first.then_some(ns))))
+    })?;
+    let mut taken = Vec::with_capacity(kinds.len());
+    for (t, ns) in kinds.into_iter().flatten() {
+        if let Some(ns) = ns {
+            prepare(&t, &ns, &mut fresh, &mut md5, tcp)?;
+        }
+        taken.push(t);
     }
     crate::parallel::map(&taken, |t| {
         compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;

@@ -27,6 +27,27 @@ pub struct Established {
     /// SO_REUSEADDR as the survey read it (the tree has not run since):
     /// leaving repair mode resets it.
     pub reuse: bool,
+    /// SO_BUF_LOCK as the survey read it: its options hold SO_SNDBUF
+    /// (SO_RCVBUF) exactly when the application fixed that size
+    /// ([`super::inet`]'s `changed_options`), and only a setsockopt
+    /// changes the bits.
+    pub buf_lock: i32,
+}
+
+/// SO_BUF_LOCK's bits from the options the survey kept: a buffer size
+/// is among them exactly when its lock bit was set.
+fn buf_lock_of(options: &[ferry_image::SockOpt]) -> i32 {
+    const SOCK_SNDBUF_LOCK: i32 = 1;
+    const SOCK_RCVBUF_LOCK: i32 = 2;
+    let has = |name| options.iter().any(|o| o.level == libc::SOL_SOCKET && o.name == name);
+    let mut bits = 0;
+    if has(libc::SO_SNDBUF) {
+        bits |= SOCK_SNDBUF_LOCK;
+    }
+    if has(libc::SO_RCVBUF) {
+        bits |= SOCK_RCVBUF_LOCK;
+    }
+    bits
 }
 
 fn socket_addr(bytes: &[u8], port: u16) -> Option<SocketAddr> {
@@ -75,7 +96,17 @@ pub fn established(procs: &[(i32, &[OpenFile], &[ferry_image::FdSlot])]) -> Vec<
                     && o.name == libc::SO_REUSEADDR
                     && o.value.iter().any(|&b| b != 0)
             });
-            out.push(Established { pid: *pid, fd, proc_index, file_index, local, remote, reuse });
+            let buf_lock = buf_lock_of(&s.options);
+            out.push(Established {
+                pid: *pid,
+                fd,
+                proc_index,
+                file_index,
+                local,
+                remote,
+                reuse,
+                buf_lock,
+            });
         }
     }
     out
@@ -220,41 +251,30 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     socket::set_repair_queue(fd, socket::TCP_RECV_QUEUE)
         .map_err(k("selecting the receive queue"))?;
     let rcv_nxt = socket::queue_seq(fd).map_err(k("reading the receive sequence"))?;
-    let inq = socket::inq(fd).map_err(k("reading the receive queue length"))?;
-    let recv_queue =
-        socket::peek_queue(fd, inq as usize).map_err(k("reading the receive queue"))?;
+    // Each queue with one peek: its length is what the peek returned
+    // (SIOCINQ's rcv_nxt - copied_seq less a received FIN, SIOCOUTQ's
+    // write_seq - snd_una; the tree is frozen and the lock holds the
+    // connection's packets).
+    let recv_queue = whole_queue(fd).map_err(k("reading the receive queue"))?;
+    let inq = recv_queue.len() as u32;
     socket::set_repair_queue(fd, socket::TCP_SEND_QUEUE).map_err(k("selecting the send queue"))?;
     let write_seq = socket::queue_seq(fd).map_err(k("reading the send sequence"))?;
-    let outq = socket::outq(fd).map_err(k("reading the send queue length"))?;
     // The bytes never sent, from the TCP_INFO read above instead of one
     // more call: tcpi_notsent_bytes is SIOCOUTQNSD's write_seq - snd_nxt
     // (the tree is frozen, the lock holds the connection's packets).
     let unsent = ti.tcpi_notsent_bytes;
     // The send queue stays selected: only repair mode reads the choice,
-    // and every later step in it selects its own queue.
-    let send_queue = socket::peek_queue(fd, outq as usize).map_err(k("reading the send queue"))?;
-    if recv_queue.len() != inq as usize || send_queue.len() != outq as usize {
-        return Err(EngineError::restore(
-            c.pid,
-            format!(
-                "fd {}: TCP queues changed while being read ({} of {} received bytes, {} of {} sent bytes)",
-                c.fd,
-                recv_queue.len(),
-                inq,
-                send_queue.len(),
-                outq
-            ),
-        ));
-    }
+    // and every later step in it selects its own.
+    let send_queue = whole_queue(fd).map_err(k("reading the send queue"))?;
+    let outq = send_queue.len() as u32;
     let mss_clamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
         .map_err(k("reading the MSS"))? as u32;
     let timestamp = socket::getsockopt_int(fd, libc::IPPROTO_TCP, socket::TCP_TIMESTAMP)
         .map_err(k("reading TCP_TIMESTAMP"))? as u32;
     let w = socket::repair_window(fd).map_err(k("reading the window"))?;
-    // SO_SNDBUF and SO_RCVBUF in one call.
+    // SO_SNDBUF and SO_RCVBUF in one call; SO_BUF_LOCK from the survey.
     let (sndbuf, rcvbuf) = socket::buffer_sizes(fd).map_err(k("reading the buffer sizes"))?;
-    let buf_lock = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK)
-        .map_err(k("reading SO_BUF_LOCK"))?;
+    let buf_lock = c.buf_lock;
     const TCPI_OPT_TIMESTAMPS: u8 = 1;
     const TCPI_OPT_SACK: u8 = 2;
     const TCPI_OPT_WSCALE: u8 = 4;
@@ -283,6 +303,27 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
         sndbuf,
         rcvbuf,
         buf_lock,
+    })
+}
+
+/// The selected queue of a repaired socket, whole, with one peek into
+/// this thread's scratch buffer (grown when a queue fills it).
+fn whole_queue(fd: RawFd) -> ferry_sys::SysResult<Vec<u8>> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        let mut buf = scratch.borrow_mut();
+        if buf.is_empty() {
+            buf.resize(256 << 10, 0);
+        }
+        loop {
+            if let Some(n) = socket::peek_whole_queue(fd, &mut buf)? {
+                return Ok(buf[..n].to_vec());
+            }
+            let grown = buf.len() * 2;
+            buf.resize(grown, 0);
+        }
     })
 }
 
@@ -324,6 +365,43 @@ pub fn store(
             files_of.get_mut(p).and_then(|f| f.get_mut(i)).map(|f| &mut f.kind)
         {
             s.connection = state;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_image::SockOpt;
+
+    fn opt(level: i32, name: i32) -> SockOpt {
+        SockOpt { level, name, value: 4096i32.to_ne_bytes().to_vec() }
+    }
+
+    /// The bits a real socket shows after each fixed size, from the
+    /// options the survey keeps for it.
+    #[test]
+    fn buffer_locks_come_from_the_sizes_the_survey_kept() {
+        assert_eq!(buf_lock_of(&[]), 0);
+        assert_eq!(buf_lock_of(&[opt(libc::IPPROTO_TCP, libc::TCP_NODELAY)]), 0);
+        assert_eq!(buf_lock_of(&[opt(libc::SOL_SOCKET, libc::SO_SNDBUF)]), 1);
+        assert_eq!(buf_lock_of(&[opt(libc::SOL_SOCKET, libc::SO_RCVBUF)]), 2);
+        let both = [opt(libc::SOL_SOCKET, libc::SO_RCVBUF), opt(libc::SOL_SOCKET, libc::SO_SNDBUF)];
+        assert_eq!(buf_lock_of(&both), 3);
+        // The kernel's own answer for the same settings.
+        for (set, want) in
+            [(vec![], 0), (vec![libc::SO_SNDBUF], 1), (vec![libc::SO_SNDBUF, libc::SO_RCVBUF], 3)]
+        {
+            let s = std::net::TcpListener::bind("127.0.0.1:0").expect("socket");
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
+            for &n in &set {
+                socket::setsockopt_int(fd, libc::SOL_SOCKET, n, 65536).expect("setsockopt");
+            }
+            let got = socket::getsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK)
+                .expect("SO_BUF_LOCK");
+            assert_eq!(got, want, "after setting {set:?}");
+            let kept: Vec<SockOpt> = set.iter().map(|&n| opt(libc::SOL_SOCKET, n)).collect();
+            assert_eq!(buf_lock_of(&kept), got);
         }
     }
 }
