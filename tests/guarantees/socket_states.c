@@ -22,6 +22,9 @@
  *                     too: the parent's copy still works
  *   tcp_oob           an unread urgent byte: recv(MSG_OOB) gets it
  *   tcp_oob_inline    the same with SO_OOBINLINE: read inline at the mark
+ *   tcp_oob_read      an urgent byte already read with recv(MSG_OOB), with
+ *                     bytes queued on both sides of its place: read, the
+ *                     bytes before it, then those after it
  *   unix_oob          a unix stream MSG_OOB byte: recv(MSG_OOB) gets it
  *   connect_refused   a non-blocking connect refused, not read: SO_ERROR
  *   shut_rd           shutdown(SHUT_RD): recv gives EOF at once
@@ -225,6 +228,13 @@ static void setup_tcp(void)
 		FT_EQ(send(a, "ab", 2, 0), 2, "send");
 		FT_EQ(send(a, "u", 1, MSG_OOB), 1, "send MSG_OOB");
 		ft_sleep_ms(20);
+	} else if (strcmp(mode, "tcp_oob_read") == 0) {
+		tcp_pair();
+		FT_EQ(send(a, "ab", 2, 0), 2, "send");
+		FT_EQ(send(a, "u", 1, MSG_OOB), 1, "send MSG_OOB");
+		FT_EQ(send(a, "cd", 2, 0), 2, "send after the urgent byte");
+		ft_sleep_ms(20);
+		expect_bytes(b, "u", MSG_OOB);
 	} else if (strcmp(mode, "connect_refused") == 0) {
 		struct sockaddr_in to = closed_port(SOCK_STREAM);
 		a = (int)FT_SYS(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
@@ -358,6 +368,9 @@ static void check_tcp(void)
 		FT_SYS(ioctl(b, SIOCATMARK, &mark));
 		FT_CHECK(mark == 1, "not at the urgent mark");
 		expect_bytes(b, "u", 0);
+	} else if (strcmp(mode, "tcp_oob_read") == 0) {
+		expect_bytes(b, "ab", 0);
+		expect_bytes(b, "cd", 0);
 	} else if (strcmp(mode, "connect_refused") == 0) {
 		int err = 0;
 		socklen_t el = sizeof(err);

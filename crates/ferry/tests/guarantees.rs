@@ -459,6 +459,19 @@ fn refuses_an_unread_tcp_urgent_byte() {
     refused_socket_state("tcp_oob_inline", &["fd 5 (socket:[", "urgent byte (MSG_OOB) is unread"]);
 }
 
+/// An urgent byte already read with recv(MSG_OOB) while bytes before and
+/// after its place are still queued: reads stop at its place and then
+/// skip it, so a queue read whole stops there too, and a connection made
+/// again from it would lose the bytes after it (or, made with them, have
+/// no gap to skip).
+#[test]
+fn refuses_a_tcp_receive_queue_with_an_urgent_byte_read_inside_it() {
+    refused_socket_state(
+        "tcp_oob_read",
+        &["fd 5 (socket:[", "urgent byte (MSG_OOB) already read lies inside its receive queue"],
+    );
+}
+
 /// An urgent byte sent (MSG_OOB) that the peer has not acknowledged: no
 /// socket option shows the send side's urgent pointer (the BPF file
 /// iterator reads it); a connection made again sent it inline. Refused by

@@ -173,6 +173,8 @@ pub(super) fn check_inet(info: &FdInfo, s: &InetFacts) -> Result<()> {
     }
     if !s.tcp {
         check_corked(info, s)?;
+    } else {
+        check_urgent_gap(info, s)?;
     }
     check_shut_down_for_writing(info, s)?;
     check_address(info, s)?;
@@ -235,10 +237,7 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
             .map_err(|e| EngineError::kernel(info.pid, "listing sockets (sock_diag)", e))
     };
     let found = if s.tcp {
-        match looked_up(info, s, inode)? {
-            Some(bits) => Some(bits),
-            None => tcp_table(info)?.by_inode(inode).map(|d| d.shutdown),
-        }
+        tcp_diag(info, s)?.map(|d| d.shutdown)
     } else {
         let cached = locked(&info.socket_tables.udp_shutdown).clone();
         let table = match cached {
@@ -269,11 +268,57 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
 /// namespace's, sized for the machine (262,144 buckets with 24 GiB).
 const EXACT_LOOKUPS: usize = 64;
 
-/// The shutdown bits of a connection of the process's namespace, looked
-/// up by its addresses; None when it must come from the dump (a socket
-/// that is not connected, another namespace's, or past
-/// [`EXACT_LOOKUPS`]).
-fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Option<u8>> {
+/// What sock_diag reports of a TCP socket of the process's namespace:
+/// looked up by its addresses, or from the namespace's dump; None for
+/// another namespace's socket.
+fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::TcpDiag>> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = info.meta.ino() as u32;
+    Ok(match looked_up(info, s, inode)? {
+        Some(d) => Some(d),
+        None => tcp_table(info)?.by_inode(inode).copied(),
+    })
+}
+
+/// A connection whose receive queue holds the place of an urgent byte
+/// already read with recv(MSG_OOB): reads stop at that place and then
+/// skip it, so the queue read whole in repair mode stops there too, and
+/// a connection made again would lose the bytes after it (or have no gap
+/// to skip). sock_diag counts every byte not yet read (rcv_nxt -
+/// copied_seq, and a FIN received); SIOCINQ counts only up to an urgent
+/// place. The tree is frozen, so the count can only grow between the
+/// two: SIOCINQ below sock_diag's count is such a place.
+fn check_urgent_gap(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    const TCP_CLOSE_WAIT: u8 = 8;
+    if s.peer.is_none() || (s.state != TCP_ESTABLISHED && s.state != TCP_CLOSE_WAIT) {
+        return Ok(());
+    }
+    let Some(d) = tcp_diag(info, s)? else { return Ok(()) };
+    let fin = u32::from(d.state == TCP_CLOSE_WAIT);
+    let unread = d.rqueue.saturating_sub(fin);
+    // Nothing unread: no urgent byte lies inside (the common case, and
+    // one call fewer).
+    if unread == 0 {
+        return Ok(());
+    }
+    let inq = ferry_sys::socket::inq(s.sock.as_raw_fd())
+        .map_err(|e| EngineError::kernel(info.pid, format!("fd {}: SIOCINQ", info.fd), e))?;
+    if inq >= unread {
+        return Ok(());
+    }
+    Err(info.unsupported(format!(
+        "an urgent byte (MSG_OOB) already read lies inside its receive queue: reads stop at its place after {inq} of the {unread} unread bytes and then skip it, and a connection made again has no such gap"
+    )))
+}
+
+/// A connection of the process's namespace, looked up by its addresses;
+/// None when it must come from the dump (a socket that is not
+/// connected, another namespace's, or past [`EXACT_LOOKUPS`]).
+fn looked_up(
+    info: &FdInfo,
+    s: &InetFacts,
+    inode: u32,
+) -> Result<Option<ferry_sys::sockdiag::TcpDiag>> {
     use std::sync::atomic::Ordering;
     let Some(peer) = s.peer else { return Ok(None) };
     if info.socket_tables.exact_lookups.fetch_add(1, Ordering::Relaxed) >= EXACT_LOOKUPS
@@ -292,7 +337,7 @@ fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Option<u8>> {
     let found = diag.tcp_connection(s.local, peer).map_err(kerr)?;
     // Another socket with these addresses (cannot be while ours holds
     // them) sends the question to the dump.
-    Ok(found.filter(|d| d.inode == inode).map(|d| d.shutdown))
+    Ok(found.filter(|d| d.inode == inode))
 }
 
 /// Whether the socket belongs to the process's network namespace.
