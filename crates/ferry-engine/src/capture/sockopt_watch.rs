@@ -505,6 +505,46 @@ fn bpf_may_set_options(types: &[u32]) -> bool {
 mod tests {
     use super::*;
 
+    /// Killed and reaped on drop.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A python3 program of the test's own, its stdin and its stdout's
+    /// lines (it says "up" first).
+    struct PyChild {
+        child: Kill,
+        stdin: std::process::ChildStdin,
+        lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    }
+
+    impl PyChild {
+        /// None (the test skipped, and says so) without python3.
+        fn start(prog: &str) -> Option<PyChild> {
+            let spawned = std::process::Command::new("python3")
+                .args(["-c", prog])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn();
+            let mut child = match spawned {
+                Ok(c) => Kill(c),
+                Err(e) => {
+                    eprintln!("no python3 ({e}): skipped");
+                    return None;
+                }
+            };
+            let (Some(stdin), Some(stdout)) = (child.0.stdin.take(), child.0.stdout.take()) else {
+                panic!("child pipes")
+            };
+            let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+            Some(PyChild { child, stdin, lines })
+        }
+    }
+
     #[test]
     fn a_program_is_ferrys_own_by_its_type_and_tag_not_its_id() {
         use ferry_sys::bpf::ProgInfo;
@@ -581,30 +621,10 @@ mod tests {
         // it makes a socket, then sets an option on each line it reads.
         let prog = "import socket,sys\ns=socket.socket()\nprint('up',flush=True)\n\
                     for l in sys.stdin: s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1); print('set',flush=True)";
-        let mut child = match std::process::Command::new("python3")
-            .args(["-c", prog])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("no python3 ({e}): skipped");
-                return;
-            }
+        let Some(PyChild { mut child, mut stdin, mut lines }) = PyChild::start(prog) else {
+            return;
         };
-        struct Kill(std::process::Child);
-        impl Drop for Kill {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        let pid = child.id() as i32;
-        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
-        let mut child = Kill(child);
-        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let pid = child.0.id() as i32;
         let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
         assert_eq!(next(), "up");
         let kept = KeptWatch::default();
@@ -633,30 +653,8 @@ mod tests {
         let prog = "import signal,sys\nsignal.signal(signal.SIGUSR1, lambda s,f: None)\n\
                     print('up',flush=True)\n\
                     for l in sys.stdin: signal.signal(signal.SIGUSR1, lambda s,f: None); print('set',flush=True)";
-        let mut child = match std::process::Command::new("python3")
-            .args(["-c", prog])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("no python3 ({e}): skipped");
-                return;
-            }
-        };
-        struct Kill(std::process::Child);
-        impl Drop for Kill {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        let pid = child.id() as i32;
-        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
-        let _child = Kill(child);
-        let (Some(mut stdin), Some(stdout)) = (stdin, stdout) else { panic!("child pipes") };
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let Some(PyChild { child, mut stdin, mut lines }) = PyChild::start(prog) else { return };
+        let pid = child.0.id() as i32;
         let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
         assert_eq!(next(), "up");
         let kept = KeptWatch::default();
