@@ -473,6 +473,7 @@ pub fn capture(info: &FdInfo) -> Result<FileKind> {
         local,
         peer,
         options: &options,
+        diag: Default::default(),
     };
     super::socket_preconditions::check_inet(info, &facts)?;
     info.keep(sock);

@@ -100,6 +100,9 @@ pub(super) struct InetFacts<'a> {
     /// A connected socket's peer.
     pub peer: Option<SocketAddr>,
     pub options: &'a [SockOpt],
+    /// A TCP socket's sock_diag record, asked once for every check that
+    /// needs it ([`tcp_diag`]).
+    pub diag: std::cell::OnceCell<Option<ferry_sys::sockdiag::TcpDiag>>,
 }
 
 impl InetFacts<'_> {
@@ -273,11 +276,16 @@ const EXACT_LOOKUPS: usize = 64;
 /// another namespace's socket.
 fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::TcpDiag>> {
     use std::os::unix::fs::MetadataExt;
+    if let Some(d) = s.diag.get() {
+        return Ok(*d);
+    }
     let inode = info.meta.ino() as u32;
-    Ok(match looked_up(info, s, inode)? {
+    let d = match looked_up(info, s, inode)? {
         Some(d) => Some(d),
         None => tcp_table(info)?.by_inode(inode).copied(),
-    })
+    };
+    let _ = s.diag.set(d);
+    Ok(d)
 }
 
 /// A connection whose receive queue holds the place of an urgent byte
