@@ -1,5 +1,5 @@
 """sockopt_clients.py HOST PORT SECONDS: against
-tests/replication/sockopt_server.c, changes socket options between
+tests/replication/settings_server.c, changes socket options between
 syncs and reads them back after a failover. Connection 1 has its
 TCP_KEEPIDLE set to 77, then (a second later, after syncs that found
 nothing changed) to 78; connection 2 is made after the first change and

@@ -1,25 +1,20 @@
 """state_clients.py HOST PORT SECONDS: against
-tests/replication/state_server.c, changes state ferry reads by injected
+tests/replication/settings_server.c, changes state ferry reads by injected
 calls between syncs and reads it back after a failover. The timer slack
 is set to 70000, then (a second later, after syncs that found nothing
 changed and kept the answers of the sync before) to 80000, with a
 SIGUSR1 handler and an alternate signal stack installed. Each "ok"
 leaves the primary only once a sync holding the change is stored.
 Prints "started", "changed" after the last "ok", then at SECONDS after
-the start asks "get" (of whichever host runs the server then) and
-prints one JSON line: what "get" answered, and the first error."""
+the start asks "state" (of whichever host runs the server then) and
+prints one JSON line: what "state" answered (as "get"), and the first
+error."""
 import json
 import socket
 import sys
 import time
 
-
-def ask(s, f, line):
-    s.sendall(line.encode() + b"\n")
-    answer = f.readline()
-    if not answer:
-        raise OSError(f"connection closed after {line!r}")
-    return answer.strip()
+from sockopt_clients import ask
 
 
 def main():
@@ -38,7 +33,7 @@ def main():
                 raise OSError(f"{line} refused")
         print("changed", flush=True)
         time.sleep(max(0.0, start + secs - time.time()))
-        out[0]["get"] = ask(s, f, "get")
+        out[0]["get"] = ask(s, f, "state")
     except OSError as e:
         out[0]["error"] = repr(e)
     print(json.dumps(out), flush=True)

@@ -549,6 +549,20 @@ fn streams_sent_while_syncs_run_arrive_whole_after_a_failover() {
     assert!(after[0].0 > 0 && after[0].0 == after[0].1, "a new stream at b: {after:?}");
 }
 
+/// tests/replication/settings_server.c started on host a at `PORT`,
+/// listening; its log.
+fn start_settings_server(r: &Repl, port: &str) -> (Started, std::path::PathBuf) {
+    let bin = r.env.dir.0.join("settings_server");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/settings_server.c");
+    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
+    let log = r.env.dir.0.join("settings.log");
+    let server =
+        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, port], &r.env.dir.0, &log, &[]);
+    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
+    assert!(up, "settings_server did not start:\n{}", read_lossy(&log));
+    (server, log)
+}
+
 /// What a sync finds unchanged it does not read again (a socket checked
 /// by the sync before, with no setsockopt counted since): a socket
 /// option set between syncs, on a connection the syncs before had
@@ -563,14 +577,7 @@ fn socket_options_set_between_syncs_reach_the_standby() {
         return;
     }
     let r = Repl::new("ro", &[]);
-    let bin = r.env.dir.0.join("sockopt_server");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/sockopt_server.c");
-    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
-    let log = r.env.dir.0.join("sockopt.log");
-    let server =
-        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
-    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
-    assert!(up, "sockopt_server did not start:\n{}", read_lossy(&log));
+    let (server, log) = start_settings_server(&r, PORT);
     let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
     let mut rep = r.replicate_nowait(server.inner, &extra, &[]);
     let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
@@ -605,14 +612,7 @@ fn injected_state_changed_between_syncs_reaches_the_standby() {
         return;
     }
     let r = Repl::new("ri", &[]);
-    let bin = r.env.dir.0.join("state_server");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/replication/state_server.c");
-    ferry_testkit::compile_c(std::path::Path::new(src), &bin);
-    let log = r.env.dir.0.join("state.log");
-    let server =
-        start_in(r.env.host("a"), &[path_str(&bin), &r.svc, PORT], &r.env.dir.0, &log, &[]);
-    let up = wait_for(Duration::from_secs(10), || read_lossy(&log).contains("listening"));
-    assert!(up, "state_server did not start:\n{}", read_lossy(&log));
+    let (server, log) = start_settings_server(&r, PORT);
     let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
     let env = [("FERRY_LOG", "warn,ferry_engine::capture::injected=debug")];
     let mut rep = r.replicate_nowait(server.inner, &extra, &env);

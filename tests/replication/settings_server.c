@@ -1,30 +1,65 @@
-/* sockopt_server ADDR PORT: a line server for replication tests. On
- * each connection, "keepidle N" sets SO_KEEPALIVE and TCP_KEEPIDLE N on
- * that connection and answers "ok"; "get" answers "keepalive A keepidle
- * N" as getsockopt reads them now. One thread, poll(). Prints
- * "listening" once it listens. */
+/* settings_server ADDR PORT: a line server for replication tests, each
+ * command a setting changed between syncs and read back after a
+ * failover. On each connection:
+ *   "keepidle N"  sets SO_KEEPALIVE and TCP_KEEPIDLE N on that connection;
+ *   "slack N"     sets the thread's timer slack (PR_SET_TIMERSLACK);
+ *   "action"      installs a SIGUSR1 handler;
+ *   "altstack"    sets an alternate signal stack of 65536 bytes;
+ * each answering "ok" (or "error"). "get" answers "keepalive A keepidle
+ * N" as getsockopt reads them now, "state" answers "slack S action A
+ * altstack Z" (state ferry reads by calls injected into the process).
+ * One thread, poll(). Prints "listening" once it listens. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define MAX 32
 
-static void answer(int fd, const char *line) {
-    char out[128];
+static void on_usr1(int sig) { (void)sig; }
+
+/* A setting changed: 1, or 0 when the call failed; -1: not a change. */
+static int change(int fd, const char *line) {
     int v = 0;
+    long slack = 0;
     if (sscanf(line, "keepidle %d", &v) == 1) {
         int one = 1;
-        if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) ||
-            setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, sizeof v))
-            snprintf(out, sizeof out, "error\n");
-        else
-            snprintf(out, sizeof out, "ok\n");
+        return !setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) &&
+               !setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v, sizeof v);
+    }
+    if (sscanf(line, "slack %ld", &slack) == 1)
+        return prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0) == 0;
+    if (strcmp(line, "action") == 0) {
+        struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
+        return sigaction(SIGUSR1, &sa, NULL) == 0;
+    }
+    if (strcmp(line, "altstack") == 0) {
+        stack_t ss = {.ss_sp = malloc(65536), .ss_size = 65536};
+        return ss.ss_sp && sigaltstack(&ss, NULL) == 0;
+    }
+    return -1;
+}
+
+static void answer(int fd, const char *line) {
+    char out[128];
+    int changed = change(fd, line);
+    if (changed >= 0) {
+        snprintf(out, sizeof out, changed ? "ok\n" : "error\n");
+    } else if (strcmp(line, "state") == 0) {
+        struct sigaction sa;
+        stack_t ss;
+        sigaction(SIGUSR1, NULL, &sa);
+        sigaltstack(NULL, &ss);
+        snprintf(out, sizeof out, "slack %d action %d altstack %zu\n",
+                 prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), sa.sa_handler == on_usr1,
+                 (ss.ss_flags & SS_DISABLE) ? (size_t)0 : ss.ss_size);
     } else {
         int alive = -1, idle = -1;
         socklen_t l = sizeof alive;
