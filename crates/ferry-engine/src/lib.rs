@@ -20,6 +20,7 @@ pub mod dirty;
 pub mod error;
 pub mod freeze;
 pub mod guard;
+pub mod held_memory;
 pub mod inject;
 pub mod kernel_btf;
 pub mod lazy;

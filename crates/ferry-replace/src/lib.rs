@@ -54,6 +54,7 @@ use ferry_engine::restore::{
     trial::{EndingTrial, TrialRun},
     Handover, HeldTree, Placement, RestoreOptions,
 };
+use ferry_engine::held_memory::HeldMemory;
 use ferry_engine::EngineError;
 use ferry_image::{ImageSource, MemoryImage};
 use std::os::fd::AsRawFd;
@@ -65,6 +66,10 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
+    // Forked now, while ferry is small: a guard forked at the capture,
+    // after the pre-copy placed the memory, copied its page tables, and
+    // its exit (waited for in the kill) tore them down again.
+    let _guard = ferry_engine::guard::keep()?;
     // The trial's network namespace, made while the tree runs; dropped
     // (and torn down by the kernel) after the new tree runs.
     let sandbox = restore::trial::Sandbox::prepare().map_err(|e| {
@@ -112,7 +117,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     // the restore waits for that end before it makes anything.
     let ending = copy.end();
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
-    ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
+    let held_memory = ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
     let new = NewTree { image: &mut image, opts: &opts, handover: &handover, pre: pre.as_ref() };
     let held = ph.step("restore", || new.restore(ending));
@@ -120,6 +125,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
     phases.extend(prefixed("restore", &waited));
     phases.extend(prefixed("restore", &held.phases()));
     let restored = held.release_then(|_| ph.mark("release")).map_err(ReplaceError::AfterKill)?;
+    let old_memory = report::OldMemory::free(held_memory);
     let parts = report::pause_parts(ph.done(), freeze_ms);
     let pause_ms = parts.iter().map(|p| p.1).sum();
     phases.extend(prefixed("replace", ph.done()));
@@ -133,6 +139,7 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         edits: describe(&edits),
         files,
         precopy: pre.map(|p| report::PrecopyLine { summary: p.summary(), pause_pages }),
+        old_memory,
     })
 }
 
@@ -196,9 +203,15 @@ fn trial(
 /// rebuilt connections stay in repair mode and behind the network lock,
 /// which the restore takes over from the image; the lock waits for this
 /// ferry (stale once it is gone).
-fn kill(captured: Captured) -> Result<(), EngineError> {
+/// Large address spaces are held past the kill (`HeldMemory`): their
+/// teardown comes after the new tree runs, not before its PIDs are free.
+fn kill(captured: Captured) -> Result<HeldMemory, EngineError> {
     let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
-    captured.kill(LockAfterKill::HandOverTo(waits_for)).map(drop)
+    let hold_from = std::env::var("FERRY_HOLD_MEMORY_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ferry_engine::held_memory::HOLD_FROM_BYTES);
+    captured.kill_holding(LockAfterKill::HandOverTo(waits_for), hold_from).map(|(_, held)| held)
 }
 
 /// What the restore after the kill restores, and how.

@@ -412,6 +412,18 @@ impl Captured {
     /// Ends the tree: its connections stay in repair mode (closing them
     /// sends nothing), SysV objects it owned are removed.
     pub fn kill(self, after: LockAfterKill) -> Result<CaptureSummary> {
+        self.kill_holding(after, u64::MAX).map(|(summary, _)| summary)
+    }
+
+    /// [`kill`](Self::kill), with the address space of every process with
+    /// `hold_from` bytes or more resident held past the kill
+    /// ([`HeldMemory`](crate::held_memory::HeldMemory)): its teardown
+    /// happens when the caller frees it, not before the PIDs come free.
+    pub fn kill_holding(
+        self,
+        after: LockAfterKill,
+        hold_from: u64,
+    ) -> Result<(CaptureSummary, crate::held_memory::HeldMemory)> {
         let Captured {
             tree: tree_image,
             mut phases,
@@ -428,13 +440,24 @@ impl Captured {
         pty_drained.forget();
         let kept = repaired.keep_in_repair();
         let t = Instant::now();
+        // A held segment would keep its id from the restore.
+        let held = match tree_image.sysv_shm.is_empty() && hold_from < u64::MAX {
+            true => crate::held_memory::HeldMemory::hold(
+                frozen.procs.iter().map(|p| &p.frozen),
+                hold_from,
+            ),
+            false => crate::held_memory::HeldMemory::default(),
+        };
+        let holding = t.elapsed();
         frozen.kill()?;
-        let killed = t.elapsed();
+        let killed = t.elapsed() - holding;
         kept.close();
         tracing::debug!(
-            "kill: tree gone in {:.1} ms, its repaired sockets closed in {:.1} ms",
+            "kill: {} MiB held in {:.1} ms, tree gone in {:.1} ms, its repaired sockets closed in {:.1} ms",
+            held.bytes() >> 20,
+            holding.as_secs_f64() * 1e3,
             killed.as_secs_f64() * 1e3,
-            (t.elapsed() - killed).as_secs_f64() * 1e3
+            (t.elapsed() - killed - holding).as_secs_f64() * 1e3
         );
         if let Some(lock) = lock {
             match after {
@@ -456,11 +479,12 @@ impl Captured {
         // Killed processes stay zombies until their parent (or, for
         // orphans, init or a subreaper) reaps them; restore waits for
         // their PIDs.
-        Ok(CaptureSummary {
+        let summary = CaptureSummary {
             frozen_ms: t_frozen.elapsed().as_secs_f64() * 1e3,
             total_ms: phases.started().elapsed().as_secs_f64() * 1e3,
             ..summary
-        })
+        };
+        Ok((summary, held))
     }
 }
 

@@ -1,0 +1,199 @@
+//! The old tree's memory held past its kill, so that the kill does not
+//! wait for the teardown.
+//!
+//! A killed process tears its address space down in its own exit, before
+//! it becomes a zombie, and its PID comes free only after that: about
+//! 40-150 ms per GiB on this VM, which a replacement's restore waits for
+//! (it takes the same PIDs) and which was most of the pause of a large
+//! service. Right before the kill, ferry makes each process with a large
+//! resident set clone a holder: a process of its own that shares the
+//! address space (`CLONE_VM`), is stopped by ferry before it runs a single
+//! instruction (`CLONE_PTRACE`: the new task inherits ferry's seize and
+//! traps first), closes its copy of the descriptor table at once (so
+//! that it keeps no socket, pipe or lock of the old tree alive) and leaves
+//! the old process's session and process group (they would keep their
+//! leaders' PID numbers allocated, which the new tree takes). The kill
+//! then ends the old process without a teardown: the last user of the
+//! address space is the holder. Ferry ends the holders once the new tree
+//! runs, and the teardown happens then, outside the pause.
+//!
+//! What a holder can leave, and why that is safe:
+//! - it exists only from the moment before the kill (the trial passed,
+//!   nothing is left to refuse) to the end of the replacement; a holder
+//!   that cannot be made is ended and the kill goes on without it;
+//! - its exit signal is 0 while its parent is the old process (which the
+//!   kill ends next), so nothing of the old tree is told about it; once
+//!   orphaned its reaper gets SIGCHLD as for any orphan;
+//! - its registers point at an `exit` system call: were ferry to die and
+//!   the holder be let go, its first instruction ends it;
+//! - it counts in the old tree's cgroup (pids, and the memory it holds)
+//!   until ended: the trial ran a whole copy of the tree beside the old
+//!   one, which is more than the holder and the new tree together;
+//! - a tree with SysV shared memory gets no holder: a held attachment
+//!   would keep a removed segment's id taken from the restore.
+
+use crate::error::{EngineError, Result};
+use crate::freeze::Frozen;
+use crate::inject::{self, Remote};
+use crate::procfs;
+use ferry_sys::ptrace::{self, WaitEvent};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+/// From which resident size on a process's memory is held: below it the
+/// teardown costs less than making the holder (about 0.3 ms).
+pub const HOLD_FROM_BYTES: u64 = 32 << 20;
+
+/// The holders of a killed tree's address spaces; ended when dropped.
+#[derive(Default)]
+pub struct HeldMemory {
+    holders: Vec<Holder>,
+}
+
+struct Holder {
+    /// The process whose address space it holds.
+    of: i32,
+    pid: i32,
+    pidfd: OwnedFd,
+    bytes: u64,
+}
+
+impl HeldMemory {
+    /// A holder for each process of `procs` with `min_bytes` or more
+    /// resident. Best effort: a process whose holder cannot be made is
+    /// killed with its teardown, as before (logged at debug).
+    pub fn hold<'a>(procs: impl Iterator<Item = &'a Frozen>, min_bytes: u64) -> HeldMemory {
+        let mut held = HeldMemory::default();
+        for f in procs {
+            match hold_one(f, min_bytes) {
+                Ok(Some(h)) => held.holders.push(h),
+                Ok(None) => {}
+                Err(e) => tracing::debug!("pid {}: address space not held past the kill: {e}", f.pid),
+            }
+        }
+        held
+    }
+
+    /// Bytes resident in the held address spaces when they were taken.
+    pub fn bytes(&self) -> u64 {
+        self.holders.iter().map(|h| h.bytes).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    /// Ends every holder and waits for its teardown; how long that took.
+    pub fn free(mut self) -> Duration {
+        let t = Instant::now();
+        end_all(&mut self.holders);
+        t.elapsed()
+    }
+}
+
+impl Drop for HeldMemory {
+    fn drop(&mut self) {
+        end_all(&mut self.holders);
+    }
+}
+
+fn end_all(holders: &mut Vec<Holder>) {
+    for h in holders.iter() {
+        if let Err(e) = ferry_sys::pidfd::pidfd_send_signal(&h.pidfd, libc::SIGKILL) {
+            tracing::warn!("ending the holder {} of pid {}'s memory: {e}", h.pid, h.of);
+            continue;
+        }
+        // The teardown split between the holder's exit and ferry.
+        let _ = ferry_sys::pidfd::process_mrelease(&h.pidfd);
+    }
+    for h in holders.drain(..) {
+        reap_traced(h.pid);
+    }
+}
+
+/// Waits for the traced `pid` to exit; ferry's wait lets go of it, and its
+/// real parent (or reaper) gets it.
+fn reap_traced(pid: i32) {
+    for _ in 0..10_000 {
+        match ptrace::wait_tid(pid, 0) {
+            Ok(Some((_, WaitEvent::Exited(_) | WaitEvent::Signaled(_)))) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The resident bytes of `pid` (statm's second field, in pages).
+fn resident_bytes(pid: i32) -> Result<u64> {
+    let text = procfs::read_string(&format!("/proc/{pid}/statm"))?;
+    let pages: u64 = text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| {
+        EngineError::restore(pid, format!("unreadable /proc/{pid}/statm: {text:?}"))
+    })?;
+    Ok(pages * 4096)
+}
+
+fn hold_one(f: &Frozen, min_bytes: u64) -> Result<Option<Holder>> {
+    let pid = f.pid;
+    let bytes = resident_bytes(pid)?;
+    if bytes < min_bytes {
+        return Ok(None);
+    }
+    let maps = procfs::maps(pid)?;
+    let vdso = maps
+        .iter()
+        .find(|m| m.path == "[vdso]")
+        .ok_or_else(|| EngineError::restore(pid, "no [vdso] mapping"))?;
+    let syscall_ip = inject::find_syscall_insn(pid, vdso.start, vdso.end)?;
+    let remote = Remote { pid, syscall_ip, settle: true };
+    // Exit signal 0, no CLONE_FILES / CLONE_THREAD: a process of its own.
+    let flags = (libc::CLONE_VM | libc::CLONE_PTRACE) as u64;
+    let child = remote.raw(pid, libc::SYS_clone, &[flags, 0, 0, 0, 0])?;
+    if child <= 0 {
+        let e = ferry_sys::SysError { call: "clone", errno: (-child) as i32 };
+        return Err(EngineError::kernel(pid, "cloning a holder of its memory", e));
+    }
+    let holder = child as i32;
+    let pidfd = ferry_sys::pidfd::pidfd_open(holder)
+        .map_err(|e| EngineError::kernel(pid, format!("pidfd of its memory's holder {holder}"), e));
+    let pidfd = match pidfd {
+        Ok(fd) => fd,
+        Err(e) => {
+            // Ours, traced and stopped: ended by PID.
+            let _ = ferry_sys::process::kill(holder, libc::SIGKILL);
+            reap_traced(holder);
+            return Err(e);
+        }
+    };
+    let h = Holder { of: pid, pid: holder, pidfd, bytes };
+    // On an error from here, dropping `h` through HeldMemory ends it.
+    let mut guard = HeldMemory { holders: vec![h] };
+    settle_holder(pid, holder, syscall_ip)?;
+    Ok(guard.holders.pop())
+}
+
+/// Waits for the new holder's first stop, closes its descriptor table and
+/// points it at `exit`.
+fn settle_holder(pid: i32, holder: i32, syscall_ip: u64) -> Result<()> {
+    let kerr = |what: &str, e| EngineError::kernel(pid, format!("memory holder {holder}: {what}"), e);
+    loop {
+        match ptrace::wait_tid(holder, 0).map_err(|e| kerr("waiting for its first stop", e))? {
+            Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => break,
+            Some((_, WaitEvent::Stopped { sig, .. })) => {
+                return Err(EngineError::restore(pid, format!("memory holder {holder}: stopped by signal {sig} first")));
+            }
+            Some(_) => return Err(EngineError::Gone { pid, what: format!("memory holder {holder} exited") }),
+            None => {}
+        }
+    }
+    let remote = Remote { pid: holder, syscall_ip, settle: true };
+    remote.call(holder, "close_range", libc::SYS_close_range, &[0, u64::from(u32::MAX), 0])?;
+    // Out of the old process's session and group: a group or session
+    // keeps its leader's PID number allocated, which the new tree takes.
+    remote.call(holder, "setsid", libc::SYS_setsid, &[])?;
+    let mut regs = ptrace::get_regs(holder).map_err(|e| kerr("reading registers", e))?;
+    regs.rip = syscall_ip;
+    regs.rax = libc::SYS_exit as u64;
+    regs.orig_rax = u64::MAX;
+    regs.rdi = 0;
+    ptrace::set_regs(holder, &regs).map_err(|e| kerr("setting registers", e))?;
+    Ok(())
+}
