@@ -40,6 +40,10 @@ use ferry_sys::ptrace::{self, WaitEvent};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+/// A holder's name: its zombie, left to a reaper that reaps only the
+/// children it knows (a test harness), is not the tree's.
+pub const HOLDER_COMM: &str = "ferry-holder";
+
 /// From which resident size on a process's memory is held: below it the
 /// teardown costs less than making the holder (about 0.3 ms).
 pub const HOLD_FROM_BYTES: u64 = 32 << 20;
@@ -68,7 +72,9 @@ impl HeldMemory {
             match hold_one(f, min_bytes) {
                 Ok(Some(h)) => held.holders.push(h),
                 Ok(None) => {}
-                Err(e) => tracing::debug!("pid {}: address space not held past the kill: {e}", f.pid),
+                Err(e) => {
+                    tracing::debug!("pid {}: address space not held past the kill: {e}", f.pid)
+                }
             }
         }
         held
@@ -77,6 +83,11 @@ impl HeldMemory {
     /// Bytes resident in the held address spaces when they were taken.
     pub fn bytes(&self) -> u64 {
         self.holders.iter().map(|h| h.bytes).sum()
+    }
+
+    /// The holders' PIDs.
+    pub fn pids(&self) -> Vec<i32> {
+        self.holders.iter().map(|h| h.pid).collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -125,9 +136,10 @@ fn reap_traced(pid: i32) {
 /// The resident bytes of `pid` (statm's second field, in pages).
 fn resident_bytes(pid: i32) -> Result<u64> {
     let text = procfs::read_string(&format!("/proc/{pid}/statm"))?;
-    let pages: u64 = text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| {
-        EngineError::restore(pid, format!("unreadable /proc/{pid}/statm: {text:?}"))
-    })?;
+    let pages: u64 =
+        text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| {
+            EngineError::restore(pid, format!("unreadable /proc/{pid}/statm: {text:?}"))
+        })?;
     Ok(pages * 4096)
 }
 
@@ -173,14 +185,23 @@ fn hold_one(f: &Frozen, min_bytes: u64) -> Result<Option<Holder>> {
 /// Waits for the new holder's first stop, closes its descriptor table and
 /// points it at `exit`.
 fn settle_holder(pid: i32, holder: i32, syscall_ip: u64) -> Result<()> {
-    let kerr = |what: &str, e| EngineError::kernel(pid, format!("memory holder {holder}: {what}"), e);
+    let kerr =
+        |what: &str, e| EngineError::kernel(pid, format!("memory holder {holder}: {what}"), e);
     loop {
         match ptrace::wait_tid(holder, 0).map_err(|e| kerr("waiting for its first stop", e))? {
             Some((_, WaitEvent::Stopped { event: ptrace::PTRACE_EVENT_STOP, .. })) => break,
             Some((_, WaitEvent::Stopped { sig, .. })) => {
-                return Err(EngineError::restore(pid, format!("memory holder {holder}: stopped by signal {sig} first")));
+                return Err(EngineError::restore(
+                    pid,
+                    format!("memory holder {holder}: stopped by signal {sig} first"),
+                ));
             }
-            Some(_) => return Err(EngineError::Gone { pid, what: format!("memory holder {holder} exited") }),
+            Some(_) => {
+                return Err(EngineError::Gone {
+                    pid,
+                    what: format!("memory holder {holder} exited"),
+                })
+            }
             None => {}
         }
     }
@@ -189,6 +210,7 @@ fn settle_holder(pid: i32, holder: i32, syscall_ip: u64) -> Result<()> {
     // Out of the old process's session and group: a group or session
     // keeps its leader's PID number allocated, which the new tree takes.
     remote.call(holder, "setsid", libc::SYS_setsid, &[])?;
+    name_holder(&remote, holder)?;
     let mut regs = ptrace::get_regs(holder).map_err(|e| kerr("reading registers", e))?;
     regs.rip = syscall_ip;
     regs.rax = libc::SYS_exit as u64;
@@ -196,4 +218,24 @@ fn settle_holder(pid: i32, holder: i32, syscall_ip: u64) -> Result<()> {
     regs.rdi = 0;
     ptrace::set_regs(holder, &regs).map_err(|e| kerr("setting registers", e))?;
     Ok(())
+}
+
+/// Names the holder [`HOLDER_COMM`] (PR_SET_NAME reads the name from its
+/// memory: a page mapped for it, unmapped again).
+fn name_holder(remote: &Remote, holder: i32) -> Result<()> {
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let page = remote.call(holder, "mmap", libc::SYS_mmap, &[0, 4096, prot, flags, u64::MAX, 0])?;
+    let mut name = HOLDER_COMM.as_bytes().to_vec();
+    name.push(0);
+    let named = remote.write(page, &name).and_then(|_| {
+        remote.call(
+            holder,
+            "prctl(PR_SET_NAME)",
+            libc::SYS_prctl,
+            &[libc::PR_SET_NAME as u64, page],
+        )
+    });
+    remote.call(holder, "munmap", libc::SYS_munmap, &[page, 4096])?;
+    named.map(drop)
 }

@@ -48,13 +48,13 @@ pub use options::ReplaceOptions;
 pub use report::Replaced;
 
 use ferry_engine::capture::{self, CaptureOptions, Captured, LockAfterKill};
+use ferry_engine::held_memory::HeldMemory;
 use ferry_engine::phases::Phases;
 use ferry_engine::restore::{
     self,
     trial::{EndingTrial, TrialRun},
     Handover, HeldTree, Placement, RestoreOptions,
 };
-use ferry_engine::held_memory::HeldMemory;
 use ferry_engine::EngineError;
 use ferry_image::{ImageSource, MemoryImage};
 use std::os::fd::AsRawFd;
@@ -66,10 +66,6 @@ use std::time::Instant;
 pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError> {
     let edits = opts.prepare()?;
     reaper::check(pid)?;
-    // Forked now, while ferry is small: a guard forked at the capture,
-    // after the pre-copy placed the memory, copied its page tables, and
-    // its exit (waited for in the kill) tore them down again.
-    let _guard = ferry_engine::guard::keep()?;
     // The trial's network namespace, made while the tree runs; dropped
     // (and torn down by the kernel) after the new tree runs.
     let sandbox = restore::trial::Sandbox::prepare().map_err(|e| {
@@ -84,6 +80,11 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         true => Some(precopy::Precopy::run(pid, &precopy::RoundRule::default(), &mut pre_ph)?),
         false => None,
     };
+    // The capture's guard, forked with the regions, would copy their page
+    // tables, and its exit (waited for in the kill) tear them down.
+    if let Some(p) = pre.as_ref() {
+        p.inherit(false)?;
+    }
     let (mut captured, mut image) = capture_into_memory(pid, opts, pre.as_mut())?;
     // Kept open until the new tree runs: through the kill they hold the
     // old tree's sockets, pipes... alive for the new one.

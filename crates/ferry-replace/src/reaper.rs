@@ -37,7 +37,11 @@ pub fn check(pid: i32) -> Result<(), ReplaceError> {
     let mut before = zombies_of(&reapers, &table);
     // Ferry's own orphans from earlier checks, left to a reaper that
     // reaps only the children it knows (a test harness): not the tree's.
-    before.retain(|&(z, _)| comm(z) != ferry_sys::orphan::ORPHAN_COMM);
+    // So are the holders of earlier replacements' old memory.
+    before.retain(|&(z, _)| {
+        let c = comm(z);
+        c != ferry_sys::orphan::ORPHAN_COMM && c != ferry_engine::held_memory::HOLDER_COMM
+    });
     if before.is_empty() {
         return probe(pid, &reapers);
     }

@@ -80,8 +80,12 @@ impl PrecopyLine {
             0 => String::new(),
             b => format!(", {:.1} MiB where ferry has memory copied in the pause", mib(b)),
         };
+        let huge = match s.huge_bytes {
+            0 => String::new(),
+            b => format!(" ({:.1} MiB in huge pages)", mib(b)),
+        };
         format!(
-            "pre-copied {:.1} MiB in {} rounds{why}, {:.1} MiB inherited, {:.1} MiB copied in the pause{collided}",
+            "pre-copied {:.1} MiB in {} rounds{why}, {:.1} MiB inherited{huge}, {:.1} MiB copied in the pause{collided}",
             mib(copied),
             s.rounds.len(),
             mib(s.inherited_bytes),

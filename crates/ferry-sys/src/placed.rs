@@ -4,6 +4,9 @@
 
 use crate::{last_error, SysError, SysResult};
 
+/// include/uapi/asm-generic/mman-common.h (Linux 6.1).
+const MADV_COLLAPSE: i32 = 25;
+
 /// Private anonymous read-write memory at a fixed address, unmapped on
 /// drop. It hands out no references into itself: its bytes are only
 /// ever copied in, so unmapping it never invalidates a Rust reference.
@@ -68,6 +71,27 @@ impl PlacedRegion {
             } else {
                 "madvise(MADV_DONTFORK)"
             }));
+        }
+        Ok(())
+    }
+
+    /// Backs `len` bytes at byte `offset` of the region (2 MiB-aligned
+    /// addresses, a present page in each 2 MiB) with transparent huge
+    /// pages (MADV_COLLAPSE: whatever the THP setting, without marking
+    /// the mapping VM_HUGEPAGE, which a process inheriting it would show).
+    /// The content is unchanged; pages never written read as zeros.
+    pub fn collapse(&self, offset: usize, len: usize) -> SysResult<()> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(SysError::new("madvise(MADV_COLLAPSE)", libc::EINVAL));
+        }
+        // SAFETY: advice on a part of our own live mapping; a collapse
+        // copies the pages into huge pages at the same addresses and keeps
+        // their content, and no Rust reference into the region exists.
+        let r = unsafe {
+            libc::madvise((self.addr as usize + offset) as *mut libc::c_void, len, MADV_COLLAPSE)
+        };
+        if r < 0 {
+            return Err(last_error("madvise(MADV_COLLAPSE)"));
         }
         Ok(())
     }

@@ -103,6 +103,7 @@ impl Drop for Server {
         {
             sleep(Duration::from_millis(5));
         }
+        reap_stray_holders();
         self.stop.store(true, Ordering::Relaxed);
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
@@ -161,6 +162,89 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
     assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384", "{said}");
     assert_eq!(client.ask("INCR").expect("reply"), "1");
     assert_eq!(srv.ended.load(Ordering::SeqCst), 1);
+    reap_holders(&said);
+}
+
+/// Ended holders of old memory (of replacements run without `-v`),
+/// orphaned to the test process: reaped, by PID.
+fn reap_stray_holders() {
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+        if stat.contains("(ferry-holder)")
+            && fields.first() == Some(&"Z")
+            && fields.get(1) == Some(&me.as_str())
+        {
+            ferry_testkit::try_reap(pid);
+        }
+    }
+}
+
+/// The holders of the old memory that `ferry -v replace` names (`held by
+/// [..]`): each must have ended by the time ferry exits. Orphaned by the
+/// kill, they are the test's (a child subreaper) to reap.
+fn reap_holders(said: &str) -> Vec<i32> {
+    let holders: Vec<i32> = said
+        .split_once("held by [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list.split(", ").filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default();
+    for &h in &holders {
+        let t = Instant::now();
+        // Reaped here, or by another test's server's drop (stray_holders).
+        while ferry_testkit::try_reap(h).is_none() && Path::new(&format!("/proc/{h}")).exists() {
+            assert!(t.elapsed() < Duration::from_secs(5), "holder {h} did not end: {said}");
+            sleep(Duration::from_millis(5));
+        }
+    }
+    holders
+}
+
+/// A kB figure of /proc/PID/smaps_rollup.
+fn rollup_kb(pid: i32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A large old process's address space is held past the kill (the kill
+/// does not wait for its teardown) and freed after the new tree runs;
+/// the new root inherits the placed memory in huge pages where the host
+/// allows them, with every page as it was.
+#[test]
+fn large_memory_is_freed_after_the_release_and_inherited_in_huge_pages() {
+    require_root!();
+    let srv = Server::start("held", 64, false);
+    let mut client = Client::connect(srv.port);
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384");
+    let out = Command::new(FERRY)
+        .args(["-v", "replace", "--pid", &srv.pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
+    assert!(line.contains("old memory (6") && line.contains("freed after the release"), "{line}");
+    assert_eq!(reap_holders(&said).len(), 1, "{said}");
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.contains('[') && !thp.contains("[never]") {
+        let huge_mib: f64 = line
+            .split_once(" MiB in huge pages")
+            .and_then(|(head, _)| head.rsplit('(').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no huge pages in {line}"));
+        assert!(huge_mib >= 2.0, "{line}");
+        let huge_kb = rollup_kb(srv.pid, "AnonHugePages:");
+        assert!(huge_kb >= 2048, "the new root has {huge_kb} kB in huge pages: {line}");
+    }
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384", "{said}");
+    assert_eq!(client.ask("INCR").expect("reply"), "1");
 }
 
 #[test]

@@ -453,8 +453,9 @@ impl Captured {
         let killed = t.elapsed() - holding;
         kept.close();
         tracing::debug!(
-            "kill: {} MiB held in {:.1} ms, tree gone in {:.1} ms, its repaired sockets closed in {:.1} ms",
+            "kill: {} MiB held by {:?} in {:.1} ms, tree gone in {:.1} ms, its repaired sockets closed in {:.1} ms",
             held.bytes() >> 20,
+            held.pids(),
             holding.as_secs_f64() * 1e3,
             killed.as_secs_f64() * 1e3,
             (t.elapsed() - killed - holding).as_secs_f64() * 1e3

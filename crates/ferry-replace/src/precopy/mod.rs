@@ -32,6 +32,7 @@
 //! them down again would make the trial grow with memory size inside the
 //! pause.
 
+mod huge;
 mod rules;
 
 pub use rules::{RoundRule, Stop};
@@ -70,6 +71,8 @@ pub struct Summary {
     /// Bytes of the root's private anonymous mappings where ferry has
     /// memory of its own: copied in the pause.
     pub collided_bytes: u64,
+    /// Bytes of the placed memory in 2 MiB huge pages.
+    pub huge_bytes: u64,
 }
 
 /// The pre-copy state from the first round to the end of the
@@ -88,6 +91,8 @@ pub struct Precopy {
     eligible: Ranges,
     inherited: Vec<InheritedVma>,
     collided: u64,
+    /// Bytes of the regions in transparent huge pages ([`huge`]).
+    huge_bytes: u64,
     rounds: Vec<Round>,
     stop: Option<Stop>,
 }
@@ -106,11 +111,14 @@ impl Precopy {
             eligible: Vec::new(),
             inherited: Vec::new(),
             collided: 0,
+            huge_bytes: 0,
             rounds: Vec::new(),
             stop: None,
         };
         pc.place()?;
         ph.mark("tracking armed, memory placed");
+        pc.huge_bytes = huge::collapse_full_blocks(root, &mut pc.regions);
+        ph.mark("huge pages made");
         let t = Instant::now();
         let all: Ranges = pc.regions.values().map(|r| (r.start(), r.end())).collect();
         let copied = pc.copy(&all)?;
@@ -251,21 +259,26 @@ impl Precopy {
         &self,
         trial: impl FnOnce() -> Result<T, ReplaceError>,
     ) -> Result<T, ReplaceError> {
-        let set = |on: bool| -> Result<(), ReplaceError> {
-            for r in self.regions.values() {
-                r.set_inherited(on).map_err(|e| {
-                    ReplaceError::Refused(format!(
-                        "pre-copy: placed memory at {:#x}-{:#x}: {e}",
-                        r.start(),
-                        r.end()
-                    ))
-                })?;
-            }
-            Ok(())
-        };
-        let out = set(false).and_then(|()| trial());
-        set(true)?;
+        let out = self.inherit(false).and_then(|()| trial());
+        self.inherit(true)?;
         out
+    }
+
+    /// Whether a process forked from ferry gets the regions (see
+    /// [`without_regions`](Self::without_regions)); the capture's guard
+    /// is forked without them (its exit would tear their page tables
+    /// down inside the kill).
+    pub fn inherit(&self, on: bool) -> Result<(), ReplaceError> {
+        for r in self.regions.values() {
+            r.set_inherited(on).map_err(|e| {
+                ReplaceError::Refused(format!(
+                    "pre-copy: placed memory at {:#x}-{:#x}: {e}",
+                    r.start(),
+                    r.end()
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     pub fn summary(&self) -> Summary {
@@ -279,6 +292,7 @@ impl Precopy {
                 .map(|s| s.pages * PAGE)
                 .sum(),
             collided_bytes: self.collided,
+            huge_bytes: self.huge_bytes,
         }
     }
 
