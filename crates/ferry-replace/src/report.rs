@@ -89,7 +89,7 @@ impl PrecopyLine {
             mib(copied),
             s.rounds.len(),
             mib(s.inherited_bytes),
-            mib(self.pause_pages)
+            mib(self.pause_pages + s.last_round_bytes)
         )
     }
 }

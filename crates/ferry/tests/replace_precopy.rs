@@ -150,7 +150,13 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
     assert!(out.status.success(), "{said}");
     assert_ne!(start_time(srv.pid), before, "still the old process: {said}");
     let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
-    assert!(line.contains("pre-copied 6"), "{line}");
+    // The 64 MiB once, and what the writer rewrote between rounds.
+    let precopied: f64 = line
+        .split_once("pre-copied ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pre-copy in {line}"));
+    assert!(precopied >= 64.0, "{line}");
     assert!(said.contains("pre-copy: round 0"), "{said}");
     // The hot writer rewrites 4 MiB: the pause copies about that, not 64.
     let pause_mib: f64 = line

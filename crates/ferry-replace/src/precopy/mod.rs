@@ -33,6 +33,7 @@
 //! pause.
 
 mod huge;
+mod last_round;
 mod rules;
 
 pub use rules::{RoundRule, Stop};
@@ -73,6 +74,8 @@ pub struct Summary {
     pub collided_bytes: u64,
     /// Bytes of the placed memory in 2 MiB huge pages.
     pub huge_bytes: u64,
+    /// Bytes the freeze copied into the placed memory (the last round).
+    pub last_round_bytes: u64,
 }
 
 /// The pre-copy state from the first round to the end of the
@@ -93,6 +96,8 @@ pub struct Precopy {
     collided: u64,
     /// Bytes of the regions in transparent huge pages ([`huge`]).
     huge_bytes: u64,
+    /// Bytes copied into the regions in the freeze ([`last_round`]).
+    last_round_bytes: u64,
     rounds: Vec<Round>,
     stop: Option<Stop>,
 }
@@ -112,6 +117,7 @@ impl Precopy {
             inherited: Vec::new(),
             collided: 0,
             huge_bytes: 0,
+            last_round_bytes: 0,
             rounds: Vec::new(),
             stop: None,
         };
@@ -293,6 +299,7 @@ impl Precopy {
                 .sum(),
             collided_bytes: self.collided,
             huge_bytes: self.huge_bytes,
+            last_round_bytes: self.last_round_bytes,
         }
     }
 
@@ -331,7 +338,13 @@ impl CaptureHooks for Precopy {
         let heap = heap_of(self.root);
         self.eligible =
             vmas.iter().filter(|v| self.keepable(v, heap)).map(|v| (v.start, v.end)).collect();
-        self.held = intersect(&minus(&self.held, &written), &self.eligible);
+        // Written since the last round, or since the one before (the
+        // rounds stop on a collect whose pages they do not copy).
+        let all: Ranges = self.regions.values().map(|r| (r.start(), r.end())).collect();
+        let held = minus(&self.held, &written);
+        let placed = last_round::place_written(self.root, &mut self.regions, &minus(&all, &held));
+        self.last_round_bytes = bytes(&placed);
+        self.held = intersect(&union(&held, &placed), &self.eligible);
         let spans = self.held.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
         Ok(HashMap::from([(self.root, spans)]))
     }
