@@ -345,7 +345,7 @@ pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageEr
 
 /// [`read_section`] for a kind this build may not know: the kind is
 /// returned as is, and the length and checksum are still checked.
-fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
+pub(crate) fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
     let Some((h, rest)) = bytes.split_first_chunk::<SECTION_HEADER_LEN>() else {
         return Err(ImageError::Truncated(format!(
             "section header needs {SECTION_HEADER_LEN} bytes, {} left",
@@ -391,6 +391,58 @@ pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>
     encode_meta_with(inventory, process, None)
 }
 
+/// What takes the sections of a metadata file one by one, in order
+/// ([`each_section`]): a size count, a buffer, a file.
+pub(crate) trait SectionVisitor {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        kind: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError>;
+}
+
+/// Hands `v` every section of the metadata file in order: inventory,
+/// process tree, then (with `Some`) the `Incremental` section and the
+/// tree's optional sections.
+pub(crate) fn each_section(
+    v: &mut impl SectionVisitor,
+    inventory: &Inventory,
+    process: &TreeImage,
+    incremental: Option<&Incremental>,
+) -> Result<(), ImageError> {
+    v.section(SectionKind::Inventory, inventory, "inventory")?;
+    v.section(SectionKind::Tree, process, "process")?;
+    if let Some(inc) = incremental {
+        v.section(SectionKind::Incremental, inc, "incremental")?;
+    }
+    if let Some(cg) = &process.cgroups {
+        v.section(SectionKind::Cgroups, cg, "cgroups")?;
+    }
+    if let Some(up) = &process.unix_peers {
+        v.section(SectionKind::UnixPeers, up, "unix peers")?;
+    }
+    if let Some(dp) = &process.unix_dead_peers {
+        v.section(SectionKind::UnixDeadPeers, dp, "unix dead peers")?;
+    }
+    if let Some(f) = &process.unix_in_flight_files {
+        v.section(SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
+    }
+    if let Some(p) = &process.ptys {
+        v.section(SectionKind::Ptys, p, "ptys")?;
+    }
+    if let Some(a) = &process.process_attrs {
+        v.section(SectionKind::ProcessAttrs, a, "process attributes")?;
+    }
+    if let Some(o) = &process.unix_socket_options {
+        v.section(SectionKind::UnixSocketOptions, o, "unix socket options")?;
+    }
+    if let Some(u) = &process.uts {
+        v.section(SectionKind::Uts, u, "uts")?;
+    }
+    Ok(())
+}
+
 /// Encodes the metadata file of an image that may be incremental: header,
 /// inventory section, process section, then (with `Some`) the
 /// `Incremental` section. The header says [`FormatVersion::CURRENT`].
@@ -400,97 +452,74 @@ pub fn encode_meta_with(
     incremental: Option<&Incremental>,
 ) -> Result<Vec<u8>, ImageError> {
     // One buffer of the exact size, each payload serialized in place: a
-    // tree with 10,000 connections makes a 20 MB file, and growing and
+    // tree with 10,000 connections makes a 40 MB file, and growing and
     // copying buffers for it cost more than encoding it.
-    let mut size = HEADER_LEN;
-    let mut sized = |len: Result<usize, ImageError>| -> Result<(), ImageError> {
-        size += SECTION_HEADER_LEN + len?;
+    let mut size = Sized_(HEADER_LEN);
+    each_section(&mut size, inventory, process, incremental)?;
+    let mut out = Pushed(Vec::with_capacity(size.0));
+    out.0.extend_from_slice(&file_header(0));
+    each_section(&mut out, inventory, process, incremental)?;
+    Ok(out.0)
+}
+
+/// Counts the bytes of the sections.
+struct Sized_(usize);
+
+impl SectionVisitor for Sized_ {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        _: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError> {
+        let len = postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+            .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
+        self.0 += SECTION_HEADER_LEN + len;
         Ok(())
-    };
-    sized(encoded_len(inventory, "inventory"))?;
-    sized(encoded_len(process, "process"))?;
-    if let Some(i) = incremental {
-        sized(encoded_len(i, "incremental"))?;
     }
-    if let Some(cg) = &process.cgroups {
-        sized(encoded_len(cg, "cgroups"))?;
-    }
-    if let Some(up) = &process.unix_peers {
-        sized(encoded_len(up, "unix peers"))?;
-    }
-    if let Some(dp) = &process.unix_dead_peers {
-        sized(encoded_len(dp, "unix dead peers"))?;
-    }
-    if let Some(f) = &process.unix_in_flight_files {
-        sized(encoded_len(f, "unix in-flight files"))?;
-    }
-    if let Some(p) = &process.ptys {
-        sized(encoded_len(p, "ptys"))?;
-    }
-    if let Some(a) = &process.process_attrs {
-        sized(encoded_len(a, "process attributes"))?;
-    }
-    if let Some(o) = &process.unix_socket_options {
-        sized(encoded_len(o, "unix socket options"))?;
-    }
-    if let Some(u) = &process.uts {
-        sized(encoded_len(u, "uts"))?;
-    }
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&file_header(0));
-    push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
-    push_section(&mut out, SectionKind::Tree, process, "process")?;
-    if let Some(inc) = incremental {
-        push_section(&mut out, SectionKind::Incremental, inc, "incremental")?;
-    }
-    if let Some(cg) = &process.cgroups {
-        push_section(&mut out, SectionKind::Cgroups, cg, "cgroups")?;
-    }
-    if let Some(up) = &process.unix_peers {
-        push_section(&mut out, SectionKind::UnixPeers, up, "unix peers")?;
-    }
-    if let Some(dp) = &process.unix_dead_peers {
-        push_section(&mut out, SectionKind::UnixDeadPeers, dp, "unix dead peers")?;
-    }
-    if let Some(f) = &process.unix_in_flight_files {
-        push_section(&mut out, SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
-    }
-    if let Some(p) = &process.ptys {
-        push_section(&mut out, SectionKind::Ptys, p, "ptys")?;
-    }
-    if let Some(a) = &process.process_attrs {
-        push_section(&mut out, SectionKind::ProcessAttrs, a, "process attributes")?;
-    }
-    if let Some(o) = &process.unix_socket_options {
-        push_section(&mut out, SectionKind::UnixSocketOptions, o, "unix socket options")?;
-    }
-    if let Some(u) = &process.uts {
-        push_section(&mut out, SectionKind::Uts, u, "uts")?;
-    }
-    Ok(out)
 }
 
-fn encoded_len<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<usize, ImageError> {
-    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
-        .map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
+/// Appends each section to a buffer: its header, then its payload
+/// serialized straight into it.
+struct Pushed(Vec<u8>);
+
+impl SectionVisitor for Pushed {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        kind: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError> {
+        let out = &mut self.0;
+        let at = out.len();
+        out.extend_from_slice(&[0u8; SECTION_HEADER_LEN]);
+        postcard::serialize_with_flavor(value, VecFlavor(out))
+            .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
+        let payload = &out[at + SECTION_HEADER_LEN..];
+        let header = section_header_raw(kind, payload.len() as u64, checksum(payload));
+        out[at..at + SECTION_HEADER_LEN].copy_from_slice(&header);
+        Ok(())
+    }
 }
 
-/// Appends `value` as one section: its header, then its payload
-/// serialized straight into `out`.
-fn push_section<T: serde::Serialize>(
-    out: &mut Vec<u8>,
-    kind: SectionKind,
-    value: &T,
-    name: &'static str,
-) -> Result<(), ImageError> {
-    let at = out.len();
-    out.extend_from_slice(&[0u8; SECTION_HEADER_LEN]);
-    *out = postcard::to_extend(value, std::mem::take(out))
-        .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
-    let payload = &out[at + SECTION_HEADER_LEN..];
-    let header = section_header_raw(kind, payload.len() as u64, checksum(payload));
-    out[at..at + SECTION_HEADER_LEN].copy_from_slice(&header);
-    Ok(())
+/// A postcard output that appends to a vector, slices with one copy
+/// (postcard's own `to_extend` pushes them byte by byte: 40 MB of TCP
+/// queues took longer than the rest of the image).
+pub(crate) struct VecFlavor<'a>(pub(crate) &'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for VecFlavor<'_> {
+    type Output = ();
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
 }
 
 /// Decodes the `ProcessAttrs` section in the layout of the image's minor.
@@ -534,6 +563,15 @@ pub fn decode_meta_full(
     bytes: &[u8],
 ) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
     decode_meta_versioned(bytes).map(|(_, inv, tree, inc)| (inv, tree, inc))
+}
+
+/// [`decode_meta_full`] of a shared buffer (meta.img's mapping): the
+/// TCP queues of the tree are ranges of `meta` rather than copies, and
+/// keep it alive. Checked exactly as [`decode_meta_full`] checks.
+pub fn decode_meta_shared(
+    meta: &bytes::Bytes,
+) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+    crate::queue::decoding_from(meta, || decode_meta_full(meta))
 }
 
 /// Decodes the optional tree section `kind` (format 4.2 on) into its

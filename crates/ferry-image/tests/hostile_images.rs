@@ -1636,10 +1636,10 @@ fn good_connection() -> TcpConnection {
     TcpConnection {
         state: 1,
         send_seq: 1000,
-        send_queue: vec![1; 300],
+        send_queue: vec![1; 300].into(),
         unsent: 100,
         recv_seq: 5000,
-        recv_queue: vec![2; 50],
+        recv_queue: vec![2; 50].into(),
         mss_clamp: 1460,
         snd_wscale: Some(7),
         rcv_wscale: 7,
