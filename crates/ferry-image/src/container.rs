@@ -346,6 +346,68 @@ pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageEr
 /// [`read_section`] for a kind this build may not know: the kind is
 /// returned as is, and the length and checksum are still checked.
 pub(crate) fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
+    let (section, rest) = split_section(bytes)?;
+    section.check()?;
+    Ok((section.kind_raw, section.payload, rest))
+}
+
+/// One section as framed, its checksum not checked yet ([`Self::check`]).
+pub(crate) struct RawSection<'a> {
+    pub kind_raw: u32,
+    pub payload: &'a [u8],
+    sum: u64,
+}
+
+impl RawSection<'_> {
+    fn name(&self) -> String {
+        SectionKind::from_u32(self.kind_raw)
+            .map_or_else(|| format!("kind-{}", self.kind_raw), |k| k.name().to_string())
+    }
+
+    /// The payload's checksum against the header's.
+    pub fn check(&self) -> Result<(), ImageError> {
+        if checksum(self.payload) != self.sum {
+            return Err(ImageError::Checksum { what: format!("{} section", self.name()) });
+        }
+        Ok(())
+    }
+
+    /// Decodes the payload with `decode` while another thread checks its
+    /// checksum (a 40 MB process tree with 10,000 connections' queues:
+    /// the hash is most of the read). Nothing decoded is returned unless
+    /// the checksum holds, and a wrong checksum is the error even when
+    /// the decode failed too: decoding any bytes is safe (it never
+    /// panics and allocates within the payload's length), trusting them
+    /// is not.
+    pub fn decode_checked<T: Send>(
+        &self,
+        decode: impl FnOnce(&[u8]) -> Result<T, ImageError>,
+    ) -> Result<T, ImageError> {
+        const ALONE_BELOW: usize = 1 << 20;
+        if self.payload.len() < ALONE_BELOW {
+            self.check()?;
+            return decode(self.payload);
+        }
+        std::thread::scope(|scope| {
+            let hashing = std::thread::Builder::new()
+                .name("ferry-image-sum".into())
+                .spawn_scoped(scope, || self.check());
+            let decoded = decode(self.payload);
+            match hashing {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(ImageError::Invalid("checksum thread panicked".into()))
+                })?,
+                // No thread to be had: checked here, after the decode.
+                Err(_) => self.check()?,
+            }
+            decoded
+        })
+    }
+}
+
+/// Splits one section off `bytes`: its header checked (reserved word,
+/// length within [`MAX_SECTION_LEN`] and the input), not its checksum.
+pub(crate) fn split_section(bytes: &[u8]) -> Result<(RawSection<'_>, &[u8]), ImageError> {
     let Some((h, rest)) = bytes.split_first_chunk::<SECTION_HEADER_LEN>() else {
         return Err(ImageError::Truncated(format!(
             "section header needs {SECTION_HEADER_LEN} bytes, {} left",
@@ -369,10 +431,7 @@ pub(crate) fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), Imag
         )));
     }
     let (payload, rest) = rest.split_at(len as usize);
-    if checksum(payload) != sum {
-        return Err(ImageError::Checksum { what: format!("{name} section") });
-    }
-    Ok((kind_raw, payload, rest))
+    Ok((RawSection { kind_raw, payload, sum }, rest))
 }
 
 /// The section header's `reserved` word: 0 in every format this build
@@ -623,7 +682,7 @@ pub fn decode_meta_versioned(
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
-        let (kind_raw, payload, r) = match read_section_raw(rest) {
+        let (section, r) = match split_section(rest) {
             // What follows the required sections is not a whole section.
             Err(ImageError::Truncated(why)) if order.complete() => {
                 return Err(ImageError::Invalid(format!(
@@ -634,7 +693,14 @@ pub fn decode_meta_versioned(
             other => other?,
         };
         rest = r;
-        match order.accept(kind_raw)? {
+        let kind = order.accept(section.kind_raw)?;
+        if kind == SectionKind::Tree {
+            process = Some(section.decode_checked(|p| decode_payload(p, "process"))?);
+            continue;
+        }
+        section.check()?;
+        let payload = section.payload;
+        match kind {
             SectionKind::Inventory => inventory = Some(decode_payload(payload, "inventory")?),
             SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),
