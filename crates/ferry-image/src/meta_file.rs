@@ -205,12 +205,8 @@ mod tests {
         let inv = Inventory { format_version: container::FORMAT_MAJOR, ..Default::default() };
         let dir = std::env::temp_dir().join(format!("ferry-meta-file-{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&dir)
-            .unwrap();
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&dir).unwrap();
         struct Rm<'a>(&'a Path);
         impl Drop for Rm<'_> {
             fn drop(&mut self) {

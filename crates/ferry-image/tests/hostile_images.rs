@@ -1744,8 +1744,8 @@ fn ten_thousand_connections_go_through_an_image_directory_unchanged() {
     ferry_image::ImageSink::finish_image(&mut sink, &inv, &tree, None).expect("write");
     let written = t.elapsed();
     let t = std::time::Instant::now();
-    let loaded = ferry_image::ImageSource::load(&mut ferry_image::DirSource::new(&dir), 2)
-        .expect("read");
+    let loaded =
+        ferry_image::ImageSource::load(&mut ferry_image::DirSource::new(&dir), 2).expect("read");
     let read = t.elapsed();
     eprintln!("10,000 connections: meta.img written in {written:?}, read and checked in {read:?}");
     assert!(loaded.tree == tree, "the tree read back differs");
