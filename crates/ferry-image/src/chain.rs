@@ -92,7 +92,8 @@ fn parent_of(child: &Path, parent_id: u64) -> Result<PathBuf, ImageError> {
 pub fn read_layer(dir: &Path, threads: usize) -> Result<Layer, ImageError> {
     let d = ImageDir::new(dir);
     d.check_private()?;
-    let (inventory, tree, incremental) = container::decode_meta_full(d.map_meta()?.bytes())?;
+    let meta = bytes::Bytes::from_owner(d.map_meta()?);
+    let (inventory, tree, incremental) = container::decode_meta_shared(&meta)?;
     let file = d.check_pages_file(&inventory)?;
     let len = usize::try_from(inventory.pages_bytes)
         .map_err(|_| ImageError::Invalid("page data larger than the address space".into()))?;

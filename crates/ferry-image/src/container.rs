@@ -345,7 +345,69 @@ pub fn read_section(bytes: &[u8]) -> Result<(SectionKind, &[u8], &[u8]), ImageEr
 
 /// [`read_section`] for a kind this build may not know: the kind is
 /// returned as is, and the length and checksum are still checked.
-fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
+pub(crate) fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
+    let (section, rest) = split_section(bytes)?;
+    section.check()?;
+    Ok((section.kind_raw, section.payload, rest))
+}
+
+/// One section as framed, its checksum not checked yet ([`Self::check`]).
+pub(crate) struct RawSection<'a> {
+    pub kind_raw: u32,
+    pub payload: &'a [u8],
+    sum: u64,
+}
+
+impl RawSection<'_> {
+    fn name(&self) -> String {
+        SectionKind::from_u32(self.kind_raw)
+            .map_or_else(|| format!("kind-{}", self.kind_raw), |k| k.name().to_string())
+    }
+
+    /// The payload's checksum against the header's.
+    pub fn check(&self) -> Result<(), ImageError> {
+        if checksum(self.payload) != self.sum {
+            return Err(ImageError::Checksum { what: format!("{} section", self.name()) });
+        }
+        Ok(())
+    }
+
+    /// Decodes the payload with `decode` while another thread checks its
+    /// checksum (a 40 MB process tree with 10,000 connections' queues:
+    /// the hash is most of the read). Nothing decoded is returned unless
+    /// the checksum holds, and a wrong checksum is the error even when
+    /// the decode failed too: decoding any bytes is safe (it never
+    /// panics and allocates within the payload's length), trusting them
+    /// is not.
+    pub fn decode_checked<T: Send>(
+        &self,
+        decode: impl FnOnce(&[u8]) -> Result<T, ImageError>,
+    ) -> Result<T, ImageError> {
+        const ALONE_BELOW: usize = 1 << 20;
+        if self.payload.len() < ALONE_BELOW {
+            self.check()?;
+            return decode(self.payload);
+        }
+        std::thread::scope(|scope| {
+            let hashing = std::thread::Builder::new()
+                .name("ferry-image-sum".into())
+                .spawn_scoped(scope, || self.check());
+            let decoded = decode(self.payload);
+            match hashing {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(ImageError::Invalid("checksum thread panicked".into()))
+                })?,
+                // No thread to be had: checked here, after the decode.
+                Err(_) => self.check()?,
+            }
+            decoded
+        })
+    }
+}
+
+/// Splits one section off `bytes`: its header checked (reserved word,
+/// length within [`MAX_SECTION_LEN`] and the input), not its checksum.
+pub(crate) fn split_section(bytes: &[u8]) -> Result<(RawSection<'_>, &[u8]), ImageError> {
     let Some((h, rest)) = bytes.split_first_chunk::<SECTION_HEADER_LEN>() else {
         return Err(ImageError::Truncated(format!(
             "section header needs {SECTION_HEADER_LEN} bytes, {} left",
@@ -369,10 +431,7 @@ fn read_section_raw(bytes: &[u8]) -> Result<(u32, &[u8], &[u8]), ImageError> {
         )));
     }
     let (payload, rest) = rest.split_at(len as usize);
-    if checksum(payload) != sum {
-        return Err(ImageError::Checksum { what: format!("{name} section") });
-    }
-    Ok((kind_raw, payload, rest))
+    Ok((RawSection { kind_raw, payload, sum }, rest))
 }
 
 /// The section header's `reserved` word: 0 in every format this build
@@ -391,6 +450,58 @@ pub fn encode_meta(inventory: &Inventory, process: &TreeImage) -> Result<Vec<u8>
     encode_meta_with(inventory, process, None)
 }
 
+/// What takes the sections of a metadata file one by one, in order
+/// ([`each_section`]): a size count, a buffer, a file.
+pub(crate) trait SectionVisitor {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        kind: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError>;
+}
+
+/// Hands `v` every section of the metadata file in order: inventory,
+/// process tree, then (with `Some`) the `Incremental` section and the
+/// tree's optional sections.
+pub(crate) fn each_section(
+    v: &mut impl SectionVisitor,
+    inventory: &Inventory,
+    process: &TreeImage,
+    incremental: Option<&Incremental>,
+) -> Result<(), ImageError> {
+    v.section(SectionKind::Inventory, inventory, "inventory")?;
+    v.section(SectionKind::Tree, process, "process")?;
+    if let Some(inc) = incremental {
+        v.section(SectionKind::Incremental, inc, "incremental")?;
+    }
+    if let Some(cg) = &process.cgroups {
+        v.section(SectionKind::Cgroups, cg, "cgroups")?;
+    }
+    if let Some(up) = &process.unix_peers {
+        v.section(SectionKind::UnixPeers, up, "unix peers")?;
+    }
+    if let Some(dp) = &process.unix_dead_peers {
+        v.section(SectionKind::UnixDeadPeers, dp, "unix dead peers")?;
+    }
+    if let Some(f) = &process.unix_in_flight_files {
+        v.section(SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
+    }
+    if let Some(p) = &process.ptys {
+        v.section(SectionKind::Ptys, p, "ptys")?;
+    }
+    if let Some(a) = &process.process_attrs {
+        v.section(SectionKind::ProcessAttrs, a, "process attributes")?;
+    }
+    if let Some(o) = &process.unix_socket_options {
+        v.section(SectionKind::UnixSocketOptions, o, "unix socket options")?;
+    }
+    if let Some(u) = &process.uts {
+        v.section(SectionKind::Uts, u, "uts")?;
+    }
+    Ok(())
+}
+
 /// Encodes the metadata file of an image that may be incremental: header,
 /// inventory section, process section, then (with `Some`) the
 /// `Incremental` section. The header says [`FormatVersion::CURRENT`].
@@ -400,97 +511,74 @@ pub fn encode_meta_with(
     incremental: Option<&Incremental>,
 ) -> Result<Vec<u8>, ImageError> {
     // One buffer of the exact size, each payload serialized in place: a
-    // tree with 10,000 connections makes a 20 MB file, and growing and
+    // tree with 10,000 connections makes a 40 MB file, and growing and
     // copying buffers for it cost more than encoding it.
-    let mut size = HEADER_LEN;
-    let mut sized = |len: Result<usize, ImageError>| -> Result<(), ImageError> {
-        size += SECTION_HEADER_LEN + len?;
+    let mut size = Sized_(HEADER_LEN);
+    each_section(&mut size, inventory, process, incremental)?;
+    let mut out = Pushed(Vec::with_capacity(size.0));
+    out.0.extend_from_slice(&file_header(0));
+    each_section(&mut out, inventory, process, incremental)?;
+    Ok(out.0)
+}
+
+/// Counts the bytes of the sections.
+struct Sized_(usize);
+
+impl SectionVisitor for Sized_ {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        _: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError> {
+        let len = postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+            .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
+        self.0 += SECTION_HEADER_LEN + len;
         Ok(())
-    };
-    sized(encoded_len(inventory, "inventory"))?;
-    sized(encoded_len(process, "process"))?;
-    if let Some(i) = incremental {
-        sized(encoded_len(i, "incremental"))?;
     }
-    if let Some(cg) = &process.cgroups {
-        sized(encoded_len(cg, "cgroups"))?;
-    }
-    if let Some(up) = &process.unix_peers {
-        sized(encoded_len(up, "unix peers"))?;
-    }
-    if let Some(dp) = &process.unix_dead_peers {
-        sized(encoded_len(dp, "unix dead peers"))?;
-    }
-    if let Some(f) = &process.unix_in_flight_files {
-        sized(encoded_len(f, "unix in-flight files"))?;
-    }
-    if let Some(p) = &process.ptys {
-        sized(encoded_len(p, "ptys"))?;
-    }
-    if let Some(a) = &process.process_attrs {
-        sized(encoded_len(a, "process attributes"))?;
-    }
-    if let Some(o) = &process.unix_socket_options {
-        sized(encoded_len(o, "unix socket options"))?;
-    }
-    if let Some(u) = &process.uts {
-        sized(encoded_len(u, "uts"))?;
-    }
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&file_header(0));
-    push_section(&mut out, SectionKind::Inventory, inventory, "inventory")?;
-    push_section(&mut out, SectionKind::Tree, process, "process")?;
-    if let Some(inc) = incremental {
-        push_section(&mut out, SectionKind::Incremental, inc, "incremental")?;
-    }
-    if let Some(cg) = &process.cgroups {
-        push_section(&mut out, SectionKind::Cgroups, cg, "cgroups")?;
-    }
-    if let Some(up) = &process.unix_peers {
-        push_section(&mut out, SectionKind::UnixPeers, up, "unix peers")?;
-    }
-    if let Some(dp) = &process.unix_dead_peers {
-        push_section(&mut out, SectionKind::UnixDeadPeers, dp, "unix dead peers")?;
-    }
-    if let Some(f) = &process.unix_in_flight_files {
-        push_section(&mut out, SectionKind::UnixInFlightFiles, f, "unix in-flight files")?;
-    }
-    if let Some(p) = &process.ptys {
-        push_section(&mut out, SectionKind::Ptys, p, "ptys")?;
-    }
-    if let Some(a) = &process.process_attrs {
-        push_section(&mut out, SectionKind::ProcessAttrs, a, "process attributes")?;
-    }
-    if let Some(o) = &process.unix_socket_options {
-        push_section(&mut out, SectionKind::UnixSocketOptions, o, "unix socket options")?;
-    }
-    if let Some(u) = &process.uts {
-        push_section(&mut out, SectionKind::Uts, u, "uts")?;
-    }
-    Ok(out)
 }
 
-fn encoded_len<T: serde::Serialize>(value: &T, kind: &'static str) -> Result<usize, ImageError> {
-    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
-        .map_err(|e| ImageError::Decode { kind, reason: e.to_string() })
+/// Appends each section to a buffer: its header, then its payload
+/// serialized straight into it.
+struct Pushed(Vec<u8>);
+
+impl SectionVisitor for Pushed {
+    fn section<T: serde::Serialize>(
+        &mut self,
+        kind: SectionKind,
+        value: &T,
+        name: &'static str,
+    ) -> Result<(), ImageError> {
+        let out = &mut self.0;
+        let at = out.len();
+        out.extend_from_slice(&[0u8; SECTION_HEADER_LEN]);
+        postcard::serialize_with_flavor(value, VecFlavor(out))
+            .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
+        let payload = &out[at + SECTION_HEADER_LEN..];
+        let header = section_header_raw(kind, payload.len() as u64, checksum(payload));
+        out[at..at + SECTION_HEADER_LEN].copy_from_slice(&header);
+        Ok(())
+    }
 }
 
-/// Appends `value` as one section: its header, then its payload
-/// serialized straight into `out`.
-fn push_section<T: serde::Serialize>(
-    out: &mut Vec<u8>,
-    kind: SectionKind,
-    value: &T,
-    name: &'static str,
-) -> Result<(), ImageError> {
-    let at = out.len();
-    out.extend_from_slice(&[0u8; SECTION_HEADER_LEN]);
-    *out = postcard::to_extend(value, std::mem::take(out))
-        .map_err(|e| ImageError::Decode { kind: name, reason: e.to_string() })?;
-    let payload = &out[at + SECTION_HEADER_LEN..];
-    let header = section_header_raw(kind, payload.len() as u64, checksum(payload));
-    out[at..at + SECTION_HEADER_LEN].copy_from_slice(&header);
-    Ok(())
+/// A postcard output that appends to a vector, slices with one copy
+/// (postcard's own `to_extend` pushes them byte by byte: 40 MB of TCP
+/// queues took longer than the rest of the image).
+pub(crate) struct VecFlavor<'a>(pub(crate) &'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for VecFlavor<'_> {
+    type Output = ();
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
 }
 
 /// Decodes the `ProcessAttrs` section in the layout of the image's minor.
@@ -534,6 +622,15 @@ pub fn decode_meta_full(
     bytes: &[u8],
 ) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
     decode_meta_versioned(bytes).map(|(_, inv, tree, inc)| (inv, tree, inc))
+}
+
+/// [`decode_meta_full`] of a shared buffer (meta.img's mapping): the
+/// TCP queues of the tree are ranges of `meta` rather than copies, and
+/// keep it alive. Checked exactly as [`decode_meta_full`] checks.
+pub fn decode_meta_shared(
+    meta: &bytes::Bytes,
+) -> Result<(Inventory, TreeImage, Option<Incremental>), ImageError> {
+    crate::queue::decoding_from(meta, || decode_meta_full(meta))
 }
 
 /// Decodes the optional tree section `kind` (format 4.2 on) into its
@@ -585,7 +682,7 @@ pub fn decode_meta_versioned(
     // The inventory and the process tree, then optional sections, each at
     // most once and in order, and nothing after them.
     while !rest.is_empty() || inventory.is_none() || process.is_none() {
-        let (kind_raw, payload, r) = match read_section_raw(rest) {
+        let (section, r) = match split_section(rest) {
             // What follows the required sections is not a whole section.
             Err(ImageError::Truncated(why)) if order.complete() => {
                 return Err(ImageError::Invalid(format!(
@@ -596,7 +693,14 @@ pub fn decode_meta_versioned(
             other => other?,
         };
         rest = r;
-        match order.accept(kind_raw)? {
+        let kind = order.accept(section.kind_raw)?;
+        if kind == SectionKind::Tree {
+            process = Some(section.decode_checked(|p| decode_payload(p, "process"))?);
+            continue;
+        }
+        section.check()?;
+        let payload = section.payload;
+        match kind {
             SectionKind::Inventory => inventory = Some(decode_payload(payload, "inventory")?),
             SectionKind::Tree => process = Some(decode_payload(payload, "process")?),
             SectionKind::Incremental => incremental = Some(decode_payload(payload, "incremental")?),

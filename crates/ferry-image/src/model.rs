@@ -1142,15 +1142,13 @@ pub struct TcpConnection {
     pub send_seq: u32,
     /// Data sent but not acknowledged, then data not sent yet. (Stored as
     /// one byte string: a busy server's queues run to many megabytes.)
-    #[serde(with = "serde_bytes")]
-    pub send_queue: Vec<u8>,
+    pub send_queue: crate::queue::QueueBytes,
     /// How many bytes at the end of `send_queue` were never sent.
     pub unsent: u32,
     /// Sequence number of the first byte of `recv_queue`.
     pub recv_seq: u32,
     /// Data received and acknowledged but not read by the application.
-    #[serde(with = "serde_bytes")]
-    pub recv_queue: Vec<u8>,
+    pub recv_queue: crate::queue::QueueBytes,
     /// The MSS clamp (TCP_MAXSEG in repair mode).
     pub mss_clamp: u32,
     /// Window scale shifts, or None when window scaling is off.

@@ -126,6 +126,20 @@ impl MappedFile {
     }
 }
 
+// SAFETY: the mapping is read-only and owned by this value alone (unmapped
+// only by its Drop); reading it from any thread is as safe as from the one
+// that made it, so it may move between threads and be shared by them
+// (meta.img's mapping backs the TCP queues a restore's workers send).
+unsafe impl Send for MappedFile {}
+// SAFETY: see Send: `bytes` only reads the read-only mapping.
+unsafe impl Sync for MappedFile {}
+
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
 impl Drop for MappedFile {
     fn drop(&mut self) {
         if self.len > 0 {

@@ -282,11 +282,11 @@ fn read_connection(c: &Established, fd: RawFd) -> Result<TcpConnection> {
     Ok(TcpConnection {
         state: ti.tcpi_state,
         send_seq: write_seq.wrapping_sub(outq),
-        send_queue,
+        send_queue: send_queue.into(),
         unsent,
         // The peer's FIN takes a sequence number after its last byte.
         recv_seq: rcv_nxt.wrapping_sub(inq).wrapping_sub(u32::from(peer_closed)),
-        recv_queue,
+        recv_queue: recv_queue.into(),
         mss_clamp,
         snd_wscale: (ti.tcpi_options & TCPI_OPT_WSCALE != 0).then_some(wscale & 0xf),
         rcv_wscale: wscale >> 4,

@@ -48,9 +48,16 @@ pub(crate) fn apply_option(pid: i32, fd: RawFd, o: &SockOpt) -> Result<()> {
 /// Fault injection for tests: `FERRY_FAULT_SKIP_SOCKET_OPTION=LEVEL/NAME`
 /// leaves that option unset, the very bug the restore's own check
 /// (`restore/verify`) must catch before the tree runs.
+/// The variable is read once: 10,000 connections' options would read
+/// the environment (under its lock) and format a name for every option.
 pub(crate) fn fault_skips(o: &SockOpt) -> bool {
-    std::env::var("FERRY_FAULT_SKIP_SOCKET_OPTION")
-        .is_ok_and(|v| v == format!("{}/{}", o.level, o.name))
+    static SKIP: std::sync::OnceLock<Option<(i32, i32)>> = std::sync::OnceLock::new();
+    let skip = SKIP.get_or_init(|| {
+        let v = std::env::var("FERRY_FAULT_SKIP_SOCKET_OPTION").ok()?;
+        let (level, name) = v.split_once('/')?;
+        Some((level.parse().ok()?, name.parse().ok()?))
+    });
+    *skip == Some((o.level, o.name))
 }
 
 pub(crate) fn address(pid: i32, bytes: &[u8], port: u16) -> Result<SocketAddr> {

@@ -178,6 +178,17 @@ pub(crate) fn setfl_of_fresh_socket(flags: i32) -> Option<i32> {
     (want != 0).then_some(want)
 }
 
+/// What of the status flags `flags` a socket can get from socket(2)
+/// itself (SOCK_NONBLOCK, when O_NONBLOCK is the only one), and the
+/// flags left for [`set_fresh_socket_flags`] (0 when none are).
+pub(crate) fn socket_type_flags(flags: i32) -> (i32, i32) {
+    if flags & SETFL_MASK == libc::O_NONBLOCK {
+        (libc::SOCK_NONBLOCK, 0)
+    } else {
+        (0, flags)
+    }
+}
+
 /// [`set_status_flags`] for a socket just made by socket(2).
 pub(crate) fn set_fresh_socket_flags(pid: i32, fd: &OwnedFd, flags: i32) -> Result<()> {
     let Some(want) = setfl_of_fresh_socket(flags) else { return Ok(()) };
@@ -480,7 +491,18 @@ pub fn epoll_target_calls(
 
 #[cfg(test)]
 mod tests {
-    use super::setfl_of_fresh_socket;
+    use super::{setfl_of_fresh_socket, socket_type_flags};
+
+    #[test]
+    fn only_a_lone_o_nonblock_is_given_by_socket_itself() {
+        let nb = libc::O_RDWR | libc::O_NONBLOCK;
+        assert_eq!(socket_type_flags(nb), (libc::SOCK_NONBLOCK, 0));
+        // Nothing left for F_SETFL then.
+        assert_eq!(setfl_of_fresh_socket(socket_type_flags(nb).1), None);
+        assert_eq!(socket_type_flags(libc::O_RDWR), (0, libc::O_RDWR));
+        let async_too = nb | libc::O_ASYNC;
+        assert_eq!(socket_type_flags(async_too), (0, async_too));
+    }
 
     #[test]
     fn a_fresh_socket_is_given_only_the_settable_flags_it_lacks() {

@@ -44,18 +44,27 @@ pub(crate) fn deferred(o: &ferry_image::SockOpt) -> bool {
 }
 
 pub fn create(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<OwnedFd> {
-    create_counting_sent(pid, s, c).map(|(fd, _)| fd)
+    create_counting_sent(pid, s, c, 0).map(|(fd, _)| fd)
 }
 
 /// [`create`], also returning how many bytes of the send queue went back
-/// as already sent: [`resend`] writes the rest.
-fn create_counting_sent(pid: i32, s: &InetSocket, c: &TcpConnection) -> Result<(OwnedFd, usize)> {
+/// as already sent: [`resend`] writes the rest. `type_flags` go to
+/// socket(2) with the type (SOCK_NONBLOCK: the file's status flag made
+/// with the socket, not by one more call per connection). Nothing of the
+/// rebuild blocks on the socket: connect in repair mode completes at
+/// once, and the queues are written with MSG_DONTWAIT.
+fn create_counting_sent(
+    pid: i32,
+    s: &InetSocket,
+    c: &TcpConnection,
+    type_flags: i32,
+) -> Result<(OwnedFd, usize)> {
     let local = address(pid, &s.addr, s.port)?;
     let (paddr, pport) = s.peer.as_ref().ok_or_else(|| {
         EngineError::restore(pid, format!("TCP connection from {local} has no peer"))
     })?;
     let remote = address(pid, paddr, *pport)?;
-    let sock = socket::socket(s.family, s.sock_type, s.protocol).map_err(|e| {
+    let sock = socket::socket(s.family, s.sock_type | type_flags, s.protocol).map_err(|e| {
         EngineError::kernel(pid, format!("TCP {local} -> {remote}: creating the socket"), e)
     })?;
     let r = Rebuilding { pid, fd: sock.as_raw_fd(), local, remote };
@@ -288,8 +297,9 @@ pub fn create_all(tree: &TreeImage) -> Result<Made> {
     }
     // Worker threads inherit the network namespace ferry is in now.
     let made = crate::parallel::map(&todo, |(pid, f, s, c)| {
-        let (fd, sent_back) = create_counting_sent(*pid, s, c)?;
-        super::set_fresh_socket_flags(*pid, &fd, f.flags)?;
+        let (type_flags, setfl) = super::socket_type_flags(f.flags);
+        let (fd, sent_back) = create_counting_sent(*pid, s, c, type_flags)?;
+        super::set_fresh_socket_flags(*pid, &fd, setfl)?;
         Ok((f.id, fd, sent_back))
     })?;
     let sent_back = made.iter().map(|(id, _, n)| (*id, *n)).collect();
