@@ -187,12 +187,13 @@ def benchmark(cl, test, clients, requests):
 
 
 def sync_phases(out, skip=0):
-    """Mean of each capture phase over the syncs FERRY_SYNC_TRACE printed,
-    leaving out the first `skip` (those before the measured run: the
-    first sync installs the network lock's base and presurveys the tree,
-    one-time costs that would dominate the mean of a short run), and how
-    many syncs were averaged."""
-    sums, n, seen = {}, 0, 0
+    """Median of each capture phase over the syncs FERRY_SYNC_TRACE
+    printed, leaving out the first `skip` (those before the measured run:
+    the first sync installs the network lock's base and presurveys the
+    tree, one-time costs that would weigh on a short run), and how many
+    syncs were counted. A phase a sync did not report counts as 0 for
+    it (a build without that phase)."""
+    values, n, seen = {}, 0, 0
     with open(out, errors="replace") as f:
         for line in f:
             if not line.startswith("sync ") or "capture_phases" not in line:
@@ -205,13 +206,13 @@ def sync_phases(out, skip=0):
             for item in part.split("), ("):
                 name, _, ms = item.strip("()]} \n").rpartition(", ")
                 try:
-                    sums[name.strip('"')] = sums.get(name.strip('"'), 0.0) + float(ms)
+                    values.setdefault(name.strip('"'), []).append(float(ms))
                 except ValueError:
                     pass
             for key in ("before_freeze_ms", "pause_ms", "send_and_store_ms", "total_ms"):
                 v = line.split(f"{key}: ", 1)[1].split(",", 1)[0]
-                sums[key] = sums.get(key, 0.0) + float(v)
-    return {k: v / n for k, v in sums.items()} if n else {}, n
+                values.setdefault(key, []).append(float(v))
+    return {k: statistics.median(v + [0.0] * (n - len(v))) for k, v in values.items()} if n else {}, n
 
 
 def part_load(cl, work, args, res):
@@ -366,7 +367,7 @@ def write_markdown(res, args, out, started):
             L.append(f"| {r['test'].upper()} | {r['clients']} | {p['rps']:.0f} | {q['rps']:.0f} | {q['rps'] / p['rps']:.1%} | "
                      f"{p['p50']:.2f} → {q['p50']:.2f} | {p['p99']:.2f} → {q['p99']:.2f} | {r['syncs_per_s']:.0f} | "
                      f"{r['bytes_per_sync'] / 1024:.0f} |")
-        L += ["", "Where one sync's time goes (mean over the syncs of each run, ms):", "",
+        L += ["", "Where one sync's time goes (median over the syncs of each run, ms):", "",
               "| test | clients | " + " | ".join(PHASES) + " |", "|---|---|" + "---|" * len(PHASES)]
         for r in res["load"]:
             L.append(f"| {r['test'].upper()} | {r['clients']} | " + " | ".join(f"{r['phases'].get(k, 0):.2f}" for k in PHASES) + " |")
@@ -401,7 +402,7 @@ def write_markdown(res, args, out, started):
         fh.write(text)
 
 
-PHASES = ["presurvey", "socket options checked", "network lock prepared", "sharing checked", "freeze", "survey",
+PHASES = ["presurvey", "socket options checked", "connections described", "network lock prepared", "sharing checked", "freeze", "survey",
           "network freeze", "tcp connections", "injected syscalls", "pages", "write image", "thaw", "before_freeze_ms",
           "pause_ms", "send_and_store_ms", "total_ms"]
 

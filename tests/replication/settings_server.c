@@ -5,11 +5,16 @@
  *   "slack N"     sets the thread's timer slack (PR_SET_TIMERSLACK);
  *   "action"      installs a SIGUSR1 handler;
  *   "altstack"    sets an alternate signal stack of 65536 bytes;
+ *   "cloexec"     sets that connection's close-on-exec flag (F_SETFD);
+ *   "owner"       makes this process that connection's owner (F_SETOWN);
  * each answering "ok" (or "error"). "get" answers "keepalive A keepidle
  * N" as getsockopt reads them now, "state" answers "slack S action A
- * altstack Z" (state ferry reads by calls injected into the process).
+ * altstack Z" (state ferry reads by calls injected into the process),
+ * "fd" answers "cloexec C owner O" for that connection (O "self" when
+ * F_GETOWN names this process, else its number).
  * One thread, poll(). Prints "listening" once it listens. */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -40,6 +45,10 @@ static int change(int fd, const char *line) {
         struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
         return sigaction(SIGUSR1, &sa, NULL) == 0;
     }
+    if (strcmp(line, "cloexec") == 0)
+        return fcntl(fd, F_SETFD, FD_CLOEXEC) == 0;
+    if (strcmp(line, "owner") == 0)
+        return fcntl(fd, F_SETOWN, getpid()) == 0;
     if (strcmp(line, "altstack") == 0) {
         stack_t ss = {.ss_sp = malloc(65536), .ss_size = 65536};
         return ss.ss_sp && sigaltstack(&ss, NULL) == 0;
@@ -60,6 +69,15 @@ static void answer(int fd, const char *line) {
         snprintf(out, sizeof out, "slack %d action %d altstack %zu\n",
                  prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), sa.sa_handler == on_usr1,
                  (ss.ss_flags & SS_DISABLE) ? (size_t)0 : ss.ss_size);
+    } else if (strcmp(line, "fd") == 0) {
+        int owner = fcntl(fd, F_GETOWN);
+        char who[32];
+        if (owner == getpid())
+            snprintf(who, sizeof who, "self");
+        else
+            snprintf(who, sizeof who, "%d", owner);
+        snprintf(out, sizeof out, "cloexec %d owner %s\n",
+                 (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0, who);
     } else {
         int alive = -1, idle = -1;
         socklen_t l = sizeof alive;

@@ -77,6 +77,20 @@ pub(crate) struct Handles {
     homes: Vec<u32>,
     order: Vec<u32>,
     keys: Vec<[u8; KEY_LEN]>,
+    /// What this lock wrote, when it claimed its slot itself
+    /// ([`prepare`]: a claimed slot has no entries): its release clears
+    /// only there. None for a lock opened on a slot it did not claim
+    /// ([`open`]): its release looks through the whole table.
+    written: Option<Written>,
+}
+
+/// Where a lock's entries can be: the home slots of every key it wrote
+/// into the table (each within [`TABLE_PROBES`] of its home), and
+/// whether any went to the overflow map.
+#[derive(Debug, Default)]
+pub(crate) struct Written {
+    homes: Vec<u32>,
+    overflowed: bool,
 }
 
 /// Tuples engage handles without allocating (more are fine, just slower).
@@ -130,7 +144,9 @@ pub(crate) fn prepare(
     netns_inode: u64,
 ) -> Result<Handles, NetlockError> {
     let (base, slot) = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
-    Ok(with_scratch(base, slot, new_generation()))
+    let mut handles = with_scratch(base, slot, new_generation());
+    handles.written = Some(Written::default());
+    Ok(handles)
 }
 
 /// A generation that differs from the slot's previous ones in practice
@@ -149,7 +165,15 @@ fn with_scratch(base: Base, slot: u8, generation: u16) -> Handles {
         order: scratch(1),
         keys: scratch([1; KEY_LEN]),
     });
-    Handles { base, slot, generation, homes: kept.homes, order: kept.order, keys: kept.keys }
+    Handles {
+        base,
+        slot,
+        generation,
+        homes: kept.homes,
+        order: kept.order,
+        keys: kept.keys,
+        written: None,
+    }
 }
 
 impl Drop for Handles {
@@ -207,11 +231,19 @@ pub(crate) fn fill(
     handles: &mut Handles,
     tuples: &[Tuple],
 ) -> Result<usize, NetlockError> {
-    let Handles { base, slot, generation, homes, order, keys } = handles;
+    let Handles { base, slot, generation, homes, order, keys, written } = handles;
     sort_by_home(tuples, keys, homes, order);
     let _held = base.exclusive(lock)?;
+    // Noted before the writes: a release after a failure half way
+    // clears every place this fill may have written.
+    if let Some(w) = written.as_mut() {
+        w.homes.extend_from_slice(homes);
+    }
     let overflow =
         insert_in_order(base.table.as_mut_slice(), (*slot, *generation), keys, homes, order);
+    if let Some(w) = written.as_mut() {
+        w.overflowed |= !overflow.is_empty();
+    }
     if overflow.len() > base::MAX_TUPLES as usize {
         return Err(NetlockError::TooManyTuples {
             lock: lock.to_string(),
@@ -334,12 +366,18 @@ fn insert_one(table: &mut [u8], home: u32, entry: &[u8; KEY_LEN]) -> bool {
 /// Removes every entry of owner `slot`: its table slots are zeroed (family
 /// first, so BPF never matches a half-cleared entry) and its bit leaves the
 /// overflow map's masks. The caller holds the base's flock.
-pub(crate) fn remove_entries(lock: &str, base: &mut Base, slot: u8) -> Result<(), NetlockError> {
-    for entry in base.table.as_mut_slice().chunks_exact_mut(KEY_LEN) {
-        if entry[0] != 0 && entry[1] == slot {
-            entry[0] = 0;
-            entry[1..].fill(0);
-        }
+/// With `written` (the lock claimed its slot and noted every write),
+/// only the probe windows of its keys' homes are looked at, and the
+/// overflow map only when a key went there.
+pub(crate) fn remove_entries(
+    lock: &str,
+    base: &mut Base,
+    slot: u8,
+    written: Option<&Written>,
+) -> Result<(), NetlockError> {
+    clear_table(base.table.as_mut_slice(), slot, written.map(|w| w.homes.as_slice()));
+    if written.is_some_and(|w| !w.overflowed) {
+        return Ok(());
     }
     let frozen = base.frozen.as_fd();
     let keys: Vec<[u8; KEY_LEN]> =
@@ -365,6 +403,29 @@ pub(crate) fn remove_entries(lock: &str, base: &mut Base, slot: u8) -> Result<()
     Ok(())
 }
 
+/// Zeroes owner `slot`'s entries in `table` (family first): those in the
+/// probe windows of `homes` when given, else anywhere in the table.
+fn clear_table(table: &mut [u8], slot: u8, homes: Option<&[u32]>) {
+    let clear = |entry: &mut [u8]| {
+        if entry[0] != 0 && entry[1] == slot {
+            entry[0] = 0;
+            entry[1..].fill(0);
+        }
+    };
+    let Some(homes) = homes else {
+        table.chunks_exact_mut(KEY_LEN).for_each(clear);
+        return;
+    };
+    for &home in homes {
+        for probe in 0..TABLE_PROBES {
+            let at = (home.wrapping_add(probe) & (TABLE_SLOTS - 1)) as usize * KEY_LEN;
+            if let Some(entry) = table.get_mut(at..at + KEY_LEN) {
+                clear(entry);
+            }
+        }
+    }
+}
+
 /// Turns this lock's dropping on or off: its bit of `active[0]`, under
 /// the base's flock (one lookup and one update).
 pub(crate) fn set_active(lock: &str, handles: &Handles, on: bool) -> Result<(), NetlockError> {
@@ -388,17 +449,22 @@ pub(crate) fn set_engaged(lock: &str, base: &Base, slot: u8, on: bool) -> Result
 
 /// Frees the lock's slot: bit off, entries removed, slot file removed.
 pub(crate) fn release(lock: &str, handles: &mut Handles) -> Result<(), NetlockError> {
-    free_slot(&mut handles.base, lock, handles.slot)
+    free_slot(&mut handles.base, lock, handles.slot, handles.written.as_ref())
 }
 
 /// Frees slot `slot` of `base`: bit off, entries removed, slot file removed
 /// (in that order, so a crash in between leaves a slot file that names the
 /// lock and the next `release_stale` finishes the job).
-pub(crate) fn free_slot(base: &mut Base, lock: &str, slot: u8) -> Result<(), NetlockError> {
+pub(crate) fn free_slot(
+    base: &mut Base,
+    lock: &str,
+    slot: u8,
+    written: Option<&Written>,
+) -> Result<(), NetlockError> {
     {
         let _held = base.exclusive(lock)?;
         set_engaged(lock, base, slot, false)?;
-        remove_entries(lock, base, slot)?;
+        remove_entries(lock, base, slot, written)?;
         crate::held::forget(&base.name, slot);
     }
     let path = base::slot_path(&base.name, slot);
@@ -428,7 +494,7 @@ pub(crate) fn free_orphan_slots(name: &str) {
         }
     };
     for (slot, lock) in orphans {
-        if let Err(e) = free_slot(&mut base, &lock, slot) {
+        if let Err(e) = free_slot(&mut base, &lock, slot, None) {
             tracing::warn!(base = %name, slot, "freeing the slot of a lock that is gone: {e}");
         }
     }
@@ -475,3 +541,54 @@ pub(crate) fn table_home(tuple: &Tuple) -> u32 {
 
 /// Slots a key may occupy from its home before it overflows.
 pub(crate) const PROBES: u32 = TABLE_PROBES;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key of family 2 told apart by `n`.
+    fn key_of(n: u32) -> [u8; KEY_LEN] {
+        let mut k = [0u8; KEY_LEN];
+        k[0] = 2;
+        k[4..8].copy_from_slice(&n.to_ne_bytes());
+        k
+    }
+
+    fn owners(table: &[u8]) -> Vec<(usize, u8)> {
+        table
+            .chunks_exact(KEY_LEN)
+            .enumerate()
+            .filter(|(_, e)| e[0] != 0)
+            .map(|(i, e)| (i, e[1]))
+            .collect()
+    }
+
+    /// A release that clears only where its lock wrote leaves the table
+    /// as one that looks through all of it: the same entries gone
+    /// (those in a shared probe window and across the table's end
+    /// included), another owner's kept.
+    #[test]
+    fn clearing_where_a_lock_wrote_equals_clearing_the_whole_table() {
+        let mut table = vec![0u8; TABLE_SLOTS as usize * KEY_LEN];
+        let last = TABLE_SLOTS - 1;
+        // Owner 3: spread keys, and five sharing a home at the end (their
+        // probes wrap to the start).
+        let homes3: Vec<u32> = vec![10, 20_000, 40_000, last, last, last, last, last];
+        let keys3: Vec<[u8; KEY_LEN]> = (0..homes3.len() as u32).map(key_of).collect();
+        let order3: Vec<u32> = (0..homes3.len() as u32).collect();
+        let over = insert_in_order(&mut table, (3, 7), &keys3, &homes3, &order3);
+        assert!(over.is_empty());
+        // Owner 5 in the same windows, before and after.
+        let homes5: Vec<u32> = vec![10, last, 30_000];
+        let keys5: Vec<[u8; KEY_LEN]> = (100..103).map(key_of).collect();
+        let order5: Vec<u32> = (0..3).collect();
+        assert!(insert_in_order(&mut table, (5, 9), &keys5, &homes5, &order5).is_empty());
+        let mut whole = table.clone();
+        clear_table(&mut whole, 3, None);
+        clear_table(&mut table, 3, Some(&homes3));
+        assert_eq!(owners(&table), owners(&whole));
+        assert!(owners(&table).iter().all(|&(_, o)| o == 5));
+        assert_eq!(owners(&table).len(), 3, "owner 5's entries kept");
+        assert!(table == whole, "the same bytes");
+    }
+}

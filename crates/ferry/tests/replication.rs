@@ -598,6 +598,44 @@ fn socket_options_set_between_syncs_reach_the_standby() {
     eprintln!("[{TEST}] both connections' options as last set, read at b after the takeover");
 }
 
+/// A connection described by the sync before is taken as it was while no
+/// thread of the tree made a call that changes a socket's options, an fd
+/// or its description (fcntl, ioctl, dup, shutdown, connect, ...): its
+/// close-on-exec flag set and its owner changed between syncs, with
+/// fcntl alone, reach the standby. With the descriptions kept whenever
+/// the socket checks stand (no setsockopt counted), b reads the flag
+/// and the owner of before the change.
+#[test]
+fn descriptor_changes_between_syncs_reach_the_standby() {
+    const TEST: &str = "repl-fdflags";
+    const PORT: &str = "7412";
+    if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
+        return;
+    }
+    let r = Repl::new("rd", &[]);
+    let (server, log) = start_settings_server(&r, PORT);
+    let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
+    let env = [("FERRY_LOG", "warn,ferry_engine::capture=debug")];
+    let mut rep = r.replicate_nowait(server.inner, &extra, &env);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "never in sync:\n{}", rep.show());
+    let (child, out) = clients(&r, "descriptor_clients.py", &[&r.svc, PORT, "5"]);
+    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
+    assert!(changed, "the descriptor was not changed:\n{}", read_lossy(&out));
+    std::thread::sleep(Duration::from_millis(500));
+    r.kill_host("a");
+    let _ = rep.wait(Duration::from_secs(10));
+    let kept = read_lossy(&rep.err).matches("connections described, 1 of them kept").count();
+    assert!(kept > 0, "no sync kept the connection's description:\n{}", rep.show());
+    let results = client_results(child, &out);
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
+    assert_eq!(results[0]["get"].as_str(), Some("cloexec 1 owner self"), "at b");
+    eprintln!(
+        "[{TEST}] {kept} syncs kept the description; the flag and owner as last set, read at b"
+    );
+}
+
 /// What ferry reads by calls injected into the service, changed between
 /// syncs whose injected answers stood (kept from the sync before,
 /// nothing counted since), reaches the standby: the timer slack set

@@ -518,7 +518,14 @@ pub fn capture(
     // One dump of the namespace's TCP sockets for the checks before the
     // freeze.
     let tcp = tcp_tables::TcpTables::before_freeze();
-    ph.step("socket options checked", || check_options(&pre, watch.as_ref(), &tcp, opts))?;
+    let checked =
+        ph.step("socket options checked", || check_options(&pre, watch.as_ref(), &tcp, opts));
+    if checked.is_ok() {
+        ph.step("connections described", || describe_connections(&pre, watch.as_ref(), opts));
+    }
+    // The freeze takes its own duplicates ([`files::FdPresurvey::release_dups`]).
+    pre.values().for_each(files::FdPresurvey::release_dups);
+    checked?;
     // The slow part of the network lock, while the tree still runs.
     let prepared =
         ph.step("network lock prepared", || prepare_lock(pid, &pre, opts, &tcp, &mut guard))?;
@@ -576,9 +583,7 @@ pub fn capture(
 }
 
 /// Phase "socket options checked": every option of every listed socket
-/// read and checked while the tree runs, and with the counters on every
-/// connection described, so that the survey in the freeze only checks
-/// that each is still the same.
+/// read and checked while the tree runs.
 fn check_options(
     pre: &HashMap<i32, files::FdPresurvey>,
     watch: Option<&sockopt_watch::Watch>,
@@ -587,20 +592,36 @@ fn check_options(
 ) -> Result<()> {
     // Carried sockets keep their options: nothing to check or describe.
     if opts.carry_files {
-        pre.values().for_each(files::FdPresurvey::release_dups);
         return Ok(());
     }
-    let kept = kept_checks(opts, watch);
-    let checked = sockopt_check::check(pre, watch.is_some(), tcp, kept);
-    if checked.is_ok() && watch.is_some() {
-        let tree: Vec<i32> = pre.keys().copied().collect();
-        for (&p, listed) in pre {
-            files::pre_describe(p, listed, &tree);
-        }
+    sockopt_check::check(pre, watch.is_some(), tcp, kept_checks(opts, watch))
+}
+
+/// Phase "connections described": with the counters on, every
+/// connection described while the tree runs, so that the survey in the
+/// freeze only checks that each is still the same; with kept checks, a
+/// connection the capture before described is taken as it was while
+/// the counters say its description stands
+/// ([`sockopt_watch::Watch::descriptions_stand`]).
+fn describe_connections(
+    pre: &HashMap<i32, files::FdPresurvey>,
+    watch: Option<&sockopt_watch::Watch>,
+    opts: &CaptureOptions,
+) {
+    let Some(watch) = watch.filter(|_| !opts.carry_files) else { return };
+    let kept = opts.kept_checks.as_ref().map(KeptChecks::descriptions);
+    let describing = kept.map(|k| k.begin(watch.descriptions_stand()));
+    let tree: Vec<i32> = pre.keys().copied().collect();
+    for (&p, listed) in pre {
+        files::pre_describe(p, listed, &tree, describing.as_ref());
     }
-    // The freeze takes its own duplicates ([`files::FdPresurvey::release_dups`]).
-    pre.values().for_each(files::FdPresurvey::release_dups);
-    checked
+    if let (Some(k), Some(d)) = (kept, describing) {
+        let (stood, described) = d.counts();
+        tracing::debug!(
+            "{described} connections described, {stood} of them kept from the capture before"
+        );
+        k.keep(d);
+    }
 }
 
 /// The kept checks, and whether they stand: with a kept watch only.

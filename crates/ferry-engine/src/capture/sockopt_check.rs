@@ -155,9 +155,14 @@ struct CheckedSocket {
 
 /// The sockets one capture checked, kept for the next
 /// ([`super::CaptureOptions::kept_checks`]): they stand there when the
-/// kept setsockopt watch says nothing can have changed them since.
+/// kept setsockopt watch says nothing can have changed them since. And
+/// the connections it described before its freeze
+/// ([`super::files::KeptDescriptions`]).
 #[derive(Clone, Default)]
-pub struct KeptChecks(std::sync::Arc<std::sync::Mutex<HashMap<u64, CheckedSocket>>>);
+pub struct KeptChecks(
+    std::sync::Arc<std::sync::Mutex<HashMap<u64, CheckedSocket>>>,
+    super::files::KeptDescriptions,
+);
 
 impl std::fmt::Debug for KeptChecks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,6 +183,11 @@ impl KeptChecks {
     fn keep(&self, checked: Checked) {
         let now = checked.now.into_inner().unwrap_or_else(|e| e.into_inner());
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+
+    /// The connections the capture before described, kept.
+    pub(super) fn descriptions(&self) -> &super::files::KeptDescriptions {
+        &self.1
     }
 }
 
@@ -260,6 +270,9 @@ pub(super) fn check(
     let first_of_kind = std::sync::Mutex::new(std::collections::HashSet::new());
     let kinds = crate::parallel::map(&listed_socks, |&(pid, fd, link, sock)| {
         let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
+        if let Some(c) = cookie {
+            sock.set_cookie(c);
+        }
         if let (Some(k), Some(c)) = (kept_now, cookie) {
             if k.take_standing(c, sock) {
                 return Ok(None);

@@ -13,7 +13,7 @@
 //!
 //! A second counter of each thread on the calls that change an fd or its open file
 //! description without replacing it (fcntl, ioctl, flock, dup, dup2,
-//! dup3, close_range, shutdown) tell whether the connections described
+//! dup3, close_range, shutdown, connect) tell whether the connections described
 //! before the freeze ([`super::files::pre_describe`]) still are as they
 //! were: then the survey only checks that each fd still holds the same
 //! socket. A call of any of them makes the survey read every fd again.
@@ -29,7 +29,9 @@
 //! before checked (the same SO_COOKIE) stands without being read or
 //! compared again when, since that capture's base, no thread counted a
 //! call, none started or exited, and no BPF program that may set an
-//! option is loaded.
+//! option is loaded. A connection the capture before described stands
+//! too ([`Watch::descriptions_stand`]) when, besides, no thread counted
+//! a call of the second kind since that capture's base.
 //!
 //! What else changes a socket while the tree runs is read again in the
 //! freeze: state, pending errors and queues (under the network lock).
@@ -40,8 +42,10 @@ use std::os::fd::{AsFd, OwnedFd};
 /// The calls after which the fds described before the freeze are read
 /// again: what sets an fd's close-on-exec flag, its description's status
 /// flags, owner, signal or locks, puts another description at an fd
-/// number already listed, or shuts a socket down.
-const FD_CALLS: [libc::c_long; 8] = [
+/// number already listed, shuts a socket down, or gives a connection
+/// other addresses (connect with AF_UNSPEC disconnects it, a second
+/// connect connects it elsewhere).
+const FD_CALLS: [libc::c_long; 9] = [
     libc::SYS_fcntl,
     libc::SYS_ioctl,
     libc::SYS_flock,
@@ -50,6 +54,7 @@ const FD_CALLS: [libc::c_long; 8] = [
     libc::SYS_dup3,
     libc::SYS_close_range,
     libc::SYS_shutdown,
+    libc::SYS_connect,
 ];
 
 /// The calls counted with setsockopt: those that start a thread or a
@@ -151,6 +156,9 @@ pub(super) struct Watch {
     /// Whether what the capture before checked of the sockets still
     /// stands (set by [`Watch::rebase`]).
     checks_stand: bool,
+    /// Whether the connections the capture before described still stand
+    /// (set by [`Watch::rebase`]).
+    descriptions_stand: bool,
 }
 
 /// What the counters tell in the freeze.
@@ -212,7 +220,12 @@ impl KeptWatch {
     /// offers no counters.
     pub(super) fn take(&self, pids: &[i32]) -> Option<Watch> {
         let counters = self.0.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
-        let mut w = Watch { counters, keep: Some(self.clone()), checks_stand: false };
+        let mut w = Watch {
+            counters,
+            keep: Some(self.clone()),
+            checks_stand: false,
+            descriptions_stand: false,
+        };
         w.rebase(pids).then_some(w)
     }
 
@@ -275,7 +288,12 @@ impl Watch {
     /// from now. None when the kernel offers none (no syscall
     /// tracepoints, no perf events): the freeze then reads every option.
     pub fn start(pids: &[i32]) -> Option<Watch> {
-        let mut w = Watch { counters: HashMap::new(), keep: None, checks_stand: false };
+        let mut w = Watch {
+            counters: HashMap::new(),
+            keep: None,
+            checks_stand: false,
+            descriptions_stand: false,
+        };
         w.rebase(pids).then_some(w)
     }
 
@@ -304,6 +322,9 @@ impl Watch {
         // (its last calls are not looked at).
         let mut unchanged =
             closed.is_empty() && !self.counters.is_empty() && no_option_setter(&own);
+        // And the connections described by the capture before: no call
+        // of [`FD_CALLS`] either.
+        let mut fds_unchanged = true;
         if !closed.is_empty() {
             crate::parallel::detach("ferry-watch-close", move || drop(closed));
         }
@@ -318,6 +339,7 @@ impl Watch {
                     return false;
                 };
                 unchanged &= counts.first() == c.base.first();
+                fds_unchanged &= counts.len() >= 2 && counts.get(1) == c.base.get(1);
                 c.base = counts;
                 continue;
             }
@@ -336,9 +358,11 @@ impl Watch {
             }
         }
         self.checks_stand = unchanged;
+        self.descriptions_stand = unchanged && fds_unchanged;
         tracing::debug!(
-            "sockets checked by the capture before {}",
-            if unchanged { "stand" } else { "are checked again" }
+            "sockets checked by the capture before {}, connections it described {}",
+            if unchanged { "stand" } else { "are checked again" },
+            if self.descriptions_stand { "stand" } else { "are described again" }
         );
         true
     }
@@ -348,6 +372,16 @@ impl Watch {
     /// watch of one capture.
     pub fn checks_stand(&self) -> bool {
         self.keep.is_some() && self.checks_stand
+    }
+
+    /// A kept watch's answer: whether the connections the capture before
+    /// described still stand as it described them, as far as the
+    /// tree's calls go: its checks stand ([`Watch::checks_stand`]) and
+    /// no thread made a call of [`FD_CALLS`] since that capture's base
+    /// ([`Watch::rebase`]). What the network changes (state, errors,
+    /// queues, an urgent byte) is not covered: those are read again.
+    pub fn descriptions_stand(&self) -> bool {
+        self.checks_stand() && self.descriptions_stand
     }
 
     /// Thread `tid`'s counters (and pidfd, for a kept watch); None when
@@ -643,6 +677,45 @@ mod tests {
         let _ = child.0.kill();
         let _ = child.0.wait();
         assert_eq!(stands(&kept), Some(false), "its thread exited");
+    }
+
+    #[test]
+    fn a_kept_watch_lets_the_descriptions_stand_only_while_no_fd_call_was_counted() {
+        use std::io::Write;
+        // A process of its own with a socket: on "f" it sets the
+        // socket's close-on-exec flag (fcntl), on "c" it connects it
+        // (refused: nothing listens at port 9 of its loopback).
+        let prog = "import socket,sys,fcntl\ns=socket.socket()\nprint('up',flush=True)\n\
+                    for l in sys.stdin:\n\
+                    \x20if l.startswith('f'): fcntl.fcntl(s.fileno(), fcntl.F_SETFD, fcntl.FD_CLOEXEC)\n\
+                    \x20else: s.connect_ex(('127.0.0.1', 9))\n\
+                    \x20print('done',flush=True)";
+        let Some(PyChild { mut child, mut stdin, mut lines }) = PyChild::start(prog) else {
+            return;
+        };
+        let pid = child.0.id() as i32;
+        let mut next = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        assert_eq!(next(), "up");
+        let kept = KeptWatch::default();
+        let Some(w) = kept.take(&[pid]) else {
+            eprintln!("no system call counters here: skipped");
+            return;
+        };
+        assert!(!w.descriptions_stand(), "the first capture has nothing before it");
+        drop(w);
+        let stands = |kept: &KeptWatch| {
+            kept.take(&[pid]).map(|w| (w.checks_stand(), w.descriptions_stand()))
+        };
+        assert_eq!(stands(&kept), Some((true, true)), "nothing called since");
+        for (line, call) in [("f", "an fcntl"), ("c", "a connect")] {
+            writeln!(stdin, "{line}").expect("to the child");
+            assert_eq!(next(), "done");
+            assert_eq!(stands(&kept), Some((true, false)), "{call} since: the options stand");
+            assert_eq!(stands(&kept), Some((true, true)), "nothing since the last");
+        }
+        let _ = child.0.kill();
+        let _ = child.0.wait();
+        assert_eq!(stands(&kept), Some((false, false)), "its thread exited");
     }
 
     #[test]

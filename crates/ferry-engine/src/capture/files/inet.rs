@@ -377,6 +377,44 @@ fn changed_options(fd: RawFd, family: i32, tcp: bool, state: u8) -> Vec<SockOpt>
     options
 }
 
+/// A connection the capture before described, whose description stands
+/// as far as the tree's calls go ([`super::KeptDescriptions`]): what
+/// the network or the host can change without such a call is checked
+/// again, as its description checked it ([`super::socket_preconditions::recheck_kept`]).
+/// Its state, pending errors and urgent byte are polled again under the
+/// network lock in the freeze.
+pub(crate) fn recheck_kept(info: &FdInfo, kind: &FileKind) -> Result<()> {
+    let FileKind::InetSocket(s) = kind else {
+        return Err(info.unsupported("not an IPv4/IPv6 socket"));
+    };
+    let addr = |bytes: &[u8], port| -> Option<SocketAddr> {
+        let ip = match bytes.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+            16 => IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
+            _ => return None,
+        };
+        Some(SocketAddr::new(ip, port))
+    };
+    let local = addr(&s.addr, s.port).ok_or_else(|| info.unsupported("its address"))?;
+    let peer = s.peer.as_ref().and_then(|(a, p)| addr(a, *p));
+    let state = info.pre.and_then(super::PreSocket::read).map_or(TCP_ESTABLISHED, |r| r.state);
+    let checked = info.pre.and_then(|p| {
+        p.with_dup(|sock| {
+            let facts = super::socket_preconditions::InetFacts {
+                sock: sock.as_fd(),
+                tcp: s.sock_type == libc::SOCK_STREAM && s.protocol == libc::IPPROTO_TCP,
+                state,
+                local,
+                peer,
+                options: &s.options,
+                diag: Default::default(),
+            };
+            super::socket_preconditions::recheck_kept(info, &facts)
+        })
+    });
+    checked.unwrap_or_else(|| Err(info.unsupported("no duplicate of it")))
+}
+
 /// A TCP socket's state, and its backlog if it listens.
 struct TcpState {
     state: u8,

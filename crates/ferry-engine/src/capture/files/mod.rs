@@ -25,6 +25,7 @@ mod unix_options;
 use crate::error::{EngineError, Result};
 use crate::procfs;
 use ferry_image::{FdSlot, FileKind, OpenFile};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
@@ -233,11 +234,15 @@ pub struct PreSocket {
     dup: std::sync::Mutex<Option<OwnedFd>>,
     read: std::sync::OnceLock<PreRead>,
     described: std::sync::OnceLock<Early>,
+    /// Its SO_COOKIE, read by the option check of a capture with kept
+    /// checks.
+    cookie: std::sync::OnceLock<u64>,
 }
 
 /// A connection described before the freeze ([`pre_describe`]): its
 /// fdinfo then, its description as the freeze would make it, and its
 /// owner and signal ([`owner::read_raw`]).
+#[derive(Clone)]
 pub(crate) struct Early {
     fdinfo: String,
     described: Described,
@@ -286,6 +291,62 @@ impl PreSocket {
 
     pub fn read(&self) -> Option<&PreRead> {
         self.read.get()
+    }
+
+    /// Records the socket's SO_COOKIE (once).
+    pub fn set_cookie(&self, cookie: u64) {
+        let _ = self.cookie.set(cookie);
+    }
+}
+
+/// The key of a kept description: process, fd, and the socket's
+/// SO_COOKIE (an id the kernel never gives another socket).
+type DescribedKey = (i32, i32, u64);
+
+/// The connections one capture described before its freeze
+/// ([`pre_describe`]), kept for the next (`ferry replicate`'s syncs,
+/// with [`super::KeptChecks`]). A connection found there again (the
+/// same process, fd and socket) when the kept watch says the
+/// descriptions stand ([`super::sockopt_watch::Watch::descriptions_stand`]:
+/// no call of the tree's that changes a socket's options, an fd or its
+/// description since that capture began reading) is not described
+/// again: only what the network or the host can change without such a
+/// call is checked again ([`inet::recheck_kept`]).
+#[derive(Clone, Default)]
+pub struct KeptDescriptions(std::sync::Arc<std::sync::Mutex<HashMap<DescribedKey, Early>>>);
+
+impl KeptDescriptions {
+    /// What this capture starts from: the kept descriptions when they
+    /// `stand`, none otherwise; this capture's are kept by
+    /// [`KeptDescriptions::keep`].
+    pub(crate) fn begin(&self, stand: bool) -> Describing {
+        let before = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        Describing { before: if stand { before } else { HashMap::new() }, now: Default::default() }
+    }
+
+    /// This capture's descriptions, for the next.
+    pub(crate) fn keep(&self, d: Describing) {
+        let now = d.now.into_inner().unwrap_or_else(|e| e.into_inner());
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+}
+
+/// The descriptions of the capture before that stand, and this
+/// capture's.
+pub(crate) struct Describing {
+    before: HashMap<DescribedKey, Early>,
+    now: std::sync::Mutex<HashMap<DescribedKey, Early>>,
+}
+
+impl Describing {
+    fn record(&self, key: DescribedKey, early: Early) {
+        self.now.lock().unwrap_or_else(|e| e.into_inner()).insert(key, early);
+    }
+
+    /// How many of the capture before's stood and were taken.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        (self.before.keys().filter(|k| now.contains_key(k)).count(), now.len())
     }
 }
 
@@ -412,16 +473,18 @@ fn same_socket_now(pidfd: &OwnedFd, fd: i32, listed: &Listed, early: &Early) -> 
     (now & SETFL_FLAGS == then & SETFL_FLAGS).then_some(dup)
 }
 
-/// Phase "socket options checked", its last part, while the tree runs:
-/// each established TCP connection of `pid` (from fd 3 on) described as
-/// the survey in the freeze would, from the early read of its options
-/// ([`PreRead`]). The survey takes a description when the counters say
-/// nothing could change it since and the fd still holds that socket
+/// Phase "connections described", while the tree runs: each established
+/// TCP connection of `pid` (from fd 3 on) described as the survey in the
+/// freeze would, from the early read of its options ([`PreRead`]). The
+/// survey takes a description when the counters say nothing could
+/// change it since and the fd still holds that socket
 /// ([`same_socket_now`]); a connection closed or reset since is found
 /// under the network lock (its state and poll events are read again
 /// there). One that cannot be described is simply not: the freeze reads
-/// it in full and decides.
-pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
+/// it in full and decides. With `kept` (a capture with kept checks), a
+/// connection the capture before described, standing, is taken as it
+/// was once [`inet::recheck_kept`] passes ([`KeptDescriptions`]).
+pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&Describing>) {
     let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { return };
     let Ok(fdinfo_dir) = FdinfoDir::open(pid) else { return };
     let connected = |s: &PreSocket| {
@@ -440,10 +503,20 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
         (unix::UnixTables::default(), socket_preconditions::Tables::new(true));
     let mounts = allow::Mounts::new(pid);
     let described = crate::parallel::map(&todo, |&(&fd, l)| {
-        let Ok(fdinfo) = fdinfo_dir.read(fd) else { return Ok(false) };
-        if fdinfo_identity(&fdinfo) != Some(l.id) {
-            return Ok(false);
-        }
+        let key = l.socket.cookie.get().map(|&c| (pid, fd, c));
+        // The capture before's description of this very socket at this
+        // fd, standing.
+        let before = kept
+            .zip(key)
+            .and_then(|(k, key)| k.before.get(&key))
+            .filter(|e| fdinfo_identity(&e.fdinfo) == Some(l.id));
+        let fdinfo = match before {
+            Some(e) => e.fdinfo.clone(),
+            None => match fdinfo_dir.read(fd) {
+                Ok(f) if fdinfo_identity(&f) == Some(l.id) => f,
+                _ => return Ok(false),
+            },
+        };
         let info = FdInfo {
             pid,
             fd,
@@ -461,15 +534,32 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
             early: None,
             carried: None,
         };
-        let Ok(described) = describe(&info, false) else { return Ok(false) };
-        let Some(Ok(owner)) = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd())) else {
-            return Ok(false);
+        let early = match before {
+            Some(e) => match inet::recheck_kept(&info, &e.described.2) {
+                Ok(()) => e.clone(),
+                Err(_) => return Ok(false),
+            },
+            None => match describe_early(&info, l) {
+                Some(e) => e,
+                None => return Ok(false),
+            },
         };
-        let _ = l.socket.described.set(Early { fdinfo: info.fdinfo, described, owner });
+        if let (Some(k), Some(key)) = (kept, key) {
+            k.record(key, early.clone());
+        }
+        let _ = l.socket.described.set(early);
         Ok(true)
     });
     let n = described.map_or(0, |d| d.into_iter().filter(|&d| d).count());
     tracing::debug!("pid {pid}: {n} connections described before the freeze");
+}
+
+/// One connection described while the tree runs, with its owner and
+/// signal; None when it cannot be (the freeze reads it in full).
+fn describe_early(info: &FdInfo, l: &Listed) -> Option<Early> {
+    let described = describe(info, false).ok()?;
+    let owner = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd()))?.ok()?;
+    Some(Early { fdinfo: info.fdinfo.clone(), described, owner })
 }
 
 /// /proc/PID/fdinfo, open: each fd's fdinfo is read relative to it,

@@ -184,6 +184,22 @@ pub(super) fn check_inet(info: &FdInfo, s: &InetFacts) -> Result<()> {
     check_time_wait(info, s)
 }
 
+/// The checks of a connection described by the capture before, whose
+/// description stands ([`super::inet::recheck_kept`]): those of
+/// [`check_inet`] that the network or the host can fail without a call
+/// of the tree's that the kept watch counts. An urgent byte read
+/// out of band leaves its place in the receive queue (recv is not
+/// counted); an address can be taken off the namespace's interfaces.
+/// The poll check is made again under the lock in the freeze; the MSS,
+/// shutdown and TIME_WAIT checks follow from counted calls (or apply
+/// to listeners and closed sockets only).
+pub(super) fn recheck_kept(info: &FdInfo, s: &InetFacts) -> Result<()> {
+    if s.tcp {
+        check_urgent_gap(info, s)?;
+    }
+    check_address(info, s)
+}
+
 /// The process's network namespace, opened once.
 fn netns(info: &FdInfo) -> Result<Arc<OwnedFd>> {
     let mut ns = locked(&info.socket_tables.netns);
