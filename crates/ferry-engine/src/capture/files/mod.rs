@@ -237,11 +237,35 @@ pub struct PreSocket {
 
 /// A connection described before the freeze ([`pre_describe`]): its
 /// fdinfo then, its description as the freeze would make it, and its
-/// owner and signal ([`owner::read_raw`]).
+/// owner and signal ([`owner::read_raw`]). The survey in the freeze
+/// takes the fdinfo and the description over rather than copying them
+/// (10,000 connections' options, addresses and fdinfo text); one taken
+/// already is read in full instead.
 pub(crate) struct Early {
-    fdinfo: String,
-    described: Described,
+    /// The description's status flags then.
+    flags: i32,
+    fdinfo: std::sync::Mutex<Option<String>>,
+    described: std::sync::Mutex<Option<Described>>,
     owner: owner::Raw,
+}
+
+impl Early {
+    fn new(fdinfo: String, described: Described, owner: owner::Raw) -> Early {
+        Early {
+            flags: described.0,
+            fdinfo: std::sync::Mutex::new(Some(fdinfo)),
+            described: std::sync::Mutex::new(Some(described)),
+            owner,
+        }
+    }
+
+    fn take_fdinfo(&self) -> Option<String> {
+        self.fdinfo.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn take_described(&self) -> Option<Described> {
+        self.described.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 /// An IPv4/IPv6 socket as read before the freeze: what never changes
@@ -408,7 +432,7 @@ fn same_socket_now(pidfd: &OwnedFd, fd: i32, listed: &Listed, early: &Early) -> 
     }
     let dup = OwnedFd::from(file);
     let now = ferry_sys::fd::fcntl_int(dup.as_raw_fd(), libc::F_GETFL, 0, "fcntl(F_GETFL)").ok()?;
-    let then = early.described.0;
+    let then = early.flags;
     (now & SETFL_FLAGS == then & SETFL_FLAGS).then_some(dup)
 }
 
@@ -465,7 +489,7 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32]) {
         let Some(Ok(owner)) = l.socket.with_dup(|d| owner::read_raw(d.as_raw_fd())) else {
             return Ok(false);
         };
-        let _ = l.socket.described.set(Early { fdinfo: info.fdinfo, described, owner });
+        let _ = l.socket.described.set(Early::new(info.fdinfo, described, owner));
         Ok(true)
     });
     let n = described.map_or(0, |d| d.into_iter().filter(|&d| d).count());
@@ -538,11 +562,14 @@ pub(super) fn capture(
         let early = pre
             .filter(|_| quiet.fds && !opts.carry_files)
             .and_then(|p| p.early(fd))
-            .and_then(|(l, e)| Some((l, e, same_socket_now(pidfd, fd, l, e)?)));
+            .and_then(|(l, e)| {
+                let dup = same_socket_now(pidfd, fd, l, e)?;
+                Some((l, e, dup, e.take_fdinfo()?))
+            });
         let (fdinfo, link, meta, same, early) = match early {
-            Some((l, e, dup)) => {
+            Some((l, e, dup, fdinfo)) => {
                 kept.0.lock().unwrap_or_else(|e| e.into_inner()).push((fd, dup));
-                (e.fdinfo.clone(), l.link.clone(), l.meta.clone(), Some(l), Some(e))
+                (fdinfo, l.link.clone(), l.meta.clone(), Some(l), Some(e))
             }
             None => {
                 let fdinfo = fdinfo_dir.read(fd)?;
@@ -750,8 +777,8 @@ fn describe(info: &FdInfo, external_stdio: bool) -> Result<Described> {
     {
         return Ok((flags & !libc::O_CLOEXEC, pos, kind, locks::parse(info)?));
     }
-    if let Some(early) = info.early {
-        return Ok(early.described.clone());
+    if let Some(described) = info.early.and_then(Early::take_described) {
+        return Ok(described);
     }
     let stdio_link =
         info.fd <= 2 && (info.link.starts_with("pipe:") || info.link.starts_with("socket:"));
