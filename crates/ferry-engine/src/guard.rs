@@ -28,6 +28,9 @@ use crate::error::{EngineError, Result};
 use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+/// A pipe's capacity as the kernel makes it (16 pages).
+const PIPE_DEFAULT: usize = 64 << 10;
+
 /// ferry's end of the guard: dropping it ends the guard's watch of this
 /// capture.
 pub struct Guard {
@@ -112,11 +115,25 @@ impl Guard {
         self.say(&format!("mask {tid} {mask:x}\n"));
     }
     /// Sockets about to enter repair mode, as (pid, fd, SO_REUSEADDR):
-    /// leaving repair mode clears SO_REUSEADDR. One write for all of them.
+    /// leaving repair mode clears SO_REUSEADDR. One write for all of them,
+    /// into a pipe grown to hold it: 10,000 connections are 200 KB, and
+    /// with the pipe's 64 KiB ferry waited, in the pause, for the guard
+    /// to read and parse them (77 ms on a loaded host). What is in the
+    /// pipe reaches the guard even if ferry dies right after the write.
     pub fn repair(&mut self, socks: &[(i32, i32, bool)]) {
         let mut lines = String::with_capacity(socks.len() * 24);
         for (pid, fd, reuse) in socks {
             lines.push_str(&format!("repair {pid} {fd} {}\n", *reuse as u8));
+        }
+        // Room for the message and what the guard has not read yet;
+        // refused (over fs.pipe-max-size), the write waits as before.
+        let size = (lines.len() + PIPE_DEFAULT).next_power_of_two();
+        if let Some(p) = self.pipe.as_ref().filter(|_| size > PIPE_DEFAULT) {
+            let size = libc::c_long::try_from(size).unwrap_or(libc::c_long::MAX);
+            let grown = ferry_sys::fd::fcntl_int(p.as_raw_fd(), libc::F_SETPIPE_SZ, size, "fcntl");
+            if let Err(e) = grown {
+                tracing::debug!("the guard's pipe keeps its size: F_SETPIPE_SZ: {e:?}");
+            }
         }
         self.say(&lines);
     }
@@ -220,6 +237,32 @@ fn recover(plan: &Plan) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 10,000 sockets told to a guard that reads nothing meanwhile: the
+    /// write does not wait for it (the write end does not block, so a
+    /// pipe too small fails the write), and every line arrives.
+    #[test]
+    fn ten_thousand_repaired_sockets_are_told_without_waiting_for_the_guard() {
+        let (r, w) = ferry_sys::fd::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK).expect("pipe");
+        // Never dropped: there is no guard process to end.
+        let mut g = std::mem::ManuallyDrop::new(Guard {
+            pid: 0,
+            pipe: Some(std::fs::File::from(w)),
+            kept: false,
+        });
+        let socks: Vec<(i32, i32, bool)> =
+            (0..10_000).map(|fd| (12345, fd + 3, fd % 2 == 0)).collect();
+        g.repair(&socks);
+        let pipe = g.pipe.take();
+        assert!(pipe.is_some(), "the write did not fit the pipe");
+        drop(pipe);
+        let mut plan = Plan::default();
+        for line in std::io::BufReader::new(std::fs::File::from(r)).lines() {
+            parse(&mut plan, &line.expect("read"));
+        }
+        assert_eq!(plan.repaired.len(), 10_000);
+        assert_eq!(plan.repaired[9_999], (12345, 10_002, false));
+    }
 
     #[test]
     fn parses_the_protocol_and_ignores_garbage() {

@@ -2,8 +2,8 @@
 //! namespace and stage of a capture, shared by every check that asks:
 //! before the freeze, the MD5 keys (phase "socket options checked") and
 //! the tree's listeners (phase "network lock prepared"); in the freeze,
-//! the sockets' shutdown bits and the connections in TIME_WAIT (the
-//! survey). Each dump walks the kernel's whole connection table, shared
+//! the sockets' shutdown bits and, in a dump of their own, the
+//! connections in TIME_WAIT (the survey). Each dump walks the kernel's whole connection table, shared
 //! by every namespace of the machine: a sync of `ferry replicate` made
 //! four to eight of them, a sixth of its CPU time.
 
@@ -47,6 +47,13 @@ impl TcpTables {
     /// In the freeze: the table entries and shutdown bits.
     pub fn in_freeze() -> TcpTables {
         TcpTables { what: TcpDump::Plain, by_ns: Mutex::default() }
+    }
+
+    /// In the freeze: the connections in TIME_WAIT alone, for the
+    /// listeners' check (not every connection of a 10,000-connection
+    /// server formatted by the kernel and parsed here, in the pause).
+    pub fn time_wait() -> TcpTables {
+        TcpTables { what: TcpDump::TimeWait, by_ns: Mutex::default() }
     }
 
     /// The sockets of namespace `ns` (inode `netns`), dumped at its first

@@ -54,8 +54,11 @@ const MSS_RANGE: std::ops::RangeInclusive<i32> = 88..=32767;
 /// each socket's, so 10,000 connections cost one lookup each.
 pub struct Tables {
     netns: Mutex<Option<Arc<OwnedFd>>>,
-    /// Its TCP sockets and TIME_WAIT connections, from one dump.
+    /// Its TCP sockets and TIME_WAIT connections, from one dump, for
+    /// the connections past [`EXACT_LOOKUPS`].
     tcp: TcpTables,
+    /// Its TIME_WAIT connections alone, for the listeners' check.
+    time_wait: TcpTables,
     /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
     /// iterator's; none when the kernel refuses it).
     time_wait_no_reuse: Mutex<Option<Arc<Vec<SocketAddr>>>>,
@@ -76,6 +79,7 @@ impl Tables {
         Tables {
             netns: Mutex::default(),
             tcp: TcpTables::in_freeze(),
+            time_wait: TcpTables::time_wait(),
             time_wait_no_reuse: Mutex::default(),
             local: Mutex::default(),
             udp_shutdown: Mutex::default(),
@@ -298,7 +302,7 @@ fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::
     let inode = info.meta.ino() as u32;
     let d = match looked_up(info, s, inode)? {
         Some(d) => Some(d),
-        None => tcp_table(info)?.by_inode(inode).copied(),
+        None => tcp_table(info, &info.socket_tables.tcp)?.by_inode(inode).copied(),
     };
     let _ = s.diag.set(d);
     Ok(d)
@@ -416,7 +420,7 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !rebinds || !info.socket_tables.restored_here {
         return Ok(());
     }
-    let table = tcp_table(info)?;
+    let table = tcp_table(info, &info.socket_tables.time_wait)?;
     let tws: Vec<SocketAddr> =
         table.sockets.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
     if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
@@ -443,14 +447,13 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
-/// The TCP sockets and TIME_WAIT connections of the process's network
-/// namespace, dumped once.
-fn tcp_table(info: &FdInfo) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
+/// The TCP sockets of the process's network namespace that `tables`
+/// dumps (all, or the TIME_WAIT connections alone), dumped once.
+fn tcp_table(info: &FdInfo, tables: &TcpTables) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
     let ns = netns(info)?;
     let inode = ferry_sys::sockdiag::inode_of(ns.as_fd())
         .map_err(|e| EngineError::kernel(info.pid, "fstat of its network namespace", e))?;
-    info.socket_tables
-        .tcp
+    tables
         .of(inode, ns.as_fd())
         .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
 }
