@@ -151,19 +151,11 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
     assert_ne!(start_time(srv.pid), before, "still the old process: {said}");
     let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
     // The 64 MiB once, and what the writer rewrote between rounds.
-    let precopied: f64 = line
-        .split_once("pre-copied ")
-        .and_then(|(_, rest)| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no pre-copy in {line}"));
+    let precopied = number_before(line, " MiB in ");
     assert!(precopied >= 64.0, "{line}");
     assert!(said.contains("pre-copy: round 0"), "{said}");
     // The hot writer rewrites 4 MiB: the pause copies about that, not 64.
-    let pause_mib: f64 = line
-        .split(", ")
-        .find_map(|p| p.strip_suffix(" MiB copied in the pause"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no pause copy in {line}"));
+    let pause_mib = number_before(line, " MiB copied in the pause");
     assert!(pause_mib < 16.0, "{pause_mib} MiB copied in the pause: {line}");
     assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384", "{said}");
     assert_eq!(client.ask("INCR").expect("reply"), "1");
@@ -209,6 +201,14 @@ fn reap_holders(said: &str) -> Vec<i32> {
     holders
 }
 
+/// The number `line` has right before `suffix` (after a space or '(').
+fn number_before(line: &str, suffix: &str) -> f64 {
+    line.split_once(suffix)
+        .and_then(|(head, _)| head.rsplit([' ', '(']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number before {suffix:?} in {line}"))
+}
+
 /// A kB figure of /proc/PID/smaps_rollup.
 fn rollup_kb(pid: i32, key: &str) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
@@ -240,11 +240,7 @@ fn large_memory_is_freed_after_the_release_and_inherited_in_huge_pages() {
     let thp =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if thp.contains('[') && !thp.contains("[never]") {
-        let huge_mib: f64 = line
-            .split_once(" MiB in huge pages")
-            .and_then(|(head, _)| head.rsplit('(').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no huge pages in {line}"));
+        let huge_mib = number_before(line, " MiB in huge pages");
         assert!(huge_mib >= 2.0, "{line}");
         let huge_kb = rollup_kb(srv.pid, "AnonHugePages:");
         assert!(huge_kb >= 2048, "the new root has {huge_kb} kB in huge pages: {line}");

@@ -598,6 +598,42 @@ fn socket_options_set_between_syncs_reach_the_standby() {
     eprintln!("[{TEST}] both connections' options as last set, read at b after the takeover");
 }
 
+/// One change between syncs, seen at the standby: `ferry replicate` on
+/// the settings server (its capture logging `log`), change_clients.py
+/// asking `first`, then a second later (after syncs that kept what the
+/// sync before read) `changes`, each "ok" leaving only once a sync
+/// holding it is stored; host a killed, b takes over, and the client
+/// asks `read` there. Returns that answer and how many times the
+/// primary's log said `kept`.
+fn change_between_syncs(
+    test: &str,
+    (name, port): (&str, &str),
+    log: &str,
+    (first, changes, read): (&str, &str, &str),
+    kept: &str,
+) -> (String, usize) {
+    let r = Repl::new(name, &[]);
+    let (server, server_log) = start_settings_server(&r, port);
+    let extra = ["--ignore-writes", path_str(&server_log), "--heartbeat-timeout-ms", "1000"];
+    let env = [("FERRY_LOG", log)];
+    let mut rep = r.replicate_nowait(server.inner, &extra, &env);
+    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
+    assert!(synced, "[{test}] never in sync:\n{}", rep.show());
+    let args = [r.svc.as_str(), port, "5", first, changes, read];
+    let (child, out) = clients(&r, "change_clients.py", &args);
+    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
+    assert!(changed, "[{test}] nothing was changed:\n{}", read_lossy(&out));
+    std::thread::sleep(Duration::from_millis(500));
+    r.kill_host("a");
+    let _ = rep.wait(Duration::from_secs(10));
+    let kept = read_lossy(&rep.err).matches(kept).count();
+    assert!(kept > 0, "[{test}] no sync kept what the one before read:\n{}", rep.show());
+    let results = client_results(child, &out);
+    let blog = read_lossy(&r.env.ferryd_log("b"));
+    assert!(blog.contains("took over"), "[{test}] b did not take over:\n{blog}");
+    (results[0]["get"].as_str().unwrap_or("").to_string(), kept)
+}
+
 /// A connection described by the sync before is taken as it was while no
 /// thread of the tree made a call that changes a socket's options, an fd
 /// or its description (fcntl, ioctl, dup, shutdown, connect, ...): its
@@ -608,29 +644,17 @@ fn socket_options_set_between_syncs_reach_the_standby() {
 #[test]
 fn descriptor_changes_between_syncs_reach_the_standby() {
     const TEST: &str = "repl-fdflags";
-    const PORT: &str = "7412";
     if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
         return;
     }
-    let r = Repl::new("rd", &[]);
-    let (server, log) = start_settings_server(&r, PORT);
-    let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
-    let env = [("FERRY_LOG", "warn,ferry_engine::capture=debug")];
-    let mut rep = r.replicate_nowait(server.inner, &extra, &env);
-    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
-    assert!(synced, "never in sync:\n{}", rep.show());
-    let (child, out) = clients(&r, "descriptor_clients.py", &[&r.svc, PORT, "5"]);
-    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
-    assert!(changed, "the descriptor was not changed:\n{}", read_lossy(&out));
-    std::thread::sleep(Duration::from_millis(500));
-    r.kill_host("a");
-    let _ = rep.wait(Duration::from_secs(10));
-    let kept = read_lossy(&rep.err).matches("connections described, 1 of them kept").count();
-    assert!(kept > 0, "no sync kept the connection's description:\n{}", rep.show());
-    let results = client_results(child, &out);
-    let blog = read_lossy(&r.env.ferryd_log("b"));
-    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
-    assert_eq!(results[0]["get"].as_str(), Some("cloexec 1 owner self"), "at b");
+    let (got, kept) = change_between_syncs(
+        TEST,
+        ("rd", "7412"),
+        "warn,ferry_engine::capture=debug",
+        ("get", "cloexec,owner", "fd"),
+        "connections described, 1 of them kept",
+    );
+    assert_eq!(got, "cloexec 1 owner self", "at b");
     eprintln!(
         "[{TEST}] {kept} syncs kept the description; the flag and owner as last set, read at b"
     );
@@ -645,28 +669,16 @@ fn descriptor_changes_between_syncs_reach_the_standby() {
 #[test]
 fn injected_state_changed_between_syncs_reaches_the_standby() {
     const TEST: &str = "repl-injected";
-    const PORT: &str = "7411";
     if !have(TEST, &[ETCD, "python3", "iptables", "gcc"]) {
         return;
     }
-    let r = Repl::new("ri", &[]);
-    let (server, log) = start_settings_server(&r, PORT);
-    let extra = ["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "1000"];
-    let env = [("FERRY_LOG", "warn,ferry_engine::capture::injected=debug")];
-    let mut rep = r.replicate_nowait(server.inner, &extra, &env);
-    let synced = wait_for(Duration::from_secs(60), || read_lossy(&rep.out).contains("in sync"));
-    assert!(synced, "never in sync:\n{}", rep.show());
-    let (child, out) = clients(&r, "state_clients.py", &[&r.svc, PORT, "5"]);
-    let changed = wait_for(Duration::from_secs(30), || read_lossy(&out).contains("changed"));
-    assert!(changed, "the state was not changed:\n{}", read_lossy(&out));
-    std::thread::sleep(Duration::from_millis(500));
-    r.kill_host("a");
-    let _ = rep.wait(Duration::from_secs(10));
-    let kept = read_lossy(&rep.err).matches("not asked again").count();
-    assert!(kept > 0, "no sync kept the injected answers:\n{}", rep.show());
-    let results = client_results(child, &out);
-    let blog = read_lossy(&r.env.ferryd_log("b"));
-    assert!(blog.contains("took over"), "b did not take over:\n{blog}");
-    assert_eq!(results[0]["get"].as_str(), Some("slack 80000 action 1 altstack 65536"), "at b");
+    let (got, kept) = change_between_syncs(
+        TEST,
+        ("ri", "7411"),
+        "warn,ferry_engine::capture::injected=debug",
+        ("get,slack 70000", "slack 80000,action,altstack", "state"),
+        "not asked again",
+    );
+    assert_eq!(got, "slack 80000 action 1 altstack 65536", "at b");
     eprintln!("[{TEST}] {kept} syncs kept the injected answers; the state as last set, read at b");
 }
