@@ -142,12 +142,7 @@ fn memory_is_precopied_and_whole_after_the_replacement_under_a_hot_writer() {
     let mut client = Client::connect(srv.port);
     assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384");
     let before = start_time(srv.pid);
-    let out = Command::new(FERRY)
-        .args(["-v", "replace", "--pid", &srv.pid.to_string()])
-        .output()
-        .expect("ferry replace");
-    let said = text(&out);
-    assert!(out.status.success(), "{said}");
+    let said = replaced_verbosely(srv.pid);
     assert_ne!(start_time(srv.pid), before, "still the old process: {said}");
     let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
     // The 64 MiB once, and what the writer rewrote between rounds.
@@ -201,6 +196,17 @@ fn reap_holders(said: &str) -> Vec<i32> {
     holders
 }
 
+/// `ferry -v replace --pid PID`, which must succeed: all it said.
+fn replaced_verbosely(pid: i32) -> String {
+    let out = Command::new(FERRY)
+        .args(["-v", "replace", "--pid", &pid.to_string()])
+        .output()
+        .expect("ferry replace");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    said
+}
+
 /// The number `line` has right before `suffix` (after a space or '(').
 fn number_before(line: &str, suffix: &str) -> f64 {
     line.split_once(suffix)
@@ -228,12 +234,7 @@ fn large_memory_is_freed_after_the_release_and_inherited_in_huge_pages() {
     let srv = Server::start("held", 64, false);
     let mut client = Client::connect(srv.port);
     assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384");
-    let out = Command::new(FERRY)
-        .args(["-v", "replace", "--pid", &srv.pid.to_string()])
-        .output()
-        .expect("ferry replace");
-    let said = text(&out);
-    assert!(out.status.success(), "{said}");
+    let said = replaced_verbosely(srv.pid);
     let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
     assert!(line.contains("old memory (6") && line.contains("freed after the release"), "{line}");
     assert_eq!(reap_holders(&said).len(), 1, "{said}");
