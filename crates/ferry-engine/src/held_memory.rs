@@ -30,7 +30,11 @@
 //!   until ended: the trial ran a whole copy of the tree beside the old
 //!   one, which is more than the holder and the new tree together;
 //! - a tree with SysV shared memory gets no holder: a held attachment
-//!   would keep a removed segment's id taken from the restore.
+//!   would keep a removed segment's id taken from the restore;
+//! - nor does a process in a cgroup with a memory limit (memory.max, at
+//!   its level or above): the held memory stays charged there while the
+//!   new tree starts to allocate, and near the limit the cgroup's OOM
+//!   killer could pick the new service.
 
 use crate::error::{EngineError, Result};
 use crate::freeze::Frozen;
@@ -133,6 +137,65 @@ fn reap_traced(pid: i32) {
     }
 }
 
+/// The first cgroup of `pid`, or above it, that limits its memory
+/// (cgroup v2 `memory.max`, or the v1 memory controller's
+/// `memory.limit_in_bytes`): the held memory stays charged there while
+/// the new tree starts to allocate, which near the limit could make the
+/// cgroup's OOM killer pick the new service. Unreadable counts as
+/// limited.
+fn memory_limit_above(pid: i32) -> Option<String> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return Some(format!("/proc/{pid}/cgroup (unreadable)"));
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let (mount, file) = if id == "0" && controllers.is_empty() {
+            (cgroup_mount(&mountinfo, "cgroup2", None), "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (cgroup_mount(&mountinfo, "cgroup", Some("memory")), "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let Some(mount) = mount else { continue };
+        let mut dir = mount.join(path.trim_start_matches('/'));
+        loop {
+            let limit = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+            if limits(limit.trim()) {
+                return Some(format!("{} ({file} {})", dir.display(), limit.trim()));
+            }
+            if dir == mount || !dir.pop() {
+                break;
+            }
+        }
+    }
+    None
+}
+
+/// Whether a memory.max or memory.limit_in_bytes value is a limit: not
+/// `max`, not v1's "unlimited" (PAGE_COUNTER_MAX pages), not absent.
+fn limits(value: &str) -> bool {
+    match value {
+        "" | "max" => false,
+        v => v.parse::<u64>().is_ok_and(|b| b < 1 << 62),
+    }
+}
+
+/// The mount point of the cgroup filesystem of type `fstype` (with the
+/// super option `option`, a v1 controller) in ferry's mountinfo.
+fn cgroup_mount(mountinfo: &str, fstype: &str, option: Option<&str>) -> Option<std::path::PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split(' ');
+        let (ty, _source, options) = (r.next()?, r.next()?, r.next()?);
+        let wanted = ty == fstype && option.is_none_or(|o| options.split(',').any(|x| x == o));
+        wanted.then(|| left.split(' ').nth(4).map(std::path::PathBuf::from))?
+    })
+}
+
 /// The resident bytes of `pid` (statm's second field, in pages).
 fn resident_bytes(pid: i32) -> Result<u64> {
     let text = procfs::read_string(&format!("/proc/{pid}/statm"))?;
@@ -147,6 +210,10 @@ fn hold_one(f: &Frozen, min_bytes: u64) -> Result<Option<Holder>> {
     let pid = f.pid;
     let bytes = resident_bytes(pid)?;
     if bytes < min_bytes {
+        return Ok(None);
+    }
+    if let Some(limited) = memory_limit_above(pid) {
+        tracing::debug!("pid {pid}: memory not held past the kill: {limited} limits it");
         return Ok(None);
     }
     let maps = procfs::maps(pid)?;
@@ -238,4 +305,30 @@ fn name_holder(remote: &Remote, holder: i32) -> Result<()> {
     });
     remote.call(holder, "munmap", libc::SYS_munmap, &[page, 4096])?;
     named.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_is_a_number_below_the_unlimited_value() {
+        assert!(limits("1073741824"));
+        assert!(!limits("max"));
+        assert!(!limits(""));
+        assert!(!limits("9223372036854771712"));
+    }
+
+    #[test]
+    fn the_cgroup_mounts_are_found_by_type_and_controller() {
+        let mountinfo = "\
+30 24 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
+35 30 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 30 0:32 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+40 30 0:35 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw";
+        let at = |t, o| cgroup_mount(mountinfo, t, o).map(|p| p.display().to_string());
+        assert_eq!(at("cgroup2", None).as_deref(), Some("/sys/fs/cgroup/unified"));
+        assert_eq!(at("cgroup", Some("memory")).as_deref(), Some("/sys/fs/cgroup/memory"));
+        assert_eq!(at("cgroup", Some("pids")), None);
+    }
 }

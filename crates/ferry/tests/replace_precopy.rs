@@ -337,3 +337,80 @@ fn no_precopy_copies_every_page_in_the_pause() {
     assert_eq!(client.ask("CHECK").expect("reply"), "OK 4096");
     assert_eq!(client.ask("INCR").expect("reply"), "1");
 }
+
+/// A memory cgroup of the test's (v1's memory controller, or v2 where
+/// it is enabled), removed on drop once its processes are gone.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+    limit_file: &'static str,
+}
+
+impl MemoryCgroup {
+    fn new(tag: &str) -> Option<MemoryCgroup> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = |fstype: &str, option: Option<&str>| {
+            mountinfo.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let r: Vec<&str> = right.split(' ').collect();
+                let wanted = r.first() == Some(&fstype)
+                    && option
+                        .is_none_or(|o| r.get(2).is_some_and(|x| x.split(',').any(|c| c == o)));
+                wanted.then(|| left.split(' ').nth(4).map(std::path::PathBuf::from))?
+            })
+        };
+        let (base, limit_file) = match mount("cgroup", Some("memory")) {
+            Some(m) => (m, "memory.limit_in_bytes"),
+            None => {
+                let m = mount("cgroup2", None)?;
+                let enabled = std::fs::read_to_string(m.join("cgroup.subtree_control")).ok()?;
+                enabled.split_whitespace().any(|c| c == "memory").then_some((m, "memory.max"))?
+            }
+        };
+        let dir = base.join(format!("ferry-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(MemoryCgroup { dir, limit_file })
+    }
+
+    fn limit(&self, bytes: u64) {
+        std::fs::write(self.dir.join(self.limit_file), bytes.to_string()).expect("memory limit");
+    }
+
+    fn add(&self, pid: i32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("cgroup.procs");
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let t = Instant::now();
+        while std::fs::remove_dir(&self.dir).is_err() && t.elapsed() < Duration::from_secs(5) {
+            sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A process in a cgroup that limits its memory is killed with its
+/// teardown, as before: held past the kill, its memory would stay
+/// charged there while the new tree starts to allocate.
+#[test]
+fn memory_under_a_cgroup_limit_is_not_held_past_the_kill() {
+    require_root!();
+    let Some(cg) = MemoryCgroup::new("held-limit") else {
+        eprintln!(
+            "SKIPPED memory_under_a_cgroup_limit_is_not_held_past_the_kill: no memory cgroup"
+        );
+        return;
+    };
+    let srv = Server::start("limited", 64, false);
+    cg.limit(1 << 30);
+    cg.add(srv.pid);
+    let mut client = Client::connect(srv.port);
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384");
+    let said = replaced_verbosely(srv.pid);
+    let line = said.lines().find(|l| l.starts_with("replaced pid")).expect("the line");
+    assert!(!line.contains("old memory"), "{line}");
+    assert!(said.contains("memory not held past the kill"), "{said}");
+    assert!(said.contains("held by [] "), "{said}");
+    assert_eq!(client.ask("CHECK").expect("reply"), "OK 16384", "{said}");
+    assert_eq!(client.ask("INCR").expect("reply"), "1");
+}
