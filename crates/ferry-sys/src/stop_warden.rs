@@ -143,14 +143,17 @@ fn warden_child(
                 p.revents = 0;
             }
             libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, ms_until(until));
-            if polls.iter().all(|p| p.revents != 0) {
-                libc::_exit(0);
-            }
-            // Each exited target stays readable: wait on the others only.
+            // Each exited target stays readable: wait on the others only
+            // (poll skips a negative fd), and end once none is left (not
+            // only when all exit within one poll: the warden outlived
+            // targets that exited one after the other by the whole grace).
             for p in polls.iter_mut() {
                 if p.revents != 0 {
                     p.fd = -1;
                 }
+            }
+            if polls.iter().all(|p| p.fd < 0) {
+                libc::_exit(0);
             }
         }
         for p in polls.iter() {
@@ -198,5 +201,29 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(250), "stopped before the deadline");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM));
         w.disarm().expect("reap");
+    }
+
+    #[test]
+    fn an_orphaned_warden_ends_once_its_last_target_exited() {
+        let (mut quick, quick_fd) = sleeper();
+        // Exits 300 ms after its SIGTERM: in a later poll than `quick`.
+        let mut slow = Command::new("sh")
+            .args(["-c", "trap 'sleep 0.3; exit 0' TERM; while :; do sleep 0.05; done"])
+            .spawn()
+            .expect("sh");
+        let slow_fd = crate::pidfd::pidfd_open(slow.id() as i32).expect("pidfd_open");
+        let t = Instant::now();
+        let mut w = spawn_stop_warden(
+            &[quick_fd, slow_fd],
+            Duration::from_millis(300),
+            Duration::from_secs(5),
+        )
+        .expect("warden");
+        drop(w.done.take());
+        let _ = quick.wait();
+        let _ = slow.wait();
+        w.disarm().expect("reap");
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(3), "the warden stayed {took:?} (grace 5 s)");
     }
 }

@@ -803,6 +803,11 @@ fn a_ferry_killed_during_the_drain_leaves_the_old_tree_to_its_warden() {
     while stat(warden).is_some_and(|(s, _)| s != 'Z') && t.elapsed() < Duration::from_secs(5) {
         sleep(Duration::from_millis(20));
     }
-    assert!(ferry_testkit::try_reap(warden).is_some(), "the warden did not end");
+    let state = stat(warden);
+    assert!(
+        ferry_testkit::try_reap(warden).is_some(),
+        "the warden {warden} did not end: {state:?} {}",
+        comm(warden)
+    );
     assert!(Conn::open(port).expect("new conn").0.ask().expect("answer").starts_with("v2 "));
 }
