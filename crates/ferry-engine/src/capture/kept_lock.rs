@@ -41,11 +41,6 @@ impl KeptLock {
         *self.slot() = Some(lock);
     }
 
-    /// The kept lock's name (None between a capture's take and its put).
-    pub fn name(&self) -> Option<String> {
-        self.slot().as_ref().map(|l| l.name().to_string())
-    }
-
     /// Releases the kept lock now, if there is one (replication ends).
     pub fn release(&self) -> Result<(), ferry_netlock::NetlockError> {
         match self.take() {
