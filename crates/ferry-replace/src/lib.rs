@@ -208,10 +208,7 @@ fn trial(
 /// teardown comes after the new tree runs, not before its PIDs are free.
 fn kill(captured: Captured) -> Result<HeldMemory, EngineError> {
     let waits_for = std::path::PathBuf::from(format!("/proc/{}/stat", std::process::id()));
-    let hold_from = std::env::var("FERRY_HOLD_MEMORY_FROM")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(ferry_engine::held_memory::HOLD_FROM_BYTES);
+    let hold_from = ferry_engine::held_memory::HOLD_FROM_BYTES;
     captured.kill_holding(LockAfterKill::HandOverTo(waits_for), hold_from).map(|(_, held)| held)
 }
 
