@@ -33,8 +33,7 @@ pub(super) fn engage_lock(
     let established = files::tcp::established(&survey.file_views());
     let procs: Vec<(i32, &[ferry_image::OpenFile])> =
         survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
-    let kept = opts.kept_lock.as_ref();
-    let lock = network::engage(prepared, &established, &procs, opts.network_lock, kept)?;
+    let lock = network::engage(prepared, &established, &procs, opts.network_lock)?;
     if let Some(l) = &lock {
         guard.lock(l.name());
     }
