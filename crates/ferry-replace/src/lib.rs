@@ -9,13 +9,20 @@
 //! reaper checked       reaper.rs    the old root's parent reaps (its PIDs come free)
 //! pre-copy             precopy/     the root's memory copied into placed memory of
 //!                                   ferry's own while the tree runs, in rounds
+//! early trial          early_trial.rs  a first short freeze captures the tree, which
+//!                                   runs on while that image, edited, is restored in
+//!                                   scratch namespaces and checked (the trial), then
+//!                                   ended (not with --single-freeze, nor for repaired
+//!                                   TCP connections)
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
-//! trial                engine       the edited image restored in scratch namespaces
+//! trial                early_trial.rs / engine  the final image compared with the
+//!                                   tried one, masking only values a restore sets
+//!                                   whatever they are; if it changed (or no early
+//!                                   trial), the image restored in scratch namespaces
 //!                                   (the network one made before the freeze) and
-//!                                   checked, while the old tree is still frozen;
-//!                                   then the copy is told to end
-//! kill                 engine       the one step that cannot be undone (the trial
+//!                                   checked while the old tree is still frozen
+//! kill                 engine       the one step that cannot be undone (a trial
 //!                                   copy ends meanwhile)
 //! restore              engine       once the old root is reaped and the trial copy
 //!                                   gone: the edited image restored in place, same
@@ -24,9 +31,10 @@
 //! ```
 //!
 //! Until the kill, every failure drops the capture, which lets the old
-//! tree run on untouched. The kill comes only after a restore of the very
-//! same image passed, so the restore after it meets nothing the trial did
-//! not. The old tree's sockets, pipes, eventfds... are carried over as the
+//! tree run on untouched. The kill comes only after a restore of an image
+//! of the very same shape passed (the same image, or one that differs only
+//! in values the restore sets whatever they are), so the restore after it
+//! meets nothing the trial did not. The old tree's sockets, pipes, eventfds... are carried over as the
 //! same kernel objects (the capture's `carry_files`, the restore's
 //! `Handover::carried`) unless `rebuild_files` asks for new ones, and the
 //! root's memory is pre-copied into placed memory the new root inherits
@@ -34,6 +42,7 @@
 
 mod cgroup;
 mod checks;
+mod early_trial;
 pub mod edits;
 mod error;
 mod exec;
@@ -80,11 +89,19 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         true => Some(precopy::Precopy::run(pid, &precopy::RoundRule::default(), &mut pre_ph)?),
         false => None,
     };
-    // The capture's guard, forked with the regions, would copy their page
-    // tables, and its exit (waited for in the kill) tear them down.
+    // The captures' guards, forked with the regions, would copy their
+    // page tables, and the last one's exit (waited for in the kill) tear
+    // them down; the early trial's helper would copy them too.
     if let Some(p) = pre.as_ref() {
         p.inherit(false)?;
     }
+    let mut phases = prefixed("pre-copy", pre_ph.done());
+    let early = match opts.single_freeze {
+        true => None,
+        false => early_trial::run(pid, opts, &edits, pre.as_mut(), &sandbox)?,
+    };
+    let first_pause = early.as_ref().map(|e| e.first_pause_ms);
+    phases.extend(early.as_ref().map_or(Vec::new(), |e| e.phases.clone()));
     let (mut captured, mut image) = capture_into_memory(pid, opts, pre.as_mut())?;
     // Kept open until the new tree runs: through the kill they hold the
     // old tree's sockets, pipes... alive for the new one.
@@ -96,7 +113,6 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         ..Default::default()
     };
     let mut ph = Phases::start_at("replace", captured.frozen_at());
-    let mut phases = prefixed("pre-copy", pre_ph.done());
     phases.extend(prefixed("capture", captured.phases.done()));
     ph.mark("capture");
     let netns = ph.step("edit", || -> Result<_, ReplaceError> {
@@ -109,19 +125,16 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         Ok(netns)
     })?;
     let pause_pages = captured.inventory.pages_bytes;
-    let copy = ph.step("trial", || match pre.as_ref() {
-        Some(p) => p.without_regions(|| trial(&captured, &mut image, &handover, &sandbox)),
-        None => trial(&captured, &mut image, &handover, &sandbox),
+    let tried = ph.step("trial", || {
+        let last = FinalImage { captured: &mut captured, image: &mut image, handover: &handover };
+        last.tried(early, pre.as_ref(), &sandbox)
     })?;
-    phases.extend(prefixed("trial", copy.phases()));
-    // The copy passed: its helper ends it while the old tree is killed;
-    // the restore waits for that end before it makes anything.
-    let ending = copy.end();
+    phases.extend(tried.phases.iter().cloned());
     let (_, freeze_ms, _) = report::split_capture(captured.phases.done());
     let held_memory = ph.step("kill", || kill(captured)).map_err(ReplaceError::AfterKill)?;
     let opts = RestoreOptions { netns: netns.path(), ..Default::default() };
     let new = NewTree { image: &mut image, opts: &opts, handover: &handover, pre: pre.as_ref() };
-    let held = ph.step("restore", || new.restore(ending));
+    let held = ph.step("restore", || new.restore(tried.ending));
     let (held, waited) = held.map_err(ReplaceError::AfterKill)?;
     phases.extend(prefixed("restore", &waited));
     phases.extend(prefixed("restore", &held.phases()));
@@ -141,7 +154,57 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         files,
         precopy: pre.map(|p| report::PrecopyLine { summary: p.summary(), pause_pages }),
         old_memory,
+        trial: report::TrialLine { first_pause, changed: tried.changed },
     })
+}
+
+/// The final capture, its image and the files carried with it.
+struct FinalImage<'a> {
+    captured: &'a mut Captured,
+    image: &'a mut MemoryImage,
+    handover: &'a Handover,
+}
+
+/// The trial that guards the kill, and the copy it left ending.
+struct Tried {
+    /// None when the copy ended before the freeze.
+    ending: Option<EndingTrial>,
+    phases: Vec<(String, f64)>,
+    /// The early trial did not stand for the final image: why.
+    changed: Option<String>,
+}
+
+impl FinalImage<'_> {
+    /// The early trial when the final image has its shape; otherwise
+    /// (changed, or none made) a trial of the final image here, in the
+    /// pause, once the early copy has ended.
+    fn tried(
+        self,
+        early: Option<early_trial::EarlyTrial>,
+        pre: Option<&precopy::Precopy>,
+        sandbox: &restore::trial::Sandbox,
+    ) -> Result<Tried, ReplaceError> {
+        let changed = match early.map(|e| e.compare(&mut self.captured.tree)) {
+            Some(early_trial::Compared::Same) => {
+                if let Some(p) = pre {
+                    p.inherit(true)?;
+                }
+                return Ok(Tried { ending: None, phases: Vec::new(), changed: None });
+            }
+            Some(early_trial::Compared::Changed(what)) => Some(what),
+            None => None,
+        };
+        let sockets = self.captured.socket_fds();
+        let carried = &self.handover.carried;
+        let copy = match pre {
+            Some(p) => p.without_regions(|| trial(&sockets, self.image, carried, sandbox)),
+            None => trial(&sockets, self.image, carried, sandbox),
+        }?;
+        let phases = prefixed("trial", copy.phases());
+        // The copy passed: its helper ends it while the old tree is
+        // killed; the restore waits for that end before it makes anything.
+        Ok(Tried { ending: Some(copy.end()), phases, changed })
+    }
 }
 
 /// The capture into a fresh in-memory image, tried again while the tree
@@ -174,17 +237,12 @@ fn capture_into_memory(
 /// is handed back held, never run, for the caller to end. A tree that
 /// cannot be tried is refused: the kill would be unguarded.
 fn trial(
-    captured: &Captured,
+    socket_fds: &[std::os::fd::RawFd],
     image: &mut MemoryImage,
-    handover: &Handover,
+    carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
     sandbox: &restore::trial::Sandbox,
 ) -> Result<restore::trial::TrialCopy, ReplaceError> {
-    let outcome = restore::trial::trial_carrying(
-        image,
-        &captured.socket_fds(),
-        &handover.carried,
-        Some(sandbox),
-    );
+    let outcome = restore::trial::trial_carrying(image, socket_fds, carried, Some(sandbox));
     let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
@@ -228,7 +286,10 @@ impl NewTree<'_> {
     /// so that it meets the host as the trial left it: the copy's
     /// processes gone from every cgroup and limit they counted in, its
     /// references to the carried files dropped. Also returns those waits.
-    fn restore(self, ending: EndingTrial) -> Result<(HeldTree, Vec<(String, f64)>), EngineError> {
+    fn restore(
+        self,
+        ending: Option<EndingTrial>,
+    ) -> Result<(HeldTree, Vec<(String, f64)>), EngineError> {
         let t0 = Instant::now();
         let mut loaded = self.image.load(ferry_engine::worker_threads())?;
         // The root is forked from ferry and inherits the pre-copied memory;
@@ -239,7 +300,7 @@ impl NewTree<'_> {
         let t = Instant::now();
         restore::wait_zombies_reaped(&loaded.tree);
         let reaped = t.elapsed().as_secs_f64() * 1e3;
-        let ended = ending.wait(restore::trial::END_PATIENCE);
+        let ended = ending.map_or(0.0, |e| e.wait(restore::trial::END_PATIENCE));
         let waited = vec![
             ("old root reaped (waited)".to_string(), reaped),
             ("trial copy ended (waited)".to_string(), ended),

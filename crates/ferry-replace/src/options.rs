@@ -37,6 +37,11 @@ pub struct ReplaceOptions {
     /// (pre-copy), so the pause copies only what was written since the
     /// last round. Off: every page is copied in the pause.
     pub precopy: bool,
+    /// Freeze the tree once, with the trial restore inside that pause;
+    /// by default a first short freeze captures the tree for a trial
+    /// made while it runs, and the pause that ends in the kill only
+    /// compares the final image with the tried one (early_trial.rs).
+    pub single_freeze: bool,
 }
 
 impl ReplaceOptions {

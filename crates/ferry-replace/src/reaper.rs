@@ -56,8 +56,9 @@ pub fn check(pid: i32) -> Result<(), ReplaceError> {
                 "the PIDs of the old tree's other processes, orphaned by the kill,"
             };
             Err(ReplaceError::Refused(format!(
-                "pid {pid}: {reaper} ({}), which would reap the killed tree, leaves its ended children unreaped (zombie {z}), so {whose} would not come free for the new tree",
-                comm
+                "pid {pid}: {reaper} ({}), which would reap the killed tree, leaves its ended children unreaped (zombie {z}, {}), so {whose} would not come free for the new tree",
+                comm,
+                self::comm(z)
             )))
         }
         None => Ok(()),

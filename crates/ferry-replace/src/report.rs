@@ -23,6 +23,33 @@ pub struct Replaced {
     pub precopy: Option<PrecopyLine>,
     /// The old tree's memory held past the kill, when some was.
     pub old_memory: Option<OldMemory>,
+    /// Where the trial restore was made.
+    pub trial: TrialLine,
+}
+
+/// Where the trial that guarded the kill was made: before the freeze on
+/// a first capture (that capture's own pause), or in the pause.
+#[derive(Debug, Clone, Default)]
+pub struct TrialLine {
+    /// The first freeze's length, when there was one.
+    pub first_pause: Option<f64>,
+    /// Why the final image was tried again in the pause, if it was.
+    pub changed: Option<String>,
+}
+
+impl TrialLine {
+    /// `tried before the freeze (first pause 2.9 ms)`, or `tried again in
+    /// the pause after a first pause of 2.9 ms: the tree changed (pid 7:
+    /// its fd table)`; nothing for a single freeze.
+    pub fn text(&self) -> Option<String> {
+        let first = self.first_pause?;
+        Some(match &self.changed {
+            None => format!("tried before the freeze (first pause {first:.1} ms)"),
+            Some(what) => format!(
+                "tried again in the pause after a first pause of {first:.1} ms: the tree changed ({what})"
+            ),
+        })
+    }
 }
 
 /// The old tree's address spaces held past the kill and freed after the
@@ -100,6 +127,7 @@ impl Replaced {
         let parts: Vec<String> =
             self.parts.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
         let mut extra = self.edits.clone();
+        extra.extend(self.trial.text());
         extra.extend(self.precopy.as_ref().map(PrecopyLine::text));
         extra.extend(self.old_memory.as_ref().map(OldMemory::text));
         let edits =
@@ -184,11 +212,19 @@ mod tests {
             files: files_moved(3, 0, false),
             precopy: None,
             old_memory: Some(OldMemory { bytes: 64 << 20, freed_ms: 3.25 }),
+            trial: TrialLine { first_pause: Some(2.94), changed: None },
         };
         assert_eq!(
             r.line(),
-            "replaced pid 42: pause 12.3 ms (freeze 0.2, restore 7.0); 3 files carried, 0 TCP connections repaired, no network lock; seccomp filter stacked, old memory (64.0 MiB) freed after the release in 3.2 ms"
+            "replaced pid 42: pause 12.3 ms (freeze 0.2, restore 7.0); 3 files carried, 0 TCP connections repaired, no network lock; seccomp filter stacked, tried before the freeze (first pause 2.9 ms), old memory (64.0 MiB) freed after the release in 3.2 ms"
         );
+        let changed =
+            TrialLine { first_pause: Some(3.0), changed: Some("pid 7: its fd table".into()) };
+        assert_eq!(
+            changed.text().as_deref(),
+            Some("tried again in the pause after a first pause of 3.0 ms: the tree changed (pid 7: its fd table)")
+        );
+        assert_eq!(TrialLine::default().text(), None);
         assert_eq!(
             files_moved(0, 2, true),
             "0 files carried, 2 TCP connections repaired, network lock held"

@@ -109,6 +109,14 @@ pub struct ReplaceArgs {
     /// the last round.
     #[arg(long)]
     pub no_precopy: bool,
+    /// Freeze the tree once, the trial restore inside that pause. By
+    /// default a first short freeze captures the tree for a trial restore
+    /// made while the tree runs on, and the pause that ends in the kill
+    /// only checks that the tree kept the shape that was tried (else it
+    /// tries the final image there too): two pauses, the longer one
+    /// without the trial.
+    #[arg(long, conflicts_with = "exec")]
+    pub single_freeze: bool,
     /// With --exec: seconds the old tree keeps serving its connections
     /// after the takeover before it is stopped.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, requires = "exec")]
@@ -152,6 +160,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         parent_sees_exit,
         rebuild_files,
         no_precopy,
+        single_freeze,
         ..
     } = args;
     let opts = ferry_replace::ReplaceOptions {
@@ -165,6 +174,7 @@ pub fn run(args: ReplaceArgs, verbose: bool) -> Result<i32> {
         parent_sees_exit,
         rebuild_files,
         precopy: !no_precopy,
+        single_freeze,
     };
     match ferry_replace::replace(pid, &opts) {
         Ok(r) => {

@@ -226,6 +226,59 @@ fn a_counter_server_under_a_client_is_replaced_with_no_gap() {
     for part in ["freeze", "capture", "trial", "kill", "restore", "release"] {
         assert!(line.contains(part), "{part} missing from {line}");
     }
+    // The client's requests change no shape: the trial stands.
+    assert!(line.contains("tried before the freeze (first pause "), "{line}");
+}
+
+/// The tree accepts a connection between the first capture and the
+/// final one (ferry stalled after its early trial): the final image has
+/// another fd, so it is tried in the pause, and the new connection is
+/// carried with the rest.
+#[test]
+fn a_tree_changed_after_the_early_trial_is_tried_again_in_the_pause() {
+    require_root!();
+    let (svc, port) = Service::probe("changed", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let before = svc.start_time();
+    sleep(Duration::from_millis(20));
+    let mut ferry = Command::new(FERRY)
+        .args(["replace", "--pid", &svc.pid.to_string()])
+        .env("FERRY_FAULT_STALL_AFTER", "replace:early trial")
+        .env("FERRY_FAULT_STALL_SECS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running ferry replace");
+    let mut err = BufReader::new(ferry.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    err.read_line(&mut line).expect("ferry's stall line");
+    assert!(line.contains("stalling after replace phase 'early trial'"), "{line}");
+    let mut second = Client::connect(port);
+    assert_eq!(second.ask("INCR").expect("the second client"), "2");
+    let out = ferry.wait_with_output().expect("ferry replace");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "ferry replace failed: {said}");
+    assert!(
+        said.contains("tried again in the pause after a first pause of "),
+        "the final image was not tried again: {said}"
+    );
+    assert!(said.contains("the tree changed (pid "), "{said}");
+    assert_ne!(svc.start_time(), before, "pid {} is still the old process", svc.pid);
+    assert_eq!(client.ask("INCR").expect("the first client"), "3");
+    assert_eq!(second.ask("INCR").expect("the second client"), "4");
+    assert_eq!(svc.ended.load(Ordering::SeqCst), 1, "the old process was not ended once");
+}
+
+#[test]
+fn a_single_freeze_tries_in_the_pause() {
+    require_root!();
+    let (svc, port) = Service::probe("single", &[]);
+    let mut client = Client::connect(port);
+    assert_eq!(client.ask("INCR").expect("first"), "1");
+    let said = replaced(&svc, &["--single-freeze"]);
+    assert!(!said.contains("tried "), "a trial before the freeze: {said}");
+    assert_eq!(client.ask("INCR").expect("after"), "2");
 }
 
 #[test]
@@ -695,7 +748,7 @@ fn ferry_killed_before_the_kill_leaves_the_old_tree_running() {
     let (svc, port) = Service::probe("ferry-killed", &[]);
     let mut client = Client::connect(port);
     let before = svc.start_time();
-    for (n, phase) in ["capture", "edit", "trial"].iter().enumerate() {
+    for (n, phase) in ["early trial", "capture", "edit", "trial"].iter().enumerate() {
         let mut ferry = Command::new(FERRY)
             .args(["replace", "--pid", &svc.pid.to_string()])
             .env("FERRY_FAULT_STALL_AFTER", format!("replace:{phase}"))
@@ -720,9 +773,12 @@ fn ferry_killed_before_the_kill_leaves_the_old_tree_running() {
         assert_eq!(svc.ended.load(Ordering::SeqCst), 0, "the old process ended after {phase}");
         assert_eq!(client.ask("INCR").expect("the old connection"), (n + 1).to_string());
     }
-    // And it can still be replaced.
+    // And it can still be replaced, and no trial copy is left.
     replaced(&svc, &[]);
-    assert_eq!(client.ask("INCR").expect("the old connection"), "4");
+    assert_eq!(client.ask("INCR").expect("the old connection"), "5");
+    let bin = svc._dir.path().join("probe_server");
+    let running = processes_of(bin.to_str().expect("utf-8 path"));
+    assert_eq!(running, vec![svc.pid], "a copy of the server is left beside it");
 }
 
 #[test]
