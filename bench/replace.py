@@ -9,7 +9,9 @@ in a loop (one request in flight) and checks every reply is the previous
 one plus one; it records the longest request. The server is replaced --runs
 times in a row, --gap seconds apart; each `ferry replace` prints its pause
 and the pause's parts, which this script collects (min / median / max of
-the pause, the median of each part). Failed requests and a counter that is
+the pause, the median of each part; when the trial was made before the
+freeze, the first freeze's own pause is the part "first pause" and the
+runs whose final image was tried again in the pause are counted). Failed requests and a counter that is
 not exact at the end are reported (the goal is 0).
 
 The script makes itself a child subreaper and reaps each server's old
@@ -163,6 +165,8 @@ PAUSE = re.compile(r"pause ([0-9.]+) ms \(([^)]*)\)")
 
 
 PHASE = re.compile(r"^  (\S.*?)\s+([0-9.]+) ms$", re.M)
+# The first freeze's own pause, when the trial was made before the freeze.
+FIRST_PAUSE = re.compile(r"first pause (?:of )?([0-9.]+) ms")
 
 
 def replace_once(ferry, pid, phases=None):
@@ -186,6 +190,11 @@ def replace_once(ferry, pid, phases=None):
     for item in m.group(2).split(", "):
         name, ms = item.rsplit(" ", 1)
         parts[name] = float(ms)
+    first = FIRST_PAUSE.search(text)
+    if first:
+        parts["first pause"] = float(first.group(1))
+        # 1 when the final image changed shape and was tried in the pause.
+        parts["tried again"] = 1.0 if "tried again in the pause" in text else 0.0
     parts["ferry's cpu"] = (usage.ru_utime + usage.ru_stime) * 1e3
     if phases is not None:
         for name, ms in PHASE.findall(text):
@@ -350,7 +359,7 @@ def load_table(results):
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ps = r["pauses"]
-        parts = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in r["parts"].items())
+        parts = median_parts(r["parts"])
         (tw, lw), (to, lo) = r["with"], r["without"]
         lines.append(
             f"| {r['server']} | {r['runs']} in {r['seconds']:.0f} s | {r['clients']} | "
@@ -378,12 +387,19 @@ def phase_table(results):
     return "\n".join(lines)
 
 
+def median_parts(parts):
+    """`name ms` of each part's median; how many runs tried again."""
+    return ", ".join(f"{k} {statistics.median(v):.1f}" if k != "tried again"
+                     else f"tried again in the pause in {int(sum(v))} of {len(v)}"
+                     for k, v in parts.items())
+
+
 def table(results):
     lines = ["| server | runs | pause min | median | max | median parts (ms) | client longest request | requests | failed |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ps = r["pauses"]
-        parts = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in r["parts"].items())
+        parts = median_parts(r["parts"])
         lines.append(
             f"| {r['server']} | {r['runs']} | {min(ps):.1f} ms | {statistics.median(ps):.1f} ms | "
             f"{max(ps):.1f} ms | {parts} | {r['longest_ms']:.1f} ms | {r['requests']} | {r['failed']} |")
