@@ -12,8 +12,8 @@
 //! early trial          early_trial.rs  a first short freeze captures the tree, which
 //!                                   runs on while that image, edited, is restored in
 //!                                   scratch namespaces and checked (the trial), then
-//!                                   ended (not with --single-freeze, nor for repaired
-//!                                   TCP connections)
+//!                                   ended (with pre-copy only; not with --single-freeze,
+//!                                   nor for repaired TCP connections)
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                early_trial.rs / engine  the final image compared with the
@@ -96,7 +96,9 @@ pub fn replace(pid: i32, opts: &ReplaceOptions) -> Result<Replaced, ReplaceError
         p.inherit(false)?;
     }
     let mut phases = prefixed("pre-copy", pre_ph.done());
-    let early = match opts.single_freeze {
+    // Without pre-copy a capture copies every page: a first one would
+    // cost as much as the trial it takes out of the pause.
+    let early = match opts.single_freeze || pre.is_none() {
         true => None,
         false => early_trial::run(pid, opts, &edits, pre.as_mut(), &sandbox)?,
     };

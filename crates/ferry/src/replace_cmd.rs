@@ -110,11 +110,11 @@ pub struct ReplaceArgs {
     #[arg(long)]
     pub no_precopy: bool,
     /// Freeze the tree once, the trial restore inside that pause. By
-    /// default a first short freeze captures the tree for a trial restore
-    /// made while the tree runs on, and the pause that ends in the kill
-    /// only checks that the tree kept the shape that was tried (else it
-    /// tries the final image there too): two pauses, the longer one
-    /// without the trial.
+    /// default (with pre-copy) a first short freeze captures the tree for
+    /// a trial restore made while the tree runs on, and the pause that
+    /// ends in the kill only checks that the tree kept the shape that was
+    /// tried (else it tries the final image there too): two pauses, the
+    /// longer one without the trial.
     #[arg(long, conflicts_with = "exec")]
     pub single_freeze: bool,
     /// With --exec: seconds the old tree keeps serving its connections
