@@ -82,6 +82,7 @@
 //! NetworkLock::prepare(Method, &Netns, purpose: &str) -> Result<NetworkLock, NetlockError>
 //! NetworkLock::engage(&mut self, &[Tuple]) -> Result<(), NetlockError>      // once, on a prepared lock
 //! NetworkLock::disengage(&mut self) -> Result<(), NetlockError>
+//! NetworkLock::rearm(&mut self) -> Result<(), NetlockError>         // disengaged -> prepared, record and slot kept
 //! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>  // prepare + engage
 //! NetworkLock::thaw(self) -> Result<(), NetlockError>     // disengage if needed, detach, unpin, remove the record
 //! NetworkLock::name(&self) -> &str
@@ -620,6 +621,49 @@ impl NetworkLock {
             record.phase = Phase::Disengaged;
         }
         tracing::debug!(lock = %name, "network lock disengaged");
+        Ok(())
+    }
+
+    /// Makes a disengaged (or prepared) lock ready for another
+    /// [`NetworkLock::engage`], keeping its record, directory and eBPF
+    /// slot: for a process that locks the same namespace again and again
+    /// (`ferry replicate`, one engage per sync) and pays for the
+    /// preparation once. eBPF: its entries removed from the table (bit
+    /// off first), a new generation; nftables/iptables: their objects
+    /// went at disengage already. The record says `prepared`, 0 tuples.
+    /// Refused while engaged.
+    pub fn rearm(&mut self) -> Result<(), NetlockError> {
+        let name = self.name.as_str();
+        let Some(record) = self.record.as_mut() else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.phase == Phase::Engaged {
+            return Err(NetlockError::WrongPhase {
+                lock: name.to_string(),
+                action: "rearm",
+                phase: record.phase,
+            });
+        }
+        let Some(phase_file) = &self.phase_file else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.method == Method::Ebpf {
+            let Some(handles) = &mut self.ebpf else {
+                return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            };
+            let generation = ebpf::rearm(name, handles)?;
+            if let Some(slot) = &mut record.ebpf {
+                slot.generation = generation;
+            }
+        }
+        record.phase = Phase::Prepared;
+        record.tuples = 0;
+        record.tuples_v6 = 0;
+        // Written once nothing is held any more: the record never claims
+        // less than is in force.
+        record::write(record)?;
+        record::write_phase(name, phase_file, Phase::Prepared)?;
+        tracing::debug!(lock = %name, "network lock rearmed");
         Ok(())
     }
 

@@ -33,7 +33,8 @@ pub(super) fn engage_lock(
     let established = files::tcp::established(&survey.file_views());
     let procs: Vec<(i32, &[ferry_image::OpenFile])> =
         survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
-    let lock = network::engage(prepared, &established, &procs, opts.network_lock)?;
+    let kept = opts.kept_lock.as_ref();
+    let lock = network::engage(prepared, &established, &procs, opts.network_lock, kept)?;
     if let Some(l) = &lock {
         guard.lock(l.name());
     }
