@@ -1182,3 +1182,38 @@ fn a_rearmed_lock_holds_nothing_and_engages_again() {
     lock.thaw().expect("thaw");
     lab.assert_gone(&name);
 }
+
+/// A lock dropped while still owned, with a keeper (`keep_on_drop`), is
+/// given to it as it was (engaged, record and slot in place) instead of
+/// being released: an error path of a process that keeps its lock from
+/// one use to the next does not cost it the lock. Given back without a
+/// keeper, dropping it releases it.
+#[test]
+fn a_lock_dropped_with_a_keeper_goes_to_it_unreleased() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "test").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    lock.engage(&[tuple_of(&server)]).expect("engage");
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let keeper = kept.clone();
+    lock.keep_on_drop(Some(ferry_netlock::OnDrop::new(move |l| {
+        *keeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+    })));
+    drop(lock);
+    let back = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let mut back = back.expect("the dropped lock was not given to its keeper");
+    assert_eq!((back.name(), back.phase()), (name.as_str(), Some(Phase::Engaged)));
+    let s = ferry_netlock::status().into_iter().find(|s| s.name == name);
+    assert_eq!(s.and_then(|s| s.phase), Some(Phase::Engaged), "the record after the drop");
+    assert!(!passes(&mut client, &mut server, Duration::from_millis(200)), "not held any more");
+    back.disengage().expect("disengage");
+    back.rearm().expect("rearm");
+    server.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf).expect("the held bytes once disengaged");
+    drop(back);
+    lab.assert_gone(&name);
+}

@@ -310,7 +310,8 @@ pub struct Captured {
 /// new home, which the packets are routed to), then removes it. Sending is
 /// not fatal: TCP retransmits anyway.
 /// With `keep`, the lock is emptied and kept for the next capture
-/// instead of removed (released should that fail).
+/// instead of removed (released should that fail; should the disengage
+/// fail, the lock, dropped, goes back to `keep`, which releases it).
 fn thaw_delivering_held(
     mut lock: ferry_netlock::NetworkLock,
     keep: Option<&KeptLock>,
@@ -321,13 +322,7 @@ fn thaw_delivering_held(
         Err(e) => tracing::warn!("sending the packets the network lock held: {e}"),
     }
     match keep {
-        Some(kept) => match lock.rearm() {
-            Ok(()) => kept.put(lock),
-            Err(e) => {
-                tracing::warn!("keeping the network lock for the next capture: {e}; released");
-                lock.thaw()?;
-            }
-        },
+        Some(kept) => kept.keep(lock),
         None => lock.thaw()?,
     }
     Ok(())
@@ -726,8 +721,12 @@ fn prepare_lock(
         network::scan(pid, &inodes, tcp)
     };
     let kept = opts.kept_lock.as_ref().and_then(KeptLock::take);
-    let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held, kept)?;
-    if let Some(l) = &prepared {
+    let mut prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held, kept)?;
+    if let Some(l) = &mut prepared {
+        // Whichever way this capture ends, the lock goes back to the kept one.
+        if let Some(kept) = &opts.kept_lock {
+            kept.lend(l);
+        }
         guard.lock(l.name());
     }
     Ok(prepared)

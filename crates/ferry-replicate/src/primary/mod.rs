@@ -105,6 +105,7 @@ struct Primary<'a> {
 
 impl Drop for Primary<'_> {
     fn drop(&mut self) {
+        tracing::debug!("{} network lock(s) prepared for {} syncs", self.lock.prepared(), self.seq);
         if let Err(e) = self.lock.release() {
             tracing::warn!("releasing the network lock of the syncs: {e}");
         }

@@ -188,6 +188,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
             let mut buffer = SyncBuffer::default();
             let hooks = Some(&mut *precopy as &mut dyn CaptureHooks);
             let captured = ferry_engine::capture::capture(c.pid, &mut buffer, &copts, hooks)?;
+            crate::fault::refuse_capture(c.pid)?;
             Ok((captured, buffer))
         },
         |n, e| tracing::info!("sync freeze attempt {n} refused, trying again: {e}"),
