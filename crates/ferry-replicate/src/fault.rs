@@ -58,7 +58,7 @@ pub(crate) fn refuse_capture(pid: i32) -> Result<(), ferry_engine::EngineError> 
     }
     Err(ferry_engine::EngineError::transient(
         pid,
-        "the capture",
+        "the tree",
         "refused once it was complete (FERRY_FAULT_REFUSE_CAPTURE)",
     ))
 }

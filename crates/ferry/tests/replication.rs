@@ -740,7 +740,7 @@ fn one_kept_lock_through_syncs(r: &Repl, redis: &Started, rep: &Replicating) -> 
     // Seen with FERRY_LOG=info: captures refused for a passing state
     // (a client in the accept queue), each given the kept lock back.
     let refused = read_lossy(&rep.err).matches("refused, trying again").count();
-    eprintln!("[repl-kept-lock] 30 syncs, {refused} captures refused and tried again: {seen:?}");
+    eprintln!("[repl-kept-lock] 30 syncs, {refused} captures refused and tried again, locks seen: {seen:?}");
     the_kept_lock(r, redis, rep, seen)
 }
 
@@ -848,7 +848,7 @@ fn a_refused_and_retried_sync_gives_the_kept_network_lock_back() {
         seen.extend(one_lock(&redis, &rep, &format!("after the refused sync of INCR {i}")));
     }
     let n = refused(&rep);
-    eprintln!("[{TEST}] {n} captures refused and tried again, one network lock: {seen:?}");
+    eprintln!("[{TEST}] {n} captures refused and tried again, network locks seen: {seen:?}");
     let kept = the_kept_lock(&r, &redis, &rep, seen);
     released_at_the_end(&r, &redis, &mut rep, kept, 11);
 }
