@@ -447,6 +447,28 @@ pub(crate) fn set_engaged(lock: &str, base: &Base, slot: u8, on: bool) -> Result
     ferry_sys::bpf::map_update_elem(active, &0u32, &new).map_err(map_error(lock, base, "active"))
 }
 
+/// Empties a disengaged lock for its next engage (a lock kept from one
+/// capture to the next, `ferry replicate`): its bit off, its entries
+/// removed, a new generation (packets an earlier engage held are never
+/// taken for this one's). Its slot stays claimed.
+pub(crate) fn rearm(lock: &str, handles: &mut Handles) -> Result<u16, NetlockError> {
+    {
+        let _held = handles.base.exclusive(lock)?;
+        set_engaged(lock, &handles.base, handles.slot, false)?;
+        remove_entries(lock, &mut handles.base, handles.slot, handles.written.as_ref())?;
+    }
+    // Nothing of this slot is left in the table: from here every write is
+    // noted, so the next release clears only there.
+    handles.written = Some(Written::default());
+    let old = handles.generation;
+    let mut generation = new_generation();
+    if generation == old {
+        generation = generation.wrapping_add(1).max(1);
+    }
+    handles.generation = generation;
+    Ok(generation)
+}
+
 /// Frees the lock's slot: bit off, entries removed, slot file removed.
 pub(crate) fn release(lock: &str, handles: &mut Handles) -> Result<(), NetlockError> {
     free_slot(&mut handles.base, lock, handles.slot, handles.written.as_ref())

@@ -82,13 +82,16 @@
 //! NetworkLock::prepare(Method, &Netns, purpose: &str) -> Result<NetworkLock, NetlockError>
 //! NetworkLock::engage(&mut self, &[Tuple]) -> Result<(), NetlockError>      // once, on a prepared lock
 //! NetworkLock::disengage(&mut self) -> Result<(), NetlockError>
+//! NetworkLock::rearm(&mut self) -> Result<(), NetlockError>         // disengaged -> prepared, record and slot kept
+//! NetworkLock::keep_on_drop(&mut self, Option<OnDrop>)      // dropped unreleased: given to OnDrop, not released
+//! OnDrop::new(impl FnOnce(NetworkLock) + Send + Sync) -> OnDrop
 //! NetworkLock::freeze(Method, &Netns, &[Tuple], purpose: &str) -> Result<NetworkLock, NetlockError>  // prepare + engage
 //! NetworkLock::thaw(self) -> Result<(), NetlockError>     // disengage if needed, detach, unpin, remove the record
 //! NetworkLock::name(&self) -> &str
 //! NetworkLock::phase(&self) -> Option<Phase>
 //! NetworkLock::hand_over(self) -> String
 //! NetworkLock::adopt(name: &str) -> Result<NetworkLock, NetlockError>
-//! impl Drop for NetworkLock                                // thaws unless handed over; errors logged
+//! impl Drop for NetworkLock                                // thaws unless handed over or kept (OnDrop); errors logged
 //! status() -> Vec<LockStatus>                              // LockStatus.phase
 //! release(name: &str) -> Result<(), NetlockError>
 //! release_stale() -> Vec<String>
@@ -215,6 +218,28 @@ pub struct NetworkLock {
     /// lock): held packets go back there even once every process of the
     /// namespace is gone.
     netns_file: Option<std::fs::File>,
+    /// Dropped while still this process's (neither thawed nor handed
+    /// over), the lock goes there instead of being released
+    /// ([`NetworkLock::keep_on_drop`]).
+    on_drop: Option<OnDrop>,
+}
+
+/// Where a lock dropped on an error path goes, rather than being
+/// released: a process that keeps its lock from one use to the next
+/// (`ferry replicate`'s syncs) takes it back, disengaged and rearmed, so
+/// that a failed use does not cost it the lock ([`NetworkLock::keep_on_drop`]).
+pub struct OnDrop(Box<dyn FnOnce(NetworkLock) + Send + Sync>);
+
+impl OnDrop {
+    pub fn new(keep: impl FnOnce(NetworkLock) + Send + Sync + 'static) -> OnDrop {
+        OnDrop(Box::new(keep))
+    }
+}
+
+impl std::fmt::Debug for OnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnDrop")
+    }
 }
 
 /// Record directories with no record yet are a freeze in progress for this
@@ -494,6 +519,7 @@ impl NetworkLock {
                     ebpf,
                     phase_file: Some(phase_file),
                     netns_file,
+                    on_drop: None,
                 })
             }
             Err(e) => {
@@ -623,6 +649,58 @@ impl NetworkLock {
         Ok(())
     }
 
+    /// Makes a disengaged (or prepared) lock ready for another
+    /// [`NetworkLock::engage`], keeping its record, directory and eBPF
+    /// slot: for a process that locks the same namespace again and again
+    /// (`ferry replicate`, one engage per sync) and pays for the
+    /// preparation once. eBPF: its entries removed from the table (bit
+    /// off first), a new generation; nftables/iptables: their objects
+    /// went at disengage already. The record says `prepared`, 0 tuples.
+    /// Refused while engaged.
+    pub fn rearm(&mut self) -> Result<(), NetlockError> {
+        let name = self.name.as_str();
+        let Some(record) = self.record.as_mut() else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.phase == Phase::Engaged {
+            return Err(NetlockError::WrongPhase {
+                lock: name.to_string(),
+                action: "rearm",
+                phase: record.phase,
+            });
+        }
+        let Some(phase_file) = &self.phase_file else {
+            return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+        };
+        if record.method == Method::Ebpf {
+            let Some(handles) = &mut self.ebpf else {
+                return Err(NetlockError::AlreadyReleased { lock: name.to_string() });
+            };
+            let generation = ebpf::rearm(name, handles)?;
+            if let Some(slot) = &mut record.ebpf {
+                slot.generation = generation;
+            }
+        }
+        record.phase = Phase::Prepared;
+        record.tuples = 0;
+        record.tuples_v6 = 0;
+        // Written once nothing is held any more: the record never claims
+        // less than is in force.
+        record::write(record)?;
+        record::write_phase(name, phase_file, Phase::Prepared)?;
+        tracing::debug!(lock = %name, "network lock rearmed");
+        Ok(())
+    }
+
+    /// What becomes of this lock should it be dropped while still this
+    /// process's (an error path: neither [`NetworkLock::thaw`] nor a
+    /// hand-over): given to `keep` (None: released, the default). `keep`
+    /// gets the lock as it is, possibly engaged; whatever it does not
+    /// keep, it releases (dropping the lock it is given releases it).
+    pub fn keep_on_drop(&mut self, keep: Option<OnDrop>) {
+        self.on_drop = keep;
+    }
+
     /// Sends again, in the namespace `netns` (None: the one the lock was
     /// prepared in, or the caller's for an adopted lock), every packet this
     /// lock dropped (eBPF: kept in the base's ring), in the order they were
@@ -742,12 +820,27 @@ impl NetworkLock {
             ebpf,
             phase_file: Some(phase_file),
             netns_file: None,
+            on_drop: None,
         })
     }
 }
 
 impl Drop for NetworkLock {
     fn drop(&mut self) {
+        if let Some(keep) = self.on_drop.take().filter(|_| self.record.is_some()) {
+            // The same lock, moved out of `self`: `keep` owns it now (and
+            // releases it with thaw, or by dropping it, if it cannot keep it).
+            let lock = NetworkLock {
+                record: self.record.take(),
+                name: std::mem::take(&mut self.name),
+                ebpf: self.ebpf.take(),
+                phase_file: self.phase_file.take(),
+                netns_file: self.netns_file.take(),
+                on_drop: None,
+            };
+            (keep.0)(lock);
+            return;
+        }
         let mut handles = self.ebpf.take();
         self.phase_file = None;
         if let Some(record) = self.record.take() {

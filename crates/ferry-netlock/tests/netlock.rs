@@ -1126,3 +1126,94 @@ fn held_packets_of_successive_locks() {
         lock.thaw().expect("thaw");
     }
 }
+
+/// `server` gets `client`'s 4 bytes within `within` (true), or not.
+fn passes(client: &mut TcpStream, server: &mut TcpStream, within: Duration) -> bool {
+    client.write_all(b"ping").expect("client write");
+    server.set_read_timeout(Some(within)).expect("timeout");
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf).is_ok()
+}
+
+/// A lock kept from one engage to the next (`ferry replicate`'s syncs):
+/// after disengage and rearm it holds nothing of what it held, keeps its
+/// name, record and slot, and engages again on other tuples.
+#[test]
+fn a_rearmed_lock_holds_nothing_and_engages_again() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (listener, mut server, mut client, client_ns) = connect(&lab, Link::Veth, false);
+    let client_ns = client_ns.to_string();
+    let target = listener.local_addr().expect("addr");
+    let mut other_client = Lab::in_ns(&client_ns, || {
+        TcpStream::connect_timeout(&target, Duration::from_secs(5)).expect("connect other")
+    });
+    let (mut other_server, _) = listener.accept().expect("accept other");
+    let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "test").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    let status = |name: &str| ferry_netlock::status().into_iter().find(|s| s.name == name);
+    let slots = |name: &str| {
+        let bases = ferry_netlock::base_status();
+        bases.iter().flat_map(|b| b.locks.iter()).filter(|l| *l == name).count()
+    };
+    assert_eq!(slots(&name), 1, "slots of the prepared lock");
+    for round in 0..3 {
+        let (held, free) = match round % 2 {
+            0 => ((&mut client, &mut server), (&mut other_client, &mut other_server)),
+            _ => ((&mut other_client, &mut other_server), (&mut client, &mut server)),
+        };
+        lock.engage(&[tuple_of(held.1)]).expect("engage");
+        assert!(!passes(held.0, held.1, Duration::from_millis(200)), "round {round}: held passed");
+        assert!(passes(free.0, free.1, Duration::from_secs(5)), "round {round}: free held");
+        lock.disengage().expect("disengage");
+        lock.rearm().expect("rearm");
+        let s = status(&name).expect("the rearmed lock's record");
+        assert_eq!((s.phase, s.tuples), (Some(Phase::Prepared), 0), "round {round}");
+        assert_eq!(slots(&name), 1, "round {round}: slots of the lock");
+        // What the lock held arrives (TCP retransmits), nothing is held now.
+        held.1.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+        let mut buf = [0u8; 4];
+        held.1.read_exact(&mut buf).expect("held bytes after rearm");
+        assert!(passes(held.0, held.1, Duration::from_secs(5)), "round {round}: rearmed holds");
+    }
+    lock.engage(&[tuple_of(&server)]).expect("engage");
+    assert!(lock.rearm().is_err(), "rearm while engaged");
+    lock.thaw().expect("thaw");
+    lab.assert_gone(&name);
+}
+
+/// A lock dropped while still owned, with a keeper (`keep_on_drop`), is
+/// given to it as it was (engaged, record and slot in place) instead of
+/// being released: an error path of a process that keeps its lock from
+/// one use to the next does not cost it the lock. Given back without a
+/// keeper, dropping it releases it.
+#[test]
+fn a_lock_dropped_with_a_keeper_goes_to_it_unreleased() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let mut lock = NetworkLock::prepare(Method::Ebpf, &Lab::path(&lab.a), "test").expect("prepare");
+    let name = lock.name().to_string();
+    lab.locks.push(name.clone());
+    lock.engage(&[tuple_of(&server)]).expect("engage");
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let keeper = kept.clone();
+    lock.keep_on_drop(Some(ferry_netlock::OnDrop::new(move |l| {
+        *keeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+    })));
+    drop(lock);
+    let back = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let mut back = back.expect("the dropped lock was not given to its keeper");
+    assert_eq!((back.name(), back.phase()), (name.as_str(), Some(Phase::Engaged)));
+    let s = ferry_netlock::status().into_iter().find(|s| s.name == name);
+    assert_eq!(s.and_then(|s| s.phase), Some(Phase::Engaged), "the record after the drop");
+    assert!(!passes(&mut client, &mut server, Duration::from_millis(200)), "not held any more");
+    back.disengage().expect("disengage");
+    back.rearm().expect("rearm");
+    server.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    let mut buf = [0u8; 4];
+    server.read_exact(&mut buf).expect("the held bytes once disengaged");
+    drop(back);
+    lab.assert_gone(&name);
+}

@@ -4,8 +4,11 @@
 //! that a test can kill a host or cut a link exactly there;
 //! `FERRY_FAULT_KILL_AT=OP:POINT` makes the process SIGKILL itself there,
 //! as a crash would. OP is `replicate` (the primary) or `standby`; each
-//! point is named where it is passed (e.g. `sync 40 half sent`). Both
-//! variables are read once; unset, a point costs one branch.
+//! point is named where it is passed (e.g. `sync 40 half sent`).
+//! `FERRY_FAULT_REFUSE_CAPTURE=1` makes the primary refuse the first
+//! capture of every sync once it is complete, as for a passing state
+//! ([`refuse_capture`]). The variables are read once; unset, a point
+//! costs one branch.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -14,6 +17,7 @@ struct Faults {
     stall: Option<String>,
     stall_secs: u64,
     kill: Option<String>,
+    refuse_capture: bool,
 }
 
 impl Faults {
@@ -36,7 +40,27 @@ fn faults() -> &'static Faults {
             .and_then(|s| s.parse().ok())
             .unwrap_or(120),
         kill: std::env::var("FERRY_FAULT_KILL_AT").ok(),
+        refuse_capture: std::env::var_os("FERRY_FAULT_REFUSE_CAPTURE").is_some_and(|v| v == "1"),
     })
+}
+
+/// With `FERRY_FAULT_REFUSE_CAPTURE=1`, one capture attempt in two, the
+/// first of each sync, is refused after it completed, as a state that
+/// passes by itself is: the frozen tree, its connections in repair mode
+/// and the network lock engaged on them, is let go, and the sync tries
+/// again. Standing for any capture that does not finish (the lock it
+/// was lent goes back to the kept one).
+pub(crate) fn refuse_capture(pid: i32) -> Result<(), ferry_engine::EngineError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+    if !faults().refuse_capture || ATTEMPTS.fetch_add(1, Ordering::Relaxed) % 2 == 1 {
+        return Ok(());
+    }
+    Err(ferry_engine::EngineError::transient(
+        pid,
+        "the tree",
+        "refused once it was complete (FERRY_FAULT_REFUSE_CAPTURE)",
+    ))
 }
 
 /// Point `point` of `op` is reached (the name is only made when a fault
@@ -74,13 +98,14 @@ mod tests {
             stall: Some("replicate:sync 25 half sent".into()),
             stall_secs: 1,
             kill: Some("standby:sync 5 half applied".into()),
+            refuse_capture: false,
         };
         assert!(f.stall_at("replicate:sync 25 half sent"));
         assert!(!f.stall_at("replicate:sync 2 half sent"));
         assert!(!f.stall_at("standby:sync 25 half sent"));
         assert!(f.kill_at("standby:sync 5 half applied"));
         assert!(!f.kill_at("standby:sync 50 half applied"));
-        let none = Faults { stall: None, stall_secs: 120, kill: None };
+        let none = Faults { stall: None, stall_secs: 120, kill: None, refuse_capture: false };
         assert!(!none.stall_at("replicate:sync 25 half sent") && !none.kill_at(""));
     }
 }

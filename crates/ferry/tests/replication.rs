@@ -15,6 +15,13 @@
 //! - `structural_changes_between_syncs_fail_over_exactly`: connections
 //!   made and closed and large values allocated between syncs; the
 //!   takeover keeps every acknowledged write.
+//! - `the_syncs_network_lock_is_prepared_once_and_released_at_the_end`:
+//!   one network lock (one eBPF slot) through 30 syncs, none left once
+//!   replication stops; `the_kept_network_lock_of_a_killed_replicate_is_released_as_stale`:
+//!   after a SIGKILL, `ferry network-lock --release-stale` removes it;
+//!   `a_refused_and_retried_sync_gives_the_kept_network_lock_back`: a
+//!   capture refused once complete (FERRY_FAULT_REFUSE_CAPTURE) and tried
+//!   again, every sync, keeps the one lock.
 //!
 //! Needs root, redis-server and etcd; without them each test says so and
 //! returns.
@@ -681,4 +688,191 @@ fn injected_state_changed_between_syncs_reaches_the_standby() {
     );
     assert_eq!(got, "slack 80000 action 1 altstack 65536", "at b");
     eprintln!("[{TEST}] {kept} syncs kept the injected answers; the state as last set, read at b");
+}
+
+/// /run/ferry of the host process `pid` (a PID of the test's namespace)
+/// runs in: each test host has its own.
+fn run_ferry_of(pid: i32) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/{pid}/root/run/ferry"))
+}
+
+/// The network locks of the host of process `pid` whose record names
+/// its network namespace, by name.
+fn locks_in_netns_of(pid: i32) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = format!("/proc/{pid}/ns/net");
+    let ino = std::fs::metadata(&ns).map(|m| m.ino()).unwrap_or_else(|e| panic!("{ns}: {e}"));
+    let Ok(dirs) = std::fs::read_dir(run_ferry_of(pid).join("locks")) else { return Vec::new() };
+    let mut names: Vec<String> = dirs
+        .filter_map(|d| d.ok())
+        .filter(|d| {
+            let record = std::fs::read(d.path().join("record.json")).unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&record).unwrap_or_default();
+            v["netns"]["inode"].as_u64() == Some(ino)
+        })
+        .filter_map(|d| d.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
+}
+
+/// How many eBPF owner slots of the host of process `pid` name lock
+/// `name` (/run/ferry/bases/*/slot-*).
+fn slots_of(pid: i32, name: &str) -> usize {
+    let Ok(bases) = std::fs::read_dir(run_ferry_of(pid).join("bases")) else { return 0 };
+    bases
+        .filter_map(|b| std::fs::read_dir(b.ok()?.path()).ok())
+        .flat_map(|files| files.filter_map(|f| f.ok()))
+        .filter(|f| f.file_name().to_string_lossy().starts_with("slot-"))
+        .filter(|f| std::fs::read_to_string(f.path()).is_ok_and(|s| s.trim() == name))
+        .count()
+}
+
+/// Replicated redis, 30 INCRs (each answered only after a sync stored it)
+/// with the service's network locks counted after each: one lock, the
+/// same all along, with one eBPF slot; returns it and ferry's PID.
+fn one_kept_lock_through_syncs(r: &Repl, redis: &Started, rep: &Replicating) -> (String, i32) {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 1..=30 {
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string(), "{}", rep.show());
+        seen.extend(one_lock(redis, rep, &format!("after the sync of INCR {i}")));
+    }
+    // Seen with FERRY_LOG=info: captures refused for a passing state
+    // (a client in the accept queue), each given the kept lock back.
+    let refused = read_lossy(&rep.err).matches("refused, trying again").count();
+    eprintln!("[repl-kept-lock] 30 syncs, {refused} captures refused and tried again, locks seen: {seen:?}");
+    the_kept_lock(r, redis, rep, seen)
+}
+
+/// The one network lock of redis's namespace (asserted), by name.
+fn one_lock(redis: &Started, rep: &Replicating, when: &str) -> Vec<String> {
+    let locks = locks_in_netns_of(redis.root);
+    // Replication that ended (the standby taken for lost on an overloaded
+    // machine) released its lock: not what is looked at here.
+    let ended = read_lossy(&rep.out).contains("UNPROTECTED");
+    assert!(!ended, "{when}: replication ended before the test did:\n{}", rep.show());
+    assert_eq!(locks.len(), 1, "{when}: network locks {locks:?}\n{}", rep.show());
+    locks
+}
+
+/// [`replicate_redis`] with a 3 s heartbeat timeout: the lock's tests
+/// run syncs under load on purpose, and a standby taken for lost ends
+/// replication (and releases the lock) before they are done.
+fn replicate_redis_patiently(r: &Repl, pid: i32, env: &[(&str, &str)]) -> Replicating {
+    let log = r.log("redis.log");
+    r.replicate(pid, &["--ignore-writes", path_str(&log), "--heartbeat-timeout-ms", "3000"], env)
+}
+
+/// The lock of every sync, `seen` holding one name only (asserted), with
+/// one eBPF slot; and ferry's PID.
+fn the_kept_lock(
+    r: &Repl,
+    redis: &Started,
+    rep: &Replicating,
+    seen: std::collections::BTreeSet<String>,
+) -> (String, i32) {
+    assert_eq!(
+        seen.len(),
+        1,
+        "the syncs' network lock was prepared again: {seen:?}\n{}",
+        rep.show()
+    );
+    let name = seen.into_iter().next().unwrap_or_default();
+    assert_eq!(slots_of(redis.root, &name), 1, "eBPF slots of {name}");
+    let root = r.env.host("a").spawned_pid(&rep.child).map(|p| p.0);
+    let root = root.unwrap_or_else(|| panic!("ferry replicate is gone:\n{}", rep.show()));
+    // `timeout` is the process nsenter started; ferry is its child.
+    let ferry = common::cluster::children_of(root as u32).into_iter().next().unwrap_or(root);
+    (name, ferry)
+}
+
+/// SIGTERM to `ferry`: replication ends cleanly and lock `name` is gone
+/// (record, slot); redis at a answers `next` to the next INCR.
+fn released_at_the_end(
+    r: &Repl,
+    redis: &Started,
+    rep: &mut Replicating,
+    (name, ferry): (String, i32),
+    next: u64,
+) {
+    ferry_testkit::kill(ferry, libc::SIGTERM);
+    let st = rep.wait(Duration::from_secs(20));
+    assert!(st.success(), "ferry replicate after SIGTERM: {st}\n{}", rep.show());
+    assert_eq!(locks_in_netns_of(redis.root), Vec::<String>::new(), "locks left after the end");
+    assert!(!run_ferry_of(redis.root).join("locks").join(&name).exists(), "{name} left");
+    assert_eq!(slots_of(redis.root, &name), 0, "eBPF slot of {name} left after the end");
+    let answer = r.redis(&["INCR", "k"]);
+    assert_eq!(answer.stdout.trim(), next.to_string(), "redis at a after the end");
+}
+
+/// `ferry replicate` prepares its network lock once and keeps it from
+/// sync to sync (a lock per sync was its largest phase); it is released
+/// when replication stops.
+#[test]
+fn the_syncs_network_lock_is_prepared_once_and_released_at_the_end() {
+    const TEST: &str = "repl-kept-lock";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rk", &[]);
+    let redis = r.start_redis();
+    let mut rep = replicate_redis_patiently(&r, redis.inner, &[]);
+    let kept = one_kept_lock_through_syncs(&r, &redis, &rep);
+    released_at_the_end(&r, &redis, &mut rep, kept, 31);
+}
+
+/// A sync whose capture does not finish and is tried again gives the
+/// kept lock back, disengaged and empty: the retry, and every later
+/// sync, engage the same lock. With FERRY_FAULT_REFUSE_CAPTURE, the
+/// first capture of every sync is refused once complete (the tree
+/// frozen, its connections in repair mode, the lock engaged on them), as
+/// for a passing state: a client waiting in redis's accept queue, which
+/// under load made a sync prepare a new lock for each such refusal.
+#[test]
+fn a_refused_and_retried_sync_gives_the_kept_network_lock_back() {
+    const TEST: &str = "repl-kept-lock-refused";
+    const REFUSED: &str = "refused once it was complete (FERRY_FAULT_REFUSE_CAPTURE)";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rr", &[]);
+    let redis = r.start_redis();
+    let env = [("FERRY_FAULT_REFUSE_CAPTURE", "1"), ("FERRY_LOG", "info")];
+    let mut rep = replicate_redis_patiently(&r, redis.inner, &env);
+    let refused = |rep: &Replicating| read_lossy(&rep.err).matches(REFUSED).count();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 1..=10u64 {
+        let before = refused(&rep);
+        assert_eq!(r.redis(&["INCR", "k"]).stdout.trim(), i.to_string(), "{}", rep.show());
+        assert!(refused(&rep) > before, "no sync refused for INCR {i}:\n{}", rep.show());
+        seen.extend(one_lock(&redis, &rep, &format!("after the refused sync of INCR {i}")));
+    }
+    let n = refused(&rep);
+    eprintln!("[{TEST}] {n} captures refused and tried again, network locks seen: {seen:?}");
+    let kept = the_kept_lock(&r, &redis, &rep, seen);
+    released_at_the_end(&r, &redis, &mut rep, kept, 11);
+}
+
+/// A `ferry replicate` killed (SIGKILL) between syncs leaves its kept
+/// lock disengaged, owned by a dead process: stale, and
+/// `ferry network-lock --release-stale` removes it; redis's connections
+/// were never held meanwhile.
+#[test]
+fn the_kept_network_lock_of_a_killed_replicate_is_released_as_stale() {
+    const TEST: &str = "repl-kept-lock-kill";
+    if !have(TEST, &[REDIS, ETCD, "redis-cli", "python3", "iptables"]) {
+        return;
+    }
+    let r = Repl::new("rj", &[]);
+    let redis = r.start_redis();
+    let mut rep = replicate_redis_patiently(&r, redis.inner, &[]);
+    let (name, ferry) = one_kept_lock_through_syncs(&r, &redis, &rep);
+    ferry_testkit::kill(ferry, libc::SIGKILL);
+    let _ = rep.wait(Duration::from_secs(20));
+    let out = run_in(r.env.host("a"), 20, &[FERRY, "network-lock", "--release-stale"]);
+    assert!(out.status.success(), "ferry network-lock --release-stale: {}", out.show());
+    let left = run_ferry_of(redis.root).join("locks").join(&name).exists();
+    assert!(!left, "{name} left after --release-stale: {}", out.show());
+    assert_eq!(slots_of(redis.root, &name), 0, "eBPF slot of {name} left after --release-stale");
+    assert_eq!(locks_in_netns_of(redis.root), Vec::<String>::new(), "locks left");
 }

@@ -33,8 +33,13 @@ pub(super) fn engage_lock(
     let established = files::tcp::established(&survey.file_views());
     let procs: Vec<(i32, &[ferry_image::OpenFile])> =
         survey.procs.iter().map(|s| (s.pid, s.files.as_slice())).collect();
-    let lock = network::engage(prepared, &established, &procs, opts.network_lock)?;
-    if let Some(l) = &lock {
+    let kept = opts.kept_lock.as_ref();
+    let mut lock = network::engage(prepared, &established, &procs, opts.network_lock, kept)?;
+    if let Some(l) = &mut lock {
+        // A lock made here (none was prepared) is lent as a kept one is.
+        if let Some(kept) = kept {
+            kept.lend(l);
+        }
         guard.lock(l.name());
     }
     let pidfd_of =

@@ -11,9 +11,11 @@ mod connections;
 pub(crate) mod files;
 mod injected;
 pub use injected::KeptInjected;
+mod kept_lock;
 mod memfd;
 pub(crate) mod memory;
 mod namespaces;
+pub use kept_lock::KeptLock;
 mod network;
 mod outside;
 mod outside_files;
@@ -106,6 +108,11 @@ pub struct CaptureOptions {
     /// when its state counters prove nothing changed them
     /// ([`injected`]).
     pub kept_injected: Option<KeptInjected>,
+    /// The network lock kept from capture to capture ([`KeptLock`]):
+    /// taken instead of prepared, given back disengaged and empty by
+    /// [`Captured::resume`]. Such a lock is never handed over: the image
+    /// names no lock.
+    pub kept_lock: Option<KeptLock>,
 }
 
 #[derive(Debug, Clone)]
@@ -284,6 +291,8 @@ pub struct Captured {
     /// ([`CaptureOptions::carry_files`]).
     carried: HashMap<u64, std::os::fd::OwnedFd>,
     lock: Option<ferry_netlock::NetworkLock>,
+    /// Where `lock` goes back at [`Captured::resume`].
+    kept_lock: Option<KeptLock>,
     /// The ptys' queues, put back when dropped: before `frozen` thaws.
     pty_drained: files::pty::Drained,
     frozen: tree::FrozenTree,
@@ -300,13 +309,22 @@ pub struct Captured {
 /// it was prepared in: the tree's connections, or after a migration their
 /// new home, which the packets are routed to), then removes it. Sending is
 /// not fatal: TCP retransmits anyway.
-fn thaw_delivering_held(mut lock: ferry_netlock::NetworkLock) -> Result<()> {
+/// With `keep`, the lock is emptied and kept for the next capture
+/// instead of removed (released should that fail; should the disengage
+/// fail, the lock, dropped, goes back to `keep`, which releases it).
+fn thaw_delivering_held(
+    mut lock: ferry_netlock::NetworkLock,
+    keep: Option<&KeptLock>,
+) -> Result<()> {
     lock.disengage()?;
     match lock.deliver_held(None) {
         Ok(n) => tracing::debug!(packets = n, "held packets sent again"),
         Err(e) => tracing::warn!("sending the packets the network lock held: {e}"),
     }
-    lock.thaw()?;
+    match keep {
+        Some(kept) => kept.keep(lock),
+        None => lock.thaw()?,
+    }
     Ok(())
 }
 
@@ -332,6 +350,7 @@ impl Captured {
             repaired,
             carried: HashMap::new(),
             lock,
+            kept_lock: None,
             pty_drained,
             frozen,
             presurvey: survey::Presurvey::new(),
@@ -395,6 +414,7 @@ impl Captured {
             t_frozen,
             repaired,
             lock,
+            kept_lock,
             pty_drained,
             frozen,
             presurvey,
@@ -404,7 +424,7 @@ impl Captured {
         drop(pty_drained);
         drop(repaired);
         if let Some(lock) = lock {
-            thaw_delivering_held(lock)?;
+            thaw_delivering_held(lock, kept_lock.as_ref())?;
         }
         frozen.release()?;
         phases.mark("release");
@@ -475,7 +495,7 @@ impl Captured {
                 LockAfterKill::HandOverTo(meta) => {
                     lock.hand_over_to(Some(&meta));
                 }
-                LockAfterKill::Release => thaw_delivering_held(lock)?,
+                LockAfterKill::Release => thaw_delivering_held(lock, None)?,
             }
         }
         shm::remove_sysv(&tree_image.sysv_shm);
@@ -579,7 +599,9 @@ pub fn capture(
         },
         None => assemble::HeldPages::default(),
     };
-    let lock_ref = conns.lock.as_ref().map(|l| ferry_image::NetworkLockRef {
+    // A kept lock stays with ferry: no restore takes it over.
+    let handed = conns.lock.as_ref().filter(|_| opts.kept_lock.is_none());
+    let lock_ref = handed.map(|l| ferry_image::NetworkLockRef {
         method: opts.network_lock.to_string(),
         name: l.name().to_string(),
     });
@@ -590,6 +612,7 @@ pub fn capture(
     captured.carried = carried;
     // Freed after the pause, not as this function returns ([`Captured::presurvey`]).
     captured.presurvey = pre;
+    captured.kept_lock = opts.kept_lock.clone();
     Ok(captured)
 }
 
@@ -697,8 +720,13 @@ fn prepare_lock(
         let inodes = pre.values().flat_map(|p| p.socket_inodes()).collect();
         network::scan(pid, &inodes, tcp)
     };
-    let prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held)?;
-    if let Some(l) = &prepared {
+    let kept = opts.kept_lock.as_ref().and_then(KeptLock::take);
+    let mut prepared = network::prepare(pid, &scan, opts.network_lock, !opts.output_held, kept)?;
+    if let Some(l) = &mut prepared {
+        // Whichever way this capture ends, the lock goes back to the kept one.
+        if let Some(kept) = &opts.kept_lock {
+            kept.lend(l);
+        }
         guard.lock(l.name());
     }
     Ok(prepared)

@@ -150,17 +150,24 @@ pub(super) fn scan(root: i32, inodes: &std::collections::HashSet<u64>, tables: &
 /// to its listeners right away; then, with `wait_handshakes`, waits (at
 /// most a second) while the still running service accepts what its
 /// accept queues hold and the handshakes under way complete. None when
-/// the tree has no TCP socket.
+/// the tree has no TCP socket. `kept`: a lock kept from the capture
+/// before ([`super::KeptLock`], prepared), used instead of a new one
+/// (returned as it is when the tree has no TCP socket: the engage gives
+/// it back).
 pub fn prepare(
     root: i32,
     scan: &Scan,
     method: Method,
     wait_handshakes: bool,
+    kept: Option<NetworkLock>,
 ) -> Result<Option<NetworkLock>> {
     if !scan.has_tcp {
-        return Ok(None);
+        return Ok(kept);
     }
-    let mut lock = NetworkLock::prepare(method, &netns_of(root), "ckpt")?;
+    let mut lock = match kept {
+        Some(lock) => lock,
+        None => NetworkLock::prepare(method, &netns_of(root), "ckpt")?,
+    };
     if scan.listeners.is_empty() || !wait_handshakes {
         return Ok(Some(lock));
     }
@@ -243,12 +250,14 @@ fn listener_tuples(procs: &[(i32, &[OpenFile])]) -> Result<Vec<Tuple>> {
 /// Starts holding every established connection and every listener of the
 /// tree still. `prepared` is the lock made before the freeze; without one
 /// (no TCP socket was seen then), one is made now. None when the tree has
-/// neither connections nor listeners.
+/// neither connections nor listeners (`prepared` then goes back to
+/// `kept` when given, else is released).
 pub fn engage(
     prepared: Option<NetworkLock>,
     conns: &[Established],
     procs: &[(i32, &[OpenFile])],
     method: Method,
+    kept: Option<&super::KeptLock>,
 ) -> Result<Option<NetworkLock>> {
     let Some(first_pid) = conns.first().map(|c| c.pid).or_else(|| procs.first().map(|p| p.0))
     else {
@@ -268,8 +277,10 @@ pub fn engage(
         conns.iter().map(|c| Tuple { local: c.local, remote: c.remote }).collect();
     tuples.extend(listener_tuples(procs)?);
     if tuples.is_empty() {
-        if let Some(lock) = prepared {
-            lock.thaw()?;
+        match (prepared, kept) {
+            (Some(lock), Some(kept)) => kept.put(lock),
+            (Some(lock), None) => lock.thaw()?,
+            (None, _) => {}
         }
         return Ok(None);
     }

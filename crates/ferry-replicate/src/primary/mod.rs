@@ -96,8 +96,20 @@ struct Primary<'a> {
         ferry_engine::capture::KeptChecks,
         ferry_engine::capture::KeptInjected,
     ),
+    /// The network lock every sync engages: prepared once, released when
+    /// replication ends ([`Primary`]'s drop, whichever way it ends).
+    lock: ferry_engine::capture::KeptLock,
     /// FERRY_SYNC_TRACE is set: each sync's report goes to stderr.
     trace: bool,
+}
+
+impl Drop for Primary<'_> {
+    fn drop(&mut self) {
+        tracing::debug!("{} network lock(s) prepared for {} syncs", self.lock.prepared(), self.seq);
+        if let Err(e) = self.lock.release() {
+            tracing::warn!("releasing the network lock of the syncs: {e}");
+        }
+    }
 }
 
 pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
@@ -159,6 +171,7 @@ pub fn replicate(o: &ReplicateOptions) -> Result<Ended> {
         data_dirs,
         presurveyed: HashMap::new(),
         watch: Default::default(),
+        lock: Default::default(),
         trace: std::env::var_os("FERRY_SYNC_TRACE").is_some(),
     };
     p.run()
@@ -246,6 +259,7 @@ impl Primary<'_> {
             data_dirs: &mut self.data_dirs,
             presurveyed: &mut self.presurveyed,
             watch: &self.watch,
+            lock: &self.lock,
         };
         let r = sync::sync(&mut ctx, &mut self.ch, self.seq)?;
         self.window.add(r.total_ms, r.pause_ms, r.bytes);

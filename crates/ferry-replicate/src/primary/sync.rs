@@ -74,6 +74,10 @@ pub(crate) struct SyncCtx<'a> {
         ferry_engine::capture::KeptChecks,
         ferry_engine::capture::KeptInjected,
     ),
+    /// The network lock, prepared by the first sync that needs one and
+    /// kept, disengaged and empty, for every later sync
+    /// ([`ferry_engine::capture::KeptLock`]).
+    pub lock: &'a ferry_engine::capture::KeptLock,
 }
 
 pub(crate) fn sync(c: &mut SyncCtx<'_>, ch: &mut Channel, seq: u64) -> Result<SyncReport> {
@@ -175,6 +179,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
         kept_watch: Some(c.watch.0.clone()),
         kept_checks: Some(c.watch.1.clone()),
         kept_injected: Some(c.watch.2.clone()),
+        kept_lock: Some(c.lock.clone()),
         ..Default::default()
     };
     let precopy = &mut *c.precopy;
@@ -183,6 +188,7 @@ fn capture_and_thaw(c: &mut SyncCtx<'_>, seq: u64) -> Result<Thawed> {
             let mut buffer = SyncBuffer::default();
             let hooks = Some(&mut *precopy as &mut dyn CaptureHooks);
             let captured = ferry_engine::capture::capture(c.pid, &mut buffer, &copts, hooks)?;
+            crate::fault::refuse_capture(c.pid)?;
             Ok((captured, buffer))
         },
         |n, e| tracing::info!("sync freeze attempt {n} refused, trying again: {e}"),
