@@ -260,7 +260,9 @@ fn every_outside_fd(tree: &[i32], me: i32) -> Option<Vec<(i32, i32)>> {
 /// [`shared_with`] finds sharing is one of them, and they are checked
 /// the same way. None (every fd read from /proc) when the iterator
 /// cannot run, when ferry is not in the initial PID namespace (the
-/// iterator names processes by their PIDs there), or when a held file
+/// iterator names processes by their PIDs there), when it did not
+/// report every held fd (a held fd closed meanwhile, a thread group
+/// whose leader exited), or when a held file
 /// is an object other than a pipe (a FIFO or memfd: another open of it
 /// shares it, found by the (dev, ino) stat shows).
 fn candidates(tree: &[i32], me: i32, by_link: &ByLink) -> Option<Vec<(i32, i32)>> {
@@ -276,8 +278,12 @@ fn candidates(tree: &[i32], me: i32, by_link: &ByLink) -> Option<Vec<(i32, i32)>
         }
     };
     let held: HashSet<(i32, i32)> = by_link.values().flatten().map(|h| (h.pid, h.fd)).collect();
-    let descriptions: HashSet<u64> =
-        all.iter().filter(|f| held.contains(&(f.pid, f.fd))).map(|f| f.file).collect();
+    let of_held: Vec<_> = all.iter().filter(|f| held.contains(&(f.pid, f.fd))).collect();
+    if of_held.len() < held.len() {
+        tracing::debug!("the host's fds read from /proc: the iterator did not report a held fd");
+        return None;
+    }
+    let descriptions: HashSet<u64> = of_held.iter().map(|f| f.file).collect();
     let inodes: HashSet<u64> = by_link
         .iter()
         .filter(|(link, _)| link.starts_with("pipe:") || link.starts_with("socket:"))
