@@ -147,8 +147,31 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Ends this capture's watch as dropping the guard does, without
+    /// waiting for a guard forked for this capture alone to exit (the
+    /// teardown of its copy of ferry's memory, most of a millisecond):
+    /// its PID is returned for the caller to reap once the pause is over
+    /// ([`crate::held_memory::HeldMemory::reap_guard`]).
+    pub fn end_unreaped(mut self) -> Option<i32> {
+        self.say("done\n");
+        let pid = std::mem::replace(&mut self.pid, 0);
+        match self.pipe.take() {
+            Some(pipe) if self.kept => {
+                *kept() = Some((pid, pipe));
+                None
+            }
+            _ => Some(pid),
+        }
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
+        // Ended by [`Guard::end_unreaped`].
+        if self.pid == 0 {
+            return;
+        }
         self.say("done\n");
         match self.pipe.take() {
             Some(pipe) if self.kept => *kept() = Some((self.pid, pipe)),

@@ -56,6 +56,9 @@ pub const HOLD_FROM_BYTES: u64 = 32 << 20;
 #[derive(Default)]
 pub struct HeldMemory {
     holders: Vec<Holder>,
+    /// The capture's guard, told the capture is over: reaped with the
+    /// holders, after the pause ([`HeldMemory::reap_guard`]).
+    guard: Option<i32>,
 }
 
 struct Holder {
@@ -98,6 +101,13 @@ impl HeldMemory {
         self.holders.is_empty()
     }
 
+    /// The capture's guard (its PID, from
+    /// [`crate::guard::Guard::end_unreaped`]), reaped when the holders
+    /// are ended: its exit is not waited for in the kill.
+    pub fn reap_guard(&mut self, pid: Option<i32>) {
+        self.guard = pid;
+    }
+
     /// Ends every holder and waits for its teardown; how long that took.
     pub fn free(mut self) -> Duration {
         let t = Instant::now();
@@ -109,6 +119,9 @@ impl HeldMemory {
 impl Drop for HeldMemory {
     fn drop(&mut self) {
         end_all(&mut self.holders);
+        if let Some(pid) = self.guard.take() {
+            ferry_sys::process::wait_child(pid);
+        }
     }
 }
 
@@ -244,7 +257,7 @@ fn hold_one(f: &Frozen, min_bytes: u64) -> Result<Option<Holder>> {
     };
     let h = Holder { of: pid, pid: holder, pidfd, bytes };
     // On an error from here, dropping `h` through HeldMemory ends it.
-    let mut guard = HeldMemory { holders: vec![h] };
+    let mut guard = HeldMemory { holders: vec![h], guard: None };
     settle_holder(pid, holder, syscall_ip)?;
     Ok(guard.holders.pop())
 }

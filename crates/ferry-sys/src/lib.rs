@@ -15,6 +15,7 @@ pub mod epoll;
 pub mod error;
 pub mod fd;
 pub mod file_iter;
+pub mod host_files;
 pub mod inotify;
 pub mod lock;
 pub mod netns;

@@ -470,7 +470,7 @@ impl Captured {
         let kept = repaired.keep_in_repair();
         let t = Instant::now();
         // A held segment would keep its id from the restore.
-        let held = match tree_image.sysv_shm.is_empty() && hold_from < u64::MAX {
+        let mut held = match tree_image.sysv_shm.is_empty() && hold_from < u64::MAX {
             true => crate::held_memory::HeldMemory::hold(
                 frozen.procs.iter().map(|p| &p.frozen),
                 hold_from,
@@ -505,7 +505,8 @@ impl Captured {
         // milliseconds the restore waits for when ferry exits right after;
         // a command that exits leaves it to the kernel.
         crate::parallel::detach("image freed", move || drop((tree_image, presurvey)));
-        drop(guard);
+        // Its exit is waited for with the held memory's, after the pause.
+        held.reap_guard(guard.end_unreaped());
         // Killed processes stay zombies until their parent (or, for
         // orphans, init or a subreaper) reaps them; restore waits for
         // their PIDs.

@@ -89,7 +89,7 @@ fn proc_tcp(pid: i32, tables: Option<&TcpTables>) -> Vec<ProcTcp> {
 fn proc_tcp_text(pid: i32) -> Vec<ProcTcp> {
     let mut out = Vec::new();
     for f in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
+        let text = crate::procfs::read_string(&format!("/proc/{pid}/net/{f}")).unwrap_or_default();
         for l in text.lines().skip(1) {
             let w: Vec<&str> = l.split_whitespace().collect();
             let (Some(local), Some(state), Some(queues), Some(inode)) =

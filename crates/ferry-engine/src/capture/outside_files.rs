@@ -207,18 +207,10 @@ fn refuse_outside_holders(tree: &[i32], by_link: &ByLink) -> Result<()> {
         return Ok(());
     }
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Ok(()) };
-    // Every fd of every process outside the tree (a local client can
-    // hold 10,000), its link read on the worker threads.
-    let mut outside = Vec::new();
-    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-        if pid == me || tree.contains(&pid) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
-        let fds = fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
-        outside.extend(fds.map(|fd| (pid, fd)));
-    }
+    let Some(outside) = candidates(tree, me, by_link).or_else(|| every_outside_fd(tree, me)) else {
+        return Ok(());
+    };
+    // Their links read on the worker threads.
     let links = crate::parallel::map(&outside, |&(pid, fd)| {
         let link = procfs::read_link(&format!("/proc/{pid}/fd/{fd}")).ok();
         Ok(link.filter(|l| by_link.contains_key(l)))
@@ -244,6 +236,108 @@ fn refuse_outside_holders(tree: &[i32], by_link: &ByLink) -> Result<()> {
     Ok(())
 }
 
+/// Every fd of every process outside the tree (a local client can hold
+/// 10,000), from /proc; None if /proc cannot be listed.
+fn every_outside_fd(tree: &[i32], me: i32) -> Option<Vec<(i32, i32)>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    let mut outside = Vec::new();
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+        if pid == me || tree.contains(&pid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        let fds = fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+        outside.extend(fds.map(|fd| (pid, fd)));
+    }
+    Some(outside)
+}
+
+/// The fds outside the tree that can share one of the held files, from
+/// every fd table of the host read in one pass by a BPF iterator
+/// ([`ferry_sys::host_files`]): an fd of the same open file description
+/// as a held fd, or of the same inode as a held pipe or socket (pipefs
+/// and sockfs number their inodes as /proc shows them). Every fd that
+/// [`shared_with`] finds sharing is one of them, and they are checked
+/// the same way. None (every fd read from /proc) when the iterator
+/// cannot run, when ferry is not in the initial PID namespace (the
+/// iterator names processes by their PIDs there), when it did not
+/// report every held fd (a held fd closed meanwhile, a thread group
+/// whose leader exited), or when a held file
+/// is an object other than a pipe (a FIFO or memfd: another open of it
+/// shares it, found by the (dev, ino) stat shows).
+fn candidates(tree: &[i32], me: i32, by_link: &ByLink) -> Option<Vec<(i32, i32)>> {
+    let objects = by_link.iter().filter(|(link, _)| !link.starts_with("pipe:"));
+    if objects.flat_map(|(_, holders)| holders).any(|h| h.object) || !in_initial_pid_ns() {
+        return None;
+    }
+    let all = match host_files()?.read() {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::debug!("the host's fds read from /proc: {e}");
+            return None;
+        }
+    };
+    let held: HashSet<(i32, i32)> = by_link.values().flatten().map(|h| (h.pid, h.fd)).collect();
+    let of_held: Vec<_> = all.iter().filter(|f| held.contains(&(f.pid, f.fd))).collect();
+    if of_held.len() < held.len() {
+        tracing::debug!("the host's fds read from /proc: the iterator did not report a held fd");
+        return None;
+    }
+    let descriptions: HashSet<u64> = of_held.iter().map(|f| f.file).collect();
+    let inodes: HashSet<u64> = by_link
+        .iter()
+        .filter(|(link, _)| link.starts_with("pipe:") || link.starts_with("socket:"))
+        .flat_map(|(_, holders)| holders.iter().map(|h| h.ino))
+        .collect();
+    let outside = all.iter().filter(|f| f.pid != me && !tree.contains(&f.pid));
+    Some(
+        outside
+            .filter(|f| descriptions.contains(&f.file) || inodes.contains(&f.ino))
+            .map(|f| (f.pid, f.fd))
+            .collect(),
+    )
+}
+
+/// Whether ferry runs in the initial PID namespace (its fixed inode
+/// number, PROC_PID_INIT_INO).
+fn in_initial_pid_ns() -> bool {
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == 0xEFFF_FFFC)
+}
+
+static HOST_FILES: std::sync::OnceLock<Option<ferry_sys::host_files::HostFilesProgram>> =
+    std::sync::OnceLock::new();
+
+/// The iterator, loaded once per process.
+fn host_files() -> Option<&'static ferry_sys::host_files::HostFilesProgram> {
+    HOST_FILES
+        .get_or_init(|| {
+            load_host_files()
+                .map_err(|e| tracing::debug!("the host's fds are read from /proc: {e}"))
+                .ok()
+        })
+        .as_ref()
+}
+
+fn load_host_files() -> std::result::Result<ferry_sys::host_files::HostFilesProgram, String> {
+    let mut btf = crate::kernel_btf::KernelBtf::open();
+    let ctx = "bpf_iter__task_file";
+    let layout = ferry_sys::host_files::HostFilesLayout {
+        attach_btf_id: btf.func("bpf_iter_task_file")?,
+        ctx_meta: btf.byte(ctx, "meta")?,
+        ctx_task: btf.byte(ctx, "task")?,
+        ctx_fd: btf.byte(ctx, "fd")?,
+        ctx_file: btf.byte(ctx, "file")?,
+        meta_seq: btf.byte("bpf_iter_meta", "seq")?,
+        task_tgid: btf.byte("task_struct", "tgid")?,
+        f_inode: btf.byte("file", "f_inode")?,
+        i_ino: btf.byte("inode", "i_ino")?,
+    };
+    let program =
+        ferry_sys::host_files::HostFilesProgram::load(&layout).map_err(|e| e.to_string())?;
+    btf.save();
+    Ok(program)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +350,39 @@ mod tests {
         let meta = f.metadata().expect("metadata");
         let h = held(me, fd, &link, &meta);
         (link, h)
+    }
+
+    /// The fds the BPF iterator picks as candidates, with a `sleep` as
+    /// the tree: this process's fd of the same description as the
+    /// sleep's file, and the other end of its pipe, are; another open
+    /// of the same file is not.
+    #[test]
+    fn the_iterator_picks_the_same_description_and_the_same_pipe_and_not_another_open() {
+        if host_files().is_none() || !in_initial_pid_ns() {
+            eprintln!("no BPF task_file iterator here: the host's fds are read from /proc");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ferry-candidates-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = std::fs::File::create(dir.join("f")).expect("create");
+        let other = std::fs::File::open(dir.join("f")).expect("open again");
+        let (r, w) = ferry_sys::fd::pipe2(0).expect("pipe");
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30").stdin(std::fs::File::from(r)).stdout(f.try_clone().expect("dup"));
+        let mut child = cmd.spawn().expect("sleep");
+        let pid = child.id() as i32;
+        let mut by_link = ByLink::new();
+        let scope = Scope { external_stdio: false, carry: false };
+        tree_fds(pid, &Presurvey::new(), Some(&[0, 1]), scope, &mut by_link);
+        let found = candidates(&[pid], 0, &by_link);
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        let me = std::process::id() as i32;
+        let found = found.expect("candidates");
+        assert!(found.contains(&(me, f.as_raw_fd())), "the same description: {found:?}");
+        assert!(found.contains(&(me, w.as_raw_fd())), "the same pipe: {found:?}");
+        assert!(!found.contains(&(me, other.as_raw_fd())), "another open: {found:?}");
     }
 
     /// One description (a dup, as a fork gives), another open of the

@@ -26,7 +26,7 @@ pub(crate) fn children_of(pid: i32) -> Result<Vec<i32>> {
     let mut out = Vec::new();
     for tid in procfs::tids(pid)? {
         let path = format!("/proc/{pid}/task/{tid}/children");
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let text = procfs::read_string(&path).unwrap_or_default();
         out.extend(text.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
     }
     Ok(out)

@@ -74,7 +74,7 @@ fn epoll_carriable(info: &FdInfo) -> bool {
 fn mapped_in_tree(tree: &[i32], ino: u64) -> bool {
     let ino = ino.to_string();
     tree.iter().any(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/maps")).map_or(true, |maps| {
+        crate::procfs::read_string(&format!("/proc/{pid}/maps")).map_or(true, |maps| {
             maps.lines().any(|l| {
                 let mut w = l.split_whitespace();
                 w.nth(4) == Some(ino.as_str()) && w.next().is_some_and(|p| p.starts_with("/memfd:"))

@@ -1,0 +1,203 @@
+//! Every open file of every process of the caller's PID namespace, as
+//! (process, fd, open file description's address, inode number), read
+//! by one BPF task_file iterator over all tasks: what listing
+//! /proc/PID/fd and reading each fd's link of every process on the host
+//! tells of them (a check for files the tree shares with a process
+//! outside it), in one pass through the kernel instead of a system call
+//! per fd and several per process (~2-4 ms for 120 processes, 560 fds).
+//!
+//! Assembled like [`crate::file_iter`], with the structure offsets read
+//! by the caller from the running kernel's BTF. The iterator visits each
+//! fd table once (threads sharing their leader's table are skipped).
+//! The process it reports is `task->tgid`: the PID in the initial PID
+//! namespace, which is the caller's only when the caller runs there.
+
+use crate::vma_iter::{insn, load_iter, open_iter, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE};
+use crate::{SysError, SysResult};
+use std::os::fd::OwnedFd;
+
+const RECORD: usize = 24;
+
+/// Where the program finds what it reads, in bytes, and which kernel
+/// function it attaches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFilesLayout {
+    /// BTF id of the FUNC `bpf_iter_task_file`.
+    pub attach_btf_id: u32,
+    /// `struct bpf_iter__task_file`: `meta`, `task`, `fd`, `file`.
+    pub ctx_meta: i16,
+    pub ctx_task: i16,
+    pub ctx_fd: i16,
+    pub ctx_file: i16,
+    /// `struct bpf_iter_meta`: `seq`.
+    pub meta_seq: i16,
+    /// `struct task_struct`: `tgid`.
+    pub task_tgid: i16,
+    /// `struct file`: `f_inode`.
+    pub f_inode: i16,
+    /// `struct inode`: `i_ino`.
+    pub i_ino: i16,
+}
+
+/// One fd of one process as the iterator reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFile {
+    /// The process (its PID in the initial PID namespace).
+    pub pid: i32,
+    pub fd: i32,
+    /// The open file description's address: the same in every table
+    /// (and every fd) that holds it.
+    pub file: u64,
+    pub ino: u64,
+}
+
+const MOV64_REG: u8 = 0xbf;
+const MOV64_IMM: u8 = 0xb7;
+const ADD64_IMM: u8 = 0x07;
+const LSH64_IMM: u8 = 0x67;
+const OR64_REG: u8 = 0x4f;
+const LDX_DW: u8 = 0x79;
+const LDX_W: u8 = 0x61;
+const STX_DW: u8 = 0x7b;
+const JEQ_IMM: u8 = 0x15;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+
+/// The program. The record sits at fp-24..fp: tgid << 32 | fd, file,
+/// i_ino.
+fn program(l: &HostFilesLayout) -> Vec<Insn> {
+    let mut p = vec![
+        insn(MOV64_REG, 6, 1, 0, 0),       // r6 = ctx
+        insn(LDX_DW, 7, 6, l.ctx_file, 0), // r7 = ctx->file
+        insn(LDX_DW, 8, 6, l.ctx_task, 0), // r8 = ctx->task
+    ];
+    let to_exit_1 = p.len();
+    p.push(insn(JEQ_IMM, 7, 0, 0, 0)); // no file (the end): done
+    let to_exit_2 = p.len();
+    p.push(insn(JEQ_IMM, 8, 0, 0, 0)); // no task: done
+    p.extend([
+        insn(LDX_W, 2, 8, l.task_tgid, 0),
+        insn(LSH64_IMM, 2, 0, 0, 32),
+        insn(LDX_W, 3, 6, l.ctx_fd, 0),
+        insn(OR64_REG, 2, 3, 0, 0),
+        insn(STX_DW, 10, 2, -24, 0),
+        insn(STX_DW, 10, 7, -16, 0),
+        insn(LDX_DW, 8, 7, l.f_inode, 0), // r8 = file->f_inode
+        insn(LDX_DW, 2, 8, l.i_ino, 0),
+        insn(STX_DW, 10, 2, -8, 0),
+        insn(LDX_DW, 1, 6, l.ctx_meta, 0),
+        insn(LDX_DW, 1, 1, l.meta_seq, 0),
+        insn(MOV64_REG, 2, 10, 0, 0),
+        insn(ADD64_IMM, 2, 0, 0, -(RECORD as i32)),
+        insn(MOV64_IMM, 3, 0, 0, RECORD as i32),
+        insn(CALL, 0, 0, 0, BPF_FUNC_SEQ_WRITE),
+    ]);
+    let exit = p.len();
+    p.extend([insn(MOV64_IMM, 0, 0, 0, 0), insn(EXIT, 0, 0, 0, 0)]);
+    for at in [to_exit_1, to_exit_2] {
+        p[at].off = (exit - at - 1) as i16;
+    }
+    p
+}
+
+/// Records in iterator output, in (process, fd) order. A read resumes
+/// where the last one stopped; a record at or below the last one seen
+/// is one that read returned again and is skipped.
+fn parse(bytes: &[u8], out: &mut Vec<HostFile>) -> SysResult<()> {
+    if !bytes.len().is_multiple_of(RECORD) {
+        return Err(SysError::new("read(task_file iterator): a partial record", libc::EIO));
+    }
+    for r in bytes.chunks_exact(RECORD) {
+        let word = |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let head = word(0);
+        let f = HostFile {
+            pid: (head >> 32) as u32 as i32,
+            fd: head as u32 as i32,
+            file: word(1),
+            ino: word(2),
+        };
+        if out.last().is_none_or(|l| (f.pid, f.fd) > (l.pid, l.fd)) {
+            out.push(f);
+        }
+    }
+    Ok(())
+}
+
+/// The loaded iterator program.
+pub struct HostFilesProgram {
+    prog: OwnedFd,
+}
+
+impl HostFilesProgram {
+    /// Loads the program for `layout`; a refusal carries the last line
+    /// of the verifier's log.
+    pub fn load(layout: &HostFilesLayout) -> Result<HostFilesProgram, LoadRefused> {
+        let insns = program(layout);
+        load_iter(&insns, b"ferry_hostfiles", layout.attach_btf_id, "bpf(BPF_PROG_LOAD, task_file)")
+            .map(|prog| HostFilesProgram { prog })
+    }
+
+    /// Every fd of every process, in (process, fd) order.
+    pub fn read(&self) -> SysResult<Vec<HostFile>> {
+        let mut file = open_iter(&self.prog)?;
+        let mut out = Vec::new();
+        let mut bytes = vec![0u8; 64 * 1024];
+        for _ in 0..100_000 {
+            let n = std::io::Read::read(&mut file, &mut bytes).map_err(|e| {
+                SysError::new("read(task_file iterator)", e.raw_os_error().unwrap_or(libc::EIO))
+            })?;
+            if n == 0 {
+                return Ok(out);
+            }
+            parse(&bytes[..n], &mut out)?;
+        }
+        Err(SysError::new("read(task_file iterator): it never ended", libc::E2BIG))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(pid: u32, fd: u32, file: u64, ino: u64) -> Vec<u8> {
+        let head = (pid as u64) << 32 | fd as u64;
+        [head, file, ino].iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn records_are_read_in_process_and_fd_order_and_repeats_skipped() {
+        let mut bytes = record(1, 0, 0xffff_1000, 7);
+        bytes.extend(record(1, 4, 0xffff_2000, 8));
+        let mut out = Vec::new();
+        parse(&bytes, &mut out).expect("parse");
+        parse(&record(1, 4, 0xffff_2000, 8), &mut out).expect("a repeat");
+        parse(&record(300, 2, 0xffff_3000, 9), &mut out).expect("the next process");
+        let seen: Vec<(i32, i32)> = out.iter().map(|f| (f.pid, f.fd)).collect();
+        assert_eq!(seen, [(1, 0), (1, 4), (300, 2)]);
+        assert_eq!((out[2].file, out[2].ino), (0xffff_3000, 9));
+        assert!(parse(&bytes[..23], &mut out).is_err());
+    }
+
+    #[test]
+    fn every_jump_lands_inside_the_program() {
+        let l = HostFilesLayout {
+            attach_btf_id: 1,
+            ctx_meta: 0,
+            ctx_task: 8,
+            ctx_fd: 16,
+            ctx_file: 24,
+            meta_seq: 0,
+            task_tgid: 2500,
+            f_inode: 32,
+            i_ino: 64,
+        };
+        let p = program(&l);
+        for (i, ins) in p.iter().enumerate() {
+            if ins.code == JEQ_IMM {
+                let to = i as i64 + 1 + ins.off as i64;
+                assert!(to > i as i64 && (to as usize) < p.len(), "jump at {i} to {to}");
+            }
+        }
+        assert_eq!(p.last().map(|i| i.code), Some(EXIT));
+    }
+}
