@@ -61,6 +61,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
         ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
     )
     .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
+    pin_to_ferrys_cpu(child_pid);
     std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
     std::fs::File::from(st_r)
@@ -80,6 +81,22 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     }
 }
 
+/// Keeps the new root, and with it every thread and child it will be
+/// made to create (they inherit its CPU mask), on the CPU ferry runs on
+/// while ferry drives it: each injected call is a round trip between the
+/// two, and one whose wakeup crosses to another CPU cost 40-150 µs on a
+/// 2-vCPU VM against about 20 µs on ferry's own (an idle vCPU must be
+/// woken through the host). Each thread's own CPU mask is set back with
+/// its final registers (`threads::set_final_registers`), before the
+/// restore's check reads it. Best effort: a mask the kernel refuses (a
+/// cpuset without that CPU) only leaves the root as it was.
+fn pin_to_ferrys_cpu(pid: i32) {
+    let Some(cpu) = ferry_sys::process::current_cpu() else { return };
+    if let Err(e) = ferry_sys::process::pin_to_cpu(pid, cpu) {
+        tracing::debug!("pid {pid}: not kept on ferry's CPU {cpu} during the restore: {e}");
+    }
+}
+
 /// The root's session, before it is driven: it still runs ferry's forked
 /// copy, so the CPU is checked, its rseq registration dropped and the
 /// scratch area placed where no process of the tree has anything (every
@@ -90,7 +107,9 @@ pub(super) fn root_session<'a>(
 ) -> Result<Session<'a>> {
     let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
-    let vdso = own_vdso()?;
+    // ferry's mappings as the fork copied them, read once.
+    let maps = crate::procfs::maps(pid)?;
+    let vdso = vdso_of(pid, &maps)?;
     let remote = inject::Remote {
         pid,
         syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
@@ -114,6 +133,7 @@ pub(super) fn root_session<'a>(
     let at = memory::free_gap(
         pid,
         tree.processes.iter().flat_map(|p| p.vmas.iter()),
+        &maps,
         inject::SCRATCH_LEN,
     )?;
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
@@ -122,12 +142,10 @@ pub(super) fn root_session<'a>(
     Ok(s)
 }
 
-/// ferry's own vDSO: the root, a fork of ferry, has it at the same place.
-fn own_vdso() -> Result<(u64, u64)> {
-    let me = std::process::id() as i32;
-    crate::procfs::maps(me)?
-        .into_iter()
+/// The [vdso] of the root, a fork of ferry (ferry's own, at the same place).
+fn vdso_of(pid: i32, maps: &[crate::procfs::MapsEntry]) -> Result<(u64, u64)> {
+    maps.iter()
         .find(|m| m.path == "[vdso]")
         .map(|m| (m.start, m.end))
-        .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
+        .ok_or_else(|| EngineError::restore(pid, "the forked root has no [vdso] mapping"))
 }
