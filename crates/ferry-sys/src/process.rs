@@ -657,3 +657,24 @@ pub fn try_wait_pid(pid: i32) -> SysResult<Option<i32>> {
     }
     Ok((r == pid).then_some(status))
 }
+
+#[cfg(test)]
+mod pin_tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_pinned_to_its_cpu_may_run_there_only() {
+        // A thread of its own: the test harness's threads keep their masks.
+        std::thread::spawn(|| {
+            let cpu = current_cpu().expect("sched_getcpu");
+            pin_to_cpu(gettid(), cpu).expect("sched_setaffinity");
+            let cpus = get_sched(gettid()).expect("sched_getaffinity").cpus;
+            let allowed: Vec<usize> =
+                (0..cpus.len() * 64).filter(|&c| cpus[c / 64] & (1 << (c % 64)) != 0).collect();
+            assert_eq!(allowed, vec![cpu]);
+            assert_eq!(current_cpu(), Some(cpu));
+        })
+        .join()
+        .expect("the pinned thread");
+    }
+}

@@ -61,7 +61,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
         ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
     )
     .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
-    pin_to_ferrys_cpu(child_pid);
+    inject::colocate(child_pid);
     std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
     std::fs::File::from(st_r)
@@ -78,22 +78,6 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
             pid,
             format!("new process did not stop as expected: {other:?}"),
         )),
-    }
-}
-
-/// Keeps the new root, and with it every thread and child it will be
-/// made to create (they inherit its CPU mask), on the CPU ferry runs on
-/// while ferry drives it: each injected call is a round trip between the
-/// two, and one whose wakeup crosses to another CPU cost 40-150 µs on a
-/// 2-vCPU VM against about 20 µs on ferry's own (an idle vCPU must be
-/// woken through the host). Each thread's own CPU mask is set back with
-/// its final registers (`threads::set_final_registers`), before the
-/// restore's check reads it. Best effort: a mask the kernel refuses (a
-/// cpuset without that CPU) only leaves the root as it was.
-fn pin_to_ferrys_cpu(pid: i32) {
-    let Some(cpu) = ferry_sys::process::current_cpu() else { return };
-    if let Err(e) = ferry_sys::process::pin_to_cpu(pid, cpu) {
-        tracing::debug!("pid {pid}: not kept on ferry's CPU {cpu} during the restore: {e}");
     }
 }
 

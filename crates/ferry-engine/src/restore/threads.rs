@@ -86,6 +86,7 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
             }
         }
         block_signals(pid, new)?;
+        crate::inject::colocate(new);
         tids.push(new);
     }
     Ok(tids)
@@ -166,6 +167,8 @@ pub fn set_final_registers(pid: i32, t: &ThreadImage) -> Result<()> {
     let mut regs = ferry_sys::process::words_to_regs(&t.regs)
         .ok_or_else(|| EngineError::restore(pid, format!("thread {tid}: bad register set")))?;
     syscall_restart::restart_after_restore(&mut regs);
+    // No injected call follows: the thread's own CPU mask stays.
+    crate::inject::forget_colocated(tid);
     let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
     ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
     ptrace::set_xstate(tid, &t.xstate).map_err(|e| kerr("setting XSAVE state", e))?;
