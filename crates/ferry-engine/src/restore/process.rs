@@ -65,10 +65,7 @@ pub fn dumpable_call(s: &Session) -> (String, Call) {
 pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     let c = s.image.creds.clone();
     let securebits = s.image.fidelity.securebits;
-    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(40);
+    let last_cap = last_cap();
     // What the restored process has now, inherited from ferry (the
     // threads were all made from it since).
     let path = format!("/proc/{}/status", s.pid);
@@ -84,6 +81,17 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         s.run(tid, &calls)?;
     }
     check_fs_ids(s.pid, &c)
+}
+
+/// The kernel's highest capability number (read once per ferry process).
+fn last_cap() -> u32 {
+    static LAST_CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST_CAP.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(40)
+    })
 }
 
 /// Whether credentials `now` are those of the image (`want`): every id,
