@@ -25,6 +25,56 @@ pub struct Remote {
     pub settle: bool,
 }
 
+thread_local! {
+    /// Threads of a restore kept on the CPU of the ferry thread driving
+    /// them ([`colocate`]), with the CPU each was last put on.
+    static COLOCATED: std::cell::RefCell<std::collections::HashMap<i32, usize>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Keeps thread `tid` (a restore's, stopped under ptrace) on the CPU the
+/// calling ferry thread runs on: set now, and again before an injected
+/// call resumes it whenever ferry has moved to another CPU. Each
+/// injected call is a round trip between the two; one whose wakeups
+/// cross to another CPU cost 40-150 µs on a 2-vCPU VM against about
+/// 20 µs on ferry's own (an idle vCPU is woken through the host). The
+/// restore sets each thread's own CPU mask back with its final registers
+/// ([`forget_colocated`] first). Best effort: a mask the kernel refuses
+/// (a cpuset without that CPU) leaves the thread as it was.
+pub fn colocate(tid: i32) {
+    COLOCATED.with(|c| c.borrow_mut().insert(tid, usize::MAX));
+    follow_ferry(tid);
+}
+
+/// Stops keeping `tid` with ferry (its own CPU mask is set next).
+pub fn forget_colocated(tid: i32) {
+    COLOCATED.with(|c| c.borrow_mut().remove(&tid));
+}
+
+/// Forgets every thread [`colocate`] keeps (a restore ended).
+pub fn forget_all_colocated() {
+    COLOCATED.with(|c| c.borrow_mut().clear());
+}
+
+/// Moves `tid`, if ferry keeps it with itself, to ferry's CPU now.
+fn follow_ferry(tid: i32) {
+    COLOCATED.with(|c| {
+        let mut c = c.borrow_mut();
+        let Some(at) = c.get_mut(&tid) else { return };
+        let Some(cpu) = ferry_sys::process::current_cpu() else { return };
+        if *at == cpu {
+            return;
+        }
+        match ferry_sys::process::pin_to_cpu(tid, cpu) {
+            Ok(()) => *at = cpu,
+            Err(e) => {
+                tracing::debug!("thread {tid}: not kept on ferry's CPU {cpu}: {e}");
+                c.remove(&tid);
+            }
+        }
+    });
+}
+
 /// Finds a `syscall` (0f 05) instruction in the process's [vdso].
 pub fn find_syscall_insn(pid: i32, vdso_start: u64, vdso_end: u64) -> Result<u64> {
     let len = (vdso_end - vdso_start) as usize;
@@ -63,6 +113,7 @@ impl Remote {
             *slot = a;
         }
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
+        follow_ferry(tid);
         ptrace::single_step(tid, 0).map_err(|e| kerr("single-stepping", e))?;
         if let Err(e) =
             self.wait_trap(tid, |t| ptrace::single_step(t, 0), &format!("injected syscall {nr}"))
@@ -277,6 +328,7 @@ impl Remote {
         regs.orig_rax = u64::MAX;
         regs.rsp = 0;
         ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
+        follow_ferry(tid);
         ptrace::cont(tid, 0).map_err(|e| kerr("running batch", e))?;
         if let Err(e) = self.wait_trap(tid, |t| ptrace::cont(t, 0), "injected code") {
             let _ = ptrace::set_regs(tid, &saved);

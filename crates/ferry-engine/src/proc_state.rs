@@ -53,6 +53,22 @@ fn rlimits(pid: i32) -> Result<Vec<Rlimit>> {
     Ok(out)
 }
 
+/// The ids, groups and capability sets of a status file's `key_values`.
+pub(crate) fn creds(status: &std::collections::HashMap<&str, &str>) -> Creds {
+    Creds {
+        uids: four(ids(status.get("Uid"))),
+        gids: four(ids(status.get("Gid"))),
+        groups: ids(status.get("Groups")),
+        caps: Caps {
+            inheritable: cap(status.get("CapInh")),
+            permitted: cap(status.get("CapPrm")),
+            effective: cap(status.get("CapEff")),
+            bounding: cap(status.get("CapBnd")),
+            ambient: cap(status.get("CapAmb")),
+        },
+    }
+}
+
 /// Identity, credentials, directories, umask, limits, personality and
 /// no_new_privs of `pid`, with everything else of the image left empty.
 pub fn read(pid: i32) -> Result<ProcessImage> {
@@ -73,18 +89,7 @@ pub fn read(pid: i32) -> Result<ProcessImage> {
         umask: status.get("Umask").and_then(|v| procfs::parse_octal(v)).unwrap_or(0o022) as u32,
         personality: procfs::parse_hex(&personality).unwrap_or(0) as u32,
         no_new_privs: status.get("NoNewPrivs").is_some_and(|v| *v == "1"),
-        creds: Creds {
-            uids: four(ids(status.get("Uid"))),
-            gids: four(ids(status.get("Gid"))),
-            groups: ids(status.get("Groups")),
-            caps: Caps {
-                inheritable: cap(status.get("CapInh")),
-                permitted: cap(status.get("CapPrm")),
-                effective: cap(status.get("CapEff")),
-                bounding: cap(status.get("CapBnd")),
-                ambient: cap(status.get("CapAmb")),
-            },
-        },
+        creds: creds(&status),
         rlimits,
         threads: Vec::new(),
         mm: MmLayout::default(),

@@ -243,6 +243,25 @@ pub fn set_sched(tid: i32, s: &Sched) -> SysResult<()> {
     Ok(())
 }
 
+/// The CPU the calling thread runs on at this moment (sched_getcpu),
+/// None if the kernel cannot tell.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; returns a CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// Lets thread `tid` run on CPU `cpu` only (sched_setaffinity).
+pub fn pin_to_cpu(tid: i32, cpu: usize) -> SysResult<()> {
+    let mut mask = vec![0u64; cpu / 64 + 1];
+    mask[cpu / 64] |= 1 << (cpu % 64);
+    // SAFETY: the mask buffer is live for the given byte length.
+    check("sched_setaffinity", unsafe {
+        libc::syscall(libc::SYS_sched_setaffinity, tid, mask.len() * 8, mask.as_ptr())
+    })?;
+    Ok(())
+}
+
 /// The calling thread's id.
 pub fn gettid() -> i32 {
     // SAFETY: no arguments, cannot fail.
@@ -637,4 +656,25 @@ pub fn try_wait_pid(pid: i32) -> SysResult<Option<i32>> {
         return Err(last_error("waitpid(WNOHANG)"));
     }
     Ok((r == pid).then_some(status))
+}
+
+#[cfg(test)]
+mod pin_tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_pinned_to_its_cpu_may_run_there_only() {
+        // A thread of its own: the test harness's threads keep their masks.
+        std::thread::spawn(|| {
+            let cpu = current_cpu().expect("sched_getcpu");
+            pin_to_cpu(gettid(), cpu).expect("sched_setaffinity");
+            let cpus = get_sched(gettid()).expect("sched_getaffinity").cpus;
+            let allowed: Vec<usize> =
+                (0..cpus.len() * 64).filter(|&c| cpus[c / 64] & (1 << (c % 64)) != 0).collect();
+            assert_eq!(allowed, vec![cpu]);
+            assert_eq!(current_cpu(), Some(cpu));
+        })
+        .join()
+        .expect("the pinned thread");
+    }
 }

@@ -46,8 +46,8 @@ fn restore_memory(
 ) -> Result<()> {
     let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
     kept.sort_unstable();
-    memory::clear_address_space(s, &kept)?;
-    memory::place_vdso(s, &img.vmas)?;
+    let kernel = memory::clear_address_space(s, &kept)?;
+    memory::place_vdso(s, &img.vmas, &kernel)?;
     let mut reprotect = memory::map_all(s, &img.vmas, &img.page_runs, &kept)?;
     if always_prepare_inherited || !kept.is_empty() {
         reprotect.extend(memory::prepare_inherited(s, &img.page_runs)?);

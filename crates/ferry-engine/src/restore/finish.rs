@@ -48,18 +48,32 @@ pub(super) fn finish_all(
     Ok((held, fd_flags))
 }
 
-/// F_GETFD of every fd of the image, run by the process in batches: the
-/// close-on-exec bits of a table of 10,000 sockets in a few round trips
-/// instead of one /proc read per fd.
-fn read_fd_flags(s: &mut Session) -> Result<ProcessFdFlags> {
-    let calls: Vec<inject::Call> = s
-        .image
-        .fds
-        .iter()
-        .map(|slot| inject::Call::new(libc::SYS_fcntl, &[slot.fd as u64, libc::F_GETFD as u64]))
-        .collect();
+/// `first` (calls of the leader's that take no arguments in memory),
+/// then F_GETFD of every fd of the image when `fd_flags` (the restore
+/// checks itself), run by the process in batches: the close-on-exec
+/// bits of a table of 10,000 sockets in a few round trips instead of one
+/// /proc read per fd.
+fn last_calls(
+    s: &mut Session,
+    first: Vec<(String, inject::Call)>,
+    fd_flags: bool,
+) -> Result<Option<ProcessFdFlags>> {
+    if !fd_flags {
+        s.run(s.pid, &first)?;
+        return Ok(None);
+    }
+    let n = first.len();
+    let mut calls: Vec<inject::Call> = first.iter().map(|c| c.1).collect();
+    calls.extend(
+        s.image.fds.iter().map(|slot| {
+            inject::Call::new(libc::SYS_fcntl, &[slot.fd as u64, libc::F_GETFD as u64])
+        }),
+    );
     let results = s.remote.batch(s.pid, s.scratch, &calls)?;
-    Ok(s.image.fds.iter().map(|slot| slot.fd).zip(results).collect())
+    for ((name, _), &r) in first.iter().zip(&results) {
+        inject::check(s.pid, s.pid, name, r)?;
+    }
+    Ok(Some(s.image.fds.iter().map(|slot| slot.fd).zip(results[n..].iter().copied()).collect()))
 }
 
 /// The last process (in the tree's order, which finishing follows) of
@@ -124,37 +138,38 @@ fn finish_process(
 ) -> Result<(Vec<i32>, Option<ProcessFdFlags>)> {
     let pid = s.pid;
     let image = s.image;
-    memory::set_mm(s, exe_fd)?;
-    if !image.fidelity.shares_files_with_parent {
-        // The table's first process opened them for all that share it.
+    // The leader's calls go in as few batches as their order allows.
+    let mut leader = vec![memory::set_mm_call(s, exe_fd)?];
+    if !image.fidelity.shares_files_with_parent && files::proc_file::any(image) {
+        // The table's first process opens them for all that share it,
+        // after PR_SET_MM_MAP, with arguments of its own.
+        s.run(pid, &std::mem::take(&mut leader))?;
         files::proc_file::open_all(s)?;
     }
-    signals::restore_actions(s)?;
+    leader.extend(signals::action_calls(s)?);
     // The leader first, so new threads inherit its name.
-    threads::restore_thread_state(s, &image.threads[0])?;
+    threads::restore_thread_state(s, &image.threads[0], leader)?;
     let tids = threads::create_threads(s)?;
     for t in &image.threads[1..] {
-        threads::restore_thread_state(s, t)?;
+        threads::restore_thread_state(s, t, Vec::new())?;
     }
     files::owner::restore(s)?;
     timers::restore_itimers(s)?;
     timers::restore_posix(s)?;
-    process::restore_misc(s)?;
     signals::queue_pending(s)?;
+    let mut leader = process::misc_calls(s)?;
     if close_staging {
-        s.run(
-            pid,
-            &[(
-                "close_range(staging)".into(),
-                inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]),
-            )],
-        )?;
+        leader.push((
+            "close_range(staging)".into(),
+            inject::Call::new(libc::SYS_close_range, &[temp_base as u64, u32::MAX as u64, 0]),
+        ));
     }
     let (lock_calls, lock_args) = files::locks::posix_lock_calls(image, s.data);
     if !lock_calls.is_empty() {
         s.remote.write(s.data, &lock_args)?;
-        s.run(pid, &lock_calls)?;
+        leader.extend(lock_calls);
     }
+    s.run(pid, &leader)?;
     // Limits while the process still has ferry's user (a process of
     // another user would need CAP_SYS_RESOURCE), credentials last.
     process::restore_limits(pid, image)?;
@@ -163,10 +178,9 @@ fn finish_process(
     // for ferry's remaining injected calls until the threads are released.
     seccomp::install(s, &all_tids)?;
     process::restore_creds(s, &all_tids)?;
-    process::restore_dumpable(s)?;
     prctl::restore_pdeathsig(s)?;
     // Nothing changes the fd table after this.
-    let flags = fd_flags.then(|| read_fd_flags(s)).transpose()?;
+    let flags = last_calls(s, vec![process::dumpable_call(s)], fd_flags)?;
     s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;

@@ -62,6 +62,7 @@ pub fn fork_from(parent: &mut Session, pid: i32, exit_signal: i32, flags: u64) -
         }
     }
     ptrace::set_sigmask(child, !0).map_err(|e| EngineError::kernel(pid, "blocking signals", e))?;
+    crate::inject::colocate(child);
     Ok(child)
 }
 

@@ -5,7 +5,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
-use crate::inject::Call;
+use crate::inject::{self, Call};
 use crate::procfs;
 use ferry_image::{vmflag, PageRun, Vma, VmaBacking, PROT_WRITE};
 use ferry_sys::uffd;
@@ -21,7 +21,8 @@ fn is_special(path: &str) -> bool {
 /// Unmaps everything the fork brought along except the kernel's own
 /// mappings (vDSO, vvar), which we keep and move, and the `keep` ranges
 /// (sorted): mappings a child inherited from its parent and keeps.
-pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
+/// Returns the kernel's mappings as they are now, for [`place_vdso`].
+pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<procfs::MapsEntry>> {
     let maps = procfs::maps(s.pid)?;
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
@@ -43,7 +44,7 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<()> {
         .map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a])))
         .collect();
     s.run(s.pid, &calls)?;
-    Ok(())
+    Ok(maps.into_iter().filter(|m| is_special(&m.path)).collect())
 }
 
 fn push_range(ranges: &mut Vec<(u64, u64)>, a: u64, e: u64) {
@@ -54,10 +55,16 @@ fn push_range(ranges: &mut Vec<(u64, u64)>, a: u64, e: u64) {
 }
 
 /// Lowest gap of `len` bytes (plus a guard page each side) above 256 MiB
-/// that neither the image nor the process's current mappings use.
-pub fn free_gap<'v>(pid: i32, vmas: impl Iterator<Item = &'v Vma>, len: u64) -> Result<u64> {
+/// that neither the image nor the process's current mappings (`current`,
+/// its maps) use.
+pub fn free_gap<'v>(
+    pid: i32,
+    vmas: impl Iterator<Item = &'v Vma>,
+    current: &[procfs::MapsEntry],
+    len: u64,
+) -> Result<u64> {
     let mut used: Vec<(u64, u64)> = vmas.map(|v| (v.start, v.end)).collect();
-    used.extend(procfs::maps(pid)?.iter().map(|m| (m.start, m.end)));
+    used.extend(current.iter().map(|m| (m.start, m.end)));
     used.sort_unstable();
     let mut cand = 0x1000_0000u64;
     for (a, e) in used {
@@ -79,12 +86,14 @@ pub fn free_gap<'v>(pid: i32, vmas: impl Iterator<Item = &'v Vma>, len: u64) -> 
 }
 
 /// Moves this kernel's vDSO and vvar pages to where the image had them.
-pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
+/// `kernel`: the process's kernel mappings now (from
+/// [`clear_address_space`]).
+pub fn place_vdso(s: &mut Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -> Result<()> {
     let pid = s.pid;
-    let cur: Vec<(String, u64, u64)> = procfs::maps(pid)?
-        .into_iter()
+    let cur: Vec<(String, u64, u64)> = kernel
+        .iter()
         .filter(|m| is_special(&m.path) && m.path != "[vsyscall]")
-        .map(|m| (m.path, m.start, m.end))
+        .map(|m| (m.path.clone(), m.start, m.end))
         .collect();
     let want: Vec<(String, u64, u64)> = vmas
         .iter()
@@ -112,36 +121,32 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma]) -> Result<()> {
     let vdso_old = cur.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
     let vdso_new = want.iter().find(|c| c.0 == "[vdso]").map(|c| c.1).unwrap_or(0);
     let syscall_off = s.remote.syscall_ip - vdso_old;
-    let mremap = |s: &mut Session, from: u64, len: u64, to: u64| {
+    let mut calls: Vec<(String, Call)> = Vec::new();
+    let mut mremap = |from: u64, len: u64, to: u64| {
         let flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-        s.run(
-            s.pid,
-            &[(
-                format!("mremap({from:#x} -> {to:#x})"),
-                Call::new(libc::SYS_mremap, &[from, len, len, flags, to]),
-            )],
-        )
+        calls.push((
+            format!("mremap({from:#x} -> {to:#x})"),
+            Call::new(libc::SYS_mremap, &[from, len, len, flags, to]),
+        ));
     };
-    // Go through a parking spot when old and new places overlap.
+    // Go through a parking spot when old and new places overlap. All
+    // moves run as one batch: the batch code is in the scratch area, not
+    // in the vDSO being moved.
     let overlap = cur_lo < want_hi && want_lo < cur_hi;
     let mut now: Vec<u64> = cur.iter().map(|c| c.1).collect();
     if overlap {
         let park = 0x1000_0000_0000u64;
         for (i, c) in cur.iter().enumerate() {
             let to = park + (c.1 - cur_lo);
-            mremap(s, now[i], c.2 - c.1, to)?;
-            if c.0 == "[vdso]" {
-                s.remote.syscall_ip = to + syscall_off;
-            }
+            mremap(now[i], c.2 - c.1, to);
             now[i] = to;
         }
     }
     for (i, c) in cur.iter().enumerate() {
-        mremap(s, now[i], c.2 - c.1, want[i].1)?;
-        if c.0 == "[vdso]" {
-            s.remote.syscall_ip = vdso_new + syscall_off;
-        }
+        mremap(now[i], c.2 - c.1, want[i].1);
     }
+    s.run(pid, &calls)?;
+    s.remote.syscall_ip = vdso_new + syscall_off;
     Ok(())
 }
 
@@ -548,6 +553,11 @@ pub fn write_pages(
     let parts = split_runs(runs, workers);
     let counter = crate::ProgressCounter::new(progress, total);
     let counter = &counter;
+    if let [only] = parts[..] {
+        // One part: this thread (a thread's start and join cost more than
+        // a small process's pages).
+        return write_runs(pid, only, data, counter);
+    }
     std::thread::scope(|sc| {
         let handles: Vec<_> = parts
             .into_iter()
@@ -634,8 +644,13 @@ pub fn relock(s: &mut Session, vmas: &[ferry_image::Vma]) -> Result<()> {
 }
 
 /// PR_SET_MM_MAP: code/data/brk/stack/arg/env boundaries, auxv, exe.
-pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
+/// Writes its argument at `s.data + MM_ARGS` (clear of the other
+/// arguments of the batch it joins) and returns the call.
+pub fn set_mm_call(s: &mut Session, exe_fd: Option<i32>) -> Result<(String, Call)> {
+    /// Where in the argument area: the struct, then the auxv 512 bytes on.
+    const MM_ARGS: u64 = 0x8000;
     let mm = &s.image.mm;
+    let at = s.data + MM_ARGS;
     let mut buf: Vec<u8> = Vec::with_capacity(104);
     for v in [
         mm.start_code,
@@ -652,16 +667,21 @@ pub fn set_mm(s: &mut Session, exe_fd: Option<i32>) -> Result<()> {
     ] {
         buf.extend_from_slice(&v.to_le_bytes());
     }
-    let auxv_addr = s.data + 512;
+    let auxv_addr = at + 512;
     buf.extend_from_slice(&auxv_addr.to_le_bytes());
     buf.extend_from_slice(&((mm.auxv.len() * 8) as u32).to_le_bytes());
     buf.extend_from_slice(&(exe_fd.map_or(u32::MAX, |f| f as u32)).to_le_bytes());
     let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_le_bytes()).collect();
-    s.remote.write(s.data, &buf)?;
+    if MM_ARGS + 512 + auxv.len() as u64 > inject::SCRATCH_LEN - inject::SCRATCH_DATA {
+        return Err(EngineError::restore(
+            s.pid,
+            format!("its auxv ({} words) does not fit the restore's argument area", mm.auxv.len()),
+        ));
+    }
+    s.remote.write(at, &buf)?;
     s.remote.write(auxv_addr, &auxv)?;
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
-    let call = Call::new(libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, s.data, buf.len() as u64, 0]);
-    s.run(s.pid, &[("prctl(PR_SET_MM_MAP)".into(), call)])?;
-    Ok(())
+    let call = Call::new(libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, at, buf.len() as u64, 0]);
+    Ok(("prctl(PR_SET_MM_MAP)".into(), call))
 }

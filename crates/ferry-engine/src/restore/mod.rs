@@ -310,6 +310,9 @@ pub fn restore_held(
 ) -> Result<Held> {
     // From the start of the restore: reading and decoding the image counts.
     let mut ph = crate::phases::Phases::start_at("restore", t0);
+    // The threads kept on ferry's CPU while it drives them are forgotten
+    // when the restore ends, however it ends.
+    let _colocated = Colocated;
     let pid = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?.pid;
     ph.mark("read+verify image");
     stage::check_pids_free(&tree)?;
@@ -370,6 +373,15 @@ pub fn restore_held(
     }
     let placed = handover.placed_for_root.clone();
     Ok(Held { pid, tree, connections, procs, staged, phases: ph, uffds, placed, guard })
+}
+
+/// Forgets, when dropped, the threads [`inject::colocate`] keeps.
+struct Colocated;
+
+impl Drop for Colocated {
+    fn drop(&mut self) {
+        inject::forget_all_colocated();
+    }
 }
 
 #[cfg(test)]

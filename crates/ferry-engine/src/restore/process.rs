@@ -3,7 +3,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
-use crate::inject::{check, Call};
+use crate::inject::Call;
 use ferry_image::{ProcessAttrs, ProcessImage, TreeImage};
 
 pub fn restore_limits(pid: i32, image: &ProcessImage) -> Result<()> {
@@ -14,44 +14,45 @@ pub fn restore_limits(pid: i32, image: &ProcessImage) -> Result<()> {
     Ok(())
 }
 
-/// THP-disable and child-subreaper, in one batch. Dumpable comes after
-/// the credentials: see restore_dumpable.
-pub fn restore_misc(s: &mut Session) -> Result<()> {
+/// THP-disable and child-subreaper: the calls, for a batch of the
+/// leader's (they take no arguments in memory); oom_score_adj is written
+/// from outside. Dumpable comes after the credentials: see dumpable_call.
+pub fn misc_calls(s: &Session) -> Result<Vec<(String, Call)>> {
     const PR_SET_CHILD_SUBREAPER: u64 = 36;
     const PR_SET_THP_DISABLE: u64 = 41;
     let m = s.image.misc;
-    let calls = [
-        Call::new(libc::SYS_prctl, &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0]),
-        Call::new(libc::SYS_prctl, &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64]),
-    ];
-    let r = s.remote.batch(s.pid, s.scratch, &calls)?;
-    for (name, v) in ["prctl(PR_SET_THP_DISABLE)", "prctl(PR_SET_CHILD_SUBREAPER)"].iter().zip(r) {
-        check(s.pid, s.pid, name, v)?;
-    }
     let path = format!("/proc/{}/oom_score_adj", s.pid);
     std::fs::write(&path, m.oom_score_adj.to_string()).map_err(|e| EngineError::io(&path, e))?;
-    Ok(())
+    Ok(vec![
+        (
+            "prctl(PR_SET_THP_DISABLE)".into(),
+            Call::new(libc::SYS_prctl, &[PR_SET_THP_DISABLE, m.thp_disable as u64, 0, 0, 0]),
+        ),
+        (
+            "prctl(PR_SET_CHILD_SUBREAPER)".into(),
+            Call::new(libc::SYS_prctl, &[PR_SET_CHILD_SUBREAPER, m.child_subreaper as u64]),
+        ),
+    ])
 }
 
-/// The dumpable flag, after restore_creds: the kernel resets it to
-/// /proc/sys/fs/suid_dumpable whenever an effective or filesystem id
+/// The dumpable flag, to run after restore_creds: the kernel resets it
+/// to /proc/sys/fs/suid_dumpable whenever an effective or filesystem id
 /// changes, so a process of another user that had set it back to 1 came
 /// back non-dumpable when it was set first.
-pub fn restore_dumpable(s: &mut Session) -> Result<()> {
+pub fn dumpable_call(s: &Session) -> (String, Call) {
     const PR_SET_DUMPABLE: u64 = 4;
-    s.call(
-        "prctl(PR_SET_DUMPABLE)",
-        libc::SYS_prctl,
-        &[PR_SET_DUMPABLE, s.image.misc.dumpable as u64],
-    )?;
-    Ok(())
+    (
+        "prctl(PR_SET_DUMPABLE)".into(),
+        Call::new(libc::SYS_prctl, &[PR_SET_DUMPABLE, s.image.misc.dumpable as u64]),
+    )
 }
 
 /// User and group ids (real, effective, saved and filesystem),
 /// supplementary groups, capability sets and securebits, set in every
 /// thread (credentials are per thread; the raw syscalls change only the
-/// caller). Skipped when the process had all of root's powers, which the
-/// restored process has already.
+/// caller). Skipped when the process has the image's already: it
+/// inherited ferry's, which are often the same (root, or root with the
+/// same capabilities dropped).
 ///
 /// Order, in each thread, starting as root with every capability:
 /// bounding-set drops; SECBIT_NO_SETUID_FIXUP, so the id changes keep the
@@ -64,28 +65,17 @@ pub fn restore_dumpable(s: &mut Session) -> Result<()> {
 pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     let c = s.image.creds.clone();
     let securebits = s.image.fidelity.securebits;
-    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(40);
-    let all: u64 = if last_cap >= 63 { !0 } else { (1u64 << (last_cap + 1)) - 1 };
-    let full = |m: u64| m & all == all;
-    let caps = c.caps;
-    // The restored processes inherit this process's groups: an image of
-    // root whose groups differ (sshd's session after initgroups, a
-    // restorer started without any) needs the calls too.
-    if c.uids == [0; 4]
-        && c.gids == [0; 4]
-        && same_groups(&own_groups(), &c.groups)
-        && full(caps.permitted)
-        && full(caps.effective)
-        && full(caps.bounding)
-        && caps.ambient == 0
-        && securebits == 0
-    {
+    let last_cap = last_cap();
+    // What the restored process has now, inherited from ferry (the
+    // threads were all made from it since).
+    let path = format!("/proc/{}/status", s.pid);
+    let status = crate::procfs::read_string(&path)?;
+    let now = crate::proc_state::creds(&crate::procfs::key_values(&status));
+    // Securebits are inherited too; ferry runs with none.
+    if securebits == 0 && same_creds(&now, &c) {
         return Ok(());
     }
-    write_cred_args(s, &c, all)?;
+    write_cred_args(s, &c, now.caps.permitted)?;
     let calls = cred_calls(s.data, &c, last_cap, securebits);
     for &tid in tids {
         s.run(tid, &calls)?;
@@ -93,12 +83,24 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     check_fs_ids(s.pid, &c)
 }
 
-/// This process's supplementary groups (/proc/self/status), None when
-/// they cannot be read.
-fn own_groups() -> Option<Vec<u32>> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
-    line.split_whitespace().map(|g| g.parse().ok()).collect()
+/// The kernel's highest capability number (read once per ferry process).
+fn last_cap() -> u32 {
+    static LAST_CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST_CAP.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(40)
+    })
+}
+
+/// Whether credentials `now` are those of the image (`want`): every id,
+/// the groups in any order, every capability set.
+fn same_creds(now: &ferry_image::Creds, want: &ferry_image::Creds) -> bool {
+    now.uids == want.uids
+        && now.gids == want.gids
+        && same_groups(&Some(now.groups.clone()), &want.groups)
+        && now.caps == want.caps
 }
 
 /// Whether `own` (unknown counts as different) holds the same groups as
@@ -129,21 +131,13 @@ fn capset_arg(e: u64, p: u64, i: u64) -> Vec<u8> {
 }
 
 /// Writes the arguments of `cred_calls` into the process's argument area:
-/// groups at 0, first capset at 4096, final one at 4096 + 64. `all` is
-/// every capability the kernel has.
-fn write_cred_args(s: &mut Session, c: &ferry_image::Creds, all: u64) -> Result<()> {
+/// groups at 0, first capset at 4096, final one at 4096 + 64.
+/// `now_permitted`: the process's permitted set now (ferry's, which may
+/// be less than every capability).
+fn write_cred_args(s: &mut Session, c: &ferry_image::Creds, now_permitted: u64) -> Result<()> {
     let caps = c.caps;
     let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
     s.remote.write(s.data, &groups)?;
-    // What the restored process has now (ferry's own sets, which may be
-    // less than every capability).
-    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid))
-        .map_err(|e| EngineError::io(format!("/proc/{}/status", s.pid), e))?;
-    let now_permitted = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapPrm:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(all);
     s.remote.write(s.data + 4096, &capset_arg(now_permitted, now_permitted, caps.inheritable))?;
     s.remote
         .write(s.data + 4096 + 64, &capset_arg(caps.effective, caps.permitted, caps.inheritable))?;

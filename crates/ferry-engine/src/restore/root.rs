@@ -61,6 +61,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
         ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL,
     )
     .map_err(|e| EngineError::kernel(pid, "seizing the new process", e))?;
+    inject::colocate(child_pid);
     std::fs::File::from(go_w).write_all(b"g").map_err(|e| EngineError::io("restore go pipe", e))?;
     let mut msg = String::new();
     std::fs::File::from(st_r)
@@ -90,7 +91,9 @@ pub(super) fn root_session<'a>(
 ) -> Result<Session<'a>> {
     let root = tree.root().ok_or_else(|| EngineError::restore(0, "image holds no process"))?;
     let pid = root.pid;
-    let vdso = own_vdso()?;
+    // ferry's mappings as the fork copied them, read once.
+    let maps = crate::procfs::maps(pid)?;
+    let vdso = vdso_of(pid, &maps)?;
     let remote = inject::Remote {
         pid,
         syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
@@ -114,6 +117,7 @@ pub(super) fn root_session<'a>(
     let at = memory::free_gap(
         pid,
         tree.processes.iter().flat_map(|p| p.vmas.iter()),
+        &maps,
         inject::SCRATCH_LEN,
     )?;
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
@@ -122,12 +126,10 @@ pub(super) fn root_session<'a>(
     Ok(s)
 }
 
-/// ferry's own vDSO: the root, a fork of ferry, has it at the same place.
-fn own_vdso() -> Result<(u64, u64)> {
-    let me = std::process::id() as i32;
-    crate::procfs::maps(me)?
-        .into_iter()
+/// The [vdso] of the root, a fork of ferry (ferry's own, at the same place).
+fn vdso_of(pid: i32, maps: &[crate::procfs::MapsEntry]) -> Result<(u64, u64)> {
+    maps.iter()
         .find(|m| m.path == "[vdso]")
         .map(|m| (m.start, m.end))
-        .ok_or_else(|| EngineError::restore(me, "ferry has no [vdso] mapping"))
+        .ok_or_else(|| EngineError::restore(pid, "the forked root has no [vdso] mapping"))
 }

@@ -6,11 +6,17 @@ use super::Session;
 use crate::error::Result;
 use crate::inject::{check, Call};
 
-/// Sets every disposition that differs from the default (the child reset
-/// all of them to SIG_DFL before stopping), in one injected batch.
-pub fn restore_actions(s: &mut Session) -> Result<()> {
+/// Where in the argument area the dispositions' arguments go: clear of
+/// the other arguments of the batch they join (the leader's state).
+const ACTION_ARGS: u64 = 0x6000;
+
+/// The calls that set every disposition that differs from the default
+/// (the child reset all of them to SIG_DFL before stopping), their
+/// arguments written at `s.data + ACTION_ARGS`; run in the leader's batch.
+pub fn action_calls(s: &mut Session) -> Result<Vec<(String, Call)>> {
     let mut calls = Vec::new();
     let mut args = Vec::new();
+    let base = s.data + ACTION_ARGS;
     for (i, a) in s.image.signals.actions.iter().enumerate() {
         let sig = i as u64 + 1;
         if sig == libc::SIGKILL as u64
@@ -19,17 +25,15 @@ pub fn restore_actions(s: &mut Session) -> Result<()> {
         {
             continue;
         }
-        let at = s.data + args.len() as u64;
+        let at = base + args.len() as u64;
         args.extend([a.handler, a.flags, a.restorer, a.mask].iter().flat_map(|w| w.to_le_bytes()));
-        calls.push((sig, Call::new(libc::SYS_rt_sigaction, &[sig, at, 0, 8])));
+        calls.push((
+            format!("rt_sigaction({sig})"),
+            Call::new(libc::SYS_rt_sigaction, &[sig, at, 0, 8]),
+        ));
     }
-    s.remote.write(s.data, &args)?;
-    let only: Vec<Call> = calls.iter().map(|c| c.1).collect();
-    let results = s.remote.batch(s.pid, s.scratch, &only)?;
-    for ((sig, _), r) in calls.iter().zip(results) {
-        check(s.pid, s.pid, &format!("rt_sigaction({sig})"), r)?;
-    }
-    Ok(())
+    s.remote.write(base, &args)?;
+    Ok(calls)
 }
 
 fn signo(info: &[u8]) -> u64 {

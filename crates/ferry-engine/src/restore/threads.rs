@@ -5,7 +5,7 @@
 
 use super::Session;
 use crate::error::{EngineError, Result};
-use crate::inject::{check, Call};
+use crate::inject::Call;
 use crate::syscall_restart;
 use ferry_image::ThreadImage;
 use ferry_sys::ptrace::{self, WaitEvent};
@@ -86,25 +86,32 @@ pub fn create_threads(s: &mut Session) -> Result<Vec<i32>> {
             }
         }
         block_signals(pid, new)?;
+        crate::inject::colocate(new);
         tids.push(new);
     }
     Ok(tids)
 }
 
-/// Per-thread kernel state, set from inside the thread in one batch.
-pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
+/// Per-thread kernel state, set from inside the thread in one batch,
+/// after `before` (calls of the process the leader runs in the same
+/// batch, their arguments clear of the thread's at `s.data`).
+pub fn restore_thread_state(
+    s: &mut Session,
+    t: &ThreadImage,
+    before: Vec<(String, Call)>,
+) -> Result<()> {
     let tid = t.tid;
-    let mut calls: Vec<(&str, Call)> = Vec::new();
+    let mut calls: Vec<(String, Call)> = before;
     let mut data = Vec::new();
     if t.robust_list.head != 0 {
         calls.push((
-            "set_robust_list",
+            "set_robust_list".into(),
             Call::new(libc::SYS_set_robust_list, &[t.robust_list.head, t.robust_list.len]),
         ));
     }
     if let Some(rs) = &t.rseq {
         calls.push((
-            "rseq",
+            "rseq".into(),
             Call::new(libc::SYS_rseq, &[rs.addr, rs.len as u64, 0, rs.signature as u64]),
         ));
     }
@@ -115,32 +122,30 @@ pub fn restore_thread_state(s: &mut Session, t: &ThreadImage) -> Result<()> {
         data.extend_from_slice(&t.altstack.sp.to_le_bytes());
         data.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as u64).to_le_bytes());
         data.extend_from_slice(&t.altstack.size.to_le_bytes());
-        calls.push(("sigaltstack", Call::new(libc::SYS_sigaltstack, &[at, 0])));
+        calls.push(("sigaltstack".into(), Call::new(libc::SYS_sigaltstack, &[at, 0])));
     }
     if t.clear_child_tid != 0 {
-        calls.push(("set_tid_address", Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid])));
+        calls.push((
+            "set_tid_address".into(),
+            Call::new(libc::SYS_set_tid_address, &[t.clear_child_tid]),
+        ));
     }
     if t.timer_slack_ns != 0 {
         calls.push((
-            "prctl(PR_SET_TIMERSLACK)",
+            "prctl(PR_SET_TIMERSLACK)".into(),
             Call::new(libc::SYS_prctl, &[PR_SET_TIMERSLACK, t.timer_slack_ns]),
         ));
     }
-    let current =
-        std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", s.pid)).unwrap_or_default();
-    if current.trim_end_matches('\n') != t.comm {
-        let at = s.data + data.len() as u64;
-        let mut name = t.comm.as_bytes().to_vec();
-        name.truncate(15);
-        name.resize(16, 0);
-        data.extend_from_slice(&name);
-        calls.push(("prctl(PR_SET_NAME)", Call::new(libc::SYS_prctl, &[PR_SET_NAME, at])));
-    }
+    // Set whatever the thread is called now: one call more in a batch
+    // that runs anyway costs less than reading its name from /proc.
+    let at = s.data + data.len() as u64;
+    let mut name = t.comm.as_bytes().to_vec();
+    name.truncate(15);
+    name.resize(16, 0);
+    data.extend_from_slice(&name);
+    calls.push(("prctl(PR_SET_NAME)".into(), Call::new(libc::SYS_prctl, &[PR_SET_NAME, at])));
     s.remote.write(s.data, &data)?;
-    let only: Vec<Call> = calls.iter().map(|c| c.1).collect();
-    for ((name, _), r) in calls.iter().zip(s.remote.batch(tid, s.scratch, &only)?) {
-        check(s.pid, tid, name, r)?;
-    }
+    s.run(tid, &calls)?;
     // An interrupted relative sleep resumes with the time it had left.
     if let (Some(ns), Some(regs)) =
         (t.sleep_remaining_ns, ferry_sys::process::words_to_regs(&t.regs))
@@ -160,6 +165,8 @@ pub fn set_final_registers(pid: i32, t: &ThreadImage) -> Result<()> {
     let mut regs = ferry_sys::process::words_to_regs(&t.regs)
         .ok_or_else(|| EngineError::restore(pid, format!("thread {tid}: bad register set")))?;
     syscall_restart::restart_after_restore(&mut regs);
+    // No injected call follows: the thread's own CPU mask stays.
+    crate::inject::forget_colocated(tid);
     let kerr = |what: &str, e| EngineError::kernel(pid, format!("thread {tid}: {what}"), e);
     ptrace::set_regs(tid, &regs).map_err(|e| kerr("setting registers", e))?;
     ptrace::set_xstate(tid, &t.xstate).map_err(|e| kerr("setting XSAVE state", e))?;

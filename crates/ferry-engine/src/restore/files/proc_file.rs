@@ -12,6 +12,14 @@ use ferry_image::FileKind;
 const OPEN_MASK: i32 =
     !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY | libc::O_CLOEXEC);
 
+/// Whether the image has a /proc file to open (an fd uses it).
+pub fn any(image: &ferry_image::ProcessImage) -> bool {
+    image.files.iter().enumerate().any(|(i, f)| {
+        matches!(f.kind, FileKind::ProcFile { .. })
+            && image.fds.iter().any(|x| x.file as usize == i)
+    })
+}
+
 pub fn open_all(s: &mut Session) -> Result<()> {
     let image = s.image;
     for (i, f) in image.files.iter().enumerate() {
