@@ -13,7 +13,9 @@
 //! `sk` with bpf_probe_read_kernel, which faults softly: they mean
 //! something only for a TCP socket, which the caller knows by its fd.
 
-use crate::vma_iter::{insn, load_iter, open_task_iter, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE};
+use crate::vma_iter::{
+    insn, load_iter, open_task_iter, read_task_files, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE,
+};
 use crate::{SysError, SysResult};
 use std::os::fd::OwnedFd;
 
@@ -192,20 +194,7 @@ impl FileIterProgram {
 
     /// Every socket in the fd table of thread `tid`, in fd order.
     pub fn sockets(&self, tid: i32) -> SysResult<Vec<SocketFile>> {
-        let mut file = open_task_iter(&self.prog, tid)?;
-        let mut out = Vec::new();
-        let mut bytes = vec![0u8; 64 * 1024];
-        // 1,600 records a read: a table of a million fds is 40 MB.
-        for _ in 0..100_000 {
-            let n = std::io::Read::read(&mut file, &mut bytes).map_err(|e| {
-                SysError::new("read(task_file iterator)", e.raw_os_error().unwrap_or(libc::EIO))
-            })?;
-            if n == 0 {
-                return Ok(out);
-            }
-            parse(&bytes[..n], &mut out)?;
-        }
-        Err(SysError::new("read(task_file iterator): it never ended", libc::E2BIG))
+        read_task_files(open_task_iter(&self.prog, tid)?, parse)
     }
 }
 

@@ -12,7 +12,9 @@
 //! The process it reports is `task->tgid`: the PID in the initial PID
 //! namespace, which is the caller's only when the caller runs there.
 
-use crate::vma_iter::{insn, load_iter, open_iter, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE};
+use crate::vma_iter::{
+    insn, load_iter, open_iter, read_task_files, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE,
+};
 use crate::{SysError, SysResult};
 use std::os::fd::OwnedFd;
 
@@ -139,19 +141,7 @@ impl HostFilesProgram {
 
     /// Every fd of every process, in (process, fd) order.
     pub fn read(&self) -> SysResult<Vec<HostFile>> {
-        let mut file = open_iter(&self.prog)?;
-        let mut out = Vec::new();
-        let mut bytes = vec![0u8; 64 * 1024];
-        for _ in 0..100_000 {
-            let n = std::io::Read::read(&mut file, &mut bytes).map_err(|e| {
-                SysError::new("read(task_file iterator)", e.raw_os_error().unwrap_or(libc::EIO))
-            })?;
-            if n == 0 {
-                return Ok(out);
-            }
-            parse(&bytes[..n], &mut out)?;
-        }
-        Err(SysError::new("read(task_file iterator): it never ended", libc::E2BIG))
+        read_task_files(open_iter(&self.prog)?, parse)
     }
 }
 
