@@ -131,6 +131,11 @@ pub struct HostFilesProgram {
 }
 
 impl HostFilesProgram {
+    /// The program as the host's list of programs shows it.
+    pub fn info(&self) -> crate::SysResult<crate::bpf::ProgInfo> {
+        crate::bpf::prog_info(std::os::fd::AsFd::as_fd(&self.prog))
+    }
+
     /// Loads the program for `layout`; a refusal carries the last line
     /// of the verifier's log.
     pub fn load(layout: &HostFilesLayout) -> Result<HostFilesProgram, LoadRefused> {

@@ -307,6 +307,13 @@ fn in_initial_pid_ns() -> bool {
 static HOST_FILES: std::sync::OnceLock<Option<ferry_sys::host_files::HostFilesProgram>> =
     std::sync::OnceLock::new();
 
+/// The iterator as the host's list of programs shows it (a tracing
+/// program that only reads: the socket option watch must not take it
+/// for one that may set options).
+pub(crate) fn own_program() -> Option<ferry_sys::bpf::ProgInfo> {
+    host_files()?.info().ok()
+}
+
 /// The iterator, loaded once per process.
 fn host_files() -> Option<&'static ferry_sys::host_files::HostFilesProgram> {
     HOST_FILES
