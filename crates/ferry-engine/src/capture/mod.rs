@@ -16,6 +16,7 @@ mod memfd;
 pub(crate) mod memory;
 mod namespaces;
 pub use kept_lock::KeptLock;
+mod host_fds;
 mod network;
 mod outside;
 mod outside_files;

@@ -270,7 +270,7 @@ fn candidates(tree: &[i32], me: i32, by_link: &ByLink) -> Option<Vec<(i32, i32)>
     if objects.flat_map(|(_, holders)| holders).any(|h| h.object) || !in_initial_pid_ns() {
         return None;
     }
-    let all = match host_files()?.read() {
+    let all = match crate::capture::host_fds::program()?.read() {
         Ok(all) => all,
         Err(e) => {
             tracing::debug!("the host's fds read from /proc: {e}");
@@ -304,47 +304,6 @@ fn in_initial_pid_ns() -> bool {
     std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == 0xEFFF_FFFC)
 }
 
-static HOST_FILES: std::sync::OnceLock<Option<ferry_sys::host_files::HostFilesProgram>> =
-    std::sync::OnceLock::new();
-
-/// The iterator as the host's list of programs shows it (a tracing
-/// program that only reads: the socket option watch must not take it
-/// for one that may set options).
-pub(crate) fn own_program() -> Option<ferry_sys::bpf::ProgInfo> {
-    host_files()?.info().ok()
-}
-
-/// The iterator, loaded once per process.
-fn host_files() -> Option<&'static ferry_sys::host_files::HostFilesProgram> {
-    HOST_FILES
-        .get_or_init(|| {
-            load_host_files()
-                .map_err(|e| tracing::debug!("the host's fds are read from /proc: {e}"))
-                .ok()
-        })
-        .as_ref()
-}
-
-fn load_host_files() -> std::result::Result<ferry_sys::host_files::HostFilesProgram, String> {
-    let mut btf = crate::kernel_btf::KernelBtf::open();
-    let ctx = "bpf_iter__task_file";
-    let layout = ferry_sys::host_files::HostFilesLayout {
-        attach_btf_id: btf.func("bpf_iter_task_file")?,
-        ctx_meta: btf.byte(ctx, "meta")?,
-        ctx_task: btf.byte(ctx, "task")?,
-        ctx_fd: btf.byte(ctx, "fd")?,
-        ctx_file: btf.byte(ctx, "file")?,
-        meta_seq: btf.byte("bpf_iter_meta", "seq")?,
-        task_tgid: btf.byte("task_struct", "tgid")?,
-        f_inode: btf.byte("file", "f_inode")?,
-        i_ino: btf.byte("inode", "i_ino")?,
-    };
-    let program =
-        ferry_sys::host_files::HostFilesProgram::load(&layout).map_err(|e| e.to_string())?;
-    btf.save();
-    Ok(program)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,7 +324,7 @@ mod tests {
     /// of the same file is not.
     #[test]
     fn the_iterator_picks_the_same_description_and_the_same_pipe_and_not_another_open() {
-        if host_files().is_none() || !in_initial_pid_ns() {
+        if crate::capture::host_fds::program().is_none() || !in_initial_pid_ns() {
             eprintln!("no BPF task_file iterator here: the host's fds are read from /proc");
             return;
         }

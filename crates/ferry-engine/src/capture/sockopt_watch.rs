@@ -508,7 +508,7 @@ fn own_programs() -> Vec<ferry_sys::bpf::ProgInfo> {
         crate::vm_flags::own_program(),
         super::socket_refs::own_program(),
         super::files::time_wait::own_program(),
-        super::outside_files::own_program(),
+        super::host_fds::own_program(),
     ]
     .into_iter()
     .flatten()
