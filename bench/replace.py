@@ -49,6 +49,7 @@ import ctypes
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import statistics
@@ -161,6 +162,9 @@ class Client(threading.Thread):
             self.failed += 1
 
 
+# Arguments added to every `ferry replace` (--replace-args).
+REPLACE_ARGS = []
+
 PAUSE = re.compile(r"pause ([0-9.]+) ms \(([^)]*)\)")
 
 
@@ -175,7 +179,7 @@ def replace_once(ferry, pid, phases=None):
     process, also this script's child, is not counted). With `phases` (a
     dict), `ferry -v` is run and each phase it lists is appended there."""
     argv = [ferry, "-v", "replace"] if phases is not None else [ferry, "replace"]
-    p = subprocess.Popen(argv + ["--pid", str(pid)], stdout=subprocess.PIPE,
+    p = subprocess.Popen(argv + ["--pid", str(pid)] + REPLACE_ARGS, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, close_fds=True)
     text = p.stdout.read()
     p.stdout.close()
@@ -412,6 +416,8 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--gap", type=float, default=0.2)
     ap.add_argument("--ferry", default=default_ferry())
+    ap.add_argument("--replace-args", default="",
+                    help="arguments added to every `ferry replace` (e.g. --single-freeze)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--raw", default=None,
@@ -422,6 +428,7 @@ def main():
     ap.add_argument("--rate", type=float, default=1.0)
     ap.add_argument("--plot-dir", default=os.path.join(ROOT, "docs"))
     args = ap.parse_args()
+    REPLACE_ARGS.extend(shlex.split(args.replace_args))
     if os.geteuid() != 0:
         sys.exit("needs root")
     libc = ctypes.CDLL(None, use_errno=True)

@@ -94,6 +94,10 @@ def one(ferry, srv, precopy):
     pause = float(re.search(r"pause ([\d.]+) ms", line).group(1))
     inside = line.split("(")[1].split(")")[0]
     parts = dict((k, float(v)) for k, v in (p.rsplit(" ", 1) for p in inside.split(", ")))
+    # The first freeze's own pause, when the trial was made before the freeze.
+    first = re.search(r"first pause (?:of )?([\d.]+) ms", line)
+    if first:
+        parts["first pause"] = float(first.group(1))
     pre = re.search(r"pre-copied ([\d.]+) MiB in (\d+) rounds.*?([\d.]+) MiB copied in the pause", line)
     return pause, wall, parts, pre
 
