@@ -244,7 +244,20 @@ fn trial(
     carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
     sandbox: &restore::trial::Sandbox,
 ) -> Result<restore::trial::TrialCopy, ReplaceError> {
-    let outcome = restore::trial::trial_carrying(image, socket_fds, carried, Some(sandbox));
+    trial_while(socket_fds, image, carried, sandbox, &mut || {})
+}
+
+/// [`trial`], with `meanwhile` run in ferry while the trial's helper
+/// restores (not at all if no helper was forked).
+fn trial_while(
+    socket_fds: &[std::os::fd::RawFd],
+    image: &mut MemoryImage,
+    carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
+    sandbox: &restore::trial::Sandbox,
+    meanwhile: &mut dyn FnMut(),
+) -> Result<restore::trial::TrialCopy, ReplaceError> {
+    let outcome =
+        restore::trial::trial_carrying_while(image, socket_fds, carried, Some(sandbox), meanwhile);
     let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,
