@@ -13,13 +13,14 @@ ferry's wall time); --out writes the table to a file too.
       --writer idle,hot --runs 3 --out /tmp/replace-precopy.md
 
 --ferry PATH takes that binary instead of the target dir's; --precopy-only
-leaves out the --no-precopy runs (two builds compared in turns).
+leaves out the --no-precopy runs; --raw FILE appends one JSON line per
+replacement (two builds compared in turns, their runs pooled).
 The first freeze of the trial before the freeze is a pause too: its
 median (min-max) has a column of its own.
 
 Needs root and a release build of ferry (target dir from CARGO_TARGET_DIR).
 """
-import argparse, atexit, ctypes, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, atexit, ctypes, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,6 +116,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--ferry", help="the ferry binary (default: the target dir's release build)")
     ap.add_argument("--precopy-only", action="store_true", help="no --no-precopy runs")
+    ap.add_argument("--raw", help="append one JSON line per replacement to this file")
     a = ap.parse_args()
     ferry = a.ferry or ferry_bin()
     libc = ctypes.CDLL(None)
@@ -136,6 +138,13 @@ def main():
                 finally:
                     # Also on a failed run or ^C: the server is this script's.
                     srv.stop()
+                if a.raw:
+                    with open(a.raw, "a") as f:
+                        for r in runs:
+                            f.write(json.dumps({"memory": size, "writer": writer, "precopy": precopy,
+                                                "ferry": ferry, "pause": r[0], "parts": r[2],
+                                                "in_pause_mib": float(r[3].group(3)) if r[3] else None,
+                                                "load": os.getloadavg()[0]}) + "\n")
                 runs.sort(key=lambda r: r[0])
                 med = runs[len(runs) // 2]
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in med[2].items())

@@ -140,7 +140,9 @@ struct Thaw<'a> {
 impl Thaw<'_> {
     /// The deferred last round copied, if not yet; the bytes placed.
     fn place(&mut self) -> u64 {
-        *self.placed.get_or_insert_with(|| self.pre.as_deref_mut().map_or(0, |p| p.place_deferred()))
+        *self
+            .placed
+            .get_or_insert_with(|| self.pre.as_deref_mut().map_or(0, |p| p.place_deferred()))
     }
 
     fn resume(&mut self) {

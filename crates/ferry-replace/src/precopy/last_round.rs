@@ -48,7 +48,6 @@ pub fn place_written(
         }
     }
     let scanned = t.elapsed().as_secs_f64() * 1e3;
-    let threads = std::env::var("FERRY_PLACE_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(threads); // TEMP
     let parts = split_by_bytes(&present, threads_for(super::rules::bytes(&present), threads));
     let placed: Ranges = match &parts[..] {
         [one] => copy_part(root, regions, one),
