@@ -94,7 +94,8 @@ pub fn run(
         Err(e) => Err(e),
     };
     let (first_pause_ms, placed) = thaw.done()?;
-    ph.mark("first capture and early trial");
+    // With the trial's restore, which ran beside the last round.
+    ph.mark("first capture");
     let (trial_phases, ending) = ended?;
     tracing::debug!(
         "first freeze: {placed} bytes of the last round placed beside the trial{}",
@@ -108,7 +109,7 @@ pub fn run(
         copy.end().wait(ferry_engine::restore::trial::END_PATIENCE);
     }
     drop(carried);
-    ph.mark("early trial ended");
+    ph.mark("early trial");
     phases.extend(crate::prefixed("replace", ph.done()));
     Ok(Some(EarlyTrial::new(tree, first_pause_ms, phases)))
 }
