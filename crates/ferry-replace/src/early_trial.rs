@@ -4,6 +4,13 @@
 //! tree again and keeps only a comparison of the two images inside the
 //! pause, where the trial used to run.
 //!
+//! With pre-copy, the first freeze's capture leaves its last round (the
+//! pages written since pre-copy's last round) to be copied into the
+//! placed memory while the trial's helper, forked as the tree is still
+//! frozen, restores; the tree runs once that copy is done, or, after a
+//! large one (a hot writer), once the trial's copy has ended too, so
+//! that the final freeze has little to copy ([`hold_through_trial`]).
+//!
 //! Why a trial of the first image guards the kill of the second: the two
 //! are compared with only the values masked that the restore sets by a
 //! call whose success does not depend on the value, for any value the

@@ -10,10 +10,12 @@
 //! pre-copy             precopy/     the root's memory copied into placed memory of
 //!                                   ferry's own while the tree runs, in rounds
 //! early trial          early_trial.rs  a first short freeze captures the tree, which
-//!                                   runs on while that image, edited, is restored in
-//!                                   scratch namespaces and checked (the trial), then
-//!                                   ended (with pre-copy only; not with --single-freeze,
-//!                                   nor for repaired TCP connections)
+//!                                   runs on (once pre-copy's last round is placed,
+//!                                   beside the trial's restore) while that image,
+//!                                   edited, is restored in scratch namespaces and
+//!                                   checked (the trial), then ended (with pre-copy
+//!                                   only; not with --single-freeze, nor for repaired
+//!                                   TCP connections)
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                early_trial.rs / engine  the final image compared with the
