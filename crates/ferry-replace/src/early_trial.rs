@@ -4,13 +4,6 @@
 //! tree again and keeps only a comparison of the two images inside the
 //! pause, where the trial used to run.
 //!
-//! With pre-copy, the first freeze's capture leaves its last round (the
-//! pages written since pre-copy's last round) to be copied into the
-//! placed memory while the trial's helper, forked as the tree is still
-//! frozen, restores; the tree runs once that copy is done, or, after a
-//! large one (a hot writer), once the trial's copy has ended too, so
-//! that the final freeze has little to copy ([`hold_through_trial`]).
-//!
 //! Why a trial of the first image guards the kill of the second: the two
 //! are compared with only the values masked that the restore sets by a
 //! call whose success does not depend on the value, for any value the
@@ -52,20 +45,13 @@ pub fn run(
     pid: i32,
     opts: &ReplaceOptions,
     edits: &Edits,
-    mut pre: Option<&mut Precopy>,
+    pre: Option<&mut Precopy>,
     sandbox: &Sandbox,
 ) -> Result<Option<EarlyTrial>, ReplaceError> {
     let mut ph = ferry_engine::phases::Phases::start("replace");
-    // Its last round is copied while the trial's helper restores (below).
-    if let Some(p) = pre.as_deref_mut() {
-        p.defer_last_round();
-    }
-    let (mut captured, mut image) = crate::capture_into_memory(pid, opts, pre.as_deref_mut())?;
+    let (mut captured, mut image) = crate::capture_into_memory(pid, opts, pre)?;
     if let Some(why) = unsuited(&captured) {
         tracing::debug!("replace of pid {pid}: no trial before the freeze: {why}");
-        if let Some(p) = pre {
-            p.place_deferred();
-        }
         captured.resume()?;
         return Ok(None);
     }
@@ -77,95 +63,18 @@ pub fn run(
     let carried = captured.take_carried();
     let raw = carried.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
     let tree = std::mem::take(&mut captured.tree);
-    // The last round is copied beside the trial's restore (its helper
-    // forked from ferry while the tree is frozen, as a trial in the
-    // pause is). Then the tree runs while the trial goes on, unless that
-    // round was large: a writer that fast would write as much again
-    // before the final freeze, which copies it inside the pause that
-    // also holds the kill and the restore; the first freeze then lasts
-    // until the copy has ended.
-    let mut thaw = Thaw { frozen: Some(captured), pre, placed: None, resumed: None };
-    let copy = crate::trial_while(&[], &mut image, &raw, sandbox, &mut || {
-        if !hold_through_trial(thaw.place()) {
-            thaw.resume();
-        }
-    });
-    let held = hold_through_trial(thaw.place());
-    let ended = match copy {
-        Ok(copy) if held => {
-            let phases = copy.phases().to_vec();
-            copy.end().wait(ferry_engine::restore::trial::END_PATIENCE);
-            Ok((phases, None))
-        }
-        Ok(copy) => Ok((copy.phases().to_vec(), Some(copy))),
-        Err(e) => Err(e),
-    };
-    let (first_pause_ms, placed) = thaw.done()?;
-    // With the trial's restore, which ran beside the last round.
+    let first_pause_ms = captured.resume()?.frozen_ms;
     ph.mark("first capture");
-    let (trial_phases, ending) = ended?;
-    tracing::debug!(
-        "first freeze: {placed} bytes of the last round placed beside the trial{}",
-        if held { ", held until the copy ended" } else { "" }
-    );
-    phases.extend(crate::prefixed("early trial", &trial_phases));
+    let copy = crate::trial(&[], &mut image, &raw, sandbox)?;
+    phases.extend(crate::prefixed("early trial", copy.phases()));
     // Ended before the final capture, which would find the copy's
     // processes holding what the tree holds (a POSIX shm file mapped by
     // path, say) and refuse them as outside users.
-    if let Some(copy) = ending {
-        copy.end().wait(ferry_engine::restore::trial::END_PATIENCE);
-    }
+    copy.end().wait(ferry_engine::restore::trial::END_PATIENCE);
     drop(carried);
     ph.mark("early trial");
     phases.extend(crate::prefixed("replace", ph.done()));
     Ok(Some(EarlyTrial::new(tree, first_pause_ms, phases)))
-}
-
-/// A last round of at least this many bytes in the first freeze holds
-/// that freeze until the trial's copy has ended ([`hold_through_trial`]).
-const HOLD_FROM: u64 = 16 << 20;
-
-/// Whether the first freeze lasts until the trial's copy has ended,
-/// given the bytes its last round placed (written since the pre-copy's
-/// last round, a few ms before): at 16 MiB and more, the ms of the trial
-/// left after the copy (and the copy's end) would let the writer dirty
-/// about as much again, all of it copied in the final pause, against
-/// those same ms added to the first pause. Below, the tree runs while
-/// the trial goes on.
-fn hold_through_trial(placed: u64) -> bool {
-    placed >= HOLD_FROM
-}
-
-/// The end of the first freeze: its deferred last round copied into
-/// the placed memory (once), then the tree resumed (once).
-struct Thaw<'a> {
-    frozen: Option<Captured>,
-    pre: Option<&'a mut Precopy>,
-    placed: Option<u64>,
-    resumed: Option<Result<f64, ReplaceError>>,
-}
-
-impl Thaw<'_> {
-    /// The deferred last round copied, if not yet; the bytes placed.
-    fn place(&mut self) -> u64 {
-        *self
-            .placed
-            .get_or_insert_with(|| self.pre.as_deref_mut().map_or(0, |p| p.place_deferred()))
-    }
-
-    fn resume(&mut self) {
-        if let Some(captured) = self.frozen.take() {
-            self.resumed = Some(captured.resume().map(|r| r.frozen_ms).map_err(ReplaceError::from));
-        }
-    }
-
-    /// The first freeze's length and the bytes its last round placed.
-    fn done(mut self) -> Result<(f64, u64), ReplaceError> {
-        let placed = self.place();
-        self.resume();
-        let ms = self.resumed.take().unwrap_or(Ok(0.0))?;
-        Ok((ms, placed))
-    }
 }
 
 /// A trial that passed on a capture made before the freeze.
@@ -433,15 +342,6 @@ mod tests {
             ..Default::default()
         };
         TreeImage { processes: vec![p], ..Default::default() }
-    }
-
-    #[test]
-    fn only_a_large_last_round_holds_the_first_freeze_through_the_trial() {
-        assert!(!hold_through_trial(0));
-        assert!(!hold_through_trial(1 << 20));
-        assert!(!hold_through_trial(HOLD_FROM - 4096));
-        assert!(hold_through_trial(HOLD_FROM));
-        assert!(hold_through_trial(64 << 20));
     }
 
     #[test]

@@ -10,12 +10,10 @@
 //! pre-copy             precopy/     the root's memory copied into placed memory of
 //!                                   ferry's own while the tree runs, in rounds
 //! early trial          early_trial.rs  a first short freeze captures the tree, which
-//!                                   runs on (once pre-copy's last round is placed,
-//!                                   beside the trial's restore) while that image,
-//!                                   edited, is restored in scratch namespaces and
-//!                                   checked (the trial), then ended (with pre-copy
-//!                                   only; not with --single-freeze, nor for repaired
-//!                                   TCP connections)
+//!                                   runs on while that image, edited, is restored in
+//!                                   scratch namespaces and checked (the trial), then
+//!                                   ended (with pre-copy only; not with --single-freeze,
+//!                                   nor for repaired TCP connections)
 //! capture              engine       the tree frozen, captured into a MemoryImage
 //! edit                 edits.rs     the options applied to the image; checks.rs
 //! trial                early_trial.rs / engine  the final image compared with the
@@ -246,20 +244,7 @@ fn trial(
     carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
     sandbox: &restore::trial::Sandbox,
 ) -> Result<restore::trial::TrialCopy, ReplaceError> {
-    trial_while(socket_fds, image, carried, sandbox, &mut || {})
-}
-
-/// [`trial`], with `meanwhile` run in ferry while the trial's helper
-/// restores (not at all if no helper was forked).
-fn trial_while(
-    socket_fds: &[std::os::fd::RawFd],
-    image: &mut MemoryImage,
-    carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
-    sandbox: &restore::trial::Sandbox,
-    meanwhile: &mut dyn FnMut(),
-) -> Result<restore::trial::TrialCopy, ReplaceError> {
-    let outcome =
-        restore::trial::trial_carrying_while(image, socket_fds, carried, Some(sandbox), meanwhile);
+    let outcome = restore::trial::trial_carrying(image, socket_fds, carried, Some(sandbox));
     let outcome = outcome.map_err(|e| {
         let error = match e {
             ferry_engine::EngineError::InNewPidNs(inner) => inner,

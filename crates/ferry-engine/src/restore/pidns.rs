@@ -172,21 +172,20 @@ pub fn restore_held(
     t0: Instant,
 ) -> Result<HeldInNamespace> {
     let flags = (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64;
-    restore_held_in(tree, pages, opts, handover, (t0, flags), || Ok(()), &mut || {})
+    restore_held_in(tree, pages, opts, handover, t0, flags, || Ok(()))
 }
 
 /// Like [`restore_held`], in namespaces `flags` (CLONE_NEWPID and
 /// CLONE_NEWNS at least); `setup` runs in the helper first (a trial sets
-/// up its scratch network namespace there); `meanwhile` runs here once
-/// the helper is forked, before its report is waited for.
+/// up its scratch network namespace there).
 pub(super) fn restore_held_in(
     tree: TreeImage,
     pages: &[u8],
     opts: &RestoreOptions,
     handover: &Handover,
-    (t0, flags): (Instant, u64),
+    t0: Instant,
+    flags: u64,
     setup: impl FnOnce() -> Result<()>,
-    meanwhile: &mut dyn FnMut(),
 ) -> Result<HeldInNamespace> {
     let root = tree.root().map_or(0, |p| p.pid);
     let (rd, wr) = ferry_sys::fd::pipe2(libc::O_CLOEXEC)
@@ -218,7 +217,6 @@ pub(super) fn restore_held_in(
         phases: Vec::new(),
         uffds: Vec::new(),
     };
-    meanwhile();
     match held.next_report()? {
         Some(Report::Held { phases, uffds }) => {
             held.phases = phases;

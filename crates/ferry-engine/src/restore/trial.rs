@@ -85,21 +85,6 @@ pub fn trial_carrying(
     carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
     sandbox: Option<&Sandbox>,
 ) -> Result<TrialRun> {
-    trial_carrying_while(source, inherited, carried, sandbox, &mut || {})
-}
-
-/// Like [`trial_carrying`]; `meanwhile` runs in ferry once the helper is
-/// forked, while it restores and checks the copy (`ferry replace` ends
-/// its first freeze there), and not at all when no helper is forked.
-/// It may start threads: ferry forks nothing more until the copy's
-/// report.
-pub fn trial_carrying_while(
-    source: &mut dyn ImageSource,
-    inherited: &[std::os::fd::RawFd],
-    carried: &std::collections::HashMap<u64, std::os::fd::RawFd>,
-    sandbox: Option<&Sandbox>,
-    meanwhile: &mut dyn FnMut(),
-) -> Result<TrialRun> {
     let t0 = Instant::now();
     let mut image = source.load(crate::worker_threads())?;
     super::files::carried::leave_owners_of_carried(&mut image.tree);
@@ -117,19 +102,11 @@ pub fn trial_carrying_while(
     crate::parallel::join_detached();
     let handover = Handover { carried: carried.clone(), ..Default::default() };
     let net = sandbox.map(|s| s.net.as_raw_fd());
-    let setup = || {
-        close_inherited(inherited);
-        scratch_network(root, net, &addrs).and_then(|()| scratch_devpts(root, image_ptys))
-    };
-    let held = pidns::restore_held_in(
-        image.tree,
-        pages.bytes(),
-        &opts,
-        &handover,
-        (t0, flags),
-        setup,
-        meanwhile,
-    )?;
+    let held =
+        pidns::restore_held_in(image.tree, pages.bytes(), &opts, &handover, t0, flags, || {
+            close_inherited(inherited);
+            scratch_network(root, net, &addrs).and_then(|()| scratch_devpts(root, image_ptys))
+        })?;
     Ok(TrialRun::Passed(TrialCopy { held, ms: t0.elapsed().as_secs_f64() * 1e3 }))
 }
 

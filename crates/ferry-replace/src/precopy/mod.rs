@@ -101,12 +101,6 @@ pub struct Precopy {
     huge_bytes: u64,
     /// Bytes copied into the regions in the freeze ([`last_round`]).
     last_round_bytes: u64,
-    /// The next capture leaves its last round to [`Precopy::place_deferred`]
-    /// (the first freeze's, run beside the trial's restore).
-    defer_last_round: bool,
-    /// What that last round is to copy (the ranges the regions do not
-    /// hold), set by the capture's collection.
-    deferred: Option<Ranges>,
     rounds: Vec<Round>,
     stop: Option<Stop>,
 }
@@ -127,8 +121,6 @@ impl Precopy {
             collided: 0,
             huge_bytes: 0,
             last_round_bytes: 0,
-            defer_last_round: false,
-            deferred: None,
             rounds: Vec::new(),
             stop: None,
         };
@@ -298,26 +290,6 @@ impl Precopy {
         Ok(())
     }
 
-    /// The next capture's last round is left to
-    /// [`place_deferred`](Self::place_deferred): its image leaves out
-    /// every page of the mappings the regions keep (an image for the
-    /// trial, which restores none of them). Once only.
-    pub fn defer_last_round(&mut self) {
-        self.defer_last_round = true;
-    }
-
-    /// The last round the capture left (see
-    /// [`defer_last_round`](Self::defer_last_round)), copied now, while
-    /// the tree is still frozen: what it copies is what the regions hold
-    /// from then on. Returns the bytes copied.
-    pub fn place_deferred(&mut self) -> u64 {
-        self.defer_last_round = false;
-        let Some(unheld) = self.deferred.take() else { return 0 };
-        let placed = last_round::place_written(self.root, &self.regions, &unheld, THREADS);
-        self.held = intersect(&union(&self.held, &placed), &self.eligible);
-        bytes(&placed)
-    }
-
     pub fn summary(&self) -> Summary {
         Summary {
             rounds: self.rounds.clone(),
@@ -373,22 +345,10 @@ impl CaptureHooks for Precopy {
         // rounds stop on a collect whose pages they do not copy).
         let all: Ranges = self.regions.values().map(|r| (r.start(), r.end())).collect();
         let held = minus(&self.held, &written);
-        let unheld = minus(&all, &held);
-        let image_leaves = if self.defer_last_round {
-            // Copied later in this freeze (place_deferred); the image this
-            // capture makes is the trial's, which maps these mappings
-            // without their pages: it needs none of them.
-            self.held = intersect(&held, &self.eligible);
-            let left = union(&held, &unheld);
-            self.deferred = Some(unheld);
-            intersect(&left, &self.eligible)
-        } else {
-            let placed = last_round::place_written(self.root, &self.regions, &unheld, THREADS);
-            self.last_round_bytes = bytes(&placed);
-            self.held = intersect(&union(&held, &placed), &self.eligible);
-            self.held.clone()
-        };
-        let spans = image_leaves.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
+        let placed = last_round::place_written(self.root, &self.regions, &minus(&all, &held), THREADS);
+        self.last_round_bytes = bytes(&placed);
+        self.held = intersect(&union(&held, &placed), &self.eligible);
+        let spans = self.held.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
         Ok(HashMap::from([(self.root, spans)]))
     }
 }
