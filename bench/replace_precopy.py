@@ -12,9 +12,15 @@ ferry's wall time); --out writes the table to a file too.
   CARGO_TARGET_DIR=... python3 bench/replace_precopy.py --memory 16M,1G,4G \\
       --writer idle,hot --runs 3 --out /tmp/replace-precopy.md
 
+--ferry PATH takes that binary instead of the target dir's; --precopy-only
+leaves out the --no-precopy runs; --raw FILE appends one JSON line per
+replacement (two builds compared in turns, their runs pooled).
+The first freeze of the trial before the freeze is a pause too: its
+median (min-max) has a column of its own.
+
 Needs root and a release build of ferry (target dir from CARGO_TARGET_DIR).
 """
-import argparse, atexit, ctypes, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, atexit, ctypes, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,11 +78,11 @@ def reaper(stop):
         time.sleep(0.001)
 
 
-def measure(srv, runs, precopy, what):
+def measure(ferry, srv, runs, precopy, what):
     """`runs` replacements of srv, its memory and counter checked after each."""
     out = []
     for counter in range(1, runs + 1):
-        out.append(one(ferry_bin(), srv, precopy))
+        out.append(one(ferry, srv, precopy))
         ok = srv.ask("CHECK")
         if not ok.startswith("OK") or srv.ask("INCR") != str(counter):
             sys.exit(f"{what}: memory or counter wrong after a replacement: {ok}")
@@ -108,7 +114,11 @@ def main():
     ap.add_argument("--writer", default="idle,hot")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--ferry", help="the ferry binary (default: the target dir's release build)")
+    ap.add_argument("--precopy-only", action="store_true", help="no --no-precopy runs")
+    ap.add_argument("--raw", help="append one JSON line per replacement to this file")
     a = ap.parse_args()
+    ferry = a.ferry or ferry_bin()
     libc = ctypes.CDLL(None)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the new root comes back here
     stop = threading.Event()
@@ -117,23 +127,33 @@ def main():
     atexit.register(shutil.rmtree, tmp, True)
     binary = os.path.join(tmp, "memory_server")
     subprocess.run(["gcc", "-O2", "-o", binary, os.path.join(REPO, "tests/replace/memory_server.c")], check=True)
-    rows = ["| memory | writer | mode | pause median (min-max) | parts (median run) | pre-copy | ferry wall |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| memory | writer | mode | pause median (min-max) | first pause median (min-max) | parts (median run) | pre-copy | ferry wall |",
+            "|---|---|---|---|---|---|---|---|"]
     for size in a.memory.split(","):
         for writer in a.writer.split(","):
-            for precopy in (True, False):
+            for precopy in (True,) if a.precopy_only else (True, False):
                 srv = Server(binary, mib(size), writer == "hot")
                 try:
-                    runs = measure(srv, a.runs, precopy, f"{size} {writer}")
+                    runs = measure(ferry, srv, a.runs, precopy, f"{size} {writer}")
                 finally:
                     # Also on a failed run or ^C: the server is this script's.
                     srv.stop()
+                if a.raw:
+                    with open(a.raw, "a") as f:
+                        for r in runs:
+                            f.write(json.dumps({"memory": size, "writer": writer, "precopy": precopy,
+                                                "ferry": ferry, "pause": r[0], "parts": r[2],
+                                                "in_pause_mib": float(r[3].group(3)) if r[3] else None,
+                                                "load": os.getloadavg()[0]}) + "\n")
                 runs.sort(key=lambda r: r[0])
                 med = runs[len(runs) // 2]
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in med[2].items())
                 pre = f"{med[3].group(1)} MiB in {med[3].group(2)} rounds, {med[3].group(3)} MiB in the pause" if med[3] else "-"
+                firsts = sorted(r[2]["first pause"] for r in runs if "first pause" in r[2])
+                first = (f"{statistics.median(firsts):.1f} ms ({firsts[0]:.1f}-{firsts[-1]:.1f})"
+                         if firsts else "-")
                 row = (f"| {size} | {writer} | {'pre-copy' if precopy else '--no-precopy'} | "
-                       f"{med[0]:.1f} ms ({runs[0][0]:.1f}-{runs[-1][0]:.1f}) | {parts} | {pre} | "
+                       f"{med[0]:.1f} ms ({runs[0][0]:.1f}-{runs[-1][0]:.1f}) | {first} | {parts} | {pre} | "
                        f"{statistics.median(r[1] for r in runs):.0f} ms |")
                 rows.append(row)
                 print(row, flush=True)

@@ -129,6 +129,28 @@ fn areas(pid: i32, entries: &[MapsEntry]) -> Result<Vec<Area>> {
     Ok(out)
 }
 
+/// The rest of an open /proc file in reads of 8 KiB and more (the
+/// standard reader asks the size, 0 here, then probes with 32, 32,
+/// 64... bytes: a dozen calls for a small process's maps, at each
+/// collection, the last one in the freeze).
+fn read_all(f: &mut File) -> std::io::Result<String> {
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0;
+    loop {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 fn merge(ranges: &mut Vec<(u64, u64)>) {
     ranges.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
@@ -201,10 +223,10 @@ impl Tracked {
 
     fn read_maps(&mut self) -> std::result::Result<Vec<MapsEntry>, Stop> {
         let path = format!("/proc/{}/maps", self.pid);
-        let mut text = String::new();
-        if let Err(e) = self.maps.rewind().and_then(|_| self.maps.read_to_string(&mut text)) {
-            return Err(self.gone_or(EngineError::io(&path, e)));
-        }
+        let text = match self.maps.rewind().and_then(|_| read_all(&mut self.maps)) {
+            Ok(t) => t,
+            Err(e) => return Err(self.gone_or(EngineError::io(&path, e))),
+        };
         let entries = procfs::parse_maps(&path, &text)?;
         if entries.is_empty() {
             // The address space the file is bound to is gone: the process

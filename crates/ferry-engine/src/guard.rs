@@ -4,7 +4,9 @@
 //!
 //! While ferry works it tells the guard, one line at a time over a pipe,
 //! what it changed: each thread's signal mask before it was blocked
-//! (`mask TID HEX`), each socket put into TCP repair mode (`repair PID
+//! (`mask TID HEX`), each thread's CPU mask before it was kept on
+//! ferry's CPU for the injected calls (`cpus TID HEX,HEX...`), each
+//! socket put into TCP repair mode (`repair PID
 //! FD`), the network lock (`lock NAME`), and when the tree is about to be
 //! killed (`killed`). ferry ends every normal run, success or error, with
 //! `done` (its own cleanup ran); the guard then just exits. If the pipe
@@ -13,7 +15,8 @@
 //!   taken with pidfd_getfd), so the connections run again;
 //! - releases the network lock, or, when the tree was already being
 //!   killed, hands it over to the image as a finished checkpoint would;
-//! - seizes each thread again and gives it back its signal mask.
+//! - seizes each thread again and gives it back its signal mask;
+//! - gives each thread told of by `cpus` its CPU mask back.
 //!
 //! The guard lives in a session of its own, so a signal meant for ferry's
 //! terminal or process group does not reach it.
@@ -114,6 +117,11 @@ impl Guard {
     pub fn mask(&mut self, tid: i32, mask: u64) {
         self.say(&format!("mask {tid} {mask:x}\n"));
     }
+    /// Thread `tid`'s CPU mask, about to be narrowed for a while.
+    pub fn cpus(&mut self, tid: i32, cpus: &[u64]) {
+        let words: Vec<String> = cpus.iter().map(|w| format!("{w:x}")).collect();
+        self.say(&format!("cpus {tid} {}\n", words.join(",")));
+    }
     /// Sockets about to enter repair mode, as (pid, fd, SO_REUSEADDR):
     /// leaving repair mode clears SO_REUSEADDR. One write for all of them,
     /// into a pipe grown to hold it: 10,000 connections are 200 KB, and
@@ -183,6 +191,7 @@ impl Drop for Guard {
 #[derive(Default)]
 struct Plan {
     masks: Vec<(i32, u64)>,
+    cpus: Vec<(i32, Vec<u64>)>,
     repaired: Vec<(i32, i32, bool)>,
     lock: Option<String>,
     killed: bool,
@@ -197,6 +206,13 @@ fn parse(plan: &mut Plan, line: &str) {
         (Some("mask"), Some(tid), Some(mask)) => {
             if let (Ok(t), Ok(m)) = (tid.parse(), u64::from_str_radix(mask, 16)) {
                 plan.masks.push((t, m));
+            }
+        }
+        (Some("cpus"), Some(tid), Some(words)) => {
+            let words: std::result::Result<Vec<u64>, _> =
+                words.split(',').map(|w| u64::from_str_radix(w, 16)).collect();
+            if let (Ok(t), Ok(w)) = (tid.parse(), words) {
+                plan.cpus.push((t, w));
             }
         }
         (Some("repair"), Some(pid), Some(fd)) => {
@@ -252,6 +268,9 @@ fn recover(plan: &Plan) {
             let _ = ferry_netlock::release(name);
         }
     }
+    for (tid, cpus) in &plan.cpus {
+        let _ = ferry_sys::process::set_affinity(*tid, cpus);
+    }
     for &(tid, mask) in &plan.masks {
         ferry_sys::ptrace::put_back_sigmask(tid, mask);
     }
@@ -297,11 +316,14 @@ mod tests {
             "lock ckpt_1_2",
             "bogus",
             "mask x y",
+            "cpus 12 3,0",
+            "cpus 13 zz",
             "killed",
         ] {
             parse(&mut p, l);
         }
         assert_eq!(p.masks, vec![(12, 0xfffe)]);
+        assert_eq!(p.cpus, vec![(12, vec![3, 0])]);
         assert_eq!(p.repaired, vec![(12, 7, true), (12, 8, false)]);
         assert_eq!(p.lock.as_deref(), Some("ckpt_1_2"));
         assert!(p.killed && !p.done);

@@ -100,7 +100,10 @@ impl PlacedRegion {
     /// inside the region) into the region at the same addresses, with
     /// process_vm_readv straight into it. Returns the bytes copied: in
     /// order, the first range that could not be read whole ends the copy.
-    pub fn read_from(&mut self, pid: i32, ranges: &[(u64, u64)]) -> SysResult<u64> {
+    /// Takes `&self`: the bytes are written by the kernel into memory no
+    /// Rust reference points into, so threads may each copy into a part
+    /// of one region at once.
+    pub fn read_from(&self, pid: i32, ranges: &[(u64, u64)]) -> SysResult<u64> {
         if ranges.iter().any(|&(s, e)| s < self.addr || e > self.end() || s > e) {
             return Err(SysError::new("process_vm_readv", libc::EINVAL));
         }

@@ -262,6 +262,27 @@ pub fn pin_to_cpu(tid: i32, cpu: usize) -> SysResult<()> {
     Ok(())
 }
 
+/// Thread `tid`'s CPU mask (sched_getaffinity), as 64-bit words.
+pub fn get_affinity(tid: i32) -> SysResult<Vec<u64>> {
+    let mut cpus = vec![0u64; 16];
+    // SAFETY: cpus is a writable buffer of the given byte length.
+    let r = unsafe {
+        libc::syscall(libc::SYS_sched_getaffinity, tid, cpus.len() * 8, cpus.as_mut_ptr())
+    };
+    let n = check("sched_getaffinity", r)? as usize;
+    cpus.truncate(n / 8);
+    Ok(cpus)
+}
+
+/// Sets thread `tid`'s CPU mask (sched_setaffinity) to `cpus` words.
+pub fn set_affinity(tid: i32, cpus: &[u64]) -> SysResult<()> {
+    // SAFETY: the mask buffer is live for the given byte length.
+    check("sched_setaffinity", unsafe {
+        libc::syscall(libc::SYS_sched_setaffinity, tid, std::mem::size_of_val(cpus), cpus.as_ptr())
+    })?;
+    Ok(())
+}
+
 /// The calling thread's id.
 pub fn gettid() -> i32 {
     // SAFETY: no arguments, cannot fail.

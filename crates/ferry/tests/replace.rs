@@ -996,8 +996,13 @@ fn cpus_ferry_may_not_use_and_nice_for_a_real_time_thread_are_refused() {
     assert!(out.status.success(), "chrt: {}", text(&out));
     let names =
         format!("--nice 5: pid {} thread {rt} runs under SCHED_FIFO, which ignores nice", svc.pid);
+    let masks = |pid: i32| tids(pid).iter().map(|&t| thread_cpus(pid, t)).collect::<Vec<_>>();
+    let masks_before = masks(svc.pid);
     refused(&svc, &mut client, &["--nice", "5"], &names);
     assert_eq!(thread_nice(svc.pid, rt), 0);
+    // Refused after the injected calls, which kept each thread on
+    // ferry's CPU: every mask is the thread's own again.
+    assert_eq!(masks(svc.pid), masks_before, "each thread's CPU mask after the refusal");
     // Its affinity can still be set, and its policy is kept.
     let last = cpus.last().expect("a cpu").to_string();
     replaced(&svc, &["--cpus", &last]);

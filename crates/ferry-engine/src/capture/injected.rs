@@ -72,6 +72,7 @@ pub(super) fn capture_tree(
     tree: &super::tree::FrozenTree,
     procs: &[Survey],
     kept: Option<(&KeptWatch, &KeptInjected)>,
+    guard: &mut crate::guard::Guard,
 ) -> Result<Vec<Injected>> {
     let tids: Vec<i32> =
         tree.procs.iter().flat_map(|p| p.frozen.threads.iter().map(|t| t.tid)).collect();
@@ -80,7 +81,7 @@ pub(super) fn capture_tree(
             .procs
             .iter()
             .zip(procs)
-            .map(|(p, s)| capture_process(&p.frozen, s).map(|x| x.0))
+            .map(|(p, s)| capture_process(&p.frozen, s, guard).map(|x| x.0))
             .collect();
     };
     let before = watch.state_counts(&tids);
@@ -98,7 +99,7 @@ pub(super) fn capture_tree(
                 );
                 (parse_kept(&p.frozen, s, &k.answers)?, k.answers)
             }
-            None => capture_process(&p.frozen, s)?,
+            None => capture_process(&p.frozen, s, guard)?,
         };
         out.push(injected);
         answered.push((pid, answers));
@@ -164,9 +165,50 @@ fn parse_kept(frozen: &Frozen, sv: &Survey, answers: &HashMap<i32, Answers>) -> 
 }
 
 /// Runs the injected capture inside one frozen process; its answers too.
-fn capture_process(frozen: &Frozen, sv: &Survey) -> Result<(Injected, HashMap<i32, Answers>)> {
+/// Its threads are kept on ferry's CPU while they are asked
+/// ([`Colocated`]), and given their own CPU masks back before anything
+/// of them is read for the image.
+fn capture_process(
+    frozen: &Frozen,
+    sv: &Survey,
+    guard: &mut crate::guard::Guard,
+) -> Result<(Injected, HashMap<i32, Answers>)> {
     let pid = frozen.pid;
     let locked_before = memory::locked_kb(pid)?;
+    let colocated = Colocated::pin(frozen, guard);
+    let asked = ask_process(frozen, sv, locked_before);
+    colocated.put_back()?;
+    let (ctx_scratch, answers, posix_timers) = asked?;
+    let ctx = Ctx {
+        pid,
+        frozen,
+        remote: sv.remote,
+        scratch: ctx_scratch,
+        data: ctx_scratch + inject::SCRATCH_DATA,
+    };
+    let mut parsed = Vec::with_capacity(frozen.threads.len());
+    for t in &frozen.threads {
+        let a = answers.get(&t.tid).ok_or_else(|| {
+            crate::error::EngineError::kernel(
+                pid,
+                format!("thread {}: its answers", t.tid),
+                ferry_sys::SysError::new("injected answers", libc::ESRCH),
+            )
+        })?;
+        parsed.push(parse_thread(&ctx, t, a)?);
+    }
+    Ok((assemble(&ctx, parsed, posix_timers)?, answers))
+}
+
+/// Every injected call of one process, from its scratch mapping (the
+/// mapping's address, where it was, comes back; it is gone): each
+/// thread's batch and the POSIX timers.
+fn ask_process(
+    frozen: &Frozen,
+    sv: &Survey,
+    locked_before: u64,
+) -> Result<(u64, HashMap<i32, Answers>, Vec<ferry_image::PosixTimer>)> {
+    let pid = frozen.pid;
     let scratch = Scratch::map(&sv.remote, pid)?;
     let ctx = Ctx {
         pid,
@@ -175,13 +217,76 @@ fn capture_process(frozen: &Frozen, sv: &Survey) -> Result<(Injected, HashMap<i3
         scratch: scratch.addr,
         data: scratch.addr + inject::SCRATCH_DATA,
     };
-    let injected =
-        memory::check_mlock_future(pid, locked_before).and_then(|()| capture_inside(&ctx));
+    let asked = memory::check_mlock_future(pid, locked_before).and_then(|()| {
+        let mut answers = HashMap::with_capacity(ctx.frozen.threads.len());
+        for t in &ctx.frozen.threads {
+            answers.insert(t.tid, ask_thread(&ctx, t)?);
+        }
+        Ok((answers, timers::capture_posix(&ctx)?))
+    });
     // Unmapped also when a batch failed: the process must not keep it.
+    let addr = scratch.addr;
     let unmapped = scratch.unmap(&ctx.remote, pid);
-    let injected = injected?;
+    let (answers, posix) = asked?;
     unmapped?;
-    Ok(injected)
+    Ok((addr, answers, posix))
+}
+
+/// A process's threads kept on the CPU of the ferry thread that asks
+/// them ([`inject::colocate`]): an injected call is a round trip between
+/// the two, 40-150 µs when its wakeups cross to another vCPU, about
+/// 20 µs on one. Each thread's own CPU mask is read first and told to
+/// the checkpoint guard (which sets it back should ferry die), and set
+/// back by [`Colocated::put_back`] (or when dropped) before the thread
+/// is read for the image or runs again. A thread whose mask cannot be
+/// read is left where it is.
+struct Colocated {
+    masks: Vec<(i32, Vec<u64>)>,
+}
+
+impl Colocated {
+    fn pin(frozen: &Frozen, guard: &mut crate::guard::Guard) -> Colocated {
+        let mut masks = Vec::with_capacity(frozen.threads.len());
+        for t in &frozen.threads {
+            match ferry_sys::process::get_affinity(t.tid) {
+                Ok(m) => {
+                    guard.cpus(t.tid, &m);
+                    masks.push((t.tid, m));
+                    inject::colocate(t.tid);
+                }
+                Err(e) => tracing::debug!("thread {}: not kept on ferry's CPU: {e}", t.tid),
+            }
+        }
+        Colocated { masks }
+    }
+
+    /// Every thread's own CPU mask set back; the first that fails is
+    /// named (the others are set back all the same).
+    fn put_back(mut self) -> Result<()> {
+        let mut first = Ok(());
+        for (tid, mask) in std::mem::take(&mut self.masks) {
+            inject::forget_colocated(tid);
+            if let Err(e) = ferry_sys::process::set_affinity(tid, &mask) {
+                if first.is_ok() {
+                    first = Err(crate::error::EngineError::kernel(
+                        tid,
+                        "setting back its CPU mask after the injected calls",
+                        e,
+                    ));
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Colocated {
+    fn drop(&mut self) {
+        for (tid, mask) in std::mem::take(&mut self.masks) {
+            inject::forget_colocated(tid);
+            let _ = ferry_sys::process::set_affinity(tid, &mask);
+        }
+    }
 }
 
 /// Where each part's results land in the scratch's data area: a thread's
@@ -211,18 +316,6 @@ struct ProcessWide {
     brk: u64,
     misc: ferry_image::ProcessMisc,
     securebits: u32,
-}
-
-fn capture_inside(ctx: &Ctx) -> Result<(Injected, HashMap<i32, Answers>)> {
-    let mut parsed = Vec::with_capacity(ctx.frozen.threads.len());
-    let mut answers = HashMap::with_capacity(ctx.frozen.threads.len());
-    for t in &ctx.frozen.threads {
-        let a = ask_thread(ctx, t)?;
-        parsed.push(parse_thread(ctx, t, &a)?);
-        answers.insert(t.tid, a);
-    }
-    let posix_timers = timers::capture_posix(ctx)?;
-    Ok((assemble(ctx, parsed, posix_timers)?, answers))
 }
 
 /// One thread's parsed answers: its image, its parent-death signal, and

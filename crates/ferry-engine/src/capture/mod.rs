@@ -590,7 +590,7 @@ pub fn capture(
     })?;
     let injected = ph.step("injected syscalls", || {
         let kept = opts.kept_watch.as_ref().zip(opts.kept_injected.as_ref());
-        injected::capture_tree(&tree, &surveyed.procs, kept)
+        injected::capture_tree(&tree, &surveyed.procs, kept, &mut guard)
     })?;
     let held = match hooks {
         Some(h) => assemble::HeldPages {

@@ -52,6 +52,9 @@ use std::time::Instant;
 
 const PAGE: u64 = 4096;
 
+/// Threads that copy the last round into the regions, in a freeze.
+const THREADS: usize = 2;
+
 /// One round: bytes copied into the placed memory, how long it took,
 /// and the bytes the root wrote meanwhile.
 #[derive(Debug, Clone, Copy)]
@@ -342,7 +345,7 @@ impl CaptureHooks for Precopy {
         // rounds stop on a collect whose pages they do not copy).
         let all: Ranges = self.regions.values().map(|r| (r.start(), r.end())).collect();
         let held = minus(&self.held, &written);
-        let placed = last_round::place_written(self.root, &mut self.regions, &minus(&all, &held));
+        let placed = last_round::place_written(self.root, &self.regions, &minus(&all, &held), THREADS);
         self.last_round_bytes = bytes(&placed);
         self.held = intersect(&union(&held, &placed), &self.eligible);
         let spans = self.held.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
