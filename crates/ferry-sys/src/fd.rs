@@ -398,29 +398,6 @@ pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> SysResult<()> {
     }
 }
 
-#[cfg(test)]
-mod in_memory_tests {
-    use super::in_memory_fs;
-    use std::os::fd::AsFd;
-
-    #[test]
-    fn tmpfs_is_memory_and_the_build_directory_is_not() {
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() {
-            let f = std::fs::File::open(shm).unwrap();
-            assert!(in_memory_fs(f.as_fd()).unwrap());
-        }
-        // Whatever the source tree is on, `stat -f` must agree.
-        let f = std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let st = std::process::Command::new("stat")
-            .args(["-f", "-c", "%T", env!("CARGO_MANIFEST_DIR")])
-            .output()
-            .unwrap();
-        let kind = String::from_utf8_lossy(&st.stdout).trim().to_string();
-        assert_eq!(in_memory_fs(f.as_fd()).unwrap(), kind == "tmpfs" || kind == "ramfs", "{kind}");
-    }
-}
-
 /// Swaps the files at `a` and `b` atomically (renameat2 RENAME_EXCHANGE):
 /// a reader opening either path sees one file or the other, never none.
 /// Both must exist (ENOENT otherwise). Unlike a rename over an existing
@@ -445,4 +422,27 @@ fn rename2(a: &CStr, b: &CStr, flags: libc::c_uint, call: &'static str) -> SysRe
         return Err(last_error(call));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod in_memory_tests {
+    use super::in_memory_fs;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn tmpfs_is_memory_and_the_build_directory_is_not() {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            let f = std::fs::File::open(shm).unwrap();
+            assert!(in_memory_fs(f.as_fd()).unwrap());
+        }
+        // Whatever the source tree is on, `stat -f` must agree.
+        let f = std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let st = std::process::Command::new("stat")
+            .args(["-f", "-c", "%T", env!("CARGO_MANIFEST_DIR")])
+            .output()
+            .unwrap();
+        let kind = String::from_utf8_lossy(&st.stdout).trim().to_string();
+        assert_eq!(in_memory_fs(f.as_fd()).unwrap(), kind == "tmpfs" || kind == "ramfs", "{kind}");
+    }
 }
