@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -49,7 +50,7 @@ def reap_forever():
 def start_server(binary):
     # stdout to a file: a pipe to this driver would be a descriptor shared
     # with a process outside the tree, which ferry rightly refuses.
-    log = "/tmp/ferry-bench-counter_server.log"
+    log = binary + ".log"
     with open(log, "w") as out:
         subprocess.Popen([binary, "0"], stdout=out, stdin=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
@@ -158,7 +159,17 @@ def main():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     threading.Thread(target=reap_forever, daemon=True).start()
-    binary = "/tmp/ferry-bench-counter_server"
+    # The server's binary and its log, removed however the run ends.
+    work = tempfile.mkdtemp(prefix="ferry-bench-tiny-")
+    try:
+        results, criu_note = run_all(os.path.join(work, "counter_server"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(IMAGES, ignore_errors=True)
+    report(results, criu_note)
+
+
+def run_all(binary):
     subprocess.run(["gcc", "-O2", "-pthread", "-o", binary,
                     os.path.join(REPO, "examples/counter_server.c")], check=True)
     results = [measure("ferry", ferry_round, binary)]
@@ -168,6 +179,10 @@ def main():
             results.append(measure("CRIU", criu_round, binary))
         except SystemExit as e:
             criu_note = f"the CRIU run failed ({e})"
+    return results, criu_note
+
+
+def report(results, criu_note):
     if criu_note:
         print(f"CRIU left out of the table: {criu_note}")
     lines = [
@@ -192,7 +207,6 @@ def main():
     print(text)
     with open(OUT, "w") as f:
         f.write(text)
-    shutil.rmtree(IMAGES, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,16 @@ fn main() {
         "/usr/include/{}-linux-gnu",
         std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
     );
+    // The object's debug info names the source's directory: mapped to
+    // ".", so that every checkout of the same source builds the same
+    // object. Its hash names the lock's base (src/base.rs): builds from
+    // two checkouts share one base instead of each removing the other's
+    // as another build's, unused, at every start.
+    let crate_dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     let result = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-I"])
+        .args(["-O2", "-g", "-target", "bpf", "-Wall"])
+        .arg(format!("-ffile-prefix-map={crate_dir}=."))
+        .arg("-I")
         .arg(&multiarch)
         .args(["-c", source, "-o"])
         .arg(&object)

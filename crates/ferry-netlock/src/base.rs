@@ -69,7 +69,12 @@ pub(crate) struct Base {
     pub name: String,
     pub frozen: OwnedFd,
     pub active: OwnedFd,
-    pub table: ferry_sys::bpf::MappedArray,
+    /// The map `table`, mapped only once a lock needs it as memory (see
+    /// [`Base::table`]): the kernel maps every page of it at mmap (2.5
+    /// MiB, ~0.7 ms here with the unmap), more than a few entries cost
+    /// through the bpf syscall.
+    table_fd: OwnedFd,
+    table: Option<ferry_sys::bpf::MappedArray>,
     /// The id of the map `table` maps (see `reuse.rs`).
     table_id: u32,
     flock_file: std::fs::File,
@@ -77,7 +82,9 @@ pub(crate) struct Base {
 
 impl Drop for Base {
     fn drop(&mut self) {
-        crate::reuse::put_table(&self.name, self.table_id, self.table.take());
+        if let Some(table) = self.table.take() {
+            crate::reuse::put_table(&self.name, self.table_id, table);
+        }
     }
 }
 
@@ -96,6 +103,28 @@ impl Base {
     /// and slot files until the guard drops.
     pub fn exclusive(&self, lock: &str) -> Result<Exclusive, NetlockError> {
         exclusive(lock, &self.flock_file, &self.name)
+    }
+
+    /// The table as memory, mapped now if it was not yet.
+    pub fn table(&mut self, lock: &str) -> Result<&mut [u8], NetlockError> {
+        let table = match self.table.take() {
+            Some(table) => table,
+            None => ferry_sys::bpf::MappedArray::map(self.table_fd.as_fd(), TABLE_BYTES).map_err(
+                sys_error(lock, format!("mapping BPF map {}/table", pin_dir(&self.name).display())),
+            )?,
+        };
+        Ok(self.table.insert(table).as_mut_slice())
+    }
+
+    /// True when the table is mapped already (then writing it as memory
+    /// costs nothing more).
+    pub fn table_is_mapped(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// The table map's descriptor, for single-entry bpf calls.
+    pub fn table_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.table_fd.as_fd()
     }
 }
 
@@ -124,13 +153,18 @@ pub(crate) fn state_dir(base: &str) -> PathBuf {
 }
 
 /// FNV-1a of the BPF object: bases of another ferry build are not reused.
+/// Computed once per process (a byte at a time over the whole object:
+/// ~0.1 ms, asked by every start and every prepare).
 fn object_hash() -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in OBJECT {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h ^ (h >> 32)) as u32
+    static HASH: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *HASH.get_or_init(|| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in OBJECT {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h ^ (h >> 32)) as u32
+    })
 }
 
 fn base_name(cookie: u64) -> String {
@@ -446,6 +480,21 @@ fn dead_links(pins: &Path) -> (usize, Vec<PathBuf>) {
     (live, dead)
 }
 
+/// True when a link pin under `pins` is attached to a live interface
+/// (looks no further than the first: every ferry run asks, for every base).
+fn has_live_link(pins: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(pins) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).map(|e| e.path()).any(|path| {
+        path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-"))
+            && ferry_sys::bpf::obj_get(&path)
+                .ok()
+                .and_then(|fd| ferry_sys::bpf::tcx_link_info(fd.as_fd()).ok().flatten())
+                .is_some_and(|info| info.ifindex != 0)
+    })
+}
+
 fn remove_dead_links(pins: &Path) {
     for path in dead_links(pins).1 {
         let _ = std::fs::remove_file(path);
@@ -460,16 +509,13 @@ fn open_maps(lock: &str, name: String, flock_file: std::fs::File) -> Result<Base
         ferry_sys::bpf::obj_get(&path)
             .map_err(sys_error(lock, format!("opening pinned map {}", path.display())))
     };
-    let table = get("table")?;
-    let what = || format!("mapping BPF map {}/table", pins.display());
-    let table_id = ferry_sys::bpf::map_id(table.as_fd()).map_err(sys_error(lock, what()))?;
-    let table = match crate::reuse::take_table(&name, table_id) {
-        Some(kept) => kept,
-        None => ferry_sys::bpf::MappedArray::map(table.as_fd(), TABLE_BYTES)
-            .map_err(sys_error(lock, what()))?,
-    };
+    let table_fd = get("table")?;
+    let what = || format!("identifying BPF map {}/table", pins.display());
+    let table_id = ferry_sys::bpf::map_id(table_fd.as_fd()).map_err(sys_error(lock, what()))?;
+    // A mapping kept by this process (reuse.rs); else mapped when needed.
+    let table = crate::reuse::take_table(&name, table_id);
     let (frozen, active) = (get("frozen")?, get("active")?);
-    Ok(Base { frozen, active, table, table_id, name, flock_file })
+    Ok(Base { frozen, active, table_fd, table, table_id, name, flock_file })
 }
 
 /// Opens an installed base (a process that adopts a lock it did not make).
@@ -646,7 +692,7 @@ pub(crate) fn release_useless() -> Vec<String> {
     let mut removed = Vec::new();
     let ours = format!("-{:08x}", object_hash());
     let useless = |name: &str| {
-        let dead = dead_links(&pin_dir(name)).0 == 0;
+        let dead = !has_live_link(&pin_dir(name));
         dead || (!name.ends_with(&ours) && slots(name).is_empty())
     };
     for name in list() {

@@ -72,8 +72,10 @@ pub(crate) struct Handles {
     /// Tells this lock's held packets from those of an earlier lock in the
     /// same slot.
     generation: u16,
-    /// Scratch for fill (home slots, insertion order), allocated and touched
-    /// at prepare so engage takes no page fault for up to SCRATCH tuples.
+    /// Scratch for fill (home slots, insertion order): allocated and
+    /// touched at prepare for up to SCRATCH tuples (engage takes no page
+    /// fault for those), grown by fill beyond; empty in a lock opened by
+    /// another process (which seldom fills).
     homes: Vec<u32>,
     order: Vec<u32>,
     keys: Vec<[u8; KEY_LEN]>,
@@ -91,10 +93,19 @@ pub(crate) struct Handles {
 pub(crate) struct Written {
     homes: Vec<u32>,
     overflowed: bool,
+    /// The lock whose record directory still has these homes in a file
+    /// (an adopted lock): removed before more is written.
+    file_of: Option<String>,
 }
 
-/// Tuples engage handles without allocating (more are fine, just slower).
-const SCRATCH: usize = 1 << 15;
+/// Tuples engage handles without allocating (more are fine: the scratch
+/// grows, ~50 bytes a tuple). Small: touching scratch for 2^15 tuples at
+/// every prepare (1.6 MiB) cost a checkpoint of one listener ~0.5 ms.
+const SCRATCH: usize = 1 << 10;
+/// Up to this many tuples, fill and release read and write the table
+/// with single-entry bpf calls (at most 9 a tuple) rather than map it:
+/// mapping it maps all of its 2.5 MiB at once.
+const BY_SYSCALL: usize = 32;
 /// Bucket count of fill's counting sort (by the top bits of the home slot).
 const SORT_BUCKETS: usize = 1 << 10;
 
@@ -144,7 +155,7 @@ pub(crate) fn prepare(
     netns_inode: u64,
 ) -> Result<Handles, NetlockError> {
     let (base, slot) = base::ensure(lock, netns_path, netns_desc, netns_inode)?;
-    let mut handles = with_scratch(base, slot, new_generation());
+    let mut handles = with_scratch(base, slot, new_generation(), true);
     handles.written = Some(Written::default());
     Ok(handles)
 }
@@ -159,11 +170,19 @@ fn new_generation() -> u16 {
     ((mixed ^ (mixed >> 16)) as u16).max(1)
 }
 
-fn with_scratch(base: Base, slot: u8, generation: u16) -> Handles {
-    let kept = crate::reuse::take_scratch().unwrap_or_else(|| crate::reuse::Scratch {
-        homes: scratch(1),
-        order: scratch(1),
-        keys: scratch([1; KEY_LEN]),
+/// Handles of `slot`, with the scratch this process kept (reuse.rs), or
+/// else a fresh one, touched when `touch` (a lock about to be filled).
+fn with_scratch(base: Base, slot: u8, generation: u16, touch: bool) -> Handles {
+    let kept = crate::reuse::take_scratch().unwrap_or_else(|| {
+        if touch {
+            crate::reuse::Scratch {
+                homes: scratch(1),
+                order: scratch(1),
+                keys: scratch([1; KEY_LEN]),
+            }
+        } else {
+            crate::reuse::Scratch { homes: Vec::new(), order: Vec::new(), keys: Vec::new() }
+        }
     });
     Handles {
         base,
@@ -199,7 +218,25 @@ pub(crate) fn open(
     slot: u8,
     generation: u16,
 ) -> Result<Handles, NetlockError> {
-    Ok(with_scratch(base::open(lock, base_name)?, slot, generation))
+    Ok(with_scratch(base::open(lock, base_name)?, slot, generation, false))
+}
+
+/// Where the lock wrote (overflowed, home slots), when it knows: for the
+/// record of a lock handed over.
+pub(crate) fn written(handles: &Handles) -> Option<(bool, &[u32])> {
+    handles.written.as_ref().map(|w| (w.overflowed, w.homes.as_slice()))
+}
+
+/// Tells an opened lock where it wrote (from its record directory), so
+/// that its release clears only there. `file_of`: the lock whose
+/// `written` file this came from, removed before the lock writes more.
+pub(crate) fn set_written(
+    handles: &mut Handles,
+    overflowed: bool,
+    homes: Vec<u32>,
+    file_of: Option<&str>,
+) {
+    handles.written = Some(Written { homes, overflowed, file_of: file_of.map(str::to_string) });
 }
 
 /// Takes the packets this lock dropped out of the base's ring and sends
@@ -237,10 +274,17 @@ pub(crate) fn fill(
     // Noted before the writes: a release after a failure half way
     // clears every place this fill may have written.
     if let Some(w) = written.as_mut() {
+        if let Some(name) = w.file_of.take() {
+            crate::record::write_written(&name, None);
+        }
         w.homes.extend_from_slice(homes);
     }
-    let overflow =
-        insert_in_order(base.table.as_mut_slice(), (*slot, *generation), keys, homes, order);
+    let owner = (*slot, *generation);
+    let overflow = if !base.table_is_mapped() && tuples.len() <= BY_SYSCALL {
+        insert_by_syscall(lock, base, owner, keys, homes, order)?
+    } else {
+        insert_in_order(base.table(lock)?, owner, keys, homes, order)
+    };
     if let Some(w) = written.as_mut() {
         w.overflowed |= !overflow.is_empty();
     }
@@ -342,6 +386,55 @@ fn insert_in_order(
     overflow
 }
 
+/// [`insert_in_order`] through the bpf syscall: each probe slot read with
+/// one lookup, the entry written with two updates (the family 0 first,
+/// then the whole entry: a BPF program never sees a half-written key
+/// with a family).
+fn insert_by_syscall(
+    lock: &str,
+    base: &Base,
+    (owner, generation): (u8, u16),
+    keys: &[[u8; KEY_LEN]],
+    homes: &[u32],
+    order: &[u32],
+) -> Result<Vec<[u8; KEY_LEN]>, NetlockError> {
+    let table = base.table_fd();
+    let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
+    for &i in order.iter() {
+        let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
+            continue;
+        };
+        let mut entry = *bytes;
+        entry[1] = owner;
+        entry[2..4].copy_from_slice(&generation.to_ne_bytes());
+        let mut placed = false;
+        for probe in 0..TABLE_PROBES {
+            let at = home.wrapping_add(probe) & (TABLE_SLOTS - 1);
+            let slot: [u8; KEY_LEN] = ferry_sys::bpf::map_lookup_elem(table, &at)
+                .map_err(map_error(lock, base, "table"))?
+                .unwrap_or([0; KEY_LEN]);
+            if slot == entry {
+                placed = true; // a duplicate
+                break;
+            }
+            if slot[0] == 0 {
+                let mut first = entry;
+                first[0] = 0;
+                for value in [&first, &entry] {
+                    ferry_sys::bpf::map_update_elem(table, &at, value)
+                        .map_err(map_error(lock, base, "table"))?;
+                }
+                placed = true;
+                break;
+            }
+        }
+        if !placed {
+            overflow.push(*bytes);
+        }
+    }
+    Ok(overflow)
+}
+
 /// Writes `entry` into the first free slot of its probe window (false when
 /// there is none). The family byte goes last: BPF programs read the table
 /// meanwhile, and an entry without a family is skipped.
@@ -375,7 +468,12 @@ pub(crate) fn remove_entries(
     slot: u8,
     written: Option<&Written>,
 ) -> Result<(), NetlockError> {
-    clear_table(base.table.as_mut_slice(), slot, written.map(|w| w.homes.as_slice()));
+    match written {
+        Some(w) if !base.table_is_mapped() && w.homes.len() <= BY_SYSCALL => {
+            clear_by_syscall(lock, base, slot, &w.homes)?
+        }
+        _ => clear_table(base.table(lock)?, slot, written.map(|w| w.homes.as_slice())),
+    }
     if written.is_some_and(|w| !w.overflowed) {
         return Ok(());
     }
@@ -398,6 +496,33 @@ pub(crate) fn remove_entries(
         } else {
             ferry_sys::bpf::map_update_elem(frozen, &key, &rest)
                 .map_err(map_error(lock, base, "frozen"))?;
+        }
+    }
+    Ok(())
+}
+
+/// [`clear_table`] of the probe windows of `homes` through the bpf
+/// syscall: a lookup per slot, two updates per entry of `slot` (family 0
+/// first, then all zeros).
+fn clear_by_syscall(lock: &str, base: &Base, slot: u8, homes: &[u32]) -> Result<(), NetlockError> {
+    let table = base.table_fd();
+    for &home in homes {
+        for probe in 0..TABLE_PROBES {
+            let at = home.wrapping_add(probe) & (TABLE_SLOTS - 1);
+            let Some(entry) = ferry_sys::bpf::map_lookup_elem::<_, [u8; KEY_LEN]>(table, &at)
+                .map_err(map_error(lock, base, "table"))?
+            else {
+                continue;
+            };
+            if entry[0] == 0 || entry[1] != slot {
+                continue;
+            }
+            let mut first = entry;
+            first[0] = 0;
+            for value in [&first, &[0u8; KEY_LEN]] {
+                ferry_sys::bpf::map_update_elem(table, &at, value)
+                    .map_err(map_error(lock, base, "table"))?;
+            }
         }
     }
     Ok(())
@@ -530,11 +655,19 @@ pub(crate) fn release_named(
     slot: Option<(&str, u8, u16)>,
     open_handles: Option<&mut Handles>,
 ) -> Result<(), NetlockError> {
+    // The slot is known: it is the lock's only one (claimed once, at
+    // prepare, and recorded right after).
+    let known = open_handles.is_some() || slot.is_some();
     match (open_handles, slot) {
         (Some(handles), _) => release(lock, handles)?,
         (None, Some((base_name, slot, generation))) => {
             match open(lock, base_name, slot, generation) {
-                Ok(mut handles) => release(lock, &mut handles)?,
+                Ok(mut handles) => {
+                    if let Some((overflowed, homes)) = crate::record::read_written(lock) {
+                        set_written(&mut handles, overflowed, homes, None);
+                    }
+                    release(lock, &mut handles)?
+                }
                 Err(NetlockError::BaseGone { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -543,7 +676,7 @@ pub(crate) fn release_named(
     }
     // A slot file may name the lock without its record knowing the slot
     // (killed between claim and record): free those too.
-    for base_name in base::list() {
+    for base_name in base::list().into_iter().filter(|_| !known) {
         for (slot, owner) in base::slots(&base_name) {
             if owner == lock {
                 if let Ok(mut handles) = open(lock, &base_name, slot, 0) {

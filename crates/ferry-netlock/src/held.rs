@@ -84,6 +84,11 @@ pub(crate) fn take(
     let ring_id = ferry_sys::bpf::map_id(fd.as_fd()).map_err(sys("identifying"))?;
     let mut ring = match crate::reuse::take_ring(&base.name, ring_id) {
         Some(kept) => kept,
+        // Nothing in the ring (the usual case: no packet came while the
+        // lock was engaged): its 16 MiB mapping is not needed.
+        None if !ferry_sys::bpf::ring_has_records(fd.as_fd()).map_err(sys("reading"))? => {
+            return Ok(mine)
+        }
         None => {
             ferry_sys::bpf::RingConsumer::map(fd.as_fd(), RING_BYTES).map_err(sys("mapping"))?
         }

@@ -772,6 +772,10 @@ impl NetworkLock {
     /// of it): once that file is gone, the lock counts as stale and the
     /// next `release_stale` removes it.
     pub fn hand_over_to(mut self, waits_for: Option<&std::path::Path>) -> String {
+        if let Some(handles) = &self.ebpf {
+            // For the adopter's release: it clears only where this lock wrote.
+            record::write_written(&self.name, ebpf::written(handles));
+        }
         self.ebpf = None;
         self.phase_file = None;
         if let Some(mut record) = self.record.take() {
@@ -805,7 +809,14 @@ impl NetworkLock {
                 let Some(slot) = &record.ebpf else {
                     return Err(NetlockError::NoSlot { lock: name.to_string() });
                 };
-                Some(ebpf::open(name, &slot.base, slot.slot, slot.generation)?)
+                let mut handles = ebpf::open(name, &slot.base, slot.slot, slot.generation)?;
+                if let Some((overflowed, homes)) = record::read_written(name) {
+                    // The file goes before this process writes more
+                    // (ebpf::fill): a release from the file alone must
+                    // never miss an entry.
+                    ebpf::set_written(&mut handles, overflowed, homes, Some(name));
+                }
+                Some(handles)
             }
             Method::Nftables | Method::Iptables => None,
         };
@@ -944,7 +955,7 @@ fn remove_record_dir(name: &str, bind_mounted: bool) -> Result<(), NetlockError>
             }
         }
     }
-    match std::fs::remove_dir_all(&dir) {
+    match record::remove_dir(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(NetlockError::Io {

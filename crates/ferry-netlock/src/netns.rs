@@ -68,6 +68,10 @@ pub fn run_in_namespace<T: Send, E: Send>(
         Ok(ns) => ns,
         Err(e) => return Err(entering(EnterError::Open(e))),
     };
+    if is_current(&ns) {
+        // Already there: no thread to start.
+        return work();
+    }
     std::thread::scope(|scope| {
         let thread = scope.spawn(move || {
             if let Err(e) = ferry_sys::netns::enter_net_namespace(ns.as_fd()) {
@@ -80,6 +84,14 @@ pub fn run_in_namespace<T: Send, E: Send>(
             Err(panic) => std::panic::resume_unwind(panic),
         }
     })
+}
+
+/// True when `ns` is the calling thread's network namespace.
+fn is_current(ns: &std::fs::File) -> bool {
+    match (ns.metadata(), std::fs::metadata("/proc/thread-self/ns/net")) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// Runs `program args` with `input` on its stdin, in the calling thread's

@@ -1217,3 +1217,46 @@ fn a_lock_dropped_with_a_keeper_goes_to_it_unreleased() {
     drop(back);
     lab.assert_gone(&name);
 }
+
+/// A lock handed over and released by the process that adopts it (what
+/// `ferry restore` does) leaves none of its entries in the table: the
+/// adopter clears where the lock noted it wrote (a few entries through
+/// bpf calls, many through the mapped table). A lock that takes the same
+/// owner slot next, engaged on other tuples, drops nothing of the first
+/// lock's connection.
+#[test]
+fn an_adopted_lock_leaves_no_entry_for_the_next_owner_of_its_slot() {
+    require_root!();
+    let mut lab = Lab::new();
+    let (_listener, mut server, mut client, _) = connect(&lab, Link::Veth, false);
+    let path = Lab::path(&lab.a);
+    // 4 tuples: read and written one by one; 101: through the mapping.
+    for others in [3, 100] {
+        let mut tuples = synthetic(others);
+        tuples.push(tuple_of(&server));
+        let lock = NetworkLock::freeze(Method::Ebpf, &path, &tuples, "ckpt").expect("freeze");
+        let name = lock.hand_over();
+        lab.locks.push(name.clone());
+        assert!(
+            !passes(&mut client, &mut server, Duration::from_millis(200)),
+            "{others}: not held"
+        );
+        let mut adopter = spawn_helper(&format!("adopt {name}"));
+        assert_eq!(helper_lock_name(&mut adopter), name);
+        let status = adopter.wait().expect("wait adopter");
+        assert!(status.success(), "adopting process failed: {status}");
+        lab.assert_gone(&name);
+        // The held bytes arrive (TCP retransmits).
+        server.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+        let mut buf = [0u8; 4];
+        server.read_exact(&mut buf).expect("held bytes after the adopter's thaw");
+        // The same slot (the namespace's base has no other lock), engaged.
+        let next = NetworkLock::freeze(Method::Ebpf, &path, &synthetic(1), "next").expect("next");
+        lab.locks.push(next.name().to_string());
+        assert!(
+            passes(&mut client, &mut server, Duration::from_secs(5)),
+            "{others}: an entry of the released lock drops packets under the slot's next owner"
+        );
+        next.thaw().expect("thaw next");
+    }
+}

@@ -603,6 +603,42 @@ impl RingConsumer {
     }
 }
 
+/// True when the ring behind `map` holds records not yet consumed (its
+/// producer position is past its consumer position). Maps only the two
+/// position pages, read-only, for the call: a reader with nothing to take
+/// does not pay for mapping the data area (twice its size, every page
+/// mapped at once).
+pub fn ring_has_records(map: BorrowedFd<'_>) -> SysResult<bool> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    // SAFETY: a fresh read-only shared mapping of the ring's first two
+    // pages (consumer and producer positions, at offsets the kernel
+    // defines); it aliases no Rust object and is unmapped below.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * page,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(last_error("mmap of a BPF ring's position pages"));
+    }
+    let position = |offset: usize| {
+        // SAFETY: offset is 0 or one page: each page starts with an 8-byte,
+        // 8-aligned position the kernel updates atomically.
+        let pos = unsafe { &*(at.cast::<u8>().add(offset) as *const std::sync::atomic::AtomicU64) };
+        pos.load(std::sync::atomic::Ordering::Acquire)
+    };
+    let (consumer, producer) = (position(0), position(page));
+    // SAFETY: unmaps exactly the mapping made above; nothing borrows it.
+    unsafe { libc::munmap(at, 2 * page) };
+    Ok(producer != consumer)
+}
+
 impl Drop for RingConsumer {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the two mappings made in `map`; no slice

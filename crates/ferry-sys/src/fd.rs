@@ -398,6 +398,32 @@ pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> SysResult<()> {
     }
 }
 
+/// Swaps the files at `a` and `b` atomically (renameat2 RENAME_EXCHANGE):
+/// a reader opening either path sees one file or the other, never none.
+/// Both must exist (ENOENT otherwise). Unlike a rename over an existing
+/// file, ext4 does not write the new file's data out first (its
+/// auto_da_alloc), which costs ~150 us a call on this machine kind.
+pub fn rename_exchange(a: &CStr, b: &CStr) -> SysResult<()> {
+    rename2(a, b, libc::RENAME_EXCHANGE, "renameat2(RENAME_EXCHANGE)")
+}
+
+/// Renames `from` to `to` unless `to` exists (then EEXIST): renameat2
+/// RENAME_NOREPLACE, for a directory too (a plain rename would replace an
+/// empty directory at `to`).
+pub fn rename_noreplace(from: &CStr, to: &CStr) -> SysResult<()> {
+    rename2(from, to, libc::RENAME_NOREPLACE, "renameat2(RENAME_NOREPLACE)")
+}
+
+fn rename2(a: &CStr, b: &CStr, flags: libc::c_uint, call: &'static str) -> SysResult<()> {
+    // SAFETY: two NUL-terminated paths that outlive the call; integer flags.
+    let r =
+        unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    if r < 0 {
+        return Err(last_error(call));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod in_memory_tests {
     use super::in_memory_fs;

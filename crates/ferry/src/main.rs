@@ -192,7 +192,26 @@ fn run(cli: Cli) -> Result<i32> {
     }
 }
 
+/// Descriptor numbers ferry's table has room for from the start.
+const FD_TABLE_ROOM: i32 = 1024;
+
+/// Grows this process's descriptor table to [`FD_TABLE_ROOM`] entries
+/// while it is still single-threaded. The kernel grows a table shared by
+/// several threads only after an RCU grace period (expand_fdtable), and
+/// a restore or checkpoint opens its 65th descriptor with threads
+/// running: that wait was 1-20 ms of the tiny listener's restore. A
+/// table grown here costs nothing more later. Best effort.
+fn grow_fd_table() {
+    use std::os::fd::AsRawFd;
+    let Ok(null) = std::fs::File::open("/dev/null") else {
+        return;
+    };
+    // Dropped at once: the table keeps its size.
+    let _ = ferry_sys::fd::dup_above(null.as_raw_fd(), FD_TABLE_ROOM - 1);
+}
+
 fn main() {
+    grow_fd_table();
     let cli = Cli::parse();
     let filter = if cli.verbose {
         "debug".to_string()
