@@ -345,7 +345,8 @@ impl CaptureHooks for Precopy {
         // rounds stop on a collect whose pages they do not copy).
         let all: Ranges = self.regions.values().map(|r| (r.start(), r.end())).collect();
         let held = minus(&self.held, &written);
-        let placed = last_round::place_written(self.root, &self.regions, &minus(&all, &held), THREADS);
+        let placed =
+            last_round::place_written(self.root, &self.regions, &minus(&all, &held), THREADS);
         self.last_round_bytes = bytes(&placed);
         self.held = intersect(&union(&held, &placed), &self.eligible);
         let spans = self.held.iter().map(|&(s, e)| PageSpan::new(s, (e - s) / PAGE)).collect();
