@@ -13,7 +13,8 @@
 //! namespace, which is the caller's only when the caller runs there.
 
 use crate::vma_iter::{
-    insn, load_iter, open_iter, read_task_files, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE,
+    insn, load_iter, open_iter, open_task_iter, read_task_files, Insn, LoadRefused,
+    BPF_FUNC_SEQ_WRITE,
 };
 use crate::{SysError, SysResult};
 use std::os::fd::OwnedFd;
@@ -147,6 +148,13 @@ impl HostFilesProgram {
     /// Every fd of every process, in (process, fd) order.
     pub fn read(&self) -> SysResult<Vec<HostFile>> {
         read_task_files(open_iter(&self.prog)?, parse)
+    }
+
+    /// Every fd of the table of thread `tid`, in fd order: what listing
+    /// /proc/TID/fd tells, without the dentry and inode /proc makes (and
+    /// keeps until the process is reaped) for each fd it lists.
+    pub fn read_task(&self, tid: i32) -> SysResult<Vec<HostFile>> {
+        read_task_files(open_task_iter(&self.prog, tid)?, parse)
     }
 }
 

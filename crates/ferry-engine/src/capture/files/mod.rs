@@ -409,9 +409,61 @@ fn fdinfo_identity(fdinfo: &str) -> Option<(u64, u64)> {
     Some((field("mnt_id")?, field("ino")?))
 }
 
-/// Lists the sockets of `pid` while it runs (see [`FdPresurvey`]). Fds
-/// that change meanwhile are simply not listed: the freeze reads them.
-pub fn presurvey(pid: i32) -> FdPresurvey {
+/// Lists the sockets of `pid` while it runs (see [`FdPresurvey`]), from
+/// `sockets` ((fd, inode) as the task_file iterator read them,
+/// [`super::socket_refs::socket_fds`]) when given, else from
+/// /proc/PID/fd. Fds that change meanwhile are simply not listed: the
+/// freeze reads them.
+pub fn presurvey(pid: i32, sockets: Option<&[(i32, u64)]>) -> FdPresurvey {
+    match sockets {
+        Some(sockets) => presurvey_listed(pid, sockets),
+        None => presurvey_proc(pid),
+    }
+}
+
+/// The presurvey from the iterator's listing: each socket duplicated
+/// (pidfd_getfd) and kept only when the duplicate is a socket of the
+/// inode listed, so an fd closed and reused since the listing is not
+/// taken for the socket listed there. Its link is the one sockfs gives
+/// every socket, its metadata the duplicate's (what stat through
+/// /proc/PID/fd/N reads: the same inode), its mount id the one its
+/// fdinfo would show (statx STATX_MNT_ID, once per device). Nothing
+/// under /proc/PID is looked up.
+fn presurvey_listed(pid: i32, sockets: &[(i32, u64)]) -> FdPresurvey {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else {
+        return FdPresurvey::default();
+    };
+    let mounts: std::sync::Mutex<HashMap<u64, u64>> = Default::default();
+    let mount_of = |dev: u64, fd: &OwnedFd| -> Option<u64> {
+        let mut known = mounts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&m) = known.get(&dev) {
+            return Some(m);
+        }
+        let m = ferry_sys::fd::mount_id(fd.as_fd()).ok()?;
+        known.insert(dev, m);
+        Some(m)
+    };
+    let listed = crate::parallel::map(sockets, |&(fd, ino)| {
+        let Ok(dup) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) else { return Ok(None) };
+        let file = std::fs::File::from(dup);
+        let Ok(meta) = file.metadata() else { return Ok(None) };
+        // The fd may have been closed and reused since the listing.
+        if meta.ino() != ino || !meta.file_type().is_socket() {
+            return Ok(None);
+        }
+        let dup = OwnedFd::from(file);
+        let Some(mnt) = mount_of(meta.dev(), &dup) else { return Ok(None) };
+        let socket = PreSocket { dup: std::sync::Mutex::new(Some(dup)), ..Default::default() };
+        let link = format!("socket:[{ino}]");
+        Ok(Some((fd, Listed { id: (mnt, ino), link, meta, socket })))
+    })
+    .unwrap_or_default();
+    FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
+}
+
+/// The presurvey from /proc/PID/fd and /proc/PID/fdinfo.
+fn presurvey_proc(pid: i32) -> FdPresurvey {
     let dir = format!("/proc/{pid}/fd");
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return FdPresurvey::default();
@@ -440,6 +492,25 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
     })
     .unwrap_or_default();
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
+}
+
+/// The fd numbers of `pid`'s table (the tree is frozen): from the
+/// task_file iterator when it loads, which makes no dentry under
+/// /proc/PID/fd as listing that directory does (one per fd, kept until
+/// the process is reaped), else from /proc/PID/fd (`dir`).
+pub(crate) fn fd_numbers(pid: i32, dir: &str) -> Result<Vec<i32>> {
+    if let Some(prog) = crate::capture::host_fds::program() {
+        match prog.read_task(pid) {
+            Ok(files) => return Ok(files.iter().map(|f| f.fd).collect()),
+            Err(e) => tracing::debug!("pid {pid}: fds listed from {dir}: {e}"),
+        }
+    }
+    let mut fds: Vec<i32> = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::io(dir, e))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    Ok(fds)
 }
 
 /// The link and metadata of fd `fd` (in /proc/PID/fd, `dir`).
@@ -610,11 +681,7 @@ pub(super) fn capture(
 ) -> Result<CapturedFds> {
     let external_stdio = opts.external_stdio;
     let dir = format!("/proc/{pid}/fd");
-    let mut fds: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(|e| EngineError::io(&dir, e))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    fds.sort_unstable();
+    let fds = fd_numbers(pid, &dir)?;
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
@@ -1008,7 +1075,7 @@ mod tests {
     fn a_socket_listed_before_the_freeze_is_known_again_only_while_it_is_the_same() {
         let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let fd = first.as_raw_fd();
-        let pre = presurvey(std::process::id() as i32);
+        let pre = presurvey(std::process::id() as i32, None);
         let listed = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
         assert!(listed.link.starts_with("socket:["), "{}", listed.link);
         // Its duplicate, checked to be the same socket.
@@ -1023,6 +1090,76 @@ mod tests {
         // An fd not listed is read in full too.
         assert!(pre.same_socket(second.as_raw_fd(), &fdinfo_of(second.as_raw_fd())).is_none());
         assert!(pre.same_socket(fd, "pos:\t0\nflags:\t02\n").is_none());
+    }
+
+    /// A child whose fd table nothing else changes, killed by PID on drop.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn the_iterator_lists_the_fds_proc_lists_without_proc() {
+        if crate::capture::host_fds::program().is_none() {
+            eprintln!("skipped: the task_file iterator does not load here");
+            return;
+        }
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let child = Child(child);
+        let pid = child.0.id() as i32;
+        let dir = format!("/proc/{pid}/fd");
+        let listed = fd_numbers(pid, &dir).expect("listed");
+        let mut from_proc: Vec<i32> = std::fs::read_dir(&dir)
+            .expect("/proc/PID/fd")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        from_proc.sort_unstable();
+        assert_eq!(listed, from_proc);
+        assert!(listed.starts_with(&[0, 1, 2]), "{listed:?}");
+    }
+
+    #[test]
+    fn a_socket_the_iterator_listed_is_taken_only_while_its_fd_still_holds_it() {
+        let Some(sockets) = crate::capture::socket_refs::socket_fds(std::process::id() as i32)
+        else {
+            eprintln!("skipped: the task_file iterator does not load here");
+            return;
+        };
+        let me = std::process::id() as i32;
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let second = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (fd, fd2) = (first.as_raw_fd(), second.as_raw_fd());
+        let ino = |fd: i32| fdinfo_identity(&fdinfo_of(fd)).expect("identity").1;
+        assert!(sockets.len() < 100_000);
+        // Listed as the iterator lists it: the same identity fdinfo shows,
+        // the link sockfs gives it, a duplicate of that very socket.
+        let pre = presurvey(me, Some(&[(fd, ino(fd))]));
+        let listed = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
+        assert_eq!(Some(listed.id), fdinfo_identity(&fdinfo_of(fd)));
+        assert_eq!(listed.link, format!("socket:[{}]", ino(fd)));
+        assert_eq!(listed.meta.ino(), ino(fd));
+        let dup_ino = listed.socket.with_dup(|d| ferry_sys::sockdiag::inode_of(d.as_fd()));
+        assert_eq!(dup_ino, Some(Ok(ino(fd))));
+        // The fd changed between the listing and the duplicate: it holds
+        // another socket than the one listed there, and is not taken.
+        let stale = presurvey(me, Some(&[(fd, ino(fd2))]));
+        assert_eq!(stale.len(), 0);
+        // Nor is a listed number that holds no socket now.
+        let pipe = ferry_sys::fd::pipe2(libc::O_CLOEXEC).expect("pipe");
+        let pipe_fd = pipe.0.as_raw_fd();
+        let not_socket = presurvey(me, Some(&[(pipe_fd, ino(pipe_fd))]));
+        assert_eq!(not_socket.len(), 0);
+        // A change after the listing (another socket at that number) is
+        // caught in the freeze: fdinfo then shows another identity.
+        assert!(pre.same_socket(fd, &fdinfo_of(fd2)).is_none());
     }
 
     #[test]
