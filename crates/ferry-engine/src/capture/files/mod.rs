@@ -564,7 +564,6 @@ fn same_socket_now(pidfd: &OwnedFd, fd: i32, listed: &Listed, early: &Early) -> 
 pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&Describing>) {
     let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else { return };
     let Ok(fdinfo_dir) = FdinfoDir::open(pid) else { return };
-    let table = FdTableRead::now(pid);
     let connected = |s: &PreSocket| {
         s.read().is_some_and(|r| {
             r.protocol == libc::IPPROTO_TCP
@@ -577,6 +576,8 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&
         .iter()
         .filter(|(fd, l)| **fd > 2 && connected(&l.socket) && l.socket.with_dup(|_| ()).is_some())
         .collect();
+    let table = FdTableRead::now(pid)
+        .filter(|t| todo.first().is_none_or(|&(&fd, l)| t.shows_as_fdinfo(fd, l, &fdinfo_dir)));
     let (unix_tables, socket_tables) =
         (unix::UnixTables::default(), socket_preconditions::Tables::new(true));
     let mounts = allow::Mounts::new(pid);
@@ -667,6 +668,19 @@ impl FdTableRead {
         }
         l.socket.with_dup(|_| ())?;
         Some(socket_fdinfo(f.flags, f.cloexec?, l.id))
+    }
+}
+
+impl FdTableRead {
+    /// Whether the text made for `fd` is the kernel's own, read once
+    /// (one connection of the process): a kernel that prints more for a
+    /// socket, or otherwise, has every connection's fdinfo read.
+    fn shows_as_fdinfo(&self, fd: i32, l: &Listed, dir: &FdinfoDir) -> bool {
+        let same = self.fdinfo(fd, l).is_some_and(|made| dir.read(fd).is_ok_and(|f| f == made));
+        if !same {
+            tracing::debug!("pid {}: fd {fd}'s fdinfo is not the iterator's: read", dir.pid);
+        }
+        same
     }
 }
 
