@@ -34,6 +34,12 @@ impl From<Vec<u8>> for QueueBytes {
     }
 }
 
+impl From<Bytes> for QueueBytes {
+    fn from(b: Bytes) -> Self {
+        QueueBytes(b)
+    }
+}
+
 impl std::fmt::Debug for QueueBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0[..].fmt(f)

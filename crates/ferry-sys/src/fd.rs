@@ -26,6 +26,35 @@ pub fn fcntl_int(fd: RawFd, cmd: i32, arg: libc::c_long, name: &'static str) -> 
     }
 }
 
+/// The id of the mount `fd`'s file is reached through (statx
+/// STATX_MNT_ID): the `mnt_id` its fdinfo shows.
+pub fn mount_id(fd: BorrowedFd<'_>) -> SysResult<u64> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the path is a valid empty C string, AT_EMPTY_PATH makes the
+    // call read `fd` itself, and `stx` is a writable statx buffer.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(last_error("statx(STATX_MNT_ID)"));
+    }
+    // SAFETY: statx succeeded, so it filled the buffer.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(crate::SysError::new(
+            "statx(STATX_MNT_ID): no mount id returned",
+            libc::EOPNOTSUPP,
+        ));
+    }
+    Ok(stx.stx_mnt_id)
+}
+
 /// Duplicates pipe content from `from` into `to` without consuming it.
 pub fn tee(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
     // SAFETY: tee takes two fds and plain integers.

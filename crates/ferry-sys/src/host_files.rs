@@ -1,5 +1,6 @@
 //! Every open file of every process of the caller's PID namespace, as
-//! (process, fd, open file description's address, inode number), read
+//! (process, fd, open file description's address, inode number, status
+//! flags, close-on-exec flag), read
 //! by one BPF task_file iterator over all tasks: what listing
 //! /proc/PID/fd and reading each fd's link of every process on the host
 //! tells of them (a check for files the tree shares with a process
@@ -13,12 +14,16 @@
 //! namespace, which is the caller's only when the caller runs there.
 
 use crate::vma_iter::{
-    insn, load_iter, open_iter, read_task_files, Insn, LoadRefused, BPF_FUNC_SEQ_WRITE,
+    insn, load_iter, open_iter, open_task_iter, read_task_files, Insn, LoadRefused,
+    BPF_FUNC_SEQ_WRITE,
 };
 use crate::{SysError, SysResult};
 use std::os::fd::OwnedFd;
 
-const RECORD: usize = 24;
+const RECORD: usize = 32;
+
+/// bpf_probe_read_kernel.
+const BPF_FUNC_PROBE_READ_KERNEL: i32 = 113;
 
 /// Where the program finds what it reads, in bytes, and which kernel
 /// function it attaches to.
@@ -39,6 +44,13 @@ pub struct HostFilesLayout {
     pub f_inode: i16,
     /// `struct inode`: `i_ino`.
     pub i_ino: i16,
+    /// `struct file`: `f_flags`.
+    pub f_flags: i16,
+    /// `struct task_struct`: `files`; `struct files_struct`: `fdt`;
+    /// `struct fdtable`: `close_on_exec`.
+    pub task_files: i16,
+    pub files_fdt: i16,
+    pub fdt_close_on_exec: i16,
 }
 
 /// One fd of one process as the iterator reports it.
@@ -51,6 +63,11 @@ pub struct HostFile {
     /// (and every fd) that holds it.
     pub file: u64,
     pub ino: u64,
+    /// The description's `f_flags` (what F_GETFL returns).
+    pub flags: u32,
+    /// The fd's close-on-exec flag, when the iterator could read its
+    /// table's bitmap.
+    pub cloexec: Option<bool>,
 }
 
 const MOV64_REG: u8 = 0xbf;
@@ -58,6 +75,12 @@ const MOV64_IMM: u8 = 0xb7;
 const ADD64_IMM: u8 = 0x07;
 const LSH64_IMM: u8 = 0x67;
 const OR64_REG: u8 = 0x4f;
+const ADD64_REG: u8 = 0x0f;
+const RSH64_IMM: u8 = 0x77;
+const RSH64_REG: u8 = 0x7f;
+const AND64_IMM: u8 = 0x57;
+const OR64_IMM: u8 = 0x47;
+const JNE_IMM: u8 = 0x55;
 const LDX_DW: u8 = 0x79;
 const LDX_W: u8 = 0x61;
 const STX_DW: u8 = 0x7b;
@@ -65,8 +88,11 @@ const JEQ_IMM: u8 = 0x15;
 const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 
-/// The program. The record sits at fp-24..fp: tgid << 32 | fd, file,
-/// i_ino.
+/// The program. The record sits at fp-32..fp: tgid << 32 | fd, file,
+/// i_ino, f_flags | close-on-exec bit << 32 | bit 33 when that bit was
+/// read. The bit is read from the table's `close_on_exec` bitmap with
+/// bpf_probe_read_kernel (a plain pointer the verifier does not type);
+/// a failed read leaves bit 33 clear.
 fn program(l: &HostFilesLayout) -> Vec<Insn> {
     let mut p = vec![
         insn(MOV64_REG, 6, 1, 0, 0),       // r6 = ctx
@@ -82,11 +108,39 @@ fn program(l: &HostFilesLayout) -> Vec<Insn> {
         insn(LSH64_IMM, 2, 0, 0, 32),
         insn(LDX_W, 3, 6, l.ctx_fd, 0),
         insn(OR64_REG, 2, 3, 0, 0),
-        insn(STX_DW, 10, 2, -24, 0),
-        insn(STX_DW, 10, 7, -16, 0),
-        insn(LDX_DW, 8, 7, l.f_inode, 0), // r8 = file->f_inode
-        insn(LDX_DW, 2, 8, l.i_ino, 0),
-        insn(STX_DW, 10, 2, -8, 0),
+        insn(STX_DW, 10, 2, -32, 0),
+        insn(STX_DW, 10, 7, -24, 0),
+        insn(LDX_DW, 9, 7, l.f_inode, 0), // r9 = file->f_inode
+        insn(LDX_DW, 2, 9, l.i_ino, 0),
+        insn(STX_DW, 10, 2, -16, 0),
+        insn(LDX_W, 9, 7, l.f_flags, 0), // r9 = file->f_flags
+        insn(LDX_DW, 1, 8, l.task_files, 0),
+        insn(LDX_DW, 1, 1, l.files_fdt, 0),
+        insn(LDX_DW, 3, 1, l.fdt_close_on_exec, 0), // the bitmap's address
+        insn(LDX_W, 2, 6, l.ctx_fd, 0),
+        insn(RSH64_IMM, 2, 0, 0, 6),
+        insn(LSH64_IMM, 2, 0, 0, 3),
+        insn(ADD64_REG, 3, 2, 0, 0), // its word holding fd's bit
+        insn(MOV64_REG, 1, 10, 0, 0),
+        insn(ADD64_IMM, 1, 0, 0, -40),
+        insn(MOV64_IMM, 2, 0, 0, 8),
+        insn(CALL, 0, 0, 0, BPF_FUNC_PROBE_READ_KERNEL),
+    ]);
+    let to_write = p.len();
+    p.push(insn(JNE_IMM, 0, 0, 0, 0)); // not read: bit 33 stays clear
+    p.extend([
+        insn(LDX_DW, 2, 10, -40, 0),
+        insn(LDX_W, 3, 6, l.ctx_fd, 0),
+        insn(AND64_IMM, 3, 0, 0, 63),
+        insn(RSH64_REG, 2, 3, 0, 0),
+        insn(AND64_IMM, 2, 0, 0, 1),
+        insn(OR64_IMM, 2, 0, 0, 2),
+        insn(LSH64_IMM, 2, 0, 0, 32),
+        insn(OR64_REG, 9, 2, 0, 0),
+    ]);
+    let write = p.len();
+    p.extend([
+        insn(STX_DW, 10, 9, -8, 0),
         insn(LDX_DW, 1, 6, l.ctx_meta, 0),
         insn(LDX_DW, 1, 1, l.meta_seq, 0),
         insn(MOV64_REG, 2, 10, 0, 0),
@@ -99,6 +153,7 @@ fn program(l: &HostFilesLayout) -> Vec<Insn> {
     for at in [to_exit_1, to_exit_2] {
         p[at].off = (exit - at - 1) as i16;
     }
+    p[to_write].off = (write - to_write - 1) as i16;
     p
 }
 
@@ -112,11 +167,14 @@ fn parse(bytes: &[u8], out: &mut Vec<HostFile>) -> SysResult<()> {
     for r in bytes.chunks_exact(RECORD) {
         let word = |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
         let head = word(0);
+        let tail = word(3);
         let f = HostFile {
             pid: (head >> 32) as u32 as i32,
             fd: head as u32 as i32,
             file: word(1),
             ino: word(2),
+            flags: tail as u32,
+            cloexec: (tail & 1 << 33 != 0).then_some(tail & 1 << 32 != 0),
         };
         if out.last().is_none_or(|l| (f.pid, f.fd) > (l.pid, l.fd)) {
             out.push(f);
@@ -148,6 +206,13 @@ impl HostFilesProgram {
     pub fn read(&self) -> SysResult<Vec<HostFile>> {
         read_task_files(open_iter(&self.prog)?, parse)
     }
+
+    /// Every fd of the table of thread `tid`, in fd order: what listing
+    /// /proc/TID/fd tells, without the dentry and inode /proc makes (and
+    /// keeps until the process is reaped) for each fd it lists.
+    pub fn read_task(&self, tid: i32) -> SysResult<Vec<HostFile>> {
+        read_task_files(open_task_iter(&self.prog, tid)?, parse)
+    }
 }
 
 #[cfg(test)]
@@ -155,8 +220,13 @@ mod tests {
     use super::*;
 
     fn record(pid: u32, fd: u32, file: u64, ino: u64) -> Vec<u8> {
+        // O_RDWR|O_NONBLOCK, close-on-exec read and set.
+        record_with(pid, fd, file, ino, 0o4002u64 | 3 << 32)
+    }
+
+    fn record_with(pid: u32, fd: u32, file: u64, ino: u64, tail: u64) -> Vec<u8> {
         let head = (pid as u64) << 32 | fd as u64;
-        [head, file, ino].iter().flat_map(|w| w.to_ne_bytes()).collect()
+        [head, file, ino, tail].iter().flat_map(|w| w.to_ne_bytes()).collect()
     }
 
     #[test]
@@ -170,7 +240,11 @@ mod tests {
         let seen: Vec<(i32, i32)> = out.iter().map(|f| (f.pid, f.fd)).collect();
         assert_eq!(seen, [(1, 0), (1, 4), (300, 2)]);
         assert_eq!((out[2].file, out[2].ino), (0xffff_3000, 9));
-        assert!(parse(&bytes[..23], &mut out).is_err());
+        assert_eq!((out[2].flags, out[2].cloexec), (0o4002, Some(true)));
+        assert!(parse(&bytes[..31], &mut out).is_err());
+        // The bit not read: unknown, whatever bit 32 says.
+        parse(&record_with(301, 0, 1, 1, 0o2 | 1 << 32), &mut out).expect("parse");
+        assert_eq!(out[3].cloexec, None);
     }
 
     #[test]
@@ -185,10 +259,14 @@ mod tests {
             task_tgid: 2500,
             f_inode: 32,
             i_ino: 64,
+            f_flags: 60,
+            task_files: 2800,
+            files_fdt: 32,
+            fdt_close_on_exec: 16,
         };
         let p = program(&l);
         for (i, ins) in p.iter().enumerate() {
-            if ins.code == JEQ_IMM {
+            if matches!(ins.code, JEQ_IMM | JNE_IMM) {
                 let to = i as i64 + 1 + ins.off as i64;
                 assert!(to > i as i64 && (to as usize) < p.len(), "jump at {i} to {to}");
             }

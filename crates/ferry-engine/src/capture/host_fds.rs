@@ -39,6 +39,10 @@ fn load_host_files() -> std::result::Result<ferry_sys::host_files::HostFilesProg
         task_tgid: btf.byte("task_struct", "tgid")?,
         f_inode: btf.byte("file", "f_inode")?,
         i_ino: btf.byte("inode", "i_ino")?,
+        f_flags: btf.byte("file", "f_flags")?,
+        task_files: btf.byte("task_struct", "files")?,
+        files_fdt: btf.byte("files_struct", "fdt")?,
+        fdt_close_on_exec: btf.byte("fdtable", "close_on_exec")?,
     };
     let program =
         ferry_sys::host_files::HostFilesProgram::load(&layout).map_err(|e| e.to_string())?;

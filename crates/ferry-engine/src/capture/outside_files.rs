@@ -98,9 +98,8 @@ fn tree_fds(pid: i32, pre: &Presurvey, only: Option<&[i32]>, scope: Scope, out: 
     let dir = format!("/proc/{pid}/fd");
     let fds: Vec<i32> = match only {
         Some(fds) => fds.to_vec(),
-        None => std::fs::read_dir(&dir)
-            .map(|rd| rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-            .unwrap_or_default(),
+        // Listed without a dentry per fd under /proc/PID/fd.
+        None => super::files::fd_numbers(pid, &dir).unwrap_or_default(),
     };
     let listed = pre.get(&pid);
     for fd in fds {

@@ -59,6 +59,21 @@ pub(super) fn load_ahead() {
     let _ = program();
 }
 
+/// The sockets of `pid`'s fd table as (fd, inode number, the open file
+/// description's address), read by the
+/// iterator while the process runs: a listing that leaves no dentry
+/// under /proc/PID/fd (each one /proc makes stays until the process is
+/// reaped, and the reap of a killed server with 10,000 of them ran
+/// beside the checkpoint's last steps). None when the iterator does not
+/// load or the read fails: the caller lists /proc.
+pub(super) fn socket_fds(pid: i32) -> Option<Vec<(i32, u64, u64)>> {
+    let socks = program()?
+        .sockets(pid)
+        .map_err(|e| tracing::debug!("pid {pid}: sockets listed from /proc: {e}"))
+        .ok()?;
+    Some(socks.iter().map(|s| (s.fd, s.ino, s.file)).collect())
+}
+
 fn load_program() -> std::result::Result<FileIterProgram, String> {
     let mut btf = crate::kernel_btf::KernelBtf::open();
     let ctx = "bpf_iter__task_file";

@@ -220,6 +220,10 @@ pub struct FdPresurvey {
 /// One socket fd as the presurvey listed it.
 struct Listed {
     id: (u64, u64),
+    /// The open file description's address, as the task_file iterator
+    /// listed it (None when listed from /proc): while ferry's duplicate
+    /// holds it, no other description can have it.
+    file: Option<u64>,
     link: String,
     meta: std::fs::Metadata,
     socket: PreSocket,
@@ -409,9 +413,63 @@ fn fdinfo_identity(fdinfo: &str) -> Option<(u64, u64)> {
     Some((field("mnt_id")?, field("ino")?))
 }
 
-/// Lists the sockets of `pid` while it runs (see [`FdPresurvey`]). Fds
-/// that change meanwhile are simply not listed: the freeze reads them.
-pub fn presurvey(pid: i32) -> FdPresurvey {
+/// Lists the sockets of `pid` while it runs (see [`FdPresurvey`]), from
+/// `sockets` ((fd, inode, description's address) as the task_file
+/// iterator read them,
+/// [`super::socket_refs::socket_fds`]) when given, else from
+/// /proc/PID/fd. Fds that change meanwhile are simply not listed: the
+/// freeze reads them.
+pub fn presurvey(pid: i32, sockets: Option<&[(i32, u64, u64)]>) -> FdPresurvey {
+    match sockets {
+        Some(sockets) => presurvey_listed(pid, sockets),
+        None => presurvey_proc(pid),
+    }
+}
+
+/// The presurvey from the iterator's listing: each socket duplicated
+/// (pidfd_getfd) and kept only when the duplicate is a socket of the
+/// inode listed, so an fd closed and reused since the listing is not
+/// taken for the socket listed there. Its link is the one sockfs gives
+/// every socket, its metadata the duplicate's (what stat through
+/// /proc/PID/fd/N reads: the same inode), its mount id the one its
+/// fdinfo would show (statx STATX_MNT_ID, once per device). Nothing
+/// under /proc/PID is looked up.
+fn presurvey_listed(pid: i32, sockets: &[(i32, u64, u64)]) -> FdPresurvey {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(pid) else {
+        return FdPresurvey::default();
+    };
+    let mounts: std::sync::Mutex<HashMap<u64, u64>> = Default::default();
+    let mount_of = |dev: u64, fd: &OwnedFd| -> Option<u64> {
+        let mut known = mounts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&m) = known.get(&dev) {
+            return Some(m);
+        }
+        let m = ferry_sys::fd::mount_id(fd.as_fd()).ok()?;
+        known.insert(dev, m);
+        Some(m)
+    };
+    let listed = crate::parallel::map(sockets, |&(fd, ino, address)| {
+        let Ok(dup) = ferry_sys::pidfd::pidfd_getfd(&pidfd, fd) else { return Ok(None) };
+        let file = std::fs::File::from(dup);
+        let Ok(meta) = file.metadata() else { return Ok(None) };
+        // The fd may have been closed and reused since the listing.
+        if meta.ino() != ino || !meta.file_type().is_socket() {
+            return Ok(None);
+        }
+        let dup = OwnedFd::from(file);
+        let Some(mnt) = mount_of(meta.dev(), &dup) else { return Ok(None) };
+        let socket = PreSocket { dup: std::sync::Mutex::new(Some(dup)), ..Default::default() };
+        let link = format!("socket:[{ino}]");
+        let file = Some(address);
+        Ok(Some((fd, Listed { id: (mnt, ino), file, link, meta, socket })))
+    })
+    .unwrap_or_default();
+    FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
+}
+
+/// The presurvey from /proc/PID/fd and /proc/PID/fdinfo.
+fn presurvey_proc(pid: i32) -> FdPresurvey {
     let dir = format!("/proc/{pid}/fd");
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return FdPresurvey::default();
@@ -436,10 +494,29 @@ pub fn presurvey(pid: i32) -> FdPresurvey {
         let dup = pidfd.as_ref().and_then(|p| ferry_sys::pidfd::pidfd_getfd(p, fd).ok());
         let dup = dup.filter(|d| ferry_sys::sockdiag::inode_of(d.as_fd()) == Ok(id.1));
         let socket = PreSocket { dup: std::sync::Mutex::new(dup), ..Default::default() };
-        Ok(Some((fd, Listed { id, link, meta, socket })))
+        Ok(Some((fd, Listed { id, file: None, link, meta, socket })))
     })
     .unwrap_or_default();
     FdPresurvey { by_fd: listed.into_iter().flatten().collect() }
+}
+
+/// The fd numbers of `pid`'s table (the tree is frozen): from the
+/// task_file iterator when it loads, which makes no dentry under
+/// /proc/PID/fd as listing that directory does (one per fd, kept until
+/// the process is reaped), else from /proc/PID/fd (`dir`).
+pub(crate) fn fd_numbers(pid: i32, dir: &str) -> Result<Vec<i32>> {
+    if let Some(prog) = crate::capture::host_fds::program() {
+        match prog.read_task(pid) {
+            Ok(files) => return Ok(files.iter().map(|f| f.fd).collect()),
+            Err(e) => tracing::debug!("pid {pid}: fds listed from {dir}: {e}"),
+        }
+    }
+    let mut fds: Vec<i32> = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::io(dir, e))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    Ok(fds)
 }
 
 /// The link and metadata of fd `fd` (in /proc/PID/fd, `dir`).
@@ -499,6 +576,8 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&
         .iter()
         .filter(|(fd, l)| **fd > 2 && connected(&l.socket) && l.socket.with_dup(|_| ()).is_some())
         .collect();
+    let table = FdTableRead::now(pid)
+        .filter(|t| todo.first().is_none_or(|&(&fd, l)| t.shows_as_fdinfo(fd, l, &fdinfo_dir)));
     let (unix_tables, socket_tables) =
         (unix::UnixTables::default(), socket_preconditions::Tables::new(true));
     let mounts = allow::Mounts::new(pid);
@@ -512,9 +591,12 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&
             .filter(|e| fdinfo_identity(&e.fdinfo) == Some(l.id));
         let fdinfo = match before {
             Some(e) => e.fdinfo.clone(),
-            None => match fdinfo_dir.read(fd) {
-                Ok(f) if fdinfo_identity(&f) == Some(l.id) => f,
-                _ => return Ok(false),
+            None => match table.as_ref().and_then(|t| t.fdinfo(fd, l)) {
+                Some(f) => f,
+                None => match fdinfo_dir.read(fd) {
+                    Ok(f) if fdinfo_identity(&f) == Some(l.id) => f,
+                    _ => return Ok(false),
+                },
             },
         };
         let info = FdInfo {
@@ -552,6 +634,72 @@ pub fn pre_describe(pid: i32, listed: &FdPresurvey, tree: &[i32], kept: Option<&
     });
     let n = described.map_or(0, |d| d.into_iter().filter(|&d| d).count());
     tracing::debug!("pid {pid}: {n} connections described before the freeze");
+}
+
+/// A running process's fd table as the task_file iterator read it at
+/// one moment (each fd's description, status flags and close-on-exec
+/// flag), with the inodes any file lock is on (/proc/locks): what a
+/// socket's fdinfo shows, without opening /proc/PID/fdinfo/N (each
+/// open makes a dentry there that stays until the process is reaped).
+struct FdTableRead {
+    by_fd: HashMap<i32, ferry_sys::host_files::HostFile>,
+    locked: std::collections::HashSet<u64>,
+}
+
+impl FdTableRead {
+    /// None when the iterator or /proc/locks cannot be read: fdinfo is.
+    fn now(pid: i32) -> Option<FdTableRead> {
+        let prog = crate::capture::host_fds::program()?;
+        let locked = locked_inodes(&procfs::read_string("/proc/locks").ok()?)?;
+        let files = prog.read_task(pid).ok()?;
+        Some(FdTableRead { by_fd: files.into_iter().map(|f| (f.fd, f)).collect(), locked })
+    }
+
+    /// The fdinfo of `fd`, when it holds the very description the
+    /// presurvey listed (the same address, which ferry's duplicate keeps
+    /// from being reused) and it is a socket no lock is on: for a TCP
+    /// socket the kernel prints its position (always 0: a socket has no
+    /// offset), its flags with O_CLOEXEC when the fd has it, its mount
+    /// and inode, its locks (none here) and nothing of its own.
+    fn fdinfo(&self, fd: i32, l: &Listed) -> Option<String> {
+        let f = self.by_fd.get(&fd)?;
+        if Some(f.file) != l.file || f.ino != l.id.1 || self.locked.contains(&f.ino) {
+            return None;
+        }
+        l.socket.with_dup(|_| ())?;
+        Some(socket_fdinfo(f.flags, f.cloexec?, l.id))
+    }
+}
+
+impl FdTableRead {
+    /// Whether the text made for `fd` is the kernel's own, read once
+    /// (one connection of the process): a kernel that prints more for a
+    /// socket, or otherwise, has every connection's fdinfo read.
+    fn shows_as_fdinfo(&self, fd: i32, l: &Listed, dir: &FdinfoDir) -> bool {
+        let same = self.fdinfo(fd, l).is_some_and(|made| dir.read(fd).is_ok_and(|f| f == made));
+        if !same {
+            tracing::debug!("pid {}: fd {fd}'s fdinfo is not the iterator's: read", dir.pid);
+        }
+        same
+    }
+}
+
+/// The fdinfo text the kernel prints for a socket without locks.
+fn socket_fdinfo(flags: u32, cloexec: bool, (mnt_id, ino): (u64, u64)) -> String {
+    let flags = flags | if cloexec { libc::O_CLOEXEC as u32 } else { 0 };
+    format!("pos:\t0\nflags:\t0{flags:o}\nmnt_id:\t{mnt_id}\nino:\t{ino}\n")
+}
+
+/// The inodes /proc/locks lists a lock on (its "MAJ:MIN:INODE" field);
+/// None when a line cannot be read.
+fn locked_inodes(text: &str) -> Option<std::collections::HashSet<u64>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let field = l.split_whitespace().find(|w| w.matches(':').count() == 2)?;
+            field.rsplit(':').next()?.parse().ok()
+        })
+        .collect()
 }
 
 /// One connection described while the tree runs, with its owner and
@@ -610,11 +758,7 @@ pub(super) fn capture(
 ) -> Result<CapturedFds> {
     let external_stdio = opts.external_stdio;
     let dir = format!("/proc/{pid}/fd");
-    let mut fds: Vec<i32> = std::fs::read_dir(&dir)
-        .map_err(|e| EngineError::io(&dir, e))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    fds.sort_unstable();
+    let fds = fd_numbers(pid, &dir)?;
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
@@ -1008,7 +1152,7 @@ mod tests {
     fn a_socket_listed_before_the_freeze_is_known_again_only_while_it_is_the_same() {
         let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let fd = first.as_raw_fd();
-        let pre = presurvey(std::process::id() as i32);
+        let pre = presurvey(std::process::id() as i32, None);
         let listed = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
         assert!(listed.link.starts_with("socket:["), "{}", listed.link);
         // Its duplicate, checked to be the same socket.
@@ -1023,6 +1167,120 @@ mod tests {
         // An fd not listed is read in full too.
         assert!(pre.same_socket(second.as_raw_fd(), &fdinfo_of(second.as_raw_fd())).is_none());
         assert!(pre.same_socket(fd, "pos:\t0\nflags:\t02\n").is_none());
+    }
+
+    /// A child whose fd table nothing else changes, killed by PID on drop.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn the_iterator_lists_the_fds_proc_lists_without_proc() {
+        if crate::capture::host_fds::program().is_none() {
+            eprintln!("skipped: the task_file iterator does not load here");
+            return;
+        }
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let child = Child(child);
+        let pid = child.0.id() as i32;
+        let dir = format!("/proc/{pid}/fd");
+        let listed = fd_numbers(pid, &dir).expect("listed");
+        let mut from_proc: Vec<i32> = std::fs::read_dir(&dir)
+            .expect("/proc/PID/fd")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        from_proc.sort_unstable();
+        assert_eq!(listed, from_proc);
+        assert!(listed.starts_with(&[0, 1, 2]), "{listed:?}");
+    }
+
+    #[test]
+    fn a_socket_the_iterator_listed_is_taken_only_while_its_fd_still_holds_it() {
+        let me = std::process::id() as i32;
+        let sockets_now = |pid| crate::capture::socket_refs::socket_fds(pid).unwrap_or_default();
+        let Some(sockets) = crate::capture::socket_refs::socket_fds(me) else {
+            eprintln!("skipped: the task_file iterator does not load here");
+            return;
+        };
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let second = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (fd, fd2) = (first.as_raw_fd(), second.as_raw_fd());
+        let ino = |fd: i32| fdinfo_identity(&fdinfo_of(fd)).expect("identity").1;
+        assert!(sockets.len() < 100_000);
+        // Listed as the iterator lists it: the same identity fdinfo shows,
+        // the link sockfs gives it, a duplicate of that very socket.
+        let address =
+            |fd: i32| sockets_now(me).into_iter().find(|s| s.0 == fd).map(|s| s.2).expect("listed");
+        let pre = presurvey(me, Some(&[(fd, ino(fd), address(fd))]));
+        let listed = pre.same_socket(fd, &fdinfo_of(fd)).expect("listed and unchanged");
+        assert_eq!(Some(listed.id), fdinfo_identity(&fdinfo_of(fd)));
+        assert_eq!(listed.link, format!("socket:[{}]", ino(fd)));
+        assert_eq!(listed.meta.ino(), ino(fd));
+        let dup_ino = listed.socket.with_dup(|d| ferry_sys::sockdiag::inode_of(d.as_fd()));
+        assert_eq!(dup_ino, Some(Ok(ino(fd))));
+        // The fd changed between the listing and the duplicate: it holds
+        // another socket than the one listed there, and is not taken.
+        let stale = presurvey(me, Some(&[(fd, ino(fd2), address(fd2))]));
+        assert_eq!(stale.len(), 0);
+        // Nor is a listed number that holds no socket now.
+        let pipe = ferry_sys::fd::pipe2(libc::O_CLOEXEC).expect("pipe");
+        let pipe_fd = pipe.0.as_raw_fd();
+        let not_socket = presurvey(me, Some(&[(pipe_fd, ino(pipe_fd), 0)]));
+        assert_eq!(not_socket.len(), 0);
+        // A change after the listing (another socket at that number) is
+        // caught in the freeze: fdinfo then shows another identity.
+        assert!(pre.same_socket(fd, &fdinfo_of(fd2)).is_none());
+    }
+
+    #[test]
+    fn locked_inodes_are_read_from_proc_locks_lines() {
+        let text = "1: FLOCK  ADVISORY  WRITE 5110 00:08:123456 0 EOF\n\
+                    1: -> FLOCK  ADVISORY  WRITE 5120 00:08:123456 0 EOF\n\
+                    2: POSIX  ADVISORY  READ 900 fd:01:77 0 EOF\n";
+        let set = locked_inodes(text).expect("read");
+        assert_eq!(set, [123456, 77].into_iter().collect());
+        assert_eq!(locked_inodes(""), Some(Default::default()));
+        assert_eq!(locked_inodes("1: FLOCK ADVISORY WRITE 5 garbled 0 EOF\n"), None);
+    }
+
+    #[test]
+    fn the_iterator_reads_the_fdinfo_the_kernel_prints_for_a_connection() {
+        let me = std::process::id() as i32;
+        let Some(prog) = crate::capture::host_fds::program() else {
+            eprintln!("skipped: the task_file iterator does not load here");
+            return;
+        };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        server.set_nonblocking(true).expect("O_NONBLOCK");
+        // One socket without close-on-exec (Rust opens every fd with it).
+        let plain = ferry_sys::socket::socket(libc::AF_INET, libc::SOCK_STREAM, 0).expect("socket");
+        ferry_sys::fd::fcntl_int(plain.as_raw_fd(), libc::F_SETFD, 0, "fcntl(F_SETFD)")
+            .expect("close-on-exec off");
+        let table = prog.read_task(me).expect("iterator");
+        for fd in [client.as_raw_fd(), server.as_raw_fd(), plain.as_raw_fd()] {
+            let f = table.iter().find(|f| f.fd == fd).expect("listed");
+            let real = fdinfo_of(fd);
+            let id = fdinfo_identity(&real).expect("identity");
+            assert_eq!(f.ino, id.1);
+            assert_eq!(socket_fdinfo(f.flags, f.cloexec.expect("read"), id), real, "fd {fd}");
+        }
+        let cloexec = |fd: i32| table.iter().find(|f| f.fd == fd).and_then(|f| f.cloexec);
+        assert_eq!(
+            (cloexec(server.as_raw_fd()), cloexec(plain.as_raw_fd())),
+            (Some(true), Some(false))
+        );
     }
 
     #[test]
