@@ -142,8 +142,16 @@ fn answers_stand(pid: i32, tid: i32, a: &Answers) -> bool {
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok());
     let no_core_sched = a.r.get(threads::CALLS + prctl::CORE_SCHED_AT).is_some_and(|&r| r < 0);
+    // Its registered rings are probed with calls of their own, asked
+    // again each time.
+    let no_ring_context = !prctl::has_ring_context(a.r.get(threads::CALLS..).unwrap_or(&[]));
     let leader_quiet = tid != pid || timers::no_itimer_runs(&a.out[at::ITIMERS.min(a.out.len())..]);
-    !on_altstack && slack.is_some() && slack == slack_now && no_core_sched && leader_quiet
+    !on_altstack
+        && slack.is_some()
+        && slack == slack_now
+        && no_core_sched
+        && no_ring_context
+        && leader_quiet
 }
 
 /// A process's injected state from answers kept, parsed as if asked now
@@ -220,7 +228,11 @@ fn ask_process(
     let asked = memory::check_mlock_future(pid, locked_before).and_then(|()| {
         let mut answers = HashMap::with_capacity(ctx.frozen.threads.len());
         for t in &ctx.frozen.threads {
-            answers.insert(t.tid, ask_thread(&ctx, t)?);
+            let a = ask_thread(&ctx, t)?;
+            let (_, [ends_thread, ends_check, _]) = thread_calls(0, t.tid == pid);
+            let checks = a.r.get(ends_thread..ends_check).unwrap_or(&[]);
+            prctl::check_rings(&ctx, t.tid, checks)?;
+            answers.insert(t.tid, a);
         }
         Ok((answers, timers::capture_posix(&ctx)?))
     });
@@ -411,7 +423,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kept_answers_stand_only_without_an_alternate_stack_in_use_a_new_slack_or_core_scheduling() {
+    fn kept_answers_stand_only_without_an_alternate_stack_in_use_a_new_slack_core_scheduling_or_io_uring(
+    ) {
         let thread = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
         let tid: i32 = thread.file_name().and_then(|n| n.to_str()?.parse().ok()).expect("tid");
         let slack: i64 = crate::procfs::read_string(&format!("/proc/{tid}/timerslack_ns"))
@@ -423,6 +436,7 @@ mod tests {
         let mut r = vec![0i64; ends_check + 2];
         r[2] = slack;
         r[threads::CALLS + prctl::CORE_SCHED_AT] = -(libc::EINVAL as i64);
+        r[threads::CALLS + prctl::RING_SLOT0] = -(libc::EINVAL as i64);
         assert_eq!(ends_thread, threads::CALLS);
         let answers = Answers { r, out: vec![0; at::END] };
         // Not the leader (pid 1 is not this thread's process).
@@ -436,6 +450,9 @@ mod tests {
         let mut core = answers.clone();
         core.r[threads::CALLS + prctl::CORE_SCHED_AT] = 0;
         assert!(!answers_stand(1, tid, &core), "core scheduling on");
+        let mut ring = answers.clone();
+        ring.r[threads::CALLS + prctl::RING_SLOT0] = -(libc::EBADF as i64);
+        assert!(!answers_stand(1, tid, &ring), "an io_uring context");
         // The leader's: an interval timer set moves with time.
         let mut timer = answers.clone();
         timer.out[at::ITIMERS + 16] = 1;

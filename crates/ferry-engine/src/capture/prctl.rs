@@ -70,15 +70,13 @@ fn own_speculation(which: u64) -> i64 {
 /// restore set away from its default: PR_SET_TSC, PR_MCE_KILL,
 /// PR_SET_SPECULATION_CTRL, PR_SET_IO_FLUSHER, PR_SET_MDWE,
 /// PR_SET_MEMORY_MERGE, ARCH_SET_CPUID, x86 shadow stacks, a NUMA memory
-/// policy, a core-scheduling cookie, syscall user dispatch; and a thread
-/// holding a registered io_uring ring.
+/// policy, a core-scheduling cookie, syscall user dispatch. (A thread
+/// holding a registered io_uring ring is refused by [`check_rings`], while
+/// the injected calls' scratch is mapped.)
 pub(super) fn check_thread(ctx: &super::Ctx, tid: i32, r: Vec<i64>, out: &[u8]) -> Result<()> {
     let state = ThreadPrctls::from_results(ctx.pid, tid, r, out);
     if let Some((what, why)) = state.control_refusal().or_else(|| state.feature_refusal()) {
         return Err(EngineError::unsupported(ctx.pid, format!("thread {tid}: {what}"), why));
-    }
-    if super::registered_rings::has_context(state.r[RING_SLOT0]) {
-        super::registered_rings::check(ctx, tid)?;
     }
     if let Ok(sud) = ferry_sys::ptrace::get_syscall_user_dispatch(tid) {
         if sud[0] != 0 {
@@ -125,7 +123,23 @@ pub(super) fn check_calls(at: u64) -> Vec<Call> {
 pub(super) const CORE_SCHED_AT: usize = 11;
 
 /// The index in `ThreadPrctls::r` of the registered-ring probe.
-const RING_SLOT0: usize = 13;
+pub(super) const RING_SLOT0: usize = 13;
+
+/// Whether the thread whose [`check_calls`] answered `r` has an io_uring
+/// context (an unreadable answer counts as one).
+pub(super) fn has_ring_context(r: &[i64]) -> bool {
+    r.get(RING_SLOT0).is_none_or(|&slot0| super::registered_rings::has_context(slot0))
+}
+
+/// Refuses thread `tid` when it holds a registered io_uring ring: its
+/// registered-ring table probed with injected calls, so `ctx`'s scratch
+/// must be mapped. `r`: its [`check_calls`] answers.
+pub(super) fn check_rings(ctx: &super::Ctx, tid: i32, r: &[i64]) -> Result<()> {
+    if has_ring_context(r) {
+        super::registered_rings::check(ctx, tid)?;
+    }
+    Ok(())
+}
 
 /// What one thread's getters report, for the settings restore does not
 /// make again. `r` holds the calls' results in the order of `read`.
