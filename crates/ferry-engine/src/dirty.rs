@@ -37,7 +37,7 @@ use crate::procfs::{self, MapsEntry};
 use ferry_sys::pagemap::{self, ScanFilter};
 use ferry_sys::uffd;
 use std::fs::File;
-use std::io::{Read, Seek};
+use std::io::Seek;
 use std::os::fd::{AsFd, OwnedFd};
 
 /// One mapping whose pages a checkpoint stores, as /proc/PID/maps shows it.
@@ -134,21 +134,7 @@ fn areas(pid: i32, entries: &[MapsEntry]) -> Result<Vec<Area>> {
 /// 64... bytes: a dozen calls for a small process's maps, at each
 /// collection, the last one in the freeze).
 fn read_all(f: &mut File) -> std::io::Result<String> {
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0;
-    loop {
-        match f.read(&mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-        if len == buf.len() {
-            buf.resize(len * 2, 0);
-        }
-    }
-    buf.truncate(len);
-    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    crate::procfs::read_rest(f, 8192)
 }
 
 fn merge(ranges: &mut Vec<(u64, u64)>) {

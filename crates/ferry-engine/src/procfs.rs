@@ -15,9 +15,15 @@ pub fn read_string(path: &str) -> Result<String> {
 /// 32, 64... bytes, ten system calls for a 300-byte stat file, each
 /// taken in the pause for the files read in the freeze.
 fn read_whole(path: &str) -> std::io::Result<String> {
+    read_rest(&mut std::fs::File::open(path)?, 4096)
+}
+
+/// The rest of an open /proc file, read into a buffer of `first` bytes
+/// that doubles when full (see [`read_whole`] for why not the standard
+/// reader).
+pub(crate) fn read_rest(f: &mut std::fs::File, first: usize) -> std::io::Result<String> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; first.max(1)];
     let mut len = 0;
     loop {
         match f.read(&mut buf[len..]) {
