@@ -536,6 +536,20 @@ fn connections_survive_with_the_iptables_lock() {
     connections_survive("tipt", 100, false, false, "iptables");
 }
 
+/// Waits until `pid`'s main thread sleeps in rt_sigtimedwait (the
+/// syscall /proc/PID/syscall names first while it blocks there).
+fn wait_in_sigwait(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let in_sigwait = || {
+        let syscall = read_lossy(Path::new(&format!("/proc/{pid}/syscall")));
+        syscall.split_whitespace().next() == Some(&libc::SYS_rt_sigtimedwait.to_string())
+    };
+    while !in_sigwait() {
+        assert!(Instant::now() < deadline, "server {pid} never reached its sigwaitinfo");
+        sleep(POLL);
+    }
+}
+
 fn sig_blocked(pid: i32) -> Vec<String> {
     let mut masks = Vec::new();
     if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
@@ -587,6 +601,10 @@ fn killed_ferry_at(stall: &str, tag: &str) {
     );
     ready_rx.recv_timeout(Duration::from_secs(60)).expect("clients ready");
     wait_line(&server.log, "READY", Duration::from_secs(30));
+    // Read in its sigwaitinfo, which unblocks SIGUSR2 while it waits: read
+    // just before (after READY), the mask would hold SIGUSR2 and never
+    // match the waiting server's again.
+    wait_in_sigwait(server.pid);
     let masks_before = sig_blocked(server.pid);
 
     let err = dir.0.join("checkpoint.err");
