@@ -366,24 +366,35 @@ fn sort_by_home(
 /// window is full.
 fn insert_in_order(
     table: &mut [u8],
-    (owner, generation): (u8, u16),
+    owner: (u8, u16),
     keys: &[[u8; KEY_LEN]],
     homes: &[u32],
     order: &[u32],
 ) -> Vec<[u8; KEY_LEN]> {
     let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
-    for &i in order.iter() {
-        let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
-            continue;
-        };
-        let mut owned = *bytes;
-        owned[1] = owner;
-        owned[2..4].copy_from_slice(&generation.to_ne_bytes());
+    for (bytes, home, owned) in owned_in_order(keys, homes, order, owner) {
         if !insert_one(table, home, &owned) {
             overflow.push(*bytes);
         }
     }
     overflow
+}
+
+/// Each key of `order` with its home slot and its entry as this lock
+/// writes it (owner slot and generation set).
+fn owned_in_order<'a>(
+    keys: &'a [[u8; KEY_LEN]],
+    homes: &'a [u32],
+    order: &'a [u32],
+    (owner, generation): (u8, u16),
+) -> impl Iterator<Item = (&'a [u8; KEY_LEN], u32, [u8; KEY_LEN])> + 'a {
+    order.iter().filter_map(move |&i| {
+        let (bytes, &home) = (keys.get(i as usize)?, homes.get(i as usize)?);
+        let mut owned = *bytes;
+        owned[1] = owner;
+        owned[2..4].copy_from_slice(&generation.to_ne_bytes());
+        Some((bytes, home, owned))
+    })
 }
 
 /// [`insert_in_order`] through the bpf syscall: each probe slot read with
@@ -393,20 +404,14 @@ fn insert_in_order(
 fn insert_by_syscall(
     lock: &str,
     base: &Base,
-    (owner, generation): (u8, u16),
+    owner: (u8, u16),
     keys: &[[u8; KEY_LEN]],
     homes: &[u32],
     order: &[u32],
 ) -> Result<Vec<[u8; KEY_LEN]>, NetlockError> {
     let table = base.table_fd();
     let mut overflow: Vec<[u8; KEY_LEN]> = Vec::new();
-    for &i in order.iter() {
-        let (Some(bytes), Some(&home)) = (keys.get(i as usize), homes.get(i as usize)) else {
-            continue;
-        };
-        let mut entry = *bytes;
-        entry[1] = owner;
-        entry[2..4].copy_from_slice(&generation.to_ne_bytes());
+    for (bytes, home, entry) in owned_in_order(keys, homes, order, owner) {
         let mut placed = false;
         for probe in 0..TABLE_PROBES {
             let at = home.wrapping_add(probe) & (TABLE_SLOTS - 1);
