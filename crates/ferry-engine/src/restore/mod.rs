@@ -27,6 +27,7 @@ mod handover;
 mod held;
 mod helper_protocol;
 mod lazy;
+mod loader;
 mod memory;
 mod pidns;
 mod placement;
@@ -242,12 +243,12 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 /// the tree, restore it held, release it.
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
-    // The restore's check uses it; loaded while the image is read.
-    let loading = std::thread::Builder::new().spawn(crate::vm_flags::load_ahead);
+    // The restore's check uses it; loaded while the image is read and
+    // the files staged, joined before the first fork ([`loader::join`]).
+    loader::start();
     // From here to the release, the restore is the service's pause
     // (its own work, no process forked: [`crate::priority`]).
     let image = crate::priority::raised(|| source.load(crate::worker_threads()))?;
-    drop(loading);
     if opts.detach {
         check_detachable(&image.tree)?;
     }
