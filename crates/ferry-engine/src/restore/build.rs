@@ -116,6 +116,7 @@ pub(super) fn fork_children<'a>(
             scratch: parent.scratch,
             data: parent.data,
             staging: parent.staging,
+            forked_maps: None,
         };
         fork::setup_identity(&mut s, parent.image)?;
         restore_memory(&mut s, img, pages, opts, true)?;

@@ -23,7 +23,10 @@ fn is_special(path: &str) -> bool {
 /// (sorted): mappings a child inherited from its parent and keeps.
 /// Returns the kernel's mappings as they are now, for [`place_vdso`].
 pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<procfs::MapsEntry>> {
-    let maps = procfs::maps(s.pid)?;
+    let maps = match s.forked_maps.take() {
+        Some(maps) => maps,
+        None => procfs::maps(s.pid)?,
+    };
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
     for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {

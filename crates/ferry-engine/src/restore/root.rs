@@ -100,7 +100,8 @@ pub(super) fn root_session<'a>(
         syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
         settle: false,
     };
-    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging };
+    let mut s =
+        Session { pid, image: root, remote, scratch: 0, data: 0, staging, forked_maps: None };
     threads::block_signals(pid, pid)?;
     let xs =
         ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
@@ -124,6 +125,7 @@ pub(super) fn root_session<'a>(
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
     s.scratch = scratch.addr;
     s.data = scratch.addr + inject::SCRATCH_DATA;
+    s.forked_maps = Some(maps);
     Ok(s)
 }
 
