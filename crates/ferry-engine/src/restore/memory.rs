@@ -29,7 +29,8 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<p
     };
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
-    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
+    let left = fault_kept_mapping(s, &maps);
+    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch && m.start != left) {
         // The parts of m outside every kept range.
         let mut a = m.start;
         for &(ks, ke) in keep.iter().filter(|&&(ks, ke)| ks < m.end && ke > m.start) {
@@ -48,6 +49,22 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<p
         .collect();
     s.run(s.pid, &calls)?;
     Ok(maps.into_iter().filter(|m| is_special(&m.path)).collect())
+}
+
+/// Fault injection for tests: `FERRY_FAULT_KEEP_FORKED_MAPPING=1` leaves
+/// one of ferry's own anonymous mappings (one the image does not overlap) in the
+/// cleared address space, the bug a clearing from a stale list of the
+/// fork's mappings would make; the restore's own check must catch it.
+/// Returns its start (0: none, no mapping starts there).
+fn fault_kept_mapping(s: &Session, maps: &[procfs::MapsEntry]) -> u64 {
+    if std::env::var_os("FERRY_FAULT_KEEP_FORKED_MAPPING").is_none_or(|v| v != "1") {
+        return 0;
+    }
+    let image = &s.image.vmas;
+    maps.iter()
+        .filter(|m| m.inode == 0 && !is_special(&m.path) && m.start != s.scratch)
+        .find(|m| !image.iter().any(|v| v.start < m.end && v.end > m.start))
+        .map_or(0, |m| m.start)
 }
 
 fn push_range(ranges: &mut Vec<(u64, u64)>, a: u64, e: u64) {
