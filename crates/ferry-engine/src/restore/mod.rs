@@ -123,11 +123,10 @@ pub(crate) struct Session<'a> {
     /// Descriptors opened by ferry before the fork, present in every
     /// process under the same numbers: files to map, memfds, shared memory.
     staging: &'a StagingMap,
-    /// The mappings the fork copied from ferry (the root only), read once
-    /// in [`root::root_session`] and used by [`memory::clear_address_space`]
-    /// instead of reading /proc/PID/maps again: between the two only the
-    /// scratch mapping is made, which the clearing leaves anyway.
-    pub forked_maps: Option<Vec<crate::procfs::MapsEntry>>,
+    /// What the root brought from ferry by its fork, for the clearing of
+    /// its address space ([`memory::clear_calls`]): none in a
+    /// child (forked from its restored parent).
+    pub forked: Option<root::Forked>,
 }
 
 impl Session<'_> {
