@@ -1,17 +1,27 @@
 //! The restore's check's mapping-flags iterator, loaded on a thread of its
-//! own while the image is read and the files are staged, and joined
-//! before ferry forks (a fork needs ferry single-threaded).
+//! own while ferry drives the restored process, and joined before ferry
+//! forks again (a fork needs ferry single-threaded) and when the restore
+//! ends.
 //!
-//! Joined, not polled: the fork's own check of "one thread" sleeps a
-//! millisecond at a time while another thread is still listed, and the
-//! loader used to be left to end by itself, so the first fork of every
-//! `ferry restore` waited for it in those steps (1-2 ms).
+//! Started after the root's fork, not before: `ferry restore` used to
+//! start it while the image was read and left it to end by itself, and
+//! the root's fork, which waits for ferry to be its only thread in
+//! millisecond steps, waited for it (1-4 ms on a quiet machine). After
+//! the fork ferry itself forks nothing more (children are forked by their
+//! restored parents), and the check, the iterator's first user, waits
+//! for the load only if it has not ended by then.
 
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-static LOADING: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
+enum State {
+    Idle,
+    Wanted,
+    Running(JoinHandle<()>),
+}
+
+static LOADING: Mutex<State> = Mutex::new(State::Idle);
 
 /// How long [`join`] waits for a joined thread to leave /proc/self/task
 /// (the kernel releases it a few microseconds after the join returns),
@@ -19,25 +29,54 @@ static LOADING: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
 const RELEASE_WAIT: Duration = Duration::from_millis(20);
 const RELEASE_STEP: Duration = Duration::from_micros(20);
 
-/// Starts loading the iterator on its own thread (at most one at a time;
-/// nothing when the thread cannot be made: the check loads it itself).
-pub(super) fn start() {
-    let Ok(mut slot) = LOADING.lock() else { return };
-    if slot.is_some() {
-        return;
+/// Asks for the iterator to be loaded once the root is forked.
+pub(super) fn want() {
+    if let Ok(mut state) = LOADING.lock() {
+        if matches!(*state, State::Idle) {
+            *state = State::Wanted;
+        }
     }
-    *slot = std::thread::Builder::new()
-        .name("ferry-vma-iter".into())
-        .spawn(crate::vm_flags::load_ahead)
-        .ok();
 }
 
-/// Waits for the loader started by [`start`], if any, to end and leave
-/// ferry's thread list. A thread still listed after that is left to the
-/// fork's own check, which refuses by name.
+/// Starts the load asked for by [`want`], on its own thread (nothing
+/// when the thread cannot be made: the check loads it itself). Returns
+/// a guard that joins it, however the restore ends.
+pub(super) fn start_if_wanted() -> Joined {
+    if let Ok(mut state) = LOADING.lock() {
+        if matches!(*state, State::Wanted) {
+            *state = match std::thread::Builder::new()
+                .name("ferry-vma-iter".into())
+                .spawn(crate::vm_flags::load_ahead)
+            {
+                Ok(handle) => State::Running(handle),
+                Err(_) => State::Idle,
+            };
+        }
+    }
+    Joined
+}
+
+/// Joins the loader when dropped.
+pub(super) struct Joined;
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        join();
+    }
+}
+
+/// Waits for a running loader, if any, to end and leave ferry's thread
+/// list. A thread still listed after that is left to the fork's own
+/// check, which refuses by name.
 pub(super) fn join() {
     let handle = match LOADING.lock() {
-        Ok(mut slot) => slot.take(),
+        Ok(mut state) => match std::mem::replace(&mut *state, State::Idle) {
+            State::Running(handle) => Some(handle),
+            other => {
+                *state = other;
+                None
+            }
+        },
         Err(_) => None,
     };
     let Some(handle) = handle else { return };
@@ -52,14 +91,23 @@ pub(super) fn join() {
 mod tests {
     use super::*;
 
+    fn idle() -> bool {
+        LOADING.lock().map(|s| matches!(*s, State::Idle)).unwrap_or(false)
+    }
+
     #[test]
-    fn a_started_loader_is_joined_once() {
-        start();
+    fn a_wanted_load_starts_after_the_fork_and_is_joined_with_its_guard() {
+        // Nothing wanted: nothing started, the guard joins nothing.
+        drop(start_if_wanted());
+        assert!(idle());
+        // Wanted: a join before the start (the root's fork) finds nothing
+        // running and leaves the wish; the guard of the start joins it.
+        want();
         join();
-        assert!(LOADING.lock().map(|s| s.is_none()).unwrap_or(false));
-        // Joining with nothing started returns at once.
-        let t = Instant::now();
-        join();
-        assert!(t.elapsed() < Duration::from_millis(5));
+        assert!(LOADING.lock().map(|s| matches!(*s, State::Wanted)).unwrap_or(false));
+        let guard = start_if_wanted();
+        assert!(LOADING.lock().map(|s| matches!(*s, State::Running(_))).unwrap_or(false));
+        drop(guard);
+        assert!(idle());
     }
 }

@@ -247,9 +247,10 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 /// the tree, restore it held, release it.
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
-    // The restore's check uses it; loaded while the image is read and
-    // the files staged, joined before the first fork ([`loader::join`]).
-    loader::start();
+    // The restore's check uses it; loaded once the root is forked.
+    if opts.check {
+        loader::want();
+    }
     // From here to the release, the restore is the service's pause
     // (its own work, no process forked: [`crate::priority`]).
     let image = crate::priority::raised(|| source.load(crate::worker_threads()))?;
@@ -328,6 +329,9 @@ pub fn restore_held(
         cgroups.join(pid)?;
         Ok::<_, EngineError>(guard)
     })?;
+    // ferry forks nothing more in this restore: the check's iterator is
+    // loaded beside the rest (joined when the restore ends).
+    let _loading = loader::start_if_wanted();
     // Made after the fork, so that they need no fd numbers in the range
     // the tree inherits: 10,000 connections would not fit twice.
     let mut connections = ph.step("tcp connections rebuilt", || {
