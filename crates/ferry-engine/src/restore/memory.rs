@@ -14,6 +14,13 @@ use std::os::fd::AsFd;
 
 const MAP_FIXED_NOREPLACE: u64 = 0x100000;
 
+/// Injected calls with their names, for one batch.
+pub type Calls = Vec<(String, Call)>;
+
+/// A range (start, length) and the protection to give it once its pages
+/// are in.
+pub type Reprotect = (u64, u64, u8);
+
 fn is_special(path: &str) -> bool {
     matches!(path, "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]")
 }
@@ -27,7 +34,7 @@ fn is_special(path: &str) -> bool {
 pub fn clear_calls(
     s: &mut Session,
     keep: &[(u64, u64)],
-) -> Result<(Vec<(String, Call)>, Vec<procfs::MapsEntry>)> {
+) -> Result<(Calls, Vec<procfs::MapsEntry>)> {
     let (maps, first) = match s.forked.take() {
         Some(f) => (f.maps, f.rseq_drop),
         None => (procfs::maps(s.pid)?, None),
@@ -115,11 +122,7 @@ pub fn free_gap<'v>(
 /// The calls that move this kernel's vDSO and vvar pages to where the
 /// image had them, and the syscall instruction's address once they ran.
 /// `kernel`: the process's kernel mappings now (from [`clear_calls`]).
-pub fn vdso_calls(
-    s: &Session,
-    vmas: &[Vma],
-    kernel: &[procfs::MapsEntry],
-) -> Result<(Vec<(String, Call)>, u64)> {
+pub fn vdso_calls(s: &Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -> Result<(Calls, u64)> {
     let pid = s.pid;
     let cur: Vec<(String, u64, u64)> = kernel
         .iter()
@@ -193,7 +196,7 @@ pub fn map_calls(
     vmas: &[Vma],
     runs: &[PageRun],
     inherited: &[(u64, u64)],
-) -> Result<(Vec<(String, Call)>, Vec<(u64, u64, u8)>)> {
+) -> Result<(Calls, Vec<Reprotect>)> {
     let mut reprotect = Vec::new();
     let mut calls: Vec<(String, Call)> = Vec::new();
     for v in vmas {
