@@ -247,13 +247,15 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 /// the tree, restore it held, release it.
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
-    // The restore's check uses it; loaded once the root is forked.
-    if opts.check {
-        loader::want();
-    }
     // From here to the release, the restore is the service's pause
     // (its own work, no process forked: [`crate::priority`]).
     let image = crate::priority::raised(|| source.load(crate::worker_threads()))?;
+    // The check's mapping-flags iterator: loaded once the root is forked,
+    // or not at all for a small tree (smaps then); forgotten at the end.
+    let _loader = loader::Joined;
+    if opts.check {
+        loader::choose(&image.tree);
+    }
     if opts.detach {
         check_detachable(&image.tree)?;
     }
