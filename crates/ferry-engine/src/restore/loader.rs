@@ -98,9 +98,25 @@ impl Drop for Joined {
 }
 
 /// Waits for a running loader, if any, to end and leave ferry's thread
-/// list. A thread still listed after that is left to the fork's own
-/// check, which refuses by name.
+/// list.
 pub(super) fn join() {
+    if join_loader() {
+        settle();
+    }
+}
+
+/// Before a fork of ferry's: joins the loader, and waits in fine steps
+/// for threads that were joined (the loader, the image's verification
+/// threads) to leave ferry's thread list, which the fork's own check
+/// would wait for in 1 ms steps. A thread still listed after that is
+/// left to that check, which refuses by name.
+pub(super) fn before_fork() {
+    join_loader();
+    settle();
+}
+
+/// Joins the loader thread if one runs; whether one did.
+fn join_loader() -> bool {
     let handle = match LOADING.lock() {
         Ok(mut state) => match std::mem::replace(&mut *state, State::Idle) {
             State::Running(handle) => Some(handle),
@@ -111,8 +127,12 @@ pub(super) fn join() {
         },
         Err(_) => None,
     };
-    let Some(handle) = handle else { return };
+    let Some(handle) = handle else { return false };
     let _ = handle.join();
+    true
+}
+
+fn settle() {
     let deadline = Instant::now() + RELEASE_WAIT;
     while matches!(ferry_sys::clone::thread_count(), Ok(n) if n > 1) && Instant::now() < deadline {
         std::thread::sleep(RELEASE_STEP);

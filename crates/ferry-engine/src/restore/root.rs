@@ -34,7 +34,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     keep.extend(staged.netns_fd());
 
     let loginuid = super::process::root_loginuid(tree, root)?;
-    super::loader::join();
+    super::loader::before_fork();
     // ferry-sys refuses the fork unless ferry is single-threaded here, so
     // the child may run ordinary Rust code.
     let forked = super::retry_while_released(pid, || ferry_sys::clone::fork_with_pid(pid));
