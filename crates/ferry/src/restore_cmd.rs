@@ -65,16 +65,19 @@ pub fn run(args: RestoreArgs) -> Result<i32> {
     };
     let r = ferry_engine::restore::restore(&images, &opts)
         .with_context(|| format!("restore from {} failed", images.display()))?;
-    match r.init_pid {
-        Some(init) => eprintln!(
-            "restored pid {} ({} processes, {} threads) in {:.1} ms, in a new PID namespace: pid {} from here, its init is pid {init}",
+    let line = match r.init_pid {
+        Some(init) => format!(
+            "restored pid {} ({} processes, {} threads) in {:.1} ms, in a new PID namespace: pid {} from here, its init is pid {init}\n",
             r.pid, r.processes, r.threads, r.total_ms, r.host_pid
         ),
-        None => eprintln!(
-            "restored pid {} ({} processes, {} threads) in {:.1} ms",
+        None => format!(
+            "restored pid {} ({} processes, {} threads) in {:.1} ms\n",
             r.pid, r.processes, r.threads, r.total_ms
         ),
-    }
+    };
+    // One write (eprintln! writes each formatted piece on its own: a
+    // dozen system calls before the command can exit).
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     if let Some(p) = &pidfile {
         std::fs::write(p, format!("{}\n", r.host_pid))
             .with_context(|| format!("writing pidfile {}", p.display()))?;

@@ -1539,6 +1539,21 @@ fn the_restores_own_check_catches_a_lost_mapping_flag() {
     );
 }
 
+/// The same for the address space: the root's mappings copied from
+/// ferry by the fork are listed once, before the scratch mapping is made,
+/// and cleared from that list; one of them left in place
+/// (`FERRY_FAULT_KEEP_FORKED_MAPPING`, standing for a stale list) fails the
+/// restore naming the mappings.
+#[test]
+fn the_restores_own_check_catches_a_mapping_left_from_the_fork() {
+    a_restore_with_a_fault_is_stopped_by_its_check(
+        "restore-check-forked-mapping",
+        "tests/conformance/mem_madvise_flags.c",
+        ("FERRY_FAULT_KEEP_FORKED_MAPPING", "1"),
+        &["mappings", "the first differing mapping"],
+    );
+}
+
 /// Checkpoints `program`, restores it with the fault `env` (the restore
 /// returns at once: `--detach`), and requires the check's failure naming
 /// `wants`, the copy ended and the image unchanged; then a restore

@@ -46,9 +46,15 @@ fn restore_memory(
 ) -> Result<()> {
     let mut kept: Vec<(u64, u64)> = img.inherited.iter().map(|v| (v.start, v.end)).collect();
     kept.sort_unstable();
-    let kernel = memory::clear_address_space(s, &kept)?;
-    memory::place_vdso(s, &img.vmas, &kernel)?;
-    let mut reprotect = memory::map_all(s, &img.vmas, &img.page_runs, &kept)?;
+    // Cleared, the vDSO moved and the image's mappings made in one batch,
+    // in that order (the batch code is in the scratch area, which stays).
+    let (mut calls, kernel) = memory::clear_calls(s, &kept)?;
+    let (vdso, syscall_ip) = memory::vdso_calls(s, &img.vmas, &kernel)?;
+    let (maps, mut reprotect) = memory::map_calls(s, &img.vmas, &img.page_runs, &kept)?;
+    calls.extend(vdso);
+    calls.extend(maps);
+    s.run(s.pid, &calls)?;
+    s.remote.syscall_ip = syscall_ip;
     if always_prepare_inherited || !kept.is_empty() {
         reprotect.extend(memory::prepare_inherited(s, &img.page_runs)?);
     }
@@ -116,6 +122,7 @@ pub(super) fn fork_children<'a>(
             scratch: parent.scratch,
             data: parent.data,
             staging: parent.staging,
+            forked: None,
         };
         fork::setup_identity(&mut s, parent.image)?;
         restore_memory(&mut s, img, pages, opts, true)?;

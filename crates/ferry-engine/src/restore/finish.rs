@@ -76,6 +76,18 @@ fn last_calls(
     Ok(Some(s.image.fds.iter().map(|slot| slot.fd).zip(results[n..].iter().copied()).collect()))
 }
 
+/// Whether no seccomp filter, credential change or parent-death signal is
+/// still to come (each would have to precede the dumpable flag: a
+/// credential change resets it). Credentials as [`process::restore_creds`]
+/// decides: the process already has the image's.
+fn nothing_resets_dumpable(s: &Session) -> Result<bool> {
+    let f = &s.image.fidelity;
+    if f.threads.iter().any(|t| t.seccomp_mode != 0 || t.pdeathsig != 0) {
+        return Ok(false);
+    }
+    process::creds_already_set(s)
+}
+
 /// The last process (in the tree's order, which finishing follows) of
 /// each group sharing one fd table; a process with its own table is the
 /// last of its group.
@@ -169,18 +181,27 @@ fn finish_process(
         s.remote.write(s.data, &lock_args)?;
         leader.extend(lock_calls);
     }
-    s.run(pid, &leader)?;
-    // Limits while the process still has ferry's user (a process of
-    // another user would need CAP_SYS_RESOURCE), credentials last.
-    process::restore_limits(pid, image)?;
-    let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
-    // seccomp while the process still has root's capabilities; suspended
-    // for ferry's remaining injected calls until the threads are released.
-    seccomp::install(s, &all_tids)?;
-    process::restore_creds(s, &all_tids)?;
-    prctl::restore_pdeathsig(s)?;
-    // Nothing changes the fd table after this.
-    let flags = last_calls(s, vec![process::dumpable_call(s)], fd_flags)?;
+    let flags = if nothing_resets_dumpable(s)? {
+        // Nothing after this batch changes the fd table or the dumpable
+        // flag: the last calls go in it, one round trip fewer.
+        leader.push(process::dumpable_call(s));
+        let flags = last_calls(s, leader, fd_flags)?;
+        process::restore_limits(pid, image)?;
+        flags
+    } else {
+        s.run(pid, &leader)?;
+        // Limits while the process still has ferry's user (a process of
+        // another user would need CAP_SYS_RESOURCE), credentials last.
+        process::restore_limits(pid, image)?;
+        let all_tids: Vec<i32> = std::iter::once(pid).chain(tids.iter().copied()).collect();
+        // seccomp while the process still has root's capabilities; suspended
+        // for ferry's remaining injected calls until the threads are released.
+        seccomp::install(s, &all_tids)?;
+        process::restore_creds(s, &all_tids)?;
+        prctl::restore_pdeathsig(s)?;
+        // Nothing changes the fd table after this.
+        last_calls(s, vec![process::dumpable_call(s)], fd_flags)?
+    };
     s.call("munmap(scratch)", libc::SYS_munmap, &[s.scratch, inject::SCRATCH_LEN])?;
     for t in &image.threads {
         threads::set_final_registers(pid, t)?;

@@ -14,6 +14,13 @@ use std::os::fd::AsFd;
 
 const MAP_FIXED_NOREPLACE: u64 = 0x100000;
 
+/// Injected calls with their names, for one batch.
+pub type Calls = Vec<(String, Call)>;
+
+/// A range (start, length) and the protection to give it once its pages
+/// are in.
+pub type Reprotect = (u64, u64, u8);
+
 fn is_special(path: &str) -> bool {
     matches!(path, "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]")
 }
@@ -21,12 +28,21 @@ fn is_special(path: &str) -> bool {
 /// Unmaps everything the fork brought along except the kernel's own
 /// mappings (vDSO, vvar), which we keep and move, and the `keep` ranges
 /// (sorted): mappings a child inherited from its parent and keeps.
-/// Returns the kernel's mappings as they are now, for [`place_vdso`].
-pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<procfs::MapsEntry>> {
-    let maps = procfs::maps(s.pid)?;
+/// Returns the calls, for the process to make first in the batch that
+/// also places the vDSO and maps the image ([`vdso_calls`], [`map_calls`]),
+/// and the kernel's mappings as they are now, for [`vdso_calls`].
+pub fn clear_calls(
+    s: &mut Session,
+    keep: &[(u64, u64)],
+) -> Result<(Calls, Vec<procfs::MapsEntry>)> {
+    let (maps, first) = match s.forked.take() {
+        Some(f) => (f.maps, f.rseq_drop),
+        None => (procfs::maps(s.pid)?, None),
+    };
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let scratch = s.scratch;
-    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch) {
+    let left = fault_kept_mapping(s, &maps);
+    for m in maps.iter().filter(|m| !is_special(&m.path) && m.start != scratch && m.start != left) {
         // The parts of m outside every kept range.
         let mut a = m.start;
         for &(ks, ke) in keep.iter().filter(|&&(ks, ke)| ks < m.end && ke > m.start) {
@@ -39,12 +55,30 @@ pub fn clear_address_space(s: &mut Session, keep: &[(u64, u64)]) -> Result<Vec<p
             push_range(&mut ranges, a, m.end);
         }
     }
-    let calls: Vec<(String, Call)> = ranges
-        .iter()
-        .map(|&(a, e)| (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a])))
-        .collect();
-    s.run(s.pid, &calls)?;
-    Ok(maps.into_iter().filter(|m| is_special(&m.path)).collect())
+    let calls: Vec<(String, Call)> =
+        first
+            .into_iter()
+            .chain(ranges.iter().map(|&(a, e)| {
+                (format!("munmap({a:#x})"), Call::new(libc::SYS_munmap, &[a, e - a]))
+            }))
+            .collect();
+    Ok((calls, maps.into_iter().filter(|m| is_special(&m.path)).collect()))
+}
+
+/// Fault injection for tests: `FERRY_FAULT_KEEP_FORKED_MAPPING=1` leaves
+/// one of ferry's own anonymous mappings (one the image does not overlap) in the
+/// cleared address space, the bug a clearing from a stale list of the
+/// fork's mappings would make; the restore's own check must catch it.
+/// Returns its start (0: none, no mapping starts there).
+fn fault_kept_mapping(s: &Session, maps: &[procfs::MapsEntry]) -> u64 {
+    if std::env::var_os("FERRY_FAULT_KEEP_FORKED_MAPPING").is_none_or(|v| v != "1") {
+        return 0;
+    }
+    let image = &s.image.vmas;
+    maps.iter()
+        .filter(|m| m.inode == 0 && !is_special(&m.path) && m.start != s.scratch)
+        .find(|m| !image.iter().any(|v| v.start < m.end && v.end > m.start))
+        .map_or(0, |m| m.start)
 }
 
 fn push_range(ranges: &mut Vec<(u64, u64)>, a: u64, e: u64) {
@@ -85,10 +119,10 @@ pub fn free_gap<'v>(
     Ok(cand)
 }
 
-/// Moves this kernel's vDSO and vvar pages to where the image had them.
-/// `kernel`: the process's kernel mappings now (from
-/// [`clear_address_space`]).
-pub fn place_vdso(s: &mut Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -> Result<()> {
+/// The calls that move this kernel's vDSO and vvar pages to where the
+/// image had them, and the syscall instruction's address once they ran.
+/// `kernel`: the process's kernel mappings now (from [`clear_calls`]).
+pub fn vdso_calls(s: &Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -> Result<(Calls, u64)> {
     let pid = s.pid;
     let cur: Vec<(String, u64, u64)> = kernel
         .iter()
@@ -112,7 +146,7 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -
         ));
     }
     if cur.iter().zip(&want).all(|(c, w)| c.1 == w.1) {
-        return Ok(());
+        return Ok((Vec::new(), s.remote.syscall_ip));
     }
     let cur_lo = cur.iter().map(|c| c.1).min().unwrap_or(0);
     let cur_hi = cur.iter().map(|c| c.2).max().unwrap_or(0);
@@ -145,9 +179,7 @@ pub fn place_vdso(s: &mut Session, vmas: &[Vma], kernel: &[procfs::MapsEntry]) -
     for (i, c) in cur.iter().enumerate() {
         mremap(now[i], c.2 - c.1, want[i].1);
     }
-    s.run(pid, &calls)?;
-    s.remote.syscall_ip = vdso_new + syscall_off;
-    Ok(())
+    Ok((calls, vdso_new + syscall_off))
 }
 
 fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
@@ -155,15 +187,16 @@ fn has_pages(v: &Vma, runs: &[PageRun]) -> bool {
     runs.get(i).is_some_and(|r| r.start < v.end)
 }
 
-/// Maps every mapping of the image but those in `inherited` (sorted
-/// ranges a forked child already has), writable first where pages must
-/// be copied in. Returns the protections to set once pages are in.
-pub fn map_all(
-    s: &mut Session,
+/// The calls that map every mapping of the image but those in
+/// `inherited` (sorted ranges a forked child already has), writable first
+/// where pages must be copied in; and the protections to set once pages
+/// are in.
+pub fn map_calls(
+    s: &Session,
     vmas: &[Vma],
     runs: &[PageRun],
     inherited: &[(u64, u64)],
-) -> Result<Vec<(u64, u64, u8)>> {
+) -> Result<(Calls, Vec<Reprotect>)> {
     let mut reprotect = Vec::new();
     let mut calls: Vec<(String, Call)> = Vec::new();
     for v in vmas {
@@ -196,8 +229,7 @@ pub fn map_all(
         calls.extend(madvise_calls(v));
     }
     // MAP_FIXED_NOREPLACE: a mapping that lands anywhere else fails with EEXIST.
-    s.run(s.pid, &calls)?;
-    Ok(reprotect)
+    Ok((calls, reprotect))
 }
 
 /// shmat of System V segment `id` at the mapping's address.

@@ -27,6 +27,7 @@ mod handover;
 mod held;
 mod helper_protocol;
 mod lazy;
+mod loader;
 mod memory;
 mod pidns;
 mod placement;
@@ -122,6 +123,10 @@ pub(crate) struct Session<'a> {
     /// Descriptors opened by ferry before the fork, present in every
     /// process under the same numbers: files to map, memfds, shared memory.
     staging: &'a StagingMap,
+    /// What the root brought from ferry by its fork, for the clearing of
+    /// its address space ([`memory::clear_calls`]): none in a
+    /// child (forked from its restored parent).
+    pub forked: Option<root::Forked>,
 }
 
 impl Session<'_> {
@@ -242,12 +247,15 @@ pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
 /// the tree, restore it held, release it.
 pub fn restore_from(source: &mut dyn ImageSource, opts: &RestoreOptions) -> Result<Restored> {
     let t0 = Instant::now();
-    // The restore's check uses it; loaded while the image is read.
-    let loading = std::thread::Builder::new().spawn(crate::vm_flags::load_ahead);
     // From here to the release, the restore is the service's pause
     // (its own work, no process forked: [`crate::priority`]).
     let image = crate::priority::raised(|| source.load(crate::worker_threads()))?;
-    drop(loading);
+    // The check's mapping-flags iterator: loaded once the root is forked,
+    // or not at all for a small tree (smaps then); forgotten at the end.
+    let _loader = loader::Joined;
+    if opts.check {
+        loader::choose(&image.tree);
+    }
     if opts.detach {
         check_detachable(&image.tree)?;
     }
@@ -323,6 +331,9 @@ pub fn restore_held(
         cgroups.join(pid)?;
         Ok::<_, EngineError>(guard)
     })?;
+    // ferry forks nothing more in this restore: the check's iterator is
+    // loaded beside the rest (joined when the restore ends).
+    let _loading = loader::start_if_wanted();
     // Made after the fork, so that they need no fd numbers in the range
     // the tree inherits: 10,000 connections would not fit twice.
     let mut connections = ph.step("tcp connections rebuilt", || {

@@ -194,6 +194,7 @@ pub(super) fn restore_held_in(
         .map_err(|e| EngineError::kernel(root, "creating a pipe", e))?;
     // ferry-sys refuses the fork unless ferry is single-threaded here; the
     // child runs ordinary Rust code, as the root child of a plain restore does.
+    super::loader::before_fork();
     let init = match ferry_sys::clone::fork_into_namespaces(flags) {
         Ok(0) => {
             drop(rd);

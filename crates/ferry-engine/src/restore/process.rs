@@ -66,11 +66,7 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     let c = s.image.creds.clone();
     let securebits = s.image.fidelity.securebits;
     let last_cap = last_cap();
-    // What the restored process has now, inherited from ferry (the
-    // threads were all made from it since).
-    let path = format!("/proc/{}/status", s.pid);
-    let status = crate::procfs::read_string(&path)?;
-    let now = crate::proc_state::creds(&crate::procfs::key_values(&status));
+    let now = creds_now(s)?;
     // Securebits are inherited too; ferry runs with none.
     if securebits == 0 && same_creds(&now, &c) {
         return Ok(());
@@ -81,6 +77,20 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
         s.run(tid, &calls)?;
     }
     check_fs_ids(s.pid, &c)
+}
+
+/// What the restored process has now, inherited from ferry (the threads
+/// were all made from it since).
+fn creds_now(s: &Session) -> Result<ferry_image::Creds> {
+    let path = format!("/proc/{}/status", s.pid);
+    let status = crate::procfs::read_string(&path)?;
+    Ok(crate::proc_state::creds(&crate::procfs::key_values(&status)))
+}
+
+/// Whether [`restore_creds`] has nothing to set: the process has the
+/// image's credentials already and the image no securebits.
+pub fn creds_already_set(s: &Session) -> Result<bool> {
+    Ok(s.image.fidelity.securebits == 0 && same_creds(&creds_now(s)?, &s.image.creds))
 }
 
 /// The kernel's highest capability number (read once per ferry process).

@@ -34,6 +34,7 @@ pub(super) fn fork_root(tree: &TreeImage, staged: &Staged) -> Result<TreeGuard> 
     keep.extend(staged.netns_fd());
 
     let loginuid = super::process::root_loginuid(tree, root)?;
+    super::loader::before_fork();
     // ferry-sys refuses the fork unless ferry is single-threaded here, so
     // the child may run ordinary Rust code.
     let forked = super::retry_while_released(pid, || ferry_sys::clone::fork_with_pid(pid));
@@ -99,7 +100,7 @@ pub(super) fn root_session<'a>(
         syscall_ip: inject::find_syscall_insn(pid, vdso.0, vdso.1)?,
         settle: false,
     };
-    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging };
+    let mut s = Session { pid, image: root, remote, scratch: 0, data: 0, staging, forked: None };
     threads::block_signals(pid, pid)?;
     let xs =
         ptrace::get_xstate(pid).map_err(|e| EngineError::kernel(pid, "reading XSAVE layout", e))?;
@@ -113,7 +114,7 @@ pub(super) fn root_session<'a>(
             ),
         ));
     }
-    threads::drop_inherited_rseq(&mut s)?;
+    let rseq_drop = threads::inherited_rseq_drop(pid)?;
     let at = memory::free_gap(
         pid,
         tree.processes.iter().flat_map(|p| p.vmas.iter()),
@@ -123,7 +124,20 @@ pub(super) fn root_session<'a>(
     let scratch = Scratch::map_at(&s.remote, pid, at)?;
     s.scratch = scratch.addr;
     s.data = scratch.addr + inject::SCRATCH_DATA;
+    s.forked = Some(Forked { maps, rseq_drop });
     Ok(s)
+}
+
+/// What the root brought from ferry by its fork.
+pub(crate) struct Forked {
+    /// Its mappings, read once in [`root_session`] and used by the
+    /// clearing instead of reading /proc/PID/maps again: between the two
+    /// only the scratch mapping is made, which the clearing leaves anyway.
+    pub maps: Vec<crate::procfs::MapsEntry>,
+    /// The call that drops ferry's rseq registration (its area is in
+    /// ferry's memory, about to be unmapped), made first in the clearing's
+    /// batch rather than single-stepped on its own.
+    pub rseq_drop: Option<(String, inject::Call)>,
 }
 
 /// The [vdso] of the root, a fork of ferry (ferry's own, at the same place).

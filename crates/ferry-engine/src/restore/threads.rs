@@ -26,23 +26,21 @@ pub fn block_signals(pid: i32, tid: i32) -> Result<()> {
 }
 
 /// The fork inherited ferry's own rseq registration; it points into
-/// memory that is about to disappear.
-pub fn drop_inherited_rseq(s: &mut Session) -> Result<()> {
-    let conf = ptrace::get_rseq_config(s.pid)
-        .map_err(|e| EngineError::kernel(s.pid, "reading rseq configuration", e))?;
-    if conf.rseq_abi_pointer != 0 {
-        s.call(
-            "rseq(unregister)",
-            libc::SYS_rseq,
-            &[
-                conf.rseq_abi_pointer,
-                conf.rseq_abi_size as u64,
-                RSEQ_FLAG_UNREGISTER,
-                conf.signature as u64,
-            ],
-        )?;
+/// memory that is about to disappear. The call that drops it, for the
+/// root to make before that memory goes (none: nothing registered).
+pub fn inherited_rseq_drop(pid: i32) -> Result<Option<(String, Call)>> {
+    let conf = ptrace::get_rseq_config(pid)
+        .map_err(|e| EngineError::kernel(pid, "reading rseq configuration", e))?;
+    if conf.rseq_abi_pointer == 0 {
+        return Ok(None);
     }
-    Ok(())
+    let args = [
+        conf.rseq_abi_pointer,
+        conf.rseq_abi_size as u64,
+        RSEQ_FLAG_UNREGISTER,
+        conf.signature as u64,
+    ];
+    Ok(Some(("rseq(unregister)".into(), Call::new(libc::SYS_rseq, &args))))
 }
 
 /// Creates every thread but the leader; returns their TIDs.

@@ -137,14 +137,19 @@ fn first_flag_difference(want: &Flagged, have: &Flagged) -> Option<(u64, u64, u3
 }
 
 fn restored_flags(pid: i32, want: &Flagged) -> Result<Option<(u64, u64, u32, u32)>> {
-    let quick = crate::vm_flags::unproven_flags(pid)
-        .map(|m| flagged(m.iter().map(|(s, e, n)| (*s, *e, n.as_slice()))));
+    // A small tree's `ferry restore` reads smaps alone (restore/loader.rs).
+    let by_bpf = !crate::restore::loader::by_smaps();
+    let quick = by_bpf.then(|| crate::vm_flags::unproven_flags(pid)).flatten();
+    let quick = quick.map(|m| flagged(m.iter().map(|(s, e, n)| (*s, *e, n.as_slice()))));
     match quick.map(|have| first_flag_difference(want, &have)) {
         Some(None) => return Ok(None),
         Some(Some(d)) => {
             tracing::debug!("pid {pid}: mapping flags differ by BPF ({d:x?}), reading smaps")
         }
-        None => tracing::debug!("pid {pid}: mapping flags not readable by BPF, reading smaps"),
+        None if by_bpf => {
+            tracing::debug!("pid {pid}: mapping flags not readable by BPF, reading smaps")
+        }
+        None => {}
     }
     let smaps = crate::procfs::smaps(pid)?;
     let have = flagged(smaps.iter().map(|m| (m.start, m.end, m.vm_flags.as_slice())));
