@@ -125,6 +125,11 @@ const LATE_CHANGES: &[(&str, &str)] = &[
 /// loginuid (set by a shell before it execs ferry), unlike the program's.
 const FERRY_LOGINUID: &[(&str, u32)] = &[("proc_loginuid", 4242)];
 
+/// Programs whose checkpoint and restore run in a ferry started with
+/// securebits the program does not have (`setpriv --securebits`): the
+/// restore's fork inherits ferry's, the restored process must not.
+const FERRY_SECUREBITS: &[(&str, &str)] = &[("proc_securebits_none", "+no_setuid_fixup")];
+
 /// Programs holding a pseudo-terminal of this machine's devpts from their
 /// checkpoint to their restore. The restore needs the pair's number again
 /// (and refuses when it is taken), while the kernel hands the lowest free
@@ -166,6 +171,11 @@ impl Run {
 
     /// A command that runs ferry, with [`Run::ferry_loginuid`] when set.
     fn ferry(&self) -> Command {
+        if let Some(&(_, bits)) = FERRY_SECUREBITS.iter().find(|(n, _)| *n == self.name) {
+            let mut cmd = Command::new("setpriv");
+            cmd.arg("--securebits").arg(bits).arg(FERRY);
+            return cmd;
+        }
         let Some(uid) = self.ferry_loginuid else {
             return Command::new(FERRY);
         };
@@ -638,6 +648,7 @@ conformance! {
     proc_seccomp_filter,
     tree_seccomp_strict,
     proc_fsuid,
+    proc_securebits_none,
     tree_pdeathsig,
     fd_async_owner,
     tree_zombie_signaled,

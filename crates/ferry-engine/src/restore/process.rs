@@ -67,8 +67,8 @@ pub fn restore_creds(s: &mut Session, tids: &[i32]) -> Result<()> {
     let securebits = s.image.fidelity.securebits;
     let last_cap = last_cap();
     let now = creds_now(s)?;
-    // Securebits are inherited too; ferry runs with none.
-    if securebits == 0 && same_creds(&now, &c) {
+    // Securebits are inherited too: the fork has ferry's.
+    if securebits == inherited_securebits() && same_creds(&now, &c) {
         return Ok(());
     }
     write_cred_args(s, &c, now.caps.permitted)?;
@@ -88,9 +88,21 @@ fn creds_now(s: &Session) -> Result<ferry_image::Creds> {
 }
 
 /// Whether [`restore_creds`] has nothing to set: the process has the
-/// image's credentials already and the image no securebits.
+/// image's credentials and securebits already.
 pub fn creds_already_set(s: &Session) -> Result<bool> {
-    Ok(s.image.fidelity.securebits == 0 && same_creds(&creds_now(s)?, &s.image.creds))
+    Ok(s.image.fidelity.securebits == inherited_securebits()
+        && same_creds(&creds_now(s)?, &s.image.creds))
+}
+
+/// The securebits every restored process inherits: ferry's own (a ferry
+/// started with some, e.g. by a service manager, passes them on). Unknown
+/// (the getter failed) matches no image, so they are always set.
+fn inherited_securebits() -> u32 {
+    const PR_GET_SECUREBITS: i32 = 27;
+    static OWN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *OWN.get_or_init(|| {
+        u32::try_from(ferry_sys::process::prctl_get(PR_GET_SECUREBITS, 0)).unwrap_or(u32::MAX)
+    })
 }
 
 /// The kernel's highest capability number (read once per ferry process).
