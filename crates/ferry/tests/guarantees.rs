@@ -204,6 +204,9 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     }
     assert_eq!(refusal_lines(&err), 1, "error should be one line: {err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    // The trial's helper, forked as the command started, ended with it.
+    let images_s = c.images().to_str().expect("utf-8 path").to_string();
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
@@ -1715,6 +1718,9 @@ fn a_tree_with_a_unix_socket_file_is_checkpointed_without_a_trial() {
     );
     let _ = c.children[0].wait();
     let images = c.images();
+    // The trial's helper, forked as the command started, is not left.
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
     assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restore: {}", c.log());
 }
 
