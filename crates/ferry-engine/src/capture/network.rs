@@ -81,19 +81,34 @@ fn proc_tcp(pid: i32, tables: &TcpTables) -> Vec<ProcTcp> {
 }
 
 /// The listeners and the handshakes under way in the network namespace
-/// of `pid`: a dump that asks for these states alone, so the kernel
-/// formats no connection of the host's (20,000 of another process's
-/// cost the tiny listener's checkpoint 10 ms in a full dump), or the /proc
-/// text tables when sock_diag cannot answer.
-fn waiting_handshakes(pid: i32) -> Vec<ProcTcp> {
+/// of `pid`, of the families of `listeners`: a dump that asks for these
+/// states alone, so the kernel formats no connection of the host's
+/// (20,000 of another process's cost the tiny listener's checkpoint 10
+/// ms in a full dump), or the /proc text tables when sock_diag cannot
+/// answer. A handshake under way (a request socket) has its listener's
+/// family (an IPv6 listener's IPv4-mapped ones too): a tree of IPv4
+/// listeners needs no IPv6 dump, a walk of the whole connection table.
+fn waiting_handshakes(pid: i32, listeners: &[SocketAddr]) -> Vec<ProcTcp> {
+    let families = handshake_families(listeners);
     let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
         let states = ferry_sys::sockdiag::TCPF_LISTEN_OR_SYN_RECV;
-        ferry_sys::sockdiag::tcp_sockets_in_states(ns.as_fd(), states).ok()
+        ferry_sys::sockdiag::tcp_sockets_in_states(ns.as_fd(), &families, states).ok()
     });
     match dumped {
         Some(all) => all.iter().map(ProcTcp::from_diag).collect(),
         None => proc_tcp_text(pid),
     }
+}
+
+/// The address families of `listeners`' sockets, each once.
+fn handshake_families(listeners: &[SocketAddr]) -> Vec<i32> {
+    let mut families = Vec::with_capacity(2);
+    for f in [libc::AF_INET, libc::AF_INET6] {
+        if listeners.iter().any(|l| l.is_ipv4() == (f == libc::AF_INET)) {
+            families.push(f);
+        }
+    }
+    families
 }
 
 fn proc_tcp_text(pid: i32) -> Vec<ProcTcp> {
@@ -191,7 +206,7 @@ pub fn prepare(
     let ports: std::collections::HashSet<u16> = scan.listeners.iter().map(|l| l.port()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     loop {
-        let pending = waiting_handshakes(root)
+        let pending = waiting_handshakes(root, &scan.listeners)
             .iter()
             .filter(|t| ports.contains(&t.local.port()))
             .any(|t| (t.state == TCP_LISTEN && t.rx_queue > 0) || t.state == TCP_SYN_RECV);
@@ -354,6 +369,16 @@ pub fn check_accept_queues<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshakes_are_looked_for_in_the_families_of_the_listeners() {
+        let v4: SocketAddr = "0.0.0.0:80".parse().expect("v4");
+        let v6: SocketAddr = "[::]:80".parse().expect("v6");
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:80".parse().expect("mapped");
+        assert_eq!(handshake_families(&[v4]), vec![libc::AF_INET]);
+        assert_eq!(handshake_families(&[v6, mapped]), vec![libc::AF_INET6]);
+        assert_eq!(handshake_families(&[v6, v4, v4]), vec![libc::AF_INET, libc::AF_INET6]);
+    }
 
     #[test]
     fn reads_proc_net_tcp_addresses() {

@@ -292,8 +292,9 @@ impl HelperAhead {
     pub fn restore(self, msg: &[u8], root: i32) -> Result<HeldInNamespace> {
         let HelperAhead { mut held, mut go } = self;
         held.root = root;
-        let len = u32::try_from(msg.len())
-            .map_err(|_| EngineError::restore(root, "a message for the restore helper over 4 GiB"))?;
+        let len = u32::try_from(msg.len()).map_err(|_| {
+            EngineError::restore(root, "a message for the restore helper over 4 GiB")
+        })?;
         let mut framed = len.to_ne_bytes().to_vec();
         framed.extend_from_slice(msg);
         go.write_all(&framed)
