@@ -12,7 +12,11 @@ median (min-max) in ms, together with:
   first phase (the exec of the binary, ferry's start, what runs before);
 - "exit": from the end of its last phase to the command's exit.
 
-Usage: bench/tiny_phases.py FERRY [N] [checkpoint args...]   (root)
+Usage: bench/tiny_phases.py FERRY[,FERRY...] [N] [checkpoint args...]   (root)
+With several builds (comma-separated), each cycle runs every build in
+turn on the same server, the order reversed every other cycle, and each
+figure is printed per build (0 = the first): a comparison under the
+same load, which on a shared machine changes from second to second.
 BENCH_PHASE_LINES=all (the default) runs ferry with -v; =phases with
 FERRY_LOG=ferry_engine::phases=debug (the phase lines alone); =none with
 neither (then only wall and engine total are known). The driver is a
@@ -35,7 +39,7 @@ if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
     print(__doc__)
     sys.exit(0)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FERRY = sys.argv[1]
+FERRYS = sys.argv[1].split(",")
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 9
 EXTRA = sys.argv[3:]
 IMAGES = "/dev/shm/ferry-bench-tiny-phases"
@@ -101,6 +105,15 @@ def run(cmd, tag, env, res):
         res[f"{tag} exit"].append((t1 - last) * 1e3)
 
 
+def cycle(ferry, tag, pid, verbose, env, res):
+    """One checkpoint and restore of the server by `ferry`."""
+    shutil.rmtree(IMAGES, ignore_errors=True)
+    run([ferry] + verbose + ["checkpoint", "--pid", str(pid), "--images", IMAGES] + EXTRA,
+        f"{tag}checkpoint", env, res)
+    run([ferry] + verbose + ["restore", "--images", IMAGES, "--detach"], f"{tag}restore", env, res)
+    time.sleep(0.1)
+
+
 def main():
     if os.geteuid() != 0:
         raise SystemExit("bench/tiny_phases.py: needs root")
@@ -120,12 +133,9 @@ def main():
         pid, port = start_server(work)
         threading.Thread(target=client, args=(port, stop), daemon=True).start()
         time.sleep(0.2)
-        for _ in range(N):
-            shutil.rmtree(IMAGES, ignore_errors=True)
-            run([FERRY] + verbose + ["checkpoint", "--pid", str(pid), "--images", IMAGES] + EXTRA,
-                "checkpoint", env, res)
-            run([FERRY] + verbose + ["restore", "--images", IMAGES, "--detach"], "restore", env, res)
-            time.sleep(0.1)
+        for i in range(N):
+            for k in (range(len(FERRYS)) if i % 2 == 0 else reversed(range(len(FERRYS)))):
+                cycle(FERRYS[k], f"{k} " if len(FERRYS) > 1 else "", pid, verbose, env, res)
     finally:
         stop.set()
         if pid is not None:
@@ -135,7 +145,7 @@ def main():
                 pass
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(IMAGES, ignore_errors=True)
-    for k, v in res.items():
+    for k, v in sorted(res.items()) if len(FERRYS) > 1 else res.items():
         print(f"{k:58s} {statistics.median(v):8.2f}  ({min(v):.2f}-{max(v):.2f})")
 
 
