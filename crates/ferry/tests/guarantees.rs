@@ -1698,6 +1698,38 @@ fn a_checkpoint_whose_trial_restore_fails_leaves_the_tree_running() {
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
+/// `ferry checkpoint` forks the trial's helper as it starts; killed
+/// right after, ferry leaves no helper behind: the helper reads the end
+/// of its pipe and exits.
+#[test]
+fn a_checkpoint_killed_as_it_starts_leaves_no_trial_helper() {
+    require_root!();
+    let mut c = Case::new("trial-ahead-killed");
+    let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
+    let pid = c.start(&prog);
+    let images = c.images();
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    let mut ferry = Command::new(FERRY)
+        .args(["checkpoint", "--pid", &pid.to_string(), "--images", &images_s])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run ferry checkpoint");
+    // Its helper forked (the first thing the command does), the capture
+    // not yet far.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while processes_naming(&images_s).len() < 2 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let _ = ferry.kill();
+    let _ = ferry.wait();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !processes_naming(&images_s).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
+}
+
 /// A unix socket bound to a file would be bound again by the trial (its
 /// socket file removed first): the checkpoint goes on without a trial and
 /// says why, naming the socket.
