@@ -368,6 +368,35 @@ pub fn tcp_sockets_in(ns: BorrowedFd, what: TcpDump) -> SysResult<Vec<TcpDiag>> 
     Ok(out)
 }
 
+/// TCP states as `idiag_states` bits: the listeners, and the handshakes
+/// under way (a request socket, TCP_NEW_SYN_RECV, reported as SYN_RECV).
+pub const TCPF_LISTEN_OR_SYN_RECV: u32 = (1 << 10) | (1 << 3) | (1 << 12);
+
+/// The TCP sockets of network namespace `ns` of the families in
+/// `families` (AF_INET, AF_INET6) in the states of `states` (bit N for
+/// state N), in one dump per family. The kernel skips a socket in any
+/// other state before it formats it: asking for the listeners and the
+/// handshakes under way costs a walk of the connection table (0.25 ms
+/// per family here, every bucket of every namespace's table), not the
+/// formatting and parsing of every connection of the machine's
+/// namespaces (10 ms for 20,000 here).
+pub fn tcp_sockets_in_states(
+    ns: BorrowedFd,
+    families: &[i32],
+    states: u32,
+) -> SysResult<Vec<TcpDiag>> {
+    let sock = diag_socket_in(ns)?;
+    let mut out = Vec::new();
+    for &family in families {
+        let family = u8::try_from(family)
+            .map_err(|_| crate::SysError::new("inet_diag (family)", libc::EINVAL))?;
+        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
+        req[20..24].copy_from_slice(&states.to_ne_bytes());
+        dump(&sock, &req, |batch| parse_inet_batch(batch, &mut out))?;
+    }
+    Ok(out)
+}
+
 /// A sock_diag socket made in a network namespace, for exact lookups.
 pub struct DiagSocket(OwnedFd);
 
@@ -621,6 +650,30 @@ mod tests {
                 all.len()
             );
         }
+    }
+
+    #[test]
+    fn a_dump_by_state_lists_listeners_and_leaves_connections_out() {
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("address");
+        let c = TcpStream::connect(addr).expect("connect");
+        let (a, _) = l.accept().expect("accept");
+        let ns = std::fs::File::open("/proc/self/ns/net").expect("own namespace");
+        let fd = std::os::fd::AsFd::as_fd(&ns);
+        let both = [libc::AF_INET, libc::AF_INET6];
+        let some = tcp_sockets_in_states(fd, &both, TCPF_LISTEN_OR_SYN_RECV).expect("dump");
+        assert!(some.iter().any(|d| d.local == addr && d.state == 10), "the listener");
+        assert!(some.iter().all(|d| d.state == 10 || d.state == 3), "{some:?}");
+        let (cl, al) = (c.local_addr().expect("c"), a.local_addr().expect("a"));
+        assert!(!some.iter().any(|d| d.local == cl || d.local == al && d.remote == cl));
+        let est = tcp_sockets_in_states(fd, &both, 1 << 1).expect("dump");
+        assert!(est.iter().any(|d| d.local == cl && d.remote == al), "the connection");
+        assert!(est.iter().all(|d| d.state == 1), "{est:?}");
+        // An IPv4 listener is not in the IPv6 dump.
+        let v6 =
+            tcp_sockets_in_states(fd, &[libc::AF_INET6], TCPF_LISTEN_OR_SYN_RECV).expect("dump");
+        assert!(!v6.iter().any(|d| d.local == addr), "{v6:?}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `ferry checkpoint`: capture a tree into an image directory.
 
 use anyhow::{Context, Result};
-use ferry_engine::restore::trial::TrialOutcome;
+use ferry_engine::restore::trial::{self, TrialOutcome};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -79,6 +79,15 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         no_verify,
     } = args;
     let network_lock = network_lock.parse().map_err(|e| anyhow::anyhow!("--network-lock: {e}"))?;
+    // The trial's helper forked now, while ferry is small and one thread:
+    // its namespaces are made while the capture runs, not in the pause.
+    let mut ahead = (!no_verify)
+        .then(|| {
+            trial::TrialAhead::fork()
+                .map_err(|e| tracing::debug!("the trial forks its helper when it starts: {e}"))
+                .ok()
+        })
+        .flatten();
     let opts = ferry_engine::capture::CaptureOptions {
         leave_running,
         external_stdio,
@@ -91,7 +100,10 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
     let mut outcome = None;
     let s = ferry_engine::capture::checkpoint_then(pid, &images, &opts, |dir, inherited| {
         if !no_verify {
-            outcome = Some(ferry_engine::restore::trial::trial(dir, inherited)?);
+            outcome = Some(match ahead.take() {
+                Some(helper) => helper.trial(dir)?,
+                None => trial::trial(dir, inherited)?,
+            });
         }
         Ok(())
     })

@@ -204,6 +204,9 @@ fn assert_refused_args(src: &str, args: &[&str], what: &[&str]) {
     }
     assert_eq!(refusal_lines(&err), 1, "error should be one line: {err}");
     assert!(!c.images().join("meta.img").exists(), "a refused checkpoint left an image");
+    // The trial's helper, forked as the command started, ended with it.
+    let images_s = c.images().to_str().expect("utf-8 path").to_string();
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
     assert_eq!(c.finish_child(0), 0, "program was harmed by the refused checkpoint: {}", c.log());
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
@@ -1710,6 +1713,38 @@ fn a_checkpoint_whose_trial_restore_fails_leaves_the_tree_running() {
     assert!(c.log().contains("PASS"), "{}", c.log());
 }
 
+/// `ferry checkpoint` forks the trial's helper as it starts; killed
+/// right after, ferry leaves no helper behind: the helper reads the end
+/// of its pipe and exits.
+#[test]
+fn a_checkpoint_killed_as_it_starts_leaves_no_trial_helper() {
+    require_root!();
+    let mut c = Case::new("trial-ahead-killed");
+    let prog = c.compile("tests/conformance/sock_tcp_established_pair.c");
+    let pid = c.start(&prog);
+    let images = c.images();
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    let mut ferry = Command::new(FERRY)
+        .args(["checkpoint", "--pid", &pid.to_string(), "--images", &images_s])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run ferry checkpoint");
+    // Its helper forked (the first thing the command does), the capture
+    // not yet far.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while processes_naming(&images_s).len() < 2 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let _ = ferry.kill();
+    let _ = ferry.wait();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !processes_naming(&images_s).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
+}
+
 /// A unix socket bound to a file would be bound again by the trial (its
 /// socket file removed first): the checkpoint goes on without a trial and
 /// says why, naming the socket.
@@ -1730,6 +1765,9 @@ fn a_tree_with_a_unix_socket_file_is_checkpointed_without_a_trial() {
     );
     let _ = c.children[0].wait();
     let images = c.images();
+    // The trial's helper, forked as the command started, is not left.
+    let images_s = images.to_str().expect("utf-8 path").to_string();
+    assert_eq!(processes_naming(&images_s), Vec::<i32>::new(), "the trial's helper is left");
     assert_eq!(c.restore_and_finish(pid, &images, &[]), Some(0), "restore: {}", c.log());
 }
 

@@ -15,6 +15,18 @@ pub(crate) fn own_program() -> Option<ferry_sys::bpf::ProgInfo> {
     program()?.info().ok()
 }
 
+/// Loads the iterator on a thread of its own ([`crate::parallel::detach`],
+/// joined before ferry forks) unless this process has it already: its
+/// program load, about half a millisecond, then runs beside a capture's
+/// phases before "sharing checked", which reads it.
+pub(super) fn load_ahead() {
+    if HOST_FILES.get().is_none() {
+        crate::parallel::detach("host fds loaded ahead", || {
+            let _ = program();
+        });
+    }
+}
+
 /// The iterator, loaded once per process.
 pub(super) fn program() -> Option<&'static ferry_sys::host_files::HostFilesProgram> {
     HOST_FILES

@@ -534,6 +534,9 @@ pub fn capture(
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
+    // Phase "sharing checked" reads the host's fd iterator: loaded
+    // meanwhile.
+    host_fds::load_ahead();
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
         let (pre, watch) = survey::presurvey(pid, opts.kept_watch.as_ref());

@@ -17,7 +17,6 @@ use super::tcp_tables::TcpTables;
 use crate::error::{EngineError, Result};
 use ferry_image::{FileKind, OpenFile};
 use ferry_netlock::{Method, Netns, NetworkLock, Tuple};
-use ferry_sys::sockdiag::TcpDump;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
@@ -40,6 +39,12 @@ struct ProcTcp {
     inode: u64,
 }
 
+impl ProcTcp {
+    fn from_diag(d: &ferry_sys::sockdiag::TcpDiag) -> ProcTcp {
+        ProcTcp { local: d.local, state: d.state, rx_queue: d.rqueue as u64, inode: d.inode as u64 }
+    }
+}
+
 /// "0100007F:1F90" (IPv4) or the 32-digit IPv6 form: each 32-bit word in
 /// the kernel's byte order.
 fn proc_addr(field: &str) -> Option<SocketAddr> {
@@ -58,32 +63,52 @@ fn proc_addr(field: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// Every TCP socket of the network namespace of `pid`: one sock_diag
-/// dump (milliseconds for 10,000 sockets), the one `tables` holds for
-/// that namespace when given, or the /proc text tables when sock_diag
-/// cannot answer.
-fn proc_tcp(pid: i32, tables: Option<&TcpTables>) -> Vec<ProcTcp> {
+/// Every TCP socket of the network namespace of `pid`: the sock_diag
+/// dump `tables` holds for that namespace (milliseconds for 10,000
+/// sockets), or the /proc text tables when sock_diag cannot answer.
+fn proc_tcp(pid: i32, tables: &TcpTables) -> Vec<ProcTcp> {
     let listed = |all: &[ferry_sys::sockdiag::TcpDiag]| -> Vec<ProcTcp> {
         all.iter()
             .filter(|d| d.state != ferry_sys::sockdiag::TCP_TIME_WAIT)
-            .map(|d| ProcTcp {
-                local: d.local,
-                state: d.state,
-                rx_queue: d.rqueue as u64,
-                inode: d.inode as u64,
-            })
+            .map(ProcTcp::from_diag)
             .collect()
     };
     let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
-        let fd = std::os::fd::AsFd::as_fd(&ns);
-        match tables {
-            Some(t) => t.of(ns.metadata().ok()?.ino(), fd).ok().map(|t| listed(&t.sockets)),
-            None => {
-                ferry_sys::sockdiag::tcp_sockets_in(fd, TcpDump::Plain).ok().map(|v| listed(&v))
-            }
-        }
+        let t = tables.of(ns.metadata().ok()?.ino(), ns.as_fd()).ok()?;
+        Some(listed(&t.sockets))
     });
     dumped.unwrap_or_else(|| proc_tcp_text(pid))
+}
+
+/// The listeners and the handshakes under way in the network namespace
+/// of `pid`, of the families of `listeners`: a dump that asks for these
+/// states alone, so the kernel formats no connection of the host's
+/// (20,000 of another process's cost the tiny listener's checkpoint 10
+/// ms in a full dump), or the /proc text tables when sock_diag cannot
+/// answer. A handshake under way (a request socket) has its listener's
+/// family (an IPv6 listener's IPv4-mapped ones too): a tree of IPv4
+/// listeners needs no IPv6 dump, a walk of the whole connection table.
+fn waiting_handshakes(pid: i32, listeners: &[SocketAddr]) -> Vec<ProcTcp> {
+    let families = handshake_families(listeners);
+    let dumped = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().and_then(|ns| {
+        let states = ferry_sys::sockdiag::TCPF_LISTEN_OR_SYN_RECV;
+        ferry_sys::sockdiag::tcp_sockets_in_states(ns.as_fd(), &families, states).ok()
+    });
+    match dumped {
+        Some(all) => all.iter().map(ProcTcp::from_diag).collect(),
+        None => proc_tcp_text(pid),
+    }
+}
+
+/// The address families of `listeners`' sockets, each once.
+fn handshake_families(listeners: &[SocketAddr]) -> Vec<i32> {
+    let mut families = Vec::with_capacity(2);
+    for f in [libc::AF_INET, libc::AF_INET6] {
+        if listeners.iter().any(|l| l.is_ipv4() == (f == libc::AF_INET)) {
+            families.push(f);
+        }
+    }
+    families
 }
 
 fn proc_tcp_text(pid: i32) -> Vec<ProcTcp> {
@@ -136,7 +161,7 @@ pub(super) fn scan(root: i32, inodes: &std::collections::HashSet<u64>, tables: &
         return Scan { has_tcp: false, listeners: Vec::new() };
     }
     let mine: Vec<ProcTcp> =
-        proc_tcp(root, Some(tables)).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
+        proc_tcp(root, tables).into_iter().filter(|t| inodes.contains(&t.inode)).collect();
     Scan {
         has_tcp: mine
             .iter()
@@ -181,7 +206,7 @@ pub fn prepare(
     let ports: std::collections::HashSet<u16> = scan.listeners.iter().map(|l| l.port()).collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
     loop {
-        let pending = proc_tcp(root, None)
+        let pending = waiting_handshakes(root, &scan.listeners)
             .iter()
             .filter(|t| ports.contains(&t.local.port()))
             .any(|t| (t.state == TCP_LISTEN && t.rx_queue > 0) || t.state == TCP_SYN_RECV);
@@ -344,6 +369,16 @@ pub fn check_accept_queues<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshakes_are_looked_for_in_the_families_of_the_listeners() {
+        let v4: SocketAddr = "0.0.0.0:80".parse().expect("v4");
+        let v6: SocketAddr = "[::]:80".parse().expect("v6");
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:80".parse().expect("mapped");
+        assert_eq!(handshake_families(&[v4]), vec![libc::AF_INET]);
+        assert_eq!(handshake_families(&[v6, mapped]), vec![libc::AF_INET6]);
+        assert_eq!(handshake_families(&[v6, v4, v4]), vec![libc::AF_INET, libc::AF_INET6]);
+    }
 
     #[test]
     fn reads_proc_net_tcp_addresses() {

@@ -210,7 +210,7 @@ pub(super) fn restore_held_in(
     };
     drop(wr);
     drop(crd);
-    let mut held = HeldInNamespace {
+    let held = HeldInNamespace {
         init,
         root,
         report: std::fs::File::from(rd),
@@ -218,6 +218,12 @@ pub(super) fn restore_held_in(
         phases: Vec::new(),
         uffds: Vec::new(),
     };
+    held_reported(held)
+}
+
+/// `held` once its helper reported the tree restored and held.
+fn held_reported(mut held: HeldInNamespace) -> Result<HeldInNamespace> {
+    let init = held.init;
     match held.next_report()? {
         Some(Report::Held { phases, uffds }) => {
             held.phases = phases;
@@ -229,6 +235,84 @@ pub(super) fn restore_held_in(
             "its helper (pid {init}) ended without a report ({other:?})"
         ))),
     }
+}
+
+/// A helper forked ahead ([`fork_ahead`]), in its namespaces, waiting
+/// for what to restore. Dropped unused, it is killed and reaped.
+pub struct HelperAhead {
+    /// The helper, its tree not restored yet (root 0).
+    held: HeldInNamespace,
+    go: std::fs::File,
+}
+
+/// Forks the helper of [`restore_held_in`] before there is an image, into
+/// namespaces `flags` (CLONE_NEWPID and CLONE_NEWNS at least), while ferry
+/// is small: its fork copies fewer page tables, and the namespaces'
+/// making, its /proc and `setup` run beside ferry's own work. It then
+/// waits for one message ([`HelperAhead::restore`]) and hands it to
+/// `restore`, whose held tree it holds and reports as the helper of
+/// [`restore_held_in`] does; an error of `setup` is reported then. With
+/// ferry gone before the message, it exits. ferry must be one thread here.
+pub fn fork_ahead(
+    flags: u64,
+    setup: impl FnOnce() -> Result<()>,
+    restore: impl FnOnce(Vec<u8>) -> Result<super::Held>,
+) -> Result<HelperAhead> {
+    let pipe = || {
+        ferry_sys::fd::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| EngineError::kernel(0, "creating a pipe", e))
+    };
+    let ((rd, wr), (crd, cwr), (grd, gwr)) = (pipe()?, pipe()?, pipe()?);
+    let init = match ferry_sys::clone::fork_into_namespaces(flags) {
+        Ok(0) => {
+            drop((rd, cwr, gwr));
+            let ready = mount_own_proc(0).and_then(|()| setup());
+            let Some(msg) = read_message(std::fs::File::from(grd)) else {
+                ferry_sys::process::exit_now(0)
+            };
+            let (report, commit) = (std::fs::File::from(wr), std::fs::File::from(crd));
+            hold_as_init(report, commit, || ready.and_then(|()| restore(msg)))
+        }
+        Ok(p) => p,
+        Err(e) => return Err(EngineError::kernel(0, "creating a PID namespace", e)),
+    };
+    let held = HeldInNamespace {
+        init,
+        root: 0,
+        report: std::fs::File::from(rd),
+        commit: Some(std::fs::File::from(cwr)),
+        phases: Vec::new(),
+        uffds: Vec::new(),
+    };
+    Ok(HelperAhead { held, go: std::fs::File::from(gwr) })
+}
+
+impl HelperAhead {
+    /// Hands the helper `msg` and waits until it holds the tree restored
+    /// (root PID `root`, for errors), as [`restore_held_in`] returns it.
+    pub fn restore(self, msg: &[u8], root: i32) -> Result<HeldInNamespace> {
+        let HelperAhead { mut held, mut go } = self;
+        held.root = root;
+        let len = u32::try_from(msg.len()).map_err(|_| {
+            EngineError::restore(root, "a message for the restore helper over 4 GiB")
+        })?;
+        let mut framed = len.to_ne_bytes().to_vec();
+        framed.extend_from_slice(msg);
+        go.write_all(&framed)
+            .map_err(|e| EngineError::io(format!("restore helper {} (its pipe)", held.init), e))?;
+        held_reported(held)
+    }
+}
+
+/// In the helper: one length-prefixed message; None when ferry closed
+/// the pipe first (every copy of its write end: a process forked later
+/// holds one until it exits or closes it).
+fn read_message(mut pipe: std::fs::File) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    pipe.read_exact(&mut len).ok()?;
+    let mut msg = vec![0u8; u32::from_ne_bytes(len) as usize];
+    pipe.read_exact(&mut msg).ok()?;
+    Some(msg)
 }
 
 /// ferry's own copies of the userfaultfds the helper made, for the pager.
