@@ -13,10 +13,19 @@ use std::time::{Duration, Instant};
 /// The call name a refused fork reports (errno EBUSY).
 pub const SEVERAL_THREADS: &str = "fork while several threads run";
 
+/// How long a fork waits for a thread that is not exiting before it
+/// refuses.
+const LIVE_THREADS_WAIT: Duration = Duration::from_millis(100);
+
 /// How long a fork waits for threads that are exiting: a joined thread
 /// has returned, but the kernel lists it in /proc/self/task until it has
-/// released it, a few microseconds later.
-const EXITING_THREADS_WAIT: Duration = Duration::from_millis(100);
+/// released it, a few microseconds later, or much later on a loaded
+/// machine where the exiting thread waits for a CPU. A refusal there
+/// would fail a restore after the tree was killed.
+const EXITING_THREADS_WAIT: Duration = Duration::from_secs(5);
+
+/// The kernel's PF_EXITING task flag (set as a thread starts to exit).
+const PF_EXITING: u64 = 0x4;
 
 /// Number of threads of the calling process (entries of /proc/self/task).
 pub fn thread_count() -> SysResult<usize> {
@@ -26,15 +35,37 @@ pub fn thread_count() -> SysResult<usize> {
     Ok(dir.filter(|e| e.is_ok()).count())
 }
 
+/// Whether every thread of the caller but itself is exiting (or already
+/// gone); threads that cannot be read count as gone.
+fn others_exiting() -> bool {
+    let me = crate::process::gettid().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return false };
+    dir.filter_map(|e| e.ok()).filter(|e| e.file_name().to_str() != Some(me.as_str())).all(|e| {
+        match std::fs::read_to_string(e.path().join("stat")) {
+            Ok(stat) => stat_flags(&stat).is_some_and(|f| f & PF_EXITING != 0),
+            Err(_) => true,
+        }
+    })
+}
+
+/// The flags field of a /proc/PID/stat line (the sixth after the
+/// command's closing parenthesis).
+fn stat_flags(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(6)?.parse().ok()
+}
+
 /// Ok when the caller is its process's only thread; waits a little for
-/// threads that are on their way out, then refuses with EBUSY.
+/// other threads to go, and as long as [`EXITING_THREADS_WAIT`] while
+/// they are all exiting, then refuses with EBUSY.
 pub fn check_single_threaded() -> SysResult<()> {
-    let deadline = Instant::now() + EXITING_THREADS_WAIT;
+    let start = Instant::now();
     loop {
         if thread_count()? <= 1 {
             return Ok(());
         }
-        if Instant::now() >= deadline {
+        let waited = start.elapsed();
+        if waited >= EXITING_THREADS_WAIT || (waited >= LIVE_THREADS_WAIT && !others_exiting()) {
             return Err(SysError::new(SEVERAL_THREADS, libc::EBUSY));
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -124,4 +155,29 @@ pub fn fork_into_namespaces(flags: u64) -> SysResult<i32> {
         return Err(last_error("clone3(new namespaces)"));
     }
     Ok(r as i32)
+}
+
+#[cfg(test)]
+mod stat_tests {
+    use super::*;
+
+    #[test]
+    fn the_flags_field_is_read_after_the_command_even_with_spaces_and_parentheses() {
+        let live = "1234 (a (b) c) R 1 1234 1234 0 -1 4194368 100 0 0 0";
+        let exiting = "1234 (a (b) c) R 1 1234 1234 0 -1 4194372 100 0 0 0";
+        assert_eq!(stat_flags(live), Some(0x40_0040));
+        assert!(stat_flags(live).is_some_and(|f| f & PF_EXITING == 0));
+        assert!(stat_flags(exiting).is_some_and(|f| f & PF_EXITING != 0));
+        assert_eq!(stat_flags("1 (x) S 0"), None);
+    }
+
+    #[test]
+    fn a_running_thread_is_not_exiting() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv());
+        let exiting = others_exiting();
+        drop(tx);
+        let _ = t.join();
+        assert!(!exiting);
+    }
 }
