@@ -37,7 +37,11 @@ pub static PRCTL: Table = Table {
             "refused unless PR_TSC_ENABLE (seccomp strict mode sets it and is restored)",
             "refuses_a_faulting_time_stamp_counter",
         ),
-        restored("PR_GET_SECUREBITS", "`PR_SET_SECUREBITS`", "proc_fsuid"),
+        restored(
+            "PR_GET_SECUREBITS",
+            "`PR_SET_SECUREBITS` (also to none when ferry runs with some)",
+            "proc_fsuid, proc_securebits_none",
+        ),
         restored("PR_GET_TIMERSLACK", "per thread", "proc_prctl_misc"),
         not_applicable(
             "PR_TASK_PERF_EVENTS_DISABLE",
