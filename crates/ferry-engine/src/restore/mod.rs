@@ -240,6 +240,9 @@ fn fault_fails_check(pid: i32) -> Result<()> {
 /// Restores the image in directory `dir` (the newest of its chain of
 /// incremental images, if any) and lets it run.
 pub fn restore(dir: &Path, opts: &RestoreOptions) -> Result<Restored> {
+    if opts.check {
+        loader::start_early(dir);
+    }
     restore_from(&mut ferry_image::DirSource::new(dir), opts)
 }
 
