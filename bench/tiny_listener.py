@@ -27,6 +27,8 @@ import tempfile
 import threading
 import time
 
+from counter_driver import reap_forever, start_server
+
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
     sys.exit(0)
@@ -37,31 +39,6 @@ RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 OUT = os.path.join(REPO, "docs/benchmarks-tiny-latest.md")
 IMAGES = "/dev/shm/ferry-bench-tiny"
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def reap_forever():
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            time.sleep(0.005)
-
-
-def start_server(binary):
-    # stdout to a file: a pipe to this driver would be a descriptor shared
-    # with a process outside the tree, which ferry rightly refuses.
-    log = binary + ".log"
-    with open(log, "w") as out:
-        subprocess.Popen([binary, "0"], stdout=out, stdin=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        with open(log) as f:
-            words = f.readline().split()
-        if len(words) >= 6:
-            return int(words[5]), int(words[3].rsplit(":", 1)[1])
-        time.sleep(0.01)
-    raise SystemExit("counter_server did not start")
 
 
 class Client(threading.Thread):

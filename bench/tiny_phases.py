@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 
+from counter_driver import reap_forever, start_server
+
 if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
     print(__doc__)
     sys.exit(0)
@@ -48,30 +50,11 @@ PHASE = re.compile(r"phases\S*: (checkpoint|restore) (.*?)\s+([0-9.]+) ms \(tota
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def reap_forever():
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            time.sleep(0.005)
-
-
-def start_server(work):
+def start_built_server(work):
     binary = os.path.join(work, "counter_server")
     subprocess.run(["gcc", "-O2", "-pthread", "-o", binary,
                     os.path.join(REPO, "examples/counter_server.c")], check=True)
-    log = binary + ".log"
-    with open(log, "w") as out:
-        subprocess.Popen([binary, "0"], stdout=out, stdin=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        with open(log) as f:
-            words = f.readline().split()
-        if len(words) >= 6:
-            return int(words[5]), int(words[3].rsplit(":", 1)[1])
-        time.sleep(0.01)
-    raise SystemExit("counter_server did not start")
+    return start_server(binary)
 
 
 def client(port, stop):
@@ -130,7 +113,7 @@ def main():
     stop = threading.Event()
     pid = None
     try:
-        pid, port = start_server(work)
+        pid, port = start_built_server(work)
         threading.Thread(target=client, args=(port, stop), daemon=True).start()
         time.sleep(0.2)
         for i in range(N):

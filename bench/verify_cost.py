@@ -21,6 +21,8 @@ import tempfile
 import threading
 import time
 
+from counter_driver import reap_forever
+
 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
     print(__doc__)
     sys.exit(0)
@@ -30,14 +32,6 @@ RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 IMAGES = "/dev/shm/ferry-bench-verify"
 TOTAL = re.compile(r"in ([0-9.]+) ms; tree killed")
 TRIAL = re.compile(r"verified by a trial restore \(([0-9.]+) ms\)")
-
-
-def reap_forever():
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            time.sleep(0.005)
 
 
 def start(argv, ready, log):
