@@ -28,6 +28,10 @@ pub trait PageSink: Sync {
     }
     /// The data area now ends at `len`.
     fn set_data_len(&mut self, len: u64) -> Result<(), ImageError>;
+    /// A hint while the tree still runs: about `bytes` of page data will
+    /// follow. A sink whose writes pay for new storage (a file on tmpfs)
+    /// starts making room for them. Nothing by default.
+    fn make_room_ahead(&mut self, _bytes: u64) {}
 }
 
 /// Where a whole image goes: its pages while the capture copies them

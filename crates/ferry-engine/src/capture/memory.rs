@@ -674,9 +674,31 @@ pub fn check_mlock_future(pid: i32, locked_before: u64) -> Result<()> {
     Ok(())
 }
 
+/// About how many bytes of pages a full capture of `pids` stores, for
+/// the sink to make room for while the tree runs: their anonymous pages
+/// (statm's resident less its file-backed and shared part). An estimate
+/// the sink trims: pages a parent and its child share copy-on-write count
+/// twice, swapped ones not at all, a process that cannot be read nothing.
+pub(super) fn stored_bytes_estimate(pids: &[i32]) -> u64 {
+    let pages: u64 = pids
+        .iter()
+        .filter_map(|pid| crate::procfs::read_string(&format!("/proc/{pid}/statm")).ok())
+        .filter_map(|text| anonymous_pages_of_statm(&text))
+        .sum();
+    pages.saturating_mul(4096)
+}
+
+/// Resident less shared pages of a /proc/PID/statm line.
+fn anonymous_pages_of_statm(text: &str) -> Option<u64> {
+    let mut fields = text.split_whitespace().skip(1).map(str::parse::<u64>);
+    let resident = fields.next()?.ok()?;
+    let shared = fields.next()?.ok()?;
+    Some(resident.saturating_sub(shared))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{intersect, subtract};
+    use super::{anonymous_pages_of_statm, intersect, subtract};
     use ferry_image::PageSpan;
     const P: u64 = 4096;
     const fn sp(start: u64, pages: u64) -> PageSpan {
@@ -698,5 +720,13 @@ mod tests {
     fn nothing_held_sends_everything() {
         assert!(intersect(&[(0, 4 * P)], &[]).is_empty());
         assert_eq!(subtract(vec![(0, 4 * P)], &[]), vec![(0, 4 * P)]);
+    }
+
+    #[test]
+    fn the_estimate_counts_resident_pages_that_are_not_shared() {
+        assert_eq!(anonymous_pages_of_statm("6181 4098 1028 433 0 4336 0\n"), Some(3070));
+        assert_eq!(anonymous_pages_of_statm("10 5 9 1 0 2 0"), Some(0));
+        assert_eq!(anonymous_pages_of_statm("10 5"), None);
+        assert_eq!(anonymous_pages_of_statm("10 x 1"), None);
     }
 }

@@ -537,6 +537,11 @@ pub fn capture(
     // Phase "sharing checked" reads the host's fd iterator: loaded
     // meanwhile.
     host_fds::load_ahead();
+    // A full capture's pages file is allocated while the tree runs (an
+    // incremental one stores a fraction: its hooks know which).
+    if hooks.is_none() {
+        sink.make_room_ahead(memory::stored_bytes_estimate(&tree::running_tree(pid)));
+    }
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
         let (pre, watch) = survey::presurvey(pid, opts.kept_watch.as_ref());
