@@ -98,16 +98,26 @@ pub fn run(args: CheckpointArgs) -> Result<i32> {
         ..Default::default()
     };
     let mut outcome = None;
+    let mut ending = None;
     let s = ferry_engine::capture::checkpoint_then(pid, &images, &opts, |dir, inherited| {
         if !no_verify {
             outcome = Some(match ahead.take() {
-                Some(helper) => helper.trial(dir)?,
+                Some(helper) => {
+                    let (outcome, copy) = helper.trial(dir)?;
+                    ending = copy;
+                    outcome
+                }
                 None => trial::trial(dir, inherited)?,
             });
         }
         Ok(())
     })
     .with_context(|| format!("checkpoint of pid {pid} failed"))?;
+    // The trial's copy ends beside the original's kill, not in the pause;
+    // the command exits once it is gone.
+    if let Some(copy) = ending {
+        copy.wait(trial::END_PATIENCE);
+    }
     let verified = match outcome {
         None => "not verified (--no-verify)".to_string(),
         Some(TrialOutcome::Passed { ms }) => format!("verified by a trial restore ({ms:.1} ms)"),

@@ -134,21 +134,26 @@ impl TrialAhead {
         pidns::fork_ahead(flags as u64, setup, restore_ahead).map(TrialAhead)
     }
 
-    /// [`trial`] of the image in `dir`, by the helper forked ahead.
-    pub fn trial(self, dir: &Path) -> Result<TrialOutcome> {
+    /// [`trial`] of the image in `dir`, by the helper forked ahead. The
+    /// copy that passed is being ended when this returns: the caller
+    /// waits for that end ([`EndingTrial::wait`]) after the original's
+    /// kill, out of the pause. The copy holds nothing of the original's
+    /// (PIDs, ports, SysV ids and mounts are its namespaces'), so the two
+    /// ends may overlap; dropped, [`EndingTrial`] kills and reaps it.
+    pub fn trial(self, dir: &Path) -> Result<(TrialOutcome, Option<EndingTrial>)> {
         use std::os::unix::ffi::OsStrExt;
         let t0 = Instant::now();
         // Read here too, for what is not tried and for the root's PID
         // (0.1 ms for the tiny listener): dropping `self` ends the helper.
         let image = ferry_image::DirSource::new(dir).load(crate::worker_threads())?;
         if let Some(why) = untrialable(&image.tree) {
-            return Ok(TrialOutcome::Skipped(why));
+            return Ok((TrialOutcome::Skipped(why), None));
         }
         let root = image.tree.root().map_or(0, |p| p.pid);
         drop(image);
         let held = self.0.restore(dir.as_os_str().as_bytes(), root)?;
-        TrialCopy { held, ms: 0.0 }.end().wait(END_PATIENCE);
-        Ok(TrialOutcome::Passed { ms: t0.elapsed().as_secs_f64() * 1e3 })
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok((TrialOutcome::Passed { ms }, Some(TrialCopy { held, ms }.end())))
     }
 }
 
