@@ -537,6 +537,8 @@ pub fn capture(
     // Phase "sharing checked" reads the host's fd iterator: loaded
     // meanwhile.
     host_fds::load_ahead();
+    // The survey reads the tree's sockets through it: loaded meanwhile.
+    socket_refs::load_in_background();
     // A full capture's pages file is allocated while the tree runs (an
     // incremental one stores a fraction: its hooks know which).
     if hooks.is_none() {
@@ -544,12 +546,7 @@ pub fn capture(
     }
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
-        let (pre, watch) = survey::presurvey(pid, opts.kept_watch.as_ref());
-        // Loaded now rather than in the freeze, where the survey uses it.
-        if pre.values().any(|p| p.socket_inodes().next().is_some()) {
-            socket_refs::load_ahead();
-        }
-        Ok::<_, EngineError>((pre, watch))
+        Ok::<_, EngineError>(survey::presurvey(pid, opts.kept_watch.as_ref()))
     })?;
     // Every option of every socket, while the tree runs: none in the freeze.
     // And, with the counters on, every connection described: the
@@ -573,6 +570,11 @@ pub fn capture(
     // held waited for a retransmission timeout
     // (tcp_connections::a_request_held_by_the_lock_is_answered_in_pause_time).
     let shared = ph.step("sharing checked", || check_sharing(pid, &pre, opts))?;
+    // Loaded before the freeze, where the survey uses it: a load still
+    // under way is waited for here, not in the pause.
+    if pre.values().any(|p| p.socket_inodes().next().is_some()) {
+        socket_refs::load_ahead();
+    }
     // The pause starts with the first thread seized: ferry's threads go
     // first to the end of the capture ([`crate::priority`]).
     let _raised = crate::priority::Raised::new();

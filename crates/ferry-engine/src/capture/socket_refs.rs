@@ -54,9 +54,48 @@ fn program() -> Option<&'static FileIterProgram> {
         .as_ref()
 }
 
-/// Loads the iterator (once per process) ahead of the freeze.
+/// Loads the iterator (once per process) ahead of the freeze, waiting
+/// for a load [`load_in_background`] started.
 pub(super) fn load_ahead() {
     let _ = program();
+}
+
+/// Starts loading the iterator on a thread of its own
+/// ([`crate::parallel::detach`], joined before ferry forks) unless this
+/// process has it: its load, most of the presurvey of a small tree when
+/// it ran there, then runs beside the presurvey and the checks after it.
+pub(super) fn load_in_background() {
+    if PROGRAM.get().is_none() {
+        crate::parallel::detach("socket refs loaded ahead", || {
+            let _ = program();
+        });
+    }
+}
+
+/// Up to this many open fds, a process whose sockets are wanted while
+/// the iterator still loads has them listed from /proc: the dentries
+/// that listing leaves (the reason for the iterator, [`socket_fds`])
+/// cost nothing at the reap for so few.
+const PROC_LISTING_MAX_FDS: u64 = 64;
+
+/// [`socket_fds`] without waiting for a load still under way, for a
+/// process with at most [`PROC_LISTING_MAX_FDS`] fds: None then, and the
+/// caller lists /proc. The count is the size stat gives /proc/PID/fd
+/// (the number of open fds since Linux 6.2; 0 before, taken as unknown:
+/// the iterator is waited for).
+pub(super) fn socket_fds_unless_loading(pid: i32) -> Option<Vec<(i32, u64, u64)>> {
+    if PROGRAM.get().is_none() {
+        if (1..=PROC_LISTING_MAX_FDS).contains(&open_fds(pid)) {
+            return None;
+        }
+    }
+    socket_fds(pid)
+}
+
+/// The number of `pid`'s open fds as stat reports /proc/PID/fd's size
+/// (Linux 6.2 and later; 0 before, or when it cannot be read).
+fn open_fds(pid: i32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/fd")).map_or(0, |m| m.len())
 }
 
 /// The sockets of `pid`'s fd table as (fd, inode number, the open file
@@ -327,5 +366,32 @@ mod tests {
         assert_eq!(count(fd), Some(2), "in flight in b's queue");
         drop(b);
         drop(a);
+    }
+
+    /// The kernel fact the presurvey's choice rests on: /proc/PID/fd's
+    /// size is the number of open fds: what a listing shows of a process
+    /// that opens no more (0, 1, 2, 5, 6 and what it inherited).
+    #[test]
+    fn proc_fd_size_counts_the_open_fds() {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("sh")
+            .args(["-c", "exec 5</dev/null 6</dev/null; exec sleep 30"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh");
+        let pid = child.id() as i32;
+        let comm = || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while comm().trim() != "sleep" && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let counted = super::open_fds(pid);
+        let listed = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(listed >= 5, "{listed} fds listed");
+        assert_eq!(counted, listed as u64);
     }
 }

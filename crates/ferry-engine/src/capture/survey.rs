@@ -114,7 +114,7 @@ pub(super) fn presurvey(
     let pids = super::tree::running_tree(root);
     let mut pre = Presurvey::new();
     for &pid in &pids {
-        let listed = files::presurvey(pid, socket_refs::socket_fds(pid).as_deref());
+        let listed = files::presurvey(pid, socket_refs::socket_fds_unless_loading(pid).as_deref());
         tracing::debug!("pid {pid}: {} sockets listed before the freeze", listed.len());
         pre.insert(pid, listed);
     }
