@@ -32,10 +32,10 @@
 //! shutdown bits poll does not show.
 
 use super::FdInfo;
-use crate::capture::tcp_tables::TcpTables;
+use crate::capture::tcp_tables::{ask_alone, Alone, TcpTables, TreeSocket};
 use crate::error::{EngineError, Result};
 use ferry_image::{PassedFd, SockOpt};
-use ferry_sys::sockdiag::TCP_TIME_WAIT;
+use ferry_sys::sockdiag::{TcpDump, TCP_TIME_WAIT};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -285,11 +285,11 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
     Ok(list(ns.as_fd())?.into_iter().find(|&(i, _)| i == inode).map_or(0, |(_, b)| b))
 }
 
-/// Up to this many connections per process are looked up one by one (a
-/// few microseconds each) rather than in a dump of the namespace's TCP
+/// Up to this many TCP sockets per capture are asked alone (a few
+/// microseconds each) rather than in a dump of the namespace's TCP
 /// sockets, which walks the kernel's whole connection table: every
 /// namespace's, sized for the machine (262,144 buckets with 24 GiB).
-const EXACT_LOOKUPS: usize = 64;
+const EXACT_LOOKUPS: usize = crate::capture::tcp_tables::ASKED_ALONE_UP_TO;
 
 /// What sock_diag reports of a TCP socket of the process's namespace:
 /// looked up by its addresses, or from the namespace's dump; None for
@@ -301,8 +301,9 @@ fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::
     }
     let inode = info.meta.ino() as u32;
     let d = match looked_up(info, s, inode)? {
-        Some(d) => Some(d),
-        None => tcp_table(info, &info.socket_tables.tcp)?.by_inode(inode).copied(),
+        Alone::Listed(d) => Some(d),
+        Alone::Unlisted => None,
+        Alone::Unknown => tcp_table(info, &info.socket_tables.tcp)?.by_inode(inode).copied(),
     };
     let _ = s.diag.set(d);
     Ok(d)
@@ -339,20 +340,22 @@ fn check_urgent_gap(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
-/// A connection of the process's namespace, looked up by its addresses;
-/// None when it must come from the dump (a socket that is not
-/// connected, another namespace's, or past [`EXACT_LOOKUPS`]).
-fn looked_up(
-    info: &FdInfo,
-    s: &InetFacts,
-    inode: u32,
-) -> Result<Option<ferry_sys::sockdiag::TcpDiag>> {
+/// A TCP socket of the process's namespace asked alone
+/// ([`crate::capture::tcp_tables::ask_alone`]: a connection by its
+/// addresses, a listener by its own); Unknown when it must come from the
+/// dump (not certain, another namespace's, or past [`EXACT_LOOKUPS`]).
+fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Alone> {
     use std::sync::atomic::Ordering;
-    let Some(peer) = s.peer else { return Ok(None) };
+    let tree =
+        TreeSocket { inode, local: s.local, peer: s.peer, state: Some(s.state), cookie: None };
+    // One that no dump lists (unbound and closed) needs no question.
+    if s.peer.is_none() && s.state == TCP_CLOSE && s.local.port() == 0 {
+        return Ok(Alone::Unlisted);
+    }
     if info.socket_tables.exact_lookups.fetch_add(1, Ordering::Relaxed) >= EXACT_LOOKUPS
         || !in_process_netns(info, s)?
     {
-        return Ok(None);
+        return Ok(Alone::Unknown);
     }
     let kerr = |e| EngineError::kernel(info.pid, format!("fd {}: sock_diag lookup", info.fd), e);
     // Held from the question to its answer: the worker threads share it.
@@ -361,11 +364,8 @@ fn looked_up(
         let ns = netns(info)?;
         *diag = Some(ferry_sys::sockdiag::DiagSocket::in_netns(ns.as_fd()).map_err(kerr)?);
     }
-    let Some(diag) = diag.as_ref() else { return Ok(None) };
-    let found = diag.tcp_connection(s.local, peer).map_err(kerr)?;
-    // Another socket with these addresses (cannot be while ours holds
-    // them) sends the question to the dump.
-    Ok(found.filter(|d| d.inode == inode))
+    let Some(diag) = diag.as_ref() else { return Ok(Alone::Unknown) };
+    Ok(ask_alone(diag, &tree, TcpDump::Plain))
 }
 
 /// Whether the socket belongs to the process's network namespace.
