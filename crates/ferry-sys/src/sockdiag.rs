@@ -340,6 +340,11 @@ pub enum TcpDump {
     /// needs only these, and a server's 10,000 connections cost it 15 ms
     /// of formatting and parsing).
     TimeWait,
+    /// The connections in TIME_WAIT at this local port alone: the kernel
+    /// compares the port (idiag_sport) before it formats an entry, so
+    /// the TIME_WAIT entries of the host's other ports cost the walk
+    /// alone (10,000 of them took 5.9 ms to format and parse).
+    TimeWaitOn(u16),
 }
 
 /// Every TCP socket (IPv4 and IPv6) of network namespace `ns`, the
@@ -361,6 +366,10 @@ pub fn tcp_sockets_in(ns: BorrowedFd, what: TcpDump) -> SysResult<Vec<TcpDiag>> 
             // substate, which TcpDiag::state reports too.
             TcpDump::TimeWait => {
                 req[20..24].copy_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes())
+            }
+            TcpDump::TimeWaitOn(port) => {
+                req[20..24].copy_from_slice(&(1u32 << TCP_TIME_WAIT).to_ne_bytes());
+                req[24..26].copy_from_slice(&port.to_be_bytes());
             }
         }
         dump(&sock, &req, |batch| parse_inet_batch(batch, &mut out))?;
@@ -967,6 +976,15 @@ mod tests {
         let only = tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns), TcpDump::TimeWait).expect("dump");
         assert_eq!(find(&only, c_local, a_local), Some(tw));
         assert!(only.iter().all(|d| d.state == TCP_TIME_WAIT), "{only:?}");
+        // By its port: it alone, and not in another port's.
+        let port = c_local.port();
+        let on = tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns), TcpDump::TimeWaitOn(port));
+        let on = on.expect("dump");
+        assert_eq!(find(&on, c_local, a_local), Some(tw));
+        assert!(on.iter().all(|d| d.state == TCP_TIME_WAIT && d.local.port() == port), "{on:?}");
+        let other = TcpDump::TimeWaitOn(port.wrapping_add(1).max(1));
+        let off = tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns), other).expect("dump");
+        assert_eq!(find(&off, c_local, a_local), None);
         let listening =
             tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns), TcpDump::Plain).expect("dump");
         assert!(listening.iter().any(|d| d.local == addr && d.state == 10), "the listener");

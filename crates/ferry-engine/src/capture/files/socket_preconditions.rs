@@ -57,7 +57,8 @@ pub struct Tables {
     /// Its TCP sockets and TIME_WAIT connections, from one dump, for
     /// the connections past [`EXACT_LOOKUPS`].
     tcp: TcpTables,
-    /// Its TIME_WAIT connections alone, for the listeners' check.
+    /// Its TIME_WAIT connections alone, by the listeners' ports, for
+    /// their check.
     time_wait: TcpTables,
     /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
     /// iterator's; none when the kernel refuses it).
@@ -303,7 +304,7 @@ fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::
     let d = match looked_up(info, s, inode)? {
         Alone::Listed(d) => Some(d),
         Alone::Unlisted => None,
-        Alone::Unknown => tcp_table(info, &info.socket_tables.tcp)?.by_inode(inode).copied(),
+        Alone::Unknown => tcp_table(info, &info.socket_tables.tcp, None)?.by_inode(inode).copied(),
     };
     let _ = s.diag.set(d);
     Ok(d)
@@ -420,7 +421,7 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !rebinds || !info.socket_tables.restored_here {
         return Ok(());
     }
-    let table = tcp_table(info, &info.socket_tables.time_wait)?;
+    let table = tcp_table(info, &info.socket_tables.time_wait, Some(s.local.port()))?;
     let tws: Vec<SocketAddr> =
         table.sockets.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
     if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
@@ -448,14 +449,21 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
 }
 
 /// The TCP sockets of the process's network namespace that `tables`
-/// dumps (all, or the TIME_WAIT connections alone), dumped once.
-fn tcp_table(info: &FdInfo, tables: &TcpTables) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
+/// dumps (all, or the TIME_WAIT connections at local port `port`),
+/// dumped once.
+fn tcp_table(
+    info: &FdInfo,
+    tables: &TcpTables,
+    port: Option<u16>,
+) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
     let ns = netns(info)?;
     let inode = ferry_sys::sockdiag::inode_of(ns.as_fd())
         .map_err(|e| EngineError::kernel(info.pid, "fstat of its network namespace", e))?;
-    tables
-        .of(inode, ns.as_fd())
-        .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
+    match port {
+        Some(port) => tables.time_wait_on(inode, ns.as_fd(), port),
+        None => tables.of(inode, ns.as_fd()),
+    }
+    .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
 }
 
 /// The local ends of the TIME_WAIT connections of the process's network
