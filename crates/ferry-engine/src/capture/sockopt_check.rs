@@ -246,7 +246,6 @@ pub(super) fn check(
     let checked = kept.map(|(k, stand)| k.begin(stand));
     let kept_now = checked.as_ref();
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
-    let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
     // The sockets in order, each description once: no syscall yet.
     let mut listed_socks = Vec::new();
@@ -312,12 +311,7 @@ pub(super) fn check(
         }
         taken.push(t);
     }
-    let whole = whole.into_inner();
-    for (netns, ns) in &tcp_ns {
-        let here: Vec<&Taken> =
-            taken.iter().filter(|t| t.kind.is_tcp() && t.kind.netns == *netns).collect();
-        md5.insert(*netns, md5_keyed(tcp, *netns, ns, &here, whole));
-    }
+    let md5 = md5_by_namespace(tcp, &taken, &tcp_ns, whole.into_inner());
     crate::parallel::map(&taken, |t| {
         compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;
         if let (Some(k), Some(c)) = (kept_now, t.cookie) {
@@ -361,6 +355,23 @@ fn prepare(t: &Taken, ns: &OwnedFd, fresh: &mut HashMap<Kind, Fresh>) -> Result<
         e.insert(values);
     }
     Ok(())
+}
+
+/// The MD5-keyed sockets among `taken`, by network namespace (`tcp_ns`:
+/// those of the TCP sockets taken, each open).
+fn md5_by_namespace(
+    tcp: &TcpTables,
+    taken: &[Taken],
+    tcp_ns: &HashMap<u64, OwnedFd>,
+    whole: bool,
+) -> HashMap<u64, Vec<u32>> {
+    let mut md5 = HashMap::new();
+    for (netns, ns) in tcp_ns {
+        let here: Vec<&Taken> =
+            taken.iter().filter(|t| t.kind.is_tcp() && t.kind.netns == *netns).collect();
+        md5.insert(*netns, md5_keyed(tcp, *netns, ns, &here, whole));
+    }
+    md5
 }
 
 /// The inodes of the MD5-keyed sockets of namespace `netns` (`ns`)
