@@ -286,7 +286,7 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
     Ok(list(ns.as_fd())?.into_iter().find(|&(i, _)| i == inode).map_or(0, |(_, b)| b))
 }
 
-/// Up to this many TCP sockets per capture are asked alone (a few
+/// Up to this many TCP sockets per process are asked alone (a few
 /// microseconds each) rather than in a dump of the namespace's TCP
 /// sockets, which walks the kernel's whole connection table: every
 /// namespace's, sized for the machine (262,144 buckets with 24 GiB).
