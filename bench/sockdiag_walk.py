@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """What one sock_diag TCP dump (AF_INET) costs here, by the states asked
 for: the kernel walks its whole connection table for any state but
-LISTEN, and formats only the sockets in the states asked for.
+LISTEN, and formats only the sockets in the states asked for. And what
+one socket asked alone costs (a listener of this script's, by its
+address: no NLM_F_DUMP, one hash lookup), with INET_DIAG_INFO.
 
 Usage: bench/sockdiag_walk.py [REPS]   (mean ms per dump over REPS, 50)
 """
@@ -32,6 +34,17 @@ def dump(states):
         s.close()
 
 
+def ask_alone(s, port):
+    """One request naming the listener at 127.0.0.1:port, its answer."""
+    req = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 2, 0, 0xFFFFFFFF)
+    req += struct.pack(">HH", port, 0) + socket.inet_aton("127.0.0.1") + bytes(28)
+    req += struct.pack("=I", 0) + b"\xff" * 8
+    s.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, 1, 1, 0) + req)
+    b = s.recv(65536)
+    if struct.unpack_from("=H", b, 4)[0] != SOCK_DIAG_BY_FAMILY:
+        raise SystemExit("the listener asked alone was not found")
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -45,6 +58,15 @@ def main():
             n = dump(states)
         ms = (time.perf_counter() - t) / reps * 1e3
         print(f"{name:18s} {ms:.3f} ms per AF_INET dump ({n} sockets)")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+    t = time.perf_counter()
+    for _ in range(reps * 20):
+        ask_alone(s, listener.getsockname()[1])
+    us = (time.perf_counter() - t) / (reps * 20) * 1e6
+    print(f"{'one asked alone':18s} {us:.1f} us per listener asked alone, with INET_DIAG_INFO")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@
 //! value in that window (milliseconds) is not seen.
 
 use super::survey::Presurvey;
-use super::tcp_tables::TcpTables;
+use super::tcp_tables::{TcpTables, TreeSocket, ASKED_ALONE_UP_TO};
 use crate::catalog::socket_options::{self as cat, Level};
 use crate::error::{EngineError, Result};
 use ferry_sys::socket;
@@ -49,6 +49,10 @@ struct Kind {
 }
 
 impl Kind {
+    fn is_tcp(&self) -> bool {
+        self.protocol == libc::IPPROTO_TCP && self.family != libc::AF_UNIX
+    }
+
     fn levels(&self) -> Vec<&'static Level> {
         match (self.family, self.protocol) {
             (libc::AF_UNIX, _) => vec![&cat::UNIX],
@@ -144,6 +148,7 @@ struct Taken<'a> {
     sock: &'a super::files::PreSocket,
     kind: Kind,
     cookie: Option<u64>,
+    inode: u32,
 }
 
 /// A socket this check passed, by its cookie (SO_COOKIE: never given to
@@ -241,7 +246,6 @@ pub(super) fn check(
     let checked = kept.map(|(k, stand)| k.begin(stand));
     let kept_now = checked.as_ref();
     let mut fresh: HashMap<Kind, Fresh> = HashMap::new();
-    let mut md5: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut groups: HashMap<i32, Vec<(u32, std::net::IpAddr)>> = HashMap::new();
     // The sockets in order, each description once: no syscall yet.
     let mut listed_socks = Vec::new();
@@ -254,42 +258,60 @@ pub(super) fn check(
         let mut fds: Vec<i32> = listed.fds().collect();
         fds.sort_unstable();
         for fd in fds {
-            let Some((link, _)) = listed.listed(fd) else { continue };
+            let Some((link, meta)) = listed.listed(fd) else { continue };
             if !seen.insert(link.clone()) {
                 continue;
             }
             // Not duplicated (gone since it was listed): the freeze sees
             // the fd as it is.
             let Some(sock) = listed.socket(fd) else { continue };
-            listed_socks.push((pid, fd, link, sock));
+            let inode = std::os::unix::fs::MetadataExt::ino(meta) as u32;
+            listed_socks.push((pid, fd, link, sock, inode));
         }
     }
     // Each socket's cookie and kind (six calls, one of them making a
     // namespace fd) on the worker threads; the namespace is kept only
     // for the first socket of its kind, which makes the fresh socket.
     let first_of_kind = std::sync::Mutex::new(std::collections::HashSet::new());
-    let kinds = crate::parallel::map(&listed_socks, |&(pid, fd, link, sock)| {
+    // Whether every socket listed is taken here, its kind known: then the
+    // TCP sockets taken in a namespace are all the tree's there.
+    let whole = std::sync::atomic::AtomicBool::new(true);
+    let partial = || whole.store(false, std::sync::atomic::Ordering::Relaxed);
+    let kinds = crate::parallel::map(&listed_socks, |&(pid, fd, link, sock, inode)| {
         let cookie = kept_now.and_then(|_| sock.with_dup(cookie_of).flatten());
         if let Some(c) = cookie {
             sock.set_cookie(c);
         }
         if let (Some(k), Some(c)) = (kept_now, cookie) {
             if k.take_standing(c, sock) {
+                partial();
                 return Ok(None);
             }
         }
-        let Some(Some((kind, ns))) = sock.with_dup(kind_of) else { return Ok(None) };
+        let (kind, ns) = match sock.with_dup(kind_of) {
+            Some(Ok(Some(k))) => k,
+            Some(Ok(None)) => return Ok(None),
+            _ => {
+                partial();
+                return Ok(None);
+            }
+        };
         let first = first_of_kind.lock().unwrap_or_else(|e| e.into_inner()).insert(kind);
-        let t = Taken { pid, fd, link: link.clone(), sock, kind, cookie };
+        let t = Taken { pid, fd, link: link.clone(), sock, kind, cookie, inode };
         Ok(Some((t, first.then_some(ns))))
     })?;
     let mut taken = Vec::with_capacity(kinds.len());
+    let mut tcp_ns = HashMap::new();
     for (t, ns) in kinds.into_iter().flatten() {
         if let Some(ns) = ns {
-            prepare(&t, &ns, &mut fresh, &mut md5, tcp)?;
+            prepare(&t, &ns, &mut fresh)?;
+            if t.kind.is_tcp() {
+                tcp_ns.entry(t.kind.netns).or_insert(ns);
+            }
         }
         taken.push(t);
     }
+    let md5 = md5_by_namespace(tcp, &taken, &tcp_ns, whole.into_inner());
     crate::parallel::map(&taken, |t| {
         compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;
         if let (Some(k), Some(c)) = (kept_now, t.cookie) {
@@ -304,12 +326,13 @@ pub(super) fn check(
 }
 
 /// The socket's kind and network namespace; None for one that is not a
-/// TCP, UDP or unix socket (the capture refuses those itself).
-fn kind_of(sock: &OwnedFd) -> Option<(Kind, OwnedFd)> {
+/// TCP, UDP or unix socket (the capture refuses those itself); Err when
+/// its namespace cannot be read.
+fn kind_of(sock: &OwnedFd) -> std::result::Result<Option<(Kind, OwnedFd)>, ()> {
     let fd = sock.as_raw_fd();
     let int = |n| socket::getsockopt_int(fd, libc::SOL_SOCKET, n).unwrap_or(-1);
-    let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).ok()?;
-    let netns = ferry_sys::sockdiag::inode_of(ns.as_fd()).ok()?;
+    let ns = ferry_sys::sockdiag::socket_netns(sock.as_fd()).map_err(drop)?;
+    let netns = ferry_sys::sockdiag::inode_of(ns.as_fd()).map_err(drop)?;
     let family = int(libc::SO_DOMAIN);
     let kind = Kind {
         netns,
@@ -319,18 +342,11 @@ fn kind_of(sock: &OwnedFd) -> Option<(Kind, OwnedFd)> {
         // A unix listener answers like any unix socket of its type.
         listening: family != libc::AF_UNIX && int(libc::SO_ACCEPTCONN) == 1,
     };
-    (!kind.levels().is_empty()).then_some((kind, ns))
+    Ok((!kind.levels().is_empty()).then_some((kind, ns)))
 }
 
-/// What the comparison of `t` needs: its kind's fresh values, and the
-/// MD5-keyed sockets of its namespace when it is a TCP socket.
-fn prepare(
-    t: &Taken,
-    ns: &OwnedFd,
-    fresh: &mut HashMap<Kind, Fresh>,
-    md5: &mut HashMap<u64, Vec<u32>>,
-    tcp: &TcpTables,
-) -> Result<()> {
+/// What the comparison of `t` needs: its kind's fresh values.
+fn prepare(t: &Taken, ns: &OwnedFd, fresh: &mut HashMap<Kind, Fresh>) -> Result<()> {
     if let std::collections::hash_map::Entry::Vacant(e) = fresh.entry(t.kind) {
         let values = fresh_values(&t.kind, ns).map_err(|err| {
             let what = format!("fd {}: making a fresh socket to compare its options with", t.fd);
@@ -338,15 +354,42 @@ fn prepare(
         })?;
         e.insert(values);
     }
-    if t.kind.protocol == libc::IPPROTO_TCP && t.kind.family != libc::AF_UNIX {
-        md5.entry(t.kind.netns).or_insert_with(|| {
-            let table = tcp.of(t.kind.netns, ns.as_fd());
-            table
-                .map(|t| t.sockets.iter().filter(|s| s.md5).map(|s| s.inode).collect())
-                .unwrap_or_default()
-        });
-    }
     Ok(())
+}
+
+/// The MD5-keyed sockets among `taken`, by network namespace (`tcp_ns`:
+/// those of the TCP sockets taken, each open).
+fn md5_by_namespace(
+    tcp: &TcpTables,
+    taken: &[Taken],
+    tcp_ns: &HashMap<u64, OwnedFd>,
+    whole: bool,
+) -> HashMap<u64, Vec<u32>> {
+    let mut md5 = HashMap::new();
+    for (netns, ns) in tcp_ns {
+        let here: Vec<&Taken> =
+            taken.iter().filter(|t| t.kind.is_tcp() && t.kind.netns == *netns).collect();
+        md5.insert(*netns, md5_keyed(tcp, *netns, ns, &here, whole));
+    }
+    md5
+}
+
+/// The inodes of the MD5-keyed sockets of namespace `netns` (`ns`)
+/// among the tree's TCP sockets `here` there (`whole`: every one of
+/// them), as sock_diag reports them with INET_DIAG_INFO: each asked
+/// alone when they are few, else the namespace's dump
+/// ([`TcpTables::of_tree`]). A socket whose addresses cannot be read
+/// sends the namespace to the dump, never to "no key".
+fn md5_keyed(tcp: &TcpTables, netns: u64, ns: &OwnedFd, here: &[&Taken], whole: bool) -> Vec<u32> {
+    let read = |t: &&Taken| t.sock.with_dup(|d| TreeSocket::read(d.as_fd(), t.inode, t.cookie));
+    let tree: Option<Vec<TreeSocket>> = (here.len() <= ASKED_ALONE_UP_TO)
+        .then(|| here.iter().map(|t| read(t).flatten()).collect())
+        .flatten();
+    let table = match tree {
+        Some(tree) => tcp.of_tree(netns, ns.as_fd(), &tree, whole),
+        None => tcp.of(netns, ns.as_fd()),
+    };
+    table.map(|t| t.sockets.iter().filter(|s| s.md5).map(|s| s.inode).collect()).unwrap_or_default()
 }
 
 /// Compares `t` with a fresh socket of its kind, then keeps what the

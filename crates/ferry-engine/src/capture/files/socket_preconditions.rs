@@ -32,10 +32,10 @@
 //! shutdown bits poll does not show.
 
 use super::FdInfo;
-use crate::capture::tcp_tables::TcpTables;
+use crate::capture::tcp_tables::{ask_alone, Alone, TcpTables, TreeSocket};
 use crate::error::{EngineError, Result};
 use ferry_image::{PassedFd, SockOpt};
-use ferry_sys::sockdiag::TCP_TIME_WAIT;
+use ferry_sys::sockdiag::{TcpDump, TCP_TIME_WAIT};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -57,7 +57,8 @@ pub struct Tables {
     /// Its TCP sockets and TIME_WAIT connections, from one dump, for
     /// the connections past [`EXACT_LOOKUPS`].
     tcp: TcpTables,
-    /// Its TIME_WAIT connections alone, for the listeners' check.
+    /// Its TIME_WAIT connections alone, by the listeners' ports, for
+    /// their check.
     time_wait: TcpTables,
     /// Its TIME_WAIT connections made without SO_REUSEADDR (the BPF tcp
     /// iterator's; none when the kernel refuses it).
@@ -285,11 +286,11 @@ fn shutdown_bits(info: &FdInfo, s: &InetFacts) -> Result<u8> {
     Ok(list(ns.as_fd())?.into_iter().find(|&(i, _)| i == inode).map_or(0, |(_, b)| b))
 }
 
-/// Up to this many connections per process are looked up one by one (a
-/// few microseconds each) rather than in a dump of the namespace's TCP
+/// Up to this many TCP sockets per process are asked alone (a few
+/// microseconds each) rather than in a dump of the namespace's TCP
 /// sockets, which walks the kernel's whole connection table: every
 /// namespace's, sized for the machine (262,144 buckets with 24 GiB).
-const EXACT_LOOKUPS: usize = 64;
+const EXACT_LOOKUPS: usize = crate::capture::tcp_tables::ASKED_ALONE_UP_TO;
 
 /// What sock_diag reports of a TCP socket of the process's namespace:
 /// looked up by its addresses, or from the namespace's dump; None for
@@ -301,8 +302,9 @@ fn tcp_diag(info: &FdInfo, s: &InetFacts) -> Result<Option<ferry_sys::sockdiag::
     }
     let inode = info.meta.ino() as u32;
     let d = match looked_up(info, s, inode)? {
-        Some(d) => Some(d),
-        None => tcp_table(info, &info.socket_tables.tcp)?.by_inode(inode).copied(),
+        Alone::Listed(d) => Some(d),
+        Alone::Unlisted => None,
+        Alone::Unknown => tcp_table(info, &info.socket_tables.tcp, None)?.by_inode(inode).copied(),
     };
     let _ = s.diag.set(d);
     Ok(d)
@@ -339,20 +341,22 @@ fn check_urgent_gap(info: &FdInfo, s: &InetFacts) -> Result<()> {
     )))
 }
 
-/// A connection of the process's namespace, looked up by its addresses;
-/// None when it must come from the dump (a socket that is not
-/// connected, another namespace's, or past [`EXACT_LOOKUPS`]).
-fn looked_up(
-    info: &FdInfo,
-    s: &InetFacts,
-    inode: u32,
-) -> Result<Option<ferry_sys::sockdiag::TcpDiag>> {
+/// A TCP socket of the process's namespace asked alone
+/// ([`crate::capture::tcp_tables::ask_alone`]: a connection by its
+/// addresses, a listener by its own); Unknown when it must come from the
+/// dump (not certain, another namespace's, or past [`EXACT_LOOKUPS`]).
+fn looked_up(info: &FdInfo, s: &InetFacts, inode: u32) -> Result<Alone> {
     use std::sync::atomic::Ordering;
-    let Some(peer) = s.peer else { return Ok(None) };
+    let tree =
+        TreeSocket { inode, local: s.local, peer: s.peer, state: Some(s.state), cookie: None };
+    // One that no dump lists (unbound and closed) needs no question.
+    if s.peer.is_none() && s.state == TCP_CLOSE && s.local.port() == 0 {
+        return Ok(Alone::Unlisted);
+    }
     if info.socket_tables.exact_lookups.fetch_add(1, Ordering::Relaxed) >= EXACT_LOOKUPS
         || !in_process_netns(info, s)?
     {
-        return Ok(None);
+        return Ok(Alone::Unknown);
     }
     let kerr = |e| EngineError::kernel(info.pid, format!("fd {}: sock_diag lookup", info.fd), e);
     // Held from the question to its answer: the worker threads share it.
@@ -361,11 +365,8 @@ fn looked_up(
         let ns = netns(info)?;
         *diag = Some(ferry_sys::sockdiag::DiagSocket::in_netns(ns.as_fd()).map_err(kerr)?);
     }
-    let Some(diag) = diag.as_ref() else { return Ok(None) };
-    let found = diag.tcp_connection(s.local, peer).map_err(kerr)?;
-    // Another socket with these addresses (cannot be while ours holds
-    // them) sends the question to the dump.
-    Ok(found.filter(|d| d.inode == inode))
+    let Some(diag) = diag.as_ref() else { return Ok(Alone::Unknown) };
+    Ok(ask_alone(diag, &tree, TcpDump::Plain))
 }
 
 /// Whether the socket belongs to the process's network namespace.
@@ -420,7 +421,7 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
     if !rebinds || !info.socket_tables.restored_here {
         return Ok(());
     }
-    let table = tcp_table(info, &info.socket_tables.time_wait)?;
+    let table = tcp_table(info, &info.socket_tables.time_wait, Some(s.local.port()))?;
     let tws: Vec<SocketAddr> =
         table.sockets.iter().filter(|d| d.state == TCP_TIME_WAIT).map(|d| d.local).collect();
     if !tws.iter().any(|tw| holds_port(s.local, *tw)) {
@@ -448,14 +449,21 @@ fn check_time_wait(info: &FdInfo, s: &InetFacts) -> Result<()> {
 }
 
 /// The TCP sockets of the process's network namespace that `tables`
-/// dumps (all, or the TIME_WAIT connections alone), dumped once.
-fn tcp_table(info: &FdInfo, tables: &TcpTables) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
+/// dumps (all, or the TIME_WAIT connections at local port `port`),
+/// dumped once.
+fn tcp_table(
+    info: &FdInfo,
+    tables: &TcpTables,
+    port: Option<u16>,
+) -> Result<Arc<crate::capture::tcp_tables::NsTcp>> {
     let ns = netns(info)?;
     let inode = ferry_sys::sockdiag::inode_of(ns.as_fd())
         .map_err(|e| EngineError::kernel(info.pid, "fstat of its network namespace", e))?;
-    tables
-        .of(inode, ns.as_fd())
-        .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
+    match port {
+        Some(port) => tables.time_wait_on(inode, ns.as_fd(), port),
+        None => tables.of(inode, ns.as_fd()),
+    }
+    .map_err(|e| EngineError::kernel(info.pid, "listing TCP sockets (sock_diag)", e))
 }
 
 /// The local ends of the TIME_WAIT connections of the process's network
