@@ -534,16 +534,7 @@ pub fn capture(
     let mut ph = crate::phases::Phases::start("checkpoint");
     // Declared first so it is dropped last, after every cleanup below ran.
     let mut guard = crate::guard::Guard::start()?;
-    // Phase "sharing checked" reads the host's fd iterator: loaded
-    // meanwhile.
-    host_fds::load_ahead();
-    // The survey reads the tree's sockets through it: loaded meanwhile.
-    socket_refs::load_in_background();
-    // A full capture's pages file is allocated while the tree runs (an
-    // incremental one stores a fraction: its hooks know which).
-    if hooks.is_none() {
-        sink.make_room_ahead(memory::stored_bytes_estimate(&tree::running_tree(pid)));
-    }
+    start_ahead(pid, sink, hooks.is_none());
     // Every socket listed while the tree runs; the survey checks them.
     let (pre, mut watch) = ph.step("presurvey", || {
         Ok::<_, EngineError>(survey::presurvey(pid, opts.kept_watch.as_ref()))
@@ -626,6 +617,19 @@ pub fn capture(
     captured.presurvey = pre;
     captured.kept_lock = opts.kept_lock.clone();
     Ok(captured)
+}
+
+/// What runs on threads beside the phases before the freeze: the host's
+/// fd iterator (phase "sharing checked" reads it) and the socket
+/// iterator (the survey's) loaded, and, for a `full` capture, its pages
+/// file made room for (an incremental one stores a fraction: its hooks
+/// know which).
+fn start_ahead(pid: i32, sink: &mut dyn ImageSink, full: bool) {
+    host_fds::load_ahead();
+    socket_refs::load_in_background();
+    if full {
+        sink.make_room_ahead(memory::stored_bytes_estimate(&tree::running_tree(pid)));
+    }
 }
 
 /// Phase "socket options checked": every option of every listed socket
