@@ -8,6 +8,8 @@ use crate::model::{Incremental, Inventory, PageRun, TreeImage};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub const META_FILE: &str = "meta.img";
 pub const PAGES_FILE: &str = "pages.img";
@@ -37,16 +39,51 @@ pub struct PagesWriter {
 /// writing into new pages costs about twice the copy into pages that
 /// exist (docs/benchmarks.md, "The pages file's room made before the
 /// freeze"): the allocation is done while the tree runs, not in the pause.
+/// It goes in steps of [`ROOM_STEP`] and stops at the first write: what
+/// the time before the freeze did not cover is allocated by the writes,
+/// as without it, and the pause never waits for more than a step.
 #[derive(Default)]
-struct RoomAhead(std::sync::Mutex<Option<std::thread::JoinHandle<()>>>);
+struct RoomAhead(std::sync::Mutex<Option<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>>);
+
+/// One `fallocate` of the room made ahead: about 0.7 ms of tmpfs pages
+/// here.
+const ROOM_STEP: u64 = 2 << 20;
 
 impl RoomAhead {
-    /// Waits for the allocation, if one runs.
-    fn wait(&self) {
+    /// Stops the allocation, if one runs, after its current step.
+    fn stop(&self) {
         let running = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-        if let Some(t) = running {
+        if let Some((thread, stop)) = running {
+            stop.store(true, Ordering::Relaxed);
             // The thread only logs its failure: nothing to report here.
-            let _ = t.join();
+            let _ = thread.join();
+        }
+    }
+
+    /// Allocates `bytes` of `file` from the data area's start on a
+    /// thread, step by step until told to stop.
+    fn start(&self, file: File, path: PathBuf, bytes: u64) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let spawned = std::thread::Builder::new().name("pages room".into()).spawn(move || {
+            use std::os::fd::AsFd;
+            let mut done = 0;
+            while done < bytes && !stopped.load(Ordering::Relaxed) {
+                let step = ROOM_STEP.min(bytes - done);
+                let at = PAGES_DATA_OFFSET + done;
+                if let Err(e) = ferry_sys::fd::allocate(file.as_fd(), at, step) {
+                    tracing::debug!(
+                        "{}: no room made ahead past {done} bytes: {e}",
+                        path.display()
+                    );
+                    return;
+                }
+                done += step;
+            }
+        });
+        if let Ok(thread) = spawned {
+            *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((thread, stop));
         }
     }
 }
@@ -54,7 +91,7 @@ impl RoomAhead {
 impl Drop for RoomAhead {
     /// Not left allocating into a file whose image failed.
     fn drop(&mut self) {
-        self.wait();
+        self.stop();
     }
 }
 
@@ -70,31 +107,24 @@ pub const ROOM_AHEAD_MIN: u64 = 1 << 20;
 impl PagesWriter {
     /// Starts allocating `bytes` of the data area on a thread of its
     /// own, on tmpfs or ramfs only (where the allocation is what a write
-    /// into new pages spends most on) and from `ROOM_AHEAD_MIN` up. Best
-    /// effort: a failed allocation (no space for an estimate larger than
-    /// what comes) is logged and the writes allocate as before. Room past
-    /// the final length is given back by [`set_data_len`](Self::set_data_len).
+    /// into new pages spends most on) and from `ROOM_AHEAD_MIN` up, until
+    /// the first write stops it. Best effort: a failed allocation (no
+    /// space for an estimate larger than what comes) is logged and the
+    /// writes allocate as before. Room past the final length is given
+    /// back by [`set_data_len`](Self::set_data_len).
     pub fn make_room_ahead(&mut self, bytes: u64) {
         if !self.in_memory || bytes < ROOM_AHEAD_MIN || self.offset != 0 {
             return;
         }
-        self.room.wait();
-        let Ok(file) = self.file.try_clone() else { return };
-        let path = self.path.clone();
-        let spawned = std::thread::Builder::new().name("pages room".into()).spawn(move || {
-            use std::os::fd::AsFd;
-            if let Err(e) = ferry_sys::fd::allocate(file.as_fd(), PAGES_DATA_OFFSET, bytes) {
-                tracing::debug!("{}: no room made ahead for {bytes} bytes: {e}", path.display());
-            }
-        });
-        if let Ok(t) = spawned {
-            *self.room.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(t);
+        self.room.stop();
+        if let Ok(file) = self.file.try_clone() {
+            self.room.start(file, self.path.clone(), bytes);
         }
     }
 
     /// Appends one run's bytes; `start` is its address in the process.
     pub fn append_run(&mut self, start: u64, data: &[u8]) -> Result<PageRun, ImageError> {
-        self.room.wait();
+        self.room.stop();
         self.file.write_all(data).map_err(|e| ImageError::io(&self.path, e))?;
         let run = PageRun {
             start,
@@ -128,7 +158,7 @@ impl PagesWriter {
         data: &[u8],
     ) -> Result<Vec<PageRun>, ImageError> {
         use std::os::unix::fs::FileExt;
-        self.room.wait();
+        self.room.stop();
         self.file
             .write_all_at(data, PAGES_DATA_OFFSET + data_offset)
             .map_err(|e| ImageError::io(&self.path, e))?;
@@ -170,7 +200,7 @@ impl PagesWriter {
     }
 
     pub fn set_data_len(&mut self, len: u64) -> Result<(), ImageError> {
-        self.room.wait();
+        self.room.stop();
         self.file.set_len(PAGES_DATA_OFFSET + len).map_err(|e| ImageError::io(&self.path, e))?;
         self.offset = len;
         Ok(())

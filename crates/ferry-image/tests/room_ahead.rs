@@ -40,10 +40,14 @@ fn room_made_ahead_on_tmpfs_is_trimmed_to_what_was_written() {
     let d = TempDir::under("/dev/shm", "trim");
     let mut w = ImageDir::new(&d.0).create_pages().expect("pages.img on /dev/shm");
     w.make_room_ahead(8 * MIB);
+    // Made while nothing is written (the tree runs).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while allocated(&d.0) < 8 * MIB && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(allocated(&d.0) >= 8 * MIB, "room ahead not made: {} bytes", allocated(&d.0));
     let data = pattern(MIB, 7);
     w.write_runs_at(0, &[(0x10000, MIB as usize)], &data).expect("write into the room");
-    // The write waited for the allocation: the whole estimate is there.
-    assert!(allocated(&d.0) >= 8 * MIB, "room ahead not made: {} bytes", allocated(&d.0));
     w.set_data_len(MIB).expect("data area ends");
     let meta = std::fs::metadata(d.0.join(PAGES_FILE)).expect("pages.img");
     assert_eq!(meta.len(), PAGES_DATA_OFFSET + MIB);
@@ -66,6 +70,22 @@ fn pages_past_a_short_estimate_are_written_all_the_same() {
     let area = &back[PAGES_DATA_OFFSET as usize..];
     assert_eq!(area, &data[..]);
     ImageDir::verify_runs(&runs, area).expect("every run's checksum holds");
+}
+
+/// A write stops the allocation at its current step: 1 GiB of room
+/// asked, a write at once, and the file holds far less than 1 GiB.
+#[test]
+fn the_first_write_stops_the_room_being_made() {
+    let d = TempDir::under("/dev/shm", "stop");
+    let mut w = ImageDir::new(&d.0).create_pages().expect("pages.img on /dev/shm");
+    w.make_room_ahead(1 << 30);
+    let data = pattern(MIB, 5);
+    w.write_runs_at(0, &[(0x10000, MIB as usize)], &data).expect("write");
+    let made = allocated(&d.0);
+    assert!(made < 512 * MIB, "the room went on past the first write: {made} bytes");
+    w.set_data_len(MIB).expect("data area ends");
+    let back = std::fs::read(d.0.join(PAGES_FILE)).expect("read back");
+    assert_eq!(&back[PAGES_DATA_OFFSET as usize..], &data[..]);
 }
 
 #[test]
