@@ -84,10 +84,8 @@ const PROC_LISTING_MAX_FDS: u64 = 64;
 /// (the number of open fds since Linux 6.2; 0 before, taken as unknown:
 /// the iterator is waited for).
 pub(super) fn socket_fds_unless_loading(pid: i32) -> Option<Vec<(i32, u64, u64)>> {
-    if PROGRAM.get().is_none() {
-        if (1..=PROC_LISTING_MAX_FDS).contains(&open_fds(pid)) {
-            return None;
-        }
+    if PROGRAM.get().is_none() && (1..=PROC_LISTING_MAX_FDS).contains(&open_fds(pid)) {
+        return None;
     }
     socket_fds(pid)
 }
