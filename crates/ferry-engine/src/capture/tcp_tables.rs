@@ -6,8 +6,9 @@
 //! of their own, the connections in TIME_WAIT (the survey).
 //!
 //! A dump walks the kernel's whole connection table, shared by every
-//! namespace of the machine (262,144 buckets here): 0.3-0.85 ms per
-//! family on a quiet host, about 20 ms when the host carries 10,000
+//! namespace of the machine (262,144 buckets here; both families in one
+//! walk, `ferry_sys::sockdiag::tcp_sockets_in`): 0.4-0.6 ms on a quiet
+//! host, about 20 ms when the host carries 10,000
 //! connections of another service, which a small service's checkpoint
 //! then paid for. So when the tree has few TCP sockets in a namespace
 //! (up to [`ASKED_ALONE_UP_TO`]), each is asked alone

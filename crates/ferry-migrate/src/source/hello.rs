@@ -66,8 +66,40 @@ pub fn connect_shipping(
     replica: Option<crate::protocol::ReplicaHello>,
     shipped: &dyn Fn(&str) -> bool,
 ) -> Result<Connected> {
-    let mut tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
-    tree.files.retain(|f| !shipped(&f.path));
+    let list = || {
+        let mut tree = ferry_engine::running_sockets::running_tree_sockets(o.pid);
+        tree.files.retain(|f| !shipped(&f.path));
+        tree
+    };
+    let tree = list();
+    let sent: Vec<String> = tree.files.iter().map(|f| f.path.clone()).collect();
+    match hello_once(o, dry_run, replica.clone(), tree) {
+        // The files were listed while the tree ran: one it held for a
+        // moment (a file written and renamed into place) may be gone
+        // when the destination looks. Asked once more, with what the
+        // tree holds now, when that changed.
+        Err(MigrateError::Unfit(problems)) => {
+            let tree = list();
+            let now: Vec<String> = tree.files.iter().map(|f| f.path.clone()).collect();
+            if now == sent {
+                return Err(MigrateError::Unfit(problems));
+            }
+            (o.progress)(
+                "the tree's open files changed while the destination checked them: asking again",
+            );
+            hello_once(o, dry_run, replica, tree)
+        }
+        other => other,
+    }
+}
+
+/// One Hello with `tree` on a new connection, and its answer.
+fn hello_once(
+    o: &MigrateOptions,
+    dry_run: bool,
+    replica: Option<crate::protocol::ReplicaHello>,
+    tree: RunningTree,
+) -> Result<Connected> {
     let checked = (tree.ids.len(), tree.sockets.len());
     (o.progress)(&format!("connecting to {}", o.to));
     let stream = TcpStream::connect_timeout(&o.to, o.timeout)
