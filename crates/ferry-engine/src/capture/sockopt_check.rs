@@ -358,13 +358,15 @@ fn prepare(t: &Taken, ns: &OwnedFd, fresh: &mut HashMap<Kind, Fresh>) -> Result<
 }
 
 /// The MD5-keyed sockets among `taken`, by network namespace (`tcp_ns`:
-/// those of the TCP sockets taken, each open).
+/// those of the TCP sockets taken, each open); Err (sock_diag's error)
+/// for a namespace whose sockets sock_diag could not show: each TCP
+/// socket there is refused then, never taken for one without a key.
 fn md5_by_namespace(
     tcp: &TcpTables,
     taken: &[Taken],
     tcp_ns: &HashMap<u64, OwnedFd>,
     whole: bool,
-) -> HashMap<u64, Vec<u32>> {
+) -> HashMap<u64, Md5Keyed> {
     let mut md5 = HashMap::new();
     for (netns, ns) in tcp_ns {
         let here: Vec<&Taken> =
@@ -380,7 +382,7 @@ fn md5_by_namespace(
 /// alone when they are few, else the namespace's dump
 /// ([`TcpTables::of_tree`]). A socket whose addresses cannot be read
 /// sends the namespace to the dump, never to "no key".
-fn md5_keyed(tcp: &TcpTables, netns: u64, ns: &OwnedFd, here: &[&Taken], whole: bool) -> Vec<u32> {
+fn md5_keyed(tcp: &TcpTables, netns: u64, ns: &OwnedFd, here: &[&Taken], whole: bool) -> Md5Keyed {
     let read = |t: &&Taken| t.sock.with_dup(|d| TreeSocket::read(d.as_fd(), t.inode, t.cookie));
     let tree: Option<Vec<TreeSocket>> = (here.len() <= ASKED_ALONE_UP_TO)
         .then(|| here.iter().map(|t| read(t).flatten()).collect())
@@ -389,7 +391,31 @@ fn md5_keyed(tcp: &TcpTables, netns: u64, ns: &OwnedFd, here: &[&Taken], whole: 
         Some(tree) => tcp.of_tree(netns, ns.as_fd(), &tree, whole),
         None => tcp.of(netns, ns.as_fd()),
     };
-    table.map(|t| t.sockets.iter().filter(|s| s.md5).map(|s| s.inode).collect()).unwrap_or_default()
+    table
+        .map(|t| t.sockets.iter().filter(|s| s.md5).map(|s| s.inode).collect())
+        .map_err(|e| e.to_string())
+}
+
+/// A namespace's MD5-keyed sockets by inode, or why sock_diag could not
+/// show them.
+type Md5Keyed = std::result::Result<Vec<u32>, String>;
+
+/// Why a TCP socket of inode `ino` (None: its inode unreadable) is
+/// refused for its MD5 keys, as `keyed` (its namespace's) tells: it has
+/// one, or whether it has one is not known.
+fn md5_refusal(keyed: &Md5Keyed, ino: Option<u64>) -> Option<String> {
+    match (keyed, ino) {
+        (Ok(keyed), Some(ino)) => keyed
+            .iter()
+            .any(|&i| u64::from(i) == ino)
+            .then(|| "TCP MD5 signature keys (TCP_MD5SIG, shown by sock_diag)".to_string()),
+        (Err(e), _) => {
+            Some(format!("TCP MD5 signature keys (TCP_MD5SIG) that sock_diag could not show ({e})"))
+        }
+        (Ok(_), None) => {
+            Some("TCP MD5 signature keys (TCP_MD5SIG) of a socket whose inode is unreadable".into())
+        }
+    }
 }
 
 /// Compares `t` with a fresh socket of its kind, then keeps what the
@@ -397,7 +423,7 @@ fn md5_keyed(tcp: &TcpTables, netns: u64, ns: &OwnedFd, here: &[&Taken], whole: 
 fn compare(
     t: &Taken,
     fresh: &HashMap<Kind, Fresh>,
-    md5: &HashMap<u64, Vec<u32>>,
+    md5: &HashMap<u64, Md5Keyed>,
     groups: &[(u32, std::net::IpAddr)],
     read_early: bool,
 ) -> Result<()> {
@@ -418,7 +444,7 @@ fn compare_sock(
     t: &Taken,
     sock: &OwnedFd,
     fresh: &HashMap<Kind, Fresh>,
-    md5: &HashMap<u64, Vec<u32>>,
+    md5: &HashMap<u64, Md5Keyed>,
     groups: &[(u32, std::net::IpAddr)],
 ) -> Result<()> {
     let fd = sock.as_raw_fd();
@@ -427,10 +453,8 @@ fn compare_sock(
         return Err(found.refuse(fd, what));
     }
     if let Some(keyed) = md5.get(&t.kind.netns).filter(|_| t.kind.protocol == libc::IPPROTO_TCP) {
-        let ino = ferry_sys::sockdiag::inode_of(sock.as_fd()).unwrap_or(0);
-        if keyed.iter().any(|&i| u64::from(i) == ino) {
-            let what = "TCP MD5 signature keys (TCP_MD5SIG, shown by sock_diag)";
-            return Err(found.refuse(fd, what.into()));
+        if let Some(what) = md5_refusal(keyed, ferry_sys::sockdiag::inode_of(sock.as_fd()).ok()) {
+            return Err(found.refuse(fd, what));
         }
     }
     if t.kind.protocol == libc::IPPROTO_UDP {
@@ -503,5 +527,17 @@ mod tests {
         let g6 =
             parse_igmp6("1    lo              ff020000000000000000000000000001     1 0000000C 0\n");
         assert_eq!(g6, vec![(1, "ff02::1".parse().unwrap())]);
+    }
+
+    /// A namespace whose keys sock_diag could not show refuses every TCP
+    /// socket there: never "no key".
+    #[test]
+    fn md5_keys_unknown_are_refused_not_taken_for_none() {
+        use super::md5_refusal;
+        assert_eq!(md5_refusal(&Ok(vec![7, 9]), Some(8)), None);
+        assert!(md5_refusal(&Ok(vec![7, 9]), Some(9)).is_some_and(|w| w.contains("TCP_MD5SIG")));
+        let failed: super::Md5Keyed = Err("recv(sock_diag) failed: ENOBUFS".into());
+        assert!(md5_refusal(&failed, Some(8)).is_some_and(|w| w.contains("ENOBUFS")));
+        assert!(md5_refusal(&Ok(vec![]), None).is_some());
     }
 }
