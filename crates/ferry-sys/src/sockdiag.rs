@@ -397,13 +397,24 @@ fn in_one_walk(sock: &OwnedFd, ext: u8, states: u32, port: u16) -> SysResult<Vec
 fn per_family(sock: &OwnedFd, ext: u8, states: u32, port: u16) -> SysResult<Vec<TcpDiag>> {
     let mut out = Vec::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
-        req[18] = ext;
-        req[20..24].copy_from_slice(&states.to_ne_bytes());
-        req[24..26].copy_from_slice(&port.to_be_bytes());
-        dump(sock, &req, |batch| parse_inet_batch(batch, &mut out))?;
+        family_dump(sock, family, (ext, states, port), &mut out)?;
     }
     Ok(out)
+}
+
+/// Appends to `out` the TCP sockets of `family` with extensions, states
+/// and local port (0: any) `asked`, from one SOCK_DIAG_BY_FAMILY dump.
+fn family_dump(
+    sock: &OwnedFd,
+    family: u8,
+    (ext, states, port): (u8, u32, u16),
+    out: &mut Vec<TcpDiag>,
+) -> SysResult<()> {
+    let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
+    req[18] = ext;
+    req[20..24].copy_from_slice(&states.to_ne_bytes());
+    req[24..26].copy_from_slice(&port.to_be_bytes());
+    dump(sock, &req, |batch| parse_inet_batch(batch, out))
 }
 
 /// The legacy `inet_diag_req` dump of TCP sockets (message type
@@ -452,9 +463,7 @@ pub fn tcp_sockets_in_states(
     for &family in families {
         let family = u8::try_from(family)
             .map_err(|_| crate::SysError::new("inet_diag (family)", libc::EINVAL))?;
-        let mut req = inet_dump_request(family, libc::IPPROTO_TCP as u8);
-        req[20..24].copy_from_slice(&states.to_ne_bytes());
-        dump(&sock, &req, |batch| parse_inet_batch(batch, &mut out))?;
+        family_dump(&sock, family, (0, states, 0), &mut out)?;
     }
     Ok(out)
 }
