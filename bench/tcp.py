@@ -21,9 +21,10 @@ thawed (restore), and split into:
   thaw      releasing the lock
 (the gap between the two commands, here the time to start `ferry restore`,
 is in the pause but not in a part). "service stopped" runs from the moment
-the server's threads are frozen to the end of the restore's connection
-phase: it adds the survey of every descriptor, which happens before the
-lock engages. "longest client wait" is the figure of record: one more connection
+the server's threads are frozen to the moment the restore lets them run
+(phase "tree released"; with builds that released the tree after the
+held packets, the end of phase "held packets"): it adds the survey of
+every descriptor, which happens before the lock engages. "longest client wait" is the figure of record: one more connection
 (the probe, tcp_stream.h) on which the client sends a request every
 millisecond, from READY to 300 ms after the restore, and times each answer of a server
 thread with its own clock. "both commands" is the wall time of `ferry checkpoint` (launch
@@ -232,9 +233,10 @@ def one_run(bins, n, method, work):
         # launch to exit, restore from launch to the pidfile.
         row["commands"] = (ck_wall + rs_wall) * 1e3
         # The service's own pause: from the moment its threads stop to the
-        # end of the restore's connection phase (it runs right after).
+        # moment the restore lets them run.
         frozen_us = cp[("checkpoint", "freeze")][1] - cp[("checkpoint", "freeze")][0] * 1e3
-        row["service"] = (rp[("restore", "tcp resend")][1] - frozen_us) / 1e3
+        released = rp.get(("restore", "tree released")) or rp[("restore", "held packets")]
+        row["service"] = (released[1] - frozen_us) / 1e3
         probe = PROBE.search(clog_text)
         if probe is None:
             raise RuntimeError(f"the client printed no probe line: {clog_text[-500:]}")

@@ -78,3 +78,68 @@ fn stall_if_asked(op: &str, phase: &str) {
         std::thread::sleep(std::time::Duration::from_secs(secs));
     }
 }
+
+/// The parts of one phase, timed and logged together as one debug line
+/// when it ends: where a phase that grows with the tree spends its time
+/// (`ferry -v`).
+pub struct Splits {
+    what: String,
+    last: Instant,
+    parts: Vec<(&'static str, f64)>,
+}
+
+impl Splits {
+    pub fn start(what: impl Into<String>) -> Splits {
+        Splits { what: what.into(), last: Instant::now(), parts: Vec::new() }
+    }
+
+    /// Ends the part running since the last mark, adding to a part of
+    /// the same name marked before.
+    pub fn mark(&mut self, part: &'static str) {
+        let now = Instant::now();
+        let ms = (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+        match self.parts.iter_mut().find(|(p, _)| *p == part) {
+            Some((_, total)) => *total += ms,
+            None => self.parts.push((part, ms)),
+        }
+    }
+
+    /// The parts as "name 1.234 ms, ..." in the order first marked.
+    pub fn summary(&self) -> String {
+        self.parts.iter().map(|(p, ms)| format!("{p} {ms:.3} ms")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl Drop for Splits {
+    fn drop(&mut self) {
+        if !self.parts.is_empty() {
+            tracing::debug!("{}: {}", self.what, self.summary());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Splits;
+
+    #[test]
+    fn splits_add_parts_of_one_name_in_first_order() {
+        let mut s = Splits::start("test");
+        s.mark("a");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        s.mark("b");
+        s.mark("a");
+        let text = s.summary();
+        let names: Vec<&str> =
+            text.split(", ").map(|p| p.split(' ').next().unwrap_or("")).collect();
+        assert_eq!(names, ["a", "b"]);
+        let b: f64 = text
+            .split(", ")
+            .nth(1)
+            .and_then(|p| p.split(' ').nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        assert!(b >= 2.0, "{text}");
+    }
+}

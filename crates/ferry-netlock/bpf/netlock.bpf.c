@@ -96,6 +96,20 @@ struct {
 	__uint(max_entries, 8 << 20);
 } held SEC(".maps");
 
+// Per owner slot: packets its lock dropped without keeping them (the ring
+// full, a packet too large or unreadable, or a match in `frozen`, which
+// counts for every engaged lock). User space zeroes a slot's count when it
+// gives the slot to a lock; a lock whose count is still 0 after its thaw
+// had every packet it dropped kept, so their delivery tells each peer all
+// that it missed.
+#define OWNER_SLOTS 64
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, OWNER_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
 // A kept packet: this header, then `len` bytes from the network header.
 // Must match `HeldHeader` in src/held.rs.
 struct held_header {
@@ -269,40 +283,75 @@ static __always_inline __u32 ip_length(struct __sk_buff *skb)
 }
 
 // Reserves a record of type `kind` in `held`, fills it from the packet
-// and submits it (discards it when the packet cannot be read).
+// and submits it (discards it when the packet cannot be read). Returns 1
+// when the packet was kept, 0 when not.
 #define KEEP_AS(kind)                                                                   \
 	do {                                                                            \
 		struct kind *r = bpf_ringbuf_reserve(&held, sizeof(*r), 0);             \
 		if (!r)                                                                 \
-			return;                                                         \
+			return 0;                                                       \
 		r->h.len = len;                                                         \
 		r->h.owner = owner;                                                     \
 		r->h.ingress = ingress;                                                 \
 		r->h.generation = generation;                                           \
 		if (bpf_skb_load_bytes_relative(skb, 0, r->data, len, BPF_HDR_START_NET)) { \
 			bpf_ringbuf_discard(r, 0);                                      \
-			return;                                                         \
+			return 0;                                                       \
 		}                                                                       \
 		bpf_ringbuf_submit(r, 0);                                               \
+		return 1;                                                               \
 	} while (0)
 
-// Copies the dropped packet into `held` for the lock that dropped it.
-static __always_inline void keep(struct __sk_buff *skb, __u32 match, int ingress)
+// Copies the dropped packet into `held` for the lock that dropped it;
+// returns 1 when it was kept.
+static __always_inline int keep(struct __sk_buff *skb, __u32 match, int ingress)
 {
 	__u32 len = ip_length(skb);
 	__u8 owner = match & 0xff;
 	__u16 generation = (match >> 8) & 0xffff;
 
 	if (owner == UNKNOWN_OWNER || len == 0)
-		return;
+		return 0;
 	// bpf_skb_load_bytes_relative reads only the linear part: make the
 	// whole packet linear (it is dropped anyway).
 	if (bpf_skb_pull_data(skb, skb->len))
-		return;
+		return 0;
 	if (len <= HELD_SMALL)
 		KEEP_AS(held_small);
 	else if (len <= HELD_LARGE)
 		KEEP_AS(held_large);
+	return 0;
+}
+
+static __always_inline void count_lost_in(__u32 slot)
+{
+	__u64 *n = bpf_map_lookup_elem(&lost, &slot);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+// A packet dropped and not kept counts against its lock, or, when the
+// owner is unknown (a match in `frozen`), against every engaged lock.
+static __always_inline void count_lost(__u32 match, __u64 engaged)
+{
+	__u8 owner = match & 0xff;
+
+	if (owner != UNKNOWN_OWNER) {
+		count_lost_in(owner);
+		return;
+	}
+	for (__u32 slot = 0; slot < OWNER_SLOTS; slot++)
+		if (engaged & (1ULL << slot))
+			count_lost_in(slot);
+}
+
+// Drops the packet of lock `match`, keeping it when it can.
+static __always_inline int drop(struct __sk_buff *skb, __u32 match, __u64 engaged, int ingress)
+{
+	if (!keep(skb, match, ingress))
+		count_lost(match, engaged);
+	return TCX_DROP;
 }
 
 static __always_inline int verdict(struct __sk_buff *skb, int ingress)
@@ -321,10 +370,8 @@ static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 	if (packet_key(skb, ingress, &key, &flags))
 		return TCX_NEXT;
 	match = locked(&key, mask);
-	if (match) {
-		keep(skb, match, ingress);
-		return TCX_DROP;
-	}
+	if (match)
+		return drop(skb, match, mask, ingress);
 	// A connection attempt to a frozen listener: SYN without ACK, coming
 	// in. Kept too: delivered to the restored listener, it saves the client
 	// its SYN retransmission timeout (1 s).
@@ -332,10 +379,8 @@ static __always_inline int verdict(struct __sk_buff *skb, int ingress)
 		__builtin_memset(key.remote_addr, 0, sizeof(key.remote_addr));
 		key.remote_port = 0;
 		match = locked(&key, mask);
-		if (match) {
-			keep(skb, match, ingress);
-			return TCX_DROP;
-		}
+		if (match)
+			return drop(skb, match, mask, ingress);
 	}
 	return TCX_NEXT;
 }

@@ -41,7 +41,7 @@ const PROGRAMS: [(&str, TcAttachType, &str); 2] = [
     ("ferry_ingress", TcAttachType::Ingress, "ingress"),
     ("ferry_egress", TcAttachType::Egress, "egress"),
 ];
-const MAPS: [&str; 4] = ["frozen", "active", "table", "held"];
+const MAPS: [&str; 5] = ["frozen", "active", "table", "held", "lost"];
 
 /// Tuples written to `frozen` (the overflow of `table`) at most. Elements
 /// are allocated on insert (`BPF_F_NO_PREALLOC`), but a lock's release
@@ -69,6 +69,8 @@ pub(crate) struct Base {
     pub name: String,
     pub frozen: OwnedFd,
     pub active: OwnedFd,
+    /// Per owner slot, the packets its lock dropped without keeping them.
+    pub lost: OwnedFd,
     /// The map `table`, mapped only once a lock needs it as memory (see
     /// [`Base::table`]): the kernel maps every page of it at mmap (2.5
     /// MiB, ~0.7 ms here with the unmap), more than a few entries cost
@@ -514,8 +516,8 @@ fn open_maps(lock: &str, name: String, flock_file: std::fs::File) -> Result<Base
     let table_id = ferry_sys::bpf::map_id(table_fd.as_fd()).map_err(sys_error(lock, what()))?;
     // A mapping kept by this process (reuse.rs); else mapped when needed.
     let table = crate::reuse::take_table(&name, table_id);
-    let (frozen, active) = (get("frozen")?, get("active")?);
-    Ok(Base { frozen, active, table_fd, table, table_id, name, flock_file })
+    let (frozen, active, lost) = (get("frozen")?, get("active")?, get("lost")?);
+    Ok(Base { frozen, active, lost, table_fd, table, table_id, name, flock_file })
 }
 
 /// Opens an installed base (a process that adopts a lock it did not make).

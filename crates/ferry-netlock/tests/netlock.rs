@@ -781,6 +781,8 @@ fn ebpf_overflow_map() {
         "an overflowed tuple was not dropped"
     );
     lock.disengage().expect("disengage");
+    // The overflow map's packets are dropped without being kept.
+    assert!(!lock.kept_every_dropped_packet(), "a packet of the overflow map counted as kept");
     assert_eq!(read_exact_within(&mut server, 4, Duration::from_secs(10)), b"held");
     lock.thaw().expect("thaw");
     lab.assert_gone(&name);
@@ -1073,6 +1075,7 @@ fn held_packets_are_delivered(link: Link, v6: bool) {
     std::thread::sleep(Duration::from_millis(50));
     assert!(read_exact_within(&mut server, 1, Duration::from_millis(20)).is_empty());
     lock.disengage().expect("disengage");
+    assert!(lock.kept_every_dropped_packet(), "a packet of a few was dropped without being kept");
     let start = Instant::now();
     let sent = lock.deliver_held(None).expect("deliver held packets");
     let delivered = start.elapsed();

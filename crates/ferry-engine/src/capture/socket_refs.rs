@@ -197,6 +197,11 @@ fn is_tcp(kind: &FileKind) -> bool {
 /// TCP sockets with their (snd_una, snd_up).
 type Read = (HashMap<u64, Count>, Vec<(i32, SocketFile)>);
 
+/// The tables are read one after the other, never side by side: the
+/// iterator holds a reference to each file while its program runs, and
+/// ferry's duplicates are the tree's descriptions, so a read of ferry's
+/// table beside the tree's shows descriptions one reference more (tried:
+/// connections were refused as referenced outside the tree).
 fn read_tables(prog: &FileIterProgram, procs: &[Survey], share_files: &[i32]) -> Result<Read> {
     let mut counts: HashMap<u64, Count> = HashMap::new();
     let mut tcp = Vec::new();

@@ -146,16 +146,19 @@ pub(super) fn survey_tree(
     watch: Option<sockopt_watch::Watch>,
 ) -> Result<TreeSurvey> {
     let pids = tree.pids();
+    let mut splits = crate::phases::Splits::start("survey");
     tree.check_groups()?;
     tree.check_zombies()?;
     namespaces::check_mounts(&pids)?;
     namespaces::check_ipc(&pids)?;
     namespaces::check_others(&pids)?;
     let ppids: Vec<i32> = tree.procs.iter().map(|p| p.ppid).collect();
+    splits.mark("namespaces");
     let share_files = sharing::check(&pids, &ppids)?;
     if let Some(root) = tree.procs.first() {
         sharing::check_outside(root.frozen.pid, root.ppid)?;
     }
+    splits.mark("sharing");
     let tasks: Vec<(i32, Vec<i32>)> = tree
         .procs
         .iter()
@@ -167,12 +170,14 @@ pub(super) fn survey_tree(
     let cgroups = cgroups::capture(&tasks)?;
     let tids: Vec<i32> = tasks.iter().flat_map(|t| t.1.iter().copied()).collect();
     let quiet = watch.map(|w| w.quiet(&tids)).unwrap_or_default();
+    splits.mark("pids, uts, cgroups, watch");
     let mut procs = Vec::with_capacity(tree.procs.len());
     for p in &tree.procs {
         let listed = pre.get(&p.frozen.pid);
-        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, (listed, quiet))?);
+        procs.push(survey_process(&p.frozen, p.ppid, &pids, opts, (listed, quiet), &mut splits)?);
     }
     let (unix_creds, unix_dead) = link_files(&mut procs, &pids)?;
+    splits.mark("files linked");
     let carried = carried_by_id(&mut procs);
     let orphans = procs.iter_mut().flat_map(|s| std::mem::take(&mut s.unix_orphans)).collect();
     let next_id = procs.iter().flat_map(|s| s.files.iter().map(|f| f.id + 1)).max().unwrap_or(0);
@@ -193,12 +198,15 @@ pub(super) fn survey_tree(
         })
         .collect();
     socket_refs::check(&views, &share_files)?;
+    splits.mark("socket references");
     let mem_views: Vec<(i32, &[Vma], &[procfs::MapsEntry])> =
         procs.iter().map(|s| (s.pid, s.vmas.as_slice(), s.smaps.as_slice())).collect();
     let shared_anon = shm::capture_shared_anon(&mem_views)?;
     let sysv_shm = shm::capture_sysv(&mem_views)?;
+    splits.mark("shared memory");
     // Last: it reads the ptys' queues out, which every refusal above left.
     let ptys = capture_ptys(tree, &procs, opts)?;
+    splits.mark("ptys");
     Ok(TreeSurvey {
         share_files,
         pid_view,
@@ -258,6 +266,7 @@ fn survey_process(
     tree: &[i32],
     opts: &CaptureOptions,
     (pre, quiet): (Option<&files::FdPresurvey>, sockopt_watch::Quiet),
+    splits: &mut crate::phases::Splits,
 ) -> Result<Survey> {
     let pid = frozen.pid;
     let (smaps, without_page_walk) = vma_flags::frozen_smaps(pid, opts.presurveyed.get(&pid))?;
@@ -267,6 +276,7 @@ fn survey_process(
     );
     let vmas = memory::classify(pid, &smaps)?;
     memory::check_guard_regions(pid, &smaps)?;
+    splits.mark("mappings");
     let files::CapturedFds {
         files,
         fds,
@@ -282,6 +292,7 @@ fn survey_process(
         epoll_fdinfo,
         carried,
     } = files::capture(pid, &frozen.pidfd, tree, opts, pre, quiet)?;
+    splits.mark("fds");
     files::check_deleted_mapped(pid, &files, &fds, &vmas)?;
     let (memfds, mut inode_attrs) = memfd::capture(pid, &files, &fds, &vmas, &smaps)?;
     inode_attrs.extend(files::owner::deleted_attrs(pid, &files, &fds)?);
@@ -292,6 +303,7 @@ fn survey_process(
         files::owner::capture(pid, &frozen.pidfd, &files, &fds, tree, &kept, &early_owners)?;
     let carried = files::carried::take_from(&mut kept, &files, &fds);
     keep_connections(&mut kept, &files, &fds);
+    splits.mark("memfds, owners");
     let tids: Vec<i32> = frozen.threads.iter().map(|t| t.tid).collect();
     prctl::check_thread_creds(pid, &tids)?;
     super::process::check_unrestored(pid)?;
@@ -312,6 +324,7 @@ fn survey_process(
     })?;
     let syscall_ip = inject::find_syscall_insn(pid, vdso.start, vdso.end)?;
     let remote = Remote { pid, syscall_ip, settle: true };
+    splits.mark("creds, seccomp, vdso");
     Ok(Survey {
         pid,
         ppid,

@@ -94,9 +94,32 @@ impl Held {
             l.disengage()?;
         }
         ph.mark("network thaw");
-        files::tcp::resend(&rebuilt)?;
+        // Each peer learns our window from what the lock kept of the pause
+        // (its zero-window probes answered, our window updates sent) when
+        // it kept everything; otherwise from a probe per connection.
+        let probe = !(staged.lock_from_image
+            && lock.as_ref().is_some_and(ferry_netlock::NetworkLock::kept_every_dropped_packet));
+        files::tcp::resend(&rebuilt, probe)?;
         files::tcp::give_peer_fins(&rebuilt, pid)?;
         ph.mark("tcp resend");
+        // Every send queue is whole again and every deferred option set:
+        // what the processes write now follows it. The packets the lock
+        // held are the peers' and reach the sockets below, as packets
+        // delayed in the network would: the tree need not wait for them.
+        release_processes(&procs)?;
+        guard.disarmed = true;
+        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
+        // Restored in ferry's own PID namespace: both see the same number.
+        let restored = Restored {
+            pid: crate::TreePid(pid),
+            host_pid: crate::HostPid(pid),
+            init_pid: None,
+            processes: tree.processes.len(),
+            threads,
+            total_ms: ph.started().elapsed().as_secs_f64() * 1e3,
+        };
+        ph.mark("tree released");
+        running(&restored);
         // After the resend: a held segment from the peer acknowledges what
         // the old socket had sent, and the rebuilt one counts as sent only
         // once the resend wrote it again; before, the kernel would drop
@@ -108,33 +131,7 @@ impl Held {
             deliver_held(l, pid);
         }
         ph.mark("held packets");
-        // Children first, so a parent never runs while its child is still held.
-        for HeldProcess { pid: p, tids, stopped } in procs.iter().rev() {
-            if *stopped {
-                // Queued while every thread is still held: the process takes
-                // it on its way out of the ptrace stop, before running any
-                // instruction of its own, and enters the job-control stop.
-                ferry_sys::process::kill(*p, libc::SIGSTOP)
-                    .map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
-            }
-            for &tid in std::iter::once(p).chain(tids) {
-                ptrace::detach(tid, 0)
-                    .map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
-            }
-        }
-        guard.disarmed = true;
         drop(raised);
-        let threads = tree.processes.iter().map(|p| p.threads.len()).sum();
-        // Restored in ferry's own PID namespace: both see the same number.
-        let restored = Restored {
-            pid: crate::TreePid(pid),
-            host_pid: crate::HostPid(pid),
-            init_pid: None,
-            processes: tree.processes.len(),
-            threads,
-            total_ms: ph.started().elapsed().as_secs_f64() * 1e3,
-        };
-        running(&restored);
         if !placed.is_empty() {
             if let Err(e) = placed.unmap() {
                 tracing::warn!("dropping ferry's copy of the placed pages: {e}");
@@ -154,6 +151,25 @@ impl Held {
         drop(uffds);
         Ok(restored)
     }
+}
+
+/// Lets every process of the tree run, children first so that a parent
+/// never runs while its child is still held.
+fn release_processes(procs: &[HeldProcess]) -> Result<()> {
+    for HeldProcess { pid: p, tids, stopped } in procs.iter().rev() {
+        if *stopped {
+            // Queued while every thread is still held: the process takes
+            // it on its way out of the ptrace stop, before running any
+            // instruction of its own, and enters the job-control stop.
+            ferry_sys::process::kill(*p, libc::SIGSTOP)
+                .map_err(|e| EngineError::kernel(*p, "stopping it again (SIGSTOP)", e))?;
+        }
+        for &tid in std::iter::once(p).chain(tids) {
+            ptrace::detach(tid, 0)
+                .map_err(|e| EngineError::kernel(*p, format!("releasing thread {tid}"), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Sends again what the network lock dropped while the connections were

@@ -17,6 +17,10 @@ pub(super) struct Staged {
     /// The network namespace to restore into, when not ferry's.
     pub netns: Option<OwnedFd>,
     pub lock: Option<ferry_netlock::NetworkLock>,
+    /// The lock is the image's own, engaged by its checkpoint: it held the
+    /// connections' packets for the whole pause (a migration's destination
+    /// adopts a lock of its own, which did not see the source's drops).
+    pub lock_from_image: bool,
     pub sysv: staging::SysvSegments,
     pub sysv_ipc: sysv_ipc::SysvIpc,
     pub staging: staging::Staging,
@@ -71,6 +75,7 @@ pub(super) fn stage(
         None if opts.trial => None,
         None => adopt_network_lock(tree),
     };
+    let lock_from_image = handover.adopt_lock.is_none() && lock.is_some();
     let sysv = staging::SysvSegments::create(tree)?;
     let sysv_ipc = sysv_ipc::SysvIpc::create(tree)?;
     let staging = staging::stage(tree, temp_base)?;
@@ -82,7 +87,7 @@ pub(super) fn stage(
     })?;
     files::carried::stage(tree, &handover.carried, temp_base, &mut files)?;
     let raw = files.iter().map(|(id, fd)| (*id, fd.as_raw_fd())).collect();
-    Ok(Staged { temp_base, netns, lock, sysv, sysv_ipc, staging, files, raw })
+    Ok(Staged { temp_base, netns, lock, lock_from_image, sysv, sysv_ipc, staging, files, raw })
 }
 
 /// Above every fd number of the image, also those only epoll entries

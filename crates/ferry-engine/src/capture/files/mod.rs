@@ -758,7 +758,9 @@ pub(super) fn capture(
 ) -> Result<CapturedFds> {
     let external_stdio = opts.external_stdio;
     let dir = format!("/proc/{pid}/fd");
+    let mut splits = crate::phases::Splits::start(format!("pid {pid}: fds"));
     let fds = fd_numbers(pid, &dir)?;
+    splits.mark("listed");
     let unix_tables = unix::UnixTables::default();
     let socket_tables = socket_preconditions::Tables::new(!opts.restored_elsewhere);
     let kept = KeptDups::default();
@@ -806,8 +808,11 @@ pub(super) fn capture(
             carried: carrying,
         })
     })?;
+    splits.mark("read");
     let FdTable { slots, unique } = share_descriptions(pid, &infos);
+    splits.mark("shared descriptions");
     let files = capture_descriptions(&unique, external_stdio)?;
+    splits.mark("described");
     let early_owners =
         unique.iter().enumerate().filter_map(|(i, u)| Some((i as u32, u.early?.owner))).collect();
     let inodes = unique.iter().map(|i| (i.meta.dev(), i.meta.ino())).collect();

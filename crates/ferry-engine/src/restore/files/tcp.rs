@@ -489,22 +489,28 @@ pub fn leave_repair<'a>(tree: &'a TreeImage, made: &Made) -> Result<Rebuilt<'a>>
 /// already had), then applies what had to wait (buffer lock bits, cork,
 /// not-sent low-water mark, SO_REUSEADDR). Each connection is on its own,
 /// so they are spread over the worker threads: with 10,000 connections
-/// this is the longest step between the thaw and the release.
-pub fn resend(rebuilt: &Rebuilt) -> Result<()> {
-    crate::parallel::map(&rebuilt.conns, |&conn| resend_one(conn))?;
+/// this is the longest step between the thaw and the release. With
+/// `probe`, each connection first sends a window probe (with 10,000
+/// connections most of this step's time: each probe is a packet the peer
+/// answers): for when the lock may have dropped a packet it did not keep.
+pub fn resend(rebuilt: &Rebuilt, probe: bool) -> Result<()> {
+    crate::parallel::map(&rebuilt.conns, |&conn| resend_one(conn, probe))?;
     Ok(())
 }
 
-fn resend_one((pid, s, c, fd, sent_back): RebuiltConn) -> Result<()> {
+fn resend_one((pid, s, c, fd, sent_back): RebuiltConn, probe: bool) -> Result<()> {
     let k = |step: &'static str| {
         move |e| EngineError::kernel(pid, format!("TCP port {}: {step}", s.port), e)
     };
     // A window probe now that the lock lets it through (leaving repair
     // mode sends one): the peer answers with its current window. A peer
-    // whose own zero-window probes met the lock has backed off for
-    // seconds and would otherwise wait that long to learn our window.
-    socket::set_repair(fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
-    socket::set_repair(fd, 0).map_err(k("sending a window probe"))?;
+    // whose own zero-window probes met the lock, and were not kept for
+    // delivery, has backed off for seconds and would otherwise wait that
+    // long to learn our window.
+    if probe {
+        socket::set_repair(fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
+        socket::set_repair(fd, 0).map_err(k("sending a window probe"))?;
+    }
     let head = sent_back.min(c.send_queue.len());
     socket::send_all(fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
         .map_err(k("writing the send queue"))?;
