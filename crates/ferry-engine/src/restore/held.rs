@@ -101,6 +101,15 @@ impl Held {
             && lock.as_ref().is_some_and(ferry_netlock::NetworkLock::kept_every_dropped_packet));
         files::tcp::resend(&rebuilt, probe)?;
         files::tcp::give_peer_fins(&rebuilt, pid)?;
+        // Before the tree runs, whose writes would count as not sent yet
+        // too: a held segment from the peer acknowledges what the old
+        // socket had sent, and the rebuilt one counts as sent only once
+        // the resend wrote it again; delivered before, the kernel would
+        // drop the segment, data and all, as an ACK of data never sent.
+        if lock.is_some() && !files::tcp::wait_sent(&rebuilt, std::time::Duration::from_millis(20))
+        {
+            tracing::debug!("a rebuilt connection had not sent its resent data within 20 ms");
+        }
         ph.mark("tcp resend");
         // Every send queue is whole again and every deferred option set:
         // what the processes write now follows it. The packets the lock
@@ -120,14 +129,7 @@ impl Held {
         };
         ph.mark("tree released");
         running(&restored);
-        // After the resend: a held segment from the peer acknowledges what
-        // the old socket had sent, and the rebuilt one counts as sent only
-        // once the resend wrote it again; before, the kernel would drop
-        // the segment, data and all, as an ACK of data never sent.
         if let Some(l) = lock.as_mut() {
-            if !files::tcp::wait_sent(&rebuilt, std::time::Duration::from_millis(20)) {
-                tracing::debug!("a rebuilt connection had not sent its resent data within 20 ms");
-            }
             deliver_held(l, pid);
         }
         ph.mark("held packets");

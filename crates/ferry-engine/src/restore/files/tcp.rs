@@ -598,9 +598,14 @@ pub fn give_peer_fins(rebuilt: &Rebuilt, root: i32) -> Result<()> {
 /// for the whole limit. Returns whether everything was sent.
 pub fn wait_sent(rebuilt: &Rebuilt, limit: std::time::Duration) -> bool {
     let deadline = std::time::Instant::now() + limit;
+    // Only a connection the resend wrote to has anything to send again.
+    let written: Vec<&RebuiltConn> = rebuilt
+        .conns
+        .iter()
+        .filter(|(_, _, c, _, sent_back)| c.send_queue.len() > *sent_back)
+        .collect();
     loop {
-        let pending = rebuilt
-            .conns
+        let pending = written
             .iter()
             .any(|(_, _, c, fd, _)| socket::outq_unsent(*fd).is_ok_and(|n| n > c.unsent));
         if !pending {
