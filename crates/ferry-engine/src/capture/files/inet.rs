@@ -315,6 +315,17 @@ fn table_index(family: i32, tcp: bool, state: u8) -> usize {
         }
 }
 
+/// Reads every option table now ([`defaults_for`]): ~10 sysctl files
+/// each, which the survey would otherwise read in the freeze, where a
+/// small tree's sockets have their options read.
+pub(crate) fn load_option_defaults() {
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        for (tcp, state) in [(false, TCP_CLOSE), (true, TCP_LISTEN), (true, TCP_ESTABLISHED)] {
+            defaults_for(family, tcp, state);
+        }
+    }
+}
+
 /// The option tables, read from /proc/sys once per ferry run rather than
 /// once per socket (a server may hold 10,000 of them).
 fn defaults_for(family: i32, tcp: bool, state: u8) -> &'static [(i32, i32, Default_)] {
