@@ -621,14 +621,12 @@ pub fn capture(
 
 /// What runs on threads beside the phases before the freeze: the host's
 /// fd iterator (phase "sharing checked" reads it) and the socket
-/// iterator (the survey's) loaded, the socket options' defaults read
-/// (the survey's), and, for a `full` capture, its pages
+/// iterator (the survey's) loaded, and, for a `full` capture, its pages
 /// file made room for (an incremental one stores a fraction: its hooks
 /// know which).
 fn start_ahead(pid: i32, sink: &mut dyn ImageSink, full: bool) {
     host_fds::load_ahead();
     socket_refs::load_in_background();
-    crate::parallel::detach("option defaults loaded ahead", files::inet::load_option_defaults);
     if full {
         sink.make_room_ahead(memory::stored_bytes_estimate(&tree::running_tree(pid)));
     }

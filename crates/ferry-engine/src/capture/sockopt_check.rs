@@ -311,6 +311,9 @@ pub(super) fn check(
         }
         taken.push(t);
     }
+    for k in fresh.keys() {
+        super::files::inet::load_option_defaults(k.family, k.ty, k.protocol, k.listening);
+    }
     let md5 = md5_by_namespace(tcp, &taken, &tcp_ns, whole.into_inner());
     crate::parallel::map(&taken, |t| {
         compare(t, &fresh, &md5, &groups[&t.pid], read_early)?;

@@ -315,15 +315,25 @@ fn table_index(family: i32, tcp: bool, state: u8) -> usize {
         }
 }
 
-/// Reads every option table now ([`defaults_for`]): ~10 sysctl files
-/// each, which the survey would otherwise read in the freeze, where a
-/// small tree's sockets have their options read.
-pub(crate) fn load_option_defaults() {
-    for family in [libc::AF_INET, libc::AF_INET6] {
-        for (tcp, state) in [(false, TCP_CLOSE), (true, TCP_LISTEN), (true, TCP_ESTABLISHED)] {
-            defaults_for(family, tcp, state);
-        }
+/// Reads the option table of an IPv4/IPv6 TCP or UDP socket's kind now
+/// ([`defaults_for`], ~10 sysctl files the first time for a kind), while
+/// the tree runs, rather than in the freeze, where a small tree's
+/// sockets have their options read again. A TCP socket that does not
+/// listen is taken for a connection (a closed one's table is read when
+/// the freeze meets it).
+pub(crate) fn load_option_defaults(family: i32, sock_type: i32, protocol: i32, listening: bool) {
+    if family != libc::AF_INET && family != libc::AF_INET6 {
+        return;
     }
+    let tcp = sock_type == libc::SOCK_STREAM && protocol == libc::IPPROTO_TCP;
+    let udp = sock_type == libc::SOCK_DGRAM && protocol == libc::IPPROTO_UDP;
+    let state = match (tcp, listening) {
+        (true, true) => TCP_LISTEN,
+        (true, false) => TCP_ESTABLISHED,
+        (false, _) if udp => TCP_CLOSE,
+        _ => return,
+    };
+    defaults_for(family, tcp, state);
 }
 
 /// The option tables, read from /proc/sys once per ferry run rather than
