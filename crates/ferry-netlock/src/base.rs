@@ -69,8 +69,10 @@ pub(crate) struct Base {
     pub name: String,
     pub frozen: OwnedFd,
     pub active: OwnedFd,
-    /// Per owner slot, the packets its lock dropped without keeping them.
-    pub lost: OwnedFd,
+    /// Per owner slot, the packets its lock dropped without keeping them
+    /// (None in a base an earlier ferry installed, whose program counts
+    /// nothing: its locks' losses are unknown).
+    pub lost: Option<OwnedFd>,
     /// The map `table`, mapped only once a lock needs it as memory (see
     /// [`Base::table`]): the kernel maps every page of it at mmap (2.5
     /// MiB, ~0.7 ms here with the unmap), more than a few entries cost
@@ -516,7 +518,8 @@ fn open_maps(lock: &str, name: String, flock_file: std::fs::File) -> Result<Base
     let table_id = ferry_sys::bpf::map_id(table_fd.as_fd()).map_err(sys_error(lock, what()))?;
     // A mapping kept by this process (reuse.rs); else mapped when needed.
     let table = crate::reuse::take_table(&name, table_id);
-    let (frozen, active, lost) = (get("frozen")?, get("active")?, get("lost")?);
+    let (frozen, active) = (get("frozen")?, get("active")?);
+    let lost = ferry_sys::bpf::obj_get(&pins.join("lost")).ok();
     Ok(Base { frozen, active, lost, table_fd, table, table_id, name, flock_file })
 }
 

@@ -574,10 +574,10 @@ pub(crate) fn set_engaged(lock: &str, base: &Base, slot: u8, on: bool) -> Result
     if new == mask {
         return Ok(());
     }
-    if on {
+    if let (true, Some(lost)) = (on, &base.lost) {
         // Nothing of this slot is dropped while its bit is off: the count
         // starts with the engage.
-        ferry_sys::bpf::map_update_elem(base.lost.as_fd(), &u32::from(slot), &0u64)
+        ferry_sys::bpf::map_update_elem(lost.as_fd(), &u32::from(slot), &0u64)
             .map_err(map_error(lock, base, "lost"))?;
     }
     ferry_sys::bpf::map_update_elem(active, &0u32, &new).map_err(map_error(lock, base, "active"))
@@ -585,13 +585,14 @@ pub(crate) fn set_engaged(lock: &str, base: &Base, slot: u8, on: bool) -> Result
 
 /// How many packets this lock dropped without keeping them since it was
 /// last engaged (the ring full, a packet too large, a tuple of the
-/// overflow map).
-pub(crate) fn lost(lock: &str, handles: &Handles) -> Result<u64, NetlockError> {
+/// overflow map); None when its base counts nothing (installed by an
+/// earlier ferry).
+pub(crate) fn lost(lock: &str, handles: &Handles) -> Result<Option<u64>, NetlockError> {
     let base = &handles.base;
-    let n: Option<u64> =
-        ferry_sys::bpf::map_lookup_elem(base.lost.as_fd(), &u32::from(handles.slot))
-            .map_err(map_error(lock, base, "lost"))?;
-    Ok(n.unwrap_or(0))
+    let Some(lost) = &base.lost else { return Ok(None) };
+    let n: Option<u64> = ferry_sys::bpf::map_lookup_elem(lost.as_fd(), &u32::from(handles.slot))
+        .map_err(map_error(lock, base, "lost"))?;
+    Ok(Some(n.unwrap_or(0)))
 }
 
 /// Empties a disengaged lock for its next engage (a lock kept from one

@@ -729,12 +729,12 @@ impl NetworkLock {
     /// kept (eBPF; [`deliver_held`](Self::deliver_held) sends them all),
     /// so a peer misses nothing the delivery does not bring. False for
     /// nftables and iptables, which keep nothing, when the count cannot be
-    /// read, and when a packet was only dropped (the ring full, a packet
+    /// read (a base an earlier ferry installed has none), and when a packet was only dropped (the ring full, a packet
     /// over 64 KiB, a tuple in the overflow map).
     pub fn kept_every_dropped_packet(&self) -> bool {
         let Some(handles) = &self.ebpf else { return false };
         match ebpf::lost(&self.name, handles) {
-            Ok(n) => n == 0,
+            Ok(n) => n == Some(0),
             Err(e) => {
                 tracing::debug!(lock = %self.name, "the count of packets dropped without keeping: {e}");
                 false
