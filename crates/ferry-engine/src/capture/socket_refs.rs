@@ -385,9 +385,16 @@ mod tests {
             .spawn()
             .expect("sh");
         let pid = child.id() as i32;
-        let comm = || std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        // The exec sets the new name before it closes the close-on-exec
+        // fds: wait until sleep sleeps (state S, its name set), when the
+        // table no longer changes.
+        let asleep = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+            stat.contains("(sleep)") && after.starts_with('S')
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while comm().trim() != "sleep" && std::time::Instant::now() < deadline {
+        while !asleep() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         let counted = super::open_fds(pid);
