@@ -385,6 +385,8 @@ fn link_is_live(path: &Path, index: u32, prog_id: u32) -> bool {
 fn attach_missing(lock: &str, pins: &Path, netns_desc: &str) -> Result<(), NetlockError> {
     let interfaces = ferry_sys::netns::interfaces()
         .map_err(sys_error(lock, format!("listing interfaces of {netns_desc}")))?;
+    // The links found live or attached here: only the others can be dead.
+    let mut current = std::collections::HashSet::new();
     for (program, direction, direction_name) in PROGRAMS {
         let prog_path = pins.join(program);
         let prog_fd = ferry_sys::bpf::obj_get(&prog_path)
@@ -395,6 +397,7 @@ fn attach_missing(lock: &str, pins: &Path, netns_desc: &str) -> Result<(), Netlo
         for (index, interface) in &interfaces {
             let path = link_pin(pins, *index, direction_name);
             if link_is_live(&path, *index, prog_id) {
+                current.insert(path);
                 continue;
             }
             // A link of an interface that is gone (or of another program).
@@ -412,10 +415,11 @@ fn attach_missing(lock: &str, pins: &Path, netns_desc: &str) -> Result<(), Netlo
                 let at = LinkTarget { lock, netns_desc, interface, direction, direction_name };
                 attach_interface(classifier, &at, &path)?;
             }
+            current.insert(path);
         }
         drop(classifier);
     }
-    remove_dead_links(pins);
+    remove_dead_links(pins, &current);
     Ok(())
 }
 
@@ -460,8 +464,12 @@ fn attach_interface(
     Ok(())
 }
 
-/// Link pins whose interface is gone (the kernel reports ifindex 0).
-fn dead_links(pins: &Path) -> (usize, Vec<PathBuf>) {
+/// Link pins whose interface is gone (the kernel reports ifindex 0),
+/// looking only at those not in `known_live`.
+fn dead_links(
+    pins: &Path,
+    known_live: &std::collections::HashSet<PathBuf>,
+) -> (usize, Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(pins) else {
         return (0, Vec::new());
     };
@@ -469,6 +477,10 @@ fn dead_links(pins: &Path) -> (usize, Vec<PathBuf>) {
     let mut dead = Vec::new();
     for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
         if !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("link-")) {
+            continue;
+        }
+        if known_live.contains(&path) {
+            live += 1;
             continue;
         }
         let attached = ferry_sys::bpf::obj_get(&path)
@@ -499,8 +511,8 @@ fn has_live_link(pins: &Path) -> bool {
     })
 }
 
-fn remove_dead_links(pins: &Path) {
-    for path in dead_links(pins).1 {
+fn remove_dead_links(pins: &Path, known_live: &std::collections::HashSet<PathBuf>) {
+    for path in dead_links(pins, known_live).1 {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -599,7 +611,7 @@ pub struct BaseStatus {
 
 pub(crate) fn status(name: &str) -> BaseStatus {
     let info = read_info(name);
-    let (links, _) = dead_links(&pin_dir(name));
+    let (links, _) = dead_links(&pin_dir(name), &std::collections::HashSet::new());
     let now = crate::record::now_unix_ms();
     BaseStatus {
         name: name.to_string(),
