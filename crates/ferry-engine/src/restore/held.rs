@@ -99,6 +99,15 @@ impl Held {
         // it kept everything; otherwise from a probe per connection.
         let probe = !(staged.lock_from_image
             && lock.as_ref().is_some_and(ferry_netlock::NetworkLock::kept_every_dropped_packet));
+        if !rebuilt.is_empty() {
+            tracing::debug!(
+                "window probes: {}",
+                match probe {
+                    true => "one per rebuilt connection (the lock may have lost a packet)",
+                    false => "none (the image's network lock kept every packet it dropped)",
+                }
+            );
+        }
         files::tcp::resend(&rebuilt, probe)?;
         files::tcp::give_peer_fins(&rebuilt, pid)?;
         // Before the tree runs, whose writes would count as not sent yet

@@ -470,6 +470,12 @@ pub struct Rebuilt<'a> {
     conns: Vec<RebuiltConn<'a>>,
 }
 
+impl Rebuilt<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+}
+
 /// Leaves repair mode on every rebuilt connection (on the worker
 /// threads). Still silent: the network lock holds their packets until it
 /// is thawed.
