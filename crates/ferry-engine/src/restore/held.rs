@@ -94,20 +94,7 @@ impl Held {
             l.disengage()?;
         }
         ph.mark("network thaw");
-        // Each peer learns our window from what the lock kept of the pause
-        // (its zero-window probes answered, our window updates sent) when
-        // it kept everything; otherwise from a probe per connection.
-        let probe = !(staged.lock_from_image
-            && lock.as_ref().is_some_and(ferry_netlock::NetworkLock::kept_every_dropped_packet));
-        if !rebuilt.is_empty() {
-            tracing::debug!(
-                "window probes: {}",
-                match probe {
-                    true => "one per rebuilt connection (the lock may have lost a packet)",
-                    false => "none (the image's network lock kept every packet it dropped)",
-                }
-            );
-        }
+        let probe = window_probes_wanted(&staged, lock.as_ref(), &rebuilt);
         files::tcp::resend(&rebuilt, probe)?;
         files::tcp::give_peer_fins(&rebuilt, pid)?;
         // Before the tree runs, whose writes would count as not sent yet
@@ -162,6 +149,29 @@ impl Held {
         drop(uffds);
         Ok(restored)
     }
+}
+
+/// Whether the rebuilt connections get a window probe each after the
+/// thaw. Each peer learns our window from what the lock kept of the pause
+/// (its zero-window probes answered, our window updates sent) when the
+/// lock is the image's own and kept everything; otherwise from a probe.
+fn window_probes_wanted(
+    staged: &Staged,
+    lock: Option<&ferry_netlock::NetworkLock>,
+    rebuilt: &files::tcp::Rebuilt,
+) -> bool {
+    let probe = !(staged.lock_from_image
+        && lock.is_some_and(ferry_netlock::NetworkLock::kept_every_dropped_packet));
+    if !rebuilt.is_empty() {
+        tracing::debug!(
+            "window probes: {}",
+            match probe {
+                true => "one per rebuilt connection (the lock may have lost a packet)",
+                false => "none (the image's network lock kept every packet it dropped)",
+            }
+        );
+    }
+    probe
 }
 
 /// Lets every process of the tree run, children first so that a parent
