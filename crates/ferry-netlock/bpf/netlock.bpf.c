@@ -99,7 +99,7 @@ struct {
 // Per owner slot: packets its lock dropped without keeping them (the ring
 // full, a packet too large or unreadable, or a match in `frozen`, which
 // counts for every engaged lock). User space zeroes a slot's count when it
-// gives the slot to a lock; a lock whose count is still 0 after its thaw
+// engages the slot's lock; a lock whose count is still 0 after its thaw
 // had every packet it dropped kept, so their delivery tells each peer all
 // that it missed.
 #define OWNER_SLOTS 64

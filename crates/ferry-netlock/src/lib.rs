@@ -728,9 +728,10 @@ impl NetworkLock {
     /// True when every packet this lock dropped since its last engage was
     /// kept (eBPF; [`deliver_held`](Self::deliver_held) sends them all),
     /// so a peer misses nothing the delivery does not bring. False for
-    /// nftables and iptables, which keep nothing, when the count cannot be
-    /// read (a base an earlier ferry installed has none), and when a packet was only dropped (the ring full, a packet
-    /// over 64 KiB, a tuple in the overflow map).
+    /// nftables and iptables, which keep nothing; when the count cannot
+    /// be read (a base an earlier ferry installed has none); and when a
+    /// packet was only dropped (the ring full, a packet over 64 KiB, a
+    /// tuple in the overflow map).
     pub fn kept_every_dropped_packet(&self) -> bool {
         let Some(handles) = &self.ebpf else { return false };
         match ebpf::lost(&self.name, handles) {

@@ -517,8 +517,7 @@ fn resend_one((pid, s, c, fd, sent_back): RebuiltConn, probe: bool) -> Result<()
         socket::set_repair(fd, 1).map_err(k("re-entering repair mode for a window probe"))?;
         socket::set_repair(fd, 0).map_err(k("sending a window probe"))?;
     }
-    let head = sent_back.min(c.send_queue.len());
-    socket::send_all(fd, &c.send_queue[head..], QUEUE_TIMEOUT_MS)
+    socket::send_all(fd, written_again(c, sent_back), QUEUE_TIMEOUT_MS)
         .map_err(k("writing the send queue"))?;
     socket::setsockopt_int(fd, libc::SOL_SOCKET, socket::SO_BUF_LOCK, c.buf_lock)
         .map_err(k("restoring SO_BUF_LOCK"))?;
@@ -533,6 +532,12 @@ fn resend_one((pid, s, c, fd, sent_back): RebuiltConn, probe: bool) -> Result<()
         apply_option(pid, fd, o)?;
     }
     Ok(())
+}
+
+/// What the resend writes of a connection's send queue: the part that
+/// did not go back into it as already sent (`sent_back` bytes).
+fn written_again(c: &TcpConnection, sent_back: usize) -> &[u8] {
+    &c.send_queue[sent_back.min(c.send_queue.len())..]
 }
 
 /// The TCP state of a connection whose peer closed its side.
@@ -608,7 +613,7 @@ pub fn wait_sent(rebuilt: &Rebuilt, limit: std::time::Duration) -> bool {
     let written: Vec<&RebuiltConn> = rebuilt
         .conns
         .iter()
-        .filter(|(_, _, c, _, sent_back)| c.send_queue.len() > *sent_back)
+        .filter(|(_, _, c, _, sent_back)| !written_again(c, *sent_back).is_empty())
         .collect();
     loop {
         let pending = written

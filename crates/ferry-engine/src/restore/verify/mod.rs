@@ -95,36 +95,27 @@ pub(super) fn restored_tree(
     fd_flags: &super::finish::FdFlags,
 ) -> Result<()> {
     let mut found = Findings::default();
-    let mut spent = [std::time::Duration::ZERO; 5];
-    let mut timed = |i: usize, f: &mut dyn FnMut() -> Result<()>| {
-        let t = std::time::Instant::now();
-        let r = f();
-        spent[i] += t.elapsed();
-        r
-    };
+    let mut splits = crate::phases::Splits::start("restore check");
     let tree_pids: std::collections::HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
     let unix = sockets::unix_options(tree);
-    timed(0, &mut || uts::compare(tree, &mut found))?;
+    uts::compare(tree, &mut found)?;
     for (i, p) in tree.processes.iter().enumerate() {
-        timed(0, &mut || process::compare(p, i == 0, &tree_pids, &mut found))?;
+        process::compare(p, i == 0, &tree_pids, &mut found)?;
         let attrs = crate::restore::process::attrs_of(tree, p);
-        timed(0, &mut || process::compare_attrs(p, attrs, &mut found))?;
-        timed(0, &mut || process::compare_cgroup(p, tree.cgroups.as_ref(), &mut found))?;
-        timed(1, &mut || threads::compare(p, &mut found))?;
-        timed(2, &mut || memory::compare(p, &mut found))?;
+        process::compare_attrs(p, attrs, &mut found)?;
+        process::compare_cgroup(p, tree.cgroups.as_ref(), &mut found)?;
+        splits.mark("process");
+        threads::compare(p, &mut found)?;
+        splits.mark("threads");
+        memory::compare(p, &mut found)?;
+        splits.mark("mappings");
         let flags = fd_flags.get(&p.pid);
-        timed(3, &mut || fds::compare(p, connections, flags, &mut found))?;
-        timed(3, &mut || fds::compare_carried(p, carried, &mut found))?;
-        timed(4, &mut || sockets::compare(p, &unix, connections, &mut found))?;
+        fds::compare(p, connections, flags, &mut found)?;
+        fds::compare_carried(p, carried, &mut found)?;
+        splits.mark("fds");
+        sockets::compare(p, &unix, connections, &mut found)?;
+        splits.mark("socket options");
     }
-    tracing::debug!(
-        "restore check: process {:?}, threads {:?}, mappings {:?}, fds {:?}, socket options {:?}",
-        spent[0],
-        spent[1],
-        spent[2],
-        spent[3],
-        spent[4]
-    );
     verdict(found.list)
 }
 
