@@ -1069,8 +1069,17 @@ mod tests {
         // The side that closes first holds the connection in TIME_WAIT.
         drop(c);
         drop(a);
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let tw = find(&dump(), c_local, a_local).expect("the closed connection");
+        // The FINs cross in softirq context, which a loaded machine
+        // defers to ksoftirqd: up to 2 s for the TIME_WAIT entry.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let tw = loop {
+            let tw = find(&dump(), c_local, a_local).filter(|d| d.state == TCP_TIME_WAIT);
+            if tw.is_some() || std::time::Instant::now() >= deadline {
+                break tw;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let tw = tw.expect("the closed connection in TIME_WAIT");
         assert_eq!((tw.state, tw.inode), (TCP_TIME_WAIT, 0), "{tw:?}");
         // The TIME_WAIT dump has it, and nothing in another state.
         let only = tcp_sockets_in(std::os::fd::AsFd::as_fd(&ns), TcpDump::TimeWait).expect("dump");
