@@ -403,7 +403,7 @@ def write_markdown(res, args, out, started):
 
 
 PHASES = ["presurvey", "socket options checked", "connections described", "network lock prepared", "sharing checked", "freeze", "survey",
-          "network freeze", "tcp connections", "injected syscalls", "pages", "write image", "thaw", "before_freeze_ms",
+          "network freeze", "tcp connections", "injected syscalls", "held pages", "pages", "write image", "thaw", "before_freeze_ms",
           "pause_ms", "send_and_store_ms", "total_ms"]
 
 

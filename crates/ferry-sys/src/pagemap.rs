@@ -43,7 +43,7 @@ struct PageRegion {
 }
 
 /// Which pages to report.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanFilter {
     /// Categories that must all be set (after applying `inverted`).
     pub required: u64,

@@ -282,11 +282,16 @@ pub fn dump_pages(
     let mut pieces = Vec::new();
     let mut in_parent = Vec::new();
     let mut total = 0u64;
-    for (v, m) in vmas.iter().zip(smaps) {
+    let mut scanned = ScannedGroups::default();
+    for (i, (v, m)) in vmas.iter().zip(smaps).enumerate() {
         let Some(filter) = page_filter(v) else {
             continue;
         };
-        let (ranges, declared) = scan_mapping(pid, &pagemap, v, filter, held)?;
+        let (ranges, declared) = if held.whole {
+            scan_mapping(pid, &pagemap, v, filter, held)?
+        } else {
+            (scanned.of(pid, &pagemap, vmas, i, filter)?, Vec::new())
+        };
         let wanted = subtract(ranges, skip);
         in_parent.extend(declared);
         in_parent.extend(intersect(&wanted, held.spans));
@@ -337,6 +342,61 @@ fn scan_mapping(
         })?);
     }
     Ok((ranges, declared))
+}
+
+/// One PAGEMAP_SCAN over a run of consecutive mappings that store
+/// their pages by the same rule, instead of one per mapping: a process
+/// has a hundred mappings (four per shared library), and a replication
+/// sync scans them all in its pause.
+#[derive(Default)]
+struct ScannedGroups {
+    /// The mappings `vmas[first..end]` the last scan covered, and what it
+    /// found there (sorted (start, end) byte ranges).
+    first: usize,
+    end: usize,
+    found: Vec<(u64, u64)>,
+}
+
+impl ScannedGroups {
+    /// The pages of `vmas[i]` that `filter` selects. The scan covers
+    /// `vmas[i]` and the mappings after it with the same filter; a gap
+    /// between two of them (no mapping there) reports nothing, and what
+    /// is reported is cut at each mapping's bounds, so no page outside
+    /// them is ever taken.
+    fn of(
+        &mut self,
+        pid: i32,
+        pagemap: &std::os::fd::OwnedFd,
+        vmas: &[Vma],
+        i: usize,
+        filter: ScanFilter,
+    ) -> Result<Ranges> {
+        if !(self.first..self.end).contains(&i) {
+            let mut end = i + 1;
+            while end < vmas.len()
+                && vmas[end].start >= vmas[end - 1].end
+                && page_filter(&vmas[end]) == Some(filter)
+            {
+                end += 1;
+            }
+            let (s, e) = (vmas[i].start, vmas[end - 1].end);
+            self.found = pagemap::scan(pagemap, s, e, filter).map_err(|e2| {
+                EngineError::kernel(pid, format!("scanning pages of {s:#x}-{e:#x}"), e2)
+            })?;
+            (self.first, self.end) = (i, end);
+        }
+        Ok(clip(&self.found, vmas[i].start, vmas[i].end))
+    }
+}
+
+/// The parts of sorted `ranges` inside `[start, end)`.
+fn clip(ranges: &[(u64, u64)], start: u64, end: u64) -> Ranges {
+    let from = ranges.partition_point(|r| r.1 <= start);
+    ranges[from..]
+        .iter()
+        .take_while(|r| r.0 < end)
+        .map(|&(s, e)| (s.max(start), e.min(end)))
+        .collect()
 }
 
 /// The parts of `ranges` ((start, end) byte ranges) inside the runs
@@ -698,8 +758,20 @@ fn anonymous_pages_of_statm(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{anonymous_pages_of_statm, intersect, subtract};
+    use super::{anonymous_pages_of_statm, clip, intersect, subtract};
     use ferry_image::PageSpan;
+
+    /// A group's scan is cut at each mapping's bounds: a run across two
+    /// mappings splits, one in a gap or outside is dropped.
+    #[test]
+    fn a_group_scan_is_clipped_to_each_mapping() {
+        let found = [(0x1000, 0x3000), (0x5000, 0x9000), (0xa000, 0xb000)];
+        assert_eq!(clip(&found, 0x2000, 0x6000), vec![(0x2000, 0x3000), (0x5000, 0x6000)]);
+        assert_eq!(clip(&found, 0x6000, 0xa000), vec![(0x6000, 0x9000)]);
+        assert_eq!(clip(&found, 0x3000, 0x5000), vec![]);
+        assert_eq!(clip(&found, 0xb000, 0xc000), vec![]);
+        assert_eq!(clip(&[], 0, 0x1000), vec![]);
+    }
     const P: u64 = 4096;
     const fn sp(start: u64, pages: u64) -> PageSpan {
         PageSpan::new(start, pages)

@@ -594,12 +594,13 @@ pub fn capture(
         injected::capture_tree(&tree, &surveyed.procs, kept, &mut guard)
     })?;
     let held = match hooks {
-        Some(h) => assemble::HeldPages {
-            spans: h.held_pages(
-                &surveyed.procs.iter().map(|s| (s.pid, s.vmas.as_slice())).collect::<Vec<_>>(),
-            )?,
-            whole: h.held_whole(),
-        },
+        Some(h) => ph.step("held pages", || {
+            let procs: Vec<_> = surveyed.procs.iter().map(|s| (s.pid, s.vmas.as_slice())).collect();
+            Ok::<_, EngineError>(assemble::HeldPages {
+                spans: h.held_pages(&procs)?,
+                whole: h.held_whole(),
+            })
+        })?,
         None => assemble::HeldPages::default(),
     };
     // A kept lock stays with ferry: no restore takes it over.
