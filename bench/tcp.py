@@ -31,6 +31,13 @@ thread with its own clock. "both commands" is the wall time of `ferry checkpoint
 to exit) plus `ferry restore` (launch to pidfile), as CRIU's baseline is
 measured.
 
+The eBPF lock's base (its program loaded and attached in the namespace,
+once per host: docs/network-lock.md) is installed before each run with
+`ferry network-lock --install-base --netns A`, as on a host where ferry
+ran before; its time is the column "base installed ahead". With
+--cold-base the checkpoint installs it itself (a host's first
+checkpoint), and "both commands" holds it.
+
 Usage: bench/tcp.py [--n 0,100,...] [--methods ebpf,nftables,iptables]
                     [--runs 3] [--out docs/benchmarks-tcp-latest.md]
 Needs root. Writes a markdown table and a PNG plot (python3-matplotlib).
@@ -61,6 +68,7 @@ SERVER_BYTES = 4096
 
 # More arguments of `ferry checkpoint` (--checkpoint-args) and of
 # `ferry restore` (--restore-args).
+COLD_BASE = False
 CHECKPOINT_ARGS = []
 RESTORE_ARGS = []
 
@@ -148,6 +156,11 @@ def one_run(bins, n, method, work):
     procs = []
     try:
         port = "7100"
+        base_ms = 0.0
+        if method == "ebpf" and not COLD_BASE:
+            t = time.time()
+            sh(FERRY, "network-lock", "--install-base", "--netns", f"/run/netns/{hosts.a}")
+            base_ms = (time.time() - t) * 1e3
         slog, clog = os.path.join(work, "server.log"), os.path.join(work, "client.log")
         # The seventh argument is the probe's port: one more connection on
         # which the client sends a request every millisecond and times the
@@ -213,7 +226,7 @@ def one_run(bins, n, method, work):
                 between = f"# checkpoint exited at {ck_end} us, server reaped at {reaped_us} us, restore started at {int(rs_start * 1e6)} us\n"
                 f.write(f"# N={n} {FERRY}\n{ck.stderr}{between}{rs_err}")
         cp, rp = phases(ck.stderr), phases(rs_err)
-        row = {"n": n, "method": method}
+        row = {"n": n, "method": method, "base": base_ms}
         # The lock starts to freeze right after the survey; with no
         # connection there is no lock, and the pause runs to the end of
         # the restore's connection phase.
@@ -256,7 +269,7 @@ def one_run(bins, n, method, work):
 def measure(bins, n, method, work, count):
     """The median of `count` runs with `n` connections under lock `method`."""
     runs = [one_run(bins, n, method, work) for _ in range(count)]
-    med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands", "client")}
+    med = {k: statistics.median(r[k] for r in runs) for k in ("pause", "freeze", "capture", "restore", "thaw", "service", "commands", "client", "base")}
     med.update(n=n, method=method, runs=len(runs), spread=(min(r["pause"] for r in runs), max(r["pause"] for r in runs)))
     print(f"{method:9} N={n:6}: pause {med['pause']:8.1f} ms  freeze {med['freeze']:7.2f}  capture {med['capture']:8.1f}  "
           f"restore {med['restore']:8.1f}  thaw {med['thaw']:7.2f}  longest client wait {med['client']:8.1f} (ms, median of {len(runs)})", flush=True)
@@ -271,7 +284,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "docs/benchmarks-tcp-latest.md"))
     ap.add_argument("--checkpoint-args", default="", help="more arguments of ferry checkpoint, e.g. --no-verify")
     ap.add_argument("--restore-args", default="", help="more arguments of ferry restore, e.g. --no-check")
+    ap.add_argument("--cold-base", action="store_true", help="let the checkpoint install the eBPF lock's base (a host's first checkpoint)")
     args = ap.parse_args()
+    global COLD_BASE
+    COLD_BASE = args.cold_base
     CHECKPOINT_ARGS.extend(args.checkpoint_args.split())
     RESTORE_ARGS.extend(args.restore_args.split())
     if os.geteuid() != 0:
@@ -291,17 +307,19 @@ def main():
         # Also when a run fails: its images and programs go with it.
         subprocess.run(["rm", "-rf", work, IMAGES_ROOT])
     lines = [
-        "| lock | N | pause (ms) | longest client wait (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| lock | N | pause (ms) | longest client wait (ms) | freeze (ms) | capture (ms) | restore (ms) | thaw (ms) | pause min-max (ms) | service stopped (ms) | both commands (ms) | base installed ahead (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(f"| {r['method']} | {r['n']:,} | {r['pause']:.1f} | {r['client']:.1f} | {r['freeze']:.2f} | {r['capture']:.1f} | {r['restore']:.1f} | "
-                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} | {r['commands']:.1f} |")
+                     f"{r['thaw']:.2f} | {r['spread'][0]:.1f}-{r['spread'][1]:.1f} | {r['service']:.1f} | {r['commands']:.1f} | "
+                     f"{'-' if COLD_BASE or r['method'] != 'ebpf' else format(r['base'], '.1f')} |")
     table = "\n".join(lines)
     print(table)
     with open(args.out, "w") as f:
         extra = f" --checkpoint-args={args.checkpoint_args}" if args.checkpoint_args else ""
         extra += f" --restore-args={args.restore_args}" if args.restore_args else ""
+        extra += " --cold-base" if COLD_BASE else ""
         f.write(f"<!-- written by: bench/tcp.py --n {args.n} --methods {args.methods} --runs {args.runs}{extra} -->\n")
         f.write(f"Checkpoint + restore of a server holding N established TCP connections (from another test host, images on tmpfs, "
                 f"{CLIENT_BYTES} B unread each way per connection); median of {args.runs} runs; every connection checked "

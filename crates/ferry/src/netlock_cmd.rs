@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("action").required(true).args(["status", "release", "all", "release_stale"])))]
+#[command(group(clap::ArgGroup::new("action").required(true).args(["status", "release", "all", "release_stale", "install_base"])))]
 pub struct NetworkLockArgs {
     /// List every network lock: name, method, state (owned by a running
     /// ferry, or handed-over to an image waiting for restore), phase
@@ -33,6 +33,23 @@ pub struct NetworkLockArgs {
     /// the start of every run).
     #[arg(long)]
     release_stale: bool,
+    /// Install the eBPF base of this network namespace now: the lock
+    /// program loaded and attached to every interface, as the first eBPF
+    /// lock here would (tens to hundreds of milliseconds). Every
+    /// checkpoint, migration or sync after it only claims a slot of the
+    /// base. Run it once per host (or network namespace), for example at
+    /// boot; the base stays until `--release NAME` or `--all`. Prints the
+    /// base's name and what the installation took. In another network
+    /// namespace, enter it with the host's mounts (`nsenter --net=PATH`):
+    /// `ip netns exec` mounts a /sys of its own, where the base's pins end
+    /// with the command.
+    #[arg(long)]
+    install_base: bool,
+    /// With --install-base: the network namespace to install it in (a
+    /// path such as /run/netns/NAME or /proc/PID/ns/net) instead of
+    /// ferry's own.
+    #[arg(long, value_name = "PATH")]
+    netns: Option<std::path::PathBuf>,
 }
 
 fn human_age(age: std::time::Duration) -> String {
@@ -106,7 +123,52 @@ fn print_locks() {
     }
 }
 
+/// The eBPF base of the network namespace at `ns`: its name, if it has one.
+fn base_of(ns: &std::path::Path) -> Result<Option<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(ns)
+        .with_context(|| format!("reading network namespace {}", ns.display()))?
+        .ino();
+    let here = format!("(inode {inode})");
+    Ok(ferry_netlock::base_status()
+        .into_iter()
+        .find(|b| !b.dead && b.netns.ends_with(&here))
+        .map(|b| b.name))
+}
+
+fn install_base(netns: Option<std::path::PathBuf>) -> Result<i32> {
+    use ferry_netlock::{Method, Netns, NetworkLock};
+    let (ns, path, here) = match netns {
+        Some(p) => {
+            (Netns::Path(p.clone()), p.clone(), format!("network namespace {}", p.display()))
+        }
+        None => (Netns::Current, "/proc/self/ns/net".into(), "this network namespace".into()),
+    };
+    if let Some(name) = base_of(&path)? {
+        println!("eBPF lock base {name} is already installed in {here}");
+        return Ok(0);
+    }
+    let t = std::time::Instant::now();
+    // A lock prepared and thawed at once: nothing is ever held by it, and
+    // the base it installed stays for the locks after it.
+    NetworkLock::prepare(Method::Ebpf, &ns, "base")
+        .and_then(NetworkLock::thaw)
+        .with_context(|| format!("installing the eBPF lock base in {here}"))?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    match base_of(&path)? {
+        Some(name) => println!("installed eBPF lock base {name} in {here} in {ms:.1} ms"),
+        None => bail!("the eBPF lock base of {here} was installed but is not listed as live (ferry network-lock --status)"),
+    }
+    Ok(0)
+}
+
 pub fn run(args: NetworkLockArgs) -> Result<i32> {
+    if args.install_base {
+        return install_base(args.netns);
+    }
+    if args.netns.is_some() {
+        bail!("--netns goes with --install-base");
+    }
     if args.status {
         print_status();
         return Ok(0);

@@ -847,3 +847,45 @@ fn a_connection_whose_client_shut_down_sending_is_answered_after_restore() {
     assert_eq!(answer, format!("GOT {REQUEST}\n"), "server log:\n{log}");
     assert!(st.success() && log.lines().any(|l| l == "PASS"), "server: {st:?}\n{log}");
 }
+
+/// `ferry network-lock --install-base --netns PATH` installs the eBPF
+/// base of a test host's namespace once (attached to its interfaces,
+/// listed by `--status`), a second call finds it installed, and
+/// `--release NAME` removes it.
+#[test]
+fn a_base_installed_ahead_is_listed_kept_and_released() {
+    require_root!();
+    let hosts = TestHosts::new("tib");
+    let ns = hosts.a.path();
+    let run = |args: &[&str]| {
+        let out = Command::new(FERRY).args(args).output().expect("run ferry");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "ferry {args:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let first = run(&["network-lock", "--install-base", "--netns", &ns]);
+    assert!(first.starts_with("installed eBPF lock base "), "{first}");
+    let name = first.split_whitespace().nth(4).expect("the base's name").to_string();
+    // Whatever happens below, the base goes with the test.
+    struct Release(String);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let _ = Command::new(FERRY).args(["network-lock", "--release", &self.0]).output();
+        }
+    }
+    let _release = Release(name.clone());
+    let again = run(&["network-lock", "--install-base", "--netns", &ns]);
+    assert!(again.contains(&format!("{name} is already installed")), "{again}");
+    let status = run(&["network-lock", "--status"]);
+    let line = status.lines().find(|l| l.starts_with(&name)).unwrap_or_else(|| panic!("{status}"));
+    let links: usize = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("links");
+    assert!(links >= 2 && !line.contains("DEAD"), "base not attached: {line}");
+    let released = run(&["network-lock", "--release", &name]);
+    assert!(released.contains(&format!("released eBPF lock base {name}")), "{released}");
+    let status = run(&["network-lock", "--status"]);
+    assert!(!status.lines().any(|l| l.starts_with(&name)), "{status}");
+}
