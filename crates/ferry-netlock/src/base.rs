@@ -31,7 +31,6 @@ use std::path::{Path, PathBuf};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netlock.bpf.o"));
 
 const BPFFS: &str = "/sys/fs/bpf";
-pub(crate) const PIN_ROOT: &str = "/sys/fs/bpf/ferry";
 pub(crate) const STATE_ROOT: &str = "/run/ferry/bases";
 
 /// Owner slots per base: bits of the 64-bit `active` word.
@@ -148,8 +147,50 @@ fn take_flock(lock: &str, file: &std::fs::File, base: &str) -> Result<(), Netloc
     })
 }
 
+/// Where the bases and the locks pin their programs, maps and links:
+/// `/sys/fs/bpf/ferry` when /sys/fs/bpf is a bpffs here (or none is
+/// found: [`ensure_bpffs`] mounts one there).
+///
+/// `ip netns exec` runs its command in a mount namespace of its own
+/// with a fresh /sys, where /sys/fs/bpf is no bpffs. One mounted there
+/// would end with the command, and with it every pin: a handed-over
+/// lock's links would detach before its restore (the peers' packets
+/// would meet a stack without their connections: resets), and the
+/// bases of other namespaces, their pins unseen, would look dead to the
+/// start-of-run sweep. So when the mount namespace ferry was started
+/// from has a bpffs there, ferry pins in that one, through a directory
+/// descriptor of it kept open for the whole run.
+pub(crate) fn pin_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let is = |p: &Path| ferry_sys::netns::is_bpffs(p).unwrap_or(false);
+        if is(Path::new(BPFFS)) {
+            return Path::new(BPFFS).join("ferry");
+        }
+        let starter =
+            PathBuf::from(format!("/proc/{}/root{BPFFS}", std::os::unix::process::parent_id()));
+        let kept = is(&starter)
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(&starter)
+                    .ok()
+            })
+            .flatten();
+        match kept {
+            // Never closed: the paths below go through it until ferry exits.
+            Some(dir) => PathBuf::from(format!(
+                "/proc/self/fd/{}/ferry",
+                std::os::fd::IntoRawFd::into_raw_fd(dir)
+            )),
+            None => Path::new(BPFFS).join("ferry"),
+        }
+    })
+}
+
 pub(crate) fn pin_dir(base: &str) -> PathBuf {
-    Path::new(PIN_ROOT).join(base)
+    pin_root().join(base)
 }
 
 pub(crate) fn state_dir(base: &str) -> PathBuf {
@@ -197,10 +238,11 @@ fn sys_error(lock: &str, what: String) -> impl FnOnce(ferry_sys::SysError) -> Ne
 }
 
 fn ensure_bpffs(lock: &str) -> Result<(), NetlockError> {
-    let bpffs = Path::new(BPFFS);
-    if !ferry_sys::netns::is_bpffs(bpffs).map_err(sys_error(lock, format!("checking {BPFFS}")))? {
+    let bpffs = pin_root().parent().unwrap_or(Path::new(BPFFS));
+    let shown = bpffs.display();
+    if !ferry_sys::netns::is_bpffs(bpffs).map_err(sys_error(lock, format!("checking {shown}")))? {
         ferry_sys::netns::mount_bpffs(bpffs)
-            .map_err(sys_error(lock, format!("mounting bpffs on {BPFFS}")))?;
+            .map_err(sys_error(lock, format!("mounting bpffs on {shown}")))?;
     }
     Ok(())
 }
@@ -567,7 +609,7 @@ pub(crate) fn claim_slot(base: &Base, lock: &str) -> Result<u8, NetlockError> {
 
 /// Every base on this machine (names), sorted.
 pub(crate) fn list() -> Vec<String> {
-    let mut names: Vec<String> = [STATE_ROOT, PIN_ROOT]
+    let mut names: Vec<String> = [Path::new(STATE_ROOT), pin_root()]
         .iter()
         .filter_map(|root| std::fs::read_dir(root).ok())
         .flat_map(|entries| entries.filter_map(|e| e.ok()))

@@ -708,7 +708,7 @@ pub(crate) fn release_named(
             }
         }
     }
-    base::remove_pins(lock, &Path::new(base::PIN_ROOT).join(lock))
+    base::remove_pins(lock, &base::pin_root().join(lock))
 }
 
 /// Home slot of a tuple in the table (tests force the overflow path with it).

@@ -1104,6 +1104,9 @@ pub fn release_stale_locks() -> Vec<String> {
                 tracing::info!(lock = %name, "released stale network lock");
                 released.push(name);
             }
+            // Released by its owner, or by another run's sweep, since it
+            // was listed: nothing is left to do, nothing to report.
+            Err(NetlockError::NotFound(_)) => continue,
             Err(e) => tracing::warn!(lock = %name, "releasing stale network lock: {e}"),
         }
     }
@@ -1115,7 +1118,7 @@ pub fn release_stale_locks() -> Vec<String> {
 /// checked by the caller there.
 pub fn is_gone(name: &str) -> bool {
     !record::lock_dir(name).exists()
-        && !std::path::Path::new(base::PIN_ROOT).join(name).exists()
+        && !base::pin_root().join(name).exists()
         && base::list().iter().all(|b| base::slots(b).iter().all(|(_, lock)| lock != name))
 }
 

@@ -39,10 +39,7 @@ pub struct NetworkLockArgs {
     /// checkpoint, migration or sync after it only claims a slot of the
     /// base. Run it once per host (or network namespace), for example at
     /// boot; the base stays until `--release NAME` or `--all`. Prints the
-    /// base's name and what the installation took. In another network
-    /// namespace, enter it with the host's mounts (`nsenter --net=PATH`):
-    /// `ip netns exec` mounts a /sys of its own, where the base's pins end
-    /// with the command.
+    /// base's name and what the installation took.
     #[arg(long)]
     install_base: bool,
     /// With --install-base: the network namespace to install it in (a

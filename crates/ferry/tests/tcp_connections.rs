@@ -889,3 +889,92 @@ fn a_base_installed_ahead_is_listed_kept_and_released() {
     let status = run(&["network-lock", "--status"]);
     assert!(!status.lines().any(|l| l.starts_with(&name)), "{status}");
 }
+
+/// `ip netns exec A ferry checkpoint`: the command runs in a mount
+/// namespace of its own with a fresh /sys (no bpffs), which ends with
+/// it. The lock it hands over must stay pinned where the next ferry run
+/// finds it (the bpffs of the namespace ferry was started from): its
+/// links stay attached while no ferry runs, so the client's requests
+/// wait in the lock and are answered after `ip netns exec A ferry
+/// restore`. With the pins in a bpffs mounted in that namespace, the
+/// links detached at the checkpoint's exit, the client was reset and
+/// the restore failed on the reset connection.
+#[test]
+fn a_checkpoint_under_ip_netns_exec_keeps_its_lock_until_the_restore() {
+    require_root!();
+    let hosts = Hosts::new("ipx");
+    let dir = TempDir::new("ferry-tcp", "ipx");
+    let mut server = compiled_server(&hosts.a, &dir.0, "examples/counter_server.c", &["0"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port: u16 = loop {
+        let line = read_lossy(&server.log);
+        if let Some(p) = line.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) {
+            if let Ok(p) = p.parse() {
+                break p;
+            }
+        }
+        assert!(Instant::now() < deadline, "server did not start: {line}");
+        sleep(POLL);
+    };
+    let stream = hosts.a.run(|| TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let mut stream = stream;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut buf = [0u8; 64];
+        let mut answered = 0;
+        while stop_rx.try_recv().is_err() {
+            stream.write_all(b"PING\n").map_err(|e| format!("write: {e}"))?;
+            let n = stream.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+            if &buf[..n] != b"PONG\n" {
+                return Err(format!("answer {:?}", &buf[..n]));
+            }
+            answered += 1;
+            sleep(Duration::from_millis(5));
+        }
+        Ok::<_, String>(answered)
+    });
+    sleep(Duration::from_millis(100));
+    let images = dir.0.join("images");
+    let images_s = images.to_str().expect("utf-8");
+    let in_a = |args: &[&str], err: &str| {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &hosts.a.0, FERRY])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.0.join(err)).expect("err"));
+        ferry_testkit::only_stdio(&mut cmd);
+        cmd
+    };
+    let pid = server.pid.to_string();
+    let st = in_a(&["checkpoint", "--pid", &pid, "--images", images_s], "checkpoint.err")
+        .status()
+        .expect("ip netns exec ferry checkpoint");
+    assert!(st.success(), "checkpoint: {}", read_lossy(&dir.0.join("checkpoint.err")));
+    if let Some(mut old) = server.child.take() {
+        let _ = old.wait();
+    }
+    // No ferry runs now: the lock alone holds the client's requests.
+    let lock = image_lock(FERRY, images_s).expect("the image's lock");
+    assert!(locks().iter().any(|(n, _)| *n == lock), "lock {lock} gone before the restore");
+    sleep(Duration::from_millis(300));
+    let pidfile = dir.0.join("pid");
+    let mut restore = in_a(&["restore", "--images", images_s, "--pidfile"], "restore.err");
+    server.child = Some(restore.arg(&pidfile).spawn().expect("spawn restore"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !read_lossy(&pidfile).ends_with('\n') {
+        assert!(
+            Instant::now() < deadline,
+            "restore: no pidfile: {}",
+            read_lossy(&dir.0.join("restore.err"))
+        );
+        sleep(POLL);
+    }
+    server.pid = read_lossy(&pidfile).trim().parse().expect("restored pid");
+    sleep(Duration::from_millis(100));
+    let _ = stop_tx.send(());
+    let answered = client.join().expect("client");
+    assert!(answered.is_ok(), "the client across the checkpoint and restore: {answered:?}");
+    assert_lock_gone(&lock);
+}
