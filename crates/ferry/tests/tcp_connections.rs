@@ -140,6 +140,25 @@ fn compiled_server(netns: &common::NetNs, dir: &Path, source: &str, args: &[&str
     Server { pid: child.id() as i32, child: Some(child), log }
 }
 
+/// examples/counter_server.c started in `netns` (built into `dir`), and
+/// a connection to it from this process on the namespace's loopback.
+fn counter_server_and_client(netns: &common::NetNs, dir: &Path) -> (Server, TcpStream) {
+    let server = compiled_server(netns, dir, "examples/counter_server.c", &["0"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let port: u16 = loop {
+        let line = read_lossy(&server.log);
+        if let Some(p) = line.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) {
+            if let Ok(p) = p.parse() {
+                break p;
+            }
+        }
+        assert!(Instant::now() < deadline, "server did not start: {line}");
+        sleep(POLL);
+    };
+    let stream = netns.run(|| TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    (server, stream)
+}
+
 /// The byte at `i` of stream `seed` (the same pattern as ferry_test.h).
 fn pat(seed: u64, i: usize) -> u8 {
     let w = i as u64 / 8;
@@ -705,19 +724,7 @@ fn a_request_held_by_the_lock_is_answered_in_pause_time() {
     require_root!();
     let hosts = Hosts::new("held");
     let dir = TempDir::new("ferry-tcp", "held");
-    let mut server = compiled_server(&hosts.a, &dir.0, "examples/counter_server.c", &["0"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let port: u16 = loop {
-        let line = read_lossy(&server.log);
-        if let Some(p) = line.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) {
-            if let Ok(p) = p.parse() {
-                break p;
-            }
-        }
-        assert!(Instant::now() < deadline, "server did not start: {line}");
-        sleep(POLL);
-    };
-    let stream = hosts.a.run(|| TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    let (mut server, stream) = counter_server_and_client(&hosts.a, &dir.0);
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let client = std::thread::spawn(move || {
         let mut stream = stream;
@@ -904,19 +911,7 @@ fn a_checkpoint_under_ip_netns_exec_keeps_its_lock_until_the_restore() {
     require_root!();
     let hosts = Hosts::new("ipx");
     let dir = TempDir::new("ferry-tcp", "ipx");
-    let mut server = compiled_server(&hosts.a, &dir.0, "examples/counter_server.c", &["0"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let port: u16 = loop {
-        let line = read_lossy(&server.log);
-        if let Some(p) = line.split_whitespace().nth(3).and_then(|a| a.rsplit(':').next()) {
-            if let Ok(p) = p.parse() {
-                break p;
-            }
-        }
-        assert!(Instant::now() < deadline, "server did not start: {line}");
-        sleep(POLL);
-    };
-    let stream = hosts.a.run(|| TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    let (mut server, stream) = counter_server_and_client(&hosts.a, &dir.0);
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let client = std::thread::spawn(move || {
         let mut stream = stream;

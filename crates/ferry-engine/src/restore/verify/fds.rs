@@ -301,11 +301,19 @@ mod tests {
                 .spawn()
                 .expect("spawn sleep");
             let child = Child(c);
-            // sleep's start-up opens and closes files (locale): wait
-            // until only the three it was given are left.
+            // sleep's start-up opens and closes files (locale), and
+            // before its exec the child is a fork of this process: wait
+            // until it sleeps (state S, past its exec and start-up) with
+            // only the three fds it was given.
             let pid = child.0.id() as i32;
             let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            while restored_fds(pid).expect("fd listing") != [0, 1, 2] {
+            let settled = || {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                comm.trim() == "sleep"
+                    && crate::procfs::state(pid) == Some('S')
+                    && restored_fds(pid).expect("fd listing") == [0, 1, 2]
+            };
+            while !settled() {
                 assert!(std::time::Instant::now() < end, "sleep keeps other fds open");
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
