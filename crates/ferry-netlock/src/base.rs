@@ -642,6 +642,8 @@ pub(crate) fn slots(base: &str) -> Vec<(u8, String)> {
 pub struct BaseStatus {
     pub name: String,
     pub netns: String,
+    /// Its network namespace's inode (None: its info is unreadable).
+    pub netns_inode: Option<u64>,
     /// Links attached to a live interface.
     pub links: usize,
     /// Locks using it (name per slot).
@@ -660,6 +662,7 @@ pub(crate) fn status(name: &str) -> BaseStatus {
         netns: info
             .as_ref()
             .map_or_else(|| "?".to_string(), |i| format!("{} (inode {})", i.netns, i.netns_inode)),
+        netns_inode: info.as_ref().map(|i| i.netns_inode),
         links,
         locks: slots(name).into_iter().map(|(_, lock)| lock).collect(),
         age: std::time::Duration::from_millis(

@@ -1022,6 +1022,20 @@ pub fn status() -> Vec<LockStatus> {
         .collect()
 }
 
+/// Installs the eBPF base of `netns` now, as the first eBPF lock there
+/// would: a lock prepared and thawed at once holds nothing, and the base
+/// it installed stays for the locks after it. Loads nothing when the
+/// namespace has a base.
+pub fn install_base(netns: &Netns) -> Result<(), NetlockError> {
+    NetworkLock::prepare(Method::Ebpf, netns, "base").and_then(NetworkLock::thaw)
+}
+
+/// The live eBPF base of the network namespace whose inode is
+/// `netns_inode`, if it has one.
+pub fn base_of(netns_inode: u64) -> Option<BaseStatus> {
+    base_status().into_iter().find(|b| !b.dead && b.netns_inode == Some(netns_inode))
+}
+
 /// Every eBPF base (one per network namespace that had an eBPF lock),
 /// sorted by name.
 pub fn base_status() -> Vec<BaseStatus> {

@@ -120,21 +120,17 @@ fn print_locks() {
     }
 }
 
-/// The eBPF base of the network namespace at `ns`: its name, if it has one.
+/// The live eBPF base of the network namespace at `ns`: its name.
 fn base_of(ns: &std::path::Path) -> Result<Option<String>> {
     use std::os::unix::fs::MetadataExt;
     let inode = std::fs::metadata(ns)
         .with_context(|| format!("reading network namespace {}", ns.display()))?
         .ino();
-    let here = format!("(inode {inode})");
-    Ok(ferry_netlock::base_status()
-        .into_iter()
-        .find(|b| !b.dead && b.netns.ends_with(&here))
-        .map(|b| b.name))
+    Ok(ferry_netlock::base_of(inode).map(|b| b.name))
 }
 
 fn install_base(netns: Option<std::path::PathBuf>) -> Result<i32> {
-    use ferry_netlock::{Method, Netns, NetworkLock};
+    use ferry_netlock::Netns;
     let (ns, path, here) = match netns {
         Some(p) => {
             (Netns::Path(p.clone()), p.clone(), format!("network namespace {}", p.display()))
@@ -146,10 +142,7 @@ fn install_base(netns: Option<std::path::PathBuf>) -> Result<i32> {
         return Ok(0);
     }
     let t = std::time::Instant::now();
-    // A lock prepared and thawed at once: nothing is ever held by it, and
-    // the base it installed stays for the locks after it.
-    NetworkLock::prepare(Method::Ebpf, &ns, "base")
-        .and_then(NetworkLock::thaw)
+    ferry_netlock::install_base(&ns)
         .with_context(|| format!("installing the eBPF lock base in {here}"))?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     match base_of(&path)? {

@@ -288,7 +288,7 @@ pub fn dump_pages(
             continue;
         };
         let (ranges, declared) = if held.whole {
-            scan_mapping(pid, &pagemap, v, filter, held)?
+            scan_mapping_held_whole(pid, &pagemap, v, filter, held)?
         } else {
             (scanned.of(pid, &pagemap, vmas, i, filter)?, Vec::new())
         };
@@ -320,21 +320,18 @@ pub struct Held<'a> {
 type Ranges = Vec<(u64, u64)>;
 
 /// The present pages of mapping `v` that `filter` selects, as (start,
-/// end) ranges; with `held.whole`, the held runs inside `v` are left
-/// unscanned and returned apart, whole.
-fn scan_mapping(
+/// end) ranges, when every held page is the receiver's (`held.whole`):
+/// the held runs inside `v` are left unscanned and returned apart,
+/// whole. (Otherwise [`ScannedGroups`] scans runs of mappings at once.)
+fn scan_mapping_held_whole(
     pid: i32,
     pagemap: &std::os::fd::OwnedFd,
     v: &Vma,
     filter: ScanFilter,
     held: Held<'_>,
 ) -> Result<(Ranges, Vec<PageSpan>)> {
-    let (parts, declared) = if held.whole {
-        let whole = [(v.start, v.end)];
-        (subtract(whole.to_vec(), held.spans), intersect(&whole, held.spans))
-    } else {
-        (vec![(v.start, v.end)], Vec::new())
-    };
+    let whole = [(v.start, v.end)];
+    let (parts, declared) = (subtract(whole.to_vec(), held.spans), intersect(&whole, held.spans));
     let mut ranges = Vec::new();
     for (s, e) in parts {
         ranges.extend(pagemap::scan(pagemap, s, e, filter).map_err(|e2| {
