@@ -66,9 +66,10 @@ PROBE = re.compile(r"# probe: longest wait ([0-9.]+) ms")
 SERVER_BYTES = 4096
 
 
+# --cold-base: the checkpoint installs the eBPF lock's base itself.
+COLD_BASE = False
 # More arguments of `ferry checkpoint` (--checkpoint-args) and of
 # `ferry restore` (--restore-args).
-COLD_BASE = False
 CHECKPOINT_ARGS = []
 RESTORE_ARGS = []
 
